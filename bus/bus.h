@@ -1,0 +1,216 @@
+/* bus.h - the actor runtime over NATS: connections, actors with mailboxes,
+ * publish, requests with deadlines, and the embedded nats-server launcher.
+ * Only bus/ includes NATS headers; nothing here exposes a NATS type. */
+#ifndef DSEC_BUS_H
+#define DSEC_BUS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsec_bus dsec_bus;       /* one NATS connection + a worker pool */
+typedef struct dsec_actor dsec_actor;   /* a named set of handlers + a mailbox */
+typedef struct dsec_msg dsec_msg;       /* a received message (borrowed by handlers) */
+typedef struct dsec_future dsec_future; /* the pending answer to a request */
+
+/* Header names carried by every dsec message. */
+#define DSEC_HDR_TYPE "Dsec-Type"           /* message type name, e.g. "create" */
+#define DSEC_HDR_SCHEMA "Dsec-Schema"       /* schema version, decimal */
+#define DSEC_HDR_CONTENT_TYPE "Content-Type" /* always application/msgpack */
+#define DSEC_HDR_REQ_ID "Dsec-Req-Id"       /* idempotency key of a request */
+#define DSEC_HDR_TRACE_ID "Dsec-Trace-Id"   /* end-to-end trace id */
+#define DSEC_CONTENT_TYPE "application/msgpack"
+
+/* What goes into the headers of an outgoing message. Any field may be NULL/0;
+ * the bus fills trace_id with a fresh id when NULL. */
+typedef struct dsec_hdr {
+    const char *type;
+    unsigned schema;
+    const char *req_id;
+    const char *trace_id;
+} dsec_hdr;
+
+/* Connection events delivered to the bus's event callback. */
+typedef enum dsec_bus_event {
+    DSEC_BUS_DISCONNECTED = 1,
+    DSEC_BUS_RECONNECTED = 2,
+    DSEC_BUS_CLOSED = 3,
+    DSEC_BUS_ERROR = 4,         /* async error, e.g. slow consumer; detail in msg */
+    DSEC_BUS_MAILBOX_FULL = 5,  /* an actor dropped a message; detail names it */
+} dsec_bus_event;
+
+typedef void (*dsec_bus_event_cb)(dsec_bus *bus, dsec_bus_event ev, const char *detail, void *ud);
+
+typedef struct dsec_bus_opts {
+    const char *url;          /* comma-separated server URLs; default $DSEC_URL or nats://127.0.0.1:4222 */
+    const char *name;         /* connection name shown by the server */
+    int threads;              /* worker threads for actor handlers; default 2 */
+    int mailbox_max;          /* per-actor queued messages before overflow; default 65536 */
+    int connect_timeout_ms;   /* default 2000 */
+    int reconnect_buf_bytes;  /* publishes buffered while reconnecting; default 8 MiB */
+    int max_reconnect;        /* -1 forever (default) */
+    bool retry_on_failed_connect; /* keep trying in the background if the first connect fails */
+    dsec_bus_event_cb on_event; /* may be NULL; called from a bus thread */
+    void *event_ud;
+} dsec_bus_opts;
+
+/* Connect. On success *out owns a new bus; free with dsec_bus_free. */
+int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err);
+
+/* Stop taking messages, let mailboxes and in-flight handlers finish, flush
+ * publishes, then close. Pending requests fail with DSEC_E_CLOSED. */
+int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err);
+
+/* Drain (bounded) if not yet drained, then free everything: actors, futures
+ * still owned by the bus, the connection. NULL is a no-op. */
+void dsec_bus_free(dsec_bus *bus);
+
+/* Whether the connection is currently up. */
+bool dsec_bus_connected(const dsec_bus *bus);
+
+/* The URL currently connected to (copied into buf). */
+int dsec_bus_connected_url(dsec_bus *bus, char *buf, size_t n);
+
+/* Publish. data is copied before return. reply may be NULL. */
+int dsec_bus_publish(dsec_bus *bus, const char *subject, const char *reply, const dsec_hdr *hdr,
+                     const void *data, size_t len, dsec_err *err);
+
+/* Flush buffered publishes to the server and wait for its ack. */
+int dsec_bus_flush(dsec_bus *bus, int timeout_ms, dsec_err *err);
+
+/* ---- requests ---------------------------------------------------------- */
+
+/* Called exactly once per request: with status 0 and the reply, or with a
+ * negative status and err filled (DSEC_E_TIMEOUT, DSEC_E_NO_RESPONDERS,
+ * DSEC_E_CONN, DSEC_E_CLOSED). The reply is borrowed for the call only.
+ * Runs on a bus worker thread. */
+typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, void *ud);
+
+/* Send a request; returns at once. Many may be in flight. */
+int dsec_bus_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
+                     size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, dsec_err *err);
+
+/* Future-style request: *out owns a future; free it with dsec_future_free
+ * (also valid before the answer arrives: the answer is then discarded). */
+int dsec_bus_request_future(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
+                            const void *data, size_t len, int timeout_ms, dsec_future **out,
+                            dsec_err *err);
+
+/* Wait for the answer. On success *reply is a message owned by the future
+ * (valid until dsec_future_free). On failure returns -1 with err filled. */
+int dsec_future_wait(dsec_future *f, dsec_msg **reply, dsec_err *err);
+void dsec_future_free(dsec_future *f);
+
+/* Blocking convenience: request + wait. *reply is owned by the caller: free
+ * with dsec_msg_free. Not for hot paths. */
+int dsec_bus_request_sync(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
+                          const void *data, size_t len, int timeout_ms, dsec_msg **reply,
+                          dsec_err *err);
+
+/* ---- actors ------------------------------------------------------------ */
+
+/* A handler runs on a worker thread. msg is borrowed: valid until return. */
+typedef void (*dsec_handler)(dsec_actor *actor, dsec_msg *msg, void *ud);
+
+/* Messages with the same key run in order, one at a time; different keys may
+ * run in parallel. Default: every message of an actor has key 0 (the actor is
+ * serial). */
+typedef uint64_t (*dsec_key_fn)(const dsec_msg *msg, void *ud);
+
+/* Create an actor named name (used in counters and logs). Owned by the bus,
+ * freed by dsec_bus_free or dsec_actor_free. */
+int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *err);
+
+/* Stop the actor's subscriptions and wait for its running handlers; freed. */
+void dsec_actor_free(dsec_actor *actor);
+
+/* Route ordering keys. Must be called before the first dsec_actor_on. */
+void dsec_actor_set_key(dsec_actor *actor, dsec_key_fn fn, void *ud);
+
+/* Subscribe the actor to subject (wildcards allowed). queue may be NULL, or
+ * a queue group name so replicas share the subject. */
+int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
+                  void *ud, dsec_err *err);
+
+const char *dsec_actor_name(const dsec_actor *actor);
+dsec_bus *dsec_actor_bus(dsec_actor *actor);
+
+typedef struct dsec_actor_stats {
+    uint64_t msgs_in;       /* messages handed to handlers */
+    uint64_t msgs_out;      /* publishes and replies through dsec_msg_respond by this actor */
+    uint64_t errors;        /* handler-reported errors (dsec_actor_count_error) */
+    uint64_t dropped;       /* messages dropped because the mailbox was full */
+    uint64_t mailbox_depth; /* messages waiting now */
+    uint64_t mailbox_peak;
+    uint64_t handler_ns;    /* total time spent in handlers */
+} dsec_actor_stats;
+
+void dsec_actor_stats_get(const dsec_actor *actor, dsec_actor_stats *out);
+void dsec_actor_count_error(dsec_actor *actor);
+
+/* Publish on behalf of an actor (counted in its msgs_out). */
+int dsec_actor_publish(dsec_actor *actor, const char *subject, const char *reply,
+                       const dsec_hdr *hdr, const void *data, size_t len, dsec_err *err);
+
+/* ---- messages ---------------------------------------------------------- */
+
+const char *dsec_msg_subject(const dsec_msg *m);
+const char *dsec_msg_reply(const dsec_msg *m); /* NULL if none */
+const void *dsec_msg_data(const dsec_msg *m);
+size_t dsec_msg_len(const dsec_msg *m);
+/* Header value or NULL. The string is owned by the message. */
+const char *dsec_msg_header(dsec_msg *m, const char *key);
+/* Convenience: the Dsec-Type header, or NULL. */
+const char *dsec_msg_type(dsec_msg *m);
+
+/* Reply to m's reply subject (no-op success when there is none). When actor
+ * is non-NULL the reply counts in its msgs_out. */
+int dsec_msg_respond(dsec_actor *actor, dsec_msg *m, const dsec_hdr *hdr, const void *data,
+                     size_t len, dsec_err *err);
+
+/* Free a message the caller owns (from dsec_bus_request_sync). NULL ok. */
+void dsec_msg_free(dsec_msg *m);
+
+/* ---- embedded nats-server ---------------------------------------------- */
+
+typedef struct dsec_natsd dsec_natsd;
+
+typedef struct dsec_natsd_opts {
+    const char *binary;     /* default: $DSEC_NATS_SERVER, else nats-server on PATH, /usr/sbin, /usr/bin */
+    const char *state_dir;  /* required: config, log and JetStream store live here */
+    int port;               /* 0 = pick a free loopback port */
+    bool jetstream;         /* enable JetStream with its store in state_dir/js */
+    const char *extra_conf; /* appended verbatim to the generated config; may be NULL */
+    int start_timeout_ms;   /* default 5000 */
+} dsec_natsd_opts;
+
+/* Start a nats-server child on 127.0.0.1 and wait until it accepts
+ * connections. *out owns it; dsec_natsd_stop stops and frees it. */
+int dsec_natsd_start(dsec_natsd **out, const dsec_natsd_opts *opts, dsec_err *err);
+
+/* "nats://127.0.0.1:PORT"; owned by the server object. */
+const char *dsec_natsd_url(const dsec_natsd *s);
+int dsec_natsd_port(const dsec_natsd *s);
+int dsec_natsd_pid(const dsec_natsd *s);
+
+/* Kill -9 the child (for failure tests); it can be started again with
+ * dsec_natsd_restart on the same port and store. */
+int dsec_natsd_kill(dsec_natsd *s, dsec_err *err);
+int dsec_natsd_restart(dsec_natsd *s, dsec_err *err);
+
+/* SIGTERM, wait (then SIGKILL after a bound), free. NULL is a no-op. */
+void dsec_natsd_stop(dsec_natsd *s);
+
+/* A fresh random id (hex, 32 chars + NUL) for request and trace ids. */
+void dsec_bus_new_id(char out[33]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,369 @@
+/* msg.h - the dsec wire messages: C structs, their schemas, and strict
+ * msgpack encode/decode. Only codecs/ knows msgpack layouts. */
+#ifndef DSEC_CODECS_MSG_H
+#define DSEC_CODECS_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Schema version carried in the Dsec-Schema header. Adding an optional field
+ * keeps the version; removing or retyping a field, or making one required,
+ * bumps it (docs/protocol.md, "Versioning"). */
+#define DSEC_SCHEMA_VERSION 1
+
+/* ---- value types used in message structs -------------------------------
+ * Decoded strings are NUL-terminated copies in the decoder's arena. Binary
+ * fields point into the input buffer (decoded in place). Both stay valid
+ * until the next decode on the same decoder, dsec_decoder_free, or until the
+ * input buffer is freed, whichever comes first.
+ * When encoding, the caller owns everything it points to. */
+typedef struct dsec_bytes {
+    const uint8_t *ptr;
+    size_t len;
+} dsec_bytes;
+
+typedef struct dsec_strv { /* array of strings */
+    const char **v;
+    uint32_t n;
+} dsec_strv;
+
+typedef struct dsec_kv { /* map string -> string, in wire order */
+    const char **k;
+    const char **v;
+    uint32_t n;
+} dsec_kv;
+
+typedef struct dsec_list { /* array of nested messages (type fixed by the field) */
+    void *items;
+    uint32_t n;
+} dsec_list;
+
+/* ---- message types ------------------------------------------------------ */
+typedef enum dsec_msg_type {
+    DSEC_MSG_NONE = 0,
+    DSEC_MSG_ERROR,           /* "error": any request's failure answer */
+    DSEC_MSG_PING,            /* "ping" */
+    DSEC_MSG_PONG,            /* "pong" */
+    DSEC_MSG_CREATE,          /* "create": client -> scheduler */
+    DSEC_MSG_PLACE,           /* "place": scheduler -> node */
+    DSEC_MSG_CREATED,         /* "created": node -> client */
+    DSEC_MSG_OP,              /* "op": client -> sandbox (pause, resume, destroy, status, fork) */
+    DSEC_MSG_OP_REPLY,        /* "op_reply" */
+    DSEC_MSG_EXEC,            /* "exec" */
+    DSEC_MSG_EXEC_RESULT,     /* "exec_result" */
+    DSEC_MSG_FILE_WRITE,      /* "file_write" */
+    DSEC_MSG_FILE_READ,       /* "file_read" */
+    DSEC_MSG_FILE_DATA,       /* "file_data": answer to file_read and file_write */
+    DSEC_MSG_FILE_LIST,       /* "file_list" */
+    DSEC_MSG_FILE_LIST_REPLY, /* "file_list_reply" */
+    DSEC_MSG_FILE_ENTRY,      /* "file_entry": only nested in file_list_reply */
+    DSEC_MSG_SANDBOX_EVENT,   /* "sandbox_event": lifecycle transition */
+    DSEC_MSG_NODE_ANNOUNCE,   /* "node_announce" */
+    DSEC_MSG_CAPACITY,        /* "capacity": delta or full report */
+    DSEC_MSG_HEARTBEAT,       /* "heartbeat" */
+    DSEC_MSG_CELL_SUMMARY,    /* "cell_summary" */
+    DSEC_MSG_TYPE_MAX_
+} dsec_msg_type;
+
+typedef struct dsec_msg_error {
+    const char *code;    /* required: a dsec_code_name() */
+    const char *message; /* required: human text naming what failed */
+    bool retry_safe;
+    const char *field;   /* the offending field, for decode/validation errors */
+    const char *req_id;
+} dsec_msg_error;
+
+typedef struct dsec_msg_ping {
+    uint64_t seq;     /* required */
+    uint64_t sent_ns;
+    const char *note;
+} dsec_msg_ping;
+
+typedef struct dsec_msg_pong {
+    uint64_t seq; /* required */
+    uint64_t sent_ns;
+    const char *actor;
+} dsec_msg_pong;
+
+typedef struct dsec_msg_create {
+    const char *req_id;   /* required, <= 64: idempotency key */
+    const char *tenant;
+    const char *project;
+    const char *type;     /* function | container | microvm | vm | sim; empty: pick by requires */
+    dsec_strv requires;   /* capabilities: own_kernel, nested_containers, gui, persistence, isolation:N, ... */
+    const char *env;      /* environment name:version */
+    uint64_t cpu_milli;   /* 0..1,000,000 */
+    uint64_t memory_mb;   /* 0..16,777,216 */
+    uint64_t disk_mb;
+    uint64_t ttl_s;       /* max lifetime; 0 = cell default */
+    uint64_t idle_s;      /* idle timeout; 0 = cell default */
+    dsec_kv labels;       /* labels on the sandbox */
+    dsec_kv affinity;     /* node labels required */
+    const char *cell;     /* pin to one cell; NULL = any cell */
+    const char *cls;      /* wire name "class": rollout | job | batch */
+    int64_t priority;
+    const char *rollout_id;
+    dsec_strv net;        /* network policy entries */
+    uint64_t hops;        /* cross-cell forwards so far */
+} dsec_msg_create;
+
+typedef struct dsec_msg_place {
+    dsec_msg_create c;    /* every create field, same names */
+    const char *reply_to; /* required: the client's reply subject */
+    uint64_t attempt;     /* 1-based */
+    const char *scheduler;
+    dsec_strv tried;      /* nodes that already refused */
+} dsec_msg_place;
+
+typedef struct dsec_msg_created {
+    const char *id;   /* required: sandbox id (names its node) */
+    const char *node; /* required */
+    const char *type; /* required */
+    const char *state;
+    const char *cell;
+    const char *req_id;
+    bool existing;    /* true when req_id matched an earlier create */
+} dsec_msg_created;
+
+typedef struct dsec_msg_op {
+    const char *id; /* required */
+    const char *op; /* required: pause | resume | destroy | status | fork */
+    uint64_t n;     /* fork: number of children, 1..1024 */
+    const char *req_id;
+    const char *tenant;
+} dsec_msg_op;
+
+typedef struct dsec_msg_op_reply {
+    const char *id; /* required */
+    const char *state;
+    const char *node;
+    const char *type;
+    dsec_strv ids;  /* fork: the children */
+    dsec_kv info;   /* status details */
+} dsec_msg_op_reply;
+
+typedef struct dsec_msg_exec {
+    const char *id; /* required */
+    dsec_strv argv; /* required, 1..4096 */
+    dsec_kv env;
+    const char *cwd;
+    dsec_bytes stdin_data; /* wire name "stdin" */
+    uint64_t timeout_ms;
+    const char *user;
+    const char *req_id;
+    const char *rollout_id;
+    uint64_t step;
+} dsec_msg_exec;
+
+typedef struct dsec_msg_exec_result {
+    const char *id; /* required */
+    int64_t exit_code;
+    int64_t signal;
+    dsec_bytes stdout_data; /* wire name "stdout" */
+    dsec_bytes stderr_data; /* wire name "stderr" */
+    bool stdout_truncated;
+    bool stderr_truncated;
+    uint64_t duration_us;
+    bool timed_out;
+} dsec_msg_exec_result;
+
+typedef struct dsec_msg_file_write {
+    const char *id;   /* required */
+    const char *path; /* required */
+    dsec_bytes data;
+    uint64_t mode;
+    bool append;
+} dsec_msg_file_write;
+
+typedef struct dsec_msg_file_read {
+    const char *id;   /* required */
+    const char *path; /* required */
+    uint64_t offset;
+    uint64_t max;
+} dsec_msg_file_read;
+
+typedef struct dsec_msg_file_data {
+    const char *id;   /* required */
+    const char *path; /* required */
+    dsec_bytes data;
+    uint64_t size;
+    bool eof;
+} dsec_msg_file_data;
+
+typedef struct dsec_msg_file_list {
+    const char *id;   /* required */
+    const char *path; /* required */
+} dsec_msg_file_list;
+
+typedef struct dsec_msg_file_entry {
+    const char *name; /* required */
+    const char *kind; /* file | dir | link | other */
+    uint64_t size;
+    uint64_t mode;
+    int64_t mtime;
+} dsec_msg_file_entry;
+
+typedef struct dsec_msg_file_list_reply {
+    const char *id;   /* required */
+    const char *path;
+    dsec_list entries; /* of dsec_msg_file_entry */
+} dsec_msg_file_list_reply;
+
+typedef struct dsec_msg_sandbox_event {
+    const char *id;    /* required */
+    const char *state; /* required: requested | starting | running | paused | stopping | gone | failed */
+    const char *prev;
+    const char *node;
+    const char *type;
+    const char *tenant;
+    uint64_t ts_ns;
+    const char *reason;
+} dsec_msg_sandbox_event;
+
+typedef struct dsec_msg_node_announce {
+    const char *node; /* required */
+    const char *cell; /* required */
+    dsec_strv types;
+    dsec_kv labels;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    uint64_t slots;
+    uint64_t started_ns;
+} dsec_msg_node_announce;
+
+typedef struct dsec_msg_capacity {
+    const char *node; /* required */
+    const char *cell;
+    uint64_t seq;     /* required: increases per node; older reports are ignored */
+    bool full;        /* a full report also carries totals, types, labels, layers */
+    uint64_t cpu_free_milli;
+    uint64_t mem_free_mb;
+    uint64_t slots_free;
+    uint64_t live;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    uint64_t slots;
+    dsec_strv types;
+    dsec_kv labels;
+    dsec_strv layers;
+    uint64_t ts_ns;
+} dsec_msg_capacity;
+
+typedef struct dsec_msg_heartbeat {
+    const char *node; /* required */
+    const char *cell;
+    uint64_t seq;
+    uint64_t ts_ns;
+} dsec_msg_heartbeat;
+
+typedef struct dsec_msg_cell_summary {
+    const char *cell; /* required */
+    uint64_t nodes;
+    uint64_t cpu_free_milli;
+    uint64_t mem_free_mb;
+    uint64_t slots_free;
+    uint64_t live;
+    dsec_strv types;
+    uint64_t ts_ns;
+} dsec_msg_cell_summary;
+
+/* ---- schemas ------------------------------------------------------------ */
+
+typedef enum dsec_field_kind {
+    DSEC_F_STR = 1,
+    DSEC_F_BIN,
+    DSEC_F_U64,
+    DSEC_F_I64,
+    DSEC_F_BOOL,
+    DSEC_F_STRV,
+    DSEC_F_KV,
+    DSEC_F_LIST,
+} dsec_field_kind;
+
+typedef struct dsec_field {
+    const char *name;     /* wire name */
+    dsec_field_kind kind;
+    bool required;
+    size_t offset;        /* in the message struct */
+    uint32_t max_len;     /* strings/bins: bytes; arrays/maps: items; 0 = decoder limit */
+    int64_t min;          /* integers: inclusive range (ignored when min == max == 0) */
+    int64_t max;
+    int sub_type;         /* DSEC_F_LIST: dsec_msg_type of the items */
+} dsec_field;
+
+typedef struct dsec_schema {
+    int type;              /* dsec_msg_type */
+    const char *name;      /* wire name, the Dsec-Type header */
+    size_t size;           /* sizeof the struct */
+    const dsec_field *fields;
+    size_t nfields;
+} dsec_schema;
+
+/* The schema of a type, or NULL for an unknown type. */
+const dsec_schema *dsec_schema_of(int type);
+/* The type for a wire name ("create"), or DSEC_MSG_NONE. */
+int dsec_msg_type_from_name(const char *name);
+const char *dsec_msg_type_name(int type);
+
+/* ---- limits --------------------------------------------------------------- */
+typedef struct dsec_codec_limits {
+    size_t max_payload; /* whole message; default 8 MiB */
+    uint32_t max_str;   /* default 4096 bytes */
+    uint32_t max_bin;   /* default 8 MiB */
+    uint32_t max_items; /* arrays and maps; default 65536 */
+} dsec_codec_limits;
+
+void dsec_codec_limits_default(dsec_codec_limits *out);
+
+/* ---- decode --------------------------------------------------------------- */
+typedef struct dsec_decoder dsec_decoder;
+
+/* limits may be NULL for the defaults. Returns NULL on allocation failure. */
+dsec_decoder *dsec_decoder_new(const dsec_codec_limits *limits);
+void dsec_decoder_free(dsec_decoder *d);
+
+/* Strictly decode buf as a message of type into out (a struct of that type,
+ * zeroed first). Unknown fields are ignored (forward compatibility); a
+ * missing required field, wrong type, out-of-range number, oversize field,
+ * duplicate key, trailing bytes or malformed msgpack fail with DSEC_E_DECODE
+ * or DSEC_E_TOO_LARGE and a message that names the field. The decoder is not
+ * thread-safe: use one per thread. */
+int dsec_decode(dsec_decoder *d, int type, const void *buf, size_t len, void *out, dsec_err *err);
+
+/* The field named by the last decode failure on d ("" when none). */
+const char *dsec_decoder_bad_field(const dsec_decoder *d);
+
+/* ---- encode --------------------------------------------------------------- */
+typedef struct dsec_buf {
+    char *data;
+    size_t len;
+    size_t cap;
+} dsec_buf;
+
+void dsec_buf_init(dsec_buf *b);
+void dsec_buf_release(dsec_buf *b); /* frees data */
+
+/* Encode msg (a struct of type) into b, replacing its contents. Optional
+ * fields that are NULL, empty, zero or false are omitted. Fails with
+ * DSEC_E_INVALID naming the field when a required field is missing or a
+ * value breaks its limits (we never send what we would refuse). */
+int dsec_encode(dsec_buf *b, int type, const void *msg, dsec_err *err);
+
+/* ---- JSON ------------------------------------------------------------------- */
+
+/* Render any msgpack value (one object, no trailing bytes) as JSON into b.
+ * Binary is rendered as {"$bin":"<base64>"} and non-UTF-8 strings the same
+ * way, so the output is always valid JSON. Fails on malformed input. */
+int dsec_msgpack_to_json(dsec_buf *b, const void *buf, size_t len, dsec_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
