@@ -55,7 +55,14 @@ int dsec_err_wrap(dsec_err *err, const char *fmt, ...)
     va_end(ap);
     char old[DSEC_ERR_MSG_MAX];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* the message is bounded: keep the context, cut the tail of the cause */
+    size_t plen = strnlen(prefix, sizeof err->msg - 3);
+    memcpy(err->msg, prefix, plen);
+    memcpy(err->msg + plen, ": ", 2);
+    size_t room = sizeof err->msg - plen - 3;
+    size_t olen = strnlen(old, room);
+    memcpy(err->msg + plen + 2, old, olen);
+    err->msg[plen + 2 + olen] = '\0';
     if (err->code == DSEC_OK)
         err->code = DSEC_E_INTERNAL;
     return -1;

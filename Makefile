@@ -1,0 +1,39 @@
+# Quick start: `make demo` runs the main job, `make check` runs the tests.
+# Both install what is missing (Debian 12, root) and build first.
+JOBS ?= $(shell nproc)
+S ?= bus
+CTEST_TIMEOUT ?= 600
+
+.PHONY: all demo check deps build build-asan bench fuzz clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake --preset default -DDSEC_WERROR=ON >/dev/null
+	@cmake --build --preset default -j $(JOBS)
+
+build-asan: deps
+	@cmake --preset asan -DDSEC_WERROR=ON >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+
+demo: build
+	@./build/default/tools/dsec demo
+
+check: build build-asan
+	ctest --preset default -j $(JOBS) --timeout $(CTEST_TIMEOUT)
+	ctest --preset asan -j $(JOBS) --timeout $(CTEST_TIMEOUT)
+
+bench: deps
+	@cmake --preset bench >/dev/null
+	@cmake --build --preset bench -j $(JOBS)
+	@scripts/bench.sh $(S)
+
+fuzz: deps
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS)
+
+clean:
+	rm -rf build

@@ -1,0 +1,654 @@
+/* client.c - libdsec: sandbox requests over the bus, with safe retries. */
+#include "dsec/client.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bus/bus.h"
+#include "dsec/names.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+
+struct dsec_client {
+    dsec_bus *bus;
+    char *tenant;
+    int timeout_ms;
+    int retries;
+};
+
+#define MAX_LIST 256
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint32_t count_nt(const char *const *v)
+{
+    uint32_t n = 0;
+    while (v != NULL && v[n] != NULL)
+        n++;
+    return n;
+}
+
+/* Split "k=v" strings into a dsec_kv whose arrays and strings are owned by
+ * the caller (dsec_free of k[0..n) strings is by kv_release). */
+static int kv_from_pairs(const char *const *pairs, dsec_kv *kv, const char *what, dsec_err *err)
+{
+    uint32_t n = count_nt(pairs);
+    memset(kv, 0, sizeof *kv);
+    if (n == 0)
+        return 0;
+    if (n > MAX_LIST)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: %u entries, at most %d", what, n, MAX_LIST);
+    kv->k = dsec_calloc(n, sizeof *kv->k);
+    kv->v = dsec_calloc(n, sizeof *kv->v);
+    if (kv->k == NULL || kv->v == NULL)
+        goto out_nomem;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *eq = strchr(pairs[i], '=');
+        if (eq == NULL || eq == pairs[i]) {
+            dsec_err_set(err, DSEC_E_INVALID, 0, "%s: \"%s\" is not KEY=VALUE", what, pairs[i]);
+            goto out_fail;
+        }
+        kv->k[i] = dsec_strndup(pairs[i], (size_t)(eq - pairs[i]));
+        kv->v[i] = eq + 1;
+        kv->n = i + 1;
+        if (kv->k[i] == NULL)
+            goto out_nomem;
+    }
+    return 0;
+out_nomem:
+    dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+out_fail:
+    for (uint32_t i = 0; i < kv->n; i++)
+        dsec_free((char *)kv->k[i]);
+    dsec_free(kv->k);
+    dsec_free(kv->v);
+    memset(kv, 0, sizeof *kv);
+    return -1;
+}
+
+static void kv_release(dsec_kv *kv)
+{
+    for (uint32_t i = 0; i < kv->n; i++)
+        dsec_free((char *)kv->k[i]);
+    dsec_free(kv->k);
+    dsec_free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+static void copy_str(char *dst, size_t n, const char *src)
+{
+    snprintf(dst, n, "%s", src ? src : "");
+}
+
+/* Turn a reply into either the expected message (decoded into out) or the
+ * error it carries. */
+static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out, dsec_err *err)
+{
+    const char *t = dsec_msg_type(reply);
+    if (t != NULL && strcmp(t, "error") == 0) {
+        const char *code = dsec_msg_header(reply, "Dsec-Error-Code");
+        if (dsec_msg_len(reply) == 0) /* a bus-level error reply (e.g. mailbox overflow) */
+            return dsec_err_set(err, code ? dsec_code_from_name(code) : DSEC_E_INTERNAL, 0,
+                                "%s: the responder is overloaded (%s)", dsec_msg_subject(reply),
+                                code ? code : "error");
+        dsec_msg_error e;
+        if (dsec_decode(dec, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, err) < 0)
+            return dsec_err_wrap(err, "decoding error reply");
+        return dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
+    }
+    const char *want = dsec_msg_type_name(type);
+    if (t == NULL || strcmp(t, want) != 0)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "expected a \"%s\" reply, got \"%s\"", want,
+                            t ? t : "(no type header)");
+    if (dsec_decode(dec, type, dsec_msg_data(reply), dsec_msg_len(reply), out, err) < 0)
+        return dsec_err_wrap(err, "decoding %s reply", want);
+    return 0;
+}
+
+/* One request/reply round trip with retries on retry-safe transport errors.
+ * On success the reply is decoded into out with dec (valid until dec's next
+ * decode). */
+static int call(dsec_client *c, const char *subject, const char *type_name, const dsec_buf *req,
+                const char *req_id, int reply_type, dsec_decoder *dec, dsec_msg **keep, void *out,
+                dsec_err *err)
+{
+    dsec_hdr hdr = {.type = type_name, .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
+    int rc = -1;
+    for (int attempt = 0;; attempt++) {
+        dsec_msg *reply = NULL;
+        rc = dsec_bus_request_sync(c->bus, subject, &hdr, req->data, req->len, c->timeout_ms, &reply,
+                                   err);
+        if (rc == 0) {
+            rc = decode_reply(dec, reply, reply_type, out, err);
+            *keep = reply;
+            return rc;
+        }
+        /* Ops other than create are retried only when the request surely
+         * never ran: nobody was listening. */
+        if (err->code != DSEC_E_NO_RESPONDERS || attempt >= c->retries)
+            return rc;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- connect -------------------------------------------------------------- */
+
+int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_err *err)
+{
+    dsec_client_opts o = opts ? *opts : (dsec_client_opts){0};
+    *out = NULL;
+    const char *tenant = o.tenant ? o.tenant : getenv("DSEC_TENANT");
+    if (tenant == NULL || tenant[0] == '\0')
+        tenant = "default";
+    if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "tenant \"%s\": use 1-64 characters from A-Z a-z 0-9 _ -", tenant);
+    dsec_client *c = dsec_calloc(1, sizeof *c);
+    if (c == NULL || (c->tenant = dsec_strdup(tenant)) == NULL) {
+        dsec_client_free(c);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
+    c->retries = o.retries > 0 ? o.retries : (o.retries < 0 ? 0 : 2);
+    dsec_bus_opts bo = {.url = o.url, .name = o.name ? o.name : "dsec-client",
+                        .threads = o.threads > 0 ? o.threads : 2};
+    if (dsec_bus_connect(&c->bus, &bo, err) < 0) {
+        dsec_client_free(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+void dsec_client_free(dsec_client *c)
+{
+    if (c == NULL)
+        return;
+    dsec_bus_free(c->bus);
+    dsec_free(c->tenant);
+    dsec_free(c);
+}
+
+const char *dsec_client_tenant(const dsec_client *c) { return c->tenant; }
+
+int dsec_id_node(const char *id, char *node, size_t n, dsec_err *err)
+{
+    const char *dash = id ? strrchr(id, '-') : NULL;
+    size_t len = dash ? (size_t)(dash - id) : 0;
+    if (dash == NULL || len == 0 || len >= n || strlen(dash + 1) != 16 ||
+        dsec_name_ok(id, DSEC_SBX_ID_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "\"%s\" is not a sandbox id (NODE-XXXXXXXXXXXXXXXX)", id ? id : "");
+    memcpy(node, id, len);
+    node[len] = '\0';
+    return 0;
+}
+
+/* ---- create --------------------------------------------------------------- */
+
+/* Holds a create message and everything it borrows, built from a spec. */
+struct create_req {
+    dsec_msg_create m;
+    char req_id[33];
+    char subject[256];
+    dsec_buf buf;
+};
+
+static void create_req_release(struct create_req *r)
+{
+    kv_release(&r->m.labels);
+    kv_release(&r->m.affinity);
+    dsec_buf_release(&r->buf);
+}
+
+static int create_req_build(dsec_client *c, const dsec_create_spec *s, struct create_req *r,
+                            dsec_err *err)
+{
+    memset(r, 0, sizeof *r);
+    dsec_buf_init(&r->buf);
+    if (s->req_id != NULL)
+        copy_str(r->req_id, sizeof r->req_id, s->req_id);
+    else
+        dsec_bus_new_id(r->req_id);
+    if (s->req_id != NULL && strlen(s->req_id) >= sizeof r->req_id)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "req_id: longer than %zu characters",
+                            sizeof r->req_id - 1);
+    dsec_msg_create *m = &r->m;
+    m->req_id = r->req_id;
+    m->tenant = c->tenant;
+    m->type = s->type && s->type[0] ? s->type : NULL;
+    m->requires = (dsec_strv){(const char **)s->requires, count_nt(s->requires)};
+    m->env = s->env;
+    m->cpu_milli = s->cpu_milli;
+    m->memory_mb = s->memory_mb;
+    m->disk_mb = s->disk_mb;
+    m->ttl_s = s->ttl_s;
+    m->idle_s = s->idle_s;
+    m->cell = s->cell && s->cell[0] ? s->cell : NULL;
+    m->cls = s->cls;
+    m->priority = s->priority;
+    m->rollout_id = s->rollout_id;
+    m->net = (dsec_strv){(const char **)s->net, count_nt(s->net)};
+    if (kv_from_pairs(s->labels, &m->labels, "labels", err) < 0 ||
+        kv_from_pairs(s->affinity, &m->affinity, "affinity", err) < 0)
+        return -1;
+    if (m->cell != NULL && dsec_name_ok(m->cell, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "cell \"%s\": not a valid cell name", m->cell);
+    if (m->cell)
+        snprintf(r->subject, sizeof r->subject, "dsec.v1.%s.create.%s", c->tenant, m->cell);
+    else
+        snprintf(r->subject, sizeof r->subject, "dsec.v1.%s.create", c->tenant);
+    return dsec_encode(&r->buf, DSEC_MSG_CREATE, m, err);
+}
+
+static void info_from_created(const dsec_msg_created *cr, dsec_sandbox_info *out)
+{
+    memset(out, 0, sizeof *out);
+    copy_str(out->id, sizeof out->id, cr->id);
+    copy_str(out->node, sizeof out->node, cr->node);
+    copy_str(out->type, sizeof out->type, cr->type);
+    copy_str(out->state, sizeof out->state, cr->state);
+    copy_str(out->cell, sizeof out->cell, cr->cell);
+    out->existing = cr->existing;
+}
+
+/* An in-flight asynchronous create. */
+struct async_create {
+    dsec_client *c;
+    struct create_req r;
+    dsec_create_cb cb;
+    void *ud;
+    int retry;
+};
+
+static int async_send(struct async_create *a, dsec_err *err);
+
+static void async_finish(struct async_create *a, int status, const dsec_sandbox_info *info,
+                         const dsec_err *err)
+{
+    a->cb(status, info, err, a->ud);
+    create_req_release(&a->r);
+    dsec_free(a);
+}
+
+static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
+{
+    struct async_create *a = ud;
+    dsec_err err;
+    dsec_err_clear(&err);
+    if (status < 0) {
+        err = *berr;
+    } else {
+        dsec_decoder *dec = dsec_decoder_new(NULL);
+        dsec_msg_created cr;
+        if (dec == NULL) {
+            status = dsec_err_set(&err, DSEC_E_NOMEM, 0, "out of memory");
+        } else if ((status = decode_reply(dec, reply, DSEC_MSG_CREATED, &cr, &err)) == 0) {
+            dsec_sandbox_info info;
+            info_from_created(&cr, &info);
+            dsec_decoder_free(dec);
+            async_finish(a, 0, &info, NULL);
+            return;
+        }
+        dsec_decoder_free(dec);
+    }
+    if (dsec_code_retry_safe(err.code) && a->retry < a->c->retries) {
+        a->retry++;
+        a->r.m.retry = (uint64_t)a->retry;
+        dsec_err serr;
+        if (dsec_encode(&a->r.buf, DSEC_MSG_CREATE, &a->r.m, &serr) == 0 && async_send(a, &serr) == 0)
+            return;
+        err = serr;
+    }
+    async_finish(a, -1, NULL, &err);
+}
+
+static int async_send(struct async_create *a, dsec_err *err)
+{
+    dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id};
+    return dsec_bus_request(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
+                            a->c->timeout_ms, on_create_reply, a, err);
+}
+
+int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
+                      dsec_err *err)
+{
+    struct async_create *a = dsec_calloc(1, sizeof *a);
+    if (a == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    a->c = c;
+    a->cb = cb;
+    a->ud = ud;
+    if (create_req_build(c, spec, &a->r, err) < 0 || async_send(a, err) < 0) {
+        create_req_release(&a->r);
+        dsec_free(a);
+        return -1;
+    }
+    return 0;
+}
+
+/* Synchronous create: an async create and a condition to wait on. */
+struct sync_create {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int status;
+    dsec_sandbox_info info;
+    dsec_err err;
+};
+
+static void on_sync_create(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct sync_create *s = ud;
+    pthread_mutex_lock(&s->mu);
+    s->status = status;
+    if (info)
+        s->info = *info;
+    if (err)
+        s->err = *err;
+    s->done = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info *out, dsec_err *err)
+{
+    struct sync_create s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    if (dsec_create_async(c, spec, on_sync_create, &s, err) < 0)
+        return -1;
+    pthread_mutex_lock(&s.mu);
+    while (!s.done)
+        pthread_cond_wait(&s.cv, &s.mu);
+    pthread_mutex_unlock(&s.mu);
+    if (s.status < 0) {
+        if (err)
+            *err = s.err;
+        return -1;
+    }
+    *out = s.info;
+    return 0;
+}
+
+/* ---- operations on a sandbox ---------------------------------------------- */
+
+static int sbx_subject(dsec_client *c, const char *id, const char *op, char *subj, size_t n,
+                       dsec_err *err)
+{
+    char node[DSEC_NAME_MAX];
+    if (dsec_id_node(id, node, sizeof node, err) < 0)
+        return -1;
+    snprintf(subj, n, "dsec.v1.%s.sbx.%s.%s.%s", c->tenant, node, id, op);
+    return 0;
+}
+
+/* Encode msg, send it to the sandbox's op subject, decode the reply into out.
+ * The reply message is kept in *keep until the caller frees it. */
+static int sbx_call(dsec_client *c, const char *id, const char *op, int type, const void *msg,
+                    int reply_type, dsec_decoder *dec, dsec_msg **keep, void *out, dsec_err *err)
+{
+    char subj[256];
+    dsec_buf buf;
+    dsec_buf_init(&buf);
+    *keep = NULL;
+    int rc = sbx_subject(c, id, op, subj, sizeof subj, err);
+    if (rc == 0)
+        rc = dsec_encode(&buf, type, msg, err);
+    if (rc == 0)
+        rc = call(c, subj, dsec_msg_type_name(type), &buf, NULL, reply_type, dec, keep, out, err);
+    dsec_buf_release(&buf);
+    return rc;
+}
+
+int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_result *res,
+              dsec_err *err)
+{
+    memset(res, 0, sizeof *res);
+    dsec_msg_exec m = {.id = id, .argv = {(const char **)o->argv, count_nt(o->argv)},
+                       .cwd = o->cwd, .stdin_data = {o->stdin_data, o->stdin_len},
+                       .timeout_ms = o->timeout_ms, .user = o->user,
+                       .rollout_id = o->rollout_id, .step = o->step};
+    if (m.argv.n == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: empty argv");
+    if (kv_from_pairs(o->env, &m.env, "env", err) < 0)
+        return -1;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    dsec_msg *keep = NULL;
+    dsec_msg_exec_result r;
+    int rc = dec ? 0 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (rc == 0)
+        rc = sbx_call(c, id, "exec", DSEC_MSG_EXEC, &m, DSEC_MSG_EXEC_RESULT, dec, &keep, &r, err);
+    if (rc == 0) {
+        res->exit_code = (int)r.exit_code;
+        res->signal = (int)r.signal;
+        res->timed_out = r.timed_out;
+        res->out_truncated = r.stdout_truncated;
+        res->err_truncated = r.stderr_truncated;
+        res->duration_us = r.duration_us;
+        res->out = dsec_malloc(r.stdout_data.len + 1);
+        res->err_out = dsec_malloc(r.stderr_data.len + 1);
+        if (res->out == NULL || res->err_out == NULL) {
+            dsec_exec_result_release(res);
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        } else {
+            if (r.stdout_data.len)
+                memcpy(res->out, r.stdout_data.ptr, r.stdout_data.len);
+            if (r.stderr_data.len)
+                memcpy(res->err_out, r.stderr_data.ptr, r.stderr_data.len);
+            res->out[r.stdout_data.len] = 0;
+            res->err_out[r.stderr_data.len] = 0;
+            res->out_len = r.stdout_data.len;
+            res->err_len = r.stderr_data.len;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    kv_release(&m.env);
+    return rc;
+}
+
+void dsec_exec_result_release(dsec_exec_result *res)
+{
+    dsec_free(res->out);
+    dsec_free(res->err_out);
+    res->out = res->err_out = NULL;
+    res->out_len = res->err_len = 0;
+}
+
+int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
+                    unsigned mode, dsec_err *err)
+{
+    dsec_msg_file_write m = {.id = id, .path = path, .data = {data, len}, .mode = mode};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_file_data r;
+    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
+                   dsec_err *err)
+{
+    dsec_msg_file_read m = {.id = id, .path = path};
+    *data = NULL;
+    *len = 0;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_file_data r;
+    int rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
+    if (rc == 0) {
+        *data = dsec_malloc(r.data.len + 1);
+        if (*data == NULL) {
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        } else {
+            if (r.data.len)
+                memcpy(*data, r.data.ptr, r.data.len);
+            (*data)[r.data.len] = 0;
+            *len = r.data.len;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_entry **entries,
+                   size_t *n, dsec_err *err)
+{
+    dsec_msg_file_list m = {.id = id, .path = path};
+    *entries = NULL;
+    *n = 0;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_file_list_reply r;
+    int rc = sbx_call(c, id, "ls", DSEC_MSG_FILE_LIST, &m, DSEC_MSG_FILE_LIST_REPLY, dec, &keep, &r,
+                      err);
+    if (rc == 0 && r.entries.n > 0) {
+        dsec_file_entry *e = dsec_calloc(r.entries.n, sizeof *e);
+        const dsec_msg_file_entry *src = r.entries.items;
+        for (uint32_t i = 0; e != NULL && i < r.entries.n; i++) {
+            e[i].name = dsec_strdup(src[i].name);
+            copy_str(e[i].kind, sizeof e[i].kind, src[i].kind);
+            e[i].size = src[i].size;
+            e[i].mode = src[i].mode;
+            e[i].mtime = src[i].mtime;
+            if (e[i].name == NULL) {
+                dsec_file_entries_free(e, i);
+                e = NULL;
+            }
+        }
+        if (e == NULL)
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        else {
+            *entries = e;
+            *n = r.entries.n;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+void dsec_file_entries_free(dsec_file_entry *entries, size_t n)
+{
+    for (size_t i = 0; entries != NULL && i < n; i++)
+        dsec_free(entries[i].name);
+    dsec_free(entries);
+}
+
+void dsec_strv_free(char **v, size_t n)
+{
+    for (size_t i = 0; v != NULL && i < n; i++)
+        dsec_free(v[i]);
+    dsec_free(v);
+}
+
+/* pause, resume, destroy, status, fork: the "op" message. */
+static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n,
+                   dsec_sandbox_info *info, char ***ids, size_t *nids, dsec_err *err)
+{
+    char req_id[33];
+    dsec_bus_new_id(req_id);
+    dsec_msg_op m = {.id = id, .op = op, .n = n, .req_id = req_id, .tenant = c->tenant};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_op_reply r;
+    int rc = sbx_call(c, id, "op", DSEC_MSG_OP, &m, DSEC_MSG_OP_REPLY, dec, &keep, &r, err);
+    if (rc == 0 && info != NULL) {
+        memset(info, 0, sizeof *info);
+        copy_str(info->id, sizeof info->id, r.id);
+        copy_str(info->node, sizeof info->node, r.node);
+        copy_str(info->type, sizeof info->type, r.type);
+        copy_str(info->state, sizeof info->state, r.state);
+    }
+    if (rc == 0 && ids != NULL) {
+        char **v = dsec_calloc(r.ids.n ? r.ids.n : 1, sizeof *v);
+        for (uint32_t i = 0; v != NULL && i < r.ids.n; i++)
+            if ((v[i] = dsec_strdup(r.ids.v[i])) == NULL) {
+                dsec_strv_free(v, i);
+                v = NULL;
+            }
+        if (v == NULL)
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        else {
+            *ids = v;
+            *nids = r.ids.n;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err)
+{
+    *ids = NULL;
+    *nids = 0;
+    if (n == 0 || n > 1024)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: n must be 1..1024, got %u", n);
+    return op_call(c, id, "fork", n, NULL, ids, nids, err);
+}
+
+int dsec_pause(dsec_client *c, const char *id, dsec_err *err)
+{
+    return op_call(c, id, "pause", 0, NULL, NULL, NULL, err);
+}
+
+int dsec_resume(dsec_client *c, const char *id, dsec_err *err)
+{
+    return op_call(c, id, "resume", 0, NULL, NULL, NULL, err);
+}
+
+int dsec_destroy(dsec_client *c, const char *id, dsec_err *err)
+{
+    return op_call(c, id, "destroy", 0, NULL, NULL, NULL, err);
+}
+
+int dsec_status(dsec_client *c, const char *id, dsec_sandbox_info *out, dsec_err *err)
+{
+    return op_call(c, id, "status", 0, out, NULL, NULL, err);
+}
+
+int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeout_ms, dsec_err *err)
+{
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    long sleep_ms = 5;
+    for (;;) {
+        dsec_sandbox_info info;
+        if (dsec_status(c, id, &info, err) < 0) {
+            if (err->code == DSEC_E_NOT_FOUND && strcmp(state, "gone") == 0)
+                return 0;
+            return -1;
+        }
+        if (strcmp(info.state, state) == 0)
+            return 0;
+        if (strcmp(info.state, "gone") == 0 || strcmp(info.state, "failed") == 0)
+            return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "sandbox %s is %s, not %s", id,
+                                info.state, state);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long waited = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (waited >= timeout_ms)
+            return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "sandbox %s still %s after %d ms (want %s)",
+                                id, info.state, timeout_ms, state);
+        struct timespec ts = {0, sleep_ms * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (sleep_ms < 100)
+            sleep_ms *= 2;
+    }
+}

@@ -1,0 +1,149 @@
+/* client.h - libdsec: create sandboxes and drive them over the bus.
+ * Clients need no node addresses: the sandbox id names its node. */
+#ifndef DSEC_CLIENT_H
+#define DSEC_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsec_client dsec_client;
+
+typedef struct dsec_client_opts {
+    const char *url;    /* NULL: $DSEC_URL, else nats://127.0.0.1:4222 */
+    const char *tenant; /* NULL: $DSEC_TENANT, else "default" */
+    int timeout_ms;     /* per attempt; default 10000 */
+    int retries;        /* extra attempts on retry-safe failures; default 2 */
+    int threads;        /* callback threads; default 2 */
+    const char *name;   /* connection name; default "dsec-client" */
+} dsec_client_opts;
+
+/* Connect. *out owns the client; free with dsec_client_free (drains first:
+ * pending asynchronous creates are answered before it returns). */
+int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_err *err);
+void dsec_client_free(dsec_client *c);
+const char *dsec_client_tenant(const dsec_client *c);
+
+/* What to create. Every pointer is borrowed for the duration of the call. */
+typedef struct dsec_create_spec {
+    const char *type;            /* function | container | microvm | vm | sim; NULL: lightest that satisfies requires */
+    const char *const *requires; /* capability names; NULL-terminated or NULL */
+    const char *env;             /* environment name:version */
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    uint64_t disk_mb;
+    uint64_t ttl_s;
+    uint64_t idle_s;
+    const char *const *labels;   /* "k=v" strings; NULL-terminated or NULL */
+    const char *const *affinity; /* "k=v" node labels required; NULL-terminated or NULL */
+    const char *cell;            /* NULL: any cell with room */
+    const char *cls;             /* rollout (default) | job | batch */
+    int64_t priority;
+    const char *rollout_id;
+    const char *const *net;      /* network policy entries; NULL-terminated or NULL */
+    const char *req_id;          /* idempotency key; NULL: a fresh one per call */
+} dsec_create_spec;
+
+#define DSEC_ID_MAX 96
+#define DSEC_NAME_MAX 72
+
+typedef struct dsec_sandbox_info {
+    char id[DSEC_ID_MAX];
+    char node[DSEC_NAME_MAX];
+    char type[32];
+    char state[16];
+    char cell[DSEC_NAME_MAX];
+    bool existing; /* the request id matched an earlier create */
+} dsec_sandbox_info;
+
+/* Create and wait for the answer. Retries retry-safe failures with the same
+ * request id, so a retry never makes a second sandbox. */
+int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info *out, dsec_err *err);
+
+/* Called exactly once per asynchronous create, on a client thread; info and
+ * err are borrowed for the call. status is 0 or negative. */
+typedef void (*dsec_create_cb)(int status, const dsec_sandbox_info *info, const dsec_err *err,
+                               void *ud);
+
+/* Start a create and return at once; many may be in flight. */
+int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
+                      dsec_err *err);
+
+typedef struct dsec_exec_opts {
+    const char *const *argv; /* NULL-terminated, required */
+    const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
+    const char *cwd;
+    const void *stdin_data;
+    size_t stdin_len;
+    uint64_t timeout_ms;     /* 0: the sandbox default */
+    const char *user;
+    const char *rollout_id;  /* with step: recorded in the trajectory log */
+    uint64_t step;
+} dsec_exec_opts;
+
+typedef struct dsec_exec_result {
+    int exit_code;
+    int signal;
+    bool timed_out;
+    uint8_t *out; /* owned by the result: dsec_exec_result_release */
+    size_t out_len;
+    bool out_truncated;
+    uint8_t *err_out;
+    size_t err_len;
+    bool err_truncated;
+    uint64_t duration_us;
+} dsec_exec_result;
+
+int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_exec_result *res,
+              dsec_err *err);
+void dsec_exec_result_release(dsec_exec_result *res);
+
+int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
+                    unsigned mode, dsec_err *err);
+/* *data is owned by the caller (dsec_free). */
+int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
+                   dsec_err *err);
+
+typedef struct dsec_file_entry {
+    char *name;
+    char kind[8]; /* file | dir | link | other */
+    uint64_t size;
+    uint64_t mode;
+    int64_t mtime;
+} dsec_file_entry;
+
+/* *entries is owned by the caller: dsec_file_entries_free. */
+int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_entry **entries,
+                   size_t *n, dsec_err *err);
+void dsec_file_entries_free(dsec_file_entry *entries, size_t n);
+
+/* Fork n children; *ids is an array of n strings owned by the caller:
+ * dsec_strv_free. */
+int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err);
+void dsec_strv_free(char **v, size_t n);
+
+int dsec_pause(dsec_client *c, const char *id, dsec_err *err);
+int dsec_resume(dsec_client *c, const char *id, dsec_err *err);
+int dsec_destroy(dsec_client *c, const char *id, dsec_err *err);
+int dsec_status(dsec_client *c, const char *id, dsec_sandbox_info *out, dsec_err *err);
+
+/* Wait until the sandbox reaches state (e.g. "running", "gone"), or fail
+ * with DSEC_E_TIMEOUT. A sandbox that is gone or unknown while waiting for
+ * another state fails with DSEC_E_NOT_FOUND. */
+int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeout_ms,
+                    dsec_err *err);
+
+/* The node that owns a sandbox id (the part before the last '-'), copied into
+ * node; fails with DSEC_E_INVALID for a malformed id. */
+int dsec_id_node(const char *id, char *node, size_t n, dsec_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

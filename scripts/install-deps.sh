@@ -1,0 +1,30 @@
+#!/bin/sh
+# install-deps.sh - apt-install whatever dsec needs that is missing (Debian 12, root). Idempotent.
+set -eu
+
+PKGS="build-essential cmake pkg-config git python3 \
+nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
+libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev \
+clang libclang-rt-14-dev"
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+    echo "dsec: missing packages:$missing" >&2
+    echo "dsec: run as root, or: sudo apt-get install -y$missing" >&2
+    exit 1
+fi
+
+echo "dsec: installing$missing"
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y --no-install-recommends $missing; then
+    apt-get update
+    apt-get install -y --no-install-recommends $missing
+fi

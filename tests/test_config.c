@@ -1,0 +1,116 @@
+/* test_config.c - YAML config loading: values, defaults, and errors naming file, line and key. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "actors/config.h"
+
+static dsec_cfg *parse_ok(const char *text)
+{
+    dsec_cfg *c = NULL;
+    dsec_err err;
+    int rc = dsec_cfg_parse(&c, "t.yaml", text, strlen(text), &err);
+    if (rc != 0)
+        fail_msg("parse failed: %s", err.msg);
+    return c;
+}
+
+static void reads_values_and_defaults(void **state)
+{
+    dsec_cfg *c = parse_ok("cell: c1\nscheduler:\n  k: 3\n  ratio: 0.5\n  on: true\n"
+                           "nodes:\n  - name: n1\n  - name: n2\n");
+    dsec_err err;
+    const dsec_cfg_node *root = dsec_cfg_root(c);
+    const char *cell;
+    assert_int_equal(dsec_cfg_str(c, root, "cell", "x", &cell, &err), 0);
+    assert_string_equal(cell, "c1");
+    const dsec_cfg_node *sch = dsec_cfg_get(root, "scheduler");
+    uint64_t k, missing;
+    double ratio;
+    bool on;
+    assert_int_equal(dsec_cfg_u64(c, sch, "k", 1, 1, 16, &k, &err), 0);
+    assert_int_equal(k, 3);
+    assert_int_equal(dsec_cfg_u64(c, sch, "nope", 7, 1, 16, &missing, &err), 0);
+    assert_int_equal(missing, 7);
+    assert_int_equal(dsec_cfg_double(c, sch, "ratio", 0, 0, 1, &ratio, &err), 0);
+    assert_true(ratio == 0.5);
+    assert_int_equal(dsec_cfg_bool(c, sch, "on", false, &on, &err), 0);
+    assert_true(on);
+    const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
+    assert_int_equal(nodes->kind, DSEC_CFG_SEQ);
+    assert_int_equal(nodes->n, 2);
+    const char *name;
+    assert_int_equal(dsec_cfg_str(c, nodes->kids[1], "name", NULL, &name, &err), 0);
+    assert_string_equal(name, "n2");
+    assert_int_equal(nodes->kids[1]->line, 8);
+    dsec_cfg_free(c);
+}
+
+static void errors_name_file_line_and_key(void **state)
+{
+    dsec_cfg *c = parse_ok("cell: c1\nscheduler:\n  k: lots\n  max: 99\n  flag: maybe\n");
+    dsec_err err;
+    const dsec_cfg_node *sch = dsec_cfg_get(dsec_cfg_root(c), "scheduler");
+    uint64_t v;
+    bool b;
+    assert_int_equal(dsec_cfg_u64(c, sch, "k", 1, 1, 16, &v, &err), -1);
+    assert_string_equal(err.msg, "t.yaml:3: key \"k\": expected a non-negative integer, got \"lots\"");
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_int_equal(dsec_cfg_u64(c, sch, "max", 1, 1, 16, &v, &err), -1);
+    assert_string_equal(err.msg, "t.yaml:4: key \"max\": 99 is out of range [1, 16]");
+    assert_int_equal(dsec_cfg_bool(c, sch, "flag", false, &b, &err), -1);
+    assert_non_null(strstr(err.msg, "t.yaml:5: key \"flag\""));
+    static const char *const allowed[] = {"k", "max", NULL};
+    assert_int_equal(dsec_cfg_check_keys(c, sch, allowed, &err), -1);
+    assert_string_equal(err.msg, "t.yaml:5: unknown key \"flag\" (known: k, max)");
+    const char *s;
+    assert_int_equal(dsec_cfg_str(c, dsec_cfg_root(c), "scheduler", NULL, &s, &err), -1);
+    assert_non_null(strstr(err.msg, "t.yaml:2: key \"scheduler\": expected a scalar, got a map"));
+    dsec_cfg_free(c);
+}
+
+static void syntax_and_structure_errors(void **state)
+{
+    dsec_cfg *c = NULL;
+    dsec_err err;
+    const char *bad = "a: 1\nb: [1, 2\n";
+    assert_int_equal(dsec_cfg_parse(&c, "bad.yaml", bad, strlen(bad), &err), -1);
+    assert_non_null(strstr(err.msg, "bad.yaml:"));
+    const char *dup = "a: 1\na: 2\n";
+    assert_int_equal(dsec_cfg_parse(&c, "dup.yaml", dup, strlen(dup), &err), -1);
+    assert_string_equal(err.msg, "dup.yaml:2: key \"a\" appears twice");
+    const char *list = "- a\n- b\n";
+    assert_int_equal(dsec_cfg_parse(&c, "l.yaml", list, strlen(list), &err), -1);
+    assert_non_null(strstr(err.msg, "top level must be a map"));
+    const char *alias = "a: &x 1\nb: *x\n";
+    assert_int_equal(dsec_cfg_parse(&c, "al.yaml", alias, strlen(alias), &err), -1);
+    assert_non_null(strstr(err.msg, "al.yaml:2: YAML aliases"));
+    assert_int_equal(dsec_cfg_load(&c, "/nonexistent/x.yaml", &err), -1);
+    assert_non_null(strstr(err.msg, "/nonexistent/x.yaml"));
+    assert_null(c);
+}
+
+static void empty_file_is_empty_map(void **state)
+{
+    dsec_cfg *c = parse_ok("");
+    assert_int_equal(dsec_cfg_root(c)->kind, DSEC_CFG_MAP);
+    assert_int_equal(dsec_cfg_root(c)->n, 0);
+    dsec_cfg_free(c);
+    c = parse_ok("# only a comment\n");
+    assert_int_equal(dsec_cfg_root(c)->n, 0);
+    dsec_cfg_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(reads_values_and_defaults),
+        cmocka_unit_test(errors_name_file_line_and_key),
+        cmocka_unit_test(syntax_and_structure_errors),
+        cmocka_unit_test(empty_file_is_empty_map),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
