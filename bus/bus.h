@@ -27,8 +27,18 @@ typedef struct dsec_future dsec_future; /* the pending answer to a request */
 #define DSEC_HDR_TRACE_ID "Dsec-Trace-Id"   /* end-to-end trace id */
 #define DSEC_CONTENT_TYPE "application/msgpack"
 
+/* Error replies the bus itself sends: Dsec-Type is DSEC_TYPE_ERROR, the body
+ * is empty, and Dsec-Error-Code holds a dsec_code_name() ("overflow" when the
+ * responder's mailbox was full, "closed" when its actor was freed with the
+ * request still queued). Such a reply reaches the requester as a normal reply
+ * (status 0): decode it with dsec_msg_type / dsec_msg_header. */
+#define DSEC_HDR_ERROR_CODE "Dsec-Error-Code"
+#define DSEC_TYPE_ERROR "error"
+
 /* What goes into the headers of an outgoing message. Any field may be NULL/0;
- * the bus fills trace_id with a fresh id when NULL. */
+ * the bus fills trace_id with a fresh id when NULL. Every publish carries
+ * Dsec-Schema (decimal, 0 when unset), Content-Type and Dsec-Trace-Id, plus
+ * Dsec-Type and Dsec-Req-Id when given. The strings are copied. */
 typedef struct dsec_hdr {
     const char *type;
     unsigned schema;
@@ -42,40 +52,71 @@ typedef enum dsec_bus_event {
     DSEC_BUS_RECONNECTED = 2,
     DSEC_BUS_CLOSED = 3,
     DSEC_BUS_ERROR = 4,         /* async error, e.g. slow consumer; detail in msg */
-    DSEC_BUS_MAILBOX_FULL = 5,  /* an actor dropped a message; detail names it */
+    DSEC_BUS_MAILBOX_FULL = 5,  /* an actor started dropping messages; detail names it */
 } dsec_bus_event;
 
+/* Called from a nats.c or bus thread (never with a bus lock held); detail is
+ * valid for the call only. DSEC_BUS_MAILBOX_FULL is reported once per overflow
+ * episode (the first drop after the mailbox last accepted a message); every
+ * drop is counted in dsec_actor_stats.dropped. Must not block for long: the
+ * same thread delivers the actor's messages or nats.c's connection events. */
 typedef void (*dsec_bus_event_cb)(dsec_bus *bus, dsec_bus_event ev, const char *detail, void *ud);
 
 typedef struct dsec_bus_opts {
     const char *url;          /* comma-separated server URLs; default $DSEC_URL or nats://127.0.0.1:4222 */
     const char *name;         /* connection name shown by the server */
     int threads;              /* worker threads for actor handlers; default 2 */
-    int mailbox_max;          /* per-actor queued messages before overflow; default 65536 */
+    int mailbox_max;          /* per-actor queued messages before overflow; default 65536.
+                               * A message arriving at a full mailbox is dropped; if it
+                               * was a request, the bus answers it at once with an error
+                               * reply (Dsec-Error-Code: overflow) so the requester fails
+                               * fast instead of waiting for its deadline. */
     int connect_timeout_ms;   /* default 2000 */
     int reconnect_buf_bytes;  /* publishes buffered while reconnecting; default 8 MiB */
-    int max_reconnect;        /* -1 forever (default) */
+    int max_reconnect;        /* attempts before giving up; 0 or -1: forever (default) */
     bool retry_on_failed_connect; /* keep trying in the background if the first connect fails */
     dsec_bus_event_cb on_event; /* may be NULL; called from a bus thread */
     void *event_ud;
 } dsec_bus_opts;
 
-/* Connect. On success *out owns a new bus; free with dsec_bus_free. */
+/* Connect. On success *out owns a new bus; free with dsec_bus_free. While
+ * the server is away publishes are buffered (reconnect_buf_bytes) and the bus
+ * reconnects in the background. */
 int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err);
 
-/* Stop taking messages, let mailboxes and in-flight handlers finish, flush
- * publishes, then close. Pending requests fail with DSEC_E_CLOSED. */
+/* Stop taking messages (subscriptions are drained, so what the server already
+ * sent still reaches the mailboxes), let mailboxes and in-flight handlers
+ * finish, fail the requests still pending with DSEC_E_CLOSED, run their
+ * callbacks, flush publishes, then close. timeout_ms <= 0 means 5000. On
+ * timeout the rest is dropped (queued requests are answered with a "closed"
+ * error reply), the connection is closed anyway and -1/DSEC_E_TIMEOUT is
+ * returned. Calling it again is a no-op. Not from a handler or callback. */
 int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err);
 
-/* Drain (bounded) if not yet drained, then free everything: actors, futures
- * still owned by the bus, the connection. NULL is a no-op. */
+/* Drain (bounded) if not yet drained, then free everything: actors, the
+ * workers (waiting for handlers still running), the connection. Futures are
+ * the caller's: free them too (before or after). NULL is a no-op. Not from a
+ * handler or callback. */
 void dsec_bus_free(dsec_bus *bus);
 
 /* Whether the connection is currently up. */
 bool dsec_bus_connected(const dsec_bus *bus);
 
-/* The URL currently connected to (copied into buf). */
+/* The URL currently connected to (copied into buf). -1 when not connected
+ * or buf is too small. */
 int dsec_bus_connected_url(dsec_bus *bus, char *buf, size_t n);
+
+/* Counters of the bus as a whole (actors have their own, below). */
+typedef struct dsec_bus_stats {
+    uint64_t async_errors;     /* errors nats.c reported asynchronously (DSEC_BUS_ERROR) */
+    uint64_t slow_consumers;   /* of which: a subscription's client-side queue overflowed */
+    uint64_t disconnects;
+    uint64_t reconnects;
+    uint64_t mailbox_drops;    /* messages dropped by full mailboxes, all actors */
+    uint64_t requests_pending; /* requests waiting for their answer now */
+} dsec_bus_stats;
+
+void dsec_bus_stats_get(dsec_bus *bus, dsec_bus_stats *out);
 
 /* Publish. data is copied before return. reply may be NULL. */
 int dsec_bus_publish(dsec_bus *bus, const char *subject, const char *reply, const dsec_hdr *hdr,
@@ -88,11 +129,18 @@ int dsec_bus_flush(dsec_bus *bus, int timeout_ms, dsec_err *err);
 
 /* Called exactly once per request: with status 0 and the reply, or with a
  * negative status and err filled (DSEC_E_TIMEOUT, DSEC_E_NO_RESPONDERS,
- * DSEC_E_CONN, DSEC_E_CLOSED). The reply is borrowed for the call only.
- * Runs on a bus worker thread. */
+ * DSEC_E_CONN, DSEC_E_CLOSED). The reply is borrowed for the call only; an
+ * error reply from the responder (Dsec-Type: error) is still status 0. On
+ * DSEC_E_CONN the request may or may not have reached the responder: the
+ * connection dropped while it was in flight; retrying with the same req_id
+ * is safe. Runs on a bus worker thread; it must not block on work that needs
+ * the same workers. */
 typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, void *ud);
 
-/* Send a request; returns at once. Many may be in flight. */
+/* Send a request; returns at once. Many may be in flight. timeout_ms must be
+ * > 0. On success cb will be called exactly once; on failure (-1, err
+ * filled) it will never be called. The request goes through one wildcard
+ * inbox subscription per bus. */
 int dsec_bus_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
                      size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, dsec_err *err);
 
@@ -124,17 +172,22 @@ typedef void (*dsec_handler)(dsec_actor *actor, dsec_msg *msg, void *ud);
 typedef uint64_t (*dsec_key_fn)(const dsec_msg *msg, void *ud);
 
 /* Create an actor named name (used in counters and logs). Owned by the bus,
- * freed by dsec_bus_free or dsec_actor_free. */
+ * freed by dsec_bus_free or dsec_actor_free. Its handlers run on the bus's
+ * worker pool: one message at a time per ordering key, and a slow handler
+ * only holds up its own key. */
 int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *err);
 
-/* Stop the actor's subscriptions and wait for its running handlers; freed. */
+/* Stop the actor's subscriptions and wait for its running handlers; freed.
+ * Messages still queued are dropped; queued requests get a "closed" error
+ * reply. Not from one of the actor's own handlers. */
 void dsec_actor_free(dsec_actor *actor);
 
 /* Route ordering keys. Must be called before the first dsec_actor_on. */
 void dsec_actor_set_key(dsec_actor *actor, dsec_key_fn fn, void *ud);
 
 /* Subscribe the actor to subject (wildcards allowed). queue may be NULL, or
- * a queue group name so replicas share the subject. */
+ * a queue group name so replicas share the subject. nats.c delivers each
+ * subscription on its own thread, which only pushes into the mailbox. */
 int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
                   void *ud, dsec_err *err);
 
@@ -170,7 +223,8 @@ const char *dsec_msg_header(dsec_msg *m, const char *key);
 const char *dsec_msg_type(dsec_msg *m);
 
 /* Reply to m's reply subject (no-op success when there is none). When actor
- * is non-NULL the reply counts in its msgs_out. */
+ * is non-NULL the reply counts in its msgs_out. Unless hdr sets them, the
+ * reply carries the request's Dsec-Trace-Id and Dsec-Req-Id. */
 int dsec_msg_respond(dsec_actor *actor, dsec_msg *m, const dsec_hdr *hdr, const void *data,
                      size_t len, dsec_err *err);
 
@@ -191,7 +245,11 @@ typedef struct dsec_natsd_opts {
 } dsec_natsd_opts;
 
 /* Start a nats-server child on 127.0.0.1 and wait until it accepts
- * connections. *out owns it; dsec_natsd_stop stops and frees it. */
+ * connections. *out owns it; dsec_natsd_stop stops and frees it. Writes
+ * state_dir/nats.conf (max_payload 8MB, JetStream in state_dir/js when asked)
+ * and logs to state_dir/nats.log; a failure to start quotes the log's tail.
+ * The child runs in its own process group and is killed if the thread that
+ * started it exits (PR_SET_PDEATHSIG): start it from a long-lived thread. */
 int dsec_natsd_start(dsec_natsd **out, const dsec_natsd_opts *opts, dsec_err *err);
 
 /* "nats://127.0.0.1:PORT"; owned by the server object. */

@@ -405,7 +405,7 @@ static int sbx_call(dsec_client *c, const char *id, const char *op, int type, co
     return rc;
 }
 
-int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_result *res,
+int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_reply *res,
               dsec_err *err)
 {
     memset(res, 0, sizeof *res);
@@ -433,7 +433,7 @@ int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec
         res->out = dsec_malloc(r.stdout_data.len + 1);
         res->err_out = dsec_malloc(r.stderr_data.len + 1);
         if (res->out == NULL || res->err_out == NULL) {
-            dsec_exec_result_release(res);
+            dsec_exec_reply_release(res);
             rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
         } else {
             if (r.stdout_data.len)
@@ -452,7 +452,7 @@ int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec
     return rc;
 }
 
-void dsec_exec_result_release(dsec_exec_result *res)
+void dsec_exec_reply_release(dsec_exec_reply *res)
 {
     dsec_free(res->out);
     dsec_free(res->err_out);
@@ -503,7 +503,7 @@ int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **d
     return rc;
 }
 
-int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_entry **entries,
+int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,
                    size_t *n, dsec_err *err)
 {
     dsec_msg_file_list m = {.id = id, .path = path};
@@ -517,7 +517,7 @@ int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_e
     int rc = sbx_call(c, id, "ls", DSEC_MSG_FILE_LIST, &m, DSEC_MSG_FILE_LIST_REPLY, dec, &keep, &r,
                       err);
     if (rc == 0 && r.entries.n > 0) {
-        dsec_file_entry *e = dsec_calloc(r.entries.n, sizeof *e);
+        dsec_dirent *e = dsec_calloc(r.entries.n, sizeof *e);
         const dsec_msg_file_entry *src = r.entries.items;
         for (uint32_t i = 0; e != NULL && i < r.entries.n; i++) {
             e[i].name = dsec_strdup(src[i].name);
@@ -526,7 +526,7 @@ int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_e
             e[i].mode = src[i].mode;
             e[i].mtime = src[i].mtime;
             if (e[i].name == NULL) {
-                dsec_file_entries_free(e, i);
+                dsec_dirents_free(e, i);
                 e = NULL;
             }
         }
@@ -542,7 +542,7 @@ int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_e
     return rc;
 }
 
-void dsec_file_entries_free(dsec_file_entry *entries, size_t n)
+void dsec_dirents_free(dsec_dirent *entries, size_t n)
 {
     for (size_t i = 0; entries != NULL && i < n; i++)
         dsec_free(entries[i].name);

@@ -46,7 +46,7 @@ typedef struct dsec_list { /* array of nested messages (type fixed by the field)
 } dsec_list;
 
 /* ---- message types ------------------------------------------------------ */
-typedef enum dsec_msg_type {
+enum dsec_msg_type {
     DSEC_MSG_NONE = 0,
     DSEC_MSG_ERROR,           /* "error": any request's failure answer */
     DSEC_MSG_PING,            /* "ping" */
@@ -69,8 +69,9 @@ typedef enum dsec_msg_type {
     DSEC_MSG_CAPACITY,        /* "capacity": delta or full report */
     DSEC_MSG_HEARTBEAT,       /* "heartbeat" */
     DSEC_MSG_CELL_SUMMARY,    /* "cell_summary" */
+    DSEC_MSG_SANDBOX_EVENTS,  /* "sandbox_events": a node's batch of sandbox_event */
     DSEC_MSG_TYPE_MAX_
-} dsec_msg_type;
+};
 
 typedef struct dsec_msg_error {
     const char *code;    /* required: a dsec_code_name() */
@@ -112,6 +113,7 @@ typedef struct dsec_msg_create {
     const char *rollout_id;
     dsec_strv net;        /* network policy entries */
     uint64_t hops;        /* cross-cell forwards so far */
+    uint64_t retry;       /* 0 on a first attempt; n on the client's n-th retry of this req_id */
 } dsec_msg_create;
 
 typedef struct dsec_msg_place {
@@ -120,6 +122,7 @@ typedef struct dsec_msg_place {
     uint64_t attempt;     /* 1-based */
     const char *scheduler;
     dsec_strv tried;      /* nodes that already refused */
+    const char *reason;   /* set by a node sending a refusal back: why it refused */
 } dsec_msg_place;
 
 typedef struct dsec_msg_created {
@@ -274,6 +277,14 @@ typedef struct dsec_msg_cell_summary {
     uint64_t ts_ns;
 } dsec_msg_cell_summary;
 
+/* Lifecycle events leave a node in batches (one message per report window),
+ * so events never multiply the bus messages per create. */
+typedef struct dsec_msg_sandbox_events {
+    const char *node;  /* required */
+    const char *cell;
+    dsec_list events;  /* of dsec_msg_sandbox_event */
+} dsec_msg_sandbox_events;
+
 /* ---- schemas ------------------------------------------------------------ */
 
 typedef enum dsec_field_kind {
@@ -296,6 +307,8 @@ typedef struct dsec_field {
     int64_t min;          /* integers: inclusive range (ignored when min == max == 0) */
     int64_t max;
     int sub_type;         /* DSEC_F_LIST: dsec_msg_type of the items */
+    uint32_t max_item;    /* DSEC_F_STRV/KV: bytes per item string; 0 = decoder max_str */
+    const char *doc;      /* one line for docs/protocol.md (dsec decode --schema-md) */
 } dsec_field;
 
 typedef struct dsec_schema {
@@ -311,6 +324,16 @@ const dsec_schema *dsec_schema_of(int type);
 /* The type for a wire name ("create"), or DSEC_MSG_NONE. */
 int dsec_msg_type_from_name(const char *name);
 const char *dsec_msg_type_name(int type);
+
+/* Whether a and b (structs of type) carry the same message: they encode to
+ * the same bytes. Absent and empty optional values compare equal. */
+bool dsec_msg_equal(int type, const void *a, const void *b);
+
+/* Containers nested deeper than this fail to decode; no message needs more
+ * than 3 (message map, entries array, entry map). */
+#define DSEC_DECODE_MAX_DEPTH 8
+/* msgpack_to_json's bound on nesting. */
+#define DSEC_JSON_MAX_DEPTH 32
 
 /* ---- limits --------------------------------------------------------------- */
 typedef struct dsec_codec_limits {
@@ -349,6 +372,14 @@ typedef struct dsec_buf {
 
 void dsec_buf_init(dsec_buf *b);
 void dsec_buf_release(dsec_buf *b); /* frees data */
+/* Make room for n more bytes; -1 (DSEC_E_NOMEM) on allocation failure. */
+int dsec_buf_reserve(dsec_buf *b, size_t n, dsec_err *err);
+/* Append n bytes of p; -1 (DSEC_E_NOMEM) on allocation failure. */
+int dsec_buf_append(dsec_buf *b, const void *p, size_t n, dsec_err *err);
+
+/* Append the field tables of every message, as Markdown, to b (the tables
+ * in docs/protocol.md; `dsec decode --schema-md` prints them). */
+int dsec_schema_markdown(dsec_buf *b, dsec_err *err);
 
 /* Encode msg (a struct of type) into b, replacing its contents. Optional
  * fields that are NULL, empty, zero or false are omitted. Fails with
@@ -360,8 +391,16 @@ int dsec_encode(dsec_buf *b, int type, const void *msg, dsec_err *err);
 
 /* Render any msgpack value (one object, no trailing bytes) as JSON into b.
  * Binary is rendered as {"$bin":"<base64>"} and non-UTF-8 strings the same
- * way, so the output is always valid JSON. Fails on malformed input. */
+ * way, so the output is always valid JSON. Fails on malformed input.
+ * b's contents are replaced; no NUL is appended (b->len is the length). */
 int dsec_msgpack_to_json(dsec_buf *b, const void *buf, size_t len, dsec_err *err);
+
+#define DSEC_JSON_PRETTY 0x1u /* indent by two spaces, one member per line */
+
+/* dsec_msgpack_to_json with flags (DSEC_JSON_*). Nesting deeper than
+ * DSEC_JSON_MAX_DEPTH fails. */
+int dsec_msgpack_to_json_ex(dsec_buf *b, const void *buf, size_t len, unsigned flags,
+                            dsec_err *err);
 
 #ifdef __cplusplus
 }

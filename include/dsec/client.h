@@ -87,22 +87,22 @@ typedef struct dsec_exec_opts {
     uint64_t step;
 } dsec_exec_opts;
 
-typedef struct dsec_exec_result {
+typedef struct dsec_exec_reply {
     int exit_code;
     int signal;
     bool timed_out;
-    uint8_t *out; /* owned by the result: dsec_exec_result_release */
+    uint8_t *out; /* owned by the result: dsec_exec_reply_release */
     size_t out_len;
     bool out_truncated;
     uint8_t *err_out;
     size_t err_len;
     bool err_truncated;
     uint64_t duration_us;
-} dsec_exec_result;
+} dsec_exec_reply;
 
-int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_exec_result *res,
+int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_exec_reply *res,
               dsec_err *err);
-void dsec_exec_result_release(dsec_exec_result *res);
+void dsec_exec_reply_release(dsec_exec_reply *res);
 
 int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
                     unsigned mode, dsec_err *err);
@@ -110,18 +110,18 @@ int dsec_file_write(dsec_client *c, const char *id, const char *path, const void
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err);
 
-typedef struct dsec_file_entry {
+typedef struct dsec_dirent {
     char *name;
     char kind[8]; /* file | dir | link | other */
     uint64_t size;
     uint64_t mode;
     int64_t mtime;
-} dsec_file_entry;
+} dsec_dirent;
 
-/* *entries is owned by the caller: dsec_file_entries_free. */
-int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_file_entry **entries,
+/* *entries is owned by the caller: dsec_dirents_free. */
+int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,
                    size_t *n, dsec_err *err);
-void dsec_file_entries_free(dsec_file_entry *entries, size_t n);
+void dsec_dirents_free(dsec_dirent *entries, size_t n);
 
 /* Fork n children; *ids is an array of n strings owned by the caller:
  * dsec_strv_free. */

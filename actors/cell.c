@@ -1,0 +1,472 @@
+/* cell.c - the cell configuration and a process hosting any set of a cell's actors. */
+#include "actors/cell.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "actors/config.h"
+#include "dsec/alloc.h"
+#include "dsec/names.h"
+
+struct dsec_cell {
+    dsec_cell_conf conf;
+    dsec_natsd *natsd;
+    dsec_bus *bus;
+    dsec_ticker *ticker;
+    dsec_registry *reg;
+    dsec_node **nodes;
+    size_t nnodes;
+    dsec_sched **scheds;
+    size_t nscheds;
+};
+
+void dsec_cell_conf_defaults(dsec_cell_conf *c)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->cell, sizeof c->cell, "local");
+    const char *url = getenv("DSEC_URL");
+    snprintf(c->url, sizeof c->url, "%s", url && url[0] ? url : "nats://127.0.0.1:4222");
+    c->threads = 2;
+    c->embedded_nats = false;
+    c->nats_port = 4222;
+    c->jetstream = true;
+    snprintf(c->state_dir, sizeof c->state_dir, "./state");
+    c->default_cpu_milli = 1000;
+    c->default_memory_mb = 512;
+    c->default_ttl_s = 3600;
+    c->default_idle_s = 900;
+    c->max_ttl_s = 86400;
+    c->sched_replicas = 1;
+    c->k = 3;
+    c->max_attempts = 3;
+    c->max_hops = 2;
+    c->dead_after_ms = 3000;
+    c->capacity_ms = 100;
+    c->full_ms = 5000;
+    c->heartbeat_ms = 1000;
+    c->reap_ms = 1000;
+    c->summary_ms = 1000;
+}
+
+static void node_release(dsec_cell_node *n)
+{
+    for (size_t i = 0; i < 16 && n->types[i]; i++)
+        dsec_free(n->types[i]);
+    for (size_t i = 0; i < n->nlabels; i++) {
+        dsec_free((char *)n->labels[i].key);
+        dsec_free((char *)n->labels[i].value);
+    }
+    for (size_t i = 0; i < n->nopts; i++) {
+        dsec_free((char *)n->opts[i].key);
+        dsec_free((char *)n->opts[i].value);
+    }
+}
+
+void dsec_cell_conf_release(dsec_cell_conf *c)
+{
+    for (size_t i = 0; i < c->nnodes; i++)
+        node_release(&c->nodes[i]);
+    dsec_free(c->nodes);
+    c->nodes = NULL;
+    c->nnodes = 0;
+}
+
+static dsec_cell_node *add_node(dsec_cell_conf *c, dsec_err *err)
+{
+    if (c->nnodes >= DSEC_CELL_MAX_NODES) {
+        dsec_err_set(err, DSEC_E_CONFIG, 0, "at most %d nodes per process", DSEC_CELL_MAX_NODES);
+        return NULL;
+    }
+    dsec_cell_node *nn = dsec_realloc(c->nodes, (c->nnodes + 1) * sizeof *nn);
+    if (nn == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        return NULL;
+    }
+    c->nodes = nn;
+    dsec_cell_node *n = &c->nodes[c->nnodes++];
+    memset(n, 0, sizeof *n);
+    n->cpu_milli = 8000;
+    n->memory_mb = 16384;
+    n->slots = 1024;
+    snprintf(n->backend, sizeof n->backend, "sim");
+    return n;
+}
+
+static int kv_add(dsec_backend_kv *kv, size_t *n, size_t max, const char *k, const char *v,
+                  const char *what, dsec_err *err)
+{
+    if (*n >= max)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s: at most %zu entries", what, max);
+    kv[*n].key = dsec_strdup(k);
+    kv[*n].value = dsec_strdup(v);
+    (*n)++;
+    if (kv[*n - 1].key == NULL || kv[*n - 1].value == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    return 0;
+}
+
+static int scalar_map(const dsec_cfg *cfg, const dsec_cfg_node *map, dsec_backend_kv *kv, size_t *n,
+                      size_t max, dsec_err *err)
+{
+    if (map == NULL)
+        return 0;
+    if (dsec_cfg_expect(cfg, map, DSEC_CFG_MAP, err) < 0)
+        return -1;
+    for (size_t i = 0; i < map->n; i++) {
+        const dsec_cfg_node *v = map->kids[i];
+        if (dsec_cfg_expect(cfg, v, DSEC_CFG_SCALAR, err) < 0)
+            return -1;
+        if (kv_add(kv, n, max, v->key, v->value, map->key, err) < 0)
+            return dsec_err_wrap(err, "%s:%d", dsec_cfg_name(cfg), v->line);
+    }
+    return 0;
+}
+
+static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_conf *c, dsec_err *err)
+{
+    static const char *const keys[] = {"name", "cpu_milli", "memory_mb", "slots", "types",
+                                       "labels", "backend", "sim", "options", NULL};
+    if (dsec_cfg_expect(cfg, item, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, item, keys, err) < 0)
+        return -1;
+    dsec_cell_node *n = add_node(c, err);
+    if (n == NULL)
+        return -1;
+    const char *name, *backend;
+    if (dsec_cfg_str(cfg, item, "name", NULL, &name, err) < 0 ||
+        dsec_cfg_str(cfg, item, "backend", "sim", &backend, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "cpu_milli", 8000, 1, 100000000, &n->cpu_milli, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "memory_mb", 16384, 1, 1ull << 32, &n->memory_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0)
+        return -1;
+    if (name == NULL || dsec_name_ok(name, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "%s:%d: key \"name\": a node needs a name of 1-64 characters A-Z a-z 0-9 _ -",
+                            dsec_cfg_name(cfg), item->line);
+    if (strcmp(backend, "sim") != 0 && strcmp(backend, "native") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"backend\": \"%s\" is unknown (known: sim, native)",
+                            dsec_cfg_name(cfg), dsec_cfg_get(item, "backend")->line, backend);
+    snprintf(n->name, sizeof n->name, "%s", name);
+    snprintf(n->backend, sizeof n->backend, "%s", backend);
+    const dsec_cfg_node *types = dsec_cfg_get(item, "types");
+    if (dsec_cfg_expect(cfg, types, DSEC_CFG_SEQ, err) < 0)
+        return -1;
+    size_t nt = 0;
+    for (size_t i = 0; types && i < types->n; i++) {
+        if (dsec_cfg_expect(cfg, types->kids[i], DSEC_CFG_SCALAR, err) < 0)
+            return -1;
+        if (nt >= 15)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: too many types", dsec_cfg_name(cfg),
+                                types->line);
+        if ((n->types[nt++] = dsec_strdup(types->kids[i]->value)) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    if (nt == 0 && (n->types[0] = dsec_strdup("sim")) == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (scalar_map(cfg, dsec_cfg_get(item, "labels"), n->labels, &n->nlabels, 16, err) < 0 ||
+        scalar_map(cfg, dsec_cfg_get(item, "sim"), n->opts, &n->nopts, 32, err) < 0 ||
+        scalar_map(cfg, dsec_cfg_get(item, "options"), n->opts, &n->nopts, 32, err) < 0)
+        return -1;
+    for (size_t i = 0; i + 1 < c->nnodes; i++)
+        if (strcmp(c->nodes[i].name, n->name) == 0)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: node \"%s\" is defined twice",
+                                dsec_cfg_name(cfg), item->line, n->name);
+    return 0;
+}
+
+static int load_u32(const dsec_cfg *cfg, const dsec_cfg_node *m, const char *key, uint32_t *v,
+                    uint64_t min, uint64_t max, dsec_err *err)
+{
+    uint64_t x;
+    if (dsec_cfg_u64(cfg, m, key, *v, min, max, &x, err) < 0)
+        return -1;
+    *v = (uint32_t)x;
+    return 0;
+}
+
+static int load_unsigned(const dsec_cfg *cfg, const dsec_cfg_node *m, const char *key, unsigned *v,
+                         uint64_t min, uint64_t max, dsec_err *err)
+{
+    uint64_t x;
+    if (dsec_cfg_u64(cfg, m, key, *v, min, max, &x, err) < 0)
+        return -1;
+    *v = (unsigned)x;
+    return 0;
+}
+
+static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
+{
+    const dsec_cfg_node *root = dsec_cfg_root(cfg);
+    static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
+                                      "scheduler", "reports", "nodes", NULL};
+    if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
+        return -1;
+    const char *s;
+    if (dsec_cfg_str(cfg, root, "cell", c->cell, &s, err) < 0)
+        return -1;
+    if (dsec_name_ok(s, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"cell\": \"%s\" is not a valid name",
+                            dsec_cfg_name(cfg), dsec_cfg_get(root, "cell")->line, s);
+    snprintf(c->cell, sizeof c->cell, "%s", s);
+    if (dsec_cfg_str(cfg, root, "state_dir", c->state_dir, &s, err) < 0)
+        return -1;
+    snprintf(c->state_dir, sizeof c->state_dir, "%s", s);
+
+    const dsec_cfg_node *bus = dsec_cfg_get(root, "bus");
+    static const char *const bus_keys[] = {"url", "threads", NULL};
+    uint64_t threads;
+    if (dsec_cfg_expect(cfg, bus, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, bus, bus_keys, err) < 0 ||
+        dsec_cfg_str(cfg, bus, "url", c->url, &s, err) < 0 ||
+        dsec_cfg_u64(cfg, bus, "threads", (uint64_t)c->threads, 1, 64, &threads, err) < 0)
+        return -1;
+    snprintf(c->url, sizeof c->url, "%s", s);
+    c->threads = (int)threads;
+
+    const dsec_cfg_node *en = dsec_cfg_get(root, "embedded_nats");
+    static const char *const en_keys[] = {"enabled", "port", "jetstream", NULL};
+    uint64_t port;
+    if (dsec_cfg_expect(cfg, en, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, en, en_keys, err) < 0 ||
+        dsec_cfg_bool(cfg, en, "enabled", c->embedded_nats, &c->embedded_nats, err) < 0 ||
+        dsec_cfg_bool(cfg, en, "jetstream", c->jetstream, &c->jetstream, err) < 0 ||
+        dsec_cfg_u64(cfg, en, "port", (uint64_t)c->nats_port, 0, 65535, &port, err) < 0)
+        return -1;
+    c->nats_port = (int)port;
+
+    const dsec_cfg_node *d = dsec_cfg_get(root, "defaults");
+    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "ttl_s", "idle_s", "max_ttl_s", NULL};
+    if (dsec_cfg_expect(cfg, d, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, d, d_keys, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "cpu_milli", c->default_cpu_milli, 1, 1000000, &c->default_cpu_milli, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "memory_mb", c->default_memory_mb, 1, 1ull << 24, &c->default_memory_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "ttl_s", c->default_ttl_s, 1, 1ull << 32, &c->default_ttl_s, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "idle_s", c->default_idle_s, 1, 1ull << 32, &c->default_idle_s, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "max_ttl_s", c->max_ttl_s, 1, 1ull << 32, &c->max_ttl_s, err) < 0)
+        return -1;
+
+    const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
+    static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
+                                         "dead_after_ms", "summary_ms", NULL};
+    if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
+        load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
+        load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
+        load_unsigned(cfg, sc, "max_attempts", &c->max_attempts, 1, 64, err) < 0 ||
+        load_unsigned(cfg, sc, "max_hops", &c->max_hops, 0, 16, err) < 0 ||
+        load_u32(cfg, sc, "dead_after_ms", &c->dead_after_ms, 100, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0)
+        return -1;
+
+    const dsec_cfg_node *r = dsec_cfg_get(root, "reports");
+    static const char *const r_keys[] = {"capacity_ms", "full_ms", "heartbeat_ms", "reap_ms", NULL};
+    if (dsec_cfg_expect(cfg, r, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, r, r_keys, err) < 0 ||
+        load_u32(cfg, r, "capacity_ms", &c->capacity_ms, 1, 60000, err) < 0 ||
+        load_u32(cfg, r, "full_ms", &c->full_ms, 10, 3600000, err) < 0 ||
+        load_u32(cfg, r, "heartbeat_ms", &c->heartbeat_ms, 10, 3600000, err) < 0 ||
+        load_u32(cfg, r, "reap_ms", &c->reap_ms, 10, 3600000, err) < 0)
+        return -1;
+
+    const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
+    if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
+        return -1;
+    for (size_t i = 0; nodes && i < nodes->n; i++)
+        if (load_node(cfg, nodes->kids[i], c, err) < 0)
+            return -1;
+    return 0;
+}
+
+int dsec_cell_conf_load(dsec_cell_conf *c, const char *path, dsec_err *err)
+{
+    dsec_cfg *cfg;
+    if (dsec_cfg_load(&cfg, path, err) < 0)
+        return -1;
+    int rc = load_tree(cfg, c, err);
+    dsec_cfg_free(cfg);
+    return rc;
+}
+
+int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t count, uint64_t cpu,
+                                 uint64_t mem, uint64_t slots, const char *const *types,
+                                 const char *time_scale, dsec_err *err)
+{
+    for (size_t i = 0; i < count; i++) {
+        dsec_cell_node *n = add_node(c, err);
+        if (n == NULL)
+            return -1;
+        snprintf(n->name, sizeof n->name, "%s-%04zu", prefix, i);
+        n->cpu_milli = cpu;
+        n->memory_mb = mem;
+        n->slots = slots;
+        for (size_t t = 0; types[t] && t < 15; t++)
+            if ((n->types[t] = dsec_strdup(types[t])) == NULL)
+                return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        if (time_scale && kv_add(n->opts, &n->nopts, 32, "time_scale", time_scale, "sim", err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err)
+{
+    *roles = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s ? s : "");
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strcmp(t, "scheduler") == 0)
+            *roles |= DSEC_ROLE_SCHEDULER;
+        else if (strcmp(t, "node") == 0)
+            *roles |= DSEC_ROLE_NODE;
+        else if (strcmp(t, "all") == 0)
+            *roles |= DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE;
+        else
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "role \"%s\" is unknown (known: scheduler, node, all)", t);
+    }
+    if (*roles == 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "no roles given (use --roles scheduler,node)");
+    return 0;
+}
+
+static int mkdir_p(const char *path, dsec_err *err)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+            return dsec_err_set(err, DSEC_E_IO, errno, "creating %s", tmp);
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+        return dsec_err_set(err, DSEC_E_IO, errno, "creating %s", tmp);
+    return 0;
+}
+
+int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec_err *err)
+{
+    *out = NULL;
+    dsec_cell *c = dsec_calloc(1, sizeof *c);
+    if (c == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    c->conf = *conf;
+    c->conf.nodes = NULL;
+    c->conf.nnodes = 0;
+    char dir[1100];
+    if (mkdir_p(conf->state_dir, err) < 0)
+        goto out_fail;
+    if (conf->embedded_nats) {
+        snprintf(dir, sizeof dir, "%s/nats", conf->state_dir);
+        if (mkdir_p(dir, err) < 0)
+            goto out_fail;
+        dsec_natsd_opts no = {.state_dir = dir, .port = conf->nats_port, .jetstream = conf->jetstream};
+        if (dsec_natsd_start(&c->natsd, &no, err) < 0)
+            goto out_fail;
+        snprintf(c->conf.url, sizeof c->conf.url, "%s", dsec_natsd_url(c->natsd));
+    }
+    char cname[128];
+    snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
+    dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = conf->threads,
+                        .retry_on_failed_connect = !conf->embedded_nats};
+    if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||
+        dsec_registry_new_builtin(&c->reg, err) < 0)
+        goto out_fail;
+    if (roles & DSEC_ROLE_NODE) {
+        c->nodes = dsec_calloc(conf->nnodes ? conf->nnodes : 1, sizeof *c->nodes);
+        if (c->nodes == NULL) {
+            dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+            goto out_fail;
+        }
+        for (size_t i = 0; i < conf->nnodes; i++) {
+            const dsec_cell_node *cn = &conf->nodes[i];
+            snprintf(dir, sizeof dir, "%s/node-%s", conf->state_dir, cn->name);
+            dsec_node_conf nc = {.name = cn->name, .cell = conf->cell, .state_dir = dir,
+                                 .cpu_milli = cn->cpu_milli, .memory_mb = cn->memory_mb,
+                                 .slots = cn->slots, .types = (const char *const *)cn->types,
+                                 .labels = cn->labels, .nlabels = cn->nlabels,
+                                 .backend = cn->backend, .backend_opts = cn->opts,
+                                 .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
+                                 .full_ms = conf->full_ms, .heartbeat_ms = conf->heartbeat_ms,
+                                 .reap_ms = conf->reap_ms,
+                                 .default_cpu_milli = conf->default_cpu_milli,
+                                 .default_memory_mb = conf->default_memory_mb,
+                                 .default_ttl_s = conf->default_ttl_s,
+                                 .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s};
+            if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
+                goto out_fail;
+            c->nnodes++;
+        }
+    }
+    if ((roles & DSEC_ROLE_SCHEDULER) && conf->sched_replicas > 0) {
+        c->scheds = dsec_calloc(conf->sched_replicas, sizeof *c->scheds);
+        if (c->scheds == NULL) {
+            dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+            goto out_fail;
+        }
+        for (unsigned i = 0; i < conf->sched_replicas; i++) {
+            dsec_sched_conf sc = {.cell = conf->cell, .k = conf->k,
+                                  .max_attempts = conf->max_attempts, .max_hops = conf->max_hops,
+                                  .dead_after_ms = conf->dead_after_ms,
+                                  .summary_ms = conf->summary_ms,
+                                  .default_cpu_milli = conf->default_cpu_milli,
+                                  .default_memory_mb = conf->default_memory_mb};
+            if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
+                goto out_fail;
+            c->nscheds++;
+        }
+    }
+    if (dsec_bus_flush(c->bus, 5000, err) < 0)
+        goto out_fail;
+    /* Hosting both roles: be ready to place before returning, so the first
+     * create does not race the nodes' first reports. */
+    for (int waited = 0; c->nscheds > 0 && c->nnodes > 0; waited += 5) {
+        bool ready = true;
+        for (size_t i = 0; i < c->nscheds && ready; i++) {
+            dsec_sched_stats st;
+            dsec_sched_stats_get(c->scheds[i], &st);
+            ready = st.nodes >= c->nnodes;
+        }
+        if (ready)
+            break;
+        if (waited >= 10000) {
+            dsec_err_set(err, DSEC_E_TIMEOUT, 0, "cell %s: schedulers did not see the nodes' reports in 10 s",
+                         conf->cell);
+            goto out_fail;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    *out = c;
+    return 0;
+out_fail:
+    dsec_cell_stop(c, false);
+    return -1;
+}
+
+void dsec_cell_stop(dsec_cell *c, bool destroy)
+{
+    if (c == NULL)
+        return;
+    for (size_t i = 0; i < c->nscheds; i++)
+        dsec_sched_stop(c->scheds[i]);
+    for (size_t i = 0; i < c->nnodes; i++)
+        dsec_node_stop(c->nodes[i], destroy);
+    if (c->bus != NULL) {
+        dsec_err err;
+        dsec_bus_flush(c->bus, 1000, &err);
+    }
+    dsec_ticker_free(c->ticker);
+    dsec_bus_free(c->bus);
+    dsec_registry_free(c->reg);
+    dsec_natsd_stop(c->natsd);
+    dsec_free(c->scheds);
+    dsec_free(c->nodes);
+    dsec_free(c);
+}
+
+const char *dsec_cell_url(const dsec_cell *c) { return c->conf.url; }
+dsec_bus *dsec_cell_bus(dsec_cell *c) { return c->bus; }
+size_t dsec_cell_node_count(const dsec_cell *c) { return c->nnodes; }
+dsec_node *dsec_cell_node_at(dsec_cell *c, size_t i) { return i < c->nnodes ? c->nodes[i] : NULL; }
+size_t dsec_cell_sched_count(const dsec_cell *c) { return c->nscheds; }
+dsec_sched *dsec_cell_sched_at(dsec_cell *c, size_t i) { return i < c->nscheds ? c->scheds[i] : NULL; }

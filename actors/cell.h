@@ -1,0 +1,68 @@
+/* cell.h - a cell's actors in one process: configuration from YAML, then schedulers and node managers on one bus. */
+#ifndef DSEC_ACTORS_CELL_H
+#define DSEC_ACTORS_CELL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "actors/node.h"
+#include "actors/scheduler.h"
+#include "dsec/err.h"
+
+#define DSEC_CELL_MAX_NODES 4096
+
+typedef struct dsec_cell_node {
+    char name[65];
+    uint64_t cpu_milli, memory_mb, slots;
+    char *types[16];          /* NULL-terminated, owned */
+    dsec_backend_kv labels[16];
+    size_t nlabels;
+    char backend[16];         /* sim | native */
+    dsec_backend_kv opts[32]; /* backend options (the node's "sim:" or "options:" map) */
+    size_t nopts;
+} dsec_cell_node;
+
+typedef struct dsec_cell_conf {
+    char cell[65];
+    char url[256];           /* the bus */
+    int threads;             /* bus worker threads */
+    bool embedded_nats;      /* start a nats-server (dsec up) */
+    int nats_port;           /* 0: a free port */
+    bool jetstream;
+    char state_dir[1024];
+    uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
+    unsigned sched_replicas, k, max_attempts, max_hops;
+    uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
+    dsec_cell_node *nodes;   /* owned */
+    size_t nnodes;
+} dsec_cell_conf;
+
+/* The embedded defaults (configs/local.yaml says the same). */
+void dsec_cell_conf_defaults(dsec_cell_conf *c);
+/* Read a YAML file over the defaults. Errors name file, line and key. */
+int dsec_cell_conf_load(dsec_cell_conf *c, const char *path, dsec_err *err);
+/* Add n sim nodes named PREFIX-0000.. with the given resources (benchmarks). */
+int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n, uint64_t cpu,
+                                 uint64_t mem, uint64_t slots, const char *const *types,
+                                 const char *time_scale, dsec_err *err);
+void dsec_cell_conf_release(dsec_cell_conf *c);
+
+enum { DSEC_ROLE_SCHEDULER = 1, DSEC_ROLE_NODE = 2 };
+/* Parse "scheduler,node" into DSEC_ROLE_* bits. */
+int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err);
+
+typedef struct dsec_cell dsec_cell;
+
+/* Start what roles asks for (and the embedded nats-server when configured).
+ * conf is copied. *out is stopped with dsec_cell_stop. */
+int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec_err *err);
+/* Stop everything started. Sandboxes stay (re-adopted next start) unless destroy. */
+void dsec_cell_stop(dsec_cell *c, bool destroy);
+const char *dsec_cell_url(const dsec_cell *c);
+dsec_bus *dsec_cell_bus(dsec_cell *c);
+size_t dsec_cell_node_count(const dsec_cell *c);
+dsec_node *dsec_cell_node_at(dsec_cell *c, size_t i);
+size_t dsec_cell_sched_count(const dsec_cell *c);
+dsec_sched *dsec_cell_sched_at(dsec_cell *c, size_t i);
+
+#endif

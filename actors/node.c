@@ -1,0 +1,1434 @@
+/* node.c - the node manager: admission, one sandbox actor per sandbox (a mailbox key), reports, journal, re-adoption. */
+#include "actors/node.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "actors/journal.h"
+#include "actors/wire.h"
+#include "backends/sim.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "dsec/names.h"
+
+enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, ST_GONE, ST_FAILED };
+static const char *const state_names[] = {"requested", "starting", "running", "paused",
+                                          "stopping",  "gone",     "failed"};
+
+enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE };
+
+/* One sandbox as its actor sees it. Found through the id table; the fields
+ * after `h` change only on the sandbox's own mailbox key, so handlers read
+ * them without the node lock. */
+struct sbx {
+    struct sbx *next_id;  /* id hash chain (node lock) */
+    struct sbx *next_req; /* (tenant, req_id) hash chain (node lock) */
+    dsec_sandbox *h;      /* backend handle */
+    dsec_backend *be;
+    char *bstate;         /* backend_state for adopt and compaction */
+    uint64_t created_ns;  /* wall clock */
+    _Atomic uint64_t last_ns; /* wall clock of the last operation */
+    uint64_t ttl_ns, idle_ns;
+    uint32_t cpu_milli, memory_mb;
+    uint8_t type_idx;
+    _Atomic uint8_t state;
+    _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char req_id[65];
+};
+
+struct event {
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    uint8_t state, prev, type_idx;
+    uint64_t ts_ns;
+    char reason[96];
+};
+
+struct dsec_node {
+    dsec_bus *bus;
+    dsec_ticker *ticker;
+    const dsec_registry *reg;
+    dsec_actor *actor;
+    dsec_journal *journal;
+    char name[DSEC_NAME_LEN_MAX + 1];
+    char cell[DSEC_NAME_LEN_MAX + 1];
+    char subj_evt_node[192]; /* dsec.v1.ctl.evt.<cell>.node.<node> */
+    char subj_evt_sbx[192];  /* dsec.v1.ctl.evt.<cell>.sbx.<node> */
+    dsec_node_conf conf;     /* copy; strings point into the caller's conf, which outlives start only */
+    dsec_type_mask offered;
+    char **type_names;       /* offered names (copied), NULL-terminated */
+    dsec_backend_kv *labels; /* copied */
+    size_t nlabels;
+    dsec_backend *backends[DSEC_REGISTRY_MAX]; /* per registry index; shared when backend is "sim" */
+    int ticks[4];
+
+    pthread_mutex_t mu; /* tables, free resources, events */
+    struct sbx **by_id;
+    struct sbx **by_req;
+    size_t nbuckets;
+    uint64_t live;
+    uint64_t cpu_free, mem_free, slots_free;
+    bool dirty;
+    uint64_t seq;
+    uint64_t last_full_ns;
+    struct event *events;
+    size_t nevents, cap_events;
+    struct sbx *dropped; /* records replayed but not re-adopted (start only) */
+
+    _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
+    uint64_t hb_seq;
+};
+
+static uint64_t hash_str(const char *a, const char *b)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *a; a++)
+        h = (h ^ (uint8_t)*a) * 1099511628211ull;
+    for (; b && *b; b++)
+        h = (h ^ (uint8_t)*b) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+/* ---- tables (node lock held) -------------------------------------------------- */
+
+static struct sbx *find_id(dsec_node *n, const char *id)
+{
+    for (struct sbx *s = n->by_id[hash_str(id, NULL) % n->nbuckets]; s; s = s->next_id)
+        if (strcmp(s->id, id) == 0)
+            return s;
+    return NULL;
+}
+
+static struct sbx *find_req(dsec_node *n, const char *tenant, const char *req_id)
+{
+    for (struct sbx *s = n->by_req[hash_str(tenant, req_id) % n->nbuckets]; s; s = s->next_req)
+        if (strcmp(s->req_id, req_id) == 0 && strcmp(s->tenant, tenant) == 0)
+            return s;
+    return NULL;
+}
+
+static void insert(dsec_node *n, struct sbx *s)
+{
+    size_t b = hash_str(s->id, NULL) % n->nbuckets;
+    s->next_id = n->by_id[b];
+    n->by_id[b] = s;
+    if (s->req_id[0]) {
+        size_t r = hash_str(s->tenant, s->req_id) % n->nbuckets;
+        s->next_req = n->by_req[r];
+        n->by_req[r] = s;
+    }
+    n->live++;
+}
+
+static void unlink_sbx(dsec_node *n, struct sbx *s)
+{
+    struct sbx **pp = &n->by_id[hash_str(s->id, NULL) % n->nbuckets];
+    for (; *pp; pp = &(*pp)->next_id)
+        if (*pp == s) {
+            *pp = s->next_id;
+            break;
+        }
+    if (s->req_id[0]) {
+        pp = &n->by_req[hash_str(s->tenant, s->req_id) % n->nbuckets];
+        for (; *pp; pp = &(*pp)->next_req)
+            if (*pp == s) {
+                *pp = s->next_req;
+                break;
+            }
+    }
+    n->live--;
+}
+
+static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots)
+{
+    n->cpu_free += cpu;
+    n->mem_free += mem;
+    n->slots_free += slots;
+    n->dirty = true;
+}
+
+/* Queue a lifecycle event; they leave in batches with the next report. */
+static void event_locked(dsec_node *n, const struct sbx *s, int prev, int state, const char *reason)
+{
+    if (n->nevents == n->cap_events) {
+        size_t ncap = n->cap_events ? n->cap_events * 2 : 256;
+        struct event *ne = dsec_realloc(n->events, ncap * sizeof *ne);
+        if (ne == NULL)
+            return; /* events are advisory: the sandbox's own state is the truth */
+        n->events = ne;
+        n->cap_events = ncap;
+    }
+    struct event *e = &n->events[n->nevents++];
+    memcpy(e->id, s->id, sizeof e->id);
+    memcpy(e->tenant, s->tenant, sizeof e->tenant);
+    e->prev = (uint8_t)prev;
+    e->state = (uint8_t)state;
+    e->type_idx = s->type_idx;
+    e->ts_ns = dsec_wall_ns();
+    snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+}
+
+static void set_state(dsec_node *n, struct sbx *s, int state, const char *reason)
+{
+    pthread_mutex_lock(&n->mu);
+    int prev = s->state;
+    s->state = (uint8_t)state;
+    event_locked(n, s, prev, state, reason);
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* ---- records in the journal -------------------------------------------------- */
+
+static const char *type_name(const dsec_node *n, int idx)
+{
+    const dsec_backend_caps *c = dsec_registry_caps(n->reg, idx);
+    return c ? c->type : "?";
+}
+
+/* Fields separated by 0x1f; backend_state last (it may hold anything but NUL). */
+static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
+{
+    return snprintf(buf, len, "1\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s",
+                    s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->bstate ? s->bstate : "");
+}
+
+static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
+{
+    char stackbuf[1024];
+    int len = record_format(n, s, stackbuf, sizeof stackbuf);
+    if (len < 0)
+        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "formatting the record of %s", s->id);
+    if ((size_t)len < sizeof stackbuf)
+        return dsec_journal_put(n->journal, s->id, stackbuf, (size_t)len, err);
+    char *big = dsec_malloc((size_t)len + 1);
+    if (big == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    record_format(n, s, big, (size_t)len + 1);
+    int rc = dsec_journal_put(n->journal, s->id, big, (size_t)len, err);
+    dsec_free(big);
+    return rc;
+}
+
+/* ---- backends ------------------------------------------------------------------- */
+
+static void sbx_free(struct sbx *s)
+{
+    if (s != NULL)
+        dsec_free(s->bstate);
+    dsec_free(s);
+}
+
+static void spec_for(const dsec_node *n, const struct sbx *s, const char *env, dsec_sandbox_spec *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->id = s->id;
+    sp->type = type_name(n, s->type_idx);
+    sp->env = env;
+    sp->cpu_milli = s->cpu_milli;
+    sp->memory_mb = s->memory_mb;
+    sp->tenant = s->tenant;
+}
+
+/* ---- sending -------------------------------------------------------------------- */
+
+static void reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, ...)
+{
+    dsec_err e = {.code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    dsec_wire_error(n->actor, m, &e);
+}
+
+static void send_created(dsec_node *n, const char *reply_to, const struct sbx *s, bool existing,
+                         const char *req_id)
+{
+    dsec_msg_created c = {.id = s->id, .node = n->name, .type = type_name(n, s->type_idx),
+                          .state = state_names[s->state], .cell = n->cell, .req_id = req_id,
+                          .existing = existing};
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, reply_to, NULL, DSEC_MSG_CREATED, &c, req_id, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
+/* ---- place: admission and create ------------------------------------------------ */
+
+/* Send a refused placement back to the scheduler that made it, which retries
+ * elsewhere; without a scheduler, answer the client. */
+static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why)
+{
+    atomic_fetch_add(&n->refused, 1);
+    const char *back = dsec_msg_reply(m);
+    dsec_err err = {.code = DSEC_E_REFUSED};
+    snprintf(err.msg, sizeof err.msg, "node %s refused: %s", n->name, why);
+    if (back == NULL) {
+        dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+        return;
+    }
+    const char **tried = dsec_calloc(p->tried.n + 1, sizeof *tried);
+    if (tried == NULL) {
+        dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+        return;
+    }
+    for (uint32_t i = 0; i < p->tried.n; i++)
+        tried[i] = p->tried.v[i];
+    tried[p->tried.n] = n->name;
+    p->tried = (dsec_strv){tried, p->tried.n + 1};
+    p->reason = err.msg;
+    if (dsec_wire_send(n->actor, n->bus, back, NULL, DSEC_MSG_PLACE, p, p->c.req_id, &err) < 0)
+        dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+    dsec_free(tried);
+}
+
+static void new_id(const dsec_node *n, char *out, size_t len)
+{
+    char hex[33];
+    dsec_bus_new_id(hex);
+    snprintf(out, len, "%s-%.16s", n->name, hex);
+}
+
+static bool printable_token(const char *s, size_t max)
+{
+    size_t len = strlen(s);
+    if (len == 0 || len > max)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return false;
+    return true;
+}
+
+static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_place p;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    const char *tenant = p.c.tenant ? p.c.tenant : "default";
+    if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0 || !printable_token(p.c.req_id, 64)) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad tenant or req_id");
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "req_id", p.c.req_id);
+        return;
+    }
+    const char *tname = p.c.type ? p.c.type : "";
+    int tidx = dsec_registry_find(n->reg, tname);
+    if (tidx < 0 || !(n->offered & (1u << tidx)) || n->backends[tidx] == NULL) {
+        char why[160];
+        snprintf(why, sizeof why, "it does not offer sandbox type \"%s\"", tname);
+        refuse(n, m, &p, why);
+        return;
+    }
+    uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
+    uint64_t mem = p.c.memory_mb ? p.c.memory_mb : n->conf.default_memory_mb;
+    uint64_t ttl = p.c.ttl_s ? p.c.ttl_s : n->conf.default_ttl_s;
+    uint64_t idle = p.c.idle_s ? p.c.idle_s : n->conf.default_idle_s;
+    if (ttl > n->conf.max_ttl_s) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0, "ttl_s %" PRIu64 " exceeds this cell's maximum %" PRIu64,
+                     ttl, n->conf.max_ttl_s);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "ttl_s", p.c.req_id);
+        return;
+    }
+    for (uint32_t i = 0; i < p.c.affinity.n; i++) {
+        bool ok = false;
+        for (size_t j = 0; j < n->nlabels && !ok; j++)
+            ok = strcmp(n->labels[j].key, p.c.affinity.k[i]) == 0 &&
+                 strcmp(n->labels[j].value, p.c.affinity.v[i]) == 0;
+        if (!ok) {
+            char why[160];
+            snprintf(why, sizeof why, "label %s=%s does not match", p.c.affinity.k[i],
+                     p.c.affinity.v[i]);
+            refuse(n, m, &p, why);
+            return;
+        }
+    }
+
+    struct sbx *s = dsec_calloc(1, sizeof *s);
+    if (s == NULL) {
+        refuse(n, m, &p, "out of memory");
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    struct sbx *dup = find_req(n, tenant, p.c.req_id);
+    if (dup != NULL) {
+        /* Idempotent create: the same request id answers with the sandbox it made. */
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        send_created(n, p.reply_to, dup, true, p.c.req_id);
+        return;
+    }
+    const char *short_of = NULL;
+    char why[160];
+    if (n->slots_free < 1)
+        short_of = "slots";
+    else if (n->cpu_free < cpu)
+        short_of = "cpu";
+    else if (n->mem_free < mem)
+        short_of = "memory";
+    if (short_of != NULL) {
+        snprintf(why, sizeof why, "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
+                 " slots)", short_of, n->cpu_free, n->mem_free, n->slots_free);
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        refuse(n, m, &p, why);
+        return;
+    }
+    n->cpu_free -= cpu;
+    n->mem_free -= mem;
+    n->slots_free -= 1;
+    n->dirty = true;
+    new_id(n, s->id, sizeof s->id);
+    snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
+    snprintf(s->req_id, sizeof s->req_id, "%s", p.c.req_id);
+    s->type_idx = (uint8_t)tidx;
+    s->cpu_milli = (uint32_t)cpu;
+    s->memory_mb = (uint32_t)mem;
+    s->created_ns = dsec_wall_ns();
+    s->last_ns = s->created_ns;
+    s->ttl_ns = ttl * 1000000000ull;
+    s->idle_ns = idle * 1000000000ull;
+    s->be = n->backends[tidx];
+    s->state = ST_STARTING;
+    insert(n, s); /* visible to a retry of the same request at once */
+    event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
+    pthread_mutex_unlock(&n->mu);
+
+    dsec_sandbox_spec spec;
+    spec_for(n, s, p.c.env, &spec);
+    spec.disk_mb = p.c.disk_mb;
+    spec.cls = p.c.cls;
+    spec.net = p.c.net.v;
+    spec.nnet = p.c.net.n;
+    dsec_backend_kv labels[64];
+    spec.nlabels = p.c.labels.n < 64 ? p.c.labels.n : 64;
+    for (size_t i = 0; i < spec.nlabels; i++)
+        labels[i] = (dsec_backend_kv){p.c.labels.k[i], p.c.labels.v[i]};
+    spec.labels = labels;
+    if (dsec_backend_create(s->be, &spec, &s->h, &s->bstate, &err) < 0) {
+        dsec_err_wrap(&err, "creating %s on %s", s->id, n->name);
+        pthread_mutex_lock(&n->mu);
+        unlink_sbx(n, s);
+        release_resources(n, cpu, mem, 1);
+        event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
+        pthread_mutex_unlock(&n->mu);
+        if (err.code == DSEC_E_INTERNAL || err.code == DSEC_OK)
+            err.code = DSEC_E_BACKEND;
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
+        sbx_free(s);
+        return;
+    }
+    s->state = ST_RUNNING;
+    if (journal_put(n, s, &err) < 0) {
+        /* Without a record we could not re-adopt it: refuse rather than risk an orphan. */
+        dsec_err tmp;
+        dsec_backend_destroy(s->be, s->h, &tmp);
+        pthread_mutex_lock(&n->mu);
+        unlink_sbx(n, s);
+        release_resources(n, cpu, mem, 1);
+        event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
+        pthread_mutex_unlock(&n->mu);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
+        sbx_free(s);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    event_locked(n, s, ST_STARTING, ST_RUNNING, NULL);
+    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->created, 1);
+    send_created(n, p.reply_to, s, false, p.c.req_id);
+}
+
+/* ---- operations on one sandbox ------------------------------------------------ */
+
+/* dsec.v1.<tenant>.sbx.<node>.<id>.<op> */
+struct target {
+    char buf[256];
+    const char *tok[8];
+    const char *tenant, *id, *op;
+};
+
+static int parse_target(dsec_msg *m, struct target *t)
+{
+    int k = dsec_wire_tokens(dsec_msg_subject(m), t->buf, sizeof t->buf, t->tok, 8);
+    if (k != 7)
+        return -1;
+    t->tenant = t->tok[2];
+    t->id = t->tok[5];
+    t->op = t->tok[6];
+    return 0;
+}
+
+/* Look up the sandbox and check that the caller's tenant owns it. */
+static struct sbx *target_sbx(dsec_node *n, dsec_msg *m, const struct target *t)
+{
+    pthread_mutex_lock(&n->mu);
+    struct sbx *s = find_id(n, t->id);
+    pthread_mutex_unlock(&n->mu);
+    if (s == NULL || s->state == ST_GONE || s->state == ST_STOPPING) {
+        reply_err(n, m, DSEC_E_NOT_FOUND, "no sandbox %s on node %s", t->id, n->name);
+        return NULL;
+    }
+    if (strcmp(s->tenant, t->tenant) != 0) {
+        reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s", t->id,
+                  t->tenant);
+        return NULL;
+    }
+    return s;
+}
+
+static bool check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    if (s->state == ST_RUNNING)
+        return true;
+    reply_err(n, m, DSEC_E_STATE, "sandbox %s is %s; %s", s->id, state_names[s->state],
+              s->state == ST_PAUSED ? "resume it first" : "it cannot run commands");
+    return false;
+}
+
+static void touch(struct sbx *s) { s->last_ns = dsec_wall_ns(); }
+
+static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_exec x;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_EXEC, dsec_msg_data(m), dsec_msg_len(m), &x, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (strcmp(x.id, s->id) != 0) {
+        reply_err(n, m, DSEC_E_INVALID, "exec: id %s does not match the subject's %s", x.id, s->id);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    dsec_backend_kv env[256];
+    if (x.env.n > 256) {
+        reply_err(n, m, DSEC_E_TOO_LARGE, "exec: %u environment variables, at most 256", x.env.n);
+        return;
+    }
+    for (uint32_t i = 0; i < x.env.n; i++)
+        env[i] = (dsec_backend_kv){x.env.k[i], x.env.v[i]};
+    dsec_exec_req req = {.argv = x.argv.v, .argc = x.argv.n, .env = env, .nenv = x.env.n,
+                         .cwd = x.cwd, .user = x.user, .stdin_data = x.stdin_data.ptr,
+                         .stdin_len = x.stdin_data.len, .timeout_ms = x.timeout_ms};
+    dsec_exec_result r = {0};
+    if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
+        dsec_err_wrap(&err, "exec in %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    touch(s);
+    dsec_msg_exec_result out = {.id = s->id, .exit_code = r.exit_code, .signal = r.signal,
+                                .stdout_data = {r.stdout_data, r.stdout_len},
+                                .stderr_data = {r.stderr_data, r.stderr_len},
+                                .stdout_truncated = r.stdout_truncated,
+                                .stderr_truncated = r.stderr_truncated,
+                                .duration_us = r.duration_us, .timed_out = r.timed_out};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+    dsec_exec_result_release(&r);
+}
+
+static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_write w;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_WRITE, dsec_msg_data(m), dsec_msg_len(m), &w,
+                    &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
+                                (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
+        dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+}
+
+static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_read rq;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_READ, dsec_msg_data(m), dsec_msg_len(m), &rq,
+                    &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    /* keep the answer under the payload limit; callers page with offset */
+    uint64_t max = rq.max == 0 || rq.max > (4u << 20) ? (4u << 20) : rq.max;
+    dsec_file_data d = {0};
+    if (dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err) < 0) {
+        dsec_err_wrap(&err, "reading %s in %s", rq.path, s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    dsec_msg_file_data out = {.id = s->id, .path = rq.path, .data = {d.data, d.len},
+                              .size = d.size, .eof = d.eof};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+    dsec_free(d.data);
+}
+
+static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_list rq;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_LIST, dsec_msg_data(m), dsec_msg_len(m), &rq,
+                    &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    dsec_file_entry *e = NULL;
+    size_t ne = 0;
+    if (dsec_backend_file_list(s->be, s->h, rq.path, &e, &ne, &err) < 0) {
+        dsec_err_wrap(&err, "listing %s in %s", rq.path, s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    dsec_msg_file_entry *items = dsec_calloc(ne ? ne : 1, sizeof *items);
+    if (items == NULL) {
+        dsec_file_entries_free(e, ne);
+        reply_err(n, m, DSEC_E_NOMEM, "out of memory listing %s", rq.path);
+        return;
+    }
+    for (size_t i = 0; i < ne; i++)
+        items[i] = (dsec_msg_file_entry){.name = e[i].name, .kind = dsec_file_kind_name(e[i].kind),
+                                         .size = e[i].size, .mode = e[i].mode, .mtime = e[i].mtime};
+    dsec_msg_file_list_reply out = {.id = s->id, .path = rq.path, .entries = {items, (uint32_t)ne}};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_LIST_REPLY, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+    dsec_free(items);
+    dsec_file_entries_free(e, ne);
+}
+
+static void reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *state, dsec_strv ids,
+                     dsec_kv info)
+{
+    dsec_msg_op_reply out = {.id = s->id, .state = state, .node = n->name,
+                             .type = type_name(n, s->type_idx), .ids = ids, .info = info};
+    dsec_err err;
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_OP_REPLY, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+}
+
+static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *reason)
+{
+    dsec_err err;
+    set_state(n, s, ST_STOPPING, reason);
+    if (dsec_backend_destroy(s->be, s->h, &err) < 0) {
+        /* the handle stays valid: keep the sandbox so a retry can finish the job */
+        set_state(n, s, ST_RUNNING, err.msg);
+        dsec_err_wrap(&err, "destroying %s", s->id);
+        if (m != NULL)
+            dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (dsec_journal_del(n->journal, s->id, &err) < 0)
+        dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
+    pthread_mutex_lock(&n->mu);
+    unlink_sbx(n, s);
+    release_resources(n, s->cpu_milli, s->memory_mb, 1);
+    event_locked(n, s, ST_STOPPING, ST_GONE, reason);
+    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->destroyed, 1);
+    s->state = ST_GONE;
+    if (m != NULL)
+        reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
+    sbx_free(s);
+}
+
+static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
+{
+    dsec_err err;
+    if (count < 1 || count > 1024) {
+        reply_err(n, m, DSEC_E_INVALID, "fork: n must be 1..1024, got %" PRIu64, count);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    struct sbx **kids = dsec_calloc(count, sizeof *kids);
+    dsec_sandbox **handles = dsec_calloc(count, sizeof *handles);
+    char **states = dsec_calloc(count, sizeof *states);
+    const char **ids = dsec_calloc(count, sizeof *ids);
+    bool reserved = false;
+    if (kids == NULL || handles == NULL || states == NULL || ids == NULL) {
+        reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
+        goto out_free;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        if ((kids[i] = dsec_calloc(1, sizeof **kids)) == NULL) {
+            reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
+            goto out_free;
+        }
+        *kids[i] = (struct sbx){.be = s->be, .type_idx = s->type_idx, .cpu_milli = s->cpu_milli,
+                                .memory_mb = s->memory_mb, .ttl_ns = s->ttl_ns,
+                                .idle_ns = s->idle_ns, .state = ST_STARTING};
+        new_id(n, kids[i]->id, sizeof kids[i]->id);
+        memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
+        ids[i] = kids[i]->id;
+    }
+    pthread_mutex_lock(&n->mu);
+    if (n->slots_free < count || n->cpu_free < count * s->cpu_milli ||
+        n->mem_free < count * s->memory_mb) {
+        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free;
+        pthread_mutex_unlock(&n->mu);
+        reply_err(n, m, DSEC_E_CAPACITY,
+                  "fork of %s into %" PRIu64 " children needs %" PRIu64 " milli-CPU, %" PRIu64
+                  " MB and %" PRIu64 " slots; node %s has %" PRIu64 ", %" PRIu64 ", %" PRIu64,
+                  s->id, count, count * s->cpu_milli, count * s->memory_mb, count, n->name, cf, mf, sf);
+        goto out_free;
+    }
+    n->cpu_free -= count * s->cpu_milli;
+    n->mem_free -= count * s->memory_mb;
+    n->slots_free -= count;
+    n->dirty = true;
+    reserved = true;
+    pthread_mutex_unlock(&n->mu);
+    if (dsec_backend_fork(s->be, s->h, ids, count, handles, states, &err) < 0) {
+        dsec_err_wrap(&err, "forking %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        goto out_free;
+    }
+    uint64_t now = dsec_wall_ns();
+    pthread_mutex_lock(&n->mu);
+    for (uint64_t i = 0; i < count; i++) {
+        kids[i]->h = handles[i];
+        kids[i]->bstate = states[i];
+        states[i] = NULL;
+        kids[i]->created_ns = now;
+        kids[i]->last_ns = now;
+        kids[i]->state = ST_RUNNING;
+        insert(n, kids[i]);
+        event_locked(n, kids[i], ST_REQUESTED, ST_RUNNING, "fork");
+    }
+    pthread_mutex_unlock(&n->mu);
+    reserved = false;
+    for (uint64_t i = 0; i < count; i++) {
+        if (journal_put(n, kids[i], &err) < 0)
+            dsec_actor_count_error(n->actor);
+        kids[i] = NULL; /* owned by the table now */
+    }
+    atomic_fetch_add(&n->created, count);
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){ids, (uint32_t)count}, (dsec_kv){0});
+out_free:
+    if (reserved) {
+        pthread_mutex_lock(&n->mu);
+        release_resources(n, count * s->cpu_milli, count * s->memory_mb, count);
+        pthread_mutex_unlock(&n->mu);
+    }
+    for (uint64_t i = 0; kids && i < count; i++)
+        sbx_free(kids[i]);
+    for (uint64_t i = 0; states && i < count; i++)
+        dsec_free(states[i]);
+    dsec_free(kids);
+    dsec_free(handles);
+    dsec_free(states);
+    dsec_free(ids);
+}
+
+static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    char cpu[24], mem[24], created[24], last[24], used_cpu[24], used_mem[24];
+    snprintf(cpu, sizeof cpu, "%" PRIu32, s->cpu_milli);
+    snprintf(mem, sizeof mem, "%" PRIu32, s->memory_mb);
+    snprintf(created, sizeof created, "%" PRIu64, s->created_ns);
+    snprintf(last, sizeof last, "%" PRIu64, (uint64_t)s->last_ns);
+    const char *k[8] = {"cpu_milli", "memory_mb", "created_ns", "last_active_ns", "tenant"};
+    const char *v[8] = {cpu, mem, created, last, s->tenant};
+    uint32_t nkv = 5;
+    dsec_sandbox_stats st;
+    dsec_err err;
+    if (dsec_backend_stats(s->be, s->h, &st, &err) == 0) {
+        snprintf(used_cpu, sizeof used_cpu, "%" PRIu64, st.cpu_milli);
+        snprintf(used_mem, sizeof used_mem, "%" PRIu64, st.memory_bytes);
+        k[nkv] = "cpu_used_milli";
+        v[nkv++] = used_cpu;
+        k[nkv] = "memory_bytes";
+        v[nkv++] = used_mem;
+    }
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, nkv});
+}
+
+static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause)
+{
+    dsec_err err;
+    int want = pause ? ST_PAUSED : ST_RUNNING;
+    if (s->state == want) {
+        reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        return;
+    }
+    if (s->state != (pause ? ST_RUNNING : ST_PAUSED)) {
+        reply_err(n, m, DSEC_E_STATE, "cannot %s sandbox %s: it is %s", pause ? "pause" : "resume",
+                  s->id, state_names[s->state]);
+        return;
+    }
+    int rc = pause ? dsec_backend_pause(s->be, s->h, &err) : dsec_backend_resume(s->be, s->h, &err);
+    if (rc < 0) {
+        dsec_err_wrap(&err, "%s %s", pause ? "pausing" : "resuming", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    touch(s);
+    set_state(n, s, want, NULL);
+    if (journal_put(n, s, &err) < 0)
+        dsec_actor_count_error(n->actor);
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
+static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_op op;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (strcmp(op.id, s->id) != 0) {
+        reply_err(n, m, DSEC_E_INVALID, "op: id %s does not match the subject's %s", op.id, s->id);
+        return;
+    }
+    if (strcmp(op.op, "status") == 0) {
+        do_status(n, m, s);
+    } else if (strcmp(op.op, "destroy") == 0) {
+        uint8_t why = s->reap;
+        destroy_sbx(n, m, s, why == REAP_TTL ? "max lifetime reached"
+                             : why == REAP_IDLE ? "idle timeout" : "destroyed by request");
+        if (why == REAP_TTL)
+            atomic_fetch_add(&n->reaped_ttl, 1);
+        else if (why == REAP_IDLE)
+            atomic_fetch_add(&n->reaped_idle, 1);
+    } else if (strcmp(op.op, "pause") == 0 || strcmp(op.op, "resume") == 0) {
+        do_pause_resume(n, m, s, op.op[0] == 'p');
+    } else if (strcmp(op.op, "fork") == 0) {
+        do_fork(n, m, s, op.n);
+    } else {
+        reply_err(n, m, DSEC_E_UNSUPPORTED,
+                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork)", op.op);
+    }
+}
+
+static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    struct target t;
+    if (parse_target(m, &t) < 0) {
+        reply_err(n, m, DSEC_E_INVALID, "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+                  dsec_msg_subject(m));
+        return;
+    }
+    struct sbx *s = target_sbx(n, m, &t);
+    if (s == NULL)
+        return;
+    if (strcmp(t.op, "exec") == 0)
+        do_exec(n, m, s);
+    else if (strcmp(t.op, "write") == 0)
+        do_write(n, m, s);
+    else if (strcmp(t.op, "read") == 0)
+        do_read(n, m, s);
+    else if (strcmp(t.op, "ls") == 0)
+        do_list(n, m, s);
+    else if (strcmp(t.op, "op") == 0)
+        do_op(n, m, s);
+    else
+        reply_err(n, m, DSEC_E_UNSUPPORTED,
+                  "operation \"%s\" is unknown (known: exec, write, read, ls, op)", t.op);
+}
+
+/* Operations on one sandbox run in order; different sandboxes in parallel.
+ * Placements are keyed by request id so a retry of one create is serial. */
+static uint64_t key_of(const dsec_msg *cm, void *ud)
+{
+    dsec_msg *m = (dsec_msg *)cm;
+    const char *subj = dsec_msg_subject(m);
+    const char *p = subj;
+    int dots = 0;
+    while (*p && dots < 5)
+        if (*p++ == '.')
+            dots++;
+    if (dots == 5 && strncmp(subj, "dsec.v1.ctl.", 12) != 0) {
+        const char *end = strchr(p, '.');
+        uint64_t h = 1469598103934665603ull;
+        for (; *p && p != end; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ull;
+        return h;
+    }
+    const char *rid = dsec_msg_header(m, DSEC_HDR_REQ_ID);
+    return rid ? hash_str(rid, NULL) : 0;
+}
+
+/* ---- reports ---------------------------------------------------------------- */
+
+static void publish_capacity(dsec_node *n, bool full, uint64_t now)
+{
+    pthread_mutex_lock(&n->mu);
+    dsec_msg_capacity c = {.node = n->name, .cell = n->cell, .seq = ++n->seq, .full = full,
+                           .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
+                           .slots_free = n->slots_free, .live = n->live, .ts_ns = dsec_wall_ns()};
+    n->dirty = false;
+    pthread_mutex_unlock(&n->mu);
+    const char *lk[64], *lv[64];
+    if (full) {
+        c.cpu_milli = n->conf.cpu_milli;
+        c.memory_mb = n->conf.memory_mb;
+        c.slots = n->conf.slots;
+        uint32_t nt = 0;
+        while (n->type_names[nt])
+            nt++;
+        c.types = (dsec_strv){(const char **)n->type_names, nt};
+        size_t nl = n->nlabels < 64 ? n->nlabels : 64;
+        for (size_t i = 0; i < nl; i++) {
+            lk[i] = n->labels[i].key;
+            lv[i] = n->labels[i].value;
+        }
+        c.labels = (dsec_kv){lk, lv, (uint32_t)nl};
+        n->last_full_ns = now;
+    }
+    char subj[256];
+    snprintf(subj, sizeof subj, "%s.capacity", n->subj_evt_node);
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_CAPACITY, &c, NULL, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
+static void flush_events(dsec_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    struct event *ev = n->events;
+    size_t ne = n->nevents;
+    n->events = NULL;
+    n->nevents = n->cap_events = 0;
+    pthread_mutex_unlock(&n->mu);
+    if (ne == 0) {
+        dsec_free(ev);
+        return;
+    }
+    /* One message per batch, not per transition: events must not multiply
+     * the bus messages per create. */
+    dsec_msg_sandbox_event *items = dsec_calloc(ne, sizeof *items);
+    if (items != NULL) {
+        for (size_t i = 0; i < ne; i++)
+            items[i] = (dsec_msg_sandbox_event){
+                .id = ev[i].id, .state = state_names[ev[i].state], .prev = state_names[ev[i].prev],
+                .node = n->name, .type = type_name(n, ev[i].type_idx), .tenant = ev[i].tenant,
+                .ts_ns = ev[i].ts_ns, .reason = ev[i].reason[0] ? ev[i].reason : NULL};
+        for (size_t off = 0; off < ne; off += 4096) {
+            size_t cnt = ne - off < 4096 ? ne - off : 4096;
+            dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,
+                                             .events = {items + off, (uint32_t)cnt}};
+            dsec_err err;
+            if (dsec_wire_send(n->actor, n->bus, n->subj_evt_sbx, NULL, DSEC_MSG_SANDBOX_EVENTS,
+                               &batch, NULL, &err) < 0)
+                dsec_actor_count_error(n->actor);
+        }
+    }
+    dsec_free(items);
+    dsec_free(ev);
+}
+
+static void tick_capacity(void *ud, uint64_t now)
+{
+    dsec_node *n = ud;
+    bool full = now - n->last_full_ns >= (uint64_t)n->conf.full_ms * 1000000ull;
+    pthread_mutex_lock(&n->mu);
+    bool dirty = n->dirty;
+    pthread_mutex_unlock(&n->mu);
+    if (dirty || full)
+        publish_capacity(n, full, now);
+    flush_events(n);
+    dsec_err err;
+    if (dsec_journal_sync(n->journal, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
+static void tick_heartbeat(void *ud, uint64_t now)
+{
+    dsec_node *n = ud;
+    dsec_msg_heartbeat hb = {.node = n->name, .cell = n->cell, .seq = ++n->hb_seq,
+                             .ts_ns = dsec_wall_ns()};
+    char subj[256];
+    snprintf(subj, sizeof subj, "%s.heartbeat", n->subj_evt_node);
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_HEARTBEAT, &hb, NULL, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
+static int emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, dsec_err *err)
+{
+    dsec_node *n = ud;
+    char buf[1024];
+    for (size_t b = 0; b < n->nbuckets; b++)
+        for (struct sbx *s = n->by_id[b]; s; s = s->next_id) {
+            if (s->state != ST_RUNNING && s->state != ST_PAUSED)
+                continue;
+            int len = record_format(n, s, buf, sizeof buf);
+            if (len < 0 || (size_t)len >= sizeof buf)
+                return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "record of %s too large", s->id);
+            if (emit(j, s->id, buf, (size_t)len, err) < 0)
+                return -1;
+        }
+    return 0;
+}
+
+/* Reap sandboxes past their lifetime or idle too long. The destroy goes
+ * through the sandbox's own mailbox, so it runs in order with its other
+ * operations. */
+static void tick_reap(void *ud, uint64_t mono_now)
+{
+    dsec_node *n = ud;
+    uint64_t now = dsec_wall_ns();
+    enum { BATCH = 512 };
+    char ids[BATCH][DSEC_SBX_ID_LEN_MAX + 1];
+    char tenants[BATCH][DSEC_NAME_LEN_MAX + 1];
+    size_t k = 0;
+    pthread_mutex_lock(&n->mu);
+    for (size_t b = 0; b < n->nbuckets && k < BATCH; b++)
+        for (struct sbx *s = n->by_id[b]; s && k < BATCH; s = s->next_id) {
+            if (s->reap != REAP_NONE || (s->state != ST_RUNNING && s->state != ST_PAUSED))
+                continue;
+            uint8_t why = REAP_NONE;
+            if (s->ttl_ns && now - s->created_ns >= s->ttl_ns)
+                why = REAP_TTL;
+            else if (s->idle_ns && now - s->last_ns >= s->idle_ns)
+                why = REAP_IDLE;
+            if (why == REAP_NONE)
+                continue;
+            s->reap = why;
+            memcpy(ids[k], s->id, sizeof ids[k]);
+            memcpy(tenants[k], s->tenant, sizeof tenants[k]);
+            k++;
+        }
+    bool compact = dsec_journal_wants_compaction(n->journal, n->live);
+    pthread_mutex_unlock(&n->mu);
+    for (size_t i = 0; i < k; i++) {
+        char subj[256];
+        snprintf(subj, sizeof subj, "dsec.v1.%.64s.sbx.%.64s.%.81s.op", tenants[i], n->name, ids[i]);
+        dsec_msg_op op = {.id = ids[i], .op = "destroy", .tenant = tenants[i]};
+        dsec_err err;
+        if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_OP, &op, NULL, &err) < 0)
+            dsec_actor_count_error(n->actor);
+    }
+    if (compact) {
+        dsec_err err;
+        pthread_mutex_lock(&n->mu);
+        int rc = dsec_journal_compact(n->journal, emit_live, n, &err);
+        pthread_mutex_unlock(&n->mu);
+        if (rc < 0)
+            dsec_actor_count_error(n->actor);
+    }
+    (void)mono_now;
+}
+
+/* A retried create: answer if this node already holds the request id. Keyed
+ * like placements (by request id), so a placement of the same request queued
+ * before this lookup is handled first. Nodes without it stay silent. */
+static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_op op;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0 ||
+        op.req_id == NULL || op.tenant == NULL)
+        return;
+    pthread_mutex_lock(&n->mu);
+    struct sbx *s = find_req(n, op.tenant, op.req_id);
+    pthread_mutex_unlock(&n->mu);
+    if (s != NULL && dsec_msg_reply(m) != NULL)
+        send_created(n, dsec_msg_reply(m), s, true, op.req_id);
+}
+
+/* A scheduler that just started asks for full reports rather than waiting
+ * for the next periodic one. */
+static void on_sync(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    publish_capacity(n, true, dsec_now_ns());
+}
+
+/* ---- start, adopt, stop --------------------------------------------------------- */
+
+static char *field(char **p)
+{
+    char *s = *p;
+    if (s == NULL)
+        return NULL;
+    char *sep = strchr(s, '\x1f');
+    if (sep) {
+        *sep = '\0';
+        *p = sep + 1;
+    } else {
+        *p = NULL;
+    }
+    return s;
+}
+
+static int adopt_one(const char *id, const void *data, size_t len, void *ud, dsec_err *err)
+{
+    dsec_node *n = ud;
+    char *copy = dsec_strndup(data, len);
+    struct sbx *s = dsec_calloc(1, sizeof *s);
+    if (copy == NULL || s == NULL) {
+        dsec_free(copy);
+        dsec_free(s);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory re-adopting %s", id);
+    }
+    char *p = copy;
+    char *f[11];
+    for (int i = 0; i < 10; i++)
+        f[i] = field(&p);
+    f[10] = p ? p : (char *)"";
+    int tidx = f[3] ? dsec_registry_find(n->reg, f[3]) : -1;
+    snprintf(s->id, sizeof s->id, "%s", id);
+    dsec_err aerr;
+    const char *why = NULL;
+    if (f[9] == NULL || strcmp(f[0], "1") != 0)
+        why = "unreadable record";
+    else if (tidx < 0 || n->backends[tidx] == NULL)
+        why = "its type is no longer offered here";
+    if (why == NULL) {
+        snprintf(s->tenant, sizeof s->tenant, "%s", f[1]);
+        snprintf(s->req_id, sizeof s->req_id, "%s", f[2]);
+        s->type_idx = (uint8_t)tidx;
+        s->state = (uint8_t)atoi(f[4]);
+        s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);
+        s->memory_mb = (uint32_t)strtoul(f[6], NULL, 10);
+        s->created_ns = strtoull(f[7], NULL, 10);
+        s->ttl_ns = strtoull(f[8], NULL, 10);
+        s->idle_ns = strtoull(f[9], NULL, 10);
+        s->last_ns = dsec_wall_ns();
+        s->be = n->backends[tidx];
+        s->bstate = dsec_strdup(f[10]);
+        if (s->state != ST_PAUSED)
+            s->state = ST_RUNNING;
+        dsec_sandbox_spec spec;
+        spec_for(n, s, NULL, &spec);
+        if (s->bstate == NULL || dsec_backend_adopt(s->be, &spec, s->bstate, &s->h, &aerr) < 0)
+            why = s->bstate ? aerr.msg : "out of memory";
+    }
+    if (why != NULL) {
+        /* Gone while we were away (or unusable): drop the record and say so. */
+        fprintf(stderr, "dsec-node %s: not re-adopting %s: %s\n", n->name, id, why);
+        atomic_fetch_add(&n->adopt_failed, 1);
+        pthread_mutex_lock(&n->mu);
+        event_locked(n, s, ST_RUNNING, ST_FAILED, why);
+        pthread_mutex_unlock(&n->mu);
+        /* the journal is still being opened: drop the record right after */
+        s->next_id = n->dropped;
+        n->dropped = s;
+        dsec_free(copy);
+        return 0;
+    }
+    pthread_mutex_lock(&n->mu);
+    insert(n, s);
+    n->cpu_free = n->cpu_free >= s->cpu_milli ? n->cpu_free - s->cpu_milli : 0;
+    n->mem_free = n->mem_free >= s->memory_mb ? n->mem_free - s->memory_mb : 0;
+    n->slots_free = n->slots_free >= 1 ? n->slots_free - 1 : 0;
+    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->adopted, 1);
+    dsec_free(copy);
+    return 0;
+}
+
+static int copy_conf(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
+{
+    n->conf = *c;
+    dsec_node_conf *k = &n->conf;
+    if (k->cpu_milli == 0)
+        k->cpu_milli = 8000;
+    if (k->memory_mb == 0)
+        k->memory_mb = 16384;
+    if (k->slots == 0)
+        k->slots = 4096;
+    if (k->capacity_ms == 0)
+        k->capacity_ms = 100;
+    if (k->full_ms == 0)
+        k->full_ms = 5000;
+    if (k->heartbeat_ms == 0)
+        k->heartbeat_ms = 1000;
+    if (k->reap_ms == 0)
+        k->reap_ms = 1000;
+    if (k->default_cpu_milli == 0)
+        k->default_cpu_milli = 1000;
+    if (k->default_memory_mb == 0)
+        k->default_memory_mb = 512;
+    if (k->default_ttl_s == 0)
+        k->default_ttl_s = 3600;
+    if (k->default_idle_s == 0)
+        k->default_idle_s = 900;
+    if (k->max_ttl_s == 0)
+        k->max_ttl_s = 86400;
+    static const char *const default_types[] = {"sim", NULL};
+    const char *const *types = c->types ? c->types : default_types;
+    size_t nt = 0;
+    while (types[nt])
+        nt++;
+    n->type_names = dsec_calloc(nt + 1, sizeof *n->type_names);
+    n->labels = dsec_calloc(c->nlabels ? c->nlabels : 1, sizeof *n->labels);
+    if (n->type_names == NULL || n->labels == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    for (size_t i = 0; i < nt; i++)
+        if ((n->type_names[i] = dsec_strdup(types[i])) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    for (size_t i = 0; i < c->nlabels; i++) {
+        n->labels[i].key = dsec_strdup(c->labels[i].key);
+        n->labels[i].value = dsec_strdup(c->labels[i].value);
+        n->nlabels = i + 1;
+        if (n->labels[i].key == NULL || n->labels[i].value == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    k->types = NULL;
+    k->labels = NULL;
+    k->backend_opts = NULL;
+    k->name = k->cell = k->state_dir = k->backend = NULL;
+    return 0;
+}
+
+static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
+{
+    bool sim = c->backend == NULL || strcmp(c->backend, "sim") == 0;
+    if (!sim && strcmp(c->backend, "native") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "node %s: backend \"%s\" is unknown (known: sim, native)",
+                            n->name, c->backend);
+    size_t nt = 0;
+    while (n->type_names[nt])
+        nt++;
+    if (dsec_registry_mask(n->reg, (const char *const *)n->type_names, nt, false, &n->offered, err) < 0)
+        return dsec_err_wrap(err, "node %s: types", n->name);
+    char dir[4096];
+    dsec_backend *shared = NULL;
+    for (size_t i = 0; i < nt; i++) {
+        int idx = dsec_registry_find(n->reg, n->type_names[i]);
+        const dsec_backend_ops *ops = sim ? &dsec_sim_ops : dsec_registry_ops(n->reg, idx);
+        if (ops == NULL)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                "node %s: sandbox type \"%s\" has no backend in this build (use backend: sim)",
+                                n->name, n->type_names[i]);
+        if (sim && shared != NULL) {
+            n->backends[idx] = shared;
+            continue;
+        }
+        snprintf(dir, sizeof dir, "%s/%s", c->state_dir, sim ? "sim" : n->type_names[i]);
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+            return dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, dir);
+        dsec_backend_config bc = {.state_dir = dir, .node = n->name, .opts = c->backend_opts,
+                                  .nopts = c->nbackend_opts};
+        if (dsec_backend_new(&n->backends[idx], ops, &bc, err) < 0)
+            return dsec_err_wrap(err, "node %s: opening the %s backend", n->name, ops->type);
+        if (sim)
+            shared = n->backends[idx];
+    }
+    return 0;
+}
+
+static void announce(dsec_node *n)
+{
+    uint32_t nt = 0;
+    while (n->type_names[nt])
+        nt++;
+    const char *lk[64], *lv[64];
+    size_t nl = n->nlabels < 64 ? n->nlabels : 64;
+    for (size_t i = 0; i < nl; i++) {
+        lk[i] = n->labels[i].key;
+        lv[i] = n->labels[i].value;
+    }
+    dsec_msg_node_announce an = {.node = n->name, .cell = n->cell,
+                                 .types = {(const char **)n->type_names, nt},
+                                 .labels = {lk, lv, (uint32_t)nl}, .cpu_milli = n->conf.cpu_milli,
+                                 .memory_mb = n->conf.memory_mb, .slots = n->conf.slots,
+                                 .started_ns = dsec_wall_ns()};
+    char subj[256];
+    snprintf(subj, sizeof subj, "%s.announce", n->subj_evt_node);
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_NODE_ANNOUNCE, &an, NULL, &err) < 0)
+        dsec_actor_count_error(n->actor);
+    publish_capacity(n, true, dsec_now_ns());
+}
+
+int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
+                    const dsec_node_conf *c, dsec_err *err)
+{
+    *out = NULL;
+    if (dsec_name_ok(c->name, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(c->cell, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node name \"%s\" and cell \"%s\" must be 1-64 characters of A-Z a-z 0-9 _ -",
+                            c->name ? c->name : "", c->cell ? c->cell : "");
+    if (c->state_dir == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "node %s: state_dir is required", c->name);
+    dsec_node *n = dsec_calloc(1, sizeof *n);
+    if (n == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    pthread_mutex_init(&n->mu, NULL);
+    for (int i = 0; i < 4; i++)
+        n->ticks[i] = -1;
+    n->bus = bus;
+    n->ticker = ticker;
+    n->reg = reg;
+    snprintf(n->name, sizeof n->name, "%s", c->name);
+    snprintf(n->cell, sizeof n->cell, "%s", c->cell);
+    snprintf(n->subj_evt_node, sizeof n->subj_evt_node, "dsec.v1.ctl.evt.%s.node.%s", n->cell, n->name);
+    snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, "dsec.v1.ctl.evt.%s.sbx.%s", n->cell, n->name);
+    if (copy_conf(n, c, err) < 0)
+        goto out_fail;
+    /* seq continues across restarts (wall-clock based), so a restarted node's
+     * reports are never mistaken for stale ones */
+    n->seq = dsec_wall_ns() / 1000;
+    n->cpu_free = n->conf.cpu_milli;
+    n->mem_free = n->conf.memory_mb;
+    n->slots_free = n->conf.slots;
+    n->nbuckets = 1;
+    while (n->nbuckets < n->conf.slots * 2)
+        n->nbuckets <<= 1;
+    n->by_id = dsec_calloc(n->nbuckets, sizeof *n->by_id);
+    n->by_req = dsec_calloc(n->nbuckets, sizeof *n->by_req);
+    if (n->by_id == NULL || n->by_req == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        goto out_fail;
+    }
+    if (mkdir(c->state_dir, 0700) < 0 && errno != EEXIST) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name, c->state_dir);
+        goto out_fail;
+    }
+    if (open_backends(n, c, err) < 0)
+        goto out_fail;
+    if (dsec_actor_new(&n->actor, bus, n->name, err) < 0)
+        goto out_fail;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/sandboxes.journal", c->state_dir);
+    if (dsec_journal_open(&n->journal, path, adopt_one, n, err) < 0) {
+        dsec_err_wrap(err, "node %s", n->name);
+        goto out_fail;
+    }
+    while (n->dropped != NULL) {
+        struct sbx *d = n->dropped;
+        n->dropped = d->next_id;
+        dsec_err derr;
+        if (dsec_journal_del(n->journal, d->id, &derr) < 0)
+            fprintf(stderr, "dsec-node %s: %s\n", n->name, derr.msg);
+        sbx_free(d);
+    }
+    dsec_actor_set_key(n->actor, key_of, n);
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, on_place, n, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.*.sbx.%s.>", n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, on_sbx, n, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, on_sync, n, err) < 0 ||
+        dsec_actor_on(n->actor, "dsec.v1.ctl.sync", NULL, on_sync, n, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.lookup.%s", n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, on_lookup, n, err) < 0)
+        goto out_fail;
+    if ((n->ticks[0] = dsec_ticker_add(ticker, n->conf.capacity_ms, tick_capacity, n, err)) < 0 ||
+        (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, tick_heartbeat, n, err)) < 0 ||
+        (n->ticks[2] = dsec_ticker_add(ticker, n->conf.reap_ms, tick_reap, n, err)) < 0)
+        goto out_fail;
+    announce(n);
+    *out = n;
+    return 0;
+out_fail:
+    dsec_node_stop(n, 0);
+    return -1;
+}
+
+void dsec_node_stop(dsec_node *n, int destroy_all)
+{
+    if (n == NULL)
+        return;
+    for (int i = 0; i < 4; i++)
+        dsec_ticker_remove(n->ticker, n->ticks[i]);
+    dsec_actor_free(n->actor);
+    n->actor = NULL;
+    for (size_t b = 0; n->by_id && b < n->nbuckets; b++) {
+        struct sbx *s = n->by_id[b];
+        while (s) {
+            struct sbx *next = s->next_id;
+            dsec_err err;
+            if (destroy_all) {
+                if (dsec_backend_destroy(s->be, s->h, &err) == 0 && n->journal)
+                    dsec_journal_del(n->journal, s->id, &err);
+            } else {
+                dsec_backend_detach(s->be, s->h);
+            }
+            sbx_free(s);
+            s = next;
+        }
+    }
+    while (n->dropped != NULL) {
+        struct sbx *d = n->dropped;
+        n->dropped = d->next_id;
+        sbx_free(d);
+    }
+    dsec_journal_close(n->journal);
+    dsec_backend *freed[DSEC_REGISTRY_MAX] = {0};
+    size_t nf = 0;
+    for (int i = 0; i < DSEC_REGISTRY_MAX; i++) {
+        bool dup = false;
+        for (size_t j = 0; j < nf && !dup; j++)
+            dup = freed[j] == n->backends[i];
+        if (n->backends[i] && !dup) {
+            freed[nf++] = n->backends[i];
+            dsec_backend_free(n->backends[i]);
+        }
+    }
+    for (size_t i = 0; n->type_names && n->type_names[i]; i++)
+        dsec_free(n->type_names[i]);
+    dsec_free(n->type_names);
+    for (size_t i = 0; i < n->nlabels; i++) {
+        dsec_free((char *)n->labels[i].key);
+        dsec_free((char *)n->labels[i].value);
+    }
+    dsec_free(n->labels);
+    dsec_free(n->by_id);
+    dsec_free(n->by_req);
+    dsec_free(n->events);
+    pthread_mutex_destroy(&n->mu);
+    dsec_free(n);
+}
+
+void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
+{
+    pthread_mutex_lock(&n->mu);
+    *o = (dsec_node_stats){.live = n->live, .created = n->created, .destroyed = n->destroyed,
+                           .refused = n->refused, .adopted = n->adopted,
+                           .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
+                           .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
+                           .mem_free_mb = n->mem_free, .slots_free = n->slots_free};
+    pthread_mutex_unlock(&n->mu);
+}
+
+const char *dsec_node_name(const dsec_node *n) { return n->name; }

@@ -1,0 +1,67 @@
+/* node.h - the node manager: one per node; admission, sandbox actors, backends, reports, re-adoption. */
+#ifndef DSEC_ACTORS_NODE_H
+#define DSEC_ACTORS_NODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/ticker.h"
+#include "backends/registry.h"
+#include "bus/bus.h"
+#include "dsec/err.h"
+
+typedef struct dsec_node_conf {
+    const char *name;       /* required: [A-Za-z0-9_-]{1,64} */
+    const char *cell;       /* required */
+    const char *state_dir;  /* required: the journal and backend state live here */
+    uint64_t cpu_milli;     /* what the node offers; defaults 8000 */
+    uint64_t memory_mb;     /* default 16384 */
+    uint64_t slots;         /* sandboxes at once; default 4096 */
+    const char *const *types; /* offered type names; NULL-terminated; default {"sim"} */
+    const dsec_backend_kv *labels;
+    size_t nlabels;
+    const char *backend;    /* "sim": every offered type is impersonated by the sim
+                               backend; "native": each type by its own backend */
+    const dsec_backend_kv *backend_opts;
+    size_t nbackend_opts;
+    uint32_t capacity_ms;   /* coalescing window of capacity deltas; default 100 */
+    uint32_t full_ms;       /* full report period; default 5000 */
+    uint32_t heartbeat_ms;  /* default 1000 */
+    uint32_t reap_ms;       /* lifetime/idle check period; default 1000 */
+    uint64_t default_cpu_milli;  /* for requests that name none; default 1000 */
+    uint64_t default_memory_mb;  /* default 512 */
+    uint64_t default_ttl_s;      /* default 3600 */
+    uint64_t default_idle_s;     /* default 900 */
+    uint64_t max_ttl_s;          /* default 86400 */
+} dsec_node_conf;
+
+typedef struct dsec_node dsec_node;
+
+/* Start a node manager on bus: replay the journal in state_dir and re-adopt
+ * the sandboxes it names, subscribe, announce. bus, ticker and reg are
+ * borrowed and must outlive the node. *out is freed by dsec_node_stop. */
+int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
+                    const dsec_node_conf *conf, dsec_err *err);
+
+/* Stop taking messages and release the node. Sandboxes keep running (they
+ * are detached, and the next start re-adopts them) unless destroy_all. */
+void dsec_node_stop(dsec_node *n, int destroy_all);
+
+typedef struct dsec_node_stats {
+    uint64_t live;          /* sandboxes present */
+    uint64_t created;       /* since start */
+    uint64_t destroyed;
+    uint64_t refused;       /* placements refused by admission */
+    uint64_t adopted;       /* re-adopted at start */
+    uint64_t adopt_failed;
+    uint64_t reaped_ttl;
+    uint64_t reaped_idle;
+    uint64_t cpu_free_milli;
+    uint64_t mem_free_mb;
+    uint64_t slots_free;
+} dsec_node_stats;
+
+void dsec_node_stats_get(dsec_node *n, dsec_node_stats *out);
+const char *dsec_node_name(const dsec_node *n);
+
+#endif

@@ -1,0 +1,217 @@
+/* placement.h - the scheduler's capacity view of a cell, its in-flight overlay, and power-of-k-choices placement. */
+#ifndef DSEC_ACTORS_PLACEMENT_H
+#define DSEC_ACTORS_PLACEMENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/registry.h"
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * A scheduler replica keeps no state a restart loses: this view is rebuilt
+ * from the capacity reports nodes publish (periodic full reports plus
+ * coalesced deltas), and the overlay holds only the replica's own placements
+ * that no report reflects yet.
+ *
+ * Threading: every function may be called from any thread. One mutex guards
+ * the view; place() holds it for the probe, score and reservation only (a
+ * few microseconds), and update() builds a full report's tables before
+ * taking it. Nothing blocks while holding it.
+ *
+ * Time: callers pass now_ms from a monotonic clock (tests pass made-up
+ * times). Node names are 1..DSEC_PLACE_NODE_MAX bytes (dsec/names.h rules).
+ */
+
+#define DSEC_PLACE_NODE_MAX 64
+#define DSEC_PLACE_K_MAX 16
+
+typedef struct dsec_placement dsec_placement;
+
+typedef struct dsec_placement_config {
+    const char *cell;        /* this view's cell, for messages; NULL: "this cell". Copied. */
+    uint64_t dead_after_ms;  /* a node not seen for longer is out of placement; 0: 10000 */
+    uint64_t overlay_ttl_ms; /* how long an unconfirmed placement is held; 0: 2000 */
+    double locality_weight;  /* score bonus when a node caches every layer; <0: 0.5 default */
+    unsigned max_probes;     /* random probes before falling back to a scan; 0: 16k + 32 */
+} dsec_placement_config;
+
+/* A new, empty view. reg (borrowed; must outlive the view) maps type names
+ * to mask bits. cfg may be NULL for the defaults. *out is the caller's,
+ * freed with dsec_placement_free. */
+int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
+                       const dsec_placement_config *cfg, dsec_err *err);
+void dsec_placement_free(dsec_placement *v);
+
+/* ---- capacity reports ----------------------------------------------------------
+ * Mirrors what a node publishes (codecs' capacity message). Everything is
+ * borrowed for the call; the view copies what it keeps. Label arrays are
+ * parallel (label_keys[i] = label_vals[i]), like the wire's kv maps. */
+typedef struct dsec_node_report {
+    const char *node;            /* required */
+    const char *cell;
+    uint64_t epoch;              /* the node manager's start time (node_announce started_ns);
+                                    a greater epoch is a restarted node whose seq began
+                                    again, so its report is accepted whatever the seq */
+    uint64_t seq;                /* increases per report; older or equal ones are ignored */
+    bool full;                   /* a full report replaces everything below */
+    uint64_t cpu_free_milli;     /* free now, as the node counts it */
+    uint64_t mem_free_mb;
+    uint64_t slots_free;
+    uint64_t live;               /* sandboxes running */
+    /* full reports only: */
+    uint64_t cpu_milli;          /* totals */
+    uint64_t memory_mb;
+    uint64_t slots;
+    const char *const *types;    /* offered types; names this registry lacks are skipped */
+    size_t ntypes;
+    const char *const *label_keys;
+    const char *const *label_vals;
+    size_t nlabels;
+    const char *const *layers;   /* digests of the layers in the node's cache */
+    size_t nlayers;
+} dsec_node_report;
+
+/* What update() did with a report (all are success). */
+enum {
+    DSEC_REPORT_APPLIED = 0,
+    DSEC_REPORT_STALE = 1,   /* older seq (same epoch) than one already applied: ignored */
+    DSEC_REPORT_UNKNOWN = 2, /* a delta from a node with no full report yet: ignored; the
+                                node's next periodic full report adds it */
+};
+
+/* Apply a report. A newer report from a node also clears the overlay of
+ * that node: its figures now count what it admitted. Returns DSEC_REPORT_*,
+ * or -1 with DSEC_E_INVALID (bad name) / DSEC_E_NOMEM. */
+int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t now_ms,
+                          dsec_err *err);
+
+/* A heartbeat: the node is alive. Returns 0, or DSEC_REPORT_UNKNOWN when the
+ * view does not hold the node (a heartbeat carries no capacity, so it does
+ * not add one). */
+int dsec_placement_heartbeat(dsec_placement *v, const char *node, uint64_t now_ms);
+
+/* Remove every node not seen (report or heartbeat) for dead_after_ms. The
+ * names of the removed nodes go to *names (caller frees with
+ * dsec_placement_names_free; NULL when none) and their count to *n.
+ * -1 only on allocation failure (nothing removed then). */
+int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, size_t *n,
+                          dsec_err *err);
+void dsec_placement_names_free(char **names, size_t n);
+
+/* Forget a node (it said goodbye). DSEC_E_NOT_FOUND when unknown. */
+int dsec_placement_remove(dsec_placement *v, const char *node, dsec_err *err);
+
+/* Take a node out of placement (draining, repeated failures) or put it back.
+ * Kept across reports. DSEC_E_NOT_FOUND when unknown. */
+int dsec_placement_set_healthy(dsec_placement *v, const char *node, bool healthy, dsec_err *err);
+
+/* ---- placement -------------------------------------------------------------------- */
+
+/* One sandbox to place. Borrowed for the call. */
+typedef struct dsec_place_req {
+    const char *cell;            /* only nodes of this cell; NULL: any node in the view */
+    int type;                    /* registry index (dsec_registry_pick) */
+    uint64_t cpu_milli;
+    uint64_t memory_mb;          /* every placement also takes one slot */
+    const char *const *aff_keys; /* affinity: node label aff_keys[i] must equal aff_vals[i] */
+    const char *const *aff_vals;
+    size_t naff;
+    const char *const *layers;   /* the environment's layer digests, for locality */
+    size_t nlayers;
+    const char *const *exclude;  /* nodes that already refused this request */
+    size_t nexclude;
+} dsec_place_req;
+
+typedef struct dsec_place_result {
+    char node[DSEC_PLACE_NODE_MAX + 1];
+    uint64_t reservation;        /* for dsec_placement_release */
+    double score;
+    unsigned candidates;         /* how many feasible nodes were compared */
+    bool scanned;                /* the feasible set was sparse: a full scan found them */
+} dsec_place_result;
+
+/*
+ * Choose a node for req and reserve its resources in the overlay.
+ *
+ * Feasible: alive (seen within dead_after_ms) and healthy, of req->cell,
+ * offering req->type, carrying every affinity label, not excluded, and with
+ * cpu, memory and a slot free after subtracting the overlay. Among feasible
+ * nodes k candidates (1..DSEC_PLACE_K_MAX; 0 means 2) are drawn uniformly
+ * by random probes, or, when probing fails to find k (a sparse feasible
+ * set), by a full scan, so a feasible node is found whenever one exists.
+ * Each candidate is scored by its normalised free cpu, memory and slots
+ * (mean, 0..1) plus locality_weight * (share of req->layers it caches); the
+ * best wins.
+ *
+ * rng is the caller's generator state (one per thread; any seed; see
+ * dsec_placement_rand). Errors, each message naming what was short:
+ *  DSEC_E_UNSUPPORTED  no node of the cell offers the type at all;
+ *  DSEC_E_CAPACITY     no node known; the nodes offering it are dead or
+ *                      unhealthy; no node carries an affinity label ("...
+ *                      has label gpu=a100"); every fitting node is excluded;
+ *                      or a resource is short ("no node in cell c1 has
+ *                      2000 milli-CPU free (best: 500)", likewise memory,
+ *                      slots, or cpu and memory together);
+ *  DSEC_E_INVALID      bad k or type index.
+ */
+int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned k, uint64_t *rng,
+                         uint64_t now_ms, dsec_place_result *out, dsec_err *err);
+
+/* Give back a reservation (the node refused, or the create failed before
+ * reaching it). Returns 0, or DSEC_REPORT_UNKNOWN when it is gone already
+ * (expired, cleared by a report, node removed). */
+int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reservation);
+
+/* splitmix64: the next random number from *state. */
+uint64_t dsec_placement_rand(uint64_t *state);
+
+/* ---- read-outs ------------------------------------------------------------------- */
+
+/* One node as placement sees it now. */
+typedef struct dsec_node_info {
+    char cell[DSEC_PLACE_NODE_MAX + 1]; /* truncated if longer */
+    uint64_t seq, epoch;
+    dsec_type_mask types;
+    bool healthy;                /* not taken out by set_healthy */
+    bool alive;                  /* seen within dead_after_ms */
+    uint64_t cpu_total, mem_total, slots_total;
+    uint64_t cpu_free, mem_free, slots_free;  /* as reported */
+    uint64_t cpu_avail, mem_avail, slots_avail; /* reported minus the overlay */
+    uint64_t live;
+    size_t reservations;         /* overlay entries still held */
+    size_t nlayers;
+    uint64_t last_seen_ms;
+} dsec_node_info;
+
+/* DSEC_E_NOT_FOUND when unknown. */
+int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms,
+                        dsec_node_info *out, dsec_err *err);
+
+/* Nodes held (alive or not). */
+size_t dsec_placement_count(dsec_placement *v);
+
+/* The cell's figures for cross-cell forwarding: alive, healthy nodes of
+ * cell (NULL: all), their free resources after the overlay, live sandboxes
+ * (reported plus reserved) and the union of offered types. */
+typedef struct dsec_cell_summary {
+    uint64_t nodes;
+    uint64_t cpu_free_milli;
+    uint64_t mem_free_mb;
+    uint64_t slots_free;
+    uint64_t live;
+    dsec_type_mask types;
+} dsec_cell_summary;
+
+void dsec_placement_summary(dsec_placement *v, const char *cell, uint64_t now_ms,
+                            dsec_cell_summary *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,533 @@
+/* scheduler.c - scheduler replica: decode a create, pick the type, place it, let the node answer the client. */
+#include "actors/scheduler.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "actors/placement.h"
+#include "actors/wire.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "dsec/names.h"
+
+#define MAX_CELLS 64
+
+struct cell_seen {
+    char name[DSEC_NAME_LEN_MAX + 1];
+    uint64_t slots_free, cpu_free, mem_free, nodes;
+    char types[256]; /* ",a,b," for a quick membership test */
+    uint64_t seen_ms;
+};
+
+struct dsec_sched {
+    dsec_bus *bus;
+    dsec_ticker *ticker;
+    const dsec_registry *reg;
+    dsec_placement *view;
+    dsec_actor *creates; /* create requests and refusals coming back */
+    dsec_actor *events;  /* capacity events: their own mailbox, never behind creates */
+    dsec_sched_conf conf;
+    char cell[DSEC_NAME_LEN_MAX + 1];
+    char name[DSEC_NAME_LEN_MAX + 1];
+    char back[256]; /* where nodes send refused placements */
+    int ticks[2];
+    pthread_mutex_t mu; /* cells */
+    struct cell_seen cells[MAX_CELLS];
+    size_t ncells;
+    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired;
+};
+
+static __thread uint64_t rng_state;
+
+static uint64_t now_ms(void) { return dsec_now_ns() / 1000000ull; }
+
+static uint64_t *rng(void)
+{
+    if (rng_state == 0)
+        rng_state = dsec_now_ns() ^ ((uint64_t)(uintptr_t)&rng_state << 17) ^ 0x9e3779b97f4a7c15ull;
+    return &rng_state;
+}
+
+static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int code,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int code,
+                    const char *fmt, ...)
+{
+    dsec_err e = {.code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&s->n_failed, 1);
+    dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, req_id);
+}
+
+/* ---- cross-cell ----------------------------------------------------------------- */
+
+/* The other cell with the most free slots that offers the type and fits. */
+static bool pick_other_cell(dsec_sched *s, const char *type, uint64_t cpu, uint64_t mem, char *out,
+                            size_t n)
+{
+    char needle[80];
+    snprintf(needle, sizeof needle, ",%s,", type);
+    uint64_t best = 0, t = now_ms();
+    bool found = false;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->ncells; i++) {
+        struct cell_seen *c = &s->cells[i];
+        if (strcmp(c->name, s->cell) == 0 || t - c->seen_ms > 3ull * s->conf.summary_ms + 1000)
+            continue;
+        if (c->slots_free == 0 || c->cpu_free < cpu || c->mem_free < mem || !strstr(c->types, needle))
+            continue;
+        if (!found || c->slots_free > best) {
+            best = c->slots_free;
+            snprintf(out, n, "%s", c->name);
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
+static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const char *type,
+                    uint64_t cpu, uint64_t mem, const char *reply_to)
+{
+    if (c->cell != NULL || c->hops >= s->conf.max_hops)
+        return false; /* pinned to a cell, or forwarded enough */
+    char other[DSEC_NAME_LEN_MAX + 1];
+    if (!pick_other_cell(s, type, cpu, mem, other, sizeof other))
+        return false;
+    c->hops++;
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.%s.create.%s", tenant, other);
+    dsec_err err;
+    if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) < 0)
+        return false;
+    atomic_fetch_add(&s->n_forwarded, 1);
+    return true;
+}
+
+/* ---- placing -------------------------------------------------------------------- */
+
+/* Place p (whose create fields are filled) on a node of this cell and send
+ * it there. On failure answers the client and returns -1. */
+static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx)
+{
+    dsec_msg_create *c = &p->c;
+    uint64_t cpu = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli;
+    uint64_t mem = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
+    dsec_place_req req = {.cell = s->cell, .type = tidx, .cpu_milli = cpu, .memory_mb = mem,
+                          .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
+                          .naff = c->affinity.n, .exclude = p->tried.v, .nexclude = p->tried.n};
+    dsec_place_result res;
+    dsec_err err;
+    const char *tname = dsec_registry_caps(s->reg, tidx)->type;
+    if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, &err) < 0) {
+        if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
+            forward(s, c, tenant, tname, cpu, mem, p->reply_to))
+            return 0;
+        if (p->reason != NULL)
+            dsec_err_wrap(&err, "after %s", p->reason);
+        atomic_fetch_add(&s->n_failed, 1);
+        dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
+        return -1;
+    }
+    c->type = tname; /* the node creates exactly the type chosen here */
+    p->scheduler = s->name;
+    p->reason = NULL;
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
+    if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, &err) < 0) {
+        dsec_placement_release(s->view, res.node, res.reservation);
+        atomic_fetch_add(&s->n_failed, 1);
+        dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
+        return -1;
+    }
+    atomic_fetch_add(&s->n_placed, 1);
+    return 0;
+}
+
+/* A retried create asks the cell's nodes first whether the request id
+ * already made a sandbox; only silence (the lookup times out) lets it be
+ * placed. The state travels with the lookup, so the replica keeps none. */
+#define LOOKUP_TIMEOUT_MS 100
+
+struct lookup {
+    dsec_sched *s;
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char *reply_to;
+    size_t len;
+    uint8_t payload[]; /* the create as received */
+};
+
+static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
+{
+    struct lookup *l = ud;
+    dsec_sched *s = l->s;
+    dsec_err err;
+    if (status == 0) {
+        /* a node holds it: pass its "created" (existing) on to the client */
+        dsec_hdr hdr = {.type = dsec_msg_type(reply), .schema = DSEC_SCHEMA_VERSION,
+                        .req_id = dsec_msg_header(reply, DSEC_HDR_REQ_ID)};
+        if (dsec_actor_publish(s->creates, l->reply_to, NULL, &hdr, dsec_msg_data(reply),
+                               dsec_msg_len(reply), &err) < 0)
+            dsec_actor_count_error(s->creates);
+        goto out;
+    }
+    dsec_msg_place p = {.reply_to = l->reply_to, .attempt = 1};
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, l->payload, l->len, &p.c, &err) < 0) {
+        dsec_wire_error_to(s->creates, s->bus, l->reply_to, &err, NULL, NULL);
+        goto out;
+    }
+    p.c.tenant = l->tenant;
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    int tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
+                                  dsec_registry_all(s->reg), &err);
+    if (tidx < 0)
+        dsec_wire_error_to(s->creates, s->bus, l->reply_to, &err, NULL, p.c.req_id);
+    else
+        place_and_send(s, &p, l->tenant, tidx);
+    (void)berr;
+out:
+    dsec_free(l->reply_to);
+    dsec_free(l);
+}
+
+static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const char *req_id)
+{
+    struct lookup *l = dsec_malloc(sizeof *l + dsec_msg_len(m));
+    if (l == NULL)
+        return false;
+    l->s = s;
+    snprintf(l->tenant, sizeof l->tenant, "%s", tenant);
+    l->reply_to = dsec_strdup(dsec_msg_reply(m));
+    l->len = dsec_msg_len(m);
+    memcpy(l->payload, dsec_msg_data(m), l->len);
+    dsec_msg_op op = {.id = "-", .op = "lookup", .req_id = req_id, .tenant = tenant};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.lookup.%s", s->cell);
+    dsec_hdr hdr = {.type = "op", .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
+    int rc = l->reply_to ? dsec_encode(&b, DSEC_MSG_OP, &op, &err) : -1;
+    if (rc == 0)
+        rc = dsec_bus_request(s->bus, subj, &hdr, b.data, b.len, LOOKUP_TIMEOUT_MS, on_lookup_answer,
+                              l, &err);
+    dsec_buf_release(&b);
+    if (rc < 0) {
+        dsec_free(l->reply_to);
+        dsec_free(l);
+        return false;
+    }
+    return true;
+}
+
+/* dsec.v1.<tenant>.create[.<cell>] */
+static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_sched *s = ud;
+    atomic_fetch_add(&s->n_creates, 1);
+    const char *reply_to = dsec_msg_reply(m);
+    if (reply_to == NULL) {
+        dsec_actor_count_error(a); /* nobody to answer: a create must be a request */
+        return;
+    }
+    char buf[256];
+    const char *tok[8];
+    int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
+    const char *tenant = nt >= 4 ? tok[2] : "";
+    dsec_err err;
+    dsec_msg_place p = {.reply_to = reply_to, .attempt = 1};
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, dsec_msg_data(m), dsec_msg_len(m), &p.c,
+                    &err) < 0) {
+        atomic_fetch_add(&s->n_failed, 1);
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    if (p.c.tenant != NULL && strcmp(p.c.tenant, tenant) != 0) {
+        fail_to(s, reply_to, p.c.req_id, DSEC_E_PERMISSION,
+                "create: tenant \"%s\" in the message does not match the subject's \"%s\"",
+                p.c.tenant, tenant);
+        return;
+    }
+    p.c.tenant = tenant;
+    if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id))
+        return;
+    if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
+        fail_to(s, reply_to, p.c.req_id, DSEC_E_INVALID,
+                "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
+        return;
+    }
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    /* Choose among every type this process knows: a type offered only in
+     * another cell is still a valid request here, and may be forwarded. */
+    int tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
+                                  sum.types ? sum.types : dsec_registry_all(s->reg), &err);
+    if (tidx < 0 && err.code == DSEC_E_UNSUPPORTED && sum.types != 0)
+        tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
+                                  dsec_registry_all(s->reg), &err);
+    if (tidx < 0) {
+        atomic_fetch_add(&s->n_failed, 1);
+        dsec_wire_error_to(a, s->bus, reply_to, &err, p.c.type ? "type" : "requires", p.c.req_id);
+        return;
+    }
+    place_and_send(s, &p, tenant, tidx);
+}
+
+/* A node refused (dsec.v1.ctl.sched.<cell>.<name>.back): try another. */
+static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_sched *s = ud;
+    dsec_err err;
+    dsec_msg_place p;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0) {
+        dsec_actor_count_error(a);
+        return;
+    }
+    if (p.attempt >= s->conf.max_attempts) {
+        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
+                p.attempt, p.reason ? p.reason : "no reason given");
+        return;
+    }
+    int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
+    if (tidx < 0) {
+        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_INTERNAL, "refused placement of unknown type");
+        return;
+    }
+    p.attempt++;
+    atomic_fetch_add(&s->n_retried, 1);
+    place_and_send(s, &p, p.c.tenant ? p.c.tenant : "default", tidx);
+}
+
+static uint64_t create_key(const dsec_msg *cm, void *ud)
+{
+    const char *rid = dsec_msg_header((dsec_msg *)cm, DSEC_HDR_REQ_ID);
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = rid ? rid : ""; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return h;
+}
+
+/* ---- capacity events --------------------------------------------------------------- */
+
+static void apply_capacity(dsec_sched *s, dsec_msg *m)
+{
+    dsec_err err;
+    dsec_msg_capacity c;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c,
+                    &err) < 0) {
+        dsec_actor_count_error(s->events);
+        return;
+    }
+    dsec_node_report r = {.node = c.node, .cell = c.cell ? c.cell : s->cell, .seq = c.seq,
+                          .full = c.full, .cpu_free_milli = c.cpu_free_milli,
+                          .mem_free_mb = c.mem_free_mb, .slots_free = c.slots_free, .live = c.live,
+                          .cpu_milli = c.cpu_milli, .memory_mb = c.memory_mb, .slots = c.slots,
+                          .types = c.types.v, .ntypes = c.types.n, .label_keys = c.labels.k,
+                          .label_vals = c.labels.v, .nlabels = c.labels.n, .layers = c.layers.v,
+                          .nlayers = c.layers.n};
+    if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
+        dsec_actor_count_error(s->events);
+}
+
+static void apply_summary(dsec_sched *s, dsec_msg *m)
+{
+    dsec_err err;
+    dsec_msg_cell_summary c;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CELL_SUMMARY, dsec_msg_data(m), dsec_msg_len(m),
+                    &c, &err) < 0) {
+        dsec_actor_count_error(s->events);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    struct cell_seen *slot = NULL;
+    for (size_t i = 0; i < s->ncells && slot == NULL; i++)
+        if (strcmp(s->cells[i].name, c.cell) == 0)
+            slot = &s->cells[i];
+    if (slot == NULL && s->ncells < MAX_CELLS) {
+        slot = &s->cells[s->ncells++];
+        snprintf(slot->name, sizeof slot->name, "%s", c.cell);
+    }
+    if (slot != NULL) {
+        slot->slots_free = c.slots_free;
+        slot->cpu_free = c.cpu_free_milli;
+        slot->mem_free = c.mem_free_mb;
+        slot->nodes = c.nodes;
+        slot->seen_ms = now_ms();
+        size_t used = (size_t)snprintf(slot->types, sizeof slot->types, ",");
+        for (uint32_t i = 0; i < c.types.n && used < sizeof slot->types; i++)
+            used += (size_t)snprintf(slot->types + used, sizeof slot->types - used, "%s,",
+                                     c.types.v[i]);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* dsec.v1.ctl.evt.<cell>.node.<node>.<kind> and dsec.v1.ctl.evt.<cell>.summary */
+static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_sched *s = ud;
+    char buf[256];
+    const char *tok[8];
+    int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
+    if (nt == 6 && strcmp(tok[5], "summary") == 0) {
+        apply_summary(s, m);
+    } else if (nt == 8 && strcmp(tok[7], "capacity") == 0) {
+        apply_capacity(s, m);
+    } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
+        dsec_placement_heartbeat(s->view, tok[6], now_ms());
+    }
+    /* announce: the full capacity report that follows it carries everything */
+}
+
+static uint64_t event_key(const dsec_msg *cm, void *ud)
+{
+    const char *subj = dsec_msg_subject(cm);
+    uint64_t h = 1469598103934665603ull;
+    for (; *subj; subj++)
+        h = (h ^ (uint8_t)*subj) * 1099511628211ull;
+    return h % 8; /* a few lanes: per-node order is kept, nodes interleave */
+}
+
+static void tick_summary(void *ud, uint64_t mono)
+{
+    dsec_sched *s = ud;
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    const char *types[DSEC_REGISTRY_MAX];
+    uint32_t nt = 0;
+    for (int i = 0; i < DSEC_REGISTRY_MAX; i++)
+        if (sum.types & (1u << i))
+            types[nt++] = dsec_registry_caps(s->reg, i)->type;
+    dsec_msg_cell_summary c = {.cell = s->cell, .nodes = sum.nodes,
+                               .cpu_free_milli = sum.cpu_free_milli, .mem_free_mb = sum.mem_free_mb,
+                               .slots_free = sum.slots_free, .live = sum.live,
+                               .types = {types, nt}, .ts_ns = dsec_wall_ns()};
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.summary", s->cell);
+    dsec_err err;
+    if (dsec_wire_send(s->events, s->bus, subj, NULL, DSEC_MSG_CELL_SUMMARY, &c, NULL, &err) < 0)
+        dsec_actor_count_error(s->events);
+    (void)mono;
+}
+
+static void tick_expire(void *ud, uint64_t mono)
+{
+    dsec_sched *s = ud;
+    char **names = NULL;
+    size_t n = 0;
+    dsec_err err;
+    if (dsec_placement_expire(s->view, now_ms(), &names, &n, &err) < 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "dsec-scheduler %s: node %s stopped reporting; out of placement\n", s->name,
+                names[i]);
+    atomic_fetch_add(&s->n_expired, n);
+    dsec_placement_names_free(names, n);
+    (void)mono;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------ */
+
+int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
+                     const dsec_sched_conf *conf, dsec_err *err)
+{
+    *out = NULL;
+    if (dsec_name_ok(conf->cell, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "scheduler: cell \"%s\" is not a valid name",
+                            conf->cell ? conf->cell : "");
+    dsec_sched *s = dsec_calloc(1, sizeof *s);
+    if (s == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    s->ticks[0] = s->ticks[1] = -1;
+    s->bus = bus;
+    s->ticker = ticker;
+    s->reg = reg;
+    s->conf = *conf;
+    s->conf.k = conf->k ? conf->k : 3;
+    s->conf.max_attempts = conf->max_attempts ? conf->max_attempts : 3;
+    s->conf.max_hops = conf->max_hops ? conf->max_hops : 2;
+    s->conf.dead_after_ms = conf->dead_after_ms ? conf->dead_after_ms : 3000;
+    s->conf.summary_ms = conf->summary_ms ? conf->summary_ms : 1000;
+    s->conf.default_cpu_milli = conf->default_cpu_milli ? conf->default_cpu_milli : 1000;
+    s->conf.default_memory_mb = conf->default_memory_mb ? conf->default_memory_mb : 512;
+    snprintf(s->cell, sizeof s->cell, "%s", conf->cell);
+    if (conf->name != NULL && dsec_name_ok(conf->name, DSEC_NAME_LEN_MAX) == 0) {
+        snprintf(s->name, sizeof s->name, "%s", conf->name);
+    } else {
+        char id[33];
+        dsec_bus_new_id(id);
+        snprintf(s->name, sizeof s->name, "sched-%.12s", id);
+    }
+    s->conf.cell = s->cell;
+    s->conf.name = s->name;
+    snprintf(s->back, sizeof s->back, "dsec.v1.ctl.sched.%s.%s.back", s->cell, s->name);
+    dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
+                                .locality_weight = -1};
+    char subj[256], queue[128];
+    if (dsec_placement_new(&s->view, reg, &pc, err) < 0)
+        goto out_fail;
+    if (dsec_actor_new(&s->creates, bus, s->name, err) < 0)
+        goto out_fail;
+    dsec_actor_set_key(s->creates, create_key, s);
+    snprintf(queue, sizeof queue, "dsec-sched");
+    if (dsec_actor_on(s->creates, "dsec.v1.*.create", queue, on_create, s, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.*.create.%s", s->cell);
+    snprintf(queue, sizeof queue, "dsec-sched.%s", s->cell);
+    if (dsec_actor_on(s->creates, subj, queue, on_create, s, err) < 0 ||
+        dsec_actor_on(s->creates, s->back, NULL, on_back, s, err) < 0)
+        goto out_fail;
+    char evname[DSEC_NAME_LEN_MAX + 8];
+    snprintf(evname, sizeof evname, "%s.events", s->name);
+    if (dsec_actor_new(&s->events, bus, evname, err) < 0)
+        goto out_fail;
+    dsec_actor_set_key(s->events, event_key, s);
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.node.>", s->cell);
+    if (dsec_actor_on(s->events, subj, NULL, on_event, s, err) < 0 ||
+        dsec_actor_on(s->events, "dsec.v1.ctl.evt.*.summary", NULL, on_event, s, err) < 0)
+        goto out_fail;
+    if ((s->ticks[0] = dsec_ticker_add(ticker, s->conf.summary_ms, tick_summary, s, err)) < 0 ||
+        (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0)
+        goto out_fail;
+    /* Ask for full reports now rather than waiting for the next period. */
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", s->cell);
+    if (dsec_bus_flush(bus, 2000, err) < 0 ||
+        dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "sync"}, "", 0, err) < 0)
+        goto out_fail;
+    *out = s;
+    return 0;
+out_fail:
+    dsec_sched_stop(s);
+    return -1;
+}
+
+void dsec_sched_stop(dsec_sched *s)
+{
+    if (s == NULL)
+        return;
+    dsec_ticker_remove(s->ticker, s->ticks[0]);
+    dsec_ticker_remove(s->ticker, s->ticks[1]);
+    dsec_actor_free(s->creates);
+    dsec_actor_free(s->events);
+    dsec_placement_free(s->view);
+    pthread_mutex_destroy(&s->mu);
+    dsec_free(s);
+}
+
+void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
+{
+    *o = (dsec_sched_stats){.creates = s->n_creates, .placed = s->n_placed,
+                            .retried = s->n_retried, .forwarded = s->n_forwarded,
+                            .failed = s->n_failed, .nodes = dsec_placement_count(s->view),
+                            .expired = s->n_expired};
+}

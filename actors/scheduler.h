@@ -1,0 +1,44 @@
+/* scheduler.h - a stateless scheduler replica of a cell: type choice, placement, retries, cross-cell fan-out. */
+#ifndef DSEC_ACTORS_SCHEDULER_H
+#define DSEC_ACTORS_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "actors/ticker.h"
+#include "backends/registry.h"
+#include "bus/bus.h"
+#include "dsec/err.h"
+
+typedef struct dsec_sched_conf {
+    const char *cell;           /* required */
+    const char *name;           /* replica name, unique in the cell; default: random */
+    unsigned k;                 /* candidates per placement (power of k choices); default 3 */
+    unsigned max_attempts;      /* nodes tried before answering "refused"; default 3 */
+    unsigned max_hops;          /* cross-cell forwards of one request; default 2 */
+    uint32_t dead_after_ms;     /* a silent node leaves placement; default 3000 */
+    uint32_t summary_ms;        /* cell summary period; default 1000 */
+    uint64_t default_cpu_milli; /* must match the nodes' defaults; default 1000 */
+    uint64_t default_memory_mb; /* default 512 */
+} dsec_sched_conf;
+
+typedef struct dsec_sched dsec_sched;
+
+/* Start a replica: subscribe to creates (queue group) and capacity events,
+ * ask the cell's nodes for full reports. bus, ticker and reg are borrowed. */
+int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
+                     const dsec_sched_conf *conf, dsec_err *err);
+void dsec_sched_stop(dsec_sched *s);
+
+typedef struct dsec_sched_stats {
+    uint64_t creates;     /* create requests handled */
+    uint64_t placed;      /* place messages sent (first attempts and retries) */
+    uint64_t retried;     /* placements retried after a refusal */
+    uint64_t forwarded;   /* creates sent to another cell */
+    uint64_t failed;      /* creates answered with an error */
+    uint64_t nodes;       /* nodes in the view */
+    uint64_t expired;     /* nodes taken out for silence */
+} dsec_sched_stats;
+
+void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *out);
+
+#endif

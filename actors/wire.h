@@ -1,0 +1,36 @@
+/* wire.h - what every actor needs to speak the protocol: per-thread codec state and reply helpers. */
+#ifndef DSEC_ACTORS_WIRE_H
+#define DSEC_ACTORS_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "bus/bus.h"
+#include "codecs/msg.h"
+#include "dsec/err.h"
+
+/* This thread's decoder and encode buffer (created on first use, freed when
+ * the thread exits). Never NULL unless memory ran out. */
+dsec_decoder *dsec_wire_decoder(void);
+dsec_buf *dsec_wire_buf(void);
+
+/* Encode msg of type and publish it to subject (reply may be NULL).
+ * Counted in actor's msgs_out when actor is not NULL. */
+int dsec_wire_send(dsec_actor *actor, dsec_bus *bus, const char *subject, const char *reply,
+                   int type, const void *msg, const char *req_id, dsec_err *err);
+
+/* Answer msg (its reply subject) with msg of type. No-op without a reply subject. */
+int dsec_wire_reply(dsec_actor *actor, dsec_msg *m, int type, const void *msg, dsec_err *err);
+
+/* Send an "error" message built from e to subject (or to m's reply subject
+ * when subject is NULL). field may be NULL. Failures are counted, not returned:
+ * an error path must not fail again. */
+void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, const dsec_err *e,
+                        const char *field, const char *req_id);
+void dsec_wire_error(dsec_actor *actor, dsec_msg *m, const dsec_err *e);
+
+/* Split subject into at most max tokens (pointers into buf, a copy of
+ * subject of size n). Returns the token count, or -1 if it does not fit. */
+int dsec_wire_tokens(const char *subject, char *buf, size_t n, const char **tok, int max);
+
+#endif

@@ -1,0 +1,259 @@
+/* backend.c - backend instances and the call wrappers that check arguments and missing operations once for every backend. */
+#include "backends/backend.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "dsec/alloc.h"
+
+/* Matches the wire limit on fork children (codecs: op.n 1..1024). */
+#define FORK_MAX 1024
+
+struct dsec_backend {
+    const dsec_backend_ops *ops;
+    void *self;
+};
+
+void dsec_exec_result_release(dsec_exec_result *r)
+{
+    if (r == NULL)
+        return;
+    dsec_free(r->stdout_data);
+    dsec_free(r->stderr_data);
+    memset(r, 0, sizeof *r);
+}
+
+const char *dsec_file_kind_name(dsec_file_kind k)
+{
+    switch (k) {
+    case DSEC_FILE_REG:
+        return "file";
+    case DSEC_FILE_DIR:
+        return "dir";
+    case DSEC_FILE_LINK:
+        return "link";
+    default:
+        return "other";
+    }
+}
+
+void dsec_file_entries_free(dsec_file_entry *entries, size_t n)
+{
+    if (entries == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        dsec_free(entries[i].name);
+    dsec_free(entries);
+}
+
+int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,
+                     const dsec_backend_config *cfg, dsec_err *err)
+{
+    if (ops == NULL || ops->init == NULL || ops->fini == NULL || ops->create == NULL ||
+        ops->destroy == NULL || ops->detach == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "backend type \"%s\" lacks init, fini, create, destroy or detach",
+                            ops && ops->type ? ops->type : "(null)");
+    static const dsec_backend_config empty = {0};
+    dsec_backend *be = dsec_calloc(1, sizeof *be);
+    if (be == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "opening backend \"%s\"", ops->type);
+    be->ops = ops;
+    if (ops->init(&be->self, cfg ? cfg : &empty, err) < 0) {
+        dsec_err_wrap(err, "opening backend \"%s\"", ops->type);
+        goto out_free;
+    }
+    *out = be;
+    return 0;
+
+out_free:
+    dsec_free(be);
+    return -1;
+}
+
+void dsec_backend_free(dsec_backend *be)
+{
+    if (be == NULL)
+        return;
+    be->ops->fini(be->self);
+    dsec_free(be);
+}
+
+const char *dsec_backend_type(const dsec_backend *be)
+{
+    return be->ops->type;
+}
+
+static int unsupported(const dsec_backend *be, const char *op, dsec_err *err)
+{
+    return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0, "sandbox type \"%s\" does not support %s",
+                        be->ops->type, op);
+}
+
+static int no_sandbox(const char *op, dsec_err *err)
+{
+    return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: no sandbox handle", op);
+}
+
+int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                        char **backend_state, dsec_err *err)
+{
+    if (spec == NULL || out == NULL || backend_state == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "create: missing spec or out parameter");
+    *out = NULL;
+    *backend_state = NULL;
+    return be->ops->create(be->self, spec, out, backend_state, err);
+}
+
+int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
+                      dsec_exec_result *res, dsec_err *err)
+{
+    if (be->ops->exec == NULL)
+        return unsupported(be, "exec", err);
+    if (sb == NULL)
+        return no_sandbox("exec", err);
+    if (req == NULL || res == NULL || req->argc == 0 || req->argv == NULL ||
+        req->argv[0] == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argv must hold at least a command");
+    memset(res, 0, sizeof *res);
+    return be->ops->exec(be->self, sb, req, res, err);
+}
+
+int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                            const void *data, size_t len, uint32_t mode, bool append,
+                            dsec_err *err)
+{
+    if (be->ops->file_write == NULL)
+        return unsupported(be, "file writes", err);
+    if (sb == NULL)
+        return no_sandbox("file_write", err);
+    if (path == NULL || (data == NULL && len > 0))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "file_write: missing path or data");
+    return be->ops->file_write(be->self, sb, path, data, len, mode, append, err);
+}
+
+int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,
+                           uint64_t max, dsec_file_data *out, dsec_err *err)
+{
+    if (be->ops->file_read == NULL)
+        return unsupported(be, "file reads", err);
+    if (sb == NULL)
+        return no_sandbox("file_read", err);
+    if (path == NULL || out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "file_read: missing path or out parameter");
+    memset(out, 0, sizeof *out);
+    return be->ops->file_read(be->self, sb, path, offset, max, out, err);
+}
+
+int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                           dsec_file_entry **entries, size_t *n, dsec_err *err)
+{
+    if (be->ops->file_list == NULL)
+        return unsupported(be, "file listing", err);
+    if (sb == NULL)
+        return no_sandbox("file_list", err);
+    if (path == NULL || entries == NULL || n == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "file_list: missing path or out parameter");
+    *entries = NULL;
+    *n = 0;
+    return be->ops->file_list(be->self, sb, path, entries, n, err);
+}
+
+int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                      dsec_sandbox **children, char **states, dsec_err *err)
+{
+    if (be->ops->fork == NULL)
+        return unsupported(be, "fork", err);
+    if (sb == NULL)
+        return no_sandbox("fork", err);
+    if (n == 0 || n > FORK_MAX)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: %zu children; must be 1..%d", n,
+                            FORK_MAX);
+    if (ids == NULL || children == NULL || states == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: missing ids or out arrays");
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == NULL || ids[i][0] == '\0')
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: child %zu has no id", i);
+        children[i] = NULL;
+        states[i] = NULL;
+    }
+    return be->ops->fork(be->self, sb, ids, n, children, states, err);
+}
+
+int dsec_backend_pause(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    if (be->ops->pause == NULL)
+        return unsupported(be, "pause", err);
+    if (sb == NULL)
+        return no_sandbox("pause", err);
+    return be->ops->pause(be->self, sb, err);
+}
+
+int dsec_backend_resume(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    if (be->ops->resume == NULL)
+        return unsupported(be, "resume", err);
+    if (sb == NULL)
+        return no_sandbox("resume", err);
+    return be->ops->resume(be->self, sb, err);
+}
+
+int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, dsec_err *err)
+{
+    if (be->ops->snapshot == NULL)
+        return unsupported(be, "snapshot", err);
+    if (sb == NULL)
+        return no_sandbox("snapshot", err);
+    if (path == NULL || path[0] == '\0')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "snapshot: no path");
+    return be->ops->snapshot(be->self, sb, path, err);
+}
+
+int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,
+                         dsec_sandbox **out, char **backend_state, dsec_err *err)
+{
+    if (be->ops->restore == NULL)
+        return unsupported(be, "restore", err);
+    if (spec == NULL || path == NULL || out == NULL || backend_state == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "restore: missing spec, path or out parameter");
+    *out = NULL;
+    *backend_state = NULL;
+    return be->ops->restore(be->self, spec, path, out, backend_state, err);
+}
+
+int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    if (sb == NULL)
+        return no_sandbox("destroy", err);
+    return be->ops->destroy(be->self, sb, err);
+}
+
+int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out,
+                       dsec_err *err)
+{
+    if (be->ops->stats == NULL)
+        return unsupported(be, "stats", err);
+    if (sb == NULL)
+        return no_sandbox("stats", err);
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stats: no out parameter");
+    memset(out, 0, sizeof *out);
+    return be->ops->stats(be->self, sb, out, err);
+}
+
+int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const char *backend_state,
+                       dsec_sandbox **out, dsec_err *err)
+{
+    if (be->ops->adopt == NULL)
+        return unsupported(be, "adopt", err);
+    if (backend_state == NULL || out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "adopt: missing backend_state or out parameter");
+    *out = NULL;
+    return be->ops->adopt(be->self, spec, backend_state, out, err);
+}
+
+void dsec_backend_detach(dsec_backend *be, dsec_sandbox *sb)
+{
+    if (sb != NULL)
+        be->ops->detach(be->self, sb);
+}

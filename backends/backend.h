@@ -1,0 +1,278 @@
+/* backend.h - the one interface every sandbox type (function, container, microvm, vm, sim) implements. */
+#ifndef DSEC_BACKENDS_BACKEND_H
+#define DSEC_BACKENDS_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Model (crun style): a backend type is a table of operations
+ * (dsec_backend_ops) plus a static capability record (dsec_backend_caps).
+ * dsec_backend_new() opens one instance of a type on a node; the instance
+ * hands out one opaque dsec_sandbox handle per sandbox it hosts.
+ *
+ * Threading contract, which every backend must honour:
+ *  - Operations on ONE sandbox are called in order, one at a time, by that
+ *    sandbox's actor. A backend needs no locking per sandbox.
+ *  - Operations on DIFFERENT sandboxes of the same instance run in parallel
+ *    on several threads, so whatever the instance shares between sandboxes
+ *    must be thread-safe.
+ *  - fork() reads its parent and creates children; no other call touches the
+ *    parent meanwhile (the parent's actor is the one calling fork).
+ *  - dsec_backend_new / dsec_backend_free are not concurrent with anything.
+ *
+ * Backends never talk to the bus and never block other sandboxes: a slow
+ * call (start-up, exec) occupies only the thread that made it.
+ *
+ * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
+ * name what failed but not the sandbox id (backends may not keep it); the
+ * sandbox actor wraps them with the id.
+ */
+
+/* A string pair: options, labels, environment variables. */
+typedef struct dsec_backend_kv {
+    const char *key;
+    const char *value;
+} dsec_backend_kv;
+
+/* How a node opens a backend instance. Everything is borrowed for the call:
+ * the backend copies what it keeps. */
+typedef struct dsec_backend_config {
+    const char *state_dir;        /* the node's directory for this backend; may be NULL for sim */
+    const char *node;             /* the node's name */
+    const dsec_backend_kv *opts;  /* backend-specific options, "key=value" as pairs */
+    size_t nopts;
+} dsec_backend_config;
+
+/* What a sandbox should be. Borrowed for the call by every operation that
+ * takes one; the backend copies what it keeps. */
+typedef struct dsec_sandbox_spec {
+    const char *id;               /* sandbox id, unique on the node (names its node) */
+    const char *type;             /* function | container | microvm | vm | sim | ... */
+    const char *env;              /* environment name:version, or NULL */
+    const char *const *layers;    /* the environment's layer digests, lowest first */
+    size_t nlayers;
+    uint64_t cpu_milli;           /* requested CPU, 1000 = one core */
+    uint64_t memory_mb;
+    uint64_t disk_mb;             /* limit of the sandbox's own writable layer */
+    const dsec_backend_kv *labels;
+    size_t nlabels;
+    const char *cls;              /* rollout | job | batch, or NULL */
+    const char *tenant;
+    const char *const *net;       /* network policy entries (allowed mirrors, domains, ranges) */
+    size_t nnet;
+} dsec_sandbox_spec;
+
+/* One command to run in a sandbox. Borrowed for the call. */
+typedef struct dsec_exec_req {
+    const char *const *argv;      /* argc >= 1 */
+    size_t argc;
+    const dsec_backend_kv *env;   /* added to the sandbox's environment */
+    size_t nenv;
+    const char *cwd;              /* NULL: the sandbox's default */
+    const char *user;             /* NULL: the sandbox's default */
+    const uint8_t *stdin_data;    /* fed to the command, then closed; may be NULL */
+    size_t stdin_len;
+    uint64_t timeout_ms;          /* 0: no timeout */
+    size_t output_max;            /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
+} dsec_exec_req;
+
+#define DSEC_EXEC_OUTPUT_DEFAULT (1u << 20)
+
+/* What a command did. The backend fills it; the caller owns stdout_data and
+ * stderr_data (allocated with dsec_malloc, may be NULL when empty) and
+ * releases them with dsec_exec_result_release(). */
+typedef struct dsec_exec_result {
+    int exit_code;                /* -1 when killed by a signal */
+    int signal;                   /* 0, or the signal that ended it (SIGKILL on timeout) */
+    uint8_t *stdout_data;
+    size_t stdout_len;
+    bool stdout_truncated;        /* output was longer than output_max */
+    uint8_t *stderr_data;
+    size_t stderr_len;
+    bool stderr_truncated;
+    uint64_t duration_us;
+    bool timed_out;
+} dsec_exec_result;
+
+/* Frees the output buffers and zeroes r. NULL is a no-op. */
+void dsec_exec_result_release(dsec_exec_result *r);
+
+typedef enum dsec_file_kind {
+    DSEC_FILE_REG = 1,
+    DSEC_FILE_DIR,
+    DSEC_FILE_LINK,
+    DSEC_FILE_OTHER,
+} dsec_file_kind;
+
+/* "file", "dir", "link", "other" (the wire names). */
+const char *dsec_file_kind_name(dsec_file_kind k);
+
+/* One entry of a directory listing. name is owned by the array it sits in. */
+typedef struct dsec_file_entry {
+    char *name;                   /* the entry's name inside the listed directory */
+    dsec_file_kind kind;
+    uint64_t size;
+    uint32_t mode;                /* permission bits */
+    int64_t mtime;                /* seconds since the epoch */
+} dsec_file_entry;
+
+/* Frees a listing returned by file_list (names and array). NULL is a no-op. */
+void dsec_file_entries_free(dsec_file_entry *entries, size_t n);
+
+/* Result of a file read. The caller owns data (dsec_malloc'd, NULL when
+ * len == 0) and frees it with dsec_free. */
+typedef struct dsec_file_data {
+    uint8_t *data;
+    size_t len;
+    uint64_t size;                /* the whole file's size */
+    bool eof;                     /* offset + len reached the end */
+} dsec_file_data;
+
+/* Resource use of one sandbox at the time of the call. */
+typedef struct dsec_sandbox_stats {
+    uint64_t cpu_used_us;         /* CPU time consumed since creation */
+    uint64_t cpu_milli;           /* current CPU use, 1000 = one core busy */
+    uint64_t memory_bytes;        /* resident memory now */
+    uint64_t disk_bytes;          /* bytes held in the sandbox's own writable layer */
+    uint64_t nfiles;              /* files in its writable layer */
+} dsec_sandbox_stats;
+
+/*
+ * The static capability record of a backend type. Placement reads it (through
+ * the registry) to pick the lightest type satisfying a request; the node
+ * manager reads it to refuse operations a type cannot do.
+ */
+typedef struct dsec_backend_caps {
+    const char *type;             /* "container"; static storage */
+    bool own_kernel;              /* the sandbox runs its own kernel */
+    bool nested_containers;       /* can run containers inside */
+    bool gui;                     /* has a display */
+    bool persistence;             /* survives a node manager restart, can be snapshotted to disk */
+    int isolation;                /* 1 function, 2 container, 3 microvm, 4 vm (0: none, sim) */
+    unsigned cost;                /* relative weight; the lightest satisfying type is picked */
+    bool supports_fork;
+    bool supports_snapshot;
+    bool supports_pause;
+    uint32_t startup_ms;          /* typical cold start */
+} dsec_backend_caps;
+
+/* A sandbox as its backend sees it. Opaque: each backend defines its own
+ * record behind the pointer. The caller (the sandbox actor) holds the handle
+ * from create/fork/restore/adopt until destroy or detach. */
+typedef struct dsec_sandbox dsec_sandbox;
+
+/* An open backend instance on a node (ops + the backend's private state). */
+typedef struct dsec_backend dsec_backend;
+
+/*
+ * The operations table. `self` is the private pointer init returned. Any
+ * operation but init, fini, create, destroy and detach may be NULL: the
+ * dsec_backend_* wrappers then fail with DSEC_E_UNSUPPORTED naming the op.
+ *
+ * backend_state: create, fork and restore return, per sandbox, an opaque
+ * NUL-terminated string (a path, JSON, ...) allocated with dsec_malloc and
+ * owned by the caller. The node manager stores it in the sandbox's persisted
+ * record and, after a restart, hands it back to adopt() together with the
+ * spec, so the backend can re-attach without a registry of its own.
+ */
+typedef struct dsec_backend_ops {
+    const char *type; /* the type this table implements, e.g. "sim" */
+
+    /* Open an instance for cfg; *self receives the private state. */
+    int (*init)(void **self, const dsec_backend_config *cfg, dsec_err *err);
+    /* Close the instance. Every sandbox must be destroyed or detached first. */
+    void (*fini)(void *self);
+
+    /* Start a sandbox for spec. On success *out is the handle and
+     * *backend_state the caller-owned record for adopt (never NULL). */
+    int (*create)(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                  char **backend_state, dsec_err *err);
+    /* Run one command; fills *res (caller releases it). */
+    int (*exec)(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
+                dsec_err *err);
+    /* Write (or append) data to the absolute path, creating parents. */
+    int (*file_write)(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                      size_t len, uint32_t mode, bool append, dsec_err *err);
+    /* Read at most max bytes (0: the rest) from offset. */
+    int (*file_read)(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                     uint64_t max, dsec_file_data *out, dsec_err *err);
+    /* List a directory (or describe one file); *entries is caller-owned,
+     * freed with dsec_file_entries_free. */
+    int (*file_list)(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
+                     size_t *n, dsec_err *err);
+    /* Create n children of sb from its state now. ids[i] names child i.
+     * children[] and states[] are caller arrays of n slots; on success each
+     * holds a handle and a caller-owned backend_state. On failure no child
+     * exists and the slots are NULL. */
+    int (*fork)(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                dsec_sandbox **children, char **states, dsec_err *err);
+    int (*pause)(void *self, dsec_sandbox *sb, dsec_err *err);
+    int (*resume)(void *self, dsec_sandbox *sb, dsec_err *err);
+    /* Save the sandbox to the file or directory at path (created). */
+    int (*snapshot)(void *self, dsec_sandbox *sb, const char *path, dsec_err *err);
+    /* Start a new sandbox described by spec from the snapshot at path; out
+     * parameters as for create. */
+    int (*restore)(void *self, const dsec_sandbox_spec *spec, const char *path, dsec_sandbox **out,
+                   char **backend_state, dsec_err *err);
+    /* Stop the sandbox and free everything it holds. On success the handle
+     * is gone; on failure it stays valid (the caller may retry). */
+    int (*destroy)(void *self, dsec_sandbox *sb, dsec_err *err);
+    int (*stats)(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
+    /* Re-attach to a sandbox that outlived its node manager, from the spec
+     * and backend_state persisted at create time. */
+    int (*adopt)(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
+                 dsec_sandbox **out, dsec_err *err);
+    /* Forget the handle but leave the sandbox running (node manager shutdown,
+     * so a later adopt finds it). Never fails. */
+    void (*detach)(void *self, dsec_sandbox *sb);
+} dsec_backend_ops;
+
+/* ---- instances and the call wrappers ----------------------------------------
+ * The wrappers check arguments, turn a NULL op into DSEC_E_UNSUPPORTED
+ * ("sandbox type "function" does not support snapshot") and call through. */
+
+/* Open an instance of ops on this node. *out is owned by the caller and freed
+ * with dsec_backend_free. ops must outlive the instance (they are static). */
+int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,
+                     const dsec_backend_config *cfg, dsec_err *err);
+/* Close an instance; NULL is a no-op. Sandboxes must be destroyed or detached. */
+void dsec_backend_free(dsec_backend *be);
+const char *dsec_backend_type(const dsec_backend *be);
+
+int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                        char **backend_state, dsec_err *err);
+int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
+                      dsec_exec_result *res, dsec_err *err);
+int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                            const void *data, size_t len, uint32_t mode, bool append,
+                            dsec_err *err);
+int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,
+                           uint64_t max, dsec_file_data *out, dsec_err *err);
+int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                           dsec_file_entry **entries, size_t *n, dsec_err *err);
+int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                      dsec_sandbox **children, char **states, dsec_err *err);
+int dsec_backend_pause(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
+int dsec_backend_resume(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
+int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, dsec_err *err);
+int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,
+                         dsec_sandbox **out, char **backend_state, dsec_err *err);
+int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
+int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out,
+                       dsec_err *err);
+int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const char *backend_state,
+                       dsec_sandbox **out, dsec_err *err);
+void dsec_backend_detach(dsec_backend *be, dsec_sandbox *sb);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

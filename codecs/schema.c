@@ -1,0 +1,355 @@
+/* schema.c - the field tables of every wire message: names, kinds, limits, docs. */
+#include <stdbool.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "codecs/codec.h"
+#include "codecs/msg.h"
+
+/* Limits shared by many fields (bytes unless said otherwise). */
+enum {
+    L_NAME = 64,        /* ids and names: req_id, id, node, cell, tenant, type, state, ... */
+    L_LONG = 256,       /* longer names: rollout ids, env names, users, labels */
+    L_SUBJECT = 1024,   /* NATS subjects */
+    L_PATH = 4096,      /* file paths */
+    L_TEXT = 4096,      /* human messages */
+    L_ARGV = 4096,      /* argv items */
+    L_ARG = 131072,     /* one argv or env string: Linux's MAX_ARG_STRLEN */
+    L_SET = 256,        /* items in label maps and small lists */
+    L_NODES = 1024,     /* node names in one list */
+};
+
+#define F_(k, st, mem, wire, req, len, lo, hi, sub, item, d)                                     \
+    {                                                                                          \
+        .name = (wire), .kind = (k), .required = (req), .offset = offsetof(st, mem),           \
+        .max_len = (len), .min = (lo), .max = (hi), .sub_type = (sub), .max_item = (item),     \
+        .doc = (d)                                                                             \
+    }
+#define FSTR(st, mem, wire, req, len, d) F_(DSEC_F_STR, st, mem, wire, req, len, 0, 0, 0, 0, d)
+#define FBIN(st, mem, wire, d) F_(DSEC_F_BIN, st, mem, wire, false, 0, 0, 0, 0, 0, d)
+#define FU64(st, mem, wire, req, lo, hi, d) F_(DSEC_F_U64, st, mem, wire, req, 0, lo, hi, 0, 0, d)
+#define FI64(st, mem, wire, lo, hi, d) F_(DSEC_F_I64, st, mem, wire, false, 0, lo, hi, 0, 0, d)
+#define FBOOL(st, mem, wire, d) F_(DSEC_F_BOOL, st, mem, wire, false, 0, 0, 0, 0, 0, d)
+#define FSTRV(st, mem, wire, req, items, item, d)                                               \
+    F_(DSEC_F_STRV, st, mem, wire, req, items, 0, 0, 0, item, d)
+#define FKV(st, mem, wire, items, item, d) F_(DSEC_F_KV, st, mem, wire, false, items, 0, 0, 0, item, d)
+#define FLIST(st, mem, wire, sub, d) F_(DSEC_F_LIST, st, mem, wire, false, 0, 0, 0, sub, 0, d)
+
+#define NF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const dsec_field error_fields[] = {
+    FSTR(dsec_msg_error, code, "code", true, L_NAME, "error code name (see Error codes)"),
+    FSTR(dsec_msg_error, message, "message", true, L_TEXT, "what failed, for humans"),
+    FBOOL(dsec_msg_error, retry_safe, "retry_safe", "repeating the request cannot do harm"),
+    FSTR(dsec_msg_error, field, "field", false, L_LONG, "the offending request field, if any"),
+    FSTR(dsec_msg_error, req_id, "req_id", false, L_NAME, "the request's req_id, if any"),
+};
+
+static const dsec_field ping_fields[] = {
+    FU64(dsec_msg_ping, seq, "seq", true, 0, 0, "sequence number, echoed in the pong"),
+    FU64(dsec_msg_ping, sent_ns, "sent_ns", false, 0, 0, "sender's clock (ns since epoch)"),
+    FSTR(dsec_msg_ping, note, "note", false, L_TEXT, "free text, echoed"),
+};
+
+static const dsec_field pong_fields[] = {
+    FU64(dsec_msg_pong, seq, "seq", true, 0, 0, "the ping's seq"),
+    FU64(dsec_msg_pong, sent_ns, "sent_ns", false, 0, 0, "the ping's sent_ns"),
+    FSTR(dsec_msg_pong, actor, "actor", false, L_LONG, "who answered"),
+};
+
+/* The create fields, shared by create and place (which flattens them). pfx
+ * is the member path of the create struct inside st ("c." for place). */
+#define CREATE_FIELDS(st, pfx)                                                                 \
+    FSTR(st, pfx req_id, "req_id", true, L_NAME, "idempotency key: a retry reuses it"),       \
+    FSTR(st, pfx tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),            \
+    FSTR(st, pfx project, "project", false, L_NAME, "project, for accounting"),               \
+    FSTR(st, pfx type, "type", false, L_NAME,                                                  \
+         "function, container, microvm, vm or sim; absent: the lightest that fits requires"), \
+    FSTRV(st, pfx requires, "requires", false, 64, L_NAME,                                     \
+          "capabilities: own_kernel, nested_containers, gui, persistence, isolation:N, ..."),  \
+    FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                      \
+    FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"), \
+    FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                \
+    FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk in MiB"),                    \
+    FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),  \
+    FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),    \
+    FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
+    FKV(st, pfx affinity, "affinity", L_SET, L_LONG, "node labels the node must carry"),       \
+    FSTR(st, pfx cell, "cell", false, L_NAME, "pin to this cell; absent: any cell"),          \
+    FSTR(st, pfx cls, "class", false, L_NAME, "rollout, job or batch (rollouts are never preempted)"), \
+    FI64(st, pfx priority, "priority", 0, 0, "higher is placed first"),                       \
+    FSTR(st, pfx rollout_id, "rollout_id", false, L_LONG, "the rollout this sandbox serves"), \
+    FSTRV(st, pfx net, "net", false, L_NODES, L_LONG,                                          \
+          "network policy: allowed mirrors, domains or address ranges"),                     \
+    FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                   \
+    FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry")
+
+static const dsec_field create_fields[] = {
+    CREATE_FIELDS(dsec_msg_create, ),
+};
+
+static const dsec_field place_fields[] = {
+    CREATE_FIELDS(dsec_msg_place, c.),
+    FSTR(dsec_msg_place, reply_to, "reply_to", true, L_SUBJECT,
+         "the client's reply subject: the node answers `created` there"),
+    FU64(dsec_msg_place, attempt, "attempt", false, 0, 64, "1-based placement attempt"),
+    FSTR(dsec_msg_place, scheduler, "scheduler", false, L_LONG, "the scheduler that placed it"),
+    FSTRV(dsec_msg_place, tried, "tried", false, L_NODES, L_NAME, "nodes that already refused"),
+    FSTR(dsec_msg_place, reason, "reason", false, L_TEXT, "in a refusal: why the node refused"),
+};
+_Static_assert(NF(place_fields) <= 64, "the decoder tracks fields in a 64-bit set");
+
+static const dsec_field created_fields[] = {
+    FSTR(dsec_msg_created, id, "id", true, L_NAME, "sandbox id `<node>-<16 hex>`"),
+    FSTR(dsec_msg_created, node, "node", true, L_NAME, "the node that owns it"),
+    FSTR(dsec_msg_created, type, "type", true, L_NAME, "the sandbox type started"),
+    FSTR(dsec_msg_created, state, "state", false, L_NAME, "its state (see sandbox_event)"),
+    FSTR(dsec_msg_created, cell, "cell", false, L_NAME, "the node's cell"),
+    FSTR(dsec_msg_created, req_id, "req_id", false, L_NAME, "the create's req_id"),
+    FBOOL(dsec_msg_created, existing, "existing", "true: req_id matched an earlier create"),
+};
+
+static const dsec_field op_fields[] = {
+    FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status or fork"),
+    FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
+    FSTR(dsec_msg_op, req_id, "req_id", false, L_NAME, "request id"),
+    FSTR(dsec_msg_op, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
+};
+
+static const dsec_field op_reply_fields[] = {
+    FSTR(dsec_msg_op_reply, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_op_reply, state, "state", false, L_NAME, "state after the op"),
+    FSTR(dsec_msg_op_reply, node, "node", false, L_NAME, "owning node"),
+    FSTR(dsec_msg_op_reply, type, "type", false, L_NAME, "sandbox type"),
+    FSTRV(dsec_msg_op_reply, ids, "ids", false, 1024, L_NAME, "fork: the children's ids"),
+    FKV(dsec_msg_op_reply, info, "info", L_SET, L_TEXT, "status: details"),
+};
+
+static const dsec_field exec_fields[] = {
+    FSTR(dsec_msg_exec, id, "id", true, L_NAME, "sandbox id"),
+    FSTRV(dsec_msg_exec, argv, "argv", true, L_ARGV, L_ARG, "the command and its arguments"),
+    FKV(dsec_msg_exec, env, "env", L_ARGV, L_ARG, "extra environment variables"),
+    FSTR(dsec_msg_exec, cwd, "cwd", false, L_PATH, "working directory"),
+    FBIN(dsec_msg_exec, stdin_data, "stdin", "bytes fed to standard input"),
+    FU64(dsec_msg_exec, timeout_ms, "timeout_ms", false, 0, 0, "kill after this long; 0: none"),
+    FSTR(dsec_msg_exec, user, "user", false, L_LONG, "run as this user"),
+    FSTR(dsec_msg_exec, req_id, "req_id", false, L_NAME, "request id"),
+    FSTR(dsec_msg_exec, rollout_id, "rollout_id", false, L_LONG, "trajectory log: the rollout"),
+    FU64(dsec_msg_exec, step, "step", false, 0, 0, "trajectory log: the step in the rollout"),
+};
+
+static const dsec_field exec_result_fields[] = {
+    FSTR(dsec_msg_exec_result, id, "id", true, L_NAME, "sandbox id"),
+    FI64(dsec_msg_exec_result, exit_code, "exit_code", -1, 255, "exit status; -1: none (signal)"),
+    FI64(dsec_msg_exec_result, signal, "signal", 0, 64, "the signal that ended it; 0: none"),
+    FBIN(dsec_msg_exec_result, stdout_data, "stdout", "standard output"),
+    FBIN(dsec_msg_exec_result, stderr_data, "stderr", "standard error"),
+    FBOOL(dsec_msg_exec_result, stdout_truncated, "stdout_truncated", "stdout was cut"),
+    FBOOL(dsec_msg_exec_result, stderr_truncated, "stderr_truncated", "stderr was cut"),
+    FU64(dsec_msg_exec_result, duration_us, "duration_us", false, 0, 0, "run time in µs"),
+    FBOOL(dsec_msg_exec_result, timed_out, "timed_out", "killed by timeout_ms"),
+};
+
+static const dsec_field file_write_fields[] = {
+    FSTR(dsec_msg_file_write, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_write, path, "path", true, L_PATH, "file path in the sandbox"),
+    FBIN(dsec_msg_file_write, data, "data", "the bytes to write"),
+    FU64(dsec_msg_file_write, mode, "mode", false, 0, 07777, "permission bits; 0: 0644"),
+    FBOOL(dsec_msg_file_write, append, "append", "append instead of replacing"),
+};
+
+static const dsec_field file_read_fields[] = {
+    FSTR(dsec_msg_file_read, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_read, path, "path", true, L_PATH, "file path in the sandbox"),
+    FU64(dsec_msg_file_read, offset, "offset", false, 0, 0, "first byte to read"),
+    FU64(dsec_msg_file_read, max, "max", false, 0, 0, "most bytes to return; 0: the limit"),
+};
+
+static const dsec_field file_data_fields[] = {
+    FSTR(dsec_msg_file_data, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_data, path, "path", true, L_PATH, "file path in the sandbox"),
+    FBIN(dsec_msg_file_data, data, "data", "the bytes read (absent for a write)"),
+    FU64(dsec_msg_file_data, size, "size", false, 0, 0, "file size after the operation"),
+    FBOOL(dsec_msg_file_data, eof, "eof", "data reaches the end of the file"),
+};
+
+static const dsec_field file_list_fields[] = {
+    FSTR(dsec_msg_file_list, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_list, path, "path", true, L_PATH, "directory path in the sandbox"),
+};
+
+static const dsec_field file_entry_fields[] = {
+    FSTR(dsec_msg_file_entry, name, "name", true, L_PATH, "entry name"),
+    FSTR(dsec_msg_file_entry, kind, "kind", false, L_NAME, "file, dir, link or other"),
+    FU64(dsec_msg_file_entry, size, "size", false, 0, 0, "size in bytes"),
+    FU64(dsec_msg_file_entry, mode, "mode", false, 0, 0, "mode bits"),
+    FI64(dsec_msg_file_entry, mtime, "mtime", 0, 0, "modification time, s since epoch"),
+};
+
+static const dsec_field file_list_reply_fields[] = {
+    FSTR(dsec_msg_file_list_reply, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_list_reply, path, "path", false, L_PATH, "the directory listed"),
+    FLIST(dsec_msg_file_list_reply, entries, "entries", DSEC_MSG_FILE_ENTRY,
+          "the entries: maps of the file_entry fields"),
+};
+
+static const dsec_field sandbox_event_fields[] = {
+    FSTR(dsec_msg_sandbox_event, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_sandbox_event, state, "state", true, L_NAME,
+         "requested, starting, running, paused, stopping, gone or failed"),
+    FSTR(dsec_msg_sandbox_event, prev, "prev", false, L_NAME, "the state before"),
+    FSTR(dsec_msg_sandbox_event, node, "node", false, L_NAME, "owning node"),
+    FSTR(dsec_msg_sandbox_event, type, "type", false, L_NAME, "sandbox type"),
+    FSTR(dsec_msg_sandbox_event, tenant, "tenant", false, L_NAME, "owning tenant"),
+    FU64(dsec_msg_sandbox_event, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+    FSTR(dsec_msg_sandbox_event, reason, "reason", false, L_TEXT, "why (failures, reclaims)"),
+};
+
+static const dsec_field node_announce_fields[] = {
+    FSTR(dsec_msg_node_announce, node, "node", true, L_NAME, "node name"),
+    FSTR(dsec_msg_node_announce, cell, "cell", true, L_NAME, "its cell"),
+    FSTRV(dsec_msg_node_announce, types, "types", false, 64, L_NAME, "sandbox types offered"),
+    FKV(dsec_msg_node_announce, labels, "labels", L_SET, L_LONG, "node labels (affinity)"),
+    FU64(dsec_msg_node_announce, cpu_milli, "cpu_milli", false, 0, 0, "total CPU, thousandths"),
+    FU64(dsec_msg_node_announce, memory_mb, "memory_mb", false, 0, 0, "total memory, MiB"),
+    FU64(dsec_msg_node_announce, slots, "slots", false, 0, 0, "most sandboxes it will hold"),
+    FU64(dsec_msg_node_announce, started_ns, "started_ns", false, 0, 0, "when it started"),
+};
+
+static const dsec_field capacity_fields[] = {
+    FSTR(dsec_msg_capacity, node, "node", true, L_NAME, "node name"),
+    FSTR(dsec_msg_capacity, cell, "cell", false, L_NAME, "its cell"),
+    FU64(dsec_msg_capacity, seq, "seq", true, 0, 0, "per-node sequence; older reports are ignored"),
+    FBOOL(dsec_msg_capacity, full, "full", "a full report: totals, types, labels, layers set"),
+    FU64(dsec_msg_capacity, cpu_free_milli, "cpu_free_milli", false, 0, 0, "free CPU"),
+    FU64(dsec_msg_capacity, mem_free_mb, "mem_free_mb", false, 0, 0, "free memory, MiB"),
+    FU64(dsec_msg_capacity, slots_free, "slots_free", false, 0, 0, "free sandbox slots"),
+    FU64(dsec_msg_capacity, live, "live", false, 0, 0, "sandboxes alive"),
+    FU64(dsec_msg_capacity, cpu_milli, "cpu_milli", false, 0, 0, "full: total CPU"),
+    FU64(dsec_msg_capacity, memory_mb, "memory_mb", false, 0, 0, "full: total memory, MiB"),
+    FU64(dsec_msg_capacity, slots, "slots", false, 0, 0, "full: total slots"),
+    FSTRV(dsec_msg_capacity, types, "types", false, 64, L_NAME, "full: sandbox types offered"),
+    FKV(dsec_msg_capacity, labels, "labels", L_SET, L_LONG, "full: node labels"),
+    FSTRV(dsec_msg_capacity, layers, "layers", false, L_ARGV, L_LONG,
+          "full: layer digests in the node's cache (locality)"),
+    FU64(dsec_msg_capacity, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field heartbeat_fields[] = {
+    FSTR(dsec_msg_heartbeat, node, "node", true, L_NAME, "node name"),
+    FSTR(dsec_msg_heartbeat, cell, "cell", false, L_NAME, "its cell"),
+    FU64(dsec_msg_heartbeat, seq, "seq", false, 0, 0, "per-node sequence"),
+    FU64(dsec_msg_heartbeat, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field cell_summary_fields[] = {
+    FSTR(dsec_msg_cell_summary, cell, "cell", true, L_NAME, "cell name"),
+    FU64(dsec_msg_cell_summary, nodes, "nodes", false, 0, 0, "healthy nodes"),
+    FU64(dsec_msg_cell_summary, cpu_free_milli, "cpu_free_milli", false, 0, 0, "free CPU"),
+    FU64(dsec_msg_cell_summary, mem_free_mb, "mem_free_mb", false, 0, 0, "free memory, MiB"),
+    FU64(dsec_msg_cell_summary, slots_free, "slots_free", false, 0, 0, "free sandbox slots"),
+    FU64(dsec_msg_cell_summary, live, "live", false, 0, 0, "sandboxes alive"),
+    FSTRV(dsec_msg_cell_summary, types, "types", false, 64, L_NAME, "sandbox types offered"),
+    FU64(dsec_msg_cell_summary, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field sandbox_events_fields[] = {
+    FSTR(dsec_msg_sandbox_events, node, "node", true, L_NAME, "the node whose sandboxes these are"),
+    FSTR(dsec_msg_sandbox_events, cell, "cell", false, L_NAME, "its cell"),
+    FLIST(dsec_msg_sandbox_events, events, "events", DSEC_MSG_SANDBOX_EVENT,
+          "transitions in order: maps of the sandbox_event fields"),
+};
+
+#define SCHEMA(t, wire, st, f)                                                                 \
+    [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
+
+static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
+    SCHEMA(DSEC_MSG_ERROR, "error", dsec_msg_error, error_fields),
+    SCHEMA(DSEC_MSG_PING, "ping", dsec_msg_ping, ping_fields),
+    SCHEMA(DSEC_MSG_PONG, "pong", dsec_msg_pong, pong_fields),
+    SCHEMA(DSEC_MSG_CREATE, "create", dsec_msg_create, create_fields),
+    SCHEMA(DSEC_MSG_PLACE, "place", dsec_msg_place, place_fields),
+    SCHEMA(DSEC_MSG_CREATED, "created", dsec_msg_created, created_fields),
+    SCHEMA(DSEC_MSG_OP, "op", dsec_msg_op, op_fields),
+    SCHEMA(DSEC_MSG_OP_REPLY, "op_reply", dsec_msg_op_reply, op_reply_fields),
+    SCHEMA(DSEC_MSG_EXEC, "exec", dsec_msg_exec, exec_fields),
+    SCHEMA(DSEC_MSG_EXEC_RESULT, "exec_result", dsec_msg_exec_result, exec_result_fields),
+    SCHEMA(DSEC_MSG_FILE_WRITE, "file_write", dsec_msg_file_write, file_write_fields),
+    SCHEMA(DSEC_MSG_FILE_READ, "file_read", dsec_msg_file_read, file_read_fields),
+    SCHEMA(DSEC_MSG_FILE_DATA, "file_data", dsec_msg_file_data, file_data_fields),
+    SCHEMA(DSEC_MSG_FILE_LIST, "file_list", dsec_msg_file_list, file_list_fields),
+    SCHEMA(DSEC_MSG_FILE_LIST_REPLY, "file_list_reply", dsec_msg_file_list_reply,
+           file_list_reply_fields),
+    SCHEMA(DSEC_MSG_FILE_ENTRY, "file_entry", dsec_msg_file_entry, file_entry_fields),
+    SCHEMA(DSEC_MSG_SANDBOX_EVENT, "sandbox_event", dsec_msg_sandbox_event, sandbox_event_fields),
+    SCHEMA(DSEC_MSG_NODE_ANNOUNCE, "node_announce", dsec_msg_node_announce, node_announce_fields),
+    SCHEMA(DSEC_MSG_CAPACITY, "capacity", dsec_msg_capacity, capacity_fields),
+    SCHEMA(DSEC_MSG_HEARTBEAT, "heartbeat", dsec_msg_heartbeat, heartbeat_fields),
+    SCHEMA(DSEC_MSG_CELL_SUMMARY, "cell_summary", dsec_msg_cell_summary, cell_summary_fields),
+    SCHEMA(DSEC_MSG_SANDBOX_EVENTS, "sandbox_events", dsec_msg_sandbox_events,
+           sandbox_events_fields),
+};
+
+const dsec_schema *dsec_schema_of(int type)
+{
+    if (type <= DSEC_MSG_NONE || type >= DSEC_MSG_TYPE_MAX_)
+        return NULL;
+    return &schemas[type];
+}
+
+int dsec_msg_type_from_name(const char *name)
+{
+    if (name == NULL)
+        return DSEC_MSG_NONE;
+    for (int t = DSEC_MSG_NONE + 1; t < DSEC_MSG_TYPE_MAX_; t++)
+        if (strcmp(schemas[t].name, name) == 0)
+            return t;
+    return DSEC_MSG_NONE;
+}
+
+const char *dsec_msg_type_name(int type)
+{
+    const dsec_schema *s = dsec_schema_of(type);
+    return s != NULL ? s->name : "none";
+}
+
+static bool name_is(const char *fn, const char *name, size_t n)
+{
+    return fn[0] == name[0] && strlen(fn) == n && memcmp(fn, name, n) == 0;
+}
+
+const dsec_field *dsec__field_find(const dsec_schema *s, const char *name, size_t n, size_t *hint)
+{
+    if (n == 0)
+        return NULL;
+    /* Senders usually write fields in schema order (dsec_encode does), so
+     * start where the last match left off: one comparison per field. */
+    for (size_t k = 0; k < s->nfields; k++) {
+        size_t i = (*hint + k) % s->nfields;
+        if (name_is(s->fields[i].name, name, n)) {
+            *hint = i + 1;
+            return &s->fields[i];
+        }
+    }
+    return NULL;
+}
+
+uint32_t dsec__field_limit(const dsec_field *f, const dsec_codec_limits *lim)
+{
+    if (f->max_len != 0)
+        return f->max_len;
+    switch (f->kind) {
+    case DSEC_F_STR:
+        return lim->max_str;
+    case DSEC_F_BIN:
+        return lim->max_bin;
+    default:
+        return lim->max_items;
+    }
+}
+
+uint32_t dsec__item_limit(const dsec_field *f, const dsec_codec_limits *lim)
+{
+    return f->max_item != 0 ? f->max_item : lim->max_str;
+}

@@ -1,0 +1,9 @@
+# Bus tests: integration tests against a real nats-server started by
+# dsec_natsd in a fresh temp dir. One CTest entry per test group.
+add_executable(test_bus ${CMAKE_CURRENT_LIST_DIR}/test_bus.c)
+target_link_libraries(test_bus PRIVATE dsec_bus dsec_common PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+foreach(group natsd actor order request timeout restart drain overflow conn)
+  add_test(NAME bus_${group} COMMAND test_bus ${group})
+  set_tests_properties(bus_${group} PROPERTIES TIMEOUT 120 LABELS bus)
+endforeach()

@@ -1,0 +1,6 @@
+# Control plane: journal, config, and the cell end to end against a real nats-server.
+foreach(t journal config)
+  add_executable(test_${t} test_${t}.c)
+  target_link_libraries(test_${t} PRIVATE dsec_actors PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+  add_test(NAME ${t} COMMAND test_${t})
+endforeach()

@@ -1,0 +1,443 @@
+/* cli.c - dsec subcommands that drive sandboxes through libdsec: create, exec, cp, ls, fork, pause, resume, rm, status. */
+#include "tools/cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+
+#define MAX_ITEMS 64
+
+static int fail(const char *cmd, const dsec_err *err)
+{
+    fprintf(stderr, "dsec %s: %s (%s%s)\n", cmd, err->msg, dsec_code_name(err->code),
+            dsec_code_retry_safe(err->code) ? ", safe to retry" : "");
+    return err->code == DSEC_E_INVALID ? 2 : 1;
+}
+
+static int usage(const char *cmd, const char *text)
+{
+    fprintf(stderr, "usage: dsec %s %s\n", cmd, text);
+    return 2;
+}
+
+static dsec_client *connect_or_die(const char *cmd)
+{
+    dsec_client *c = NULL;
+    dsec_err err;
+    if (dsec_client_connect(&c, NULL, &err) < 0) {
+        fprintf(stderr, "dsec %s: cannot reach the bus at %s: %s\n", cmd,
+                getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222", err.msg);
+        return NULL;
+    }
+    return c;
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (s[0] == '\0' || s[0] == '-' || *end != '\0' || errno != 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* "512", "512M", "2G" -> MiB */
+static bool parse_mem(const char *s, uint64_t *mb)
+{
+    char buf[64];
+    size_t n = strlen(s);
+    if (n == 0 || n >= sizeof buf)
+        return false;
+    memcpy(buf, s, n + 1);
+    uint64_t mult = 1;
+    char last = buf[n - 1];
+    if (last == 'G' || last == 'g')
+        mult = 1024;
+    if (last == 'G' || last == 'g' || last == 'M' || last == 'm')
+        buf[n - 1] = '\0';
+    uint64_t v;
+    if (!parse_u64(buf, &v))
+        return false;
+    *mb = v * mult;
+    return true;
+}
+
+/* "1.5" cores or "1500m" -> milli-CPU */
+static bool parse_cpu(const char *s, uint64_t *milli)
+{
+    size_t n = strlen(s);
+    if (n > 1 && s[n - 1] == 'm') {
+        char buf[64];
+        if (n >= sizeof buf)
+            return false;
+        memcpy(buf, s, n - 1);
+        buf[n - 1] = '\0';
+        return parse_u64(buf, milli);
+    }
+    char *end;
+    double v = strtod(s, &end);
+    if (*end != '\0' || v < 0 || v > 1000)
+        return false;
+    *milli = (uint64_t)(v * 1000.0 + 0.5);
+    return true;
+}
+
+static void split_commas(char *s, const char **out, size_t max)
+{
+    size_t n = 0;
+    for (char *save = NULL, *t = strtok_r(s, ",", &save); t && n + 1 < max; t = strtok_r(NULL, ",", &save))
+        out[n++] = t;
+    out[n] = NULL;
+}
+
+int dsec_cli_create(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"type", required_argument, 0, 't'},   {"requires", required_argument, 0, 'R'},
+        {"env", required_argument, 0, 'e'},    {"cpu", required_argument, 0, 'c'},
+        {"memory", required_argument, 0, 'm'}, {"ttl", required_argument, 0, 'T'},
+        {"idle", required_argument, 0, 'I'},   {"label", required_argument, 0, 'l'},
+        {"affinity", required_argument, 0, 'a'}, {"cell", required_argument, 0, 'C'},
+        {"class", required_argument, 0, 'k'},  {"req-id", required_argument, 0, 'r'},
+        {"rollout", required_argument, 0, 'o'}, {"net", required_argument, 0, 'n'},
+        {0, 0, 0, 0}};
+    const char *use = "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
+                      "[--memory MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
+                      "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]...";
+    dsec_create_spec spec = {0};
+    const char *req[MAX_ITEMS] = {0}, *labels[MAX_ITEMS] = {0}, *aff[MAX_ITEMS] = {0},
+               *net[MAX_ITEMS] = {0};
+    size_t nl = 0, na = 0, nn = 0;
+    char reqbuf[1024] = "";
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "t:", opts, NULL)) != -1) {
+        switch (ch) {
+        case 't': spec.type = optarg; break;
+        case 'R':
+            snprintf(reqbuf, sizeof reqbuf, "%s", optarg);
+            split_commas(reqbuf, req, MAX_ITEMS);
+            spec.requires = req;
+            break;
+        case 'e': spec.env = optarg; break;
+        case 'c':
+            if (!parse_cpu(optarg, &spec.cpu_milli)) {
+                fprintf(stderr, "dsec create: --cpu \"%s\": give cores (1.5) or milli-CPU (1500m)\n", optarg);
+                return 2;
+            }
+            break;
+        case 'm':
+            if (!parse_mem(optarg, &spec.memory_mb)) {
+                fprintf(stderr, "dsec create: --memory \"%s\": give MiB (512) or 512M / 2G\n", optarg);
+                return 2;
+            }
+            break;
+        case 'T':
+        case 'I':
+            if (!parse_u64(optarg, ch == 'T' ? &spec.ttl_s : &spec.idle_s)) {
+                fprintf(stderr, "dsec create: --%s \"%s\": give whole seconds\n", ch == 'T' ? "ttl" : "idle", optarg);
+                return 2;
+            }
+            break;
+        case 'l': if (nl + 1 < MAX_ITEMS) labels[nl++] = optarg; spec.labels = labels; break;
+        case 'a': if (na + 1 < MAX_ITEMS) aff[na++] = optarg; spec.affinity = aff; break;
+        case 'n': if (nn + 1 < MAX_ITEMS) net[nn++] = optarg; spec.net = net; break;
+        case 'C': spec.cell = optarg; break;
+        case 'k': spec.cls = optarg; break;
+        case 'r': spec.req_id = optarg; break;
+        case 'o': spec.rollout_id = optarg; break;
+        default: return usage("create", use);
+        }
+    }
+    if (optind != argc)
+        return usage("create", use);
+    dsec_client *c = connect_or_die("create");
+    if (c == NULL)
+        return 1;
+    dsec_sandbox_info info;
+    dsec_err err;
+    int rc = dsec_create(c, &spec, &info, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("create", &err);
+    printf("%s\n", info.id);
+    return 0;
+}
+
+int dsec_cli_exec(int argc, char **argv)
+{
+    static const struct option opts[] = {{"timeout", required_argument, 0, 't'},
+                                         {"cwd", required_argument, 0, 'w'},
+                                         {"env", required_argument, 0, 'e'},
+                                         {"user", required_argument, 0, 'u'},
+                                         {"stdin", no_argument, 0, 'i'},
+                                         {0, 0, 0, 0}};
+    const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] -- CMD [ARG]...";
+    dsec_exec_opts o = {0};
+    const char *env[MAX_ITEMS] = {0};
+    size_t ne = 0;
+    bool with_stdin = false;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+        switch (ch) {
+        case 't':
+            if (!parse_u64(optarg, &o.timeout_ms))
+                return usage("exec", use);
+            break;
+        case 'w': o.cwd = optarg; break;
+        case 'e': if (ne + 1 < MAX_ITEMS) env[ne++] = optarg; o.env = env; break;
+        case 'u': o.user = optarg; break;
+        case 'i': with_stdin = true; break;
+        default: return usage("exec", use);
+        }
+    }
+    if (optind + 2 > argc)
+        return usage("exec", use);
+    const char *id = argv[optind++];
+    if (strcmp(argv[optind], "--") == 0)
+        optind++;
+    if (optind >= argc)
+        return usage("exec", use);
+    o.argv = (const char *const *)&argv[optind];
+    char *in = NULL;
+    size_t inlen = 0;
+    if (with_stdin) {
+        size_t cap = 0;
+        for (;;) {
+            if (inlen == cap) {
+                cap = cap ? cap * 2 : 65536;
+                if (cap > (8u << 20)) {
+                    fprintf(stderr, "dsec exec: stdin larger than 8 MiB\n");
+                    dsec_free(in);
+                    return 2;
+                }
+                char *ni = dsec_realloc(in, cap);
+                if (ni == NULL) {
+                    dsec_free(in);
+                    return 1;
+                }
+                in = ni;
+            }
+            size_t r = fread(in + inlen, 1, cap - inlen, stdin);
+            inlen += r;
+            if (r == 0)
+                break;
+        }
+        o.stdin_data = in;
+        o.stdin_len = inlen;
+    }
+    dsec_client *c = connect_or_die("exec");
+    if (c == NULL) {
+        dsec_free(in);
+        return 1;
+    }
+    dsec_exec_reply r;
+    dsec_err err;
+    int rc = dsec_exec(c, id, &o, &r, &err);
+    dsec_client_free(c);
+    dsec_free(in);
+    if (rc < 0)
+        return fail("exec", &err);
+    fwrite(r.out, 1, r.out_len, stdout);
+    fwrite(r.err_out, 1, r.err_len, stderr);
+    if (r.out_truncated)
+        fprintf(stderr, "dsec exec: stdout was truncated\n");
+    if (r.err_truncated)
+        fprintf(stderr, "dsec exec: stderr was truncated\n");
+    if (r.timed_out)
+        fprintf(stderr, "dsec exec: timed out\n");
+    int code = r.signal ? 128 + r.signal : r.exit_code;
+    dsec_exec_reply_release(&r);
+    fflush(stdout);
+    return code;
+}
+
+/* "ID:/path" -> id, path; local paths have no ':' before the first '/'. */
+static bool remote(char *s, char **id, char **path)
+{
+    char *colon = strchr(s, ':');
+    char *slash = strchr(s, '/');
+    if (colon == NULL || (slash && slash < colon))
+        return false;
+    *colon = '\0';
+    *id = s;
+    *path = colon + 1;
+    return true;
+}
+
+static int read_local(const char *path, char **data, size_t *len)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "dsec cp: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 65536, n = 0;
+    char *buf = dsec_malloc(cap);
+    while (buf) {
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0)
+            break;
+        if (n == cap) {
+            if (cap >= (8u << 20)) {
+                fprintf(stderr, "dsec cp: %s: larger than 8 MiB\n", path);
+                dsec_free(buf);
+                buf = NULL;
+                break;
+            }
+            char *nb = dsec_realloc(buf, cap * 2);
+            if (nb == NULL) {
+                dsec_free(buf);
+                buf = NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (f != stdin)
+        fclose(f);
+    if (buf == NULL)
+        return -1;
+    *data = buf;
+    *len = n;
+    return 0;
+}
+
+int dsec_cli_cp(int argc, char **argv)
+{
+    const char *use = "LOCAL ID:/PATH | ID:/PATH LOCAL   (LOCAL may be - for stdin/stdout)";
+    if (argc != 3)
+        return usage("cp", use);
+    char *id, *path;
+    dsec_err err;
+    dsec_client *c;
+    if (remote(argv[2], &id, &path)) {
+        char *data;
+        size_t len;
+        if (read_local(argv[1], &data, &len) < 0)
+            return 1;
+        if ((c = connect_or_die("cp")) == NULL) {
+            dsec_free(data);
+            return 1;
+        }
+        int rc = dsec_file_write(c, id, path, data, len, 0644, &err);
+        dsec_free(data);
+        dsec_client_free(c);
+        return rc < 0 ? fail("cp", &err) : 0;
+    }
+    if (!remote(argv[1], &id, &path))
+        return usage("cp", use);
+    if ((c = connect_or_die("cp")) == NULL)
+        return 1;
+    uint8_t *data;
+    size_t len;
+    int rc = dsec_file_read(c, id, path, &data, &len, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("cp", &err);
+    FILE *f = strcmp(argv[2], "-") == 0 ? stdout : fopen(argv[2], "wb");
+    if (f == NULL) {
+        fprintf(stderr, "dsec cp: %s: %s\n", argv[2], strerror(errno));
+        dsec_free(data);
+        return 1;
+    }
+    size_t w = fwrite(data, 1, len, f);
+    dsec_free(data);
+    if ((f != stdout && fclose(f) != 0) || w != len) {
+        fprintf(stderr, "dsec cp: writing %s failed\n", argv[2]);
+        return 1;
+    }
+    return 0;
+}
+
+int dsec_cli_ls(int argc, char **argv)
+{
+    if (argc < 2 || argc > 3)
+        return usage("ls", "ID [PATH]");
+    dsec_client *c = connect_or_die("ls");
+    if (c == NULL)
+        return 1;
+    dsec_dirent *e;
+    size_t n;
+    dsec_err err;
+    int rc = dsec_file_list(c, argv[1], argc == 3 ? argv[2] : "/", &e, &n, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("ls", &err);
+    for (size_t i = 0; i < n; i++)
+        printf("%-5s %04" PRIo64 " %10" PRIu64 " %s\n", e[i].kind, e[i].mode & 07777, e[i].size,
+               e[i].name);
+    dsec_dirents_free(e, n);
+    return 0;
+}
+
+int dsec_cli_fork(int argc, char **argv)
+{
+    const char *use = "ID [-n N]";
+    uint64_t n = 1;
+    int ch;
+    optind = 1;
+    while ((ch = getopt(argc, argv, "n:")) != -1) {
+        if (ch != 'n' || !parse_u64(optarg, &n) || n == 0 || n > 1024)
+            return usage("fork", use);
+    }
+    if (optind + 1 != argc)
+        return usage("fork", use);
+    dsec_client *c = connect_or_die("fork");
+    if (c == NULL)
+        return 1;
+    char **ids;
+    size_t nids;
+    dsec_err err;
+    int rc = dsec_fork(c, argv[optind], (unsigned)n, &ids, &nids, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("fork", &err);
+    for (size_t i = 0; i < nids; i++)
+        printf("%s\n", ids[i]);
+    dsec_strv_free(ids, nids);
+    return 0;
+}
+
+int dsec_cli_simple_op(int argc, char **argv)
+{
+    const char *cmd = argv[0];
+    if (argc < 2)
+        return usage(cmd, "ID...");
+    dsec_client *c = connect_or_die(cmd);
+    if (c == NULL)
+        return 1;
+    int status = 0;
+    for (int i = 1; i < argc; i++) {
+        dsec_err err;
+        int rc;
+        if (strcmp(cmd, "pause") == 0) {
+            rc = dsec_pause(c, argv[i], &err);
+        } else if (strcmp(cmd, "resume") == 0) {
+            rc = dsec_resume(c, argv[i], &err);
+        } else if (strcmp(cmd, "rm") == 0) {
+            rc = dsec_destroy(c, argv[i], &err);
+        } else {
+            dsec_sandbox_info info;
+            rc = dsec_status(c, argv[i], &info, &err);
+            if (rc == 0)
+                printf("%s\t%s\t%s\t%s\n", info.id, info.type, info.state, info.node);
+        }
+        if (rc < 0)
+            status = fail(cmd, &err);
+        else if (strcmp(cmd, "status") != 0)
+            printf("%s\n", argv[i]);
+    }
+    dsec_client_free(c);
+    return status;
+}

@@ -1,0 +1,24 @@
+/* cli.h - the subcommands of the dsec command-line tool, one function each. */
+#ifndef DSEC_TOOLS_CLI_H
+#define DSEC_TOOLS_CLI_H
+
+/* Each subcommand gets argv from its own name on (argv[0] is "decode") and
+ * returns the process exit code: 0 success, 1 the input or the operation
+ * failed, 2 usage or environment error. `dsec exec` returns the command's
+ * own exit code (128 + signal when it was killed). */
+int dsec_cli_decode(int argc, char **argv);
+int dsec_cli_up(int argc, char **argv);
+int dsec_cli_create(int argc, char **argv);
+int dsec_cli_exec(int argc, char **argv);
+int dsec_cli_cp(int argc, char **argv);
+int dsec_cli_ls(int argc, char **argv);
+int dsec_cli_fork(int argc, char **argv);
+int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
+int dsec_cli_top(int argc, char **argv);
+int dsec_cli_demo(int argc, char **argv);
+
+/* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
+void dsec_cli_block_signals(void);
+int dsec_cli_wait_for_signal(void);
+
+#endif

@@ -1,0 +1,54 @@
+/* dsec.c - the dsec command-line tool: dispatch `dsec <command> ...` to its subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"up", dsec_cli_up, "run an embedded one-node cell in the foreground"},
+    {"create", dsec_cli_create, "create a sandbox; prints its id"},
+    {"exec", dsec_cli_exec, "run a command in a sandbox: dsec exec ID -- CMD..."},
+    {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},
+    {"ls", dsec_cli_ls, "list a directory in a sandbox"},
+    {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},
+    {"pause", dsec_cli_simple_op, "pause sandboxes"},
+    {"resume", dsec_cli_simple_op, "resume sandboxes"},
+    {"rm", dsec_cli_simple_op, "destroy sandboxes"},
+    {"status", dsec_cli_simple_op, "show a sandbox's type, state and node"},
+    {"top", dsec_cli_top, "show the live cell: nodes, capacity, sandboxes, rates"},
+    {"decode", dsec_cli_decode, "print a msgpack payload from stdin as JSON"},
+    {"demo", dsec_cli_demo, "run the sample rollout workload on an embedded cell"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: dsec <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n`dsec <command> --help` describes one command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "dsec: unknown command \"%s\"\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,204 @@
+/* top.c - `dsec top`: the live cell from capacity and sandbox events. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actors/wire.h"
+#include "bus/bus.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "tools/cli.h"
+
+#define MAX_NODES 4096
+
+struct node_row {
+    char name[65], cell[65];
+    uint64_t cpu, mem, slots, cpu_free, mem_free, slots_free, live;
+    char types[128];
+    uint64_t seen_ms;
+};
+
+struct top {
+    pthread_mutex_t mu;
+    struct node_row nodes[MAX_NODES];
+    size_t nnodes;
+    uint64_t created, gone, failed, events; /* since start */
+    uint64_t by_type_running[8];
+    char type_names[8][32];
+    size_t ntypes;
+};
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static struct node_row *row_for(struct top *t, const char *name)
+{
+    for (size_t i = 0; i < t->nnodes; i++)
+        if (strcmp(t->nodes[i].name, name) == 0)
+            return &t->nodes[i];
+    if (t->nnodes == MAX_NODES)
+        return NULL;
+    struct node_row *r = &t->nodes[t->nnodes++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    return r;
+}
+
+static void on_capacity(struct top *t, dsec_msg *m)
+{
+    dsec_msg_capacity c;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) < 0)
+        return;
+    pthread_mutex_lock(&t->mu);
+    struct node_row *r = row_for(t, c.node);
+    if (r != NULL) {
+        snprintf(r->cell, sizeof r->cell, "%s", c.cell ? c.cell : "");
+        r->cpu_free = c.cpu_free_milli;
+        r->mem_free = c.mem_free_mb;
+        r->slots_free = c.slots_free;
+        r->live = c.live;
+        r->seen_ms = ms_now();
+        if (c.full) {
+            r->cpu = c.cpu_milli;
+            r->mem = c.memory_mb;
+            r->slots = c.slots;
+            size_t used = 0;
+            r->types[0] = '\0';
+            for (uint32_t i = 0; i < c.types.n && used < sizeof r->types; i++)
+                used += (size_t)snprintf(r->types + used, sizeof r->types - used, "%s%s",
+                                         i ? "," : "", c.types.v[i]);
+        }
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void on_events(struct top *t, dsec_msg *m)
+{
+    dsec_msg_sandbox_events b;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SANDBOX_EVENTS, dsec_msg_data(m), dsec_msg_len(m),
+                    &b, &err) < 0)
+        return;
+    pthread_mutex_lock(&t->mu);
+    const dsec_msg_sandbox_event *e = b.events.items;
+    for (uint32_t i = 0; i < b.events.n; i++) {
+        t->events++;
+        if (strcmp(e[i].state, "running") == 0 && e[i].prev && strcmp(e[i].prev, "paused") != 0)
+            t->created++;
+        else if (strcmp(e[i].state, "gone") == 0)
+            t->gone++;
+        else if (strcmp(e[i].state, "failed") == 0)
+            t->failed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    const char *type = dsec_msg_type(m);
+    if (type == NULL)
+        return;
+    if (strcmp(type, "capacity") == 0)
+        on_capacity(ud, m);
+    else if (strcmp(type, "sandbox_events") == 0)
+        on_events(ud, m);
+}
+
+static void render(struct top *t, bool clear, double secs, uint64_t created0, uint64_t gone0)
+{
+    pthread_mutex_lock(&t->mu);
+    if (clear)
+        printf("\033[H\033[2J");
+    uint64_t live = 0, cpu = 0, cpu_free = 0;
+    for (size_t i = 0; i < t->nnodes; i++) {
+        live += t->nodes[i].live;
+        cpu += t->nodes[i].cpu;
+        cpu_free += t->nodes[i].cpu_free;
+    }
+    printf("dsec top: %zu node(s), %" PRIu64 " sandboxes live, CPU %" PRIu64 "/%" PRIu64
+           " milli free; creates %.1f/s, destroys %.1f/s\n",
+           t->nnodes, live, cpu_free, cpu, secs > 0 ? (double)(t->created - created0) / secs : 0.0,
+           secs > 0 ? (double)(t->gone - gone0) / secs : 0.0);
+    printf("%-20s %-10s %8s %14s %14s %12s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
+           "MEM free/total", "SLOTS free", "TYPES");
+    uint64_t now = ms_now();
+    for (size_t i = 0; i < t->nnodes && i < 200; i++) {
+        struct node_row *r = &t->nodes[i];
+        char cpu_s[32], mem_s[32];
+        snprintf(cpu_s, sizeof cpu_s, "%" PRIu64 "/%" PRIu64, r->cpu_free, r->cpu);
+        snprintf(mem_s, sizeof mem_s, "%" PRIu64 "/%" PRIu64, r->mem_free, r->mem);
+        printf("%-20s %-10s %8" PRIu64 " %14s %14s %12" PRIu64 " %s%s\n", r->name, r->cell, r->live,
+               cpu_s, mem_s, r->slots_free, r->types,
+               now - r->seen_ms > 5000 ? "  (silent)" : "");
+    }
+    fflush(stdout);
+    pthread_mutex_unlock(&t->mu);
+}
+
+int dsec_cli_top(int argc, char **argv)
+{
+    static const struct option opts[] = {{"once", no_argument, 0, 'o'},
+                                         {"interval", required_argument, 0, 'i'},
+                                         {0, 0, 0, 0}};
+    bool once = false;
+    int interval_ms = 1000;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "oi:", opts, NULL)) != -1) {
+        if (ch == 'o')
+            once = true;
+        else if (ch == 'i' && atoi(optarg) > 0)
+            interval_ms = atoi(optarg);
+        else {
+            fprintf(stderr, "usage: dsec top [--once] [--interval MS]\n");
+            return 2;
+        }
+    }
+    struct top *t = dsec_calloc(1, sizeof *t);
+    if (t == NULL)
+        return 1;
+    pthread_mutex_init(&t->mu, NULL);
+    dsec_bus *bus = NULL;
+    dsec_actor *a = NULL;
+    dsec_err err;
+    dsec_bus_opts bo = {.name = "dsec-top", .threads = 1};
+    int rc = 1;
+    if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "top", &err) < 0 ||
+        dsec_actor_on(a, "dsec.v1.ctl.evt.>", NULL, on_msg, t, &err) < 0 ||
+        dsec_bus_flush(bus, 2000, &err) < 0 ||
+        dsec_bus_publish(bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, &err) < 0) {
+        fprintf(stderr, "dsec top: %s\n", err.msg);
+        goto out;
+    }
+    /* every node answers dsec.v1.ctl.sync with a full report: no waiting for the period */
+    bool tty = isatty(1);
+    uint64_t created0 = 0, gone0 = 0, t0 = ms_now();
+    for (;;) {
+        usleep((useconds_t)interval_ms * 1000);
+        double secs = (double)(ms_now() - t0) / 1000.0;
+        render(t, tty && !once, secs, created0, gone0);
+        if (once)
+            break;
+        pthread_mutex_lock(&t->mu);
+        created0 = t->created;
+        gone0 = t->gone;
+        pthread_mutex_unlock(&t->mu);
+        t0 = ms_now();
+    }
+    rc = 0;
+out:
+    dsec_bus_free(bus);
+    pthread_mutex_destroy(&t->mu);
+    dsec_free(t);
+    return rc;
+}
