@@ -1,4 +1,4 @@
-/* placement.c - the scheduler's capacity view, its in-flight overlay, and power-of-k-choices placement over it. */
+/* placement.c - the scheduler's capacity view, in-flight overlay and power-of-k placement. */
 #include "actors/placement.h"
 
 #include <errno.h>
@@ -370,11 +370,11 @@ static bool is_stale(const struct node *n, const dsec_node_report *r)
 /* Swap the full-report tables of a and b (so the old ones get freed with b). */
 static void swap_tables(struct node *a, struct node *b)
 {
-#define SWAP(f)                                                                                   \
-    do {                                                                                          \
-        __typeof__(a->f) t_ = a->f;                                                               \
-        a->f = b->f;                                                                              \
-        b->f = t_;                                                                                \
+#define SWAP(f)                                                                                    \
+    do {                                                                                           \
+        __typeof__(a->f) t_ = a->f;                                                                \
+        a->f = b->f;                                                                               \
+        b->f = t_;                                                                                 \
     } while (0)
     SWAP(cell);
     SWAP(labels);
@@ -395,8 +395,7 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
         return r ? -1 : dsec_err_set(err, DSEC_E_INVALID, 0, "no report");
     if ((r->nlabels > 0 && (r->label_keys == NULL || r->label_vals == NULL)) ||
         (r->ntypes > 0 && r->types == NULL) || (r->nlayers > 0 && r->layers == NULL))
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "report from %s: array without items",
-                            r->node);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "report from %s: array without items", r->node);
     /* A full report's tables are built before taking the lock. */
     struct node *fresh = NULL;
     if (r->full && (fresh = node_from_report(v, r)) == NULL)
@@ -603,8 +602,8 @@ static double score(const dsec_placement *v, const struct node *n, const uint64_
 
 /* What a failed scan saw, for the error message. */
 struct diag {
-    size_t at[ST_OK + 1];   /* nodes that stopped at each stage */
-    dsec_type_mask offered; /* union over the cell */
+    size_t at[ST_OK + 1];                    /* nodes that stopped at each stage */
+    dsec_type_mask offered;                  /* union over the cell */
     uint64_t best_cpu, best_mem, best_slots; /* over nodes that reached ST_ROOM */
 };
 
@@ -630,8 +629,7 @@ static int explain(const dsec_placement *v, const dsec_place_req *req, const str
     size_t past_excl = past_aff - d->at[ST_EXCLUDED];
 
     if (past_cell == 0)
-        return dsec_err_set(err, DSEC_E_CAPACITY, 0, "no node %s has reported capacity yet",
-                            where);
+        return dsec_err_set(err, DSEC_E_CAPACITY, 0, "no node %s has reported capacity yet", where);
     if (past_type == 0) {
         char offered[256];
         dsec_registry_mask_format(v->reg, d->offered, offered, sizeof offered);
@@ -693,8 +691,8 @@ static int explain(const dsec_placement *v, const dsec_place_req *req, const str
                         where, req->cpu_milli, req->memory_mb, d->best_cpu, d->best_mem);
 }
 
-static int check_req(const dsec_placement *v, const dsec_place_req *req, unsigned k,
-                     uint64_t *rng, dsec_place_result *out, dsec_err *err)
+static int check_req(const dsec_placement *v, const dsec_place_req *req, unsigned k, uint64_t *rng,
+                     dsec_place_result *out, dsec_err *err)
 {
     if (req == NULL || rng == NULL || out == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "place: missing request, rng or result");
@@ -724,8 +722,7 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
 
     /* Layer hashes outside the lock. */
     uint64_t lh_stack[LAYERS_ON_STACK], *lh = lh_stack;
-    if (req->nlayers > LAYERS_ON_STACK &&
-        (lh = dsec_malloc(req->nlayers * sizeof *lh)) == NULL)
+    if (req->nlayers > LAYERS_ON_STACK && (lh = dsec_malloc(req->nlayers * sizeof *lh)) == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "place: layer table");
     for (size_t i = 0; i < req->nlayers; i++)
         lh[i] = fnv1a(req->layers[i] ? req->layers[i] : "");
@@ -858,8 +855,8 @@ int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reserva
 
 /* ---- read-outs ---------------------------------------------------------------------- */
 
-int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms,
-                        dsec_node_info *out, dsec_err *err)
+int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms, dsec_node_info *out,
+                        dsec_err *err)
 {
     pthread_mutex_lock(&v->lock);
     struct node *n = lookup(v, node);

@@ -1,4 +1,4 @@
-/* placement.h - the scheduler's capacity view of a cell, its in-flight overlay, and power-of-k-choices placement. */
+/* placement.h - the scheduler's capacity view, in-flight overlay and power-of-k placement. */
 #ifndef DSEC_ACTORS_PLACEMENT_H
 #define DSEC_ACTORS_PLACEMENT_H
 
@@ -53,27 +53,27 @@ void dsec_placement_free(dsec_placement *v);
  * borrowed for the call; the view copies what it keeps. Label arrays are
  * parallel (label_keys[i] = label_vals[i]), like the wire's kv maps. */
 typedef struct dsec_node_report {
-    const char *node;            /* required */
+    const char *node; /* required */
     const char *cell;
-    uint64_t epoch;              /* the node manager's start time (node_announce started_ns);
-                                    a greater epoch is a restarted node whose seq began
-                                    again, so its report is accepted whatever the seq */
-    uint64_t seq;                /* increases per report; older or equal ones are ignored */
-    bool full;                   /* a full report replaces everything below */
-    uint64_t cpu_free_milli;     /* free now, as the node counts it */
+    uint64_t epoch;          /* the node manager's start time (node_announce started_ns);
+                                a greater epoch is a restarted node whose seq began
+                                again, so its report is accepted whatever the seq */
+    uint64_t seq;            /* increases per report; older or equal ones are ignored */
+    bool full;               /* a full report replaces everything below */
+    uint64_t cpu_free_milli; /* free now, as the node counts it */
     uint64_t mem_free_mb;
     uint64_t slots_free;
-    uint64_t live;               /* sandboxes running */
+    uint64_t live; /* sandboxes running */
     /* full reports only: */
-    uint64_t cpu_milli;          /* totals */
+    uint64_t cpu_milli; /* totals */
     uint64_t memory_mb;
     uint64_t slots;
-    const char *const *types;    /* offered types; names this registry lacks are skipped */
+    const char *const *types; /* offered types; names this registry lacks are skipped */
     size_t ntypes;
     const char *const *label_keys;
     const char *const *label_vals;
     size_t nlabels;
-    const char *const *layers;   /* digests of the layers in the node's cache */
+    const char *const *layers; /* digests of the layers in the node's cache */
     size_t nlayers;
 } dsec_node_report;
 
@@ -115,25 +115,25 @@ int dsec_placement_set_healthy(dsec_placement *v, const char *node, bool healthy
 
 /* One sandbox to place. Borrowed for the call. */
 typedef struct dsec_place_req {
-    const char *cell;            /* only nodes of this cell; NULL: any node in the view */
-    int type;                    /* registry index (dsec_registry_pick) */
+    const char *cell; /* only nodes of this cell; NULL: any node in the view */
+    int type;         /* registry index (dsec_registry_pick) */
     uint64_t cpu_milli;
     uint64_t memory_mb;          /* every placement also takes one slot */
     const char *const *aff_keys; /* affinity: node label aff_keys[i] must equal aff_vals[i] */
     const char *const *aff_vals;
     size_t naff;
-    const char *const *layers;   /* the environment's layer digests, for locality */
+    const char *const *layers; /* the environment's layer digests, for locality */
     size_t nlayers;
-    const char *const *exclude;  /* nodes that already refused this request */
+    const char *const *exclude; /* nodes that already refused this request */
     size_t nexclude;
 } dsec_place_req;
 
 typedef struct dsec_place_result {
     char node[DSEC_PLACE_NODE_MAX + 1];
-    uint64_t reservation;        /* for dsec_placement_release */
+    uint64_t reservation; /* for dsec_placement_release */
     double score;
-    unsigned candidates;         /* how many feasible nodes were compared */
-    bool scanned;                /* the feasible set was sparse: a full scan found them */
+    unsigned candidates; /* how many feasible nodes were compared */
+    bool scanned;        /* the feasible set was sparse: a full scan found them */
 } dsec_place_result;
 
 /*
@@ -178,20 +178,20 @@ typedef struct dsec_node_info {
     char cell[DSEC_PLACE_NODE_MAX + 1]; /* truncated if longer */
     uint64_t seq, epoch;
     dsec_type_mask types;
-    bool healthy;                /* not taken out by set_healthy */
-    bool alive;                  /* seen within dead_after_ms */
+    bool healthy; /* not taken out by set_healthy */
+    bool alive;   /* seen within dead_after_ms */
     uint64_t cpu_total, mem_total, slots_total;
-    uint64_t cpu_free, mem_free, slots_free;  /* as reported */
+    uint64_t cpu_free, mem_free, slots_free;    /* as reported */
     uint64_t cpu_avail, mem_avail, slots_avail; /* reported minus the overlay */
     uint64_t live;
-    size_t reservations;         /* overlay entries still held */
+    size_t reservations; /* overlay entries still held */
     size_t nlayers;
     uint64_t last_seen_ms;
 } dsec_node_info;
 
 /* DSEC_E_NOT_FOUND when unknown. */
-int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms,
-                        dsec_node_info *out, dsec_err *err);
+int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms, dsec_node_info *out,
+                        dsec_err *err);
 
 /* Nodes held (alive or not). */
 size_t dsec_placement_count(dsec_placement *v);

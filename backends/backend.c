@@ -1,13 +1,10 @@
-/* backend.c - backend instances and the call wrappers that check arguments and missing operations once for every backend. */
+/* backend.c - backend instances and the wrappers that check arguments once for all backends. */
 #include "backends/backend.h"
 
 #include <errno.h>
 #include <string.h>
 
 #include "dsec/alloc.h"
-
-/* Matches the wire limit on fork children (codecs: op.n 1..1024). */
-#define FORK_MAX 1024
 
 struct dsec_backend {
     const dsec_backend_ops *ops;
@@ -112,16 +109,14 @@ int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
         return unsupported(be, "exec", err);
     if (sb == NULL)
         return no_sandbox("exec", err);
-    if (req == NULL || res == NULL || req->argc == 0 || req->argv == NULL ||
-        req->argv[0] == NULL)
+    if (req == NULL || res == NULL || req->argc == 0 || req->argv == NULL || req->argv[0] == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argv must hold at least a command");
     memset(res, 0, sizeof *res);
     return be->ops->exec(be->self, sb, req, res, err);
 }
 
-int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path,
-                            const void *data, size_t len, uint32_t mode, bool append,
-                            dsec_err *err)
+int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path, const void *data,
+                            size_t len, uint32_t mode, bool append, dsec_err *err)
 {
     if (be->ops->file_write == NULL)
         return unsupported(be, "file writes", err);
@@ -166,9 +161,9 @@ int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids
         return unsupported(be, "fork", err);
     if (sb == NULL)
         return no_sandbox("fork", err);
-    if (n == 0 || n > FORK_MAX)
+    if (n == 0 || n > DSEC_FORK_MAX)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: %zu children; must be 1..%d", n,
-                            FORK_MAX);
+                            DSEC_FORK_MAX);
     if (ids == NULL || children == NULL || states == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: missing ids or out arrays");
     for (size_t i = 0; i < n; i++) {
@@ -228,8 +223,7 @@ int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
     return be->ops->destroy(be->self, sb, err);
 }
 
-int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out,
-                       dsec_err *err)
+int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err)
 {
     if (be->ops->stats == NULL)
         return unsupported(be, "stats", err);
@@ -247,7 +241,8 @@ int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const ch
     if (be->ops->adopt == NULL)
         return unsupported(be, "adopt", err);
     if (backend_state == NULL || out == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "adopt: missing backend_state or out parameter");
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "adopt: missing backend_state or out parameter");
     *out = NULL;
     return be->ops->adopt(be->self, spec, backend_state, out, err);
 }

@@ -1,4 +1,4 @@
-/* backend.h - the one interface every sandbox type (function, container, microvm, vm, sim) implements. */
+/* backend.h - the one interface every sandbox type implements (table of ops + opaque instance). */
 #ifndef DSEC_BACKENDS_BACKEND_H
 #define DSEC_BACKENDS_BACKEND_H
 
@@ -45,56 +45,59 @@ typedef struct dsec_backend_kv {
 /* How a node opens a backend instance. Everything is borrowed for the call:
  * the backend copies what it keeps. */
 typedef struct dsec_backend_config {
-    const char *state_dir;        /* the node's directory for this backend; may be NULL for sim */
-    const char *node;             /* the node's name */
-    const dsec_backend_kv *opts;  /* backend-specific options, "key=value" as pairs */
+    const char *state_dir;       /* the node's directory for this backend; may be NULL for sim */
+    const char *node;            /* the node's name */
+    const dsec_backend_kv *opts; /* backend-specific options, "key=value" as pairs */
     size_t nopts;
 } dsec_backend_config;
 
 /* What a sandbox should be. Borrowed for the call by every operation that
  * takes one; the backend copies what it keeps. */
 typedef struct dsec_sandbox_spec {
-    const char *id;               /* sandbox id, unique on the node (names its node) */
-    const char *type;             /* function | container | microvm | vm | sim | ... */
-    const char *env;              /* environment name:version, or NULL */
-    const char *const *layers;    /* the environment's layer digests, lowest first */
+    const char *id;            /* sandbox id, unique on the node (names its node) */
+    const char *type;          /* function | container | microvm | vm | sim | ... */
+    const char *env;           /* environment name:version, or NULL */
+    const char *const *layers; /* the environment's layer digests, lowest first */
     size_t nlayers;
-    uint64_t cpu_milli;           /* requested CPU, 1000 = one core */
+    uint64_t cpu_milli; /* requested CPU, 1000 = one core */
     uint64_t memory_mb;
-    uint64_t disk_mb;             /* limit of the sandbox's own writable layer */
+    uint64_t disk_mb; /* limit of the sandbox's own writable layer */
     const dsec_backend_kv *labels;
     size_t nlabels;
-    const char *cls;              /* rollout | job | batch, or NULL */
+    const char *cls; /* rollout | job | batch, or NULL */
     const char *tenant;
-    const char *const *net;       /* network policy entries (allowed mirrors, domains, ranges) */
+    const char *const *net; /* network policy entries (allowed mirrors, domains, ranges) */
     size_t nnet;
 } dsec_sandbox_spec;
 
 /* One command to run in a sandbox. Borrowed for the call. */
 typedef struct dsec_exec_req {
-    const char *const *argv;      /* argc >= 1 */
+    const char *const *argv; /* argc >= 1 */
     size_t argc;
-    const dsec_backend_kv *env;   /* added to the sandbox's environment */
+    const dsec_backend_kv *env; /* added to the sandbox's environment */
     size_t nenv;
-    const char *cwd;              /* NULL: the sandbox's default */
-    const char *user;             /* NULL: the sandbox's default */
-    const uint8_t *stdin_data;    /* fed to the command, then closed; may be NULL */
+    const char *cwd;           /* NULL: the sandbox's default */
+    const char *user;          /* NULL: the sandbox's default */
+    const uint8_t *stdin_data; /* fed to the command, then closed; may be NULL */
     size_t stdin_len;
-    uint64_t timeout_ms;          /* 0: no timeout */
-    size_t output_max;            /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
+    uint64_t timeout_ms; /* 0: no timeout */
+    size_t output_max;   /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
 } dsec_exec_req;
 
 #define DSEC_EXEC_OUTPUT_DEFAULT (1u << 20)
+
+/* Most children one fork may create (the wire's op.n limit). */
+#define DSEC_FORK_MAX 1024
 
 /* What a command did. The backend fills it; the caller owns stdout_data and
  * stderr_data (allocated with dsec_malloc, may be NULL when empty) and
  * releases them with dsec_exec_result_release(). */
 typedef struct dsec_exec_result {
-    int exit_code;                /* -1 when killed by a signal */
-    int signal;                   /* 0, or the signal that ended it (SIGKILL on timeout) */
+    int exit_code; /* -1 when killed by a signal */
+    int signal;    /* 0, or the signal that ended it (SIGKILL on timeout) */
     uint8_t *stdout_data;
     size_t stdout_len;
-    bool stdout_truncated;        /* output was longer than output_max */
+    bool stdout_truncated; /* output was longer than output_max */
     uint8_t *stderr_data;
     size_t stderr_len;
     bool stderr_truncated;
@@ -117,11 +120,11 @@ const char *dsec_file_kind_name(dsec_file_kind k);
 
 /* One entry of a directory listing. name is owned by the array it sits in. */
 typedef struct dsec_file_entry {
-    char *name;                   /* the entry's name inside the listed directory */
+    char *name; /* the entry's name inside the listed directory */
     dsec_file_kind kind;
     uint64_t size;
-    uint32_t mode;                /* permission bits */
-    int64_t mtime;                /* seconds since the epoch */
+    uint32_t mode; /* permission bits */
+    int64_t mtime; /* seconds since the epoch */
 } dsec_file_entry;
 
 /* Frees a listing returned by file_list (names and array). NULL is a no-op. */
@@ -132,17 +135,17 @@ void dsec_file_entries_free(dsec_file_entry *entries, size_t n);
 typedef struct dsec_file_data {
     uint8_t *data;
     size_t len;
-    uint64_t size;                /* the whole file's size */
-    bool eof;                     /* offset + len reached the end */
+    uint64_t size; /* the whole file's size */
+    bool eof;      /* offset + len reached the end */
 } dsec_file_data;
 
 /* Resource use of one sandbox at the time of the call. */
 typedef struct dsec_sandbox_stats {
-    uint64_t cpu_used_us;         /* CPU time consumed since creation */
-    uint64_t cpu_milli;           /* current CPU use, 1000 = one core busy */
-    uint64_t memory_bytes;        /* resident memory now */
-    uint64_t disk_bytes;          /* bytes held in the sandbox's own writable layer */
-    uint64_t nfiles;              /* files in its writable layer */
+    uint64_t cpu_used_us;  /* CPU time consumed since creation */
+    uint64_t cpu_milli;    /* current CPU use, 1000 = one core busy */
+    uint64_t memory_bytes; /* resident memory now */
+    uint64_t disk_bytes;   /* bytes held in the sandbox's own writable layer */
+    uint64_t nfiles;       /* files in its writable layer */
 } dsec_sandbox_stats;
 
 /*
@@ -151,17 +154,17 @@ typedef struct dsec_sandbox_stats {
  * manager reads it to refuse operations a type cannot do.
  */
 typedef struct dsec_backend_caps {
-    const char *type;             /* "container"; static storage */
-    bool own_kernel;              /* the sandbox runs its own kernel */
-    bool nested_containers;       /* can run containers inside */
-    bool gui;                     /* has a display */
-    bool persistence;             /* survives a node manager restart, can be snapshotted to disk */
-    int isolation;                /* 1 function, 2 container, 3 microvm, 4 vm (0: none, sim) */
-    unsigned cost;                /* relative weight; the lightest satisfying type is picked */
+    const char *type;       /* "container"; static storage */
+    bool own_kernel;        /* the sandbox runs its own kernel */
+    bool nested_containers; /* can run containers inside */
+    bool gui;               /* has a display */
+    bool persistence;       /* survives a node manager restart, can be snapshotted to disk */
+    int isolation;          /* 1 function, 2 container, 3 microvm, 4 vm (0: none, sim) */
+    unsigned cost;          /* relative weight; the lightest satisfying type is picked */
     bool supports_fork;
     bool supports_snapshot;
     bool supports_pause;
-    uint32_t startup_ms;          /* typical cold start */
+    uint32_t startup_ms; /* typical cold start */
 } dsec_backend_caps;
 
 /* A sandbox as its backend sees it. Opaque: each backend defines its own
@@ -199,16 +202,16 @@ typedef struct dsec_backend_ops {
     int (*exec)(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
                 dsec_err *err);
     /* Write (or append) data to the absolute path, creating parents. */
-    int (*file_write)(void *self, dsec_sandbox *sb, const char *path, const void *data,
-                      size_t len, uint32_t mode, bool append, dsec_err *err);
+    int (*file_write)(void *self, dsec_sandbox *sb, const char *path, const void *data, size_t len,
+                      uint32_t mode, bool append, dsec_err *err);
     /* Read at most max bytes (0: the rest) from offset. */
-    int (*file_read)(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
-                     uint64_t max, dsec_file_data *out, dsec_err *err);
+    int (*file_read)(void *self, dsec_sandbox *sb, const char *path, uint64_t offset, uint64_t max,
+                     dsec_file_data *out, dsec_err *err);
     /* List a directory (or describe one file); *entries is caller-owned,
      * freed with dsec_file_entries_free. */
     int (*file_list)(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
                      size_t *n, dsec_err *err);
-    /* Create n children of sb from its state now. ids[i] names child i.
+    /* Create n (1..DSEC_FORK_MAX) children of sb from its state now. ids[i] names child i.
      * children[] and states[] are caller arrays of n slots; on success each
      * holds a handle and a caller-owned backend_state. On failure no child
      * exists and the slots are NULL. */
@@ -227,7 +230,8 @@ typedef struct dsec_backend_ops {
     int (*destroy)(void *self, dsec_sandbox *sb, dsec_err *err);
     int (*stats)(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
     /* Re-attach to a sandbox that outlived its node manager, from the spec
-     * and backend_state persisted at create time. */
+     * and backend_state persisted at create time. spec may be NULL when the
+     * record lost it; a backend that needs it then fails with DSEC_E_INVALID. */
     int (*adopt)(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
                  dsec_sandbox **out, dsec_err *err);
     /* Forget the handle but leave the sandbox running (node manager shutdown,
@@ -251,9 +255,8 @@ int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sa
                         char **backend_state, dsec_err *err);
 int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
                       dsec_exec_result *res, dsec_err *err);
-int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path,
-                            const void *data, size_t len, uint32_t mode, bool append,
-                            dsec_err *err);
+int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path, const void *data,
+                            size_t len, uint32_t mode, bool append, dsec_err *err);
 int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,
                            uint64_t max, dsec_file_data *out, dsec_err *err);
 int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
@@ -266,8 +269,7 @@ int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, 
 int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,
                          dsec_sandbox **out, char **backend_state, dsec_err *err);
 int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
-int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out,
-                       dsec_err *err);
+int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
 int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const char *backend_state,
                        dsec_sandbox **out, dsec_err *err);
 void dsec_backend_detach(dsec_backend *be, dsec_sandbox *sb);

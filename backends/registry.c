@@ -1,4 +1,4 @@
-/* registry.c - the typed registry: built-in capability records, requirement parsing, and picking the lightest satisfying type. */
+/* registry.c - built-in capability records, requirement parsing, and the lightest-type pick. */
 #include "backends/registry.h"
 #include "backends/sim.h"
 
@@ -15,10 +15,7 @@
  * when it is all a cell offers), so a cell that mixes sim with real types
  * never hands a trainer a sandbox that does nothing. */
 static const dsec_backend_caps builtin_caps[] = {
-    {.type = "function",
-     .isolation = 1,
-     .cost = 1,
-     .startup_ms = 2},
+    {.type = "function", .isolation = 1, .cost = 1, .startup_ms = 2},
     {.type = "container",
      .persistence = true,
      .isolation = 2,
@@ -111,8 +108,7 @@ int dsec_requires_parse(const char *const *req, size_t n, dsec_requires *out, ds
                 r.min_isolation = (int)lvl;
         } else {
             return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                                "unknown capability \"%s\" in requires (known: %s)", s,
-                                known_caps);
+                                "unknown capability \"%s\" in requires (known: %s)", s, known_caps);
         }
     }
     *out = r;
@@ -209,8 +205,8 @@ int dsec_registry_new_builtin(dsec_registry **out, dsec_err *err)
     if (dsec_registry_new(&reg, err) < 0)
         return -1;
     for (size_t i = 0; i < NBUILTIN; i++) {
-        const dsec_backend_ops *ops = strcmp(builtin_caps[i].type, "sim") == 0 ? &dsec_sim_ops
-                                                                               : NULL;
+        const dsec_backend_ops *ops =
+            strcmp(builtin_caps[i].type, "sim") == 0 ? &dsec_sim_ops : NULL;
         if (dsec_registry_add(reg, &builtin_caps[i], ops, err) < 0)
             goto out_free;
     }
@@ -311,8 +307,7 @@ int dsec_registry_mask(const dsec_registry *reg, const char *const *types, size_
     return 0;
 }
 
-void dsec_registry_mask_format(const dsec_registry *reg, dsec_type_mask mask, char *buf,
-                               size_t len)
+void dsec_registry_mask_format(const dsec_registry *reg, dsec_type_mask mask, char *buf, size_t len)
 {
     if (len == 0)
         return;

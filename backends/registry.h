@@ -1,4 +1,4 @@
-/* registry.h - the typed registry of sandbox backends: capabilities, cost, and picking the lightest type for a request. */
+/* registry.h - the typed registry of sandbox backends: capabilities, cost, lightest-type pick. */
 #ifndef DSEC_BACKENDS_REGISTRY_H
 #define DSEC_BACKENDS_REGISTRY_H
 
@@ -32,10 +32,10 @@ typedef struct dsec_requires {
     bool nested_containers;
     bool gui;
     bool persistence;
-    bool fork;           /* "fork": supports_fork */
-    bool snapshot;       /* "snapshot": supports_snapshot */
-    bool pause;          /* "pause": supports_pause */
-    int min_isolation;   /* "isolation:N": isolation >= N */
+    bool fork;         /* "fork": supports_fork */
+    bool snapshot;     /* "snapshot": supports_snapshot */
+    bool pause;        /* "pause": supports_pause */
+    int min_isolation; /* "isolation:N": isolation >= N */
 } dsec_requires;
 
 /* Parse capability strings: own_kernel, nested_containers, gui, persistence,

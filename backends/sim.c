@@ -1,4 +1,4 @@
-/* sim.c - the sim backend: no real work; start-up latency, CPU and memory modelled per impersonated type, files kept in memory. */
+/* sim.c - the sim backend: latency, CPU and memory modelled per type; files kept in memory. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -171,8 +171,8 @@ static int model_get(struct sim *s, const char *type, dsec_err *err)
         if (n >= MODELS_MAX) {
             pthread_mutex_unlock(&s->lock);
             return dsec_err_set(err, DSEC_E_CAPACITY, 0,
-                                "sim: cannot impersonate \"%s\": at most %d types per node",
-                                type, MODELS_MAX);
+                                "sim: cannot impersonate \"%s\": at most %d types per node", type,
+                                MODELS_MAX);
         }
         model_defaults(&s->models[n], type);
         model_apply_global(s, &s->models[n]);
@@ -203,8 +203,8 @@ static int parse_double(const char *key, const char *v, double max, double *out,
     errno = 0;
     double x = strtod(v, &end);
     if (end == v || *end != '\0' || errno != 0 || !(x >= 0.0) || x > max)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "sim option %s=\"%s\": expected a number 0..%g", key, v, max);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "sim option %s=\"%s\": expected a number 0..%g",
+                            key, v, max);
     *out = x;
     return 0;
 }
@@ -340,7 +340,8 @@ static void model_sleep(const struct sim *s, uint64_t us)
     if (s->time_scale <= 0.0 || us == 0)
         return;
     double ns = (double)us * 1000.0 * s->time_scale;
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1e9), .tv_nsec = (long)((uint64_t)ns % 1000000000ull)};
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1e9),
+                          .tv_nsec = (long)((uint64_t)ns % 1000000000ull)};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
         ;
 }
@@ -489,8 +490,8 @@ static struct sb *sb_new(int model, const dsec_sandbox_spec *spec)
 static int state_string(const struct sim *s, const struct sb *b, char **out, dsec_err *err)
 {
     char buf[128];
-    int n = snprintf(buf, sizeof buf, STATE_MAGIC ";type=%s;cpu=%" PRIu32 ";mem=%" PRIu32
-                                                  ";disk=%" PRIu32,
+    int n = snprintf(buf, sizeof buf,
+                     STATE_MAGIC ";type=%s;cpu=%" PRIu32 ";mem=%" PRIu32 ";disk=%" PRIu32,
                      s->models[b->model].type, b->cpu_milli, b->memory_mb, b->disk_mb);
     if (n < 0 || (size_t)n >= sizeof buf)
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "sim: backend_state does not fit");
@@ -636,8 +637,7 @@ static int sim_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_
                 continue;
             }
             char msg[PATH_MAX_LEN + 64];
-            int n = snprintf(msg, sizeof msg, "cat: %s: No such file or directory\n",
-                             req->argv[i]);
+            int n = snprintf(msg, sizeof msg, "cat: %s: No such file or directory\n", req->argv[i]);
             rc = out_add(&e, msg, n > 0 ? (size_t)n : 0);
             code = 1;
         }
@@ -1000,9 +1000,9 @@ static int sim_adopt(void *self, const dsec_sandbox_spec *spec, const char *stat
     char type[TYPE_NAME_MAX + 1];
     uint32_t cpu, mem, disk;
     int used = 0;
-    if (sscanf(state, STATE_MAGIC ";type=%32[^;];cpu=%" SCNu32 ";mem=%" SCNu32 ";disk=%" SCNu32
-                                  "%n",
-               type, &cpu, &mem, &disk, &used) != 4 ||
+    if (sscanf(state,
+               STATE_MAGIC ";type=%32[^;];cpu=%" SCNu32 ";mem=%" SCNu32 ";disk=%" SCNu32 "%n", type,
+               &cpu, &mem, &disk, &used) != 4 ||
         state[used] != '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "sim: backend_state \"%.64s\" is not one this backend wrote", state);
@@ -1086,8 +1086,8 @@ static int corrupt(const char *path, const char *what, dsec_err *err)
 }
 
 /* Read the files of a snapshot into b, which must be empty. */
-static int snap_read_files(struct sim *s, struct sb *b, FILE *fp, uint32_t nfiles,
-                           const char *path, dsec_err *err)
+static int snap_read_files(struct sim *s, struct sb *b, FILE *fp, uint32_t nfiles, const char *path,
+                           dsec_err *err)
 {
     uint64_t cap = disk_cap(s, b);
     if (nfiles > s->max_files)
@@ -1119,8 +1119,8 @@ static int snap_read_files(struct sim *s, struct sb *b, FILE *fp, uint32_t nfile
             blob_put(bl);
             return corrupt(path, "bad or unordered file entry", err);
         }
-        b->files[b->nfiles++] = (struct file){.path = fpath, .blob = bl, .mode = mode & 07777,
-                                               .mtime = mtime};
+        b->files[b->nfiles++] =
+            (struct file){.path = fpath, .blob = bl, .mode = mode & 07777, .mtime = mtime};
         b->disk_bytes += dl;
     }
     return 0;

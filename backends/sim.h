@@ -1,4 +1,4 @@
-/* sim.h - the sim backend: a sandbox type that does no real work, for the simulator and control-plane benchmarks. */
+/* sim.h - the sim backend: a sandbox type that does no real work, for simulation and benchmarks. */
 #ifndef DSEC_BACKENDS_SIM_H
 #define DSEC_BACKENDS_SIM_H
 

@@ -475,7 +475,7 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
     a->bus = bus;
     a->mailbox_max = (uint32_t)bus->mailbox_max;
     pthread_mutex_init(&a->mu, NULL);
-    pthread_cond_init(&a->cond, NULL);
+    dsec__cond_init(&a->cond); /* timed waits use CLOCK_MONOTONIC deadlines */
     lane_init(&a->lane0, a, 0);
     a->refs = 1;
 
@@ -679,7 +679,7 @@ static void lane_unqueue(dsec_actor *a, struct lane *l)
     lane_release(a, l);
 }
 
-void dsec__actor_close(dsec_actor *a)
+void dsec__actor_close(dsec_actor *a, bool wait)
 {
     pthread_mutex_lock(&a->mu);
     a->closing = true;
@@ -690,7 +690,7 @@ void dsec__actor_close(dsec_actor *a)
             lane_unqueue(a, l);
         }
     a->waiters++;
-    while (a->nbusy > 0)
+    while (wait && a->nbusy > 0)
         pthread_cond_wait(&a->cond, &a->mu);
     a->waiters--;
     pthread_mutex_unlock(&a->mu);
@@ -795,6 +795,6 @@ void dsec_actor_free(dsec_actor *a)
         return; /* freed twice, or dsec_bus_free got there first */
     dsec__actor_stop_subs(a, false, 0);
     dsec__actor_wait_subs(a, 0);
-    dsec__actor_close(a);
+    dsec__actor_close(a, true);
     dsec__actor_put(a);
 }

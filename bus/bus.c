@@ -429,7 +429,7 @@ int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err)
          * still run are waited for by dsec_bus_free. */
         for (size_t i = 0; i < n; i++) {
             left_behind += dsec__actor_depth(actors[i]);
-            dsec__actor_close(actors[i]);
+            dsec__actor_close(actors[i], false);
         }
     }
     for (size_t i = 0; i < n; i++)
@@ -474,7 +474,7 @@ void dsec_bus_free(dsec_bus *bus)
     while ((a = dsec__actors_pop(bus)) != NULL) {
         dsec__actor_stop_subs(a, false, 0);
         dsec__actor_wait_subs(a, 0);
-        dsec__actor_close(a);
+        dsec__actor_close(a, true);
         dsec__actor_put(a);
     }
     /* Workers finish queued reply callbacks before they exit. */

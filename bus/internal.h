@@ -130,8 +130,8 @@ bool dsec__actor_wait_subs(dsec_actor *a, int64_t deadline_ns);
 /* Wait until the mailbox is empty and no handler runs. */
 bool dsec__actor_wait_idle(dsec_actor *a, int64_t deadline_ns);
 /* Refuse further messages, drop what is queued (answering requests with a
- * "closed" error) and wait for running handlers. */
-void dsec__actor_close(dsec_actor *a);
+ * "closed" error) and, if wait, wait for running handlers. */
+void dsec__actor_close(dsec_actor *a, bool wait);
 /* Free an actor whose subscriptions completed and which is closed. */
 void dsec__actor_destroy(dsec_actor *a);
 /* Messages queued in the actor's mailbox now. */

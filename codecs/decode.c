@@ -201,7 +201,7 @@ static int check_msg_keys(const dctx *c, const msgpack_object_map *m)
                     c->d->lim.max_items);
     for (uint32_t i = 0; i < m->size; i++)
         if (m->ptr[i].key.type != MSGPACK_OBJECT_STR)
-            return fail(c, NULL, DSEC_E_DECODE, "map key %u is a %s, not a string", i,
+            return fail(c, NULL, DSEC_E_DECODE, "map key %u is not a string (got %s)", i,
                         dsec__mp_type_name(&m->ptr[i].key));
     const msgpack_object *dup;
     if (find_dup(c->d, m->ptr, m->size, &dup) < 0)

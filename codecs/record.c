@@ -280,8 +280,11 @@ int dsec_record_read_raw(dsec_record_reader *r, const uint8_t **data, size_t *le
             return -1;
         *data = (const uint8_t *)r->buf.data;
     } else {
-        if (n > r->mem_len - r->pos)
-            return truncated(r, at, r->mem_len - r->pos, n, err);
+        if (n > r->mem_len - r->pos) {
+            uint64_t got = r->mem_len - r->pos;
+            r->pos = r->mem_len; /* consumed, as a file reader would have */
+            return truncated(r, at, got, n, err);
+        }
         *data = r->mem + r->pos;
         r->pos += n;
     }

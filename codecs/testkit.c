@@ -147,6 +147,12 @@ static void sample_b(int type, void *out)
     }
 }
 
+static const dsec_msg_sandbox_event events[] = {
+    {.id = "n7-00000000000000a0", .state = "starting", .prev = "requested", .node = "n7",
+     .type = "container", .tenant = "acme", .ts_ns = 1},
+    {.id = "n7-00000000000000a0", .state = "running", .prev = "starting", .ts_ns = 2},
+};
+
 static void sample_c(int type, void *out)
 {
     switch (type) {
@@ -175,6 +181,10 @@ static void sample_c(int type, void *out)
         *(dsec_msg_cell_summary *)out = (dsec_msg_cell_summary){
             .cell = "c1", .nodes = 160, .cpu_free_milli = 5, .mem_free_mb = 6, .slots_free = 7,
             .live = 380000, .types = STRV(types_v), .ts_ns = 10};
+        break;
+    case DSEC_MSG_SANDBOX_EVENTS:
+        *(dsec_msg_sandbox_events *)out = (dsec_msg_sandbox_events){
+            .node = "n7", .cell = "c1", .events = {.items = (void *)events, .n = N(events)}};
         break;
     default:
         break;

@@ -4,3 +4,9 @@ foreach(t journal config)
   target_link_libraries(test_${t} PRIVATE dsec_actors PkgConfig::CMOCKA dsec_warnings dsec_allocator)
   add_test(NAME ${t} COMMAND test_${t})
 endforeach()
+
+add_executable(test_control test_control.c)
+target_link_libraries(test_control PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+add_test(NAME control COMMAND test_control $<TARGET_FILE:dsecd>)
+set_tests_properties(control PROPERTIES TIMEOUT 300)

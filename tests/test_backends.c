@@ -155,8 +155,8 @@ static void registry_pick_is_minimal_everywhere(void **state)
                 int idx = dsec_registry_pick(reg, NULL, req, n, off, &e);
                 bool any = false;
                 for (int t = 0; t < 5; t++)
-                    if ((off & (1u << t)) && dsec_caps_satisfy(dsec_registry_caps(reg, t), &r,
-                                                               NULL, 0))
+                    if ((off & (1u << t)) &&
+                        dsec_caps_satisfy(dsec_registry_caps(reg, t), &r, NULL, 0))
                         any = true;
                 if (!any) {
                     assert_int_equal(idx, -1);
@@ -214,16 +214,16 @@ static void registry_unknowns(void **state)
     dsec_err e;
     assert_int_equal(dsec_registry_pick(reg, "x", NULL, 0, all, &e), -1);
     assert_int_equal(e.code, DSEC_E_UNSUPPORTED);
-    assert_string_equal(e.msg,
-                        "unknown sandbox type \"x\" (known: function, container, microvm, vm, sim)");
+    assert_string_equal(
+        e.msg, "unknown sandbox type \"x\" (known: function, container, microvm, vm, sim)");
 
     static const char *const tp[] = {"gui", "teleport"};
     assert_int_equal(dsec_registry_pick(reg, NULL, tp, 2, all, &e), -1);
     assert_int_equal(e.code, DSEC_E_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "unknown capability \"teleport\""));
 
-    static const char *const bad[][1] = {{"isolation:x"}, {"isolation:9"}, {"isolation:"},
-                                         {"isolation:-1"}};
+    static const char *const bad[][1] = {
+        {"isolation:x"}, {"isolation:9"}, {"isolation:"}, {"isolation:-1"}};
     for (size_t i = 0; i < N_(bad); i++) {
         assert_int_equal(dsec_registry_pick(reg, NULL, bad[i], 1, all, &e), -1);
         assert_int_equal(e.code, DSEC_E_INVALID);
@@ -255,8 +255,7 @@ static void registry_nothing_offered(void **state)
     static const char *const fsim[] = {"gui", "fork", "isolation:4"};
     dsec_registry *small = NULL;
     assert_int_equal(dsec_registry_new(&small, &e), 0);
-    assert_int_equal(dsec_registry_add(small, dsec_backend_caps_builtin("container"), NULL, &e),
-                     0);
+    assert_int_equal(dsec_registry_add(small, dsec_backend_caps_builtin("container"), NULL, &e), 0);
     assert_int_equal(dsec_registry_pick(small, NULL, fsim, 3, 1, &e), -1);
     assert_non_null(strstr(e.msg, "no sandbox type satisfies the requirements gui, fork, "
                                   "isolation:4"));
@@ -319,8 +318,11 @@ static dsec_backend *sim_fast(void)
 
 static dsec_sandbox *mk(dsec_backend *be, const char *type, char **state_out)
 {
-    dsec_sandbox_spec sp = {.id = "n1-0000000000000001", .type = type, .cpu_milli = 1000,
-                            .memory_mb = 1024, .disk_mb = 0};
+    dsec_sandbox_spec sp = {.id = "n1-0000000000000001",
+                            .type = type,
+                            .cpu_milli = 1000,
+                            .memory_mb = 1024,
+                            .disk_mb = 0};
     dsec_sandbox *sb = NULL;
     char *st = NULL;
     dsec_err e;
@@ -352,8 +354,8 @@ static int run(dsec_backend *be, dsec_sandbox *sb, dsec_exec_result *r, const ch
     for (const char *a; (a = va_arg(ap, const char *)) != NULL && argc < 16;)
         argv[argc++] = a;
     va_end(ap);
-    dsec_exec_req req = {.argv = argv, .argc = argc, .output_max = outmax,
-                         .timeout_ms = timeout_ms};
+    dsec_exec_req req = {
+        .argv = argv, .argc = argc, .output_max = outmax, .timeout_ms = timeout_ms};
     if (in != NULL) {
         req.stdin_data = (const uint8_t *)in;
         req.stdin_len = strlen(in);
@@ -771,7 +773,7 @@ static void sim_options_and_latency(void **state)
     dsec_backend *be = NULL;
     dsec_err e;
     static const dsec_backend_kv bad[][1] = {
-        {{"speed", "1"}}, {{"startup_ms", "-3"}}, {{"cpu_frac.vm", "2"}},
+        {{"speed", "1"}},          {{"startup_ms", "-3"}},      {{"cpu_frac.vm", "2"}},
         {{"warp.container", "1"}}, {{"enforce_caps", "maybe"}}, {{"time_scale", "x"}},
     };
     for (size_t i = 0; i < N_(bad); i++) {
@@ -782,9 +784,10 @@ static void sim_options_and_latency(void **state)
     }
 
     /* Type-specific beats type-less, whatever the order; both scale. */
-    static const dsec_backend_kv o[] = {
-        {"startup_ms.container", "40"}, {"startup_ms", "0"}, {"time_scale", "0.5"},
-        {"exec_ms", "0"}};
+    static const dsec_backend_kv o[] = {{"startup_ms.container", "40"},
+                                        {"startup_ms", "0"},
+                                        {"time_scale", "0.5"},
+                                        {"exec_ms", "0"}};
     be = sim_open(o, N_(o));
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -839,8 +842,7 @@ static void sim_memory_per_sandbox(void **state)
     enum { N = 100000 };
     dsec_backend *be = sim_fast();
     dsec_sandbox **h = dsec_calloc(N, sizeof *h);
-    dsec_sandbox_spec sp = {.id = "n1-0", .type = "container", .cpu_milli = 100,
-                            .memory_mb = 256};
+    dsec_sandbox_spec sp = {.id = "n1-0", .type = "container", .cpu_milli = 100, .memory_mb = 256};
     dsec_err e;
     /* Warm up (models, allocator caches) before the baseline. */
     char *st;

@@ -44,8 +44,8 @@ static int teardown(void **state)
 
 static dsec_placement *view(uint64_t dead_after_ms)
 {
-    dsec_placement_config cfg = {.cell = "c1", .dead_after_ms = dead_after_ms,
-                                 .locality_weight = -1};
+    dsec_placement_config cfg = {
+        .cell = "c1", .dead_after_ms = dead_after_ms, .locality_weight = -1};
     dsec_placement *v = NULL;
     dsec_err e;
     assert_int_equal(dsec_placement_new(&v, reg, &cfg, &e), 0);
@@ -55,10 +55,18 @@ static dsec_placement *view(uint64_t dead_after_ms)
 /* A full report of an empty node of cell c1 offering containers. */
 static dsec_node_report full(const char *name, uint64_t cpu, uint64_t mem, uint64_t slots)
 {
-    return (dsec_node_report){.node = name, .cell = "c1", .seq = 1, .full = true,
-                              .cpu_free_milli = cpu, .mem_free_mb = mem, .slots_free = slots,
-                              .cpu_milli = cpu, .memory_mb = mem, .slots = slots,
-                              .types = CONTAINER, .ntypes = 1};
+    return (dsec_node_report){.node = name,
+                              .cell = "c1",
+                              .seq = 1,
+                              .full = true,
+                              .cpu_free_milli = cpu,
+                              .mem_free_mb = mem,
+                              .slots_free = slots,
+                              .cpu_milli = cpu,
+                              .memory_mb = mem,
+                              .slots = slots,
+                              .types = CONTAINER,
+                              .ntypes = 1};
 }
 
 static void report(dsec_placement *v, const dsec_node_report *r, uint64_t now, int want)
@@ -150,8 +158,8 @@ static void never_overcommits(void **state)
     uint64_t cpu[10] = {0}, mem[10] = {0}, slots[10] = {0};
     int placed = 0, refused = 0;
     for (int i = 0; i < 1000; i++) {
-        dsec_place_req r = creq(100 + dsec_placement_rand(&rng) % 1500,
-                                100 + dsec_placement_rand(&rng) % 3000);
+        dsec_place_req r =
+            creq(100 + dsec_placement_rand(&rng) % 1500, 100 + dsec_placement_rand(&rng) % 3000);
         if ((n = place(v, &r, 3, &rng, 10, NULL, &e)) == NULL) {
             assert_int_equal(e.code, DSEC_E_CAPACITY);
             refused++;
@@ -208,8 +216,8 @@ static void filters_type(void **state)
     req.type = T_VM;
     assert_null(place(v, &req, 2, &rng, 1, NULL, &e));
     assert_int_equal(e.code, DSEC_E_UNSUPPORTED);
-    assert_string_equal(e.msg,
-                        "no node in cell c1 offers sandbox type \"vm\" (offered: container, microvm)");
+    assert_string_equal(
+        e.msg, "no node in cell c1 offers sandbox type \"vm\" (offered: container, microvm)");
     dsec_placement_free(v);
 }
 
@@ -292,8 +300,12 @@ static void overlay_clears_on_newer_report(void **state)
 
     /* The node admitted the three and says so: the overlay goes, or they
      * would count twice (and the 4th placement would fail). */
-    dsec_node_report d = {.node = "n1", .seq = 2, .cpu_free_milli = 1000, .mem_free_mb = 8192 - 3072,
-                          .slots_free = 97, .live = 3};
+    dsec_node_report d = {.node = "n1",
+                          .seq = 2,
+                          .cpu_free_milli = 1000,
+                          .mem_free_mb = 8192 - 3072,
+                          .slots_free = 97,
+                          .live = 3};
     report(v, &d, 20, DSEC_REPORT_APPLIED);
     ni = info(v, "n1", 20);
     assert_int_equal(ni.reservations, 0);
@@ -470,8 +482,8 @@ static void remove_and_health(void **state)
     for (int i = 0; i < 10; i++)
         assert_string_equal(place(v, &req, 2, &rng, 1, NULL, &e), "n7");
     /* Health survives reports. */
-    dsec_node_report d = {.node = "n9", .seq = 2, .cpu_free_milli = 4000, .mem_free_mb = 8192,
-                          .slots_free = 100};
+    dsec_node_report d = {
+        .node = "n9", .seq = 2, .cpu_free_milli = 4000, .mem_free_mb = 8192, .slots_free = 100};
     report(v, &d, 1, DSEC_REPORT_APPLIED);
     assert_false(info(v, "n9", 1).healthy);
     dsec_placement_free(v);
@@ -532,6 +544,34 @@ static void finds_the_one_in_10000(void **state)
     dsec_place_req huge = creq(60000, 4096);
     assert_null(place(v, &huge, 2, &rng, 1, NULL, &e));
     assert_string_equal(e.msg, "no node in cell c1 has 60000 milli-CPU free (best: 54000)");
+    dsec_placement_free(v);
+}
+
+/* Two feasible nodes among 1000: probing rarely meets both, but placement
+ * must still compare k of them, so the roomier one always wins. */
+static void sparse_set_still_compares_k(void **state)
+{
+    dsec_placement *v = view(0);
+    char name[16];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(name, sizeof name, "n%d", i);
+        dsec_node_report r = full(name, 64000, 262144, 3200);
+        if (i == 300)
+            r.cpu_free_milli = 8000; /* feasible, busy */
+        else if (i != 700)
+            r.cpu_free_milli = 0; /* full */
+        report(v, &r, 0, DSEC_REPORT_APPLIED);
+    }
+    uint64_t rng = 5;
+    dsec_err e;
+    dsec_place_result res;
+    dsec_place_req req = creq(1000, 1024);
+    for (int i = 0; i < 30; i++) {
+        assert_non_null(place(v, &req, 2, &rng, 1, &res, &e));
+        assert_string_equal(res.node, "n700");
+        assert_int_equal(res.candidates, 2);
+        dsec_placement_release(v, "n700", res.reservation);
+    }
     dsec_placement_free(v);
 }
 
@@ -613,9 +653,9 @@ static void capacity_messages(void **state)
 
     /* Bad arguments. */
     req = creq(1, 1);
-    assert_int_equal(dsec_placement_place(v, &req, DSEC_PLACE_K_MAX + 1, &rng, 1,
-                                          &(dsec_place_result){0}, &e),
-                     -1);
+    assert_int_equal(
+        dsec_placement_place(v, &req, DSEC_PLACE_K_MAX + 1, &rng, 1, &(dsec_place_result){0}, &e),
+        -1);
     assert_int_equal(e.code, DSEC_E_INVALID);
     req.type = 31;
     assert_int_equal(dsec_placement_place(v, &req, 2, &rng, 1, &(dsec_place_result){0}, &e), -1);
@@ -760,9 +800,11 @@ static void measure(int nodes, double feasible_share, int batches)
         seq++;
         for (int i = 0; i < nodes; i++) { /* deltas clear the overlay */
             snprintf(name, sizeof name, "n%d", i);
-            dsec_node_report d = {.node = name, .seq = seq,
+            dsec_node_report d = {.node = name,
+                                  .seq = seq,
                                   .cpu_free_milli = i % feasible_every ? 0 : 192000,
-                                  .mem_free_mb = 786432, .slots_free = 3200};
+                                  .mem_free_mb = 786432,
+                                  .slots_free = 3200};
             report(v, &d, 1, DSEC_REPORT_APPLIED);
         }
     }
@@ -793,6 +835,7 @@ int main(void)
         cmocka_unit_test(remove_and_health),
         cmocka_unit_test(exclude_list_honoured),
         cmocka_unit_test(finds_the_one_in_10000),
+        cmocka_unit_test(sparse_set_still_compares_k),
         cmocka_unit_test(locality_breaks_near_ties),
         cmocka_unit_test(capacity_messages),
         cmocka_unit_test(cell_summary),

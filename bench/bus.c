@@ -1,0 +1,443 @@
+/* bus.c - benchmark of the actor bus against raw nats.c on the same machine
+ * in the same run: publish->subscriber rate and pipelined request/reply rate.
+ * The raw baselines are the one place outside bus/ that includes nats.h:
+ * they measure the limit the bus is judged against. */
+#define _GNU_SOURCE /* nftw */
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bus/bus.h"
+#include "dsec/alloc.h"
+#include "dsec/err.h"
+
+#define PAYLOAD 200
+#define WINDOW 1000
+#define ROUNDS 3
+#define RUN_TIMEOUT_S 120
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "bench_bus: %s: %s\n", what, why);
+    exit(1);
+}
+
+static void check(natsStatus s, const char *what)
+{
+    if (s != NATS_OK)
+        die(what, natsStatus_GetText(s));
+}
+
+/* The end of a run: the receiving side counts up to target. */
+typedef struct finish {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    atomic_long count;
+    long target;
+    bool done;
+    double t_end;
+} finish;
+
+static void finish_init(finish *f, long target)
+{
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cond, NULL);
+    atomic_store(&f->count, 0);
+    f->target = target;
+    f->done = false;
+}
+
+static void finish_destroy(finish *f)
+{
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->mu);
+}
+
+static inline void finish_add(finish *f)
+{
+    if (atomic_fetch_add_explicit(&f->count, 1, memory_order_relaxed) + 1 == f->target) {
+        pthread_mutex_lock(&f->mu);
+        f->t_end = now_s();
+        f->done = true;
+        pthread_cond_signal(&f->cond);
+        pthread_mutex_unlock(&f->mu);
+    }
+}
+
+static bool finish_wait(finish *f)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += RUN_TIMEOUT_S;
+    pthread_mutex_lock(&f->mu);
+    while (!f->done)
+        if (pthread_cond_timedwait(&f->cond, &f->mu, &ts) == ETIMEDOUT)
+            break;
+    bool ok = f->done;
+    pthread_mutex_unlock(&f->mu);
+    return ok;
+}
+
+/* ---- (a) raw publish -> async subscriber ---------------------------------- */
+
+static void raw_sub_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    natsMsg_Destroy(msg);
+    finish_add(closure);
+}
+
+static double run_raw_pubsub(const char *url, long n)
+{
+    natsConnection *pub = NULL, *subc = NULL;
+    natsSubscription *sub = NULL;
+    finish f;
+    finish_init(&f, n);
+    check(natsConnection_ConnectTo(&pub, url), "raw publisher connect");
+    check(natsConnection_ConnectTo(&subc, url), "raw subscriber connect");
+    check(natsConnection_Subscribe(&sub, subc, "bench.raw.ps", raw_sub_cb, &f), "raw subscribe");
+    check(natsSubscription_SetPendingLimits(sub, -1, -1), "raw pending limits");
+    check(natsConnection_Flush(subc), "raw flush");
+    char payload[PAYLOAD];
+    memset(payload, 'x', sizeof payload);
+    double t0 = now_s();
+    for (long i = 0; i < n; i++)
+        check(natsConnection_Publish(pub, "bench.raw.ps", payload, PAYLOAD), "raw publish");
+    check(natsConnection_Flush(pub), "raw flush");
+    if (!finish_wait(&f))
+        die("raw pub/sub", "messages were lost (slow consumer?)");
+    double rate = (double)n / (f.t_end - t0);
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    natsConnection_Destroy(subc);
+    natsConnection_Destroy(pub);
+    finish_destroy(&f);
+    return rate;
+}
+
+/* ---- (b) dsec_bus_publish -> an actor's handler ---------------------------- */
+
+static void actor_sink(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    finish_add(ud);
+}
+
+static double run_actor_pubsub(const char *url, long n)
+{
+    dsec_err err;
+    dsec_bus *pub = NULL, *subb = NULL;
+    dsec_bus_opts po = {.url = url, .name = "bench-pub"};
+    /* The mailbox must hold a whole flood: the bench measures throughput,
+     * not the overflow policy. */
+    dsec_bus_opts so = {.url = url, .name = "bench-sub", .mailbox_max = (int)n};
+    if (dsec_bus_connect(&pub, &po, &err) < 0 || dsec_bus_connect(&subb, &so, &err) < 0)
+        die("bus connect", err.msg);
+    finish f;
+    finish_init(&f, n);
+    dsec_actor *a = NULL;
+    if (dsec_actor_new(&a, subb, "sink", &err) < 0 ||
+        dsec_actor_on(a, "bench.actor.ps", NULL, actor_sink, &f, &err) < 0)
+        die("actor", err.msg);
+    if (dsec_bus_flush(subb, 5000, &err) < 0)
+        die("flush", err.msg);
+    char payload[PAYLOAD];
+    memset(payload, 'x', sizeof payload);
+    dsec_hdr h = {.type = "bench", .schema = 1};
+    double t0 = now_s();
+    for (long i = 0; i < n; i++)
+        if (dsec_bus_publish(pub, "bench.actor.ps", NULL, &h, payload, PAYLOAD, &err) < 0)
+            die("bus publish", err.msg);
+    if (dsec_bus_flush(pub, 5000, &err) < 0)
+        die("flush", err.msg);
+    if (!finish_wait(&f))
+        die("actor pub/sub", "messages were lost");
+    double rate = (double)n / (f.t_end - t0);
+    dsec_actor_stats st;
+    dsec_actor_stats_get(a, &st);
+    if (st.dropped != 0)
+        die("actor pub/sub", "the mailbox dropped messages");
+    dsec_bus_free(pub);
+    dsec_bus_free(subb);
+    finish_destroy(&f);
+    return rate;
+}
+
+/* ---- (c) raw pipelined request/reply --------------------------------------- */
+
+typedef struct raw_rr {
+    natsConnection *req;
+    char prefix[64];
+    size_t prefix_len;
+    atomic_long issued;
+    long total;
+    unsigned char *seen; /* reply correlation, as a real client would do */
+    finish f;
+} raw_rr;
+
+static void raw_issue(raw_rr *r)
+{
+    long id = atomic_fetch_add_explicit(&r->issued, 1, memory_order_relaxed);
+    if (id >= r->total)
+        return;
+    char reply[96];
+    snprintf(reply, sizeof reply, "%s%lx", r->prefix, id);
+    static const char payload[PAYLOAD] = {0};
+    check(natsConnection_PublishRequest(r->req, "bench.raw.rr", reply, payload, PAYLOAD),
+          "raw request");
+}
+
+static void raw_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    raw_rr *r = closure;
+    long id = strtol(natsMsg_GetSubject(msg) + r->prefix_len, NULL, 16);
+    if (id >= 0 && id < r->total)
+        r->seen[id] = 1;
+    natsMsg_Destroy(msg);
+    raw_issue(r); /* keep the window full */
+    finish_add(&r->f);
+}
+
+static void raw_responder_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg,
+                             void *closure)
+{
+    natsConnection_Publish(nc, natsMsg_GetReply(msg), natsMsg_GetData(msg),
+                           natsMsg_GetDataLength(msg));
+    natsMsg_Destroy(msg);
+}
+
+static double run_raw_rr(const char *url, long n)
+{
+    raw_rr r = {.total = n};
+    natsConnection *resp = NULL;
+    natsSubscription *rsub = NULL, *isub = NULL;
+    r.seen = dsec_calloc((size_t)n, 1);
+    finish_init(&r.f, n);
+    atomic_store(&r.issued, 0);
+    check(natsConnection_ConnectTo(&r.req, url), "raw requester connect");
+    check(natsConnection_ConnectTo(&resp, url), "raw responder connect");
+    check(natsConnection_Subscribe(&rsub, resp, "bench.raw.rr", raw_responder_cb, NULL),
+          "raw responder subscribe");
+    check(natsSubscription_SetPendingLimits(rsub, -1, -1), "pending limits");
+    check(natsConnection_Flush(resp), "flush");
+    natsInbox *inbox = NULL;
+    check(natsInbox_Create(&inbox), "inbox");
+    r.prefix_len = (size_t)snprintf(r.prefix, sizeof r.prefix, "%s.", (const char *)inbox);
+    char wildcard[80];
+    snprintf(wildcard, sizeof wildcard, "%s*", r.prefix);
+    natsInbox_Destroy(inbox);
+    check(natsConnection_Subscribe(&isub, r.req, wildcard, raw_reply_cb, &r), "inbox subscribe");
+    check(natsSubscription_SetPendingLimits(isub, -1, -1), "pending limits");
+    check(natsConnection_Flush(r.req), "flush");
+
+    double t0 = now_s();
+    for (int i = 0; i < WINDOW; i++)
+        raw_issue(&r);
+    if (!finish_wait(&r.f))
+        die("raw request/reply", "replies were lost");
+    double rate = (double)n / (r.f.t_end - t0);
+    for (long i = 0; i < n; i++)
+        if (!r.seen[i])
+            die("raw request/reply", "a reply went missing");
+    natsSubscription_Unsubscribe(isub);
+    natsSubscription_Destroy(isub);
+    natsSubscription_Unsubscribe(rsub);
+    natsSubscription_Destroy(rsub);
+    natsConnection_Destroy(resp);
+    natsConnection_Destroy(r.req);
+    finish_destroy(&r.f);
+    dsec_free(r.seen);
+    return rate;
+}
+
+/* ---- (d) dsec_bus_request -> actor responder ------------------------------- */
+
+typedef struct bus_rr {
+    dsec_bus *req;
+    atomic_long issued;
+    long total;
+    atomic_long failed;
+    unsigned char *seen;
+    finish f;
+} bus_rr;
+
+static void bus_issue(bus_rr *r);
+
+static void bus_reply_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    bus_rr *r = ud;
+    if (status == 0 && dsec_msg_len(reply) == PAYLOAD) {
+        long id;
+        memcpy(&id, dsec_msg_data(reply), sizeof id);
+        if (id >= 0 && id < r->total)
+            r->seen[id] = 1;
+    } else {
+        atomic_fetch_add(&r->failed, 1);
+    }
+    bus_issue(r);
+    finish_add(&r->f);
+}
+
+static void bus_issue(bus_rr *r)
+{
+    long id = atomic_fetch_add_explicit(&r->issued, 1, memory_order_relaxed);
+    if (id >= r->total)
+        return;
+    unsigned char payload[PAYLOAD] = {0};
+    memcpy(payload, &id, sizeof id);
+    dsec_hdr h = {.type = "bench", .schema = 1};
+    dsec_err err;
+    if (dsec_bus_request(r->req, "bench.actor.rr", &h, payload, PAYLOAD, 30000, bus_reply_cb, r,
+                         &err) < 0)
+        die("bus request", err.msg);
+}
+
+static void echo_actor(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_hdr h = {.type = "bench-reply", .schema = 1};
+    dsec_err err;
+    if (dsec_msg_respond(a, m, &h, dsec_msg_data(m), dsec_msg_len(m), &err) < 0)
+        dsec_actor_count_error(a);
+}
+
+static double run_actor_rr(const char *url, long n)
+{
+    dsec_err err;
+    bus_rr r = {.total = n};
+    dsec_bus *resp = NULL;
+    dsec_bus_opts qo = {.url = url, .name = "bench-requester"};
+    dsec_bus_opts ro = {.url = url, .name = "bench-responder"};
+    if (dsec_bus_connect(&r.req, &qo, &err) < 0 || dsec_bus_connect(&resp, &ro, &err) < 0)
+        die("bus connect", err.msg);
+    dsec_actor *a = NULL;
+    if (dsec_actor_new(&a, resp, "echo", &err) < 0 ||
+        dsec_actor_on(a, "bench.actor.rr", NULL, echo_actor, NULL, &err) < 0)
+        die("actor", err.msg);
+    if (dsec_bus_flush(resp, 5000, &err) < 0)
+        die("flush", err.msg);
+    r.seen = dsec_calloc((size_t)n, 1);
+    atomic_store(&r.issued, 0);
+    atomic_store(&r.failed, 0);
+    finish_init(&r.f, n);
+    double t0 = now_s();
+    for (int i = 0; i < WINDOW; i++)
+        bus_issue(&r);
+    if (!finish_wait(&r.f))
+        die("bus request/reply", "replies were lost");
+    double rate = (double)n / (r.f.t_end - t0);
+    if (atomic_load(&r.failed) != 0)
+        die("bus request/reply", "some requests failed");
+    for (long i = 0; i < n; i++)
+        if (!r.seen[i])
+            die("bus request/reply", "a reply went missing");
+    dsec_bus_free(r.req);
+    dsec_bus_free(resp);
+    finish_destroy(&r.f);
+    dsec_free(r.seen);
+    return rate;
+}
+
+/* ---- main ------------------------------------------------------------------ */
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+int main(int argc, char **argv)
+{
+    long n_ps = argc > 1 ? atol(argv[1]) : 1500000;
+    long n_rr = argc > 2 ? atol(argv[2]) : 400000;
+    if (n_ps <= 0 || n_rr <= WINDOW)
+        die("usage", "bench_bus [pubsub_msgs] [rr_requests > 1000]");
+
+    char dir[] = "/tmp/dsec-bench-bus-XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        die("mkdtemp", strerror(errno));
+    dsec_natsd *srv = NULL;
+    dsec_natsd_opts so = {.state_dir = dir};
+    dsec_err err;
+    if (dsec_natsd_start(&srv, &so, &err) < 0)
+        die("nats-server", err.msg);
+    const char *url = dsec_natsd_url(srv);
+    printf("bench_bus: nats-server %s, nats.c %s, allocator %s, %d-byte payloads, best of %d\n",
+           url, nats_GetVersion(), dsec_alloc_name(), PAYLOAD, ROUNDS);
+
+    /* DSEC_BENCH_ONLY=raw_ps|actor_ps|raw_rr|actor_rr runs one scenario in a
+     * loop, for profilers; no table, no JSON. */
+    const char *only = getenv("DSEC_BENCH_ONLY");
+    if (only != NULL && *only) {
+        double (*fn)(const char *, long) = NULL;
+        long n = n_ps;
+        if (strcmp(only, "raw_ps") == 0)
+            fn = run_raw_pubsub;
+        else if (strcmp(only, "actor_ps") == 0)
+            fn = run_actor_pubsub;
+        else if (strcmp(only, "raw_rr") == 0)
+            fn = run_raw_rr, n = n_rr;
+        else if (strcmp(only, "actor_rr") == 0)
+            fn = run_actor_rr, n = n_rr;
+        else
+            die("DSEC_BENCH_ONLY", "want raw_ps, actor_ps, raw_rr or actor_rr");
+        for (int i = 0; i < ROUNDS; i++)
+            printf("  %s: %.0f /s\n", only, fn(url, n));
+        dsec_natsd_stop(srv);
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return 0;
+    }
+
+    double raw_ps = 0, act_ps = 0, raw_rrs = 0, act_rrs = 0;
+    /* Warm-up: page in the code paths and let the server settle. */
+    run_raw_pubsub(url, n_ps / 10);
+    run_actor_pubsub(url, n_ps / 10);
+    for (int i = 0; i < ROUNDS; i++) {
+        double r = run_raw_pubsub(url, n_ps);
+        double a = run_actor_pubsub(url, n_ps);
+        printf("  round %d pub/sub   raw %10.0f msg/s   actor %10.0f msg/s\n", i + 1, r, a);
+        fflush(stdout);
+        raw_ps = max2(raw_ps, r);
+        act_ps = max2(act_ps, a);
+    }
+    run_raw_rr(url, n_rr / 10);
+    run_actor_rr(url, n_rr / 10);
+    for (int i = 0; i < ROUNDS; i++) {
+        double r = run_raw_rr(url, n_rr);
+        double a = run_actor_rr(url, n_rr);
+        printf("  round %d req/reply raw %10.0f rep/s   actor %10.0f rep/s\n", i + 1, r, a);
+        fflush(stdout);
+        raw_rrs = max2(raw_rrs, r);
+        act_rrs = max2(act_rrs, a);
+    }
+
+    printf("\n%-34s %14s %14s %8s\n", "scenario", "raw nats.c", "dsec bus", "ratio");
+    printf("%-34s %14.0f %14.0f %7.1f%%\n", "publish -> subscriber (msg/s)", raw_ps, act_ps,
+           100.0 * act_ps / raw_ps);
+    printf("%-34s %14.0f %14.0f %7.1f%%\n", "pipelined request/reply (rep/s)", raw_rrs, act_rrs,
+           100.0 * act_rrs / raw_rrs);
+    printf("{\"scenario\":\"bus\",\"actor_msgs_per_s\":%.0f,\"raw_msgs_per_s\":%.0f,"
+           "\"actor_rr_per_s\":%.0f,\"raw_rr_per_s\":%.0f,\"msgs_ratio\":%.3f,"
+           "\"rr_ratio\":%.3f}\n",
+           act_ps, raw_ps, act_rrs, raw_rrs, act_ps / raw_ps, act_rrs / raw_rrs);
+
+    dsec_natsd_stop(srv);
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}

@@ -1,0 +1,686 @@
+/* test_control.c - the control plane end to end on a real nats-server: placement, retries, cells, reaping, idempotency, re-adoption, draining, bad input. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <inttypes.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/cell.h"
+#include "actors/wire.h"
+#include "bus/bus.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+
+static dsec_natsd *natsd;
+
+/* What a test started, stopped by the teardown even when an assertion
+ * failed half-way (a leaked scheduler would join the next test's queue group). */
+static struct {
+    dsec_cell *cells[4];
+    dsec_cell_conf *confs[4];
+    dsec_client *clients[4];
+    pid_t pids[2];
+} live;
+
+static int test_teardown(void **state)
+{
+    for (int i = 0; i < 2; i++)
+        if (live.pids[i] > 0) {
+            kill(live.pids[i], SIGCONT);
+            kill(live.pids[i], SIGKILL);
+            waitpid(live.pids[i], NULL, 0);
+        }
+    for (int i = 0; i < 4; i++) {
+        dsec_client_free(live.clients[i]);
+        dsec_cell_stop(live.cells[i], true);
+        if (live.confs[i])
+            dsec_cell_conf_release(live.confs[i]);
+    }
+    memset(&live, 0, sizeof live);
+    return 0;
+}
+
+static void track_cell(dsec_cell *c, dsec_cell_conf *conf)
+{
+    for (int i = 0; i < 4; i++)
+        if (live.cells[i] == NULL) {
+            live.cells[i] = c;
+            live.confs[i] = conf;
+            return;
+        }
+}
+
+static void track_client(dsec_client *c)
+{
+    for (int i = 0; i < 4; i++)
+        if (live.clients[i] == NULL) {
+            live.clients[i] = c;
+            return;
+        }
+}
+
+static void track_pid(pid_t pid)
+{
+    live.pids[live.pids[0] > 0 ? 1 : 0] = pid;
+}
+static char root[64];
+static const char *dsecd_path;
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int group_setup(void **state)
+{
+    snprintf(root, sizeof root, "/tmp/dsec-control-XXXXXX");
+    if (mkdtemp(root) == NULL)
+        return -1;
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/nats", root);
+    mkdir(dir, 0700);
+    dsec_natsd_opts o = {.state_dir = dir, .jetstream = false};
+    dsec_err err;
+    if (dsec_natsd_start(&natsd, &o, &err) < 0) {
+        fprintf(stderr, "nats-server: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    dsec_natsd_stop(natsd);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* A cell named name on the shared server with fast reports. */
+static void conf_for(dsec_cell_conf *c, const char *name)
+{
+    dsec_cell_conf_defaults(c);
+    snprintf(c->cell, sizeof c->cell, "%s", name);
+    snprintf(c->url, sizeof c->url, "%s", dsec_natsd_url(natsd));
+    snprintf(c->state_dir, sizeof c->state_dir, "%s/%s-%ld", root, name, (long)random());
+    c->capacity_ms = 20;
+    c->full_ms = 500;
+    c->heartbeat_ms = 100;
+    c->reap_ms = 100;
+    c->summary_ms = 100;
+    c->dead_after_ms = 600;
+}
+
+static void add_node(dsec_cell_conf *c, const char *name, uint64_t slots, const char *const *types,
+                     const char *label)
+{
+    dsec_err err;
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, name, 1, 64000, 65536, slots, types, "0", &err), 0);
+    dsec_cell_node *n = &c->nodes[c->nnodes - 1];
+    snprintf(n->name, sizeof n->name, "%s", name);
+    if (label != NULL) {
+        n->labels[0].key = dsec_strdup("zone");
+        n->labels[0].value = dsec_strdup(label);
+        n->nlabels = 1;
+    }
+}
+
+static dsec_cell *start(dsec_cell_conf *c, int roles)
+{
+    dsec_cell *cell = NULL;
+    dsec_err err;
+    if (dsec_cell_start(&cell, c, roles, &err) < 0)
+        fail_msg("cell %s: %s", c->cell, err.msg);
+    track_cell(cell, c);
+    return cell;
+}
+
+static dsec_client *client(const char *tenant)
+{
+    dsec_client *cl = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = tenant, .timeout_ms = 3000};
+    dsec_err err;
+    if (dsec_client_connect(&cl, &o, &err) < 0)
+        fail_msg("client: %s", err.msg);
+    track_client(cl);
+    return cl;
+}
+
+static int create(dsec_client *cl, dsec_create_spec spec, dsec_sandbox_info *info, dsec_err *err)
+{
+    int rc = dsec_create(cl, &spec, info, err);
+    if (rc < 0)
+        fprintf(stderr, "  (create: %s: %s)\n", dsec_code_name(err->code), err->msg);
+    return rc;
+}
+
+/* ---- placement ---------------------------------------------------------------- */
+
+static void lightest_type_labels_and_errors(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t1");
+    static const char *const ta[] = {"function", "container", NULL};
+    static const char *const tb[] = {"container", "microvm", NULL};
+    add_node(&c, "t1-a", 100, ta, "a");
+    add_node(&c, "t1-b", 100, tb, "b");
+    start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t1");
+    dsec_sandbox_info info;
+    dsec_err err;
+
+    assert_int_equal(create(cl, (dsec_create_spec){.cell = "t1"}, &info, &err), 0);
+    assert_string_equal(info.type, "function"); /* the lightest type */
+    assert_string_equal(info.node, "t1-a");
+
+    static const char *const kernel[] = {"own_kernel", NULL};
+    assert_int_equal(create(cl, (dsec_create_spec){.requires = kernel}, &info, &err), 0);
+    assert_string_equal(info.type, "microvm");
+    assert_string_equal(info.node, "t1-b");
+
+    static const char *const zone_b[] = {"zone=b", NULL};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(create(cl, (dsec_create_spec){.type = "container", .affinity = zone_b}, &info, &err), 0);
+        assert_string_equal(info.node, "t1-b");
+    }
+
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "vm"}, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "banana"}, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "banana"));
+    static const char *const zone_c[] = {"zone=c", NULL};
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "container", .affinity = zone_c}, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_non_null(strstr(err.msg, "zone"));
+    static const char *const bogus[] = {"wings", NULL};
+    assert_int_equal(create(cl, (dsec_create_spec){.requires = bogus}, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "wings"));
+
+}
+
+static void capacity_is_respected(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t2");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t2-a", 3, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t2");
+    dsec_sandbox_info info[4];
+    dsec_err err;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info[i], &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info[3], &err), -1);
+    assert_true(err.code == DSEC_E_CAPACITY || err.code == DSEC_E_REFUSED);
+    assert_true(dsec_code_retry_safe(err.code));
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.live, 3);
+    /* memory: a request larger than any node never lands */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .memory_mb = 1u << 20}, &info[3], &err), -1);
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_non_null(strstr(err.msg, "memory"));
+    /* freeing a slot lets the next create in once the node has reported it */
+    assert_int_equal(dsec_destroy(cl, info[0].id, &err), 0);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc < 0; i++) {
+        rc = create(cl, (dsec_create_spec){.type = "sim"}, &info[3], &err);
+        if (rc < 0)
+            msleep(20);
+    }
+    assert_int_equal(rc, 0);
+}
+
+/* Fill node A behind the scheduler's back (reports are slow in this cell):
+ * the scheduler still believes A is empty, A refuses, the retry lands on B. */
+static void refusal_is_retried_elsewhere(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t3");
+    c.capacity_ms = 60000;
+    c.full_ms = 60000;
+    c.dead_after_ms = 120000;
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t3-a", 2, t, NULL);
+    add_node(&c, "t3-b", 2, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_bus *bus = dsec_cell_bus(cell);
+    dsec_err err;
+    for (int i = 0; i < 2; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "direct-%d", i);
+        dsec_msg_place p = {.c = {.req_id = rid, .tenant = "t3", .type = "sim"},
+                            .reply_to = "test.sink", .attempt = 1};
+        assert_int_equal(dsec_wire_send(NULL, bus, "dsec.v1.ctl.place.t3-a", NULL, DSEC_MSG_PLACE,
+                                        &p, rid, &err), 0);
+    }
+    dsec_node_stats ns = {0};
+    for (int i = 0; i < 200 && ns.live < 2; i++) {
+        msleep(10);
+        dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    }
+    assert_int_equal(ns.live, 2);
+
+    dsec_client *cl = client("t3");
+    dsec_sandbox_info info;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), 0);
+        assert_string_equal(info.node, "t3-b");
+    }
+    dsec_sched_stats ss;
+    dsec_sched_stats_get(dsec_cell_sched_at(cell, 0), &ss);
+    assert_true(ss.retried >= 1);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_true(ns.refused >= 1);
+    /* now both are full: the answer says the placement was refused, with why */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), -1);
+    assert_true(err.code == DSEC_E_REFUSED || err.code == DSEC_E_CAPACITY);
+    assert_non_null(strstr(err.msg, "slot"));
+}
+
+static void two_cells_fan_out_and_fill_over(void **state)
+{
+    static dsec_cell_conf c1, c2;
+    conf_for(&c1, "c1");
+    conf_for(&c2, "c2");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c1, "c1-n", 1, t, NULL);
+    add_node(&c2, "c2-n", 2, t, NULL);
+    dsec_cell *cell1 = start(&c1, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    start(&c2, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    msleep(400); /* a few summary periods */
+    dsec_client *cl = client("fan");
+    dsec_sandbox_info info, on_c2[2];
+    dsec_err err;
+    int on1 = 0, on2 = 0;
+    for (int i = 0; i < 3; i++) {
+        if (create(cl, (dsec_create_spec){.type = "sim"}, &info, &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+        if (strcmp(info.cell, "c1") == 0)
+            on1++;
+        else if (strcmp(info.cell, "c2") == 0 && on2 < 2)
+            on_c2[on2++] = info;
+        msleep(150); /* let the summaries catch up with each fill */
+    }
+    assert_int_equal(on1, 1);
+    assert_int_equal(on2, 2);
+    /* everything is full: the answer is a capacity error */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), -1);
+    assert_true(err.code == DSEC_E_CAPACITY || err.code == DSEC_E_REFUSED);
+    /* a request for one cell stays there */
+    assert_int_equal(dsec_destroy(cl, on_c2[0].id, &err), 0);
+    msleep(400);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cell = "c1"}, &info, &err), -1);
+    assert_true(err.code == DSEC_E_CAPACITY || err.code == DSEC_E_REFUSED);
+    /* forwarding, deterministically: an any-cell request that reaches full
+     * c1's schedulers goes on to c2, which has room again */
+    dsec_sched_stats before, after;
+    dsec_sched_stats_get(dsec_cell_sched_at(cell1, 0), &before);
+    dsec_msg_create m = {.req_id = "fan-forward-1", .type = "sim"};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    assert_int_equal(dsec_encode(&b, DSEC_MSG_CREATE, &m, &err), 0);
+    dsec_msg *reply = NULL;
+    dsec_hdr h = {.type = "create", .schema = 1, .req_id = m.req_id};
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(cell1), "dsec.v1.fan.create.c1", &h, b.data,
+                                           b.len, 3000, &reply, &err), 0);
+    dsec_buf_release(&b);
+    assert_string_equal(dsec_msg_type(reply), "created");
+    dsec_decoder *d = dsec_decoder_new(NULL);
+    dsec_msg_created cr;
+    assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+    assert_string_equal(cr.cell, "c2");
+    dsec_decoder_free(d);
+    dsec_msg_free(reply);
+    dsec_sched_stats_get(dsec_cell_sched_at(cell1, 0), &after);
+    assert_int_equal(after.forwarded, before.forwarded + 1);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------- */
+
+static void lifetime_and_idle_reclaim(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t5");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t5-a", 10, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t5");
+    dsec_sandbox_info ttl, idle, busy;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 1, .idle_s = 60}, &ttl, &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &idle, &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &busy, &err), 0);
+    const char *argv[] = {"echo", "hi", NULL};
+    for (int i = 0; i < 10; i++) { /* keep one busy for 2 s */
+        dsec_exec_reply r;
+        assert_int_equal(dsec_exec(cl, busy.id, &(dsec_exec_opts){.argv = argv}, &r, &err), 0);
+        dsec_exec_reply_release(&r);
+        msleep(200);
+    }
+    assert_int_equal(dsec_wait_state(cl, ttl.id, "gone", 3000, &err), 0);
+    assert_int_equal(dsec_wait_state(cl, idle.id, "gone", 3000, &err), 0);
+    dsec_sandbox_info st;
+    assert_int_equal(dsec_status(cl, busy.id, &st, &err), 0);
+    assert_string_equal(st.state, "running");
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.reaped_ttl, 1);
+    assert_int_equal(ns.reaped_idle, 1);
+}
+
+static void idempotent_create_under_retries(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t6");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t6-a", 50, t, NULL);
+    add_node(&c, "t6-b", 50, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t6");
+    dsec_sandbox_info first, again;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &first, &err), 0);
+    assert_false(first.existing);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &again, &err), 0);
+    /* the same id whichever node a first attempt would land on next... */
+    if (strcmp(again.id, first.id) != 0) {
+        /* ...unless it went to the other node: only a retry (which carries
+         * retry > 0) is checked across the cell; see below */
+        assert_string_not_equal(again.node, first.node);
+    } else {
+        assert_true(again.existing);
+    }
+    /* a client retry (retry > 0) finds the sandbox wherever it is */
+    for (int i = 0; i < 6; i++) {
+        dsec_msg_create m = {.req_id = "job-7-step-1", .type = "sim", .retry = 1};
+        dsec_buf b;
+        dsec_buf_init(&b);
+        assert_int_equal(dsec_encode(&b, DSEC_MSG_CREATE, &m, &err), 0);
+        dsec_msg *reply = NULL;
+        dsec_hdr h = {.type = "create", .schema = 1, .req_id = "job-7-step-1"};
+        assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(cell), "dsec.v1.t6.create", &h, b.data,
+                                               b.len, 3000, &reply, &err), 0);
+        assert_string_equal(dsec_msg_type(reply), "created");
+        dsec_decoder *d = dsec_decoder_new(NULL);
+        dsec_msg_created cr;
+        assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+        assert_true(cr.existing);
+        assert_true(strcmp(cr.id, first.id) == 0 || strcmp(cr.id, again.id) == 0);
+        dsec_decoder_free(d);
+        dsec_msg_free(reply);
+        dsec_buf_release(&b);
+    }
+    dsec_node_stats a, bb;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &a);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &bb);
+    assert_true(a.created + bb.created <= 2);
+}
+
+static void sandbox_operations(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t7");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t7-a", 20, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t7");
+    dsec_sandbox_info sb;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
+    const char *argv[] = {"cat", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = argv, .stdin_data = "in\0put", .stdin_len = 6}, &r, &err), 0);
+    assert_int_equal(r.out_len, 6);
+    assert_memory_equal(r.out, "in\0put", 6);
+    dsec_exec_reply_release(&r);
+    const char *fargv[] = {"false", NULL};
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = fargv}, &r, &err), 0);
+    assert_int_equal(r.exit_code, 1);
+    dsec_exec_reply_release(&r);
+    assert_int_equal(dsec_file_write(cl, sb.id, "/w/a.txt", "parent", 6, 0644, &err), 0);
+    char **kids;
+    size_t nk;
+    assert_int_equal(dsec_fork(cl, sb.id, 2, &kids, &nk, &err), 0);
+    assert_int_equal(nk, 2);
+    assert_int_equal(dsec_file_write(cl, sb.id, "/w/a.txt", "later!", 6, 0644, &err), 0);
+    assert_int_equal(dsec_file_write(cl, kids[0], "/w/b.txt", "kid0", 4, 0644, &err), 0);
+    uint8_t *data;
+    size_t len;
+    assert_int_equal(dsec_file_read(cl, kids[1], "/w/a.txt", &data, &len, &err), 0);
+    assert_int_equal(len, 6);
+    assert_memory_equal(data, "parent", 6); /* the branch point, not later writes */
+    dsec_free(data);
+    assert_int_equal(dsec_file_read(cl, kids[1], "/w/b.txt", &data, &len, &err), -1); /* siblings apart */
+    dsec_dirent *e;
+    size_t ne;
+    assert_int_equal(dsec_file_list(cl, kids[0], "/w", &e, &ne, &err), 0);
+    assert_int_equal(ne, 2);
+    dsec_dirents_free(e, ne);
+    assert_int_equal(dsec_pause(cl, sb.id, &err), 0);
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = argv}, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    assert_int_equal(dsec_resume(cl, sb.id, &err), 0);
+    assert_int_equal(dsec_wait_state(cl, sb.id, "running", 1000, &err), 0);
+    for (size_t i = 0; i < nk; i++)
+        assert_int_equal(dsec_destroy(cl, kids[i], &err), 0);
+    dsec_strv_free(kids, nk);
+    assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
+    assert_int_equal(dsec_status(cl, sb.id, &sb, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.live, 0);
+}
+
+/* ---- bad input ------------------------------------------------------------------------ */
+
+static dsec_msg_error request_error(dsec_bus *bus, const char *subject, const char *type,
+                                    const void *data, size_t len, char *code, size_t ncode,
+                                    char *field, size_t nfield)
+{
+    dsec_err err;
+    dsec_msg *reply = NULL;
+    dsec_hdr h = {.type = type, .schema = 1, .req_id = "bad-1"};
+    if (dsec_bus_request_sync(bus, subject, &h, data, len, 3000, &reply, &err) < 0)
+        fail_msg("%s: no answer: %s", subject, err.msg);
+    assert_string_equal(dsec_msg_type(reply), "error");
+    dsec_decoder *d = dsec_decoder_new(NULL);
+    dsec_msg_error e;
+    assert_int_equal(dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, &err), 0);
+    snprintf(code, ncode, "%s", e.code);
+    snprintf(field, nfield, "%s", e.field ? e.field : "");
+    dsec_decoder_free(d);
+    dsec_msg_free(reply);
+    return (dsec_msg_error){0};
+}
+
+static void malformed_requests_get_errors(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t8");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t8-a", 10, t, NULL);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_bus *bus = dsec_cell_bus(cell);
+    char code[32], field[32];
+    request_error(bus, "dsec.v1.t8.create.t8", "create", "\xc1garbage", 8, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "decode");
+    static const uint8_t no_req_id[] = {0x81, 0xa4, 't', 'y', 'p', 'e', 0xa3, 's', 'i', 'm'};
+    request_error(bus, "dsec.v1.t8.create.t8", "create", no_req_id, sizeof no_req_id, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "decode");
+    assert_string_equal(field, "req_id");
+    static const uint8_t bad_cpu[] = {0x82, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa1, 'x',
+                                      0xa9, 'c', 'p', 'u', '_', 'm', 'i', 'l', 'l', 'i', 0xa3, 'l', 'o', 't'};
+    request_error(bus, "dsec.v1.t8.create.t8", "create", bad_cpu, sizeof bad_cpu, code, sizeof code, field, sizeof field);
+    assert_string_equal(field, "cpu_milli");
+
+    dsec_client *cl = client("t8");
+    dsec_sandbox_info sb;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.t8.sbx.t8-a.%s.exec", sb.id);
+    request_error(bus, subj, "exec", "\x93\x01\x02", 3, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "decode");
+    snprintf(subj, sizeof subj, "dsec.v1.other.sbx.t8-a.%s.exec", sb.id);
+    request_error(bus, subj, "exec", "\x80", 1, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "permission"); /* another tenant's sandbox */
+    request_error(bus, "dsec.v1.t8.sbx.t8-a.t8-a-0000000000000000.exec", "exec", "\x80", 1, code,
+                  sizeof code, field, sizeof field);
+    assert_string_equal(code, "not_found");
+    snprintf(subj, sizeof subj, "dsec.v1.t8.sbx.t8-a.%s.explode", sb.id);
+    request_error(bus, subj, "exec", "\x80", 1, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "unsupported");
+    request_error(bus, "dsec.v1.t8.sbx.t8-a.short", "exec", "\x80", 1, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "invalid");
+    dsec_msg_op op = {.id = sb.id, .op = "explode"};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    assert_int_equal(dsec_encode(&b, DSEC_MSG_OP, &op, &err), 0);
+    snprintf(subj, sizeof subj, "dsec.v1.t8.sbx.t8-a.%s.op", sb.id);
+    request_error(bus, subj, "op", b.data, b.len, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "unsupported");
+    dsec_buf_release(&b);
+    /* and the cell still serves */
+    assert_int_equal(dsec_status(cl, sb.id, &sb, &err), 0);
+    assert_string_equal(sb.state, "running");
+}
+
+/* ---- node managers in their own process ---------------------------------------------------- */
+
+static pid_t spawn_dsecd(const char *config)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(dsecd_path, "dsecd", "--config", config, "--roles", "node", (char *)NULL);
+        _exit(127);
+    }
+    track_pid(pid);
+    return pid;
+}
+
+static void write_node_config(const char *path, const char *cell, const char *node, const char *state)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "cell: %s\nstate_dir: %s\nbus: {url: \"%s\"}\n"
+            "reports: {capacity_ms: 20, full_ms: 300, heartbeat_ms: 100, reap_ms: 100}\n"
+            "nodes:\n  - name: %s\n    slots: 20\n    types: [sim]\n    sim: {time_scale: 0}\n",
+            cell, state, dsec_natsd_url(natsd), node);
+    fclose(f);
+}
+
+static void wait_nodes(dsec_cell *sched_cell, uint64_t want, int timeout_ms)
+{
+    dsec_sched_stats ss = {0};
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        dsec_sched_stats_get(dsec_cell_sched_at(sched_cell, 0), &ss);
+        if (ss.nodes == want)
+            return;
+        msleep(20);
+    }
+    fail_msg("scheduler sees %" PRIu64 " nodes, wanted %" PRIu64, ss.nodes, want);
+}
+
+static void restarted_node_readopts_its_sandboxes(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t9");
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER);
+    char cfg[256], st[256];
+    snprintf(cfg, sizeof cfg, "%s/t9.yaml", root);
+    snprintf(st, sizeof st, "%s/t9-node", root);
+    write_node_config(cfg, "t9", "t9-n", st);
+    pid_t pid = spawn_dsecd(cfg);
+    wait_nodes(sched, 1, 5000);
+    dsec_client *cl = client("t9");
+    dsec_sandbox_info sb[3];
+    dsec_err err;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb[i], &err), 0);
+    assert_int_equal(dsec_destroy(cl, sb[2].id, &err), 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(dsec_status(cl, sb[0].id, &sb[0], &err), -1); /* nobody serves it now */
+    pid = spawn_dsecd(cfg);
+    dsec_sandbox_info s;
+    int rc = -1;
+    for (int i = 0; i < 250 && rc < 0; i++) {
+        rc = dsec_status(cl, sb[0].id, &s, &err);
+        if (rc < 0)
+            msleep(20);
+    }
+    assert_int_equal(rc, 0);
+    assert_string_equal(s.state, "running");
+    assert_int_equal(dsec_status(cl, sb[1].id, &s, &err), 0);
+    assert_int_equal(dsec_status(cl, sb[2].id, &s, &err), -1); /* destroyed stays destroyed */
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    const char *argv[] = {"echo", "back", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(cl, sb[1].id, &(dsec_exec_opts){.argv = argv}, &r, &err), 0);
+    assert_int_equal(r.out_len, 5);
+    dsec_exec_reply_release(&r);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+static void silent_node_is_drained(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t10");
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER);
+    char cfg[256], st[256];
+    snprintf(cfg, sizeof cfg, "%s/t10.yaml", root);
+    snprintf(st, sizeof st, "%s/t10-node", root);
+    write_node_config(cfg, "t10", "t10-n", st);
+    pid_t pid = spawn_dsecd(cfg);
+    wait_nodes(sched, 1, 5000);
+    kill(pid, SIGSTOP); /* alive but silent: no heartbeats, no reports */
+    wait_nodes(sched, 0, 5000);
+    dsec_client *cl = client("t10");
+    dsec_sandbox_info sb;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    kill(pid, SIGCONT); /* its next full report brings it back */
+    wait_nodes(sched, 1, 5000);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
+int main(int argc, char **argv)
+{
+    dsecd_path = argc > 1 ? argv[1] : "./dsecd";
+    srandom((unsigned)getpid());
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(lightest_type_labels_and_errors, test_teardown),
+        cmocka_unit_test_teardown(capacity_is_respected, test_teardown),
+        cmocka_unit_test_teardown(refusal_is_retried_elsewhere, test_teardown),
+        cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
+        cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
+        cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),
+        cmocka_unit_test_teardown(sandbox_operations, test_teardown),
+        cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
+        cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
+        cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
