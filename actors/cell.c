@@ -17,6 +17,7 @@ struct dsec_cell {
     dsec_natsd *natsd;
     dsec_bus *bus;
     dsec_ticker *ticker;
+    dsec_ticker *sync_ticker; /* journal syncs: a slow disk never delays reports */
     dsec_registry *reg;
     dsec_node **nodes;
     size_t nnodes;
@@ -258,13 +259,22 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return -1;
 
     const dsec_cfg_node *r = dsec_cfg_get(root, "reports");
-    static const char *const r_keys[] = {"capacity_ms", "full_ms", "heartbeat_ms", "reap_ms", NULL};
+    static const char *const r_keys[] = {"capacity_ms", "full_ms", "heartbeat_ms", "reap_ms",
+                                         "journal_sync_ms", NULL};
+    bool never_sync = false;
+    uint64_t sync_ms = 1000;
     if (dsec_cfg_expect(cfg, r, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, r, r_keys, err) < 0 ||
         load_u32(cfg, r, "capacity_ms", &c->capacity_ms, 1, 60000, err) < 0 ||
         load_u32(cfg, r, "full_ms", &c->full_ms, 10, 3600000, err) < 0 ||
         load_u32(cfg, r, "heartbeat_ms", &c->heartbeat_ms, 10, 3600000, err) < 0 ||
         load_u32(cfg, r, "reap_ms", &c->reap_ms, 10, 3600000, err) < 0)
         return -1;
+    const dsec_cfg_node *js = dsec_cfg_get(r, "journal_sync_ms");
+    if (js != NULL && js->kind == DSEC_CFG_SCALAR && strcmp(js->value, "never") == 0)
+        never_sync = true;
+    else if (dsec_cfg_u64(cfg, r, "journal_sync_ms", 1000, 1, 3600000, &sync_ms, err) < 0)
+        return dsec_err_wrap(err, "(a period in ms, or \"never\")");
+    c->journal_sync_ms = never_sync ? -1 : (int64_t)sync_ms;
 
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
@@ -369,6 +379,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = conf->threads,
                         .retry_on_failed_connect = !conf->embedded_nats};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||
+        dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
     if (roles & DSEC_ROLE_NODE) {
@@ -387,7 +398,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .backend = cn->backend, .backend_opts = cn->opts,
                                  .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
                                  .full_ms = conf->full_ms, .heartbeat_ms = conf->heartbeat_ms,
-                                 .reap_ms = conf->reap_ms,
+                                 .reap_ms = conf->reap_ms, .sync_ms = conf->journal_sync_ms,
+                                 .sync_ticker = c->sync_ticker,
                                  .default_cpu_milli = conf->default_cpu_milli,
                                  .default_memory_mb = conf->default_memory_mb,
                                  .default_ttl_s = conf->default_ttl_s,
@@ -456,6 +468,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
         dsec_bus_flush(c->bus, 1000, &err);
     }
     dsec_ticker_free(c->ticker);
+    dsec_ticker_free(c->sync_ticker);
     dsec_bus_free(c->bus);
     dsec_registry_free(c->reg);
     dsec_natsd_stop(c->natsd);

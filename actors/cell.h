@@ -33,6 +33,7 @@ typedef struct dsec_cell_conf {
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
+    int64_t journal_sync_ms; /* 0: 1000; -1: never */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;

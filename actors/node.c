@@ -56,6 +56,7 @@ struct event {
 struct dsec_node {
     dsec_bus *bus;
     dsec_ticker *ticker;
+    dsec_ticker *sync_ticker;
     const dsec_registry *reg;
     dsec_actor *actor;
     dsec_journal *journal;
@@ -968,6 +969,11 @@ static void tick_capacity(void *ud, uint64_t now)
     if (dirty || full)
         publish_capacity(n, full, now);
     flush_events(n);
+}
+
+static void tick_sync(void *ud, uint64_t now)
+{
+    dsec_node *n = ud;
     dsec_err err;
     if (dsec_journal_sync(n->journal, &err) < 0)
         dsec_actor_count_error(n->actor);
@@ -1357,6 +1363,11 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, tick_heartbeat, n, err)) < 0 ||
         (n->ticks[2] = dsec_ticker_add(ticker, n->conf.reap_ms, tick_reap, n, err)) < 0)
         goto out_fail;
+    n->sync_ticker = c->sync_ticker ? c->sync_ticker : ticker;
+    if (c->sync_ms >= 0 &&
+        (n->ticks[3] = dsec_ticker_add(n->sync_ticker, c->sync_ms ? (uint32_t)c->sync_ms : 1000,
+                                       tick_sync, n, err)) < 0)
+        goto out_fail;
     announce(n);
     *out = n;
     return 0;
@@ -1369,8 +1380,9 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
 {
     if (n == NULL)
         return;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         dsec_ticker_remove(n->ticker, n->ticks[i]);
+    dsec_ticker_remove(n->sync_ticker, n->ticks[3]);
     dsec_actor_free(n->actor);
     n->actor = NULL;
     for (size_t b = 0; n->by_id && b < n->nbuckets; b++) {

@@ -28,6 +28,11 @@ typedef struct dsec_node_conf {
     uint32_t full_ms;       /* full report period; default 5000 */
     uint32_t heartbeat_ms;  /* default 1000 */
     uint32_t reap_ms;       /* lifetime/idle check period; default 1000 */
+    int64_t sync_ms;        /* fdatasync of the journal; 0: every 1000 ms; -1: never (a
+                               crashed process loses nothing either way; a crashed host
+                               loses what was not yet synced) */
+    dsec_ticker *sync_ticker; /* where syncs run, so a slow disk never delays reports;
+                                 NULL: the main ticker */
     uint64_t default_cpu_milli;  /* for requests that name none; default 1000 */
     uint64_t default_memory_mb;  /* default 512 */
     uint64_t default_ttl_s;      /* default 3600 */

@@ -367,10 +367,14 @@ static void lane_run(dsec__task *t)
             for (uint32_t i = 0; i < n; i++) {
                 dsec_msg m = {.nm = batch[i].nm, .bus = bus};
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
-                dsec__msg_destroy(&m.nm);
             }
             atomic_fetch_add_explicit(&a->handler_ns, (uint64_t)(dsec__now_ns() - t0),
                                       memory_order_relaxed);
+            /* Destroyed together after the batch: nats.c hands each one to its
+             * collector thread and wakes it when its list was empty, so a
+             * burst costs one wake-up instead of one per message. */
+            for (uint32_t i = 0; i < n; i++)
+                dsec__msg_destroy(&batch[i].nm);
             atomic_fetch_add_explicit(&a->msgs_in, n, memory_order_relaxed);
         }
 

@@ -376,6 +376,8 @@ static void replyq_run(dsec__task *t)
                 dsec_err_clear(&ok);
                 dsec_msg m = {.nm = p->reply, .bus = bus};
                 p->cb(0, &m, &ok, p->ud);
+                /* Here rather than under r->mu in pending_free. */
+                dsec__msg_destroy(&p->reply);
             } else {
                 dsec_err e;
                 fill_err(&e, p->code, p->subject, p->timeout_ms);

@@ -161,8 +161,8 @@ int dsec__mp_scan(const uint8_t *p, size_t len, unsigned max_depth, dsec__mp_sha
          * is truncated input, and must not reach msgpack-c's allocator. */
         if (h.items > len - pos)
             return dsec_err_set(err, DSEC_E_DECODE, 0,
-                                "payload: truncated: %s at byte %zu has %u items, %zu bytes remain",
-                                h.what, at, h.count, len - pos);
+                                "payload: truncated: %s at byte %zu has %u %s, %zu bytes remain",
+                                h.what, at, h.count, h.map ? "entries" : "items", len - pos);
         if (h.count == 0)
             continue;
         if (depth + 1 > max_depth)

@@ -34,6 +34,8 @@ static void size_text(char *out, size_t n, uint32_t bytes)
 {
     if (bytes >= (1u << 20) && bytes % (1u << 20) == 0)
         snprintf(out, n, "%u MiB", bytes >> 20);
+    else if (bytes >= (64u << 10) && bytes % 1024 == 0)
+        snprintf(out, n, "%u KiB", bytes >> 10);
     else
         snprintf(out, n, "%u bytes", bytes);
 }
@@ -42,7 +44,7 @@ static void limit_text(const dsec_field *f, const dsec_codec_limits *lim, char *
 {
     char sz[32];
     uint32_t max = dsec__field_limit(f, lim);
-    uint32_t min = f->required ? 1 : 0;
+    const char *at_least = f->required ? "1.." : "≤ ";
     switch (f->kind) {
     case DSEC_F_STR:
     case DSEC_F_BIN:
@@ -54,19 +56,21 @@ static void limit_text(const dsec_field *f, const dsec_codec_limits *lim, char *
         if (dsec__field_ranged(f))
             snprintf(out, n, "%lld..%lld", (long long)f->min, (long long)f->max);
         else
-            snprintf(out, n, "%s", f->kind == DSEC_F_U64 ? "64-bit" : "signed 64-bit");
+            snprintf(out, n, "any");
         return;
     case DSEC_F_BOOL:
         snprintf(out, n, "—");
         return;
     case DSEC_F_STRV:
+        size_text(sz, sizeof sz, dsec__item_limit(f, lim));
+        snprintf(out, n, "%s%u items, each ≤ %s", at_least, max, sz);
+        return;
     case DSEC_F_KV:
         size_text(sz, sizeof sz, dsec__item_limit(f, lim));
-        snprintf(out, n, "%u..%u %s, each ≤ %s", min, max,
-                 f->kind == DSEC_F_KV ? "entries, keys and values" : "items", sz);
+        snprintf(out, n, "%s%u entries; keys, values ≤ %s", at_least, max, sz);
         return;
     case DSEC_F_LIST:
-        snprintf(out, n, "%u..%u items", min, max);
+        snprintf(out, n, "%s%u items", at_least, max);
         return;
     }
     snprintf(out, n, "?");

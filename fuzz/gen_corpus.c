@@ -72,6 +72,9 @@ static void add_str(bytes *o, const char *s)
     add(o, s, n);
 }
 
+/* Literal bytes (embedded NULs included). */
+#define ADD(o, lit) add((o), (lit), sizeof(lit) - 1)
+
 /* A create map header with n entries, the first being req_id "r". */
 static void create_head(bytes *o, unsigned n)
 {
@@ -147,21 +150,21 @@ static void malformed_creates(void)
     put_create("create-wrong-type", &o);
     create_head(&o, 2);
     add_str(&o, "cpu_milli");
-    add(&o, "\xce\x00\x1e\x84\x80", 5); /* 2000000 */
+    ADD(&o, "\xce\x00\x1e\x84\x80"); /* 2000000 */
     put_create("create-out-of-range", &o);
     create_head(&o, 2);
     add_str(&o, "tenant");
-    add(&o, "\xa3" "a\0b", 4);
+    ADD(&o, "\xa3" "a\0b");
     put_create("create-nul", &o);
     create_head(&o, 2);
     add_str(&o, "tenant");
-    add(&o, "\xa2\xc0\xaf", 3);
+    ADD(&o, "\xa2\xc0\xaf");
     put_create("create-bad-utf8", &o);
     create_head(&o, 1);
-    add(&o, "\x01\x02\x03", 3);
+    ADD(&o, "\x01\x02\x03");
     put_create("create-trailing", &o);
     o.n = 0;
-    add(&o, "\x92\xa1r\xa1s", 5);
+    ADD(&o, "\x92\xa1r\xa1s");
     put_create("create-not-map", &o);
     o.n = 0;
     add_byte(&o, 0xc0);
@@ -174,7 +177,7 @@ static void malformed_creates(void)
     put_create("create-too-deep", &o);
     create_head(&o, 2);
     add_str(&o, "net");
-    add(&o, "\xdd\xff\xff\xff\xff\xa1x", 7);
+    ADD(&o, "\xdd\xff\xff\xff\xff\xa1x");
     put_create("create-huge-array-header", &o);
     create_head(&o, 2);
     add_str(&o, "x");
@@ -182,18 +185,18 @@ static void malformed_creates(void)
     put_create("create-reserved-byte", &o);
     create_head(&o, 4);
     add_str(&o, "future_map");
-    add(&o, "\x81\x01\x92\xc0\xd4\x01\x02", 7);
+    ADD(&o, "\x81\x01\x92\xc0\xd4\x01\x02");
     add_str(&o, "cpu_milli");
-    add(&o, "\xd0\x05", 2); /* int8 5 in a U64 field */
+    ADD(&o, "\xd0\x05"); /* int8 5 in a U64 field */
     add_str(&o, "priority");
-    add(&o, "\xd3\xff\xff\xff\xff\xff\xff\xff\xfe", 9);
+    ADD(&o, "\xd3\xff\xff\xff\xff\xff\xff\xff\xfe");
     put_create("create-unknown-fields-ok", &o);
     create_head(&o, 2);
-    add(&o, "\x07\xa1v", 3);
+    ADD(&o, "\x07\xa1v");
     put_create("create-int-key", &o);
     create_head(&o, 2);
     add_str(&o, "labels");
-    add(&o, "\x82\xa1" "a\xa1" "1\xa1" "a\xa1" "2", 9);
+    ADD(&o, "\x82\xa1" "a\xa1" "1\xa1" "a\xa1" "2");
     put_create("create-labels-dup", &o);
 }
 
@@ -201,24 +204,24 @@ static void malformed_others(void)
 {
     bytes o = {.n = 0};
     /* exec with 5000 argv items: over the 4096 limit */
-    add(&o, "\x82\xa2id\xa1x\xa4" "argv\xdc\x13\x88", 13);
+    ADD(&o, "\x82\xa2id\xa1x\xa4" "argv\xdc\x13\x88");
     for (int i = 0; i < 5000; i++)
-        add(&o, "\xa1" "a", 2);
+        ADD(&o, "\xa1" "a");
     put("decode", "exec-argv-too-many", DSEC_MSG_EXEC - 1, o.b, o.n);
     o.n = 0;
-    add(&o, "\x82\xa2id\xa1x\xa4" "argv\x90", 10);
+    ADD(&o, "\x82\xa2id\xa1x\xa4" "argv\x90");
     put("decode", "exec-argv-empty", DSEC_MSG_EXEC - 1, o.b, o.n);
     o.n = 0;
-    add(&o, "\x82\xa2id\xa1x\xa7" "entries\x92\x81\xa4name\xa1" "a\xa1" "b", 23);
+    ADD(&o, "\x82\xa2id\xa1x\xa7" "entries\x92\x81\xa4name\xa1" "a\xa1" "b");
     put("decode", "file_list_reply-item-not-map", DSEC_MSG_FILE_LIST_REPLY - 1, o.b, o.n);
     o.n = 0;
-    add(&o, "\x82\xa2id\xa1x\xa7" "entries\x91\x81\xa4kind\xa4" "file", 23);
+    ADD(&o, "\x82\xa2id\xa1x\xa7" "entries\x91\x81\xa4kind\xa4" "file");
     put("decode", "file_list_reply-entry-no-name", DSEC_MSG_FILE_LIST_REPLY - 1, o.b, o.n);
     o.n = 0;
-    add(&o, "\x82\xa2id\xa1x\xa9" "exit_code\xd0\xfe", 16);
+    ADD(&o, "\x82\xa2id\xa1x\xa9" "exit_code\xd0\xfe");
     put("decode", "exec_result-exit-code-range", DSEC_MSG_EXEC_RESULT - 1, o.b, o.n);
     o.n = 0;
-    add(&o, "\x84\xa2id\xa1x\xa4node\xa1n\xa4type\xa1t\xa8" "existing\x01", 27);
+    ADD(&o, "\x84\xa2id\xa1x\xa4node\xa1n\xa4type\xa1t\xa8" "existing\x01");
     put("decode", "created-bool-as-int", DSEC_MSG_CREATED - 1, o.b, o.n);
 }
 
@@ -229,30 +232,27 @@ static void put_json(const char *name, const void *p, size_t n)
     put("json", name, -1, p, n);
 }
 
+#define PUT_JSON(name, lit) put_json((name), (lit), sizeof(lit) - 1)
+
 static void json_seeds(void)
 {
-    put_json("scalars", "\x9f\xc0\xc2\xc3\x7f\xcc\xff\xcd\xff\xff\xce\xff\xff\xff\xff"
+    PUT_JSON("scalars", "\x9d\xc0\xc2\xc3\x7f\xcc\xff\xcd\xff\xff\xce\xff\xff\xff\xff"
                         "\xcf\xff\xff\xff\xff\xff\xff\xff\xff\xe0\xd0\x80\xd1\x80\x00"
-                        "\xd2\x80\x00\x00\x00\xd3\x80\x00\x00\x00\x00\x00\x00\x00\x00",
-             45);
-    put_json("floats", "\x95\xca\x3d\xcc\xcc\xcd\xcb\x3f\xb9\x99\x99\x99\x99\x99\x9a"
+                        "\xd2\x80\x00\x00\x00\xd3\x80\x00\x00\x00\x00\x00\x00\x00\x00");
+    PUT_JSON("floats", "\x95\xca\x3d\xcc\xcc\xcd\xcb\x3f\xb9\x99\x99\x99\x99\x99\x9a"
                        "\xcb\x7f\xf8\x00\x00\x00\x00\x00\x00\xcb\xff\xf0\x00\x00\x00\x00\x00\x00"
-                       "\xcb\x80\x00\x00\x00\x00\x00\x00\x00",
-             42);
-    put_json("string-escapes", "\xa9\"\\\x01\n\t\x1f/\x7f\xc3", 10);
-    put_json("string-utf8", "\xa8h\xc3\xa9llo\xe2\x82", 9);
-    put_json("string-4byte", "\xa4\xf0\x9f\x98\x80", 5);
-    put_json("bin", "\xc4\x05\x00\x01\x02\xfe\xff", 7);
-    put_json("ext-fixed", "\x95\xd4\x01\x02\xd5\x02\x01\x02\xd6\xff\x00\x00\x00\x01"
+                       "\xcb\x80\x00\x00\x00\x00\x00\x00\x00");
+    PUT_JSON("string-escapes", "\xa9\"\\\x01\n\t\x1f/\x7f\xc3");
+    PUT_JSON("string-utf8", "\xa8h\xc3\xa9llo\xe2\x82");
+    PUT_JSON("string-4byte", "\xa4\xf0\x9f\x98\x80");
+    PUT_JSON("bin", "\xc4\x05\x00\x01\x02\xfe\xff");
+    PUT_JSON("ext-fixed", "\x95\xd4\x01\x02\xd5\x02\x01\x02\xd6\xff\x00\x00\x00\x01"
                           "\xd7\x03\x00\x00\x00\x00\x00\x00\x00\x01"
-                          "\xd8\x04\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f",
-             44);
-    put_json("ext-sized", "\x93\xc7\x01\x05\x41\xc8\x00\x02\x06\x41\x42\xc9\x00\x00\x00\x01\x07\x43",
-             18);
-    put_json("map-odd-keys", "\x86\x01\xa1" "a\xc0\xa1" "b\x91\x01\xa1" "c\x81\xa1k\xa1v\xa1" "d"
-                             "\xc4\x01\x00\xa1" "e\xa2\xff\xfe\xa1" "f",
-             33);
-    put_json("empty-containers", "\x93\x90\x80\xa0", 4);
+                          "\xd8\x04\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f");
+    PUT_JSON("ext-sized", "\x93\xc7\x01\x05\x41\xc8\x00\x02\x06\x41\x42\xc9\x00\x00\x00\x01\x07\x43");
+    PUT_JSON("map-odd-keys", "\x86\x01\xa1" "a\xc0\xa1" "b\x91\x01\xa1" "c\x81\xa1k\xa1v\xa1" "d"
+                             "\xc4\x01\x00\xa1" "e\xa2\xff\xfe\xa1" "f");
+    PUT_JSON("empty-containers", "\x93\x90\x80\xa0");
     bytes o = {.n = 0};
     for (int i = 0; i < 31; i++)
         add_byte(&o, 0x91);
@@ -263,11 +263,11 @@ static void json_seeds(void)
         add_byte(&o, 0x91);
     add_byte(&o, 0xc0);
     put_json("deep-33", o.b, o.n);
-    put_json("truncated-str", "\xa5" "abc", 4);
-    put_json("trailing", "\xc0\xc0", 2);
-    put_json("reserved-byte", "\x91\xc1", 2);
-    put_json("array16-lies", "\xdc\xff\xff\x01", 4);
-    put_json("map32-lies", "\xdf\x00\x01\x00\x00\x01\x02", 7);
+    PUT_JSON("truncated-str", "\xa5" "abc");
+    PUT_JSON("trailing", "\xc0\xc0");
+    PUT_JSON("reserved-byte", "\x91\xc1");
+    PUT_JSON("array16-lies", "\xdc\xff\xff\x01");
+    PUT_JSON("map32-lies", "\xdf\x00\x01\x00\x00\x01\x02");
 }
 
 /* ---- record corpus -------------------------------------------------------------------- */
@@ -276,6 +276,8 @@ static void put_record(const char *name, int mode, const void *p, size_t n)
 {
     put("record", name, mode, p, n);
 }
+
+#define PUT_RECORD(name, mode, lit) put_record((name), (mode), (lit), sizeof(lit) - 1)
 
 static int write_trace(dsec_buf *out, const dsec_buf *payload)
 {
@@ -370,15 +372,15 @@ static void record_seeds(dsec_buf *enc)
     put_record("trace-cut-header", 0, trace.data, 20);
     put_record("trace-cut-record", 0, trace.data, trace.len - 5);
     put_record("trace-magic-only", 0, DSEC_TRACE_MAGIC, DSEC_TRACE_MAGIC_LEN);
-    put_record("trace-bad-magic", 0, "DSECTRC9\x00", 9);
-    put_record("trace-newer-version", 0, "DSECTRC1\x02\x08\x02", 11);
+    PUT_RECORD("trace-bad-magic", 0, "DSECTRC9\x00");
+    PUT_RECORD("trace-newer-version", 0, "DSECTRC1\x02\x08\x02");
     put_record("trajectory", 1, traj.data, traj.len);
     put_record("trajectory-cut", 1, traj.data, traj.len / 2);
-    put_record("trajectory-garbage-body", 1, "\x03\xff\xff\xff", 4);
-    put_record("raw-frames", 2, "\x00\x01\x41\x02\x42\x43\xac\x02", 8);
-    put_record("raw-oversize", 2, "\xff\xff\xff\x7f\x00", 5);
-    put_record("raw-varint-overflow", 2, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11);
-    put_record("raw-varint-cut", 2, "\x80\x80", 2);
+    PUT_RECORD("trajectory-garbage-body", 1, "\x03\xff\xff\xff");
+    PUT_RECORD("raw-frames", 2, "\x00\x01\x41\x02\x42\x43\xac\x02");
+    PUT_RECORD("raw-oversize", 2, "\xff\xff\xff\x7f\x00");
+    PUT_RECORD("raw-varint-overflow", 2, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01");
+    PUT_RECORD("raw-varint-cut", 2, "\x80\x80");
 out:
     dsec_buf_release(&trace);
     dsec_buf_release(&traj);

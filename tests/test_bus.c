@@ -288,6 +288,15 @@ static void flush(dsec_bus *bus)
         fail_msg("flush: %s", err.msg);
 }
 
+/* Counters are updated after a batch of handlers returns: wait for them. */
+static void stats_wait_in(dsec_actor *a, uint64_t n, dsec_actor_stats *out)
+{
+    int64_t t0 = now_ms();
+    do
+        dsec_actor_stats_get(a, out);
+    while (out->msgs_in < n && now_ms() - t0 < WAIT_MS);
+}
+
 static void put_u32(unsigned char *p, uint32_t v)
 {
     memcpy(p, &v, sizeof v);
@@ -502,7 +511,7 @@ static void order_serial_10k(void **state)
     assert_int_equal(st->next, n);
 
     dsec_actor_stats as;
-    dsec_actor_stats_get(a, &as);
+    stats_wait_in(a, n, &as);
     assert_int_equal(as.msgs_in, n);
     assert_int_equal(as.dropped, 0);
     assert_true(as.mailbox_peak >= 1);
@@ -796,11 +805,7 @@ static void actor_stats_count(void **state)
     flush(bus);
     assert_true(counter_wait(&st.done, 10, WAIT_MS));
     dsec_actor_stats as;
-    /* msgs_in is counted after the batch's handlers return. */
-    int64_t t0 = now_ms();
-    do
-        dsec_actor_stats_get(a, &as);
-    while (as.msgs_in < 10 && now_ms() - t0 < WAIT_MS);
+    stats_wait_in(a, 10, &as);
     assert_int_equal(as.msgs_in, 10);
     assert_int_equal(as.msgs_out, 10);
     assert_int_equal(as.errors, 5);
@@ -875,9 +880,15 @@ static void request_many_in_flight(void **state)
         assert_int_equal(st.slots[i].status, 0);
         assert_true(st.slots[i].payload_ok);
     }
+    /* The responder counts a reply after publishing it: the requester may
+     * see the last reply first. */
     dsec_actor_stats as;
-    dsec_actor_stats_get(echo, &as);
+    int64_t t0 = now_ms();
+    do
+        dsec_actor_stats_get(echo, &as);
+    while (as.msgs_out < n && now_ms() - t0 < WAIT_MS);
     assert_int_equal(as.msgs_out, n);
+    assert_int_equal(as.msgs_in, n);
     dsec_bus_stats bs;
     dsec_bus_stats_get(cli_bus, &bs);
     assert_int_equal(bs.requests_pending, 0);
@@ -1264,9 +1275,18 @@ static void drain_handles_queued(void **state)
 
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, drain_thread, &st), 0);
-    /* Let the drain start waiting before the handler is released (the
-     * check below holds either way; this only makes the test meaningful). */
-    usleep(100 * 1000);
+    /* Release the handler only once the drain has begun: the bus refuses
+     * new actors from its first step on. */
+    int64_t t1 = now_ms();
+    bool draining = false;
+    while (!draining && now_ms() - t1 < WAIT_MS) {
+        dsec_actor *probe = NULL;
+        if (dsec_actor_new(&probe, bus, "probe", &err) == 0)
+            dsec_actor_free(probe);
+        else
+            draining = err.code == DSEC_E_CLOSED;
+    }
+    assert_true(draining);
     assert_int_equal(counter_get(&st.handled), 0);
     gate_open(&st.g);
     pthread_join(th, NULL);
@@ -1378,7 +1398,22 @@ static void actor_free_answers_queued(void **state)
     free_args fa = {.a = a};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, actor_free_thread, &fa), 0);
-    usleep(50 * 1000); /* not needed for correctness: free waits for the handler */
+    /* Release the handler once dsec_actor_free has unsubscribed: then the
+     * server answers requests to the subject with "no responders". (A probe
+     * that still reached the mailbox times out here and gets its "closed"
+     * reply after the probe has given up.) */
+    bool gone = false;
+    t0 = now_ms();
+    while (!gone && now_ms() - t0 < WAIT_MS) {
+        dsec_msg *probe = NULL;
+        if (dsec_bus_request_sync(cli_bus, "test.free", NULL, b, sizeof b, 100, &probe, &err) ==
+            0)
+            dsec_msg_free(probe);
+        else
+            gone = err.code == DSEC_E_NO_RESPONDERS;
+    }
+    assert_true(gone);
+    assert_int_equal(counter_get(&st.handled), 0);
     gate_open(&st.g);
     pthread_join(th, NULL);
     assert_int_equal(counter_get(&st.handled), 1);
