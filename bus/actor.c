@@ -363,6 +363,9 @@ static void lane_run(dsec__task *t)
         if (closing) {
             discard_entries(a, batch, n);
         } else {
+            /* Counted as handed over before the handlers run, so a handler
+             * that signals "done" never sees a stale msgs_in. */
+            atomic_fetch_add_explicit(&a->msgs_in, n, memory_order_relaxed);
             int64_t t0 = dsec__now_ns();
             for (uint32_t i = 0; i < n; i++) {
                 dsec_msg m = {.nm = batch[i].nm, .bus = bus};
@@ -375,7 +378,6 @@ static void lane_run(dsec__task *t)
              * burst costs one wake-up instead of one per message. */
             for (uint32_t i = 0; i < n; i++)
                 dsec__msg_destroy(&batch[i].nm);
-            atomic_fetch_add_explicit(&a->msgs_in, n, memory_order_relaxed);
         }
 
         pthread_mutex_lock(&a->mu);

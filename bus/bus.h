@@ -201,7 +201,7 @@ typedef struct dsec_actor_stats {
     uint64_t dropped;       /* messages dropped because the mailbox was full */
     uint64_t mailbox_depth; /* messages waiting now */
     uint64_t mailbox_peak;
-    uint64_t handler_ns;    /* total time spent in handlers */
+    uint64_t handler_ns;    /* total time spent in handlers (added per batch of messages) */
 } dsec_actor_stats;
 
 void dsec_actor_stats_get(const dsec_actor *actor, dsec_actor_stats *out);

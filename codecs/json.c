@@ -37,6 +37,8 @@ static int newline(const jctx *j, unsigned depth)
 /* s is valid UTF-8: copy it, escaping what JSON requires. */
 static int put_string(const jctx *j, const char *s, size_t n)
 {
+    if (n == 0) /* msgpack-c gives an empty string a NULL pointer */
+        return PUT_LIT(j, "\"\"");
     if (PUT_LIT(j, "\"") < 0)
         return -1;
     size_t run = 0; /* start of the bytes not yet copied */

@@ -10,3 +10,6 @@ target_link_libraries(test_control PRIVATE dsec_client dsec_actors PkgConfig::CM
                       dsec_allocator)
 add_test(NAME control COMMAND test_control $<TARGET_FILE:dsecd>)
 set_tests_properties(control PROPERTIES TIMEOUT 300)
+
+add_test(NAME cli COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli_test.sh $<TARGET_FILE:dsec> $<TARGET_FILE:dsecd>)
+set_tests_properties(cli PROPERTIES TIMEOUT 120)

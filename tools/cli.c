@@ -186,26 +186,30 @@ int dsec_cli_exec(int argc, char **argv)
     size_t ne = 0;
     bool with_stdin = false;
     int ch;
+    const char *id = NULL;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
-        switch (ch) {
-        case 't':
-            if (!parse_u64(optarg, &o.timeout_ms))
-                return usage("exec", use);
-            break;
-        case 'w': o.cwd = optarg; break;
-        case 'e': if (ne + 1 < MAX_ITEMS) env[ne++] = optarg; o.env = env; break;
-        case 'u': o.user = optarg; break;
-        case 'i': with_stdin = true; break;
-        default: return usage("exec", use);
+    /* options may come before or after the id; "--" ends them */
+    for (;;) {
+        while ((ch = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+            switch (ch) {
+            case 't':
+                if (!parse_u64(optarg, &o.timeout_ms))
+                    return usage("exec", use);
+                break;
+            case 'w': o.cwd = optarg; break;
+            case 'e': if (ne + 1 < MAX_ITEMS) env[ne++] = optarg; o.env = env; break;
+            case 'u': o.user = optarg; break;
+            case 'i': with_stdin = true; break;
+            default: return usage("exec", use);
+            }
         }
+        if (optind >= argc)
+            return usage("exec", use);
+        if (strcmp(argv[optind - 1], "--") == 0 || id != NULL)
+            break;
+        id = argv[optind++];
     }
-    if (optind + 2 > argc)
-        return usage("exec", use);
-    const char *id = argv[optind++];
-    if (strcmp(argv[optind], "--") == 0)
-        optind++;
-    if (optind >= argc)
+    if (id == NULL || optind >= argc)
         return usage("exec", use);
     o.argv = (const char *const *)&argv[optind];
     char *in = NULL;

@@ -1,0 +1,89 @@
+#!/bin/sh
+# cli_test.sh - the dsec CLI and dsecd end to end: dsec up, every sandbox command, top, bad configs.
+set -eu
+DSEC="$1"
+DSECD="$2"
+TMP=$(mktemp -d /tmp/dsec-cli-XXXXXX)
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+export DSEC_URL="nats://127.0.0.1:$PORT"
+UP_PID=""
+cleanup() {
+    [ -n "$UP_PID" ] && kill "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$DSEC" up --port "$PORT" --state-dir "$TMP/state" > "$TMP/up.log" 2>&1 &
+UP_PID=$!
+for i in $(seq 1 100); do
+    grep -q "Ctrl-C stops" "$TMP/up.log" 2>/dev/null && break
+    sleep 0.1
+done
+grep -q "Ctrl-C stops" "$TMP/up.log" || { cat "$TMP/up.log"; fail "dsec up did not start"; }
+
+ID=$("$DSEC" create --type sim --cpu 0.5 --memory 256 --ttl 600 --label team=rl)
+case "$ID" in local-0-*) ;; *) fail "create printed '$ID'";; esac
+
+[ "$("$DSEC" exec "$ID" -- echo hello world)" = "hello world" ] || fail "exec output"
+set +e
+"$DSEC" exec "$ID" -- false; rc=$?
+set -e
+[ "$rc" = 1 ] || fail "exec of false exited $rc"
+[ "$(printf 'abc' | "$DSEC" exec "$ID" --stdin -- cat)" = "abc" ] || fail "exec stdin"
+
+printf 'payload\n' > "$TMP/in.txt"
+"$DSEC" cp "$TMP/in.txt" "$ID:/work/in.txt" >/dev/null
+"$DSEC" cp "$ID:/work/in.txt" "$TMP/out.txt"
+cmp -s "$TMP/in.txt" "$TMP/out.txt" || fail "cp round trip"
+"$DSEC" ls "$ID" /work | grep -q "in.txt" || fail "ls"
+
+KIDS=$("$DSEC" fork "$ID" -n 2)
+[ "$(echo "$KIDS" | wc -l)" = 2 ] || fail "fork printed '$KIDS'"
+K1=$(echo "$KIDS" | head -1)
+[ "$("$DSEC" cp "$K1:/work/in.txt" -)" = "payload" ] || fail "fork child lacks the parent's file"
+
+"$DSEC" pause "$ID" >/dev/null
+"$DSEC" status "$ID" | grep -q paused || fail "status after pause"
+set +e
+"$DSEC" exec "$ID" -- echo x 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "resume it first" "$TMP/err.txt" || fail "exec on paused: rc=$rc $(cat "$TMP/err.txt")"
+"$DSEC" resume "$ID" >/dev/null
+"$DSEC" status "$ID" | grep -q running || fail "status after resume"
+
+"$DSEC" top --once --interval 300 > "$TMP/top.txt"
+grep -q "local-0" "$TMP/top.txt" || { cat "$TMP/top.txt"; fail "top shows no node"; }
+
+"$DSEC" rm "$ID" $KIDS >/dev/null
+set +e
+"$DSEC" status "$ID" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "not_found" "$TMP/err.txt" || fail "status after rm"
+
+set +e
+"$DSEC" create --cpu lots 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--cpu" "$TMP/err.txt" || fail "bad --cpu"
+set +e
+"$DSEC" exec not-an-id -- true 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "not a sandbox id" "$TMP/err.txt" || fail "bad id"
+
+# dsecd: a bad config names the file, the line and the key
+printf 'cell: c1\nscheduler:\n  k: many\n' > "$TMP/bad.yaml"
+set +e
+"$DSECD" --config "$TMP/bad.yaml" --roles scheduler 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "bad.yaml:3: key \"k\"" "$TMP/err.txt" || fail "dsecd bad config: $(cat "$TMP/err.txt")"
+printf 'cell: c1\nnodez: []\n' > "$TMP/bad2.yaml"
+set +e
+"$DSECD" --config "$TMP/bad2.yaml" 2> "$TMP/err.txt"; rc=$?
+set -e
+grep -q "bad2.yaml:2: unknown key \"nodez\"" "$TMP/err.txt" || fail "dsecd unknown key: $(cat "$TMP/err.txt")"
+
+kill "$UP_PID"
+wait "$UP_PID" || true
+UP_PID=""
+grep -q "stopping" "$TMP/up.log" || fail "dsec up did not stop cleanly"
+echo "cli: all checks passed"
