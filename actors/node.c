@@ -506,21 +506,31 @@ static bool check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
 
 static void touch(struct sbx *s) { s->last_ns = dsec_wall_ns(); }
 
+/* Decode an operation on a running sandbox; answers the error itself and
+ * returns false when the operation cannot go on. */
+static bool decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int type, void *out)
+{
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), type, dsec_msg_data(m), dsec_msg_len(m), out, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return false;
+    }
+    if (!check_running(n, m, s))
+        return false;
+    touch(s);
+    return true;
+}
+
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
     dsec_msg_exec x;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_EXEC, dsec_msg_data(m), dsec_msg_len(m), &x, &err) < 0) {
-        dsec_wire_error(n->actor, m, &err);
+    if (!decode_for_running(n, m, s, DSEC_MSG_EXEC, &x))
         return;
-    }
     if (strcmp(x.id, s->id) != 0) {
         reply_err(n, m, DSEC_E_INVALID, "exec: id %s does not match the subject's %s", x.id, s->id);
         return;
     }
-    if (!check_running(n, m, s))
-        return;
-    touch(s);
     dsec_backend_kv env[256];
     if (x.env.n > 256) {
         reply_err(n, m, DSEC_E_TOO_LARGE, "exec: %u environment variables, at most 256", x.env.n);
@@ -553,14 +563,8 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
     dsec_msg_file_write w;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_WRITE, dsec_msg_data(m), dsec_msg_len(m), &w,
-                    &err) < 0) {
-        dsec_wire_error(n->actor, m, &err);
+    if (!decode_for_running(n, m, s, DSEC_MSG_FILE_WRITE, &w))
         return;
-    }
-    if (!check_running(n, m, s))
-        return;
-    touch(s);
     if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
                                 (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
         dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
@@ -576,14 +580,8 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
     dsec_msg_file_read rq;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_READ, dsec_msg_data(m), dsec_msg_len(m), &rq,
-                    &err) < 0) {
-        dsec_wire_error(n->actor, m, &err);
+    if (!decode_for_running(n, m, s, DSEC_MSG_FILE_READ, &rq))
         return;
-    }
-    if (!check_running(n, m, s))
-        return;
-    touch(s);
     /* keep the answer under the payload limit; callers page with offset */
     uint64_t max = rq.max == 0 || rq.max > (4u << 20) ? (4u << 20) : rq.max;
     dsec_file_data d = {0};
@@ -603,14 +601,8 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
     dsec_msg_file_list rq;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_LIST, dsec_msg_data(m), dsec_msg_len(m), &rq,
-                    &err) < 0) {
-        dsec_wire_error(n->actor, m, &err);
+    if (!decode_for_running(n, m, s, DSEC_MSG_FILE_LIST, &rq))
         return;
-    }
-    if (!check_running(n, m, s))
-        return;
-    touch(s);
     dsec_file_entry *e = NULL;
     size_t ne = 0;
     if (dsec_backend_file_list(s->be, s->h, rq.path, &e, &ne, &err) < 0) {
