@@ -23,8 +23,8 @@
 
 #define BATCH_MAX 256
 #define RING_MIN 64
-#define RING_KEEP 1024     /* a pooled lane keeps a ring up to this size */
-#define FREE_LANES_MAX 64  /* idle lanes kept for reuse per keyed actor */
+#define RING_KEEP 1024    /* a pooled lane keeps a ring up to this size */
+#define FREE_LANES_MAX 64 /* idle lanes kept for reuse per keyed actor */
 #define BUCKETS_MIN 64
 
 #define container_of(p, T, m) ((T *)((char *)(p)-offsetof(T, m)))
@@ -130,8 +130,7 @@ int dsec__pool_start(dsec__pool *p, int nthreads, dsec_err *err)
         int e = pthread_create(&p->threads[i], NULL, worker_main, p);
         if (e != 0) {
             dsec__pool_stop(p);
-            return dsec_err_set(err, DSEC_E_IO, e, "starting bus worker %d of %d", i + 1,
-                                nthreads);
+            return dsec_err_set(err, DSEC_E_IO, e, "starting bus worker %d of %d", i + 1, nthreads);
         }
         p->nthreads++;
     }
@@ -431,6 +430,8 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
         dsec__msg_destroy(&nm);
         return;
     }
+    /* Running out of memory for the mailbox counts as full: same drop,
+     * same fast error reply. */
     struct lane *l = NULL;
     if (a->depth >= a->mailbox_max || (l = lane_for_key(a, key)) == NULL ||
         ring_push(l, nm, s) < 0) {
@@ -489,8 +490,7 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
     if (bus->state != DSEC__BUS_OPEN) {
         pthread_mutex_unlock(&bus->mu);
         dsec__actor_destroy(a);
-        return dsec_err_set(err, DSEC_E_CLOSED, 0, "actor %s: the bus is draining or closed",
-                            name);
+        return dsec_err_set(err, DSEC_E_CLOSED, 0, "actor %s: the bus is draining or closed", name);
     }
     a->next = bus->actors;
     if (bus->actors != NULL)
@@ -514,12 +514,12 @@ void dsec_actor_set_key(dsec_actor *a, dsec_key_fn fn, void *ud)
     pthread_mutex_unlock(&a->mu);
 }
 
-int dsec_actor_on(dsec_actor *a, const char *subject, const char *queue, dsec_handler h,
-                  void *ud, dsec_err *err)
+int dsec_actor_on(dsec_actor *a, const char *subject, const char *queue, dsec_handler h, void *ud,
+                  dsec_err *err)
 {
     if (subject == NULL || subject[0] == '\0' || h == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "actor %s: subscribe needs a subject and a "
-                                                    "handler", a->name);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "actor %s: subscribe needs a subject and a handler", a->name);
     dsec_bus *bus = a->bus;
     struct actor_sub *s = dsec_calloc(1, sizeof *s);
     if (s == NULL || (s->subject = dsec_strdup(subject)) == NULL) {

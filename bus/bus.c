@@ -213,8 +213,8 @@ static int set_servers(natsOptions *o, const char *urls, dsec_err *err)
     return 0;
 }
 
-static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *o,
-                         const char *url, dsec_err *err)
+static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *o, const char *url,
+                         dsec_err *err)
 {
     natsOptions *no = NULL;
     natsStatus s = natsOptions_Create(&no);
@@ -240,8 +240,8 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
     if (s == NATS_OK)
         s = natsOptions_SetReconnectJitter(no, RECONNECT_JITTER_MS, RECONNECT_JITTER_MS);
     if (s == NATS_OK)
-        s = natsOptions_SetReconnectBufSize(
-            no, o->reconnect_buf_bytes > 0 ? o->reconnect_buf_bytes : DEFAULT_RECONNECT_BUF);
+        s = natsOptions_SetReconnectBufSize(no, o->reconnect_buf_bytes > 0 ? o->reconnect_buf_bytes
+                                                                           : DEFAULT_RECONNECT_BUF);
     if (s == NATS_OK)
         s = natsOptions_SetPingInterval(no, PING_INTERVAL_MS);
     /* Always set: without it nats.c reports slow consumers to nobody. */
@@ -405,12 +405,15 @@ int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err)
         timeout_ms = DEFAULT_DRAIN_TIMEOUT_MS;
     int64_t deadline = dsec__now_ns() + (int64_t)timeout_ms * 1000000;
     const char *stuck = NULL;
+    int code = DSEC_E_TIMEOUT;
     uint64_t left_behind = 0;
 
     size_t n = 0;
     dsec_actor **actors = dsec__actors_snapshot(bus, &n);
     if (actors == NULL) {
+        /* Still close the connection; dsec_bus_free cleans up the actors. */
         stuck = "memory for the actor list";
+        code = DSEC_E_NOMEM;
         n = 0;
     }
     /* 1. The server stops sending; what nats.c holds still reaches the
@@ -444,9 +447,11 @@ int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err)
     /* 4. Flush what handlers published and close. nats.c drains what is
      *    left (the inbox) and flushes before closing. */
     int64_t left_ms = (deadline - dsec__now_ns()) / 1000000;
-    natsStatus s = natsConnection_DrainTimeout(bus->nc, left_ms > 100 ? left_ms : 100);
-    if (s != NATS_OK || !wait_closed(bus, dsec__now_ns() + (left_ms > 100 ? left_ms : 100) *
-                                                          1000000 + 1000000000)) {
+    if (left_ms < 100)
+        left_ms = 100; /* even a late drain gets a moment to flush */
+    natsStatus s = natsConnection_DrainTimeout(bus->nc, left_ms);
+    /* nats.c closes by itself at its own timeout; allow it a second more. */
+    if (s != NATS_OK || !wait_closed(bus, dsec__now_ns() + (left_ms + 1000) * 1000000)) {
         /* Disconnected or already closing: close outright. */
         natsConnection_Close(bus->nc);
         wait_closed(bus, 0);
@@ -456,7 +461,7 @@ int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err)
     bus->state = DSEC__BUS_DRAINED;
     pthread_mutex_unlock(&bus->mu);
     if (stuck != NULL)
-        return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+        return dsec_err_set(err, code, 0,
                             "drain did not finish within %d ms: waited for %s; %llu queued "
                             "messages were dropped",
                             timeout_ms, stuck, (unsigned long long)left_behind);

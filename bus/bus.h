@@ -20,11 +20,11 @@ typedef struct dsec_msg dsec_msg;       /* a received message (borrowed by handl
 typedef struct dsec_future dsec_future; /* the pending answer to a request */
 
 /* Header names carried by every dsec message. */
-#define DSEC_HDR_TYPE "Dsec-Type"           /* message type name, e.g. "create" */
-#define DSEC_HDR_SCHEMA "Dsec-Schema"       /* schema version, decimal */
+#define DSEC_HDR_TYPE "Dsec-Type"            /* message type name, e.g. "create" */
+#define DSEC_HDR_SCHEMA "Dsec-Schema"        /* schema version, decimal */
 #define DSEC_HDR_CONTENT_TYPE "Content-Type" /* always application/msgpack */
-#define DSEC_HDR_REQ_ID "Dsec-Req-Id"       /* idempotency key of a request */
-#define DSEC_HDR_TRACE_ID "Dsec-Trace-Id"   /* end-to-end trace id */
+#define DSEC_HDR_REQ_ID "Dsec-Req-Id"        /* idempotency key of a request */
+#define DSEC_HDR_TRACE_ID "Dsec-Trace-Id"    /* end-to-end trace id */
 #define DSEC_CONTENT_TYPE "application/msgpack"
 
 /* Error replies the bus itself sends: Dsec-Type is DSEC_TYPE_ERROR, the body
@@ -51,8 +51,8 @@ typedef enum dsec_bus_event {
     DSEC_BUS_DISCONNECTED = 1,
     DSEC_BUS_RECONNECTED = 2,
     DSEC_BUS_CLOSED = 3,
-    DSEC_BUS_ERROR = 4,         /* async error, e.g. slow consumer; detail in msg */
-    DSEC_BUS_MAILBOX_FULL = 5,  /* an actor started dropping messages; detail names it */
+    DSEC_BUS_ERROR = 4,        /* async error, e.g. slow consumer; detail in msg */
+    DSEC_BUS_MAILBOX_FULL = 5, /* an actor started dropping messages; detail names it */
 } dsec_bus_event;
 
 /* Called from a nats.c or bus thread (never with a bus lock held); detail is
@@ -63,19 +63,19 @@ typedef enum dsec_bus_event {
 typedef void (*dsec_bus_event_cb)(dsec_bus *bus, dsec_bus_event ev, const char *detail, void *ud);
 
 typedef struct dsec_bus_opts {
-    const char *url;          /* comma-separated server URLs; default $DSEC_URL or nats://127.0.0.1:4222 */
-    const char *name;         /* connection name shown by the server */
-    int threads;              /* worker threads for actor handlers; default 2 */
-    int mailbox_max;          /* per-actor queued messages before overflow; default 65536.
-                               * A message arriving at a full mailbox is dropped; if it
-                               * was a request, the bus answers it at once with an error
-                               * reply (Dsec-Error-Code: overflow) so the requester fails
-                               * fast instead of waiting for its deadline. */
-    int connect_timeout_ms;   /* default 2000 */
-    int reconnect_buf_bytes;  /* publishes buffered while reconnecting; default 8 MiB */
-    int max_reconnect;        /* attempts before giving up; 0 or -1: forever (default) */
+    const char *url;  /* comma-separated server URLs; default $DSEC_URL or nats://127.0.0.1:4222 */
+    const char *name; /* connection name shown by the server */
+    int threads;      /* worker threads for actor handlers; default 2 */
+    int mailbox_max;  /* per-actor queued messages before overflow; default 65536.
+                       * A message arriving at a full mailbox is dropped; if it
+                       * was a request, the bus answers it at once with an error
+                       * reply (Dsec-Error-Code: overflow) so the requester fails
+                       * fast instead of waiting for its deadline. */
+    int connect_timeout_ms;       /* default 2000 */
+    int reconnect_buf_bytes;      /* publishes buffered while reconnecting; default 8 MiB */
+    int max_reconnect;            /* attempts before giving up; 0 or -1: forever (default) */
     bool retry_on_failed_connect; /* keep trying in the background if the first connect fails */
-    dsec_bus_event_cb on_event; /* may be NULL; called from a bus thread */
+    dsec_bus_event_cb on_event;   /* may be NULL; called from a bus thread */
     void *event_ud;
 } dsec_bus_opts;
 
@@ -108,8 +108,8 @@ int dsec_bus_connected_url(dsec_bus *bus, char *buf, size_t n);
 
 /* Counters of the bus as a whole (actors have their own, below). */
 typedef struct dsec_bus_stats {
-    uint64_t async_errors;     /* errors nats.c reported asynchronously (DSEC_BUS_ERROR) */
-    uint64_t slow_consumers;   /* of which: a subscription's client-side queue overflowed */
+    uint64_t async_errors;   /* errors nats.c reported asynchronously (DSEC_BUS_ERROR) */
+    uint64_t slow_consumers; /* of which: a subscription's client-side queue overflowed */
     uint64_t disconnects;
     uint64_t reconnects;
     uint64_t mailbox_drops;    /* messages dropped by full mailboxes, all actors */
@@ -157,9 +157,8 @@ void dsec_future_free(dsec_future *f);
 
 /* Blocking convenience: request + wait. *reply is owned by the caller: free
  * with dsec_msg_free. Not for hot paths. */
-int dsec_bus_request_sync(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
-                          const void *data, size_t len, int timeout_ms, dsec_msg **reply,
-                          dsec_err *err);
+int dsec_bus_request_sync(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
+                          size_t len, int timeout_ms, dsec_msg **reply, dsec_err *err);
 
 /* ---- actors ------------------------------------------------------------ */
 
@@ -168,7 +167,9 @@ typedef void (*dsec_handler)(dsec_actor *actor, dsec_msg *msg, void *ud);
 
 /* Messages with the same key run in order, one at a time; different keys may
  * run in parallel. Default: every message of an actor has key 0 (the actor is
- * serial). */
+ * serial). The key function runs on the subscription's delivery thread before
+ * the message is queued: keep it cheap and non-blocking (read a header or a
+ * few payload bytes). */
 typedef uint64_t (*dsec_key_fn)(const dsec_msg *msg, void *ud);
 
 /* Create an actor named name (used in counters and logs). Owned by the bus,
@@ -201,7 +202,7 @@ typedef struct dsec_actor_stats {
     uint64_t dropped;       /* messages dropped because the mailbox was full */
     uint64_t mailbox_depth; /* messages waiting now */
     uint64_t mailbox_peak;
-    uint64_t handler_ns;    /* total time spent in handlers (added per batch of messages) */
+    uint64_t handler_ns; /* total time spent in handlers (added per batch of messages) */
 } dsec_actor_stats;
 
 void dsec_actor_stats_get(const dsec_actor *actor, dsec_actor_stats *out);
@@ -236,7 +237,8 @@ void dsec_msg_free(dsec_msg *m);
 typedef struct dsec_natsd dsec_natsd;
 
 typedef struct dsec_natsd_opts {
-    const char *binary;     /* default: $DSEC_NATS_SERVER, else nats-server on PATH, /usr/sbin, /usr/bin */
+    const char
+        *binary; /* default: $DSEC_NATS_SERVER, else nats-server on PATH, /usr/sbin, /usr/bin */
     const char *state_dir;  /* required: config, log and JetStream store live here */
     int port;               /* 0 = pick a free loopback port */
     bool jetstream;         /* enable JetStream with its store in state_dir/js */

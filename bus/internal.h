@@ -65,10 +65,10 @@ typedef struct dsec__pool {
     pthread_mutex_t mu;
     pthread_cond_t cond;
     dsec__task *head, *tail;
-    atomic_uint qlen;   /* tasks queued; read without the lock for fairness */
+    atomic_uint qlen; /* tasks queued; read without the lock for fairness */
     int nthreads;
-    int nidle;          /* workers blocked in cond_wait */
-    int nwaking;        /* signalled but not yet running */
+    int nidle;   /* workers blocked in cond_wait */
+    int nwaking; /* signalled but not yet running */
     bool stop;
     pthread_t *threads;
 } dsec__pool;

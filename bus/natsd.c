@@ -32,8 +32,8 @@ struct dsec_natsd {
     char url[64];
     int port;
     int start_timeout_ms;
-    pid_t pid;   /* 0 when no child runs */
-    int pidfd;   /* -1 when no child runs; readable once the child exits */
+    pid_t pid; /* 0 when no child runs */
+    int pidfd; /* -1 when no child runs; readable once the child exits */
 };
 
 static char *path_join(const char *dir, const char *name)
@@ -73,7 +73,8 @@ static int find_binary(char **out, const char *explicit_path, dsec_err *err)
         if (copy == NULL)
             return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server path");
         char *save = NULL;
-        for (char *dir = strtok_r(copy, ":", &save); dir != NULL; dir = strtok_r(NULL, ":", &save)) {
+        for (char *dir = strtok_r(copy, ":", &save); dir != NULL;
+             dir = strtok_r(NULL, ":", &save)) {
             char *cand = path_join(*dir ? dir : ".", "nats-server");
             if (cand == NULL)
                 return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server path");
@@ -416,8 +417,8 @@ int dsec_natsd_start(dsec_natsd **out, const dsec_natsd_opts *opts, dsec_err *er
     if (s == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server launcher");
     s->pidfd = -1;
-    s->start_timeout_ms = opts->start_timeout_ms > 0 ? opts->start_timeout_ms
-                                                     : DEFAULT_START_TIMEOUT_MS;
+    s->start_timeout_ms =
+        opts->start_timeout_ms > 0 ? opts->start_timeout_ms : DEFAULT_START_TIMEOUT_MS;
     if (find_binary(&s->binary, opts->binary, err) < 0)
         goto out_free;
     if (mkdir(opts->state_dir, 0700) < 0 && errno != EEXIST) {
@@ -475,8 +476,7 @@ int dsec_natsd_pid(const dsec_natsd *s)
 int dsec_natsd_kill(dsec_natsd *s, dsec_err *err)
 {
     if (s->pid <= 0)
-        return dsec_err_set(err, DSEC_E_STATE, 0, "nats-server on port %d is not running",
-                            s->port);
+        return dsec_err_set(err, DSEC_E_STATE, 0, "nats-server on port %d is not running", s->port);
     child_kill_wait(s);
     return 0;
 }

@@ -9,9 +9,9 @@
 #include "bus/internal.h"
 #include "dsec/alloc.h"
 
-#define SUBJ_KEEP 96      /* subject kept for error messages (truncated beyond) */
-#define SLAB_RECORDS 256  /* pending records allocated at a time */
-#define REPLYQ_BATCH 128  /* callbacks a worker runs per lock round trip */
+#define SUBJ_KEEP 96     /* subject kept for error messages (truncated beyond) */
+#define SLAB_RECORDS 256 /* pending records allocated at a time */
+#define REPLYQ_BATCH 128 /* callbacks a worker runs per lock round trip */
 #define BUCKETS_MIN 1024
 
 #define container_of(p, T, m) ((T *)((char *)(p)-offsetof(T, m)))
@@ -19,17 +19,17 @@
 /* One request waiting for its answer. Records come from slabs and return to
  * a free list, so a request costs no malloc in the steady state. */
 struct pending {
-    uint64_t id;             /* the reply token: _INBOX.<nuid>.<id in hex> */
-    struct pending *hnext;   /* table chain, or free list */
-    struct pending *clink;   /* completion lists */
-    int64_t deadline;        /* CLOCK_MONOTONIC ns */
+    uint64_t id;           /* the reply token: _INBOX.<nuid>.<id in hex> */
+    struct pending *hnext; /* table chain, or free list */
+    struct pending *clink; /* completion lists */
+    int64_t deadline;      /* CLOCK_MONOTONIC ns */
     uint32_t heap_idx;
     int timeout_ms;
-    int code;                /* 0 with a reply, or a DSEC_E_* code */
+    int code; /* 0 with a reply, or a DSEC_E_* code */
     natsMsg *reply;
     dsec_reply_cb cb;
     void *ud;
-    dsec_future *fut;        /* either cb or fut */
+    dsec_future *fut; /* either cb or fut */
     char subject[SUBJ_KEEP];
 };
 
@@ -103,8 +103,7 @@ static int fill_err(dsec_err *err, int code, const char *subject, int timeout_ms
                             "no reply on %s within %d ms (retry is safe with the same request id)",
                             subject, timeout_ms);
     case DSEC_E_NO_RESPONDERS:
-        return dsec_err_set(err, code, 0, "no responders on %s: nothing subscribes to it",
-                            subject);
+        return dsec_err_set(err, code, 0, "no responders on %s: nothing subscribes to it", subject);
     case DSEC_E_CONN:
         return dsec_err_set(err, code, 0,
                             "connection lost while the request on %s was in flight; it may or "
@@ -731,9 +730,8 @@ void dsec_future_free(dsec_future *f)
     future_unref(f);
 }
 
-int dsec_bus_request_sync(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
-                          const void *data, size_t len, int timeout_ms, dsec_msg **reply,
-                          dsec_err *err)
+int dsec_bus_request_sync(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
+                          size_t len, int timeout_ms, dsec_msg **reply, dsec_err *err)
 {
     *reply = NULL;
     dsec_future *f = NULL;

@@ -2,7 +2,6 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "codecs/codec.h"
@@ -10,11 +9,11 @@
 #include "dsec/alloc.h"
 
 enum {
-    ZONE_CHUNK = 16 << 10,    /* msgpack objects of a typical message */
-    ZONE_RETAIN = 1 << 20,    /* the zone grows its kept chunk up to this */
-    ARENA_CHUNK = 8 << 10,    /* strings and arrays of a typical message */
-    ARENA_RETAIN = 1 << 20,   /* the arena keeps up to this across messages */
-    SMALL_MAP = 16,           /* up to this many keys: pairwise duplicate check */
+    ZONE_CHUNK = 16 << 10,  /* msgpack objects of a typical message */
+    ZONE_RETAIN = 1 << 20,  /* the zone grows its kept chunk up to this */
+    ARENA_CHUNK = 8 << 10,  /* strings and arrays of a typical message */
+    ARENA_RETAIN = 1 << 20, /* the arena keeps up to this across messages */
+    SMALL_MAP = 16,         /* up to this many keys: pairwise duplicate check */
     BAD_FIELD_MAX = 128,
 };
 
@@ -160,6 +159,33 @@ static bool key_eq(const msgpack_object *x, const msgpack_object *y)
     return key_cmp(&x, &y) == 0;
 }
 
+/* In-place heapsort of key pointers: O(n log n) like qsort, but glibc's
+ * qsort may malloc a buffer, and decoding must not allocate per message. */
+static void sift_down(const msgpack_object **k, size_t root, size_t n)
+{
+    for (size_t child; (child = 2 * root + 1) < n; root = child) {
+        if (child + 1 < n && key_cmp(&k[child], &k[child + 1]) < 0)
+            child++;
+        if (key_cmp(&k[root], &k[child]) >= 0)
+            return;
+        const msgpack_object *t = k[root];
+        k[root] = k[child];
+        k[child] = t;
+    }
+}
+
+static void sort_keys(const msgpack_object **k, size_t n)
+{
+    for (size_t i = n / 2; i-- > 0;)
+        sift_down(k, i, n);
+    for (size_t end = n; end-- > 1;) {
+        const msgpack_object *t = k[0];
+        k[0] = k[end];
+        k[end] = t;
+        sift_down(k, 0, end);
+    }
+}
+
 /* Find a repeated key among n string keys: pairwise for small maps, by
  * sorting pointers in the decoder's scratch for big ones (never O(n^2)). */
 static int find_dup(dsec_decoder *d, const msgpack_object_kv *kv, uint32_t n,
@@ -184,7 +210,7 @@ static int find_dup(dsec_decoder *d, const msgpack_object_kv *kv, uint32_t n,
     }
     for (uint32_t i = 0; i < n; i++)
         d->keys[i] = &kv[i].key;
-    qsort(d->keys, n, sizeof d->keys[0], key_cmp);
+    sort_keys(d->keys, n);
     for (uint32_t i = 1; i < n; i++)
         if (key_eq(d->keys[i], d->keys[i - 1])) {
             *dup = d->keys[i];

@@ -199,12 +199,10 @@ static int put_value(const jctx *j, const msgpack_object *o, unsigned depth)
     case MSGPACK_OBJECT_MAP:
         return put_map(j, &o->via.map, depth);
     }
-    return dsec_err_set(j->err, DSEC_E_INTERNAL, 0, "json: msgpack object type %d",
-                        (int)o->type);
+    return dsec_err_set(j->err, DSEC_E_INTERNAL, 0, "json: msgpack object type %d", (int)o->type);
 }
 
-int dsec_msgpack_to_json_ex(dsec_buf *b, const void *buf, size_t len, unsigned flags,
-                            dsec_err *err)
+int dsec_msgpack_to_json_ex(dsec_buf *b, const void *buf, size_t len, unsigned flags, dsec_err *err)
 {
     if (b == NULL || (buf == NULL && len != 0))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "json: no buffer or input");

@@ -348,7 +348,8 @@ void dsec_codec_limits_default(dsec_codec_limits *out);
 /* ---- decode --------------------------------------------------------------- */
 typedef struct dsec_decoder dsec_decoder;
 
-/* limits may be NULL for the defaults. Returns NULL on allocation failure. */
+/* limits may be NULL for the defaults; a zero member takes its default.
+ * Returns NULL on allocation failure. */
 dsec_decoder *dsec_decoder_new(const dsec_codec_limits *limits);
 void dsec_decoder_free(dsec_decoder *d);
 

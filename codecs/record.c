@@ -1,5 +1,6 @@
-/* record.c - varint-length-delimited protobuf records in files and buffers (traces, trajectory logs). */
+/* record.c - varint-length-delimited protobuf records in files and buffers. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,8 +9,8 @@
 #include "dsec/alloc.h"
 
 enum {
-    VARINT_MAX = 10,          /* bytes in the longest 64-bit varint */
-    READ_STEP = 1 << 20,      /* grow a file record's buffer by this as bytes arrive */
+    VARINT_MAX = 10,     /* bytes in the longest 64-bit varint */
+    READ_STEP = 1 << 20, /* grow a file record's buffer by this as bytes arrive */
 };
 
 /* protobuf-c allocates through the dsec wrapper like everything else. */
@@ -33,8 +34,8 @@ static size_t max_or_default(size_t max_record)
 /* ---- writer ------------------------------------------------------------------- */
 
 struct dsec_record_writer {
-    FILE *f;          /* file mode */
-    dsec_buf *out;    /* buffer mode */
+    FILE *f;       /* file mode */
+    dsec_buf *out; /* buffer mode */
     size_t max_record;
     dsec_buf scratch; /* the packed message */
 };
@@ -51,12 +52,12 @@ static dsec_record_writer *writer_new(FILE *f, dsec_buf *out, size_t max_record)
     return w;
 }
 
-dsec_record_writer *dsec_record_writer_file(FILE *f, size_t max_record)
+dsec_record_writer *dsec_record_writer_new_file(FILE *f, size_t max_record)
 {
     return f != NULL ? writer_new(f, NULL, max_record) : NULL;
 }
 
-dsec_record_writer *dsec_record_writer_buf(dsec_buf *b, size_t max_record)
+dsec_record_writer *dsec_record_writer_new_buf(dsec_buf *b, size_t max_record)
 {
     return b != NULL ? writer_new(NULL, b, max_record) : NULL;
 }
@@ -137,10 +138,10 @@ struct dsec_record_reader {
     FILE *f;            /* file mode */
     const uint8_t *mem; /* memory mode */
     size_t mem_len;
-    uint64_t pos;       /* bytes consumed */
-    uint64_t count;     /* records read */
+    uint64_t pos;   /* bytes consumed */
+    uint64_t count; /* records read */
     size_t max_record;
-    dsec_buf buf;       /* file mode: the current record */
+    dsec_buf buf; /* file mode: the current record */
 };
 
 static dsec_record_reader *reader_new(FILE *f, const void *mem, size_t len, size_t max_record)
@@ -156,12 +157,12 @@ static dsec_record_reader *reader_new(FILE *f, const void *mem, size_t len, size
     return r;
 }
 
-dsec_record_reader *dsec_record_reader_file(FILE *f, size_t max_record)
+dsec_record_reader *dsec_record_reader_new_file(FILE *f, size_t max_record)
 {
     return f != NULL ? reader_new(f, NULL, 0, max_record) : NULL;
 }
 
-dsec_record_reader *dsec_record_reader_mem(const void *buf, size_t len, size_t max_record)
+dsec_record_reader *dsec_record_reader_new_mem(const void *buf, size_t len, size_t max_record)
 {
     return buf != NULL || len == 0 ? reader_new(NULL, buf, len, max_record) : NULL;
 }
@@ -293,6 +294,35 @@ int dsec_record_read_raw(dsec_record_reader *r, const uint8_t **data, size_t *le
     return 1;
 }
 
+/* protobuf-c refuses field number 0 written in one byte (00) but keeps it
+ * as an unknown field when written long (80 80 00), and would then write a
+ * record that no reader accepts. Refuse it on the way in, at any depth. */
+static bool field_numbers_valid(const ProtobufCMessage *m)
+{
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return false;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + f->quantifier_offset);
+            ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + f->offset);
+            for (size_t k = 0; k < n; k++)
+                if (!field_numbers_valid(v[k]))
+                    return false;
+        } else {
+            const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + f->offset);
+            if (sub != NULL && !field_numbers_valid(sub))
+                return false;
+        }
+    }
+    return true;
+}
+
 int dsec_record_read(dsec_record_reader *r, const ProtobufCMessageDescriptor *desc,
                      ProtobufCMessage **out, dsec_err *err)
 {
@@ -306,6 +336,11 @@ int dsec_record_read(dsec_record_reader *r, const ProtobufCMessageDescriptor *de
     if (m == NULL)
         return dsec_err_set(err, DSEC_E_DECODE, 0, "record %llu: not a valid %s",
                             (unsigned long long)(r->count - 1), desc->name);
+    if (!field_numbers_valid(m)) {
+        dsec_record_msg_free(m);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "record %llu: not a valid %s (field number 0)",
+                            (unsigned long long)(r->count - 1), desc->name);
+    }
     *out = m;
     return 1;
 }

@@ -34,8 +34,8 @@ typedef struct dsec_record_writer dsec_record_writer;
 /* A writer appending records to f, or to b. The caller keeps f (and closes
  * it after dsec_record_writer_free) or b. max_record 0 means the default.
  * NULL on allocation failure. */
-dsec_record_writer *dsec_record_writer_file(FILE *f, size_t max_record);
-dsec_record_writer *dsec_record_writer_buf(dsec_buf *b, size_t max_record);
+dsec_record_writer *dsec_record_writer_new_file(FILE *f, size_t max_record);
+dsec_record_writer *dsec_record_writer_new_buf(dsec_buf *b, size_t max_record);
 void dsec_record_writer_free(dsec_record_writer *w);
 
 /* Write len bytes as one record. DSEC_E_TOO_LARGE over max_record,
@@ -47,8 +47,7 @@ int dsec_record_write(dsec_record_writer *w, const ProtobufCMessage *m, dsec_err
 int dsec_record_writer_flush(dsec_record_writer *w, dsec_err *err);
 
 /* Start a trace: the magic, then h as a record. */
-int dsec_trace_write_header(dsec_record_writer *w, const Dsec__V1__TraceHeader *h,
-                            dsec_err *err);
+int dsec_trace_write_header(dsec_record_writer *w, const Dsec__V1__TraceHeader *h, dsec_err *err);
 
 /* ---- reading --------------------------------------------------------------- */
 typedef struct dsec_record_reader dsec_record_reader;
@@ -56,8 +55,8 @@ typedef struct dsec_record_reader dsec_record_reader;
 /* A reader of records from f, or from buf[0..len) (which must outlive the
  * reader). The caller keeps f. max_record 0 means the default. NULL on
  * allocation failure. */
-dsec_record_reader *dsec_record_reader_file(FILE *f, size_t max_record);
-dsec_record_reader *dsec_record_reader_mem(const void *buf, size_t len, size_t max_record);
+dsec_record_reader *dsec_record_reader_new_file(FILE *f, size_t max_record);
+dsec_record_reader *dsec_record_reader_new_mem(const void *buf, size_t len, size_t max_record);
 void dsec_record_reader_free(dsec_record_reader *r);
 
 /* Read the next record's bytes. Returns 1 with *data and *len set (valid until

@@ -7,10 +7,10 @@
 
 /* What one msgpack header says about the object that follows it. */
 typedef struct head {
-    size_t hdr;      /* header bytes, type byte included */
-    size_t body;     /* payload bytes after the header */
-    uint64_t items;  /* containers: objects that follow (2 per map entry) */
-    uint32_t count;  /* containers: array items or map entries */
+    size_t hdr;     /* header bytes, type byte included */
+    size_t body;    /* payload bytes after the header */
+    uint64_t items; /* containers: objects that follow (2 per map entry) */
+    uint32_t count; /* containers: array items or map entries */
     bool container;
     bool map;
     const char *what;
@@ -143,7 +143,8 @@ int dsec__mp_scan(const uint8_t *p, size_t len, unsigned max_depth, dsec__mp_sha
         int r = read_head(p + pos, len - pos, &h);
         if (r < 0)
             return dsec_err_set(err, DSEC_E_DECODE, 0,
-                                "payload: invalid msgpack type byte 0x%02x at byte %zu", p[pos], pos);
+                                "payload: invalid msgpack type byte 0x%02x at byte %zu", p[pos],
+                                pos);
         if (r == 0 || h.hdr > len - pos)
             return dsec_err_set(err, DSEC_E_DECODE, 0,
                                 "payload: truncated: header at byte %zu runs past the end", pos);
@@ -151,9 +152,10 @@ int dsec__mp_scan(const uint8_t *p, size_t len, unsigned max_depth, dsec__mp_sha
         pos += h.hdr;
         if (!h.container) {
             if (h.body > len - pos)
-                return dsec_err_set(err, DSEC_E_DECODE, 0,
-                                    "payload: truncated: %s at byte %zu needs %zu bytes, %zu remain",
-                                    h.what, at, h.body, len - pos);
+                return dsec_err_set(
+                    err, DSEC_E_DECODE, 0,
+                    "payload: truncated: %s at byte %zu needs %zu bytes, %zu remain", h.what, at,
+                    h.body, len - pos);
             pos += h.body;
             continue;
         }
@@ -163,12 +165,13 @@ int dsec__mp_scan(const uint8_t *p, size_t len, unsigned max_depth, dsec__mp_sha
             return dsec_err_set(err, DSEC_E_DECODE, 0,
                                 "payload: truncated: %s at byte %zu has %u %s, %zu bytes remain",
                                 h.what, at, h.count, h.map ? "entries" : "items", len - pos);
-        if (h.count == 0)
-            continue;
+        /* Empty containers count too: msgpack-c's parse stack holds them. */
         if (depth + 1 > max_depth)
             return dsec_err_set(err, DSEC_E_DECODE, 0,
                                 "payload: %s at byte %zu nests deeper than %u levels", h.what, at,
                                 max_depth);
+        if (h.count == 0)
+            continue;
         out->zone_bytes += zone_need(&h);
         left[++depth] = h.items;
     }

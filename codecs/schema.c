@@ -8,31 +8,32 @@
 
 /* Limits shared by many fields (bytes unless said otherwise). */
 enum {
-    L_NAME = 64,        /* ids and names: req_id, id, node, cell, tenant, type, state, ... */
-    L_LONG = 256,       /* longer names: rollout ids, env names, users, labels */
-    L_SUBJECT = 1024,   /* NATS subjects */
-    L_PATH = 4096,      /* file paths */
-    L_TEXT = 4096,      /* human messages */
-    L_ARGV = 4096,      /* argv items */
-    L_ARG = 131072,     /* one argv or env string: Linux's MAX_ARG_STRLEN */
-    L_SET = 256,        /* items in label maps and small lists */
-    L_NODES = 1024,     /* node names in one list */
+    L_NAME = 64,      /* ids and names: req_id, id, node, cell, tenant, type, state, ... */
+    L_LONG = 256,     /* longer names: rollout ids, env names, users, labels */
+    L_SUBJECT = 1024, /* NATS subjects */
+    L_PATH = 4096,    /* file paths */
+    L_TEXT = 4096,    /* human messages */
+    L_ARGV = 4096,    /* argv items */
+    L_ARG = 131072,   /* one argv or env string: Linux's MAX_ARG_STRLEN */
+    L_SET = 256,      /* items in label maps and small lists */
+    L_NODES = 1024,   /* node names in one list */
 };
 
-#define F_(k, st, mem, wire, req, len, lo, hi, sub, item, d)                                     \
-    {                                                                                          \
-        .name = (wire), .kind = (k), .required = (req), .offset = offsetof(st, mem),           \
-        .max_len = (len), .min = (lo), .max = (hi), .sub_type = (sub), .max_item = (item),     \
-        .doc = (d)                                                                             \
+#define F_(k, st, mem, wire, req, len, lo, hi, sub, item, d)                                       \
+    {                                                                                              \
+        .name = (wire), .kind = (k), .required = (req), .offset = offsetof(st, mem),               \
+        .max_len = (len), .min = (lo), .max = (hi), .sub_type = (sub), .max_item = (item),         \
+        .doc = (d)                                                                                 \
     }
 #define FSTR(st, mem, wire, req, len, d) F_(DSEC_F_STR, st, mem, wire, req, len, 0, 0, 0, 0, d)
 #define FBIN(st, mem, wire, d) F_(DSEC_F_BIN, st, mem, wire, false, 0, 0, 0, 0, 0, d)
 #define FU64(st, mem, wire, req, lo, hi, d) F_(DSEC_F_U64, st, mem, wire, req, 0, lo, hi, 0, 0, d)
 #define FI64(st, mem, wire, lo, hi, d) F_(DSEC_F_I64, st, mem, wire, false, 0, lo, hi, 0, 0, d)
 #define FBOOL(st, mem, wire, d) F_(DSEC_F_BOOL, st, mem, wire, false, 0, 0, 0, 0, 0, d)
-#define FSTRV(st, mem, wire, req, items, item, d)                                               \
+#define FSTRV(st, mem, wire, req, items, item, d)                                                  \
     F_(DSEC_F_STRV, st, mem, wire, req, items, 0, 0, 0, item, d)
-#define FKV(st, mem, wire, items, item, d) F_(DSEC_F_KV, st, mem, wire, false, items, 0, 0, 0, item, d)
+#define FKV(st, mem, wire, items, item, d)                                                         \
+    F_(DSEC_F_KV, st, mem, wire, false, items, 0, 0, 0, item, d)
 #define FLIST(st, mem, wire, sub, d) F_(DSEC_F_LIST, st, mem, wire, false, 0, 0, 0, sub, 0, d)
 
 #define NF(a) (sizeof(a) / sizeof((a)[0]))
@@ -59,30 +60,31 @@ static const dsec_field pong_fields[] = {
 
 /* The create fields, shared by create and place (which flattens them). pfx
  * is the member path of the create struct inside st ("c." for place). */
-#define CREATE_FIELDS(st, pfx)                                                                 \
-    FSTR(st, pfx req_id, "req_id", true, L_NAME, "idempotency key: a retry reuses it"),       \
-    FSTR(st, pfx tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),            \
-    FSTR(st, pfx project, "project", false, L_NAME, "project, for accounting"),               \
-    FSTR(st, pfx type, "type", false, L_NAME,                                                  \
-         "function, container, microvm, vm or sim; absent: the lightest that fits requires"), \
-    FSTRV(st, pfx requires, "requires", false, 64, L_NAME,                                     \
-          "capabilities: own_kernel, nested_containers, gui, persistence, isolation:N, ..."),  \
-    FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                      \
-    FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"), \
-    FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                \
-    FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk in MiB"),                    \
-    FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),  \
-    FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),    \
-    FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
-    FKV(st, pfx affinity, "affinity", L_SET, L_LONG, "node labels the node must carry"),       \
-    FSTR(st, pfx cell, "cell", false, L_NAME, "pin to this cell; absent: any cell"),          \
-    FSTR(st, pfx cls, "class", false, L_NAME, "rollout, job or batch (rollouts are never preempted)"), \
-    FI64(st, pfx priority, "priority", 0, 0, "higher is placed first"),                       \
-    FSTR(st, pfx rollout_id, "rollout_id", false, L_LONG, "the rollout this sandbox serves"), \
-    FSTRV(st, pfx net, "net", false, L_NODES, L_LONG,                                          \
-          "network policy: allowed mirrors, domains or address ranges"),                     \
-    FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                   \
-    FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry")
+#define CREATE_FIELDS(st, pfx)                                                                     \
+    FSTR(st, pfx req_id, "req_id", true, L_NAME, "idempotency key: a retry reuses it"),            \
+        FSTR(st, pfx tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),             \
+        FSTR(st, pfx project, "project", false, L_NAME, "project, for accounting"),                \
+        FSTR(st, pfx type, "type", false, L_NAME,                                                  \
+             "function, container, microvm, vm or sim; absent: the lightest that fits requires"),  \
+        FSTRV(st, pfx requires, "requires", false, 64, L_NAME,                                     \
+              "capabilities: own_kernel, nested_containers, gui, persistence, isolation:N, ..."),  \
+        FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                       \
+        FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"),   \
+        FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                 \
+        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk in MiB"),                     \
+        FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),   \
+        FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),     \
+        FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
+        FKV(st, pfx affinity, "affinity", L_SET, L_LONG, "node labels the node must carry"),       \
+        FSTR(st, pfx cell, "cell", false, L_NAME, "pin to this cell; absent: any cell"),           \
+        FSTR(st, pfx cls, "class", false, L_NAME,                                                  \
+             "rollout, job or batch (rollouts are never preempted)"),                              \
+        FI64(st, pfx priority, "priority", 0, 0, "higher is placed first"),                        \
+        FSTR(st, pfx rollout_id, "rollout_id", false, L_LONG, "the rollout this sandbox serves"),  \
+        FSTRV(st, pfx net, "net", false, L_NODES, L_LONG,                                          \
+              "network policy: allowed mirrors, domains or address ranges"),                       \
+        FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                    \
+        FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry")
 
 static const dsec_field create_fields[] = {
     CREATE_FIELDS(dsec_msg_create, ),
@@ -261,7 +263,7 @@ static const dsec_field sandbox_events_fields[] = {
           "transitions in order: maps of the sandbox_event fields"),
 };
 
-#define SCHEMA(t, wire, st, f)                                                                 \
+#define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
 static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {

@@ -1,4 +1,4 @@
-/* schema_md.c - the field tables of docs/protocol.md, generated from the schemas so they cannot drift. */
+/* schema_md.c - the field tables of docs/protocol.md, generated from the schemas. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>

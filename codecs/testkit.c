@@ -1,4 +1,4 @@
-/* testkit.c - full sample messages and a strict JSON checker, for tests, fuzz seeds and benchmarks. */
+/* testkit.c - full sample messages and a strict JSON checker, for tests and fuzzing. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,7 +32,8 @@ static const uint8_t stderr_b[] = {0, 0, 0};
 static const uint8_t data_b[] = {'d', 0, 't', 0x80, 'a'};
 
 #define STRV(a) ((dsec_strv){.v = (const char **)(a), .n = N(a)})
-#define KV(keys, vals) ((dsec_kv){.k = (const char **)(keys), .v = (const char **)(vals), .n = N(keys)})
+#define KV(keys, vals)                                                                             \
+    ((dsec_kv){.k = (const char **)(keys), .v = (const char **)(vals), .n = N(keys)})
 #define BYTES(a) ((dsec_bytes){.ptr = (a), .len = sizeof(a)})
 
 static const dsec_msg_file_entry entries[] = {
@@ -44,12 +45,26 @@ static const dsec_msg_file_entry entries[] = {
 static void sample_create(dsec_msg_create *m)
 {
     *m = (dsec_msg_create){
-        .req_id = "req-0123456789abcdef", .tenant = "acme", .project = "proj-1",
-        .type = "container", .requires = STRV(requires_v), .env = "python:3.11",
-        .cpu_milli = 1000000, .memory_mb = 16777216, .disk_mb = 2048, .ttl_s = 3600,
-        .idle_s = 300, .labels = KV(label_k, label_v), .affinity = KV(aff_k, aff_v),
-        .cell = "c1", .cls = "rollout", .priority = -5, .rollout_id = "ro-42",
-        .net = STRV(net_v), .hops = 16, .retry = 2,
+        .req_id = "req-0123456789abcdef",
+        .tenant = "acme",
+        .project = "proj-1",
+        .type = "container",
+        .requires = STRV(requires_v),
+        .env = "python:3.11",
+        .cpu_milli = 1000000,
+        .memory_mb = 16777216,
+        .disk_mb = 2048,
+        .ttl_s = 3600,
+        .idle_s = 300,
+        .labels = KV(label_k, label_v),
+        .affinity = KV(aff_k, aff_v),
+        .cell = "c1",
+        .cls = "rollout",
+        .priority = -5,
+        .rollout_id = "ro-42",
+        .net = STRV(net_v),
+        .hops = 16,
+        .retry = 2,
     };
 }
 
@@ -57,9 +72,12 @@ static void sample_a(int type, void *out)
 {
     switch (type) {
     case DSEC_MSG_ERROR:
-        *(dsec_msg_error *)out = (dsec_msg_error){
-            .code = "capacity", .message = "no node in cell \"c1\" has 2 GiB free",
-            .retry_safe = true, .field = "memory_mb", .req_id = "req-1"};
+        *(dsec_msg_error *)out =
+            (dsec_msg_error){.code = "capacity",
+                             .message = "no node in cell \"c1\" has 2 GiB free",
+                             .retry_safe = true,
+                             .field = "memory_mb",
+                             .req_id = "req-1"};
         break;
     case DSEC_MSG_PING:
         *(dsec_msg_ping *)out =
@@ -82,18 +100,25 @@ static void sample_a(int type, void *out)
         break;
     }
     case DSEC_MSG_CREATED:
-        *(dsec_msg_created *)out = (dsec_msg_created){
-            .id = "n7-00000000000000a0", .node = "n7", .type = "container", .state = "running",
-            .cell = "c1", .req_id = "req-1", .existing = true};
+        *(dsec_msg_created *)out = (dsec_msg_created){.id = "n7-00000000000000a0",
+                                                      .node = "n7",
+                                                      .type = "container",
+                                                      .state = "running",
+                                                      .cell = "c1",
+                                                      .req_id = "req-1",
+                                                      .existing = true};
         break;
     case DSEC_MSG_OP:
         *(dsec_msg_op *)out = (dsec_msg_op){
             .id = "n7-00000000000000a0", .op = "fork", .n = 1024, .req_id = "r", .tenant = "t"};
         break;
     case DSEC_MSG_OP_REPLY:
-        *(dsec_msg_op_reply *)out = (dsec_msg_op_reply){
-            .id = "n7-00000000000000a0", .state = "paused", .node = "n7", .type = "microvm",
-            .ids = STRV(ids_v), .info = KV(info_k, info_v)};
+        *(dsec_msg_op_reply *)out = (dsec_msg_op_reply){.id = "n7-00000000000000a0",
+                                                        .state = "paused",
+                                                        .node = "n7",
+                                                        .type = "microvm",
+                                                        .ids = STRV(ids_v),
+                                                        .info = KV(info_k, info_v)};
         break;
     default:
         break;
@@ -104,31 +129,45 @@ static void sample_b(int type, void *out)
 {
     switch (type) {
     case DSEC_MSG_EXEC:
-        *(dsec_msg_exec *)out = (dsec_msg_exec){
-            .id = "n7-00000000000000a0", .argv = STRV(argv_v), .env = KV(env_k, env_v),
-            .cwd = "/work", .stdin_data = BYTES(stdin_b), .timeout_ms = 30000, .user = "agent",
-            .req_id = "req-x", .rollout_id = "ro-42", .step = 17};
+        *(dsec_msg_exec *)out = (dsec_msg_exec){.id = "n7-00000000000000a0",
+                                                .argv = STRV(argv_v),
+                                                .env = KV(env_k, env_v),
+                                                .cwd = "/work",
+                                                .stdin_data = BYTES(stdin_b),
+                                                .timeout_ms = 30000,
+                                                .user = "agent",
+                                                .req_id = "req-x",
+                                                .rollout_id = "ro-42",
+                                                .step = 17};
         break;
     case DSEC_MSG_EXEC_RESULT:
-        *(dsec_msg_exec_result *)out = (dsec_msg_exec_result){
-            .id = "n7-00000000000000a0", .exit_code = -1, .signal = 64,
-            .stdout_data = BYTES(stdout_b), .stderr_data = BYTES(stderr_b),
-            .stdout_truncated = true, .stderr_truncated = true, .duration_us = 1234,
-            .timed_out = true};
+        *(dsec_msg_exec_result *)out = (dsec_msg_exec_result){.id = "n7-00000000000000a0",
+                                                              .exit_code = -1,
+                                                              .signal = 64,
+                                                              .stdout_data = BYTES(stdout_b),
+                                                              .stderr_data = BYTES(stderr_b),
+                                                              .stdout_truncated = true,
+                                                              .stderr_truncated = true,
+                                                              .duration_us = 1234,
+                                                              .timed_out = true};
         break;
     case DSEC_MSG_FILE_WRITE:
-        *(dsec_msg_file_write *)out = (dsec_msg_file_write){
-            .id = "n7-00000000000000a0", .path = "/work/a b.txt", .data = BYTES(data_b),
-            .mode = 07777, .append = true};
+        *(dsec_msg_file_write *)out = (dsec_msg_file_write){.id = "n7-00000000000000a0",
+                                                            .path = "/work/a b.txt",
+                                                            .data = BYTES(data_b),
+                                                            .mode = 07777,
+                                                            .append = true};
         break;
     case DSEC_MSG_FILE_READ:
         *(dsec_msg_file_read *)out = (dsec_msg_file_read){
             .id = "n7-00000000000000a0", .path = "/etc/hosts", .offset = 10, .max = 1 << 20};
         break;
     case DSEC_MSG_FILE_DATA:
-        *(dsec_msg_file_data *)out = (dsec_msg_file_data){
-            .id = "n7-00000000000000a0", .path = "/etc/hosts", .data = BYTES(data_b),
-            .size = 99, .eof = true};
+        *(dsec_msg_file_data *)out = (dsec_msg_file_data){.id = "n7-00000000000000a0",
+                                                          .path = "/etc/hosts",
+                                                          .data = BYTES(data_b),
+                                                          .size = 99,
+                                                          .eof = true};
         break;
     case DSEC_MSG_FILE_LIST:
         *(dsec_msg_file_list *)out =
@@ -138,9 +177,10 @@ static void sample_b(int type, void *out)
         *(dsec_msg_file_entry *)out = entries[0];
         break;
     case DSEC_MSG_FILE_LIST_REPLY:
-        *(dsec_msg_file_list_reply *)out = (dsec_msg_file_list_reply){
-            .id = "n7-00000000000000a0", .path = "/work",
-            .entries = {.items = (void *)entries, .n = N(entries)}};
+        *(dsec_msg_file_list_reply *)out =
+            (dsec_msg_file_list_reply){.id = "n7-00000000000000a0",
+                                       .path = "/work",
+                                       .entries = {.items = (void *)entries, .n = N(entries)}};
         break;
     default:
         break;
@@ -148,8 +188,13 @@ static void sample_b(int type, void *out)
 }
 
 static const dsec_msg_sandbox_event events[] = {
-    {.id = "n7-00000000000000a0", .state = "starting", .prev = "requested", .node = "n7",
-     .type = "container", .tenant = "acme", .ts_ns = 1},
+    {.id = "n7-00000000000000a0",
+     .state = "starting",
+     .prev = "requested",
+     .node = "n7",
+     .type = "container",
+     .tenant = "acme",
+     .ts_ns = 1},
     {.id = "n7-00000000000000a0", .state = "running", .prev = "starting", .ts_ns = 2},
 };
 
@@ -157,30 +202,56 @@ static void sample_c(int type, void *out)
 {
     switch (type) {
     case DSEC_MSG_SANDBOX_EVENT:
-        *(dsec_msg_sandbox_event *)out = (dsec_msg_sandbox_event){
-            .id = "n7-00000000000000a0", .state = "failed", .prev = "starting", .node = "n7",
-            .type = "vm", .tenant = "acme", .ts_ns = 42, .reason = "backend: qemu exited 1"};
+        *(dsec_msg_sandbox_event *)out =
+            (dsec_msg_sandbox_event){.id = "n7-00000000000000a0",
+                                     .state = "failed",
+                                     .prev = "starting",
+                                     .node = "n7",
+                                     .type = "vm",
+                                     .tenant = "acme",
+                                     .ts_ns = 42,
+                                     .reason = "backend: qemu exited 1"};
         break;
     case DSEC_MSG_NODE_ANNOUNCE:
-        *(dsec_msg_node_announce *)out = (dsec_msg_node_announce){
-            .node = "n7", .cell = "c1", .types = STRV(types_v), .labels = KV(aff_k, aff_v),
-            .cpu_milli = 192000, .memory_mb = 786432, .slots = 3200, .started_ns = 7};
+        *(dsec_msg_node_announce *)out = (dsec_msg_node_announce){.node = "n7",
+                                                                  .cell = "c1",
+                                                                  .types = STRV(types_v),
+                                                                  .labels = KV(aff_k, aff_v),
+                                                                  .cpu_milli = 192000,
+                                                                  .memory_mb = 786432,
+                                                                  .slots = 3200,
+                                                                  .started_ns = 7};
         break;
     case DSEC_MSG_CAPACITY:
-        *(dsec_msg_capacity *)out = (dsec_msg_capacity){
-            .node = "n7", .cell = "c1", .seq = 99, .full = true, .cpu_free_milli = 1000,
-            .mem_free_mb = 2048, .slots_free = 10, .live = 3190, .cpu_milli = 192000,
-            .memory_mb = 786432, .slots = 3200, .types = STRV(types_v),
-            .labels = KV(label_k, label_v), .layers = STRV(layers_v), .ts_ns = 8};
+        *(dsec_msg_capacity *)out = (dsec_msg_capacity){.node = "n7",
+                                                        .cell = "c1",
+                                                        .seq = 99,
+                                                        .full = true,
+                                                        .cpu_free_milli = 1000,
+                                                        .mem_free_mb = 2048,
+                                                        .slots_free = 10,
+                                                        .live = 3190,
+                                                        .cpu_milli = 192000,
+                                                        .memory_mb = 786432,
+                                                        .slots = 3200,
+                                                        .types = STRV(types_v),
+                                                        .labels = KV(label_k, label_v),
+                                                        .layers = STRV(layers_v),
+                                                        .ts_ns = 8};
         break;
     case DSEC_MSG_HEARTBEAT:
         *(dsec_msg_heartbeat *)out =
             (dsec_msg_heartbeat){.node = "n7", .cell = "c1", .seq = 5, .ts_ns = 9};
         break;
     case DSEC_MSG_CELL_SUMMARY:
-        *(dsec_msg_cell_summary *)out = (dsec_msg_cell_summary){
-            .cell = "c1", .nodes = 160, .cpu_free_milli = 5, .mem_free_mb = 6, .slots_free = 7,
-            .live = 380000, .types = STRV(types_v), .ts_ns = 10};
+        *(dsec_msg_cell_summary *)out = (dsec_msg_cell_summary){.cell = "c1",
+                                                                .nodes = 160,
+                                                                .cpu_free_milli = 5,
+                                                                .mem_free_mb = 6,
+                                                                .slots_free = 7,
+                                                                .live = 380000,
+                                                                .types = STRV(types_v),
+                                                                .ts_ns = 10};
         break;
     case DSEC_MSG_SANDBOX_EVENTS:
         *(dsec_msg_sandbox_events *)out = (dsec_msg_sandbox_events){
@@ -217,8 +288,8 @@ static bool value(jp *p);
 
 static void ws(jp *p)
 {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' ||
-                           p->s[p->i] == '\r'))
+    while (p->i < p->n &&
+           (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
         p->i++;
 }
 

@@ -1,4 +1,4 @@
-/* fuzz_decode.c - fuzz the strict decoder of every message type, and check decode -> encode -> decode is lossless. */
+/* fuzz_decode.c - fuzz the strict decoder; decode -> encode -> decode must be lossless. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* fuzz_record.c - fuzz the record reader on traces, trajectory logs and raw frames, from memory and from a FILE*. */
+/* fuzz_record.c - fuzz the record reader, from memory and from a FILE*, which must agree. */
 #define _GNU_SOURCE /* fmemopen */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,11 +32,11 @@ static void repack(const ProtobufCMessage *m)
     static dsec_buf framed;
     framed.len = 0;
     dsec_err err;
-    dsec_record_writer *w = dsec_record_writer_buf(&framed, 0);
+    dsec_record_writer *w = dsec_record_writer_new_buf(&framed, 0);
     if (w == NULL || dsec_record_write(w, m, &err) < 0)
         die("re-writing a record failed", w == NULL ? "no memory" : err.msg);
     dsec_record_writer_free(w);
-    dsec_record_reader *r = dsec_record_reader_mem(framed.data, framed.len, 0);
+    dsec_record_reader *r = dsec_record_reader_new_mem(framed.data, framed.len, 0);
     ProtobufCMessage *again = NULL;
     if (r == NULL || dsec_record_read(r, m->descriptor, &again, &err) != 1)
         die("reading a re-written record failed", r == NULL ? "no memory" : err.msg);
@@ -54,8 +54,8 @@ static int read_one(dsec_record_reader *r, int mode, dsec_err *err)
         return dsec_record_read_raw(r, &p, &n, err);
     }
     ProtobufCMessage *m = NULL;
-    const ProtobufCMessageDescriptor *d = mode == 0 ? &dsec__v1__trace_record__descriptor
-                                                    : &dsec__v1__trajectory_record__descriptor;
+    const ProtobufCMessageDescriptor *d =
+        mode == 0 ? &dsec__v1__trace_record__descriptor : &dsec__v1__trajectory_record__descriptor;
     int rc = dsec_record_read(r, d, &m, err);
     if (rc == 1) {
         repack(m);
@@ -94,7 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
 
     outcome mem, file;
-    dsec_record_reader *r = dsec_record_reader_mem(in, n, MAX_RECORD);
+    dsec_record_reader *r = dsec_record_reader_new_mem(in, n, MAX_RECORD);
     if (r == NULL)
         die("reader", "no memory");
     run(r, mode, &mem);
@@ -106,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FILE *f = fmemopen((void *)in, n, "r");
     if (f == NULL)
         die("fmemopen", "failed");
-    r = dsec_record_reader_file(f, MAX_RECORD);
+    r = dsec_record_reader_new_file(f, MAX_RECORD);
     if (r == NULL)
         die("reader", "no memory");
     run(r, mode, &file);

@@ -1,4 +1,4 @@
-/* gen_corpus.c - write the seed corpora of the fuzz harnesses: valid messages of every type and the malformed cases that matter. */
+/* gen_corpus.c - write the fuzz seed corpora: every message type, and malformed cases. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -100,13 +100,13 @@ static void required_only(int type, void *msg)
         const dsec_field *f = &s->fields[i];
         if (f->required)
             continue;
-        size_t size = f->kind == DSEC_F_STR      ? sizeof(char *)
-                      : f->kind == DSEC_F_BIN    ? sizeof(dsec_bytes)
-                      : f->kind == DSEC_F_BOOL   ? sizeof(bool)
-                      : f->kind == DSEC_F_STRV   ? sizeof(dsec_strv)
-                      : f->kind == DSEC_F_KV     ? sizeof(dsec_kv)
-                      : f->kind == DSEC_F_LIST   ? sizeof(dsec_list)
-                                                 : sizeof(uint64_t);
+        size_t size = f->kind == DSEC_F_STR    ? sizeof(char *)
+                      : f->kind == DSEC_F_BIN  ? sizeof(dsec_bytes)
+                      : f->kind == DSEC_F_BOOL ? sizeof(bool)
+                      : f->kind == DSEC_F_STRV ? sizeof(dsec_strv)
+                      : f->kind == DSEC_F_KV   ? sizeof(dsec_kv)
+                      : f->kind == DSEC_F_LIST ? sizeof(dsec_list)
+                                               : sizeof(uint64_t);
         memcpy((char *)msg + f->offset, zero, size);
     }
 }
@@ -154,7 +154,8 @@ static void malformed_creates(void)
     put_create("create-out-of-range", &o);
     create_head(&o, 2);
     add_str(&o, "tenant");
-    ADD(&o, "\xa3" "a\0b");
+    ADD(&o, "\xa3"
+            "a\0b");
     put_create("create-nul", &o);
     create_head(&o, 2);
     add_str(&o, "tenant");
@@ -196,7 +197,11 @@ static void malformed_creates(void)
     put_create("create-int-key", &o);
     create_head(&o, 2);
     add_str(&o, "labels");
-    ADD(&o, "\x82\xa1" "a\xa1" "1\xa1" "a\xa1" "2");
+    ADD(&o, "\x82\xa1"
+            "a\xa1"
+            "1\xa1"
+            "a\xa1"
+            "2");
     put_create("create-labels-dup", &o);
 }
 
@@ -204,24 +209,34 @@ static void malformed_others(void)
 {
     bytes o = {.n = 0};
     /* exec with 5000 argv items: over the 4096 limit */
-    ADD(&o, "\x82\xa2id\xa1x\xa4" "argv\xdc\x13\x88");
+    ADD(&o, "\x82\xa2id\xa1x\xa4"
+            "argv\xdc\x13\x88");
     for (int i = 0; i < 5000; i++)
-        ADD(&o, "\xa1" "a");
+        ADD(&o, "\xa1"
+                "a");
     put("decode", "exec-argv-too-many", DSEC_MSG_EXEC - 1, o.b, o.n);
     o.n = 0;
-    ADD(&o, "\x82\xa2id\xa1x\xa4" "argv\x90");
+    ADD(&o, "\x82\xa2id\xa1x\xa4"
+            "argv\x90");
     put("decode", "exec-argv-empty", DSEC_MSG_EXEC - 1, o.b, o.n);
     o.n = 0;
-    ADD(&o, "\x82\xa2id\xa1x\xa7" "entries\x92\x81\xa4name\xa1" "a\xa1" "b");
+    ADD(&o, "\x82\xa2id\xa1x\xa7"
+            "entries\x92\x81\xa4name\xa1"
+            "a\xa1"
+            "b");
     put("decode", "file_list_reply-item-not-map", DSEC_MSG_FILE_LIST_REPLY - 1, o.b, o.n);
     o.n = 0;
-    ADD(&o, "\x82\xa2id\xa1x\xa7" "entries\x91\x81\xa4kind\xa4" "file");
+    ADD(&o, "\x82\xa2id\xa1x\xa7"
+            "entries\x91\x81\xa4kind\xa4"
+            "file");
     put("decode", "file_list_reply-entry-no-name", DSEC_MSG_FILE_LIST_REPLY - 1, o.b, o.n);
     o.n = 0;
-    ADD(&o, "\x82\xa2id\xa1x\xa9" "exit_code\xd0\xfe");
+    ADD(&o, "\x82\xa2id\xa1x\xa9"
+            "exit_code\xd0\xfe");
     put("decode", "exec_result-exit-code-range", DSEC_MSG_EXEC_RESULT - 1, o.b, o.n);
     o.n = 0;
-    ADD(&o, "\x84\xa2id\xa1x\xa4node\xa1n\xa4type\xa1t\xa8" "existing\x01");
+    ADD(&o, "\x84\xa2id\xa1x\xa4node\xa1n\xa4type\xa1t\xa8"
+            "existing\x01");
     put("decode", "created-bool-as-int", DSEC_MSG_CREATED - 1, o.b, o.n);
 }
 
@@ -246,12 +261,20 @@ static void json_seeds(void)
     PUT_JSON("string-utf8", "\xa8h\xc3\xa9llo\xe2\x82");
     PUT_JSON("string-4byte", "\xa4\xf0\x9f\x98\x80");
     PUT_JSON("bin", "\xc4\x05\x00\x01\x02\xfe\xff");
-    PUT_JSON("ext-fixed", "\x95\xd4\x01\x02\xd5\x02\x01\x02\xd6\xff\x00\x00\x00\x01"
-                          "\xd7\x03\x00\x00\x00\x00\x00\x00\x00\x01"
-                          "\xd8\x04\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f");
-    PUT_JSON("ext-sized", "\x93\xc7\x01\x05\x41\xc8\x00\x02\x06\x41\x42\xc9\x00\x00\x00\x01\x07\x43");
-    PUT_JSON("map-odd-keys", "\x86\x01\xa1" "a\xc0\xa1" "b\x91\x01\xa1" "c\x81\xa1k\xa1v\xa1" "d"
-                             "\xc4\x01\x00\xa1" "e\xa2\xff\xfe\xa1" "f");
+    PUT_JSON("ext-fixed",
+             "\x95\xd4\x01\x02\xd5\x02\x01\x02\xd6\xff\x00\x00\x00\x01"
+             "\xd7\x03\x00\x00\x00\x00\x00\x00\x00\x01"
+             "\xd8\x04\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f");
+    PUT_JSON("ext-sized",
+             "\x93\xc7\x01\x05\x41\xc8\x00\x02\x06\x41\x42\xc9\x00\x00\x00\x01\x07\x43");
+    PUT_JSON("map-odd-keys", "\x86\x01\xa1"
+                             "a\xc0\xa1"
+                             "b\x91\x01\xa1"
+                             "c\x81\xa1k\xa1v\xa1"
+                             "d"
+                             "\xc4\x01\x00\xa1"
+                             "e\xa2\xff\xfe\xa1"
+                             "f");
     PUT_JSON("empty-containers", "\x93\x90\x80\xa0");
     bytes o = {.n = 0};
     for (int i = 0; i < 31; i++)
@@ -263,7 +286,8 @@ static void json_seeds(void)
         add_byte(&o, 0x91);
     add_byte(&o, 0xc0);
     put_json("deep-33", o.b, o.n);
-    PUT_JSON("truncated-str", "\xa5" "abc");
+    PUT_JSON("truncated-str", "\xa5"
+                              "abc");
     PUT_JSON("trailing", "\xc0\xc0");
     PUT_JSON("reserved-byte", "\x91\xc1");
     PUT_JSON("array16-lies", "\xdc\xff\xff\x01");
@@ -282,7 +306,7 @@ static void put_record(const char *name, int mode, const void *p, size_t n)
 static int write_trace(dsec_buf *out, const dsec_buf *payload)
 {
     dsec_err err;
-    dsec_record_writer *w = dsec_record_writer_buf(out, 0);
+    dsec_record_writer *w = dsec_record_writer_new_buf(out, 0);
     Dsec__V1__TraceHeader h = DSEC__V1__TRACE_HEADER__INIT;
     Dsec__V1__TraceHeader__MetadataEntry e = DSEC__V1__TRACE_HEADER__METADATA_ENTRY__INIT;
     Dsec__V1__TraceHeader__MetadataEntry *ents[] = {&e};
@@ -327,7 +351,7 @@ static int write_trace(dsec_buf *out, const dsec_buf *payload)
 static int write_trajectory(dsec_buf *out)
 {
     dsec_err err;
-    dsec_record_writer *w = dsec_record_writer_buf(out, 0);
+    dsec_record_writer *w = dsec_record_writer_new_buf(out, 0);
     char *argv[] = {"sh", "-c", "git commit -m x"};
     Dsec__V1__TrajectoryRecord t = DSEC__V1__TRAJECTORY_RECORD__INIT;
     t.rollout_id = "ro-1";
@@ -366,7 +390,7 @@ static void record_seeds(dsec_buf *enc)
     if (dsec_encode(enc, DSEC_MSG_CREATE, &m, &err) < 0 || write_trace(&trace, enc) < 0 ||
         write_trajectory(&traj) < 0) {
         failures++;
-        goto out;
+        goto out_release;
     }
     put_record("trace", 0, trace.data, trace.len);
     put_record("trace-cut-header", 0, trace.data, 20);
@@ -381,7 +405,7 @@ static void record_seeds(dsec_buf *enc)
     PUT_RECORD("raw-oversize", 2, "\xff\xff\xff\x7f\x00");
     PUT_RECORD("raw-varint-overflow", 2, "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01");
     PUT_RECORD("raw-varint-cut", 2, "\x80\x80");
-out:
+out_release:
     dsec_buf_release(&trace);
     dsec_buf_release(&traj);
 }

@@ -1,4 +1,4 @@
-/* replay_main.c - run a fuzz harness over files and directories of inputs without libFuzzer, so seed corpora replay as tests. */
+/* replay_main.c - feed files or directories to a fuzz harness, so corpora replay as tests. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdint.h>

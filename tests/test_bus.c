@@ -227,6 +227,64 @@ static void rm_rf(const char *dir)
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* A failed assertion jumps out of the test past its cleanup: temp dirs and
+ * servers still registered here are removed when the program exits. */
+#define MAX_LIVE 16
+static char *live_dirs[MAX_LIVE];
+static dsec_natsd *live_servers[MAX_LIVE];
+
+static void live_add(void **slots, void *p)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (slots[i] == NULL) {
+            slots[i] = p;
+            return;
+        }
+}
+
+static void live_del(void **slots, void *p)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (slots[i] == p)
+            slots[i] = NULL;
+}
+
+static void live_del_dir(const char *dir)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (live_dirs[i] != NULL && strcmp(live_dirs[i], dir) == 0) {
+            dsec_free(live_dirs[i]);
+            live_dirs[i] = NULL;
+        }
+}
+
+static void live_cleanup(void)
+{
+    for (int i = 0; i < MAX_LIVE; i++) {
+        dsec_natsd_stop(live_servers[i]);
+        live_servers[i] = NULL;
+        if (live_dirs[i] != NULL)
+            rm_rf(live_dirs[i]);
+        dsec_free(live_dirs[i]);
+        live_dirs[i] = NULL;
+    }
+}
+
+/* mkdtemp into dir; the registry keeps its own copy of the path, since a
+ * failed test's stack is gone by the time the exit handler runs. */
+static void tmpdir_make(char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/dsec-test-bus-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    live_add((void **)live_dirs, dsec_strdup(dir));
+}
+
+static void tmpdir_done(const char *dir)
+{
+    rm_rf(dir);
+    live_del_dir(dir);
+}
+
 /* A nats-server in its own temp dir. */
 typedef struct server {
     char dir[64];
@@ -235,21 +293,22 @@ typedef struct server {
 
 static void server_start(server *s)
 {
-    snprintf(s->dir, sizeof s->dir, "/tmp/dsec-test-bus-XXXXXX");
-    assert_non_null(mkdtemp(s->dir));
+    tmpdir_make(s->dir, sizeof s->dir);
     dsec_natsd_opts o = {.state_dir = s->dir};
     dsec_err err;
     dsec_err_clear(&err);
     int rc = dsec_natsd_start(&s->srv, &o, &err);
     if (rc != 0)
         fail_msg("starting nats-server: %s", err.msg);
+    live_add((void **)live_servers, s->srv);
 }
 
 static void server_stop(server *s)
 {
+    live_del((void **)live_servers, s->srv);
     dsec_natsd_stop(s->srv);
     s->srv = NULL;
-    rm_rf(s->dir);
+    tmpdir_done(s->dir);
 }
 
 static dsec_bus *bus_open(server *s, const char *name, int threads, int mailbox_max, evrec *ev)
@@ -375,8 +434,8 @@ static void natsd_start_stop(void **state)
 
 static void natsd_missing_binary(void **state)
 {
-    char dir[] = "/tmp/dsec-test-bus-XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
     setenv("DSEC_NATS_SERVER", "/nonexistent", 1);
     dsec_natsd *srv = NULL;
     dsec_natsd_opts o = {.state_dir = dir};
@@ -391,13 +450,13 @@ static void natsd_missing_binary(void **state)
     assert_non_null(strstr(err.msg, "/nonexistent"));
     assert_non_null(strstr(err.msg, "DSEC_NATS_SERVER"));
     assert_true(now_ms() - t0 < 1000);
-    rm_rf(dir);
+    tmpdir_done(dir);
 }
 
 static void natsd_bad_config_quotes_log(void **state)
 {
-    char dir[] = "/tmp/dsec-test-bus-XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
     dsec_natsd *srv = NULL;
     dsec_natsd_opts o = {.state_dir = dir, .extra_conf = "this_is { not valid"};
     dsec_err err;
@@ -412,7 +471,7 @@ static void natsd_bad_config_quotes_log(void **state)
     /* The tail of the log is quoted: it names the config problem. */
     assert_true(strstr(err.msg, "conf") != NULL || strstr(err.msg, "parse") != NULL ||
                 strstr(err.msg, "error") != NULL);
-    rm_rf(dir);
+    tmpdir_done(dir);
 }
 
 static void natsd_kill_restart_same_port(void **state)
@@ -446,28 +505,30 @@ static void natsd_kill_restart_same_port(void **state)
 
 static void natsd_jetstream_store(void **state)
 {
-    char dir[] = "/tmp/dsec-test-bus-XXXXXX";
-    assert_non_null(mkdtemp(dir));
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
     dsec_natsd *srv = NULL;
     dsec_natsd_opts o = {.state_dir = dir, .jetstream = true};
     dsec_err err;
     if (dsec_natsd_start(&srv, &o, &err) != 0)
         fail_msg("start with jetstream: %s", err.msg);
+    live_add((void **)live_servers, srv);
     char path[128];
     struct stat st;
     snprintf(path, sizeof path, "%s/js", dir);
     assert_int_equal(stat(path, &st), 0);
     assert_true(S_ISDIR(st.st_mode));
+    live_del((void **)live_servers, srv);
     dsec_natsd_stop(srv);
-    rm_rf(dir);
+    tmpdir_done(dir);
 }
 
 /* ---- group order: per-actor and per-key order ---------------------------- */
 
 typedef struct order_state {
     counter done;
-    uint32_t next;          /* serial actor: the sequence expected next */
-    uint32_t next_key[16];  /* keyed actor: per key */
+    uint32_t next;         /* serial actor: the sequence expected next */
+    uint32_t next_key[16]; /* keyed actor: per key */
     atomic_int running_key[16];
     atomic_int running;
     atomic_int max_running;
@@ -567,9 +628,8 @@ static void order_per_key(void **state)
         for (uint64_t k = 0; k < keys; k++) {
             put_u64(b, k);
             put_u32(b + 8, i);
-            assert_int_equal(dsec_bus_publish(bus, "test.order.keyed", NULL, NULL, b, sizeof b,
-                                              &err),
-                             0);
+            assert_int_equal(
+                dsec_bus_publish(bus, "test.order.keyed", NULL, NULL, b, sizeof b, &err), 0);
         }
     }
     flush(bus);
@@ -684,8 +744,7 @@ static void parallel_keys(void **state)
     unsigned char b[12] = {0};
     for (uint64_t k = 1; k <= 2; k++) {
         put_u64(b, k);
-        assert_int_equal(dsec_bus_publish(bus, "test.par.keyed", NULL, NULL, b, sizeof b, &err),
-                         0);
+        assert_int_equal(dsec_bus_publish(bus, "test.par.keyed", NULL, NULL, b, sizeof b, &err), 0);
     }
     flush(bus);
     assert_true(counter_wait(&rv.done, 2, WAIT_MS));
@@ -870,8 +929,8 @@ static void request_many_in_flight(void **state)
         st.slots[i].index = i;
         unsigned char b[4];
         put_u32(b, i);
-        if (dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 10000, rr_cb,
-                             &st.slots[i], &err) != 0)
+        if (dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 10000, rr_cb, &st.slots[i],
+                             &err) != 0)
             fail_msg("request %u: %s", i, err.msg);
     }
     assert_true(counter_wait(&st.done, n, WAIT_MS));
@@ -914,8 +973,7 @@ static void request_future_and_sync(void **state)
 
     dsec_future *f = NULL;
     dsec_hdr h = {.type = "q", .req_id = "rid-7", .trace_id = "trace-7"};
-    assert_int_equal(dsec_bus_request_future(bus, "test.rr.fut", &h, "abcd", 4, 5000, &f, &err),
-                     0);
+    assert_int_equal(dsec_bus_request_future(bus, "test.rr.fut", &h, "abcd", 4, 5000, &f, &err), 0);
     dsec_msg *reply = NULL;
     assert_int_equal(dsec_future_wait(f, &reply, &err), 0);
     assert_non_null(reply);
@@ -938,8 +996,8 @@ static void request_future_and_sync(void **state)
 
     /* A future freed before its answer: the answer is dropped, no leak. */
     for (int i = 0; i < 50; i++) {
-        assert_int_equal(
-            dsec_bus_request_future(bus, "test.rr.fut", NULL, "z", 1, 5000, &f, &err), 0);
+        assert_int_equal(dsec_bus_request_future(bus, "test.rr.fut", NULL, "z", 1, 5000, &f, &err),
+                         0);
         dsec_future_free(f);
     }
     flush(bus);
@@ -1001,8 +1059,8 @@ static void request_timeout(void **state)
     dsec_err err;
     dsec_msg *reply = NULL;
     int64_t t0 = now_ms();
-    assert_int_equal(
-        dsec_bus_request_sync(bus, "test.rr.silent", NULL, "q", 1, 200, &reply, &err), -1);
+    assert_int_equal(dsec_bus_request_sync(bus, "test.rr.silent", NULL, "q", 1, 200, &reply, &err),
+                     -1);
     int64_t took = now_ms() - t0;
     assert_null(reply);
     assert_int_equal(err.code, DSEC_E_TIMEOUT);
@@ -1047,8 +1105,8 @@ static void request_no_responders(void **state)
     dsec_err err;
     dsec_msg *reply = NULL;
     int64_t t0 = now_ms();
-    assert_int_equal(
-        dsec_bus_request_sync(bus, "test.rr.nobody", NULL, "q", 1, 5000, &reply, &err), -1);
+    assert_int_equal(dsec_bus_request_sync(bus, "test.rr.nobody", NULL, "q", 1, 5000, &reply, &err),
+                     -1);
     int64_t took = now_ms() - t0;
     assert_int_equal(err.code, DSEC_E_NO_RESPONDERS);
     assert_non_null(strstr(err.msg, "test.rr.nobody"));
@@ -1175,8 +1233,8 @@ static void restart_mid_traffic(void **state)
     int64_t t0 = now_ms();
     int rc;
     dsec_msg *reply = NULL;
-    while ((rc = dsec_bus_request_sync(cli_bus, "test.restart.echo", NULL, "abcd", 4, 1000,
-                                       &reply, &err)) != 0 &&
+    while ((rc = dsec_bus_request_sync(cli_bus, "test.restart.echo", NULL, "abcd", 4, 1000, &reply,
+                                       &err)) != 0 &&
            now_ms() - t0 < WAIT_MS)
         ;
     if (rc != 0)
@@ -1268,9 +1326,8 @@ static void drain_handles_queued(void **state)
     assert_int_equal(as.mailbox_depth, 49);
 
     dsec_err err;
-    assert_int_equal(dsec_bus_request(bus, "test.drain.silent", NULL, "q", 1, 30000, drain_cb,
-                                      &st, &err),
-                     0);
+    assert_int_equal(
+        dsec_bus_request(bus, "test.drain.silent", NULL, "q", 1, 30000, drain_cb, &st, &err), 0);
     assert_true(counter_wait(&silent, 1, WAIT_MS)); /* it reached the silent actor */
 
     pthread_t th;
@@ -1406,8 +1463,7 @@ static void actor_free_answers_queued(void **state)
     t0 = now_ms();
     while (!gone && now_ms() - t0 < WAIT_MS) {
         dsec_msg *probe = NULL;
-        if (dsec_bus_request_sync(cli_bus, "test.free", NULL, b, sizeof b, 100, &probe, &err) ==
-            0)
+        if (dsec_bus_request_sync(cli_bus, "test.free", NULL, b, sizeof b, 100, &probe, &err) == 0)
             dsec_msg_free(probe);
         else
             gone = err.code == DSEC_E_NO_RESPONDERS;
@@ -1466,9 +1522,8 @@ static void mailbox_overflow(void **state)
     unsigned char b[4];
     put_u32(b, 99);
     int64_t t0 = now_ms();
-    assert_int_equal(dsec_bus_request_sync(bus, "test.overflow", NULL, b, sizeof b, 5000, &reply,
-                                           &err),
-                     0);
+    assert_int_equal(
+        dsec_bus_request_sync(bus, "test.overflow", NULL, b, sizeof b, 5000, &reply, &err), 0);
     assert_true(now_ms() - t0 < 2000);
     assert_string_equal(dsec_msg_type(reply), DSEC_TYPE_ERROR);
     assert_string_equal(dsec_msg_header(reply, DSEC_HDR_ERROR_CODE), "overflow");
@@ -1633,12 +1688,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(conn_publish_buffered_across_restart),
         cmocka_unit_test(conn_refused),
     };
+    atexit(live_cleanup);
     bool all = strcmp(group, "all") == 0;
     int failed = 0, ran = 0;
-#define GROUP(g)                                                                                  \
-    if (all || strcmp(group, #g) == 0) {                                                          \
-        failed += cmocka_run_group_tests_name("bus_" #g, g, NULL, NULL);                          \
-        ran++;                                                                                    \
+#define GROUP(g)                                                                                   \
+    if (all || strcmp(group, #g) == 0) {                                                           \
+        failed += cmocka_run_group_tests_name("bus_" #g, g, NULL, NULL);                           \
+        ran++;                                                                                     \
     }
     GROUP(natsd)
     GROUP(order)

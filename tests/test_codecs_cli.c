@@ -1,4 +1,4 @@
-/* test_codecs_cli.c - `dsec decode` as a user runs it: stdin in, JSON out, exit codes, and the protocol doc tables. */
+/* test_codecs_cli.c - `dsec decode` as users run it, and the protocol doc's tables. */
 #include <errno.h>
 #include <setjmp.h>
 #include <spawn.h>
@@ -19,8 +19,8 @@
 
 extern char **environ;
 
-static const char *dsec_bin;     /* argv[1]: the dsec executable */
-static const char *protocol_md;  /* argv[2]: docs/protocol.md */
+static const char *dsec_bin;    /* argv[1]: the dsec executable */
+static const char *protocol_md; /* argv[2]: docs/protocol.md */
 
 typedef struct result {
     int status; /* exit code, or -1 when killed */
@@ -46,8 +46,7 @@ static void slurp(FILE *f, dsec_buf *b)
 
 /* Run prog with args (NULL-terminated, args[0] is the program name), in on
  * stdin; collect stdout, stderr and the exit code. */
-static void run(const char *prog, const char *const *args, const void *in, size_t inlen,
-                result *r)
+static void run(const char *prog, const char *const *args, const void *in, size_t inlen, result *r)
 {
     memset(r, 0, sizeof *r);
     FILE *fin = tmpfile(), *fout = tmpfile(), *ferr = tmpfile();
@@ -75,10 +74,10 @@ static void run(const char *prog, const char *const *args, const void *in, size_
     fclose(ferr);
 }
 
-#define DECODE(r, in, inlen, ...)                                                              \
-    do {                                                                                       \
-        const char *args_[] = {"dsec", "decode", __VA_ARGS__, NULL};                           \
-        run(dsec_bin, args_, (in), (inlen), (r));                                              \
+#define DECODE(r, in, inlen, ...)                                                                  \
+    do {                                                                                           \
+        const char *args_[] = {"dsec", "decode", __VA_ARGS__, NULL};                               \
+        run(dsec_bin, args_, (in), (inlen), (r));                                                  \
     } while (0)
 
 static dsec_buf sample(int type)
@@ -116,7 +115,8 @@ static void prints_json(void **state)
     DECODE(&r, in.data, in.len, NULL);
     assert_json_line(&r);
     assert_non_null(strstr(r.out.data, "{\"req_id\":\"req-0123456789abcdef\","));
-    assert_non_null(strstr(r.out.data, "\"labels\":{\"team\":\"rl\",\"stage\":\"train\",\"empty\":\"\"}"));
+    assert_non_null(
+        strstr(r.out.data, "\"labels\":{\"team\":\"rl\",\"stage\":\"train\",\"empty\":\"\"}"));
     assert_ptr_equal(strchr(r.out.data, '\n'), r.out.data + r.out.len - 1); /* one line */
     result_free(&r);
     dsec_buf_release(&in);
@@ -157,7 +157,8 @@ static void type_check_failure_names_the_field(void **state)
     static const char bad[] = "\x82\xa6req_id\xa1r\xa9memory_mb\xa4lots";
     DECODE(&r, bad, sizeof bad - 1, "--type", "create");
     assert_int_equal(r.status, 1);
-    assert_non_null(strstr(r.err.data, "field \"memory_mb\": expected unsigned integer, got string"));
+    assert_non_null(
+        strstr(r.err.data, "field \"memory_mb\": expected unsigned integer, got string"));
     result_free(&r);
     /* Without --type the same bytes are fine: any msgpack prints. */
     DECODE(&r, bad, sizeof bad - 1, NULL);
@@ -229,10 +230,15 @@ static void input_errors_exit_2(void **state)
 static void malformed_payload_exits_1(void **state)
 {
     result r;
-    DECODE(&r, "\x82\xa1" "a", 3, NULL);
+    DECODE(&r,
+           "\x82\xa1"
+           "a",
+           3, NULL);
     assert_int_equal(r.status, 1);
     assert_int_equal(r.out.len, 0);
-    assert_string_equal(r.err.data, "dsec decode: payload: truncated: map at byte 0 has 2 entries, 2 bytes remain\n");
+    assert_string_equal(
+        r.err.data,
+        "dsec decode: payload: truncated: map at byte 0 has 2 entries, 2 bytes remain\n");
     result_free(&r);
     /* Two payloads at once are not one message. */
     DECODE(&r, "\x80\x80", 2, NULL);
@@ -265,7 +271,8 @@ static void python_parses_the_output(void **state)
     result_free(&r);
     if (!have)
         skip();
-    static const char odd[] = "\x84\x01\xa1" "a\xa2\xff\xfe\xc4\x02\x00\x01\xa3\"\\\n\xcb\x7f\xf8\0\0\0\0\0\0"
+    static const char odd[] = "\x84\x01\xa1"
+                              "a\xa2\xff\xfe\xc4\x02\x00\x01\xa3\"\\\n\xcb\x7f\xf8\0\0\0\0\0\0"
                               "\x92\xd6\xff\0\0\0\1\xc0\xc0";
     for (int pretty = 0; pretty < 2; pretty++) {
         for (int t = DSEC_MSG_NONE; t < DSEC_MSG_TYPE_MAX_; t++) {
@@ -311,7 +318,8 @@ static void protocol_doc_matches_schemas(void **state)
         p[n] = '\0';
         if (strstr(doc.data, p) == NULL)
             fail_msg("docs/protocol.md lacks or differs in this table "
-                     "(regenerate with dsec decode --schema-md):\n%s", p);
+                     "(regenerate with dsec decode --schema-md):\n%s",
+                     p);
         p[n] = save;
         p += n;
         tables++;

@@ -1,4 +1,4 @@
-/* test_codecs_json.c - msgpack -> JSON rendering: exact output for every msgpack type, and always-valid JSON. */
+/* test_codecs_json.c - msgpack -> JSON: exact output for every type, always valid. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -84,7 +84,9 @@ static void strings_are_escaped(void **state)
     JSON_IS("\xa6h\xc3\xa9llo", "\"h\xc3\xa9llo\"");
     JSON_IS("\xa4\xf0\x9f\x98\x80", "\"\xf0\x9f\x98\x80\"");
     JSON_IS("\xa8\"\\\n\r\t\x01\x1f/", "\"\\\"\\\\\\n\\r\\t\\u0001\\u001f/\"");
-    JSON_IS("\xa3" "a\0b", "\"a\\u0000b\"");
+    JSON_IS("\xa3"
+            "a\0b",
+            "\"a\\u0000b\"");
     JSON_IS("\xa1\x7f", "\"\x7f\"");
 }
 
@@ -96,10 +98,10 @@ static void binary_and_bad_utf8_become_base64(void **state)
     JSON_IS("\xc4\x03\x00\x01\x02", "{\"$bin\":\"AAEC\"}");
     JSON_IS("\xc5\x00\x04\xfb\xff\xbf\x00", "{\"$bin\":\"+/+/AA==\"}");
     JSON_IS("\xa2\xff\xfe", "{\"$bin\":\"//4=\"}");
-    JSON_IS("\xa2\xc0\xaf", "{\"$bin\":\"wK8=\"}");         /* overlong */
-    JSON_IS("\xa3\xed\xa0\x80", "{\"$bin\":\"7aCA\"}");     /* surrogate */
+    JSON_IS("\xa2\xc0\xaf", "{\"$bin\":\"wK8=\"}");             /* overlong */
+    JSON_IS("\xa3\xed\xa0\x80", "{\"$bin\":\"7aCA\"}");         /* surrogate */
     JSON_IS("\xa4\xf4\x90\x80\x80", "{\"$bin\":\"9JCAgA==\"}"); /* > U+10FFFF */
-    JSON_IS("\xa1\xc3", "{\"$bin\":\"ww==\"}");              /* cut sequence (1 of 2 bytes) */
+    JSON_IS("\xa1\xc3", "{\"$bin\":\"ww==\"}");                 /* cut sequence (1 of 2 bytes) */
 }
 
 static void ext_values(void **state)
@@ -114,7 +116,9 @@ static void containers_and_keys(void **state)
 {
     JSON_IS("\x90", "[]");
     JSON_IS("\x80", "{}");
-    JSON_IS("\x93\x01\xa1" "a\x90", "[1,\"a\",[]]");
+    JSON_IS("\x93\x01\xa1"
+            "a\x90",
+            "[1,\"a\",[]]");
     JSON_IS("\x82\xa1k\x01\xa1q\x81\xa1r\xc0", "{\"k\":1,\"q\":{\"r\":null}}");
     /* Keys that are not strings become their JSON text, as a string. */
     JSON_IS("\x81\x07\xa1v", "{\"7\":\"v\"}");
@@ -126,7 +130,9 @@ static void containers_and_keys(void **state)
 
 static void pretty_layout(void **state)
 {
-    PRETTY_IS("\x82\xa1" "a\x92\x01\x90\xa1" "b\x80",
+    PRETTY_IS("\x82\xa1"
+              "a\x92\x01\x90\xa1"
+              "b\x80",
               "{\n  \"a\": [\n    1,\n    []\n  ],\n  \"b\": {}\n}");
     PRETTY_IS("\x01", "1");
 }
@@ -135,7 +141,9 @@ static void malformed_input_fails(void **state)
 {
     JSON_FAILS("", "payload: empty");
     JSON_FAILS("\xc1", "payload: invalid msgpack type byte 0xc1 at byte 0");
-    JSON_FAILS("\xa5" "abc", "payload: truncated: string at byte 0 needs 5 bytes, 3 remain");
+    JSON_FAILS("\xa5"
+               "abc",
+               "payload: truncated: string at byte 0 needs 5 bytes, 3 remain");
     JSON_FAILS("\x92\x01", "payload: truncated: array at byte 0 has 2 items, 1 bytes remain");
     JSON_FAILS("\xcd\x01", "payload: truncated: integer at byte 0 needs 2 bytes, 1 remain");
     JSON_FAILS("\xd9", "payload: truncated: header at byte 0 runs past the end");
@@ -160,6 +168,14 @@ static void nesting_limit(void **state)
     assert_int_equal(dsec_msgpack_to_json(&OUT, deep, sizeof deep, &err), -1);
     assert_int_equal(err.code, DSEC_E_DECODE);
     assert_string_equal(err.msg, "payload: array at byte 32 nests deeper than 32 levels");
+    /* An empty container one level too deep counts (found by fuzz_json). */
+    memset(deep, 0x91, DSEC_JSON_MAX_DEPTH);
+    deep[DSEC_JSON_MAX_DEPTH] = (char)0x80;
+    assert_int_equal(dsec_msgpack_to_json(&OUT, deep, DSEC_JSON_MAX_DEPTH + 1, &err), -1);
+    assert_string_equal(err.msg, "payload: map at byte 32 nests deeper than 32 levels");
+    deep[DSEC_JSON_MAX_DEPTH - 1] = (char)0x90;
+    assert_int_equal(dsec_msgpack_to_json(&OUT, deep, DSEC_JSON_MAX_DEPTH, &err), 0);
+    assert_true(dsec_testkit_json_valid(OUT.data, OUT.len, NULL));
 }
 
 static void every_message_renders(void **state)
@@ -189,7 +205,8 @@ static void every_message_renders(void **state)
     assert_int_equal(dsec_encode(&enc, DSEC_MSG_EXEC, &e, &err), 0);
     assert_int_equal(dsec_msgpack_to_json(&OUT, enc.data, enc.len, &err), 0);
     dsec_buf_append(&OUT, "", 1, NULL);
-    assert_non_null(strstr(OUT.data, "\"argv\":[\"sh\",\"-c\",\"echo \\\"h\xc3\xa9llo\\\"\\tworld\\n\",\"\"]"));
+    assert_non_null(
+        strstr(OUT.data, "\"argv\":[\"sh\",\"-c\",\"echo \\\"h\xc3\xa9llo\\\"\\tworld\\n\",\"\"]"));
     assert_non_null(strstr(OUT.data, "\"stdin\":{\"$bin\":\"AGEAYv8A\"}"));
     dsec_buf_release(&enc);
 }
@@ -220,10 +237,11 @@ static void random_value(dsec_buf *b, int depth)
         buf[0] = (uint8_t)(0xca + next() % 10);
         for (int i = 1; i < 9; i++)
             buf[i] = (uint8_t)next();
-        dsec_buf_append(b, buf, 1 + (buf[0] == 0xca || buf[0] == 0xce || buf[0] == 0xd2 ? 4
-                                     : buf[0] == 0xcc || buf[0] == 0xd0               ? 1
-                                     : buf[0] == 0xcd || buf[0] == 0xd1               ? 2
-                                                                                      : 8),
+        dsec_buf_append(b, buf,
+                        1 + (buf[0] == 0xca || buf[0] == 0xce || buf[0] == 0xd2 ? 4
+                             : buf[0] == 0xcc || buf[0] == 0xd0                 ? 1
+                             : buf[0] == 0xcd || buf[0] == 0xd1                 ? 2
+                                                                                : 8),
                         NULL);
         return;
     case 2:

@@ -1,4 +1,4 @@
-/* test_codecs_msg.c - wire messages: schemas, encode/decode round trips, and every way decoding must fail. */
+/* test_codecs_msg.c - wire messages: schemas, round trips, every way decoding fails. */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -125,8 +125,8 @@ static void kv_uint(dsec_buf *b, const char *k, uint64_t v)
 /* ---- fixtures ------------------------------------------------------------------ */
 
 static dsec_decoder *D;
-static dsec_buf B;    /* the payload under test */
-static dsec_buf ENC;  /* encoder output */
+static dsec_buf B;   /* the payload under test */
+static dsec_buf ENC; /* encoder output */
 
 static int setup(void **state)
 {
@@ -522,8 +522,7 @@ static void required_field_may_not_be_empty(void **state)
 {
     mp_map(&B, 1);
     kv_str(&B, "req_id", "");
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"req_id\": empty (required)",
-                "req_id");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"req_id\": empty (required)", "req_id");
     B.len = 0;
     mp_map(&B, 2);
     kv_str(&B, "id", "x");
@@ -561,8 +560,8 @@ static void wrong_types(void **state)
     create_head(&B, 1);
     mp_str(&B, "priority");
     raw(&B, "\xcb\x3f\xf0\0\0\0\0\0\0", 9);
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"priority\": expected integer, got float",
-                "priority");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE,
+                "field \"priority\": expected integer, got float", "priority");
     B.len = 0;
     create_head(&B, 1);
     kv_str(&B, "labels", "a=b");
@@ -600,8 +599,8 @@ static void bools_and_bins_are_strict(void **state)
     kv_str(&B, "id", "x");
     kv_str(&B, "path", "/a");
     kv_str(&B, "data", "text");
-    expect_fail(DSEC_MSG_FILE_WRITE, &B, DSEC_E_DECODE, "field \"data\": expected binary, got string",
-                "data");
+    expect_fail(DSEC_MSG_FILE_WRITE, &B, DSEC_E_DECODE,
+                "field \"data\": expected binary, got string", "data");
 }
 
 static void out_of_range_numbers(void **state)
@@ -618,7 +617,8 @@ static void out_of_range_numbers(void **state)
     B.len = 0;
     create_head(&B, 1);
     kv_uint(&B, "hops", 17);
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"hops\": 17 out of range 0..16", "hops");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"hops\": 17 out of range 0..16",
+                "hops");
     B.len = 0;
     mp_map(&B, 3);
     kv_str(&B, "id", "x");
@@ -630,8 +630,8 @@ static void out_of_range_numbers(void **state)
     kv_str(&B, "id", "x");
     mp_str(&B, "exit_code");
     mp_int(&B, -2);
-    expect_fail(DSEC_MSG_EXEC_RESULT, &B, DSEC_E_DECODE, "field \"exit_code\": -2 out of range -1..255",
-                "exit_code");
+    expect_fail(DSEC_MSG_EXEC_RESULT, &B, DSEC_E_DECODE,
+                "field \"exit_code\": -2 out of range -1..255", "exit_code");
     B.len = 0;
     mp_map(&B, 2);
     kv_str(&B, "id", "x");
@@ -653,15 +653,15 @@ static void oversize_fields(void **state)
     mp_map(&B, 1);
     mp_str(&B, "req_id");
     mp_strn(&B, big, 65);
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_TOO_LARGE, "field \"req_id\": 65 bytes exceeds limit 64",
-                "req_id");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_TOO_LARGE,
+                "field \"req_id\": 65 bytes exceeds limit 64", "req_id");
     B.len = 0;
     mp_map(&B, 2);
     kv_str(&B, "id", "x");
     mp_str(&B, "path");
     mp_strn(&B, big, 4097);
-    expect_fail(DSEC_MSG_FILE_LIST, &B, DSEC_E_TOO_LARGE, "field \"path\": 4097 bytes exceeds limit 4096",
-                "path");
+    expect_fail(DSEC_MSG_FILE_LIST, &B, DSEC_E_TOO_LARGE,
+                "field \"path\": 4097 bytes exceeds limit 4096", "path");
     B.len = 0;
     mp_map(&B, 2);
     kv_str(&B, "id", "x");
@@ -669,8 +669,8 @@ static void oversize_fields(void **state)
     mp_arr(&B, 5000);
     for (int i = 0; i < 5000; i++)
         mp_str(&B, "a");
-    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_TOO_LARGE, "field \"argv\": 5000 items exceeds limit 4096",
-                "argv");
+    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_TOO_LARGE,
+                "field \"argv\": 5000 items exceeds limit 4096", "argv");
     B.len = 0;
     create_head(&B, 1);
     mp_str(&B, "requires");
@@ -743,14 +743,16 @@ static void duplicate_keys(void **state)
     kv_str(&B, "a", "1");
     kv_str(&B, "b", "2");
     kv_str(&B, "a", "3");
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"labels\": duplicate key \"a\"", "labels");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"labels\": duplicate key \"a\"",
+                "labels");
 }
 
 static void trailing_bytes(void **state)
 {
     create_head(&B, 0);
     raw(&B, "\x01\x02\x03", 3);
-    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "payload: 3 trailing bytes after the message", "");
+    expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "payload: 3 trailing bytes after the message",
+                "");
     /* Two messages back to back are trailing bytes too. */
     B.len = 0;
     create_head(&B, 0);
@@ -946,13 +948,15 @@ static void list_items_name_their_index(void **state)
     mp_uint(&B, 1);
     mp_uint(&B, 2);
     expect_fail(DSEC_MSG_FILE_LIST_REPLY, &B, DSEC_E_DECODE,
-                "field \"entries[0]\": map key 0 is not a string (got unsigned integer)", "entries[0]");
+                "field \"entries[0]\": map key 0 is not a string (got unsigned integer)",
+                "entries[0]");
 }
 
 static void bad_field_clears_on_success(void **state)
 {
     mp_map(&B, 0);
-    expect_fail(DSEC_MSG_HEARTBEAT, &B, DSEC_E_DECODE, "field \"node\": missing (required)", "node");
+    expect_fail(DSEC_MSG_HEARTBEAT, &B, DSEC_E_DECODE, "field \"node\": missing (required)",
+                "node");
     B.len = 0;
     mp_map(&B, 1);
     kv_str(&B, "node", "n1");
@@ -1022,11 +1026,47 @@ static void kv_duplicates_found_in_big_maps(void **state)
     /* The decoder sees it too. */
     keys[39] = names[39];
     encode_ok(DSEC_MSG_CREATE, &c, &ENC);
+    anymsg out;
+    expect_ok(DSEC_MSG_CREATE, &ENC, &out);
+    assert_int_equal(out.create.labels.n, 40);
     char *last = memmem(ENC.data, ENC.len, "k39", 3);
     assert_non_null(last);
     memcpy(last, "k07", 3);
     expect_fail(DSEC_MSG_CREATE, &ENC, DSEC_E_DECODE, "field \"labels\": duplicate key \"k07\"",
                 "labels");
+}
+
+/* Many distinct keys pass; one repeat anywhere among them is caught. */
+static void duplicates_found_anywhere_in_big_maps(void **state)
+{
+    enum { N = 300 };
+    char keys[N][8];
+    for (int i = 0; i < N; i++)
+        snprintf(keys[i], sizeof keys[i], "k%03d", (i * 37) % N);
+    anymsg out;
+    for (int dup = -1; dup < N; dup++) {
+        B.len = 0;
+        mp_map(&B, 3);
+        kv_str(&B, "id", "x");
+        mp_str(&B, "argv");
+        mp_arr(&B, 1);
+        mp_str(&B, "true");
+        mp_str(&B, "env");
+        mp_map(&B, N);
+        for (int i = 0; i < N; i++) {
+            mp_str(&B, i == dup ? keys[(dup * 7 + 3) % N] : keys[i]);
+            mp_str(&B, "v");
+        }
+        if (dup < 0 || (dup * 7 + 3) % N == dup) {
+            expect_ok(DSEC_MSG_EXEC, &B, &out);
+            assert_int_equal(out.exec.env.n, N);
+            continue;
+        }
+        char want[64];
+        snprintf(want, sizeof want, "field \"env\": duplicate key \"%s\"",
+                 keys[(dup * 7 + 3) % N]);
+        expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, want, "env");
+    }
 }
 
 #define T(f) cmocka_unit_test_setup(f, reset)
@@ -1063,6 +1103,7 @@ int main(void)
         T(bad_field_clears_on_success),
         T(encoder_refuses_what_decoder_would),
         T(kv_duplicates_found_in_big_maps),
+        T(duplicates_found_anywhere_in_big_maps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

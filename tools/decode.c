@@ -1,4 +1,4 @@
-/* decode.c - `dsec decode`: print one msgpack payload from stdin as JSON, optionally checked against a schema. */
+/* decode.c - `dsec decode`: print one msgpack payload from stdin as JSON. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@ enum { READ_STEP = 64 << 10 };
 typedef struct opts {
     const char *type; /* --type: check against this schema first */
     bool pretty;
-    bool schema_md;   /* hidden: print the docs/protocol.md field tables */
+    bool schema_md; /* hidden: print the docs/protocol.md field tables */
 } opts;
 
 static void usage(FILE *out)
