@@ -388,6 +388,21 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
     /* announce: the full capacity report that follows it carries everything */
 }
 
+/* dsec.v1.ctl.ping: a health check answered by any replica. */
+static void on_ping(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_sched *s = ud;
+    dsec_err err;
+    dsec_msg_ping p;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PING, dsec_msg_data(m), dsec_msg_len(m), &p, &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    dsec_msg_pong pong = {.seq = p.seq, .sent_ns = p.sent_ns, .actor = s->name};
+    if (dsec_wire_reply(a, m, DSEC_MSG_PONG, &pong, &err) < 0)
+        dsec_actor_count_error(a);
+}
+
 static uint64_t event_key(const dsec_msg *cm, void *ud)
 {
     const char *subj = dsec_msg_subject(cm);
@@ -494,7 +509,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     dsec_actor_set_key(s->events, event_key, s);
     snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.node.>", s->cell);
     if (dsec_actor_on(s->events, subj, NULL, on_event, s, err) < 0 ||
-        dsec_actor_on(s->events, "dsec.v1.ctl.evt.*.summary", NULL, on_event, s, err) < 0)
+        dsec_actor_on(s->events, "dsec.v1.ctl.evt.*.summary", NULL, on_event, s, err) < 0 ||
+        dsec_actor_on(s->events, "dsec.v1.ctl.ping", "dsec-ping", on_ping, s, err) < 0)
         goto out_fail;
     if ((s->ticks[0] = dsec_ticker_add(ticker, s->conf.summary_ms, tick_summary, s, err)) < 0 ||
         (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0)

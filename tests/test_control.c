@@ -557,6 +557,24 @@ static void malformed_requests_get_errors(void **state)
     request_error(bus, subj, "op", b.data, b.len, code, sizeof code, field, sizeof field);
     assert_string_equal(code, "unsupported");
     dsec_buf_release(&b);
+    /* health check: any replica answers a ping; a bad ping gets an error */
+    dsec_msg_ping ping = {.seq = 42};
+    dsec_buf_init(&b);
+    assert_int_equal(dsec_encode(&b, DSEC_MSG_PING, &ping, &err), 0);
+    dsec_msg *reply = NULL;
+    assert_int_equal(dsec_bus_request_sync(bus, "dsec.v1.ctl.ping", &(dsec_hdr){.type = "ping", .schema = 1},
+                                           b.data, b.len, 3000, &reply, &err), 0);
+    dsec_buf_release(&b);
+    assert_string_equal(dsec_msg_type(reply), "pong");
+    dsec_decoder *d = dsec_decoder_new(NULL);
+    dsec_msg_pong pong;
+    assert_int_equal(dsec_decode(d, DSEC_MSG_PONG, dsec_msg_data(reply), dsec_msg_len(reply), &pong, &err), 0);
+    assert_int_equal(pong.seq, 42);
+    assert_non_null(pong.actor);
+    dsec_decoder_free(d);
+    dsec_msg_free(reply);
+    request_error(bus, "dsec.v1.ctl.ping", "ping", "\x80", 1, code, sizeof code, field, sizeof field);
+    assert_string_equal(code, "decode");
     /* and the cell still serves */
     assert_int_equal(dsec_status(cl, sb.id, &sb, &err), 0);
     assert_string_equal(sb.state, "running");
