@@ -77,6 +77,7 @@ struct dsec_node {
     struct sbx **by_req;
     size_t nbuckets;
     uint64_t live;
+    uint64_t live_by_type[DSEC_REGISTRY_MAX];
     uint64_t cpu_free, mem_free, slots_free;
     bool dirty;
     uint64_t seq;
@@ -128,6 +129,7 @@ static void insert(dsec_node *n, struct sbx *s)
         n->by_req[r] = s;
     }
     n->live++;
+    n->live_by_type[s->type_idx]++;
 }
 
 static void unlink_sbx(dsec_node *n, struct sbx *s)
@@ -147,6 +149,7 @@ static void unlink_sbx(dsec_node *n, struct sbx *s)
             }
     }
     n->live--;
+    n->live_by_type[s->type_idx]--;
 }
 
 static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots)
@@ -891,7 +894,21 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now)
                            .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
                            .slots_free = n->slots_free, .live = n->live, .ts_ns = dsec_wall_ns()};
     n->dirty = false;
+    uint64_t by_type[DSEC_REGISTRY_MAX];
+    memcpy(by_type, n->live_by_type, sizeof by_type);
     pthread_mutex_unlock(&n->mu);
+    /* per offered type, so `dsec top` can show sandboxes by type */
+    const char *tk[DSEC_REGISTRY_MAX], *tv[DSEC_REGISTRY_MAX];
+    char counts[DSEC_REGISTRY_MAX][24];
+    uint32_t ntk = 0;
+    for (int i = 0; i < DSEC_REGISTRY_MAX; i++)
+        if (n->offered & (1u << i)) {
+            snprintf(counts[ntk], sizeof counts[ntk], "%" PRIu64, by_type[i]);
+            tk[ntk] = type_name(n, i);
+            tv[ntk] = counts[ntk];
+            ntk++;
+        }
+    c.live_types = (dsec_kv){tk, tv, ntk};
     const char *lk[64], *lv[64];
     if (full) {
         c.cpu_milli = n->conf.cpu_milli;

@@ -257,6 +257,7 @@ typedef struct dsec_msg_capacity {
     dsec_kv labels;
     dsec_strv layers;
     uint64_t ts_ns;
+    dsec_kv live_types;   /* live sandboxes per type: type -> decimal count */
 } dsec_msg_capacity;
 
 typedef struct dsec_msg_heartbeat {

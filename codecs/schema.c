@@ -236,6 +236,8 @@ static const dsec_field capacity_fields[] = {
     FSTRV(dsec_msg_capacity, layers, "layers", false, L_ARGV, L_LONG,
           "full: layer digests in the node's cache (locality)"),
     FU64(dsec_msg_capacity, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+    FKV(dsec_msg_capacity, live_types, "live_types", 64, L_NAME,
+        "live sandboxes per type: type name -> decimal count"),
 };
 
 static const dsec_field heartbeat_fields[] = {

@@ -14,6 +14,8 @@
 static const char *const requires_v[] = {"own_kernel", "isolation:2"};
 static const char *const net_v[] = {"pypi.org", "10.0.0.0/8", "mirror:debian"};
 static const char *const label_k[] = {"team", "stage", "empty"};
+static const char *const live_k[] = {"container", "sim"};
+static const char *const live_v[] = {"3000", "190"};
 static const char *const label_v[] = {"rl", "train", ""};
 static const char *const aff_k[] = {"zone"};
 static const char *const aff_v[] = {"a"};
@@ -237,7 +239,8 @@ static void sample_c(int type, void *out)
                                                         .types = STRV(types_v),
                                                         .labels = KV(label_k, label_v),
                                                         .layers = STRV(layers_v),
-                                                        .ts_ns = 8};
+                                                        .ts_ns = 8,
+                                                        .live_types = KV(live_k, live_v)};
         break;
     case DSEC_MSG_HEARTBEAT:
         *(dsec_msg_heartbeat *)out =

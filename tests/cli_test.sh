@@ -54,6 +54,7 @@ set -e
 
 "$DSEC" top --once --interval 300 > "$TMP/top.txt"
 grep -q "local-0" "$TMP/top.txt" || { cat "$TMP/top.txt"; fail "top shows no node"; }
+grep -q "sandboxes by type: sim 3" "$TMP/top.txt" || { cat "$TMP/top.txt"; fail "top shows no per-type count"; }
 
 "$DSEC" rm "$ID" $KIDS >/dev/null
 set +e

@@ -21,6 +21,9 @@ struct node_row {
     uint64_t cpu, mem, slots, cpu_free, mem_free, slots_free, live;
     char types[128];
     uint64_t seen_ms;
+    char lt_name[8][32]; /* live sandboxes per type, as last reported */
+    uint64_t lt_count[8];
+    int nlt;
 };
 
 struct top {
@@ -68,6 +71,11 @@ static void on_capacity(struct top *t, dsec_msg *m)
         r->slots_free = c.slots_free;
         r->live = c.live;
         r->seen_ms = ms_now();
+        r->nlt = 0;
+        for (uint32_t i = 0; i < c.live_types.n && r->nlt < 8; i++) {
+            snprintf(r->lt_name[r->nlt], sizeof r->lt_name[0], "%s", c.live_types.k[i]);
+            r->lt_count[r->nlt++] = strtoull(c.live_types.v[i], NULL, 10);
+        }
         if (c.full) {
             r->cpu = c.cpu_milli;
             r->mem = c.memory_mb;
@@ -129,6 +137,23 @@ static void render(struct top *t, bool clear, double secs, uint64_t created0, ui
            " milli free; creates %.1f/s, destroys %.1f/s\n",
            t->nnodes, live, cpu_free, cpu, secs > 0 ? (double)(t->created - created0) / secs : 0.0,
            secs > 0 ? (double)(t->gone - gone0) / secs : 0.0);
+    char names[16][32];
+    uint64_t counts[16] = {0};
+    int nn = 0;
+    for (size_t i = 0; i < t->nnodes; i++)
+        for (int j = 0; j < t->nodes[i].nlt; j++) {
+            int k = 0;
+            while (k < nn && strcmp(names[k], t->nodes[i].lt_name[j]) != 0)
+                k++;
+            if (k == nn && nn < 16)
+                snprintf(names[nn++], sizeof names[0], "%s", t->nodes[i].lt_name[j]);
+            if (k < nn)
+                counts[k] += t->nodes[i].lt_count[j];
+        }
+    printf("sandboxes by type:");
+    for (int k = 0; k < nn; k++)
+        printf(" %s %" PRIu64 "%s", names[k], counts[k], k + 1 < nn ? "," : "");
+    printf("%s\n", nn ? "" : " none reported yet");
     printf("%-20s %-10s %8s %14s %14s %12s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
            "MEM free/total", "SLOTS free", "TYPES");
     uint64_t now = ms_now();
