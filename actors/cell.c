@@ -32,6 +32,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     const char *url = getenv("DSEC_URL");
     snprintf(c->url, sizeof c->url, "%s", url && url[0] ? url : "nats://127.0.0.1:4222");
     c->threads = 2;
+    c->low_latency = true;
     c->embedded_nats = false;
     c->nats_port = 4222;
     c->jetstream = true;
@@ -217,11 +218,12 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     snprintf(c->state_dir, sizeof c->state_dir, "%s", s);
 
     const dsec_cfg_node *bus = dsec_cfg_get(root, "bus");
-    static const char *const bus_keys[] = {"url", "threads", NULL};
+    static const char *const bus_keys[] = {"url", "threads", "low_latency", NULL};
     uint64_t threads;
     if (dsec_cfg_expect(cfg, bus, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, bus, bus_keys, err) < 0 ||
         dsec_cfg_str(cfg, bus, "url", c->url, &s, err) < 0 ||
-        dsec_cfg_u64(cfg, bus, "threads", (uint64_t)c->threads, 1, 64, &threads, err) < 0)
+        dsec_cfg_u64(cfg, bus, "threads", (uint64_t)c->threads, 1, 64, &threads, err) < 0 ||
+        dsec_cfg_bool(cfg, bus, "low_latency", c->low_latency, &c->low_latency, err) < 0)
         return -1;
     snprintf(c->url, sizeof c->url, "%s", s);
     c->threads = (int)threads;
@@ -377,7 +379,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     char cname[128];
     snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
     dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = conf->threads,
-                        .retry_on_failed_connect = !conf->embedded_nats};
+                        .retry_on_failed_connect = !conf->embedded_nats,
+                        .low_latency = conf->low_latency};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||
         dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)

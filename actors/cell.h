@@ -26,6 +26,7 @@ typedef struct dsec_cell_conf {
     char cell[65];
     char url[256];           /* the bus */
     int threads;             /* bus worker threads */
+    bool low_latency;        /* bus.low_latency: publish at once (default true) */
     bool embedded_nats;      /* start a nats-server (dsec up) */
     int nats_port;           /* 0: a free port */
     bool jetstream;

@@ -367,7 +367,9 @@ int main(int argc, char **argv)
 
     struct gen g = {.cap_lat = 2000000};
     g.lat = dsec_calloc((size_t)g.cap_lat, sizeof *g.lat);
-    dsec_bus_opts bo = {.url = url, .name = "bench-gen", .threads = 1, .mailbox_max = 1 << 20};
+    /* like libdsec: publish at once */
+    dsec_bus_opts bo = {.url = url, .name = "bench-gen", .threads = 1, .mailbox_max = 1 << 20,
+                        .low_latency = true};
     dsec_actor *cap = NULL;
     if (dsec_bus_connect(&g.bus, &bo, &err) < 0 || dsec_actor_new(&cap, g.bus, "capacity", &err) < 0 ||
         dsec_actor_on(cap, "dsec.v1.ctl.evt.bench.node.*.capacity", NULL, on_capacity, NULL, &err) < 0 ||

@@ -156,8 +156,9 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
     }
     c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
     c->retries = o.retries > 0 ? o.retries : (o.retries < 0 ? 0 : 2);
+    /* a client waits on every answer: publish at once rather than batch */
     dsec_bus_opts bo = {.url = o.url, .name = o.name ? o.name : "dsec-client",
-                        .threads = o.threads > 0 ? o.threads : 2};
+                        .threads = o.threads > 0 ? o.threads : 2, .low_latency = true};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0) {
         dsec_client_free(c);
         return -1;
