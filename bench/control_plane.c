@@ -272,25 +272,38 @@ static double pctl(double *v, long n, double p)
     return v[i];
 }
 
-/* Send creates at rate for up to secs (or until stop() says so). Returns
- * creates answered per second over the phase. */
-static double run_phase(struct gen *g, double rate, double secs, long stop_at_created, double *p50,
-                        double *p99, double *p999, double *elapsed)
+/* Send creates at rate for up to secs (or until stop_at_created answered).
+ * With adapt, the offered rate follows what the cell sustains: every second
+ * it rises by 5% while less than 50 ms of work is in flight, and falls by 10%
+ * when more is (open loop within each second: send times never wait for
+ * replies). Returns creates answered per second over the phase. */
+static double run_phase(struct gen *g, double rate, double secs, long stop_at_created, bool adapt,
+                        double *p50, double *p99, double *p999, double *elapsed, double *peak_rate)
 {
     atomic_store(&g->nlat, 0);
     long created0 = atomic_load(&g->created);
-    double t0 = now_s();
-    long i = 0;
+    double t0 = now_s(), t_rate = t0, next_check = t0 + 1.0;
+    long sent_at_rate = 0;
+    *peak_rate = rate;
     for (;;) {
         double t = now_s();
         if (t - t0 >= secs || (stop_at_created > 0 && atomic_load(&g->created) >= stop_at_created))
             break;
-        long due_n = (long)((t - t0) * rate);
-        for (; i < due_n; i++) {
+        if (adapt && t >= next_check) {
+            long backlog = atomic_load(&g->in_flight);
+            rate = backlog > (long)(rate * 0.05) ? rate * 0.9 : rate * 1.05;
+            if (rate > *peak_rate && backlog <= (long)(rate * 0.05))
+                *peak_rate = rate;
+            t_rate = t;
+            sent_at_rate = 0;
+            next_check = t + 1.0;
+        }
+        long due_n = (long)((t - t_rate) * rate);
+        for (; sent_at_rate < due_n; sent_at_rate++) {
             struct req *r = dsec_calloc(1, sizeof *r);
             r->g = g;
             r->op = OP_CREATE;
-            r->due = t0 + (double)i / rate;
+            r->due = t_rate + (double)sent_at_rate / rate;
             send_req(r);
         }
         sleep_until(t + 0.0005);
@@ -333,7 +346,7 @@ static long live_now(void)
 int main(int argc, char **argv)
 {
     double phase1_secs = argc > 1 ? atof(argv[1]) : 10;
-    double phase2_rate = argc > 2 ? atof(argv[2]) : 21000;
+    double phase2_rate = argc > 2 ? atof(argv[2]) : 20000;
     signal(SIGPIPE, SIG_IGN);
     char state[] = "/tmp/dsec-bench-cp-XXXXXX";
     if (mkdtemp(state) == NULL)
@@ -383,7 +396,8 @@ int main(int argc, char **argv)
     g.phase = 1;
     double p50a, p99a, p999a, el1;
     int64_t m0 = varz_in_msgs(mon_port);
-    double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, &p50a, &p99a, &p999a, &el1);
+    double peak1;
+    double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50a, &p99a, &p999a, &el1, &peak1);
     int64_t m1 = varz_in_msgs(mon_port);
     long c1 = atomic_load(&g.created), f1 = atomic_load(&g.failed);
     printf("phase 1: target %.0f creates/s for %.0f s: %.0f creates/s answered, %ld execs, %ld destroys, %ld failed;"
@@ -401,16 +415,18 @@ int main(int argc, char **argv)
     double p50b, p99b, p999b, el2;
     long created_before = atomic_load(&g.created);
     int64_t m2 = varz_in_msgs(mon_port);
-    double rate2 = run_phase(&g, phase2_rate, 120, created_before + LIVE_TARGET, &p50b, &p99b,
-                             &p999b, &el2);
+    double peak2;
+    double rate2 = run_phase(&g, phase2_rate, 120, created_before + LIVE_TARGET, true, &p50b, &p99b,
+                             &p999b, &el2, &peak2);
     int64_t m3 = varz_in_msgs(mon_port);
     long c2 = atomic_load(&g.created) - created_before;
     sleep(1); /* the last capacity deltas */
     long live = live_now();
     double per_create = m2 >= 0 && m3 >= 0 && c2 > 0 ? (double)(m3 - m2) / (double)c2 : -1;
-    printf("phase 2: offered %.0f creates/s: %.0f creates/s sustained over %.1f s (%ld created, %ld failed in all);"
-           " create latency p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n",
+    printf("phase 2: offered from %.0f creates/s, adapting to the cell: %.0f creates/s sustained over %.1f s"
+           " (%ld created, %ld failed); create latency p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n",
            phase2_rate, rate2, el2, c2, atomic_load(&g.failed) - f1, p50b, p99b, p999b);
+    (void)peak2;
     printf("live sandboxes (as the nodes report): %ld; bus messages per create in phase 2 (server in_msgs): %.2f\n",
            live, per_create);
     if (atomic_load(&g.failed) > f1)
