@@ -23,6 +23,8 @@ struct dsec_cell {
     size_t nnodes;
     dsec_sched **scheds;
     size_t nscheds;
+    dsec_traj *traj;
+    dsec_arbiter *arbiter;
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -52,6 +54,11 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->heartbeat_ms = 1000;
     c->reap_ms = 1000;
     c->summary_ms = 1000;
+    c->wait_ms = 30000;
+    c->arbiter_lease_ms = 3000;
+    c->arbiter_grace_ms = 30000;
+    c->arbiter_max_per_min = 120;
+    c->traj_retention_s = 7 * 86400;
 }
 
 static void node_release(dsec_cell_node *n)
@@ -203,7 +210,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 {
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
-                                      "scheduler", "reports", "nodes", NULL};
+                                      "scheduler", "arbiter", "trajectory", "reports", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -250,15 +257,34 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 
     const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
     static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
-                                         "dead_after_ms", "summary_ms", NULL};
+                                         "dead_after_ms", "summary_ms", "wait_ms", NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
         load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
         load_unsigned(cfg, sc, "max_attempts", &c->max_attempts, 1, 64, err) < 0 ||
         load_unsigned(cfg, sc, "max_hops", &c->max_hops, 0, 16, err) < 0 ||
         load_u32(cfg, sc, "dead_after_ms", &c->dead_after_ms, 100, 3600000, err) < 0 ||
-        load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0)
+        load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0)
         return -1;
+
+    const dsec_cfg_node *ar = dsec_cfg_get(root, "arbiter");
+    static const char *const a_keys[] = {"lease_ms", "grace_ms", "max_evictions_per_min", NULL};
+    if (dsec_cfg_expect(cfg, ar, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, ar, a_keys, err) < 0 ||
+        load_u32(cfg, ar, "lease_ms", &c->arbiter_lease_ms, 300, 600000, err) < 0 ||
+        load_u32(cfg, ar, "grace_ms", &c->arbiter_grace_ms, 1, 3600000, err) < 0 ||
+        load_u32(cfg, ar, "max_evictions_per_min", &c->arbiter_max_per_min, 1, 1000000, err) < 0)
+        return -1;
+
+    const dsec_cfg_node *tj = dsec_cfg_get(root, "trajectory");
+    static const char *const t_keys[] = {"retention_s", "max_bytes", NULL};
+    uint64_t ret_s = 0, max_b = 0;
+    if (dsec_cfg_expect(cfg, tj, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, tj, t_keys, err) < 0 ||
+        dsec_cfg_u64(cfg, tj, "retention_s", 7 * 86400, 1, 1ull << 32, &ret_s, err) < 0 ||
+        dsec_cfg_u64(cfg, tj, "max_bytes", 0, 0, 1ull << 50, &max_b, err) < 0)
+        return -1;
+    c->traj_retention_s = (int64_t)ret_s;
+    c->traj_max_bytes = (int64_t)max_b;
 
     const dsec_cfg_node *r = dsec_cfg_get(root, "reports");
     static const char *const r_keys[] = {"capacity_ms", "full_ms", "heartbeat_ms", "reap_ms",
@@ -328,10 +354,13 @@ int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err)
             *roles |= DSEC_ROLE_SCHEDULER;
         else if (strcmp(t, "node") == 0)
             *roles |= DSEC_ROLE_NODE;
+        else if (strcmp(t, "arbiter") == 0)
+            *roles |= DSEC_ROLE_ARBITER;
         else if (strcmp(t, "all") == 0)
-            *roles |= DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE;
+            *roles |= DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER;
         else
-            return dsec_err_set(err, DSEC_E_CONFIG, 0, "role \"%s\" is unknown (known: scheduler, node, all)", t);
+            return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                "role \"%s\" is unknown (known: scheduler, node, arbiter, all)", t);
     }
     if (*roles == 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "no roles given (use --roles scheduler,node)");
@@ -385,6 +414,13 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
+    if ((roles & DSEC_ROLE_NODE) && conf->jetstream) {
+        dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes};
+        dsec_err terr;
+        if (dsec_traj_open(&c->traj, c->bus, &tc, &terr) < 0)
+            fprintf(stderr, "dsecd %s: no trajectory log (operations naming a rollout_id will be "
+                    "refused): %s\n", conf->cell, terr.msg);
+    }
     if (roles & DSEC_ROLE_NODE) {
         c->nodes = dsec_calloc(conf->nnodes ? conf->nnodes : 1, sizeof *c->nodes);
         if (c->nodes == NULL) {
@@ -406,7 +442,9 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .default_cpu_milli = conf->default_cpu_milli,
                                  .default_memory_mb = conf->default_memory_mb,
                                  .default_ttl_s = conf->default_ttl_s,
-                                 .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s};
+                                 .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s,
+                                 .traj = c->traj, .pause_idle_ms = conf->pause_idle_ms,
+                                 .pressure_free_pct = conf->pressure_free_pct};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;
@@ -424,11 +462,19 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                   .dead_after_ms = conf->dead_after_ms,
                                   .summary_ms = conf->summary_ms,
                                   .default_cpu_milli = conf->default_cpu_milli,
-                                  .default_memory_mb = conf->default_memory_mb};
+                                  .default_memory_mb = conf->default_memory_mb,
+                                  .wait_ms = conf->wait_ms};
             if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
                 goto out_fail;
             c->nscheds++;
         }
+    }
+    if (roles & DSEC_ROLE_ARBITER) {
+        dsec_arbiter_conf ac = {.cell = conf->cell, .lease_ms = conf->arbiter_lease_ms,
+                                .grace_ms = conf->arbiter_grace_ms,
+                                .max_per_min = conf->arbiter_max_per_min};
+        if (dsec_arbiter_start(&c->arbiter, c->bus, &ac, err) < 0)
+            goto out_fail;
     }
     if (dsec_bus_flush(c->bus, 5000, err) < 0)
         goto out_fail;
@@ -462,6 +508,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
 {
     if (c == NULL)
         return;
+    dsec_arbiter_stop(c->arbiter, true);
     for (size_t i = 0; i < c->nscheds; i++)
         dsec_sched_stop(c->scheds[i]);
     for (size_t i = 0; i < c->nnodes; i++)
@@ -472,6 +519,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     }
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
+    dsec_traj_close(c->traj);
     dsec_bus_free(c->bus);
     dsec_registry_free(c->reg);
     dsec_natsd_stop(c->natsd);
@@ -482,6 +530,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
 
 const char *dsec_cell_url(const dsec_cell *c) { return c->conf.url; }
 dsec_bus *dsec_cell_bus(dsec_cell *c) { return c->bus; }
+dsec_arbiter *dsec_cell_arbiter(dsec_cell *c) { return c->arbiter; }
 size_t dsec_cell_node_count(const dsec_cell *c) { return c->nnodes; }
 dsec_node *dsec_cell_node_at(dsec_cell *c, size_t i) { return i < c->nnodes ? c->nodes[i] : NULL; }
 size_t dsec_cell_sched_count(const dsec_cell *c) { return c->nscheds; }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/arbiter.h"
 #include "actors/node.h"
 #include "actors/scheduler.h"
 #include "dsec/err.h"
@@ -35,6 +36,12 @@ typedef struct dsec_cell_conf {
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
+    uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
+    uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
+    uint64_t pause_idle_ms;    /* nodes freeze pausable rollouts idle this long... */
+    uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */
+    int64_t traj_retention_s;  /* trajectory log retention; 0: 7 days */
+    int64_t traj_max_bytes;    /* 0: unlimited */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;
@@ -49,8 +56,8 @@ int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n
                                  const char *time_scale, dsec_err *err);
 void dsec_cell_conf_release(dsec_cell_conf *c);
 
-enum { DSEC_ROLE_SCHEDULER = 1, DSEC_ROLE_NODE = 2 };
-/* Parse "scheduler,node" into DSEC_ROLE_* bits. */
+enum { DSEC_ROLE_SCHEDULER = 1, DSEC_ROLE_NODE = 2, DSEC_ROLE_ARBITER = 4 };
+/* Parse "scheduler,node,arbiter" into DSEC_ROLE_* bits ("all" is every role). */
 int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err);
 
 typedef struct dsec_cell dsec_cell;
@@ -66,5 +73,7 @@ size_t dsec_cell_node_count(const dsec_cell *c);
 dsec_node *dsec_cell_node_at(dsec_cell *c, size_t i);
 size_t dsec_cell_sched_count(const dsec_cell *c);
 dsec_sched *dsec_cell_sched_at(dsec_cell *c, size_t i);
+/* The arbiter hosted here (role "arbiter"), or NULL. */
+dsec_arbiter *dsec_cell_arbiter(dsec_cell *c);
 
 #endif

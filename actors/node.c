@@ -40,9 +40,22 @@ struct sbx {
     uint8_t type_idx;
     _Atomic uint8_t state;
     _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
+    bool pausable;         /* a rollout that may be frozen while idle under memory pressure */
+    _Atomic bool frozen;   /* paused by the node; its memory went back to the pool */
+    _Atomic bool freezing; /* a freeze is queued on its mailbox */
+    uint32_t mem_owed;     /* MB it could not take back when thawed (memory was short) */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char req_id[65];
+};
+
+/* Capacity a preemptible job holds on this node (job_hold): it is taken
+ * from what placement can use until the job, or the arbiter, releases it. */
+struct hold {
+    struct hold *next;
+    char key[136]; /* "hold.<job>.<unit>": also its journal id */
+    char job[DSEC_NAME_LEN_MAX + 1];
+    uint64_t cpu_milli, memory_mb;
 };
 
 struct event {
@@ -85,6 +98,7 @@ struct dsec_node {
     struct event *events;
     size_t nevents, cap_events;
     struct sbx *dropped; /* records replayed but not re-adopted (start only) */
+    struct hold *holds;  /* job holdings (node lock) */
 
     _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
     uint64_t hb_seq;
@@ -411,6 +425,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     s->idle_ns = idle * 1000000000ull;
     s->be = n->backends[tidx];
     s->state = ST_STARTING;
+    s->pausable = p.c.pausable && (p.c.cls == NULL || strcmp(p.c.cls, "rollout") == 0);
     insert(n, s); /* visible to a retry of the same request at once */
     event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
     pthread_mutex_unlock(&n->mu);
@@ -498,10 +513,43 @@ static struct sbx *target_sbx(dsec_node *n, dsec_msg *m, const struct target *t)
     return s;
 }
 
+/* Memory a sandbox holds in the node's accounting now. */
+static uint64_t mem_held(const struct sbx *s)
+{
+    return s->frozen ? 0 : (uint64_t)s->memory_mb - s->mem_owed;
+}
+
+/* Resume a sandbox the node froze: the next operation on it does this, so
+ * the caller never sees the freeze. It takes its memory back (what is
+ * free of it, if memory is still short). */
+static int thaw(dsec_node *n, struct sbx *s, dsec_err *err)
+{
+    if (dsec_backend_resume(s->be, s->h, err) < 0)
+        return dsec_err_wrap(err, "resuming frozen %s", s->id);
+    pthread_mutex_lock(&n->mu);
+    uint64_t take = n->mem_free < s->memory_mb ? n->mem_free : s->memory_mb;
+    n->mem_free -= take;
+    s->mem_owed = (uint32_t)(s->memory_mb - take);
+    s->frozen = false;
+    n->dirty = true;
+    int prev = s->state;
+    s->state = ST_RUNNING;
+    event_locked(n, s, prev, ST_RUNNING, "resumed by an operation");
+    pthread_mutex_unlock(&n->mu);
+    return 0;
+}
+
 static bool check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     if (s->state == ST_RUNNING)
         return true;
+    if (s->state == ST_PAUSED && s->frozen) {
+        dsec_err err;
+        if (thaw(n, s, &err) == 0)
+            return true;
+        dsec_wire_error(n->actor, m, &err);
+        return false;
+    }
     reply_err(n, m, DSEC_E_STATE, "sandbox %s is %s; %s", s->id, state_names[s->state],
               s->state == ST_PAUSED ? "resume it first" : "it cannot run commands");
     return false;
@@ -524,6 +572,57 @@ static bool decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int typ
     return true;
 }
 
+/* ---- trajectory log ------------------------------------------------------------ */
+
+/* A logged step is answered from the log when the request is the same
+ * (fast-forward: it never runs twice) and refused as a divergence when it is
+ * not. Returns 1 when m was answered (*rec is then the logged record, or
+ * NULL when an error was answered), 0 to run the step live. */
+static int traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64_t step,
+                      const uint8_t hash[DSEC_SHA256_LEN], Dsec__V1__TrajectoryRecord **rec)
+{
+    dsec_err err;
+    *rec = NULL;
+    if (n->conf.traj == NULL) {
+        reply_err(n, m, DSEC_E_UNSUPPORTED,
+                  "rollout %s step %" PRIu64 ": node %s keeps no trajectory log (JetStream is off)",
+                  rollout, step, n->name);
+        return 1;
+    }
+    if (dsec_traj_check_id(rollout, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return 1;
+    }
+    int found = dsec_traj_find(n->conf.traj, rollout, step, rec, &err);
+    if (found < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return 1;
+    }
+    if (found == 0)
+        return 0;
+    Dsec__V1__TrajectoryRecord *r = *rec;
+    if (r->request_hash.len != DSEC_SHA256_LEN || memcmp(r->request_hash.data, hash, DSEC_SHA256_LEN) != 0) {
+        reply_err(n, m, DSEC_E_DIVERGED,
+                  "divergence: rollout %s step %" PRIu64 " is logged as \"%s%s\" and this request "
+                  "differs; re-issue the logged request or continue after step %" PRIu64,
+                  rollout, step, r->n_argv ? r->argv[0] : "", r->n_argv > 1 ? " ..." : "", step);
+        dsec_record_msg_free(&r->base);
+        *rec = NULL;
+        return 1;
+    }
+    return 1;
+}
+
+/* Log a step that ran; the caller answers only after this returns 0. */
+static int traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err)
+{
+    r->hash_alg = (char *)DSEC_TRAJ_HASH_ALG;
+    r->ts_ns = dsec_wall_ns();
+    if (dsec_traj_append(n->conf.traj, r, err) < 0)
+        return dsec_err_wrap(err, "the step ran but is not logged, so a retry would run it again");
+    return 0;
+}
+
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -541,6 +640,25 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     for (uint32_t i = 0; i < x.env.n; i++)
         env[i] = (dsec_backend_kv){x.env.k[i], x.env.v[i]};
+    uint8_t hash[DSEC_SHA256_LEN];
+    if (x.rollout_id != NULL) {
+        Dsec__V1__TrajectoryRecord *rec;
+        dsec_traj_hash_exec(&x, hash);
+        if (traj_check(n, m, x.rollout_id, x.step, hash, &rec)) {
+            if (rec != NULL) {
+                dsec_msg_exec_result out = {
+                    .id = s->id, .exit_code = rec->exit_code, .signal = rec->signal,
+                    .stdout_data = {rec->stdout_data.data, rec->stdout_data.len},
+                    .stderr_data = {rec->stderr_data.data, rec->stderr_data.len},
+                    .stdout_truncated = rec->stdout_truncated, .stderr_truncated = rec->stderr_truncated,
+                    .duration_us = rec->duration_us, .timed_out = rec->timed_out};
+                if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
+                    dsec_wire_error(n->actor, m, &err);
+                dsec_record_msg_free(&rec->base);
+            }
+            return;
+        }
+    }
     dsec_exec_req req = {.argv = x.argv.v, .argc = x.argv.n, .env = env, .nenv = x.env.n,
                          .cwd = x.cwd, .user = x.user, .stdin_data = x.stdin_data.ptr,
                          .stdin_len = x.stdin_data.len, .timeout_ms = x.timeout_ms};
@@ -551,6 +669,29 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     touch(s);
+    if (x.rollout_id != NULL) {
+        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        rec.rollout_id = (char *)x.rollout_id;
+        rec.step = x.step;
+        rec.req_id = (char *)(x.req_id ? x.req_id : "");
+        rec.sandbox_id = s->id;
+        rec.argv = (char **)x.argv.v;
+        rec.n_argv = x.argv.n;
+        rec.exit_code = r.exit_code;
+        rec.signal = r.signal;
+        rec.stdout_data = (ProtobufCBinaryData){r.stdout_len, r.stdout_data};
+        rec.stderr_data = (ProtobufCBinaryData){r.stderr_len, r.stderr_data};
+        rec.stdout_truncated = r.stdout_truncated;
+        rec.stderr_truncated = r.stderr_truncated;
+        rec.timed_out = r.timed_out;
+        rec.duration_us = r.duration_us;
+        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, hash};
+        if (traj_log(n, &rec, &err) < 0) {
+            dsec_wire_error(n->actor, m, &err);
+            dsec_exec_result_release(&r);
+            return;
+        }
+    }
     dsec_msg_exec_result out = {.id = s->id, .exit_code = r.exit_code, .signal = r.signal,
                                 .stdout_data = {r.stdout_data, r.stdout_len},
                                 .stderr_data = {r.stderr_data, r.stderr_len},
@@ -568,11 +709,40 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_msg_file_write w;
     if (!decode_for_running(n, m, s, DSEC_MSG_FILE_WRITE, &w))
         return;
+    uint8_t hash[DSEC_SHA256_LEN];
+    if (w.rollout_id != NULL) {
+        Dsec__V1__TrajectoryRecord *rec;
+        dsec_traj_hash_write(&w, hash);
+        if (traj_check(n, m, w.rollout_id, w.step, hash, &rec)) {
+            if (rec != NULL) {
+                dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
+                if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+                    dsec_wire_error(n->actor, m, &err);
+                dsec_record_msg_free(&rec->base);
+            }
+            return;
+        }
+    }
     if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
                                 (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
         dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
         dsec_wire_error(n->actor, m, &err);
         return;
+    }
+    if (w.rollout_id != NULL) {
+        const char *argv[] = {DSEC_TRAJ_WRITE_ARGV0, w.path, w.append ? "append" : "replace"};
+        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        rec.rollout_id = (char *)w.rollout_id;
+        rec.step = w.step;
+        rec.req_id = (char *)"";
+        rec.sandbox_id = s->id;
+        rec.argv = (char **)argv;
+        rec.n_argv = 3;
+        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, hash};
+        if (traj_log(n, &rec, &err) < 0) {
+            dsec_wire_error(n->actor, m, &err);
+            return;
+        }
     }
     dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
@@ -655,7 +825,7 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
         dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
     pthread_mutex_lock(&n->mu);
     unlink_sbx(n, s);
-    release_resources(n, s->cpu_milli, s->memory_mb, 1);
+    release_resources(n, s->cpu_milli, mem_held(s), 1);
     event_locked(n, s, ST_STOPPING, ST_GONE, reason);
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->destroyed, 1);
@@ -782,6 +952,15 @@ static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause
 {
     dsec_err err;
     int want = pause ? ST_PAUSED : ST_RUNNING;
+    if (!pause && s->state == ST_PAUSED && s->frozen) {
+        if (thaw(n, s, &err) < 0) {
+            dsec_wire_error(n->actor, m, &err);
+            return;
+        }
+        touch(s);
+        reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        return;
+    }
     if (s->state == want) {
         reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
         return;
@@ -801,6 +980,33 @@ static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause
     set_state(n, s, want, NULL);
     if (journal_put(n, s, &err) < 0)
         dsec_actor_count_error(n->actor);
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
+/* Freeze an idle pausable rollout under memory pressure: pause it and give
+ * its memory back to the node's pool until an operation thaws it. */
+static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    s->freezing = false;
+    uint64_t idle_ns = (uint64_t)n->conf.pause_idle_ms * 1000000ull;
+    if (!s->pausable || s->state != ST_RUNNING || dsec_wall_ns() - s->last_ns < idle_ns) {
+        reply_err(n, m, DSEC_E_STATE, "sandbox %s is not an idle pausable rollout; not frozen", s->id);
+        return;
+    }
+    if (dsec_backend_pause(s->be, s->h, &err) < 0) {
+        dsec_err_wrap(&err, "freezing %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    release_resources(n, 0, mem_held(s), 0);
+    s->mem_owed = 0;
+    s->frozen = true;
+    int prev = s->state;
+    s->state = ST_PAUSED;
+    event_locked(n, s, prev, ST_PAUSED, "frozen while idle under memory pressure");
+    pthread_mutex_unlock(&n->mu);
     reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
@@ -830,9 +1036,11 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         do_pause_resume(n, m, s, op.op[0] == 'p');
     } else if (strcmp(op.op, "fork") == 0) {
         do_fork(n, m, s, op.n);
+    } else if (strcmp(op.op, "freeze") == 0) {
+        do_freeze(n, m, s);
     } else {
         reply_err(n, m, DSEC_E_UNSUPPORTED,
-                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork)", op.op);
+                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze)", op.op);
     }
 }
 
@@ -865,6 +1073,129 @@ static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
 
 /* Operations on one sandbox run in order; different sandboxes in parallel.
  * Placements are keyed by request id so a retry of one create is serial. */
+/* ---- job holdings ---------------------------------------------------------------- */
+
+static char *field(char **p);
+
+static struct hold **find_hold(dsec_node *n, const char *key)
+{
+    struct hold **pp = &n->holds;
+    while (*pp && strcmp((*pp)->key, key) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static int hold_record(const struct hold *h, char *buf, size_t len)
+{
+    return snprintf(buf, len, "H\x1f%s\x1f%" PRIu64 "\x1f%" PRIu64, h->job, h->cpu_milli, h->memory_mb);
+}
+
+/* dsec.v1.ctl.hold.<node>: a job takes (or gives back) capacity here. Taking
+ * is idempotent per (job, unit); so is giving back. The holding is journaled
+ * before the answer, like a sandbox. */
+static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_job_hold h;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_HOLD, dsec_msg_data(m), dsec_msg_len(m), &h,
+                    &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    const char *unit = h.unit ? h.unit : "0";
+    if (dsec_name_ok(h.job, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(unit, DSEC_NAME_LEN_MAX) < 0 ||
+        strlen(h.job) + strlen(unit) > 120) {
+        reply_err(n, m, DSEC_E_INVALID, "job_hold: job and unit must be names of A-Z a-z 0-9 _ -, "
+                  "120 characters together");
+        return;
+    }
+    struct hold key = {0};
+    snprintf(key.key, sizeof key.key, "hold.%s.%s", h.job, unit);
+    const char *state = "held";
+    pthread_mutex_lock(&n->mu);
+    struct hold **pp = find_hold(n, key.key);
+    if (!h.release && *pp == NULL) {
+        if (n->cpu_free < h.cpu_milli || n->mem_free < h.memory_mb) {
+            uint64_t cf = n->cpu_free, mf = n->mem_free;
+            pthread_mutex_unlock(&n->mu);
+            reply_err(n, m, DSEC_E_CAPACITY,
+                      "node %s cannot hold %" PRIu64 " milli-CPU and %" PRIu64 " MB for job %s "
+                      "(free: %" PRIu64 ", %" PRIu64 ")", n->name, h.cpu_milli, h.memory_mb, h.job, cf, mf);
+            return;
+        }
+        struct hold *nh = dsec_malloc(sizeof *nh);
+        if (nh == NULL) {
+            pthread_mutex_unlock(&n->mu);
+            reply_err(n, m, DSEC_E_NOMEM, "out of memory");
+            return;
+        }
+        *nh = key;
+        snprintf(nh->job, sizeof nh->job, "%s", h.job);
+        nh->cpu_milli = h.cpu_milli;
+        nh->memory_mb = h.memory_mb;
+        nh->next = n->holds;
+        n->holds = nh;
+        n->cpu_free -= h.cpu_milli;
+        n->mem_free -= h.memory_mb;
+        n->dirty = true;
+        char rec[200];
+        int len = hold_record(nh, rec, sizeof rec);
+        if (dsec_journal_put(n->journal, nh->key, rec, (size_t)len, &err) < 0) {
+            n->holds = nh->next;
+            release_resources(n, nh->cpu_milli, nh->memory_mb, 0);
+            pthread_mutex_unlock(&n->mu);
+            dsec_free(nh);
+            dsec_wire_error(a, m, &err);
+            return;
+        }
+    } else if (h.release) {
+        state = "released";
+        struct hold *old = *pp;
+        if (old != NULL) {
+            *pp = old->next;
+            release_resources(n, old->cpu_milli, old->memory_mb, 0);
+            if (dsec_journal_del(n->journal, old->key, &err) < 0)
+                dsec_actor_count_error(a); /* the next start restores a holding nobody owns: logged */
+            if (h.forced)
+                fprintf(stderr, "dsec-node %s: holding %s released by force\n", n->name, old->key);
+            dsec_free(old);
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    dsec_msg_op_reply out = {.id = h.job, .state = state, .node = n->name};
+    if (dsec_wire_reply(a, m, DSEC_MSG_OP_REPLY, &out, &err) < 0)
+        dsec_actor_count_error(a);
+}
+
+/* A holding replayed from the journal at start. */
+static int adopt_hold(dsec_node *n, const char *id, const char *data, size_t len, dsec_err *err)
+{
+    char buf[200];
+    snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), data);
+    char *p = buf;
+    char *tag = field(&p), *job = field(&p), *cpu = field(&p), *mem = p;
+    struct hold *h = dsec_calloc(1, sizeof *h);
+    if (h == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory re-adopting %s", id);
+    if (tag == NULL || strcmp(tag, "H") != 0 || job == NULL || cpu == NULL || mem == NULL) {
+        dsec_free(h);
+        fprintf(stderr, "dsec-node %s: dropping unreadable holding %s\n", n->name, id);
+        return 0;
+    }
+    snprintf(h->key, sizeof h->key, "%s", id);
+    snprintf(h->job, sizeof h->job, "%s", job);
+    h->cpu_milli = strtoull(cpu, NULL, 10);
+    h->memory_mb = strtoull(mem, NULL, 10);
+    pthread_mutex_lock(&n->mu);
+    h->next = n->holds;
+    n->holds = h;
+    n->cpu_free = n->cpu_free >= h->cpu_milli ? n->cpu_free - h->cpu_milli : 0;
+    n->mem_free = n->mem_free >= h->memory_mb ? n->mem_free - h->memory_mb : 0;
+    pthread_mutex_unlock(&n->mu);
+    return 0;
+}
+
 static uint64_t key_of(const dsec_msg *cm, void *ud)
 {
     dsec_msg *m = (dsec_msg *)cm;
@@ -1014,6 +1345,11 @@ static int emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, dsec_
             if (emit(j, s->id, buf, (size_t)len, err) < 0)
                 return -1;
         }
+    for (struct hold *h = n->holds; h; h = h->next) {
+        int len = hold_record(h, buf, sizeof buf);
+        if (emit(j, h->key, buf, (size_t)len, err) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -1046,11 +1382,28 @@ static void tick_reap(void *ud, uint64_t mono_now)
             k++;
         }
     bool compact = dsec_journal_wants_compaction(n->journal, n->live);
+    /* Memory pressure: freeze idle pausable rollouts (their next operation
+     * resumes them), a few per pass, until free memory is back over the mark. */
+    size_t kfreeze = k;
+    uint64_t want_mb = n->conf.memory_mb * n->conf.pressure_free_pct / 100;
+    uint64_t idle_ns = (uint64_t)n->conf.pause_idle_ms * 1000000ull, gain = 0;
+    for (size_t b = 0; n->conf.pause_idle_ms != UINT64_MAX && b < n->nbuckets && k < BATCH &&
+                       n->mem_free + gain < want_mb; b++)
+        for (struct sbx *s = n->by_id[b]; s && k < BATCH && n->mem_free + gain < want_mb; s = s->next_id) {
+            if (!s->pausable || s->state != ST_RUNNING || s->freezing || s->reap != REAP_NONE ||
+                now - s->last_ns < idle_ns)
+                continue;
+            s->freezing = true;
+            gain += mem_held(s);
+            memcpy(ids[k], s->id, sizeof ids[k]);
+            memcpy(tenants[k], s->tenant, sizeof tenants[k]);
+            k++;
+        }
     pthread_mutex_unlock(&n->mu);
     for (size_t i = 0; i < k; i++) {
         char subj[256];
         snprintf(subj, sizeof subj, "dsec.v1.%.64s.sbx.%.64s.%.81s.op", tenants[i], n->name, ids[i]);
-        dsec_msg_op op = {.id = ids[i], .op = "destroy", .tenant = tenants[i]};
+        dsec_msg_op op = {.id = ids[i], .op = i < kfreeze ? "destroy" : "freeze", .tenant = tenants[i]};
         dsec_err err;
         if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_OP, &op, NULL, &err) < 0)
             dsec_actor_count_error(n->actor);
@@ -1112,6 +1465,8 @@ static char *field(char **p)
 static int adopt_one(const char *id, const void *data, size_t len, void *ud, dsec_err *err)
 {
     dsec_node *n = ud;
+    if (strncmp(id, "hold.", 5) == 0)
+        return adopt_hold(n, id, data, len, err);
     char *copy = dsec_strndup(data, len);
     struct sbx *s = dsec_calloc(1, sizeof *s);
     if (copy == NULL || s == NULL) {
@@ -1204,6 +1559,10 @@ static int copy_conf(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         k->default_idle_s = 900;
     if (k->max_ttl_s == 0)
         k->max_ttl_s = 86400;
+    if (k->pause_idle_ms == 0)
+        k->pause_idle_ms = 30000;
+    if (k->pressure_free_pct == 0)
+        k->pressure_free_pct = 10;
     static const char *const default_types[] = {"sim", NULL};
     const char *const *types = c->types ? c->types : default_types;
     size_t nt = 0;
@@ -1368,6 +1727,9 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     snprintf(subj, sizeof subj, "dsec.v1.ctl.lookup.%s", n->cell);
     if (dsec_actor_on(n->actor, subj, NULL, on_lookup, n, err) < 0)
         goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.hold.%s", n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, on_hold, n, err) < 0)
+        goto out_fail;
     if ((n->ticks[0] = dsec_ticker_add(ticker, n->conf.capacity_ms, tick_capacity, n, err)) < 0 ||
         (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, tick_heartbeat, n, err)) < 0 ||
         (n->ticks[2] = dsec_ticker_add(ticker, n->conf.reap_ms, tick_reap, n, err)) < 0)
@@ -1413,6 +1775,11 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
         struct sbx *d = n->dropped;
         n->dropped = d->next_id;
         sbx_free(d);
+    }
+    while (n->holds != NULL) {
+        struct hold *h = n->holds;
+        n->holds = h->next;
+        dsec_free(h);
     }
     dsec_journal_close(n->journal);
     dsec_backend *freed[DSEC_REGISTRY_MAX] = {0};

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "actors/ticker.h"
+#include "actors/traj.h"
 #include "backends/registry.h"
 #include "bus/bus.h"
 #include "dsec/err.h"
@@ -38,6 +39,12 @@ typedef struct dsec_node_conf {
     uint64_t default_ttl_s;      /* default 3600 */
     uint64_t default_idle_s;     /* default 900 */
     uint64_t max_ttl_s;          /* default 86400 */
+    dsec_traj *traj;             /* borrowed: the trajectory log; NULL: operations naming a
+                                    rollout_id are refused (no log to keep them in) */
+    uint64_t pause_idle_ms;      /* pausable rollouts idle this long may be frozen under
+                                    memory pressure; 0: 30000 */
+    uint32_t pressure_free_pct;  /* memory pressure: free memory below this % of the node's;
+                                    0: 10; pausing is off when pause_idle_ms is UINT64_MAX */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "actors/placement.h"
@@ -23,6 +24,15 @@ struct cell_seen {
     uint64_t seen_ms;
 };
 
+/* A rollout create waiting for room: the place message as it will be sent. */
+struct waiter {
+    struct waiter *next;
+    uint64_t since_ms, cpu, mem;
+    int tidx;
+    size_t len;
+    uint8_t place[]; /* encoded dsec_msg_place */
+};
+
 struct dsec_sched {
     dsec_bus *bus;
     dsec_ticker *ticker;
@@ -34,11 +44,15 @@ struct dsec_sched {
     char cell[DSEC_NAME_LEN_MAX + 1];
     char name[DSEC_NAME_LEN_MAX + 1];
     char back[256]; /* where nodes send refused placements */
-    int ticks[2];
+    int ticks[3];
     pthread_mutex_t mu; /* cells */
+    pthread_mutex_t wmu; /* the wait queue */
+    struct waiter *whead, *wtail;
+    uint64_t nwaiting, wait_cpu, wait_mem;
+    bool demand_sent; /* the last demand report said something is waiting */
     struct cell_seen cells[MAX_CELLS];
     size_t ncells;
-    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired;
+    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited;
 };
 
 static __thread uint64_t rng_state;
@@ -114,42 +128,94 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
 
 /* ---- placing -------------------------------------------------------------------- */
 
+/* Place p on a node of this cell and send it there; -1 with err filled (the
+ * client not answered) when there is no room or the send failed. */
+static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
+                     dsec_err *err)
+{
+    dsec_msg_create *c = &p->c;
+    dsec_place_req req = {.cell = s->cell, .type = tidx, .cpu_milli = cpu, .memory_mb = mem,
+                          .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
+                          .naff = c->affinity.n, .exclude = p->tried.v, .nexclude = p->tried.n};
+    dsec_place_result res;
+    if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, err) < 0)
+        return -1;
+    c->type = dsec_registry_caps(s->reg, tidx)->type; /* the node creates exactly the type chosen here */
+    p->scheduler = s->name;
+    p->reason = NULL;
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
+    if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
+        dsec_placement_release(s->view, res.node, res.reservation);
+        return -1;
+    }
+    atomic_fetch_add(&s->n_placed, 1);
+    return 0;
+}
+
+/* Park a rollout create that found no room; tick_wait places it when
+ * capacity frees (the arbiter reclaims it from preemptible jobs). */
+static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem)
+{
+    if (s->conf.wait_ms == UINT32_MAX || p->c.cls == NULL || strcmp(p->c.cls, "rollout") != 0)
+        return false;
+    /* It starts afresh when room appears: the nodes that refused it were
+     * full then, and may be exactly where capacity frees. */
+    dsec_msg_place fresh = *p;
+    fresh.tried = (dsec_strv){0};
+    fresh.reason = NULL;
+    fresh.attempt = 1;
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    if (dsec_encode(&b, DSEC_MSG_PLACE, &fresh, &err) < 0) {
+        dsec_buf_release(&b);
+        return false;
+    }
+    struct waiter *w = dsec_malloc(sizeof *w + b.len);
+    if (w == NULL) {
+        dsec_buf_release(&b);
+        return false;
+    }
+    *w = (struct waiter){.since_ms = now_ms(), .cpu = cpu, .mem = mem, .tidx = tidx, .len = b.len};
+    memcpy(w->place, b.data, b.len);
+    dsec_buf_release(&b);
+    pthread_mutex_lock(&s->wmu);
+    if (s->wtail)
+        s->wtail->next = w;
+    else
+        s->whead = w;
+    s->wtail = w;
+    s->nwaiting++;
+    s->wait_cpu += cpu;
+    s->wait_mem += mem;
+    pthread_mutex_unlock(&s->wmu);
+    atomic_fetch_add(&s->n_waited, 1);
+    return true;
+}
+
 /* Place p (whose create fields are filled) on a node of this cell and send
- * it there. On failure answers the client and returns -1. */
+ * it there. A rollout that finds no room waits; other failures answer the
+ * client and return -1. */
 static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx)
 {
     dsec_msg_create *c = &p->c;
     uint64_t cpu = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli;
     uint64_t mem = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
-    dsec_place_req req = {.cell = s->cell, .type = tidx, .cpu_milli = cpu, .memory_mb = mem,
-                          .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
-                          .naff = c->affinity.n, .exclude = p->tried.v, .nexclude = p->tried.n};
-    dsec_place_result res;
     dsec_err err;
     const char *tname = dsec_registry_caps(s->reg, tidx)->type;
-    if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, &err) < 0) {
-        if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
-            forward(s, c, tenant, tname, cpu, mem, p->reply_to))
-            return 0;
-        if (p->reason != NULL)
-            dsec_err_wrap(&err, "after %s", p->reason);
-        atomic_fetch_add(&s->n_failed, 1);
-        dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
-        return -1;
-    }
-    c->type = tname; /* the node creates exactly the type chosen here */
-    p->scheduler = s->name;
-    p->reason = NULL;
-    char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
-    if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, &err) < 0) {
-        dsec_placement_release(s->view, res.node, res.reservation);
-        atomic_fetch_add(&s->n_failed, 1);
-        dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
-        return -1;
-    }
-    atomic_fetch_add(&s->n_placed, 1);
-    return 0;
+    if (try_place(s, p, tidx, cpu, mem, &err) == 0)
+        return 0;
+    if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
+        forward(s, c, tenant, tname, cpu, mem, p->reply_to))
+        return 0;
+    if (err.code == DSEC_E_CAPACITY && park(s, p, tidx, cpu, mem))
+        return 0;
+    if (p->reason != NULL)
+        dsec_err_wrap(&err, "after %s", p->reason);
+    atomic_fetch_add(&s->n_failed, 1);
+    dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
+    return -1;
 }
 
 /* A retried create asks the cell's nodes first whether the request id
@@ -412,6 +478,13 @@ static uint64_t event_key(const dsec_msg *cm, void *ud)
     return h % 8; /* a few lanes: per-node order is kept, nodes interleave */
 }
 
+static struct waiter *container_tail(struct waiter *w)
+{
+    while (w->next != NULL)
+        w = w->next;
+    return w;
+}
+
 static void tick_summary(void *ud, uint64_t mono)
 {
     dsec_sched *s = ud;
@@ -450,6 +523,99 @@ static void tick_expire(void *ud, uint64_t mono)
     (void)mono;
 }
 
+/* ---- waiting rollouts ------------------------------------------------------------- */
+
+static void publish_demand(dsec_sched *s, uint64_t n, uint64_t cpu, uint64_t mem, uint64_t oldest)
+{
+    dsec_msg_demand d = {.scheduler = s->name, .cell = s->cell, .waiting = n, .cpu_milli = cpu,
+                         .memory_mb = mem, .oldest_ms = oldest, .ts_ns = dsec_wall_ns()};
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.demand", s->cell);
+    dsec_err err;
+    if (dsec_wire_send(s->events, s->bus, subj, NULL, DSEC_MSG_DEMAND, &d, NULL, &err) < 0)
+        dsec_actor_count_error(s->events);
+}
+
+/* Place waiting rollouts in arrival order as room appears; answer those
+ * that waited too long; report what still waits. Once one fails for room,
+ * requests at least as large are not tried again in this pass. */
+static void tick_wait(void *ud, uint64_t mono)
+{
+    dsec_sched *s = ud;
+    pthread_mutex_lock(&s->wmu);
+    struct waiter *list = s->whead;
+    s->whead = s->wtail = NULL;
+    s->nwaiting = s->wait_cpu = s->wait_mem = 0;
+    pthread_mutex_unlock(&s->wmu);
+    uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX;
+    struct waiter *keep = NULL, **kt = &keep;
+    uint64_t n = 0, cpu = 0, mem = 0, oldest = 0;
+    while (list != NULL) {
+        struct waiter *w = list;
+        list = w->next;
+        w->next = NULL;
+        dsec_msg_place p;
+        dsec_err err;
+        int rc = -1;
+        bool retry = !(w->cpu >= fail_cpu && w->mem >= fail_mem);
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) < 0) {
+            dsec_actor_count_error(s->creates);
+            dsec_free(w);
+            continue;
+        }
+        if (retry) {
+            rc = try_place(s, &p, w->tidx, w->cpu, w->mem, &err);
+            if (rc < 0 && err.code != DSEC_E_CAPACITY) {
+                atomic_fetch_add(&s->n_failed, 1);
+                dsec_wire_error_to(s->creates, s->bus, p.reply_to, &err, NULL, p.c.req_id);
+                rc = 0; /* answered */
+            } else if (rc < 0) {
+                fail_cpu = w->cpu < fail_cpu ? w->cpu : fail_cpu;
+                fail_mem = w->mem < fail_mem ? w->mem : fail_mem;
+            }
+        }
+        if (rc == 0) {
+            dsec_free(w);
+            continue;
+        }
+        if (t - w->since_ms >= s->conf.wait_ms) {
+            fail_to(s, p.reply_to, p.c.req_id, DSEC_E_CAPACITY,
+                    "no room in cell %s for %" PRIu64 " milli-CPU and %" PRIu64
+                    " MB after waiting %" PRIu64 " ms for preemptible work to give capacity back",
+                    s->cell, w->cpu, w->mem, t - w->since_ms);
+            dsec_free(w);
+            continue;
+        }
+        n++;
+        cpu += w->cpu;
+        mem += w->mem;
+        if (t - w->since_ms > oldest)
+            oldest = t - w->since_ms;
+        *kt = w;
+        kt = &w->next;
+    }
+    /* put the survivors back in front of what arrived meanwhile */
+    pthread_mutex_lock(&s->wmu);
+    if (keep != NULL) {
+        *kt = s->whead;
+        if (s->whead == NULL)
+            s->wtail = container_tail(keep);
+        s->whead = keep;
+    }
+    s->nwaiting += n;
+    s->wait_cpu += cpu;
+    s->wait_mem += mem;
+    n = s->nwaiting;
+    cpu = s->wait_cpu;
+    mem = s->wait_mem;
+    bool report = n > 0 || s->demand_sent;
+    s->demand_sent = n > 0;
+    pthread_mutex_unlock(&s->wmu);
+    if (report)
+        publish_demand(s, n, cpu, mem, oldest);
+    (void)mono;
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------ */
 
 int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
@@ -463,7 +629,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     if (s == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
-    s->ticks[0] = s->ticks[1] = -1;
+    pthread_mutex_init(&s->wmu, NULL);
+    s->ticks[0] = s->ticks[1] = s->ticks[2] = -1;
     s->bus = bus;
     s->ticker = ticker;
     s->reg = reg;
@@ -475,6 +642,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.summary_ms = conf->summary_ms ? conf->summary_ms : 1000;
     s->conf.default_cpu_milli = conf->default_cpu_milli ? conf->default_cpu_milli : 1000;
     s->conf.default_memory_mb = conf->default_memory_mb ? conf->default_memory_mb : 512;
+    s->conf.wait_ms = conf->wait_ms ? conf->wait_ms : 30000;
+    s->conf.demand_ms = conf->demand_ms ? conf->demand_ms : 250;
     snprintf(s->cell, sizeof s->cell, "%s", conf->cell);
     if (conf->name != NULL && dsec_name_ok(conf->name, DSEC_NAME_LEN_MAX) == 0) {
         snprintf(s->name, sizeof s->name, "%s", conf->name);
@@ -513,7 +682,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
         dsec_actor_on(s->events, "dsec.v1.ctl.ping", "dsec-ping", on_ping, s, err) < 0)
         goto out_fail;
     if ((s->ticks[0] = dsec_ticker_add(ticker, s->conf.summary_ms, tick_summary, s, err)) < 0 ||
-        (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0)
+        (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0 ||
+        (s->ticks[2] = dsec_ticker_add(ticker, s->conf.demand_ms, tick_wait, s, err)) < 0)
         goto out_fail;
     /* Ask for full reports now rather than waiting for the next period. */
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", s->cell);
@@ -533,8 +703,22 @@ void dsec_sched_stop(dsec_sched *s)
         return;
     dsec_ticker_remove(s->ticker, s->ticks[0]);
     dsec_ticker_remove(s->ticker, s->ticks[1]);
+    dsec_ticker_remove(s->ticker, s->ticks[2]);
     dsec_actor_free(s->creates);
     dsec_actor_free(s->events);
+    while (s->whead != NULL) { /* nobody will place them: say so */
+        struct waiter *w = s->whead;
+        s->whead = w->next;
+        dsec_msg_place p;
+        dsec_err err;
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) == 0) {
+            dsec_err_set(&err, DSEC_E_CLOSED, 0, "scheduler %s stopped while the create waited for room",
+                         s->name);
+            dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
+        }
+        dsec_free(w);
+    }
+    pthread_mutex_destroy(&s->wmu);
     dsec_placement_free(s->view);
     pthread_mutex_destroy(&s->mu);
     dsec_free(s);
@@ -545,5 +729,8 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     *o = (dsec_sched_stats){.creates = s->n_creates, .placed = s->n_placed,
                             .retried = s->n_retried, .forwarded = s->n_forwarded,
                             .failed = s->n_failed, .nodes = dsec_placement_count(s->view),
-                            .expired = s->n_expired};
+                            .expired = s->n_expired, .waited = s->n_waited};
+    pthread_mutex_lock(&s->wmu);
+    o->waiting = s->nwaiting;
+    pthread_mutex_unlock(&s->wmu);
 }

@@ -19,6 +19,10 @@ typedef struct dsec_sched_conf {
     uint32_t summary_ms;        /* cell summary period; default 1000 */
     uint64_t default_cpu_milli; /* must match the nodes' defaults; default 1000 */
     uint64_t default_memory_mb; /* default 512 */
+    uint32_t wait_ms;           /* a rollout create that finds no room waits this long for
+                                   capacity (the arbiter reclaims it) before "capacity";
+                                   0: 30000; UINT32_MAX: never wait */
+    uint32_t demand_ms;         /* demand report period while creates wait; 0: 250 */
 } dsec_sched_conf;
 
 typedef struct dsec_sched dsec_sched;
@@ -37,6 +41,8 @@ typedef struct dsec_sched_stats {
     uint64_t failed;      /* creates answered with an error */
     uint64_t nodes;       /* nodes in the view */
     uint64_t expired;     /* nodes taken out for silence */
+    uint64_t waiting;     /* rollout creates waiting for room now */
+    uint64_t waited;      /* rollout creates that have waited (placed later or not) */
 } dsec_sched_stats;
 
 void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *out);

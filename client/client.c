@@ -13,6 +13,7 @@
 #include "dsec/names.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "client/internal.h"
 
 struct dsec_client {
     dsec_bus *bus;
@@ -20,6 +21,8 @@ struct dsec_client {
     int timeout_ms;
     int retries;
 };
+
+dsec_bus *dsec__client_bus(dsec_client *c) { return c->bus; }
 
 #define MAX_LIST 256
 
@@ -235,6 +238,7 @@ static int create_req_build(dsec_client *c, const dsec_create_spec *s, struct cr
     m->cls = s->cls;
     m->priority = s->priority;
     m->rollout_id = s->rollout_id;
+    m->pausable = s->pausable;
     m->net = (dsec_strv){(const char **)s->net, count_nt(s->net)};
     if (kv_from_pairs(s->labels, &m->labels, "labels", err) < 0 ||
         kv_from_pairs(s->affinity, &m->affinity, "affinity", err) < 0)
@@ -464,7 +468,19 @@ void dsec_exec_reply_release(dsec_exec_reply *res)
 int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
                     unsigned mode, dsec_err *err)
 {
-    dsec_msg_file_write m = {.id = id, .path = path, .data = {data, len}, .mode = mode};
+    dsec_write_opts o = {.mode = mode};
+    return dsec_file_write_ex(c, id, path, data, len, &o, err);
+}
+
+int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
+                       size_t len, const dsec_write_opts *opts, dsec_err *err)
+{
+    dsec_write_opts none = {0};
+    if (opts == NULL)
+        opts = &none;
+    dsec_msg_file_write m = {.id = id, .path = path, .data = {data, len}, .mode = opts->mode,
+                             .append = opts->append, .rollout_id = opts->rollout_id,
+                             .step = opts->step};
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");

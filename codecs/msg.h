@@ -70,6 +70,13 @@ enum dsec_msg_type {
     DSEC_MSG_HEARTBEAT,       /* "heartbeat" */
     DSEC_MSG_CELL_SUMMARY,    /* "cell_summary" */
     DSEC_MSG_SANDBOX_EVENTS,  /* "sandbox_events": a node's batch of sandbox_event */
+    DSEC_MSG_JOB_HOLD,        /* "job_hold": capacity a job holds (or releases) on one node */
+    DSEC_MSG_JOB_REGISTER,    /* "job_register": a preemptible job and what it holds -> arbiter */
+    DSEC_MSG_RECLAIM,         /* "reclaim": arbiter -> job: give back this much by then */
+    DSEC_MSG_RECLAIM_ACK,     /* "reclaim_ack": job -> arbiter, the reclaim's answer */
+    DSEC_MSG_RECLAIM_OUTCOME, /* "reclaim_outcome": what became of a reclaim (published) */
+    DSEC_MSG_DEMAND,          /* "demand": rollout creates a scheduler holds waiting for room */
+    DSEC_MSG_ARBITER_LEASE,   /* "arbiter_lease": the value of the arbiter lease in KV */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -114,6 +121,7 @@ typedef struct dsec_msg_create {
     dsec_strv net;        /* network policy entries */
     uint64_t hops;        /* cross-cell forwards so far */
     uint64_t retry;       /* 0 on a first attempt; n on the client's n-th retry of this req_id */
+    bool pausable;        /* rollout: may be frozen when idle under memory pressure */
 } dsec_msg_create;
 
 typedef struct dsec_msg_place {
@@ -183,6 +191,8 @@ typedef struct dsec_msg_file_write {
     dsec_bytes data;
     uint64_t mode;
     bool append;
+    const char *rollout_id; /* with step: logged in the trajectory log */
+    uint64_t step;
 } dsec_msg_file_write;
 
 typedef struct dsec_msg_file_read {
@@ -285,6 +295,77 @@ typedef struct dsec_msg_sandbox_events {
     const char *cell;
     dsec_list events;  /* of dsec_msg_sandbox_event */
 } dsec_msg_sandbox_events;
+
+/* Capacity a job holds on one node: an item of job_register, and the request
+ * that reserves (or, with release, frees) it on that node's manager. */
+typedef struct dsec_msg_job_hold {
+    const char *job;  /* required */
+    const char *node; /* required */
+    const char *unit; /* the holding's name within the job (unique per job and node) */
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    bool release;     /* give it back instead of taking it */
+    bool forced;      /* released by the arbiter after a missed deadline */
+} dsec_msg_job_hold;
+
+typedef struct dsec_msg_job_register {
+    const char *job;      /* required */
+    const char *cell;     /* required */
+    const char *cls;      /* wire name "class": job | batch */
+    int64_t priority;     /* lower is reclaimed first */
+    uint64_t checkpoint_ms; /* how long a checkpoint takes (the job's estimate) */
+    uint64_t grace_ms;    /* the longest the job may be given to release */
+    dsec_list holds;      /* of dsec_msg_job_hold: what it holds now */
+    uint64_t ts_ns;
+} dsec_msg_job_register;
+
+typedef struct dsec_msg_reclaim {
+    const char *req_id;   /* required: names this reclaim everywhere */
+    const char *job;      /* required */
+    uint64_t cpu_milli;   /* how much to give back (at least) */
+    uint64_t memory_mb;
+    uint64_t deadline_ns; /* by when (ns since epoch) */
+    const char *arbiter;
+    uint64_t epoch;       /* the arbiter lease's revision when sent */
+} dsec_msg_reclaim;
+
+typedef struct dsec_msg_reclaim_ack {
+    const char *req_id; /* required */
+    const char *job;    /* required */
+    bool accepted;
+    uint64_t checkpoint_ms; /* the job's estimate for this checkpoint */
+    const char *reason;
+} dsec_msg_reclaim_ack;
+
+typedef struct dsec_msg_reclaim_outcome {
+    const char *req_id;  /* required */
+    const char *job;     /* required */
+    const char *outcome; /* required: requested | released | honoured | forced | failed */
+    uint64_t cpu_milli;  /* released (or asked for, while requested) */
+    uint64_t memory_mb;
+    uint64_t requested_ns;
+    uint64_t deadline_ns;
+    uint64_t done_ns;
+    const char *arbiter;
+    const char *reason;
+    dsec_list holds;     /* of dsec_msg_job_hold: what was released */
+} dsec_msg_reclaim_outcome;
+
+typedef struct dsec_msg_demand {
+    const char *scheduler; /* required */
+    const char *cell;
+    uint64_t waiting;      /* rollout creates waiting for room */
+    uint64_t cpu_milli;    /* what they need together */
+    uint64_t memory_mb;
+    uint64_t oldest_ms;    /* how long the oldest has waited */
+    uint64_t ts_ns;
+} dsec_msg_demand;
+
+typedef struct dsec_msg_arbiter_lease {
+    const char *holder;   /* required: the arbiter holding the lease */
+    uint64_t expires_ns;  /* required: wall clock; renewed before */
+    uint64_t acquired_ns;
+} dsec_msg_arbiter_lease;
 
 /* ---- schemas ------------------------------------------------------------ */
 

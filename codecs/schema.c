@@ -84,7 +84,9 @@ static const dsec_field pong_fields[] = {
         FSTRV(st, pfx net, "net", false, L_NODES, L_LONG,                                          \
               "network policy: allowed mirrors, domains or address ranges"),                       \
         FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                    \
-        FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry")
+        FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry"),     \
+        FBOOL(st, pfx pausable, "pausable",                                                        \
+              "rollout: may be frozen while idle under memory pressure; the next operation resumes it")
 
 static const dsec_field create_fields[] = {
     CREATE_FIELDS(dsec_msg_create, ),
@@ -159,6 +161,9 @@ static const dsec_field file_write_fields[] = {
     FBIN(dsec_msg_file_write, data, "data", "the bytes to write"),
     FU64(dsec_msg_file_write, mode, "mode", false, 0, 07777, "permission bits; 0: 0644"),
     FBOOL(dsec_msg_file_write, append, "append", "append instead of replacing"),
+    FSTR(dsec_msg_file_write, rollout_id, "rollout_id", false, L_LONG,
+         "with step: the write is logged in the trajectory log and never repeated"),
+    FU64(dsec_msg_file_write, step, "step", false, 0, 0, "the step in the rollout"),
 };
 
 static const dsec_field file_read_fields[] = {
@@ -265,6 +270,84 @@ static const dsec_field sandbox_events_fields[] = {
           "transitions in order: maps of the sandbox_event fields"),
 };
 
+static const dsec_field job_hold_fields[] = {
+    FSTR(dsec_msg_job_hold, job, "job", true, L_NAME, "the job"),
+    FSTR(dsec_msg_job_hold, node, "node", true, L_NAME, "the node the capacity is on"),
+    FSTR(dsec_msg_job_hold, unit, "unit", false, L_NAME, "the holding's name within the job"),
+    FU64(dsec_msg_job_hold, cpu_milli, "cpu_milli", false, 0, 1000000, "milli-CPU held"),
+    FU64(dsec_msg_job_hold, memory_mb, "memory_mb", false, 0, 16777216, "memory held"),
+    FBOOL(dsec_msg_job_hold, release, "release", "give the holding back instead of taking it"),
+    FBOOL(dsec_msg_job_hold, forced, "forced", "released by the arbiter after a missed deadline"),
+};
+
+static const dsec_field job_register_fields[] = {
+    FSTR(dsec_msg_job_register, job, "job", true, L_NAME, "job id (names its subjects)"),
+    FSTR(dsec_msg_job_register, cell, "cell", true, L_NAME, "the cell it holds capacity in"),
+    FSTR(dsec_msg_job_register, cls, "class", false, L_NAME, "job (checkpoints) or batch (restarts)"),
+    FI64(dsec_msg_job_register, priority, "priority", 0, 0, "lower priorities are reclaimed first"),
+    FU64(dsec_msg_job_register, checkpoint_ms, "checkpoint_ms", false, 0, 0,
+         "how long a checkpoint takes: cheaper victims first"),
+    FU64(dsec_msg_job_register, grace_ms, "grace_ms", false, 0, 0,
+         "the time a reclaim gives this job to release; 0: the arbiter's default"),
+    FLIST(dsec_msg_job_register, holds, "holds", DSEC_MSG_JOB_HOLD,
+          "what the job holds now: maps of the job_hold fields"),
+    FU64(dsec_msg_job_register, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field reclaim_fields[] = {
+    FSTR(dsec_msg_reclaim, req_id, "req_id", true, L_NAME, "names this reclaim in every answer"),
+    FSTR(dsec_msg_reclaim, job, "job", true, L_NAME, "the job asked"),
+    FU64(dsec_msg_reclaim, cpu_milli, "cpu_milli", false, 0, 0, "milli-CPU to give back (at least)"),
+    FU64(dsec_msg_reclaim, memory_mb, "memory_mb", false, 0, 0, "memory to give back (at least)"),
+    FU64(dsec_msg_reclaim, deadline_ns, "deadline_ns", false, 0, 0,
+         "release by then (ns since epoch) or be released by force"),
+    FSTR(dsec_msg_reclaim, arbiter, "arbiter", false, L_NAME, "the arbiter asking"),
+    FU64(dsec_msg_reclaim, epoch, "epoch", false, 0, 0, "the arbiter lease's revision"),
+};
+
+static const dsec_field reclaim_ack_fields[] = {
+    FSTR(dsec_msg_reclaim_ack, req_id, "req_id", true, L_NAME, "the reclaim's req_id"),
+    FSTR(dsec_msg_reclaim_ack, job, "job", true, L_NAME, "the job answering"),
+    FBOOL(dsec_msg_reclaim_ack, accepted, "accepted", "the job will checkpoint and release"),
+    FU64(dsec_msg_reclaim_ack, checkpoint_ms, "checkpoint_ms", false, 0, 0,
+         "the job's estimate for this checkpoint"),
+    FSTR(dsec_msg_reclaim_ack, reason, "reason", false, L_TEXT, "why not, when not accepted"),
+};
+
+static const dsec_field reclaim_outcome_fields[] = {
+    FSTR(dsec_msg_reclaim_outcome, req_id, "req_id", true, L_NAME, "the reclaim's req_id"),
+    FSTR(dsec_msg_reclaim_outcome, job, "job", true, L_NAME, "the job"),
+    FSTR(dsec_msg_reclaim_outcome, outcome, "outcome", true, L_NAME,
+         "requested, released (by the job), honoured, forced or failed"),
+    FU64(dsec_msg_reclaim_outcome, cpu_milli, "cpu_milli", false, 0, 0,
+         "milli-CPU released (asked for, while requested)"),
+    FU64(dsec_msg_reclaim_outcome, memory_mb, "memory_mb", false, 0, 0, "memory released (asked for)"),
+    FU64(dsec_msg_reclaim_outcome, requested_ns, "requested_ns", false, 0, 0, "when it was asked"),
+    FU64(dsec_msg_reclaim_outcome, deadline_ns, "deadline_ns", false, 0, 0, "its deadline"),
+    FU64(dsec_msg_reclaim_outcome, done_ns, "done_ns", false, 0, 0, "when it ended"),
+    FSTR(dsec_msg_reclaim_outcome, arbiter, "arbiter", false, L_NAME, "the arbiter that asked"),
+    FSTR(dsec_msg_reclaim_outcome, reason, "reason", false, L_TEXT, "why, for forced and failed"),
+    FLIST(dsec_msg_reclaim_outcome, holds, "holds", DSEC_MSG_JOB_HOLD,
+          "the holdings released: maps of the job_hold fields"),
+};
+
+static const dsec_field demand_fields[] = {
+    FSTR(dsec_msg_demand, scheduler, "scheduler", true, L_NAME, "the scheduler replica"),
+    FSTR(dsec_msg_demand, cell, "cell", false, L_NAME, "its cell"),
+    FU64(dsec_msg_demand, waiting, "waiting", false, 0, 0, "rollout creates waiting for room"),
+    FU64(dsec_msg_demand, cpu_milli, "cpu_milli", false, 0, 0, "milli-CPU they need together"),
+    FU64(dsec_msg_demand, memory_mb, "memory_mb", false, 0, 0, "memory they need together"),
+    FU64(dsec_msg_demand, oldest_ms, "oldest_ms", false, 0, 0, "how long the oldest has waited"),
+    FU64(dsec_msg_demand, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field arbiter_lease_fields[] = {
+    FSTR(dsec_msg_arbiter_lease, holder, "holder", true, L_NAME, "the arbiter holding the lease"),
+    FU64(dsec_msg_arbiter_lease, expires_ns, "expires_ns", true, 0, 0,
+         "the lease lapses then unless renewed (ns since epoch)"),
+    FU64(dsec_msg_arbiter_lease, acquired_ns, "acquired_ns", false, 0, 0, "when the holder took it"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -293,6 +376,14 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_CELL_SUMMARY, "cell_summary", dsec_msg_cell_summary, cell_summary_fields),
     SCHEMA(DSEC_MSG_SANDBOX_EVENTS, "sandbox_events", dsec_msg_sandbox_events,
            sandbox_events_fields),
+    SCHEMA(DSEC_MSG_JOB_HOLD, "job_hold", dsec_msg_job_hold, job_hold_fields),
+    SCHEMA(DSEC_MSG_JOB_REGISTER, "job_register", dsec_msg_job_register, job_register_fields),
+    SCHEMA(DSEC_MSG_RECLAIM, "reclaim", dsec_msg_reclaim, reclaim_fields),
+    SCHEMA(DSEC_MSG_RECLAIM_ACK, "reclaim_ack", dsec_msg_reclaim_ack, reclaim_ack_fields),
+    SCHEMA(DSEC_MSG_RECLAIM_OUTCOME, "reclaim_outcome", dsec_msg_reclaim_outcome,
+           reclaim_outcome_fields),
+    SCHEMA(DSEC_MSG_DEMAND, "demand", dsec_msg_demand, demand_fields),
+    SCHEMA(DSEC_MSG_ARBITER_LEASE, "arbiter_lease", dsec_msg_arbiter_lease, arbiter_lease_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

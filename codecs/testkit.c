@@ -67,6 +67,7 @@ static void sample_create(dsec_msg_create *m)
         .net = STRV(net_v),
         .hops = 16,
         .retry = 2,
+        .pausable = true,
     };
 }
 
@@ -158,7 +159,9 @@ static void sample_b(int type, void *out)
                                                             .path = "/work/a b.txt",
                                                             .data = BYTES(data_b),
                                                             .mode = 07777,
-                                                            .append = true};
+                                                            .append = true,
+                                                            .rollout_id = "ro-42",
+                                                            .step = 17};
         break;
     case DSEC_MSG_FILE_READ:
         *(dsec_msg_file_read *)out = (dsec_msg_file_read){
@@ -188,6 +191,12 @@ static void sample_b(int type, void *out)
         break;
     }
 }
+
+static const dsec_msg_job_hold holds[] = {
+    {.job = "train-7", .node = "n7", .unit = "u0", .cpu_milli = 8000, .memory_mb = 32768},
+    {.job = "train-7", .node = "n8", .unit = "u1", .cpu_milli = 1000000, .memory_mb = 16777216,
+     .release = true, .forced = true},
+};
 
 static const dsec_msg_sandbox_event events[] = {
     {.id = "n7-00000000000000a0",
@@ -259,6 +268,40 @@ static void sample_c(int type, void *out)
     case DSEC_MSG_SANDBOX_EVENTS:
         *(dsec_msg_sandbox_events *)out = (dsec_msg_sandbox_events){
             .node = "n7", .cell = "c1", .events = {.items = (void *)events, .n = N(events)}};
+        break;
+    case DSEC_MSG_JOB_HOLD:
+        *(dsec_msg_job_hold *)out = holds[1];
+        break;
+    case DSEC_MSG_JOB_REGISTER:
+        *(dsec_msg_job_register *)out = (dsec_msg_job_register){
+            .job = "train-7", .cell = "c1", .cls = "job", .priority = -3, .checkpoint_ms = 1500,
+            .grace_ms = 30000, .holds = {.items = (void *)holds, .n = N(holds)}, .ts_ns = 9};
+        break;
+    case DSEC_MSG_RECLAIM:
+        *(dsec_msg_reclaim *)out = (dsec_msg_reclaim){
+            .req_id = "rc-1", .job = "train-7", .cpu_milli = 16000, .memory_mb = 65536,
+            .deadline_ns = 1700000000000000000ull, .arbiter = "arb-c1-a", .epoch = 12};
+        break;
+    case DSEC_MSG_RECLAIM_ACK:
+        *(dsec_msg_reclaim_ack *)out = (dsec_msg_reclaim_ack){
+            .req_id = "rc-1", .job = "train-7", .accepted = true, .checkpoint_ms = 1200,
+            .reason = "checkpointing to s3://ckpt/7"};
+        break;
+    case DSEC_MSG_RECLAIM_OUTCOME:
+        *(dsec_msg_reclaim_outcome *)out = (dsec_msg_reclaim_outcome){
+            .req_id = "rc-1", .job = "train-7", .outcome = "forced", .cpu_milli = 16000,
+            .memory_mb = 65536, .requested_ns = 1, .deadline_ns = 2, .done_ns = 3,
+            .arbiter = "arb-c1-a", .reason = "no release by the deadline",
+            .holds = {.items = (void *)holds, .n = N(holds)}};
+        break;
+    case DSEC_MSG_DEMAND:
+        *(dsec_msg_demand *)out = (dsec_msg_demand){
+            .scheduler = "sched-c1-0", .cell = "c1", .waiting = 32000, .cpu_milli = 1280000,
+            .memory_mb = 2560000, .oldest_ms = 750, .ts_ns = 10};
+        break;
+    case DSEC_MSG_ARBITER_LEASE:
+        *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){
+            .holder = "arb-c1-a", .expires_ns = 1700000000000000000ull, .acquired_ns = 11};
         break;
     default:
         break;

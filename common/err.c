@@ -27,6 +27,7 @@ static const char *const code_names[DSEC_CODE_MAX_] = {
     [DSEC_E_CONFIG] = "config",
     [DSEC_E_INTERNAL] = "internal",
     [DSEC_E_BACKEND] = "backend",
+    [DSEC_E_DIVERGED] = "diverged",
 };
 
 int dsec_err_set(dsec_err *err, int code, int errnum, const char *fmt, ...)

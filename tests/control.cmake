@@ -13,3 +13,10 @@ set_tests_properties(control PROPERTIES TIMEOUT 300)
 
 add_test(NAME cli COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli_test.sh $<TARGET_FILE:dsec> $<TARGET_FILE:dsecd>)
 set_tests_properties(cli PROPERTIES TIMEOUT 120)
+
+add_executable(test_preempt test_preempt.c)
+target_link_libraries(test_preempt PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+target_compile_definitions(test_preempt PRIVATE DSEC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_test(NAME preempt COMMAND test_preempt)
+set_tests_properties(preempt PROPERTIES TIMEOUT 180)

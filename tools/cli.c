@@ -179,8 +179,11 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"env", required_argument, 0, 'e'},
                                          {"user", required_argument, 0, 'u'},
                                          {"stdin", no_argument, 0, 'i'},
+                                         {"rollout", required_argument, 0, 'o'},
+                                         {"step", required_argument, 0, 's'},
                                          {0, 0, 0, 0}};
-    const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] -- CMD [ARG]...";
+    const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
+                      "[--rollout ID --step N] -- CMD [ARG]...";
     dsec_exec_opts o = {0};
     const char *env[MAX_ITEMS] = {0};
     size_t ne = 0;
@@ -200,6 +203,11 @@ int dsec_cli_exec(int argc, char **argv)
             case 'e': if (ne + 1 < MAX_ITEMS) env[ne++] = optarg; o.env = env; break;
             case 'u': o.user = optarg; break;
             case 'i': with_stdin = true; break;
+            case 'o': o.rollout_id = optarg; break;
+            case 's':
+                if (!parse_u64(optarg, &o.step))
+                    return usage("exec", use);
+                break;
             default: return usage("exec", use);
             }
         }

@@ -16,6 +16,8 @@ int dsec_cli_fork(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_demo(int argc, char **argv);
+int dsec_cli_job(int argc, char **argv);  /* play a preemptible job (tools/preempt.c) */
+int dsec_cli_traj(int argc, char **argv); /* dsec traj show ROLLOUT */
 
 /* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
 void dsec_cli_block_signals(void);

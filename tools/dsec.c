@@ -24,6 +24,8 @@ static const command commands[] = {
     {"top", dsec_cli_top, "show the live cell: nodes, capacity, sandboxes, rates"},
     {"decode", dsec_cli_decode, "print a msgpack payload from stdin as JSON"},
     {"demo", dsec_cli_demo, "run the sample rollout workload on an embedded cell"},
+    {"job", dsec_cli_job, "play a preemptible job: hold capacity, answer reclaims"},
+    {"traj", dsec_cli_traj, "print a rollout's trajectory log: dsec traj show ROLLOUT"},
 };
 
 static void usage(FILE *out)

@@ -88,7 +88,8 @@ int dsec_cli_up(int argc, char **argv)
     }
     dsec_cli_block_signals();
     dsec_cell *cell;
-    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
+    int roles = DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | (conf.jetstream ? DSEC_ROLE_ARBITER : 0);
+    if (dsec_cell_start(&cell, &conf, roles, &err) < 0) {
         fprintf(stderr, "dsec up: %s\n", err.msg);
         dsec_cell_conf_release(&conf);
         return 1;

@@ -48,6 +48,8 @@ typedef struct dsec_create_spec {
     const char *rollout_id;
     const char *const *net;      /* network policy entries; NULL-terminated or NULL */
     const char *req_id;          /* idempotency key; NULL: a fresh one per call */
+    bool pausable;               /* rollout: may be frozen while idle under memory pressure;
+                                    the next operation resumes it */
 } dsec_create_spec;
 
 #define DSEC_ID_MAX 96
@@ -106,6 +108,17 @@ void dsec_exec_reply_release(dsec_exec_reply *res);
 
 int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
                     unsigned mode, dsec_err *err);
+typedef struct dsec_write_opts {
+    unsigned mode;          /* 0: 0644 */
+    bool append;
+    const char *rollout_id; /* with step: recorded in the trajectory log, never repeated */
+    uint64_t step;
+} dsec_write_opts;
+
+/* dsec_file_write with options (opts may be NULL). */
+int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
+                       size_t len, const dsec_write_opts *opts, dsec_err *err);
+
 /* *data is owned by the caller (dsec_free). */
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err);

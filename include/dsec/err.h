@@ -31,6 +31,7 @@ typedef enum dsec_code {
     DSEC_E_CONFIG = 18,       /* bad configuration */
     DSEC_E_INTERNAL = 19,     /* a bug in dsec */
     DSEC_E_BACKEND = 20,      /* the sandbox backend failed */
+    DSEC_E_DIVERGED = 21,     /* a rollout step differs from the one its trajectory log holds */
     DSEC_CODE_MAX_
 } dsec_code;
 
