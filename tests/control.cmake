@@ -5,9 +5,13 @@ foreach(t journal config)
   add_test(NAME ${t} COMMAND test_${t})
 endforeach()
 
+add_library(dsec_test_fixture STATIC fixture.c)
+target_link_libraries(dsec_test_fixture PUBLIC dsec_bus PRIVATE dsec_warnings)
+
 add_executable(test_control test_control.c)
 target_link_libraries(test_control PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
                       dsec_allocator)
+target_link_libraries(test_control PRIVATE dsec_test_fixture)
 add_test(NAME control COMMAND test_control $<TARGET_FILE:dsecd>)
 set_tests_properties(control PROPERTIES TIMEOUT 300)
 
@@ -15,6 +19,7 @@ add_test(NAME cli COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cli_test.sh $<TARGET_FILE:
 set_tests_properties(cli PROPERTIES TIMEOUT 120)
 
 add_executable(test_preempt test_preempt.c)
+target_link_libraries(test_preempt PRIVATE dsec_test_fixture)
 target_link_libraries(test_preempt PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
                       dsec_allocator)
 target_compile_definitions(test_preempt PRIVATE DSEC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")

@@ -19,6 +19,7 @@
 #include "actors/cell.h"
 #include "actors/wire.h"
 #include "bus/bus.h"
+#include "tests/fixture.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -86,27 +87,12 @@ static void msleep(int ms)
 
 static int group_setup(void **state)
 {
-    snprintf(root, sizeof root, "/tmp/dsec-control-XXXXXX");
-    if (mkdtemp(root) == NULL)
-        return -1;
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/nats", root);
-    mkdir(dir, 0700);
-    dsec_natsd_opts o = {.state_dir = dir, .jetstream = false};
-    dsec_err err;
-    if (dsec_natsd_start(&natsd, &o, &err) < 0) {
-        fprintf(stderr, "nats-server: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return dsec_test_server_start("dsec-control", false, &natsd, root, sizeof root);
 }
 
 static int group_teardown(void **state)
 {
-    dsec_natsd_stop(natsd);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
+    return dsec_test_server_stop(natsd, root);
 }
 
 /* A cell named name on the shared server with fast reports. */

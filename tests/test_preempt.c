@@ -19,6 +19,7 @@
 #include "actors/ticker.h"
 #include "actors/traj.h"
 #include "bus/bus.h"
+#include "tests/fixture.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -60,27 +61,12 @@ static int test_teardown(void **state)
 
 static int group_setup(void **state)
 {
-    snprintf(root, sizeof root, "/tmp/dsec-preempt-XXXXXX");
-    if (mkdtemp(root) == NULL)
-        return -1;
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/nats", root);
-    mkdir(dir, 0700);
-    dsec_natsd_opts o = {.state_dir = dir, .jetstream = true};
-    dsec_err err;
-    if (dsec_natsd_start(&natsd, &o, &err) < 0) {
-        fprintf(stderr, "nats-server: %s\n", err.msg);
-        return -1;
-    }
-    return 0;
+    return dsec_test_server_start("dsec-preempt", true, &natsd, root, sizeof root);
 }
 
 static int group_teardown(void **state)
 {
-    dsec_natsd_stop(natsd);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    return system(cmd) == 0 ? 0 : -1;
+    return dsec_test_server_stop(natsd, root);
 }
 
 /* A one-node cell (4000 milli-CPU, 8192 MB) with fast reports; each test
