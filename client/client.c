@@ -1,13 +1,16 @@
 /* client.c - libdsec: sandbox requests over the bus, with safe retries. */
 #include "dsec/client.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bus/bus.h"
 #include "dsec/names.h"
@@ -668,4 +671,119 @@ int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeo
         if (sleep_ms < 100)
             sleep_ms *= 2;
     }
+}
+
+/* ---- completion queues (for the SDKs; see client.h) ----------------------- */
+
+struct dsec_cq {
+    pthread_mutex_t mu;
+    int fd;               /* eventfd: non-zero while events are queued */
+    dsec_cq_event *ev;    /* ring of cap events */
+    size_t cap, head, n;
+};
+
+int dsec_cq_new(dsec_cq **out, dsec_err *err)
+{
+    *out = NULL;
+    dsec_cq *q = dsec_calloc(1, sizeof *q);
+    if (q == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    q->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (q->fd < 0) {
+        int e = errno;
+        dsec_free(q);
+        return dsec_err_set(err, DSEC_E_IO, e, "completion queue: eventfd: %s", strerror(e));
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    *out = q;
+    return 0;
+}
+
+void dsec_cq_free(dsec_cq *q)
+{
+    if (q == NULL)
+        return;
+    close(q->fd);
+    pthread_mutex_destroy(&q->mu);
+    dsec_free(q->ev);
+    dsec_free(q);
+}
+
+int dsec_cq_fd(const dsec_cq *q) { return q->fd; }
+
+size_t dsec_cq_poll(dsec_cq *q, dsec_cq_event *out, size_t max)
+{
+    pthread_mutex_lock(&q->mu);
+    size_t k = 0;
+    while (k < max && q->n > 0) {
+        out[k++] = q->ev[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->n--;
+    }
+    if (q->n == 0) { /* empty: the fd stops being readable (pushes signal under mu) */
+        uint64_t v;
+        ssize_t r = read(q->fd, &v, sizeof v);
+        (void)r;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return k;
+}
+
+struct cq_create {
+    dsec_cq *q;
+    uint64_t token;
+};
+
+static void on_cq_create(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct cq_create *cc = ud;
+    dsec_cq *q = cc->q;
+    pthread_mutex_lock(&q->mu);
+    if (q->n == q->cap) { /* grow the ring, unwrapping it */
+        size_t cap = q->cap ? q->cap * 2 : 256;
+        dsec_cq_event *ev = dsec_malloc(cap * sizeof *ev);
+        if (ev == NULL) { /* cannot queue the answer: drop it rather than crash */
+            pthread_mutex_unlock(&q->mu);
+            dsec_free(cc);
+            return;
+        }
+        for (size_t i = 0; i < q->n; i++)
+            ev[i] = q->ev[(q->head + i) % q->cap];
+        dsec_free(q->ev);
+        q->ev = ev;
+        q->cap = cap;
+        q->head = 0;
+    }
+    dsec_cq_event *e = &q->ev[(q->head + q->n) % q->cap];
+    memset(e, 0, sizeof *e);
+    e->token = cc->token;
+    e->status = status;
+    if (status == 0 && info)
+        e->info = *info;
+    else if (err)
+        e->err = *err;
+    else
+        dsec_err_set(&e->err, DSEC_E_INTERNAL, 0, "create failed without an error");
+    if (q->n++ == 0) {
+        uint64_t one = 1;
+        ssize_t r = write(q->fd, &one, sizeof one);
+        (void)r;
+    }
+    pthread_mutex_unlock(&q->mu);
+    dsec_free(cc);
+}
+
+int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uint64_t token,
+                   dsec_err *err)
+{
+    struct cq_create *cc = dsec_malloc(sizeof *cc);
+    if (cc == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    cc->q = q;
+    cc->token = token;
+    if (dsec_create_async(c, spec, on_cq_create, cc, err) < 0) {
+        dsec_free(cc);
+        return -1;
+    }
+    return 0;
 }

@@ -156,6 +156,37 @@ int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeo
  * node; fails with DSEC_E_INVALID for a malformed id. */
 int dsec_id_node(const char *id, char *node, size_t n, dsec_err *err);
 
+
+/* ---- completion queues (added for the SDKs) ---------------------------------
+ * An alternative to dsec_create_async's callback for event-loop callers (the
+ * Python SDK): answers are queued in C and an eventfd becomes readable, so the
+ * caller's loop collects them in batches and no foreign callback runs on a
+ * client thread. Additive: nothing above changes. */
+typedef struct dsec_cq dsec_cq;
+
+typedef struct dsec_cq_event {
+    uint64_t token;         /* as given to dsec_create_cq */
+    int status;             /* 0 or -1 */
+    dsec_sandbox_info info; /* when status is 0 */
+    dsec_err err;           /* when status is -1 */
+} dsec_cq_event;
+
+/* A queue with its eventfd (non-blocking, close-on-exec). Free with
+ * dsec_cq_free once no create naming it is pending (e.g. after
+ * dsec_client_free, which answers every pending create). */
+int dsec_cq_new(dsec_cq **out, dsec_err *err);
+void dsec_cq_free(dsec_cq *q);
+
+/* Readable while the queue holds events. */
+int dsec_cq_fd(const dsec_cq *q);
+
+/* Move up to max events into out (oldest first); returns how many. */
+size_t dsec_cq_poll(dsec_cq *q, dsec_cq_event *out, size_t max);
+
+/* dsec_create_async whose answer goes to q under token. */
+int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uint64_t token,
+                   dsec_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,30 @@
+"""dsec: the Python SDK of the dsec sandbox platform (ctypes over libdsec.so).
+
+    from dsec import DSecClient, FunctionArgs
+    with DSecClient() as c:
+        sb = c.run_function(FunctionArgs(environment="python:3.11", memory_mb=512,
+                                         network={"pypi": True}))
+        print(sb.run_shell("python -c 'print(1+1)'").text)
+        sb.stop()
+
+See docs/sdk.md.
+"""
+from .client import (TYPES, AsyncDSecClient, AsyncSandbox, CommandFailed, DSecClient, Files,
+                     Sandbox)
+from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
+                     DSecError, Diverged, InvalidArgument, NotFound, NotSupported, StateError,
+                     Timeout)
+from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, SandboxArgs,
+                    SandboxInfo, VMArgs)
+from . import _lib
+
+__version__ = "0.1.0"
+library_path = _lib.path
+
+__all__ = [
+    "TYPES", "AsyncDSecClient", "AsyncSandbox", "CommandFailed", "DSecClient", "Files", "Sandbox",
+    "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
+    "Diverged", "InvalidArgument", "NotFound", "NotSupported", "StateError", "Timeout",
+    "ContainerArgs", "DirEntry", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
+    "SandboxInfo", "VMArgs", "library_path",
+]

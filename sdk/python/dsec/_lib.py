@@ -1,0 +1,160 @@
+"""ctypes bindings of libdsec (include/dsec/client.h, err.h).
+
+The library is found through $DSEC_LIB, else relative to this package
+(../../build/default/client/libdsec.so from sdk/python), else the loader's
+search path (libdsec.so). Only this module knows C layouts.
+"""
+import ctypes
+import os
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_int, c_size_t,
+                    c_uint, c_uint8, c_uint64, c_int64, c_void_p)
+
+ERR_MSG_MAX = 256
+ID_MAX = 96
+NAME_MAX = 72
+
+
+class Err(Structure):
+    _fields_ = [("code", c_int), ("errnum", c_int), ("msg", c_char * ERR_MSG_MAX)]
+
+
+class ClientOpts(Structure):
+    _fields_ = [("url", c_char_p), ("tenant", c_char_p), ("timeout_ms", c_int),
+                ("retries", c_int), ("threads", c_int), ("name", c_char_p)]
+
+
+class CreateSpec(Structure):
+    _fields_ = [("type", c_char_p), ("requires", POINTER(c_char_p)), ("env", c_char_p),
+                ("cpu_milli", c_uint64), ("memory_mb", c_uint64), ("disk_mb", c_uint64),
+                ("ttl_s", c_uint64), ("idle_s", c_uint64), ("labels", POINTER(c_char_p)),
+                ("affinity", POINTER(c_char_p)), ("cell", c_char_p), ("cls", c_char_p),
+                ("priority", c_int64), ("rollout_id", c_char_p), ("net", POINTER(c_char_p)),
+                ("req_id", c_char_p), ("pausable", c_bool)]
+
+
+class SandboxInfo(Structure):
+    _fields_ = [("id", c_char * ID_MAX), ("node", c_char * NAME_MAX), ("type", c_char * 32),
+                ("state", c_char * 16), ("cell", c_char * NAME_MAX), ("existing", c_bool)]
+
+
+class ExecOpts(Structure):
+    _fields_ = [("argv", POINTER(c_char_p)), ("env", POINTER(c_char_p)), ("cwd", c_char_p),
+                ("stdin_data", c_void_p), ("stdin_len", c_size_t), ("timeout_ms", c_uint64),
+                ("user", c_char_p), ("rollout_id", c_char_p), ("step", c_uint64)]
+
+
+class ExecReply(Structure):
+    _fields_ = [("exit_code", c_int), ("signal", c_int), ("timed_out", c_bool),
+                ("out", POINTER(c_uint8)), ("out_len", c_size_t), ("out_truncated", c_bool),
+                ("err_out", POINTER(c_uint8)), ("err_len", c_size_t), ("err_truncated", c_bool),
+                ("duration_us", c_uint64)]
+
+
+class WriteOpts(Structure):
+    _fields_ = [("mode", c_uint), ("append", c_bool), ("rollout_id", c_char_p),
+                ("step", c_uint64)]
+
+
+class Dirent(Structure):
+    _fields_ = [("name", c_char_p), ("kind", c_char * 8), ("size", c_uint64), ("mode", c_uint64),
+                ("mtime", c_int64)]
+
+
+# void (*)(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+CREATE_CB = CFUNCTYPE(None, c_int, POINTER(SandboxInfo), POINTER(Err), c_void_p)
+
+
+def _candidates():
+    env = os.environ.get("DSEC_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.normpath(os.path.join(here, "..", "..", ".."))
+    return [os.path.join(root, "build", "default", "client", "libdsec.so"),
+            os.path.join(root, "build", "bench", "client", "libdsec.so"),
+            "libdsec.so"]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    raise ImportError("dsec: cannot load libdsec.so (build it with `make`, or set DSEC_LIB); "
+                      "tried: " + "; ".join(tried))
+
+
+lib, path = _load()
+
+
+def _proto(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+P = c_void_p  # dsec_client *
+PErr = POINTER(Err)
+
+client_connect = _proto("dsec_client_connect", c_int, POINTER(c_void_p), POINTER(ClientOpts), PErr)
+client_free = _proto("dsec_client_free", None, P)
+client_tenant = _proto("dsec_client_tenant", c_char_p, P)
+create = _proto("dsec_create", c_int, P, POINTER(CreateSpec), POINTER(SandboxInfo), PErr)
+create_async = _proto("dsec_create_async", c_int, P, POINTER(CreateSpec), CREATE_CB, c_void_p, PErr)
+exec_ = _proto("dsec_exec", c_int, P, c_char_p, POINTER(ExecOpts), POINTER(ExecReply), PErr)
+exec_reply_release = _proto("dsec_exec_reply_release", None, POINTER(ExecReply))
+file_write_ex = _proto("dsec_file_write_ex", c_int, P, c_char_p, c_char_p, c_void_p, c_size_t,
+                       POINTER(WriteOpts), PErr)
+file_read = _proto("dsec_file_read", c_int, P, c_char_p, c_char_p, POINTER(POINTER(c_uint8)),
+                   POINTER(c_size_t), PErr)
+file_list = _proto("dsec_file_list", c_int, P, c_char_p, c_char_p, POINTER(POINTER(Dirent)),
+                   POINTER(c_size_t), PErr)
+dirents_free = _proto("dsec_dirents_free", None, POINTER(Dirent), c_size_t)
+fork = _proto("dsec_fork", c_int, P, c_char_p, c_uint, POINTER(POINTER(c_char_p)),
+              POINTER(c_size_t), PErr)
+strv_free = _proto("dsec_strv_free", None, POINTER(c_char_p), c_size_t)
+pause = _proto("dsec_pause", c_int, P, c_char_p, PErr)
+resume = _proto("dsec_resume", c_int, P, c_char_p, PErr)
+destroy = _proto("dsec_destroy", c_int, P, c_char_p, PErr)
+status = _proto("dsec_status", c_int, P, c_char_p, POINTER(SandboxInfo), PErr)
+wait_state = _proto("dsec_wait_state", c_int, P, c_char_p, c_char_p, c_int, PErr)
+free = _proto("dsec_free", None, c_void_p)
+code_name = _proto("dsec_code_name", c_char_p, c_int)
+code_retry_safe = _proto("dsec_code_retry_safe", c_bool, c_int)
+
+
+def strv(items):
+    """A NULL-terminated char*[] from a list of str (None for an empty list).
+    The returned array keeps its bytes alive."""
+    if not items:
+        return None
+    enc = [s.encode() if isinstance(s, str) else bytes(s) for s in items]
+    arr = (c_char_p * (len(enc) + 1))(*enc, None)
+    arr._keep = enc
+    return arr
+
+
+def cstr(s):
+    if s is None:
+        return None
+    return s.encode() if isinstance(s, str) else bytes(s)
+
+
+# completion queues (client.h, "added for the SDKs")
+class CqEvent(Structure):
+    _fields_ = [("token", c_uint64), ("status", c_int), ("info", SandboxInfo), ("err", Err)]
+
+
+HAVE_CQ = hasattr(lib, "dsec_create_cq")
+if HAVE_CQ:
+    cq_new = _proto("dsec_cq_new", c_int, POINTER(c_void_p), PErr)
+    cq_free = _proto("dsec_cq_free", None, c_void_p)
+    cq_fd = _proto("dsec_cq_fd", c_int, c_void_p)
+    cq_poll = _proto("dsec_cq_poll", c_size_t, c_void_p, POINTER(CqEvent), c_size_t)
+    create_cq = _proto("dsec_create_cq", c_int, P, POINTER(CreateSpec), c_void_p, c_uint64, PErr)

@@ -1,0 +1,655 @@
+"""DSecClient and Sandbox: the blocking interface, and AsyncDSecClient /
+AsyncSandbox: the asyncio interface over the same connection.
+
+Blocking calls go straight into libdsec (ctypes releases the GIL for the
+call). Asynchronous creates use dsec_create_async: many are in flight at
+once from one event loop, and libdsec's completion callback (on one of its
+threads) resolves an asyncio future through loop.call_soon_threadsafe.
+The other asynchronous operations run the blocking call on the client's
+thread pool.
+"""
+import asyncio
+import collections
+import ctypes
+import itertools
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Iterable, List, Optional, Sequence
+
+from . import _lib, errors
+from .types import (ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
+                    SandboxArgs, SandboxInfo, VMArgs)
+
+TYPES = ("function", "container", "microvm", "vm", "sim")
+
+
+def _bytes(data: Data) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    return bytes(data)
+
+
+def _info(ci) -> SandboxInfo:
+    return SandboxInfo(id=ci.id.decode(), node=ci.node.decode(), type=ci.type.decode(),
+                       state=ci.state.decode(), cell=ci.cell.decode(), existing=bool(ci.existing))
+
+
+def _build_spec(type_: Optional[str], args: SandboxArgs):
+    """A dsec_create_spec and the Python objects that keep its pointers alive."""
+    keep = []
+
+    def s(v):
+        b = _lib.cstr(v)
+        keep.append(b)
+        return b
+
+    def v(items):
+        a = _lib.strv(list(items))
+        keep.append(a)
+        return a
+
+    spec = _lib.CreateSpec()
+    spec.type = s(type_)
+    spec.requires = v(args.requires)
+    spec.env = s(args.environment)
+    spec.cpu_milli = int(round((args.cpu or 0) * 1000))
+    spec.memory_mb = int(args.memory_mb or 0)
+    spec.disk_mb = int(args.disk_mb or 0)
+    spec.ttl_s = int(args.max_lifetime_s or 0)
+    spec.idle_s = int(args.idle_timeout_s or 0)
+    spec.labels = v("%s=%s" % (k, val) for k, val in (args.labels or {}).items())
+    spec.affinity = v("%s=%s" % (k, val) for k, val in (args.affinity or {}).items())
+    spec.cell = s(args.cell)
+    spec.cls = s(args.cls)
+    spec.priority = int(args.priority or 0)
+    spec.rollout_id = s(args.rollout_id)
+    spec.net = v(name for name, allowed in (args.network or {}).items() if allowed)
+    spec.req_id = s(args.request_id)
+    spec.pausable = bool(args.pausable)
+    return spec, keep
+
+
+def _args(args: Optional[SandboxArgs], cls, kw) -> SandboxArgs:
+    if args is None:
+        return cls(**kw)
+    return replace(args, **kw) if kw else args
+
+
+# ---- asynchronous create: C callback -> asyncio future ---------------------------------------
+
+_pending = {}          # token -> (bridge, future)
+_pending_lock = threading.Lock()
+_tokens = itertools.count(1)
+_bridges = weakref.WeakKeyDictionary()   # loop -> _Bridge
+
+
+class _Bridge:
+    """Completions for one event loop. libdsec's threads append to a queue and
+    wake the loop (call_soon_threadsafe) only when no drain is scheduled yet,
+    so a burst of answers costs one wake-up, not one per create."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.queue = collections.deque()
+        self.scheduled = False
+
+    def push(self, item):
+        with self.lock:
+            self.queue.append(item)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self.drain)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for these answers any more
+
+    def drain(self):
+        with self.lock:
+            items = list(self.queue)
+            self.queue.clear()
+            self.scheduled = False
+        for fut, raw, err in items:
+            if fut.cancelled():
+                continue
+            if err is None:
+                fut.set_result(_info(raw))
+            else:
+                fut.set_exception(errors.from_err(err, "create"))
+
+
+def _bridge(loop):
+    b = _bridges.get(loop)
+    if b is None:
+        b = _bridges[loop] = _Bridge(loop)
+    return b
+
+
+@_lib.CREATE_CB
+def _on_create(status, info, err, ud):
+    # On a libdsec thread; info and err are borrowed for this call: copy the
+    # structs (one memcpy each) and decode on the loop's thread.
+    with _pending_lock:
+        entry = _pending.pop(ud or 0, None)
+    if entry is None:
+        return
+    bridge, fut = entry
+    if status == 0:
+        bridge.push((fut, _lib.SandboxInfo.from_buffer_copy(info.contents), None))
+    else:
+        bridge.push((fut, None, _lib.Err.from_buffer_copy(err.contents)))
+
+
+class _CQ:
+    """A libdsec completion queue serving one event loop: its eventfd is a
+    reader of the loop, and each wake-up collects every queued answer with one
+    call (no Python runs on libdsec's threads)."""
+
+    BATCH = 256
+
+    def __init__(self, loop):
+        h = ctypes.c_void_p()
+        err = _lib.Err()
+        if _lib.cq_new(ctypes.byref(h), ctypes.byref(err)) < 0:
+            raise errors.from_err(err, "create")
+        self.h = h
+        self.loop = loop
+        self.fd = _lib.cq_fd(h)
+        self.futs = {}
+        self.buf = (_lib.CqEvent * self.BATCH)()
+        loop.add_reader(self.fd, self.drain)
+
+    def drain(self):
+        while True:
+            n = _lib.cq_poll(self.h, self.buf, self.BATCH)
+            for i in range(n):
+                e = self.buf[i]
+                fut = self.futs.pop(e.token, None)
+                if fut is None or fut.cancelled():
+                    continue
+                if e.status == 0:
+                    fut.set_result(_info(e.info))
+                else:
+                    fut.set_exception(errors.from_err(e.err, "create"))
+            if n < self.BATCH:
+                return
+
+    def detach(self):
+        """After the client is freed (every create answered): stop and free."""
+        try:
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self.fd)
+                self.drain()
+        except Exception:
+            pass
+        _lib.cq_free(self.h)
+        self.h = None
+
+
+# ---- the client -------------------------------------------------------------------------------
+
+class DSecClient:
+    """A connection to a dsec cell (its NATS bus).
+
+        with DSecClient(url="nats://127.0.0.1:4222") as c:
+            sb = c.run_function(FunctionArgs(environment="python:3.11", memory_mb=512))
+            print(sb.run_shell("echo hi").text)
+            sb.stop()
+
+    url: None means $DSEC_URL, else nats://127.0.0.1:4222. timeout_ms and
+    retries apply per request (retry-safe failures are retried with the same
+    request id). max_workers bounds the thread pool of the asyncio interface's
+    non-create operations.
+    """
+
+    def __init__(self, url: Optional[str] = None, tenant: Optional[str] = None,
+                 timeout_ms: int = 10000, retries: int = 2, threads: int = 2,
+                 name: str = "dsec-python", max_workers: int = 64, open: bool = True):
+        self.url = url
+        self.tenant = tenant
+        self.timeout_ms = timeout_ms
+        self.retries = retries
+        self.threads = threads
+        self.name = name
+        self.max_workers = max_workers
+        self._c = None
+        self._pool = None
+        self._cqs = {}
+        self._lock = threading.Lock()
+        if open:
+            self.open()
+
+    # -- lifetime
+    def open(self) -> "DSecClient":
+        with self._lock:
+            if self._c is not None:
+                return self
+            opts = _lib.ClientOpts(url=_lib.cstr(self.url), tenant=_lib.cstr(self.tenant),
+                                   timeout_ms=int(self.timeout_ms),
+                                   retries=int(self.retries) if self.retries else -1,
+                                   threads=int(self.threads), name=_lib.cstr(self.name))
+            h = ctypes.c_void_p()
+            err = _lib.Err()
+            if _lib.client_connect(ctypes.byref(h), ctypes.byref(opts), ctypes.byref(err)) < 0:
+                raise errors.from_err(err, "connect")
+            self._c = h
+            self._tenant = _lib.client_tenant(h).decode()
+        return self
+
+    def close(self) -> None:
+        """Finish pending work and disconnect (pending asynchronous creates are
+        answered first). Idempotent."""
+        with self._lock:
+            h, self._c = self._c, None
+            pool, self._pool = self._pool, None
+            cqs, self._cqs = self._cqs, {}
+        if pool is not None:
+            pool.shutdown(wait=True)
+        if h is not None:
+            _lib.client_free(h)  # answers every pending create (into the queues)
+        for q in cqs.values():
+            q.detach()
+
+    @property
+    def closed(self) -> bool:
+        return self._c is None
+
+    @property
+    def tenant_name(self) -> str:
+        return self._handle("tenant") and self._tenant
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self, op):
+        h = self._c
+        if h is None:
+            raise errors.closed("%s: the client is closed (call open() first)" % op, op)
+        return h
+
+    def _executor(self):
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_workers,
+                                                thread_name_prefix="dsec")
+            return self._pool
+
+    def _call(self, op, fn, *args):
+        err = _lib.Err()
+        if fn(self._handle(op), *args, ctypes.byref(err)) < 0:
+            raise errors.from_err(err, op)
+
+    # -- create (blocking)
+    def run(self, type: Optional[str] = None, args: Optional[SandboxArgs] = None,
+            **kw) -> "Sandbox":
+        """Create a sandbox of type (function, container, microvm, vm, sim;
+        None: the lightest that satisfies args.requires) and wait until it runs."""
+        a = _args(args, SandboxArgs, kw)
+        spec, keep = _build_spec(type, a)
+        out = _lib.SandboxInfo()
+        self._call("create", _lib.create, ctypes.byref(spec), ctypes.byref(out))
+        return Sandbox(self, _info(out), user=a.user, rollout_id=a.rollout_id)
+
+    def run_function(self, args: Optional[FunctionArgs] = None, **kw) -> "Sandbox":
+        return self.run("function", _args(args, FunctionArgs, kw))
+
+    def run_container(self, args: Optional[ContainerArgs] = None, **kw) -> "Sandbox":
+        return self.run("container", _args(args, ContainerArgs, kw))
+
+    def run_microvm(self, args: Optional[MicroVMArgs] = None, **kw) -> "Sandbox":
+        return self.run("microvm", _args(args, MicroVMArgs, kw))
+
+    def run_vm(self, args: Optional[VMArgs] = None, **kw) -> "Sandbox":
+        return self.run("vm", _args(args, VMArgs, kw))
+
+    def sandbox(self, id: str, user: Optional[str] = None,
+                rollout_id: Optional[str] = None) -> "Sandbox":
+        """A handle on an existing sandbox (e.g. after a trainer restart)."""
+        info = SandboxInfo(id=id, node=id.rsplit("-", 1)[0], type="", state="", cell="")
+        return Sandbox(self, info, user=user, rollout_id=rollout_id)
+
+    # -- create (asynchronous, one future per create)
+    def create_future(self, type: Optional[str], args: SandboxArgs,
+                      loop: Optional[asyncio.AbstractEventLoop] = None) -> "asyncio.Future":
+        """Start a create and return an asyncio future of its SandboxInfo;
+        must be called from the loop's thread."""
+        loop = loop or asyncio.get_running_loop()
+        fut = loop.create_future()
+        spec, keep = _build_spec(type, args)
+        h = self._handle("create")
+        token = next(_tokens)
+        err = _lib.Err()
+        if _lib.HAVE_CQ:
+            q = self._cqs.get(loop)
+            if q is None:
+                with self._lock:
+                    q = self._cqs.get(loop)
+                    if q is None:
+                        q = self._cqs[loop] = _CQ(loop)
+            q.futs[token] = fut
+            if _lib.create_cq(h, ctypes.byref(spec), q.h, token, ctypes.byref(err)) < 0:
+                q.futs.pop(token, None)
+                fut.set_exception(errors.from_err(err, "create"))
+            return fut
+        # an older libdsec without completion queues: its callback, bridged
+        with _pending_lock:
+            _pending[token] = (_bridge(loop), fut)
+        if _lib.create_async(h, ctypes.byref(spec), _on_create, ctypes.c_void_p(token),
+                             ctypes.byref(err)) < 0:
+            with _pending_lock:
+                _pending.pop(token, None)
+            fut.set_exception(errors.from_err(err, "create"))
+        return fut
+
+    def aio(self) -> "AsyncDSecClient":
+        """The asyncio interface over this connection."""
+        return AsyncDSecClient(client=self)
+
+
+class Files:
+    """sandbox.files: read, write and list files in the sandbox."""
+
+    def __init__(self, sb: "Sandbox"):
+        self._sb = sb
+
+    def write(self, path: str, data: Data, mode: int = 0o644, append: bool = False,
+              step: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
+        """Write (or append) data to path. With step, the write is recorded in
+        the rollout's trajectory log and a re-issued step is never repeated."""
+        sb = self._sb
+        buf = _bytes(data)
+        rid = rollout_id or sb.rollout_id if step is not None else None
+        opts = _lib.WriteOpts(mode=mode, append=append, rollout_id=_lib.cstr(rid),
+                              step=int(step or 0))
+        sb._client._call("files.write", _lib.file_write_ex, sb._cid, _lib.cstr(path), buf,
+                         len(buf), ctypes.byref(opts))
+
+    def read(self, path: str) -> bytes:
+        sb = self._sb
+        p = ctypes.POINTER(ctypes.c_uint8)()
+        n = ctypes.c_size_t()
+        sb._client._call("files.read", _lib.file_read, sb._cid, _lib.cstr(path), ctypes.byref(p),
+                         ctypes.byref(n))
+        try:
+            return ctypes.string_at(p, n.value) if n.value else b""
+        finally:
+            _lib.free(p)
+
+    def list(self, path: str = "/") -> List[DirEntry]:
+        sb = self._sb
+        p = ctypes.POINTER(_lib.Dirent)()
+        n = ctypes.c_size_t()
+        sb._client._call("files.list", _lib.file_list, sb._cid, _lib.cstr(path), ctypes.byref(p),
+                         ctypes.byref(n))
+        try:
+            return [DirEntry(name=p[i].name.decode(), kind=p[i].kind.decode(), size=p[i].size,
+                             mode=p[i].mode, mtime=p[i].mtime) for i in range(n.value)]
+        finally:
+            _lib.dirents_free(p, n)
+
+
+class Sandbox:
+    """A running sandbox, driven with blocking calls.
+
+    user and rollout_id are defaults for exec (and for file writes with a step)."""
+
+    def __init__(self, client: DSecClient, info: SandboxInfo, user: Optional[str] = None,
+                 rollout_id: Optional[str] = None):
+        self._client = client
+        self.info = info
+        self.id = info.id
+        self._cid = info.id.encode()
+        self.user = user
+        self.rollout_id = rollout_id
+        self.files = Files(self)
+
+    def __repr__(self):
+        return "Sandbox(%r, type=%r)" % (self.id, self.info.type)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.stop()
+        except errors.NotFound:
+            pass
+
+    @property
+    def type(self) -> str:
+        return self.info.type
+
+    def exec(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
+             stdin: Optional[Data] = None, timeout_ms: int = 0, user: Optional[str] = None,
+             step: Optional[int] = None, rollout_id: Optional[str] = None,
+             check: bool = False) -> ExecResult:
+        """Run argv. With step (and the sandbox's or the given rollout_id) the
+        step is recorded in the trajectory log; re-issuing a logged step returns
+        the logged result without running it (fast-forward), and a different
+        request at a logged step raises Diverged. check: raise CommandFailed on a
+        non-zero exit."""
+        if isinstance(argv, str):
+            raise errors.InvalidArgument("exec: argv must be a list (use run_shell for a "
+                                         "command line)", code="invalid", code_num=1, op="exec")
+        av = _lib.strv(list(argv))
+        ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
+        sd = _bytes(stdin) if stdin is not None else None
+        rid = (rollout_id or self.rollout_id) if step is not None else None
+        opts = _lib.ExecOpts(argv=av, env=ev, cwd=_lib.cstr(cwd),
+                             stdin_data=ctypes.cast(ctypes.c_char_p(sd), ctypes.c_void_p)
+                             if sd else None,
+                             stdin_len=len(sd) if sd else 0, timeout_ms=int(timeout_ms),
+                             user=_lib.cstr(user or self.user), rollout_id=_lib.cstr(rid),
+                             step=int(step or 0))
+        rep = _lib.ExecReply()
+        self._client._call("exec", _lib.exec_, self._cid, ctypes.byref(opts), ctypes.byref(rep))
+        try:
+            res = ExecResult(exit_code=rep.exit_code,
+                             stdout=ctypes.string_at(rep.out, rep.out_len) if rep.out_len else b"",
+                             stderr=ctypes.string_at(rep.err_out, rep.err_len)
+                             if rep.err_len else b"",
+                             signal=rep.signal, timed_out=bool(rep.timed_out),
+                             stdout_truncated=bool(rep.out_truncated),
+                             stderr_truncated=bool(rep.err_truncated),
+                             duration_us=rep.duration_us)
+        finally:
+            _lib.exec_reply_release(ctypes.byref(rep))
+        if check and not res.ok:
+            raise CommandFailed(argv, res)
+        return res
+
+    def run_shell(self, command: str, **kw) -> ExecResult:
+        """Run a command line with /bin/sh -c (same keywords as exec)."""
+        return self.exec(["/bin/sh", "-c", command], **kw)
+
+    def fork(self, n: int = 1) -> List["Sandbox"]:
+        """n copies of this sandbox (files and state), each a new Sandbox."""
+        ids = ctypes.POINTER(ctypes.c_char_p)()
+        nids = ctypes.c_size_t()
+        self._client._call("fork", _lib.fork, self._cid, int(n), ctypes.byref(ids),
+                           ctypes.byref(nids))
+        try:
+            kids = [ids[i].decode() for i in range(nids.value)]
+        finally:
+            _lib.strv_free(ids, nids)
+        return [Sandbox(self._client, SandboxInfo(id=k, node=self.info.node, type=self.info.type,
+                                                  state="running", cell=self.info.cell),
+                        user=self.user, rollout_id=self.rollout_id) for k in kids]
+
+    def pause(self) -> None:
+        self._client._call("pause", _lib.pause, self._cid)
+
+    def resume(self) -> None:
+        self._client._call("resume", _lib.resume, self._cid)
+
+    def status(self) -> SandboxInfo:
+        out = _lib.SandboxInfo()
+        self._client._call("status", _lib.status, self._cid, ctypes.byref(out))
+        self.info = _info(out)
+        return self.info
+
+    def wait_state(self, state: str, timeout_ms: int = 10000) -> None:
+        self._client._call("wait_state", _lib.wait_state, self._cid, _lib.cstr(state),
+                           int(timeout_ms))
+
+    def snapshot(self, path: Optional[str] = None):
+        """Snapshot the sandbox. No dsec backend exposes snapshots over the
+        wire yet: this raises NotSupported (code "unsupported", not retry-safe)."""
+        raise errors.not_supported(
+            "snapshot: not supported for sandbox %s (type %s): dsec has no snapshot operation "
+            "on the wire yet; use fork(n) to copy a running sandbox"
+            % (self.id, self.info.type or "?"), "snapshot")
+
+    def stop(self) -> None:
+        """Destroy the sandbox."""
+        self._client._call("stop", _lib.destroy, self._cid)
+
+
+class CommandFailed(errors.DSecError):
+    """exec(check=True) of a command that did not exit 0."""
+
+    def __init__(self, argv, result: ExecResult):
+        super().__init__("command %r exited %d%s: %s" % (
+            list(argv), result.exit_code, " (timed out)" if result.timed_out else "",
+            result.stderr.decode(errors="replace").strip()[:200]),
+            code="command_failed", retry_safe=False, op="exec")
+        self.result = result
+
+
+# ---- asyncio ----------------------------------------------------------------------------------
+
+class AsyncFiles:
+    def __init__(self, asb: "AsyncSandbox"):
+        self._asb = asb
+
+    async def write(self, path, data, **kw):
+        return await self._asb._run(self._asb.sync.files.write, path, data, **kw)
+
+    async def read(self, path):
+        return await self._asb._run(self._asb.sync.files.read, path)
+
+    async def list(self, path="/"):
+        return await self._asb._run(self._asb.sync.files.list, path)
+
+
+class AsyncSandbox:
+    """The asyncio face of a Sandbox: the same methods, as coroutines."""
+
+    def __init__(self, aclient: "AsyncDSecClient", sync: Sandbox):
+        self._aclient = aclient
+        self.sync = sync
+        self.id = sync.id
+        self.info = sync.info
+        self.files = AsyncFiles(self)
+
+    def __repr__(self):
+        return "AsyncSandbox(%r, type=%r)" % (self.id, self.info.type)
+
+    @property
+    def rollout_id(self):
+        return self.sync.rollout_id
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        try:
+            await self.stop()
+        except errors.NotFound:
+            pass
+
+    async def _run(self, fn, *args, **kw):
+        loop = asyncio.get_running_loop()
+        pool = self._aclient.client._executor()
+        return await loop.run_in_executor(pool, lambda: fn(*args, **kw))
+
+    async def exec(self, argv, **kw) -> ExecResult:
+        return await self._run(self.sync.exec, argv, **kw)
+
+    async def run_shell(self, command, **kw) -> ExecResult:
+        return await self._run(self.sync.run_shell, command, **kw)
+
+    async def fork(self, n=1) -> List["AsyncSandbox"]:
+        kids = await self._run(self.sync.fork, n)
+        return [AsyncSandbox(self._aclient, k) for k in kids]
+
+    async def pause(self):
+        return await self._run(self.sync.pause)
+
+    async def resume(self):
+        return await self._run(self.sync.resume)
+
+    async def status(self) -> SandboxInfo:
+        return await self._run(self.sync.status)
+
+    async def wait_state(self, state, timeout_ms=10000):
+        return await self._run(self.sync.wait_state, state, timeout_ms)
+
+    async def snapshot(self, path=None):
+        return self.sync.snapshot(path)
+
+    async def stop(self):
+        return await self._run(self.sync.stop)
+
+
+class AsyncDSecClient:
+    """The asyncio interface. Creates are truly asynchronous (many in flight
+    from one event loop, no thread per create); other operations run on the
+    client's thread pool.
+
+        async with AsyncDSecClient(url=...) as c:
+            sbs = await asyncio.gather(*(c.run_function(memory_mb=256) for _ in range(100)))
+    """
+
+    def __init__(self, url: Optional[str] = None, client: Optional[DSecClient] = None, **kw):
+        self._own = client is None
+        self.client = client if client is not None else DSecClient(url=url, open=False, **kw)
+
+    async def open(self) -> "AsyncDSecClient":
+        if self.client.closed:
+            await asyncio.get_running_loop().run_in_executor(None, self.client.open)
+        return self
+
+    async def close(self) -> None:
+        if self._own:
+            await asyncio.get_running_loop().run_in_executor(None, self.client.close)
+
+    async def __aenter__(self):
+        return await self.open()
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def run(self, type: Optional[str] = None, args: Optional[SandboxArgs] = None,
+                  **kw) -> AsyncSandbox:
+        a = _args(args, SandboxArgs, kw)
+        info = await self.client.create_future(type, a)
+        return AsyncSandbox(self, Sandbox(self.client, info, user=a.user,
+                                          rollout_id=a.rollout_id))
+
+    async def run_function(self, args: Optional[FunctionArgs] = None, **kw) -> AsyncSandbox:
+        return await self.run("function", _args(args, FunctionArgs, kw))
+
+    async def run_container(self, args: Optional[ContainerArgs] = None, **kw) -> AsyncSandbox:
+        return await self.run("container", _args(args, ContainerArgs, kw))
+
+    async def run_microvm(self, args: Optional[MicroVMArgs] = None, **kw) -> AsyncSandbox:
+        return await self.run("microvm", _args(args, MicroVMArgs, kw))
+
+    async def run_vm(self, args: Optional[VMArgs] = None, **kw) -> AsyncSandbox:
+        return await self.run("vm", _args(args, VMArgs, kw))
+
+    def sandbox(self, id: str, **kw) -> AsyncSandbox:
+        return AsyncSandbox(self, self.client.sandbox(id, **kw))

@@ -1,0 +1,108 @@
+"""Argument and result dataclasses. Switching a rollout between a function
+call, a container, a microVM and a VM is a change of one parameter: the
+arguments are the same dataclass shape for each, and the type is chosen by
+the run_* method (or run(type=...))."""
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Union
+
+
+@dataclass
+class SandboxArgs:
+    """What to create.
+
+    environment: environment name:version (for container/microvm/vm, the image).
+    memory_mb / cpu (cores, e.g. 0.5) / disk_mb: resources; 0 or None: the cell default.
+    max_lifetime_s / idle_timeout_s: 0 or None: the cell default.
+    network: rules such as {"pypi": True, "npm": False}; names mapped to True are
+        allowed (mirrors, domains or address ranges); everything else is denied.
+    user: the user commands run as (applied to every exec of the sandbox unless
+        the exec names another).
+    labels: key/value labels put on the sandbox.
+    rollout_id: the rollout the sandbox serves; exec/files.write with a step are
+        recorded in its trajectory log and fast-forwarded when re-issued.
+    requires: capability names (own_kernel, nested_containers, gui, ...).
+    """
+    environment: Optional[str] = None
+    memory_mb: Optional[int] = None
+    cpu: Optional[float] = None
+    disk_mb: Optional[int] = None
+    max_lifetime_s: Optional[int] = None
+    idle_timeout_s: Optional[int] = None
+    network: Mapping[str, bool] = field(default_factory=dict)
+    user: Optional[str] = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    rollout_id: Optional[str] = None
+    requires: List[str] = field(default_factory=list)
+    affinity: Mapping[str, str] = field(default_factory=dict)
+    cell: Optional[str] = None
+    cls: Optional[str] = None          # rollout (default) | job | batch
+    priority: int = 0
+    pausable: bool = False
+    request_id: Optional[str] = None   # idempotency key; None: a fresh one per call
+
+
+@dataclass
+class FunctionArgs(SandboxArgs):
+    """A function call sandbox (the lightest type)."""
+
+
+@dataclass
+class ContainerArgs(SandboxArgs):
+    """A container; environment names the image."""
+
+    @property
+    def image(self):
+        return self.environment
+
+
+@dataclass
+class MicroVMArgs(SandboxArgs):
+    """A microVM (own kernel)."""
+
+
+@dataclass
+class VMArgs(SandboxArgs):
+    """A full VM."""
+
+
+@dataclass
+class SandboxInfo:
+    id: str
+    node: str
+    type: str
+    state: str
+    cell: str
+    existing: bool = False
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    signal: int = 0
+    timed_out: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_us: int = 0
+
+    @property
+    def ok(self):
+        return self.exit_code == 0 and self.signal == 0 and not self.timed_out
+
+    @property
+    def text(self):
+        return self.stdout.decode(errors="replace")
+
+
+@dataclass
+class DirEntry:
+    name: str
+    kind: str   # file | dir | link | other
+    size: int
+    mode: int
+    mtime: int
+
+
+Data = Union[bytes, bytearray, memoryview, str]
+Labels = Dict[str, str]

@@ -1,0 +1,279 @@
+"""The Python SDK against a real embedded cell (`dsec up` on a free port).
+
+Environment: DSEC_BIN (the dsec binary; default build/default/tools/dsec),
+DSEC_LIB (libdsec.so; default: next to the build). Run from sdk/python:
+    python3 -m unittest discover -s tests -v
+"""
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+import uuid
+
+import dsec
+from dsec import (AsyncDSecClient, DSecClient, Diverged, FunctionArgs, InvalidArgument, NotFound,
+                  NotSupported, SandboxArgs)
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+SMALL = dict(cpu=0.01, memory_mb=16, max_lifetime_s=600)
+
+_cell = {}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setUpModule():
+    binary = os.environ.get("DSEC_BIN") or os.path.join(ROOT, "build", "default", "tools", "dsec")
+    if not os.access(binary, os.X_OK):
+        raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
+    tmp = tempfile.mkdtemp(prefix="dsec-sdk-")
+    port = _free_port()
+    log = open(os.path.join(tmp, "up.log"), "w+")
+    proc = subprocess.Popen([binary, "up", "--port", str(port), "--state-dir",
+                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
+    _cell.update(tmp=tmp, proc=proc, log=log, url="nats://127.0.0.1:%d" % port)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(log.name) as f:
+            if "Ctrl-C stops" in f.read():
+                break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+    with open(log.name) as f:
+        text = f.read()
+    if "Ctrl-C stops" not in text:
+        tearDownModule()
+        raise RuntimeError("dsec up did not start:\n" + text)
+    # which sandbox types the cell offers: a create answered "unsupported" means not here
+    _cell["types"] = {}
+    with DSecClient(url=_cell["url"]) as c:
+        for t in dsec.TYPES:
+            try:
+                sb = c.run(t, **SMALL)
+            except NotSupported as e:
+                _cell["types"][t] = str(e)
+                continue
+            _cell["types"][t] = None
+            sb.stop()
+
+
+def tearDownModule():
+    proc = _cell.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if _cell.get("log"):
+        _cell["log"].close()
+    if _cell.get("tmp"):
+        shutil.rmtree(_cell["tmp"], ignore_errors=True)
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.c = DSecClient(url=_cell["url"])
+        self.addCleanup(self.c.close)
+
+
+class TestTypes(Base):
+    """Every sandbox type the cell offers, through the same calls."""
+
+    def check_type(self, t):
+        why = _cell["types"].get(t)
+        if why is not None:
+            self.skipTest("cell does not offer type %s: %s" % (t, why))
+        run = {"function": self.c.run_function, "container": self.c.run_container,
+               "microvm": self.c.run_microvm, "vm": self.c.run_vm}.get(t)
+        sb = run(**SMALL) if run else self.c.run(t, SandboxArgs(**SMALL))
+        self.assertEqual(sb.type, t)
+        self.assertEqual(sb.status().state, "running")
+        sb.files.write("/work/in.txt", b"payload\n")
+        self.assertEqual(sb.files.read("/work/in.txt"), b"payload\n")
+        self.assertIn("in.txt", [e.name for e in sb.files.list("/work")])
+        try:
+            r = sb.exec(["echo", "hello", "world"])
+            self.assertEqual(r.exit_code, 0)
+            if t == "sim":
+                self.assertEqual(r.stdout, b"hello world\n")
+                self.assertEqual(sb.exec(["false"]).exit_code, 1)
+                with self.assertRaises(dsec.CommandFailed):
+                    sb.exec(["false"], check=True)
+                self.assertEqual(sb.exec(["cat"], stdin="abc").stdout, b"abc")
+        except NotSupported:
+            pass  # a backend without commands (the files above still worked)
+        try:
+            kids = sb.fork(2)
+            self.assertEqual(len(kids), 2)
+            self.assertEqual(kids[0].files.read("/work/in.txt"), b"payload\n")
+            for k in kids:
+                k.stop()
+        except NotSupported:
+            self.assertNotEqual(t, "sim")  # a backend that cannot fork says so
+        try:
+            sb.pause()
+            self.assertEqual(sb.status().state, "paused")
+            sb.resume()
+            self.assertEqual(sb.status().state, "running")
+        except NotSupported:
+            self.assertNotEqual(t, "sim")
+        with self.assertRaises(NotSupported) as cm:
+            sb.snapshot()
+        self.assertEqual(cm.exception.code, "unsupported")
+        self.assertFalse(cm.exception.retry_safe)
+        sb.stop()
+
+    def test_some_type_available(self):
+        self.assertTrue([t for t, why in _cell["types"].items() if why is None],
+                        "the cell offers no sandbox type: %s" % _cell["types"])
+
+
+for _t in dsec.TYPES:
+    setattr(TestTypes, "test_type_" + _t, lambda self, t=_t: self.check_type(t))
+
+
+def _any_type():
+    """sim when the cell offers it (cheapest), else the first type offered."""
+    if _cell["types"].get("sim", "") is None:
+        return "sim"
+    return next(t for t in dsec.TYPES if _cell["types"].get(t) is None)
+
+
+class TestConcurrency(Base):
+    def test_50_concurrent_creates(self):
+        t = _any_type()
+
+        async def main():
+            a = self.c.aio()
+            t0 = time.monotonic()
+            sbs = await asyncio.gather(*(a.run(t, **SMALL, labels={"i": str(i)})
+                                         for i in range(50)))
+            created = time.monotonic() - t0
+            self.assertEqual(len({s.id for s in sbs}), 50)
+            await asyncio.gather(*(s.files.write("/work/i", str(i)) for i, s in enumerate(sbs)))
+            got = await asyncio.gather(*(s.files.read("/work/i") for s in sbs))
+            self.assertEqual(got, [str(i).encode() for i in range(50)])
+            await asyncio.gather(*(s.stop() for s in sbs))
+            return created
+
+        created = asyncio.run(main())
+        self.assertLess(created, 20)
+
+    def test_async_client_context(self):
+        t = _any_type()
+
+        async def main():
+            async with AsyncDSecClient(url=_cell["url"]) as a:
+                async with await a.run(t, **SMALL) as sb:
+                    self.assertEqual((await sb.status()).state, "running")
+                    with self.assertRaises(NotSupported):
+                        await sb.snapshot()
+
+        asyncio.run(main())
+
+    def test_blocking_creates_from_threads(self):
+        t = _any_type()
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(8) as pool:
+            sbs = list(pool.map(lambda i: self.c.run(t, **SMALL), range(16)))
+        self.assertEqual(len({s.id for s in sbs}), 16)
+        for s in sbs:
+            s.stop()
+
+
+class TestErrors(Base):
+    def test_unknown_type(self):
+        with self.assertRaises(NotSupported) as cm:
+            self.c.run("bogus", **SMALL)
+        e = cm.exception
+        self.assertEqual((e.code, e.code_num, e.retry_safe), ("unsupported", 12, False))
+        self.assertIn("bogus", str(e))
+
+    def test_unknown_type_async(self):
+        async def main():
+            with self.assertRaises(NotSupported):
+                await self.c.aio().run("bogus", **SMALL)
+        asyncio.run(main())
+
+    def test_bad_id(self):
+        with self.assertRaises(InvalidArgument) as cm:
+            self.c.sandbox("nodash").exec(["echo"])
+        self.assertEqual((cm.exception.code, cm.exception.retry_safe), ("invalid", False))
+        with self.assertRaises(NotFound) as cm:
+            self.c.sandbox("local-0-0123456789abcdef").exec(["echo"])
+        self.assertEqual((cm.exception.code, cm.exception.retry_safe), ("not_found", False))
+
+    def test_destroyed_sandbox(self):
+        sb = self.c.run(_any_type(), **SMALL)
+        sb.stop()
+        ops = [lambda: sb.exec(["echo"]), lambda: sb.files.read("/work/x"),
+               lambda: sb.files.write("/work/x", "y"), lambda: sb.files.list("/"),
+               lambda: sb.fork(1), sb.pause, sb.resume, sb.stop]
+        for op in ops:
+            with self.assertRaises(NotFound) as cm:
+                op()
+            self.assertEqual(cm.exception.code, "not_found")
+            self.assertFalse(cm.exception.retry_safe)
+
+    def test_closed_client(self):
+        c = DSecClient(url=_cell["url"])
+        c.close()
+        with self.assertRaises(dsec.Closed) as cm:
+            c.run(_any_type(), **SMALL)
+        self.assertEqual(cm.exception.code, "closed")
+
+    def test_no_cell(self):
+        with self.assertRaises(dsec.DSecError) as cm:
+            DSecClient(url="nats://127.0.0.1:%d" % _free_port(), timeout_ms=500)
+        self.assertEqual(cm.exception.code, "connection")
+
+    def test_exec_argv_must_be_list(self):
+        sb = self.c.run(_any_type(), **SMALL)
+        self.addCleanup(sb.stop)
+        with self.assertRaises(InvalidArgument):
+            sb.exec("echo hi")
+
+
+class TestTrajectory(Base):
+    def test_fast_forward_after_trainer_restart(self):
+        rollout = "sdk-test-" + uuid.uuid4().hex[:12]
+        sb = self.c.run(_any_type(), FunctionArgs(rollout_id=rollout, **SMALL))
+        self.addCleanup(lambda: DSecClient(url=_cell["url"]).sandbox(sb.id).stop())
+        for step in (1, 2, 3):
+            sb.files.write("/work/log", "step %d\n" % step, append=True, step=step)
+        r5 = sb.exec(["echo", "five"], step=5)
+        self.assertEqual(sb.files.read("/work/log"), b"step 1\nstep 2\nstep 3\n")
+        self.c.close()
+
+        # the trainer restarts: a new client, the same sandbox and rollout id
+        c2 = DSecClient(url=_cell["url"])
+        self.addCleanup(c2.close)
+        sb2 = c2.sandbox(sb.id, rollout_id=rollout)
+        for step in (1, 2, 3):  # logged: answered from the log, nothing runs
+            sb2.files.write("/work/log", "step %d\n" % step, append=True, step=step)
+        self.assertEqual(sb2.files.read("/work/log"), b"step 1\nstep 2\nstep 3\n")
+        self.assertEqual(sb2.exec(["echo", "five"], step=5).stdout, r5.stdout)
+        sb2.files.write("/work/log", "step 4\n", append=True, step=4)  # not logged: runs live
+        self.assertEqual(sb2.files.read("/work/log"), b"step 1\nstep 2\nstep 3\nstep 4\n")
+        with self.assertRaises(Diverged) as cm:  # a different request at a logged step
+            sb2.files.write("/work/log", "other\n", append=True, step=2)
+        self.assertEqual((cm.exception.code, cm.exception.retry_safe), ("diverged", False))
+        self.assertEqual(sb2.files.read("/work/log"), b"step 1\nstep 2\nstep 3\nstep 4\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
