@@ -5,7 +5,8 @@ set -eu
 PKGS="build-essential cmake pkg-config git python3 \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev \
-clang libclang-rt-14-dev"
+clang libclang-rt-14-dev \
+libseccomp-dev libpython3-dev gnuplot-nox"
 
 missing=""
 for p in $PKGS; do

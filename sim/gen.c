@@ -1,0 +1,386 @@
+/* gen.c - synthetic traces shaped like DSec's production (dsec-sim gen --profile dsec). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codecs/msg.h"
+#include "codecs/record.h"
+#include "dsec/alloc.h"
+#include "sim/sim.h"
+
+void sim_profile_dsec(sim_profile *p)
+{
+    memset(p, 0, sizeof *p);
+    p->seed = 1;
+    p->duration_s = 600;
+    p->rate = 100;
+    p->burst_every_s = 60;
+    p->burst_min = 100;
+    p->burst_max = 32000;
+    p->burst_spread_s = 4;
+    p->life_median_s = 1020; /* 17 min */
+    p->life_sigma = 1.1;     /* p99 = median * e^(2.326 sigma) = 3.7 h */
+    p->life_max_s = 86400;
+    p->low_use_share = 0.90;
+    p->low_use_max = 0.05;
+    p->fanout_median = 3;
+    p->fanout_p90 = 28;
+    p->layer_depth = 3;
+    p->bases = 64;
+    snprintf(p->mix, sizeof p->mix, "function=35,container=40,microvm=15,vm=10");
+    p->jobs = 4;
+    p->job_cpu_milli = 64000;
+    p->job_memory_mb = 262144;
+    p->job_units = 8;
+    snprintf(p->tenant, sizeof p->tenant, "sim");
+    p->cpu_milli = 100;
+    p->memory_mb = 256;
+}
+
+static const struct param {
+    const char *name, *help;
+    int kind; /* 0 double, 1 int, 2 u64, 3 string */
+    size_t off, size;
+} params[] = {
+#define D(n, f, h) {n, h, 0, offsetof(sim_profile, f), 0}
+#define I(n, f, h) {n, h, 1, offsetof(sim_profile, f), 0}
+#define U(n, f, h) {n, h, 2, offsetof(sim_profile, f), 0}
+#define S(n, f, h) {n, h, 3, offsetof(sim_profile, f), sizeof(((sim_profile *)0)->f)}
+    U("seed", seed, "random seed (same seed, same trace)"),
+    D("duration", duration_s, "trace length, seconds"),
+    D("rate", rate, "background rollout creates per second (Poisson)"),
+    D("burst-every", burst_every_s, "mean seconds between job bursts (0: none)"),
+    D("burst-min", burst_min, "smallest burst, sandboxes"),
+    D("burst-max", burst_max, "largest burst, sandboxes; one burst of exactly this size runs mid-trace"),
+    D("burst-spread", burst_spread_s, "seconds over which a burst's creates arrive"),
+    D("life-median", life_median_s, "median sandbox lifetime, seconds (lognormal)"),
+    D("life-sigma", life_sigma, "lognormal sigma of lifetimes"),
+    D("life-max", life_max_s, "longest lifetime, seconds"),
+    D("low-use-share", low_use_share, "share of sandboxes using <= low-use-max of their CPU"),
+    D("low-use-max", low_use_max, "the low-use threshold (fraction of asked CPU)"),
+    D("fanout-median", fanout_median, "median children per layer (lognormal)"),
+    D("fanout-p90", fanout_p90, "p90 children per layer"),
+    I("layer-depth", layer_depth, "layers per environment, base first"),
+    I("bases", bases, "base layers"),
+    S("mix", mix, "sandbox type weights, type=weight,..."),
+    I("jobs", jobs, "training jobs holding capacity for the whole trace"),
+    U("job-cpu", job_cpu_milli, "CPU of one job sandbox, milli-cores"),
+    U("job-memory", job_memory_mb, "memory of one job sandbox, MB"),
+    I("job-units", job_units, "sandboxes per training job"),
+    S("tenant", tenant, "tenant of the create subjects"),
+    U("cpu", cpu_milli, "median CPU a rollout asks for, milli-cores (x0.25..x4)"),
+    U("memory", memory_mb, "median memory a rollout asks for, MB (x0.25..x4)"),
+};
+
+int sim_profile_set(sim_profile *p, const char *key, const char *val, dsec_err *err)
+{
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        const struct param *d = &params[i];
+        if (strcmp(d->name, key) != 0)
+            continue;
+        char *end;
+        errno = 0;
+        char *at = (char *)p + d->off;
+        if (d->kind == 3) {
+            if (strlen(val) >= d->size)
+                return dsec_err_set(err, DSEC_E_INVALID, 0, "--%s: longer than %zu bytes", key, d->size - 1);
+            memcpy(at, val, strlen(val) + 1);
+            return 0;
+        }
+        double v = strtod(val, &end);
+        if (errno || end == val || *end || !isfinite(v) || v < 0)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "--%s: '%s' is not a non-negative number", key, val);
+        if (d->kind == 0)
+            *(double *)(void *)at = v;
+        else if (d->kind == 1)
+            *(int *)(void *)at = (int)v;
+        else
+            *(uint64_t *)(void *)at = (uint64_t)v;
+        return 0;
+    }
+    return dsec_err_set(err, DSEC_E_INVALID, 0, "unknown profile parameter --%s (dsec-sim gen --help lists them)", key);
+}
+
+void sim_profile_help(FILE *f)
+{
+    sim_profile d;
+    sim_profile_dsec(&d);
+    for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+        const struct param *p = &params[i];
+        const char *at = (const char *)&d + p->off;
+        char def[300];
+        if (p->kind == 0)
+            snprintf(def, sizeof def, "%g", *(const double *)(const void *)at);
+        else if (p->kind == 1)
+            snprintf(def, sizeof def, "%d", *(const int *)(const void *)at);
+        else if (p->kind == 2)
+            snprintf(def, sizeof def, "%" PRIu64, *(const uint64_t *)(const void *)at);
+        else
+            snprintf(def, sizeof def, "%s", at);
+        fprintf(f, "  --%-14s %s (default %s)\n", p->name, p->help, def);
+    }
+}
+
+/* ---- randomness ------------------------------------------------------------------ */
+static uint64_t rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) /* (0, 1) */
+{
+    return ((double)(rnd(s) >> 11) + 0.5) / 9007199254740992.0;
+}
+static double normal(uint64_t *s)
+{
+    return sqrt(-2 * log(unif(s))) * cos(2 * M_PI * unif(s));
+}
+
+/* ---- the layer tree ----------------------------------------------------------------- */
+struct tree {
+    int depth;
+    uint32_t *path; /* nenv * depth layer numbers */
+    size_t nenv, cap, nlayers;
+};
+
+static void grow(struct tree *t, const sim_profile *p, uint64_t *rng, uint32_t *path, int d, double sigma)
+{
+    path[d] = (uint32_t)t->nlayers++;
+    if (d == t->depth - 1) {
+        if (t->nenv == t->cap) {
+            t->cap = t->cap ? t->cap * 2 : 256;
+            t->path = dsec_realloc(t->path, t->cap * (size_t)t->depth * sizeof *t->path);
+        }
+        memcpy(t->path + t->nenv++ * (size_t)t->depth, path, (size_t)t->depth * sizeof *path);
+        return;
+    }
+    double k = round(p->fanout_median * exp(sigma * normal(rng)));
+    if (k < 1)
+        k = 1;
+    if (k > 1000)
+        k = 1000;
+    for (int i = 0; i < (int)k; i++)
+        grow(t, p, rng, path, d + 1, sigma);
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+struct ev {
+    double t;
+    int kind; /* 0 rollout, 1 job unit */
+    uint32_t job;
+};
+
+static int cmp_ev(const void *a, const void *b)
+{
+    const struct ev *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+struct gen {
+    struct ev *ev;
+    size_t n, cap;
+};
+
+static void push(struct gen *g, double t, int kind, uint32_t job)
+{
+    if (g->n == g->cap) {
+        g->cap = g->cap ? g->cap * 2 : 4096;
+        g->ev = dsec_realloc(g->ev, g->cap * sizeof *g->ev);
+    }
+    g->ev[g->n++] = (struct ev){t, kind, job};
+}
+
+static void add_burst(struct gen *g, const sim_profile *p, uint64_t *rng, double t, size_t size, uint32_t job)
+{
+    for (size_t i = 0; i < size; i++) {
+        double at = t + unif(rng) * p->burst_spread_s;
+        push(g, at < p->duration_s ? at : p->duration_s, 0, job);
+    }
+}
+
+int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecords, dsec_err *err)
+{
+    /* the type mix */
+    char types[8][32];
+    double w[8], wsum = 0;
+    int ntypes = 0;
+    char mix[256];
+    snprintf(mix, sizeof mix, "%s", p->mix);
+    for (char *save = NULL, *tok = strtok_r(mix, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        char *end;
+        if (!eq || ntypes == 8 || eq - tok >= 32)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "--mix: '%s' is not type=weight (at most 8 types)", tok);
+        *eq = '\0';
+        double v = strtod(eq + 1, &end);
+        if (*end || v < 0 || !isfinite(v))
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "--mix: weight of %s is not a number", tok);
+        snprintf(types[ntypes], 32, "%s", tok);
+        w[ntypes++] = v;
+        wsum += v;
+    }
+    if (ntypes == 0 || wsum <= 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "--mix: no type with a positive weight");
+    if (p->duration_s <= 0 || p->layer_depth < 1 || p->layer_depth > 16 || p->bases < 1 ||
+        p->fanout_median < 1 || p->fanout_p90 < p->fanout_median || p->burst_max < p->burst_min ||
+        p->low_use_share > 1 || p->low_use_max <= 0 || p->low_use_max >= 1)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "profile: need duration > 0, 1 <= layer-depth <= 16, bases >= 1, 1 <= fanout-median"
+                            " <= fanout-p90, burst-min <= burst-max, low-use-share <= 1, 0 < low-use-max < 1");
+    uint64_t rng = p->seed * 0x2545f4914f6cdd1dull + 1;
+
+    struct tree tr = {.depth = p->layer_depth};
+    double fsigma = log(p->fanout_p90 / p->fanout_median) / 1.2815515655446004;
+    uint32_t path[16];
+    for (int b = 0; b < p->bases; b++)
+        grow(&tr, p, &rng, path, 0, fsigma);
+
+    struct gen g = {0};
+    for (double t = 0; p->rate > 0;) {
+        t += -log(unif(&rng)) / p->rate;
+        if (t >= p->duration_s)
+            break;
+        push(&g, t, 0, 0); /* job assigned in order below */
+    }
+    uint32_t burst_job = 0;
+    if (p->burst_max >= 1) {
+        add_burst(&g, p, &rng, p->duration_s / 2, (size_t)p->burst_max, 1000000 + burst_job++);
+        for (double t = 0; p->burst_every_s > 0;) {
+            t += -log(unif(&rng)) * p->burst_every_s;
+            if (t >= p->duration_s)
+                break;
+            double lo = log(p->burst_min > 1 ? p->burst_min : 1), hi = log(p->burst_max);
+            add_burst(&g, p, &rng, t, (size_t)exp(lo + (hi - lo) * unif(&rng)), 1000000 + burst_job++);
+        }
+    }
+    for (int j = 0; j < p->jobs; j++)
+        for (int u = 0; u < p->job_units; u++)
+            push(&g, unif(&rng) * (p->duration_s < 1 ? p->duration_s : 1), 1, (uint32_t)j);
+    qsort(g.ev, g.n, sizeof *g.ev, cmp_ev);
+
+    dsec_record_writer *wr = dsec_record_writer_new_file(f, 0);
+    uint64_t created = sim_wall_ns();
+    char seed_s[32], dur_s[32], rate_s[32];
+    snprintf(seed_s, sizeof seed_s, "%" PRIu64, p->seed);
+    snprintf(dur_s, sizeof dur_s, "%g", p->duration_s);
+    snprintf(rate_s, sizeof rate_s, "%g", p->rate);
+    Dsec__V1__TraceHeader__MetadataEntry me[] = {
+        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "profile", "dsec"},
+        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "seed", seed_s},
+        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "duration_s", dur_s},
+        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "rate", rate_s},
+        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "command",
+         (char *)(cmdline ? cmdline : "")},
+    };
+    Dsec__V1__TraceHeader__MetadataEntry *mp[] = {&me[0], &me[1], &me[2], &me[3], &me[4]};
+    Dsec__V1__TraceHeader h = DSEC__V1__TRACE_HEADER__INIT;
+    h.format_version = DSEC_TRACE_FORMAT_VERSION;
+    h.created_ns = created;
+    h.source = "synth:dsec-sim gen --profile dsec";
+    h.n_metadata = 5;
+    h.metadata = mp;
+    int rc = dsec_trace_write_header(wr, &h, err);
+    dsec_buf b;
+    dsec_buf_init(&b);
+    char subject[128], req_id[64], job_id[64], env[32];
+    char layer_names[16][40];
+    char *layers[16];
+    snprintf(subject, sizeof subject, "dsec.v1.%s.create", p->tenant);
+    uint64_t n = 0, nroll = 0, rollout_in_job = 0, rollout_job = 0;
+    for (size_t i = 0; rc == 0 && i < g.n; i++) {
+        const struct ev *e = &g.ev[i];
+        Dsec__V1__TraceCreate c = DSEC__V1__TRACE_CREATE__INIT;
+        dsec_msg_create m = {0};
+        snprintf(req_id, sizeof req_id, "g%" PRIx64 "-%zu", p->seed, i);
+        m.req_id = req_id;
+        m.tenant = (char *)p->tenant;
+        if (e->kind == 1) {
+            snprintf(job_id, sizeof job_id, "train-%u", e->job);
+            c.type = "container";
+            c.cpu_milli = p->job_cpu_milli;
+            c.memory_mb = p->job_memory_mb;
+            c.lifetime_s = (uint64_t)ceil(p->duration_s);
+            c.cpu_use_fraction = 0.9;
+            c.class_ = "job";
+            snprintf(env, sizeof env, "train");
+        } else {
+            if (e->job)
+                snprintf(job_id, sizeof job_id, "burst-%u", e->job - 1000000);
+            else {
+                if (rollout_in_job++ == 64) {
+                    rollout_in_job = 1;
+                    rollout_job++;
+                }
+                snprintf(job_id, sizeof job_id, "rl-%" PRIu64, rollout_job);
+            }
+            double u = unif(&rng) * wsum;
+            int ti = 0;
+            while (ti < ntypes - 1 && u >= w[ti])
+                u -= w[ti++];
+            c.type = types[ti];
+            c.cpu_milli = (uint64_t)(p->cpu_milli * exp2(4 * unif(&rng) - 2));
+            c.memory_mb = (uint64_t)(p->memory_mb * exp2(4 * unif(&rng) - 2));
+            if (c.cpu_milli < 1)
+                c.cpu_milli = 1;
+            if (c.memory_mb < 1)
+                c.memory_mb = 1;
+            double life = p->life_median_s * exp(p->life_sigma * normal(&rng));
+            if (life < 1)
+                life = 1;
+            if (life > p->life_max_s)
+                life = p->life_max_s;
+            c.lifetime_s = (uint64_t)life;
+            c.cpu_use_fraction = unif(&rng) < p->low_use_share
+                                     ? p->low_use_max * unif(&rng)
+                                     : p->low_use_max + (1 - p->low_use_max) * unif(&rng);
+            c.class_ = "rollout";
+            /* every environment once, then a skewed choice */
+            size_t ei = nroll < tr.nenv ? (size_t)nroll++ : (size_t)((double)tr.nenv * unif(&rng) * unif(&rng));
+            const uint32_t *pp = tr.path + ei * (size_t)tr.depth;
+            for (int d = 0; d < tr.depth; d++) {
+                uint64_t x = pp[d] * 0x9e3779b97f4a7c15ull ^ p->seed;
+                snprintf(layer_names[d], sizeof layer_names[d], "sha256:%016" PRIx64, rnd(&x));
+                layers[d] = layer_names[d];
+            }
+            c.n_layers = (size_t)tr.depth;
+            c.layers = layers;
+            snprintf(env, sizeof env, "env-%zu", ei);
+        }
+        c.job_id = job_id;
+        m.type = c.type;
+        m.cpu_milli = c.cpu_milli;
+        m.memory_mb = c.memory_mb;
+        m.ttl_s = c.lifetime_s + 300;
+        m.cls = c.class_;
+        m.env = env;
+        m.rollout_id = e->kind == 0 ? job_id : NULL;
+        if (dsec_encode(&b, DSEC_MSG_CREATE, &m, err) < 0) {
+            rc = -1;
+            break;
+        }
+        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        r.ts_ns = created + (uint64_t)(e->t * 1e9);
+        r.subject = subject;
+        r.msg_type = "create";
+        r.req_id = req_id;
+        r.payload.data = (uint8_t *)b.data;
+        r.payload.len = b.len;
+        r.create = &c;
+        r.expects_reply = true;
+        rc = dsec_record_write(wr, &r.base, err);
+        n++;
+    }
+    if (rc == 0)
+        rc = dsec_record_writer_flush(wr, err);
+    dsec_buf_release(&b);
+    dsec_record_writer_free(wr);
+    dsec_free(g.ev);
+    dsec_free(tr.path);
+    if (nrecords)
+        *nrecords = n;
+    return rc;
+}

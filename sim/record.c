@@ -1,0 +1,134 @@
+/* record.c - dsec-sim record: a passive tap writing bus traffic to a trace file. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "codecs/msg.h"
+#include "codecs/record.h"
+#include "actors/wire.h"
+#include "dsec/alloc.h"
+#include "sim/sim.h"
+
+const char *const sim_record_default_subjects[] = {
+    "dsec.v1.*.create", "dsec.v1.*.create.*", "dsec.v1.*.sbx.>", "dsec.v1.ctl.job.>", "dsec.v1.ctl.hold.>",
+    "dsec.v1.ctl.evt.*.reclaim", "_INBOX.>", NULL,
+};
+
+struct sim_recorder {
+    dsec_bus *bus;
+    dsec_actor *tap;
+    dsec_record_writer *w;
+    pthread_mutex_t mu;
+    _Atomic uint64_t n, failed;
+    dsec_err first_err;
+};
+
+static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a;
+    struct sim_recorder *r = ud;
+    const char *subject = dsec_msg_subject(m), *type = dsec_msg_type(m);
+    /* of the replies, only "created" (it maps recorded sandbox ids to creates) */
+    if (strncmp(subject, "_INBOX.", 7) == 0 && (!type || strcmp(type, "created") != 0))
+        return;
+    Dsec__V1__TraceRecord rec = DSEC__V1__TRACE_RECORD__INIT;
+    Dsec__V1__TraceCreate c = DSEC__V1__TRACE_CREATE__INIT;
+    rec.ts_ns = sim_wall_ns();
+    rec.subject = (char *)subject;
+    rec.msg_type = (char *)(type ? type : "");
+    const char *rid = dsec_msg_header(m, DSEC_HDR_REQ_ID);
+    rec.req_id = (char *)(rid ? rid : "");
+    rec.payload.data = (uint8_t *)dsec_msg_data(m);
+    rec.payload.len = dsec_msg_len(m);
+    rec.expects_reply = dsec_msg_reply(m) != NULL;
+    dsec_msg_create cm;
+    dsec_err err;
+    if (type && strcmp(type, "create") == 0 &&
+        dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, rec.payload.data, rec.payload.len, &cm, &err) == 0) {
+        c.type = (char *)(cm.type ? cm.type : "");
+        c.cpu_milli = cm.cpu_milli;
+        c.memory_mb = cm.memory_mb;
+        c.job_id = (char *)(cm.rollout_id ? cm.rollout_id : "");
+        c.class_ = (char *)(cm.cls ? cm.cls : "");
+        rec.create = &c;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (dsec_record_write(r->w, &rec.base, &err) < 0) {
+        if (atomic_fetch_add(&r->failed, 1) == 0)
+            r->first_err = err;
+    } else
+        atomic_fetch_add(&r->n, 1);
+    pthread_mutex_unlock(&r->mu);
+}
+
+int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *const *subjects, const char *cmdline,
+                     dsec_err *err)
+{
+    struct sim_recorder *r = dsec_calloc(1, sizeof *r);
+    if (!r)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "record: out of memory");
+    r->bus = bus;
+    pthread_mutex_init(&r->mu, NULL);
+    r->w = dsec_record_writer_new_file(f, 0);
+    Dsec__V1__TraceHeader__MetadataEntry me = {
+        PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "command",
+        (char *)(cmdline ? cmdline : "")};
+    Dsec__V1__TraceHeader__MetadataEntry *mp[] = {&me};
+    Dsec__V1__TraceHeader h = DSEC__V1__TRACE_HEADER__INIT;
+    h.format_version = DSEC_TRACE_FORMAT_VERSION;
+    h.created_ns = sim_wall_ns();
+    h.source = "dsec-sim record";
+    h.n_metadata = 1;
+    h.metadata = mp;
+    if (!r->w || dsec_trace_write_header(r->w, &h, err) < 0 || dsec_actor_new(&r->tap, bus, "sim-recorder", err) < 0)
+        goto fail;
+    for (const char *const *s = subjects ? subjects : sim_record_default_subjects; *s; s++)
+        if (dsec_actor_on(r->tap, *s, NULL, on_msg, r, err) < 0) {
+            dsec_err_wrap(err, "record: subscribing to %s", *s);
+            goto fail;
+        }
+    if (dsec_bus_flush(bus, 2000, err) < 0)
+        goto fail;
+    *out = r;
+    return 0;
+fail:
+    if (r->tap)
+        dsec_actor_free(r->tap);
+    dsec_record_writer_free(r->w);
+    pthread_mutex_destroy(&r->mu);
+    dsec_free(r);
+    return -1;
+}
+
+uint64_t sim_record_count(sim_recorder *r)
+{
+    return atomic_load(&r->n);
+}
+
+int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err)
+{
+    dsec_actor_stats st;
+    dsec_bus_flush(r->bus, 2000, &(dsec_err){0});
+    for (int i = 0; i < 2000; i++) { /* what the server already delivered */
+        dsec_actor_stats_get(r->tap, &st);
+        if (st.mailbox_depth == 0)
+            break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    dsec_actor_stats_get(r->tap, &st);
+    dsec_actor_free(r->tap);
+    if (dropped)
+        *dropped = st.dropped;
+    int rc = 0;
+    if (atomic_load(&r->failed)) {
+        *err = r->first_err;
+        rc = dsec_err_wrap(err, "record: %lu records could not be written", (unsigned long)atomic_load(&r->failed));
+    }
+    if (dsec_record_writer_flush(r->w, rc == 0 ? err : &(dsec_err){0}) < 0)
+        rc = -1;
+    dsec_record_writer_free(r->w);
+    pthread_mutex_destroy(&r->mu);
+    dsec_free(r);
+    return rc;
+}

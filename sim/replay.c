@@ -1,0 +1,610 @@
+/* replay.c - the open-loop replayer: sends a trace's operations at their recorded times, many in flight, and keeps the figures for the report. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actors/wire.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "dsec/names.h"
+#include "sim/replay_int.h"
+
+double sim_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+uint64_t sim_wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static size_t bucket_of(const sim_replay *r, double t)
+{
+    double b = (t - r->t_start) / r->bucket_s;
+    if (b < 0)
+        b = 0;
+    size_t i = (size_t)b;
+    return i < SIM_MAX_BUCKETS ? i : SIM_MAX_BUCKETS - 1;
+}
+
+void sim_replay_error(sim_replay *r, const char *kind, double t)
+{
+    pthread_mutex_lock(&r->mu);
+    size_t i = 0;
+    while (i < r->nerr_kinds && strcmp(r->err_kind[i], kind) != 0)
+        i++;
+    if (i == r->nerr_kinds && i < SIM_MAX_ERR_KINDS) {
+        snprintf(r->err_kind[i], sizeof r->err_kind[i], "%s", kind);
+        r->nerr_kinds++;
+    }
+    if (i < SIM_MAX_ERR_KINDS)
+        r->err_n[i]++;
+    r->b[bucket_of(r, t)].errors++;
+    pthread_mutex_unlock(&r->mu);
+    atomic_fetch_add(&r->errors, 1);
+}
+
+int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink, const sim_replay_opts *o,
+                   dsec_err *err)
+{
+    sim_replay *r = dsec_calloc(1, sizeof *r);
+    if (!r)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "replay: out of memory");
+    r->t = t;
+    r->sink = *sink;
+    r->o = *o;
+    if (r->o.timeout_ms <= 0)
+        r->o.timeout_ms = 30000;
+    if (r->o.max_in_flight <= 0)
+        r->o.max_in_flight = 1000000;
+    if (r->o.drain_s <= 0)
+        r->o.drain_s = 10;
+    if (r->o.speed < 0)
+        r->o.speed = 0;
+    pthread_mutex_init(&r->mu, NULL);
+    r->sbx = dsec_calloc(t->n + 1, sizeof *r->sbx);
+    r->reqs = dsec_calloc(t->n + 1, sizeof *r->reqs);
+    r->lat = dsec_calloc(t->n + 1, sizeof *r->lat);
+    r->b = dsec_calloc(SIM_MAX_BUCKETS, sizeof *r->b);
+    dsec_bus_new_id(r->run_id);
+    r->run_id[8] = '\0';
+    /* one bucket per second of replay time, stretched so a long replay fits */
+    double span = t->n ? (double)t->ops[t->n - 1].t_ns / 1e9 : 0;
+    if (r->o.speed > 0)
+        span /= r->o.speed;
+    r->bucket_s = span / (SIM_MAX_BUCKETS / 2) > 1 ? ceil(span / (SIM_MAX_BUCKETS / 2)) : 1;
+    if (r->o.speed == 0)
+        r->bucket_s = 0.1;
+    *out = r;
+    return 0;
+}
+
+/* ---- pending destroys: a min-heap by due time ------------------------------------ */
+static void heap_push(sim_replay *r, double due, long ix)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->nheap == r->cap_heap) {
+        r->cap_heap = r->cap_heap ? r->cap_heap * 2 : 1024;
+        r->heap = dsec_realloc(r->heap, r->cap_heap * sizeof *r->heap);
+    }
+    size_t i = r->nheap++;
+    while (i > 0 && r->heap[(i - 1) / 2].due > due) {
+        r->heap[i] = r->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    r->heap[i] = (struct sim_timer){due, ix};
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Pop the earliest timer due by now; -1 when none. */
+static long heap_pop_due(sim_replay *r, double now, double *next)
+{
+    pthread_mutex_lock(&r->mu);
+    long ix = -1;
+    if (r->nheap && r->heap[0].due <= now) {
+        ix = r->heap[0].ix;
+        struct sim_timer last = r->heap[--r->nheap];
+        size_t i = 0;
+        for (;;) {
+            size_t c = 2 * i + 1;
+            if (c >= r->nheap)
+                break;
+            if (c + 1 < r->nheap && r->heap[c + 1].due < r->heap[c].due)
+                c++;
+            if (r->heap[c].due >= last.due)
+                break;
+            r->heap[i] = r->heap[c];
+            i = c;
+        }
+        if (r->nheap)
+            r->heap[i] = last;
+    }
+    *next = r->nheap ? r->heap[0].due : INFINITY;
+    pthread_mutex_unlock(&r->mu);
+    return ix;
+}
+
+/* ---- answers ------------------------------------------------------------------------- */
+void sim_replay_answer(void *req, int status, const char *type, const char *err_code, const void *data,
+                       size_t len, const dsec_err *err)
+{
+    struct sim_req *q = req;
+    sim_replay *r = q->r;
+    double now = sim_now();
+    atomic_fetch_sub(&r->in_flight, 1);
+    char kind[80];
+    if (q->what == SIM_REQ_CREATE && (status < 0 || (type && strcmp(type, "error") == 0)))
+        atomic_store(&r->sbx[q->ix].state, SIM_SBX_FAILED);
+    if (status < 0) {
+        snprintf(kind, sizeof kind, "%s", dsec_code_name(err ? err->code : DSEC_E_INTERNAL));
+        sim_replay_error(r, kind, now);
+        return;
+    }
+    if (type && strcmp(type, "error") == 0) {
+        const char *code = err_code;
+        dsec_msg_error e;
+        dsec_err derr;
+        if (!code && len && dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, data, len, &e, &derr) == 0)
+            code = e.code;
+        snprintf(kind, sizeof kind, "%s", code ? code : "error");
+        sim_replay_error(r, kind, now);
+        return;
+    }
+    if (q->what != SIM_REQ_CREATE) {
+        if (q->what == SIM_REQ_DESTROY)
+            atomic_fetch_add(&r->destroyed, 1);
+        return;
+    }
+    dsec_msg_created c;
+    dsec_err derr;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, data, len, &c, &derr) < 0) {
+        atomic_store(&r->sbx[q->ix].state, SIM_SBX_FAILED);
+        sim_replay_error(r, "bad created reply", now);
+        return;
+    }
+    struct sim_sbx *s = &r->sbx[q->ix];
+    size_t nl = strlen(c.id), nn = strlen(c.node);
+    if (nl >= sizeof s->id || nn >= sizeof s->node) {
+        atomic_store(&s->state, SIM_SBX_FAILED);
+        sim_replay_error(r, "bad created reply", now);
+        return;
+    }
+    memcpy(s->node, c.node, nn + 1);
+    memcpy(s->id, c.id, nl + 1);
+    atomic_store_explicit(&s->state, SIM_SBX_LIVE, memory_order_release);
+    long li = atomic_fetch_add(&r->nlat, 1);
+    r->lat[li].ms = (now - q->due) * 1000;
+    r->lat[li].bucket = (uint32_t)bucket_of(r, q->due);
+    atomic_fetch_add(&r->creates_ok, 1);
+    pthread_mutex_lock(&r->mu);
+    r->b[bucket_of(r, now)].created++;
+    pthread_mutex_unlock(&r->mu);
+    const sim_op *o = &r->t->ops[q->ix];
+    if (o->lifetime_s && !r->o.no_lifetimes && !r->explicit_destroy[q->ix]) {
+        double life = (double)o->lifetime_s;
+        heap_push(r, q->due + (r->o.speed > 0 ? life / r->o.speed : 0), q->ix);
+    }
+}
+
+void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live)
+{
+    pthread_mutex_lock(&r->mu);
+    size_t i = 0;
+    while (i < r->nnodes && strcmp(r->nodes[i].name, node) != 0)
+        i++;
+    if (i == r->nnodes && i < SIM_MAX_NODES) {
+        snprintf(r->nodes[i].name, sizeof r->nodes[i].name, "%s", node);
+        r->nnodes++;
+    }
+    if (i < SIM_MAX_NODES) {
+        r->nodes[i].live = live;
+        if (live > r->nodes[i].peak)
+            r->nodes[i].peak = live;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void sim_replay_reclaim(sim_replay *r, const char *outcome)
+{
+    pthread_mutex_lock(&r->mu);
+    struct sim_bucket *b = &r->b[bucket_of(r, sim_now())];
+    if (strcmp(outcome, "requested") == 0)
+        b->reclaim_requested++;
+    else if (strcmp(outcome, "forced") == 0)
+        b->reclaim_forced++;
+    else
+        b->reclaim_done++;
+    r->reclaims++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- sending ---------------------------------------------------------------------------- */
+
+static bool rewrite_tenant(const sim_replay *r, const char *subject, char *out, size_t n)
+{
+    if (!r->o.tenant || strncmp(subject, "dsec.v1.", 8) != 0 || strncmp(subject, "dsec.v1.ctl.", 12) == 0)
+        return false;
+    const char *rest = strchr(subject + 8, '.');
+    if (!rest)
+        return false;
+    return snprintf(out, n, "dsec.v1.%s%s", r->o.tenant, rest) < (int)n;
+}
+
+static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h, const void *data,
+                size_t len, bool request, double due)
+{
+    dsec_err err;
+    int rc;
+    atomic_fetch_add(&r->ops_sent, 1);
+    if (!request) {
+        rc = r->sink.publish(r->sink.ctx, subject, h, data, len, &err);
+        if (rc < 0)
+            sim_replay_error(r, dsec_code_name(err.code), due);
+        return rc;
+    }
+    if (atomic_load(&r->in_flight) >= r->o.max_in_flight) {
+        sim_replay_error(r, "replayer in-flight cap", due);
+        return -1;
+    }
+    struct sim_req *q = &r->reqs[ix];
+    if (what == SIM_REQ_DESTROY)
+        q = &r->sbx[ix].destroy_req;
+    q->r = r;
+    q->what = what;
+    q->ix = ix;
+    q->due = due;
+    atomic_fetch_add(&r->in_flight, 1);
+    rc = r->sink.request(r->sink.ctx, subject, h, data, len, r->o.timeout_ms, q, &err);
+    if (rc < 0) {
+        atomic_fetch_sub(&r->in_flight, 1);
+        if (what == SIM_REQ_CREATE)
+            atomic_store(&r->sbx[ix].state, SIM_SBX_FAILED);
+        sim_replay_error(r, dsec_code_name(err.code), due);
+    }
+    return rc;
+}
+
+static void send_create(sim_replay *r, long ix, double due)
+{
+    const sim_op *o = &r->t->ops[ix];
+    dsec_buf *b = dsec_wire_buf();
+    dsec_msg_create m;
+    dsec_err err;
+    char rid[96], subj[256];
+    /* a fresh idempotency key per run: replaying twice must create twice */
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, o->payload, o->len, &m, &err) < 0) {
+        sim_replay_error(r, "undecodable create", due);
+        return;
+    }
+    snprintf(rid, sizeof rid, "%.55s-%s", m.req_id, r->run_id);
+    m.req_id = rid;
+    if (r->o.force_type)
+        m.type = r->o.force_type;
+    if (r->o.tenant && m.tenant)
+        m.tenant = r->o.tenant;
+    if (dsec_encode(b, DSEC_MSG_CREATE, &m, &err) < 0) {
+        sim_replay_error(r, "unencodable create", due);
+        return;
+    }
+    const char *subject = rewrite_tenant(r, o->subject, subj, sizeof subj) ? subj : o->subject;
+    dsec_hdr h = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = rid};
+    atomic_fetch_add(&r->creates_sent, 1);
+    pthread_mutex_lock(&r->mu);
+    r->b[bucket_of(r, due)].sent++;
+    pthread_mutex_unlock(&r->mu);
+    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due);
+}
+
+static void send_destroy(sim_replay *r, long ix, double due)
+{
+    struct sim_sbx *s = &r->sbx[ix];
+    if (atomic_exchange(&s->state, SIM_SBX_GONE) != SIM_SBX_LIVE)
+        return;
+    const sim_op *o = &r->t->ops[ix];
+    char subj[320], tenant[64] = "sim";
+    const char *p = o->subject + 8, *dot = strchr(p, '.');
+    if (r->o.tenant)
+        snprintf(tenant, sizeof tenant, "%s", r->o.tenant);
+    else if (dot && dot - p < (long)sizeof tenant)
+        snprintf(tenant, sizeof tenant, "%.*s", (int)(dot - p), p);
+    snprintf(subj, sizeof subj, "dsec.v1.%s.sbx.%s.%s.op", tenant, s->node, s->id);
+    dsec_msg_op m = {.id = s->id, .op = "destroy"};
+    dsec_buf *b = dsec_wire_buf();
+    dsec_err err;
+    if (dsec_encode(b, DSEC_MSG_OP, &m, &err) < 0) {
+        sim_replay_error(r, "unencodable destroy", due);
+        return;
+    }
+    dsec_hdr h = {.type = "op", .schema = DSEC_SCHEMA_VERSION};
+    atomic_fetch_add(&r->destroys_sent, 1);
+    send(r, SIM_REQ_DESTROY, ix, subj, &h, b->data, b->len, true, due);
+}
+
+/* An operation on a sandbox the trace created: point it at the replayed one.
+ * While that sandbox's create is unanswered the operation waits (it cannot be
+ * addressed yet), and so do the sandbox's later operations, to keep their
+ * order; its latency still counts from its due time. Returns 1 when it had to
+ * wait (the caller queues it), else 0. */
+static int send_sbx(sim_replay *r, long ix, double due, bool queued)
+{
+    const sim_op *o = &r->t->ops[ix];
+    struct sim_sbx *s = o->create_ix >= 0 ? &r->sbx[o->create_ix] : NULL;
+    int st = s ? atomic_load_explicit(&s->state, memory_order_acquire) : SIM_SBX_FAILED;
+    if (s && (st == SIM_SBX_NONE || (!queued && s->ndeferred > 0)) && r->reqs[o->create_ix].r) {
+        if (!queued) {
+            s->ndeferred++;
+            atomic_fetch_add(&r->waited, 1);
+        }
+        return 1;
+    }
+    if (s && queued)
+        s->ndeferred--;
+    if (st != SIM_SBX_LIVE) {
+        atomic_fetch_add(&r->unmapped, 1);
+        sim_replay_error(r, "sandbox not created in this replay", due);
+        return 0;
+    }
+    int type = dsec_msg_type_from_name(o->msg_type);
+    union {
+        dsec_msg_exec e;
+        dsec_msg_op op;
+        dsec_msg_file_write w;
+        dsec_msg_file_read rd;
+        dsec_msg_file_list l;
+    } u;
+    dsec_err err;
+    if (type == DSEC_MSG_NONE || dsec_decode(dsec_wire_decoder(), type, o->payload, o->len, &u, &err) < 0) {
+        sim_replay_error(r, "undecodable sandbox op", due);
+        return 0;
+    }
+    switch (type) {
+    case DSEC_MSG_EXEC: u.e.id = s->id; break;
+    case DSEC_MSG_OP: u.op.id = s->id; break;
+    case DSEC_MSG_FILE_WRITE: u.w.id = s->id; break;
+    case DSEC_MSG_FILE_READ: u.rd.id = s->id; break;
+    case DSEC_MSG_FILE_LIST: u.l.id = s->id; break;
+    default: sim_replay_error(r, "unknown sandbox op", due); return 0;
+    }
+    dsec_buf *b = dsec_wire_buf();
+    if (dsec_encode(b, type, &u, &err) < 0) {
+        sim_replay_error(r, "unencodable sandbox op", due);
+        return 0;
+    }
+    /* dsec.v1.<tenant>.sbx.<node>.<id>.<verb> */
+    const char *verb = strrchr(o->subject, '.');
+    char tenant[64], subj[320];
+    const char *p = o->subject + 8, *dot = strchr(p, '.');
+    snprintf(tenant, sizeof tenant, "%.*s", (int)(dot - p), p);
+    snprintf(subj, sizeof subj, "dsec.v1.%s.sbx.%s.%s%s", r->o.tenant ? r->o.tenant : tenant, s->node, s->id, verb);
+    if (o->destroys)
+        atomic_store(&s->state, SIM_SBX_GONE);
+    dsec_hdr h = {.type = o->msg_type, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
+    atomic_fetch_add(&r->sbx_sent, 1);
+    send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request, due);
+    return 0;
+}
+
+/* Send the waiting operations whose sandboxes are answered for (in order);
+ * with give_up, fail the rest. */
+static void run_deferred(sim_replay *r, bool give_up)
+{
+    size_t k = 0;
+    for (size_t j = 0; j < r->ndeferred; j++) {
+        long ix = r->deferred[j];
+        const sim_op *o = &r->t->ops[ix];
+        struct sim_sbx *s = &r->sbx[o->create_ix];
+        double due = r->t_start + (r->o.speed > 0 ? (double)o->t_ns / 1e9 / r->o.speed : 0);
+        if (give_up && atomic_load(&s->state) == SIM_SBX_NONE) {
+            atomic_store(&s->state, SIM_SBX_FAILED);
+            sim_replay_error(r, "create never answered", due);
+        }
+        if (send_sbx(r, ix, due, true))
+            r->deferred[k++] = ix;
+    }
+    r->ndeferred = k;
+}
+
+
+static void send_other(sim_replay *r, long ix, double due)
+{
+    const sim_op *o = &r->t->ops[ix];
+    dsec_hdr h = {.type = o->msg_type[0] ? o->msg_type : NULL, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
+    atomic_fetch_add(&r->sends, 1);
+    send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due);
+}
+
+static void progress(sim_replay *r, size_t done, bool last)
+{
+    size_t n = r->t->n;
+    double frac = n ? (double)done / (double)n : 1;
+    int w = 30, fill = (int)(frac * w);
+    char bar[40];
+    for (int i = 0; i < w; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[w] = '\0';
+    fprintf(stderr, "\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64 " errors%s",
+            bar, frac * 100, done, n, (long)atomic_load(&r->in_flight), (uint64_t)atomic_load(&r->creates_ok),
+            (uint64_t)atomic_load(&r->errors), last ? "\n" : "   ");
+    fflush(stderr);
+}
+
+static void sample(sim_replay *r, double now)
+{
+    pthread_mutex_lock(&r->mu);
+    struct sim_bucket *b = &r->b[bucket_of(r, now)];
+    b->live = atomic_load(&r->creates_ok) - atomic_load(&r->destroyed);
+    uint64_t nl = 0;
+    for (size_t i = 0; i < r->nnodes; i++)
+        nl += r->nodes[i].live;
+    b->node_live = nl;
+    b->in_flight = (uint64_t)atomic_load(&r->in_flight);
+    size_t bi = bucket_of(r, now);
+    if (bi + 1 > r->nbuckets)
+        r->nbuckets = bi + 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int sim_replay_run(sim_replay *r, dsec_err *err)
+{
+    (void)err;
+    const sim_trace *t = r->t;
+    r->explicit_destroy = dsec_calloc(t->n + 1, sizeof *r->explicit_destroy);
+    for (size_t i = 0; i < t->n; i++)
+        if (t->ops[i].kind == SIM_OP_SBX && t->ops[i].destroys && t->ops[i].create_ix >= 0)
+            r->explicit_destroy[t->ops[i].create_ix] = true;
+    r->deferred = dsec_calloc(t->n + 1, sizeof *r->deferred);
+    r->t_start = sim_now();
+    double next_ui = r->t_start, next_sample = r->t_start;
+    double speed = r->o.speed;
+    size_t i = 0;
+    for (;;) {
+        double now = sim_now();
+        if (atomic_load(&r->stop))
+            break;
+        /* the trace, in order, everything due by now */
+        size_t batch = 0;
+        while (i < t->n && batch < 4096) {
+            const sim_op *o = &t->ops[i];
+            double due = r->t_start + (speed > 0 ? (double)o->t_ns / 1e9 / speed : 0);
+            if (due > now)
+                break;
+            switch (o->kind) {
+            case SIM_OP_CREATE: send_create(r, (long)i, due); break;
+            case SIM_OP_SBX:
+                if (send_sbx(r, (long)i, due, false))
+                    r->deferred[r->ndeferred++] = (long)i;
+                break;
+            case SIM_OP_SEND: send_other(r, (long)i, due); break;
+            default: atomic_fetch_add(&r->seen, 1); break;
+            }
+            i++;
+            batch++;
+        }
+        if (r->ndeferred)
+            run_deferred(r, false);
+        double next_timer;
+        long ix;
+        while ((ix = heap_pop_due(r, now, &next_timer)) >= 0)
+            send_destroy(r, ix, now);
+        if (now >= next_sample) {
+            sample(r, now);
+            next_sample = now + r->bucket_s / 2;
+        }
+        if (r->o.progress && now >= next_ui) {
+            progress(r, i, false);
+            next_ui = now + 0.2;
+        }
+        if (i >= t->n && r->ndeferred) {
+            if (r->t_trace_end == 0)
+                r->t_trace_end = now;
+            if (now - r->t_trace_end > r->o.drain_s)
+                run_deferred(r, true);
+        }
+        if (i >= t->n && r->ndeferred == 0) {
+            bool timers = next_timer < INFINITY;
+            if (!timers || r->o.destroy_at_end)
+                break;
+        }
+        if (batch == 4096)
+            continue;
+        double next = i < t->n ? r->t_start + (double)t->ops[i].t_ns / 1e9 / (speed > 0 ? speed : INFINITY) : INFINITY;
+        if (next_timer < next)
+            next = next_timer;
+        if (next_sample < next)
+            next = next_sample;
+        double d = next - sim_now();
+        if (d > 0.002 || r->ndeferred)
+            d = r->ndeferred ? 0.0002 : 0.002;
+        if (d > 0)
+            nanosleep(&(struct timespec){0, (long)(d * 1e9)}, NULL);
+    }
+    r->t_sent = sim_now();
+    /* the creates still unanswered get their answer (or timeout) first, then the rest is destroyed */
+    double until = r->t_sent + r->o.drain_s;
+    while (atomic_load(&r->in_flight) > 0 && sim_now() < until && !atomic_load(&r->stop))
+        usleep(1000);
+    if (r->o.destroy_at_end) {
+        double nt;
+        long ix;
+        while ((ix = heap_pop_due(r, INFINITY, &nt)) >= 0)
+            send_destroy(r, ix, sim_now());
+        for (size_t k = 0; k < t->n; k++)
+            if (t->ops[k].kind == SIM_OP_CREATE)
+                send_destroy(r, (long)k, sim_now());
+        while (atomic_load(&r->in_flight) > 0 && sim_now() < until + r->o.drain_s && !atomic_load(&r->stop))
+            usleep(1000);
+    }
+    r->t_end = sim_now();
+    sample(r, r->t_end);
+    if (r->o.progress)
+        progress(r, i, true);
+    return 0;
+}
+
+void sim_replay_stop(sim_replay *r)
+{
+    atomic_store(&r->stop, 1);
+}
+
+static int cmp_lat(const void *a, const void *b)
+{
+    double x = ((const struct sim_lat *)a)->ms, y = ((const struct sim_lat *)b)->ms;
+    return x < y ? -1 : x > y;
+}
+
+void sim_replay_result_get(sim_replay *r, sim_replay_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ops_sent = atomic_load(&r->ops_sent);
+    out->creates_sent = atomic_load(&r->creates_sent);
+    out->creates_ok = atomic_load(&r->creates_ok);
+    out->sbx_sent = atomic_load(&r->sbx_sent);
+    out->sends = atomic_load(&r->sends);
+    out->destroys_sent = atomic_load(&r->destroys_sent);
+    out->errors = atomic_load(&r->errors);
+    out->unmapped = atomic_load(&r->unmapped);
+    out->in_flight = atomic_load(&r->in_flight);
+    out->waited = atomic_load(&r->waited);
+    out->elapsed_s = r->t_sent - r->t_start;
+    out->ops_per_s = out->elapsed_s > 0 ? (double)out->ops_sent / out->elapsed_s : 0;
+    long n = atomic_load(&r->nlat);
+    if (!r->lat_sorted) {
+        qsort(r->lat, (size_t)n, sizeof *r->lat, cmp_lat);
+        r->lat_sorted = true;
+    }
+    out->lat_p50_ms = sim_lat_pct(r->lat, (size_t)n, 0.50);
+    out->lat_p99_ms = sim_lat_pct(r->lat, (size_t)n, 0.99);
+}
+
+double sim_lat_pct(const struct sim_lat *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t i = (size_t)ceil(p * (double)n);
+    return v[i ? i - 1 : 0].ms;
+}
+
+void sim_replay_free(sim_replay *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_destroy(&r->mu);
+    dsec_free(r->sbx);
+    dsec_free(r->reqs);
+    dsec_free(r->lat);
+    dsec_free(r->b);
+    dsec_free(r->heap);
+    dsec_free(r->explicit_destroy);
+    dsec_free(r->deferred);
+    dsec_free(r);
+}

@@ -1,0 +1,87 @@
+/* replay_int.h - the replayer's state, shared by replay.c, report.c and sink.c. */
+#ifndef DSEC_SIM_REPLAY_INT_H
+#define DSEC_SIM_REPLAY_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "dsec/names.h"
+#include "sim/sim.h"
+
+#define SIM_MAX_BUCKETS 4096
+#define SIM_MAX_ERR_KINDS 32
+#define SIM_MAX_NODES 4096
+
+enum { SIM_REQ_CREATE = 1, SIM_REQ_OP, SIM_REQ_DESTROY };
+enum { SIM_SBX_NONE = 0, SIM_SBX_LIVE, SIM_SBX_GONE, SIM_SBX_FAILED };
+
+struct sim_req {
+    struct sim_replay *r;
+    int what;
+    long ix;
+    double due; /* when it was due: latency counts from here (open loop) */
+};
+
+struct sim_sbx {
+    _Atomic int state;
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char node[72];
+    struct sim_req destroy_req;
+    uint32_t ndeferred; /* its operations waiting for the create's answer (main thread) */
+};
+
+struct sim_timer {
+    double due;
+    long ix;
+};
+
+struct sim_lat {
+    double ms;
+    uint32_t bucket;
+};
+
+struct sim_bucket {
+    uint64_t sent, created, errors, live, node_live, in_flight;
+    uint64_t reclaim_requested, reclaim_done, reclaim_forced;
+};
+
+struct sim_node_load {
+    char name[72];
+    uint64_t live, peak;
+};
+
+struct sim_replay {
+    const sim_trace *t;
+    sim_sink sink;
+    sim_replay_opts o;
+    char run_id[33];
+    pthread_mutex_t mu;
+    struct sim_sbx *sbx;   /* per trace index (creates) */
+    struct sim_req *reqs;  /* per trace index */
+    bool *explicit_destroy;
+    long *deferred; /* sandbox operations waiting for their sandbox, in trace order */
+    size_t ndeferred;
+    struct sim_lat *lat;
+    _Atomic long nlat;
+    bool lat_sorted;
+    struct sim_timer *heap;
+    size_t nheap, cap_heap;
+    struct sim_bucket *b;
+    size_t nbuckets;
+    double bucket_s, t_start, t_sent, t_end, t_trace_end;
+    _Atomic long in_flight;
+    _Atomic uint64_t ops_sent, creates_sent, creates_ok, sbx_sent, sends, destroys_sent, destroyed, errors,
+        unmapped, seen, waited;
+    _Atomic int stop;
+    char err_kind[SIM_MAX_ERR_KINDS][80];
+    uint64_t err_n[SIM_MAX_ERR_KINDS];
+    size_t nerr_kinds;
+    struct sim_node_load nodes[SIM_MAX_NODES];
+    size_t nnodes;
+    uint64_t reclaims;
+};
+
+void sim_replay_error(struct sim_replay *r, const char *kind, double t);
+double sim_lat_pct(const struct sim_lat *v, size_t n, double p);
+
+#endif

@@ -1,0 +1,208 @@
+/* report.c - a replay's report: JSON summary, text table, plot data and gnuplot PNGs. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "dsec/alloc.h"
+#include "sim/replay_int.h"
+
+static FILE *open_in(const char *dir, const char *name, dsec_err *err)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f)
+        dsec_err_set(err, DSEC_E_IO, errno, "report: cannot write %s: %s", p, strerror(errno));
+    return f;
+}
+
+static const char plots[] =
+    "set terminal pngcairo size 900,420 noenhanced\n"
+    "set grid\n"
+    "set key outside right\n"
+    "set xlabel 'replay time (s)'\n"
+    "set output 'creates.png'\nset title 'creates per second'\nset ylabel 'creates/s'\n"
+    "plot 'series.dat' using 1:($2/BS) with steps title 'sent', '' using 1:($3/BS) with steps title 'created'\n"
+    "set output 'latency.png'\nset title 'create latency percentiles (from the scheduled send time)'\n"
+    "set ylabel 'ms'\nset logscale y\n"
+    "plot 'series.dat' using 1:11 with lines title 'p50', '' using 1:12 with lines title 'p99', "
+    "'' using 1:13 with lines title 'max'\nunset logscale y\n"
+    "set output 'live.png'\nset title 'live sandboxes'\nset ylabel 'sandboxes'\n"
+    "plot 'series.dat' using 1:5 with lines title 'replayer view', '' using 1:6 with lines title 'nodes report'\n"
+    "set output 'reclaims.png'\nset title 'reclaim events'\nset ylabel 'events'\n"
+    "plot 'series.dat' using 1:8 with impulses lw 3 title 'requested', '' using 1:9 with impulses lw 2 "
+    "title 'honoured/released', '' using 1:10 with impulses title 'forced'\n"
+    "set output 'errors.png'\nset title 'errors by kind'\nset ylabel 'count'\nset xlabel ''\n"
+    "set style fill solid\nset boxwidth 0.6\nset xtics rotate by -30\n"
+    "plot 'errors.dat' using 0:2:xtic(1) with boxes title 'errors'\n"
+    "set output 'nodes.png'\nset title 'load per node (live sandboxes)'\nset xlabel 'node'\n"
+    "set ylabel 'sandboxes'\nset xtics auto norotate\n"
+    "plot 'nodes.dat' using 0:2 with boxes title 'at the end', '' using 0:3 with points pt 7 ps 0.4 title 'peak'\n";
+
+static int cmp_lat(const void *a, const void *b)
+{
+    double x = ((const struct sim_lat *)a)->ms, y = ((const struct sim_lat *)b)->ms;
+    return x < y ? -1 : x > y;
+}
+
+int sim_replay_report(sim_replay *r, const char *dir, FILE *out, dsec_err *err)
+{
+    sim_replay_result res;
+    sim_replay_result_get(r, &res); /* sorts latencies by value */
+    long nl = atomic_load(&r->nlat);
+    /* per-bucket latency percentiles: a copy sorted by (bucket, ms) */
+    struct sim_lat *bl = dsec_calloc((size_t)nl + 1, sizeof *bl);
+    size_t *start = dsec_calloc(SIM_MAX_BUCKETS + 1, sizeof *start);
+    for (long i = 0; i < nl; i++)
+        start[r->lat[i].bucket + 1]++;
+    for (size_t i = 1; i <= SIM_MAX_BUCKETS; i++)
+        start[i] += start[i - 1];
+    size_t *fill = dsec_calloc(SIM_MAX_BUCKETS, sizeof *fill);
+    for (long i = 0; i < nl; i++) /* r->lat is sorted by ms, so each bucket comes out sorted */
+        bl[start[r->lat[i].bucket] + fill[r->lat[i].bucket]++] = r->lat[i];
+    (void)cmp_lat;
+    double elapsed = r->t_end - r->t_start;
+    uint64_t peak_live = 0, peak_node_live = 0;
+    for (size_t i = 0; i < r->nbuckets; i++) {
+        if (r->b[i].live > peak_live)
+            peak_live = r->b[i].live;
+        if (r->b[i].node_live > peak_node_live)
+            peak_node_live = r->b[i].node_live;
+    }
+    int rc = 0;
+    if (dir) {
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "report: cannot create %s: %s", dir, strerror(errno));
+            goto out;
+        }
+        FILE *f = open_in(dir, "series.dat", err);
+        if (!f) {
+            rc = -1;
+            goto out;
+        }
+        fprintf(f, "# t_s sent created errors live node_live in_flight reclaim_requested reclaim_done "
+                   "reclaim_forced lat_p50_ms lat_p99_ms lat_max_ms\n");
+        for (size_t i = 0; i < r->nbuckets; i++) {
+            const struct sim_bucket *b = &r->b[i];
+            size_t n = start[i + 1] - start[i];
+            const struct sim_lat *v = bl + start[i];
+            fprintf(f, "%.2f %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+                       " %" PRIu64 " %" PRIu64 " %.3f %.3f %.3f\n",
+                    (double)i * r->bucket_s, b->sent, b->created, b->errors, b->live, b->node_live, b->in_flight,
+                    b->reclaim_requested, b->reclaim_done, b->reclaim_forced,
+                    n ? sim_lat_pct(v, n, 0.5) : 0.001, n ? sim_lat_pct(v, n, 0.99) : 0.001,
+                    n ? v[n - 1].ms : 0.001);
+        }
+        fclose(f);
+        if (!(f = open_in(dir, "errors.dat", err))) {
+            rc = -1;
+            goto out;
+        }
+        fprintf(f, "# kind count\n");
+        for (size_t i = 0; i < r->nerr_kinds; i++)
+            fprintf(f, "\"%s\" %" PRIu64 "\n", r->err_kind[i], r->err_n[i]);
+        if (r->nerr_kinds == 0)
+            fprintf(f, "\"none\" 0\n");
+        fclose(f);
+        if (!(f = open_in(dir, "nodes.dat", err))) {
+            rc = -1;
+            goto out;
+        }
+        fprintf(f, "# node live_at_end peak_live\n");
+        for (size_t i = 0; i < r->nnodes; i++)
+            fprintf(f, "%s %" PRIu64 " %" PRIu64 "\n", r->nodes[i].name, r->nodes[i].live, r->nodes[i].peak);
+        if (r->nnodes == 0)
+            fprintf(f, "none 0 0\n");
+        fclose(f);
+        if (!(f = open_in(dir, "plots.gp", err))) {
+            rc = -1;
+            goto out;
+        }
+        fprintf(f, "# gnuplot plots.gp (in this directory) redraws the PNGs\nBS = %g\n%s", r->bucket_s, plots);
+        fclose(f);
+    } else
+        goto text;
+    {
+        FILE *f = NULL;
+        char p[1200];
+        snprintf(p, sizeof p, "%s/report.json", dir);
+        if (!(f = fopen(p, "w"))) {
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "report: cannot write %s: %s", p, strerror(errno));
+            goto out;
+        }
+        fprintf(f, "{\"records\":%zu,\"speed\":%g,\"elapsed_s\":%.3f,\"send_s\":%.3f,\"ops_sent\":%" PRIu64
+                   ",\"ops_per_s\":%.1f,\"creates_sent\":%" PRIu64 ",\"creates_ok\":%" PRIu64
+                   ",\"sandbox_ops\":%" PRIu64 ",\"other_sends\":%" PRIu64 ",\"destroys_sent\":%" PRIu64
+                   ",\"destroyed\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64
+                   ",\"create_latency_ms\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"p999\":%.3f,\"max\":%.3f},"
+                   "\"live_peak\":%" PRIu64 ",\"node_live_peak\":%" PRIu64 ",\"nodes\":%zu,\"reclaim_events\":%" PRIu64
+                   ",\"errors_by_kind\":{",
+                r->t->n, r->o.speed, elapsed, res.elapsed_s, res.ops_sent, res.ops_per_s, res.creates_sent,
+                res.creates_ok, res.sbx_sent, res.sends, res.destroys_sent, (uint64_t)atomic_load(&r->destroyed),
+                res.errors, res.unmapped, res.waited, sim_lat_pct(r->lat, (size_t)nl, 0.5), sim_lat_pct(r->lat, (size_t)nl, 0.9),
+                sim_lat_pct(r->lat, (size_t)nl, 0.99), sim_lat_pct(r->lat, (size_t)nl, 0.999),
+                nl ? r->lat[nl - 1].ms : 0, peak_live, peak_node_live, r->nnodes, r->reclaims);
+        for (size_t i = 0; i < r->nerr_kinds; i++)
+            fprintf(f, "%s\"%s\":%" PRIu64, i ? "," : "", r->err_kind[i], r->err_n[i]);
+        fprintf(f, "}}\n");
+        fclose(f);
+    }
+text:;
+    char *txt = NULL;
+    size_t txtn = 0;
+    FILE *t = open_memstream(&txt, &txtn);
+    char sp[32];
+    snprintf(sp, sizeof sp, r->o.speed > 0 ? "x%g" : "max", r->o.speed);
+    fprintf(t, "replay of %zu records at speed %s in %.2f s (sending took %.2f s)\n", r->t->n, sp, elapsed,
+            res.elapsed_s);
+    fprintf(t, "%-28s %12s\n", "figure", "value");
+    fprintf(t, "%-28s %12" PRIu64 "\n", "operations sent", res.ops_sent);
+    fprintf(t, "%-28s %12.0f\n", "operations/s", res.ops_per_s);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "creates sent", res.creates_sent);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "creates answered ok", res.creates_ok);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "sandbox operations", res.sbx_sent);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "destroys sent", res.destroys_sent);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "ops that waited for a create", res.waited);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "errors", res.errors);
+    fprintf(t, "%-28s %12.3f\n", "create latency p50 (ms)", sim_lat_pct(r->lat, (size_t)nl, 0.5));
+    fprintf(t, "%-28s %12.3f\n", "create latency p99 (ms)", sim_lat_pct(r->lat, (size_t)nl, 0.99));
+    fprintf(t, "%-28s %12.3f\n", "create latency max (ms)", nl ? r->lat[nl - 1].ms : 0);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "live peak (replayer)", peak_live);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "live peak (nodes report)", peak_node_live);
+    fprintf(t, "%-28s %12zu\n", "nodes reporting", r->nnodes);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "reclaim events", r->reclaims);
+    for (size_t i = 0; i < r->nerr_kinds; i++)
+        fprintf(t, "  error %-20.20s %12" PRIu64 "\n", r->err_kind[i], r->err_n[i]);
+    fclose(t);
+    if (out)
+        fputs(txt, out);
+    if (dir) {
+        FILE *f = open_in(dir, "report.txt", err);
+        if (f) {
+            fputs(txt, f);
+            fclose(f);
+        } else
+            rc = -1;
+        /* the PNGs */
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot plots.gp 2>gnuplot.log", dir);
+        int st = system("command -v gnuplot >/dev/null 2>&1");
+        if (st != 0) {
+            if (out)
+                fprintf(out, "gnuplot not found: plots skipped (apt-get install gnuplot-nox; then gnuplot %s/plots.gp)\n", dir);
+        } else if ((st = system(cmd)) != 0) {
+            if (out)
+                fprintf(out, "gnuplot failed (exit %d): see %s/gnuplot.log\n", WEXITSTATUS(st), dir);
+        } else if (out)
+            fprintf(out, "report: %s/report.json, report.txt, creates.png latency.png live.png nodes.png reclaims.png errors.png\n", dir);
+    }
+    free(txt);
+out:
+    dsec_free(bl);
+    dsec_free(start);
+    dsec_free(fill);
+    return rc;
+}

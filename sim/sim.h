@@ -1,0 +1,197 @@
+/* sim.h - the replay simulator: traces in memory, the DSec profile generator, trace statistics, the open-loop replayer, the recorder and the report. */
+#ifndef DSEC_SIM_H
+#define DSEC_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "bus/bus.h"
+#include "dsec/err.h"
+
+/* ---- a trace loaded in memory ------------------------------------------------ */
+
+enum sim_kind {
+    SIM_OP_CREATE = 1, /* a create: replayed as a request, its sandbox remembered */
+    SIM_OP_SBX,        /* exec/op/file_* on a sandbox the trace created: id rewritten */
+    SIM_OP_SEND,       /* other client-side traffic (jobs): sent as recorded */
+    SIM_OP_SEEN,       /* output of the cell (replies, reclaim events): counted, not sent */
+};
+
+typedef struct sim_op {
+    uint64_t t_ns;     /* since the first record */
+    int kind;          /* enum sim_kind */
+    bool request;      /* send as a request (else publish) */
+    char *subject;
+    char *msg_type;
+    char *req_id;
+    uint8_t *payload;
+    size_t len;
+    /* creates */
+    char *sbx_type, *job_id, *cls;
+    uint64_t cpu_milli, memory_mb, lifetime_s;
+    double cpu_use;
+    char **layers;
+    size_t nlayers;
+    /* SIM_OP_SBX: the create (index into ops) whose sandbox this targets, or -1 */
+    long create_ix;
+    bool destroys; /* an op "destroy": the replayer does not destroy this sandbox itself */
+    /* "created" replies seen in the trace: the recorded sandbox id */
+    char *created_id;
+} sim_op;
+
+typedef struct sim_trace {
+    uint64_t created_ns;
+    char *source;
+    char **meta_k, **meta_v;
+    size_t nmeta;
+    uint64_t t0_ns; /* ts_ns of the first record */
+    sim_op *ops;
+    size_t n, cap;
+} sim_trace;
+
+/* Read a whole trace file. Errors name the file, the record number and the
+ * byte offset where it broke. */
+int sim_trace_load(sim_trace *t, const char *path, dsec_err *err);
+/* The same from memory (name is used in messages). */
+int sim_trace_load_mem(sim_trace *t, const void *buf, size_t len, const char *name, dsec_err *err);
+void sim_trace_free(sim_trace *t);
+
+/* ---- the DSec profile generator ----------------------------------------------- */
+
+typedef struct sim_profile {
+    uint64_t seed;
+    double duration_s;        /* length of the trace */
+    double rate;              /* background rollout creates per second (Poisson) */
+    double burst_every_s;     /* mean gap between bursts of one job */
+    double burst_min, burst_max; /* burst sizes, log-uniform; one burst is burst_max */
+    double burst_spread_s;    /* a burst's creates spread over this long */
+    double life_median_s;     /* lognormal lifetimes */
+    double life_sigma;
+    double life_max_s;
+    double low_use_share;     /* share of sandboxes using <= low_use_max of their CPU */
+    double low_use_max;
+    double fanout_median, fanout_p90; /* children per layer (lognormal) */
+    int layer_depth;          /* layers per environment (base first) */
+    int bases;                /* base layers */
+    char mix[256];            /* type=weight,... */
+    int jobs;                 /* training jobs holding capacity from the start */
+    uint64_t job_cpu_milli, job_memory_mb;
+    int job_units;            /* sandboxes each job holds */
+    char tenant[64];
+    uint64_t cpu_milli, memory_mb; /* what a rollout asks for (median; x0.25..x4) */
+} sim_profile;
+
+/* The "dsec" profile's defaults. */
+void sim_profile_dsec(sim_profile *p);
+/* Override one parameter by name ("rate", "life-median", ...); the names are
+ * listed by sim_profile_help. */
+int sim_profile_set(sim_profile *p, const char *key, const char *val, dsec_err *err);
+void sim_profile_help(FILE *f);
+/* Write a trace of profile p to f. *nrecords counts what was written. */
+int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecords, dsec_err *err);
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+typedef struct sim_stats {
+    size_t records, creates, sbx_ops, sends, seen;
+    double duration_s, create_rate_avg, create_rate_peak; /* peak: creates in the busiest second */
+    double life_p50_s, life_p90_s, life_p99_s;
+    double low_use_share; /* creates with cpu_use_fraction <= 0.05 */
+    double fanout_p50, fanout_p90;
+    size_t fanout_layers; /* layers with children */
+    size_t max_job_creates; /* creates of the largest job (a burst) */
+    char max_job[96];
+    size_t job_holders;     /* creates of class job|batch (training jobs holding capacity) */
+    uint64_t job_cpu_milli; /* what they hold together */
+    char types[8][32];
+    size_t type_n[8], ntypes;
+    char msg_types[16][32];
+    size_t msg_type_n[16], nmsg_types;
+} sim_stats;
+
+int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err);
+void sim_stats_print(const sim_stats *s, FILE *f, bool json);
+
+/* ---- replay -------------------------------------------------------------------------- */
+
+/* Where a replay sends. The bus sink is the real thing; a no-op sink measures
+ * the replayer alone. A request's answer comes back through sim_replay_answer. */
+typedef struct sim_sink {
+    int (*request)(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
+                   int timeout_ms, void *req, dsec_err *err);
+    int (*publish)(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
+                   dsec_err *err);
+    void *ctx;
+} sim_sink;
+
+typedef struct sim_replay_opts {
+    double speed;          /* trace time / replay time; 0: as fast as possible */
+    int timeout_ms;        /* per request; default 30000 */
+    long max_in_flight;    /* beyond this a send is counted as an error; default 1,000,000 */
+    const char *tenant;    /* rewrite the tenant of create and sandbox subjects; NULL: keep */
+    const char *force_type;/* replace every create's sandbox type (e.g. "sim"); NULL: keep */
+    bool destroy_at_end;   /* destroy what is still alive when the trace ends (default true) */
+    bool no_lifetimes;     /* do not destroy sandboxes after their recorded lifetime */
+    bool progress;         /* draw a progress bar on stderr */
+    double drain_s;        /* wait at most this long for answers at the end; default 10 */
+} sim_replay_opts;
+
+typedef struct sim_replay sim_replay;
+
+/* Prepare a replay of t (which must outlive it) into sink. */
+int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink,
+                   const sim_replay_opts *o, dsec_err *err);
+/* A request's answer, from any thread: status < 0 with err for a transport
+ * failure, else the reply's Dsec-Type (NULL: none), its error code header and
+ * payload. */
+void sim_replay_answer(void *req, int status, const char *type, const char *err_code,
+                       const void *data, size_t len, const dsec_err *err);
+/* Observed cell events (bus sink): a node's live count, a reclaim outcome. */
+void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live);
+void sim_replay_reclaim(sim_replay *r, const char *outcome);
+/* Run to the end of the trace (plus lifetimes and the drain). */
+int sim_replay_run(sim_replay *r, dsec_err *err);
+/* Ask a running replay to stop early (signal-safe). */
+void sim_replay_stop(sim_replay *r);
+/* Reports: dir gets report.json, report.txt, the plot data and, with
+ * gnuplot, PNGs. The text table also goes to f when not NULL. */
+int sim_replay_report(sim_replay *r, const char *dir, FILE *f, dsec_err *err);
+/* Figures for tests and benchmarks. */
+typedef struct sim_replay_result {
+    uint64_t ops_sent, creates_sent, creates_ok, sbx_sent, sends, destroys_sent, errors, unmapped;
+    long in_flight; /* requests still unanswered */
+    uint64_t waited; /* sandbox operations that waited for their create's answer */
+    double elapsed_s, ops_per_s, lat_p50_ms, lat_p99_ms;
+} sim_replay_result;
+void sim_replay_result_get(sim_replay *r, sim_replay_result *out);
+/* Requests still in flight (and a bus sink's observers) call into r: free the
+ * sink and the bus first (dsec_bus_free answers pending requests with
+ * DSEC_E_CLOSED), or make sure none are left, then free r. */
+void sim_replay_free(sim_replay *r);
+
+/* The bus sink and the cell observers (capacity reports, reclaim events). */
+typedef struct sim_bus_sink sim_bus_sink;
+int sim_bus_sink_new(sim_bus_sink **out, dsec_bus *bus, sim_sink *sink, dsec_err *err);
+int sim_bus_sink_observe(sim_bus_sink *s, sim_replay *r, dsec_err *err);
+void sim_bus_sink_free(sim_bus_sink *s);
+
+/* ---- record -------------------------------------------------------------------------- */
+
+typedef struct sim_recorder sim_recorder;
+/* The default subjects: creates, sandbox operations, job traffic, reclaim
+ * events, and "created" replies (for mapping sandbox ids). */
+extern const char *const sim_record_default_subjects[];
+/* Tap subjects (NULL-terminated; NULL: the defaults) on bus into f. */
+int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *const *subjects,
+                     const char *cmdline, dsec_err *err);
+uint64_t sim_record_count(sim_recorder *r);
+/* Stop tapping, write what is queued and flush. *dropped: messages the tap lost. */
+int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err);
+
+/* ---- the sim cell ----------------------------------------------------------------------- */
+double sim_now(void); /* CLOCK_MONOTONIC seconds */
+uint64_t sim_wall_ns(void);
+
+#endif
