@@ -103,6 +103,10 @@ typedef struct dsec_exec_result {
     bool stderr_truncated;
     uint64_t duration_us;
     bool timed_out;
+    /* Optional (0 when the backend cannot tell): CPU time of the command and
+     * everything it started, and the largest resident set of its main process. */
+    uint64_t cpu_us;
+    uint64_t peak_rss_kb;
 } dsec_exec_result;
 
 /* Frees the output buffers and zeroes r. NULL is a no-op. */

@@ -787,3 +787,39 @@ int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uin
     }
     return 0;
 }
+
+/* ---- one-shot function calls ------------------------------------------------------ */
+
+int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, dsec_err *err)
+{
+    memset(res, 0, sizeof *res);
+    if (spec == NULL || spec->argv == NULL || spec->argv[0] == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "call: empty argv");
+    char rt[64], cpu[48];
+    snprintf(rt, sizeof rt, "runtime=%s", spec->runtime ? spec->runtime : "python3");
+    snprintf(cpu, sizeof cpu, "cpu_ms=%llu", (unsigned long long)spec->cpu_ms);
+    const char *labels[] = {rt, spec->cpu_ms ? cpu : NULL, NULL};
+    /* A ttl past the call's end: if this client dies mid-call, the node
+     * reaps the sandbox on its own. */
+    uint64_t ttl = (spec->timeout_ms ? spec->timeout_ms / 1000 : 600) + 60;
+    dsec_create_spec cs = {.type = "function", .labels = labels, .memory_mb = spec->memory_mb,
+                           .ttl_s = ttl, .cell = spec->cell};
+    dsec_sandbox_info info;
+    if (dsec_create(c, &cs, &info, err) < 0)
+        return dsec_err_wrap(err, "call: creating the function sandbox");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < spec->nfiles; i++) {
+        const dsec_call_file *f = &spec->files[i];
+        rc = dsec_file_write(c, info.id, f->path, f->data, f->len, f->mode ? f->mode : 0644, err);
+        if (rc < 0)
+            dsec_err_wrap(err, "call: writing %s", f->path ? f->path : "(null)");
+    }
+    if (rc == 0) {
+        dsec_exec_opts o = {.argv = spec->argv, .env = spec->env, .stdin_data = spec->stdin_data,
+                            .stdin_len = spec->stdin_len, .timeout_ms = spec->timeout_ms};
+        rc = dsec_exec(c, info.id, &o, res, err);
+    }
+    dsec_err derr;
+    dsec_destroy(c, info.id, &derr); /* best effort: the ttl covers a lost destroy */
+    return rc;
+}

@@ -10,6 +10,7 @@ int dsec_cli_decode(int argc, char **argv);
 int dsec_cli_up(int argc, char **argv);
 int dsec_cli_create(int argc, char **argv);
 int dsec_cli_exec(int argc, char **argv);
+int dsec_cli_call(int argc, char **argv); /* one function call (tools/call.c) */
 int dsec_cli_cp(int argc, char **argv);
 int dsec_cli_ls(int argc, char **argv);
 int dsec_cli_fork(int argc, char **argv);

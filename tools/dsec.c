@@ -14,6 +14,7 @@ static const command commands[] = {
     {"up", dsec_cli_up, "run an embedded one-node cell in the foreground"},
     {"create", dsec_cli_create, "create a sandbox; prints its id"},
     {"exec", dsec_cli_exec, "run a command in a sandbox: dsec exec ID -- CMD..."},
+    {"call", dsec_cli_call, "run one function call in a fresh sandbox: dsec call -- python3 -c CODE"},
     {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},
     {"ls", dsec_cli_ls, "list a directory in a sandbox"},
     {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},

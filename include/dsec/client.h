@@ -187,6 +187,39 @@ size_t dsec_cq_poll(dsec_cq *q, dsec_cq_event *out, size_t max);
 int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uint64_t token,
                    dsec_err *err);
 
+/* ---- one-shot function calls ---------------------------------------------------
+ * A function sandbox made for one task and destroyed after it (create with
+ * type "function", write the dependency files, exec, destroy), for callers
+ * that do not keep sandboxes. Additive: nothing above changes.
+ * docs/function-calls.md describes the task (argv forms, env, limits). */
+
+typedef struct dsec_call_file {
+    const char *path; /* absolute, under /work */
+    const void *data;
+    size_t len;
+    unsigned mode;    /* 0: 0644 */
+} dsec_call_file;
+
+typedef struct dsec_call_spec {
+    const char *runtime;      /* python3 (NULL) | sh | native */
+    const char *const *argv;  /* NULL-terminated, required: python3 -c CODE, sh -c ..., /work/prog */
+    const char *const *env;   /* "K=V"; NULL-terminated or NULL */
+    const void *stdin_data;
+    size_t stdin_len;
+    const dsec_call_file *files; /* copied into the call's /work */
+    size_t nfiles;
+    uint64_t timeout_ms;      /* wall time; 0: the backend's ceiling. Keep it below the client's timeout_ms */
+    uint64_t cpu_ms;          /* CPU time of the call; 0: none */
+    uint64_t memory_mb;       /* 0: the cell's default */
+    const char *cell;         /* NULL: any cell with room */
+} dsec_call_spec;
+
+/* Run spec in a fresh function sandbox, then destroy it whatever happened
+ * (a destroy that fails is left to the sandbox's ttl). On success *res holds
+ * the result (release with dsec_exec_reply_release); a failure to create,
+ * write or exec fails the call. All pointers in spec are borrowed. */
+int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, dsec_err *err);
+
 #ifdef __cplusplus
 }
 #endif

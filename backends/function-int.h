@@ -1,0 +1,174 @@
+/* function-int.h - what the files of the function backend share (the backend side; the zygote
+ * helper has function-zygote.h). */
+#ifndef DSEC_BACKENDS_FUNCTION_INT_H
+#define DSEC_BACKENDS_FUNCTION_INT_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "backends/backend.h"
+#include "backends/function.h"
+
+enum { FN_RT_PYTHON3, FN_RT_SH, FN_RT_NATIVE, FN_RT_COUNT };
+
+/* "python3", "sh", "native". */
+const char *dsec__fn_runtime_name(int rt);
+/* The runtime index of a name, or -1. */
+int dsec__fn_runtime_find(const char *name);
+
+static inline uint64_t dsec__fn_now_ns(void);
+
+/* ---- cgroups (function-cgroup.c) ------------------------------------------------ */
+
+enum { FN_CG_NONE, FN_CG_V1, FN_CG_V2 };
+
+/* The instance's cgroup directories. v1 has one per controller (memory is
+ * required, pids and cpuacct are used when mounted); v2 one for all. */
+struct fn_cg {
+    int mode;
+    char mem[PATH_MAX], pids[PATH_MAX], cpu[PATH_MAX]; /* "" when absent */
+};
+
+/* One slot's cgroup: a worker runs in it; slots are reused, never shared. */
+struct fn_cg_slot {
+    bool made;
+    int limit_fd; /* memory.limit_in_bytes (v1) or memory.max (v2) */
+    int pids_fd;  /* pids.max, or -1 */
+    int cpu_fd;   /* cpuacct.usage (v1) or cpu.stat (v2), or -1 */
+    int procs[3]; /* cgroup.procs of each hierarchy, for new workers to join */
+    int nprocs;
+    uint64_t limit, pids; /* values last written; 0 = never */
+};
+
+/* Find the cgroup hierarchy (want: "auto", "v1", "v2" or "none") and make
+ * the instance directory inst below this process's own cgroup. With "auto"
+ * and nothing usable, cg->mode is FN_CG_NONE and 0 is returned. */
+int dsec__fn_cg_open(struct fn_cg *cg, const char *want, const char *inst, dsec_err *err);
+/* Remove the instance directory (the slots must be freed first). */
+void dsec__fn_cg_close(struct fn_cg *cg);
+int dsec__fn_cg_slot_make(struct fn_cg *cg, unsigned slot, struct fn_cg_slot *s, dsec_err *err);
+void dsec__fn_cg_slot_free(struct fn_cg *cg, unsigned slot, struct fn_cg_slot *s);
+/* The slot's cgroup.procs files for a new worker to join (W1 writes "0"
+ * into each): up to 3 fds owned by the slot, *n their count. */
+void dsec__fn_cg_slot_procs(const struct fn_cg_slot *s, int fds[3], int *n);
+/* Memory limit (bytes) and process limit of the slot; written only when
+ * they change. 0 leaves a limit unset. */
+int dsec__fn_cg_slot_limits(struct fn_cg_slot *s, int mode, uint64_t mem, uint64_t pids,
+                            dsec_err *err);
+/* CPU time used in the slot so far (ns); -1 when unknown. */
+int dsec__fn_cg_slot_cpu(const struct fn_cg_slot *s, int mode, uint64_t *ns);
+
+/* ---- a sandbox's files (function-files.c) -------------------------------------------- */
+
+/* The files under /work that every call of one sandbox starts with, kept in
+ * a host directory (so they survive a node manager restart). */
+struct fn_files {
+    int dirfd;
+    uint64_t bytes, nfiles;        /* what it holds */
+    uint64_t max_bytes, max_files; /* quota */
+    int bundle_fd;                 /* sealed memfd of the files, or -1 */
+    uint64_t bundle_len;
+    bool dirty; /* changed since the bundle was built */
+};
+
+/* Open (create: make, failing if it exists) the directory dir. */
+int dsec__fn_files_open(struct fn_files *f, const char *dir, bool create, uint64_t max_bytes,
+                        uint64_t max_files, dsec_err *err);
+void dsec__fn_files_close(struct fn_files *f);
+/* Delete dir and everything below it. */
+int dsec__fn_files_remove(const char *dir, dsec_err *err);
+int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data, size_t len,
+                         uint32_t mode, bool append, dsec_err *err);
+int dsec__fn_files_read(struct fn_files *f, const char *path, uint64_t offset, uint64_t max,
+                        dsec_file_data *out, dsec_err *err);
+int dsec__fn_files_list(struct fn_files *f, const char *path, dsec_file_entry **entries, size_t *n,
+                        dsec_err *err);
+/* The bundle of the files for a call (function-proto.h): *fd is owned by f
+ * (-1 when there are no files), valid until the next write. */
+int dsec__fn_files_bundle(struct fn_files *f, int *fd, uint64_t *len, dsec_err *err);
+
+/* ---- the pools (function-pool.c) ------------------------------------------------------- */
+
+struct fn_pool_conf {
+    const char *zygote_path;    /* dsec-fn-zygote: the sh and native zygote */
+    const char *python;         /* the interpreter that becomes the python3 zygote */
+    const char *pymod_dir;      /* the directory holding _dsec_fnz.so */
+    const char *root_dir;       /* empty directory the zygotes mount their sandbox root on */
+    const char *node;           /* for names */
+    unsigned max_workers;       /* slots: workers alive at once, all runtimes */
+    unsigned warm[FN_RT_COUNT]; /* warm workers kept, hot ones included */
+    unsigned hot[FN_RT_COUNT];  /* of which this many warmed to hot_level ahead */
+    unsigned tmpfs_mb;
+    unsigned hot_level; /* 1 or 2 (fnp_prep) */
+    uint32_t uid_base;
+    const char *preload;  /* python3 modules, comma-separated */
+    const char *ro_paths; /* extra read-only paths, comma-separated */
+    const char *cgroup;   /* auto | v1 | v2 | none */
+};
+
+struct fn_pools;
+
+/* One worker, from SPAWN to drained. The call owns it between take and done. */
+struct fn_worker {
+    struct fn_worker *next;
+    int rt;
+    unsigned slot;
+    int task_fd, stdin_fd, stdout_fd, stderr_fd; /* the backend's ends */
+    int pidfd;                                   /* W2, from the first READY */
+    pid_t pid;                                   /* W2 (host), looked up when asked for */
+    bool spawned, ready;
+    bool promoting; /* a PREP is out, its READY not back yet */
+    unsigned level; /* how warm its runtime is (fnp_prep) */
+};
+
+int dsec__fn_pools_new(struct fn_pools **out, const struct fn_pool_conf *conf, dsec_err *err);
+void dsec__fn_pools_free(struct fn_pools *p);
+/* Start the runtime's pool if it is not running and wait up to wait_ms for
+ * its zygote to say HELLO (or fail). */
+int dsec__fn_pools_start(struct fn_pools *p, int rt, int wait_ms, dsec_err *err);
+/* Take a warm worker, waiting up to wait_ms for one. */
+int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn_worker **out,
+                         dsec_err *err);
+/* The call is over (or never started): close the worker's channels and let
+ * the pool reclaim its slot once its supervisor has exited. */
+void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w);
+/* The cgroup slot of a taken worker (NULL without cgroups) and the mode. */
+struct fn_cg_slot *dsec__fn_worker_cg(struct fn_pools *p, const struct fn_worker *w, int *mode);
+int dsec__fn_pools_info(struct fn_pools *p, int rt, dsec_function_pool_info *out);
+int dsec__fn_pools_set_warm(struct fn_pools *p, int rt, unsigned warm, unsigned hot, int wait_ms,
+                            dsec_err *err);
+size_t dsec__fn_pools_warm_pids(struct fn_pools *p, int rt, pid_t *out, size_t max);
+
+/* ---- one call (function-call.c) ----------------------------------------------------------- */
+
+/* Per-sandbox limits, from labels at create. 0 = unset. */
+struct fn_limits {
+    uint64_t memory_mb;
+    uint64_t cpu_ms;
+    uint64_t timeout_ms;
+    uint64_t fsize_mb;
+    uint32_t nproc;
+    uint32_t nofile;
+};
+
+struct fn_call_conf {
+    uint64_t max_timeout_ms; /* ceiling of every call's wall time */
+    uint64_t acquire_ms;     /* wait for a warm worker */
+    bool use_rlimit_as;      /* also cap address space at the memory limit */
+};
+
+int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, int rt,
+                  const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
+                  dsec_exec_result *res, dsec_err *err);
+
+#include <time.h>
+static inline uint64_t dsec__fn_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#endif

@@ -1,0 +1,1135 @@
+/* function-pool.c - per-runtime zygotes and their warm workers: start on demand, refill in the
+ * background, rebuild a dead zygote, reclaim slots. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/function-int.h"
+#include "backends/function-proto.h"
+#include "dsec/alloc.h"
+
+/*
+ * One thread per backend instance (the pool thread) owns the zygotes and
+ * every worker that is not taken by a call: it spawns zygotes (so their
+ * PR_SET_PDEATHSIG is tied to a thread that lives as long as the backend),
+ * sends SPAWN, watches the task sockets of workers being made until they
+ * are READY (which hands over the supervisor's pidfd), then queues them as
+ * warm, and sends PREP to a few to make them hot. A call takes a worker
+ * (hot first) under the lock and hands it back when it is over; the pool
+ * thread then waits for its supervisor's pidfd to say the call's whole pid
+ * namespace is gone before the slot (cgroup + uid) is reused.
+ *
+ * Slots: max_workers of them, shared by all runtimes. A worker holds one
+ * from SPAWN until drained; its uid is uid_base + slot, its cgroup the
+ * slot's. Refill: a pool keeps `warm` workers ready, plus one for each call
+ * waiting, as slots allow; spawning stops for a while after three failures
+ * in a row (the error is kept and given to callers).
+ *
+ * A zygote that dies is seen through its pidfd (or its socket closing),
+ * reaped, and started again: at once after a healthy life, with a growing
+ * delay (up to 5 s) when it keeps dying young. Its warm workers stay in the
+ * pool: each is an independent process forked from a sound image.
+ */
+
+enum { P_OFF, P_STARTING, P_UP, P_DOWN, P_FAILED };
+static const char *const state_names[] = {"off", "starting", "up", "down", "failed"};
+
+enum { EV_WAKE = 1, EV_ZCTL, EV_ZPID, EV_WTASK, EV_WPID };
+#define EV(kind, id) (((uint64_t)(kind) << 32) | (uint32_t)(id))
+
+#define SPAWN_INFLIGHT_MAX 16
+#define SPAWN_FAIL_LIMIT 3
+#define RESTART_MAX_NS (5000ull * 1000000ull)
+#define YOUNG_NS (2000ull * 1000000ull)
+
+struct fn_pool {
+    int rt;
+    int state;
+    bool wanted;
+    pid_t zpid;
+    int zctl, zpidfd;
+    unsigned starts, quick_deaths;
+    uint64_t started_ns, restart_at_ns, retry_spawn_at_ns;
+    unsigned target, hot_target;
+    struct fn_worker *warm_head, *warm_tail; /* ready as forked (level 0) */
+    struct fn_worker *hot_head, *hot_tail;   /* ready and warmed to hot_level */
+    unsigned nwarm, nhot, npromoting, nspawning, nbusy, ndraining, waiters;
+    unsigned consec_fail;
+    unsigned long long calls, spawned, spawn_failures;
+    char version[FNP_VERSION_MAX], preloaded[512], error[256], zygote_exit[128];
+};
+
+struct fn_pools {
+    char *zygote_path, *python, *pymod_dir, *root_dir, *preload, *ro_paths;
+    unsigned max_workers, tmpfs_mb, hot_level;
+    uint32_t uid_base;
+    struct fn_cg cg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct fn_pool pools[FN_RT_COUNT];
+    struct fn_cg_slot *cgslots;
+    struct fn_worker **slot_worker;
+    unsigned *free_slots, nfree;
+    struct fn_worker *to_drain;
+    int epfd, evfd;
+    pthread_t thread;
+    bool thread_started, stop;
+};
+
+static const char *const rt_names[FN_RT_COUNT] = {"python3", "sh", "native"};
+
+const char *dsec__fn_runtime_name(int rt)
+{
+    return rt >= 0 && rt < FN_RT_COUNT ? rt_names[rt] : "?";
+}
+
+int dsec__fn_runtime_find(const char *name)
+{
+    for (int i = 0; name != NULL && i < FN_RT_COUNT; i++)
+        if (strcmp(name, rt_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static void wake(struct fn_pools *p)
+{
+    uint64_t one = 1;
+    ssize_t n = write(p->evfd, &one, sizeof one);
+    (void)n; /* a full counter already means "wake up" */
+}
+
+static void set_error(struct fn_pool *pool, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void set_error(struct fn_pool *pool, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pool->error, sizeof pool->error, fmt, ap);
+    va_end(ap);
+}
+
+static void describe_status(int st, char *buf, size_t len)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, len, "ended (status %#x)", st);
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* ---- slots and workers (pool thread, lock held) ------------------------------------------ */
+
+static void push(struct fn_worker **head, struct fn_worker **tail, struct fn_worker *w)
+{
+    w->next = NULL;
+    if (*tail)
+        (*tail)->next = w;
+    else
+        *head = w;
+    *tail = w;
+}
+
+static struct fn_worker *pop(struct fn_worker **head, struct fn_worker **tail)
+{
+    struct fn_worker *w = *head;
+    if (w != NULL) {
+        *head = w->next;
+        if (*head == NULL)
+            *tail = NULL;
+        w->next = NULL;
+    }
+    return w;
+}
+
+static void slot_free(struct fn_pools *p, unsigned slot)
+{
+    p->slot_worker[slot] = NULL;
+    p->free_slots[p->nfree++] = slot;
+}
+
+static void worker_close(struct fn_worker *w)
+{
+    close_fd(&w->task_fd);
+    close_fd(&w->stdin_fd);
+    close_fd(&w->stdout_fd);
+    close_fd(&w->stderr_fd);
+}
+
+/* Let a worker go: its slot comes back once its supervisor is gone. */
+static void worker_drain(struct fn_pools *p, struct fn_worker *w)
+{
+    struct fn_pool *pool = &p->pools[w->rt];
+    worker_close(w);
+    if (w->pidfd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WPID, w->slot)};
+        if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, w->pidfd, &ev) == 0) {
+            pool->ndraining++;
+            return;
+        }
+        /* cannot watch it: wait for it here, briefly, rather than reuse a busy slot */
+        struct pollfd pf = {.fd = w->pidfd, .events = POLLIN};
+        poll(&pf, 1, 2000);
+        close_fd(&w->pidfd);
+    }
+    slot_free(p, w->slot);
+    dsec_free(w);
+}
+
+/* A worker that will not become warm. */
+static void worker_failed(struct fn_pools *p, struct fn_worker *w, const char *why)
+{
+    struct fn_pool *pool = &p->pools[w->rt];
+    if (w->task_fd >= 0)
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
+    if (w->promoting) {
+        pool->npromoting--;
+        w->promoting = false;
+    } else {
+        pool->nspawning--;
+    }
+    pool->spawn_failures++;
+    if (why != NULL)
+        set_error(pool, "%s", why);
+    /* Workers lost with their zygote say nothing about the next ones. */
+    if (pool->state == P_UP && ++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
+        pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
+        pthread_cond_broadcast(&p->cv);
+    }
+    worker_drain(p, w);
+}
+
+static int send_spawn(int zctl, const struct fnp_spawn *sp, const int *fds, int nfds)
+{
+    struct iovec iov = {.iov_base = (void *)sp, .iov_len = sizeof *sp};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = u.buf,
+                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    ssize_t n;
+    do
+        n = sendmsg(zctl, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof *sp ? 0 : -1;
+}
+
+/* Make one worker. Called with the lock held; drops it around the syscalls. */
+static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
+{
+    unsigned slot = p->free_slots[--p->nfree];
+    pool->nspawning++;
+    int zctl = pool->zctl;
+    pthread_mutex_unlock(&p->mu);
+
+    char why[256] = "";
+    dsec_err err;
+    struct fn_worker *w = dsec_calloc(1, sizeof *w);
+    int sv[2] = {-1, -1}, in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1};
+    int cg[3], ncg = 0;
+    if (w == NULL) {
+        snprintf(why, sizeof why, "out of memory");
+        goto out_locked;
+    }
+    w->rt = pool->rt;
+    w->slot = slot;
+    w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
+    if (dsec__fn_cg_slot_make(&p->cg, slot, &p->cgslots[slot], &err) < 0) {
+        snprintf(why, sizeof why, "%s", err.msg);
+        goto out_locked;
+    }
+    dsec__fn_cg_slot_procs(&p->cgslots[slot], cg, &ncg);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(in, O_CLOEXEC) < 0 ||
+        pipe2(out, O_CLOEXEC) < 0 || pipe2(er, O_CLOEXEC) < 0) {
+        snprintf(why, sizeof why, "making a worker's channels: %s", strerror(errno));
+        goto out_locked;
+    }
+    struct fnp_spawn sp;
+    memset(&sp, 0, sizeof sp);
+    sp.h.magic = FNP_MAGIC;
+    sp.h.type = FNP_SPAWN;
+    sp.h.len = sizeof sp;
+    sp.h.seq = slot;
+    sp.uid = p->uid_base + slot;
+    sp.tmp_mb = p->tmpfs_mb;
+    int fds[FNP_SPAWN_FDS_MAX] = {sv[1], in[0], out[1], er[1]};
+    for (int i = 0; i < ncg; i++) {
+        fds[4 + i] = cg[i];
+        sp.cg_mask |= 1u << i;
+    }
+    if (send_spawn(zctl, &sp, fds, 4 + ncg) < 0) {
+        snprintf(why, sizeof why, "sending SPAWN to the zygote: %s", strerror(errno));
+        goto out_locked;
+    }
+    w->task_fd = sv[0];
+    w->stdin_fd = in[1];
+    w->stdout_fd = out[0];
+    w->stderr_fd = er[0];
+    sv[0] = in[1] = out[0] = er[0] = -1;
+    fcntl(w->stdin_fd, F_SETFL, O_NONBLOCK);
+    fcntl(w->stdout_fd, F_SETFL, O_NONBLOCK);
+    fcntl(w->stderr_fd, F_SETFL, O_NONBLOCK);
+
+out_locked:
+    for (int i = 0; i < 2; i++) {
+        close_fd(&sv[i]);
+        close_fd(&in[i]);
+        close_fd(&out[i]);
+        close_fd(&er[i]);
+    }
+    pthread_mutex_lock(&p->mu);
+    if (why[0] == '\0') {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WTASK, slot)};
+        if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, w->task_fd, &ev) < 0)
+            snprintf(why, sizeof why, "epoll: %s", strerror(errno));
+    }
+    if (why[0] != '\0') {
+        pool->nspawning--;
+        pool->spawn_failures++;
+        set_error(pool, "%s", why);
+        if (++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
+            pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
+            pthread_cond_broadcast(&p->cv);
+        }
+        if (w != NULL)
+            worker_close(w);
+        dsec_free(w);
+        slot_free(p, slot);
+        return;
+    }
+    p->slot_worker[slot] = w;
+}
+
+static void refill(struct fn_pools *p, struct fn_pool *pool, uint64_t now)
+{
+    if (pool->state != P_UP || now < pool->retry_spawn_at_ns)
+        return;
+    unsigned want = pool->target + pool->waiters;
+    while (pool->state == P_UP &&
+           pool->nwarm + pool->nhot + pool->npromoting + pool->nspawning < want && p->nfree > 0 &&
+           pool->nspawning < SPAWN_INFLIGHT_MAX && !p->stop && now >= pool->retry_spawn_at_ns)
+        spawn_one(p, pool);
+}
+
+/* Keep hot_target workers warmed to hot_level: PREP the oldest warm ones. */
+static void promote(struct fn_pools *p, struct fn_pool *pool)
+{
+    while (pool->nhot + pool->npromoting < pool->hot_target && pool->warm_head != NULL) {
+        struct fn_worker *w = pop(&pool->warm_head, &pool->warm_tail);
+        pool->nwarm--;
+        struct fnp_prep pr = {.h = {.magic = FNP_MAGIC, .type = FNP_PREP, .len = sizeof pr},
+                              .level = p->hot_level};
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WTASK, w->slot)};
+        w->promoting = true;
+        pool->npromoting++;
+        if (send(w->task_fd, &pr, sizeof pr, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof pr ||
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, w->task_fd, &ev) < 0) {
+            worker_failed(p, w, "a worker did not take its PREP");
+            continue;
+        }
+    }
+}
+
+/* ---- zygotes (pool thread, lock held) ------------------------------------------------------ */
+
+/* What /usr/bin/python3 runs to become the python3 zygote: load _dsec_fnz
+ * from argv[1] and hand it the rest. If the module cannot load (built for
+ * another python), say so on the control socket as a FATAL. */
+static const char python_boot[] =
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "try:\n"
+    "    import _dsec_fnz\n"
+    "except BaseException as e:\n"
+    "    import socket, struct\n"
+    "    m = ('cannot load %s/_dsec_fnz.so into %s: %s' % (sys.argv[1], sys.executable, e))\n"
+    "    socket.socket(fileno=3).send(struct.pack('=4Ii32s200s', 0x31666e64, 2, 252, 0, 0,\n"
+    "        b'python module', m.encode()[:199]))\n"
+    "    raise SystemExit(1)\n"
+    "del sys.path[0]\n"
+    "_dsec_fnz.main(sys.argv[2:])\n";
+
+static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
+{
+    pool->state = P_STARTING;
+    pool->starts++;
+    pool->started_ns = dsec__fn_now_ns();
+    pthread_mutex_unlock(&p->mu);
+
+    char why[256] = "";
+    int sv[2] = {-1, -1};
+    pid_t pid = -1;
+    int pidfd = -1;
+    char slots[16], ppid[16];
+    snprintf(slots, sizeof slots, "%u", p->max_workers);
+    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+    const char *argv[90];
+    int ac = 0;
+    const char *prog;
+    if (pool->rt == FN_RT_PYTHON3) {
+        prog = p->python;
+        argv[ac++] = p->python;
+        argv[ac++] = "-I";
+        argv[ac++] = "-c";
+        argv[ac++] = python_boot;
+        argv[ac++] = p->pymod_dir;
+    } else {
+        prog = p->zygote_path;
+        argv[ac++] = "dsec-fn-zygote";
+    }
+    argv[ac++] = "--root";
+    argv[ac++] = p->root_dir;
+    argv[ac++] = "--slots";
+    argv[ac++] = slots;
+    argv[ac++] = "--ppid";
+    argv[ac++] = ppid;
+    if (pool->rt == FN_RT_PYTHON3) {
+        argv[ac++] = "--preload";
+        argv[ac++] = p->preload;
+    }
+    char ro[1024];
+    snprintf(ro, sizeof ro, "%s", p->ro_paths);
+    for (char *save = NULL, *t = strtok_r(ro, ",", &save); t != NULL && ac < 86;
+         t = strtok_r(NULL, ",", &save)) {
+        argv[ac++] = "--ro";
+        argv[ac++] = t;
+    }
+    argv[ac] = NULL;
+    /* LD_BIND_NOW: every PLT slot is resolved once in the zygote, not again
+     * (a symbol lookup and a copy-on-write page) in each worker. */
+    static char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
+                                 "LD_BIND_NOW=1", NULL};
+
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&at);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+        snprintf(why, sizeof why, "socketpair: %s", strerror(errno));
+        goto out;
+    }
+    if (sv[1] == FNP_ZYGOTE_CTL_FD) { /* dup2 onto itself would keep close-on-exec */
+        int d = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+        close(sv[1]);
+        sv[1] = d;
+    }
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], FNP_ZYGOTE_CTL_FD);
+    int rc = posix_spawn(&pid, prog, &fa, &at, (char *const *)argv, envp);
+    if (rc != 0) {
+        snprintf(why, sizeof why, "starting %s: %s", prog, strerror(rc));
+        pid = -1;
+        goto out;
+    }
+    pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        snprintf(why, sizeof why, "pidfd_open: %s", strerror(errno));
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        pid = -1;
+    }
+out:
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    close_fd(&sv[1]);
+    pthread_mutex_lock(&p->mu);
+    if (why[0] != '\0') {
+        close_fd(&sv[0]);
+        pool->state = P_FAILED;
+        set_error(pool, "%s zygote: %s", dsec__fn_runtime_name(pool->rt), why);
+        pool->restart_at_ns = dsec__fn_now_ns() + RESTART_MAX_NS;
+        pthread_cond_broadcast(&p->cv);
+        return;
+    }
+    pool->zpid = pid;
+    pool->zctl = sv[0];
+    pool->zpidfd = pidfd;
+    struct epoll_event e1 = {.events = EPOLLIN, .data.u64 = EV(EV_ZCTL, pool->rt)};
+    struct epoll_event e2 = {.events = EPOLLIN, .data.u64 = EV(EV_ZPID, pool->rt)};
+    epoll_ctl(p->epfd, EPOLL_CTL_ADD, pool->zctl, &e1);
+    epoll_ctl(p->epfd, EPOLL_CTL_ADD, pool->zpidfd, &e2);
+}
+
+static void zygote_gone(struct fn_pools *p, struct fn_pool *pool)
+{
+    if (pool->zpid <= 0)
+        return;
+    int st = 0;
+    char how[128] = "is gone";
+    /* Its socket may close a moment before it exits: wait (briefly) for it. */
+    pid_t r = waitpid(pool->zpid, &st, WNOHANG);
+    if (r == 0) {
+        kill(pool->zpid, SIGKILL);
+        r = waitpid(pool->zpid, &st, 0);
+    }
+    if (r == pool->zpid)
+        describe_status(st, how, sizeof how);
+    snprintf(pool->zygote_exit, sizeof pool->zygote_exit, "%s", how);
+    epoll_ctl(p->epfd, EPOLL_CTL_DEL, pool->zctl, NULL);
+    epoll_ctl(p->epfd, EPOLL_CTL_DEL, pool->zpidfd, NULL);
+    close_fd(&pool->zctl);
+    close_fd(&pool->zpidfd);
+    pool->zpid = 0;
+    uint64_t now = dsec__fn_now_ns();
+    bool young = now - pool->started_ns < YOUNG_NS;
+    if (pool->state == P_FAILED) {
+        pool->restart_at_ns = now + RESTART_MAX_NS; /* it said why it could not start */
+    } else {
+        if (pool->state == P_STARTING)
+            set_error(pool, "the %s zygote %s during start-up", dsec__fn_runtime_name(pool->rt),
+                      how);
+        else
+            set_error(pool, "the %s zygote %s; rebuilding it", dsec__fn_runtime_name(pool->rt),
+                      how);
+        pool->quick_deaths = young ? pool->quick_deaths + 1 : 0;
+        unsigned k = pool->quick_deaths > 8 ? 8 : pool->quick_deaths;
+        uint64_t delay = k ? 100000000ull << (k - 1) : 0;
+        pool->restart_at_ns = now + (delay > RESTART_MAX_NS ? RESTART_MAX_NS : delay);
+        pool->state = young && pool->quick_deaths >= 3 ? P_FAILED : P_DOWN;
+    }
+    pthread_cond_broadcast(&p->cv);
+}
+
+static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
+{
+    union {
+        struct fnp_hdr h;
+        struct fnp_hello hello;
+        struct fnp_failure fail;
+    } m;
+    ssize_t n = recv(pool->zctl, &m, sizeof m, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
+        zygote_gone(p, pool);
+        return;
+    }
+    switch (m.h.type) {
+    case FNP_HELLO:
+        if ((size_t)n != sizeof m.hello)
+            break;
+        pool->state = P_UP;
+        snprintf(pool->version, sizeof pool->version, "%s", m.hello.version);
+        snprintf(pool->preloaded, sizeof pool->preloaded, "%s", m.hello.preloaded);
+        pool->retry_spawn_at_ns = 0;
+        pool->consec_fail = 0;
+        pthread_cond_broadcast(&p->cv);
+        break;
+    case FNP_FATAL:
+        if ((size_t)n != sizeof m.fail)
+            break;
+        m.fail.msg[sizeof m.fail.msg - 1] = '\0';
+        pool->state = P_FAILED;
+        set_error(pool, "the %s zygote could not start: %s", dsec__fn_runtime_name(pool->rt),
+                  m.fail.msg);
+        pthread_cond_broadcast(&p->cv);
+        break;
+    case FNP_SPAWN_FAILED:
+        if ((size_t)n != sizeof m.fail || m.h.seq >= p->max_workers ||
+            p->slot_worker[m.h.seq] == NULL)
+            break;
+        m.fail.msg[sizeof m.fail.msg - 1] = '\0';
+        worker_failed(p, p->slot_worker[m.h.seq], m.fail.msg);
+        break;
+    }
+}
+
+/* ---- workers being made (pool thread, lock held) ------------------------------------------- */
+
+static void on_wtask(struct fn_pools *p, unsigned slot)
+{
+    struct fn_worker *w = slot < p->max_workers ? p->slot_worker[slot] : NULL;
+    if (w == NULL)
+        return;
+    struct fn_pool *pool = &p->pools[w->rt];
+    union {
+        struct fnp_hdr h;
+        struct fnp_ready ready;
+        struct fnp_failure fail;
+        struct fnp_result result;
+    } m;
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
+    union {
+        char c[CMSG_SPACE(sizeof(int) * 2)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
+    ssize_t n = recvmsg(w->task_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    int fd = -1;
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int x;
+                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
+                if (fd < 0)
+                    fd = x;
+                else
+                    close(x);
+            }
+        }
+    char why[512];
+    if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
+        close_fd(&fd);
+        snprintf(why, sizeof why, "a %s worker ended before it was ready",
+                 dsec__fn_runtime_name(w->rt));
+        worker_failed(p, w, why);
+        return;
+    }
+    switch (m.h.type) {
+    case FNP_READY:
+        if (w->promoting) {
+            close_fd(&fd);
+            epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
+            w->promoting = false;
+            w->level = m.ready.level;
+            pool->npromoting--;
+            push(&pool->hot_head, &pool->hot_tail, w);
+            pool->nhot++;
+            pthread_cond_broadcast(&p->cv);
+            return;
+        }
+        if (fd < 0 || w->ready || (size_t)n != sizeof m.ready) {
+            close_fd(&fd);
+            worker_failed(p, w, "a worker's READY message is malformed");
+            return;
+        }
+        w->pidfd = fd;
+        w->spawned = w->ready = true;
+        break;
+    case FNP_WORKER_FAILED:
+        close_fd(&fd);
+        m.fail.msg[sizeof m.fail.msg - 1] = '\0';
+        m.fail.stage[sizeof m.fail.stage - 1] = '\0';
+        snprintf(why, sizeof why, "%s worker set-up failed (%s): %s", dsec__fn_runtime_name(w->rt),
+                 m.fail.stage, m.fail.msg);
+        worker_failed(p, w, why);
+        return;
+    default:
+        close_fd(&fd);
+        snprintf(why, sizeof why, "a %s worker ended before it was ready",
+                 dsec__fn_runtime_name(w->rt));
+        worker_failed(p, w, why);
+        return;
+    }
+    if (w->spawned && w->ready) {
+        epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
+        pool->nspawning--;
+        pool->spawned++;
+        pool->consec_fail = 0;
+        push(&pool->warm_head, &pool->warm_tail, w);
+        pool->nwarm++;
+        pthread_cond_broadcast(&p->cv);
+    }
+}
+
+static void on_wpid(struct fn_pools *p, unsigned slot)
+{
+    struct fn_worker *w = slot < p->max_workers ? p->slot_worker[slot] : NULL;
+    if (w == NULL)
+        return;
+    epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
+    close_fd(&w->pidfd);
+    p->pools[w->rt].ndraining--;
+    slot_free(p, slot);
+    dsec_free(w);
+    pthread_cond_broadcast(&p->cv);
+}
+
+/* ---- the thread ----------------------------------------------------------------------------- */
+
+static void take_drained(struct fn_pools *p)
+{
+    while (p->to_drain != NULL) {
+        struct fn_worker *w = p->to_drain;
+        p->to_drain = w->next;
+        w->next = NULL;
+        p->pools[w->rt].ndraining--; /* worker_drain counts it again if it must wait */
+        worker_drain(p, w);
+    }
+}
+
+static void shutdown_all(struct fn_pools *p)
+{
+    take_drained(p);
+    /* Workers first, zygotes last: a zygote reaps its workers' supervisors as
+     * they go, so their slots' cgroups empty before we remove them. */
+    for (int rt = 0; rt < FN_RT_COUNT; rt++) {
+        struct fn_pool *pool = &p->pools[rt];
+        struct fn_worker *w;
+        while ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
+            pool->nwarm--;
+            worker_drain(p, w); /* its W3 reads EOF and exits, its W2 follows */
+        }
+        while ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
+            pool->nhot--;
+            worker_drain(p, w);
+        }
+    }
+    for (unsigned s = 0; s < p->max_workers; s++) {
+        struct fn_worker *w = p->slot_worker[s];
+        if (w != NULL && (!(w->spawned && w->ready) || w->promoting) && w->task_fd >= 0) {
+            epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
+            if (w->promoting)
+                p->pools[w->rt].npromoting--;
+            else
+                p->pools[w->rt].nspawning--;
+            worker_drain(p, w);
+        }
+    }
+    /* Wait (bounded) for every supervisor, so the slots' cgroups are empty. */
+    uint64_t deadline = dsec__fn_now_ns() + 3000000000ull;
+    for (;;) {
+        unsigned left = 0;
+        for (int rt = 0; rt < FN_RT_COUNT; rt++)
+            left += p->pools[rt].ndraining;
+        uint64_t now = dsec__fn_now_ns();
+        if (left == 0 || now >= deadline)
+            break;
+        struct epoll_event evs[32];
+        pthread_mutex_unlock(&p->mu);
+        int n = epoll_wait(p->epfd, evs, 32, (int)((deadline - now) / 1000000ull) + 1);
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < n; i++)
+            if ((evs[i].data.u64 >> 32) == EV_WPID)
+                on_wpid(p, (unsigned)(evs[i].data.u64 & 0xffffffffu));
+    }
+    for (int rt = 0; rt < FN_RT_COUNT; rt++)
+        if (p->pools[rt].zpid > 0) {
+            kill(p->pools[rt].zpid, SIGKILL);
+            zygote_gone(p, &p->pools[rt]);
+        }
+}
+
+static void *pool_thread(void *arg)
+{
+    struct fn_pools *p = arg;
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop) {
+        take_drained(p);
+        uint64_t now = dsec__fn_now_ns();
+        uint64_t next = UINT64_MAX;
+        for (int rt = 0; rt < FN_RT_COUNT; rt++) {
+            struct fn_pool *pool = &p->pools[rt];
+            if (!pool->wanted)
+                continue;
+            if ((pool->state == P_OFF || pool->state == P_DOWN ||
+                 (pool->state == P_FAILED && pool->zpid <= 0)) &&
+                now >= pool->restart_at_ns)
+                zygote_start(p, pool);
+            else if (pool->state != P_UP && pool->state != P_STARTING && pool->restart_at_ns < next)
+                next = pool->restart_at_ns;
+            refill(p, pool, dsec__fn_now_ns());
+            if (pool->state == P_UP)
+                promote(p, pool);
+            if (pool->state == P_UP && pool->retry_spawn_at_ns > now &&
+                pool->retry_spawn_at_ns < next)
+                next = pool->retry_spawn_at_ns;
+        }
+        now = dsec__fn_now_ns();
+        int timeout = next == UINT64_MAX ? -1
+                      : next <= now      ? 0
+                                         : (int)((next - now) / 1000000ull) + 1;
+        pthread_mutex_unlock(&p->mu);
+        struct epoll_event evs[64];
+        int n = epoll_wait(p->epfd, evs, 64, timeout);
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < n && !p->stop; i++) {
+            uint32_t kind = (uint32_t)(evs[i].data.u64 >> 32), id = (uint32_t)evs[i].data.u64;
+            switch (kind) {
+            case EV_WAKE: {
+                uint64_t v;
+                ssize_t r = read(p->evfd, &v, sizeof v);
+                (void)r;
+                break;
+            }
+            case EV_ZCTL:
+                if (id < FN_RT_COUNT && p->pools[id].zctl >= 0)
+                    on_zctl(p, &p->pools[id]);
+                break;
+            case EV_ZPID:
+                if (id < FN_RT_COUNT && p->pools[id].zpid > 0)
+                    zygote_gone(p, &p->pools[id]);
+                break;
+            case EV_WTASK:
+                on_wtask(p, id);
+                break;
+            case EV_WPID:
+                on_wpid(p, id);
+                break;
+            }
+        }
+    }
+    shutdown_all(p);
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* ---- the interface -----------------------------------------------------------------------------
+ */
+
+int dsec__fn_pools_new(struct fn_pools **out, const struct fn_pool_conf *c, dsec_err *err)
+{
+    struct fn_pools *p = dsec_calloc(1, sizeof *p);
+    if (p == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the pools");
+    p->epfd = p->evfd = -1;
+    p->max_workers = c->max_workers;
+    p->tmpfs_mb = c->tmpfs_mb;
+    p->hot_level = c->hot_level;
+    p->uid_base = c->uid_base;
+    p->zygote_path = dsec_strdup(c->zygote_path);
+    p->python = dsec_strdup(c->python);
+    p->pymod_dir = dsec_strdup(c->pymod_dir);
+    p->root_dir = dsec_strdup(c->root_dir);
+    p->preload = dsec_strdup(c->preload ? c->preload : "");
+    p->ro_paths = dsec_strdup(c->ro_paths ? c->ro_paths : "");
+    p->cgslots = dsec_calloc(c->max_workers, sizeof *p->cgslots);
+    p->slot_worker = dsec_calloc(c->max_workers, sizeof *p->slot_worker);
+    p->free_slots = dsec_calloc(c->max_workers, sizeof *p->free_slots);
+    if (p->zygote_path == NULL || p->python == NULL || p->pymod_dir == NULL ||
+        p->root_dir == NULL || p->preload == NULL || p->ro_paths == NULL || p->cgslots == NULL ||
+        p->slot_worker == NULL || p->free_slots == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the pools");
+        goto out_free;
+    }
+    for (unsigned i = 0; i < c->max_workers; i++)
+        p->free_slots[p->nfree++] = c->max_workers - 1 - i; /* slot 0 first */
+    for (int rt = 0; rt < FN_RT_COUNT; rt++) {
+        p->pools[rt].rt = rt;
+        p->pools[rt].zctl = p->pools[rt].zpidfd = -1;
+        p->pools[rt].target = c->warm[rt];
+        p->pools[rt].hot_target = c->hot[rt] < c->warm[rt] ? c->hot[rt] : c->warm[rt];
+    }
+    char inst[160];
+    static unsigned seq;
+    snprintf(inst, sizeof inst, "%s-%d-%u", c->node ? c->node : "node", (int)getpid(),
+             __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED));
+    if (dsec__fn_cg_open(&p->cg, c->cgroup, inst, err) < 0)
+        goto out_free;
+    /* Every worker holds five fds here and every slot three: make room. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max &&
+        rl.rlim_cur < 256 + 8ull * c->max_workers) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&p->mu, NULL);
+    p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    p->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WAKE, 0)};
+    if (p->epfd < 0 || p->evfd < 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &ev) < 0) {
+        dsec_err_set(err, DSEC_E_IO, errno, "function: epoll for the pool thread");
+        goto out_cg;
+    }
+    int rc = pthread_create(&p->thread, NULL, pool_thread, p);
+    if (rc != 0) {
+        dsec_err_set(err, DSEC_E_IO, rc, "function: starting the pool thread");
+        goto out_cg;
+    }
+    p->thread_started = true;
+    *out = p;
+    return 0;
+
+out_cg:
+    dsec__fn_cg_close(&p->cg);
+out_free:
+    dsec__fn_pools_free(p);
+    return -1;
+}
+
+void dsec__fn_pools_free(struct fn_pools *p)
+{
+    if (p == NULL)
+        return;
+    if (p->thread_started) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = true;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        wake(p);
+        pthread_join(p->thread, NULL);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->cv);
+    }
+    for (unsigned s = 0; p->cgslots != NULL && s < p->max_workers; s++)
+        dsec__fn_cg_slot_free(&p->cg, s, &p->cgslots[s]);
+    dsec__fn_cg_close(&p->cg);
+    if (p->epfd >= 0)
+        close(p->epfd);
+    if (p->evfd >= 0)
+        close(p->evfd);
+    dsec_free(p->cgslots);
+    dsec_free(p->slot_worker);
+    dsec_free(p->free_slots);
+    dsec_free(p->zygote_path);
+    dsec_free(p->python);
+    dsec_free(p->pymod_dir);
+    dsec_free(p->root_dir);
+    dsec_free(p->preload);
+    dsec_free(p->ro_paths);
+    dsec_free(p);
+}
+
+static void deadline_ts(struct timespec *ts, uint64_t deadline_ns)
+{
+    ts->tv_sec = (time_t)(deadline_ns / 1000000000ull);
+    ts->tv_nsec = (long)(deadline_ns % 1000000000ull);
+}
+
+int dsec__fn_pools_start(struct fn_pools *p, int rt, int wait_ms, dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[rt];
+    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    pthread_mutex_lock(&p->mu);
+    if (!pool->wanted) {
+        pool->wanted = true;
+        wake(p);
+    }
+    int rc = 0;
+    while (pool->state != P_UP) {
+        if (p->stop) {
+            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+            break;
+        }
+        if (pool->state == P_FAILED) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: %s", pool->error);
+            break;
+        }
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT && pool->state != P_UP) {
+            rc = dsec_err_set(
+                err, DSEC_E_TIMEOUT, 0, "function: the %s zygote did not start within %d ms%s%s",
+                dsec__fn_runtime_name(rt), wait_ms, pool->error[0] ? ": " : "", pool->error);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* A taken worker whose supervisor already died or spoke out of turn. */
+static bool worker_dead(const struct fn_worker *w)
+{
+    struct pollfd pf[2] = {{.fd = w->task_fd, .events = POLLIN},
+                           {.fd = w->pidfd, .events = POLLIN}};
+    return poll(pf, 2, 0) != 0;
+}
+
+int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn_worker **out,
+                         dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[rt];
+    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        if (!pool->wanted) {
+            pool->wanted = true;
+            wake(p);
+        }
+        struct fn_worker *w = NULL;
+        int rc = 0;
+        while (w == NULL) {
+            if (p->stop) {
+                rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+                break;
+            }
+            if ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
+                pool->nhot--;
+            } else if ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
+                pool->nwarm--;
+            }
+            if (w != NULL) {
+                pool->nbusy++;
+                pool->calls++;
+                break;
+            }
+            if (pool->nspawning == 0 && pool->npromoting == 0 &&
+                (pool->state == P_FAILED ||
+                 (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
+                rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                                  dsec__fn_runtime_name(rt), pool->error);
+                break;
+            }
+            pool->waiters++;
+            wake(p);
+            int w8 = pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+            pool->waiters--;
+            if (w8 == ETIMEDOUT && pool->warm_head == NULL && pool->hot_head == NULL) {
+                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                                  "function: no %s worker became free within %" PRIu64
+                                  " ms (%u busy, %u starting, %u slots free of max_workers %u)",
+                                  dsec__fn_runtime_name(rt), wait_ms, pool->nbusy, pool->nspawning,
+                                  p->nfree, p->max_workers);
+                break;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (rc < 0)
+            return -1;
+        wake(p); /* refill behind us */
+        if (!worker_dead(w)) {
+            *out = w;
+            return 0;
+        }
+        dsec__fn_worker_done(p, w); /* died while warm (killed from outside): next one */
+    }
+}
+
+void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)
+{
+    worker_close(w);
+    pthread_mutex_lock(&p->mu);
+    struct fn_pool *pool = &p->pools[w->rt];
+    pool->nbusy--;
+    pool->ndraining++;
+    w->next = p->to_drain;
+    p->to_drain = w;
+    pthread_mutex_unlock(&p->mu);
+    wake(p);
+}
+
+struct fn_cg_slot *dsec__fn_worker_cg(struct fn_pools *p, const struct fn_worker *w, int *mode)
+{
+    *mode = p->cg.mode;
+    return p->cg.mode == FN_CG_NONE ? NULL : &p->cgslots[w->slot];
+}
+
+int dsec__fn_pools_info(struct fn_pools *p, int rt, dsec_function_pool_info *out)
+{
+    struct fn_pool *pool = &p->pools[rt];
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&p->mu);
+    snprintf(out->state, sizeof out->state, "%s", state_names[pool->state]);
+    out->zygote_pid = pool->zpid > 0 ? pool->zpid : 0;
+    out->zygote_starts = pool->starts;
+    out->warm = pool->nwarm + pool->nhot;
+    out->hot = pool->nhot;
+    out->promoting = pool->npromoting;
+    out->spawning = pool->nspawning;
+    out->busy = pool->nbusy;
+    out->draining = pool->ndraining;
+    out->calls = pool->calls;
+    out->spawned = pool->spawned;
+    out->spawn_failures = pool->spawn_failures;
+    snprintf(out->version, sizeof out->version, "%s", pool->version);
+    snprintf(out->preloaded, sizeof out->preloaded, "%s", pool->preloaded);
+    snprintf(out->error, sizeof out->error, "%s", pool->error);
+    snprintf(out->zygote_exit, sizeof out->zygote_exit, "%s", pool->zygote_exit);
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int dsec__fn_pools_set_warm(struct fn_pools *p, int rt, unsigned warm, unsigned hot, int wait_ms,
+                            dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[rt];
+    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    pthread_mutex_lock(&p->mu);
+    if (warm > p->max_workers)
+        warm = p->max_workers;
+    if (hot > warm)
+        hot = warm;
+    pool->target = warm;
+    pool->hot_target = hot;
+    pool->wanted = true;
+    wake(p);
+    int rc = 0;
+    while (pool->nwarm + pool->nhot < warm || pool->nhot < hot) {
+        if (p->stop || pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT) {
+            if (pool->nwarm + pool->nhot >= warm && pool->nhot >= hot)
+                break;
+            rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                              "function: %u of %u %s workers warm (%u of %u hot) after %d ms%s%s",
+                              pool->nwarm + pool->nhot, warm, dsec__fn_runtime_name(rt), pool->nhot,
+                              hot, wait_ms, pool->error[0] ? ": " : "", pool->error);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* The pid (in our namespace) a pidfd refers to, from its fdinfo. */
+static pid_t pidfd_pid(int fd)
+{
+    char path[64], line[128];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    FILE *f = fopen(path, "re");
+    pid_t pid = 0;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "Pid:", 4) == 0)
+            pid = (pid_t)atoi(line + 4);
+    if (f != NULL)
+        fclose(f);
+    return pid > 0 ? pid : 0;
+}
+
+size_t dsec__fn_pools_warm_pids(struct fn_pools *p, int rt, pid_t *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (struct fn_worker *w = p->pools[rt].warm_head; w != NULL && n < max; w = w->next)
+        if ((out[n] = w->pid ? w->pid : (w->pid = pidfd_pid(w->pidfd))) > 0)
+            n++;
+    for (struct fn_worker *w = p->pools[rt].hot_head; w != NULL && n < max; w = w->next)
+        if ((out[n] = w->pid ? w->pid : (w->pid = pidfd_pid(w->pidfd))) > 0)
+            n++;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}

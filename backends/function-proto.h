@@ -1,0 +1,184 @@
+/* function-proto.h - the messages between the function backend, its zygotes and their workers. */
+#ifndef DSEC_BACKENDS_FUNCTION_PROTO_H
+#define DSEC_BACKENDS_FUNCTION_PROTO_H
+
+#include <stdint.h>
+
+/*
+ * Who talks to whom (every channel is an AF_UNIX SOCK_SEQPACKET pair, so a
+ * message is one send and one receive, never split or merged):
+ *
+ *   backend <-> zygote   the zygote's control socket (fd 3 of the zygote):
+ *                        HELLO or FATAL once, then SPAWN -> SPAWN_FAILED on
+ *                        failure (success is reported by the worker itself).
+ *   backend <-> worker   one task socket per worker, created by the backend
+ *                        and handed to the zygote with SPAWN:
+ *                        W3 -> READY (with the supervisor's pidfd),
+ *                        (backend -> PREP, W3 -> READY)*,
+ *                        backend -> TASK, W3 -> DONE (python),
+ *                        W2 -> RESULT;
+ *                        WORKER_FAILED from any of them if set-up failed.
+ *
+ * W1, W2, W3 are the three processes of one worker: W1 makes the namespaces
+ * and exits, W2 is the supervisor (pid 1 of the call's pid namespace), W3 runs
+ * the call (pid 2). function-zygote.c explains why.
+ *
+ * Messages are fixed C structs (both ends are built from this header, in one
+ * build, on one machine), each starting with fnp_hdr. TASK is followed by a
+ * string area; when that is larger than FNP_INLINE_MAX it travels in a sealed
+ * memfd instead.
+ */
+
+#define FNP_MAGIC 0x31666e64u /* "dnf1" */
+
+/* The zygote's control socket is this fd in the zygote (set by the spawner). */
+#define FNP_ZYGOTE_CTL_FD 3
+
+enum fnp_type {
+    FNP_HELLO = 1,     /* zygote: started, ready to spawn */
+    FNP_FATAL,         /* zygote: could not start (msg), then exits */
+    FNP_SPAWN,         /* backend -> zygote: make one worker; fds attached */
+    FNP_SPAWN_FAILED,  /* zygote: the SPAWN with this seq failed */
+    FNP_READY,         /* W3: sandboxed, waiting for its task (the first: W2's pidfd attached) */
+    FNP_WORKER_FAILED, /* W1/W2/W3: set-up failed (stage, errno, msg) */
+    FNP_TASK,          /* backend -> W3: run this */
+    FNP_RESULT,        /* W2: how the call ended */
+    FNP_DONE,          /* W3: finished with this exit code, output closed (exiting) */
+    FNP_PREP,          /* backend -> W3: warm the runtime to this level, say READY again */
+};
+
+struct fnp_hdr {
+    uint32_t magic;
+    uint32_t type;
+    uint32_t len; /* bytes of the whole message, header included */
+    uint32_t seq; /* SPAWN: the slot; otherwise 0 */
+};
+
+#define FNP_VERSION_MAX 64
+#define FNP_MSG_MAX 200
+
+struct fnp_hello {
+    struct fnp_hdr h;
+    int32_t pid;
+    char version[FNP_VERSION_MAX]; /* "python 3.11.2" or "exec" */
+    char preloaded[512];           /* modules imported in the zygote, comma-separated */
+};
+
+/* FATAL, SPAWN_FAILED and WORKER_FAILED. */
+struct fnp_failure {
+    struct fnp_hdr h;
+    int32_t err;    /* errno, or 0 */
+    char stage[32]; /* "mount /proc", "seccomp", ... */
+    char msg[FNP_MSG_MAX];
+};
+
+/* Which optional fds follow the four fixed ones in a SPAWN. */
+enum {
+    FNP_SPAWN_CG0 = 1u << 0, /* cgroup.procs of the first controller (v2: the cgroup) */
+    FNP_SPAWN_CG1 = 1u << 1, /* v1: second controller */
+    FNP_SPAWN_CG2 = 1u << 2, /* v1: third controller */
+};
+#define FNP_SPAWN_FDS_MAX 7
+
+/* fds, in order: task socket (W end), stdin (read end), stdout (write end),
+ * stderr (write end), then the cgroup.procs fds named in cg_mask. */
+struct fnp_spawn {
+    struct fnp_hdr h; /* seq = slot */
+    uint32_t uid;     /* the call runs as uid = gid = this */
+    uint32_t tmp_mb;  /* size of /tmp and of /work */
+    uint32_t cg_mask; /* FNP_SPAWN_CG* */
+    uint32_t reserved;
+};
+
+struct fnp_ready {
+    struct fnp_hdr h;
+    uint32_t level; /* how warm the runtime is (0: as forked) */
+    uint32_t reserved;
+};
+
+/* Warm the runtime ahead of the call (function-zygote.h, fnz_runtime.prepare):
+ * 1 the interpreter's after-fork work, 2 also its per-call paths. Costs the
+ * worker private memory (~0.15 and ~0.9 MB for python3 here), saves the call
+ * that time (~0.15 and ~0.45 ms). */
+struct fnp_prep {
+    struct fnp_hdr h;
+    uint32_t level;
+    uint32_t reserved;
+};
+
+/* How W3 runs the task. */
+enum fnp_mode {
+    FNP_MODE_EXEC = 1,  /* execvpe(argv[0], argv, env) */
+    FNP_MODE_PY_CODE,   /* python3 -c CODE: target = CODE */
+    FNP_MODE_PY_FILE,   /* python3 SCRIPT: target = path */
+    FNP_MODE_PY_MODULE, /* python3 -m MOD: target = module name */
+    FNP_MODE_PY_STDIN,  /* python3 - (or no argument): the code is stdin */
+};
+
+enum {
+    FNP_TASK_PAYLOAD_FD = 1u << 0, /* the string area is in an attached memfd */
+    FNP_TASK_BUNDLE_FD =
+        1u << 1, /* the dependency files are in an attached memfd (after the payload fd) */
+    FNP_TASK_PY_UNBUFFERED = 1u << 2,  /* -u */
+    FNP_TASK_PY_NO_BYTECODE = 1u << 3, /* -B */
+    FNP_TASK_PY_CALL = 1u << 4,        /* --call FUNC: call_func is set, args are JSON */
+};
+
+/* Strings area, NUL-separated, in this order: target, call_func, cwd,
+ * argv[0..argc), env[0..envc) as "K=V". For python modes argv is sys.argv. */
+struct fnp_task {
+    struct fnp_hdr h;
+    uint32_t mode;  /* fnp_mode */
+    uint32_t flags; /* FNP_TASK_* */
+    uint32_t argc, envc;
+    uint64_t strings_len;
+    uint64_t bundle_len; /* bytes of the bundle memfd, 0 without one */
+    /* limits applied by W3 before running; 0 = none */
+    uint64_t cpu_s;       /* RLIMIT_CPU (whole seconds; the backend enforces ms) */
+    uint64_t as_bytes;    /* RLIMIT_AS */
+    uint64_t fsize_bytes; /* RLIMIT_FSIZE */
+    uint32_t nofile;      /* RLIMIT_NOFILE */
+    uint32_t nproc;       /* RLIMIT_NPROC (the uid is private to the worker) */
+};
+
+/* Inline string areas up to this size; larger ones go in a memfd. */
+#define FNP_INLINE_MAX (48u * 1024u)
+
+struct fnp_result {
+    struct fnp_hdr h;
+    int32_t status; /* wait status of W3 */
+    uint32_t reserved;
+    uint64_t utime_us; /* W3 and the children it waited for */
+    uint64_t stime_us;
+    uint64_t maxrss_kb;
+};
+
+/* W3's own report, sent after it flushed and closed its output and just
+ * before it exits, so the call's answer does not wait for the kernel to tear
+ * the process down (a third of a millisecond for a python image here). Only
+ * the python runtime sends it (an exec'd program has no code of ours left to
+ * run). The call could forge it - but only about itself: its exit code is its
+ * own to choose anyway, CPU time comes from the cgroup, and its output is
+ * still read to the end. */
+struct fnp_done {
+    struct fnp_hdr h;
+    int32_t exit_code;
+    uint32_t reserved;
+    uint64_t maxrss_kb;
+};
+
+/* The bundle: the sandbox's /work files, copied into each call's /work.
+ * "DFB1", then records: u8 kind (1 dir, 2 file), u8 0, u16 path length,
+ * u32 mode, u64 size (files), path (relative to /work, no NUL), data. Parents
+ * come before their children. */
+#define FNP_BUNDLE_MAGIC "DFB1"
+enum { FNP_BUNDLE_DIR = 1, FNP_BUNDLE_FILE = 2 };
+struct fnp_bundle_rec {
+    uint8_t kind;
+    uint8_t zero;
+    uint16_t path_len;
+    uint32_t mode;
+    uint64_t size;
+};
+
+#endif

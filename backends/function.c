@@ -1,0 +1,651 @@
+/* function.c - the function backend's operations: options, sandboxes (a runtime, limits, files),
+ * and the calls they run. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/function-int.h"
+#include "backends/function.h"
+#include "dsec/alloc.h"
+
+/*
+ * Sandboxes are cheap records: everything heavy (zygotes, warm workers) is
+ * shared per runtime in the pools (function-pool.c). A sandbox's state is its
+ * runtime, its limits and its files, which live on the node's disk under
+ * <state_dir>/sandboxes/<id>, so adopt() after a node manager restart finds
+ * them again. Operations on one sandbox arrive in order (backend.h), so a
+ * sandbox needs no lock; the pools are shared and locked.
+ */
+
+#ifndef DSEC_FN_ZYGOTE_PATH
+#define DSEC_FN_ZYGOTE_PATH ""
+#endif
+#ifndef DSEC_FN_PYMOD_PATH
+#define DSEC_FN_PYMOD_PATH ""
+#endif
+
+#define STATE_MAGIC "fn1"
+#define ID_MAX 128
+
+/* Not threading: its after-fork hook would run in every call (~95 page
+ * faults, ~15% of the calls a node can run per second); a call that imports
+ * it pays ~1 ms instead. */
+static const char default_preload[] =
+    "math,re,json,collections,itertools,functools,heapq,bisect,random,string,time,datetime,"
+    "decimal,fractions,statistics,typing,dataclasses,copy,operator,struct,array,traceback,enum";
+
+struct fn {
+    struct fn_pools *pools;
+    struct fn_call_conf cc;
+    char state_dir[PATH_MAX];
+    bool temp_state; /* made by us (no state_dir given): removed at fini */
+    char sb_dir[PATH_MAX + 16];
+    char root_dir[PATH_MAX + 16];
+    uint64_t memory_mb;
+    uint64_t files_mb;
+};
+
+struct fn_sb {
+    int rt;
+    struct fn_limits lim;
+    uint64_t disk_mb;
+    struct fn_files files;
+    uint64_t cpu_used_us, calls;
+    char id[ID_MAX + 1];
+};
+
+/* ---- options ---------------------------------------------------------------------------- */
+
+struct opts {
+    char zygote[PATH_MAX], python[PATH_MAX], pymod[PATH_MAX];
+    unsigned max_workers, warm[FN_RT_COUNT], hot[FN_RT_COUNT], tmpfs_mb, hot_level;
+    uint64_t memory_mb, max_timeout_ms, acquire_ms, files_mb;
+    uint32_t uid_base;
+    char preload[1024], ro[1024], cgroup[16], prestart[64];
+    bool rlimit_as;
+};
+
+static int opt_u64(const char *key, const char *v, uint64_t min, uint64_t max, uint64_t *out,
+                   dsec_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || x < min || x > max)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function option %s=\"%s\": expected a whole number %" PRIu64
+                            "..%" PRIu64,
+                            key, v, min, max);
+    *out = x;
+    return 0;
+}
+
+static int opt_str(const char *key, const char *v, char *out, size_t len, dsec_err *err)
+{
+    if (strlen(v) >= len)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "function option %s is longer than %zu bytes",
+                            key, len - 1);
+    memcpy(out, v, strlen(v) + 1);
+    return 0;
+}
+
+static const char known_opts[] = "zygote, python, python_module, max_workers, pool_python3, "
+                                 "pool_sh, pool_native, prestart, tmpfs_mb, memory_mb, "
+                                 "hot_python3, hot_sh, hot_native, hot_level, max_timeout_ms, "
+                                 "acquire_ms, uid_base, preload, ro, "
+                                 "cgroup, rlimit_as, files_mb";
+
+static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *err)
+{
+    memset(o, 0, sizeof *o);
+    o->max_workers = 64;
+    o->warm[FN_RT_PYTHON3] = 8;
+    o->warm[FN_RT_SH] = 2;
+    o->warm[FN_RT_NATIVE] = 2;
+    o->tmpfs_mb = 64;
+    o->hot_level = 2;
+    o->hot[FN_RT_PYTHON3] = 2;
+    o->memory_mb = 512;
+    o->max_timeout_ms = 600000;
+    o->acquire_ms = 30000;
+    o->files_mb = 64;
+    o->uid_base = 1500000000u;
+    snprintf(o->preload, sizeof o->preload, "%s", default_preload);
+    snprintf(o->python, sizeof o->python, "/usr/bin/python3");
+    snprintf(o->cgroup, sizeof o->cgroup, "auto");
+    for (size_t i = 0; i < cfg->nopts; i++) {
+        const char *k = cfg->opts[i].key, *v = cfg->opts[i].value;
+        if (k == NULL || v == NULL)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "function option %zu has no key or value",
+                                i);
+        bool mine = strncmp(k, "function.", 9) == 0;
+        const char *key = mine ? k + 9 : k;
+        uint64_t x;
+        int rc = 0;
+        if (strcmp(key, "zygote") == 0)
+            rc = opt_str(k, v, o->zygote, sizeof o->zygote, err);
+        else if (strcmp(key, "python") == 0)
+            rc = opt_str(k, v, o->python, sizeof o->python, err);
+        else if (strcmp(key, "python_module") == 0)
+            rc = opt_str(k, v, o->pymod, sizeof o->pymod, err);
+        else if (strcmp(key, "max_workers") == 0) {
+            rc = opt_u64(k, v, 1, 4096, &x, err);
+            o->max_workers = (unsigned)x;
+        } else if (strncmp(key, "pool_", 5) == 0 && dsec__fn_runtime_find(key + 5) >= 0) {
+            rc = opt_u64(k, v, 0, 4096, &x, err);
+            o->warm[dsec__fn_runtime_find(key + 5)] = (unsigned)x;
+        } else if (strcmp(key, "prestart") == 0)
+            rc = opt_str(k, v, o->prestart, sizeof o->prestart, err);
+        else if (strcmp(key, "tmpfs_mb") == 0) {
+            rc = opt_u64(k, v, 1, 1u << 20, &x, err);
+            o->tmpfs_mb = (unsigned)x;
+        } else if (strncmp(key, "hot_", 4) == 0 && dsec__fn_runtime_find(key + 4) >= 0) {
+            rc = opt_u64(k, v, 0, 4096, &x, err);
+            o->hot[dsec__fn_runtime_find(key + 4)] = (unsigned)x;
+        } else if (strcmp(key, "hot_level") == 0) {
+            rc = opt_u64(k, v, 1, 2, &x, err);
+            o->hot_level = (unsigned)x;
+        } else if (strcmp(key, "memory_mb") == 0)
+            rc = opt_u64(k, v, 8, 1u << 20, &o->memory_mb, err);
+        else if (strcmp(key, "max_timeout_ms") == 0)
+            rc = opt_u64(k, v, 1, 7ull * 24 * 3600 * 1000, &o->max_timeout_ms, err);
+        else if (strcmp(key, "acquire_ms") == 0)
+            rc = opt_u64(k, v, 1, 3600000, &o->acquire_ms, err);
+        else if (strcmp(key, "files_mb") == 0)
+            rc = opt_u64(k, v, 1, 1u << 20, &o->files_mb, err);
+        else if (strcmp(key, "uid_base") == 0) {
+            rc = opt_u64(k, v, 1000, 0xffffffffull - 70000, &x, err);
+            o->uid_base = (uint32_t)x;
+        } else if (strcmp(key, "preload") == 0)
+            rc = opt_str(k, v, o->preload, sizeof o->preload, err);
+        else if (strcmp(key, "ro") == 0)
+            rc = opt_str(k, v, o->ro, sizeof o->ro, err);
+        else if (strcmp(key, "cgroup") == 0)
+            rc = opt_str(k, v, o->cgroup, sizeof o->cgroup, err);
+        else if (strcmp(key, "rlimit_as") == 0) {
+            if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+                rc = dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                  "function option %s=\"%s\": expected true or false", k, v);
+            o->rlimit_as = strcmp(v, "true") == 0;
+        } else if (mine)
+            rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown function option %s (known: %s)", k,
+                              known_opts);
+        /* else: another backend's option */
+        if (rc < 0)
+            return -1;
+    }
+    unsigned sum = 0;
+    for (int rt = 0; rt < FN_RT_COUNT; rt++)
+        sum += o->warm[rt];
+    if (sum > o->max_workers)
+        return dsec_err_set(
+            err, DSEC_E_CONFIG, 0,
+            "function options: the pools keep %u warm workers but max_workers is %u", sum,
+            o->max_workers);
+    if ((uint64_t)o->uid_base + o->max_workers > 0xfffffffeull)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function option uid_base: uid_base + max_workers overflows");
+    char ro[1024];
+    snprintf(ro, sizeof ro, "%s", o->ro);
+    for (char *save = NULL, *t = strtok_r(ro, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (t[0] != '/' || strstr(t, "/..") != NULL)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                "function option ro: \"%s\" is not an absolute normal path", t);
+    return 0;
+}
+
+/* A helper file: the option, the one this build made, or next to the
+ * program (and where an install puts it). */
+static int find_helper(const char *opt_name, const char *opt, const char *built, const char *name,
+                       bool exec, char *out, size_t len, dsec_err *err)
+{
+    if (opt[0] != '\0') {
+        if (access(opt, exec ? X_OK : R_OK) != 0)
+            return dsec_err_set(err, DSEC_E_CONFIG, errno, "function option %s=%s: %s", opt_name,
+                                opt, strerror(errno));
+        return snprintf(out, len, "%s", opt) < (int)len
+                   ? 0
+                   : dsec_err_set(err, DSEC_E_CONFIG, 0, "function option %s: path too long",
+                                  opt_name);
+    }
+    if (built[0] != '\0' && access(built, exec ? X_OK : R_OK) == 0 &&
+        snprintf(out, len, "%s", built) < (int)len)
+        return 0;
+    char self[PATH_MAX], cand[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL)
+            *slash = '\0';
+        static const char *const rel[] = {"/", "/../libexec/dsec/", "/../backends/"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            snprintf(cand, sizeof cand, "%s%s%s", self, rel[i], name);
+            if (access(cand, exec ? X_OK : R_OK) == 0 && snprintf(out, len, "%s", cand) < (int)len)
+                return 0;
+        }
+    }
+    return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                        "function: %s was not found (built at \"%s\", or next to this program); "
+                        "set the function option %s=PATH",
+                        name, built, opt_name);
+}
+
+/* ---- init / fini -------------------------------------------------------------------------- */
+
+static void fn_fini(void *self)
+{
+    struct fn *f = self;
+    if (f == NULL)
+        return;
+    dsec__fn_pools_free(f->pools);
+    rmdir(f->root_dir);
+    if (f->temp_state) {
+        dsec_err e;
+        dsec__fn_files_remove(f->sb_dir, &e);
+        rmdir(f->state_dir);
+    }
+    dsec_free(f);
+}
+
+static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
+{
+    struct opts o;
+    if (parse_opts(cfg, &o, err) < 0)
+        return -1;
+    if (geteuid() != 0)
+        return dsec_err_set(
+            err, DSEC_E_CONFIG, EPERM,
+            "function sandboxes need root (namespaces, mounts and cgroups per call)");
+    struct fn *f = dsec_calloc(1, sizeof *f);
+    if (f == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the backend");
+    char zygote[PATH_MAX], pymod[PATH_MAX];
+    if (find_helper("zygote", o.zygote, DSEC_FN_ZYGOTE_PATH, "dsec-fn-zygote", true, zygote,
+                    sizeof zygote, err) < 0 ||
+        find_helper("python_module", o.pymod, DSEC_FN_PYMOD_PATH, "_dsec_fnz.so", false, pymod,
+                    sizeof pymod, err) < 0)
+        goto out_free;
+    if (access(o.python, X_OK) != 0) {
+        dsec_err_set(err, DSEC_E_CONFIG, errno, "function option python=%s: %s", o.python,
+                     strerror(errno));
+        goto out_free;
+    }
+    char *slash = strrchr(pymod, '/');
+    if (slash == NULL || strcmp(slash, "/_dsec_fnz.so") != 0) {
+        dsec_err_set(err, DSEC_E_CONFIG, 0,
+                     "function option python_module=%s: the file must be named _dsec_fnz.so",
+                     pymod);
+        goto out_free;
+    }
+    *slash = '\0'; /* python imports it from its directory */
+    if (cfg->state_dir != NULL && cfg->state_dir[0] != '\0') {
+        if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
+            dsec_err_set(err, DSEC_E_IO, errno, "function: creating %s", cfg->state_dir);
+            goto out_free;
+        }
+        if (realpath(cfg->state_dir, f->state_dir) == NULL) {
+            dsec_err_set(err, DSEC_E_IO, errno, "function: resolving %s", cfg->state_dir);
+            goto out_free;
+        }
+    } else {
+        snprintf(f->state_dir, sizeof f->state_dir, "/tmp/dsec-fn-XXXXXX");
+        if (mkdtemp(f->state_dir) == NULL) {
+            dsec_err_set(err, DSEC_E_IO, errno, "function: creating a state directory in /tmp");
+            goto out_free;
+        }
+        f->temp_state = true;
+    }
+    snprintf(f->sb_dir, sizeof f->sb_dir, "%s/sandboxes", f->state_dir);
+    snprintf(f->root_dir, sizeof f->root_dir, "%s/root", f->state_dir);
+    if ((mkdir(f->sb_dir, 0700) < 0 && errno != EEXIST) ||
+        (mkdir(f->root_dir, 0755) < 0 && errno != EEXIST)) {
+        dsec_err_set(err, DSEC_E_IO, errno, "function: creating directories in %s", f->state_dir);
+        goto out_free;
+    }
+    f->memory_mb = o.memory_mb;
+    f->files_mb = o.files_mb;
+    f->cc.max_timeout_ms = o.max_timeout_ms;
+    f->cc.acquire_ms = o.acquire_ms;
+    f->cc.use_rlimit_as = o.rlimit_as;
+    struct fn_pool_conf pc = {
+        .zygote_path = zygote,
+        .python = o.python,
+        .pymod_dir = pymod,
+        .root_dir = f->root_dir,
+        .node = cfg->node,
+        .max_workers = o.max_workers,
+        .tmpfs_mb = o.tmpfs_mb,
+        .hot_level = o.hot_level,
+        .uid_base = o.uid_base,
+        .preload = o.preload,
+        .ro_paths = o.ro,
+        .cgroup = o.cgroup,
+    };
+    memcpy(pc.warm, o.warm, sizeof pc.warm);
+    memcpy(pc.hot, o.hot, sizeof pc.hot);
+    if (dsec__fn_pools_new(&f->pools, &pc, err) < 0)
+        goto out_free;
+    char pre[64];
+    snprintf(pre, sizeof pre, "%s", o.prestart);
+    for (char *save = NULL, *t = strtok_r(pre, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int rt = dsec__fn_runtime_find(t);
+        if (rt < 0) {
+            dsec_err_set(
+                err, DSEC_E_CONFIG, 0,
+                "function option prestart: unknown runtime \"%s\" (known: python3, sh, native)", t);
+            goto out_fini;
+        }
+        if (dsec__fn_pools_start(f->pools, rt, 30000, err) < 0)
+            goto out_fini;
+    }
+    *self = f;
+    return 0;
+
+out_fini:
+    fn_fini(f);
+    return -1;
+out_free:
+    if (f->temp_state)
+        rmdir(f->state_dir);
+    dsec_free(f);
+    return -1;
+}
+
+/* ---- sandboxes ----------------------------------------------------------------------------- */
+
+static int label_u64(const char *key, const char *v, uint64_t min, uint64_t max, uint64_t *out,
+                     dsec_err *err)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || x < min || x > max)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "function sandbox label %s=\"%s\": expected a whole number %" PRIu64
+                            "..%" PRIu64,
+                            key, v, min, max);
+    *out = x;
+    return 0;
+}
+
+static int parse_spec(const struct fn *f, const dsec_sandbox_spec *spec, struct fn_sb *sb,
+                      dsec_err *err)
+{
+    if (spec->nnet > 0)
+        return dsec_err_set(
+            err, DSEC_E_UNSUPPORTED, 0,
+            "function sandboxes have no network; a network policy needs a container "
+            "or VM sandbox");
+    if ((spec->env != NULL && spec->env[0] != '\0') || spec->nlayers > 0)
+        return dsec_err_set(
+            err, DSEC_E_UNSUPPORTED, 0,
+            "function sandboxes run on the host's /usr and /etc; environment \"%s\" "
+            "needs a container sandbox",
+            spec->env ? spec->env : "(layers)");
+    size_t idlen = spec->id ? strlen(spec->id) : 0;
+    if (idlen == 0 || idlen > ID_MAX || spec->id[0] == '.')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "function: bad sandbox id");
+    for (size_t i = 0; i < idlen; i++) {
+        char c = spec->id[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.'))
+            return dsec_err_set(
+                err, DSEC_E_INVALID, 0,
+                "function: sandbox id \"%s\" has a character outside A-Z a-z 0-9 . _ -", spec->id);
+    }
+    memcpy(sb->id, spec->id, idlen + 1);
+    sb->rt = FN_RT_PYTHON3;
+    sb->lim.memory_mb = spec->memory_mb ? spec->memory_mb : f->memory_mb;
+    sb->lim.nproc = 64;
+    sb->lim.nofile = 1024;
+    sb->disk_mb = spec->disk_mb ? spec->disk_mb : f->files_mb;
+    for (size_t i = 0; i < spec->nlabels; i++) {
+        const char *k = spec->labels[i].key, *v = spec->labels[i].value;
+        if (k == NULL || v == NULL)
+            continue;
+        uint64_t x;
+        if (strcmp(k, "runtime") == 0) {
+            sb->rt = dsec__fn_runtime_find(v);
+            if (sb->rt < 0)
+                return dsec_err_set(
+                    err, DSEC_E_INVALID, 0,
+                    "function sandbox label runtime=\"%s\": expected python3, sh or native", v);
+        } else if (strcmp(k, "cpu_ms") == 0) {
+            if (label_u64(k, v, 1, 24ull * 3600 * 1000, &sb->lim.cpu_ms, err) < 0)
+                return -1;
+        } else if (strcmp(k, "timeout_ms") == 0) {
+            if (label_u64(k, v, 1, 7ull * 24 * 3600 * 1000, &sb->lim.timeout_ms, err) < 0)
+                return -1;
+        } else if (strcmp(k, "nproc") == 0) {
+            if (label_u64(k, v, 1, 65536, &x, err) < 0)
+                return -1;
+            sb->lim.nproc = (uint32_t)x;
+        } else if (strcmp(k, "fsize_mb") == 0) {
+            if (label_u64(k, v, 1, 1u << 20, &sb->lim.fsize_mb, err) < 0)
+                return -1;
+        } else if (strcmp(k, "nofile") == 0) {
+            if (label_u64(k, v, 16, 1u << 20, &x, err) < 0)
+                return -1;
+            sb->lim.nofile = (uint32_t)x;
+        }
+    }
+    return 0;
+}
+
+static int state_string(const struct fn_sb *sb, char **out, dsec_err *err)
+{
+    char buf[512];
+    int n = snprintf(
+        buf, sizeof buf,
+        STATE_MAGIC ";rt=%s;mem=%" PRIu64 ";cpu=%" PRIu64 ";timeout=%" PRIu64 ";fsize=%" PRIu64
+                    ";nproc=%" PRIu32 ";nofile=%" PRIu32 ";disk=%" PRIu64 ";id=%s",
+        dsec__fn_runtime_name(sb->rt), sb->lim.memory_mb, sb->lim.cpu_ms, sb->lim.timeout_ms,
+        sb->lim.fsize_mb, sb->lim.nproc, sb->lim.nofile, sb->disk_mb, sb->id);
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "function: backend_state does not fit");
+    if ((*out = dsec_strdup(buf)) == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating backend_state");
+    return 0;
+}
+
+static void sb_dir(const struct fn *f, const char *id, char *out, size_t len)
+{
+    if (snprintf(out, len, "%s/%s", f->sb_dir, id) >= (int)len)
+        out[0] = '\0'; /* cannot happen: the buffers hold sb_dir + ID_MAX */
+}
+
+static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                     char **backend_state, dsec_err *err)
+{
+    struct fn *f = self;
+    struct fn_sb *sb = dsec_calloc(1, sizeof *sb);
+    char dir[PATH_MAX + ID_MAX + 2];
+    if (sb == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a sandbox");
+    sb->files.dirfd = sb->files.bundle_fd = -1;
+    if (parse_spec(f, spec, sb, err) < 0)
+        goto out_free;
+    /* The pool first: a runtime that cannot start fails the create, clearly. */
+    if (dsec__fn_pools_start(f->pools, sb->rt, 30000, err) < 0)
+        goto out_free;
+    sb_dir(f, sb->id, dir, sizeof dir);
+    if (dsec__fn_files_open(&sb->files, dir, true, sb->disk_mb << 20, 65536, err) < 0)
+        goto out_free;
+    if (state_string(sb, backend_state, err) < 0) {
+        dsec_err e;
+        dsec__fn_files_close(&sb->files);
+        dsec__fn_files_remove(dir, &e);
+        goto out_free;
+    }
+    *out = (dsec_sandbox *)(void *)sb;
+    return 0;
+
+out_free:
+    dsec_free(sb);
+    return -1;
+}
+
+static int fn_destroy(void *self, dsec_sandbox *h, dsec_err *err)
+{
+    struct fn *f = self;
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    char dir[PATH_MAX + ID_MAX + 2];
+    sb_dir(f, sb->id, dir, sizeof dir);
+    dsec__fn_files_close(&sb->files);
+    if (dsec__fn_files_remove(dir, err) < 0) {
+        /* keep the handle usable, as the contract asks */
+        dsec_err e;
+        dsec__fn_files_open(&sb->files, dir, false, sb->disk_mb << 20, 65536, &e);
+        return -1;
+    }
+    dsec_free(sb);
+    return 0;
+}
+
+static void fn_detach(void *self, dsec_sandbox *h)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    dsec__fn_files_close(&sb->files);
+    dsec_free(sb);
+}
+
+static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state,
+                    dsec_sandbox **out, dsec_err *err)
+{
+    struct fn *f = self;
+    struct fn_sb *sb = dsec_calloc(1, sizeof *sb);
+    if (sb == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: adopting a sandbox");
+    char rt[16];
+    int used = 0;
+    if (sscanf(state,
+               STATE_MAGIC ";rt=%15[^;];mem=%" SCNu64 ";cpu=%" SCNu64 ";timeout=%" SCNu64
+                           ";fsize=%" SCNu64 ";nproc=%" SCNu32 ";nofile=%" SCNu32 ";disk=%" SCNu64
+                           ";id=%128[A-Za-z0-9._-]%n",
+               rt, &sb->lim.memory_mb, &sb->lim.cpu_ms, &sb->lim.timeout_ms, &sb->lim.fsize_mb,
+               &sb->lim.nproc, &sb->lim.nofile, &sb->disk_mb, sb->id, &used) != 9 ||
+        state[used] != '\0' || (sb->rt = dsec__fn_runtime_find(rt)) < 0 || sb->id[0] == '.') {
+        dsec_free(sb);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "function: backend_state \"%.80s\" is not one this backend wrote",
+                            state);
+    }
+    if (spec != NULL && spec->id != NULL && strcmp(spec->id, sb->id) != 0) {
+        dsec_err_set(err, DSEC_E_INVALID, 0, "function: backend_state is for sandbox %s, not %s",
+                     sb->id, spec->id);
+        dsec_free(sb);
+        return -1;
+    }
+    char dir[PATH_MAX + ID_MAX + 2];
+    sb_dir(f, sb->id, dir, sizeof dir);
+    if (dsec__fn_files_open(&sb->files, dir, false, sb->disk_mb << 20, 65536, err) < 0) {
+        dsec_err_wrap(err, "function: re-adopting %s", sb->id);
+        dsec_free(sb);
+        return -1;
+    }
+    *out = (dsec_sandbox *)(void *)sb;
+    return 0;
+}
+
+static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
+                   dsec_err *err)
+{
+    struct fn *f = self;
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    if (dsec__fn_call(f->pools, &f->cc, sb->rt, &sb->lim, &sb->files, req, res, err) < 0)
+        return -1;
+    sb->cpu_used_us += res->cpu_us;
+    sb->calls++;
+    return 0;
+}
+
+static int fn_file_write(void *self, dsec_sandbox *h, const char *path, const void *data,
+                         size_t len, uint32_t mode, bool append, dsec_err *err)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    return dsec__fn_files_write(&sb->files, path, data, len, mode, append, err);
+}
+
+static int fn_file_read(void *self, dsec_sandbox *h, const char *path, uint64_t offset,
+                        uint64_t max, dsec_file_data *out, dsec_err *err)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    return dsec__fn_files_read(&sb->files, path, offset, max, out, err);
+}
+
+static int fn_file_list(void *self, dsec_sandbox *h, const char *path, dsec_file_entry **entries,
+                        size_t *n, dsec_err *err)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    return dsec__fn_files_list(&sb->files, path, entries, n, err);
+}
+
+static int fn_stats(void *self, dsec_sandbox *h, dsec_sandbox_stats *out, dsec_err *err)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    memset(out, 0, sizeof *out);
+    /* Between calls a function sandbox runs nothing and holds no memory. */
+    out->cpu_used_us = sb->cpu_used_us;
+    out->disk_bytes = sb->files.bytes;
+    out->nfiles = sb->files.nfiles;
+    return 0;
+}
+
+const dsec_backend_ops dsec_function_ops = {
+    .type = "function",
+    .init = fn_init,
+    .fini = fn_fini,
+    .create = fn_create,
+    .exec = fn_exec,
+    .file_write = fn_file_write,
+    .file_read = fn_file_read,
+    .file_list = fn_file_list,
+    .destroy = fn_destroy,
+    .stats = fn_stats,
+    .adopt = fn_adopt,
+    .detach = fn_detach,
+};
+
+/* ---- introspection ------------------------------------------------------------------------- */
+
+static int runtime_of(const char *name, dsec_err *err)
+{
+    int rt = dsec__fn_runtime_find(name);
+    if (rt < 0)
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "unknown function runtime \"%s\" (known: python3, sh, native)",
+                     name ? name : "(null)");
+    return rt;
+}
+
+int dsec_function_pool_info_get(void *self, const char *runtime, dsec_function_pool_info *out,
+                                dsec_err *err)
+{
+    struct fn *f = self;
+    int rt = runtime_of(runtime, err);
+    return rt < 0 ? -1 : dsec__fn_pools_info(f->pools, rt, out);
+}
+
+int dsec_function_pool_warm(void *self, const char *runtime, unsigned warm, unsigned hot,
+                            int wait_ms, dsec_err *err)
+{
+    struct fn *f = self;
+    int rt = runtime_of(runtime, err);
+    if (rt < 0 || dsec__fn_pools_start(f->pools, rt, wait_ms, err) < 0)
+        return -1;
+    return dsec__fn_pools_set_warm(f->pools, rt, warm, hot, wait_ms, err);
+}
+
+size_t dsec_function_pool_pids(void *self, const char *runtime, pid_t *out, size_t max)
+{
+    struct fn *f = self;
+    int rt = dsec__fn_runtime_find(runtime);
+    return rt < 0 ? 0 : dsec__fn_pools_warm_pids(f->pools, rt, out, max);
+}

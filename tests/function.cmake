@@ -1,0 +1,13 @@
+# Function backend: real calls in sandboxed workers (root: namespaces, mounts, cgroups), and one
+# call end to end through the bus (node with backend: native).
+add_executable(test_function test_function.c)
+target_link_libraries(test_function PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME function COMMAND test_function)
+set_tests_properties(function PROPERTIES TIMEOUT 300)
+
+add_executable(test_function_bus test_function_bus.c)
+target_link_libraries(test_function_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+  PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+add_test(NAME function_bus COMMAND test_function_bus)
+set_tests_properties(function_bus PROPERTIES TIMEOUT 120)

@@ -1,0 +1,173 @@
+/* test_function_bus.c - function calls end to end: a cell on a real nats-server whose node runs the
+ * function backend natively; libdsec creates, execs, calls. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/cell.h"
+#include "bus/bus.h"
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+#include "tests/fixture.h"
+
+static dsec_natsd *natsd;
+static char root[64];
+static dsec_cell_conf conf;
+static dsec_cell *cell;
+static dsec_client *cl;
+
+static void opt(dsec_cell_node *n, const char *k, const char *v)
+{
+    n->opts[n->nopts].key = dsec_strdup(k);
+    n->opts[n->nopts].value = dsec_strdup(v);
+    n->nopts++;
+}
+
+static int group_setup(void **state)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_function_bus: needs root (function sandboxes); skipping\n");
+        return 0;
+    }
+    if (dsec_test_server_start("dsec-fnbus", false, &natsd, root, sizeof root) < 0)
+        return -1;
+    dsec_err err;
+    dsec_cell_conf_defaults(&conf);
+    snprintf(conf.cell, sizeof conf.cell, "fnbus");
+    snprintf(conf.url, sizeof conf.url, "%s", dsec_natsd_url(natsd));
+    snprintf(conf.state_dir, sizeof conf.state_dir, "%s/cell", root);
+    conf.capacity_ms = 20;
+    conf.full_ms = 500;
+    conf.heartbeat_ms = 100;
+    static const char *const types[] = {"function", NULL};
+    if (dsec_cell_conf_add_sim_nodes(&conf, "fnbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
+        fprintf(stderr, "conf: %s\n", err.msg);
+        return -1;
+    }
+    dsec_cell_node *n = &conf.nodes[0];
+    snprintf(n->backend, sizeof n->backend, "native");
+    opt(n, "function.pool_python3", "2");
+    opt(n, "function.pool_sh", "1");
+    opt(n, "function.pool_native", "0");
+    opt(n, "function.max_workers", "16");
+    opt(n, "function.uid_base", "1600000000");
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
+        fprintf(stderr, "cell: %s\n", err.msg);
+        return -1;
+    }
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "fnbus", .timeout_ms = 20000};
+    if (dsec_client_connect(&cl, &o, &err) < 0) {
+        fprintf(stderr, "client: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    dsec_client_free(cl);
+    dsec_cell_stop(cell, true);
+    dsec_cell_conf_release(&conf);
+    if (natsd != NULL)
+        return dsec_test_server_stop(natsd, root);
+    return 0;
+}
+
+static int need_root(void **state)
+{
+    if (cell == NULL)
+        skip();
+    return 0;
+}
+
+static void create_and_exec_python_over_the_bus(void **state)
+{
+    dsec_err err;
+    dsec_sandbox_info info;
+    static const char *const labels[] = {"runtime=python3", NULL};
+    dsec_create_spec spec = {
+        .type = "function", .labels = labels, .memory_mb = 256, .cell = "fnbus"};
+    if (dsec_create(cl, &spec, &info, &err) < 0)
+        fail_msg("create: %s (%s)", err.msg, dsec_code_name(err.code));
+    assert_string_equal(info.type, "function");
+    assert_string_equal(info.node, "fnbus-0000");
+
+    static const char *const argv[] = {
+        "python3", "-c", "import sys; print(sum(range(10)), sys.argv[1:])", "x", NULL};
+    dsec_exec_opts o = {.argv = argv};
+    dsec_exec_reply r;
+    if (dsec_exec(cl, info.id, &o, &r, &err) < 0)
+        fail_msg("exec: %s (%s)", err.msg, dsec_code_name(err.code));
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal((char *)r.out, "45 ['x']\n");
+    assert_int_equal(r.err_len, 0);
+    dsec_exec_reply_release(&r);
+
+    /* a dependency file, then a script using it, with stdin and env */
+    const char *mod = "def shout(s):\n    return s.upper() + '!'\n";
+    assert_int_equal(dsec_file_write(cl, info.id, "/work/lib.py", mod, strlen(mod), 0644, &err), 0);
+    static const char *const argv2[] = {
+        "python3", "-c",
+        "import lib, os, sys; print(lib.shout(sys.stdin.read()), os.environ['WHO'])", NULL};
+    static const char *const env[] = {"WHO=bus", NULL};
+    dsec_exec_opts o2 = {
+        .argv = argv2, .env = env, .stdin_data = "hi", .stdin_len = 2, .timeout_ms = 5000};
+    if (dsec_exec(cl, info.id, &o2, &r, &err) < 0)
+        fail_msg("exec: %s", err.msg);
+    assert_string_equal((char *)r.out, "HI! bus\n");
+    dsec_exec_reply_release(&r);
+
+    /* a malformed task is the backend's clear error, carried over the bus */
+    static const char *const bad[] = {"python3", "-c", NULL};
+    dsec_exec_opts o3 = {.argv = bad};
+    assert_int_equal(dsec_exec(cl, info.id, &o3, &r, &err), -1);
+    assert_non_null(strstr(err.msg, "-c needs an argument"));
+
+    assert_int_equal(dsec_destroy(cl, info.id, &err), 0);
+}
+
+static void one_shot_call(void **state)
+{
+    dsec_err err;
+    dsec_exec_reply r;
+    static const char *const argv[] = {"sh", "-c",  "cat /work/data.txt; echo \"$1\" >&2; exit 5",
+                                       "sh", "arg", NULL};
+    dsec_call_file files[] = {{.path = "/work/data.txt", .data = "from a file\n", .len = 12}};
+    dsec_call_spec spec = {.runtime = "sh",
+                           .argv = argv,
+                           .files = files,
+                           .nfiles = 1,
+                           .timeout_ms = 5000,
+                           .cell = "fnbus"};
+    if (dsec_call(cl, &spec, &r, &err) < 0)
+        fail_msg("call: %s", err.msg);
+    assert_int_equal(r.exit_code, 5);
+    assert_string_equal((char *)r.out, "from a file\n");
+    assert_string_equal((char *)r.err_out, "arg\n");
+    dsec_exec_reply_release(&r);
+
+    /* a call past its wall time */
+    static const char *const nap[] = {"python3", "-c", "import time; time.sleep(30)", NULL};
+    dsec_call_spec slow = {.argv = nap, .timeout_ms = 300, .cell = "fnbus"};
+    if (dsec_call(cl, &slow, &r, &err) < 0)
+        fail_msg("call: %s", err.msg);
+    assert_true(r.timed_out);
+    assert_int_equal(r.signal, 9);
+    dsec_exec_reply_release(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(create_and_exec_python_over_the_bus, need_root),
+        cmocka_unit_test_setup(one_shot_call, need_root),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
