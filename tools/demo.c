@@ -85,9 +85,10 @@ static void on_created(int status, const dsec_sandbox_info *info, const dsec_err
 
 static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
 {
-    enum { CREATE, EXEC, WRITE, READ, LIST, FORK, PAUSE, RESUME, DESTROY, NOPS };
+    enum { CREATE, EXEC, WRITE, READ, LIST, FORK, PAUSE, RESUME, DESTROY, FN_CREATE, FN_CALL, NOPS };
     static const char *const names[NOPS] = {"create", "exec", "file write", "file read", "file list",
-                                            "fork", "pause", "resume", "destroy"};
+                                            "fork", "pause", "resume", "destroy", "fn create",
+                                            "fn call"};
     for (int i = 0; i < NOPS; i++)
         rows[i] = (struct stat_row){.op = names[i]};
     *nrows = NOPS;
@@ -190,7 +191,39 @@ static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
     rc = dsec_resume(c, p.ids[1], &err);
     record(&rows[RESUME], t0, rc, &err);
 
-    /* 5. everything is destroyed */
+    /* 5. a judged program: function calls in a real sandboxed worker */
+    static const char *const py[] = {"runtime=python3", NULL};
+    dsec_sandbox_info fn;
+    t0 = now_ms();
+    rc = dsec_create(c, &(dsec_create_spec){.type = "function", .labels = py, .memory_mb = 256}, &fn,
+                     &err);
+    record(&rows[FN_CREATE], t0, rc, &err);
+    for (int i = 0; rc == 0 && i < 8; i++) {
+        char code[64];
+        snprintf(code, sizeof code, "print(%d * 7)", i + 1);
+        const char *argv[] = {"python3", "-c", code, NULL};
+        dsec_exec_reply r;
+        double t1 = now_ms();
+        int crc = dsec_exec(c, fn.id, &(dsec_exec_opts){.argv = argv}, &r, &err);
+        record(&rows[FN_CALL], t1, crc, &err);
+        if (crc == 0) {
+            char want[16];
+            snprintf(want, sizeof want, "%d\n", (i + 1) * 7);
+            if (r.exit_code != 0 || r.out_len != strlen(want) || memcmp(r.out, want, r.out_len) != 0) {
+                fprintf(stderr, "demo: function call printed %.*s (exit %d), expected %s",
+                        (int)r.out_len, (const char *)r.out, r.exit_code, want);
+                rows[FN_CALL].failed++;
+            }
+            dsec_exec_reply_release(&r);
+        }
+    }
+    if (rc == 0) {
+        t0 = now_ms();
+        rc = dsec_destroy(c, fn.id, &err);
+        record(&rows[DESTROY], t0, rc, &err);
+    }
+
+    /* 6. everything else is destroyed */
     for (size_t i = 0; i < nkids; i++) {
         t0 = now_ms();
         rc = dsec_destroy(c, kids[i], &err);
@@ -221,19 +254,29 @@ int dsec_cli_demo(int argc, char **argv)
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s", state);
     dsec_err err;
     static const char *const types[] = {"sim", NULL};
+    static const char *const fn_types[] = {"function", NULL};
     dsec_cell *cell = NULL;
     dsec_client *c = NULL;
     int status = 1;
     if (dsec_cell_conf_add_sim_nodes(&conf, "demo", 1, 8000, 16384, 256, types, "1", &err) < 0 ||
-        dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
+        dsec_cell_conf_add_sim_nodes(&conf, "demo-fn", 1, 4000, 4096, 64, fn_types, NULL, &err) < 0) {
+        fprintf(stderr, "dsec demo: %s\n", err.msg);
+        goto out;
+    }
+    /* the second node runs real function-call sandboxes */
+    snprintf(conf.nodes[1].name, sizeof conf.nodes[1].name, "demo-fn");
+    snprintf(conf.nodes[1].backend, sizeof conf.nodes[1].backend, "native");
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
         goto out;
     }
     printf("dsec demo: embedded nats-server at %s (JetStream store in %s/nats)\n",
            dsec_cell_url(cell), state);
-    printf("dsec demo: cell \"%s\": 1 node (%s), 1 scheduler\n", conf.cell, conf.nodes[0].name);
-    printf("dsec demo: sandbox types available on this machine: sim (no real work; start-up,\n"
-           "           CPU and memory modelled). Real backends arrive with their issues.\n\n");
+    printf("dsec demo: cell \"%s\": 2 nodes (%s: sim; %s: function), 1 scheduler\n", conf.cell,
+           conf.nodes[0].name, conf.nodes[1].name);
+    printf("dsec demo: sandbox types available on this machine: function (forked from warm\n"
+           "           python3 zygotes into fresh namespaces) and sim (no real work; start-up, CPU\n"
+           "           and memory modelled). Containers and VMs arrive with their issues.\n\n");
     dsec_client_opts co = {.url = dsec_cell_url(cell), .tenant = "demo"};
     if (dsec_client_connect(&c, &co, &err) < 0) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
@@ -254,12 +297,14 @@ int dsec_cli_demo(int argc, char **argv)
         printf("%-12s %6d %6d %10.2f %10.2f\n", rows[i].op, rows[i].ok, rows[i].failed,
                pct(&rows[i], 0.5), pct(&rows[i], 1.0));
     }
-    dsec_node_stats ns;
+    dsec_node_stats ns, fs;
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
-    printf("\n%d rollouts, %d forks, workload %.0f ms; node: %" PRIu64 " created, %" PRIu64
-           " destroyed, %" PRIu64 " live at the end\n",
-           ROLLOUTS, FORKS, total, ns.created, ns.destroyed, ns.live);
-    status = failures == 0 && ns.live == 0 ? 0 : 1;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &fs);
+    printf("\n%d rollouts, %d forks, 8 function calls, workload %.0f ms; nodes: %" PRIu64
+           " created, %" PRIu64 " destroyed, %" PRIu64 " live at the end\n",
+           ROLLOUTS, FORKS, total, ns.created + fs.created, ns.destroyed + fs.destroyed,
+           ns.live + fs.live);
+    status = failures == 0 && ns.live + fs.live == 0 ? 0 : 1;
     printf("dsec demo: %s\n", status == 0 ? "all operations succeeded" : "FAILED (see above)");
 out:
     dsec_client_free(c);
