@@ -697,7 +697,8 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                                 .stderr_data = {r.stderr_data, r.stderr_len},
                                 .stdout_truncated = r.stdout_truncated,
                                 .stderr_truncated = r.stderr_truncated,
-                                .duration_us = r.duration_us, .timed_out = r.timed_out};
+                                .duration_us = r.duration_us, .timed_out = r.timed_out,
+                                .cpu_us = r.cpu_us, .peak_rss_kb = r.peak_rss_kb};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
         dsec_wire_error(n->actor, m, &err);
     dsec_exec_result_release(&r);

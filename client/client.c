@@ -438,6 +438,8 @@ int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec
         res->out_truncated = r.stdout_truncated;
         res->err_truncated = r.stderr_truncated;
         res->duration_us = r.duration_us;
+        res->cpu_us = r.cpu_us;
+        res->peak_rss_kb = r.peak_rss_kb;
         res->out = dsec_malloc(r.stdout_data.len + 1);
         res->err_out = dsec_malloc(r.stderr_data.len + 1);
         if (res->out == NULL || res->err_out == NULL) {

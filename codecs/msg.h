@@ -183,6 +183,8 @@ typedef struct dsec_msg_exec_result {
     bool stderr_truncated;
     uint64_t duration_us;
     bool timed_out;
+    uint64_t cpu_us;      /* CPU time the command used, where the backend measures it */
+    uint64_t peak_rss_kb; /* its peak resident memory, where the backend measures it */
 } dsec_msg_exec_result;
 
 typedef struct dsec_msg_file_write {

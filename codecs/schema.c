@@ -153,6 +153,8 @@ static const dsec_field exec_result_fields[] = {
     FBOOL(dsec_msg_exec_result, stderr_truncated, "stderr_truncated", "stderr was cut"),
     FU64(dsec_msg_exec_result, duration_us, "duration_us", false, 0, 0, "run time in µs"),
     FBOOL(dsec_msg_exec_result, timed_out, "timed_out", "killed by timeout_ms"),
+    FU64(dsec_msg_exec_result, cpu_us, "cpu_us", false, 0, 0, "CPU time used, microseconds"),
+    FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0, "peak resident memory, KiB"),
 };
 
 static const dsec_field file_write_fields[] = {

@@ -152,7 +152,9 @@ static void sample_b(int type, void *out)
                                                               .stdout_truncated = true,
                                                               .stderr_truncated = true,
                                                               .duration_us = 1234,
-                                                              .timed_out = true};
+                                                              .timed_out = true,
+                                                              .cpu_us = 1234,
+                                                              .peak_rss_kb = 5678};
         break;
     case DSEC_MSG_FILE_WRITE:
         *(dsec_msg_file_write *)out = (dsec_msg_file_write){.id = "n7-00000000000000a0",

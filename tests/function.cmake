@@ -11,3 +11,8 @@ target_link_libraries(test_function_bus PRIVATE dsec_test_fixture dsec_client ds
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
 add_test(NAME function_bus COMMAND test_function_bus)
 set_tests_properties(function_bus PROPERTIES TIMEOUT 120)
+
+# Both tests create namespaces, cgroups and per-slot uids on this host; the
+# suite checks afterwards that nothing of its own was left behind, so they
+# must not overlap.
+set_tests_properties(function function_bus PROPERTIES RESOURCE_LOCK dsec_function_host)

@@ -108,6 +108,9 @@ static void create_and_exec_python_over_the_bus(void **state)
     assert_int_equal(r.exit_code, 0);
     assert_string_equal((char *)r.out, "45 ['x']\n");
     assert_int_equal(r.err_len, 0);
+    /* the result carries what the call used, across the bus */
+    assert_true(r.peak_rss_kb > 1000); /* a python3 interpreter holds a few MiB */
+    assert_true(r.duration_us > 0);
     dsec_exec_reply_release(&r);
 
     /* a dependency file, then a script using it, with stdin and env */

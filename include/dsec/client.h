@@ -100,6 +100,8 @@ typedef struct dsec_exec_reply {
     size_t err_len;
     bool err_truncated;
     uint64_t duration_us;
+    uint64_t cpu_us;      /* 0 when the backend does not measure it */
+    uint64_t peak_rss_kb; /* 0 when the backend does not measure it */
 } dsec_exec_reply;
 
 int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_exec_reply *res,

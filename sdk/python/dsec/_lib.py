@@ -47,7 +47,7 @@ class ExecReply(Structure):
     _fields_ = [("exit_code", c_int), ("signal", c_int), ("timed_out", c_bool),
                 ("out", POINTER(c_uint8)), ("out_len", c_size_t), ("out_truncated", c_bool),
                 ("err_out", POINTER(c_uint8)), ("err_len", c_size_t), ("err_truncated", c_bool),
-                ("duration_us", c_uint64)]
+                ("duration_us", c_uint64), ("cpu_us", c_uint64), ("peak_rss_kb", c_uint64)]
 
 
 class WriteOpts(Structure):

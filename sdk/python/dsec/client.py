@@ -463,7 +463,8 @@ class Sandbox:
                              signal=rep.signal, timed_out=bool(rep.timed_out),
                              stdout_truncated=bool(rep.out_truncated),
                              stderr_truncated=bool(rep.err_truncated),
-                             duration_us=rep.duration_us)
+                             duration_us=rep.duration_us, cpu_us=rep.cpu_us,
+                             peak_rss_kb=rep.peak_rss_kb)
         finally:
             _lib.exec_reply_release(ctypes.byref(rep))
         if check and not res.ok:

@@ -85,6 +85,8 @@ class ExecResult:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     duration_us: int = 0
+    cpu_us: int = 0       # 0 when the backend does not measure it
+    peak_rss_kb: int = 0  # 0 when the backend does not measure it
 
     @property
     def ok(self):
