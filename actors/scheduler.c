@@ -251,8 +251,6 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
         goto out;
     }
     p.c.tenant = l->tenant;
-    dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     int tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
                                   dsec_registry_all(s->reg), &err);
     if (tidx < 0)
@@ -478,7 +476,7 @@ static uint64_t event_key(const dsec_msg *cm, void *ud)
     return h % 8; /* a few lanes: per-node order is kept, nodes interleave */
 }
 
-static struct waiter *container_tail(struct waiter *w)
+static struct waiter *list_tail(struct waiter *w)
 {
     while (w->next != NULL)
         w = w->next;
@@ -599,7 +597,7 @@ static void tick_wait(void *ud, uint64_t mono)
     if (keep != NULL) {
         *kt = s->whead;
         if (s->whead == NULL)
-            s->wtail = container_tail(keep);
+            s->wtail = list_tail(keep);
         s->whead = keep;
     }
     s->nwaiting += n;
