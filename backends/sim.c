@@ -245,7 +245,7 @@ static int sim_options(struct sim *s, const dsec_backend_config *cfg, dsec_err *
             if (parse_double(k, v, 1e6, &s->time_scale, err) < 0)
                 return -1;
         } else if (strcmp(k, "max_disk_mb") == 0) {
-            uint32_t mb;
+            uint32_t mb = 0;
             if (parse_u32(k, v, 1u << 24, &mb, err) < 0)
                 return -1;
             s->max_disk_bytes = mb * MIB;
