@@ -37,14 +37,32 @@ static const char *find(const struct seen *s, const char *id)
     return NULL;
 }
 
+/* Every temp dir a test made, removed by the group teardown. */
+static char dirs[16][32];
+static int ndirs;
+
 static char *tmp_path(void)
 {
-    static char dir[] = "/tmp/dsec-journal-XXXXXX";
     static char path[128];
+    assert_true(ndirs < 16);
+    char *dir = dirs[ndirs++];
     strcpy(dir, "/tmp/dsec-journal-XXXXXX");
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/j", dir);
     return path;
+}
+
+static int remove_dirs(void **state)
+{
+    int rc = 0;
+    for (int i = 0; i < ndirs; i++) {
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dirs[i]);
+        if (system(cmd) != 0)
+            rc = -1;
+    }
+    ndirs = 0;
+    return rc;
 }
 
 static void replay_keeps_latest_and_drops_deleted(void **state)
@@ -190,5 +208,5 @@ int main(void)
         cmocka_unit_test(compaction_keeps_live_and_shrinks),
         cmocka_unit_test(bad_ids_and_sizes_are_refused),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, remove_dirs);
 }
