@@ -84,18 +84,24 @@ static int rel_of(const char *path, const char **rel, dsec_err *err)
                         path);
 }
 
+/* A stream over the directory dfd refers to, with its own descriptor. */
+static DIR *opendir_at(int dfd)
+{
+    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (d == NULL && fd >= 0)
+        close(fd);
+    return d;
+}
+
 /* Sum of sizes and count of regular files below dirfd. */
 static int usage(int dfd, uint64_t *bytes, uint64_t *files, int depth)
 {
     if (depth > 64)
         return -1;
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d == NULL) {
-        if (fd >= 0)
-            close(fd);
+    DIR *d = opendir_at(dfd);
+    if (d == NULL)
         return -1;
-    }
     int rc = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
@@ -155,13 +161,9 @@ static int rm_tree(int dfd, int depth)
 {
     if (depth > 64)
         return -1;
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d == NULL) {
-        if (fd >= 0)
-            close(fd);
+    DIR *d = opendir_at(dfd);
+    if (d == NULL)
         return -1;
-    }
     int rc = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
@@ -218,7 +220,7 @@ static int pwrite_all(int fd, const void *data, size_t len, off_t off)
 int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data, size_t len,
                          uint32_t mode, bool append, dsec_err *err)
 {
-    const char *rel;
+    const char *rel = NULL;
     if (rel_of(path, &rel, err) < 0)
         return -1;
     if (strcmp(rel, ".") == 0)
@@ -271,7 +273,7 @@ int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data,
 int dsec__fn_files_read(struct fn_files *f, const char *path, uint64_t offset, uint64_t max,
                         dsec_file_data *out, dsec_err *err)
 {
-    const char *rel;
+    const char *rel = NULL;
     if (rel_of(path, &rel, err) < 0)
         return -1;
     int fd = open_beneath(f->dirfd, rel, O_RDONLY, 0);
@@ -350,7 +352,7 @@ int dsec__fn_files_list(struct fn_files *f, const char *path, dsec_file_entry **
         *n = 1;
         return 0;
     }
-    const char *rel;
+    const char *rel = NULL;
     if (rel_of(path, &rel, err) < 0)
         return -1;
     int fd = open_beneath(f->dirfd, rel, O_RDONLY, 0);
@@ -434,13 +436,9 @@ static int bundle_dir(int out, int dfd, char *prefix, size_t plen, int depth)
 {
     if (depth > 64)
         return -1;
-    int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-    if (d == NULL) {
-        if (fd >= 0)
-            close(fd);
+    DIR *d = opendir_at(dfd);
+    if (d == NULL)
         return -1;
-    }
     int rc = 0;
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
-#include <nats/nats.h>
+#include "bench/raw_nats.h"
 
 #include "actors/cell.h"
 #include "actors/wire.h"
@@ -112,39 +112,6 @@ static int64_t varz_in_msgs(int port)
     return p ? strtoll(p + 10, NULL, 10) : -1;
 }
 
-/* ---- raw nats.c publish throughput (the baseline) ------------------------------------- */
-
-static _Atomic long raw_got;
-static void raw_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ud)
-{
-    atomic_fetch_add(&raw_got, 1);
-    natsMsg_Destroy(msg);
-}
-
-static double raw_publish_rate(const char *url, long n)
-{
-    natsConnection *pub = NULL, *sub = NULL;
-    natsSubscription *s = NULL;
-    if (natsConnection_ConnectTo(&pub, url) != NATS_OK || natsConnection_ConnectTo(&sub, url) != NATS_OK)
-        return 0;
-    natsConnection_Subscribe(&s, sub, "bench.raw", raw_cb, NULL);
-    natsSubscription_SetPendingLimits(s, -1, -1);
-    natsConnection_Flush(sub);
-    char payload[200];
-    memset(payload, 'x', sizeof payload);
-    atomic_store(&raw_got, 0);
-    double t0 = now_s();
-    for (long i = 0; i < n; i++)
-        natsConnection_Publish(pub, "bench.raw", payload, sizeof payload);
-    natsConnection_Flush(pub);
-    while (atomic_load(&raw_got) < n && now_s() - t0 < 30)
-        usleep(1000);
-    double rate = (double)atomic_load(&raw_got) / (now_s() - t0);
-    natsSubscription_Destroy(s);
-    natsConnection_Destroy(pub);
-    natsConnection_Destroy(sub);
-    return rate;
-}
 
 /* ---- the load generator ----------------------------------------------------------------- */
 
@@ -279,13 +246,12 @@ static double pctl(double *v, long n, double p)
  * when more is (open loop within each second: send times never wait for
  * replies). Returns creates answered per second over the phase. */
 static double run_phase(struct gen *g, double rate, double secs, long stop_at_created, bool adapt,
-                        double *p50, double *p99, double *p999, double *elapsed, double *peak_rate)
+                        double *p50, double *p99, double *p999, double *elapsed)
 {
     atomic_store(&g->nlat, 0);
     long created0 = atomic_load(&g->created);
     double t0 = now_s(), t_rate = t0, next_check = t0 + 1.0;
     long sent_at_rate = 0;
-    *peak_rate = rate;
     for (;;) {
         double t = now_s();
         if (t - t0 >= secs || (stop_at_created > 0 && atomic_load(&g->created) >= stop_at_created))
@@ -293,8 +259,6 @@ static double run_phase(struct gen *g, double rate, double secs, long stop_at_cr
         if (adapt && t >= next_check) {
             long backlog = atomic_load(&g->in_flight);
             rate = backlog > (long)(rate * 0.05) ? rate * 0.9 : rate * 1.05;
-            if (rate > *peak_rate && backlog <= (long)(rate * 0.05))
-                *peak_rate = rate;
             t_rate = t;
             sent_at_rate = 0;
             next_check = t + 1.0;
@@ -422,7 +386,7 @@ int main(int argc, char **argv)
     printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 processes)\n",
            url, NODES);
 
-    double raw = raw_publish_rate(url, 1000000);
+    double raw = dsec_bench_raw_publish_rate(url, 1000000);
     printf("baseline: raw nats.c publish -> async subscriber, 200 B: %.0f msg/s\n", raw);
 
     pid_t kids[3];
@@ -450,8 +414,7 @@ int main(int argc, char **argv)
     g.phase = 1;
     double p50a, p99a, p999a, el1;
     int64_t m0 = varz_in_msgs(mon_port);
-    double peak1;
-    double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50a, &p99a, &p999a, &el1, &peak1);
+    double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50a, &p99a, &p999a, &el1);
     int64_t m1 = varz_in_msgs(mon_port);
     long c1 = atomic_load(&g.created), f1 = atomic_load(&g.failed);
     printf("phase 1: target %.0f creates/s for %.0f s: %.0f creates/s answered, %ld execs, %ld destroys, %ld failed;"
@@ -479,9 +442,8 @@ int main(int argc, char **argv)
     double p50b, p99b, p999b, el2;
     long created_before = atomic_load(&g.created);
     int64_t m2 = varz_in_msgs(mon_port);
-    double peak2;
     double rate2 = run_phase(&g, phase2_rate, 120, created_before + LIVE_TARGET, true, &p50b, &p99b,
-                             &p999b, &el2, &peak2);
+                             &p999b, &el2);
     int64_t m3 = varz_in_msgs(mon_port);
     long c2 = atomic_load(&g.created) - created_before;
     sleep(1); /* the last capacity deltas */
@@ -490,7 +452,6 @@ int main(int argc, char **argv)
     printf("phase 2: offered from %.0f creates/s, adapting to the cell: %.0f creates/s sustained over %.1f s"
            " (%ld created, %ld failed); create latency p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n",
            phase2_rate, rate2, el2, c2, atomic_load(&g.failed) - f1, p50b, p99b, p999b);
-    (void)peak2;
     printf("live sandboxes (as the nodes report): %ld; bus messages per create in phase 2 (server in_msgs): %.2f\n",
            live, per_create);
     if (atomic_load(&g.failed) > f1)

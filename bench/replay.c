@@ -1,11 +1,10 @@
 /* replay.c - make bench S=replay: operations per second the replayer issues into a no-op sink, against raw nats.c publish. */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <nats/nats.h>
+#include "bench/raw_nats.h"
 
 #include "actors/wire.h"
 #include "bus/bus.h"
@@ -28,37 +27,6 @@ static int noop_publish(void *ctx, const char *subject, const dsec_hdr *h, const
     return 0;
 }
 
-static _Atomic long raw_got;
-static void raw_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *ud)
-{
-    (void)nc, (void)sub, (void)ud;
-    atomic_fetch_add(&raw_got, 1);
-    natsMsg_Destroy(msg);
-}
-
-static double raw_publish_rate(const char *url, long n)
-{
-    natsConnection *pub = NULL, *sub = NULL;
-    natsSubscription *s = NULL;
-    if (natsConnection_ConnectTo(&pub, url) != NATS_OK || natsConnection_ConnectTo(&sub, url) != NATS_OK)
-        return 0;
-    natsConnection_Subscribe(&s, sub, "bench.raw", raw_cb, NULL);
-    natsSubscription_SetPendingLimits(s, -1, -1);
-    natsConnection_Flush(sub);
-    char payload[200];
-    memset(payload, 'x', sizeof payload);
-    double t0 = sim_now();
-    for (long i = 0; i < n; i++)
-        natsConnection_Publish(pub, "bench.raw", payload, sizeof payload);
-    natsConnection_Flush(pub);
-    while (atomic_load(&raw_got) < n && sim_now() - t0 < 30)
-        usleep(1000);
-    double rate = (double)atomic_load(&raw_got) / (sim_now() - t0);
-    natsSubscription_Destroy(s);
-    natsConnection_Destroy(pub);
-    natsConnection_Destroy(sub);
-    return rate;
-}
 
 int main(void)
 {
@@ -113,7 +81,7 @@ int main(void)
     double raw = 0;
     dsec_natsd *nd;
     if (mkdtemp(dir) && dsec_natsd_start(&nd, &(dsec_natsd_opts){.state_dir = dir}, &err) == 0) {
-        raw = raw_publish_rate(dsec_natsd_url(nd), 1000000);
+        raw = dsec_bench_raw_publish_rate(dsec_natsd_url(nd), 1000000);
         dsec_natsd_stop(nd);
     }
     char cmd[128];
