@@ -1,0 +1,691 @@
+/* layers.c - the generic part of layers: digests, names, the registry wrappers, environment
+ * documents. */
+#define _GNU_SOURCE
+#include "dsec/layers.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dsec/alloc.h"
+#include "dsec/sha256.h"
+
+#define NAME_MAX_LEN 255
+#define ENV_DOC_MAX (1u << 20)
+#define ENV_MAX_LAYERS 128
+#define ENV_MAX_VARS 4096
+
+struct dsec_layer_registry {
+    const dsec_layer_registry_ops *ops;
+    void *self;
+};
+
+/* ---- formats, digests, names ------------------------------------------------------------- */
+
+const char *dsec_layer_format_name(dsec_layer_format f)
+{
+    switch (f) {
+    case DSEC_LAYER_EROFS:
+        return "erofs";
+    case DSEC_LAYER_DIR:
+        return "dir";
+    }
+    return "unknown";
+}
+
+int dsec_layer_format_parse(const char *s, dsec_layer_format *out, dsec_err *err)
+{
+    if (s != NULL && strcmp(s, "erofs") == 0)
+        *out = DSEC_LAYER_EROFS;
+    else if (s != NULL && strcmp(s, "dir") == 0)
+        *out = DSEC_LAYER_DIR;
+    else
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "unknown layer format \"%s\" (want erofs or dir)",
+                            s != NULL ? s : "(null)");
+    return 0;
+}
+
+bool dsec_digest_valid(const char *s)
+{
+    if (s == NULL || strncmp(s, "sha256:", 7) != 0 || strlen(s) != DSEC_DIGEST_STRLEN)
+        return false;
+    for (const char *p = s + 7; *p != '\0'; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return false;
+    return true;
+}
+
+static bool name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
+}
+
+/* Names become paths in directory registries (tags/<name>/<version>), so
+ * beyond the character sets a component may not be empty, "." or "..". */
+static bool component_ok(const char *s, size_t n, bool version)
+{
+    if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!(name_char(c) || (version && ((c >= 'A' && c <= 'Z') || c == '_'))))
+            return false;
+    }
+    return true;
+}
+
+bool dsec_layer_name_valid(const char *s)
+{
+    if (s == NULL || strlen(s) > NAME_MAX_LEN)
+        return false;
+    const char *colon = strchr(s, ':');
+    if (colon == NULL || strchr(colon + 1, ':') != NULL)
+        return false;
+    if (!component_ok(colon + 1, strlen(colon + 1), true))
+        return false;
+    const char *p = s;
+    while (p < colon) {
+        const char *slash = memchr(p, '/', (size_t)(colon - p));
+        const char *end = slash != NULL ? slash : colon;
+        if (!component_ok(p, (size_t)(end - p), false))
+            return false;
+        p = slash != NULL ? slash + 1 : colon;
+        if (slash != NULL && p == colon)
+            return false; /* trailing '/' */
+    }
+    return p == colon && colon > s;
+}
+
+void dsec_digest_from_raw(const uint8_t raw[32], dsec_digest out)
+{
+    static const char hex[] = "0123456789abcdef";
+    memcpy(out, "sha256:", 7);
+    for (int i = 0; i < 32; i++) {
+        out[7 + 2 * i] = hex[raw[i] >> 4];
+        out[8 + 2 * i] = hex[raw[i] & 15];
+    }
+    out[DSEC_DIGEST_STRLEN] = '\0';
+}
+
+int dsec_digest_file(const char *path, dsec_digest out, dsec_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                            "opening %s to digest it", path);
+    enum { BUF = 1 << 20 };
+    uint8_t *buf = dsec_malloc(BUF);
+    if (buf == NULL) {
+        close(fd);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "digesting %s: out of memory", path);
+    }
+    dsec_sha256 c;
+    dsec_sha256_init(&c);
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, BUF);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s to digest it", path);
+            break;
+        }
+        if (n == 0)
+            break;
+        dsec_sha256_update(&c, buf, (size_t)n);
+    }
+    dsec_free(buf);
+    close(fd);
+    if (rc == 0) {
+        uint8_t raw[DSEC_SHA256_LEN];
+        dsec_sha256_final(&c, raw);
+        dsec_digest_from_raw(raw, out);
+    }
+    return rc;
+}
+
+void dsec_layer_infos_free(dsec_layer_info *v, size_t n)
+{
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        dsec_free(v[i].name);
+    dsec_free(v);
+}
+
+void dsec_layer_names_free(char **names, size_t n)
+{
+    if (names == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        dsec_free(names[i]);
+    dsec_free(names);
+}
+
+/* ---- argument checks ---------------------------------------------------------------------- */
+
+static int check_digest(const char *what, const char *s, dsec_err *err)
+{
+    if (dsec_digest_valid(s))
+        return 0;
+    return dsec_err_set(err, DSEC_E_INVALID, 0,
+                        "%s: \"%.80s\" is not a layer digest (want sha256: and 64 lower-case hex "
+                        "digits)",
+                        what, s != NULL ? s : "(null)");
+}
+
+static int check_name(const char *what, const char *s, dsec_err *err)
+{
+    if (dsec_layer_name_valid(s))
+        return 0;
+    return dsec_err_set(err, DSEC_E_INVALID, 0,
+                        "%s: \"%.80s\" is not a name:version (name of [a-z0-9.-] parts joined by "
+                        "'/', version of [A-Za-z0-9._-], neither \".\" nor \"..\")",
+                        what, s != NULL ? s : "(null)");
+}
+
+/* A blob must be what its format says: the EROFS superblock magic at 1024,
+ * or an (uncompressed) tar header's "ustar" at 257. Cheap, and it keeps a
+ * mislabelled file from reaching nodes as a layer that cannot be mounted. */
+static int check_magic(const char *path, dsec_layer_format fmt, dsec_err *err)
+{
+    unsigned char b[1028];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                            "opening layer file %s", path);
+    ssize_t n = pread(fd, b, sizeof b, 0);
+    close(fd);
+    if (fmt == DSEC_LAYER_EROFS &&
+        !(n >= 1028 && b[1024] == 0xe2 && b[1025] == 0xe1 && b[1026] == 0xf5 && b[1027] == 0xe0))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s is not an EROFS image", path);
+    if (fmt == DSEC_LAYER_DIR && !(n >= 262 && memcmp(b + 257, "ustar", 5) == 0))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "%s is not a tar archive (format dir wants an uncompressed tar)", path);
+    return 0;
+}
+
+/* ---- the registry wrappers ---------------------------------------------------------------- */
+
+int dsec_layer_registry_new(dsec_layer_registry **out, const dsec_layer_registry_ops *ops,
+                            void *self, dsec_err *err)
+{
+    *out = NULL;
+    if (ops == NULL || ops->get == NULL || ops->put == NULL || ops->tag_set == NULL ||
+        ops->tag_get == NULL || ops->list == NULL || ops->remove == NULL || ops->env_put == NULL ||
+        ops->env_get == NULL || ops->close == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "layer registry: incomplete ops table");
+    dsec_layer_registry *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "layer registry: out of memory");
+    r->ops = ops;
+    r->self = self;
+    *out = r;
+    return 0;
+}
+
+void dsec_layer_registry_free(dsec_layer_registry *r)
+{
+    if (r == NULL)
+        return;
+    r->ops->close(r->self);
+    dsec_free(r);
+}
+
+const char *dsec_layer_registry_kind(const dsec_layer_registry *r)
+{
+    return r->ops->kind != NULL ? r->ops->kind : "unknown";
+}
+
+int dsec_layer_registry_get(dsec_layer_registry *r, const char *digest, const char *dest,
+                            dsec_err *err)
+{
+    if (check_digest("fetching a layer", digest, err) < 0)
+        return -1;
+    if (dest == NULL || dest[0] == '\0')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "fetching layer %s: no destination path",
+                            digest);
+    return r->ops->get(r->self, digest, dest, err);
+}
+
+char *dsec_layer_registry_direct_path(dsec_layer_registry *r, const char *digest)
+{
+    if (r->ops->direct_path == NULL || !dsec_digest_valid(digest))
+        return NULL;
+    return r->ops->direct_path(r->self, digest);
+}
+
+int dsec_layer_registry_put(dsec_layer_registry *r, const char *digest, dsec_layer_format fmt,
+                            const char *src, dsec_err *err)
+{
+    if (check_digest("storing a layer", digest, err) < 0)
+        return -1;
+    if (fmt != DSEC_LAYER_EROFS && fmt != DSEC_LAYER_DIR)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "storing layer %s: unknown format %d", digest,
+                            (int)fmt);
+    if (src == NULL || src[0] == '\0')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "storing layer %s: no source file", digest);
+    if (check_magic(src, fmt, err) < 0)
+        return dsec_err_wrap(err, "storing layer %s", digest);
+    return r->ops->put(r->self, digest, fmt, src, err);
+}
+
+int dsec_layer_registry_tag_set(dsec_layer_registry *r, const char *name, const char *digest,
+                                dsec_err *err)
+{
+    if (check_name("tagging a layer", name, err) < 0 ||
+        check_digest("tagging a layer", digest, err) < 0)
+        return -1;
+    return r->ops->tag_set(r->self, name, digest, err);
+}
+
+int dsec_layer_registry_resolve(dsec_layer_registry *r, const char *name_or_digest, dsec_digest out,
+                                dsec_err *err)
+{
+    if (dsec_digest_valid(name_or_digest)) {
+        memcpy(out, name_or_digest, DSEC_DIGEST_STRLEN + 1);
+        return 0;
+    }
+    if (!dsec_layer_name_valid(name_or_digest))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "\"%.80s\" is neither a layer name:version nor a sha256: digest",
+                            name_or_digest != NULL ? name_or_digest : "(null)");
+    if (r->ops->tag_get(r->self, name_or_digest, out, err) < 0)
+        return -1;
+    if (!dsec_digest_valid(out))
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "tag %s holds a malformed digest",
+                            name_or_digest);
+    return 0;
+}
+
+int dsec_layer_registry_list(dsec_layer_registry *r, dsec_layer_info **out, size_t *n,
+                             dsec_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    return r->ops->list(r->self, out, n, err);
+}
+
+int dsec_layer_registry_remove(dsec_layer_registry *r, const char *name_or_digest, dsec_err *err)
+{
+    if (!dsec_digest_valid(name_or_digest) && !dsec_layer_name_valid(name_or_digest))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "removing \"%.80s\": neither a layer name:version nor a sha256: digest",
+                            name_or_digest != NULL ? name_or_digest : "(null)");
+    return r->ops->remove(r->self, name_or_digest, err);
+}
+
+int dsec_layer_registry_env_list(dsec_layer_registry *r, char ***names, size_t *n, dsec_err *err)
+{
+    *names = NULL;
+    *n = 0;
+    if (r->ops->env_list == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "the %s layer registry cannot list environments",
+                            dsec_layer_registry_kind(r));
+    return r->ops->env_list(r->self, names, n, err);
+}
+
+/* ---- environments ------------------------------------------------------------------------- */
+
+void dsec_env_free(dsec_env *e)
+{
+    if (e == NULL)
+        return;
+    dsec_free(e->name);
+    for (size_t i = 0; i < e->nlayers; i++)
+        dsec_free(e->layers[i]);
+    dsec_free(e->layers);
+    dsec_free(e->formats);
+    for (size_t i = 0; i < e->nvars; i++)
+        dsec_free(e->vars[i]);
+    dsec_free(e->vars);
+    dsec_free(e->workdir);
+    dsec_free(e->user);
+    dsec_free(e);
+}
+
+static bool var_ok(const char *v)
+{
+    const char *eq = strchr(v, '=');
+    if (eq == NULL || eq == v)
+        return false;
+    for (const char *p = v; p < eq; p++) {
+        char c = *p;
+        bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+        if (!(alpha || (p > v && c >= '0' && c <= '9')))
+            return false;
+    }
+    return strchr(eq, '\n') == NULL;
+}
+
+static bool user_ok(const char *u)
+{
+    if (u[0] == '\0' || strlen(u) > 64)
+        return false;
+    for (const char *p = u; *p != '\0'; p++)
+        if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+              *p == '_' || *p == '-' || *p == '.' || *p == ':'))
+            return false;
+    return true;
+}
+
+static bool workdir_ok(const char *w)
+{
+    return w[0] == '/' && strlen(w) < 4096 && strchr(w, '\n') == NULL;
+}
+
+/* The checks shared by encode and decode; formats may be NULL (not yet filled). */
+static int env_validate(const dsec_env *e, dsec_err *err)
+{
+    if (check_name("environment", e->name, err) < 0)
+        return -1;
+    if (e->nlayers == 0 || e->layers == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s has no layers", e->name);
+    if (e->nlayers > ENV_MAX_LAYERS)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment %s has %zu layers (at most %d)",
+                            e->name, e->nlayers, ENV_MAX_LAYERS);
+    for (size_t i = 0; i < e->nlayers; i++) {
+        if (!dsec_digest_valid(e->layers[i]))
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "environment %s: layer %zu \"%.80s\" is not a sha256: digest",
+                                e->name, i + 1, e->layers[i] != NULL ? e->layers[i] : "(null)");
+        if (e->formats != NULL && e->formats[i] != DSEC_LAYER_EROFS &&
+            e->formats[i] != DSEC_LAYER_DIR)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: layer %zu has format %d",
+                                e->name, i + 1, (int)e->formats[i]);
+    }
+    if (e->nvars > ENV_MAX_VARS)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "environment %s has %zu variables (at most %d)", e->name, e->nvars,
+                            ENV_MAX_VARS);
+    for (size_t i = 0; i < e->nvars; i++)
+        if (e->vars[i] == NULL || !var_ok(e->vars[i]))
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "environment %s: variable \"%.80s\" is not KEY=VALUE (KEY of "
+                                "[A-Za-z0-9_] not starting with a digit, no newline in VALUE)",
+                                e->name, e->vars[i] != NULL ? e->vars[i] : "(null)");
+    if (e->workdir != NULL && !workdir_ok(e->workdir))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "environment %s: workdir \"%.80s\" is not an absolute path", e->name,
+                            e->workdir);
+    if (e->user != NULL && !user_ok(e->user))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "environment %s: user \"%.80s\" is not a user name or uid[:gid]",
+                            e->name, e->user);
+    return 0;
+}
+
+int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err)
+{
+    *doc = NULL;
+    *len = 0;
+    if (env == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "encoding an environment: none given");
+    if (env_validate(env, err) < 0)
+        return -1;
+    if (env->formats == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: layer formats not set",
+                            env->name);
+    char *buf = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&buf, &size);
+    if (f == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, errno, "encoding environment %s", env->name);
+    fprintf(f, "dsec-env 1\nname %s\n", env->name);
+    for (size_t i = 0; i < env->nlayers; i++)
+        fprintf(f, "layer %s %s\n", env->layers[i], dsec_layer_format_name(env->formats[i]));
+    for (size_t i = 0; i < env->nvars; i++)
+        fprintf(f, "env %s\n", env->vars[i]);
+    fprintf(f, "workdir %s\nuser %s\n", env->workdir != NULL ? env->workdir : "/",
+            env->user != NULL ? env->user : "root");
+    if (fclose(f) != 0 || buf == NULL) {
+        free(buf); /* open_memstream's buffer comes from libc */
+        return dsec_err_set(err, DSEC_E_NOMEM, errno, "encoding environment %s", env->name);
+    }
+    if (size > ENV_DOC_MAX) {
+        free(buf);
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "environment %s: document of %zu bytes (at most %u)", env->name, size,
+                            ENV_DOC_MAX);
+    }
+    *doc = dsec_strndup(buf, size);
+    free(buf);
+    if (*doc == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "encoding environment %s", env->name);
+    *len = size;
+    return 0;
+}
+
+static int push_str(char ***v, size_t *n, const char *s, size_t len)
+{
+    char **nv = dsec_realloc(*v, (*n + 1) * sizeof **v);
+    if (nv == NULL)
+        return -1;
+    *v = nv;
+    nv[*n] = dsec_strndup(s, len);
+    if (nv[*n] == NULL)
+        return -1;
+    (*n)++;
+    return 0;
+}
+
+int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
+{
+    *out = NULL;
+    const char *s = doc;
+    if (doc == NULL || len == 0)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "environment document is empty");
+    if (len > ENV_DOC_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "environment document of %zu bytes (at most %u)", len, ENV_DOC_MAX);
+    if (memchr(s, '\0', len) != NULL)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "environment document holds a NUL byte");
+    if (s[len - 1] != '\n')
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "environment document does not end with a newline (truncated?)");
+    dsec_env *e = dsec_calloc(1, sizeof *e);
+    if (e == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "decoding an environment document");
+    size_t fcap = 0;
+    int lineno = 0;
+    const char *p = s, *end = s + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t ll = (size_t)(nl - p);
+        lineno++;
+        const char *sp = memchr(p, ' ', ll);
+        size_t kl = sp != NULL ? (size_t)(sp - p) : ll;
+        const char *val = sp != NULL ? sp + 1 : nl;
+        size_t vl = (size_t)(nl - val);
+#define KEY(k) (kl == sizeof(k) - 1 && memcmp(p, k, kl) == 0)
+        if (lineno == 1) {
+            if (!KEY("dsec-env")) {
+                dsec_err_set(err, DSEC_E_DECODE, 0,
+                             "not an environment document (line 1 should be \"dsec-env 1\")");
+                goto fail;
+            }
+            if (!(vl == 1 && val[0] == '1')) {
+                dsec_err_set(err, DSEC_E_DECODE, 0,
+                             "environment document version \"%.*s\" is not supported (want 1)",
+                             (int)(vl > 20 ? 20 : vl), val);
+                goto fail;
+            }
+        } else if (sp == NULL || vl == 0) {
+            dsec_err_set(err, DSEC_E_DECODE, 0,
+                         "environment document line %d: \"%.*s\" has no value", lineno,
+                         (int)(ll > 40 ? 40 : ll), p);
+            goto fail;
+        } else if (KEY("name")) {
+            if (e->name != NULL) {
+                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second name",
+                             lineno);
+                goto fail;
+            }
+            if ((e->name = dsec_strndup(val, vl)) == NULL)
+                goto nomem;
+        } else if (KEY("layer")) {
+            const char *sp2 = memchr(val, ' ', vl);
+            char fmt[16];
+            size_t dl = sp2 != NULL ? (size_t)(sp2 - val) : vl;
+            size_t fl = sp2 != NULL ? (size_t)(nl - sp2 - 1) : 0;
+            if (sp2 == NULL || fl == 0 || fl >= sizeof fmt) {
+                dsec_err_set(err, DSEC_E_DECODE, 0,
+                             "environment document line %d: want \"layer DIGEST FORMAT\"", lineno);
+                goto fail;
+            }
+            if (e->nlayers >= ENV_MAX_LAYERS) {
+                dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d layers",
+                             ENV_MAX_LAYERS);
+                goto fail;
+            }
+            memcpy(fmt, sp2 + 1, fl);
+            fmt[fl] = '\0';
+            dsec_layer_format f;
+            if (dsec_layer_format_parse(fmt, &f, err) < 0) {
+                dsec_err_wrap(err, "environment document line %d", lineno);
+                err->code = DSEC_E_DECODE;
+                goto fail;
+            }
+            if (push_str(&e->layers, &e->nlayers, val, dl) < 0)
+                goto nomem;
+            if (e->nlayers > fcap) {
+                dsec_layer_format *nf = dsec_realloc(e->formats, e->nlayers * sizeof *nf);
+                if (nf == NULL)
+                    goto nomem;
+                e->formats = nf;
+                fcap = e->nlayers;
+            }
+            e->formats[e->nlayers - 1] = f;
+        } else if (KEY("env")) {
+            if (e->nvars >= ENV_MAX_VARS) {
+                dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                             "environment document: more than %d variables", ENV_MAX_VARS);
+                goto fail;
+            }
+            if (push_str(&e->vars, &e->nvars, val, vl) < 0)
+                goto nomem;
+        } else if (KEY("workdir") || KEY("user")) {
+            char **slot = KEY("workdir") ? &e->workdir : &e->user;
+            if (*slot != NULL) {
+                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
+                             lineno, (int)kl, p);
+                goto fail;
+            }
+            if ((*slot = dsec_strndup(val, vl)) == NULL)
+                goto nomem;
+        } else {
+            dsec_err_set(err, DSEC_E_DECODE, 0,
+                         "environment document line %d: unknown field \"%.*s\"", lineno,
+                         (int)(kl > 40 ? 40 : kl), p);
+            goto fail;
+        }
+#undef KEY
+        p = nl + 1;
+    }
+    if (e->name == NULL) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "environment document has no name line");
+        goto fail;
+    }
+    if ((e->workdir == NULL && (e->workdir = dsec_strdup("/")) == NULL) ||
+        (e->user == NULL && (e->user = dsec_strdup("root")) == NULL))
+        goto nomem;
+    if (env_validate(e, err) < 0) {
+        err->code = DSEC_E_DECODE;
+        dsec_err_wrap(err, "malformed environment document");
+        goto fail;
+    }
+    *out = e;
+    return 0;
+nomem:
+    dsec_err_set(err, DSEC_E_NOMEM, 0, "decoding an environment document: out of memory");
+fail:
+    dsec_env_free(e);
+    return -1;
+}
+
+/* Whether digest is a blob of r; its format in *fmt. */
+static int blob_format(dsec_layer_registry *r, const char *digest, dsec_layer_format *fmt,
+                       dsec_err *err)
+{
+    dsec_layer_info *v;
+    size_t n;
+    if (dsec_layer_registry_list(r, &v, &n, err) < 0)
+        return -1;
+    int rc = dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "layer %s is not in the %s registry", digest,
+                          dsec_layer_registry_kind(r));
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v[i].digest, digest) == 0) {
+            *fmt = v[i].format;
+            rc = 0;
+            dsec_err_clear(err);
+            break;
+        }
+    dsec_layer_infos_free(v, n);
+    return rc;
+}
+
+int dsec_layer_registry_env_put(dsec_layer_registry *r, const dsec_env *env, dsec_err *err)
+{
+    if (env == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "storing an environment: none given");
+    if (env_validate(env, err) < 0)
+        return -1;
+    dsec_layer_format *formats = dsec_calloc(env->nlayers, sizeof *formats);
+    if (formats == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "storing environment %s", env->name);
+    for (size_t i = 0; i < env->nlayers; i++) {
+        if (blob_format(r, env->layers[i], &formats[i], err) < 0) {
+            dsec_free(formats);
+            return dsec_err_wrap(err, "storing environment %s", env->name);
+        }
+        if (env->formats != NULL && env->formats[i] != formats[i]) {
+            dsec_err_set(err, DSEC_E_INVALID, 0,
+                         "storing environment %s: layer %s is %s in the registry, not %s",
+                         env->name, env->layers[i], dsec_layer_format_name(formats[i]),
+                         dsec_layer_format_name(env->formats[i]));
+            dsec_free(formats);
+            return -1;
+        }
+    }
+    dsec_env copy = *env;
+    copy.formats = formats;
+    char *doc;
+    size_t len;
+    int rc = dsec_env_encode(&copy, &doc, &len, err);
+    dsec_free(formats);
+    if (rc < 0)
+        return -1;
+    rc = r->ops->env_put(r->self, env->name, doc, len, err);
+    dsec_free(doc);
+    return rc;
+}
+
+int dsec_layer_registry_env_get(dsec_layer_registry *r, const char *name, dsec_env **out,
+                                dsec_err *err)
+{
+    *out = NULL;
+    if (check_name("looking up an environment", name, err) < 0)
+        return -1;
+    void *doc = NULL;
+    size_t len = 0;
+    if (r->ops->env_get(r->self, name, &doc, &len, err) < 0)
+        return -1;
+    dsec_env *e;
+    int rc = dsec_env_decode(doc, len, &e, err);
+    dsec_free(doc);
+    if (rc < 0)
+        return dsec_err_wrap(err, "environment %s", name);
+    if (strcmp(e->name, name) != 0) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "environment %s: the stored document names %s", name,
+                     e->name);
+        dsec_env_free(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}
