@@ -268,6 +268,18 @@ int dsec_js_stream_delete(dsec_js *js, const char *name, dsec_err *err)
     return 0;
 }
 
+int dsec_js_purge(dsec_js *js, const char *stream, const char *subject, dsec_err *err)
+{
+    jsOptions o;
+    jsOptions_Init(&o);
+    o.Stream.Purge.Subject = subject;
+    jsErrCode jerr = 0;
+    natsStatus s = js_PurgeStream(js->ctx, stream, &o, &jerr);
+    if (s != NATS_OK)
+        return js_err(err, s, jerr, "purging %s from stream %s", subject, stream);
+    return 0;
+}
+
 int dsec_js_publish(dsec_js *js, const char *subject, const void *data, size_t len, uint64_t *seq,
                     dsec_err *err)
 {

@@ -73,6 +73,8 @@ typedef struct dsec_stream_conf {
 /* Create the stream, or update an existing one to conf. */
 int dsec_js_stream_ensure(dsec_js *js, const dsec_stream_conf *conf, dsec_err *err);
 int dsec_js_stream_delete(dsec_js *js, const char *name, dsec_err *err);
+/* Drop every message of stream on subject (wildcards allowed). */
+int dsec_js_purge(dsec_js *js, const char *stream, const char *subject, dsec_err *err);
 
 /* Publish and wait for the stream's ack: on return 0 the message is stored.
  * *seq (may be NULL) gets its stream sequence. DSEC_E_NO_RESPONDERS when no

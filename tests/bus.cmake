@@ -7,3 +7,10 @@ foreach(group natsd actor order request timeout restart drain overflow conn)
   add_test(NAME bus_${group} COMMAND test_bus ${group})
   set_tests_properties(bus_${group} PROPERTIES TIMEOUT 120 LABELS bus)
 endforeach()
+
+# The JetStream layer registry (bus/layers-js.c).
+add_executable(test_layers_js ${CMAKE_CURRENT_LIST_DIR}/test_layers_js.c)
+target_link_libraries(test_layers_js PRIVATE dsec_test_fixture dsec_backends dsec_bus dsec_common PkgConfig::CMOCKA
+                      dsec_warnings dsec_allocator)
+add_test(NAME layers_jetstream COMMAND test_layers_js)
+set_tests_properties(layers_jetstream PROPERTIES TIMEOUT 120 LABELS bus)
