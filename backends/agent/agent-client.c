@@ -1,0 +1,828 @@
+/* agent-client.c - the node side of the dsec-agent channel: connect, exec, kill and file calls. */
+#define _GNU_SOURCE
+#include "backends/agent/agent-client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/agent/agent-proto.h"
+#include "dsec/alloc.h"
+
+_Static_assert(DSEC_AGENT_FILE_MAX == DSEC__AGENT_FILE_MAX, "one file piece limit on both sides");
+
+/*
+ * A connection is a non-blocking socket driven with poll, so every wait has a
+ * deadline. When a call fails in the middle of an exchange (timeout, broken
+ * frame, lost connection) the stream is out of step: the connection is then
+ * closed and later calls fail with DSEC_E_CLOSED. An ERROR answer keeps it
+ * usable.
+ */
+
+#define FILE_OP_TIMEOUT_MS                                                                         \
+    60000u /* the agent answers file calls at once; this only catches a wedged one */
+#define EXEC_GRACE_MS 30000u /* past the command's own timeout, which the agent enforces */
+#define KILL_TIMEOUT_MS 5000u
+
+struct dsec_agent {
+    int fd; /* -1 once broken */
+    uint32_t next_id;
+    uint8_t *buf; /* received bytes: [off, len) not yet consumed */
+    size_t off, len, cap;
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* 0 means no deadline. */
+static uint64_t deadline_after(uint64_t ms)
+{
+    return ms ? now_ms() + ms : 0;
+}
+
+static int wait_fd(int fd, short events, uint64_t deadline, dsec_err *err)
+{
+    for (;;) {
+        int timeout = -1;
+        if (deadline) {
+            uint64_t now = now_ms();
+            if (now >= deadline)
+                return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "no answer from the agent in time");
+            timeout = deadline - now > 1000000 ? 1000000 : (int)(deadline - now);
+        }
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, timeout);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return dsec_err_set(err, DSEC_E_IO, errno, "waiting for the agent: %s",
+                                strerror(errno));
+    }
+}
+
+static void mark_broken(dsec_agent *a)
+{
+    if (a->fd >= 0) {
+        close(a->fd);
+        a->fd = -1;
+    }
+}
+
+static int check_open(dsec_agent *a, dsec_err *err)
+{
+    if (a == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "agent connection is NULL");
+    if (a->fd < 0)
+        return dsec_err_set(err, DSEC_E_CLOSED, 0,
+                            "connection to the agent is broken by an earlier failure; reconnect");
+    return 0;
+}
+
+static int send_all(dsec_agent *a, const uint8_t *p, size_t n, uint64_t deadline, dsec_err *err)
+{
+    while (n > 0) {
+        ssize_t w = send(a->fd, p, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            if (wait_fd(a->fd, POLLOUT, deadline, err) < 0)
+                return -1;
+            continue;
+        }
+        return dsec_err_set(err, DSEC_E_CLOSED, errno, "sending to the agent: %s", strerror(errno));
+    }
+    return 0;
+}
+
+/* The next frame. payload stays valid until the next call on a. */
+static int recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint32_t *id,
+                      const uint8_t **payload, size_t *plen, dsec_err *err)
+{
+    size_t need = 4;
+    for (;;) {
+        size_t have = a->len - a->off;
+        if (have >= 4) {
+            uint32_t flen = dsec__agent_get_u32le(a->buf + a->off);
+            if (flen < 5 || flen > DSEC__AGENT_FRAME_MAX)
+                return dsec_err_set(err, DSEC_E_DECODE, 0,
+                                    "agent sent a frame of %" PRIu32 " bytes (5..%u)", flen,
+                                    DSEC__AGENT_FRAME_MAX);
+            need = 4 + (size_t)flen;
+            if (have >= need) {
+                const uint8_t *f = a->buf + a->off;
+                *type = f[4];
+                *id = dsec__agent_get_u32le(f + 5);
+                *payload = f + DSEC__AGENT_HDR;
+                *plen = flen - 5;
+                a->off += need;
+                return 0;
+            }
+        }
+        /* Make room for the rest of the frame (and a read-ahead). */
+        if (a->off > 0) {
+            memmove(a->buf, a->buf + a->off, have);
+            a->len = have;
+            a->off = 0;
+        }
+        size_t want = need > 65536 ? need : 65536;
+        if (a->cap < want) {
+            uint8_t *nb = dsec_realloc(a->buf, want);
+            if (nb == NULL)
+                return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "receive buffer of %zu bytes", want);
+            a->buf = nb;
+            a->cap = want;
+        }
+        ssize_t n = recv(a->fd, a->buf + a->len, a->cap - a->len, 0);
+        if (n > 0) {
+            a->len += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN)
+            return dsec_err_set(err, DSEC_E_CLOSED, errno, "receiving from the agent: %s",
+                                strerror(errno));
+        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+            return -1;
+    }
+}
+
+/* Turn an ERROR frame into err. */
+static int error_frame(const uint8_t *payload, size_t plen, dsec_err *err)
+{
+    dsec__agent_rd r = {.p = payload, .end = payload + plen};
+    uint32_t kind = dsec__agent_get_u32(&r);
+    int errnum = (int)dsec__agent_get_u32(&r);
+    size_t ml;
+    const uint8_t *msg = dsec__agent_get_bytes(&r, 4096, &ml);
+    if (r.bad)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed error frame");
+    int code;
+    switch (kind) {
+    case DSEC__AGENT_ERR_IO:
+        switch (errnum) {
+        case ENOENT:
+            code = DSEC_E_NOT_FOUND;
+            break;
+        case EEXIST:
+            code = DSEC_E_EXISTS;
+            break;
+        case ENOTDIR:
+        case EISDIR:
+        case ENOTEMPTY:
+        case EINVAL:
+        case ENAMETOOLONG:
+        case ELOOP:
+            code = DSEC_E_INVALID;
+            break;
+        case EFBIG:
+        case E2BIG:
+        case ENOSPC:
+        case EDQUOT:
+            code = DSEC_E_TOO_LARGE;
+            break;
+        case EACCES:
+        case EPERM:
+        case EROFS:
+            code = DSEC_E_PERMISSION;
+            break;
+        case ENOMEM:
+            code = DSEC_E_NOMEM;
+            break;
+        default:
+            code = DSEC_E_IO;
+        }
+        break;
+    case DSEC__AGENT_ERR_BAD_FRAME:
+        code = DSEC_E_DECODE;
+        break;
+    case DSEC__AGENT_ERR_TOO_LARGE:
+        code = DSEC_E_TOO_LARGE;
+        break;
+    case DSEC__AGENT_ERR_INVALID:
+        code = DSEC_E_INVALID;
+        break;
+    case DSEC__AGENT_ERR_UNSUPPORTED:
+        code = DSEC_E_UNSUPPORTED;
+        break;
+    default:
+        code = DSEC_E_BACKEND;
+    }
+    if (ml == 0)
+        return dsec_err_set(err, code, errnum, "agent error %" PRIu32 " (%s)", kind,
+                            errnum ? strerror(errnum) : "no detail");
+    return dsec_err_set(err, code, errnum, "%.*s", (int)ml, (const char *)msg);
+}
+
+/* Send a request frame and read its one answer, which must be of type want (or an ERROR).
+ * On an error that leaves the stream out of step the connection is closed. */
+static int roundtrip(dsec_agent *a, uint8_t *frame, size_t flen, uint8_t want,
+                     const uint8_t **payload, size_t *plen, dsec_err *err)
+{
+    uint64_t deadline = deadline_after(FILE_OP_TIMEOUT_MS);
+    uint32_t id = dsec__agent_get_u32le(frame + 5);
+    uint8_t type;
+    uint32_t rid;
+    if (send_all(a, frame, flen, deadline, err) < 0 ||
+        recv_frame(a, deadline, &type, &rid, payload, plen, err) < 0)
+        goto broken;
+    if (rid != id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " instead of %" PRIu32, rid, id);
+        goto broken;
+    }
+    if (type == DSEC__AGENT_T_ERROR)
+        return error_frame(*payload, *plen, err);
+    if (type != want) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered with frame type %u, expected %u", type,
+                     want);
+        goto broken;
+    }
+    return 0;
+broken:
+    mark_broken(a);
+    return -1;
+}
+
+/* A request frame of payload_len bytes; the caller fills the payload after the header. */
+static uint8_t *new_frame(dsec_agent *a, uint8_t type, size_t payload_len, uint8_t **payload,
+                          dsec_err *err)
+{
+    if (payload_len + 5 > DSEC__AGENT_FRAME_MAX) {
+        dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "request of %zu bytes exceeds the agent's %u",
+                     payload_len, DSEC__AGENT_FRAME_MAX);
+        return NULL;
+    }
+    uint8_t *f = dsec_malloc(DSEC__AGENT_HDR + payload_len);
+    if (f == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request of %zu bytes", payload_len);
+        return NULL;
+    }
+    uint32_t id = ++a->next_id;
+    if (id == 0)
+        id = ++a->next_id; /* 0 is the agent's "no request" */
+    *payload = dsec__agent_put_hdr(f, type, id, payload_len);
+    return f;
+}
+
+/* ---- connecting -------------------------------------------------------------------------------
+ */
+
+/* One connect attempt; returns the fd, or -1 with errno. A path longer than sun_path
+ * goes through a descriptor of its directory. */
+static int connect_once(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int dfd = -1;
+    if (strlen(path) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+    } else {
+        const char *slash = strrchr(path, '/');
+        char dir[4096];
+        if (slash == NULL || (size_t)(slash - path) >= sizeof dir) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = 0;
+        dfd = open(slash == path ? "/" : dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+            return -1;
+        if ((size_t)snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/%s", dfd,
+                             slash + 1) >= sizeof sa.sun_path) {
+            close(dfd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    int e = errno;
+    if (dfd >= 0)
+        close(dfd);
+    if (rc < 0) {
+        if (fd >= 0)
+            close(fd);
+        errno = e;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err)
+{
+    if (out == NULL || path == NULL || path[0] == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "agent socket path is missing");
+    *out = NULL;
+    uint64_t deadline = now_ms() + timeout_ms;
+    uint64_t backoff = 1;
+    int last = 0;
+    dsec_err why = {0};
+    for (;;) {
+        int fd = connect_once(path);
+        if (fd >= 0) {
+            dsec_agent *a = dsec_calloc(1, sizeof *a);
+            if (a == NULL) {
+                close(fd);
+                return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "agent connection");
+            }
+            a->fd = fd;
+            uint8_t type;
+            uint32_t id;
+            const uint8_t *p;
+            size_t plen;
+            /* The agent greets every connection: once it has, it is serving. */
+            if (recv_frame(a, deadline > now_ms() ? deadline : now_ms() + 1, &type, &id, &p, &plen,
+                           &why) == 0) {
+                dsec__agent_rd r = {.p = p, .end = p + plen};
+                uint32_t version = dsec__agent_get_u32(&r);
+                dsec__agent_get_u32(&r);
+                if (type != DSEC__AGENT_T_HELLO || !dsec__agent_done(&r)) {
+                    dsec_agent_free(a);
+                    return dsec_err_set(err, DSEC_E_DECODE, 0,
+                                        "agent at %s did not greet with a hello frame", path);
+                }
+                if (version != DSEC__AGENT_VERSION) {
+                    dsec_agent_free(a);
+                    return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                                        "agent at %s speaks protocol %" PRIu32 ", this node %u",
+                                        path, version, DSEC__AGENT_VERSION);
+                }
+                *out = a;
+                return 0;
+            }
+            dsec_agent_free(a);
+            if (why.code == DSEC_E_TIMEOUT)
+                break;
+            last = why.errnum; /* closed before the greeting: an agent on its way down or up */
+        } else {
+            last = errno;
+            if (errno != ENOENT && errno != ECONNREFUSED && errno != EAGAIN && errno != ENOTDIR)
+                return dsec_err_set(err, DSEC_E_CONN, errno, "connecting to the agent at %s: %s",
+                                    path, strerror(errno));
+        }
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            break;
+        uint64_t nap = backoff < deadline - now ? backoff : deadline - now;
+        struct timespec ts = {(time_t)(nap / 1000), (long)(nap % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        if (backoff < 50)
+            backoff *= 2;
+    }
+    return dsec_err_set(err, DSEC_E_TIMEOUT, last,
+                        "agent at %s did not answer within %" PRIu64 " ms%s%s", path, timeout_ms,
+                        last ? ": " : "", last ? strerror(last) : "");
+}
+
+void dsec_agent_free(dsec_agent *a)
+{
+    if (a == NULL)
+        return;
+    mark_broken(a);
+    dsec_free(a->buf);
+    dsec_free(a);
+}
+
+bool dsec_agent_broken(const dsec_agent *a)
+{
+    return a == NULL || a->fd < 0;
+}
+
+/* ---- exec ------------------------------------------------------------------------------------ */
+
+struct outbuf {
+    uint8_t *data;
+    size_t len, cap;
+};
+
+static int outbuf_add(struct outbuf *o, const uint8_t *p, size_t n, size_t max)
+{
+    if (o->len + n > max)
+        n = max - o->len; /* the agent caps already; this only guards the buffer */
+    if (n == 0)
+        return 0;
+    if (o->cap - o->len < n) {
+        size_t cap = o->cap ? o->cap : 4096;
+        while (cap - o->len < n)
+            cap *= 2;
+        if (cap > max)
+            cap = max;
+        uint8_t *nb = dsec_realloc(o->data, cap);
+        if (nb == NULL)
+            return -1;
+        o->data = nb;
+        o->cap = cap;
+    }
+    memcpy(o->data + o->len, p, n);
+    o->len += n;
+    return 0;
+}
+
+static int check_exec_req(const dsec_exec_req *req, size_t *plen, dsec_err *err)
+{
+    if (req == NULL || req->argv == NULL || req->argc == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec needs at least one argument");
+    if (req->argc > DSEC__AGENT_ARGV_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: %zu arguments, at most %u", req->argc,
+                            DSEC__AGENT_ARGV_MAX);
+    if (req->nenv > DSEC__AGENT_ENV_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: %zu environment variables, at most %u",
+                            req->nenv, DSEC__AGENT_ENV_MAX);
+    if (req->nenv > 0 && req->env == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: env is NULL but nenv is %zu", req->nenv);
+    if (req->stdin_len > DSEC__AGENT_STDIN_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: stdin of %zu bytes, at most %u",
+                            req->stdin_len, DSEC__AGENT_STDIN_MAX);
+    if (req->stdin_len > 0 && req->stdin_data == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: stdin_data is NULL but stdin_len is %zu",
+                            req->stdin_len);
+    size_t n = 8 + 8 + 4 + 4 + 4 + 4 + 4 + req->stdin_len;
+    size_t cl = req->cwd ? strlen(req->cwd) : 0, ul = req->user ? strlen(req->user) : 0;
+    if (cl > DSEC__AGENT_PATH_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: cwd longer than %u bytes",
+                            DSEC__AGENT_PATH_MAX);
+    if (ul > DSEC__AGENT_USER_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: user longer than %u bytes",
+                            DSEC__AGENT_USER_MAX);
+    n += cl + ul;
+    for (size_t i = 0; i < req->argc; i++) {
+        if (req->argv[i] == NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argument %zu is NULL", i);
+        size_t l = strlen(req->argv[i]);
+        if (l > DSEC__AGENT_ARG_LEN_MAX)
+            return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                                "exec: argument %zu is %zu bytes long, at most %u", i, l,
+                                DSEC__AGENT_ARG_LEN_MAX);
+        n += 4 + l;
+    }
+    for (size_t i = 0; i < req->nenv; i++) {
+        const char *k = req->env[i].key, *v = req->env[i].value;
+        if (k == NULL || k[0] == 0 || strchr(k, '=') != NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "exec: environment variable %zu has no name or one with '='", i);
+        size_t kl = strlen(k), vl = v ? strlen(v) : 0;
+        if (kl > DSEC__AGENT_ARG_LEN_MAX || vl > DSEC__AGENT_ARG_LEN_MAX)
+            return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                                "exec: environment variable %s is longer than %u bytes", k,
+                                DSEC__AGENT_ARG_LEN_MAX);
+        n += 8 + kl + vl;
+    }
+    *plen = n;
+    return 0;
+}
+
+int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
+                    void *arg, dsec_exec_result *res, dsec_err *err)
+{
+    size_t plen = 0;
+    if (res == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: result is NULL");
+    memset(res, 0, sizeof *res);
+    if (check_open(a, err) < 0 || check_exec_req(req, &plen, err) < 0)
+        return -1;
+    size_t out_max = req->output_max ? req->output_max : DSEC_EXEC_OUTPUT_DEFAULT;
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_EXEC, plen, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, req->timeout_ms);
+    p = dsec__agent_put_u64(p, out_max);
+    p = dsec__agent_put_bytes(p, req->cwd, req->cwd ? strlen(req->cwd) : 0);
+    p = dsec__agent_put_bytes(p, req->user, req->user ? strlen(req->user) : 0);
+    p = dsec__agent_put_u32(p, (uint32_t)req->argc);
+    for (size_t i = 0; i < req->argc; i++)
+        p = dsec__agent_put_bytes(p, req->argv[i], strlen(req->argv[i]));
+    p = dsec__agent_put_u32(p, (uint32_t)req->nenv);
+    for (size_t i = 0; i < req->nenv; i++) {
+        const char *v = req->env[i].value ? req->env[i].value : "";
+        p = dsec__agent_put_bytes(p, req->env[i].key, strlen(req->env[i].key));
+        p = dsec__agent_put_bytes(p, v, strlen(v));
+    }
+    p = dsec__agent_put_bytes(p, req->stdin_data, req->stdin_len);
+    uint32_t id = dsec__agent_get_u32le(frame + 5);
+
+    /* The agent enforces the command's timeout; this deadline only catches a wedged agent. */
+    uint64_t deadline = req->timeout_ms ? deadline_after(req->timeout_ms + EXEC_GRACE_MS) : 0;
+    struct outbuf out[3] = {{0}};
+    int rc = send_all(a, frame, (size_t)(p - frame), deadline, err);
+    dsec_free(frame);
+    if (rc < 0)
+        goto broken;
+    for (;;) {
+        uint8_t type;
+        uint32_t rid;
+        const uint8_t *pl;
+        size_t pn;
+        if (recv_frame(a, deadline, &type, &rid, &pl, &pn, err) < 0)
+            goto broken;
+        if (rid != id) {
+            dsec_err_set(err, DSEC_E_DECODE, 0,
+                         "agent answered request %" PRIu32 " while exec %" PRIu32 " ran", rid, id);
+            goto broken;
+        }
+        dsec__agent_rd r = {.p = pl, .end = pl + pn};
+        if (type == DSEC__AGENT_T_OUTPUT) {
+            uint8_t stream = dsec__agent_get_u8(&r);
+            size_t dl;
+            const uint8_t *d = dsec__agent_get_bytes(&r, DSEC__AGENT_FRAME_MAX, &dl);
+            if (!dsec__agent_done(&r) || (stream != 1 && stream != 2)) {
+                dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed output frame");
+                goto broken;
+            }
+            if (on_output && dl > 0)
+                on_output(arg, stream, d, dl);
+            if (outbuf_add(&out[stream], d, dl, out_max) < 0) {
+                dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: buffering %zu bytes of output",
+                             out[stream].len + dl);
+                goto broken;
+            }
+        } else if (type == DSEC__AGENT_T_EXIT) {
+            res->exit_code = (int32_t)dsec__agent_get_u32(&r);
+            res->signal = (int32_t)dsec__agent_get_u32(&r);
+            uint8_t flags = dsec__agent_get_u8(&r);
+            res->duration_us = dsec__agent_get_u64(&r);
+            res->cpu_us = dsec__agent_get_u64(&r);
+            res->peak_rss_kb = dsec__agent_get_u64(&r);
+            if (!dsec__agent_done(&r)) {
+                memset(res, 0, sizeof *res);
+                dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed exit frame");
+                goto broken;
+            }
+            res->timed_out = flags & DSEC__AGENT_X_TIMED_OUT;
+            res->stdout_truncated = flags & DSEC__AGENT_X_STDOUT_TRUNC;
+            res->stderr_truncated = flags & DSEC__AGENT_X_STDERR_TRUNC;
+            res->stdout_data = out[1].data;
+            res->stdout_len = out[1].len;
+            res->stderr_data = out[2].data;
+            res->stderr_len = out[2].len;
+            return 0;
+        } else if (type == DSEC__AGENT_T_ERROR) {
+            /* Refused before it started: nothing else comes for this request. */
+            error_frame(pl, pn, err);
+            dsec_free(out[1].data);
+            dsec_free(out[2].data);
+            return -1;
+        } else {
+            dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u during exec", type);
+            goto broken;
+        }
+    }
+broken:
+    mark_broken(a);
+    dsec_free(out[1].data);
+    dsec_free(out[2].data);
+    return -1;
+}
+
+int dsec_agent_kill(const char *path, int sig, dsec_err *err)
+{
+    if (sig <= 0 || sig > 64)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "kill: no signal %d", sig);
+    dsec_agent *a;
+    if (dsec_agent_connect(&a, path, KILL_TIMEOUT_MS, err) < 0)
+        return dsec_err_wrap(err, "kill");
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_KILL, 4, &p, err);
+    int rc = -1;
+    if (frame) {
+        p = dsec__agent_put_u32(p, (uint32_t)sig);
+        const uint8_t *pl;
+        size_t pn;
+        rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &pl, &pn, err);
+        dsec_free(frame);
+    }
+    dsec_agent_free(a);
+    return rc;
+}
+
+/* ---- files ------------------------------------------------------------------------------------
+ */
+
+static int check_path(const char *op, const char *path, dsec_err *err)
+{
+    if (path == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: path is NULL", op);
+    size_t n = strlen(path);
+    if (n > DSEC__AGENT_PATH_MAX)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: path longer than %u bytes", op,
+                            DSEC__AGENT_PATH_MAX);
+    if (path[0] != '/')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: path \"%s\" is not absolute", op, path);
+    return 0;
+}
+
+int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, size_t len,
+                          uint32_t mode, bool append, dsec_err *err)
+{
+    if (check_open(a, err) < 0 || check_path("write", path, err) < 0)
+        return -1;
+    if (len > DSEC_AGENT_FILE_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "write \"%s\": %zu bytes, at most %u per call (append the rest)", path,
+                            len, DSEC_AGENT_FILE_MAX);
+    if (len > 0 && data == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "write \"%s\": data is NULL", path);
+    size_t pl = strlen(path);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_FWRITE, 4 + 1 + 4 + pl + 4 + len, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u32(p, mode);
+    p = dsec__agent_put_u8(p, append);
+    p = dsec__agent_put_bytes(p, path, pl);
+    p = dsec__agent_put_bytes(p, data, len);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}
+
+int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
+                         dsec_file_data *out, dsec_err *err)
+{
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "read: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (check_open(a, err) < 0 || check_path("read", path, err) < 0)
+        return -1;
+    size_t pl = strlen(path);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_FREAD, 8 + 8 + 4 + pl, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, offset);
+    p = dsec__agent_put_u64(p, max);
+    p = dsec__agent_put_bytes(p, path, pl);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_DATA, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc < 0)
+        return -1;
+    dsec__agent_rd r = {.p = rp, .end = rp + rn};
+    uint64_t size = dsec__agent_get_u64(&r);
+    bool eof = dsec__agent_get_u8(&r) != 0;
+    size_t dl;
+    const uint8_t *d = dsec__agent_get_bytes(&r, DSEC__AGENT_FILE_MAX, &dl);
+    if (!dsec__agent_done(&r) || (max && dl > max)) {
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "read \"%s\": malformed answer", path);
+    }
+    if (dl > 0) {
+        out->data = dsec_malloc(dl);
+        if (out->data == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "read \"%s\": %zu bytes", path, dl);
+        memcpy(out->data, d, dl);
+    }
+    out->len = dl;
+    out->size = size;
+    out->eof = eof;
+    return 0;
+}
+
+/* Decode an ENTRIES answer into a caller-owned array. */
+static int decode_entries(const uint8_t *p, size_t n, const char *path, dsec_file_entry **entries,
+                          size_t *count, dsec_err *err)
+{
+    dsec__agent_rd r = {.p = p, .end = p + n};
+    uint32_t cnt = dsec__agent_get_u32(&r);
+    if (r.bad || cnt > DSEC__AGENT_LIST_MAX)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "list \"%s\": malformed answer", path);
+    dsec_file_entry *v = dsec_calloc(cnt ? cnt : 1, sizeof *v);
+    if (v == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "list \"%s\": %" PRIu32 " entries", path,
+                            cnt);
+    for (uint32_t i = 0; i < cnt; i++) {
+        size_t nl;
+        const char *name = dsec__agent_get_str(&r, DSEC__AGENT_PATH_MAX, &nl);
+        uint8_t kind = dsec__agent_get_u8(&r);
+        v[i].size = dsec__agent_get_u64(&r);
+        v[i].mode = dsec__agent_get_u32(&r);
+        v[i].mtime = (int64_t)dsec__agent_get_u64(&r);
+        if (r.bad || kind < DSEC_FILE_REG || kind > DSEC_FILE_OTHER) {
+            dsec_file_entries_free(v, i);
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "list \"%s\": malformed entry %" PRIu32,
+                                path, i);
+        }
+        v[i].kind = (dsec_file_kind)kind;
+        v[i].name = dsec_strndup(name, nl);
+        if (v[i].name == NULL) {
+            dsec_file_entries_free(v, i);
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "list \"%s\"", path);
+        }
+    }
+    if (!dsec__agent_done(&r)) {
+        dsec_file_entries_free(v, cnt);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "list \"%s\": trailing bytes in answer", path);
+    }
+    *entries = v;
+    *count = cnt;
+    return 0;
+}
+
+static int path_request(dsec_agent *a, uint8_t type, uint8_t want, const char *op, const char *path,
+                        const uint8_t **rp, size_t *rn, dsec_err *err)
+{
+    if (check_open(a, err) < 0 || check_path(op, path, err) < 0)
+        return -1;
+    size_t pl = strlen(path);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, type, 4 + pl, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_bytes(p, path, pl);
+    int rc = roundtrip(a, frame, (size_t)(p - frame), want, rp, rn, err);
+    dsec_free(frame);
+    return rc;
+}
+
+int dsec_agent_file_list(dsec_agent *a, const char *path, dsec_file_entry **entries, size_t *n,
+                         dsec_err *err)
+{
+    if (entries == NULL || n == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "list: entries or n is NULL");
+    *entries = NULL;
+    *n = 0;
+    const uint8_t *rp;
+    size_t rn;
+    if (path_request(a, DSEC__AGENT_T_FLIST, DSEC__AGENT_T_ENTRIES, "list", path, &rp, &rn, err) <
+        0)
+        return -1;
+    if (decode_entries(rp, rn, path, entries, n, err) < 0) {
+        mark_broken(a);
+        return -1;
+    }
+    return 0;
+}
+
+int dsec_agent_file_stat(dsec_agent *a, const char *path, dsec_file_entry *out, dsec_err *err)
+{
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stat: out is NULL");
+    memset(out, 0, sizeof *out);
+    const uint8_t *rp;
+    size_t rn;
+    if (path_request(a, DSEC__AGENT_T_FSTAT, DSEC__AGENT_T_ENTRIES, "stat", path, &rp, &rn, err) <
+        0)
+        return -1;
+    dsec_file_entry *v;
+    size_t cnt;
+    if (decode_entries(rp, rn, path, &v, &cnt, err) < 0) {
+        mark_broken(a);
+        return -1;
+    }
+    if (cnt != 1) {
+        dsec_file_entries_free(v, cnt);
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "stat \"%s\": %zu entries in the answer", path,
+                            cnt);
+    }
+    *out = v[0];
+    dsec_free(v); /* the name moves to out */
+    return 0;
+}
+
+int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec_err *err)
+{
+    if (check_open(a, err) < 0 || check_path("remove", path, err) < 0)
+        return -1;
+    size_t pl = strlen(path);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_FREMOVE, 1 + 4 + pl, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u8(p, recursive);
+    p = dsec__agent_put_bytes(p, path, pl);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}

@@ -1,0 +1,86 @@
+/* agent-client.h - the node side of the dsec-agent channel: one connection to one sandbox's agent.
+ */
+#ifndef DSEC_BACKENDS_AGENT_CLIENT_H
+#define DSEC_BACKENDS_AGENT_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * dsec-agent runs inside a container (as its init) or a VM and serves the
+ * node manager over a stream socket. The node side binds a unix socket on a
+ * host path that is not visible inside the sandbox and hands the listening
+ * fd to the agent (`dsec-agent --listen-fd N`), so nothing inside the sandbox
+ * can reach the channel; after a node-manager restart it reconnects by path.
+ * Tests may run the agent outside any container with `--listen PATH`.
+ *
+ * The wire format (agent-proto.h) is private to the agent and this client.
+ *
+ * Threading: a dsec_agent is one connection. Calls on one connection are
+ * serialised by the caller (the sandbox actor), except dsec_agent_kill, which
+ * opens its own short connection and may be called from any thread while an
+ * exec is running.
+ */
+typedef struct dsec_agent dsec_agent;
+
+/* Connect to the agent at the unix socket path, retrying until it answers
+ * the hello or timeout_ms passes (DSEC_E_TIMEOUT). path may be longer than
+ * sun_path allows (the client goes through a directory fd). *out is owned by
+ * the caller and freed with dsec_agent_free. */
+int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err);
+/* Close the connection (the agent and its commands keep running). NULL is a no-op. */
+void dsec_agent_free(dsec_agent *a);
+/* Whether a failed call left the connection unusable (lost, timed out, out of step); later
+ * calls then fail with DSEC_E_CLOSED and the caller reconnects. A call that failed with an
+ * answer from the agent (no such file, unknown user, ...) leaves it usable. */
+bool dsec_agent_broken(const dsec_agent *a);
+
+/* Receives output while a command runs: stream 1 is stdout, 2 is stderr.
+ * data is borrowed for the call. */
+typedef void (*dsec_agent_output_fn)(void *arg, int stream, const uint8_t *data, size_t len);
+
+/* Run one command in the sandbox and wait for it to end. req->argv is run
+ * directly (no shell; argv {"/bin/sh","-c",…} for a shell line), in its own
+ * process group, with req->env added to the agent's base environment, in
+ * req->cwd as req->user (a name from the sandbox's /etc/passwd or a numeric
+ * uid[:gid]). stdin_data is fed then closed. After timeout_ms the whole
+ * process group gets SIGKILL and res->timed_out is set. Each stream keeps at
+ * most output_max bytes (truncated flags set when more came). on_output (may
+ * be NULL) sees the output as it arrives. res is filled on success; the
+ * caller releases it with dsec_exec_result_release. A command that cannot
+ * start (no such file) is a success with exit_code 127 and the reason on
+ * stderr, as a shell would report it. */
+int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
+                    void *arg, dsec_exec_result *res, dsec_err *err);
+
+/* Send sig to the process group of every command the agent is running. */
+int dsec_agent_kill(const char *path, int sig, dsec_err *err);
+
+/* Files, by absolute path inside the sandbox. Sizes are capped by the agent
+ * (DSEC_AGENT_FILE_MAX per call); larger transfers go in pieces (offset /
+ * append). Semantics as the backend.h file ops. */
+#define DSEC_AGENT_FILE_MAX (8u << 20)
+int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, size_t len,
+                          uint32_t mode, bool append, dsec_err *err);
+int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
+                         dsec_file_data *out, dsec_err *err);
+/* A directory's entries, or one entry describing path when it is not a directory. */
+int dsec_agent_file_list(dsec_agent *a, const char *path, dsec_file_entry **entries, size_t *n,
+                         dsec_err *err);
+/* Describe one path (lstat); out->name is a dsec_malloc'd copy of the last component. */
+int dsec_agent_file_stat(dsec_agent *a, const char *path, dsec_file_entry *out, dsec_err *err);
+/* Remove a file, or a directory (with its contents when recursive). */
+int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,228 @@
+/* agent-proto.h - the wire format between dsec-agent and its node-side client (private to the two).
+ */
+#ifndef DSEC_BACKENDS_AGENT_PROTO_H
+#define DSEC_BACKENDS_AGENT_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/*
+ * Not msgpack: the agent is a small static program with no dependencies, and
+ * only codecs/ may know msgpack layouts. Every integer is little-endian.
+ *
+ * Frame:
+ *   u32 len    bytes that follow this field (type + id + payload), 5..FRAME_MAX
+ *   u8  type   a DSEC__AGENT_T_* value
+ *   u32 id     request id, chosen by the client; answers carry the id of
+ *              their request (0 for HELLO and for errors about broken framing)
+ *   payload    the typed fields below, in order, nothing after them
+ *
+ * Field types: u8, u32, i32, u64, i64 fixed width; str and bytes are a u32
+ * length then that many bytes (no terminator; a str holds no NUL byte).
+ *
+ * Agent -> client:
+ *   HELLO    u32 version, u32 frame_max. Sent first on every connection.
+ *   ERROR    u32 kind (DSEC__AGENT_ERR_*), i32 errno (0 if none), str message
+ *            (names the path or field at fault). Answers any request.
+ *   OK       u64 value (KILL: commands signalled; others 0).
+ *   OUTPUT   u8 stream (1 stdout, 2 stderr), bytes data. Zero or more per
+ *            EXEC while it runs; never more than the request's output_max
+ *            per stream in all.
+ *   EXIT     i32 exit_code (-1 when killed by a signal), i32 signal,
+ *            u8 flags (DSEC__AGENT_X_*), u64 duration_us, u64 cpu_us,
+ *            u64 peak_rss_kb. Ends an EXEC.
+ *   DATA     u64 size (the whole file), u8 eof, bytes data. Answers FILE_READ.
+ *   ENTRIES  u32 n, then n times: str name, u8 kind (dsec_file_kind values),
+ *            u64 size, u32 mode, i64 mtime. Answers FILE_LIST and FILE_STAT.
+ *
+ * Client -> agent:
+ *   EXEC     u64 timeout_ms (0: none), u64 output_max (per stream),
+ *            str cwd (empty: the agent's default), str user (empty: default),
+ *            u32 argc, argc times str, u32 nenv, nenv times (str key, str value),
+ *            bytes stdin. Answered by OUTPUT* then EXIT, or by ERROR.
+ *   KILL     u32 signal. Signals the process group of every running command.
+ *   FWRITE   u32 mode (0: 0644 for a new file, kept for an old one), u8 append,
+ *            str path, bytes data. Answered by OK.
+ *   FREAD    u64 offset, u64 max (0: as much as allowed), str path -> DATA.
+ *   FLIST    str path -> ENTRIES (a directory's entries sorted by name, or
+ *            one entry for a path that is not a directory).
+ *   FSTAT    str path -> ENTRIES with one entry (lstat).
+ *   FREMOVE  u8 recursive, str path -> OK.
+ *
+ * A connection may carry several requests at once; answers to different
+ * requests may interleave. A frame whose length is out of bounds ends the
+ * connection (after an ERROR, id 0): framing is lost. A frame with a bad
+ * payload or unknown type gets an ERROR and the connection goes on.
+ */
+
+#define DSEC__AGENT_VERSION 1u
+
+#define DSEC__AGENT_HDR 9u /* u32 len + u8 type + u32 id */
+/* Largest file piece moved by one FWRITE or FREAD (DSEC_AGENT_FILE_MAX). */
+#define DSEC__AGENT_FILE_MAX (8u << 20)
+/* Largest value of the len field: a full file piece plus its path and fields. */
+#define DSEC__AGENT_FRAME_MAX (DSEC__AGENT_FILE_MAX + (64u << 10))
+#define DSEC__AGENT_STDIN_MAX DSEC__AGENT_FILE_MAX
+#define DSEC__AGENT_ARGV_MAX 4096u
+#define DSEC__AGENT_ENV_MAX 4096u
+#define DSEC__AGENT_ARG_LEN_MAX (128u << 10) /* one argv or env string, as Linux's MAX_ARG_STRLEN  \
+                                              */
+#define DSEC__AGENT_PATH_MAX 4096u
+#define DSEC__AGENT_USER_MAX 256u
+#define DSEC__AGENT_LIST_MAX 65536u /* entries in one listing */
+#define DSEC__AGENT_CHUNK 65536u    /* most output bytes in one OUTPUT frame */
+
+enum {
+    /* agent -> client */
+    DSEC__AGENT_T_HELLO = 1,
+    DSEC__AGENT_T_ERROR = 2,
+    DSEC__AGENT_T_OK = 3,
+    DSEC__AGENT_T_OUTPUT = 4,
+    DSEC__AGENT_T_EXIT = 5,
+    DSEC__AGENT_T_DATA = 6,
+    DSEC__AGENT_T_ENTRIES = 7,
+    /* client -> agent */
+    DSEC__AGENT_T_EXEC = 16,
+    DSEC__AGENT_T_KILL = 17,
+    DSEC__AGENT_T_FWRITE = 18,
+    DSEC__AGENT_T_FREAD = 19,
+    DSEC__AGENT_T_FLIST = 20,
+    DSEC__AGENT_T_FSTAT = 21,
+    DSEC__AGENT_T_FREMOVE = 22,
+};
+
+/* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */
+enum {
+    DSEC__AGENT_ERR_IO = 1,        /* a system call failed: see errno */
+    DSEC__AGENT_ERR_BAD_FRAME = 2, /* malformed frame or field */
+    DSEC__AGENT_ERR_TOO_LARGE = 3, /* a field or the answer exceeds a limit */
+    DSEC__AGENT_ERR_INVALID = 4,   /* well-formed but unacceptable (relative path, unknown user) */
+    DSEC__AGENT_ERR_UNSUPPORTED = 5, /* unknown frame type */
+};
+
+/* EXIT flags */
+#define DSEC__AGENT_X_TIMED_OUT 1u
+#define DSEC__AGENT_X_STDOUT_TRUNC 2u
+#define DSEC__AGENT_X_STDERR_TRUNC 4u
+
+/* ---- writing: callers size the buffer first, then put fields in order ---- */
+
+static inline uint8_t *dsec__agent_put_u8(uint8_t *p, uint8_t v)
+{
+    *p = v;
+    return p + 1;
+}
+
+static inline uint8_t *dsec__agent_put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+    return p + 4;
+}
+
+static inline uint8_t *dsec__agent_put_u64(uint8_t *p, uint64_t v)
+{
+    p = dsec__agent_put_u32(p, (uint32_t)v);
+    return dsec__agent_put_u32(p, (uint32_t)(v >> 32));
+}
+
+static inline uint8_t *dsec__agent_put_bytes(uint8_t *p, const void *data, size_t len)
+{
+    p = dsec__agent_put_u32(p, (uint32_t)len);
+    if (len > 0)
+        memcpy(p, data, len);
+    return p + len;
+}
+
+/* The header of a frame whose payload is payload_len bytes. */
+static inline uint8_t *dsec__agent_put_hdr(uint8_t *p, uint8_t type, uint32_t id,
+                                           size_t payload_len)
+{
+    p = dsec__agent_put_u32(p, (uint32_t)(payload_len + 5));
+    p = dsec__agent_put_u8(p, type);
+    return dsec__agent_put_u32(p, id);
+}
+
+static inline uint32_t dsec__agent_get_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* ---- reading: a cursor that turns bad once anything runs past the end ---- */
+
+typedef struct dsec__agent_rd {
+    const uint8_t *p;
+    const uint8_t *end;
+    bool bad;
+} dsec__agent_rd;
+
+static inline bool dsec__agent_need(dsec__agent_rd *r, size_t n)
+{
+    if (r->bad || (size_t)(r->end - r->p) < n) {
+        r->bad = true;
+        return false;
+    }
+    return true;
+}
+
+static inline uint8_t dsec__agent_get_u8(dsec__agent_rd *r)
+{
+    if (!dsec__agent_need(r, 1))
+        return 0;
+    return *r->p++;
+}
+
+static inline uint32_t dsec__agent_get_u32(dsec__agent_rd *r)
+{
+    if (!dsec__agent_need(r, 4))
+        return 0;
+    uint32_t v = dsec__agent_get_u32le(r->p);
+    r->p += 4;
+    return v;
+}
+
+static inline uint64_t dsec__agent_get_u64(dsec__agent_rd *r)
+{
+    uint64_t lo = dsec__agent_get_u32(r);
+    uint64_t hi = dsec__agent_get_u32(r);
+    return lo | hi << 32;
+}
+
+/* A length-prefixed field of at most max bytes; *len receives its length.
+ * The pointer is into the frame (not terminated). */
+static inline const uint8_t *dsec__agent_get_bytes(dsec__agent_rd *r, size_t max, size_t *len)
+{
+    uint32_t n = dsec__agent_get_u32(r);
+    *len = 0;
+    if (r->bad || n > max || !dsec__agent_need(r, n)) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *v = r->p;
+    r->p += n;
+    *len = n;
+    return v;
+}
+
+/* A str field: like bytes, but a NUL byte inside makes the cursor bad. */
+static inline const char *dsec__agent_get_str(dsec__agent_rd *r, size_t max, size_t *len)
+{
+    const uint8_t *v = dsec__agent_get_bytes(r, max, len);
+    if (v != NULL && memchr(v, 0, *len) != NULL) {
+        r->bad = true;
+        return NULL;
+    }
+    return (const char *)v;
+}
+
+/* Whether the cursor consumed the payload exactly. */
+static inline bool dsec__agent_done(const dsec__agent_rd *r)
+{
+    return !r->bad && r->p == r->end;
+}
+
+#endif

@@ -1,0 +1,1795 @@
+/* agent.c - dsec-agent: the static init of a container sandbox that runs commands and file
+ * operations for the node manager over a unix socket (wire format: agent-proto.h). */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/agent/agent-proto.h"
+
+/*
+ * One thread, one epoll loop. Everything the loop watches starts with a
+ * `kind` field so an event finds its object. Objects that die during a batch
+ * of events are only unlinked and marked dead; they are freed after the
+ * batch, so a later event of the same batch never touches freed memory.
+ *
+ * The agent is self-contained (libc only) because it is linked statically and
+ * copied into sandboxes. It never exits on bad input: a broken frame costs the
+ * connection that sent it, nothing more.
+ *
+ * Commands are started with vfork: the agent is tiny, but vfork skips even the
+ * page-table copy, and the child only makes system calls on memory the parent
+ * prepared before exec'ing.
+ */
+
+#define SOCK_BACKLOG 128
+#define WBUF_HIGH (1u << 20)  /* stop reading a command's output while this much waits to go out */
+#define READ_STOP (16u << 20) /* stop reading requests from a peer that does not read answers */
+#define DRAIN_MAX (1u << 20)  /* most output read from one stream after its command exited */
+#define BUF_KEEP (256u << 10) /* larger idle connection buffers are given back */
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_PIPE };
+
+struct cmd;
+
+struct conn {
+    int kind; /* K_CONN */
+    int fd;
+    bool dead, closing, want_out;
+    bool processing; /* inside conn_process */
+    bool stalled;    /* requests wait until the answers drain */
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    uint8_t *wbuf;
+    size_t woff, wlen, wcap;
+    struct conn *next, *prev;
+    struct conn *next_dead;
+};
+
+struct pipe_ep {
+    int kind;   /* K_PIPE */
+    int fd;     /* the agent's end, or -1 once closed */
+    int stream; /* 0 stdin, 1 stdout, 2 stderr */
+    bool paused;
+    struct cmd *cmd;
+};
+
+struct cmd {
+    struct conn *conn; /* NULL once the connection is gone: output is then discarded */
+    uint32_t id;
+    pid_t pid; /* also the process group id (setsid) */
+    struct pipe_ep io[3];
+    uint8_t *in;
+    size_t in_len, in_off;
+    uint64_t out_max;
+    uint64_t seen[3]; /* bytes read per stream, sent or not */
+    uint64_t start_ns, deadline_ns;
+    bool exited, timed_out, dead;
+    struct cmd *next, *prev;
+    struct cmd *next_dead;
+};
+
+static struct {
+    int ep;
+    int listen_fd;
+    int sig_fd;
+    int null_fd; /* /dev/null, the stdin of commands given none */
+    int listen_kind, sig_kind;
+    char *listen_path; /* unlinked at exit when we bound it */
+    char **base_env;
+    size_t nbase_env;
+    const char *workdir;
+    const char *default_user;
+    struct conn *conns;
+    struct cmd *cmds;
+    struct conn *dead_conns;
+    struct cmd *dead_cmds;
+    bool terminating;
+} g = {.ep = -1,
+       .listen_fd = -1,
+       .sig_fd = -1,
+       .null_fd = -1,
+       .listen_kind = K_LISTEN,
+       .sig_kind = K_SIGNAL};
+
+static uint8_t iobuf[DSEC__AGENT_CHUNK];
+
+static void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logmsg(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dsec-agent: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (q == NULL) {
+        logmsg("out of memory (%zu bytes)", n);
+        abort();
+    }
+    return q;
+}
+
+static char *xstrndup(const char *s, size_t n)
+{
+    char *d = xrealloc(NULL, n + 1);
+    memcpy(d, s, n);
+    d[n] = 0;
+    return d;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void ep_ctl(int op, int fd, uint32_t events, void *ptr)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = ptr};
+    if (epoll_ctl(g.ep, op, fd, &ev) < 0 && op != EPOLL_CTL_DEL)
+        logmsg("epoll_ctl(%d, fd %d): %s", op, fd, strerror(errno));
+}
+
+/* ---- connections: buffered, non-blocking frame output --------------------------------------- */
+
+static void conn_close(struct conn *c)
+{
+    if (c->dead)
+        return;
+    c->dead = true;
+    ep_ctl(EPOLL_CTL_DEL, c->fd, 0, NULL);
+    close(c->fd);
+    c->fd = -1;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        g.conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->next_dead = g.dead_conns;
+    g.dead_conns = c;
+    /* Its commands run on; their output has nowhere to go and is read and dropped. */
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->conn == c) {
+            m->conn = NULL;
+            for (int s = 1; s <= 2; s++)
+                if (m->io[s].paused && m->io[s].fd >= 0) {
+                    m->io[s].paused = false;
+                    ep_ctl(EPOLL_CTL_MOD, m->io[s].fd, EPOLLIN, &m->io[s]);
+                }
+        }
+}
+
+static size_t conn_backlog(const struct conn *c)
+{
+    return c->wlen - c->woff;
+}
+
+/* Room for n more bytes at the end of the output buffer; the caller commits them. keep:
+ * bytes already written past the end (a frame being built) that must move along. */
+static uint8_t *conn_reserve_keep(struct conn *c, size_t n, size_t keep)
+{
+    if (c->wcap - c->wlen < n) {
+        if (c->woff > 0) {
+            memmove(c->wbuf, c->wbuf + c->woff, c->wlen - c->woff + keep);
+            c->wlen -= c->woff;
+            c->woff = 0;
+        }
+        if (c->wcap - c->wlen < n) {
+            size_t cap = c->wcap ? c->wcap : 4096;
+            while (cap - c->wlen < n)
+                cap *= 2;
+            c->wbuf = xrealloc(c->wbuf, cap);
+            c->wcap = cap;
+        }
+    }
+    return c->wbuf + c->wlen;
+}
+
+static uint8_t *conn_reserve(struct conn *c, size_t n)
+{
+    return conn_reserve_keep(c, n, 0);
+}
+
+static void resume_output(struct conn *c)
+{
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->conn == c)
+            for (int s = 1; s <= 2; s++)
+                if (m->io[s].paused && m->io[s].fd >= 0) {
+                    m->io[s].paused = false;
+                    ep_ctl(EPOLL_CTL_MOD, m->io[s].fd, EPOLLIN, &m->io[s]);
+                }
+}
+
+static void conn_process(struct conn *c);
+
+static void conn_flush(struct conn *c)
+{
+    while (!c->dead && c->woff < c->wlen) {
+        ssize_t n = send(c->fd, c->wbuf + c->woff, c->wlen - c->woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN) {
+                if (!c->want_out) {
+                    c->want_out = true;
+                    ep_ctl(EPOLL_CTL_MOD, c->fd, c->closing ? EPOLLOUT : EPOLLIN | EPOLLOUT, c);
+                }
+                return;
+            }
+            conn_close(c); /* the peer went away */
+            return;
+        }
+        c->woff += (size_t)n;
+    }
+    if (c->dead)
+        return;
+    c->woff = c->wlen = 0;
+    if (c->wcap > BUF_KEEP) {
+        free(c->wbuf);
+        c->wbuf = NULL;
+        c->wcap = 0;
+    }
+    if (c->closing) {
+        conn_close(c);
+        return;
+    }
+    if (c->want_out) {
+        c->want_out = false;
+        ep_ctl(EPOLL_CTL_MOD, c->fd, EPOLLIN, c);
+    }
+    resume_output(c);
+    if (c->stalled) {
+        c->stalled = false;
+        conn_process(c);
+    }
+}
+
+/* Commit a frame built at conn_reserve's pointer and try to send it now. */
+static void conn_commit(struct conn *c, size_t n)
+{
+    c->wlen += n;
+    conn_flush(c);
+}
+
+static void send_error(struct conn *c, uint32_t id, uint32_t kind, int errnum, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void send_error(struct conn *c, uint32_t id, uint32_t kind, int errnum, const char *fmt, ...)
+{
+    if (c == NULL || c->dead)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t ml = m < 0 ? 0 : (size_t)m >= sizeof msg ? sizeof msg - 1 : (size_t)m;
+    size_t plen = 4 + 4 + 4 + ml;
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + plen), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_ERROR, id, plen);
+    p = dsec__agent_put_u32(p, kind);
+    p = dsec__agent_put_u32(p, (uint32_t)errnum);
+    p = dsec__agent_put_bytes(p, msg, ml);
+    conn_commit(c, (size_t)(p - p0));
+}
+
+/* An errno error about a path: "open \"/x\": No such file or directory". */
+static void send_errno(struct conn *c, uint32_t id, int errnum, const char *what, const char *path)
+{
+    send_error(c, id, DSEC__AGENT_ERR_IO, errnum, "%s \"%s\": %s", what, path, strerror(errnum));
+}
+
+static void send_ok(struct conn *c, uint32_t id, uint64_t value)
+{
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + 8), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_OK, id, 8);
+    p = dsec__agent_put_u64(p, value);
+    conn_commit(c, (size_t)(p - p0));
+}
+
+/* ---- commands ---------------------------------------------------------------------------------
+ */
+
+static void pipe_close(struct pipe_ep *e)
+{
+    if (e->fd < 0)
+        return;
+    ep_ctl(EPOLL_CTL_DEL, e->fd, 0, NULL);
+    close(e->fd);
+    e->fd = -1;
+    e->paused = false;
+}
+
+/* Forward output to the client within the cap; what is past it is counted and dropped. */
+static void cmd_output(struct cmd *m, int stream, const uint8_t *data, size_t n)
+{
+    uint64_t before = m->seen[stream];
+    m->seen[stream] += n;
+    if (m->conn == NULL || before >= m->out_max)
+        return;
+    size_t send_n = (size_t)(m->out_max - before < n ? m->out_max - before : n);
+    size_t plen = 1 + 4 + send_n;
+    uint8_t *p0 = conn_reserve(m->conn, DSEC__AGENT_HDR + plen), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_OUTPUT, m->id, plen);
+    p = dsec__agent_put_u8(p, (uint8_t)stream);
+    p = dsec__agent_put_bytes(p, data, send_n);
+    conn_commit(m->conn, (size_t)(p - p0));
+}
+
+/* Read one chunk; returns bytes read, 0 at EOF (pipe closed), -1 when nothing is there. */
+static ssize_t pipe_read(struct cmd *m, int stream)
+{
+    struct pipe_ep *e = &m->io[stream];
+    ssize_t n;
+    do
+        n = read(e->fd, iobuf, sizeof iobuf);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+        cmd_output(m, stream, iobuf, (size_t)n);
+        return n;
+    }
+    if (n == 0 || errno != EAGAIN) {
+        pipe_close(e);
+        return 0;
+    }
+    return -1;
+}
+
+static void cmd_unlink(struct cmd *m)
+{
+    m->dead = true;
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        g.cmds = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    m->next_dead = g.dead_cmds;
+    g.dead_cmds = m;
+}
+
+/* The main process ended: collect what it wrote, report, forget the command. Processes
+ * it left in the background keep running; they lose the pipes. */
+static void cmd_exited(struct cmd *m, int status, const struct rusage *ru)
+{
+    uint64_t end = now_ns();
+    m->exited = true;
+    for (int s = 1; s <= 2; s++) {
+        size_t drained = 0;
+        while (m->io[s].fd >= 0 && drained < DRAIN_MAX) {
+            ssize_t n = pipe_read(m, s);
+            if (n <= 0)
+                break;
+            drained += (size_t)n;
+        }
+    }
+    for (int s = 0; s <= 2; s++)
+        pipe_close(&m->io[s]);
+    if (m->conn) {
+        int32_t code = -1, sig = 0;
+        if (WIFEXITED(status))
+            code = WEXITSTATUS(status);
+        else if (WIFSIGNALED(status))
+            sig = WTERMSIG(status);
+        uint8_t flags = (uint8_t)((m->timed_out ? DSEC__AGENT_X_TIMED_OUT : 0) |
+                                  (m->seen[1] > m->out_max ? DSEC__AGENT_X_STDOUT_TRUNC : 0) |
+                                  (m->seen[2] > m->out_max ? DSEC__AGENT_X_STDERR_TRUNC : 0));
+        uint64_t cpu = (uint64_t)ru->ru_utime.tv_sec * 1000000u + (uint64_t)ru->ru_utime.tv_usec +
+                       (uint64_t)ru->ru_stime.tv_sec * 1000000u + (uint64_t)ru->ru_stime.tv_usec;
+        size_t plen = 4 + 4 + 1 + 8 + 8 + 8;
+        uint8_t *p0 = conn_reserve(m->conn, DSEC__AGENT_HDR + plen), *p = p0;
+        p = dsec__agent_put_hdr(p, DSEC__AGENT_T_EXIT, m->id, plen);
+        p = dsec__agent_put_u32(p, (uint32_t)code);
+        p = dsec__agent_put_u32(p, (uint32_t)sig);
+        p = dsec__agent_put_u8(p, flags);
+        p = dsec__agent_put_u64(p, (end - m->start_ns) / 1000u);
+        p = dsec__agent_put_u64(p, cpu);
+        p = dsec__agent_put_u64(p, (uint64_t)(ru->ru_maxrss > 0 ? ru->ru_maxrss : 0));
+        conn_commit(m->conn, (size_t)(p - p0));
+    }
+    cmd_unlink(m);
+}
+
+static void reap(void)
+{
+    for (;;) {
+        int status;
+        struct rusage ru;
+        pid_t pid = wait4(-1, &status, WNOHANG, &ru);
+        if (pid <= 0)
+            return;
+        /* Orphans of any command come here too (we are init or a subreaper): just reaped. */
+        for (struct cmd *m = g.cmds; m; m = m->next)
+            if (m->pid == pid && !m->exited) {
+                cmd_exited(m, status, &ru);
+                break;
+            }
+    }
+}
+
+static void on_pipe(struct pipe_ep *e, uint32_t events)
+{
+    struct cmd *m = e->cmd;
+    if (m->dead || e->fd < 0)
+        return;
+    if (e->stream == 0) {
+        while (m->in_off < m->in_len) {
+            ssize_t n = write(e->fd, m->in + m->in_off, m->in_len - m->in_off);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && errno == EAGAIN)
+                return;
+            if (n < 0) /* EPIPE: the command does not want the rest */
+                break;
+            m->in_off += (size_t)n;
+        }
+        pipe_close(e);
+        free(m->in);
+        m->in = NULL;
+        return;
+    }
+    /* Slow client: leave the output in the pipe (the command blocks) until the backlog drains. */
+    if (m->conn && conn_backlog(m->conn) > WBUF_HIGH && m->seen[e->stream] < m->out_max) {
+        e->paused = true;
+        ep_ctl(EPOLL_CTL_MOD, e->fd, 0, e);
+        return;
+    }
+    pipe_read(m, e->stream);
+}
+
+/* ---- users: the sandbox's own /etc/passwd and /etc/group (static glibc has no NSS) ------------
+ */
+
+#define GROUPS_MAX 64
+
+struct ident {
+    bool set;
+    uid_t uid;
+    gid_t gid;
+    gid_t groups[GROUPS_MAX];
+    size_t ngroups;
+    char name[DSEC__AGENT_USER_MAX + 1]; /* empty when the uid has no passwd entry */
+    char home[DSEC__AGENT_PATH_MAX + 1];
+};
+
+static bool parse_id(const char *s, size_t len, unsigned long *out)
+{
+    if (len == 0 || len > 10)
+        return false;
+    unsigned long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        v = v * 10 + (unsigned long)(s[i] - '0');
+    }
+    if (v > UINT32_MAX - 1) /* (uid_t)-1 means "unchanged" to the kernel */
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Split a colon line into at most max fields (in place). Returns the field count. */
+static int split_colon(char *line, char **f, int max)
+{
+    int n = 0;
+    f[n++] = line;
+    for (char *p = line; *p && n < max; p++)
+        if (*p == ':') {
+            *p = 0;
+            f[n++] = p + 1;
+        }
+    return n;
+}
+
+/* Find a passwd entry by name (by_name) or uid. Fills name, uid, gid, home. */
+static bool passwd_find(const char *name, uid_t uid, bool by_name, struct ident *id)
+{
+    FILE *f = fopen("/etc/passwd", "re");
+    if (f == NULL)
+        return false;
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (!found && getline(&line, &cap, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        char *fl[7];
+        unsigned long u, gg;
+        if (split_colon(line, fl, 7) < 7 || !parse_id(fl[2], strlen(fl[2]), &u) ||
+            !parse_id(fl[3], strlen(fl[3]), &gg))
+            continue;
+        if (by_name ? strcmp(fl[0], name) == 0 : (uid_t)u == uid) {
+            found = strlen(fl[0]) <= DSEC__AGENT_USER_MAX && strlen(fl[5]) <= DSEC__AGENT_PATH_MAX;
+            if (found) {
+                strcpy(id->name, fl[0]);
+                strcpy(id->home, fl[5]);
+                id->uid = (uid_t)u;
+                id->gid = (gid_t)gg;
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+static bool group_find(const char *name, gid_t *gid)
+{
+    FILE *f = fopen("/etc/group", "re");
+    if (f == NULL)
+        return false;
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (!found && getline(&line, &cap, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        char *fl[4];
+        unsigned long gg;
+        if (split_colon(line, fl, 4) >= 3 && strcmp(fl[0], name) == 0 &&
+            parse_id(fl[2], strlen(fl[2]), &gg)) {
+            *gid = (gid_t)gg;
+            found = true;
+        }
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+/* The primary group, then every group of /etc/group that lists the user. */
+static void supplementary_groups(struct ident *id)
+{
+    id->groups[0] = id->gid;
+    id->ngroups = 1;
+    if (id->name[0] == 0)
+        return;
+    FILE *f = fopen("/etc/group", "re");
+    if (f == NULL)
+        return;
+    char *line = NULL;
+    size_t cap = 0;
+    while (id->ngroups < GROUPS_MAX && getline(&line, &cap, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        char *fl[4];
+        unsigned long gg;
+        if (split_colon(line, fl, 4) < 4 || !parse_id(fl[2], strlen(fl[2]), &gg) ||
+            (gid_t)gg == id->gid)
+            continue;
+        for (char *tok = strtok(fl[3], ","); tok; tok = strtok(NULL, ","))
+            if (strcmp(tok, id->name) == 0) {
+                id->groups[id->ngroups++] = (gid_t)gg;
+                break;
+            }
+    }
+    free(line);
+    fclose(f);
+}
+
+/*
+ * "name", "name:group", "uid" or "uid:gid" (numbers need no passwd entry: a
+ * uid without one runs with gid = uid unless a gid is given). Returns NULL or
+ * a message saying what is wrong.
+ */
+static const char *resolve_user(const char *spec, struct ident *id)
+{
+    memset(id, 0, sizeof *id);
+    id->set = true;
+    const char *colon = strchr(spec, ':');
+    size_t ulen = colon ? (size_t)(colon - spec) : strlen(spec);
+    char uname[DSEC__AGENT_USER_MAX + 1];
+    if (ulen == 0 || ulen > DSEC__AGENT_USER_MAX)
+        return "empty or overlong user name";
+    memcpy(uname, spec, ulen);
+    uname[ulen] = 0;
+    unsigned long num;
+    if (parse_id(uname, ulen, &num)) {
+        if (!passwd_find(NULL, (uid_t)num, false, id)) {
+            id->uid = (uid_t)num;
+            id->gid = (gid_t)num;
+        }
+    } else if (!passwd_find(uname, 0, true, id)) {
+        return "no such user in /etc/passwd";
+    }
+    if (colon) {
+        const char *gs = colon + 1;
+        if (parse_id(gs, strlen(gs), &num))
+            id->gid = (gid_t)num;
+        else if (!group_find(gs, &id->gid))
+            return "no such group in /etc/group";
+        id->groups[0] = id->gid;
+        id->ngroups = 1;
+    } else {
+        supplementary_groups(id);
+    }
+    return NULL;
+}
+
+/* ---- spawning -----------------------------------------------------------------------------------
+ */
+
+/* Everything the vfork child needs, prepared by the parent: the child allocates nothing. */
+struct spawn {
+    char **argv;
+    char **envp;
+    const char *path_env; /* PATH for a bare argv[0] */
+    const char *cwd;      /* NULL: inherit */
+    const struct ident *id;
+    int fds[3];    /* the child's stdin, stdout, stderr */
+    char *scratch; /* a PATH candidate */
+    size_t scratch_len;
+    char *msg; /* the failure message written to stderr */
+    size_t msg_len;
+};
+
+static void __attribute__((noreturn))
+child_fail(const struct spawn *s, const char *what, const char *arg, int errnum)
+{
+    const char *parts[] = {"dsec-agent: ", what, " \"", arg, "\": ", strerrordesc_np(errnum), "\n"};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        const char *p = parts[i] ? parts[i] : "?";
+        size_t l = strlen(p);
+        if (l > s->msg_len - n)
+            l = s->msg_len - n;
+        memcpy(s->msg + n, p, l);
+        n += l;
+    }
+    ssize_t w = write(2, s->msg, n);
+    (void)w;
+    _exit(127);
+}
+
+static void child_run(const struct spawn *s) __attribute__((noreturn));
+static void child_run(const struct spawn *s)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (int i = 0; i < 3; i++)
+        if (dup2(s->fds[i], i) < 0)
+            child_fail(s, "cannot set up descriptor for", s->argv[0], errno);
+    if (s->id && s->id->set) {
+        /* Raw system calls: glibc's wrappers would synchronise threads we do not have,
+         * in memory this child shares with its parent. */
+        if (syscall(SYS_setgroups, s->id->ngroups, s->id->groups) < 0 ||
+            syscall(SYS_setresgid, s->id->gid, s->id->gid, s->id->gid) < 0 ||
+            syscall(SYS_setresuid, s->id->uid, s->id->uid, s->id->uid) < 0)
+            child_fail(s, "cannot switch user for", s->argv[0], errno);
+    }
+    if (s->cwd && chdir(s->cwd) < 0)
+        child_fail(s, "cannot change directory to", s->cwd, errno);
+    const char *file = s->argv[0];
+    if (strchr(file, '/')) {
+        execve(file, s->argv, s->envp);
+        child_fail(s, "cannot run", file, errno);
+    }
+    /* PATH search as execvp does it, without its allocations. */
+    size_t flen = strlen(file);
+    bool denied = false;
+    int last = ENOENT;
+    for (const char *p = s->path_env;;) {
+        const char *end = strchrnul(p, ':');
+        size_t dlen = (size_t)(end - p);
+        if (dlen + 1 + flen < s->scratch_len) {
+            memcpy(s->scratch, p, dlen);
+            size_t o = dlen;
+            if (dlen == 0) /* an empty entry is the current directory */
+                s->scratch[o++] = '.';
+            s->scratch[o++] = '/';
+            memcpy(s->scratch + o, file, flen + 1);
+            execve(s->scratch, s->argv, s->envp);
+            last = errno;
+            if (last == EACCES)
+                denied = true;
+            else if (last != ENOENT && last != ENOTDIR && last != ESTALE && last != ENODEV &&
+                     last != ETIMEDOUT)
+                break;
+        }
+        if (*end == 0)
+            break;
+        p = end + 1;
+    }
+    child_fail(s, "cannot run", file, denied && last != EACCES ? EACCES : last);
+}
+
+/* The child's buffers: static, so a spawn costs no allocation and no fresh pages. */
+static char spawn_path[DSEC__AGENT_PATH_MAX + DSEC__AGENT_ARG_LEN_MAX + 2];
+static char spawn_msg[DSEC__AGENT_ARG_LEN_MAX + 256];
+
+/* vfork in a function of its own: the caller's locals stay out of the child's way. */
+static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
+{
+    pid_t pid = vfork();
+    if (pid == 0)
+        child_run(s);
+    return pid;
+}
+
+/* "K=V" entries: replace an entry with the same key or add one. */
+static void env_set(char ***env, size_t *n, char *kv)
+{
+    size_t klen = strcspn(kv, "=");
+    for (size_t i = 0; i < *n; i++)
+        if (strncmp((*env)[i], kv, klen) == 0 && (*env)[i][klen] == '=') {
+            (*env)[i] = kv;
+            return;
+        }
+    (*env)[(*n)++] = kv;
+}
+
+static const char *env_get(char **env, size_t n, const char *key)
+{
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(env[i], key, klen) == 0 && env[i][klen] == '=')
+            return env[i] + klen + 1;
+    return NULL;
+}
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    uint64_t timeout_ms = dsec__agent_get_u64(r);
+    uint64_t out_max = dsec__agent_get_u64(r);
+    size_t cwd_len, user_len, argc, nenv, in_len;
+    const char *cwd = dsec__agent_get_str(r, DSEC__AGENT_PATH_MAX, &cwd_len);
+    const char *user = dsec__agent_get_str(r, DSEC__AGENT_USER_MAX, &user_len);
+    argc = dsec__agent_get_u32(r);
+    if (r->bad || argc == 0 || argc > DSEC__AGENT_ARGV_MAX) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                   "exec: bad cwd, user or argument count (1..%u arguments)", DSEC__AGENT_ARGV_MAX);
+        return;
+    }
+    /* Every string is copied once into one block, NUL-terminated, for execve. */
+    char **argv = calloc(argc + 1, sizeof *argv);
+    char **envp = NULL;
+    char *block = NULL;
+    struct cmd *m = NULL;
+    int pfd[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
+    const uint8_t *rd_start = r->p;
+    if (argv == NULL)
+        goto nomem;
+    size_t total = 0;
+    for (size_t i = 0; i < argc; i++) {
+        size_t l;
+        if (dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &l) == NULL)
+            break;
+        total += l + 1;
+    }
+    nenv = dsec__agent_get_u32(r);
+    if (r->bad || nenv > DSEC__AGENT_ENV_MAX) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                   "exec: bad argument or environment count (at most %u variables, %u bytes each)",
+                   DSEC__AGENT_ENV_MAX, DSEC__AGENT_ARG_LEN_MAX);
+        goto out;
+    }
+    const uint8_t *env_start = r->p;
+    for (size_t i = 0; i < nenv; i++) {
+        size_t kl, vl;
+        const char *k = dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &kl);
+        dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &vl);
+        if (r->bad)
+            break;
+        if (kl == 0 || memchr(k, '=', kl)) {
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                       "exec: environment variable %zu has an empty name or one with '='", i);
+            goto out;
+        }
+        total += kl + vl + 2;
+    }
+    const uint8_t *in = dsec__agent_get_bytes(r, DSEC__AGENT_STDIN_MAX, &in_len);
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "exec: malformed request");
+        goto out;
+    }
+
+    /* The user first: an unknown one is the caller's error, not the command's. */
+    struct ident ident = {0};
+    char user_z[DSEC__AGENT_USER_MAX + 1];
+    const char *user_spec = user_len ? memcpy(user_z, user, user_len) : g.default_user;
+    if (user_len)
+        user_z[user_len] = 0;
+    if (user_spec) {
+        const char *why = resolve_user(user_spec, &ident);
+        if (why) {
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "exec: user \"%s\": %s", user_spec, why);
+            goto out;
+        }
+    }
+
+    size_t home_len = strlen(ident.home), name_len = strlen(ident.name);
+    total += cwd_len + 1 + (ident.name[0] ? home_len + 2 * name_len + 24 : 0);
+    block = malloc(total);
+    envp = calloc(g.nbase_env + nenv + 4, sizeof *envp);
+    if (block == NULL || envp == NULL)
+        goto nomem;
+    char *b = block;
+    dsec__agent_rd r2 = {.p = rd_start, .end = r->end};
+    for (size_t i = 0; i < argc; i++) {
+        size_t l;
+        const char *s = dsec__agent_get_str(&r2, DSEC__AGENT_ARG_LEN_MAX, &l);
+        argv[i] = memcpy(b, s, l);
+        b[l] = 0;
+        b += l + 1;
+    }
+    size_t ne = g.nbase_env;
+    memcpy(envp, g.base_env, ne * sizeof *envp);
+    if (ident.name[0]) { /* a passwd user gets its own HOME, USER and LOGNAME; the request may
+                            override */
+        b += sprintf(b, "HOME=%s", ident.home) + 1;
+        env_set(&envp, &ne, b - home_len - 6);
+        b += sprintf(b, "USER=%s", ident.name) + 1;
+        env_set(&envp, &ne, b - name_len - 6);
+        b += sprintf(b, "LOGNAME=%s", ident.name) + 1;
+        env_set(&envp, &ne, b - name_len - 9);
+    }
+    r2.p = env_start;
+    for (size_t i = 0; i < nenv; i++) {
+        size_t kl, vl;
+        const char *k = dsec__agent_get_str(&r2, DSEC__AGENT_ARG_LEN_MAX, &kl);
+        const char *v = dsec__agent_get_str(&r2, DSEC__AGENT_ARG_LEN_MAX, &vl);
+        char *kv = b;
+        memcpy(b, k, kl);
+        b[kl] = '=';
+        memcpy(b + kl + 1, v, vl);
+        b[kl + 1 + vl] = 0;
+        b += kl + vl + 2;
+        env_set(&envp, &ne, kv);
+    }
+    envp[ne] = NULL;
+    const char *cwd_z = g.workdir;
+    if (cwd_len) {
+        cwd_z = memcpy(b, cwd, cwd_len);
+        b[cwd_len] = 0;
+        b += cwd_len + 1;
+    }
+    const char *path_env = env_get(envp, ne, "PATH");
+
+    m = calloc(1, sizeof *m);
+    if (m == NULL)
+        goto nomem;
+    /* No stdin: the shared /dev/null instead of a pipe closed at once (fewer system calls). */
+    bool null_in = in_len == 0 && g.null_fd >= 0;
+    for (int i = null_in ? 1 : 0; i < 3; i++)
+        if (pipe2(pfd[i], O_CLOEXEC) < 0) {
+            send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: pipe: %s", strerror(errno));
+            goto out;
+        }
+    struct spawn s = {
+        .argv = argv,
+        .envp = envp,
+        .path_env = path_env ? path_env : DEFAULT_PATH,
+        .cwd = cwd_z,
+        .id = &ident,
+        .fds = {null_in ? g.null_fd : pfd[0][0], pfd[1][1], pfd[2][1]},
+        .scratch = spawn_path,
+        .scratch_len = sizeof spawn_path,
+        .msg = spawn_msg,
+        .msg_len = sizeof spawn_msg,
+    };
+    m->start_ns = now_ns();
+    pid_t pid = spawn_child(&s);
+    if (pid < 0) {
+        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: vfork: %s", strerror(errno));
+        goto out;
+    }
+    m->conn = c;
+    m->id = id;
+    m->pid = pid;
+    m->out_max = out_max;
+    m->deadline_ns = timeout_ms ? m->start_ns + timeout_ms * 1000000u : 0;
+    if (timeout_ms > UINT64_MAX / 2000000u) /* effectively forever; avoid the overflow */
+        m->deadline_ns = 0;
+    m->next = g.cmds;
+    if (g.cmds)
+        g.cmds->prev = m;
+    g.cmds = m;
+    int mine[3] = {pfd[0][1], pfd[1][0], pfd[2][0]};
+    for (int i = 0; i < 3; i++) {
+        m->io[i] = (struct pipe_ep){.kind = K_PIPE, .fd = mine[i], .stream = i, .cmd = m};
+        if (mine[i] < 0)
+            continue;
+        close(i == 0 ? pfd[0][0] : pfd[i][1]);
+        fcntl(mine[i], F_SETFL, i == 0 ? O_WRONLY | O_NONBLOCK : O_RDONLY | O_NONBLOCK);
+    }
+    /* Feed stdin now; whatever the pipe does not take waits for EPOLLOUT. */
+    size_t off = 0;
+    while (off < in_len) {
+        ssize_t n = write(m->io[0].fd, in + off, in_len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    if (off < in_len && errno == EAGAIN) {
+        m->in = malloc(in_len - off);
+        if (m->in) {
+            memcpy(m->in, in + off, in_len - off);
+            m->in_len = in_len - off;
+            ep_ctl(EPOLL_CTL_ADD, m->io[0].fd, EPOLLOUT, &m->io[0]);
+        } else {
+            close(m->io[0].fd);
+            m->io[0].fd = -1;
+        }
+    } else if (m->io[0].fd >= 0) {
+        close(m->io[0].fd);
+        m->io[0].fd = -1;
+    }
+    for (int i = 1; i <= 2; i++)
+        ep_ctl(EPOLL_CTL_ADD, m->io[i].fd, EPOLLIN, &m->io[i]);
+    m = NULL;
+    for (int i = 0; i < 3; i++)
+        pfd[i][0] = pfd[i][1] = -1;
+    goto out;
+nomem:
+    send_error(c, id, DSEC__AGENT_ERR_IO, ENOMEM, "exec: out of memory");
+out:
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            if (pfd[i][j] >= 0)
+                close(pfd[i][j]);
+    free(m);
+    free(envp);
+    free(block);
+    free(argv);
+}
+
+static void check_timeouts(void)
+{
+    uint64_t now = now_ns();
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->deadline_ns && !m->exited && now >= m->deadline_ns) {
+            m->timed_out = true;
+            m->deadline_ns = 0;
+            kill(-m->pid, SIGKILL);
+        }
+}
+
+static int next_timeout_ms(void)
+{
+    uint64_t now = now_ns(), best = 0;
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->deadline_ns && (best == 0 || m->deadline_ns < best))
+            best = m->deadline_ns;
+    if (best == 0)
+        return -1;
+    if (best <= now)
+        return 0;
+    uint64_t ms = (best - now + 999999u) / 1000000u;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    uint32_t sig = dsec__agent_get_u32(r);
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "kill: malformed request");
+        return;
+    }
+    if (sig < 1 || sig > (uint32_t)SIGRTMAX) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "kill: no signal %" PRIu32, sig);
+        return;
+    }
+    uint64_t n = 0;
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (!m->exited && kill(-m->pid, (int)sig) == 0)
+            n++;
+    send_ok(c, id, n);
+}
+
+/* ---- files --------------------------------------------------------------------------------------
+ */
+
+/* The path field of a file request, NUL-terminated in buf; false (and an error sent) if bad. */
+static bool get_path(struct conn *c, uint32_t id, dsec__agent_rd *r, const char *op,
+                     char buf[DSEC__AGENT_PATH_MAX + 1])
+{
+    size_t len;
+    const char *p = dsec__agent_get_str(r, DSEC__AGENT_PATH_MAX, &len);
+    if (p == NULL) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                   "%s: malformed request or path longer than %u bytes", op, DSEC__AGENT_PATH_MAX);
+        return false;
+    }
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    if (buf[0] != '/') {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "%s: path \"%s\" is not absolute", op, buf);
+        return false;
+    }
+    return true;
+}
+
+static int mkdir_parents(char *path)
+{
+    for (char *p = path + 1; (p = strchr(p, '/')) != NULL; p++) {
+        *p = 0;
+        int rc = mkdir(path, 0755);
+        int e = errno;
+        *p = '/';
+        if (rc < 0 && e != EEXIST) {
+            errno = e;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void handle_fwrite(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    char path[DSEC__AGENT_PATH_MAX + 1];
+    uint32_t mode = dsec__agent_get_u32(r);
+    bool append = dsec__agent_get_u8(r) != 0;
+    if (!get_path(c, id, r, "write", path))
+        return;
+    size_t len;
+    const uint8_t *data = dsec__agent_get_bytes(r, DSEC__AGENT_FILE_MAX, &len);
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_TOO_LARGE, 0,
+                   "write \"%s\": malformed request or more than %u bytes", path,
+                   DSEC__AGENT_FILE_MAX);
+        return;
+    }
+    if (mkdir_parents(path) < 0) {
+        send_errno(c, id, errno, "creating the parent directories of", path);
+        return;
+    }
+    int fd =
+        open(path,
+             O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (append ? O_APPEND : O_TRUNC),
+             mode ? mode & 07777 : 0644);
+    if (fd < 0) {
+        send_errno(c, id, errno, "opening for writing", path);
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        close(fd);
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "write \"%s\": not a regular file", path);
+        return;
+    }
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(fd, data + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            close(fd);
+            send_errno(c, id, e, "writing", path);
+            return;
+        }
+        off += (size_t)n;
+    }
+    if (mode != 0 && fchmod(fd, mode & 07777) < 0) {
+        int e = errno;
+        close(fd);
+        send_errno(c, id, e, "setting the mode of", path);
+        return;
+    }
+    if (close(fd) < 0) {
+        send_errno(c, id, errno, "closing", path);
+        return;
+    }
+    send_ok(c, id, 0);
+}
+
+static void handle_fread(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    char path[DSEC__AGENT_PATH_MAX + 1];
+    uint64_t offset = dsec__agent_get_u64(r);
+    uint64_t max = dsec__agent_get_u64(r);
+    if (!get_path(c, id, r, "read", path))
+        return;
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "read \"%s\": malformed request", path);
+        return;
+    }
+    /* O_NONBLOCK: a FIFO must not stall the agent (it is refused below). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        send_errno(c, id, errno, "opening for reading", path);
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        send_errno(c, id, errno, "stat", path);
+        close(fd);
+        return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        if (S_ISDIR(st.st_mode))
+            send_errno(c, id, EISDIR, "read", path);
+        else
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "read \"%s\": not a regular file", path);
+        return;
+    }
+    uint64_t want = max == 0 || max > DSEC__AGENT_FILE_MAX ? DSEC__AGENT_FILE_MAX : max;
+    uint64_t size = (uint64_t)st.st_size;
+    /* Files of /proc say size 0 yet have content: read those until EOF. */
+    size_t alloc = size > 0
+                       ? (size_t)(offset < size ? (size - offset < want ? size - offset : want) : 0)
+                       : (size_t)(want < 65536 ? want : 65536);
+    size_t plen_fixed = 8 + 1 + 4;
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + plen_fixed + alloc);
+    size_t got = 0;
+    bool eof = false;
+    for (;;) {
+        if (got == alloc) {
+            if (got >= want || size > 0) /* a regular file may have grown: the next call sees it */
+                break;
+            alloc = alloc * 2 > want ? (size_t)want : alloc * 2;
+            p0 = conn_reserve_keep(c, DSEC__AGENT_HDR + plen_fixed + alloc,
+                                   DSEC__AGENT_HDR + plen_fixed + got);
+        }
+        ssize_t n =
+            pread(fd, p0 + DSEC__AGENT_HDR + plen_fixed + got, alloc - got, (off_t)(offset + got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            close(fd);
+            send_errno(c, id, e, "reading", path);
+            return;
+        }
+        if (n == 0) {
+            eof = true;
+            break;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    if (size > 0 && offset + got >= size)
+        eof = true;
+    if (eof && offset + got > size)
+        size = offset + got;
+    uint8_t *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_DATA, id, plen_fixed + got);
+    p = dsec__agent_put_u64(p, size);
+    p = dsec__agent_put_u8(p, eof);
+    p = dsec__agent_put_u32(p, (uint32_t)got);
+    conn_commit(c, (size_t)(p - p0) + got);
+}
+
+struct entry {
+    char *name;
+    uint8_t kind;
+    uint64_t size;
+    uint32_t mode;
+    int64_t mtime;
+};
+
+static void entry_fill(struct entry *e, const struct stat *st)
+{
+    e->kind = S_ISREG(st->st_mode) ? 1 : S_ISDIR(st->st_mode) ? 2 : S_ISLNK(st->st_mode) ? 3 : 4;
+    e->size = S_ISREG(st->st_mode) || S_ISLNK(st->st_mode) ? (uint64_t)st->st_size : 0;
+    e->mode = st->st_mode & 07777;
+    e->mtime = (int64_t)st->st_mtime;
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s && s[1] ? s + 1 : path;
+}
+
+static void send_entries(struct conn *c, uint32_t id, struct entry *v, size_t n, const char *path)
+{
+    size_t plen = 4;
+    for (size_t i = 0; i < n; i++)
+        plen += 4 + strlen(v[i].name) + 1 + 8 + 4 + 8;
+    if (n > DSEC__AGENT_LIST_MAX || plen + 5 > DSEC__AGENT_FRAME_MAX) {
+        send_error(c, id, DSEC__AGENT_ERR_TOO_LARGE, 0,
+                   "list \"%s\": %zu entries, more than one answer holds (%u)", path, n,
+                   DSEC__AGENT_LIST_MAX);
+        return;
+    }
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + plen), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_ENTRIES, id, plen);
+    p = dsec__agent_put_u32(p, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        p = dsec__agent_put_bytes(p, v[i].name, strlen(v[i].name));
+        p = dsec__agent_put_u8(p, v[i].kind);
+        p = dsec__agent_put_u64(p, v[i].size);
+        p = dsec__agent_put_u32(p, v[i].mode);
+        p = dsec__agent_put_u64(p, (uint64_t)v[i].mtime);
+    }
+    conn_commit(c, (size_t)(p - p0));
+}
+
+static void handle_fstat(struct conn *c, uint32_t id, dsec__agent_rd *r, bool list)
+{
+    const char *op = list ? "list" : "stat";
+    char path[DSEC__AGENT_PATH_MAX + 1];
+    if (!get_path(c, id, r, op, path))
+        return;
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "%s \"%s\": malformed request", op, path);
+        return;
+    }
+    struct stat st;
+    /* A listing follows a symlink to a directory, as ls does; stat describes the link. */
+    if ((list ? stat(path, &st) : lstat(path, &st)) < 0) {
+        send_errno(c, id, errno, op, path);
+        return;
+    }
+    if (!list || !S_ISDIR(st.st_mode)) {
+        if (list && lstat(path, &st) < 0) {
+            send_errno(c, id, errno, op, path);
+            return;
+        }
+        struct entry e = {.name = (char *)base_name(path)};
+        entry_fill(&e, &st);
+        send_entries(c, id, &e, 1, path);
+        return;
+    }
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+    if (d == NULL) {
+        send_errno(c, id, errno, "opening directory", path);
+        if (dfd >= 0)
+            close(dfd);
+        return;
+    }
+    struct entry *v = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        struct stat es;
+        if (fstatat(dfd, de->d_name, &es, AT_SYMLINK_NOFOLLOW) < 0)
+            continue; /* removed meanwhile */
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            v = xrealloc(v, cap * sizeof *v);
+        }
+        v[n].name = xstrndup(de->d_name, strlen(de->d_name));
+        entry_fill(&v[n], &es);
+        n++;
+        if (n > DSEC__AGENT_LIST_MAX)
+            break;
+    }
+    closedir(d);
+    if (n > 1)
+        qsort(v, n, sizeof *v, entry_cmp);
+    send_entries(c, id, v, n, path);
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+}
+
+/* Remove name under dirfd and, for a directory, all it holds; symlinks are never followed. */
+static int remove_tree(int dirfd, const char *name)
+{
+    if (unlinkat(dirfd, name, 0) == 0)
+        return 0;
+    if (errno != EISDIR && errno != EPERM)
+        return -1;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    DIR *d = fdopendir(fd);
+    if (d == NULL) {
+        close(fd);
+        return -1;
+    }
+    /* Entries removed while readdir runs may make it skip others: a few passes settle it. */
+    int rc = 0;
+    for (int pass = 0; pass < 4 && rc == 0; pass++) {
+        struct dirent *de;
+        bool any = false;
+        rewinddir(d);
+        while (rc == 0 && (de = readdir(d)) != NULL) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            any = true;
+            rc = remove_tree(fd, de->d_name);
+        }
+        if (!any)
+            break;
+    }
+    int e = errno;
+    closedir(d);
+    if (rc < 0) {
+        errno = e;
+        return -1;
+    }
+    return unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+static void handle_fremove(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    char path[DSEC__AGENT_PATH_MAX + 1];
+    bool recursive = dsec__agent_get_u8(r) != 0;
+    if (!get_path(c, id, r, "remove", path))
+        return;
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "remove \"%s\": malformed request", path);
+        return;
+    }
+    if (path[strspn(path, "/")] == 0) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "remove \"%s\": refusing to remove /", path);
+        return;
+    }
+    struct stat st;
+    if (lstat(path, &st) < 0) {
+        send_errno(c, id, errno, "remove", path);
+        return;
+    }
+    int rc;
+    if (!S_ISDIR(st.st_mode))
+        rc = unlink(path);
+    else if (!recursive)
+        rc = rmdir(path);
+    else
+        rc = remove_tree(AT_FDCWD, path);
+    if (rc < 0) {
+        int e = errno;
+        if (e == ENOTEMPTY || e == EEXIST)
+            send_error(c, id, DSEC__AGENT_ERR_IO, ENOTEMPTY,
+                       "remove \"%s\": directory not empty (remove it recursively)", path);
+        else
+            send_errno(c, id, e, "remove", path);
+        return;
+    }
+    send_ok(c, id, 0);
+}
+
+/* ---- the loop
+ * ------------------------------------------------------------------------------------ */
+
+static void handle_frame(struct conn *c, uint8_t type, uint32_t id, const uint8_t *payload,
+                         size_t len)
+{
+    dsec__agent_rd r = {.p = payload, .end = payload + len};
+    switch (type) {
+    case DSEC__AGENT_T_EXEC:
+        handle_exec(c, id, &r);
+        break;
+    case DSEC__AGENT_T_KILL:
+        handle_kill(c, id, &r);
+        break;
+    case DSEC__AGENT_T_FWRITE:
+        handle_fwrite(c, id, &r);
+        break;
+    case DSEC__AGENT_T_FREAD:
+        handle_fread(c, id, &r);
+        break;
+    case DSEC__AGENT_T_FLIST:
+        handle_fstat(c, id, &r, true);
+        break;
+    case DSEC__AGENT_T_FSTAT:
+        handle_fstat(c, id, &r, false);
+        break;
+    case DSEC__AGENT_T_FREMOVE:
+        handle_fremove(c, id, &r);
+        break;
+    default:
+        send_error(c, id, DSEC__AGENT_ERR_UNSUPPORTED, 0, "unknown request type %u", type);
+    }
+}
+
+/* Handle the complete frames buffered on c. A peer that sends requests without reading the
+ * answers is stalled once READ_STOP bytes wait for it: its frames stay buffered, nothing more
+ * is read, and conn_flush resumes here when the answers have drained. */
+static void conn_process(struct conn *c)
+{
+    if (c->processing || c->dead)
+        return;
+    c->processing = true;
+    size_t off = 0;
+    while (!c->dead && !c->closing && c->rlen - off >= 4) {
+        if (conn_backlog(c) > READ_STOP) {
+            c->stalled = true;
+            c->want_out = true;
+            ep_ctl(EPOLL_CTL_MOD, c->fd, EPOLLOUT, c);
+            break;
+        }
+        uint32_t len = dsec__agent_get_u32le(c->rbuf + off);
+        if (len < 5 || len > DSEC__AGENT_FRAME_MAX) {
+            send_error(c, 0, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                       "frame length %" PRIu32 " out of bounds (5..%u); closing the connection",
+                       len, DSEC__AGENT_FRAME_MAX);
+            c->closing = true;
+            c->rlen = off = 0;
+            conn_flush(c);
+            break;
+        }
+        if (c->rlen - off < 4 + (size_t)len) {
+            if (c->rcap < 4 + (size_t)len) { /* room for the whole frame */
+                memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+                c->rlen -= off;
+                off = 0;
+                c->rcap = 4 + (size_t)len;
+                c->rbuf = xrealloc(c->rbuf, c->rcap);
+            }
+            break;
+        }
+        const uint8_t *f = c->rbuf + off;
+        handle_frame(c, f[4], dsec__agent_get_u32le(f + 5), f + DSEC__AGENT_HDR, len - 5);
+        off += 4 + (size_t)len;
+    }
+    c->processing = false;
+    if (c->dead)
+        return;
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+    if (c->rlen == 0 && c->rcap > BUF_KEEP) {
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rcap = 0;
+    }
+}
+
+static void on_conn(struct conn *c, uint32_t events)
+{
+    if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+        conn_flush(c); /* a gone peer shows here as EPIPE */
+    if (c->dead || c->closing || c->stalled || !(events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+        return;
+    if (c->rcap - c->rlen < 65536) {
+        c->rcap = c->rlen + 65536;
+        c->rbuf = xrealloc(c->rbuf, c->rcap);
+    }
+    ssize_t n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n <= 0) {
+        conn_close(c);
+        return;
+    }
+    c->rlen += (size_t)n;
+    conn_process(c);
+}
+
+static void on_listen(void)
+{
+    for (;;) {
+        int fd = accept4(g.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN)
+                logmsg("accept: %s", strerror(errno));
+            return;
+        }
+        struct conn *c = calloc(1, sizeof *c);
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->kind = K_CONN;
+        c->fd = fd;
+        c->next = g.conns;
+        if (g.conns)
+            g.conns->prev = c;
+        g.conns = c;
+        ep_ctl(EPOLL_CTL_ADD, fd, EPOLLIN, c);
+        uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + 8), *p = p0;
+        p = dsec__agent_put_hdr(p, DSEC__AGENT_T_HELLO, 0, 8);
+        p = dsec__agent_put_u32(p, DSEC__AGENT_VERSION);
+        p = dsec__agent_put_u32(p, DSEC__AGENT_FRAME_MAX);
+        conn_commit(c, (size_t)(p - p0));
+    }
+}
+
+static void on_signal(void)
+{
+    struct signalfd_siginfo si;
+    while (read(g.sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT)
+            g.terminating = true;
+    }
+    reap();
+}
+
+static void free_dead(void)
+{
+    while (g.dead_conns) {
+        struct conn *c = g.dead_conns;
+        g.dead_conns = c->next_dead;
+        free(c->rbuf);
+        free(c->wbuf);
+        free(c);
+    }
+    while (g.dead_cmds) {
+        struct cmd *m = g.dead_cmds;
+        g.dead_cmds = m->next_dead;
+        free(m->in);
+        free(m);
+    }
+}
+
+/* SIGTERM/SIGINT: every command's group dies with the agent. */
+static void shutdown_all(void)
+{
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (!m->exited)
+            kill(-m->pid, SIGKILL);
+    /* Give the kernel a moment to finish them so they are reaped here, not left to others. */
+    uint64_t until = now_ns() + 200000000u;
+    while (g.cmds && now_ns() < until) {
+        reap();
+        free_dead();
+        if (g.cmds) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    while (g.conns)
+        conn_close(g.conns);
+    free_dead();
+    if (g.listen_path)
+        unlink(g.listen_path);
+}
+
+/* ---- start-up -----------------------------------------------------------------------------------
+ */
+
+/* Bind path, going through its directory when it is longer than sun_path. */
+static int listen_on(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int dfd = -1;
+    if (strlen(path) < sizeof sa.sun_path) {
+        strcpy(sa.sun_path, path);
+    } else {
+        const char *slash = strrchr(path, '/');
+        if (slash == NULL || slash == path) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        char *dir = xstrndup(path, (size_t)(slash - path));
+        dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        free(dir);
+        if (dfd < 0)
+            return -1;
+        if ((size_t)snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/%s", dfd,
+                             slash + 1) >= sizeof sa.sun_path) {
+            close(dfd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+    }
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
+        unlink(path); /* a stale socket of an earlier run */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int rc = fd < 0 ? -1 : bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    if (rc == 0)
+        rc = listen(fd, SOCK_BACKLOG);
+    int e = errno;
+    if (dfd >= 0)
+        close(dfd);
+    if (rc < 0) {
+        if (fd >= 0)
+            close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static int load_env_file(const char *file, char ***env, size_t *n, size_t *cap)
+{
+    FILE *f = fopen(file, "re");
+    if (f == NULL)
+        return -1;
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &lcap, f)) > 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        if (len == 0 || line[0] == '#')
+            continue;
+        if (strchr(line, '=') == NULL || line[0] == '=') {
+            logmsg("%s: ignoring line without NAME=value: %s", file, line);
+            continue;
+        }
+        if (*n + 1 >= *cap) {
+            *cap = *cap ? *cap * 2 : 32;
+            *env = xrealloc(*env, *cap * sizeof **env);
+        }
+        env_set(env, n, xstrndup(line, (size_t)len));
+    }
+    free(line);
+    fclose(f);
+    return 0;
+}
+
+static void usage(void)
+{
+    fputs("usage: dsec-agent (--listen-fd N | --listen PATH) [--env-file FILE] [--env K=V]...\n"
+          "                  [--workdir DIR] [--user USER]\n",
+          stderr);
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    int listen_fd = -1;
+    const char *listen_path = NULL;
+    char **env = NULL;
+    size_t nenv = 0, cap = 0;
+    bool env_given = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v == NULL)
+            usage();
+        i++;
+        if (strcmp(a, "--listen-fd") == 0) {
+            char *end;
+            long fd = strtol(v, &end, 10);
+            if (*end || fd < 0 || fd > INT_MAX)
+                usage();
+            listen_fd = (int)fd;
+        } else if (strcmp(a, "--listen") == 0) {
+            listen_path = v;
+        } else if (strcmp(a, "--env-file") == 0) {
+            env_given = true;
+            if (load_env_file(v, &env, &nenv, &cap) < 0) {
+                logmsg("--env-file %s: %s", v, strerror(errno));
+                return 1;
+            }
+        } else if (strcmp(a, "--env") == 0) {
+            env_given = true;
+            if (strchr(v, '=') == NULL || v[0] == '=')
+                usage();
+            if (nenv + 1 >= cap) {
+                cap = cap ? cap * 2 : 32;
+                env = xrealloc(env, cap * sizeof *env);
+            }
+            env_set(&env, &nenv, (char *)v);
+        } else if (strcmp(a, "--workdir") == 0) {
+            g.workdir = v;
+        } else if (strcmp(a, "--user") == 0) {
+            g.default_user = v;
+        } else {
+            usage();
+        }
+    }
+    if ((listen_fd < 0) == (listen_path == NULL))
+        usage();
+    if (!env_given) { /* the environment the runtime gave us */
+        extern char **environ;
+        for (char **e = environ; e && *e; e++) {
+            if (nenv + 1 >= cap) {
+                cap = cap ? cap * 2 : 32;
+                env = xrealloc(env, cap * sizeof *env);
+            }
+            env[nenv++] = *e;
+        }
+    }
+    g.base_env = env;
+    g.nbase_env = nenv;
+    if (g.default_user) {
+        struct ident id;
+        const char *why = resolve_user(g.default_user, &id);
+        if (why) {
+            logmsg("--user %s: %s", g.default_user, why);
+            return 1;
+        }
+    }
+
+    /* Descriptors 0-2 must exist so the pipes of commands never land on them. */
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
+            return 1;
+    /* Nothing inherited (the node's preserved fds included) reaches a command. */
+    syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+    if (getpid() != 1) /* outside a pid namespace, orphans of commands come to us all the same */
+        prctl(PR_SET_CHILD_SUBREAPER, 1);
+    /* Not dumpable: a command (root in the sandbox, without CAP_SYS_PTRACE)
+     * cannot open /proc/<agent>/fd or /proc/<agent>/mem to reach the channel.
+     * execve resets the flag, so commands themselves stay dumpable. */
+    prctl(PR_SET_DUMPABLE, 0);
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigset_t block = mask;
+    sigaddset(&block, SIGPIPE); /* writes to a gone peer return EPIPE instead */
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, NULL);
+
+    if (listen_path) {
+        listen_fd = listen_on(listen_path);
+        if (listen_fd < 0) {
+            logmsg("listening on %s: %s", listen_path, strerror(errno));
+            return 1;
+        }
+        g.listen_path = (char *)listen_path;
+    } else {
+        int acc = 0;
+        socklen_t sl = sizeof acc;
+        if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) < 0 || !acc) {
+            logmsg("--listen-fd %d is not a listening socket", listen_fd);
+            return 1;
+        }
+        fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
+        set_nonblock(listen_fd);
+    }
+    g.listen_fd = listen_fd;
+    g.null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* may be missing: pipes then */
+    g.sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    g.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (g.sig_fd < 0 || g.ep < 0) {
+        logmsg("signalfd/epoll: %s", strerror(errno));
+        return 1;
+    }
+    ep_ctl(EPOLL_CTL_ADD, g.listen_fd, EPOLLIN, &g.listen_kind);
+    ep_ctl(EPOLL_CTL_ADD, g.sig_fd, EPOLLIN, &g.sig_kind);
+
+    struct epoll_event evs[64];
+    while (!g.terminating) {
+        int n = epoll_wait(g.ep, evs, 64, next_timeout_ms());
+        if (n < 0 && errno != EINTR) {
+            logmsg("epoll_wait: %s", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            int kind = *(int *)evs[i].data.ptr;
+            if (kind == K_LISTEN)
+                on_listen();
+            else if (kind == K_SIGNAL)
+                on_signal();
+            else if (kind == K_CONN) {
+                struct conn *c = evs[i].data.ptr;
+                if (!c->dead)
+                    on_conn(c, evs[i].events);
+            } else if (kind == K_PIPE)
+                on_pipe(evs[i].data.ptr, evs[i].events);
+        }
+        check_timeouts();
+        free_dead();
+    }
+    shutdown_all();
+    return 0;
+}

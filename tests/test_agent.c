@@ -1,0 +1,1242 @@
+/* test_agent.c - dsec-agent for real: commands, users, timeouts, streaming, kill, files, bad
+ * frames, zombie reaping and shutdown, through the node-side client. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backends/agent/agent-client.h"
+#include "backends/agent/agent-proto.h"
+#include "backends/backend.h"
+#include "dsec/alloc.h"
+#include "dsec/err.h"
+
+/*
+ * One agent serves the group, as one serves a sandbox; tests that end an
+ * agent start their own. The agent's base environment is given with --env,
+ * so what commands see does not depend on the environment ctest runs in.
+ */
+
+static char tmpdir[64];
+static char sock_path[128];
+static pid_t agent_pid;
+static dsec_agent *conn;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Every agent a test starts; the group teardown ends those a failed test left running
+ * (they would hold ctest's output pipe open). */
+static pid_t spawned[8];
+static int nspawned;
+
+/* fork for an agent: it dies with this process whatever happens. */
+static pid_t fork_agent(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    else if (pid > 0 && nspawned < 8)
+        spawned[nspawned++] = pid;
+    return pid;
+}
+
+static pid_t start_agent(const char *sock, const char *const *extra)
+{
+    const char *argv[32] = {DSEC_AGENT_PATH, "--listen", sock};
+    size_t n = 3;
+    for (; extra && *extra && n < 31; extra++)
+        argv[n++] = *extra;
+    argv[n] = NULL;
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Wait up to ms for pid to exit; its wait status, or -1 if it is still running. */
+static int wait_exit(pid_t pid, int ms)
+{
+    for (int i = 0; i < ms; i += 5) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return st;
+        msleep(5);
+    }
+    return -1;
+}
+
+static const char *const base_env[] = {
+    "--env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "--env", "BASE=base", "--env", "OVER=base",
+    NULL};
+
+static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+    return remove(p);
+}
+
+static int group_setup(void **state)
+{
+    strcpy(tmpdir, "/tmp/dsec-agent-XXXXXX");
+    if (mkdtemp(tmpdir) == NULL)
+        return -1;
+    snprintf(sock_path, sizeof sock_path, "%s/agent.sock", tmpdir);
+    agent_pid = start_agent(sock_path, base_env);
+    dsec_err err = {0};
+    if (agent_pid < 0 || dsec_agent_connect(&conn, sock_path, 5000, &err) < 0) {
+        fprintf(stderr, "starting the agent: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    dsec_agent_free(conn);
+    if (agent_pid > 0) {
+        kill(agent_pid, SIGTERM);
+        if (wait_exit(agent_pid, 5000) == -1) {
+            kill(agent_pid, SIGKILL);
+            waitpid(agent_pid, NULL, 0);
+        }
+    }
+    for (int i = 0; i < nspawned; i++)
+        if (kill(spawned[i], SIGKILL) == 0)
+            waitpid(spawned[i], NULL, 0);
+    nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+struct opts {
+    const char *cwd, *user;
+    const char *in;
+    size_t in_len;
+    uint64_t timeout_ms;
+    size_t output_max;
+    const dsec_backend_kv *env;
+    size_t nenv;
+    dsec_agent_output_fn fn;
+    void *arg;
+};
+
+static int run(dsec_agent *a, const char *const *argv, const struct opts *o, dsec_exec_result *res,
+               dsec_err *err)
+{
+    static const struct opts none = {0};
+    if (o == NULL)
+        o = &none;
+    size_t argc = 0;
+    while (argv[argc])
+        argc++;
+    dsec_exec_req req = {
+        .argv = argv,
+        .argc = argc,
+        .env = o->env,
+        .nenv = o->nenv,
+        .cwd = o->cwd,
+        .user = o->user,
+        .stdin_data = (const uint8_t *)o->in,
+        .stdin_len = o->in_len,
+        .timeout_ms = o->timeout_ms,
+        .output_max = o->output_max,
+    };
+    return dsec_agent_exec(a, &req, o->fn, o->arg, res, err);
+}
+
+/* Run a shell line and require the call itself to succeed. */
+static void sh(const char *line, const struct opts *o, dsec_exec_result *res)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_err err = {0};
+    if (run(conn, argv, o, res, &err) < 0)
+        fail_msg("exec %s: %s", line, err.msg);
+}
+
+static void assert_out(const dsec_exec_result *r, const char *out)
+{
+    assert_int_equal(r->stdout_len, strlen(out));
+    if (r->stdout_len)
+        assert_memory_equal(r->stdout_data, out, r->stdout_len);
+}
+
+static bool out_has(const uint8_t *data, size_t len, const char *needle)
+{
+    return data && memmem(data, len, needle, strlen(needle)) != NULL;
+}
+
+/* /proc/<pid>/stat: state, ppid and process group. */
+static bool proc_stat(pid_t pid, char *state, pid_t *ppid, pid_t *pgrp)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    int pp = 0, pg = 0;
+    if (rp == NULL || sscanf(rp + 2, "%c %d %d", state, &pp, &pg) != 3)
+        return false;
+    *ppid = pp;
+    *pgrp = pg;
+    return true;
+}
+
+/* Processes matching: ppid == parent (if parent > 0) or pgrp == group (if group > 0).
+ * zombies counts those in state Z. */
+static int count_procs(pid_t parent, pid_t group, int *zombies)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    *zombies = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        char st;
+        pid_t pp, pg;
+        if (pid <= 0 || !proc_stat(pid, &st, &pp, &pg))
+            continue;
+        if ((parent > 0 && pp == parent) || (group > 0 && pg == group)) {
+            n++;
+            if (st == 'Z')
+                (*zombies)++;
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* ---- commands ---------------------------------------------------------------------------------
+ */
+
+static void test_exec_basic(void **state)
+{
+    dsec_exec_result r;
+    sh("echo out; echo err >&2; exit 3", NULL, &r);
+    assert_out(&r, "out\n");
+    assert_int_equal(r.stderr_len, 4);
+    assert_memory_equal(r.stderr_data, "err\n", 4);
+    assert_int_equal(r.exit_code, 3);
+    assert_int_equal(r.signal, 0);
+    assert_false(r.timed_out);
+    assert_false(r.stdout_truncated);
+    assert_true(r.duration_us > 0);
+    assert_true(r.peak_rss_kb > 0);
+    dsec_exec_result_release(&r);
+
+    /* CPU time counts the command and what it waited for. */
+    sh("i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done", NULL, &r);
+    assert_int_equal(r.exit_code, 0);
+    assert_true(r.cpu_us > 1000);
+    assert_true(r.cpu_us <= r.duration_us + 10000);
+    dsec_exec_result_release(&r);
+
+    /* argv[0] without a slash is looked up in PATH. */
+    dsec_err err = {0};
+    const char *t[] = {"true", NULL};
+    assert_int_equal(run(conn, t, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.stdout_len + r.stderr_len, 0);
+    assert_null(r.stdout_data);
+    dsec_exec_result_release(&r);
+
+    /* What cannot start exits 127 and says why on stderr. */
+    const char *missing[] = {"/nonexistent/prog", "x", NULL};
+    assert_int_equal(run(conn, missing, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 127);
+    assert_true(out_has(r.stderr_data, r.stderr_len, "/nonexistent/prog"));
+    assert_true(out_has(r.stderr_data, r.stderr_len, "No such file or directory"));
+    dsec_exec_result_release(&r);
+    const char *nopath[] = {"no-such-command-dsec", NULL};
+    assert_int_equal(run(conn, nopath, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 127);
+    assert_true(out_has(r.stderr_data, r.stderr_len, "no-such-command-dsec"));
+    dsec_exec_result_release(&r);
+    const char *notexec[] = {"/etc/passwd", NULL};
+    assert_int_equal(run(conn, notexec, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 127);
+    assert_true(out_has(r.stderr_data, r.stderr_len, "Permission denied"));
+    dsec_exec_result_release(&r);
+    struct opts o = {.cwd = "/nonexistent-dir-dsec"};
+    assert_int_equal(run(conn, t, &o, &r, &err), 0);
+    assert_int_equal(r.exit_code, 127);
+    assert_true(out_has(r.stderr_data, r.stderr_len, "/nonexistent-dir-dsec"));
+    dsec_exec_result_release(&r);
+}
+
+static void test_exec_bad_requests(void **state)
+{
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *empty[] = {NULL};
+    assert_int_equal(run(conn, empty, NULL, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    const char *t[] = {"/bin/true", NULL};
+    dsec_backend_kv bad = {"A=B", "c"};
+    struct opts o = {.env = &bad, .nenv = 1};
+    assert_int_equal(run(conn, t, &o, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "'='"));
+    o = (struct opts){.in = "x", .in_len = DSEC_AGENT_FILE_MAX + 1u};
+    assert_int_equal(run(conn, t, &o, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TOO_LARGE);
+    assert_int_equal(run(NULL, t, NULL, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    /* The connection is still good. */
+    assert_int_equal(run(conn, t, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    dsec_exec_result_release(&r);
+}
+
+static void test_exec_signal(void **state)
+{
+    dsec_exec_result r;
+    sh("kill -TERM $$; sleep 5", NULL, &r);
+    assert_int_equal(r.exit_code, -1);
+    assert_int_equal(r.signal, SIGTERM);
+    assert_false(r.timed_out);
+    dsec_exec_result_release(&r);
+}
+
+static void test_exec_stdin(void **state)
+{
+    dsec_exec_result r;
+    const char *cat[] = {"/bin/cat", NULL};
+    dsec_err err = {0};
+    struct opts o = {.in = "hello\n", .in_len = 6};
+    assert_int_equal(run(conn, cat, &o, &r, &err), 0);
+    assert_out(&r, "hello\n");
+    dsec_exec_result_release(&r);
+
+    /* More than a pipe holds, both ways at once: the agent feeds and drains together. */
+    size_t n = 1u << 20;
+    char *big = dsec_malloc(n);
+    assert_non_null(big);
+    for (size_t i = 0; i < n; i++)
+        big[i] = (char)('a' + i % 26);
+    o = (struct opts){.in = big, .in_len = n};
+    assert_int_equal(run(conn, cat, &o, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.stdout_len, n);
+    assert_false(r.stdout_truncated);
+    assert_memory_equal(r.stdout_data, big, n);
+    dsec_exec_result_release(&r);
+    dsec_free(big);
+
+    /* No stdin: the command reads end of file at once. */
+    assert_int_equal(run(conn, cat, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.stdout_len, 0);
+    dsec_exec_result_release(&r);
+}
+
+static void test_exec_env_cwd(void **state)
+{
+    dsec_exec_result r;
+    dsec_backend_kv env[] = {{"OVER", "req"}, {"NEW", "new value"}};
+    struct opts o = {.env = env, .nenv = 2, .cwd = tmpdir};
+    sh("echo \"$BASE $OVER $NEW\"; pwd", &o, &r);
+    char want[160];
+    snprintf(want, sizeof want, "base req new value\n%s\n", tmpdir);
+    assert_out(&r, want);
+    dsec_exec_result_release(&r);
+}
+
+static void test_exec_user(void **state)
+{
+    dsec_exec_result r;
+    struct opts o = {.user = "nobody"};
+    /* Root's supplementary groups must not follow the command. */
+    sh("id -u; id -g; id -G; echo $HOME $USER", &o, &r);
+    assert_out(&r, "65534\n65534\n65534\n/nonexistent nobody\n");
+    dsec_exec_result_release(&r);
+
+    o.user = "65534:65534";
+    sh("id -u; id -g", &o, &r);
+    assert_out(&r, "65534\n65534\n");
+    dsec_exec_result_release(&r);
+
+    o.user = "12345"; /* no passwd entry: the gid is the same number */
+    sh("id -u; id -g", &o, &r);
+    assert_out(&r, "12345\n12345\n");
+    dsec_exec_result_release(&r);
+
+    o.user = "nobody:root";
+    sh("id -u; id -g", &o, &r);
+    assert_out(&r, "65534\n0\n");
+    dsec_exec_result_release(&r);
+
+    const char *t[] = {"/bin/true", NULL};
+    dsec_err err = {0};
+    o.user = "no-such-user-dsec";
+    assert_int_equal(run(conn, t, &o, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "no-such-user-dsec"));
+    o.user = "nobody:no-such-group-dsec";
+    assert_int_equal(run(conn, t, &o, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "group"));
+}
+
+static void test_exec_timeout(void **state)
+{
+    dsec_exec_result r;
+    struct opts o = {.timeout_ms = 300};
+    uint64_t t0 = now_us();
+    /* The background sleeper shares the group and must die with it. */
+    sh("sleep 30 & echo $$ $!; wait", &o, &r);
+    uint64_t took = now_us() - t0;
+    assert_true(r.timed_out);
+    assert_int_equal(r.signal, SIGKILL);
+    assert_int_equal(r.exit_code, -1);
+    assert_true(took >= 290000 && took < 5000000);
+    assert_true(r.duration_us >= 290000);
+    int pgid = 0, bg = 0;
+    assert_non_null(r.stdout_data);
+    char line[64] = {0};
+    memcpy(line, r.stdout_data, r.stdout_len < 63 ? r.stdout_len : 63);
+    assert_int_equal(sscanf(line, "%d %d", &pgid, &bg), 2);
+    dsec_exec_result_release(&r);
+    int left = -1, z;
+    for (int i = 0; i < 200 && left != 0; i++) {
+        left = count_procs(0, pgid, &z);
+        if (left)
+            msleep(10);
+    }
+    assert_int_equal(left, 0);
+    assert_int_equal(kill(bg, 0), -1);
+}
+
+static void test_exec_output_cap(void **state)
+{
+    dsec_exec_result r;
+    struct opts o = {.output_max = 1024};
+    sh("yes | head -c 10000000; echo done >&2", &o, &r);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.stdout_len, 1024);
+    assert_true(r.stdout_truncated);
+    for (size_t i = 0; i < r.stdout_len; i++)
+        assert_int_equal(r.stdout_data[i], i % 2 ? '\n' : 'y');
+    assert_int_equal(r.stderr_len, 5);
+    assert_false(r.stderr_truncated);
+    dsec_exec_result_release(&r);
+
+    /* Exactly at the cap is not truncated. */
+    o.output_max = 4;
+    sh("printf abcd", &o, &r);
+    assert_out(&r, "abcd");
+    assert_false(r.stdout_truncated);
+    dsec_exec_result_release(&r);
+}
+
+struct chunks {
+    char data[256];
+    size_t len;
+    int n;
+    uint64_t first_us;
+};
+
+static void collect(void *arg, int stream, const uint8_t *data, size_t len)
+{
+    struct chunks *c = arg;
+    if (c->n++ == 0)
+        c->first_us = now_us();
+    if (stream == 1 && c->len + len < sizeof c->data) {
+        memcpy(c->data + c->len, data, len);
+        c->len += len;
+    }
+}
+
+static void test_exec_streaming(void **state)
+{
+    dsec_exec_result r;
+    struct chunks c = {0};
+    struct opts o = {.fn = collect, .arg = &c};
+    sh("echo a; sleep 0.3; echo b", &o, &r);
+    uint64_t end = now_us();
+    assert_int_equal(r.exit_code, 0);
+    assert_true(c.n >= 2);
+    /* The first chunk came while the command still slept. */
+    assert_true(end - c.first_us >= 200000);
+    assert_int_equal(c.len, 4);
+    assert_memory_equal(c.data, "a\nb\n", 4);
+    assert_out(&r, "a\nb\n");
+    dsec_exec_result_release(&r);
+}
+
+struct job {
+    const char *line;
+    dsec_agent *a;
+    struct opts o;
+    dsec_exec_result r;
+    dsec_err err;
+    int rc;
+};
+
+static void *job_run(void *arg)
+{
+    struct job *j = arg;
+    const char *argv[] = {"/bin/sh", "-c", j->line, NULL};
+    j->rc = run(j->a, argv, &j->o, &j->r, &j->err);
+    return NULL;
+}
+
+static void test_concurrent(void **state)
+{
+    struct job j[2] = {{.line = "sleep 0.5; echo one"}, {.line = "sleep 0.5; echo two"}};
+    dsec_err err = {0};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(dsec_agent_connect(&j[i].a, sock_path, 2000, &err), 0);
+    pthread_t th[2];
+    uint64_t t0 = now_us();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, job_run, &j[i]), 0);
+    /* The group's own connection stays usable meanwhile. */
+    dsec_exec_result r;
+    sh("echo three", NULL, &r);
+    assert_out(&r, "three\n");
+    dsec_exec_result_release(&r);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    uint64_t took = now_us() - t0;
+    assert_int_equal(j[0].rc, 0);
+    assert_int_equal(j[1].rc, 0);
+    assert_out(&j[0].r, "one\n");
+    assert_out(&j[1].r, "two\n");
+    assert_true(took < 900000); /* both ran at once: one after the other takes a second */
+    for (int i = 0; i < 2; i++) {
+        dsec_exec_result_release(&j[i].r);
+        dsec_agent_free(j[i].a);
+    }
+}
+
+static void flag_output(void *arg, int stream, const uint8_t *data, size_t len)
+{
+    __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
+}
+
+static void test_kill(void **state)
+{
+    int ready = 0;
+    struct job j = {.line = "echo ready; sleep 30", .o = {.fn = flag_output, .arg = &ready}};
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    for (int i = 0; i < 500 && !__atomic_load_n(&ready, __ATOMIC_ACQUIRE); i++)
+        msleep(10);
+    assert_true(ready);
+    uint64_t t0 = now_us();
+    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
+    pthread_join(th, NULL);
+    assert_true(now_us() - t0 < 5000000);
+    assert_int_equal(j.rc, 0);
+    assert_int_equal(j.r.signal, SIGTERM);
+    assert_false(j.r.timed_out);
+    dsec_exec_result_release(&j.r);
+    dsec_agent_free(j.a);
+
+    /* Nothing running: still fine. A bad signal is refused. */
+    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
+    assert_int_equal(dsec_agent_kill(sock_path, 0, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+}
+
+/* ---- files ------------------------------------------------------------------------------------
+ */
+
+static void expect_fail(int rc, const dsec_err *err, int code, const char *in_msg)
+{
+    assert_int_equal(rc, -1);
+    if (err->code != code || (in_msg && strstr(err->msg, in_msg) == NULL))
+        fail_msg("expected %s with \"%s\", got %s: %s", dsec_code_name(code), in_msg ? in_msg : "",
+                 dsec_code_name(err->code), err->msg);
+}
+
+static void read_all(const char *path, const char *want)
+{
+    dsec_file_data d;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_file_read(conn, path, 0, 0, &d, &err), 0);
+    assert_int_equal(d.len, strlen(want));
+    assert_memory_equal(d.data, want, d.len);
+    assert_int_equal(d.size, strlen(want));
+    assert_true(d.eof);
+    dsec_free(d.data);
+}
+
+static void test_files(void **state)
+{
+    char base[128], f[160], f2[160], p[200];
+    snprintf(base, sizeof base, "%s/files", tmpdir);
+    snprintf(f, sizeof f, "%s/a/b/c.txt", base);
+    snprintf(f2, sizeof f2, "%s/a/b/d.txt", base);
+    dsec_err err = {0};
+
+    assert_int_equal(dsec_agent_file_write(conn, f, "hello", 5, 0600, false, &err), 0);
+    dsec_file_entry e;
+    assert_int_equal(dsec_agent_file_stat(conn, f, &e, &err), 0);
+    assert_string_equal(e.name, "c.txt");
+    assert_int_equal(e.kind, DSEC_FILE_REG);
+    assert_int_equal(e.size, 5);
+    assert_int_equal(e.mode, 0600);
+    assert_true(e.mtime > 1600000000);
+    dsec_free(e.name);
+    read_all(f, "hello");
+
+    dsec_file_data d;
+    assert_int_equal(dsec_agent_file_read(conn, f, 1, 2, &d, &err), 0);
+    assert_int_equal(d.len, 2);
+    assert_memory_equal(d.data, "el", 2);
+    assert_int_equal(d.size, 5);
+    assert_false(d.eof);
+    dsec_free(d.data);
+    assert_int_equal(dsec_agent_file_read(conn, f, 5, 0, &d, &err), 0);
+    assert_int_equal(d.len, 0);
+    assert_null(d.data);
+    assert_true(d.eof);
+
+    assert_int_equal(dsec_agent_file_write(conn, f, " world", 6, 0, true, &err), 0);
+    read_all(f, "hello world");
+    assert_int_equal(dsec_agent_file_write(conn, f, "x", 1, 0, false, &err), 0);
+    read_all(f, "x");
+    assert_int_equal(dsec_agent_file_stat(conn, f, &e, &err), 0);
+    assert_int_equal(e.mode, 0600); /* mode 0 keeps an existing file's mode */
+    dsec_free(e.name);
+    assert_int_equal(dsec_agent_file_write(conn, f2, "", 0, 0755, false, &err), 0);
+
+    dsec_file_entry *v;
+    size_t n;
+    snprintf(p, sizeof p, "%s/a/b", base);
+    assert_int_equal(dsec_agent_file_list(conn, p, &v, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(v[0].name, "c.txt");
+    assert_string_equal(v[1].name, "d.txt");
+    assert_int_equal(v[1].mode, 0755);
+    assert_int_equal(v[1].size, 0);
+    dsec_file_entries_free(v, n);
+    assert_int_equal(dsec_agent_file_list(conn, f, &v, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(v[0].name, "c.txt");
+    assert_int_equal(v[0].kind, DSEC_FILE_REG);
+    dsec_file_entries_free(v, n);
+    snprintf(p, sizeof p, "%s/a", base);
+    assert_int_equal(dsec_agent_file_list(conn, p, &v, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(v[0].name, "b");
+    assert_int_equal(v[0].kind, DSEC_FILE_DIR);
+    dsec_file_entries_free(v, n);
+
+    /* A symlink is described, not followed. */
+    snprintf(p, sizeof p, "%s/link", base);
+    assert_int_equal(symlink(f, p), 0);
+    assert_int_equal(dsec_agent_file_stat(conn, p, &e, &err), 0);
+    assert_int_equal(e.kind, DSEC_FILE_LINK);
+    dsec_free(e.name);
+
+    /* Errors name the path and carry the right code. */
+    snprintf(p, sizeof p, "%s/missing", base);
+    expect_fail(dsec_agent_file_stat(conn, p, &e, &err), &err, DSEC_E_NOT_FOUND, p);
+    expect_fail(dsec_agent_file_read(conn, p, 0, 0, &d, &err), &err, DSEC_E_NOT_FOUND, p);
+    expect_fail(dsec_agent_file_list(conn, p, &v, &n, &err), &err, DSEC_E_NOT_FOUND, p);
+    expect_fail(dsec_agent_file_remove(conn, p, false, &err), &err, DSEC_E_NOT_FOUND, p);
+    expect_fail(dsec_agent_file_read(conn, base, 0, 0, &d, &err), &err, DSEC_E_INVALID, base);
+    snprintf(p, sizeof p, "%s/under", f);
+    expect_fail(dsec_agent_file_write(conn, p, "x", 1, 0, false, &err), &err, DSEC_E_INVALID, p);
+    expect_fail(dsec_agent_file_write(conn, "relative/x", "x", 1, 0, false, &err), &err,
+                DSEC_E_INVALID, "relative/x");
+    expect_fail(dsec_agent_file_write(conn, f, "x", DSEC_AGENT_FILE_MAX + 1u, 0, false, &err), &err,
+                DSEC_E_TOO_LARGE, f);
+    expect_fail(dsec_agent_file_read(conn, "/dev/null", 0, 0, &d, &err), &err, DSEC_E_INVALID,
+                "/dev/null");
+    expect_fail(dsec_agent_file_remove(conn, "/", true, &err), &err, DSEC_E_INVALID, "/");
+    snprintf(p, sizeof p, "%s/a", base);
+    expect_fail(dsec_agent_file_remove(conn, p, false, &err), &err, DSEC_E_INVALID, "not empty");
+    assert_false(dsec_agent_broken(conn)); /* answered errors keep the connection */
+
+    /* A full-size piece both ways. */
+    size_t big_n = DSEC_AGENT_FILE_MAX;
+    uint8_t *big = dsec_malloc(big_n);
+    assert_non_null(big);
+    for (size_t i = 0; i < big_n; i++)
+        big[i] = (uint8_t)(i * 7 + i / 4096);
+    snprintf(p, sizeof p, "%s/big", base);
+    assert_int_equal(dsec_agent_file_write(conn, p, big, big_n, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_write(conn, p, "tail", 4, 0, true, &err), 0);
+    assert_int_equal(dsec_agent_file_read(conn, p, 0, 0, &d, &err), 0);
+    assert_int_equal(d.len, big_n);
+    assert_int_equal(d.size, big_n + 4);
+    assert_false(d.eof); /* capped at one piece: the rest needs another call */
+    assert_memory_equal(d.data, big, big_n);
+    dsec_free(d.data);
+    assert_int_equal(dsec_agent_file_read(conn, p, big_n, 0, &d, &err), 0);
+    assert_int_equal(d.len, 4);
+    assert_true(d.eof);
+    dsec_free(d.data);
+    dsec_free(big);
+
+    /* /proc files say size 0 but have content. */
+    assert_int_equal(dsec_agent_file_read(conn, "/proc/self/status", 0, 0, &d, &err), 0);
+    assert_true(d.len > 100 && d.eof);
+    assert_true(out_has(d.data, d.len, "Name:"));
+    dsec_free(d.data);
+
+    snprintf(p, sizeof p, "%s/a", base);
+    assert_int_equal(dsec_agent_file_remove(conn, p, true, &err), 0);
+    expect_fail(dsec_agent_file_stat(conn, f, &e, &err), &err, DSEC_E_NOT_FOUND, f);
+    snprintf(p, sizeof p, "%s/big", base);
+    assert_int_equal(dsec_agent_file_remove(conn, p, false, &err), 0);
+    snprintf(p, sizeof p, "%s/link", base);
+    assert_int_equal(dsec_agent_file_remove(conn, p, false, &err), 0);
+    assert_int_equal(dsec_agent_file_remove(conn, base, false, &err), 0);
+    assert_int_equal(access(base, F_OK), -1);
+}
+
+/* ---- robustness ---------------------------------------------------------------------------------
+ */
+
+static int raw_connect(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, sock_path);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+/* Read one frame (or EOF: returns -1) within ms. */
+static int raw_frame(int fd, uint8_t *type, uint32_t *id, uint8_t *payload, size_t cap,
+                     size_t *plen, int ms)
+{
+    uint8_t hdr[DSEC__AGENT_HDR];
+    size_t got = 0;
+    while (got < sizeof hdr) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, ms) <= 0)
+            return -2;
+        ssize_t n = read(fd, hdr + got, sizeof hdr - got);
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    uint32_t len = dsec__agent_get_u32le(hdr);
+    *type = hdr[4];
+    *id = dsec__agent_get_u32le(hdr + 5);
+    *plen = len - 5;
+    if (*plen > cap)
+        return -3;
+    got = 0;
+    while (got < *plen) {
+        ssize_t n = read(fd, payload + got, *plen - got);
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Expect an ERROR frame for id with kind. */
+static void expect_error(int fd, uint32_t want_id, uint32_t kind)
+{
+    uint8_t type, buf[4096];
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_ERROR);
+    assert_int_equal(id, want_id);
+    assert_int_equal(dsec__agent_get_u32le(buf), kind);
+}
+
+static void expect_eof(int fd)
+{
+    uint8_t type, buf[4096];
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), -1);
+}
+
+static int raw_hello(void)
+{
+    int fd = raw_connect();
+    uint8_t type, buf[64];
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_HELLO);
+    assert_int_equal(dsec__agent_get_u32le(buf), DSEC__AGENT_VERSION);
+    return fd;
+}
+
+static void test_malformed(void **state)
+{
+    uint8_t f[256], *p;
+    int fd = raw_hello();
+
+    /* Unknown type: an error, and the connection goes on. */
+    p = dsec__agent_put_hdr(f, 99, 7, 0);
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 7, DSEC__AGENT_ERR_UNSUPPORTED);
+
+    /* Payloads that are short, overlong or lie about lengths. */
+    p = dsec__agent_put_hdr(f, DSEC__AGENT_T_EXEC, 8, 3);
+    p = dsec__agent_put_u8(p, 1);
+    p = dsec__agent_put_u8(p, 2);
+    p = dsec__agent_put_u8(p, 3);
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 8, DSEC__AGENT_ERR_BAD_FRAME);
+
+    uint8_t *pl = f + DSEC__AGENT_HDR;
+    p = dsec__agent_put_u64(pl, 0);
+    p = dsec__agent_put_u64(p, 100);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 0xffffffffu); /* argc */
+    dsec__agent_put_hdr(f, DSEC__AGENT_T_EXEC, 9, (size_t)(p - pl));
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 9, DSEC__AGENT_ERR_BAD_FRAME);
+
+    p = dsec__agent_put_u64(pl, 0);
+    p = dsec__agent_put_u64(p, 100);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 1);
+    p = dsec__agent_put_u32(p, 1000); /* argv[0] longer than the frame */
+    p = dsec__agent_put_u8(p, 'x');
+    dsec__agent_put_hdr(f, DSEC__AGENT_T_EXEC, 10, (size_t)(p - pl));
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 10, DSEC__AGENT_ERR_BAD_FRAME);
+
+    p = dsec__agent_put_u64(pl, 0);
+    p = dsec__agent_put_u64(p, 100);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 1);
+    p = dsec__agent_put_bytes(p, "/bin/t\0rue", 10); /* a NUL inside a string */
+    p = dsec__agent_put_u32(p, 0);
+    p = dsec__agent_put_u32(p, 0);
+    dsec__agent_put_hdr(f, DSEC__AGENT_T_EXEC, 11, (size_t)(p - pl));
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 11, DSEC__AGENT_ERR_BAD_FRAME);
+
+    p = dsec__agent_put_bytes(pl, "/", 1);
+    p = dsec__agent_put_u8(p, 0); /* a byte too many */
+    dsec__agent_put_hdr(f, DSEC__AGENT_T_FSTAT, 12, (size_t)(p - pl));
+    raw_send(fd, f, (size_t)(p - f));
+    expect_error(fd, 12, DSEC__AGENT_ERR_BAD_FRAME);
+
+    /* Still in step: a good request on the same connection. */
+    p = dsec__agent_put_bytes(pl, "/", 1);
+    dsec__agent_put_hdr(f, DSEC__AGENT_T_FSTAT, 13, (size_t)(p - pl));
+    raw_send(fd, f, (size_t)(p - f));
+    uint8_t type, buf[4096];
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_ENTRIES);
+    assert_int_equal(id, 13);
+
+    /* Broken framing: an error, then the connection ends. */
+    p = dsec__agent_put_u32(f, 2);
+    raw_send(fd, f, 8);
+    expect_error(fd, 0, DSEC__AGENT_ERR_BAD_FRAME);
+    expect_eof(fd);
+    close(fd);
+
+    fd = raw_hello();
+    p = dsec__agent_put_u32(f, 0xfffffff0u);
+    raw_send(fd, f, 16);
+    expect_error(fd, 0, DSEC__AGENT_ERR_BAD_FRAME);
+    expect_eof(fd);
+    close(fd);
+
+    /* Noise, and a peer that leaves in the middle of a frame. */
+    srand(42);
+    for (int round = 0; round < 20; round++) {
+        fd = raw_hello();
+        uint8_t noise[512];
+        for (size_t i = 0; i < sizeof noise; i++)
+            noise[i] = (uint8_t)rand();
+        if (round % 2)
+            dsec__agent_put_u32(noise, (uint32_t)(rand() % 500) + 5);
+        send(fd, noise, (size_t)(rand() % (int)sizeof noise) + 1, MSG_NOSIGNAL);
+        close(fd);
+    }
+    fd = raw_hello();
+    p = dsec__agent_put_hdr(f, DSEC__AGENT_T_FSTAT, 1, 100);
+    raw_send(fd, f, (size_t)(p - f) + 3);
+    close(fd);
+
+    /* The agent lives and serves old and new connections. */
+    assert_int_equal(waitpid(agent_pid, NULL, WNOHANG), 0);
+    dsec_exec_result r;
+    sh("echo alive", NULL, &r);
+    assert_out(&r, "alive\n");
+    dsec_exec_result_release(&r);
+    dsec_agent *a;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    const char *t[] = {"/bin/true", NULL};
+    assert_int_equal(run(a, t, NULL, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    dsec_exec_result_release(&r);
+    dsec_agent_free(a);
+}
+
+static long vm_rss_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+/* A peer that sends requests but does not read: the agent stops reading it instead of
+ * buffering every answer, and carries on once the answers are taken. */
+static void test_slow_reader(void **state)
+{
+    enum { NREQ = 24 };
+    char path[128];
+    snprintf(path, sizeof path, "%s/piece", tmpdir);
+    size_t n = DSEC_AGENT_FILE_MAX;
+    uint8_t *data = dsec_calloc(1, n);
+    assert_non_null(data);
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_file_write(conn, path, data, n, 0, false, &err), 0);
+    dsec_free(data);
+    long before = vm_rss_kb(agent_pid);
+
+    int fd = raw_hello();
+    uint8_t f[256], *pl = f + DSEC__AGENT_HDR;
+    for (uint32_t i = 1; i <= NREQ; i++) { /* 24 answers of 8 MiB: 192 MiB if all buffered */
+        uint8_t *p = dsec__agent_put_u64(pl, 0);
+        p = dsec__agent_put_u64(p, 0);
+        p = dsec__agent_put_bytes(p, path, strlen(path));
+        dsec__agent_put_hdr(f, DSEC__AGENT_T_FREAD, i, (size_t)(p - pl));
+        raw_send(fd, f, (size_t)(p - f));
+    }
+    msleep(500);
+    long during = vm_rss_kb(agent_pid);
+    printf("agent RSS: %ld kB before, %ld kB with %d unread 8 MiB answers requested\n", before,
+           during, NREQ);
+    assert_true(during > 0 && during < 80 * 1024);
+
+    /* Others are still served meanwhile. */
+    dsec_exec_result r;
+    sh("echo served", NULL, &r);
+    assert_out(&r, "served\n");
+    dsec_exec_result_release(&r);
+
+    uint8_t *buf = dsec_malloc(DSEC__AGENT_FRAME_MAX);
+    assert_non_null(buf);
+    for (uint32_t i = 1; i <= NREQ; i++) {
+        uint8_t type;
+        uint32_t id;
+        size_t len;
+        assert_int_equal(raw_frame(fd, &type, &id, buf, DSEC__AGENT_FRAME_MAX, &len, 5000), 0);
+        assert_int_equal(type, DSEC__AGENT_T_DATA);
+        assert_int_equal(id, i);
+        assert_int_equal(len, 8 + 1 + 4 + n);
+    }
+    dsec_free(buf);
+    close(fd);
+    assert_int_equal(unlink(path), 0);
+}
+
+static void test_zombies(void **state)
+{
+    /* The sleeper is orphaned at once and reparented to the agent (init in a sandbox, a
+     * subreaper here), which must reap it when it ends. */
+    dsec_exec_result r;
+    sh("(sleep 0.3 &); exit 0", NULL, &r);
+    assert_int_equal(r.exit_code, 0);
+    dsec_exec_result_release(&r);
+    int z, kids = count_procs(agent_pid, 0, &z);
+    assert_true(kids >= 1); /* the orphan is the agent's now */
+    int left = -1;
+    for (int i = 0; i < 300 && left != 0; i++) {
+        left = count_procs(agent_pid, 0, &z);
+        if (left)
+            msleep(10);
+    }
+    assert_int_equal(left, 0);
+    assert_int_equal(z, 0);
+}
+
+struct pid_catch {
+    char buf[64];
+    size_t len;
+    int ready;
+};
+
+static void catch_pid(void *arg, int stream, const uint8_t *data, size_t len)
+{
+    struct pid_catch *c = arg;
+    if (stream == 1 && c->len + len < sizeof c->buf) {
+        memcpy(c->buf + c->len, data, len);
+        c->len += len;
+        if (memchr(c->buf, '\n', c->len))
+            __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+    }
+}
+
+static void test_sigterm(void **state)
+{
+    /* Its own agent, on a path too long for sun_path (both sides go through the directory). */
+    char dir[400], sock[460];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir,
+             "a-directory-name-long-enough-that-the-socket-path-cannot-fit-in-sun-path-"
+             "which-holds-only-one-hundred-and-eight-bytes");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(sock, sizeof sock, "%s/agent.sock", dir);
+    assert_true(strlen(sock) > sizeof(((struct sockaddr_un *)0)->sun_path));
+    pid_t pid = start_agent(sock, base_env);
+    assert_true(pid > 0);
+    struct job j = {0};
+    struct pid_catch pc = {0};
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&j.a, sock, 5000, &err), 0);
+    j.line = "sleep 30 & echo $$; wait";
+    j.o.fn = catch_pid;
+    j.o.arg = &pc;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    for (int i = 0; i < 500 && !__atomic_load_n(&pc.ready, __ATOMIC_ACQUIRE); i++)
+        msleep(10);
+    assert_true(pc.ready);
+    int pgid = atoi(pc.buf);
+    assert_true(pgid > 1);
+
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int st = wait_exit(pid, 5000);
+    assert_int_not_equal(st, -1);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    pthread_join(th, NULL);
+    /* The command is reported killed before the agent goes; then the connection is gone. */
+    assert_int_equal(j.rc, 0);
+    assert_int_equal(j.r.signal, SIGKILL);
+    dsec_exec_result_release(&j.r);
+    dsec_exec_result r;
+    const char *t[] = {"/bin/true", NULL};
+    assert_int_equal(run(j.a, t, NULL, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CLOSED);
+    assert_true(dsec_agent_broken(j.a));
+    dsec_agent_free(j.a);
+    /* Its commands died with it (zombies at most, left to whoever adopts them). */
+    int z = 0, left = -1;
+    for (int i = 0; i < 200 && left != z; i++) {
+        left = count_procs(0, pgid, &z);
+        if (left != z)
+            msleep(10);
+    }
+    assert_int_equal(left, z);
+    assert_int_equal(access(sock, F_OK), -1); /* it removed its socket */
+}
+
+/* The production start: a listening socket handed over as a descriptor, defaults from
+ * an env file, a workdir and a default user; no descriptor of the agent reaches a command. */
+static void test_listen_fd(void **state)
+{
+    char sock[128], envf[128], wd[128];
+    snprintf(sock, sizeof sock, "%s/fd.sock", tmpdir);
+    snprintf(envf, sizeof envf, "%s/env", tmpdir);
+    snprintf(wd, sizeof wd, "%s/wd", tmpdir);
+    assert_int_equal(mkdir(wd, 0755), 0);
+    assert_int_equal(chmod(tmpdir, 0711), 0); /* nobody must reach wd */
+    FILE *f = fopen(envf, "w");
+    assert_non_null(f);
+    fputs("# base environment\nPATH=/usr/bin:/bin\n\nFROMFILE=yes it is\n", f);
+    fclose(f);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, sock);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 16), 0);
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        /* Fd 5 without CLOEXEC, as crun --preserve-fds passes it (dup2 onto itself would
+         * keep the flag). */
+        if (lfd == 5)
+            fcntl(5, F_SETFD, 0);
+        else
+            dup2(lfd, 5);
+        execl(DSEC_AGENT_PATH, DSEC_AGENT_PATH, "--listen-fd", "5", "--env-file", envf, "--workdir",
+              wd, "--user", "nobody", (char *)NULL);
+        _exit(127);
+    }
+    close(lfd);
+    assert_true(pid > 0);
+    dsec_agent *a;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock, 5000, &err), 0);
+    const char *argv[] = {"/bin/sh", "-c", "echo \"$FROMFILE\"; pwd; id -u; ls /proc/self/fd",
+                          NULL};
+    dsec_exec_result r;
+    assert_int_equal(run(a, argv, NULL, &r, &err), 0);
+    char want[256];
+    /* 0-2 and the directory ls itself reads: nothing else. */
+    snprintf(want, sizeof want, "yes it is\n%s\n65534\n0\n1\n2\n3\n", wd);
+    if (r.stdout_len != strlen(want) || memcmp(r.stdout_data, want, r.stdout_len) != 0)
+        fail_msg("got \"%.*s\" (stderr \"%.*s\")", (int)r.stdout_len, (char *)r.stdout_data,
+                 (int)r.stderr_len, (char *)r.stderr_data);
+    dsec_exec_result_release(&r);
+    /* The request's user and cwd win over the defaults. */
+    struct opts o = {.user = "root", .cwd = "/"};
+    const char *argv2[] = {"/bin/sh", "-c", "id -u; pwd", NULL};
+    assert_int_equal(run(a, argv2, &o, &r, &err), 0);
+    assert_out(&r, "0\n/\n");
+    dsec_exec_result_release(&r);
+    dsec_agent_free(a);
+    kill(pid, SIGTERM);
+    int st = wait_exit(pid, 5000);
+    assert_true(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(sock);
+}
+
+static void test_connect_timeout(void **state)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/nobody-listens.sock", tmpdir);
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    uint64_t t0 = now_us();
+    assert_int_equal(dsec_agent_connect(&a, p, 150, &err), -1);
+    uint64_t took = now_us() - t0;
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    assert_non_null(strstr(err.msg, p));
+    assert_null(a);
+    assert_true(took >= 140000 && took < 2000000);
+}
+
+/* ---- speed (printed, not asserted) -------------------------------------------------------------
+ */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void measure(const char *label, const char *const *argv)
+{
+    enum { N = 300 };
+    static uint64_t t[N];
+    dsec_exec_result r;
+    dsec_err err = {0};
+    for (int i = 0; i < 20; i++) { /* warm caches */
+        assert_int_equal(run(conn, argv, NULL, &r, &err), 0);
+        dsec_exec_result_release(&r);
+    }
+    uint64_t sum = 0;
+    for (int i = 0; i < N; i++) {
+        uint64_t t0 = now_us();
+        assert_int_equal(run(conn, argv, NULL, &r, &err), 0);
+        t[i] = now_us() - t0;
+        sum += t[i];
+        dsec_exec_result_release(&r);
+    }
+    qsort(t, N, sizeof t[0], cmp_u64);
+    printf("exec round trip, %-32s mean %4llu us  median %4llu us  p90 %4llu us  min %4llu us\n",
+           label, (unsigned long long)(sum / N), (unsigned long long)t[N / 2],
+           (unsigned long long)t[N * 9 / 10], (unsigned long long)t[0]);
+}
+
+/* The floor: posix_spawn (a vfork-style clone), exec and wait straight from this process. */
+static void measure_direct(const char *label, const char *const *argv)
+{
+    enum { N = 300 };
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    uint64_t t0 = now_us();
+    for (int i = 0; i < N; i++) {
+        pid_t pid;
+        assert_int_equal(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
+        waitpid(pid, NULL, 0);
+    }
+    printf("direct spawn+exec+wait, %-31s mean %4llu us\n", label,
+           (unsigned long long)((now_us() - t0) / N));
+    posix_spawn_file_actions_destroy(&fa);
+}
+
+static void test_speed(void **state)
+{
+    const char *t[] = {"/bin/true", NULL};
+    measure("/bin/true (dynamic)", t);
+    const char *bb[] = {"/bin/busybox", "true", NULL};
+    if (access(bb[0], X_OK) == 0)
+        measure("/bin/busybox true (static)", bb);
+    const char *ag[] = {DSEC_AGENT_PATH, "--version", NULL}; /* static; prints usage, exits 2 */
+    measure("dsec-agent usage (static)", ag);
+    measure_direct("/bin/true (dynamic)", t);
+    measure_direct("dsec-agent usage (static)", ag);
+}
+
+int main(void)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_agent: needs root (user switching); skipping\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exec_basic),     cmocka_unit_test(test_exec_bad_requests),
+        cmocka_unit_test(test_exec_signal),    cmocka_unit_test(test_exec_stdin),
+        cmocka_unit_test(test_exec_env_cwd),   cmocka_unit_test(test_exec_user),
+        cmocka_unit_test(test_exec_timeout),   cmocka_unit_test(test_exec_output_cap),
+        cmocka_unit_test(test_exec_streaming), cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_kill),           cmocka_unit_test(test_files),
+        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_slow_reader),
+        cmocka_unit_test(test_zombies),        cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_listen_fd),      cmocka_unit_test(test_connect_timeout),
+        cmocka_unit_test(test_speed),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
