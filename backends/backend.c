@@ -193,7 +193,8 @@ int dsec_backend_resume(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
     return be->ops->resume(be->self, sb, err);
 }
 
-int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, dsec_err *err)
+int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, const char *name,
+                          dsec_err *err)
 {
     if (be->ops->snapshot == NULL)
         return unsupported(be, "snapshot", err);
@@ -201,7 +202,7 @@ int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, 
         return no_sandbox("snapshot", err);
     if (path == NULL || path[0] == '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "snapshot: no path");
-    return be->ops->snapshot(be->self, sb, path, err);
+    return be->ops->snapshot(be->self, sb, path, name, err);
 }
 
 int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,

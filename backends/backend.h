@@ -49,6 +49,10 @@ typedef struct dsec_backend_config {
     const char *node;            /* the node's name */
     const dsec_backend_kv *opts; /* backend-specific options, "key=value" as pairs */
     size_t nopts;
+    /* The cell's layer registry (include/dsec/layers.h), borrowed for the
+     * instance's life; NULL when the node has none (sim, function on the
+     * host's base). */
+    struct dsec_layer_registry *layers;
 } dsec_backend_config;
 
 /* What a sandbox should be. Borrowed for the call by every operation that
@@ -223,8 +227,12 @@ typedef struct dsec_backend_ops {
                 dsec_sandbox **children, char **states, dsec_err *err);
     int (*pause)(void *self, dsec_sandbox *sb, dsec_err *err);
     int (*resume)(void *self, dsec_sandbox *sb, dsec_err *err);
-    /* Save the sandbox to the file or directory at path (created). */
-    int (*snapshot)(void *self, dsec_sandbox *sb, const char *path, dsec_err *err);
+    /* Save the sandbox to the file or directory at path (created). name, when
+     * not NULL, is a "name:version" under which the backend also publishes
+     * the snapshot as an environment in the cell's layer registry, so a
+     * sandbox on any node can be created from it. */
+    int (*snapshot)(void *self, dsec_sandbox *sb, const char *path, const char *name,
+                    dsec_err *err);
     /* Start a new sandbox described by spec from the snapshot at path; out
      * parameters as for create. */
     int (*restore)(void *self, const dsec_sandbox_spec *spec, const char *path, dsec_sandbox **out,
@@ -269,7 +277,8 @@ int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids
                       dsec_sandbox **children, char **states, dsec_err *err);
 int dsec_backend_pause(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
 int dsec_backend_resume(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
-int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, dsec_err *err);
+int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, const char *name,
+                          dsec_err *err);
 int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,
                          dsec_sandbox **out, char **backend_state, dsec_err *err);
 int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);

@@ -1,5 +1,6 @@
 /* registry.c - built-in capability records, requirement parsing, and the lightest-type pick. */
 #include "backends/registry.h"
+#include "backends/container/container.h"
 #include "backends/function.h"
 #include "backends/sim.h"
 
@@ -206,9 +207,11 @@ int dsec_registry_new_builtin(dsec_registry **out, dsec_err *err)
     if (dsec_registry_new(&reg, err) < 0)
         return -1;
     for (size_t i = 0; i < NBUILTIN; i++) {
-        const dsec_backend_ops *ops = strcmp(builtin_caps[i].type, "sim") == 0        ? &dsec_sim_ops
-                                      : strcmp(builtin_caps[i].type, "function") == 0 ? &dsec_function_ops
-                                                                                      : NULL;
+        const char *t = builtin_caps[i].type;
+        const dsec_backend_ops *ops = strcmp(t, "sim") == 0         ? &dsec_sim_ops
+                                      : strcmp(t, "function") == 0  ? &dsec_function_ops
+                                      : strcmp(t, "container") == 0 ? &dsec_container_ops
+                                                                    : NULL;
         if (dsec_registry_add(reg, &builtin_caps[i], ops, err) < 0)
             goto out_free;
     }

@@ -1027,7 +1027,7 @@ static int sim_adopt(void *self, const dsec_sandbox_spec *spec, const char *stat
  * "MODE MTIME PATHLEN DATALEN" followed by the path and data bytes. */
 #define SNAP_MAGIC "dsec-sim-snapshot 1"
 
-static int sim_snapshot(void *self, dsec_sandbox *h, const char *path, dsec_err *err)
+static int sim_snapshot(void *self, dsec_sandbox *h, const char *path, const char *name, dsec_err *err)
 {
     struct sim *s = self;
     struct sb *b = SB(h);

@@ -6,7 +6,8 @@ PKGS="build-essential cmake pkg-config git python3 \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev \
 clang libclang-rt-14-dev \
-libseccomp-dev libpython3-dev gnuplot-nox"
+libseccomp-dev libpython3-dev gnuplot-nox \
+crun runc btrfs-progs erofs-utils busybox-static debootstrap tar"
 
 missing=""
 for p in $PKGS; do

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
+#include "backends/container/container.h"
 #include "backends/function.h"
 #include "backends/registry.h"
 #include "backends/sim.h"
@@ -75,8 +76,10 @@ static void registry_builtins_are_ordered(void **state)
         assert_ptr_equal(c, dsec_registry_caps(reg, idx));
         if (i > 0)
             assert_true(c->cost > dsec_registry_caps(reg, (int)i - 1)->cost);
-        if (i == 0) /* function has its backend; the others are caps only so far */
+        if (i == 0) /* function and container have their backends; the VMs are caps only so far */
             assert_ptr_equal(dsec_registry_ops(reg, idx), &dsec_function_ops);
+        else if (i == 1)
+            assert_ptr_equal(dsec_registry_ops(reg, idx), &dsec_container_ops);
         else
             assert_null(dsec_registry_ops(reg, idx));
     }
@@ -729,7 +732,7 @@ static void sim_snapshot_restore(void **state)
     assert_int_equal(dsec_backend_file_write(be, sb, "/w/a", "alpha", 5, 0, false, &e), 0);
     assert_int_equal(dsec_backend_file_write(be, sb, "/w/e", "", 0, 0700, false, &e), 0);
     assert_int_equal(dsec_backend_file_write(be, sb, "/z", "zz\nz", 4, 0, false, &e), 0);
-    assert_int_equal(dsec_backend_snapshot(be, sb, path, &e), 0);
+    assert_int_equal(dsec_backend_snapshot(be, sb, path, NULL, &e), 0);
     kill_sb(be, sb);
 
     dsec_sandbox_spec spec = {.id = "n1-2", .type = "container", .cpu_milli = 250};

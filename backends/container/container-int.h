@@ -1,0 +1,181 @@
+/* container-int.h - what the files of the container backend share: the instance, the sandbox
+ * record, and the helpers of each concern (OCI config, runtime, rootfs and upper store). */
+#ifndef DSEC_BACKENDS_CONTAINER_INT_H
+#define DSEC_BACKENDS_CONTAINER_INT_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "backends/agent/agent-client.h"
+#include "backends/backend.h"
+#include "backends/container/container.h"
+#include "backends/layers/layer-cache.h"
+#include "dsec/layers.h"
+#include "dsec/names.h"
+
+/*
+ * Layout under the instance's state dir (S):
+ *   S/upper.img          sparse btrfs image (only when S is not on btrfs)
+ *   S/upper/             the upper store: a btrfs filesystem
+ *       sb/<id>          one subvolume per sandbox: upper/ and work/ of its overlay
+ *       snap/<name>      read-only snapshots taken by fork (refcounted by children)
+ *   S/layers/            the node's layer cache (layer-cache.h)
+ *   S/run/               the runtime's state root (crun --root)
+ *   S/sb/<id>/           the bundle: config.json, rootfs/ (the overlay), agent.sock,
+ *                        agent.log, runtime.log, meta (what adopt needs)
+ */
+
+enum { CT_CG_V1 = 1, CT_CG_V2 };
+
+/* A fork snapshot, shared read-only by the children that use it as a lower layer. */
+struct ct_snap {
+    char name[DSEC_SBX_ID_LEN_MAX + 32];
+    unsigned refs;
+    struct ct_snap *next;
+};
+
+/* One open instance. Everything but the snapshot table is set at init and
+ * read-only afterwards, so sandboxes on different threads share it freely. */
+struct ct_backend {
+    char state_dir[PATH_MAX];
+    char node[DSEC_NAME_LEN_MAX + 1];
+    char runtime[PATH_MAX]; /* the runtime binary */
+    char rt_name[16];       /* crun | runc | runsc */
+    char run_root[PATH_MAX];
+    char store[PATH_MAX];  /* the upper store (btrfs when btrfs is true) */
+    char sbroot[PATH_MAX]; /* S/sb */
+    char agent[PATH_MAX];  /* the dsec-agent binary */
+    bool btrfs;            /* subvolumes and O(1) snapshots; else plain dirs and copies */
+    bool store_mounted;    /* S/upper is a loop mount this backend made or found */
+    bool hybrid;           /* v1 controllers plus a cgroup2 mount the runtime must not see */
+    int cg_mode;           /* CT_CG_V1 | CT_CG_V2 */
+    bool memsw;            /* the memory controller accounts swap (v1) */
+    char cg_parent[DSEC_NAME_LEN_MAX + 16]; /* cgroupsPath is /<cg_parent>/<id> */
+    /* v1: the mount of each controller; v2: all equal the cgroup2 mount */
+    char cg_freezer[PATH_MAX], cg_memory[PATH_MAX], cg_cpuacct[PATH_MAX], cg_pids[PATH_MAX],
+        cg_cpu[PATH_MAX];
+    uint64_t pids_max;
+    uint64_t start_timeout_ms; /* how long the agent may take to answer */
+    char **excludes;           /* snapshot exclude patterns */
+    size_t nexcludes;
+    dsec_layer_registry *reg; /* borrowed */
+    dsec_layer_cache *cache;
+    pthread_mutex_t lock; /* guards snaps */
+    struct ct_snap *snaps;
+};
+
+/* One lower layer of a sandbox: a registry layer (held in the layer cache)
+ * or a fork snapshot (held by refcount). */
+struct ct_lower {
+    bool snap;
+    char name[DSEC_SBX_ID_LEN_MAX + 32]; /* digest, or snapshot name */
+    int format;                          /* dsec_layer_format, 0 when unknown */
+    char *path;                          /* the directory overlay reads; NULL until held */
+};
+
+/* What a sandbox runs with: its layers (lowest first) and process defaults. */
+struct ct_env {
+    char *name; /* env name:version, or NULL */
+    struct ct_lower *lowers;
+    size_t nlowers;
+    char **vars;
+    size_t nvars;
+    char *workdir;
+    char *user;
+};
+
+struct dsec_sandbox {
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char dir[PATH_MAX];    /* S/sb/<id> */
+    char subvol[PATH_MAX]; /* S/upper/sb/<id> */
+    struct ct_env env;
+    uint64_t cpu_milli, memory_mb;
+    char *snapshot_name; /* label snapshot_name, or NULL */
+    dsec_agent *agent;
+    /* what teardown must undo (a failed create undoes only what it did) */
+    bool made_dir, made_subvol, mounted, started;
+    size_t held; /* lowers[0..held) are acquired */
+    /* the last stats sample, for the current CPU rate */
+    uint64_t last_cpu_us, last_ns;
+};
+
+/* ---- helpers (container.c) ----------------------------------------------------------- */
+
+uint64_t dsec__ct_now_ns(void);
+/* snprintf, as a function of ours: paths are bounded once (the state dir's
+ * length at init), not at every call the compiler cannot follow. */
+int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Write a whole file (created 0644, replaced). */
+int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err *err);
+/* Read a small file into a NUL-terminated dsec_malloc'd string (caller frees). */
+char *dsec__ct_read_file(const char *path, size_t max);
+
+/* ---- OCI config (container-oci.c) ---------------------------------------------------- */
+
+/* Write <sb->dir>/config.json for sb: the agent as process, its rootfs, limits,
+ * namespaces, capabilities, seccomp, masked paths. */
+int dsec__ct_oci_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec_err *err);
+
+/* ---- runtime (container-runtime.c) --------------------------------------------------- */
+
+/* Find the runtime binary (name crun, runc or runsc) and the cgroup layout. */
+int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err);
+/* Run a helper program (argv[0] is a path) and wait. out (may be NULL) receives up to
+ * outlen-1 bytes of its stdout+stderr. Returns its exit status (0..255, 128+sig), or -1
+ * with err set when it could not be started. */
+int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
+/* Start sb's container detached, handing it listen_fd as fd 3. */
+int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
+                      dsec_err *err);
+/* The runtime's status of container id ("running", "paused", "stopped", ...), or -1 with
+ * DSEC_E_NOT_FOUND when it has none. */
+int dsec__ct_rt_status(const struct ct_backend *be, const char *id, char *status, size_t len,
+                       dsec_err *err);
+/* Kill and delete container id (absent is a success), then remove its cgroups. */
+int dsec__ct_rt_delete(const struct ct_backend *be, const char *id, dsec_err *err);
+/* Freeze (true) or thaw the container's cgroup and wait until it is so. */
+int dsec__ct_freeze(const struct ct_backend *be, const char *id, bool frozen, dsec_err *err);
+/* Whether the container's cgroup is frozen; whether any process lives in it. */
+bool dsec__ct_frozen(const struct ct_backend *be, const char *id);
+bool dsec__ct_alive(const struct ct_backend *be, const char *id);
+/* CPU time (us) and memory (bytes) of the container's cgroup. */
+int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu_us, uint64_t *mem,
+                      dsec_err *err);
+/* The directory of the container's cgroup for one v1 controller dir (a be->cg_* field). */
+void dsec__ct_cg_path(const struct ct_backend *be, const char *ctrl_mount, const char *id,
+                      char *out, size_t len);
+/* Remove the instance's cgroup parent directories (when empty). */
+void dsec__ct_cg_cleanup(const struct ct_backend *be);
+
+/* ---- rootfs and upper store (container-rootfs.c) ------------------------------------ */
+
+/* Put the upper store in place (btrfs: the state dir's own, or a loop image). */
+int dsec__ct_store_open(struct ct_backend *be, uint64_t image_gb, dsec_err *err);
+/* Unmount the store's loop image when it holds no sandbox and no snapshot. */
+void dsec__ct_store_close(struct ct_backend *be);
+/* A sandbox's writable subvolume (with upper/ and work/ inside); delete removes it. */
+int dsec__ct_subvol_create(const struct ct_backend *be, const char *path, dsec_err *err);
+int dsec__ct_subvol_delete(const struct ct_backend *be, const char *path, dsec_err *err);
+/* A read-only snapshot of src at dst (btrfs: O(1); otherwise a copy). */
+int dsec__ct_subvol_snapshot(const struct ct_backend *be, const char *src, const char *dst,
+                             dsec_err *err);
+/* Mount an overlay at target: lowers top first, upper and work dirs. */
+int dsec__ct_overlay_mount(const char *const *lowers, size_t n, const char *upper, const char *work,
+                           const char *target, dsec_err *err);
+int dsec__ct_overlay_umount(const char *target, dsec_err *err);
+/* Bytes and regular files (plus links and specials) below dir. */
+void dsec__ct_du(const char *dir, uint64_t *bytes, uint64_t *files);
+/* rm -rf (no crossing of mount points). */
+int dsec__ct_rmtree(const char *path);
+
+/* The snapshot table: take or drop a reference (drop deletes at zero). */
+void dsec__ct_snap_ref(struct ct_backend *be, const char *name);
+void dsec__ct_snap_unref(struct ct_backend *be, const char *name);
+/* S/upper/snap/<name> (its upper/ is the lower layer). */
+void dsec__ct_snap_path(const struct ct_backend *be, const char *name, char *out, size_t len);
+
+#endif

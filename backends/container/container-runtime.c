@@ -1,0 +1,526 @@
+/* container-runtime.c - driving the OCI runtime (crun, runc, runsc): spawning it (in a private
+ * mount namespace on hybrid-cgroup hosts), container state, delete, and the cgroups it made. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/container/container-int.h"
+#include "dsec/alloc.h"
+
+/* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
+ * controller ctrl, or (ctrl NULL) of the cgroup2 mount. 0 when found. */
+static int cg_mount(const char *ctrl, char *out, size_t len)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (f == NULL)
+        return -1;
+    char line[4096];
+    int rc = -1;
+    while (rc < 0 && fgets(line, sizeof line, f) != NULL) {
+        char mp[PATH_MAX];
+        if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+            continue;
+        char *sep = strstr(line, " - ");
+        char fstype[64], source[256], opts[1024];
+        if (sep == NULL || sscanf(sep + 3, "%63s %255s %1023s", fstype, source, opts) != 3)
+            continue;
+        if (ctrl == NULL ? strcmp(fstype, "cgroup2") != 0 : strcmp(fstype, "cgroup") != 0)
+            continue;
+        bool hit = ctrl == NULL;
+        for (char *save = NULL, *t = strtok_r(opts, ",", &save); t && !hit;
+             t = strtok_r(NULL, ",", &save))
+            hit = strcmp(t, ctrl) == 0;
+        if (hit)
+            rc = dsec__ct_fmt(out, len, "%s", mp) < (int)len ? 0 : -1;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Every cgroup mount point (v1 hierarchies and the cgroup2 mount), for cleanup. */
+static size_t cg_all(char out[][PATH_MAX], size_t max)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (f == NULL)
+        return 0;
+    char line[4096];
+    size_t n = 0;
+    while (n < max && fgets(line, sizeof line, f) != NULL) {
+        char mp[PATH_MAX];
+        if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+            continue;
+        char *sep = strstr(line, " - ");
+        char fstype[64];
+        if (sep == NULL || sscanf(sep + 3, "%63s", fstype) != 1)
+            continue;
+        if (strcmp(fstype, "cgroup") == 0 || strcmp(fstype, "cgroup2") == 0)
+            dsec__ct_fmt(out[n++], PATH_MAX, "%s", mp);
+    }
+    fclose(f);
+    return n;
+}
+
+static int find_exe(const char *name, char *out, size_t len)
+{
+    static const char *const dirs[] = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
+                                       "/usr/bin",        "/sbin",          "/bin"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        dsec__ct_fmt(out, len, "%s/%s", dirs[i], name);
+        if (access(out, X_OK) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
+{
+    if (strcmp(name, "crun") != 0 && strcmp(name, "runc") != 0 && strcmp(name, "runsc") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container option runtime=\"%s\": expected crun, runc or runsc", name);
+    dsec__ct_fmt(be->rt_name, sizeof be->rt_name, "%s", name);
+    if (be->runtime[0] == '\0' && find_exe(name, be->runtime, sizeof be->runtime) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: the OCI runtime %s is not installed (apt-get install %s, "
+                            "or set the option runtime_path)",
+                            name, name);
+    if (access(be->runtime, X_OK) != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: runtime %s is not executable",
+                            be->runtime);
+
+    char v2[PATH_MAX] = "";
+    bool has_v2 = cg_mount(NULL, v2, sizeof v2) == 0;
+    if (cg_mount("memory", be->cg_memory, sizeof be->cg_memory) == 0) {
+        /* v1 controllers; a cgroup2 mount beside them makes crun refuse to
+         * run, so the runtime gets a mount namespace without it. */
+        be->cg_mode = CT_CG_V1;
+        be->hybrid = has_v2;
+        if (cg_mount("freezer", be->cg_freezer, sizeof be->cg_freezer) < 0 ||
+            cg_mount("cpuacct", be->cg_cpuacct, sizeof be->cg_cpuacct) < 0 ||
+            cg_mount("pids", be->cg_pids, sizeof be->cg_pids) < 0 ||
+            cg_mount("cpu", be->cg_cpu, sizeof be->cg_cpu) < 0)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                "container: cgroup v1 host without the freezer, cpu, cpuacct "
+                                "and pids controllers mounted");
+        char p[PATH_MAX + 32];
+        dsec__ct_fmt(p, sizeof p, "%s/memory.memsw.limit_in_bytes", be->cg_memory);
+        be->memsw = access(p, F_OK) == 0;
+    } else if (has_v2) {
+        be->cg_mode = CT_CG_V2;
+        dsec__ct_fmt(be->cg_memory, sizeof be->cg_memory, "%s", v2);
+        memcpy(be->cg_freezer, be->cg_memory, sizeof be->cg_freezer);
+        memcpy(be->cg_cpuacct, be->cg_memory, sizeof be->cg_cpuacct);
+        memcpy(be->cg_pids, be->cg_memory, sizeof be->cg_pids);
+        memcpy(be->cg_cpu, be->cg_memory, sizeof be->cg_cpu);
+    } else {
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: no cgroup hierarchy with the memory controller mounted");
+    }
+    return 0;
+}
+
+/* fork and exec argv with fd 0 on /dev/null, 1 and 2 on outfd and, when fd3
+ * >= 0, fd3 as fd 3; in a private mount namespace without the cgroup2 mount
+ * when private_ns. Returns the child's pid or -1. Only async-signal-safe
+ * calls after fork: the node is multi-threaded. */
+static pid_t spawn(const char *const *argv, bool private_ns, int fd3, int outfd)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    if (private_ns) {
+        /* a fork has its own fs_struct, so unshare works here where it
+         * would fail in the threaded parent */
+        if (unshare(CLONE_NEWNS) < 0 || mount("", "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+            _exit(126);
+        umount2("/sys/fs/cgroup/unified", MNT_DETACH);
+    }
+    int o = fcntl(outfd, F_DUPFD, 10);
+    int l = fd3 >= 0 ? fcntl(fd3, F_DUPFD, 10) : -1;
+    int nul = open("/dev/null", O_RDWR);
+    if (o < 0 || nul < 0 || (fd3 >= 0 && l < 0))
+        _exit(126);
+    dup2(nul, 0);
+    dup2(o, 1);
+    dup2(o, 2);
+    if (l >= 0)
+        dup2(l, 3);
+    close_range(l >= 0 ? 4 : 3, ~0u, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+static int wait_status(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return 255;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *err)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", argv[0]);
+    pid_t pid = spawn(argv, false, -1, p[1]);
+    int e = errno;
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", argv[0]);
+    }
+    size_t got = 0;
+    char sink[4096];
+    for (;;) {
+        char *dst = out != NULL && got + 1 < outlen ? out + got : sink;
+        size_t room = out != NULL && got + 1 < outlen ? outlen - 1 - got : sizeof sink;
+        ssize_t n = read(p[0], dst, room);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        if (dst != sink)
+            got += (size_t)n;
+    }
+    close(p[0]);
+    if (out != NULL && outlen > 0)
+        out[got] = '\0';
+    return wait_status(pid);
+}
+
+/* Run the runtime (argv after the binary and --root), output captured. */
+static int rt_cmd(const struct ct_backend *be, const char *const *args, char *out, size_t outlen,
+                  dsec_err *err)
+{
+    const char *argv[16];
+    size_t n = 0;
+    argv[n++] = be->runtime;
+    argv[n++] = "--root";
+    argv[n++] = be->run_root;
+    for (size_t i = 0; args[i] != NULL && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", be->rt_name);
+    pid_t pid = spawn(argv, be->hybrid, -1, p[1]);
+    int e = errno;
+    close(p[1]);
+    if (pid < 0) {
+        close(p[0]);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", be->runtime);
+    }
+    size_t got = 0;
+    for (;;) {
+        char sink[1024];
+        bool keep = got + 1 < outlen;
+        ssize_t r = read(p[0], keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        if (keep)
+            got += (size_t)r;
+    }
+    close(p[0]);
+    out[got] = '\0';
+    return wait_status(pid);
+}
+
+/* The last line worth showing of a runtime's output. */
+static void last_line(char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == ' '))
+        s[--n] = '\0';
+    char *nl = strrchr(s, '\n');
+    if (nl != NULL)
+        memmove(s, nl + 1, strlen(nl + 1) + 1);
+}
+
+int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
+                      dsec_err *err)
+{
+    char log[PATH_MAX + 16];
+    dsec__ct_fmt(log, sizeof log, "%s/agent.log", sb->dir);
+    /* --detach hands the runtime's stdio to the container: the agent's
+     * output, and the runtime's own errors, land in agent.log */
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", log);
+    off_t start = lseek(fd, 0, SEEK_END);
+    const char *argv[] = {be->runtime, "--root",         be->run_root, "run",
+                          "--detach",  "--preserve-fds", "1",          "--bundle",
+                          sb->dir,     sb->id,           NULL};
+    pid_t pid = spawn(argv, be->hybrid, listen_fd, fd);
+    int e = errno;
+    close(fd);
+    if (pid < 0)
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", be->runtime);
+    int st = wait_status(pid);
+    if (st == 0)
+        return 0;
+    char msg[2048] = "";
+    fd = open(log, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = pread(fd, msg, sizeof msg - 1, start > 0 ? start : 0);
+        msg[n > 0 ? n : 0] = '\0';
+        close(fd);
+    }
+    last_line(msg);
+    return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s run failed (status %d): %.300s",
+                        be->rt_name, st, msg[0] ? msg : "no message");
+}
+
+int dsec__ct_rt_status(const struct ct_backend *be, const char *id, char *status, size_t len,
+                       dsec_err *err)
+{
+    char out[4096];
+    const char *args[] = {"state", id, NULL};
+    int st = rt_cmd(be, args, out, sizeof out, err);
+    if (st < 0)
+        return -1;
+    if (st != 0) {
+        if (strstr(out, "not exist") != NULL || strstr(out, "No such file") != NULL ||
+            strstr(out, "not found") != NULL)
+            return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "container: %s has no container %s",
+                                be->rt_name, id);
+        last_line(out);
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s state failed: %.300s",
+                            be->rt_name, out);
+    }
+    const char *s = strstr(out, "\"status\"");
+    const char *q = s ? strchr(s + 8, '"') : NULL;
+    const char *end = q ? strchr(q + 1, '"') : NULL;
+    if (end == NULL)
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s state printed no status",
+                            be->rt_name);
+    dsec__ct_fmt(status, len, "%.*s", (int)(end - q - 1), q + 1);
+    return 0;
+}
+
+void dsec__ct_cg_path(const struct ct_backend *be, const char *ctrl_mount, const char *id,
+                      char *out, size_t len)
+{
+    dsec__ct_fmt(out, len, "%s/%s/%s", ctrl_mount, be->cg_parent, id);
+}
+
+static void msleep(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void kill_procs(const char *dir)
+{
+    char p[PATH_MAX + 32];
+    dsec__ct_fmt(p, sizeof p, "%s/cgroup.procs", dir);
+    FILE *f = fopen(p, "re");
+    if (f == NULL)
+        return;
+    long pid;
+    while (fscanf(f, "%ld", &pid) == 1)
+        if (pid > 1)
+            kill((pid_t)pid, SIGKILL);
+    fclose(f);
+}
+
+/* Remove the container's cgroup in every hierarchy, killing stragglers (an
+ * agent's orphans the runtime did not reach). */
+static int cg_remove(const struct ct_backend *be, const char *id, dsec_err *err)
+{
+    char(*all)[PATH_MAX] = dsec_malloc(32 * sizeof *all);
+    if (all == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: removing cgroups");
+    size_t n = cg_all(all, 32);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        char dir[PATH_MAX * 2];
+        dsec__ct_fmt(dir, sizeof dir, "%s/%s/%s", all[i], be->cg_parent, id);
+        if (access(dir, F_OK) != 0)
+            continue;
+        /* a frozen v1 cgroup keeps its killed processes until thawed */
+        if (strcmp(all[i], be->cg_freezer) == 0 && be->cg_mode == CT_CG_V1) {
+            char p[PATH_MAX * 2 + 16];
+            dsec__ct_fmt(p, sizeof p, "%s/freezer.state", dir);
+            int fd = open(p, O_WRONLY | O_CLOEXEC);
+            if (fd >= 0) {
+                (void)!write(fd, "THAWED", 6);
+                close(fd);
+            }
+        }
+        int tries = 0;
+        while (rmdir(dir) < 0 && errno == EBUSY && tries++ < 300) {
+            kill_procs(dir);
+            msleep(10);
+        }
+        if (access(dir, F_OK) == 0 && rc == 0)
+            rc =
+                dsec_err_set(err, DSEC_E_BACKEND, errno, "container: cannot remove cgroup %s", dir);
+    }
+    dsec_free(all);
+    return rc;
+}
+
+int dsec__ct_rt_delete(const struct ct_backend *be, const char *id, dsec_err *err)
+{
+    /* thaw first: SIGKILL does not end a frozen process before it thaws */
+    dsec_err ignore;
+    dsec__ct_freeze(be, id, false, &ignore);
+    char out[2048];
+    const char *args[] = {"delete", "--force", id, NULL};
+    int st = rt_cmd(be, args, out, sizeof out, err);
+    if (st < 0)
+        return -1;
+    if (st != 0 && strstr(out, "not exist") == NULL && strstr(out, "No such file") == NULL &&
+        strstr(out, "not found") == NULL) {
+        last_line(out);
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s delete failed: %.300s",
+                            be->rt_name, out);
+    }
+    return cg_remove(be, id, err);
+}
+
+static int write_str(const char *path, const char *v)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = write(fd, v, strlen(v));
+    int e = errno;
+    close(fd);
+    errno = e;
+    return n == (ssize_t)strlen(v) ? 0 : -1;
+}
+
+int dsec__ct_freeze(const struct ct_backend *be, const char *id, bool frozen, dsec_err *err)
+{
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32], want[32];
+    dsec__ct_cg_path(be, be->cg_freezer, id, dir, sizeof dir);
+    const char *val;
+    if (be->cg_mode == CT_CG_V1) {
+        dsec__ct_fmt(file, sizeof file, "%s/freezer.state", dir);
+        val = frozen ? "FROZEN" : "THAWED";
+        dsec__ct_fmt(want, sizeof want, "%s", val);
+    } else {
+        dsec__ct_fmt(file, sizeof file, "%s/cgroup.freeze", dir);
+        val = frozen ? "1" : "0";
+        dsec__ct_fmt(want, sizeof want, "frozen %s", val);
+    }
+    if (write_str(file, val) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", file);
+    if (be->cg_mode == CT_CG_V2)
+        dsec__ct_fmt(file, sizeof file, "%s/cgroup.events", dir);
+    /* the kernel freezes tasks asynchronously; wait until all are */
+    for (int i = 0; i < 2000; i++) {
+        char buf[256];
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", file);
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        if (strstr(buf, want) != NULL)
+            return 0;
+        if (be->cg_mode == CT_CG_V1 && frozen && i % 50 == 49)
+            write_str(file, val); /* v1 may give up FREEZING; ask again */
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "container: the cgroup did not become %s",
+                        frozen ? "frozen" : "thawed");
+}
+
+bool dsec__ct_frozen(const struct ct_backend *be, const char *id)
+{
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
+    dsec__ct_cg_path(be, be->cg_freezer, id, dir, sizeof dir);
+    dsec__ct_fmt(file, sizeof file, "%s/%s", dir,
+                 be->cg_mode == CT_CG_V1 ? "freezer.state" : "cgroup.freeze");
+    char *s = dsec__ct_read_file(file, 64);
+    bool frozen =
+        s != NULL && (be->cg_mode == CT_CG_V1 ? strncmp(s, "FROZEN", 6) == 0 : s[0] == '1');
+    dsec_free(s);
+    return frozen;
+}
+
+bool dsec__ct_alive(const struct ct_backend *be, const char *id)
+{
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
+    dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
+    dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
+    char *s = dsec__ct_read_file(file, 64);
+    bool alive = s != NULL && s[0] != '\0';
+    dsec_free(s);
+    return alive;
+}
+
+/* A "key value" line of a cgroup stat file; 0 when absent. */
+static uint64_t stat_key(const char *buf, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *p = buf; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, key, kl) == 0 && p[kl] == ' ')
+            return strtoull(p + kl + 1, NULL, 10);
+    return 0;
+}
+
+int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu_us, uint64_t *mem,
+                      dsec_err *err)
+{
+    char dir[PATH_MAX * 2], p[PATH_MAX * 2 + 32];
+    char *s;
+    bool v1 = be->cg_mode == CT_CG_V1;
+    dsec__ct_cg_path(be, be->cg_cpuacct, id, dir, sizeof dir);
+    dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "cpuacct.usage" : "cpu.stat");
+    if ((s = dsec__ct_read_file(p, 8192)) == NULL)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
+    *cpu_us = v1 ? strtoull(s, NULL, 10) / 1000 : stat_key(s, "usage_usec");
+    dsec_free(s);
+    dsec__ct_cg_path(be, be->cg_memory, id, dir, sizeof dir);
+    dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
+    if ((s = dsec__ct_read_file(p, 256)) == NULL)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
+    uint64_t usage = strtoull(s, NULL, 10);
+    dsec_free(s);
+    /* what the sandbox holds, as docker counts it: usage minus the page
+     * cache the kernel may drop at once */
+    dsec__ct_fmt(p, sizeof p, "%s/memory.stat", dir);
+    uint64_t inactive = 0;
+    if ((s = dsec__ct_read_file(p, 16384)) != NULL) {
+        inactive = stat_key(s, v1 ? "total_inactive_file" : "inactive_file");
+        dsec_free(s);
+    }
+    *mem = usage > inactive ? usage - inactive : 0;
+    return 0;
+}
+
+void dsec__ct_cg_cleanup(const struct ct_backend *be)
+{
+    char(*all)[PATH_MAX] = dsec_malloc(32 * sizeof *all);
+    if (all == NULL)
+        return;
+    size_t n = cg_all(all, 32);
+    for (size_t i = 0; i < n; i++) {
+        char dir[PATH_MAX * 2];
+        dsec__ct_fmt(dir, sizeof dir, "%s/%s", all[i], be->cg_parent);
+        rmdir(dir);
+    }
+    dsec_free(all);
+}

@@ -1,0 +1,1380 @@
+/* container.c - the container sandbox backend: its ops table, and the life of a sandbox (create,
+ * exec and files through the agent, fork, pause, snapshot and restore, stats, adopt, destroy). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/container/container-int.h"
+#include "dsec/alloc.h"
+
+#ifndef DSEC_AGENT_PATH
+#define DSEC_AGENT_PATH ""
+#endif
+
+/*
+ * A sandbox's life: resolve its environment to layers; hold each layer in
+ * the layer cache (fork snapshots by refcount); make its upper subvolume;
+ * mount the overlay at S/sb/<id>/rootfs; write meta (what adopt needs) and
+ * config.json; bind the agent's socket on the host; `crun run --detach`
+ * with the listening socket as fd 3; connect to the agent. Teardown undoes
+ * these steps in reverse, and only those that were done, so a failed
+ * create and destroy share it.
+ */
+
+static const char *const default_excludes[] = {"__pycache__", "*.pyc", ".cache", "tmp/*"};
+
+static _Atomic uint64_t name_seq;
+
+uint64_t dsec__ct_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, len, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err *err)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", path);
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = write(fd, data + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = errno;
+            close(fd);
+            return dsec_err_set(err, DSEC_E_IO, e, "container: writing %s", path);
+        }
+        off += (size_t)n;
+    }
+    if (close(fd) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", path);
+    return 0;
+}
+
+char *dsec__ct_read_file(const char *path, size_t max)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *buf = dsec_malloc(max + 1);
+    size_t got = 0;
+    ssize_t n = 0;
+    while (buf != NULL && got < max && (n = read(fd, buf + got, max - got)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        got += (size_t)n;
+    }
+    int e = errno;
+    close(fd);
+    if (buf == NULL || n < 0) {
+        dsec_free(buf);
+        errno = n < 0 ? e : ENOMEM;
+        return NULL;
+    }
+    buf[got] = '\0';
+    return buf;
+}
+
+/* A name unique on this node across restarts: prefix, time and a counter. */
+static void unique_name(const char *prefix, const char *tag, char *out, size_t len)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t seq = atomic_fetch_add(&name_seq, 1);
+    dsec__ct_fmt(out, len, "%s-%s%" PRIx64 "%04" PRIx64, prefix, tag,
+                 (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u, seq & 0xffff);
+}
+
+/* ---- environments ------------------------------------------------------------------- */
+
+static void env_clear(struct ct_env *e)
+{
+    dsec_free(e->name);
+    for (size_t i = 0; i < e->nlowers; i++)
+        dsec_free(e->lowers[i].path);
+    dsec_free(e->lowers);
+    for (size_t i = 0; i < e->nvars; i++)
+        dsec_free(e->vars[i]);
+    dsec_free(e->vars);
+    dsec_free(e->workdir);
+    dsec_free(e->user);
+    memset(e, 0, sizeof *e);
+}
+
+static int oom(dsec_err *err, const char *what)
+{
+    return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: %s", what);
+}
+
+static int add_lower(struct ct_env *e, bool snap, const char *name, int format, dsec_err *err)
+{
+    if (strlen(name) >= sizeof e->lowers[0].name)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "container: layer name \"%.80s\" too long",
+                            name);
+    if (!snap && !dsec_digest_valid(name))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "container: \"%.80s\" is not a layer digest",
+                            name);
+    struct ct_lower *l = dsec_realloc(e->lowers, (e->nlowers + 1) * sizeof *l);
+    if (l == NULL)
+        return oom(err, "layer list");
+    e->lowers = l;
+    memset(&l[e->nlowers], 0, sizeof *l);
+    l[e->nlowers].snap = snap;
+    l[e->nlowers].format = format;
+    dsec__ct_fmt(l[e->nlowers].name, sizeof l->name, "%s", name);
+    e->nlowers++;
+    return 0;
+}
+
+static int add_var(struct ct_env *e, const char *kv, dsec_err *err)
+{
+    if (strchr(kv, '=') == NULL || kv[0] == '=')
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "container: environment variable \"%.80s\" is not KEY=VALUE", kv);
+    char **v = dsec_realloc(e->vars, (e->nvars + 1) * sizeof *v);
+    if (v == NULL)
+        return oom(err, "environment variables");
+    e->vars = v;
+    if ((v[e->nvars] = dsec_strdup(kv)) == NULL)
+        return oom(err, "environment variables");
+    e->nvars++;
+    return 0;
+}
+
+static int set_str(char **dst, const char *s, dsec_err *err)
+{
+    dsec_free(*dst);
+    *dst = s ? dsec_strdup(s) : NULL;
+    return s != NULL && *dst == NULL ? oom(err, "copying a string") : 0;
+}
+
+/* Copy src into dst (paths are not copied: dst holds nothing yet). */
+static int env_copy(struct ct_env *dst, const struct ct_env *src, dsec_err *err)
+{
+    memset(dst, 0, sizeof *dst);
+    int rc = set_str(&dst->name, src->name, err);
+    for (size_t i = 0; rc == 0 && i < src->nlowers; i++)
+        rc = add_lower(dst, src->lowers[i].snap, src->lowers[i].name, src->lowers[i].format, err);
+    for (size_t i = 0; rc == 0 && i < src->nvars; i++)
+        rc = add_var(dst, src->vars[i], err);
+    if (rc == 0)
+        rc = set_str(&dst->workdir, src->workdir, err);
+    if (rc == 0)
+        rc = set_str(&dst->user, src->user, err);
+    if (rc < 0)
+        env_clear(dst);
+    return rc;
+}
+
+static int env_from_doc(struct ct_env *out, const dsec_env *d, dsec_err *err)
+{
+    memset(out, 0, sizeof *out);
+    int rc = set_str(&out->name, d->name, err);
+    for (size_t i = 0; rc == 0 && i < d->nlayers; i++)
+        rc = add_lower(out, false, d->layers[i], d->formats ? (int)d->formats[i] : 0, err);
+    for (size_t i = 0; rc == 0 && i < d->nvars; i++)
+        rc = add_var(out, d->vars[i], err);
+    if (rc == 0)
+        rc = set_str(&out->workdir, d->workdir ? d->workdir : "/", err);
+    if (rc == 0)
+        rc = set_str(&out->user, d->user ? d->user : "root", err);
+    if (rc < 0)
+        env_clear(out);
+    return rc;
+}
+
+static int env_from_spec(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *out,
+                         dsec_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (spec->env != NULL && spec->env[0] != '\0') {
+        dsec_env *d = NULL;
+        if (dsec_layer_registry_env_get(be->reg, spec->env, &d, err) < 0)
+            return dsec_err_wrap(err, "container: environment %s", spec->env);
+        int rc = env_from_doc(out, d, err);
+        dsec_env_free(d);
+        return rc;
+    }
+    if (spec->nlayers == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "container: the spec names no environment and no layers");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < spec->nlayers; i++)
+        rc = spec->layers[i] == NULL
+                 ? dsec_err_set(err, DSEC_E_INVALID, 0, "container: layer %zu is NULL", i)
+                 : add_lower(out, false, spec->layers[i], 0, err);
+    if (rc == 0)
+        rc = set_str(&out->workdir, "/", err);
+    if (rc == 0)
+        rc = set_str(&out->user, "root", err);
+    if (rc < 0)
+        env_clear(out);
+    return rc;
+}
+
+/* ---- text records: meta (for adopt) and snapshot files -------------------------------- */
+
+/* Values go one per line; a newline or backslash inside one is escaped. */
+static void put_esc(FILE *f, const char *key, const char *v)
+{
+    fprintf(f, "%s ", key);
+    for (const char *c = v ? v : "-"; *c; c++) {
+        if (*c == '\n')
+            fputs("\\n", f);
+        else if (*c == '\\')
+            fputs("\\\\", f);
+        else
+            fputc(*c, f);
+    }
+    fputc('\n', f);
+}
+
+static void unesc(char *s)
+{
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (*r == '\\' && r[1] == 'n') {
+            *w++ = '\n';
+            r++;
+        } else if (*r == '\\' && r[1] == '\\') {
+            *w++ = '\\';
+            r++;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+}
+
+/* Write e's lines (env, workdir, user, var, lower) to f. */
+static void put_env(FILE *f, const struct ct_env *e)
+{
+    put_esc(f, "env", e->name);
+    put_esc(f, "workdir", e->workdir);
+    put_esc(f, "user", e->user);
+    for (size_t i = 0; i < e->nvars; i++)
+        put_esc(f, "var", e->vars[i]);
+    for (size_t i = 0; i < e->nlowers; i++)
+        fprintf(f, "lower %s %s %d\n", e->lowers[i].snap ? "snap" : "layer", e->lowers[i].name,
+                e->lowers[i].format);
+}
+
+/* Read one "key value" line into e when it is an env line; 1 when taken. */
+static int take_env_line(struct ct_env *e, const char *key, char *val, dsec_err *err)
+{
+    if (strcmp(key, "env") == 0)
+        return set_str(&e->name, strcmp(val, "-") == 0 ? NULL : val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "workdir") == 0)
+        return set_str(&e->workdir, val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "user") == 0)
+        return set_str(&e->user, val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "var") == 0)
+        return add_var(e, val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "lower") == 0) {
+        char kind[16], name[160];
+        int fmt = 0;
+        if (sscanf(val, "%15s %159s %d", kind, name, &fmt) < 2)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "container: bad lower line \"%.80s\"", val);
+        return add_lower(e, strcmp(kind, "snap") == 0, name, fmt, err) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* Split a record into lines; calls fn(key, value) for each. */
+static int parse_lines(char *text, int (*fn)(void *, const char *, char *, dsec_err *), void *arg,
+                       dsec_err *err)
+{
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *sp = strchr(line, ' ');
+        if (sp == NULL)
+            continue;
+        *sp = '\0';
+        unesc(sp + 1);
+        if (fn(arg, line, sp + 1, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_meta(const dsec_sandbox *sb, dsec_err *err)
+{
+    char path[PATH_MAX + 16], tmp[PATH_MAX + 16];
+    dsec__ct_fmt(path, sizeof path, "%s/meta", sb->dir);
+    dsec__ct_fmt(tmp, sizeof tmp, "%s/meta.tmp", sb->dir);
+    FILE *f = fopen(tmp, "we");
+    if (f == NULL)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", tmp);
+    fprintf(f, "dsec-container 1\n");
+    put_esc(f, "id", sb->id);
+    fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\n", sb->cpu_milli, sb->memory_mb);
+    put_esc(f, "snapshot_name", sb->snapshot_name);
+    put_env(f, &sb->env);
+    if (fclose(f) != 0 || rename(tmp, path) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", path);
+    return 0;
+}
+
+static int meta_line(void *arg, const char *key, char *val, dsec_err *err)
+{
+    dsec_sandbox *sb = arg;
+    int t = take_env_line(&sb->env, key, val, err);
+    if (t != 0)
+        return t < 0 ? -1 : 0;
+    if (strcmp(key, "id") == 0) {
+        if (dsec_name_ok(val, DSEC_SBX_ID_LEN_MAX) < 0)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "container: meta names a bad id");
+        dsec__ct_fmt(sb->id, sizeof sb->id, "%s", val);
+    } else if (strcmp(key, "cpu_milli") == 0) {
+        sb->cpu_milli = strtoull(val, NULL, 10);
+    } else if (strcmp(key, "memory_mb") == 0) {
+        sb->memory_mb = strtoull(val, NULL, 10);
+    } else if (strcmp(key, "snapshot_name") == 0 && strcmp(val, "-") != 0) {
+        return set_str(&sb->snapshot_name, val, err);
+    }
+    return 0;
+}
+
+/* ---- options and the instance ---------------------------------------------------------- */
+
+static int opt_u64(const char *k, const char *v, uint64_t lo, uint64_t hi, uint64_t *out,
+                   dsec_err *err)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || x < lo || x > hi)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container option %s=\"%s\": expected an integer in %" PRIu64
+                            "..%" PRIu64,
+                            k, v, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static void free_excludes(struct ct_backend *be)
+{
+    for (size_t i = 0; i < be->nexcludes; i++)
+        dsec_free(be->excludes[i]);
+    dsec_free(be->excludes);
+    be->excludes = NULL;
+    be->nexcludes = 0;
+}
+
+/* The exclude list, plus ".dsec" (the agent's mount point) always. */
+static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
+{
+    free_excludes(be);
+    size_t cap = 2;
+    for (const char *c = list; *c; c++)
+        cap += *c == ',';
+    if ((be->excludes = dsec_calloc(cap, sizeof *be->excludes)) == NULL)
+        return oom(err, "exclude patterns");
+    char *copy = dsec_strdup(list);
+    if (copy == NULL)
+        return oom(err, "exclude patterns");
+    int rc = 0;
+    for (char *save = NULL, *t = strtok_r(copy, ",", &save); t && rc == 0;
+         t = strtok_r(NULL, ",", &save))
+        if ((be->excludes[be->nexcludes++] = dsec_strdup(t)) == NULL)
+            rc = oom(err, "exclude patterns");
+    if (rc == 0 && (be->excludes[be->nexcludes++] = dsec_strdup(".dsec")) == NULL)
+        rc = oom(err, "exclude patterns");
+    dsec_free(copy);
+    return rc;
+}
+
+static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
+                                 "layer_cache_gb, snapshot_exclude, start_timeout_ms";
+
+static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
+                      uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
+{
+    dsec__ct_fmt(rt, rtlen, "crun");
+    be->pids_max = 1024;
+    be->start_timeout_ms = 15000;
+    *upper_gb = 64;
+    *cache_gb = 0;
+    char excl[1024] = "";
+    for (size_t i = 0; i < sizeof default_excludes / sizeof default_excludes[0]; i++)
+        dsec__ct_fmt(excl + strlen(excl), sizeof excl - strlen(excl), "%s%s", i ? "," : "",
+                     default_excludes[i]);
+    for (size_t i = 0; i < cfg->nopts; i++) {
+        const char *k = cfg->opts[i].key, *v = cfg->opts[i].value;
+        if (k == NULL || v == NULL)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "container option %zu has no key or value",
+                                i);
+        bool mine = strncmp(k, "container.", 10) == 0;
+        const char *key = mine ? k + 10 : k;
+        int rc = 0;
+        if (strcmp(key, "runtime") == 0)
+            dsec__ct_fmt(rt, rtlen, "%s", v);
+        else if (strcmp(key, "runtime_path") == 0)
+            dsec__ct_fmt(be->runtime, sizeof be->runtime, "%s", v);
+        else if (strcmp(key, "agent") == 0)
+            dsec__ct_fmt(be->agent, sizeof be->agent, "%s", v);
+        else if (strcmp(key, "pids_max") == 0)
+            rc = opt_u64(k, v, 16, 1u << 22, &be->pids_max, err);
+        else if (strcmp(key, "upper_gb") == 0)
+            rc = opt_u64(k, v, 1, 1u << 20, upper_gb, err);
+        else if (strcmp(key, "layer_cache_gb") == 0)
+            rc = opt_u64(k, v, 0, 1u << 20, cache_gb, err);
+        else if (strcmp(key, "snapshot_exclude") == 0)
+            dsec__ct_fmt(excl, sizeof excl, "%s", v);
+        else if (strcmp(key, "start_timeout_ms") == 0) {
+            rc = opt_u64(k, v, 100, 600000, &be->start_timeout_ms, err);
+        } else if (mine)
+            rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
+                              known_opts);
+        if (rc < 0)
+            return -1;
+    }
+    return set_excludes(be, excl, err);
+}
+
+static void ct_fini(void *self);
+
+static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
+{
+    *self = NULL;
+    if (cfg->state_dir == NULL || cfg->state_dir[0] != '/')
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: the backend needs an absolute state directory");
+    if (strlen(cfg->state_dir) > PATH_MAX - 512)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: the state directory's path is longer than %d bytes",
+                            PATH_MAX - 512);
+    if (geteuid() != 0)
+        return dsec_err_set(err, DSEC_E_PERMISSION, 0,
+                            "container: the backend must run as root (mounts, cgroups, runtime)");
+    struct ct_backend *be = dsec_calloc(1, sizeof *be);
+    if (be == NULL)
+        return oom(err, "backend instance");
+    pthread_mutex_init(&be->lock, NULL);
+    dsec__ct_fmt(be->state_dir, sizeof be->state_dir, "%s", cfg->state_dir);
+    dsec__ct_fmt(be->node, sizeof be->node, "%s",
+                 cfg->node != NULL && dsec_name_ok(cfg->node, DSEC_NAME_LEN_MAX) == 0 ? cfg->node
+                                                                                      : "node");
+    dsec__ct_fmt(be->cg_parent, sizeof be->cg_parent, "dsec-ct-%s", be->node);
+    be->reg = cfg->layers;
+    char rt[32];
+    uint64_t upper_gb, cache_gb;
+    if (parse_opts(be, cfg, rt, sizeof rt, &upper_gb, &cache_gb, err) < 0)
+        goto fail;
+    if (be->agent[0] == '\0')
+        dsec__ct_fmt(be->agent, sizeof be->agent, "%s", DSEC_AGENT_PATH);
+    if (be->agent[0] == '\0' || access(be->agent, X_OK) != 0) {
+        dsec_err_set(err, DSEC_E_CONFIG, errno,
+                     "container: the dsec-agent binary \"%s\" is missing (build target "
+                     "dsec-agent, or set the option agent)",
+                     be->agent);
+        goto fail;
+    }
+    if (dsec__ct_rt_init(be, rt, err) < 0)
+        goto fail;
+    char p[PATH_MAX + 16];
+    if (mkdir(be->state_dir, 0700) < 0 && errno != EEXIST) {
+        dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->state_dir);
+        goto fail;
+    }
+    dsec__ct_fmt(be->run_root, sizeof be->run_root, "%s/run", be->state_dir);
+    dsec__ct_fmt(be->sbroot, sizeof be->sbroot, "%s/sb", be->state_dir);
+    if ((mkdir(be->run_root, 0700) < 0 && errno != EEXIST) ||
+        (mkdir(be->sbroot, 0700) < 0 && errno != EEXIST)) {
+        dsec_err_set(err, DSEC_E_IO, errno, "container: creating directories in %s", be->state_dir);
+        goto fail;
+    }
+    if (dsec__ct_store_open(be, upper_gb, err) < 0)
+        goto fail;
+    if (be->reg != NULL) {
+        dsec__ct_fmt(p, sizeof p, "%s/layers", be->state_dir);
+        if (dsec_layer_cache_new(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
+            dsec_err_wrap(err, "container: layer cache");
+            goto fail;
+        }
+    }
+    *self = be;
+    return 0;
+fail:
+    ct_fini(be);
+    return -1;
+}
+
+static void ct_fini(void *self)
+{
+    struct ct_backend *be = self;
+    if (be == NULL)
+        return;
+    dsec_layer_cache_free(be->cache);
+    while (be->snaps != NULL) {
+        struct ct_snap *s = be->snaps;
+        be->snaps = s->next;
+        dsec_free(s);
+    }
+    if (be->store[0] != '\0')
+        dsec__ct_store_close(be);
+    if (be->cg_mode != 0)
+        dsec__ct_cg_cleanup(be);
+    free_excludes(be);
+    pthread_mutex_destroy(&be->lock);
+    dsec_free(be);
+}
+
+/* ---- a sandbox's life ------------------------------------------------------------------ */
+
+static dsec_sandbox *sb_new(const char *id, dsec_err *err)
+{
+    if (dsec_name_ok(id, DSEC_SBX_ID_LEN_MAX) < 0) {
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "container: sandbox id must be 1..%d characters of [A-Za-z0-9_-]",
+                     DSEC_SBX_ID_LEN_MAX);
+        return NULL;
+    }
+    dsec_sandbox *sb = dsec_calloc(1, sizeof *sb);
+    if (sb == NULL) {
+        oom(err, "sandbox record");
+        return NULL;
+    }
+    dsec__ct_fmt(sb->id, sizeof sb->id, "%s", id);
+    return sb;
+}
+
+static void sb_paths(const struct ct_backend *be, dsec_sandbox *sb)
+{
+    dsec__ct_fmt(sb->dir, sizeof sb->dir, "%s/%s", be->sbroot, sb->id);
+    dsec__ct_fmt(sb->subvol, sizeof sb->subvol, "%s/sb/%s", be->store, sb->id);
+}
+
+static void release_lowers(struct ct_backend *be, dsec_sandbox *sb)
+{
+    while (sb->held > 0) {
+        struct ct_lower *l = &sb->env.lowers[--sb->held];
+        if (l->snap)
+            dsec__ct_snap_unref(be, l->name);
+        else
+            dsec_layer_cache_release(be->cache, l->name);
+        dsec_free(l->path);
+        l->path = NULL;
+    }
+}
+
+static int hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    for (; sb->held < sb->env.nlowers; sb->held++) {
+        struct ct_lower *l = &sb->env.lowers[sb->held];
+        if (l->snap) {
+            char p[PATH_MAX + 128];
+            dsec__ct_snap_path(be, l->name, p, sizeof p);
+            size_t n = strlen(p);
+            dsec__ct_fmt(p + n, sizeof p - n, "/upper");
+            if (access(p, F_OK) != 0)
+                return dsec_err_set(err, DSEC_E_NOT_FOUND, errno,
+                                    "container: fork snapshot %s is gone", l->name);
+            if ((l->path = dsec_strdup(p)) == NULL)
+                return oom(err, "layer path");
+            dsec__ct_snap_ref(be, l->name);
+        } else {
+            if (be->cache == NULL)
+                return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                    "container: the node has no layer registry to get %s from",
+                                    l->name);
+            if (dsec_layer_cache_acquire(be->cache, l->name, &l->path, err) < 0)
+                return dsec_err_wrap(err, "container: layer %s", l->name);
+        }
+    }
+    return 0;
+}
+
+/* Undo whatever of sb's start-up was done; frees sb on success. */
+static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    dsec_agent_free(sb->agent);
+    sb->agent = NULL;
+    if (sb->started) {
+        if (dsec__ct_rt_delete(be, sb->id, err) < 0)
+            return -1;
+        sb->started = false;
+    }
+    char p[PATH_MAX + 16];
+    if (sb->mounted) {
+        dsec__ct_fmt(p, sizeof p, "%s/rootfs", sb->dir);
+        if (dsec__ct_overlay_umount(p, err) < 0)
+            return -1;
+        sb->mounted = false;
+    }
+    if (sb->made_subvol) {
+        if (dsec__ct_subvol_delete(be, sb->subvol, err) < 0)
+            return -1;
+        sb->made_subvol = false;
+    }
+    release_lowers(be, sb);
+    if (sb->made_dir) {
+        if (dsec__ct_rmtree(sb->dir) < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "container: removing %s", sb->dir);
+        sb->made_dir = false;
+    }
+    env_clear(&sb->env);
+    dsec_free(sb->snapshot_name);
+    dsec_free(sb);
+    return 0;
+}
+
+/* Clean up after a failure without losing its error. */
+static void sb_abandon(struct ct_backend *be, dsec_sandbox *sb)
+{
+    dsec_err e2;
+    if (sb_teardown(be, sb, &e2) < 0)
+        fprintf(stderr, "dsec container: cleaning up a failed sandbox %s: %s\n", sb->id, e2.msg);
+}
+
+/* A listening unix socket at path (through /proc/self/fd: host paths can be
+ * longer than sun_path). */
+static int listen_at(const char *dir, const char *name, dsec_err *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: opening %s", dir);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    dsec__ct_fmt(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d/%s", dfd, name);
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 16) < 0) {
+        int e = errno;
+        if (s >= 0)
+            close(s);
+        close(dfd);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: agent socket in %s", dir);
+    }
+    close(dfd);
+    return s;
+}
+
+static void sock_path(const dsec_sandbox *sb, char *out, size_t len)
+{
+    dsec__ct_fmt(out, len, "%s/agent.sock", sb->dir);
+}
+
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
+static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    sb_paths(be, sb);
+    if (mkdir(sb->dir, 0700) < 0)
+        return errno == EEXIST
+                   ? dsec_err_set(err, DSEC_E_EXISTS, 0, "container: a sandbox with this id exists")
+                   : dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", sb->dir);
+    sb->made_dir = true;
+    char rootfs[PATH_MAX + 16];
+    dsec__ct_fmt(rootfs, sizeof rootfs, "%s/rootfs", sb->dir);
+    if (mkdir(rootfs, 0755) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", rootfs);
+    if (hold_lowers(be, sb, err) < 0)
+        return -1;
+    if (dsec__ct_subvol_create(be, sb->subvol, err) < 0)
+        return -1;
+    sb->made_subvol = true;
+    const char **lowers = dsec_calloc(sb->env.nlowers + 1, sizeof *lowers);
+    if (lowers == NULL)
+        return oom(err, "layer list");
+    for (size_t i = 0; i < sb->env.nlowers; i++) /* overlay wants the top first */
+        lowers[i] = sb->env.lowers[sb->env.nlowers - 1 - i].path;
+    char upper[PATH_MAX + 16], work[PATH_MAX + 16];
+    dsec__ct_fmt(upper, sizeof upper, "%s/upper", sb->subvol);
+    dsec__ct_fmt(work, sizeof work, "%s/work", sb->subvol);
+    int rc = dsec__ct_overlay_mount(lowers, sb->env.nlowers, upper, work, rootfs, err);
+    dsec_free(lowers);
+    if (rc < 0)
+        return -1;
+    sb->mounted = true;
+    if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
+        return -1;
+    int lfd = listen_at(sb->dir, "agent.sock", err);
+    if (lfd < 0)
+        return -1;
+    sb->started = true; /* from here a half-made container may exist: delete it on failure */
+    rc = dsec__ct_rt_start(be, sb, lfd, err);
+    close(lfd);
+    if (rc < 0)
+        return -1;
+    char sp[PATH_MAX + 16];
+    sock_path(sb, sp, sizeof sp);
+    /* in short rounds, so an agent that died at start (a bad user or
+     * workdir) is reported at once, with what it said */
+    uint64_t deadline = dsec__ct_now_ns() + be->start_timeout_ms * 1000000u;
+    for (;;) {
+        if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0)
+            return 0;
+        if (!dsec__ct_alive(be, sb->id)) {
+            char lp[PATH_MAX + 16];
+            dsec__ct_fmt(lp, sizeof lp, "%s/agent.log", sb->dir);
+            char *log = dsec__ct_read_file(lp, 4096);
+            char *msg = log;
+            while (msg != NULL && strchr(msg, '\n') != NULL && strchr(msg, '\n')[1] != '\0')
+                msg = strchr(msg, '\n') + 1;
+            if (msg != NULL)
+                msg[strcspn(msg, "\n")] = '\0';
+            dsec_err_set(err, DSEC_E_BACKEND, 0, "container: the agent exited at start: %.200s",
+                         msg != NULL && msg[0] ? msg : "no message");
+            dsec_free(log);
+            return -1;
+        }
+        if (dsec__ct_now_ns() > deadline)
+            return dsec_err_wrap(err, "container: the agent did not answer");
+    }
+}
+
+static const char *label(const dsec_sandbox_spec *spec, const char *key)
+{
+    for (size_t i = 0; i < spec->nlabels; i++)
+        if (spec->labels[i].key != NULL && strcmp(spec->labels[i].key, key) == 0)
+            return spec->labels[i].value;
+    return NULL;
+}
+
+/* Create from env (moved into the sandbox). */
+static int create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *env,
+                      dsec_sandbox **out, char **backend_state, dsec_err *err)
+{
+    dsec_sandbox *sb = sb_new(spec->id, err);
+    if (sb == NULL) {
+        env_clear(env);
+        return -1;
+    }
+    sb->env = *env;
+    memset(env, 0, sizeof *env);
+    sb->cpu_milli = spec->cpu_milli;
+    sb->memory_mb = spec->memory_mb;
+    const char *sn = label(spec, "snapshot_name");
+    if (sn != NULL && !dsec_layer_name_valid(sn)) {
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "container: label snapshot_name=\"%.80s\" is not name:version", sn);
+        sb_abandon(be, sb);
+        return -1;
+    }
+    if (set_str(&sb->snapshot_name, sn, err) < 0 || sb_start(be, sb, err) < 0) {
+        if (err->code == DSEC_E_EXISTS) { /* not ours to remove */
+            sb->made_dir = false;
+            sb->started = false;
+        }
+        sb_abandon(be, sb);
+        return -1;
+    }
+    if ((*backend_state = dsec_strdup(sb->dir)) == NULL) {
+        sb_abandon(be, sb);
+        return oom(err, "backend state");
+    }
+    *out = sb;
+    return 0;
+}
+
+static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                     char **backend_state, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    *out = NULL;
+    *backend_state = NULL;
+    if (be->reg == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: the node passed no layer registry to the backend");
+    if (dsec_name_ok(spec->id, DSEC_SBX_ID_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "container: sandbox id must be 1..%d characters of [A-Za-z0-9_-]",
+                            DSEC_SBX_ID_LEN_MAX);
+    struct ct_env env;
+    if (env_from_spec(be, spec, &env, err) < 0)
+        return -1;
+    return create_env(be, spec, &env, out, backend_state, err);
+}
+
+/* ---- the agent ----------------------------------------------------------------------- */
+
+/* The connection, re-made when an earlier call lost it. */
+static int agent(dsec_sandbox *sb, dsec_err *err)
+{
+    if (sb->agent != NULL)
+        return 0;
+    char sp[PATH_MAX + 16];
+    sock_path(sb, sp, sizeof sp);
+    if (dsec_agent_connect(&sb->agent, sp, 2000, err) < 0)
+        return dsec_err_wrap(err, "container: the sandbox's agent is gone (its init died: "
+                                  "out of memory, or killed)");
+    return 0;
+}
+
+/* After a failed agent call: a lost connection is dropped so the next call
+ * reconnects (or reports the agent gone). */
+static int agent_failed(dsec_sandbox *sb, dsec_err *err)
+{
+    if (err->code == DSEC_E_CONN || err->code == DSEC_E_IO || err->code == DSEC_E_CLOSED ||
+        err->code == DSEC_E_TIMEOUT || err->code == DSEC_E_DECODE) {
+        dsec_agent_free(sb->agent);
+        sb->agent = NULL;
+    }
+    return -1;
+}
+
+static int ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
+                   dsec_err *err)
+{
+    (void)self;
+    if (agent(sb, err) < 0)
+        return -1;
+    if (dsec_agent_exec(sb->agent, req, NULL, NULL, res, err) < 0)
+        return agent_failed(sb, err);
+    return 0;
+}
+
+static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                         size_t len, uint32_t mode, bool append, dsec_err *err)
+{
+    (void)self;
+    if (agent(sb, err) < 0)
+        return -1;
+    /* the agent takes at most DSEC_AGENT_FILE_MAX per call: larger writes go in pieces */
+    const uint8_t *p = data;
+    size_t off = 0;
+    do {
+        size_t n = len - off > DSEC_AGENT_FILE_MAX ? DSEC_AGENT_FILE_MAX : len - off;
+        if (dsec_agent_file_write(sb->agent, path, p + off, n, mode, append || off > 0, err) < 0)
+            return agent_failed(sb, err);
+        off += n;
+    } while (off < len);
+    return 0;
+}
+
+static int ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                        uint64_t max, dsec_file_data *out, dsec_err *err)
+{
+    (void)self;
+    if (agent(sb, err) < 0)
+        return -1;
+    /* the agent answers at most DSEC_AGENT_FILE_MAX a call: page until max or the end */
+    memset(out, 0, sizeof *out);
+    for (;;) {
+        uint64_t want = max == 0 ? 0 : max - out->len;
+        dsec_file_data part;
+        if (dsec_agent_file_read(sb->agent, path, offset + out->len, want, &part, err) < 0) {
+            dsec_free(out->data);
+            memset(out, 0, sizeof *out);
+            return agent_failed(sb, err);
+        }
+        if (out->data == NULL) {
+            *out = part;
+        } else if (part.len > 0) {
+            uint8_t *grown = dsec_realloc(out->data, out->len + part.len);
+            if (grown == NULL) {
+                dsec_free(part.data);
+                dsec_free(out->data);
+                memset(out, 0, sizeof *out);
+                return dsec_err_set(err, DSEC_E_NOMEM, 0, "container: reading %s: out of memory", path);
+            }
+            memcpy(grown + out->len, part.data, part.len);
+            out->data = grown;
+            out->len += part.len;
+            out->size = part.size;
+            out->eof = part.eof;
+            dsec_free(part.data);
+        } else {
+            out->eof = part.eof;
+            out->size = part.size;
+        }
+        if (out->eof || part.len == 0 || (max != 0 && out->len >= max))
+            return 0;
+    }
+}
+
+static int ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
+                        size_t *n, dsec_err *err)
+{
+    (void)self;
+    if (agent(sb, err) < 0)
+        return -1;
+    if (dsec_agent_file_list(sb->agent, path, entries, n, err) < 0)
+        return agent_failed(sb, err);
+    return 0;
+}
+
+/* ---- pause, fork ------------------------------------------------------------------------ */
+
+static int ct_pause(void *self, dsec_sandbox *sb, dsec_err *err)
+{
+    return dsec__ct_freeze(self, sb->id, true, err);
+}
+
+static int ct_resume(void *self, dsec_sandbox *sb, dsec_err *err)
+{
+    return dsec__ct_freeze(self, sb->id, false, err);
+}
+
+/* A read-only snapshot of sb's upper subvolume, taken with sb frozen so no
+ * write is half-done in it. *name receives the snapshot's name. */
+static int freeze_snapshot(struct ct_backend *be, dsec_sandbox *sb, const char *tag, char *name,
+                           size_t len, dsec_err *err)
+{
+    unique_name(sb->id, tag, name, len);
+    char dst[PATH_MAX + 128];
+    dsec__ct_snap_path(be, name, dst, sizeof dst);
+    dsec_err e2;
+    /* an already paused sandbox stays paused */
+    bool paused = dsec__ct_frozen(be, sb->id);
+    if (!paused && dsec__ct_freeze(be, sb->id, true, err) < 0)
+        return -1;
+    int rc = dsec__ct_subvol_snapshot(be, sb->subvol, dst, err);
+    if (!paused && dsec__ct_freeze(be, sb->id, false, rc < 0 ? &e2 : err) < 0 && rc == 0) {
+        dsec_err e3;
+        dsec__ct_subvol_delete(be, dst, &e3);
+        return -1;
+    }
+    return rc;
+}
+
+struct fork_job {
+    struct ct_backend *be;
+    const dsec_sandbox *parent;
+    const char *snap;
+    const char *const *ids;
+    size_t n;
+    dsec_sandbox **children;
+    _Atomic size_t next;
+    pthread_mutex_t lock;
+    dsec_err err; /* the first failure */
+    bool failed;
+};
+
+static void *fork_worker(void *arg)
+{
+    struct fork_job *j = arg;
+    for (;;) {
+        size_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n)
+            break;
+        pthread_mutex_lock(&j->lock);
+        bool stop = j->failed;
+        pthread_mutex_unlock(&j->lock);
+        if (stop)
+            break;
+        dsec_err err;
+        dsec_err_clear(&err);
+        dsec_sandbox *c = sb_new(j->ids[i], &err);
+        int rc = c == NULL ? -1 : env_copy(&c->env, &j->parent->env, &err);
+        if (rc == 0) {
+            c->cpu_milli = j->parent->cpu_milli;
+            c->memory_mb = j->parent->memory_mb;
+            rc = add_lower(&c->env, true, j->snap, 0, &err);
+        }
+        if (rc == 0)
+            rc = sb_start(j->be, c, &err);
+        if (rc < 0) {
+            if (c != NULL) {
+                if (err.code == DSEC_E_EXISTS)
+                    c->made_dir = c->started = false;
+                sb_abandon(j->be, c);
+            }
+            pthread_mutex_lock(&j->lock);
+            if (!j->failed) {
+                j->err = err;
+                dsec_err_wrap(&j->err, "fork child %zu", i);
+                j->failed = true;
+            }
+            pthread_mutex_unlock(&j->lock);
+            break;
+        }
+        j->children[i] = c;
+    }
+    return NULL;
+}
+
+static bool trace(void)
+{
+    const char *t = getenv("DSEC_CONTAINER_TRACE");
+    return t != NULL && t[0] == '1';
+}
+
+static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                   dsec_sandbox **children, char **states, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    for (size_t i = 0; i < n; i++) {
+        children[i] = NULL;
+        states[i] = NULL;
+        if (ids[i] == NULL || dsec_name_ok(ids[i], DSEC_SBX_ID_LEN_MAX) < 0)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "container: fork child id %zu is not 1..%d of [A-Za-z0-9_-]", i,
+                                DSEC_SBX_ID_LEN_MAX);
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(ids[k], ids[i]) == 0)
+                return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                    "container: fork child ids %zu and %zu are equal", k, i);
+    }
+    uint64_t t0 = dsec__ct_now_ns();
+    char snap[sizeof((struct ct_snap *)0)->name];
+    if (freeze_snapshot(be, sb, "f", snap, sizeof snap, err) < 0)
+        return dsec_err_wrap(err, "container: fork");
+    uint64_t t1 = dsec__ct_now_ns();
+    /* hold the snapshot while children start, so a failed child does not
+     * take it away from the others */
+    dsec__ct_snap_ref(be, snap);
+    struct fork_job j = {
+        .be = be, .parent = sb, .snap = snap, .ids = ids, .n = n, .children = children};
+    pthread_mutex_init(&j.lock, NULL);
+    /* start-up is mostly waiting on the runtime: a few at a time */
+    size_t nth = n < 8 ? n : 8;
+    pthread_t th[8];
+    size_t started = 0;
+    for (; started < nth; started++)
+        if (pthread_create(&th[started], NULL, fork_worker, &j) != 0)
+            break;
+    if (started == 0)
+        fork_worker(&j);
+    for (size_t i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j.lock);
+    int rc = 0;
+    if (j.failed) {
+        *err = j.err;
+        rc = -1;
+    }
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if ((states[i] = dsec_strdup(children[i]->dir)) == NULL)
+            rc = oom(err, "backend state");
+    if (rc < 0)
+        for (size_t i = 0; i < n; i++) {
+            if (children[i] != NULL)
+                sb_abandon(be, children[i]);
+            dsec_free(states[i]);
+            children[i] = NULL;
+            states[i] = NULL;
+        }
+    dsec__ct_snap_unref(be, snap);
+    if (trace())
+        fprintf(stderr,
+                "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms\n", n,
+                (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t1) / 1e6);
+    return rc;
+}
+
+/* ---- snapshot and restore ------------------------------------------------------------------ */
+
+/* Pack dir (an upper directory) as a layer in the registry. */
+static int pack_dir(struct ct_backend *be, const char *dir, dsec_digest digest, dsec_err *err)
+{
+    char name[128], blob[PATH_MAX + 160];
+    unique_name("pack", "b", name, sizeof name);
+    dsec__ct_fmt(blob, sizeof blob, "%s/%s.blob", be->state_dir, name);
+    if (dsec_layer_build(dir, DSEC_LAYER_DIR, (const char *const *)be->excludes, be->nexcludes,
+                         blob, digest, err) < 0) {
+        unlink(blob);
+        return dsec_err_wrap(err, "container: packing %s", dir);
+    }
+    int rc = dsec_layer_registry_put(be->reg, digest, DSEC_LAYER_DIR, blob, err);
+    unlink(blob);
+    return rc < 0 ? dsec_err_wrap(err, "container: storing the snapshot layer") : 0;
+}
+
+/* The format of each registry layer whose format is not known yet. */
+static int fill_formats(struct ct_backend *be, struct ct_env *e, dsec_err *err)
+{
+    bool need = false;
+    for (size_t i = 0; i < e->nlowers; i++)
+        need = need || e->lowers[i].format == 0;
+    if (!need)
+        return 0;
+    dsec_layer_info *v = NULL;
+    size_t n = 0;
+    if (dsec_layer_registry_list(be->reg, &v, &n, err) < 0)
+        return dsec_err_wrap(err, "container: listing layers");
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < e->nlowers; i++) {
+        for (size_t k = 0; e->lowers[i].format == 0 && k < n; k++)
+            if (strcmp(v[k].digest, e->lowers[i].name) == 0)
+                e->lowers[i].format = (int)v[k].format;
+        if (e->lowers[i].format == 0)
+            rc = dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
+                              "container: layer %s is not in the registry", e->lowers[i].name);
+    }
+    dsec_layer_infos_free(v, n);
+    return rc;
+}
+
+static int ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const char *name,
+                       dsec_err *err)
+{
+    struct ct_backend *be = self;
+    const char *publish = name != NULL ? name : sb->snapshot_name;
+    if (be->reg == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "container: snapshot needs a layer registry");
+    /* the new environment: registry layers as they are, each fork snapshot
+     * below the sandbox packed as a layer of its own, then its upper */
+    struct ct_env ne;
+    if (env_copy(&ne, &sb->env, err) < 0)
+        return -1;
+    char tmp[sizeof((struct ct_snap *)0)->name];
+    if (freeze_snapshot(be, sb, "p", tmp, sizeof tmp, err) < 0) {
+        env_clear(&ne);
+        return dsec_err_wrap(err, "container: snapshot");
+    }
+    char p[PATH_MAX + 160];
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < ne.nlowers; i++) {
+        if (!ne.lowers[i].snap)
+            continue;
+        dsec__ct_snap_path(be, ne.lowers[i].name, p, sizeof p);
+        dsec__ct_fmt(p + strlen(p), sizeof p - strlen(p), "/upper");
+        dsec_digest d;
+        rc = pack_dir(be, p, d, err);
+        if (rc == 0) {
+            ne.lowers[i].snap = false;
+            ne.lowers[i].format = DSEC_LAYER_DIR;
+            dsec__ct_fmt(ne.lowers[i].name, sizeof ne.lowers[i].name, "%s", d);
+        }
+    }
+    dsec_digest top = "";
+    dsec__ct_snap_path(be, tmp, p, sizeof p);
+    char up[PATH_MAX + 170];
+    dsec__ct_fmt(up, sizeof up, "%s/upper", p);
+    if (rc == 0)
+        rc = pack_dir(be, up, top, err);
+    dsec_err e2;
+    dsec__ct_subvol_delete(be, p, &e2);
+    if (rc == 0)
+        rc = add_lower(&ne, false, top, DSEC_LAYER_DIR, err);
+    if (rc == 0)
+        rc = fill_formats(be, &ne, err);
+    if (rc == 0 && publish != NULL) {
+        dsec_env d = {.name = (char *)publish,
+                      .nlayers = ne.nlowers,
+                      .vars = ne.vars,
+                      .nvars = ne.nvars,
+                      .workdir = ne.workdir,
+                      .user = ne.user};
+        d.layers = dsec_calloc(ne.nlowers, sizeof *d.layers);
+        d.formats = dsec_calloc(ne.nlowers, sizeof *d.formats);
+        if (d.layers == NULL || d.formats == NULL)
+            rc = oom(err, "environment document");
+        for (size_t i = 0; rc == 0 && i < ne.nlowers; i++) {
+            d.layers[i] = ne.lowers[i].name;
+            d.formats[i] = (dsec_layer_format)ne.lowers[i].format;
+        }
+        if (rc == 0 && dsec_layer_registry_tag_set(be->reg, publish, top, err) < 0)
+            rc = dsec_err_wrap(err, "container: tagging the snapshot layer");
+        if (rc == 0 && dsec_layer_registry_env_put(be->reg, &d, err) < 0)
+            rc = dsec_err_wrap(err, "container: storing environment %s", publish);
+        dsec_free(d.layers);
+        dsec_free(d.formats);
+        if (rc == 0 && set_str(&ne.name, publish, err) < 0)
+            rc = -1;
+    }
+    if (rc == 0) {
+        /* a restore needs no registry lookup by name: the file says it all */
+        FILE *f = fopen(path, "we");
+        if (f == NULL) {
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", path);
+        } else {
+            fprintf(f, "dsec-container-snapshot 1\nlayer %s\n", top);
+            put_env(f, &ne);
+            if (fclose(f) != 0)
+                rc = dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", path);
+        }
+    }
+    env_clear(&ne);
+    return rc;
+}
+
+static int snapfile_line(void *arg, const char *key, char *val, dsec_err *err)
+{
+    int t = take_env_line(arg, key, val, err);
+    return t < 0 ? -1 : 0;
+}
+
+static int ct_restore(void *self, const dsec_sandbox_spec *spec, const char *path,
+                      dsec_sandbox **out, char **backend_state, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    *out = NULL;
+    *backend_state = NULL;
+    if (be->reg == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "container: restore needs a layer registry");
+    char *text = dsec__ct_read_file(path, 1u << 20);
+    if (text == NULL)
+        return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                            "container: reading snapshot %s", path);
+    if (strncmp(text, "dsec-container-snapshot 1\n", 26) != 0) {
+        dsec_free(text);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s is not a container snapshot",
+                            path);
+    }
+    struct ct_env env = {0};
+    int rc = parse_lines(text, snapfile_line, &env, err);
+    dsec_free(text);
+    for (size_t i = 0; rc == 0 && i < env.nlowers; i++)
+        if (env.lowers[i].snap)
+            rc = dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s names a fork snapshot", path);
+    if (rc == 0 && env.nlowers == 0)
+        rc = dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s names no layers", path);
+    if (rc == 0 && (env.workdir == NULL || env.user == NULL))
+        rc = dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s lacks workdir or user", path);
+    if (rc < 0) {
+        env_clear(&env);
+        return -1;
+    }
+    return create_env(be, spec, &env, out, backend_state, err);
+}
+
+/* ---- destroy, stats, adopt, detach -------------------------------------------------------- */
+
+static int ct_destroy(void *self, dsec_sandbox *sb, dsec_err *err)
+{
+    return sb_teardown(self, sb, err);
+}
+
+static int ct_stats(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    memset(out, 0, sizeof *out);
+    if (dsec__ct_cg_usage(be, sb->id, &out->cpu_used_us, &out->memory_bytes, err) < 0)
+        return -1;
+    uint64_t now = dsec__ct_now_ns();
+    if (sb->last_ns != 0 && now > sb->last_ns && out->cpu_used_us >= sb->last_cpu_us)
+        out->cpu_milli = (out->cpu_used_us - sb->last_cpu_us) * 1000000u / (now - sb->last_ns);
+    sb->last_ns = now;
+    sb->last_cpu_us = out->cpu_used_us;
+    char up[PATH_MAX + 16];
+    dsec__ct_fmt(up, sizeof up, "%s/upper", sb->subvol);
+    dsec__ct_du(up, &out->disk_bytes, &out->nfiles);
+    return 0;
+}
+
+static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
+                    dsec_sandbox **out, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    *out = NULL;
+    if (backend_state == NULL || backend_state[0] != '/')
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "container: adopt needs the sandbox directory as backend state");
+    char mp[PATH_MAX + 16];
+    dsec__ct_fmt(mp, sizeof mp, "%s/meta", backend_state);
+    char *text = dsec__ct_read_file(mp, 1u << 20);
+    if (text == NULL)
+        return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                            "container: reading %s", mp);
+    dsec_sandbox *sb = dsec_calloc(1, sizeof *sb);
+    if (sb == NULL) {
+        dsec_free(text);
+        return oom(err, "sandbox record");
+    }
+    int rc = strncmp(text, "dsec-container 1\n", 17) == 0
+                 ? parse_lines(text, meta_line, sb, err)
+                 : dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s is not a sandbox record", mp);
+    dsec_free(text);
+    if (rc == 0 && sb->id[0] == '\0')
+        rc = dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s names no sandbox", mp);
+    if (rc == 0 && spec != NULL && spec->id != NULL && strcmp(spec->id, sb->id) != 0)
+        rc = dsec_err_set(err, DSEC_E_INVALID, 0, "container: the record is of sandbox %s", sb->id);
+    if (rc == 0) {
+        sb_paths(be, sb);
+        if (strcmp(sb->dir, backend_state) != 0)
+            rc = dsec_err_set(err, DSEC_E_INVALID, 0,
+                              "container: %s is not a sandbox directory of this backend",
+                              backend_state);
+    }
+    if (rc < 0) {
+        env_clear(&sb->env);
+        dsec_free(sb->snapshot_name);
+        dsec_free(sb);
+        return -1;
+    }
+    /* everything exists until shown otherwise: teardown then removes it */
+    sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
+    char state[32] = "gone";
+    dsec_err_clear(err);
+    int st = dsec__ct_rt_status(be, sb->id, state, sizeof state, err);
+    if (st < 0 || (strcmp(state, "running") != 0 && strcmp(state, "paused") != 0)) {
+        if (st == 0 || err->code == DSEC_E_NOT_FOUND) {
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
+                         "container: the sandbox's container is no longer running (%s); what "
+                         "was left of it is removed",
+                         state);
+            sb_abandon(be, sb);
+        } else {
+            env_clear(&sb->env);
+            dsec_free(sb->snapshot_name);
+            dsec_free(sb);
+        }
+        return -1;
+    }
+    if (hold_lowers(be, sb, err) < 0) {
+        /* leave it running: a later adopt may find the layer again */
+        release_lowers(be, sb);
+        env_clear(&sb->env);
+        dsec_free(sb->snapshot_name);
+        dsec_free(sb);
+        return -1;
+    }
+    char sp[PATH_MAX + 16];
+    sock_path(sb, sp, sizeof sp);
+    if (dsec_agent_connect(&sb->agent, sp, 5000, err) < 0)
+        sb->agent = NULL; /* exec reports it; destroy still works */
+    dsec_err_clear(err);
+    *out = sb;
+    return 0;
+}
+
+static void ct_detach(void *self, dsec_sandbox *sb)
+{
+    (void)self;
+    /* Layer-cache users and snapshot references stay counted: the container
+     * still reads them, and this instance must not evict or delete them. */
+    dsec_agent_free(sb->agent);
+    for (size_t i = 0; i < sb->env.nlowers; i++) {
+        dsec_free(sb->env.lowers[i].path);
+        sb->env.lowers[i].path = NULL;
+    }
+    env_clear(&sb->env);
+    dsec_free(sb->snapshot_name);
+    dsec_free(sb);
+}
+
+const dsec_backend_ops dsec_container_ops = {
+    .type = "container",
+    .init = ct_init,
+    .fini = ct_fini,
+    .create = ct_create,
+    .exec = ct_exec,
+    .file_write = ct_file_write,
+    .file_read = ct_file_read,
+    .file_list = ct_file_list,
+    .fork = ct_fork,
+    .pause = ct_pause,
+    .resume = ct_resume,
+    .snapshot = ct_snapshot,
+    .restore = ct_restore,
+    .destroy = ct_destroy,
+    .stats = ct_stats,
+    .adopt = ct_adopt,
+    .detach = ct_detach,
+};

@@ -1,0 +1,37 @@
+/* container.h - the container sandbox backend: crun (or runc/runsc) on an overlay of layers. */
+#ifndef DSEC_BACKENDS_CONTAINER_H
+#define DSEC_BACKENDS_CONTAINER_H
+
+#include "backends/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Type "container". Each sandbox is an OCI container whose root filesystem is
+ * an overlay of its environment's layers (from the node's layer cache) under
+ * a private upper directory kept in a btrfs subvolume, so fork is a read-only
+ * snapshot of that subvolume (O(1)) that becomes one more lower layer of each
+ * child. The container's init is dsec-agent; exec and file operations go
+ * through it over a unix socket that lives only on the host.
+ *
+ * Options (dsec_backend_config.opts; "container." prefix optional):
+ *   runtime=crun|runc|runsc   the OCI runtime (default crun)
+ *   runtime_path=PATH         its binary (default: looked up in PATH)
+ *   agent=PATH                the dsec-agent binary (default: the one built)
+ *   pids_max=N                process limit per sandbox (default 1024)
+ *   upper_gb=N                size of the sparse btrfs image when the state dir
+ *                             is not on btrfs (default 64)
+ *   layer_cache_gb=N          layer cache budget, 0 = unbounded (default 0)
+ *   snapshot_exclude=P,P,...  patterns left out of snapshot layers (default
+ *                             __pycache__, *.pyc, .cache and "tmp/" + "*")
+ *
+ * The node must pass its layer registry in cfg->layers.
+ */
+extern const dsec_backend_ops dsec_container_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

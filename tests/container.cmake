@@ -1,0 +1,20 @@
+# Container backend: real crun containers on overlays of layers built in the test (root: mounts,
+# cgroups, btrfs loop image), with the in-sandbox agent.
+add_executable(test_container test_container.c)
+target_link_libraries(test_container PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME container COMMAND test_container)
+# Creates containers, cgroups under dsec-ct-cttest and loop mounts on this host, and checks
+# afterwards that none is left: never two at once.
+set_tests_properties(container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host)
+
+# Containers end to end through the bus: a cell whose node runs the container backend natively
+# on busybox:1 (built by scripts/build-envs.sh --only busybox).
+add_executable(test_container_bus test_container_bus.c)
+target_link_libraries(test_container_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+  PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+target_compile_definitions(test_container_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
+  DSEC_CLI="$<TARGET_FILE:dsec>")
+add_dependencies(test_container_bus dsec)
+add_test(NAME container_bus COMMAND test_container_bus)
+set_tests_properties(container_bus PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_container_host)

@@ -1,0 +1,830 @@
+/* test_container.c - the container backend for real: crun containers on a busybox layer built
+ * here, exec and files through the agent, isolation, limits, fork, snapshot, pause, cleanup. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backends/backend.h"
+#include "backends/container/container.h"
+#include "dsec/alloc.h"
+#include "dsec/err.h"
+#include "dsec/layers.h"
+
+/*
+ * One backend instance serves the group, as one serves a node. The layer is
+ * a busybox tree built into a local registry at set-up, so the test needs
+ * nothing but busybox-static, crun and btrfs-progs on the host. The node is
+ * "cttest": its cgroups live under dsec-ct-cttest in every hierarchy.
+ */
+
+#define NODE "cttest"
+#define PIDS_MAX 96
+
+static void *ct;
+static dsec_layer_registry *reg;
+static char top[32];       /* the test's temp dir */
+static char state_dir[64]; /* the backend's */
+static int seq;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Run a host shell line; its first line of output in out (may be NULL). */
+static int host(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int host(char *out, size_t len, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    char buf[4096];
+    size_t got = fread(buf, 1, sizeof buf - 1, p);
+    buf[got] = '\0';
+    if (out != NULL)
+        snprintf(out, len, "%s", buf);
+    return pclose(p);
+}
+
+static int open_backend(void)
+{
+    char pids[16];
+    snprintf(pids, sizeof pids, "%d", PIDS_MAX);
+    dsec_backend_kv opts[] = {{"pids_max", pids}, {"upper_gb", "16"}, {"function.x", "1"}};
+    dsec_backend_config cfg = {
+        .state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 3, .layers = reg};
+    dsec_err err;
+    if (dsec_container_ops.init(&ct, &cfg, &err) < 0) {
+        fprintf(stderr, "container backend: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The busybox base layer and environment "busybox:1". */
+static int build_base(void)
+{
+    if (host(NULL, 0,
+             "set -e; t=%s/tree; mkdir -p $t/bin $t/etc $t/proc $t/sys $t/dev $t/tmp $t/root; "
+             "cp /bin/busybox $t/bin/busybox; for a in $(/bin/busybox --list); do "
+             "[ \"$a\" = busybox ] || ln -s busybox $t/bin/$a; done; "
+             "printf 'root:x:0:0:root:/root:/bin/sh\\nnobody:x:65534:65534:nobody:/:/bin/false\\n'"
+             " > $t/etc/passwd; printf 'root:x:0:\\nnogroup:x:65534:\\n' > $t/etc/group; "
+             "chmod 1777 $t/tmp",
+             top) != 0)
+        return -1;
+    char tree[128], blob[128];
+    snprintf(tree, sizeof tree, "%s/tree", top);
+    snprintf(blob, sizeof blob, "%s/base.blob", top);
+    dsec_digest d;
+    dsec_err err;
+    char regdir[128];
+    snprintf(regdir, sizeof regdir, "%s/registry", top);
+    if (dsec_layer_registry_local(&reg, regdir, &err) < 0 ||
+        dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err) < 0 ||
+        dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err) < 0) {
+        fprintf(stderr, "base layer: %s\n", err.msg);
+        return -1;
+    }
+    char *layers[] = {d};
+    dsec_layer_format fmts[] = {DSEC_LAYER_DIR};
+    char *vars[] = {"HOME=/root", "DSEC_TEST=yes"};
+    dsec_env env = {.name = "busybox:1",
+                    .layers = layers,
+                    .formats = fmts,
+                    .nlayers = 1,
+                    .vars = vars,
+                    .nvars = 2,
+                    .workdir = "/root",
+                    .user = "root"};
+    if (dsec_layer_registry_env_put(reg, &env, &err) < 0) {
+        fprintf(stderr, "environment: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    if (geteuid() != 0 || access("/bin/busybox", X_OK) != 0) {
+        fprintf(stderr, "test_container: needs root and busybox-static; skipping\n");
+        return 0;
+    }
+    snprintf(top, sizeof top, "/tmp/dsec-cttest-XXXXXX");
+    if (mkdtemp(top) == NULL)
+        return -1;
+    snprintf(state_dir, sizeof state_dir, "%s/state", top);
+    if (build_base() < 0)
+        return -1;
+    return open_backend();
+}
+
+static int group_teardown(void **state)
+{
+    int rc = 0;
+    if (ct != NULL) {
+        dsec_container_ops.fini(ct);
+        ct = NULL;
+        /* closing the instance leaves no mount, cgroup or container */
+        char out[4096];
+        host(out, sizeof out, "grep -c ' %s' /proc/self/mountinfo", state_dir);
+        if (atoi(out) != 0) {
+            fprintf(stderr, "test_container: %s mounts outlived the backend\n", out);
+            rc = -1;
+        }
+        if (host(NULL, 0, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE " 2>/dev/null | grep -q .") == 0) {
+            fprintf(stderr, "test_container: cgroups of the backend outlived it\n");
+            rc = -1;
+        }
+    }
+    dsec_layer_registry_free(reg);
+    if (top[0] != '\0' && host(NULL, 0, "rm -rf '%s'", top) != 0)
+        rc = -1;
+    return rc;
+}
+
+static int need_root(void **state)
+{
+    if (ct == NULL)
+        skip();
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+struct sbx {
+    dsec_sandbox *h;
+    char *bstate;
+    char id[64];
+};
+
+static struct sbx *mk_spec(dsec_sandbox_spec *spec)
+{
+    struct sbx *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    snprintf(s->id, sizeof s->id, "cttest-%d-%d", (int)getpid(), __atomic_add_fetch(&seq, 1, 0));
+    spec->id = s->id;
+    spec->type = "container";
+    dsec_err err;
+    if (dsec_container_ops.create(ct, spec, &s->h, &s->bstate, &err) < 0)
+        fail_msg("create %s: %s", s->id, err.msg);
+    return s;
+}
+
+static struct sbx *mk(uint64_t memory_mb, uint64_t cpu_milli)
+{
+    dsec_sandbox_spec spec = {.env = "busybox:1", .memory_mb = memory_mb, .cpu_milli = cpu_milli};
+    return mk_spec(&spec);
+}
+
+/* Run a shell line; returns the exit code (or 128+signal), stdout in out. */
+static int sh_full(struct sbx *s, const char *line, char *out, size_t len, dsec_exec_result *keep)
+{
+    const char *argv[] = {"/bin/sh", "-c", line};
+    dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 60000};
+    dsec_exec_result res = {0};
+    dsec_err err;
+    if (dsec_container_ops.exec(ct, s->h, &req, &res, &err) < 0)
+        fail_msg("exec \"%s\" in %s: %s", line, s->id, err.msg);
+    if (out != NULL)
+        snprintf(out, len, "%.*s", (int)res.stdout_len,
+                 res.stdout_data ? (char *)res.stdout_data : "");
+    int rc = res.signal ? 128 + res.signal : res.exit_code;
+    if (keep != NULL)
+        *keep = res;
+    else
+        dsec_exec_result_release(&res);
+    return rc;
+}
+
+static int sh(struct sbx *s, const char *line, char *out, size_t len)
+{
+    return sh_full(s, line, out, len, NULL);
+}
+
+static void put_file(struct sbx *s, const char *path, const char *data)
+{
+    dsec_err err;
+    if (dsec_container_ops.file_write(ct, s->h, path, data, strlen(data), 0644, false, &err) < 0)
+        fail_msg("write %s: %s", path, err.msg);
+}
+
+/* Nothing of sandbox id is left: mounts, cgroups, runtime state, files, processes. */
+static void assert_gone(const char *id, const int *pids, int npids)
+{
+    char out[4096];
+    host(out, sizeof out, "grep -c '%s/sb/%s' /proc/self/mountinfo", state_dir, id);
+    assert_int_equal(atoi(out), 0);
+    host(out, sizeof out, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE "/%s 2>/dev/null | wc -l", id);
+    assert_int_equal(atoi(out), 0);
+    char p[512];
+    snprintf(p, sizeof p, "%s/sb/%s", state_dir, id);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/upper/sb/%s", state_dir, id);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/run/%s", state_dir, id);
+    assert_int_not_equal(access(p, F_OK), 0);
+    for (int i = 0; i < npids; i++) {
+        snprintf(p, sizeof p, "/proc/%d/status", pids[i]);
+        /* dead is enough: a zombie waits for the host's init to reap it */
+        char st[4096];
+        if (access(p, F_OK) == 0 && host(st, sizeof st, "grep -E 'State|Name' %s", p) == 0 &&
+            strstr(st, "(zombie)") == NULL)
+            fail_msg("process %d of %s outlived it: %s", pids[i], id, st);
+    }
+}
+
+/* The host pids of a sandbox's processes (from its pids cgroup). */
+static int sb_pids(const char *id, int *pids, int max)
+{
+    char p[256];
+    snprintf(p, sizeof p, "/sys/fs/cgroup/pids/dsec-ct-" NODE "/%s/cgroup.procs", id);
+    FILE *f = fopen(p, "r");
+    if (f == NULL) {
+        snprintf(p, sizeof p, "/sys/fs/cgroup/dsec-ct-" NODE "/%s/cgroup.procs", id);
+        f = fopen(p, "r");
+    }
+    int n = 0;
+    while (f != NULL && n < max && fscanf(f, "%d", &pids[n]) == 1)
+        n++;
+    if (f != NULL)
+        fclose(f);
+    return n;
+}
+
+static void drop(struct sbx *s)
+{
+    int pids[64];
+    int n = sb_pids(s->id, pids, 64);
+    assert_true(n >= 1); /* at least the agent */
+    dsec_err err;
+    if (dsec_container_ops.destroy(ct, s->h, &err) < 0)
+        fail_msg("destroy %s: %s", s->id, err.msg);
+    assert_gone(s->id, pids, n);
+    dsec_free(s->bstate);
+    free(s);
+}
+
+/* v1 path of a cgroup file of sandbox id for controller ctrl. */
+static void cg_file(const char *ctrl, const char *id, const char *file, char *out, size_t len)
+{
+    snprintf(out, len, "/sys/fs/cgroup/%s/dsec-ct-" NODE "/%s/%s", ctrl, id, file);
+    if (access(out, F_OK) != 0)
+        snprintf(out, len, "/sys/fs/cgroup/dsec-ct-" NODE "/%s/%s", id, file);
+}
+
+static char *slurp(const char *path)
+{
+    static char buf[4096];
+    FILE *f = fopen(path, "r");
+    buf[0] = '\0';
+    if (f != NULL) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf;
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+static void test_exec_and_files(void **state)
+{
+    uint64_t t0 = now_us();
+    struct sbx *a = mk(256, 1000);
+    uint64_t t1 = now_us();
+    char out[4096];
+    dsec_exec_result r;
+    assert_int_equal(sh_full(a, "echo hi; echo err >&2; exit 3", out, sizeof out, &r), 3);
+    assert_string_equal(out, "hi\n");
+    assert_int_equal(r.stderr_len, 4);
+    assert_memory_equal(r.stderr_data, "err\n", 4);
+    dsec_exec_result_release(&r);
+    /* the environment's variables and working directory */
+    assert_int_equal(sh(a, "echo $DSEC_TEST $HOME; pwd", out, sizeof out), 0);
+    assert_string_equal(out, "yes /root\n/root\n");
+    /* exec round trip through the agent */
+    uint64_t t2 = now_us();
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(sh(a, "true", NULL, 0), 0);
+    uint64_t t3 = now_us();
+    const char *argv[] = {"/bin/true"};
+    dsec_exec_req req = {.argv = argv, .argc = 1};
+    dsec_err err;
+    uint64_t t4 = now_us();
+    for (int i = 0; i < 20; i++) {
+        dsec_exec_result res;
+        assert_int_equal(dsec_container_ops.exec(ct, a->h, &req, &res, &err), 0);
+        dsec_exec_result_release(&res);
+    }
+    uint64_t t5 = now_us();
+    printf("container: create %.1f ms; exec round trip: sh -c true %.2f ms, /bin/true %.2f ms\n",
+           (t1 - t0) / 1000.0, (t3 - t2) / 20000.0, (t5 - t4) / 20000.0);
+
+    /* files */
+    put_file(a, "/work/sub/x.txt", "data");
+    assert_int_equal(sh(a, "cat /work/sub/x.txt", out, sizeof out), 0);
+    assert_string_equal(out, "data");
+    assert_int_equal(
+        dsec_container_ops.file_write(ct, a->h, "/work/sub/x.txt", "+more", 5, 0644, true, &err),
+        0);
+    dsec_file_data fd;
+    assert_int_equal(dsec_container_ops.file_read(ct, a->h, "/work/sub/x.txt", 0, 0, &fd, &err), 0);
+    assert_int_equal(fd.len, 9);
+    assert_memory_equal(fd.data, "data+more", 9);
+    dsec_free(fd.data);
+    dsec_file_entry *ents;
+    size_t n;
+    assert_int_equal(dsec_container_ops.file_list(ct, a->h, "/work/sub", &ents, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(ents[0].name, "x.txt");
+    assert_int_equal(ents[0].kind, DSEC_FILE_REG);
+    dsec_file_entries_free(ents, n);
+    assert_int_equal(dsec_container_ops.file_read(ct, a->h, "/nope", 0, 0, &fd, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+
+    /* isolation seen from inside */
+    assert_int_equal(sh(a, "ls /sys/class/net", out, sizeof out), 0);
+    assert_string_equal(out, "lo\n");
+    assert_int_equal(sh(a, "head -c 64 /proc/kpagecgroup 2>/dev/null | wc -c", out, sizeof out), 0);
+    assert_int_equal(atoi(out), 0);
+    assert_int_equal(sh(a, "grep CapEff /proc/self/status", out, sizeof out), 0);
+    unsigned long long capeff = strtoull(strchr(out, ':') + 1, NULL, 16);
+    assert_true(capeff & (1ull << 0));   /* chown */
+    assert_false(capeff & (1ull << 21)); /* sys_admin */
+    assert_false(capeff & (1ull << 13)); /* net_raw */
+    assert_false(capeff & (1ull << 27)); /* mknod */
+    assert_false(capeff & (1ull << 19)); /* sys_ptrace */
+    assert_int_equal(sh(a, "grep NoNewPrivs /proc/self/status", out, sizeof out), 0);
+    assert_string_equal(out, "NoNewPrivs:\t1\n");
+    assert_int_equal(sh(a, "grep Seccomp: /proc/self/status", out, sizeof out), 0);
+    assert_string_equal(out, "Seccomp:\t2\n");
+    /* the agent's channel: no socket among a command's fds, and none of
+     * the agent's can be opened (or even listed) */
+    assert_int_equal(sh(a, "ls -l /proc/self/fd/ | grep -c socket", out, sizeof out), 1);
+    assert_int_equal(atoi(out), 0);
+    assert_int_equal(sh(a,
+                        "for f in /proc/1/fd/*; do case $(readlink $f 2>/dev/null) in socket:*) "
+                        "cat $f </dev/null >/dev/null 2>&1 && echo OPENED;; esac; done; true",
+                        out, sizeof out),
+                     0);
+    assert_string_equal(out, "");
+    /* the agent is not dumpable: its fds cannot even be named */
+    assert_int_not_equal(sh(a, "readlink /proc/1/fd/0 >/dev/null 2>&1", NULL, 0), 0);
+    /* denied: mounting, new namespaces */
+    assert_int_not_equal(sh(a, "mount -t tmpfs x /mnt 2>/dev/null", NULL, 0), 0);
+    assert_int_not_equal(sh(a, "unshare -n true 2>/dev/null", NULL, 0), 0);
+    char want[80];
+    snprintf(want, sizeof want, "%s\n", a->id);
+    assert_int_equal(sh(a, "hostname", out, sizeof out), 0);
+    assert_string_equal(out, want);
+
+    dsec_sandbox_stats st;
+    assert_int_equal(dsec_container_ops.stats(ct, a->h, &st, &err), 0);
+    assert_true(st.memory_bytes > 0);
+    assert_true(st.cpu_used_us > 0);
+    assert_true(st.disk_bytes >= 9);
+    assert_true(st.nfiles >= 1);
+    printf("container: idle sandbox memory (cgroup, minus inactive file) %.2f MiB, upper %" PRIu64
+           " bytes in %" PRIu64 " files\n",
+           st.memory_bytes / 1048576.0, st.disk_bytes, st.nfiles);
+    drop(a);
+}
+
+static void test_limits(void **state)
+{
+    struct sbx *a = mk(64, 500);
+    char p[512], out[4096];
+    cg_file("cpu", a->id, "cpu.cfs_quota_us", p, sizeof p);
+    if (access(p, F_OK) == 0)
+        assert_int_equal(atoi(slurp(p)), 50000);
+    else {
+        cg_file("cpu", a->id, "cpu.max", p, sizeof p);
+        assert_int_equal(atoi(slurp(p)), 50000);
+    }
+    cg_file("memory", a->id, "memory.limit_in_bytes", p, sizeof p);
+    if (access(p, F_OK) == 0)
+        assert_int_equal(strtoull(slurp(p), NULL, 10), 64ull << 20);
+
+    /* a memory bomb dies in its own cgroup; the agent and the node go on */
+    int rc = sh(a, "x=0123456789abcdef; while true; do x=$x$x; done", NULL, 0);
+    assert_int_equal(rc, 128 + SIGKILL);
+    assert_int_equal(sh(a, "echo alive", out, sizeof out), 0);
+    assert_string_equal(out, "alive\n");
+
+    /* a fork bomb stops at the pids limit */
+    rc = sh(a,
+            "i=0; while [ $i -lt 200 ]; do sleep 3 2>/dev/null & i=$((i+1)); done 2>/dev/null; "
+            "echo done",
+            out, sizeof out);
+    cg_file("pids", a->id, "pids.current", p, sizeof p);
+    int cur = atoi(slurp(p));
+    assert_true(cur <= PIDS_MAX);
+    cg_file("pids", a->id, "pids.events", p, sizeof p);
+    assert_non_null(strstr(slurp(p), "max "));
+    assert_true(atoi(strstr(slurp(p), "max ") + 4) > 0);
+    printf("container: fork bomb held at %d processes (limit %d), %s", cur, PIDS_MAX, slurp(p));
+    msleep(3500);
+    assert_int_equal(sh(a, "echo alive", out, sizeof out), 0);
+    assert_string_equal(out, "alive\n");
+    drop(a);
+}
+
+static void test_layer_immutable(void **state)
+{
+    char before[256], after[256];
+#define LAYER_SUM                                                                                  \
+    "cd %s/layers && (find . -printf '%%p %%y %%m %%s\\n' | sort; "                                \
+    "find . -type f -print0 | sort -z | xargs -0 md5sum) | md5sum"
+    host(before, sizeof before, LAYER_SUM, state_dir);
+    struct sbx *a = mk(128, 0), *b = mk(128, 0);
+    char out[256];
+    assert_int_equal(
+        sh(a, "rm /bin/sh && echo hacked > /bin/sh && busybox cat /bin/sh", out, sizeof out), 0);
+    assert_string_equal(out, "hacked\n");
+    assert_int_equal(sh(b, "readlink /bin/sh; [ -L /bin/sh ] && echo link", out, sizeof out), 0);
+    assert_string_equal(out, "busybox\nlink\n");
+    host(after, sizeof after, LAYER_SUM, state_dir);
+    assert_string_equal(before, after);
+    /* a new sandbox gets the original too */
+    struct sbx *c = mk(128, 0);
+    assert_int_equal(sh(c, "readlink /bin/sh", out, sizeof out), 0);
+    assert_string_equal(out, "busybox\n");
+    drop(a);
+    drop(b);
+    drop(c);
+}
+
+static double fork_ms(struct sbx *p, size_t n, struct sbx **kids)
+{
+    const char *ids[8];
+    dsec_sandbox *ch[8];
+    char *st[8];
+    for (size_t i = 0; i < n; i++) {
+        kids[i] = calloc(1, sizeof *kids[i]);
+        snprintf(kids[i]->id, sizeof kids[i]->id, "cttest-%d-%d", (int)getpid(),
+                 __atomic_add_fetch(&seq, 1, 0));
+        ids[i] = kids[i]->id;
+    }
+    dsec_err err;
+    uint64_t t0 = now_us();
+    if (dsec_container_ops.fork(ct, p->h, ids, n, ch, st, &err) < 0)
+        fail_msg("fork: %s", err.msg);
+    uint64_t t1 = now_us();
+    for (size_t i = 0; i < n; i++) {
+        kids[i]->h = ch[i];
+        kids[i]->bstate = st[i];
+    }
+    return (t1 - t0) / 1000.0;
+}
+
+static void test_fork(void **state)
+{
+    setenv("DSEC_CONTAINER_TRACE", "1", 1);
+    struct sbx *p = mk(256, 0);
+    char out[256];
+    assert_int_equal(
+        sh(p, "mkdir /data && echo 1 > /data/a && echo t > /tmp/t && rm /bin/ls", NULL, 0), 0);
+    struct sbx *k[2];
+    double ms = fork_ms(p, 2, k);
+    printf("container: fork of 2 children of a small sandbox: %.1f ms (%.1f ms/child)\n", ms,
+           ms / 2);
+    /* the parent writes on after the branch point */
+    assert_int_equal(sh(p, "echo late > /data/b; echo 2 >> /data/a", NULL, 0), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(
+            sh(k[i], "cat /data/a /tmp/t; ls /data; [ -e /bin/ls ] || echo nols", out, sizeof out),
+            0);
+        assert_string_equal(out, "1\nt\na\nnols\n");
+    }
+    /* siblings do not see each other */
+    assert_int_equal(sh(k[0], "echo mine > /data/c0", NULL, 0), 0);
+    assert_int_not_equal(sh(k[1], "cat /data/c0 2>/dev/null", NULL, 0), 0);
+    assert_int_equal(sh(p, "cat /data/a; [ -e /data/c0 ] || echo none", out, sizeof out), 0);
+    assert_string_equal(out, "1\n2\nnone\n");
+    /* a fork of a fork stacks the snapshots */
+    struct sbx *g[1];
+    fork_ms(k[0], 1, g);
+    assert_int_equal(sh(g[0], "cat /data/a /data/c0", out, sizeof out), 0);
+    assert_string_equal(out, "1\nmine\n");
+
+    /* cost does not grow with the data held: 1 GiB in the parent */
+    struct sbx *big = mk(0, 0);
+    assert_int_equal(sh(big,
+                        "dd if=/dev/zero of=/big bs=1M count=1024 2>/dev/null; sync; "
+                        "ls -l /big | awk '{print $5}'",
+                        out, sizeof out),
+                     0);
+    assert_string_equal(out, "1073741824\n");
+    struct sbx *e1[1], *b1[1], *b4[4];
+    double empty = fork_ms(p, 1, e1);
+    double full = fork_ms(big, 1, b1);
+    double four = fork_ms(big, 4, b4);
+    printf("container: fork (1 child): small parent %.1f ms, 1 GiB parent %.1f ms; "
+           "4 children of the 1 GiB parent %.1f ms (%.1f ms/child)\n",
+           empty, full, four, four / 4);
+    assert_int_equal(sh(b4[3], "ls -l /big | awk '{print $5}'", out, sizeof out), 0);
+    assert_string_equal(out, "1073741824\n");
+    unsetenv("DSEC_CONTAINER_TRACE");
+
+    drop(e1[0]);
+    drop(b1[0]);
+    for (int i = 0; i < 4; i++)
+        drop(b4[i]);
+    drop(big);
+    drop(g[0]);
+    drop(k[0]);
+    drop(k[1]);
+    drop(p);
+    /* the last child took the snapshots with it */
+    char snaps[512];
+    snprintf(snaps, sizeof snaps, "%s/upper/snap", state_dir);
+    DIR *d = opendir(snaps);
+    assert_non_null(d);
+    struct dirent *de;
+    int left = 0;
+    while ((de = readdir(d)) != NULL)
+        left += de->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(left, 0);
+}
+
+static void test_snapshot_restore(void **state)
+{
+    dsec_backend_kv labels[] = {{"snapshot_name", "snaptest:1"}};
+    dsec_sandbox_spec spec = {.env = "busybox:1", .memory_mb = 128, .labels = labels, .nlabels = 1};
+    struct sbx *s = mk_spec(&spec);
+    assert_int_equal(sh(s,
+                        "mkdir -p /work/__pycache__ /work/.cache && echo keep > /work/keep.txt && "
+                        "echo x > /work/__pycache__/m.pyc && echo y > /work/y.pyc && "
+                        "echo z > /tmp/junk && echo c > /work/.cache/c && rm /bin/vi",
+                        NULL, 0),
+                     0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/snap1", top);
+    dsec_err err;
+    if (dsec_container_ops.snapshot(ct, s->h, path, NULL, &err) < 0)
+        fail_msg("snapshot: %s", err.msg);
+    /* the sandbox goes on */
+    char out[512];
+    assert_int_equal(sh(s, "cat /work/keep.txt", out, sizeof out), 0);
+    assert_string_equal(out, "keep\n");
+
+    struct sbx *r = calloc(1, sizeof *r);
+    snprintf(r->id, sizeof r->id, "cttest-%d-%d", (int)getpid(), __atomic_add_fetch(&seq, 1, 0));
+    dsec_sandbox_spec rs = {.id = r->id, .type = "container", .memory_mb = 128};
+    if (dsec_container_ops.restore(ct, &rs, path, &r->h, &r->bstate, &err) < 0)
+        fail_msg("restore: %s", err.msg);
+    const char *check = "cat /work/keep.txt; for f in /work/__pycache__ /work/y.pyc /tmp/junk "
+                        "/work/.cache /bin/vi; do [ -e $f ] && echo has $f; done; [ -d /tmp ] "
+                        "&& echo tmp; echo $DSEC_TEST";
+    assert_int_equal(sh(r, check, out, sizeof out), 0);
+    assert_string_equal(out, "keep\ntmp\nyes\n");
+    /* by environment name, as any node of the cell would */
+    dsec_sandbox_spec byname = {.env = "snaptest:1", .memory_mb = 128};
+    struct sbx *n = mk_spec(&byname);
+    assert_int_equal(sh(n, check, out, sizeof out), 0);
+    assert_string_equal(out, "keep\ntmp\nyes\n");
+    /* a bad snapshot file is refused clearly */
+    snprintf(path, sizeof path, "%s/tree/etc/passwd", top);
+    struct sbx bad = {0};
+    rs.id = "cttest-bad";
+    assert_int_equal(dsec_container_ops.restore(ct, &rs, path, &bad.h, &bad.bstate, &err), -1);
+    assert_int_equal(err.code, DSEC_E_DECODE);
+    drop(n);
+    drop(r);
+    drop(s);
+}
+
+static void test_pause_resume(void **state)
+{
+    struct sbx *a = mk(128, 0);
+    assert_int_equal(sh(a,
+                        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count; usleep 20000; "
+                        "done) >/dev/null 2>&1 &",
+                        NULL, 0),
+                     0);
+    msleep(300);
+    char count[512], freezer[512];
+    snprintf(count, sizeof count, "%s/upper/sb/%s/upper/tmp/count", state_dir, a->id);
+    dsec_err err;
+    assert_int_equal(dsec_container_ops.pause(ct, a->h, &err), 0);
+    cg_file("freezer", a->id, "freezer.state", freezer, sizeof freezer);
+    if (access(freezer, F_OK) == 0)
+        assert_string_equal(slurp(freezer), "FROZEN\n");
+    int c1 = atoi(slurp(count));
+    assert_true(c1 > 0);
+    msleep(400);
+    assert_int_equal(atoi(slurp(count)), c1);
+    assert_int_equal(dsec_container_ops.resume(ct, a->h, &err), 0);
+    msleep(400);
+    assert_true(atoi(slurp(count)) > c1);
+    char out[64];
+    assert_int_equal(sh(a, "echo ok", out, sizeof out), 0);
+    assert_string_equal(out, "ok\n");
+    /* destroying a paused sandbox works too */
+    assert_int_equal(dsec_container_ops.pause(ct, a->h, &err), 0);
+    drop(a);
+}
+
+struct par {
+    struct sbx *s;
+    int ok;
+    char err[DSEC_ERR_MSG_MAX + 16];
+};
+
+static void *par_create(void *arg)
+{
+    struct par *p = arg;
+    p->s = calloc(1, sizeof *p->s);
+    snprintf(p->s->id, sizeof p->s->id, "cttest-%d-%d", (int)getpid(),
+             __atomic_add_fetch(&seq, 1, 0));
+    dsec_sandbox_spec spec = {
+        .id = p->s->id, .type = "container", .env = "busybox:1", .memory_mb = 64};
+    dsec_err err;
+    if (dsec_container_ops.create(ct, &spec, &p->s->h, &p->s->bstate, &err) < 0) {
+        snprintf(p->err, sizeof p->err, "create: %s", err.msg);
+        return NULL;
+    }
+    const char *argv[] = {"/bin/echo", "ok"};
+    dsec_exec_req req = {.argv = argv, .argc = 2};
+    dsec_exec_result res;
+    if (dsec_container_ops.exec(ct, p->s->h, &req, &res, &err) < 0) {
+        snprintf(p->err, sizeof p->err, "exec: %s", err.msg);
+        return NULL;
+    }
+    p->ok = res.exit_code == 0 && res.stdout_len == 3 && memcmp(res.stdout_data, "ok\n", 3) == 0;
+    dsec_exec_result_release(&res);
+    return NULL;
+}
+
+static void *par_destroy(void *arg)
+{
+    struct par *p = arg;
+    dsec_err err;
+    if (p->s->h != NULL && dsec_container_ops.destroy(ct, p->s->h, &err) < 0)
+        snprintf(p->err, sizeof p->err, "destroy: %s", err.msg);
+    else
+        p->s->h = NULL;
+    return NULL;
+}
+
+static void test_parallel_creates(void **state)
+{
+    enum { N = 50 };
+    static struct par ps[N];
+    pthread_t th[N];
+    memset(ps, 0, sizeof ps);
+    uint64_t t0 = now_us();
+    for (int i = 0; i < N; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, par_create, &ps[i]), 0);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    uint64_t t1 = now_us();
+    uint64_t mem = 0;
+    for (int i = 0; i < N; i++) {
+        if (!ps[i].ok)
+            fail_msg("sandbox %d: %s", i, ps[i].err);
+        dsec_sandbox_stats st;
+        dsec_err err;
+        assert_int_equal(dsec_container_ops.stats(ct, ps[i].s->h, &st, &err), 0);
+        mem += st.memory_bytes;
+    }
+    printf("container: %d parallel creates + exec in %.0f ms; idle memory %.2f MiB/sandbox\n", N,
+           (t1 - t0) / 1000.0, mem / (double)N / 1048576.0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, par_destroy, &ps[i]), 0);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++) {
+        if (ps[i].s->h != NULL)
+            fail_msg("sandbox %d: %s", i, ps[i].err);
+        assert_gone(ps[i].s->id, NULL, 0);
+        dsec_free(ps[i].s->bstate);
+        free(ps[i].s);
+    }
+    printf("container: %d parallel destroys in %.0f ms\n", N, (now_us() - t1) / 1000.0);
+}
+
+static void test_crash_adopt(void **state)
+{
+    struct sbx *x = mk(128, 0);
+    char out[256];
+    assert_int_equal(sh(x, "echo before > /root/f", NULL, 0), 0);
+    struct sbx *y[1];
+    fork_ms(x, 1, y);
+    /* the node manager goes away: handles forgotten, instance closed */
+    dsec_container_ops.detach(ct, x->h);
+    dsec_container_ops.detach(ct, y[0]->h);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    assert_int_equal(open_backend(), 0);
+    dsec_err err;
+    dsec_sandbox_spec sx = {.id = x->id, .type = "container", .env = "busybox:1"};
+    assert_int_equal(dsec_container_ops.adopt(ct, &sx, x->bstate, &x->h, &err), 0);
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, y[0]->bstate, &y[0]->h, &err), 0);
+    assert_int_equal(sh(x, "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "before\n");
+    assert_int_equal(sh(y[0], "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "before\n");
+    /* a record that is not of this backend is refused */
+    struct sbx z = {0};
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, "/nonexistent/sb/q", &z.h, &err), -1);
+    drop(x);
+    drop(y[0]);
+}
+
+static void test_failed_create(void **state)
+{
+    char id[64];
+    snprintf(id, sizeof id, "cttest-%d-fail", (int)getpid());
+    const char *missing[] = {
+        "sha256:0000000000000000000000000000000000000000000000000000000000000000"};
+    dsec_sandbox_spec spec = {.id = id, .type = "container", .layers = missing, .nlayers = 1};
+    dsec_sandbox *h = NULL;
+    char *bs = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_container_ops.create(ct, &spec, &h, &bs, &err), -1);
+    assert_null(h);
+    assert_null(bs);
+    assert_non_null(strstr(err.msg, "sha256:0000"));
+    printf("container: missing layer: %s\n", err.msg);
+    assert_gone(id, NULL, 0);
+    /* an unknown environment */
+    dsec_sandbox_spec s2 = {.id = id, .type = "container", .env = "nope:1"};
+    assert_int_equal(dsec_container_ops.create(ct, &s2, &h, &bs, &err), -1);
+    assert_non_null(strstr(err.msg, "nope:1"));
+    assert_gone(id, NULL, 0);
+    /* a bad id */
+    dsec_sandbox_spec s3 = {.id = "a/../b", .type = "container", .env = "busybox:1"};
+    assert_int_equal(dsec_container_ops.create(ct, &s3, &h, &bs, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    /* a runtime failure after the rootfs is mounted: a working dir that is a file */
+    char *layers[] = {NULL};
+    dsec_env *base = NULL;
+    assert_int_equal(dsec_layer_registry_env_get(reg, "busybox:1", &base, &err), 0);
+    layers[0] = base->layers[0];
+    dsec_layer_format fmts[] = {DSEC_LAYER_DIR};
+    dsec_env broken = {.name = "broken:1",
+                       .layers = layers,
+                       .formats = fmts,
+                       .nlayers = 1,
+                       .workdir = "/",
+                       .user = "nosuchuser"};
+    assert_int_equal(dsec_layer_registry_env_put(reg, &broken, &err), 0);
+    dsec_env_free(base);
+    dsec_sandbox_spec s4 = {.id = id, .type = "container", .env = "broken:1"};
+    int rc = dsec_container_ops.create(ct, &s4, &h, &bs, &err);
+    if (rc == 0) {
+        /* the agent may accept an unknown default user and fail each exec instead */
+        assert_int_equal(dsec_container_ops.destroy(ct, h, &err), 0);
+        dsec_free(bs);
+    } else {
+        printf("container: broken environment: %s\n", err.msg);
+    }
+    assert_gone(id, NULL, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_exec_and_files, need_root),
+        cmocka_unit_test_setup(test_limits, need_root),
+        cmocka_unit_test_setup(test_layer_immutable, need_root),
+        cmocka_unit_test_setup(test_fork, need_root),
+        cmocka_unit_test_setup(test_snapshot_restore, need_root),
+        cmocka_unit_test_setup(test_pause_resume, need_root),
+        cmocka_unit_test_setup(test_parallel_creates, need_root),
+        cmocka_unit_test_setup(test_failed_create, need_root),
+        cmocka_unit_test_setup(test_crash_adopt, need_root),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

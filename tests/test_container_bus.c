@@ -1,0 +1,259 @@
+/* test_container_bus.c - containers end to end: a cell on a real nats-server whose node runs real crun
+ * containers on busybox:1; libdsec creates, execs, moves files, forks, snapshots, pauses, and a
+ * restarted node manager re-adopts what runs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/cell.h"
+#include "bus/bus.h"
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+#include "tests/fixture.h"
+
+static dsec_natsd *natsd;
+static char root[64];
+static dsec_cell_conf conf;
+static dsec_cell *cell;
+static dsec_client *cl;
+
+static int start_cell(void)
+{
+    dsec_err err;
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
+        fprintf(stderr, "cell: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_container_bus: needs root (containers); skipping\n");
+        return 0;
+    }
+    if (dsec_test_server_start("dsec-ctbus", false, &natsd, root, sizeof root) < 0)
+        return -1;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
+             DSEC_SRC, DSEC_CLI, root, root);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
+        return -1;
+    }
+    dsec_err err;
+    dsec_cell_conf_defaults(&conf);
+    snprintf(conf.cell, sizeof conf.cell, "ctbus");
+    snprintf(conf.url, sizeof conf.url, "%s", dsec_natsd_url(natsd));
+    snprintf(conf.state_dir, sizeof conf.state_dir, "%s/cell", root);
+    snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
+    conf.capacity_ms = 20;
+    conf.full_ms = 500;
+    conf.heartbeat_ms = 100;
+    static const char *const types[] = {"container", NULL};
+    if (dsec_cell_conf_add_sim_nodes(&conf, "ctbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
+        fprintf(stderr, "conf: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(conf.nodes[0].backend, sizeof conf.nodes[0].backend, "native");
+    if (start_cell() < 0)
+        return -1;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 30000};
+    if (dsec_client_connect(&cl, &o, &err) < 0) {
+        fprintf(stderr, "client: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Mounts under the cell's sandbox directories (the layer cache and the
+ * upper store stay mounted while the node runs). */
+static int sandbox_mounts(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "grep -c ' %s/cell/node-ctbus-0000/container/sb/' /proc/self/mountinfo", root);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p == NULL || fscanf(p, "%d", &n) != 1)
+        n = -1;
+    if (p)
+        pclose(p);
+    return n;
+}
+
+static int group_teardown(void **state)
+{
+    dsec_client_free(cl);
+    dsec_cell_stop(cell, true);
+    dsec_cell_conf_release(&conf);
+    if (natsd == NULL)
+        return 0;
+    /* the node's own mounts (upper store, layer cache) go with its directory */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do "
+             "umount -l $m; done",
+             root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "teardown: unmounting under %s failed\n", root);
+    return dsec_test_server_stop(natsd, root);
+}
+
+static void make(const char *env, dsec_sandbox_info *info)
+{
+    dsec_create_spec cs = {.type = "container", .env = env, .cpu_milli = 500, .memory_mb = 64};
+    dsec_err err;
+    if (dsec_create(cl, &cs, info, &err) < 0)
+        fail_msg("create %s: %s", env, err.msg);
+    assert_string_equal(info->type, "container");
+}
+
+/* Run sh -c line in id; stdout (without the trailing newline) into out. */
+static int sh(const char *id, const char *line, char *out, size_t n)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 20000};
+    dsec_exec_reply r;
+    dsec_err err;
+    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
+        fail_msg("exec in %s: %s", id, err.msg);
+    size_t k = r.out_len < n - 1 ? r.out_len : n - 1;
+    memcpy(out, r.out, k);
+    while (k > 0 && out[k - 1] == '\n')
+        k--;
+    out[k] = '\0';
+    int code = r.exit_code;
+    dsec_exec_reply_release(&r);
+    return code;
+}
+
+static void destroy(const char *id)
+{
+    dsec_err err;
+    if (dsec_destroy(cl, id, &err) < 0)
+        fail_msg("destroy %s: %s", id, err.msg);
+}
+
+static void test_exec_files_fork_snapshot(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    char out[4096];
+    assert_int_equal(sh(a.id, "echo hello from $(hostname)", out, sizeof out), 0);
+    assert_non_null(strstr(out, "hello from"));
+
+    /* files through the agent */
+    dsec_err err;
+    const char *text = "branch point\n";
+    assert_int_equal(dsec_file_write(cl, a.id, "/work/state.txt", text, strlen(text), 0644, &err), 0);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    assert_int_equal(dsec_file_read(cl, a.id, "/work/state.txt", &data, &len, &err), 0);
+    assert_int_equal(len, strlen(text));
+    assert_memory_equal(data, text, len);
+    dsec_free(data);
+    dsec_dirent *ents = NULL;
+    size_t nents = 0;
+    assert_int_equal(dsec_file_list(cl, a.id, "/work", &ents, &nents, &err), 0);
+    assert_int_equal(nents, 1);
+    assert_string_equal(ents[0].name, "state.txt");
+    dsec_dirents_free(ents, nents);
+    assert_int_equal(dsec_file_read(cl, a.id, "/work/missing", &data, &len, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+
+    /* fork: children see the branch point, not the parent's later writes, nor each other's */
+    char **kids = NULL;
+    size_t nk = 0;
+    assert_int_equal(dsec_fork(cl, a.id, 2, &kids, &nk, &err), 0);
+    assert_int_equal(nk, 2);
+    assert_int_equal(sh(a.id, "echo later > /work/state.txt", out, sizeof out), 0);
+    assert_int_equal(sh(kids[0], "cat /work/state.txt", out, sizeof out), 0);
+    assert_string_equal(out, "branch point");
+    assert_int_equal(sh(kids[0], "echo mine > /work/kid0.txt", out, sizeof out), 0);
+    assert_int_not_equal(sh(kids[1], "cat /work/kid0.txt", out, sizeof out), 0);
+    assert_int_equal(sh(a.id, "cat /work/state.txt", out, sizeof out), 0);
+    assert_string_equal(out, "later");
+
+    /* snapshot: a new sandbox created from the published environment sees the state */
+    assert_int_equal(dsec_snapshot(cl, a.id, "ctbus/snap:1", &err), 0);
+    dsec_sandbox_info b;
+    make("ctbus/snap:1", &b);
+    assert_int_equal(sh(b.id, "cat /work/state.txt", out, sizeof out), 0);
+    assert_string_equal(out, "later");
+    assert_int_equal(dsec_snapshot(cl, a.id, "no version", &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+
+    /* pause freezes, resume continues */
+    assert_int_equal(dsec_pause(cl, b.id, &err), 0);
+    dsec_sandbox_info st;
+    assert_int_equal(dsec_status(cl, b.id, &st, &err), 0);
+    assert_string_equal(st.state, "paused");
+    assert_int_equal(dsec_resume(cl, b.id, &err), 0);
+    assert_int_equal(sh(b.id, "echo awake", out, sizeof out), 0);
+    assert_string_equal(out, "awake");
+
+    destroy(b.id);
+    for (size_t i = 0; i < nk; i++) {
+        destroy(kids[i]);
+        dsec_free(kids[i]);
+    }
+    dsec_free(kids);
+    destroy(a.id);
+    assert_int_equal(dsec_status(cl, a.id, &st, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_int_equal(sandbox_mounts(), 0);
+}
+
+static void test_node_restart_readopts(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    char out[256];
+    assert_int_equal(sh(a.id, "mkdir -p /work && echo 42 > /work/n && (sleep 1000 >/dev/null 2>&1 &)", out, sizeof out), 0);
+    /* the node manager goes away; its containers keep running */
+    dsec_cell_stop(cell, false);
+    cell = NULL;
+    assert_int_equal(start_cell(), 0);
+    dsec_err err;
+    assert_int_equal(dsec_wait_state(cl, a.id, "running", 10000, &err), 0);
+    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);
+    assert_string_equal(out, "42\nalive");
+    destroy(a.id);
+    assert_int_equal(sandbox_mounts(), 0);
+}
+
+static void test_bad_requests(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_create_spec cs = {.type = "container", .env = "nope:1", .cpu_milli = 100, .memory_mb = 32};
+    dsec_sandbox_info info;
+    dsec_err err;
+    assert_int_equal(dsec_create(cl, &cs, &info, &err), -1);
+    assert_non_null(strstr(err.msg, "nope:1"));
+    assert_int_equal(sandbox_mounts(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exec_files_fork_snapshot),
+        cmocka_unit_test(test_node_restart_readopts),
+        cmocka_unit_test(test_bad_requests),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
