@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "actors/config.h"
+#include "bus/layers-js.h"
 #include "dsec/alloc.h"
+#include "dsec/layers.h"
 #include "dsec/names.h"
 
 struct dsec_cell {
@@ -25,6 +27,7 @@ struct dsec_cell {
     size_t nscheds;
     dsec_traj *traj;
     dsec_arbiter *arbiter;
+    dsec_layer_registry *layers; /* handed to the node managers' backends */
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -39,6 +42,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->nats_port = 4222;
     c->jetstream = true;
     snprintf(c->state_dir, sizeof c->state_dir, "./state");
+    snprintf(c->layers_kind, sizeof c->layers_kind, "local");
+    snprintf(c->layers_bucket, sizeof c->layers_bucket, "DSEC_LAYERS");
     c->default_cpu_milli = 1000;
     c->default_memory_mb = 512;
     c->default_ttl_s = 3600;
@@ -210,7 +215,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 {
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
-                                      "scheduler", "arbiter", "trajectory", "reports", "nodes", NULL};
+                                      "scheduler", "arbiter", "trajectory", "reports", "layers", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -304,6 +309,27 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return dsec_err_wrap(err, "(a period in ms, or \"never\")");
     c->journal_sync_ms = never_sync ? -1 : (int64_t)sync_ms;
 
+    const dsec_cfg_node *ly = dsec_cfg_get(root, "layers");
+    static const char *const l_keys[] = {"registry", "path", "bucket", "replicas", NULL};
+    const char *kind, *lpath, *bucket;
+    if (dsec_cfg_expect(cfg, ly, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, ly, l_keys, err) < 0 ||
+        dsec_cfg_str(cfg, ly, "registry", c->layers_kind, &kind, err) < 0 ||
+        dsec_cfg_str(cfg, ly, "path", c->layers_path, &lpath, err) < 0 ||
+        dsec_cfg_str(cfg, ly, "bucket", c->layers_bucket, &bucket, err) < 0 ||
+        load_unsigned(cfg, ly, "replicas", &c->layers_replicas, 0, 5, err) < 0)
+        return -1;
+    if (strcmp(kind, "local") != 0 && strcmp(kind, "shared") != 0 && strcmp(kind, "jetstream") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "%s:%d: key \"registry\": \"%s\" is unknown (known: local, shared, jetstream)",
+                            dsec_cfg_name(cfg), dsec_cfg_get(ly, "registry")->line, kind);
+    if (strcmp(kind, "shared") == 0 && lpath[0] == '\0')
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "%s:%d: a shared layer registry needs \"path\" (the shared filesystem's directory)",
+                            dsec_cfg_name(cfg), ly->line);
+    snprintf(c->layers_kind, sizeof c->layers_kind, "%s", kind);
+    snprintf(c->layers_path, sizeof c->layers_path, "%s", lpath);
+    snprintf(c->layers_bucket, sizeof c->layers_bucket, "%s", bucket);
+
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
         return -1;
@@ -384,6 +410,28 @@ static int mkdir_p(const char *path, dsec_err *err)
     return 0;
 }
 
+/* The layer registry the node managers' backends build root filesystems from. */
+static int open_layers(dsec_cell *c, dsec_err *err)
+{
+    const dsec_cell_conf *conf = &c->conf;
+    int rc;
+    if (strcmp(conf->layers_kind, "jetstream") == 0) {
+        dsec_js_layers_conf lc = {.bucket = conf->layers_bucket, .replicas = (int)conf->layers_replicas};
+        rc = dsec_layer_registry_jetstream(&c->layers, c->bus, &lc, err);
+    } else {
+        char dir[1100];
+        if (conf->layers_path[0] != '\0')
+            snprintf(dir, sizeof dir, "%s", conf->layers_path);
+        else
+            snprintf(dir, sizeof dir, "%s/layers", conf->state_dir);
+        rc = strcmp(conf->layers_kind, "shared") == 0 ? dsec_layer_registry_shared(&c->layers, dir, err)
+                                                      : dsec_layer_registry_local(&c->layers, dir, err);
+    }
+    if (rc < 0)
+        return dsec_err_wrap(err, "cell %s: layer registry", conf->cell);
+    return 0;
+}
+
 int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec_err *err)
 {
     *out = NULL;
@@ -421,6 +469,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             fprintf(stderr, "dsecd %s: no trajectory log (operations naming a rollout_id will be "
                     "refused): %s\n", conf->cell, terr.msg);
     }
+    if ((roles & DSEC_ROLE_NODE) && open_layers(c, err) < 0)
+        goto out_fail;
     if (roles & DSEC_ROLE_NODE) {
         c->nodes = dsec_calloc(conf->nnodes ? conf->nnodes : 1, sizeof *c->nodes);
         if (c->nodes == NULL) {
@@ -444,7 +494,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .default_ttl_s = conf->default_ttl_s,
                                  .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s,
                                  .traj = c->traj, .pause_idle_ms = conf->pause_idle_ms,
-                                 .pressure_free_pct = conf->pressure_free_pct};
+                                 .pressure_free_pct = conf->pressure_free_pct,
+                                 .layers = c->layers};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;
@@ -520,6 +571,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
     dsec_traj_close(c->traj);
+    dsec_layer_registry_free(c->layers); /* after the nodes: their backends borrow it */
     dsec_bus_free(c->bus);
     dsec_registry_free(c->reg);
     dsec_natsd_stop(c->natsd);

@@ -42,6 +42,10 @@ typedef struct dsec_cell_conf {
     uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */
     int64_t traj_retention_s;  /* trajectory log retention; 0: 7 days */
     int64_t traj_max_bytes;    /* 0: unlimited */
+    char layers_kind[16];      /* layers.registry: local | shared | jetstream */
+    char layers_path[1024];    /* local/shared: the registry directory; "": <state_dir>/layers */
+    char layers_bucket[64];    /* jetstream: the bucket (default DSEC_LAYERS) */
+    unsigned layers_replicas;  /* jetstream: replicas of its stream and bucket; 0: 1 */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;

@@ -16,6 +16,7 @@
 #include "backends/sim.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/layers.h"
 #include "dsec/names.h"
 
 enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, ST_GONE, ST_FAILED };
@@ -78,6 +79,7 @@ struct dsec_node {
     char subj_evt_node[192]; /* dsec.v1.ctl.evt.<cell>.node.<node> */
     char subj_evt_sbx[192];  /* dsec.v1.ctl.evt.<cell>.sbx.<node> */
     dsec_node_conf conf;     /* copy; strings point into the caller's conf, which outlives start only */
+    char snap_dir[4096];     /* <state_dir>/snapshots: the files backends write on snapshot */
     dsec_type_mask offered;
     char **type_names;       /* offered names (copied), NULL-terminated */
     dsec_backend_kv *labels; /* copied */
@@ -836,6 +838,31 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
     sbx_free(s);
 }
 
+/* Package the sandbox's state as environment name (a layer pushed to the
+ * cell's registry), so a new sandbox anywhere in the cell starts from it. */
+static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *name)
+{
+    dsec_err err;
+    if (name == NULL || !dsec_layer_name_valid(name)) {
+        reply_err(n, m, DSEC_E_INVALID, "snapshot: \"name\" must be an environment name:version, got \"%s\"",
+                  name ? name : "");
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    touch(s);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s-%" PRIu64 ".snap", n->snap_dir, s->id, dsec_wall_ns());
+    if (dsec_backend_snapshot(s->be, s->h, path, name, &err) < 0) {
+        dsec_err_wrap(&err, "snapshot of %s as %s", s->id, name);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    const char *k[] = {"env", "file"};
+    const char *v[] = {name, path};
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 2});
+}
+
 static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
 {
     dsec_err err;
@@ -1039,9 +1066,12 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         do_fork(n, m, s, op.n);
     } else if (strcmp(op.op, "freeze") == 0) {
         do_freeze(n, m, s);
+    } else if (strcmp(op.op, "snapshot") == 0) {
+        do_snapshot(n, m, s, op.name);
     } else {
         reply_err(n, m, DSEC_E_UNSUPPORTED,
-                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze)", op.op);
+                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze, snapshot)",
+                  op.op);
     }
 }
 
@@ -1618,7 +1648,7 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
             return dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, dir);
         dsec_backend_config bc = {.state_dir = dir, .node = n->name, .opts = c->backend_opts,
-                                  .nopts = c->nbackend_opts};
+                                  .nopts = c->nbackend_opts, .layers = c->layers};
         if (dsec_backend_new(&n->backends[idx], ops, &bc, err) < 0)
             return dsec_err_wrap(err, "node %s: opening the %s backend", n->name, ops->type);
         if (sim)
@@ -1693,6 +1723,11 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     }
     if (mkdir(c->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name, c->state_dir);
+        goto out_fail;
+    }
+    snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
+    if (mkdir(n->snap_dir, 0700) < 0 && errno != EEXIST) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
         goto out_fail;
     }
     if (open_backends(n, c, err) < 0)

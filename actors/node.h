@@ -45,6 +45,8 @@ typedef struct dsec_node_conf {
                                     memory pressure; 0: 30000 */
     uint32_t pressure_free_pct;  /* memory pressure: free memory below this % of the node's;
                                     0: 10; pausing is off when pause_idle_ms is UINT64_MAX */
+    struct dsec_layer_registry *layers; /* borrowed: the cell's layer registry, handed to the
+                                           backends (containers, VMs); NULL: none */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bus/bus.h"
+#include "dsec/layers.h"
 #include "dsec/names.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -579,12 +580,12 @@ void dsec_strv_free(char **v, size_t n)
 }
 
 /* pause, resume, destroy, status, fork: the "op" message. */
-static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n,
+static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n, const char *name,
                    dsec_sandbox_info *info, char ***ids, size_t *nids, dsec_err *err)
 {
     char req_id[33];
     dsec_bus_new_id(req_id);
-    dsec_msg_op m = {.id = id, .op = op, .n = n, .req_id = req_id, .tenant = c->tenant};
+    dsec_msg_op m = {.id = id, .op = op, .n = n, .name = name, .req_id = req_id, .tenant = c->tenant};
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -623,27 +624,35 @@ int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *n
     *nids = 0;
     if (n == 0 || n > 1024)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "fork: n must be 1..1024, got %u", n);
-    return op_call(c, id, "fork", n, NULL, ids, nids, err);
+    return op_call(c, id, "fork", n, NULL, NULL, ids, nids, err);
+}
+
+int dsec_snapshot(dsec_client *c, const char *id, const char *name, dsec_err *err)
+{
+    if (name == NULL || !dsec_layer_name_valid(name))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "snapshot: name must be an environment name:version, got \"%s\"",
+                            name ? name : "");
+    return op_call(c, id, "snapshot", 0, name, NULL, NULL, NULL, err);
 }
 
 int dsec_pause(dsec_client *c, const char *id, dsec_err *err)
 {
-    return op_call(c, id, "pause", 0, NULL, NULL, NULL, err);
+    return op_call(c, id, "pause", 0, NULL, NULL, NULL, NULL, err);
 }
 
 int dsec_resume(dsec_client *c, const char *id, dsec_err *err)
 {
-    return op_call(c, id, "resume", 0, NULL, NULL, NULL, err);
+    return op_call(c, id, "resume", 0, NULL, NULL, NULL, NULL, err);
 }
 
 int dsec_destroy(dsec_client *c, const char *id, dsec_err *err)
 {
-    return op_call(c, id, "destroy", 0, NULL, NULL, NULL, err);
+    return op_call(c, id, "destroy", 0, NULL, NULL, NULL, NULL, err);
 }
 
 int dsec_status(dsec_client *c, const char *id, dsec_sandbox_info *out, dsec_err *err)
 {
-    return op_call(c, id, "status", 0, out, NULL, NULL, err);
+    return op_call(c, id, "status", 0, NULL, out, NULL, NULL, err);
 }
 
 int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeout_ms, dsec_err *err)

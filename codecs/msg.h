@@ -145,8 +145,9 @@ typedef struct dsec_msg_created {
 
 typedef struct dsec_msg_op {
     const char *id; /* required */
-    const char *op; /* required: pause | resume | destroy | status | fork */
+    const char *op; /* required: pause | resume | destroy | status | fork | snapshot */
     uint64_t n;     /* fork: number of children, 1..1024 */
+    const char *name; /* snapshot: the environment name:version to publish it as */
     const char *req_id;
     const char *tenant;
 } dsec_msg_op;

@@ -115,8 +115,9 @@ static const dsec_field created_fields[] = {
 
 static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
-    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status or fork"),
+    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status, fork or snapshot"),
     FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
+    FSTR(dsec_msg_op, name, "name", false, L_LONG, "snapshot: environment name:version to publish"),
     FSTR(dsec_msg_op, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_op, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
 };

@@ -421,6 +421,23 @@ int dsec_cli_fork(int argc, char **argv)
     return 0;
 }
 
+int dsec_cli_snapshot(int argc, char **argv)
+{
+    const char *use = "ID NAME:VERSION";
+    if (argc != 3)
+        return usage("snapshot", use);
+    dsec_client *c = connect_or_die("snapshot");
+    if (c == NULL)
+        return 1;
+    dsec_err err;
+    int rc = dsec_snapshot(c, argv[1], argv[2], &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("snapshot", &err);
+    printf("%s\n", argv[2]);
+    return 0;
+}
+
 int dsec_cli_simple_op(int argc, char **argv)
 {
     const char *cmd = argv[0];

@@ -14,6 +14,10 @@ int dsec_cli_call(int argc, char **argv); /* one function call (tools/call.c) */
 int dsec_cli_cp(int argc, char **argv);
 int dsec_cli_ls(int argc, char **argv);
 int dsec_cli_fork(int argc, char **argv);
+int dsec_cli_snapshot(int argc, char **argv);
+/* layer.c: layers and environments in a registry */
+int dsec_cli_layer(int argc, char **argv);
+int dsec_cli_env(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_demo(int argc, char **argv);

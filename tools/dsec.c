@@ -4,6 +4,8 @@
 
 #include "tools/cli.h"
 
+/* tools/layer.c (to move into tools/cli.h) */
+
 typedef struct command {
     const char *name;
     int (*run)(int argc, char **argv);
@@ -18,6 +20,7 @@ static const command commands[] = {
     {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},
     {"ls", dsec_cli_ls, "list a directory in a sandbox"},
     {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},
+    {"snapshot", dsec_cli_snapshot, "publish a container's state as an environment: dsec snapshot ID NAME:V"},
     {"pause", dsec_cli_simple_op, "pause sandboxes"},
     {"resume", dsec_cli_simple_op, "resume sandboxes"},
     {"rm", dsec_cli_simple_op, "destroy sandboxes"},
@@ -27,6 +30,8 @@ static const command commands[] = {
     {"demo", dsec_cli_demo, "run the sample rollout workload on an embedded cell"},
     {"job", dsec_cli_job, "play a preemptible job: hold capacity, answer reclaims"},
     {"traj", dsec_cli_traj, "print a rollout's trajectory log: dsec traj show ROLLOUT"},
+    {"layer", dsec_cli_layer, "build, push, list and remove layers: dsec layer build DIR --name N:V"},
+    {"env", dsec_cli_env, "create, show and list environments (ordered layers + settings)"},
 };
 
 static void usage(FILE *out)
