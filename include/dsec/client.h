@@ -143,6 +143,11 @@ void dsec_dirents_free(dsec_dirent *entries, size_t n);
 int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err);
 void dsec_strv_free(char **v, size_t n);
 
+/* Package the sandbox's writable layer as a new layer and publish it, with
+ * the layers below it, as environment name ("name:version") in the cell's
+ * layer registry: dsec_create with .env = name then starts from this state
+ * on any node. Containers only (DSEC_E_UNSUPPORTED elsewhere). */
+int dsec_snapshot(dsec_client *c, const char *id, const char *name, dsec_err *err);
 int dsec_pause(dsec_client *c, const char *id, dsec_err *err);
 int dsec_resume(dsec_client *c, const char *id, dsec_err *err);
 int dsec_destroy(dsec_client *c, const char *id, dsec_err *err);
