@@ -295,6 +295,7 @@ int main(void)
     const char *gib_env = getenv("DSEC_BENCH_FORK_GIB");
     unsigned fork_gib = gib_env ? (unsigned)atoi(gib_env) : 1;
     bool hybrid = hybrid_cgroups();
+    setvbuf(stdout, NULL, _IOLBF, 0);
 
     char root[] = "/var/tmp/dsec-bench-ct-XXXXXX";
     if (mkdtemp(root) == NULL)
@@ -326,7 +327,8 @@ int main(void)
         die("starting the cell", &err);
     g_cell = cell;
     dsec_client *cl;
-    dsec_client_opts co = {.url = dsec_cell_url(cell), .timeout_ms = 60000, .threads = 2};
+    /* generous: filling the fork sandbox with a GiB is one long exec */
+    dsec_client_opts co = {.url = dsec_cell_url(cell), .timeout_ms = 600000, .threads = 2};
     if (dsec_client_connect(&cl, &co, &err) < 0)
         die("connecting", &err);
     char store[1200], sbroot[1200];
@@ -413,7 +415,7 @@ int main(void)
     make(cl, &full);
     char script[256];
     snprintf(script, sizeof script,
-             "mkdir -p /data && i=0; while [ $i -lt %u ]; do head -c 67108864 /dev/urandom > /data/f$i; i=$((i+1)); done",
+             "mkdir -p /data && i=0; while [ $i -lt %u ]; do head -c 67108864 /dev/zero > /data/f$i; i=$((i+1)); done",
              fork_gib * 16);
     const char *fill[] = {"/bin/sh", "-c", script, NULL};
     dsec_exec_opts fo = {.argv = fill, .timeout_ms = 600000};
@@ -449,7 +451,7 @@ int main(void)
     double d0 = now_s();
     dsec_err derr = {0};
     for (; live < density_target; live++) {
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1, .memory_mb = 16};
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16};
         dsec_sandbox_info info;
         if (dsec_create(cl, &cs, &info, &derr) < 0)
             break;

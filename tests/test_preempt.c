@@ -577,6 +577,54 @@ static void idle_pausable_rollouts_freeze_and_thaw(void **state)
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
+/* The layers section, and the shipped example configs load. */
+static void config_layers(void **state)
+{
+    dsec_cell_conf c;
+    dsec_err err;
+    dsec_cell_conf_defaults(&c);
+    assert_string_equal(c.layers_kind, "local");
+    if (dsec_cell_conf_load(&c, DSEC_SOURCE_DIR "/configs/containers.yaml", &err) < 0)
+        fail_msg("containers.yaml: %s", err.msg);
+    assert_string_equal(c.layers_kind, "local");
+    assert_int_equal(c.nnodes, 1);
+    assert_string_equal(c.nodes[0].backend, "native");
+    assert_string_equal(c.nodes[0].types[1], "container");
+    dsec_cell_conf_release(&c);
+    dsec_cell_conf_defaults(&c);
+    if (dsec_cell_conf_load(&c, DSEC_SOURCE_DIR "/configs/cell-example.yaml", &err) < 0)
+        fail_msg("cell-example.yaml: %s", err.msg);
+    dsec_cell_conf_release(&c);
+    char path[128];
+    snprintf(path, sizeof path, "%s/l.yaml", root);
+    static const char *const bad[][2] = {
+        {"layers:\n  registry: jetstream\n  bucket: LAYERS_A\n  replicas: 3\n", NULL},
+        {"layers:\n  registry: s3\n", "\"registry\": \"s3\" is unknown"},
+        {"layers:\n  registry: shared\n", "needs \"path\""},
+        {"layers:\n  replicas: 9\n", "replicas"},
+        {"layers:\n  colour: red\n", "colour"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(bad[i][0], f);
+        fclose(f);
+        dsec_cell_conf_defaults(&c);
+        int rc = dsec_cell_conf_load(&c, path, &err);
+        if (bad[i][1] == NULL) {
+            assert_int_equal(rc, 0);
+            assert_string_equal(c.layers_kind, "jetstream");
+            assert_string_equal(c.layers_bucket, "LAYERS_A");
+            assert_int_equal(c.layers_replicas, 3);
+        } else {
+            assert_int_equal(rc, -1);
+            if (strstr(err.msg, bad[i][1]) == NULL || strstr(err.msg, "l.yaml:") == NULL)
+                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg, bad[i][1]);
+        }
+        dsec_cell_conf_release(&c);
+    }
+}
+
 static void config_keys_for_preemption(void **state)
 {
     dsec_cell_conf c;
@@ -622,6 +670,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_keys_for_preemption),
+        cmocka_unit_test(config_layers),
         cmocka_unit_test_teardown(job_holdings_reduce_capacity, test_teardown),
         cmocka_unit_test_teardown(cooperative_reclaim_never_a_rollout, test_teardown),
         cmocka_unit_test_teardown(missed_deadline_is_forced, test_teardown),

@@ -1,5 +1,6 @@
 /* demo.c - `dsec demo` (make demo): an embedded one-node cell running the bundled sample rollout workload. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 
 #define ROLLOUTS 16
 #define FORKS 3
+#define CONTAINERS 4
 
 struct stat_row {
     const char *op;
@@ -89,6 +91,7 @@ static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
     static const char *const names[NOPS] = {"create", "exec", "file write", "file read", "file list",
                                             "fork", "pause", "resume", "destroy", "fn create",
                                             "fn call"};
+    /* the sim rows come first; containers() appends its own */
     for (int i = 0; i < NOPS; i++)
         rows[i] = (struct stat_row){.op = names[i]};
     *nrows = NOPS;
@@ -240,6 +243,109 @@ static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
     return 0;
 }
 
+/* Real containers on busybox:1: a small SWE-style task per rollout, one
+ * solved state branched and published as an environment a new sandbox starts from. */
+static void containers(dsec_client *c, struct stat_row *rows, int *nrows)
+{
+    enum { CT_CREATE, CT_EXEC, CT_FORK, CT_SNAPSHOT, CT_FROM_SNAP, CT_DESTROY, NCT };
+    static const char *const names[NCT] = {"ct create", "ct exec", "ct fork", "ct snapshot",
+                                           "ct from snap", "ct destroy"};
+    struct stat_row *r = rows + *nrows;
+    for (int i = 0; i < NCT; i++)
+        r[i] = (struct stat_row){.op = names[i]};
+    *nrows += NCT;
+    dsec_err err;
+    char ids[CONTAINERS + 8][DSEC_ID_MAX];
+    int n = 0;
+    for (int i = 0; i < CONTAINERS; i++) {
+        dsec_sandbox_info info;
+        dsec_create_spec spec = {.type = "container", .env = "busybox:1", .cpu_milli = 500, .memory_mb = 128};
+        double t0 = now_ms();
+        int rc = dsec_create(c, &spec, &info, &err);
+        record(&r[CT_CREATE], t0, rc, &err);
+        if (rc == 0)
+            snprintf(ids[n++], DSEC_ID_MAX, "%s", info.id);
+    }
+    for (int i = 0; i < n; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "mkdir -p /work && echo $((6 * %d)) > /work/answer && cat /work/answer", i + 1);
+        const char *argv[] = {"/bin/sh", "-c", line, NULL};
+        dsec_exec_reply er;
+        double t0 = now_ms();
+        int rc = dsec_exec(c, ids[i], &(dsec_exec_opts){.argv = argv}, &er, &err);
+        record(&r[CT_EXEC], t0, rc, &err);
+        if (rc == 0) {
+            char want[16];
+            snprintf(want, sizeof want, "%d\n", 6 * (i + 1));
+            if (er.exit_code != 0 || er.out_len != strlen(want) || memcmp(er.out, want, er.out_len) != 0) {
+                fprintf(stderr, "demo: container %s printed %.*s, expected %s", ids[i], (int)er.out_len,
+                        (const char *)er.out, want);
+                r[CT_EXEC].failed++;
+            }
+            dsec_exec_reply_release(&er);
+        }
+    }
+    if (n > 0) {
+        /* branch the first: two children start from its files */
+        char **kids = NULL;
+        size_t nk = 0;
+        double t0 = now_ms();
+        int rc = dsec_fork(c, ids[0], 2, &kids, &nk, &err);
+        record(&r[CT_FORK], t0, rc, &err);
+        for (size_t k = 0; rc == 0 && k < nk; k++) {
+            uint8_t *data;
+            size_t len;
+            if (dsec_file_read(c, kids[k], "/work/answer", &data, &len, &err) == 0 && len == 2 &&
+                memcmp(data, "6\n", 2) == 0) {
+                dsec_free(data);
+            } else {
+                fprintf(stderr, "demo: fork child %s does not see its parent's answer\n", kids[k]);
+                r[CT_FORK].failed++;
+            }
+            snprintf(ids[n++], DSEC_ID_MAX, "%s", kids[k]);
+        }
+        dsec_strv_free(kids, nk);
+        /* publish the second's state; a new sandbox starts from it */
+        if (n > 1) {
+            t0 = now_ms();
+            rc = dsec_snapshot(c, ids[1], "demo/solved:1", &err);
+            record(&r[CT_SNAPSHOT], t0, rc, &err);
+            dsec_sandbox_info info;
+            dsec_create_spec spec = {.type = "container", .env = "demo/solved:1", .memory_mb = 128};
+            t0 = now_ms();
+            if (rc == 0 && (rc = dsec_create(c, &spec, &info, &err)) == 0) {
+                uint8_t *data;
+                size_t len;
+                rc = dsec_file_read(c, info.id, "/work/answer", &data, &len, &err);
+                if (rc == 0 && (len != 3 || memcmp(data, "12\n", 3) != 0)) {
+                    fprintf(stderr, "demo: the snapshot's sandbox lacks the solved state\n");
+                    rc = -1;
+                    err.code = 0;
+                }
+                if (rc == 0)
+                    dsec_free(data);
+                snprintf(ids[n++], DSEC_ID_MAX, "%s", info.id);
+            }
+            record(&r[CT_FROM_SNAP], t0, rc, &err);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        double t0 = now_ms();
+        int rc = dsec_destroy(c, ids[i], &err);
+        record(&r[CT_DESTROY], t0, rc, &err);
+    }
+}
+
+/* busybox:1 into the cell's layer registry (scripts/build-envs.sh --only busybox). */
+static int build_busybox(const char *state)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s/scripts/build-envs.sh' --dsec /proc/%d/exe --registry '%s/layers' --state-dir '%s' "
+             "--only busybox >/dev/null",
+             DSEC_SRC, (int)getpid(), state, state);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 int dsec_cli_demo(int argc, char **argv)
 {
     char state[] = "/tmp/dsec-demo-XXXXXX";
@@ -255,40 +361,55 @@ int dsec_cli_demo(int argc, char **argv)
     dsec_err err;
     static const char *const types[] = {"sim", NULL};
     static const char *const fn_types[] = {"function", NULL};
+    static const char *const ct_types[] = {"container", NULL};
     dsec_cell *cell = NULL;
     dsec_client *c = NULL;
     int status = 1;
+    bool with_containers = build_busybox(state) == 0;
+    if (!with_containers)
+        fprintf(stderr, "dsec demo: could not build the busybox:1 environment; running without containers\n");
     if (dsec_cell_conf_add_sim_nodes(&conf, "demo", 1, 8000, 16384, 256, types, "1", &err) < 0 ||
-        dsec_cell_conf_add_sim_nodes(&conf, "demo-fn", 1, 4000, 4096, 64, fn_types, NULL, &err) < 0) {
+        dsec_cell_conf_add_sim_nodes(&conf, "demo-fn", 1, 4000, 4096, 64, fn_types, NULL, &err) < 0 ||
+        (with_containers &&
+         dsec_cell_conf_add_sim_nodes(&conf, "demo-ct", 1, 4000, 8192, 64, ct_types, NULL, &err) < 0)) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
         goto out;
     }
     /* the second node runs real function-call sandboxes */
     snprintf(conf.nodes[1].name, sizeof conf.nodes[1].name, "demo-fn");
     snprintf(conf.nodes[1].backend, sizeof conf.nodes[1].backend, "native");
+    /* the third runs real crun containers */
+    if (with_containers) {
+        snprintf(conf.nodes[2].name, sizeof conf.nodes[2].name, "demo-ct");
+        snprintf(conf.nodes[2].backend, sizeof conf.nodes[2].backend, "native");
+    }
     if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
         goto out;
     }
     printf("dsec demo: embedded nats-server at %s (JetStream store in %s/nats)\n",
            dsec_cell_url(cell), state);
-    printf("dsec demo: cell \"%s\": 2 nodes (%s: sim; %s: function), 1 scheduler\n", conf.cell,
-           conf.nodes[0].name, conf.nodes[1].name);
-    printf("dsec demo: sandbox types available on this machine: function (forked from warm\n"
-           "           python3 zygotes into fresh namespaces) and sim (no real work; start-up, CPU\n"
-           "           and memory modelled). Containers and VMs arrive with their issues.\n\n");
+    printf("dsec demo: cell \"%s\": %zu nodes (%s: sim; %s: function%s), 1 scheduler\n", conf.cell,
+           conf.nnodes, conf.nodes[0].name, conf.nodes[1].name,
+           with_containers ? "; demo-ct: container" : "");
+    printf("dsec demo: sandbox types on this machine: container (crun on overlays of busybox:1 from\n"
+           "           the layer registry, dsec-agent inside), function (forked from warm python3\n"
+           "           zygotes into fresh namespaces) and sim (no real work; start-up, CPU and\n"
+           "           memory modelled). MicroVMs and VMs arrive with their issue.\n\n");
     dsec_client_opts co = {.url = dsec_cell_url(cell), .tenant = "demo"};
     if (dsec_client_connect(&c, &co, &err) < 0) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
         goto out;
     }
-    struct stat_row rows[16];
+    struct stat_row rows[32]; /* workload() and containers() fill 17 */
     int nrows = 0;
     double t0 = now_ms();
     if (workload(c, rows, &nrows) < 0) {
         fprintf(stderr, "dsec demo: the workload could not start\n");
         goto out;
     }
+    if (with_containers)
+        containers(c, rows, &nrows);
     double total = now_ms() - t0;
     printf("%-12s %6s %6s %10s %10s\n", "operation", "ok", "failed", "p50 ms", "max ms");
     int failures = 0;
@@ -297,14 +418,18 @@ int dsec_cli_demo(int argc, char **argv)
         printf("%-12s %6d %6d %10.2f %10.2f\n", rows[i].op, rows[i].ok, rows[i].failed,
                pct(&rows[i], 0.5), pct(&rows[i], 1.0));
     }
-    dsec_node_stats ns, fs;
-    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
-    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &fs);
-    printf("\n%d rollouts, %d forks, 8 function calls, workload %.0f ms; nodes: %" PRIu64
+    uint64_t created = 0, destroyed = 0, live = 0;
+    for (size_t i = 0; i < dsec_cell_node_count(cell); i++) {
+        dsec_node_stats ns;
+        dsec_node_stats_get(dsec_cell_node_at(cell, i), &ns);
+        created += ns.created;
+        destroyed += ns.destroyed;
+        live += ns.live;
+    }
+    printf("\n%d sim rollouts, %d forks, 8 function calls, %d containers, workload %.0f ms; nodes: %" PRIu64
            " created, %" PRIu64 " destroyed, %" PRIu64 " live at the end\n",
-           ROLLOUTS, FORKS, total, ns.created + fs.created, ns.destroyed + fs.destroyed,
-           ns.live + fs.live);
-    status = failures == 0 && ns.live + fs.live == 0 ? 0 : 1;
+           ROLLOUTS, FORKS, with_containers ? CONTAINERS : 0, total, created, destroyed, live);
+    status = failures == 0 && live == 0 ? 0 : 1;
     printf("dsec demo: %s\n", status == 0 ? "all operations succeeded" : "FAILED (see above)");
 out:
     dsec_client_free(c);
