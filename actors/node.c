@@ -625,6 +625,37 @@ static int traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err)
     return 0;
 }
 
+/* Output of a command streamed to the exec's stream_to subject as it comes. */
+struct exec_stream {
+    dsec_node *n;
+    const char *subject; /* NULL: not streaming */
+    const char *id;
+    uint64_t seq;
+    bool failed; /* a publish failed: the rest is not sent (the result says how many were) */
+};
+
+#define EXEC_CHUNK_MAX (64u * 1024)
+
+static void stream_output(void *arg, int stream, const uint8_t *data, size_t len)
+{
+    struct exec_stream *es = arg;
+    while (len > 0 && !es->failed) {
+        size_t k = len < EXEC_CHUNK_MAX ? len : EXEC_CHUNK_MAX;
+        dsec_msg_exec_chunk c = {.id = es->id, .seq = es->seq, .stream = (uint64_t)stream,
+                                 .data = {data, k}};
+        dsec_err err;
+        if (dsec_wire_send(es->n->actor, es->n->bus, es->subject, NULL, DSEC_MSG_EXEC_CHUNK, &c, NULL,
+                           &err) < 0) {
+            es->failed = true;
+            dsec_actor_count_error(es->n->actor);
+            return;
+        }
+        es->seq++;
+        data += k;
+        len -= k;
+    }
+}
+
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -661,9 +692,18 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
             return;
         }
     }
+    /* stream_to: only inbox subjects, so a client cannot make the node
+     * publish onto the control plane's subjects */
+    if (x.stream_to != NULL && (strncmp(x.stream_to, "_INBOX.", 7) != 0 || strpbrk(x.stream_to, "*> \t") != NULL)) {
+        reply_err(n, m, DSEC_E_INVALID, "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
+                  x.stream_to);
+        return;
+    }
+    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id};
     dsec_exec_req req = {.argv = x.argv.v, .argc = x.argv.n, .env = env, .nenv = x.env.n,
                          .cwd = x.cwd, .user = x.user, .stdin_data = x.stdin_data.ptr,
-                         .stdin_len = x.stdin_data.len, .timeout_ms = x.timeout_ms};
+                         .stdin_len = x.stdin_data.len, .timeout_ms = x.timeout_ms,
+                         .on_output = x.stream_to ? stream_output : NULL, .on_output_arg = &es};
     dsec_exec_result r = {0};
     if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
         dsec_err_wrap(&err, "exec in %s", s->id);
@@ -671,6 +711,11 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     touch(s);
+    if (x.stream_to != NULL && es.seq == 0 && !es.failed) {
+        /* a backend that cannot stream: the whole output, as chunks, now */
+        stream_output(&es, 1, r.stdout_data, r.stdout_len);
+        stream_output(&es, 2, r.stderr_data, r.stderr_len);
+    }
     if (x.rollout_id != NULL) {
         Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
         rec.rollout_id = (char *)x.rollout_id;
@@ -700,7 +745,7 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                                 .stdout_truncated = r.stdout_truncated,
                                 .stderr_truncated = r.stderr_truncated,
                                 .duration_us = r.duration_us, .timed_out = r.timed_out,
-                                .cpu_us = r.cpu_us, .peak_rss_kb = r.peak_rss_kb};
+                                .cpu_us = r.cpu_us, .peak_rss_kb = r.peak_rss_kb, .chunks = es.seq};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
         dsec_wire_error(n->actor, m, &err);
     dsec_exec_result_release(&r);

@@ -414,8 +414,80 @@ static int sbx_call(dsec_client *c, const char *id, const char *op, int type, co
     return rc;
 }
 
+/* The chunks of one streamed exec, handed to the caller's callback in order. */
+struct exec_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t got;  /* chunks delivered to the callback */
+    dsec_exec_output_fn fn;
+    void *ud;
+    const char *id;
+};
+
+static uint64_t one_key(const dsec_msg *m, void *ud)
+{
+    return 0; /* one ordering key: chunks reach the callback in the order they were sent */
+}
+
+static void on_chunk(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    struct exec_stream *st = ud;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    dsec_msg_exec_chunk ch;
+    dsec_err err;
+    if (dec != NULL && dsec_decode(dec, DSEC_MSG_EXEC_CHUNK, dsec_msg_data(m), dsec_msg_len(m), &ch, &err) == 0 &&
+        strcmp(ch.id, st->id) == 0)
+        st->fn(st->ud, (int)ch.stream, ch.data.ptr, ch.data.len);
+    dsec_decoder_free(dec);
+    pthread_mutex_lock(&st->mu);
+    st->got++;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* Wait until the callback has seen n chunks; the result is sent after the
+ * last chunk, but the two travel on different subscriptions. */
+static int stream_wait(struct exec_stream *st, uint64_t n, int timeout_ms, dsec_err *err)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&st->mu);
+    while (st->got < n && rc == 0)
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &until) != 0 && st->got < n)
+            rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                              "exec in %s: %" PRIu64 " of %" PRIu64 " output chunks arrived", st->id, st->got, n);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_output_fn fn,
+                     void *ud, dsec_exec_reply *res, dsec_err *err);
+
 int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_reply *res,
               dsec_err *err)
+{
+    return exec_impl(c, id, o, NULL, NULL, res, err);
+}
+
+int dsec_exec_stream(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_output_fn fn,
+                     void *ud, dsec_exec_reply *res, dsec_err *err)
+{
+    if (fn == NULL) {
+        memset(res, 0, sizeof *res);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec_stream: no output callback");
+    }
+    return exec_impl(c, id, o, fn, ud, res, err);
+}
+
+static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec_output_fn fn,
+                     void *ud, dsec_exec_reply *res, dsec_err *err)
 {
     memset(res, 0, sizeof *res);
     dsec_msg_exec m = {.id = id, .argv = {(const char **)o->argv, count_nt(o->argv)},
@@ -430,8 +502,37 @@ int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *o, dsec_exec
     dsec_msg *keep = NULL;
     dsec_msg_exec_result r;
     int rc = dec ? 0 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    struct exec_stream st = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                             .fn = fn, .ud = ud, .id = id};
+    dsec_actor *sa = NULL;
+    char subj[64], sid[33];
+    if (rc == 0 && fn != NULL) {
+        /* subscribed before the request goes out on the same connection, so
+         * the server has the subscription before the node can publish */
+        dsec_bus_new_id(sid);
+        snprintf(subj, sizeof subj, "_INBOX.dsec-exec.%s", sid);
+        m.stream_to = subj;
+        if (dsec_actor_new(&sa, c->bus, "exec-stream", err) < 0)
+            rc = -1;
+        if (rc == 0) {
+            dsec_actor_set_key(sa, one_key, NULL);
+            rc = dsec_actor_on(sa, subj, NULL, on_chunk, &st, err);
+        }
+    }
     if (rc == 0)
         rc = sbx_call(c, id, "exec", DSEC_MSG_EXEC, &m, DSEC_MSG_EXEC_RESULT, dec, &keep, &r, err);
+    if (rc == 0 && fn != NULL) {
+        if (r.chunks == 0) {
+            /* nothing streamed (a result from the trajectory log): the output, once */
+            if (r.stdout_data.len)
+                fn(ud, 1, r.stdout_data.ptr, r.stdout_data.len);
+            if (r.stderr_data.len)
+                fn(ud, 2, r.stderr_data.ptr, r.stderr_data.len);
+        } else {
+            rc = stream_wait(&st, r.chunks, c->timeout_ms, err);
+        }
+    }
+    dsec_actor_free(sa);
     if (rc == 0) {
         res->exit_code = (int)r.exit_code;
         res->signal = (int)r.signal;

@@ -77,6 +77,7 @@ enum dsec_msg_type {
     DSEC_MSG_RECLAIM_OUTCOME, /* "reclaim_outcome": what became of a reclaim (published) */
     DSEC_MSG_DEMAND,          /* "demand": rollout creates a scheduler holds waiting for room */
     DSEC_MSG_ARBITER_LEASE,   /* "arbiter_lease": the value of the arbiter lease in KV */
+    DSEC_MSG_EXEC_CHUNK,      /* "exec_chunk": output of a running command, node -> stream_to */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -172,6 +173,7 @@ typedef struct dsec_msg_exec {
     const char *req_id;
     const char *rollout_id;
     uint64_t step;
+    const char *stream_to; /* an _INBOX. subject: output goes there as exec_chunk while it runs */
 } dsec_msg_exec;
 
 typedef struct dsec_msg_exec_result {
@@ -186,7 +188,15 @@ typedef struct dsec_msg_exec_result {
     bool timed_out;
     uint64_t cpu_us;      /* CPU time the command used, where the backend measures it */
     uint64_t peak_rss_kb; /* its peak resident memory, where the backend measures it */
+    uint64_t chunks;      /* with stream_to: how many exec_chunk messages were sent */
 } dsec_msg_exec_result;
+
+typedef struct dsec_msg_exec_chunk {
+    const char *id;  /* required: the sandbox */
+    uint64_t seq;    /* 0, 1, 2, ... in the order the output came */
+    uint64_t stream; /* 1 stdout, 2 stderr */
+    dsec_bytes data;
+} dsec_msg_exec_chunk;
 
 typedef struct dsec_msg_file_write {
     const char *id;   /* required */

@@ -142,6 +142,8 @@ static const dsec_field exec_fields[] = {
     FSTR(dsec_msg_exec, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_exec, rollout_id, "rollout_id", false, L_LONG, "trajectory log: the rollout"),
     FU64(dsec_msg_exec, step, "step", false, 0, 0, "trajectory log: the step in the rollout"),
+    FSTR(dsec_msg_exec, stream_to, "stream_to", false, L_LONG,
+         "an _INBOX. subject: output is sent there as exec_chunk while the command runs"),
 };
 
 static const dsec_field exec_result_fields[] = {
@@ -156,6 +158,14 @@ static const dsec_field exec_result_fields[] = {
     FBOOL(dsec_msg_exec_result, timed_out, "timed_out", "killed by timeout_ms"),
     FU64(dsec_msg_exec_result, cpu_us, "cpu_us", false, 0, 0, "CPU time used, microseconds"),
     FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0, "peak resident memory, KiB"),
+    FU64(dsec_msg_exec_result, chunks, "chunks", false, 0, 0, "with stream_to: exec_chunk messages sent"),
+};
+
+static const dsec_field exec_chunk_fields[] = {
+    FSTR(dsec_msg_exec_chunk, id, "id", true, L_NAME, "sandbox id"),
+    FU64(dsec_msg_exec_chunk, seq, "seq", false, 0, 0, "0, 1, 2, ... in the order the output came"),
+    FU64(dsec_msg_exec_chunk, stream, "stream", true, 1, 2, "1 stdout, 2 stderr"),
+    FBIN(dsec_msg_exec_chunk, data, "data", "the output"),
 };
 
 static const dsec_field file_write_fields[] = {
@@ -387,6 +397,7 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
            reclaim_outcome_fields),
     SCHEMA(DSEC_MSG_DEMAND, "demand", dsec_msg_demand, demand_fields),
     SCHEMA(DSEC_MSG_ARBITER_LEASE, "arbiter_lease", dsec_msg_arbiter_lease, arbiter_lease_fields),
+    SCHEMA(DSEC_MSG_EXEC_CHUNK, "exec_chunk", dsec_msg_exec_chunk, exec_chunk_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

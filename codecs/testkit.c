@@ -142,7 +142,8 @@ static void sample_b(int type, void *out)
                                                 .user = "agent",
                                                 .req_id = "req-x",
                                                 .rollout_id = "ro-42",
-                                                .step = 17};
+                                                .step = 17,
+                                                .stream_to = "_INBOX.abc.exec"};
         break;
     case DSEC_MSG_EXEC_RESULT:
         *(dsec_msg_exec_result *)out = (dsec_msg_exec_result){.id = "n7-00000000000000a0",
@@ -155,7 +156,8 @@ static void sample_b(int type, void *out)
                                                               .duration_us = 1234,
                                                               .timed_out = true,
                                                               .cpu_us = 1234,
-                                                              .peak_rss_kb = 5678};
+                                                              .peak_rss_kb = 5678,
+                                                              .chunks = 3};
         break;
     case DSEC_MSG_FILE_WRITE:
         *(dsec_msg_file_write *)out = (dsec_msg_file_write){.id = "n7-00000000000000a0",
@@ -301,6 +303,10 @@ static void sample_c(int type, void *out)
         *(dsec_msg_demand *)out = (dsec_msg_demand){
             .scheduler = "sched-c1-0", .cell = "c1", .waiting = 32000, .cpu_milli = 1280000,
             .memory_mb = 2560000, .oldest_ms = 750, .ts_ns = 10};
+        break;
+    case DSEC_MSG_EXEC_CHUNK:
+        *(dsec_msg_exec_chunk *)out = (dsec_msg_exec_chunk){
+            .id = "n7-00000000000000a0", .seq = 2, .stream = 2, .data = BYTES(stderr_b)};
         break;
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){

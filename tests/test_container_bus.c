@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -216,6 +217,64 @@ static void test_exec_files_fork_snapshot(void **state)
     assert_int_equal(sandbox_mounts(), 0);
 }
 
+struct streamed {
+    char out[256];
+    size_t len;
+    double first_at; /* when the first chunk came */
+    int chunks;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void on_output(void *ud, int stream, const uint8_t *data, size_t len)
+{
+    struct streamed *st = ud;
+    if (st->chunks++ == 0)
+        st->first_at = now_s();
+    if (stream == 1 && st->len + len < sizeof st->out) {
+        memcpy(st->out + st->len, data, len);
+        st->len += len;
+    }
+}
+
+/* Output reaches the client while the command runs, all of it, in order. */
+static void test_exec_streams(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    const char *argv[] = {"/bin/sh", "-c", "echo first; sleep 1; echo second; echo third", NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 20000};
+    struct streamed st = {0};
+    dsec_exec_reply r;
+    dsec_err err;
+    double t0 = now_s();
+    if (dsec_exec_stream(cl, a.id, &eo, on_output, &st, &r, &err) < 0)
+        fail_msg("exec_stream: %s", err.msg);
+    double t1 = now_s();
+    assert_int_equal(r.exit_code, 0);
+    st.out[st.len] = '\0';
+    assert_string_equal(st.out, "first\nsecond\nthird\n");
+    assert_int_equal(r.out_len, st.len);
+    assert_memory_equal(r.out, st.out, st.len);
+    /* the first line came a second before the command ended */
+    assert_true(st.chunks >= 2);
+    assert_true(t1 - st.first_at > 0.7);
+    assert_true(st.first_at - t0 < t1 - t0 - 0.7);
+    dsec_exec_reply_release(&r);
+    /* a plain exec still works the same */
+    char out[64];
+    assert_int_equal(sh(a.id, "echo plain", out, sizeof out), 0);
+    assert_string_equal(out, "plain");
+    destroy(a.id);
+}
+
 static void test_node_restart_readopts(void **state)
 {
     if (natsd == NULL)
@@ -252,6 +311,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exec_files_fork_snapshot),
+        cmocka_unit_test(test_exec_streams),
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_bad_requests),
     };

@@ -172,6 +172,13 @@ int dsec_cli_create(int argc, char **argv)
     return 0;
 }
 
+static void print_output(void *ud, int stream, const uint8_t *data, size_t len)
+{
+    FILE *f = stream == 2 ? stderr : stdout;
+    fwrite(data, 1, len, f);
+    fflush(f);
+}
+
 int dsec_cli_exec(int argc, char **argv)
 {
     static const struct option opts[] = {{"timeout", required_argument, 0, 't'},
@@ -254,13 +261,12 @@ int dsec_cli_exec(int argc, char **argv)
     }
     dsec_exec_reply r;
     dsec_err err;
-    int rc = dsec_exec(c, id, &o, &r, &err);
+    /* output shows as the command writes it */
+    int rc = dsec_exec_stream(c, id, &o, print_output, NULL, &r, &err);
     dsec_client_free(c);
     dsec_free(in);
     if (rc < 0)
         return fail("exec", &err);
-    fwrite(r.out, 1, r.out_len, stdout);
-    fwrite(r.err_out, 1, r.err_len, stderr);
     if (r.out_truncated)
         fprintf(stderr, "dsec exec: stdout was truncated\n");
     if (r.err_truncated)

@@ -843,7 +843,7 @@ static int ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_
     (void)self;
     if (agent(sb, err) < 0)
         return -1;
-    if (dsec_agent_exec(sb->agent, req, NULL, NULL, res, err) < 0)
+    if (dsec_agent_exec(sb->agent, req, req->on_output, req->on_output_arg, res, err) < 0)
         return agent_failed(sb, err);
     return 0;
 }

@@ -108,6 +108,17 @@ int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_e
               dsec_err *err);
 void dsec_exec_reply_release(dsec_exec_reply *res);
 
+/* Receives a command's output while it runs: stream 1 is stdout, 2 stderr;
+ * data is borrowed for the call. Called on a client thread, one call at a
+ * time, in the order the output came. */
+typedef void (*dsec_exec_output_fn)(void *ud, int stream, const uint8_t *data, size_t len);
+
+/* dsec_exec, with the output also handed to fn as it comes (containers
+ * stream while the command runs; other types deliver it when it ends). When
+ * this returns, fn has seen all of it; res carries the capped output too. */
+int dsec_exec_stream(dsec_client *c, const char *id, const dsec_exec_opts *opts,
+                     dsec_exec_output_fn fn, void *ud, dsec_exec_reply *res, dsec_err *err);
+
 int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
                     unsigned mode, dsec_err *err);
 typedef struct dsec_write_opts {
