@@ -200,7 +200,9 @@ int dsec_id_node(const char *id, char *node, size_t n, dsec_err *err)
 
 /* ---- create --------------------------------------------------------------- */
 
-/* Holds a create message and everything it borrows, built from a spec. */
+/* Holds a create message and everything it borrows, built from a spec. m
+ * borrows the caller's strings: it is valid only during the call that built
+ * it; later (retries) only buf, req_id and subject are used. */
 struct create_req {
     dsec_msg_create m;
     char req_id[33];
@@ -286,6 +288,32 @@ static void async_finish(struct async_create *a, int status, const dsec_sandbox_
     dsec_free(a);
 }
 
+/* The retry of an asynchronous create: the spec's strings were only borrowed
+ * for dsec_create_async, so the message is rebuilt from its own encoding,
+ * with the retry count raised (same req_id: the scheduler finds the first). */
+static int reencode_retry(struct async_create *a, dsec_err *err)
+{
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg_create prev;
+    dsec_buf nb;
+    dsec_buf_init(&nb);
+    int rc = dsec_decode(dec, DSEC_MSG_CREATE, a->r.buf.data, a->r.buf.len, &prev, err);
+    if (rc == 0) {
+        prev.retry = (uint64_t)a->retry;
+        rc = dsec_encode(&nb, DSEC_MSG_CREATE, &prev, err);
+    }
+    dsec_decoder_free(dec);
+    if (rc < 0) {
+        dsec_buf_release(&nb);
+        return -1;
+    }
+    dsec_buf_release(&a->r.buf);
+    a->r.buf = nb;
+    return 0;
+}
+
 static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
 {
     struct async_create *a = ud;
@@ -309,9 +337,8 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
     }
     if (dsec_code_retry_safe(err.code) && a->retry < a->c->retries) {
         a->retry++;
-        a->r.m.retry = (uint64_t)a->retry;
         dsec_err serr;
-        if (dsec_encode(&a->r.buf, DSEC_MSG_CREATE, &a->r.m, &serr) == 0 && async_send(a, &serr) == 0)
+        if (reencode_retry(a, &serr) == 0 && async_send(a, &serr) == 0)
             return;
         err = serr;
     }

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,6 +371,69 @@ static void lifetime_and_idle_reclaim(void **state)
     assert_int_equal(ns.reaped_idle, 1);
 }
 
+struct retried {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+    dsec_sandbox_info info;
+    dsec_err err;
+};
+
+static void on_retried(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct retried *r = ud;
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    if (info != NULL)
+        r->info = *info;
+    if (err != NULL)
+        r->err = *err;
+    r->done = 1;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The spec is borrowed only for dsec_create_async: a retry after the first
+ * attempt timed out must not read the caller's (since freed) strings. */
+static void async_retry_outlives_the_callers_spec(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t11");
+    static const char *const t[] = {"container", NULL};
+    dsec_err err;
+    /* sim containers that take ~1 s to start: the first 400 ms attempt times out */
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t11-a", 1, 64000, 65536, 10, t, "25", &err), 0);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t11", .timeout_ms = 400, .retries = 6};
+    if (dsec_client_connect(&cl, &o, &err) < 0)
+        fail_msg("client: %s", err.msg);
+    track_client(cl);
+    char *type = dsec_strdup("container"), *rollout = dsec_strdup("rollout-t11"), *label = dsec_strdup("k=v");
+    const char **labels = dsec_calloc(2, sizeof *labels);
+    labels[0] = label;
+    dsec_create_spec spec = {.type = type, .rollout_id = rollout, .labels = labels, .memory_mb = 64};
+    struct retried r = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(dsec_create_async(cl, &spec, on_retried, &r, &err), 0);
+    /* the caller's strings go away at once, overwritten first */
+    memset(type, 'X', strlen(type));
+    memset(rollout, 0xff, strlen(rollout));
+    dsec_free(type);
+    dsec_free(rollout);
+    dsec_free(label);
+    dsec_free(labels);
+    pthread_mutex_lock(&r.mu);
+    while (!r.done)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    if (r.status < 0)
+        fail_msg("create: %s", r.err.msg);
+    assert_string_equal(r.info.type, "container");
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.created, 1); /* the retries found the first attempt's sandbox */
+}
+
 static void idempotent_create_under_retries(void **state)
 {
     static dsec_cell_conf c;
@@ -681,6 +745,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),
+        cmocka_unit_test_teardown(async_retry_outlives_the_callers_spec, test_teardown),
         cmocka_unit_test_teardown(sandbox_operations, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
