@@ -1,5 +1,5 @@
-# The Python SDK (sdk/python) against a real embedded cell: python3 -m unittest
-# loads the libdsec.so of this build and starts its own `dsec up`.
+# The Python SDK (sdk/python) against real embedded cells: python3 -m unittest loads the
+# libdsec.so of this build and each test module starts its own `dsec up`.
 # Only in non-sanitizer builds: Python loading an ASan-instrumented libdsec.so
 # would need LD_PRELOAD of libasan (and reports CPython's own leaks).
 if(NOT DSEC_SANITIZE)
@@ -8,12 +8,21 @@ if(NOT DSEC_SANITIZE)
     find_program(DSEC_PYTHON3 python3)
   endif()
   if(DSEC_PYTHON3)
+    set(DSEC_SDK_ENV "PYTHONPATH=${CMAKE_SOURCE_DIR}/sdk/python;DSEC_LIB=$<TARGET_FILE:dsec_shared>;DSEC_BIN=$<TARGET_FILE:dsec>;PYTHONDONTWRITEBYTECODE=1")
+    # every sandbox type a default `dsec up` offers (sim), concurrency, errors, trajectories
     add_test(NAME sdk
              COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
-                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -v
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_sdk.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
-    set_tests_properties(sdk PROPERTIES
-      TIMEOUT 180
-      ENVIRONMENT "PYTHONPATH=${CMAKE_SOURCE_DIR}/sdk/python;DSEC_LIB=$<TARGET_FILE:dsec_shared>;DSEC_BIN=$<TARGET_FILE:dsec>;PYTHONDONTWRITEBYTECODE=1")
+    set_tests_properties(sdk PROPERTIES TIMEOUT 180 ENVIRONMENT "${DSEC_SDK_ENV}")
+    # container sandboxes: a cell whose node runs crun containers on busybox:1 (root; skipped
+    # otherwise). Containers, their cgroups and loop mounts share host state with the other
+    # container tests: never two at once.
+    add_test(NAME sdk_container
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_container.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_container PROPERTIES TIMEOUT 180 RESOURCE_LOCK dsec_container_host
+      ENVIRONMENT "${DSEC_SDK_ENV}")
   endif()
 endif()

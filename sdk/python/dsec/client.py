@@ -16,7 +16,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Mapping, Optional, Sequence
 
 from . import _lib, errors
 from .types import (ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
@@ -34,6 +34,30 @@ def _bytes(data: Data) -> bytes:
 def _info(ci) -> SandboxInfo:
     return SandboxInfo(id=ci.id.decode(), node=ci.node.decode(), type=ci.type.decode(),
                        state=ci.state.decode(), cell=ci.cell.decode(), existing=bool(ci.existing))
+
+
+def _invalid(op, message):
+    return errors.error_from_code(1, "%s: %s" % (op, message), op=op)
+
+
+def _net_entries(network):
+    """The create's net entries: the names network maps to True."""
+    if not network:
+        return []
+    if not isinstance(network, Mapping):
+        raise _invalid("create", "network must map rule names to True/False, e.g. "
+                       "{\"pypi\": True}; got %s" % type(network).__name__)
+    out = []
+    for name, allowed in network.items():
+        if not isinstance(name, str) or not name or "=" in name:
+            raise _invalid("create", "network: rule name %r is not a non-empty string "
+                           "without '='" % (name,))
+        if not isinstance(allowed, bool):
+            raise _invalid("create", "network: rule %r must be True or False, got %r"
+                           % (name, allowed))
+        if allowed:
+            out.append(name)
+    return out
 
 
 def _build_spec(type_: Optional[str], args: SandboxArgs):
@@ -65,7 +89,7 @@ def _build_spec(type_: Optional[str], args: SandboxArgs):
     spec.cls = s(args.cls)
     spec.priority = int(args.priority or 0)
     spec.rollout_id = s(args.rollout_id)
-    spec.net = v(name for name, allowed in (args.network or {}).items() if allowed)
+    spec.net = v(_net_entries(args.network))
     spec.req_id = s(args.request_id)
     spec.pausable = bool(args.pausable)
     return spec, keep
@@ -136,7 +160,7 @@ def _on_create(status, info, err, ud):
         entry = _pending.pop(ud or 0, None)
     if entry is None:
         return
-    bridge, fut = entry
+    bridge, fut, _ = entry
     if status == 0:
         bridge.push((fut, _lib.SandboxInfo.from_buffer_copy(info.contents), None))
     else:
@@ -158,7 +182,7 @@ class _CQ:
         self.h = h
         self.loop = loop
         self.fd = _lib.cq_fd(h)
-        self.futs = {}
+        self.futs = {}   # token -> (future, what the create's spec points into)
         self.buf = (_lib.CqEvent * self.BATCH)()
         loop.add_reader(self.fd, self.drain)
 
@@ -167,7 +191,7 @@ class _CQ:
             n = _lib.cq_poll(self.h, self.buf, self.BATCH)
             for i in range(n):
                 e = self.buf[i]
-                fut = self.futs.pop(e.token, None)
+                fut, _ = self.futs.pop(e.token, (None, None))
                 if fut is None or fut.cancelled():
                     continue
                 if e.status == 0:
@@ -306,6 +330,8 @@ class DSecClient:
         return self.run("function", _args(args, FunctionArgs, kw))
 
     def run_container(self, args: Optional[ContainerArgs] = None, **kw) -> "Sandbox":
+        """Create a container on args.environment (an environment of the
+        cell's layer registry) and wait until it runs; see ContainerArgs."""
         return self.run("container", _args(args, ContainerArgs, kw))
 
     def run_microvm(self, args: Optional[MicroVMArgs] = None, **kw) -> "Sandbox":
@@ -327,6 +353,9 @@ class DSecClient:
         must be called from the loop's thread."""
         loop = loop or asyncio.get_running_loop()
         fut = loop.create_future()
+        # The spec and the strings it points into stay alive until the answer:
+        # libdsec re-encodes the request from them when it retries a create
+        # that timed out (client/client.c on_create_reply), after this returns.
         spec, keep = _build_spec(type, args)
         h = self._handle("create")
         token = next(_tokens)
@@ -338,14 +367,14 @@ class DSecClient:
                     q = self._cqs.get(loop)
                     if q is None:
                         q = self._cqs[loop] = _CQ(loop)
-            q.futs[token] = fut
+            q.futs[token] = (fut, (spec, keep))
             if _lib.create_cq(h, ctypes.byref(spec), q.h, token, ctypes.byref(err)) < 0:
                 q.futs.pop(token, None)
                 fut.set_exception(errors.from_err(err, "create"))
             return fut
         # an older libdsec without completion queues: its callback, bridged
         with _pending_lock:
-            _pending[token] = (_bridge(loop), fut)
+            _pending[token] = (_bridge(loop), fut, (spec, keep))
         if _lib.create_async(h, ctypes.byref(spec), _on_create, ctypes.c_void_p(token),
                              ctypes.byref(err)) < 0:
             with _pending_lock:
@@ -476,7 +505,12 @@ class Sandbox:
         return self.exec(["/bin/sh", "-c", command], **kw)
 
     def fork(self, n: int = 1) -> List["Sandbox"]:
-        """n copies of this sandbox (files and state), each a new Sandbox."""
+        """n copies of this sandbox (files and state), each a new Sandbox.
+        Each child starts from the parent's state at the branch point; later
+        writes of the parent or of another child are not seen (for
+        containers: a snapshot of the writable layer, O(1))."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1024:
+            raise _invalid("fork", "n must be an integer 1..1024, got %r" % (n,))
         ids = ctypes.POINTER(ctypes.c_char_p)()
         nids = ctypes.c_size_t()
         self._client._call("fork", _lib.fork, self._cid, int(n), ctypes.byref(ids),
@@ -505,13 +539,22 @@ class Sandbox:
         self._client._call("wait_state", _lib.wait_state, self._cid, _lib.cstr(state),
                            int(timeout_ms))
 
-    def snapshot(self, path: Optional[str] = None):
-        """Snapshot the sandbox. No dsec backend exposes snapshots over the
-        wire yet: this raises NotSupported (code "unsupported", not retry-safe)."""
-        raise errors.not_supported(
-            "snapshot: not supported for sandbox %s (type %s): dsec has no snapshot operation "
-            "on the wire yet; use fork(n) to copy a running sandbox"
-            % (self.id, self.info.type or "?"), "snapshot")
+    def snapshot(self, name: str) -> str:
+        """Publish this sandbox's state as environment name ("name:version",
+        e.g. "team/solved:1") in the cell's layer registry and return name:
+        run_container(environment=name) then starts from this state on any
+        node of the cell. The sandbox keeps running. Containers only: other
+        types raise NotSupported (code "unsupported", not retry-safe). A name
+        that is not name:version raises InvalidArgument."""
+        if not isinstance(name, str) or not name:
+            raise errors.error_from_code(
+                1, "snapshot: name must be an environment name:version (e.g. \"team/solved:1\"), "
+                "got %r" % (name,), op="snapshot")
+        if _lib.snapshot is None:
+            raise errors.not_supported("snapshot: this libdsec.so (%s) has no dsec_snapshot; "
+                                       "rebuild it" % _lib.path, "snapshot")
+        self._client._call("snapshot", _lib.snapshot, self._cid, name.encode())
+        return name
 
     def stop(self) -> None:
         """Destroy the sandbox."""
@@ -598,8 +641,8 @@ class AsyncSandbox:
     async def wait_state(self, state, timeout_ms=10000):
         return await self._run(self.sync.wait_state, state, timeout_ms)
 
-    async def snapshot(self, path=None):
-        return self.sync.snapshot(path)
+    async def snapshot(self, name) -> str:
+        return await self._run(self.sync.snapshot, name)
 
     async def stop(self):
         return await self._run(self.sync.stop)

@@ -95,7 +95,7 @@ def error_from_code(code_num, message, errnum=0, op=None):
 def from_err(err, op=None):
     """A DSecError from a filled dsec_err (the C struct)."""
     msg = err.msg.decode(errors="replace") or _lib.code_name(err.code).decode()
-    if op:
+    if op and not msg.startswith(op + ":"):  # libdsec's own checks already name the op
         msg = "%s: %s" % (op, msg)
     return error_from_code(err.code, msg, err.errnum, op)
 

@@ -15,6 +15,8 @@ class SandboxArgs:
     max_lifetime_s / idle_timeout_s: 0 or None: the cell default.
     network: rules such as {"pypi": True, "npm": False}; names mapped to True are
         allowed (mirrors, domains or address ranges); everything else is denied.
+        Sent as the create's net entries; not every type enforces them yet
+        (containers do not: see ContainerArgs).
     user: the user commands run as (applied to every exec of the sandbox unless
         the exec names another).
     labels: key/value labels put on the sandbox.
@@ -48,7 +50,23 @@ class FunctionArgs(SandboxArgs):
 
 @dataclass
 class ContainerArgs(SandboxArgs):
-    """A container; environment names the image."""
+    """A container: an OCI container (crun) whose root filesystem is an overlay
+    of its environment's layers, with dsec-agent as init.
+
+    environment: an environment of the cell's layer registry, "name:version"
+        (e.g. "busybox:1", "python:3", or a name published by
+        Sandbox.snapshot); required. An unknown name fails the create with
+        NotFound naming it.
+    cpu / memory_mb: the container's cgroup limits (CPU quota, memory limit:
+        a process past it is OOM-killed, the container lives on).
+    max_lifetime_s / idle_timeout_s: the node destroys the container when
+        either runs out.
+    network: sent as the create's net entries (the names mapped to True,
+        e.g. {"pypi": True, "npm": False} -> ["pypi"]). The container node does
+        not enforce them yet: today a container has no network interface but
+        loopback, whatever the rules say.
+    labels, rollout_id, user: as for every type (SandboxArgs).
+    """
 
     @property
     def image(self):

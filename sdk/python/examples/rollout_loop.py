@@ -2,6 +2,7 @@
 
     dsec up --port 4222 &          # or: make demo's cell, any cell
     PYTHONPATH=sdk/python python3 sdk/python/examples/rollout_loop.py [--url URL] [--type sim]
+    ... --type container --env busybox:1    # a cell with a container node (docs/sdk.md)
 
 Each rollout creates a sandbox (all creates in flight at once from one event
 loop), runs its steps through the trajectory log (rollout id + step number,
@@ -16,9 +17,9 @@ import uuid
 import dsec
 
 
-async def rollout(client, i, type_, run_id, steps):
+async def rollout(client, i, type_, env, run_id, steps):
     rid = "%s-r%03d" % (run_id, i)
-    args = dsec.SandboxArgs(environment="python:3.11", cpu=0.05, memory_mb=64,
+    args = dsec.SandboxArgs(environment=env, cpu=0.05, memory_mb=64,
                             max_lifetime_s=600, idle_timeout_s=120, network={"pypi": True},
                             labels={"rollout": str(i)}, rollout_id=rid)
     async with await client.run(type_, args) as sb:
@@ -33,6 +34,8 @@ async def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default=None, help="default: $DSEC_URL or nats://127.0.0.1:4222")
     ap.add_argument("--type", default="sim", help="function | container | microvm | vm | sim")
+    ap.add_argument("--env", default="python:3.11",
+                    help="environment name:version (containers: one of the cell's layer registry)")
     ap.add_argument("--rollouts", type=int, default=100)
     ap.add_argument("--steps", type=int, default=3)
     o = ap.parse_args()
@@ -40,7 +43,7 @@ async def main():
     t0 = time.monotonic()
     async with dsec.AsyncDSecClient(url=o.url) as client:
         results = await asyncio.gather(
-            *(rollout(client, i, o.type, run_id, o.steps) for i in range(o.rollouts)),
+            *(rollout(client, i, o.type, o.env, run_id, o.steps) for i in range(o.rollouts)),
             return_exceptions=True)
     dt = time.monotonic() - t0
     ok = [r for r in results if not isinstance(r, BaseException)]
