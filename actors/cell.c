@@ -455,7 +455,15 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     }
     char cname[128];
     snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
-    dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = conf->threads,
+    /* Real backends block the worker that calls them (a container create runs
+     * crun for tens of ms): with the handful of workers a sim cell needs, a
+     * few creates would hold up every other sandbox's exec, and the
+     * schedulers' reading of heartbeats in this same process. */
+    int threads = conf->threads;
+    for (size_t i = 0; (roles & DSEC_ROLE_NODE) && i < conf->nnodes; i++)
+        if (strcmp(conf->nodes[i].backend, "native") == 0 && threads < DSEC_CELL_NATIVE_THREADS)
+            threads = DSEC_CELL_NATIVE_THREADS;
+    dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = threads,
                         .retry_on_failed_connect = !conf->embedded_nats,
                         .low_latency = conf->low_latency};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||

@@ -11,6 +11,9 @@
 #include "dsec/err.h"
 
 #define DSEC_CELL_MAX_NODES 4096
+/* Bus worker threads at least, in a process hosting a node with real
+ * (blocking) backends; bus.threads sets more. */
+#define DSEC_CELL_NATIVE_THREADS 16
 
 typedef struct dsec_cell_node {
     char name[65];
