@@ -64,11 +64,24 @@ static double pct(double *v, size_t n, double p)
 }
 
 static dsec_cell *g_cell; /* stopped with its sandboxes destroyed, however the bench ends */
+static char g_root[64];   /* the bench's directory, removed however it ends */
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The node's upper store and the bench's dir and cgroups go. */
+static void remove_root(void)
+{
+    if (g_root[0] != '\0')
+        sh("umount -l %s/state/node-ct-0/container/upper 2>/dev/null; rm -rf %s; "
+           "rmdir /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-bench 2>/dev/null",
+           g_root, g_root);
+}
 
 static void die(const char *what, const dsec_err *err)
 {
     fprintf(stderr, "bench container: %s: %s\n", what, err ? err->msg : strerror(errno));
     dsec_cell_stop(g_cell, true);
+    remove_root();
     exit(1);
 }
 
@@ -120,7 +133,6 @@ static int run_crun(char *const argv[], bool hybrid)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...)
 {
     char cmd[8192];
@@ -260,7 +272,8 @@ static void exec_true(dsec_client *cl, const char *id, double *lat)
 
 static void make(dsec_client *cl, dsec_sandbox_info *info)
 {
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16};
+    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16,
+                           .ttl_s = 86400, .idle_s = 86400};
     dsec_err err;
     if (dsec_create(cl, &cs, info, &err) < 0)
         die("create", &err);
@@ -322,6 +335,7 @@ int main(void)
     char root[] = "/var/tmp/dsec-bench-ct-XXXXXX";
     if (mkdtemp(root) == NULL)
         die("mkdtemp", NULL);
+    snprintf(g_root, sizeof g_root, "%s", root);
     printf("container bench in %s (cgroups: %s)\n", root, hybrid ? "hybrid v1 + cgroup2" : "as the host has them");
     if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0) {
@@ -476,7 +490,9 @@ int main(void)
     double d0 = now_s();
     dsec_err derr = {0};
     for (; live < density_target; live++) {
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16};
+        /* idle on purpose, for longer than the default idle timeout may allow */
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16,
+                               .ttl_s = 86400, .idle_s = 86400};
         dsec_sandbox_info info;
         if (dsec_create(cl, &cs, &info, &derr) < 0)
             break;
@@ -504,9 +520,7 @@ int main(void)
     dsec_client_free(cl);
     dsec_cell_stop(cell, true);
     dsec_cell_conf_release(&conf);
-    sh("umount -l %s/state/node-ct-0/container/upper 2>/dev/null; rm -rf %s; "
-       "rmdir /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-bench 2>/dev/null",
-       root, root);
+    remove_root();
 
     printf("{\"scenario\":\"container\",\"create_p50_ms\":%.2f,\"create_p99_ms\":%.2f,\"crun_run_p50_ms\":%.2f,"
            "\"crun_run_p99_ms\":%.2f,\"exec_p50_ms\":%.3f,\"exec_p99_ms\":%.3f,\"crun_exec_p50_ms\":%.2f,"

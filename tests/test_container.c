@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdbool.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -577,6 +578,105 @@ static void test_fork(void **state)
     assert_int_equal(left, 0);
 }
 
+/* The btrfs id of sandbox id's upper subvolume (its qgroup is 0/<id>). */
+static unsigned long subvol_id(const char *id)
+{
+    char out[64];
+    if (host(out, sizeof out, "btrfs inspect-internal rootid %s/upper/sb/%s", state_dir, id) != 0)
+        fail_msg("no subvolume for %s", id);
+    return strtoul(out, NULL, 10);
+}
+
+/* Whether qgroup 0/qid exists, once deleted subvolumes are dropped (a commit wakes the cleaner). */
+static bool qgroup_exists(unsigned long qid)
+{
+    char out[4096];
+    host(NULL, 0, "btrfs filesystem sync %s/upper && btrfs subvolume sync %s/upper >/dev/null",
+         state_dir, state_dir);
+    return host(out, sizeof out, "btrfs qgroup show %s/upper | grep -q '^0/%lu '", state_dir,
+                qid) == 0;
+}
+
+static bool quotas_on(void)
+{
+    return host(NULL, 0, "btrfs qgroup show %s/upper >/dev/null 2>&1", state_dir) == 0;
+}
+
+static double mk_ms(uint64_t disk_mb, struct sbx **out)
+{
+    dsec_sandbox_spec spec = {.env = "busybox:1", .memory_mb = 128, .disk_mb = disk_mb};
+    uint64_t t0 = now_us();
+    *out = mk_spec(&spec);
+    return (now_us() - t0) / 1000.0;
+}
+
+static void test_disk_quota(void **state)
+{
+    setenv("DSEC_CONTAINER_TRACE", "1", 1);
+    struct sbx *a;
+    double first = mk_ms(20, &a);
+    printf("container: the first create with disk_mb (switches quotas on): %.1f ms\n", first);
+    assert_true(quotas_on());
+    struct sbx *b = mk(128, 0);
+    char out[512];
+    dsec_exec_result r;
+    /* 50 MB into a 20 MB quota: the write fails, in the sandbox */
+    int rc =
+        sh_full(a, "dd if=/dev/zero of=/root/big bs=1M count=50; e=$?; sync; exit $e", NULL, 0, &r);
+    assert_int_not_equal(rc, 0);
+    printf("container: dd of 50 MB with disk_mb=20: exit %d, \"%.*s\"\n", rc,
+           (int)strcspn((char *)r.stderr_data, "\n"), (char *)r.stderr_data);
+    assert_non_null(strstr((char *)r.stderr_data, "Disk quota exceeded"));
+    dsec_exec_result_release(&r);
+    assert_int_equal(sh(a, "ls -l /root/big | awk '{print $5}'", out, sizeof out), 0);
+    assert_true(strtoull(out, NULL, 10) <= 21u << 20);
+    /* the sandbox and the node go on; freeing space makes room again */
+    assert_int_equal(sh(a, "rm /root/big; sync; echo alive", out, sizeof out), 0);
+    assert_string_equal(out, "alive\n");
+    assert_int_equal(
+        sh(a, "dd if=/dev/urandom of=/root/f10 bs=1M count=10 2>&1; sync", out, sizeof out), 0);
+    /* a sandbox without a quota is unaffected */
+    assert_int_equal(sh(b,
+                        "dd if=/dev/zero of=/root/big bs=1M count=50 2>/dev/null && sync && "
+                        "ls -l /root/big | awk '{print $5}'",
+                        out, sizeof out),
+                     0);
+    assert_string_equal(out, "52428800\n");
+
+    /* a child inherits the limit, and pays for what it writes, not for what it shares:
+     * rewriting the parent's 10 MB file is a copy-up (a reflink), then 15 MB of its own fit */
+    struct sbx *k[1];
+    fork_ms(a, 1, k);
+    assert_int_equal(sh(k[0],
+                        "echo more >> /root/f10 && sync && "
+                        "dd if=/dev/zero of=/root/own bs=1M count=15 2>&1 && sync",
+                        out, sizeof out),
+                     0);
+    rc = sh_full(k[0], "dd if=/dev/zero of=/root/big bs=1M count=50; e=$?; sync; exit $e", NULL, 0,
+                 &r);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr((char *)r.stderr_data, "Disk quota exceeded"));
+    dsec_exec_result_release(&r);
+    assert_int_equal(sh(k[0], "echo alive", out, sizeof out), 0);
+    assert_string_equal(out, "alive\n");
+
+    unsigned long qa = subvol_id(a->id), qk = subvol_id(k[0]->id), qb = subvol_id(b->id);
+    assert_true(qgroup_exists(qa));
+    drop(k[0]);
+    drop(a);
+    drop(b);
+    /* the qgroups go with their subvolumes */
+    assert_false(qgroup_exists(qa));
+    assert_false(qgroup_exists(qk));
+    assert_false(qgroup_exists(qb));
+    /* nor the fork snapshot's: no sandbox is left, so only the top level's qgroup is */
+    char out2[4096];
+    host(out2, sizeof out2, "btrfs qgroup show %s/upper | grep -c '^0/'", state_dir);
+    assert_int_equal(atoi(out2), 1);
+
+    unsetenv("DSEC_CONTAINER_TRACE");
+}
+
 static void test_snapshot_restore(void **state)
 {
     dsec_backend_kv labels[] = {{"snapshot_name", "snaptest:1"}};
@@ -813,6 +913,77 @@ static void test_failed_create(void **state)
     assert_gone(id, NULL, 0);
 }
 
+/* Entries in the store's snapshot dir. */
+static int nsnaps(void)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/upper/snap", state_dir);
+    DIR *d = opendir(p);
+    assert_non_null(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)) != NULL)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static void test_sweep(void **state)
+{
+    /* a parent and two children; the node manager crashes and its journal
+     * brings back only the parent and one child */
+    struct sbx *p = mk(128, 0);
+    assert_int_equal(sh(p, "echo shared > /root/f", NULL, 0), 0);
+    struct sbx *c[2];
+    fork_ms(p, 2, c);
+    assert_int_equal(nsnaps(), 1);
+    int pids[64];
+    int npids = sb_pids(c[1]->id, pids, 64);
+    assert_true(npids >= 1);
+    /* and what crashes mid-operation leave: a bundle without meta, a
+     * snapshot no one took, a half-written layer blob */
+    char stray[64];
+    snprintf(stray, sizeof stray, "cttest-%d-stray", (int)getpid());
+    assert_int_equal(host(NULL, 0,
+                          "mkdir -p %s/sb/%s/rootfs && btrfs subvolume create %s/upper/snap/%s-f1 "
+                          ">/dev/null && touch %s/pack-x1.blob",
+                          state_dir, stray, state_dir, stray, state_dir),
+                     0);
+    dsec_container_ops.detach(ct, p->h);
+    dsec_container_ops.detach(ct, c[0]->h);
+    dsec_container_ops.detach(ct, c[1]->h);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    assert_int_equal(open_backend(), 0);
+    dsec_err err;
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, p->bstate, &p->h, &err), 0);
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, c[0]->bstate, &c[0]->h, &err), 0);
+    /* nothing is reclaimed while the node may still be re-adopting */
+    assert_int_equal(access(c[1]->bstate, F_OK), 0);
+    assert_int_equal(nsnaps(), 2);
+    /* the first create after that reclaims the rest */
+    struct sbx *q = mk(64, 0);
+    assert_gone(c[1]->id, pids, npids);
+    assert_gone(stray, NULL, 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/pack-x1.blob", state_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    /* the snapshot the adopted child reads stays, and so does what it reads */
+    assert_int_equal(nsnaps(), 1);
+    char out[64];
+    assert_int_equal(sh(c[0], "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "shared\n");
+    assert_int_equal(sh(p, "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "shared\n");
+    /* its last child gone, the snapshot goes */
+    drop(c[0]);
+    assert_int_equal(nsnaps(), 0);
+    drop(p);
+    drop(q);
+    dsec_free(c[1]->bstate);
+    free(c[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -825,6 +996,8 @@ int main(void)
         cmocka_unit_test_setup(test_parallel_creates, need_root),
         cmocka_unit_test_setup(test_failed_create, need_root),
         cmocka_unit_test_setup(test_crash_adopt, need_root),
+        cmocka_unit_test_setup(test_sweep, need_root),
+        cmocka_unit_test_setup(test_disk_quota, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

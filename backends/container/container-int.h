@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +23,8 @@
  *   S/upper.img          sparse btrfs image (only when S is not on btrfs)
  *   S/upper/             the upper store: a btrfs filesystem
  *       sb/<id>          one subvolume per sandbox: upper/ and work/ of its overlay
- *       snap/<name>      read-only snapshots taken by fork (refcounted by children)
+ *       snap/<name>      read-only snapshots taken by fork (refcounted by the children
+ *                        this instance holds; the sweep deletes those no child holds)
  *   S/layers/            the node's layer cache (layer-cache.h)
  *   S/run/               the runtime's state root (crun --root)
  *   S/sb/<id>/           the bundle: config.json, rootfs/ (the overlay), agent.sock,
@@ -64,8 +66,15 @@ struct ct_backend {
     size_t nexcludes;
     dsec_layer_registry *reg; /* borrowed */
     dsec_layer_cache *cache;
-    pthread_mutex_t lock; /* guards snaps */
+    pthread_mutex_t lock; /* guards snaps, live and quota */
     struct ct_snap *snaps;
+    dsec_sandbox *live; /* every sandbox record this instance holds (created or adopted) */
+    bool quota;         /* btrfs quotas are on in the store (enabled on first need) */
+    /* what an earlier instance left behind is reclaimed once, before the
+     * first create, fork, restore, snapshot or destroy: by then the node has
+     * re-adopted all it will (it replays its journal before serving) */
+    pthread_mutex_t sweep_lock;
+    _Atomic bool swept;
 };
 
 /* One lower layer of a sandbox: a registry layer (held in the layer cache)
@@ -94,6 +103,7 @@ struct dsec_sandbox {
     char subvol[PATH_MAX]; /* S/upper/sb/<id> */
     struct ct_env env;
     uint64_t cpu_milli, memory_mb;
+    uint64_t disk_mb;    /* limit of the upper subvolume's exclusive bytes, 0 = none */
     char *snapshot_name; /* label snapshot_name, or NULL */
     dsec_agent *agent;
     /* what teardown must undo (a failed create undoes only what it did) */
@@ -101,6 +111,8 @@ struct dsec_sandbox {
     size_t held; /* lowers[0..held) are acquired */
     /* the last stats sample, for the current CPU rate */
     uint64_t last_cpu_us, last_ns;
+    dsec_sandbox *live_next; /* in be->live while listed */
+    bool listed;
 };
 
 /* ---- helpers (container.c) ----------------------------------------------------------- */
@@ -160,6 +172,9 @@ void dsec__ct_store_close(struct ct_backend *be);
 /* A sandbox's writable subvolume (with upper/ and work/ inside); delete removes it. */
 int dsec__ct_subvol_create(const struct ct_backend *be, const char *path, dsec_err *err);
 int dsec__ct_subvol_delete(const struct ct_backend *be, const char *path, dsec_err *err);
+/* Cap the exclusive bytes of subvolume path (a btrfs qgroup limit, so writes past it fail
+ * with EDQUOT). Switches quotas on in the store the first time (on its own image only). */
+int dsec__ct_subvol_limit(struct ct_backend *be, const char *path, uint64_t bytes, dsec_err *err);
 /* A read-only snapshot of src at dst (btrfs: O(1); otherwise a copy). */
 int dsec__ct_subvol_snapshot(const struct ct_backend *be, const char *src, const char *dst,
                              dsec_err *err);
@@ -175,6 +190,9 @@ int dsec__ct_rmtree(const char *path);
 /* The snapshot table: take or drop a reference (drop deletes at zero). */
 void dsec__ct_snap_ref(struct ct_backend *be, const char *name);
 void dsec__ct_snap_unref(struct ct_backend *be, const char *name);
+/* Delete every snapshot in the store that no sandbox of this instance holds; returns how
+ * many went. */
+int dsec__ct_snap_sweep(struct ct_backend *be);
 /* S/upper/snap/<name> (its upper/ is the lower layer). */
 void dsec__ct_snap_path(const struct ct_backend *be, const char *name, char *out, size_t len);
 

@@ -123,6 +123,65 @@ void dsec__ct_store_close(struct ct_backend *be)
         be->store_mounted = false;
 }
 
+/* Quotas on the store, once per instance. Full qgroups: each subvolume's
+ * exclusive bytes are known, so a fork child is charged for what it writes
+ * (its copy-ups are reflinks of the snapshot's extents: shared, not charged).
+ * They are switched on only on the backend's own image: on a btrfs the host
+ * also uses they cost every snapshot and commit there, so that is the
+ * administrator's call. */
+static int quota_on(struct ct_backend *be, dsec_err *err)
+{
+    pthread_mutex_lock(&be->lock);
+    int rc = 0;
+    if (!be->quota && be->store_mounted) {
+        int fd = open(be->store, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        struct btrfs_ioctl_quota_ctl_args q = {.cmd = BTRFS_QUOTA_CTL_ENABLE};
+        uint64_t t0 = dsec__ct_now_ns();
+        if (fd < 0 || ioctl(fd, BTRFS_IOC_QUOTA_CTL, &q) < 0)
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "container: enabling btrfs quotas on %s",
+                              be->store);
+        else
+            fprintf(stderr, "dsec container: btrfs quotas enabled on %s (%.1f ms)\n", be->store,
+                    (double)(dsec__ct_now_ns() - t0) / 1e6);
+        if (fd >= 0)
+            close(fd);
+    }
+    if (rc == 0)
+        be->quota = true;
+    pthread_mutex_unlock(&be->lock);
+    return rc;
+}
+
+int dsec__ct_subvol_limit(struct ct_backend *be, const char *path, uint64_t bytes, dsec_err *err)
+{
+    if (!be->btrfs)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "container: disk_mb needs the btrfs upper store, which this node "
+                            "lacks (install btrfs-progs)");
+    if (quota_on(be, err) < 0)
+        return -1;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: opening %s", path);
+    /* qgroupid 0: the qgroup of the subvolume fd is in */
+    struct btrfs_ioctl_qgroup_limit_args a;
+    memset(&a, 0, sizeof a);
+    a.lim.flags = BTRFS_QGROUP_LIMIT_MAX_EXCL;
+    a.lim.max_excl = bytes;
+    int rc = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &a);
+    int e = errno;
+    close(fd);
+    if (rc == 0)
+        return 0;
+    if (e == ENOTCONN)
+        return dsec_err_set(err, DSEC_E_CONFIG, e,
+                            "container: disk_mb needs btrfs quotas, which are off on the "
+                            "filesystem of %s (the backend enables them only on its own image: "
+                            "run 'btrfs quota enable' on it)",
+                            be->store);
+    return dsec_err_set(err, DSEC_E_IO, e, "container: setting the disk quota of %s", path);
+}
+
 static int split(const char *path, char *parent, size_t plen, const char **base)
 {
     const char *slash = strrchr(path, '/');
@@ -425,6 +484,39 @@ int dsec__ct_rmtree(const char *path)
 void dsec__ct_snap_path(const struct ct_backend *be, const char *name, char *out, size_t len)
 {
     dsec__ct_fmt(out, len, "%s/snap/%s", be->store, name);
+}
+
+int dsec__ct_snap_sweep(struct ct_backend *be)
+{
+    char dir[PATH_MAX + 16];
+    dsec__ct_fmt(dir, sizeof dir, "%s/snap", be->store);
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int gone = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        /* under the lock: a reference taken meanwhile (an adopt) either
+         * comes first and keeps it, or finds it gone */
+        pthread_mutex_lock(&be->lock);
+        struct ct_snap *s = be->snaps;
+        while (s != NULL && strcmp(s->name, e->d_name) != 0)
+            s = s->next;
+        if (s == NULL) {
+            char p[PATH_MAX + 300];
+            dsec__ct_fmt(p, sizeof p, "%s/%s", dir, e->d_name);
+            dsec_err err;
+            if (dsec__ct_subvol_delete(be, p, &err) < 0)
+                fprintf(stderr, "dsec container: %s\n", err.msg);
+            else
+                gone++;
+        }
+        pthread_mutex_unlock(&be->lock);
+    }
+    closedir(d);
+    return gone;
 }
 
 void dsec__ct_snap_ref(struct ct_backend *be, const char *name)

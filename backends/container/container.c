@@ -1,6 +1,7 @@
 /* container.c - the container sandbox backend: its ops table, and the life of a sandbox (create,
  * exec and files through the agent, fork, pause, snapshot and restore, stats, adopt, destroy). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +33,9 @@
  * these steps in reverse, and only those that were done, so a failed
  * create and destroy share it.
  */
+
+/* disk_mb << 20 must fit 64 bits */
+#define DISK_MB_MAX (UINT64_C(1) << 40)
 
 static const char *const default_excludes[] = {"__pycache__", "*.pyc", ".cache", "tmp/*"};
 
@@ -333,7 +337,8 @@ static int write_meta(const dsec_sandbox *sb, dsec_err *err)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", tmp);
     fprintf(f, "dsec-container 1\n");
     put_esc(f, "id", sb->id);
-    fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\n", sb->cpu_milli, sb->memory_mb);
+    fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\ndisk_mb %" PRIu64 "\n", sb->cpu_milli,
+            sb->memory_mb, sb->disk_mb);
     put_esc(f, "snapshot_name", sb->snapshot_name);
     put_env(f, &sb->env);
     if (fclose(f) != 0 || rename(tmp, path) < 0)
@@ -355,6 +360,8 @@ static int meta_line(void *arg, const char *key, char *val, dsec_err *err)
         sb->cpu_milli = strtoull(val, NULL, 10);
     } else if (strcmp(key, "memory_mb") == 0) {
         sb->memory_mb = strtoull(val, NULL, 10);
+    } else if (strcmp(key, "disk_mb") == 0) {
+        sb->disk_mb = strtoull(val, NULL, 10);
     } else if (strcmp(key, "snapshot_name") == 0 && strcmp(val, "-") != 0) {
         return set_str(&sb->snapshot_name, val, err);
     }
@@ -477,6 +484,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (be == NULL)
         return oom(err, "backend instance");
     pthread_mutex_init(&be->lock, NULL);
+    pthread_mutex_init(&be->sweep_lock, NULL);
     dsec__ct_fmt(be->state_dir, sizeof be->state_dir, "%s", cfg->state_dir);
     dsec__ct_fmt(be->node, sizeof be->node, "%s",
                  cfg->node != NULL && dsec_name_ok(cfg->node, DSEC_NAME_LEN_MAX) == 0 ? cfg->node
@@ -543,6 +551,7 @@ static void ct_fini(void *self)
         dsec__ct_cg_cleanup(be);
     free_excludes(be);
     pthread_mutex_destroy(&be->lock);
+    pthread_mutex_destroy(&be->sweep_lock);
     dsec_free(be);
 }
 
@@ -593,12 +602,16 @@ static int hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
             dsec__ct_snap_path(be, l->name, p, sizeof p);
             size_t n = strlen(p);
             dsec__ct_fmt(p + n, sizeof p - n, "/upper");
-            if (access(p, F_OK) != 0)
-                return dsec_err_set(err, DSEC_E_NOT_FOUND, errno,
-                                    "container: fork snapshot %s is gone", l->name);
-            if ((l->path = dsec_strdup(p)) == NULL)
-                return oom(err, "layer path");
+            /* referenced before it is looked for, so the sweep cannot take
+             * it in between */
             dsec__ct_snap_ref(be, l->name);
+            if (access(p, F_OK) != 0 || (l->path = dsec_strdup(p)) == NULL) {
+                int e = errno;
+                dsec__ct_snap_unref(be, l->name);
+                return e == ENOMEM ? oom(err, "layer path")
+                                   : dsec_err_set(err, DSEC_E_NOT_FOUND, e,
+                                                  "container: fork snapshot %s is gone", l->name);
+            }
         } else {
             if (be->cache == NULL)
                 return dsec_err_set(err, DSEC_E_CONFIG, 0,
@@ -609,6 +622,42 @@ static int hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         }
     }
     return 0;
+}
+
+/* The records this instance holds: what the sweep must leave alone. */
+static void live_add(struct ct_backend *be, dsec_sandbox *sb)
+{
+    pthread_mutex_lock(&be->lock);
+    if (!sb->listed) {
+        sb->live_next = be->live;
+        be->live = sb;
+        sb->listed = true;
+    }
+    pthread_mutex_unlock(&be->lock);
+}
+
+static void live_del(struct ct_backend *be, dsec_sandbox *sb)
+{
+    pthread_mutex_lock(&be->lock);
+    if (sb->listed) {
+        dsec_sandbox **pp = &be->live;
+        while (*pp != NULL && *pp != sb)
+            pp = &(*pp)->live_next;
+        if (*pp == sb)
+            *pp = sb->live_next;
+        sb->listed = false;
+    }
+    pthread_mutex_unlock(&be->lock);
+}
+
+static bool live_has(struct ct_backend *be, const char *id)
+{
+    pthread_mutex_lock(&be->lock);
+    dsec_sandbox *s = be->live;
+    while (s != NULL && strcmp(s->id, id) != 0)
+        s = s->live_next;
+    pthread_mutex_unlock(&be->lock);
+    return s != NULL;
 }
 
 /* Undo whatever of sb's start-up was done; frees sb on success. */
@@ -639,6 +688,7 @@ static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
             return dsec_err_set(err, DSEC_E_IO, errno, "container: removing %s", sb->dir);
         sb->made_dir = false;
     }
+    live_del(be, sb);
     env_clear(&sb->env);
     dsec_free(sb->snapshot_name);
     dsec_free(sb);
@@ -651,6 +701,76 @@ static void sb_abandon(struct ct_backend *be, dsec_sandbox *sb)
     dsec_err e2;
     if (sb_teardown(be, sb, &e2) < 0)
         fprintf(stderr, "dsec container: cleaning up a failed sandbox %s: %s\n", sb->id, e2.msg);
+}
+
+/*
+ * The sweep: what a node manager that crashed (or lost its journal) left and
+ * never re-adopted. Any sandbox id with a bundle dir, an upper subvolume or a
+ * runtime state dir that no record of this instance holds is an orphan: its
+ * container is killed and everything of it removed, whether its meta is
+ * readable or not (a create cut short left none). Then every fork snapshot
+ * no held sandbox references goes (children re-adopted have re-referenced
+ * theirs), and so do half-written snapshot blobs.
+ */
+static int sweep_dir(struct ct_backend *be, const char *dir, bool blobs)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (blobs) {
+            size_t len = strlen(e->d_name);
+            if (strncmp(e->d_name, "pack-", 5) == 0 && len > 5 &&
+                strcmp(e->d_name + len - 5, ".blob") == 0)
+                unlinkat(dirfd(d), e->d_name, 0);
+            continue;
+        }
+        if (dsec_name_ok(e->d_name, DSEC_SBX_ID_LEN_MAX) < 0 || live_has(be, e->d_name))
+            continue;
+        dsec_sandbox *sb = dsec_calloc(1, sizeof *sb);
+        if (sb == NULL)
+            break;
+        dsec__ct_fmt(sb->id, sizeof sb->id, "%s", e->d_name);
+        sb_paths(be, sb);
+        /* everything may exist: each step of teardown copes with its absence */
+        sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
+        dsec_err err;
+        if (sb_teardown(be, sb, &err) < 0) {
+            fprintf(stderr, "dsec container: reclaiming orphan sandbox %s: %s\n", e->d_name,
+                    err.msg);
+            dsec_free(sb);
+        } else {
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static void sweep_once(struct ct_backend *be)
+{
+    if (atomic_load(&be->swept))
+        return;
+    pthread_mutex_lock(&be->sweep_lock);
+    if (!atomic_load(&be->swept)) {
+        uint64_t t0 = dsec__ct_now_ns();
+        char p[PATH_MAX + 16];
+        int n = sweep_dir(be, be->sbroot, false);
+        dsec__ct_fmt(p, sizeof p, "%s/sb", be->store);
+        n += sweep_dir(be, p, false);
+        n += sweep_dir(be, be->run_root, false);
+        sweep_dir(be, be->state_dir, true);
+        int snaps = dsec__ct_snap_sweep(be);
+        if (n > 0 || snaps > 0)
+            fprintf(stderr,
+                    "dsec container: reclaimed %d orphan sandboxes and %d fork snapshots left by "
+                    "an earlier node manager (%.1f ms)\n",
+                    n, snaps, (double)(dsec__ct_now_ns() - t0) / 1e6);
+        atomic_store(&be->swept, true);
+    }
+    pthread_mutex_unlock(&be->sweep_lock);
 }
 
 /* A listening unix socket at path (through /proc/self/fd: host paths can be
@@ -688,6 +808,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
                    ? dsec_err_set(err, DSEC_E_EXISTS, 0, "container: a sandbox with this id exists")
                    : dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", sb->dir);
     sb->made_dir = true;
+    live_add(be, sb);
     char rootfs[PATH_MAX + 16];
     dsec__ct_fmt(rootfs, sizeof rootfs, "%s/rootfs", sb->dir);
     if (mkdir(rootfs, 0755) < 0)
@@ -697,6 +818,8 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     if (dsec__ct_subvol_create(be, sb->subvol, err) < 0)
         return -1;
     sb->made_subvol = true;
+    if (sb->disk_mb > 0 && dsec__ct_subvol_limit(be, sb->subvol, sb->disk_mb << 20, err) < 0)
+        return -1;
     const char **lowers = dsec_calloc(sb->env.nlowers + 1, sizeof *lowers);
     if (lowers == NULL)
         return oom(err, "layer list");
@@ -768,6 +891,14 @@ static int create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, stru
     memset(env, 0, sizeof *env);
     sb->cpu_milli = spec->cpu_milli;
     sb->memory_mb = spec->memory_mb;
+    sb->disk_mb = spec->disk_mb;
+    if (sb->disk_mb > DISK_MB_MAX) {
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "container: disk_mb %" PRIu64 " is more than %" PRIu64 " (1 EiB)", sb->disk_mb,
+                     (uint64_t)DISK_MB_MAX);
+        sb_abandon(be, sb);
+        return -1;
+    }
     const char *sn = label(spec, "snapshot_name");
     if (sn != NULL && !dsec_layer_name_valid(sn)) {
         dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -804,6 +935,7 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "container: sandbox id must be 1..%d characters of [A-Za-z0-9_-]",
                             DSEC_SBX_ID_LEN_MAX);
+    sweep_once(be);
     struct ct_env env;
     if (env_from_spec(be, spec, &env, err) < 0)
         return -1;
@@ -890,7 +1022,8 @@ static int ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t
                 dsec_free(part.data);
                 dsec_free(out->data);
                 memset(out, 0, sizeof *out);
-                return dsec_err_set(err, DSEC_E_NOMEM, 0, "container: reading %s: out of memory", path);
+                return dsec_err_set(err, DSEC_E_NOMEM, 0, "container: reading %s: out of memory",
+                                    path);
             }
             memcpy(grown + out->len, part.data, part.len);
             out->data = grown;
@@ -984,6 +1117,7 @@ static void *fork_worker(void *arg)
         if (rc == 0) {
             c->cpu_milli = j->parent->cpu_milli;
             c->memory_mb = j->parent->memory_mb;
+            c->disk_mb = j->parent->disk_mb;
             rc = add_lower(&c->env, true, j->snap, 0, &err);
         }
         if (rc == 0)
@@ -1030,6 +1164,7 @@ static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t 
                 return dsec_err_set(err, DSEC_E_INVALID, 0,
                                     "container: fork child ids %zu and %zu are equal", k, i);
     }
+    sweep_once(be);
     uint64_t t0 = dsec__ct_now_ns();
     char snap[sizeof((struct ct_snap *)0)->name];
     if (freeze_snapshot(be, sb, "f", snap, sizeof snap, err) < 0)
@@ -1127,6 +1262,7 @@ static int ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const cha
     const char *publish = name != NULL ? name : sb->snapshot_name;
     if (be->reg == NULL)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "container: snapshot needs a layer registry");
+    sweep_once(be);
     /* the new environment: registry layers as they are, each fork snapshot
      * below the sandbox packed as a layer of its own, then its upper */
     struct ct_env ne;
@@ -1218,6 +1354,7 @@ static int ct_restore(void *self, const dsec_sandbox_spec *spec, const char *pat
     *backend_state = NULL;
     if (be->reg == NULL)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "container: restore needs a layer registry");
+    sweep_once(be);
     char *text = dsec__ct_read_file(path, 1u << 20);
     if (text == NULL)
         return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
@@ -1248,6 +1385,7 @@ static int ct_restore(void *self, const dsec_sandbox_spec *spec, const char *pat
 
 static int ct_destroy(void *self, dsec_sandbox *sb, dsec_err *err)
 {
+    sweep_once(self);
     return sb_teardown(self, sb, err);
 }
 
@@ -1340,13 +1478,14 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
     if (dsec_agent_connect(&sb->agent, sp, 5000, err) < 0)
         sb->agent = NULL; /* exec reports it; destroy still works */
     dsec_err_clear(err);
+    live_add(be, sb);
     *out = sb;
     return 0;
 }
 
 static void ct_detach(void *self, dsec_sandbox *sb)
 {
-    (void)self;
+    live_del(self, sb);
     /* Layer-cache users and snapshot references stay counted: the container
      * still reads them, and this instance must not evict or delete them. */
     dsec_agent_free(sb->agent);

@@ -28,6 +28,18 @@ extern "C" {
  *                             __pycache__, *.pyc, .cache and "tmp/" + "*")
  *
  * The node must pass its layer registry in cfg->layers.
+ *
+ * Disk: spec->disk_mb > 0 caps the bytes only the sandbox's upper subvolume
+ * holds (a btrfs qgroup max_excl limit); writes past it fail with EDQUOT in
+ * the sandbox. Extents shared with fork snapshots are not charged: a fork
+ * child pays for what it writes (copy-ups are reflinks), and a parent's data
+ * at a fork is the snapshot's from then on. Children inherit disk_mb. Quotas
+ * are switched on in the store on first need, on the backend's own image
+ * only; disk_mb on a store without them fails with a message saying why.
+ *
+ * Leftovers: sandboxes an earlier instance left (a node manager crash) and
+ * the node did not re-adopt are reclaimed, with the fork snapshots only they
+ * used, on the first create, fork, restore, snapshot or destroy after init.
  */
 extern const dsec_backend_ops dsec_container_ops;
 
