@@ -1056,6 +1056,14 @@ static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause
     reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
+/* How long ago then was. The clock was read before the lock was taken, and
+ * operations touch last_ns without it: a time a little after now is "just
+ * now", never a wrapped-around eternity that reaps a fresh sandbox. */
+static uint64_t age_ns(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
+}
+
 /* Freeze an idle pausable rollout under memory pressure: pause it and give
  * its memory back to the node's pool until an operation thaws it. */
 static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -1063,7 +1071,7 @@ static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_err err;
     s->freezing = false;
     uint64_t idle_ns = (uint64_t)n->conf.pause_idle_ms * 1000000ull;
-    if (!s->pausable || s->state != ST_RUNNING || dsec_wall_ns() - s->last_ns < idle_ns) {
+    if (!s->pausable || s->state != ST_RUNNING || age_ns(dsec_wall_ns(), s->last_ns) < idle_ns) {
         reply_err(n, m, DSEC_E_STATE, "sandbox %s is not an idle pausable rollout; not frozen", s->id);
         return;
     }
@@ -1446,9 +1454,9 @@ static void tick_reap(void *ud, uint64_t mono_now)
             if (s->reap != REAP_NONE || (s->state != ST_RUNNING && s->state != ST_PAUSED))
                 continue;
             uint8_t why = REAP_NONE;
-            if (s->ttl_ns && now - s->created_ns >= s->ttl_ns)
+            if (s->ttl_ns && age_ns(now, s->created_ns) >= s->ttl_ns)
                 why = REAP_TTL;
-            else if (s->idle_ns && now - s->last_ns >= s->idle_ns)
+            else if (s->idle_ns && age_ns(now, s->last_ns) >= s->idle_ns)
                 why = REAP_IDLE;
             if (why == REAP_NONE)
                 continue;
@@ -1467,7 +1475,7 @@ static void tick_reap(void *ud, uint64_t mono_now)
                        n->mem_free + gain < want_mb; b++)
         for (struct sbx *s = n->by_id[b]; s && k < BATCH && n->mem_free + gain < want_mb; s = s->next_id) {
             if (!s->pausable || s->state != ST_RUNNING || s->freezing || s->reap != REAP_NONE ||
-                now - s->last_ns < idle_ns)
+                age_ns(now, s->last_ns) < idle_ns)
                 continue;
             s->freezing = true;
             gain += mem_held(s);

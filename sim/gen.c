@@ -8,6 +8,7 @@
 #include "codecs/msg.h"
 #include "codecs/record.h"
 #include "dsec/alloc.h"
+#include "dsec/names.h"
 #include "sim/sim.h"
 
 void sim_profile_dsec(sim_profile *p)
@@ -34,6 +35,9 @@ void sim_profile_dsec(sim_profile *p)
     p->job_cpu_milli = 64000;
     p->job_memory_mb = 262144;
     p->job_units = 8;
+    p->job_checkpoint_s = 2;
+    p->job_grace_s = 0;
+    snprintf(p->cell, sizeof p->cell, "sim");
     snprintf(p->tenant, sizeof p->tenant, "sim");
     p->cpu_milli = 100;
     p->memory_mb = 256;
@@ -65,10 +69,13 @@ static const struct param {
     I("layer-depth", layer_depth, "layers per environment, base first"),
     I("bases", bases, "base layers"),
     S("mix", mix, "sandbox type weights, type=weight,..."),
-    I("jobs", jobs, "training jobs holding capacity for the whole trace"),
-    U("job-cpu", job_cpu_milli, "CPU of one job sandbox, milli-cores"),
-    U("job-memory", job_memory_mb, "memory of one job sandbox, MB"),
-    I("job-units", job_units, "sandboxes per training job"),
+    I("jobs", jobs, "training jobs holding capacity for the whole trace (job_register)"),
+    U("job-cpu", job_cpu_milli, "CPU of one job unit, milli-cores"),
+    U("job-memory", job_memory_mb, "memory of one job unit, MB"),
+    I("job-units", job_units, "units of capacity per training job"),
+    D("job-checkpoint", job_checkpoint_s, "seconds a job's checkpoint takes before it releases units"),
+    D("job-grace", job_grace_s, "seconds a reclaim must give a job (0: the arbiter's default)"),
+    S("cell", cell, "the cell the jobs register in"),
     S("tenant", tenant, "tenant of the create subjects"),
     U("cpu", cpu_milli, "median CPU a rollout asks for, milli-cores (x0.25..x4)"),
     U("memory", memory_mb, "median memory a rollout asks for, MB (x0.25..x4)"),
@@ -202,6 +209,59 @@ static void add_burst(struct gen *g, const sim_profile *p, uint64_t *rng, double
     }
 }
 
+/* A training job, as a job's first second on the bus looks in a recording:
+ * one job_hold request per unit, then its job_register. The generator does
+ * not know the cell's nodes, so units name SIM_NODE_ANY and the replayer
+ * places them. */
+static int write_job(const sim_profile *p, dsec_record_writer *wr, dsec_buf *b, uint64_t ts, uint32_t job,
+                     uint64_t *n, dsec_err *err)
+{
+    char name[32], units[256][24], req[96];
+    snprintf(name, sizeof name, "train-%u", job);
+    size_t nu = (size_t)p->job_units;
+    dsec_msg_job_hold *holds = dsec_calloc(nu, sizeof *holds);
+    if (!holds)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "gen: out of memory");
+    int rc = 0;
+    for (size_t u = 0; rc == 0 && u < nu; u++) {
+        snprintf(units[u], sizeof units[u], "u%zu", u);
+        holds[u] = (dsec_msg_job_hold){.job = name, .node = SIM_NODE_ANY, .unit = units[u],
+                                       .cpu_milli = p->job_cpu_milli, .memory_mb = p->job_memory_mb};
+        snprintf(req, sizeof req, "%s.%s.h", name, units[u]);
+        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        r.ts_ns = ts;
+        r.subject = "dsec.v1.ctl.hold." SIM_NODE_ANY;
+        r.msg_type = "job_hold";
+        r.req_id = req;
+        r.expects_reply = true;
+        if ((rc = dsec_encode(b, DSEC_MSG_JOB_HOLD, &holds[u], err)) == 0) {
+            r.payload.data = (uint8_t *)b->data;
+            r.payload.len = b->len;
+            if ((rc = dsec_record_write(wr, &r.base, err)) == 0)
+                (*n)++;
+        }
+    }
+    dsec_msg_job_register m = {.job = name, .cell = p->cell, .cls = "job",
+                               .checkpoint_ms = (uint64_t)(p->job_checkpoint_s * 1000),
+                               .grace_ms = (uint64_t)(p->job_grace_s * 1000), .holds = {holds, (uint32_t)nu},
+                               .ts_ns = ts};
+    char subject[160];
+    snprintf(subject, sizeof subject, "dsec.v1.ctl.job.%s.register", p->cell);
+    if (rc == 0 && (rc = dsec_encode(b, DSEC_MSG_JOB_REGISTER, &m, err)) == 0) {
+        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        r.ts_ns = ts;
+        r.subject = subject;
+        r.msg_type = "job_register";
+        r.req_id = "";
+        r.payload.data = (uint8_t *)b->data;
+        r.payload.len = b->len;
+        if ((rc = dsec_record_write(wr, &r.base, err)) == 0)
+            (*n)++;
+    }
+    dsec_free(holds);
+    return rc;
+}
+
 int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecords, dsec_err *err)
 {
     /* the type mix */
@@ -231,6 +291,11 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "profile: need duration > 0, 1 <= layer-depth <= 16, bases >= 1, 1 <= fanout-median"
                             " <= fanout-p90, burst-min <= burst-max, low-use-share <= 1, 0 < low-use-max < 1");
+    if (p->jobs > 0 && (p->job_units < 1 || p->job_units > 256 || dsec_name_ok(p->cell, DSEC_NAME_LEN_MAX) < 0 ||
+                        p->job_cpu_milli > 1000000 || p->job_memory_mb > 16777216))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "profile: jobs need 1 <= job-units <= 256, job-cpu <= 1000000, job-memory <= 16777216"
+                            " and a cell name of 1-64 characters of A-Z a-z 0-9 _ - (got '%s')", p->cell);
     uint64_t rng = p->seed * 0x2545f4914f6cdd1dull + 1;
 
     struct tree tr = {.depth = p->layer_depth};
@@ -258,8 +323,7 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
         }
     }
     for (int j = 0; j < p->jobs; j++)
-        for (int u = 0; u < p->job_units; u++)
-            push(&g, unif(&rng) * (p->duration_s < 1 ? p->duration_s : 1), 1, (uint32_t)j);
+        push(&g, unif(&rng) * (p->duration_s < 1 ? p->duration_s : 1), 1, (uint32_t)j);
     qsort(g.ev, g.n, sizeof *g.ev, cmp_ev);
 
     dsec_record_writer *wr = dsec_record_writer_new_file(f, 0);
@@ -299,57 +363,50 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
         m.req_id = req_id;
         m.tenant = (char *)p->tenant;
         if (e->kind == 1) {
-            snprintf(job_id, sizeof job_id, "train-%u", e->job);
-            c.type = "container";
-            c.cpu_milli = p->job_cpu_milli;
-            c.memory_mb = p->job_memory_mb;
-            c.lifetime_s = (uint64_t)ceil(p->duration_s);
-            c.cpu_use_fraction = 0.9;
-            c.class_ = "job";
-            snprintf(env, sizeof env, "train");
-        } else {
-            if (e->job)
-                snprintf(job_id, sizeof job_id, "burst-%u", e->job - 1000000);
-            else {
-                if (rollout_in_job++ == 64) {
-                    rollout_in_job = 1;
-                    rollout_job++;
-                }
-                snprintf(job_id, sizeof job_id, "rl-%" PRIu64, rollout_job);
-            }
-            double u = unif(&rng) * wsum;
-            int ti = 0;
-            while (ti < ntypes - 1 && u >= w[ti])
-                u -= w[ti++];
-            c.type = types[ti];
-            c.cpu_milli = (uint64_t)(p->cpu_milli * exp2(4 * unif(&rng) - 2));
-            c.memory_mb = (uint64_t)(p->memory_mb * exp2(4 * unif(&rng) - 2));
-            if (c.cpu_milli < 1)
-                c.cpu_milli = 1;
-            if (c.memory_mb < 1)
-                c.memory_mb = 1;
-            double life = p->life_median_s * exp(p->life_sigma * normal(&rng));
-            if (life < 1)
-                life = 1;
-            if (life > p->life_max_s)
-                life = p->life_max_s;
-            c.lifetime_s = (uint64_t)life;
-            c.cpu_use_fraction = unif(&rng) < p->low_use_share
-                                     ? p->low_use_max * unif(&rng)
-                                     : p->low_use_max + (1 - p->low_use_max) * unif(&rng);
-            c.class_ = "rollout";
-            /* every environment once, then a skewed choice */
-            size_t ei = nroll < tr.nenv ? (size_t)nroll++ : (size_t)((double)tr.nenv * unif(&rng) * unif(&rng));
-            const uint32_t *pp = tr.path + ei * (size_t)tr.depth;
-            for (int d = 0; d < tr.depth; d++) {
-                uint64_t x = pp[d] * 0x9e3779b97f4a7c15ull ^ p->seed;
-                snprintf(layer_names[d], sizeof layer_names[d], "sha256:%016" PRIx64, rnd(&x));
-                layers[d] = layer_names[d];
-            }
-            c.n_layers = (size_t)tr.depth;
-            c.layers = layers;
-            snprintf(env, sizeof env, "env-%zu", ei);
+            rc = write_job(p, wr, &b, created + (uint64_t)(e->t * 1e9), e->job, &n, err);
+            continue;
         }
+        if (e->job)
+            snprintf(job_id, sizeof job_id, "burst-%u", e->job - 1000000);
+        else {
+            if (rollout_in_job++ == 64) {
+                rollout_in_job = 1;
+                rollout_job++;
+            }
+            snprintf(job_id, sizeof job_id, "rl-%" PRIu64, rollout_job);
+        }
+        double u = unif(&rng) * wsum;
+        int ti = 0;
+        while (ti < ntypes - 1 && u >= w[ti])
+            u -= w[ti++];
+        c.type = types[ti];
+        c.cpu_milli = (uint64_t)(p->cpu_milli * exp2(4 * unif(&rng) - 2));
+        c.memory_mb = (uint64_t)(p->memory_mb * exp2(4 * unif(&rng) - 2));
+        if (c.cpu_milli < 1)
+            c.cpu_milli = 1;
+        if (c.memory_mb < 1)
+            c.memory_mb = 1;
+        double life = p->life_median_s * exp(p->life_sigma * normal(&rng));
+        if (life < 1)
+            life = 1;
+        if (life > p->life_max_s)
+            life = p->life_max_s;
+        c.lifetime_s = (uint64_t)life;
+        c.cpu_use_fraction = unif(&rng) < p->low_use_share
+                                 ? p->low_use_max * unif(&rng)
+                                 : p->low_use_max + (1 - p->low_use_max) * unif(&rng);
+        c.class_ = "rollout";
+        /* every environment once, then a skewed choice */
+        size_t ei = nroll < tr.nenv ? (size_t)nroll++ : (size_t)((double)tr.nenv * unif(&rng) * unif(&rng));
+        const uint32_t *pp = tr.path + ei * (size_t)tr.depth;
+        for (int d = 0; d < tr.depth; d++) {
+            uint64_t x = pp[d] * 0x9e3779b97f4a7c15ull ^ p->seed;
+            snprintf(layer_names[d], sizeof layer_names[d], "sha256:%016" PRIx64, rnd(&x));
+            layers[d] = layer_names[d];
+        }
+        c.n_layers = (size_t)tr.depth;
+        c.layers = layers;
+        snprintf(env, sizeof env, "env-%zu", ei);
         c.job_id = job_id;
         m.type = c.type;
         m.cpu_milli = c.cpu_milli;
@@ -357,7 +414,7 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
         m.ttl_s = c.lifetime_s + 300;
         m.cls = c.class_;
         m.env = env;
-        m.rollout_id = e->kind == 0 ? job_id : NULL;
+        m.rollout_id = job_id;
         if (dsec_encode(&b, DSEC_MSG_CREATE, &m, err) < 0) {
             rc = -1;
             break;

@@ -30,9 +30,10 @@ static void usage(FILE *f)
             "  stats [--json] FILE                                 summarise a trace\n"
             "  replay --trace FILE [--speed X] [--url URL] [--report DIR] [--json]\n"
             "         [--tenant T] [--type T] [--timeout-ms N] [--max-in-flight N] [--drain S] [--keep]\n"
-            "         [--no-lifetimes] [--no-progress]     (--speed 0: as fast as possible)\n"
+            "         [--no-lifetimes] [--no-progress] [--cell C]   (--speed 0: as fast as possible)\n"
             "                                                      replay open loop against a running cell\n"
             "  cell [--nodes N] [--replicas N] [--port P] [--state DIR] [--url-file F] [--time-scale S]\n"
+            "       [--node-cpu MILLI] [--node-memory MB] [--node-slots N]\n"
             "                                                      a whole simulated cell on this machine\n"
             "  record -o FILE [--url URL] [--subjects S,S,...] [--duration S] [--count N]\n"
             "                                                      tap live traffic into a trace\n");
@@ -171,6 +172,8 @@ static int cmd_replay(int argc, char **argv)
             o.max_in_flight = atol(argv[++i]);
         else if (strcmp(a, "--drain") == 0)
             o.drain_s = atof(argv[++i]);
+        else if (strcmp(a, "--cell") == 0)
+            o.cell = argv[++i];
         else {
             fprintf(stderr, "dsec-sim replay: unknown option %s\n", a);
             return 2;
@@ -197,6 +200,8 @@ static int cmd_replay(int argc, char **argv)
     int rc = 1;
     if (sim_bus_sink_new(&bs, bus, &sink, &err) < 0)
         goto out;
+    if (url)
+        sink.job_url = url; /* as given: it may carry credentials the connected URL does not show */
     if (sim_replay_new(&r, &t, &sink, &o, &err) < 0 || sim_bus_sink_observe(bs, r, &err) < 0)
         goto out;
     running = r;
@@ -214,9 +219,14 @@ static int cmd_replay(int argc, char **argv)
         sim_replay_result_get(r, &res);
         printf("{\"ops_sent\":%" PRIu64 ",\"ops_per_s\":%.1f,\"creates_sent\":%" PRIu64 ",\"creates_ok\":%" PRIu64
                ",\"sandbox_ops\":%" PRIu64 ",\"destroys_sent\":%" PRIu64 ",\"errors\":%" PRIu64
-               ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64 ",\"p50_ms\":%.3f,\"p99_ms\":%.3f}\n",
+               ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64 ",\"p50_ms\":%.3f,\"p99_ms\":%.3f"
+               ",\"jobs_started\":%" PRIu64 ",\"jobs_failed\":%" PRIu64 ",\"reclaim_requested\":%" PRIu64
+               ",\"reclaim_honoured\":%" PRIu64 ",\"reclaim_forced\":%" PRIu64 ",\"reclaim_failed\":%" PRIu64
+               ",\"job_units_released\":%" PRIu64 ",\"rollouts_lost\":%" PRIu64 "}\n",
                res.ops_sent, res.ops_per_s, res.creates_sent, res.creates_ok, res.sbx_sent, res.destroys_sent,
-               res.errors, res.unmapped, res.waited, res.lat_p50_ms, res.lat_p99_ms);
+               res.errors, res.unmapped, res.waited, res.lat_p50_ms, res.lat_p99_ms, res.jobs_started,
+               res.jobs_failed, res.reclaim_requested, res.reclaim_honoured, res.reclaim_forced, res.reclaim_failed,
+               res.job_units_released, res.lost);
     }
     rc = 0;
 out:
@@ -234,6 +244,7 @@ out:
 static int cmd_cell(int argc, char **argv)
 {
     long nodes = 160, replicas = 2;
+    uint64_t node_cpu = 192000, node_mem = 1572864, node_slots = 3000;
     int port = 0;
     const char *state = NULL, *url_file = NULL, *scale = "0";
     for (int i = 1; i < argc; i++) {
@@ -254,6 +265,16 @@ static int cmd_cell(int argc, char **argv)
             url_file = v;
         else if (strcmp(a, "--time-scale") == 0)
             scale = v;
+        else if (strcmp(a, "--node-cpu") == 0 || strcmp(a, "--node-memory") == 0 || strcmp(a, "--node-slots") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long x = strtoull(v, &end, 10);
+            if (errno || end == v || *end || x == 0) {
+                fprintf(stderr, "dsec-sim cell: %s '%s' is not a positive whole number\n", a, v);
+                return 2;
+            }
+            *(a[7] == 'c' ? &node_cpu : a[7] == 'm' ? &node_mem : &node_slots) = x;
+        }
         else {
             fprintf(stderr, "dsec-sim cell: unknown option %s\n", a);
             return 2;
@@ -282,7 +303,7 @@ static int cmd_cell(int argc, char **argv)
     c.default_ttl_s = 7200;
     dsec_err err;
     static const char *const types[] = {"sim", "function", "container", "microvm", "vm", NULL};
-    if (dsec_cell_conf_add_sim_nodes(&c, "n", (size_t)nodes, 192000, 1572864, 3000, types, scale, &err) < 0)
+    if (dsec_cell_conf_add_sim_nodes(&c, "n", (size_t)nodes, node_cpu, node_mem, node_slots, types, scale, &err) < 0)
         return fail("cell", &err);
     dsec_cell *cell;
     if (dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err) < 0) {

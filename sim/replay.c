@@ -28,7 +28,7 @@ uint64_t sim_wall_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static size_t bucket_of(const sim_replay *r, double t)
+size_t sim_bucket_of(const sim_replay *r, double t)
 {
     double b = (t - r->t_start) / r->bucket_s;
     if (b < 0)
@@ -49,7 +49,7 @@ void sim_replay_error(sim_replay *r, const char *kind, double t)
     }
     if (i < SIM_MAX_ERR_KINDS)
         r->err_n[i]++;
-    r->b[bucket_of(r, t)].errors++;
+    r->b[sim_bucket_of(r, t)].errors++;
     pthread_mutex_unlock(&r->mu);
     atomic_fetch_add(&r->errors, 1);
 }
@@ -72,6 +72,8 @@ int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink, c
     if (r->o.speed < 0)
         r->o.speed = 0;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->jobs.mu, NULL);
+    pthread_cond_init(&r->jobs.cond, NULL);
     r->sbx = dsec_calloc(t->n + 1, sizeof *r->sbx);
     r->reqs = dsec_calloc(t->n + 1, sizeof *r->reqs);
     r->lat = dsec_calloc(t->n + 1, sizeof *r->lat);
@@ -158,6 +160,11 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
             code = e.code;
         snprintf(kind, sizeof kind, "%s", code ? code : "error");
         sim_replay_error(r, kind, now);
+        /* a sandbox this replay made and has not destroyed is gone: something
+         * else (a preemption, a crash) took it; counted once per sandbox */
+        long cix = q->what == SIM_REQ_DESTROY ? q->ix : q->what == SIM_REQ_OP ? r->t->ops[q->ix].create_ix : -1;
+        if (code && strcmp(code, "not_found") == 0 && cix >= 0 && !atomic_exchange(&r->sbx[cix].lost, true))
+            atomic_fetch_add(&r->lost, 1);
         return;
     }
     if (q->what != SIM_REQ_CREATE) {
@@ -184,10 +191,10 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     atomic_store_explicit(&s->state, SIM_SBX_LIVE, memory_order_release);
     long li = atomic_fetch_add(&r->nlat, 1);
     r->lat[li].ms = (now - q->due) * 1000;
-    r->lat[li].bucket = (uint32_t)bucket_of(r, q->due);
+    r->lat[li].bucket = (uint32_t)sim_bucket_of(r, q->due);
     atomic_fetch_add(&r->creates_ok, 1);
     pthread_mutex_lock(&r->mu);
-    r->b[bucket_of(r, now)].created++;
+    r->b[sim_bucket_of(r, now)].created++;
     pthread_mutex_unlock(&r->mu);
     const sim_op *o = &r->t->ops[q->ix];
     if (o->lifetime_s && !r->o.no_lifetimes && !r->explicit_destroy[q->ix]) {
@@ -196,7 +203,8 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     }
 }
 
-void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live)
+void sim_replay_node_report(sim_replay *r, const char *node, uint64_t live, uint64_t cpu_free_milli,
+                            uint64_t mem_free_mb)
 {
     pthread_mutex_lock(&r->mu);
     size_t i = 0;
@@ -208,6 +216,8 @@ void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live)
     }
     if (i < SIM_MAX_NODES) {
         r->nodes[i].live = live;
+        r->nodes[i].cpu_free = cpu_free_milli;
+        r->nodes[i].mem_free = mem_free_mb;
         if (live > r->nodes[i].peak)
             r->nodes[i].peak = live;
     }
@@ -217,13 +227,20 @@ void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live)
 void sim_replay_reclaim(sim_replay *r, const char *outcome)
 {
     pthread_mutex_lock(&r->mu);
-    struct sim_bucket *b = &r->b[bucket_of(r, sim_now())];
-    if (strcmp(outcome, "requested") == 0)
+    struct sim_bucket *b = &r->b[sim_bucket_of(r, sim_now())];
+    if (strcmp(outcome, "requested") == 0) {
         b->reclaim_requested++;
-    else if (strcmp(outcome, "forced") == 0)
+        r->reclaim_requested++;
+    } else if (strcmp(outcome, "honoured") == 0) {
+        b->reclaim_honoured++;
+        r->reclaim_honoured++;
+    } else if (strcmp(outcome, "forced") == 0) {
         b->reclaim_forced++;
-    else
-        b->reclaim_done++;
+        r->reclaim_forced++;
+    } else if (strcmp(outcome, "failed") == 0) {
+        b->reclaim_failed++;
+        r->reclaim_failed++;
+    }
     r->reclaims++;
     pthread_mutex_unlock(&r->mu);
 }
@@ -300,7 +317,7 @@ static void send_create(sim_replay *r, long ix, double due)
     dsec_hdr h = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = rid};
     atomic_fetch_add(&r->creates_sent, 1);
     pthread_mutex_lock(&r->mu);
-    r->b[bucket_of(r, due)].sent++;
+    r->b[sim_bucket_of(r, due)].sent++;
     pthread_mutex_unlock(&r->mu);
     send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due);
 }
@@ -432,23 +449,28 @@ static void progress(sim_replay *r, size_t done, bool last)
     for (int i = 0; i < w; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[w] = '\0';
-    fprintf(stderr, "\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64 " errors%s",
+    pthread_mutex_lock(&r->mu);
+    uint64_t reclaims = r->reclaims;
+    pthread_mutex_unlock(&r->mu);
+    fprintf(stderr,
+            "\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64 " reclaim events, %" PRIu64
+            " errors%s",
             bar, frac * 100, done, n, (long)atomic_load(&r->in_flight), (uint64_t)atomic_load(&r->creates_ok),
-            (uint64_t)atomic_load(&r->errors), last ? "\n" : "   ");
+            reclaims, (uint64_t)atomic_load(&r->errors), last ? "\n" : "   ");
     fflush(stderr);
 }
 
 static void sample(sim_replay *r, double now)
 {
     pthread_mutex_lock(&r->mu);
-    struct sim_bucket *b = &r->b[bucket_of(r, now)];
+    struct sim_bucket *b = &r->b[sim_bucket_of(r, now)];
     b->live = atomic_load(&r->creates_ok) - atomic_load(&r->destroyed);
     uint64_t nl = 0;
     for (size_t i = 0; i < r->nnodes; i++)
         nl += r->nodes[i].live;
     b->node_live = nl;
     b->in_flight = (uint64_t)atomic_load(&r->in_flight);
-    size_t bi = bucket_of(r, now);
+    size_t bi = sim_bucket_of(r, now);
     if (bi + 1 > r->nbuckets)
         r->nbuckets = bi + 1;
     pthread_mutex_unlock(&r->mu);
@@ -485,6 +507,7 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
                     r->deferred[r->ndeferred++] = (long)i;
                 break;
             case SIM_OP_SEND: send_other(r, (long)i, due); break;
+            case SIM_OP_JOB: sim_jobs_due(r, (long)i); break;
             default: atomic_fetch_add(&r->seen, 1); break;
             }
             i++;
@@ -544,6 +567,13 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
         while (atomic_load(&r->in_flight) > 0 && sim_now() < until + r->o.drain_s && !atomic_load(&r->stop))
             usleep(1000);
     }
+    /* a checkpoint under way finishes and its units go back (the arbiter
+     * then reports the reclaim honoured); then the jobs end, giving back
+     * what they still hold */
+    double ck_until = sim_now() + r->o.drain_s;
+    while (atomic_load(&r->checkpointing) > 0 && sim_now() < ck_until && !atomic_load(&r->stop))
+        usleep(1000);
+    sim_jobs_stop(r);
     r->t_end = sim_now();
     sample(r, r->t_end);
     if (r->o.progress)
@@ -584,6 +614,20 @@ void sim_replay_result_get(sim_replay *r, sim_replay_result *out)
     }
     out->lat_p50_ms = sim_lat_pct(r->lat, (size_t)n, 0.50);
     out->lat_p99_ms = sim_lat_pct(r->lat, (size_t)n, 0.99);
+    pthread_mutex_lock(&r->mu);
+    out->reclaim_requested = r->reclaim_requested;
+    out->reclaim_honoured = r->reclaim_honoured;
+    out->reclaim_forced = r->reclaim_forced;
+    out->reclaim_failed = r->reclaim_failed;
+    pthread_mutex_unlock(&r->mu);
+    out->jobs_started = atomic_load(&r->jobs_started);
+    out->jobs_failed = atomic_load(&r->jobs_failed);
+    out->jobs_skipped = atomic_load(&r->jobs_skipped);
+    out->job_reclaims = atomic_load(&r->job_reclaims);
+    out->job_checkpoints = atomic_load(&r->job_checkpoints);
+    out->job_units_released = atomic_load(&r->job_units_released);
+    out->job_units_forced = atomic_load(&r->job_units_forced);
+    out->lost = atomic_load(&r->lost);
 }
 
 double sim_lat_pct(const struct sim_lat *v, size_t n, double p)
@@ -598,6 +642,10 @@ void sim_replay_free(sim_replay *r)
 {
     if (!r)
         return;
+    sim_jobs_stop(r); /* a replay freed without running to its end */
+    pthread_mutex_destroy(&r->jobs.mu);
+    pthread_cond_destroy(&r->jobs.cond);
+    dsec_free(r->jobs.queue);
     pthread_mutex_destroy(&r->mu);
     dsec_free(r->sbx);
     dsec_free(r->reqs);

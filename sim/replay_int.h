@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "dsec/job.h"
 #include "dsec/names.h"
 #include "sim/sim.h"
 
@@ -24,6 +25,7 @@ struct sim_req {
 
 struct sim_sbx {
     _Atomic int state;
+    _Atomic bool lost; /* answered not_found before the replay destroyed it */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char node[72];
     struct sim_req destroy_req;
@@ -42,12 +44,38 @@ struct sim_lat {
 
 struct sim_bucket {
     uint64_t sent, created, errors, live, node_live, in_flight;
-    uint64_t reclaim_requested, reclaim_done, reclaim_forced;
+    uint64_t reclaim_requested, reclaim_honoured, reclaim_forced, reclaim_failed;
 };
 
 struct sim_node_load {
     char name[72];
     uint64_t live, peak;
+    uint64_t cpu_free, mem_free; /* last report, less units the replay placed since */
+};
+
+/* A training job of the trace, run by the replayer through libdsec's job API. */
+struct sim_job {
+    struct sim_replay *r;
+    long ix;                 /* its SIM_OP_JOB */
+    dsec_job *job;           /* NULL until started (or when it failed) */
+    double checkpoint_s;     /* modelled checkpoint, replay time */
+};
+
+/* The replayed jobs (jobs.c): started off the send loop by their own thread,
+ * because taking units is a synchronous request per unit. */
+struct sim_jobs {
+    pthread_t thread;
+    bool running;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    long *queue;             /* SIM_OP_JOB indexes due, not yet started */
+    size_t nq, cap_q;
+    _Atomic bool stop;
+    dsec_client *client;
+    bool client_failed;
+    struct sim_job **jobs;   /* each allocated alone: libdsec holds its address */
+    size_t njobs, cap_jobs;
+    char first_err[256];     /* the first job that failed to start, and why */
 };
 
 struct sim_replay {
@@ -78,10 +106,19 @@ struct sim_replay {
     size_t nerr_kinds;
     struct sim_node_load nodes[SIM_MAX_NODES];
     size_t nnodes;
-    uint64_t reclaims;
+    uint64_t reclaims, reclaim_requested, reclaim_honoured, reclaim_forced, reclaim_failed;
+    struct sim_jobs jobs;
+    _Atomic uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints, job_units_released,
+        job_units_forced, lost;
+    _Atomic int checkpointing; /* job checkpoints under way */
 };
 
 void sim_replay_error(struct sim_replay *r, const char *kind, double t);
+size_t sim_bucket_of(const struct sim_replay *r, double t);
+/* jobs.c: queue a due SIM_OP_JOB (returns at once); stop every job (their
+ * units are given back) and gather their figures; free what is left. */
+void sim_jobs_due(struct sim_replay *r, long ix);
+void sim_jobs_stop(struct sim_replay *r);
 double sim_lat_pct(const struct sim_lat *v, size_t n, double p);
 
 #endif

@@ -33,8 +33,9 @@ static const char plots[] =
     "set output 'live.png'\nset title 'live sandboxes'\nset ylabel 'sandboxes'\n"
     "plot 'series.dat' using 1:5 with lines title 'replayer view', '' using 1:6 with lines title 'nodes report'\n"
     "set output 'reclaims.png'\nset title 'reclaim events'\nset ylabel 'events'\n"
-    "plot 'series.dat' using 1:8 with impulses lw 3 title 'requested', '' using 1:9 with impulses lw 2 "
-    "title 'honoured/released', '' using 1:10 with impulses title 'forced'\n"
+    "plot 'series.dat' using ($1-BS/4):8 with impulses lw 3 title 'requested', '' using 1:9 with impulses lw 3 "
+    "title 'honoured', '' using ($1+BS/4):10 with impulses lw 3 title 'forced', '' using ($1+BS/2):14 with "
+    "impulses lw 3 title 'failed'\n"
     "set output 'errors.png'\nset title 'errors by kind'\nset ylabel 'count'\nset xlabel ''\n"
     "set style fill solid\nset boxwidth 0.6\nset xtics rotate by -30\n"
     "plot 'errors.dat' using 0:2:xtic(1) with boxes title 'errors'\n"
@@ -83,18 +84,18 @@ int sim_replay_report(sim_replay *r, const char *dir, FILE *out, dsec_err *err)
             rc = -1;
             goto out;
         }
-        fprintf(f, "# t_s sent created errors live node_live in_flight reclaim_requested reclaim_done "
-                   "reclaim_forced lat_p50_ms lat_p99_ms lat_max_ms\n");
+        fprintf(f, "# t_s sent created errors live node_live in_flight reclaim_requested reclaim_honoured "
+                   "reclaim_forced lat_p50_ms lat_p99_ms lat_max_ms reclaim_failed\n");
         for (size_t i = 0; i < r->nbuckets; i++) {
             const struct sim_bucket *b = &r->b[i];
             size_t n = start[i + 1] - start[i];
             const struct sim_lat *v = bl + start[i];
             fprintf(f, "%.2f %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
-                       " %" PRIu64 " %" PRIu64 " %.3f %.3f %.3f\n",
+                       " %" PRIu64 " %" PRIu64 " %.3f %.3f %.3f %" PRIu64 "\n",
                     (double)i * r->bucket_s, b->sent, b->created, b->errors, b->live, b->node_live, b->in_flight,
-                    b->reclaim_requested, b->reclaim_done, b->reclaim_forced,
+                    b->reclaim_requested, b->reclaim_honoured, b->reclaim_forced,
                     n ? sim_lat_pct(v, n, 0.5) : 0.001, n ? sim_lat_pct(v, n, 0.99) : 0.001,
-                    n ? v[n - 1].ms : 0.001);
+                    n ? v[n - 1].ms : 0.001, b->reclaim_failed);
         }
         fclose(f);
         if (!(f = open_in(dir, "errors.dat", err))) {
@@ -139,12 +140,19 @@ int sim_replay_report(sim_replay *r, const char *dir, FILE *out, dsec_err *err)
                    ",\"destroyed\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64
                    ",\"create_latency_ms\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f,\"p999\":%.3f,\"max\":%.3f},"
                    "\"live_peak\":%" PRIu64 ",\"node_live_peak\":%" PRIu64 ",\"nodes\":%zu,\"reclaim_events\":%" PRIu64
+                   ",\"reclaims\":{\"requested\":%" PRIu64 ",\"honoured\":%" PRIu64 ",\"forced\":%" PRIu64
+                   ",\"failed\":%" PRIu64 "},\"jobs\":{\"started\":%" PRIu64 ",\"failed\":%" PRIu64
+                   ",\"skipped\":%" PRIu64 ",\"reclaims_received\":%" PRIu64 ",\"checkpoints\":%" PRIu64
+                   ",\"units_released\":%" PRIu64 ",\"units_forced\":%" PRIu64 "},\"rollouts_lost\":%" PRIu64
                    ",\"errors_by_kind\":{",
                 r->t->n, r->o.speed, elapsed, res.elapsed_s, res.ops_sent, res.ops_per_s, res.creates_sent,
                 res.creates_ok, res.sbx_sent, res.sends, res.destroys_sent, (uint64_t)atomic_load(&r->destroyed),
                 res.errors, res.unmapped, res.waited, sim_lat_pct(r->lat, (size_t)nl, 0.5), sim_lat_pct(r->lat, (size_t)nl, 0.9),
                 sim_lat_pct(r->lat, (size_t)nl, 0.99), sim_lat_pct(r->lat, (size_t)nl, 0.999),
-                nl ? r->lat[nl - 1].ms : 0, peak_live, peak_node_live, r->nnodes, r->reclaims);
+                nl ? r->lat[nl - 1].ms : 0, peak_live, peak_node_live, r->nnodes, r->reclaims,
+                res.reclaim_requested, res.reclaim_honoured, res.reclaim_forced, res.reclaim_failed,
+                res.jobs_started, res.jobs_failed, res.jobs_skipped, res.job_reclaims, res.job_checkpoints,
+                res.job_units_released, res.job_units_forced, res.lost);
         for (size_t i = 0; i < r->nerr_kinds; i++)
             fprintf(f, "%s\"%s\":%" PRIu64, i ? "," : "", r->err_kind[i], r->err_n[i]);
         fprintf(f, "}}\n");
@@ -174,8 +182,24 @@ text:;
     fprintf(t, "%-28s %12" PRIu64 "\n", "live peak (nodes report)", peak_node_live);
     fprintf(t, "%-28s %12zu\n", "nodes reporting", r->nnodes);
     fprintf(t, "%-28s %12" PRIu64 "\n", "reclaim events", r->reclaims);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "  requested", res.reclaim_requested);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "  honoured", res.reclaim_honoured);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "  forced", res.reclaim_forced);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "  failed", res.reclaim_failed);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "jobs started", res.jobs_started);
+    if (res.jobs_failed)
+        fprintf(t, "%-28s %12" PRIu64 "\n", "jobs failed to start", res.jobs_failed);
+    if (res.jobs_skipped)
+        fprintf(t, "%-28s %12" PRIu64 "\n", "jobs not run (no job URL)", res.jobs_skipped);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "reclaims the jobs received", res.job_reclaims);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "checkpoints done", res.job_checkpoints);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "units released by jobs", res.job_units_released);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "units forced by the arbiter", res.job_units_forced);
+    fprintf(t, "%-28s %12" PRIu64 "\n", "rollouts lost (preempted)", res.lost);
     for (size_t i = 0; i < r->nerr_kinds; i++)
         fprintf(t, "  error %-20.20s %12" PRIu64 "\n", r->err_kind[i], r->err_n[i]);
+    if (r->jobs.first_err[0])
+        fprintf(t, "first job error: %s\n", r->jobs.first_err);
     fclose(t);
     if (out)
         fputs(txt, out);

@@ -16,8 +16,19 @@ enum sim_kind {
     SIM_OP_CREATE = 1, /* a create: replayed as a request, its sandbox remembered */
     SIM_OP_SBX,        /* exec/op/file_* on a sandbox the trace created: id rewritten */
     SIM_OP_SEND,       /* other client-side traffic (jobs): sent as recorded */
-    SIM_OP_SEEN,       /* output of the cell (replies, reclaim events): counted, not sent */
+    SIM_OP_SEEN,       /* output of the cell (replies, reclaim events), or what a replayed job sends itself */
+    SIM_OP_JOB,        /* a training job's first registration: the replayer runs that job (libdsec's job API) */
 };
+
+/* The node a generated trace names for a job unit it leaves to the replayer
+ * to place (the generator does not know the cell's nodes). */
+#define SIM_NODE_ANY "any"
+
+/* One unit of capacity a job holds (SIM_OP_JOB). */
+typedef struct sim_unit {
+    char *node; /* recorded node, or SIM_NODE_ANY */
+    uint64_t cpu_milli, memory_mb;
+} sim_unit;
 
 typedef struct sim_op {
     uint64_t t_ns;     /* since the first record */
@@ -28,7 +39,7 @@ typedef struct sim_op {
     char *req_id;
     uint8_t *payload;
     size_t len;
-    /* creates */
+    /* creates; job_id and cls also for SIM_OP_JOB (the job's name and class) */
     char *sbx_type, *job_id, *cls;
     uint64_t cpu_milli, memory_mb, lifetime_s;
     double cpu_use;
@@ -39,6 +50,12 @@ typedef struct sim_op {
     bool destroys; /* an op "destroy": the replayer does not destroy this sandbox itself */
     /* "created" replies seen in the trace: the recorded sandbox id */
     char *created_id;
+    /* SIM_OP_JOB: the job_register's cell, priority, checkpoint cost, grace and units */
+    char *cell;
+    int64_t priority;
+    uint64_t checkpoint_ms, grace_ms;
+    sim_unit *units;
+    size_t nunits;
 } sim_op;
 
 typedef struct sim_trace {
@@ -77,8 +94,11 @@ typedef struct sim_profile {
     int bases;                /* base layers */
     char mix[256];            /* type=weight,... */
     int jobs;                 /* training jobs holding capacity from the start */
-    uint64_t job_cpu_milli, job_memory_mb;
-    int job_units;            /* sandboxes each job holds */
+    uint64_t job_cpu_milli, job_memory_mb; /* of one unit */
+    int job_units;            /* units of capacity each job holds */
+    double job_checkpoint_s;  /* how long a job's checkpoint takes before it releases */
+    double job_grace_s;       /* the grace a job asks reclaims to give it; 0: the arbiter's default */
+    char cell[64];            /* the cell the jobs register in */
     char tenant[64];
     uint64_t cpu_milli, memory_mb; /* what a rollout asks for (median; x0.25..x4) */
 } sim_profile;
@@ -103,7 +123,8 @@ typedef struct sim_stats {
     size_t fanout_layers; /* layers with children */
     size_t max_job_creates; /* creates of the largest job (a burst) */
     char max_job[96];
-    size_t job_holders;     /* creates of class job|batch (training jobs holding capacity) */
+    size_t jobs;            /* training jobs registered (job_register records, one per job) */
+    size_t job_holders;     /* their units, plus creates of class job|batch (older traces) */
     uint64_t job_cpu_milli; /* what they hold together */
     char types[8][32];
     size_t type_n[8], ntypes;
@@ -124,6 +145,10 @@ typedef struct sim_sink {
     int (*publish)(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
                    dsec_err *err);
     void *ctx;
+    /* Where the trace's training jobs connect (libdsec, dsec_job_start) to hold
+     * capacity and answer reclaims; NULL: the jobs are not run (counted as
+     * skipped), e.g. for a no-op sink. */
+    const char *job_url;
 } sim_sink;
 
 typedef struct sim_replay_opts {
@@ -136,6 +161,7 @@ typedef struct sim_replay_opts {
     bool no_lifetimes;     /* do not destroy sandboxes after their recorded lifetime */
     bool progress;         /* draw a progress bar on stderr */
     double drain_s;        /* wait at most this long for answers at the end; default 10 */
+    const char *cell;      /* the cell the trace's jobs register in; NULL: as recorded */
 } sim_replay_opts;
 
 typedef struct sim_replay sim_replay;
@@ -148,8 +174,11 @@ int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink,
  * payload. */
 void sim_replay_answer(void *req, int status, const char *type, const char *err_code,
                        const void *data, size_t len, const dsec_err *err);
-/* Observed cell events (bus sink): a node's live count, a reclaim outcome. */
-void sim_replay_node_live(sim_replay *r, const char *node, uint64_t live);
+/* Observed cell events (bus sink): a node's capacity report (live sandboxes,
+ * free CPU and memory: the replayed jobs place their units by it), a
+ * reclaim outcome from dsec.v1.ctl.evt.<cell>.reclaim. */
+void sim_replay_node_report(sim_replay *r, const char *node, uint64_t live, uint64_t cpu_free_milli,
+                            uint64_t mem_free_mb);
 void sim_replay_reclaim(sim_replay *r, const char *outcome);
 /* Run to the end of the trace (plus lifetimes and the drain). */
 int sim_replay_run(sim_replay *r, dsec_err *err);
@@ -164,6 +193,16 @@ typedef struct sim_replay_result {
     long in_flight; /* requests still unanswered */
     uint64_t waited; /* sandbox operations that waited for their create's answer */
     double elapsed_s, ops_per_s, lat_p50_ms, lat_p99_ms;
+    /* the cell's reclaim events by outcome (dsec.v1.ctl.evt.*.reclaim) */
+    uint64_t reclaim_requested, reclaim_honoured, reclaim_forced, reclaim_failed;
+    /* the replayed jobs: started, failed to start, not run (no job_url); the
+     * reclaims they received, checkpoints they finished, units they released
+     * themselves and units the arbiter took by force */
+    uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints, job_units_released,
+        job_units_forced;
+    /* sandboxes this replay created that were gone (not_found) before it
+     * destroyed them: preempted or lost rollouts */
+    uint64_t lost;
 } sim_replay_result;
 void sim_replay_result_get(sim_replay *r, sim_replay_result *out);
 /* Requests still in flight (and a bus sink's observers) call into r: free the

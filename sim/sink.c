@@ -8,6 +8,7 @@
 
 struct sim_bus_sink {
     dsec_bus *bus;
+    char url[1024]; /* the server the bus is on: the replayed jobs connect there */
     dsec_actor *obs;
     sim_replay *r;
 };
@@ -45,6 +46,7 @@ int sim_bus_sink_new(sim_bus_sink **out, dsec_bus *bus, sim_sink *sink, dsec_err
     sink->request = bus_request;
     sink->publish = bus_publish;
     sink->ctx = s;
+    sink->job_url = dsec_bus_connected_url(bus, s->url, sizeof s->url) == 0 ? s->url : NULL;
     *out = s;
     return 0;
 }
@@ -56,7 +58,7 @@ static void on_capacity(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_capacity c;
     dsec_err err;
     if (s->r && dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) == 0)
-        sim_replay_node_live(s->r, c.node, c.live);
+        sim_replay_node_report(s->r, c.node, c.live, c.cpu_free_milli, c.mem_free_mb);
 }
 
 static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)

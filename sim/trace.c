@@ -101,9 +101,17 @@ static int classify(sim_op *o)
     if (strncmp(s, "dsec.v1.ctl.evt.", 16) == 0)
         return SIM_OP_SEEN;
     size_t n = strlen(s);
+    if (strcmp(t, "job_register") == 0)
+        return SIM_OP_JOB; /* the first per job; later ones are the job's own, see link_ops */
+    /* a replayed job takes and gives back its own holdings and reports its
+     * own releases; the arbiter's reclaims, forced releases and events are
+     * the cell's output: none of these is re-sent as recorded */
+    if (strncmp(s, "dsec.v1.ctl.hold.", 17) == 0 || strcmp(t, "job_hold") == 0)
+        return SIM_OP_SEEN;
     if (strncmp(s, "dsec.v1.ctl.job.", 16) == 0 &&
-        ((n > 8 && strcmp(s + n - 8, ".reclaim") == 0) || (n > 7 && strcmp(s + n - 7, ".forced") == 0)))
-        return SIM_OP_SEEN; /* the arbiter's side: the cell makes these itself */
+        ((n > 8 && strcmp(s + n - 8, ".reclaim") == 0) || (n > 7 && strcmp(s + n - 7, ".forced") == 0) ||
+         (n > 9 && strcmp(s + n - 9, ".released") == 0)))
+        return SIM_OP_SEEN;
     return SIM_OP_SEND;
 }
 
@@ -173,6 +181,27 @@ static int add_record(sim_trace *t, const Dsec__V1__TraceRecord *rec, dsec_decod
             if (!o->req_id && m.req_id && *m.req_id)
                 o->req_id = dsec_strdup(m.req_id);
         }
+    } else if (o->kind == SIM_OP_JOB) {
+        dsec_msg_job_register m;
+        dsec_err derr;
+        if (o->len == 0)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "job_register without a payload");
+        if (dsec_decode(dec, DSEC_MSG_JOB_REGISTER, o->payload, o->len, &m, &derr) < 0)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "job_register payload: %s", derr.msg);
+        o->job_id = dsec_strdup(m.job);
+        o->cell = dsec_strdup(m.cell);
+        o->cls = dsec_strdup(m.cls && *m.cls ? m.cls : "job");
+        o->priority = m.priority;
+        o->checkpoint_ms = m.checkpoint_ms;
+        o->grace_ms = m.grace_ms;
+        const dsec_msg_job_hold *h = m.holds.items;
+        o->units = dsec_calloc(m.holds.n + 1, sizeof *o->units);
+        for (uint32_t i = 0; i < m.holds.n; i++) {
+            o->units[i].node = dsec_strdup(h[i].node);
+            o->units[i].cpu_milli = h[i].cpu_milli;
+            o->units[i].memory_mb = h[i].memory_mb;
+        }
+        o->nunits = m.holds.n;
     } else if (o->kind == SIM_OP_SBX && strcmp(o->msg_type, "op") == 0 && o->len) {
         dsec_msg_op m;
         dsec_err derr;
@@ -189,7 +218,17 @@ static int add_record(sim_trace *t, const Dsec__V1__TraceRecord *rec, dsec_decod
  * reply that names its sandbox (ids are unique, so order does not matter). */
 static void link_ops(sim_trace *t)
 {
-    struct smap by_req = {0}, by_id = {0};
+    struct smap by_req = {0}, by_id = {0}, jobs = {0};
+    /* a job registers every second: the first registration starts it in a
+     * replay, the later ones are what the running job sends itself */
+    for (size_t i = 0; i < t->n; i++)
+        if (t->ops[i].kind == SIM_OP_JOB) {
+            if (smap_get(&jobs, t->ops[i].job_id) >= 0)
+                t->ops[i].kind = SIM_OP_SEEN;
+            else
+                smap_put(&jobs, t->ops[i].job_id, (long)i);
+        }
+    smap_free(&jobs);
     for (size_t i = 0; i < t->n; i++)
         if (t->ops[i].kind == SIM_OP_CREATE && t->ops[i].req_id)
             smap_put(&by_req, t->ops[i].req_id, (long)i);
@@ -284,6 +323,10 @@ void sim_trace_free(sim_trace *t)
         dsec_free(o->job_id);
         dsec_free(o->cls);
         dsec_free(o->created_id);
+        dsec_free(o->cell);
+        for (size_t j = 0; j < o->nunits; j++)
+            dsec_free(o->units[j].node);
+        dsec_free(o->units);
         for (size_t j = 0; j < o->nlayers; j++)
             dsec_free(o->layers[j]);
         dsec_free(o->layers);
@@ -350,6 +393,13 @@ int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err)
         case SIM_OP_SBX: s->sbx_ops++; break;
         case SIM_OP_SEND: s->sends++; break;
         case SIM_OP_SEEN: s->seen++; break;
+        case SIM_OP_JOB:
+            s->sends++;
+            s->jobs++;
+            s->job_holders += o->nunits;
+            for (size_t u = 0; u < o->nunits; u++)
+                s->job_cpu_milli += o->units[u].cpu_milli;
+            break;
         default: break;
         }
         if (o->kind == SIM_OP_SBX && o->destroys && o->create_ix >= 0 && t->ops[o->create_ix].lifetime_s == 0)
@@ -438,10 +488,10 @@ void sim_stats_print(const sim_stats *s, FILE *f, bool json)
                    "\"lifetime_p50_s\":%.0f,\"lifetime_p90_s\":%.0f,\"lifetime_p99_s\":%.0f,"
                    "\"low_cpu_use_share\":%.4f,\"layer_fanout_p50\":%.1f,\"layer_fanout_p90\":%.1f,"
                    "\"layers_with_children\":%zu,\"max_job_creates\":%zu,\"max_job\":\"%s\","
-                   "\"job_holders\":%zu,\"job_cpu_milli\":%" PRIu64 ",\"types\":{",
+                   "\"jobs\":%zu,\"job_holders\":%zu,\"job_cpu_milli\":%" PRIu64 ",\"types\":{",
                 s->records, s->creates, s->sbx_ops, s->sends, s->seen, s->duration_s, s->create_rate_avg,
                 s->create_rate_peak, s->life_p50_s, s->life_p90_s, s->life_p99_s, s->low_use_share,
-                s->fanout_p50, s->fanout_p90, s->fanout_layers, s->max_job_creates, s->max_job,
+                s->fanout_p50, s->fanout_p90, s->fanout_layers, s->max_job_creates, s->max_job, s->jobs,
                 s->job_holders, s->job_cpu_milli);
         for (size_t i = 0; i < s->ntypes; i++)
             fprintf(f, "%s\"%s\":%zu", i ? "," : "", s->types[i], s->type_n[i]);
@@ -462,7 +512,7 @@ void sim_stats_print(const sim_stats *s, FILE *f, bool json)
     fprintf(f, "layer fan-out        p50 %.0f, p90 %.0f (over %zu layers with children)\n", s->fanout_p50,
             s->fanout_p90, s->fanout_layers);
     fprintf(f, "largest job burst    %zu creates (%s)\n", s->max_job_creates, s->max_job[0] ? s->max_job : "-");
-    fprintf(f, "training jobs        %zu sandboxes holding %.1f cores\n", s->job_holders,
+    fprintf(f, "training jobs        %zu, holding %zu units (%.1f cores)\n", s->jobs, s->job_holders,
             (double)s->job_cpu_milli / 1000);
     fprintf(f, "types               ");
     for (size_t i = 0; i < s->ntypes; i++)

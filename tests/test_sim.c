@@ -1,7 +1,8 @@
-/* test_sim.c - the replay simulator: profile statistics, broken traces, record then replay, a short replay on a 160-node sim cell. */
+/* test_sim.c - the replay simulator: profile statistics, broken traces, record then replay, a short replay on a 160-node sim cell, replayed training jobs honouring reclaims. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <math.h>
 #include <stdio.h>
@@ -54,21 +55,44 @@ static void test_gen_matches_profile(void **state)
         assert_true(s.fanout_p50 >= 2 && s.fanout_p50 <= 4);
         assert_true(s.fanout_p90 >= 20 && s.fanout_p90 <= 38);
         assert_int_equal(s.max_job_creates, 32000);
+        assert_int_equal(s.jobs, (size_t)p.jobs);
         assert_int_equal(s.job_holders, (size_t)(p.jobs * p.job_units));
         assert_int_equal(s.job_cpu_milli, (uint64_t)p.jobs * (uint64_t)p.job_units * p.job_cpu_milli);
         assert_true(s.create_rate_peak > 5000); /* the 32,000 burst over 4 s */
         static const struct { const char *type; double w; } mix[] = {
             {"function", .35}, {"container", .40}, {"microvm", .15}, {"vm", .10}};
-        size_t rollouts = s.creates - s.job_holders;
+        size_t rollouts = s.creates; /* the jobs hold capacity through the job protocol, not creates */
         for (size_t m = 0; m < 4; m++) {
             size_t n = 0;
             for (size_t i = 0; i < s.ntypes; i++)
                 if (strcmp(s.types[i], mix[m].type) == 0)
                     n = s.type_n[i];
-            if (strcmp(mix[m].type, "container") == 0)
-                n -= s.job_holders;
             assert_true(fabs((double)n / (double)rollouts - mix[m].w) < 0.02);
         }
+        /* each job: its holds (left to the job itself in a replay), then one registration the replayer runs */
+        size_t njob = 0, nhold = 0;
+        for (size_t i = 0; i < t.n; i++) {
+            const sim_op *o = &t.ops[i];
+            if (strcmp(o->msg_type, "job_hold") == 0) {
+                assert_int_equal(o->kind, SIM_OP_SEEN);
+                nhold++;
+            }
+            if (o->kind != SIM_OP_JOB)
+                continue;
+            njob++;
+            assert_non_null(strstr(o->subject, "dsec.v1.ctl.job.sim.register"));
+            assert_string_equal(o->cls, "job");
+            assert_int_equal(o->checkpoint_ms, (uint64_t)(p.job_checkpoint_s * 1000));
+            assert_int_equal(o->nunits, (size_t)p.job_units);
+            for (size_t u = 0; u < o->nunits; u++) {
+                assert_string_equal(o->units[u].node, SIM_NODE_ANY);
+                assert_int_equal(o->units[u].cpu_milli, p.job_cpu_milli);
+                assert_int_equal(o->units[u].memory_mb, p.job_memory_mb);
+            }
+            assert_true(o->t_ns < 1000000000ull); /* in the first second */
+        }
+        assert_int_equal(njob, (size_t)p.jobs);
+        assert_int_equal(nhold, (size_t)(p.jobs * p.job_units));
         /* overrides take */
         sim_trace_free(&t);
         free(buf);
@@ -83,6 +107,16 @@ static void test_gen_matches_profile(void **state)
     assert_int_equal(sim_profile_set(&p, "no-such", "1", &err), -1);
     assert_non_null(strstr(err.msg, "no-such"));
     assert_int_equal(sim_profile_set(&p, "rate", "x", &err), -1);
+    assert_int_equal(sim_profile_set(&p, "job-checkpoint", "0.5", &err), 0);
+    assert_true(fabs(p.job_checkpoint_s - 0.5) < 1e-9);
+    {
+        sim_profile bad = p;
+        bad.job_units = 0;
+        FILE *nf = fopen("/dev/null", "wb");
+        assert_int_equal(sim_gen(&bad, nf, "test", NULL, &err), -1);
+        assert_non_null(strstr(err.msg, "job-units"));
+        fclose(nf);
+    }
     size_t len;
     char *buf = gen_mem(&p, &len);
     sim_trace t;
@@ -145,7 +179,7 @@ static void test_broken_traces(void **state)
 }
 
 /* ---- a cell in this process ---------------------------------------------------------- */
-static dsec_cell *start_cell(size_t nodes, char *dir)
+static dsec_cell *start_cell_sized(size_t nodes, uint64_t cpu, uint64_t mem, unsigned replicas, char *dir)
 {
     strcpy(dir, "/tmp/dsec-test-sim-XXXXXX");
     assert_non_null(mkdtemp(dir));
@@ -155,12 +189,12 @@ static dsec_cell *start_cell(size_t nodes, char *dir)
     snprintf(c.state_dir, sizeof c.state_dir, "%s", dir);
     c.embedded_nats = true;
     c.jetstream = true;
-    c.sched_replicas = 2;
+    c.sched_replicas = replicas;
     c.threads = 2;
     c.capacity_ms = 100;
     dsec_err err;
     static const char *const types[] = {"sim", "function", "container", "microvm", "vm", NULL};
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "n", nodes, 192000, 1572864, 3000, types, "0", &err), 0);
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "n", nodes, cpu, mem, 3000, types, "0", &err), 0);
     dsec_cell *cell;
     int rc = dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err);
     if (rc < 0)
@@ -169,6 +203,11 @@ static dsec_cell *start_cell(size_t nodes, char *dir)
     dsec_cell_conf_release(&c);
     usleep(500000);
     return cell;
+}
+
+static dsec_cell *start_cell(size_t nodes, char *dir)
+{
+    return start_cell_sized(nodes, 192000, 1572864, 2, dir);
 }
 
 static void stop_cell(dsec_cell *cell, const char *dir)
@@ -352,6 +391,8 @@ static void test_replay_160_nodes(void **state)
     sim_trace t;
     dsec_err err;
     assert_int_equal(sim_trace_load_mem(&t, buf, len, "gen", &err), 0);
+    sim_stats st;
+    assert_int_equal(sim_stats_compute(&t, &st, &err), 0);
     sim_sink sink;
     sim_bus_sink *bs;
     sim_replay *r;
@@ -365,10 +406,16 @@ static void test_replay_160_nodes(void **state)
     usleep(300000);
     sim_replay_result res;
     sim_replay_result_get(r, &res);
-    assert_int_equal(res.creates_sent, t.n);
-    assert_int_equal(res.creates_ok, t.n);
+    if (res.errors)
+        sim_replay_report(r, NULL, stderr, &err);
+    assert_int_equal(res.creates_sent, st.creates);
+    assert_int_equal(res.creates_ok, st.creates);
     assert_int_equal(res.errors, 0);
-    assert_int_equal(res.destroys_sent, t.n);
+    assert_int_equal(res.destroys_sent, st.creates);
+    assert_int_equal(res.jobs_started, 2); /* a cell this size has room: nothing to reclaim */
+    assert_int_equal(res.jobs_failed, 0);
+    assert_int_equal(res.reclaim_requested, 0);
+    assert_int_equal(res.lost, 0);
     char rep[128];
     snprintf(rep, sizeof rep, "%s/report", dir);
     assert_int_equal(sim_replay_report(r, rep, NULL, &err), 0);
@@ -390,6 +437,239 @@ static void test_replay_160_nodes(void **state)
     stop_cell(cell, dir);
 }
 
+/* ---- a sink that answers in the calling thread ------------------------------------------ */
+struct fake_sink {
+    dsec_buf created;
+    int ncreates, nops;
+};
+
+static int fake_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
+                        int timeout_ms, void *req, dsec_err *err)
+{
+    (void)h, (void)data, (void)len, (void)timeout_ms, (void)err;
+    struct fake_sink *f = ctx;
+    size_t n = strlen(subject);
+    if (n > 7 && strcmp(subject + n - 7, ".create") == 0) {
+        f->ncreates++;
+        sim_replay_answer(req, 0, "created", NULL, f->created.data, f->created.len, NULL);
+    } else { /* every sandbox has vanished by the time the replay comes back to it */
+        f->nops++;
+        sim_replay_answer(req, 0, "error", "not_found", NULL, 0, NULL);
+    }
+    return 0;
+}
+
+static int fake_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len, dsec_err *err)
+{
+    (void)ctx, (void)subject, (void)h, (void)data, (void)len, (void)err;
+    return 0;
+}
+
+/* Sandboxes gone before the replay destroyed them count as lost, once each; a
+ * sink without a job URL does not run the trace's jobs and says so. */
+static void test_lost_and_jobs_skipped(void **state)
+{
+    (void)state;
+    sim_profile p;
+    sim_profile_dsec(&p);
+    p.duration_s = 2;
+    p.rate = 20;
+    p.burst_max = 5;
+    p.burst_min = 5;
+    p.burst_every_s = 0;
+    p.jobs = 3;
+    size_t len;
+    char *buf = gen_mem(&p, &len);
+    sim_trace t;
+    dsec_err err;
+    assert_int_equal(sim_trace_load_mem(&t, buf, len, "gen", &err), 0);
+    sim_stats st;
+    sim_stats_compute(&t, &st, &err);
+    struct fake_sink f = {0};
+    dsec_buf_init(&f.created);
+    dsec_msg_created c = {.id = "n-0000-00000000000000ab", .node = "n-0000", .type = "sim"};
+    assert_int_equal(dsec_encode(&f.created, DSEC_MSG_CREATED, &c, &err), 0);
+    sim_sink sink = {.request = fake_request, .publish = fake_publish, .ctx = &f};
+    sim_replay *r;
+    sim_replay_opts o = {.speed = 0, .destroy_at_end = true, .drain_s = 1};
+    assert_int_equal(sim_replay_new(&r, &t, &sink, &o, &err), 0);
+    assert_int_equal(sim_replay_run(r, &err), 0);
+    sim_replay_result res;
+    sim_replay_result_get(r, &res);
+    assert_int_equal(res.creates_ok, st.creates);
+    assert_int_equal(f.nops, (int)st.creates);
+    assert_int_equal(res.lost, st.creates);
+    assert_int_equal(res.jobs_skipped, 3);
+    assert_int_equal(res.jobs_started, 0);
+    char *txt = NULL;
+    size_t tn = 0;
+    FILE *tf = open_memstream(&txt, &tn);
+    assert_int_equal(sim_replay_report(r, NULL, tf, &err), 0);
+    fclose(tf);
+    assert_non_null(strstr(txt, "jobs not run (no job URL)"));
+    assert_non_null(strstr(txt, "rollouts lost (preempted)"));
+    free(txt);
+    sim_replay_free(r);
+    dsec_buf_release(&f.created);
+    sim_trace_free(&t);
+    free(buf);
+}
+
+/* ---- training jobs and reclaims ----------------------------------------------------------- */
+
+/* Replay t against cell (bus) at speed 2 and return the figures; the observer sees the cell's reclaim events. */
+static void replay_observed(dsec_bus *bus, const sim_trace *t, sim_replay_result *res, char *report_json, size_t n)
+{
+    sim_sink sink;
+    sim_bus_sink *bs;
+    sim_replay *r;
+    dsec_err err;
+    sim_replay_opts o = {.speed = 2, .destroy_at_end = true, .drain_s = 5, .force_type = "sim"};
+    assert_int_equal(sim_bus_sink_new(&bs, bus, &sink, &err), 0);
+    assert_int_equal(sim_replay_new(&r, t, &sink, &o, &err), 0);
+    assert_int_equal(sim_bus_sink_observe(bs, r, &err), 0);
+    usleep(300000); /* the nodes' answers to the sync: where the jobs' units can go */
+    assert_int_equal(sim_replay_run(r, &err), 0);
+    usleep(500000); /* the last reclaim events */
+    sim_replay_result_get(r, res);
+    if (res->errors || res->reclaim_requested == 0)
+        sim_replay_report(r, NULL, stderr, &err);
+    char dir[] = "/tmp/dsec-test-simrep-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(sim_replay_report(r, dir, NULL, &err), 0);
+    char jp[128];
+    snprintf(jp, sizeof jp, "%s/report.json", dir);
+    FILE *jf = fopen(jp, "r");
+    assert_non_null(jf);
+    size_t jn = fread(report_json, 1, n - 1, jf);
+    report_json[jn] = '\0';
+    fclose(jf);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    sim_bus_sink_free(bs);
+    sim_replay_free(r);
+}
+
+/* A generated trace whose two jobs hold most of a small cell, and a rollout burst that needs
+ * room: the replayed jobs are asked to give capacity back, checkpoint (the profile's delay)
+ * and release; the arbiter reports every reclaim honoured, none forced, and no rollout is
+ * lost. Recorded beside the replay, the job traffic replays again: the jobs run anew (on the
+ * recorded nodes) and the burst again gets its room by reclaims. */
+static void test_replay_jobs_reclaim(void **state)
+{
+    (void)state;
+    char dir[64];
+    /* 4 nodes of 8 CPUs: 2 jobs x 4 units x 3.5 CPUs leave 4 CPUs for 200 rollouts of ~0.13 CPU */
+    dsec_cell *cell = start_cell_sized(4, 8000, 16384, 1, dir);
+    const char *url = dsec_cell_url(cell);
+    dsec_bus *bus = connect_bus(url), *tapbus = connect_bus(url);
+    sim_profile p;
+    sim_profile_dsec(&p);
+    p.duration_s = 10;
+    p.rate = 2;
+    p.burst_min = p.burst_max = 200;
+    p.burst_every_s = 0;
+    p.burst_spread_s = 1;
+    p.life_median_s = 20;
+    p.life_max_s = 60;
+    p.jobs = 2;
+    p.job_units = 4;
+    p.job_cpu_milli = 3500;
+    p.job_memory_mb = 6000;
+    p.job_checkpoint_s = 1;
+    p.memory_mb = 64;
+    size_t len;
+    char *buf = gen_mem(&p, &len);
+    sim_trace t;
+    dsec_err err;
+    assert_int_equal(sim_trace_load_mem(&t, buf, len, "gen", &err), 0);
+    sim_stats st;
+    sim_stats_compute(&t, &st, &err);
+
+    char path[128];
+    snprintf(path, sizeof path, "%s/jobs.trc", dir);
+    FILE *f = fopen(path, "wb");
+    sim_recorder *rec;
+    assert_int_equal(sim_record_start(&rec, tapbus, f, NULL, "test", &err), 0);
+    double t0 = sim_now();
+    sim_replay_result res;
+    char js[8192];
+    replay_observed(bus, &t, &res, js, sizeof js);
+    assert_true(sim_now() - t0 < 20);
+    uint64_t dropped;
+    assert_int_equal(sim_record_stop(rec, &dropped, &err), 0);
+    fclose(f);
+    assert_int_equal(res.jobs_started, 2);
+    assert_int_equal(res.jobs_failed, 0);
+    assert_int_equal(res.creates_ok, st.creates);
+    assert_int_equal(res.errors, 0);
+    assert_true(res.reclaim_requested >= 1);
+    assert_int_equal(res.reclaim_honoured, res.reclaim_requested);
+    assert_int_equal(res.reclaim_forced, 0);
+    assert_int_equal(res.reclaim_failed, 0);
+    assert_int_equal(res.job_reclaims, res.reclaim_requested); /* every request reached a replayed job */
+    assert_int_equal(res.job_checkpoints, res.job_reclaims);
+    assert_true(res.job_units_released >= 1);
+    assert_int_equal(res.job_units_forced, 0);
+    assert_int_equal(res.lost, 0); /* no rollout preempted */
+    char want[128];
+    snprintf(want, sizeof want, "\"reclaims\":{\"requested\":%" PRIu64 ",\"honoured\":%" PRIu64 ",\"forced\":0",
+             res.reclaim_requested, res.reclaim_honoured);
+    if (!strstr(js, want))
+        fail_msg("report.json lacks %s: %s", want, js);
+    assert_non_null(strstr(js, "\"rollouts_lost\":0"));
+
+    /* the recording: the jobs' first registrations (with the nodes they held) run, their
+     * holds, releases and the arbiter's reclaims and events are not re-sent */
+    sim_trace t2;
+    assert_int_equal(sim_trace_load(&t2, path, &err), 0);
+    size_t njob = 0, nreleased = 0, nhold = 0, nreclaim_evt = 0;
+    for (size_t i = 0; i < t2.n; i++) {
+        const sim_op *o = &t2.ops[i];
+        size_t sl = strlen(o->subject);
+        if (o->kind == SIM_OP_JOB) {
+            njob++;
+            assert_int_equal(o->nunits, 4);
+            assert_non_null(strstr(o->job_id, "train-"));
+            for (size_t u = 0; u < o->nunits; u++)
+                assert_int_equal(strncmp(o->units[u].node, "n-000", 5), 0);
+        }
+        if (sl > 9 && strcmp(o->subject + sl - 9, ".released") == 0) {
+            nreleased++;
+            assert_int_equal(o->kind, SIM_OP_SEEN);
+        }
+        if (strncmp(o->subject, "dsec.v1.ctl.hold.", 17) == 0) {
+            nhold++;
+            assert_int_equal(o->kind, SIM_OP_SEEN);
+        }
+        if (strcmp(o->subject, "dsec.v1.ctl.evt.sim.reclaim") == 0) {
+            nreclaim_evt++;
+            assert_int_equal(o->kind, SIM_OP_SEEN);
+        }
+    }
+    assert_int_equal(njob, 2);
+    assert_int_equal(nreleased, res.reclaim_honoured);
+    assert_true(nhold >= 8 + res.job_units_released); /* taken, given back by reclaims, and at the end */
+    assert_true(nreclaim_evt >= 2 * res.reclaim_requested);
+    sim_replay_result res2;
+    replay_observed(bus, &t2, &res2, js, sizeof js);
+    assert_int_equal(res2.jobs_started, 2);
+    assert_int_equal(res2.jobs_failed, 0);
+    assert_int_equal(res2.errors, 0);
+    assert_int_equal(res2.creates_ok, st.creates);
+    assert_true(res2.reclaim_requested >= 1);
+    assert_int_equal(res2.reclaim_honoured, res2.reclaim_requested);
+    assert_int_equal(res2.reclaim_forced, 0);
+    assert_int_equal(res2.lost, 0);
+    sim_trace_free(&t2);
+    sim_trace_free(&t);
+    free(buf);
+    dsec_bus_free(bus);
+    dsec_bus_free(tapbus);
+    stop_cell(cell, dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +677,8 @@ int main(void)
         cmocka_unit_test(test_broken_traces),
         cmocka_unit_test(test_record_then_replay),
         cmocka_unit_test(test_replay_160_nodes),
+        cmocka_unit_test(test_lost_and_jobs_skipped),
+        cmocka_unit_test(test_replay_jobs_reclaim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
