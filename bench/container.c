@@ -270,9 +270,11 @@ static void exec_true(dsec_client *cl, const char *id, double *lat)
     dsec_exec_reply_release(&res);
 }
 
+/* A whole core: a smaller CPU quota would throttle the back-to-back execs
+ * measured in it (the density sandboxes below ask for a tenth). */
 static void make(dsec_client *cl, dsec_sandbox_info *info)
 {
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16,
+    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000, .memory_mb = 64,
                            .ttl_s = 86400, .idle_s = 86400};
     dsec_err err;
     if (dsec_create(cl, &cs, info, &err) < 0)
