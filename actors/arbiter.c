@@ -75,6 +75,8 @@ struct dsec_arbiter {
     uint64_t lease_rev, last_renew_ms, acquired_ns;
 
     pthread_mutex_t mu; /* everything below */
+    unsigned acks;           /* reclaim requests whose reply callback has not run yet */
+    pthread_cond_t acks_cv;  /* signalled as they run: stop waits for the last */
     struct job *jobs;
     size_t njobs, cap_jobs;
     struct pending *pend;
@@ -424,6 +426,8 @@ static void on_ack(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
                 a->pend[i].deadline_ns = 0; /* nobody answers for the job: force it now */
             }
         }
+    a->acks--;
+    pthread_cond_broadcast(&a->acks_cv);
     pthread_mutex_unlock(&a->mu);
     dsec_free(c);
 }
@@ -726,10 +730,16 @@ static void send_ask(dsec_arbiter *a, struct ask *q)
     snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.reclaim", a->cell, q->job);
     dsec_buf_init(&b);
     dsec_hdr hdr = {.type = "reclaim", .schema = DSEC_SCHEMA_VERSION, .req_id = q->req_id};
+    pthread_mutex_lock(&a->mu);
+    a->acks++; /* before the request: its callback may run at once */
+    pthread_mutex_unlock(&a->mu);
     if (dsec_encode(&b, DSEC_MSG_RECLAIM, &q->r, &err) < 0 ||
         dsec_bus_request(a->bus, subj, &hdr, b.data, b.len, 2000, on_ack, c, &err) < 0) {
         fprintf(stderr, "dsec-arbiter %s: asking job %s: %s\n", a->name, q->job, err.msg);
         dsec_free(c);
+        pthread_mutex_lock(&a->mu);
+        a->acks--;
+        pthread_mutex_unlock(&a->mu);
     }
     dsec_buf_release(&b);
 }
@@ -776,6 +786,7 @@ int dsec_arbiter_start(dsec_arbiter **out, dsec_bus *bus, const dsec_arbiter_con
     if (a == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->acks_cv, NULL);
     a->tick = -1;
     a->bus = bus;
     a->conf = *conf;
@@ -837,6 +848,12 @@ void dsec_arbiter_stop(dsec_arbiter *a, bool release_lease)
         return;
     dsec_ticker_free(a->ticker); /* no tick runs after this */
     dsec_actor_free(a->actor);
+    /* nothing asks jobs any more; the replies still on their way (each
+     * request times out within 2 s) must not find the arbiter freed */
+    pthread_mutex_lock(&a->mu);
+    while (a->acks > 0)
+        pthread_cond_wait(&a->acks_cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
     if (release_lease && atomic_load(&a->active)) {
         dsec_err err;
         dsec_kv_delete(a->lease_kv, "lease", &err);
@@ -851,6 +868,7 @@ void dsec_arbiter_stop(dsec_arbiter *a, bool release_lease)
     dsec_free(a->jobs);
     dsec_free(a->pend);
     dsec_free(a->settled);
+    pthread_cond_destroy(&a->acks_cv);
     pthread_mutex_destroy(&a->mu);
     dsec_free(a);
 }
