@@ -83,6 +83,24 @@ set +e
 set -e
 grep -q "bad2.yaml:2: unknown key \"nodez\"" "$TMP/err.txt" || fail "dsecd unknown key: $(cat "$TMP/err.txt")"
 
+# layers into the cell's JetStream registry, through the CLI
+mkdir -p "$TMP/tree/bin" && echo hi > "$TMP/tree/bin/x"
+REG="$DSEC_URL?bucket=CLI_LAYERS"
+D=$("$DSEC" layer build "$TMP/tree" --name cli/x:1 --format dir --registry "$REG") || fail "layer build into jetstream"
+case "$D" in sha256:*) ;; *) fail "layer build printed $D" ;; esac
+"$DSEC" layer ls --registry "$REG" | grep -q "^cli/x:1 .*$D" || fail "layer ls does not list cli/x:1"
+"$DSEC" env create cli/env:1 --layer cli/x:1 --registry "$REG" >/dev/null || fail "env create in jetstream"
+"$DSEC" env show cli/env:1 --registry "$REG" | grep -q "^layer $D dir" || fail "env show"
+"$DSEC" layer rm cli/x:1 --registry "$REG" || fail "removing the tag cli/x:1"
+set +e
+"$DSEC" layer rm "$D" --registry "$REG" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "environment cli/env:1" "$TMP/err.txt" || fail "removing a layer an environment uses: $(cat "$TMP/err.txt")"
+set +e
+"$DSEC" layer ls --registry "$DSEC_URL?bukket=X" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "bucket=NAME" "$TMP/err.txt" || fail "bad registry URL: $(cat "$TMP/err.txt")"
+
 kill "$UP_PID"
 wait "$UP_PID" || true
 UP_PID=""

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bus/bus.h"
+#include "bus/layers-js.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
 #include "tools/cli.h"
@@ -18,8 +20,44 @@
 /*
  * The registry is a directory: --registry DIR, else $DSEC_LAYERS, else
  * <state>/layers where <state> is --state-dir or the cell's default state
- * directory ("./state", as `dsec up` uses).
+ * directory ("./state", as `dsec up` uses). A registry that starts with
+ * nats:// is the cell's JetStream registry on that bus
+ * (nats://HOST:PORT[?bucket=NAME], bucket DSEC_LAYERS by default, as the
+ * cell's layers.bucket).
  */
+static dsec_bus *js_bus; /* the bus a JetStream registry was opened on */
+
+static void close_registry(dsec_layer_registry *r)
+{
+    dsec_layer_registry_free(r);
+    dsec_bus_free(js_bus);
+    js_bus = NULL;
+}
+
+static int open_jetstream(const char *spec, dsec_layer_registry **r, dsec_err *err)
+{
+    char url[1024], bucket[64] = "DSEC_LAYERS";
+    if (snprintf(url, sizeof url, "%s", spec) >= (int)sizeof url)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "registry URL longer than %zu bytes", sizeof url - 1);
+    char *q = strchr(url, '?');
+    if (q != NULL) {
+        *q++ = '\0';
+        if (strncmp(q, "bucket=", 7) != 0 || q[7] == '\0' || strlen(q + 7) >= sizeof bucket)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "registry %s: expected nats://HOST:PORT?bucket=NAME", spec);
+        snprintf(bucket, sizeof bucket, "%s", q + 7);
+    }
+    dsec_bus_opts bo = {.url = url, .name = "dsec-layer"};
+    if (dsec_bus_connect(&js_bus, &bo, err) < 0)
+        return -1;
+    dsec_js_layers_conf lc = {.bucket = bucket};
+    if (dsec_layer_registry_jetstream(r, js_bus, &lc, err) < 0) {
+        dsec_bus_free(js_bus);
+        js_bus = NULL;
+        return -1;
+    }
+    return 0;
+}
 static const char *registry_dir(const char *opt, const char *state, char *buf, size_t n)
 {
     if (opt != NULL)
@@ -41,7 +79,8 @@ static int layer_usage(void)
             "       dsec layer ls [--registry DIR]\n"
             "       dsec layer rm <NAME:VERSION|sha256:DIGEST> [--registry DIR]\n"
             "The registry is --registry DIR, else $DSEC_LAYERS, else --state-dir DIR/layers\n"
-            "(default ./state/layers). build and push print the layer's digest.\n"
+            "(default ./state/layers); nats://HOST:PORT[?bucket=NAME] is a cell's JetStream\n"
+            "registry. build and push print the layer's digest.\n"
             "examples:\n"
             "  dsec layer build ./rootfs --name busybox:1\n"
             "  dsec layer build src.tar.gz --name tools:2 --format dir --exclude '*.pyc'\n"
@@ -143,7 +182,8 @@ static int open_registry(const opts *o, dsec_layer_registry **r, const char **di
     static char buf[4096];
     *dir = registry_dir(o->registry, o->state, buf, sizeof buf);
     dsec_err err;
-    if (dsec_layer_registry_local(r, *dir, &err) < 0) {
+    if (strncmp(*dir, "nats://", 7) == 0 ? open_jetstream(*dir, r, &err) < 0
+                                         : dsec_layer_registry_local(r, *dir, &err) < 0) {
         fprintf(stderr, "dsec: %s\n", err.msg);
         return 2;
     }
@@ -182,11 +222,17 @@ static int layer_build(const opts *o, const char *src)
     int rc = open_registry(o, &r, &dir);
     if (rc != 0)
         return rc;
-    /* build beside the registry so the copy into it stays on one filesystem */
+    /* build beside a directory registry so the copy into it stays on one
+     * filesystem; a JetStream registry gets the blob from a temp dir */
     char work[4096], blob[4200];
     bool made = false;
     rc = 1;
-    snprintf(work, sizeof work, "%s/#cli.XXXXXX", dir);
+    if (js_bus != NULL) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(work, sizeof work, "%s/dsec-layer.XXXXXX", tmp && tmp[0] ? tmp : "/var/tmp");
+    } else {
+        snprintf(work, sizeof work, "%s/#cli.XXXXXX", dir);
+    }
     if (mkdtemp(work) == NULL) {
         fprintf(stderr, "dsec layer build: creating a work directory in %s: %s\n", dir,
                 strerror(errno));
@@ -205,7 +251,7 @@ out:
         unlink(blob); /* the registry holds its own copy */
         rmdir(work);
     }
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return rc;
 }
 
@@ -236,7 +282,7 @@ static int layer_push(const opts *o, const char *file)
     if (rc != 0)
         return rc;
     rc = push_and_tag(r, file, fmt, o->name, digest);
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return rc;
 }
 
@@ -262,7 +308,7 @@ static int layer_ls(const opts *o)
     dsec_err err;
     if (dsec_layer_registry_list(r, &v, &n, &err) < 0) {
         fprintf(stderr, "dsec layer ls: %s\n", err.msg);
-        dsec_layer_registry_free(r);
+        close_registry(r);
         return 1;
     }
     printf("%-24s %-6s %8s %s\n", "NAME", "FORMAT", "SIZE", "DIGEST");
@@ -273,7 +319,7 @@ static int layer_ls(const opts *o)
                dsec_layer_format_name(v[i].format), sz, v[i].digest);
     }
     dsec_layer_infos_free(v, n);
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return 0;
 }
 
@@ -289,7 +335,7 @@ static int layer_rm(const opts *o, const char *what)
         fprintf(stderr, "dsec layer rm: %s\n", err.msg);
         rc = err.code == DSEC_E_INVALID ? 2 : 1;
     }
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return rc;
 }
 
@@ -348,7 +394,7 @@ static int env_create(const opts *o, const char *name)
     for (size_t i = 0; i < o->nlayers; i++) {
         if (dsec_layer_registry_resolve(r, o->layers[i], digests[i], &err) < 0) {
             fprintf(stderr, "dsec env create: --layer %s: %s\n", o->layers[i], err.msg);
-            dsec_layer_registry_free(r);
+            close_registry(r);
             return 1;
         }
         layers[i] = digests[i];
@@ -369,7 +415,7 @@ static int env_create(const opts *o, const char *name)
     } else {
         printf("%s\n", name);
     }
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return rc;
 }
 
@@ -384,7 +430,7 @@ static int env_show(const opts *o, const char *name)
     dsec_err err;
     if (dsec_layer_registry_env_get(r, name, &e, &err) < 0) {
         fprintf(stderr, "dsec env show: %s\n", err.msg);
-        dsec_layer_registry_free(r);
+        close_registry(r);
         return err.code == DSEC_E_INVALID ? 2 : 1;
     }
     char *doc;
@@ -397,7 +443,7 @@ static int env_show(const opts *o, const char *name)
         dsec_free(doc);
     }
     dsec_env_free(e);
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return rc;
 }
 
@@ -413,7 +459,7 @@ static int env_ls(const opts *o)
     dsec_err err;
     if (dsec_layer_registry_env_list(r, &names, &n, &err) < 0) {
         fprintf(stderr, "dsec env ls: %s\n", err.msg);
-        dsec_layer_registry_free(r);
+        close_registry(r);
         return 1;
     }
     printf("%-24s %6s %s\n", "NAME", "LAYERS", "WORKDIR USER");
@@ -427,7 +473,7 @@ static int env_ls(const opts *o)
         dsec_env_free(e);
     }
     dsec_layer_names_free(names, n);
-    dsec_layer_registry_free(r);
+    close_registry(r);
     return 0;
 }
 
