@@ -204,13 +204,9 @@ static int inner_dirs(const char *path, dsec_err *err)
     return 0;
 }
 
-int dsec__ct_subvol_create(const struct ct_backend *be, const char *path, dsec_err *err)
+/* A btrfs volume ioctl (create, destroy) on path's last component, through its parent. */
+static int vol_ioctl(const char *path, unsigned long req, const char *what, dsec_err *err)
 {
-    if (!be->btrfs) {
-        if (mkdir(path, 0700) < 0)
-            return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", path);
-        return inner_dirs(path, err);
-    }
     char parent[PATH_MAX];
     const char *base;
     if (split(path, parent, sizeof parent, &base) < 0)
@@ -221,11 +217,23 @@ int dsec__ct_subvol_create(const struct ct_backend *be, const char *path, dsec_e
     struct btrfs_ioctl_vol_args args;
     memset(&args, 0, sizeof args);
     dsec__ct_fmt(args.name, sizeof args.name, "%s", base);
-    int rc = ioctl(dfd, BTRFS_IOC_SUBVOL_CREATE, &args);
+    int rc = ioctl(dfd, req, &args);
     int e = errno;
     close(dfd);
     if (rc < 0)
-        return dsec_err_set(err, DSEC_E_IO, e, "container: creating btrfs subvolume %s", path);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: %s btrfs subvolume %s", what, path);
+    return 0;
+}
+
+int dsec__ct_subvol_create(const struct ct_backend *be, const char *path, dsec_err *err)
+{
+    if (!be->btrfs) {
+        if (mkdir(path, 0700) < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", path);
+        return inner_dirs(path, err);
+    }
+    if (vol_ioctl(path, BTRFS_IOC_SUBVOL_CREATE, "creating", err) < 0)
+        return -1;
     if (inner_dirs(path, err) < 0) {
         dsec_err ignore;
         dsec__ct_subvol_delete(be, path, &ignore);
@@ -248,22 +256,7 @@ int dsec__ct_subvol_delete(const struct ct_backend *be, const char *path, dsec_e
             return dsec_err_set(err, DSEC_E_IO, errno, "container: removing %s", path);
         return 0;
     }
-    char parent[PATH_MAX];
-    const char *base;
-    if (split(path, parent, sizeof parent, &base) < 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "container: bad subvolume path %s", path);
-    int dfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0)
-        return dsec_err_set(err, DSEC_E_IO, errno, "container: opening %s", parent);
-    struct btrfs_ioctl_vol_args args;
-    memset(&args, 0, sizeof args);
-    dsec__ct_fmt(args.name, sizeof args.name, "%s", base);
-    int rc = ioctl(dfd, BTRFS_IOC_SNAP_DESTROY, &args);
-    int e = errno;
-    close(dfd);
-    if (rc < 0)
-        return dsec_err_set(err, DSEC_E_IO, e, "container: deleting btrfs subvolume %s", path);
-    return 0;
+    return vol_ioctl(path, BTRFS_IOC_SNAP_DESTROY, "deleting", err);
 }
 
 int dsec__ct_subvol_snapshot(const struct ct_backend *be, const char *src, const char *dst,
