@@ -64,6 +64,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
     c->traj_retention_s = 7 * 86400;
+    c->net.ipv6 = true;
+    c->net.masquerade = true;
 }
 
 static void node_release(dsec_cell_node *n)
@@ -80,8 +82,28 @@ static void node_release(dsec_cell_node *n)
     }
 }
 
+static void strv_release(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dsec_free(v[i]);
+    dsec_free(v);
+}
+
+static void net_release(dsec_cell_net *n)
+{
+    strv_release(n->upstream, n->nupstream);
+    strv_release(n->deny, n->ndeny);
+    for (size_t i = 0; i < n->nmirrors; i++) {
+        dsec_free((char *)n->mirrors[i].name);
+        strv_release((char **)n->mirrors[i].targets, n->mirrors[i].ntargets);
+    }
+    dsec_free(n->mirrors);
+    memset(n, 0, sizeof *n);
+}
+
 void dsec_cell_conf_release(dsec_cell_conf *c)
 {
+    net_release(&c->net);
     for (size_t i = 0; i < c->nnodes; i++)
         node_release(&c->nodes[i]);
     dsec_free(c->nodes);
@@ -211,11 +233,103 @@ static int load_unsigned(const dsec_cfg *cfg, const dsec_cfg_node *m, const char
     return 0;
 }
 
+/* A sequence of scalars into an owned string array. */
+static int load_strs(const dsec_cfg *cfg, const dsec_cfg_node *seq, char ***out, size_t *n, size_t max,
+                     dsec_err *err)
+{
+    if (seq == NULL)
+        return 0;
+    if (dsec_cfg_expect(cfg, seq, DSEC_CFG_SEQ, err) < 0)
+        return -1;
+    if (seq->n > max)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: at most %zu items", dsec_cfg_name(cfg),
+                            seq->line, max);
+    char **v = dsec_calloc(seq->n ? seq->n : 1, sizeof *v);
+    if (v == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    for (size_t i = 0; i < seq->n; i++) {
+        if (dsec_cfg_expect(cfg, seq->kids[i], DSEC_CFG_SCALAR, err) < 0 ||
+            (v[i] = dsec_strdup(seq->kids[i]->value)) == NULL) {
+            if (err->code == DSEC_OK)
+                dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+            strv_release(v, i);
+            return -1;
+        }
+    }
+    strv_release(*out, *n);
+    *out = v;
+    *n = seq->n;
+    return 0;
+}
+
+static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *net, dsec_err *err)
+{
+    static const char *const keys[] = {"enabled", "tag_base", "ipv6", "masquerade", "upstream",
+                                       "deny", "mirrors", "dns_port", "dns_qps", "conn_rate",
+                                       "alert_window_ms", NULL};
+    if (m == NULL)
+        return 0;
+    uint64_t tag = net->tag_base, port = net->dns_port, qps = net->dns_qps, rate = net->conn_rate,
+             win = net->alert_window_ms;
+    if (dsec_cfg_expect(cfg, m, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, m, keys, err) < 0 ||
+        dsec_cfg_bool(cfg, m, "enabled", net->enabled, &net->enabled, err) < 0 ||
+        dsec_cfg_bool(cfg, m, "ipv6", net->ipv6, &net->ipv6, err) < 0 ||
+        dsec_cfg_bool(cfg, m, "masquerade", net->masquerade, &net->masquerade, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "tag_base", tag, 0, 255, &tag, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "dns_port", port, 0, 65535, &port, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "dns_qps", qps, 0, 1000000, &qps, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "conn_rate", rate, 0, 1000000, &rate, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "alert_window_ms", win, 0, 3600000, &win, err) < 0 ||
+        load_strs(cfg, dsec_cfg_get(m, "upstream"), &net->upstream, &net->nupstream, 4, err) < 0 ||
+        load_strs(cfg, dsec_cfg_get(m, "deny"), &net->deny, &net->ndeny, 256, err) < 0)
+        return dsec_err_wrap(err, "net");
+    net->tag_base = (unsigned)tag;
+    net->dns_port = (uint32_t)port;
+    net->dns_qps = (uint32_t)qps;
+    net->conn_rate = (uint32_t)rate;
+    net->alert_window_ms = (uint32_t)win;
+    const dsec_cfg_node *mir = dsec_cfg_get(m, "mirrors");
+    if (mir == NULL)
+        return 0;
+    if (dsec_cfg_expect(cfg, mir, DSEC_CFG_MAP, err) < 0)
+        return dsec_err_wrap(err, "net.mirrors (a map of name: [targets])");
+    for (size_t i = 0; i < net->nmirrors; i++) {
+        dsec_free((char *)net->mirrors[i].name);
+        strv_release((char **)net->mirrors[i].targets, net->mirrors[i].ntargets);
+    }
+    dsec_free(net->mirrors);
+    net->nmirrors = 0;
+    if ((net->mirrors = dsec_calloc(mir->n ? mir->n : 1, sizeof *net->mirrors)) == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    for (size_t i = 0; i < mir->n; i++) {
+        const dsec_cfg_node *k = mir->kids[i];
+        char **t = NULL;
+        size_t nt = 0;
+        if (load_strs(cfg, k, &t, &nt, 64, err) < 0)
+            return dsec_err_wrap(err, "net.mirrors.%s (a list of host:port targets)", k->key);
+        dsec_net_mirror *mm = &net->mirrors[net->nmirrors++];
+        mm->targets = (const char *const *)t;
+        mm->ntargets = nt;
+        if ((mm->name = dsec_strdup(k->key)) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    /* the same check the nodes make, so a bad mirror fails at load, with its line */
+    for (size_t i = 0; i < net->nmirrors; i++) {
+        if (dsec_net_policy_check(NULL, net->mirrors[i].targets, net->mirrors[i].ntargets, err) < 0) {
+            char why[DSEC_ERR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", err->msg);
+            return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: net.mirrors.%s: %s", dsec_cfg_name(cfg),
+                                mir->kids[i]->line, net->mirrors[i].name, why);
+        }
+    }
+    return 0;
+}
+
 static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 {
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
-                                      "scheduler", "arbiter", "trajectory", "reports", "layers", "nodes", NULL};
+                                      "scheduler", "arbiter", "trajectory", "reports", "layers", "net", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -329,6 +443,9 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     snprintf(c->layers_kind, sizeof c->layers_kind, "%s", kind);
     snprintf(c->layers_path, sizeof c->layers_path, "%s", lpath);
     snprintf(c->layers_bucket, sizeof c->layers_bucket, "%s", bucket);
+
+    if (load_net(cfg, dsec_cfg_get(root, "net"), &c->net, err) < 0)
+        return -1;
 
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
@@ -485,8 +602,22 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
             goto out_fail;
         }
+        const dsec_cell_net *cnet = &conf->net;
+        dsec_net_conf netc = {.pool6 = cnet->ipv6 ? NULL : "",
+                              .upstream = (const char *const *)cnet->upstream,
+                              .nupstream = cnet->nupstream, .mirrors = cnet->mirrors,
+                              .nmirrors = cnet->nmirrors, .deny = (const char *const *)cnet->deny,
+                              .ndeny = cnet->ndeny, .masquerade = cnet->masquerade,
+                              .dns_port = (uint16_t)cnet->dns_port, .dns_qps = cnet->dns_qps,
+                              .conn_rate = cnet->conn_rate, .alert_window_ms = cnet->alert_window_ms};
         for (size_t i = 0; i < conf->nnodes; i++) {
             const dsec_cell_node *cn = &conf->nodes[i];
+            if (cnet->enabled && cnet->tag_base + i > 255) {
+                dsec_err_set(err, DSEC_E_CONFIG, 0,
+                             "net: node %zu would get tag %zu; tags stop at 255 (lower net.tag_base)",
+                             i, cnet->tag_base + i);
+                goto out_fail;
+            }
             snprintf(dir, sizeof dir, "%s/node-%s", conf->state_dir, cn->name);
             dsec_node_conf nc = {.name = cn->name, .cell = conf->cell, .state_dir = dir,
                                  .cpu_milli = cn->cpu_milli, .memory_mb = cn->memory_mb,
@@ -503,7 +634,9 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s,
                                  .traj = c->traj, .pause_idle_ms = conf->pause_idle_ms,
                                  .pressure_free_pct = conf->pressure_free_pct,
-                                 .layers = c->layers};
+                                 .layers = c->layers,
+                                 .net = cnet->enabled && strcmp(cn->backend, "native") == 0 ? &netc : NULL,
+                                 .net_tag = cnet->tag_base + (unsigned)i};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;

@@ -26,6 +26,21 @@ typedef struct dsec_cell_node {
     size_t nopts;
 } dsec_cell_node;
 
+/* net: network containment of native nodes' sandboxes (docs/network.md). */
+typedef struct dsec_cell_net {
+    bool enabled;             /* off: sandboxes get an empty namespace, policies are refused */
+    unsigned tag_base;        /* node i of this process gets tag tag_base + i (0..255 per host) */
+    bool ipv6;                /* default true */
+    bool masquerade;          /* SNAT traffic leaving the node (default true) */
+    char **upstream;          /* resolvers for allowed names; none: /etc/resolv.conf */
+    size_t nupstream;
+    char **deny;              /* CIDRs never reachable (beyond the built-in ones) */
+    size_t ndeny;
+    dsec_net_mirror *mirrors; /* names and targets owned */
+    size_t nmirrors;
+    uint32_t dns_port, dns_qps, conn_rate, alert_window_ms; /* 0: net.h defaults */
+} dsec_cell_net;
+
 typedef struct dsec_cell_conf {
     char cell[65];
     char url[256];           /* the bus */
@@ -49,6 +64,7 @@ typedef struct dsec_cell_conf {
     char layers_path[1024];    /* local/shared: the registry directory; "": <state_dir>/layers */
     char layers_bucket[64];    /* jetstream: the bucket (default DSEC_LAYERS) */
     unsigned layers_replicas;  /* jetstream: replicas of its stream and bucket; 0: 1 */
+    dsec_cell_net net;
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;

@@ -104,6 +104,11 @@ struct dsec_node {
 
     _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
     uint64_t hb_seq;
+
+    dsec_net *net;           /* network containment, or NULL */
+    pthread_mutex_t alert_mu; /* alerts are published only while alert_on */
+    bool alert_on;
+    char subj_alert[192];    /* dsec.v1.ctl.evt.<cell>.alert.<node> */
 };
 
 static uint64_t hash_str(const char *a, const char *b)
@@ -1091,6 +1096,24 @@ static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
     reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
+/* Replace a running sandbox's network policy (a task moving to its next stage). */
+static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *net)
+{
+    if (s->state != ST_RUNNING && s->state != ST_PAUSED) {
+        reply_err(n, m, DSEC_E_STATE, "sandbox %s is %s; its network policy cannot change", s->id,
+                  state_names[s->state]);
+        return;
+    }
+    dsec_err err;
+    if (dsec_backend_net_set(s->be, s->h, net->v, net->n, &err) < 0) {
+        dsec_err_wrap(&err, "sandbox %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    touch(s);
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
 static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -1121,9 +1144,12 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         do_freeze(n, m, s);
     } else if (strcmp(op.op, "snapshot") == 0) {
         do_snapshot(n, m, s, op.name);
+    } else if (strcmp(op.op, "net") == 0) {
+        do_net(n, m, s, &op.net);
     } else {
         reply_err(n, m, DSEC_E_UNSUPPORTED,
-                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze, snapshot)",
+                  "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze, "
+                  "snapshot, net)",
                   op.op);
     }
 }
@@ -1701,12 +1727,48 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
             return dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, dir);
         dsec_backend_config bc = {.state_dir = dir, .node = n->name, .opts = c->backend_opts,
-                                  .nopts = c->nbackend_opts, .layers = c->layers};
+                                  .nopts = c->nbackend_opts, .layers = c->layers,
+                                  .net = sim ? NULL : n->net};
         if (dsec_backend_new(&n->backends[idx], ops, &bc, err) < 0)
             return dsec_err_wrap(err, "node %s: opening the %s backend", n->name, ops->type);
         if (sim)
             shared = n->backends[idx];
     }
+    return 0;
+}
+
+/* An alert from the network containment (its own thread): published as is;
+ * the net module has aggregated and rate-limited them already. */
+static void on_net_alert(void *arg, const dsec_net_alert *a)
+{
+    dsec_node *n = arg;
+    dsec_msg_net_alert m = {.sandbox = a->sandbox, .tenant = a->tenant, .node = n->name,
+                            .cell = n->cell, .kind = a->kind, .dest = a->dest,
+                            .detail = a->detail, .count = a->count, .first_ns = a->first_ns,
+                            .last_ns = a->last_ns};
+    dsec_err err;
+    pthread_mutex_lock(&n->alert_mu);
+    if (n->alert_on &&
+        dsec_wire_send(n->actor, n->bus, n->subj_alert, NULL, DSEC_MSG_NET_ALERT, &m, NULL, &err) < 0)
+        fprintf(stderr, "dsec-node %s: publishing a network alert: %s\n", n->name, err.msg);
+    pthread_mutex_unlock(&n->alert_mu);
+}
+
+static int open_net(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
+{
+    if (c->net == NULL)
+        return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/net", c->state_dir);
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, dir);
+    dsec_net_conf nc = *c->net;
+    nc.state_dir = dir;
+    nc.tag = c->net_tag;
+    nc.on_alert = on_net_alert;
+    nc.alert_arg = n;
+    if (dsec_net_new(&n->net, &nc, err) < 0)
+        return dsec_err_wrap(err, "node %s", n->name);
     return 0;
 }
 
@@ -1748,6 +1810,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     if (n == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     pthread_mutex_init(&n->mu, NULL);
+    pthread_mutex_init(&n->alert_mu, NULL);
     for (int i = 0; i < 4; i++)
         n->ticks[i] = -1;
     n->bus = bus;
@@ -1757,6 +1820,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     snprintf(n->cell, sizeof n->cell, "%s", c->cell);
     snprintf(n->subj_evt_node, sizeof n->subj_evt_node, "dsec.v1.ctl.evt.%s.node.%s", n->cell, n->name);
     snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, "dsec.v1.ctl.evt.%s.sbx.%s", n->cell, n->name);
+    snprintf(n->subj_alert, sizeof n->subj_alert, "dsec.v1.ctl.evt.%s.alert.%s", n->cell, n->name);
     if (copy_conf(n, c, err) < 0)
         goto out_fail;
     /* seq continues across restarts (wall-clock based), so a restarted node's
@@ -1783,10 +1847,13 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
         goto out_fail;
     }
-    if (open_backends(n, c, err) < 0)
+    if (open_net(n, c, err) < 0 || open_backends(n, c, err) < 0)
         goto out_fail;
     if (dsec_actor_new(&n->actor, bus, n->name, err) < 0)
         goto out_fail;
+    pthread_mutex_lock(&n->alert_mu);
+    n->alert_on = true;
+    pthread_mutex_unlock(&n->alert_mu);
     char path[4096];
     snprintf(path, sizeof path, "%s/sandboxes.journal", c->state_dir);
     if (dsec_journal_open(&n->journal, path, adopt_one, n, err) < 0) {
@@ -1800,6 +1867,15 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         if (dsec_journal_del(n->journal, d->id, &derr) < 0)
             fprintf(stderr, "dsec-node %s: %s\n", n->name, derr.msg);
         sbx_free(d);
+    }
+    if (n->net != NULL) { /* after adoption: whatever no sandbox holds is a crash's leftover */
+        dsec_err serr;
+        int swept = dsec_net_sweep(n->net, &serr);
+        if (swept < 0)
+            fprintf(stderr, "dsec-node %s: sweeping network leftovers: %s\n", n->name, serr.msg);
+        else if (swept > 0)
+            fprintf(stderr, "dsec-node %s: removed %d leftover sandbox network(s)\n", n->name,
+                    swept);
     }
     dsec_actor_set_key(n->actor, key_of, n);
     char subj[256];
@@ -1843,6 +1919,9 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     for (int i = 0; i < 3; i++)
         dsec_ticker_remove(n->ticker, n->ticks[i]);
     dsec_ticker_remove(n->sync_ticker, n->ticks[3]);
+    pthread_mutex_lock(&n->alert_mu);
+    n->alert_on = false;
+    pthread_mutex_unlock(&n->alert_mu);
     dsec_actor_free(n->actor);
     n->actor = NULL;
     for (size_t b = 0; n->by_id && b < n->nbuckets; b++) {
@@ -1882,6 +1961,7 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
             dsec_backend_free(n->backends[i]);
         }
     }
+    dsec_net_free(n->net, !destroy_all); /* after the backends: they borrow it */
     for (size_t i = 0; n->type_names && n->type_names[i]; i++)
         dsec_free(n->type_names[i]);
     dsec_free(n->type_names);
@@ -1893,6 +1973,7 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     dsec_free(n->by_id);
     dsec_free(n->by_req);
     dsec_free(n->events);
+    pthread_mutex_destroy(&n->alert_mu);
     pthread_mutex_destroy(&n->mu);
     dsec_free(n);
 }

@@ -7,6 +7,7 @@
 
 #include "actors/ticker.h"
 #include "actors/traj.h"
+#include "backends/net/net.h"
 #include "backends/registry.h"
 #include "bus/bus.h"
 #include "dsec/err.h"
@@ -47,6 +48,12 @@ typedef struct dsec_node_conf {
                                     0: 10; pausing is off when pause_idle_ms is UINT64_MAX */
     struct dsec_layer_registry *layers; /* borrowed: the cell's layer registry, handed to the
                                            backends (containers, VMs); NULL: none */
+    const dsec_net_conf *net; /* network containment (docs/network.md): the node opens its
+                                 own with this as a template (state_dir, tag and on_alert
+                                 are the node's); NULL: sandboxes get an empty network
+                                 namespace and network policies are refused */
+    unsigned net_tag;         /* 0..255: distinct per node on one host (names its table,
+                                 veths and address pool) */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

@@ -253,3 +253,15 @@ void dsec_backend_detach(dsec_backend *be, dsec_sandbox *sb)
     if (sb != NULL)
         be->ops->detach(be->self, sb);
 }
+
+int dsec_backend_net_set(dsec_backend *be, dsec_sandbox *sb, const char *const *entries, size_t n,
+                         dsec_err *err)
+{
+    if (be->ops->net_set == NULL)
+        return unsupported(be, "network policy changes", err);
+    if (sb == NULL)
+        return no_sandbox("net_set", err);
+    if (n > 0 && entries == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net_set: %zu entries but no array", n);
+    return be->ops->net_set(be->self, sb, entries, n, err);
+}

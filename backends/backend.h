@@ -53,6 +53,10 @@ typedef struct dsec_backend_config {
      * instance's life; NULL when the node has none (sim, function on the
      * host's base). */
     struct dsec_layer_registry *layers;
+    /* The node's network containment (backends/net/net.h), borrowed for
+     * the instance's life; NULL when the node has none: sandboxes then get
+     * an empty network namespace and refuse network policies. */
+    struct dsec_net *net;
 } dsec_backend_config;
 
 /* What a sandbox should be. Borrowed for the call by every operation that
@@ -254,6 +258,11 @@ typedef struct dsec_backend_ops {
     /* Forget the handle but leave the sandbox running (node manager shutdown,
      * so a later adopt finds it). Never fails. */
     void (*detach)(void *self, dsec_sandbox *sb);
+    /* Replace the sandbox's network policy while it runs (entries as in
+     * dsec_sandbox_spec.net): new connections follow it at once, and
+     * connections it no longer allows are cut. */
+    int (*net_set)(void *self, dsec_sandbox *sb, const char *const *entries, size_t n,
+                   dsec_err *err);
 } dsec_backend_ops;
 
 /* ---- instances and the call wrappers ----------------------------------------
@@ -291,6 +300,8 @@ int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *o
 int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const char *backend_state,
                        dsec_sandbox **out, dsec_err *err);
 void dsec_backend_detach(dsec_backend *be, dsec_sandbox *sb);
+int dsec_backend_net_set(dsec_backend *be, dsec_sandbox *sb, const char *const *entries, size_t n,
+                         dsec_err *err);
 
 #ifdef __cplusplus
 }

@@ -708,12 +708,14 @@ void dsec_strv_free(char **v, size_t n)
 }
 
 /* pause, resume, destroy, status, fork: the "op" message. */
-static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n, const char *name,
-                   dsec_sandbox_info *info, char ***ids, size_t *nids, dsec_err *err)
+static int op_call_net(dsec_client *c, const char *id, const char *op, uint64_t n, const char *name,
+                       dsec_strv net, dsec_sandbox_info *info, char ***ids, size_t *nids,
+                       dsec_err *err)
 {
     char req_id[33];
     dsec_bus_new_id(req_id);
-    dsec_msg_op m = {.id = id, .op = op, .n = n, .name = name, .req_id = req_id, .tenant = c->tenant};
+    dsec_msg_op m = {.id = id, .op = op, .n = n, .name = name, .net = net, .req_id = req_id,
+                     .tenant = c->tenant};
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -744,6 +746,25 @@ static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n, c
     dsec_msg_free(keep);
     dsec_decoder_free(dec);
     return rc;
+}
+
+static int op_call(dsec_client *c, const char *id, const char *op, uint64_t n, const char *name,
+                   dsec_sandbox_info *info, char ***ids, size_t *nids, dsec_err *err)
+{
+    return op_call_net(c, id, op, n, name, (dsec_strv){0}, info, ids, nids, err);
+}
+
+int dsec_set_network(dsec_client *c, const char *id, const char *const *entries, size_t n,
+                     dsec_err *err)
+{
+    if (n > 64)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "network policy has %zu entries; at most 64 are allowed", n);
+    for (size_t i = 0; i < n; i++)
+        if (entries[i] == NULL || entries[i][0] == '\0')
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "network policy entry %zu is empty", i);
+    dsec_strv v = {.v = (const char **)entries, .n = (uint32_t)n};
+    return op_call_net(c, id, "net", 0, NULL, v, NULL, NULL, NULL, err);
 }
 
 int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err)

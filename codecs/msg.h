@@ -78,6 +78,7 @@ enum dsec_msg_type {
     DSEC_MSG_DEMAND,          /* "demand": rollout creates a scheduler holds waiting for room */
     DSEC_MSG_ARBITER_LEASE,   /* "arbiter_lease": the value of the arbiter lease in KV */
     DSEC_MSG_EXEC_CHUNK,      /* "exec_chunk": output of a running command, node -> stream_to */
+    DSEC_MSG_NET_ALERT,       /* "net_alert": blocked traffic or a refused DNS query of a sandbox */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -146,9 +147,10 @@ typedef struct dsec_msg_created {
 
 typedef struct dsec_msg_op {
     const char *id; /* required */
-    const char *op; /* required: pause | resume | destroy | status | fork | snapshot */
+    const char *op; /* required: pause | resume | destroy | status | fork | snapshot | net */
     uint64_t n;     /* fork: number of children, 1..1024 */
     const char *name; /* snapshot: the environment name:version to publish it as */
+    dsec_strv net;    /* net: the sandbox's new network policy (empty: reach nothing) */
     const char *req_id;
     const char *tenant;
 } dsec_msg_op;
@@ -197,6 +199,19 @@ typedef struct dsec_msg_exec_chunk {
     uint64_t stream; /* 1 stdout, 2 stderr */
     dsec_bytes data;
 } dsec_msg_exec_chunk;
+
+typedef struct dsec_msg_net_alert {
+    const char *sandbox; /* required */
+    const char *tenant;
+    const char *node;
+    const char *cell;
+    const char *kind;   /* required: blocked | dns_denied | dns_type | dns_cname | dns_flood | dns_malformed | suppressed */
+    const char *dest;   /* the address or name */
+    const char *detail; /* tcp/443, udp/53, icmp, TXT, ... */
+    uint64_t count;     /* occurrences in the window */
+    uint64_t first_ns;
+    uint64_t last_ns;
+} dsec_msg_net_alert;
 
 typedef struct dsec_msg_file_write {
     const char *id;   /* required */

@@ -115,9 +115,11 @@ static const dsec_field created_fields[] = {
 
 static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
-    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status, fork or snapshot"),
+    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status, fork, snapshot or net"),
     FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
     FSTR(dsec_msg_op, name, "name", false, L_LONG, "snapshot: environment name:version to publish"),
+    FSTRV(dsec_msg_op, net, "net", false, 64, L_LONG,
+          "net: the new network policy (mirrors, domains, ranges); empty: reach nothing"),
     FSTR(dsec_msg_op, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_op, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
 };
@@ -159,6 +161,20 @@ static const dsec_field exec_result_fields[] = {
     FU64(dsec_msg_exec_result, cpu_us, "cpu_us", false, 0, 0, "CPU time used, microseconds"),
     FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0, "peak resident memory, KiB"),
     FU64(dsec_msg_exec_result, chunks, "chunks", false, 0, 0, "with stream_to: exec_chunk messages sent"),
+};
+
+static const dsec_field net_alert_fields[] = {
+    FSTR(dsec_msg_net_alert, sandbox, "sandbox", true, L_NAME, "the sandbox that tried"),
+    FSTR(dsec_msg_net_alert, tenant, "tenant", false, L_NAME, "its tenant"),
+    FSTR(dsec_msg_net_alert, node, "node", false, L_NAME, "its node"),
+    FSTR(dsec_msg_net_alert, cell, "cell", false, L_NAME, "its cell"),
+    FSTR(dsec_msg_net_alert, kind, "kind", true, L_NAME,
+         "blocked, dns_denied, dns_type, dns_cname, dns_flood, dns_malformed or suppressed"),
+    FSTR(dsec_msg_net_alert, dest, "dest", false, L_LONG, "the address or the name asked"),
+    FSTR(dsec_msg_net_alert, detail, "detail", false, L_NAME, "tcp/443, udp/53, icmp, TXT, ..."),
+    FU64(dsec_msg_net_alert, count, "count", false, 0, 0, "occurrences in the window"),
+    FU64(dsec_msg_net_alert, first_ns, "first_ns", false, 0, 0, "first occurrence (wall clock)"),
+    FU64(dsec_msg_net_alert, last_ns, "last_ns", false, 0, 0, "last occurrence (wall clock)"),
 };
 
 static const dsec_field exec_chunk_fields[] = {
@@ -398,6 +414,7 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_DEMAND, "demand", dsec_msg_demand, demand_fields),
     SCHEMA(DSEC_MSG_ARBITER_LEASE, "arbiter_lease", dsec_msg_arbiter_lease, arbiter_lease_fields),
     SCHEMA(DSEC_MSG_EXEC_CHUNK, "exec_chunk", dsec_msg_exec_chunk, exec_chunk_fields),
+    SCHEMA(DSEC_MSG_NET_ALERT, "net_alert", dsec_msg_net_alert, net_alert_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

@@ -114,7 +114,7 @@ static void sample_a(int type, void *out)
     case DSEC_MSG_OP:
         *(dsec_msg_op *)out = (dsec_msg_op){
             .id = "n7-00000000000000a0", .op = "fork", .n = 1024, .name = "swe/task-7:step-3", .req_id = "r",
-            .tenant = "t"};
+            .tenant = "t", .net = STRV(net_v)};
         break;
     case DSEC_MSG_OP_REPLY:
         *(dsec_msg_op_reply *)out = (dsec_msg_op_reply){.id = "n7-00000000000000a0",
@@ -307,6 +307,12 @@ static void sample_c(int type, void *out)
     case DSEC_MSG_EXEC_CHUNK:
         *(dsec_msg_exec_chunk *)out = (dsec_msg_exec_chunk){
             .id = "n7-00000000000000a0", .seq = 2, .stream = 2, .data = BYTES(stderr_b)};
+        break;
+    case DSEC_MSG_NET_ALERT:
+        *(dsec_msg_net_alert *)out = (dsec_msg_net_alert){
+            .sandbox = "n7-00000000000000a0", .tenant = "acme", .node = "n7", .cell = "c1",
+            .kind = "dns_denied", .dest = "q1.exfil.example", .detail = "TXT", .count = 12,
+            .first_ns = 1700000000000000000ull, .last_ns = 1700000000900000000ull};
         break;
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){

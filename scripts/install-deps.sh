@@ -7,7 +7,9 @@ nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev \
 clang libclang-rt-14-dev \
 libseccomp-dev libpython3-dev gnuplot-nox \
-crun runc btrfs-progs erofs-utils busybox-static debootstrap tar"
+crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
+nftables libnftables-dev libnftnl-dev libmnl-dev libldns-dev \
+libnetfilter-log-dev libnetfilter-conntrack-dev iproute2"
 
 missing=""
 for p in $PKGS; do

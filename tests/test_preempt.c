@@ -625,6 +625,54 @@ static void config_layers(void **state)
     }
 }
 
+/* The net section: the shipped example loads; bad mirrors and keys are refused with the line. */
+static void config_net(void **state)
+{
+    dsec_cell_conf c;
+    dsec_err err;
+    dsec_cell_conf_defaults(&c);
+    assert_false(c.net.enabled);
+    assert_true(c.net.masquerade);
+    if (dsec_cell_conf_load(&c, DSEC_SOURCE_DIR "/configs/network.yaml", &err) < 0)
+        fail_msg("network.yaml: %s", err.msg);
+    assert_true(c.net.enabled);
+    assert_int_equal(c.net.nmirrors, 2);
+    assert_string_equal(c.net.mirrors[0].name, "pypi");
+    assert_int_equal(c.net.mirrors[0].ntargets, 2);
+    assert_string_equal(c.net.mirrors[0].targets[1], "files.pythonhosted.org:443/tcp");
+    assert_int_equal(c.net.dns_qps, 100);
+    dsec_cell_conf_release(&c);
+    char path[128];
+    snprintf(path, sizeof path, "%s/n.yaml", root);
+    static const char *const bad[][2] = {
+        {"net:\n  enabled: true\n  upstream: [\"10.0.0.2:53\"]\n  tag_base: 7\n", NULL},
+        {"net:\n  mirrors:\n    pypi: [\"pypi.org:99999\"]\n", "pypi.org:99999"},
+        {"net:\n  mirrors:\n    pypi: \"pypi.org\"\n", "net.mirrors.pypi"},
+        {"net:\n  tag_base: 300\n", "tag_base"},
+        {"net:\n  colour: red\n", "colour"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(bad[i][0], f);
+        fclose(f);
+        dsec_cell_conf_defaults(&c);
+        int rc = dsec_cell_conf_load(&c, path, &err);
+        if (bad[i][1] == NULL) {
+            assert_int_equal(rc, 0);
+            assert_true(c.net.enabled);
+            assert_int_equal(c.net.tag_base, 7);
+            assert_int_equal(c.net.nupstream, 1);
+            assert_string_equal(c.net.upstream[0], "10.0.0.2:53");
+        } else {
+            assert_int_equal(rc, -1);
+            if (strstr(err.msg, bad[i][1]) == NULL || strstr(err.msg, "n.yaml:") == NULL)
+                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg, bad[i][1]);
+        }
+        dsec_cell_conf_release(&c);
+    }
+}
+
 static void config_keys_for_preemption(void **state)
 {
     dsec_cell_conf c;
@@ -671,6 +719,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_keys_for_preemption),
         cmocka_unit_test(config_layers),
+        cmocka_unit_test(config_net),
         cmocka_unit_test_teardown(job_holdings_reduce_capacity, test_teardown),
         cmocka_unit_test_teardown(cooperative_reclaim_never_a_rollout, test_teardown),
         cmocka_unit_test_teardown(missed_deadline_is_forced, test_teardown),

@@ -21,6 +21,7 @@ static const command commands[] = {
     {"ls", dsec_cli_ls, "list a directory in a sandbox"},
     {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},
     {"snapshot", dsec_cli_snapshot, "publish a container's state as an environment: dsec snapshot ID NAME:V"},
+    {"net", dsec_cli_net, "change a sandbox's network policy, watch network alerts: dsec net set ID ENTRY..."},
     {"pause", dsec_cli_simple_op, "pause sandboxes"},
     {"resume", dsec_cli_simple_op, "resume sandboxes"},
     {"rm", dsec_cli_simple_op, "destroy sandboxes"},

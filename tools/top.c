@@ -1,4 +1,4 @@
-/* top.c - `dsec top`: the live cell from capacity and sandbox events. */
+/* top.c - `dsec top`: the live cell from capacity and sandbox events, and its network alerts. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -24,6 +24,7 @@ struct node_row {
     char lt_name[8][32]; /* live sandboxes per type, as last reported */
     uint64_t lt_count[8];
     int nlt;
+    uint64_t alerts; /* network alert occurrences of its sandboxes since start */
 };
 
 struct top {
@@ -34,6 +35,13 @@ struct top {
     uint64_t by_type_running[8];
     char type_names[8][32];
     size_t ntypes;
+    /* network alerts (net_alert): occurrences by kind, and the latest few */
+    uint64_t alerts;
+    char alert_kind[8][16];
+    uint64_t alert_kind_n[8];
+    int nkinds;
+    char recent[5][200];
+    int nrecent;
 };
 
 static uint64_t ms_now(void)
@@ -111,6 +119,34 @@ static void on_events(struct top *t, dsec_msg *m)
     pthread_mutex_unlock(&t->mu);
 }
 
+static void on_alert(struct top *t, dsec_msg *m)
+{
+    dsec_msg_net_alert al;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_NET_ALERT, dsec_msg_data(m), dsec_msg_len(m), &al,
+                    &err) < 0)
+        return;
+    uint64_t k = al.count ? al.count : 1;
+    pthread_mutex_lock(&t->mu);
+    t->alerts += k;
+    int i = 0;
+    while (i < t->nkinds && strcmp(t->alert_kind[i], al.kind) != 0)
+        i++;
+    if (i == t->nkinds && t->nkinds < 8)
+        snprintf(t->alert_kind[t->nkinds++], sizeof t->alert_kind[0], "%s", al.kind);
+    if (i < t->nkinds)
+        t->alert_kind_n[i] += k;
+    struct node_row *r = al.node ? row_for(t, al.node) : NULL;
+    if (r != NULL)
+        r->alerts += k;
+    memmove(t->recent[1], t->recent[0], sizeof t->recent[0] * 4);
+    snprintf(t->recent[0], sizeof t->recent[0], "%s %s %s %s x%" PRIu64, al.sandbox, al.kind,
+             al.dest ? al.dest : "", al.detail ? al.detail : "", k);
+    if (t->nrecent < 5)
+        t->nrecent++;
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
 {
     const char *type = dsec_msg_type(m);
@@ -120,6 +156,8 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
         on_capacity(ud, m);
     else if (strcmp(type, "sandbox_events") == 0)
         on_events(ud, m);
+    else if (strcmp(type, "net_alert") == 0)
+        on_alert(ud, m);
 }
 
 static void render(struct top *t, bool clear, double secs, uint64_t created0, uint64_t gone0)
@@ -154,16 +192,22 @@ static void render(struct top *t, bool clear, double secs, uint64_t created0, ui
     for (int k = 0; k < nn; k++)
         printf(" %s %" PRIu64 "%s", names[k], counts[k], k + 1 < nn ? "," : "");
     printf("%s\n", nn ? "" : " none reported yet");
-    printf("%-20s %-10s %8s %14s %14s %12s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
-           "MEM free/total", "SLOTS free", "TYPES");
+    printf("network alerts: %" PRIu64, t->alerts);
+    for (int k = 0; k < t->nkinds; k++)
+        printf("%s%s %" PRIu64, k ? ", " : " (", t->alert_kind[k], t->alert_kind_n[k]);
+    printf("%s\n", t->nkinds ? ")" : "");
+    for (int k = 0; k < t->nrecent; k++)
+        printf("  %s\n", t->recent[k]);
+    printf("%-20s %-10s %8s %14s %14s %12s %8s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
+           "MEM free/total", "SLOTS free", "ALERTS", "TYPES");
     uint64_t now = ms_now();
     for (size_t i = 0; i < t->nnodes && i < 200; i++) {
         struct node_row *r = &t->nodes[i];
         char cpu_s[32], mem_s[32];
         snprintf(cpu_s, sizeof cpu_s, "%" PRIu64 "/%" PRIu64, r->cpu_free, r->cpu);
         snprintf(mem_s, sizeof mem_s, "%" PRIu64 "/%" PRIu64, r->mem_free, r->mem);
-        printf("%-20s %-10s %8" PRIu64 " %14s %14s %12" PRIu64 " %s%s\n", r->name, r->cell, r->live,
-               cpu_s, mem_s, r->slots_free, r->types,
+        printf("%-20s %-10s %8" PRIu64 " %14s %14s %12" PRIu64 " %8" PRIu64 " %s%s\n", r->name,
+               r->cell, r->live, cpu_s, mem_s, r->slots_free, r->alerts, r->types,
                now - r->seen_ms > 5000 ? "  (silent)" : "");
     }
     fflush(stdout);

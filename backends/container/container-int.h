@@ -15,6 +15,7 @@
 #include "backends/backend.h"
 #include "backends/container/container.h"
 #include "backends/layers/layer-cache.h"
+#include "backends/net/net.h"
 #include "dsec/layers.h"
 #include "dsec/names.h"
 
@@ -65,6 +66,7 @@ struct ct_backend {
     char **excludes;           /* snapshot exclude patterns */
     size_t nexcludes;
     dsec_layer_registry *reg; /* borrowed */
+    dsec_net *net;            /* borrowed: the node's network containment, or NULL */
     dsec_layer_cache *cache;
     pthread_mutex_t lock; /* guards snaps, live and quota */
     struct ct_snap *snaps;
@@ -105,6 +107,11 @@ struct dsec_sandbox {
     uint64_t cpu_milli, memory_mb;
     uint64_t disk_mb;    /* limit of the upper subvolume's exclusive bytes, 0 = none */
     char *snapshot_name; /* label snapshot_name, or NULL */
+    char *tenant;        /* or NULL */
+    char **net_entries;  /* the network policy as given (kept for forks and adopt) */
+    size_t nnet;
+    char *net_state;     /* dsec_net_sbx_state, read back from meta on adopt */
+    dsec_net_sbx *net;   /* its namespace and policy when the node has containment */
     dsec_agent *agent;
     /* what teardown must undo (a failed create undoes only what it did) */
     bool made_dir, made_subvol, mounted, started;

@@ -204,7 +204,7 @@ static void seccomp(struct buf *b)
     puts_(b, "]}");
 }
 
-static void mounts(struct buf *b, const struct ct_backend *be)
+static void mounts(struct buf *b, const struct ct_backend *be, const dsec_sandbox *sb)
 {
     puts_(b, "\"mounts\":["
              "{\"destination\":\"/proc\",\"type\":\"proc\",\"source\":\"proc\","
@@ -220,6 +220,13 @@ static void mounts(struct buf *b, const struct ct_backend *be)
              "\"options\":[\"nosuid\",\"noexec\",\"nodev\"]},"
              "{\"destination\":\"/sys\",\"type\":\"sysfs\",\"source\":\"sysfs\","
              "\"options\":[\"nosuid\",\"noexec\",\"nodev\",\"ro\"]},");
+    if (sb->net != NULL) { /* the node-local resolver, the only one it has */
+        char rc[PATH_MAX + 16];
+        dsec__ct_fmt(rc, sizeof rc, "%s/resolv.conf", sb->dir);
+        puts_(b, "{\"destination\":\"/etc/resolv.conf\",\"type\":\"bind\",\"source\":");
+        jstr(b, rc);
+        puts_(b, ",\"options\":[\"bind\",\"ro\",\"nosuid\",\"nodev\",\"noexec\"]},");
+    }
     puts_(b, "{\"destination\":\"/.dsec/agent\",\"type\":\"bind\",\"source\":");
     jstr(b, be->agent);
     puts_(b, ",\"options\":[\"bind\",\"ro\",\"nosuid\",\"nodev\"]}]");
@@ -287,12 +294,19 @@ int dsec__ct_oci_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec
     dsec__ct_fmt(host, sizeof host, "%s", sb->id);
     jstr(&b, host);
     puts_(&b, ",");
-    mounts(&b, be);
+    mounts(&b, be, sb);
     puts_(&b, ",\"linux\":{");
     resources(&b, be, sb);
     putf(&b, ",\"cgroupsPath\":\"/%s/%s\"", be->cg_parent, sb->id);
     puts_(&b, ",\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
-              "{\"type\":\"mount\"},{\"type\":\"network\"},{\"type\":\"cgroup\"}],");
+              "{\"type\":\"mount\"},{\"type\":\"cgroup\"},{\"type\":\"network\"");
+    /* with containment: the namespace the node prepared (veth, policy);
+     * without: a new empty one, which reaches nothing at all */
+    if (sb->net != NULL) {
+        puts_(&b, ",\"path\":");
+        jstr(&b, dsec_net_sbx_netns(sb->net));
+    }
+    puts_(&b, "}],");
     puts_(&b, "\"maskedPaths\":");
     jstrs(&b, masked, sizeof masked / sizeof masked[0]);
     puts_(&b, ",\"readonlyPaths\":");

@@ -327,6 +327,43 @@ static int parse_lines(char *text, int (*fn)(void *, const char *, char *, dsec_
     return 0;
 }
 
+/* ---- the sandbox's network policy (backends/net/net.h) ------------------------------------ */
+
+static void net_entries_clear(dsec_sandbox *sb)
+{
+    for (size_t i = 0; i < sb->nnet; i++)
+        dsec_free(sb->net_entries[i]);
+    dsec_free(sb->net_entries);
+    sb->net_entries = NULL;
+    sb->nnet = 0;
+}
+
+static int net_entries_add(dsec_sandbox *sb, const char *const *v, size_t n, dsec_err *err)
+{
+    if (n == 0)
+        return 0;
+    char **nv = dsec_realloc(sb->net_entries, (sb->nnet + n) * sizeof *nv);
+    if (nv == NULL)
+        return oom(err, "network policy");
+    sb->net_entries = nv;
+    for (size_t i = 0; i < n; i++) {
+        if ((nv[sb->nnet] = dsec_strdup(v[i] != NULL ? v[i] : "")) == NULL)
+            return oom(err, "network policy");
+        sb->nnet++;
+    }
+    return 0;
+}
+
+/* What every path that frees a record frees besides env and snapshot name. */
+static void sb_free_fields(dsec_sandbox *sb)
+{
+    net_entries_clear(sb);
+    dsec_free(sb->net_state);
+    sb->net_state = NULL;
+    dsec_free(sb->tenant);
+    sb->tenant = NULL;
+}
+
 static int write_meta(const dsec_sandbox *sb, dsec_err *err)
 {
     char path[PATH_MAX + 16], tmp[PATH_MAX + 16];
@@ -340,6 +377,11 @@ static int write_meta(const dsec_sandbox *sb, dsec_err *err)
     fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\ndisk_mb %" PRIu64 "\n", sb->cpu_milli,
             sb->memory_mb, sb->disk_mb);
     put_esc(f, "snapshot_name", sb->snapshot_name);
+    put_esc(f, "tenant", sb->tenant);
+    if (sb->net != NULL)
+        put_esc(f, "net_state", dsec_net_sbx_state(sb->net));
+    for (size_t i = 0; i < sb->nnet; i++)
+        put_esc(f, "net", sb->net_entries[i]);
     put_env(f, &sb->env);
     if (fclose(f) != 0 || rename(tmp, path) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", path);
@@ -364,6 +406,13 @@ static int meta_line(void *arg, const char *key, char *val, dsec_err *err)
         sb->disk_mb = strtoull(val, NULL, 10);
     } else if (strcmp(key, "snapshot_name") == 0 && strcmp(val, "-") != 0) {
         return set_str(&sb->snapshot_name, val, err);
+    } else if (strcmp(key, "tenant") == 0 && strcmp(val, "-") != 0) {
+        return set_str(&sb->tenant, val, err);
+    } else if (strcmp(key, "net_state") == 0) {
+        return set_str(&sb->net_state, val, err);
+    } else if (strcmp(key, "net") == 0) {
+        const char *one[1] = {val};
+        return net_entries_add(sb, one, 1, err);
     }
     return 0;
 }
@@ -491,6 +540,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
                                                                                       : "node");
     dsec__ct_fmt(be->cg_parent, sizeof be->cg_parent, "dsec-ct-%s", be->node);
     be->reg = cfg->layers;
+    be->net = cfg->net;
     char rt[32];
     uint64_t upper_gb, cache_gb;
     if (parse_opts(be, cfg, rt, sizeof rt, &upper_gb, &cache_gb, err) < 0)
@@ -670,6 +720,11 @@ static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
             return -1;
         sb->started = false;
     }
+    if (sb->net != NULL) {
+        if (dsec_net_detach(sb->net, err) < 0)
+            return -1;
+        sb->net = NULL;
+    }
     char p[PATH_MAX + 16];
     if (sb->mounted) {
         dsec__ct_fmt(p, sizeof p, "%s/rootfs", sb->dir);
@@ -691,6 +746,7 @@ static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     live_del(be, sb);
     env_clear(&sb->env);
     dsec_free(sb->snapshot_name);
+    sb_free_fields(sb);
     dsec_free(sb);
     return 0;
 }
@@ -833,6 +889,21 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     if (rc < 0)
         return -1;
     sb->mounted = true;
+    if (be->net != NULL) {
+        if (dsec_net_attach(be->net, sb->id, sb->tenant, (const char *const *)sb->net_entries,
+                            sb->nnet, &sb->net, err) < 0)
+            return -1;
+        char rc_path[PATH_MAX + 16], conf[96];
+        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", sb->dir);
+        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
+                               dsec_net_sbx_resolver(sb->net));
+        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
+            return -1;
+    } else if (sb->nnet > 0) {
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "container: this node has no network containment configured (the "
+                            "cell's net: section), so it cannot apply a network policy");
+    }
     if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         return -1;
     int lfd = listen_at(sb->dir, "agent.sock", err);
@@ -906,7 +977,8 @@ static int create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, stru
         sb_abandon(be, sb);
         return -1;
     }
-    if (set_str(&sb->snapshot_name, sn, err) < 0 || sb_start(be, sb, err) < 0) {
+    if (set_str(&sb->snapshot_name, sn, err) < 0 || set_str(&sb->tenant, spec->tenant, err) < 0 ||
+        net_entries_add(sb, spec->net, spec->nnet, err) < 0 || sb_start(be, sb, err) < 0) {
         if (err->code == DSEC_E_EXISTS) { /* not ours to remove */
             sb->made_dir = false;
             sb->started = false;
@@ -1119,6 +1191,12 @@ static void *fork_worker(void *arg)
             c->memory_mb = j->parent->memory_mb;
             c->disk_mb = j->parent->disk_mb;
             rc = add_lower(&c->env, true, j->snap, 0, &err);
+        }
+        if (rc == 0) {
+            rc = set_str(&c->tenant, j->parent->tenant, &err);
+            if (rc == 0)
+                rc = net_entries_add(c, (const char *const *)j->parent->net_entries,
+                                     j->parent->nnet, &err);
         }
         if (rc == 0)
             rc = sb_start(j->be, c, &err);
@@ -1443,6 +1521,7 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
     if (rc < 0) {
         env_clear(&sb->env);
         dsec_free(sb->snapshot_name);
+        sb_free_fields(sb);
         dsec_free(sb);
         return -1;
     }
@@ -1461,6 +1540,7 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
         } else {
             env_clear(&sb->env);
             dsec_free(sb->snapshot_name);
+            sb_free_fields(sb);
             dsec_free(sb);
         }
         return -1;
@@ -1470,8 +1550,30 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
         release_lowers(be, sb);
         env_clear(&sb->env);
         dsec_free(sb->snapshot_name);
+        sb_free_fields(sb);
         dsec_free(sb);
         return -1;
+    }
+    /* its network: the namespace and veth outlived the node manager; the
+     * node's table was rebuilt, so its rules go back in */
+    if (sb->net_state != NULL) {
+        int nrc = be->net == NULL
+                      ? dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                     "container: the sandbox had network containment and the "
+                                     "node now has none")
+                      : dsec_net_adopt(be->net, sb->id, sb->tenant, sb->net_state,
+                                       (const char *const *)sb->net_entries, sb->nnet, &sb->net,
+                                       err);
+        if (nrc < 0) {
+            /* leave it running, contained by nothing it can use: its veth
+             * is in no allow set; a later adopt may succeed */
+            release_lowers(be, sb);
+            env_clear(&sb->env);
+            dsec_free(sb->snapshot_name);
+            sb_free_fields(sb);
+            dsec_free(sb);
+            return dsec_err_wrap(err, "container: adopting its network");
+        }
     }
     char sp[PATH_MAX + 16];
     sock_path(sb, sp, sizeof sp);
@@ -1493,9 +1595,28 @@ static void ct_detach(void *self, dsec_sandbox *sb)
         dsec_free(sb->env.lowers[i].path);
         sb->env.lowers[i].path = NULL;
     }
+    dsec_net_release(sb->net);
     env_clear(&sb->env);
     dsec_free(sb->snapshot_name);
+    sb_free_fields(sb);
     dsec_free(sb);
+}
+
+static int ct_net_set(void *self, dsec_sandbox *sb, const char *const *entries, size_t n,
+                      dsec_err *err)
+{
+    (void)self;
+    if (sb->net == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "container: this sandbox has no managed network (its node has no "
+                            "network containment configured)");
+    if (dsec_net_set(sb->net, entries, n, err) < 0)
+        return -1;
+    /* remembered for forks and for adoption after a restart */
+    net_entries_clear(sb);
+    if (net_entries_add(sb, entries, n, err) < 0 || write_meta(sb, err) < 0)
+        return dsec_err_wrap(err, "container: the policy is applied but not recorded");
+    return 0;
 }
 
 const dsec_backend_ops dsec_container_ops = {
@@ -1516,4 +1637,5 @@ const dsec_backend_ops dsec_container_ops = {
     .stats = ct_stats,
     .adopt = ct_adopt,
     .detach = ct_detach,
+    .net_set = ct_net_set,
 };

@@ -159,6 +159,11 @@ void dsec_strv_free(char **v, size_t n);
  * layer registry: dsec_create with .env = name then starts from this state
  * on any node. Containers only (DSEC_E_UNSUPPORTED elsewhere). */
 int dsec_snapshot(dsec_client *c, const char *id, const char *name, dsec_err *err);
+/* Replace the sandbox's network policy while it runs (entries as in
+ * dsec_create_opts.net; none: it reaches nothing). New connections follow it
+ * at once; connections it no longer allows are cut (docs/network.md). */
+int dsec_set_network(dsec_client *c, const char *id, const char *const *entries, size_t n,
+                     dsec_err *err);
 int dsec_pause(dsec_client *c, const char *id, dsec_err *err);
 int dsec_resume(dsec_client *c, const char *id, dsec_err *err);
 int dsec_destroy(dsec_client *c, const char *id, dsec_err *err);

@@ -123,6 +123,8 @@ pause = _proto("dsec_pause", c_int, P, c_char_p, PErr)
 # containers only; an older libdsec without it makes Sandbox.snapshot raise NotSupported
 snapshot = (_proto("dsec_snapshot", c_int, P, c_char_p, c_char_p, PErr)
             if hasattr(lib, "dsec_snapshot") else None)
+set_network = (_proto("dsec_set_network", c_int, P, c_char_p, POINTER(c_char_p), c_size_t, PErr)
+               if hasattr(lib, "dsec_set_network") else None)
 resume = _proto("dsec_resume", c_int, P, c_char_p, PErr)
 destroy = _proto("dsec_destroy", c_int, P, c_char_p, PErr)
 status = _proto("dsec_status", c_int, P, c_char_p, POINTER(SandboxInfo), PErr)

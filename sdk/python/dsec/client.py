@@ -40,20 +40,20 @@ def _invalid(op, message):
     return errors.error_from_code(1, "%s: %s" % (op, message), op=op)
 
 
-def _net_entries(network):
+def _net_entries(network, op="create"):
     """The create's net entries: the names network maps to True."""
     if not network:
         return []
     if not isinstance(network, Mapping):
-        raise _invalid("create", "network must map rule names to True/False, e.g. "
+        raise _invalid(op, "network must map rule names to True/False, e.g. "
                        "{\"pypi\": True}; got %s" % type(network).__name__)
     out = []
     for name, allowed in network.items():
         if not isinstance(name, str) or not name or "=" in name:
-            raise _invalid("create", "network: rule name %r is not a non-empty string "
+            raise _invalid(op, "network: rule name %r is not a non-empty string "
                            "without '='" % (name,))
         if not isinstance(allowed, bool):
-            raise _invalid("create", "network: rule %r must be True or False, got %r"
+            raise _invalid(op, "network: rule %r must be True or False, got %r"
                            % (name, allowed))
         if allowed:
             out.append(name)
@@ -556,6 +556,20 @@ class Sandbox:
         self._client._call("snapshot", _lib.snapshot, self._cid, name.encode())
         return name
 
+    def set_network(self, network) -> None:
+        """Replace the sandbox's network policy while it runs, e.g.
+        {"pypi": True, "github.com:443/tcp": True}: rules mapped to True are
+        allowed, everything else is denied ({} reaches nothing). New
+        connections follow it at once; connections it no longer allows are
+        cut (docs/network.md). A bad rule raises InvalidArgument naming it;
+        a node without network containment raises NotSupported."""
+        entries = _net_entries(network, "set_network")
+        if _lib.set_network is None:
+            raise errors.not_supported("set_network: this libdsec.so (%s) has no "
+                                       "dsec_set_network; rebuild it" % _lib.path, "set_network")
+        arr = (ctypes.c_char_p * (len(entries) + 1))(*[e.encode() for e in entries], None)
+        self._client._call("set_network", _lib.set_network, self._cid, arr, len(entries))
+
     def stop(self) -> None:
         """Destroy the sandbox."""
         self._client._call("stop", _lib.destroy, self._cid)
@@ -643,6 +657,9 @@ class AsyncSandbox:
 
     async def snapshot(self, name) -> str:
         return await self._run(self.sync.snapshot, name)
+
+    async def set_network(self, network) -> None:
+        return await self._run(self.sync.set_network, network)
 
     async def stop(self):
         return await self._run(self.sync.stop)

@@ -15,8 +15,8 @@ class SandboxArgs:
     max_lifetime_s / idle_timeout_s: 0 or None: the cell default.
     network: rules such as {"pypi": True, "npm": False}; names mapped to True are
         allowed (mirrors, domains or address ranges); everything else is denied.
-        Sent as the create's net entries; not every type enforces them yet
-        (containers do not: see ContainerArgs).
+        Sent as the create's net entries (docs/network.md); containers on a
+        node with network containment enforce them (see ContainerArgs).
     user: the user commands run as (applied to every exec of the sandbox unless
         the exec names another).
     labels: key/value labels put on the sandbox.
@@ -62,9 +62,13 @@ class ContainerArgs(SandboxArgs):
     max_lifetime_s / idle_timeout_s: the node destroys the container when
         either runs out.
     network: sent as the create's net entries (the names mapped to True,
-        e.g. {"pypi": True, "npm": False} -> ["pypi"]). The container node does
-        not enforce them yet: today a container has no network interface but
-        loopback, whatever the rules say.
+        e.g. {"pypi": True, "npm": False} -> ["pypi"]): mirror names from the
+        cell configuration, domains ("*.example.com:443/tcp") and address
+        ranges. On a node with network containment (the cell's net: section)
+        the container reaches only what they allow, through its node's
+        resolver; Sandbox.set_network changes them while it runs. On a node
+        without it the container has only loopback, and a create with rules
+        fails with NotSupported.
     labels, rollout_id, user: as for every type (SandboxArgs).
     """
 

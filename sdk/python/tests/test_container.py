@@ -63,6 +63,9 @@ def setUpModule():
         f.write("cell: sdkct\n"
                 "layers: {path: %s}\n"
                 "reports: {capacity_ms: 20, full_ms: 500, heartbeat_ms: 100, reap_ms: 200}\n"
+                # network containment with a pypi mirror (tag 201: its own table and pool)
+                "net: {enabled: true, tag_base: 201, masquerade: false, upstream: [\"127.0.0.1:9\"],\n"
+                "      mirrors: {pypi: [\"pypi.test:443/tcp\"]}}\n"
                 "nodes:\n"
                 "  - name: %s\n"
                 "    cpu_milli: 8000\n"
@@ -177,10 +180,10 @@ class TestContainer(Base):
         self.assertEqual(cm.exception.result.exit_code, 1)
         r = sb.run_shell("sleep 5", timeout_ms=300)
         self.assertTrue(r.timed_out)
-        # network rules travel as the create's net entries but are not enforced yet: the
-        # container has its own network namespace with loopback only (ContainerArgs says so)
+        # network rules are enforced by the node's containment: the container has its own
+        # namespace with loopback and one veth to the node (docs/network.md)
         ifaces = [l.split(":")[0].strip() for l in self.sh(sb, "cat /proc/net/dev").splitlines()[2:]]
-        self.assertEqual(ifaces, ["lo"])
+        self.assertEqual(sorted(ifaces), ["eth0", "lo"])
 
     def test_request_id_is_idempotent(self):
         rid = uuid.uuid4().hex
@@ -349,6 +352,23 @@ class TestErrors(Base):
             with self.assertRaises(InvalidArgument) as cm:
                 self.c.run_container(environment=ENV, network=net, **SMALL)
             self.assertIn(what, str(cm.exception))
+
+    def test_set_network(self):
+        """The policy changes while the sandbox runs; bad rules name themselves."""
+        sb = self.make(network={"pypi": True})
+        sb.set_network({"198.51.100.0/24:443/tcp": True, "pypi": False})
+        sb.set_network({})
+        with self.assertRaises(InvalidArgument) as cm:
+            sb.set_network({"10.0.0.0/33": True})
+        self.assertIn("10.0.0.0/33", str(cm.exception))
+        with self.assertRaises(InvalidArgument) as cm:
+            sb.set_network({"npm": True})
+        self.assertIn("npm", str(cm.exception))
+        with self.assertRaises(InvalidArgument):
+            sb.set_network(["pypi"])
+        # the sandbox has its own interface and the node's resolver, nothing else
+        self.assertIn("eth0", self.sh(sb, "ip -o link show"))
+        self.assertTrue(self.sh(sb, "cat /etc/resolv.conf").startswith("nameserver 100."))
 
     def test_stopped_container(self):
         sb = self.c.run_container(environment=ENV, **SMALL)

@@ -1,0 +1,138 @@
+/* net.h - network containment of a node's sandboxes: own namespace, nftables policy, node-local DNS, alerts. */
+#ifndef DSEC_BACKENDS_NET_H
+#define DSEC_BACKENDS_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsec/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * One dsec_net per node. Backends that give sandboxes a network namespace
+ * (container; microVM and VM through a tap in it) attach each sandbox at
+ * create and detach it at destroy. A sandbox reaches nothing but the
+ * node-local resolver until its policy allows more.
+ *
+ * Policy entries (strings, docs/network.md):
+ *   pypi                      a mirror named in the cell configuration
+ *   example.com               a domain (resolvable, and its addresses reachable)
+ *   *.example.com             any name under example.com (not example.com itself)
+ *   198.51.100.0/24           an IPv4 range; [2001:db8::/32] an IPv6 range
+ *   TARGET:443  TARGET:8000-8100  ports (TCP and UDP unless a protocol follows)
+ *   TARGET/tcp  TARGET:53/udp  TARGET/icmp   a protocol (icmp takes no ports)
+ * Addresses of the sandbox pools, loopback, link-local (metadata
+ * 169.254.169.254 among them), multicast and fd00:ec2::254 are never
+ * reachable, whatever the policy says.
+ */
+
+typedef struct dsec_net dsec_net;
+typedef struct dsec_net_sbx dsec_net_sbx;
+
+/* A named mirror: its targets are policy entries (domains or ranges with
+ * ports), e.g. {"pypi.mirror.internal:443/tcp"}. */
+typedef struct dsec_net_mirror {
+    const char *name;
+    const char *const *targets;
+    size_t ntargets;
+} dsec_net_mirror;
+
+/* One alert: blocked traffic of one sandbox to one destination, aggregated
+ * over a window. Strings borrowed for the callback. */
+typedef struct dsec_net_alert {
+    const char *sandbox;
+    const char *tenant; /* "" when the sandbox has none */
+    const char *kind;   /* "dns_denied" | "dns_type" | "dns_cname" | "dns_flood" | "dns_malformed" | "blocked" */
+    const char *dest;   /* the name asked, or the address */
+    const char *detail; /* "TXT", "tcp/443", "udp/53", "icmp", ... */
+    uint64_t count;     /* occurrences in the window (after kernel rate limits) */
+    uint64_t first_ns;  /* wall clock */
+    uint64_t last_ns;
+} dsec_net_alert;
+
+typedef struct dsec_net_conf {
+    const char *state_dir; /* namespace files live in <state_dir>/netns */
+    unsigned tag;          /* 0..255, distinct per node on one host: names the table and veths */
+    const char *pool4;     /* this node's sandbox addresses; NULL: 100.(64+tag/4)... see net.c */
+    const char *pool6;     /* NULL: fd64:d5ec:0:TT00::/56; "" turns IPv6 off */
+    const char *const *upstream; /* resolvers for allowed names, "ip" or "ip:port" / "[ip6]:port"; */
+    size_t nupstream;            /* none: the host's /etc/resolv.conf */
+    const dsec_net_mirror *mirrors;
+    size_t nmirrors;
+    const char *const *deny; /* extra CIDRs never reachable (e.g. the bus's addresses) */
+    size_t ndeny;
+    bool masquerade;         /* SNAT sandbox traffic leaving the node (off in tests) */
+    uint16_t dns_port;       /* 0: 53 */
+    uint32_t dns_qps;        /* per sandbox; 0: 100 */
+    uint32_t conn_rate;      /* new connections per second per sandbox; 0: 200 */
+    uint32_t alert_window_ms; /* aggregation window; 0: 1000 */
+    uint32_t alerts_per_window; /* per sandbox; more are summed into one "suppressed" alert; 0: 16 */
+    /* Called on the net module's own thread for each alert. */
+    void (*on_alert)(void *arg, const dsec_net_alert *a);
+    void *alert_arg;
+} dsec_net_conf;
+
+/* Open the node's containment: host forwarding, the nftables table (a stale
+ * one is replaced), the resolver on the gateway addresses. *out freed by
+ * dsec_net_free. */
+int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err);
+
+/* Close. keep: leave attached sandboxes' namespaces, veths and table in
+ * place (node restart; dsec_net_adopt re-attaches), else remove all. Every
+ * handle must be detached or released first. NULL: no-op. */
+void dsec_net_free(dsec_net *n, bool keep);
+
+/* Check a policy without applying it: 0, or -1 with err naming the bad
+ * entry. n may be NULL (then mirrors are not known: names pass when they
+ * are valid names). */
+int dsec_net_policy_check(const dsec_net *n, const char *const *entries, size_t count,
+                          dsec_err *err);
+
+/* Give sandbox id its namespace, veth and policy. *out is released by
+ * dsec_net_detach (removes it) or dsec_net_release (keeps it for adopt). */
+int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char *const *entries,
+                    size_t count, dsec_net_sbx **out, dsec_err *err);
+
+/* Re-attach after a node restart: state is what dsec_net_sbx_state gave. */
+int dsec_net_adopt(dsec_net *n, const char *id, const char *tenant, const char *state,
+                   const char *const *entries, size_t count, dsec_net_sbx **out, dsec_err *err);
+
+/* Remove the sandbox's namespace, veth, rules and pins. NULL: no-op. */
+int dsec_net_detach(dsec_net_sbx *s, dsec_err *err);
+/* Forget the handle, leave everything in place. NULL: no-op. */
+void dsec_net_release(dsec_net_sbx *s);
+
+/* After adoption: remove namespaces and veths of this node that no sandbox
+ * holds (leftovers of a crash). Returns how many were removed, or -1. */
+int dsec_net_sweep(dsec_net *n, dsec_err *err);
+
+/* Replace the policy while the sandbox runs: new connections follow it at
+ * once, and connections the new policy no longer allows are cut. */
+int dsec_net_set(dsec_net_sbx *s, const char *const *entries, size_t count, dsec_err *err);
+
+/* The bind-mounted namespace to join (valid while attached). */
+const char *dsec_net_sbx_netns(const dsec_net_sbx *s);
+/* The resolver address to write into the sandbox's resolv.conf. */
+const char *dsec_net_sbx_resolver(const dsec_net_sbx *s);
+/* The sandbox's IPv4 address, dotted. */
+const char *dsec_net_sbx_addr(const dsec_net_sbx *s);
+/* What adopt needs back ("idx=N"), a static-lifetime string of the handle. */
+const char *dsec_net_sbx_state(const dsec_net_sbx *s);
+
+typedef struct dsec_net_stats {
+    uint64_t sandboxes;
+    uint64_t dns_queries, dns_answered, dns_refused, dns_dropped;
+    uint64_t blocked;      /* blocked packets seen (after kernel log limits) */
+    uint64_t alerts;       /* alerts emitted */
+    uint64_t alerts_suppressed;
+} dsec_net_stats;
+void dsec_net_stats_get(dsec_net *n, dsec_net_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,553 @@
+/* test_net_bus.c - network containment end to end: a cell whose node runs real containers with
+ * their own namespaces, nftables policy and node-local resolver, against an "outside" namespace
+ * holding a logging DNS server and web services (tests/net_outside.py). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/cell.h"
+#include "actors/wire.h"
+#include "bus/bus.h"
+#include "codecs/msg.h"
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+#include "tests/fixture.h"
+
+#define OUT_NS "dsecnt-out"
+#define OUT_IF "dsnto0" /* the host's side of the link to the outside */
+#define TAG 200         /* the node's net tag: table dsec_c8, veths dsvc8... */
+
+static dsec_natsd *natsd;
+static char root[64];
+static dsec_cell_conf conf;
+static dsec_cell *cell;
+static dsec_client *cl;
+static pid_t outside_pid;
+static char dns_log[128];
+static int host_listener = -1;
+static pthread_t host_thread;
+
+/* alerts seen on the bus */
+static pthread_mutex_t alert_mu = PTHREAD_MUTEX_INITIALIZER;
+static char alerts[64][160];
+static int nalerts;
+static dsec_bus *abus;
+static dsec_actor *aactor;
+
+static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run(const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void outside_down(void)
+{
+    if (outside_pid > 0) {
+        kill(outside_pid, SIGKILL);
+        waitpid(outside_pid, NULL, 0);
+        outside_pid = 0;
+    }
+    run("ip netns del " OUT_NS " 2>/dev/null; ip link del " OUT_IF " 2>/dev/null; "
+        "ip route del 169.254.169.254/32 2>/dev/null; true");
+}
+
+/* The outside world: its own namespace linked to the host, reachable from
+ * sandboxes only through the node's policy (and masquerade). */
+static int outside_up(void)
+{
+    outside_down();
+    if (run("ip netns add " OUT_NS " && ip link add " OUT_IF " type veth peer name eth0 netns " OUT_NS
+            " && ip addr add 198.18.77.1/24 dev " OUT_IF " && ip -6 addr add fd00:77::1/64 dev " OUT_IF
+            " nodad && ip link set " OUT_IF " up"
+            " && ip -n " OUT_NS " link set lo up && ip -n " OUT_NS " link set eth0 up"
+            " && ip -n " OUT_NS " addr add 198.18.77.2/24 dev eth0"
+            " && ip -n " OUT_NS " addr add 198.18.77.3/24 dev eth0"
+            " && ip -n " OUT_NS " addr add 169.254.169.254/32 dev eth0"
+            " && ip -n " OUT_NS " -6 addr add fd00:77::2/64 dev eth0 nodad"
+            " && ip -n " OUT_NS " route add default via 198.18.77.1"
+            " && ip -n " OUT_NS " -6 route add default via fd00:77::1"
+            " && ip route add 169.254.169.254/32 dev " OUT_IF) != 0)
+        return -1;
+    snprintf(dns_log, sizeof dns_log, "%s/dns.log", root);
+    outside_pid = fork();
+    if (outside_pid == 0) {
+        execlp("ip", "ip", "netns", "exec", OUT_NS, "python3", DSEC_SRC "/tests/net_outside.py",
+               "--log", dns_log, "--addr", "198.18.77.2", "--addr", "198.18.77.3", "--addr",
+               "169.254.169.254", "--addr", "fd00:77::2", "--zone", "allowed.test=198.18.77.2",
+               "--zone", "allowed.test=fd00:77::2", "--zone", "mirror.test=198.18.77.2", "--zone",
+               "secret.exfil.test=198.18.77.3", "--zone", "other.test=198.18.77.3", "--cname",
+               "www.allowed.test=allowed.test", "--cname", "out.allowed.test=other.test",
+               (char *)NULL);
+        _exit(127);
+    }
+    /* ready when its DNS answers */
+    for (int i = 0; i < 100; i++) {
+        if (run("ip netns exec " OUT_NS " python3 -c \"import socket;s=socket.socket(socket.AF_INET,"
+                "socket.SOCK_STREAM);s.settimeout(0.2);s.connect(('198.18.77.2',8080))\" "
+                "2>/dev/null") == 0)
+            return 0;
+        usleep(100 * 1000);
+    }
+    return -1;
+}
+
+static void *host_accept(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int c = accept(host_listener, NULL, NULL);
+        if (c < 0)
+            return NULL;
+        (void)!write(c, "host-service\n", 13);
+        close(c);
+    }
+}
+
+static void on_alert(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a;
+    (void)ud;
+    dsec_msg_net_alert al;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_NET_ALERT, dsec_msg_data(m), dsec_msg_len(m), &al,
+                    &err) < 0)
+        return;
+    pthread_mutex_lock(&alert_mu);
+    if (nalerts < 64)
+        snprintf(alerts[nalerts++], sizeof alerts[0], "%s %s %s %s", al.sandbox, al.kind,
+                 al.dest ? al.dest : "", al.detail ? al.detail : "");
+    pthread_mutex_unlock(&alert_mu);
+}
+
+static int group_setup(void **state)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_net_bus: needs root (namespaces, nftables, containers); skipping\n");
+        return 0;
+    }
+    if (dsec_test_server_start("dsec-netbus", false, &natsd, root, sizeof root) < 0)
+        return -1;
+    if (outside_up() < 0) {
+        fprintf(stderr, "test_net_bus: could not build the outside namespace\n");
+        return -1;
+    }
+    /* a service on the host's own address on the outside link */
+    host_listener = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in ha = {.sin_family = AF_INET, .sin_port = htons(8090)};
+    inet_pton(AF_INET, "198.18.77.1", &ha.sin_addr);
+    int one = 1;
+    setsockopt(host_listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(host_listener, (struct sockaddr *)&ha, sizeof ha) < 0 || listen(host_listener, 16) < 0)
+        return -1;
+    pthread_create(&host_thread, NULL, host_accept, NULL);
+
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+             ">/dev/null",
+             DSEC_SRC, DSEC_CLI, root, root);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
+        return -1;
+    }
+    dsec_err err;
+    dsec_cell_conf_defaults(&conf);
+    snprintf(conf.cell, sizeof conf.cell, "netbus");
+    snprintf(conf.url, sizeof conf.url, "%s", dsec_natsd_url(natsd));
+    snprintf(conf.state_dir, sizeof conf.state_dir, "%s/cell", root);
+    snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
+    conf.capacity_ms = 20;
+    conf.full_ms = 500;
+    conf.heartbeat_ms = 100;
+    conf.net.enabled = true;
+    conf.net.tag_base = TAG;
+    conf.net.alert_window_ms = 200;
+    conf.net.upstream = dsec_calloc(1, sizeof(char *));
+    conf.net.upstream[0] = dsec_strdup("198.18.77.2:53");
+    conf.net.nupstream = 1;
+    conf.net.mirrors = dsec_calloc(1, sizeof *conf.net.mirrors);
+    char **targets = dsec_calloc(1, sizeof(char *));
+    targets[0] = dsec_strdup("mirror.test:8081/tcp");
+    conf.net.mirrors[0] = (dsec_net_mirror){.name = dsec_strdup("pypi"),
+                                            .targets = (const char *const *)targets,
+                                            .ntargets = 1};
+    conf.net.nmirrors = 1;
+    static const char *const types[] = {"container", NULL};
+    if (dsec_cell_conf_add_sim_nodes(&conf, "netbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
+        fprintf(stderr, "conf: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(conf.nodes[0].backend, sizeof conf.nodes[0].backend, "native");
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0) {
+        fprintf(stderr, "cell: %s\n", err.msg);
+        return -1;
+    }
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "netbus", .timeout_ms = 30000};
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "netbus-alerts", .threads = 1};
+    if (dsec_client_connect(&cl, &o, &err) < 0 || dsec_bus_connect(&abus, &bo, &err) < 0 ||
+        dsec_actor_new(&aactor, abus, "alerts", &err) < 0 ||
+        dsec_actor_on(aactor, "dsec.v1.ctl.evt.netbus.alert.>", NULL, on_alert, NULL, &err) < 0 ||
+        dsec_bus_flush(abus, 2000, &err) < 0) {
+        fprintf(stderr, "client: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    dsec_actor_free(aactor);
+    dsec_bus_free(abus);
+    dsec_client_free(cl);
+    dsec_cell_stop(cell, true);
+    dsec_cell_conf_release(&conf);
+    if (host_listener >= 0) {
+        shutdown(host_listener, SHUT_RDWR);
+        close(host_listener);
+        pthread_join(host_thread, NULL);
+    }
+    outside_down();
+    if (natsd == NULL)
+        return 0;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | "
+             "sort -r); do umount -l $m; done",
+             root);
+    if (system(cmd) != 0)
+        fprintf(stderr, "teardown: unmounting under %s failed\n", root);
+    return dsec_test_server_stop(natsd, root);
+}
+
+static void make(const char *const *net, dsec_sandbox_info *info)
+{
+    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 500,
+                           .memory_mb = 64, .net = net};
+    dsec_err err;
+    if (dsec_create(cl, &cs, info, &err) < 0)
+        fail_msg("create: %s", err.msg);
+}
+
+/* sh -c line in id; stdout+stderr (trailing newlines cut) into out; the exit code. */
+static int sh(const char *id, const char *line, char *out, size_t n)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 30000};
+    dsec_exec_reply r;
+    dsec_err err;
+    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
+        fail_msg("exec in %s: %s", id, err.msg);
+    size_t k = 0;
+    if (out != NULL) {
+        k = r.out_len < n - 1 ? r.out_len : n - 1;
+        memcpy(out, r.out, k);
+        size_t e = r.err_len < n - 1 - k ? r.err_len : n - 1 - k;
+        memcpy(out + k, r.err_out, e);
+        k += e;
+        while (k > 0 && out[k - 1] == '\n')
+            k--;
+        out[k] = '\0';
+    }
+    int code = r.exit_code;
+    dsec_exec_reply_release(&r);
+    return code;
+}
+
+static void destroy(const char *id)
+{
+    dsec_err err;
+    if (dsec_destroy(cl, id, &err) < 0)
+        fail_msg("destroy %s: %s", id, err.msg);
+}
+
+/* A TCP connect plus one read from inside a sandbox; 0 when it got data. */
+static int tcp(const char *id, const char *host, int port, char *out, size_t n)
+{
+    char line[256];
+    snprintf(line, sizeof line, "nc -w 3 %s %d </dev/null", host, port);
+    char buf[1024];
+    int rc = sh(id, line, buf, sizeof buf);
+    if (out)
+        snprintf(out, n, "%s", buf);
+    return rc == 0 && strstr(buf, "hello") != NULL ? 0 : -1;
+}
+
+static bool dns_log_has(const char *needle)
+{
+    FILE *f = fopen(dns_log, "r");
+    char line[512];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* The gateway (the resolver) of a sandbox, from its resolv.conf. */
+static void resolver_of(const char *id, char *out, size_t n)
+{
+    assert_int_equal(sh(id, "sed -n 's/^nameserver //p' /etc/resolv.conf", out, n), 0);
+    assert_true(strlen(out) > 6);
+}
+
+static void test_default_reaches_nothing(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    /* the services are really there: the host reaches them */
+    assert_int_equal(run("ip netns exec " OUT_NS " true && "
+                         "python3 -c \"import socket;s=socket.create_connection(('198.18.77.2',8080),2)\""),
+                     0);
+    dsec_sandbox_info a;
+    make(NULL, &a);
+    char out[1024], gw[64];
+    resolver_of(a.id, gw, sizeof gw);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);    /* outside */
+    assert_int_equal(tcp(a.id, "169.254.169.254", 8080, out, sizeof out), -1); /* metadata */
+    assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);    /* the host */
+    char line[256];
+    const char *url = dsec_natsd_url(natsd);
+    const char *port = strrchr(url, ':') + 1;
+    snprintf(line, sizeof line, "nc -w 2 %s %s </dev/null", gw, port); /* the bus, via the gateway */
+    assert_int_not_equal(sh(a.id, line, out, sizeof out), 0);
+    snprintf(line, sizeof line, "nc -w 2 127.0.0.1 %s </dev/null", port); /* its own loopback */
+    assert_int_not_equal(sh(a.id, line, out, sizeof out), 0);
+    assert_int_not_equal(sh(a.id, "nc -w 2 fd00:77::2 8080 </dev/null", out, sizeof out), 0);
+    /* names: refused by the resolver, never asked upstream */
+    assert_int_not_equal(sh(a.id, "nslookup allowed.test", out, sizeof out), 0);
+    assert_false(dns_log_has("allowed.test"));
+    /* DNS straight to the outside server is blocked too */
+    assert_int_not_equal(sh(a.id, "nslookup allowed.test 198.18.77.2", out, sizeof out), 0);
+    assert_false(dns_log_has("allowed.test"));
+    destroy(a.id);
+}
+
+static void test_allow_all_still_contained(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    /* everything allowed by policy: the outside works, the fixed denials hold */
+    static const char *const all[] = {"0.0.0.0/0", "[::/0]", NULL};
+    dsec_sandbox_info a, b;
+    make(all, &a);
+    make(all, &b);
+    char out[1024], bip[64];
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.3", 8081, out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, "fd00:77::2", 8080, out, sizeof out), 0); /* IPv6 follows the policy */
+    assert_int_equal(tcp(a.id, "169.254.169.254", 8080, out, sizeof out), -1);
+    assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);
+    /* sandbox to sandbox: b listens; it reaches itself, a cannot reach it */
+    assert_int_equal(sh(b.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", bip, sizeof bip), 0);
+    assert_true(strlen(bip) >= 7);
+    assert_int_equal(sh(b.id, "(while true; do echo hello-b | nc -l -p 9000; done) >/dev/null 2>&1 &",
+                        out, sizeof out),
+                     0);
+    usleep(300 * 1000);
+    assert_int_equal(tcp(b.id, bip, 9000, out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, bip, 9000, out, sizeof out), -1);
+    destroy(a.id);
+    destroy(b.id);
+}
+
+static void test_names_and_mirrors(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    static const char *const pol[] = {"allowed.test:8080/tcp", "*.allowed.test:8080/tcp", NULL};
+    dsec_sandbox_info a;
+    make(pol, &a);
+    char out[2048];
+    /* the address is reachable only once the resolver has answered for it
+     * (busybox's wget cannot resolve in this environment: its static libc
+     * has no NSS; nslookup does the resolving, nc the connecting) */
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);
+    assert_int_equal(sh(a.id, "nslookup allowed.test", out, sizeof out), 0);
+    assert_non_null(strstr(out, "198.18.77.2"));
+    if (tcp(a.id, "198.18.77.2", 8080, out, sizeof out) != 0)
+        fail_msg("connect after the name resolved: %s", out);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8081, out, sizeof out), -1); /* another port */
+    assert_int_equal(tcp(a.id, "198.18.77.3", 8080, out, sizeof out), -1); /* never resolved */
+    /* a CNAME inside the allowed names is followed; one leaving them is refused */
+    assert_int_equal(sh(a.id, "nslookup www.allowed.test", out, sizeof out), 0);
+    assert_non_null(strstr(out, "198.18.77.2"));
+    assert_int_not_equal(sh(a.id, "nslookup out.allowed.test", out, sizeof out), 0);
+    assert_null(strstr(out, "198.18.77.3"));
+    assert_int_equal(tcp(a.id, "198.18.77.3", 8080, out, sizeof out), -1);
+    /* a denied name never leaves the node; other query types are refused */
+    assert_int_not_equal(sh(a.id, "nslookup q1.secret.exfil.test", out, sizeof out), 0);
+    assert_int_not_equal(sh(a.id, "nslookup -type=txt allowed.test", out, sizeof out), 0);
+    assert_true(dns_log_has("allowed.test 1"));
+    assert_false(dns_log_has("exfil"));
+    assert_false(dns_log_has("allowed.test 16"));
+    destroy(a.id);
+
+    /* a named mirror from the cell configuration */
+    static const char *const mir[] = {"pypi", NULL};
+    dsec_sandbox_info b;
+    make(mir, &b);
+    assert_int_equal(tcp(b.id, "198.18.77.2", 8081, out, sizeof out), -1);
+    assert_int_equal(sh(b.id, "nslookup mirror.test", out, sizeof out), 0);
+    assert_int_equal(tcp(b.id, "198.18.77.2", 8081, out, sizeof out), 0);
+    assert_non_null(strstr(out, "hello-outside-8081"));
+    assert_int_equal(tcp(b.id, "198.18.77.2", 8080, out, sizeof out), -1); /* not the mirror's port */
+    assert_int_not_equal(sh(b.id, "nslookup allowed.test", out, sizeof out), 0);
+    destroy(b.id);
+
+    /* bad policies are refused with the entry named */
+    static const char *const bad[] = {"no-such-mirror", NULL};
+    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .net = bad};
+    dsec_sandbox_info c;
+    dsec_err err;
+    assert_int_equal(dsec_create(cl, &cs, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "no-such-mirror"));
+}
+
+static void test_policy_changes_at_run_time(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make(NULL, &a);
+    char out[1024];
+    dsec_err err;
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);
+    static const char *const open_[] = {"198.18.77.2/tcp"};
+    assert_int_equal(dsec_set_network(cl, a.id, open_, 1, &err), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    /* a long-lived flow, then the entry goes: the flow stops and new ones fail */
+    assert_int_equal(sh(a.id, "(nc 198.18.77.2 8082 > /tmp/ticks 2>&1 &) ; sleep 1; wc -l < /tmp/ticks",
+                        out, sizeof out),
+                     0);
+    assert_true(atoi(out) >= 3);
+    assert_int_equal(dsec_set_network(cl, a.id, NULL, 0, &err), 0);
+    usleep(500 * 1000);
+    assert_int_equal(sh(a.id, "wc -l < /tmp/ticks", out, sizeof out), 0);
+    int before = atoi(out);
+    sleep(1);
+    assert_int_equal(sh(a.id, "wc -l < /tmp/ticks", out, sizeof out), 0);
+    assert_true(atoi(out) <= before + 1);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);
+    /* a bad policy is refused and the current one stays */
+    static const char *const bad[] = {"10.0.0.0/33"};
+    assert_int_equal(dsec_set_network(cl, a.id, bad, 1, &err), -1);
+    assert_non_null(strstr(err.msg, "10.0.0.0/33"));
+    destroy(a.id);
+}
+
+static bool alert_seen(const char *id, const char *kind, const char *dest, const char *detail)
+{
+    char want[200];
+    snprintf(want, sizeof want, "%s %s %s %s", id, kind, dest, detail);
+    for (int i = 0; i < 50; i++) {
+        pthread_mutex_lock(&alert_mu);
+        bool found = false;
+        for (int k = 0; k < nalerts && !found; k++)
+            found = strcmp(alerts[k], want) == 0;
+        pthread_mutex_unlock(&alert_mu);
+        if (found)
+            return true;
+        usleep(100 * 1000);
+    }
+    pthread_mutex_lock(&alert_mu);
+    fprintf(stderr, "alert \"%s\" not seen; seen:\n", want);
+    for (int k = 0; k < nalerts; k++)
+        fprintf(stderr, "  %s\n", alerts[k]);
+    pthread_mutex_unlock(&alert_mu);
+    return false;
+}
+
+static void test_alerts(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make(NULL, &a);
+    char out[1024];
+    assert_int_not_equal(sh(a.id, "nslookup q2.secret.exfil.test", out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.3", 8080, out, sizeof out), -1);
+    assert_true(alert_seen(a.id, "dns_denied", "q2.secret.exfil.test", "A"));
+    assert_true(alert_seen(a.id, "blocked", "198.18.77.3", "tcp/8080"));
+    destroy(a.id);
+}
+
+static void test_dns_flood_does_not_starve_others(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    static const char *const pol[] = {"allowed.test:8080/tcp", NULL};
+    dsec_sandbox_info a, b;
+    make(pol, &a);
+    make(pol, &b);
+    char out[2048], gw[64], line[256];
+    resolver_of(a.id, gw, sizeof gw);
+    FILE *f = fopen(DSEC_NET_FLOOD, "rb");
+    assert_non_null(f);
+    static uint8_t bin[4 << 20];
+    size_t len = fread(bin, 1, sizeof bin, f);
+    fclose(f);
+    dsec_err err;
+    assert_int_equal(dsec_file_write(cl, a.id, "/tmp/net_flood", bin, len, 0755, &err), 0);
+    snprintf(line, sizeof line, "(/tmp/net_flood %s 6 allowed.test > /tmp/flood.out 2>&1 &)", gw);
+    assert_int_equal(sh(a.id, line, out, sizeof out), 0);
+    usleep(500 * 1000);
+    /* meanwhile b's queries are answered, every one */
+    assert_int_equal(sh(b.id,
+                        "ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do nslookup allowed.test >/dev/null "
+                        "2>&1 && ok=$((ok+1)); done; echo $ok",
+                        out, sizeof out),
+                     0);
+    assert_int_equal(atoi(out), 10);
+    sleep(6);
+    assert_int_equal(sh(a.id, "cat /tmp/flood.out", out, sizeof out), 0);
+    fprintf(stderr, "flood: a sent %s queries in 6 s\n", out);
+    assert_true(atol(out) > 1000); /* it really flooded */
+    destroy(a.id);
+    destroy(b.id);
+}
+
+static void test_destroy_leaves_nothing(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a;
+    make(NULL, &a);
+    assert_int_equal(run("ip -o link show | grep -q 'dsvc8'"), 0);
+    destroy(a.id);
+    assert_int_not_equal(run("ip -o link show | grep -q 'dsvc8'"), 0);
+    assert_int_equal(run("test -z \"$(ls %s/cell/node-netbus-0000/net/netns/)\"", root), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_reaches_nothing),
+        cmocka_unit_test(test_allow_all_still_contained),
+        cmocka_unit_test(test_names_and_mirrors),
+        cmocka_unit_test(test_policy_changes_at_run_time),
+        cmocka_unit_test(test_alerts),
+        cmocka_unit_test(test_dns_flood_does_not_starve_others),
+        cmocka_unit_test(test_destroy_leaves_nothing),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
