@@ -131,7 +131,8 @@ struct sbx {
     size_t n, cap;
 };
 
-/* ---- a growable batch of nfnetlink messages --------------------------------------------------- */
+/* ---- a growable batch of nfnetlink messages ---------------------------------------------------
+ */
 
 struct batch {
     char *p;
@@ -483,8 +484,8 @@ static void rule_add(struct batch *b, struct nftnl_rule *r, const char *chain)
             nftnl_rule_free(r);
         return;
     }
-    struct nlmsghdr *nlh = msg_begin(b, NFT_MSG_NEWRULE, NLM_F_APPEND | NLM_F_CREATE, 4096,
-                                     "a rule of chain", chain);
+    struct nlmsghdr *nlh =
+        msg_begin(b, NFT_MSG_NEWRULE, NLM_F_APPEND | NLM_F_CREATE, 4096, "a rule of chain", chain);
     if (nlh != NULL) {
         nftnl_rule_nlmsg_build_payload(nlh, r);
         msg_end(b, nlh);
@@ -524,8 +525,8 @@ static void chain_add(struct batch *b, const char *table, const char *name, cons
 static void chain_op(struct batch *b, const char *table, const char *name, uint16_t type)
 {
     bool rules = type == NFT_MSG_DELRULE;
-    struct nlmsghdr *nlh = msg_begin(b, type, 0, 512, rules ? "flushing chain" : "deleting chain",
-                                     name);
+    struct nlmsghdr *nlh =
+        msg_begin(b, type, 0, 512, rules ? "flushing chain" : "deleting chain", name);
     if (nlh == NULL)
         return;
     if (rules) {
@@ -637,8 +638,8 @@ static void elems_send(struct batch *b, struct nftnl_set *s, uint16_t type, size
         b->oom = true;
         return;
     }
-    struct nlmsghdr *nlh =
-        msg_begin(b, type, type == NFT_MSG_NEWSETELEM ? NLM_F_CREATE : 0, 512 + n * 192, what, name);
+    struct nlmsghdr *nlh = msg_begin(b, type, type == NFT_MSG_NEWSETELEM ? NLM_F_CREATE : 0,
+                                     512 + n * 192, what, name);
     if (nlh != NULL) {
         nftnl_set_elems_nlmsg_build_payload(nlh, s);
         msg_end(b, nlh);
@@ -690,8 +691,7 @@ static bool astep(uint8_t *a, unsigned len, int dir)
     return false;
 }
 
-static void prefix_range(const uint8_t *addr, unsigned plen, unsigned len, uint8_t *lo,
-                         uint8_t *hi)
+static void prefix_range(const uint8_t *addr, unsigned plen, unsigned len, uint8_t *lo, uint8_t *hi)
 {
     for (unsigned i = 0; i < len; i++) {
         unsigned bits = plen > i * 8 ? plen - i * 8 : 0;
@@ -1472,8 +1472,7 @@ int dsec__nft_sbx_replace(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, s
     return 0;
 }
 
-int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_t n,
-                      dsec_err *err)
+int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_t n, dsec_err *err)
 {
     if (n == 0)
         return 0;
@@ -1557,8 +1556,7 @@ static void e_imm_chain(struct nftnl_rule *r, int verdict, const char *chain)
 }
 
 /* meta iifname -> reg 1; add @set { iifname limit rate [over] rate/s burst burst } */
-static void e_meter(struct nftnl_rule *r, const char *set, uint32_t rate, uint32_t burst,
-                    bool over)
+static void e_meter(struct nftnl_rule *r, const char *set, uint32_t rate, uint32_t burst, bool over)
 {
     e_meta(r, NFT_META_IIFNAME, NFT_REG_1);
     struct nftnl_expr *e = expr(r, "dynset");
@@ -1769,9 +1767,8 @@ static void table_msg(struct batch *b, const char *name, uint16_t type)
     }
     nftnl_table_set_str(tb, NFTNL_TABLE_NAME, name);
     nftnl_table_set_u32(tb, NFTNL_TABLE_FAMILY, NFPROTO_INET);
-    struct nlmsghdr *nlh =
-        msg_begin(b, type, type == NFT_MSG_NEWTABLE ? NLM_F_CREATE : 0, 256,
-                  type == NFT_MSG_NEWTABLE ? "table" : "deleting table", name);
+    struct nlmsghdr *nlh = msg_begin(b, type, type == NFT_MSG_NEWTABLE ? NLM_F_CREATE : 0, 256,
+                                     type == NFT_MSG_NEWTABLE ? "table" : "deleting table", name);
     if (nlh != NULL) {
         nftnl_table_nlmsg_build_payload(nlh, tb);
         msg_end(b, nlh);
@@ -1784,7 +1781,7 @@ static int deny_ranges(const dsec__nft_conf *c, struct range *r4, size_t *n4, st
                        size_t *n6, dsec_err *err)
 {
     static const char *const builtin[] = {
-        "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4", "::/128",
+        "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4",       "240.0.0.0/4",  "::/128",
         "::1/128",   "fe80::/10",   "ff00::/8",       "fd00:ec2::254/128", "::ffff:0:0/96"};
     size_t nb = sizeof builtin / sizeof builtin[0];
     *n4 = *n6 = 0;
@@ -1873,8 +1870,8 @@ int dsec__nft_new(dsec__nft **out, const dsec__nft_conf *c, dsec_err *err)
     set_add(b, tb, "src4", (DT_IFNAME << 6) | DT_IPADDR, IFNAMSIZ + 4, NFT_SET_CONCAT, f4, 2,
             false);
     if (c->v6)
-        set_add(b, tb, "src6", (DT_IFNAME << 6) | DT_IP6ADDR, IFNAMSIZ + 16, NFT_SET_CONCAT, f6,
-                2, false);
+        set_add(b, tb, "src6", (DT_IFNAME << 6) | DT_IP6ADDR, IFNAMSIZ + 16, NFT_SET_CONCAT, f6, 2,
+                false);
     set_add(b, tb, "tcpudp", DT_INET_PROTO, 1, 0, NULL, 0, false);
     struct nftnl_set *so = set_obj(tb, "tcpudp");
     for (int i = 0; i < 2 && so != NULL; i++) {
@@ -2003,7 +2000,8 @@ static int ct_collect(enum nf_conntrack_msg_type type, struct nf_conntrack *ct, 
 {
     (void)type;
     struct ct_dump *d = data;
-    const void *s = nfct_get_attr(ct, d->family == AF_INET ? ATTR_ORIG_IPV4_SRC : ATTR_ORIG_IPV6_SRC);
+    const void *s =
+        nfct_get_attr(ct, d->family == AF_INET ? ATTR_ORIG_IPV4_SRC : ATTR_ORIG_IPV6_SRC);
     if (s == NULL || memcmp(s, d->src, alen(d->family)) != 0)
         return NFCT_CB_CONTINUE;
     if (d->n == d->cap) {
@@ -2031,7 +2029,8 @@ int dsec__nft_ct_cut(int family, const uint8_t *src,
                      void *ud, dsec_err *err)
 {
     if ((family != AF_INET && family != AF_INET6) || src == NULL || keep == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "conntrack cut: bad family, source or callback");
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "conntrack cut: bad family, source or callback");
     struct nfct_handle *h = nfct_open(CONNTRACK, 0);
     if (h == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "conntrack cut: opening ctnetlink: %s",
@@ -2049,8 +2048,8 @@ int dsec__nft_ct_cut(int family, const uint8_t *src,
     for (size_t i = 0; i < d.n; i++) {
         struct nf_conntrack *ct = d.v[i];
         if (rc == 0) {
-            const uint8_t *dst = nfct_get_attr(ct, family == AF_INET ? ATTR_ORIG_IPV4_DST
-                                                                     : ATTR_ORIG_IPV6_DST);
+            const uint8_t *dst =
+                nfct_get_attr(ct, family == AF_INET ? ATTR_ORIG_IPV4_DST : ATTR_ORIG_IPV6_DST);
             uint8_t proto = nfct_get_attr_u8(ct, ATTR_ORIG_L4PROTO);
             uint16_t dport = 0;
             if (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP ||
@@ -2058,8 +2057,8 @@ int dsec__nft_ct_cut(int family, const uint8_t *src,
                 dport = ntohs(nfct_get_attr_u16(ct, ATTR_ORIG_PORT_DST));
             if (dst != NULL && !keep(ud, family, dst, proto, dport) &&
                 nfct_query(h, NFCT_Q_DESTROY, ct) < 0 && errno != ENOENT)
-                rc = dsec_err_set(err, DSEC_E_IO, errno,
-                                  "conntrack cut: deleting a connection: %s", strerror(errno));
+                rc = dsec_err_set(err, DSEC_E_IO, errno, "conntrack cut: deleting a connection: %s",
+                                  strerror(errno));
         }
         nfct_destroy(ct);
     }

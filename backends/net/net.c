@@ -1047,6 +1047,10 @@ void dsec_net_free(dsec_net *n, bool keep)
         pthread_join(n->flusher, NULL);
     }
     dsec__dns_free(n->dns);
+    /* kept for adoption only if something is there to adopt: a node that
+     * stops with no sandboxes leaves no table behind */
+    if (keep && n->nsbx == 0)
+        keep = false;
     for (uint32_t i = 0; n->sbx && i < n->capacity; i++) {
         dsec_net_sbx *s = slot_get(n, i);
         if (!s)
