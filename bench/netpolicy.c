@@ -26,7 +26,6 @@
 #define OUT_NS "dsecbench-out"
 #define OUT_IF "dsbo0"
 #define UPSTREAM_PORT 5399
-#define LOADED 3200
 
 static uint64_t now_ns(void)
 {
@@ -268,6 +267,9 @@ static uint64_t empty_netns_ns(const char *path)
 
 int main(void)
 {
+    /* DSEC_BENCH_LOADED: fewer (or more) sandboxes loaded, for a quick look */
+    const char *lenv = getenv("DSEC_BENCH_LOADED");
+    size_t LOADED = lenv && atoi(lenv) > 200 ? (size_t)atoi(lenv) : 3200;
     if (geteuid() != 0) {
         fprintf(stderr, "bench netpolicy: needs root (namespaces, nftables)\n");
         return 2;
@@ -386,13 +388,13 @@ int main(void)
         dsec_net_detach(x, &err);
     }
     double full_p50 = p50_us(at_full, 200);
-    fprintf(stderr, "policy setup: attach p50 %.1f us (first 200), %.1f us (all %d), %.1f us at "
-                    "%d loaded; empty netns p50 %.1f us\n",
+    fprintf(stderr, "policy setup: attach p50 %.1f us (first 200), %.1f us (all %zu), %.1f us at "
+                    "%zu loaded; empty netns p50 %.1f us\n",
             att_first, att_p50, LOADED, full_p50, LOADED, base_p50);
 
     if (connect_p50(probe_ns, 3000, &c_full, &c_full99) < 0)
         goto out;
-    fprintf(stderr, "connect with %d policies: p50 %.1f us, p99 %.1f us\n", LOADED, c_full, c_full99);
+    fprintf(stderr, "connect with %zu policies: p50 %.1f us, p99 %.1f us\n", LOADED, c_full, c_full99);
     /* and the empty case again, after, for the noise between runs */
     for (size_t i = 1; i < nsb; i++)
         dsec_net_detach(sb[i], &err);

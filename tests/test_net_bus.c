@@ -526,6 +526,48 @@ static void test_dns_flood_does_not_starve_others(void **state)
     destroy(b.id);
 }
 
+/* A node manager restart keeps the sandbox, its namespace and its policy: re-adopted, it is
+ * still contained, still reaches what it may, and a leftover namespace no sandbox holds goes. */
+static void test_node_restart_keeps_policy(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    static const char *const pol[] = {"198.18.77.2:8080/tcp", NULL};
+    dsec_sandbox_info a;
+    make(pol, &a);
+    char out[1024];
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    dsec_cell_stop(cell, false);
+    cell = NULL;
+    /* while no node manager runs, the sandbox stays contained by the table left in place:
+     * from inside its namespace, the allowed port answers and another does not */
+    char ns[512];
+    snprintf(ns, sizeof ns, "%s/cell/node-netbus-0000/net/netns/$(ls %s/cell/node-netbus-0000/net/netns/)",
+             root, root);
+    assert_int_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8080 </dev/null | grep -q hello", ns), 0);
+    assert_int_not_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8081 </dev/null 2>/dev/null | grep -q hello",
+                             ns),
+                         0);
+    /* a crash's leftover: a namespace file and veth of a slot nobody holds */
+    assert_int_equal(run("ip link add dsvc8003ff0 type veth peer name dsvtmpx0 && "
+                         "touch %s/cell/node-netbus-0000/net/netns/dsvc8003ff0",
+                         root),
+                     0);
+    dsec_err err;
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        fail_msg("restart: %s", err.msg);
+    assert_int_equal(dsec_wait_state(cl, a.id, "running", 10000, &err), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8081, out, sizeof out), -1);
+    assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);
+    static const char *const none[] = {NULL};
+    assert_int_equal(dsec_set_network(cl, a.id, none, 0, &err), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);
+    assert_int_not_equal(run("ip link show dsvc8003ff0 >/dev/null 2>&1"), 0);
+    assert_int_not_equal(run("test -e %s/cell/node-netbus-0000/net/netns/dsvc8003ff0", root), 0);
+    destroy(a.id);
+}
+
 static void test_destroy_leaves_nothing(void **state)
 {
     if (natsd == NULL)
@@ -547,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_policy_changes_at_run_time),
         cmocka_unit_test(test_alerts),
         cmocka_unit_test(test_dns_flood_does_not_starve_others),
+        cmocka_unit_test(test_node_restart_keeps_policy),
         cmocka_unit_test(test_destroy_leaves_nothing),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

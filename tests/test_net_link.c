@@ -123,6 +123,15 @@ static int group_setup(void **state)
         fprintf(stderr, "host_prepare: %s\n", err.msg);
         return -1;
     }
+    /* the gateway lives on the node's gateway device, as dsec_net makes it */
+    struct in_addr gw4;
+    struct in6_addr gw6;
+    inet_pton(AF_INET, "100.127.250.1", &gw4);
+    inet_pton(AF_INET6, "fd7f:d5ec:0:fa::1", &gw6);
+    if (dsec__net_link_gateway(&gw4, have_v6 ? &gw6 : NULL, &err) < 0) {
+        fprintf(stderr, "gateway: %s\n", err.msg);
+        return -1;
+    }
     fprintf(stderr, "test_net_link: IPv6 %s\n", have_v6 ? "on" : "off (host has it disabled)");
     return 0;
 }
@@ -132,6 +141,13 @@ static int group_teardown(void **state)
     if (!root)
         return 0;
     sweep();
+    dsec_err err;
+    struct in_addr gw4;
+    struct in6_addr gw6;
+    inet_pton(AF_INET, "100.127.250.1", &gw4);
+    inet_pton(AF_INET6, "fd7f:d5ec:0:fa::1", &gw6);
+    if (dsec__net_link_gateway_del(&gw4, have_v6 ? &gw6 : NULL, &err) < 0)
+        fprintf(stderr, "removing the gateway: %s\n", err.msg);
     rmdir(dir);
     return 0;
 }
@@ -299,17 +315,18 @@ static void check_created(const dsec__net_link_spec *s, int ifindex, uint32_t mt
     assert_int_equal(dsec__net_link_ifindex(s->host_if), ifindex);
     assert_true(exists(s->netns_path));
 
-    /* Host side: gateway address, up, the host route, strict reverse-path filter. */
+    /* Host side: up, no address of its own (the gateway is on the gateway device),
+     * the host route, strict reverse-path filter. */
     struct facts h = {0};
     snprintf(h.ifname, sizeof h.ifname, "%s", s->host_if);
     h.a4 = s->gw4;
     h.a6 = s->gw6;
     read_facts(&h);
     assert_true(h.up);
-    assert_true(h.has4);
+    assert_false(h.has4);
     assert_true(route4(s->host_if, s->addr4.s_addr, 0xffffffffu, 0));
     if (s->v6) {
-        assert_true(h.has6);
+        assert_false(h.has6);
         assert_true(route6(s->host_if, &s->addr6, 128, NULL));
     }
     if (mtu != 0)
@@ -457,6 +474,16 @@ static void test_host_prepare(void **state)
     dsec_err err;
     assert_int_equal(dsec__net_link_host_prepare(have_v6, &err), 0);
     assert_int_equal(dsec__net_link_host_prepare(have_v6, &err), 0);
+    /* the gateway's addresses: idempotent, and removable */
+    struct in_addr gw4, other;
+    inet_pton(AF_INET, "100.127.250.1", &gw4);
+    inet_pton(AF_INET, "100.127.249.1", &other);
+    assert_int_equal(dsec__net_link_gateway(&gw4, NULL, &err), 0);
+    assert_int_equal(dsec__net_link_gateway(&other, NULL, &err), 0);
+    assert_int_equal(system("ip -4 -o addr show dev lo | grep -q ' 100.127.249.1/32'"), 0);
+    assert_int_equal(dsec__net_link_gateway_del(&other, NULL, &err), 0);
+    assert_int_equal(dsec__net_link_gateway_del(&other, NULL, &err), 0);
+    assert_int_not_equal(system("ip -4 -o addr show dev lo | grep -q ' 100.127.249.1/32'"), 0);
     FILE *f = fopen("/proc/sys/net/ipv4/ip_forward", "re");
     assert_non_null(f);
     assert_int_equal(fgetc(f), '1');

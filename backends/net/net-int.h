@@ -18,7 +18,8 @@
  *    one veth pair whose host side is named by the node (dsvTTIIIIII: node
  *    tag TT, sandbox index IIIIII, both hex). eth0 holds the sandbox's /32
  *    (and /128) with a default route to the gateway, which is the first
- *    address of the node's pool and sits on every host-side veth.
+ *    address of the node's pool and sits on the host's loopback; the veth
+ *    ends know each other's MAC.
  *  - One nftables table per node (inet dsec_TT) decides every packet a
  *    sandbox sends: a verdict map keyed by the host-side veth jumps to that
  *    sandbox's own chain, which checks its own small sets. The cost per
@@ -38,10 +39,10 @@
 typedef struct dsec__net_link_spec {
     const char *netns_path; /* file to bind-mount the new namespace on (created; must not exist) */
     const char *host_if;    /* host-side veth name, <= 15 bytes */
-    struct in_addr gw4;     /* gateway: /32 on the host side, default route inside */
+    struct in_addr gw4;     /* gateway (on the host's lo): default route inside */
     struct in_addr addr4;   /* the sandbox's address: /32 on eth0, host route via host_if */
     bool v6;                /* also IPv6: */
-    struct in6_addr gw6;    /* gateway /128 on the host side (nodad), default route inside */
+    struct in6_addr gw6;    /* gateway (on the host's lo), default route inside */
     struct in6_addr addr6;  /* sandbox's /128 on eth0 (nodad), host route via host_if */
     uint32_t mtu;           /* 0: the kernel's default */
 } dsec__net_link_spec;
@@ -49,6 +50,15 @@ typedef struct dsec__net_link_spec {
 /* Prepare the host once per node: IPv4 (and IPv6 when v6) forwarding on.
  * Idempotent. */
 int dsec__net_link_host_prepare(bool v6, dsec_err *err);
+
+/* The gateway's addresses on the host's loopback (gw6 may be NULL), which
+ * the sandboxes reach through their veths (each veth end holds a permanent
+ * neighbour entry for the other, so no veth needs an address: the same
+ * address on thousands of interfaces would make every address add scan them
+ * all). Idempotent; _del removes them (absent ones are fine). */
+int dsec__net_link_gateway(const struct in_addr *gw4, const struct in6_addr *gw6, dsec_err *err);
+int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6,
+                               dsec_err *err);
 
 /* Create the namespace (with lo up), bind-mount it on netns_path, create the
  * veth pair with the peer inside named eth0, set addresses, routes and links

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/if_link.h>
+#include <linux/neighbour.h>
 #include <linux/ip.h>
 #include <linux/sockios.h>
 #include <linux/netlink.h>
@@ -264,7 +265,21 @@ static int link_up(struct nl *nl, int ifindex, const char *name, int rp_filter)
     return 0;
 }
 
-static int veth_new(struct nl *nl, const char *host_if, int peer_ns_fd, uint32_t mtu)
+/* The MACs of a sandbox's veth ends, fixed from its address so that each
+ * side can hold a permanent neighbour entry for the other: no ARP or NDP
+ * for the gateway, which therefore needs no address on the veth. */
+static void veth_macs(const struct in_addr *a4, uint8_t host[6], uint8_t peer[6])
+{
+    const uint8_t *a = (const uint8_t *)&a4->s_addr;
+    host[0] = peer[0] = 0x02; /* locally administered, unicast */
+    host[1] = 0xd5;
+    peer[1] = 0xd6;
+    memcpy(host + 2, a, 4);
+    memcpy(peer + 2, a, 4);
+}
+
+static int veth_new(struct nl *nl, const char *host_if, int peer_ns_fd, uint32_t mtu,
+                    const uint8_t host_mac[6], const uint8_t peer_mac[6])
 {
     struct nlmsghdr *h = nl_put(nl, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL,
                                 "creating veth %s (peer eth0 in the sandbox)", host_if);
@@ -273,6 +288,7 @@ static int veth_new(struct nl *nl, const char *host_if, int peer_ns_fd, uint32_t
     struct ifinfomsg *ifi = mnl_nlmsg_put_extra_header(h, sizeof *ifi);
     ifi->ifi_family = AF_UNSPEC;
     mnl_attr_put_strz(h, IFLA_IFNAME, host_if);
+    mnl_attr_put(h, IFLA_ADDRESS, 6, host_mac);
     if (mtu != 0)
         mnl_attr_put_u32(h, IFLA_MTU, mtu);
     /* One queue each, asked for: veth otherwise registers a queue per CPU
@@ -289,6 +305,7 @@ static int veth_new(struct nl *nl, const char *host_if, int peer_ns_fd, uint32_t
     pifi->ifi_family = AF_UNSPEC;
     h->nlmsg_len += NLMSG_ALIGN(sizeof *pifi);
     mnl_attr_put_strz(h, IFLA_IFNAME, "eth0");
+    mnl_attr_put(h, IFLA_ADDRESS, 6, peer_mac);
     mnl_attr_put_u32(h, IFLA_NET_NS_FD, (uint32_t)peer_ns_fd);
     if (mtu != 0)
         mnl_attr_put_u32(h, IFLA_MTU, mtu);
@@ -337,6 +354,25 @@ static int addr_add(struct nl *nl, int family, int ifindex, const char *ifname, 
         mnl_attr_put(h, IFA_ADDRESS, 16, addr);
         mnl_attr_put_u32(h, IFA_FLAGS, IFA_F_NODAD);
     }
+    return 0;
+}
+
+/* A permanent neighbour entry: addr is at lladdr on ifindex. */
+static int neigh_add(struct nl *nl, int family, int ifindex, const char *ifname, const void *addr,
+                     const uint8_t lladdr[6])
+{
+    char txt[INET6_ADDRSTRLEN];
+    inet_ntop(family, addr, txt, sizeof txt);
+    struct nlmsghdr *h = nl_put(nl, RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE,
+                                "adding neighbour %s on %s", txt, ifname);
+    if (h == NULL)
+        return -1;
+    struct ndmsg *nd = mnl_nlmsg_put_extra_header(h, sizeof *nd);
+    nd->ndm_family = (uint8_t)family;
+    nd->ndm_ifindex = ifindex;
+    nd->ndm_state = NUD_PERMANENT;
+    mnl_attr_put(h, NDA_DST, family == AF_INET ? 4 : 16, addr);
+    mnl_attr_put(h, NDA_LLADDR, 6, lladdr);
     return 0;
 }
 
@@ -460,6 +496,62 @@ int dsec__net_link_host_prepare(bool v6, dsec_err *err)
     return 0;
 }
 
+/* The gateway's addresses go on the host's loopback: always there (a dummy
+ * device needs a module some kernels lack), local to the host, and reached
+ * from each sandbox through its veth. */
+static int gateway_addrs(uint16_t type, const struct in_addr *gw4, const struct in6_addr *gw6,
+                         dsec_err *err)
+{
+    struct nl *np = dsec_calloc(1, sizeof *np);
+    if (np == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: gateway addresses");
+    if (nl_open(np, "host", err) < 0) {
+        dsec_free(np);
+        return -1;
+    }
+    int rc = 0, lo = ifindex_in(nl_fd(np), "lo");
+    for (int fam = 0; fam < 2 && rc == 0; fam++) {
+        if (fam == 1 && gw6 == NULL)
+            break;
+        const void *a = fam ? (const void *)gw6 : (const void *)gw4;
+        nl_reset(np);
+        if (addr_add(np, fam ? AF_INET6 : AF_INET, lo, "lo", a, fam ? 128 : 32) < 0) {
+            rc = dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
+            break;
+        }
+        if (type == RTM_DELADDR) { /* the same message, as a removal */
+            struct nlmsghdr *h = (struct nlmsghdr *)np->buf;
+            h->nlmsg_type = RTM_DELADDR;
+            h->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+        }
+        if (nl_run(np, err) < 0) {
+            /* already there (a restart), or already gone */
+            if (err->errnum == (type == RTM_NEWADDR ? EEXIST : EADDRNOTAVAIL))
+                dsec_err_clear(err);
+            else
+                rc = -1;
+        }
+    }
+    nl_close(np);
+    dsec_free(np);
+    return rc;
+}
+
+int dsec__net_link_gateway(const struct in_addr *gw4, const struct in6_addr *gw6, dsec_err *err)
+{
+    return gateway_addrs(RTM_NEWADDR, gw4, gw6, err) < 0
+               ? dsec_err_wrap(err, "net: the gateway's addresses on lo")
+               : 0;
+}
+
+int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6,
+                               dsec_err *err)
+{
+    return gateway_addrs(RTM_DELADDR, gw4, gw6, err) < 0
+               ? dsec_err_wrap(err, "net: removing the gateway's addresses from lo")
+               : 0;
+}
+
 /* ---- create ---------------------------------------------------------------------------------- */
 
 static int spec_check(const dsec__net_link_spec *s, dsec_err *err)
@@ -572,7 +664,10 @@ int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_e
         goto out;
     /* lo inside and the veth pair go out together; the rest needs the
      * ifindexes of both ends. */
-    if (link_up(in, 0, "lo", 0) < 0 || veth_new(host, s->host_if, nsfd, s->mtu) < 0)
+    uint8_t host_mac[6], peer_mac[6];
+    veth_macs(&s->addr4, host_mac, peer_mac);
+    if (link_up(in, 0, "lo", 0) < 0 ||
+        veth_new(host, s->host_if, nsfd, s->mtu, host_mac, peer_mac) < 0)
         goto overflow;
     if (nl_send(in, err) < 0 || nl_run(host, err) < 0)
         goto out;
@@ -591,21 +686,27 @@ int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_e
         goto out;
     }
 
+    /* The gateway's addresses live once on the node's gateway device
+     * (dsec__net_link_gateway), not on each veth: the same address on
+     * thousands of interfaces makes every address add scan all of them.
+     * Each end knows the other's MAC instead. */
     if (link_up(in, eidx, "eth0", 0) < 0 ||
         addr_add(in, AF_INET, eidx, "eth0", &s->addr4, 32) < 0 ||
         route_add(in, AF_INET, eidx, "eth0", &s->gw4, 32, NULL, &s->addr4) < 0 ||
-        route_add(in, AF_INET, eidx, "eth0", &any4, 0, &s->gw4, &s->addr4) < 0)
+        route_add(in, AF_INET, eidx, "eth0", &any4, 0, &s->gw4, &s->addr4) < 0 ||
+        neigh_add(in, AF_INET, eidx, "eth0", &s->gw4, host_mac) < 0)
         goto overflow;
     if (s->v6 && (addr_add(in, AF_INET6, eidx, "eth0", &s->addr6, 128) < 0 ||
                   route_add(in, AF_INET6, eidx, "eth0", &s->gw6, 128, NULL, NULL) < 0 ||
-                  route_add(in, AF_INET6, eidx, "eth0", &in6addr_any, 0, &s->gw6, NULL) < 0))
+                  route_add(in, AF_INET6, eidx, "eth0", &in6addr_any, 0, &s->gw6, NULL) < 0 ||
+                  neigh_add(in, AF_INET6, eidx, "eth0", &s->gw6, host_mac) < 0))
         goto overflow;
     if (link_up(host, hidx, s->host_if, 1) < 0 ||
-        addr_add(host, AF_INET, hidx, s->host_if, &s->gw4, 32) < 0 ||
-        route_add(host, AF_INET, hidx, s->host_if, &s->addr4, 32, NULL, &s->gw4) < 0)
+        route_add(host, AF_INET, hidx, s->host_if, &s->addr4, 32, NULL, &s->gw4) < 0 ||
+        neigh_add(host, AF_INET, hidx, s->host_if, &s->addr4, peer_mac) < 0)
         goto overflow;
-    if (s->v6 && (addr_add(host, AF_INET6, hidx, s->host_if, &s->gw6, 128) < 0 ||
-                  route_add(host, AF_INET6, hidx, s->host_if, &s->addr6, 128, NULL, NULL) < 0))
+    if (s->v6 && (route_add(host, AF_INET6, hidx, s->host_if, &s->addr6, 128, NULL, NULL) < 0 ||
+                  neigh_add(host, AF_INET6, hidx, s->host_if, &s->addr6, peer_mac) < 0))
         goto overflow;
     if (nl_send(in, err) < 0 || nl_send(host, err) < 0)
         goto out;

@@ -85,6 +85,7 @@ struct dsec_net {
     unsigned tag;
     char table[16];
     char prefix[8]; /* "dsvTT" */
+    bool gw_made; /* the gateway's addresses are on lo */
     struct in_addr base4;
     uint8_t len4;
     bool v6;
@@ -109,12 +110,14 @@ struct dsec_net {
     dsec_net_sbx **sbx;   /* by idx, capacity slots */
     uint32_t next;        /* allocation hint */
     uint64_t nsbx;
+    uint64_t released;    /* handles forgotten with their network left in place (restart) */
 
     pthread_mutex_t alock; /* alerts */
     struct agg agg[AGG_SLOTS];
     struct agg batch[AGG_SLOTS]; /* the flusher's copy of a window */
     uint64_t agg_dropped; /* no slot left this window */
     uint64_t blocked, alerts, suppressed;
+    bool trace; /* DSEC_NET_TRACE=1: time each attach's steps on stderr */
     pthread_t flusher;
     bool flusher_on;
     pthread_cond_t stop_cv;
@@ -916,6 +919,8 @@ int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
     if (!n->conf.alerts_per_window)
         n->conf.alerts_per_window = 16;
     n->tag = c->tag;
+    const char *tr = getenv("DSEC_NET_TRACE");
+    n->trace = tr != NULL && tr[0] == '1';
     snprintf(n->table, sizeof n->table, "dsec_%02x", n->tag);
     snprintf(n->prefix, sizeof n->prefix, "dsv%02x", n->tag);
     if (!(n->state_dir = dsec_strdup(c->state_dir))) {
@@ -962,8 +967,10 @@ int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
         }
     }
 
-    if (dsec__net_link_host_prepare(n->v6, err) < 0)
+    if (dsec__net_link_host_prepare(n->v6, err) < 0 ||
+        dsec__net_link_gateway(&n->gw4, n->v6 ? &n->gw6 : NULL, err) < 0)
         goto fail;
+    n->gw_made = true;
     char netns_dir[PATH_MAX];
     snprintf(netns_dir, sizeof netns_dir, "%s/netns", n->state_dir);
     if (mkdir(netns_dir, 0700) < 0 && errno != EEXIST) {
@@ -1047,9 +1054,10 @@ void dsec_net_free(dsec_net *n, bool keep)
         pthread_join(n->flusher, NULL);
     }
     dsec__dns_free(n->dns);
-    /* kept for adoption only if something is there to adopt: a node that
-     * stops with no sandboxes leaves no table behind */
-    if (keep && n->nsbx == 0)
+    /* kept for adoption only if something is there to adopt (sandboxes
+     * still attached, or released by their backends for a restart): a node
+     * that stops with no sandboxes leaves no table behind */
+    if (keep && n->nsbx == 0 && n->released == 0)
         keep = false;
     for (uint32_t i = 0; n->sbx && i < n->capacity; i++) {
         dsec_net_sbx *s = slot_get(n, i);
@@ -1063,6 +1071,11 @@ void dsec_net_free(dsec_net *n, bool keep)
         }
     }
     dsec__nft_free(n->nft, !keep);
+    if (!keep && n->gw_made) {
+        dsec_err e2;
+        if (dsec__net_link_gateway_del(&n->gw4, n->v6 ? &n->gw6 : NULL, &e2) < 0)
+            fprintf(stderr, "dsec net: %s\n", e2.msg);
+    }
     for (size_t i = 0; i < n->nmirrors; i++) {
         dsec_free(n->mirrors[i].name);
         policy_clear(&n->mirrors[i].pol);
@@ -1138,12 +1151,17 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
         .gw6 = n->gw6,
         .addr6 = s->a6,
     };
+    uint64_t t0 = mono_ns(), t1 = t0;
     if (fresh) {
         /* leftovers of a crashed earlier holder of this slot go first */
-        dsec_err e2;
-        dsec__net_link_destroy(s->netns, s->ifname, &e2);
+        struct stat st;
+        if (dsec__net_link_ifindex(s->ifname) > 0 || stat(s->netns, &st) == 0) {
+            dsec_err e2;
+            dsec__net_link_destroy(s->netns, s->ifname, &e2);
+        }
         if (dsec__net_link_create(&ls, NULL, err) < 0)
             return -1;
+        t1 = mono_ns();
     }
     s->pol = *pol;
     memset(pol, 0, sizeof *pol);
@@ -1162,6 +1180,9 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
         return -1;
     }
     dsec_free(e);
+    if (n->trace)
+        fprintf(stderr, "dsec net: %s slot %u: link %.3f ms, rules %.3f ms\n", s->id, s->idx,
+                (double)(t1 - t0) / 1e6, (double)(mono_ns() - t1) / 1e6);
     return 0;
 }
 
@@ -1285,6 +1306,9 @@ void dsec_net_release(dsec_net_sbx *s)
 {
     if (!s)
         return;
+    pthread_mutex_lock(&s->net->lock);
+    s->net->released++;
+    pthread_mutex_unlock(&s->net->lock);
     unregister(s);
     sbx_free(s);
 }
