@@ -64,7 +64,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
     c->traj_retention_s = 7 * 86400;
-    c->net.ipv6 = true;
+    c->net.ipv6 = false;
     c->net.masquerade = true;
 }
 

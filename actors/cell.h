@@ -30,7 +30,8 @@ typedef struct dsec_cell_node {
 typedef struct dsec_cell_net {
     bool enabled;             /* off: sandboxes get an empty namespace, policies are refused */
     unsigned tag_base;        /* node i of this process gets tag tag_base + i (0..255 per host) */
-    bool ipv6;                /* default true */
+    bool ipv6;                /* default false: sandboxes get no IPv6 at all (docs/network.md
+                                 says what IPv6 costs per sandbox) */
     bool masquerade;          /* SNAT traffic leaving the node (default true) */
     char **upstream;          /* resolvers for allowed names; none: /etc/resolv.conf */
     size_t nupstream;

@@ -318,7 +318,9 @@ int main(void)
     }
 
     static const char *const ups[] = {"127.0.0.1:5399"};
-    dsec_net_conf nc = {.state_dir = dir, .tag = 254, .upstream = ups, .nupstream = 1,
+    dsec_net_conf nc = {.state_dir = dir, .tag = 254, .upstream = ups, .nupstream = 1, 
+                        /* IPv6 as the cell's default has it (off); NET_BENCH_V6=1 turns it on */
+                        .pool6 = getenv("NET_BENCH_V6") ? NULL : "",
                         .masquerade = true,
                         .dns_qps = 1000000, /* the kernel and per-sandbox limits out of the way:
                                                this measures the resolver */

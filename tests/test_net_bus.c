@@ -179,6 +179,7 @@ static int group_setup(void **state)
     conf.full_ms = 500;
     conf.heartbeat_ms = 100;
     conf.net.enabled = true;
+    conf.net.ipv6 = true; /* IPv6 held to the same rules */
     conf.net.tag_base = TAG;
     conf.net.alert_window_ms = 200;
     conf.net.upstream = dsec_calloc(1, sizeof(char *));

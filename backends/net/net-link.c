@@ -260,6 +260,13 @@ static int link_up(struct nl *nl, int ifindex, const char *name, int rp_filter)
         mnl_attr_put_u32(h, IPV4_DEVCONF_RP_FILTER, (uint32_t)rp_filter);
         mnl_attr_nest_end(h, conf);
         mnl_attr_nest_end(h, in);
+        /* The host side gets no IPv6 link-local address: each would add an
+         * fe80::/64 route beside every other veth's, a list the kernel
+         * scans on each add. Forwarding needs none: both ends hold static
+         * neighbour entries. */
+        struct nlattr *in6 = mnl_attr_nest_start(h, AF_INET6);
+        mnl_attr_put_u8(h, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE);
+        mnl_attr_nest_end(h, in6);
         mnl_attr_nest_end(h, af);
     }
     return 0;
