@@ -376,8 +376,22 @@ int main(void)
     }
     double att_first = p50_us(att, 200);
     double att_p50 = p50_us(att, LOADED - 1);
-    /* setup at full load: attach and detach 200 more */
-    uint64_t at_full[200];
+    /* setup at full load: 200 more attached one after another (then removed), and 200
+     * attach+detach cycles, where each destroy's kernel work (the veth waits for other CPUs
+     * to drop it, the namespace is torn down in a worker) competes with the next create */
+    uint64_t at_full[200], churn[200];
+    dsec_net_sbx *more[200];
+    for (size_t i = 0; i < 200; i++) {
+        snprintf(id, sizeof id, "more-%zu", i);
+        uint64_t t0 = now_ns();
+        if (dsec_net_attach(net, id, "bench", pol, npol, &more[i], &err) < 0) {
+            fprintf(stderr, "bench netpolicy: %s\n", err.msg);
+            goto out;
+        }
+        at_full[i] = now_ns() - t0;
+    }
+    for (size_t i = 0; i < 200; i++)
+        dsec_net_detach(more[i], &err);
     for (size_t i = 0; i < 200; i++) {
         dsec_net_sbx *x;
         snprintf(id, sizeof id, "extra-%zu", i);
@@ -386,13 +400,14 @@ int main(void)
             fprintf(stderr, "bench netpolicy: %s\n", err.msg);
             goto out;
         }
-        at_full[i] = now_ns() - t0;
+        churn[i] = now_ns() - t0;
         dsec_net_detach(x, &err);
     }
+    double churn_p50 = p50_us(churn, 200);
     double full_p50 = p50_us(at_full, 200);
     fprintf(stderr, "policy setup: attach p50 %.1f us (first 200), %.1f us (all %zu), %.1f us at "
-                    "%zu loaded; empty netns p50 %.1f us\n",
-            att_first, att_p50, LOADED, full_p50, LOADED, base_p50);
+                    "%zu loaded, %.1f us at %zu loaded between destroys; empty netns p50 %.1f us\n",
+            att_first, att_p50, LOADED, full_p50, LOADED, churn_p50, LOADED, base_p50);
 
     if (connect_p50(probe_ns, 3000, &c_full, &c_full99) < 0)
         goto out;
@@ -417,12 +432,14 @@ int main(void)
     fprintf(stderr, "dns: %.0f allowed queries/s, %.0f refused/s; upstream asked directly %.0f/s\n",
             allowed, refused, raw);
 
-    printf("{\"scenario\":\"netpolicy\",\"policy_setup_p50_ms\":%.3f,\"policy_setup_p50_ms_at_3200\":%.3f,"
+    printf("{\"scenario\":\"netpolicy\",\"loaded\":%zu,\"ipv6\":%s,\"policy_setup_p50_ms\":%.3f,"
+           "\"policy_setup_p50_ms_at_3200\":%.3f,\"policy_setup_p50_ms_at_3200_between_destroys\":%.3f,"
            "\"empty_netns_p50_ms\":%.3f,\"attach_p50_ms\":%.3f,"
            "\"dns_qps\":%.0f,\"dns_refused_qps\":%.0f,\"dns_upstream_raw_qps\":%.0f,"
            "\"connect_p50_us_3200\":%.1f,\"connect_p50_us_empty\":%.1f,"
            "\"connect_p99_us_3200\":%.1f,\"connect_p99_us_empty\":%.1f}\n",
-           (att_p50 - base_p50) / 1000.0, (full_p50 - base_p50) / 1000.0, base_p50 / 1000.0,
+           LOADED, getenv("NET_BENCH_V6") ? "true" : "false", (att_p50 - base_p50) / 1000.0,
+           (full_p50 - base_p50) / 1000.0, (churn_p50 - base_p50) / 1000.0, base_p50 / 1000.0,
            att_p50 / 1000.0, allowed, refused, raw, c_full, c_base, c_full99, c_empty99);
     rc = 0;
 out:

