@@ -197,6 +197,19 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
 /* Place p (whose create fields are filled) on a node of this cell and send
  * it there. A rollout that finds no room waits; other failures answer the
  * client and return -1. */
+/* The lightest offered type for a create: its requires, plus "network" when
+ * it carries a network policy (a function call cannot be given one, so such
+ * a request goes to a container or heavier). */
+static int pick_type(dsec_sched *s, const dsec_msg_create *c, dsec_type_mask offered, dsec_err *err)
+{
+    dsec_requires r;
+    if (dsec_requires_parse(c->requires.v, c->requires.n, &r, err) < 0)
+        return -1;
+    if (c->net.n > 0)
+        r.network = true;
+    return dsec_registry_pick_parsed(s->reg, c->type, &r, offered, err);
+}
+
 static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx)
 {
     dsec_msg_create *c = &p->c;
@@ -251,8 +264,7 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
         goto out;
     }
     p.c.tenant = l->tenant;
-    int tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
-                                  dsec_registry_all(s->reg), &err);
+    int tidx = pick_type(s, &p.c, dsec_registry_all(s->reg), &err);
     if (tidx < 0)
         dsec_wire_error_to(s->creates, s->bus, l->reply_to, &err, NULL, p.c.req_id);
     else
@@ -333,11 +345,9 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     /* Choose among every type this process knows: a type offered only in
      * another cell is still a valid request here, and may be forwarded. */
-    int tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
-                                  sum.types ? sum.types : dsec_registry_all(s->reg), &err);
+    int tidx = pick_type(s, &p.c, sum.types ? sum.types : dsec_registry_all(s->reg), &err);
     if (tidx < 0 && err.code == DSEC_E_UNSUPPORTED && sum.types != 0)
-        tidx = dsec_registry_pick(s->reg, p.c.type, p.c.requires.v, p.c.requires.n,
-                                  dsec_registry_all(s->reg), &err);
+        tidx = pick_type(s, &p.c, dsec_registry_all(s->reg), &err);
     if (tidx < 0) {
         atomic_fetch_add(&s->n_failed, 1);
         dsec_wire_error_to(a, s->bus, reply_to, &err, p.c.type ? "type" : "requires", p.c.req_id);

@@ -181,6 +181,7 @@ typedef struct dsec_backend_caps {
     bool supports_fork;
     bool supports_snapshot;
     bool supports_pause;
+    bool network; /* can be given network access by a policy (docs/network.md) */
     uint32_t startup_ms; /* typical cold start */
 } dsec_backend_caps;
 

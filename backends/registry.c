@@ -25,6 +25,7 @@ static const dsec_backend_caps builtin_caps[] = {
      .supports_fork = true,
      .supports_snapshot = true,
      .supports_pause = true,
+     .network = true,
      .startup_ms = 40},
     {.type = "microvm",
      .own_kernel = true,
@@ -35,6 +36,7 @@ static const dsec_backend_caps builtin_caps[] = {
      .supports_fork = true,
      .supports_snapshot = true,
      .supports_pause = true,
+     .network = true,
      .startup_ms = 150},
     {.type = "vm",
      .own_kernel = true,
@@ -46,6 +48,7 @@ static const dsec_backend_caps builtin_caps[] = {
      .supports_fork = true,
      .supports_snapshot = true,
      .supports_pause = true,
+     .network = true,
      .startup_ms = 3000},
     {.type = "sim",
      .isolation = 0,
@@ -53,6 +56,7 @@ static const dsec_backend_caps builtin_caps[] = {
      .supports_fork = true,
      .supports_snapshot = true,
      .supports_pause = true,
+     .network = true,
      .startup_ms = 0},
 };
 #define NBUILTIN (sizeof builtin_caps / sizeof builtin_caps[0])
@@ -72,7 +76,8 @@ const dsec_backend_caps *dsec_backend_caps_builtin(const char *type)
 /* ---- requirements ------------------------------------------------------------ */
 
 static const char known_caps[] =
-    "own_kernel, nested_containers, gui, persistence, fork, snapshot, pause, isolation:N";
+    "own_kernel, nested_containers, gui, persistence, fork, snapshot, pause, network, "
+    "isolation:N";
 
 int dsec_requires_parse(const char *const *req, size_t n, dsec_requires *out, dsec_err *err)
 {
@@ -95,6 +100,8 @@ int dsec_requires_parse(const char *const *req, size_t n, dsec_requires *out, ds
             r.snapshot = true;
         else if (strcmp(s, "pause") == 0)
             r.pause = true;
+        else if (strcmp(s, "network") == 0)
+            r.network = true;
         else if (strncmp(s, "isolation:", 10) == 0) {
             const char *num = s + 10;
             char *end = NULL;
@@ -135,6 +142,8 @@ bool dsec_caps_satisfy(const dsec_backend_caps *c, const dsec_requires *r, char 
         miss = "snapshot";
     else if (r->pause && !c->supports_pause)
         miss = "pause";
+    else if (r->network && !c->network)
+        miss = "network";
     else if (c->isolation < r->min_isolation) {
         if (lacking != NULL && lacking_len > 0)
             snprintf(lacking, lacking_len, "isolation:%d", r->min_isolation);
@@ -175,6 +184,8 @@ void dsec_requires_format(const dsec_requires *r, char *buf, size_t len)
         append_item(buf, len, "snapshot");
     if (r->pause)
         append_item(buf, len, "pause");
+    if (r->network)
+        append_item(buf, len, "network");
     if (r->min_isolation > 0) {
         char iso[24];
         snprintf(iso, sizeof iso, "isolation:%d", r->min_isolation);

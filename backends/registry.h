@@ -35,11 +35,12 @@ typedef struct dsec_requires {
     bool fork;         /* "fork": supports_fork */
     bool snapshot;     /* "snapshot": supports_snapshot */
     bool pause;        /* "pause": supports_pause */
+    bool network;      /* "network" (implied by a create with network policy entries) */
     int min_isolation; /* "isolation:N": isolation >= N */
 } dsec_requires;
 
 /* Parse capability strings: own_kernel, nested_containers, gui, persistence,
- * fork, snapshot, pause, isolation:N (N in 0..4). An unknown name fails with
+ * fork, snapshot, pause, network, isolation:N (N in 0..4). An unknown name fails with
  * DSEC_E_UNSUPPORTED naming it and the known ones; a malformed isolation
  * level with DSEC_E_INVALID. req may be NULL when n == 0. */
 int dsec_requires_parse(const char *const *req, size_t n, dsec_requires *out, dsec_err *err);
