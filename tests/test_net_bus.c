@@ -588,10 +588,21 @@ static void test_destroy_leaves_nothing(void **state)
         skip();
     dsec_sandbox_info a;
     make(NULL, &a);
-    assert_int_equal(run("ip -o link show | grep -q 'dsvc8'"), 0);
+    /* its host-side veth: the one the host routes its address through */
+    char ip[64], dev[32] = "";
+    assert_int_equal(sh(a.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", ip, sizeof ip), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip -o route show %s | awk '{print $3}'", ip);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(dev, sizeof dev, p));
+    pclose(p);
+    dev[strcspn(dev, "\n")] = '\0';
+    assert_int_equal(strncmp(dev, "dsvc8", 5), 0);
     destroy(a.id);
-    assert_int_not_equal(run("ip -o link show | grep -q 'dsvc8'"), 0);
-    assert_int_equal(run("test -z \"$(ls %s/cell/node-netbus-0000/net/netns/)\"", root), 0);
+    assert_int_not_equal(run("ip link show %s >/dev/null 2>&1", dev), 0);
+    assert_int_not_equal(run("test -e %s/cell/node-netbus-0000/net/netns/%s", root, dev), 0);
+    assert_int_not_equal(run("ip -o route show %s | grep -q .", ip), 0);
 }
 
 int main(void)

@@ -118,6 +118,15 @@ struct dsec_net {
     uint64_t agg_dropped; /* no slot left this window */
     uint64_t blocked, alerts, suppressed;
     bool trace; /* DSEC_NET_TRACE=1: time each attach's steps on stderr */
+
+    /* Warm links: namespaces and veths made ahead of the create that takes
+     * them (off its path), by their own thread; their slots hold the
+     * reserved marker. Guarded by lock. */
+    uint32_t *warm;
+    uint32_t nwarm, warm_max;
+    pthread_t warmer;
+    bool warmer_on, warm_stop;
+    pthread_cond_t warm_cv;
     pthread_t flusher;
     bool flusher_on;
     pthread_cond_t stop_cv;
@@ -889,6 +898,8 @@ static int setup_pools(dsec_net *n, const dsec_net_conf *c, dsec_err *err)
     return 0;
 }
 
+static void warm_drain(dsec_net *n);
+
 int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
 {
     *out = NULL;
@@ -905,6 +916,7 @@ int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&n->stop_cv, &ca);
+    pthread_cond_init(&n->warm_cv, &ca);
     pthread_condattr_destroy(&ca);
     n->conf = *c;
     n->conf.on_alert = c->on_alert;
@@ -1034,6 +1046,13 @@ int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
         goto fail;
     }
     n->flusher_on = true;
+    /* the warmer starts with the first attach: adoption (before it) must
+     * find its sandboxes' slots free, and the sweep their leftovers */
+    n->warm_max = c->warm == 0 ? 8 : c->warm == UINT32_MAX ? 0 : c->warm;
+    if (n->warm_max > 0 && !(n->warm = dsec_calloc(n->warm_max, sizeof *n->warm))) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
+        goto fail;
+    }
     *out = n;
     return 0;
 fail:
@@ -1054,6 +1073,7 @@ void dsec_net_free(dsec_net *n, bool keep)
         pthread_join(n->flusher, NULL);
     }
     dsec__dns_free(n->dns);
+    warm_drain(n);
     /* kept for adoption only if something is there to adopt (sandboxes
      * still attached, or released by their backends for a restart): a node
      * that stops with no sandboxes leaves no table behind */
@@ -1082,7 +1102,9 @@ void dsec_net_free(dsec_net *n, bool keep)
     }
     dsec_free(n->mirrors);
     dsec_free(n->sbx);
+    dsec_free(n->warm);
     dsec_free(n->state_dir);
+    pthread_cond_destroy(&n->warm_cv);
     pthread_cond_destroy(&n->stop_cv);
     pthread_mutex_destroy(&n->alock);
     pthread_mutex_destroy(&n->lock);
@@ -1186,6 +1208,86 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
     return 0;
 }
 
+/* The link of slot idx as sandbox s would have it. */
+static void slot_link(const dsec_net *n, const dsec_net_sbx *s, dsec__net_link_spec *ls)
+{
+    *ls = (dsec__net_link_spec){.netns_path = s->netns,
+                                .host_if = s->ifname,
+                                .gw4 = n->gw4,
+                                .addr4 = s->a4,
+                                .v6 = n->v6,
+                                .gw6 = n->gw6,
+                                .addr6 = s->a6};
+}
+
+/* Keep warm_max links ready; sleeps while the pool is full. */
+static void *warmer_main(void *arg)
+{
+    dsec_net *n = arg;
+    pthread_mutex_lock(&n->lock);
+    while (!n->warm_stop) {
+        if (n->nwarm >= n->warm_max) {
+            pthread_cond_wait(&n->warm_cv, &n->lock);
+            continue;
+        }
+        uint32_t idx;
+        dsec_err err;
+        if (reserve(n, &reserved_marker, &idx, &err) < 0) {
+            pthread_cond_wait(&n->warm_cv, &n->lock); /* the pool is full: wait for a free */
+            continue;
+        }
+        pthread_mutex_unlock(&n->lock);
+        dsec_net_sbx *t = sbx_new(n, "warm", "", idx);
+        int rc = -1;
+        if (t != NULL) {
+            dsec__net_link_spec ls;
+            slot_link(n, t, &ls);
+            struct stat st;
+            if (dsec__net_link_ifindex(t->ifname) > 0 || stat(t->netns, &st) == 0)
+                dsec__net_link_destroy(t->netns, t->ifname, &err);
+            rc = dsec__net_link_create(&ls, NULL, &err);
+            if (rc < 0)
+                fprintf(stderr, "dsec net: preparing a sandbox network: %s\n", err.msg);
+        }
+        sbx_free(t);
+        pthread_mutex_lock(&n->lock);
+        if (rc == 0) {
+            n->warm[n->nwarm++] = idx;
+        } else {
+            n->sbx[idx] = NULL;
+            /* do not spin on a failing kernel: try again in a second */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&n->warm_cv, &n->lock, &ts);
+        }
+    }
+    pthread_mutex_unlock(&n->lock);
+    return NULL;
+}
+
+/* Stop the warmer and remove the links it made (their slots go free). */
+static void warm_drain(dsec_net *n)
+{
+    if (n->warmer_on) {
+        pthread_mutex_lock(&n->lock);
+        n->warm_stop = true;
+        pthread_cond_broadcast(&n->warm_cv);
+        pthread_mutex_unlock(&n->lock);
+        pthread_join(n->warmer, NULL);
+        n->warmer_on = false;
+    }
+    for (uint32_t i = 0; i < n->nwarm; i++) {
+        dsec_net_sbx *t = sbx_new(n, "warm", "", n->warm[i]);
+        dsec_err err;
+        if (t != NULL && dsec__net_link_destroy(t->netns, t->ifname, &err) < 0)
+            fprintf(stderr, "dsec net: removing a prepared sandbox network: %s\n", err.msg);
+        sbx_free(t);
+        n->sbx[n->warm[i]] = NULL;
+    }
+    n->nwarm = 0;
+}
+
 int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char *const *entries,
                     size_t count, dsec_net_sbx **out, dsec_err *err)
 {
@@ -1194,8 +1296,23 @@ int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char 
     if (parse_policy(n, entries, count, &pol, err) < 0)
         return -1;
     uint32_t idx = 0;
+    int rc = 0;
+    bool warm = false;
     pthread_mutex_lock(&n->lock);
-    int rc = reserve(n, &reserved_marker, &idx, err);
+    if (n->warm_max > 0 && !n->warmer_on && !n->warm_stop) {
+        if (pthread_create(&n->warmer, NULL, warmer_main, n) == 0)
+            n->warmer_on = true;
+        else
+            fprintf(stderr, "dsec net: no thread to prepare networks ahead: %s\n",
+                    strerror(errno));
+    }
+    if (n->nwarm > 0) { /* a link made ahead: only the rules are left to do */
+        idx = n->warm[--n->nwarm];
+        warm = true;
+        pthread_cond_signal(&n->warm_cv);
+    } else {
+        rc = reserve(n, &reserved_marker, &idx, err);
+    }
     pthread_mutex_unlock(&n->lock);
     if (rc < 0) {
         policy_clear(&pol);
@@ -1206,8 +1323,13 @@ int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char 
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
         goto fail;
     }
-    if (sbx_install(n, s, &pol, true, err) < 0)
+    if (sbx_install(n, s, &pol, !warm, err) < 0) {
+        if (warm) {
+            dsec_err e2;
+            dsec__net_link_destroy(s->netns, s->ifname, &e2);
+        }
         goto fail;
+    }
     pthread_mutex_lock(&n->lock);
     n->sbx[idx] = s;
     n->nsbx++;

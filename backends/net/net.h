@@ -71,6 +71,8 @@ typedef struct dsec_net_conf {
     uint32_t conn_rate;      /* new connections per second per sandbox; 0: 200 */
     uint32_t alert_window_ms; /* aggregation window; 0: 1000 */
     uint32_t alerts_per_window; /* per sandbox; more are summed into one "suppressed" alert; 0: 16 */
+    uint32_t warm;            /* namespaces and veths kept ready ahead of creates, made by a
+                                 thread of their own; 0: 8; UINT32_MAX: none */
     /* Called on the net module's own thread for each alert. */
     void (*on_alert)(void *arg, const dsec_net_alert *a);
     void *alert_arg;
