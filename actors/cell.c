@@ -266,11 +266,11 @@ static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *
 {
     static const char *const keys[] = {"enabled", "tag_base", "ipv6", "masquerade", "upstream",
                                        "deny", "mirrors", "dns_port", "dns_qps", "conn_rate",
-                                       "alert_window_ms", NULL};
+                                       "alert_window_ms", "warm", NULL};
     if (m == NULL)
         return 0;
     uint64_t tag = net->tag_base, port = net->dns_port, qps = net->dns_qps, rate = net->conn_rate,
-             win = net->alert_window_ms;
+             win = net->alert_window_ms, warm = net->warm == UINT32_MAX ? 0 : net->warm;
     if (dsec_cfg_expect(cfg, m, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, m, keys, err) < 0 ||
         dsec_cfg_bool(cfg, m, "enabled", net->enabled, &net->enabled, err) < 0 ||
         dsec_cfg_bool(cfg, m, "ipv6", net->ipv6, &net->ipv6, err) < 0 ||
@@ -280,6 +280,7 @@ static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *
         dsec_cfg_u64(cfg, m, "dns_qps", qps, 0, 1000000, &qps, err) < 0 ||
         dsec_cfg_u64(cfg, m, "conn_rate", rate, 0, 1000000, &rate, err) < 0 ||
         dsec_cfg_u64(cfg, m, "alert_window_ms", win, 0, 3600000, &win, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "warm", warm, 0, 4096, &warm, err) < 0 ||
         load_strs(cfg, dsec_cfg_get(m, "upstream"), &net->upstream, &net->nupstream, 4, err) < 0 ||
         load_strs(cfg, dsec_cfg_get(m, "deny"), &net->deny, &net->ndeny, 256, err) < 0)
         return dsec_err_wrap(err, "net");
@@ -288,6 +289,8 @@ static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *
     net->dns_qps = (uint32_t)qps;
     net->conn_rate = (uint32_t)rate;
     net->alert_window_ms = (uint32_t)win;
+    /* warm: 0 turns the ready networks off (net.h's 0 means its default) */
+    net->warm = dsec_cfg_get(m, "warm") != NULL && warm == 0 ? UINT32_MAX : (uint32_t)warm;
     const dsec_cfg_node *mir = dsec_cfg_get(m, "mirrors");
     if (mir == NULL)
         return 0;
@@ -609,7 +612,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                               .nmirrors = cnet->nmirrors, .deny = (const char *const *)cnet->deny,
                               .ndeny = cnet->ndeny, .masquerade = cnet->masquerade,
                               .dns_port = (uint16_t)cnet->dns_port, .dns_qps = cnet->dns_qps,
-                              .conn_rate = cnet->conn_rate, .alert_window_ms = cnet->alert_window_ms};
+                              .conn_rate = cnet->conn_rate, .alert_window_ms = cnet->alert_window_ms,
+                              .warm = cnet->warm};
         for (size_t i = 0; i < conf->nnodes; i++) {
             const dsec_cell_node *cn = &conf->nodes[i];
             if (cnet->enabled && cnet->tag_base + i > 255) {

@@ -641,11 +641,12 @@ static void config_net(void **state)
     assert_int_equal(c.net.mirrors[0].ntargets, 2);
     assert_string_equal(c.net.mirrors[0].targets[1], "files.pythonhosted.org:443/tcp");
     assert_int_equal(c.net.dns_qps, 100);
+    assert_int_equal(c.net.warm, 8);
     dsec_cell_conf_release(&c);
     char path[128];
     snprintf(path, sizeof path, "%s/n.yaml", root);
     static const char *const bad[][2] = {
-        {"net:\n  enabled: true\n  upstream: [\"10.0.0.2:53\"]\n  tag_base: 7\n", NULL},
+        {"net:\n  enabled: true\n  upstream: [\"10.0.0.2:53\"]\n  tag_base: 7\n  warm: 0\n", NULL},
         {"net:\n  mirrors:\n    pypi: [\"pypi.org:99999\"]\n", "pypi.org:99999"},
         {"net:\n  mirrors:\n    pypi: \"pypi.org\"\n", "net.mirrors.pypi"},
         {"net:\n  tag_base: 300\n", "tag_base"},
@@ -662,6 +663,7 @@ static void config_net(void **state)
             assert_int_equal(rc, 0);
             assert_true(c.net.enabled);
             assert_int_equal(c.net.tag_base, 7);
+            assert_int_equal(c.net.warm, UINT32_MAX); /* warm: 0 is none, not the default */
             assert_int_equal(c.net.nupstream, 1);
             assert_string_equal(c.net.upstream[0], "10.0.0.2:53");
         } else {
