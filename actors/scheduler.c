@@ -194,9 +194,6 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     return true;
 }
 
-/* Place p (whose create fields are filled) on a node of this cell and send
- * it there. A rollout that finds no room waits; other failures answer the
- * client and return -1. */
 /* The lightest offered type for a create: its requires, plus "network" when
  * it carries a network policy (a function call cannot be given one, so such
  * a request goes to a container or heavier). */
@@ -210,6 +207,9 @@ static int pick_type(dsec_sched *s, const dsec_msg_create *c, dsec_type_mask off
     return dsec_registry_pick_parsed(s->reg, c->type, &r, offered, err);
 }
 
+/* Place p (whose create fields are filled) on a node of this cell and send
+ * it there. A rollout that finds no room waits; other failures answer the
+ * client and return -1. */
 static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx)
 {
     dsec_msg_create *c = &p->c;
