@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1859,6 +1860,27 @@ int dsec__nft_new(dsec__nft **out, const dsec__nft_conf *c, dsec_err *err)
     t->seq = (uint32_t)time(NULL);
 
     struct batch *b = &t->b;
+    /* Every batch here relies on the delete-if-present messages (Linux 6.3):
+     * ask once, so an older kernel gets a plain answer instead of a failure
+     * deep in a sandbox's create. */
+    batch_reset(b, t->seq);
+    batch_edge(b, true);
+    char probe[40];
+    snprintf(probe, sizeof probe, "dsec_probe_%d", (int)getpid());
+    table_msg(b, probe, NFT_MSG_DESTROYTABLE);
+    batch_edge(b, false);
+    t->seq = b->seq;
+    if (batch_send(t, b, "probing the kernel's nftables", err) < 0) {
+        if (err->errnum == EOPNOTSUPP || err->errnum == EINVAL) {
+            struct utsname u;
+            uname(&u);
+            dsec_err_set(err, DSEC_E_UNSUPPORTED, err->errnum,
+                         "network containment needs Linux 6.3 or newer (nftables "
+                         "delete-if-present messages); this kernel is %s",
+                         u.release);
+        }
+        goto out;
+    }
     batch_reset(b, t->seq);
     batch_edge(b, true);
     /* replace stale tables in the same transaction: sandboxes are never uncontained */
