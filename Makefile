@@ -3,6 +3,7 @@
 JOBS ?= $(shell nproc)
 S ?= bus
 CTEST_TIMEOUT ?= 600
+FUZZ_SECONDS ?= 60
 
 .PHONY: all demo check deps build build-asan bench fuzz clean
 
@@ -31,9 +32,11 @@ bench: deps
 	@cmake --build --preset bench -j $(JOBS)
 	@scripts/bench.sh $(S)
 
+# make fuzz [FUZZ_SECONDS=60]: build the libFuzzer harnesses, run each that long on its corpus
 fuzz: deps
 	@cmake --preset fuzz >/dev/null
-	@cmake --build --preset fuzz -j $(JOBS)
+	@cmake --build --preset fuzz -j $(JOBS) --target fuzz_all
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build

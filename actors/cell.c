@@ -469,6 +469,17 @@ int dsec_cell_conf_load(dsec_cell_conf *c, const char *path, dsec_err *err)
     return rc;
 }
 
+int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, size_t len,
+                         dsec_err *err)
+{
+    dsec_cfg *cfg;
+    if (dsec_cfg_parse(&cfg, name, text, len, err) < 0)
+        return -1;
+    int rc = load_tree(cfg, c, err);
+    dsec_cfg_free(cfg);
+    return rc;
+}
+
 int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t count, uint64_t cpu,
                                  uint64_t mem, uint64_t slots, const char *const *types,
                                  const char *time_scale, dsec_err *err)

@@ -76,6 +76,10 @@ typedef struct dsec_cell_conf {
 void dsec_cell_conf_defaults(dsec_cell_conf *c);
 /* Read a YAML file over the defaults. Errors name file, line and key. */
 int dsec_cell_conf_load(dsec_cell_conf *c, const char *path, dsec_err *err);
+/* The same from text (len bytes, not NUL-terminated); name stands for the
+ * file in errors. */
+int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, size_t len,
+                         dsec_err *err);
 /* Add n sim nodes named PREFIX-0000.. with the given resources (benchmarks). */
 int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n, uint64_t cpu,
                                  uint64_t mem, uint64_t slots, const char *const *types,
