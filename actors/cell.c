@@ -627,7 +627,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                               .warm = cnet->warm};
         for (size_t i = 0; i < conf->nnodes; i++) {
             const dsec_cell_node *cn = &conf->nodes[i];
-            if (cnet->enabled && cnet->tag_base + i > 255) {
+            if (cnet->enabled && strcmp(cn->backend, "native") == 0 && cnet->tag_base + i > 255) {
                 dsec_err_set(err, DSEC_E_CONFIG, 0,
                              "net: node %zu would get tag %zu; tags stop at 255 (lower net.tag_base)",
                              i, cnet->tag_base + i);
