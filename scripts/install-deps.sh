@@ -8,8 +8,8 @@ libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev \
 clang libclang-rt-14-dev \
 libseccomp-dev libpython3-dev gnuplot-nox \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
-nftables libnftables-dev libnftnl-dev libmnl-dev libldns-dev \
-libnetfilter-log-dev libnetfilter-conntrack-dev iproute2"
+nftables libnftnl-dev libmnl-dev libldns-dev libnetfilter-conntrack-dev iproute2 \
+util-linux"
 
 missing=""
 for p in $PKGS; do

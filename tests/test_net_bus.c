@@ -456,6 +456,21 @@ static void test_policy_changes_at_run_time(void **state)
     destroy(a.id);
 }
 
+/* A sandbox's address and its host-side veth (the one the host routes that address through). */
+static void veth_of(const char *id, char *ip, size_t iplen, char *dev, size_t devlen)
+{
+    assert_int_equal(sh(id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", ip, iplen), 0);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip -o route show %s | awk '{print $3}'", ip);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    dev[0] = '\0';
+    assert_non_null(fgets(dev, (int)devlen, p));
+    pclose(p);
+    dev[strcspn(dev, "\n")] = '\0';
+    assert_int_equal(strncmp(dev, "dsvc8", 5), 0);
+}
+
 static bool alert_seen(const char *id, const char *kind, const char *dest, const char *detail)
 {
     char want[200];
@@ -486,7 +501,7 @@ static void test_alerts(void **state)
     make(NULL, &a);
     char out[1024];
     /* operators watch with dsec top and dsec net alerts while it happens */
-    assert_int_equal(run("DSEC_URL=%s %s top --once --interval 4000 > %s/top.txt 2>&1 &",
+    assert_int_equal(run("DSEC_URL=%s %s top --once --interval 3000 > %s/top.txt 2>&1 &",
                          dsec_natsd_url(natsd), DSEC_CLI, root),
                      0);
     assert_int_equal(run("DSEC_URL=%s %s net alerts --count 2 --timeout 15 > %s/alerts.txt 2>&1 &",
@@ -497,7 +512,15 @@ static void test_alerts(void **state)
     assert_int_equal(tcp(a.id, "198.18.77.3", 8080, out, sizeof out), -1);
     assert_true(alert_seen(a.id, "dns_denied", "q2.secret.exfil.test", "A"));
     assert_true(alert_seen(a.id, "blocked", "198.18.77.3", "tcp/8080"));
-    sleep(4);
+    /* the watchers may subscribe late on a loaded machine: keep the alerts coming until top
+     * has drawn its screen and the alert watcher has printed what it waited for */
+    for (int i = 0; i < 60; i++) {
+        if (run("grep -q 'network alerts:' %s/top.txt && test $(wc -l < %s/alerts.txt) -ge 2", root,
+                root) == 0)
+            break;
+        sh(a.id, "nslookup q2.secret.exfil.test >/dev/null 2>&1", out, sizeof out);
+        usleep(250 * 1000);
+    }
     assert_int_equal(run("grep -q 'network alerts: [1-9].*dns_denied' %s/top.txt", root), 0);
     assert_int_equal(run("grep -q '\"kind\":\"dns_denied\".*\"dest\":\"q2.secret.exfil.test\"' %s/alerts.txt",
                          root),
@@ -551,13 +574,15 @@ static void test_node_restart_keeps_policy(void **state)
     make(pol, &a);
     char out[1024];
     assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    /* its namespace file is named after its host-side veth */
+    char ip[64], dev[32];
+    veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
     dsec_cell_stop(cell, false);
     cell = NULL;
     /* while no node manager runs, the sandbox stays contained by the table left in place:
      * from inside its namespace, the allowed port answers and another does not */
     char ns[512];
-    snprintf(ns, sizeof ns, "%s/cell/node-netbus-0000/net/netns/$(ls %s/cell/node-netbus-0000/net/netns/)",
-             root, root);
+    snprintf(ns, sizeof ns, "%s/cell/node-netbus-0000/net/netns/%s", root, dev);
     assert_int_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8080 </dev/null | grep -q hello", ns), 0);
     assert_int_not_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8081 </dev/null 2>/dev/null | grep -q hello",
                              ns),
@@ -588,17 +613,8 @@ static void test_destroy_leaves_nothing(void **state)
         skip();
     dsec_sandbox_info a;
     make(NULL, &a);
-    /* its host-side veth: the one the host routes its address through */
-    char ip[64], dev[32] = "";
-    assert_int_equal(sh(a.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", ip, sizeof ip), 0);
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "ip -o route show %s | awk '{print $3}'", ip);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    assert_non_null(fgets(dev, sizeof dev, p));
-    pclose(p);
-    dev[strcspn(dev, "\n")] = '\0';
-    assert_int_equal(strncmp(dev, "dsvc8", 5), 0);
+    char ip[64], dev[32];
+    veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
     destroy(a.id);
     assert_int_not_equal(run("ip link show %s >/dev/null 2>&1", dev), 0);
     assert_int_not_equal(run("test -e %s/cell/node-netbus-0000/net/netns/%s", root, dev), 0);

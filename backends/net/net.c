@@ -1161,27 +1161,41 @@ static int reserve(dsec_net *n, dsec_net_sbx *s_proto, uint32_t *idx, dsec_err *
                         "the node's sandbox address pool (%u addresses) is used up", n->capacity);
 }
 
+/* Make slot s's namespace and veth, first removing what a crashed earlier
+ * holder of the slot may have left. */
+static int link_fresh(const dsec_net *n, const dsec_net_sbx *s, dsec_err *err)
+{
+    struct stat st;
+    if (dsec__net_link_ifindex(s->ifname) > 0 || stat(s->netns, &st) == 0) {
+        dsec_err e2;
+        dsec__net_link_destroy(s->netns, s->ifname, &e2);
+    }
+    dsec__net_link_spec ls = {.netns_path = s->netns,
+                              .host_if = s->ifname,
+                              .gw4 = n->gw4,
+                              .addr4 = s->a4,
+                              .v6 = n->v6,
+                              .gw6 = n->gw6,
+                              .addr6 = s->a6};
+    return dsec__net_link_create(&ls, NULL, err);
+}
+
+/* Slot idx ends its reservation: it holds s from now on, or is free when s is NULL. */
+static void slot_settle(dsec_net *n, uint32_t idx, dsec_net_sbx *s)
+{
+    pthread_mutex_lock(&n->lock);
+    n->sbx[idx] = s;
+    if (s != NULL)
+        n->nsbx++;
+    pthread_mutex_unlock(&n->lock);
+}
+
 static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fresh,
                        dsec_err *err)
 {
-    dsec__net_link_spec ls = {
-        .netns_path = s->netns,
-        .host_if = s->ifname,
-        .gw4 = n->gw4,
-        .addr4 = s->a4,
-        .v6 = n->v6,
-        .gw6 = n->gw6,
-        .addr6 = s->a6,
-    };
     uint64_t t0 = mono_ns(), t1 = t0;
     if (fresh) {
-        /* leftovers of a crashed earlier holder of this slot go first */
-        struct stat st;
-        if (dsec__net_link_ifindex(s->ifname) > 0 || stat(s->netns, &st) == 0) {
-            dsec_err e2;
-            dsec__net_link_destroy(s->netns, s->ifname, &e2);
-        }
-        if (dsec__net_link_create(&ls, NULL, err) < 0)
+        if (link_fresh(n, s, err) < 0)
             return -1;
         t1 = mono_ns();
     }
@@ -1208,18 +1222,6 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
     return 0;
 }
 
-/* The link of slot idx as sandbox s would have it. */
-static void slot_link(const dsec_net *n, const dsec_net_sbx *s, dsec__net_link_spec *ls)
-{
-    *ls = (dsec__net_link_spec){.netns_path = s->netns,
-                                .host_if = s->ifname,
-                                .gw4 = n->gw4,
-                                .addr4 = s->a4,
-                                .v6 = n->v6,
-                                .gw6 = n->gw6,
-                                .addr6 = s->a6};
-}
-
 /* Keep warm_max links ready; sleeps while the pool is full. */
 static void *warmer_main(void *arg)
 {
@@ -1240,12 +1242,7 @@ static void *warmer_main(void *arg)
         dsec_net_sbx *t = sbx_new(n, "warm", "", idx);
         int rc = -1;
         if (t != NULL) {
-            dsec__net_link_spec ls;
-            slot_link(n, t, &ls);
-            struct stat st;
-            if (dsec__net_link_ifindex(t->ifname) > 0 || stat(t->netns, &st) == 0)
-                dsec__net_link_destroy(t->netns, t->ifname, &err);
-            rc = dsec__net_link_create(&ls, NULL, &err);
+            rc = link_fresh(n, t, &err);
             if (rc < 0)
                 fprintf(stderr, "dsec net: preparing a sandbox network: %s\n", err.msg);
         }
@@ -1330,18 +1327,13 @@ int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char 
         }
         goto fail;
     }
-    pthread_mutex_lock(&n->lock);
-    n->sbx[idx] = s;
-    n->nsbx++;
-    pthread_mutex_unlock(&n->lock);
+    slot_settle(n, idx, s);
     *out = s;
     return 0;
 fail:
     policy_clear(&pol);
     sbx_free(s);
-    pthread_mutex_lock(&n->lock);
-    n->sbx[idx] = NULL;
-    pthread_mutex_unlock(&n->lock);
+    slot_settle(n, idx, NULL);
     return dsec_err_wrap(err, "network for %s", id);
 }
 
@@ -1382,18 +1374,13 @@ int dsec_net_adopt(dsec_net *n, const char *id, const char *tenant, const char *
     }
     if (sbx_install(n, s, &pol, false, err) < 0)
         goto fail;
-    pthread_mutex_lock(&n->lock);
-    n->sbx[idx] = s;
-    n->nsbx++;
-    pthread_mutex_unlock(&n->lock);
+    slot_settle(n, (uint32_t)idx, s);
     *out = s;
     return 0;
 fail:
     policy_clear(&pol);
     sbx_free(s);
-    pthread_mutex_lock(&n->lock);
-    n->sbx[idx] = NULL;
-    pthread_mutex_unlock(&n->lock);
+    slot_settle(n, (uint32_t)idx, NULL);
     return -1;
 }
 
