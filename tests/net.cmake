@@ -1,6 +1,6 @@
-# Network containment: each part's tests (root: they create namespaces, veths and nftables
-# tables of their own, and remove them).
-foreach(t net_link net_nft net_dns)
+# Network containment: each part's tests (root: they create namespaces, veths, taps and
+# nftables tables of their own, and remove them).
+foreach(t net_link net_nft net_dns net_guest)
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${t}.c)
     add_executable(test_${t} test_${t}.c)
     target_link_libraries(test_${t} PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA

@@ -81,6 +81,24 @@ int dsec__net_link_ifindex(const char *ifname);
 int dsec__net_link_list(const char *prefix, char ***names_out, size_t *n_out, dsec_err *err);
 void dsec__net_strv_free(char **v, size_t n);
 
+/* The fixed MACs of the veth ends of the sandbox with address a4: host side,
+ * and the sandbox's eth0 (which each end holds a permanent neighbour entry for). */
+void dsec__net_link_macs(const struct in_addr *a4, uint8_t host[6], uint8_t peer[6]);
+
+/* A VM's NIC in the namespace bind-mounted on netns_path: remove a previous
+ * tap of that name (a file still attached to it is left dead: reads and
+ * writes fail with EBADFD) and eth0's old redirect, create the tap
+ * (IFF_TAP | IFF_NO_PI), turn IPv6 off on it and on eth0 (the namespace's
+ * own stack has nothing to say on the guest's link), bring it up, and
+ * redirect every frame arriving on either of eth0 and the tap out of the
+ * other (ingress qdiscs, u32 match-all, mirred egress redirect), so the
+ * namespace's stack sees none. *fd_out: the tap's /dev/net/tun file
+ * (O_CLOEXEC, blocking), the caller's to close; the tap lives while any copy
+ * of it is open, and once it is gone eth0's redirect drops frames. On
+ * failure no tap and no redirect is left. The work runs on a thread of its
+ * own that joins the namespace; the caller's thread never changes namespace. */
+int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, dsec_err *err);
+
 /* ---- net-nft.c: the node's nftables table (libnftnl + libmnl) ------------------------------ */
 
 typedef struct dsec__nft dsec__nft;

@@ -1,17 +1,24 @@
 /* net-link.c - a sandbox's network plumbing: its netns bind-mounted on a file, the veth pair,
- * addresses, routes and per-interface sysctls, all through rtnetlink (libmnl), no `ip` forks. */
+ * addresses, routes, per-interface sysctls and a VM's tap with its tc redirects, all through
+ * rtnetlink (libmnl), no `ip` or `tc` forks. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/if_ether.h>
 #include <linux/if_link.h>
+#include <linux/if_tun.h>
 #include <linux/neighbour.h>
 #include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/pkt_sched.h>
 #include <linux/sockios.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
+#include <linux/tc_act/tc_mirred.h>
 #include <linux/veth.h>
 #include <net/if.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -995,4 +1002,260 @@ void dsec__net_strv_free(char **v, size_t n)
     for (size_t i = 0; i < n; i++)
         dsec_free(v[i]);
     dsec_free(v);
+}
+
+/* ---- a virtual machine's tap ----------------------------------------------------------------- */
+
+/*
+ * A VM's NIC is a tap in the sandbox's namespace, and the namespace's own
+ * stack steps aside: tc on the ingress of eth0 and of the tap sends every
+ * frame that arrives on one out of the other (mirred egress redirect; the
+ * frame is stolen before the namespace's stack sees it). So the guest, using
+ * eth0's MAC and the sandbox's address, is on the wire exactly where the
+ * namespace was, and the host's neighbour entry, anti-spoofing and policy
+ * apply to it unchanged. A tap with no file attached is gone (it is not
+ * persistent), and eth0's redirect then drops frames: when the VM stops,
+ * nothing reaches the namespace's stack either.
+ *
+ * The work runs on a thread of its own that joins the namespace, because
+ * the tap is created in the namespace of the thread that opens
+ * /dev/net/tun, tc has no way to name another namespace's devices, and the
+ * /proc/sys/net files are those of the opening thread's namespace. The
+ * thread ends with the call; the files it opened stay bound to the
+ * namespace.
+ */
+
+/* Add (or remove) the ingress qdisc of a device. Removing it removes its filters. */
+static int ingress_qdisc(struct nl *nl, uint16_t type, int ifindex, const char *name)
+{
+    bool add = type == RTM_NEWQDISC;
+    struct nlmsghdr *h = nl_put(nl, type, add ? NLM_F_CREATE | NLM_F_EXCL : 0,
+                                "%s the ingress qdisc of %s", add ? "adding" : "removing", name);
+    if (h == NULL)
+        return -1;
+    struct tcmsg *t = mnl_nlmsg_put_extra_header(h, sizeof *t);
+    t->tcm_family = AF_UNSPEC;
+    t->tcm_ifindex = ifindex;
+    t->tcm_handle = TC_H_MAKE(TC_H_INGRESS, 0);
+    t->tcm_parent = TC_H_INGRESS;
+    if (add)
+        mnl_attr_put_strz(h, TCA_KIND, "ingress");
+    return 0;
+}
+
+/* `tc filter add dev FROM parent ffff: protocol all prio 1 u32 match u32 0 0
+ *  action mirred egress redirect dev TO`. u32 because kernels without
+ * cls_matchall (this is one) all have it; one key with mask 0 matches every
+ * frame, and TERMINAL makes the match run the action. */
+static int redirect_add(struct nl *nl, int from, const char *from_name, int to, const char *to_name)
+{
+    struct nlmsghdr *h = nl_put(nl, RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL,
+                                "redirecting %s to %s (tc u32, mirred)", from_name, to_name);
+    if (h == NULL)
+        return -1;
+    struct tcmsg *t = mnl_nlmsg_put_extra_header(h, sizeof *t);
+    t->tcm_family = AF_UNSPEC;
+    t->tcm_ifindex = from;
+    t->tcm_handle = 0; /* the kernel picks 800::800 */
+    t->tcm_parent = TC_H_MAKE(TC_H_INGRESS, 0);
+    t->tcm_info = TC_H_MAKE(1u << 16, htons(ETH_P_ALL)); /* prio 1, every protocol */
+    mnl_attr_put_strz(h, TCA_KIND, "u32");
+    struct nlattr *opts = mnl_attr_nest_start(h, TCA_OPTIONS);
+    /* tc_u32_sel ends in a flexible array of keys: the selector and its one key, packed. */
+    struct tc_u32_sel sel;
+    struct tc_u32_key key;
+    memset(&sel, 0, sizeof sel);
+    memset(&key, 0, sizeof key); /* mask 0, value 0: every frame */
+    sel.flags = TC_U32_TERMINAL;
+    sel.nkeys = 1;
+    uint8_t selbuf[sizeof sel + sizeof key];
+    memcpy(selbuf, &sel, sizeof sel);
+    memcpy(selbuf + sizeof sel, &key, sizeof key);
+    mnl_attr_put(h, TCA_U32_SEL, sizeof selbuf, selbuf);
+    struct nlattr *acts = mnl_attr_nest_start(h, TCA_U32_ACT);
+    struct nlattr *a1 = mnl_attr_nest_start(h, 1); /* the first action */
+    mnl_attr_put_strz(h, TCA_ACT_KIND, "mirred");
+    struct nlattr *ao = mnl_attr_nest_start(h, TCA_ACT_OPTIONS);
+    struct tc_mirred m;
+    memset(&m, 0, sizeof m);
+    m.action = TC_ACT_STOLEN;
+    m.eaction = TCA_EGRESS_REDIR;
+    m.ifindex = (uint32_t)to;
+    mnl_attr_put(h, TCA_MIRRED_PARMS, sizeof m, &m);
+    mnl_attr_nest_end(h, ao);
+    mnl_attr_nest_end(h, a1);
+    mnl_attr_nest_end(h, acts);
+    mnl_attr_nest_end(h, opts);
+    return 0;
+}
+
+struct guest_job {
+    const char *netns_path;
+    const char *tap;
+    int fd;
+    dsec_err err;
+};
+
+/* Everything of dsec__net_link_guest, on a thread inside the namespace. */
+static int guest_in_ns(struct guest_job *j, struct nl *nl)
+{
+    dsec_err *err = &j->err;
+    int nsfd = open(j->netns_path, O_RDONLY | O_CLOEXEC);
+    if (nsfd < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: opening netns %s", j->netns_path);
+    /* The host's eth0 must never lose its ingress qdisc to a wrong path. */
+    struct stat a, b;
+    if (fstat(nsfd, &a) == 0 && stat("/proc/thread-self/ns/net", &b) == 0 && a.st_dev == b.st_dev &&
+        a.st_ino == b.st_ino) {
+        close(nsfd);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "net: %s is the host's own network namespace, not a sandbox's",
+                            j->netns_path);
+    }
+    if (setns(nsfd, CLONE_NEWNET) < 0) {
+        int e = errno;
+        close(nsfd);
+        return dsec_err_set(err, e == EINVAL ? DSEC_E_INVALID : code_of(e), e,
+                            "net: joining netns %s%s", j->netns_path,
+                            e == EINVAL ? " (not a network namespace)" : "");
+    }
+    close(nsfd);
+    if (nl_open(nl, "sandbox", err) < 0)
+        return -1;
+    int eidx = ifindex_in(nl_fd(nl), "eth0");
+    if (eidx <= 0)
+        return dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
+                            "net: netns %s has no eth0 (not a sandbox's namespace?)",
+                            j->netns_path);
+
+    /* The previous tap (a VM started before) goes, and with it its filter;
+     * eth0's filter, which points at it, goes with eth0's ingress qdisc. */
+    char kind[32] = "";
+    int old = link_lookup(nl, j->tap, kind, sizeof kind, err);
+    if (old < 0)
+        return -1;
+    if (old > 0) {
+        if (strcmp(kind, "tun") != 0)
+            return dsec_err_set(err, DSEC_E_EXISTS, 0,
+                                "net: %s in netns %s is a %s device, not a tap; not replacing it",
+                                j->tap, j->netns_path, kind[0] ? kind : "plain");
+        if (link_del(nl, old, j->tap) < 0)
+            goto overflow;
+        if (nl_run(nl, err) < 0 && err->errnum != ENODEV)
+            return -1;
+    }
+    if (ingress_qdisc(nl, RTM_DELQDISC, eidx, "eth0") < 0)
+        goto overflow;
+    if (nl_run(nl, err) < 0) {
+        if (err->errnum != ENOENT && err->errnum != EINVAL)
+            return -1;
+        dsec_err_clear(err); /* there was none */
+    }
+
+    /* The namespace's own stack would still speak IPv6 on eth0 (router
+     * solicitations, MLD) with the guest's MAC, and on the tap to the guest;
+     * it has nothing to say on the guest's link. */
+    char p[128];
+    snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6");
+    if (sysctl_put(p, "1", true, err) < 0)
+        return -1;
+
+    j->fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC);
+    if (j->fd < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: opening /dev/net/tun");
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", j->tap);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+    if (ioctl(j->fd, TUNSETIFF, &ifr) < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: creating tap %s in netns %s", j->tap,
+                            j->netns_path);
+    int tidx = ifindex_in(nl_fd(nl), j->tap);
+    if (tidx <= 0)
+        return dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: tap %s made, but has no ifindex",
+                            j->tap);
+    /* Down still, so it has said nothing yet. */
+    snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", j->tap);
+    if (sysctl_put(p, "1", true, err) < 0)
+        return -1;
+
+    if (link_up(nl, tidx, j->tap, 0) < 0 || ingress_qdisc(nl, RTM_NEWQDISC, tidx, j->tap) < 0 ||
+        ingress_qdisc(nl, RTM_NEWQDISC, eidx, "eth0") < 0 ||
+        redirect_add(nl, tidx, j->tap, eidx, "eth0") < 0 ||
+        redirect_add(nl, eidx, "eth0", tidx, j->tap) < 0)
+        goto overflow;
+    return nl_run(nl, err);
+
+overflow:
+    return dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
+}
+
+static void *guest_main(void *arg)
+{
+    struct guest_job *j = arg;
+    struct nl *nl = dsec_calloc(1, sizeof *nl);
+    if (nl == NULL) {
+        dsec_err_set(&j->err, DSEC_E_NOMEM, ENOMEM, "net: guest link");
+        return NULL;
+    }
+    if (guest_in_ns(j, nl) < 0) {
+        if (j->fd >= 0) {
+            close(j->fd); /* the tap goes with its only file */
+            j->fd = -1;
+        }
+        if (nl->sock != NULL) {
+            /* eth0 back as it was, so the namespace stands as a container's would */
+            dsec_err tmp;
+            int eidx = ifindex_in(nl_fd(nl), "eth0");
+            nl_reset(nl);
+            if (eidx > 0 && ingress_qdisc(nl, RTM_DELQDISC, eidx, "eth0") == 0)
+                nl_run(nl, &tmp);
+        }
+    }
+    nl_close(nl);
+    dsec_free(nl);
+    return NULL;
+}
+
+int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, dsec_err *err)
+{
+    if (fd_out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: guest link: no output given");
+    *fd_out = -1;
+    if (netns_path == NULL || netns_path[0] == '\0')
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: guest link: no netns path given");
+    if (ifname_check(tap, "guest link", err) < 0)
+        return -1;
+    if (strcmp(tap, "eth0") == 0 || strcmp(tap, "lo") == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "net: guest link: the tap may not be named '%s'", tap);
+    struct guest_job *j = dsec_calloc(1, sizeof *j);
+    if (j == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: guest link");
+    j->netns_path = netns_path;
+    j->tap = tap;
+    j->fd = -1;
+    dsec_err_set(&j->err, DSEC_E_INTERNAL, 0, "net: guest link: the worker did not finish");
+    pthread_t t;
+    int e = pthread_create(&t, NULL, guest_main, j);
+    if (e != 0) {
+        dsec_free(j);
+        return dsec_err_set(err, code_of(e), e, "net: guest link: starting a thread");
+    }
+    pthread_join(t, NULL);
+    int rc = 0;
+    if (j->fd < 0) {
+        if (err != NULL)
+            *err = j->err;
+        rc = -1;
+    } else {
+        *fd_out = j->fd;
+    }
+    dsec_free(j);
+    return rc;
+}
+
+void dsec__net_link_macs(const struct in_addr *a4, uint8_t host[6], uint8_t peer[6])
+{
+    veth_macs(a4, host, peer);
 }

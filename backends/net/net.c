@@ -1530,6 +1530,44 @@ int dsec_net_sweep(dsec_net *n, dsec_err *err)
     return removed;
 }
 
+#define GUEST_TAP "tap0"
+
+static void mac_str(const uint8_t m[6], char out[18])
+{
+    snprintf(out, 18, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+}
+
+int dsec_net_guest_link(dsec_net_sbx *s, dsec_net_guest *out, dsec_err *err)
+{
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: guest link: no output given");
+    memset(out, 0, sizeof *out);
+    out->tap_fd = -1;
+    if (s == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: guest link: no sandbox network given");
+    dsec_net *n = s->net;
+    if (dsec__net_link_guest(s->netns, GUEST_TAP, &out->tap_fd, err) < 0)
+        return dsec_err_wrap(err, "network of %s: the VM's tap", s->id);
+    /* The guest is the sandbox on the wire: eth0's MAC (the host's
+     * permanent neighbour entry for the sandbox's address names it), the
+     * sandbox's address, the host side's MAC for the gateway. */
+    uint8_t host_mac[6], peer_mac[6];
+    dsec__net_link_macs(&s->a4, host_mac, peer_mac);
+    snprintf(out->tap, sizeof out->tap, "%s", GUEST_TAP);
+    mac_str(peer_mac, out->mac);
+    mac_str(host_mac, out->gw_mac);
+    snprintf(out->addr4, sizeof out->addr4, "%s/32", s->addr_str);
+    snprintf(out->gw4, sizeof out->gw4, "%s", n->gw4_str);
+    snprintf(out->dns4, sizeof out->dns4, "%s", n->gw4_str);
+    if (n->v6) {
+        char a[40]; /* the longest an address of a pool prints as (eight groups) */
+        inet_ntop(AF_INET6, &s->a6, a, sizeof a);
+        snprintf(out->addr6, sizeof out->addr6, "%s/128", a);
+        inet_ntop(AF_INET6, &n->gw6, out->gw6, sizeof out->gw6);
+    }
+    return 0;
+}
+
 const char *dsec_net_sbx_netns(const dsec_net_sbx *s) { return s->netns; }
 const char *dsec_net_sbx_resolver(const dsec_net_sbx *s) { return s->net->gw4_str; }
 const char *dsec_net_sbx_addr(const dsec_net_sbx *s) { return s->addr_str; }

@@ -125,6 +125,42 @@ const char *dsec_net_sbx_addr(const dsec_net_sbx *s);
 /* What adopt needs back ("idx=N"), a static-lifetime string of the handle. */
 const char *dsec_net_sbx_state(const dsec_net_sbx *s);
 
+/* A virtual machine's side of its sandbox's network. The guest's NIC sends and
+ * receives as the sandbox itself: a tap device in the sandbox's namespace
+ * whose frames are redirected (tc ingress, u32 match-all, mirred) to and
+ * from the namespace's veth, so the guest uses the veth's MAC and address
+ * and the host-side policy applies unchanged (a guest sending from any other
+ * address reaches nothing). Strings are empty when not applicable (IPv6 off). */
+typedef struct dsec_net_guest {
+    int tap_fd;         /* /dev/net/tun bound to the tap (IFF_TAP|IFF_NO_PI, no vnet header),
+                         * O_CLOEXEC: give QEMU an inheritable dup of it (-netdev
+                         * tap,id=n0,fd=N,vhost=off); the caller owns and closes it once QEMU
+                         * holds its copy. The tap lives while any copy is open. */
+    char tap[16];       /* the tap's name inside the namespace ("tap0") */
+    char mac[18];       /* the MAC the guest's NIC must use, "02:d6:.." (virtio-net mac=) */
+    char addr4[24];     /* "A.B.C.D/32" for the guest's NIC: a /32, so the gateway is reached
+                         * by a link route (ip route add GW dev eth0, then default via GW;
+                         * or "default via GW dev eth0 onlink") */
+    char gw4[16];       /* next hop, dotted */
+    char gw_mac[18];    /* the gateway's MAC: the guest installs a permanent neighbour for it
+                         * (nothing on the link answers ARP or NDP) */
+    char dns4[16];      /* the resolver the guest's resolv.conf names (the gateway) */
+    char addr6[48], gw6[40]; /* "ADDR/128" and the gateway, like addr4/gw4; gw_mac serves both */
+} dsec_net_guest;
+
+/* Create the tap and the redirects for s, and describe what the guest must
+ * configure. Call once per QEMU start; a second call replaces the tap (a file
+ * still open on the old one is left dead: its reads and writes fail with
+ * EBADFD). A VM that survives a node restart keeps its tap: after
+ * dsec_net_adopt, call this only to start QEMU again. The namespace's own
+ * stack is shut out of the link (frames arriving on its veth go to the tap,
+ * its IPv6 is off), so when QEMU is gone and the tap with it, frames for the
+ * guest are dropped. An open tap file keeps the namespace alive: stop QEMU
+ * before dsec_net_detach (which removes the veth: a tap outliving it reaches
+ * nothing). On failure out->tap_fd is -1 and no tap is left. Thread-safe for
+ * different sandboxes; the calling thread's namespace never changes. */
+int dsec_net_guest_link(dsec_net_sbx *s, dsec_net_guest *out, dsec_err *err);
+
 typedef struct dsec_net_stats {
     uint64_t sandboxes;
     uint64_t dns_queries, dns_answered, dns_refused, dns_dropped;
