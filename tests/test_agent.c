@@ -1156,6 +1156,123 @@ static void test_connect_timeout(void **state)
     assert_true(took >= 140000 && took < 2000000);
 }
 
+/* ---- SYNC: a fresh start on a channel that may hold an earlier client's bytes ------------------ */
+
+/* A scripted peer on a unix socket: greets, reads the client's SYNC, then answers it the way
+ * the mode says, then serves one FSTAT-less exchange: it answers any frame with OK id 77. */
+enum { PEER_STALE = 1, PEER_OLD_AGENT, PEER_WRONG_NONCE };
+struct peer {
+    int lfd, mode;
+    uint32_t nonce; /* the SYNC's id as seen */
+};
+
+static void put_frame(int fd, uint8_t type, uint32_t id, const void *payload, size_t n)
+{
+    uint8_t f[256];
+    uint8_t *p = dsec__agent_put_hdr(f, type, id, n);
+    memcpy(p, payload, n);
+    assert_int_equal(write(fd, f, DSEC__AGENT_HDR + n), (ssize_t)(DSEC__AGENT_HDR + n));
+}
+
+static void *peer_main(void *arg)
+{
+    struct peer *pe = arg;
+    int fd = accept4(pe->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    uint8_t hello[8];
+    dsec__agent_put_u32(dsec__agent_put_u32(hello, DSEC__AGENT_VERSION), DSEC__AGENT_FRAME_MAX);
+    put_frame(fd, DSEC__AGENT_T_HELLO, 0, hello, sizeof hello);
+    uint8_t sync[DSEC__AGENT_HDR];
+    if (read(fd, sync, sizeof sync) != (ssize_t)sizeof sync || sync[4] != DSEC__AGENT_T_SYNC) {
+        close(fd);
+        return NULL;
+    }
+    pe->nonce = dsec__agent_get_u32le(sync + 5);
+    if (pe->mode == PEER_STALE) {
+        /* an earlier client's answer cut in half, a whole one, then the greeting */
+        uint8_t junk[40];
+        uint8_t *p = dsec__agent_put_hdr(junk, DSEC__AGENT_T_OUTPUT, 5, 200);
+        memset(p, 0xab, sizeof junk - DSEC__AGENT_HDR);
+        assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+        uint8_t v[8] = {0};
+        put_frame(fd, DSEC__AGENT_T_OK, 6, v, sizeof v);
+        put_frame(fd, DSEC__AGENT_T_HELLO, pe->nonce, hello, sizeof hello);
+    } else if (pe->mode == PEER_OLD_AGENT) {
+        /* an agent from before SYNC: "unknown request type 23" */
+        uint8_t e[64];
+        const char *msg = "unknown request type 23";
+        uint8_t *p = dsec__agent_put_u32(e, DSEC__AGENT_ERR_UNSUPPORTED);
+        p = dsec__agent_put_u32(p, 0);
+        p = dsec__agent_put_bytes(p, msg, strlen(msg));
+        put_frame(fd, DSEC__AGENT_T_ERROR, pe->nonce, e, (size_t)(p - e));
+    } else {
+        put_frame(fd, DSEC__AGENT_T_HELLO, pe->nonce ^ 1, hello, sizeof hello);
+    }
+    /* the first request after the handshake gets OK with its own id */
+    uint8_t req[DSEC__AGENT_HDR + 512];
+    ssize_t n = read(fd, req, sizeof req);
+    if (n >= (ssize_t)DSEC__AGENT_HDR) {
+        uint8_t v[8] = {0};
+        put_frame(fd, DSEC__AGENT_T_OK, dsec__agent_get_u32le(req + 5), v, sizeof v);
+    }
+    usleep(200000);
+    close(fd);
+    return NULL;
+}
+
+static int peer_listen(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+static void test_sync_skips_stale_bytes(void **state)
+{
+    int modes[] = {PEER_STALE, PEER_OLD_AGENT};
+    for (size_t m = 0; m < 2; m++) {
+        char p[128];
+        snprintf(p, sizeof p, "%s/peer.sock", tmpdir);
+        struct peer pe = {.lfd = peer_listen(p), .mode = modes[m]};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
+        dsec_agent *a = NULL;
+        dsec_err err = {0};
+        assert_int_equal(dsec_agent_connect(&a, p, 5000, &err), 0);
+        assert_int_not_equal(pe.nonce, 0);
+        /* the stream is in step: the next answer is the one to our request */
+        assert_int_equal(dsec_agent_file_write(a, "/x", "y", 1, 0644, false, &err), 0);
+        dsec_agent_free(a);
+        pthread_join(t, NULL);
+        close(pe.lfd);
+        unlink(p);
+    }
+}
+
+/* A HELLO with somebody else's nonce is not ours: the client keeps waiting and gives up. */
+static void test_sync_wrong_nonce(void **state)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/peer.sock", tmpdir);
+    struct peer pe = {.lfd = peer_listen(p), .mode = PEER_WRONG_NONCE};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, p, 1000, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    assert_null(a);
+    close(pe.lfd); /* the peer's accept for a retry fails: it ends */
+    pthread_join(t, NULL);
+    unlink(p);
+}
+
 /* ---- speed (printed, not asserted) -------------------------------------------------------------
  */
 
@@ -1236,6 +1353,7 @@ int main(void)
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_slow_reader),
         cmocka_unit_test(test_zombies),        cmocka_unit_test(test_sigterm),
         cmocka_unit_test(test_listen_fd),      cmocka_unit_test(test_connect_timeout),
+        cmocka_unit_test(test_sync_skips_stale_bytes), cmocka_unit_test(test_sync_wrong_nonce),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

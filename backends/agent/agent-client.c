@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -30,6 +31,7 @@ _Static_assert(DSEC_AGENT_FILE_MAX == DSEC__AGENT_FILE_MAX, "one file piece limi
     60000u /* the agent answers file calls at once; this only catches a wedged one */
 #define EXEC_GRACE_MS 30000u /* past the command's own timeout, which the agent enforces */
 #define KILL_TIMEOUT_MS 5000u
+#define SYNC_TIMEOUT_MS 2000u /* a SYNC swallowed by a half-received stale request: reconnect */
 
 struct dsec_agent {
     int fd; /* -1 once broken */
@@ -334,6 +336,88 @@ static int connect_once(const char *path)
     return fd;
 }
 
+/* Start a fresh exchange on a just-connected a: send SYNC with a random nonce and discard every
+ * byte until the HELLO that carries it. On a virtio-serial port the bytes before it may be
+ * what the agent still had queued for an earlier client, even half a frame, so they are
+ * scanned as raw bytes, never parsed. An agent older than SYNC answers it with an
+ * "unsupported" ERROR carrying the nonce; it only ever served sockets, where a connection is
+ * fresh by construction, so that answer is as good. Fails with DSEC_E_TIMEOUT (reconnect),
+ * DSEC_E_CLOSED or DSEC_E_UNSUPPORTED (protocol version). */
+static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_err *err)
+{
+    uint32_t nonce = 0;
+    while (nonce == 0)
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            nonce = (uint32_t)now_ms() ^ (uint32_t)getpid() ^ 0x5a5a5a5au;
+    uint8_t sync[DSEC__AGENT_HDR];
+    dsec__agent_put_hdr(sync, DSEC__AGENT_T_SYNC, nonce, 0);
+    if (send_all(a, sync, sizeof sync, deadline, err) < 0)
+        return -1;
+    uint8_t tag[5] = {DSEC__AGENT_T_HELLO};
+    dsec__agent_put_u32(tag + 1, nonce);
+    uint8_t etag[5] = {DSEC__AGENT_T_ERROR};
+    dsec__agent_put_u32(etag + 1, nonce);
+    uint8_t win[65536 + 32];
+    size_t have = 0;
+    for (;;) {
+        /* a hit at i means a frame starts at i - 4 */
+        for (size_t i = 4; i + 5 <= have; i++) {
+            uint32_t flen = dsec__agent_get_u32le(win + i - 4);
+            if (memcmp(win + i, tag, 5) == 0 && flen == 13 && i + 13 <= have) {
+                uint32_t version = dsec__agent_get_u32le(win + i + 5);
+                if (version != DSEC__AGENT_VERSION)
+                    return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                                        "agent at %s speaks protocol %" PRIu32 ", this node %u",
+                                        path, version, DSEC__AGENT_VERSION);
+                return 0; /* nothing legitimate follows before our first request */
+            }
+            if (memcmp(win + i, etag, 5) == 0 && flen >= 13 && i + 9 <= have &&
+                dsec__agent_get_u32le(win + i + 5) == DSEC__AGENT_ERR_UNSUPPORTED) {
+                /* an agent without SYNC: drain the rest of its ERROR frame */
+                size_t rest = (size_t)flen - 9; /* type, id and kind are in the window */
+                size_t left = have - (i + 9);
+                size_t take = left < rest ? left : rest;
+                rest -= take;
+                while (rest > 0) {
+                    uint8_t junk[4096];
+                    ssize_t n = recv(a->fd, junk, rest < sizeof junk ? rest : sizeof junk, 0);
+                    if (n > 0) {
+                        rest -= (size_t)n;
+                    } else if (n == 0) {
+                        return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
+                    } else if (errno != EINTR) {
+                        if (errno != EAGAIN)
+                            return dsec_err_set(err, DSEC_E_CLOSED, errno,
+                                                "receiving from the agent: %s", strerror(errno));
+                        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+                            return -1;
+                    }
+                }
+                return 0;
+            }
+        }
+        /* keep a tail that may hold the start of the HELLO */
+        if (have > 16) {
+            memmove(win, win + have - 16, 16);
+            have = 16;
+        }
+        ssize_t n = recv(a->fd, win + have, sizeof win - have, 0);
+        if (n > 0) {
+            have += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN)
+            return dsec_err_set(err, DSEC_E_CLOSED, errno, "receiving from the agent: %s",
+                                strerror(errno));
+        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+            return -1;
+    }
+}
+
 int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err)
 {
     if (out == NULL || path == NULL || path[0] == 0)
@@ -352,34 +436,21 @@ int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, 
                 return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "agent connection");
             }
             a->fd = fd;
-            uint8_t type;
-            uint32_t id;
-            const uint8_t *p;
-            size_t plen;
-            /* The agent greets every connection: once it has, it is serving. */
-            if (recv_frame(a, deadline > now_ms() ? deadline : now_ms() + 1, &type, &id, &p, &plen,
-                           &why) == 0) {
-                dsec__agent_rd r = {.p = p, .end = p + plen};
-                uint32_t version = dsec__agent_get_u32(&r);
-                dsec__agent_get_u32(&r);
-                if (type != DSEC__AGENT_T_HELLO || !dsec__agent_done(&r)) {
-                    dsec_agent_free(a);
-                    return dsec_err_set(err, DSEC_E_DECODE, 0,
-                                        "agent at %s did not greet with a hello frame", path);
-                }
-                if (version != DSEC__AGENT_VERSION) {
-                    dsec_agent_free(a);
-                    return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                                        "agent at %s speaks protocol %" PRIu32 ", this node %u",
-                                        path, version, DSEC__AGENT_VERSION);
-                }
+            /* Once the agent has answered our SYNC, it is serving this connection. */
+            uint64_t now = now_ms();
+            uint64_t until = now + SYNC_TIMEOUT_MS < deadline ? now + SYNC_TIMEOUT_MS : deadline;
+            int rc = sync_hello(a, path, until > now ? until : now + 1, &why);
+            if (rc == 0) {
                 *out = a;
                 return 0;
             }
             dsec_agent_free(a);
-            if (why.code == DSEC_E_TIMEOUT)
-                break;
-            last = why.errnum; /* closed before the greeting: an agent on its way down or up */
+            if (why.code == DSEC_E_UNSUPPORTED) {
+                *err = why;
+                return -1;
+            }
+            /* closed or silent: an agent on its way up or down, or a SYNC lost in stale input */
+            last = why.errnum;
         } else {
             last = errno;
             if (errno != ENOENT && errno != ECONNREFUSED && errno != EAGAIN && errno != ENOTDIR)
@@ -392,7 +463,7 @@ int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, 
         uint64_t nap = backoff < deadline - now ? backoff : deadline - now;
         struct timespec ts = {(time_t)(nap / 1000), (long)(nap % 1000) * 1000000L};
         nanosleep(&ts, NULL);
-        if (backoff < 50)
+        if (backoff < 100)
             backoff *= 2;
     }
     return dsec_err_set(err, DSEC_E_TIMEOUT, last,

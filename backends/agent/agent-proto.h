@@ -50,6 +50,12 @@
  *            one entry for a path that is not a directory).
  *   FSTAT    str path -> ENTRIES with one entry (lstat).
  *   FREMOVE  u8 recursive, str path -> OK.
+ *   SYNC     no payload; id a random nonzero nonce -> HELLO with that id. "A
+ *            new client starts here": the agent drops whatever it still had
+ *            queued for the connection and detaches the connection's running
+ *            commands. A virtio-serial port (a VM's channel) gives no sign
+ *            that one host client left and the next came, so the client
+ *            discards every byte before the HELLO carrying its nonce.
  *
  * A connection may carry several requests at once; answers to different
  * requests may interleave. A frame whose length is out of bounds ends the
@@ -91,6 +97,7 @@ enum {
     DSEC__AGENT_T_FLIST = 20,
     DSEC__AGENT_T_FSTAT = 21,
     DSEC__AGENT_T_FREMOVE = 22,
+    DSEC__AGENT_T_SYNC = 23,
 };
 
 /* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */

@@ -1,5 +1,5 @@
-/* agent.c - dsec-agent: the static init of a container sandbox that runs commands and file
- * operations for the node manager over a unix socket (wire format: agent-proto.h). */
+/* agent.c - dsec-agent: the static init of a container or microVM sandbox that runs commands and
+ * file operations for the node manager over a unix socket or virtio-serial port (agent-proto.h) */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/reboot.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -41,6 +43,28 @@
  * Commands are started with vfork: the agent is tiny, but vfork skips even the
  * page-table copy, and the child only makes system calls on memory the parent
  * prepared before exec'ing.
+ *
+ * In a microVM the agent is PID 1 and serves virtio-serial ports instead of a
+ * socket (--port / --port-name). A port is one connection slot: the host side
+ * is a QEMU unix-socket chardev, and the guest kernel reports whether a host
+ * client is connected (poll: POLLHUP while none is, POLLOUT once one is). The
+ * port is watched edge-triggered while no connection is served (POLLHUP is
+ * level and would spin the loop), and level-triggered, as a socket, while one
+ * is. When the host disconnects, the connection's unsent answers are dropped
+ * and the port is closed and reopened, which makes the kernel discard what the
+ * old client sent and we did not read, so nothing of one host connection
+ * reaches the next. QEMU discards what the guest wrote but the host did not
+ * read yet.
+ *
+ * The guest kernel offers no connection counter, and QEMU accepts the next
+ * client microseconds after the last one left, so a disconnect and a
+ * reconnect often reach the guest together and look like no change at all.
+ * A client therefore starts with SYNC (its id a random nonce): the agent
+ * drops whatever it still had queued for the connection, detaches the
+ * connection's commands (their output then goes nowhere, as after a
+ * disconnect) and answers with a HELLO whose id is the nonce. The client
+ * discards every byte before that 17-byte HELLO, so stale frames, even a
+ * partly sent one, never reach it as answers.
  */
 
 #define SOCK_BACKLOG 128
@@ -49,17 +73,22 @@
 #define DRAIN_MAX (1u << 20)  /* most output read from one stream after its command exited */
 #define BUF_KEEP (256u << 10) /* larger idle connection buffers are given back */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define PORTS_MAX 8
+#define PORT_WAIT_MS 10000 /* how long --port-name waits for its port to appear */
 
-enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_PIPE };
+enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_PIPE, K_PORT };
 
 struct cmd;
+struct port;
 
 struct conn {
     int kind; /* K_CONN */
     int fd;
     bool dead, closing, want_out;
-    bool processing; /* inside conn_process */
-    bool stalled;    /* requests wait until the answers drain */
+    bool processing;   /* inside conn_process */
+    bool stalled;      /* requests wait until the answers drain */
+    bool resync;       /* port connections: framing was lost; input is skipped up to a SYNC */
+    struct port *port; /* the virtio-serial port it is served on, or NULL for a socket */
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint8_t *wbuf;
@@ -74,6 +103,14 @@ struct pipe_ep {
     int stream; /* 0 stdin, 1 stdout, 2 stderr */
     bool paused;
     struct cmd *cmd;
+};
+
+/* A virtio-serial port: one host connection at a time. */
+struct port {
+    int kind; /* K_PORT */
+    int fd;   /* the open port, or -1 while it could not be reopened */
+    char path[PATH_MAX];
+    struct conn *conn; /* the host connection being served, or NULL */
 };
 
 struct cmd {
@@ -106,6 +143,8 @@ static struct {
     struct cmd *cmds;
     struct conn *dead_conns;
     struct cmd *dead_cmds;
+    struct port ports[PORTS_MAX];
+    size_t nports;
     bool terminating;
 } g = {.ep = -1,
        .listen_fd = -1,
@@ -161,6 +200,8 @@ static void ep_ctl(int op, int fd, uint32_t events, void *ptr)
 
 /* ---- connections: buffered, non-blocking frame output --------------------------------------- */
 
+static void port_lost(struct port *p);
+
 static void conn_close(struct conn *c)
 {
     if (c->dead)
@@ -187,6 +228,8 @@ static void conn_close(struct conn *c)
                     ep_ctl(EPOLL_CTL_MOD, m->io[s].fd, EPOLLIN, &m->io[s]);
                 }
         }
+    if (c->port)
+        port_lost(c->port);
 }
 
 static size_t conn_backlog(const struct conn *c)
@@ -236,7 +279,9 @@ static void conn_process(struct conn *c);
 static void conn_flush(struct conn *c)
 {
     while (!c->dead && c->woff < c->wlen) {
-        ssize_t n = send(c->fd, c->wbuf + c->woff, c->wlen - c->woff, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = c->port ? write(c->fd, c->wbuf + c->woff, c->wlen - c->woff)
+                            : send(c->fd, c->wbuf + c->woff, c->wlen - c->woff,
+                                   MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -307,6 +352,15 @@ static void send_error(struct conn *c, uint32_t id, uint32_t kind, int errnum, c
 static void send_errno(struct conn *c, uint32_t id, int errnum, const char *what, const char *path)
 {
     send_error(c, id, DSEC__AGENT_ERR_IO, errnum, "%s \"%s\": %s", what, path, strerror(errnum));
+}
+
+static void send_hello(struct conn *c, uint32_t id)
+{
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + 8), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_HELLO, id, 8);
+    p = dsec__agent_put_u32(p, DSEC__AGENT_VERSION);
+    p = dsec__agent_put_u32(p, DSEC__AGENT_FRAME_MAX);
+    conn_commit(c, (size_t)(p - p0));
 }
 
 static void send_ok(struct conn *c, uint32_t id, uint64_t value)
@@ -987,12 +1041,36 @@ static int next_timeout_ms(void)
     for (struct cmd *m = g.cmds; m; m = m->next)
         if (m->deadline_ns && (best == 0 || m->deadline_ns < best))
             best = m->deadline_ns;
+    for (size_t i = 0; i < g.nports; i++)
+        if (g.ports[i].fd < 0 && g.ports[i].conn == NULL && (best == 0 || now + 1000000000u < best))
+            best = now + 1000000000u; /* a port to reopen */
     if (best == 0)
         return -1;
     if (best <= now)
         return 0;
     uint64_t ms = (best - now + 999999u) / 1000000u;
     return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* A new client starts on this connection (on a port, maybe without our having seen the last
+ * one leave): nothing queued or running for the old one reaches it. */
+static void handle_sync(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "sync: malformed request");
+        return;
+    }
+    c->woff = c->wlen = 0;
+    for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->conn == c) {
+            m->conn = NULL;
+            for (int s = 1; s <= 2; s++)
+                if (m->io[s].paused && m->io[s].fd >= 0) {
+                    m->io[s].paused = false;
+                    ep_ctl(EPOLL_CTL_MOD, m->io[s].fd, EPOLLIN, &m->io[s]);
+                }
+        }
+    send_hello(c, id);
 }
 
 static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
@@ -1392,6 +1470,9 @@ static void handle_frame(struct conn *c, uint8_t type, uint32_t id, const uint8_
     case DSEC__AGENT_T_KILL:
         handle_kill(c, id, &r);
         break;
+    case DSEC__AGENT_T_SYNC:
+        handle_sync(c, id, &r);
+        break;
     case DSEC__AGENT_T_FWRITE:
         handle_fwrite(c, id, &r);
         break;
@@ -1422,6 +1503,16 @@ static void conn_process(struct conn *c)
     c->processing = true;
     size_t off = 0;
     while (!c->dead && !c->closing && c->rlen - off >= 4) {
+        if (c->resync) {
+            static const uint8_t sync[5] = {5, 0, 0, 0, DSEC__AGENT_T_SYNC};
+            const uint8_t *hit = memmem(c->rbuf + off, c->rlen - off, sync, sizeof sync);
+            if (hit == NULL) { /* keep a tail that may be the start of one */
+                off = c->rlen - (c->rlen - off < 4 ? c->rlen - off : 4);
+                break;
+            }
+            off = (size_t)(hit - c->rbuf);
+            c->resync = false;
+        }
         if (conn_backlog(c) > READ_STOP) {
             c->stalled = true;
             c->want_out = true;
@@ -1430,6 +1521,15 @@ static void conn_process(struct conn *c)
         }
         uint32_t len = dsec__agent_get_u32le(c->rbuf + off);
         if (len < 5 || len > DSEC__AGENT_FRAME_MAX) {
+            if (c->port) { /* a port cannot be closed from here: wait for the next SYNC */
+                send_error(c, 0, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                           "frame length %" PRIu32 " out of bounds (5..%u); skipping input "
+                           "up to the next sync",
+                           len, DSEC__AGENT_FRAME_MAX);
+                c->resync = true;
+                off++;
+                continue;
+            }
             send_error(c, 0, DSEC__AGENT_ERR_BAD_FRAME, 0,
                        "frame length %" PRIu32 " out of bounds (5..%u); closing the connection",
                        len, DSEC__AGENT_FRAME_MAX);
@@ -1474,7 +1574,9 @@ static void on_conn(struct conn *c, uint32_t events)
         c->rcap = c->rlen + 65536;
         c->rbuf = xrealloc(c->rbuf, c->rcap);
     }
-    ssize_t n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+    /* A port reads 0 once the host is not connected and nothing is buffered. */
+    ssize_t n = c->port ? read(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen)
+                        : recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
     if (n <= 0) {
@@ -1483,6 +1585,25 @@ static void on_conn(struct conn *c, uint32_t events)
     }
     c->rlen += (size_t)n;
     conn_process(c);
+}
+
+/* Start serving fd (accepted, or a port whose host just connected) and greet the peer.
+ * epoll_op adds fd to the loop (a new socket) or modifies its registration (a port). */
+static struct conn *conn_new(int fd, struct port *port, int epoll_op)
+{
+    struct conn *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->kind = K_CONN;
+    c->fd = fd;
+    c->port = port;
+    c->next = g.conns;
+    if (g.conns)
+        g.conns->prev = c;
+    g.conns = c;
+    ep_ctl(epoll_op, fd, EPOLLIN, c);
+    send_hello(c, 0);
+    return c;
 }
 
 static void on_listen(void)
@@ -1496,23 +1617,94 @@ static void on_listen(void)
                 logmsg("accept: %s", strerror(errno));
             return;
         }
-        struct conn *c = calloc(1, sizeof *c);
-        if (c == NULL) {
+        if (conn_new(fd, NULL, EPOLL_CTL_ADD) == NULL)
             close(fd);
-            continue;
+    }
+}
+
+/* ---- virtio-serial ports ------------------------------------------------------------------- */
+
+/* (Re)open the port and watch it edge-triggered: an event on every change of the host's
+ * connection (and on input), never a spin on the level POLLHUP of an unconnected port. */
+static void port_open(struct port *p)
+{
+    p->fd = open(p->path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (p->fd < 0) {
+        logmsg("opening port %s: %s (retrying)", p->path, strerror(errno));
+        return;
+    }
+    ep_ctl(EPOLL_CTL_ADD, p->fd, EPOLLIN | EPOLLOUT | EPOLLET, p);
+}
+
+/* The host connection served on p ended (its fd is closed). Reopening discards whatever the
+ * host sent that was not read. */
+static void port_lost(struct port *p)
+{
+    p->conn = NULL;
+    p->fd = -1;
+    if (!g.terminating)
+        port_open(p);
+}
+
+/* An edge on a port no connection is served on: see where the host stands now. */
+static void on_port(struct port *p)
+{
+    if (p->fd < 0 || p->conn)
+        return;
+    struct pollfd pfd = {.fd = p->fd, .events = POLLIN | POLLOUT};
+    if (poll(&pfd, 1, 0) < 0 || pfd.revents == 0)
+        return;
+    if (pfd.revents & (POLLHUP | POLLERR | POLLNVAL)) /* no host connected */
+        return;
+    /* From now on the fd is level-triggered and its events go to the connection. */
+    p->conn = conn_new(p->fd, p, EPOLL_CTL_MOD);
+    if (p->conn == NULL) { /* out of memory: try again on the next edge */
+        ep_ctl(EPOLL_CTL_MOD, p->fd, EPOLLIN | EPOLLOUT | EPOLLET, p);
+    }
+}
+
+/* Ports that could not be reopened are retried once a second. */
+static void ports_retry(void)
+{
+    for (size_t i = 0; i < g.nports; i++)
+        if (g.ports[i].fd < 0 && g.ports[i].conn == NULL)
+            port_open(&g.ports[i]);
+}
+
+/* The /dev path of the virtio-serial port named name (/sys/class/virtio-ports/vportNpM/name),
+ * waiting up to PORT_WAIT_MS for the driver to create it. */
+static int port_by_name(const char *name, char *path, size_t size)
+{
+    uint64_t until = now_ns() + (uint64_t)PORT_WAIT_MS * 1000000u;
+    for (;;) {
+        DIR *d = opendir("/sys/class/virtio-ports");
+        struct dirent *de;
+        while (d && (de = readdir(d)) != NULL) {
+            if (de->d_name[0] == '.')
+                continue;
+            char file[PATH_MAX], buf[256];
+            snprintf(file, sizeof file, "/sys/class/virtio-ports/%s/name", de->d_name);
+            int fd = open(file, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            ssize_t n = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            if (n <= 0)
+                continue;
+            buf[n] = 0;
+            buf[strcspn(buf, "\n")] = 0;
+            if (strcmp(buf, name) == 0) {
+                snprintf(path, size, "/dev/%s", de->d_name);
+                closedir(d);
+                return 0;
+            }
         }
-        c->kind = K_CONN;
-        c->fd = fd;
-        c->next = g.conns;
-        if (g.conns)
-            g.conns->prev = c;
-        g.conns = c;
-        ep_ctl(EPOLL_CTL_ADD, fd, EPOLLIN, c);
-        uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + 8), *p = p0;
-        p = dsec__agent_put_hdr(p, DSEC__AGENT_T_HELLO, 0, 8);
-        p = dsec__agent_put_u32(p, DSEC__AGENT_VERSION);
-        p = dsec__agent_put_u32(p, DSEC__AGENT_FRAME_MAX);
-        conn_commit(c, (size_t)(p - p0));
+        if (d)
+            closedir(d);
+        if (now_ns() >= until)
+            return -1;
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
     }
 }
 
@@ -1643,10 +1835,22 @@ static int load_env_file(const char *file, char ***env, size_t *n, size_t *cap)
 
 static void usage(void)
 {
-    fputs("usage: dsec-agent (--listen-fd N | --listen PATH) [--env-file FILE] [--env K=V]...\n"
-          "                  [--workdir DIR] [--user USER]\n",
+    fputs("usage: dsec-agent (--listen-fd N | --listen PATH | (--port DEV | --port-name NAME)...)\n"
+          "                  [--env-file FILE] [--env K=V]... [--workdir DIR] [--user USER]\n",
           stderr);
     exit(2);
+}
+
+/* The end of the agent. As the init of a microVM (it serves ports as PID 1) it powers the
+ * machine off, so the host sees QEMU exit instead of a kernel panic. */
+static int finish(int rc)
+{
+    if (g.nports > 0 && getpid() == 1) {
+        logmsg("exiting (%d): powering off", rc);
+        sync();
+        reboot(RB_POWER_OFF);
+    }
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -1656,6 +1860,9 @@ int main(int argc, char **argv)
     char **env = NULL;
     size_t nenv = 0, cap = 0;
     bool env_given = false;
+    const char *port_args[PORTS_MAX];
+    bool port_is_name[PORTS_MAX];
+    size_t nport_args = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1670,6 +1877,13 @@ int main(int argc, char **argv)
             listen_fd = (int)fd;
         } else if (strcmp(a, "--listen") == 0) {
             listen_path = v;
+        } else if (strcmp(a, "--port") == 0 || strcmp(a, "--port-name") == 0) {
+            if (nport_args == PORTS_MAX || v[0] == 0) {
+                logmsg("%s %s: at most %d non-empty ports", a, v, PORTS_MAX);
+                usage();
+            }
+            port_is_name[nport_args] = strcmp(a, "--port-name") == 0;
+            port_args[nport_args++] = v;
         } else if (strcmp(a, "--env-file") == 0) {
             env_given = true;
             if (load_env_file(v, &env, &nenv, &cap) < 0) {
@@ -1693,8 +1907,9 @@ int main(int argc, char **argv)
             usage();
         }
     }
-    if ((listen_fd < 0) == (listen_path == NULL))
+    if ((listen_fd >= 0 && listen_path) || (listen_fd < 0 && !listen_path && nport_args == 0))
         usage();
+    g.nports = nport_args; /* from here on, a failure as a VM's init powers off (finish) */
     if (!env_given) { /* the environment the runtime gave us */
         extern char **environ;
         for (char **e = environ; e && *e; e++) {
@@ -1712,14 +1927,14 @@ int main(int argc, char **argv)
         const char *why = resolve_user(g.default_user, &id);
         if (why) {
             logmsg("--user %s: %s", g.default_user, why);
-            return 1;
+            return finish(1);
         }
     }
 
     /* Descriptors 0-2 must exist so the pipes of commands never land on them. */
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
-            return 1;
+            return finish(1);
     /* Nothing inherited (the node's preserved fds included) reaches a command. */
     syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
     if (getpid() != 1) /* outside a pid namespace, orphans of commands come to us all the same */
@@ -1743,15 +1958,15 @@ int main(int argc, char **argv)
         listen_fd = listen_on(listen_path);
         if (listen_fd < 0) {
             logmsg("listening on %s: %s", listen_path, strerror(errno));
-            return 1;
+            return finish(1);
         }
         g.listen_path = (char *)listen_path;
-    } else {
+    } else if (listen_fd >= 0) {
         int acc = 0;
         socklen_t sl = sizeof acc;
         if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) < 0 || !acc) {
             logmsg("--listen-fd %d is not a listening socket", listen_fd);
-            return 1;
+            return finish(1);
         }
         fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
         set_nonblock(listen_fd);
@@ -1762,10 +1977,29 @@ int main(int argc, char **argv)
     g.ep = epoll_create1(EPOLL_CLOEXEC);
     if (g.sig_fd < 0 || g.ep < 0) {
         logmsg("signalfd/epoll: %s", strerror(errno));
-        return 1;
+        return finish(1);
     }
-    ep_ctl(EPOLL_CTL_ADD, g.listen_fd, EPOLLIN, &g.listen_kind);
+    if (g.listen_fd >= 0)
+        ep_ctl(EPOLL_CTL_ADD, g.listen_fd, EPOLLIN, &g.listen_kind);
     ep_ctl(EPOLL_CTL_ADD, g.sig_fd, EPOLLIN, &g.sig_kind);
+    for (size_t i = 0; i < g.nports; i++) {
+        struct port *p = &g.ports[i];
+        p->kind = K_PORT;
+        if (!port_is_name[i]) {
+            if ((size_t)snprintf(p->path, sizeof p->path, "%s", port_args[i]) >= sizeof p->path) {
+                logmsg("--port %s: path too long", port_args[i]);
+                return finish(1);
+            }
+        } else if (port_by_name(port_args[i], p->path, sizeof p->path) < 0) {
+            logmsg("--port-name %s: no virtio-serial port of that name in "
+                   "/sys/class/virtio-ports after %d ms",
+                   port_args[i], PORT_WAIT_MS);
+            return finish(1);
+        }
+        port_open(p);
+        if (p->fd < 0) /* a port that is not there at all is a configuration error */
+            return finish(1);
+    }
 
     struct epoll_event evs[64];
     while (!g.terminating) {
@@ -1782,14 +2016,23 @@ int main(int argc, char **argv)
                 on_signal();
             else if (kind == K_CONN) {
                 struct conn *c = evs[i].data.ptr;
-                if (!c->dead)
+                if (c->dead)
+                    continue;
+                if (c->port && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
+                    conn_close(c); /* the host disconnected: drop what it did not get */
+                } else {
                     on_conn(c, evs[i].events);
-            } else if (kind == K_PIPE)
+                }
+            } else if (kind == K_PIPE) {
                 on_pipe(evs[i].data.ptr, evs[i].events);
+            } else if (kind == K_PORT) {
+                on_port(evs[i].data.ptr);
+            }
         }
         check_timeouts();
+        ports_retry();
         free_dead();
     }
     shutdown_all();
-    return 0;
+    return finish(0);
 }

@@ -1,0 +1,106 @@
+#!/bin/sh
+# identity.sh - give a microVM its identity (hostname, machine-id, clock, random seed, eth0); run by init at boot and by the host after a clone or restore.
+#
+#   identity.sh HOSTNAME MACHINE_ID EPOCH_SECONDS [MAC ADDR/PFX GW GWMAC DNS [ADDR6/PFX GW6]]
+#
+# EPOCH_SECONDS "-" leaves the clock alone. DNS may list several servers separated by
+# commas. Whatever arrives on stdin (the host sends 512 random bytes) is mixed into
+# /dev/urandom, so clones of one snapshot do not share their random state.
+# Runs under the busybox next to it (/.dsec/busybox), so it needs nothing from the
+# sandbox's own root. DSEC_ROOT (init sets /newroot) prefixes the files it writes.
+# Prints "identity: <step> failed: <why>" on stderr and exits 1 on the first failure.
+
+BB=${DSEC_BUSYBOX:-${0%/*}/busybox}
+R=${DSEC_ROOT:-}
+IF=eth0
+
+fail() {
+    echo "identity: $1 failed: $2" >&2
+    exit 1
+}
+
+run() {
+    step=$1
+    shift
+    out=$("$@" 2>&1) || fail "$step" "${out:-$* exited $?}"
+}
+
+# Write file $1 with content $2 through a temporary file, replacing symlinks (resolv.conf often is one).
+put() {
+    "$BB" mkdir -p "${1%/*}" 2>/dev/null
+    printf '%s' "$2" >"$1.dsec-tmp" || fail "write $1" "cannot write $1.dsec-tmp"
+    "$BB" rm -f "$1" && "$BB" mv -f "$1.dsec-tmp" "$1" || fail "write $1" "cannot replace $1"
+}
+
+[ -x "$BB" ] || fail "usage" "busybox not found at $BB (set DSEC_BUSYBOX)"
+case $# in
+3 | 8 | 10) ;;
+*) fail "usage" "identity.sh HOSTNAME MACHINE_ID EPOCH_SECONDS [MAC ADDR/PFX GW GWMAC DNS [ADDR6/PFX GW6]] (got $# arguments)" ;;
+esac
+
+host=$1 mid=$2 epoch=$3
+case "$host" in
+'' | -* | *[!A-Za-z0-9.-]*) fail "hostname" "'$host' is not a valid hostname (letters, digits, '.', '-')" ;;
+esac
+[ "${#host}" -le 64 ] || fail "hostname" "'$host' is longer than 64 characters"
+case "$mid" in
+*[!0-9a-f]*) fail "machine-id" "'$mid' is not 32 lowercase hex digits" ;;
+esac
+[ "${#mid}" = 32 ] || fail "machine-id" "'$mid' is not 32 lowercase hex digits"
+case "$epoch" in
+-) ;;
+'' | *[!0-9]*) fail "clock" "'$epoch' is not a number of seconds since 1970 (or -)" ;;
+esac
+
+# The random seed first: everything after may draw on it.
+"$BB" dd of=/dev/urandom bs=512 count=1 2>/dev/null
+
+if [ "$epoch" != - ]; then
+    run "clock" "$BB" date -u -s "@$epoch"
+fi
+run "hostname" "$BB" hostname "$host"
+put "$R/etc/hostname" "$host
+"
+put "$R/etc/machine-id" "$mid
+"
+run "loopback" "$BB" ip link set dev lo up
+
+[ $# -ge 8 ] || exit 0
+
+mac=$4 addr=$5 gw=$6 gwmac=$7 dns=$8
+case "$mac" in
+[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]) ;;
+*) fail "network" "MAC '$mac' is not six lowercase hex pairs" ;;
+esac
+case "$gwmac" in
+[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]:[0-9a-f][0-9a-f]) ;;
+*) fail "network" "gateway MAC '$gwmac' is not six lowercase hex pairs" ;;
+esac
+case "$addr" in
+*.*.*.*/*) ;;
+*) fail "network" "address '$addr' is not A.B.C.D/PREFIX" ;;
+esac
+[ -e "/sys/class/net/$IF" ] || fail "network" "no interface $IF"
+
+# A fresh start: the old address, neighbours and routes may be a snapshot's.
+run "network: down" "$BB" ip link set dev "$IF" down
+run "network: mac" "$BB" ip link set dev "$IF" address "$mac"
+run "network: flush" "$BB" ip addr flush dev "$IF"
+"$BB" ip neigh flush dev "$IF" >/dev/null 2>&1
+[ -w "/proc/sys/net/ipv6/conf/$IF/accept_dad" ] && echo 0 >"/proc/sys/net/ipv6/conf/$IF/accept_dad"
+run "network: up" "$BB" ip link set dev "$IF" up
+run "network: address" "$BB" ip addr add "$addr" dev "$IF"
+# The gateway's MAC never changes and ARP may be filtered: a permanent entry (arp -s without temp).
+run "network: gateway neighbour" "$BB" arp -i "$IF" -s "$gw" "$gwmac"
+run "network: default route" "$BB" ip route replace default via "$gw" dev "$IF"
+if [ $# -ge 10 ] && [ -n "${9}" ]; then
+    run "network: address6" "$BB" ip -6 addr add "${9}" dev "$IF"
+    [ -n "${10}" ] && run "network: default route6" "$BB" ip -6 route replace default via "${10}" dev "$IF"
+fi
+conf=""
+for s in $(echo "$dns" | "$BB" tr ',' ' '); do
+    conf="${conf}nameserver $s
+"
+done
+put "$R/etc/resolv.conf" "$conf"
+exit 0
