@@ -3,6 +3,7 @@
 #include "backends/container/container.h"
 #include "backends/function.h"
 #include "backends/sim.h"
+#include "backends/vm/vm.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -222,6 +223,8 @@ int dsec_registry_new_builtin(dsec_registry **out, dsec_err *err)
         const dsec_backend_ops *ops = strcmp(t, "sim") == 0         ? &dsec_sim_ops
                                       : strcmp(t, "function") == 0  ? &dsec_function_ops
                                       : strcmp(t, "container") == 0 ? &dsec_container_ops
+                                      : strcmp(t, "microvm") == 0   ? &dsec_microvm_ops
+                                      : strcmp(t, "vm") == 0        ? &dsec_vm_ops
                                                                     : NULL;
         if (dsec_registry_add(reg, &builtin_caps[i], ops, err) < 0)
             goto out_free;

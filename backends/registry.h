@@ -62,8 +62,8 @@ typedef struct dsec_registry dsec_registry;
 /* An empty registry; *out is the caller's, freed with dsec_registry_free. */
 int dsec_registry_new(dsec_registry **out, dsec_err *err);
 /* A registry holding the built-ins, in this order (indices 0..4): function
- * (caps and dsec_function_ops), container, microvm, vm (caps only: their ops
- * land with their backends) and sim (caps and dsec_sim_ops). */
+ * (caps and dsec_function_ops), container (dsec_container_ops), microvm
+ * (dsec_microvm_ops), vm (dsec_vm_ops) and sim (caps and dsec_sim_ops). */
 int dsec_registry_new_builtin(dsec_registry **out, dsec_err *err);
 void dsec_registry_free(dsec_registry *reg);
 

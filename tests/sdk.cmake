@@ -15,14 +15,14 @@ if(NOT DSEC_SANITIZE)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_sdk.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk PROPERTIES TIMEOUT 180 ENVIRONMENT "${DSEC_SDK_ENV}")
-    # container sandboxes: a cell whose node runs crun containers on busybox:1 (root; skipped
-    # otherwise). Containers, their cgroups and loop mounts share host state with the other
-    # container tests: never two at once.
+    # container, microVM and VM sandboxes: a cell whose node runs crun containers and QEMU on
+    # busybox:1 (root; skipped otherwise). Containers, their cgroups and loop mounts share host
+    # state with the other container tests: never two at once.
     add_test(NAME sdk_container
              COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_container.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
-    set_tests_properties(sdk_container PROPERTIES TIMEOUT 180 RESOURCE_LOCK dsec_container_host
+    set_tests_properties(sdk_container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host
       ENVIRONMENT "${DSEC_SDK_ENV}")
   endif()
 endif()

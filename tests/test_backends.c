@@ -17,6 +17,7 @@
 #include "backends/function.h"
 #include "backends/registry.h"
 #include "backends/sim.h"
+#include "backends/vm/vm.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 
@@ -76,12 +77,9 @@ static void registry_builtins_are_ordered(void **state)
         assert_ptr_equal(c, dsec_registry_caps(reg, idx));
         if (i > 0)
             assert_true(c->cost > dsec_registry_caps(reg, (int)i - 1)->cost);
-        if (i == 0) /* function and container have their backends; the VMs are caps only so far */
-            assert_ptr_equal(dsec_registry_ops(reg, idx), &dsec_function_ops);
-        else if (i == 1)
-            assert_ptr_equal(dsec_registry_ops(reg, idx), &dsec_container_ops);
-        else
-            assert_null(dsec_registry_ops(reg, idx));
+        static const dsec_backend_ops *const ops[] = {&dsec_function_ops, &dsec_container_ops,
+                                                      &dsec_microvm_ops, &dsec_vm_ops};
+        assert_ptr_equal(dsec_registry_ops(reg, idx), ops[i]);
     }
     int sim = dsec_registry_find(reg, "sim");
     assert_int_equal(sim, 4);

@@ -114,13 +114,12 @@ static char *lpath(dsec_layer_cache *c, const char *sub, const char *hex)
 
 /* ---- mounting ----------------------------------------------------------------------------- */
 
-/* Attach file to a free loop device (read-only, autoclear) and mount it as
- * EROFS on target. Autoclear detaches the device when the mount goes. */
-static int loop_mount(const char *file, const char *target, dsec_err *err)
+int dsec_layer_loop_mount(const char *file, const char *target, const char *fstype, bool rdonly,
+                          dsec_err *err)
 {
-    int bfd = open(file, O_RDONLY | O_CLOEXEC);
+    int bfd = open(file, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     if (bfd < 0)
-        return dsec_err_set(err, DSEC_E_IO, errno, "opening layer image %s", file);
+        return dsec_err_set(err, DSEC_E_IO, errno, "opening image %s", file);
     int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
     if (ctl < 0) {
         close(bfd);
@@ -135,7 +134,7 @@ static int loop_mount(const char *file, const char *target, dsec_err *err)
         }
         char dev[32];
         snprintf(dev, sizeof dev, "/dev/loop%d", n);
-        int lfd = open(dev, O_RDONLY | O_CLOEXEC);
+        int lfd = open(dev, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
         if (lfd < 0) {
             dsec_err_set(err, DSEC_E_IO, errno, "opening %s", dev);
             break;
@@ -143,7 +142,7 @@ static int loop_mount(const char *file, const char *target, dsec_err *err)
         struct loop_config cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.fd = (uint32_t)bfd;
-        cfg.info.lo_flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR;
+        cfg.info.lo_flags = (rdonly ? LO_FLAGS_READ_ONLY : 0) | LO_FLAGS_AUTOCLEAR;
         snprintf((char *)cfg.info.lo_file_name, LO_NAME_SIZE, "%s", file);
         if (ioctl(lfd, LOOP_CONFIGURE, &cfg) < 0) {
             int e = errno;
@@ -154,7 +153,7 @@ static int loop_mount(const char *file, const char *target, dsec_err *err)
             break;
         }
         /* the mount holds the device from here; our fd may go (autoclear) */
-        if (mount(dev, target, "erofs", MS_RDONLY, NULL) < 0)
+        if (mount(dev, target, fstype, rdonly ? MS_RDONLY : 0, NULL) < 0)
             dsec_err_set(err, DSEC_E_IO, errno, "mounting %s (from %s) on %s", dev, file, target);
         else
             rc = 0;
@@ -348,7 +347,7 @@ static int fetch(dsec_layer_cache *c, entry *e, dsec_err *err)
             dsec_err_set(err, DSEC_E_IO, errno, "creating %s", layer);
             goto out;
         }
-        if (loop_mount(src, layer, err) < 0)
+        if (dsec_layer_loop_mount(src, layer, "erofs", true, err) < 0)
             goto out;
         struct stat st;
         e->direct = direct != NULL;
@@ -423,7 +422,7 @@ static int remount(dsec_layer_cache *c, entry *e, dsec_err *err)
         dsec_err_set(err, DSEC_E_IO, errno, "creating %s", layer);
         goto out;
     }
-    rc = loop_mount(src, layer, err);
+    rc = dsec_layer_loop_mount(src, layer, "erofs", true, err);
 out:
     dsec_free(layer);
     dsec_free(blob);

@@ -2,6 +2,7 @@
 #ifndef DSEC_BACKENDS_LAYER_CACHE_H
 #define DSEC_BACKENDS_LAYER_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dsec/err.h"
@@ -39,6 +40,12 @@ dsec_layer_registry *dsec_layer_cache_registry(dsec_layer_cache *c);
 int dsec_layer_cache_acquire(dsec_layer_cache *c, const char *digest, char **path, dsec_err *err);
 /* Drop one user taken by acquire. */
 void dsec_layer_cache_release(dsec_layer_cache *c, const char *digest);
+
+/* Attach the image file to a free loop device (autoclear) and mount it as
+ * fstype ("erofs", "ext4") on target, read-only when rdonly. The device goes
+ * with the mount. Needs root. */
+int dsec_layer_loop_mount(const char *file, const char *target, const char *fstype, bool rdonly,
+                          dsec_err *err);
 
 /* Figures for tests and the node's reports. */
 typedef struct dsec_layer_cache_stats {

@@ -92,10 +92,16 @@ run "network: up" "$BB" ip link set dev "$IF" up
 run "network: address" "$BB" ip addr add "$addr" dev "$IF"
 # The gateway's MAC never changes and ARP may be filtered: a permanent entry (arp -s without temp).
 run "network: gateway neighbour" "$BB" arp -i "$IF" -s "$gw" "$gwmac"
+# The address is a /32 (/128): the gateway is on no subnet of ours, so it gets a route of
+# its own on the link before it can be the default route's next hop.
+run "network: gateway route" "$BB" ip route replace "$gw" dev "$IF"
 run "network: default route" "$BB" ip route replace default via "$gw" dev "$IF"
 if [ $# -ge 10 ] && [ -n "${9}" ]; then
     run "network: address6" "$BB" ip -6 addr add "${9}" dev "$IF"
-    [ -n "${10}" ] && run "network: default route6" "$BB" ip -6 route replace default via "${10}" dev "$IF"
+    if [ -n "${10}" ]; then
+        run "network: gateway route6" "$BB" ip -6 route replace "${10}" dev "$IF"
+        run "network: default route6" "$BB" ip -6 route replace default via "${10}" dev "$IF"
+    fi
 fi
 conf=""
 for s in $(echo "$dns" | "$BB" tr ',' ' '); do

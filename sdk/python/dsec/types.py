@@ -79,12 +79,23 @@ class ContainerArgs(SandboxArgs):
 
 @dataclass
 class MicroVMArgs(SandboxArgs):
-    """A microVM (own kernel)."""
+    """A microVM: QEMU's microvm machine booting the node's guest kernel, its
+    root an overlay (inside the guest) of the environment's layers as
+    read-only EROFS disks and a writable disk of its own, dsec-agent as the
+    guest's init. Same environments, policies, files and exec as a
+    container; fork clones the running machine (memory included), each child
+    with a fresh hostname, machine id and random seed.
+
+    environment: as for ContainerArgs; optional here (none: a busybox root).
+    memory_mb: guest memory (at least 128; the node's default when 0).
+    disk_mb: size of the writable disk.
+    """
 
 
 @dataclass
 class VMArgs(SandboxArgs):
-    """A full VM."""
+    """A full VM: QEMU's q35 machine (PCI devices) with the same kernel,
+    disks and agent as a microVM, for work that needs a whole machine."""
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""The Python SDK's container sandboxes against a real embedded cell whose node runs crun containers.
+"""The Python SDK's container, microVM and VM sandboxes against a real embedded cell.
 
 setUpModule builds busybox:1 into a fresh layer registry (scripts/build-envs.sh --only busybox),
-starts `dsec up --config` with one node (backend native, types [container]) on a free port, and
+starts `dsec up --config` with one node (backend native, types [container, microvm, vm]; the
+VM types under QEMU, TCG without /dev/kvm) on a free port, and
 tears everything down afterwards, checking that no sandbox mount is left behind. Needs root
 (mounts, cgroups, crun); skipped otherwise. Environment as test_sdk.py: DSEC_BIN, DSEC_LIB.
 """
@@ -16,7 +17,7 @@ import unittest
 import uuid
 
 from dsec import (AsyncDSecClient, CommandFailed, ContainerArgs, DSecClient, InvalidArgument,
-                  NotFound, StateError)
+                  MicroVMArgs, NotFound, StateError, VMArgs)
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 ENV = "busybox:1"
@@ -71,7 +72,7 @@ def setUpModule():
                 "    cpu_milli: 8000\n"
                 "    memory_mb: 16384\n"
                 "    slots: 64\n"
-                "    types: [container]\n"
+                "    types: [container, microvm, vm]\n"
                 "    backend: native\n" % (os.path.join(tmp, "layers"), node))
     port = _free_port()
     log = open(os.path.join(tmp, "up.log"), "w+")
@@ -115,6 +116,16 @@ def tearDownModule():
         for cid in ids:
             subprocess.run(["crun", "--root", run, "delete", "-f", cid],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # VMs outlive their node manager too: a QEMU still running under tmp was leaked
+    qemus = subprocess.run(["pgrep", "-f", "qemu-system.*%s/" % tmp], stdout=subprocess.PIPE,
+                           text=True).stdout.split() if tmp else []
+    for pid in qemus:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    if qemus:
+        leaked.append("QEMU processes %s" % qemus)
     if tmp:
         for m in sorted(_mounts_under(tmp + "/"), reverse=True):
             subprocess.run(["umount", "-l", m], stderr=subprocess.DEVNULL)
@@ -415,6 +426,46 @@ class TestAsync(Base):
 
         created = asyncio.run(main())
         self.assertLess(created, 20)
+
+
+class TestMicroVM(Base):
+    """Switching to a microVM or a VM is a change of one parameter."""
+
+    def vm(self, cls=MicroVMArgs, **kw):
+        args = dict(environment=ENV, cpu=1, memory_mb=256, disk_mb=256, max_lifetime_s=900)
+        args.update(kw)
+        c = DSecClient(url=_cell["url"], timeout_ms=180000)
+        self.addCleanup(c.close)
+        sb = c.run_microvm(cls(**args)) if cls is MicroVMArgs else c.run_vm(cls(**args))
+        self.addCleanup(self.stop_quietly, sb)
+        return sb
+
+    def test_microvm_exec_files_fork(self):
+        sb = self.vm()
+        self.assertEqual(sb.type, "microvm")
+        host = os.uname().release
+        self.assertNotEqual(self.sh(sb, "uname -r"), host)          # its own kernel
+        sb.files.write("/work/state.txt", "branch point\n")
+        self.assertEqual(sb.files.read("/work/state.txt"), b"branch point\n")
+        self.assertIn("state.txt", [e.name for e in sb.files.list("/work")])
+        kid, = sb.fork(1)
+        self.addCleanup(self.stop_quietly, kid)
+        self.assertEqual(kid.type, "microvm")
+        sb.files.write("/work/state.txt", "later\n")
+        self.assertEqual(kid.files.read("/work/state.txt"), b"branch point\n")
+        self.assertNotEqual(self.sh(kid, "hostname"), self.sh(sb, "hostname"))
+        r = sb.run_shell("exit 7")
+        self.assertEqual(r.exit_code, 7)
+
+    def test_vm_runs_a_command(self):
+        sb = self.vm(cls=VMArgs)
+        self.assertEqual(sb.type, "vm")
+        self.assertEqual(self.sh(sb, "echo whole machine"), "whole machine")
+
+    def test_microvm_too_little_memory(self):
+        with self.assertRaises(InvalidArgument) as cm:
+            self.c.run_microvm(MicroVMArgs(environment=ENV, memory_mb=16))
+        self.assertIn("memory", str(cm.exception))
 
 
 if __name__ == "__main__":

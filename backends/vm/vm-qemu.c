@@ -1,0 +1,640 @@
+/* vm-qemu.c - QEMU for the VM backend: its command line, a detached start, stop, and a small QMP
+ * client (JSON lines over the unix socket: capabilities, commands with matched replies). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/vm/vm-int.h"
+#include "dsec/alloc.h"
+
+/* ---- the command line ------------------------------------------------------------------- */
+
+/* A growing argv of dsec_malloc'd strings. */
+struct av {
+    char **v;
+    size_t n, cap;
+    bool oom;
+};
+
+static void av_add(struct av *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void av_add(struct av *a, const char *fmt, ...)
+{
+    if (a->oom)
+        return;
+    if (a->n + 2 > a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 64;
+        char **v = dsec_realloc(a->v, cap * sizeof *v);
+        if (v == NULL) {
+            a->oom = true;
+            return;
+        }
+        a->v = v;
+        a->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int len = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (len >= 0 && (s = dsec_malloc((size_t)len + 1)) != NULL) {
+        va_start(ap, fmt);
+        vsnprintf(s, (size_t)len + 1, fmt, ap);
+        va_end(ap);
+    }
+    if (s == NULL) {
+        a->oom = true;
+        return;
+    }
+    a->v[a->n++] = s;
+    a->v[a->n] = NULL;
+}
+
+static void av_free(struct av *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        dsec_free(a->v[i]);
+    dsec_free(a->v);
+    memset(a, 0, sizeof *a);
+}
+
+/* QEMU option values escape a comma by doubling it. out must hold 2*strlen(s)+1. */
+static const char *qesc(const char *s, char *out, size_t len)
+{
+    size_t o = 0;
+    for (; *s && o + 2 < len; s++) {
+        if (*s == ',')
+            out[o++] = ',';
+        out[o++] = *s;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
+                      const struct vm_launch *l, struct av *a)
+{
+    char e1[2 * PATH_MAX + 64];
+    const char *blk = be->q35 ? "virtio-blk-pci" : "virtio-blk-device";
+    av_add(a, "%s", be->qemu);
+    av_add(a, "-name");
+    av_add(a, "dsec-%s,debug-threads=on", sb->id);
+    av_add(a, "-M");
+    if (be->q35)
+        av_add(a, "q35,memory-backend=mem");
+    else
+        av_add(a, "microvm,x-option-roms=off,isa-serial=on,rtc=off,memory-backend=mem");
+    av_add(a, "-cpu");
+    av_add(a, "max");
+    av_add(a, "-accel");
+    if (be->kvm)
+        av_add(a, "kvm");
+    else
+        av_add(a, "tcg,tb-size=%" PRIu64, be->tb_mb);
+    av_add(a, "-smp");
+    av_add(a, "%u", sb->smp);
+    av_add(a, "-m");
+    av_add(a, "%" PRIu64 "M", sb->mem_mb);
+    av_add(a, "-nodefaults");
+    av_add(a, "-no-user-config");
+    av_add(a, "-nographic");
+    av_add(a, "-no-reboot");
+    char mem[PATH_MAX + 16];
+    dsec__vm_fmt(mem, sizeof mem, "%s/%s", sb->dir, sb->mem_private ? "base.mem" : "mem");
+    av_add(a, "-object");
+    av_add(a, "memory-backend-file,id=mem,size=%" PRIu64 "M,mem-path=%s,share=%s", sb->mem_mb,
+           qesc(mem, e1, sizeof e1), sb->mem_private ? "off" : "on");
+    av_add(a, "-kernel");
+    av_add(a, "%s", be->kernel);
+    av_add(a, "-initrd");
+    av_add(a, "%s", be->initrd);
+    av_add(a, "-append");
+    if (be->tsc_khz > 0)
+        av_add(a, "console=ttyS0 panic=-1 reboot=t quiet tsc_early_khz=%" PRIu64, be->tsc_khz);
+    else
+        av_add(a, "console=ttyS0 panic=-1 reboot=t quiet");
+    /* sockets by relative paths: QEMU runs in sb->dir, and the absolute
+     * path may not fit sun_path */
+    av_add(a, "-chardev");
+    av_add(a, "file,id=con,path=console.log,append=on");
+    av_add(a, "-serial");
+    av_add(a, "chardev:con");
+    av_add(a, "-chardev");
+    av_add(a, "socket,id=qmp,path=qmp.sock,server=on,wait=off");
+    av_add(a, "-mon");
+    av_add(a, "chardev=qmp,mode=control");
+    av_add(a, "-device");
+    av_add(a, "%s", be->q35 ? "virtio-serial-pci" : "virtio-serial-device");
+    av_add(a, "-chardev");
+    av_add(a, "socket,id=agent,path=agent.sock,server=on,wait=off");
+    av_add(a, "-device");
+    av_add(a, "virtserialport,chardev=agent,name=dsec.agent");
+    av_add(a, "-chardev");
+    av_add(a, "socket,id=ctl,path=ctl.sock,server=on,wait=off");
+    av_add(a, "-device");
+    av_add(a, "virtserialport,chardev=ctl,name=dsec.ctl");
+    /* the device order is part of the machine: restore must repeat it */
+    av_add(a, "-drive");
+    av_add(a, "file=%s/disk.img,if=none,id=disk,format=raw,discard=unmap",
+           qesc(sb->dir, e1, sizeof e1));
+    av_add(a, "-device");
+    av_add(a, "%s,drive=disk,serial=dsec-disk", blk);
+    for (size_t i = 0; i < sb->env.nlayers; i++) {
+        char img[PATH_MAX + 128];
+        dsec__vm_fmt(img, sizeof img, "%s/%s.erofs", be->images, sb->env.layers[i].digest);
+        av_add(a, "-drive");
+        av_add(a, "file=%s,if=none,id=l%zu,format=raw,readonly=on", qesc(img, e1, sizeof e1), i);
+        av_add(a, "-device");
+        av_add(a, "%s,drive=l%zu,serial=dsec-l%zu", blk, i, i);
+    }
+    if (sb->nic) {
+        av_add(a, "-netdev");
+        av_add(a, "tap,id=net0,fd=3");
+        av_add(a, "-device");
+        if (be->q35)
+            av_add(a, "virtio-net-pci,netdev=net0,mac=%s,romfile=", sb->guest.mac);
+        else
+            av_add(a, "virtio-net-device,netdev=net0,mac=%s", sb->guest.mac);
+    }
+    if (l->incoming) {
+        av_add(a, "-S");
+        av_add(a, "-incoming");
+        av_add(a, "defer");
+    }
+    return a->oom ? -1 : 0;
+}
+
+/* ---- start and stop --------------------------------------------------------------------- */
+
+/* What the start pipe carries: the grandchild's pid, or why exec failed. */
+struct start_msg {
+    int kind; /* 1 pid, 2 errno of exec, 3 errno of fork */
+    int val;
+};
+
+static void write_all(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+}
+
+int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const struct vm_launch *l,
+                        dsec_err *err)
+{
+    struct av a = {0};
+    if (build_argv(be, sb, l, &a) < 0) {
+        av_free(&a);
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: QEMU command line", be->type);
+    }
+    char logp[PATH_MAX + 16];
+    dsec__vm_fmt(logp, sizeof logp, "%s/qemu.log", sb->dir);
+    int logfd = open(logp, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int nullfd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int pfd[2] = {-1, -1};
+    if (logfd < 0 || nullfd < 0 || pipe2(pfd, O_CLOEXEC) < 0) {
+        int e = errno;
+        if (logfd >= 0)
+            close(logfd);
+        if (nullfd >= 0)
+            close(nullfd);
+        av_free(&a);
+        return dsec_err_set(err, DSEC_E_IO, e, "%s: preparing to start QEMU in %s", be->type,
+                            sb->dir);
+    }
+    /* Two forks and a session of its own: QEMU is nobody's child here, so it
+     * outlives a node manager that exits or restarts (adopt finds it again). */
+    pid_t c = fork();
+    if (c == 0) {
+        setsid();
+        pid_t g = fork();
+        if (g != 0) {
+            struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno};
+            write_all(pfd[1], &m, sizeof m);
+            _exit(0);
+        }
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        signal(SIGCHLD, SIG_DFL);
+        int rc = chdir(sb->dir);
+        if (rc == 0)
+            rc = dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ? -1 : 0;
+        if (rc == 0 && l->tap_fd >= 0)
+            rc = (l->tap_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(l->tap_fd, 3)) < 0 ? -1 : 0;
+        if (rc == 0) {
+            /* nothing else of the node manager leaks into QEMU (the pipe is already
+             * close-on-exec) */
+            close_range(l->tap_fd >= 0 ? 4 : 3, ~0u, CLOSE_RANGE_CLOEXEC);
+            execv(a.v[0], a.v);
+        }
+        struct start_msg m = {2, errno};
+        write_all(pfd[1], &m, sizeof m);
+        _exit(127);
+    }
+    int fork_errno = errno;
+    close(pfd[1]);
+    close(logfd);
+    close(nullfd);
+    av_free(&a);
+    if (c < 0) {
+        close(pfd[0]);
+        return dsec_err_set(err, DSEC_E_IO, fork_errno, "%s: fork to start QEMU", be->type);
+    }
+    int st;
+    while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+        ;
+    pid_t pid = 0;
+    int exec_errno = 0, ferr = 0;
+    struct start_msg m;
+    for (;;) {
+        ssize_t n = read(pfd[0], &m, sizeof m);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != (ssize_t)sizeof m)
+            break;
+        if (m.kind == 1)
+            pid = m.val;
+        else if (m.kind == 2)
+            exec_errno = m.val;
+        else
+            ferr = m.val;
+    }
+    close(pfd[0]);
+    if (ferr != 0 || pid <= 0)
+        return dsec_err_set(err, DSEC_E_IO, ferr, "%s: starting QEMU", be->type);
+    if (exec_errno != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, exec_errno, "%s: cannot run %s: %s", be->type,
+                            be->qemu, strerror(exec_errno));
+    sb->pid = pid;
+    return 0;
+}
+
+bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+{
+    if (pid <= 0)
+        return false;
+    char p[64];
+    dsec__vm_fmt(p, sizeof p, "/proc/%d/stat", (int)pid);
+    char *stat = dsec__vm_read_file(p, 1024);
+    if (stat == NULL)
+        return false;
+    const char *rp = strrchr(stat, ')');
+    bool zombie = rp == NULL || rp[1] == '\0' || rp[2] == 'Z' || rp[2] == 'X';
+    dsec_free(stat);
+    if (zombie)
+        return false;
+    dsec__vm_fmt(p, sizeof p, "/proc/%d/cmdline", (int)pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    size_t cap = 1u << 16, got = 0;
+    char *buf = dsec_malloc(cap + 1);
+    ssize_t n = 0;
+    while (buf != NULL && got < cap && (n = read(fd, buf + got, cap - got)) > 0)
+        got += (size_t)n;
+    close(fd);
+    if (buf == NULL)
+        return false;
+    for (size_t i = 0; i < got; i++)
+        if (buf[i] == '\0')
+            buf[i] = ' ';
+    buf[got] = '\0';
+    char needle[PATH_MAX + 2];
+    dsec__vm_fmt(needle, sizeof needle, "%s/", dir);
+    bool ours = strstr(buf, needle) != NULL;
+    dsec_free(buf);
+    return ours;
+}
+
+static void msleep(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_err *err)
+{
+    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    for (;;) {
+        struct vm_qmp q;
+        dsec_err e2;
+        if (dsec__vm_qmp_open(&q, sb->dir, 1000, &e2) == 0) {
+            dsec__vm_qmp_close(&q);
+            return 0;
+        }
+        if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir)) {
+            char p[PATH_MAX + 16], tail[512];
+            dsec__vm_fmt(p, sizeof p, "%s/qemu.log", sb->dir);
+            dsec__vm_log_tail(p, tail, sizeof tail);
+            return dsec_err_set(err, DSEC_E_BACKEND, 0, "QEMU exited at start: %s",
+                                tail[0] ? tail : "no message in qemu.log");
+        }
+        if (dsec__vm_now_ns() > deadline)
+            return dsec_err_set(err, DSEC_E_TIMEOUT, e2.errnum,
+                                "QEMU's monitor did not answer in %" PRIu64 " ms: %s", timeout_ms,
+                                e2.msg);
+        msleep(20);
+    }
+}
+
+int dsec__vm_qemu_stop(dsec_sandbox *sb, uint64_t grace_ms, dsec_err *err)
+{
+    if (sb->pid <= 0)
+        return 0;
+    if (dsec__vm_qemu_is_ours(sb->pid, sb->dir)) {
+        struct vm_qmp q;
+        dsec_err e2;
+        if (dsec__vm_qmp_open(&q, sb->dir, 500, &e2) == 0) {
+            dsec__vm_qmp_cmd(&q, "quit", NULL, NULL, 500, &e2);
+            dsec__vm_qmp_close(&q);
+        }
+        uint64_t t0 = dsec__vm_now_ns();
+        bool killed = false;
+        while (dsec__vm_qemu_is_ours(sb->pid, sb->dir)) {
+            uint64_t ms = (dsec__vm_now_ns() - t0) / 1000000u;
+            if (!killed && ms >= grace_ms) {
+                kill(sb->pid, SIGKILL);
+                killed = true;
+            }
+            if (ms > grace_ms + 30000)
+                return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                                    "QEMU (pid %d) did not exit after SIGKILL", (int)sb->pid);
+            msleep(5);
+        }
+    }
+    sb->pid = 0;
+    return 0;
+}
+
+/* ---- QMP ---------------------------------------------------------------------------------- */
+
+/* Read one line (without its newline) into a dsec_malloc'd string, by deadline. */
+static int qmp_line(struct vm_qmp *q, uint64_t deadline, char **line, dsec_err *err)
+{
+    for (;;) {
+        char *nl = memchr(q->buf, '\n', q->len);
+        if (nl != NULL) {
+            size_t n = (size_t)(nl - q->buf);
+            char *s = dsec_strndup(q->buf, n);
+            if (s == NULL)
+                return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "QMP reply");
+            if (n > 0 && s[n - 1] == '\r')
+                s[n - 1] = '\0';
+            q->len -= n + 1;
+            memmove(q->buf, nl + 1, q->len);
+            *line = s;
+            return 0;
+        }
+        if (q->len == sizeof q->buf)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "QMP: a reply line is longer than %zu",
+                                sizeof q->buf);
+        uint64_t now = dsec__vm_now_ns();
+        if (now >= deadline)
+            return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "QMP: no answer in time");
+        struct pollfd p = {.fd = q->fd, .events = POLLIN};
+        int ms = (int)((deadline - now) / 1000000u) + 1;
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "QMP: poll");
+        if (r == 0)
+            continue;
+        ssize_t got = read(q->fd, q->buf + q->len, sizeof q->buf - q->len);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (got <= 0)
+            return dsec_err_set(err, DSEC_E_CLOSED, got < 0 ? errno : 0,
+                                "QMP: QEMU closed its monitor (it exited)");
+        q->len += (size_t)got;
+    }
+}
+
+int dsec__vm_qmp_open(struct vm_qmp *q, const char *dir, uint64_t timeout_ms, dsec_err *err)
+{
+    memset(q, 0, sizeof *q);
+    q->fd = -1;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "QMP: opening %s", dir);
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    dsec__vm_fmt(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d/qmp.sock", dfd);
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+        int e = errno;
+        if (s >= 0)
+            close(s);
+        close(dfd);
+        return dsec_err_set(err, DSEC_E_CONN, e, "QMP: connecting to %s/qmp.sock: %s", dir,
+                            strerror(e));
+    }
+    close(dfd);
+    q->fd = s;
+    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    char *line = NULL;
+    if (qmp_line(q, deadline, &line, err) < 0)
+        goto fail;
+    bool greeting = strstr(line, "\"QMP\"") != NULL;
+    dsec_free(line);
+    if (!greeting) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "QMP: %s/qmp.sock sent no greeting", dir);
+        goto fail;
+    }
+    if (dsec__vm_qmp_cmd(q, "qmp_capabilities", NULL, NULL, timeout_ms, err) < 0)
+        goto fail;
+    return 0;
+fail:
+    dsec__vm_qmp_close(q);
+    return -1;
+}
+
+void dsec__vm_qmp_close(struct vm_qmp *q)
+{
+    if (q->fd >= 0)
+        close(q->fd);
+    q->fd = -1;
+}
+
+int dsec__vm_json_str(const char *json, const char *key, char *out, size_t len)
+{
+    char k[96];
+    dsec__vm_fmt(k, sizeof k, "\"%s\"", key);
+    const char *p = strstr(json, k);
+    if (p == NULL)
+        return -1;
+    p += strlen(k);
+    while (*p == ' ' || *p == ':')
+        p++;
+    if (*p != '"')
+        return -1;
+    p++;
+    size_t o = 0;
+    for (; *p && *p != '"'; p++) {
+        if (*p == '\\' && p[1] != '\0')
+            p++;
+        if (o + 1 < len)
+            out[o++] = *p;
+    }
+    if (len > 0)
+        out[o] = '\0';
+    return 0;
+}
+
+/* The number after "id": in a reply, or -1. */
+static long reply_id(const char *line)
+{
+    const char *p = strstr(line, "\"id\"");
+    if (p == NULL)
+        return -1;
+    p += 4;
+    while (*p == ' ' || *p == ':')
+        p++;
+    if (*p < '0' || *p > '9')
+        return -1;
+    return strtol(p, NULL, 10);
+}
+
+int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char **reply,
+                     uint64_t timeout_ms, dsec_err *err)
+{
+    if (reply != NULL)
+        *reply = NULL;
+    unsigned id = ++q->id;
+    size_t cap = strlen(cmd) + (args ? strlen(args) : 0) + 96;
+    char *msg = dsec_malloc(cap);
+    if (msg == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "QMP command");
+    int n = args != NULL ? snprintf(msg, cap, "{\"execute\":\"%s\",\"arguments\":%s,\"id\":%u}\n",
+                                    cmd, args, id)
+                         : snprintf(msg, cap, "{\"execute\":\"%s\",\"id\":%u}\n", cmd, id);
+    size_t off = 0;
+    while (off < (size_t)n) {
+        ssize_t w = send(q->fd, msg + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            int e = errno;
+            dsec_free(msg);
+            return dsec_err_set(err, DSEC_E_CLOSED, e, "QMP %s: QEMU's monitor is gone", cmd);
+        }
+        off += (size_t)w;
+    }
+    dsec_free(msg);
+    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    for (;;) {
+        char *line = NULL;
+        if (qmp_line(q, deadline, &line, err) < 0)
+            return dsec_err_wrap(err, "QMP %s", cmd);
+        /* events come first-class on the same stream: skip them */
+        if (strncmp(line, "{\"timestamp\"", 12) == 0 || reply_id(line) != (long)id) {
+            dsec_free(line);
+            continue;
+        }
+        if (strstr(line, "\"error\"") != NULL) {
+            char desc[512] = "";
+            dsec__vm_json_str(line, "desc", desc, sizeof desc);
+            dsec_free(line);
+            return dsec_err_set(err, DSEC_E_BACKEND, 0, "QMP %s: %s", cmd,
+                                desc[0] ? desc : "failed");
+        }
+        if (reply != NULL)
+            *reply = line;
+        else
+            dsec_free(line);
+        return 0;
+    }
+}
+
+/* A path QEMU hands to /bin/sh inside single quotes and to JSON inside double quotes. */
+static int path_ok(const char *p, dsec_err *err)
+{
+    for (const char *c = p; *c; c++)
+        if (*c == '\'' || *c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "the path \"%.120s\" holds a quote, backslash or control "
+                                "character, which the VM backend does not accept",
+                                p);
+    return 0;
+}
+
+/* Poll query-migrate until the migration is over. */
+static int migrate_wait(struct vm_qmp *q, const char *what, dsec_err *err)
+{
+    uint64_t deadline = dsec__vm_now_ns() + 600000ull * 1000000u;
+    unsigned nap = 1;
+    for (;;) {
+        char *r = NULL;
+        if (dsec__vm_qmp_cmd(q, "query-migrate", NULL, &r, 10000, err) < 0)
+            return dsec_err_wrap(err, "%s", what);
+        char st[64] = "";
+        dsec__vm_json_str(r, "status", st, sizeof st);
+        if (strcmp(st, "completed") == 0) {
+            dsec_free(r);
+            return 0;
+        }
+        if (strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0) {
+            char desc[400] = "";
+            dsec__vm_json_str(r, "error-desc", desc, sizeof desc);
+            dsec_free(r);
+            return dsec_err_set(err, DSEC_E_BACKEND, 0, "%s: migration %s: %s", what, st,
+                                desc[0] ? desc : "no reason given");
+        }
+        dsec_free(r);
+        if (dsec__vm_now_ns() > deadline)
+            return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "%s: migration did not end", what);
+        msleep(nap);
+        if (nap < 20)
+            nap *= 2;
+    }
+}
+
+static const char ignore_shared[] =
+    "{\"capabilities\":[{\"capability\":\"x-ignore-shared\",\"state\":true}]}";
+
+int dsec__vm_migrate_out(struct vm_qmp *q, const char *state, dsec_err *err)
+{
+    if (path_ok(state, err) < 0)
+        return -1;
+    char args[PATH_MAX + 64];
+    dsec__vm_fmt(args, sizeof args, "{\"uri\":\"exec:cat > '%s'\"}", state);
+    if (dsec__vm_qmp_cmd(q, "migrate-set-capabilities", ignore_shared, NULL, 5000, err) < 0 ||
+        dsec__vm_qmp_cmd(q, "migrate", args, NULL, 10000, err) < 0)
+        return dsec_err_wrap(err, "saving the VM's state");
+    return migrate_wait(q, "saving the VM's state", err);
+}
+
+int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err)
+{
+    if (path_ok(state, err) < 0)
+        return -1;
+    char args[PATH_MAX + 64];
+    dsec__vm_fmt(args, sizeof args, "{\"uri\":\"exec:cat '%s'\"}", state);
+    if (dsec__vm_qmp_cmd(q, "migrate-set-capabilities", ignore_shared, NULL, 5000, err) < 0 ||
+        dsec__vm_qmp_cmd(q, "migrate-incoming", args, NULL, 10000, err) < 0)
+        return dsec_err_wrap(err, "loading the VM's state");
+    if (migrate_wait(q, "loading the VM's state", err) < 0)
+        return -1;
+    if (dsec__vm_qmp_cmd(q, "cont", NULL, NULL, 10000, err) < 0)
+        return dsec_err_wrap(err, "resuming the loaded VM");
+    return 0;
+}

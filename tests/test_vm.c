@@ -1,0 +1,640 @@
+/* test_vm.c - the QEMU backends for real under TCG (or KVM): boot a busybox layer, exec and files
+ * through the agent, snapshot and restore, fork with shared guest RAM, pause, adopt, q35, cleanup.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backends/backend.h"
+#include "backends/net/net.h"
+#include "backends/vm/vm.h"
+#include "dsec/alloc.h"
+#include "dsec/err.h"
+#include "dsec/layers.h"
+
+#ifndef DSEC_VMKIT_DIR
+#define DSEC_VMKIT_DIR ""
+#endif
+
+/*
+ * Boots are the cost here (seconds each under TCG), so one microvm from
+ * the busybox layer serves most checks, and its snapshot and fork give the
+ * clones; one q35 VM boots on no layers at all. Every test ends by checking
+ * that nothing of its sandboxes is left: no QEMU naming the state dir, no
+ * directory, no fork snapshot.
+ */
+
+static void *mvm; /* the microvm instance */
+static dsec_layer_registry *reg;
+static char top[64];
+static char state_dir[96], state_q35[96];
+static char kit[PATH_MAX] = DSEC_VMKIT_DIR;
+static int seq;
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int host(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int host(char *out, size_t len, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    char buf[4096];
+    size_t got = fread(buf, 1, sizeof buf - 1, p);
+    buf[got] = '\0';
+    if (out != NULL)
+        snprintf(out, len, "%s", buf);
+    return pclose(p);
+}
+
+static int open_vm(const dsec_backend_ops *ops, const char *sd, const char *kitdir, void **out,
+                   dsec_err *err)
+{
+    dsec_backend_kv opts[] = {{"vm_kit", kitdir}, {"container.pids_max", "64"}};
+    dsec_backend_config cfg = {
+        .state_dir = sd, .node = "vmtest", .opts = opts, .nopts = 2, .layers = reg};
+    return ops->init(out, &cfg, err);
+}
+
+/* The busybox base layer and environment "busybox:1". */
+static int build_base(void)
+{
+    if (host(NULL, 0,
+             "set -e; t=%s/tree; mkdir -p $t/bin $t/etc $t/proc $t/sys $t/dev $t/tmp $t/root; "
+             "cp /bin/busybox $t/bin/busybox; for a in $(/bin/busybox --list); do "
+             "[ \"$a\" = busybox ] || ln -s busybox $t/bin/$a; done; "
+             "printf 'root:x:0:0:root:/root:/bin/sh\\n' > $t/etc/passwd; "
+             "printf 'root:x:0:\\n' > $t/etc/group; chmod 1777 $t/tmp",
+             top) != 0)
+        return -1;
+    char tree[128], blob[128], regdir[128];
+    snprintf(tree, sizeof tree, "%s/tree", top);
+    snprintf(blob, sizeof blob, "%s/base.blob", top);
+    snprintf(regdir, sizeof regdir, "%s/registry", top);
+    dsec_digest d;
+    dsec_err err;
+    if (dsec_layer_registry_local(&reg, regdir, &err) < 0 ||
+        dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err) < 0 ||
+        dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err) < 0) {
+        fprintf(stderr, "base layer: %s\n", err.msg);
+        return -1;
+    }
+    char *layers[] = {d};
+    dsec_layer_format fmts[] = {DSEC_LAYER_DIR};
+    char *vars[] = {"HOME=/root", "DSEC_TEST=yes"};
+    dsec_env env = {.name = "busybox:1",
+                    .layers = layers,
+                    .formats = fmts,
+                    .nlayers = 1,
+                    .vars = vars,
+                    .nvars = 2,
+                    .workdir = "/root",
+                    .user = "root"};
+    if (dsec_layer_registry_env_put(reg, &env, &err) < 0) {
+        fprintf(stderr, "environment: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    char out[256];
+    if (geteuid() != 0) {
+        fprintf(stderr, "test_vm: needs root; skipping\n");
+        return 0;
+    }
+    if (host(out, sizeof out, "command -v qemu-system-x86_64") != 0) {
+        fprintf(stderr, "test_vm: qemu-system-x86_64 is not installed (apt-get install "
+                        "qemu-system-x86); skipping\n");
+        return 0;
+    }
+    char k[PATH_MAX + 16];
+    snprintf(k, sizeof k, "%s/vmlinuz", kit);
+    if (kit[0] == '\0' || access(k, R_OK) != 0) {
+        fprintf(stderr, "test_vm: no VM kit in \"%s\" (build target vmkit); skipping\n", kit);
+        return 0;
+    }
+    snprintf(top, sizeof top, "/tmp/dsec-vmtest-XXXXXX");
+    if (mkdtemp(top) == NULL)
+        return -1;
+    snprintf(state_dir, sizeof state_dir, "%s/state", top);
+    snprintf(state_q35, sizeof state_q35, "%s/state-q35", top);
+    if (build_base() < 0)
+        return -1;
+    dsec_err err;
+    if (open_vm(&dsec_microvm_ops, state_dir, kit, &mvm, &err) < 0) {
+        fprintf(stderr, "microvm backend: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* How many QEMU processes (not zombies) name dir in their command line. */
+static int procs_naming(const char *dir)
+{
+    DIR *d = opendir("/proc");
+    assert_non_null(d);
+    char needle[PATH_MAX];
+    snprintf(needle, sizeof needle, "%s/", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char p[300], buf[1 << 15];
+        snprintf(p, sizeof p, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (f == NULL)
+            continue;
+        size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = '\0';
+        char *rp = strrchr(buf, ')');
+        if (strstr(buf, "(qemu-system") == NULL || rp == NULL || rp[2] == 'Z')
+            continue;
+        snprintf(p, sizeof p, "/proc/%s/cmdline", e->d_name);
+        if ((f = fopen(p, "r")) == NULL)
+            continue;
+        got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < got; i++)
+            if (buf[i] == '\0')
+                buf[i] = ' ';
+        buf[got] = '\0';
+        n += strstr(buf, needle) != NULL;
+    }
+    closedir(d);
+    return n;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    int rc = 0;
+    if (mvm != NULL) {
+        dsec_microvm_ops.fini(mvm);
+        mvm = NULL;
+        if (procs_naming(state_dir) != 0) {
+            fprintf(stderr, "test_vm: QEMU processes outlived the backend\n");
+            host(NULL, 0, "pkill -9 -f '%s/'", state_dir); /* only this run's */
+            rc = -1;
+        }
+        char out[4096];
+        host(out, sizeof out, "grep -c ' %s' /proc/self/mountinfo", state_dir);
+        if (atoi(out) != 0) {
+            fprintf(stderr, "test_vm: %s mounts outlived the backend\n", out);
+            rc = -1;
+        }
+        host(out, sizeof out,
+             "for m in $(grep ' %s' /proc/self/mountinfo | cut -d' ' -f5); "
+             "do umount -l $m; done",
+             state_dir);
+    }
+    dsec_layer_registry_free(reg);
+    if (top[0] != '\0' && host(NULL, 0, "rm -rf '%s'", top) != 0)
+        rc = -1;
+    return rc;
+}
+
+static int need_vm(void **state)
+{
+    (void)state;
+    if (mvm == NULL)
+        skip();
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+struct sbx {
+    const dsec_backend_ops *ops;
+    void *be;
+    dsec_sandbox *h;
+    char *bstate;
+    char id[64];
+};
+
+static struct sbx *sbx_new(const dsec_backend_ops *ops, void *be, const char *tag)
+{
+    struct sbx *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->ops = ops;
+    s->be = be;
+    snprintf(s->id, sizeof s->id, "vmt-%s-%d-%d", tag, (int)getpid(),
+             __atomic_add_fetch(&seq, 1, 0));
+    return s;
+}
+
+static struct sbx *mk(const dsec_backend_ops *ops, void *be, const char *env)
+{
+    struct sbx *s = sbx_new(ops, be, "c");
+    dsec_sandbox_spec spec = {.id = s->id, .type = ops->type, .env = env};
+    dsec_err err;
+    uint64_t t0 = now_ms();
+    if (ops->create(be, &spec, &s->h, &s->bstate, &err) < 0)
+        fail_msg("create %s: %s", s->id, err.msg);
+    fprintf(stderr, "test_vm: %s booted in %" PRIu64 " ms\n", s->id, now_ms() - t0);
+    return s;
+}
+
+/* Run a shell line; the exit code, stdout in out (may be NULL). */
+static int sh(struct sbx *s, const char *line, char *out, size_t len)
+{
+    const char *argv[] = {"/bin/sh", "-c", line};
+    dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 60000};
+    dsec_exec_result res = {0};
+    dsec_err err;
+    if (s->ops->exec(s->be, s->h, &req, &res, &err) < 0)
+        fail_msg("exec \"%s\" in %s: %s", line, s->id, err.msg);
+    if (out != NULL) {
+        snprintf(out, len, "%.*s", (int)res.stdout_len,
+                 res.stdout_data ? (char *)res.stdout_data : "");
+        size_t n = strlen(out);
+        while (n > 0 && out[n - 1] == '\n')
+            out[--n] = '\0';
+    }
+    int rc = res.signal ? 128 + res.signal : res.exit_code;
+    dsec_exec_result_release(&res);
+    return rc;
+}
+
+static void put_file(struct sbx *s, const char *path, const char *data)
+{
+    dsec_err err;
+    if (s->ops->file_write(s->be, s->h, path, data, strlen(data), 0644, false, &err) < 0)
+        fail_msg("write %s in %s: %s", path, s->id, err.msg);
+}
+
+static pid_t qemu_pid(const struct sbx *s)
+{
+    char p[PATH_MAX], out[64];
+    snprintf(p, sizeof p, "%s/meta", s->bstate);
+    host(out, sizeof out, "awk '$1==\"pid\"{print $2}' '%s'", p);
+    return (pid_t)atoi(out);
+}
+
+static void destroy(struct sbx *s)
+{
+    dsec_err err;
+    if (s->ops->destroy(s->be, s->h, &err) < 0)
+        fail_msg("destroy %s: %s", s->id, err.msg);
+    /* nothing of it is left: no QEMU naming its dir, no dir */
+    assert_int_equal(procs_naming(s->bstate), 0);
+    assert_int_not_equal(access(s->bstate, F_OK), 0);
+    free(s->bstate);
+    free(s);
+}
+
+/* Rss and Pss (KiB) of the mapping of a file named `name` in pid; whole-process RSS in *total. */
+static void mapping_kb(pid_t pid, const char *name, long *rss, long *pss, long *total)
+{
+    char p[64], line[512];
+    snprintf(p, sizeof p, "/proc/%d/smaps", (int)pid);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    *rss = *pss = *total = 0;
+    bool in = false;
+    while (fgets(line, sizeof line, f) != NULL) {
+        long v;
+        size_t hx = strspn(line, "0123456789abcdef");
+        if (hx > 0 && line[hx] == '-') { /* a mapping's header line */
+            size_t n = strlen(line);
+            while (n > 0 && line[n - 1] == '\n')
+                line[--n] = '\0';
+            in = n >= strlen(name) && strcmp(line + n - strlen(name), name) == 0;
+            continue;
+        }
+        if (sscanf(line, "Rss: %ld kB", &v) == 1) {
+            *total += v;
+            if (in)
+                *rss += v;
+        } else if (in && sscanf(line, "Pss: %ld kB", &v) == 1) {
+            *pss += v;
+        }
+    }
+    fclose(f);
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    dsec_err err;
+    /* a kit without a kernel: a clear error at init */
+    char emptykit[128], sd[128];
+    snprintf(emptykit, sizeof emptykit, "%s/emptykit", top);
+    snprintf(sd, sizeof sd, "%s/state-bad", top);
+    mkdir(emptykit, 0700);
+    void *be = NULL;
+    assert_int_equal(open_vm(&dsec_microvm_ops, sd, emptykit, &be, &err), -1);
+    assert_null(be);
+    assert_non_null(strstr(err.msg, "vmlinuz"));
+    assert_non_null(strstr(err.msg, "make"));
+    /* an unknown option of our own */
+    dsec_backend_kv bad[] = {{"microvm.bogus", "1"}};
+    dsec_backend_config cfg = {.state_dir = sd, .opts = bad, .nopts = 1, .layers = reg};
+    assert_int_equal(dsec_microvm_ops.init(&be, &cfg, &err), -1);
+    assert_non_null(strstr(err.msg, "microvm.bogus"));
+    /* a missing QEMU */
+    dsec_backend_kv noq[] = {{"qemu", "/nonexistent/qemu"}, {"vm_kit", kit}};
+    cfg.opts = noq;
+    cfg.nopts = 2;
+    assert_int_equal(dsec_microvm_ops.init(&be, &cfg, &err), -1);
+    assert_non_null(strstr(err.msg, "apt-get install qemu-system-x86"));
+
+    /* 1 MiB of memory */
+    dsec_sandbox *h = NULL;
+    char *bs = NULL;
+    dsec_sandbox_spec spec = {.id = "vmt-bad-mem", .env = "busybox:1", .memory_mb = 1};
+    assert_int_equal(dsec_microvm_ops.create(mvm, &spec, &h, &bs, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "memory_mb 1 "));
+    /* a layer digest nobody has */
+    const char *missing[] = {
+        "sha256:0000000000000000000000000000000000000000000000000000000000000000"};
+    dsec_sandbox_spec spec2 = {.id = "vmt-bad-layer", .layers = missing, .nlayers = 1};
+    assert_int_equal(dsec_microvm_ops.create(mvm, &spec2, &h, &bs, &err), -1);
+    assert_non_null(strstr(err.msg, missing[0]));
+    char p[256];
+    snprintf(p, sizeof p, "%s/sb/vmt-bad-layer", state_dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    /* a restore from a directory that holds no snapshot */
+    dsec_sandbox_spec spec3 = {.id = "vmt-bad-restore"};
+    assert_int_equal(dsec_microvm_ops.restore(mvm, &spec3, top, &h, &bs, &err), -1);
+    assert_non_null(strstr(err.msg, "meta"));
+    snprintf(p, sizeof p, "%s/sb/vmt-bad-restore", state_dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+}
+
+/* One VM for the lot: exec, files, stats, snapshot + restore, fork with shared RAM, pause,
+ * adopt. */
+static void test_microvm(void **state)
+{
+    (void)state;
+    char out[4096], out2[512], mid_a[64], mid[64];
+    dsec_err err;
+    struct sbx *a = mk(&dsec_microvm_ops, mvm, "busybox:1");
+
+    /* exec: the environment's variables, workdir, the layer's busybox, a kernel of its own */
+    assert_int_equal(sh(a, "echo $DSEC_TEST $HOME; pwd; uname -r", out, sizeof out), 0);
+    assert_non_null(strstr(out, "yes /root"));
+    assert_non_null(strstr(out, "cloud-amd64"));
+    assert_int_equal(sh(a, "exit 7", NULL, 0), 7);
+    assert_int_equal(sh(a, "hostname", out, sizeof out), 0);
+    assert_string_equal(out, a->id);
+    assert_int_equal(sh(a, "cat /etc/machine-id", mid_a, sizeof mid_a), 0);
+    assert_int_equal(strlen(mid_a), 32);
+
+    /* files through the agent */
+    put_file(a, "/root/note", "before the snapshot\n");
+    dsec_file_data fd = {0};
+    if (dsec_microvm_ops.file_read(mvm, a->h, "/root/note", 0, 0, &fd, &err) < 0)
+        fail_msg("read: %s", err.msg);
+    assert_int_equal(fd.len, 20);
+    assert_memory_equal(fd.data, "before the snapshot\n", 20);
+    dsec_free(fd.data);
+    dsec_file_entry *ents = NULL;
+    size_t n = 0;
+    if (dsec_microvm_ops.file_list(mvm, a->h, "/root", &ents, &n, &err) < 0)
+        fail_msg("list: %s", err.msg);
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        found = found || strcmp(ents[i].name, "note") == 0;
+    dsec_file_entries_free(ents, n);
+    assert_true(found);
+    assert_int_equal(sh(a, "cat /root/note", out, sizeof out), 0);
+    assert_string_equal(out, "before the snapshot");
+
+    dsec_sandbox_stats st;
+    if (dsec_microvm_ops.stats(mvm, a->h, &st, &err) < 0)
+        fail_msg("stats: %s", err.msg);
+    assert_true(st.cpu_used_us > 0);
+    assert_true(st.memory_bytes > (16u << 20));
+    assert_true(st.disk_bytes > 0);
+
+    /* snapshot, then a restore sees the file; the original goes on on its own */
+    char snap[128];
+    snprintf(snap, sizeof snap, "%s/snap1", top);
+    uint64_t t0 = now_ms();
+    if (dsec_microvm_ops.snapshot(mvm, a->h, snap, NULL, &err) < 0)
+        fail_msg("snapshot: %s", err.msg);
+    fprintf(stderr, "test_vm: snapshot in %" PRIu64 " ms\n", now_ms() - t0);
+    put_file(a, "/root/after", "after\n");
+    struct sbx *b = sbx_new(&dsec_microvm_ops, mvm, "r");
+    dsec_sandbox_spec rs = {.id = b->id, .type = "microvm"};
+    t0 = now_ms();
+    if (dsec_microvm_ops.restore(mvm, &rs, snap, &b->h, &b->bstate, &err) < 0)
+        fail_msg("restore: %s", err.msg);
+    fprintf(stderr, "test_vm: restore in %" PRIu64 " ms\n", now_ms() - t0);
+    assert_int_equal(sh(b, "cat /root/note; hostname", out, sizeof out), 0);
+    snprintf(out2, sizeof out2, "before the snapshot\n%s", b->id);
+    assert_string_equal(out, out2);
+    assert_int_not_equal(sh(b, "test -e /root/after", NULL, 0), 0);
+    assert_int_equal(sh(b, "cat /etc/machine-id", mid, sizeof mid), 0);
+    assert_int_equal(strlen(mid), 32);
+    assert_string_not_equal(mid, mid_a);
+    assert_int_equal(sh(a, "cat /root/after", out, sizeof out), 0);
+    assert_string_equal(out, "after");
+    /* the snapshot may go: the clone holds what it maps */
+    assert_int_equal(host(NULL, 0, "rm -rf '%s'", snap), 0);
+    assert_int_equal(sh(b, "echo still", out, sizeof out), 0);
+    assert_string_equal(out, "still");
+
+    /* fork(2): the parent's file in both, identities and writes of their own */
+    struct sbx *c[2] = {sbx_new(&dsec_microvm_ops, mvm, "f"), sbx_new(&dsec_microvm_ops, mvm, "f")};
+    const char *ids[2] = {c[0]->id, c[1]->id};
+    dsec_sandbox *kids[2];
+    char *kstates[2];
+    t0 = now_ms();
+    if (dsec_microvm_ops.fork(mvm, a->h, ids, 2, kids, kstates, &err) < 0)
+        fail_msg("fork: %s", err.msg);
+    fprintf(stderr, "test_vm: fork of 2 in %" PRIu64 " ms\n", now_ms() - t0);
+    char mids[2][64];
+    for (int i = 0; i < 2; i++) {
+        c[i]->h = kids[i];
+        c[i]->bstate = kstates[i];
+        assert_int_equal(sh(c[i], "cat /root/note /root/after; hostname", out, sizeof out), 0);
+        snprintf(out2, sizeof out2, "before the snapshot\nafter\n%s", c[i]->id);
+        assert_string_equal(out, out2);
+        assert_int_equal(sh(c[i], "cat /etc/machine-id", mids[i], sizeof mids[i]), 0);
+        assert_string_not_equal(mids[i], mid_a);
+    }
+    assert_string_not_equal(mids[0], mids[1]);
+    put_file(c[0], "/root/only-c0", "c0\n");
+    assert_int_equal(sh(c[0], "cat /root/only-c0", out, sizeof out), 0);
+    assert_int_not_equal(sh(c[1], "test -e /root/only-c0", NULL, 0), 0);
+    assert_int_not_equal(sh(a, "test -e /root/only-c0", NULL, 0), 0);
+    /* the fork's snapshot is gone; the children hold its RAM file by links */
+    host(out, sizeof out, "ls '%s/forks' | wc -l", state_dir);
+    assert_int_equal(atoi(out), 0);
+
+    /* the two children share the pages of the RAM file they both map */
+    long rss[2], pss[2], total[2];
+    for (int i = 0; i < 2; i++) {
+        /* touch some memory in the guest first, so the numbers say something */
+        assert_int_equal(sh(c[i], "cat /bin/busybox > /dev/null; sync", NULL, 0), 0);
+        mapping_kb(qemu_pid(c[i]), "/base.mem", &rss[i], &pss[i], &total[i]);
+        fprintf(stderr,
+                "test_vm: clone %d guest RAM mapping: Rss %ld KiB, Pss %ld KiB; whole QEMU "
+                "Rss %ld KiB\n",
+                i, rss[i], pss[i], total[i]);
+        assert_true(rss[i] > 8 * 1024);
+        assert_true(pss[i] * 10 < rss[i] * 8);
+    }
+
+    /* pause frees QEMU; resume brings the same sandbox back */
+    put_file(c[1], "/root/paused", "kept\n");
+    pid_t before = qemu_pid(c[1]);
+    if (dsec_microvm_ops.pause(mvm, c[1]->h, &err) < 0)
+        fail_msg("pause: %s", err.msg);
+    assert_int_equal(procs_naming(c[1]->bstate), 0);
+    (void)before;
+    dsec_exec_req req = {.argv = (const char *[]){"/bin/true"}, .argc = 1};
+    dsec_exec_result res = {0};
+    assert_int_equal(dsec_microvm_ops.exec(mvm, c[1]->h, &req, &res, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    t0 = now_ms();
+    if (dsec_microvm_ops.resume(mvm, c[1]->h, &err) < 0)
+        fail_msg("resume: %s", err.msg);
+    fprintf(stderr, "test_vm: resume in %" PRIu64 " ms\n", now_ms() - t0);
+    assert_int_equal(sh(c[1], "cat /root/paused; hostname", out, sizeof out), 0);
+    snprintf(out2, sizeof out2, "kept\n%s", c[1]->id);
+    assert_string_equal(out, out2);
+
+    /* detach leaves QEMU running; adopt takes it back */
+    pid_t pa = qemu_pid(a);
+    dsec_microvm_ops.detach(mvm, a->h);
+    a->h = NULL;
+    assert_int_equal(kill(pa, 0), 0);
+    dsec_sandbox_spec as = {.id = a->id, .type = "microvm"};
+    if (dsec_microvm_ops.adopt(mvm, &as, a->bstate, &a->h, &err) < 0)
+        fail_msg("adopt: %s", err.msg);
+    assert_int_equal(sh(a, "cat /root/after", out, sizeof out), 0);
+    assert_string_equal(out, "after");
+
+    destroy(c[0]);
+    destroy(c[1]);
+    destroy(b);
+    destroy(a);
+    host(out, sizeof out, "ls '%s/sb' | wc -l", state_dir);
+    assert_int_equal(atoi(out), 0);
+}
+
+/* The q35 machine boots the same kit, here on no layers (the initrd's busybox world). */
+static void test_q35(void **state)
+{
+    (void)state;
+    void *be = NULL;
+    dsec_err err;
+    if (open_vm(&dsec_vm_ops, state_q35, kit, &be, &err) < 0)
+        fail_msg("vm backend: %s", err.msg);
+    struct sbx *s = sbx_new(&dsec_vm_ops, be, "q");
+    dsec_sandbox_spec spec = {.id = s->id, .type = "vm", .memory_mb = 256};
+    uint64_t t0 = now_ms();
+    if (dsec_vm_ops.create(be, &spec, &s->h, &s->bstate, &err) < 0)
+        fail_msg("create q35: %s", err.msg);
+    fprintf(stderr, "test_vm: q35 booted in %" PRIu64 " ms\n", now_ms() - t0);
+    char out[1024];
+    /* virtio devices on PCI (vendor 0x1af4), not on virtio-mmio */
+    assert_int_equal(sh(s, "cat /sys/bus/pci/devices/*/vendor | grep -c 0x1af4", out, sizeof out),
+                     0);
+    assert_true(atoi(out) >= 2); /* virtio-serial and the disk */
+    assert_int_equal(sh(s, "echo hello from q35 > /tmp/x; cat /tmp/x", out, sizeof out), 0);
+    assert_string_equal(out, "hello from q35");
+    destroy(s);
+    dsec_vm_ops.fini(be);
+    assert_int_equal(procs_naming(state_q35), 0);
+}
+
+/* With the node's network containment: the guest's eth0 gets the sandbox's address and route,
+ * and the node's resolver answers it (a name the policy does not allow is refused, which is
+ * an answer: the NIC, the tap and the redirects carry its traffic both ways). */
+static void test_network(void **state)
+{
+    (void)state;
+    char nd[128], sd[128], out[2048];
+    snprintf(nd, sizeof nd, "%s/net", top);
+    snprintf(sd, sizeof sd, "%s/state-net", top);
+    mkdir(nd, 0700);
+    const char *ups[] = {"127.0.0.1:9"};
+    dsec_net_conf c = {.state_dir = nd,
+                       .tag = 0xd9,
+                       .pool6 = "",
+                       .upstream = ups,
+                       .nupstream = 1,
+                       .warm = UINT32_MAX};
+    dsec_net *net = NULL;
+    dsec_err err;
+    if (dsec_net_new(&net, &c, &err) < 0)
+        fail_msg("net: %s", err.msg);
+    dsec_backend_kv opts[] = {{"vm_kit", kit}};
+    dsec_backend_config cfg = {
+        .state_dir = sd, .node = "vmtest", .opts = opts, .nopts = 1, .layers = reg, .net = net};
+    void *be = NULL;
+    if (dsec_microvm_ops.init(&be, &cfg, &err) < 0)
+        fail_msg("microvm backend with a network: %s", err.msg);
+    struct sbx *s = mk(&dsec_microvm_ops, be, "busybox:1");
+    assert_int_equal(sh(s, "ip -4 -o addr show dev eth0", out, sizeof out), 0);
+    fprintf(stderr, "test_vm: guest eth0: %s\n", out);
+    assert_non_null(strstr(out, "inet 100."));
+    assert_int_equal(sh(s, "ip route show default", out, sizeof out), 0);
+    assert_non_null(strstr(out, "default via"));
+    char dns[64] = "";
+    assert_int_equal(sh(s, "awk '/^nameserver/{print $2; exit}' /etc/resolv.conf", dns, sizeof dns),
+                     0);
+    assert_true(dns[0] != '\0');
+    sh(s, "nslookup not-allowed.example 2>&1", out, sizeof out);
+    fprintf(stderr, "test_vm: nslookup from the guest: %s\n", out);
+    assert_null(strstr(out, "timed out"));
+    assert_non_null(strstr(out, dns));
+    /* a policy change goes through to the sandbox's handle */
+    const char *pol[] = {"example.com"};
+    if (dsec_microvm_ops.net_set(be, s->h, pol, 1, &err) < 0)
+        fail_msg("net_set: %s", err.msg);
+    destroy(s);
+    dsec_microvm_ops.fini(be);
+    assert_int_equal(procs_naming(sd), 0);
+    dsec_net_stats ns;
+    dsec_net_stats_get(net, &ns);
+    assert_int_equal(ns.sandboxes, 0);
+    dsec_net_free(net, false);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_bad_input, need_vm),
+        cmocka_unit_test_setup(test_microvm, need_vm),
+        cmocka_unit_test_setup(test_q35, need_vm),
+        cmocka_unit_test_setup(test_network, need_vm),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,10 @@
+# QEMU backends (microvm, vm): real VMs under TCG (KVM when /dev/kvm exists) booting the VM kit
+# on a busybox layer built in the test (root: layer mounts; needs qemu-system-x86 and the kit).
+add_executable(test_vm test_vm.c)
+target_link_libraries(test_vm PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_vm PRIVATE DSEC_VMKIT_DIR="${CMAKE_BINARY_DIR}/vmkit")
+add_dependencies(test_vm vmkit)
+add_test(NAME vm COMMAND test_vm)
+# Boots several VMs (seconds each under TCG) and checks that no QEMU, directory or mount is left.
+set_tests_properties(vm PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host)
