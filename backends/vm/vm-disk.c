@@ -83,27 +83,49 @@ static bool building(struct vm_backend *be, const char *digest)
     return false;
 }
 
-static int build_image(struct vm_backend *be, const char *digest, const char *dir, const char *path,
-                       dsec_err *err)
+/* The image's digest, from the file beside it (or hashed and written there). */
+static int image_digest(const char *path, dsec_digest image, dsec_err *err)
 {
-    char tmp[PATH_MAX + 160];
+    char side[PATH_MAX + 176];
+    dsec__vm_fmt(side, sizeof side, "%s.sha256", path);
+    char *d = dsec__vm_read_file(side, sizeof(dsec_digest) + 8);
+    if (d != NULL) {
+        d[strcspn(d, "\n")] = '\0';
+        bool ok = dsec_digest_valid(d);
+        if (ok)
+            dsec__vm_fmt(image, sizeof(dsec_digest), "%s", d);
+        dsec_free(d);
+        if (ok)
+            return 0;
+    }
+    if (dsec_digest_file(path, image, err) < 0)
+        return dsec_err_wrap(err, "hashing %s", path);
+    FILE *f = fopen(side, "we");
+    if (f != NULL) {
+        fprintf(f, "%s\n", image);
+        fclose(f);
+    }
+    return 0;
+}
+
+static int build_image(struct vm_backend *be, const char *digest, const char *dir, const char *path,
+                       dsec_digest image, dsec_err *err)
+{
+    char tmp[PATH_MAX + 160], side[PATH_MAX + 176];
     dsec__vm_fmt(tmp, sizeof tmp, "%s.tmp", path);
+    dsec__vm_fmt(side, sizeof side, "%s.sha256", path);
     unlink(tmp);
-    /* uncompressed: guests read it under emulation, and one image serves every sandbox */
-    const char *argv[] = {"mkfs.erofs", "--quiet", "-T0", tmp, dir, NULL};
-    char out[1024];
-    int rc = dsec__vm_run(argv, out, sizeof out, err);
-    if (rc != 0) {
+    /* reproducible (sorted, fixed times and UUID) and uncompressed: one image serves every
+     * sandbox of the node, and a snapshot's guest finds the same bytes on any other node */
+    if (dsec_layer_build(dir, DSEC_LAYER_EROFS, NULL, 0, tmp, image, err) < 0) {
         unlink(tmp);
-        if (rc < 0)
-            return dsec_err_wrap(err,
-                                 "%s: making the EROFS image of layer %s (apt-get install "
-                                 "erofs-utils)",
-                                 be->type, digest);
-        one_line(out);
-        return dsec_err_set(err, DSEC_E_BACKEND, 0,
-                            "%s: mkfs.erofs of layer %s failed (status %d): %.300s", be->type,
-                            digest, rc, out);
+        return dsec_err_wrap(err, "%s: making the EROFS image of layer %s", be->type, digest);
+    }
+    FILE *f = fopen(side, "we");
+    if (f == NULL || fprintf(f, "%s\n", image) < 0 || fclose(f) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return dsec_err_set(err, DSEC_E_IO, e, "%s: writing %s", be->type, side);
     }
     if (rename(tmp, path) < 0) {
         int e = errno;
@@ -114,14 +136,14 @@ static int build_image(struct vm_backend *be, const char *digest, const char *di
 }
 
 int dsec__vm_image(struct vm_backend *be, const char *digest, const char *dir, char *out,
-                   size_t len, dsec_err *err)
+                   size_t len, dsec_digest image, dsec_err *err)
 {
     dsec__vm_fmt(out, len, "%s/%s.erofs", be->images, digest);
     pthread_mutex_lock(&be->lock);
     for (;;) {
         if (!building(be, digest) && access(out, F_OK) == 0) {
             pthread_mutex_unlock(&be->lock);
-            return 0;
+            return image_digest(out, image, err);
         }
         if (!building(be, digest))
             break;
@@ -139,7 +161,7 @@ int dsec__vm_image(struct vm_backend *be, const char *digest, const char *dir, c
     be->building[be->nbuilding++] = d;
     pthread_mutex_unlock(&be->lock);
 
-    int rc = build_image(be, digest, dir, out, err);
+    int rc = build_image(be, digest, dir, out, image, err);
 
     pthread_mutex_lock(&be->lock);
     for (size_t i = 0; i < be->nbuilding; i++)

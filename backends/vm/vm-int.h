@@ -36,7 +36,9 @@
 /* One layer of a sandbox's environment. */
 struct vm_layer {
     dsec_digest digest;
-    char *dir; /* the layer cache's directory, while held (dsec_malloc'd) */
+    char *dir;         /* the layer cache's directory, while held (dsec_malloc'd) */
+    dsec_digest image; /* the sha256 of its EROFS image here, once held */
+    dsec_digest want;  /* a snapshot's: the image its guest was reading ("" when unknown) */
 };
 
 /* What a sandbox runs with. */
@@ -163,9 +165,11 @@ int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err);
  * with err set when it could not start. */
 int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
 /* S/images/<digest>.erofs for a layer whose directory is dir, made once (concurrent callers
- * wait for one build). out receives the path. */
+ * wait for one build) with dsec_layer_build, so the same layer gives the same image bytes on
+ * every node (a restored guest keeps reading the blocks its page cache expects). out receives
+ * the path, image the image's own sha256 (kept beside it in <digest>.erofs.sha256). */
 int dsec__vm_image(struct vm_backend *be, const char *digest, const char *dir, char *out,
-                   size_t len, dsec_err *err);
+                   size_t len, dsec_digest image, dsec_err *err);
 /* Make sb's writable disk dir/disk.img: ext4 of size_mb, sparse, holding dsec/conf,
  * dsec/env, upper/ and work/ (the contract with the guest's init). */
 int dsec__vm_disk_make(const dsec_sandbox *sb, const char *conf, const char *envfile,

@@ -258,8 +258,13 @@ static void put_env(FILE *f, const struct vm_env *e)
     put_esc(f, "user", e->user);
     for (size_t i = 0; i < e->nvars; i++)
         put_esc(f, "var", e->vars[i]);
-    for (size_t i = 0; i < e->nlayers; i++)
-        fprintf(f, "layer %s\n", e->layers[i].digest);
+    /* with the image each layer's guest reads, when known: a snapshot's guest
+     * must find the same bytes wherever it is restored */
+    for (size_t i = 0; i < e->nlayers; i++) {
+        const struct vm_layer *l = &e->layers[i];
+        const char *img = l->image[0] != '\0' ? l->image : l->want;
+        fprintf(f, "layer %s%s%s\n", l->digest, img[0] != '\0' ? " " : "", img);
+    }
 }
 
 /* The machine fields both records share. */
@@ -292,8 +297,22 @@ static int rec_line(struct rec *r, const char *key, char *val, dsec_err *err)
         rc = set_str(&e->user, val);
     else if (strcmp(key, "var") == 0)
         return add_var(r->be, e, val, err);
-    else if (strcmp(key, "layer") == 0)
-        return add_layer(r->be, e, val, err);
+    else if (strcmp(key, "layer") == 0) {
+        /* "DIGEST [IMAGE-DIGEST]" */
+        char *img = strchr(val, ' ');
+        if (img != NULL)
+            *img++ = '\0';
+        if (add_layer(r->be, e, val, err) < 0)
+            return -1;
+        if (img != NULL) {
+            if (!dsec_digest_valid(img))
+                return dsec_err_set(err, DSEC_E_DECODE, 0,
+                                    "%s: layer %s names image \"%.80s\", not a digest",
+                                    r->be->type, val, img);
+            dsec__vm_fmt(e->layers[e->nlayers - 1].want, sizeof(dsec_digest), "%s", img);
+        }
+        return 0;
+    }
     else if (strcmp(key, "type") == 0)
         dsec__vm_fmt(r->type, sizeof r->type, "%s", val);
     else if (strcmp(key, "mem_mb") == 0)
@@ -687,7 +706,13 @@ static int hold_layers(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
         if (dsec_layer_cache_acquire(be->cache, l->digest, &l->dir, err) < 0)
             return dsec_err_wrap(err, "%s: layer %s", be->type, l->digest);
         char img[PATH_MAX + 128];
-        if (dsec__vm_image(be, l->digest, l->dir, img, sizeof img, err) < 0) {
+        int rc = dsec__vm_image(be, l->digest, l->dir, img, sizeof img, l->image, err);
+        if (rc == 0 && l->want[0] != '\0' && strcmp(l->want, l->image) != 0)
+            rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                              "%s: the image of layer %s here (%s) is not the one the "
+                              "snapshot's guest was reading (%s): it cannot resume on it",
+                              be->type, l->digest, l->image, l->want);
+        if (rc < 0) {
             dsec_layer_cache_release(be->cache, l->digest);
             dsec_free(l->dir);
             l->dir = NULL;
