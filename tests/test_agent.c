@@ -1158,8 +1158,8 @@ static void test_connect_timeout(void **state)
 
 /* ---- SYNC: a fresh start on a channel that may hold an earlier client's bytes ------------------ */
 
-/* A scripted peer on a unix socket: greets, reads the client's SYNC, then answers it the way
- * the mode says, then serves one FSTAT-less exchange: it answers any frame with OK id 77. */
+/* A scripted peer on a unix socket: greets, answers each SYNC the way the mode says, and then
+ * the first other request with OK (its id). */
 enum { PEER_STALE = 1, PEER_OLD_AGENT, PEER_WRONG_NONCE };
 struct peer {
     int lfd, mode;
@@ -1182,39 +1182,46 @@ static void *peer_main(void *arg)
         return NULL;
     uint8_t hello[8];
     dsec__agent_put_u32(dsec__agent_put_u32(hello, DSEC__AGENT_VERSION), DSEC__AGENT_FRAME_MAX);
-    put_frame(fd, DSEC__AGENT_T_HELLO, 0, hello, sizeof hello);
-    uint8_t sync[DSEC__AGENT_HDR];
-    if (read(fd, sync, sizeof sync) != (ssize_t)sizeof sync || sync[4] != DSEC__AGENT_T_SYNC) {
-        close(fd);
-        return NULL;
-    }
-    pe->nonce = dsec__agent_get_u32le(sync + 5);
-    if (pe->mode == PEER_STALE) {
-        /* an earlier client's answer cut in half, a whole one, then the greeting */
-        uint8_t junk[40];
-        uint8_t *p = dsec__agent_put_hdr(junk, DSEC__AGENT_T_OUTPUT, 5, 200);
-        memset(p, 0xab, sizeof junk - DSEC__AGENT_HDR);
-        assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
-        uint8_t v[8] = {0};
-        put_frame(fd, DSEC__AGENT_T_OK, 6, v, sizeof v);
-        put_frame(fd, DSEC__AGENT_T_HELLO, pe->nonce, hello, sizeof hello);
-    } else if (pe->mode == PEER_OLD_AGENT) {
-        /* an agent from before SYNC: "unknown request type 23" */
-        uint8_t e[64];
-        const char *msg = "unknown request type 23";
-        uint8_t *p = dsec__agent_put_u32(e, DSEC__AGENT_ERR_UNSUPPORTED);
-        p = dsec__agent_put_u32(p, 0);
-        p = dsec__agent_put_bytes(p, msg, strlen(msg));
-        put_frame(fd, DSEC__AGENT_T_ERROR, pe->nonce, e, (size_t)(p - e));
-    } else {
-        put_frame(fd, DSEC__AGENT_T_HELLO, pe->nonce ^ 1, hello, sizeof hello);
-    }
-    /* the first request after the handshake gets OK with its own id */
-    uint8_t req[DSEC__AGENT_HDR + 512];
-    ssize_t n = read(fd, req, sizeof req);
-    if (n >= (ssize_t)DSEC__AGENT_HDR) {
-        uint8_t v[8] = {0};
-        put_frame(fd, DSEC__AGENT_T_OK, dsec__agent_get_u32le(req + 5), v, sizeof v);
+    put_frame(fd, DSEC__AGENT_T_HELLO, 0, hello, sizeof hello); /* the greeting on arrival */
+    /* answer every SYNC the way the mode says; the first other request gets OK with its id */
+    for (int syncs = 0;; syncs++) {
+        uint8_t req[DSEC__AGENT_HDR + 512];
+        ssize_t n = read(fd, req, DSEC__AGENT_HDR);
+        if (n != (ssize_t)DSEC__AGENT_HDR)
+            break;
+        uint32_t flen = dsec__agent_get_u32le(req);
+        uint32_t id = dsec__agent_get_u32le(req + 5);
+        if (flen > 5 && flen - 5 < sizeof req - DSEC__AGENT_HDR &&
+            read(fd, req + DSEC__AGENT_HDR, flen - 5) != (ssize_t)(flen - 5))
+            break;
+        if (req[4] != DSEC__AGENT_T_SYNC) {
+            uint8_t v[8] = {0};
+            put_frame(fd, DSEC__AGENT_T_OK, id, v, sizeof v);
+            break;
+        }
+        pe->nonce = id;
+        if (pe->mode == PEER_STALE) {
+            if (syncs == 0) {
+                /* an earlier client's answer cut in half, then a whole one */
+                uint8_t junk[40];
+                uint8_t *p = dsec__agent_put_hdr(junk, DSEC__AGENT_T_OUTPUT, 5, 200);
+                memset(p, 0xab, sizeof junk - DSEC__AGENT_HDR);
+                assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+                uint8_t v[8] = {0};
+                put_frame(fd, DSEC__AGENT_T_OK, 6, v, sizeof v);
+            }
+            put_frame(fd, DSEC__AGENT_T_HELLO, id, hello, sizeof hello);
+        } else if (pe->mode == PEER_OLD_AGENT) {
+            /* an agent from before SYNC: "unknown request type 23" */
+            uint8_t e[64];
+            const char *msg = "unknown request type 23";
+            uint8_t *p = dsec__agent_put_u32(e, DSEC__AGENT_ERR_UNSUPPORTED);
+            p = dsec__agent_put_u32(p, 0);
+            p = dsec__agent_put_bytes(p, msg, strlen(msg));
+            put_frame(fd, DSEC__AGENT_T_ERROR, id, e, (size_t)(p - e));
+        } else {
+            put_frame(fd, DSEC__AGENT_T_HELLO, id ^ 1, hello, sizeof hello);
+        }
     }
     usleep(200000);
     close(fd);

@@ -337,7 +337,7 @@ static int connect_once(const char *path)
 }
 
 /* Start a fresh exchange on a just-connected a: send SYNC with a random nonce and discard every
- * byte until the HELLO that carries it. On a virtio-serial port the bytes before it may be
+ * byte until the HELLO that carries the latest one. On a virtio-serial port the bytes before it may be
  * what the agent still had queued for an earlier client, even half a frame, so they are
  * scanned as raw bytes, never parsed. An agent older than SYNC answers it with an
  * "unsupported" ERROR carrying the nonce; it only ever served sockets, where a connection is
@@ -345,24 +345,41 @@ static int connect_once(const char *path)
  * DSEC_E_CLOSED or DSEC_E_UNSUPPORTED (protocol version). */
 static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_err *err)
 {
-    uint32_t nonce = 0;
-    while (nonce == 0)
-        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-            nonce = (uint32_t)now_ms() ^ (uint32_t)getpid() ^ 0x5a5a5a5au;
-    uint8_t sync[DSEC__AGENT_HDR];
-    dsec__agent_put_hdr(sync, DSEC__AGENT_T_SYNC, nonce, 0);
-    if (send_all(a, sync, sizeof sync, deadline, err) < 0)
-        return -1;
-    uint8_t tag[5] = {DSEC__AGENT_T_HELLO};
-    dsec__agent_put_u32(tag + 1, nonce);
-    uint8_t etag[5] = {DSEC__AGENT_T_ERROR};
-    dsec__agent_put_u32(etag + 1, nonce);
+    uint8_t tag[5] = {DSEC__AGENT_T_HELLO}, etag[5] = {DSEC__AGENT_T_ERROR};
+    /* the greeting an agent sends on its own when a client arrives (id 0) */
+    static const uint8_t greet[9] = {13, 0, 0, 0, DSEC__AGENT_T_HELLO, 0, 0, 0, 0};
     uint8_t win[65536 + 32];
     size_t have = 0;
+    bool resync = true;
     for (;;) {
+        /* A SYNC with a fresh nonce: first, and again whenever the agent greets on its own. A
+         * greeting means it has just started serving this channel, and an agent starting on a
+         * virtio-serial port discards what was sent before, our SYNC included. Answers to
+         * earlier SYNCs come before the latest one's and are skipped like any stale byte. */
+        if (resync) {
+            uint32_t nonce = 0;
+            while (nonce == 0)
+                if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+                    nonce = (uint32_t)now_ms() ^ (uint32_t)getpid() ^ 0x5a5a5a5au;
+            uint8_t sync[DSEC__AGENT_HDR];
+            dsec__agent_put_hdr(sync, DSEC__AGENT_T_SYNC, nonce, 0);
+            if (send_all(a, sync, sizeof sync, deadline, err) < 0)
+                return -1;
+            dsec__agent_put_u32(tag + 1, nonce);
+            dsec__agent_put_u32(etag + 1, nonce);
+            resync = false;
+        }
         /* a hit at i means a frame starts at i - 4 */
         for (size_t i = 4; i + 5 <= have; i++) {
             uint32_t flen = dsec__agent_get_u32le(win + i - 4);
+            if (i + 9 <= have && memcmp(win + i - 4, greet, sizeof greet) == 0) {
+                /* drop everything up to it, so it is not seen again */
+                size_t used = i + 13 <= have ? i + 13 : i + 5;
+                memmove(win, win + used, have - used);
+                have -= used;
+                resync = true;
+                break;
+            }
             if (memcmp(win + i, tag, 5) == 0 && flen == 13 && i + 13 <= have) {
                 uint32_t version = dsec__agent_get_u32le(win + i + 5);
                 if (version != DSEC__AGENT_VERSION)
@@ -396,6 +413,8 @@ static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_e
                 return 0;
             }
         }
+        if (resync)
+            continue;
         /* keep a tail that may hold the start of the HELLO */
         if (have > 16) {
             memmove(win, win + have - 16, 16);
