@@ -7,3 +7,12 @@ target_compile_definitions(test_agent PRIVATE DSEC_AGENT_PATH="$<TARGET_FILE:dse
 add_dependencies(test_agent dsec-agent)
 add_test(NAME agent COMMAND test_agent)
 set_tests_properties(agent PROPERTIES TIMEOUT 180 SKIP_RETURN_CODE 77)
+
+# The agent client's fuzz corpus (fuzz/fuzz_agent_client.c: forged answers from a hostile agent),
+# replayed in every build.
+add_executable(fuzz_agent_client_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent_client.c
+  ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
+target_link_libraries(fuzz_agent_client_replay PRIVATE dsec_backends dsec_common Threads::Threads
+  dsec_warnings dsec_allocator)
+add_test(NAME agent_client_fuzz_corpus
+  COMMAND fuzz_agent_client_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent_client)

@@ -437,6 +437,30 @@ static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_e
     }
 }
 
+int dsec__agent_from_fd(dsec_agent **out, int fd, const char *name, uint64_t timeout_ms,
+                        dsec_err *err)
+{
+    *out = NULL;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return dsec_err_set(err, DSEC_E_IO, e, "agent connection %s: %s", name, strerror(e));
+    }
+    dsec_agent *a = dsec_calloc(1, sizeof *a);
+    if (a == NULL) {
+        close(fd);
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "agent connection");
+    }
+    a->fd = fd;
+    if (sync_hello(a, name, now_ms() + timeout_ms, err) < 0) {
+        dsec_agent_free(a);
+        return -1;
+    }
+    *out = a;
+    return 0;
+}
+
 int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err)
 {
     if (out == NULL || path == NULL || path[0] == 0)

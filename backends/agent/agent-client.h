@@ -36,6 +36,11 @@ typedef struct dsec_agent dsec_agent;
  * sun_path allows (the client goes through a directory fd). *out is owned by
  * the caller and freed with dsec_agent_free. */
 int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err);
+/* Internal (tests and the fuzz harness): the same handshake as dsec_agent_connect on an
+ * already-connected stream socket fd, which the new connection owns from the call on (closed
+ * on failure too). */
+int dsec__agent_from_fd(dsec_agent **out, int fd, const char *name, uint64_t timeout_ms,
+                        dsec_err *err);
 /* Close the connection (the agent and its commands keep running). NULL is a no-op. */
 void dsec_agent_free(dsec_agent *a);
 /* Whether a failed call left the connection unusable (lost, timed out, out of step); later
