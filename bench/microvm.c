@@ -237,8 +237,8 @@ static double raw_boot_ms(const char *kit, const char *initrd, const char *appen
         execlp("qemu-system-x86_64", "qemu-system-x86_64", "-M",
                "microvm,x-option-roms=off,isa-serial=on,rtc=off,memory-backend=mem", "-object",
                ramobj, "-m", mem, "-cpu", "max", "-accel", accel, "-nodefaults", "-no-user-config",
-               "-nographic", "-kernel", kernel, "-initrd", initrd, "-append",
-               "console=ttyS0 panic=-1 reboot=t quiet", "-serial", "stdio", (char *)NULL);
+               "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd, "-append",
+               append, "-serial", "stdio", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -259,8 +259,8 @@ static double raw_boot_ms(const char *kit, const char *initrd, const char *appen
             }
             acc[used++] = buf[i];
         }
-        acc[used] = '\0';
-        if (strstr(acc, "DSEC-RAW-INIT") != NULL)
+        /* the console's bytes may hold NULs: search by length */
+        if (memmem(acc, used, "DSEC-RAW-INIT", 13) != NULL)
             t = now_ms() - t0;
     }
     close(pfd[0]);
