@@ -392,6 +392,14 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(err.msg, "meta"));
     snprintf(p, sizeof p, "%s/sb/vmt-bad-restore", state_dir);
     assert_int_not_equal(access(p, F_OK), 0);
+    /* a path QEMU's migration shell would misread is refused before anything starts */
+    char quoted[256];
+    snprintf(quoted, sizeof quoted, "%s/it's'; touch %s/owned; '", top, top);
+    assert_int_equal(dsec_microvm_ops.restore(mvm, &spec3, quoted, &h, &bs, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "quote"));
+    snprintf(p, sizeof p, "%s/owned", top);
+    assert_int_not_equal(access(p, F_OK), 0);
 }
 
 /* One VM for the lot: exec, files, stats, snapshot + restore, fork with shared RAM, pause,

@@ -107,6 +107,11 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
     av_add(a, "%u", sb->smp);
     av_add(a, "-m");
     av_add(a, "%" PRIu64 "M", sb->mem_mb);
+    /* QEMU's own seccomp filter: a guest that breaks into the emulator still cannot use
+     * obsolete system calls, gain privileges or change scheduling and limits (spawning stays
+     * allowed: migration to and from files goes through "exec:cat") */
+    av_add(a, "-sandbox");
+    av_add(a, "on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny");
     av_add(a, "-nodefaults");
     av_add(a, "-no-user-config");
     av_add(a, "-nographic");

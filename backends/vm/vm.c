@@ -1500,6 +1500,14 @@ static int check_dir_path(const struct vm_backend *be, const char *path, dsec_er
                             be->type);
     if (strlen(path) > PATH_MAX - 64)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: the snapshot path is too long", be->type);
+    /* QEMU hands the state file's path to a shell (migration "exec:cat '<path>/state'") */
+    for (const char *c = path; *c != '\0'; c++)
+        if (*c == '\'' || *c == '"' || *c == '\\' || *c == '$' || *c == '`' ||
+            (unsigned char)*c < 0x20 || *c == 0x7f)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "%s: the snapshot path \"%.200s\" holds a quote, backslash, $, ` "
+                                "or control character",
+                                be->type, path);
     return 0;
 }
 
