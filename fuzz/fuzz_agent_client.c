@@ -62,7 +62,8 @@ static void *peer_main(void *arg)
     uint8_t *w = dsec__agent_put_hdr(hello, DSEC__AGENT_T_HELLO, nonce, 8);
     w = dsec__agent_put_u32(w, DSEC__AGENT_VERSION);
     dsec__agent_put_u32(w, DSEC__AGENT_FRAME_MAX);
-    if (write(p->fd, hello, sizeof hello) != (ssize_t)sizeof hello)
+    /* MSG_NOSIGNAL: the client may hang up on a bad answer while the rest is still going out */
+    if (send(p->fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello)
         return NULL;
     /* the input goes out once the first request came: the handshake is over by then, and
      * the bytes are answers, not stale input for the handshake's scan to skip */
@@ -79,7 +80,7 @@ static void *peer_main(void *arg)
                 memcpy(copy + i, le, 4);
         size_t off = 0;
         while (off < p->size) {
-            ssize_t n = write(p->fd, copy + off, p->size - off);
+            ssize_t n = send(p->fd, copy + off, p->size - off, MSG_NOSIGNAL);
             if (n <= 0)
                 break;
             off += (size_t)n;
