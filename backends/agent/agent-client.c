@@ -112,6 +112,26 @@ static int send_all(dsec_agent *a, const uint8_t *p, size_t n, uint64_t deadline
     return 0;
 }
 
+/* Receive at least one byte into buf (at most len), waiting until deadline. Returns the count,
+ * or -1 with err set (DSEC_E_CLOSED when the agent hung up or the socket failed). */
+static ssize_t recv_some(dsec_agent *a, void *buf, size_t len, uint64_t deadline, dsec_err *err)
+{
+    for (;;) {
+        ssize_t n = recv(a->fd, buf, len, 0);
+        if (n > 0)
+            return n;
+        if (n == 0)
+            return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN)
+            return dsec_err_set(err, DSEC_E_CLOSED, errno, "receiving from the agent: %s",
+                                strerror(errno));
+        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+            return -1;
+    }
+}
+
 /* The next frame. payload stays valid until the next call on a. */
 static int recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint32_t *id,
                       const uint8_t **payload, size_t *plen, dsec_err *err)
@@ -150,20 +170,10 @@ static int recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint32_t 
             a->buf = nb;
             a->cap = want;
         }
-        ssize_t n = recv(a->fd, a->buf + a->len, a->cap - a->len, 0);
-        if (n > 0) {
-            a->len += (size_t)n;
-            continue;
-        }
-        if (n == 0)
-            return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
-            return dsec_err_set(err, DSEC_E_CLOSED, errno, "receiving from the agent: %s",
-                                strerror(errno));
-        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+        ssize_t n = recv_some(a, a->buf + a->len, a->cap - a->len, deadline, err);
+        if (n < 0)
             return -1;
+        a->len += (size_t)n;
     }
 }
 
@@ -397,18 +407,11 @@ static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_e
                 rest -= take;
                 while (rest > 0) {
                     uint8_t junk[4096];
-                    ssize_t n = recv(a->fd, junk, rest < sizeof junk ? rest : sizeof junk, 0);
-                    if (n > 0) {
-                        rest -= (size_t)n;
-                    } else if (n == 0) {
-                        return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
-                    } else if (errno != EINTR) {
-                        if (errno != EAGAIN)
-                            return dsec_err_set(err, DSEC_E_CLOSED, errno,
-                                                "receiving from the agent: %s", strerror(errno));
-                        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
-                            return -1;
-                    }
+                    ssize_t n = recv_some(a, junk, rest < sizeof junk ? rest : sizeof junk,
+                                          deadline, err);
+                    if (n < 0)
+                        return -1;
+                    rest -= (size_t)n;
                 }
                 return 0;
             }
@@ -420,20 +423,10 @@ static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_e
             memmove(win, win + have - 16, 16);
             have = 16;
         }
-        ssize_t n = recv(a->fd, win + have, sizeof win - have, 0);
-        if (n > 0) {
-            have += (size_t)n;
-            continue;
-        }
-        if (n == 0)
-            return dsec_err_set(err, DSEC_E_CLOSED, 0, "the agent closed the connection");
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
-            return dsec_err_set(err, DSEC_E_CLOSED, errno, "receiving from the agent: %s",
-                                strerror(errno));
-        if (wait_fd(a->fd, POLLIN, deadline, err) < 0)
+        ssize_t n = recv_some(a, win + have, sizeof win - have, deadline, err);
+        if (n < 0)
             return -1;
+        have += (size_t)n;
     }
 }
 
