@@ -27,6 +27,7 @@ struct dsec_cell {
     size_t nscheds;
     dsec_traj *traj;
     dsec_arbiter *arbiter;
+    dsec_quota *quota;
     dsec_layer_registry *layers; /* handed to the node managers' backends */
 };
 
@@ -332,7 +333,8 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 {
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
-                                      "scheduler", "arbiter", "trajectory", "reports", "layers", "net", "nodes", NULL};
+                                      "scheduler", "arbiter", "quota", "trajectory", "reports", "layers", "net",
+                                      "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -396,6 +398,15 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         load_u32(cfg, ar, "lease_ms", &c->arbiter_lease_ms, 300, 600000, err) < 0 ||
         load_u32(cfg, ar, "grace_ms", &c->arbiter_grace_ms, 1, 3600000, err) < 0 ||
         load_u32(cfg, ar, "max_evictions_per_min", &c->arbiter_max_per_min, 1, 1000000, err) < 0)
+        return -1;
+
+    const dsec_cfg_node *qu = dsec_cfg_get(root, "quota");
+    static const char *const q_keys[] = {"enabled", "pending_ms", "reload_ms", "replicas", NULL};
+    if (dsec_cfg_expect(cfg, qu, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, qu, q_keys, err) < 0 ||
+        dsec_cfg_bool(cfg, qu, "enabled", c->quota, &c->quota, err) < 0 ||
+        load_u32(cfg, qu, "pending_ms", &c->quota_pending_ms, 1000, 3600000, err) < 0 ||
+        load_u32(cfg, qu, "reload_ms", &c->quota_reload_ms, 100, 3600000, err) < 0 ||
+        load_unsigned(cfg, qu, "replicas", &c->quota_replicas, 0, 5, err) < 0)
         return -1;
 
     const dsec_cfg_node *tj = dsec_cfg_get(root, "trajectory");
@@ -513,11 +524,13 @@ int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err)
             *roles |= DSEC_ROLE_NODE;
         else if (strcmp(t, "arbiter") == 0)
             *roles |= DSEC_ROLE_ARBITER;
+        else if (strcmp(t, "quota") == 0)
+            *roles |= DSEC_ROLE_QUOTA;
         else if (strcmp(t, "all") == 0)
-            *roles |= DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER;
+            *roles |= DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER | DSEC_ROLE_QUOTA;
         else
             return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                                "role \"%s\" is unknown (known: scheduler, node, arbiter, all)", t);
+                                "role \"%s\" is unknown (known: scheduler, node, arbiter, quota, all)", t);
     }
     if (*roles == 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "no roles given (use --roles scheduler,node)");
@@ -657,6 +670,17 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             c->nnodes++;
         }
     }
+    /* the quota actor before the schedulers: their first creates ask it */
+    if ((roles & DSEC_ROLE_QUOTA) && conf->quota) {
+        uint32_t pend = conf->quota_pending_ms;
+        if (pend == 0)
+            pend = conf->wait_ms + 30000u > 60000u ? conf->wait_ms + 30000u : 60000u;
+        dsec_quota_conf qc = {.cell = conf->cell, .replicas = (int)conf->quota_replicas,
+                              .full_ms = conf->full_ms, .pending_ms = pend,
+                              .reload_ms = conf->quota_reload_ms};
+        if (dsec_quota_start(&c->quota, c->bus, &qc, err) < 0)
+            goto out_fail;
+    }
     if ((roles & DSEC_ROLE_SCHEDULER) && conf->sched_replicas > 0) {
         c->scheds = dsec_calloc(conf->sched_replicas, sizeof *c->scheds);
         if (c->scheds == NULL) {
@@ -670,7 +694,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                   .summary_ms = conf->summary_ms,
                                   .default_cpu_milli = conf->default_cpu_milli,
                                   .default_memory_mb = conf->default_memory_mb,
-                                  .wait_ms = conf->wait_ms};
+                                  .wait_ms = conf->wait_ms, .quota = conf->quota};
             if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
                 goto out_fail;
             c->nscheds++;
@@ -718,6 +742,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     dsec_arbiter_stop(c->arbiter, true);
     for (size_t i = 0; i < c->nscheds; i++)
         dsec_sched_stop(c->scheds[i]);
+    dsec_quota_stop(c->quota);
     for (size_t i = 0; i < c->nnodes; i++)
         dsec_node_stop(c->nodes[i], destroy);
     if (c->bus != NULL) {
@@ -739,6 +764,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
 const char *dsec_cell_url(const dsec_cell *c) { return c->conf.url; }
 dsec_bus *dsec_cell_bus(dsec_cell *c) { return c->bus; }
 dsec_arbiter *dsec_cell_arbiter(dsec_cell *c) { return c->arbiter; }
+dsec_quota *dsec_cell_quota(dsec_cell *c) { return c->quota; }
 size_t dsec_cell_node_count(const dsec_cell *c) { return c->nnodes; }
 dsec_node *dsec_cell_node_at(dsec_cell *c, size_t i) { return i < c->nnodes ? c->nodes[i] : NULL; }
 size_t dsec_cell_sched_count(const dsec_cell *c) { return c->nscheds; }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "actors/arbiter.h"
+#include "actors/quota.h"
 #include "actors/node.h"
 #include "actors/scheduler.h"
 #include "dsec/err.h"
@@ -59,6 +60,10 @@ typedef struct dsec_cell_conf {
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
     uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
+    bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */
+    uint32_t quota_pending_ms;  /* 0: max(60000, wait_ms + 30000) */
+    uint32_t quota_reload_ms;   /* 0: 10000 */
+    unsigned quota_replicas;    /* of the DSEC_QUOTAS bucket; 0: 1 */
     uint64_t pause_idle_ms;    /* nodes freeze pausable rollouts idle this long... */
     uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */
     int64_t traj_retention_s;  /* trajectory log retention; 0: 7 days */
@@ -86,8 +91,9 @@ int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n
                                  const char *time_scale, dsec_err *err);
 void dsec_cell_conf_release(dsec_cell_conf *c);
 
-enum { DSEC_ROLE_SCHEDULER = 1, DSEC_ROLE_NODE = 2, DSEC_ROLE_ARBITER = 4 };
-/* Parse "scheduler,node,arbiter" into DSEC_ROLE_* bits ("all" is every role). */
+enum { DSEC_ROLE_SCHEDULER = 1, DSEC_ROLE_NODE = 2, DSEC_ROLE_ARBITER = 4, DSEC_ROLE_QUOTA = 8 };
+/* Parse "scheduler,node,arbiter,quota" into DSEC_ROLE_* bits ("all" is
+ * every role; the quota actor runs only where quota.enabled is set). */
 int dsec_cell_roles_parse(const char *s, int *roles, dsec_err *err);
 
 typedef struct dsec_cell dsec_cell;
@@ -105,5 +111,7 @@ size_t dsec_cell_sched_count(const dsec_cell *c);
 dsec_sched *dsec_cell_sched_at(dsec_cell *c, size_t i);
 /* The arbiter hosted here (role "arbiter"), or NULL. */
 dsec_arbiter *dsec_cell_arbiter(dsec_cell *c);
+/* The quota actor hosted here (role "quota" with quota.enabled), or NULL. */
+dsec_quota *dsec_cell_quota(dsec_cell *c);
 
 #endif

@@ -47,6 +47,7 @@ struct sbx {
     uint32_t mem_owed;     /* MB it could not take back when thawed (memory was short) */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char tenant[DSEC_NAME_LEN_MAX + 1];
+    char project[DSEC_NAME_LEN_MAX + 1]; /* "" when the create named none */
     char req_id[65];
 };
 
@@ -62,6 +63,9 @@ struct hold {
 struct event {
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char tenant[DSEC_NAME_LEN_MAX + 1];
+    char project[DSEC_NAME_LEN_MAX + 1];
+    char req_id[65];
+    uint32_t cpu_milli, memory_mb;
     uint8_t state, prev, type_idx;
     uint64_t ts_ns;
     char reason[96];
@@ -91,6 +95,7 @@ struct dsec_node {
     struct sbx **by_id;
     struct sbx **by_req;
     size_t nbuckets;
+    pthread_mutex_t report_mu; /* one capacity report at a time, events before it */
     uint64_t live;
     uint64_t live_by_type[DSEC_REGISTRY_MAX];
     uint64_t cpu_free, mem_free, slots_free;
@@ -195,6 +200,10 @@ static void event_locked(dsec_node *n, const struct sbx *s, int prev, int state,
     struct event *e = &n->events[n->nevents++];
     memcpy(e->id, s->id, sizeof e->id);
     memcpy(e->tenant, s->tenant, sizeof e->tenant);
+    memcpy(e->project, s->project, sizeof e->project);
+    memcpy(e->req_id, s->req_id, sizeof e->req_id);
+    e->cpu_milli = s->cpu_milli;
+    e->memory_mb = s->memory_mb;
     e->prev = (uint8_t)prev;
     e->state = (uint8_t)state;
     e->type_idx = s->type_idx;
@@ -219,13 +228,16 @@ static const char *type_name(const dsec_node *n, int idx)
     return c ? c->type : "?";
 }
 
-/* Fields separated by 0x1f; backend_state last (it may hold anything but NUL). */
+/* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
+ * Version 2 adds the project after the state; version 1 records (no
+ * project) are still read. */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len, "1\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s",
+    return snprintf(buf, len, "2\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%s",
                     s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
-                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->bstate ? s->bstate : "");
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
+                    s->bstate ? s->bstate : "");
 }
 
 static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -354,6 +366,13 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_wire_error_to(a, n->bus, p.reply_to, &err, "req_id", p.c.req_id);
         return;
     }
+    if (p.c.project != NULL && p.c.project[0] && dsec_project_ok(p.c.project, DSEC_NAME_LEN_MAX) < 0) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0,
+                     "project \"%.64s\": names of [A-Za-z0-9_-] joined by '/', at most 64 characters",
+                     p.c.project);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "project", p.c.req_id);
+        return;
+    }
     const char *tname = p.c.type ? p.c.type : "";
     int tidx = dsec_registry_find(n->reg, tname);
     if (tidx < 0 || !(n->offered & (1u << tidx)) || n->backends[tidx] == NULL) {
@@ -422,6 +441,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     n->dirty = true;
     new_id(n, s->id, sizeof s->id);
     snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
+    snprintf(s->project, sizeof s->project, "%s", p.c.project ? p.c.project : "");
     snprintf(s->req_id, sizeof s->req_id, "%s", p.c.req_id);
     s->type_idx = (uint8_t)tidx;
     s->cpu_milli = (uint32_t)cpu;
@@ -942,6 +962,7 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
                                 .idle_ns = s->idle_ns, .state = ST_STARTING};
         new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
+        memcpy(kids[i]->project, s->project, sizeof s->project);
         ids[i] = kids[i]->id;
     }
     pthread_mutex_lock(&n->mu);
@@ -1328,7 +1349,50 @@ static uint64_t key_of(const dsec_msg *cm, void *ud)
 
 /* ---- reports ---------------------------------------------------------------- */
 
-static void publish_capacity(dsec_node *n, bool full, uint64_t now)
+/* What each (tenant, project) holds here, for the quota actors: collected
+ * under the node lock together with taking the queued events, so the events
+ * that leave before a full report are exactly those the report includes. */
+struct usage_set {
+    dsec_msg_usage *v; /* open-addressed by (tenant, project); strings point into sandboxes */
+    size_t cap, n;
+};
+
+static void usage_collect_locked(dsec_node *n, struct usage_set *u)
+{
+    size_t cap = 16;
+    while (cap < n->live * 2 + 1)
+        cap *= 2;
+    u->v = dsec_calloc(cap, sizeof *u->v);
+    u->cap = u->v ? cap : 0;
+    u->n = 0;
+    for (size_t b = 0; u->v && b < n->nbuckets; b++)
+        for (struct sbx *s = n->by_id[b]; s; s = s->next_id) {
+            size_t i = hash_str(s->tenant, s->project) & (cap - 1);
+            while (u->v[i].tenant &&
+                   (strcmp(u->v[i].tenant, s->tenant) != 0 || strcmp(u->v[i].project, s->project) != 0))
+                i = (i + 1) & (cap - 1);
+            if (u->v[i].tenant == NULL) {
+                u->v[i].tenant = s->tenant;
+                u->v[i].project = s->project;
+                u->n++;
+            }
+            u->v[i].sandboxes++;
+            u->v[i].cpu_milli += s->cpu_milli;
+            u->v[i].memory_mb += s->memory_mb;
+        }
+    /* pack: the report lists them in a row; "" projects travel as absent */
+    size_t k = 0;
+    for (size_t i = 0; i < u->cap; i++)
+        if (u->v[i].tenant) {
+            u->v[k] = u->v[i];
+            if (u->v[k].project[0] == '\0')
+                u->v[k].project = NULL;
+            k++;
+        }
+    u->n = k;
+}
+
+static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct usage_set *u)
 {
     pthread_mutex_lock(&n->mu);
     dsec_msg_capacity c = {.node = n->name, .cell = n->cell, .seq = ++n->seq, .full = full,
@@ -1365,6 +1429,7 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now)
             lv[i] = n->labels[i].value;
         }
         c.labels = (dsec_kv){lk, lv, (uint32_t)nl};
+        c.usage = (dsec_list){u->v, (uint32_t)u->n};
         n->last_full_ns = now;
     }
     char subj[256];
@@ -1374,14 +1439,9 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now)
         dsec_actor_count_error(n->actor);
 }
 
-static void flush_events(dsec_node *n)
+/* Send the events taken from the queue (and free them). */
+static void send_events(dsec_node *n, struct event *ev, size_t ne)
 {
-    pthread_mutex_lock(&n->mu);
-    struct event *ev = n->events;
-    size_t ne = n->nevents;
-    n->events = NULL;
-    n->nevents = n->cap_events = 0;
-    pthread_mutex_unlock(&n->mu);
     if (ne == 0) {
         dsec_free(ev);
         return;
@@ -1394,7 +1454,10 @@ static void flush_events(dsec_node *n)
             items[i] = (dsec_msg_sandbox_event){
                 .id = ev[i].id, .state = state_names[ev[i].state], .prev = state_names[ev[i].prev],
                 .node = n->name, .type = type_name(n, ev[i].type_idx), .tenant = ev[i].tenant,
-                .ts_ns = ev[i].ts_ns, .reason = ev[i].reason[0] ? ev[i].reason : NULL};
+                .ts_ns = ev[i].ts_ns, .reason = ev[i].reason[0] ? ev[i].reason : NULL,
+                .project = ev[i].project[0] ? ev[i].project : NULL,
+                .req_id = ev[i].req_id[0] ? ev[i].req_id : NULL, .cpu_milli = ev[i].cpu_milli,
+                .memory_mb = ev[i].memory_mb};
         for (size_t off = 0; off < ne; off += 4096) {
             size_t cnt = ne - off < 4096 ? ne - off : 4096;
             dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,
@@ -1409,16 +1472,35 @@ static void flush_events(dsec_node *n)
     dsec_free(ev);
 }
 
-static void tick_capacity(void *ud, uint64_t now)
+/* Queued events, then a capacity report (full when due or forced). One
+ * report at a time (report_mu), so reports leave in the order they were
+ * taken and each full report's usage covers the events sent before it. */
+static void report(dsec_node *n, bool force_full, uint64_t now)
 {
-    dsec_node *n = ud;
-    bool full = now - n->last_full_ns >= (uint64_t)n->conf.full_ms * 1000000ull;
+    pthread_mutex_lock(&n->report_mu);
+    bool full = force_full || now - n->last_full_ns >= (uint64_t)n->conf.full_ms * 1000000ull;
+    struct usage_set u = {0};
     pthread_mutex_lock(&n->mu);
+    struct event *ev = n->events;
+    size_t ne = n->nevents;
+    n->events = NULL;
+    n->nevents = n->cap_events = 0;
+    if (full)
+        usage_collect_locked(n, &u);
     bool dirty = n->dirty;
     pthread_mutex_unlock(&n->mu);
+    /* events first: a quota actor applies them, then the full report's usage replaces its
+     * count for this node, and that usage already includes every one of them */
+    send_events(n, ev, ne);
     if (dirty || full)
-        publish_capacity(n, full, now);
-    flush_events(n);
+        publish_capacity(n, full, now, &u);
+    pthread_mutex_unlock(&n->report_mu);
+    dsec_free(u.v);
+}
+
+static void tick_capacity(void *ud, uint64_t now)
+{
+    report(ud, false, now);
 }
 
 static void tick_sync(void *ud, uint64_t now)
@@ -1551,8 +1633,7 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
  * for the next periodic one. */
 static void on_sync(dsec_actor *a, dsec_msg *m, void *ud)
 {
-    dsec_node *n = ud;
-    publish_capacity(n, true, dsec_now_ns());
+    report(ud, true, dsec_now_ns());
 }
 
 /* ---- start, adopt, stop --------------------------------------------------------- */
@@ -1588,6 +1669,12 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
     char *f[11];
     for (int i = 0; i < 10; i++)
         f[i] = field(&p);
+    const char *project = "";
+    if (f[0] != NULL && strcmp(f[0], "2") == 0) {
+        char *pj = field(&p);
+        project = pj ? pj : "";
+        f[0] = (char *)"1"; /* the rest reads as version 1 */
+    }
     f[10] = p ? p : (char *)"";
     int tidx = f[3] ? dsec_registry_find(n->reg, f[3]) : -1;
     snprintf(s->id, sizeof s->id, "%s", id);
@@ -1599,6 +1686,7 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         why = "its type is no longer offered here";
     if (why == NULL) {
         snprintf(s->tenant, sizeof s->tenant, "%s", f[1]);
+        snprintf(s->project, sizeof s->project, "%s", project);
         snprintf(s->req_id, sizeof s->req_id, "%s", f[2]);
         s->type_idx = (uint8_t)tidx;
         s->state = (uint8_t)atoi(f[4]);
@@ -1793,7 +1881,7 @@ static void announce(dsec_node *n)
     dsec_err err;
     if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_NODE_ANNOUNCE, &an, NULL, &err) < 0)
         dsec_actor_count_error(n->actor);
-    publish_capacity(n, true, dsec_now_ns());
+    report(n, true, dsec_now_ns());
 }
 
 int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
@@ -1810,6 +1898,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     if (n == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     pthread_mutex_init(&n->mu, NULL);
+    pthread_mutex_init(&n->report_mu, NULL);
     pthread_mutex_init(&n->alert_mu, NULL);
     for (int i = 0; i < 4; i++)
         n->ticks[i] = -1;
@@ -1975,6 +2064,7 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     dsec_free(n->events);
     pthread_mutex_destroy(&n->alert_mu);
     pthread_mutex_destroy(&n->mu);
+    pthread_mutex_destroy(&n->report_mu);
     dsec_free(n);
 }
 

@@ -44,6 +44,7 @@ struct dsec_sched {
     char cell[DSEC_NAME_LEN_MAX + 1];
     char name[DSEC_NAME_LEN_MAX + 1];
     char back[256]; /* where nodes send refused placements */
+    char quota_subj[128]; /* dsec.v1.ctl.quota.<cell>.admit */
     int ticks[3];
     pthread_mutex_t mu; /* cells */
     pthread_mutex_t wmu; /* the wait queue */
@@ -52,7 +53,8 @@ struct dsec_sched {
     bool demand_sent; /* the last demand report said something is waiting */
     struct cell_seen cells[MAX_CELLS];
     size_t ncells;
-    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited;
+    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited,
+        n_over_quota;
 };
 
 static __thread uint64_t rng_state;
@@ -79,6 +81,21 @@ static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int
     va_end(ap);
     atomic_fetch_add(&s->n_failed, 1);
     dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, req_id);
+}
+
+/* A create admitted by the quota actor that will not become a sandbox here
+ * (refused, failed, forwarded to another cell): give its admission back now
+ * rather than when the quota actor's wait for it runs out. */
+static void quota_release(dsec_sched *s, const dsec_msg_create *c)
+{
+    if (!s->conf.quota || c->req_id == NULL)
+        return;
+    dsec_msg_admit ad = {.tenant = c->tenant ? c->tenant : "default", .project = c->project,
+                         .req_id = c->req_id, .release = true};
+    dsec_err err;
+    /* no actor: this also runs from dsec_sched_stop, after the actors are gone;
+     * a release that is lost only waits for the quota actor's pending_ms */
+    dsec_wire_send(NULL, s->bus, s->quota_subj, NULL, DSEC_MSG_ADMIT, &ad, c->req_id, &err);
 }
 
 /* ---- cross-cell ----------------------------------------------------------------- */
@@ -123,6 +140,7 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
     if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) < 0)
         return false;
     atomic_fetch_add(&s->n_forwarded, 1);
+    quota_release(s, c); /* the other cell's quota actor admits it there */
     return true;
 }
 
@@ -228,7 +246,94 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
         dsec_err_wrap(&err, "after %s", p->reason);
     atomic_fetch_add(&s->n_failed, 1);
     dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
+    quota_release(s, c);
     return -1;
+}
+
+/* ---- admission by the quota actor ------------------------------------------------ */
+
+/* The create travels with the request (as received), so the replica keeps
+ * no state for it; the answer's callback places it or passes the refusal on. */
+struct admission {
+    dsec_sched *s;
+    int tidx;
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char *reply_to;
+    size_t len;
+    uint8_t payload[];
+};
+
+#define ADMIT_TIMEOUT_MS 2000
+
+static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
+{
+    struct admission *ad = ud;
+    dsec_sched *s = ad->s;
+    dsec_err err;
+    dsec_msg_place p = {.reply_to = ad->reply_to, .attempt = 1};
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, ad->payload, ad->len, &p.c, &err) < 0) {
+        dsec_wire_error_to(s->creates, s->bus, ad->reply_to, &err, NULL, NULL);
+        goto out;
+    }
+    p.c.tenant = ad->tenant;
+    if (status < 0) {
+        fail_to(s, ad->reply_to, p.c.req_id, berr->code,
+                "admission: the quota actor of cell %s did not answer: %s", s->cell, berr->msg);
+    } else if (dsec_msg_type(reply) == NULL || strcmp(dsec_msg_type(reply), DSEC_TYPE_ERROR) == 0) {
+        /* the quota actor's refusal says which level is full: pass it on as it is */
+        atomic_fetch_add(&s->n_failed, 1);
+        atomic_fetch_add(&s->n_over_quota, 1);
+        dsec_hdr hdr = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION, .req_id = p.c.req_id};
+        if (dsec_actor_publish(s->creates, ad->reply_to, NULL, &hdr, dsec_msg_data(reply),
+                               dsec_msg_len(reply), &err) < 0)
+            dsec_actor_count_error(s->creates);
+    } else {
+        place_and_send(s, &p, ad->tenant, ad->tidx);
+    }
+out:
+    dsec_free(ad->reply_to);
+    dsec_free(ad);
+}
+
+/* Ask the quota actor, then place (quota on), or place at once (off). The
+ * create's bytes are copied: the answer comes after its message is gone. */
+static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx,
+                            const void *payload, size_t len)
+{
+    if (!s->conf.quota) {
+        place_and_send(s, p, tenant, tidx);
+        return;
+    }
+    dsec_err err;
+    struct admission *ad = dsec_malloc(sizeof *ad + len);
+    char *reply_to = dsec_strdup(p->reply_to);
+    if (ad == NULL || reply_to == NULL) {
+        dsec_free(ad);
+        dsec_free(reply_to);
+        fail_to(s, p->reply_to, p->c.req_id, DSEC_E_NOMEM, "admission: out of memory");
+        return;
+    }
+    *ad = (struct admission){.s = s, .tidx = tidx, .reply_to = reply_to, .len = len};
+    snprintf(ad->tenant, sizeof ad->tenant, "%s", tenant);
+    memcpy(ad->payload, payload, len);
+    const dsec_msg_create *c = &p->c;
+    dsec_msg_admit am = {.tenant = tenant, .project = c->project, .req_id = c->req_id, .n = 1,
+                         .cpu_milli = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli,
+                         .memory_mb = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_hdr hdr = {.type = "admit", .schema = DSEC_SCHEMA_VERSION, .req_id = c->req_id};
+    int rc = dsec_encode(&b, DSEC_MSG_ADMIT, &am, &err);
+    if (rc == 0)
+        rc = dsec_bus_request(s->bus, s->quota_subj, &hdr, b.data, b.len, ADMIT_TIMEOUT_MS,
+                              on_admit_answer, ad, &err);
+    dsec_buf_release(&b);
+    if (rc < 0) {
+        fail_to(s, p->reply_to, c->req_id, err.code, "admission: asking the quota actor of cell %s: %s",
+                s->cell, err.msg);
+        dsec_free(ad->reply_to);
+        dsec_free(ad);
+    }
 }
 
 /* A retried create asks the cell's nodes first whether the request id
@@ -268,7 +373,7 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
     if (tidx < 0)
         dsec_wire_error_to(s->creates, s->bus, l->reply_to, &err, NULL, p.c.req_id);
     else
-        place_and_send(s, &p, l->tenant, tidx);
+        admit_and_place(s, &p, l->tenant, tidx, l->payload, l->len);
     (void)berr;
 out:
     dsec_free(l->reply_to);
@@ -353,7 +458,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_wire_error_to(a, s->bus, reply_to, &err, p.c.type ? "type" : "requires", p.c.req_id);
         return;
     }
-    place_and_send(s, &p, tenant, tidx);
+    admit_and_place(s, &p, tenant, tidx, dsec_msg_data(m), dsec_msg_len(m));
 }
 
 /* A node refused (dsec.v1.ctl.sched.<cell>.<name>.back): try another. */
@@ -370,6 +475,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     if (p.attempt >= s->conf.max_attempts) {
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
                 p.attempt, p.reason ? p.reason : "no reason given");
+        quota_release(s, &p.c);
         return;
     }
     int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
@@ -576,6 +682,7 @@ static void tick_wait(void *ud, uint64_t mono)
             if (rc < 0 && err.code != DSEC_E_CAPACITY) {
                 atomic_fetch_add(&s->n_failed, 1);
                 dsec_wire_error_to(s->creates, s->bus, p.reply_to, &err, NULL, p.c.req_id);
+                quota_release(s, &p.c);
                 rc = 0; /* answered */
             } else if (rc < 0) {
                 fail_cpu = w->cpu < fail_cpu ? w->cpu : fail_cpu;
@@ -591,6 +698,7 @@ static void tick_wait(void *ud, uint64_t mono)
                     "no room in cell %s for %" PRIu64 " milli-CPU and %" PRIu64
                     " MB after waiting %" PRIu64 " ms for preemptible work to give capacity back",
                     s->cell, w->cpu, w->mem, t - w->since_ms);
+            quota_release(s, &p.c);
             dsec_free(w);
             continue;
         }
@@ -663,6 +771,7 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.cell = s->cell;
     s->conf.name = s->name;
     snprintf(s->back, sizeof s->back, "dsec.v1.ctl.sched.%s.%s.back", s->cell, s->name);
+    snprintf(s->quota_subj, sizeof s->quota_subj, "dsec.v1.ctl.quota.%s.admit", s->cell);
     dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
                                 .locality_weight = -1};
     char subj[256], queue[128];
@@ -723,6 +832,7 @@ void dsec_sched_stop(dsec_sched *s)
             dsec_err_set(&err, DSEC_E_CLOSED, 0, "scheduler %s stopped while the create waited for room",
                          s->name);
             dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
+            quota_release(s, &p.c);
         }
         dsec_free(w);
     }
@@ -737,7 +847,8 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     *o = (dsec_sched_stats){.creates = s->n_creates, .placed = s->n_placed,
                             .retried = s->n_retried, .forwarded = s->n_forwarded,
                             .failed = s->n_failed, .nodes = dsec_placement_count(s->view),
-                            .expired = s->n_expired, .waited = s->n_waited};
+                            .expired = s->n_expired, .waited = s->n_waited,
+                            .over_quota = s->n_over_quota};
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);

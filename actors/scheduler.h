@@ -2,6 +2,7 @@
 #ifndef DSEC_ACTORS_SCHEDULER_H
 #define DSEC_ACTORS_SCHEDULER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/ticker.h"
@@ -23,6 +24,8 @@ typedef struct dsec_sched_conf {
                                    capacity (the arbiter reclaims it) before "capacity";
                                    0: 30000; UINT32_MAX: never wait */
     uint32_t demand_ms;         /* demand report period while creates wait; 0: 250 */
+    bool quota;                 /* admit every create with the cell's quota actor
+                                   (actors/quota.h) before placing it */
 } dsec_sched_conf;
 
 typedef struct dsec_sched dsec_sched;
@@ -43,6 +46,7 @@ typedef struct dsec_sched_stats {
     uint64_t expired;     /* nodes taken out for silence */
     uint64_t waiting;     /* rollout creates waiting for room now */
     uint64_t waited;      /* rollout creates that have waited (placed later or not) */
+    uint64_t over_quota;  /* creates the quota actor refused */
 } dsec_sched_stats;
 
 void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *out);

@@ -245,6 +245,11 @@ static int create_req_build(dsec_client *c, const dsec_create_spec *s, struct cr
     m->priority = s->priority;
     m->rollout_id = s->rollout_id;
     m->pausable = s->pausable;
+    m->project = s->project && s->project[0] ? s->project : NULL;
+    if (m->project != NULL && dsec_project_ok(m->project, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "project \"%.64s\": names of [A-Za-z0-9_-] joined by '/', at most 64 characters",
+                            m->project);
     m->net = (dsec_strv){(const char **)s->net, count_nt(s->net)};
     if (kv_from_pairs(s->labels, &m->labels, "labels", err) < 0 ||
         kv_from_pairs(s->affinity, &m->affinity, "affinity", err) < 0)

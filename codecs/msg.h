@@ -79,6 +79,10 @@ enum dsec_msg_type {
     DSEC_MSG_ARBITER_LEASE,   /* "arbiter_lease": the value of the arbiter lease in KV */
     DSEC_MSG_EXEC_CHUNK,      /* "exec_chunk": output of a running command, node -> stream_to */
     DSEC_MSG_NET_ALERT,       /* "net_alert": blocked traffic or a refused DNS query of a sandbox */
+    DSEC_MSG_USAGE,           /* "usage": what one tenant's project holds on a node (full capacity) */
+    DSEC_MSG_QUOTA,           /* "quota": a tenant's or project's limits, and what it uses */
+    DSEC_MSG_QUOTA_LIST,      /* "quota_list": the quotas of one tenant, or all */
+    DSEC_MSG_ADMIT,           /* "admit": scheduler -> quota actor, before placing a create */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -266,6 +270,10 @@ typedef struct dsec_msg_sandbox_event {
     const char *tenant;
     uint64_t ts_ns;
     const char *reason;
+    const char *project;  /* what the quota actor needs to count it */
+    const char *req_id;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
 } dsec_msg_sandbox_event;
 
 typedef struct dsec_msg_node_announce {
@@ -296,6 +304,7 @@ typedef struct dsec_msg_capacity {
     dsec_strv layers;
     uint64_t ts_ns;
     dsec_kv live_types;   /* live sandboxes per type: type -> decimal count */
+    dsec_list usage;      /* full: of dsec_msg_usage, one per (tenant, project) with sandboxes here */
 } dsec_msg_capacity;
 
 typedef struct dsec_msg_heartbeat {
@@ -394,6 +403,45 @@ typedef struct dsec_msg_arbiter_lease {
     uint64_t expires_ns;  /* required: wall clock; renewed before */
     uint64_t acquired_ns;
 } dsec_msg_arbiter_lease;
+
+typedef struct dsec_msg_usage {
+    const char *tenant;  /* required */
+    const char *project; /* absent: the tenant's sandboxes outside any project */
+    uint64_t sandboxes;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+} dsec_msg_usage;
+
+/* Limits of a tenant (project absent) or of a project ("a" or nested "a/b").
+ * A limit of 0 means none of its own: only its parents bound it. */
+typedef struct dsec_msg_quota {
+    const char *tenant;  /* required */
+    const char *project;
+    uint64_t sandboxes;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    uint64_t used_sandboxes; /* in answers: what it and its sub-projects use in the cell now, */
+    uint64_t used_cpu_milli; /* admissions still being placed included */
+    uint64_t used_memory_mb;
+    bool remove;             /* quota set: delete the definition instead */
+} dsec_msg_quota;
+
+typedef struct dsec_msg_quota_list {
+    const char *tenant; /* request: only this tenant's; absent: all */
+    dsec_list items;    /* answer: of dsec_msg_quota */
+} dsec_msg_quota_list;
+
+/* Admission of a create against its tenant's and projects' quotas. The
+ * answer is the same message (admitted) or an error with code "quota". */
+typedef struct dsec_msg_admit {
+    const char *tenant; /* required */
+    const char *project;
+    const char *req_id; /* required: a repeated admit of the same request is admitted once */
+    uint64_t n;         /* sandboxes (fork children); 0 counts as 1 */
+    uint64_t cpu_milli; /* per sandbox */
+    uint64_t memory_mb;
+    bool release;       /* the create was refused after all: give the admission back */
+} dsec_msg_admit;
 
 /* ---- schemas ------------------------------------------------------------ */
 

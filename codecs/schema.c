@@ -240,6 +240,10 @@ static const dsec_field sandbox_event_fields[] = {
     FSTR(dsec_msg_sandbox_event, tenant, "tenant", false, L_NAME, "owning tenant"),
     FU64(dsec_msg_sandbox_event, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
     FSTR(dsec_msg_sandbox_event, reason, "reason", false, L_TEXT, "why (failures, reclaims)"),
+    FSTR(dsec_msg_sandbox_event, project, "project", false, L_NAME, "its project (quotas)"),
+    FSTR(dsec_msg_sandbox_event, req_id, "req_id", false, L_NAME, "the create's req_id"),
+    FU64(dsec_msg_sandbox_event, cpu_milli, "cpu_milli", false, 0, 0, "CPU it holds"),
+    FU64(dsec_msg_sandbox_event, memory_mb, "memory_mb", false, 0, 0, "memory it holds, MiB"),
 };
 
 static const dsec_field node_announce_fields[] = {
@@ -272,6 +276,8 @@ static const dsec_field capacity_fields[] = {
     FU64(dsec_msg_capacity, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
     FKV(dsec_msg_capacity, live_types, "live_types", 64, L_NAME,
         "live sandboxes per type: type name -> decimal count"),
+    FLIST(dsec_msg_capacity, usage, "usage", DSEC_MSG_USAGE,
+          "full: what each tenant's project holds here: maps of the usage fields"),
 };
 
 static const dsec_field heartbeat_fields[] = {
@@ -377,6 +383,42 @@ static const dsec_field arbiter_lease_fields[] = {
     FU64(dsec_msg_arbiter_lease, acquired_ns, "acquired_ns", false, 0, 0, "when the holder took it"),
 };
 
+static const dsec_field usage_fields[] = {
+    FSTR(dsec_msg_usage, tenant, "tenant", true, L_NAME, "tenant"),
+    FSTR(dsec_msg_usage, project, "project", false, L_NAME, "project path; absent: none"),
+    FU64(dsec_msg_usage, sandboxes, "sandboxes", false, 0, 0, "sandboxes it holds"),
+    FU64(dsec_msg_usage, cpu_milli, "cpu_milli", false, 0, 0, "CPU they hold"),
+    FU64(dsec_msg_usage, memory_mb, "memory_mb", false, 0, 0, "memory they hold, MiB"),
+};
+
+static const dsec_field quota_fields[] = {
+    FSTR(dsec_msg_quota, tenant, "tenant", true, L_NAME, "tenant"),
+    FSTR(dsec_msg_quota, project, "project", false, L_NAME,
+         "project path under the tenant (a or a/b); absent: the tenant itself"),
+    FU64(dsec_msg_quota, sandboxes, "sandboxes", false, 0, 0, "most concurrent sandboxes; 0: no own limit"),
+    FU64(dsec_msg_quota, cpu_milli, "cpu_milli", false, 0, 0, "most milli-CPU; 0: no own limit"),
+    FU64(dsec_msg_quota, memory_mb, "memory_mb", false, 0, 0, "most memory, MiB; 0: no own limit"),
+    FU64(dsec_msg_quota, used_sandboxes, "used_sandboxes", false, 0, 0, "answers: sandboxes in use"),
+    FU64(dsec_msg_quota, used_cpu_milli, "used_cpu_milli", false, 0, 0, "answers: milli-CPU in use"),
+    FU64(dsec_msg_quota, used_memory_mb, "used_memory_mb", false, 0, 0, "answers: memory in use, MiB"),
+    FBOOL(dsec_msg_quota, remove, "remove", "quota set: delete this definition"),
+};
+
+static const dsec_field quota_list_fields[] = {
+    FSTR(dsec_msg_quota_list, tenant, "tenant", false, L_NAME, "request: only this tenant"),
+    FLIST(dsec_msg_quota_list, items, "items", DSEC_MSG_QUOTA, "answer: maps of the quota fields"),
+};
+
+static const dsec_field admit_fields[] = {
+    FSTR(dsec_msg_admit, tenant, "tenant", true, L_NAME, "tenant"),
+    FSTR(dsec_msg_admit, project, "project", false, L_NAME, "project path"),
+    FSTR(dsec_msg_admit, req_id, "req_id", true, L_NAME, "the create's req_id"),
+    FU64(dsec_msg_admit, n, "n", false, 0, 1024, "sandboxes; 0 counts as 1"),
+    FU64(dsec_msg_admit, cpu_milli, "cpu_milli", false, 0, 1000000, "milli-CPU of each"),
+    FU64(dsec_msg_admit, memory_mb, "memory_mb", false, 0, 16777216, "memory of each, MiB"),
+    FBOOL(dsec_msg_admit, release, "release", "give the admission back (the create failed)"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -415,6 +457,10 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_ARBITER_LEASE, "arbiter_lease", dsec_msg_arbiter_lease, arbiter_lease_fields),
     SCHEMA(DSEC_MSG_EXEC_CHUNK, "exec_chunk", dsec_msg_exec_chunk, exec_chunk_fields),
     SCHEMA(DSEC_MSG_NET_ALERT, "net_alert", dsec_msg_net_alert, net_alert_fields),
+    SCHEMA(DSEC_MSG_USAGE, "usage", dsec_msg_usage, usage_fields),
+    SCHEMA(DSEC_MSG_QUOTA, "quota", dsec_msg_quota, quota_fields),
+    SCHEMA(DSEC_MSG_QUOTA_LIST, "quota_list", dsec_msg_quota_list, quota_list_fields),
+    SCHEMA(DSEC_MSG_ADMIT, "admit", dsec_msg_admit, admit_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

@@ -210,8 +210,23 @@ static const dsec_msg_sandbox_event events[] = {
      .node = "n7",
      .type = "container",
      .tenant = "acme",
-     .ts_ns = 1},
+     .ts_ns = 1,
+     .project = "rl/math",
+     .req_id = "r-42",
+     .cpu_milli = 500,
+     .memory_mb = 512},
     {.id = "n7-00000000000000a0", .state = "running", .prev = "starting", .ts_ns = 2},
+};
+
+static const dsec_msg_usage usages[] = {
+    {.tenant = "acme", .project = "rl/math", .sandboxes = 3, .cpu_milli = 1500, .memory_mb = 1536},
+    {.tenant = "beta", .sandboxes = 1, .cpu_milli = 250, .memory_mb = 128},
+};
+
+static const dsec_msg_quota quotas[] = {
+    {.tenant = "acme", .sandboxes = 1000, .cpu_milli = 2000000, .memory_mb = 4194304},
+    {.tenant = "acme", .project = "rl/math", .sandboxes = 100, .used_sandboxes = 3,
+     .used_cpu_milli = 1500, .used_memory_mb = 1536},
 };
 
 static void sample_c(int type, void *out)
@@ -254,7 +269,9 @@ static void sample_c(int type, void *out)
                                                         .labels = KV(label_k, label_v),
                                                         .layers = STRV(layers_v),
                                                         .ts_ns = 8,
-                                                        .live_types = KV(live_k, live_v)};
+                                                        .live_types = KV(live_k, live_v),
+                                                        .usage = {.items = (void *)usages,
+                                                                  .n = N(usages)}};
         break;
     case DSEC_MSG_HEARTBEAT:
         *(dsec_msg_heartbeat *)out =
@@ -313,6 +330,21 @@ static void sample_c(int type, void *out)
             .sandbox = "n7-00000000000000a0", .tenant = "acme", .node = "n7", .cell = "c1",
             .kind = "dns_denied", .dest = "q1.exfil.example", .detail = "TXT", .count = 12,
             .first_ns = 1700000000000000000ull, .last_ns = 1700000000900000000ull};
+        break;
+    case DSEC_MSG_USAGE:
+        *(dsec_msg_usage *)out = usages[0];
+        break;
+    case DSEC_MSG_QUOTA:
+        *(dsec_msg_quota *)out = quotas[1];
+        break;
+    case DSEC_MSG_QUOTA_LIST:
+        *(dsec_msg_quota_list *)out = (dsec_msg_quota_list){
+            .tenant = "acme", .items = {.items = (void *)quotas, .n = N(quotas)}};
+        break;
+    case DSEC_MSG_ADMIT:
+        *(dsec_msg_admit *)out = (dsec_msg_admit){.tenant = "acme", .project = "rl/math",
+                                                  .req_id = "r-42", .n = 4, .cpu_milli = 500,
+                                                  .memory_mb = 512};
         break;
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){

@@ -28,6 +28,7 @@ static const char *const code_names[DSEC_CODE_MAX_] = {
     [DSEC_E_INTERNAL] = "internal",
     [DSEC_E_BACKEND] = "backend",
     [DSEC_E_DIVERGED] = "diverged",
+    [DSEC_E_QUOTA] = "quota",
 };
 
 int dsec_err_set(dsec_err *err, int code, int errnum, const char *fmt, ...)
@@ -100,6 +101,7 @@ bool dsec_code_retry_safe(int code)
     case DSEC_E_NO_RESPONDERS:
     case DSEC_E_CONN:
     case DSEC_E_CAPACITY:
+    case DSEC_E_QUOTA: /* like capacity: room comes back as sandboxes end */
     case DSEC_E_OVERFLOW:
     case DSEC_E_REFUSED:
     case DSEC_E_CLOSED:

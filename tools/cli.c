@@ -108,10 +108,11 @@ int dsec_cli_create(int argc, char **argv)
         {"affinity", required_argument, 0, 'a'}, {"cell", required_argument, 0, 'C'},
         {"class", required_argument, 0, 'k'},  {"req-id", required_argument, 0, 'r'},
         {"rollout", required_argument, 0, 'o'}, {"net", required_argument, 0, 'n'},
-        {0, 0, 0, 0}};
+        {"project", required_argument, 0, 'P'}, {0, 0, 0, 0}};
     const char *use = "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
                       "[--memory MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
-                      "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]...";
+                      "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]... "
+                      "[--project P[/SUB]]";
     dsec_create_spec spec = {0};
     const char *req[MAX_ITEMS] = {0}, *labels[MAX_ITEMS] = {0}, *aff[MAX_ITEMS] = {0},
                *net[MAX_ITEMS] = {0};
@@ -128,6 +129,7 @@ int dsec_cli_create(int argc, char **argv)
             spec.requires = req;
             break;
         case 'e': spec.env = optarg; break;
+        case 'P': spec.project = optarg; break;
         case 'c':
             if (!parse_cpu(optarg, &spec.cpu_milli)) {
                 fprintf(stderr, "dsec create: --cpu \"%s\": give cores (1.5) or milli-CPU (1500m)\n", optarg);

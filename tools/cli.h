@@ -24,6 +24,8 @@ int dsec_cli_net(int argc, char **argv); /* dsec net set|alerts (tools/net.c) */
 int dsec_cli_demo(int argc, char **argv);
 int dsec_cli_job(int argc, char **argv);  /* play a preemptible job (tools/preempt.c) */
 int dsec_cli_traj(int argc, char **argv); /* dsec traj show ROLLOUT */
+int dsec_cli_tenant(int argc, char **argv);  /* quotas of tenants (tools/tenant.c) */
+int dsec_cli_project(int argc, char **argv); /* ... and of their projects */
 
 /* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
 void dsec_cli_block_signals(void);

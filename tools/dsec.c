@@ -33,6 +33,8 @@ static const command commands[] = {
     {"traj", dsec_cli_traj, "print a rollout's trajectory log: dsec traj show ROLLOUT"},
     {"layer", dsec_cli_layer, "build, push, list and remove layers: dsec layer build DIR --name N:V"},
     {"env", dsec_cli_env, "create, show and list environments (ordered layers + settings)"},
+    {"tenant", dsec_cli_tenant, "set, show, list and remove tenants' quotas: dsec tenant set T --sandboxes N"},
+    {"project", dsec_cli_project, "the same for projects, nested under their tenant: dsec project set T/P"},
 };
 
 static void usage(FILE *out)

@@ -20,12 +20,12 @@ int main(int argc, char **argv)
         case 'c': config = optarg; break;
         case 'r': roles_s = optarg; break;
         default:
-            fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter]\n");
+            fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter,quota]\n");
             return ch == 'h' ? 0 : 2;
         }
     }
     if (config == NULL) {
-        fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter]\n");
+        fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter,quota]\n");
         return 2;
     }
     dsec_err err;

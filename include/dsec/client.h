@@ -50,6 +50,8 @@ typedef struct dsec_create_spec {
     const char *req_id;          /* idempotency key; NULL: a fresh one per call */
     bool pausable;               /* rollout: may be frozen while idle under memory pressure;
                                     the next operation resumes it */
+    const char *project;         /* the tenant's project it counts against ("rl" or "rl/math");
+                                    NULL: the tenant's own quota only */
 } dsec_create_spec;
 
 #define DSEC_ID_MAX 96

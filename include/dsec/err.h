@@ -32,6 +32,7 @@ typedef enum dsec_code {
     DSEC_E_INTERNAL = 19,     /* a bug in dsec */
     DSEC_E_BACKEND = 20,      /* the sandbox backend failed */
     DSEC_E_DIVERGED = 21,     /* a rollout step differs from the one its trajectory log holds */
+    DSEC_E_QUOTA = 22,        /* the tenant's or a project's quota has no room for the request */
     DSEC_CODE_MAX_
 } dsec_code;
 

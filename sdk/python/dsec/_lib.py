@@ -29,7 +29,7 @@ class CreateSpec(Structure):
                 ("ttl_s", c_uint64), ("idle_s", c_uint64), ("labels", POINTER(c_char_p)),
                 ("affinity", POINTER(c_char_p)), ("cell", c_char_p), ("cls", c_char_p),
                 ("priority", c_int64), ("rollout_id", c_char_p), ("net", POINTER(c_char_p)),
-                ("req_id", c_char_p), ("pausable", c_bool)]
+                ("req_id", c_char_p), ("pausable", c_bool), ("project", c_char_p)]
 
 
 class SandboxInfo(Structure):

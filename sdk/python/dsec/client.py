@@ -92,6 +92,7 @@ def _build_spec(type_: Optional[str], args: SandboxArgs):
     spec.net = v(_net_entries(args.network))
     spec.req_id = s(args.request_id)
     spec.pausable = bool(args.pausable)
+    spec.project = s(args.project)
     return spec, keep
 
 

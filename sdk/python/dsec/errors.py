@@ -79,10 +79,15 @@ class BackendError(DSecError):
     pass
 
 
+class QuotaExceeded(DSecError):
+    """The tenant's or one of its projects' quotas has no room for the request."""
+
+
 _CLASSES = {"invalid": InvalidArgument, "timeout": Timeout, "no_responders": ConnectionFailed,
             "connection": ConnectionFailed, "not_found": NotFound, "exists": AlreadyExists,
             "capacity": CapacityError, "unsupported": NotSupported, "state": StateError,
-            "closed": Closed, "diverged": Diverged, "backend": BackendError}
+            "closed": Closed, "diverged": Diverged, "backend": BackendError,
+            "quota": QuotaExceeded}
 
 
 def error_from_code(code_num, message, errnum=0, op=None):

@@ -41,6 +41,7 @@ class SandboxArgs:
     priority: int = 0
     pausable: bool = False
     request_id: Optional[str] = None   # idempotency key; None: a fresh one per call
+    project: Optional[str] = None      # the tenant's project it counts against ("rl/math")
 
 
 @dataclass
