@@ -654,6 +654,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .backend = cn->backend, .backend_opts = cn->opts,
                                  .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
                                  .full_ms = conf->full_ms, .heartbeat_ms = conf->heartbeat_ms,
+                                 .quota = conf->quota,
                                  .reap_ms = conf->reap_ms, .sync_ms = conf->journal_sync_ms,
                                  .sync_ticker = c->sync_ticker,
                                  .default_cpu_milli = conf->default_cpu_milli,

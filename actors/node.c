@@ -933,6 +933,64 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
     reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 2});
 }
 
+/* A fork makes sandboxes no scheduler admitted: ask the quota actor for the
+ * children here. They carry the admission's id as their req_id, so the
+ * quota actor counts each one off the admission as its event arrives. 0, or
+ * -1 with the client answered. */
+static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t count, char *admit_id,
+                      size_t idn)
+{
+    char rnd[33];
+    dsec_bus_new_id(rnd);
+    snprintf(admit_id, idn, "fork-%.40s", rnd);
+    if (!n->conf.quota)
+        return 0;
+    dsec_msg_admit ad = {.tenant = s->tenant, .project = s->project[0] ? s->project : NULL,
+                         .req_id = admit_id, .n = count, .cpu_milli = s->cpu_milli,
+                         .memory_mb = s->memory_mb};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    dsec_msg *reply = NULL;
+    dsec_hdr hdr = {.type = "admit", .schema = DSEC_SCHEMA_VERSION, .req_id = admit_id};
+    int rc = dsec_encode(&b, DSEC_MSG_ADMIT, &ad, &err);
+    if (rc == 0)
+        rc = dsec_bus_request_sync(n->bus, subj, &hdr, b.data, b.len, 2000, &reply, &err);
+    dsec_buf_release(&b);
+    if (rc < 0) {
+        reply_err(n, m, err.code, "fork: the quota actor of cell %s did not answer: %s", n->cell, err.msg);
+        return -1;
+    }
+    const char *type = dsec_msg_type(reply);
+    if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
+        /* its refusal names the full level: pass it on as it is */
+        dsec_hdr eh = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION,
+                       .req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
+        if (dsec_msg_reply(m) != NULL &&
+            dsec_actor_publish(n->actor, dsec_msg_reply(m), NULL, &eh, dsec_msg_data(reply),
+                               dsec_msg_len(reply), &err) < 0)
+            dsec_actor_count_error(n->actor);
+        rc = -1;
+    }
+    dsec_msg_free(reply);
+    return rc;
+}
+
+/* The fork failed after its admission: give it back now. */
+static void fork_unadmit(dsec_node *n, const struct sbx *s, const char *admit_id)
+{
+    if (!n->conf.quota)
+        return;
+    dsec_msg_admit ad = {.tenant = s->tenant, .req_id = admit_id, .release = true};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_ADMIT, &ad, admit_id, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
 static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
 {
     dsec_err err;
@@ -943,6 +1001,10 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
     if (!check_running(n, m, s))
         return;
     touch(s);
+    char admit_id[48];
+    if (fork_admit(n, m, s, count, admit_id, sizeof admit_id) < 0)
+        return;
+    bool admitted = true; /* given back unless the children are made */
     struct sbx **kids = dsec_calloc(count, sizeof *kids);
     dsec_sandbox **handles = dsec_calloc(count, sizeof *handles);
     char **states = dsec_calloc(count, sizeof *states);
@@ -963,6 +1025,7 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
         new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
         memcpy(kids[i]->project, s->project, sizeof s->project);
+        snprintf(kids[i]->req_id, sizeof kids[i]->req_id, "%s", admit_id);
         ids[i] = kids[i]->id;
     }
     pthread_mutex_lock(&n->mu);
@@ -1001,6 +1064,7 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
     }
     pthread_mutex_unlock(&n->mu);
     reserved = false;
+    admitted = false; /* the children's events count it off */
     for (uint64_t i = 0; i < count; i++) {
         if (journal_put(n, kids[i], &err) < 0)
             dsec_actor_count_error(n->actor);
@@ -1009,6 +1073,8 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
     atomic_fetch_add(&n->created, count);
     reply_op(n, m, s, state_names[s->state], (dsec_strv){ids, (uint32_t)count}, (dsec_kv){0});
 out_free:
+    if (admitted)
+        fork_unadmit(n, s, admit_id);
     if (reserved) {
         pthread_mutex_lock(&n->mu);
         release_resources(n, count * s->cpu_milli, count * s->memory_mb, count);

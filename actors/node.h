@@ -3,6 +3,7 @@
 #define DSEC_ACTORS_NODE_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "actors/ticker.h"
@@ -54,6 +55,8 @@ typedef struct dsec_node_conf {
                                  namespace and network policies are refused */
     unsigned net_tag;         /* 0..255: distinct per node on one host (names its table,
                                  veths and address pool) */
+    bool quota;               /* forks ask the cell's quota actor for their children first
+                                 (creates are admitted by the schedulers) */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

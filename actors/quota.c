@@ -249,6 +249,28 @@ static void pending_drop(dsec_quota *q, const char *tenant, const char *req_id)
     ent_free(p);
 }
 
+/* One sandbox of an admission appeared: it now counts on its node, so the
+ * admission holds that much less (a fork's admission covers its children,
+ * each counted off by its own event). */
+static void pending_consume(dsec_quota *q, const char *tenant, const char *req_id, struct res r)
+{
+    char key[DSEC_NAME_LEN_MAX + 70];
+    snprintf(key, sizeof key, "%s\x1f%s", tenant, req_id);
+    struct ent *p = map_get(&q->pending, key);
+    if (p == NULL)
+        return;
+    if (p->r.n <= r.n) {
+        pending_drop(q, tenant, req_id);
+        return;
+    }
+    r.cpu = r.cpu < p->r.cpu ? r.cpu : p->r.cpu;
+    r.mem = r.mem < p->r.mem ? r.mem : p->r.mem;
+    p->r.n -= r.n;
+    p->r.cpu -= r.cpu;
+    p->r.mem -= r.mem;
+    use_add(q, p->usekey, r, -1);
+}
+
 /* ---- definitions ------------------------------------------------------------------- */
 
 static void def_set(struct map *defs, const dsec_msg_quota *d)
@@ -479,7 +501,7 @@ static void on_events(dsec_quota *q, dsec_msg *m)
         if (strcmp(e->prev, "requested") == 0) {
             node_apply(q, b.node, key, r, +1);
             if (e->req_id != NULL)
-                pending_drop(q, e->tenant, e->req_id);
+                pending_consume(q, e->tenant, e->req_id, r);
         }
         if (strcmp(e->state, "gone") == 0 || strcmp(e->state, "failed") == 0)
             node_apply(q, b.node, key, r, -1);

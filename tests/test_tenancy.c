@@ -48,8 +48,8 @@ static int test_teardown(void **state)
     (void)state;
     for (int i = 0; i < 3; i++)
         dsec_client_free(live.clients[i]);
+    dsec_quota_stop(live.quota); /* on the cell's bus: before the cell */
     dsec_cell_stop(live.cell, true);
-    dsec_quota_stop(live.quota);
     dsec_cell_conf_release(&live.conf);
     memset(&live, 0, sizeof live);
     return 0;
@@ -354,6 +354,38 @@ static void test_nested_projects(void **state)
     dsec_msg_free(reply);
 }
 
+/* ---- forks ask for their children too ----------------------------------------------------- */
+
+static void test_fork_within_quota(void **state)
+{
+    (void)state;
+    start_cell(true);
+    msleep((int)live.conf.full_ms + 1100);
+    dsec_err err;
+    assert_int_equal(quota_set("frk", NULL, 6, 0, 0, &err), 0);
+    dsec_client *c = client_for(0, "frk");
+    dsec_create_spec spec = {.type = "sim", .cpu_milli = 100, .memory_mb = 64};
+    dsec_sandbox_info a, b;
+    assert_int_equal(dsec_create(c, &spec, &a, &err), 0);
+    assert_int_equal(dsec_create(c, &spec, &b, &err), 0);
+    char **kids = NULL;
+    size_t nk = 0;
+    assert_int_equal(dsec_fork(c, a.id, 3, &kids, &nk, &err), 0);
+    assert_int_equal(nk, 3);
+    dsec_strv_free(kids, nk);
+    /* 5 of 6 held: a fork into 2 does not fit, and says so */
+    assert_int_equal(dsec_fork(c, b.id, 2, &kids, &nk, &err), -1);
+    assert_int_equal(err.code, DSEC_E_QUOTA);
+    assert_non_null(strstr(err.msg, "tenant frk uses 5 of its 6 sandboxes"));
+    wait_used("frk", NULL, 5);
+    /* the children count once (their events), not twice (their admission too) */
+    msleep((int)live.conf.full_ms * 2);
+    assert_int_equal(used_sandboxes("frk", NULL), 5);
+    assert_int_equal(dsec_fork(c, b.id, 1, &kids, &nk, &err), 0);
+    dsec_strv_free(kids, nk);
+    wait_used("frk", NULL, 6);
+}
+
 /* ---- a restarted quota actor counts from the nodes' reports ----------------------------- */
 
 static void test_restart_counts_from_nodes(void **state)
@@ -523,6 +555,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_parallel_creates_at_boundary, test_teardown),
         cmocka_unit_test_teardown(test_nested_projects, test_teardown),
+        cmocka_unit_test_teardown(test_fork_within_quota, test_teardown),
         cmocka_unit_test_teardown(test_restart_counts_from_nodes, test_teardown),
         cmocka_unit_test_teardown(test_other_tenants_sandbox, test_teardown),
         cmocka_unit_test_teardown(test_cli, test_teardown),
