@@ -138,14 +138,17 @@ static void on_disconnected(natsConnection *nc, void *closure)
                     bus->name != NULL ? bus->name : "bus", conn_last_error(nc));
 }
 
+static void mask_url(const char *url, char *out, size_t n);
+
 static void on_reconnected(natsConnection *nc, void *closure)
 {
     dsec_bus *bus = closure;
     atomic_fetch_add_explicit(&bus->reconnects, 1, memory_order_relaxed);
-    char url[256] = "";
+    char url[256] = "", shown[256];
     natsConnection_GetConnectedUrl(nc, url, sizeof url);
+    mask_url(url, shown, sizeof shown);
     dsec__bus_event(bus, DSEC_BUS_RECONNECTED, "%s reconnected to %s",
-                    bus->name != NULL ? bus->name : "bus", url);
+                    bus->name != NULL ? bus->name : "bus", shown);
 }
 
 static void on_connected(natsConnection *nc, void *closure)
@@ -191,7 +194,7 @@ static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus
 /* ---- connect ----------------------------------------------------------- */
 
 /* nats.c wants a list; users give "url1,url2". */
-static int set_servers(natsOptions *o, const char *urls, dsec_err *err)
+static int set_servers(natsOptions *o, const char *urls, const char *shown, dsec_err *err)
 {
     char *copy DSEC_AUTOFREE = dsec_strdup(urls);
     if (copy == NULL)
@@ -202,14 +205,14 @@ static int set_servers(natsOptions *o, const char *urls, dsec_err *err)
     for (char *u = strtok_r(copy, ", ", &save); u != NULL; u = strtok_r(NULL, ", ", &save)) {
         if (n == MAX_URLS)
             return dsec_err_set(err, DSEC_E_CONFIG, 0, "bus URL list: more than %d URLs in %s",
-                                MAX_URLS, urls);
+                                MAX_URLS, shown);
         list[n++] = u;
     }
     if (n == 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "bus URL list is empty");
     natsStatus s = natsOptions_SetServers(o, list, n);
     if (s != NATS_OK)
-        return dsec__nats_err(err, s, "bus URL list %s", urls);
+        return dsec__nats_err(err, s, "bus URL list %s", shown);
     return 0;
 }
 
@@ -220,7 +223,7 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
     natsStatus s = natsOptions_Create(&no);
     if (s != NATS_OK)
         return dsec__nats_err(err, s, "bus options");
-    if (set_servers(no, url, err) < 0)
+    if (set_servers(no, url, bus->url_shown, err) < 0)
         goto out_fail;
     int connect_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : DEFAULT_CONNECT_TIMEOUT_MS;
     int max_reconnect = o->max_reconnect;
@@ -261,11 +264,66 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
         dsec__nats_err(err, s, "bus options");
         goto out_fail;
     }
+    const char *ca = o->tls_ca != NULL ? o->tls_ca : getenv("DSEC_TLS_CA");
+    if (ca != NULL && ca[0] != '\0') {
+        s = natsOptions_SetSecure(no, true);
+        if (s == NATS_OK)
+            s = natsOptions_LoadCATrustedCertificates(no, ca);
+        if (s != NATS_OK) {
+            dsec__nats_err(err, s, "bus TLS: loading the CA file %s", ca);
+            goto out_fail;
+        }
+    }
     *out = no;
     return 0;
 out_fail:
     natsOptions_Destroy(no);
     return -1;
+}
+
+/* url with every "user:password@" shown as "user:***@": errors and logs
+ * must not carry credentials. */
+static void mask_url(const char *url, char *out, size_t n)
+{
+    size_t k = 0;
+    for (const char *p = url; *p && k + 1 < n;) {
+        const char *at = strchr(p, '@'), *comma = strchr(p, ',');
+        const char *scheme = strstr(p, "://");
+        const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
+        if (at && (!comma || at < comma) && scheme && colon && colon < at) {
+            int w = snprintf(out + k, n - k, "%.*s:***", (int)(colon - p), p);
+            k += w > 0 ? (size_t)w : 0;
+            p = at;
+        }
+        const char *end = comma ? comma + 1 : p + strlen(p);
+        int w = snprintf(out + k, n - k, "%.*s", (int)(end - p), p);
+        k += w > 0 ? (size_t)w : 0;
+        p = end;
+    }
+    if (k >= n)
+        k = n - 1;
+    out[k] = '\0';
+}
+
+/* "_INBOX" or a few NATS subject tokens of [A-Za-z0-9_-]. */
+static bool inbox_prefix_ok(const char *p)
+{
+    size_t n = strlen(p);
+    if (n == 0 || n > 64 || p[0] == '.' || p[n - 1] == '.')
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                  c == '-' || (c == '.' && p[i + 1] != '.');
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+const char *dsec_bus_inbox_prefix(const dsec_bus *bus)
+{
+    return bus->inbox_prefix;
 }
 
 static void bus_release(dsec_bus *bus)
@@ -290,6 +348,11 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     if (o.threads < 0 || o.threads > 1024 || o.mailbox_max < 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "bus: bad threads (%d) or mailbox_max (%d)",
                             o.threads, o.mailbox_max);
+    if (o.inbox_prefix != NULL && !inbox_prefix_ok(o.inbox_prefix))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "bus: inbox prefix \"%.64s\": 1-64 characters, subject tokens of "
+                            "[A-Za-z0-9_-] joined by '.'",
+                            o.inbox_prefix);
 
     dsec_bus *bus = dsec_calloc(1, sizeof *bus);
     if (bus == NULL)
@@ -301,6 +364,8 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     bus->threads = o.threads > 0 ? o.threads : DEFAULT_THREADS;
     bus->mailbox_max = o.mailbox_max > 0 ? o.mailbox_max : DEFAULT_MAILBOX_MAX;
     bus->state = DSEC__BUS_OPEN;
+    snprintf(bus->inbox_prefix, sizeof bus->inbox_prefix, "%s", o.inbox_prefix ? o.inbox_prefix : "_INBOX");
+    mask_url(url, bus->url_shown, sizeof bus->url_shown);
     if (o.name != NULL && (bus->name = dsec_strdup(o.name)) == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus");
         goto out_release;
@@ -319,7 +384,7 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     if (s == NATS_NOT_YET_CONNECTED && o.retry_on_failed_connect)
         s = NATS_OK; /* connecting in the background; publishes are buffered */
     if (s != NATS_OK) {
-        dsec__nats_err(err, s, "connecting to %s", url);
+        dsec__nats_err(err, s, "connecting to %s", bus->url_shown);
         goto out_release;
     }
     if (dsec__req_start(bus, err) < 0)

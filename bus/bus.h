@@ -80,6 +80,12 @@ typedef struct dsec_bus_opts {
                                  from ~2 ms to ~0.25 ms; a tight publish loop gets slower */
     dsec_bus_event_cb on_event;   /* may be NULL; called from a bus thread */
     void *event_ud;
+    const char *inbox_prefix; /* replies to this connection's requests arrive under
+                                 <inbox_prefix>.<random>.; default "_INBOX". A tenant's
+                                 connection uses "_INBOX.<tenant>": the server that
+                                 `dsec auth` configures lets it subscribe there only */
+    const char *tls_ca;       /* CA file trusted for the server's certificate (TLS is then
+                                 required); default $DSEC_TLS_CA; NULL/"": the URL decides */
 } dsec_bus_opts;
 
 /* Connect. On success *out owns a new bus; free with dsec_bus_free. While
@@ -101,6 +107,10 @@ int dsec_bus_drain(dsec_bus *bus, int timeout_ms, dsec_err *err);
  * the caller's: free them too (before or after). NULL is a no-op. Not from a
  * handler or callback. */
 void dsec_bus_free(dsec_bus *bus);
+
+/* This connection's inbox prefix ("_INBOX" or what the options gave). Other
+ * reply subjects it subscribes to (streams) belong under "<prefix>.". */
+const char *dsec_bus_inbox_prefix(const dsec_bus *bus);
 
 /* Whether the connection is currently up. */
 bool dsec_bus_connected(const dsec_bus *bus);

@@ -103,6 +103,8 @@ struct dsec_bus {
 
     dsec__pool pool;
     dsec__req *req; /* request.c */
+    char inbox_prefix[72]; /* "_INBOX" or dsec_bus_opts.inbox_prefix */
+    char url_shown[256];   /* the URL for messages, passwords masked */
 
     /* mu protects the actor list, state and the flags below; cond is
      * broadcast when any of them changes (subscription completion, the

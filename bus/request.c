@@ -55,7 +55,7 @@ struct dsec__req {
     bool closed;
     bool inbox_done; /* the inbox subscription's callback will not run again */
     natsSubscription *inbox;
-    char prefix[96]; /* "_INBOX.<nuid>." */
+    char prefix[128]; /* "<inbox prefix>.<nuid>." */
     size_t prefix_len;
     uint64_t next_id;
     struct pending **buckets;
@@ -544,7 +544,10 @@ int dsec__req_start(dsec_bus *bus, dsec_err *err)
     natsStatus s = natsInbox_Create(&inbox);
     if (s != NATS_OK)
         return dsec__nats_err(err, s, "creating the bus inbox");
-    int n = snprintf(r->prefix, sizeof r->prefix, "%s.", (const char *)inbox);
+    /* natsInbox_Create gives "_INBOX.<nuid>": keep the nuid under our prefix */
+    const char *nuid = strchr((const char *)inbox, '.');
+    int n = snprintf(r->prefix, sizeof r->prefix, "%s.%s.", bus->inbox_prefix,
+                     nuid ? nuid + 1 : (const char *)inbox);
     natsInbox_Destroy(inbox);
     if (n < 0 || (size_t)n >= sizeof r->prefix - 1)
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "bus inbox prefix too long");

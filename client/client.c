@@ -164,8 +164,13 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
     c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
     c->retries = o.retries > 0 ? o.retries : (o.retries < 0 ? 0 : 2);
     /* a client waits on every answer: publish at once rather than batch */
+    /* replies under _INBOX.<tenant>: a bus configured by `dsec auth` lets this
+     * tenant subscribe there and nowhere else, so no tenant reads another's answers */
+    char inbox[DSEC_NAME_LEN_MAX + 8];
+    snprintf(inbox, sizeof inbox, "_INBOX.%s", tenant);
     dsec_bus_opts bo = {.url = o.url, .name = o.name ? o.name : "dsec-client",
-                        .threads = o.threads > 0 ? o.threads : 2, .low_latency = true};
+                        .threads = o.threads > 0 ? o.threads : 2, .low_latency = true,
+                        .inbox_prefix = inbox};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0) {
         dsec_client_free(c);
         return -1;
@@ -537,12 +542,13 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
     struct exec_stream st = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
                              .fn = fn, .ud = ud, .id = id};
     dsec_actor *sa = NULL;
-    char subj[64], sid[33];
+    char subj[160], sid[33];
     if (rc == 0 && fn != NULL) {
         /* subscribed before the request goes out on the same connection, so
          * the server has the subscription before the node can publish */
         dsec_bus_new_id(sid);
-        snprintf(subj, sizeof subj, "_INBOX.dsec-exec.%s", sid);
+        /* under this connection's inbox prefix: the one subtree a tenant may subscribe to */
+        snprintf(subj, sizeof subj, "%s.exec.%s", dsec_bus_inbox_prefix(c->bus), sid);
         m.stream_to = subj;
         if (dsec_actor_new(&sa, c->bus, "exec-stream", err) < 0)
             rc = -1;

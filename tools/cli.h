@@ -26,6 +26,7 @@ int dsec_cli_job(int argc, char **argv);  /* play a preemptible job (tools/preem
 int dsec_cli_traj(int argc, char **argv); /* dsec traj show ROLLOUT */
 int dsec_cli_tenant(int argc, char **argv);  /* quotas of tenants (tools/tenant.c) */
 int dsec_cli_project(int argc, char **argv); /* ... and of their projects */
+int dsec_cli_auth(int argc, char **argv);    /* nats-server config + credentials (tools/auth.c) */
 
 /* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
 void dsec_cli_block_signals(void);

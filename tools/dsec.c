@@ -34,6 +34,7 @@ static const command commands[] = {
     {"layer", dsec_cli_layer, "build, push, list and remove layers: dsec layer build DIR --name N:V"},
     {"env", dsec_cli_env, "create, show and list environments (ordered layers + settings)"},
     {"tenant", dsec_cli_tenant, "set, show, list and remove tenants' quotas: dsec tenant set T --sandboxes N"},
+    {"auth", dsec_cli_auth, "write the nats-server config confining each tenant, and credentials"},
     {"project", dsec_cli_project, "the same for projects, nested under their tenant: dsec project set T/P"},
 };
 
