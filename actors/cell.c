@@ -404,7 +404,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     static const char *const q_keys[] = {"enabled", "pending_ms", "reload_ms", "replicas", NULL};
     if (dsec_cfg_expect(cfg, qu, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, qu, q_keys, err) < 0 ||
         dsec_cfg_bool(cfg, qu, "enabled", c->quota, &c->quota, err) < 0 ||
-        load_u32(cfg, qu, "pending_ms", &c->quota_pending_ms, 1000, 3600000, err) < 0 ||
+        load_u32(cfg, qu, "pending_ms", &c->quota_pending_ms, 0, 3600000, err) < 0 ||
         load_u32(cfg, qu, "reload_ms", &c->quota_reload_ms, 100, 3600000, err) < 0 ||
         load_unsigned(cfg, qu, "replicas", &c->quota_replicas, 0, 5, err) < 0)
         return -1;

@@ -16,3 +16,13 @@ target_link_libraries(fuzz_agent_client_replay PRIVATE dsec_backends dsec_common
   dsec_warnings dsec_allocator)
 add_test(NAME agent_client_fuzz_corpus
   COMMAND fuzz_agent_client_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent_client)
+
+# The agent's own fuzz corpus (fuzz/fuzz_agent.c: a hostile client's byte stream against the
+# agent's frame reader and request decoders), replayed in every build. It chroots: root only
+# (77 = skipped otherwise).
+add_executable(fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent.c
+  ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
+target_link_libraries(fuzz_agent_replay PRIVATE dsec_common Threads::Threads dsec_warnings
+  dsec_allocator)
+add_test(NAME agent_fuzz_corpus COMMAND fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent)
+set_tests_properties(agent_fuzz_corpus PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)

@@ -30,6 +30,23 @@
 
 #include "backends/agent/agent-proto.h"
 
+#ifdef DSEC_AGENT_FUZZ
+/* fuzz/fuzz_agent.c compiles this file in. Requests are decoded and commands prepared and forked
+ * for real, but no program ever runs: execve always fails as for a missing file, so the child
+ * walks the PATH search and reports the failure (exit 127). main is renamed out of the way. */
+static int fuzz_execve(const char *file, char *const argv[], char *const envp[])
+{
+    (void)file;
+    (void)argv;
+    (void)envp;
+    errno = ENOENT;
+    return -1;
+}
+#define execve fuzz_execve
+#define main dsec__agent_main
+int dsec__agent_main(int argc, char **argv);
+#endif
+
 /*
  * One thread, one epoll loop. Everything the loop watches starts with a
  * `kind` field so an event finds its object. Objects that die during a batch
@@ -780,9 +797,17 @@ static void child_run(const struct spawn *s)
 static char spawn_path[DSEC__AGENT_PATH_MAX + DSEC__AGENT_ARG_LEN_MAX + 2];
 static char spawn_msg[DSEC__AGENT_ARG_LEN_MAX + 256];
 
+#ifdef DSEC_AGENT_FUZZ
+/* Defined by the harness: checks, in the parent, what the child is about to get. */
+static void fuzz_check_spawn(const struct spawn *s);
+#endif
+
 /* vfork in a function of its own: the caller's locals stay out of the child's way. */
 static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
 {
+#ifdef DSEC_AGENT_FUZZ
+    fuzz_check_spawn(s);
+#endif
     pid_t pid = vfork();
     if (pid == 0)
         child_run(s);
@@ -1833,6 +1858,43 @@ static int load_env_file(const char *file, char ***env, size_t *n, size_t *cap)
     return 0;
 }
 
+/* One turn of the event loop: wait up to timeout_ms (-1: no limit) for events and handle them.
+ * Returns -1 when epoll_wait itself failed. (fuzz/fuzz_agent.c turns it too.) */
+static int loop_once(int timeout_ms)
+{
+    struct epoll_event evs[64];
+    int n = epoll_wait(g.ep, evs, 64, timeout_ms);
+    if (n < 0 && errno != EINTR) {
+        logmsg("epoll_wait: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int kind = *(int *)evs[i].data.ptr;
+        if (kind == K_LISTEN)
+            on_listen();
+        else if (kind == K_SIGNAL)
+            on_signal();
+        else if (kind == K_CONN) {
+            struct conn *c = evs[i].data.ptr;
+            if (c->dead)
+                continue;
+            if (c->port && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
+                conn_close(c); /* the host disconnected: drop what it did not get */
+            } else {
+                on_conn(c, evs[i].events);
+            }
+        } else if (kind == K_PIPE) {
+            on_pipe(evs[i].data.ptr, evs[i].events);
+        } else if (kind == K_PORT) {
+            on_port(evs[i].data.ptr);
+        }
+    }
+    check_timeouts();
+    ports_retry();
+    free_dead();
+    return 0;
+}
+
 static void usage(void)
 {
     fputs("usage: dsec-agent (--listen-fd N | --listen PATH | (--port DEV | --port-name NAME)...)\n"
@@ -2001,38 +2063,9 @@ int main(int argc, char **argv)
             return finish(1);
     }
 
-    struct epoll_event evs[64];
-    while (!g.terminating) {
-        int n = epoll_wait(g.ep, evs, 64, next_timeout_ms());
-        if (n < 0 && errno != EINTR) {
-            logmsg("epoll_wait: %s", strerror(errno));
+    while (!g.terminating)
+        if (loop_once(next_timeout_ms()) < 0)
             break;
-        }
-        for (int i = 0; i < n; i++) {
-            int kind = *(int *)evs[i].data.ptr;
-            if (kind == K_LISTEN)
-                on_listen();
-            else if (kind == K_SIGNAL)
-                on_signal();
-            else if (kind == K_CONN) {
-                struct conn *c = evs[i].data.ptr;
-                if (c->dead)
-                    continue;
-                if (c->port && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
-                    conn_close(c); /* the host disconnected: drop what it did not get */
-                } else {
-                    on_conn(c, evs[i].events);
-                }
-            } else if (kind == K_PIPE) {
-                on_pipe(evs[i].data.ptr, evs[i].events);
-            } else if (kind == K_PORT) {
-                on_port(evs[i].data.ptr);
-            }
-        }
-        check_timeouts();
-        ports_retry();
-        free_dead();
-    }
     shutdown_all();
     return finish(0);
 }
