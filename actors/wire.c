@@ -2,6 +2,7 @@
 #include "actors/wire.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "dsec/alloc.h"
@@ -55,6 +56,8 @@ dsec_buf *dsec_wire_buf(void)
     return w ? &w->buf : NULL;
 }
 
+static const char *req_id_or_null(const char *id);
+
 int dsec_wire_send(dsec_actor *actor, dsec_bus *bus, const char *subject, const char *reply,
                    int type, const void *msg, const char *req_id, dsec_err *err)
 {
@@ -76,7 +79,86 @@ int dsec_wire_reply(dsec_actor *actor, dsec_msg *m, int type, const void *msg, d
     if (reply == NULL)
         return 0;
     return dsec_wire_send(actor, dsec_actor_bus(actor), reply, NULL, type, msg,
-                          dsec_msg_header(m, DSEC_HDR_REQ_ID), err);
+                          req_id_or_null(dsec_msg_header(m, DSEC_HDR_REQ_ID)), err);
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 when the
+ * bytes there are not one (overlong forms, surrogates and code points past
+ * U+10FFFF included). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    size_t len;
+    unsigned cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, cp = c & 0x07;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return len;
+}
+
+/* Copy src into dst (size n > 0) as valid UTF-8: bytes that are not part of
+ * a valid sequence become '?', and a sequence that does not fit is cut
+ * whole. Error texts quote subjects and fields byte for byte, and a fixed
+ * buffer may cut them mid-character: either would make the error
+ * unencodable. */
+static void utf8_clean(char *dst, size_t n, const char *src)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    size_t left = strlen(src), o = 0;
+    while (left > 0) {
+        size_t k = utf8_seq(s, left);
+        if (o + (k ? k : 1) >= n)
+            break;
+        if (k == 0) {
+            dst[o++] = '?';
+            k = 1;
+        } else {
+            memcpy(dst + o, s, k);
+            o += k;
+        }
+        s += k;
+        left -= k;
+    }
+    dst[o] = '\0';
+}
+
+/* A request id as the protocol allows it (1-64 bytes of UTF-8 without
+ * control characters), else NULL: an id a requester put in a header is
+ * echoed only when the reply can carry it. */
+static const char *req_id_or_null(const char *id)
+{
+    if (id == NULL)
+        return NULL;
+    size_t n = strlen(id);
+    if (n == 0 || n > 64)
+        return NULL;
+    const unsigned char *s = (const unsigned char *)id;
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0x20 || s[i] == 0x7f)
+            return NULL;
+        size_t k = utf8_seq(s + i, n - i);
+        if (k == 0)
+            return NULL;
+        i += k;
+    }
+    return id;
 }
 
 void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, const dsec_err *e,
@@ -86,7 +168,18 @@ void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, c
         dsec_actor_count_error(actor);
     if (subject == NULL)
         return;
-    dsec_msg_error m = {.code = dsec_code_name(e->code), .message = e->msg,
+    /* Nothing the failed request carried may stop its answer: every string
+     * is made encodable first, so a malformed request never meets silence. */
+    char msg[DSEC_ERR_MSG_MAX], fld[257];
+    utf8_clean(msg, sizeof msg, e->msg);
+    if (msg[0] == '\0')
+        snprintf(msg, sizeof msg, "%s", dsec_code_name(e->code));
+    if (field != NULL) {
+        utf8_clean(fld, sizeof fld, field);
+        field = fld[0] != '\0' ? fld : NULL;
+    }
+    req_id = req_id_or_null(req_id);
+    dsec_msg_error m = {.code = dsec_code_name(e->code), .message = msg,
                         .retry_safe = dsec_code_retry_safe(e->code), .field = field,
                         .req_id = req_id};
     dsec_err ignored;
