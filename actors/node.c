@@ -1685,9 +1685,14 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_op op;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0 ||
-        op.req_id == NULL || op.tenant == NULL)
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
+        dsec_wire_error(a, m, &err); /* malformed: an error, not the silence of "not here" */
         return;
+    }
+    if (op.req_id == NULL || op.tenant == NULL) {
+        reply_err(n, m, DSEC_E_INVALID, "lookup: req_id and tenant are required");
+        return;
+    }
     pthread_mutex_lock(&n->mu);
     struct sbx *s = find_req(n, op.tenant, op.req_id);
     pthread_mutex_unlock(&n->mu);

@@ -660,15 +660,21 @@ static int quota_names_ok(const dsec_msg_quota *d, dsec_err *err)
     return 0;
 }
 
+/* A quota message with valid names, decoded from m. */
+static int quota_decode(dsec_msg *m, dsec_msg_quota *d, dsec_err *err)
+{
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), d, err) < 0)
+        return -1;
+    return quota_names_ok(d, err);
+}
+
 /* dsec.v1.ctl.quota.<cell>.set: define, change or (remove) delete one level. */
 static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), &d, &err) <
-            0 ||
-        quota_names_ok(&d, &err) < 0) {
+    if (quota_decode(m, &d, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
@@ -729,9 +735,7 @@ static void on_changed(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), &d, &err) <
-            0 ||
-        quota_names_ok(&d, &err) < 0) {
+    if (quota_decode(m, &d, &err) < 0) {
         dsec_actor_count_error(a);
         return;
     }
@@ -770,9 +774,7 @@ static void on_get(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), &d, &err) <
-            0 ||
-        quota_names_ok(&d, &err) < 0) {
+    if (quota_decode(m, &d, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }

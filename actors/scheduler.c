@@ -425,6 +425,12 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
     const char *tenant = nt >= 4 ? tok[2] : "";
     dsec_err err;
+    if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0) {
+        /* the subject names the tenant: one that is no name cannot own a sandbox */
+        fail_to(s, reply_to, NULL, DSEC_E_INVALID,
+                "create: the subject's tenant token must be 1-64 characters of A-Z a-z 0-9 _ -");
+        return;
+    }
     dsec_msg_place p = {.reply_to = reply_to, .attempt = 1};
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, dsec_msg_data(m), dsec_msg_len(m), &p.c,
                     &err) < 0) {

@@ -190,6 +190,19 @@ static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_reclaim r;
     dsec_decoder *d = dsec_decoder_new(NULL);
     if (d == NULL || dsec_decode(d, DSEC_MSG_RECLAIM, dsec_msg_data(m), dsec_msg_len(m), &r, &err) < 0) {
+        /* a malformed reclaim is answered, so its sender does not wait out its deadline */
+        if (d == NULL)
+            dsec_err_set(&err, DSEC_E_NOMEM, 0, "out of memory");
+        const char *field = d ? dsec_decoder_bad_field(d) : NULL;
+        dsec_msg_error e = {.code = dsec_code_name(err.code), .message = err.msg,
+                            .field = field && field[0] ? field : NULL};
+        dsec_buf b;
+        dsec_buf_init(&b);
+        dsec_hdr hdr = {.type = "error", .schema = DSEC_SCHEMA_VERSION};
+        dsec_err ignored;
+        if (dsec_encode(&b, DSEC_MSG_ERROR, &e, &ignored) == 0)
+            dsec_msg_respond(a, m, &hdr, b.data, b.len, &ignored);
+        dsec_buf_release(&b);
         dsec_decoder_free(d);
         dsec_actor_count_error(a);
         return;
