@@ -1419,7 +1419,9 @@ static uint64_t key_of(const dsec_msg *cm, void *ud)
  * under the node lock together with taking the queued events, so the events
  * that leave before a full report are exactly those the report includes. */
 struct usage_set {
-    dsec_msg_usage *v; /* open-addressed by (tenant, project); strings point into sandboxes */
+    dsec_msg_usage *v; /* open-addressed by (tenant, project) while collecting, then packed */
+    char (*names)[2][DSEC_NAME_LEN_MAX + 1]; /* what v's strings point to once packed: the
+                                                sandboxes may be gone when the report is sent */
     size_t cap, n;
 };
 
@@ -1429,9 +1431,16 @@ static void usage_collect_locked(dsec_node *n, struct usage_set *u)
     while (cap < n->live * 2 + 1)
         cap *= 2;
     u->v = dsec_calloc(cap, sizeof *u->v);
-    u->cap = u->v ? cap : 0;
+    u->names = dsec_malloc(cap * sizeof *u->names);
+    if (u->v == NULL || u->names == NULL) {
+        dsec_free(u->v);
+        dsec_free(u->names);
+        *u = (struct usage_set){0}; /* the report goes without usage; the next one has it */
+        return;
+    }
+    u->cap = cap;
     u->n = 0;
-    for (size_t b = 0; u->v && b < n->nbuckets; b++)
+    for (size_t b = 0; b < n->nbuckets; b++)
         for (struct sbx *s = n->by_id[b]; s; s = s->next_id) {
             size_t i = hash_str(s->tenant, s->project) & (cap - 1);
             while (u->v[i].tenant &&
@@ -1451,8 +1460,10 @@ static void usage_collect_locked(dsec_node *n, struct usage_set *u)
     for (size_t i = 0; i < u->cap; i++)
         if (u->v[i].tenant) {
             u->v[k] = u->v[i];
-            if (u->v[k].project[0] == '\0')
-                u->v[k].project = NULL;
+            snprintf(u->names[k][0], sizeof u->names[k][0], "%s", u->v[i].tenant);
+            snprintf(u->names[k][1], sizeof u->names[k][1], "%s", u->v[i].project);
+            u->v[k].tenant = u->names[k][0];
+            u->v[k].project = u->names[k][1][0] ? u->names[k][1] : NULL;
             k++;
         }
     u->n = k;
@@ -1553,6 +1564,9 @@ static void report(dsec_node *n, bool force_full, uint64_t now)
     n->nevents = n->cap_events = 0;
     if (full)
         usage_collect_locked(n, &u);
+    if (full && u.v == NULL)
+        full = false; /* out of memory: a full report without usage would zero this node's
+                         share at the quota actor; the next tick tries again */
     bool dirty = n->dirty;
     pthread_mutex_unlock(&n->mu);
     /* events first: a quota actor applies them, then the full report's usage replaces its
@@ -1562,6 +1576,7 @@ static void report(dsec_node *n, bool force_full, uint64_t now)
         publish_capacity(n, full, now, &u);
     pthread_mutex_unlock(&n->report_mu);
     dsec_free(u.v);
+    dsec_free(u.names);
 }
 
 static void tick_capacity(void *ud, uint64_t now)

@@ -438,6 +438,10 @@ static void on_admit(dsec_actor *a, dsec_msg *m, void *ud)
     int rc = 0;
     if (map_get(&q->pending, pkey) != NULL) {
         rc = 0; /* a repeat of an admission in flight: admitted once */
+    } else if (!defined_locked(q, key)) {
+        /* no limit anywhere above it: nothing to hold in flight (its sandboxes are
+         * still counted from the nodes, should a quota be set later) */
+        q->st.admitted++;
     } else {
         uint64_t n = ad.n ? ad.n : 1;
         struct res need = {(int64_t)n, (int64_t)(n * ad.cpu_milli), (int64_t)(n * ad.memory_mb)};

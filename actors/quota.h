@@ -16,7 +16,8 @@
  * their lifecycle events as they happen, and the usage every full capacity
  * report carries, which replaces the node's share (a lost event heals at
  * the next full report). Admissions not yet seen as sandboxes count too,
- * until their sandbox's creation event arrives or pending_ms passes.
+ * until their sandbox's creation event arrives or pending_ms passes (only
+ * for tenants with a quota somewhere: others have nothing to hold back).
  *
  * Definitions (dsec_msg_quota) live in the JetStream KV bucket `bucket`,
  * shared by every cell; each cell enforces them on what runs in that cell.
