@@ -1,6 +1,7 @@
 /* test_auth.c - bus permissions for real: `dsec auth` writes a nats-server configuration, the server runs it, and tenants stay inside their own subjects. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -56,12 +57,12 @@ static int free_port(void)
 static int run(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int run(char *out, size_t n, const char *fmt, ...)
 {
-    char cmd[2048];
+    char body[2048], cmd[2100];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    snprintf(cmd, sizeof cmd, "( %s ) 2>&1", body); /* every command's errors into out */
     FILE *p = popen(cmd, "r");
     if (p == NULL)
         return -1;
@@ -93,12 +94,19 @@ static int read_url(const char *user, char *out, size_t n)
     return rc;
 }
 
+static int start_server_at(const char *conf_dir, int at_port, pid_t *pid);
+
 static int start_server(void)
 {
-    char conf[128];
-    snprintf(conf, sizeof conf, "%s/nats-server.conf", dir);
-    server = fork();
-    if (server == 0) {
+    return start_server_at(dir, port, &server);
+}
+
+static int start_server_at(const char *conf_dir, int at_port, pid_t *pid)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s/nats-server.conf", conf_dir);
+    pid_t child = *pid = fork();
+    if (child == 0) {
         int null = open("/dev/null", 01);
         dup2(null, 1);
         dup2(null, 2);
@@ -107,7 +115,7 @@ static int start_server(void)
     }
     for (int i = 0; i < 100; i++) { /* ready when it accepts connections */
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)at_port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
         close(fd);
@@ -322,6 +330,78 @@ static void test_tenants_stay_in_their_subjects(void **state)
     dsec_cell_conf_release(&c);
 }
 
+/* TLS: a CA and a server certificate for 127.0.0.1 made with openssl, a server that
+ * requires TLS, and clients that verify it. */
+static void test_tls(void **state)
+{
+    (void)state;
+    char out[4096];
+    if (run(out, sizeof out, "command -v openssl") != 0)
+        skip();
+    char tls[128], adir[160];
+    snprintf(tls, sizeof tls, "%s/tls", dir);
+    snprintf(adir, sizeof adir, "%s/tls-auth", dir);
+    assert_int_equal(run(out, sizeof out,
+                         "mkdir -p %s && cd %s && "
+                         "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+                         "-subj /CN=dsec-test-ca && "
+                         "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 && "
+                         "printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
+                         "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem "
+                         "-days 2 -extfile ext",
+                         tls, tls),
+                     0);
+    int tport = free_port();
+    assert_true(tport > 0);
+    assert_int_equal(run(out, sizeof out,
+                         "'%s' auth --out %s --tenant alice --listen 127.0.0.1:%d --tls-cert %s/srv.pem "
+                         "--tls-key %s/srv.key --tls-ca %s/ca.pem",
+                         dsec_bin, adir, tport, tls, tls, tls),
+                     0);
+    char path[256], url[256] = "", line[512];
+    snprintf(path, sizeof path, "%s/creds/control.env", adir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    bool has_ca = false;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "DSEC_URL=", 9) == 0 && strlen(line + 9) < sizeof url)
+            memcpy(url, line + 9, strlen(line + 9) + 1);
+        has_ca |= strncmp(line, "DSEC_TLS_CA=", 12) == 0;
+    }
+    fclose(f);
+    assert_true(has_ca);
+    assert_int_equal(strncmp(url, "tls://", 6), 0);
+    pid_t tserver = -1;
+    assert_int_equal(start_server_at(adir, tport, &tserver), 0);
+
+    char ca[192];
+    snprintf(ca, sizeof ca, "%s/ca.pem", tls);
+    unsetenv("DSEC_TLS_CA");
+    dsec_err err;
+    dsec_bus *bus = NULL;
+    /* verified against the CA: it connects and the server answers */
+    dsec_bus_opts o = {.url = url, .tls_ca = ca, .connect_timeout_ms = 3000, .max_reconnect = 1};
+    int rc = dsec_bus_connect(&bus, &o, &err);
+    if (rc < 0)
+        fprintf(stderr, "tls connect: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(dsec_bus_flush(bus, 2000, &err), 0);
+    dsec_bus_free(bus);
+    /* a client that does not trust the CA is refused the connection */
+    o.tls_ca = "/etc/ssl/certs/ca-certificates.crt";
+    assert_int_equal(dsec_bus_connect(&bus, &o, &err), -1);
+    printf("auth: TLS with an untrusted server certificate: %s\n", err.msg);
+    /* plain text to a server that requires TLS: refused */
+    char plain[256];
+    snprintf(plain, sizeof plain, "nats%s", strstr(url, "://"));
+    o = (dsec_bus_opts){.url = plain, .connect_timeout_ms = 3000, .max_reconnect = 1};
+    assert_int_equal(dsec_bus_connect(&bus, &o, &err), -1);
+    assert_null(strstr(err.msg, strchr(strstr(url, "://") + 3, ':') + 1)); /* no password */
+    kill(tserver, SIGTERM);
+    waitpid(tserver, NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
     dsec_bin = argc > 1 ? argv[1] : NULL;
@@ -329,6 +409,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_config_and_credentials),
         cmocka_unit_test(test_no_credentials_no_bus),
         cmocka_unit_test(test_tenants_stay_in_their_subjects),
+        cmocka_unit_test(test_tls),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
