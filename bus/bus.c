@@ -326,6 +326,11 @@ const char *dsec_bus_inbox_prefix(const dsec_bus *bus)
     return bus->inbox_prefix;
 }
 
+const char *dsec_bus_url_shown(const dsec_bus *bus)
+{
+    return bus->url_shown;
+}
+
 static void bus_release(dsec_bus *bus)
 {
     dsec__pool_stop(&bus->pool);

@@ -112,6 +112,9 @@ void dsec_bus_free(dsec_bus *bus);
  * reply subjects it subscribes to (streams) belong under "<prefix>.". */
 const char *dsec_bus_inbox_prefix(const dsec_bus *bus);
 
+/* The URL(s) it was given, with passwords shown as "***": for logs. */
+const char *dsec_bus_url_shown(const dsec_bus *bus);
+
 /* Whether the connection is currently up. */
 bool dsec_bus_connected(const dsec_bus *bus);
 

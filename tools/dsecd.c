@@ -51,7 +51,8 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "dsecd: cell %s on %s: %zu node(s), %zu scheduler(s)\n", conf.cell,
-            dsec_cell_url(cell), dsec_cell_node_count(cell), dsec_cell_sched_count(cell));
+            dsec_bus_url_shown(dsec_cell_bus(cell)), dsec_cell_node_count(cell),
+            dsec_cell_sched_count(cell));
     dsec_cli_wait_for_signal();
     dsec_cell_stop(cell, false);
     dsec_cell_conf_release(&conf);
