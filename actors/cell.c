@@ -410,11 +410,12 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return -1;
 
     const dsec_cfg_node *tj = dsec_cfg_get(root, "trajectory");
-    static const char *const t_keys[] = {"retention_s", "max_bytes", NULL};
+    static const char *const t_keys[] = {"retention_s", "max_bytes", "replicas", NULL};
     uint64_t ret_s = 0, max_b = 0;
     if (dsec_cfg_expect(cfg, tj, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, tj, t_keys, err) < 0 ||
         dsec_cfg_u64(cfg, tj, "retention_s", 7 * 86400, 1, 1ull << 32, &ret_s, err) < 0 ||
-        dsec_cfg_u64(cfg, tj, "max_bytes", 0, 0, 1ull << 50, &max_b, err) < 0)
+        dsec_cfg_u64(cfg, tj, "max_bytes", 0, 0, 1ull << 50, &max_b, err) < 0 ||
+        load_unsigned(cfg, tj, "replicas", &c->traj_replicas, 0, 5, err) < 0)
         return -1;
     c->traj_retention_s = (int64_t)ret_s;
     c->traj_max_bytes = (int64_t)max_b;
@@ -615,7 +616,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
     if ((roles & DSEC_ROLE_NODE) && conf->jetstream) {
-        dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes};
+        dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes,
+                             .replicas = (int)conf->traj_replicas};
         dsec_err terr;
         if (dsec_traj_open(&c->traj, c->bus, &tc, &terr) < 0)
             fprintf(stderr, "dsecd %s: no trajectory log (operations naming a rollout_id will be "

@@ -68,6 +68,7 @@ typedef struct dsec_cell_conf {
     uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */
     int64_t traj_retention_s;  /* trajectory log retention; 0: 7 days */
     int64_t traj_max_bytes;    /* 0: unlimited */
+    unsigned traj_replicas;    /* JetStream replicas of DSEC_TRAJ; 0: 1 (3 on a NATS cluster) */
     char layers_kind[16];      /* layers.registry: local | shared | jetstream */
     char layers_path[1024];    /* local/shared: the registry directory; "": <state_dir>/layers */
     char layers_bucket[64];    /* jetstream: the bucket (default DSEC_LAYERS) */
