@@ -393,11 +393,12 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return -1;
 
     const dsec_cfg_node *ar = dsec_cfg_get(root, "arbiter");
-    static const char *const a_keys[] = {"lease_ms", "grace_ms", "max_evictions_per_min", NULL};
+    static const char *const a_keys[] = {"lease_ms", "grace_ms", "max_evictions_per_min", "replicas", NULL};
     if (dsec_cfg_expect(cfg, ar, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, ar, a_keys, err) < 0 ||
         load_u32(cfg, ar, "lease_ms", &c->arbiter_lease_ms, 300, 600000, err) < 0 ||
         load_u32(cfg, ar, "grace_ms", &c->arbiter_grace_ms, 1, 3600000, err) < 0 ||
-        load_u32(cfg, ar, "max_evictions_per_min", &c->arbiter_max_per_min, 1, 1000000, err) < 0)
+        load_u32(cfg, ar, "max_evictions_per_min", &c->arbiter_max_per_min, 1, 1000000, err) < 0 ||
+        load_unsigned(cfg, ar, "replicas", &c->arbiter_replicas, 0, 5, err) < 0)
         return -1;
 
     const dsec_cfg_node *qu = dsec_cfg_get(root, "quota");
@@ -706,7 +707,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     if (roles & DSEC_ROLE_ARBITER) {
         dsec_arbiter_conf ac = {.cell = conf->cell, .lease_ms = conf->arbiter_lease_ms,
                                 .grace_ms = conf->arbiter_grace_ms,
-                                .max_per_min = conf->arbiter_max_per_min};
+                                .max_per_min = conf->arbiter_max_per_min,
+                                .replicas = (int)conf->arbiter_replicas};
         if (dsec_arbiter_start(&c->arbiter, c->bus, &ac, err) < 0)
             goto out_fail;
     }

@@ -60,6 +60,7 @@ typedef struct dsec_cell_conf {
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
     uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
+    unsigned arbiter_replicas;  /* JetStream replicas of the arbiter's buckets; 0: 1 */
     bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */
     uint32_t quota_pending_ms;  /* 0: max(60000, wait_ms + 30000) */
     uint32_t quota_reload_ms;   /* 0: 10000 */
