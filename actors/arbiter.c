@@ -883,3 +883,4 @@ void dsec_arbiter_stats_get(dsec_arbiter *a, dsec_arbiter_stats *out)
 }
 
 const char *dsec_arbiter_name(const dsec_arbiter *a) { return a->name; }
+const dsec_actor *dsec_arbiter_actor(const dsec_arbiter *a) { return a->actor; }

@@ -50,5 +50,7 @@ typedef struct dsec_arbiter_stats {
 
 void dsec_arbiter_stats_get(dsec_arbiter *a, dsec_arbiter_stats *out);
 const char *dsec_arbiter_name(const dsec_arbiter *a);
+/* The arbiter's actor (its message counters); owned by the arbiter. */
+const dsec_actor *dsec_arbiter_actor(const dsec_arbiter *a);
 
 #endif

@@ -2,6 +2,7 @@
 #include "actors/cell.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "actors/config.h"
+#include "actors/metrics.h"
 #include "bus/layers-js.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
@@ -29,6 +31,7 @@ struct dsec_cell {
     dsec_arbiter *arbiter;
     dsec_quota *quota;
     dsec_layer_registry *layers; /* handed to the node managers' backends */
+    dsec_metrics *metrics;       /* the Prometheus endpoint, or NULL */
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -55,6 +58,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->max_attempts = 3;
     c->max_hops = 2;
     c->dead_after_ms = 3000;
+    c->lost_after_ms = 30000;
     c->capacity_ms = 100;
     c->full_ms = 5000;
     c->heartbeat_ms = 1000;
@@ -334,7 +338,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
                                       "scheduler", "arbiter", "quota", "trajectory", "reports", "layers", "net",
-                                      "nodes", NULL};
+                                      "metrics", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -381,13 +385,14 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 
     const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
     static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
-                                         "dead_after_ms", "summary_ms", "wait_ms", NULL};
+                                         "dead_after_ms", "lost_after_ms", "summary_ms", "wait_ms", NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
         load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
         load_unsigned(cfg, sc, "max_attempts", &c->max_attempts, 1, 64, err) < 0 ||
         load_unsigned(cfg, sc, "max_hops", &c->max_hops, 0, 16, err) < 0 ||
         load_u32(cfg, sc, "dead_after_ms", &c->dead_after_ms, 100, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "lost_after_ms", &c->lost_after_ms, 100, 86400000, err) < 0 ||
         load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0 ||
         load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0)
         return -1;
@@ -463,6 +468,21 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     if (load_net(cfg, dsec_cfg_get(root, "net"), &c->net, err) < 0)
         return -1;
 
+    const dsec_cfg_node *me = dsec_cfg_get(root, "metrics");
+    static const char *const me_keys[] = {"listen", NULL};
+    const char *mlisten;
+    if (dsec_cfg_expect(cfg, me, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, me, me_keys, err) < 0 ||
+        dsec_cfg_str(cfg, me, "listen", c->metrics_listen, &mlisten, err) < 0)
+        return -1;
+    if (strlen(mlisten) >= sizeof c->metrics_listen)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"listen\": at most %zu characters",
+                            dsec_cfg_name(cfg), dsec_cfg_get(me, "listen")->line,
+                            sizeof c->metrics_listen - 1);
+    if (mlisten[0] != '\0' && dsec_metrics_listen_check(mlisten, err) < 0)
+        return dsec_err_wrap(err, "%s:%d: key \"listen\"", dsec_cfg_name(cfg),
+                             dsec_cfg_get(me, "listen")->line);
+    snprintf(c->metrics_listen, sizeof c->metrics_listen, "%s", mlisten);
+
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
         return -1;
@@ -491,6 +511,17 @@ int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, 
     int rc = load_tree(cfg, c, err);
     dsec_cfg_free(cfg);
     return rc;
+}
+
+int dsec_cell_conf_set_metrics(dsec_cell_conf *c, const char *listen, dsec_err *err)
+{
+    if (strlen(listen) >= sizeof c->metrics_listen)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "--metrics: at most %zu characters",
+                            sizeof c->metrics_listen - 1);
+    if (listen[0] != '\0' && dsec_metrics_listen_check(listen, err) < 0)
+        return dsec_err_wrap(err, "--metrics");
+    snprintf(c->metrics_listen, sizeof c->metrics_listen, "%s", listen);
+    return 0;
 }
 
 int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t count, uint64_t cpu,
@@ -575,6 +606,304 @@ static int open_layers(dsec_cell *c, dsec_err *err)
     }
     if (rc < 0)
         return dsec_err_wrap(err, "cell %s: layer registry", conf->cell);
+    return 0;
+}
+
+/* ---- Prometheus metrics (docs/metrics.md) ---------------------------------------------------
+ * Rendered on the metrics server's thread at each scrape: every actor's
+ * counters are copied first (one short lock or a few atomic loads each), so
+ * a scrape never holds an actor up for longer than a stats call. */
+
+struct field {
+    const char *name, *type, *help;
+    size_t off;   /* of a uint64_t in the stats struct */
+    double scale; /* to the family's unit */
+};
+
+#define U64_AT(base, off) (*(const uint64_t *)((const char *)(base) + (off)))
+
+/* One family per field, one sample per instance (labels: cell and kind=name). */
+static void emit_fields(dsec_metrics_text *t, const struct field *f, size_t nf, const char *cell,
+                        const char *kind, const char *const *names, const void *stats,
+                        size_t stride, size_t n)
+{
+    for (size_t i = 0; i < nf; i++) {
+        dsec_metrics_family(t, f[i].name, f[i].type, f[i].help);
+        for (size_t j = 0; j < n; j++) {
+            const char *l[] = {"cell", cell, kind, names[j]};
+            const void *st = (const char *)stats + j * stride;
+            dsec_metrics_sample(t, f[i].name, l, kind ? 2 : 1, (double)U64_AT(st, f[i].off) * f[i].scale);
+        }
+    }
+}
+
+static const struct field bus_fields[] = {
+    {"dsec_bus_async_errors_total", "counter", "Errors the NATS client reported asynchronously.",
+     offsetof(dsec_bus_stats, async_errors), 1},
+    {"dsec_bus_slow_consumers_total", "counter",
+     "Async errors that were a subscription's client-side queue overflowing (messages lost).",
+     offsetof(dsec_bus_stats, slow_consumers), 1},
+    {"dsec_bus_disconnects_total", "counter", "Times the bus connection was lost.",
+     offsetof(dsec_bus_stats, disconnects), 1},
+    {"dsec_bus_reconnects_total", "counter", "Times the bus connection was re-established.",
+     offsetof(dsec_bus_stats, reconnects), 1},
+    {"dsec_bus_mailbox_drops_total", "counter", "Messages dropped by full actor mailboxes, all actors.",
+     offsetof(dsec_bus_stats, mailbox_drops), 1},
+    {"dsec_bus_requests_pending", "gauge", "Requests waiting for their answer now.",
+     offsetof(dsec_bus_stats, requests_pending), 1},
+};
+
+static const struct field actor_fields[] = {
+    {"dsec_actor_messages_in_total", "counter", "Messages handed to the actor's handlers.",
+     offsetof(dsec_actor_stats, msgs_in), 1},
+    {"dsec_actor_messages_out_total", "counter", "Messages the actor published or replied.",
+     offsetof(dsec_actor_stats, msgs_out), 1},
+    {"dsec_actor_errors_total", "counter", "Errors the actor's handlers reported.",
+     offsetof(dsec_actor_stats, errors), 1},
+    {"dsec_actor_dropped_total", "counter", "Messages dropped because the actor's mailbox was full.",
+     offsetof(dsec_actor_stats, dropped), 1},
+    {"dsec_actor_mailbox_depth", "gauge", "Messages waiting in the actor's mailbox now.",
+     offsetof(dsec_actor_stats, mailbox_depth), 1},
+    {"dsec_actor_mailbox_peak", "gauge", "The deepest the actor's mailbox has been.",
+     offsetof(dsec_actor_stats, mailbox_peak), 1},
+    {"dsec_actor_handler_seconds_total", "counter", "Time spent in the actor's handlers.",
+     offsetof(dsec_actor_stats, handler_ns), 1e-9},
+};
+
+static const struct field sched_fields[] = {
+    {"dsec_scheduler_creates_total", "counter", "Create requests the replica handled.",
+     offsetof(dsec_sched_stats, creates), 1},
+    {"dsec_scheduler_placed_total", "counter", "Place messages sent to nodes (first tries and retries).",
+     offsetof(dsec_sched_stats, placed), 1},
+    {"dsec_scheduler_retried_total", "counter", "Placements retried on another node after a refusal.",
+     offsetof(dsec_sched_stats, retried), 1},
+    {"dsec_scheduler_forwarded_total", "counter", "Creates forwarded to another cell.",
+     offsetof(dsec_sched_stats, forwarded), 1},
+    {"dsec_scheduler_failed_total", "counter", "Creates the replica answered with an error.",
+     offsetof(dsec_sched_stats, failed), 1},
+    {"dsec_scheduler_over_quota_total", "counter", "Creates the quota actor refused.",
+     offsetof(dsec_sched_stats, over_quota), 1},
+    {"dsec_scheduler_waited_total", "counter", "Rollout creates that waited for room.",
+     offsetof(dsec_sched_stats, waited), 1},
+    {"dsec_scheduler_nodes_expired_total", "counter", "Nodes taken out of placement for silence.",
+     offsetof(dsec_sched_stats, expired), 1},
+    {"dsec_scheduler_waiting", "gauge", "Rollout creates waiting for room now.",
+     offsetof(dsec_sched_stats, waiting), 1},
+    {"dsec_scheduler_nodes", "gauge", "Nodes in the replica's capacity view.",
+     offsetof(dsec_sched_stats, nodes), 1},
+};
+
+static const struct field node_fields[] = {
+    {"dsec_node_sandboxes_created_total", "counter", "Sandboxes the node manager created (forks included).",
+     offsetof(dsec_node_stats, created), 1},
+    {"dsec_node_sandboxes_destroyed_total", "counter", "Sandboxes the node manager destroyed.",
+     offsetof(dsec_node_stats, destroyed), 1},
+    {"dsec_node_placements_refused_total", "counter", "Placements refused by the node's admission.",
+     offsetof(dsec_node_stats, refused), 1},
+    {"dsec_node_adopted_total", "counter", "Sandboxes re-adopted from the journal at start.",
+     offsetof(dsec_node_stats, adopted), 1},
+    {"dsec_node_adopt_failed_total", "counter", "Journal sandboxes that could not be re-adopted at start.",
+     offsetof(dsec_node_stats, adopt_failed), 1},
+    {"dsec_node_cpu_free_cores", "gauge", "CPU the node can still admit, in cores.",
+     offsetof(dsec_node_stats, cpu_free_milli), 1e-3},
+    {"dsec_node_memory_free_bytes", "gauge", "Memory the node can still admit.",
+     offsetof(dsec_node_stats, mem_free_mb), 1048576.0},
+    {"dsec_node_slots_free", "gauge", "Sandbox slots the node can still admit.",
+     offsetof(dsec_node_stats, slots_free), 1},
+    {"dsec_node_network_alerts_total", "counter",
+     "Network alerts published (blocked connections, refused DNS names).",
+     offsetof(dsec_node_stats, net_alerts), 1},
+};
+
+static const struct field arbiter_fields[] = {
+    {"dsec_arbiter_takeovers_total", "counter", "Times this arbiter acquired the cell's lease.",
+     offsetof(dsec_arbiter_stats, takeovers), 1},
+    {"dsec_arbiter_reclaims_requested_total", "counter", "Reclaim requests sent to preemptible jobs.",
+     offsetof(dsec_arbiter_stats, requests), 1},
+    {"dsec_arbiter_reclaims_acked_total", "counter", "Reclaim requests the job accepted.",
+     offsetof(dsec_arbiter_stats, acked), 1},
+    {"dsec_arbiter_reclaims_honoured_total", "counter", "Reclaims released by the job before the deadline.",
+     offsetof(dsec_arbiter_stats, honoured), 1},
+    {"dsec_arbiter_reclaims_forced_total", "counter", "Reclaims released by force after the deadline.",
+     offsetof(dsec_arbiter_stats, forced), 1},
+    {"dsec_arbiter_reclaims_adopted_total", "counter", "Pending reclaims taken over from a previous arbiter.",
+     offsetof(dsec_arbiter_stats, adopted), 1},
+    {"dsec_arbiter_reclaims_capped_total", "counter", "Victims not asked because of the eviction-rate cap.",
+     offsetof(dsec_arbiter_stats, capped), 1},
+    {"dsec_arbiter_reclaims_pending", "gauge", "Reclaims outstanding now.",
+     offsetof(dsec_arbiter_stats, pending), 1},
+};
+
+static const struct field quota_fields[] = {
+    {"dsec_quota_admitted_total", "counter", "Creates admitted against their tenant's and projects' quotas.",
+     offsetof(dsec_quota_stats, admitted), 1},
+    {"dsec_quota_refused_total", "counter", "Creates refused for want of quota.",
+     offsetof(dsec_quota_stats, refused), 1},
+    {"dsec_quota_released_total", "counter", "Admissions given back because the create failed.",
+     offsetof(dsec_quota_stats, released), 1},
+    {"dsec_quota_expired_total", "counter", "Admissions given back because no sandbox appeared in time.",
+     offsetof(dsec_quota_stats, expired), 1},
+    {"dsec_quota_pending", "gauge", "Admissions in flight now (not yet seen as sandboxes).",
+     offsetof(dsec_quota_stats, pending), 1},
+    {"dsec_quota_definitions", "gauge", "Tenants and projects with a quota defined.",
+     offsetof(dsec_quota_stats, definitions), 1},
+    {"dsec_quota_nodes", "gauge", "Nodes whose usage the quota actor counts.",
+     offsetof(dsec_quota_stats, nodes), 1},
+};
+
+#define NFIELDS(a) (sizeof(a) / sizeof((a)[0]))
+#define MAX_TYPES 32
+
+/* What one scrape copies from the nodes. */
+struct node_snap {
+    dsec_node_stats st;
+    uint64_t states[DSEC_NODE_NSTATES];
+    const char *types[MAX_TYPES];
+    uint64_t type_live[MAX_TYPES];
+    size_t ntypes;
+    dsec_metrics_hist_snap lat;
+};
+
+static void render_nodes(dsec_metrics_text *t, dsec_cell *c)
+{
+    const char *cell = c->conf.cell;
+    size_t n = c->nnodes;
+    struct node_snap *ns = dsec_calloc(n ? n : 1, sizeof *ns);
+    const char **names = dsec_calloc(n ? n : 1, sizeof *names);
+    dsec_node_stats *st = dsec_calloc(n ? n : 1, sizeof *st);
+    if (ns == NULL || names == NULL || st == NULL) {
+        t->failed = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        names[i] = dsec_node_name(c->nodes[i]);
+        dsec_node_stats_get(c->nodes[i], &st[i]);
+        dsec_node_states_get(c->nodes[i], ns[i].states);
+        ns[i].ntypes = dsec_node_types_get(c->nodes[i], ns[i].types, ns[i].type_live, MAX_TYPES);
+        dsec_node_create_latency(c->nodes[i], &ns[i].lat);
+    }
+    emit_fields(t, node_fields, NFIELDS(node_fields), cell, "node", names, st, sizeof *st, n);
+    dsec_metrics_family(t, "dsec_node_sandboxes", "gauge", "Sandboxes present on the node, by lifecycle state.");
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < DSEC_NODE_NSTATES; k++) {
+            const char *l[] = {"cell", cell, "node", names[i], "state", dsec_node_state_names[k]};
+            dsec_metrics_sample(t, "dsec_node_sandboxes", l, 3, (double)ns[i].states[k]);
+        }
+    dsec_metrics_family(t, "dsec_node_sandboxes_by_type", "gauge", "Sandboxes present on the node, by type.");
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < ns[i].ntypes; k++) {
+            const char *l[] = {"cell", cell, "node", names[i], "type", ns[i].types[k]};
+            dsec_metrics_sample(t, "dsec_node_sandboxes_by_type", l, 3, (double)ns[i].type_live[k]);
+        }
+    dsec_metrics_family(t, "dsec_node_reaped_total", "counter",
+                        "Sandboxes destroyed by the node for their lifetime (ttl) or idleness (idle).");
+    for (size_t i = 0; i < n; i++) {
+        const char *lt[] = {"cell", cell, "node", names[i], "reason", "ttl"};
+        const char *li[] = {"cell", cell, "node", names[i], "reason", "idle"};
+        dsec_metrics_sample(t, "dsec_node_reaped_total", lt, 3, (double)st[i].reaped_ttl);
+        dsec_metrics_sample(t, "dsec_node_reaped_total", li, 3, (double)st[i].reaped_idle);
+    }
+    dsec_metrics_family(t, "dsec_node_create_seconds", "histogram",
+                        "Time from a place message's arrival to the created answer, creates that made a sandbox.");
+    for (size_t i = 0; i < n; i++) {
+        const char *l[] = {"cell", cell, "node", names[i]};
+        dsec_metrics_hist_samples(t, "dsec_node_create_seconds", l, 2, &ns[i].lat);
+    }
+out:
+    dsec_free(ns);
+    dsec_free(names);
+    dsec_free(st);
+}
+
+static void render_scheds(dsec_metrics_text *t, dsec_cell *c)
+{
+    const char *cell = c->conf.cell;
+    size_t n = c->nscheds;
+    dsec_sched_stats *st = dsec_calloc(n ? n : 1, sizeof *st);
+    dsec_metrics_hist_snap *lat = dsec_calloc(n ? n : 1, sizeof *lat);
+    const char **names = dsec_calloc(n ? n : 1, sizeof *names);
+    if (st == NULL || lat == NULL || names == NULL) {
+        t->failed = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        names[i] = dsec_sched_name(c->scheds[i]);
+        dsec_sched_stats_get(c->scheds[i], &st[i]);
+        dsec_sched_place_latency(c->scheds[i], &lat[i]);
+    }
+    emit_fields(t, sched_fields, NFIELDS(sched_fields), cell, "replica", names, st, sizeof *st, n);
+    dsec_metrics_family(t, "dsec_scheduler_placement_seconds", "histogram",
+                        "Time from a create's arrival at the replica to its place message sent "
+                        "(quota admission included), creates placed at their first try.");
+    for (size_t i = 0; i < n; i++) {
+        const char *l[] = {"cell", cell, "replica", names[i]};
+        dsec_metrics_hist_samples(t, "dsec_scheduler_placement_seconds", l, 2, &lat[i]);
+    }
+out:
+    dsec_free(st);
+    dsec_free(lat);
+    dsec_free(names);
+}
+
+static void render_actors(dsec_metrics_text *t, dsec_cell *c)
+{
+    size_t max = c->nnodes + 2 * c->nscheds + 2, n = 0;
+    const dsec_actor **act = dsec_calloc(max, sizeof *act);
+    const char **names = dsec_calloc(max, sizeof *names);
+    dsec_actor_stats *st = dsec_calloc(max, sizeof *st);
+    if (act == NULL || names == NULL || st == NULL) {
+        t->failed = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < c->nnodes; i++)
+        act[n++] = dsec_node_actor(c->nodes[i]);
+    for (size_t i = 0; i < c->nscheds; i++)
+        n += dsec_sched_actors(c->scheds[i], act + n, 2);
+    if (c->arbiter != NULL)
+        act[n++] = dsec_arbiter_actor(c->arbiter);
+    if (c->quota != NULL)
+        act[n++] = dsec_quota_actor(c->quota);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (act[i] == NULL)
+            continue;
+        names[k] = dsec_actor_name(act[i]);
+        dsec_actor_stats_get(act[i], &st[k++]);
+    }
+    emit_fields(t, actor_fields, NFIELDS(actor_fields), c->conf.cell, "actor", names, st, sizeof *st, k);
+out:
+    dsec_free(act);
+    dsec_free(names);
+    dsec_free(st);
+}
+
+static int render_metrics(dsec_metrics_text *t, void *ud)
+{
+    dsec_cell *c = ud;
+    const char *cell = c->conf.cell;
+    dsec_bus_stats bs;
+    dsec_bus_stats_get(c->bus, &bs);
+    const char *none[] = {NULL};
+    emit_fields(t, bus_fields, NFIELDS(bus_fields), cell, NULL, none, &bs, 0, 1);
+    render_actors(t, c);
+    if (c->nscheds > 0)
+        render_scheds(t, c);
+    if (c->nnodes > 0)
+        render_nodes(t, c);
+    if (c->arbiter != NULL) {
+        dsec_arbiter_stats as;
+        dsec_arbiter_stats_get(c->arbiter, &as);
+        const char *name = dsec_arbiter_name(c->arbiter);
+        const char *l[] = {"cell", cell, "arbiter", name};
+        dsec_metrics_family(t, "dsec_arbiter_active", "gauge", "1 while this arbiter holds the cell's lease.");
+        dsec_metrics_sample(t, "dsec_arbiter_active", l, 2, as.active ? 1 : 0);
+        emit_fields(t, arbiter_fields, NFIELDS(arbiter_fields), cell, "arbiter", &name, &as, 0, 1);
+    }
+    if (c->quota != NULL) {
+        dsec_quota_stats qs;
+        dsec_quota_stats_get(c->quota, &qs);
+        emit_fields(t, quota_fields, NFIELDS(quota_fields), cell, NULL, none, &qs, 0, 1);
+    }
     return 0;
 }
 
@@ -695,6 +1024,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             dsec_sched_conf sc = {.cell = conf->cell, .k = conf->k,
                                   .max_attempts = conf->max_attempts, .max_hops = conf->max_hops,
                                   .dead_after_ms = conf->dead_after_ms,
+                                  .lost_after_ms = conf->lost_after_ms,
                                   .summary_ms = conf->summary_ms,
                                   .default_cpu_milli = conf->default_cpu_milli,
                                   .default_memory_mb = conf->default_memory_mb,
@@ -733,6 +1063,13 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+    if (conf->metrics_listen[0] != '\0') {
+        dsec_metrics_opts mo = {.listen = conf->metrics_listen, .render = render_metrics, .ud = c};
+        if (dsec_metrics_start(&c->metrics, &mo, err) < 0) {
+            dsec_err_wrap(err, "cell %s", conf->cell);
+            goto out_fail;
+        }
+    }
     *out = c;
     return 0;
 out_fail:
@@ -744,6 +1081,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
 {
     if (c == NULL)
         return;
+    dsec_metrics_stop(c->metrics); /* first: it reads the actors below */
     dsec_arbiter_stop(c->arbiter, true);
     for (size_t i = 0; i < c->nscheds; i++)
         dsec_sched_stop(c->scheds[i]);
@@ -767,6 +1105,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
 }
 
 const char *dsec_cell_url(const dsec_cell *c) { return c->conf.url; }
+uint16_t dsec_cell_metrics_port(const dsec_cell *c) { return dsec_metrics_port(c->metrics); }
 dsec_bus *dsec_cell_bus(dsec_cell *c) { return c->bus; }
 dsec_arbiter *dsec_cell_arbiter(dsec_cell *c) { return c->arbiter; }
 dsec_quota *dsec_cell_quota(dsec_cell *c) { return c->quota; }

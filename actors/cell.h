@@ -57,6 +57,7 @@ typedef struct dsec_cell_conf {
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
+    uint32_t lost_after_ms;  /* scheduler.lost_after_ms: a node silent this long is lost */
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
     uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
@@ -75,6 +76,8 @@ typedef struct dsec_cell_conf {
     char layers_bucket[64];    /* jetstream: the bucket (default DSEC_LAYERS) */
     unsigned layers_replicas;  /* jetstream: replicas of its stream and bucket; 0: 1 */
     dsec_cell_net net;
+    char metrics_listen[128];  /* metrics.listen: "HOST:PORT" of the Prometheus endpoint
+                                  (docs/metrics.md); "": none */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;
@@ -87,6 +90,9 @@ int dsec_cell_conf_load(dsec_cell_conf *c, const char *path, dsec_err *err);
  * file in errors. */
 int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, size_t len,
                          dsec_err *err);
+/* Set metrics.listen (a --metrics flag over the file): "HOST:PORT", or ""
+ * for none. Errors name what is wrong with the address. */
+int dsec_cell_conf_set_metrics(dsec_cell_conf *c, const char *listen, dsec_err *err);
 /* Add n sim nodes named PREFIX-0000.. with the given resources (benchmarks). */
 int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n, uint64_t cpu,
                                  uint64_t mem, uint64_t slots, const char *const *types,
@@ -115,5 +121,7 @@ dsec_sched *dsec_cell_sched_at(dsec_cell *c, size_t i);
 dsec_arbiter *dsec_cell_arbiter(dsec_cell *c);
 /* The quota actor hosted here (role "quota" with quota.enabled), or NULL. */
 dsec_quota *dsec_cell_quota(dsec_cell *c);
+/* The port the metrics endpoint listens on (metrics.listen), or 0 when off. */
+uint16_t dsec_cell_metrics_port(const dsec_cell *c);
 
 #endif

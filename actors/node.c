@@ -23,7 +23,7 @@ enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, 
 static const char *const state_names[] = {"requested", "starting", "running", "paused",
                                           "stopping",  "gone",     "failed"};
 
-enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE };
+enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE, REAP_LOST };
 
 /* One sandbox as its actor sees it. Found through the id table; the fields
  * after `h` change only on the sandbox's own mailbox key, so handlers read
@@ -108,6 +108,12 @@ struct dsec_node {
     struct hold *holds;  /* job holdings (node lock) */
 
     _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
+    _Atomic uint64_t lost_before_ns; /* reclaim what was made before: this node was declared
+                                        lost then, and the owners were told */
+    _Atomic uint64_t reaped_lost;
+    _Atomic uint64_t late_places; /* placements dropped: past their client's deadline */
+    _Atomic uint64_t net_alerts; /* network alerts published */
+    dsec_metrics_hist create_lat; /* place received -> created answered, creates that made a sandbox */
     uint64_t hb_seq;
 
     dsec_net *net;           /* network containment, or NULL */
@@ -353,6 +359,7 @@ static bool printable_token(const char *s, size_t max)
 static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_node *n = ud;
+    uint64_t t0 = dsec_now_ns();
     dsec_err err;
     dsec_msg_place p;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
@@ -371,6 +378,18 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
                      "project \"%.64s\": names of [A-Za-z0-9_-] joined by '/', at most 64 characters",
                      p.c.project);
         dsec_wire_error_to(a, n->bus, p.reply_to, &err, "project", p.c.req_id);
+        return;
+    }
+    uint64_t wall = dsec_wall_ns();
+    if (p.c.deadline_ns != 0 && wall > p.c.deadline_ns) {
+        /* the client stopped waiting (and may have retried elsewhere): creating it now
+         * would make a second sandbox for one request, or one nobody knows of */
+        atomic_fetch_add(&n->late_places, 1);
+        dsec_err_set(&err, DSEC_E_TIMEOUT, 0,
+                     "create: the placement reached node %s %" PRIu64 " ms after the client's deadline; "
+                     "not created (retry is safe with the same req_id)",
+                     n->name, (uint64_t)((wall - p.c.deadline_ns) / 1000000u));
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
         return;
     }
     const char *tname = p.c.type ? p.c.type : "";
@@ -499,6 +518,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     event_locked(n, s, ST_STARTING, ST_RUNNING, NULL);
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->created, 1);
+    dsec_metrics_hist_observe(&n->create_lat, dsec_now_ns() - t0);
     send_created(n, p.reply_to, s, false, p.c.req_id);
 }
 
@@ -1218,11 +1238,15 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
     } else if (strcmp(op.op, "destroy") == 0) {
         uint8_t why = s->reap;
         destroy_sbx(n, m, s, why == REAP_TTL ? "max lifetime reached"
-                             : why == REAP_IDLE ? "idle timeout" : "destroyed by request");
+                             : why == REAP_IDLE ? "idle timeout"
+                             : why == REAP_LOST ? "its node was declared lost and its owner told so"
+                                                : "destroyed by request");
         if (why == REAP_TTL)
             atomic_fetch_add(&n->reaped_ttl, 1);
         else if (why == REAP_IDLE)
             atomic_fetch_add(&n->reaped_idle, 1);
+        else if (why == REAP_LOST)
+            atomic_fetch_add(&n->reaped_lost, 1);
     } else if (strcmp(op.op, "pause") == 0 || strcmp(op.op, "resume") == 0) {
         do_pause_resume(n, m, s, op.op[0] == 'p');
     } else if (strcmp(op.op, "fork") == 0) {
@@ -1637,13 +1661,16 @@ static void tick_reap(void *ud, uint64_t mono_now)
     char ids[BATCH][DSEC_SBX_ID_LEN_MAX + 1];
     char tenants[BATCH][DSEC_NAME_LEN_MAX + 1];
     size_t k = 0;
+    uint64_t lost_before = atomic_load(&n->lost_before_ns);
     pthread_mutex_lock(&n->mu);
     for (size_t b = 0; b < n->nbuckets && k < BATCH; b++)
         for (struct sbx *s = n->by_id[b]; s && k < BATCH; s = s->next_id) {
             if (s->reap != REAP_NONE || (s->state != ST_RUNNING && s->state != ST_PAUSED))
                 continue;
             uint8_t why = REAP_NONE;
-            if (s->ttl_ns && age_ns(now, s->created_ns) >= s->ttl_ns)
+            if (s->created_ns < lost_before)
+                why = REAP_LOST;
+            else if (s->ttl_ns && age_ns(now, s->created_ns) >= s->ttl_ns)
                 why = REAP_TTL;
             else if (s->idle_ns && age_ns(now, s->last_ns) >= s->idle_ns)
                 why = REAP_IDLE;
@@ -1713,6 +1740,48 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     pthread_mutex_unlock(&n->mu);
     if (s != NULL && dsec_msg_reply(m) != NULL)
         send_created(n, dsec_msg_reply(m), s, true, op.req_id);
+}
+
+/* dsec.v1.ctl.reconcile.<node>: a scheduler declared this node lost while it
+ * was silent and told the owners of its sandboxes. Everything made before
+ * then is theirs no longer: the reaper destroys it (in order with each
+ * sandbox's other operations), so nothing is left orphaned. Repeats are
+ * harmless; the answer says how many it will reclaim. */
+static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_node_lost nl;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_NODE_LOST, dsec_msg_data(m), dsec_msg_len(m), &nl,
+                    &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    if (strcmp(nl.node, n->name) != 0) {
+        reply_err(n, m, DSEC_E_INVALID, "reconcile: for node %s, sent to node %s", nl.node, n->name);
+        return;
+    }
+    uint64_t prev = atomic_load(&n->lost_before_ns);
+    while (nl.lost_ns > prev && !atomic_compare_exchange_weak(&n->lost_before_ns, &prev, nl.lost_ns))
+        ;
+    uint64_t count = 0;
+    pthread_mutex_lock(&n->mu);
+    for (size_t b = 0; b < n->nbuckets; b++)
+        for (struct sbx *s = n->by_id[b]; s; s = s->next_id)
+            count += s->created_ns < nl.lost_ns;
+    pthread_mutex_unlock(&n->mu);
+    if (count > 0)
+        fprintf(stderr,
+                "dsec-node %s: declared lost by %s after %" PRIu64 " ms of silence: reclaiming %" PRIu64
+                " sandbox(es) its owners count as gone\n",
+                n->name, nl.by ? nl.by : "a scheduler", nl.silent_ms, count);
+    char c[24];
+    snprintf(c, sizeof c, "%" PRIu64, count);
+    const char *k[] = {"reclaiming"}, *v[] = {c};
+    dsec_msg_op_reply r = {.id = n->name, .state = "reconciled", .node = n->name,
+                           .info = {k, v, 1}};
+    if (dsec_wire_reply(a, m, DSEC_MSG_OP_REPLY, &r, &err) < 0)
+        dsec_actor_count_error(a);
 }
 
 /* A scheduler that just started asks for full reports rather than waiting
@@ -1925,6 +1994,8 @@ static void on_net_alert(void *arg, const dsec_net_alert *a)
     if (n->alert_on &&
         dsec_wire_send(n->actor, n->bus, n->subj_alert, NULL, DSEC_MSG_NET_ALERT, &m, NULL, &err) < 0)
         fprintf(stderr, "dsec-node %s: publishing a network alert: %s\n", n->name, err.msg);
+    else if (n->alert_on)
+        atomic_fetch_add(&n->net_alerts, 1);
     pthread_mutex_unlock(&n->alert_mu);
 }
 
@@ -2070,6 +2141,9 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     snprintf(subj, sizeof subj, "dsec.v1.ctl.hold.%s", n->name);
     if (dsec_actor_on(n->actor, subj, NULL, on_hold, n, err) < 0)
         goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, on_reconcile, n, err) < 0)
+        goto out_fail;
     if ((n->ticks[0] = dsec_ticker_add(ticker, n->conf.capacity_ms, tick_capacity, n, err)) < 0 ||
         (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, tick_heartbeat, n, err)) < 0 ||
         (n->ticks[2] = dsec_ticker_add(ticker, n->conf.reap_ms, tick_reap, n, err)) < 0)
@@ -2161,8 +2235,46 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .refused = n->refused, .adopted = n->adopted,
                            .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
                            .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
-                           .mem_free_mb = n->mem_free, .slots_free = n->slots_free};
+                           .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
+                           .net_alerts = n->net_alerts};
     pthread_mutex_unlock(&n->mu);
 }
+
+const char *const dsec_node_state_names[DSEC_NODE_NSTATES] = {
+    "requested", "starting", "running", "paused", "stopping", "gone", "failed"};
+
+void dsec_node_states_get(dsec_node *n, uint64_t out[DSEC_NODE_NSTATES])
+{
+    memset(out, 0, DSEC_NODE_NSTATES * sizeof *out);
+    pthread_mutex_lock(&n->mu);
+    for (size_t b = 0; b < n->nbuckets; b++)
+        for (const struct sbx *s = n->by_id[b]; s; s = s->next_id) {
+            uint8_t st = s->state;
+            if (st < DSEC_NODE_NSTATES)
+                out[st]++;
+        }
+    pthread_mutex_unlock(&n->mu);
+}
+
+size_t dsec_node_types_get(dsec_node *n, const char **names, uint64_t *live, size_t max)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&n->mu);
+    for (int i = 0; i < DSEC_REGISTRY_MAX && k < max; i++) {
+        if (!(n->offered & (1u << i)))
+            continue;
+        names[k] = type_name(n, i);
+        live[k++] = n->live_by_type[i];
+    }
+    pthread_mutex_unlock(&n->mu);
+    return k;
+}
+
+void dsec_node_create_latency(dsec_node *n, dsec_metrics_hist_snap *out)
+{
+    dsec_metrics_hist_read(&n->create_lat, out);
+}
+
+const dsec_actor *dsec_node_actor(const dsec_node *n) { return n->actor; }
 
 const char *dsec_node_name(const dsec_node *n) { return n->name; }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/metrics.h"
 #include "actors/ticker.h"
 #include "actors/traj.h"
 #include "backends/net/net.h"
@@ -83,9 +84,24 @@ typedef struct dsec_node_stats {
     uint64_t cpu_free_milli;
     uint64_t mem_free_mb;
     uint64_t slots_free;
+    uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
 } dsec_node_stats;
 
 void dsec_node_stats_get(dsec_node *n, dsec_node_stats *out);
+
+/* Sandboxes present by lifecycle state, indexed as dsec_node_state_names.
+ * Walks the node's table under its lock: for scrapes, not hot paths. */
+#define DSEC_NODE_NSTATES 7
+extern const char *const dsec_node_state_names[DSEC_NODE_NSTATES];
+void dsec_node_states_get(dsec_node *n, uint64_t out[DSEC_NODE_NSTATES]);
+/* Live sandboxes per offered type: up to max (name, count) pairs; returns
+ * how many. The names belong to the node's registry (valid while it runs). */
+size_t dsec_node_types_get(dsec_node *n, const char **names, uint64_t *live, size_t max);
+/* Create latency: from the place message's arrival to the created answer,
+ * for every create that made a sandbox. */
+void dsec_node_create_latency(dsec_node *n, dsec_metrics_hist_snap *out);
+/* The node manager's actor (its message counters); owned by the node. */
+const dsec_actor *dsec_node_actor(const dsec_node *n);
 const char *dsec_node_name(const dsec_node *n);
 
 #endif

@@ -968,3 +968,5 @@ void dsec_quota_stats_get(dsec_quota *q, dsec_quota_stats *out)
     *out = q->st;
     pthread_mutex_unlock(&q->mu);
 }
+
+const dsec_actor *dsec_quota_actor(const dsec_quota *q) { return q->actor; }

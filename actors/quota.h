@@ -53,5 +53,7 @@ typedef struct dsec_quota_stats {
 } dsec_quota_stats;
 
 void dsec_quota_stats_get(dsec_quota *q, dsec_quota_stats *out);
+/* The quota actor's actor (its message counters); owned by it. */
+const dsec_actor *dsec_quota_actor(const dsec_quota *q);
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/lost.h"
 #include "actors/placement.h"
 #include "actors/wire.h"
 #include "codecs/msg.h"
@@ -45,6 +46,7 @@ struct dsec_sched {
     char name[DSEC_NAME_LEN_MAX + 1];
     char back[256]; /* where nodes send refused placements */
     char quota_subj[128]; /* dsec.v1.ctl.quota.<cell>.admit */
+    dsec_lost *lost;      /* nodes silent for lost_after_ms: told to owners, reconciled on return */
     int ticks[3];
     pthread_mutex_t mu; /* cells */
     pthread_mutex_t wmu; /* the wait queue */
@@ -55,6 +57,7 @@ struct dsec_sched {
     size_t ncells;
     _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited,
         n_over_quota;
+    dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
 };
 
 static __thread uint64_t rng_state;
@@ -228,15 +231,19 @@ static int pick_type(dsec_sched *s, const dsec_msg_create *c, dsec_type_mask off
 /* Place p (whose create fields are filled) on a node of this cell and send
  * it there. A rollout that finds no room waits; other failures answer the
  * client and return -1. */
-static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx)
+static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx,
+                          uint64_t t0)
 {
     dsec_msg_create *c = &p->c;
     uint64_t cpu = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli;
     uint64_t mem = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
     dsec_err err;
     const char *tname = dsec_registry_caps(s->reg, tidx)->type;
-    if (try_place(s, p, tidx, cpu, mem, &err) == 0)
+    if (try_place(s, p, tidx, cpu, mem, &err) == 0) {
+        if (t0 != 0) /* retries and waiters were measured, if at all, when first placed */
+            dsec_metrics_hist_observe(&s->place_lat, dsec_now_ns() - t0);
         return 0;
+    }
     if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
         forward(s, c, tenant, tname, cpu, mem, p->reply_to))
         return 0;
@@ -257,6 +264,7 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
 struct admission {
     dsec_sched *s;
     int tidx;
+    uint64_t t0; /* the create's arrival (dsec_now_ns) */
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char *reply_to;
     size_t len;
@@ -288,7 +296,7 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
                                dsec_msg_len(reply), &err) < 0)
             dsec_actor_count_error(s->creates);
     } else {
-        place_and_send(s, &p, ad->tenant, ad->tidx);
+        place_and_send(s, &p, ad->tenant, ad->tidx, ad->t0);
     }
 out:
     dsec_free(ad->reply_to);
@@ -298,10 +306,10 @@ out:
 /* Ask the quota actor, then place (quota on), or place at once (off). The
  * create's bytes are copied: the answer comes after its message is gone. */
 static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant, int tidx,
-                            const void *payload, size_t len)
+                            const void *payload, size_t len, uint64_t t0)
 {
     if (!s->conf.quota) {
-        place_and_send(s, p, tenant, tidx);
+        place_and_send(s, p, tenant, tidx, t0);
         return;
     }
     dsec_err err;
@@ -313,7 +321,7 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
         fail_to(s, p->reply_to, p->c.req_id, DSEC_E_NOMEM, "admission: out of memory");
         return;
     }
-    *ad = (struct admission){.s = s, .tidx = tidx, .reply_to = reply_to, .len = len};
+    *ad = (struct admission){.s = s, .tidx = tidx, .t0 = t0, .reply_to = reply_to, .len = len};
     snprintf(ad->tenant, sizeof ad->tenant, "%s", tenant);
     memcpy(ad->payload, payload, len);
     const dsec_msg_create *c = &p->c;
@@ -343,6 +351,7 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
 
 struct lookup {
     dsec_sched *s;
+    uint64_t t0; /* the create's arrival (dsec_now_ns) */
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char *reply_to;
     size_t len;
@@ -373,19 +382,21 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
     if (tidx < 0)
         dsec_wire_error_to(s->creates, s->bus, l->reply_to, &err, NULL, p.c.req_id);
     else
-        admit_and_place(s, &p, l->tenant, tidx, l->payload, l->len);
+        admit_and_place(s, &p, l->tenant, tidx, l->payload, l->len, l->t0);
     (void)berr;
 out:
     dsec_free(l->reply_to);
     dsec_free(l);
 }
 
-static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const char *req_id)
+static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const char *req_id,
+                         uint64_t t0)
 {
     struct lookup *l = dsec_malloc(sizeof *l + dsec_msg_len(m));
     if (l == NULL)
         return false;
     l->s = s;
+    l->t0 = t0;
     snprintf(l->tenant, sizeof l->tenant, "%s", tenant);
     l->reply_to = dsec_strdup(dsec_msg_reply(m));
     l->len = dsec_msg_len(m);
@@ -414,6 +425,7 @@ static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const c
 static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_sched *s = ud;
+    uint64_t t0 = dsec_now_ns();
     atomic_fetch_add(&s->n_creates, 1);
     const char *reply_to = dsec_msg_reply(m);
     if (reply_to == NULL) {
@@ -445,7 +457,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     }
     p.c.tenant = tenant;
-    if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id))
+    if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, t0))
         return;
     if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
         fail_to(s, reply_to, p.c.req_id, DSEC_E_INVALID,
@@ -464,7 +476,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_wire_error_to(a, s->bus, reply_to, &err, p.c.type ? "type" : "requires", p.c.req_id);
         return;
     }
-    admit_and_place(s, &p, tenant, tidx, dsec_msg_data(m), dsec_msg_len(m));
+    admit_and_place(s, &p, tenant, tidx, dsec_msg_data(m), dsec_msg_len(m), t0);
 }
 
 /* A node refused (dsec.v1.ctl.sched.<cell>.<name>.back): try another. */
@@ -491,7 +503,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     }
     p.attempt++;
     atomic_fetch_add(&s->n_retried, 1);
-    place_and_send(s, &p, p.c.tenant ? p.c.tenant : "default", tidx);
+    place_and_send(s, &p, p.c.tenant ? p.c.tenant : "default", tidx, 0);
 }
 
 static uint64_t create_key(const dsec_msg *cm, void *ud)
@@ -521,6 +533,7 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
                           .types = c.types.v, .ntypes = c.types.n, .label_keys = c.labels.k,
                           .label_vals = c.labels.v, .nlabels = c.labels.n, .layers = c.layers.v,
                           .nlayers = c.layers.n};
+    dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, now_ms());
     if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
         dsec_actor_count_error(s->events);
 }
@@ -570,6 +583,7 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
         apply_capacity(s, m);
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
         dsec_placement_heartbeat(s->view, tok[6], now_ms());
+        dsec_lost_seen(s->lost, tok[6], false, NULL, 0, now_ms());
     }
     /* announce: the full capacity report that follows it carries everything */
 }
@@ -640,6 +654,7 @@ static void tick_expire(void *ud, uint64_t mono)
                 names[i]);
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);
+    dsec_lost_tick(s->lost, now_ms());
     (void)mono;
 }
 
@@ -761,6 +776,7 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.max_attempts = conf->max_attempts ? conf->max_attempts : 3;
     s->conf.max_hops = conf->max_hops ? conf->max_hops : 2;
     s->conf.dead_after_ms = conf->dead_after_ms ? conf->dead_after_ms : 3000;
+    s->conf.lost_after_ms = conf->lost_after_ms ? conf->lost_after_ms : 30000;
     s->conf.summary_ms = conf->summary_ms ? conf->summary_ms : 1000;
     s->conf.default_cpu_milli = conf->default_cpu_milli ? conf->default_cpu_milli : 1000;
     s->conf.default_memory_mb = conf->default_memory_mb ? conf->default_memory_mb : 512;
@@ -781,7 +797,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
                                 .locality_weight = -1};
     char subj[256], queue[128];
-    if (dsec_placement_new(&s->view, reg, &pc, err) < 0)
+    if (dsec_placement_new(&s->view, reg, &pc, err) < 0 ||
+        dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, err) < 0)
         goto out_fail;
     if (dsec_actor_new(&s->creates, bus, s->name, err) < 0)
         goto out_fail;
@@ -844,6 +861,7 @@ void dsec_sched_stop(dsec_sched *s)
     }
     pthread_mutex_destroy(&s->wmu);
     dsec_placement_free(s->view);
+    dsec_lost_free(s->lost); /* after the actors and the ticks: nothing calls it any more */
     pthread_mutex_destroy(&s->mu);
     dsec_free(s);
 }
@@ -858,4 +876,21 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
+}
+
+void dsec_sched_place_latency(dsec_sched *s, dsec_metrics_hist_snap *out)
+{
+    dsec_metrics_hist_read(&s->place_lat, out);
+}
+
+const char *dsec_sched_name(const dsec_sched *s) { return s->name; }
+
+size_t dsec_sched_actors(const dsec_sched *s, const dsec_actor **out, size_t max)
+{
+    size_t k = 0;
+    if (k < max && s->creates)
+        out[k++] = s->creates;
+    if (k < max && s->events)
+        out[k++] = s->events;
+    return k;
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "actors/metrics.h"
 #include "actors/ticker.h"
 #include "backends/registry.h"
 #include "bus/bus.h"
@@ -17,6 +18,9 @@ typedef struct dsec_sched_conf {
     unsigned max_attempts;      /* nodes tried before answering "refused"; default 3 */
     unsigned max_hops;          /* cross-cell forwards of one request; default 2 */
     uint32_t dead_after_ms;     /* a silent node leaves placement; default 3000 */
+    uint32_t lost_after_ms;     /* a node silent this long is declared lost to its sandboxes'
+                                   owners and reconciled when it returns (actors/lost.h);
+                                   default 30000 */
     uint32_t summary_ms;        /* cell summary period; default 1000 */
     uint64_t default_cpu_milli; /* must match the nodes' defaults; default 1000 */
     uint64_t default_memory_mb; /* default 512 */
@@ -50,5 +54,15 @@ typedef struct dsec_sched_stats {
 } dsec_sched_stats;
 
 void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *out);
+/* Admission and placement latency: from a create's arrival at the replica to
+ * its place message sent, for creates placed at their first try (a quota
+ * round trip and a retried create's lookup included; waiting rollouts and
+ * re-placements after a refusal are not measured). */
+void dsec_sched_place_latency(dsec_sched *s, dsec_metrics_hist_snap *out);
+/* The replica's name (owned by it). */
+const char *dsec_sched_name(const dsec_sched *s);
+/* Its actors (creates, capacity events): up to max into out; returns how
+ * many. Owned by the replica. */
+size_t dsec_sched_actors(const dsec_sched *s, const dsec_actor **out, size_t max);
 
 #endif

@@ -63,7 +63,7 @@ typedef struct dsec_stream_conf {
     const char *name;              /* required */
     const char *const *subjects;   /* required, nsubjects >= 1 */
     size_t nsubjects;
-    int replicas;                  /* 0: 1 */
+    int replicas;                  /* 0: 1 for a new stream; an existing one keeps its own */
     int64_t max_age_ms;            /* retention by age; 0: forever */
     int64_t max_bytes;             /* retention by size; 0: unlimited */
     int64_t max_msgs_per_subject;  /* 0: unlimited */

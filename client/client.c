@@ -24,6 +24,9 @@ struct dsec_client {
     char *tenant;
     int timeout_ms;
     int retries;
+    dsec_actor *lost;     /* dsec_watch_lost's subscription */
+    dsec_node_lost_cb lost_cb;
+    void *lost_ud;
 };
 
 dsec_bus *dsec__client_bus(dsec_client *c) { return c->bus; }
@@ -31,6 +34,17 @@ dsec_bus *dsec__client_bus(dsec_client *c) { return c->bus; }
 #define MAX_LIST 256
 
 /* ---- helpers ------------------------------------------------------------ */
+
+/* When this client stops waiting for an attempt sent now (wall clock, ns). A
+ * node that gets the placement only after that does not create it: the
+ * client has given up on it or retried, and a late sandbox would be a second
+ * one for the same request. */
+static uint64_t deadline_ns(const dsec_client *c)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)c->timeout_ms * 1000000ull;
+}
 
 static uint32_t count_nt(const char *const *v)
 {
@@ -183,6 +197,7 @@ void dsec_client_free(dsec_client *c)
 {
     if (c == NULL)
         return;
+    dsec_actor_free(c->lost);
     dsec_bus_free(c->bus);
     dsec_free(c->tenant);
     dsec_free(c);
@@ -250,6 +265,7 @@ static int create_req_build(dsec_client *c, const dsec_create_spec *s, struct cr
     m->priority = s->priority;
     m->rollout_id = s->rollout_id;
     m->pausable = s->pausable;
+    m->deadline_ns = deadline_ns(c);
     m->project = s->project && s->project[0] ? s->project : NULL;
     if (m->project != NULL && dsec_project_ok(m->project, DSEC_NAME_LEN_MAX) < 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -312,6 +328,7 @@ static int reencode_retry(struct async_create *a, dsec_err *err)
     int rc = dsec_decode(dec, DSEC_MSG_CREATE, a->r.buf.data, a->r.buf.len, &prev, err);
     if (rc == 0) {
         prev.retry = (uint64_t)a->retry;
+        prev.deadline_ns = deadline_ns(a->c); /* a new attempt, a new wait */
         rc = dsec_encode(&nb, DSEC_MSG_CREATE, &prev, err);
     }
     dsec_decoder_free(dec);
@@ -993,4 +1010,42 @@ int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, 
     dsec_err derr;
     dsec_destroy(c, info.id, &derr); /* best effort: the ttl covers a lost destroy */
     return rc;
+}
+
+/* ---- nodes declared lost ------------------------------------------------------------ */
+
+static void on_lost(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_client *c = ud;
+    dsec_msg_node_lost nl;
+    dsec_err err;
+    dsec_decoder *dec = dsec_decoder_new(NULL); /* rare: one per event */
+    if (dec == NULL ||
+        dsec_decode(dec, DSEC_MSG_NODE_LOST, dsec_msg_data(m), dsec_msg_len(m), &nl, &err) < 0) {
+        dsec_decoder_free(dec);
+        dsec_actor_count_error(a);
+        return;
+    }
+    c->lost_cb(nl.node, nl.cell ? nl.cell : "", nl.lost_ns, c->lost_ud);
+    dsec_decoder_free(dec);
+}
+
+int dsec_watch_lost(dsec_client *c, dsec_node_lost_cb cb, void *ud, dsec_err *err)
+{
+    if (cb == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "watch_lost: a callback is required");
+    if (c->lost != NULL)
+        return dsec_err_set(err, DSEC_E_STATE, 0, "watch_lost: this client already watches");
+    c->lost_cb = cb;
+    c->lost_ud = ud;
+    char subj[128];
+    snprintf(subj, sizeof subj, "dsec.v1.%s.evt.lost", c->tenant);
+    if (dsec_actor_new(&c->lost, c->bus, "lost-watch", err) < 0)
+        return -1;
+    if (dsec_actor_on(c->lost, subj, NULL, on_lost, c, err) < 0 || dsec_bus_flush(c->bus, 2000, err) < 0) {
+        dsec_actor_free(c->lost);
+        c->lost = NULL;
+        return -1;
+    }
+    return 0;
 }

@@ -83,6 +83,7 @@ enum dsec_msg_type {
     DSEC_MSG_QUOTA,           /* "quota": a tenant's or project's limits, and what it uses */
     DSEC_MSG_QUOTA_LIST,      /* "quota_list": the quotas of one tenant, or all */
     DSEC_MSG_ADMIT,           /* "admit": scheduler -> quota actor, before placing a create */
+    DSEC_MSG_NODE_LOST,       /* "node_lost": a node silent too long: its sandboxes are lost */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -128,6 +129,8 @@ typedef struct dsec_msg_create {
     uint64_t hops;        /* cross-cell forwards so far */
     uint64_t retry;       /* 0 on a first attempt; n on the client's n-th retry of this req_id */
     bool pausable;        /* rollout: may be frozen when idle under memory pressure */
+    uint64_t deadline_ns; /* wall clock: the client stops waiting for this attempt then; a node
+                             that only gets the placement later does not create it */
 } dsec_msg_create;
 
 typedef struct dsec_msg_place {
@@ -442,6 +445,18 @@ typedef struct dsec_msg_admit {
     uint64_t memory_mb;
     bool release;       /* the create was refused after all: give the admission back */
 } dsec_msg_admit;
+
+/* A node silent for scheduler.lost_after_ms: to the owners of its sandboxes
+ * (dsec.v1.<tenant>.evt.lost), to operators, and, when it returns, to the
+ * node itself (dsec.v1.ctl.reconcile.<node>), which then reclaims every
+ * sandbox it made before lost_ns: their owners were told they are gone. */
+typedef struct dsec_msg_node_lost {
+    const char *node;   /* required */
+    const char *cell;
+    uint64_t lost_ns;   /* required: when it was declared lost (wall clock, ns) */
+    uint64_t silent_ms; /* how long it had been silent then */
+    const char *by;     /* the scheduler replica that declared it */
+} dsec_msg_node_lost;
 
 /* ---- schemas ------------------------------------------------------------ */
 

@@ -86,7 +86,10 @@ static const dsec_field pong_fields[] = {
         FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                    \
         FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry"),     \
         FBOOL(st, pfx pausable, "pausable",                                                        \
-              "rollout: may be frozen while idle under memory pressure; the next operation resumes it")
+              "rollout: may be frozen while idle under memory pressure; the next operation resumes it"), \
+        FU64(st, pfx deadline_ns, "deadline_ns", false, 0, 0,                                          \
+             "the client stops waiting for this attempt then (ns since epoch); a later placement "       \
+             "is not created")
 
 static const dsec_field create_fields[] = {
     CREATE_FIELDS(dsec_msg_create, ),
@@ -419,6 +422,14 @@ static const dsec_field admit_fields[] = {
     FBOOL(dsec_msg_admit, release, "release", "give the admission back (the create failed)"),
 };
 
+static const dsec_field node_lost_fields[] = {
+    FSTR(dsec_msg_node_lost, node, "node", true, L_NAME, "the node"),
+    FSTR(dsec_msg_node_lost, cell, "cell", false, L_NAME, "its cell"),
+    FU64(dsec_msg_node_lost, lost_ns, "lost_ns", true, 0, 0, "declared lost then (ns since epoch)"),
+    FU64(dsec_msg_node_lost, silent_ms, "silent_ms", false, 0, 0, "how long it had been silent"),
+    FSTR(dsec_msg_node_lost, by, "by", false, L_NAME, "the scheduler replica that declared it"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -461,6 +472,7 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_QUOTA, "quota", dsec_msg_quota, quota_fields),
     SCHEMA(DSEC_MSG_QUOTA_LIST, "quota_list", dsec_msg_quota_list, quota_list_fields),
     SCHEMA(DSEC_MSG_ADMIT, "admit", dsec_msg_admit, admit_fields),
+    SCHEMA(DSEC_MSG_NODE_LOST, "node_lost", dsec_msg_node_lost, node_lost_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

@@ -346,6 +346,11 @@ static void sample_c(int type, void *out)
                                                   .req_id = "r-42", .n = 4, .cpu_milli = 500,
                                                   .memory_mb = 512};
         break;
+    case DSEC_MSG_NODE_LOST:
+        *(dsec_msg_node_lost *)out = (dsec_msg_node_lost){
+            .node = "n7", .cell = "c1", .lost_ns = 1700000000000000000ull, .silent_ms = 30000,
+            .by = "sched-c1-0"};
+        break;
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){
             .holder = "arb-c1-a", .expires_ns = 1700000000000000000ull, .acquired_ns = 11};

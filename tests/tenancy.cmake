@@ -13,3 +13,11 @@ target_link_libraries(test_auth PRIVATE dsec_client dsec_actors PkgConfig::CMOCK
                       dsec_allocator)
 add_test(NAME auth COMMAND test_auth $<TARGET_FILE:dsec>)
 set_tests_properties(auth PROPERTIES TIMEOUT 120)
+
+# A node that goes silent: its sandboxes' owners are told they are lost; when it returns it reclaims
+# them, so none is orphaned (tests/test_nodeloss.c).
+add_executable(test_nodeloss test_nodeloss.c)
+target_link_libraries(test_nodeloss PRIVATE dsec_client dsec_actors dsec_test_fixture PkgConfig::CMOCKA
+                      dsec_warnings dsec_allocator)
+add_test(NAME nodeloss COMMAND test_nodeloss)
+set_tests_properties(nodeloss PROPERTIES TIMEOUT 120)

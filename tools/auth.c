@@ -270,8 +270,8 @@ int dsec_cli_auth(int argc, char **argv)
             fprintf(f,
                     "      {user: \"%s\", password: \"%s\",\n"
                     "       permissions: {publish: {allow: [\"dsec.v1.%s.>\"]},\n"
-                    "                     subscribe: {allow: [\"_INBOX.%s.>\"]}}}\n",
-                    ids[3 + i].user, ids[3 + i].hash, tenants[i], tenants[i]);
+                    "                     subscribe: {allow: [\"_INBOX.%s.>\", \"dsec.v1.%s.evt.>\"]}}}\n",
+                    ids[3 + i].user, ids[3 + i].hash, tenants[i], tenants[i], tenants[i]);
         fprintf(f, "    ]\n  }\n  SYS {\n    users: [\n      {user: \"operator\", password: \"%s\"}\n"
                    "    ]\n  }\n}\nsystem_account: SYS\n",
                 ids[2].hash);

@@ -54,24 +54,28 @@ int dsec_cli_up(int argc, char **argv)
     static const struct option opts[] = {{"config", required_argument, 0, 'c'},
                                          {"port", required_argument, 0, 'p'},
                                          {"state-dir", required_argument, 0, 's'},
+                                         {"metrics", required_argument, 0, 'm'},
                                          {0, 0, 0, 0}};
     dsec_cell_conf conf;
     embedded_defaults(&conf);
-    const char *config = NULL, *port = NULL, *state = NULL;
+    const char *config = NULL, *port = NULL, *state = NULL, *metrics = NULL;
     int ch;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "c:p:s:", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "c:p:s:m:", opts, NULL)) != -1) {
         switch (ch) {
         case 'c': config = optarg; break;
         case 'p': port = optarg; break;
         case 's': state = optarg; break;
+        case 'm': metrics = optarg; break;
         default:
-            fprintf(stderr, "usage: dsec up [--config FILE] [--port N] [--state-dir DIR]\n");
+            fprintf(stderr, "usage: dsec up [--config FILE] [--port N] [--state-dir DIR] "
+                            "[--metrics ADDR:PORT]\n");
             return 2;
         }
     }
     dsec_err err;
-    if (config != NULL && dsec_cell_conf_load(&conf, config, &err) < 0) {
+    if ((config != NULL && dsec_cell_conf_load(&conf, config, &err) < 0) ||
+        (metrics != NULL && dsec_cell_conf_set_metrics(&conf, metrics, &err) < 0)) {
         fprintf(stderr, "dsec up: %s\n", err.msg);
         dsec_cell_conf_release(&conf);
         return 2;
@@ -98,6 +102,9 @@ int dsec_cli_up(int argc, char **argv)
            "dsec up: export DSEC_URL=%s; Ctrl-C stops\n",
            conf.cell, dsec_cell_url(cell), dsec_cell_node_count(cell), dsec_cell_sched_count(cell),
            conf.state_dir, dsec_cell_url(cell));
+    if (dsec_cell_metrics_port(cell) != 0)
+        printf("dsec up: metrics on %s (port %u): GET /metrics\n", conf.metrics_listen,
+               dsec_cell_metrics_port(cell));
     fflush(stdout);
     int sig = dsec_cli_wait_for_signal();
     printf("dsec up: signal %d, stopping (sandboxes are kept and re-adopted next time)\n", sig);

@@ -169,6 +169,14 @@ int dsec_set_network(dsec_client *c, const char *id, const char *const *entries,
 int dsec_pause(dsec_client *c, const char *id, dsec_err *err);
 int dsec_resume(dsec_client *c, const char *id, dsec_err *err);
 int dsec_destroy(dsec_client *c, const char *id, dsec_err *err);
+
+/* Called on a client thread when a node holding this tenant's sandboxes is
+ * declared lost (silent for the cell's scheduler.lost_after_ms): every
+ * sandbox whose id names that node is gone, and if the node returns it
+ * destroys them. A loss may be reported once per scheduler replica. */
+typedef void (*dsec_node_lost_cb)(const char *node, const char *cell, uint64_t lost_ns, void *ud);
+/* Start delivering this tenant's node_lost events to cb (once per client). */
+int dsec_watch_lost(dsec_client *c, dsec_node_lost_cb cb, void *ud, dsec_err *err);
 int dsec_status(dsec_client *c, const char *id, dsec_sandbox_info *out, dsec_err *err);
 
 /* Wait until the sandbox reaches state (e.g. "running", "gone"), or fail

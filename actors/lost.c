@@ -1,0 +1,263 @@
+/* lost.c - declaring silent nodes lost to their sandboxes' owners, and reconciling them when they return. */
+#include "actors/lost.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "actors/ticker.h"
+#include "actors/wire.h"
+#include "dsec/alloc.h"
+#include "dsec/names.h"
+
+#define RECONCILE_TIMEOUT_MS 2000
+
+struct watched {
+    struct watched *next; /* hash chain; entries live until dsec_lost_free */
+    dsec_lost *w;
+    char name[DSEC_NAME_LEN_MAX + 1];
+    uint64_t last_ms;    /* it last spoke (monotonic) */
+    char **tenants;      /* from its last full report; owned */
+    size_t ntenants;
+    uint64_t lost_ns;    /* declared lost then (wall clock); 0: not lost */
+    uint64_t silent_ms;
+    bool reconciling;    /* a reconcile request is in flight */
+};
+
+struct dsec_lost {
+    dsec_bus *bus;
+    char cell[DSEC_NAME_LEN_MAX + 1];
+    char who[DSEC_NAME_LEN_MAX + 1];
+    uint32_t lost_after_ms;
+    pthread_mutex_t mu;
+    pthread_cond_t idle; /* inflight reached 0 */
+    struct watched **b;
+    size_t nb, n;
+    int inflight;
+    dsec_lost_stats st;
+};
+
+static size_t slot(const dsec_lost *w, const char *name)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    return (size_t)(h % w->nb);
+}
+
+static struct watched *find_locked(dsec_lost *w, const char *name, bool make)
+{
+    for (struct watched *x = w->b[slot(w, name)]; x; x = x->next)
+        if (strcmp(x->name, name) == 0)
+            return x;
+    if (!make || dsec_name_ok(name, DSEC_NAME_LEN_MAX) < 0)
+        return NULL;
+    if (w->n >= w->nb * 2) { /* grow: a cell may have thousands of nodes */
+        size_t nb = w->nb * 4;
+        struct watched **b = dsec_calloc(nb, sizeof *b);
+        if (b == NULL)
+            return NULL;
+        size_t old = w->nb;
+        struct watched **ob = w->b;
+        w->b = b;
+        w->nb = nb;
+        for (size_t i = 0; i < old; i++)
+            for (struct watched *x = ob[i], *nx; x; x = nx) {
+                nx = x->next;
+                size_t k = slot(w, x->name);
+                x->next = b[k];
+                b[k] = x;
+            }
+        dsec_free(ob);
+    }
+    struct watched *x = dsec_calloc(1, sizeof *x);
+    if (x == NULL)
+        return NULL;
+    x->w = w;
+    snprintf(x->name, sizeof x->name, "%s", name);
+    size_t k = slot(w, name);
+    x->next = w->b[k];
+    w->b[k] = x;
+    w->n++;
+    return x;
+}
+
+static void tenants_free(struct watched *x)
+{
+    for (size_t i = 0; i < x->ntenants; i++)
+        dsec_free(x->tenants[i]);
+    dsec_free(x->tenants);
+    x->tenants = NULL;
+    x->ntenants = 0;
+}
+
+int dsec_lost_new(dsec_lost **out, dsec_bus *bus, const char *cell, const char *who,
+                  uint32_t lost_after_ms, dsec_err *err)
+{
+    *out = NULL;
+    dsec_lost *w = dsec_calloc(1, sizeof *w);
+    if (w == NULL || (w->b = dsec_calloc(64, sizeof *w->b)) == NULL) {
+        dsec_free(w);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    w->nb = 64;
+    w->bus = bus;
+    snprintf(w->cell, sizeof w->cell, "%s", cell);
+    snprintf(w->who, sizeof w->who, "%s", who);
+    w->lost_after_ms = lost_after_ms ? lost_after_ms : 30000;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->idle, NULL);
+    *out = w;
+    return 0;
+}
+
+void dsec_lost_free(dsec_lost *w)
+{
+    if (w == NULL)
+        return;
+    pthread_mutex_lock(&w->mu);
+    while (w->inflight > 0)
+        pthread_cond_wait(&w->idle, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    for (size_t i = 0; i < w->nb; i++)
+        for (struct watched *x = w->b[i], *nx; x; x = nx) {
+            nx = x->next;
+            tenants_free(x);
+            dsec_free(x);
+        }
+    dsec_free(w->b);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->idle);
+    dsec_free(w);
+}
+
+static void on_reconciled(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    struct watched *x = ud;
+    dsec_lost *w = x->w;
+    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
+    bool ok = status == 0 && type != NULL && strcmp(type, DSEC_TYPE_ERROR) != 0;
+    pthread_mutex_lock(&w->mu);
+    x->reconciling = false;
+    if (ok) {
+        x->lost_ns = 0; /* it reclaims them; nothing more to ask */
+        w->st.reconciled++;
+    }
+    if (--w->inflight == 0)
+        pthread_cond_broadcast(&w->idle);
+    pthread_mutex_unlock(&w->mu);
+    if (ok)
+        fprintf(stderr, "dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost\n",
+                w->who, x->name);
+    else if (status < 0)
+        fprintf(stderr, "dsec-scheduler %s: node %s is back but did not take the reconcile: %s (asking again)\n",
+                w->who, x->name, err->msg);
+}
+
+/* Ask a returned node to reclaim what it made before it was declared lost
+ * (w->mu held; the request's answer comes on a bus thread). */
+static void reconcile_locked(dsec_lost *w, struct watched *x)
+{
+    dsec_msg_node_lost nl = {.node = x->name, .cell = w->cell, .lost_ns = x->lost_ns,
+                             .silent_ms = x->silent_ms, .by = w->who};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", x->name);
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    dsec_hdr hdr = {.type = "node_lost", .schema = DSEC_SCHEMA_VERSION};
+    x->reconciling = true;
+    w->inflight++;
+    int rc = dsec_encode(&b, DSEC_MSG_NODE_LOST, &nl, &err);
+    if (rc == 0)
+        rc = dsec_bus_request(w->bus, subj, &hdr, b.data, b.len, RECONCILE_TIMEOUT_MS, on_reconciled, x,
+                              &err);
+    dsec_buf_release(&b);
+    if (rc < 0) { /* the callback will not run: undo, the next report asks again */
+        x->reconciling = false;
+        if (--w->inflight == 0)
+            pthread_cond_broadcast(&w->idle);
+    }
+}
+
+void dsec_lost_seen(dsec_lost *w, const char *node, bool full, const dsec_msg_usage *usage,
+                    size_t nusage, uint64_t now_ms)
+{
+    pthread_mutex_lock(&w->mu);
+    struct watched *x = find_locked(w, node, true);
+    if (x == NULL) {
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    x->last_ms = now_ms;
+    if (full) {
+        tenants_free(x);
+        x->tenants = nusage ? dsec_calloc(nusage, sizeof *x->tenants) : NULL;
+        for (size_t i = 0; x->tenants && i < nusage; i++) {
+            bool dup = false; /* one entry per tenant, however many projects */
+            for (size_t j = 0; j < x->ntenants && !dup; j++)
+                dup = strcmp(x->tenants[j], usage[i].tenant) == 0;
+            if (!dup && (x->tenants[x->ntenants] = dsec_strdup(usage[i].tenant)) != NULL)
+                x->ntenants++;
+        }
+    }
+    if (x->lost_ns != 0 && !x->reconciling)
+        reconcile_locked(w, x);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void dsec_lost_tick(dsec_lost *w, uint64_t now_ms)
+{
+    enum { MAX_AT_ONCE = 64 };
+    struct {
+        char name[DSEC_NAME_LEN_MAX + 1];
+        char **tenants;
+        size_t ntenants;
+        uint64_t silent_ms, lost_ns;
+    } lost[MAX_AT_ONCE];
+    size_t k = 0;
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < w->nb && k < MAX_AT_ONCE; i++)
+        for (struct watched *x = w->b[i]; x && k < MAX_AT_ONCE; x = x->next) {
+            if (x->lost_ns != 0 || now_ms - x->last_ms < w->lost_after_ms)
+                continue;
+            x->lost_ns = dsec_wall_ns();
+            x->silent_ms = now_ms - x->last_ms;
+            w->st.declared++;
+            snprintf(lost[k].name, sizeof lost[k].name, "%s", x->name);
+            /* the tenants go with the event; the node starts afresh if it returns */
+            lost[k].tenants = x->tenants;
+            lost[k].ntenants = x->ntenants;
+            lost[k].silent_ms = x->silent_ms;
+            lost[k].lost_ns = x->lost_ns;
+            x->tenants = NULL;
+            x->ntenants = 0;
+            k++;
+        }
+    pthread_mutex_unlock(&w->mu);
+    for (size_t i = 0; i < k; i++) {
+        dsec_msg_node_lost nl = {.node = lost[i].name, .cell = w->cell, .lost_ns = lost[i].lost_ns,
+                                 .silent_ms = lost[i].silent_ms, .by = w->who};
+        char subj[192];
+        dsec_err err;
+        fprintf(stderr,
+                "dsec-scheduler %s: node %s silent for %" PRIu64 " ms: declared lost; telling %zu tenant(s)\n",
+                w->who, lost[i].name, lost[i].silent_ms, lost[i].ntenants);
+        snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%.64s.lost.%.64s", w->cell, lost[i].name);
+        dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);
+        for (size_t t = 0; t < lost[i].ntenants; t++) {
+            snprintf(subj, sizeof subj, "dsec.v1.%.64s.evt.lost", lost[i].tenants[t]);
+            dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);
+            dsec_free(lost[i].tenants[t]);
+        }
+        dsec_free(lost[i].tenants);
+    }
+}
+
+void dsec_lost_stats_get(dsec_lost *w, dsec_lost_stats *out)
+{
+    pthread_mutex_lock(&w->mu);
+    *out = w->st;
+    pthread_mutex_unlock(&w->mu);
+}
