@@ -168,6 +168,7 @@ static struct {
     struct seen **b;
     size_t nb;
     uint64_t doubles;
+    double t0;
     uint64_t live[NODES];
     bool reported[NODES];
 } cellv = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -201,8 +202,12 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
             while (s && strcmp(s->req_id, ev[i].req_id) != 0)
                 s = s->next;
             if (s != NULL) {
-                if (strcmp(s->id, ev[i].id) != 0) /* one request, two sandboxes */
+                if (strcmp(s->id, ev[i].id) != 0) { /* one request, two sandboxes */
+                    if (cellv.doubles < 8)
+                        fprintf(stderr, "chaos: t=%.1f s req_id %s made %s and %s\n", now_s() - cellv.t0,
+                                ev[i].req_id, s->id, ev[i].id);
                     cellv.doubles++;
+                }
                 continue;
             }
             s = malloc(sizeof *s);
@@ -415,6 +420,7 @@ int main(void)
            "without; %d servers, %d schedulers, %d arbiters, %d nodes (logs in %s)\n",
            seconds, rate, fault_s, baseline_s, SERVERS, SCHEDS, ARBS, NODES, dir);
     double t0 = now_s(), next_fault = t0 + baseline_s, base_ok_at = 0;
+    cellv.t0 = t0;
     uint64_t sent = 0, base_ok = 0, faults = 0;
     struct proc *restart = NULL;
     double restart_at = 0;
