@@ -28,7 +28,7 @@
 #define SCHEDS 2
 #define ARBS 2
 #define NODES 4
-#define WORKERS 4      /* threads running exec + destroy on created sandboxes */
+#define WORKERS 16     /* threads running exec + destroy on created sandboxes */
 #define LOST_AFTER_MS 6000
 #define IDLE_S 20      /* a sandbox no client drives is reaped: what reconciles unclaimed ones */
 
@@ -165,7 +165,8 @@ struct seen {
 
 static struct {
     pthread_mutex_t mu;
-    struct seen **b;
+    struct seen **b; /* req_id -> the sandbox its creation made */
+    struct seen **idled; /* sandbox ids the nodes reaped for idleness (reason known, not lost) */
     size_t nb;
     uint64_t doubles;
     double t0;
@@ -194,6 +195,18 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
         const dsec_msg_sandbox_event *ev = b.events.items;
         pthread_mutex_lock(&cellv.mu);
         for (uint32_t i = 0; i < b.events.n; i++) {
+            if (strcmp(ev[i].state, "gone") == 0 && ev[i].reason != NULL &&
+                strcmp(ev[i].reason, "idle timeout") == 0) {
+                struct seen *g = malloc(sizeof *g);
+                if (g != NULL) {
+                    g->req_id = NULL;
+                    snprintf(g->id, sizeof g->id, "%s", ev[i].id);
+                    size_t k = hash(ev[i].id) % cellv.nb;
+                    g->next = cellv.idled[k];
+                    cellv.idled[k] = g;
+                }
+                continue;
+            }
             if (ev[i].prev == NULL || strcmp(ev[i].prev, "requested") != 0 || ev[i].req_id == NULL ||
                 strncmp(ev[i].req_id, "fork-", 5) == 0)
                 continue;
@@ -238,7 +251,8 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
 
 static struct {
     _Atomic uint64_t requests, answered, ok, retryable, definitive_errors;
-    _Atomic uint64_t vanished, reclaimed_after_loss; /* exec/destroy found no sandbox */
+    _Atomic uint64_t vanished, reclaimed_after_loss, idled; /* exec/destroy found no sandbox */
+    _Atomic uint64_t undriven; /* created while the workers were too far behind to keep them */
     _Atomic uint64_t inflight_creates;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -274,6 +288,8 @@ static void on_created(int status, const dsec_sandbox_info *info, const dsec_err
         snprintf(load.ring[load.tail % load.cap], DSEC_ID_MAX, "%s", info->id);
         load.tail++;
         pthread_cond_signal(&load.cv);
+    } else {
+        atomic_fetch_add(&load.undriven, 1); /* left to the idle reaper */
     }
     pthread_mutex_unlock(&load.mu);
 }
@@ -290,6 +306,31 @@ static void on_lost(const char *node, const char *cell, uint64_t lost_ns, void *
     if (!known && load.nlost < NODES)
         snprintf(load.lost_nodes[load.nlost++], 32, "%s", node);
     pthread_mutex_unlock(&load.mu);
+}
+
+static bool node_was_lost(const char *id);
+
+static bool was_idled(const char *id)
+{
+    pthread_mutex_lock(&cellv.mu);
+    struct seen *g = cellv.idled[hash(id) % cellv.nb];
+    while (g && strcmp(g->id, id) != 0)
+        g = g->next;
+    pthread_mutex_unlock(&cellv.mu);
+    return g != NULL;
+}
+
+/* A sandbox the client was given that an operation no longer finds: gone with
+ * its node (declared lost, owners told), reaped idle because the load fell
+ * behind (the node said why), or lost. */
+static void count_vanished(const char *id)
+{
+    if (node_was_lost(id))
+        atomic_fetch_add(&load.reclaimed_after_loss, 1);
+    else if (was_idled(id))
+        atomic_fetch_add(&load.idled, 1);
+    else
+        atomic_fetch_add(&load.vanished, 1);
 }
 
 static bool node_was_lost(const char *id)
@@ -329,13 +370,15 @@ static void *worker(void *arg)
         count_answer(rc, &err);
         if (rc == 0)
             dsec_exec_reply_release(&r);
-        else if (err.code == DSEC_E_NOT_FOUND)
-            atomic_fetch_add(node_was_lost(id) ? &load.reclaimed_after_loss : &load.vanished, 1);
+        else if (err.code == DSEC_E_NOT_FOUND) {
+            count_vanished(id);
+            continue; /* nothing left to destroy */
+        }
         atomic_fetch_add(&load.requests, 1);
         rc = dsec_destroy(client, id, &err);
         count_answer(rc, &err);
-        if (rc < 0 && err.code == DSEC_E_NOT_FOUND && !node_was_lost(id))
-            atomic_fetch_add(&load.vanished, 1);
+        if (rc < 0 && err.code == DSEC_E_NOT_FOUND)
+            count_vanished(id);
     }
 }
 
@@ -386,9 +429,10 @@ int main(void)
     dsec_decoder *dec = dsec_decoder_new(NULL);
     cellv.nb = 1u << 20;
     cellv.b = calloc(cellv.nb, sizeof *cellv.b);
+    cellv.idled = calloc(cellv.nb, sizeof *cellv.idled);
     dsec_bus_opts bo = {.url = urls, .name = "chaos-watch"};
     dsec_client_opts co = {.url = urls, .tenant = "chaos", .timeout_ms = 3000, .retries = 3, .threads = 4};
-    if (dec == NULL || cellv.b == NULL || dsec_bus_connect(&watch, &bo, &err) < 0 ||
+    if (dec == NULL || cellv.b == NULL || cellv.idled == NULL || dsec_bus_connect(&watch, &bo, &err) < 0 ||
         dsec_actor_new(&wa, watch, "chaos-watch", &err) < 0 ||
         dsec_actor_on(wa, "dsec.v1.ctl.evt.chaos.>", NULL, on_cell_event, dec, &err) < 0 ||
         dsec_client_connect(&client, &co, &err) < 0 || dsec_watch_lost(client, on_lost, NULL, &err) < 0) {
@@ -510,11 +554,12 @@ int main(void)
     double all_rate = (double)atomic_load(&load.ok) / (t_end - t0);
     printf("chaos: %" PRIu64 " requests, %" PRIu64 " answered (%" PRIu64 " ok, %" PRIu64
            " retry-safe errors, %" PRIu64 " other errors), lost %" PRIu64 ", orphans %" PRIu64
-           ", double placements %" PRIu64 ", %" PRIu64 " faults; %" PRIu64
-           " sandboxes reclaimed after their node was declared lost\n",
+           ", double placements %" PRIu64 ", %" PRIu64 " faults; sandboxes gone with a reason: %" PRIu64
+           " reclaimed after their node was declared lost, %" PRIu64 " reaped idle while the load fell "
+           "behind (%" PRIu64 " never driven)\n",
            requests, answered, atomic_load(&load.ok), atomic_load(&load.retryable),
            atomic_load(&load.definitive_errors), lost, orphans, doubles, faults,
-           atomic_load(&load.reclaimed_after_loss));
+           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled), atomic_load(&load.undriven));
     printf("chaos: baseline (first %d s, no faults): %.0f ok answers/s; whole run: %.0f/s\n", baseline_s,
            base_rate, all_rate);
     for (size_t i = 0; i < nprocs; i++)
