@@ -25,6 +25,13 @@ struct dsec_client {
     int timeout_ms;
     int retries;
     dsec_actor *lost;     /* dsec_watch_lost's subscription */
+    /* creates whose connection dropped mid-request wait here until that attempt's
+     * deadline before their retry (see defer_retry) */
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    struct async_create *rhead, *rtail;
+    pthread_t retrier;
+    bool retrier_started, retrier_stop;
     dsec_node_lost_cb lost_cb;
     void *lost_ud;
 };
@@ -39,11 +46,16 @@ dsec_bus *dsec__client_bus(dsec_client *c) { return c->bus; }
  * node that gets the placement only after that does not create it: the
  * client has given up on it or retried, and a late sandbox would be a second
  * one for the same request. */
-static uint64_t deadline_ns(const dsec_client *c)
+static uint64_t wall_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (uint64_t)c->timeout_ms * 1000000ull;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t deadline_ns(const dsec_client *c)
+{
+    return wall_ns() + (uint64_t)c->timeout_ms * 1000000ull;
 }
 
 static uint32_t count_nt(const char *const *v)
@@ -171,6 +183,10 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "tenant \"%s\": use 1-64 characters from A-Z a-z 0-9 _ -", tenant);
     dsec_client *c = dsec_calloc(1, sizeof *c);
+    if (c != NULL) {
+        pthread_mutex_init(&c->rmu, NULL);
+        pthread_cond_init(&c->rcv, NULL);
+    }
     if (c == NULL || (c->tenant = dsec_strdup(tenant)) == NULL) {
         dsec_client_free(c);
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -197,6 +213,17 @@ void dsec_client_free(dsec_client *c)
 {
     if (c == NULL)
         return;
+    /* creates waiting for their retry go out now, so that every one is answered
+     * before the bus drains below */
+    pthread_mutex_lock(&c->rmu);
+    c->retrier_stop = true;
+    bool started = c->retrier_started;
+    pthread_cond_broadcast(&c->rcv);
+    pthread_mutex_unlock(&c->rmu);
+    if (started)
+        pthread_join(c->retrier, NULL);
+    pthread_mutex_destroy(&c->rmu);
+    pthread_cond_destroy(&c->rcv);
     dsec_actor_free(c->lost);
     dsec_bus_free(c->bus);
     dsec_free(c->tenant);
@@ -302,9 +329,76 @@ struct async_create {
     dsec_create_cb cb;
     void *ud;
     int retry;
+    uint64_t deadline_ns;       /* the current attempt's (as sent) */
+    struct async_create *rnext; /* waiting for its retry (client rmu) */
 };
 
 static int async_send(struct async_create *a, dsec_err *err);
+static void async_finish(struct async_create *a, int status, const dsec_sandbox_info *info,
+                         const dsec_err *err);
+static int reencode_retry(struct async_create *a, dsec_err *err);
+
+/* Resend the creates that waited out their attempt's deadline. */
+static void *retrier_main(void *arg)
+{
+    dsec_client *c = arg;
+    pthread_mutex_lock(&c->rmu);
+    for (;;) {
+        struct async_create *a = c->rhead;
+        if (a == NULL) {
+            if (c->retrier_stop)
+                break;
+            pthread_cond_wait(&c->rcv, &c->rmu);
+            continue;
+        }
+        uint64_t now = wall_ns();
+        if (!c->retrier_stop && now < a->deadline_ns) {
+            struct timespec ts = {(time_t)(a->deadline_ns / 1000000000ull),
+                                  (long)(a->deadline_ns % 1000000000ull)};
+            pthread_cond_timedwait(&c->rcv, &c->rmu, &ts); /* CLOCK_REALTIME, like the deadline */
+            continue;
+        }
+        c->rhead = a->rnext;
+        if (c->rhead == NULL)
+            c->rtail = NULL;
+        pthread_mutex_unlock(&c->rmu);
+        dsec_err err;
+        if (reencode_retry(a, &err) < 0 || async_send(a, &err) < 0)
+            async_finish(a, -1, NULL, &err);
+        pthread_mutex_lock(&c->rmu);
+    }
+    pthread_mutex_unlock(&c->rmu);
+    return NULL;
+}
+
+/* The connection dropped with this create in flight: it may have reached a
+ * scheduler, and a node may be creating it right now. Retried at once, the
+ * retry's lookup could miss that node while it reconnects and place a second
+ * sandbox. After the attempt's deadline no node creates the first attempt any
+ * more (it carries the deadline) and one that did has it in its table, where
+ * the retry's lookup finds it. So the retry waits until then. False (retry
+ * now) when the deadline has passed or no retrier thread could start. */
+static bool defer_retry(struct async_create *a)
+{
+    dsec_client *c = a->c;
+    if (wall_ns() >= a->deadline_ns)
+        return false;
+    pthread_mutex_lock(&c->rmu);
+    if (!c->retrier_started && !c->retrier_stop)
+        c->retrier_started = pthread_create(&c->retrier, NULL, retrier_main, c) == 0;
+    bool ok = c->retrier_started && !c->retrier_stop;
+    if (ok) { /* deadlines grow with send order: appending keeps the queue nearly sorted */
+        a->rnext = NULL;
+        if (c->rtail)
+            c->rtail->rnext = a;
+        else
+            c->rhead = a;
+        c->rtail = a;
+        pthread_cond_signal(&c->rcv);
+    }
+    pthread_mutex_unlock(&c->rmu);
+    return ok;
+}
 
 static void async_finish(struct async_create *a, int status, const dsec_sandbox_info *info,
                          const dsec_err *err)
@@ -329,6 +423,7 @@ static int reencode_retry(struct async_create *a, dsec_err *err)
     if (rc == 0) {
         prev.retry = (uint64_t)a->retry;
         prev.deadline_ns = deadline_ns(a->c); /* a new attempt, a new wait */
+        a->deadline_ns = prev.deadline_ns;
         rc = dsec_encode(&nb, DSEC_MSG_CREATE, &prev, err);
     }
     dsec_decoder_free(dec);
@@ -364,6 +459,8 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
     }
     if (dsec_code_retry_safe(err.code) && a->retry < a->c->retries) {
         a->retry++;
+        if (err.code == DSEC_E_CONN && defer_retry(a))
+            return;
         dsec_err serr;
         if (reencode_retry(a, &serr) == 0 && async_send(a, &serr) == 0)
             return;
@@ -388,7 +485,12 @@ int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_
     a->c = c;
     a->cb = cb;
     a->ud = ud;
-    if (create_req_build(c, spec, &a->r, err) < 0 || async_send(a, err) < 0) {
+    int rc = create_req_build(c, spec, &a->r, err);
+    if (rc == 0) {
+        a->deadline_ns = a->r.m.deadline_ns;
+        rc = async_send(a, err);
+    }
+    if (rc < 0) {
         create_req_release(&a->r);
         dsec_free(a);
         return -1;
