@@ -220,7 +220,9 @@ void dsec_lost_tick(dsec_lost *w, uint64_t now_ms)
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < w->nb && k < MAX_AT_ONCE; i++)
         for (struct watched *x = w->b[i]; x && k < MAX_AT_ONCE; x = x->next) {
-            if (x->lost_ns != 0 || now_ms - x->last_ms < w->lost_after_ms)
+            /* last_ms may be later than now_ms: a report handled since the caller
+             * read the clock */
+            if (x->lost_ns != 0 || now_ms <= x->last_ms || now_ms - x->last_ms < w->lost_after_ms)
                 continue;
             x->lost_ns = dsec_wall_ns();
             x->silent_ms = now_ms - x->last_ms;

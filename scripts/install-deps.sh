@@ -9,7 +9,7 @@ clang libclang-rt-14-dev \
 libseccomp-dev libpython3-dev gnuplot-nox \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
 nftables libnftnl-dev libmnl-dev libldns-dev libnetfilter-conntrack-dev iproute2 \
-util-linux procps qemu-system-x86 kmod cpio e2fsprogs"
+util-linux procps qemu-system-x86 kmod cpio e2fsprogs curl"
 
 missing=""
 for p in $PKGS; do
