@@ -907,6 +907,20 @@ static int render_metrics(dsec_metrics_text *t, void *ud)
     return 0;
 }
 
+/* Whether a JetStream-backed start that failed with e is worth another try
+ * (then after a second's pause): a NATS cluster still forming, or busy with
+ * another host's stream, times out for a while. No responders means
+ * JetStream is off: no point waiting. */
+static bool js_retry(const char *cell, const char *what, const dsec_err *e, int attempt)
+{
+    if (attempt >= 5 || (e->code != DSEC_E_TIMEOUT && e->code != DSEC_E_CONN))
+        return false;
+    fprintf(stderr, "dsecd %s: %s not ready (%s); retrying\n", cell, what, e->msg);
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    return true;
+}
+
 int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec_err *err)
 {
     *out = NULL;
@@ -949,7 +963,15 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes,
                              .replicas = (int)conf->traj_replicas};
         dsec_err terr;
-        if (dsec_traj_open(&c->traj, c->bus, &tc, &terr) < 0)
+        /* A NATS cluster still forming (or busy creating the stream for another node)
+         * times out: try again a few times rather than run without the log. No
+         * responders means JetStream is off: no point waiting. */
+        int rc;
+        for (int attempt = 0; (rc = dsec_traj_open(&c->traj, c->bus, &tc, &terr)) < 0 &&
+                              js_retry(conf->cell, "the trajectory log", &terr, attempt);
+             attempt++)
+            ;
+        if (rc < 0)
             fprintf(stderr, "dsecd %s: no trajectory log (operations naming a rollout_id will be "
                     "refused): %s\n", conf->cell, terr.msg);
     }
@@ -1011,7 +1033,12 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_quota_conf qc = {.cell = conf->cell, .replicas = (int)conf->quota_replicas,
                               .full_ms = conf->full_ms, .pending_ms = pend,
                               .reload_ms = conf->quota_reload_ms};
-        if (dsec_quota_start(&c->quota, c->bus, &qc, err) < 0)
+        int rc;
+        for (int attempt = 0; (rc = dsec_quota_start(&c->quota, c->bus, &qc, err)) < 0 &&
+                              js_retry(conf->cell, "the quota actor", err, attempt);
+             attempt++)
+            ;
+        if (rc < 0)
             goto out_fail;
     }
     if ((roles & DSEC_ROLE_SCHEDULER) && conf->sched_replicas > 0) {
@@ -1039,7 +1066,12 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                 .grace_ms = conf->arbiter_grace_ms,
                                 .max_per_min = conf->arbiter_max_per_min,
                                 .replicas = (int)conf->arbiter_replicas};
-        if (dsec_arbiter_start(&c->arbiter, c->bus, &ac, err) < 0)
+        int rc;
+        for (int attempt = 0; (rc = dsec_arbiter_start(&c->arbiter, c->bus, &ac, err)) < 0 &&
+                              js_retry(conf->cell, "the arbiter", err, attempt);
+             attempt++)
+            ;
+        if (rc < 0)
             goto out_fail;
     }
     if (dsec_bus_flush(c->bus, 5000, err) < 0)
