@@ -572,6 +572,18 @@ int main(void)
     dsec_actor_free(wa);
     dsec_bus_free(watch);
     dsec_decoder_free(dec);
+    /* the JetStream stores and node state hold hundreds of MB after a run: keep only the
+     * daemons' logs, and those only when something went wrong or CHAOS_KEEP is set */
+    bool clean = lost == 0 && orphans == 0 && doubles == 0 && getenv("CHAOS_KEEP") == NULL;
+    char cmd[256];
+    if (clean)
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    else
+        snprintf(cmd, sizeof cmd, "cd '%s' && rm -rf js-* node-* ctl", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "chaos: could not clean %s\n", dir);
+    else if (!clean)
+        printf("chaos: the daemons' logs are kept in %s\n", dir);
     printf("{\"scenario\":\"chaos\",\"seconds\":%d,\"rate\":%d,\"requests\":%" PRIu64 ",\"answered\":%" PRIu64
            ",\"retryable_errors\":%" PRIu64 ",\"other_errors\":%" PRIu64 ",\"lost\":%" PRIu64
            ",\"orphans\":%" PRIu64 ",\"double_placements\":%" PRIu64 ",\"faults\":%" PRIu64
