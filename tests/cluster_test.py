@@ -8,12 +8,20 @@ Modes: failures (the default; every scenario below but the mid-load partition), 
 each, joined by a NATS gateway: a create too big for cell A lands in cell B).
 
 Builds test hosts (network namespaces on one bridge, addresses in 10.231.1.0/24), runs a 3-server
-NATS cluster with routes and JetStream, two scheduler hosts, three sim node hosts and one node
-host running the function backend natively, the arbiter pair and a client host, and drives
-creates and execs through the `dsec` CLI while it kills and partitions things. Each scenario
-prints one summary line; any request left without a definitive answer, any sandbox lost and
-any request id placed twice fails the test. Everything it creates carries the prefix
-dsec-cl<pid> and is removed at the end (leftovers of a crashed run are removed at start).
+NATS cluster with routes and JetStream, two scheduler hosts, three node hosts running real crun
+containers (busybox:1 from a shared layer directory, as from an NFS path), three sim node hosts,
+one node host running the function backend natively, the arbiter pair and a client host, and
+drives creates and execs (sim sandboxes and containers at once) through the `dsec` CLI while it
+kills and partitions things. Each scenario prints one summary line; any request left without a
+definitive answer, any sandbox lost and any request id placed twice fails the test. At the end
+every container is destroyed through the CLI and nothing of them may be left on the machine.
+Everything it creates carries the prefix dsec-cl<pid> and is removed at the end (leftovers of a
+crashed run are removed at start).
+
+A container node host's dsecd enters only the host's network namespace (nsenter --net), not a
+private mount namespace as `ip netns exec` would make: its mounts (layer cache, upper store,
+root filesystems) must outlive a kill -9 of the node manager, as they do on a real host, so the
+restarted one re-adopts containers whose root filesystems are still mounted.
 """
 import itertools
 import json
@@ -94,8 +102,71 @@ def netns_remove(ns):
     sh("ip", "netns", "del", ns, check=False)
 
 
+def mounts_under(path):
+    """Mount points below path, deepest first."""
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4].replace("\\040", " ") for line in f]
+    return sorted({m for m in points if m.startswith(path.rstrip("/") + "/")}, key=len, reverse=True)
+
+
+def umount_under(path):
+    for m in mounts_under(path):
+        sh("umount", "-l", m, check=False)
+
+
+def container_cgroups(nodes):
+    """Cgroup directories a container node makes (dsec-ct-<node>, one per hierarchy: v1 controllers,
+    the unified v2 mount, or a pure v2 root)."""
+    out = set()
+    for node in nodes:
+        for base in ["/sys/fs/cgroup"] + [os.path.join("/sys/fs/cgroup", d) for d in os.listdir("/sys/fs/cgroup")]:
+            d = os.path.join(base, "dsec-ct-" + node)
+            if os.path.isdir(d):
+                out.add(os.path.realpath(d))
+    return sorted(out)
+
+
+def cgroup_pids(dirs):
+    pids = set()
+    for top in dirs:
+        for d, _, files in os.walk(top):
+            if "cgroup.procs" in files:
+                try:
+                    with open(os.path.join(d, "cgroup.procs")) as f:
+                        pids.update(int(x) for x in f.read().split())
+                except OSError:
+                    pass
+    return pids
+
+
+def kill_containers(nodes):
+    """SIGKILL every process in the container nodes' cgroups and remove the cgroups; returns how
+    many processes were still there."""
+    dirs = container_cgroups(nodes)
+    found = cgroup_pids(dirs)
+    end = time.time() + 10
+    while True:
+        pids = cgroup_pids(dirs)
+        if not pids or time.time() > end:
+            break
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    for top in dirs:
+        for d, _, _ in sorted(os.walk(top), key=lambda w: len(w[0]), reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+    return len(found)
+
+
 def remove_leftovers():
-    """Namespaces of earlier runs whose test process is gone (a crash, a SIGKILL)."""
+    """Namespaces, containers, mounts and directories of earlier runs whose test process is gone
+    (a crash, a SIGKILL)."""
     for ns in netns_list():
         m = re.match(r"^%s(\d+)-" % PREFIX, ns)
         if m and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))):
@@ -105,8 +176,15 @@ def remove_leftovers():
     for d in os.listdir(tmpdir):
         m = re.match(r"^%s(\d+)-" % PREFIX, d)
         if m and not pid_alive(int(m.group(1))):
-            log("removing leftover directory %s" % os.path.join(tmpdir, d))
-            shutil.rmtree(os.path.join(tmpdir, d), ignore_errors=True)
+            path = os.path.join(tmpdir, d)
+            log("removing leftover directory %s" % path)
+            # its containers first (one cluster test runs at a time: ctest's resource lock),
+            # then its mounts, or rmtree would walk into layer and root filesystem mounts
+            n = kill_containers(CTS)
+            if n:
+                log("killed %d leftover container process(es)" % n)
+            umount_under(path)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Net:
@@ -154,14 +232,18 @@ class Procs:
     def __init__(self, net, tmp):
         self.net, self.tmp = net, tmp
         self.p = {}  # name -> (Popen, argv, host, log path)
+        self.host_mounts = set()  # hosts whose daemon enters only the network namespace (see the top)
 
     def start(self, name, host, argv):
         path = os.path.join(self.tmp, name + ".log")
         f = open(path, "a")
         f.write("---- start %s\n" % time.strftime("%H:%M:%S"))
         f.flush()
-        p = subprocess.Popen(["ip", "netns", "exec", self.net.ns(host)] + argv, stdout=f, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
+        if host in self.host_mounts:
+            enter = ["nsenter", "--net=/run/netns/" + self.net.ns(host)]
+        else:
+            enter = ["ip", "netns", "exec", self.net.ns(host)]
+        p = subprocess.Popen(enter + argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         f.close()
         self.p[name] = (p, argv, host, path)
         return p
@@ -172,7 +254,7 @@ class Procs:
 
     def kill9(self, name):
         p = self.p[name][0]
-        p.send_signal(signal.SIGKILL)  # `ip netns exec` execs the program: this is dsecd/nats-server
+        p.send_signal(signal.SIGKILL)  # `ip netns exec` and nsenter exec the program: this is dsecd/nats-server
         p.wait(timeout=10)
 
     def running(self, name):
@@ -252,6 +334,7 @@ class Stats:
         self.errors = []
         self.created = {}  # req_id -> sandbox id
         self.nodes = {}  # node -> creates answered from it
+        self.types = {}  # sandbox type -> creates answered
 
     def add(self, rc, err):
         with self.lock:
@@ -271,6 +354,10 @@ class Stats:
                     self.errors.append(err)
 
 
+CREATE_ARGS = {"sim": ["--type", "sim", "--cpu", "10m", "--memory", "16"],
+               "container": ["--type", "container", "--env", "busybox:1", "--cpu", "10m", "--memory", "32"]}
+
+
 class Load:
     """Threads that each loop create -> exec on the new sandbox, every call through the CLI."""
 
@@ -288,8 +375,7 @@ class Load:
     def loop(self):
         while not self.stop_ev.is_set():
             req = self.next_req()
-            rc, out, err = self.c.run("create", "--type", self.type, "--cpu", "10m", "--memory", "16",
-                                      "--req-id", req)
+            rc, out, err = self.c.run("create", *CREATE_ARGS[self.type], "--req-id", req)
             self.s.add(rc, err)
             if rc != 0:
                 continue
@@ -297,6 +383,7 @@ class Load:
                 self.s.created[req] = out
                 node = out.rsplit("-", 1)[0]
                 self.s.nodes[node] = self.s.nodes.get(node, 0) + 1
+                self.s.types[self.type] = self.s.types.get(self.type, 0) + 1
             rc, out2, err = self.c.run("exec", out, "--", "echo", req)
             self.s.add(rc, err if rc is not None else "exec %s: %s" % (out, err))
             if rc == 0 and out2 != req:
@@ -318,17 +405,21 @@ NATS = ["n1", "n2", "n3"]
 SCHEDS = ["s1", "s2"]
 ARBS = ["a1", "a2"]
 SIMS = ["w1", "w2", "w3"]
+CTS = ["k1", "k2", "k3"]  # container node hosts
 FN = "f1"
+NODES = SIMS + CTS + [FN]
 
 
 class Cell:
     def __init__(self, net, procs, tmp):
         self.net, self.procs, self.tmp = net, procs, tmp
         octet = {"n1": 11, "n2": 12, "n3": 13, "s1": 21, "s2": 22, "a1": 31, "a2": 32, "w1": 41, "w2": 42,
-                 "w3": 43, "f1": 44, "c": 100}
+                 "w3": 43, "f1": 44, "k1": 45, "k2": 46, "k3": 47, "c": 100}
         for h, o in octet.items():
             net.add(h, o)
+        procs.host_mounts.update(CTS)
         self.client = Client(net, "c", self.url_from("n1"))
+        self.layers = os.path.join(tmp, "layers")
 
     def url_from(self, first):
         """All three servers, first one first: hosts spread their connections over the cluster."""
@@ -350,9 +441,19 @@ class Cell:
         wait_for("a JetStream meta leader", lambda: all(
             (self.client.http(n, "/jsz") or {}).get("meta_cluster", {}).get("leader") for n in NATS), 30)
 
-    def node_yaml(self, name, native):
+    def build_layers(self):
+        """busybox:1 into a directory every container host reads, as it would an NFS path."""
+        t0 = time.time()
+        sh(os.path.join(SRC, "scripts", "build-envs.sh"), "--dsec", DSEC, "--registry", self.layers,
+           "--state-dir", self.tmp, "--only", "busybox", timeout=600)
+        log("%-22s busybox:1 built in %.1f s" % ("layers", time.time() - t0))
+
+    def node_yaml(self, name, kind):
         lines = ["  - name: %s" % name, "    cpu_milli: 64000", "    memory_mb: 65536", "    slots: 2000"]
-        if native:
+        if kind == "container":
+            lines += ["    types: [container]", "    backend: native", "    options:",
+                      "      container.runtime: crun", '      container.pids_max: "256"']
+        elif kind == "function":
             lines += ["    types: [function]", "    backend: native", "    options:",
                       '      function.pool_python3: "0"', '      function.pool_sh: "1"',
                       '      function.pool_native: "0"', '      function.max_workers: "16"',
@@ -363,8 +464,9 @@ class Cell:
 
     def dsecd(self, host, roles, near, nodes=""):
         state = os.path.join(self.tmp, "state-" + host)
+        layers = "layers:\n  registry: shared\n  path: %s" % self.layers
         conf = template("cell.yaml.in", CELL="cella", STATE=state, URL=self.url_from(near), THREADS=4,
-                        JETSTREAM="true", REPLICAS=3, NODES=nodes or "  []")
+                        JETSTREAM="true", REPLICAS=3, LAYERS=layers, NODES=nodes or "  []")
         path = os.path.join(self.tmp, host + ".yaml")
         with open(path, "w") as f:
             f.write(conf)
@@ -373,8 +475,10 @@ class Cell:
     def start_actors(self):
         # nodes first: they create the R3 trajectory stream, and schedulers find them at once
         for i, w in enumerate(SIMS):
-            self.dsecd(w, "node", NATS[i % 3], self.node_yaml(w, False))
-        self.dsecd(FN, "node", "n1", self.node_yaml(FN, True))
+            self.dsecd(w, "node", NATS[i % 3], self.node_yaml(w, "sim"))
+        for i, k in enumerate(CTS):
+            self.dsecd(k, "node", NATS[(i + 2) % 3], self.node_yaml(k, "container"))
+        self.dsecd(FN, "node", "n1", self.node_yaml(FN, "function"))
         for i, s in enumerate(SCHEDS):
             self.dsecd(s, "scheduler", NATS[(i + 1) % 3])
         # The second arbiter starts once the first holds the lease: started together on a fresh
@@ -383,11 +487,11 @@ class Cell:
         self.dsecd(ARBS[0], "arbiter", NATS[2])
         wait_for("arbiter %s active" % ARBS[0], self.active_arbiter, 20)
         self.dsecd(ARBS[1], "arbiter", NATS[0])
-        everyone = SIMS + [FN] + SCHEDS + ARBS
+        everyone = NODES + SCHEDS + ARBS
         time.sleep(1)
         self.procs.check_alive(NATS + everyone)
-        want = set(SIMS + [FN])
-        wait_for("all four nodes in `dsec top`", lambda: want <= set(self.client.live_by_node()), 30)
+        want = set(NODES)
+        wait_for("all seven nodes in `dsec top`", lambda: want <= set(self.client.live_by_node()), 30)
 
     def active_arbiter(self):
         """The arbiter whose latest log line about the lease says it is active."""
@@ -403,8 +507,9 @@ class Cell:
 # ---- scenarios -------------------------------------------------------------------------------
 
 def summary(name, st, extra=""):
-    log("%-22s requests=%d answered=%d ok=%d retryable_errors=%d other_errors=%d unanswered=%d%s" %
-        (name, st.requests, st.answered, st.ok, st.retryable, st.fatal, st.unanswered, extra))
+    made = " ".join("%s=%d" % kv for kv in sorted(st.types.items()))
+    log("%-22s requests=%d answered=%d ok=%d retryable_errors=%d other_errors=%d unanswered=%d created: %s%s" %
+        (name, st.requests, st.answered, st.ok, st.retryable, st.fatal, st.unanswered, made or "none", extra))
     if st.errors:
         log("%-22s first error: %s" % ("", st.errors[0]))
     if st.unanswered:
@@ -448,16 +553,20 @@ def check_no_double_placement(cell, all_created):
     return sum(want.values())
 
 
-def run_load(cell, seconds, during=None, type_="sim", threads=3):
+def run_load(cell, seconds, during=None, threads=3):
+    """threads loops of sim creates and one of container creates, each followed by an exec."""
     st = Stats()
-    load = Load(cell.client, st, threads=threads, type_=type_)
+    loads = [Load(cell.client, st, threads=threads), Load(cell.client, st, threads=1, type_="container")]
     try:
         time.sleep(seconds / 2)
         if during:
             during()
         time.sleep(seconds / 2)
     finally:
-        load.stop()
+        for load in loads:
+            load.stop()
+    if not st.types.get("container"):
+        raise Fail("no container was created under load: %s" % st.errors[:5])
     return st
 
 
@@ -554,21 +663,35 @@ def scenario_sched_kill(cell, created):
 
 
 def scenario_node_restart(cell, created, fn_ids):
-    """kill -9 a sim node manager and the native one under load; restarted, each re-adopts its
-    sandboxes from the journal and they answer exec."""
+    """kill -9 a sim, a container and the function node manager under load; restarted, each
+    re-adopts its sandboxes from the journal (k1: its running crun containers) and they answer exec."""
+    victims = ["w1", "k1", FN]
+    k1_before = [s for s in created.values() if s.startswith("k1-")]
+    if not k1_before:
+        raise Fail("no container on k1 before its node manager is killed: %s" % sorted(created.values())[:10])
+    rc, out, err = cell.client.run("exec", k1_before[0], "--", "sh", "-c", "echo %s > /tmp/mark" % k1_before[0])
+    if rc != 0:
+        raise Fail("writing /tmp/mark in %s: %s" % (k1_before[0], err))
+
     def kill():
-        cell.procs.kill9("w1")
-        cell.procs.kill9(FN)
+        for v in victims:
+            cell.procs.kill9(v)
     st = run_load(cell, 4, during=kill)
     created.update(st.created)
-    # requests answered (placements on w1 while it was down are refused elsewhere or retried)
-    summary("kill -9 node w1+f1", st)
-    cell.procs.restart("w1")
-    cell.procs.restart(FN)
-    wait_for("w1 and f1 reporting again", lambda: all(
-        n in cell.client.live_by_node() for n in ("w1", FN)) and cell.procs.running("w1"), 20)
+    # requests answered (placements on w1/k1 while they were down are refused elsewhere or retried)
+    summary("kill -9 node w1+k1+f1", st)
+    for v in victims:
+        cell.procs.restart(v)
+    wait_for("w1, k1 and f1 reporting again", lambda: set(victims) <= set(cell.client.live_by_node()) and all(
+        cell.procs.running(v) for v in victims), 30)
     w1_ids = [s for s in created.values() if s.startswith("w1-")]
     n = check_sandboxes(cell, w1_ids, "after w1's restart")
+    k1_ids = [s for s in created.values() if s.startswith("k1-")]
+    nk = check_sandboxes(cell, k1_ids, "after k1's restart")
+    # a container made before the kill still has the files it wrote: the same container, not a new one
+    rc, out, err = cell.client.run("exec", k1_before[0], "--", "sh", "-c", "cat /tmp/mark")
+    if rc != 0 or out != k1_before[0]:
+        raise Fail("container %s after k1's restart: /tmp/mark is %r (%s), not its id" % (k1_before[0], out, err))
     bad = []
     for sid in fn_ids:
         rc, out, err = cell.client.run("exec", sid, "--", "sh", "-c", "echo re-adopted")
@@ -576,8 +699,8 @@ def scenario_node_restart(cell, created, fn_ids):
             bad.append("%s: %s" % (sid, err or out))
     if bad:
         raise Fail("function sandboxes not re-adopted by f1: %s\nf1 log: %s" % (bad, cell.procs.logtext(FN)[-1500:]))
-    log("%-22s w1 sandboxes re-adopted=%d/%d f1 function sandboxes re-adopted=%d/%d" %
-        ("node restart", n, len(w1_ids), len(fn_ids), len(fn_ids)))
+    log("%-22s w1 sandboxes re-adopted=%d/%d k1 containers re-adopted=%d/%d f1 function sandboxes "
+        "re-adopted=%d/%d" % ("node restart", n, len(w1_ids), nk, len(k1_ids), len(fn_ids), len(fn_ids)))
 
 
 def scenario_arbiter(cell):
@@ -597,34 +720,41 @@ def scenario_arbiter(cell):
 
 
 def scenario_partition(cell, created, under_load):
-    """w2's link down: once silent for dead_after_ms it gets no placements; link up: it returns.
-    under_load: the link goes down mid-load, so placements already sent to w2 time out and are
-    retried with the same req_id elsewhere, and what w2 made or receives late must not leave a
-    request placed twice (the end check counts every node's sandboxes)."""
+    """The links of w2 (sim) and k2 (containers) down: once silent for dead_after_ms they get no
+    placements; link up: they return. under_load: the links go down mid-load, so placements
+    already sent to them time out and are retried with the same req_id elsewhere, and what they
+    made or receive late must not leave a request placed twice (the end check counts every
+    node's sandboxes). The containers k2 runs keep running through it and answer exec after."""
+    cut = ["w2", "k2"]
+
+    def links(up):
+        for h in cut:
+            cell.net.link(h, up)
     if under_load:
-        st0 = run_load(cell, 5, during=lambda: cell.net.link("w2", False))
-        summary("w2 link going down", st0, " placed=%s" % st0.nodes)
+        st0 = run_load(cell, 5, during=lambda: links(False))
+        summary("w2+k2 links going down", st0, " placed=%s" % st0.nodes)
         created.update(st0.created)
         time.sleep(0.5)
     else:
-        cell.net.link("w2", False)
+        links(False)
         time.sleep(2.5)  # dead_after_ms 2000 plus a heartbeat
     st = run_load(cell, 4)
-    on_w2 = st.nodes.get("w2", 0)
-    summary("w2 link down", st, " placed_on_w2=%d placed=%s" % (on_w2, st.nodes))
+    on_cut = {h: st.nodes.get(h, 0) for h in cut}
+    summary("w2+k2 links down", st, " placed_on_cut=%s placed=%s" % (on_cut, st.nodes))
     created.update(st.created)
-    if on_w2:
-        raise Fail("%d create(s) placed on the partitioned node w2" % on_w2)
-    cell.net.link("w2", True)
+    if any(on_cut.values()):
+        raise Fail("creates placed on partitioned nodes: %s" % on_cut)
+    links(True)
     st2 = Stats()
 
     def back():
-        load = Load(cell.client, st2, threads=2)
+        loads = [Load(cell.client, st2, threads=2), Load(cell.client, st2, threads=1, type_="container")]
         time.sleep(1.5)
-        load.stop()
-        return st2.nodes.get("w2", 0)
-    wait_for("creates placed on w2 after the heal", back, 20)
-    summary("w2 link up", st2, " placed_on_w2=%d" % st2.nodes.get("w2", 0))
+        for load in loads:
+            load.stop()
+        return all(st2.nodes.get(h, 0) for h in cut)
+    wait_for("creates placed on w2 and k2 after the heal", back, 30)
+    summary("w2+k2 links up", st2, " placed_on_healed=%s" % {h: st2.nodes.get(h, 0) for h in cut})
     created.update(st2.created)
 
 
@@ -660,7 +790,8 @@ def run_gateway(net, procs, tmp):
         nodes = "\n".join(["  - name: %s" % node, "    cpu_milli: %d" % cpu, "    memory_mb: 65536",
                            "    slots: 100", "    types: [sim]", "    backend: sim", "    sim: {time_scale: 0}"])
         conf = template("cell.yaml.in", CELL=cl, STATE=os.path.join(tmp, "state-" + h),
-                        URL="nats://%s:4222" % net.addr(g), THREADS=2, JETSTREAM="false", REPLICAS=1, NODES=nodes)
+                        URL="nats://%s:4222" % net.addr(g), THREADS=2, JETSTREAM="false", REPLICAS=1, LAYERS="",
+                        NODES=nodes)
         path = os.path.join(tmp, h + ".yaml")
         with open(path, "w") as f:
             f.write(conf)
@@ -691,9 +822,33 @@ def run_gateway(net, procs, tmp):
         "pinned to cell A -> capacity error" % ("gateway fan-out", small, big))
 
 
+def destroy_containers(cell, ids):
+    """dsec rm of every container, a few at a time from parallel clients; then the container
+    nodes must report none live."""
+    errors = []
+
+    def rm(chunk):
+        rc, out, err = cell.client.run("rm", *chunk)
+        if rc != 0:
+            errors.append(err or out)
+    chunks = [ids[i:i + 8] for i in range(0, len(ids), 8)]
+    for i in range(0, len(chunks), 4):
+        th = [threading.Thread(target=rm, args=(c,)) for c in chunks[i:i + 4]]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+    if errors:
+        raise Fail("dsec rm of containers: %s" % errors[:3])
+    wait_for("the container nodes to hold no sandbox", lambda: all(
+        cell.client.live_by_node().get(k, 0) == 0 for k in CTS), 20)
+    log("%-22s containers=%d destroyed through the CLI, container nodes live=0" % ("destroy", len(ids)))
+
+
 def run_cell(net, procs, tmp):
     """The failure scenarios of MODE on one cell; True when all held."""
     cell = Cell(net, procs, tmp)
+    cell.build_layers()
     cell.start_nats()
     cell.start_actors()
     created = {}
@@ -713,8 +868,14 @@ def run_cell(net, procs, tmp):
     scenario_partition(cell, created, MODE == "partition-load")
     n = check_sandboxes(cell, list(created.values()), "at the end")
     total = check_no_double_placement(cell, dict(created, **{("fn%d" % i): s for i, s in enumerate(fn_ids)}))
-    log("%-22s sandboxes=%d all answer exec, lost=0, placed_twice=0" % ("end", total))
-    procs.check_alive(NATS + SIMS + [FN] + SCHEDS)
+    by_node = {}
+    for sid in created.values():
+        node = sid.rsplit("-", 1)[0]
+        by_node[node] = by_node.get(node, 0) + 1
+    log("%-22s sandboxes=%d all answer exec, lost=0, placed_twice=0; by node %s" % (
+        "end", total, " ".join("%s=%d" % kv for kv in sorted(by_node.items()))))
+    procs.check_alive(NATS + NODES + SCHEDS)
+    destroy_containers(cell, [s for s in created.values() if s.split("-", 1)[0] in CTS])
     return n > 0
 
 
@@ -765,6 +926,16 @@ def main():
             if not ok:
                 for name in procs.p:
                     log("---- %s log (tail)\n%s" % (name, procs.logtext(name)[-1500:]))
+        if MODE != "gateway":
+            # destroyed containers leave no root filesystem mount and no process behind; the
+            # nodes' own mounts (layer cache, upper store) stay, as on a host whose dsecd stopped
+            left = [m for m in mounts_under(tmp) if "/container/sb/" in m]
+            n = kill_containers(CTS)
+            if ok and (left or n):
+                log("FAIL: after every container was destroyed: %d root filesystem mount(s) %s and %d "
+                    "process(es) left" % (len(left), left[:3], n))
+                ok = False
+            umount_under(tmp)
         if net:
             net.remove()
         shutil.rmtree(tmp, ignore_errors=True)
