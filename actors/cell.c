@@ -12,6 +12,7 @@
 #include "actors/config.h"
 #include "actors/metrics.h"
 #include "bus/layers-js.h"
+#include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
 #include "dsec/names.h"
@@ -954,7 +955,9 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             threads = DSEC_CELL_NATIVE_THREADS;
     dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = threads,
                         .retry_on_failed_connect = !conf->embedded_nats,
-                        .low_latency = conf->low_latency};
+                        .low_latency = conf->low_latency,
+                        /* a newer sender's message is refused, not misread */
+                        .schema_max = DSEC_SCHEMA_VERSION};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||
         dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)

@@ -75,6 +75,7 @@ struct dsec_actor {
     uint32_t mailbox_max;
     bool closing;
     bool overflowing; /* last message was dropped: report the next episode only */
+    atomic_bool schema_reported; /* a too-new Dsec-Schema was reported once */
     struct actor_sub *subs;
 
     int refs;    /* under bus->mu */
@@ -343,6 +344,32 @@ static void discard_entries(dsec_actor *a, struct entry *e, uint32_t n)
     }
 }
 
+/* Whether a handler may read m: its Dsec-Schema is at most what this process
+ * reads (docs/protocol.md, Versioning). No header reads as the current
+ * version, so hand-written requests (`nats req`) still work. Otherwise a
+ * request is answered `unsupported` rather than misread. */
+static bool schema_ok(dsec_actor *a, natsMsg *nm, const char *subject)
+{
+    unsigned max = a->bus->schema_max;
+    const char *v = NULL;
+    if (max == 0 || natsMsgHeader_Get(nm, DSEC_HDR_SCHEMA, &v) != NATS_OK || v == NULL)
+        return true;
+    uint64_t n = 0;
+    const char *p = v;
+    for (; *p >= '0' && *p <= '9' && p - v < 10; p++)
+        n = n * 10 + (uint64_t)(*p - '0');
+    if (p != v && *p == '\0' && n <= max)
+        return true;
+    atomic_fetch_add_explicit(&a->errors, 1, memory_order_relaxed);
+    if (!atomic_exchange(&a->schema_reported, true))
+        dsec__bus_event(a->bus, DSEC_BUS_ERROR,
+                        "actor %s: refused a message on %s: Dsec-Schema \"%.24s\" is not a version "
+                        "this build reads (at most %u); further ones are only counted",
+                        a->name, subject != NULL ? subject : "?", v, max);
+    dsec__reply_error(a->bus, nm, dsec_code_name(DSEC_E_UNSUPPORTED));
+    return false;
+}
+
 static void lane_run(dsec__task *t)
 {
     struct lane *l = container_of(t, struct lane, task);
@@ -367,6 +394,8 @@ static void lane_run(dsec__task *t)
             atomic_fetch_add_explicit(&a->msgs_in, n, memory_order_relaxed);
             int64_t t0 = dsec__now_ns();
             for (uint32_t i = 0; i < n; i++) {
+                if (!schema_ok(a, batch[i].nm, natsMsg_GetSubject(batch[i].nm)))
+                    continue;
                 dsec_msg m = {.nm = batch[i].nm, .bus = bus};
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
             }

@@ -368,6 +368,7 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     bus->event_ud = o.event_ud;
     bus->threads = o.threads > 0 ? o.threads : DEFAULT_THREADS;
     bus->mailbox_max = o.mailbox_max > 0 ? o.mailbox_max : DEFAULT_MAILBOX_MAX;
+    bus->schema_max = o.schema_max;
     bus->state = DSEC__BUS_OPEN;
     snprintf(bus->inbox_prefix, sizeof bus->inbox_prefix, "%s", o.inbox_prefix ? o.inbox_prefix : "_INBOX");
     mask_url(url, bus->url_shown, sizeof bus->url_shown);

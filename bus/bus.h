@@ -86,6 +86,13 @@ typedef struct dsec_bus_opts {
                                  `dsec auth` configures lets it subscribe there only */
     const char *tls_ca;       /* CA file trusted for the server's certificate (TLS is then
                                  required); default $DSEC_TLS_CA; NULL/"": the URL decides */
+    unsigned schema_max;      /* the newest Dsec-Schema this process reads; 0: no check. A
+                                 message to an actor whose Dsec-Schema is newer (or not a
+                                 decimal number) never reaches a handler: a request gets a
+                                 bus-level error reply (Dsec-Error-Code: unsupported), an
+                                 event is dropped; both count as the actor's errors and the
+                                 first per actor is reported (DSEC_BUS_ERROR). A message
+                                 without the header is read as the current version */
 } dsec_bus_opts;
 
 /* Connect. On success *out owns a new bus; free with dsec_bus_free. While

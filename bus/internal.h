@@ -98,6 +98,7 @@ struct dsec_bus {
     dsec_bus_event_cb on_event;
     void *event_ud;
     int mailbox_max;
+    unsigned schema_max; /* see dsec_bus_opts.schema_max */
     int threads;
     char *name;
 

@@ -125,10 +125,16 @@ static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out,
     const char *t = dsec_msg_type(reply);
     if (t != NULL && strcmp(t, "error") == 0) {
         const char *code = dsec_msg_header(reply, "Dsec-Error-Code");
-        if (dsec_msg_len(reply) == 0) /* a bus-level error reply (e.g. mailbox overflow) */
-            return dsec_err_set(err, code ? dsec_code_from_name(code) : DSEC_E_INTERNAL, 0,
-                                "%s: the responder is overloaded (%s)", dsec_msg_subject(reply),
+        if (dsec_msg_len(reply) == 0) { /* a bus-level error reply: no actor read the request */
+            int k = code ? dsec_code_from_name(code) : DSEC_E_INTERNAL;
+            const char *why = k == DSEC_E_OVERFLOW      ? "the responder is overloaded"
+                              : k == DSEC_E_CLOSED      ? "the responder is shutting down"
+                              : k == DSEC_E_UNSUPPORTED ? "the responder reads an older schema "
+                                                          "version than this client sends"
+                                                        : "the responder's bus refused it";
+            return dsec_err_set(err, k, 0, "%s: %s (%s)", dsec_msg_subject(reply), why,
                                 code ? code : "error");
+        }
         dsec_msg_error e;
         if (dsec_decode(dec, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, err) < 0)
             return dsec_err_wrap(err, "decoding error reply");
@@ -200,7 +206,7 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
     snprintf(inbox, sizeof inbox, "_INBOX.%s", tenant);
     dsec_bus_opts bo = {.url = o.url, .name = o.name ? o.name : "dsec-client",
                         .threads = o.threads > 0 ? o.threads : 2, .low_latency = true,
-                        .inbox_prefix = inbox};
+                        .inbox_prefix = inbox, .schema_max = DSEC_SCHEMA_VERSION};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0) {
         dsec_client_free(c);
         return -1;

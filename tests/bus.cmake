@@ -3,7 +3,7 @@
 add_executable(test_bus ${CMAKE_CURRENT_LIST_DIR}/test_bus.c)
 target_link_libraries(test_bus PRIVATE dsec_bus dsec_common PkgConfig::CMOCKA dsec_warnings
                       dsec_allocator)
-foreach(group natsd actor order request timeout restart drain overflow conn)
+foreach(group natsd actor order request timeout restart drain overflow schema conn)
   add_test(NAME bus_${group} COMMAND test_bus ${group})
   set_tests_properties(bus_${group} PROPERTIES TIMEOUT 120 LABELS bus)
 endforeach()

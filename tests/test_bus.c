@@ -1491,6 +1491,94 @@ static void actor_free_answers_queued(void **state)
     counter_destroy(&st.cb_done);
 }
 
+/* ---- group schema: a newer Dsec-Schema is refused, not misread ----------- */
+
+static void schema_count_handler(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    counter_add(ud, 1);
+    echo_handler(a, m, NULL);
+}
+
+/* A request carrying Dsec-Schema schema; the reply's Dsec-Error-Code, or ""
+ * when the handler answered (it echoes the payload). */
+static const char *schema_request(dsec_bus *bus, unsigned schema, char *code, size_t n)
+{
+    dsec_err err;
+    dsec_msg *reply = NULL;
+    dsec_hdr h = {.type = "ping", .schema = schema};
+    if (dsec_bus_request_sync(bus, "test.schema", &h, "x", 1, 5000, &reply, &err) != 0)
+        fail_msg("request with schema %u: %s", schema, err.msg);
+    const char *c = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
+    snprintf(code, n, "%s", c != NULL ? c : "");
+    if (c == NULL)
+        assert_memory_equal(dsec_msg_data(reply), "x", 1);
+    else
+        assert_int_equal(dsec_msg_len(reply), 0);
+    dsec_msg_free(reply);
+    return code;
+}
+
+static void schema_newer_refused(void **state)
+{
+    server s;
+    server_start(&s);
+    evrec ev;
+    evrec_init(&ev);
+    dsec_bus_opts o = {.url = dsec_natsd_url(s.srv), .name = "schema", .threads = 2,
+                       .on_event = on_event, .event_ud = &ev, .schema_max = 3};
+    dsec_bus *bus = NULL;
+    dsec_err err;
+    if (dsec_bus_connect(&bus, &o, &err) != 0)
+        fail_msg("connect: %s", err.msg);
+    counter handled;
+    counter_init(&handled);
+    dsec_actor *a = actor_on(bus, "versioned", "test.schema", schema_count_handler, &handled);
+    flush(bus);
+
+    char code[32];
+    /* versions up to schema_max are read; 0 is what a sender with none set puts */
+    assert_string_equal(schema_request(bus, 3, code, sizeof code), "");
+    assert_string_equal(schema_request(bus, 1, code, sizeof code), "");
+    assert_string_equal(schema_request(bus, 0, code, sizeof code), "");
+    /* newer ones get a fast unsupported answer and never reach the handler */
+    assert_string_equal(schema_request(bus, 4, code, sizeof code), "unsupported");
+    assert_string_equal(schema_request(bus, 4294967295u, code, sizeof code), "unsupported");
+    /* an event (no reply subject) that is too new is dropped, one that is not is handled */
+    dsec_hdr newer = {.type = "ping", .schema = 7}, cur = {.type = "ping", .schema = 3};
+    assert_int_equal(dsec_bus_publish(bus, "test.schema", NULL, &newer, "e", 1, &err), 0);
+    assert_int_equal(dsec_bus_publish(bus, "test.schema", NULL, &cur, "e", 1, &err), 0);
+    flush(bus);
+    assert_true(counter_wait(&handled, 4, WAIT_MS));
+    assert_false(counter_wait(&handled, 5, 300));
+
+    dsec_actor_stats as;
+    dsec_actor_stats_get(a, &as);
+    assert_int_equal(as.errors, 3);
+    /* reported once, naming the actor, the subject and the version */
+    assert_true(evrec_wait(&ev, DSEC_BUS_ERROR, 1, WAIT_MS));
+    assert_int_equal(evrec_count(&ev, DSEC_BUS_ERROR), 1);
+    pthread_mutex_lock(&ev.mu);
+    assert_non_null(strstr(ev.last[DSEC_BUS_ERROR], "versioned"));
+    assert_non_null(strstr(ev.last[DSEC_BUS_ERROR], "test.schema"));
+    assert_non_null(strstr(ev.last[DSEC_BUS_ERROR], "\"4\""));
+    pthread_mutex_unlock(&ev.mu);
+
+    /* without schema_max nothing is checked */
+    dsec_bus *plain = bus_open(&s, "plain", 1, 0, NULL);
+    dsec_actor *b = actor_on(plain, "unversioned", "test.schema.plain", echo_handler, NULL);
+    flush(plain);
+    dsec_msg *reply = NULL;
+    dsec_hdr h = {.type = "ping", .schema = 999999};
+    assert_int_equal(dsec_bus_request_sync(bus, "test.schema.plain", &h, "y", 1, 5000, &reply, &err), 0);
+    assert_null(dsec_msg_header(reply, DSEC_HDR_ERROR_CODE));
+    dsec_msg_free(reply);
+    (void)b;
+    dsec_bus_free(plain);
+    dsec_bus_free(bus);
+    server_stop(&s);
+    counter_destroy(&handled);
+}
+
 /* ---- group overflow: full mailboxes -------------------------------------- */
 
 static void mailbox_overflow(void **state)
@@ -1683,6 +1771,9 @@ int main(int argc, char **argv)
     const struct CMUnitTest overflow[] = {
         cmocka_unit_test(mailbox_overflow),
     };
+    const struct CMUnitTest schema[] = {
+        cmocka_unit_test(schema_newer_refused),
+    };
     const struct CMUnitTest conn[] = {
         cmocka_unit_test(conn_events),
         cmocka_unit_test(conn_publish_buffered_across_restart),
@@ -1704,6 +1795,7 @@ int main(int argc, char **argv)
     GROUP(restart)
     GROUP(drain)
     GROUP(overflow)
+    GROUP(schema)
     GROUP(conn)
 #undef GROUP
     if (ran == 0) {

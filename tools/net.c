@@ -109,7 +109,7 @@ static int net_alerts(int argc, char **argv)
     dsec_err err;
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.alert.>", cell);
-    dsec_bus_opts bo = {.name = "dsec-net-alerts", .threads = 1};
+    dsec_bus_opts bo = {.name = "dsec-net-alerts", .threads = 1, .schema_max = DSEC_SCHEMA_VERSION};
     int rc = 1;
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "net-alerts", &err) < 0 ||
         dsec_actor_on(a, subj, NULL, on_alert, &w, &err) < 0 || dsec_bus_flush(bus, 2000, &err) < 0) {

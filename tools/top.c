@@ -240,7 +240,7 @@ int dsec_cli_top(int argc, char **argv)
     dsec_bus *bus = NULL;
     dsec_actor *a = NULL;
     dsec_err err;
-    dsec_bus_opts bo = {.name = "dsec-top", .threads = 1};
+    dsec_bus_opts bo = {.name = "dsec-top", .threads = 1, .schema_max = DSEC_SCHEMA_VERSION};
     int rc = 1;
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "top", &err) < 0 ||
         dsec_actor_on(a, "dsec.v1.ctl.evt.>", NULL, on_msg, t, &err) < 0 ||
