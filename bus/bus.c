@@ -172,6 +172,38 @@ static void on_closed(natsConnection *nc, void *closure)
     pthread_mutex_unlock(&bus->mu);
 }
 
+/* The server's permissions violation: 'Permissions Violation for Publish to
+ * "SUBJ"' (or "Subscription to"). A refused publish is never delivered, so
+ * the requests waiting on SUBJ fail now with DSEC_E_PERMISSION instead of at
+ * their deadlines. */
+static void refused(dsec_bus *bus, natsConnection *nc)
+{
+    natsStatus last = NATS_OK;
+    const char *text = nats_GetLastError(&last);
+    if (last != NATS_NOT_PERMITTED || text == NULL || text[0] == '\0')
+        natsConnection_GetLastError(nc, &text);
+    if (text == NULL)
+        text = "";
+    static const char pub[] = "Publish to ";
+    const char *at = strstr(text, pub);
+    size_t failed = 0;
+    if (at != NULL) {
+        char subj[512];
+        const char *p = at + sizeof pub - 1;
+        if (*p == '"')
+            p++;
+        size_t n = strcspn(p, "\"'");
+        if (n > 0 && n < sizeof subj) {
+            memcpy(subj, p, n);
+            subj[n] = '\0';
+            failed = dsec__req_fail_subject(bus, subj, DSEC_E_PERMISSION);
+        }
+    }
+    dsec__bus_event(bus, DSEC_BUS_ERROR, "the server refused: %.160s%s",
+                    text[0] ? text : "permissions violation",
+                    failed ? " (its pending requests failed with permission)" : "");
+}
+
 static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus s, void *closure)
 {
     dsec_bus *bus = closure;
@@ -185,6 +217,10 @@ static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus
                         "slow consumer on %s: the client dropped messages because its queue for "
                         "the subscription was full",
                         subj != NULL ? subj : "?");
+        return;
+    }
+    if (s == NATS_NOT_PERMITTED) {
+        refused(bus, nc);
         return;
     }
     dsec__bus_event(bus, DSEC_BUS_ERROR, "asynchronous error%s%s: %s", subj ? " on " : "",

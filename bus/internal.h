@@ -160,6 +160,9 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err);
 int dsec__req_start(dsec_bus *bus, dsec_err *err);
 /* The connection dropped: fail requests sent before it with DSEC_E_CONN. */
 void dsec__req_disconnected(dsec_bus *bus);
+/* Fail every pending request sent to subject with code now (the server
+ * refused to deliver it, e.g. for permissions); returns how many. */
+size_t dsec__req_fail_subject(dsec_bus *bus, const char *subject, int code);
 /* Refuse new requests and fail pending ones with DSEC_E_CLOSED. */
 void dsec__req_close(dsec_bus *bus);
 /* Wait until every reply callback queued so far has run. */

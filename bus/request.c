@@ -111,6 +111,11 @@ static int fill_err(dsec_err *err, int code, const char *subject, int timeout_ms
                             subject);
     case DSEC_E_CLOSED:
         return dsec_err_set(err, code, 0, "bus closed before the reply to %s arrived", subject);
+    case DSEC_E_PERMISSION:
+        return dsec_err_set(err, code, 0,
+                            "the NATS server refused this connection's publish to %s: its "
+                            "credentials do not permit that subject (not delivered)",
+                            subject);
     default:
         return dsec_err_set(err, code, 0, "request on %s failed: %s", subject,
                             dsec_code_name(code));
@@ -769,6 +774,41 @@ void dsec__req_disconnected(dsec_bus *bus)
     struct pending *list = take_all(r, DSEC_E_CONN);
     pthread_mutex_unlock(&r->mu);
     complete_list(bus, list);
+}
+
+/* Whether p was sent to subject, as far as its kept (maybe shortened) copy
+ * tells: a long subject is matched on the part kept. */
+static bool sent_to(const struct pending *p, const char *subject)
+{
+    size_t n = strlen(subject);
+    if (n < SUBJ_KEEP)
+        return strcmp(p->subject, subject) == 0;
+    return strncmp(p->subject, subject, SUBJ_KEEP - 4) == 0 &&
+           strcmp(p->subject + SUBJ_KEEP - 4, "...") == 0;
+}
+
+size_t dsec__req_fail_subject(dsec_bus *bus, const char *subject, int code)
+{
+    dsec__req *r = bus->req;
+    struct pending *list = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    /* take() reorders the heap: collect first, then take */
+    for (uint32_t i = 0; i < r->heap_len; i++) {
+        struct pending *p = r->heap[i];
+        if (sent_to(p, subject)) {
+            p->clink = list;
+            list = p;
+            n++;
+        }
+    }
+    for (struct pending *p = list; p != NULL; p = p->clink) {
+        take(r, p);
+        p->code = code;
+    }
+    pthread_mutex_unlock(&r->mu);
+    complete_list(bus, list);
+    return n;
 }
 
 void dsec__req_close(dsec_bus *bus)

@@ -282,10 +282,14 @@ static void test_tenants_stay_in_their_subjects(void **state)
                                            &err),
                      -1);
     printf("auth: bob destroying alice's sandbox on her subject: %s\n", err.msg);
+    /* the server's refusal ends the request: not a timeout that a retry could cure */
+    assert_int_equal(err.code, DSEC_E_PERMISSION);
+    assert_non_null(strstr(err.msg, subj));
     /* nor can he create as her, or speak for the control plane */
     assert_int_equal(dsec_bus_request_sync(raw, "dsec.v1.ctl.place.an-0", &(dsec_hdr){.type = "place"},
                                            b.data, b.len, 1000, &reply, &err),
                      -1);
+    assert_int_equal(err.code, DSEC_E_PERMISSION);
     dsec_buf_release(&b);
 
     /* and he cannot listen to other inboxes or alice's subjects: the server refuses the
@@ -318,6 +322,7 @@ static void test_tenants_stay_in_their_subjects(void **state)
     assert_int_equal(dsec_client_connect(&liar, &lo, &err), 0);
     assert_int_equal(dsec_create(liar, &spec, &st, &err), -1);
     printf("auth: alice's identity creating as bob: %s\n", err.msg);
+    assert_int_equal(err.code, DSEC_E_PERMISSION);
 
     /* alice's sandbox is untouched by all of it */
     assert_int_equal(dsec_status(alice, info.id, &st, &err), 0);
