@@ -128,12 +128,23 @@ static natsStatus raw_headers_msg(natsMsg **out, const char *subject, const char
                                   const dsec_hdr *hdr, const char *schema, const char *trace_id,
                                   const char *err_code, const void *data, size_t len)
 {
+    /* The block's exact size: "NATS/1.0\r\n", "Key: value\r\n" each, "\r\n".
+     * Ids are whatever the requester sent, so no fixed bound fits them all. */
+    const char *type = hdr != NULL ? hdr->type : NULL, *req_id = hdr != NULL ? hdr->req_id : NULL;
+    size_t hcap = 10 + 2 + (type ? sizeof DSEC_HDR_TYPE + 3 + strlen(type) : 0) +
+                  sizeof DSEC_HDR_SCHEMA + 3 + strlen(schema) + sizeof DSEC_HDR_CONTENT_TYPE + 3 +
+                  sizeof DSEC_CONTENT_TYPE - 1 +
+                  (req_id ? sizeof DSEC_HDR_REQ_ID + 3 + strlen(req_id) : 0) +
+                  sizeof DSEC_HDR_TRACE_ID + 3 + strlen(trace_id) +
+                  (err_code ? sizeof DSEC_HDR_ERROR_CODE + 3 + strlen(err_code) : 0);
+    if (hcap + len > INT_MAX)
+        return NATS_INVALID_ARG;
     char stackbuf[2048];
-    size_t cap = 512 + len;
+    size_t cap = hcap + len;
     char *buf = cap <= sizeof stackbuf ? stackbuf : dsec_malloc(cap);
     if (buf == NULL)
         return NATS_NO_MEMORY;
-    char *end = buf + 512, *p = buf;
+    char *end = buf + hcap, *p = buf;
     memcpy(p, "NATS/1.0\r\n", 10);
     p += 10;
     if (p && hdr != NULL && hdr->type != NULL)

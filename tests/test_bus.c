@@ -1039,6 +1039,34 @@ static void request_error_reply_is_status_0(void **state)
     server_stop(&s);
 }
 
+/* The reply copies the request's ids, however long the requester made them:
+ * it must still be sent (it once failed past a 512-byte header block). */
+static void request_long_ids_answered(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "longids", 2, 0, NULL);
+    actor_on(bus, "echo", "test.rr.longids", echo_handler, NULL);
+    flush(bus);
+    static char rid[3001], tid[3001];
+    memset(rid, 'r', sizeof rid - 1);
+    memset(tid, 't', sizeof tid - 1);
+    dsec_hdr h = {.type = "ping", .schema = 1, .req_id = rid, .trace_id = tid};
+    dsec_err err;
+    dsec_msg *reply = NULL;
+    if (dsec_bus_request_sync(bus, "test.rr.longids", &h, "q", 1, 5000, &reply, &err) != 0)
+        fail_msg("request with 3000-byte ids: %s", err.msg);
+    assert_string_equal(dsec_msg_header(reply, DSEC_HDR_REQ_ID), rid);
+    assert_string_equal(dsec_msg_header(reply, DSEC_HDR_TRACE_ID), tid);
+    assert_memory_equal(dsec_msg_data(reply), "q", 1);
+    dsec_msg_free(reply);
+    /* a value with CR/LF would forge headers: refused, not sent */
+    dsec_hdr bad = {.type = "ping", .req_id = "x\r\nDsec-Type: create"};
+    assert_int_equal(dsec_bus_publish(bus, "test.rr.longids", NULL, &bad, "q", 1, &err), -1);
+    dsec_bus_free(bus);
+    server_stop(&s);
+}
+
 /* ---- group timeout: deadlines and no responders -------------------------- */
 
 static void silent_handler(dsec_actor *a, dsec_msg *m, void *ud)
@@ -1755,6 +1783,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(request_many_in_flight),
         cmocka_unit_test(request_future_and_sync),
         cmocka_unit_test(request_error_reply_is_status_0),
+        cmocka_unit_test(request_long_ids_answered),
     };
     const struct CMUnitTest timeout[] = {
         cmocka_unit_test(request_timeout),
