@@ -1030,17 +1030,18 @@ struct cq_create {
     uint64_t token;
 };
 
-static void on_cq_create(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+/* Queue one answer on q (any thread); the eventfd turns readable with the
+ * first queued event. An answer that cannot be queued (no memory to grow the
+ * ring) is dropped rather than crash. */
+static void cq_push(dsec_cq *q, uint64_t token, int status, const dsec_sandbox_info *info,
+                    const dsec_err *err)
 {
-    struct cq_create *cc = ud;
-    dsec_cq *q = cc->q;
     pthread_mutex_lock(&q->mu);
     if (q->n == q->cap) { /* grow the ring, unwrapping it */
         size_t cap = q->cap ? q->cap * 2 : 256;
         dsec_cq_event *ev = dsec_malloc(cap * sizeof *ev);
-        if (ev == NULL) { /* cannot queue the answer: drop it rather than crash */
+        if (ev == NULL) {
             pthread_mutex_unlock(&q->mu);
-            dsec_free(cc);
             return;
         }
         for (size_t i = 0; i < q->n; i++)
@@ -1052,7 +1053,7 @@ static void on_cq_create(int status, const dsec_sandbox_info *info, const dsec_e
     }
     dsec_cq_event *e = &q->ev[(q->head + q->n) % q->cap];
     memset(e, 0, sizeof *e);
-    e->token = cc->token;
+    e->token = token;
     e->status = status;
     if (status == 0 && info)
         e->info = *info;
@@ -1066,6 +1067,12 @@ static void on_cq_create(int status, const dsec_sandbox_info *info, const dsec_e
         (void)r;
     }
     pthread_mutex_unlock(&q->mu);
+}
+
+static void on_cq_create(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct cq_create *cc = ud;
+    cq_push(cc->q, cc->token, status, info, err);
     dsec_free(cc);
 }
 
@@ -1080,6 +1087,28 @@ int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uin
     if (dsec_create_async(c, spec, on_cq_create, cc, err) < 0) {
         dsec_free(cc);
         return -1;
+    }
+    return 0;
+}
+
+int dsec_cq_create_batch(dsec_cq *q, dsec_client *c, const dsec_create_spec *const *specs,
+                         const uint64_t *tokens, size_t n, dsec_err *err)
+{
+    if (q == NULL || c == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "create batch: %s is NULL",
+                            q == NULL ? "the completion queue" : "the client");
+    if (n > 0 && (specs == NULL || tokens == NULL))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "create batch: %zu creates but no %s", n,
+                            specs == NULL ? "specs" : "tokens");
+    for (size_t i = 0; i < n; i++) {
+        dsec_err e;
+        dsec_err_clear(&e);
+        if (specs[i] == NULL)
+            dsec_err_set(&e, DSEC_E_INVALID, 0, "create batch: spec %zu is NULL", i);
+        else if (dsec_create_cq(c, specs[i], q, tokens[i], &e) == 0)
+            continue;
+        /* this one never left: its failure is its answer, in the queue like the rest */
+        cq_push(q, tokens[i], -1, NULL, &e);
     }
     return 0;
 }

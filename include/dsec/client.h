@@ -220,6 +220,18 @@ size_t dsec_cq_poll(dsec_cq *q, dsec_cq_event *out, size_t max);
 int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uint64_t token,
                    dsec_err *err);
 
+/* Start n creates in one call, as n dsec_create_cq(c, specs[i], q, tokens[i]):
+ * for event loops that gather the creates asked for during one turn and
+ * submit them together (the Python SDK). Every create gets exactly one event
+ * on q under its token, in whatever order the answers come: a create that
+ * could not be sent (a bad spec, e.g. malformed labels or an invalid project
+ * or cell, or a connection that refused the publish) is answered at once with
+ * an event of status -1 and its error, so one bad spec does not stop the
+ * others. The arrays and the specs are borrowed for the call. Returns -1 (err filled, nothing started) only when q
+ * or c is NULL, or n > 0 and specs or tokens is NULL; otherwise 0. */
+int dsec_cq_create_batch(dsec_cq *q, dsec_client *c, const dsec_create_spec *const *specs,
+                         const uint64_t *tokens, size_t n, dsec_err *err);
+
 /* ---- one-shot function calls ---------------------------------------------------
  * A function sandbox made for one task and destroyed after it (create with
  * type "function", write the dependency files, exec, destroy), for callers

@@ -163,3 +163,37 @@ if HAVE_CQ:
     cq_fd = _proto("dsec_cq_fd", c_int, c_void_p)
     cq_poll = _proto("dsec_cq_poll", c_size_t, c_void_p, POINTER(CqEvent), c_size_t)
     create_cq = _proto("dsec_create_cq", c_int, P, POINTER(CreateSpec), c_void_p, c_uint64, PErr)
+# every create of one event-loop turn in one call (an older libdsec: one call each)
+HAVE_CQ_BATCH = HAVE_CQ and hasattr(lib, "dsec_cq_create_batch")
+if HAVE_CQ_BATCH:
+    cq_create_batch = _proto("dsec_cq_create_batch", c_int, c_void_p, P, POINTER(c_void_p),
+                             POINTER(c_uint64), c_size_t, PErr)
+
+
+def _event_struct():
+    """A struct.Struct reading one CqEvent as (token, status, id, node, type,
+    state, cell, existing): iter_unpack over a copy of the polled events
+    decodes a whole batch in C instead of one ctypes attribute at a time."""
+    import struct
+    fmt, at = "<", 0
+
+    def field(offset, code, size):
+        nonlocal fmt, at
+        fmt += "%dx" % (offset - at) if offset > at else ""
+        fmt += code
+        at = offset + size
+
+    info = CqEvent.info.offset
+    field(CqEvent.token.offset, "Q", 8)
+    field(CqEvent.status.offset, "i", 4)
+    for name, _ in SandboxInfo._fields_[:5]:
+        f = getattr(SandboxInfo, name)
+        field(info + f.offset, "%ds" % f.size, f.size)
+    field(info + SandboxInfo.existing.offset, "?", 1)
+    fmt += "%dx" % (ctypes.sizeof(CqEvent) - at)
+    st = struct.Struct(fmt)
+    assert st.size == ctypes.sizeof(CqEvent)
+    return st
+
+
+CQ_EVENT = _event_struct()

@@ -2,15 +2,17 @@
 AsyncSandbox: the asyncio interface over the same connection.
 
 Blocking calls go straight into libdsec (ctypes releases the GIL for the
-call). Asynchronous creates use dsec_create_async: many are in flight at
-once from one event loop, and libdsec's completion callback (on one of its
-threads) resolves an asyncio future through loop.call_soon_threadsafe.
-The other asynchronous operations run the blocking call on the client's
-thread pool.
+call). Asynchronous creates go through a libdsec completion queue per event
+loop: the creates asked for during one turn of the loop are sent together
+with one dsec_cq_create_batch call at the end of the turn, and the answers
+are collected in batches when the queue's eventfd turns readable (no Python
+runs on libdsec's threads). The other asynchronous operations run the
+blocking call on the client's thread pool.
 """
 import asyncio
 import collections
 import ctypes
+import functools
 import itertools
 import threading
 import weakref
@@ -96,6 +98,51 @@ def _build_spec(type_: Optional[str], args: SandboxArgs):
     return spec, keep
 
 
+# Specs shared by every create with the same arguments. libdsec borrows a spec
+# only during the call that sends it (a retry re-sends the create's own
+# encoding, tests/test_control.c async_retry_outlives_the_callers_spec), so
+# one struct serves any number of creates. Only specs without labels,
+# affinity, network or requires are cached: their key is the scalar fields,
+# whose equal values (1 == 1.0 == True) make equal specs.
+_SPEC_CACHE_MAX = 256
+_spec_cache = {}
+
+
+def _spec(type_: Optional[str], a: SandboxArgs):
+    """The CreateSpec of a create (it holds its strings alive itself)."""
+    if a.labels or a.affinity or a.network or a.requires:
+        return _build_spec(type_, a)[0]
+    key = (type_, a.environment, a.memory_mb, a.cpu, a.disk_mb, a.max_lifetime_s,
+           a.idle_timeout_s, a.cell, a.cls, a.priority, a.rollout_id, a.request_id, a.pausable,
+           a.project)
+    try:
+        spec = _spec_cache.get(key)
+    except TypeError:  # an unhashable field value: build it each time
+        return _build_spec(type_, a)[0]
+    if spec is None:
+        spec = _build_spec(type_, a)[0]
+        if len(_spec_cache) >= _SPEC_CACHE_MAX:
+            _spec_cache.clear()
+        _spec_cache[key] = spec
+    return spec
+
+
+_loops = threading.local()
+_get_ident = threading.get_ident
+
+
+def _running_loop():
+    """asyncio.get_running_loop() without its getpid() system call on the
+    common path: the loop this thread last used is still the running one
+    while it runs in this thread (asyncio's loops record that thread in
+    _thread_id; a loop without that attribute always takes the slow path)."""
+    loop = getattr(_loops, "loop", None)
+    if loop is not None and getattr(loop, "_thread_id", None) == _get_ident():
+        return loop
+    loop = _loops.loop = asyncio.get_running_loop()
+    return loop
+
+
 def _args(args: Optional[SandboxArgs], cls, kw) -> SandboxArgs:
     if args is None:
         return cls(**kw)
@@ -169,36 +216,100 @@ def _on_create(status, info, err, ud):
 
 
 class _CQ:
-    """A libdsec completion queue serving one event loop: its eventfd is a
-    reader of the loop, and each wake-up collects every queued answer with one
-    call (no Python runs on libdsec's threads)."""
+    """A libdsec completion queue serving one event loop. Creates asked for
+    during one turn of the loop are queued here and sent together at the end
+    of the turn (one dsec_cq_create_batch call); the queue's eventfd is a
+    reader of the loop, and each wake-up collects every queued answer with
+    one call and decodes them in one pass (no Python runs on libdsec's
+    threads)."""
 
     BATCH = 256
 
-    def __init__(self, loop):
+    def __init__(self, client, loop):
         h = ctypes.c_void_p()
         err = _lib.Err()
         if _lib.cq_new(ctypes.byref(h), ctypes.byref(err)) < 0:
             raise errors.from_err(err, "create")
+        self.client = weakref.ref(client)  # the client owns its queues, not the reverse
         self.h = h
         self.loop = loop
         self.fd = _lib.cq_fd(h)
-        self.futs = {}   # token -> (future, what the create's spec points into)
+        self.futs = {}   # token -> future (or (future, spec) without the batch call)
         self.buf = (_lib.CqEvent * self.BATCH)()
+        self.size = ctypes.sizeof(_lib.CqEvent)
+        self.err = _lib.Err()
+        self.specs = []  # the turn's creates not sent yet: specs, tokens, futures
+        self.tokens = []
+        self.waiting = []
+        self.flush_scheduled = False
         loop.add_reader(self.fd, self.drain)
 
+    def submit(self, spec, fut):
+        """Queue a create for the end of this turn (loop thread only)."""
+        self.specs.append(spec)
+        self.tokens.append(next(_tokens))
+        self.waiting.append(fut)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self):
+        """Send the creates queued during the turn: one call for all of them.
+        A create whose future was cancelled before it was sent is not sent."""
+        self.flush_scheduled = False
+        specs, tokens, waiting = self.specs, self.tokens, self.waiting
+        self.specs, self.tokens, self.waiting = [], [], []
+        if any(f.cancelled() for f in waiting):
+            keep = [i for i, f in enumerate(waiting) if not f.cancelled()]
+            specs = [specs[i] for i in keep]
+            tokens = [tokens[i] for i in keep]
+            waiting = [waiting[i] for i in keep]
+        n = len(specs)
+        if n == 0:
+            return
+        client = self.client()
+        h = client._c if client is not None else None
+        if h is None or self.h is None:
+            for f in waiting:
+                f.set_exception(errors.closed("create: the client was closed before the "
+                                              "create was sent", "create"))
+            return
+        futs = self.futs
+        for t, f in zip(tokens, waiting):
+            futs[t] = f
+        addrs = (ctypes.c_void_p * n)(*map(ctypes.addressof, specs))
+        toks = (ctypes.c_uint64 * n)(*tokens)
+        if _lib.cq_create_batch(self.h, h, addrs, toks, n, ctypes.byref(self.err)) < 0:
+            for t, f in zip(tokens, waiting):
+                del futs[t]
+                f.set_exception(errors.from_err(self.err, "create"))
+        # every create is now answered through the queue, failures to send included
+
     def drain(self):
+        buf, futs, size = self.buf, self.futs, self.size
+        poll, h, unpack = _lib.cq_poll, self.h, _lib.CQ_EVENT.iter_unpack
+        info = SandboxInfo
         while True:
-            n = _lib.cq_poll(self.h, self.buf, self.BATCH)
-            for i in range(n):
-                e = self.buf[i]
-                fut, _ = self.futs.pop(e.token, (None, None))
-                if fut is None or fut.cancelled():
+            n = poll(h, buf, self.BATCH)
+            if n == 0:
+                return
+            raw = ctypes.string_at(buf, n * size)
+            for i, (token, status, id_, node, type_, state, cell, existing) in \
+                    enumerate(unpack(raw)):
+                fut = futs.pop(token, None)
+                if fut is None:
                     continue
-                if e.status == 0:
-                    fut.set_result(_info(e.info))
+                if fut.__class__ is tuple:  # sent with dsec_create_cq: (future, spec)
+                    fut = fut[0]
+                if fut.cancelled():
+                    continue
+                if status == 0:  # libdsec zero-fills past each string's end
+                    fut.set_result(info(id_.rstrip(b"\0").decode(), node.rstrip(b"\0").decode(),
+                                        type_.rstrip(b"\0").decode(),
+                                        state.rstrip(b"\0").decode(),
+                                        cell.rstrip(b"\0").decode(), existing))
                 else:
-                    fut.set_exception(errors.from_err(e.err, "create"))
+                    fut.set_exception(errors.from_err(buf[i].err, "create"))
             if n < self.BATCH:
                 return
 
@@ -351,31 +462,39 @@ class DSecClient:
     def create_future(self, type: Optional[str], args: SandboxArgs,
                       loop: Optional[asyncio.AbstractEventLoop] = None) -> "asyncio.Future":
         """Start a create and return an asyncio future of its SandboxInfo;
-        must be called from the loop's thread."""
-        loop = loop or asyncio.get_running_loop()
+        must be called from the loop's thread. The create is sent at the end
+        of the loop's current turn, with every other create asked for during
+        it. Bad arguments raise here; every failure after that (the cell's
+        answer, or a create that could not be sent) is the future's
+        exception."""
+        if loop is None:
+            loop = _running_loop()
         fut = loop.create_future()
-        # The spec and the strings it points into stay alive until the answer:
-        # libdsec re-encodes the request from them when it retries a create
-        # that timed out (client/client.c on_create_reply), after this returns.
-        spec, keep = _build_spec(type, args)
+        spec = _spec(type, args)
         h = self._handle("create")
-        token = next(_tokens)
-        err = _lib.Err()
         if _lib.HAVE_CQ:
             q = self._cqs.get(loop)
             if q is None:
                 with self._lock:
                     q = self._cqs.get(loop)
                     if q is None:
-                        q = self._cqs[loop] = _CQ(loop)
-            q.futs[token] = (fut, (spec, keep))
+                        q = self._cqs[loop] = _CQ(self, loop)
+            if _lib.HAVE_CQ_BATCH:
+                q.submit(spec, fut)
+                return fut
+            # a libdsec without the batch call: one dsec_create_cq per create
+            token = next(_tokens)
+            err = _lib.Err()
+            q.futs[token] = (fut, spec)
             if _lib.create_cq(h, ctypes.byref(spec), q.h, token, ctypes.byref(err)) < 0:
                 q.futs.pop(token, None)
                 fut.set_exception(errors.from_err(err, "create"))
             return fut
         # an older libdsec without completion queues: its callback, bridged
+        token = next(_tokens)
+        err = _lib.Err()
         with _pending_lock:
-            _pending[token] = (_bridge(loop), fut, (spec, keep))
+            _pending[token] = (_bridge(loop), fut, spec)
         if _lib.create_async(h, ctypes.byref(spec), _on_create, ctypes.c_void_p(token),
                              ctypes.byref(err)) < 0:
             with _pending_lock:
@@ -440,10 +559,18 @@ class Sandbox:
         self._client = client
         self.info = info
         self.id = info.id
-        self._cid = info.id.encode()
         self.user = user
         self.rollout_id = rollout_id
-        self.files = Files(self)
+
+    # made on first use: a trainer that creates many sandboxes pays for them
+    # only on the ones it drives
+    @functools.cached_property
+    def files(self) -> Files:
+        return Files(self)
+
+    @functools.cached_property
+    def _cid(self) -> bytes:
+        return self.id.encode()
 
     def __repr__(self):
         return "Sandbox(%r, type=%r)" % (self.id, self.info.type)
@@ -611,7 +738,10 @@ class AsyncSandbox:
         self.sync = sync
         self.id = sync.id
         self.info = sync.info
-        self.files = AsyncFiles(self)
+
+    @functools.cached_property
+    def files(self) -> AsyncFiles:
+        return AsyncFiles(self)
 
     def __repr__(self):
         return "AsyncSandbox(%r, type=%r)" % (self.id, self.info.type)

@@ -202,6 +202,128 @@ class TestConcurrency(Base):
             s.stop()
 
 
+class TestBatchedCreates(Base):
+    """Creates asked for during one turn of the loop go out in one
+    dsec_cq_create_batch call: each must still get its own answer."""
+
+    def test_results_match_requests(self):
+        t = _any_type()
+        tag = uuid.uuid4().hex[:10]
+        n = 40
+
+        async def main():
+            a = self.c.aio()
+            # all 40 in one turn: gather starts them together, one batch
+            return await asyncio.gather(*(a.run(t, **SMALL, request_id="%s-%d" % (tag, i),
+                                                labels={"i": str(i)}) for i in range(n)))
+
+        sbs = asyncio.run(main())
+        self.assertEqual(len({s.id for s in sbs}), n)
+        for i, s in enumerate(sbs):
+            self.addCleanup(s.sync.stop)
+            self.assertFalse(s.info.existing)
+            # the same request id names the same sandbox: sbs[i] answers request i
+            again = self.c.run(t, **SMALL, request_id="%s-%d" % (tag, i))
+            self.assertTrue(again.info.existing)
+            self.assertEqual(again.id, s.id, "create %d got another request's sandbox" % i)
+
+    def test_failures_are_per_create(self):
+        t = _any_type()
+
+        async def main():
+            a = self.c.aio()
+            kinds = ["ok", "bogus", "ok", "badproject", "ok", "bogus", "longid", "ok"]
+
+            def one(kind, i):
+                if kind == "bogus":  # refused by the cell
+                    return a.run("bogus", **SMALL)
+                if kind == "badproject":  # refused by libdsec when sending
+                    return a.run(t, **SMALL, project="no such project!")
+                if kind == "longid":  # refused by libdsec when sending
+                    return a.run(t, **SMALL, request_id="x" * 40)
+                return a.run(t, **SMALL, labels={"i": str(i)})
+
+            res = await asyncio.gather(*(one(k, i) for i, k in enumerate(kinds)),
+                                       return_exceptions=True)
+            return kinds, res
+
+        kinds, res = asyncio.run(main())
+        oks = [r for k, r in zip(kinds, res) if k == "ok"]
+        for r in oks:
+            self.assertIsInstance(r, dsec.AsyncSandbox)
+            self.addCleanup(r.sync.stop)
+        self.assertEqual(len({r.id for r in oks}), 4)
+        errs = [r for k, r in zip(kinds, res) if k != "ok"]
+        self.assertEqual(len({id(e) for e in errs}), len(errs))  # an exception each
+        for k, r in zip(kinds, res):
+            if k == "bogus":
+                self.assertIsInstance(r, NotSupported)
+                self.assertEqual((r.code, r.retry_safe, r.op), ("unsupported", False, "create"))
+                self.assertIn("bogus", str(r))
+            elif k == "badproject":
+                self.assertIsInstance(r, InvalidArgument)
+                self.assertEqual((r.code, r.retry_safe), ("invalid", False))
+                self.assertIn("no such project!", str(r))
+            elif k == "longid":
+                self.assertIsInstance(r, InvalidArgument)
+                self.assertIn("req_id", str(r))
+
+    def test_cancelled_before_sending_is_not_sent(self):
+        t = _any_type()
+        rid = "sdk-cancel-" + uuid.uuid4().hex[:10]
+
+        async def main():
+            a = self.c.aio()
+            fut = self.c.create_future(t, SandboxArgs(**SMALL, request_id=rid))
+            fut.cancel()  # in the same turn: before the batch goes out
+            other = await a.run(t, **SMALL)  # the queue keeps working
+            await other.stop()
+
+        asyncio.run(main())
+        sb = self.c.run(t, **SMALL, request_id=rid)
+        self.addCleanup(sb.stop)
+        self.assertFalse(sb.info.existing)  # the cancelled create never reached the cell
+
+    def test_closed_before_sending(self):
+        t = _any_type()
+        c = DSecClient(url=_cell["url"])
+
+        async def main():
+            fut = c.create_future(t, SandboxArgs(**SMALL))
+            c.close()  # before the turn ends
+            with self.assertRaises(dsec.Closed) as cm:
+                await fut
+            self.assertEqual(cm.exception.code, "closed")
+
+        asyncio.run(main())
+
+    def test_spec_follows_changed_args(self):
+        from dsec import client as client_mod
+        args = SandboxArgs(**SMALL)
+        s1 = client_mod._spec("sim", args)
+        self.assertIs(client_mod._spec("sim", args), s1)  # the same arguments share a spec
+        args.memory_mb = 32
+        s2 = client_mod._spec("sim", args)
+        self.assertEqual((s1.memory_mb, s2.memory_mb), (16, 32))
+        self.assertEqual(client_mod._spec("function", args).type, b"function")
+        args.labels["k"] = "v"  # with labels: built each time, never stale
+        self.assertEqual(client_mod._spec("sim", args).labels[0], b"k=v")
+        args.labels["k"] = "w"
+        self.assertEqual(client_mod._spec("sim", args).labels[0], b"k=w")
+
+    def test_two_loops_in_turn(self):
+        t = _any_type()
+
+        async def main():
+            sb = await self.c.aio().run(t, **SMALL)
+            await sb.stop()
+            return sb.id
+
+        first = asyncio.run(main())
+        second = asyncio.run(main())  # a new loop in the same thread: its own queue
+        self.assertNotEqual(first, second)
+
+
 class TestErrors(Base):
     def test_unknown_type(self):
         with self.assertRaises(NotSupported) as cm:
