@@ -41,6 +41,23 @@ int dsec_traj_open(dsec_traj **out, dsec_bus *bus, const dsec_traj_conf *conf, d
         dsec_free(t);
         return dsec_err_wrap(err, "trajectory log");
     }
+    if (conf == NULL) {
+        /* a reader (`dsec traj show`, a trainer fast-forwarding) binds to the
+         * log the nodes keep and leaves its limits alone */
+        dsec_stream_conf cur;
+        if (dsec_js_stream_get(t->js, t->stream, &cur, err) < 0) {
+            if (err != NULL && err->code == DSEC_E_NOT_FOUND)
+                dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
+                             "no trajectory log: stream %s does not exist on this server (a node "
+                             "with JetStream creates it when it starts)",
+                             t->stream);
+            dsec_js_free(t->js);
+            dsec_free(t);
+            return dsec_err_wrap(err, "trajectory log");
+        }
+        *out = t;
+        return 0;
+    }
     const char *subjects[] = {"dsec.v1.traj.>"};
     dsec_stream_conf sc = {.name = t->stream, .subjects = subjects, .nsubjects = 1,
                            .replicas = conf ? conf->replicas : 0,

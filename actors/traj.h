@@ -25,7 +25,9 @@ typedef struct dsec_traj_conf {
 typedef struct dsec_traj dsec_traj;
 
 /* Bind (creating or updating to conf) the log's stream on bus (borrowed,
- * must outlive the log). *out is freed with dsec_traj_close. Thread-safe. */
+ * must outlive the log). conf NULL opens a reader: it binds to the existing
+ * stream and changes none of its limits (DSEC_E_NOT_FOUND when there is none).
+ * *out is freed with dsec_traj_close. Thread-safe. */
 int dsec_traj_open(dsec_traj **out, dsec_bus *bus, const dsec_traj_conf *conf, dsec_err *err);
 void dsec_traj_close(dsec_traj *t);
 

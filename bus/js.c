@@ -270,6 +270,26 @@ int dsec_js_stream_ensure(dsec_js *js, const dsec_stream_conf *conf, dsec_err *e
     return 0;
 }
 
+int dsec_js_stream_get(dsec_js *js, const char *name, dsec_stream_conf *out, dsec_err *err)
+{
+    *out = (dsec_stream_conf){0};
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s = js_GetStreamInfo(&si, js->ctx, name, NULL, &jerr);
+    if (s != NATS_OK)
+        return js_err(err, s, jerr, "reading stream %s", name);
+    if (si != NULL && si->Config != NULL) {
+        const jsStreamConfig *c = si->Config;
+        out->replicas = (int)c->Replicas;
+        out->max_age_ms = c->MaxAge / 1000000;
+        out->max_bytes = c->MaxBytes > 0 ? c->MaxBytes : 0;
+        out->max_msgs_per_subject = c->MaxMsgsPerSubject > 0 ? c->MaxMsgsPerSubject : 0;
+        out->memory = c->Storage == js_MemoryStorage;
+    }
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
 int dsec_js_stream_delete(dsec_js *js, const char *name, dsec_err *err)
 {
     jsErrCode jerr = 0;

@@ -72,6 +72,11 @@ typedef struct dsec_stream_conf {
 
 /* Create the stream, or update an existing one to conf. */
 int dsec_js_stream_ensure(dsec_js *js, const dsec_stream_conf *conf, dsec_err *err);
+/* The limits of the existing stream name, read without changing anything:
+ * out->replicas, max_age_ms, max_bytes (0: unlimited), max_msgs_per_subject,
+ * memory; out->name and subjects are left NULL. DSEC_E_NOT_FOUND when there
+ * is no such stream. */
+int dsec_js_stream_get(dsec_js *js, const char *name, dsec_stream_conf *out, dsec_err *err);
 int dsec_js_stream_delete(dsec_js *js, const char *name, dsec_err *err);
 /* Drop every message of stream on subject (wildcards allowed). */
 int dsec_js_purge(dsec_js *js, const char *stream, const char *subject, dsec_err *err);

@@ -19,6 +19,7 @@
 #include "actors/ticker.h"
 #include "actors/traj.h"
 #include "bus/bus.h"
+#include "bus/js.h"
 #include "tests/fixture.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -475,9 +476,24 @@ static void fast_forward_runs_once(void **state)
     assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "three\n", 6, &w, &err), 0);
     read_file(info.id, "/work/log", buf, sizeof buf);
     assert_string_equal(buf, "one\nthree\n");
+    /* a reader leaves the log's limits as the operator set them */
+    dsec_js *js = NULL;
+    assert_int_equal(dsec_js_new(&js, dsec_cell_bus(live.cell), 5000, &err), 0);
+    dsec_stream_conf node_conf, now;
+    assert_int_equal(dsec_js_stream_get(js, DSEC_TRAJ_STREAM, &node_conf, &err), 0);
+    const char *subjects[] = {"dsec.v1.traj.>"};
+    dsec_stream_conf op = {.name = DSEC_TRAJ_STREAM, .subjects = subjects, .nsubjects = 1,
+                           .max_age_ms = 3600 * 1000, .max_bytes = 64 << 20};
+    assert_int_equal(dsec_js_stream_ensure(js, &op, &err), 0);
     /* the log holds the three steps in order */
     dsec_traj *t = NULL;
     assert_int_equal(dsec_traj_open(&t, dsec_cell_bus(live.cell), NULL, &err), 0);
+    assert_int_equal(dsec_js_stream_get(js, DSEC_TRAJ_STREAM, &now, &err), 0);
+    assert_int_equal(now.max_age_ms, 3600 * 1000);
+    assert_int_equal(now.max_bytes, 64 << 20);
+    op.max_age_ms = node_conf.max_age_ms, op.max_bytes = node_conf.max_bytes;
+    assert_int_equal(dsec_js_stream_ensure(js, &op, &err), 0);
+    dsec_js_free(js);
     struct seen s = {0};
     size_t count = 0;
     assert_int_equal(dsec_traj_read(t, rid, collect, &s, &count, &err), 0);
