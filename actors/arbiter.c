@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/lease.h"
 #include "actors/ticker.h"
 #include "actors/wire.h"
 #include "bus/js.h"
@@ -72,7 +73,7 @@ struct dsec_arbiter {
     int tick;
 
     _Atomic bool active;
-    uint64_t lease_rev, last_renew_ms, acquired_ns;
+    dsec_lease lease; /* renewed by the ticker thread only */
 
     pthread_mutex_t mu; /* everything below */
     unsigned acks;           /* reclaim requests whose reply callback has not run yet */
@@ -434,29 +435,6 @@ static void on_ack(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
 
 /* ---- the lease --------------------------------------------------------------------- */
 
-static int lease_write(dsec_arbiter *a, bool create, uint64_t last, dsec_err *err)
-{
-    uint64_t now = dsec_wall_ns();
-    dsec_msg_arbiter_lease l = {.holder = a->name,
-                                .expires_ns = now + (uint64_t)a->conf.lease_ms * 1000000ull,
-                                .acquired_ns = a->acquired_ns ? a->acquired_ns : now};
-    dsec_buf b;
-    dsec_buf_init(&b);
-    int rc = dsec_encode(&b, DSEC_MSG_ARBITER_LEASE, &l, err);
-    uint64_t rev = 0;
-    if (rc == 0)
-        rc = create ? dsec_kv_create(a->lease_kv, "lease", b.data, b.len, &rev, err)
-                    : dsec_kv_update(a->lease_kv, "lease", b.data, b.len, last, &rev, err);
-    dsec_buf_release(&b);
-    if (rc == 0) {
-        a->lease_rev = rev;
-        a->last_renew_ms = now_ms();
-        if (a->acquired_ns == 0)
-            a->acquired_ns = now;
-    }
-    return rc;
-}
-
 /* Reclaims a previous arbiter left outstanding: keep enforcing them, never re-ask. */
 static void take_over(dsec_arbiter *a)
 {
@@ -523,37 +501,18 @@ static void take_over(dsec_arbiter *a)
 static void lease_step(dsec_arbiter *a)
 {
     dsec_err err;
-    if (atomic_load(&a->active)) {
-        if (now_ms() - a->last_renew_ms < a->conf.lease_ms / 3)
-            return;
-        if (lease_write(a, false, a->lease_rev, &err) == 0)
-            return;
+    switch (dsec_lease_step(&a->lease, &err)) {
+    case DSEC_LEASE_LOST:
         fprintf(stderr, "dsec-arbiter %s: lost the lease of cell %s: %s\n", a->name, a->cell, err.msg);
         atomic_store(&a->active, false);
-        a->acquired_ns = 0;
+        return;
+    case DSEC_LEASE_ACQUIRED:
+        break;
+    default:
         return;
     }
-    char *val = NULL;
-    size_t len = 0;
-    uint64_t rev = 0;
-    int rc;
-    if (dsec_kv_get(a->lease_kv, "lease", &val, &len, &rev, &err) < 0) {
-        if (err.code != DSEC_E_NOT_FOUND)
-            return;
-        rc = lease_write(a, true, 0, &err);
-    } else {
-        dsec_msg_arbiter_lease l;
-        dsec_decoder *d = dsec_decoder_new(NULL);
-        bool lapsed = d == NULL || dsec_decode(d, DSEC_MSG_ARBITER_LEASE, val, len, &l, &err) < 0 ||
-                      l.expires_ns < dsec_wall_ns() || strcmp(l.holder, a->name) == 0;
-        dsec_decoder_free(d);
-        rc = lapsed ? lease_write(a, false, rev, &err) : -1;
-    }
-    dsec_free(val);
-    if (rc < 0)
-        return;
     fprintf(stderr, "dsec-arbiter %s: active for cell %s (lease revision %" PRIu64 ")\n", a->name,
-            a->cell, a->lease_rev);
+            a->cell, a->lease.rev);
     pthread_mutex_lock(&a->mu);
     a->st.takeovers++;
     pthread_mutex_unlock(&a->mu);
@@ -655,7 +614,7 @@ static void plan(dsec_arbiter *a, struct ask **out, size_t *nout)
         q->r = (dsec_msg_reclaim){.req_id = q->req_id, .job = q->job, .cpu_milli = ac,
                                   .memory_mb = am,
                                   .deadline_ns = dsec_wall_ns() + grace * 1000000ull,
-                                  .arbiter = a->name, .epoch = a->lease_rev};
+                                  .arbiter = a->name, .epoch = a->lease.rev};
         q->holds = dsec_calloc(j->nholds ? j->nholds : 1, sizeof *q->holds);
         if (q->holds != NULL) {
             memcpy(q->holds, j->holds, j->nholds * sizeof *q->holds);
@@ -815,6 +774,7 @@ int dsec_arbiter_start(dsec_arbiter **out, dsec_bus *bus, const dsec_arbiter_con
     dsec_kv_conf kc = {.bucket = bucket, .ttl_ms = 10ll * c->lease_ms, .replicas = conf->replicas};
     if (dsec_kv_open(&a->lease_kv, a->js, &kc, err) < 0)
         goto out_fail_js;
+    dsec_lease_init(&a->lease, a->lease_kv, "lease", a->name, c->lease_ms);
     snprintf(bucket, sizeof bucket, "dsec-reclaim-%s", a->cell);
     kc = (dsec_kv_conf){.bucket = bucket, .ttl_ms = 3600000, .replicas = conf->replicas};
     if (dsec_kv_open(&a->rc_kv, a->js, &kc, err) < 0)
@@ -854,10 +814,8 @@ void dsec_arbiter_stop(dsec_arbiter *a, bool release_lease)
     while (a->acks > 0)
         pthread_cond_wait(&a->acks_cv, &a->mu);
     pthread_mutex_unlock(&a->mu);
-    if (release_lease && atomic_load(&a->active)) {
-        dsec_err err;
-        dsec_kv_delete(a->lease_kv, "lease", &err);
-    }
+    if (release_lease && a->lease_kv != NULL)
+        dsec_lease_release(&a->lease);
     dsec_kv_close(a->lease_kv);
     dsec_kv_close(a->rc_kv);
     dsec_js_free(a->js);

@@ -408,11 +408,12 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return -1;
 
     const dsec_cfg_node *qu = dsec_cfg_get(root, "quota");
-    static const char *const q_keys[] = {"enabled", "pending_ms", "reload_ms", "replicas", NULL};
+    static const char *const q_keys[] = {"enabled", "pending_ms", "reload_ms", "replicas", "lease_ms", NULL};
     if (dsec_cfg_expect(cfg, qu, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, qu, q_keys, err) < 0 ||
         dsec_cfg_bool(cfg, qu, "enabled", c->quota, &c->quota, err) < 0 ||
         load_u32(cfg, qu, "pending_ms", &c->quota_pending_ms, 0, 3600000, err) < 0 ||
         load_u32(cfg, qu, "reload_ms", &c->quota_reload_ms, 100, 3600000, err) < 0 ||
+        load_u32(cfg, qu, "lease_ms", &c->quota_lease_ms, 300, 600000, err) < 0 ||
         load_unsigned(cfg, qu, "replicas", &c->quota_replicas, 0, 5, err) < 0)
         return -1;
 
@@ -750,6 +751,10 @@ static const struct field quota_fields[] = {
      offsetof(dsec_quota_stats, definitions), 1},
     {"dsec_quota_nodes", "gauge", "Nodes whose usage the quota actor counts.",
      offsetof(dsec_quota_stats, nodes), 1},
+    {"dsec_quota_active", "gauge", "1 while this quota actor holds the cell's lease and admits; 0 on a standby.",
+     offsetof(dsec_quota_stats, active), 1},
+    {"dsec_quota_takeovers_total", "counter", "Times this quota actor took the lease.",
+     offsetof(dsec_quota_stats, takeovers), 1},
 };
 
 #define NFIELDS(a) (sizeof(a) / sizeof((a)[0]))
@@ -1035,7 +1040,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             pend = conf->wait_ms + 30000u > 60000u ? conf->wait_ms + 30000u : 60000u;
         dsec_quota_conf qc = {.cell = conf->cell, .replicas = (int)conf->quota_replicas,
                               .full_ms = conf->full_ms, .pending_ms = pend,
-                              .reload_ms = conf->quota_reload_ms};
+                              .reload_ms = conf->quota_reload_ms, .lease_ms = conf->quota_lease_ms};
         int rc;
         for (int attempt = 0; (rc = dsec_quota_start(&c->quota, c->bus, &qc, err)) < 0 &&
                               js_retry(conf->cell, "the quota actor", err, attempt);

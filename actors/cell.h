@@ -65,6 +65,7 @@ typedef struct dsec_cell_conf {
     bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */
     uint32_t quota_pending_ms;  /* 0: max(60000, wait_ms + 30000) */
     uint32_t quota_reload_ms;   /* 0: 10000 */
+    uint32_t quota_lease_ms;    /* a standby quota actor takes over after this; 0: 3000 */
     unsigned quota_replicas;    /* of the DSEC_QUOTAS bucket; 0: 1 */
     uint64_t pause_idle_ms;    /* nodes freeze pausable rollouts idle this long... */
     uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */

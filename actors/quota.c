@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/lease.h"
 #include "actors/ticker.h"
 #include "actors/wire.h"
 #include "bus/js.h"
@@ -46,8 +47,11 @@ struct dsec_quota {
     char cell[DSEC_NAME_LEN_MAX + 1];
     char bucket[64];
     dsec_js *js;
-    dsec_kv_bucket *kv;
-    dsec_actor *actor;
+    dsec_kv_bucket *kv, *lease_kv;
+    dsec_actor *actor;    /* events and definition changes: every instance */
+    dsec_actor *ops;      /* admit, set, get, list: only while the lease is ours */
+    dsec_lease lease;     /* stepped by the ticker thread only */
+    char name[DSEC_NAME_LEN_MAX + 1];
     dsec_ticker *ticker;
     pthread_mutex_t mu;      /* everything below */
     pthread_mutex_t defs_mu; /* one writer of definitions at a time: a set, a reload */
@@ -882,6 +886,76 @@ static void on_tick(void *ud, uint64_t now_ns)
         dsec_actor_count_error(q->actor);
 }
 
+/* ---- the lease: which instance admits ---------------------------------------------------- */
+
+static const struct {
+    const char *op;
+    dsec_handler fn;
+} OPS[] = {{"admit", on_admit}, {"set", on_set}, {"get", on_get}, {"list", on_list}};
+
+/* The lease is ours: serve admission and definitions on a fresh actor. */
+static int ops_start(dsec_quota *q, dsec_err *err)
+{
+    char name[DSEC_NAME_LEN_MAX + 16], subj[192];
+    snprintf(name, sizeof name, "quota-%s-ops", q->cell);
+    if (dsec_actor_new(&q->ops, q->bus, name, err) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof OPS / sizeof OPS[0]; i++) {
+        snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.%s", q->cell, OPS[i].op);
+        if (dsec_actor_on(q->ops, subj, NULL, OPS[i].fn, q, err) < 0) {
+            dsec_actor_free(q->ops);
+            q->ops = NULL;
+            return -1;
+        }
+    }
+    /* the subscriptions are at the server once this flush returns; with the
+     * server away they are made on reconnect instead */
+    dsec_err ferr;
+    dsec_bus_flush(q->bus, 2000, &ferr);
+    return 0;
+}
+
+/* Lost (or given up): stop answering. Requests already queued get a
+ * retry-safe "closed" answer; the schedulers ask again and reach the new
+ * holder. */
+static void ops_stop(dsec_quota *q)
+{
+    dsec_actor_free(q->ops);
+    q->ops = NULL;
+}
+
+static void lease_tick(void *ud, uint64_t now_ns)
+{
+    (void)now_ns;
+    dsec_quota *q = ud;
+    dsec_err err;
+    switch (dsec_lease_step(&q->lease, &err)) {
+    case DSEC_LEASE_ACQUIRED:
+        if (ops_start(q, &err) < 0) {
+            fprintf(stderr, "dsec-quota %s: cannot serve cell %s: %s; giving the lease up\n", q->name,
+                    q->cell, err.msg);
+            dsec_lease_release(&q->lease);
+            return;
+        }
+        pthread_mutex_lock(&q->mu);
+        q->st.active = 1;
+        q->st.takeovers++;
+        pthread_mutex_unlock(&q->mu);
+        fprintf(stderr, "dsec-quota %s: active for cell %s (lease revision %" PRIu64 ")\n", q->name,
+                q->cell, q->lease.rev);
+        break;
+    case DSEC_LEASE_LOST:
+        fprintf(stderr, "dsec-quota %s: lost the lease of cell %s: %s\n", q->name, q->cell, err.msg);
+        ops_stop(q);
+        pthread_mutex_lock(&q->mu);
+        q->st.active = 0;
+        pthread_mutex_unlock(&q->mu);
+        break;
+    default:
+        break;
+    }
+}
+
 /* ---- start, stop --------------------------------------------------------------------- */
 
 int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *conf, dsec_err *err)
@@ -903,15 +977,24 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     q->conf.full_ms = conf->full_ms ? conf->full_ms : 5000;
     q->conf.pending_ms = conf->pending_ms ? conf->pending_ms : 60000;
     q->conf.reload_ms = conf->reload_ms ? conf->reload_ms : 10000;
+    q->conf.lease_ms = conf->lease_ms ? conf->lease_ms : 3000;
+    char id[33];
+    dsec_bus_new_id(id);
+    snprintf(q->name, sizeof q->name, "quota-%.12s", id);
     uint64_t now = now_ms();
     q->ready_ms = now + q->conf.full_ms + 1000;
     q->next_reload_ms = now + q->conf.reload_ms;
     char subj[192], name[96];
     dsec_kv_conf kc = {.bucket = q->bucket, .replicas = conf->replicas};
-    if (dsec_js_new(&q->js, bus, 5000, err) < 0 || dsec_kv_open(&q->kv, q->js, &kc, err) < 0) {
+    char lbucket[DSEC_NAME_LEN_MAX + 16];
+    snprintf(lbucket, sizeof lbucket, "dsec-quota-%s", q->cell);
+    dsec_kv_conf lc = {.bucket = lbucket, .ttl_ms = 10ll * q->conf.lease_ms, .replicas = conf->replicas};
+    if (dsec_js_new(&q->js, bus, 5000, err) < 0 || dsec_kv_open(&q->kv, q->js, &kc, err) < 0 ||
+        dsec_kv_open(&q->lease_kv, q->js, &lc, err) < 0) {
         dsec_err_wrap(err, "quota actor of cell %s needs JetStream", q->cell);
         goto fail;
     }
+    dsec_lease_init(&q->lease, q->lease_kv, "lease", q->name, q->conf.lease_ms);
     if (defs_reload(q, err) < 0)
         goto fail;
     snprintf(name, sizeof name, "quota-%s", q->cell);
@@ -920,18 +1003,13 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.>", q->cell);
     if (dsec_actor_on(q->actor, subj, NULL, on_evt, q, err) < 0)
         goto fail;
-    static const struct {
-        const char *op;
-        dsec_handler fn;
-    } ops[] = {{"admit", on_admit}, {"set", on_set}, {"get", on_get}, {"list", on_list}};
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
-        snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.%s", q->cell, ops[i].op);
-        if (dsec_actor_on(q->actor, subj, NULL, ops[i].fn, q, err) < 0)
-            goto fail;
-    }
     if (dsec_actor_on(q->actor, "dsec.v1.ctl.quota.changed", NULL, on_changed, q, err) < 0)
         goto fail;
-    if (dsec_ticker_new(&q->ticker, err) < 0 || dsec_ticker_add(q->ticker, 1000, on_tick, q, err) < 0)
+    /* the first step here: a lone instance admits as soon as it returns */
+    lease_tick(q, 0);
+    uint32_t every = q->conf.lease_ms / 3 > 100 ? q->conf.lease_ms / 3 : 100;
+    if (dsec_ticker_new(&q->ticker, err) < 0 || dsec_ticker_add(q->ticker, 1000, on_tick, q, err) < 0 ||
+        dsec_ticker_add(q->ticker, every, lease_tick, q, err) < 0)
         goto fail;
     /* every node answers with a full report: usage is whole well before full_ms */
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", q->cell);
@@ -949,8 +1027,12 @@ void dsec_quota_stop(dsec_quota *q)
 {
     if (q == NULL)
         return;
-    dsec_ticker_free(q->ticker);
+    dsec_ticker_free(q->ticker); /* no lease step runs after this */
+    ops_stop(q);
+    if (q->lease_kv != NULL)
+        dsec_lease_release(&q->lease);
     dsec_actor_free(q->actor);
+    dsec_kv_close(q->lease_kv);
     dsec_kv_close(q->kv);
     dsec_js_free(q->js);
     map_clear(&q->defs);

@@ -33,7 +33,9 @@ static const char *dsec_bin; /* argv[1]: the dsec tool, for the CLI test */
 static struct {
     dsec_cell *cell;
     dsec_cell_conf conf;
-    dsec_quota *quota; /* started by the test itself (restart test) */
+    dsec_quota *quota; /* started by the test itself (restart, standby tests) */
+    dsec_quota *standby;
+    dsec_bus *standby_bus; /* the standby's own connection, as another host's would be */
     dsec_client *clients[3];
 } live;
 
@@ -49,6 +51,8 @@ static int test_teardown(void **state)
     for (int i = 0; i < 3; i++)
         dsec_client_free(live.clients[i]);
     dsec_quota_stop(live.quota); /* on the cell's bus: before the cell */
+    dsec_quota_stop(live.standby);
+    dsec_bus_free(live.standby_bus);
     dsec_cell_stop(live.cell, true);
     dsec_cell_conf_release(&live.conf);
     memset(&live, 0, sizeof live);
@@ -423,6 +427,58 @@ static void test_restart_counts_from_nodes(void **state)
     assert_int_equal(t.quota, 5);
 }
 
+/* ---- a standby quota actor takes over, already knowing the usage ------------------------- */
+
+static void test_standby_takes_over(void **state)
+{
+    (void)state;
+    start_cell(false);
+    dsec_err err;
+    dsec_quota_conf qc = {.cell = live.conf.cell, .full_ms = live.conf.full_ms, .reload_ms = 200,
+                          .lease_ms = 900};
+    assert_int_equal(dsec_quota_start(&live.quota, dsec_cell_bus(live.cell), &qc, &err), 0);
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "quota-standby"};
+    assert_int_equal(dsec_bus_connect(&live.standby_bus, &bo, &err), 0);
+    assert_int_equal(dsec_quota_start(&live.standby, live.standby_bus, &qc, &err), 0);
+    dsec_quota_stats a, b;
+    dsec_quota_stats_get(live.quota, &a);
+    dsec_quota_stats_get(live.standby, &b);
+    assert_int_equal(a.active, 1);
+    assert_int_equal(b.active, 0);
+    msleep((int)live.conf.full_ms + 1100);
+    assert_int_equal(quota_set("sby", NULL, 30, 0, 0, &err), 0);
+    dsec_client *c = client_for(0, "sby");
+    struct tally t;
+    fire(c, NULL, 25, &t);
+    assert_int_equal(t.ok, 25);
+    /* the standby admitted nothing but counts the 25 from the nodes' events */
+    dsec_quota_stats_get(live.standby, &b);
+    assert_int_equal(b.admitted, 0);
+
+    /* the active one stops: the standby holds the lease within a step and admits at once,
+     * 5 more and no further */
+    dsec_quota_stop(live.quota);
+    live.quota = NULL;
+    for (int i = 0; i < 100 && (dsec_quota_stats_get(live.standby, &b), b.active == 0); i++)
+        msleep(20);
+    assert_int_equal(b.active, 1);
+    assert_int_equal(b.takeovers, 1);
+    wait_used("sby", NULL, 25);
+    fire(c, NULL, 10, &t);
+    assert_int_equal(t.ok, 5);
+    assert_int_equal(t.quota, 5);
+    printf("tenancy: standby quota actor took over: %d more admitted, %d refused for quota\n", t.ok,
+           t.quota);
+
+    /* a restarted one stands by while the lease is held */
+    assert_int_equal(dsec_quota_start(&live.quota, dsec_cell_bus(live.cell), &qc, &err), 0);
+    msleep(700);
+    dsec_quota_stats_get(live.quota, &a);
+    dsec_quota_stats_get(live.standby, &b);
+    assert_int_equal(a.active, 0);
+    assert_int_equal(b.active, 1);
+}
+
 /* ---- owners: another tenant's sandbox is out of reach, forged fields included ------------- */
 
 static void test_other_tenants_sandbox(void **state)
@@ -557,6 +613,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_nested_projects, test_teardown),
         cmocka_unit_test_teardown(test_fork_within_quota, test_teardown),
         cmocka_unit_test_teardown(test_restart_counts_from_nodes, test_teardown),
+        cmocka_unit_test_teardown(test_standby_takes_over, test_teardown),
         cmocka_unit_test_teardown(test_other_tenants_sandbox, test_teardown),
         cmocka_unit_test_teardown(test_cli, test_teardown),
     };
