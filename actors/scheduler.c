@@ -287,6 +287,12 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
     if (status < 0) {
         fail_to(s, ad->reply_to, p.c.req_id, berr->code,
                 "admission: the quota actor of cell %s did not answer: %s", s->cell, berr->msg);
+    } else if (dsec_msg_len(reply) == 0 && dsec_msg_header(reply, DSEC_HDR_ERROR_CODE) != NULL) {
+        /* its bus answered, not the actor (it was handing its lease over, or
+         * full): an empty body would reach the client without its code */
+        const char *bc = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
+        fail_to(s, ad->reply_to, p.c.req_id, dsec_code_from_name(bc),
+                "admission: the quota actor of cell %s could not take the request (%s)", s->cell, bc);
     } else if (dsec_msg_type(reply) == NULL || strcmp(dsec_msg_type(reply), DSEC_TYPE_ERROR) == 0) {
         /* the quota actor's refusal says which level is full: pass it on as it is */
         atomic_fetch_add(&s->n_failed, 1);

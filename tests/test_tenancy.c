@@ -180,9 +180,10 @@ static void wait_used(const char *tenant, const char *project, uint64_t want)
 struct tally {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int done, ok, quota, other;
+    int done, ok, quota, other, other_unsafe; /* other_unsafe: not safe to retry */
     char ids[128][DSEC_ID_MAX];
     char other_msg[256];
+    char other_codes[256]; /* "code,code,..." of the others */
 };
 
 static void on_created(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
@@ -195,7 +196,10 @@ static void on_created(int status, const dsec_sandbox_info *info, const dsec_err
         t->quota++;
     else {
         t->other++;
+        t->other_unsafe += !dsec_code_retry_safe(err->code);
         snprintf(t->other_msg, sizeof t->other_msg, "%s", err->msg);
+        size_t k = strlen(t->other_codes);
+        snprintf(t->other_codes + k, sizeof t->other_codes - k, "%s,", dsec_code_name(err->code));
     }
     t->done++;
     pthread_cond_signal(&t->cv);
@@ -479,6 +483,62 @@ static void test_standby_takes_over(void **state)
     assert_int_equal(b.active, 1);
 }
 
+/* ---- the quota actor's bus answers instead of the actor: the client gets the code ------- */
+
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+    int entered;
+};
+
+/* A stand-in quota actor stuck in its first admission, so its one-slot mailbox
+ * overflows and its bus answers the rest (as a quota actor handing its lease
+ * over answers "closed"). */
+static void stuck_admit(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a, (void)m;
+    struct gate *g = ud;
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void test_bus_answer_keeps_its_code(void **state)
+{
+    (void)state;
+    start_cell(false);
+    struct gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "stuck-quota", .threads = 1,
+                        .mailbox_max = 1};
+    dsec_err err;
+    assert_int_equal(dsec_bus_connect(&live.standby_bus, &bo, &err), 0);
+    dsec_actor *a = NULL;
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", live.conf.cell);
+    assert_int_equal(dsec_actor_new(&a, live.standby_bus, "stuck", &err), 0);
+    assert_int_equal(dsec_actor_on(a, subj, NULL, stuck_admit, &g, &err), 0);
+    assert_int_equal(dsec_bus_flush(live.standby_bus, 2000, &err), 0);
+    dsec_client *c = client_for(0, "stk");
+    struct tally t;
+    /* one is held and one queued (both time out at the scheduler), the others overflow */
+    fire(c, NULL, 6, &t);
+    pthread_mutex_lock(&g.mu);
+    g.open = true;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    /* every create failed with its code, each safe to retry; none became "internal" */
+    printf("tenancy: creates while the quota actor's mailbox overflows: %s\n", t.other_codes);
+    assert_int_equal(t.ok, 0);
+    assert_int_equal(t.other, 6);
+    assert_int_equal(t.other_unsafe, 0);
+    assert_non_null(strstr(t.other_codes, "overflow"));
+    dsec_actor_free(a);
+}
+
 /* ---- owners: another tenant's sandbox is out of reach, forged fields included ------------- */
 
 static void test_other_tenants_sandbox(void **state)
@@ -614,6 +674,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_fork_within_quota, test_teardown),
         cmocka_unit_test_teardown(test_restart_counts_from_nodes, test_teardown),
         cmocka_unit_test_teardown(test_standby_takes_over, test_teardown),
+        cmocka_unit_test_teardown(test_bus_answer_keeps_its_code, test_teardown),
         cmocka_unit_test_teardown(test_other_tenants_sandbox, test_teardown),
         cmocka_unit_test_teardown(test_cli, test_teardown),
     };
