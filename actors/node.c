@@ -984,7 +984,12 @@ static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t c
         return -1;
     }
     const char *type = dsec_msg_type(reply);
-    if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
+    char who[DSEC_NAME_LEN_MAX + 40];
+    snprintf(who, sizeof who, "fork: the quota actor of cell %s", n->cell);
+    if (dsec_wire_bus_error(reply, who, &err)) {
+        reply_err(n, m, err.code, "%s", err.msg);
+        rc = -1;
+    } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
         /* its refusal names the full level: pass it on as it is */
         dsec_hdr eh = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION,
                        .req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};

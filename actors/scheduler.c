@@ -278,6 +278,7 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
     struct admission *ad = ud;
     dsec_sched *s = ad->s;
     dsec_err err;
+    char who[DSEC_NAME_LEN_MAX + 64];
     dsec_msg_place p = {.reply_to = ad->reply_to, .attempt = 1};
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, ad->payload, ad->len, &p.c, &err) < 0) {
         dsec_wire_error_to(s->creates, s->bus, ad->reply_to, &err, NULL, NULL);
@@ -287,12 +288,11 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
     if (status < 0) {
         fail_to(s, ad->reply_to, p.c.req_id, berr->code,
                 "admission: the quota actor of cell %s did not answer: %s", s->cell, berr->msg);
-    } else if (dsec_msg_len(reply) == 0 && dsec_msg_header(reply, DSEC_HDR_ERROR_CODE) != NULL) {
+    } else if (snprintf(who, sizeof who, "admission: the quota actor of cell %s", s->cell) > 0 &&
+               dsec_wire_bus_error(reply, who, &err)) {
         /* its bus answered, not the actor (it was handing its lease over, or
          * full): an empty body would reach the client without its code */
-        const char *bc = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
-        fail_to(s, ad->reply_to, p.c.req_id, dsec_code_from_name(bc),
-                "admission: the quota actor of cell %s could not take the request (%s)", s->cell, bc);
+        fail_to(s, ad->reply_to, p.c.req_id, err.code, "%s", err.msg);
     } else if (dsec_msg_type(reply) == NULL || strcmp(dsec_msg_type(reply), DSEC_TYPE_ERROR) == 0) {
         /* the quota actor's refusal says which level is full: pass it on as it is */
         atomic_fetch_add(&s->n_failed, 1);
@@ -369,6 +369,14 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
     struct lookup *l = ud;
     dsec_sched *s = l->s;
     dsec_err err;
+    char who[DSEC_NAME_LEN_MAX + 64];
+    snprintf(who, sizeof who, "a node of cell %s asked whether it holds the create", s->cell);
+    if (status == 0 && dsec_wire_bus_error(reply, who, &err)) {
+        /* an overloaded node may hold it: placing now could make it twice,
+         * so the client retries (same req_id) instead */
+        fail_to(s, l->reply_to, NULL, err.code, "%s", err.msg);
+        goto out;
+    }
     if (status == 0) {
         /* a node holds it: pass its "created" (existing) on to the client */
         dsec_hdr hdr = {.type = dsec_msg_type(reply), .schema = DSEC_SCHEMA_VERSION,

@@ -187,6 +187,15 @@ void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, c
                    req_id, &ignored);
 }
 
+bool dsec_wire_bus_error(dsec_msg *reply, const char *who, dsec_err *e)
+{
+    const char *bc = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
+    if (dsec_msg_len(reply) != 0 || bc == NULL)
+        return false;
+    dsec_err_set(e, dsec_code_from_name(bc), 0, "%s could not take the request (%s)", who, bc);
+    return true;
+}
+
 void dsec_wire_error(dsec_actor *actor, dsec_msg *m, const dsec_err *e)
 {
     const char *field = NULL;
