@@ -10,7 +10,8 @@ each, joined by a NATS gateway: a create too big for cell A lands in cell B).
 Builds test hosts (network namespaces on one bridge, addresses in 10.231.1.0/24), runs a 3-server
 NATS cluster with routes and JetStream, two scheduler hosts, three node hosts running real crun
 containers (busybox:1 from a shared layer directory, as from an NFS path), three sim node hosts,
-one node host running the function backend natively, the arbiter pair and a client host, and
+one node host running the function backend natively, two hosts each running an arbiter and a
+quota actor (quotas on: every create is admitted by the active quota actor) and a client host, and
 drives creates and execs (sim sandboxes and containers at once) through the `dsec` CLI while it
 kills and partitions things. Each scenario prints one summary line; any request left without a
 definitive answer, any sandbox lost and any request id placed twice fails the test. At the end
@@ -465,8 +466,10 @@ class Cell:
     def dsecd(self, host, roles, near, nodes=""):
         state = os.path.join(self.tmp, "state-" + host)
         layers = "layers:\n  registry: shared\n  path: %s" % self.layers
+        # quotas on: every create is admitted by the quota actor pair on the arbiter hosts
+        quota = "quota:\n  enabled: true\n  lease_ms: 1500\n  replicas: 3"
         conf = template("cell.yaml.in", CELL="cella", STATE=state, URL=self.url_from(near), THREADS=4,
-                        JETSTREAM="true", REPLICAS=3, LAYERS=layers, NODES=nodes or "  []")
+                        JETSTREAM="true", REPLICAS=3, LAYERS=layers, QUOTA=quota, NODES=nodes or "  []")
         path = os.path.join(self.tmp, host + ".yaml")
         with open(path, "w") as f:
             f.write(conf)
@@ -484,24 +487,48 @@ class Cell:
         # The second arbiter starts once the first holds the lease: started together on a fresh
         # cluster, one of them can time out creating the R3 lease bucket and exit (a dsec bug,
         # reported: the arbiter should keep retrying the bucket instead).
-        self.dsecd(ARBS[0], "arbiter", NATS[2])
+        self.dsecd(ARBS[0], "arbiter,quota", NATS[2])
         wait_for("arbiter %s active" % ARBS[0], self.active_arbiter, 20)
-        self.dsecd(ARBS[1], "arbiter", NATS[0])
+        wait_for("quota actor on %s active" % ARBS[0], self.active_quota, 20)
+        self.dsecd(ARBS[1], "arbiter,quota", NATS[0])
         everyone = NODES + SCHEDS + ARBS
         time.sleep(1)
         self.procs.check_alive(NATS + everyone)
         want = set(NODES)
         wait_for("all seven nodes in `dsec top`", lambda: want <= set(self.client.live_by_node()), 30)
+        # the load's tenant gets a quota: its usage is checked against the nodes at the end
+        rc, out, err = self.client.run("tenant", "set", "cl", "--sandboxes", "100000", "--cell", "cella")
+        if rc != 0:
+            raise Fail("dsec tenant set cl: %s" % err)
 
-    def active_arbiter(self):
-        """The arbiter whose latest log line about the lease says it is active."""
+    def quota_used(self):
+        """Sandboxes the active quota actor counts for tenant cl."""
+        rc, out, err = self.client.run("tenant", "get", "cl", "--cell", "cella", timeout=20)
+        if rc != 0:
+            return None
+        for line in out.splitlines():
+            f = line.split()
+            if f and f[0] == "cl" and "/" in f[1]:
+                return int(f[1].split("/")[0])
+        return None
+
+    def active_of(self, who):
+        """The arbiter host whose current process's latest lease line of `who` (dsec-arbiter,
+        dsec-quota) says it is active."""
         for a in ARBS:
             if a not in self.procs.p or not self.procs.running(a):
                 continue
-            text = self.procs.logtext(a).split("---- start")[-1]
-            if "active for cell" in text and "lost the lease" not in text.split("active for cell")[-1]:
+            lines = [l for l in self.procs.logtext(a).split("---- start")[-1].splitlines()
+                     if l.startswith(who + " ") and ("active for cell" in l or "lost the lease" in l)]
+            if lines and "active for cell" in lines[-1]:
                 return a
         return None
+
+    def active_arbiter(self):
+        return self.active_of("dsec-arbiter")
+
+    def active_quota(self):
+        return self.active_of("dsec-quota")
 
 
 # ---- scenarios -------------------------------------------------------------------------------
@@ -719,6 +746,30 @@ def scenario_arbiter(cell):
         raise Fail("the restarted arbiter %s took the lease back from %s" % (active, standby))
 
 
+def scenario_quota(cell, created):
+    """kill -9 the active quota actor's host process under load: creates fail retry-safe until the
+    standby, which counted usage all along, holds the lease; then they are admitted again."""
+    active = wait_for("an active quota actor", cell.active_quota, 15)
+    standby = [a for a in ARBS if a != active][0]
+    took = [0.0]
+
+    def kill():  # the load goes on meanwhile
+        t0 = time.time()
+        cell.procs.kill9(active)
+        wait_for("the standby quota actor on %s to take the lease" % standby,
+                 lambda: cell.active_quota() == standby, 15)
+        took[0] = time.time() - t0
+    st = run_load(cell, 8, during=kill)
+    took = took[0]
+    summary("kill -9 active quota", st, " killed=%s active_now=%s takeover_s=%.1f" % (active, standby, took))
+    created.update(st.created)
+    cell.procs.restart(active)
+    time.sleep(1)
+    cell.procs.check_alive([active])
+    if cell.active_quota() != standby:
+        raise Fail("the restarted quota actor on %s took the lease back from %s" % (active, standby))
+
+
 def scenario_partition(cell, created, under_load):
     """The links of w2 (sim) and k2 (containers) down: once silent for dead_after_ms they get no
     placements; link up: they return. under_load: the links go down mid-load, so placements
@@ -791,7 +842,7 @@ def run_gateway(net, procs, tmp):
                            "    slots: 100", "    types: [sim]", "    backend: sim", "    sim: {time_scale: 0}"])
         conf = template("cell.yaml.in", CELL=cl, STATE=os.path.join(tmp, "state-" + h),
                         URL="nats://%s:4222" % net.addr(g), THREADS=2, JETSTREAM="false", REPLICAS=1, LAYERS="",
-                        NODES=nodes)
+                        QUOTA="", NODES=nodes)
         path = os.path.join(tmp, h + ".yaml")
         with open(path, "w") as f:
             f.write(conf)
@@ -865,6 +916,7 @@ def run_cell(net, procs, tmp):
         scenario_sched_kill(cell, created)
         scenario_node_restart(cell, created, fn_ids)
         scenario_arbiter(cell)
+        scenario_quota(cell, created)
     scenario_partition(cell, created, MODE == "partition-load")
     n = check_sandboxes(cell, list(created.values()), "at the end")
     total = check_no_double_placement(cell, dict(created, **{("fn%d" % i): s for i, s in enumerate(fn_ids)}))
@@ -874,6 +926,13 @@ def run_cell(net, procs, tmp):
         by_node[node] = by_node.get(node, 0) + 1
     log("%-22s sandboxes=%d all answer exec, lost=0, placed_twice=0; by node %s" % (
         "end", total, " ".join("%s=%d" % kv for kv in sorted(by_node.items()))))
+    # the quota actor in charge now counts what the nodes hold, failovers included
+    try:
+        wait_for("the quota actor to count %d sandboxes of tenant cl" % total, lambda: cell.quota_used() == total, 10)
+    except Fail:
+        raise Fail("the active quota actor counts %s sandboxes of tenant cl; the nodes hold %d" %
+                   (cell.quota_used(), total))
+    log("%-22s tenant cl: the active quota actor counts %d sandboxes, as the nodes hold" % ("quota", total))
     procs.check_alive(NATS + NODES + SCHEDS)
     destroy_containers(cell, [s for s in created.values() if s.split("-", 1)[0] in CTS])
     return n > 0
