@@ -2,7 +2,7 @@
 # build-vmkit.sh - fetch the guest kernel and build the microVM kit (vmlinuz, initrd with busybox, dsec-agent, virtio modules, init).
 #
 #   scripts/build-vmkit.sh --fetch            download and unpack the Debian cloud kernel into the cache
-#   scripts/build-vmkit.sh OUTDIR AGENT       build OUTDIR/vmlinuz, OUTDIR/initrd.img, OUTDIR/kernel.version
+#   scripts/build-vmkit.sh OUTDIR AGENT INIT  build OUTDIR/vmlinuz, OUTDIR/initrd.img, OUTDIR/kernel.version
 #
 # The kernel is the package the meta package linux-image-cloud-amd64 depends on,
 # fetched with `apt-get download` and unpacked with `dpkg -x` (never installed)
@@ -11,21 +11,36 @@
 # touches the network: it uses the newest kernel in the cache and says to run
 # --fetch when there is none.
 #
-# The initrd (gzip'd newc cpio) holds /init and /identity.sh (backends/vm/guest/),
-# a static busybox with its applet links, /dsec-agent, and the virtio, erofs and
-# overlay modules with their dependencies in /lib/modules/, loaded by /init in the
-# order listed in /lib/modules/load.order (dependencies first, resolved with
-# `modinfo -F depends`). OUTDIR is rebuilt only when an input changed (a stamp of
-# input checksums in OUTDIR/.stamp); the outputs are replaced together at the end,
-# so a failed build leaves the previous kit intact.
+# The initrd (an uncompressed newc cpio: under emulation the guest kernel takes longer
+# to inflate a gzip'd one than QEMU takes to load the bigger file) holds
+#   /init          INIT, the static program built from backends/vm/guest/init.c
+#   /dsec/         AGENT as dsec-agent, a static busybox, identity.sh (backends/vm/guest/)
+#   /lower/        the busybox world: bin/busybox (a hard link) with its applet links,
+#                  etc/passwd, etc/group, the usual empty directories
+#   /lib/modules/  the virtio, erofs and overlay modules with their dependencies, and
+#                  load.order: "GROUP FILE" lines, dependencies first (resolved with
+#                  `modinfo -F depends`); /init loads a group only when the machine or
+#                  the sandbox needs it (see MODULE_GROUPS)
+# OUTDIR is rebuilt only when an input changed (a stamp of input checksums, this script
+# included, in OUTDIR/.stamp: a kit built by an older script is rebuilt); the outputs are
+# replaced together at the end, so a failed build leaves the previous kit intact.
 set -euo pipefail
 
 CACHE=${DSEC_GUEST_KERNEL_CACHE:-/var/cache/dsec/guest-kernel}
 META=linux-image-cloud-amd64
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GUEST="$SRC/backends/vm/guest"
-# What the guest needs; their dependencies are added. Built-in ones are skipped.
-MODULES="virtio_ring virtio virtio_mmio virtio_pci virtio_console virtio_blk virtio_net erofs overlay"
+# What the guest needs, by group; their dependencies are added, into the group of the first
+# module that needs them (so a group needs only itself and base). Built-in ones are skipped.
+# base: always; pci: on a machine with a PCI bus; net: a sandbox with a network; layers: a
+# sandbox with layers (EROFS disks).
+MODULE_GROUPS=(
+    "base:virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay"
+    "pci:virtio_pci"
+    "net:virtio_net"
+    "layers:erofs"
+)
+KIT_LAYOUT=2 # what /init expects of the initrd; part of the stamp
 
 die() {
     echo "build-vmkit: $*" >&2
@@ -104,7 +119,9 @@ cached_kernel_dir() {
 declare -A KO=()
 declare -A BUILTIN=()
 declare -A STATE=() # "" unseen, 1 visiting, 2 done
+declare -A GROUP=()
 ORDER=()
+CUR_GROUP=base
 
 index_modules() {
     local moddir=$1 f n
@@ -140,14 +157,14 @@ add_module() {
         add_module "$d"
     done
     STATE[$m]=2
+    GROUP[$m]=$CUR_GROUP
     ORDER+=("$m")
 }
 
 build() {
-    local out=$1 agent=$2
+    local out=$1 agent=$2 init=$3
     need_cmd modinfo kmod
     need_cmd cpio cpio
-    need_cmd gzip gzip
     need_cmd sha256sum coreutils
     local busybox=/bin/busybox
     [ -x "$busybox" ] || die "$busybox not found; install busybox-static (apt-get install -y busybox-static)"
@@ -156,7 +173,9 @@ build() {
     readelf -l "$busybox" 2>/dev/null | grep -q 'program interpreter' &&
         die "$busybox is dynamically linked; install busybox-static (apt-get install -y busybox-static)"
     [ -f "$agent" ] && [ -x "$agent" ] || die "agent binary $agent not found or not executable (build dsec-agent first)"
-    [ -f "$GUEST/init" ] || die "$GUEST/init missing"
+    [ -f "$init" ] && [ -x "$init" ] || die "init binary $init not found or not executable (build dsec-vminit first)"
+    readelf -l "$init" 2>/dev/null | grep -q 'program interpreter' &&
+        die "$init is dynamically linked; the initrd has no libc (link it -static)"
     [ -f "$GUEST/identity.sh" ] || die "$GUEST/identity.sh missing"
 
     local kdir
@@ -169,17 +188,20 @@ build() {
     [ -d "$moddir/kernel" ] || die "$moddir/kernel missing; remove $kdir and run: scripts/build-vmkit.sh --fetch"
 
     index_modules "$moddir"
-    local m
-    for m in $MODULES; do
-        add_module "$m"
+    local m g
+    for g in "${MODULE_GROUPS[@]}"; do
+        CUR_GROUP=${g%%:*}
+        for m in ${g#*:}; do
+            add_module "$m"
+        done
     done
 
     # Everything that goes into the kit, checksummed: unchanged inputs, nothing to do.
     local stamp
     stamp=$({
-        echo "kernel $kver"
-        sha256sum "$vmlinuz" "$agent" "$busybox" "$GUEST/init" "$GUEST/identity.sh" "${BASH_SOURCE[0]}"
-        for m in "${ORDER[@]}"; do sha256sum "${KO[$m]}"; done
+        echo "kernel $kver layout $KIT_LAYOUT"
+        sha256sum "$vmlinuz" "$agent" "$busybox" "$init" "$GUEST/identity.sh" "${BASH_SOURCE[0]}"
+        for m in "${ORDER[@]}"; do echo "${GROUP[$m]} $(sha256sum "${KO[$m]}")"; done
     } | sed "s#  .*/#  #")
     if [ -f "$out/.stamp" ] && [ -f "$out/vmlinuz" ] && [ -f "$out/initrd.img" ] &&
         [ -f "$out/kernel.version" ] && [ "$(cat "$out/.stamp")" = "$stamp" ]; then
@@ -192,15 +214,22 @@ build() {
     tmp=$(mktemp -d "$out/.build.XXXXXX")
     trap 'rm -rf "$tmp"' EXIT
     local root=$tmp/root
-    mkdir -p "$root"/{bin,sbin,dev,proc,sys,d,l,newroot,lib/modules,etc,tmp,root,run}
-    cp "$busybox" "$root/bin/busybox"
+    mkdir -p "$root"/{dev,proc,sys,d,l,newroot,lib/modules,dsec}
+    install -m 0755 "$init" "$root/init"
+    install -m 0755 "$agent" "$root/dsec/dsec-agent"
+    install -m 0755 "$busybox" "$root/dsec/busybox"
+    install -m 0755 "$GUEST/identity.sh" "$root/dsec/identity.sh"
+    # the busybox world of a sandbox without layers (the overlay's lower directory)
+    local low=$root/lower
+    mkdir -p "$low"/{bin,etc,root,tmp,proc,sys,dev,run,.dsec}
+    ln "$root/dsec/busybox" "$low/bin/busybox" # one copy in the initrd (cpio keeps hard links)
     local a
     for a in $("$busybox" --list); do
-        [ "$a" = busybox ] || ln -s busybox "$root/bin/$a"
+        [ "$a" = busybox ] || ln -s busybox "$low/bin/$a"
     done
-    cp "$agent" "$root/dsec-agent"
-    install -m 0755 "$GUEST/init" "$root/init"
-    install -m 0755 "$GUEST/identity.sh" "$root/identity.sh"
+    printf 'root:x:0:0:root:/root:/bin/sh\n' >"$low/etc/passwd"
+    printf 'root:x:0:\n' >"$low/etc/group"
+    chmod 1777 "$low/tmp"
     local i=0
     : >"$root/lib/modules/load.order"
     for m in "${ORDER[@]}"; do
@@ -208,18 +237,15 @@ build() {
         local f
         f=$(printf '%02d-%s.ko' "$i" "$m")
         cp "${KO[$m]}" "$root/lib/modules/$f"
-        echo "$f" >>"$root/lib/modules/load.order"
+        echo "${GROUP[$m]} $f" >>"$root/lib/modules/load.order"
     done
     echo "$kver" >"$root/lib/modules/kernel.version"
-    printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
-    printf 'root:x:0:\n' >"$root/etc/group"
     # The kernel opens /dev/console for init before devtmpfs exists (root only can mknod;
     # /init also reopens the console after mounting devtmpfs).
     if [ "$(id -u)" = 0 ]; then mknod -m 0600 "$root/dev/console" c 5 1; fi
-    chmod 1777 "$root/tmp"
 
-    (cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) |
-        gzip -9n >"$tmp/initrd.img" || die "packing the initrd failed"
+    (cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) \
+        >"$tmp/initrd.img" || die "packing the initrd failed"
     cp "$vmlinuz" "$tmp/vmlinuz"
     echo "$kver" >"$tmp/kernel.version"
     printf '%s\n' "$stamp" >"$tmp/stamp"
@@ -231,21 +257,23 @@ build() {
     mv -f "$tmp/stamp" "$out/.stamp"
     rm -rf "$tmp"
     trap - EXIT
-    echo "build-vmkit: built $out ($kver; modules: ${ORDER[*]})"
+    local mods=""
+    for m in "${ORDER[@]}"; do mods="$mods ${GROUP[$m]}:$m"; done
+    echo "build-vmkit: built $out ($kver; modules:$mods)"
 }
 
 case "${1:-}" in
 --fetch)
-    [ $# = 1 ] || die "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY"
+    [ $# = 1 ] || die "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY INIT_BINARY"
     fetch
     ;;
 -h | --help | "")
-    echo "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY" >&2
+    echo "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY INIT_BINARY" >&2
     [ $# = 0 ] && exit 2
     exit 0
     ;;
 *)
-    [ $# = 2 ] || die "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY"
-    build "$1" "$2"
+    [ $# = 3 ] || die "usage: build-vmkit.sh --fetch | build-vmkit.sh OUTDIR AGENT_BINARY INIT_BINARY"
+    build "$1" "$2" "$3"
     ;;
 esac

@@ -420,6 +420,17 @@ static void test_microvm(void **state)
     assert_string_equal(out, a->id);
     assert_int_equal(sh(a, "cat /etc/machine-id", mid_a, sizeof mid_a), 0);
     assert_int_equal(strlen(mid_a), 32);
+    /* the clock was set at boot (the machine has no RTC: it would read 1970) */
+    assert_int_equal(sh(a, "date +%s", out, sizeof out), 0);
+    assert_true(llabs(atoll(out) - (long long)time(NULL)) < 600);
+    /* /init loaded what this VM needs (layers: erofs), not the NIC's driver (no network) */
+    assert_int_equal(sh(a, "cut -d' ' -f1 /proc/modules", out, sizeof out), 0);
+    assert_non_null(strstr(out, "erofs"));
+    assert_non_null(strstr(out, "virtio_blk"));
+    assert_null(strstr(out, "virtio_net"));
+    /* the agent's tools are read-only to the sandbox */
+    assert_true(sh(a, "touch /.dsec/x 2>/dev/null", NULL, 0) != 0);
+    assert_int_equal(sh(a, "test -x /.dsec/dsec-agent && test -x /.dsec/busybox", NULL, 0), 0);
 
     /* files through the agent */
     put_file(a, "/root/note", "before the snapshot\n");
@@ -596,6 +607,15 @@ static void test_q35(void **state)
     assert_true(atoi(out) >= 2); /* virtio-serial and the disk */
     assert_int_equal(sh(s, "echo hello from q35 > /tmp/x; cat /tmp/x", out, sizeof out), 0);
     assert_string_equal(out, "hello from q35");
+    /* no layers: the initrd's busybox world is the root, and /init loaded the PCI transport
+     * but neither the layers' driver nor the NIC's */
+    assert_int_equal(sh(s, "cut -d' ' -f1 /proc/modules", out, sizeof out), 0);
+    assert_non_null(strstr(out, "virtio_pci"));
+    assert_null(strstr(out, "erofs"));
+    assert_null(strstr(out, "virtio_net"));
+    assert_int_equal(
+        sh(s, "hostname; cat /etc/machine-id | wc -c; ls /bin/sh /bin/ls", out, sizeof out), 0);
+    assert_non_null(strstr(out, "\n33\n"));
     destroy(s);
     dsec_vm_ops.fini(be);
     assert_int_equal(procs_naming(state_q35), 0);

@@ -1401,12 +1401,18 @@ static int set_identity(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
             argv[argc++] = sb->guest.gw6;
         }
     }
-    uint8_t seed[512];
-    if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed)
+    /* 512 random bytes as one line of hex: identity.sh reads it with a shell builtin (a
+     * program to copy raw bytes would cost a process under emulation) */
+    uint8_t raw[512];
+    char seed[2 * sizeof raw + 1];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
         return dsec_err_set(err, DSEC_E_IO, errno, "%s: random seed for a clone", be->type);
+    for (size_t i = 0; i < sizeof raw; i++)
+        sprintf(seed + 2 * i, "%02x", raw[i]);
+    seed[sizeof seed - 1] = '\n';
     dsec_exec_req req = {.argv = argv,
                          .argc = argc,
-                         .stdin_data = seed,
+                         .stdin_data = (const uint8_t *)seed,
                          .stdin_len = sizeof seed,
                          .cwd = "/",
                          .user = "root",

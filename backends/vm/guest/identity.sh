@@ -4,8 +4,8 @@
 #   identity.sh HOSTNAME MACHINE_ID EPOCH_SECONDS [MAC ADDR/PFX GW GWMAC DNS [ADDR6/PFX GW6]]
 #
 # EPOCH_SECONDS "-" leaves the clock alone. DNS may list several servers separated by
-# commas. Whatever arrives on stdin (the host sends 512 random bytes) is mixed into
-# /dev/urandom, so clones of one snapshot do not share their random state.
+# commas. The first line on stdin (the host sends 512 random bytes as 1024 hex digits) is
+# mixed into /dev/urandom, so clones of one snapshot do not share their random state.
 # Runs under the busybox next to it (/.dsec/busybox), so it needs nothing from the
 # sandbox's own root. DSEC_ROOT (init sets /newroot) prefixes the files it writes.
 # Prints "identity: <step> failed: <why>" on stderr and exits 1 on the first failure.
@@ -59,10 +59,15 @@ case "$epoch" in
 esac
 
 # The random seed first: everything after may draw on it.
-"$BB" dd of=/dev/urandom bs=512 count=1 2>/dev/null
+# Builtins only (read, printf): a dd here was one more process on a clone's path, and hex
+# text carries the same randomness into the pool as the bytes would.
+seed=
+read -r seed 2>/dev/null
+[ -n "$seed" ] && printf '%s' "$seed" >/dev/urandom 2>/dev/null
 
+# (no $(...) around date: its messages reach our stderr, which the caller keeps)
 if [ "$epoch" != - ]; then
-    run "clock" "$BB" date -u -s "@$epoch"
+    "$BB" date -u -s "@$epoch" >/dev/null || fail "clock" "date -u -s @$epoch exited $?"
 fi
 printf '%s' "$host" >/proc/sys/kernel/hostname 2>/dev/null || run "hostname" "$BB" hostname "$host"
 put "$R/etc/hostname" "$host
