@@ -984,9 +984,7 @@ static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t c
         return -1;
     }
     const char *type = dsec_msg_type(reply);
-    char who[DSEC_NAME_LEN_MAX + 40];
-    snprintf(who, sizeof who, "fork: the quota actor of cell %s", n->cell);
-    if (dsec_wire_bus_error(reply, who, &err)) {
+    if (dsec_wire_bus_error(reply, &err, "fork: the quota actor of cell %s", n->cell)) {
         reply_err(n, m, err.code, "%s", err.msg);
         rc = -1;
     } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {

@@ -278,7 +278,6 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
     struct admission *ad = ud;
     dsec_sched *s = ad->s;
     dsec_err err;
-    char who[DSEC_NAME_LEN_MAX + 64];
     dsec_msg_place p = {.reply_to = ad->reply_to, .attempt = 1};
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, ad->payload, ad->len, &p.c, &err) < 0) {
         dsec_wire_error_to(s->creates, s->bus, ad->reply_to, &err, NULL, NULL);
@@ -288,8 +287,7 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
     if (status < 0) {
         fail_to(s, ad->reply_to, p.c.req_id, berr->code,
                 "admission: the quota actor of cell %s did not answer: %s", s->cell, berr->msg);
-    } else if (snprintf(who, sizeof who, "admission: the quota actor of cell %s", s->cell) > 0 &&
-               dsec_wire_bus_error(reply, who, &err)) {
+    } else if (dsec_wire_bus_error(reply, &err, "admission: the quota actor of cell %s", s->cell)) {
         /* its bus answered, not the actor (it was handing its lease over, or
          * full): an empty body would reach the client without its code */
         fail_to(s, ad->reply_to, p.c.req_id, err.code, "%s", err.msg);
@@ -369,9 +367,8 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
     struct lookup *l = ud;
     dsec_sched *s = l->s;
     dsec_err err;
-    char who[DSEC_NAME_LEN_MAX + 64];
-    snprintf(who, sizeof who, "a node of cell %s asked whether it holds the create", s->cell);
-    if (status == 0 && dsec_wire_bus_error(reply, who, &err)) {
+    if (status == 0 &&
+        dsec_wire_bus_error(reply, &err, "a node of cell %s asked whether it holds the create", s->cell)) {
         /* an overloaded node may hold it: placing now could make it twice,
          * so the client retries (same req_id) instead */
         fail_to(s, l->reply_to, NULL, err.code, "%s", err.msg);

@@ -2,6 +2,7 @@
 #include "actors/wire.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -187,11 +188,18 @@ void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, c
                    req_id, &ignored);
 }
 
-bool dsec_wire_bus_error(dsec_msg *reply, const char *who, dsec_err *e)
+bool dsec_wire_bus_error(dsec_msg *reply, dsec_err *e, const char *who_fmt, ...)
 {
-    const char *bc = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
-    if (dsec_msg_len(reply) != 0 || bc == NULL)
+    if (dsec_msg_len(reply) != 0)
         return false;
+    const char *bc = dsec_msg_header(reply, DSEC_HDR_ERROR_CODE);
+    if (bc == NULL)
+        return false;
+    char who[DSEC_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, who_fmt);
+    vsnprintf(who, sizeof who, who_fmt, ap);
+    va_end(ap);
     dsec_err_set(e, dsec_code_from_name(bc), 0, "%s could not take the request (%s)", who, bc);
     return true;
 }

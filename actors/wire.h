@@ -31,9 +31,11 @@ void dsec_wire_error(dsec_actor *actor, dsec_msg *m, const dsec_err *e);
 /* Whether reply is a bus-level error answer (empty body, Dsec-Error-Code:
  * the responder's mailbox was full, it was closing, or it cannot read the
  * schema): no actor read the request. Then *e (may be NULL) gets that code
- * and a message naming who, e.g. "the quota actor of cell c1". Such a reply
- * must not be passed on as it is: its empty body carries no code. */
-bool dsec_wire_bus_error(dsec_msg *reply, const char *who, dsec_err *e);
+ * and a message naming who (printf-style, formatted only then), e.g. "the
+ * quota actor of cell c1". Such a reply must not be passed on as it is: its
+ * empty body carries no code. */
+bool dsec_wire_bus_error(dsec_msg *reply, dsec_err *e, const char *who_fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Split subject into at most max tokens (pointers into buf, a copy of
  * subject of size n). Returns the token count, or -1 if it does not fit. */

@@ -251,16 +251,14 @@ int dsec_js_stream_ensure(dsec_js *js, const dsec_stream_conf *conf, dsec_err *e
     natsStatus s = js_AddStream(&si, js->ctx, &c, NULL, &jerr);
     if (s != NATS_OK && jerr == JSStreamNameExistErr) {
         jerr = 0;
-        /* A caller that names no replica count (a reader such as `dsec traj
-         * show`) must not scale an R3 stream down to R1: keep the stream's. */
+        /* A caller that names no replica count must not scale an R3 stream
+         * down to R1: keep the stream's. */
         if (conf->replicas <= 0) {
-            s = js_GetStreamInfo(&si, js->ctx, conf->name, NULL, &jerr);
-            if (s == NATS_OK && si != NULL && si->Config != NULL)
-                c.Replicas = si->Config->Replicas;
-            jsStreamInfo_Destroy(si);
-            si = NULL;
-            if (s != NATS_OK)
-                return js_err(err, s, jerr, "reading stream %s", conf->name);
+            dsec_stream_conf cur;
+            if (dsec_js_stream_get(js, conf->name, &cur, err) < 0)
+                return -1;
+            if (cur.replicas > 0)
+                c.Replicas = cur.replicas;
         }
         s = js_UpdateStream(&si, js->ctx, &c, NULL, &jerr);
     }

@@ -124,19 +124,23 @@ static char *put_header(char *p, char *end, const char *key, const char *value)
     return p;
 }
 
+/* The bytes put_header writes for key and value (0 without a value). */
+static size_t header_len(const char *key, const char *value)
+{
+    return value != NULL ? strlen(key) + strlen(value) + 4 : 0;
+}
+
 static natsStatus raw_headers_msg(natsMsg **out, const char *subject, const char *reply,
                                   const dsec_hdr *hdr, const char *schema, const char *trace_id,
                                   const char *err_code, const void *data, size_t len)
 {
     /* The block's exact size: "NATS/1.0\r\n", "Key: value\r\n" each, "\r\n".
      * Ids are whatever the requester sent, so no fixed bound fits them all. */
-    const char *type = hdr != NULL ? hdr->type : NULL, *req_id = hdr != NULL ? hdr->req_id : NULL;
-    size_t hcap = 10 + 2 + (type ? sizeof DSEC_HDR_TYPE + 3 + strlen(type) : 0) +
-                  sizeof DSEC_HDR_SCHEMA + 3 + strlen(schema) + sizeof DSEC_HDR_CONTENT_TYPE + 3 +
-                  sizeof DSEC_CONTENT_TYPE - 1 +
-                  (req_id ? sizeof DSEC_HDR_REQ_ID + 3 + strlen(req_id) : 0) +
-                  sizeof DSEC_HDR_TRACE_ID + 3 + strlen(trace_id) +
-                  (err_code ? sizeof DSEC_HDR_ERROR_CODE + 3 + strlen(err_code) : 0);
+    size_t hcap = 10 + 2 + header_len(DSEC_HDR_TYPE, hdr != NULL ? hdr->type : NULL) +
+                  header_len(DSEC_HDR_SCHEMA, schema) +
+                  header_len(DSEC_HDR_CONTENT_TYPE, DSEC_CONTENT_TYPE) +
+                  header_len(DSEC_HDR_REQ_ID, hdr != NULL ? hdr->req_id : NULL) +
+                  header_len(DSEC_HDR_TRACE_ID, trace_id) + header_len(DSEC_HDR_ERROR_CODE, err_code);
     if (hcap + len > INT_MAX)
         return NATS_INVALID_ARG;
     char stackbuf[2048];
