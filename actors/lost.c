@@ -1,4 +1,4 @@
-/* lost.c - declaring silent nodes lost to their sandboxes' owners, and reconciling them when they return. */
+/* lost.c - declaring silent nodes lost to their sandboxes' owners, reconciling them when they return, and telling nodes of retried creates placed elsewhere. */
 #include "actors/lost.h"
 
 #include <inttypes.h>
@@ -12,6 +12,18 @@
 #include "dsec/names.h"
 
 #define RECONCILE_TIMEOUT_MS 2000
+#define RESEND_BATCH 1024 /* notices per superseded_list sent to a returned node */
+
+/* A retried create placed on node (dsec_lost_superseded). */
+struct notice {
+    uint64_t seq; /* 1, 2, ... in the order recorded */
+    uint64_t ms;  /* recorded then (monotonic) */
+    uint64_t ts_ns;
+    uint64_t retry;
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char req_id[DSEC_NAME_LEN_MAX + 1];
+    char node[DSEC_NAME_LEN_MAX + 1];
+};
 
 struct watched {
     struct watched *next; /* hash chain; entries live until dsec_lost_free */
@@ -23,19 +35,27 @@ struct watched {
     uint64_t lost_ns;    /* declared lost then (wall clock); 0: not lost */
     uint64_t silent_ms;
     bool reconciling;    /* a reconcile request is in flight */
+    uint64_t resend_seq; /* the first notice it may have missed; 0: none */
+    uint64_t sent_from, sent_upto; /* the notices [from, upto) in flight to it */
+    bool resending;      /* a superseded_list request is in flight */
+    uint64_t conn;       /* its reports' connection generation */
+    uint64_t conn_ms;    /* the last report of that generation came then */
 };
 
 struct dsec_lost {
     dsec_bus *bus;
     char cell[DSEC_NAME_LEN_MAX + 1];
     char who[DSEC_NAME_LEN_MAX + 1];
-    uint32_t lost_after_ms;
+    uint32_t lost_after_ms, gap_ms;
     pthread_mutex_t mu;
     pthread_cond_t idle; /* inflight reached 0 */
     struct watched **b;
     size_t nb, n;
     int inflight;
     dsec_lost_stats st;
+    struct notice *ring; /* DSEC_LOST_NOTICES_MAX, allocated with the first notice */
+    uint64_t next_seq;   /* the seq of the next notice */
+    size_t nring;        /* notices held: seqs [next_seq - nring, next_seq) */
 };
 
 static size_t slot(const dsec_lost *w, const char *name)
@@ -93,7 +113,7 @@ static void tenants_free(struct watched *x)
 }
 
 int dsec_lost_new(dsec_lost **out, dsec_bus *bus, const char *cell, const char *who,
-                  uint32_t lost_after_ms, dsec_err *err)
+                  uint32_t lost_after_ms, uint32_t gap_ms, dsec_err *err)
 {
     *out = NULL;
     dsec_lost *w = dsec_calloc(1, sizeof *w);
@@ -106,6 +126,8 @@ int dsec_lost_new(dsec_lost **out, dsec_bus *bus, const char *cell, const char *
     snprintf(w->cell, sizeof w->cell, "%s", cell);
     snprintf(w->who, sizeof w->who, "%s", who);
     w->lost_after_ms = lost_after_ms ? lost_after_ms : 30000;
+    w->gap_ms = gap_ms ? gap_ms : 3000;
+    w->next_seq = 1;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->idle, NULL);
     *out = w;
@@ -127,6 +149,7 @@ void dsec_lost_free(dsec_lost *w)
             dsec_free(x);
         }
     dsec_free(w->b);
+    dsec_free(w->ring);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->idle);
     dsec_free(w);
@@ -181,14 +204,170 @@ static void reconcile_locked(dsec_lost *w, struct watched *x)
     }
 }
 
+/* ---- superseded placements ------------------------------------------------------- */
+
+static struct notice *notice_at(dsec_lost *w, uint64_t seq)
+{
+    return &w->ring[(seq - 1) % DSEC_LOST_NOTICES_MAX];
+}
+
+/* Forget notices older than twice lost_after_ms (w->mu held): a node
+ * silent that long was declared lost, and its reconcile reclaims more. */
+static void expire_locked(dsec_lost *w, uint64_t now_ms)
+{
+    uint64_t keep = 2ull * w->lost_after_ms;
+    while (w->nring > 0) {
+        const struct notice *o = notice_at(w, w->next_seq - w->nring);
+        if (now_ms <= o->ms || now_ms - o->ms < keep)
+            break;
+        w->nring--;
+    }
+}
+
+void dsec_lost_superseded(dsec_lost *w, const char *tenant, const char *req_id, const char *node,
+                          uint64_t retry, uint64_t now_ms)
+{
+    dsec_msg_superseded one = {.tenant = tenant, .req_id = req_id, .node = node, .retry = retry,
+                               .ts_ns = dsec_wall_ns()};
+    pthread_mutex_lock(&w->mu);
+    if (w->ring == NULL)
+        w->ring = dsec_calloc(DSEC_LOST_NOTICES_MAX, sizeof *w->ring);
+    if (w->ring != NULL) {
+        expire_locked(w, now_ms);
+        if (w->nring == DSEC_LOST_NOTICES_MAX) {
+            w->nring--; /* the oldest goes; still young (expire_locked kept it) */
+            w->st.overwritten++;
+        }
+        struct notice *e = notice_at(w, w->next_seq);
+        *e = (struct notice){.seq = w->next_seq, .ms = now_ms, .ts_ns = one.ts_ns, .retry = retry};
+        snprintf(e->tenant, sizeof e->tenant, "%s", tenant);
+        snprintf(e->req_id, sizeof e->req_id, "%s", req_id);
+        snprintf(e->node, sizeof e->node, "%s", node);
+        w->next_seq++;
+        w->nring++;
+    }
+    w->st.superseded++;
+    pthread_mutex_unlock(&w->mu);
+    /* the live nodes hear it at once; a silent one again when it returns */
+    dsec_msg_superseded_list l = {.by = w->who, .items = {.items = &one, .n = 1}};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", w->cell);
+    dsec_err err;
+    dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_SUPERSEDED_LIST, &l, req_id, &err);
+}
+
+static void resend_locked(dsec_lost *w, struct watched *x);
+
+static void on_resent(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    struct watched *x = ud;
+    dsec_lost *w = x->w;
+    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
+    bool ok = status == 0 && type != NULL && strcmp(type, DSEC_TYPE_ERROR) != 0;
+    pthread_mutex_lock(&w->mu);
+    x->resending = false;
+    if (ok) {
+        w->st.resent += x->sent_upto - x->sent_from;
+        if (x->resend_seq == x->sent_from) /* not moved back by a newer silence meanwhile */
+            x->resend_seq = x->sent_upto;
+        if (x->resend_seq >= w->next_seq)
+            x->resend_seq = 0;
+        else
+            resend_locked(w, x); /* more than one batch */
+    }
+    if (--w->inflight == 0)
+        pthread_cond_broadcast(&w->idle);
+    pthread_mutex_unlock(&w->mu);
+    if (!ok && status < 0)
+        fprintf(stderr, "dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
+                "(sending again on its next report)\n", w->who, x->name, err->msg);
+}
+
+/* Send a returned node the notices from x->resend_seq on, one batch per
+ * request (w->mu held; the answer comes on a bus thread). */
+static void resend_locked(dsec_lost *w, struct watched *x)
+{
+    if (w->ring == NULL || x->resending)
+        return;
+    uint64_t oldest = w->next_seq - w->nring;
+    if (x->resend_seq < oldest)
+        x->resend_seq = oldest; /* the older ones are gone: expired, or overwritten and counted */
+    if (x->resend_seq >= w->next_seq) {
+        x->resend_seq = 0;
+        return;
+    }
+    uint64_t upto = w->next_seq;
+    if (upto - x->resend_seq > RESEND_BATCH)
+        upto = x->resend_seq + RESEND_BATCH;
+    dsec_msg_superseded *items = dsec_calloc((size_t)(upto - x->resend_seq), sizeof *items);
+    if (items == NULL)
+        return; /* the next report tries again */
+    size_t k = 0;
+    for (uint64_t q = x->resend_seq; q < upto; q++) {
+        const struct notice *e = notice_at(w, q);
+        items[k++] = (dsec_msg_superseded){.tenant = e->tenant, .req_id = e->req_id, .node = e->node,
+                                           .retry = e->retry, .ts_ns = e->ts_ns};
+    }
+    dsec_msg_superseded_list l = {.by = w->who, .items = {.items = items, .n = k}};
+    char subj[192];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", w->cell, x->name);
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    dsec_hdr hdr = {.type = "superseded_list", .schema = DSEC_SCHEMA_VERSION};
+    int rc = dsec_encode(&b, DSEC_MSG_SUPERSEDED_LIST, &l, &err);
+    dsec_free(items);
+    x->resending = true;
+    x->sent_from = x->resend_seq;
+    x->sent_upto = upto;
+    w->inflight++;
+    if (rc == 0)
+        rc = dsec_bus_request(w->bus, subj, &hdr, b.data, b.len, RECONCILE_TIMEOUT_MS, on_resent, x, &err);
+    dsec_buf_release(&b);
+    if (rc < 0) { /* the callback will not run: the next report sends again */
+        x->resending = false;
+        if (--w->inflight == 0)
+            pthread_cond_broadcast(&w->idle);
+    }
+}
+
+/* x spoke after gap_ms or more of silence (w->mu held): it may have missed
+ * the notices recorded since it last spoke (and a little before, for the
+ * reports in flight then). */
+static void after_silence_locked(dsec_lost *w, struct watched *x, uint64_t last_ms, uint64_t now_ms)
+{
+    if (w->ring == NULL)
+        return;
+    expire_locked(w, now_ms);
+    uint64_t since = last_ms > w->gap_ms ? last_ms - w->gap_ms : 0;
+    for (uint64_t q = w->next_seq - w->nring; q < w->next_seq; q++)
+        if (notice_at(w, q)->ms >= since) {
+            if (x->resend_seq == 0 || q < x->resend_seq)
+                x->resend_seq = q;
+            break;
+        }
+}
+
+/* ---- node reports ------------------------------------------------------------------ */
+
 void dsec_lost_seen(dsec_lost *w, const char *node, bool full, const dsec_msg_usage *usage,
-                    size_t nusage, uint64_t now_ms)
+                    size_t nusage, uint64_t conn, uint64_t now_ms)
 {
     pthread_mutex_lock(&w->mu);
     struct watched *x = find_locked(w, node, true);
     if (x == NULL) {
         pthread_mutex_unlock(&w->mu);
         return;
+    }
+    if (x->last_ms != 0 && now_ms > x->last_ms && now_ms - x->last_ms >= w->gap_ms)
+        after_silence_locked(w, x, x->last_ms, now_ms);
+    if (conn != 0) {
+        /* restarted or reconnected: heartbeats may have come since, so the
+         * notices it may have missed start before its last report of before */
+        if (x->conn != 0 && conn != x->conn)
+            after_silence_locked(w, x, x->conn_ms, now_ms);
+        x->conn = conn;
+        x->conn_ms = now_ms;
     }
     x->last_ms = now_ms;
     if (full) {
@@ -204,6 +383,8 @@ void dsec_lost_seen(dsec_lost *w, const char *node, bool full, const dsec_msg_us
     }
     if (x->lost_ns != 0 && !x->reconciling)
         reconcile_locked(w, x);
+    if (x->resend_seq != 0 && !x->resending)
+        resend_locked(w, x);
     pthread_mutex_unlock(&w->mu);
 }
 

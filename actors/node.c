@@ -23,7 +23,7 @@ enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, 
 static const char *const state_names[] = {"requested", "starting", "running", "paused",
                                           "stopping",  "gone",     "failed"};
 
-enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE, REAP_LOST };
+enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE, REAP_LOST, REAP_SUPERSEDED };
 
 /* One sandbox as its actor sees it. Found through the id table; the fields
  * after `h` change only on the sandbox's own mailbox key, so handlers read
@@ -42,6 +42,11 @@ struct sbx {
     _Atomic uint8_t state;
     _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
     bool pausable;         /* a rollout that may be frozen while idle under memory pressure */
+    bool superseded;       /* a later attempt of its create is kept elsewhere: the reaper destroys
+                              it, and its request id finds it no more (node lock) */
+    _Atomic uint32_t retry; /* the latest attempt of its create placed here, or kept here by a
+                               superseded notice (set under the node lock; journaled) */
+    uint32_t lookup_retry;  /* the latest attempt whose lookup it answered (node lock) */
     _Atomic bool frozen;   /* paused by the node; its memory went back to the pool */
     _Atomic bool freezing; /* a freeze is queued on its mailbox */
     uint32_t mem_owed;     /* MB it could not take back when thawed (memory was short) */
@@ -50,6 +55,21 @@ struct sbx {
     char project[DSEC_NAME_LEN_MAX + 1]; /* "" when the create named none */
     char req_id[65];
 };
+
+/* A request id whose retry was placed on another node (superseded): a
+ * placement of an earlier attempt that arrives later is not created. */
+struct tomb {
+    struct tomb *next;      /* hash chain (node lock) */
+    struct tomb *next_old;  /* oldest first, for expiry (node lock) */
+    uint64_t expires_ns;    /* wall clock */
+    uint32_t retry;         /* the attempt placed elsewhere */
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char req_id[65];
+};
+
+#define TOMB_BUCKETS 4096
+#define TOMBS_MAX 65536
+#define TOMB_TTL_NS (300ull * 1000000000ull) /* beyond any client's wait for one attempt */
 
 /* Capacity a preemptible job holds on this node (job_hold): it is taken
  * from what placement can use until the job, or the arbiter, releases it. */
@@ -106,15 +126,21 @@ struct dsec_node {
     size_t nevents, cap_events;
     struct sbx *dropped; /* records replayed but not re-adopted (start only) */
     struct hold *holds;  /* job holdings (node lock) */
+    struct tomb **tombs; /* TOMB_BUCKETS chains (node lock) */
+    struct tomb *tomb_old, *tomb_new;
+    size_t ntombs;
 
     _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
     _Atomic uint64_t lost_before_ns; /* reclaim what was made before: this node was declared
                                         lost then, and the owners were told */
     _Atomic uint64_t reaped_lost;
+    _Atomic uint64_t reaped_superseded; /* made for an attempt whose retry was kept elsewhere */
+    _Atomic uint64_t stale_places;      /* placements of an attempt already superseded */
     _Atomic uint64_t late_places; /* placements dropped: past their client's deadline */
     _Atomic uint64_t net_alerts; /* network alerts published */
     dsec_metrics_hist create_lat; /* place received -> created answered, creates that made a sandbox */
     uint64_t hb_seq;
+    uint64_t conn_base;      /* wall clock at start: with the bus's reconnects, the report's conn */
 
     dsec_net *net;           /* network containment, or NULL */
     pthread_mutex_t alert_mu; /* alerts are published only while alert_on */
@@ -142,12 +168,62 @@ static struct sbx *find_id(dsec_node *n, const char *id)
     return NULL;
 }
 
+/* The sandbox that answers (tenant, req_id): a superseded one answers no more. */
 static struct sbx *find_req(dsec_node *n, const char *tenant, const char *req_id)
 {
     for (struct sbx *s = n->by_req[hash_str(tenant, req_id) % n->nbuckets]; s; s = s->next_req)
-        if (strcmp(s->req_id, req_id) == 0 && strcmp(s->tenant, tenant) == 0)
+        if (!s->superseded && strcmp(s->req_id, req_id) == 0 && strcmp(s->tenant, tenant) == 0)
             return s;
     return NULL;
+}
+
+static struct tomb *find_tomb(dsec_node *n, const char *tenant, const char *req_id)
+{
+    for (struct tomb *t = n->tombs[hash_str(tenant, req_id) % TOMB_BUCKETS]; t; t = t->next)
+        if (strcmp(t->req_id, req_id) == 0 && strcmp(t->tenant, tenant) == 0)
+            return t;
+    return NULL;
+}
+
+/* Remember that attempt retry of (tenant, req_id) was placed elsewhere; the
+ * oldest are forgotten past TOMB_TTL_NS or TOMBS_MAX. */
+static void add_tomb(dsec_node *n, const char *tenant, const char *req_id, uint32_t retry, uint64_t now)
+{
+    while (n->tomb_old != NULL && (n->ntombs >= TOMBS_MAX || n->tomb_old->expires_ns <= now)) {
+        struct tomb *o = n->tomb_old;
+        for (struct tomb **pp = &n->tombs[hash_str(o->tenant, o->req_id) % TOMB_BUCKETS]; *pp;
+             pp = &(*pp)->next)
+            if (*pp == o) {
+                *pp = o->next;
+                break;
+            }
+        n->tomb_old = o->next_old;
+        if (n->tomb_old == NULL)
+            n->tomb_new = NULL;
+        n->ntombs--;
+        dsec_free(o);
+    }
+    struct tomb *t = find_tomb(n, tenant, req_id);
+    if (t != NULL) {
+        if (retry > t->retry)
+            t->retry = retry;
+        return;
+    }
+    if ((t = dsec_calloc(1, sizeof *t)) == NULL)
+        return; /* only a late placement of an old attempt could slip through */
+    t->expires_ns = now + TOMB_TTL_NS;
+    t->retry = retry;
+    snprintf(t->tenant, sizeof t->tenant, "%s", tenant);
+    snprintf(t->req_id, sizeof t->req_id, "%s", req_id);
+    size_t b = hash_str(tenant, req_id) % TOMB_BUCKETS;
+    t->next = n->tombs[b];
+    n->tombs[b] = t;
+    if (n->tomb_new != NULL)
+        n->tomb_new->next_old = t;
+    else
+        n->tomb_old = t;
+    n->tomb_new = t;
+    n->ntombs++;
 }
 
 static void insert(dsec_node *n, struct sbx *s)
@@ -239,10 +315,10 @@ static const char *type_name(const dsec_node *n, int idx)
  * project) are still read. */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len, "2\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%s",
+    return snprintf(buf, len, "3\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%s",
                     s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
-                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project, (uint32_t)s->retry,
                     s->bstate ? s->bstate : "");
 }
 
@@ -261,6 +337,20 @@ static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
     int rc = dsec_journal_put(n->journal, s->id, big, (size_t)len, err);
     dsec_free(big);
     return rc;
+}
+
+/* s answers attempt retry of its create too (node lock held): its journal
+ * record keeps the latest, so that after a restart a notice of an earlier
+ * attempt placed elsewhere still leaves it alone. A sandbox still starting
+ * is recorded when it is running. */
+static void answers_locked(dsec_node *n, struct sbx *s, uint32_t retry)
+{
+    if (retry <= s->retry)
+        return;
+    s->retry = retry;
+    dsec_err err;
+    if ((s->state == ST_RUNNING || s->state == ST_PAUSED) && journal_put(n, s, &err) < 0)
+        dsec_actor_count_error(n->actor);
 }
 
 /* ---- backends ------------------------------------------------------------------- */
@@ -429,13 +519,30 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         refuse(n, m, &p, "out of memory");
         return;
     }
+    uint32_t retry = p.c.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)p.c.retry;
     pthread_mutex_lock(&n->mu);
     struct sbx *dup = find_req(n, tenant, p.c.req_id);
     if (dup != NULL) {
-        /* Idempotent create: the same request id answers with the sandbox it made. */
+        /* Idempotent create: the same request id answers with the sandbox it
+         * made, which now answers this attempt (a notice of an earlier one
+         * placed elsewhere must not drop it). */
+        answers_locked(n, dup, retry);
         pthread_mutex_unlock(&n->mu);
         dsec_free(s);
         send_created(n, p.reply_to, dup, true, p.c.req_id);
+        return;
+    }
+    struct tomb *tomb = find_tomb(n, tenant, p.c.req_id);
+    if (tomb != NULL && tomb->retry > retry) {
+        uint32_t later = tomb->retry;
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        atomic_fetch_add(&n->stale_places, 1);
+        dsec_err_set(&err, DSEC_E_TIMEOUT, 0,
+                     "create: attempt %" PRIu64 " reached node %s after attempt %" PRIu32
+                     " was placed on another node; not created (retry is safe with the same req_id)",
+                     p.c.retry, n->name, later);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
         return;
     }
     const char *short_of = NULL;
@@ -462,6 +569,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
     snprintf(s->project, sizeof s->project, "%s", p.c.project ? p.c.project : "");
     snprintf(s->req_id, sizeof s->req_id, "%s", p.c.req_id);
+    s->retry = retry;
     s->type_idx = (uint8_t)tidx;
     s->cpu_milli = (uint32_t)cpu;
     s->memory_mb = (uint32_t)mem;
@@ -1243,13 +1351,17 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         destroy_sbx(n, m, s, why == REAP_TTL ? "max lifetime reached"
                              : why == REAP_IDLE ? "idle timeout"
                              : why == REAP_LOST ? "its node was declared lost and its owner told so"
-                                                : "destroyed by request");
+                             : why == REAP_SUPERSEDED
+                                 ? "a retry of its create was kept on another node (its answer was lost)"
+                                 : "destroyed by request");
         if (why == REAP_TTL)
             atomic_fetch_add(&n->reaped_ttl, 1);
         else if (why == REAP_IDLE)
             atomic_fetch_add(&n->reaped_idle, 1);
         else if (why == REAP_LOST)
             atomic_fetch_add(&n->reaped_lost, 1);
+        else if (why == REAP_SUPERSEDED)
+            atomic_fetch_add(&n->reaped_superseded, 1);
     } else if (strcmp(op.op, "pause") == 0 || strcmp(op.op, "resume") == 0) {
         do_pause_resume(n, m, s, op.op[0] == 'p');
     } else if (strcmp(op.op, "fork") == 0) {
@@ -1503,6 +1615,9 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct
                            .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
                            .slots_free = n->slots_free, .live = n->live, .ts_ns = dsec_wall_ns()};
     n->dirty = false;
+    dsec_bus_stats bs;
+    dsec_bus_stats_get(n->bus, &bs);
+    c.conn = n->conn_base + bs.reconnects;
     uint64_t by_type[DSEC_REGISTRY_MAX];
     memcpy(by_type, n->live_by_type, sizeof by_type);
     pthread_mutex_unlock(&n->mu);
@@ -1673,6 +1788,8 @@ static void tick_reap(void *ud, uint64_t mono_now)
             uint8_t why = REAP_NONE;
             if (s->created_ns < lost_before)
                 why = REAP_LOST;
+            else if (s->superseded)
+                why = REAP_SUPERSEDED;
             else if (s->ttl_ns && age_ns(now, s->created_ns) >= s->ttl_ns)
                 why = REAP_TTL;
             else if (s->idle_ns && age_ns(now, s->last_ns) >= s->idle_ns)
@@ -1740,9 +1857,67 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_lock(&n->mu);
     struct sbx *s = find_req(n, op.tenant, op.req_id);
+    if (s != NULL && dsec_msg_reply(m) != NULL && op.retry > s->lookup_retry)
+        /* other holders may answer too: the scheduler's notice names the one kept */
+        s->lookup_retry = op.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)op.retry;
     pthread_mutex_unlock(&n->mu);
     if (s != NULL && dsec_msg_reply(m) != NULL)
         send_created(n, dsec_msg_reply(m), s, true, op.req_id);
+}
+
+/* dsec.v1.ctl.superseded.<cell>[.<node>]: attempt r of a retried create
+ * was placed on, or found by its lookup on, node W. Here:
+ * - W is this node: the sandbox it holds for the request is the one kept
+ *   for attempt r (a late notice of an earlier attempt leaves it alone);
+ * - otherwise a sandbox made here for an earlier attempt has no owner (its
+ *   answer was lost, or another holder's answer was passed on): it answers
+ *   its request id no more and the reaper destroys it, in order with its
+ *   other operations. It is kept if attempt r or a later one was placed
+ *   here (W refused r and it came here), or a later attempt's lookup found
+ *   it (that attempt's notice decides).
+ * A placement of an attempt before r that arrives later is not created.
+ * Repeats are harmless. */
+static void on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_superseded_list l;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m), dsec_msg_len(m),
+                    &l, &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    const dsec_msg_superseded *it = l.items.items;
+    uint64_t now = dsec_wall_ns(), dropping = 0;
+    pthread_mutex_lock(&n->mu);
+    for (size_t i = 0; i < l.items.n; i++) {
+        uint32_t retry = it[i].retry > UINT32_MAX ? UINT32_MAX : (uint32_t)it[i].retry;
+        struct sbx *s = find_req(n, it[i].tenant, it[i].req_id);
+        if (strcmp(it[i].node, n->name) == 0) {
+            if (s != NULL)
+                answers_locked(n, s, retry);
+            continue;
+        }
+        add_tomb(n, it[i].tenant, it[i].req_id, retry, now);
+        if (s != NULL && s->retry < retry && s->lookup_retry <= retry) {
+            s->superseded = true;
+            dropping++;
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (dropping > 0)
+        fprintf(stderr,
+                "dsec-node %s: %" PRIu64 " sandbox(es) made for create attempts that were retried and "
+                "kept on other nodes (their answers were lost): destroying them\n",
+                n->name, dropping);
+    if (dsec_msg_reply(m) == NULL)
+        return;
+    char c[24];
+    snprintf(c, sizeof c, "%" PRIu64, dropping);
+    const char *k[] = {"dropping"}, *v[] = {c};
+    dsec_msg_op_reply r = {.id = n->name, .state = "superseded", .node = n->name, .info = {k, v, 1}};
+    if (dsec_wire_reply(a, m, DSEC_MSG_OP_REPLY, &r, &err) < 0)
+        dsec_actor_count_error(a);
 }
 
 /* dsec.v1.ctl.reconcile.<node>: a scheduler declared this node lost while it
@@ -1828,9 +2003,14 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
     for (int i = 0; i < 10; i++)
         f[i] = field(&p);
     const char *project = "";
-    if (f[0] != NULL && strcmp(f[0], "2") == 0) {
+    uint32_t retry = 0;
+    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0)) {
         char *pj = field(&p);
         project = pj ? pj : "";
+        if (strcmp(f[0], "3") == 0) {
+            char *rt = field(&p);
+            retry = rt ? (uint32_t)strtoul(rt, NULL, 10) : 0;
+        }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
     f[10] = p ? p : (char *)"";
@@ -1846,6 +2026,7 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         snprintf(s->tenant, sizeof s->tenant, "%s", f[1]);
         snprintf(s->project, sizeof s->project, "%s", project);
         snprintf(s->req_id, sizeof s->req_id, "%s", f[2]);
+        s->retry = retry;
         s->type_idx = (uint8_t)tidx;
         s->state = (uint8_t)atoi(f[4]);
         s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);
@@ -2075,6 +2256,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     /* seq continues across restarts (wall-clock based), so a restarted node's
      * reports are never mistaken for stale ones */
     n->seq = dsec_wall_ns() / 1000;
+    n->conn_base = dsec_wall_ns();
     n->cpu_free = n->conf.cpu_milli;
     n->mem_free = n->conf.memory_mb;
     n->slots_free = n->conf.slots;
@@ -2083,7 +2265,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         n->nbuckets <<= 1;
     n->by_id = dsec_calloc(n->nbuckets, sizeof *n->by_id);
     n->by_req = dsec_calloc(n->nbuckets, sizeof *n->by_req);
-    if (n->by_id == NULL || n->by_req == NULL) {
+    n->tombs = dsec_calloc(TOMB_BUCKETS, sizeof *n->tombs);
+    if (n->by_id == NULL || n->by_req == NULL || n->tombs == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
         goto out_fail;
     }
@@ -2146,6 +2329,12 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         goto out_fail;
     snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", n->name);
     if (dsec_actor_on(n->actor, subj, NULL, on_reconcile, n, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, on_superseded, n, err) < 0)
+        goto out_fail;
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", n->cell, n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, on_superseded, n, err) < 0)
         goto out_fail;
     if ((n->ticks[0] = dsec_ticker_add(ticker, n->conf.capacity_ms, tick_capacity, n, err)) < 0 ||
         (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, tick_heartbeat, n, err)) < 0 ||
@@ -2224,6 +2413,11 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     dsec_free(n->labels);
     dsec_free(n->by_id);
     dsec_free(n->by_req);
+    for (struct tomb *t = n->tomb_old, *nt; t; t = nt) {
+        nt = t->next_old;
+        dsec_free(t);
+    }
+    dsec_free(n->tombs);
     dsec_free(n->events);
     pthread_mutex_destroy(&n->alert_mu);
     pthread_mutex_destroy(&n->mu);
@@ -2239,7 +2433,8 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
                            .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
-                           .net_alerts = n->net_alerts};
+                           .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
+                           .stale_places = n->stale_places};
     pthread_mutex_unlock(&n->mu);
 }
 

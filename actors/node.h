@@ -85,6 +85,8 @@ typedef struct dsec_node_stats {
     uint64_t mem_free_mb;
     uint64_t slots_free;
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
+    uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
+    uint64_t stale_places;  /* placements of an attempt already superseded: not created */
 } dsec_node_stats;
 
 void dsec_node_stats_get(dsec_node *n, dsec_node_stats *out);

@@ -149,6 +149,12 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
 
 /* ---- placing -------------------------------------------------------------------- */
 
+/* A create's attempt number as superseded notices carry it (1..1000000). */
+static uint64_t notice_retry(uint64_t retry)
+{
+    return retry == 0 ? 1 : retry > 1000000 ? 1000000 : retry;
+}
+
 /* Place p on a node of this cell and send it there; -1 with err filled (the
  * client not answered) when there is no room or the send failed. */
 static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
@@ -171,6 +177,9 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
         return -1;
     }
     atomic_fetch_add(&s->n_placed, 1);
+    if (c->retry > 0) /* a node may hold an earlier attempt whose answer was lost: it drops it */
+        dsec_lost_superseded(s->lost, c->tenant ? c->tenant : "default", c->req_id, res.node,
+                             notice_retry(c->retry), now_ms());
     return 0;
 }
 
@@ -356,6 +365,7 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
 struct lookup {
     dsec_sched *s;
     uint64_t t0; /* the create's arrival (dsec_now_ns) */
+    uint64_t retry;
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char *reply_to;
     size_t len;
@@ -375,7 +385,13 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
         goto out;
     }
     if (status == 0) {
-        /* a node holds it: pass its "created" (existing) on to the client */
+        /* A node holds it: pass its "created" (existing) on to the client. If
+         * another node made it too (both answers were lost), that one drops
+         * its copy: this attempt's answer names the node that keeps it. */
+        dsec_msg_created cr;
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply),
+                        &cr, &err) == 0 && cr.node != NULL && cr.req_id != NULL)
+            dsec_lost_superseded(s->lost, l->tenant, cr.req_id, cr.node, notice_retry(l->retry), now_ms());
         dsec_hdr hdr = {.type = dsec_msg_type(reply), .schema = DSEC_SCHEMA_VERSION,
                         .req_id = dsec_msg_header(reply, DSEC_HDR_REQ_ID)};
         if (dsec_actor_publish(s->creates, l->reply_to, NULL, &hdr, dsec_msg_data(reply),
@@ -401,18 +417,19 @@ out:
 }
 
 static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const char *req_id,
-                         uint64_t t0)
+                         uint64_t retry, uint64_t t0)
 {
     struct lookup *l = dsec_malloc(sizeof *l + dsec_msg_len(m));
     if (l == NULL)
         return false;
     l->s = s;
     l->t0 = t0;
+    l->retry = retry;
     snprintf(l->tenant, sizeof l->tenant, "%s", tenant);
     l->reply_to = dsec_strdup(dsec_msg_reply(m));
     l->len = dsec_msg_len(m);
     memcpy(l->payload, dsec_msg_data(m), l->len);
-    dsec_msg_op op = {.id = "-", .op = "lookup", .req_id = req_id, .tenant = tenant};
+    dsec_msg_op op = {.id = "-", .op = "lookup", .req_id = req_id, .tenant = tenant, .retry = retry};
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_err err;
@@ -468,7 +485,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     }
     p.c.tenant = tenant;
-    if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, t0))
+    if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, p.c.retry, t0))
         return;
     if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
         fail_to(s, reply_to, p.c.req_id, DSEC_E_INVALID,
@@ -544,7 +561,7 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
                           .types = c.types.v, .ntypes = c.types.n, .label_keys = c.labels.k,
                           .label_vals = c.labels.v, .nlabels = c.labels.n, .layers = c.layers.v,
                           .nlayers = c.layers.n};
-    dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, now_ms());
+    dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, c.conn, now_ms());
     if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
         dsec_actor_count_error(s->events);
 }
@@ -594,7 +611,7 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
         apply_capacity(s, m);
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
         dsec_placement_heartbeat(s->view, tok[6], now_ms());
-        dsec_lost_seen(s->lost, tok[6], false, NULL, 0, now_ms());
+        dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, now_ms());
     }
     /* announce: the full capacity report that follows it carries everything */
 }
@@ -809,7 +826,7 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
                                 .locality_weight = -1};
     char subj[256], queue[128];
     if (dsec_placement_new(&s->view, reg, &pc, err) < 0 ||
-        dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, err) < 0)
+        dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, s->conf.dead_after_ms, err) < 0)
         goto out_fail;
     if (dsec_actor_new(&s->creates, bus, s->name, err) < 0)
         goto out_fail;
@@ -887,6 +904,10 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
+    dsec_lost_stats ls;
+    dsec_lost_stats_get(s->lost, &ls);
+    o->superseded = ls.superseded;
+    o->superseded_resent = ls.resent;
 }
 
 void dsec_sched_place_latency(dsec_sched *s, dsec_metrics_hist_snap *out)

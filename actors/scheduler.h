@@ -51,6 +51,8 @@ typedef struct dsec_sched_stats {
     uint64_t waiting;     /* rollout creates waiting for room now */
     uint64_t waited;      /* rollout creates that have waited (placed later or not) */
     uint64_t over_quota;  /* creates the quota actor refused */
+    uint64_t superseded;  /* retried creates placed or found, told to the cell's nodes */
+    uint64_t superseded_resent; /* such notices sent again to nodes back from a silence */
 } dsec_sched_stats;
 
 void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *out);

@@ -84,6 +84,8 @@ enum dsec_msg_type {
     DSEC_MSG_QUOTA_LIST,      /* "quota_list": the quotas of one tenant, or all */
     DSEC_MSG_ADMIT,           /* "admit": scheduler -> quota actor, before placing a create */
     DSEC_MSG_NODE_LOST,       /* "node_lost": a node silent too long: its sandboxes are lost */
+    DSEC_MSG_SUPERSEDED,      /* "superseded": a retried create placed on another node */
+    DSEC_MSG_SUPERSEDED_LIST, /* "superseded_list": scheduler -> nodes, a batch of superseded */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -160,6 +162,7 @@ typedef struct dsec_msg_op {
     dsec_strv net;    /* net: the sandbox's new network policy (empty: reach nothing) */
     const char *req_id;
     const char *tenant;
+    uint64_t retry;   /* lookup: the retried create's attempt number */
 } dsec_msg_op;
 
 typedef struct dsec_msg_op_reply {
@@ -308,6 +311,8 @@ typedef struct dsec_msg_capacity {
     uint64_t ts_ns;
     dsec_kv live_types;   /* live sandboxes per type: type -> decimal count */
     dsec_list usage;      /* full: of dsec_msg_usage, one per (tenant, project) with sandboxes here */
+    uint64_t conn;        /* changes when the node restarts or its bus reconnects: it may have
+                             missed messages then; 0: not told */
 } dsec_msg_capacity;
 
 typedef struct dsec_msg_heartbeat {
@@ -457,6 +462,28 @@ typedef struct dsec_msg_node_lost {
     uint64_t silent_ms; /* how long it had been silent then */
     const char *by;     /* the scheduler replica that declared it */
 } dsec_msg_node_lost;
+
+/* A retried create whose lookup found no node holding it was placed on
+ * node. Any other node that made a sandbox for the same (tenant, req_id),
+ * by an earlier attempt, its answer lost (a partition, a create slower
+ * than the client's wait), drops it, and refuses a placement of an earlier
+ * attempt that arrives later: the client holds one sandbox per request. */
+typedef struct dsec_msg_superseded {
+    const char *tenant; /* required */
+    const char *req_id; /* required */
+    const char *node;   /* required: where the retry was placed (or found, by its lookup) */
+    uint64_t retry;     /* required, >= 1: that attempt's number; what an earlier attempt made
+                           elsewhere is dropped, what this one or a later one made is kept */
+    uint64_t ts_ns;     /* when (wall clock) */
+} dsec_msg_superseded;
+
+/* A scheduler replica's superseded notices: one on
+ * dsec.v1.ctl.superseded.<cell> as each retry is placed, and those a node
+ * may have missed while silent on dsec.v1.ctl.superseded.<cell>.<node>. */
+typedef struct dsec_msg_superseded_list {
+    const char *by;  /* the scheduler replica */
+    dsec_list items; /* of dsec_msg_superseded */
+} dsec_msg_superseded_list;
 
 /* ---- schemas ------------------------------------------------------------ */
 

@@ -125,6 +125,7 @@ static const dsec_field op_fields[] = {
           "net: the new network policy (mirrors, domains, ranges); empty: reach nothing"),
     FSTR(dsec_msg_op, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_op, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
+    FU64(dsec_msg_op, retry, "retry", false, 0, 0, "lookup: the retried create's attempt number"),
 };
 
 static const dsec_field op_reply_fields[] = {
@@ -281,6 +282,8 @@ static const dsec_field capacity_fields[] = {
         "live sandboxes per type: type name -> decimal count"),
     FLIST(dsec_msg_capacity, usage, "usage", DSEC_MSG_USAGE,
           "full: what each tenant's project holds here: maps of the usage fields"),
+    FU64(dsec_msg_capacity, conn, "conn", false, 0, 0,
+         "connection generation: changes when the node restarts or reconnects (0: not told)"),
 };
 
 static const dsec_field heartbeat_fields[] = {
@@ -430,6 +433,20 @@ static const dsec_field node_lost_fields[] = {
     FSTR(dsec_msg_node_lost, by, "by", false, L_NAME, "the scheduler replica that declared it"),
 };
 
+static const dsec_field superseded_fields[] = {
+    FSTR(dsec_msg_superseded, tenant, "tenant", true, L_NAME, "the create's tenant"),
+    FSTR(dsec_msg_superseded, req_id, "req_id", true, L_NAME, "the create's req_id"),
+    FSTR(dsec_msg_superseded, node, "node", true, L_NAME, "the node its retry was placed on"),
+    FU64(dsec_msg_superseded, retry, "retry", true, 1, 1000000,
+         "that retry's attempt number: a sandbox made by an earlier attempt is dropped"),
+    FU64(dsec_msg_superseded, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+};
+
+static const dsec_field superseded_list_fields[] = {
+    FSTR(dsec_msg_superseded_list, by, "by", false, L_NAME, "the scheduler replica"),
+    FLIST(dsec_msg_superseded_list, items, "items", DSEC_MSG_SUPERSEDED, "maps of the superseded fields"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -473,6 +490,9 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_QUOTA_LIST, "quota_list", dsec_msg_quota_list, quota_list_fields),
     SCHEMA(DSEC_MSG_ADMIT, "admit", dsec_msg_admit, admit_fields),
     SCHEMA(DSEC_MSG_NODE_LOST, "node_lost", dsec_msg_node_lost, node_lost_fields),
+    SCHEMA(DSEC_MSG_SUPERSEDED, "superseded", dsec_msg_superseded, superseded_fields),
+    SCHEMA(DSEC_MSG_SUPERSEDED_LIST, "superseded_list", dsec_msg_superseded_list,
+           superseded_list_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

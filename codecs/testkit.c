@@ -218,6 +218,11 @@ static const dsec_msg_sandbox_event events[] = {
     {.id = "n7-00000000000000a0", .state = "running", .prev = "starting", .ts_ns = 2},
 };
 
+static const dsec_msg_superseded superseded[] = {
+    {.tenant = "acme", .req_id = "r-42", .node = "n8", .retry = 1, .ts_ns = 1700000000000000000ull},
+    {.tenant = "beta", .req_id = "r-43", .node = "n9", .retry = 3},
+};
+
 static const dsec_msg_usage usages[] = {
     {.tenant = "acme", .project = "rl/math", .sandboxes = 3, .cpu_milli = 1500, .memory_mb = 1536},
     {.tenant = "beta", .sandboxes = 1, .cpu_milli = 250, .memory_mb = 128},
@@ -350,6 +355,13 @@ static void sample_c(int type, void *out)
         *(dsec_msg_node_lost *)out = (dsec_msg_node_lost){
             .node = "n7", .cell = "c1", .lost_ns = 1700000000000000000ull, .silent_ms = 30000,
             .by = "sched-c1-0"};
+        break;
+    case DSEC_MSG_SUPERSEDED:
+        *(dsec_msg_superseded *)out = superseded[0];
+        break;
+    case DSEC_MSG_SUPERSEDED_LIST:
+        *(dsec_msg_superseded_list *)out = (dsec_msg_superseded_list){
+            .by = "sched-c1-0", .items = {.items = (void *)superseded, .n = N(superseded)}};
         break;
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){

@@ -21,3 +21,11 @@ target_link_libraries(test_nodeloss PRIVATE dsec_client dsec_actors dsec_test_fi
                       dsec_warnings dsec_allocator)
 add_test(NAME nodeloss COMMAND test_nodeloss)
 set_tests_properties(nodeloss PROPERTIES TIMEOUT 120)
+
+# A scheduler replica's superseded notices: to the cell at once, and again to a node back from a
+# silence or a reconnect, in batches, until it answers (tests/test_lost.c).
+add_executable(test_lost test_lost.c)
+target_link_libraries(test_lost PRIVATE dsec_actors dsec_test_fixture PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+add_test(NAME lost_notices COMMAND test_lost)
+set_tests_properties(lost_notices PROPERTIES TIMEOUT 60)

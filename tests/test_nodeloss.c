@@ -1,4 +1,4 @@
-/* test_nodeloss.c - a node that goes silent: owners are told its sandboxes are lost, and when it returns it reclaims them, so none is left orphaned. */
+/* test_nodeloss.c - a node that goes silent: owners are told its sandboxes are lost, and when it returns it reclaims them, so none is left orphaned; a sandbox made for a create attempt whose answer was lost, and whose retry was kept elsewhere, is dropped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +14,11 @@
 #include <cmocka.h>
 
 #include "actors/cell.h"
+#include "actors/node.h"
+#include "actors/scheduler.h"
+#include "actors/wire.h"
+#include "bus/bus.h"
+#include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
@@ -191,10 +196,126 @@ static void test_lost_then_reclaimed(void **state)
     assert_string_equal(st, "running");
 }
 
+static bool gone_within(const char *id, int ms)
+{
+    dsec_err err;
+    for (int t = 0; t < ms / 50; t++) {
+        if (status_of(id, &err) == NULL && err.code == DSEC_E_NOT_FOUND)
+            return true;
+        msleep(50);
+    }
+    return false;
+}
+
+/* A node that made a sandbox for attempt 0 of a request hears that attempt 1
+ * was placed on another node (its own answer was lost): it destroys its copy,
+ * and a placement of attempt 0 that reaches it later is not created. */
+static void test_superseded_copy_dropped(void **state)
+{
+    (void)state;
+    assert_non_null(live.flaky);
+    dsec_err err;
+    const char *goes[] = {"zone=goes", NULL};
+    dsec_sandbox_info x;
+    dsec_create_spec spec = {.type = "sim", .affinity = goes, .req_id = "sup-live-1"};
+    assert_int_equal(dsec_create(live.client, &spec, &x, &err), 0);
+    dsec_node_stats before, after;
+    dsec_node_stats_get(dsec_cell_node_at(live.flaky, 0), &before);
+
+    dsec_msg_superseded item = {.tenant = "own", .req_id = "sup-live-1",
+                                .node = live.keep_conf.nodes[0].name, .retry = 1};
+    dsec_msg_superseded_list l = {.by = "test", .items = {.items = &item, .n = 1}};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", live.sched_conf.cell);
+    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL, DSEC_MSG_SUPERSEDED_LIST,
+                                    &l, NULL, &err), 0);
+    assert_true(gone_within(x.id, 3000));
+    dsec_node_stats_get(dsec_cell_node_at(live.flaky, 0), &after);
+    assert_int_equal(after.reaped_superseded, before.reaped_superseded + 1);
+
+    /* attempt 0 placed there again (late): refused, retry-safe; nothing made */
+    dsec_sandbox_info y;
+    assert_int_equal(dsec_create(live.client, &spec, &y, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    assert_non_null(strstr(err.msg, "not created"));
+    dsec_node_stats_get(dsec_cell_node_at(live.flaky, 0), &after);
+    assert_int_equal(after.stale_places, before.stale_places + 1);
+    assert_int_equal(after.created, before.created);
+    printf("superseded: a live node dropped its copy and refused a late placement: %s\n", err.msg);
+
+    /* a notice naming the node itself keeps what it holds */
+    dsec_sandbox_info z;
+    spec.req_id = "sup-live-2";
+    assert_int_equal(dsec_create(live.client, &spec, &z, &err), 0);
+    item = (dsec_msg_superseded){.tenant = "own", .req_id = "sup-live-2",
+                                 .node = live.flaky_conf.nodes[0].name, .retry = 1};
+    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL, DSEC_MSG_SUPERSEDED_LIST,
+                                    &l, NULL, &err), 0);
+    msleep(300);
+    const char *st = status_of(z.id, &err);
+    assert_non_null(st);
+    assert_string_equal(st, "running");
+}
+
+/* The answer of attempt 0 is lost with its node (stopped before the retry):
+ * the retry's lookup finds nothing, it is placed on the other node, and the
+ * node, back within lost_after_ms (so not declared lost), hears of it from
+ * the scheduler when it speaks again and destroys its copy. One sandbox
+ * answers the request. */
+static void test_superseded_told_on_return(void **state)
+{
+    (void)state;
+    dsec_err err;
+    const char *goes[] = {"zone=goes", NULL};
+    dsec_sandbox_info x;
+    dsec_create_spec spec = {.type = "sim", .affinity = goes, .req_id = "sup-back-1"};
+    assert_int_equal(dsec_create(live.client, &spec, &x, &err), 0);
+    msleep(300); /* journaled, and a report or two */
+    int heard_before = heard_count();
+    dsec_sched_stats sb, sa;
+    dsec_sched_stats_get(dsec_cell_sched_at(live.sched, 0), &sb);
+
+    dsec_cell_stop(live.flaky, false); /* its sandboxes stay, in its journal */
+    live.flaky = NULL;
+    dsec_msg_create m = {.req_id = "sup-back-1", .type = "sim", .retry = 1};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    assert_int_equal(dsec_encode(&b, DSEC_MSG_CREATE, &m, &err), 0);
+    dsec_msg *reply = NULL;
+    dsec_hdr h = {.type = "create", .schema = 1, .req_id = m.req_id};
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.sched), "dsec.v1.own.create", &h, b.data, b.len,
+                                           3000, &reply, &err), 0);
+    dsec_buf_release(&b);
+    assert_string_equal(dsec_msg_type(reply), "created");
+    dsec_decoder *d = dsec_decoder_new(NULL);
+    dsec_msg_created cr;
+    assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+    assert_string_equal(cr.node, live.keep_conf.nodes[0].name);
+    assert_false(cr.existing);
+    char kept[96];
+    snprintf(kept, sizeof kept, "%s", cr.id);
+    dsec_decoder_free(d);
+    dsec_msg_free(reply);
+
+    msleep(400); /* silent past dead_after_ms (300), short of lost_after_ms (1000) */
+    start(&live.flaky, &live.flaky_conf, DSEC_ROLE_NODE);
+    assert_true(gone_within(x.id, 3000));
+    assert_int_equal(heard_count(), heard_before); /* not the lost-node reconcile */
+    const char *st = status_of(kept, &err);
+    assert_non_null(st);
+    assert_string_equal(st, "running");
+    dsec_sched_stats_get(dsec_cell_sched_at(live.sched, 0), &sa);
+    assert_true(sa.superseded >= sb.superseded + 1);
+    assert_true(sa.superseded_resent >= sb.superseded_resent + 1);
+    printf("superseded: the returned node dropped %s; %s answers the request\n", x.id, kept);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lost_then_reclaimed),
+        cmocka_unit_test(test_superseded_copy_dropped),
+        cmocka_unit_test(test_superseded_told_on_return),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
