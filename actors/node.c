@@ -1615,9 +1615,7 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct
                            .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
                            .slots_free = n->slots_free, .live = n->live, .ts_ns = dsec_wall_ns()};
     n->dirty = false;
-    dsec_bus_stats bs;
-    dsec_bus_stats_get(n->bus, &bs);
-    c.conn = n->conn_base + bs.reconnects;
+    c.conn = n->conn_base + dsec_bus_reconnects(n->bus);
     uint64_t by_type[DSEC_REGISTRY_MAX];
     memcpy(by_type, n->live_by_type, sizeof by_type);
     pthread_mutex_unlock(&n->mu);

@@ -481,6 +481,11 @@ void dsec_bus_stats_get(dsec_bus *bus, dsec_bus_stats *out)
     out->requests_pending = dsec__req_pending(bus);
 }
 
+uint64_t dsec_bus_reconnects(dsec_bus *bus)
+{
+    return atomic_load_explicit(&bus->reconnects, memory_order_relaxed);
+}
+
 /* ---- drain and free ---------------------------------------------------- */
 
 /* Wait for nats.c's closed callback; after it no callback of ours runs. */

@@ -140,6 +140,9 @@ typedef struct dsec_bus_stats {
 } dsec_bus_stats;
 
 void dsec_bus_stats_get(dsec_bus *bus, dsec_bus_stats *out);
+/* Its reconnects alone (one atomic load, no lock): for reports that say
+ * whether the connection broke since the last one. */
+uint64_t dsec_bus_reconnects(dsec_bus *bus);
 
 /* Publish. data is copied before return. reply may be NULL. */
 int dsec_bus_publish(dsec_bus *bus, const char *subject, const char *reply, const dsec_hdr *hdr,
