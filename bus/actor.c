@@ -348,11 +348,11 @@ static void discard_entries(dsec_actor *a, struct entry *e, uint32_t n)
  * reads (docs/protocol.md, Versioning). No header reads as the current
  * version, so hand-written requests (`nats req`) still work. Otherwise a
  * request is answered `unsupported` rather than misread. */
-static bool schema_ok(dsec_actor *a, natsMsg *nm, const char *subject)
+static bool schema_ok(dsec_actor *a, dsec_msg *m, const char *subject)
 {
     unsigned max = a->bus->schema_max;
     const char *v = NULL;
-    if (max == 0 || natsMsgHeader_Get(nm, DSEC_HDR_SCHEMA, &v) != NATS_OK || v == NULL)
+    if (max == 0 || (v = dsec__msg_header(m, DSEC_HDR_SCHEMA)) == NULL)
         return true;
     uint64_t n = 0;
     const char *p = v;
@@ -366,7 +366,7 @@ static bool schema_ok(dsec_actor *a, natsMsg *nm, const char *subject)
                         "actor %s: refused a message on %s: Dsec-Schema \"%.24s\" is not a version "
                         "this build reads (at most %u); further ones are only counted",
                         a->name, subject != NULL ? subject : "?", v, max);
-    dsec__reply_error(a->bus, nm, dsec_code_name(DSEC_E_UNSUPPORTED));
+    dsec__reply_error(a->bus, m->nm, dsec_code_name(DSEC_E_UNSUPPORTED));
     return false;
 }
 
@@ -394,9 +394,11 @@ static void lane_run(dsec__task *t)
             atomic_fetch_add_explicit(&a->msgs_in, n, memory_order_relaxed);
             int64_t t0 = dsec__now_ns();
             for (uint32_t i = 0; i < n; i++) {
-                if (!schema_ok(a, batch[i].nm, natsMsg_GetSubject(batch[i].nm)))
+                /* The handler sees the headers schema_ok already read. */
+                dsec_msg m;
+                dsec__msg_init(&m, batch[i].nm, bus);
+                if (!schema_ok(a, &m, natsMsg_GetSubject(batch[i].nm)))
                     continue;
-                dsec_msg m = {.nm = batch[i].nm, .bus = bus};
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
             }
             atomic_fetch_add_explicit(&a->handler_ns, (uint64_t)(dsec__now_ns() - t0),
@@ -448,7 +450,8 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
     dsec_actor *a = s->actor;
     uint64_t key = 0;
     if (a->key_fn != NULL) {
-        dsec_msg view = {.nm = nm, .bus = a->bus};
+        dsec_msg view;
+        dsec__msg_init(&view, nm, a->bus);
         key = a->key_fn(&view, a->key_ud);
     }
 

@@ -11,16 +11,50 @@
 
 #include "bus/bus.h"
 
+/* Header values read from the raw header block are copied here, so the
+ * strings handed out live as long as the dsec_msg; a value that does not fit
+ * is read through nats.c instead. Enough for the dsec headers of a message. */
+#define DSEC__MSG_HCACHE 192
+
 /* A received message. Handlers get one on the worker's stack; futures embed
- * one; dsec_bus_request_sync hands out a heap one (heap == true). */
+ * one; dsec_bus_request_sync hands out a heap one (heap == true). Create one
+ * with hused 0 (a zero initializer) and never copy it once headers were read:
+ * the strings dsec__msg_header returns point into it. */
 struct dsec_msg {
     natsMsg *nm;
     dsec_bus *bus; /* where dsec_msg_respond publishes when no actor is given */
     bool heap;
+    uint8_t hstate;    /* raw header block: 0 not looked at, 1 usable (hblock), 2 not */
+    uint16_t hused;    /* bytes of hcache holding NUL-terminated values */
+    uint32_t hlen;     /* hblock's length */
+    const char *hblock; /* nm's raw header block, once checked */
+    char hcache[DSEC__MSG_HCACHE];
 };
+
+/* A dsec_msg for nm without clearing its cache, for the per-message paths. */
+static inline void dsec__msg_init(dsec_msg *m, natsMsg *nm, dsec_bus *bus)
+{
+    m->nm = nm;
+    m->bus = bus;
+    m->heap = false;
+    m->hstate = 0;
+    m->hused = 0;
+}
 
 /* The one place that destroys a natsMsg; sets *nm to NULL. */
 void dsec__msg_destroy(natsMsg **nm);
+
+/* The value of header key (exact, case-sensitive match, first of repeated
+ * keys: what nats.c's natsMsgHeader_Get answers) or NULL. The string belongs
+ * to m (its cache) or to m->nm, and lives as long as both. */
+const char *dsec__msg_header(dsec_msg *m, const char *key);
+
+/* The fast path alone, for tests: 1 with the value's bytes (not
+ * NUL-terminated, inside nm) when nm's raw header block holds key, 0 when it
+ * does not, -1 when this message must be read through nats.c (no raw block,
+ * a layout the self-check did not confirm, or a block it does not parse
+ * exactly like nats.c). */
+int dsec__msg_header_raw(natsMsg *nm, const char *key, const char **value, size_t *len);
 
 /* Translate a natsStatus into err (code, plus nats.c's own text); returns -1. */
 int dsec__nats_err(dsec_err *err, natsStatus s, const char *fmt, ...)

@@ -106,73 +106,71 @@ natsStatus natsMsg_create(natsMsg **newMsg, const char *subject, int subjLen, co
  * we built and published is ours alone. */
 void natsMsg_free(void *object);
 
-/* Append "Key: value\r\n"; values with CR or LF are refused (they would
- * forge headers). Returns the new position or NULL when it does not fit. */
-static char *put_header(char *p, char *end, const char *key, const char *value)
+/* One header of an outgoing message; lengths are measured once. */
+struct out_hdr {
+    const char *key;
+    size_t kl;
+    const char *value;
+    size_t vl;
+};
+
+static int add_hdr(struct out_hdr *h, int n, const char *key, size_t kl, const char *value)
 {
-    size_t kl = strlen(key), vl = strlen(value);
-    if ((size_t)(end - p) < kl + vl + 4 || strpbrk(value, "\r\n") != NULL)
-        return NULL;
-    memcpy(p, key, kl);
-    p += kl;
-    *p++ = ':';
-    *p++ = ' ';
-    memcpy(p, value, vl);
-    p += vl;
-    *p++ = '\r';
-    *p++ = '\n';
-    return p;
+    if (value == NULL)
+        return n;
+    h[n] = (struct out_hdr){key, kl, value, strlen(value)};
+    return n + 1;
 }
 
-/* The bytes put_header writes for key and value (0 without a value). */
-static size_t header_len(const char *key, const char *value)
-{
-    return value != NULL ? strlen(key) + strlen(value) + 4 : 0;
-}
+#define KEY(k) k, sizeof k - 1
 
 static natsStatus raw_headers_msg(natsMsg **out, const char *subject, const char *reply,
                                   const dsec_hdr *hdr, const char *schema, const char *trace_id,
                                   const char *err_code, const void *data, size_t len)
 {
+    struct out_hdr h[6];
+    int n = 0;
+    n = add_hdr(h, n, KEY(DSEC_HDR_TYPE), hdr != NULL ? hdr->type : NULL);
+    n = add_hdr(h, n, KEY(DSEC_HDR_SCHEMA), schema);
+    h[n++] = (struct out_hdr){KEY(DSEC_HDR_CONTENT_TYPE), KEY(DSEC_CONTENT_TYPE)};
+    n = add_hdr(h, n, KEY(DSEC_HDR_REQ_ID), hdr != NULL ? hdr->req_id : NULL);
+    n = add_hdr(h, n, KEY(DSEC_HDR_TRACE_ID), trace_id);
+    n = add_hdr(h, n, KEY(DSEC_HDR_ERROR_CODE), err_code);
     /* The block's exact size: "NATS/1.0\r\n", "Key: value\r\n" each, "\r\n".
-     * Ids are whatever the requester sent, so no fixed bound fits them all. */
-    size_t hcap = 10 + 2 + header_len(DSEC_HDR_TYPE, hdr != NULL ? hdr->type : NULL) +
-                  header_len(DSEC_HDR_SCHEMA, schema) +
-                  header_len(DSEC_HDR_CONTENT_TYPE, DSEC_CONTENT_TYPE) +
-                  header_len(DSEC_HDR_REQ_ID, hdr != NULL ? hdr->req_id : NULL) +
-                  header_len(DSEC_HDR_TRACE_ID, trace_id) + header_len(DSEC_HDR_ERROR_CODE, err_code);
-    if (hcap + len > INT_MAX)
+     * Ids are whatever the requester sent, so no fixed bound fits them all.
+     * Values with CR or LF are refused: they would forge headers. */
+    size_t hl = 10 + 2;
+    for (int i = 0; i < n; i++) {
+        if (memchr(h[i].value, '\r', h[i].vl) != NULL || memchr(h[i].value, '\n', h[i].vl) != NULL)
+            return NATS_INVALID_ARG;
+        hl += h[i].kl + h[i].vl + 4;
+    }
+    if (hl + len > INT_MAX)
         return NATS_INVALID_ARG;
     char stackbuf[2048];
-    size_t cap = hcap + len;
+    size_t cap = hl + len;
     char *buf = cap <= sizeof stackbuf ? stackbuf : dsec_malloc(cap);
     if (buf == NULL)
         return NATS_NO_MEMORY;
-    char *end = buf + hcap, *p = buf;
+    char *p = buf;
     memcpy(p, "NATS/1.0\r\n", 10);
     p += 10;
-    if (p && hdr != NULL && hdr->type != NULL)
-        p = put_header(p, end, DSEC_HDR_TYPE, hdr->type);
-    if (p)
-        p = put_header(p, end, DSEC_HDR_SCHEMA, schema);
-    if (p)
-        p = put_header(p, end, DSEC_HDR_CONTENT_TYPE, DSEC_CONTENT_TYPE);
-    if (p && hdr != NULL && hdr->req_id != NULL)
-        p = put_header(p, end, DSEC_HDR_REQ_ID, hdr->req_id);
-    if (p)
-        p = put_header(p, end, DSEC_HDR_TRACE_ID, trace_id);
-    if (p && err_code != NULL)
-        p = put_header(p, end, DSEC_HDR_ERROR_CODE, err_code);
-    natsStatus s = NATS_INVALID_ARG; /* a header too long or with CR/LF */
-    if (p != NULL && end - p >= 2) {
+    for (int i = 0; i < n; i++) {
+        memcpy(p, h[i].key, h[i].kl);
+        p += h[i].kl;
+        *p++ = ':';
+        *p++ = ' ';
+        memcpy(p, h[i].value, h[i].vl);
+        p += h[i].vl;
         *p++ = '\r';
         *p++ = '\n';
-        int hdr_len = (int)(p - buf);
-        if (len > 0)
-            memcpy(p, data, len);
-        s = natsMsg_create(out, subject, (int)strlen(subject), reply,
-                           reply ? (int)strlen(reply) : 0, buf, hdr_len + (int)len, hdr_len);
     }
+    *p++ = '\r';
+    *p++ = '\n';
+    if (len > 0)
+        memcpy(p, data, len);
+    natsStatus s = natsMsg_create(out, subject, (int)strlen(subject), reply,
+                                  reply ? (int)strlen(reply) : 0, buf, (int)(hl + len), (int)hl);
     if (buf != stackbuf)
         dsec_free(buf);
     return s;
@@ -235,10 +233,186 @@ int dsec_bus_publish(dsec_bus *bus, const char *subject, const char *reply, cons
     return dsec__publish(bus, subject, reply, hdr, data, len, NULL, err);
 }
 
+/* ---- reading headers ----------------------------------------------------- */
+
+/* natsMsgHeader_Get parses a received message's whole header block into a
+ * hash of separately allocated entries on first use, which cost more than
+ * the rest of a request's handling on the receiving side. dsec reads a few
+ * headers per message, so it reads them from the raw block instead:
+ * nats.c's natsMsg_create, which makes every received message, lays one
+ * allocation out as subject NUL [reply NUL] header-block NUL data NUL. That
+ * layout is nats.c's internal business, so it is relied on only after a
+ * self-check on messages built by the same constructor, and each block must
+ * look untouched ("NATS/1.0\r\n" ... "\r\n\r\n", no NUL: nats.c's own parse
+ * writes NULs into it). Anything else goes to natsMsgHeader_Get. */
+
 static const char *header_or_null(natsMsg *nm, const char *key)
 {
     const char *v = NULL;
     return natsMsgHeader_Get(nm, key, &v) == NATS_OK ? v : NULL;
+}
+
+static bool hspace(char c)
+{
+    /* isspace() in the C locale, which nats.c's parser uses */
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+/* The untouched header block right before nm's data, or false. */
+static bool raw_block(natsMsg *nm, const char **block, size_t *len)
+{
+    const char *data = natsMsg_GetData(nm), *subject = natsMsg_GetSubject(nm);
+    const char *reply = natsMsg_GetReply(nm);
+    if (data == NULL || subject == NULL)
+        return false;
+    const char *start = reply != NULL ? reply + strlen(reply) + 1 : subject + strlen(subject) + 1;
+    uintptr_t s = (uintptr_t)start, d = (uintptr_t)data;
+    /* data - 1 is the NUL natsMsg_create puts after the block; a block
+     * larger than nats.c's own buffers would mean we are not looking at one */
+    if (d <= s || d - s - 1 < 12 || d - s - 1 > 1024 * 1024)
+        return false;
+    size_t n = d - s - 1;
+    if (data[-1] != '\0' || memcmp(start, "NATS/1.0\r\n", 10) != 0 ||
+        memcmp(start + n - 4, "\r\n\r\n", 4) != 0 || memchr(start, '\0', n) != NULL)
+        return false;
+    *block = start;
+    *len = n;
+    return true;
+}
+
+/* Find key in an untouched block the way nats.c's parser reads it: "Key:"
+ * up to the first colon, the value with surrounding white space trimmed, the
+ * first of repeated keys. Lines nats.c reads in a way of its own (folded
+ * continuation lines, empty values, a key without a colon, a status after
+ * "NATS/1.0") return -1, and so does any such line after key's, because
+ * nats.c then fails the whole block. */
+static int block_find(const char *b, size_t n, const char *key, size_t kl, const char **value,
+                      size_t *vlen)
+{
+    const char *p = b + 10, *last = b + n - 2; /* last: the blank line's CRLF */
+    int found = 0;
+    while (p != last) {
+        if (hspace(*p))
+            return -1;
+        const char *colon = memchr(p, ':', (size_t)(last - p));
+        if (colon == NULL || memchr(p, '\n', (size_t)(colon - p)) != NULL ||
+            memchr(p, '\r', (size_t)(colon - p)) != NULL)
+            return -1;
+        const char *v = colon + 1;
+        while (hspace(*v) && !(v[0] == '\r' && v[1] == '\n'))
+            v++;
+        if (v[0] == '\r' && v[1] == '\n')
+            return -1;
+        const char *eol = v + 1;
+        while (!(eol[0] == '\r' && eol[1] == '\n'))
+            eol++; /* stops at last at the latest */
+        const char *ve = eol;
+        while (ve > v && hspace(ve[-1]))
+            ve--;
+        if (!found && (size_t)(colon - p) == kl && memcmp(p, key, kl) == 0) {
+            *value = v;
+            *vlen = (size_t)(ve - v);
+            found = 1;
+        }
+        p = eol + 2;
+        if (p > last)
+            return -1; /* a value ran into the blank line */
+    }
+    return found;
+}
+
+#ifdef DSEC_NATS_RAW_HEADERS
+static pthread_once_t raw_once = PTHREAD_ONCE_INIT;
+static bool raw_ok;
+
+/* Build messages the way nats.c builds received ones, with and without a
+ * reply, and check raw_block finds exactly the header bytes. */
+static void raw_selfcheck(void)
+{
+    static const char blk[] = "NATS/1.0\r\nDsec-Type: t\r\nX: y\r\n\r\n";
+    static const char body[] = "payload";
+    char buf[sizeof blk + sizeof body];
+    memcpy(buf, blk, sizeof blk - 1);
+    memcpy(buf + sizeof blk - 1, body, sizeof body - 1);
+    int hl = (int)sizeof blk - 1, total = hl + (int)sizeof body - 1;
+    bool ok = true;
+    for (int with_reply = 0; with_reply < 2 && ok; with_reply++) {
+        natsMsg *nm = NULL;
+        if (natsMsg_create(&nm, "dsec.check", 10, with_reply ? "_INBOX.check" : NULL,
+                           with_reply ? 12 : 0, buf, total, hl) != NATS_OK)
+            return;
+        const char *b = NULL, *v = NULL;
+        size_t n = 0, vl = 0;
+        ok = raw_block(nm, &b, &n) && n == (size_t)hl && memcmp(b, blk, n) == 0 &&
+             b + n + 1 == natsMsg_GetData(nm) && natsMsg_GetDataLength(nm) == total - hl &&
+             block_find(b, n, "X", 1, &v, &vl) == 1 && vl == 1 && *v == 'y';
+        natsMsg_free(nm);
+    }
+    raw_ok = ok;
+}
+#endif
+
+static bool raw_usable(natsMsg *nm, const char **b, size_t *n)
+{
+#ifdef DSEC_NATS_RAW_HEADERS
+    pthread_once(&raw_once, raw_selfcheck);
+    return raw_ok && nm != NULL && raw_block(nm, b, n);
+#else
+    (void)nm, (void)b, (void)n;
+    return false;
+#endif
+}
+
+int dsec__msg_header_raw(natsMsg *nm, const char *key, const char **value, size_t *len)
+{
+    const char *b;
+    size_t n;
+    if (key == NULL || !raw_usable(nm, &b, &n))
+        return -1;
+    return block_find(b, n, key, strlen(key), value, len);
+}
+
+const char *dsec__msg_header(dsec_msg *m, const char *key)
+{
+    /* The block is checked once per message: nothing in dsec parses it
+     * through nats.c before hstate turns 2. */
+    if (m->hstate == 0) {
+        const char *b;
+        size_t n;
+        if (raw_usable(m->nm, &b, &n) && n <= UINT32_MAX) {
+            m->hblock = b;
+            m->hlen = (uint32_t)n;
+            m->hstate = 1;
+        } else {
+            m->hstate = 2;
+        }
+    }
+    const char *v = NULL;
+    size_t vl = 0;
+    int found = m->hstate == 1 ? block_find(m->hblock, m->hlen, key, strlen(key), &v, &vl) : -1;
+    if (found == 0)
+        return NULL;
+    if (found == 1) {
+        /* The same value read again gets the same copy. */
+        for (size_t off = 0; off < m->hused;) {
+            const char *c = m->hcache + off;
+            size_t cl = strlen(c);
+            if (cl == vl && memcmp(c, v, vl) == 0)
+                return c;
+            off += cl + 1;
+        }
+        if (m->hused + vl + 1 <= sizeof m->hcache) {
+            char *c = m->hcache + m->hused;
+            memcpy(c, v, vl);
+            c[vl] = '\0';
+            m->hused = (uint16_t)(m->hused + vl + 1);
+            return c;
+        }
+    }
+    /* nats.c parses the block in place: later reads of m come here too,
+     * while the copies handed out so far stay valid. */
+    m->hstate = 2;
+    return header_or_null(m->nm, key);
 }
 
 void dsec__reply_error(dsec_bus *bus, natsMsg *nm, const char *code_name)
@@ -247,10 +421,12 @@ void dsec__reply_error(dsec_bus *bus, natsMsg *nm, const char *code_name)
     if (reply == NULL || reply[0] == '\0')
         return;
     /* Keep the request's ids so the requester can correlate the failure. */
+    dsec_msg view;
+    dsec__msg_init(&view, nm, bus);
     dsec_hdr h = {
         .type = DSEC_TYPE_ERROR,
-        .req_id = header_or_null(nm, DSEC_HDR_REQ_ID),
-        .trace_id = header_or_null(nm, DSEC_HDR_TRACE_ID),
+        .req_id = dsec__msg_header(&view, DSEC_HDR_REQ_ID),
+        .trace_id = dsec__msg_header(&view, DSEC_HDR_TRACE_ID),
     };
     /* Best effort: if even this publish fails, the request's deadline still
      * ends it on the requester's side. */
@@ -285,7 +461,7 @@ const char *dsec_msg_header(dsec_msg *m, const char *key)
 {
     if (m == NULL || key == NULL || key[0] == '\0')
         return NULL;
-    return header_or_null(m->nm, key);
+    return dsec__msg_header(m, key);
 }
 
 const char *dsec_msg_type(dsec_msg *m)
@@ -303,9 +479,9 @@ int dsec_msg_respond(dsec_actor *actor, dsec_msg *m, const dsec_hdr *hdr, const 
      * trace stays end to end and the requester can match retries. */
     dsec_hdr h = hdr != NULL ? *hdr : (dsec_hdr){0};
     if (h.trace_id == NULL)
-        h.trace_id = header_or_null(m->nm, DSEC_HDR_TRACE_ID);
+        h.trace_id = dsec__msg_header(m, DSEC_HDR_TRACE_ID);
     if (h.req_id == NULL)
-        h.req_id = header_or_null(m->nm, DSEC_HDR_REQ_ID);
+        h.req_id = dsec__msg_header(m, DSEC_HDR_REQ_ID);
     dsec_bus *bus = actor != NULL ? dsec_actor_bus(actor) : m->bus;
     if (dsec__publish(bus, reply, NULL, &h, data, len, NULL, err) < 0)
         return -1;

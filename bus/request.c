@@ -12,7 +12,10 @@
 #define SUBJ_KEEP 96     /* subject kept for error messages (truncated beyond) */
 #define SLAB_RECORDS 256 /* pending records allocated at a time */
 #define REPLYQ_BATCH 128 /* callbacks a worker runs per lock round trip */
+#define REPLYQ_RUN 64    /* consecutive request ids whose callbacks share a queue */
 #define BUCKETS_MIN 1024
+#define TCLASSES 8 /* distinct timeouts kept in FIFO lists; others go to the heap */
+#define IN_HEAP 0xff
 
 #define container_of(p, T, m) ((T *)((char *)(p)-offsetof(T, m)))
 
@@ -22,8 +25,10 @@ struct pending {
     uint64_t id;           /* the reply token: _INBOX.<nuid>.<id in hex> */
     struct pending *hnext; /* table chain, or free list */
     struct pending *clink; /* completion lists */
+    struct pending *dprev, *dnext; /* its timeout class's list */
     int64_t deadline;      /* CLOCK_MONOTONIC ns */
     uint32_t heap_idx;
+    uint8_t cls; /* index into dsec__req.tc, or IN_HEAP */
     int timeout_ms;
     int code; /* 0 with a reply, or a DSEC_E_* code */
     natsMsg *reply;
@@ -43,6 +48,17 @@ struct replyq {
     bool scheduled;
 };
 
+/* Requests with the same timeout, in issue order. Their deadlines are "now"
+ * read under the table lock plus one constant, so issue order is deadline
+ * order and the list is a priority queue with O(1) insert and removal. A
+ * class keeps its timeout while empty and is taken over by a new timeout
+ * only when no class is free. */
+struct tclass {
+    int timeout_ms; /* 0: never used */
+    struct pending *head, *tail;
+    uint32_t n;
+};
+
 struct dsec__req {
     dsec_bus *bus;
     /* mu protects everything below except the reply queues. */
@@ -60,8 +76,12 @@ struct dsec__req {
     uint64_t next_id;
     struct pending **buckets;
     uint32_t nbuckets, count;
-    struct pending **heap; /* min-heap on deadline */
+    struct tclass tc[TCLASSES];
+    struct pending **heap; /* min-heap on deadline: timeouts without a class */
     uint32_t heap_len, heap_cap;
+    /* The deadline the timer sleeps until (INT64_MAX: none), or INT64_MIN
+     * while it runs and will look again before sleeping. */
+    int64_t armed;
     struct pending *free_list;
     void **slabs;
     size_t nslabs, slabs_cap;
@@ -262,12 +282,79 @@ static void heap_remove(dsec__req *r, struct pending *p)
     }
 }
 
-/* Take p out of the table and the heap: from here exactly one completion
- * owns it. Counts callbacks still to run. */
+/* ---- deadlines: the timeout classes, then the heap (under r->mu) ---------- */
+
+static struct tclass *tclass_for(dsec__req *r, int timeout_ms)
+{
+    struct tclass *spare = NULL;
+    for (int i = 0; i < TCLASSES; i++) {
+        struct tclass *c = &r->tc[i];
+        if (c->timeout_ms == timeout_ms)
+            return c;
+        if (c->n == 0 && (spare == NULL || spare->timeout_ms != 0))
+            spare = c; /* prefer a never used class over one that was */
+    }
+    if (spare != NULL)
+        spare->timeout_ms = timeout_ms;
+    return spare;
+}
+
+static int deadline_add(dsec__req *r, struct pending *p)
+{
+    struct tclass *c = tclass_for(r, p->timeout_ms);
+    if (c == NULL) {
+        p->cls = IN_HEAP;
+        return heap_push(r, p);
+    }
+    p->cls = (uint8_t)(c - r->tc);
+    p->dnext = NULL;
+    p->dprev = c->tail;
+    if (c->tail != NULL)
+        c->tail->dnext = p;
+    else
+        c->head = p;
+    c->tail = p;
+    c->n++;
+    return 0;
+}
+
+static void deadline_remove(dsec__req *r, struct pending *p)
+{
+    if (p->cls == IN_HEAP) {
+        heap_remove(r, p);
+        return;
+    }
+    struct tclass *c = &r->tc[p->cls];
+    if (p->dprev != NULL)
+        p->dprev->dnext = p->dnext;
+    else
+        c->head = p->dnext;
+    if (p->dnext != NULL)
+        p->dnext->dprev = p->dprev;
+    else
+        c->tail = p->dprev;
+    p->dprev = p->dnext = NULL;
+    c->n--;
+}
+
+/* The pending request with the earliest deadline, or NULL. */
+static struct pending *deadline_first(dsec__req *r)
+{
+    struct pending *first = r->heap_len > 0 ? r->heap[0] : NULL;
+    for (int i = 0; i < TCLASSES; i++) {
+        struct pending *h = r->tc[i].head;
+        if (h != NULL && (first == NULL || h->deadline < first->deadline))
+            first = h;
+    }
+    return first;
+}
+
+/* Take p out of the table and the deadlines: from here exactly one
+ * completion owns it. Counts callbacks still to run. */
 static void take(dsec__req *r, struct pending *p)
 {
     table_unlink(r, p);
-    heap_remove(r, p);
+    deadline_remove(r, p);
     if (p->cb != NULL)
         r->cb_outstanding++;
 }
@@ -282,6 +369,15 @@ static struct pending *take_all(dsec__req *r, int code)
         p->code = code;
         p->clink = list;
         list = p;
+    }
+    for (int i = 0; i < TCLASSES; i++) {
+        while (r->tc[i].tail != NULL) {
+            struct pending *p = r->tc[i].tail;
+            take(r, p);
+            p->code = code;
+            p->clink = list;
+            list = p;
+        }
     }
     return list;
 }
@@ -326,7 +422,10 @@ static void complete(dsec_bus *bus, struct pending *p)
 {
     dsec__req *r = bus->req;
     if (p->fut == NULL) {
-        replyq_push(&r->qs[p->id % (uint64_t)r->nq], p);
+        /* Runs of REPLYQ_RUN consecutive ids share a queue: a burst of
+         * replies then wakes one worker instead of every one of them, and
+         * the queues still split the requests in flight. */
+        replyq_push(&r->qs[(p->id / REPLYQ_RUN) % (uint64_t)r->nq], p);
         return;
     }
     /* Futures are finished right here: a waiter may be a worker thread, and
@@ -378,7 +477,8 @@ static void replyq_run(dsec__task *t)
             if (p->code == 0) {
                 dsec_err ok;
                 dsec_err_clear(&ok);
-                dsec_msg m = {.nm = p->reply, .bus = bus};
+                dsec_msg m;
+                dsec__msg_init(&m, p->reply, bus);
                 p->cb(0, &m, &ok, p->ud);
                 /* Here rather than under r->mu in pending_free. */
                 dsec__msg_destroy(&p->reply);
@@ -419,25 +519,29 @@ static void *timer_main(void *arg)
     pthread_mutex_lock(&r->mu);
     while (!r->stop) {
         int64_t now = dsec__now_ns();
-        struct pending *expired = NULL;
-        while (r->heap_len > 0 && r->heap[0]->deadline <= now) {
-            struct pending *p = r->heap[0];
+        /* Completed in deadline order. */
+        struct pending *expired = NULL, **tail = &expired, *p;
+        while ((p = deadline_first(r)) != NULL && p->deadline <= now) {
             take(r, p);
             p->code = DSEC_E_TIMEOUT;
-            p->clink = expired;
-            expired = p;
+            p->clink = NULL;
+            *tail = p;
+            tail = &p->clink;
         }
         if (expired != NULL) {
+            r->armed = INT64_MIN; /* running: a new deadline need not wake it */
             pthread_mutex_unlock(&r->mu);
             complete_list(bus, expired);
             pthread_mutex_lock(&r->mu);
             continue;
         }
-        if (r->heap_len == 0) {
+        if (p == NULL) {
+            r->armed = INT64_MAX;
             pthread_cond_wait(&r->timer_cond, &r->mu);
         } else {
+            r->armed = p->deadline;
             struct timespec ts;
-            dsec__abstime(&ts, r->heap[0]->deadline);
+            dsec__abstime(&ts, p->deadline);
             pthread_cond_timedwait(&r->timer_cond, &r->mu, &ts);
         }
     }
@@ -518,6 +622,7 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus request table");
     r->bus = bus;
     r->inbox_done = true; /* until there is an inbox */
+    r->armed = INT64_MIN;  /* the timer has not looked yet */
     pthread_mutex_init(&r->mu, NULL);
     dsec__cond_init(&r->timer_cond);
     dsec__cond_init(&r->idle_cond);
@@ -620,7 +725,7 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     p->fut = fut;
     p->clink = NULL;
     keep_subject(p->subject, subject);
-    if (heap_push(r, p) < 0) {
+    if (deadline_add(r, p) < 0) {
         pending_free(r, p);
         pthread_mutex_unlock(&r->mu);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
@@ -630,8 +735,8 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     r->count++;
     if (fut != NULL)
         fut->id = id;
-    /* Only a new earliest deadline needs the timer to re-arm. */
-    bool wake = p->heap_idx == 0;
+    /* Only a deadline before the one the timer sleeps until re-arms it. */
+    bool wake = p->deadline < r->armed;
     pthread_mutex_unlock(&r->mu);
     if (wake)
         pthread_cond_signal(&r->timer_cond);
@@ -652,7 +757,7 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
         bool ours = table_lookup(r, id) == p;
         if (ours) {
             table_unlink(r, p);
-            heap_remove(r, p);
+            deadline_remove(r, p);
             pending_free(r, p);
         }
         pthread_mutex_unlock(&r->mu);
@@ -728,7 +833,7 @@ void dsec_future_free(dsec_future *f)
         bool ours = p != NULL && p->fut == f;
         if (ours) {
             table_unlink(r, p);
-            heap_remove(r, p);
+            deadline_remove(r, p);
             pending_free(r, p);
         }
         pthread_mutex_unlock(&r->mu);
@@ -800,6 +905,15 @@ size_t dsec__req_fail_subject(dsec_bus *bus, const char *subject, int code)
             p->clink = list;
             list = p;
             n++;
+        }
+    }
+    for (int i = 0; i < TCLASSES; i++) {
+        for (struct pending *p = r->tc[i].head; p != NULL; p = p->dnext) {
+            if (sent_to(p, subject)) {
+                p->clink = list;
+                list = p;
+                n++;
+            }
         }
     }
     for (struct pending *p = list; p != NULL; p = p->clink) {

@@ -17,9 +17,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cmocka.h>
 
 #include "bus/bus.h"
+/* White box: the header tests compare the bus's reading of raw header
+ * blocks with nats.c's own parser on the same received message. */
+#include "bus/internal.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 
@@ -824,6 +831,191 @@ static void headers_present(void **state)
     counter_destroy(&h.done);
 }
 
+/* Headers read from the raw block must equal what nats.c's parser reads
+ * from the same message, for every key, in every block shape. */
+static const char *const hdr_keys[] = {
+    DSEC_HDR_TYPE,     DSEC_HDR_SCHEMA,     DSEC_HDR_CONTENT_TYPE, DSEC_HDR_REQ_ID,
+    DSEC_HDR_TRACE_ID, DSEC_HDR_ERROR_CODE, "dsec-type",           "DSEC-TRACE-ID",
+    "dsec-trace-id",   "X-Dup",             "X-Long",              "Absent",
+    "Status",          "A",
+};
+#define NKEYS (sizeof hdr_keys / sizeof hdr_keys[0])
+#define HMSGS 6
+
+typedef struct hdr_cmp {
+    counter done;
+    pthread_mutex_t mu;
+    int n;
+    int raw_rc[HMSGS][NKEYS];  /* dsec__msg_header_raw before anything parsed */
+    char ours[HMSGS][NKEYS][400];
+    char theirs[HMSGS][NKEYS][400];
+    bool same_ptr[HMSGS]; /* reading a key twice gives the same string */
+} hdr_cmp;
+
+static void hdr_cmp_handler(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    hdr_cmp *c = ud;
+    pthread_mutex_lock(&c->mu);
+    int i = c->n++;
+    pthread_mutex_unlock(&c->mu);
+    if (i >= HMSGS) {
+        counter_add(&c->done, 1);
+        return;
+    }
+    for (size_t k = 0; k < NKEYS; k++) {
+        const char *v;
+        size_t vl;
+        c->raw_rc[i][k] = dsec__msg_header_raw(m->nm, hdr_keys[k], &v, &vl);
+    }
+    for (size_t k = 0; k < NKEYS; k++) {
+        const char *v = dsec_msg_header(m, hdr_keys[k]);
+        snprintf(c->ours[i][k], sizeof c->ours[i][k], "%s", v != NULL ? v : "(null)");
+    }
+    c->same_ptr[i] = dsec_msg_header(m, DSEC_HDR_TYPE) == dsec_msg_header(m, DSEC_HDR_TYPE);
+    /* Only now let nats.c parse the block (in place). */
+    for (size_t k = 0; k < NKEYS; k++) {
+        const char *v = NULL;
+        if (natsMsgHeader_Get(m->nm, hdr_keys[k], &v) != NATS_OK)
+            v = NULL;
+        snprintf(c->theirs[i][k], sizeof c->theirs[i][k], "%s", v != NULL ? v : "(null)");
+    }
+    counter_add(&c->done, 1);
+}
+
+/* Send raw protocol to the server: the blocks nats.c would never build. */
+static void raw_send(server *s, const char *proto, size_t len)
+{
+    const char *url = dsec_natsd_url(s->srv);
+    const char *colon = strrchr(url, ':');
+    assert_non_null(colon);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    static const char hello[] = "CONNECT {\"verbose\":false,\"pedantic\":false,\"headers\":true,"
+                                "\"protocol\":1}\r\n";
+    assert_int_equal(write(fd, hello, sizeof hello - 1), (ssize_t)(sizeof hello - 1));
+    assert_int_equal(write(fd, proto, len), (ssize_t)len);
+    assert_int_equal(write(fd, "PING\r\n", 6), 6);
+    /* Wait for the PONG: the server has routed what came before it. */
+    char buf[4096];
+    size_t got = 0;
+    int64_t end = now_ms() + WAIT_MS;
+    while (now_ms() < end && got < sizeof buf - 1) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+        buf[got] = '\0';
+        if (strstr(buf, "PONG") != NULL || strstr(buf, "-ERR") != NULL)
+            break;
+    }
+    close(fd);
+    if (strstr(buf, "PONG") == NULL || strstr(buf, "-ERR") != NULL)
+        fail_msg("raw protocol refused: %s", buf);
+}
+
+static void raw_hpub(server *s, const char *subject, const char *reply, const char *block)
+{
+    char proto[1024];
+    size_t hl = strlen(block);
+    int n = snprintf(proto, sizeof proto, "HPUB %s%s%s %zu %zu\r\n%sbody\r\n", subject,
+                     reply != NULL ? " " : "", reply != NULL ? reply : "", hl, hl + 4, block);
+    assert_true(n > 0 && (size_t)n < sizeof proto);
+    raw_send(s, proto, (size_t)n);
+}
+
+static void headers_match_nats(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "hdrcmp", 1, 0, NULL);
+    hdr_cmp *c = dsec_calloc(1, sizeof *c);
+    counter_init(&c->done);
+    pthread_mutex_init(&c->mu, NULL);
+    actor_on(bus, "hdrcmp", "test.hdrcmp", hdr_cmp_handler, c);
+    flush(bus);
+
+    dsec_err err;
+    /* 0: the bus's own block, with a reply subject */
+    dsec_hdr h0 = {.type = "ping", .schema = 7, .req_id = "req-0"};
+    assert_int_equal(dsec_bus_publish(bus, "test.hdrcmp", "test.hdrcmp.reply", &h0, "x", 1, &err),
+                     0);
+    flush(bus);
+    assert_true(counter_wait(&c->done, 1, WAIT_MS));
+    /* 1: an id too long for the message's cache, no reply subject */
+    char longid[301];
+    memset(longid, 'r', sizeof longid - 1);
+    longid[sizeof longid - 1] = '\0';
+    dsec_hdr h1 = {.type = "ping", .req_id = longid, .trace_id = "t-1"};
+    assert_int_equal(dsec_bus_publish(bus, "test.hdrcmp", NULL, &h1, "x", 1, &err), 0);
+    flush(bus);
+    assert_true(counter_wait(&c->done, 2, WAIT_MS));
+    /* 2: spacing, repeated keys, keys differing only in case */
+    raw_hpub(&s, "test.hdrcmp", NULL,
+             "NATS/1.0\r\nDsec-Type:   spaced out \t\r\nX-Dup: first\r\nX-Dup: second\r\n"
+             "dsec-trace-id: lower\r\nDsec-Trace-Id: upper\r\nA:b\r\n\r\n");
+    assert_true(counter_wait(&c->done, 3, WAIT_MS));
+    /* 3: a folded continuation line: nats.c's own reading applies */
+    raw_hpub(&s, "test.hdrcmp", "test.hdrcmp.reply",
+             "NATS/1.0\r\nDsec-Type: fold\r\nA: one\r\n two\r\n\r\n");
+    assert_true(counter_wait(&c->done, 4, WAIT_MS));
+    /* 4: an empty header block; 5: no headers at all */
+    raw_hpub(&s, "test.hdrcmp", NULL, "NATS/1.0\r\n\r\n");
+    assert_true(counter_wait(&c->done, 5, WAIT_MS));
+    static const char pub[] = "PUB test.hdrcmp 4\r\nbody\r\n";
+    raw_send(&s, pub, sizeof pub - 1);
+    assert_true(counter_wait(&c->done, 6, WAIT_MS));
+
+    for (int i = 0; i < HMSGS; i++)
+        for (size_t k = 0; k < NKEYS; k++)
+            if (strcmp(c->ours[i][k], c->theirs[i][k]) != 0)
+                fail_msg("message %d, header %s: bus read \"%s\", nats.c \"%s\"", i, hdr_keys[k],
+                         c->ours[i][k], c->theirs[i][k]);
+    /* The values themselves, so agreeing on nothing cannot pass. */
+    assert_string_equal(c->ours[0][0], "ping");
+    assert_string_equal(c->ours[0][1], "7");
+    assert_string_equal(c->ours[0][2], DSEC_CONTENT_TYPE);
+    assert_string_equal(c->ours[0][3], "req-0");
+    assert_true(is_hex32(c->ours[0][4]));
+    assert_string_equal(c->ours[0][5], "(null)"); /* no Dsec-Error-Code */
+    assert_string_equal(c->ours[0][6], "(null)"); /* keys match exactly, as in nats.c */
+    assert_string_equal(c->ours[1][3], longid);
+    assert_string_equal(c->ours[1][4], "t-1");
+    assert_string_equal(c->ours[2][0], "spaced out");
+    assert_string_equal(c->ours[2][9], "first");
+    assert_string_equal(c->ours[2][8], "lower");
+    assert_string_equal(c->ours[2][4], "upper");
+    assert_string_equal(c->ours[2][13], "b");
+    assert_string_equal(c->ours[3][0], "fold");
+    assert_string_equal(c->ours[3][13], "one two");
+    for (size_t k = 0; k < NKEYS; k++) {
+        assert_string_equal(c->ours[4][k], "(null)");
+        assert_string_equal(c->ours[5][k], "(null)");
+    }
+    /* The fast path did the reading where it can: the bus's blocks and the
+     * odd but plain one; the folded block and no block go to nats.c. */
+    for (size_t k = 0; k < NKEYS; k++) {
+        assert_int_not_equal(c->raw_rc[0][k], -1);
+        assert_int_not_equal(c->raw_rc[1][k], -1);
+        assert_int_not_equal(c->raw_rc[2][k], -1);
+        assert_int_equal(c->raw_rc[3][k], -1);
+        assert_int_not_equal(c->raw_rc[4][k], -1);
+        assert_int_equal(c->raw_rc[5][k], -1);
+    }
+    assert_int_equal(c->raw_rc[0][0], 1);
+    assert_int_equal(c->raw_rc[0][11], 0);
+    for (int i = 0; i < HMSGS; i++)
+        assert_true(c->same_ptr[i]);
+
+    dsec_bus_free(bus);
+    server_stop(&s);
+    pthread_mutex_destroy(&c->mu);
+    counter_destroy(&c->done);
+    dsec_free(c);
+}
+
 static void new_id_is_random_hex(void **state)
 {
     char a[33], b[33];
@@ -1122,6 +1314,90 @@ static void request_timeout(void **state)
         assert_int_equal(atomic_load(&st.slots[i].calls), 1);
     dsec_free(st.slots);
     counter_destroy(&st.done);
+    counter_destroy(&got);
+}
+
+/* Deadlines of many distinct timeouts (more than the bus keeps in FIFO
+ * classes) and repeats of each: every request times out, no sooner than its
+ * timeout, and the callbacks (one worker, so one queue) come in deadline
+ * order. */
+#define TO_DISTINCT 12
+#define TO_REPEAT 3
+
+typedef struct to_order {
+    pthread_mutex_t mu;
+    counter done;
+    int64_t t0;
+    int seq[TO_DISTINCT * TO_REPEAT];
+    int n;
+    struct to_slot {
+        struct to_order *o;
+        int idx, timeout_ms, code, calls;
+        int64_t took_ms;
+    } slots[TO_DISTINCT * TO_REPEAT];
+} to_order;
+
+static void to_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    struct to_slot *sl = ud;
+    to_order *o = sl->o;
+    pthread_mutex_lock(&o->mu);
+    sl->code = status == 0 ? 0 : err->code;
+    sl->took_ms = now_ms() - o->t0;
+    sl->calls++;
+    o->seq[o->n++] = sl->idx;
+    pthread_mutex_unlock(&o->mu);
+    counter_add(&o->done, 1);
+}
+
+static void request_timeouts_in_order(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "toorder", 1, 0, NULL);
+    counter got;
+    counter_init(&got);
+    actor_on(bus, "silent", "test.rr.silent", silent_handler, &got);
+    flush(bus);
+
+    to_order *o = dsec_calloc(1, sizeof *o);
+    pthread_mutex_init(&o->mu, NULL);
+    counter_init(&o->done);
+    /* Interleaved, not sorted: 40 ms steps, issued within a few ms. */
+    static const int order[TO_DISTINCT] = {7, 2, 11, 0, 5, 9, 3, 10, 1, 6, 8, 4};
+    dsec_err err;
+    o->t0 = now_ms();
+    int n = 0;
+    for (int r = 0; r < TO_REPEAT; r++) {
+        for (int j = 0; j < TO_DISTINCT; j++) {
+            struct to_slot *sl = &o->slots[n];
+            *sl = (struct to_slot){.o = o, .idx = n, .timeout_ms = 60 + order[j] * 40};
+            assert_int_equal(dsec_bus_request(bus, "test.rr.silent", NULL, "q", 1, sl->timeout_ms,
+                                              to_cb, sl, &err),
+                             0);
+            n++;
+        }
+    }
+    assert_true(counter_wait(&o->done, n, WAIT_MS));
+    pthread_mutex_lock(&o->mu);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(o->slots[i].calls, 1);
+        assert_int_equal(o->slots[i].code, DSEC_E_TIMEOUT);
+        assert_true(o->slots[i].took_ms >= o->slots[i].timeout_ms);
+    }
+    /* Deadline order: by timeout, then by issue order. */
+    for (int i = 1; i < n; i++) {
+        const struct to_slot *a = &o->slots[o->seq[i - 1]], *b = &o->slots[o->seq[i]];
+        if (a->timeout_ms > b->timeout_ms || (a->timeout_ms == b->timeout_ms && a->idx > b->idx))
+            fail_msg("request %d (%d ms) timed out after request %d (%d ms)", a->idx,
+                     a->timeout_ms, b->idx, b->timeout_ms);
+    }
+    pthread_mutex_unlock(&o->mu);
+    dsec_bus_free(bus);
+    server_stop(&s);
+    pthread_mutex_destroy(&o->mu);
+    counter_destroy(&o->done);
+    dsec_free(o);
     counter_destroy(&got);
 }
 
@@ -1776,7 +2052,8 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest actor[] = {
         cmocka_unit_test(parallel_actors),   cmocka_unit_test(parallel_keys),
-        cmocka_unit_test(headers_present),   cmocka_unit_test(new_id_is_random_hex),
+        cmocka_unit_test(headers_present),   cmocka_unit_test(headers_match_nats),
+        cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
     };
     const struct CMUnitTest request[] = {
@@ -1787,6 +2064,7 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest timeout[] = {
         cmocka_unit_test(request_timeout),
+        cmocka_unit_test(request_timeouts_in_order),
         cmocka_unit_test(request_no_responders),
     };
     const struct CMUnitTest restart[] = {
