@@ -171,9 +171,12 @@ if HAVE_CQ_BATCH:
 
 
 def _event_struct():
-    """A struct.Struct reading one CqEvent as (token, status, id, node, type,
-    state, cell, existing): iter_unpack over a copy of the polled events
-    decodes a whole batch in C instead of one ctypes attribute at a time."""
+    """A struct.Struct reading one CqEvent as (token, status, id, place,
+    existing), place being the raw node, type, state and cell fields (one
+    span of bytes; INFO_PLACE slices it): iter_unpack over a copy of the
+    polled events decodes a whole batch in C instead of one ctypes attribute
+    at a time, and the place is decoded once for every answer that shares
+    it."""
     import struct
     fmt, at = "<", 0
 
@@ -186,14 +189,21 @@ def _event_struct():
     info = CqEvent.info.offset
     field(CqEvent.token.offset, "Q", 8)
     field(CqEvent.status.offset, "i", 4)
-    for name, _ in SandboxInfo._fields_[:5]:
-        f = getattr(SandboxInfo, name)
-        field(info + f.offset, "%ds" % f.size, f.size)
+    field(info + SandboxInfo.id.offset, "%ds" % SandboxInfo.id.size, SandboxInfo.id.size)
+    first, last = SandboxInfo.node, SandboxInfo.cell
+    span = last.offset + last.size - first.offset
+    field(info + first.offset, "%ds" % span, span)
     field(info + SandboxInfo.existing.offset, "?", 1)
     fmt += "%dx" % (ctypes.sizeof(CqEvent) - at)
     st = struct.Struct(fmt)
     assert st.size == ctypes.sizeof(CqEvent)
-    return st
+    places = []
+    for name in ("node", "type", "state", "cell"):
+        f = getattr(SandboxInfo, name)
+        places.append((f.offset - first.offset, f.offset - first.offset + f.size))
+    return st, tuple(places)
 
 
-CQ_EVENT = _event_struct()
+# CQ_EVENT: the struct of one event; INFO_PLACE: (start, end) of node, type,
+# state and cell within its place field
+CQ_EVENT, INFO_PLACE = _event_struct()

@@ -14,6 +14,7 @@ import collections
 import ctypes
 import functools
 import itertools
+import operator
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -108,13 +109,17 @@ _SPEC_CACHE_MAX = 256
 _spec_cache = {}
 
 
+# the spec's scalar fields, read in one C call
+_spec_key = operator.attrgetter("environment", "memory_mb", "cpu", "disk_mb", "max_lifetime_s",
+                                "idle_timeout_s", "cell", "cls", "priority", "rollout_id",
+                                "request_id", "pausable", "project")
+
+
 def _spec(type_: Optional[str], a: SandboxArgs):
     """The CreateSpec of a create (it holds its strings alive itself)."""
     if a.labels or a.affinity or a.network or a.requires:
         return _build_spec(type_, a)[0]
-    key = (type_, a.environment, a.memory_mb, a.cpu, a.disk_mb, a.max_lifetime_s,
-           a.idle_timeout_s, a.cell, a.cls, a.priority, a.rollout_id, a.request_id, a.pausable,
-           a.project)
+    key = (type_, _spec_key(a))
     try:
         spec = _spec_cache.get(key)
     except TypeError:  # an unhashable field value: build it each time
@@ -219,11 +224,20 @@ class _CQ:
     """A libdsec completion queue serving one event loop. Creates asked for
     during one turn of the loop are queued here and sent together at the end
     of the turn (one dsec_cq_create_batch call); the queue's eventfd is a
-    reader of the loop, and each wake-up collects every queued answer with
+    reader of the loop, and each wake-up collects up to CHUNK answers with
     one call and decodes them in one pass (no Python runs on libdsec's
-    threads)."""
+    threads).
 
-    BATCH = 256
+    Why CHUNK and not every queued answer at once: the eventfd stays readable
+    while answers are queued (level-triggered), so the rest are collected on
+    the next turns, after the tasks woken by this chunk have run. Waking
+    hundreds of tasks in one turn costs quadratic time in the common
+    trainer pattern `async with asyncio.Semaphore(window)`: each release
+    during a turn scans past every waiter already woken in that turn but not
+    yet run (CPython's Semaphore._wake_up_next). 32 keeps that scan short
+    while a turn still serves many answers."""
+
+    CHUNK = 32
 
     def __init__(self, client, loop):
         h = ctypes.c_void_p()
@@ -234,20 +248,26 @@ class _CQ:
         self.h = h
         self.loop = loop
         self.fd = _lib.cq_fd(h)
-        self.futs = {}   # token -> future (or (future, spec) without the batch call)
-        self.buf = (_lib.CqEvent * self.BATCH)()
+        self.futs = {}   # token -> future
+        self.next_token = 1  # tokens are per queue: they key futs
+        self.chunk = self.CHUNK
+        self.buf = (_lib.CqEvent * self.chunk)()
         self.size = ctypes.sizeof(_lib.CqEvent)
         self.err = _lib.Err()
-        self.specs = []  # the turn's creates not sent yet: specs, tokens, futures
-        self.tokens = []
+        self.places = {}  # raw node..cell bytes -> (node, type, state, cell) decoded
+        self.specs = []  # the turn's creates not sent yet: their specs and futures
         self.waiting = []
         self.flush_scheduled = False
         loop.add_reader(self.fd, self.drain)
 
+    def take_token(self):
+        t = self.next_token
+        self.next_token = t + 1
+        return t
+
     def submit(self, spec, fut):
         """Queue a create for the end of this turn (loop thread only)."""
         self.specs.append(spec)
-        self.tokens.append(next(_tokens))
         self.waiting.append(fut)
         if not self.flush_scheduled:
             self.flush_scheduled = True
@@ -257,12 +277,11 @@ class _CQ:
         """Send the creates queued during the turn: one call for all of them.
         A create whose future was cancelled before it was sent is not sent."""
         self.flush_scheduled = False
-        specs, tokens, waiting = self.specs, self.tokens, self.waiting
-        self.specs, self.tokens, self.waiting = [], [], []
-        if any(f.cancelled() for f in waiting):
+        specs, waiting = self.specs, self.waiting
+        self.specs, self.waiting = [], []
+        if any(map(_cancelled, waiting)):
             keep = [i for i, f in enumerate(waiting) if not f.cancelled()]
             specs = [specs[i] for i in keep]
-            tokens = [tokens[i] for i in keep]
             waiting = [waiting[i] for i in keep]
         n = len(specs)
         if n == 0:
@@ -274,9 +293,11 @@ class _CQ:
                 f.set_exception(errors.closed("create: the client was closed before the "
                                               "create was sent", "create"))
             return
+        base = self.next_token
+        self.next_token = base + n
+        tokens = range(base, base + n)
         futs = self.futs
-        for t, f in zip(tokens, waiting):
-            futs[t] = f
+        futs.update(zip(tokens, waiting))
         addrs = (ctypes.c_void_p * n)(*map(ctypes.addressof, specs))
         toks = (ctypes.c_uint64 * n)(*tokens)
         if _lib.cq_create_batch(self.h, h, addrs, toks, n, ctypes.byref(self.err)) < 0:
@@ -285,44 +306,51 @@ class _CQ:
                 f.set_exception(errors.from_err(self.err, "create"))
         # every create is now answered through the queue, failures to send included
 
+    def _place(self, raw):
+        """(node, type, state, cell) of an answer's raw fields, decoded once
+        for all the answers that share them (a trainer's creates mostly land
+        on a few nodes, all with the same type, state and cell)."""
+        places = self.places
+        if len(places) >= 1024:
+            places.clear()
+        # libdsec zero-fills past each string's end
+        p = places[raw] = tuple(raw[a:b].rstrip(b"\0").decode() for a, b in _lib.INFO_PLACE)
+        return p
+
     def drain(self):
-        buf, futs, size = self.buf, self.futs, self.size
-        poll, h, unpack = _lib.cq_poll, self.h, _lib.CQ_EVENT.iter_unpack
-        info = SandboxInfo
-        while True:
-            n = poll(h, buf, self.BATCH)
-            if n == 0:
-                return
-            raw = ctypes.string_at(buf, n * size)
-            for i, (token, status, id_, node, type_, state, cell, existing) in \
-                    enumerate(unpack(raw)):
-                fut = futs.pop(token, None)
-                if fut is None:
-                    continue
-                if fut.__class__ is tuple:  # sent with dsec_create_cq: (future, spec)
-                    fut = fut[0]
-                if fut.cancelled():
-                    continue
-                if status == 0:  # libdsec zero-fills past each string's end
-                    fut.set_result(info(id_.rstrip(b"\0").decode(), node.rstrip(b"\0").decode(),
-                                        type_.rstrip(b"\0").decode(),
-                                        state.rstrip(b"\0").decode(),
-                                        cell.rstrip(b"\0").decode(), existing))
-                else:
-                    fut.set_exception(errors.from_err(buf[i].err, "create"))
-            if n < self.BATCH:
-                return
+        """Collect and answer up to CHUNK queued answers; returns how many."""
+        buf = self.buf
+        n = _lib.cq_poll(self.h, buf, self.chunk)
+        if n == 0:
+            return 0
+        futs, places, info = self.futs, self.places, SandboxInfo
+        for i, (token, status, id_, place, existing) in \
+                enumerate(_lib.CQ_EVENT.iter_unpack(ctypes.string_at(buf, n * self.size))):
+            fut = futs.pop(token, None)
+            if fut is None or fut.cancelled():
+                continue
+            if status == 0:
+                node, type_, state, cell = places.get(place) or self._place(place)
+                fut.set_result(info(id_.rstrip(b"\0").decode(), node, type_, state, cell,
+                                    existing))
+            else:
+                fut.set_exception(errors.from_err(buf[i].err, "create"))
+        return n
 
     def detach(self):
         """After the client is freed (every create answered): stop and free."""
         try:
             if not self.loop.is_closed():
                 self.loop.remove_reader(self.fd)
-                self.drain()
+                while self.drain():
+                    pass
         except Exception:
             pass
         _lib.cq_free(self.h)
         self.h = None
+
+
+_cancelled = operator.methodcaller("cancelled")
 
 
 # ---- the client -------------------------------------------------------------------------------
@@ -483,9 +511,9 @@ class DSecClient:
                 q.submit(spec, fut)
                 return fut
             # a libdsec without the batch call: one dsec_create_cq per create
-            token = next(_tokens)
+            token = q.take_token()
             err = _lib.Err()
-            q.futs[token] = (fut, spec)
+            q.futs[token] = fut  # libdsec encodes the spec during the call
             if _lib.create_cq(h, ctypes.byref(spec), q.h, token, ctypes.byref(err)) < 0:
                 q.futs.pop(token, None)
                 fut.set_exception(errors.from_err(err, "create"))
@@ -826,10 +854,10 @@ class AsyncDSecClient:
 
     async def run(self, type: Optional[str] = None, args: Optional[SandboxArgs] = None,
                   **kw) -> AsyncSandbox:
-        a = _args(args, SandboxArgs, kw)
-        info = await self.client.create_future(type, a)
-        return AsyncSandbox(self, Sandbox(self.client, info, user=a.user,
-                                          rollout_id=a.rollout_id))
+        a = args if args is not None and not kw else _args(args, SandboxArgs, kw)
+        c = self.client
+        info = await c.create_future(type, a)
+        return AsyncSandbox(self, Sandbox(c, info, a.user, a.rollout_id))
 
     async def run_function(self, args: Optional[FunctionArgs] = None, **kw) -> AsyncSandbox:
         return await self.run("function", _args(args, FunctionArgs, kw))

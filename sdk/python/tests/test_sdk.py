@@ -179,6 +179,30 @@ class TestConcurrency(Base):
         created = asyncio.run(main())
         self.assertLess(created, 20)
 
+    def test_300_creates_in_one_turn(self):
+        # One loop turn sends all 300 in one batch; their answers come back
+        # in bursts larger than the 32 a turn collects, so the rest must be
+        # picked up on later turns (the queue's fd stays readable), and a
+        # create cancelled after it was sent must not take another's answer.
+        t = _any_type()
+
+        async def main():
+            a = self.c.aio()
+            futs = [a.client.create_future(t, dsec.SandboxArgs(**SMALL)) for _ in range(300)]
+            await asyncio.sleep(0)  # the batch goes out at the end of this turn
+            for f in futs[:10]:
+                f.cancel()
+            done = await asyncio.wait_for(
+                asyncio.gather(*futs[10:], return_exceptions=True), 60)
+            errs = [d for d in done if isinstance(d, BaseException)]
+            self.assertEqual(errs, [])
+            self.assertEqual(len({info.id for info in done}), 290)
+            for info in done:
+                self.assertEqual(info.state, "running")
+                await a.sandbox(info.id).stop()
+
+        asyncio.run(main())
+
     def test_async_client_context(self):
         t = _any_type()
 
