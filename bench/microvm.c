@@ -314,8 +314,11 @@ static void destroy(dsec_sandbox *sb, const char *id)
 
 static void cleanup(void)
 {
+    /* "[q]emu" does not match the shell's own command line, which holds the
+     * pattern: a bare g_root did, so pkill killed the shell before rm ran and
+     * every run left ~300 MiB behind. */
     if (g_root[0] != '\0')
-        sh("pkill -9 -f '%s' 2>/dev/null; sleep 0.5; rm -rf %s", g_root, g_root);
+        sh("pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; sleep 0.5; rm -rf %s", g_root, g_root);
 }
 
 int main(void)

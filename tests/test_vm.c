@@ -203,7 +203,8 @@ static int group_teardown(void **state)
         mvm = NULL;
         if (procs_naming(state_dir) != 0) {
             fprintf(stderr, "test_vm: QEMU processes outlived the backend\n");
-            host(NULL, 0, "pkill -9 -f '%s/'", state_dir); /* only this run's */
+            /* only this run's; "[q]" keeps pkill off its own shell */
+            host(NULL, 0, "pkill -9 -f '[q]emu-system.*%s/'", state_dir);
             rc = -1;
         }
         char out[4096];

@@ -131,7 +131,7 @@ static int group_teardown(void **state)
         return 0;
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "pkill -9 -f 'qemu-system.*%s/' 2>/dev/null; "
+             "pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; " /* [q]: not the shell itself */
              "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do "
              "umount -l $m; done",
              root, root);
