@@ -155,20 +155,51 @@ void dsec_lost_free(dsec_lost *w)
     dsec_free(w);
 }
 
+/* A node took the request: it answered, and not with an error message. */
+static bool taken(int status, dsec_msg *reply)
+{
+    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
+    return type != NULL && strcmp(type, DSEC_TYPE_ERROR) != 0;
+}
+
+/* One request fewer in flight (w->mu held). */
+static void inflight_done_locked(dsec_lost *w)
+{
+    if (--w->inflight == 0)
+        pthread_cond_broadcast(&w->idle);
+}
+
+/* Request msg (wire type) on subj, answered to cb(x) on a bus thread, and
+ * count it in flight (w->mu held). -1: not sent, and cb will not run. */
+static int ask_locked(dsec_lost *w, const char *subj, int type, const void *msg, dsec_reply_cb cb,
+                      struct watched *x)
+{
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    dsec_hdr hdr = {.type = dsec_msg_type_name(type), .schema = DSEC_SCHEMA_VERSION};
+    w->inflight++;
+    int rc = dsec_encode(&b, type, msg, &err);
+    if (rc == 0)
+        rc = dsec_bus_request(w->bus, subj, &hdr, b.data, b.len, RECONCILE_TIMEOUT_MS, cb, x, &err);
+    dsec_buf_release(&b);
+    if (rc < 0)
+        inflight_done_locked(w);
+    return rc;
+}
+
 static void on_reconciled(int status, dsec_msg *reply, const dsec_err *err, void *ud)
 {
     struct watched *x = ud;
     dsec_lost *w = x->w;
-    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
-    bool ok = status == 0 && type != NULL && strcmp(type, DSEC_TYPE_ERROR) != 0;
+    bool ok = taken(status, reply);
     pthread_mutex_lock(&w->mu);
     x->reconciling = false;
     if (ok) {
         x->lost_ns = 0; /* it reclaims them; nothing more to ask */
         w->st.reconciled++;
     }
-    if (--w->inflight == 0)
-        pthread_cond_broadcast(&w->idle);
+    inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (ok)
         fprintf(stderr, "dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost\n",
@@ -186,22 +217,8 @@ static void reconcile_locked(dsec_lost *w, struct watched *x)
                              .silent_ms = x->silent_ms, .by = w->who};
     char subj[160];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", x->name);
-    dsec_buf b;
-    dsec_buf_init(&b);
-    dsec_err err;
-    dsec_hdr hdr = {.type = "node_lost", .schema = DSEC_SCHEMA_VERSION};
-    x->reconciling = true;
-    w->inflight++;
-    int rc = dsec_encode(&b, DSEC_MSG_NODE_LOST, &nl, &err);
-    if (rc == 0)
-        rc = dsec_bus_request(w->bus, subj, &hdr, b.data, b.len, RECONCILE_TIMEOUT_MS, on_reconciled, x,
-                              &err);
-    dsec_buf_release(&b);
-    if (rc < 0) { /* the callback will not run: undo, the next report asks again */
-        x->reconciling = false;
-        if (--w->inflight == 0)
-            pthread_cond_broadcast(&w->idle);
-    }
+    /* not sent: the next report asks again */
+    x->reconciling = ask_locked(w, subj, DSEC_MSG_NODE_LOST, &nl, on_reconciled, x) == 0;
 }
 
 /* ---- superseded placements ------------------------------------------------------- */
@@ -262,8 +279,7 @@ static void on_resent(int status, dsec_msg *reply, const dsec_err *err, void *ud
 {
     struct watched *x = ud;
     dsec_lost *w = x->w;
-    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
-    bool ok = status == 0 && type != NULL && strcmp(type, DSEC_TYPE_ERROR) != 0;
+    bool ok = taken(status, reply);
     pthread_mutex_lock(&w->mu);
     x->resending = false;
     if (ok) {
@@ -275,8 +291,7 @@ static void on_resent(int status, dsec_msg *reply, const dsec_err *err, void *ud
         else
             resend_locked(w, x); /* more than one batch */
     }
-    if (--w->inflight == 0)
-        pthread_cond_broadcast(&w->idle);
+    inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (!ok && status < 0)
         fprintf(stderr, "dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
@@ -311,24 +326,11 @@ static void resend_locked(dsec_lost *w, struct watched *x)
     dsec_msg_superseded_list l = {.by = w->who, .items = {.items = items, .n = k}};
     char subj[192];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", w->cell, x->name);
-    dsec_buf b;
-    dsec_buf_init(&b);
-    dsec_err err;
-    dsec_hdr hdr = {.type = "superseded_list", .schema = DSEC_SCHEMA_VERSION};
-    int rc = dsec_encode(&b, DSEC_MSG_SUPERSEDED_LIST, &l, &err);
-    dsec_free(items);
-    x->resending = true;
     x->sent_from = x->resend_seq;
     x->sent_upto = upto;
-    w->inflight++;
-    if (rc == 0)
-        rc = dsec_bus_request(w->bus, subj, &hdr, b.data, b.len, RECONCILE_TIMEOUT_MS, on_resent, x, &err);
-    dsec_buf_release(&b);
-    if (rc < 0) { /* the callback will not run: the next report sends again */
-        x->resending = false;
-        if (--w->inflight == 0)
-            pthread_cond_broadcast(&w->idle);
-    }
+    /* not sent: the next report sends again */
+    x->resending = ask_locked(w, subj, DSEC_MSG_SUPERSEDED_LIST, &l, on_resent, x) == 0;
+    dsec_free(items);
 }
 
 /* x spoke after gap_ms or more of silence (w->mu held): it may have missed
