@@ -1,6 +1,7 @@
 /* sdk.c - the C side of make bench S=sdk: asynchronous creates against a running
  * cell with a fixed window in flight, then destroys (not timed). Prints one line
- * "creates_per_s=<x> ok=<n> failed=<n>". The Python side is bench/sdk.py; the
+ * "creates_per_s=<x> cpu_us_per_create=<y> ok=<n> failed=<n>" (the CPU of the
+ * whole process, every thread, over the timed creates). The Python side is bench/sdk.py; the
  * wrapper bench/sdk.sh starts the cell and runs both against it.
  *
  * usage: bench_sdk_c URL N WINDOW */
@@ -25,6 +26,13 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -59,7 +67,7 @@ int main(int argc, char **argv)
     struct run r = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     r.ids = dsec_calloc(n, sizeof *r.ids);
     dsec_create_spec spec = {.type = "sim", .cpu_milli = 1, .memory_mb = 1, .ttl_s = 600};
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     for (size_t i = 0; i < n; i++) {
         pthread_mutex_lock(&r.mu);
         while (r.inflight >= window)
@@ -79,10 +87,11 @@ int main(int argc, char **argv)
     while (r.done < n)
         pthread_cond_wait(&r.cv, &r.mu);
     pthread_mutex_unlock(&r.mu);
-    double dt = now_s() - t0;
+    double dt = now_s() - t0, cpu = cpu_s() - c0;
     for (size_t i = 0; i < r.ok; i++)
         dsec_destroy(c, r.ids[i], NULL);
-    printf("creates_per_s=%.1f ok=%zu failed=%zu\n", (double)r.ok / dt, r.ok, n - r.ok);
+    printf("creates_per_s=%.1f cpu_us_per_create=%.1f ok=%zu failed=%zu\n", (double)r.ok / dt,
+           cpu / (double)n * 1e6, r.ok, n - r.ok);
     if (r.ok < n)
         fprintf(stderr, "bench_sdk_c: first failure: %s\n", r.first_err.msg);
     dsec_free(r.ids);

@@ -4,7 +4,11 @@
 # cell driven from C (libdsec's dsec_create_async), the same window in flight.
 # The cell: `dsec up` with one sim node with room for every create and no modelled
 # start-up latency (time_scale 0), so the figures are client + control-plane cost.
-# Rounds alternate C and Python; each side reports its best round. Last line: JSON.
+# Python runs in two shapes of trainer code (bench/sdk.py): "workers" (WINDOW tasks,
+# each awaiting one create after another: the headline figure) and "tasks" (one task
+# per create under an asyncio.Semaphore, which adds asyncio's cost per task).
+# Rounds alternate C, Python workers and Python tasks; each reports its best round,
+# with the process's CPU per create in that round. Last line: JSON.
 set -eu
 DSEC="@DSEC_BIN@"
 CBENCH="@CBENCH_BIN@"
@@ -13,7 +17,7 @@ SRC="@DSEC_SRC@"
 PY="@DSEC_PY@"
 N="${SDK_BENCH_N:-10000}"
 WINDOW="${SDK_BENCH_WINDOW:-256}"
-ROUNDS="${SDK_BENCH_ROUNDS:-3}"
+ROUNDS="${SDK_BENCH_ROUNDS:-5}"
 
 TMP=$(mktemp -d /tmp/dsec-bench-sdk-XXXXXX)
 UP_PID=""
@@ -44,22 +48,35 @@ until grep -q "Ctrl-C stops" "$TMP/up.log" 2>/dev/null; do
     sleep 0.1
 done
 
-figure() { sed -n 's/^creates_per_s=\([0-9.]*\).*/\1/p'; }
-best() { printf '%s\n' "$@" | sort -g | tail -1; }
-C_ALL=""; PY_ALL=""
-printf '%-6s %-8s %14s\n' round client creates/s
+# each client prints "creates_per_s=<x> cpu_us_per_create=<y> ok=<n> failed=<n>"
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+# the fastest round of a file of "<creates_per_s> <cpu_us_per_create>" lines
+best() { sort -g -k1,1 "$1" | tail -1; }
+py() {
+    PYTHONPATH="$SRC/sdk/python" DSEC_LIB="$LIB" PYTHONDONTWRITEBYTECODE=1 \
+        "$PY" "$SRC/bench/sdk.py" "$URL" "$N" "$WINDOW" "$1"
+}
+printf '%-6s %-8s %12s %14s\n' round client creates/s "cpu us/create"
 r=1
 while [ $r -le "$ROUNDS" ]; do
-    c=$("$CBENCH" "$URL" "$N" "$WINDOW" | figure)
-    p=$(PYTHONPATH="$SRC/sdk/python" DSEC_LIB="$LIB" PYTHONDONTWRITEBYTECODE=1 \
-        "$PY" "$SRC/bench/sdk.py" "$URL" "$N" "$WINDOW" | figure)
-    printf '%-6s %-8s %14s\n' "$r" C "$c" "$r" python "$p"
-    C_ALL="$C_ALL $c"; PY_ALL="$PY_ALL $p"
+    for side in c workers tasks; do
+        if [ $side = c ]; then out=$("$CBENCH" "$URL" "$N" "$WINDOW"); else out=$(py $side); fi
+        rate=$(printf '%s\n' "$out" | field creates_per_s)
+        cpu=$(printf '%s\n' "$out" | field cpu_us_per_create)
+        if [ -z "$rate" ] || [ -z "$cpu" ]; then
+            echo "bench sdk: round $r of $side printed no figure: $out" >&2
+            exit 1
+        fi
+        echo "$rate $cpu" >> "$TMP/$side"
+        printf '%-6s %-8s %12s %14s\n' "$r" "$side" "$rate" "$cpu"
+    done
     r=$((r + 1))
 done
-C_BEST=$(best $C_ALL)
-PY_BEST=$(best $PY_ALL)
-RATIO=$("$PY" -c "print(round($PY_BEST / $C_BEST, 3))")
-echo "creates: $N per round, $WINDOW in flight, best of $ROUNDS; python/C = $RATIO (target >= 0.8)"
-printf '{"scenario":"sdk","py_creates_per_s":%s,"c_creates_per_s":%s,"py_over_c":%s,"creates_per_round":%s,"window":%s,"rounds":%s}\n' \
-    "$PY_BEST" "$C_BEST" "$RATIO" "$N" "$WINDOW" "$ROUNDS"
+set -- $(best "$TMP/c") $(best "$TMP/workers") $(best "$TMP/tasks")
+C_BEST=$1 C_CPU=$2 W_BEST=$3 W_CPU=$4 T_BEST=$5 T_CPU=$6
+W_RATIO=$("$PY" -c "print(round($W_BEST / $C_BEST, 3))")
+T_RATIO=$("$PY" -c "print(round($T_BEST / $C_BEST, 3))")
+echo "creates: $N per round, $WINDOW in flight, best of $ROUNDS rounds"
+echo "python/C = $W_RATIO with $WINDOW rollout tasks (target >= 0.8); $T_RATIO with one task per create under a semaphore"
+printf '{"scenario":"sdk","py_creates_per_s":%s,"c_creates_per_s":%s,"py_over_c":%s,"py_tasks_creates_per_s":%s,"py_tasks_over_c":%s,"py_cpu_us_per_create":%s,"c_cpu_us_per_create":%s,"py_tasks_cpu_us_per_create":%s,"creates_per_round":%s,"window":%s,"rounds":%s}\n' \
+    "$W_BEST" "$C_BEST" "$W_RATIO" "$T_BEST" "$T_RATIO" "$W_CPU" "$C_CPU" "$T_CPU" "$N" "$WINDOW" "$ROUNDS"
