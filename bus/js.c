@@ -1,6 +1,7 @@
 /* js.c - JetStream key-value buckets, streams, acked publishes and ordered reads over nats.c. */
 #include "bus/js.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -363,13 +364,13 @@ int dsec_js_read(dsec_js *js, const char *stream, const char *subject, dsec_js_e
     jsErrCode jerr = 0;
     natsStatus s = js_SubscribeSync(&sub, js->ctx, subject, NULL, &so, &jerr);
     if (s != NATS_OK)
-        return js_err(err, s, jerr, "reading %s", subject);
+        return js_err(err, s, jerr, "reading %s: creating a consumer on stream %s", subject, stream);
     /* The consumer's pending count when it starts says how many to expect. */
     jsConsumerInfo *ci = NULL;
     s = natsSubscription_GetConsumerInfo(&ci, sub, NULL, &jerr);
     if (s != NATS_OK) {
         natsSubscription_Destroy(sub);
-        return js_err(err, s, jerr, "reading %s", subject);
+        return js_err(err, s, jerr, "reading %s: the consumer's info", subject);
     }
     uint64_t want = ci->NumPending + ci->Delivered.Consumer;
     jsConsumerInfo_Destroy(ci);
@@ -379,7 +380,8 @@ int dsec_js_read(dsec_js *js, const char *stream, const char *subject, dsec_js_e
         natsMsg *m = NULL;
         s = natsSubscription_NextMsg(&m, sub, js->timeout_ms);
         if (s != NATS_OK) {
-            rc = js_err(err, s, 0, "reading %s", subject);
+            rc = js_err(err, s, 0, "reading %s: waiting for record %zu of %" PRIu64, subject,
+                        got + 1, want);
             break;
         }
         jsMsgMetaData *meta = NULL;
