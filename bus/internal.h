@@ -41,8 +41,14 @@ static inline void dsec__msg_init(dsec_msg *m, natsMsg *nm, dsec_bus *bus)
     m->hused = 0;
 }
 
-/* The one place that destroys a natsMsg; sets *nm to NULL. */
+/* The one place that destroys a natsMsg; sets *nm to NULL. Frees at once
+ * where natsMsg_Destroy would hand the message to nats.c's collector thread
+ * (bus/msg.c says when). */
 void dsec__msg_destroy(natsMsg **nm);
+
+/* Whether dsec__msg_destroy frees messages itself: nats.c's message layout
+ * passed the once-per-process check. For tests. */
+bool dsec__msg_free_inline(void);
 
 /* The value of header key (exact, case-sensitive match, first of repeated
  * keys: what nats.c's natsMsgHeader_Get answers) or NULL. The string belongs

@@ -9,12 +9,95 @@
 #include "bus/internal.h"
 #include "dsec/alloc.h"
 
+#ifdef DSEC_NATS_RAW_HEADERS
+/* Exported by libnats 3.x, not declared in nats.h; see bus/CMakeLists.txt. */
+natsStatus natsMsg_create(natsMsg **newMsg, const char *subject, int subjLen, const char *reply,
+                          int replyLen, const char *buf, int bufLen, int hdrLen);
+void natsMsg_free(void *object);
+
+/* natsMsg_Destroy does not free a received message: it queues it for nats.c's
+ * garbage-collector thread under one process-wide lock, and wakes that thread
+ * whenever the queue was empty. With every request and reply destroyed that
+ * way, the lock, the wake-ups and the thread's own context switches were the
+ * largest single cost the bus added to a round trip. dsec frees them at once
+ * with the same function the collector would call, natsMsg_free, but only
+ * where natsMsg_Destroy itself would free the message: its collector hook
+ * (natsGCItem.freeCb, the first member after the GC list link) is
+ * natsMsg_free, and its flags lack nats.c's "no destroy" bit (1 << 2, set
+ * while JetStream's auto-ack callback still needs the message). Both fields
+ * sit in nats.c's internal struct __natsMsg, so they are read only after
+ * free_selfcheck has found them where 3.x puts them; anything else goes to
+ * natsMsg_Destroy. */
+#define NATS_MSG_FREECB_OFF sizeof(void *)
+#define NATS_MSG_FLAGS_OFF 68
+#define NATS_MSG_NO_DESTROY (1 << 2)
+
+static pthread_once_t free_once = PTHREAD_ONCE_INIT;
+static bool free_ok;
+
+static void *msg_free_cb(const natsMsg *nm)
+{
+    void *cb;
+    memcpy(&cb, (const char *)nm + NATS_MSG_FREECB_OFF, sizeof cb);
+    return cb;
+}
+
+static int msg_flags(const natsMsg *nm)
+{
+    int f;
+    memcpy(&f, (const char *)nm + NATS_MSG_FLAGS_OFF, sizeof f);
+    return f;
+}
+
+/* natsMsg_create sets the flags to exactly "needs lift" (1 << 0) for a
+ * message with headers and to 0 without, a header read clears that bit, and
+ * every message it makes carries natsMsg_free as its collector hook. */
+static void free_selfcheck(void)
+{
+    static const char blk[] = "NATS/1.0\r\nX: y\r\n\r\n";
+    natsMsg *with = NULL, *without = NULL;
+    const char *v = NULL;
+    bool ok = natsMsg_create(&with, "dsec.check", 10, NULL, 0, blk, (int)sizeof blk - 1,
+                             (int)sizeof blk - 1) == NATS_OK &&
+              natsMsg_create(&without, "dsec.check", 10, NULL, 0, "x", 1, 0) == NATS_OK;
+    ok = ok && msg_free_cb(with) == (void *)natsMsg_free &&
+         msg_free_cb(without) == (void *)natsMsg_free && msg_flags(with) == 1 &&
+         msg_flags(without) == 0;
+    ok = ok && natsMsgHeader_Get(with, "X", &v) == NATS_OK && v != NULL && strcmp(v, "y") == 0 &&
+         msg_flags(with) == 0;
+    natsMsg_free(with);
+    natsMsg_free(without);
+    free_ok = ok;
+}
+
+bool dsec__msg_free_inline(void)
+{
+    pthread_once(&free_once, free_selfcheck);
+    return free_ok;
+}
+#else
+bool dsec__msg_free_inline(void)
+{
+    return false;
+}
+#endif
+
 void dsec__msg_destroy(natsMsg **nm)
 {
     /* Every natsMsg that reaches dsec - received, built for a publish, or a
      * reply held by a future - dies here, so ownership is easy to audit. */
-    natsMsg_Destroy(*nm);
+    natsMsg *m = *nm;
     *nm = NULL;
+    if (m == NULL)
+        return;
+#ifdef DSEC_NATS_RAW_HEADERS
+    if (dsec__msg_free_inline() && msg_free_cb(m) == (void *)natsMsg_free &&
+        (msg_flags(m) & NATS_MSG_NO_DESTROY) == 0) {
+        natsMsg_free(m);
+        return;
+    }
+#endif
+    natsMsg_Destroy(m);
 }
 
 /* ---- ids --------------------------------------------------------------- */
@@ -99,13 +182,6 @@ static char *utoa10(char *end, unsigned v)
  * and is published without re-encoding. CMake enables this path only when
  * the installed libnats links it (see bus/CMakeLists.txt); the bus tests
  * check every header arrives. */
-natsStatus natsMsg_create(natsMsg **newMsg, const char *subject, int subjLen, const char *reply,
-                          int replyLen, const char *buf, int bufLen, int hdrLen);
-/* Frees at once. natsMsg_Destroy hands every message to nats.c's garbage
- * collector thread, which matters only for messages a subscription owns; one
- * we built and published is ours alone. */
-void natsMsg_free(void *object);
-
 /* One header of an outgoing message; lengths are measured once. */
 struct out_hdr {
     const char *key;

@@ -1016,6 +1016,89 @@ static void headers_match_nats(void **state)
     dsec_free(c);
 }
 
+/* dsec__msg_destroy frees a nats.c message itself only where natsMsg_Destroy
+ * would free it. JetStream's auto-ack callback marks the message "no destroy"
+ * and acks it after the user's callback returns, so the callback's destroy
+ * must leave it alone. In the sanitizer build an early free is a
+ * use-after-free; in both builds the acks must reach the server. */
+#define JS_ACKED 200
+
+typedef struct js_destroyed {
+    counter done;
+    atomic_int bad;
+} js_destroyed;
+
+static void js_destroy_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    js_destroyed *d = closure;
+    if (natsMsg_GetDataLength(msg) != 4 || memcmp(natsMsg_GetData(msg), "body", 4) != 0)
+        atomic_fetch_add(&d->bad, 1);
+    dsec__msg_destroy(&msg);
+    if (msg != NULL)
+        atomic_fetch_add(&d->bad, 1);
+    counter_add(&d->done, 1);
+}
+
+static void msg_destroy_leaves_js_autoack_msgs(void **state)
+{
+    /* nats.c 3.x is the version the bus reads the layout of: the check passes */
+    if (strncmp(nats_GetVersion(), "3.", 2) == 0)
+        assert_true(dsec__msg_free_inline());
+    char dir[64];
+    tmpdir_make(dir, sizeof dir);
+    dsec_natsd *srv = NULL;
+    dsec_natsd_opts o = {.state_dir = dir, .jetstream = true};
+    dsec_err err;
+    if (dsec_natsd_start(&srv, &o, &err) != 0)
+        fail_msg("start with jetstream: %s", err.msg);
+    live_add((void **)live_servers, srv);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(srv)), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"free.>"};
+    sc.Name = "FREE";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = js_MemoryStorage;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_AddStream(NULL, js, &sc, NULL, &jerr), NATS_OK);
+    for (int i = 0; i < JS_ACKED; i++)
+        assert_int_equal(js_Publish(NULL, js, "free.x", "body", 4, NULL, &jerr), NATS_OK);
+
+    js_destroyed d = {0};
+    counter_init(&d.done);
+    natsSubscription *sub = NULL;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Config.AckPolicy = js_AckExplicit; /* the library acks after the callback */
+    assert_int_equal(js_Subscribe(&sub, js, "free.x", js_destroy_cb, &d, NULL, &so, &jerr),
+                     NATS_OK);
+    assert_true(counter_wait(&d.done, JS_ACKED, WAIT_MS));
+    assert_int_equal(atomic_load(&d.bad), 0);
+    /* every ack reached the server: nothing pending, every message delivered once */
+    bool acked = false;
+    for (int i = 0; i < 200 && !acked; i++) {
+        jsConsumerInfo *ci = NULL;
+        assert_int_equal(natsSubscription_GetConsumerInfo(&ci, sub, NULL, &jerr), NATS_OK);
+        acked = ci->NumAckPending == 0 && ci->Delivered.Consumer == JS_ACKED &&
+                ci->AckFloor.Consumer == JS_ACKED;
+        jsConsumerInfo_Destroy(ci);
+        if (!acked)
+            usleep(20 * 1000);
+    }
+    assert_true(acked);
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    live_del((void **)live_servers, srv);
+    dsec_natsd_stop(srv);
+    tmpdir_done(dir);
+}
+
 static void new_id_is_random_hex(void **state)
 {
     char a[33], b[33];
@@ -2053,6 +2136,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest actor[] = {
         cmocka_unit_test(parallel_actors),   cmocka_unit_test(parallel_keys),
         cmocka_unit_test(headers_present),   cmocka_unit_test(headers_match_nats),
+        cmocka_unit_test(msg_destroy_leaves_js_autoack_msgs),
         cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
     };
