@@ -298,16 +298,21 @@ typedef struct server {
     dsec_natsd *srv;
 } server;
 
-static void server_start(server *s)
+static void server_start_with(server *s, bool jetstream)
 {
     tmpdir_make(s->dir, sizeof s->dir);
-    dsec_natsd_opts o = {.state_dir = s->dir};
+    dsec_natsd_opts o = {.state_dir = s->dir, .jetstream = jetstream};
     dsec_err err;
     dsec_err_clear(&err);
     int rc = dsec_natsd_start(&s->srv, &o, &err);
     if (rc != 0)
-        fail_msg("starting nats-server: %s", err.msg);
+        fail_msg("starting nats-server%s: %s", jetstream ? " with jetstream" : "", err.msg);
     live_add((void **)live_servers, s->srv);
+}
+
+static void server_start(server *s)
+{
+    server_start_with(s, false);
 }
 
 static void server_stop(server *s)
@@ -512,22 +517,14 @@ static void natsd_kill_restart_same_port(void **state)
 
 static void natsd_jetstream_store(void **state)
 {
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
-    dsec_natsd *srv = NULL;
-    dsec_natsd_opts o = {.state_dir = dir, .jetstream = true};
-    dsec_err err;
-    if (dsec_natsd_start(&srv, &o, &err) != 0)
-        fail_msg("start with jetstream: %s", err.msg);
-    live_add((void **)live_servers, srv);
+    server s;
+    server_start_with(&s, true);
     char path[128];
     struct stat st;
-    snprintf(path, sizeof path, "%s/js", dir);
+    snprintf(path, sizeof path, "%s/js", s.dir);
     assert_int_equal(stat(path, &st), 0);
     assert_true(S_ISDIR(st.st_mode));
-    live_del((void **)live_servers, srv);
-    dsec_natsd_stop(srv);
-    tmpdir_done(dir);
+    server_stop(&s);
 }
 
 /* ---- group order: per-actor and per-key order ---------------------------- */
@@ -1044,17 +1041,11 @@ static void msg_destroy_leaves_js_autoack_msgs(void **state)
     /* nats.c 3.x is the version the bus reads the layout of: the check passes */
     if (strncmp(nats_GetVersion(), "3.", 2) == 0)
         assert_true(dsec__msg_free_inline());
-    char dir[64];
-    tmpdir_make(dir, sizeof dir);
-    dsec_natsd *srv = NULL;
-    dsec_natsd_opts o = {.state_dir = dir, .jetstream = true};
-    dsec_err err;
-    if (dsec_natsd_start(&srv, &o, &err) != 0)
-        fail_msg("start with jetstream: %s", err.msg);
-    live_add((void **)live_servers, srv);
+    server s;
+    server_start_with(&s, true);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
-    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(srv)), NATS_OK);
+    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(s.srv)), NATS_OK);
     assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     jsStreamConfig sc;
     jsStreamConfig_Init(&sc);
@@ -1094,9 +1085,7 @@ static void msg_destroy_leaves_js_autoack_msgs(void **state)
     natsSubscription_Destroy(sub);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    live_del((void **)live_servers, srv);
-    dsec_natsd_stop(srv);
-    tmpdir_done(dir);
+    server_stop(&s);
 }
 
 static void new_id_is_random_hex(void **state)
