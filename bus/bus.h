@@ -75,9 +75,9 @@ typedef struct dsec_bus_opts {
     int reconnect_buf_bytes;      /* publishes buffered while reconnecting; default 8 MiB */
     int max_reconnect;            /* attempts before giving up; 0 or -1: forever (default) */
     bool retry_on_failed_connect; /* keep trying in the background if the first connect fails */
-    bool low_latency;         /* write each publish at once instead of letting nats.c's
-                                 flusher batch for ~1 ms: a request/reply round trip drops
-                                 from ~2 ms to ~0.25 ms; a tight publish loop gets slower */
+    bool low_latency;             /* write each publish at once instead of letting nats.c's
+                                     flusher batch for ~1 ms: a request/reply round trip drops
+                                     from ~2 ms to ~0.25 ms; a tight publish loop gets slower */
     dsec_bus_event_cb on_event;   /* may be NULL; called from a bus thread */
     void *event_ud;
     const char *inbox_prefix; /* replies to this connection's requests arrive under
@@ -169,6 +169,18 @@ typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, 
  * inbox subscription per bus. */
 int dsec_bus_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
                      size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, dsec_err *err);
+
+/* dsec_bus_request for callbacks that never block: cb runs on the thread that
+ * learns the answer (nats.c's delivery thread for the bus's inbox, the bus's
+ * timer thread for a timeout, the thread closing the bus or handling a lost
+ * connection for those failures), one thread hand-off sooner than on a bus
+ * worker. cb must not wait for another request's answer (dsec_future_wait,
+ * dsec_bus_request_sync), sleep, or take a lock held across such a wait:
+ * while it runs, no other reply of this bus is delivered. It may send
+ * requests and publish. Everything else is as dsec_bus_request. */
+int dsec_bus_request_direct(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
+                            const void *data, size_t len, int timeout_ms, dsec_reply_cb cb,
+                            void *ud, dsec_err *err);
 
 /* Future-style request: *out owns a future; free it with dsec_future_free
  * (also valid before the answer arrives: the answer is then discarded). */

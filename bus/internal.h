@@ -24,9 +24,9 @@ struct dsec_msg {
     natsMsg *nm;
     dsec_bus *bus; /* where dsec_msg_respond publishes when no actor is given */
     bool heap;
-    uint8_t hstate;    /* raw header block: 0 not looked at, 1 usable (hblock), 2 not */
-    uint16_t hused;    /* bytes of hcache holding NUL-terminated values */
-    uint32_t hlen;     /* hblock's length */
+    uint8_t hstate;     /* raw header block: 0 not looked at, 1 usable (hblock), 2 not */
+    uint16_t hused;     /* bytes of hcache holding NUL-terminated values */
+    uint32_t hlen;      /* hblock's length */
     const char *hblock; /* nm's raw header block, once checked */
     char hcache[DSEC__MSG_HCACHE];
 };
@@ -143,7 +143,7 @@ struct dsec_bus {
     char *name;
 
     dsec__pool pool;
-    dsec__req *req; /* request.c */
+    dsec__req *req;        /* request.c */
     char inbox_prefix[72]; /* "_INBOX" or dsec_bus_opts.inbox_prefix */
     char url_shown[256];   /* the URL for messages, passwords masked */
 

@@ -22,11 +22,11 @@
 /* One request waiting for its answer. Records come from slabs and return to
  * a free list, so a request costs no malloc in the steady state. */
 struct pending {
-    uint64_t id;           /* the reply token: _INBOX.<nuid>.<id in hex> */
-    struct pending *hnext; /* table chain, or free list */
-    struct pending *clink; /* completion lists */
+    uint64_t id;                   /* the reply token: _INBOX.<nuid>.<id in hex> */
+    struct pending *hnext;         /* table chain, or free list */
+    struct pending *clink;         /* completion lists */
     struct pending *dprev, *dnext; /* its timeout class's list */
-    int64_t deadline;      /* CLOCK_MONOTONIC ns */
+    int64_t deadline;              /* CLOCK_MONOTONIC ns */
     uint32_t heap_idx;
     uint8_t cls; /* index into dsec__req.tc, or IN_HEAP */
     int timeout_ms;
@@ -34,6 +34,7 @@ struct pending {
     natsMsg *reply;
     dsec_reply_cb cb;
     void *ud;
+    bool direct;      /* cb runs where the answer is known, not on a worker */
     dsec_future *fut; /* either cb or fut */
     char subject[SUBJ_KEEP];
 };
@@ -401,6 +402,32 @@ static void future_unref(dsec_future *f)
         future_destroy(f);
 }
 
+/* Run p's callback with its answer and let go of the reply message. */
+static void run_cb(dsec_bus *bus, struct pending *p)
+{
+    if (p->code == 0) {
+        dsec_err ok;
+        dsec_err_clear(&ok);
+        dsec_msg m;
+        dsec__msg_init(&m, p->reply, bus);
+        p->cb(0, &m, &ok, p->ud);
+        /* Here rather than under r->mu in pending_free. */
+        dsec__msg_destroy(&p->reply);
+    } else {
+        dsec_err e;
+        fill_err(&e, p->code, p->subject, p->timeout_ms);
+        p->cb(-1, NULL, &e, p->ud);
+    }
+}
+
+/* n callbacks have returned. Under r->mu. */
+static void cb_done_locked(dsec__req *r, uint64_t n)
+{
+    r->cb_outstanding -= n;
+    if (r->cb_outstanding == 0 && r->idle_waiters > 0)
+        pthread_cond_broadcast(&r->idle_cond);
+}
+
 static void replyq_push(struct replyq *q, struct pending *p)
 {
     p->clink = NULL;
@@ -421,6 +448,16 @@ static void replyq_push(struct replyq *q, struct pending *p)
 static void complete(dsec_bus *bus, struct pending *p)
 {
     dsec__req *r = bus->req;
+    if (p->direct) {
+        /* dsec_bus_request_direct: the caller promised a callback that
+         * never blocks, so it runs here, a thread hand-off sooner. */
+        run_cb(bus, p);
+        pthread_mutex_lock(&r->mu);
+        pending_free(r, p);
+        cb_done_locked(r, 1);
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
     if (p->fut == NULL) {
         /* Runs of REPLYQ_RUN consecutive ids share a queue: a burst of
          * replies then wakes one worker instead of every one of them, and
@@ -473,30 +510,15 @@ static void replyq_run(dsec__task *t)
         last->clink = NULL;
         pthread_mutex_unlock(&q->mu);
 
-        for (struct pending *p = batch; p != NULL; p = p->clink) {
-            if (p->code == 0) {
-                dsec_err ok;
-                dsec_err_clear(&ok);
-                dsec_msg m;
-                dsec__msg_init(&m, p->reply, bus);
-                p->cb(0, &m, &ok, p->ud);
-                /* Here rather than under r->mu in pending_free. */
-                dsec__msg_destroy(&p->reply);
-            } else {
-                dsec_err e;
-                fill_err(&e, p->code, p->subject, p->timeout_ms);
-                p->cb(-1, NULL, &e, p->ud);
-            }
-        }
+        for (struct pending *p = batch; p != NULL; p = p->clink)
+            run_cb(bus, p);
 
         pthread_mutex_lock(&r->mu);
         for (struct pending *p = batch, *next; p != NULL; p = next) {
             next = p->clink;
             pending_free(r, p);
         }
-        r->cb_outstanding -= (uint64_t)n;
-        if (r->cb_outstanding == 0 && r->idle_waiters > 0)
-            pthread_cond_broadcast(&r->idle_cond);
+        cb_done_locked(r, (uint64_t)n);
         pthread_mutex_unlock(&r->mu);
 
         pthread_mutex_lock(&q->mu);
@@ -622,7 +644,7 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus request table");
     r->bus = bus;
     r->inbox_done = true; /* until there is an inbox */
-    r->armed = INT64_MIN;  /* the timer has not looked yet */
+    r->armed = INT64_MIN; /* the timer has not looked yet */
     pthread_mutex_init(&r->mu, NULL);
     dsec__cond_init(&r->timer_cond);
     dsec__cond_init(&r->idle_cond);
@@ -690,8 +712,8 @@ int dsec__req_start(dsec_bus *bus, dsec_err *err)
 }
 
 static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
-                        size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, dsec_future *fut,
-                        dsec_err *err)
+                        size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, bool direct,
+                        dsec_future *fut, dsec_err *err)
 {
     dsec__req *r = bus->req;
     if (subject == NULL || subject[0] == '\0')
@@ -722,6 +744,7 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     p->reply = NULL;
     p->cb = cb;
     p->ud = ud;
+    p->direct = direct;
     p->fut = fut;
     p->clink = NULL;
     keep_subject(p->subject, subject);
@@ -774,7 +797,17 @@ int dsec_bus_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, co
     if (cb == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "request on %s: no callback",
                             subject != NULL ? subject : "?");
-    return send_request(bus, subject, hdr, data, len, timeout_ms, cb, ud, NULL, err);
+    return send_request(bus, subject, hdr, data, len, timeout_ms, cb, ud, false, NULL, err);
+}
+
+int dsec_bus_request_direct(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
+                            const void *data, size_t len, int timeout_ms, dsec_reply_cb cb,
+                            void *ud, dsec_err *err)
+{
+    if (cb == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "request on %s: no callback",
+                            subject != NULL ? subject : "?");
+    return send_request(bus, subject, hdr, data, len, timeout_ms, cb, ud, true, NULL, err);
 }
 
 int dsec_bus_request_future(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
@@ -792,7 +825,7 @@ int dsec_bus_request_future(dsec_bus *bus, const char *subject, const dsec_hdr *
     f->timeout_ms = timeout_ms;
     f->reply.bus = bus;
     keep_subject(f->subject, subject != NULL ? subject : "");
-    if (send_request(bus, subject, hdr, data, len, timeout_ms, NULL, NULL, f, err) < 0) {
+    if (send_request(bus, subject, hdr, data, len, timeout_ms, NULL, NULL, false, f, err) < 0) {
         future_destroy(f); /* never reached the table: both references are ours */
         return -1;
     }

@@ -831,10 +831,20 @@ static void headers_present(void **state)
 /* Headers read from the raw block must equal what nats.c's parser reads
  * from the same message, for every key, in every block shape. */
 static const char *const hdr_keys[] = {
-    DSEC_HDR_TYPE,     DSEC_HDR_SCHEMA,     DSEC_HDR_CONTENT_TYPE, DSEC_HDR_REQ_ID,
-    DSEC_HDR_TRACE_ID, DSEC_HDR_ERROR_CODE, "dsec-type",           "DSEC-TRACE-ID",
-    "dsec-trace-id",   "X-Dup",             "X-Long",              "Absent",
-    "Status",          "A",
+    DSEC_HDR_TYPE,
+    DSEC_HDR_SCHEMA,
+    DSEC_HDR_CONTENT_TYPE,
+    DSEC_HDR_REQ_ID,
+    DSEC_HDR_TRACE_ID,
+    DSEC_HDR_ERROR_CODE,
+    "dsec-type",
+    "DSEC-TRACE-ID",
+    "dsec-trace-id",
+    "X-Dup",
+    "X-Long",
+    "Absent",
+    "Status",
+    "A",
 };
 #define NKEYS (sizeof hdr_keys / sizeof hdr_keys[0])
 #define HMSGS 6
@@ -843,7 +853,7 @@ typedef struct hdr_cmp {
     counter done;
     pthread_mutex_t mu;
     int n;
-    int raw_rc[HMSGS][NKEYS];  /* dsec__msg_header_raw before anything parsed */
+    int raw_rc[HMSGS][NKEYS]; /* dsec__msg_header_raw before anything parsed */
     char ours[HMSGS][NKEYS][400];
     char theirs[HMSGS][NKEYS][400];
     bool same_ptr[HMSGS]; /* reading a key twice gives the same string */
@@ -1461,8 +1471,8 @@ static void request_timeouts_in_order(void **state)
     for (int i = 1; i < n; i++) {
         const struct to_slot *a = &o->slots[o->seq[i - 1]], *b = &o->slots[o->seq[i]];
         if (a->timeout_ms > b->timeout_ms || (a->timeout_ms == b->timeout_ms && a->idx > b->idx))
-            fail_msg("request %d (%d ms) timed out after request %d (%d ms)", a->idx,
-                     a->timeout_ms, b->idx, b->timeout_ms);
+            fail_msg("request %d (%d ms) timed out after request %d (%d ms)", a->idx, a->timeout_ms,
+                     b->idx, b->timeout_ms);
     }
     pthread_mutex_unlock(&o->mu);
     dsec_bus_free(bus);
@@ -1489,6 +1499,138 @@ static void request_no_responders(void **state)
     assert_true(took < 1000); /* well before the 5 s deadline */
     dsec_bus_free(bus);
     server_stop(&s);
+}
+
+/* dsec_bus_request_direct: the callback runs where the answer is known, not
+ * on a bus worker. The requester's only worker is held by a handler, so a
+ * callback that needed a worker could not run: direct answers still arrive
+ * (replies, a chain of requests sent from callbacks, a timeout, no
+ * responders), each exactly once, while an ordinary request's callback waits
+ * for the worker. */
+typedef struct direct_chain {
+    dsec_bus *bus;
+    counter done;
+    atomic_uint next; /* the index the next request carries */
+    uint32_t total;
+    atomic_int bad; /* wrong payload, error, or an index answered twice */
+    atomic_uchar *seen;
+} direct_chain;
+
+static void direct_chain_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud);
+
+static void direct_chain_send(direct_chain *c)
+{
+    uint32_t i = atomic_fetch_add(&c->next, 1);
+    if (i >= c->total)
+        return;
+    unsigned char b[4];
+    put_u32(b, i);
+    dsec_err err;
+    if (dsec_bus_request_direct(c->bus, "test.rr.echo", NULL, b, sizeof b, 10000, direct_chain_cb,
+                                c, &err) != 0) {
+        atomic_fetch_add(&c->bad, 1);
+        counter_add(&c->done, 1);
+    }
+}
+
+static void direct_chain_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    direct_chain *c = ud;
+    if (status != 0 || dsec_msg_len(reply) != 4)
+        atomic_fetch_add(&c->bad, 1);
+    else {
+        uint32_t i = get_u32(dsec_msg_data(reply));
+        if (i >= c->total || atomic_exchange(&c->seen[i], 1) != 0)
+            atomic_fetch_add(&c->bad, 1);
+    }
+    counter_add(&c->done, 1);
+    direct_chain_send(c); /* a direct callback may send requests */
+}
+
+static void request_direct_skips_workers(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *srv_bus = bus_open(&s, "responder", 2, 0, NULL);
+    dsec_bus *cli_bus = bus_open(&s, "requester", 1, 0, NULL);
+    actor_on(srv_bus, "echo", "test.rr.echo", echo_handler, NULL);
+    counter got;
+    counter_init(&got);
+    actor_on(srv_bus, "silent", "test.rr.silent", silent_handler, &got);
+    par_state ps;
+    gate_init(&ps.g);
+    counter_init(&ps.a_done);
+    actor_on(cli_bus, "hold", "test.direct.hold", blocking_handler, &ps);
+    flush(srv_bus);
+    flush(cli_bus);
+    dsec_err err;
+    /* the requester's one worker is now taken */
+    assert_int_equal(dsec_bus_publish(cli_bus, "test.direct.hold", NULL, NULL, "h", 1, &err), 0);
+    assert_true(gate_wait_entered(&ps.g, 1, WAIT_MS));
+
+    /* an ordinary request's callback waits for the worker */
+    rr_many queued;
+    counter_init(&queued.done);
+    queued.slots = dsec_calloc(1, sizeof *queued.slots);
+    queued.slots[0].st = &queued;
+    unsigned char b0[4];
+    put_u32(b0, 0);
+    assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b0, sizeof b0, 10000, rr_cb,
+                                      &queued.slots[0], &err),
+                     0);
+
+    /* direct ones do not: 64 chains of requests sent from their callbacks */
+    const uint32_t total = 2000;
+    direct_chain c = {.bus = cli_bus, .total = total};
+    counter_init(&c.done);
+    c.seen = dsec_calloc(total, sizeof *c.seen);
+    for (int k = 0; k < 64; k++)
+        direct_chain_send(&c);
+    assert_true(counter_wait(&c.done, total, WAIT_MS));
+    assert_int_equal(atomic_load(&c.bad), 0);
+    for (uint32_t i = 0; i < total; i++)
+        assert_int_equal(atomic_load(&c.seen[i]), 1);
+
+    /* failures reach direct callbacks too, once each */
+    rr_many fails;
+    counter_init(&fails.done);
+    fails.slots = dsec_calloc(2, sizeof *fails.slots);
+    for (uint32_t i = 0; i < 2; i++) {
+        fails.slots[i].st = &fails;
+        fails.slots[i].index = i;
+    }
+    assert_int_equal(dsec_bus_request_direct(cli_bus, "test.rr.silent", NULL, "q", 1, 100, rr_cb,
+                                             &fails.slots[0], &err),
+                     0);
+    assert_int_equal(dsec_bus_request_direct(cli_bus, "test.rr.nobody", NULL, "q", 1, 5000, rr_cb,
+                                             &fails.slots[1], &err),
+                     0);
+    assert_true(counter_wait(&fails.done, 2, WAIT_MS));
+    assert_int_equal(fails.slots[0].code, DSEC_E_TIMEOUT);
+    assert_int_equal(fails.slots[1].code, DSEC_E_NO_RESPONDERS);
+
+    /* the ordinary one is still waiting for the worker, then gets its answer */
+    assert_int_equal(atomic_load(&queued.slots[0].calls), 0);
+    gate_open(&ps.g);
+    assert_true(counter_wait(&queued.done, 1, WAIT_MS));
+    assert_int_equal(queued.slots[0].status, 0);
+    assert_true(queued.slots[0].payload_ok);
+
+    dsec_bus_free(cli_bus);
+    dsec_bus_free(srv_bus);
+    server_stop(&s);
+    for (uint32_t i = 0; i < 2; i++)
+        assert_int_equal(atomic_load(&fails.slots[i].calls), 1);
+    assert_int_equal(atomic_load(&queued.slots[0].calls), 1);
+    gate_destroy(&ps.g);
+    counter_destroy(&got);
+    counter_destroy(&ps.a_done);
+    counter_destroy(&c.done);
+    counter_destroy(&fails.done);
+    counter_destroy(&queued.done);
+    dsec_free(c.seen);
+    dsec_free(fails.slots);
+    dsec_free(queued.slots);
 }
 
 /* ---- group restart: kill -9 the server mid-traffic ------------------------ */
@@ -1900,8 +2042,12 @@ static void schema_newer_refused(void **state)
     server_start(&s);
     evrec ev;
     evrec_init(&ev);
-    dsec_bus_opts o = {.url = dsec_natsd_url(s.srv), .name = "schema", .threads = 2,
-                       .on_event = on_event, .event_ud = &ev, .schema_max = 3};
+    dsec_bus_opts o = {.url = dsec_natsd_url(s.srv),
+                       .name = "schema",
+                       .threads = 2,
+                       .on_event = on_event,
+                       .event_ud = &ev,
+                       .schema_max = 3};
     dsec_bus *bus = NULL;
     dsec_err err;
     if (dsec_bus_connect(&bus, &o, &err) != 0)
@@ -1945,7 +2091,8 @@ static void schema_newer_refused(void **state)
     flush(plain);
     dsec_msg *reply = NULL;
     dsec_hdr h = {.type = "ping", .schema = 999999};
-    assert_int_equal(dsec_bus_request_sync(bus, "test.schema.plain", &h, "y", 1, 5000, &reply, &err), 0);
+    assert_int_equal(
+        dsec_bus_request_sync(bus, "test.schema.plain", &h, "y", 1, 5000, &reply, &err), 0);
     assert_null(dsec_msg_header(reply, DSEC_HDR_ERROR_CODE));
     dsec_msg_free(reply);
     (void)b;
@@ -2123,8 +2270,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(order_per_key),
     };
     const struct CMUnitTest actor[] = {
-        cmocka_unit_test(parallel_actors),   cmocka_unit_test(parallel_keys),
-        cmocka_unit_test(headers_present),   cmocka_unit_test(headers_match_nats),
+        cmocka_unit_test(parallel_actors),
+        cmocka_unit_test(parallel_keys),
+        cmocka_unit_test(headers_present),
+        cmocka_unit_test(headers_match_nats),
         cmocka_unit_test(msg_destroy_leaves_js_autoack_msgs),
         cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
@@ -2139,6 +2288,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(request_timeout),
         cmocka_unit_test(request_timeouts_in_order),
         cmocka_unit_test(request_no_responders),
+        cmocka_unit_test(request_direct_skips_workers),
     };
     const struct CMUnitTest restart[] = {
         cmocka_unit_test(restart_mid_traffic),
