@@ -57,7 +57,9 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t n = strtoul(argv[2], NULL, 10), window = strtoul(argv[3], NULL, 10);
-    dsec_client_opts o = {.url = argv[1], .name = "bench-sdk-c"};
+    /* on_created only counts and signals: it may run where each reply arrives,
+     * as the Python SDK's completion-queue pushes do */
+    dsec_client_opts o = {.url = argv[1], .name = "bench-sdk-c", .direct_callbacks = true};
     dsec_client *c;
     dsec_err err;
     if (dsec_client_connect(&c, &o, &err) < 0) {

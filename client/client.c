@@ -24,6 +24,7 @@ struct dsec_client {
     char *tenant;
     int timeout_ms;
     int retries;
+    bool direct_callbacks; /* dsec_client_opts.direct_callbacks */
     dsec_actor *lost;     /* dsec_watch_lost's subscription */
     /* creates whose connection dropped mid-request wait here until that attempt's
      * deadline before their retry (see defer_retry) */
@@ -199,6 +200,7 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
     }
     c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
     c->retries = o.retries > 0 ? o.retries : (o.retries < 0 ? 0 : 2);
+    c->direct_callbacks = o.direct_callbacks;
     /* a client waits on every answer: publish at once rather than batch */
     /* replies under _INBOX.<tenant>: a bus configured by `dsec auth` lets this
      * tenant subscribe there and nowhere else, so no tenant reads another's answers */
@@ -334,6 +336,7 @@ struct async_create {
     struct create_req r;
     dsec_create_cb cb;
     void *ud;
+    bool direct; /* cb never blocks: it runs where the reply arrives (dsec_bus_request_direct) */
     int retry;
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
     struct async_create *rnext; /* waiting for its retry (client rmu) */
@@ -478,12 +481,19 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
 static int async_send(struct async_create *a, dsec_err *err)
 {
     dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id};
+    if (a->direct)
+        return dsec_bus_request_direct(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
+                                       a->c->timeout_ms, on_create_reply, a, err);
     return dsec_bus_request(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
                             a->c->timeout_ms, on_create_reply, a, err);
 }
 
-int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
-                      dsec_err *err)
+/* direct: the callback runs where the reply arrives, a thread hand-off
+ * sooner. libdsec's own callbacks only queue or signal (completion queues,
+ * dsec_create); a caller's (dsec_create_async) may block, so it runs on a
+ * bus worker unless the client was told it never does. */
+static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
+                        bool direct, dsec_err *err)
 {
     struct async_create *a = dsec_calloc(1, sizeof *a);
     if (a == NULL)
@@ -491,6 +501,7 @@ int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_
     a->c = c;
     a->cb = cb;
     a->ud = ud;
+    a->direct = direct;
     int rc = create_req_build(c, spec, &a->r, err);
     if (rc == 0) {
         a->deadline_ns = a->r.m.deadline_ns;
@@ -502,6 +513,12 @@ int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_
         return -1;
     }
     return 0;
+}
+
+int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
+                      dsec_err *err)
+{
+    return create_async(c, spec, cb, ud, c->direct_callbacks, err);
 }
 
 /* Synchronous create: an async create and a condition to wait on. */
@@ -531,7 +548,7 @@ static void on_sync_create(int status, const dsec_sandbox_info *info, const dsec
 int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info *out, dsec_err *err)
 {
     struct sync_create s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    if (dsec_create_async(c, spec, on_sync_create, &s, err) < 0)
+    if (create_async(c, spec, on_sync_create, &s, true, err) < 0)
         return -1;
     pthread_mutex_lock(&s.mu);
     while (!s.done)
@@ -1084,7 +1101,7 @@ int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uin
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     cc->q = q;
     cc->token = token;
-    if (dsec_create_async(c, spec, on_cq_create, cc, err) < 0) {
+    if (create_async(c, spec, on_cq_create, cc, true, err) < 0) {
         dsec_free(cc);
         return -1;
     }

@@ -394,22 +394,31 @@ static void on_retried(int status, const dsec_sandbox_info *info, const dsec_err
 }
 
 /* The spec is borrowed only for dsec_create_async: a retry after the first
- * attempt timed out must not read the caller's (since freed) strings. */
-static void async_retry_outlives_the_callers_spec(void **state)
+ * attempt timed out must not read the caller's (since freed) strings. With
+ * direct callbacks the timeouts and the resends run on the bus's timer
+ * thread instead of a callback thread, and must do the same. */
+static void async_retry_check(const char *tag, bool direct)
 {
     static dsec_cell_conf c;
-    conf_for(&c, "t11");
+    conf_for(&c, tag);
     static const char *const t[] = {"container", NULL};
     dsec_err err;
+    char node[32];
+    snprintf(node, sizeof node, "%s-a", tag);
     /* sim containers that take ~1 s to start: the first 400 ms attempt times out */
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t11-a", 1, 64000, 65536, 10, t, "25", &err), 0);
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, node, 1, 64000, 65536, 10, t, "25", &err), 0);
     dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
     dsec_client *cl = NULL;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t11", .timeout_ms = 400, .retries = 6};
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd),
+                          .tenant = tag,
+                          .timeout_ms = 400,
+                          .retries = 6,
+                          .direct_callbacks = direct};
     if (dsec_client_connect(&cl, &o, &err) < 0)
         fail_msg("client: %s", err.msg);
     track_client(cl);
-    char *type = dsec_strdup("container"), *rollout = dsec_strdup("rollout-t11"), *label = dsec_strdup("k=v");
+    char *type = dsec_strdup("container"), *rollout = dsec_strdup("rollout-retry"),
+         *label = dsec_strdup("k=v");
     const char **labels = dsec_calloc(2, sizeof *labels);
     labels[0] = label;
     dsec_create_spec spec = {.type = type, .rollout_id = rollout, .labels = labels, .memory_mb = 64};
@@ -432,6 +441,16 @@ static void async_retry_outlives_the_callers_spec(void **state)
     dsec_node_stats ns;
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
     assert_int_equal(ns.created, 1); /* the retries found the first attempt's sandbox */
+}
+
+static void async_retry_outlives_the_callers_spec(void **state)
+{
+    async_retry_check("t11", false);
+}
+
+static void async_retry_direct_callbacks(void **state)
+{
+    async_retry_check("t12", true);
 }
 
 static void idempotent_create_under_retries(void **state)
@@ -746,6 +765,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),
         cmocka_unit_test_teardown(async_retry_outlives_the_callers_spec, test_teardown),
+        cmocka_unit_test_teardown(async_retry_direct_callbacks, test_teardown),
         cmocka_unit_test_teardown(sandbox_operations, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),

@@ -22,6 +22,10 @@ typedef struct dsec_client_opts {
     int retries;        /* extra attempts on retry-safe failures; default 2 */
     int threads;        /* callback threads; default 2 */
     const char *name;   /* connection name; default "dsec-client" */
+    bool direct_callbacks; /* the caller's create callbacks never block (no waiting on
+                              another answer, no sleeping): dsec_create_async runs them on
+                              the thread its reply arrives on instead of a callback thread,
+                              one thread hand-off sooner (dsec_bus_request_direct) */
 } dsec_client_opts;
 
 /* Connect. *out owns the client; free with dsec_client_free (drains first:

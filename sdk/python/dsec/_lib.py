@@ -20,7 +20,8 @@ class Err(Structure):
 
 class ClientOpts(Structure):
     _fields_ = [("url", c_char_p), ("tenant", c_char_p), ("timeout_ms", c_int),
-                ("retries", c_int), ("threads", c_int), ("name", c_char_p)]
+                ("retries", c_int), ("threads", c_int), ("name", c_char_p),
+                ("direct_callbacks", c_bool)]
 
 
 class CreateSpec(Structure):
