@@ -247,6 +247,7 @@ int dsec_js_stream_ensure(dsec_js *js, const dsec_stream_conf *conf, dsec_err *e
     c.MaxMsgsPerSubject = conf->max_msgs_per_subject > 0 ? conf->max_msgs_per_subject : -1;
     c.Storage = conf->memory ? js_MemoryStorage : js_FileStorage;
     c.Retention = js_LimitsPolicy;
+    c.AllowDirect = true; /* dsec_js_read's direct gets, answered by any replica */
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s = js_AddStream(&si, js->ctx, &c, NULL, &jerr);
@@ -350,11 +351,66 @@ int dsec_js_last(dsec_js *js, const char *stream, const char *subject, void **da
     return 0;
 }
 
+/* Read with direct gets, one message per request, each the next one on
+ * subject after the last: any replica of the stream answers them, so a read
+ * works while the stream or JetStream's meta layer elects a new leader (a
+ * consumer needs both, and on nats-server 2.9 creating one can time out for
+ * many seconds after a leader is lost). A replica may lag its leader by the
+ * last few writes. */
+static int read_direct(dsec_js *js, const char *stream, const char *subject, dsec_js_each_fn fn,
+                       void *ud, size_t *count, dsec_err *err)
+{
+    uint64_t next = 1;
+    for (;;) {
+        jsDirectGetMsgOptions o;
+        jsDirectGetMsgOptions_Init(&o);
+        o.Sequence = next;
+        o.NextBySubject = subject;
+        natsMsg *m = NULL;
+        natsStatus s = js_DirectGetMsg(&m, js->ctx, stream, NULL, &o);
+        if (s == NATS_NOT_FOUND)
+            return 0; /* nothing on subject from next on */
+        if (s != NATS_OK)
+            return js_err(err, s, 0,
+                          "reading %s: direct get from sequence %" PRIu64 " of stream %s", subject,
+                          next, stream);
+        uint64_t seq = natsMsg_GetSequence(m);
+        if (seq < next) {
+            dsec__msg_destroy(&m);
+            return dsec_err_set(err, DSEC_E_INTERNAL, 0,
+                                "reading %s: stream %s answered sequence %" PRIu64 " for %" PRIu64
+                                " or later",
+                                subject, stream, seq, next);
+        }
+        if (count != NULL)
+            (*count)++;
+        int stop = fn(natsMsg_GetSubject(m), natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                      seq, ud);
+        dsec__msg_destroy(&m);
+        if (stop)
+            return 0;
+        next = seq + 1;
+    }
+}
+
 int dsec_js_read(dsec_js *js, const char *stream, const char *subject, dsec_js_each_fn fn, void *ud,
                  size_t *count, dsec_err *err)
 {
     if (count != NULL)
         *count = 0;
+    /* Whether the stream allows direct gets (dsec's own do); a stream without
+     * them would leave a direct get unanswered until the timeout. When the
+     * stream's info cannot be read (an election under way), direct gets. */
+    jsStreamInfo *si = NULL;
+    jsErrCode ijerr = 0;
+    natsStatus is = js_GetStreamInfo(&si, js->ctx, stream, NULL, &ijerr);
+    if (is != NATS_OK && (ijerr == JSStreamNotFoundErr || is == NATS_NOT_FOUND))
+        return js_err(err, is, ijerr, "reading %s: stream %s", subject, stream);
+    bool direct = is != NATS_OK || si == NULL || si->Config == NULL || si->Config->AllowDirect;
+    jsStreamInfo_Destroy(si);
+    if (direct)
+        return read_direct(js, stream, subject, fn, ud, count, err);
+    /* a stream made without allow_direct (by another tool): an ordered consumer */
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = stream;

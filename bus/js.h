@@ -98,7 +98,11 @@ typedef int (*dsec_js_each_fn)(const char *subject, const void *data, size_t len
                                void *ud);
 
 /* Read every message of stream on subject (wildcards allowed), oldest first,
- * then return: the messages stored when the read started. *count (may be
+ * then return. Streams made by dsec_js_stream_ensure are read with direct
+ * gets, which any replica answers (a read works while the stream elects a
+ * leader; a replica may lag by the last few writes, and messages written on
+ * subject during the read are read too); other streams through an ordered
+ * consumer, up to the messages stored when the read started. *count (may be
  * NULL) gets how many were delivered. */
 int dsec_js_read(dsec_js *js, const char *stream, const char *subject, dsec_js_each_fn fn, void *ud,
                  size_t *count, dsec_err *err);

@@ -27,6 +27,7 @@
 /* White box: the header tests compare the bus's reading of raw header
  * blocks with nats.c's own parser on the same received message. */
 #include "bus/internal.h"
+#include "bus/js.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 
@@ -1095,6 +1096,88 @@ static void msg_destroy_leaves_js_autoack_msgs(void **state)
     natsSubscription_Destroy(sub);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
+    server_stop(&s);
+}
+
+/* dsec_js_read: a stream dsec made is read with direct gets; one made
+ * without allow_direct (by another tool) through an ordered consumer. Both
+ * give every message on the subject, oldest first, and nothing else. */
+typedef struct js_seen {
+    int n;
+    uint64_t last_seq;
+    char data[8][8];
+    bool bad;
+} js_seen;
+
+static int js_seen_each(const char *subject, const void *data, size_t len, uint64_t seq, void *ud)
+{
+    js_seen *s = ud;
+    if (s->n >= 8 || len >= sizeof s->data[0] || seq <= s->last_seq ||
+        strncmp(subject, "rd.a.", 5) != 0) {
+        s->bad = true;
+        return 1;
+    }
+    memcpy(s->data[s->n], data, len);
+    s->data[s->n][len] = '\0';
+    s->last_seq = seq;
+    s->n++;
+    return 0;
+}
+
+static void js_read_direct_and_consumer(void **state)
+{
+    server s;
+    server_start_with(&s, true);
+    dsec_bus *bus = bus_open(&s, "jsread", 1, 0, NULL);
+    dsec_js *js = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_js_new(&js, bus, 5000, &err), 0);
+    /* a stream without allow_direct, as another tool would make it */
+    natsConnection *nc = NULL;
+    jsCtx *raw = NULL;
+    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(s.srv)), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(&raw, nc, NULL), NATS_OK);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"rd.>"};
+    sc.Name = "RD";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_AddStream(NULL, raw, &sc, NULL, &jerr), NATS_OK);
+    const char *const subj[] = {"rd.a.1", "rd.b.1", "rd.a.2", "rd.a.3", "rd.b.2"};
+    const char *const body[] = {"one", "x", "two", "three", "y"};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(dsec_js_publish(js, subj[i], body[i], strlen(body[i]), NULL, &err), 0);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) { /* dsec's own ensure turns direct gets on */
+            dsec_stream_conf conf = {.name = "RD", .subjects = subjects, .nsubjects = 1};
+            assert_int_equal(dsec_js_stream_ensure(js, &conf, &err), 0);
+            jsStreamInfo *si = NULL;
+            assert_int_equal(js_GetStreamInfo(&si, raw, "RD", NULL, &jerr), NATS_OK);
+            assert_true(si->Config->AllowDirect);
+            jsStreamInfo_Destroy(si);
+        }
+        js_seen seen = {0};
+        size_t count = 0;
+        int rrc = dsec_js_read(js, "RD", "rd.a.*", js_seen_each, &seen, &count, &err);
+        if (rrc != 0)
+            fail_msg("pass %d: %s", pass, err.msg);
+        assert_false(seen.bad);
+        assert_int_equal(seen.n, 3);
+        assert_int_equal(count, 3);
+        assert_string_equal(seen.data[0], "one");
+        assert_string_equal(seen.data[1], "two");
+        assert_string_equal(seen.data[2], "three");
+        js_seen none = {0};
+        assert_int_equal(dsec_js_read(js, "RD", "rd.c.*", js_seen_each, &none, &count, &err), 0);
+        assert_int_equal(none.n, 0);
+        assert_int_equal(count, 0);
+    }
+    jsCtx_Destroy(raw);
+    natsConnection_Destroy(nc);
+    dsec_js_free(js);
+    dsec_bus_free(bus);
     server_stop(&s);
 }
 
@@ -2275,6 +2358,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(headers_present),
         cmocka_unit_test(headers_match_nats),
         cmocka_unit_test(msg_destroy_leaves_js_autoack_msgs),
+        cmocka_unit_test(js_read_direct_and_consumer),
         cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
     };
