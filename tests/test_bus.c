@@ -1024,6 +1024,24 @@ static void headers_match_nats(void **state)
     dsec_free(c);
 }
 
+/* A plain nats.c connection to s with a JetStream stream name on subject
+ * (no allow_direct: as another tool would make it). */
+static void raw_js_stream(server *s, const char *name, const char *subject, bool memory,
+                          natsConnection **nc, jsCtx **js)
+{
+    assert_int_equal(natsConnection_ConnectTo(nc, dsec_natsd_url(s->srv)), NATS_OK);
+    assert_int_equal(natsConnection_JetStream(js, *nc, NULL), NATS_OK);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {subject};
+    sc.Name = name;
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.Storage = memory ? js_MemoryStorage : js_FileStorage;
+    jsErrCode jerr = 0;
+    assert_int_equal(js_AddStream(NULL, *js, &sc, NULL, &jerr), NATS_OK);
+}
+
 /* dsec__msg_destroy frees a nats.c message itself only where natsMsg_Destroy
  * would free it. JetStream's auto-ack callback marks the message "no destroy"
  * and acks it after the user's callback returns, so the callback's destroy
@@ -1056,17 +1074,8 @@ static void msg_destroy_leaves_js_autoack_msgs(void **state)
     server_start_with(&s, true);
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
-    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(s.srv)), NATS_OK);
-    assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subjects[] = {"free.>"};
-    sc.Name = "FREE";
-    sc.Subjects = subjects;
-    sc.SubjectsLen = 1;
-    sc.Storage = js_MemoryStorage;
+    raw_js_stream(&s, "FREE", "free.>", true, &nc, &js);
     jsErrCode jerr = 0;
-    assert_int_equal(js_AddStream(NULL, js, &sc, NULL, &jerr), NATS_OK);
     for (int i = 0; i < JS_ACKED; i++)
         assert_int_equal(js_Publish(NULL, js, "free.x", "body", 4, NULL, &jerr), NATS_OK);
 
@@ -1135,16 +1144,9 @@ static void js_read_direct_and_consumer(void **state)
     /* a stream without allow_direct, as another tool would make it */
     natsConnection *nc = NULL;
     jsCtx *raw = NULL;
-    assert_int_equal(natsConnection_ConnectTo(&nc, dsec_natsd_url(s.srv)), NATS_OK);
-    assert_int_equal(natsConnection_JetStream(&raw, nc, NULL), NATS_OK);
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
+    raw_js_stream(&s, "RD", "rd.>", false, &nc, &raw);
     const char *subjects[] = {"rd.>"};
-    sc.Name = "RD";
-    sc.Subjects = subjects;
-    sc.SubjectsLen = 1;
     jsErrCode jerr = 0;
-    assert_int_equal(js_AddStream(NULL, raw, &sc, NULL, &jerr), NATS_OK);
     const char *const subj[] = {"rd.a.1", "rd.b.1", "rd.a.2", "rd.a.3", "rd.b.2"};
     const char *const body[] = {"one", "x", "two", "three", "y"};
     for (int i = 0; i < 5; i++)
