@@ -293,11 +293,7 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
 #endif
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(bus->nc, nm);
-#ifdef DSEC_NATS_RAW_HEADERS
-    natsMsg_free(nm);
-#else
-    dsec__msg_destroy(&nm);
-#endif
+    dsec__msg_destroy(&nm); /* freed at once: see dsec__msg_destroy */
     if (s != NATS_OK)
         return dsec__nats_err(err, s, "publish to %s", subject);
     return 0;
