@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/cgroup-tune.h"
 #include "backends/function-int.h"
 #include "backends/function.h"
 #include "dsec/alloc.h"
@@ -69,6 +70,7 @@ struct opts {
     uint32_t uid_base;
     char preload[1024], ro[1024], cgroup[16], prestart[64];
     bool rlimit_as;
+    bool favordynmods; /* remount cgroup2 with favordynmods (cgroup-tune.h) */
 };
 
 static int opt_u64(const char *key, const char *v, uint64_t min, uint64_t max, uint64_t *out,
@@ -99,7 +101,7 @@ static const char known_opts[] = "zygote, python, python_module, max_workers, po
                                  "pool_sh, pool_native, prestart, tmpfs_mb, memory_mb, "
                                  "hot_python3, hot_sh, hot_native, hot_level, max_timeout_ms, "
                                  "acquire_ms, uid_base, preload, ro, "
-                                 "cgroup, rlimit_as, files_mb";
+                                 "cgroup, rlimit_as, files_mb, cgroup_favordynmods";
 
 static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *err)
 {
@@ -116,6 +118,7 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
     o->acquire_ms = 30000;
     o->files_mb = 64;
     o->uid_base = 1500000000u;
+    o->favordynmods = true;
     snprintf(o->preload, sizeof o->preload, "%s", default_preload);
     snprintf(o->python, sizeof o->python, "/usr/bin/python3");
     snprintf(o->cgroup, sizeof o->cgroup, "auto");
@@ -126,7 +129,7 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
                                 i);
         bool mine = strncmp(k, "function.", 9) == 0;
         const char *key = mine ? k + 9 : k;
-        uint64_t x;
+        uint64_t x = 0;
         int rc = 0;
         if (strcmp(key, "zygote") == 0)
             rc = opt_str(k, v, o->zygote, sizeof o->zygote, err);
@@ -173,7 +176,9 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
                 rc = dsec_err_set(err, DSEC_E_CONFIG, 0,
                                   "function option %s=\"%s\": expected true or false", k, v);
             o->rlimit_as = strcmp(v, "true") == 0;
-        } else if (mine)
+        } else if (strcmp(key, "cgroup_favordynmods") == 0)
+            rc = dsec_cgroup_tune_opt(k, v, &o->favordynmods, err);
+        else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown function option %s (known: %s)", k,
                               known_opts);
         /* else: another backend's option */
@@ -263,6 +268,7 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
         return dsec_err_set(
             err, DSEC_E_CONFIG, EPERM,
             "function sandboxes need root (namespaces, mounts and cgroups per call)");
+    dsec_cgroup_tune_apply(o.favordynmods, "function");
     struct fn *f = dsec_calloc(1, sizeof *f);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the backend");
@@ -410,7 +416,7 @@ static int parse_spec(const struct fn *f, const dsec_sandbox_spec *spec, struct 
         const char *k = spec->labels[i].key, *v = spec->labels[i].value;
         if (k == NULL || v == NULL)
             continue;
-        uint64_t x;
+        uint64_t x = 0;
         if (strcmp(k, "runtime") == 0) {
             sb->rt = dsec__fn_runtime_find(v);
             if (sb->rt < 0)

@@ -252,7 +252,7 @@ static double host_spawn_floor_ms(int n, double *samples)
     return pct(samples, (size_t)n, 0.5);
 }
 
-static void exec_true(dsec_client *cl, const char *id, double *lat)
+static void exec_true(dsec_client *cl, const char *id, double *lat, double *in_agent)
 {
     const char *argv[] = {"/bin/true", NULL};
     dsec_exec_opts eo = {.argv = argv};
@@ -263,6 +263,8 @@ static void exec_true(dsec_client *cl, const char *id, double *lat)
         die("exec", &err);
     if (lat)
         *lat = now_s() - t0;
+    if (in_agent)
+        *in_agent = (double)res.duration_us / 1e6;
     if (res.exit_code != 0) {
         fprintf(stderr, "bench container: /bin/true exited %d\n", res.exit_code);
         exit(1);
@@ -314,7 +316,7 @@ static double fork_children(dsec_client *cl, const char *id, unsigned n, const c
     }
     /* every child answers, so its container is really running */
     for (size_t i = 0; i < nk; i++)
-        exec_true(cl, (*kids)[i], NULL);
+        exec_true(cl, (*kids)[i], NULL, NULL);
     uint64_t d1 = used_bytes(store), m1 = mem_available_kb();
     *disk = d1 > d0 ? (double)(d1 - d0) / n : 0;
     *mem = m0 > m1 ? (double)(m0 - m1) * 1024 / n : 0;
@@ -376,7 +378,7 @@ int main(void)
     /* warm-up: the layers enter the node's cache */
     dsec_sandbox_info warm;
     make(cl, &warm);
-    exec_true(cl, warm.id, NULL);
+    exec_true(cl, warm.id, NULL, NULL);
 
     /* 1. create -> first exec ready */
     double create_lat[CREATE_N];
@@ -384,7 +386,7 @@ int main(void)
         dsec_sandbox_info info;
         double t0 = now_s();
         make(cl, &info);
-        exec_true(cl, info.id, NULL);
+        exec_true(cl, info.id, NULL, NULL);
         create_lat[i] = now_s() - t0;
         destroy(cl, info.id);
     }
@@ -416,9 +418,9 @@ int main(void)
            create_p50, create_p99, crun_run_p50, crun_run_p99, create_p50 / crun_run_p50);
 
     /* 2. exec round trip */
-    double *ex = dsec_calloc(EXEC_N, sizeof *ex);
+    double *ex = dsec_calloc(EXEC_N, sizeof *ex), *exa = dsec_calloc(EXEC_N, sizeof *exa);
     for (int i = 0; i < EXEC_N; i++)
-        exec_true(cl, warm.id, &ex[i]);
+        exec_true(cl, warm.id, &ex[i], &exa[i]);
     double exec_p50 = pct(ex, EXEC_N, 0.5) * 1000, exec_p99 = pct(ex, EXEC_N, 0.99) * 1000;
     double floor_samples[EXEC_N];
     double spawn_floor = host_spawn_floor_ms(EXEC_N, floor_samples);
@@ -437,6 +439,9 @@ int main(void)
     printf("exec of true, round trip      p50 %7.3f ms  p99 %7.3f ms   raw crun exec    p50 %7.2f ms  p99 %7.2f ms\n",
            exec_p50, exec_p99, crun_exec_p50, crun_exec_p99);
     printf("  floor: vfork+exec+wait of the same busybox true on the host, p50 %.3f ms\n", spawn_floor);
+    printf("  of the round trip, in the agent (command start to exit): p50 %.3f ms\n",
+           pct(exa, EXEC_N, 0.5) * 1000);
+    dsec_free(exa);
     for (int i = 0; i < CREATE_N; i++)
         raw_cleanup(&raws[i], hybrid);
 
@@ -507,8 +512,8 @@ int main(void)
     uint64_t m1 = mem_available_kb();
     double mib_per_idle = live ? (double)(m0 > m1 ? m0 - m1 : 0) / 1024 / (double)live : 0;
     if (live > 0) {
-        exec_true(cl, ids[0], NULL);
-        exec_true(cl, ids[live - 1], NULL);
+        exec_true(cl, ids[0], NULL, NULL);
+        exec_true(cl, ids[live - 1], NULL, NULL);
     }
     printf("density                       %zu idle containers live at once (target %zu) in %.0f s, %.2f MiB each%s%s\n",
            live, density_target, dens_s, mib_per_idle, live < density_target ? "; stopped by: " : "",

@@ -22,6 +22,7 @@
 
 #include "backends/backend.h"
 #include "backends/container/container.h"
+#include "backends/cgroup-tune.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 #include "dsec/layers.h"
@@ -989,9 +990,39 @@ static void test_sweep(void **state)
     free(c[1]);
 }
 
+/* The backend remounted cgroup2 with favordynmods at init (crun's task
+ * migrations then skip an RCU grace period); a bad value is refused. */
+static void test_cgroup_favordynmods(void **state)
+{
+    (void)state;
+    char where[512];
+    dsec_err err;
+    int rc = dsec_cgroup_favor_dynmods(where, sizeof where, &err);
+    if (rc < 0 && err.code == DSEC_E_UNSUPPORTED) {
+        fprintf(stderr, "container: favordynmods not available here: %s\n", err.msg);
+    } else {
+        if (rc < 0)
+            fail_msg("favordynmods: %s", err.msg);
+        /* the mount in mountinfo carries it now */
+        char out[512];
+        assert_int_equal(
+            host(out, sizeof out,
+                 "awk '$5 == \"%s\" && / - cgroup2 / {print $NF}' /proc/self/mountinfo", where),
+            0);
+        assert_non_null(strstr(out, "favordynmods"));
+    }
+    dsec_backend_kv opts[] = {{"cgroup_favordynmods", "maybe"}};
+    dsec_backend_config cfg = {.state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 1};
+    void *other = NULL;
+    assert_int_equal(dsec_container_ops.init(&other, &cfg, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "cgroup_favordynmods=\"maybe\": expected true or false"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_cgroup_favordynmods, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),

@@ -63,6 +63,7 @@ struct ct_backend {
         cg_cpu[PATH_MAX];
     uint64_t pids_max;
     uint64_t start_timeout_ms; /* how long the agent may take to answer */
+    bool favordynmods;         /* option cgroup_favordynmods (backends/cgroup-tune.h) */
     char **excludes;           /* snapshot exclude patterns */
     size_t nexcludes;
     dsec_layer_registry *reg; /* borrowed */

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/cgroup-tune.h"
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
 
@@ -467,7 +468,8 @@ static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
 }
 
 static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
-                                 "layer_cache_gb, snapshot_exclude, start_timeout_ms";
+                                 "layer_cache_gb, snapshot_exclude, start_timeout_ms, "
+                                 "cgroup_favordynmods";
 
 static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
                       uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
@@ -475,6 +477,7 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
     dsec__ct_fmt(rt, rtlen, "crun");
     be->pids_max = 1024;
     be->start_timeout_ms = 15000;
+    be->favordynmods = true;
     *upper_gb = 64;
     *cache_gb = 0;
     char excl[1024] = "";
@@ -505,7 +508,9 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
             dsec__ct_fmt(excl, sizeof excl, "%s", v);
         else if (strcmp(key, "start_timeout_ms") == 0) {
             rc = opt_u64(k, v, 100, 600000, &be->start_timeout_ms, err);
-        } else if (mine)
+        } else if (strcmp(key, "cgroup_favordynmods") == 0)
+            rc = dsec_cgroup_tune_opt(k, v, &be->favordynmods, err);
+        else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
                               known_opts);
         if (rc < 0)
@@ -554,6 +559,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
                      be->agent);
         goto fail;
     }
+    dsec_cgroup_tune_apply(be->favordynmods, "container");
     if (dsec__ct_rt_init(be, rt, err) < 0)
         goto fail;
     char p[PATH_MAX + 16];
