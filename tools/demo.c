@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "actors/cell.h"
+#include "backends/vm/vm.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tools/cli.h"
@@ -450,12 +451,14 @@ int dsec_cli_demo(int argc, char **argv)
     printf("dsec demo: cell \"%s\": %zu nodes (%s: sim; %s: function%s), 1 scheduler\n", conf.cell,
            conf.nnodes, conf.nodes[0].name, conf.nodes[1].name,
            with_containers ? "; demo-ct: container, microvm" : "");
-    printf("dsec demo: sandbox types on this machine: container (crun on overlays of busybox:1 from\n"
-           "           the layer registry, dsec-agent inside), microvm (QEMU booting its own kernel\n"
-           "           on the same layers; %s), function (forked from warm python3 zygotes into\n"
-           "           fresh namespaces) and sim (no real work; start-up, CPU and memory\n"
-           "           modelled).\n\n",
-           access("/dev/kvm", R_OK | W_OK) == 0 ? "KVM" : "TCG emulation here: seconds to boot");
+    printf(
+        "dsec demo: sandbox types on this machine: container (crun on overlays of busybox:1 from\n"
+        "           the layer registry, dsec-agent inside), microvm (QEMU booting its own kernel\n"
+        "           on the same layers; %s), function (forked from warm python3 zygotes into\n"
+        "           fresh namespaces) and sim (no real work; start-up, CPU and memory\n"
+        "           modelled).\n\n",
+        dsec_vm_kvm_works("qemu-system-x86_64", false) ? "KVM"
+                                                       : "TCG emulation here: seconds to boot");
     dsec_client_opts co = {.url = dsec_cell_url(cell), .tenant = "demo"};
     if (dsec_client_connect(&c, &co, &err) < 0) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);

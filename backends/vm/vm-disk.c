@@ -23,18 +23,43 @@ extern char **environ;
 
 int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err)
 {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0)
+    return dsec__vm_run_in(argv, NULL, out, outlen, err);
+}
+
+int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t outlen,
+                    dsec_err *err)
+{
+    int p[2], q[2] = {-1, -1};
+    if (in != NULL) {
+        /* small enough for the pipe's buffer: written before the program starts */
+        if (strlen(in) > 4096 || pipe2(q, O_CLOEXEC) < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "stdin for %s", argv[0]);
+        ssize_t w = write(q[1], in, strlen(in));
+        close(q[1]);
+        if (w != (ssize_t)strlen(in)) {
+            close(q[0]);
+            return dsec_err_set(err, DSEC_E_IO, errno, "stdin for %s", argv[0]);
+        }
+    }
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        if (q[0] >= 0)
+            close(q[0]);
         return dsec_err_set(err, DSEC_E_IO, errno, "running %s", argv[0]);
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (q[0] >= 0)
+        posix_spawn_file_actions_adddup2(&fa, q[0], 0);
+    else
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, p[1], 1);
     posix_spawn_file_actions_adddup2(&fa, p[1], 2);
     pid_t pid;
     int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(p[1]);
+    if (q[0] >= 0)
+        close(q[0]);
     if (rc != 0) {
         close(p[0]);
         return dsec_err_set(err, DSEC_E_CONFIG, rc, "cannot run %s: %s", argv[0], strerror(rc));

@@ -66,7 +66,7 @@ struct vm_backend {
     uint64_t mem_mb;       /* when the spec asks 0 */
     uint64_t tb_mb;        /* TCG translation cache */
     uint64_t boot_timeout_ms;
-    bool kvm;         /* /dev/kvm is usable */
+    bool kvm;         /* dsec_vm_kvm_works */
     uint64_t tsc_khz; /* the host's TSC rate: under TCG the guest's TSC is the host's, and a
                        * guest that must calibrate it against the PIT hangs on a busy host */
     unsigned ncpu;
@@ -164,6 +164,9 @@ int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err);
  * up to outlen-1 bytes of its output. Returns its exit status (128+sig when killed), or -1
  * with err set when it could not start. */
 int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
+/* The same with `in` (at most 4 KiB, or NULL for /dev/null) as its stdin. */
+int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t outlen,
+                    dsec_err *err);
 /* S/images/<digest>.erofs for a layer whose directory is dir, made once (concurrent callers
  * wait for one build) with dsec_layer_build, so the same layer gives the same image bytes on
  * every node (a restored guest keeps reading the blocks its page cache expects). out receives

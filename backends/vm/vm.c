@@ -484,6 +484,68 @@ static int find_exe(const char *name, char *out, size_t len)
 
 static void vm_fini(void *self);
 
+/* KVM if this host's really works. /dev/kvm may open while QEMU still cannot
+ * start a vCPU on it: under the nested virtualisation of these machines
+ * setting MSR 0x10a (IA32_ARCH_CAPABILITIES) fails and QEMU aborts at start
+ * (2026-12-03; with that feature masked QEMU starts, but no guest boots).
+ * A paused QEMU told to quit goes through vCPU set-up, so that is tried
+ * (under a minute's limit); failing it means TCG. */
+static bool probe_kvm(const char *qemu, bool q35)
+{
+    int kfd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+    if (kfd < 0)
+        return false;
+    close(kfd);
+    char out[512] = "";
+    const char *argv[] = {"timeout",
+                          "-s",
+                          "KILL",
+                          "60",
+                          qemu,
+                          "-machine",
+                          q35 ? "q35" : "microvm",
+                          "-accel",
+                          "kvm",
+                          "-cpu",
+                          "max",
+                          "-m",
+                          "64",
+                          "-nodefaults",
+                          "-no-user-config",
+                          "-display",
+                          "none",
+                          "-S",
+                          "-monitor",
+                          "stdio",
+                          NULL};
+    dsec_err err;
+    int rc = dsec__vm_run_in(argv, "quit\n", out, sizeof out, &err);
+    if (rc == 0)
+        return true;
+    if (rc < 0)
+        dsec__vm_fmt(out, sizeof out, "%s", err.msg);
+    char *why = strstr(out, "error:");
+    why = why != NULL ? why : out;
+    why[strcspn(why, "\n")] = '\0';
+    fprintf(stderr,
+            "dsec vm: /dev/kvm is there but QEMU cannot start a %s vCPU with it (%.200s); "
+            "guests run under TCG\n",
+            q35 ? "q35" : "microvm", why);
+    return false;
+}
+
+bool dsec_vm_kvm_works(const char *qemu, bool q35)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static int known[2] = {-1, -1};
+    pthread_mutex_lock(&mu);
+    if (known[q35] < 0)
+        known[q35] = probe_kvm(qemu, q35);
+    bool ok = known[q35] == 1;
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
 /* The host's TSC rate in kHz, measured against CLOCK_MONOTONIC_RAW over 50 ms (0 off x86). */
 static uint64_t measure_tsc_khz(void)
 {
@@ -559,13 +621,9 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
                      type, kit, missing);
         goto fail;
     }
-    int kfd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-    if (kfd >= 0) {
-        be->kvm = true;
-        close(kfd);
-    } else {
+    be->kvm = dsec_vm_kvm_works(be->qemu, be->q35);
+    if (!be->kvm)
         be->tsc_khz = measure_tsc_khz();
-    }
     dsec__vm_fmt(be->state_dir, sizeof be->state_dir, "%s", cfg->state_dir);
     dsec__vm_fmt(be->sbroot, sizeof be->sbroot, "%s/sb", be->state_dir);
     dsec__vm_fmt(be->images, sizeof be->images, "%s/images", be->state_dir);

@@ -31,6 +31,14 @@ extern "C" {
  */
 extern const dsec_backend_ops dsec_microvm_ops, dsec_vm_ops;
 
+/* Whether QEMU (the binary qemu, absolute or on PATH) can run guests under
+ * KVM here with -cpu max on machine type q35 or microvm: /dev/kvm opens and
+ * a paused QEMU on it starts its vCPU and quits cleanly (nested
+ * virtualisation can offer /dev/kvm that QEMU aborts on). Probed once per
+ * process and machine type (~0.1 s); the backends, the demo and the
+ * benchmark all ask this. A failed probe says why on stderr once. */
+bool dsec_vm_kvm_works(const char *qemu, bool q35);
+
 #ifdef __cplusplus
 }
 #endif
