@@ -2,6 +2,7 @@
  * and the calls they run. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ struct fn {
     char root_dir[PATH_MAX + 16];
     uint64_t memory_mb;
     uint64_t files_mb;
+    int uid_lock; /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
 };
 
 struct fn_sb {
@@ -244,12 +246,53 @@ static int find_helper(const char *opt_name, const char *opt, const char *built,
 
 /* ---- init / fini -------------------------------------------------------------------------- */
 
+/* Calls run as uid_base + slot, so two backends on one host given overlapping
+ * ranges (two node managers, two test runs) would run calls under the same
+ * uids: one call could signal or ptrace-attach another's, and RLIMIT_NPROC
+ * would count both. So a backend claims its range for as long as it lives:
+ * an open-file-description lock on bytes [uid_base, uid_base + max_workers)
+ * of one file per host. The kernel drops it when the backend's process dies,
+ * however it dies. */
+#define UID_LOCK_FILE "/run/dsec/function-uids.lock"
+
+static int claim_uids(struct fn *f, uint32_t base, unsigned n, dsec_err *err)
+{
+    if ((mkdir("/run", 0755) < 0 && errno != EEXIST) ||
+        (mkdir("/run/dsec", 0755) < 0 && errno != EEXIST))
+        return dsec_err_set(err, DSEC_E_IO, errno, "function: creating /run/dsec");
+    int fd = open(UID_LOCK_FILE, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "function: opening %s", UID_LOCK_FILE);
+    struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = base, .l_len = n};
+    if (fcntl(fd, F_OFD_SETLK, &l) == 0) {
+        f->uid_lock = fd;
+        return 0;
+    }
+    int e = errno;
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = base, .l_len = n};
+    bool known =
+        (e == EAGAIN || e == EACCES) && fcntl(fd, F_OFD_GETLK, &q) == 0 && q.l_type != F_UNLCK;
+    close(fd);
+    if (!known)
+        return dsec_err_set(err, DSEC_E_IO, e,
+                            "function: locking uids %" PRIu32 "..%" PRIu32 " in %s", base,
+                            base + n - 1, UID_LOCK_FILE);
+    return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                        "function: uids %" PRIu32 "..%" PRIu32 " (uid_base + max_workers) overlap "
+                        "uids %lld..%lld of another function backend alive on this host; give "
+                        "each node manager its own uid_base",
+                        base, base + n - 1, (long long)q.l_start,
+                        (long long)(q.l_start + q.l_len - 1));
+}
+
 static void fn_fini(void *self)
 {
     struct fn *f = self;
     if (f == NULL)
         return;
     dsec__fn_pools_free(f->pools);
+    if (f->uid_lock >= 0)
+        close(f->uid_lock);
     rmdir(f->root_dir);
     if (f->temp_state) {
         dsec_err e;
@@ -272,6 +315,9 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     struct fn *f = dsec_calloc(1, sizeof *f);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the backend");
+    f->uid_lock = -1;
+    if (claim_uids(f, o.uid_base, o.max_workers, err) < 0)
+        goto out_free;
     char zygote[PATH_MAX], pymod[PATH_MAX];
     if (find_helper("zygote", o.zygote, DSEC_FN_ZYGOTE_PATH, "dsec-fn-zygote", true, zygote,
                     sizeof zygote, err) < 0 ||
@@ -360,6 +406,8 @@ out_fini:
 out_free:
     if (f->temp_state)
         rmdir(f->state_dir);
+    if (f->uid_lock >= 0)
+        close(f->uid_lock);
     dsec_free(f);
     return -1;
 }

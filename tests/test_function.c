@@ -1157,6 +1157,28 @@ static void a_runtime_that_cannot_start_fails_clearly(void **state)
                      err.msg);
         dsec_function_ops.fini(bad);
     }
+    /* a second backend whose uids overlap the live one's is refused, naming both
+     * ranges; one next to it starts */
+    {
+        void *other = NULL;
+        dsec_err e2;
+        char base[16];
+        snprintf(base, sizeof base, "%u", UID_BASE + MAX_WORKERS - 1);
+        dsec_backend_kv o2[] = {{"uid_base", base},   {"max_workers", "4"}, {"pool_python3", "0"},
+                                {"hot_python3", "0"}, {"pool_sh", "0"},     {"pool_native", "0"}};
+        dsec_backend_config c2 = {.node = "fnuid", .opts = o2, .nopts = 6};
+        assert_int_equal(dsec_function_ops.init(&other, &c2, &e2), -1);
+        assert_int_equal(e2.code, DSEC_E_CONFIG);
+        char want[160];
+        snprintf(want, sizeof want, "uids %u..%u (uid_base + max_workers) overlap uids %u..%u",
+                 UID_BASE + MAX_WORKERS - 1, UID_BASE + MAX_WORKERS + 2, UID_BASE,
+                 UID_BASE + MAX_WORKERS - 1);
+        if (strstr(e2.msg, want) == NULL)
+            fail_msg("expected \"%s\" in: %s", want, e2.msg);
+        snprintf(base, sizeof base, "%u", UID_BASE + MAX_WORKERS);
+        assert_int_equal(dsec_function_ops.init(&other, &c2, &e2), 0);
+        dsec_function_ops.fini(other);
+    }
     /* and an unknown option of ours is refused */
     void *bad;
     dsec_err err;
