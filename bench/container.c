@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <inttypes.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -144,17 +145,40 @@ static int sh(const char *fmt, ...)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-/* The lower layers of the overlay at target, top first, as a lowerdir= value
- * (mountinfo shows them as lowerdir=a:b or as one lowerdir+=x per layer). */
-static int lowerdirs_of(const char *target, char *out, size_t n)
+/* The lower layers of a sandbox's root overlay, top first, as a lowerdir=
+ * value. The backend attaches that overlay only in the container's own mount
+ * namespace, so it is read from the mountinfo of a process of the container
+ * (found through its cgroup); mountinfo shows the lowers as lowerdir=a:b or
+ * as one lowerdir+=x per layer. */
+static int lowerdirs_of(const char *id, char *out, size_t n)
 {
-    FILE *f = fopen("/proc/self/mountinfo", "r");
+    char pat[2][600];
+    snprintf(pat[0], sizeof pat[0], "/sys/fs/cgroup/pids/dsec-ct-*/%s/cgroup.procs", id);
+    snprintf(pat[1], sizeof pat[1], "/sys/fs/cgroup/*dsec-ct-*/%s/cgroup.procs", id);
+    long pid = -1;
+    for (int k = 0; k < 2 && pid < 0; k++) {
+        glob_t g;
+        if (glob(pat[k], 0, NULL, &g) == 0 && g.gl_pathc > 0) {
+            FILE *f = fopen(g.gl_pathv[0], "r");
+            if (f == NULL || fscanf(f, "%ld", &pid) != 1)
+                pid = -1;
+            if (f)
+                fclose(f);
+        }
+        globfree(&g);
+    }
+    if (pid < 0)
+        return -1;
+    char mi[64];
+    snprintf(mi, sizeof mi, "/proc/%ld/mountinfo", pid);
+    FILE *f = fopen(mi, "r");
     char *line = NULL;
     size_t cap = 0;
     int rc = -1;
     while (f && getline(&line, &cap, f) > 0) {
         char mp[4096];
-        if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || strcmp(mp, target) != 0)
+        if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1 || strcmp(mp, "/") != 0 ||
+            strstr(line, " - overlay ") == NULL)
             continue;
         size_t len = 0;
         out[0] = '\0';
@@ -189,15 +213,13 @@ typedef struct raw {
 
 /* An equivalent raw bundle: the sandbox's config.json with sleep as the
  * process and a fresh overlay of the same lower layers as its root. */
-static int raw_prepare(raw *r, const char *root, const char *sb_dir, int i)
+static int raw_prepare(raw *r, const char *root, const char *sb_dir, const char *sb_id, int i)
 {
-    char target[4200], lowers[8192];
+    char lowers[8192];
     if (snprintf(r->dir, sizeof r->dir, "%s/raw-%d", root, i) >= (int)sizeof r->dir)
         return -1;
     snprintf(r->id, sizeof r->id, "dsec-bench-raw-%d-%d", (int)getpid(), i);
-    if (snprintf(target, sizeof target, "%s/rootfs", sb_dir) >= (int)sizeof target)
-        return -1;
-    if (lowerdirs_of(target, lowers, sizeof lowers) < 0)
+    if (lowerdirs_of(sb_id, lowers, sizeof lowers) < 0)
         return -1;
     if (sh("mkdir -p %s/rootfs %s/upper %s/work", r->dir, r->dir, r->dir) != 0)
         return -1;
@@ -398,7 +420,7 @@ int main(void)
     raw raws[CREATE_N];
     memset(raws, 0, sizeof raws);
     for (int i = 0; i < CREATE_N; i++) {
-        if (raw_prepare(&raws[i], root, sbdir, i) != 0) {
+        if (raw_prepare(&raws[i], root, sbdir, warm.id, i) != 0) {
             fprintf(stderr, "bench container: preparing the raw bundle from %s failed\n", sbdir);
             die("raw bundle", NULL);
         }

@@ -990,6 +990,25 @@ static void test_sweep(void **state)
     free(c[1]);
 }
 
+/* A sandbox's root overlay exists only in its own mount namespace: the
+ * host's mount table does not grow with the sandboxes. */
+static void test_rootfs_private(void **state)
+{
+    (void)state;
+    struct sbx *a = mk(64, 0);
+    char out[512];
+    assert_int_equal(
+        host(out, sizeof out, "grep -c '%s/sb/%s' /proc/self/mountinfo", state_dir, a->id),
+        256); /* grep -c: 0 lines, exit status 1 */
+    assert_string_equal(out, "0\n");
+    assert_int_equal(
+        sh(a, "awk '$5 == \"/\" { print $(NF-2) }' /proc/self/mountinfo", out, sizeof out), 0);
+    assert_string_equal(out, "overlay\n");
+    assert_int_equal(sh(a, "echo hi > /root/x && cat /root/x", out, sizeof out), 0);
+    assert_string_equal(out, "hi\n");
+    drop(a);
+}
+
 /* The backend remounted cgroup2 with favordynmods at init (crun's task
  * migrations then skip an RCU grace period); a bad value is refused. */
 static void test_cgroup_favordynmods(void **state)
@@ -1023,6 +1042,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_cgroup_favordynmods, need_root),
+        cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),

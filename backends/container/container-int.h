@@ -148,9 +148,12 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err);
  * outlen-1 bytes of its stdout+stderr. Returns its exit status (0..255, 128+sig), or -1
  * with err set when it could not be started. */
 int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
-/* Start sb's container detached, handing it listen_fd as fd 3. */
+/* Start sb's container detached, handing it listen_fd as fd 3. root_fd >= 0: a detached
+ * mount (dsec__ct_overlay_make) that the runtime's process attaches at S/sb/<id>/rootfs in
+ * its own private mount namespace just before the runtime starts, so the host's mount
+ * table never holds it. */
 int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
-                      dsec_err *err);
+                      int root_fd, dsec_err *err);
 /* The runtime's status of container id ("running", "paused", "stopped", ...), or -1 with
  * DSEC_E_NOT_FOUND when it has none. */
 int dsec__ct_rt_status(const struct ct_backend *be, const char *id, char *status, size_t len,
@@ -186,6 +189,11 @@ int dsec__ct_subvol_limit(struct ct_backend *be, const char *path, uint64_t byte
 /* A read-only snapshot of src at dst (btrfs: O(1); otherwise a copy). */
 int dsec__ct_subvol_snapshot(const struct ct_backend *be, const char *src, const char *dst,
                              dsec_err *err);
+/* An overlay (lowers top first, upper and work dirs) as a detached mount: *mfd, attached
+ * nowhere yet. Returns 1 (err untouched) on a kernel without the new mount API (before
+ * 5.2), so the caller mounts it with dsec__ct_overlay_mount instead. */
+int dsec__ct_overlay_make(const char *const *lowers, size_t n, const char *upper, const char *work,
+                          const char *target, int *mfd, dsec_err *err);
 /* Mount an overlay at target: lowers top first, upper and work dirs. */
 int dsec__ct_overlay_mount(const char *const *lowers, size_t n, const char *upper, const char *work,
                            const char *target, dsec_err *err);

@@ -339,25 +339,53 @@ static int overlay_mount_legacy(const char *const *lowers, size_t n, const char 
     return 0;
 }
 
-int dsec__ct_overlay_mount(const char *const *lowers, size_t n, const char *upper, const char *work,
-                           const char *target, dsec_err *err)
+int dsec__ct_overlay_make(const char *const *lowers, size_t n, const char *upper, const char *work,
+                          const char *target, int *mfd, dsec_err *err)
 {
-    /* fsconfig takes each lower separately, so no option-string limit on
-     * how many layers (forks of forks stack up) */
+    *mfd = -1;
     int fs = fsopen("overlay", FSOPEN_CLOEXEC);
     if (fs < 0)
-        return overlay_mount_legacy(lowers, n, upper, work, target, err);
+        return errno == ENOSYS ? 1
+                               : dsec_err_set(err, DSEC_E_IO, errno, "container: fsopen overlay");
+    /* fsconfig takes each lower separately, so no option-string limit on
+     * how many layers (forks of forks stack up); kernels before 6.8 take
+     * one lowerdir string */
     char msg[512];
-    for (size_t i = 0; i < n; i++)
+    bool one_string = false;
+    for (size_t i = 0; i < n && !one_string; i++)
         if (fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir+", lowers[i], 0) < 0) {
             int e = errno;
             fs_msg(fs, msg, sizeof msg);
+            if (e == EINVAL && i == 0) {
+                one_string = true;
+                break;
+            }
             close(fs);
-            if (e == EINVAL && i == 0) /* a kernel before 6.8 */
-                return overlay_mount_legacy(lowers, n, upper, work, target, err);
             return dsec_err_set(err, DSEC_E_IO, e, "container: overlay lower %s: %s", lowers[i],
                                 msg);
         }
+    if (one_string) {
+        size_t need = 1;
+        for (size_t i = 0; i < n; i++)
+            need += strlen(lowers[i]) + 1;
+        char *all = dsec_malloc(need);
+        if (all == NULL) {
+            close(fs);
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: overlay options");
+        }
+        size_t off = 0;
+        for (size_t i = 0; i < n; i++)
+            off += (size_t)dsec__ct_fmt(all + off, need - off, "%s%s", i ? ":" : "", lowers[i]);
+        int rc = fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", all, 0);
+        int e = errno;
+        dsec_free(all);
+        if (rc < 0) {
+            fs_msg(fs, msg, sizeof msg);
+            close(fs);
+            return dsec_err_set(err, DSEC_E_IO, e, "container: overlay lowers for %s: %s", target,
+                                msg);
+        }
+    }
     if (fsconfig(fs, FSCONFIG_SET_STRING, "upperdir", upper, 0) < 0 ||
         fsconfig(fs, FSCONFIG_SET_STRING, "workdir", work, 0) < 0 ||
         fsconfig(fs, FSCONFIG_SET_STRING, "index", "off", 0) < 0 ||
@@ -368,13 +396,25 @@ int dsec__ct_overlay_mount(const char *const *lowers, size_t n, const char *uppe
         return dsec_err_set(err, DSEC_E_IO, e, "container: creating the overlay for %s: %s", target,
                             msg);
     }
-    int mfd = fsmount(fs, FSMOUNT_CLOEXEC, 0);
+    *mfd = fsmount(fs, FSMOUNT_CLOEXEC, 0);
     int e = errno;
     close(fs);
-    if (mfd < 0)
+    if (*mfd < 0)
         return dsec_err_set(err, DSEC_E_IO, e, "container: fsmount of the overlay for %s", target);
-    int rc = move_mount(mfd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
-    e = errno;
+    return 0;
+}
+
+int dsec__ct_overlay_mount(const char *const *lowers, size_t n, const char *upper, const char *work,
+                           const char *target, dsec_err *err)
+{
+    int mfd;
+    int rc = dsec__ct_overlay_make(lowers, n, upper, work, target, &mfd, err);
+    if (rc == 1)
+        return overlay_mount_legacy(lowers, n, upper, work, target, err);
+    if (rc < 0)
+        return -1;
+    rc = move_mount(mfd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH);
+    int e = errno;
     close(mfd);
     if (rc < 0)
         return dsec_err_set(err, DSEC_E_IO, e, "container: attaching the overlay at %s", target);

@@ -134,17 +134,29 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
  * >= 0, fd3 as fd 3; in a private mount namespace without the cgroup2 mount
  * when private_ns. Returns the child's pid or -1. Only async-signal-safe
  * calls after fork: the node is multi-threaded. */
-static pid_t spawn(const char *const *argv, bool private_ns, int fd3, int outfd)
+/* argv in a child. hybrid: in a private mount namespace without the cgroup2
+ * mount (crun refuses hybrid hosts). root_fd >= 0: attached at root_at in a
+ * private namespace first (dsec__ct_rt_start says why); a failure there is
+ * written to outfd and ends the child with 125. */
+static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int root_fd,
+                   const char *root_at)
 {
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    if (private_ns) {
+    if (hybrid || root_fd >= 0) {
         /* a fork has its own fs_struct, so unshare works here where it
          * would fail in the threaded parent */
         if (unshare(CLONE_NEWNS) < 0 || mount("", "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
             _exit(126);
-        umount2("/sys/fs/cgroup/unified", MNT_DETACH);
+        if (hybrid)
+            umount2("/sys/fs/cgroup/unified", MNT_DETACH);
+        if (root_fd >= 0 &&
+            move_mount(root_fd, "", AT_FDCWD, root_at, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+            dprintf(outfd, "dsec: attaching the root filesystem at %s: %s\n", root_at,
+                    strerror(errno));
+            _exit(125);
+        }
     }
     int o = fcntl(outfd, F_DUPFD, 10);
     int l = fd3 >= 0 ? fcntl(fd3, F_DUPFD, 10) : -1;
@@ -178,7 +190,7 @@ int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *er
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", argv[0]);
-    pid_t pid = spawn(argv, false, -1, p[1]);
+    pid_t pid = spawn(argv, false, -1, p[1], -1, NULL);
     int e = errno;
     close(p[1]);
     if (pid < 0) {
@@ -219,7 +231,7 @@ static int rt_cmd(const struct ct_backend *be, const char *const *args, char *ou
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", be->rt_name);
-    pid_t pid = spawn(argv, be->hybrid, -1, p[1]);
+    pid_t pid = spawn(argv, be->hybrid, -1, p[1], -1, NULL);
     int e = errno;
     close(p[1]);
     if (pid < 0) {
@@ -255,8 +267,10 @@ static void last_line(char *s)
 }
 
 int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
-                      dsec_err *err)
+                      int root_fd, dsec_err *err)
 {
+    char root_at[PATH_MAX + 16];
+    dsec__ct_fmt(root_at, sizeof root_at, "%s/rootfs", sb->dir);
     char log[PATH_MAX + 16];
     dsec__ct_fmt(log, sizeof log, "%s/agent.log", sb->dir);
     /* --detach hands the runtime's stdio to the container: the agent's
@@ -268,7 +282,7 @@ int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int l
     const char *argv[] = {be->runtime, "--root",         be->run_root, "run",
                           "--detach",  "--preserve-fds", "1",          "--bundle",
                           sb->dir,     sb->id,           NULL};
-    pid_t pid = spawn(argv, be->hybrid, listen_fd, fd);
+    pid_t pid = spawn(argv, be->hybrid, listen_fd, fd, root_fd, root_at);
     int e = errno;
     close(fd);
     if (pid < 0)

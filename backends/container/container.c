@@ -28,9 +28,10 @@
 /*
  * A sandbox's life: resolve its environment to layers; hold each layer in
  * the layer cache (fork snapshots by refcount); make its upper subvolume;
- * mount the overlay at S/sb/<id>/rootfs; write meta (what adopt needs) and
+ * make the overlay (a detached mount); write meta (what adopt needs) and
  * config.json; bind the agent's socket on the host; `crun run --detach`
- * with the listening socket as fd 3; connect to the agent. Teardown undoes
+ * with the listening socket as fd 3, from a child that attaches the overlay
+ * at S/sb/<id>/rootfs in its private mount namespace; connect to the agent. Teardown undoes
  * these steps in reverse, and only those that were done, so a failed
  * create and destroy share it.
  */
@@ -862,6 +863,36 @@ static void sock_path(const dsec_sandbox *sb, char *out, size_t len)
 }
 
 /* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
+/* sb_start's second half: network, meta, config.json, the agent's socket,
+ * the runtime (root_fd: the detached rootfs mount, or -1). */
+static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_err *err)
+{
+    if (be->net != NULL) {
+        if (dsec_net_attach(be->net, sb->id, sb->tenant, (const char *const *)sb->net_entries,
+                            sb->nnet, &sb->net, err) < 0)
+            return -1;
+        char rc_path[PATH_MAX + 16], conf[96];
+        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", sb->dir);
+        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
+                               dsec_net_sbx_resolver(sb->net));
+        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
+            return -1;
+    } else if (sb->nnet > 0) {
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "container: this node has no network containment configured (the "
+                            "cell's net: section), so it cannot apply a network policy");
+    }
+    if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
+        return -1;
+    int lfd = listen_at(sb->dir, "agent.sock", err);
+    if (lfd < 0)
+        return -1;
+    sb->started = true; /* from here a half-made container may exist: delete it on failure */
+    int rc = dsec__ct_rt_start(be, sb, lfd, root_fd, err);
+    close(lfd);
+    return rc;
+}
+
 static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     sb_paths(be, sb);
@@ -890,34 +921,22 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     char upper[PATH_MAX + 16], work[PATH_MAX + 16];
     dsec__ct_fmt(upper, sizeof upper, "%s/upper", sb->subvol);
     dsec__ct_fmt(work, sizeof work, "%s/work", sb->subvol);
-    int rc = dsec__ct_overlay_mount(lowers, sb->env.nlowers, upper, work, rootfs, err);
+    /* The overlay is made here but attached only in the runtime's private
+     * mount namespace (dsec__ct_rt_start), from which the container's own
+     * is copied: the host's mount table does not grow with the sandboxes,
+     * and every namespace copy (one or two per runtime call) stays small. */
+    int root_fd = -1;
+    int rc = dsec__ct_overlay_make(lowers, sb->env.nlowers, upper, work, rootfs, &root_fd, err);
+    if (rc == 1) { /* no new mount API: on the host, as before */
+        rc = dsec__ct_overlay_mount(lowers, sb->env.nlowers, upper, work, rootfs, err);
+        sb->mounted = rc == 0;
+    }
     dsec_free(lowers);
     if (rc < 0)
         return -1;
-    sb->mounted = true;
-    if (be->net != NULL) {
-        if (dsec_net_attach(be->net, sb->id, sb->tenant, (const char *const *)sb->net_entries,
-                            sb->nnet, &sb->net, err) < 0)
-            return -1;
-        char rc_path[PATH_MAX + 16], conf[96];
-        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", sb->dir);
-        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
-                               dsec_net_sbx_resolver(sb->net));
-        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
-            return -1;
-    } else if (sb->nnet > 0) {
-        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                            "container: this node has no network containment configured (the "
-                            "cell's net: section), so it cannot apply a network policy");
-    }
-    if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
-        return -1;
-    int lfd = listen_at(sb->dir, "agent.sock", err);
-    if (lfd < 0)
-        return -1;
-    sb->started = true; /* from here a half-made container may exist: delete it on failure */
-    rc = dsec__ct_rt_start(be, sb, lfd, err);
-    close(lfd);
+    rc = sb_launch(be, sb, root_fd, err);
+    if (root_fd >= 0)
+        close(root_fd);
     if (rc < 0)
         return -1;
     char sp[PATH_MAX + 16];
