@@ -130,14 +130,13 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     return 0;
 }
 
-/* fork and exec argv with fd 0 on /dev/null, 1 and 2 on outfd and, when fd3
- * >= 0, fd3 as fd 3; in a private mount namespace without the cgroup2 mount
- * when private_ns. Returns the child's pid or -1. Only async-signal-safe
- * calls after fork: the node is multi-threaded. */
-/* argv in a child. hybrid: in a private mount namespace without the cgroup2
- * mount (crun refuses hybrid hosts). root_fd >= 0: attached at root_at in a
- * private namespace first (dsec__ct_rt_start says why); a failure there is
- * written to outfd and ends the child with 125. */
+/* argv in a child, stdin /dev/null, stdout and stderr on outfd; when fd3
+ * >= 0, fd3 as fd 3. hybrid: in a private mount namespace without the
+ * cgroup2 mount (crun refuses hybrid hosts). root_fd >= 0: attached at
+ * root_at in a private mount namespace first (dsec__ct_rt_start says why); a
+ * failure there is written to outfd and ends the child with 125. Returns the
+ * child's pid or -1. Only async-signal-safe calls after fork: the node is
+ * multi-threaded. */
 static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int root_fd,
                    const char *root_at)
 {
@@ -153,8 +152,15 @@ static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int
             umount2("/sys/fs/cgroup/unified", MNT_DETACH);
         if (root_fd >= 0 &&
             move_mount(root_fd, "", AT_FDCWD, root_at, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
-            dprintf(outfd, "dsec: attaching the root filesystem at %s: %s\n", root_at,
-                    strerror(errno));
+            char num[16];
+            int e = errno, k = (int)sizeof num;
+            num[--k] = '\n';
+            do
+                num[--k] = (char)('0' + e % 10);
+            while ((e /= 10) > 0 && k > 0);
+            static const char what[] = "dsec: attaching the root filesystem failed, errno ";
+            (void)!write(outfd, what, sizeof what - 1);
+            (void)!write(outfd, num + k, sizeof num - (size_t)k);
             _exit(125);
         }
     }
