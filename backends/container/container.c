@@ -31,9 +31,9 @@
  * make the overlay (a detached mount); write meta (what adopt needs) and
  * config.json; bind the agent's socket on the host; `crun run --detach`
  * with the listening socket as fd 3, from a child that attaches the overlay
- * at S/sb/<id>/rootfs in its private mount namespace; connect to the agent. Teardown undoes
- * these steps in reverse, and only those that were done, so a failed
- * create and destroy share it.
+ * at S/sb/<id>/rootfs in its private mount namespace; connect to the
+ * agent. Teardown undoes these steps in reverse, and only those that were
+ * done, so a failed create and destroy share it.
  */
 
 /* disk_mb << 20 must fit 64 bits */
