@@ -265,3 +265,12 @@ int dsec_backend_net_set(dsec_backend *be, dsec_sandbox *sb, const char *const *
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net_set: %zu entries but no array", n);
     return be->ops->net_set(be->self, sb, entries, n, err);
 }
+
+int dsec_backend_opt_bool(const char *key, const char *v, bool *out, dsec_err *err)
+{
+    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "option %s=\"%s\": expected true or false", key,
+                            v);
+    *out = strcmp(v, "true") == 0;
+    return 0;
+}

@@ -270,6 +270,10 @@ typedef struct dsec_backend_ops {
  * The wrappers check arguments, turn a NULL op into DSEC_E_UNSUPPORTED
  * ("sandbox type "function" does not support snapshot") and call through. */
 
+/* A backend option that is "true" or "false": *out, or -1 with err (DSEC_E_CONFIG) naming
+ * key and value. */
+int dsec_backend_opt_bool(const char *key, const char *v, bool *out, dsec_err *err);
+
 /* Open an instance of ops on this node. *out is owned by the caller and freed
  * with dsec_backend_free. ops must outlive the instance (they are static). */
 int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,

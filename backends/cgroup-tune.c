@@ -118,15 +118,6 @@ int dsec_cgroup_favor_dynmods(char *where, size_t len, dsec_err *err)
     return g.rc;
 }
 
-int dsec_cgroup_tune_opt(const char *key, const char *v, bool *out, dsec_err *err)
-{
-    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "option %s=\"%s\": expected true or false", key,
-                            v);
-    *out = strcmp(v, "true") == 0;
-    return 0;
-}
-
 void dsec_cgroup_tune_apply(bool on, const char *who)
 {
     static atomic_flag said = ATOMIC_FLAG_INIT;

@@ -27,9 +27,6 @@
  */
 int dsec_cgroup_favor_dynmods(char *where, size_t len, dsec_err *err);
 
-/* Parse a "true"/"false" option value; -1 with err naming key otherwise. */
-int dsec_cgroup_tune_opt(const char *key, const char *v, bool *out, dsec_err *err);
-
 /* The backends' start-up step: if on, dsec_cgroup_favor_dynmods, and one
  * line on stderr per process saying what happened (never fails the start:
  * the backends work without it, slower). */

@@ -173,13 +173,10 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
             rc = opt_str(k, v, o->ro, sizeof o->ro, err);
         else if (strcmp(key, "cgroup") == 0)
             rc = opt_str(k, v, o->cgroup, sizeof o->cgroup, err);
-        else if (strcmp(key, "rlimit_as") == 0) {
-            if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
-                rc = dsec_err_set(err, DSEC_E_CONFIG, 0,
-                                  "function option %s=\"%s\": expected true or false", k, v);
-            o->rlimit_as = strcmp(v, "true") == 0;
-        } else if (strcmp(key, "cgroup_favordynmods") == 0)
-            rc = dsec_cgroup_tune_opt(k, v, &o->favordynmods, err);
+        else if (strcmp(key, "rlimit_as") == 0)
+            rc = dsec_backend_opt_bool(k, v, &o->rlimit_as, err);
+        else if (strcmp(key, "cgroup_favordynmods") == 0)
+            rc = dsec_backend_opt_bool(k, v, &o->favordynmods, err);
         else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown function option %s (known: %s)", k,
                               known_opts);

@@ -510,7 +510,7 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
         else if (strcmp(key, "start_timeout_ms") == 0) {
             rc = opt_u64(k, v, 100, 600000, &be->start_timeout_ms, err);
         } else if (strcmp(key, "cgroup_favordynmods") == 0)
-            rc = dsec_cgroup_tune_opt(k, v, &be->favordynmods, err);
+            rc = dsec_backend_opt_bool(k, v, &be->favordynmods, err);
         else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
                               known_opts);
