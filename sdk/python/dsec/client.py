@@ -359,8 +359,8 @@ class DSecClient:
     """A connection to a dsec cell (its NATS bus).
 
         with DSecClient(url="nats://127.0.0.1:4222") as c:
-            sb = c.run_function(FunctionArgs(environment="python:3.11", memory_mb=512))
-            print(sb.run_shell("echo hi").text)
+            sb = c.run_function(FunctionArgs(memory_mb=512, labels={"runtime": "python3"}))
+            print(sb.exec(["python3", "-c", "print(6 * 7)"]).text)
             sb.stop()
 
     url: None means $DSEC_URL, else nats://127.0.0.1:4222. timeout_ms and

@@ -1,8 +1,8 @@
 """The Python SDK's container, microVM and VM sandboxes against a real embedded cell.
 
 setUpModule builds busybox:1 into a fresh layer registry (scripts/build-envs.sh --only busybox),
-starts `dsec up --config` with one node (backend native, types [container, microvm, vm]; the
-VM types under QEMU, TCG without /dev/kvm) on a free port, and
+starts `dsec up --config` with one node (backend native, types [function, container, microvm,
+vm]; the VM types under QEMU, TCG without /dev/kvm) on a free port, and
 tears everything down afterwards, checking that no sandbox mount is left behind. Needs root
 (mounts, cgroups, crun); skipped otherwise. Environment as test_sdk.py: DSEC_BIN, DSEC_LIB.
 """
@@ -16,8 +16,9 @@ import time
 import unittest
 import uuid
 
-from dsec import (AsyncDSecClient, CommandFailed, ContainerArgs, DSecClient, InvalidArgument,
-                  MicroVMArgs, NotFound, StateError, VMArgs)
+from dsec import (AsyncDSecClient, CommandFailed, ContainerArgs, DSecClient, DSecError,
+                  FunctionArgs, InvalidArgument, MicroVMArgs, NotFound, NotSupported, StateError,
+                  VMArgs)
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 ENV = "busybox:1"
@@ -72,8 +73,12 @@ def setUpModule():
                 "    cpu_milli: 8000\n"
                 "    memory_mb: 16384\n"
                 "    slots: 64\n"
-                "    types: [container, microvm, vm]\n"
-                "    backend: native\n" % (os.path.join(tmp, "layers"), node))
+                "    types: [function, container, microvm, vm]\n"
+                "    backend: native\n"
+                # its own uid range (test_function: 1.7e9, test_function_bus: 1.6e9)
+                "    options: {function.uid_base: \"1800000000\", function.max_workers: \"16\",\n"
+                "              function.pool_python3: \"2\", function.pool_sh: \"1\",\n"
+                "              function.pool_native: \"0\"}\n" % (os.path.join(tmp, "layers"), node))
     port = _free_port()
     log = open(os.path.join(tmp, "up.log"), "w+")
     proc = subprocess.Popen([binary, "up", "--config", conf, "--port", str(port), "--state-dir",
@@ -342,6 +347,74 @@ class TestContainer(Base):
         self.assertEqual(again.run_shell(line, step=1).stdout, first.stdout)  # from the log
         self.assertEqual(self.sh(sb, "wc -l < /work/log").strip(), "1")
         again._client.close()
+
+
+class TestFunction(Base):
+    """Function calls, the lightest type, through the same SDK calls as the other types."""
+
+    def fn(self, runtime="python3", **kw):
+        args = dict(memory_mb=128, max_lifetime_s=600, labels={"runtime": runtime})
+        args.update(kw)
+        sb = self.c.run_function(FunctionArgs(**args))
+        self.addCleanup(self.stop_quietly, sb)
+        return sb
+
+    def test_python_calls(self):
+        sb = self.fn()
+        self.assertEqual((sb.type, sb.status().state), ("function", "running"))
+        self.assertEqual(sb.exec(["python3", "-c", "print(6 * 7)"]).stdout, b"42\n")
+        sb.files.write("/work/solve.py", "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n")
+        self.assertEqual(sb.files.read("/work/solve.py")[:10], b"import sys")
+        self.assertEqual(sb.exec(["python3", "solve.py"], stdin="1 2 3").stdout, b"6\n")
+        r = sb.exec(["python3", "--call", "add", "-c", "def add(a, b): return a + b", "2", "3"])
+        self.assertEqual((r.exit_code, r.stdout), (0, b"5\n"))
+        r = sb.exec(["python3", "-c", "import sys; print('e', file=sys.stderr); sys.exit(3)"])
+        self.assertEqual((r.exit_code, r.stderr), (3, b"e\n"))
+        # nothing carries over from one call to the next: not /tmp, not a file a call wrote
+        # under /work; the sandbox's own files are there for every call
+        w = "open('/tmp/x', 'w').write('1'); open('/work/y', 'w').write('2')"
+        self.assertEqual(sb.exec(["python3", "-c", w]).exit_code, 0)
+        r = sb.exec(["python3", "-c", "import os; print([os.path.exists(p) for p in "
+                     "('/tmp/x', '/work/y', '/work/solve.py')])"])
+        self.assertEqual(r.stdout, b"[False, False, True]\n")
+        r = sb.exec(["python3", "-c", "while True: pass"], timeout_ms=300)
+        self.assertTrue(r.timed_out, r)
+        self.assertEqual(sb.exec(["python3", "-c", "print(1)"]).stdout, b"1\n")
+
+    def test_sh_runtime(self):
+        sb = self.fn(runtime="sh")
+        self.assertEqual(sb.run_shell("echo $((6 * 7))").stdout, b"42\n")
+
+    def test_what_a_function_cannot_do(self):
+        sb = self.fn()
+        for op in (lambda: sb.fork(1), sb.pause, lambda: sb.snapshot("sdkct/fn:1")):
+            with self.assertRaises(NotSupported) as cm:
+                op()
+            self.assertEqual((cm.exception.code, cm.exception.retry_safe), ("unsupported", False))
+        # an environment or network rules need a container: the create says so
+        with self.assertRaises(DSecError) as cm:
+            self.c.run_function(FunctionArgs(environment=ENV, memory_mb=64))
+        self.assertIn("needs a container", str(cm.exception))
+        self.assertFalse(cm.exception.retry_safe)
+        with self.assertRaises(DSecError) as cm:
+            self.c.run_function(FunctionArgs(network={"pypi": True}, memory_mb=64))
+        self.assertIn("network", str(cm.exception))
+        with self.assertRaises(InvalidArgument) as cm:
+            self.c.run_function(FunctionArgs(memory_mb=64, labels={"runtime": "cobol"}))
+        self.assertIn("cobol", str(cm.exception))
+
+    def test_concurrent_calls_from_one_loop(self):
+        async def main():
+            async with AsyncDSecClient(url=_cell["url"], timeout_ms=30000) as a:
+                sb = await a.run_function(memory_mb=128, labels={"runtime": "python3"})
+                try:
+                    rs = await asyncio.gather(*(sb.exec(["python3", "-c", "print(%d * 2)" % i])
+                                                for i in range(20)))
+                finally:
+                    await sb.stop()
+                return [r.stdout for r in rs]
+
+        self.assertEqual(asyncio.run(main()), [b"%d\n" % (2 * i) for i in range(20)])
 
 
 class TestErrors(Base):
