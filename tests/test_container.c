@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -1038,10 +1039,59 @@ static void test_cgroup_favordynmods(void **state)
     assert_non_null(strstr(err.msg, "cgroup_favordynmods=\"maybe\": expected true or false"));
 }
 
+/* The node runs crun from one sealed in-memory copy of it (option
+ * runtime_memfd), so crun skips copying itself on every call; the copy must
+ * be the installed binary, byte for byte, and sealed against any write. */
+static void test_runtime_memfd(void **state)
+{
+    (void)state;
+    char crun[256] = "";
+    assert_int_equal(host(crun, sizeof crun, "command -v crun"), 0);
+    crun[strcspn(crun, "\n")] = '\0';
+    FILE *f = fopen(crun, "rb");
+    assert_non_null(f);
+    static char want[4 << 20], got[4 << 20];
+    size_t nwant = fread(want, 1, sizeof want, f);
+    fclose(f);
+    assert_true(nwant > 0 && nwant < sizeof want);
+    int found = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char p[300], link[300];
+        snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(p, link, sizeof link - 1);
+        if (n <= 0)
+            continue;
+        link[n] = '\0';
+        if (strncmp(link, "/memfd:dsec-runtime", 19) != 0)
+            continue;
+        int fd = atoi(e->d_name);
+        assert_int_equal(fcntl(fd, F_GET_SEALS),
+                         F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE);
+        assert_int_equal(pwrite(fd, "x", 1, 0), -1); /* sealed: nobody may change it */
+        ssize_t ngot = pread(fd, got, sizeof got, 0);
+        assert_int_equal(ngot, (ssize_t)nwant);
+        assert_memory_equal(got, want, nwant);
+        found++;
+    }
+    closedir(d);
+    assert_int_equal(found, 1); /* the group's backend made exactly one */
+
+    dsec_backend_kv opts[] = {{"runtime_memfd", "yes please"}};
+    dsec_backend_config cfg = {.state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 1};
+    dsec_err err;
+    void *other = NULL;
+    assert_int_equal(dsec_container_ops.init(&other, &cfg, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "runtime_memfd=\"yes please\": expected true or false"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_cgroup_favordynmods, need_root),
+        cmocka_unit_test_setup(test_runtime_memfd, need_root),
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
         cmocka_unit_test_setup(test_limits, need_root),

@@ -48,6 +48,8 @@ struct ct_backend {
     char node[DSEC_NAME_LEN_MAX + 1];
     char runtime[PATH_MAX]; /* the runtime binary */
     char rt_name[16];       /* crun | runc | runsc */
+    int rt_fd;              /* a sealed in-memory copy of the runtime, executed instead, or -1 */
+    bool rt_memfd;          /* option runtime_memfd: make rt_fd (crun and runc) */
     char run_root[PATH_MAX];
     char store[PATH_MAX];  /* the upper store (btrfs when btrfs is true) */
     char sbroot[PATH_MAX]; /* S/sb */

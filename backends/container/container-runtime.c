@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -84,6 +86,55 @@ static int find_exe(const char *name, char *out, size_t len)
     return -1;
 }
 
+/* crun and runc protect the host's runtime binary from the container they
+ * start (CVE-2019-5736) by running from a copy: unless /proc/self/exe is a
+ * memfd sealed against writes, every call copies or bind-mounts the binary
+ * (a mount and a lazy unmount, which waits for an RCU grace period) and
+ * executes itself again. Started from such a sealed copy, made once here,
+ * they skip all that: about 2 ms less per runtime call on this host, with
+ * the same protection (a sealed memfd cannot be written by anyone). */
+static int rt_seal(struct ct_backend *be, dsec_err *err)
+{
+    int src = open(be->runtime, O_RDONLY | O_CLOEXEC);
+    if (src < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: opening %s", be->runtime);
+    struct stat st;
+    int fd = -1;
+    const char *what = "reading";
+    if (fstat(src, &st) == 0) {
+        what = "copying";
+        fd = memfd_create("dsec-runtime", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    }
+    off_t left = fd >= 0 ? st.st_size : 0;
+    while (fd >= 0 && left > 0) {
+        ssize_t n = sendfile(fd, src, NULL, (size_t)left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = EIO; /* the file shrank under us */
+            break;
+        }
+        left -= n;
+    }
+    if (fd >= 0 && left == 0) {
+        what = "sealing";
+        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0) {
+            close(src);
+            be->rt_fd = fd;
+            return 0;
+        }
+    }
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    close(src);
+    return dsec_err_set(err, DSEC_E_CONFIG, e,
+                        "container: %s a sealed in-memory copy of %s (option runtime_memfd=false "
+                        "runs the file itself)",
+                        what, be->runtime);
+}
+
 int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
 {
     if (strcmp(name, "crun") != 0 && strcmp(name, "runc") != 0 && strcmp(name, "runsc") != 0)
@@ -98,6 +149,9 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     if (access(be->runtime, X_OK) != 0)
         return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: runtime %s is not executable",
                             be->runtime);
+
+    if (be->rt_memfd && strcmp(name, "runsc") != 0 && rt_seal(be, err) < 0)
+        return -1;
 
     char v2[PATH_MAX] = "";
     bool has_v2 = cg_mount(NULL, v2, sizeof v2) == 0;
@@ -130,15 +184,15 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     return 0;
 }
 
-/* argv in a child, stdin /dev/null, stdout and stderr on outfd; when fd3
- * >= 0, fd3 as fd 3. hybrid: in a private mount namespace without the
- * cgroup2 mount (crun refuses hybrid hosts). root_fd >= 0: attached at
+/* argv in a child (the program: exe_fd when >= 0, else the file argv[0]),
+ * stdin /dev/null, stdout and stderr on outfd; when fd3 >= 0, fd3 as fd 3. hybrid: in a private
+ * mount namespace without the cgroup2 mount (crun refuses hybrid hosts). root_fd >= 0: attached at
  * root_at in a private mount namespace first (dsec__ct_rt_start says why); a
  * failure there is written to outfd and ends the child with 125. Returns the
  * child's pid or -1. Only async-signal-safe calls after fork: the node is
  * multi-threaded. */
-static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int root_fd,
-                   const char *root_at)
+static pid_t spawn(const char *const *argv, int exe_fd, bool hybrid, int fd3, int outfd,
+                   int root_fd, const char *root_at)
 {
     pid_t pid = fork();
     if (pid != 0)
@@ -166,6 +220,7 @@ static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int
     }
     int o = fcntl(outfd, F_DUPFD, 10);
     int l = fd3 >= 0 ? fcntl(fd3, F_DUPFD, 10) : -1;
+    int x = exe_fd >= 0 ? fcntl(exe_fd, F_DUPFD, 10) : -1;
     int nul = open("/dev/null", O_RDWR);
     if (o < 0 || nul < 0 || (fd3 >= 0 && l < 0))
         _exit(126);
@@ -174,10 +229,17 @@ static pid_t spawn(const char *const *argv, bool hybrid, int fd3, int outfd, int
     dup2(o, 2);
     if (l >= 0)
         dup2(l, 3);
-    close_range(l >= 0 ? 4 : 3, ~0u, 0);
+    int keep = l >= 0 ? 4 : 3; /* the first fd the program does not get */
+    if (x >= 0 && dup2(x, keep) == keep && fcntl(keep, F_SETFD, FD_CLOEXEC) == 0)
+        x = keep++; /* closed by the exec itself */
+    else
+        x = -1;
+    close_range((unsigned)keep, ~0u, 0);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    if (x >= 0)
+        fexecve(x, (char *const *)argv, environ); /* on failure: the file, below */
     execv(argv[0], (char *const *)argv);
     _exit(127);
 }
@@ -196,7 +258,7 @@ int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *er
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", argv[0]);
-    pid_t pid = spawn(argv, false, -1, p[1], -1, NULL);
+    pid_t pid = spawn(argv, -1, false, -1, p[1], -1, NULL);
     int e = errno;
     close(p[1]);
     if (pid < 0) {
@@ -237,7 +299,7 @@ static int rt_cmd(const struct ct_backend *be, const char *const *args, char *ou
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", be->rt_name);
-    pid_t pid = spawn(argv, be->hybrid, -1, p[1], -1, NULL);
+    pid_t pid = spawn(argv, be->rt_fd, be->hybrid, -1, p[1], -1, NULL);
     int e = errno;
     close(p[1]);
     if (pid < 0) {
@@ -288,7 +350,7 @@ int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int l
     const char *argv[] = {be->runtime, "--root",         be->run_root, "run",
                           "--detach",  "--preserve-fds", "1",          "--bundle",
                           sb->dir,     sb->id,           NULL};
-    pid_t pid = spawn(argv, be->hybrid, listen_fd, fd, root_fd, root_at);
+    pid_t pid = spawn(argv, be->rt_fd, be->hybrid, listen_fd, fd, root_fd, root_at);
     int e = errno;
     close(fd);
     if (pid < 0)

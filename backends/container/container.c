@@ -470,7 +470,7 @@ static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
 
 static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
                                  "layer_cache_gb, snapshot_exclude, start_timeout_ms, "
-                                 "cgroup_favordynmods";
+                                 "cgroup_favordynmods, runtime_memfd";
 
 static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
                       uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
@@ -479,6 +479,7 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
     be->pids_max = 1024;
     be->start_timeout_ms = 15000;
     be->favordynmods = true;
+    be->rt_memfd = true;
     *upper_gb = 64;
     *cache_gb = 0;
     char excl[1024] = "";
@@ -511,6 +512,8 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
             rc = opt_u64(k, v, 100, 600000, &be->start_timeout_ms, err);
         } else if (strcmp(key, "cgroup_favordynmods") == 0)
             rc = dsec_backend_opt_bool(k, v, &be->favordynmods, err);
+        else if (strcmp(key, "runtime_memfd") == 0)
+            rc = dsec_backend_opt_bool(k, v, &be->rt_memfd, err);
         else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
                               known_opts);
@@ -538,6 +541,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     struct ct_backend *be = dsec_calloc(1, sizeof *be);
     if (be == NULL)
         return oom(err, "backend instance");
+    be->rt_fd = -1;
     pthread_mutex_init(&be->lock, NULL);
     pthread_mutex_init(&be->sweep_lock, NULL);
     dsec__ct_fmt(be->state_dir, sizeof be->state_dir, "%s", cfg->state_dir);
@@ -607,6 +611,8 @@ static void ct_fini(void *self)
     if (be->cg_mode != 0)
         dsec__ct_cg_cleanup(be);
     free_excludes(be);
+    if (be->rt_fd >= 0)
+        close(be->rt_fd);
     pthread_mutex_destroy(&be->lock);
     pthread_mutex_destroy(&be->sweep_lock);
     dsec_free(be);
@@ -862,6 +868,12 @@ static void sock_path(const dsec_sandbox *sb, char *out, size_t len)
     dsec__ct_fmt(out, len, "%s/agent.sock", sb->dir);
 }
 
+static bool trace(void)
+{
+    const char *t = getenv("DSEC_CONTAINER_TRACE");
+    return t != NULL && t[0] == '1';
+}
+
 /* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
 /* sb_start's second half: network, meta, config.json, the agent's socket,
  * the runtime (root_fd: the detached rootfs mount, or -1). */
@@ -895,6 +907,7 @@ static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_
 
 static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
+    uint64_t t0 = dsec__ct_now_ns();
     sb_paths(be, sb);
     if (mkdir(sb->dir, 0700) < 0)
         return errno == EEXIST
@@ -934,19 +947,27 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     dsec_free(lowers);
     if (rc < 0)
         return -1;
+    uint64_t t1 = dsec__ct_now_ns();
     rc = sb_launch(be, sb, root_fd, err);
     if (root_fd >= 0)
         close(root_fd);
     if (rc < 0)
         return -1;
+    uint64_t t2 = dsec__ct_now_ns();
     char sp[PATH_MAX + 16];
     sock_path(sb, sp, sizeof sp);
     /* in short rounds, so an agent that died at start (a bad user or
      * workdir) is reported at once, with what it said */
     uint64_t deadline = dsec__ct_now_ns() + be->start_timeout_ms * 1000000u;
     for (;;) {
-        if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0)
+        if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0) {
+            if (trace())
+                fprintf(stderr,
+                        "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms\n",
+                        sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                        (double)(dsec__ct_now_ns() - t2) / 1e6);
             return 0;
+        }
         if (!dsec__ct_alive(be, sb->id)) {
             char lp[PATH_MAX + 16];
             dsec__ct_fmt(lp, sizeof lp, "%s/agent.log", sb->dir);
@@ -1243,12 +1264,6 @@ static void *fork_worker(void *arg)
         j->children[i] = c;
     }
     return NULL;
-}
-
-static bool trace(void)
-{
-    const char *t = getenv("DSEC_CONTAINER_TRACE");
-    return t != NULL && t[0] == '1';
 }
 
 static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
