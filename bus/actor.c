@@ -831,6 +831,12 @@ void dsec_actor_free(dsec_actor *a)
     pthread_mutex_unlock(&bus->mu);
     if (!was_linked)
         return; /* freed twice, or dsec_bus_free got there first */
+    /* From here no handler starts: what is queued, or still arrives while
+     * the subscriptions wind down, is dropped (requests answered "closed"),
+     * as the contract says, instead of being handled until the close. */
+    pthread_mutex_lock(&a->mu);
+    a->closing = true;
+    pthread_mutex_unlock(&a->mu);
     dsec__actor_stop_subs(a, false, 0);
     dsec__actor_wait_subs(a, 0);
     dsec__actor_close(a, true);
