@@ -874,7 +874,6 @@ static bool trace(void)
     return t != NULL && t[0] == '1';
 }
 
-/* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
 /* sb_start's second half: network, meta, config.json, the agent's socket,
  * the runtime (root_fd: the detached rootfs mount, or -1). */
 static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_err *err)
@@ -905,6 +904,8 @@ static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_
     return rc;
 }
 
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it.
+ * DSEC_CONTAINER_TRACE=1: how long its steps took, on stderr. */
 static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     uint64_t t0 = dsec__ct_now_ns();
