@@ -1054,11 +1054,17 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "container: sandbox id must be 1..%d characters of [A-Za-z0-9_-]",
                             DSEC_SBX_ID_LEN_MAX);
+    uint64_t t0 = dsec__ct_now_ns();
     sweep_once(be);
     struct ct_env env;
     if (env_from_spec(be, spec, &env, err) < 0)
         return -1;
-    return create_env(be, spec, &env, out, backend_state, err);
+    uint64_t t1 = dsec__ct_now_ns();
+    int rc = create_env(be, spec, &env, out, backend_state, err);
+    if (trace())
+        fprintf(stderr, "dsec container: create %s: environment %.2f ms, in all %.2f ms\n",
+                spec->id, (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t0) / 1e6);
+    return rc;
 }
 
 /* ---- the agent ----------------------------------------------------------------------- */
