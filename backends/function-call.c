@@ -187,7 +187,7 @@ static int parse_u64(const char *key, const char *v, uint64_t min, uint64_t max,
 /* Lower a sandbox limit for this call (a call may not raise it). */
 static int lower(const char *key, const char *v, uint64_t *limit, uint64_t hard_max, dsec_err *err)
 {
-    uint64_t x;
+    uint64_t x = 0;
     uint64_t max = *limit ? *limit : hard_max;
     if (parse_u64(key, v, 1, max, &x, err) < 0)
         return dsec_err_wrap(err, "%s",

@@ -112,8 +112,9 @@ static int own_path(const char *ctrl, char *out, size_t len)
     return rc;
 }
 
-/* The directory of this process's cgroup in mount m. */
-static void own_dir(const struct mnt *m, const char *own, char *out, size_t len)
+/* The directory of this process's cgroup in mount m; -1 when it does not
+ * fit in out. */
+static int own_dir(const struct mnt *m, const char *own, char *out, size_t len)
 {
     const char *rel = own;
     size_t rl = strlen(m->root);
@@ -122,13 +123,18 @@ static void own_dir(const struct mnt *m, const char *own, char *out, size_t len)
         rel = own + rl;
     if (strcmp(rel, "/") == 0)
         rel = "";
-    snprintf(out, len, "%s%s", m->path, rel);
+    int n = snprintf(out, len, "%s%s", m->path, rel);
+    return n >= 0 && (size_t)n < len ? 0 : -1;
 }
 
 static int write_file(const char *dir, const char *name, const char *val)
 {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int len = snprintf(p, sizeof p, "%s/%s", dir, name);
+    if (len < 0 || (size_t)len >= sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     int fd = open(p, O_WRONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -201,7 +207,9 @@ static int make_inst(const struct mnt *m, const char *ctrl, const char *inst, ch
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "function: this process has no %s cgroup in /proc/self/cgroup",
                             ctrl ? ctrl : "unified");
-    own_dir(m, own, dir, sizeof dir);
+    if (own_dir(m, own, dir, sizeof dir) < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function: the path of cgroup %.200s is too long", own);
     sweep(dir);
     if (snprintf(out, len, "%s/dsec-fn-%s", dir, inst) >= (int)len)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "function: cgroup path below %s is too long",
@@ -245,7 +253,9 @@ int dsec__fn_cg_open(struct fn_cg *cg, const char *want, const char *inst, dsec_
             if (own_path(NULL, own, sizeof own) < 0)
                 return dsec_err_set(err, DSEC_E_CONFIG, 0,
                                     "function: no unified cgroup in /proc/self/cgroup");
-            own_dir(&m, own, dir, sizeof dir);
+            if (own_dir(&m, own, dir, sizeof dir) < 0)
+                return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                    "function: the path of cgroup %.200s is too long", own);
             /* Controllers must be enabled in our group for its children,
              * which v2 allows only once no process lives in it: move this
              * process into a leaf of its own first (what a delegated

@@ -71,7 +71,8 @@ static void job_failed(sim_replay *r, const char *kind, const char *why)
     sim_replay_error(r, kind, sim_now());
     pthread_mutex_lock(&r->jobs.mu);
     if (!r->jobs.first_err[0])
-        snprintf(r->jobs.first_err, sizeof r->jobs.first_err, "%s", why);
+        snprintf(r->jobs.first_err, sizeof r->jobs.first_err, "%.*s",
+                 (int)sizeof r->jobs.first_err - 1, why); /* the start of it is enough */
     pthread_mutex_unlock(&r->jobs.mu);
 }
 

@@ -772,7 +772,8 @@ static void attempt_sh(struct sbx *s, const char *what, const char *line, const 
 static void probe(struct sbx *s, const char *args, const char *const *whats, size_t n)
 {
     char line[1024];
-    snprintf(line, sizeof line, PROBE " %s", args);
+    int len = snprintf(line, sizeof line, PROBE " %s", args);
+    assert_true(len > 0 && (size_t)len < sizeof line);
     struct run *r = run(s, line);
     fputs(r->out, stdout);
     if (r->err[0] != '\0')
