@@ -266,7 +266,7 @@ static int claim_uids(struct fn *f, uint32_t base, unsigned n, dsec_err *err)
         return 0;
     }
     int e = errno;
-    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = base, .l_len = n};
+    struct flock q = l; /* F_OFD_GETLK overwrites it with the lock in the way */
     bool known =
         (e == EAGAIN || e == EACCES) && fcntl(fd, F_OFD_GETLK, &q) == 0 && q.l_type != F_UNLCK;
     close(fd);

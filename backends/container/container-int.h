@@ -66,6 +66,7 @@ struct ct_backend {
     uint64_t pids_max;
     uint64_t start_timeout_ms; /* how long the agent may take to answer */
     bool favordynmods;         /* option cgroup_favordynmods (backends/cgroup-tune.h) */
+    bool trace;                /* DSEC_CONTAINER_TRACE=1: step times on stderr */
     char **excludes;           /* snapshot exclude patterns */
     size_t nexcludes;
     dsec_layer_registry *reg; /* borrowed */

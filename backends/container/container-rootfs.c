@@ -314,23 +314,43 @@ static void fs_msg(int fs, char *out, size_t len)
     }
 }
 
+/* The lowers as one "a:b:c" string (malloc'ed; NULL with err set), for the
+ * kernels that take them only that way. */
+static char *lowers_joined(const char *const *lowers, size_t n, dsec_err *err)
+{
+    size_t need = 1;
+    for (size_t i = 0; i < n; i++)
+        need += strlen(lowers[i]) + 1;
+    char *all = dsec_malloc(need);
+    if (all == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: overlay options");
+        return NULL;
+    }
+    size_t off = 0;
+    all[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        off += (size_t)dsec__ct_fmt(all + off, need - off, "%s%s", i ? ":" : "", lowers[i]);
+    return all;
+}
+
 /* The classic mount(2) form: every lower in one option string (at most a page). */
 static int overlay_mount_legacy(const char *const *lowers, size_t n, const char *upper,
                                 const char *work, const char *target, dsec_err *err)
 {
-    size_t need = strlen(upper) + strlen(work) + 64;
-    for (size_t i = 0; i < n; i++)
-        need += strlen(lowers[i]) + 1;
-    if (need > 4000)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
-                            "container: %zu lower layers do not fit one overlay mount", n);
-    char *opts = dsec_malloc(need);
-    if (opts == NULL)
+    char *all = lowers_joined(lowers, n, err);
+    if (all == NULL)
+        return -1;
+    size_t need = strlen(all) + strlen(upper) + strlen(work) + 64;
+    char *opts = need > 4000 ? NULL : dsec_malloc(need);
+    if (opts == NULL) {
+        dsec_free(all);
+        if (need > 4000)
+            return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                                "container: %zu lower layers do not fit one overlay mount", n);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: overlay options");
-    size_t off = (size_t)dsec__ct_fmt(opts, need, "lowerdir=");
-    for (size_t i = 0; i < n; i++)
-        off += (size_t)dsec__ct_fmt(opts + off, need - off, "%s%s", i ? ":" : "", lowers[i]);
-    dsec__ct_fmt(opts + off, need - off, ",upperdir=%s,workdir=%s,index=off", upper, work);
+    }
+    dsec__ct_fmt(opts, need, "lowerdir=%s,upperdir=%s,workdir=%s,index=off", all, upper, work);
+    dsec_free(all);
     int rc = mount("overlay", target, "overlay", 0, opts);
     int e = errno;
     dsec_free(opts);
@@ -352,7 +372,7 @@ int dsec__ct_overlay_make(const char *const *lowers, size_t n, const char *upper
      * one lowerdir string */
     char msg[512];
     bool one_string = false;
-    for (size_t i = 0; i < n && !one_string; i++)
+    for (size_t i = 0; i < n; i++)
         if (fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir+", lowers[i], 0) < 0) {
             int e = errno;
             fs_msg(fs, msg, sizeof msg);
@@ -365,17 +385,11 @@ int dsec__ct_overlay_make(const char *const *lowers, size_t n, const char *upper
                                 msg);
         }
     if (one_string) {
-        size_t need = 1;
-        for (size_t i = 0; i < n; i++)
-            need += strlen(lowers[i]) + 1;
-        char *all = dsec_malloc(need);
+        char *all = lowers_joined(lowers, n, err);
         if (all == NULL) {
             close(fs);
-            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: overlay options");
+            return -1;
         }
-        size_t off = 0;
-        for (size_t i = 0; i < n; i++)
-            off += (size_t)dsec__ct_fmt(all + off, need - off, "%s%s", i ? ":" : "", lowers[i]);
         int rc = fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", all, 0);
         int e = errno;
         dsec_free(all);

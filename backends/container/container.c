@@ -542,6 +542,8 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (be == NULL)
         return oom(err, "backend instance");
     be->rt_fd = -1;
+    const char *tr = getenv("DSEC_CONTAINER_TRACE");
+    be->trace = tr != NULL && tr[0] == '1';
     pthread_mutex_init(&be->lock, NULL);
     pthread_mutex_init(&be->sweep_lock, NULL);
     dsec__ct_fmt(be->state_dir, sizeof be->state_dir, "%s", cfg->state_dir);
@@ -868,12 +870,6 @@ static void sock_path(const dsec_sandbox *sb, char *out, size_t len)
     dsec__ct_fmt(out, len, "%s/agent.sock", sb->dir);
 }
 
-static bool trace(void)
-{
-    const char *t = getenv("DSEC_CONTAINER_TRACE");
-    return t != NULL && t[0] == '1';
-}
-
 /* sb_start's second half: network, meta, config.json, the agent's socket,
  * the runtime (root_fd: the detached rootfs mount, or -1). */
 static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_err *err)
@@ -962,7 +958,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     uint64_t deadline = dsec__ct_now_ns() + be->start_timeout_ms * 1000000u;
     for (;;) {
         if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0) {
-            if (trace())
+            if (be->trace)
                 fprintf(stderr,
                         "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms\n",
                         sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
@@ -1061,7 +1057,7 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         return -1;
     uint64_t t1 = dsec__ct_now_ns();
     int rc = create_env(be, spec, &env, out, backend_state, err);
-    if (trace())
+    if (be->trace)
         fprintf(stderr, "dsec container: create %s: environment %.2f ms, in all %.2f ms\n",
                 spec->id, (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t0) / 1e6);
     return rc;
@@ -1330,7 +1326,7 @@ static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t 
             states[i] = NULL;
         }
     dsec__ct_snap_unref(be, snap);
-    if (trace())
+    if (be->trace)
         fprintf(stderr,
                 "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms\n", n,
                 (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t1) / 1e6);
