@@ -2135,7 +2135,9 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         nt++;
     if (dsec_registry_mask(n->reg, (const char *const *)n->type_names, nt, false, &n->offered, err) < 0)
         return dsec_err_wrap(err, "node %s: types", n->name);
-    char dir[4096];
+    char dir[4096], cache_dir[4096];
+    /* One layer cache per node, whichever backends use layers. */
+    snprintf(cache_dir, sizeof cache_dir, "%s/layers", c->state_dir);
     dsec_backend *shared = NULL;
     for (size_t i = 0; i < nt; i++) {
         int idx = dsec_registry_find(n->reg, n->type_names[i]);
@@ -2151,8 +2153,12 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         snprintf(dir, sizeof dir, "%s/%s", c->state_dir, sim ? "sim" : n->type_names[i]);
         if (mkdir(dir, 0700) < 0 && errno != EEXIST)
             return dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, dir);
-        dsec_backend_config bc = {.state_dir = dir, .node = n->name, .opts = c->backend_opts,
-                                  .nopts = c->nbackend_opts, .layers = c->layers,
+        dsec_backend_config bc = {.state_dir = dir,
+                                  .node = n->name,
+                                  .opts = c->backend_opts,
+                                  .nopts = c->nbackend_opts,
+                                  .layers = c->layers,
+                                  .layer_cache_dir = cache_dir,
                                   .net = sim ? NULL : n->net};
         if (dsec_backend_new(&n->backends[idx], ops, &bc, err) < 0)
             return dsec_err_wrap(err, "node %s: opening the %s backend", n->name, ops->type);

@@ -53,6 +53,9 @@ typedef struct dsec_backend_config {
      * instance's life; NULL when the node has none (sim, function on the
      * host's base). */
     struct dsec_layer_registry *layers;
+    /* The node's layer cache directory, shared by every backend of the node
+     * that uses layers (dsec_layer_cache_share); NULL: <state_dir>/layers. */
+    const char *layer_cache_dir;
     /* The node's network containment (backends/net/net.h), borrowed for
      * the instance's life; NULL when the node has none: sandboxes then get
      * an empty network namespace and refuse network policies. */

@@ -26,8 +26,9 @@
  *   argv     python3 ... in a python3 sandbox runs in the warm interpreter
  *            (parsed here, so a malformed command line fails before any
  *            worker is used); anything else is executed.
- *   env      added to a clean default environment; DSEC_LIMIT_* keys set
- *            this call's limits and are not passed on.
+ *   env      added to a clean default environment (and the sandbox
+ *            environment's variables); DSEC_LIMIT_* keys set this call's
+ *            limits and are not passed on.
  *   stdin    streamed into the call's stdin pipe, then closed.
  *   timeout  wall time; the backend kills the call's pid namespace.
  * Everything that can be checked is checked before a worker is taken.
@@ -210,8 +211,8 @@ static int env_set(struct plan *pl, const char *k, size_t klen, const char *v, d
     return 0;
 }
 
-static int make_plan(int rt, const struct fn_limits *lim, const dsec_exec_req *req, struct plan *pl,
-                     dsec_err *err)
+static int make_plan(const struct fn_target *tg, const struct fn_limits *lim,
+                     const dsec_exec_req *req, struct plan *pl, dsec_err *err)
 {
     if (req->argc == 0 || req->argv == NULL || req->argv[0] == NULL || req->argv[0][0] == '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -229,7 +230,7 @@ static int make_plan(int rt, const struct fn_limits *lim, const dsec_exec_req *r
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: cwd \"%s\" is not an absolute path",
                             pl->cwd);
     pl->target = pl->call_func = "";
-    if (rt == FN_RT_PYTHON3 && is_python(req->argv[0])) {
+    if (tg->rt == FN_RT_PYTHON3 && is_python(req->argv[0])) {
         if (parse_python(req, pl, err) < 0)
             return -1;
     } else {
@@ -253,6 +254,11 @@ static int make_plan(int rt, const struct fn_limits *lim, const dsec_exec_req *r
                                               {"LANG", "C.UTF-8"}};
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         env_set(pl, defaults[i][0], strlen(defaults[i][0]), defaults[i][1], err);
+    for (size_t i = 0; i < tg->nvars; i++) { /* the environment's, checked at create */
+        const char *eq = strchr(tg->vars[i], '=');
+        if (eq != NULL && env_set(pl, tg->vars[i], (size_t)(eq - tg->vars[i]), eq + 1, err) < 0)
+            return -1;
+    }
     for (size_t i = 0; i < req->nenv; i++) {
         const char *k = req->env[i].key, *v = req->env[i].value;
         if (k == NULL || v == NULL || k[0] == '\0' || strchr(k, '=') != NULL)
@@ -434,7 +440,7 @@ static int pidfd_kill(int pidfd)
     return (int)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
 }
 
-int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, int rt,
+int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *tg,
                   const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
                   dsec_exec_result *res, dsec_err *err)
 {
@@ -448,7 +454,7 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, int rt,
     sigset_t pipe_set, old_mask;
     if (pl == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: out of memory");
-    if (make_plan(rt, lim, req, pl, err) < 0 || build_strings(pl, &strings, &slen, err) < 0)
+    if (make_plan(tg, lim, req, pl, err) < 0 || build_strings(pl, &strings, &slen, err) < 0)
         goto out;
     int bundle_fd = -1;
     uint64_t bundle_len = 0;
@@ -481,7 +487,7 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, int rt,
     }
     t.h.len = (uint32_t)(sizeof t + (payload_fd >= 0 ? 0 : slen));
 
-    if (dsec__fn_worker_take(pools, rt, cc->acquire_ms, &w, err) < 0)
+    if (dsec__fn_worker_take(pools, tg->pool, cc->acquire_ms, &w, err) < 0)
         goto out;
     int cgmode;
     struct fn_cg_slot *cg = dsec__fn_worker_cg(pools, w, &cgmode);

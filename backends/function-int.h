@@ -10,6 +10,7 @@
 
 #include "backends/backend.h"
 #include "backends/function.h"
+#include "backends/layers/layer-cache.h"
 
 enum { FN_RT_PYTHON3, FN_RT_SH, FN_RT_NATIVE, FN_RT_COUNT };
 
@@ -106,6 +107,13 @@ struct fn_pool_conf {
     const char *preload;  /* python3 modules, comma-separated */
     const char *ro_paths; /* extra read-only paths, comma-separated */
     const char *cgroup;   /* auto | v1 | v2 | none */
+    /* Environments: a zygote and pool per (runtime, layers), at most
+     * env_pools at once, each keeping env_warm[rt] workers (env_hot[rt]
+     * hot); one no sandbox uses goes after env_idle_ms. */
+    unsigned env_pools;
+    unsigned env_warm[FN_RT_COUNT], env_hot[FN_RT_COUNT];
+    uint64_t env_idle_ms;
+    dsec_layer_cache *cache; /* the node's, borrowed; NULL: no environments */
 };
 
 struct fn_pools;
@@ -113,7 +121,7 @@ struct fn_pools;
 /* One worker, from SPAWN to drained. The call owns it between take and done. */
 struct fn_worker {
     struct fn_worker *next;
-    int rt;
+    int rt, pool; /* its runtime, and the index of its pool */
     unsigned slot;
     int task_fd, stdin_fd, stdout_fd, stderr_fd; /* the backend's ends */
     int pidfd;                                   /* W2, from the first READY */
@@ -125,11 +133,24 @@ struct fn_worker {
 
 int dsec__fn_pools_new(struct fn_pools **out, const struct fn_pool_conf *conf, dsec_err *err);
 void dsec__fn_pools_free(struct fn_pools *p);
-/* Start the runtime's pool if it is not running and wait up to wait_ms for
- * its zygote to say HELLO (or fail). */
-int dsec__fn_pools_start(struct fn_pools *p, int rt, int wait_ms, dsec_err *err);
-/* Take a warm worker, waiting up to wait_ms for one. */
-int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn_worker **out,
+/* Pools are numbered: the host pools of runtime rt are number rt; an
+ * environment's come after FN_RT_COUNT. */
+/* Start the pool if it is not running and wait up to wait_ms for its zygote
+ * to say HELLO (or fail). */
+int dsec__fn_pools_start(struct fn_pools *p, int pi, int wait_ms, dsec_err *err);
+/* The pool of runtime rt in the environment made of these layers (lowest
+ * first), made and started if needed (its layers held in the node's cache
+ * while it lives); counts one sandbox using it. what names the environment
+ * in messages. */
+#define FN_ENV_LAYERS_MAX 64
+int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digests, size_t n,
+                           const char *what, int wait_ms, int *pi, dsec_err *err);
+/* A sandbox stops using environment pool pi. */
+void dsec__fn_pools_env_put(struct fn_pools *p, int pi);
+/* The environment pools alive, into out[0..max). */
+size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out, size_t max);
+/* Take a warm worker of pool pi, waiting up to wait_ms for one. */
+int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
                          dsec_err *err);
 /* The call is over (or never started): close the worker's channels and let
  * the pool reclaim its slot once its supervisor has exited. */
@@ -159,7 +180,15 @@ struct fn_call_conf {
     bool use_rlimit_as;      /* also cap address space at the memory limit */
 };
 
-int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, int rt,
+/* Where a call runs: its runtime, its pool, and the environment's variables
+ * ("K=V", under the call's own). */
+struct fn_target {
+    int rt, pool;
+    char *const *vars;
+    size_t nvars;
+};
+
+int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *t,
                   const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
                   dsec_exec_result *res, dsec_err *err);
 

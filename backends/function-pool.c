@@ -61,8 +61,20 @@ enum { EV_WAKE = 1, EV_ZCTL, EV_ZPID, EV_WTASK, EV_WPID };
 #define YOUNG_NS (2000ull * 1000000ull)
 
 struct fn_pool {
-    int rt;
+    int idx, rt;
     int state;
+    /* Environment pools (idx >= FN_RT_COUNT): used while the index is taken;
+     * acquiring while the creator fetches the layers; retiring while the pool
+     * thread takes it down (no sandbox left, idle for env_idle, or its index
+     * wanted by another environment). */
+    bool used, acquiring, retiring, evict;
+    unsigned refs;
+    uint64_t idle_since_ns;
+    char *key;      /* the layer digests, lowest first, comma-joined */
+    char *lower;    /* their cached paths, top first, colon-joined (overlay order) */
+    char **digests; /* held in the layer cache, ndigests of them */
+    size_t ndigests;
+    char name[160]; /* "python3", or "python3 in python:3" */
     bool wanted;
     pid_t zpid;
     int zctl, zpidfd;
@@ -80,11 +92,15 @@ struct fn_pool {
 struct fn_pools {
     char *zygote_path, *python, *pymod_dir, *root_dir, *preload, *ro_paths;
     unsigned max_workers, tmpfs_mb, hot_level;
+    unsigned npools; /* FN_RT_COUNT host pools, then env_pools environment ones */
+    unsigned env_warm[FN_RT_COUNT], env_hot[FN_RT_COUNT];
+    uint64_t env_idle_ns;
+    dsec_layer_cache *cache; /* borrowed; NULL: no environments */
     uint32_t uid_base;
     struct fn_cg cg;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    struct fn_pool pools[FN_RT_COUNT];
+    struct fn_pool *pools;
     struct fn_cg_slot *cgslots;
     struct fn_worker **slot_worker;
     unsigned *free_slots, nfree;
@@ -185,7 +201,7 @@ static void worker_close(struct fn_worker *w)
 /* Let a worker go: its slot comes back once its supervisor is gone. */
 static void worker_drain(struct fn_pools *p, struct fn_worker *w)
 {
-    struct fn_pool *pool = &p->pools[w->rt];
+    struct fn_pool *pool = &p->pools[w->pool];
     worker_close(w);
     if (w->pidfd >= 0) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WPID, w->slot)};
@@ -205,7 +221,7 @@ static void worker_drain(struct fn_pools *p, struct fn_worker *w)
 /* A worker that will not become warm. */
 static void worker_failed(struct fn_pools *p, struct fn_worker *w, const char *why)
 {
-    struct fn_pool *pool = &p->pools[w->rt];
+    struct fn_pool *pool = &p->pools[w->pool];
     if (w->task_fd >= 0)
         epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
     if (w->promoting) {
@@ -267,6 +283,7 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
         goto out_locked;
     }
     w->rt = pool->rt;
+    w->pool = pool->idx;
     w->slot = slot;
     w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
     if (dsec__fn_cg_slot_make(&p->cg, slot, &p->cgslots[slot], &err) < 0) {
@@ -335,14 +352,46 @@ out_locked:
     p->slot_worker[slot] = w;
 }
 
-static void refill(struct fn_pools *p, struct fn_pool *pool, uint64_t now)
+/* A call is waiting here and every slot is taken: let one warm worker of a
+ * pool nobody waits on go, so its slot comes back (once its supervisor is
+ * gone) for this pool. At most one slot on its way back per waiter. */
+static void steal_slot(struct fn_pools *p, struct fn_pool *pool)
+{
+    unsigned draining = 0;
+    for (unsigned i = 0; i < p->npools; i++)
+        draining += p->pools[i].ndraining;
+    if (p->nfree > 0 || pool->waiters <= pool->nspawning + draining)
+        return;
+    for (unsigned i = 0; i < p->npools; i++) {
+        struct fn_pool *q = &p->pools[i];
+        if (q == pool || q->waiters > 0)
+            continue;
+        struct fn_worker *w = pop(&q->warm_head, &q->warm_tail);
+        if (w != NULL) {
+            q->nwarm--;
+        } else if ((w = pop(&q->hot_head, &q->hot_tail)) != NULL) {
+            q->nhot--;
+        } else {
+            continue;
+        }
+        worker_drain(p, w);
+        return;
+    }
+}
+
+static void refill(struct fn_pools *p, struct fn_pool *pool, uint64_t now, unsigned waiting)
 {
     if (pool->state != P_UP || now < pool->retry_spawn_at_ns)
         return;
+    if (pool->waiters > 0)
+        steal_slot(p, pool);
+    /* Slots that calls of other pools wait for are theirs. */
+    unsigned others = waiting - pool->waiters;
     unsigned want = pool->target + pool->waiters;
     while (pool->state == P_UP &&
-           pool->nwarm + pool->nhot + pool->npromoting + pool->nspawning < want && p->nfree > 0 &&
-           pool->nspawning < SPAWN_INFLIGHT_MAX && !p->stop && now >= pool->retry_spawn_at_ns)
+           pool->nwarm + pool->nhot + pool->npromoting + pool->nspawning < want &&
+           p->nfree > (pool->waiters > 0 ? 0 : others) && pool->nspawning < SPAWN_INFLIGHT_MAX &&
+           !p->stop && now >= pool->retry_spawn_at_ns)
         spawn_one(p, pool);
 }
 
@@ -423,7 +472,11 @@ static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
         argv[ac++] = p->preload;
     }
     char ro[1024];
-    snprintf(ro, sizeof ro, "%s", p->ro_paths);
+    snprintf(ro, sizeof ro, "%s", pool->lower != NULL ? "" : p->ro_paths);
+    if (pool->lower != NULL) {
+        argv[ac++] = "--lower";
+        argv[ac++] = pool->lower;
+    }
     for (char *save = NULL, *t = strtok_r(ro, ",", &save); t != NULL && ac < 86;
          t = strtok_r(NULL, ",", &save)) {
         argv[ac++] = "--ro";
@@ -478,7 +531,7 @@ out:
     if (why[0] != '\0') {
         close_fd(&sv[0]);
         pool->state = P_FAILED;
-        set_error(pool, "%s zygote: %s", dsec__fn_runtime_name(pool->rt), why);
+        set_error(pool, "the zygote of %s: %s", pool->name, why);
         pool->restart_at_ns = dsec__fn_now_ns() + RESTART_MAX_NS;
         pthread_cond_broadcast(&p->cv);
         return;
@@ -486,8 +539,8 @@ out:
     pool->zpid = pid;
     pool->zctl = sv[0];
     pool->zpidfd = pidfd;
-    struct epoll_event e1 = {.events = EPOLLIN, .data.u64 = EV(EV_ZCTL, pool->rt)};
-    struct epoll_event e2 = {.events = EPOLLIN, .data.u64 = EV(EV_ZPID, pool->rt)};
+    struct epoll_event e1 = {.events = EPOLLIN, .data.u64 = EV(EV_ZCTL, pool->idx)};
+    struct epoll_event e2 = {.events = EPOLLIN, .data.u64 = EV(EV_ZPID, pool->idx)};
     epoll_ctl(p->epfd, EPOLL_CTL_ADD, pool->zctl, &e1);
     epoll_ctl(p->epfd, EPOLL_CTL_ADD, pool->zpidfd, &e2);
 }
@@ -518,11 +571,9 @@ static void zygote_gone(struct fn_pools *p, struct fn_pool *pool)
         pool->restart_at_ns = now + RESTART_MAX_NS; /* it said why it could not start */
     } else {
         if (pool->state == P_STARTING)
-            set_error(pool, "the %s zygote %s during start-up", dsec__fn_runtime_name(pool->rt),
-                      how);
+            set_error(pool, "the zygote of %s %s during start-up", pool->name, how);
         else
-            set_error(pool, "the %s zygote %s; rebuilding it", dsec__fn_runtime_name(pool->rt),
-                      how);
+            set_error(pool, "the zygote of %s %s; rebuilding it", pool->name, how);
         pool->quick_deaths = young ? pool->quick_deaths + 1 : 0;
         unsigned k = pool->quick_deaths > 8 ? 8 : pool->quick_deaths;
         uint64_t delay = k ? 100000000ull << (k - 1) : 0;
@@ -562,8 +613,7 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
             break;
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
         pool->state = P_FAILED;
-        set_error(pool, "the %s zygote could not start: %s", dsec__fn_runtime_name(pool->rt),
-                  m.fail.msg);
+        set_error(pool, "the zygote of %s could not start: %s", pool->name, m.fail.msg);
         pthread_cond_broadcast(&p->cv);
         break;
     case FNP_SPAWN_FAILED:
@@ -583,7 +633,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
     struct fn_worker *w = slot < p->max_workers ? p->slot_worker[slot] : NULL;
     if (w == NULL)
         return;
-    struct fn_pool *pool = &p->pools[w->rt];
+    struct fn_pool *pool = &p->pools[w->pool];
     union {
         struct fnp_hdr h;
         struct fnp_ready ready;
@@ -616,8 +666,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
     char why[512];
     if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
         close_fd(&fd);
-        snprintf(why, sizeof why, "a %s worker ended before it was ready",
-                 dsec__fn_runtime_name(w->rt));
+        snprintf(why, sizeof why, "a %s worker ended before it was ready", p->pools[w->pool].name);
         worker_failed(p, w, why);
         return;
     }
@@ -646,14 +695,13 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
         close_fd(&fd);
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
         m.fail.stage[sizeof m.fail.stage - 1] = '\0';
-        snprintf(why, sizeof why, "%s worker set-up failed (%s): %s", dsec__fn_runtime_name(w->rt),
-                 m.fail.stage, m.fail.msg);
+        snprintf(why, sizeof why, "%s worker set-up failed (%s): %s", pool->name, m.fail.stage,
+                 m.fail.msg);
         worker_failed(p, w, why);
         return;
     default:
         close_fd(&fd);
-        snprintf(why, sizeof why, "a %s worker ended before it was ready",
-                 dsec__fn_runtime_name(w->rt));
+        snprintf(why, sizeof why, "a %s worker ended before it was ready", p->pools[w->pool].name);
         worker_failed(p, w, why);
         return;
     }
@@ -675,9 +723,83 @@ static void on_wpid(struct fn_pools *p, unsigned slot)
         return;
     epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->pidfd, NULL);
     close_fd(&w->pidfd);
-    p->pools[w->rt].ndraining--;
+    p->pools[w->pool].ndraining--;
     slot_free(p, slot);
     dsec_free(w);
+    pthread_cond_broadcast(&p->cv);
+}
+
+/* ---- environment pools (pool thread, lock held) ---------------------------------------------- */
+
+static void env_forget(struct fn_pool *pool)
+{
+    dsec_free(pool->key);
+    dsec_free(pool->lower);
+    pool->key = pool->lower = NULL;
+    pool->used = pool->acquiring = pool->retiring = pool->evict = pool->wanted = false;
+    pool->refs = 0;
+    pool->state = P_OFF;
+    pool->starts = pool->quick_deaths = pool->consec_fail = 0;
+    pool->restart_at_ns = pool->retry_spawn_at_ns = 0;
+    pool->calls = pool->spawned = pool->spawn_failures = 0;
+    pool->version[0] = pool->preloaded[0] = pool->error[0] = pool->zygote_exit[0] = '\0';
+    pool->name[0] = '\0';
+}
+
+/* Drop the layers an environment pool holds. Drops the lock around the
+ * cache, which may unmount. */
+static void env_release_layers(struct fn_pools *p, struct fn_pool *pool)
+{
+    char **d = pool->digests;
+    size_t n = pool->ndigests;
+    pool->digests = NULL;
+    pool->ndigests = 0;
+    if (d == NULL)
+        return;
+    pthread_mutex_unlock(&p->mu);
+    for (size_t i = 0; i < n; i++) {
+        dsec_layer_cache_release(p->cache, d[i]);
+        dsec_free(d[i]);
+    }
+    dsec_free(d);
+    pthread_mutex_lock(&p->mu);
+}
+
+/* Take an environment pool down once no sandbox uses it and it has been idle
+ * for env_idle (at once when it failed or its index is wanted): its workers
+ * first, then its zygote once their supervisors are gone, then its layers. */
+static void env_tend(struct fn_pools *p, struct fn_pool *pool, uint64_t now, uint64_t *next)
+{
+    if (pool->idx < FN_RT_COUNT || !pool->used || pool->acquiring || pool->refs > 0)
+        return;
+    if (!pool->retiring) {
+        uint64_t at = pool->idle_since_ns + p->env_idle_ns;
+        if (!pool->evict && pool->state != P_FAILED && now < at) {
+            if (at < *next)
+                *next = at;
+            return;
+        }
+        pool->retiring = true;
+        pool->wanted = false;
+        pool->target = pool->hot_target = 0;
+    }
+    struct fn_worker *w;
+    while ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
+        pool->nwarm--;
+        worker_drain(p, w);
+    }
+    while ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
+        pool->nhot--;
+        worker_drain(p, w);
+    }
+    if (pool->nspawning + pool->npromoting + pool->nbusy + pool->ndraining > 0)
+        return; /* each of them comes back through the epoll */
+    if (pool->zpid > 0) {
+        kill(pool->zpid, SIGKILL);
+        zygote_gone(p, pool);
+    }
+    env_release_layers(p, pool);
+    env_forget(pool);
     pthread_cond_broadcast(&p->cv);
 }
 
@@ -689,7 +811,7 @@ static void take_drained(struct fn_pools *p)
         struct fn_worker *w = p->to_drain;
         p->to_drain = w->next;
         w->next = NULL;
-        p->pools[w->rt].ndraining--; /* worker_drain counts it again if it must wait */
+        p->pools[w->pool].ndraining--; /* worker_drain counts it again if it must wait */
         worker_drain(p, w);
     }
 }
@@ -699,8 +821,8 @@ static void shutdown_all(struct fn_pools *p)
     take_drained(p);
     /* Workers first, zygotes last: a zygote reaps its workers' supervisors as
      * they go, so their slots' cgroups empty before we remove them. */
-    for (int rt = 0; rt < FN_RT_COUNT; rt++) {
-        struct fn_pool *pool = &p->pools[rt];
+    for (unsigned i = 0; i < p->npools; i++) {
+        struct fn_pool *pool = &p->pools[i];
         struct fn_worker *w;
         while ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
             pool->nwarm--;
@@ -716,9 +838,9 @@ static void shutdown_all(struct fn_pools *p)
         if (w != NULL && (!(w->spawned && w->ready) || w->promoting) && w->task_fd >= 0) {
             epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
             if (w->promoting)
-                p->pools[w->rt].npromoting--;
+                p->pools[w->pool].npromoting--;
             else
-                p->pools[w->rt].nspawning--;
+                p->pools[w->pool].nspawning--;
             worker_drain(p, w);
         }
     }
@@ -726,8 +848,8 @@ static void shutdown_all(struct fn_pools *p)
     uint64_t deadline = dsec__fn_now_ns() + 3000000000ull;
     for (;;) {
         unsigned left = 0;
-        for (int rt = 0; rt < FN_RT_COUNT; rt++)
-            left += p->pools[rt].ndraining;
+        for (unsigned i = 0; i < p->npools; i++)
+            left += p->pools[i].ndraining;
         uint64_t now = dsec__fn_now_ns();
         if (left == 0 || now >= deadline)
             break;
@@ -739,10 +861,10 @@ static void shutdown_all(struct fn_pools *p)
             if ((evs[i].data.u64 >> 32) == EV_WPID)
                 on_wpid(p, (unsigned)(evs[i].data.u64 & 0xffffffffu));
     }
-    for (int rt = 0; rt < FN_RT_COUNT; rt++)
-        if (p->pools[rt].zpid > 0) {
-            kill(p->pools[rt].zpid, SIGKILL);
-            zygote_gone(p, &p->pools[rt]);
+    for (unsigned i = 0; i < p->npools; i++)
+        if (p->pools[i].zpid > 0) {
+            kill(p->pools[i].zpid, SIGKILL);
+            zygote_gone(p, &p->pools[i]);
         }
 }
 
@@ -754,9 +876,13 @@ static void *pool_thread(void *arg)
         take_drained(p);
         uint64_t now = dsec__fn_now_ns();
         uint64_t next = UINT64_MAX;
-        for (int rt = 0; rt < FN_RT_COUNT; rt++) {
-            struct fn_pool *pool = &p->pools[rt];
-            if (!pool->wanted)
+        unsigned waiting = 0;
+        for (unsigned i = 0; i < p->npools; i++)
+            waiting += p->pools[i].waiters;
+        for (unsigned i = 0; i < p->npools; i++) {
+            struct fn_pool *pool = &p->pools[i];
+            env_tend(p, pool, now, &next);
+            if (!pool->wanted || (pool->idx >= FN_RT_COUNT && pool->lower == NULL))
                 continue;
             if ((pool->state == P_OFF || pool->state == P_DOWN ||
                  (pool->state == P_FAILED && pool->zpid <= 0)) &&
@@ -764,7 +890,7 @@ static void *pool_thread(void *arg)
                 zygote_start(p, pool);
             else if (pool->state != P_UP && pool->state != P_STARTING && pool->restart_at_ns < next)
                 next = pool->restart_at_ns;
-            refill(p, pool, dsec__fn_now_ns());
+            refill(p, pool, dsec__fn_now_ns(), waiting);
             if (pool->state == P_UP)
                 promote(p, pool);
             if (pool->state == P_UP && pool->retry_spawn_at_ns > now &&
@@ -789,11 +915,11 @@ static void *pool_thread(void *arg)
                 break;
             }
             case EV_ZCTL:
-                if (id < FN_RT_COUNT && p->pools[id].zctl >= 0)
+                if (id < p->npools && p->pools[id].zctl >= 0)
                     on_zctl(p, &p->pools[id]);
                 break;
             case EV_ZPID:
-                if (id < FN_RT_COUNT && p->pools[id].zpid > 0)
+                if (id < p->npools && p->pools[id].zpid > 0)
                     zygote_gone(p, &p->pools[id]);
                 break;
             case EV_WTASK:
@@ -829,22 +955,34 @@ int dsec__fn_pools_new(struct fn_pools **out, const struct fn_pool_conf *c, dsec
     p->root_dir = dsec_strdup(c->root_dir);
     p->preload = dsec_strdup(c->preload ? c->preload : "");
     p->ro_paths = dsec_strdup(c->ro_paths ? c->ro_paths : "");
+    p->npools = FN_RT_COUNT + c->env_pools;
+    p->pools = dsec_calloc(p->npools, sizeof *p->pools);
+    p->cache = c->cache;
+    p->env_idle_ns = c->env_idle_ms * 1000000ull;
     p->cgslots = dsec_calloc(c->max_workers, sizeof *p->cgslots);
     p->slot_worker = dsec_calloc(c->max_workers, sizeof *p->slot_worker);
     p->free_slots = dsec_calloc(c->max_workers, sizeof *p->free_slots);
     if (p->zygote_path == NULL || p->python == NULL || p->pymod_dir == NULL ||
-        p->root_dir == NULL || p->preload == NULL || p->ro_paths == NULL || p->cgslots == NULL ||
-        p->slot_worker == NULL || p->free_slots == NULL) {
+        p->root_dir == NULL || p->preload == NULL || p->ro_paths == NULL || p->pools == NULL ||
+        p->cgslots == NULL || p->slot_worker == NULL || p->free_slots == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the pools");
         goto out_free;
     }
     for (unsigned i = 0; i < c->max_workers; i++)
         p->free_slots[p->nfree++] = c->max_workers - 1 - i; /* slot 0 first */
+    for (unsigned i = 0; i < p->npools; i++) {
+        p->pools[i].idx = (int)i;
+        p->pools[i].zctl = p->pools[i].zpidfd = -1;
+    }
     for (int rt = 0; rt < FN_RT_COUNT; rt++) {
-        p->pools[rt].rt = rt;
-        p->pools[rt].zctl = p->pools[rt].zpidfd = -1;
-        p->pools[rt].target = c->warm[rt];
-        p->pools[rt].hot_target = c->hot[rt] < c->warm[rt] ? c->hot[rt] : c->warm[rt];
+        struct fn_pool *pool = &p->pools[rt];
+        pool->rt = rt;
+        pool->used = true;
+        pool->target = c->warm[rt];
+        pool->hot_target = c->hot[rt] < c->warm[rt] ? c->hot[rt] : c->warm[rt];
+        snprintf(pool->name, sizeof pool->name, "%s", rt_names[rt]);
+        p->env_warm[rt] = c->env_warm[rt];
+        p->env_hot[rt] = c->env_hot[rt] < c->env_warm[rt] ? c->env_hot[rt] : c->env_warm[rt];
     }
     char inst[160];
     static unsigned seq;
@@ -902,6 +1040,17 @@ void dsec__fn_pools_free(struct fn_pools *p)
         pthread_mutex_destroy(&p->mu);
         pthread_cond_destroy(&p->cv);
     }
+    for (unsigned i = FN_RT_COUNT; p->pools != NULL && i < p->npools; i++) {
+        struct fn_pool *pool = &p->pools[i];
+        for (size_t k = 0; k < pool->ndigests; k++) {
+            dsec_layer_cache_release(p->cache, pool->digests[k]);
+            dsec_free(pool->digests[k]);
+        }
+        dsec_free(pool->digests);
+        dsec_free(pool->key);
+        dsec_free(pool->lower);
+    }
+    dsec_free(p->pools);
     for (unsigned s = 0; p->cgslots != NULL && s < p->max_workers; s++)
         dsec__fn_cg_slot_free(&p->cg, s, &p->cgslots[s]);
     dsec__fn_cg_close(&p->cg);
@@ -927,14 +1076,14 @@ static void deadline_ts(struct timespec *ts, uint64_t deadline_ns)
     ts->tv_nsec = (long)(deadline_ns % 1000000000ull);
 }
 
-int dsec__fn_pools_start(struct fn_pools *p, int rt, int wait_ms, dsec_err *err)
+int dsec__fn_pools_start(struct fn_pools *p, int pi, int wait_ms, dsec_err *err)
 {
-    struct fn_pool *pool = &p->pools[rt];
+    struct fn_pool *pool = &p->pools[pi];
     uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
     pthread_mutex_lock(&p->mu);
-    if (!pool->wanted) {
+    if (!pool->wanted && pi < FN_RT_COUNT) { /* an environment's is wanted once it has its layers */
         pool->wanted = true;
         wake(p);
     }
@@ -949,14 +1098,202 @@ int dsec__fn_pools_start(struct fn_pools *p, int rt, int wait_ms, dsec_err *err)
             break;
         }
         if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT && pool->state != P_UP) {
-            rc = dsec_err_set(
-                err, DSEC_E_TIMEOUT, 0, "function: the %s zygote did not start within %d ms%s%s",
-                dsec__fn_runtime_name(rt), wait_ms, pool->error[0] ? ": " : "", pool->error);
+            rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                              "function: the zygote of %s did not start within %d ms%s%s",
+                              pool->name, wait_ms, pool->error[0] ? ": " : "", pool->error);
             break;
         }
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+/* Fetch (or find in the cache) the layers of an environment pool being made
+ * and give it its overlay order. No lock held. */
+static int env_acquire(struct fn_pools *p, const char *const *digests, size_t n, char ***held,
+                       char **lower, dsec_err *err)
+{
+    char **paths = dsec_calloc(n, sizeof *paths);
+    char **d = dsec_calloc(n, sizeof *d);
+    size_t got = 0, len = 0;
+    if (paths == NULL || d == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: holding an environment's layers");
+        goto fail;
+    }
+    for (; got < n; got++) {
+        if ((d[got] = dsec_strdup(digests[got])) == NULL) {
+            dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: holding an environment's layers");
+            goto fail;
+        }
+        if (dsec_layer_cache_acquire(p->cache, digests[got], &paths[got], err) < 0) {
+            dsec_err_wrap(err, "function: layer %s", digests[got]);
+            dsec_free(d[got]);
+            goto fail;
+        }
+        if (strpbrk(paths[got], ":,\\") != NULL) {
+            dsec_err_set(err, DSEC_E_CONFIG, 0,
+                         "function: layer path %s has a ':', ',' or '\\', which an overlay "
+                         "cannot take (move the node's state directory)",
+                         paths[got]);
+            got++;
+            goto fail;
+        }
+        len += strlen(paths[got]) + 1;
+    }
+    char *l = dsec_malloc(len);
+    if (l == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: holding an environment's layers");
+        goto fail;
+    }
+    l[0] = '\0';
+    for (size_t i = n; i-- > 0;) { /* overlay wants the top first */
+        strcat(l, paths[i]);
+        if (i > 0)
+            strcat(l, ":");
+        dsec_free(paths[i]);
+    }
+    dsec_free(paths);
+    *held = d;
+    *lower = l;
+    return 0;
+fail:
+    for (size_t i = 0; i < got; i++) {
+        dsec_layer_cache_release(p->cache, digests[i]);
+        dsec_free(d[i]);
+        dsec_free(paths[i]);
+    }
+    dsec_free(d);
+    dsec_free(paths);
+    return -1;
+}
+
+int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digests, size_t n,
+                           const char *what, int wait_ms, int *out, dsec_err *err)
+{
+    if (p->cache == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function: environment %s: this node has no layer registry", what);
+    if (n == 0 || n > FN_ENV_LAYERS_MAX)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "function: environment %s has %zu layers (1..%d)", what, n,
+                            FN_ENV_LAYERS_MAX);
+    size_t klen = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (digests[i] == NULL || digests[i][0] == '\0' || strchr(digests[i], ',') != NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "function: environment %s: layer %zu is not a digest", what, i);
+        klen += strlen(digests[i]) + 1;
+    }
+    char *key = dsec_malloc(klen);
+    if (key == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: an environment pool");
+    key[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        strcat(key, digests[i]);
+        if (i + 1 < n)
+            strcat(key, ",");
+    }
+    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    struct fn_pool *pool = NULL;
+    bool made = false;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    while (pool == NULL && rc == 0) {
+        struct fn_pool *free_pool = NULL, *idle = NULL;
+        bool retiring = false;
+        for (unsigned i = FN_RT_COUNT; i < p->npools && pool == NULL; i++) {
+            struct fn_pool *q = &p->pools[i];
+            retiring |= q->retiring;
+            if (!q->used) {
+                if (free_pool == NULL)
+                    free_pool = q;
+            } else if (!q->retiring && q->rt == rt && strcmp(q->key, key) == 0) {
+                pool = q;
+            } else if (!q->retiring && !q->acquiring && q->refs == 0 &&
+                       (idle == NULL || q->idle_since_ns < idle->idle_since_ns)) {
+                idle = q;
+            }
+        }
+        if (pool != NULL) {
+            pool->refs++;
+        } else if (p->stop) {
+            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+        } else if (free_pool != NULL) {
+            pool = free_pool;
+            pool->used = pool->acquiring = true;
+            pool->refs = 1;
+            pool->rt = rt;
+            pool->key = key;
+            key = NULL;
+            pool->target = p->env_warm[rt];
+            pool->hot_target = p->env_hot[rt];
+            snprintf(pool->name, sizeof pool->name, "%s in %s", rt_names[rt], what);
+            made = true;
+        } else if (idle == NULL && !retiring) {
+            rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                              "function: environment %s: all %u environment pools are in use by "
+                              "sandboxes (node option env_pools)",
+                              what, p->npools - FN_RT_COUNT);
+        } else {
+            /* an idle environment gives its index up (or one is being taken
+             * down already): wait for it */
+            if (idle != NULL) {
+                idle->evict = true;
+                wake(p);
+            }
+            if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT)
+                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                                  "function: environment %s: no environment pool became free "
+                                  "within %d ms",
+                                  what, wait_ms);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    dsec_free(key);
+    if (rc < 0)
+        return -1;
+    if (made) {
+        char **held = NULL, *lower = NULL;
+        dsec_err e;
+        int arc = env_acquire(p, digests, n, &held, &lower, &e);
+        pthread_mutex_lock(&p->mu);
+        pool->acquiring = false;
+        if (arc == 0) {
+            pool->digests = held;
+            pool->ndigests = n;
+            pool->lower = lower;
+            pool->wanted = true;
+            wake(p);
+        } else {
+            pool->state = P_FAILED; /* never started: it has no root */
+            set_error(pool, "%s", e.msg);
+        }
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    *out = pool->idx;
+    int left =
+        (int)((deadline > dsec__fn_now_ns() ? deadline - dsec__fn_now_ns() : 0) / 1000000ull);
+    if (dsec__fn_pools_start(p, pool->idx, left > 0 ? left : 1, err) < 0) {
+        dsec__fn_pools_env_put(p, pool->idx);
+        return -1;
+    }
+    return 0;
+}
+
+void dsec__fn_pools_env_put(struct fn_pools *p, int pi)
+{
+    if (pi < FN_RT_COUNT || (unsigned)pi >= p->npools)
+        return;
+    pthread_mutex_lock(&p->mu);
+    struct fn_pool *pool = &p->pools[pi];
+    if (pool->refs > 0 && --pool->refs == 0) {
+        pool->idle_since_ns = dsec__fn_now_ns();
+        wake(p);
+    }
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* A taken worker whose supervisor already died or spoke out of turn. */
@@ -967,10 +1304,10 @@ static bool worker_dead(const struct fn_worker *w)
     return poll(pf, 2, 0) != 0;
 }
 
-int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn_worker **out,
+int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
                          dsec_err *err)
 {
-    struct fn_pool *pool = &p->pools[rt];
+    struct fn_pool *pool = &p->pools[pi];
     uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
@@ -1001,7 +1338,7 @@ int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn
                 (pool->state == P_FAILED ||
                  (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
                 rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
-                                  dsec__fn_runtime_name(rt), pool->error);
+                                  pool->name, pool->error);
                 break;
             }
             pool->waiters++;
@@ -1012,8 +1349,8 @@ int dsec__fn_worker_take(struct fn_pools *p, int rt, uint64_t wait_ms, struct fn
                 rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
                                   "function: no %s worker became free within %" PRIu64
                                   " ms (%u busy, %u starting, %u slots free of max_workers %u)",
-                                  dsec__fn_runtime_name(rt), wait_ms, pool->nbusy, pool->nspawning,
-                                  p->nfree, p->max_workers);
+                                  pool->name, wait_ms, pool->nbusy, pool->nspawning, p->nfree,
+                                  p->max_workers);
                 break;
             }
         }
@@ -1033,7 +1370,7 @@ void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)
 {
     worker_close(w);
     pthread_mutex_lock(&p->mu);
-    struct fn_pool *pool = &p->pools[w->rt];
+    struct fn_pool *pool = &p->pools[w->pool];
     pool->nbusy--;
     pool->ndraining++;
     w->next = p->to_drain;
@@ -1048,11 +1385,9 @@ struct fn_cg_slot *dsec__fn_worker_cg(struct fn_pools *p, const struct fn_worker
     return p->cg.mode == FN_CG_NONE ? NULL : &p->cgslots[w->slot];
 }
 
-int dsec__fn_pools_info(struct fn_pools *p, int rt, dsec_function_pool_info *out)
+static void info_locked(const struct fn_pool *pool, dsec_function_pool_info *out)
 {
-    struct fn_pool *pool = &p->pools[rt];
     memset(out, 0, sizeof *out);
-    pthread_mutex_lock(&p->mu);
     snprintf(out->state, sizeof out->state, "%s", state_names[pool->state]);
     out->zygote_pid = pool->zpid > 0 ? pool->zpid : 0;
     out->zygote_starts = pool->starts;
@@ -1069,8 +1404,27 @@ int dsec__fn_pools_info(struct fn_pools *p, int rt, dsec_function_pool_info *out
     snprintf(out->preloaded, sizeof out->preloaded, "%s", pool->preloaded);
     snprintf(out->error, sizeof out->error, "%s", pool->error);
     snprintf(out->zygote_exit, sizeof out->zygote_exit, "%s", pool->zygote_exit);
+    snprintf(out->name, sizeof out->name, "%s", pool->name);
+    out->sandboxes = pool->refs;
+}
+
+int dsec__fn_pools_info(struct fn_pools *p, int pi, dsec_function_pool_info *out)
+{
+    pthread_mutex_lock(&p->mu);
+    info_locked(&p->pools[pi], out);
     pthread_mutex_unlock(&p->mu);
     return 0;
+}
+
+size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out, size_t max)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (unsigned i = FN_RT_COUNT; i < p->npools; i++)
+        if (p->pools[i].used && n < max)
+            info_locked(&p->pools[i], &out[n++]);
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
 
 int dsec__fn_pools_set_warm(struct fn_pools *p, int rt, unsigned warm, unsigned hot, int wait_ms,
@@ -1096,8 +1450,8 @@ int dsec__fn_pools_set_warm(struct fn_pools *p, int rt, unsigned warm, unsigned 
                 break;
             rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
                               "function: %u of %u %s workers warm (%u of %u hot) after %d ms%s%s",
-                              pool->nwarm + pool->nhot, warm, dsec__fn_runtime_name(rt), pool->nhot,
-                              hot, wait_ms, pool->error[0] ? ": " : "", pool->error);
+                              pool->nwarm + pool->nhot, warm, pool->name, pool->nhot, hot, wait_ms,
+                              pool->error[0] ? ": " : "", pool->error);
             break;
         }
     }

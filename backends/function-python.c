@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/function-zygote.h"
 
@@ -213,6 +214,26 @@ static int py_warm(const char *preload, char *version, size_t vlen, char *loaded
     }
     Py_XDECREF(keys);
     PyErr_Clear();
+
+    /* The interpreter is the node's; its standard library must be in the
+     * root it now runs in (an environment's root may have another one, or
+     * none). */
+    PyObject *os_mod = PyImport_ImportModule("os");
+    PyObject *os_file = os_mod ? PyObject_GetAttrString(os_mod, "__file__") : NULL;
+    const char *os_path = os_file && PyUnicode_Check(os_file) ? PyUnicode_AsUTF8(os_file) : NULL;
+    if (os_path == NULL || access(os_path, R_OK) != 0) {
+        snprintf(msg, msglen,
+                 "no standard library (%s): python3 is the node's python %.*s; use runtime "
+                 "sh or native for an environment's own programs",
+                 os_path ? os_path : "standard library", (int)strcspn(Py_GetVersion(), " "),
+                 Py_GetVersion());
+        Py_XDECREF(os_file);
+        Py_XDECREF(os_mod);
+        PyErr_Clear();
+        return -1;
+    }
+    Py_XDECREF(os_file);
+    Py_XDECREF(os_mod);
 
     /* The launcher's own needs first, then the preload list. */
     static const char *const needed[] = {"os", "io", "gc", "json", "atexit", "runpy"};

@@ -207,7 +207,9 @@ static void close_others(const int *keep, int n)
 
 static void path_in_root(char *out, size_t len, const char *p)
 {
-    snprintf(out, len, "%s%s", root_dir, p);
+    int n = snprintf(out, len, "%s%s", root_dir, p);
+    if (n < 0 || (size_t)n >= len)
+        fatal("sandbox root", ENAMETOOLONG, "%s%s: path too long", root_dir, p);
 }
 
 /* mkdir -p of an absolute path below the new root. */
@@ -252,7 +254,35 @@ static void bind_ro(const char *src)
         fatal("read-only bind", errno, "remount %s read-only: %s", src, strerror(errno));
 }
 
-static void setup_root(char *const *ro, int nro)
+/* The root of an environment: its layers (lower, top first, colon-joined)
+ * under one more, topmost layer holding the mount points a worker needs, as
+ * a read-only overlay at <root>/r. root_dir becomes <root>/r. */
+static void env_root(const char *lower)
+{
+    static char merged[PATH_MAX];
+    char skel[PATH_MAX], d[PATH_MAX], opts[4096];
+    snprintf(skel, sizeof skel, "%s/s", root_dir);
+    snprintf(merged, sizeof merged, "%s/r", root_dir);
+    static const char *const dirs[] = {"", "/dev", "/proc", "/tmp", "/work"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(d, sizeof d, "%s%s", skel, dirs[i]);
+        if (mkdir(d, 0755) < 0)
+            fatal("sandbox root", errno, "mkdir %s: %s", d, strerror(errno));
+    }
+    if (mkdir(merged, 0755) < 0)
+        fatal("sandbox root", errno, "mkdir %s: %s", merged, strerror(errno));
+    int n = snprintf(opts, sizeof opts, "lowerdir=%s:%s", skel, lower);
+    if (n < 0 || (size_t)n >= sizeof opts)
+        fatal("environment root", E2BIG,
+              "the environment's layer paths take %d bytes; an overlay takes at most %zu", n,
+              sizeof opts - 1);
+    if (mount("overlay", merged, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
+        fatal("environment root", errno, "overlay of the environment's layers: %s",
+              strerror(errno));
+    root_dir = merged;
+}
+
+static void setup_root(char *const *ro, int nro, const char *lower)
 {
     char p[PATH_MAX];
     if (unshare(CLONE_NEWNS) < 0)
@@ -262,6 +292,10 @@ static void setup_root(char *const *ro, int nro)
         fatal("mount namespace", errno, "making / private: %s", strerror(errno));
     if (mount("tmpfs", root_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755") < 0)
         fatal("sandbox root", errno, "tmpfs on %s: %s", root_dir, strerror(errno));
+    if (lower != NULL) {
+        env_root(lower);
+        goto dev;
+    }
     static const char *const dirs[] = {"/usr", "/etc", "/dev", "/proc", "/tmp", "/work"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
         mkdirs_in_root(dirs[i]);
@@ -289,6 +323,7 @@ static void setup_root(char *const *ro, int nro)
     for (int i = 0; i < nro; i++)
         bind_ro(ro[i]);
 
+dev:
     path_in_root(p, sizeof p, "/dev");
     if (mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755") < 0)
         fatal("sandbox /dev", errno, "tmpfs on /dev: %s", strerror(errno));
@@ -975,7 +1010,7 @@ static void loop(void)
 static int usage(void)
 {
     fprintf(stderr, "usage: dsec-fn-zygote --root DIR --slots N --ppid PID [--ro PATH]... "
-                    "[--preload MOD,...]\n"
+                    "[--lower DIR:DIR...] [--preload MOD,...]\n"
                     "The zygote of the dsec function backend, started by it with its control "
                     "socket as fd 3 (python3: as a module of /usr/bin/python3); not meant to be "
                     "run by hand.\n");
@@ -984,7 +1019,7 @@ static int usage(void)
 
 int fnz_main(int argc, char **argv, const struct fnz_runtime *rt)
 {
-    const char *preload = "";
+    const char *preload = "", *lower = NULL;
     char *ro[32];
     int nro = 0;
     long ppid = -1;
@@ -1006,6 +1041,8 @@ int fnz_main(int argc, char **argv, const struct fnz_runtime *rt)
             ro[nro++] = (char *)v;
         } else if (strcmp(a, "--preload") == 0) {
             preload = v;
+        } else if (strcmp(a, "--lower") == 0) {
+            lower = v;
         } else {
             return usage();
         }
@@ -1041,7 +1078,9 @@ int fnz_main(int argc, char **argv, const struct fnz_runtime *rt)
     recs = calloc(nrecs, sizeof *recs);
     if (recs == NULL)
         fatal("start", ENOMEM, "out of memory");
-    setup_root(ro, nro);
+    if (lower != NULL && (nro > 0 || lower[0] != '/'))
+        return usage();
+    setup_root(ro, nro, lower);
 
     char msg[FNP_MSG_MAX];
     if (fnz_seccomp_build(&seccomp_base, &seccomp_tail, msg, sizeof msg) < 0)

@@ -52,10 +52,18 @@ struct fn {
     uint64_t memory_mb;
     uint64_t files_mb;
     int uid_lock; /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
+    dsec_layer_registry *reg; /* the cell's, borrowed; NULL: no environments */
+    dsec_layer_cache *cache;  /* the node's (shared), when reg is set */
 };
 
 struct fn_sb {
     int rt;
+    int pool;      /* rt (the host's base), or an environment's pool */
+    char *env;     /* the environment's name, or NULL (given as layers, or none) */
+    char **layers; /* its layer digests, lowest first */
+    size_t nlayers;
+    char **vars; /* its variables, "K=V" */
+    size_t nvars;
     struct fn_limits lim;
     uint64_t disk_mb;
     struct fn_files files;
@@ -69,6 +77,7 @@ struct opts {
     char zygote[PATH_MAX], python[PATH_MAX], pymod[PATH_MAX];
     unsigned max_workers, warm[FN_RT_COUNT], hot[FN_RT_COUNT], tmpfs_mb, hot_level;
     uint64_t memory_mb, max_timeout_ms, acquire_ms, files_mb;
+    uint64_t env_pools, env_warm, env_hot, env_idle_ms, cache_gb;
     uint32_t uid_base;
     char preload[1024], ro[1024], cgroup[16], prestart[64];
     bool rlimit_as;
@@ -103,7 +112,8 @@ static const char known_opts[] = "zygote, python, python_module, max_workers, po
                                  "pool_sh, pool_native, prestart, tmpfs_mb, memory_mb, "
                                  "hot_python3, hot_sh, hot_native, hot_level, max_timeout_ms, "
                                  "acquire_ms, uid_base, preload, ro, "
-                                 "cgroup, rlimit_as, files_mb, cgroup_favordynmods";
+                                 "cgroup, rlimit_as, files_mb, cgroup_favordynmods, env_pools, "
+                                 "env_warm, env_hot, env_idle_ms, layer_cache_gb";
 
 static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *err)
 {
@@ -119,6 +129,10 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
     o->max_timeout_ms = 600000;
     o->acquire_ms = 30000;
     o->files_mb = 64;
+    o->env_pools = 8;
+    o->env_warm = 2;
+    o->env_hot = 1;
+    o->env_idle_ms = 60000;
     o->uid_base = 1500000000u;
     o->favordynmods = true;
     snprintf(o->preload, sizeof o->preload, "%s", default_preload);
@@ -164,6 +178,16 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
             rc = opt_u64(k, v, 1, 3600000, &o->acquire_ms, err);
         else if (strcmp(key, "files_mb") == 0)
             rc = opt_u64(k, v, 1, 1u << 20, &o->files_mb, err);
+        else if (strcmp(key, "env_pools") == 0)
+            rc = opt_u64(k, v, 0, 256, &o->env_pools, err);
+        else if (strcmp(key, "env_warm") == 0)
+            rc = opt_u64(k, v, 0, 4096, &o->env_warm, err);
+        else if (strcmp(key, "env_hot") == 0)
+            rc = opt_u64(k, v, 0, 4096, &o->env_hot, err);
+        else if (strcmp(key, "env_idle_ms") == 0)
+            rc = opt_u64(k, v, 0, 7ull * 24 * 3600 * 1000, &o->env_idle_ms, err);
+        else if (strcmp(key, "layer_cache_gb") == 0)
+            rc = opt_u64(k, v, 0, 1u << 20, &o->cache_gb, err);
         else if (strcmp(key, "uid_base") == 0) {
             rc = opt_u64(k, v, 1000, 0xffffffffull - 70000, &x, err);
             o->uid_base = (uint32_t)x;
@@ -287,7 +311,8 @@ static void fn_fini(void *self)
     struct fn *f = self;
     if (f == NULL)
         return;
-    dsec__fn_pools_free(f->pools);
+    dsec__fn_pools_free(f->pools); /* lets its environments' layers go */
+    dsec_layer_cache_free(f->cache);
     if (f->uid_lock >= 0)
         close(f->uid_lock);
     rmdir(f->root_dir);
@@ -363,6 +388,18 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     f->cc.max_timeout_ms = o.max_timeout_ms;
     f->cc.acquire_ms = o.acquire_ms;
     f->cc.use_rlimit_as = o.rlimit_as;
+    f->reg = cfg->layers;
+    if (f->reg != NULL) {
+        char p[PATH_MAX + 16];
+        if (cfg->layer_cache_dir != NULL)
+            snprintf(p, sizeof p, "%s", cfg->layer_cache_dir);
+        else
+            snprintf(p, sizeof p, "%s/layers", f->state_dir);
+        if (dsec_layer_cache_share(&f->cache, p, o.cache_gb << 30, f->reg, err) < 0) {
+            dsec_err_wrap(err, "function: layer cache");
+            goto out_free;
+        }
+    }
     struct fn_pool_conf pc = {
         .zygote_path = zygote,
         .python = o.python,
@@ -376,9 +413,15 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
         .preload = o.preload,
         .ro_paths = o.ro,
         .cgroup = o.cgroup,
+        .env_pools = (unsigned)o.env_pools,
+        .env_idle_ms = o.env_idle_ms,
+        .cache = f->cache,
     };
     memcpy(pc.warm, o.warm, sizeof pc.warm);
     memcpy(pc.hot, o.hot, sizeof pc.hot);
+    for (int rt = 0; rt < FN_RT_COUNT; rt++)
+        pc.env_warm[rt] = (unsigned)o.env_warm;
+    pc.env_hot[FN_RT_PYTHON3] = (unsigned)o.env_hot; /* only python3 has a runtime to warm */
     if (dsec__fn_pools_new(&f->pools, &pc, err) < 0)
         goto out_free;
     char pre[64];
@@ -401,6 +444,7 @@ out_fini:
     fn_fini(f);
     return -1;
 out_free:
+    dsec_layer_cache_free(f->cache);
     if (f->temp_state)
         rmdir(f->state_dir);
     if (f->uid_lock >= 0)
@@ -434,12 +478,6 @@ static int parse_spec(const struct fn *f, const dsec_sandbox_spec *spec, struct 
             err, DSEC_E_UNSUPPORTED, 0,
             "function sandboxes have no network; a network policy needs a container "
             "or VM sandbox");
-    if ((spec->env != NULL && spec->env[0] != '\0') || spec->nlayers > 0)
-        return dsec_err_set(
-            err, DSEC_E_UNSUPPORTED, 0,
-            "function sandboxes run on the host's /usr and /etc; environment \"%s\" "
-            "needs a container sandbox",
-            spec->env ? spec->env : "(layers)");
     size_t idlen = spec->id ? strlen(spec->id) : 0;
     if (idlen == 0 || idlen > ID_MAX || spec->id[0] == '.')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "function: bad sandbox id");
@@ -490,26 +528,160 @@ static int parse_spec(const struct fn *f, const dsec_sandbox_spec *spec, struct 
     return 0;
 }
 
+/* "fn1;rt=...;id=ID", then for a sandbox in an environment
+ * ";layers=D1,D2" (lowest first) and ";env=NAME" when it was named. */
 static int state_string(const struct fn_sb *sb, char **out, dsec_err *err)
 {
-    char buf[512];
+    size_t len = 512 + (sb->env ? strlen(sb->env) : 0) + sb->nlayers * (DSEC_DIGEST_STRLEN + 1);
+    char *buf = dsec_malloc(len);
+    if (buf == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating backend_state");
     int n = snprintf(
-        buf, sizeof buf,
+        buf, len,
         STATE_MAGIC ";rt=%s;mem=%" PRIu64 ";cpu=%" PRIu64 ";timeout=%" PRIu64 ";fsize=%" PRIu64
                     ";nproc=%" PRIu32 ";nofile=%" PRIu32 ";disk=%" PRIu64 ";id=%s",
         dsec__fn_runtime_name(sb->rt), sb->lim.memory_mb, sb->lim.cpu_ms, sb->lim.timeout_ms,
         sb->lim.fsize_mb, sb->lim.nproc, sb->lim.nofile, sb->disk_mb, sb->id);
-    if (n < 0 || (size_t)n >= sizeof buf)
+    for (size_t i = 0; i < sb->nlayers && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%s", i == 0 ? ";layers=" : ",", sb->layers[i]);
+    if (sb->env != NULL && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, ";env=%s", sb->env);
+    if (n < 0 || (size_t)n >= len) {
+        dsec_free(buf);
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "function: backend_state does not fit");
-    if ((*out = dsec_strdup(buf)) == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating backend_state");
+    }
+    *out = buf;
     return 0;
+}
+
+static void strv_free(char **v, size_t n)
+{
+    for (size_t i = 0; v != NULL && i < n; i++)
+        dsec_free(v[i]);
+    dsec_free(v);
+}
+
+static int strv_copy(char *const *src, size_t n, char ***out, dsec_err *err)
+{
+    *out = NULL;
+    if (n == 0)
+        return 0;
+    char **v = dsec_calloc(n, sizeof *v);
+    for (size_t i = 0; v != NULL && i < n; i++)
+        if ((v[i] = dsec_strdup(src[i])) == NULL) {
+            strv_free(v, i);
+            v = NULL;
+        }
+    if (v == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: copying an environment");
+    *out = v;
+    return 0;
+}
+
+static void sb_free(struct fn_sb *sb)
+{
+    dsec_free(sb->env);
+    strv_free(sb->layers, sb->nlayers);
+    strv_free(sb->vars, sb->nvars);
+    dsec_free(sb);
+}
+
+/* The sandbox's environment: by name from the cell's registry (its layers
+ * and variables), or as the layers the request names. Neither: the host's
+ * base. layers, when given, is what the node resolved the name to. */
+static int sb_env(struct fn *f, struct fn_sb *sb, const char *name, const char *const *layers,
+                  size_t nlayers, dsec_err *err)
+{
+    bool named = name != NULL && name[0] != '\0';
+    if (!named && nlayers == 0)
+        return 0;
+    if (f->reg == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "function: environment %s: this node has no layer registry, so its "
+                            "function sandboxes run on the host's /usr and /etc only",
+                            named ? name : "(layers)");
+    if (named) {
+        dsec_env *d = NULL;
+        if (dsec_layer_registry_env_get(f->reg, name, &d, err) < 0)
+            return dsec_err_wrap(err, "function: environment %s", name);
+        int rc = strv_copy(d->vars, d->nvars, &sb->vars, err);
+        sb->nvars = rc == 0 ? d->nvars : 0;
+        if (rc == 0 && nlayers == 0) {
+            rc = strv_copy(d->layers, d->nlayers, &sb->layers, err);
+            sb->nlayers = rc == 0 ? d->nlayers : 0;
+        }
+        dsec_env_free(d);
+        if (rc < 0)
+            return -1;
+        if ((sb->env = dsec_strdup(name)) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: copying an environment");
+        for (size_t i = 0; i < sb->nvars; i++)
+            if (strchr(sb->vars[i], '=') == NULL || sb->vars[i][0] == '=')
+                return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                    "function: environment %s: variable \"%s\" is not KEY=VALUE",
+                                    name, sb->vars[i]);
+    }
+    if (nlayers > 0) {
+        if (strv_copy((char *const *)layers, nlayers, &sb->layers, err) < 0)
+            return -1;
+        sb->nlayers = nlayers;
+    }
+    for (size_t i = 0; i < sb->nlayers; i++) {
+        size_t n = strlen(sb->layers[i]);
+        if (n != DSEC_DIGEST_STRLEN || strncmp(sb->layers[i], "sha256:", 7) != 0 ||
+            strspn(sb->layers[i] + 7, "0123456789abcdef") != n - 7)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "function: environment %s: layer \"%s\" is not a sha256 digest",
+                                named ? name : "(layers)", sb->layers[i]);
+    }
+    char what[160];
+    if (named)
+        snprintf(what, sizeof what, "%s", name);
+    else
+        snprintf(what, sizeof what, "%zu layers", sb->nlayers);
+    return dsec__fn_pools_env_get(f->pools, sb->rt, (const char *const *)sb->layers, sb->nlayers,
+                                  what, 30000, &sb->pool, err);
 }
 
 static void sb_dir(const struct fn *f, const char *id, char *out, size_t len)
 {
     if (snprintf(out, len, "%s/%s", f->sb_dir, id) >= (int)len)
         out[0] = '\0'; /* cannot happen: the buffers hold sb_dir + ID_MAX */
+}
+
+/* The environment part of a backend_state (after the id): its layers and,
+ * when named, the name, whose variables come from the registry again. */
+static int state_env(struct fn *f, struct fn_sb *sb, const char *rest, dsec_err *err)
+{
+    if (rest[0] == '\0')
+        return 0;
+    if (strncmp(rest, ";layers=", 8) != 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "function: backend_state ends in \"%.80s\", not one this backend wrote",
+                            rest);
+    rest += 8;
+    const char *env = strstr(rest, ";env=");
+    size_t llen = env ? (size_t)(env - rest) : strlen(rest);
+    char *list = dsec_malloc(llen + 1);
+    const char *digests[FN_ENV_LAYERS_MAX];
+    size_t n = 0;
+    if (list == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: adopting a sandbox");
+    memcpy(list, rest, llen);
+    list[llen] = '\0';
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        if (n == FN_ENV_LAYERS_MAX) {
+            dsec_free(list);
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "function: backend_state names more than %d layers",
+                                FN_ENV_LAYERS_MAX);
+        }
+        digests[n++] = t;
+    }
+    int rc = sb_env(f, sb, env ? env + 5 : NULL, digests, n, err);
+    dsec_free(list);
+    return rc;
 }
 
 static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
@@ -524,7 +696,9 @@ static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     if (parse_spec(f, spec, sb, err) < 0)
         goto out_free;
     /* The pool first: a runtime that cannot start fails the create, clearly. */
-    if (dsec__fn_pools_start(f->pools, sb->rt, 30000, err) < 0)
+    sb->pool = sb->rt;
+    if (sb_env(f, sb, spec->env, spec->layers, spec->nlayers, err) < 0 ||
+        dsec__fn_pools_start(f->pools, sb->pool, 30000, err) < 0)
         goto out_free;
     sb_dir(f, sb->id, dir, sizeof dir);
     if (dsec__fn_files_open(&sb->files, dir, true, sb->disk_mb << 20, 65536, err) < 0)
@@ -539,7 +713,8 @@ static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     return 0;
 
 out_free:
-    dsec_free(sb);
+    dsec__fn_pools_env_put(f->pools, sb->pool);
+    sb_free(sb);
     return -1;
 }
 
@@ -556,15 +731,18 @@ static int fn_destroy(void *self, dsec_sandbox *h, dsec_err *err)
         dsec__fn_files_open(&sb->files, dir, false, sb->disk_mb << 20, 65536, &e);
         return -1;
     }
-    dsec_free(sb);
+    dsec__fn_pools_env_put(f->pools, sb->pool);
+    sb_free(sb);
     return 0;
 }
 
 static void fn_detach(void *self, dsec_sandbox *h)
 {
+    struct fn *f = self;
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
     dsec__fn_files_close(&sb->files);
-    dsec_free(sb);
+    dsec__fn_pools_env_put(f->pools, sb->pool);
+    sb_free(sb);
 }
 
 static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state,
@@ -582,7 +760,8 @@ static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state
                            ";id=%128[A-Za-z0-9._-]%n",
                rt, &sb->lim.memory_mb, &sb->lim.cpu_ms, &sb->lim.timeout_ms, &sb->lim.fsize_mb,
                &sb->lim.nproc, &sb->lim.nofile, &sb->disk_mb, sb->id, &used) != 9 ||
-        state[used] != '\0' || (sb->rt = dsec__fn_runtime_find(rt)) < 0 || sb->id[0] == '.') {
+        (state[used] != '\0' && state[used] != ';') || (sb->rt = dsec__fn_runtime_find(rt)) < 0 ||
+        sb->id[0] == '.') {
         dsec_free(sb);
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "function: backend_state \"%.80s\" is not one this backend wrote",
@@ -594,11 +773,19 @@ static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state
         dsec_free(sb);
         return -1;
     }
+    sb->pool = sb->rt;
+    if (state_env(f, sb, state + used, err) < 0) {
+        dsec_err_wrap(err, "function: re-adopting %s", sb->id);
+        dsec__fn_pools_env_put(f->pools, sb->pool);
+        sb_free(sb);
+        return -1;
+    }
     char dir[PATH_MAX + ID_MAX + 2];
     sb_dir(f, sb->id, dir, sizeof dir);
     if (dsec__fn_files_open(&sb->files, dir, false, sb->disk_mb << 20, 65536, err) < 0) {
         dsec_err_wrap(err, "function: re-adopting %s", sb->id);
-        dsec_free(sb);
+        dsec__fn_pools_env_put(f->pools, sb->pool);
+        sb_free(sb);
         return -1;
     }
     *out = (dsec_sandbox *)(void *)sb;
@@ -610,7 +797,8 @@ static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_e
 {
     struct fn *f = self;
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
-    if (dsec__fn_call(f->pools, &f->cc, sb->rt, &sb->lim, &sb->files, req, res, err) < 0)
+    struct fn_target tg = {.rt = sb->rt, .pool = sb->pool, .vars = sb->vars, .nvars = sb->nvars};
+    if (dsec__fn_call(f->pools, &f->cc, &tg, &sb->lim, &sb->files, req, res, err) < 0)
         return -1;
     sb->cpu_used_us += res->cpu_us;
     sb->calls++;
@@ -692,6 +880,12 @@ int dsec_function_pool_warm(void *self, const char *runtime, unsigned warm, unsi
     if (rt < 0 || dsec__fn_pools_start(f->pools, rt, wait_ms, err) < 0)
         return -1;
     return dsec__fn_pools_set_warm(f->pools, rt, warm, hot, wait_ms, err);
+}
+
+size_t dsec_function_env_pools(void *self, dsec_function_pool_info *out, size_t max)
+{
+    struct fn *f = self;
+    return dsec__fn_pools_env_info(f->pools, out, max);
 }
 
 size_t dsec_function_pool_pids(void *self, const char *runtime, pid_t *out, size_t max)

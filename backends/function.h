@@ -102,6 +102,8 @@ typedef struct dsec_function_pool_info {
     char error[256];     /* the last failure, "" when none */
     char
         zygote_exit[128]; /* how the last zygote ended ("was killed by signal 9 (Killed)"), or "" */
+    char name[160];       /* "python3", or "python3 in python:3" for an environment's pool */
+    unsigned sandboxes;   /* an environment's pool: sandboxes using it */
 } dsec_function_pool_info;
 
 /* These take the instance pointer that dsec_function_ops.init returned. */
@@ -114,6 +116,9 @@ int dsec_function_pool_warm(void *self, const char *runtime, unsigned warm, unsi
 /* The host pids of the supervisors (W2) of warm workers; returns how many
  * were written (at most max). Each call process (W3) is a child of one. */
 size_t dsec_function_pool_pids(void *self, const char *runtime, pid_t *out, size_t max);
+/* The environment pools alive now (one per runtime and environment in use,
+ * or idle for less than env_idle_ms), into out[0..max); returns how many. */
+size_t dsec_function_env_pools(void *self, dsec_function_pool_info *out, size_t max);
 
 #ifdef __cplusplus
 }

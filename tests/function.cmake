@@ -16,3 +16,11 @@ set_tests_properties(function_bus PROPERTIES TIMEOUT 120)
 # suite checks afterwards that nothing of its own was left behind, so they
 # must not overlap.
 set_tests_properties(function function_bus PROPERTIES RESOURCE_LOCK dsec_function_host)
+
+# Function calls in environments of layers (a local registry built from this host's busybox and
+# python3 standard library).
+add_executable(test_function_env test_function_env.c)
+target_link_libraries(test_function_env PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME function_env COMMAND test_function_env)
+set_tests_properties(function_env PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_function_host)

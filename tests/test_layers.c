@@ -920,6 +920,54 @@ static void cache_evicts_lru_unused_only(void **state)
     fixture_close(&f);
 }
 
+/* Backends of one node share one cache: the same instance per directory. */
+static void cache_is_shared_per_directory(void **state)
+{
+    fixture f;
+    fixture_open(&f, false, 0);
+    dsec_layer_cache_free(f.cache); /* the fixture's own, unshared instance */
+    char *t = dsec_strdup(pathf("%s/tree", root));
+    make_tree(t);
+    dsec_digest d;
+    build_put(f.reg, t, DSEC_LAYER_DIR, NULL, d);
+    dsec_err err;
+    dsec_layer_cache *a, *b, *c;
+    assert_int_equal(dsec_layer_cache_share(&a, f.cdir, 0, f.reg, &err), 0);
+    /* the same directory by another spelling: the same instance */
+    assert_int_equal(dsec_layer_cache_share(&b, pathf("%s/../cache/.", f.cdir), 0, f.reg, &err), 0);
+    assert_ptr_equal(a, b);
+    f.cache = a;
+    char *p = acquire(&f, d);
+    f.cache = b;
+    char *q = acquire(&f, d);
+    assert_string_equal(p, q);
+    dsec_layer_cache_stats st;
+    dsec_layer_cache_stats_get(b, &st);
+    assert_int_equal(st.fetches, 1);
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.in_use, 1);
+    /* another registry on the same directory is refused */
+    dsec_layer_registry *other;
+    assert_int_equal(dsec_layer_registry_local(&other, pathf("%s/reg2", root), &err), 0);
+    assert_int_equal(dsec_layer_cache_share(&c, f.cdir, 0, other, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    dsec_layer_registry_free(other);
+    /* one share closing leaves the cache to the other, layer still mounted */
+    dsec_layer_cache_release(a, d);
+    dsec_layer_cache_free(a);
+    check_layer(q);
+    dsec_layer_cache_release(b, d);
+    dsec_layer_cache_stats_get(b, &st);
+    assert_int_equal(st.in_use, 0);
+    dsec_layer_cache_free(b);
+    /* the last share closed it: the directory can be opened again */
+    assert_int_equal(dsec_layer_cache_new(&f.cache, f.cdir, 0, f.reg, &err), 0);
+    dsec_free(p);
+    dsec_free(q);
+    dsec_free(t);
+    fixture_close(&f);
+}
+
 static void cache_rediscovers_after_restart(void **state)
 {
     fixture f;
@@ -1062,6 +1110,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(cache_concurrent_acquires_fetch_once, setup, teardown),
         cmocka_unit_test_setup_teardown(cache_refuses_a_corrupted_blob, setup, teardown),
         cmocka_unit_test_setup_teardown(cache_evicts_lru_unused_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(cache_is_shared_per_directory, setup, teardown),
         cmocka_unit_test_setup_teardown(cache_rediscovers_after_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(cache_mounts_shared_registry_blobs_in_place, setup,
                                         teardown),

@@ -584,8 +584,11 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (dsec__ct_store_open(be, upper_gb, err) < 0)
         goto fail;
     if (be->reg != NULL) {
-        dsec__ct_fmt(p, sizeof p, "%s/layers", be->state_dir);
-        if (dsec_layer_cache_new(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
+        if (cfg->layer_cache_dir != NULL)
+            dsec__ct_fmt(p, sizeof p, "%s", cfg->layer_cache_dir);
+        else
+            dsec__ct_fmt(p, sizeof p, "%s/layers", be->state_dir);
+        if (dsec_layer_cache_share(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
             dsec_err_wrap(err, "container: layer cache");
             goto fail;
         }

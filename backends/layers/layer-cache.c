@@ -79,7 +79,13 @@ struct dsec_layer_cache {
     pthread_cond_t cv;
     entry *entries;
     uint64_t tick, bytes, fetches, hits, evictions;
+    unsigned shares; /* openers through dsec_layer_cache_share; 0: not shared */
+    struct dsec_layer_cache *next_shared;
 };
+
+/* The caches opened with dsec_layer_cache_share, by directory. */
+static pthread_mutex_t shared_mu = PTHREAD_MUTEX_INITIALIZER;
+static dsec_layer_cache *shared_list;
 
 #define META_MAX 512
 #define EROFS_MAGIC 0xE0F5E1E2u
@@ -781,10 +787,58 @@ fail:
     return -1;
 }
 
+int dsec_layer_cache_share(dsec_layer_cache **out, const char *dir, uint64_t budget_bytes,
+                           dsec_layer_registry *reg, dsec_err *err)
+{
+    *out = NULL;
+    if (dir == NULL || dir[0] == '\0' || reg == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "layer cache: a directory and a registry are required");
+    if (dsec__layer_mkdir_p(dir, 0755, err) < 0)
+        return dsec_err_wrap(err, "layer cache");
+    char *real = realpath(dir, NULL);
+    if (real == NULL)
+        return dsec_err_set(err, DSEC_E_IO, errno, "layer cache: resolving %s", dir);
+    pthread_mutex_lock(&shared_mu);
+    dsec_layer_cache *c = shared_list;
+    while (c != NULL && strcmp(c->dir, real) != 0)
+        c = c->next_shared;
+    int rc = 0;
+    if (c != NULL && c->reg != reg) {
+        rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                          "layer cache %s is already open on another layer registry", real);
+    } else if (c != NULL) {
+        c->shares++;
+        *out = c;
+    } else if ((rc = dsec_layer_cache_new(&c, real, budget_bytes, reg, err)) == 0) {
+        c->shares = 1;
+        c->next_shared = shared_list;
+        shared_list = c;
+        *out = c;
+    }
+    pthread_mutex_unlock(&shared_mu);
+    free(real); /* realpath's buffer comes from libc */
+    return rc;
+}
+
 void dsec_layer_cache_free(dsec_layer_cache *c)
 {
     if (c == NULL)
         return;
+    if (c->shares > 0) {
+        pthread_mutex_lock(&shared_mu);
+        bool last = --c->shares == 0;
+        if (last) {
+            dsec_layer_cache **pp = &shared_list;
+            while (*pp != NULL && *pp != c)
+                pp = &(*pp)->next_shared;
+            if (*pp == c)
+                *pp = c->next_shared;
+        }
+        pthread_mutex_unlock(&shared_mu);
+        if (!last)
+            return;
+    }
     pthread_mutex_lock(&c->mu);
     entry *e = c->entries;
     while (e != NULL) {

@@ -28,8 +28,16 @@ typedef struct dsec_layer_cache dsec_layer_cache;
  * cache. budget_bytes 0 means no limit. */
 int dsec_layer_cache_new(dsec_layer_cache **out, const char *dir, uint64_t budget_bytes,
                          dsec_layer_registry *reg, dsec_err *err);
-/* Unmount and close. Layers still acquired are left mounted (a node-manager
- * restart re-adopts them). NULL is a no-op. */
+/* The node's cache: every caller in this process that names the same
+ * directory (and registry) gets the same instance, so a layer is fetched
+ * and mounted once per node however many backends use it. The budget is the
+ * first opener's. Each share is closed with dsec_layer_cache_free; the last
+ * one closes the cache. A different registry on the same directory fails
+ * with DSEC_E_STATE. */
+int dsec_layer_cache_share(dsec_layer_cache **out, const char *dir, uint64_t budget_bytes,
+                           dsec_layer_registry *reg, dsec_err *err);
+/* Unmount and close (for a shared cache: when its last share goes). Layers still acquired are left
+ * mounted (a node-manager restart re-adopts them). NULL is a no-op. */
 void dsec_layer_cache_free(dsec_layer_cache *c);
 
 dsec_layer_registry *dsec_layer_cache_registry(dsec_layer_cache *c);

@@ -635,8 +635,11 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
             goto fail;
         }
     if (be->reg != NULL) {
-        dsec__vm_fmt(p, sizeof p, "%s/layers", be->state_dir);
-        if (dsec_layer_cache_new(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
+        if (cfg->layer_cache_dir != NULL)
+            dsec__vm_fmt(p, sizeof p, "%s", cfg->layer_cache_dir);
+        else
+            dsec__vm_fmt(p, sizeof p, "%s/layers", be->state_dir);
+        if (dsec_layer_cache_share(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
             dsec_err_wrap(err, "%s: layer cache", type);
             goto fail;
         }

@@ -385,17 +385,26 @@ class TestFunction(Base):
         sb = self.fn(runtime="sh")
         self.assertEqual(sb.run_shell("echo $((6 * 7))").stdout, b"42\n")
 
+    def test_sh_in_an_environment(self):
+        # the call's root is busybox:1 (an EROFS layer from the node's cache), not the host's
+        sb = self.fn(runtime="sh", environment=ENV)
+        r = sb.run_shell("test -e /usr/bin/python3; echo $? $(readlink /bin/sh) $PATH")
+        self.assertEqual(r.stdout, b"1 /bin/busybox /bin:/sbin:/usr/bin:/usr/sbin\n")
+        sb.files.write("/work/in.txt", "b\na\n")
+        self.assertEqual(sb.exec(["sort", "in.txt"]).stdout, b"a\nb\n")
+
     def test_what_a_function_cannot_do(self):
         sb = self.fn()
         for op in (lambda: sb.fork(1), sb.pause, lambda: sb.snapshot("sdkct/fn:1")):
             with self.assertRaises(NotSupported) as cm:
                 op()
             self.assertEqual((cm.exception.code, cm.exception.retry_safe), ("unsupported", False))
-        # an environment or network rules need a container: the create says so
+        # python3 needs its standard library, which busybox:1 lacks; network rules need a
+        # container: the create says so
         with self.assertRaises(DSecError) as cm:
             self.c.run_function(FunctionArgs(environment=ENV, memory_mb=64))
-        self.assertIn("needs a container", str(cm.exception))
-        self.assertFalse(cm.exception.retry_safe)
+        self.assertIn("standard library", str(cm.exception))
+        self.assertIn("runtime sh or native", str(cm.exception))
         with self.assertRaises(DSecError) as cm:
             self.c.run_function(FunctionArgs(network={"pypi": True}, memory_mb=64))
         self.assertIn("network", str(cm.exception))
