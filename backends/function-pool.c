@@ -1173,6 +1173,11 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
     if (p->cache == NULL)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "function: environment %s: this node has no layer registry", what);
+    if (p->npools == FN_RT_COUNT)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "function: environment %s: this node runs function calls on the "
+                            "host's base only (node option env_pools=0)",
+                            what);
     if (n == 0 || n > FN_ENV_LAYERS_MAX)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "function: environment %s has %zu layers (1..%d)", what, n,
@@ -1218,6 +1223,7 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
         }
         if (pool != NULL) {
             pool->refs++;
+            pool->evict = false; /* wanted again before it went */
         } else if (p->stop) {
             rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
         } else if (free_pool != NULL) {
@@ -1313,7 +1319,7 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
     deadline_ts(&ts, deadline);
     for (;;) {
         pthread_mutex_lock(&p->mu);
-        if (!pool->wanted) {
+        if (!pool->wanted && pi < FN_RT_COUNT) { /* an environment's is wanted while it lives */
             pool->wanted = true;
             wake(p);
         }

@@ -21,6 +21,7 @@
 #include "backends/backend.h"
 #include "backends/function.h"
 #include "dsec/alloc.h"
+#include "dsec/layers.h"
 
 /*
  * Scenario (all on this machine, in this run):
@@ -34,6 +35,9 @@
  *     - latency of the trivial call (python3 --call f -c 'def f(x): ...' 41)
  *       one at a time with 2 ms between calls (a lightly loaded node), and
  *       back to back;
+ *     - the same latency in an environment of layers (busybox and this
+ *       host's python3 standard library, built into a local registry here)
+ *       against the host-base call's: what an environment adds;
  *     - calls per second with 4 threads calling back to back on both cores;
  *     - PSS of 100 idle warm workers (zygote counted once: the supervisors
  *       share its memory; each call process's own PSS added).
@@ -151,20 +155,64 @@ static void *fn;
 static atomic_long calls_done, call_failures;
 static atomic_bool stop_calls;
 
-static dsec_sandbox *mk(const char *id)
+static dsec_sandbox *mk_in(const char *id, const char *env)
 {
     dsec_sandbox *h;
     char *st;
     dsec_err err;
     dsec_backend_kv rt = {"runtime", "python3"};
     dsec_sandbox_spec spec = {
-        .id = id, .type = "function", .memory_mb = 256, .labels = &rt, .nlabels = 1};
+        .id = id, .type = "function", .env = env, .memory_mb = 256, .labels = &rt, .nlabels = 1};
     if (dsec_function_ops.create(fn, &spec, &h, &st, &err) < 0) {
         fprintf(stderr, "bench_fncall: create: %s\n", err.msg);
         exit(1);
     }
     dsec_free(st);
     return h;
+}
+
+static dsec_sandbox *mk(const char *id)
+{
+    return mk_in(id, NULL);
+}
+
+/* Environment "benchpy:1" in a local registry under dir: busybox, and this
+ * host's python3 standard library (minus its tests), as two DIR layers. */
+static dsec_layer_registry *bench_env(const char *dir)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "set -e; d=%s; lib=$(/usr/bin/python3 -c 'import os; print(os.path.dirname("
+             "os.__file__))'); mkdir -p $d/base/bin $d/py$lib; cp /bin/busybox $d/base/bin/; "
+             "ln -s busybox $d/base/bin/sh; cd $lib && tar --exclude=./test --exclude=./idlelib "
+             "--exclude=./tkinter -cf - . | tar -C $d/py$lib -xf -",
+             dir);
+    if (system(cmd) != 0)
+        return NULL;
+    dsec_layer_registry *reg = NULL;
+    dsec_digest d[2];
+    char *layers[2] = {d[0], d[1]};
+    const char *names[2] = {"base", "py"};
+    char path[512], blob[512];
+    dsec_err err;
+    snprintf(path, sizeof path, "%s/registry", dir);
+    if (dsec_layer_registry_local(&reg, path, &err) < 0)
+        goto fail;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        snprintf(blob, sizeof blob, "%s/%s.blob", dir, names[i]);
+        if (dsec_layer_build(path, DSEC_LAYER_DIR, NULL, 0, blob, d[i], &err) < 0 ||
+            dsec_layer_registry_put(reg, d[i], DSEC_LAYER_DIR, blob, &err) < 0)
+            goto fail;
+    }
+    dsec_env env = {.name = "benchpy:1", .layers = layers, .nlayers = 2};
+    if (dsec_layer_registry_env_put(reg, &env, &err) < 0)
+        goto fail;
+    return reg;
+fail:
+    fprintf(stderr, "bench_fncall: the environment: %s\n", err.msg);
+    dsec_layer_registry_free(reg);
+    return NULL;
 }
 
 /* One trivial call; its wall time in seconds, or -1. */
@@ -290,10 +338,22 @@ int main(void)
     double cold_p50 = pct(cold, COLD_N, 0.5) * 1000.0;
 
     /* 3. the backend */
-    dsec_backend_kv opts[] = {
-        {"pool_python3", "16"}, {"max_workers", "128"}, {"pool_sh", "0"}, {"pool_native", "0"}};
-    dsec_backend_config cfg = {
-        .node = "bench", .opts = opts, .nopts = sizeof opts / sizeof opts[0]};
+    char envdir[] = "/tmp/dsec-bench-fnenv-XXXXXX", cachedir[64];
+    if (mkdtemp(envdir) == NULL) {
+        perror("bench_fncall: mkdtemp");
+        return 1;
+    }
+    snprintf(cachedir, sizeof cachedir, "%s/cache", envdir);
+    dsec_layer_registry *reg = bench_env(envdir);
+    if (reg == NULL)
+        return 1;
+    dsec_backend_kv opts[] = {{"pool_python3", "16"}, {"max_workers", "128"}, {"pool_sh", "0"},
+                              {"pool_native", "0"},   {"env_warm", "16"},     {"env_hot", "2"}};
+    dsec_backend_config cfg = {.node = "bench",
+                               .opts = opts,
+                               .nopts = sizeof opts / sizeof opts[0],
+                               .layers = reg,
+                               .layer_cache_dir = cachedir};
     dsec_err err;
     if (dsec_function_ops.init(&fn, &cfg, &err) < 0) {
         fprintf(stderr, "bench_fncall: %s\n", err.msg);
@@ -335,6 +395,31 @@ int main(void)
             return 1;
     double p50 = pct(paced, LAT_N, 0.5) * 1000.0, p99 = pct(paced, LAT_N, 0.99) * 1000.0;
     double b50 = pct(b2b, LAT_N, 0.5) * 1000.0, b99 = pct(b2b, LAT_N, 0.99) * 1000.0;
+
+    /* the same call in an environment, its pool as warm as the host's; the
+     * host's again right after, so both see the same machine */
+    dsec_sandbox *he = mk_in("bench-env", "benchpy:1");
+    dsec_function_pool_info einfo;
+    for (int i = 0; i < 200 && dsec_function_env_pools(fn, &einfo, 1) == 1 && einfo.warm < 16;
+         i++) {
+        struct timespec w = {0, 50 * 1000000L};
+        nanosleep(&w, NULL);
+    }
+    for (int i = 0; i < 20; i++)
+        call_once(he, NULL);
+    static double env_paced[LAT_N], host_again[LAT_N];
+    for (int i = 0; i < LAT_N; i++) {
+        struct timespec gap = {0, 2 * 1000000L};
+        nanosleep(&gap, NULL);
+        if ((env_paced[i] = call_once(he, NULL)) < 0)
+            return 1;
+        nanosleep(&gap, NULL);
+        if ((host_again[i] = call_once(h0, NULL)) < 0)
+            return 1;
+    }
+    double e50 = pct(env_paced, LAT_N, 0.5) * 1000.0, e99 = pct(env_paced, LAT_N, 0.99) * 1000.0;
+    double h50 = pct(host_again, LAT_N, 0.5) * 1000.0;
+    dsec_function_ops.destroy(fn, he, &err);
 
     /* throughput: 4 callers, both cores, 5 s */
     enum { THREADS = 4 };
@@ -392,6 +477,9 @@ int main(void)
     printf("%-52s %12.3f\n", "trivial python call p50, ms (back to back)", b50);
     printf("%-52s %12.3f\n", "trivial python call p99, ms (back to back)", b99);
     printf("%-52s %12.0f\n", "call CPU in its cgroup, us (mean)", (double)cpu_sum / LAT_N);
+    printf("%-52s %12.3f %12.3f   (the same call on the host's base, interleaved)\n",
+           "  in an environment of 2 layers: p50, ms", e50, h50);
+    printf("%-52s %12.3f\n", "  in an environment of 2 layers: p99, ms", e99);
     printf("%-52s %12.0f %12.0f   (fork into fresh mnt,pid,ipc,uts,net + reap, 2 procs)\n",
            "calls per second, 4 callers on both cores", cps, raw);
     printf("%-52s %11.0f%%\n", "  calls/s as a share of the raw rate", 100.0 * cps / raw);
@@ -412,14 +500,20 @@ int main(void)
     printf("\n{\"scenario\":\"fncall\",\"call_p50_ms\":%.3f,\"call_p99_ms\":%.3f,\"cold_python_p50_"
            "ms\":%.3f,"
            "\"calls_per_s\":%.0f,\"raw_ns_forks_per_s\":%.0f,\"pss_100_workers_mib\":%.1f,"
-           "\"cold_rss_mib\":%.1f,\"cold_bare_rss_mib\":%.1f}\n",
+           "\"cold_rss_mib\":%.1f,\"cold_bare_rss_mib\":%.1f,\"env_call_p50_ms\":%.3f,"
+           "\"env_host_call_p50_ms\":%.3f}\n",
            p50, p99, cold_p50, cps, raw, pss_mib, (double)cold_pre_rss / 1024.0,
-           (double)cold_rss / 1024.0);
+           (double)cold_rss / 1024.0, e50, h50);
 
     dsec_err e2;
     dsec_function_ops.destroy(fn, h0, &e2);
     for (int i = 0; i < THREADS; i++)
         dsec_function_ops.destroy(fn, hs[i], &e2);
     dsec_function_ops.fini(fn);
+    dsec_layer_registry_free(reg);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", envdir);
+    if (system(rm) != 0)
+        fprintf(stderr, "bench_fncall: could not remove %s\n", envdir);
     return atomic_load(&call_failures) ? 1 : 0;
 }
