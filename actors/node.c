@@ -853,10 +853,18 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id};
-    dsec_exec_req req = {.argv = x.argv.v, .argc = x.argv.n, .env = env, .nenv = x.env.n,
-                         .cwd = x.cwd, .user = x.user, .stdin_data = x.stdin_data.ptr,
-                         .stdin_len = x.stdin_data.len, .timeout_ms = x.timeout_ms,
-                         .on_output = x.stream_to ? stream_output : NULL, .on_output_arg = &es};
+    dsec_exec_req req = {.argv = x.argv.v,
+                         .argc = x.argv.n,
+                         .env = env,
+                         .nenv = x.env.n,
+                         .cwd = x.cwd,
+                         .user = x.user,
+                         .stdin_data = x.stdin_data.ptr,
+                         .stdin_len = x.stdin_data.len,
+                         .timeout_ms = x.timeout_ms,
+                         .output_max = (size_t)x.output_max,
+                         .on_output = x.stream_to ? stream_output : NULL,
+                         .on_output_arg = &es};
     dsec_exec_result r = {0};
     if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
         dsec_err_wrap(&err, "exec in %s", s->id);

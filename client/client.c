@@ -669,10 +669,15 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
                      void *ud, dsec_exec_reply *res, dsec_err *err)
 {
     memset(res, 0, sizeof *res);
-    dsec_msg_exec m = {.id = id, .argv = {(const char **)o->argv, count_nt(o->argv)},
-                       .cwd = o->cwd, .stdin_data = {o->stdin_data, o->stdin_len},
-                       .timeout_ms = o->timeout_ms, .user = o->user,
-                       .rollout_id = o->rollout_id, .step = o->step};
+    dsec_msg_exec m = {.id = id,
+                       .argv = {(const char **)o->argv, count_nt(o->argv)},
+                       .cwd = o->cwd,
+                       .stdin_data = {o->stdin_data, o->stdin_len},
+                       .timeout_ms = o->timeout_ms,
+                       .user = o->user,
+                       .rollout_id = o->rollout_id,
+                       .step = o->step,
+                       .output_max = o->output_max};
     if (m.argv.n == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: empty argv");
     if (kv_from_pairs(o->env, &m.env, "env", err) < 0)
@@ -1144,8 +1149,12 @@ int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, 
     /* A ttl past the call's end: if this client dies mid-call, the node
      * reaps the sandbox on its own. */
     uint64_t ttl = (spec->timeout_ms ? spec->timeout_ms / 1000 : 600) + 60;
-    dsec_create_spec cs = {.type = "function", .labels = labels, .memory_mb = spec->memory_mb,
-                           .ttl_s = ttl, .cell = spec->cell};
+    dsec_create_spec cs = {.type = "function",
+                           .labels = labels,
+                           .memory_mb = spec->memory_mb,
+                           .ttl_s = ttl,
+                           .cell = spec->cell,
+                           .env = spec->environment};
     dsec_sandbox_info info;
     if (dsec_create(c, &cs, &info, err) < 0)
         return dsec_err_wrap(err, "call: creating the function sandbox");
@@ -1157,8 +1166,12 @@ int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, 
             dsec_err_wrap(err, "call: writing %s", f->path ? f->path : "(null)");
     }
     if (rc == 0) {
-        dsec_exec_opts o = {.argv = spec->argv, .env = spec->env, .stdin_data = spec->stdin_data,
-                            .stdin_len = spec->stdin_len, .timeout_ms = spec->timeout_ms};
+        dsec_exec_opts o = {.argv = spec->argv,
+                            .env = spec->env,
+                            .stdin_data = spec->stdin_data,
+                            .stdin_len = spec->stdin_len,
+                            .timeout_ms = spec->timeout_ms,
+                            .output_max = spec->output_max};
         rc = dsec_exec(c, info.id, &o, res, err);
     }
     dsec_err derr;

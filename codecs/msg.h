@@ -186,6 +186,7 @@ typedef struct dsec_msg_exec {
     const char *rollout_id;
     uint64_t step;
     const char *stream_to; /* an _INBOX. subject: output goes there as exec_chunk while it runs */
+    uint64_t output_max;   /* cap of stdout and of stderr, bytes; 0: the backend's default */
 } dsec_msg_exec;
 
 typedef struct dsec_msg_exec_result {

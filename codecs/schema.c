@@ -150,6 +150,8 @@ static const dsec_field exec_fields[] = {
     FU64(dsec_msg_exec, step, "step", false, 0, 0, "trajectory log: the step in the rollout"),
     FSTR(dsec_msg_exec, stream_to, "stream_to", false, L_LONG,
          "an _INBOX. subject: output is sent there as exec_chunk while the command runs"),
+    FU64(dsec_msg_exec, output_max, "output_max", false, 0, 8u << 20,
+         "cap of stdout and of stderr in bytes, the rest dropped and flagged; 0: 1 MiB"),
 };
 
 static const dsec_field exec_result_fields[] = {

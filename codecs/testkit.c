@@ -143,7 +143,8 @@ static void sample_b(int type, void *out)
                                                 .req_id = "req-x",
                                                 .rollout_id = "ro-42",
                                                 .step = 17,
-                                                .stream_to = "_INBOX.abc.exec"};
+                                                .stream_to = "_INBOX.abc.exec",
+                                                .output_max = 4096};
         break;
     case DSEC_MSG_EXEC_RESULT:
         *(dsec_msg_exec_result *)out = (dsec_msg_exec_result){.id = "n7-00000000000000a0",

@@ -127,6 +127,25 @@ static void create_and_exec_python_over_the_bus(void **state)
     assert_string_equal((char *)r.out, "HI! bus\n");
     dsec_exec_reply_release(&r);
 
+    /* the output cap travels with the request: 10 bytes of each stream kept */
+    static const char *const loud[] = {
+        "python3", "-c", "import sys; print('x' * 5000); print('y' * 70000, file=sys.stderr)",
+        NULL};
+    dsec_exec_opts o4 = {.argv = loud, .output_max = 10};
+    if (dsec_exec(cl, info.id, &o4, &r, &err) < 0)
+        fail_msg("exec: %s", err.msg);
+    assert_int_equal(r.exit_code, 0);
+    assert_int_equal(r.out_len, 10);
+    assert_int_equal(r.err_len, 10);
+    assert_memory_equal(r.out, "xxxxxxxxxx", 10);
+    assert_true(r.out_truncated);
+    assert_true(r.err_truncated);
+    dsec_exec_reply_release(&r);
+    /* and one past what a reply may carry is refused by name */
+    dsec_exec_opts o5 = {.argv = loud, .output_max = 9u << 20};
+    assert_int_equal(dsec_exec(cl, info.id, &o5, &r, &err), -1);
+    assert_non_null(strstr(err.msg, "output_max"));
+
     /* a malformed task is the backend's clear error, carried over the bus */
     static const char *const bad[] = {"python3", "-c", NULL};
     dsec_exec_opts o3 = {.argv = bad};
@@ -154,6 +173,17 @@ static void one_shot_call(void **state)
     assert_int_equal(r.exit_code, 5);
     assert_string_equal((char *)r.out, "from a file\n");
     assert_string_equal((char *)r.err_out, "arg\n");
+    dsec_exec_reply_release(&r);
+
+    /* a one-shot call's output cap */
+    static const char *const many[] = {"sh", "-c", "seq 1 10000", NULL};
+    dsec_call_spec capped = {
+        .runtime = "sh", .argv = many, .timeout_ms = 5000, .cell = "fnbus", .output_max = 4};
+    if (dsec_call(cl, &capped, &r, &err) < 0)
+        fail_msg("call: %s", err.msg);
+    assert_int_equal(r.out_len, 4);
+    assert_memory_equal(r.out, "1\n2\n", 4);
+    assert_true(r.out_truncated);
     dsec_exec_reply_release(&r);
 
     /* a call past its wall time */

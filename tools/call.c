@@ -21,11 +21,12 @@ static int usage(void)
             "usage: dsec call [--runtime python3|sh|native] [--timeout MS] [--cpu-ms MS] [--memory "
             "MB]\n"
             "                 [--file LOCAL[:/work/PATH]]... [--env K=V]... [--stdin] [--cell C]\n"
-            "                 -- CMD [ARG]...\n"
+            "                 [--environment NAME:VERSION] [--output-max BYTES] -- CMD [ARG]...\n"
             "examples:\n"
             "  dsec call -- python3 -c 'print(6 * 7)'\n"
             "  dsec call --file solve.py --stdin -- python3 solve.py < input.txt\n"
             "  dsec call --runtime sh -- sh -c 'echo $((1 + 2))'\n"
+            "  dsec call --runtime sh --environment busybox:1 -- sh -c 'cat /etc/passwd'\n"
             "  dsec call --runtime native --file ./a.out:/work/a.out -- /work/a.out\n"
             "  dsec call -- python3 --call add -c 'def add(a, b): return a + b' 2 3\n");
     return 2;
@@ -76,12 +77,18 @@ static int slurp(FILE *f, const char *name, char **data, size_t *len)
 
 int dsec_cli_call(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"runtime", required_argument, 0, 'r'}, {"timeout", required_argument, 0, 't'},
-        {"cpu-ms", required_argument, 0, 'c'},  {"memory", required_argument, 0, 'm'},
-        {"file", required_argument, 0, 'f'},    {"env", required_argument, 0, 'e'},
-        {"stdin", no_argument, 0, 'i'},         {"cell", required_argument, 0, 'C'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option opts[] = {{"runtime", required_argument, 0, 'r'},
+                                         {"timeout", required_argument, 0, 't'},
+                                         {"cpu-ms", required_argument, 0, 'c'},
+                                         {"memory", required_argument, 0, 'm'},
+                                         {"file", required_argument, 0, 'f'},
+                                         {"env", required_argument, 0, 'e'},
+                                         {"stdin", no_argument, 0, 'i'},
+                                         {"cell", required_argument, 0, 'C'},
+                                         {"environment", required_argument, 0, 'E'},
+                                         {"output-max", required_argument, 0, 'o'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     dsec_call_spec spec = {0};
     const char *env[MAX_ITEMS] = {0};
     const char *file_args[MAX_ITEMS];
@@ -121,6 +128,13 @@ int dsec_cli_call(int argc, char **argv)
             break;
         case 'C':
             spec.cell = optarg;
+            break;
+        case 'E':
+            spec.environment = optarg;
+            break;
+        case 'o':
+            if (!parse_u64(optarg, &spec.output_max))
+                return usage();
             break;
         case 'h':
             usage();

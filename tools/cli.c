@@ -190,9 +190,10 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"stdin", no_argument, 0, 'i'},
                                          {"rollout", required_argument, 0, 'o'},
                                          {"step", required_argument, 0, 's'},
+                                         {"output-max", required_argument, 0, 'm'},
                                          {0, 0, 0, 0}};
     const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
-                      "[--rollout ID --step N] -- CMD [ARG]...";
+                      "[--output-max BYTES] [--rollout ID --step N] -- CMD [ARG]...";
     dsec_exec_opts o = {0};
     const char *env[MAX_ITEMS] = {0};
     size_t ne = 0;
@@ -215,6 +216,10 @@ int dsec_cli_exec(int argc, char **argv)
             case 'o': o.rollout_id = optarg; break;
             case 's':
                 if (!parse_u64(optarg, &o.step))
+                    return usage("exec", use);
+                break;
+            case 'm':
+                if (!parse_u64(optarg, &o.output_max))
                     return usage("exec", use);
                 break;
             default: return usage("exec", use);

@@ -93,6 +93,7 @@ typedef struct dsec_exec_opts {
     const char *user;
     const char *rollout_id;  /* with step: recorded in the trajectory log */
     uint64_t step;
+    uint64_t output_max; /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
 } dsec_exec_opts;
 
 typedef struct dsec_exec_reply {
@@ -261,6 +262,8 @@ typedef struct dsec_call_spec {
     uint64_t cpu_ms;          /* CPU time of the call; 0: none */
     uint64_t memory_mb;       /* 0: the cell's default */
     const char *cell;         /* NULL: any cell with room */
+    uint64_t output_max;      /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
+    const char *environment;  /* name:version of an environment of layers; NULL: the host's base */
 } dsec_call_spec;
 
 /* Run spec in a fresh function sandbox, then destroy it whatever happened

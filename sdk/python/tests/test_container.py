@@ -50,6 +50,7 @@ def setUpModule():
         raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
     tmp = tempfile.mkdtemp(prefix="dsec-sdkct-")
     _cell["tmp"] = tmp
+    _cell["binary"] = binary
     # unique per run: the node's cgroups (dsec-ct-<node>) live on the host, not under tmp
     node = "sdkct%d-0" % os.getpid()
     _cell["node"] = node
@@ -377,6 +378,8 @@ class TestFunction(Base):
         r = sb.exec(["python3", "-c", "import os; print([os.path.exists(p) for p in "
                      "('/tmp/x', '/work/y', '/work/solve.py')])"])
         self.assertEqual(r.stdout, b"[False, False, True]\n")
+        r = sb.exec(["python3", "-c", "print('x' * 100)"], output_max=8)
+        self.assertEqual((r.stdout, r.stdout_truncated), (b"x" * 8, True))
         r = sb.exec(["python3", "-c", "while True: pass"], timeout_ms=300)
         self.assertTrue(r.timed_out, r)
         self.assertEqual(sb.exec(["python3", "-c", "print(1)"]).stdout, b"1\n")
@@ -392,6 +395,17 @@ class TestFunction(Base):
         self.assertEqual(r.stdout, b"1 /bin/busybox /bin:/sbin:/usr/bin:/usr/sbin\n")
         sb.files.write("/work/in.txt", "b\na\n")
         self.assertEqual(sb.exec(["sort", "in.txt"]).stdout, b"a\nb\n")
+
+    def test_cli_call_in_an_environment(self):
+        # dsec call: a one-shot function sandbox in busybox:1, its output capped at 6 bytes
+        p = subprocess.run([_cell["binary"], "call", "--runtime", "sh", "--environment", ENV,
+                            "--output-max", "6", "--", "sh", "-c",
+                            "test -e /usr/bin/python3; echo $? $(readlink /bin/sh)"],
+                           env=dict(os.environ, DSEC_URL=_cell["url"]), capture_output=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, b"1 /bin")
+        self.assertIn(b"stdout was truncated", p.stderr)
 
     def test_what_a_function_cannot_do(self):
         sb = self.fn()
