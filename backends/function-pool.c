@@ -1279,13 +1279,13 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    *out = pool->idx;
     int left =
         (int)((deadline > dsec__fn_now_ns() ? deadline - dsec__fn_now_ns() : 0) / 1000000ull);
     if (dsec__fn_pools_start(p, pool->idx, left > 0 ? left : 1, err) < 0) {
         dsec__fn_pools_env_put(p, pool->idx);
-        return -1;
+        return -1; /* *out untouched: the caller holds nothing */
     }
+    *out = pool->idx;
     return 0;
 }
 

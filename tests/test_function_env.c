@@ -473,6 +473,16 @@ static void adopted_sandboxes_keep_their_environment(void **state)
     dsec_function_pool_info info[4];
     assert_int_equal(pools(info, 4), 1);
     assert_int_equal(info[0].sandboxes, 1);
+    /* a create that fails after taking the pool gives back only its own use */
+    dsec_sandbox *dup = NULL;
+    char *dup_state = NULL;
+    dsec_backend_kv kv[] = {{"runtime", "sh"}};
+    dsec_sandbox_spec again = {
+        .id = s->id, .type = "function", .env = "box:1", .labels = kv, .nlabels = 1};
+    assert_int_equal(dsec_function_ops.create(fn, &again, &dup, &dup_state, &err), -1);
+    assert_int_equal(pools(info, 4), 1);
+    assert_int_equal(info[0].sandboxes, 1);
+    assert_string_equal(sh_ok(s, "cat /etc/marker"), "top\n");
     /* a state naming a layer list this backend never wrote is refused */
     dsec_sandbox *h2 = NULL;
     char bad[512];
