@@ -415,6 +415,30 @@ static void one_pool_per_environment_gone_when_idle(void **state)
     dsec_layer_cache_free(cache);
 }
 
+static void a_killed_environment_zygote_comes_back_on_its_root(void **state)
+{
+    struct sbx *s = mk("sh", "box:1");
+    dsec_function_pool_info info[4];
+    assert_int_equal(pools(info, 4), 1);
+    pid_t old = info[0].zygote_pid;
+    assert_int_equal(kill(old, SIGKILL), 0);
+    /* rebuilt: a new zygote, up again, and its calls see the environment */
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(pools(info, 4), 1);
+        if (info[0].zygote_pid != old && info[0].zygote_pid > 0 && strcmp(info[0].state, "up") == 0)
+            break;
+        msleep(20);
+    }
+    assert_int_not_equal(info[0].zygote_pid, old);
+    assert_string_equal(info[0].state, "up");
+    assert_true(info[0].zygote_starts >= 2);
+    for (int i = 0; i < 4; i++) /* warm workers forked before the kill, then new ones */
+        assert_string_equal(sh_ok(s, "cat /etc/marker; echo $ENV_ONE"), "top\n1\n");
+    assert_int_equal(sh_code(s, "test -e /usr/bin/python3"), 1);
+    rm(s);
+    assert_int_equal(pools_after_idle(), 0);
+}
+
 static void bad_environments_get_clear_errors(void **state)
 {
     struct sbx s;
@@ -499,6 +523,7 @@ int main(void)
         cmocka_unit_test_setup(a_call_sees_its_environment_not_the_host, need_root),
         cmocka_unit_test_setup(python_runs_the_environments_modules, need_root),
         cmocka_unit_test_setup(one_pool_per_environment_gone_when_idle, need_root),
+        cmocka_unit_test_setup(a_killed_environment_zygote_comes_back_on_its_root, need_root),
         cmocka_unit_test_setup(bad_environments_get_clear_errors, need_root),
         cmocka_unit_test_setup(adopted_sandboxes_keep_their_environment, need_root),
     };
