@@ -100,7 +100,8 @@ static void conf_for(dsec_cell_conf *c, const char *part, const char *node, cons
         static const char *const types[] = {"sim", NULL};
         dsec_err err;
         assert_int_equal(dsec_cell_conf_add_sim_nodes(c, node, 1, 8000, 8192, 100, types, "0", &err), 0);
-        snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%s", node);
+        assert_true(strlen(node) < sizeof c->nodes[0].name);
+        memcpy(c->nodes[0].name, node, strlen(node) + 1);
         c->nodes[0].labels[0] = (dsec_backend_kv){dsec_strdup("zone"), dsec_strdup(zone)};
         c->nodes[0].nlabels = 1;
     }
