@@ -2,6 +2,7 @@
 #include "actors/cell.h"
 
 #include <errno.h>
+#include <unistd.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,9 +350,9 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"cell\": \"%s\" is not a valid name",
                             dsec_cfg_name(cfg), dsec_cfg_get(root, "cell")->line, s);
     snprintf(c->cell, sizeof c->cell, "%s", s);
-    if (dsec_cfg_str(cfg, root, "state_dir", c->state_dir, &s, err) < 0)
+    if (dsec_cfg_str(cfg, root, "state_dir", c->state_dir, &s, err) < 0 ||
+        dsec_cell_conf_set_state_dir(c, s, err) < 0)
         return -1;
-    snprintf(c->state_dir, sizeof c->state_dir, "%s", s);
 
     const dsec_cfg_node *bus = dsec_cfg_get(root, "bus");
     static const char *const bus_keys[] = {"url", "threads", "low_latency", NULL};
@@ -513,6 +514,27 @@ int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, 
     int rc = load_tree(cfg, c, err);
     dsec_cfg_free(cfg);
     return rc;
+}
+
+int dsec_cell_conf_set_state_dir(dsec_cell_conf *c, const char *dir, dsec_err *err)
+{
+    if (dir == NULL || dir[0] == '\0')
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "state_dir is empty");
+    char cwd[1024] = "";
+    if (dir[0] != '/' && getcwd(cwd, sizeof cwd) == NULL)
+        return dsec_err_set(err, DSEC_E_CONFIG, errno,
+                            "state_dir \"%s\" is relative and the current directory is unknown",
+                            dir);
+    while (dir[0] == '.' && dir[1] == '/')
+        dir += 2;
+    int n = dir[0] == '/'           ? snprintf(c->state_dir, sizeof c->state_dir, "%s", dir)
+            : strcmp(dir, ".") == 0 ? snprintf(c->state_dir, sizeof c->state_dir, "%s", cwd)
+                                    : snprintf(c->state_dir, sizeof c->state_dir, "%s/%s",
+                                               strcmp(cwd, "/") ? cwd : "", dir);
+    if (n < 0 || (size_t)n >= sizeof c->state_dir)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "state_dir \"%s\" is longer than %zu bytes", dir,
+                            sizeof c->state_dir - 1);
+    return 0;
 }
 
 int dsec_cell_conf_set_metrics(dsec_cell_conf *c, const char *listen, dsec_err *err)

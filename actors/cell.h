@@ -94,6 +94,9 @@ int dsec_cell_conf_parse(dsec_cell_conf *c, const char *name, const char *text, 
 /* Set metrics.listen (a --metrics flag over the file): "HOST:PORT", or ""
  * for none. Errors name what is wrong with the address. */
 int dsec_cell_conf_set_metrics(dsec_cell_conf *c, const char *listen, dsec_err *err);
+/* Set the state directory; a relative one is taken from the current
+ * directory and stored absolute (backends that mount need absolute paths). */
+int dsec_cell_conf_set_state_dir(dsec_cell_conf *c, const char *dir, dsec_err *err);
 /* Add n sim nodes named PREFIX-0000.. with the given resources (benchmarks). */
 int dsec_cell_conf_add_sim_nodes(dsec_cell_conf *c, const char *prefix, size_t n, uint64_t cpu,
                                  uint64_t mem, uint64_t slots, const char *const *types,

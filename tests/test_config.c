@@ -2,10 +2,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "actors/cell.h"
 #include "actors/config.h"
 
 static dsec_cfg *parse_ok(const char *text)
@@ -104,6 +107,36 @@ static void empty_file_is_empty_map(void **state)
     dsec_cfg_free(c);
 }
 
+/* A relative state_dir is kept absolute: the node's backends mount under it. */
+static void cell_state_dir_is_made_absolute(void **state)
+{
+    char cwd[512], want[600];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    static const char *const rel[][2] = {
+        {"./st", "st"}, {"st/x", "st/x"}, {"././st", "st"}, {".", ""}};
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        char yaml[128];
+        snprintf(yaml, sizeof yaml, "cell: c1\nstate_dir: %s\n", rel[i][0]);
+        dsec_cell_conf c;
+        dsec_cell_conf_defaults(&c);
+        dsec_err err;
+        if (dsec_cell_conf_parse(&c, "t.yaml", yaml, strlen(yaml), &err) < 0)
+            fail_msg("%s: %s", rel[i][0], err.msg);
+        snprintf(want, sizeof want, "%s%s%s", cwd, rel[i][1][0] ? "/" : "", rel[i][1]);
+        assert_string_equal(c.state_dir, want);
+        dsec_cell_conf_release(&c);
+    }
+    dsec_cell_conf c;
+    dsec_cell_conf_defaults(&c);
+    dsec_err err;
+    const char *abs = "cell: c1\nstate_dir: /var/lib/dsec-x\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", abs, strlen(abs), &err), 0);
+    assert_string_equal(c.state_dir, "/var/lib/dsec-x");
+    assert_int_equal(dsec_cell_conf_set_state_dir(&c, "", &err), -1);
+    assert_non_null(strstr(err.msg, "state_dir"));
+    dsec_cell_conf_release(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -111,6 +144,7 @@ int main(void)
         cmocka_unit_test(errors_name_file_line_and_key),
         cmocka_unit_test(syntax_and_structure_errors),
         cmocka_unit_test(empty_file_is_empty_map),
+        cmocka_unit_test(cell_state_dir_is_made_absolute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

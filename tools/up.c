@@ -83,9 +83,9 @@ int dsec_cli_up(int argc, char **argv)
     conf.embedded_nats = true;
     if (port != NULL)
         conf.nats_port = atoi(port);
-    if (state != NULL)
-        snprintf(conf.state_dir, sizeof conf.state_dir, "%s", state);
-    if (ensure_node(&conf, &err) < 0) {
+    char dir[sizeof conf.state_dir];
+    snprintf(dir, sizeof dir, "%s", state != NULL ? state : conf.state_dir);
+    if (dsec_cell_conf_set_state_dir(&conf, dir, &err) < 0 || ensure_node(&conf, &err) < 0) {
         fprintf(stderr, "dsec up: %s\n", err.msg);
         dsec_cell_conf_release(&conf);
         return 1;
