@@ -727,15 +727,23 @@ static int rediscover(dsec_layer_cache *c, dsec_err *err)
     return 0;
 }
 
-int dsec_layer_cache_new(dsec_layer_cache **out, const char *dir, uint64_t budget_bytes,
-                         dsec_layer_registry *reg, dsec_err *err)
+/* The cache's directory given, made if missing, and a registry to fill it. */
+static int dir_ready(const char *dir, const dsec_layer_registry *reg, dsec_err *err)
 {
-    *out = NULL;
     if (dir == NULL || dir[0] == '\0' || reg == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "layer cache: a directory and a registry are required");
     if (dsec__layer_mkdir_p(dir, 0755, err) < 0)
         return dsec_err_wrap(err, "layer cache");
+    return 0;
+}
+
+int dsec_layer_cache_new(dsec_layer_cache **out, const char *dir, uint64_t budget_bytes,
+                         dsec_layer_registry *reg, dsec_err *err)
+{
+    *out = NULL;
+    if (dir_ready(dir, reg, err) < 0)
+        return -1;
     dsec_layer_cache *c = dsec_calloc(1, sizeof *c);
     if (c == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "layer cache");
@@ -791,11 +799,8 @@ int dsec_layer_cache_share(dsec_layer_cache **out, const char *dir, uint64_t bud
                            dsec_layer_registry *reg, dsec_err *err)
 {
     *out = NULL;
-    if (dir == NULL || dir[0] == '\0' || reg == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "layer cache: a directory and a registry are required");
-    if (dsec__layer_mkdir_p(dir, 0755, err) < 0)
-        return dsec_err_wrap(err, "layer cache");
+    if (dir_ready(dir, reg, err) < 0)
+        return -1;
     char *real = realpath(dir, NULL);
     if (real == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "layer cache: resolving %s", dir);
