@@ -1,5 +1,6 @@
-/* function-pool.c - per-runtime zygotes and their warm workers: start on demand, refill in the
- * background, rebuild a dead zygote, reclaim slots. */
+/* function-pool.c - zygotes per runtime (and per runtime and environment) and their warm workers:
+ * start on demand, refill in the background, rebuild a dead zygote, reclaim slots, take an idle
+ * environment's pool down. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +38,7 @@
  * thread then waits for its supervisor's pidfd to say the call's whole pid
  * namespace is gone before the slot (cgroup + uid) is reused.
  *
- * Slots: max_workers of them, shared by all runtimes. A worker holds one
+ * Slots: max_workers of them, shared by all pools. A worker holds one
  * from SPAWN until drained; its uid is uid_base + slot, its cgroup the
  * slot's. Refill: a pool keeps `warm` workers ready, plus one for each call
  * waiting, as slots allow; spawning stops for a while after three failures

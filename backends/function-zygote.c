@@ -45,7 +45,10 @@
  * of a merged-/usr host, or binds of them otherwise, and any extra read-only
  * paths), a /dev with null/zero/full/random/urandom, and empty /proc, /tmp,
  * /work mount points. pivot_root into it; the host's other files are never
- * visible to a worker. A python3 zygote then imports the common modules;
+ * visible to a worker. The zygote of an environment (--lower) instead
+ * mounts a read-only overlay of the environment's layers, topped by a small
+ * layer holding those mount points, and pivots into that: none of the
+ * host's files are there. A python3 zygote then imports the common modules;
  * the zygote builds the seccomp filters, installs the base one on itself
  * (every worker inherits it), says HELLO, and waits for SPAWN.
  *
