@@ -2,8 +2,11 @@
 #include "backends/backend.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "backends/layers/layer-cache.h"
 #include "dsec/alloc.h"
 
 struct dsec_backend {
@@ -264,6 +267,19 @@ int dsec_backend_net_set(dsec_backend *be, dsec_sandbox *sb, const char *const *
     if (n > 0 && entries == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net_set: %zu entries but no array", n);
     return be->ops->net_set(be->self, sb, entries, n, err);
+}
+
+int dsec_backend_layer_cache(const dsec_backend_config *cfg, const char *state_dir,
+                             uint64_t budget_bytes, struct dsec_layer_cache **out, dsec_err *err)
+{
+    char p[PATH_MAX + 16];
+    int n = cfg->layer_cache_dir != NULL ? snprintf(p, sizeof p, "%s", cfg->layer_cache_dir)
+                                         : snprintf(p, sizeof p, "%s/layers", state_dir);
+    if (n < 0 || (size_t)n >= sizeof p)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "layer cache directory: path too long");
+    if (dsec_layer_cache_share(out, p, budget_bytes, cfg->layers, err) < 0)
+        return dsec_err_wrap(err, "layer cache");
+    return 0;
 }
 
 int dsec_backend_opt_bool(const char *key, const char *v, bool *out, dsec_err *err)

@@ -277,6 +277,14 @@ typedef struct dsec_backend_ops {
  * key and value. */
 int dsec_backend_opt_bool(const char *key, const char *v, bool *out, dsec_err *err);
 
+/* The node's layer cache for a backend with a registry (cfg->layers):
+ * cfg->layer_cache_dir, or <state_dir>/layers for a backend opened on its
+ * own, one instance per directory (dsec_layer_cache_share). Close it with
+ * dsec_layer_cache_free. */
+struct dsec_layer_cache;
+int dsec_backend_layer_cache(const dsec_backend_config *cfg, const char *state_dir,
+                             uint64_t budget_bytes, struct dsec_layer_cache **out, dsec_err *err);
+
 /* Open an instance of ops on this node. *out is owned by the caller and freed
  * with dsec_backend_free. ops must outlive the instance (they are static). */
 int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,

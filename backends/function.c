@@ -389,16 +389,10 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     f->cc.acquire_ms = o.acquire_ms;
     f->cc.use_rlimit_as = o.rlimit_as;
     f->reg = cfg->layers;
-    if (f->reg != NULL) {
-        char p[PATH_MAX + 16];
-        if (cfg->layer_cache_dir != NULL)
-            snprintf(p, sizeof p, "%s", cfg->layer_cache_dir);
-        else
-            snprintf(p, sizeof p, "%s/layers", f->state_dir);
-        if (dsec_layer_cache_share(&f->cache, p, o.cache_gb << 30, f->reg, err) < 0) {
-            dsec_err_wrap(err, "function: layer cache");
-            goto out_free;
-        }
+    if (f->reg != NULL &&
+        dsec_backend_layer_cache(cfg, f->state_dir, o.cache_gb << 30, &f->cache, err) < 0) {
+        dsec_err_wrap(err, "function");
+        goto out_free;
     }
     struct fn_pool_conf pc = {
         .zygote_path = zygote,

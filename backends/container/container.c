@@ -569,7 +569,6 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec_cgroup_tune_apply(be->favordynmods, "container");
     if (dsec__ct_rt_init(be, rt, err) < 0)
         goto fail;
-    char p[PATH_MAX + 16];
     if (mkdir(be->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->state_dir);
         goto fail;
@@ -584,12 +583,8 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (dsec__ct_store_open(be, upper_gb, err) < 0)
         goto fail;
     if (be->reg != NULL) {
-        if (cfg->layer_cache_dir != NULL)
-            dsec__ct_fmt(p, sizeof p, "%s", cfg->layer_cache_dir);
-        else
-            dsec__ct_fmt(p, sizeof p, "%s/layers", be->state_dir);
-        if (dsec_layer_cache_share(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
-            dsec_err_wrap(err, "container: layer cache");
+        if (dsec_backend_layer_cache(cfg, be->state_dir, cache_gb << 30, &be->cache, err) < 0) {
+            dsec_err_wrap(err, "container");
             goto fail;
         }
     }

@@ -598,7 +598,6 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
     be->ncpu = nc > 0 ? (unsigned)nc : 1;
     char qemu[PATH_MAX] = "qemu-system-x86_64", kit[PATH_MAX] = DSEC_VMKIT_DIR;
     uint64_t cache_gb = 0;
-    char p[PATH_MAX + 16];
     if (parse_opts(be, cfg, qemu, sizeof qemu, kit, sizeof kit, &cache_gb, err) < 0)
         goto fail;
     if (find_exe(qemu, be->qemu, sizeof be->qemu) < 0) {
@@ -635,12 +634,8 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
             goto fail;
         }
     if (be->reg != NULL) {
-        if (cfg->layer_cache_dir != NULL)
-            dsec__vm_fmt(p, sizeof p, "%s", cfg->layer_cache_dir);
-        else
-            dsec__vm_fmt(p, sizeof p, "%s/layers", be->state_dir);
-        if (dsec_layer_cache_share(&be->cache, p, cache_gb << 30, be->reg, err) < 0) {
-            dsec_err_wrap(err, "%s: layer cache", type);
+        if (dsec_backend_layer_cache(cfg, be->state_dir, cache_gb << 30, &be->cache, err) < 0) {
+            dsec_err_wrap(err, "%s", type);
             goto fail;
         }
     }
