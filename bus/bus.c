@@ -118,6 +118,71 @@ void dsec__bus_event(dsec_bus *bus, dsec_bus_event ev, const char *fmt, ...)
 
 /* ---- nats.c callbacks (its own threads) ---------------------------------- */
 
+/* nats.c runs a connection's handlers on one thread of its own, from a
+ * queue, and a few of its paths queue one after the closed callback: a
+ * drain whose flush fails because the connection closed under it posts
+ * "Drain error" then. The closed callback is therefore not the last word,
+ * and nats.c is not given the bus's address, which dsec_bus_free gives
+ * back. It gets a number unique for the life of the process, and each
+ * handler looks its bus up here; a bus being freed is taken off the list
+ * once no handler runs on it, and later handlers find nothing and return.
+ * Handlers run for connection events and errors only, so a list does. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t live_cond = PTHREAD_COND_INITIALIZER;
+static dsec_bus *live_buses;
+static uintptr_t live_last_id;
+
+static void live_add(dsec_bus *bus)
+{
+    pthread_mutex_lock(&live_mu);
+    bus->live_id = ++live_last_id;
+    bus->live_next = live_buses;
+    live_buses = bus;
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* The bus a handler's closure names, held until live_leave; NULL once it is
+ * being freed. */
+static dsec_bus *live_enter(void *closure)
+{
+    uintptr_t id = (uintptr_t)closure;
+    pthread_mutex_lock(&live_mu);
+    dsec_bus *bus = live_buses;
+    while (bus != NULL && bus->live_id != id)
+        bus = bus->live_next;
+    if (bus != NULL)
+        bus->live_calls++;
+    pthread_mutex_unlock(&live_mu);
+    return bus;
+}
+
+static void live_leave(dsec_bus *bus)
+{
+    pthread_mutex_lock(&live_mu);
+    if (--bus->live_calls == 0)
+        pthread_cond_broadcast(&live_cond);
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* Off the list, after the handlers running on it return. Idempotent. */
+static void live_remove(dsec_bus *bus)
+{
+    pthread_mutex_lock(&live_mu);
+    for (dsec_bus **pp = &live_buses; *pp != NULL; pp = &(*pp)->live_next)
+        if (*pp == bus) {
+            *pp = bus->live_next;
+            break;
+        }
+    while (bus->live_calls > 0)
+        pthread_cond_wait(&live_cond, &live_mu);
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void *live_closure(const dsec_bus *bus)
+{
+    return (void *)bus->live_id;
+}
+
 static const char *conn_last_error(natsConnection *nc)
 {
     const char *txt = NULL;
@@ -129,26 +194,32 @@ static const char *conn_last_error(natsConnection *nc)
 
 static void on_disconnected(natsConnection *nc, void *closure)
 {
-    dsec_bus *bus = closure;
+    dsec_bus *bus = live_enter(closure);
+    if (bus == NULL)
+        return;
     atomic_fetch_add_explicit(&bus->disconnects, 1, memory_order_relaxed);
     /* Fail what was in flight first, so the event handler sees a bus whose
      * pending requests already got their answer. */
     dsec__req_disconnected(bus);
     dsec__bus_event(bus, DSEC_BUS_DISCONNECTED, "%s disconnected: %s",
                     bus->name != NULL ? bus->name : "bus", conn_last_error(nc));
+    live_leave(bus);
 }
 
 static void mask_url(const char *url, char *out, size_t n);
 
 static void on_reconnected(natsConnection *nc, void *closure)
 {
-    dsec_bus *bus = closure;
+    dsec_bus *bus = live_enter(closure);
+    if (bus == NULL)
+        return;
     atomic_fetch_add_explicit(&bus->reconnects, 1, memory_order_relaxed);
     char url[256] = "", shown[256];
     natsConnection_GetConnectedUrl(nc, url, sizeof url);
     mask_url(url, shown, sizeof shown);
     dsec__bus_event(bus, DSEC_BUS_RECONNECTED, "%s reconnected to %s",
                     bus->name != NULL ? bus->name : "bus", shown);
+    live_leave(bus);
 }
 
 static void on_connected(natsConnection *nc, void *closure)
@@ -160,16 +231,20 @@ static void on_connected(natsConnection *nc, void *closure)
 
 static void on_closed(natsConnection *nc, void *closure)
 {
-    dsec_bus *bus = closure;
+    dsec_bus *bus = live_enter(closure);
+    if (bus == NULL)
+        return;
     /* Closed for good (drained, or out of reconnect attempts): nothing
      * pending can be answered any more. */
     dsec__req_close(bus);
     dsec__bus_event(bus, DSEC_BUS_CLOSED, "%s closed", bus->name != NULL ? bus->name : "bus");
-    /* Last thing: once closed_seen is set, teardown may free the bus. */
+    /* Once closed_seen is set, teardown goes on; it frees the bus after
+     * live_leave. */
     pthread_mutex_lock(&bus->mu);
     bus->closed_seen = true;
     pthread_cond_broadcast(&bus->cond);
     pthread_mutex_unlock(&bus->mu);
+    live_leave(bus);
 }
 
 /* The server's permissions violation: 'Permissions Violation for Publish to
@@ -204,9 +279,19 @@ static void refused(dsec_bus *bus, natsConnection *nc)
                     failed ? " (its pending requests failed with permission)" : "");
 }
 
+static void async_error(dsec_bus *bus, natsConnection *nc, natsSubscription *sub, natsStatus s);
+
 static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus s, void *closure)
 {
-    dsec_bus *bus = closure;
+    dsec_bus *bus = live_enter(closure);
+    if (bus == NULL)
+        return;
+    async_error(bus, nc, sub, s);
+    live_leave(bus);
+}
+
+static void async_error(dsec_bus *bus, natsConnection *nc, natsSubscription *sub, natsStatus s)
+{
     atomic_fetch_add_explicit(&bus->async_errors, 1, memory_order_relaxed);
     const char *subj = NULL;
     if (sub != NULL)
@@ -287,15 +372,15 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
     if (s == NATS_OK && o->low_latency)
         s = natsOptions_SetSendAsap(no, true);
     if (s == NATS_OK)
-        s = natsOptions_SetErrorHandler(no, on_async_error, bus);
+        s = natsOptions_SetErrorHandler(no, on_async_error, live_closure(bus));
     if (s == NATS_OK)
-        s = natsOptions_SetDisconnectedCB(no, on_disconnected, bus);
+        s = natsOptions_SetDisconnectedCB(no, on_disconnected, live_closure(bus));
     if (s == NATS_OK)
-        s = natsOptions_SetReconnectedCB(no, on_reconnected, bus);
+        s = natsOptions_SetReconnectedCB(no, on_reconnected, live_closure(bus));
     if (s == NATS_OK)
-        s = natsOptions_SetClosedCB(no, on_closed, bus);
+        s = natsOptions_SetClosedCB(no, on_closed, live_closure(bus));
     if (s == NATS_OK && o->retry_on_failed_connect)
-        s = natsOptions_SetRetryOnFailedConnect(no, true, on_connected, bus);
+        s = natsOptions_SetRetryOnFailedConnect(no, true, on_connected, live_closure(bus));
     if (s != NATS_OK) {
         dsec__nats_err(err, s, "bus options");
         goto out_fail;
@@ -369,6 +454,7 @@ const char *dsec_bus_url_shown(const dsec_bus *bus)
 
 static void bus_release(dsec_bus *bus)
 {
+    live_remove(bus);
     dsec__pool_stop(&bus->pool);
     dsec__req_free(bus);
     pthread_cond_destroy(&bus->cond);
@@ -414,6 +500,7 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     }
     if (dsec__pool_start(&bus->pool, bus->threads, err) < 0)
         goto out_release;
+    live_add(bus); /* before the options give nats.c its closure */
     /* Before the connection exists: its callbacks reach the request table. */
     if (dsec__req_init(bus, err) < 0)
         goto out_release;
@@ -587,8 +674,10 @@ void dsec_bus_free(dsec_bus *bus)
     if (bus == NULL)
         return;
     dsec_bus_drain(bus, DEFAULT_DRAIN_TIMEOUT_MS, NULL);
-    /* The connection is closed and its closed callback has run: nats.c no
-     * longer calls into us except for subscription completions. */
+    /* The connection is closed and its closed callback has run. Handlers
+     * nats.c still has queued find no bus from here on (see live_enter);
+     * the subscriptions' completions are waited for below. */
+    live_remove(bus);
     dsec_actor *a;
     while ((a = dsec__actors_pop(bus)) != NULL) {
         dsec__actor_stop_subs(a, false, 0);

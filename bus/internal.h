@@ -154,7 +154,13 @@ struct dsec_bus {
     pthread_cond_t cond;
     dsec_actor *actors;
     int state;
-    bool closed_seen; /* nats.c's closed callback has run: no callback follows */
+    bool closed_seen; /* nats.c's closed callback has run */
+
+    /* The closure nats.c's handlers get (bus.c, live_enter); under bus.c's
+     * live_mu. */
+    uintptr_t live_id;
+    dsec_bus *live_next;
+    int live_calls;
 
     atomic_uint_fast64_t async_errors;
     atomic_uint_fast64_t slow_consumers;

@@ -2291,6 +2291,60 @@ static void conn_events(void **state)
     evrec_destroy(&ev);
 }
 
+/* A bus event handler that holds nats.c's callback thread at the gate on
+ * each error event. */
+static void gate_on_error(dsec_bus *bus, dsec_bus_event ev, const char *detail, void *ud)
+{
+    if (ev == DSEC_BUS_ERROR)
+        gate_pass(ud);
+}
+
+/* nats.c's, exported by libnats but not declared in nats.h: it queues an
+ * error for the connection's error handler, as its own paths do. */
+void natsAsyncCb_PostErrHandler(natsConnection *nc, natsSubscription *sub, natsStatus err,
+                                char *errTxt);
+
+/* nats.c can queue an error after the closed callback (a drain's flush that
+ * fails because the connection closed under it posts "Drain error" then).
+ * Such a handler runs after dsec_bus_free has returned; it must find no bus
+ * rather than run on freed memory. */
+static void conn_error_after_free_is_dropped(void **state)
+{
+    server s;
+    server_start(&s);
+    gate g;
+    gate_init(&g);
+    dsec_bus_opts bo = {
+        .url = dsec_natsd_url(s.srv), .name = "blocker", .on_event = gate_on_error, .event_ud = &g};
+    dsec_bus *blocker = NULL;
+    dsec_err err;
+    if (dsec_bus_connect(&blocker, &bo, &err) != 0)
+        fail_msg("connect: %s", err.msg);
+    evrec ev;
+    evrec_init(&ev);
+    dsec_bus *late = bus_open(&s, "late", 1, 0, &ev);
+    assert_int_equal(dsec_bus_drain(late, 2000, &err), 0);
+    assert_int_equal(evrec_count(&ev, DSEC_BUS_CLOSED), 1);
+
+    /* nats.c's one callback thread waits in the blocker's handler while an
+     * error for "late" queues behind it and "late" is freed. */
+    natsAsyncCb_PostErrHandler(blocker->nc, NULL, NATS_ERR, NULL);
+    assert_true(gate_wait_entered(&g, 1, WAIT_MS));
+    natsAsyncCb_PostErrHandler(late->nc, NULL, NATS_ERR, NULL);
+    dsec_bus_free(late);
+    gate_open(&g);
+    /* Queued after late's error: once it has run, so has late's. */
+    natsAsyncCb_PostErrHandler(blocker->nc, NULL, NATS_ERR, NULL);
+    assert_true(gate_wait_entered(&g, 2, WAIT_MS));
+    assert_int_equal(evrec_count(&ev, DSEC_BUS_ERROR), 0);
+
+    dsec_bus_free(blocker);
+    server_stop(&s);
+    evrec_destroy(&ev);
+    assert_false(g.timed_out);
+    gate_destroy(&g);
+}
+
 static void conn_publish_buffered_across_restart(void **state)
 {
     server s;
@@ -2392,6 +2446,7 @@ int main(int argc, char **argv)
     };
     const struct CMUnitTest conn[] = {
         cmocka_unit_test(conn_events),
+        cmocka_unit_test(conn_error_after_free_is_dropped),
         cmocka_unit_test(conn_publish_buffered_across_restart),
         cmocka_unit_test(conn_refused),
     };
