@@ -87,7 +87,7 @@ struct fn_pool {
     unsigned nwarm, nhot, npromoting, nspawning, nbusy, ndraining, waiters;
     unsigned consec_fail;
     unsigned long long calls, spawned, spawn_failures;
-    char version[FNP_VERSION_MAX], preloaded[512], error[256], zygote_exit[128];
+    char version[FNP_VERSION_MAX], preloaded[512], error[DSEC_ERR_MSG_MAX], zygote_exit[128];
 };
 
 struct fn_pools {
@@ -274,7 +274,7 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
     int zctl = pool->zctl;
     pthread_mutex_unlock(&p->mu);
 
-    char why[256] = "";
+    char why[DSEC_ERR_MSG_MAX] = "";
     dsec_err err;
     struct fn_worker *w = dsec_calloc(1, sizeof *w);
     int sv[2] = {-1, -1}, in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1};
@@ -428,11 +428,15 @@ static const char python_boot[] =
     "except BaseException as e:\n"
     "    import socket, struct\n"
     "    m = ('cannot load %s/_dsec_fnz.so into %s: %s' % (sys.argv[1], sys.executable, e))\n"
-    "    socket.socket(fileno=3).send(struct.pack('=4Ii32s200s', 0x31666e64, 2, 252, 0, 0,\n"
-    "        b'python module', m.encode()[:199]))\n"
-    "    raise SystemExit(1)\n"
-    "del sys.path[0]\n"
-    "_dsec_fnz.main(sys.argv[2:])\n";
+    "    f = '=4Ii32s%ds' % " FNP_STR(
+        FNP_MSG_MAX) "\n"
+                     "    socket.socket(fileno=3).send(struct.pack(f, 0x31666e64, 2, "
+                     "struct.calcsize(f), 0, 0,\n"
+                     "        b'python module', m.encode()[:" FNP_STR(
+                         FNP_MSG_MAX) " - 1]))\n"
+                                      "    raise SystemExit(1)\n"
+                                      "del sys.path[0]\n"
+                                      "_dsec_fnz.main(sys.argv[2:])\n";
 
 static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
 {
@@ -441,7 +445,7 @@ static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
     pool->started_ns = dsec__fn_now_ns();
     pthread_mutex_unlock(&p->mu);
 
-    char why[256] = "";
+    char why[DSEC_ERR_MSG_MAX] = "";
     int sv[2] = {-1, -1};
     pid_t pid = -1;
     int pidfd = -1;
@@ -664,7 +668,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
                     close(x);
             }
         }
-    char why[512];
+    char why[DSEC_ERR_MSG_MAX];
     if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
         close_fd(&fd);
         snprintf(why, sizeof why, "a %s worker ended before it was ready", p->pools[w->pool].name);

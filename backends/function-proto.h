@@ -55,7 +55,7 @@ struct fnp_hdr {
 };
 
 #define FNP_VERSION_MAX 64
-#define FNP_MSG_MAX 200
+#define FNP_MSG_MAX 512
 
 struct fnp_hello {
     struct fnp_hdr h;
@@ -71,6 +71,12 @@ struct fnp_failure {
     char stage[32]; /* "mount /proc", "seccomp", ... */
     char msg[FNP_MSG_MAX];
 };
+/* The python3 boot script packs a FATAL itself ('=4Ii32s<FNP_MSG_MAX>s'): keep the layout packed.
+ */
+_Static_assert(sizeof(struct fnp_failure) == 4 * 4 + 4 + 32 + FNP_MSG_MAX,
+               "struct fnp_failure is what the python3 boot script packs");
+#define FNP_STR_(x) #x
+#define FNP_STR(x) FNP_STR_(x)
 
 /* Which optional fds follow the four fixed ones in a SPAWN. */
 enum {

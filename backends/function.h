@@ -99,7 +99,7 @@ typedef struct dsec_function_pool_info {
     unsigned long long calls, spawned, spawn_failures;
     char version[64];    /* "python 3.11.2", "exec" */
     char preloaded[512]; /* python3: modules the zygote imported */
-    char error[256];     /* the last failure, "" when none */
+    char error[DSEC_ERR_MSG_MAX]; /* the last failure, "" when none */
     char
         zygote_exit[128]; /* how the last zygote ended ("was killed by signal 9 (Killed)"), or "" */
     char name[160];       /* "python3", or "python3 in python:3" for an environment's pool */

@@ -131,7 +131,7 @@ struct gen {
     _Atomic long nlat;
     long cap_lat;
     _Atomic long created, failed, destroyed, execs, in_flight;
-    char last_error[256];
+    char last_error[DSEC_ERR_MSG_MAX];
 };
 
 static void send_req(struct req *r);

@@ -93,7 +93,7 @@ static void start_one(sim_replay *r, long ix)
 {
     const sim_op *o = &r->t->ops[ix];
     struct sim_jobs *J = &r->jobs;
-    char why[512];
+    char why[DSEC_ERR_MSG_MAX + 256];
     /* the starting loads arrive with the nodes' answers to the sync */
     for (int i = 0; i < 300 && !atomic_load(&J->stop); i++) {
         pthread_mutex_lock(&r->mu);

@@ -895,7 +895,7 @@ static void a_killed_zygote_is_replaced(void **state)
 struct conc {
     int idx;
     int failures;
-    char why[256];
+    char why[DSEC_ERR_MSG_MAX];
 };
 
 static void *conc_worker(void *arg)

@@ -597,7 +597,7 @@ static void on_answer(int status, dsec_msg *reply, const dsec_err *berr, void *u
     tally *t = c->t;
     char code[65] = "";
     bool is_error = false;
-    char why[300] = "";
+    char why[DSEC_ERR_MSG_MAX + 64] = "";
     if (status < 0) {
         snprintf(why, sizeof why, "no answer: %s", berr ? berr->msg : "?");
     } else {

@@ -182,7 +182,7 @@ struct tally {
     pthread_cond_t cv;
     int done, ok, quota, other, other_unsafe; /* other_unsafe: not safe to retry */
     char ids[128][DSEC_ID_MAX];
-    char other_msg[256];
+    char other_msg[DSEC_ERR_MSG_MAX];
     char other_codes[256]; /* "code,code,..." of the others */
 };
 

@@ -36,7 +36,7 @@ typedef enum dsec_code {
     DSEC_CODE_MAX_
 } dsec_code;
 
-#define DSEC_ERR_MSG_MAX 256
+#define DSEC_ERR_MSG_MAX 1024
 
 /* One error: a code, an errno where there is one, and a message naming what failed. */
 typedef struct dsec_err {

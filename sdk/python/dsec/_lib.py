@@ -9,7 +9,7 @@ import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_int, c_size_t,
                     c_uint, c_uint8, c_uint64, c_int64, c_void_p)
 
-ERR_MSG_MAX = 256
+ERR_MSG_MAX = 1024
 ID_MAX = 96
 NAME_MAX = 72
 

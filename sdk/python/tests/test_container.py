@@ -418,7 +418,7 @@ class TestFunction(Base):
         with self.assertRaises(DSecError) as cm:
             self.c.run_function(FunctionArgs(environment=ENV, memory_mb=64))
         self.assertIn("standard library", str(cm.exception))
-        self.assertIn("runtime sh or native", str(cm.exception))
+        self.assertIn("runtime sh or native for an environment's own programs", str(cm.exception))
         with self.assertRaises(DSecError) as cm:
             self.c.run_function(FunctionArgs(network={"pypi": True}, memory_mb=64))
         self.assertIn("network", str(cm.exception))
