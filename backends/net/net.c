@@ -1232,7 +1232,7 @@ static void *warmer_main(void *arg)
             pthread_cond_wait(&n->warm_cv, &n->lock);
             continue;
         }
-        uint32_t idx;
+        uint32_t idx = 0; /* set by reserve; the compiler cannot see it */
         dsec_err err;
         if (reserve(n, &reserved_marker, &idx, &err) < 0) {
             pthread_cond_wait(&n->warm_cv, &n->lock); /* the pool is full: wait for a free */
