@@ -420,6 +420,7 @@ static void promote(struct fn_pools *p, struct fn_pool *pool)
 /* What /usr/bin/python3 runs to become the python3 zygote: load _dsec_fnz
  * from argv[1] and hand it the rest. If the module cannot load (built for
  * another python), say so on the control socket as a FATAL. */
+/* clang-format off */
 static const char python_boot[] =
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
@@ -428,15 +429,13 @@ static const char python_boot[] =
     "except BaseException as e:\n"
     "    import socket, struct\n"
     "    m = ('cannot load %s/_dsec_fnz.so into %s: %s' % (sys.argv[1], sys.executable, e))\n"
-    "    f = '=4Ii32s%ds' % " FNP_STR(
-        FNP_MSG_MAX) "\n"
-                     "    socket.socket(fileno=3).send(struct.pack(f, 0x31666e64, 2, "
-                     "struct.calcsize(f), 0, 0,\n"
-                     "        b'python module', m.encode()[:" FNP_STR(
-                         FNP_MSG_MAX) " - 1]))\n"
-                                      "    raise SystemExit(1)\n"
-                                      "del sys.path[0]\n"
-                                      "_dsec_fnz.main(sys.argv[2:])\n";
+    "    f = '=4Ii32s%ds' % " FNP_STR(FNP_MSG_MAX) "\n"
+    "    socket.socket(fileno=3).send(struct.pack(f, 0x31666e64, 2, struct.calcsize(f), 0, 0,\n"
+    "        b'python module', m.encode()[:" FNP_STR(FNP_MSG_MAX) " - 1]))\n"
+    "    raise SystemExit(1)\n"
+    "del sys.path[0]\n"
+    "_dsec_fnz.main(sys.argv[2:])\n";
+/* clang-format on */
 
 static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
 {

@@ -71,8 +71,7 @@ struct fnp_failure {
     char stage[32]; /* "mount /proc", "seccomp", ... */
     char msg[FNP_MSG_MAX];
 };
-/* The python3 boot script packs a FATAL itself ('=4Ii32s<FNP_MSG_MAX>s'): keep the layout packed.
- */
+/* The python3 boot script packs a FATAL itself ('=4Ii32s<FNP_MSG_MAX>s'). */
 _Static_assert(sizeof(struct fnp_failure) == 4 * 4 + 4 + 32 + FNP_MSG_MAX,
                "struct fnp_failure is what the python3 boot script packs");
 #define FNP_STR_(x) #x
