@@ -380,6 +380,38 @@ static void test_exec_env_cwd(void **state)
     dsec_exec_result_release(&r);
 }
 
+/* A warm pool's agent starts without defaults and is given the sandbox's once (SETUP): the
+ * variables become the whole base environment, commands run in the workdir as the user; an
+ * unknown user is refused and changes nothing; a second setup is refused. */
+static void test_setup(void **state)
+{
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/setup.sock", tmpdir);
+    pid_t pid = start_agent(sock, NULL);
+    assert_true(pid > 0);
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock, 5000, &err), 0);
+    const char *vars[] = {"WARM=yes", "PATH=/usr/bin:/bin"};
+    assert_int_equal(dsec_agent_setup(a, vars, 2, tmpdir, "no-such-user-here", &err), -1);
+    assert_non_null(strstr(err.msg, "--user no-such-user-here: no such user in /etc/passwd"));
+    assert_false(dsec_agent_broken(a));
+    const char *bad[] = {"NOEQUALS"};
+    assert_int_equal(dsec_agent_setup(a, bad, 1, "/", "0", &err), -1);
+    assert_non_null(strstr(err.msg, "setup: variable 0 is not K=V"));
+    assert_int_equal(dsec_agent_setup(a, vars, 2, "/proc", "65534", &err), 0);
+    dsec_exec_result r;
+    const char *argv[] = {"/bin/sh", "-c", "echo \"$WARM $BASE\"; pwd; id -u", NULL};
+    assert_int_equal(run(a, argv, NULL, &r, &err), 0);
+    assert_out(&r, "yes \n/proc\n65534\n");
+    dsec_exec_result_release(&r);
+    assert_int_equal(dsec_agent_setup(a, vars, 2, "/", "0", &err), -1);
+    assert_non_null(strstr(err.msg, "setup: the defaults are already set"));
+    dsec_agent_free(a);
+    kill(pid, SIGTERM);
+    assert_int_not_equal(wait_exit(pid, 5000), -1);
+}
+
 static void test_exec_user(void **state)
 {
     dsec_exec_result r;
@@ -1351,16 +1383,27 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exec_basic),     cmocka_unit_test(test_exec_bad_requests),
-        cmocka_unit_test(test_exec_signal),    cmocka_unit_test(test_exec_stdin),
-        cmocka_unit_test(test_exec_env_cwd),   cmocka_unit_test(test_exec_user),
-        cmocka_unit_test(test_exec_timeout),   cmocka_unit_test(test_exec_output_cap),
-        cmocka_unit_test(test_exec_streaming), cmocka_unit_test(test_concurrent),
-        cmocka_unit_test(test_kill),           cmocka_unit_test(test_files),
-        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_slow_reader),
-        cmocka_unit_test(test_zombies),        cmocka_unit_test(test_sigterm),
-        cmocka_unit_test(test_listen_fd),      cmocka_unit_test(test_connect_timeout),
-        cmocka_unit_test(test_sync_skips_stale_bytes), cmocka_unit_test(test_sync_wrong_nonce),
+        cmocka_unit_test(test_exec_basic),
+        cmocka_unit_test(test_exec_bad_requests),
+        cmocka_unit_test(test_exec_signal),
+        cmocka_unit_test(test_exec_stdin),
+        cmocka_unit_test(test_exec_env_cwd),
+        cmocka_unit_test(test_exec_user),
+        cmocka_unit_test(test_setup),
+        cmocka_unit_test(test_exec_timeout),
+        cmocka_unit_test(test_exec_output_cap),
+        cmocka_unit_test(test_exec_streaming),
+        cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_kill),
+        cmocka_unit_test(test_files),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_slow_reader),
+        cmocka_unit_test(test_zombies),
+        cmocka_unit_test(test_sigterm),
+        cmocka_unit_test(test_listen_fd),
+        cmocka_unit_test(test_connect_timeout),
+        cmocka_unit_test(test_sync_skips_stale_bytes),
+        cmocka_unit_test(test_sync_wrong_nonce),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

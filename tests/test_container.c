@@ -77,13 +77,19 @@ static int host(char *out, size_t len, const char *fmt, ...)
     return pclose(p);
 }
 
+static const char *warm_pool; /* option warm_pool, or NULL for the default */
+
 static int open_backend(void)
 {
     char pids[16];
     snprintf(pids, sizeof pids, "%d", PIDS_MAX);
-    dsec_backend_kv opts[] = {{"pids_max", pids}, {"upper_gb", "16"}, {"function.x", "1"}};
-    dsec_backend_config cfg = {
-        .state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 3, .layers = reg};
+    dsec_backend_kv opts[] = {
+        {"pids_max", pids}, {"upper_gb", "16"}, {"function.x", "1"}, {"warm_pool", warm_pool}};
+    dsec_backend_config cfg = {.state_dir = state_dir,
+                               .node = NODE,
+                               .opts = opts,
+                               .nopts = warm_pool != NULL ? 4 : 3,
+                               .layers = reg};
     dsec_err err;
     if (dsec_container_ops.init(&ct, &cfg, &err) < 0) {
         fprintf(stderr, "container backend: %s\n", err.msg);
@@ -187,7 +193,24 @@ struct sbx {
     dsec_sandbox *h;
     char *bstate;
     char id[64];
+    char rid[96]; /* its runtime id and cgroup name: id, or the warm container's it took */
 };
+
+/* The runtime id the sandbox's record (meta) names; its id when none. */
+static void set_rid(struct sbx *s)
+{
+    snprintf(s->rid, sizeof s->rid, "%s", s->id);
+    char p[512], line[256];
+    snprintf(p, sizeof p, "%s/meta", s->bstate);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "rid ", 4) == 0) {
+            line[strcspn(line, "\n")] = '\0';
+            snprintf(s->rid, sizeof s->rid, "%.90s", line + 4);
+        }
+    fclose(f);
+}
 
 static struct sbx *mk_spec(dsec_sandbox_spec *spec)
 {
@@ -199,6 +222,7 @@ static struct sbx *mk_spec(dsec_sandbox_spec *spec)
     dsec_err err;
     if (dsec_container_ops.create(ct, spec, &s->h, &s->bstate, &err) < 0)
         fail_msg("create %s: %s", s->id, err.msg);
+    set_rid(s);
     return s;
 }
 
@@ -240,14 +264,24 @@ static void put_file(struct sbx *s, const char *path, const char *data)
         fail_msg("write %s: %s", path, err.msg);
 }
 
-/* Nothing of sandbox id is left: mounts, cgroups, runtime state, files, processes. */
-static void assert_gone(const char *id, const int *pids, int npids)
+/* Nothing of sandbox id (runtime id rid, or NULL: id) is left: mounts, cgroups, runtime
+ * state, files, processes. */
+static void assert_gone(const char *id, const char *rid, const int *pids, int npids)
 {
     char out[4096];
     host(out, sizeof out, "grep -c '%s/sb/%s' /proc/self/mountinfo", state_dir, id);
     assert_int_equal(atoi(out), 0);
-    host(out, sizeof out, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE "/%s 2>/dev/null | wc -l", id);
-    assert_int_equal(atoi(out), 0);
+    for (int k = 0; k < 2; k++) {
+        const char *name = k == 0 || rid == NULL ? id : rid;
+        host(out, sizeof out, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE "/%s 2>/dev/null | wc -l",
+             name);
+        assert_int_equal(atoi(out), 0);
+        char rp[512];
+        snprintf(rp, sizeof rp, "%s/run/%s", state_dir, name);
+        assert_int_not_equal(access(rp, F_OK), 0);
+        snprintf(rp, sizeof rp, "%s/pool/%s", state_dir, name);
+        assert_int_not_equal(access(rp, F_OK), 0);
+    }
     char p[512];
     snprintf(p, sizeof p, "%s/sb/%s", state_dir, id);
     assert_int_not_equal(access(p, F_OK), 0);
@@ -265,7 +299,7 @@ static void assert_gone(const char *id, const int *pids, int npids)
     }
 }
 
-/* The host pids of a sandbox's processes (from its pids cgroup). */
+/* The host pids of a sandbox's processes (from its pids cgroup; id: its runtime id). */
 static int sb_pids(const char *id, int *pids, int max)
 {
     char p[256];
@@ -286,12 +320,12 @@ static int sb_pids(const char *id, int *pids, int max)
 static void drop(struct sbx *s)
 {
     int pids[64];
-    int n = sb_pids(s->id, pids, 64);
+    int n = sb_pids(s->rid, pids, 64);
     assert_true(n >= 1); /* at least the agent */
     dsec_err err;
     if (dsec_container_ops.destroy(ct, s->h, &err) < 0)
         fail_msg("destroy %s: %s", s->id, err.msg);
-    assert_gone(s->id, pids, n);
+    assert_gone(s->id, s->rid, pids, n);
     dsec_free(s->bstate);
     free(s);
 }
@@ -426,14 +460,14 @@ static void test_limits(void **state)
 {
     struct sbx *a = mk(64, 500);
     char p[512], out[4096];
-    cg_file("cpu", a->id, "cpu.cfs_quota_us", p, sizeof p);
+    cg_file("cpu", a->rid, "cpu.cfs_quota_us", p, sizeof p);
     if (access(p, F_OK) == 0)
         assert_int_equal(atoi(slurp(p)), 50000);
     else {
-        cg_file("cpu", a->id, "cpu.max", p, sizeof p);
+        cg_file("cpu", a->rid, "cpu.max", p, sizeof p);
         assert_int_equal(atoi(slurp(p)), 50000);
     }
-    cg_file("memory", a->id, "memory.limit_in_bytes", p, sizeof p);
+    cg_file("memory", a->rid, "memory.limit_in_bytes", p, sizeof p);
     if (access(p, F_OK) == 0)
         assert_int_equal(strtoull(slurp(p), NULL, 10), 64ull << 20);
 
@@ -448,10 +482,10 @@ static void test_limits(void **state)
             "i=0; while [ $i -lt 200 ]; do sleep 3 2>/dev/null & i=$((i+1)); done 2>/dev/null; "
             "echo done",
             out, sizeof out);
-    cg_file("pids", a->id, "pids.current", p, sizeof p);
+    cg_file("pids", a->rid, "pids.current", p, sizeof p);
     int cur = atoi(slurp(p));
     assert_true(cur <= PIDS_MAX);
-    cg_file("pids", a->id, "pids.events", p, sizeof p);
+    cg_file("pids", a->rid, "pids.events", p, sizeof p);
     assert_non_null(strstr(slurp(p), "max "));
     assert_true(atoi(strstr(slurp(p), "max ") + 4) > 0);
     printf("container: fork bomb held at %d processes (limit %d), %s", cur, PIDS_MAX, slurp(p));
@@ -505,6 +539,7 @@ static double fork_ms(struct sbx *p, size_t n, struct sbx **kids)
     for (size_t i = 0; i < n; i++) {
         kids[i]->h = ch[i];
         kids[i]->bstate = st[i];
+        set_rid(kids[i]);
     }
     return (t1 - t0) / 1000.0;
 }
@@ -705,6 +740,7 @@ static void test_snapshot_restore(void **state)
     dsec_sandbox_spec rs = {.id = r->id, .type = "container", .memory_mb = 128};
     if (dsec_container_ops.restore(ct, &rs, path, &r->h, &r->bstate, &err) < 0)
         fail_msg("restore: %s", err.msg);
+    set_rid(r);
     const char *check = "cat /work/keep.txt; for f in /work/__pycache__ /work/y.pyc /tmp/junk "
                         "/work/.cache /bin/vi; do [ -e $f ] && echo has $f; done; [ -d /tmp ] "
                         "&& echo tmp; echo $DSEC_TEST";
@@ -739,7 +775,7 @@ static void test_pause_resume(void **state)
     snprintf(count, sizeof count, "%s/upper/sb/%s/upper/tmp/count", state_dir, a->id);
     dsec_err err;
     assert_int_equal(dsec_container_ops.pause(ct, a->h, &err), 0);
-    cg_file("freezer", a->id, "freezer.state", freezer, sizeof freezer);
+    cg_file("freezer", a->rid, "freezer.state", freezer, sizeof freezer);
     if (access(freezer, F_OK) == 0)
         assert_string_equal(slurp(freezer), "FROZEN\n");
     int c1 = atoi(slurp(count));
@@ -781,6 +817,7 @@ static void *par_create(void *arg)
         snprintf(p->err, sizeof p->err, "create: %s", err.msg);
         return NULL;
     }
+    set_rid(p->s);
     const char *argv[] = {"/bin/echo", "ok"};
     dsec_exec_req req = {.argv = argv, .argc = 2};
     dsec_exec_result res;
@@ -834,7 +871,7 @@ static void test_parallel_creates(void **state)
     for (int i = 0; i < N; i++) {
         if (ps[i].s->h != NULL)
             fail_msg("sandbox %d: %s", i, ps[i].err);
-        assert_gone(ps[i].s->id, NULL, 0);
+        assert_gone(ps[i].s->id, ps[i].s->rid, NULL, 0);
         dsec_free(ps[i].s->bstate);
         free(ps[i].s);
     }
@@ -884,12 +921,12 @@ static void test_failed_create(void **state)
     assert_null(bs);
     assert_non_null(strstr(err.msg, "sha256:0000"));
     printf("container: missing layer: %s\n", err.msg);
-    assert_gone(id, NULL, 0);
+    assert_gone(id, NULL, NULL, 0);
     /* an unknown environment */
     dsec_sandbox_spec s2 = {.id = id, .type = "container", .env = "nope:1"};
     assert_int_equal(dsec_container_ops.create(ct, &s2, &h, &bs, &err), -1);
     assert_non_null(strstr(err.msg, "nope:1"));
-    assert_gone(id, NULL, 0);
+    assert_gone(id, NULL, NULL, 0);
     /* a bad id */
     dsec_sandbox_spec s3 = {.id = "a/../b", .type = "container", .env = "busybox:1"};
     assert_int_equal(dsec_container_ops.create(ct, &s3, &h, &bs, &err), -1);
@@ -917,7 +954,83 @@ static void test_failed_create(void **state)
     } else {
         printf("container: broken environment: %s\n", err.msg);
     }
-    assert_gone(id, NULL, 0);
+    assert_gone(id, NULL, NULL, 0);
+}
+
+/* A create takes a warm container (started ahead on an empty root) and switches its root to
+ * the sandbox's overlay: the sandbox has its own hostname, files, limits and environment
+ * defaults and sees nothing of the empty root; destroy removes the warm container with it.
+ * With warm_pool=0 every create starts its own container. */
+static void test_warm_pool(void **state)
+{
+    char out[512];
+    for (int i = 0; i < 300; i++) { /* the pool fills in the background */
+        host(out, sizeof out, "ls %s/pool | grep -c '^w'", state_dir);
+        if (atoi(out) > 0)
+            break;
+        usleep(100000);
+    }
+    char *layers[] = {NULL};
+    dsec_env *base = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_layer_registry_env_get(reg, "busybox:1", &base, &err), 0);
+    layers[0] = base->layers[0];
+    dsec_layer_format fmts[] = {DSEC_LAYER_DIR};
+    char *vars[] = {"WARM=yes", "PATH=/bin"};
+    dsec_env warm = {.name = "warmtest:1",
+                     .layers = layers,
+                     .formats = fmts,
+                     .nlayers = 1,
+                     .vars = vars,
+                     .nvars = 2,
+                     .workdir = "/tmp",
+                     .user = "nobody"};
+    assert_int_equal(dsec_layer_registry_env_put(reg, &warm, &err), 0);
+    dsec_env_free(base);
+    dsec_sandbox_spec spec = {.env = "warmtest:1", .memory_mb = 96};
+    struct sbx *s = mk_spec(&spec);
+    assert_int_equal(s->rid[0], 'w');
+    assert_string_not_equal(s->rid, s->id);
+    assert_int_equal(sh(s,
+                        "hostname; pwd; id -u; echo $WARM; ls -a /.dsec | tr '\n' ' '; echo; "
+                        "echo $(grep -c -e /.dsec/root -e /pool/ /proc/self/mountinfo); "
+                        "echo hi > /tmp/w",
+                        out, sizeof out),
+                     0);
+    char want[256];
+    snprintf(want, sizeof want, "%s\n/tmp\n65534\nyes\n. .. agent \n0\n", s->id);
+    assert_string_equal(out, want);
+    /* its writes land in its own upper layer */
+    char p[512];
+    snprintf(p, sizeof p, "%s/upper/sb/%s/upper/tmp/w", state_dir, s->id);
+    assert_string_equal(slurp(p), "hi\n");
+    /* and the agent's own root is that overlay (only the agent is left in its cgroup) */
+    int pids[8];
+    assert_int_equal(sb_pids(s->rid, pids, 8), 1);
+    snprintf(p, sizeof p, "/proc/%d/root/tmp/w", pids[0]);
+    assert_string_equal(slurp(p), "hi\n");
+    cg_file("memory", s->rid, "memory.limit_in_bytes", p, sizeof p);
+    if (access(p, F_OK) != 0)
+        cg_file("memory", s->rid, "memory.max", p, sizeof p);
+    assert_int_equal(strtoull(slurp(p), NULL, 10), 96ull << 20);
+    drop(s);
+
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    warm_pool = "0";
+    assert_int_equal(open_backend(), 0);
+    struct sbx *c = mk(64, 0);
+    assert_string_equal(c->rid, c->id);
+    assert_int_equal(sh(c, "hostname", out, sizeof out), 0);
+    snprintf(want, sizeof want, "%s\n", c->id);
+    assert_string_equal(out, want);
+    host(out, sizeof out, "ls %s/pool | grep -c '^w'", state_dir);
+    assert_int_equal(atoi(out), 0);
+    drop(c);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    warm_pool = NULL;
+    assert_int_equal(open_backend(), 0);
 }
 
 /* Entries in the store's snapshot dir. */
@@ -945,7 +1058,7 @@ static void test_sweep(void **state)
     fork_ms(p, 2, c);
     assert_int_equal(nsnaps(), 1);
     int pids[64];
-    int npids = sb_pids(c[1]->id, pids, 64);
+    int npids = sb_pids(c[1]->rid, pids, 64);
     assert_true(npids >= 1);
     /* and what crashes mid-operation leave: a bundle without meta, a
      * snapshot no one took, a half-written layer blob */
@@ -970,8 +1083,8 @@ static void test_sweep(void **state)
     assert_int_equal(nsnaps(), 2);
     /* the first create after that reclaims the rest */
     struct sbx *q = mk(64, 0);
-    assert_gone(c[1]->id, pids, npids);
-    assert_gone(stray, NULL, 0);
+    assert_gone(c[1]->id, c[1]->rid, pids, npids);
+    assert_gone(stray, NULL, NULL, 0);
     char path[512];
     snprintf(path, sizeof path, "%s/pack-x1.blob", state_dir);
     assert_int_not_equal(access(path, F_OK), 0);
@@ -1104,6 +1217,7 @@ int main(void)
         cmocka_unit_test_setup(test_crash_adopt, need_root),
         cmocka_unit_test_setup(test_sweep, need_root),
         cmocka_unit_test_setup(test_disk_quota, need_root),
+        cmocka_unit_test_setup(test_warm_pool, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -790,16 +790,18 @@ static void probe(struct sbx *s, const char *args, const char *const *whats, siz
 
 #define NWHATS(a) (sizeof(a) / sizeof(a)[0])
 
-/* The host pid of sandbox s's agent: the container's init, pid 1 in its namespace. */
+/* The host pid of sandbox s's agent: the container's init, pid 1 in its namespace, found in
+ * the cgroup of its runtime id (its record's rid, a warm container's, or its id). */
 static int agent_pid(struct sbx *s)
 {
     char out[256];
     if (host(
             out, sizeof out,
-            "for p in $(cat /sys/fs/cgroup/pids/dsec-ct-" NODE "/%s/cgroup.procs "
-            "/sys/fs/cgroup/dsec-ct-" NODE "/%s/cgroup.procs 2>/dev/null); do "
+            "r=$(sed -n 's/^rid //p' %s/meta); r=${r:-%s}; "
+            "for p in $(cat /sys/fs/cgroup/pids/dsec-ct-" NODE "/$r/cgroup.procs "
+            "/sys/fs/cgroup/dsec-ct-" NODE "/$r/cgroup.procs 2>/dev/null); do "
             "grep -q 'NSpid:.*[[:space:]]1$' /proc/$p/status 2>/dev/null && echo $p && break; done",
-            s->id, s->id) != 0)
+            s->bstate, s->id) != 0)
         return -1;
     return atoi(out);
 }

@@ -933,3 +933,30 @@ int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec
     dsec_free(frame);
     return rc;
 }
+
+int dsec_agent_setup(dsec_agent *a, const char *const *vars, size_t n, const char *workdir,
+                     const char *user, dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    if (n > DSEC__AGENT_ENV_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "agent setup: %zu variables (most %u)", n,
+                            DSEC__AGENT_ENV_MAX);
+    size_t wl = strlen(workdir), ul = strlen(user), len = 4 + 4 + wl + 4 + ul;
+    for (size_t i = 0; i < n; i++)
+        len += 4 + strlen(vars[i]);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_SETUP, len, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u32(p, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        p = dsec__agent_put_bytes(p, vars[i], strlen(vars[i]));
+    p = dsec__agent_put_bytes(p, workdir, wl);
+    p = dsec__agent_put_bytes(p, user, ul);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}

@@ -66,6 +66,11 @@ typedef void (*dsec_agent_output_fn)(void *arg, int stream, const uint8_t *data,
 int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
                     void *arg, dsec_exec_result *res, dsec_err *err);
 
+/* Give an agent started ahead (a warm pool's, without --env/--workdir/--user) the defaults
+ * of the sandbox it now serves: vars ("K=V"; when n > 0 they are the whole base environment),
+ * workdir and user (checked against the sandbox's /etc/passwd). Once per agent. */
+int dsec_agent_setup(dsec_agent *a, const char *const *vars, size_t n, const char *workdir,
+                     const char *user, dsec_err *err);
 /* Send sig to the process group of every command the agent is running. */
 int dsec_agent_kill(const char *path, int sig, dsec_err *err);
 

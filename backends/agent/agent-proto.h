@@ -98,6 +98,9 @@ enum {
     DSEC__AGENT_T_FSTAT = 21,
     DSEC__AGENT_T_FREMOVE = 22,
     DSEC__AGENT_T_SYNC = 23,
+    /* u32 count, count "K=V" strings, workdir, user: the sandbox's process defaults, given
+     * once to an agent started ahead for a warm pool, after its root was switched */
+    DSEC__AGENT_T_SETUP = 24,
 };
 
 /* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */

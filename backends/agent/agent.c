@@ -156,6 +156,7 @@ static struct {
     size_t nbase_env;
     const char *workdir;
     const char *default_user;
+    bool set_up; /* SETUP was answered: the defaults are final */
     struct conn *conns;
     struct cmd *cmds;
     struct conn *dead_conns;
@@ -1098,6 +1099,76 @@ static void handle_sync(struct conn *c, uint32_t id, dsec__agent_rd *r)
     send_hello(c, id);
 }
 
+/* The process defaults of the sandbox this agent now serves, given once by the node to an
+ * agent of the warm pool after its root became the sandbox's: the base environment (when any
+ * variable is given: exactly those, as --env), the working directory and the user, which must
+ * exist in the new root's /etc/passwd (as --user). */
+static void handle_setup(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    if (g.set_up) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "setup: the defaults are already set");
+        return;
+    }
+    uint32_t n = dsec__agent_get_u32(r);
+    if (n > DSEC__AGENT_ENV_MAX) {
+        send_error(c, id, DSEC__AGENT_ERR_TOO_LARGE, 0, "setup: %" PRIu32 " variables (most %u)", n,
+                   DSEC__AGENT_ENV_MAX);
+        return;
+    }
+    const uint8_t *start = r->p;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t l;
+        const char *kv = dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &l);
+        if (kv != NULL && (l == 0 || kv[0] == '=' || memchr(kv, '=', l) == NULL)) {
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "setup: variable %" PRIu32 " is not K=V",
+                       i);
+            return;
+        }
+    }
+    size_t wl, ul;
+    const char *wd = dsec__agent_get_str(r, DSEC__AGENT_PATH_MAX, &wl);
+    const char *us = dsec__agent_get_str(r, DSEC__AGENT_USER_MAX, &ul);
+    if (wd == NULL || us == NULL || !dsec__agent_done(r) || wl == 0 || ul == 0) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "setup: malformed request");
+        return;
+    }
+    char user[DSEC__AGENT_USER_MAX + 1];
+    memcpy(user, us, ul);
+    user[ul] = 0;
+    struct ident ident;
+    const char *why = resolve_user(user, &ident);
+    if (why) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "--user %s: %s", user, why);
+        return;
+    }
+    if (n > 0) {
+        char **env = xrealloc(NULL, (n + 1) * sizeof *env);
+        size_t ne = 0;
+        dsec__agent_rd r2 = {.p = start, .end = r->end};
+        for (uint32_t i = 0; i < n; i++) {
+            size_t l;
+            const char *kv = dsec__agent_get_str(&r2, DSEC__AGENT_ARG_LEN_MAX, &l);
+            char *copy = xrealloc(NULL, l + 1);
+            memcpy(copy, kv, l);
+            copy[l] = 0;
+            env_set(&env, &ne, copy);
+        }
+        env[ne] = NULL;
+        g.base_env = env; /* the old one stays: main's, or the runtime's environ */
+        g.nbase_env = ne;
+    }
+    char *w = xrealloc(NULL, wl + 1), *u = xrealloc(NULL, ul + 1);
+    memcpy(w, wd, wl);
+    w[wl] = 0;
+    memcpy(u, user, ul + 1);
+    g.workdir = w;
+    g.default_user = u;
+    g.set_up = true;
+    if (chdir("/") < 0) /* the new root, whatever the old cwd was */
+        logmsg("setup: chdir /: %s", strerror(errno));
+    send_ok(c, id, 0);
+}
+
 static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
 {
     uint32_t sig = dsec__agent_get_u32(r);
@@ -1497,6 +1568,9 @@ static void handle_frame(struct conn *c, uint8_t type, uint32_t id, const uint8_
         break;
     case DSEC__AGENT_T_SYNC:
         handle_sync(c, id, &r);
+        break;
+    case DSEC__AGENT_T_SETUP:
+        handle_setup(c, id, &r);
         break;
     case DSEC__AGENT_T_FWRITE:
         handle_fwrite(c, id, &r);

@@ -41,6 +41,15 @@ struct ct_snap {
     struct ct_snap *next;
 };
 
+/* A warm container: started ahead on an empty root, its agent connected (container-pool.c). */
+struct ct_warm {
+    char rid[DSEC_SBX_ID_LEN_MAX + 1]; /* its runtime id: <warm_prefix><n> */
+    char dir[PATH_MAX];                /* S/pool/<rid>: its bundle */
+    pid_t init;                        /* its agent, on the host */
+    dsec_agent *agent;
+    struct ct_warm *next;
+};
+
 /* One open instance. Everything but the snapshot table is set at init and
  * read-only afterwards, so sandboxes on different threads share it freely. */
 struct ct_backend {
@@ -81,6 +90,18 @@ struct ct_backend {
      * re-adopted all it will (it replays its journal before serving) */
     pthread_mutex_t sweep_lock;
     _Atomic bool swept;
+    /* the warm pool (container-pool.c): warm_target ready containers when the
+     * node has no network containment; guarded by warm_mu */
+    unsigned warm_target; /* option warm_pool */
+    char warm_prefix[16]; /* runtime ids of this instance's warm containers */
+    char pool_dir[PATH_MAX];
+    pthread_mutex_t warm_mu;
+    pthread_cond_t warm_cond;
+    struct ct_warm *warm;
+    unsigned nwarm;
+    unsigned long long warm_seq; /* under lock */
+    bool warm_init, warm_stop, warm_thread;
+    pthread_t warm_th;
 };
 
 /* One lower layer of a sandbox: a registry layer (held in the layer cache)
@@ -105,6 +126,8 @@ struct ct_env {
 
 struct dsec_sandbox {
     char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char rid[DSEC_SBX_ID_LEN_MAX + 1]; /* the runtime's and the cgroups' name: id, or the warm
+                                          container's it was started as */
     char dir[PATH_MAX];    /* S/sb/<id> */
     char subvol[PATH_MAX]; /* S/upper/sb/<id> */
     struct ct_env env;
@@ -136,6 +159,9 @@ int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((for
 int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err *err);
 /* Read a small file into a NUL-terminated dsec_malloc'd string (caller frees). */
 char *dsec__ct_read_file(const char *path, size_t max);
+
+/* A listening unix socket at dir/name (cloexec). */
+int dsec__ct_listen_at(const char *dir, const char *name, dsec_err *err);
 
 /* ---- OCI config (container-oci.c) ---------------------------------------------------- */
 
@@ -174,6 +200,17 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
 /* The directory of the container's cgroup for one v1 controller dir (a be->cg_* field). */
 void dsec__ct_cg_path(const struct ct_backend *be, const char *ctrl_mount, const char *id,
                       char *out, size_t len);
+/* The host pid of the container's init (the first pid in its cgroup), or -1. */
+pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id);
+/* Write memory (and no swap) and CPU limits to the running container's cgroups (0: none). */
+int dsec__ct_cg_limits(const struct ct_backend *be, const char *id, uint64_t memory_mb,
+                       uint64_t cpu_milli, dsec_err *err);
+/* Make root_fd (a detached mount) the root of the running container whose init is init: from
+ * a helper in its namespaces, set its hostname, attach root_fd, move /proc, /dev, /sys and the
+ * agent's bind into it, pivot_root and detach the old root. Every process of the container
+ * (the agent) then has root_fd's tree as its root. */
+int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t init, int root_fd,
+                            const char *hostname, dsec_err *err);
 /* Remove the instance's cgroup parent directories (when empty). */
 void dsec__ct_cg_cleanup(const struct ct_backend *be);
 
@@ -214,5 +251,24 @@ void dsec__ct_snap_unref(struct ct_backend *be, const char *name);
 int dsec__ct_snap_sweep(struct ct_backend *be);
 /* S/upper/snap/<name> (its upper/ is the lower layer). */
 void dsec__ct_snap_path(const struct ct_backend *be, const char *name, char *out, size_t len);
+
+/* ---- the warm pool (container-pool.c) --------------------------------------------------- */
+
+/* Set up the pool (S/pool, this instance's runtime-id prefix) and start its thread when
+ * warm_target > 0 and the node has no network containment. */
+int dsec__ct_pool_start(struct ct_backend *be, dsec_err *err);
+/* Stop the thread and remove every ready warm container. */
+void dsec__ct_pool_stop(struct ct_backend *be);
+/* A ready warm container, or NULL (none ready, or no pool); the pool starts another. */
+struct ct_warm *dsec__ct_pool_take(struct ct_backend *be);
+/* Remove a taken warm container that will not be used. */
+void dsec__ct_pool_give_up(struct ct_backend *be, struct ct_warm *w);
+/* How many are ready now. */
+unsigned dsec__ct_pool_ready(struct ct_backend *be);
+/* Whether a runtime id names a warm container (w<hex>.<n>; sandbox ids have no '.'). */
+bool dsec__ct_is_warm_rid(const char *name);
+/* Remove warm containers other instances left (not of this instance's prefix, not held by a
+ * sandbox: held(be, rid)). Returns how many went. */
+int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *, const char *));
 
 #endif

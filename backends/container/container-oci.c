@@ -302,7 +302,7 @@ int dsec__ct_oci_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec
     mounts(&b, be, sb);
     puts_(&b, ",\"linux\":{");
     resources(&b, be, sb);
-    putf(&b, ",\"cgroupsPath\":\"/%s/%s\"", be->cg_parent, sb->id);
+    putf(&b, ",\"cgroupsPath\":\"/%s/%s\"", be->cg_parent, sb->rid);
     puts_(&b, ",\"namespaces\":[{\"type\":\"pid\"},{\"type\":\"ipc\"},{\"type\":\"uts\"},"
               "{\"type\":\"mount\"},{\"type\":\"cgroup\"},{\"type\":\"network\"");
     /* with containment: the namespace the node prepared (veth, policy);

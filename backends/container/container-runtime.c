@@ -14,6 +14,7 @@
 #include <sys/mount.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -349,7 +350,7 @@ int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int l
     off_t start = lseek(fd, 0, SEEK_END);
     const char *argv[] = {be->runtime, "--root",         be->run_root, "run",
                           "--detach",  "--preserve-fds", "1",          "--bundle",
-                          sb->dir,     sb->id,           NULL};
+                          sb->dir,     sb->rid,          NULL};
     pid_t pid = spawn(argv, be->rt_fd, be->hybrid, listen_fd, fd, root_fd, root_at);
     int e = errno;
     close(fd);
@@ -605,4 +606,200 @@ void dsec__ct_cg_cleanup(const struct ct_backend *be)
         rmdir(dir);
     }
     dsec_free(all);
+}
+
+/* ---- warm containers ----------------------------------------------------------------- */
+
+/* The first pid in the container's cgroup: its init (the agent) while nothing else runs. */
+pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id)
+{
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
+    dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
+    dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
+    char *s = dsec__ct_read_file(file, 64);
+    long pid = s != NULL ? strtol(s, NULL, 10) : 0;
+    dsec_free(s);
+    return pid > 0 ? (pid_t)pid : -1;
+}
+
+static int cg_write(const char *dir, const char *file, const char *val, dsec_err *err)
+{
+    char p[PATH_MAX * 2 + 64];
+    dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
+    if (write_str(p, val) < 0)
+        return dsec_err_set(err, DSEC_E_BACKEND, errno, "container: writing %s to %s", val, p);
+    return 0;
+}
+
+int dsec__ct_cg_limits(const struct ct_backend *be, const char *id, uint64_t memory_mb,
+                       uint64_t cpu_milli, dsec_err *err)
+{
+    char dir[PATH_MAX * 2], v[64];
+    bool v1 = be->cg_mode == CT_CG_V1;
+    if (memory_mb != 0) {
+        /* as the OCI config asks: memory + swap capped at the limit, so no swap */
+        dsec__ct_cg_path(be, be->cg_memory, id, dir, sizeof dir);
+        dsec__ct_fmt(v, sizeof v, "%" PRIu64, memory_mb << 20);
+        if (cg_write(dir, v1 ? "memory.limit_in_bytes" : "memory.max", v, err) < 0)
+            return -1;
+        if (v1 && be->memsw && cg_write(dir, "memory.memsw.limit_in_bytes", v, err) < 0)
+            return -1;
+        if (!v1 && cg_write(dir, "memory.swap.max", "0", err) < 0)
+            return -1;
+    }
+    if (cpu_milli != 0) {
+        uint64_t quota = cpu_milli * 100; /* of a 100 ms period, as dsec__ct_oci_write */
+        if (quota < 1000)
+            quota = 1000;
+        dsec__ct_cg_path(be, be->cg_cpu, id, dir, sizeof dir);
+        if (v1) {
+            dsec__ct_fmt(v, sizeof v, "%" PRIu64, quota);
+            if (cg_write(dir, "cpu.cfs_period_us", "100000", err) < 0 ||
+                cg_write(dir, "cpu.cfs_quota_us", v, err) < 0)
+                return -1;
+        } else {
+            dsec__ct_fmt(v, sizeof v, "%" PRIu64 " 100000", quota);
+            if (cg_write(dir, "cpu.max", v, err) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The steps of a root switch, as the helper reports its failure. */
+static const char *const switch_steps[] = {
+    "",
+    "entering its uts namespace",
+    "setting the hostname",
+    "entering its mount namespace",
+    "attaching the new root at /.dsec/root",
+    "making mount points in the new root",
+    "moving /proc, /dev, /sys and the agent into the new root",
+    "pivot_root",
+    "detaching the old root",
+};
+
+static void __attribute__((noreturn)) switch_fail(int fd, int step)
+{
+    int msg[2] = {step, errno};
+    (void)!write(fd, msg, sizeof msg);
+    _exit(1);
+}
+
+/* The mount points the new root needs: dirs, and the agent's file. */
+static int switch_points(void)
+{
+    static const char *const dirs[] = {"/.dsec/root/proc", "/.dsec/root/dev", "/.dsec/root/sys",
+                                       "/.dsec/root/.dsec"};
+    static const mode_t modes[] = {0555, 0755, 0555, 0755};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+        if (mkdir(dirs[i], modes[i]) < 0 && errno != EEXIST)
+            return -1;
+    int fd = open("/.dsec/root/.dsec/agent", O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+struct switch_args {
+    int mnt, uts, root_fd, out;
+    const char *hostname;
+    size_t hl;
+};
+
+/* The helper: a thread-like child sharing the node's memory (no page tables copied, nothing
+ * to tear down at exit) but with its own fs_struct, which setns into a mount namespace needs.
+ * Only system calls here: the node's other threads go on meanwhile. */
+static int switch_child(void *arg)
+{
+    const struct switch_args *a = arg;
+    if (setns(a->uts, CLONE_NEWUTS) < 0)
+        switch_fail(a->out, 1);
+    if (sethostname(a->hostname, a->hl) < 0)
+        switch_fail(a->out, 2);
+    if (setns(a->mnt, CLONE_NEWNS) < 0) /* root and cwd: the container's root */
+        switch_fail(a->out, 3);
+    if (move_mount(a->root_fd, "", AT_FDCWD, "/.dsec/root", MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        switch_fail(a->out, 4);
+    if (switch_points() < 0)
+        switch_fail(a->out, 5);
+    /* each with what is mounted below it: proc's masks and read-only paths,
+     * devpts, shm, mqueue, the cgroup mounts */
+    if (mount("/proc", "/.dsec/root/proc", NULL, MS_MOVE, NULL) < 0 ||
+        mount("/dev", "/.dsec/root/dev", NULL, MS_MOVE, NULL) < 0 ||
+        mount("/sys", "/.dsec/root/sys", NULL, MS_MOVE, NULL) < 0 ||
+        mount("/.dsec/agent", "/.dsec/root/.dsec/agent", NULL, MS_MOVE, NULL) < 0)
+        switch_fail(a->out, 6);
+    /* every process whose root was the old one (the agent) gets the new */
+    if (chdir("/.dsec/root") < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
+        switch_fail(a->out, 7);
+    if (umount2(".", MNT_DETACH) < 0)
+        switch_fail(a->out, 8);
+    _exit(0);
+}
+
+int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t init, int root_fd,
+                            const char *hostname, dsec_err *err)
+{
+    (void)be;
+    char p[64];
+    dsec__ct_fmt(p, sizeof p, "/proc/%d/ns/mnt", (int)init);
+    int mnt = open(p, O_RDONLY | O_CLOEXEC);
+    dsec__ct_fmt(p, sizeof p, "/proc/%d/ns/uts", (int)init);
+    int uts = open(p, O_RDONLY | O_CLOEXEC);
+    int pfd[2] = {-1, -1};
+    enum { STACK = 64 << 10 };
+    void *stack = MAP_FAILED;
+    if (mnt >= 0 && uts >= 0 && pipe2(pfd, O_CLOEXEC) == 0)
+        stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+                     -1, 0);
+    if (stack == MAP_FAILED) {
+        int e = errno;
+        if (mnt >= 0)
+            close(mnt);
+        if (uts >= 0)
+            close(uts);
+        if (pfd[0] >= 0) {
+            close(pfd[0]);
+            close(pfd[1]);
+        }
+        return dsec_err_set(err, DSEC_E_BACKEND, e,
+                            "container: the namespaces of warm container %s (init %d)", id,
+                            (int)init);
+    }
+    struct switch_args a = {.mnt = mnt,
+                            .uts = uts,
+                            .root_fd = root_fd,
+                            .out = pfd[1],
+                            .hostname = hostname,
+                            .hl = strlen(hostname)};
+    /* CLONE_VFORK: this thread waits until the child has exited */
+    pid_t pid = clone(switch_child, (char *)stack + STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    int e = errno;
+    munmap(stack, STACK);
+    close(pfd[1]);
+    close(mnt);
+    close(uts);
+    if (pid < 0) {
+        close(pfd[0]);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting the root switch helper");
+    }
+    int msg[2] = {0, 0};
+    ssize_t n;
+    while ((n = read(pfd[0], msg, sizeof msg)) < 0 && errno == EINTR)
+        ;
+    close(pfd[0]);
+    int st = wait_status(pid);
+    if (st == 0)
+        return 0;
+    if (n == (ssize_t)sizeof msg && msg[0] > 0 &&
+        msg[0] < (int)(sizeof switch_steps / sizeof switch_steps[0]))
+        return dsec_err_set(err, DSEC_E_BACKEND, msg[1],
+                            "container: switching the root of warm container %s: %s", id,
+                            switch_steps[msg[0]]);
+    return dsec_err_set(err, DSEC_E_BACKEND, 0,
+                        "container: switching the root of warm container %s: the helper ended "
+                        "with status %d",
+                        id, st);
 }

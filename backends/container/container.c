@@ -376,6 +376,8 @@ static int write_meta(const dsec_sandbox *sb, dsec_err *err)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", tmp);
     fprintf(f, "dsec-container 1\n");
     put_esc(f, "id", sb->id);
+    if (strcmp(sb->rid, sb->id) != 0)
+        put_esc(f, "rid", sb->rid);
     fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\ndisk_mb %" PRIu64 "\n", sb->cpu_milli,
             sb->memory_mb, sb->disk_mb);
     put_esc(f, "snapshot_name", sb->snapshot_name);
@@ -400,6 +402,10 @@ static int meta_line(void *arg, const char *key, char *val, dsec_err *err)
         if (dsec_name_ok(val, DSEC_SBX_ID_LEN_MAX) < 0)
             return dsec_err_set(err, DSEC_E_DECODE, 0, "container: meta names a bad id");
         dsec__ct_fmt(sb->id, sizeof sb->id, "%s", val);
+    } else if (strcmp(key, "rid") == 0) {
+        if (!dsec__ct_is_warm_rid(val) || strlen(val) >= sizeof sb->rid)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "container: meta names a bad runtime id");
+        dsec__ct_fmt(sb->rid, sizeof sb->rid, "%s", val);
     } else if (strcmp(key, "cpu_milli") == 0) {
         sb->cpu_milli = strtoull(val, NULL, 10);
     } else if (strcmp(key, "memory_mb") == 0) {
@@ -470,7 +476,7 @@ static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
 
 static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
                                  "layer_cache_gb, snapshot_exclude, start_timeout_ms, "
-                                 "cgroup_favordynmods, runtime_memfd";
+                                 "cgroup_favordynmods, runtime_memfd, warm_pool";
 
 static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
                       uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
@@ -480,6 +486,7 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
     be->start_timeout_ms = 15000;
     be->favordynmods = true;
     be->rt_memfd = true;
+    be->warm_target = 8;
     *upper_gb = 64;
     *cache_gb = 0;
     char excl[1024] = "";
@@ -514,7 +521,11 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
             rc = dsec_backend_opt_bool(k, v, &be->favordynmods, err);
         else if (strcmp(key, "runtime_memfd") == 0)
             rc = dsec_backend_opt_bool(k, v, &be->rt_memfd, err);
-        else if (mine)
+        else if (strcmp(key, "warm_pool") == 0) {
+            uint64_t n;
+            rc = opt_u64(k, v, 0, 4096, &n, err);
+            be->warm_target = (unsigned)n;
+        } else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
                               known_opts);
         if (rc < 0)
@@ -588,6 +599,8 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
             goto fail;
         }
     }
+    if (dsec__ct_pool_start(be, err) < 0)
+        goto fail;
     *self = be;
     return 0;
 fail:
@@ -600,6 +613,7 @@ static void ct_fini(void *self)
     struct ct_backend *be = self;
     if (be == NULL)
         return;
+    dsec__ct_pool_stop(be);
     dsec_layer_cache_free(be->cache);
     while (be->snaps != NULL) {
         struct ct_snap *s = be->snaps;
@@ -634,6 +648,7 @@ static dsec_sandbox *sb_new(const char *id, dsec_err *err)
         return NULL;
     }
     dsec__ct_fmt(sb->id, sizeof sb->id, "%s", id);
+    memcpy(sb->rid, sb->id, sizeof sb->rid);
     return sb;
 }
 
@@ -723,13 +738,24 @@ static bool live_has(struct ct_backend *be, const char *id)
     return s != NULL;
 }
 
+/* Whether a sandbox this instance holds runs as runtime id rid (a warm container it took). */
+static bool live_has_rid(struct ct_backend *be, const char *rid)
+{
+    pthread_mutex_lock(&be->lock);
+    dsec_sandbox *s = be->live;
+    while (s != NULL && strcmp(s->rid, rid) != 0)
+        s = s->live_next;
+    pthread_mutex_unlock(&be->lock);
+    return s != NULL;
+}
+
 /* Undo whatever of sb's start-up was done; frees sb on success. */
 static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     dsec_agent_free(sb->agent);
     sb->agent = NULL;
     if (sb->started) {
-        if (dsec__ct_rt_delete(be, sb->id, err) < 0)
+        if (dsec__ct_rt_delete(be, sb->rid, err) < 0)
             return -1;
         sb->started = false;
     }
@@ -781,6 +807,27 @@ static void sb_abandon(struct ct_backend *be, dsec_sandbox *sb)
  * no held sandbox references goes (children re-adopted have re-referenced
  * theirs), and so do half-written snapshot blobs.
  */
+/* The runtime id an orphan's meta names, if it has one (a warm container it took). */
+static void meta_rid(dsec_sandbox *sb)
+{
+    char mp[PATH_MAX + 16];
+    dsec__ct_fmt(mp, sizeof mp, "%s/meta", sb->dir);
+    char *text = dsec__ct_read_file(mp, 1u << 20);
+    const char *r = text != NULL ? strstr(text, "\nrid ") : NULL;
+    if (r != NULL) {
+        r += 5;
+        size_t n = strcspn(r, "\n");
+        char rid[sizeof sb->rid];
+        if (n < sizeof rid) {
+            memcpy(rid, r, n);
+            rid[n] = '\0';
+            if (dsec__ct_is_warm_rid(rid))
+                memcpy(sb->rid, rid, sizeof rid);
+        }
+    }
+    dsec_free(text);
+}
+
 static int sweep_dir(struct ct_backend *be, const char *dir, bool blobs)
 {
     DIR *d = opendir(dir);
@@ -802,7 +849,9 @@ static int sweep_dir(struct ct_backend *be, const char *dir, bool blobs)
         if (sb == NULL)
             break;
         dsec__ct_fmt(sb->id, sizeof sb->id, "%s", e->d_name);
+        memcpy(sb->rid, sb->id, sizeof sb->rid);
         sb_paths(be, sb);
+        meta_rid(sb);
         /* everything may exist: each step of teardown copes with its absence */
         sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
         dsec_err err;
@@ -831,6 +880,7 @@ static void sweep_once(struct ct_backend *be)
         n += sweep_dir(be, p, false);
         n += sweep_dir(be, be->run_root, false);
         sweep_dir(be, be->state_dir, true);
+        n += dsec__ct_pool_sweep(be, live_has_rid);
         int snaps = dsec__ct_snap_sweep(be);
         if (n > 0 || snaps > 0)
             fprintf(stderr,
@@ -844,7 +894,7 @@ static void sweep_once(struct ct_backend *be)
 
 /* A listening unix socket at path (through /proc/self/fd: host paths can be
  * longer than sun_path). */
-static int listen_at(const char *dir, const char *name, dsec_err *err)
+int dsec__ct_listen_at(const char *dir, const char *name, dsec_err *err)
 {
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
@@ -889,13 +939,55 @@ static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_
     }
     if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         return -1;
-    int lfd = listen_at(sb->dir, "agent.sock", err);
+    int lfd = dsec__ct_listen_at(sb->dir, "agent.sock", err);
     if (lfd < 0)
         return -1;
     sb->started = true; /* from here a half-made container may exist: delete it on failure */
     int rc = dsec__ct_rt_start(be, sb, lfd, root_fd, err);
     close(lfd);
     return rc;
+}
+
+/* sb_start's second half from a warm container w (consumed): its directory becomes sb's, its
+ * root sb's overlay (root_fd), its cgroups get sb's limits and its agent sb's defaults. */
+static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, int root_fd,
+                   dsec_err *err)
+{
+    char rootfs[PATH_MAX + 16];
+    dsec__ct_fmt(rootfs, sizeof rootfs, "%s/rootfs", sb->dir);
+    /* sb->dir holds only rootfs/, unused here: the overlay goes into the container */
+    if (rmdir(rootfs) < 0 || rename(w->dir, sb->dir) < 0) {
+        int e = errno;
+        dsec__ct_pool_give_up(be, w);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: taking a warm container as %s", sb->dir);
+    }
+    memcpy(sb->rid, w->rid, sizeof sb->rid);
+    sb->started = true; /* teardown deletes the warm container from here on */
+    sb->agent = w->agent;
+    pid_t init = w->init;
+    dsec_free(w);
+    /* the record first: a crash from here on leaves a sandbox naming its runtime id */
+    uint64_t t0 = dsec__ct_now_ns();
+    if (write_meta(sb, err) < 0)
+        return -1;
+    uint64_t t1 = dsec__ct_now_ns();
+    if (dsec__ct_rt_switch_root(be, sb->rid, init, root_fd, sb->id, err) < 0)
+        return -1;
+    uint64_t t2 = dsec__ct_now_ns();
+    if (dsec__ct_cg_limits(be, sb->rid, sb->memory_mb, sb->cpu_milli, err) < 0)
+        return -1;
+    uint64_t t3 = dsec__ct_now_ns();
+    if (dsec_agent_setup(sb->agent, (const char *const *)sb->env.vars, sb->env.nvars,
+                         sb->env.workdir != NULL ? sb->env.workdir : "/",
+                         sb->env.user != NULL ? sb->env.user : "root", err) < 0)
+        return dsec_err_wrap(err, "container: the agent refused the sandbox's defaults");
+    if (be->trace)
+        fprintf(stderr,
+                "dsec container: warm %s as %s: meta %.2f ms, root switch %.2f ms, limits %.2f "
+                "ms, agent %.2f ms\n",
+                sb->id, sb->rid, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                (double)(t3 - t2) / 1e6, (double)(dsec__ct_now_ns() - t3) / 1e6);
+    return 0;
 }
 
 /* Bring sb (id, env, limits set) up; on failure the caller abandons it.
@@ -943,6 +1035,17 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     if (rc < 0)
         return -1;
     uint64_t t1 = dsec__ct_now_ns();
+    /* a warm container when one is ready and nothing needs the cold path:
+     * network containment, or a kernel without detached mounts */
+    struct ct_warm *w = root_fd >= 0 && sb->nnet == 0 ? dsec__ct_pool_take(be) : NULL;
+    if (w != NULL) {
+        rc = sb_warm(be, sb, w, root_fd, err);
+        close(root_fd);
+        if (rc == 0 && be->trace)
+            fprintf(stderr, "dsec container: start %s: root %.2f ms, warm container %.2f ms\n",
+                    sb->id, (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t1) / 1e6);
+        return rc;
+    }
     rc = sb_launch(be, sb, root_fd, err);
     if (root_fd >= 0)
         close(root_fd);
@@ -963,7 +1066,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
                         (double)(dsec__ct_now_ns() - t2) / 1e6);
             return 0;
         }
-        if (!dsec__ct_alive(be, sb->id)) {
+        if (!dsec__ct_alive(be, sb->rid)) {
             char lp[PATH_MAX + 16];
             dsec__ct_fmt(lp, sizeof lp, "%s/agent.log", sb->dir);
             char *log = dsec__ct_read_file(lp, 4096);
@@ -1174,12 +1277,12 @@ static int ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_fil
 
 static int ct_pause(void *self, dsec_sandbox *sb, dsec_err *err)
 {
-    return dsec__ct_freeze(self, sb->id, true, err);
+    return dsec__ct_freeze(self, sb->rid, true, err);
 }
 
 static int ct_resume(void *self, dsec_sandbox *sb, dsec_err *err)
 {
-    return dsec__ct_freeze(self, sb->id, false, err);
+    return dsec__ct_freeze(self, sb->rid, false, err);
 }
 
 /* A read-only snapshot of sb's upper subvolume, taken with sb frozen so no
@@ -1192,11 +1295,11 @@ static int freeze_snapshot(struct ct_backend *be, dsec_sandbox *sb, const char *
     dsec__ct_snap_path(be, name, dst, sizeof dst);
     dsec_err e2;
     /* an already paused sandbox stays paused */
-    bool paused = dsec__ct_frozen(be, sb->id);
-    if (!paused && dsec__ct_freeze(be, sb->id, true, err) < 0)
+    bool paused = dsec__ct_frozen(be, sb->rid);
+    if (!paused && dsec__ct_freeze(be, sb->rid, true, err) < 0)
         return -1;
     int rc = dsec__ct_subvol_snapshot(be, sb->subvol, dst, err);
-    if (!paused && dsec__ct_freeze(be, sb->id, false, rc < 0 ? &e2 : err) < 0 && rc == 0) {
+    if (!paused && dsec__ct_freeze(be, sb->rid, false, rc < 0 ? &e2 : err) < 0 && rc == 0) {
         dsec_err e3;
         dsec__ct_subvol_delete(be, dst, &e3);
         return -1;
@@ -1512,7 +1615,7 @@ static int ct_stats(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_
 {
     struct ct_backend *be = self;
     memset(out, 0, sizeof *out);
-    if (dsec__ct_cg_usage(be, sb->id, &out->cpu_used_us, &out->memory_bytes, err) < 0)
+    if (dsec__ct_cg_usage(be, sb->rid, &out->cpu_used_us, &out->memory_bytes, err) < 0)
         return -1;
     uint64_t now = dsec__ct_now_ns();
     if (sb->last_ns != 0 && now > sb->last_ns && out->cpu_used_us >= sb->last_cpu_us)
@@ -1550,6 +1653,8 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
     dsec_free(text);
     if (rc == 0 && sb->id[0] == '\0')
         rc = dsec_err_set(err, DSEC_E_DECODE, 0, "container: %s names no sandbox", mp);
+    if (rc == 0 && sb->rid[0] == '\0')
+        memcpy(sb->rid, sb->id, sizeof sb->rid);
     if (rc == 0 && spec != NULL && spec->id != NULL && strcmp(spec->id, sb->id) != 0)
         rc = dsec_err_set(err, DSEC_E_INVALID, 0, "container: the record is of sandbox %s", sb->id);
     if (rc == 0) {
@@ -1570,7 +1675,7 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
     sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
     char state[32] = "gone";
     dsec_err_clear(err);
-    int st = dsec__ct_rt_status(be, sb->id, state, sizeof state, err);
+    int st = dsec__ct_rt_status(be, sb->rid, state, sizeof state, err);
     if (st < 0 || (strcmp(state, "running") != 0 && strcmp(state, "paused") != 0)) {
         if (st == 0 || err->code == DSEC_E_NOT_FOUND) {
             dsec_err_set(err, DSEC_E_NOT_FOUND, 0,

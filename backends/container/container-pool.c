@@ -1,0 +1,266 @@
+/* container-pool.c - the warm pool: containers started ahead of need on an empty root, each
+ * with its agent up and connected. A create or fork child takes one and switches its root to
+ * the sandbox's overlay (dsec__ct_rt_switch_root) instead of paying a runtime start. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/container/container-int.h"
+#include "dsec/alloc.h"
+
+/* The empty root a warm container starts on: mount points for what the runtime mounts, and
+ * /.dsec/root, where the sandbox's overlay is attached before the pivot. */
+static int blank_root(const char *dir, dsec_err *err)
+{
+    static const char *const dirs[] = {"rootfs",     "rootfs/proc",  "rootfs/dev",
+                                       "rootfs/sys", "rootfs/.dsec", "rootfs/.dsec/root"};
+    char p[PATH_MAX + 32];
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        dsec__ct_fmt(p, sizeof p, "%s/%s", dir, dirs[i]);
+        if (mkdir(p, 0755) < 0 && errno != EEXIST)
+            return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", p);
+    }
+    dsec__ct_fmt(p, sizeof p, "%s/rootfs/.dsec/agent", dir);
+    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", p);
+    close(fd);
+    return 0;
+}
+
+/* Remove a warm container: its runtime container and cgroups, then its directory. */
+static void warm_remove(struct ct_backend *be, const char *rid, const char *dir)
+{
+    dsec_err err;
+    if (dsec__ct_rt_delete(be, rid, &err) < 0)
+        fprintf(stderr, "dsec container: removing warm container %s: %s\n", rid, err.msg);
+    else if (dir != NULL && dsec__ct_rmtree(dir) < 0)
+        fprintf(stderr, "dsec container: removing %s: %s\n", dir, strerror(errno));
+}
+
+static void warm_free(struct ct_backend *be, struct ct_warm *w)
+{
+    dsec_agent_free(w->agent);
+    warm_remove(be, w->rid, w->dir);
+    dsec_free(w);
+}
+
+/* Start one warm container: S/pool/<rid>, the runtime, the agent's hello. */
+static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
+{
+    struct ct_warm *w = dsec_calloc(1, sizeof *w);
+    dsec_sandbox *sb = dsec_calloc(1, sizeof *sb);
+    if (w == NULL || sb == NULL) {
+        dsec_free(w);
+        dsec_free(sb);
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: warm container record");
+        return NULL;
+    }
+    pthread_mutex_lock(&be->lock);
+    unsigned long long seq = ++be->warm_seq;
+    pthread_mutex_unlock(&be->lock);
+    dsec__ct_fmt(w->rid, sizeof w->rid, "%s%llu", be->warm_prefix, seq);
+    dsec__ct_fmt(w->dir, sizeof w->dir, "%s/%s", be->pool_dir, w->rid);
+    /* the config of a sandbox without layers, limits or network: numeric user 0
+     * (the empty root has no /etc/passwd), workdir / */
+    memcpy(sb->id, w->rid, sizeof sb->id);
+    memcpy(sb->rid, w->rid, sizeof sb->rid);
+    memcpy(sb->dir, w->dir, sizeof sb->dir);
+    char user[] = "0", workdir[] = "/";
+    sb->env.user = user;
+    sb->env.workdir = workdir;
+    bool started = false;
+    int rc = -1;
+    if (mkdir(w->dir, 0700) < 0) {
+        dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", w->dir);
+        goto out;
+    }
+    if (blank_root(w->dir, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
+        goto out;
+    int lfd = dsec__ct_listen_at(w->dir, "agent.sock", err);
+    if (lfd < 0)
+        goto out;
+    started = true;
+    rc = dsec__ct_rt_start(be, sb, lfd, -1, err);
+    close(lfd);
+    if (rc < 0)
+        goto out;
+    char sp[PATH_MAX + 16];
+    dsec__ct_fmt(sp, sizeof sp, "%s/agent.sock", w->dir);
+    rc = dsec_agent_connect(&w->agent, sp, be->start_timeout_ms, err);
+    if (rc == 0 && (w->init = dsec__ct_init_pid(be, w->rid)) < 0)
+        rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "container: warm container %s has no process",
+                          w->rid);
+out:
+    dsec_free(sb);
+    if (rc == 0)
+        return w;
+    dsec_agent_free(w->agent);
+    if (started)
+        warm_remove(be, w->rid, w->dir);
+    else
+        dsec__ct_rmtree(w->dir);
+    dsec_free(w);
+    return NULL;
+}
+
+static void *pool_main(void *arg)
+{
+    struct ct_backend *be = arg;
+    unsigned failures = 0;
+    pthread_mutex_lock(&be->warm_mu);
+    while (!be->warm_stop) {
+        if (be->nwarm >= be->warm_target) {
+            pthread_cond_wait(&be->warm_cond, &be->warm_mu);
+            continue;
+        }
+        pthread_mutex_unlock(&be->warm_mu);
+        dsec_err err;
+        struct ct_warm *w = warm_start(be, &err);
+        pthread_mutex_lock(&be->warm_mu);
+        if (w != NULL) {
+            failures = 0;
+            w->next = be->warm;
+            be->warm = w;
+            be->nwarm++;
+            continue;
+        }
+        /* said once per run of failures; tried again later, creates go cold meanwhile */
+        if (failures++ == 0)
+            fprintf(stderr, "dsec container: starting a warm container failed (retrying): %s\n",
+                    err.msg);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += failures < 10 ? 1 : 10;
+        if (!be->warm_stop)
+            pthread_cond_timedwait(&be->warm_cond, &be->warm_mu, &ts);
+    }
+    pthread_mutex_unlock(&be->warm_mu);
+    return NULL;
+}
+
+int dsec__ct_pool_start(struct ct_backend *be, dsec_err *err)
+{
+    pthread_mutex_init(&be->warm_mu, NULL);
+    pthread_cond_init(&be->warm_cond, NULL);
+    be->warm_init = true;
+    /* runtime ids of this instance: w<8 hex>.<n>; a sandbox id has no '.' */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned tag = (unsigned)(ts.tv_nsec ^ ts.tv_sec * 2654435761u ^ (unsigned)getpid() << 16);
+    dsec__ct_fmt(be->warm_prefix, sizeof be->warm_prefix, "w%08x.", tag);
+    dsec__ct_fmt(be->pool_dir, sizeof be->pool_dir, "%s/pool", be->state_dir);
+    if (mkdir(be->pool_dir, 0700) < 0 && errno != EEXIST)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->pool_dir);
+    if (be->warm_target == 0)
+        return 0;
+    if (be->net != NULL) {
+        /* a contained sandbox's network namespace is made for it before its
+         * runtime starts; warm containers cannot have it yet */
+        be->warm_target = 0;
+        return 0;
+    }
+    if (pthread_create(&be->warm_th, NULL, pool_main, be) != 0)
+        return dsec_err_set(err, DSEC_E_NOMEM, errno, "container: starting the warm pool thread");
+    be->warm_thread = true;
+    return 0;
+}
+
+void dsec__ct_pool_stop(struct ct_backend *be)
+{
+    if (!be->warm_init)
+        return;
+    pthread_mutex_lock(&be->warm_mu);
+    be->warm_stop = true;
+    pthread_cond_broadcast(&be->warm_cond);
+    pthread_mutex_unlock(&be->warm_mu);
+    if (be->warm_thread)
+        pthread_join(be->warm_th, NULL);
+    be->warm_thread = false;
+    while (be->warm != NULL) {
+        struct ct_warm *w = be->warm;
+        be->warm = w->next;
+        warm_free(be, w);
+    }
+    be->nwarm = 0;
+    pthread_cond_destroy(&be->warm_cond);
+    pthread_mutex_destroy(&be->warm_mu);
+    be->warm_init = false;
+}
+
+struct ct_warm *dsec__ct_pool_take(struct ct_backend *be)
+{
+    if (!be->warm_thread)
+        return NULL;
+    pthread_mutex_lock(&be->warm_mu);
+    struct ct_warm *w = be->warm;
+    if (w != NULL) {
+        be->warm = w->next;
+        be->nwarm--;
+        w->next = NULL;
+    }
+    pthread_cond_signal(&be->warm_cond); /* refill */
+    pthread_mutex_unlock(&be->warm_mu);
+    /* one that died while it waited (killed from outside) is no use */
+    if (w != NULL && kill(w->init, 0) < 0) {
+        warm_free(be, w);
+        return NULL;
+    }
+    return w;
+}
+
+void dsec__ct_pool_give_up(struct ct_backend *be, struct ct_warm *w)
+{
+    warm_free(be, w);
+}
+
+unsigned dsec__ct_pool_ready(struct ct_backend *be)
+{
+    if (!be->warm_init)
+        return 0;
+    pthread_mutex_lock(&be->warm_mu);
+    unsigned n = be->nwarm;
+    pthread_mutex_unlock(&be->warm_mu);
+    return n;
+}
+
+bool dsec__ct_is_warm_rid(const char *name)
+{
+    return name[0] == 'w' && strchr(name, '.') != NULL && strchr(name, '/') == NULL;
+}
+
+/* Warm containers of earlier instances (in the runtime's state and S/pool), except those
+ * that sandboxes re-adopted since (held(rid) says). Returns how many went. */
+int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *, const char *))
+{
+    int n = 0;
+    const char *dirs[2] = {be->run_root, be->pool_dir};
+    for (int k = 0; k < 2; k++) {
+        DIR *d = opendir(dirs[k]);
+        if (d == NULL)
+            continue;
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (!dsec__ct_is_warm_rid(e->d_name) ||
+                strncmp(e->d_name, be->warm_prefix, strlen(be->warm_prefix)) == 0 ||
+                held(be, e->d_name))
+                continue;
+            char dir[PATH_MAX + 300];
+            dsec__ct_fmt(dir, sizeof dir, "%s/%s", be->pool_dir, e->d_name);
+            warm_remove(be, e->d_name, dir);
+            n++;
+        }
+        closedir(d);
+    }
+    return n;
+}
