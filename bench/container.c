@@ -1,6 +1,7 @@
 /* container.c - make bench S=container: container sandboxes through the whole stack (client -> NATS ->
  * node -> crun/agent) beside raw crun on an equivalent bundle, measured in the same run. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -27,12 +28,17 @@
  *  1. create -> first exec ready: dsec_create of a busybox:1 container, then
  *     dsec_exec of `true`, sequentially (layers cached), against raw
  *     `crun run -d` of the same config.json with the agent replaced by sleep,
- *     on its own overlay of the same layers.
+ *     on its own overlay of the same layers. The node runs with a warm pool
+ *     of FORK_N containers (DSEC_BENCH_WARM_POOL), so creates take warm ones
+ *     and the pool refills between them.
  *  2. exec round trip of `true`: client -> NATS -> node -> agent, against raw
  *     `crun exec` into the raw container.
  *  3. fork: a sandbox holding FORK_GIB GiB of files forks into FORK_N
  *     children; ms per child, disk (upper store) and memory added per child.
  *     The same fork of an empty sandbox shows the cost does not grow with data.
+ *     Each fork starts with the pool full and every child takes a warm
+ *     container; memory per child is read once the pool is full again, so it
+ *     includes the containers started to replace those the fork took.
  *  4. density: idle containers created until DENSITY are live at once (or a
  *     create fails); memory per idle sandbox from MemAvailable.
  * crun runs the way the backend runs it: in a private mount namespace with
@@ -150,8 +156,20 @@ static int sh(const char *fmt, ...)
  * namespace, so it is read from the mountinfo of a process of the container
  * (found through its cgroup); mountinfo shows the lowers as lowerdir=a:b or
  * as one lowerdir+=x per layer. */
-static int lowerdirs_of(const char *id, char *out, size_t n)
+static int lowerdirs_of(const char *sb_dir, const char *sb_id, char *out, size_t n)
 {
+    /* its cgroups are named by its runtime id: a warm container's (meta's rid) or its id */
+    char id[256], mp0[2600], line0[512];
+    snprintf(id, sizeof id, "%s", sb_id);
+    snprintf(mp0, sizeof mp0, "%s/meta", sb_dir);
+    FILE *mf = fopen(mp0, "r");
+    while (mf != NULL && fgets(line0, sizeof line0, mf) != NULL)
+        if (strncmp(line0, "rid ", 4) == 0) {
+            line0[strcspn(line0, "\n")] = '\0';
+            snprintf(id, sizeof id, "%s", line0 + 4);
+        }
+    if (mf != NULL)
+        fclose(mf);
     char pat[2][600];
     snprintf(pat[0], sizeof pat[0], "/sys/fs/cgroup/pids/dsec-ct-*/%s/cgroup.procs", id);
     snprintf(pat[1], sizeof pat[1], "/sys/fs/cgroup/*dsec-ct-*/%s/cgroup.procs", id);
@@ -219,7 +237,7 @@ static int raw_prepare(raw *r, const char *root, const char *sb_dir, const char 
     if (snprintf(r->dir, sizeof r->dir, "%s/raw-%d", root, i) >= (int)sizeof r->dir)
         return -1;
     snprintf(r->id, sizeof r->id, "dsec-bench-raw-%d-%d", (int)getpid(), i);
-    if (lowerdirs_of(sb_id, lowers, sizeof lowers) < 0)
+    if (lowerdirs_of(sb_dir, sb_id, lowers, sizeof lowers) < 0)
         return -1;
     if (sh("mkdir -p %s/rootfs %s/upper %s/work", r->dir, r->dir, r->dir) != 0)
         return -1;
@@ -321,7 +339,34 @@ static uint64_t used_bytes(const char *path)
     return (uint64_t)(v.f_blocks - v.f_bfree) * v.f_frsize;
 }
 
-/* Fork sb into n children; ms per child; *disk and *mem get bytes added per child. */
+/* The node's warm pool: wait until it holds at least n ready containers (each marks its
+ * directory with "ready"), at most 120 s; returns the seconds waited. */
+static char g_pool[1300];
+static unsigned g_warm;     /* the node's option warm_pool */
+static double g_refill_s;   /* how long the pool took to refill after the last fork */
+static double wait_pool(unsigned n)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < 120) {
+        unsigned ready = 0;
+        DIR *d = opendir(g_pool);
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL) {
+            char p[1600];
+            snprintf(p, sizeof p, "%s/%s/ready", g_pool, e->d_name);
+            ready += e->d_name[0] == 'w' && access(p, F_OK) == 0;
+        }
+        if (d != NULL)
+            closedir(d);
+        if (ready >= n)
+            break;
+        usleep(20000);
+    }
+    return now_s() - t0;
+}
+
+/* Fork sb into n children; ms per child; *disk and *mem get bytes added per child, memory
+ * counted once the warm pool has started as many containers again as the fork took. */
 static double fork_children(dsec_client *cl, const char *id, unsigned n, const char *store, double *disk,
                             double *mem, char ***kids)
 {
@@ -339,6 +384,7 @@ static double fork_children(dsec_client *cl, const char *id, unsigned n, const c
     /* every child answers, so its container is really running */
     for (size_t i = 0; i < nk; i++)
         exec_true(cl, (*kids)[i], NULL, NULL);
+    g_refill_s = wait_pool(g_warm);
     uint64_t d1 = used_bytes(store), m1 = mem_available_kb();
     *disk = d1 > d0 ? (double)(d1 - d0) / n : 0;
     *mem = m0 > m1 ? (double)(m0 - m1) * 1024 / n : 0;
@@ -380,6 +426,13 @@ int main(void)
     snprintf(node.name, sizeof node.name, "ct-0");
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
+    /* warm containers for a whole fork: every child takes one */
+    const char *warm_env = getenv("DSEC_BENCH_WARM_POOL");
+    g_warm = warm_env ? (unsigned)atoi(warm_env) : FORK_N;
+    char warm_opt[16];
+    snprintf(warm_opt, sizeof warm_opt, "%u", g_warm);
+    node.opts[0] = (dsec_backend_kv){dsec_strdup("warm_pool"), dsec_strdup(warm_opt)};
+    node.nopts = 1;
     conf.nodes = dsec_calloc(1, sizeof node);
     conf.nodes[0] = node;
     conf.nnodes = 1;
@@ -395,6 +448,7 @@ int main(void)
         die("connecting", &err);
     char store[1200], sbroot[1200];
     snprintf(store, sizeof store, "%s/state/node-ct-0/container/upper", root);
+    snprintf(g_pool, sizeof g_pool, "%s/state/node-ct-0/container/pool", root);
     snprintf(sbroot, sizeof sbroot, "%s/state/node-ct-0/container/sb", root);
 
     /* warm-up: the layers enter the node's cache */
@@ -487,6 +541,7 @@ int main(void)
     char **kids = NULL;
     dsec_sandbox_info empty;
     make(cl, &empty);
+    wait_pool(g_warm);
     double ms_empty = fork_children(cl, empty.id, FORK_N, store, &disk_e, &mem_e, &kids);
     for (int i = 0; i < FORK_N; i++) {
         destroy(cl, kids[i]);
@@ -506,6 +561,7 @@ int main(void)
     if (dsec_exec(cl, full.id, &fo, &fr, &err) < 0 || fr.exit_code != 0)
         die("filling the sandbox", &err);
     dsec_exec_reply_release(&fr);
+    wait_pool(g_warm);
     double ms_full = fork_children(cl, full.id, FORK_N, store, &disk_f, &mem_f, &kids);
     /* a child sees the data */
     const char *ls[] = {"/bin/sh", "-c", "du -sm /data | cut -f1", NULL};
@@ -515,8 +571,12 @@ int main(void)
     printf("fork into %d children         empty: %6.2f ms/child   holding %u GiB: %6.2f ms/child "
            "(child sees %.*s MiB)\n",
            FORK_N, ms_empty, fork_gib, ms_full, (int)(fr.out_len ? fr.out_len - 1 : 0), (char *)fr.out);
-    printf("  added per child             disk %.1f KiB, memory %.1f KiB (MemAvailable)\n", disk_f / 1024,
-           mem_f / 1024);
+    printf("  added per child             disk %.1f KiB, memory %.1f KiB (MemAvailable, its warm container's "
+           "replacement included)\n",
+           disk_f / 1024, mem_f / 1024);
+    printf("  warm pool                   %u containers (option warm_pool), started again one at a time after "
+           "the fork in %.1f s (%.1f ms each)\n",
+           g_warm, g_refill_s, g_warm ? g_refill_s * 1000 / g_warm : 0);
     dsec_exec_reply_release(&fr);
     for (int i = 0; i < FORK_N; i++) {
         destroy(cl, kids[i]);
@@ -528,6 +588,7 @@ int main(void)
     destroy(cl, warm.id);
 
     /* 4. density */
+    wait_pool(g_warm);
     uint64_t m0 = mem_available_kb();
     char (*ids)[DSEC_ID_MAX] = dsec_calloc(density_target ? density_target : 1, DSEC_ID_MAX);
     size_t live = 0;
@@ -545,6 +606,7 @@ int main(void)
             printf("  density: %zu live (%.0f s)\n", live + 1, now_s() - d0);
     }
     double dens_s = now_s() - d0;
+    wait_pool(g_warm); /* the pool as full as at m0 */
     sleep(2);
     uint64_t m1 = mem_available_kb();
     double mib_per_idle = live ? (double)(m0 > m1 ? m0 - m1 : 0) / 1024 / (double)live : 0;
@@ -570,8 +632,9 @@ int main(void)
            "\"crun_run_p99_ms\":%.2f,\"exec_p50_ms\":%.3f,\"exec_p99_ms\":%.3f,\"crun_exec_p50_ms\":%.2f,"
            "\"crun_exec_p99_ms\":%.2f,\"host_spawn_p50_ms\":%.3f,\"fork_ms_per_child\":%.2f,\"fork_ms_per_child_empty\":%.2f,"
            "\"fork_disk_kib_per_child\":%.1f,\"fork_mem_kib_per_child\":%.1f,\"density\":%zu,"
-           "\"mib_per_idle\":%.2f}\n",
+           "\"mib_per_idle\":%.2f,\"warm_pool\":%u,\"warm_refill_ms_each\":%.1f}\n",
            create_p50, create_p99, crun_run_p50, crun_run_p99, exec_p50, exec_p99, crun_exec_p50, crun_exec_p99, spawn_floor,
-           ms_full, ms_empty, disk_f / 1024, mem_f / 1024, live, mib_per_idle);
+           ms_full, ms_empty, disk_f / 1024, mem_f / 1024, live, mib_per_idle, g_warm,
+           g_warm ? g_refill_s * 1000 / g_warm : 0);
     return 0;
 }

@@ -101,6 +101,10 @@ static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
     if (rc == 0 && (w->init = dsec__ct_init_pid(be, w->rid)) < 0)
         rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "container: warm container %s has no process",
                           w->rid);
+    if (rc == 0) { /* for operators (and the benchmark): S/pool/<rid>/ready is a ready one */
+        dsec__ct_fmt(sp, sizeof sp, "%s/ready", w->dir);
+        rc = dsec__ct_write_file(sp, "", 0, err);
+    }
 out:
     dsec_free(sb);
     if (rc == 0)

@@ -522,7 +522,7 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
         else if (strcmp(key, "runtime_memfd") == 0)
             rc = dsec_backend_opt_bool(k, v, &be->rt_memfd, err);
         else if (strcmp(key, "warm_pool") == 0) {
-            uint64_t n;
+            uint64_t n = be->warm_target;
             rc = opt_u64(k, v, 0, 4096, &n, err);
             be->warm_target = (unsigned)n;
         } else if (mine)
@@ -963,12 +963,16 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
     }
     memcpy(sb->rid, w->rid, sizeof sb->rid);
     sb->started = true; /* teardown deletes the warm container from here on */
+    dsec__ct_fmt(rootfs, sizeof rootfs, "%s/ready", sb->dir);
+    unlink(rootfs);
     sb->agent = w->agent;
     pid_t init = w->init;
     dsec_free(w);
-    /* the record first: a crash from here on leaves a sandbox naming its runtime id */
+    /* the record first: a crash from here on leaves a sandbox naming its runtime id; and
+     * config.json as a cold start would have written it (the warm container's own was of
+     * the empty root), for whoever inspects the bundle */
     uint64_t t0 = dsec__ct_now_ns();
-    if (write_meta(sb, err) < 0)
+    if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         return -1;
     uint64_t t1 = dsec__ct_now_ns();
     if (dsec__ct_rt_switch_root(be, sb->rid, init, root_fd, sb->id, err) < 0)
@@ -983,7 +987,7 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
         return dsec_err_wrap(err, "container: the agent refused the sandbox's defaults");
     if (be->trace)
         fprintf(stderr,
-                "dsec container: warm %s as %s: meta %.2f ms, root switch %.2f ms, limits %.2f "
+                "dsec container: warm %s as %s: meta+config %.2f ms, root switch %.2f ms, limits %.2f "
                 "ms, agent %.2f ms\n",
                 sb->id, sb->rid, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
                 (double)(t3 - t2) / 1e6, (double)(dsec__ct_now_ns() - t3) / 1e6);
