@@ -30,6 +30,8 @@
  *   S/run/               the runtime's state root (crun --root)
  *   S/sb/<id>/           the bundle: config.json, rootfs/ (the overlay), agent.sock,
  *                        agent.log, runtime.log, meta (what adopt needs)
+ *   S/pool/<rid>/        a warm container's bundle (rootfs/ an empty root, ready once its
+ *                        agent answered); renamed to S/sb/<id> when a sandbox takes it
  */
 
 enum { CT_CG_V1 = 1, CT_CG_V2 };
