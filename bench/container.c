@@ -166,7 +166,7 @@ static int lowerdirs_of(const char *sb_dir, const char *sb_id, char *out, size_t
     while (mf != NULL && fgets(line0, sizeof line0, mf) != NULL)
         if (strncmp(line0, "rid ", 4) == 0) {
             line0[strcspn(line0, "\n")] = '\0';
-            snprintf(id, sizeof id, "%s", line0 + 4);
+            snprintf(id, sizeof id, "%.200s", line0 + 4);
         }
     if (mf != NULL)
         fclose(mf);

@@ -728,22 +728,13 @@ static void live_del(struct ct_backend *be, dsec_sandbox *sb)
     pthread_mutex_unlock(&be->lock);
 }
 
-static bool live_has(struct ct_backend *be, const char *id)
+/* Whether a sandbox this instance holds has this id, or runs as this runtime id (a warm
+ * container it took; runtime ids of warm containers are never sandbox ids). */
+static bool live_has(struct ct_backend *be, const char *name)
 {
     pthread_mutex_lock(&be->lock);
     dsec_sandbox *s = be->live;
-    while (s != NULL && strcmp(s->id, id) != 0)
-        s = s->live_next;
-    pthread_mutex_unlock(&be->lock);
-    return s != NULL;
-}
-
-/* Whether a sandbox this instance holds runs as runtime id rid (a warm container it took). */
-static bool live_has_rid(struct ct_backend *be, const char *rid)
-{
-    pthread_mutex_lock(&be->lock);
-    dsec_sandbox *s = be->live;
-    while (s != NULL && strcmp(s->rid, rid) != 0)
+    while (s != NULL && strcmp(s->id, name) != 0 && strcmp(s->rid, name) != 0)
         s = s->live_next;
     pthread_mutex_unlock(&be->lock);
     return s != NULL;
@@ -798,15 +789,6 @@ static void sb_abandon(struct ct_backend *be, dsec_sandbox *sb)
         fprintf(stderr, "dsec container: cleaning up a failed sandbox %s: %s\n", sb->id, e2.msg);
 }
 
-/*
- * The sweep: what a node manager that crashed (or lost its journal) left and
- * never re-adopted. Any sandbox id with a bundle dir, an upper subvolume or a
- * runtime state dir that no record of this instance holds is an orphan: its
- * container is killed and everything of it removed, whether its meta is
- * readable or not (a create cut short left none). Then every fork snapshot
- * no held sandbox references goes (children re-adopted have re-referenced
- * theirs), and so do half-written snapshot blobs.
- */
 /* The runtime id an orphan's meta names, if it has one (a warm container it took). */
 static void meta_rid(dsec_sandbox *sb)
 {
@@ -828,6 +810,17 @@ static void meta_rid(dsec_sandbox *sb)
     dsec_free(text);
 }
 
+/*
+ * The sweep: what a node manager that crashed (or lost its journal) left and
+ * never re-adopted. Any sandbox id with a bundle dir, an upper subvolume or a
+ * runtime state dir that no record of this instance holds is an orphan: its
+ * container is killed and everything of it removed, whether its meta is
+ * readable or not (a create cut short left none); an orphan that took a warm
+ * container names its runtime id in its meta. Then the warm containers of
+ * earlier instances no held sandbox took, every fork snapshot no held
+ * sandbox references (children re-adopted have re-referenced theirs), and
+ * half-written snapshot blobs go.
+ */
 static int sweep_dir(struct ct_backend *be, const char *dir, bool blobs)
 {
     DIR *d = opendir(dir);
@@ -880,7 +873,7 @@ static void sweep_once(struct ct_backend *be)
         n += sweep_dir(be, p, false);
         n += sweep_dir(be, be->run_root, false);
         sweep_dir(be, be->state_dir, true);
-        n += dsec__ct_pool_sweep(be, live_has_rid);
+        n += dsec__ct_pool_sweep(be, live_has);
         int snaps = dsec__ct_snap_sweep(be);
         if (n > 0 || snaps > 0)
             fprintf(stderr,
