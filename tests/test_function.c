@@ -228,7 +228,7 @@ static void ok(struct sbx *s, const struct call *c, dsec_exec_result *r)
 
 static char *out_str(const dsec_exec_result *r)
 {
-    static char buf[1 << 16];
+    static _Thread_local char buf[1 << 16]; /* the concurrent-calls test runs 24 threads */
     size_t n = r->stdout_len < sizeof buf - 1 ? r->stdout_len : sizeof buf - 1;
     memcpy(buf, r->stdout_data ? (const char *)r->stdout_data : "", n);
     buf[n] = '\0';
@@ -237,7 +237,7 @@ static char *out_str(const dsec_exec_result *r)
 
 static char *err_str(const dsec_exec_result *r)
 {
-    static char buf[1 << 16];
+    static _Thread_local char buf[1 << 16]; /* the concurrent-calls test runs 24 threads */
     size_t n = r->stderr_len < sizeof buf - 1 ? r->stderr_len : sizeof buf - 1;
     memcpy(buf, r->stderr_data ? (const char *)r->stderr_data : "", n);
     buf[n] = '\0';
