@@ -1015,6 +1015,31 @@ static void test_warm_pool(void **state)
     assert_int_equal(strtoull(slurp(p), NULL, 10), 96ull << 20);
     drop(s);
 
+    /* the switch runs as the host's root on the sandbox's layers: a mount point that is a
+     * symlink (here /dev -> /tmp) is refused, and the failed create leaves nothing */
+    assert_int_equal(host(NULL, 0,
+                          "set -e; t=%s/linktree; mkdir -p $t/etc $t/tmp; ln -s /tmp $t/dev; "
+                          "cp %s/tree/etc/passwd $t/etc/",
+                          top, top),
+                     0);
+    char tree[128], blob[128];
+    snprintf(tree, sizeof tree, "%s/linktree", top);
+    snprintf(blob, sizeof blob, "%s/link.blob", top);
+    dsec_digest d;
+    assert_int_equal(dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err), 0);
+    assert_int_equal(dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err), 0);
+    char *llayers[] = {d};
+    dsec_env linked = {.name = "devlink:1", .layers = llayers, .formats = fmts, .nlayers = 1};
+    assert_int_equal(dsec_layer_registry_env_put(reg, &linked, &err), 0);
+    char lid[64];
+    snprintf(lid, sizeof lid, "cttest-%d-devlink", (int)getpid());
+    dsec_sandbox_spec ls = {.id = lid, .type = "container", .env = "devlink:1"};
+    dsec_sandbox *h = NULL;
+    char *bs = NULL;
+    assert_int_equal(dsec_container_ops.create(ct, &ls, &h, &bs, &err), -1);
+    assert_non_null(strstr(err.msg, "/proc, /dev, /sys and /.dsec must be directories"));
+    assert_gone(lid, NULL, NULL, 0);
+
     dsec_container_ops.fini(ct);
     ct = NULL;
     warm_pool = "0";

@@ -673,7 +673,8 @@ static const char *const switch_steps[] = {
     "setting the hostname",
     "entering its mount namespace",
     "attaching the new root at /.dsec/root",
-    "making mount points in the new root",
+    "making mount points in the new root (/proc, /dev, /sys and /.dsec must be directories, "
+    "/.dsec/agent a file)",
     "moving /proc, /dev, /sys and the agent into the new root",
     "pivot_root",
     "detaching the old root",
@@ -686,16 +687,27 @@ static void __attribute__((noreturn)) switch_fail(int fd, int step)
     _exit(1);
 }
 
-/* The mount points the new root needs: dirs, and the agent's file. */
+/* The mount points the new root needs: dirs, and the agent's file. The layers are the
+ * sandbox's, so none of them may be a symlink (this runs as the host's root, and a link
+ * would lead the mounts elsewhere): each must be a directory, the agent's file a file. */
 static int switch_points(void)
 {
     static const char *const dirs[] = {"/.dsec/root/proc", "/.dsec/root/dev", "/.dsec/root/sys",
                                        "/.dsec/root/.dsec"};
     static const mode_t modes[] = {0555, 0755, 0555, 0755};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        struct stat st;
         if (mkdir(dirs[i], modes[i]) < 0 && errno != EEXIST)
             return -1;
-    int fd = open("/.dsec/root/.dsec/agent", O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
+        if (lstat(dirs[i], &st) < 0)
+            return -1;
+        if (!S_ISDIR(st.st_mode)) {
+            errno = ENOTDIR;
+            return -1;
+        }
+    }
+    /* read-only: an existing one in a lower layer is not copied up */
+    int fd = open("/.dsec/root/.dsec/agent", O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0755);
     if (fd < 0)
         return -1;
     close(fd);
