@@ -49,6 +49,7 @@ struct ct_warm {
     char dir[PATH_MAX];                /* S/pool/<rid>: its bundle */
     pid_t init;                        /* its agent, on the host */
     dsec_agent *agent;
+    dsec_net_sbx *net; /* with network containment: its namespace, reaching nothing yet */
     struct ct_warm *next;
 };
 
@@ -92,8 +93,7 @@ struct ct_backend {
      * re-adopted all it will (it replays its journal before serving) */
     pthread_mutex_t sweep_lock;
     _Atomic bool swept;
-    /* the warm pool (container-pool.c): warm_target ready containers when the
-     * node has no network containment; guarded by warm_mu */
+    /* the warm pool (container-pool.c): warm_target ready containers; guarded by warm_mu */
     unsigned warm_target; /* option warm_pool */
     char warm_prefix[16]; /* runtime ids of this instance's warm containers */
     char pool_dir[PATH_MAX];
@@ -208,11 +208,11 @@ pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id);
 int dsec__ct_cg_limits(const struct ct_backend *be, const char *id, uint64_t memory_mb,
                        uint64_t cpu_milli, dsec_err *err);
 /* Make root_fd (a detached mount) the root of the running container whose init is init: from
- * a helper in its namespaces, set its hostname, attach root_fd, move /proc, /dev, /sys and the
- * agent's bind into it, pivot_root and detach the old root. Every process of the container
- * (the agent) then has root_fd's tree as its root. */
+ * a helper in its namespaces, set its hostname, attach root_fd, move /proc, /dev, /sys, the
+ * agent's bind (and with resolv, the /etc/resolv.conf bind) into it, pivot_root and detach the
+ * old root. Every process of the container (the agent) then has root_fd's tree as its root. */
 int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t init, int root_fd,
-                            const char *hostname, dsec_err *err);
+                            const char *hostname, bool resolv, dsec_err *err);
 /* Remove the instance's cgroup parent directories (when empty). */
 void dsec__ct_cg_cleanup(const struct ct_backend *be);
 
@@ -257,7 +257,7 @@ void dsec__ct_snap_path(const struct ct_backend *be, const char *name, char *out
 /* ---- the warm pool (container-pool.c) --------------------------------------------------- */
 
 /* Set up the pool (S/pool, this instance's runtime-id prefix) and start its thread when
- * warm_target > 0 and the node has no network containment. */
+ * warm_target > 0. */
 int dsec__ct_pool_start(struct ct_backend *be, dsec_err *err);
 /* Stop the thread and remove every ready warm container. */
 void dsec__ct_pool_stop(struct ct_backend *be);

@@ -23,18 +23,22 @@
 static int blank_root(const char *dir, dsec_err *err)
 {
     static const char *const dirs[] = {"rootfs",     "rootfs/proc",  "rootfs/dev",
-                                       "rootfs/sys", "rootfs/.dsec", "rootfs/.dsec/root"};
+                                       "rootfs/sys", "rootfs/.dsec", "rootfs/.dsec/root",
+                                       "rootfs/etc"};
     char p[PATH_MAX + 32];
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         dsec__ct_fmt(p, sizeof p, "%s/%s", dir, dirs[i]);
         if (mkdir(p, 0755) < 0 && errno != EEXIST)
             return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", p);
     }
-    dsec__ct_fmt(p, sizeof p, "%s/rootfs/.dsec/agent", dir);
-    int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
-    if (fd < 0)
-        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", p);
-    close(fd);
+    static const char *const files[] = {"rootfs/.dsec/agent", "rootfs/etc/resolv.conf"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        dsec__ct_fmt(p, sizeof p, "%s/%s", dir, files[i]);
+        int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", p);
+        close(fd);
+    }
     return 0;
 }
 
@@ -48,10 +52,19 @@ static void warm_remove(struct ct_backend *be, const char *rid, const char *dir)
         fprintf(stderr, "dsec container: removing %s: %s\n", dir, strerror(errno));
 }
 
+static void warm_net_detach(struct ct_warm *w)
+{
+    dsec_err err;
+    if (w->net != NULL && dsec_net_detach(w->net, &err) < 0)
+        fprintf(stderr, "dsec container: the network of warm container %s: %s\n", w->rid, err.msg);
+    w->net = NULL;
+}
+
 static void warm_free(struct ct_backend *be, struct ct_warm *w)
 {
     dsec_agent_free(w->agent);
     warm_remove(be, w->rid, w->dir);
+    warm_net_detach(w);
     dsec_free(w);
 }
 
@@ -85,6 +98,20 @@ static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
         dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", w->dir);
         goto out;
     }
+    /* with containment: a namespace of its own that reaches nothing, and the node's resolver
+     * in its /etc/resolv.conf, as a cold start would have (the sandbox that takes it renames
+     * it and sets its policy) */
+    if (be->net != NULL) {
+        if (dsec_net_attach(be->net, w->rid, NULL, NULL, 0, &w->net, err) < 0)
+            goto out;
+        sb->net = w->net;
+        char rc_path[PATH_MAX + 16], conf[96];
+        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", w->dir);
+        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
+                               dsec_net_sbx_resolver(w->net));
+        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
+            goto out;
+    }
     if (blank_root(w->dir, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         goto out;
     int lfd = dsec__ct_listen_at(w->dir, "agent.sock", err);
@@ -114,6 +141,7 @@ out:
         warm_remove(be, w->rid, w->dir);
     else
         dsec__ct_rmtree(w->dir);
+    warm_net_detach(w);
     dsec_free(w);
     return NULL;
 }
@@ -168,12 +196,6 @@ int dsec__ct_pool_start(struct ct_backend *be, dsec_err *err)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->pool_dir);
     if (be->warm_target == 0)
         return 0;
-    if (be->net != NULL) {
-        /* a contained sandbox's network namespace is made for it before its
-         * runtime starts; warm containers cannot have it yet */
-        be->warm_target = 0;
-        return 0;
-    }
     if (pthread_create(&be->warm_th, NULL, pool_main, be) != 0)
         return dsec_err_set(err, DSEC_E_NOMEM, errno, "container: starting the warm pool thread");
     be->warm_thread = true;

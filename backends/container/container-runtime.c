@@ -676,6 +676,8 @@ static const char *const switch_steps[] = {
     "making mount points in the new root (/proc, /dev, /sys and /.dsec must be directories, "
     "/.dsec/agent a file)",
     "moving /proc, /dev, /sys and the agent into the new root",
+    "making /etc/resolv.conf in the new root (/etc must be a directory)",
+    "moving /etc/resolv.conf into the new root",
     "pivot_root",
     "detaching the old root",
 };
@@ -714,8 +716,31 @@ static int switch_points(void)
     return 0;
 }
 
+/* With network containment: /etc/resolv.conf, where the node's resolver file is bound. A
+ * symlink there (systemd-resolved images) is replaced by a file: the bind hides it anyway. */
+static int switch_resolv(void)
+{
+    struct stat st;
+    if ((mkdir("/.dsec/root/etc", 0755) < 0 && errno != EEXIST) ||
+        lstat("/.dsec/root/etc", &st) < 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    if (lstat("/.dsec/root/etc/resolv.conf", &st) == 0 && S_ISLNK(st.st_mode) &&
+        unlink("/.dsec/root/etc/resolv.conf") < 0)
+        return -1;
+    int fd = open("/.dsec/root/etc/resolv.conf", O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
 struct switch_args {
     int mnt, uts, root_fd, out;
+    bool resolv;
     const char *hostname;
     size_t hl;
 };
@@ -744,15 +769,20 @@ static int switch_child(void *arg)
         mount("/.dsec/agent", "/.dsec/root/.dsec/agent", NULL, MS_MOVE, NULL) < 0)
         switch_fail(a->out, 6);
     /* every process whose root was the old one (the agent) gets the new */
-    if (chdir("/.dsec/root") < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
+    if (a->resolv && switch_resolv() < 0)
         switch_fail(a->out, 7);
-    if (umount2(".", MNT_DETACH) < 0)
+    if (a->resolv &&
+        mount("/etc/resolv.conf", "/.dsec/root/etc/resolv.conf", NULL, MS_MOVE, NULL) < 0)
         switch_fail(a->out, 8);
+    if (chdir("/.dsec/root") < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
+        switch_fail(a->out, 9);
+    if (umount2(".", MNT_DETACH) < 0)
+        switch_fail(a->out, 10);
     _exit(0);
 }
 
 int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t init, int root_fd,
-                            const char *hostname, dsec_err *err)
+                            const char *hostname, bool resolv, dsec_err *err)
 {
     (void)be;
     char p[64];
@@ -784,6 +814,7 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             .uts = uts,
                             .root_fd = root_fd,
                             .out = pfd[1],
+                            .resolv = resolv,
                             .hostname = hostname,
                             .hl = strlen(hostname)};
     /* CLONE_VFORK: this thread waits until the child has exited */

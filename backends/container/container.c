@@ -959,8 +959,15 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
     dsec__ct_fmt(rootfs, sizeof rootfs, "%s/ready", sb->dir);
     unlink(rootfs);
     sb->agent = w->agent;
+    sb->net = w->net; /* and detaches its network */
     pid_t init = w->init;
     dsec_free(w);
+    /* with containment: its namespace is now this sandbox's, with this sandbox's policy */
+    if (sb->net != NULL &&
+        (dsec_net_rename(sb->net, sb->id, sb->tenant, err) < 0 ||
+         (sb->nnet > 0 &&
+          dsec_net_set(sb->net, (const char *const *)sb->net_entries, sb->nnet, err) < 0)))
+        return -1;
     /* the record first: a crash from here on leaves a sandbox naming its runtime id; and
      * config.json as a cold start would have written it (the warm container's own was of
      * the empty root), for whoever inspects the bundle */
@@ -968,7 +975,7 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
     if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         return -1;
     uint64_t t1 = dsec__ct_now_ns();
-    if (dsec__ct_rt_switch_root(be, sb->rid, init, root_fd, sb->id, err) < 0)
+    if (dsec__ct_rt_switch_root(be, sb->rid, init, root_fd, sb->id, sb->net != NULL, err) < 0)
         return -1;
     uint64_t t2 = dsec__ct_now_ns();
     if (dsec__ct_cg_limits(be, sb->rid, sb->memory_mb, sb->cpu_milli, err) < 0)
@@ -1032,9 +1039,10 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     if (rc < 0)
         return -1;
     uint64_t t1 = dsec__ct_now_ns();
-    /* a warm container when one is ready and nothing needs the cold path:
-     * network containment, or a kernel without detached mounts */
-    struct ct_warm *w = root_fd >= 0 && sb->nnet == 0 ? dsec__ct_pool_take(be) : NULL;
+    /* a warm container when one is ready (and the kernel has detached mounts); a
+     * policy without containment is refused by the cold path */
+    struct ct_warm *w =
+        root_fd >= 0 && (be->net != NULL || sb->nnet == 0) ? dsec__ct_pool_take(be) : NULL;
     if (w != NULL) {
         rc = sb_warm(be, sb, w, root_fd, err);
         close(root_fd);

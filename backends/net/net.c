@@ -1451,6 +1451,25 @@ static bool keep_flow(void *ud, int family, const uint8_t *dst, uint8_t proto, u
     return false;
 }
 
+int dsec_net_rename(dsec_net_sbx *s, const char *id, const char *tenant, dsec_err *err)
+{
+    char *nid = dsec_strdup(id), *nt = dsec_strdup(tenant ? tenant : "");
+    if (nid == NULL || nt == NULL) {
+        dsec_free(nid);
+        dsec_free(nt);
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "network of %s: out of memory", id);
+    }
+    /* other threads read them (alerts, pins) only under n->lock */
+    pthread_mutex_lock(&s->net->lock);
+    char *oid = s->id, *ot = s->tenant;
+    s->id = nid;
+    s->tenant = nt;
+    pthread_mutex_unlock(&s->net->lock);
+    dsec_free(oid);
+    dsec_free(ot);
+    return 0;
+}
+
 int dsec_net_set(dsec_net_sbx *s, const char *const *entries, size_t count, dsec_err *err)
 {
     dsec_net *n = s->net;

@@ -116,6 +116,10 @@ int dsec_net_sweep(dsec_net *n, dsec_err *err);
  * once, and connections the new policy no longer allows are cut. */
 int dsec_net_set(dsec_net_sbx *s, const char *const *entries, size_t count, dsec_err *err);
 
+/* Give an attached sandbox's network another sandbox id and tenant (what alerts and
+ * messages name it by): a namespace made ahead for a warm container, taken by a sandbox. */
+int dsec_net_rename(dsec_net_sbx *s, const char *id, const char *tenant, dsec_err *err);
+
 /* The bind-mounted namespace to join (valid while attached). */
 const char *dsec_net_sbx_netns(const dsec_net_sbx *s);
 /* The resolver address to write into the sandbox's resolv.conf. */
