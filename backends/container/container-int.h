@@ -162,6 +162,8 @@ int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err
 /* Read a small file into a NUL-terminated dsec_malloc'd string (caller frees). */
 char *dsec__ct_read_file(const char *path, size_t max);
 
+/* dir/resolv.conf naming the node-local resolver of net (bound at /etc/resolv.conf). */
+int dsec__ct_resolv_write(const char *dir, const dsec_net_sbx *net, dsec_err *err);
 /* A listening unix socket at dir/name (cloexec). */
 int dsec__ct_listen_at(const char *dir, const char *name, dsec_err *err);
 

@@ -105,11 +105,7 @@ static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
         if (dsec_net_attach(be->net, w->rid, NULL, NULL, 0, &w->net, err) < 0)
             goto out;
         sb->net = w->net;
-        char rc_path[PATH_MAX + 16], conf[96];
-        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", w->dir);
-        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
-                               dsec_net_sbx_resolver(w->net));
-        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
+        if (dsec__ct_resolv_write(w->dir, w->net, err) < 0)
             goto out;
     }
     if (blank_root(w->dir, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)

@@ -911,19 +911,23 @@ static void sock_path(const dsec_sandbox *sb, char *out, size_t len)
     dsec__ct_fmt(out, len, "%s/agent.sock", sb->dir);
 }
 
+int dsec__ct_resolv_write(const char *dir, const dsec_net_sbx *net, dsec_err *err)
+{
+    char rc_path[PATH_MAX + 16], conf[96];
+    dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", dir);
+    int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
+                           dsec_net_sbx_resolver(net));
+    return dsec__ct_write_file(rc_path, conf, (size_t)len, err);
+}
+
 /* sb_start's second half: network, meta, config.json, the agent's socket,
  * the runtime (root_fd: the detached rootfs mount, or -1). */
 static int sb_launch(struct ct_backend *be, dsec_sandbox *sb, int root_fd, dsec_err *err)
 {
     if (be->net != NULL) {
         if (dsec_net_attach(be->net, sb->id, sb->tenant, (const char *const *)sb->net_entries,
-                            sb->nnet, &sb->net, err) < 0)
-            return -1;
-        char rc_path[PATH_MAX + 16], conf[96];
-        dsec__ct_fmt(rc_path, sizeof rc_path, "%s/resolv.conf", sb->dir);
-        int len = dsec__ct_fmt(conf, sizeof conf, "nameserver %s\noptions edns0\n",
-                               dsec_net_sbx_resolver(sb->net));
-        if (dsec__ct_write_file(rc_path, conf, (size_t)len, err) < 0)
+                            sb->nnet, &sb->net, err) < 0 ||
+            dsec__ct_resolv_write(sb->dir, sb->net, err) < 0)
             return -1;
     } else if (sb->nnet > 0) {
         return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
