@@ -768,12 +768,12 @@ static int switch_child(void *arg)
         mount("/sys", "/.dsec/root/sys", NULL, MS_MOVE, NULL) < 0 ||
         mount("/.dsec/agent", "/.dsec/root/.dsec/agent", NULL, MS_MOVE, NULL) < 0)
         switch_fail(a->out, 6);
-    /* every process whose root was the old one (the agent) gets the new */
     if (a->resolv && switch_resolv() < 0)
         switch_fail(a->out, 7);
     if (a->resolv &&
         mount("/etc/resolv.conf", "/.dsec/root/etc/resolv.conf", NULL, MS_MOVE, NULL) < 0)
         switch_fail(a->out, 8);
+    /* every process whose root was the old one (the agent) gets the new */
     if (chdir("/.dsec/root") < 0 || syscall(SYS_pivot_root, ".", ".") < 0)
         switch_fail(a->out, 9);
     if (umount2(".", MNT_DETACH) < 0)
