@@ -39,14 +39,23 @@ size_t sim_bucket_of(const sim_replay *r, double t)
 
 void sim_replay_error(sim_replay *r, const char *kind, double t)
 {
+    sim_replay_error_msg(r, kind, NULL, t);
+}
+
+void sim_replay_error_msg(sim_replay *r, const char *kind, const char *msg, double t)
+{
     pthread_mutex_lock(&r->mu);
     size_t i = 0;
     while (i < r->nerr_kinds && strcmp(r->err_kind[i], kind) != 0)
         i++;
     if (i == r->nerr_kinds && i < SIM_MAX_ERR_KINDS) {
         snprintf(r->err_kind[i], sizeof r->err_kind[i], "%s", kind);
+        r->err_first[i][0] = '\0';
         r->nerr_kinds++;
     }
+    if (i < SIM_MAX_ERR_KINDS && !r->err_first[i][0] && msg != NULL) /* the start of it is enough */
+        snprintf(r->err_first[i], sizeof r->err_first[i], "%.*s", (int)sizeof r->err_first[i] - 1,
+                 msg);
     if (i < SIM_MAX_ERR_KINDS)
         r->err_n[i]++;
     r->b[sim_bucket_of(r, t)].errors++;
@@ -149,17 +158,19 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
         atomic_store(&r->sbx[q->ix].state, SIM_SBX_FAILED);
     if (status < 0) {
         snprintf(kind, sizeof kind, "%s", dsec_code_name(err ? err->code : DSEC_E_INTERNAL));
-        sim_replay_error(r, kind, now);
+        sim_replay_error_msg(r, kind, err ? err->msg : NULL, now);
         return;
     }
     if (type && strcmp(type, "error") == 0) {
-        const char *code = err_code;
+        const char *code = err_code, *msg = NULL;
         dsec_msg_error e;
         dsec_err derr;
-        if (!code && len && dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, data, len, &e, &derr) == 0)
-            code = e.code;
+        if (len && dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, data, len, &e, &derr) == 0) {
+            code = code ? code : e.code;
+            msg = e.message;
+        }
         snprintf(kind, sizeof kind, "%s", code ? code : "error");
-        sim_replay_error(r, kind, now);
+        sim_replay_error_msg(r, kind, msg, now);
         /* a sandbox this replay made and has not destroyed is gone: something
          * else (a preemption, a crash) took it; counted once per sandbox */
         long cix = q->what == SIM_REQ_DESTROY ? q->ix : q->what == SIM_REQ_OP ? r->t->ops[q->ix].create_ix : -1;

@@ -103,6 +103,8 @@ struct sim_replay {
     _Atomic int stop;
     char err_kind[SIM_MAX_ERR_KINDS][80];
     uint64_t err_n[SIM_MAX_ERR_KINDS];
+    char err_first[SIM_MAX_ERR_KINDS]
+                  [200]; /* the first message of each kind, "" when it had none */
     size_t nerr_kinds;
     struct sim_node_load nodes[SIM_MAX_NODES];
     size_t nnodes;
@@ -114,6 +116,7 @@ struct sim_replay {
 };
 
 void sim_replay_error(struct sim_replay *r, const char *kind, double t);
+void sim_replay_error_msg(struct sim_replay *r, const char *kind, const char *msg, double t);
 size_t sim_bucket_of(const struct sim_replay *r, double t);
 /* jobs.c: queue a due SIM_OP_JOB (returns at once); stop every job (their
  * units are given back) and gather their figures; free what is left. */

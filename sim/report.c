@@ -196,8 +196,11 @@ text:;
     fprintf(t, "%-28s %12" PRIu64 "\n", "units released by jobs", res.job_units_released);
     fprintf(t, "%-28s %12" PRIu64 "\n", "units forced by the arbiter", res.job_units_forced);
     fprintf(t, "%-28s %12" PRIu64 "\n", "rollouts lost (preempted)", res.lost);
-    for (size_t i = 0; i < r->nerr_kinds; i++)
+    for (size_t i = 0; i < r->nerr_kinds; i++) {
         fprintf(t, "  error %-20.20s %12" PRIu64 "\n", r->err_kind[i], r->err_n[i]);
+        if (r->err_first[i][0])
+            fprintf(t, "    first: %s\n", r->err_first[i]);
+    }
     if (r->jobs.first_err[0])
         fprintf(t, "first job error: %s\n", r->jobs.first_err);
     fclose(t);

@@ -58,7 +58,7 @@ if [ "$PART" = jobs ]; then
     grep -q '"jobs":{"started":2,"failed":0,' "$J" || fail "jobs: $(cat "$J")"
     grep -q "\"reclaims_received\":$REQ,\"checkpoints\":$REQ," "$J" || fail "job side: $(cat "$J")"
     grep -q '"units_forced":0},"rollouts_lost":0,' "$J" || fail "forced units or lost rollouts: $(cat "$J")"
-    grep -q '"errors":0,' "$J" || fail "errors: $(cat "$J")"
+    grep -q '"errors":0,' "$J" || fail "errors: $(cat "$J") $(cat "$D/rep/report.txt")"
     grep -q '^  honoured  *[1-9]' "$D/rep/report.txt" || fail "text report: $(cat "$D/rep/report.txt")"
     if command -v gnuplot >/dev/null 2>&1; then
         [ -s "$D/rep/reclaims.png" ] || fail "no reclaims.png"
