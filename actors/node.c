@@ -402,8 +402,11 @@ static void send_created(dsec_node *n, const char *reply_to, const struct sbx *s
 /* ---- place: admission and create ------------------------------------------------ */
 
 /* Send a refused placement back to the scheduler that made it, which retries
- * elsewhere; without a scheduler, answer the client. */
-static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why)
+ * elsewhere; without a scheduler, answer the client. short_of names what the
+ * node lacked when it refused for room (NULL otherwise): a rollout refused
+ * for room everywhere it was tried waits for room instead of failing. */
+static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why,
+                   const char *short_of)
 {
     atomic_fetch_add(&n->refused, 1);
     const char *back = dsec_msg_reply(m);
@@ -423,6 +426,7 @@ static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why
     tried[p->tried.n] = n->name;
     p->tried = (dsec_strv){tried, p->tried.n + 1};
     p->reason = err.msg;
+    p->short_of = short_of;
     if (dsec_wire_send(n->actor, n->bus, back, NULL, DSEC_MSG_PLACE, p, p->c.req_id, &err) < 0)
         dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
     dsec_free(tried);
@@ -487,7 +491,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     if (tidx < 0 || !(n->offered & (1u << tidx)) || n->backends[tidx] == NULL) {
         char why[160];
         snprintf(why, sizeof why, "it does not offer sandbox type \"%s\"", tname);
-        refuse(n, m, &p, why);
+        refuse(n, m, &p, why, NULL);
         return;
     }
     uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
@@ -509,14 +513,14 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
             char why[160];
             snprintf(why, sizeof why, "label %s=%s does not match", p.c.affinity.k[i],
                      p.c.affinity.v[i]);
-            refuse(n, m, &p, why);
+            refuse(n, m, &p, why, NULL);
             return;
         }
     }
 
     struct sbx *s = dsec_calloc(1, sizeof *s);
     if (s == NULL) {
-        refuse(n, m, &p, "out of memory");
+        refuse(n, m, &p, "out of memory", NULL);
         return;
     }
     uint32_t retry = p.c.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)p.c.retry;
@@ -558,7 +562,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
                  " slots)", short_of, n->cpu_free, n->mem_free, n->slots_free);
         pthread_mutex_unlock(&n->mu);
         dsec_free(s);
-        refuse(n, m, &p, why);
+        refuse(n, m, &p, why, short_of);
         return;
     }
     n->cpu_free -= cpu;

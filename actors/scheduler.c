@@ -184,7 +184,9 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
 }
 
 /* Park a rollout create that found no room; tick_wait places it when
- * capacity frees (the arbiter reclaims it from preemptible jobs). */
+ * capacity frees (the arbiter reclaims it from preemptible jobs). Its wait
+ * began when it was first parked (parked_ms travels with the placement), so
+ * refusals after a wait do not restart it. */
 static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem)
 {
     if (s->conf.wait_ms == UINT32_MAX || p->c.cls == NULL || strcmp(p->c.cls, "rollout") != 0)
@@ -194,7 +196,13 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     dsec_msg_place fresh = *p;
     fresh.tried = (dsec_strv){0};
     fresh.reason = NULL;
+    fresh.short_of = NULL;
     fresh.attempt = 1;
+    uint64_t wall = dsec_wall_ns() / 1000000ull, t = now_ms();
+    fresh.parked_ms = p->parked_ms != 0 && p->parked_ms <= wall ? p->parked_ms : wall;
+    uint64_t waited = wall - fresh.parked_ms;
+    if (waited >= s->conf.wait_ms)
+        return false; /* it has had its wait */
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_err err;
@@ -207,7 +215,11 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
         dsec_buf_release(&b);
         return false;
     }
-    *w = (struct waiter){.since_ms = now_ms(), .cpu = cpu, .mem = mem, .tidx = tidx, .len = b.len};
+    *w = (struct waiter){.since_ms = waited < t ? t - waited : 0,
+                         .cpu = cpu,
+                         .mem = mem,
+                         .tidx = tidx,
+                         .len = b.len};
     memcpy(w->place, b.data, b.len);
     dsec_buf_release(&b);
     pthread_mutex_lock(&s->wmu);
@@ -220,7 +232,8 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     s->wait_cpu += cpu;
     s->wait_mem += mem;
     pthread_mutex_unlock(&s->wmu);
-    atomic_fetch_add(&s->n_waited, 1);
+    if (p->parked_ms == 0) /* a create is counted once, however often it waits */
+        atomic_fetch_add(&s->n_waited, 1);
     return true;
 }
 
@@ -518,15 +531,22 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_actor_count_error(a);
         return;
     }
-    if (p.attempt >= s->conf.max_attempts) {
-        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
-                p.attempt, p.reason ? p.reason : "no reason given");
-        quota_release(s, &p.c);
-        return;
-    }
     int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
     if (tidx < 0) {
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_INTERNAL, "refused placement of unknown type");
+        return;
+    }
+    if (p.attempt >= s->conf.max_attempts) {
+        /* Refused for room by the last node: this view was too hopeful (a node's
+         * report can count room that placements in flight already took). A
+         * rollout waits for room, as one that found none here does. */
+        uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : s->conf.default_cpu_milli;
+        uint64_t mem = p.c.memory_mb ? p.c.memory_mb : s->conf.default_memory_mb;
+        if (p.short_of != NULL && park(s, &p, tidx, cpu, mem))
+            return;
+        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
+                p.attempt, p.reason ? p.reason : "no reason given");
+        quota_release(s, &p.c);
         return;
     }
     p.attempt++;

@@ -142,6 +142,8 @@ typedef struct dsec_msg_place {
     const char *scheduler;
     dsec_strv tried;      /* nodes that already refused */
     const char *reason;   /* set by a node sending a refusal back: why it refused */
+    const char *short_of; /* a refusal for room: what the node lacked ("slots", "cpu", "memory") */
+    uint64_t parked_ms;   /* when a rollout first waited for room (ms since epoch), 0 if never */
 } dsec_msg_place;
 
 typedef struct dsec_msg_created {

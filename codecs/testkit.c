@@ -100,6 +100,8 @@ static void sample_a(int type, void *out)
         p->scheduler = "sched-c1-2";
         p->tried = STRV(tried_v);
         p->reason = "no memory";
+        p->short_of = "memory";
+        p->parked_ms = 1764806400000;
         break;
     }
     case DSEC_MSG_CREATED:

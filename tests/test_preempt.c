@@ -18,6 +18,7 @@
 #include "actors/cell.h"
 #include "actors/ticker.h"
 #include "actors/traj.h"
+#include "actors/wire.h"
 #include "bus/bus.h"
 #include "bus/js.h"
 #include "tests/fixture.h"
@@ -47,8 +48,11 @@ static void msleep(int ms)
     nanosleep(&ts, NULL);
 }
 
+static void stop_stale(void);
+
 static int test_teardown(void **state)
 {
+    stop_stale();
     for (int i = 0; i < 8; i++)
         dsec_job_free(live.jobs[i], true);
     for (int i = 0; i < 2; i++)
@@ -348,6 +352,160 @@ static void eviction_rate_is_capped(void **state)
     for (int i = 0; i < 500 && atomic_load(&t.done) < 4; i++)
         msleep(10);
     assert_int_equal(atomic_load(&t.done), 4); /* the others were told: capacity */
+}
+
+/* ---- refusals for room -------------------------------------------------------------------- */
+
+/* Three node managers that the scheduler believes have room and that refuse
+ * for room the first refuse_first placements each gets (all when negative),
+ * then create: a view whose reports count room that placements in flight have
+ * already taken. */
+#define NSTALE 3
+static struct {
+    dsec_actor *a;
+    int refuse_first;
+    _Atomic int places[NSTALE], refusals;
+} stale;
+
+static void stale_name(int i, char *out, size_t n)
+{
+    snprintf(out, n, "%s-f%d", live.conf.cell, i);
+}
+
+static void on_stale_place(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    int i = (int)(intptr_t)ud;
+    char name[96];
+    stale_name(i, name, sizeof name);
+    dsec_msg_place p;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0) {
+        fprintf(stderr, "stale node %s: %s\n", name, err.msg);
+        return;
+    }
+    int n = atomic_fetch_add(&stale.places[i], 1);
+    if (stale.refuse_first < 0 || n < stale.refuse_first) {
+        atomic_fetch_add(&stale.refusals, 1);
+        const char *tried[16];
+        uint32_t nt = p.tried.n < 15 ? p.tried.n : 15;
+        for (uint32_t k = 0; k < nt; k++)
+            tried[k] = p.tried.v[k];
+        tried[nt] = name;
+        p.tried = (dsec_strv){tried, nt + 1};
+        p.reason = "not enough cpu (free: 0 milli-CPU)";
+        p.short_of = "cpu";
+        if (dsec_wire_send(a, dsec_actor_bus(a), dsec_msg_reply(m), NULL, DSEC_MSG_PLACE, &p,
+                           p.c.req_id, &err) < 0)
+            fprintf(stderr, "stale node %s: refusal: %s\n", name, err.msg);
+        return;
+    }
+    char id[128];
+    snprintf(id, sizeof id, "%s-%016x", name, n);
+    dsec_msg_created c = {.id = id,
+                          .node = name,
+                          .type = "sim",
+                          .state = "running",
+                          .cell = live.conf.cell,
+                          .req_id = p.c.req_id};
+    if (dsec_wire_send(a, dsec_actor_bus(a), p.reply_to, NULL, DSEC_MSG_CREATED, &c, p.c.req_id,
+                       &err) < 0)
+        fprintf(stderr, "stale node %s: created: %s\n", name, err.msg);
+}
+
+/* A scheduler-only cell whose view holds the three stale nodes, each with room. */
+static void start_stale_cell(int refuse_first)
+{
+    start_cell(DSEC_ROLE_SCHEDULER, 0, 0);
+    memset(&stale, 0, sizeof stale);
+    stale.refuse_first = refuse_first;
+    dsec_bus *bus = dsec_cell_bus(live.cell);
+    dsec_err err;
+    assert_int_equal(dsec_actor_new(&stale.a, bus, "stale-nodes", &err), 0);
+    const char *types[] = {"sim"};
+    for (int i = 0; i < NSTALE; i++) {
+        char name[96], subj[256];
+        stale_name(i, name, sizeof name);
+        snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", name);
+        assert_int_equal(
+            dsec_actor_on(stale.a, subj, NULL, on_stale_place, (void *)(intptr_t)i, &err), 0);
+    }
+    dsec_sched_stats ss = {0};
+    for (int t = 0; t < 100 && ss.nodes < NSTALE; t++) {
+        for (int i = 0; i < NSTALE; i++) {
+            char name[96], subj[256];
+            stale_name(i, name, sizeof name);
+            dsec_msg_capacity c = {.node = name,
+                                   .cell = live.conf.cell,
+                                   .seq = 1,
+                                   .full = true,
+                                   .cpu_free_milli = 4000,
+                                   .mem_free_mb = 8192,
+                                   .slots_free = 100,
+                                   .cpu_milli = 4000,
+                                   .memory_mb = 8192,
+                                   .slots = 100,
+                                   .types = {types, 1},
+                                   .ts_ns = dsec_wall_ns()};
+            snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.node.%s.capacity", live.conf.cell,
+                     name);
+            assert_int_equal(
+                dsec_wire_send(stale.a, bus, subj, NULL, DSEC_MSG_CAPACITY, &c, NULL, &err), 0);
+        }
+        msleep(20);
+        dsec_sched_stats_get(dsec_cell_sched_at(live.cell, 0), &ss);
+    }
+    assert_int_equal(ss.nodes, NSTALE);
+}
+
+static void stop_stale(void)
+{
+    if (stale.a != NULL)
+        dsec_actor_free(stale.a);
+    stale.a = NULL;
+}
+
+/* Every node tried refused the rollout for room once: it waits, and is
+ * placed when a node admits it, rather than failing as refused. */
+static void rollout_refused_for_room_waits(void **state)
+{
+    start_stale_cell(1);
+    dsec_sandbox_info info;
+    dsec_err err;
+    if (create_rollout(1000, &info, &err) < 0)
+        fail_msg("rollout refused for room by every node: %s", err.msg);
+    assert_int_equal(atomic_load(&stale.refusals), NSTALE);
+    dsec_sched_stats ss;
+    dsec_sched_stats_get(dsec_cell_sched_at(live.cell, 0), &ss);
+    assert_int_equal(ss.waited, 1);
+    assert_int_equal(ss.waiting, 0);
+    stop_stale();
+}
+
+/* Nodes that refuse for room forever: the rollout's wait is bounded by
+ * wait_ms from its first wait, however often it is placed and refused; a
+ * create of another class is refused after max_attempts at once. */
+static void refusals_for_room_end_the_wait(void **state)
+{
+    wait_override = 1000;
+    start_stale_cell(-1);
+    dsec_sandbox_info info;
+    dsec_err err;
+    dsec_create_spec s = {
+        .type = "sim", .cpu_milli = 1000, .memory_mb = 256, .cls = "job", .cell = live.conf.cell};
+    assert_int_equal(dsec_create(live.client, &s, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_REFUSED);
+    assert_non_null(strstr(err.msg, "not enough cpu"));
+    assert_int_equal(atomic_load(&stale.refusals), 3);
+    uint64_t t0 = mono_ms();
+    assert_int_equal(create_rollout(1000, &info, &err), -1);
+    uint64_t took = mono_ms() - t0;
+    if (err.code != DSEC_E_REFUSED && err.code != DSEC_E_CAPACITY)
+        fail_msg("rollout: %s (%s)", err.msg, dsec_code_name(err.code));
+    assert_true(took >= 1000);
+    assert_true(took < 8000);
+    assert_true(atomic_load(&stale.refusals) > 3 + NSTALE); /* placed again after its first wait */
+    stop_stale();
 }
 
 /* ---- failover --------------------------------------------------------------------------- */
@@ -742,6 +900,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(cooperative_reclaim_never_a_rollout, test_teardown),
         cmocka_unit_test_teardown(missed_deadline_is_forced, test_teardown),
         cmocka_unit_test_teardown(eviction_rate_is_capped, test_teardown),
+        cmocka_unit_test_teardown(rollout_refused_for_room_waits, test_teardown),
+        cmocka_unit_test_teardown(refusals_for_room_end_the_wait, test_teardown),
         cmocka_unit_test_teardown(failover_reclaims_nothing_twice, test_teardown),
         cmocka_unit_test_teardown(fast_forward_runs_once, test_teardown),
         cmocka_unit_test_teardown(divergence_is_detected, test_teardown),
