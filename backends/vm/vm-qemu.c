@@ -294,7 +294,8 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     return 0;
 }
 
-bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+/* pid names a process that has not exited (a zombie has). */
+static bool proc_alive(pid_t pid)
 {
     if (pid <= 0)
         return false;
@@ -304,10 +305,16 @@ bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
     if (stat == NULL)
         return false;
     const char *rp = strrchr(stat, ')');
-    bool zombie = rp == NULL || rp[1] == '\0' || rp[2] == 'Z' || rp[2] == 'X';
+    bool alive = rp != NULL && rp[1] != '\0' && rp[2] != 'Z' && rp[2] != 'X';
     dsec_free(stat);
-    if (zombie)
+    return alive;
+}
+
+bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+{
+    if (!proc_alive(pid))
         return false;
+    char p[64];
     dsec__vm_fmt(p, sizeof p, "/proc/%d/cmdline", (int)pid);
     int fd = open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -331,6 +338,24 @@ bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
     return ours;
 }
 
+/* The process is alive and its command line still empty: it is inside its
+ * execve, which closes the start pipe (so dsec__vm_qemu_start has returned)
+ * before the new image's arguments are in place. */
+static bool execing(pid_t pid)
+{
+    if (!proc_alive(pid))
+        return false;
+    char p[64];
+    dsec__vm_fmt(p, sizeof p, "/proc/%d/cmdline", (int)pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char c;
+    ssize_t n = read(fd, &c, 1);
+    close(fd);
+    return n == 0;
+}
+
 static void msleep(unsigned ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -347,7 +372,7 @@ int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_e
             dsec__vm_qmp_close(&q);
             return 0;
         }
-        if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir)) {
+        if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir) && !execing(sb->pid)) {
             char p[PATH_MAX + 16], tail[512];
             dsec__vm_fmt(p, sizeof p, "%s/qemu.log", sb->dir);
             dsec__vm_log_tail(p, tail, sizeof tail);
