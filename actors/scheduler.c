@@ -534,6 +534,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
     if (tidx < 0) {
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_INTERNAL, "refused placement of unknown type");
+        quota_release(s, &p.c);
         return;
     }
     if (p.attempt >= s->conf.max_attempts) {

@@ -689,6 +689,19 @@ static void __attribute__((noreturn)) switch_fail(int fd, int step)
     _exit(1);
 }
 
+/* path is a directory, made if missing; a symlink is refused (ENOTDIR). */
+static int switch_dir(const char *path, mode_t mode)
+{
+    struct stat st;
+    if ((mkdir(path, mode) < 0 && errno != EEXIST) || lstat(path, &st) < 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
 /* The mount points the new root needs: dirs, and the agent's file. The layers are the
  * sandbox's, so none of them may be a symlink (this runs as the host's root, and a link
  * would lead the mounts elsewhere): each must be a directory, the agent's file a file. */
@@ -697,17 +710,9 @@ static int switch_points(void)
     static const char *const dirs[] = {"/.dsec/root/proc", "/.dsec/root/dev", "/.dsec/root/sys",
                                        "/.dsec/root/.dsec"};
     static const mode_t modes[] = {0555, 0755, 0555, 0755};
-    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
-        struct stat st;
-        if (mkdir(dirs[i], modes[i]) < 0 && errno != EEXIST)
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++)
+        if (switch_dir(dirs[i], modes[i]) < 0)
             return -1;
-        if (lstat(dirs[i], &st) < 0)
-            return -1;
-        if (!S_ISDIR(st.st_mode)) {
-            errno = ENOTDIR;
-            return -1;
-        }
-    }
     /* read-only: an existing one in a lower layer is not copied up */
     int fd = open("/.dsec/root/.dsec/agent", O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0755);
     if (fd < 0)
@@ -721,13 +726,8 @@ static int switch_points(void)
 static int switch_resolv(void)
 {
     struct stat st;
-    if ((mkdir("/.dsec/root/etc", 0755) < 0 && errno != EEXIST) ||
-        lstat("/.dsec/root/etc", &st) < 0)
+    if (switch_dir("/.dsec/root/etc", 0755) < 0)
         return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
     if (lstat("/.dsec/root/etc/resolv.conf", &st) == 0 && S_ISLNK(st.st_mode) &&
         unlink("/.dsec/root/etc/resolv.conf") < 0)
         return -1;
