@@ -5,6 +5,13 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+/* A test that dies outside cmocka (a signal ASan does not report, an _exit) keeps the
+ * lines it printed: ctest's pipe would otherwise hold them in a buffer that dies too. */
+__attribute__((constructor)) static void line_buffered_stdout(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+}
+
 int dsec_test_server_start(const char *prefix, bool jetstream, dsec_natsd **out, char *root,
                            size_t n)
 {
