@@ -310,13 +310,19 @@ static bool proc_alive(pid_t pid)
     return alive;
 }
 
-bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+/* The command line of a process that has not exited, open; -1 otherwise. */
+static int open_cmdline(pid_t pid)
 {
     if (!proc_alive(pid))
-        return false;
+        return -1;
     char p[64];
     dsec__vm_fmt(p, sizeof p, "/proc/%d/cmdline", (int)pid);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    return open(p, O_RDONLY | O_CLOEXEC);
+}
+
+bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+{
+    int fd = open_cmdline(pid);
     if (fd < 0)
         return false;
     size_t cap = 1u << 16, got = 0;
@@ -343,11 +349,7 @@ bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
  * before the new image's arguments are in place. */
 static bool execing(pid_t pid)
 {
-    if (!proc_alive(pid))
-        return false;
-    char p[64];
-    dsec__vm_fmt(p, sizeof p, "/proc/%d/cmdline", (int)pid);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    int fd = open_cmdline(pid);
     if (fd < 0)
         return false;
     char c;
