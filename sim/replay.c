@@ -53,9 +53,14 @@ void sim_replay_error_msg(sim_replay *r, const char *kind, const char *msg, doub
         r->err_first[i][0] = '\0';
         r->nerr_kinds++;
     }
-    if (i < SIM_MAX_ERR_KINDS && !r->err_first[i][0] && msg != NULL) /* the start of it is enough */
+    if (i < SIM_MAX_ERR_KINDS && !r->err_first[i][0] && msg != NULL) {
+        /* the start of it is enough, on one line of the report */
         snprintf(r->err_first[i], sizeof r->err_first[i], "%.*s", (int)sizeof r->err_first[i] - 1,
                  msg);
+        for (char *c = r->err_first[i]; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = ' ';
+    }
     if (i < SIM_MAX_ERR_KINDS)
         r->err_n[i]++;
     r->b[sim_bucket_of(r, t)].errors++;

@@ -439,7 +439,7 @@ static void test_replay_160_nodes(void **state)
 
 /* ---- a sink that answers in the calling thread ------------------------------------------ */
 struct fake_sink {
-    dsec_buf created;
+    dsec_buf created, not_found;
     int ncreates, nops;
 };
 
@@ -454,7 +454,7 @@ static int fake_request(void *ctx, const char *subject, const dsec_hdr *h, const
         sim_replay_answer(req, 0, "created", NULL, f->created.data, f->created.len, NULL);
     } else { /* every sandbox has vanished by the time the replay comes back to it */
         f->nops++;
-        sim_replay_answer(req, 0, "error", "not_found", NULL, 0, NULL);
+        sim_replay_answer(req, 0, "error", "not_found", f->not_found.data, f->not_found.len, NULL);
     }
     return 0;
 }
@@ -489,6 +489,10 @@ static void test_lost_and_jobs_skipped(void **state)
     dsec_buf_init(&f.created);
     dsec_msg_created c = {.id = "n-0000-00000000000000ab", .node = "n-0000", .type = "sim"};
     assert_int_equal(dsec_encode(&f.created, DSEC_MSG_CREATED, &c, &err), 0);
+    dsec_buf_init(&f.not_found);
+    dsec_msg_error nf = {.code = "not_found",
+                         .message = "no sandbox n-0000-00000000000000ab\non node n-0000"};
+    assert_int_equal(dsec_encode(&f.not_found, DSEC_MSG_ERROR, &nf, &err), 0);
     sim_sink sink = {.request = fake_request, .publish = fake_publish, .ctx = &f};
     sim_replay *r;
     sim_replay_opts o = {.speed = 0, .destroy_at_end = true, .drain_s = 1};
@@ -508,9 +512,13 @@ static void test_lost_and_jobs_skipped(void **state)
     fclose(tf);
     assert_non_null(strstr(txt, "jobs not run (no job URL)"));
     assert_non_null(strstr(txt, "rollouts lost (preempted)"));
+    /* under its kind, the first error's message, on one line */
+    assert_non_null(
+        strstr(txt, "\n    first: no sandbox n-0000-00000000000000ab on node n-0000\n"));
     free(txt);
     sim_replay_free(r);
     dsec_buf_release(&f.created);
+    dsec_buf_release(&f.not_found);
     sim_trace_free(&t);
     free(buf);
 }
