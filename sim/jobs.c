@@ -94,14 +94,23 @@ static void start_one(sim_replay *r, long ix)
     const sim_op *o = &r->t->ops[ix];
     struct sim_jobs *J = &r->jobs;
     char why[DSEC_ERR_MSG_MAX + 256];
-    /* the starting loads arrive with the nodes' answers to the sync */
-    for (int i = 0; i < 300 && !atomic_load(&J->stop); i++) {
+    /* The starting loads arrive with the nodes' answers to the sync. Before the first job,
+     * wait (3 s at most) for the first, then until 100 ms pass without a new node: units
+     * placed on the few nodes heard so far could crowd them. */
+    for (int i = 0, still = 0; i < 300 && !J->nodes_settled && !atomic_load(&J->stop); i++) {
         pthread_mutex_lock(&r->mu);
         size_t nn = r->nnodes;
         pthread_mutex_unlock(&r->mu);
-        if (nn)
-            break;
         nanosleep(&(struct timespec){0, 10000000}, NULL);
+        pthread_mutex_lock(&r->mu);
+        still = nn > 0 && r->nnodes == nn ? still + 1 : 0;
+        pthread_mutex_unlock(&r->mu);
+        J->nodes_settled = still >= 10;
+    }
+    if (!J->nodes_settled) { /* 3 s: as settled as it gets, if any node has answered */
+        pthread_mutex_lock(&r->mu);
+        J->nodes_settled = r->nnodes > 0;
+        pthread_mutex_unlock(&r->mu);
     }
     dsec_err err;
     if (!J->client && !J->client_failed) {

@@ -73,6 +73,7 @@ struct sim_jobs {
     _Atomic bool stop;
     dsec_client *client;
     bool client_failed;
+    bool nodes_settled; /* the nodes' answers to the sync have all come, as far as one can tell */
     struct sim_job **jobs;   /* each allocated alone: libdsec holds its address */
     size_t njobs, cap_jobs;
     char first_err[256];     /* the first job that failed to start, and why */
