@@ -279,6 +279,15 @@ static int py_warm(const char *preload, char *version, size_t vlen, char *loaded
         exc_msg("compiling the launcher", msg, msglen);
         return -1;
     }
+    /* The launcher's path once here, so what it creates or caches on first
+     * use (the type attribute cache, codec and encoder state) is in the
+     * shared image rather than made again, page by page, in every call. */
+    PyObject *w = PyObject_CallNoArgs(launcher_prepare);
+    if (w == NULL) {
+        exc_msg("warming the launcher", msg, msglen);
+        return -1;
+    }
+    Py_DECREF(w);
     /* Workers share the zygote's pages until they write them. Reference
      * counting writes wherever a worker goes, but a collection would walk
      * (and write) every object: move them all out of the collector's reach.

@@ -4,11 +4,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +88,7 @@ static long ns_fork_loop(double secs)
 }
 
 /* Two small processes (forked before the backend exists), one per core. */
-static double raw_ns_forks_per_s(double secs, double *cpu_ms_per_fork)
+static double raw_ns_forks_per_s(double secs, double *cpu_ms_per_fork, double *faults_per_fork)
 {
     int fds[2][2];
     pid_t pids[2];
@@ -123,6 +125,8 @@ static double raw_ns_forks_per_s(double secs, double *cpu_ms_per_fork)
                           ru_after.ru_stime.tv_usec - ru_before.ru_stime.tv_usec) /
                      1e6;
     *cpu_ms_per_fork = total ? cpu * 1000.0 / (double)total : 0;
+    *faults_per_fork =
+        total ? (double)(ru_after.ru_minflt - ru_before.ru_minflt) / (double)total : 0;
     return (double)total / secs;
 }
 
@@ -213,6 +217,79 @@ fail:
     fprintf(stderr, "bench_fncall: the environment: %s\n", err.msg);
     dsec_layer_registry_free(reg);
     return NULL;
+}
+
+/* Page faults of every process of the backend's calls so far (workers being
+ * made, supervisors, calls): the memory controller's count over this
+ * process's dsec-fn-* cgroups (v1 total_pgfault, v2 pgfault), or -1 when
+ * they cannot be read. */
+static long long fn_cgroup_pgfaults(void)
+{
+    char own[PATH_MAX] = "", line[PATH_MAX + 64];
+    bool v2 = false;
+    FILE *f = fopen("/proc/self/cgroup", "re");
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (c2 == NULL)
+            continue;
+        *c2 = 0;
+        if (strstr(c1 + 1, "memory") != NULL) {
+            snprintf(own, sizeof own, "%s", c2 + 1);
+            v2 = false;
+            break;
+        }
+        if (c1[1] == 0) { /* 0::path, kept unless a v1 memory line comes */
+            snprintf(own, sizeof own, "%s", c2 + 1);
+            v2 = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    char mnt[PATH_MAX] = "";
+    f = fopen("/proc/self/mountinfo", "re");
+    while (f && fgets(line, sizeof line, f)) {
+        char root[PATH_MAX], mp[PATH_MAX], fstype[64], opts[1024];
+        char *sep = strstr(line, " - ");
+        if (sep == NULL || sscanf(line, "%*s %*s %*s %4095s %4095s", root, mp) != 2 ||
+            sscanf(sep + 3, "%63s %*s %1023s", fstype, opts) != 2)
+            continue;
+        bool want = v2 ? strcmp(fstype, "cgroup2") == 0
+                       : strcmp(fstype, "cgroup") == 0 && strstr(opts, "memory") != NULL;
+        if (want) {
+            /* the cgroup path is relative to the mount's root */
+            size_t rl = strcmp(root, "/") == 0 ? 0 : strlen(root);
+            snprintf(mnt, sizeof mnt, "%s%s", mp, strncmp(own, root, rl) == 0 ? own + rl : own);
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+    if (mnt[0] == 0)
+        return -1;
+    /* v2: the node moves itself into <own>/dsec-node; its calls are siblings */
+    size_t ml = strlen(mnt);
+    if (ml > 10 && strcmp(mnt + ml - 10, "/dsec-node") == 0)
+        mnt[ml - 10] = 0;
+    DIR *d = opendir(mnt);
+    long long sum = -1;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "dsec-fn-", 8) != 0)
+            continue;
+        char p[PATH_MAX + 300];
+        snprintf(p, sizeof p, "%s/%s/memory.stat", mnt, e->d_name);
+        FILE *s = fopen(p, "re");
+        const char *key = v2 ? "pgfault " : "total_pgfault ";
+        while (s && fgets(line, sizeof line, s))
+            if (strncmp(line, key, strlen(key)) == 0)
+                sum = (sum < 0 ? 0 : sum) + atoll(line + strlen(key));
+        if (s)
+            fclose(s);
+    }
+    if (d)
+        closedir(d);
+    return sum;
 }
 
 /* One trivial call; its wall time in seconds, or -1. */
@@ -318,8 +395,8 @@ int main(void)
            sysconf(_SC_NPROCESSORS_ONLN));
 
     /* 1. raw */
-    double raw_cpu_ms;
-    double raw = raw_ns_forks_per_s(3.0, &raw_cpu_ms);
+    double raw_cpu_ms, raw_faults;
+    double raw = raw_ns_forks_per_s(3.0, &raw_cpu_ms, &raw_faults);
     if (raw < 0) {
         fprintf(stderr, "bench_fncall: the raw namespace fork loop failed\n");
         return 1;
@@ -432,6 +509,7 @@ int main(void)
     }
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
+    long long pf0 = fn_cgroup_pgfaults();
     double t0 = now_s();
     for (int i = 0; i < THREADS; i++)
         pthread_create(&th[i], NULL, caller, hs[i]);
@@ -442,6 +520,10 @@ int main(void)
         pthread_join(th[i], NULL);
     double took = now_s() - t0;
     getrusage(RUSAGE_SELF, &ru1);
+    long long pf1 = fn_cgroup_pgfaults();
+    double faults_per_call = pf0 >= 0 && pf1 >= pf0 && atomic_load(&calls_done) > 0
+                                 ? (double)(pf1 - pf0) / (double)atomic_load(&calls_done)
+                                 : -1;
     double cps = (double)atomic_load(&calls_done) / took;
     double backend_cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec -
                                   ru0.ru_stime.tv_sec) +
@@ -484,6 +566,8 @@ int main(void)
            "calls per second, 4 callers on both cores", cps, raw);
     printf("%-52s %11.0f%%\n", "  calls/s as a share of the raw rate", 100.0 * cps / raw);
     printf("%-52s %12.2f\n", "  raw: CPU ms per namespace fork (its processes)", raw_cpu_ms);
+    printf("%-52s %12.0f %12.0f   (raw: per namespace fork)\n",
+           "  page faults per call, all its processes", faults_per_call, raw_faults);
     printf("%-52s %12.2f\n", "  backend process CPU per call, ms",
            backend_cpu * 1000.0 / (double)atomic_load(&calls_done));
     printf("%-52s %12ld\n", "  failed calls", (long)atomic_load(&call_failures));
@@ -501,9 +585,9 @@ int main(void)
            "ms\":%.3f,"
            "\"calls_per_s\":%.0f,\"raw_ns_forks_per_s\":%.0f,\"pss_100_workers_mib\":%.1f,"
            "\"cold_rss_mib\":%.1f,\"cold_bare_rss_mib\":%.1f,\"env_call_p50_ms\":%.3f,"
-           "\"env_host_call_p50_ms\":%.3f}\n",
+           "\"env_host_call_p50_ms\":%.3f,\"faults_per_call\":%.0f,\"raw_faults_per_fork\":%.0f}\n",
            p50, p99, cold_p50, cps, raw, pss_mib, (double)cold_pre_rss / 1024.0,
-           (double)cold_rss / 1024.0, e50, h50);
+           (double)cold_rss / 1024.0, e50, h50, faults_per_call, raw_faults);
 
     dsec_err e2;
     dsec_function_ops.destroy(fn, h0, &e2);
