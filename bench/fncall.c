@@ -246,7 +246,7 @@ static long long fn_cgroup_pgfaults(void)
     }
     if (f)
         fclose(f);
-    char mnt[PATH_MAX] = "";
+    char mnt[2 * PATH_MAX + 16] = "";
     f = fopen("/proc/self/mountinfo", "re");
     while (f && fgets(line, sizeof line, f)) {
         char root[PATH_MAX], mp[PATH_MAX], fstype[64], opts[1024];
@@ -277,7 +277,7 @@ static long long fn_cgroup_pgfaults(void)
     while (d && (e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, "dsec-fn-", 8) != 0)
             continue;
-        char p[PATH_MAX + 300];
+        char p[sizeof mnt + 300];
         snprintf(p, sizeof p, "%s/%s/memory.stat", mnt, e->d_name);
         FILE *s = fopen(p, "re");
         const char *key = v2 ? "pgfault " : "total_pgfault ";
