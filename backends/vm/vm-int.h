@@ -66,6 +66,7 @@ struct vm_backend {
     uint64_t mem_mb;       /* when the spec asks 0 */
     uint64_t tb_mb;        /* TCG translation cache */
     uint64_t boot_timeout_ms;
+    uint32_t uid_base; /* QEMU runs as uid and gid uid_base + its pid */
     bool kvm;         /* dsec_vm_kvm_works */
     uint64_t tsc_khz; /* the host's TSC rate: under TCG the guest's TSC is the host's, and a
                        * guest that must calibrate it against the PIT hangs on a busy host */
@@ -140,6 +141,7 @@ int dsec__vm_qemu_stop(dsec_sandbox *sb, uint64_t grace_ms, dsec_err *err);
 /* A QMP connection (one command at a time; events are skipped). */
 struct vm_qmp {
     int fd;
+    char dir[PATH_MAX]; /* the sandbox's: its qemu.log explains a failed migration */
     unsigned id;
     size_t len;
     char buf[16384];

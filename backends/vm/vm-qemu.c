@@ -22,6 +22,9 @@
 
 /* ---- the command line ------------------------------------------------------------------- */
 
+/* -runas "uid:gid" with room for the largest figures: the last argument. */
+#define RUNAS_PLACEHOLDER "4294967295:4294967295"
+
 /* A growing argv of dsec_malloc'd strings. */
 struct av {
     char **v;
@@ -108,10 +111,11 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
     av_add(a, "-m");
     av_add(a, "%" PRIu64 "M", sb->mem_mb);
     /* QEMU's own seccomp filter: a guest that breaks into the emulator still cannot use
-     * obsolete system calls, gain privileges or change scheduling and limits (spawning stays
-     * allowed: migration to and from files goes through "exec:cat") */
+     * obsolete system calls, start a process or change scheduling and limits. Privileges
+     * go with -runas below (elevateprivileges=deny would refuse that very setuid). */
     av_add(a, "-sandbox");
-    av_add(a, "on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny");
+    av_add(a, "on,obsolete=deny,spawn=deny,resourcecontrol=deny");
+
     av_add(a, "-nodefaults");
     av_add(a, "-no-user-config");
     av_add(a, "-nographic");
@@ -151,9 +155,10 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
     av_add(a, "-device");
     av_add(a, "virtserialport,chardev=ctl,name=dsec.ctl");
     /* the device order is part of the machine: restore must repeat it */
+    /* relative: QEMU reopens the disk by name when a migration ends or begins, as its own
+     * uid, which cannot pass through the node's directories above sb->dir */
     av_add(a, "-drive");
-    av_add(a, "file=%s/disk.img,if=none,id=disk,format=raw,discard=unmap",
-           qesc(sb->dir, e1, sizeof e1));
+    av_add(a, "file=disk.img,if=none,id=disk,format=raw,discard=unmap");
     av_add(a, "-device");
     av_add(a, "%s,drive=disk,serial=dsec-disk", blk);
     for (size_t i = 0; i < sb->env.nlayers; i++) {
@@ -178,6 +183,12 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
         av_add(a, "-incoming");
         av_add(a, "defer");
     }
+    /* Once its devices and files are open, QEMU drops to a uid of its own: uid_base + its
+     * pid, unique among live processes, so no two VMs share one and nothing need be
+     * allocated or remembered. The child that execs QEMU writes the figures into the last
+     * argument. */
+    av_add(a, "-runas");
+    av_add(a, "%s", RUNAS_PLACEHOLDER);
     return a->oom ? -1 : 0;
 }
 
@@ -199,6 +210,23 @@ static void write_all(int fd, const void *p, size_t n)
             return;
         p = (const char *)p + w;
         n -= (size_t)w;
+    }
+}
+
+/* "N:N" into out (room for RUNAS_PLACEHOLDER); safe after fork. */
+static void put_uid_gid(char *out, uint32_t id)
+{
+    char d[10];
+    int n = 0;
+    do {
+        d[n++] = (char)('0' + id % 10);
+        id /= 10;
+    } while (id != 0);
+    char *o = out;
+    for (int k = 0; k < 2; k++) {
+        for (int i = n - 1; i >= 0; i--)
+            *o++ = d[i];
+        *o++ = k == 0 ? ':' : '\0';
     }
 }
 
@@ -241,7 +269,14 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGPIPE, SIG_DFL);
         signal(SIGCHLD, SIG_DFL);
+        /* after fork: no allocation, no stdio; the argument has room for both figures */
+        uint32_t uid = be->uid_base + (uint32_t)getpid();
+        put_uid_gid(a.v[a.n - 1], uid);
         int rc = chdir(sb->dir);
+        /* QEMU's uid may look up names in its own directory (nothing above it) and write its
+         * disk; everything else there stays root's */
+        if (rc == 0)
+            rc = chmod(".", 0711) < 0 || chown("disk.img", uid, uid) < 0 ? -1 : 0;
         if (rc == 0)
             rc = dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ? -1 : 0;
         if (rc == 0 && l->tap_fd >= 0)
@@ -466,6 +501,7 @@ int dsec__vm_qmp_open(struct vm_qmp *q, const char *dir, uint64_t timeout_ms, ds
 {
     memset(q, 0, sizeof *q);
     q->fd = -1;
+    dsec__vm_fmt(q->dir, sizeof q->dir, "%s", dir);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "QMP: opening %s", dir);
@@ -546,8 +582,9 @@ static long reply_id(const char *line)
     return strtol(p, NULL, 10);
 }
 
-int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char **reply,
-                     uint64_t timeout_ms, dsec_err *err)
+/* One command; fd >= 0 travels with its first byte (SCM_RIGHTS), for getfd. */
+static int qmp_cmd_fd(struct vm_qmp *q, const char *cmd, const char *args, int fd, char **reply,
+                      uint64_t timeout_ms, dsec_err *err)
 {
     if (reply != NULL)
         *reply = NULL;
@@ -561,7 +598,27 @@ int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char *
                          : snprintf(msg, cap, "{\"execute\":\"%s\",\"id\":%u}\n", cmd, id);
     size_t off = 0;
     while (off < (size_t)n) {
-        ssize_t w = send(q->fd, msg + off, (size_t)n - off, MSG_NOSIGNAL);
+        ssize_t w;
+        if (fd >= 0 && off == 0) {
+            union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+            } u;
+            memset(&u, 0, sizeof u);
+            struct iovec iov = {.iov_base = msg, .iov_len = (size_t)n};
+            struct msghdr mh = {.msg_iov = &iov,
+                                .msg_iovlen = 1,
+                                .msg_control = u.buf,
+                                .msg_controllen = sizeof u.buf};
+            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &fd, sizeof fd);
+            w = sendmsg(q->fd, &mh, MSG_NOSIGNAL);
+        } else {
+            w = send(q->fd, msg + off, (size_t)n - off, MSG_NOSIGNAL);
+        }
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
@@ -597,16 +654,10 @@ int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char *
     }
 }
 
-/* A path QEMU hands to /bin/sh inside single quotes and to JSON inside double quotes. */
-static int path_ok(const char *p, dsec_err *err)
+int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char **reply,
+                     uint64_t timeout_ms, dsec_err *err)
 {
-    for (const char *c = p; *c; c++)
-        if (*c == '\'' || *c == '"' || *c == '\\' || (unsigned char)*c < 0x20)
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "the path \"%.120s\" holds a quote, backslash or control "
-                                "character, which the VM backend does not accept",
-                                p);
-    return 0;
+    return qmp_cmd_fd(q, cmd, args, -1, reply, timeout_ms, err);
 }
 
 /* Poll query-migrate until the migration is over. */
@@ -625,9 +676,13 @@ static int migrate_wait(struct vm_qmp *q, const char *what, dsec_err *err)
             return 0;
         }
         if (strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0) {
-            char desc[400] = "";
+            char desc[400] = "", p[PATH_MAX + 16];
             dsec__vm_json_str(r, "error-desc", desc, sizeof desc);
             dsec_free(r);
+            if (desc[0] == '\0' && q->dir[0] != '\0') { /* QEMU may have said why in its log */
+                dsec__vm_fmt(p, sizeof p, "%s/qemu.log", q->dir);
+                dsec__vm_log_tail(p, desc, sizeof desc);
+            }
             return dsec_err_set(err, DSEC_E_BACKEND, 0, "%s: migration %s: %s", what, st,
                                 desc[0] ? desc : "no reason given");
         }
@@ -643,28 +698,37 @@ static int migrate_wait(struct vm_qmp *q, const char *what, dsec_err *err)
 static const char ignore_shared[] =
     "{\"capabilities\":[{\"capability\":\"x-ignore-shared\",\"state\":true}]}";
 
+/* Migration goes through a file the node opens and hands to QEMU (getfd): QEMU, which runs
+ * as an unprivileged uid that may not reach the file's directory and may not spawn a
+ * process, needs no path. */
+static int migrate_fd(struct vm_qmp *q, const char *state, bool out, dsec_err *err)
+{
+    const char *what = out ? "saving the VM's state" : "loading the VM's state";
+    int fd = out ? open(state, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
+                 : open(state, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "%s: opening %s", what, state);
+    static const char getfd[] = "{\"fdname\":\"dsec-migration\"}";
+    static const char uri[] = "{\"uri\":\"fd:dsec-migration\"}";
+    int rc = dsec__vm_qmp_cmd(q, "migrate-set-capabilities", ignore_shared, NULL, 5000, err);
+    if (rc == 0)
+        rc = qmp_cmd_fd(q, "getfd", getfd, fd, NULL, 5000, err);
+    close(fd); /* QEMU holds its own copy now */
+    if (rc == 0)
+        rc = dsec__vm_qmp_cmd(q, out ? "migrate" : "migrate-incoming", uri, NULL, 10000, err);
+    if (rc < 0)
+        return dsec_err_wrap(err, "%s", what);
+    return migrate_wait(q, what, err);
+}
+
 int dsec__vm_migrate_out(struct vm_qmp *q, const char *state, dsec_err *err)
 {
-    if (path_ok(state, err) < 0)
-        return -1;
-    char args[PATH_MAX + 64];
-    dsec__vm_fmt(args, sizeof args, "{\"uri\":\"exec:cat > '%s'\"}", state);
-    if (dsec__vm_qmp_cmd(q, "migrate-set-capabilities", ignore_shared, NULL, 5000, err) < 0 ||
-        dsec__vm_qmp_cmd(q, "migrate", args, NULL, 10000, err) < 0)
-        return dsec_err_wrap(err, "saving the VM's state");
-    return migrate_wait(q, "saving the VM's state", err);
+    return migrate_fd(q, state, true, err);
 }
 
 int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err)
 {
-    if (path_ok(state, err) < 0)
-        return -1;
-    char args[PATH_MAX + 64];
-    dsec__vm_fmt(args, sizeof args, "{\"uri\":\"exec:cat '%s'\"}", state);
-    if (dsec__vm_qmp_cmd(q, "migrate-set-capabilities", ignore_shared, NULL, 5000, err) < 0 ||
-        dsec__vm_qmp_cmd(q, "migrate-incoming", args, NULL, 10000, err) < 0)
-        return dsec_err_wrap(err, "loading the VM's state");
-    if (migrate_wait(q, "loading the VM's state", err) < 0)
+    if (migrate_fd(q, state, false, err) < 0)
         return -1;
     if (dsec__vm_qmp_cmd(q, "cont", NULL, NULL, 10000, err) < 0)
         return dsec_err_wrap(err, "resuming the loaded VM");

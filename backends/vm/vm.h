@@ -25,6 +25,8 @@ extern "C" {
  *   vm_mem_mb           guest memory when the spec asks 0 (default 256)
  *   vm_tb_mb            TCG translation cache per VM, MiB (default 64; unused with KVM)
  *   vm_boot_timeout_ms  how long a boot may take until the agent answers (default 120000)
+ *   vm_uid_base         QEMU drops to uid and gid vm_uid_base + its pid once its devices are
+ *                       open (default 1600000000; the range up to + 2^22 is the VMs')
  *   layer_cache_gb      the layer cache's budget (default 0: no limit)
  *
  * The ops tables are static; instances come from dsec_backend_new().
