@@ -1,7 +1,9 @@
 /* node.c - the node manager: admission, one sandbox actor per sandbox (a mailbox key), reports, journal, re-adoption. */
+#define _GNU_SOURCE /* nftw */
 #include "actors/node.h"
 
 #include <errno.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "actors/journal.h"
 #include "actors/wire.h"
@@ -1048,8 +1051,17 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
     sbx_free(s);
 }
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) < 0 && errno != ENOENT ? -1 : 0;
+}
+
 /* Package the sandbox's state as environment name (a layer pushed to the
- * cell's registry), so a new sandbox anywhere in the cell starts from it. */
+ * cell's registry), so a new sandbox anywhere in the cell starts from it.
+ * What the backend saved on the way (a microVM's copies of its RAM and disk)
+ * goes once the environment is stored: nothing on the wire restores from it,
+ * and a node that kept every one would fill its disk. */
 static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *name)
 {
     dsec_err err;
@@ -1068,9 +1080,11 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
         dsec_wire_error(n->actor, m, &err);
         return;
     }
-    const char *k[] = {"env", "file"};
-    const char *v[] = {name, path};
-    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 2});
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && errno != ENOENT)
+        dsec_actor_count_error(n->actor); /* left behind: the node's error counter shows it */
+    const char *k[] = {"env"};
+    const char *v[] = {name};
+    reply_op(n, m, s, state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 1});
 }
 
 /* A fork makes sandboxes no scheduler admitted: ask the quota actor for the
@@ -2291,7 +2305,13 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         goto out_fail;
     }
     snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
-    if (mkdir(n->snap_dir, 0700) < 0 && errno != EEXIST) {
+    /* it holds only snapshots being made: what is there now, a crash left (or a node
+     * manager that kept them all) */
+    if (nftw(n->snap_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && errno != ENOENT) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: clearing %s", n->name, n->snap_dir);
+        goto out_fail;
+    }
+    if (mkdir(n->snap_dir, 0700) < 0) {
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
         goto out_fail;
     }

@@ -122,6 +122,22 @@ static int sandbox_dirs(void)
     return n;
 }
 
+/* Entries in the node's snapshots directory (snapshots being made). */
+static int snapshot_files(void)
+{
+    char p[256];
+    snprintf(p, sizeof p, "%s/cell/node-vmbus-0000/snapshots", root);
+    DIR *d = opendir(p);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        n += de->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
 static int group_teardown(void **state)
 {
     dsec_client_free(cl);
@@ -260,6 +276,8 @@ static void test_exec_files_fork_pause_snapshot(void **state)
 
     /* a named snapshot is an environment: a new microVM created from it sees the files */
     assert_int_equal(dsec_snapshot(cl, a.id, "vmbus/snap:1", &err), 0);
+    /* the copies of RAM and disk made on the way do not stay on the node */
+    assert_int_equal(snapshot_files(), 0);
     dsec_sandbox_info b;
     make("microvm", NULL, "vmbus/snap:1", &b);
     assert_int_equal(sh(b.id, "cat /work/state.txt", out, sizeof out), 0);
@@ -291,7 +309,17 @@ static void test_node_restart_readopts(void **state)
     dsec_cell_stop(cell, false);
     cell = NULL;
     assert_int_equal(qemu_count(), 1);
+    /* and a snapshot it was making when it died is left half-written */
+    char half[300];
+    snprintf(half, sizeof half, "%s/cell/node-vmbus-0000/snapshots/%s-1.snap", root, a.id);
+    assert_int_equal(mkdir(half, 0700), 0);
+    strncat(half, "/state", sizeof half - strlen(half) - 1);
+    FILE *hf = fopen(half, "w");
+    assert_non_null(hf);
+    fclose(hf);
+    assert_int_equal(snapshot_files(), 1);
     assert_int_equal(start_cell(), 0);
+    assert_int_equal(snapshot_files(), 0); /* the restarted node clears it */
     dsec_err err;
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 30000, &err), 0);
     assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);

@@ -194,10 +194,18 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
 
 /* ---- start and stop --------------------------------------------------------------------- */
 
-/* What the start pipe carries: the grandchild's pid, or why exec failed. */
+/* What the start pipe carries: the grandchild's pid, or why it did not become QEMU. */
 struct start_msg {
-    int kind; /* 1 pid, 2 errno of exec, 3 errno of fork */
+    int kind; /* 1 pid, 2 errno of exec, 3 errno of fork, 4 errno of set-up step `step` */
     int val;
+    int step;
+};
+
+static const char *const start_steps[] = {
+    "entering the sandbox directory",
+    "giving QEMU's uid its directory and disk",
+    "setting up stdin, stdout and stderr",
+    "handing over the tap",
 };
 
 static void write_all(int fd, const void *p, size_t n)
@@ -260,7 +268,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         setsid();
         pid_t g = fork();
         if (g != 0) {
-            struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno};
+            struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0};
             write_all(pfd[1], &m, sizeof m);
             _exit(0);
         }
@@ -272,22 +280,29 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         /* after fork: no allocation, no stdio; the argument has room for both figures */
         uint32_t uid = be->uid_base + (uint32_t)getpid();
         put_uid_gid(a.v[a.n - 1], uid);
-        int rc = chdir(sb->dir);
+        int step = 0;
+        bool ok = chdir(sb->dir) == 0;
         /* QEMU's uid may look up names in its own directory (nothing above it) and write its
          * disk; everything else there stays root's */
-        if (rc == 0)
-            rc = chmod(".", 0711) < 0 || chown("disk.img", uid, uid) < 0 ? -1 : 0;
-        if (rc == 0)
-            rc = dup2(nullfd, 0) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0 ? -1 : 0;
-        if (rc == 0 && l->tap_fd >= 0)
-            rc = (l->tap_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(l->tap_fd, 3)) < 0 ? -1 : 0;
-        if (rc == 0) {
+        if (ok) {
+            step = 1;
+            ok = chmod(".", 0711) == 0 && chown("disk.img", uid, uid) == 0;
+        }
+        if (ok) {
+            step = 2;
+            ok = dup2(nullfd, 0) >= 0 && dup2(logfd, 1) >= 0 && dup2(logfd, 2) >= 0;
+        }
+        if (ok && l->tap_fd >= 0) {
+            step = 3;
+            ok = (l->tap_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(l->tap_fd, 3)) >= 0;
+        }
+        if (ok) {
             /* nothing else of the node manager leaks into QEMU (the pipe is already
              * close-on-exec) */
             close_range(l->tap_fd >= 0 ? 4 : 3, ~0u, CLOSE_RANGE_CLOEXEC);
             execv(a.v[0], a.v);
         }
-        struct start_msg m = {2, errno};
+        struct start_msg m = {ok ? 2 : 4, errno, step};
         write_all(pfd[1], &m, sizeof m);
         _exit(127);
     }
@@ -304,7 +319,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     while (waitpid(c, &st, 0) < 0 && errno == EINTR)
         ;
     pid_t pid = 0;
-    int exec_errno = 0, ferr = 0;
+    int exec_errno = 0, ferr = 0, setup_errno = 0, setup_step = 0;
     struct start_msg m;
     for (;;) {
         ssize_t n = read(pfd[0], &m, sizeof m);
@@ -316,10 +331,15 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
             pid = m.val;
         else if (m.kind == 2)
             exec_errno = m.val;
+        else if (m.kind == 4 && m.step >= 0 && m.step < 4)
+            setup_errno = m.val, setup_step = m.step;
         else
             ferr = m.val;
     }
     close(pfd[0]);
+    if (setup_errno != 0)
+        return dsec_err_set(err, DSEC_E_IO, setup_errno, "%s: starting QEMU in %s: %s: %s",
+                            be->type, sb->dir, start_steps[setup_step], strerror(setup_errno));
     if (ferr != 0 || pid <= 0)
         return dsec_err_set(err, DSEC_E_IO, ferr, "%s: starting QEMU", be->type);
     if (exec_errno != 0)
