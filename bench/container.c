@@ -343,6 +343,7 @@ static uint64_t used_bytes(const char *path)
  * directory with "ready"), at most 120 s; returns the seconds waited. */
 static char g_pool[1300];
 static unsigned g_warm;     /* the node's option warm_pool */
+static const char *g_refill; /* its option warm_refill, as given ("default" when not) */
 static double g_refill_s;   /* after the last fork: how long the pool took to be full again,
                                counted from its children's first exec */
 static double wait_pool(unsigned n)
@@ -434,6 +435,13 @@ int main(void)
     snprintf(warm_opt, sizeof warm_opt, "%u", g_warm);
     node.opts[0] = (dsec_backend_kv){dsec_strdup("warm_pool"), dsec_strdup(warm_opt)};
     node.nopts = 1;
+    /* refill threads: the backend's default (online CPUs, at most 4) unless given */
+    const char *refill_env = getenv("DSEC_BENCH_WARM_REFILL");
+    if (refill_env != NULL && *refill_env) {
+        node.opts[1] = (dsec_backend_kv){dsec_strdup("warm_refill"), dsec_strdup(refill_env)};
+        node.nopts = 2;
+    }
+    g_refill = refill_env != NULL && *refill_env ? refill_env : "default";
     conf.nodes = dsec_calloc(1, sizeof node);
     conf.nodes[0] = node;
     conf.nnodes = 1;
@@ -575,9 +583,10 @@ int main(void)
     printf("  added per child             disk %.1f KiB, memory %.1f KiB (MemAvailable, its warm container's "
            "replacement included)\n",
            disk_f / 1024, mem_f / 1024);
-    printf("  warm pool                   %u containers (option warm_pool), started one at a time: full again "
-           "%.1f s after the children's first exec\n",
-           g_warm, g_refill_s);
+    printf(
+        "  warm pool                   %u containers (option warm_pool), refill threads %s (option "
+        "warm_refill): full again %.1f s after the children's first exec\n",
+        g_warm, g_refill, g_refill_s);
     dsec_exec_reply_release(&fr);
     for (int i = 0; i < FORK_N; i++) {
         destroy(cl, kids[i]);

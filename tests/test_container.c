@@ -84,11 +84,15 @@ static int open_backend(void)
     char pids[16];
     snprintf(pids, sizeof pids, "%d", PIDS_MAX);
     dsec_backend_kv opts[] = {
-        {"pids_max", pids}, {"upper_gb", "16"}, {"function.x", "1"}, {"warm_pool", warm_pool}};
+        {"pids_max", pids},
+        {"upper_gb", "16"},
+        {"function.x", "1"},
+        {"warm_refill", "3"}, /* more refill threads than cores: their accounting must hold */
+        {"warm_pool", warm_pool}};
     dsec_backend_config cfg = {.state_dir = state_dir,
                                .node = NODE,
                                .opts = opts,
-                               .nopts = warm_pool != NULL ? 4 : 3,
+                               .nopts = warm_pool != NULL ? 5 : 4,
                                .layers = reg};
     dsec_err err;
     if (dsec_container_ops.init(&ct, &cfg, &err) < 0) {
@@ -961,15 +965,51 @@ static void test_failed_create(void **state)
  * the sandbox's overlay: the sandbox has its own hostname, files, limits and environment
  * defaults and sees nothing of the empty root; destroy removes the warm container with it.
  * With warm_pool=0 every create starts its own container. */
+/* Warm containers in the pool directory (ready or being started), and the ready ones. */
+static void pool_counts(int *all, int *ready)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/pool", state_dir);
+    *all = *ready = 0;
+    DIR *d = opendir(p);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] != 'w')
+            continue;
+        (*all)++;
+        snprintf(p, sizeof p, "%s/pool/%s/ready", state_dir, e->d_name);
+        *ready += access(p, F_OK) == 0;
+    }
+    closedir(d);
+}
+
 static void test_warm_pool(void **state)
 {
     char out[512];
-    for (int i = 0; i < 300; i++) { /* the pool fills in the background */
-        host(out, sizeof out, "ls %s/pool | grep -c '^w'", state_dir);
-        if (atoi(out) > 0)
-            break;
-        usleep(100000);
+    /* the pool (warm_pool 8, 3 refill threads) fills in the background, and refills after a
+     * burst takes some: never more than 8, started or starting */
+    int all = 0, ready = 0;
+    for (int i = 0; i < 600 && ready < 8; i++) {
+        pool_counts(&all, &ready);
+        assert_in_range(all, 0, 8);
+        usleep(50000);
     }
+    assert_int_equal(ready, 8);
+    struct sbx *burst[5];
+    for (int i = 0; i < 5; i++)
+        burst[i] = mk(64, 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(burst[i]->rid[0], 'w'); /* each took a warm one */
+    ready = 0;
+    for (int i = 0; i < 1200 && ready < 8; i++) {
+        pool_counts(&all, &ready);
+        assert_in_range(all, 0, 8);
+        usleep(10000);
+    }
+    assert_int_equal(ready, 8);
+    for (int i = 0; i < 5; i++)
+        drop(burst[i]);
     char *layers[] = {NULL};
     dsec_env *base = NULL;
     dsec_err err;

@@ -101,9 +101,12 @@ struct ct_backend {
     pthread_cond_t warm_cond;
     struct ct_warm *warm;
     unsigned nwarm;
+    unsigned nstarting;          /* warm containers being started by the refill threads */
+    unsigned warm_refill;        /* option warm_refill: refill threads, each one start at a time */
     unsigned long long warm_seq; /* under lock */
-    bool warm_init, warm_stop, warm_thread;
-    pthread_t warm_th;
+    bool warm_init, warm_stop;
+    unsigned nwarm_th; /* refill threads running */
+    pthread_t warm_th[16];
 };
 
 /* One lower layer of a sandbox: a registry layer (held in the layer cache)

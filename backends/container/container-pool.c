@@ -142,20 +142,26 @@ out:
     return NULL;
 }
 
+/* One of warm_refill threads: each starts one warm container at a time while the ready ones
+ * and those being started fall short of warm_target, so a pool emptied by a burst or a fork
+ * refills warm_refill times as fast (a runtime start waits on the kernel for much of its
+ * time). */
 static void *pool_main(void *arg)
 {
     struct ct_backend *be = arg;
     unsigned failures = 0;
     pthread_mutex_lock(&be->warm_mu);
     while (!be->warm_stop) {
-        if (be->nwarm >= be->warm_target) {
+        if (be->nwarm + be->nstarting >= be->warm_target) {
             pthread_cond_wait(&be->warm_cond, &be->warm_mu);
             continue;
         }
+        be->nstarting++;
         pthread_mutex_unlock(&be->warm_mu);
         dsec_err err;
         struct ct_warm *w = warm_start(be, &err);
         pthread_mutex_lock(&be->warm_mu);
+        be->nstarting--;
         if (w != NULL) {
             failures = 0;
             w->next = be->warm;
@@ -192,9 +198,16 @@ int dsec__ct_pool_start(struct ct_backend *be, dsec_err *err)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->pool_dir);
     if (be->warm_target == 0)
         return 0;
-    if (pthread_create(&be->warm_th, NULL, pool_main, be) != 0)
-        return dsec_err_set(err, DSEC_E_NOMEM, errno, "container: starting the warm pool thread");
-    be->warm_thread = true;
+    unsigned n = be->warm_refill < be->warm_target ? be->warm_refill : be->warm_target;
+    for (unsigned i = 0; i < n; i++) {
+        int e = pthread_create(&be->warm_th[i], NULL, pool_main, be);
+        if (e != 0) {
+            if (be->nwarm_th > 0)
+                break; /* fewer refill threads, still a pool */
+            return dsec_err_set(err, DSEC_E_NOMEM, e, "container: starting the warm pool thread");
+        }
+        be->nwarm_th++;
+    }
     return 0;
 }
 
@@ -206,9 +219,9 @@ void dsec__ct_pool_stop(struct ct_backend *be)
     be->warm_stop = true;
     pthread_cond_broadcast(&be->warm_cond);
     pthread_mutex_unlock(&be->warm_mu);
-    if (be->warm_thread)
-        pthread_join(be->warm_th, NULL);
-    be->warm_thread = false;
+    for (unsigned i = 0; i < be->nwarm_th; i++)
+        pthread_join(be->warm_th[i], NULL);
+    be->nwarm_th = 0;
     while (be->warm != NULL) {
         struct ct_warm *w = be->warm;
         be->warm = w->next;
@@ -222,7 +235,7 @@ void dsec__ct_pool_stop(struct ct_backend *be)
 
 struct ct_warm *dsec__ct_pool_take(struct ct_backend *be)
 {
-    if (!be->warm_thread)
+    if (be->nwarm_th == 0)
         return NULL;
     pthread_mutex_lock(&be->warm_mu);
     struct ct_warm *w = be->warm;

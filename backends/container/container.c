@@ -476,7 +476,7 @@ static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
 
 static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
                                  "layer_cache_gb, snapshot_exclude, start_timeout_ms, "
-                                 "cgroup_favordynmods, runtime_memfd, warm_pool";
+                                 "cgroup_favordynmods, runtime_memfd, warm_pool, warm_refill";
 
 static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
                       uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
@@ -487,6 +487,8 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
     be->favordynmods = true;
     be->rt_memfd = true;
     be->warm_target = 8;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    be->warm_refill = ncpu < 1 ? 1 : ncpu > 4 ? 4 : (unsigned)ncpu;
     *upper_gb = 64;
     *cache_gb = 0;
     char excl[1024] = "";
@@ -525,6 +527,10 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
             uint64_t n = be->warm_target;
             rc = opt_u64(k, v, 0, 4096, &n, err);
             be->warm_target = (unsigned)n;
+        } else if (strcmp(key, "warm_refill") == 0) {
+            uint64_t n = be->warm_refill;
+            rc = opt_u64(k, v, 1, sizeof be->warm_th / sizeof be->warm_th[0], &n, err);
+            be->warm_refill = (unsigned)n;
         } else if (mine)
             rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "unknown container option %s (known: %s)", k,
                               known_opts);
