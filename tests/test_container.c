@@ -999,8 +999,13 @@ static void test_warm_pool(void **state)
     struct sbx *burst[5];
     for (int i = 0; i < 5; i++)
         burst[i] = mk(64, 0);
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 5; i++) {
         assert_int_equal(burst[i]->rid[0], 'w'); /* each took a warm one */
+        /* its commands run at the node's priority, though the pool started it at a lower one
+         * (field 19 of stat: the nice value) */
+        assert_int_equal(sh(burst[i], "cut -d' ' -f19 /proc/self/stat", out, sizeof out), 0);
+        assert_string_equal(out, "0\n");
+    }
     ready = 0;
     for (int i = 0; i < 1200 && ready < 8; i++) {
         pool_counts(&all, &ready);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,6 +143,8 @@ out:
     return NULL;
 }
 
+#define WARM_NICE 10
+
 /* One of warm_refill threads: each starts one warm container at a time while the ready ones
  * and those being started fall short of warm_target, so a pool emptied by a burst or a fork
  * refills warm_refill times as fast (a runtime start waits on the kernel for much of its
@@ -150,6 +153,9 @@ static void *pool_main(void *arg)
 {
     struct ct_backend *be = arg;
     unsigned failures = 0;
+    /* Background work: the refill (and the runtime it starts, which inherits this) yields the
+     * CPU to the creates and forks the node serves now. */
+    setpriority(PRIO_PROCESS, (id_t)gettid(), WARM_NICE);
     pthread_mutex_lock(&be->warm_mu);
     while (!be->warm_stop) {
         if (be->nwarm + be->nstarting >= be->warm_target) {
@@ -248,6 +254,12 @@ struct ct_warm *dsec__ct_pool_take(struct ct_backend *be)
     pthread_mutex_unlock(&be->warm_mu);
     /* one that died while it waited (killed from outside) is no use */
     if (w != NULL && kill(w->init, 0) < 0) {
+        warm_free(be, w);
+        return NULL;
+    }
+    /* the sandbox runs at the node's priority, not the refill's: its init (the agent, the
+     * container's only process yet) and so all it starts */
+    if (w != NULL && setpriority(PRIO_PROCESS, (id_t)w->init, 0) < 0) {
         warm_free(be, w);
         return NULL;
     }

@@ -488,7 +488,8 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
     be->rt_memfd = true;
     be->warm_target = 8;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    be->warm_refill = ncpu < 1 ? 1 : ncpu > 4 ? 4 : (unsigned)ncpu;
+    /* half the CPUs: the refill runs beside the creates it is for */
+    be->warm_refill = ncpu < 4 ? 1 : ncpu > 8 ? 4 : (unsigned)(ncpu / 2);
     *upper_gb = 64;
     *cache_gb = 0;
     char excl[1024] = "";

@@ -1638,6 +1638,47 @@ static int vm_restore(void *self, const dsec_sandbox_spec *spec, const char *pat
     return 0;
 }
 
+/* The children of one fork, restored by up to ncpu threads side by side: much of a restore
+ * is waiting (QEMU's start, the state's load, the agent's hello). */
+struct fork_run {
+    struct vm_backend *be;
+    dsec_sandbox *parent;
+    const char *dir;
+    const char *const *ids;
+    size_t n;
+    dsec_sandbox **children;
+    char **states;
+    atomic_size_t next;
+    atomic_bool failed;
+    pthread_mutex_t mu; /* guards err */
+    dsec_err err;       /* the first failure */
+};
+
+static void *fork_worker(void *arg)
+{
+    struct fork_run *f = arg;
+    for (;;) {
+        size_t i = atomic_fetch_add(&f->next, 1);
+        if (i >= f->n || atomic_load(&f->failed))
+            break;
+        dsec_err e;
+        int rc = clone_from(f->be, f->dir, f->ids[i], f->parent->tenant,
+                            (const char *const *)f->parent->net_entries, f->parent->nnet,
+                            &f->children[i], &e);
+        if (rc < 0)
+            dsec_err_wrap(&e, "fork child %zu", i);
+        else if ((f->states[i] = dsec_strdup(f->children[i]->dir)) == NULL)
+            rc = oom(f->be, &e, "backend state");
+        if (rc < 0) {
+            pthread_mutex_lock(&f->mu);
+            if (!atomic_exchange(&f->failed, true))
+                f->err = e;
+            pthread_mutex_unlock(&f->mu);
+        }
+    }
+    return NULL;
+}
+
 static int vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
                    dsec_sandbox **children, char **states, dsec_err *err)
 {
@@ -1661,13 +1702,30 @@ static int vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t 
     if (mkdir(dir, 0700) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "%s: creating %s", be->type, dir);
     int rc = save_to(be, sb, dir, false, err);
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        rc = clone_from(be, dir, ids[i], sb->tenant, (const char *const *)sb->net_entries, sb->nnet,
-                        &children[i], err);
-        if (rc < 0)
-            dsec_err_wrap(err, "fork child %zu", i);
-        else if ((states[i] = dsec_strdup(children[i]->dir)) == NULL)
-            rc = oom(be, err, "backend state");
+    if (rc == 0) {
+        struct fork_run f = {.be = be,
+                             .parent = sb,
+                             .dir = dir,
+                             .ids = ids,
+                             .n = n,
+                             .children = children,
+                             .states = states};
+        atomic_init(&f.next, 0);
+        atomic_init(&f.failed, false);
+        pthread_mutex_init(&f.mu, NULL);
+        pthread_t th[8];
+        size_t nth = 0, want = n < be->ncpu ? n : be->ncpu;
+        while (nth + 1 < want && nth < sizeof th / sizeof th[0] &&
+               pthread_create(&th[nth], NULL, fork_worker, &f) == 0)
+            nth++; /* fewer threads if one cannot start: this one works too */
+        fork_worker(&f);
+        for (size_t i = 0; i < nth; i++)
+            pthread_join(th[i], NULL);
+        pthread_mutex_destroy(&f.mu);
+        if (atomic_load(&f.failed)) {
+            *err = f.err;
+            rc = -1;
+        }
     }
     if (rc < 0)
         for (size_t i = 0; i < n; i++) {
