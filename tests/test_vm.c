@@ -157,8 +157,9 @@ static int group_setup(void **state)
     return 0;
 }
 
-/* How many QEMU processes (not zombies) name dir in their command line. */
-static int procs_naming(const char *dir)
+/* The QEMU processes (not zombies) that name dir in their command line: their count, and
+ * up to max of their pids into pids (may be NULL). */
+static int qemu_pids(const char *dir, long *pids, int max)
 {
     DIR *d = opendir("/proc");
     assert_non_null(d);
@@ -189,10 +190,20 @@ static int procs_naming(const char *dir)
             if (buf[i] == '\0')
                 buf[i] = ' ';
         buf[got] = '\0';
-        n += strstr(buf, needle) != NULL;
+        if (strstr(buf, needle) == NULL)
+            continue;
+        if (pids != NULL && n < max)
+            pids[n] = strtol(e->d_name, NULL, 10);
+        n++;
     }
     closedir(d);
     return n;
+}
+
+/* How many QEMU processes (not zombies) name dir in their command line. */
+static int procs_naming(const char *dir)
+{
+    return qemu_pids(dir, NULL, 0);
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -205,56 +216,34 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
  * with no capabilities, no_new_privs and its seccomp filter on. */
 static void assert_qemu_confined(const char *id)
 {
-    char needle[PATH_MAX];
-    snprintf(needle, sizeof needle, "%s/sb/%s/", state_dir, id);
-    DIR *d = opendir("/proc");
-    assert_non_null(d);
-    int found = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '1' || e->d_name[0] > '9')
-            continue;
-        char p[300], buf[1 << 15];
-        snprintf(p, sizeof p, "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(p, "r");
-        if (f == NULL)
-            continue;
-        size_t got = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        for (size_t i = 0; i < got; i++)
-            if (buf[i] == '\0')
-                buf[i] = ' ';
-        buf[got] = '\0';
-        if (strncmp(buf, "qemu-system", 11) != 0 && strstr(buf, "/qemu-system") == NULL)
-            continue;
-        if (strstr(buf, needle) == NULL)
-            continue;
-        unsigned long want = 1600000000ul + strtoul(e->d_name, NULL, 10);
-        snprintf(p, sizeof p, "/proc/%s/status", e->d_name);
-        assert_non_null(f = fopen(p, "r"));
-        unsigned long ids[2][4] = {{0}};
-        char cap[32] = "", nnp[8] = "", sec[8] = "";
-        char line[256];
-        while (fgets(line, sizeof line, f)) {
-            sscanf(line, "Uid: %lu %lu %lu %lu", &ids[0][0], &ids[0][1], &ids[0][2], &ids[0][3]);
-            sscanf(line, "Gid: %lu %lu %lu %lu", &ids[1][0], &ids[1][1], &ids[1][2], &ids[1][3]);
-            sscanf(line, "CapEff: %31s", cap);
-            sscanf(line, "NoNewPrivs: %7s", nnp);
-            sscanf(line, "Seccomp: %7s", sec);
-        }
-        fclose(f);
-        for (int k = 0; k < 2; k++)
-            for (int i = 0; i < 4; i++)
-                if (ids[k][i] != want)
-                    fail_msg("QEMU %s of %s: %s %d is %lu, want %lu", e->d_name, id,
-                             k ? "gid" : "uid", i, ids[k][i], want);
-        assert_string_equal(cap, "0000000000000000");
-        assert_string_equal(nnp, "1");
-        assert_string_equal(sec, "2");
-        found++;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/sb/%s", state_dir, id);
+    long pid = 0;
+    assert_int_equal(qemu_pids(dir, &pid, 1), 1);
+    unsigned long want = 1600000000ul + (unsigned long)pid;
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%ld/status", pid);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    unsigned long ids[2][4] = {{0}};
+    char cap[32] = "", nnp[8] = "", sec[8] = "";
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        sscanf(line, "Uid: %lu %lu %lu %lu", &ids[0][0], &ids[0][1], &ids[0][2], &ids[0][3]);
+        sscanf(line, "Gid: %lu %lu %lu %lu", &ids[1][0], &ids[1][1], &ids[1][2], &ids[1][3]);
+        sscanf(line, "CapEff: %31s", cap);
+        sscanf(line, "NoNewPrivs: %7s", nnp);
+        sscanf(line, "Seccomp: %7s", sec);
     }
-    closedir(d);
-    assert_int_equal(found, 1);
+    fclose(f);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++)
+            if (ids[k][i] != want)
+                fail_msg("QEMU %ld of %s: %s %d is %lu, want %lu", pid, id, k ? "gid" : "uid", i,
+                         ids[k][i], want);
+    assert_string_equal(cap, "0000000000000000");
+    assert_string_equal(nnp, "1");
+    assert_string_equal(sec, "2");
 }
 
 static int group_teardown(void **state)
