@@ -147,8 +147,8 @@ out:
 
 /* One of warm_refill threads: each starts one warm container at a time while the ready ones
  * and those being started fall short of warm_target, so a pool emptied by a burst or a fork
- * refills warm_refill times as fast (a runtime start waits on the kernel for much of its
- * time). */
+ * refills sooner where CPUs are free (docs/containers.md has what it costs where they are
+ * not). */
 static void *pool_main(void *arg)
 {
     struct ct_backend *be = arg;

@@ -115,7 +115,6 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
      * go with -runas below (elevateprivileges=deny would refuse that very setuid). */
     av_add(a, "-sandbox");
     av_add(a, "on,obsolete=deny,spawn=deny,resourcecontrol=deny");
-
     av_add(a, "-nodefaults");
     av_add(a, "-no-user-config");
     av_add(a, "-nographic");
