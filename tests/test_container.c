@@ -961,10 +961,6 @@ static void test_failed_create(void **state)
     assert_gone(id, NULL, NULL, 0);
 }
 
-/* A create takes a warm container (started ahead on an empty root) and switches its root to
- * the sandbox's overlay: the sandbox has its own hostname, files, limits and environment
- * defaults and sees nothing of the empty root; destroy removes the warm container with it.
- * With warm_pool=0 every create starts its own container. */
 /* Warm containers in the pool directory (ready or being started), and the ready ones. */
 static void pool_counts(int *all, int *ready)
 {
@@ -984,13 +980,17 @@ static void pool_counts(int *all, int *ready)
     closedir(d);
 }
 
+/* A create takes a warm container (started ahead on an empty root) and switches its root to
+ * the sandbox's overlay: the sandbox has its own hostname, files, limits and environment
+ * defaults and sees nothing of the empty root; destroy removes the warm container with it.
+ * With warm_pool=0 every create starts its own container. */
 static void test_warm_pool(void **state)
 {
     char out[512];
     /* the pool (warm_pool 8, 3 refill threads) fills in the background, and refills after a
      * burst takes some: never more than 8, started or starting */
     int all = 0, ready = 0;
-    for (int i = 0; i < 600 && ready < 8; i++) {
+    for (int i = 0; i < 1200 && ready < 8; i++) {
         pool_counts(&all, &ready);
         assert_in_range(all, 0, 8);
         usleep(50000);
@@ -1007,7 +1007,7 @@ static void test_warm_pool(void **state)
         assert_string_equal(out, "0\n");
     }
     ready = 0;
-    for (int i = 0; i < 1200 && ready < 8; i++) {
+    for (int i = 0; i < 6000 && ready < 8; i++) {
         pool_counts(&all, &ready);
         assert_in_range(all, 0, 8);
         usleep(10000);
