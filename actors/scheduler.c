@@ -250,6 +250,17 @@ static int pick_type(dsec_sched *s, const dsec_msg_create *c, dsec_type_mask off
     return dsec_registry_pick_parsed(s->reg, c->type, &r, offered, err);
 }
 
+/* What a create asks for, the cell's defaults where it names none. */
+static uint64_t want_cpu(const dsec_sched *s, const dsec_msg_create *c)
+{
+    return c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli;
+}
+
+static uint64_t want_mem(const dsec_sched *s, const dsec_msg_create *c)
+{
+    return c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
+}
+
 /* Place p (whose create fields are filled) on a node of this cell and send
  * it there. A rollout that finds no room waits; other failures answer the
  * client and return -1. */
@@ -257,8 +268,7 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
                           uint64_t t0)
 {
     dsec_msg_create *c = &p->c;
-    uint64_t cpu = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli;
-    uint64_t mem = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
+    uint64_t cpu = want_cpu(s, c), mem = want_mem(s, c);
     dsec_err err;
     const char *tname = dsec_registry_caps(s->reg, tidx)->type;
     if (try_place(s, p, tidx, cpu, mem, &err) == 0) {
@@ -351,9 +361,12 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
     snprintf(ad->tenant, sizeof ad->tenant, "%s", tenant);
     memcpy(ad->payload, payload, len);
     const dsec_msg_create *c = &p->c;
-    dsec_msg_admit am = {.tenant = tenant, .project = c->project, .req_id = c->req_id, .n = 1,
-                         .cpu_milli = c->cpu_milli ? c->cpu_milli : s->conf.default_cpu_milli,
-                         .memory_mb = c->memory_mb ? c->memory_mb : s->conf.default_memory_mb};
+    dsec_msg_admit am = {.tenant = tenant,
+                         .project = c->project,
+                         .req_id = c->req_id,
+                         .n = 1,
+                         .cpu_milli = want_cpu(s, c),
+                         .memory_mb = want_mem(s, c)};
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_hdr hdr = {.type = "admit", .schema = DSEC_SCHEMA_VERSION, .req_id = c->req_id};
@@ -541,9 +554,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         /* Refused for room by the last node: this view was too hopeful (a node's
          * report can count room that placements in flight already took). A
          * rollout waits for room, as one that found none here does. */
-        uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : s->conf.default_cpu_milli;
-        uint64_t mem = p.c.memory_mb ? p.c.memory_mb : s->conf.default_memory_mb;
-        if (p.short_of != NULL && park(s, &p, tidx, cpu, mem))
+        if (p.short_of != NULL && park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c)))
             return;
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
                 p.attempt, p.reason ? p.reason : "no reason given");
