@@ -22,6 +22,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -780,6 +781,47 @@ static void test_timing(void **state)
         timing(true);
 }
 
+/* A link dump the kernel cuts short because links changed while it ran is taken again: in a
+ * namespace of its own with 300 links (150 veth pairs: a dump of several parts), list while another
+ * process adds and removes links. */
+static void test_list_while_links_change(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (unshare(CLONE_NEWNET) < 0 || system("for i in $(seq 150); do echo link add " PREFIX
+                                                "da$i type veth peer name " PREFIX
+                                                "db$i; done | ip -batch - >/dev/null 2>&1") != 0)
+            _exit(2);
+        pid_t churn = fork();
+        if (churn == 0) {
+            for (;;)
+                if (system("ip link add " PREFIX "ca type veth peer name " PREFIX "cb 2>/dev/null; "
+                           "ip link del " PREFIX "ca 2>/dev/null") < 0)
+                    _exit(0);
+        }
+        int failed = 0;
+        for (int i = 0; i < 300; i++) {
+            char **v = NULL;
+            size_t n = 0;
+            dsec_err err;
+            if (dsec__net_link_list(PREFIX "d", &v, &n, &err) < 0 || n != 300) {
+                if (failed++ == 0)
+                    fprintf(stderr, "list %d: %s (%zu links)\n", i, err.msg, n);
+            }
+            dsec__net_strv_free(v, n);
+        }
+        kill(churn, SIGKILL);
+        waitpid(churn, NULL, 0);
+        _exit(failed ? 1 : 0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -789,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_timing),
+        cmocka_unit_test(test_list_while_links_change),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -930,13 +930,12 @@ static int list_msg(const struct nlmsghdr *h, void *data)
     return MNL_CB_OK;
 }
 
-int dsec__net_link_list(const char *prefix, char ***names_out, size_t *n_out, dsec_err *err)
+/* One RTM_GETLINK dump into c. -1 with err set; *interrupted when the kernel
+ * flagged the dump as inconsistent (links changed while it ran: libmnl's
+ * EINTR), which a fresh dump on a fresh socket gets past. */
+static int link_list_once(struct list_ctx *c, bool *interrupted, dsec_err *err)
 {
-    if (names_out == NULL || n_out == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: link list: no output given");
-    *names_out = NULL;
-    *n_out = 0;
-    struct list_ctx c = {.prefix = prefix ? prefix : "", .plen = prefix ? strlen(prefix) : 0};
+    *interrupted = false;
     struct mnl_socket *sock = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
     if (sock == NULL)
         return dsec_err_set(err, code_of(errno), errno, "net: link list: rtnetlink socket");
@@ -972,27 +971,46 @@ int dsec__net_link_list(const char *prefix, char ***names_out, size_t *n_out, ds
             dsec_err_set(err, code_of(errno), errno, "net: link list: reading the dump");
             goto out;
         }
-        int cr = mnl_cb_run(buf, (size_t)r, 1, portid, list_msg, &c);
+        int cr = mnl_cb_run(buf, (size_t)r, 1, portid, list_msg, c);
         if (cr == MNL_CB_STOP)
             break;
         if (cr < 0) {
-            if (c.nomem)
+            if (c->nomem) {
                 dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link list");
-            else
+            } else {
+                *interrupted = errno == EINTR;
                 dsec_err_set(err, code_of(errno), errno, "net: link list: dump failed");
+            }
             goto out;
         }
     }
-    *names_out = c.v;
-    *n_out = c.n;
-    c.v = NULL;
-    c.n = 0;
     rc = 0;
 out:
-    dsec__net_strv_free(c.v, c.n);
     dsec_free(buf);
     mnl_socket_close(sock);
     return rc;
+}
+
+int dsec__net_link_list(const char *prefix, char ***names_out, size_t *n_out, dsec_err *err)
+{
+    if (names_out == NULL || n_out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: link list: no output given");
+    *names_out = NULL;
+    *n_out = 0;
+    for (int attempt = 0;; attempt++) {
+        struct list_ctx c = {.prefix = prefix ? prefix : "", .plen = prefix ? strlen(prefix) : 0};
+        bool interrupted;
+        int rc = link_list_once(&c, &interrupted, err);
+        if (rc == 0) {
+            *names_out = c.v;
+            *n_out = c.n;
+            return 0;
+        }
+        dsec__net_strv_free(c.v, c.n);
+        /* links come and go on a busy node: a dump they cut short is taken again */
+        if (!interrupted || attempt == 7)
+            return -1;
+    }
 }
 
 void dsec__net_strv_free(char **v, size_t n)
