@@ -430,6 +430,17 @@ static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why
     p->tried = (dsec_strv){tried, p->tried.n + 1};
     p->reason = err.msg;
     p->short_of = short_of;
+    /* what this node really has free, so the scheduler's view need not wait for the
+     * next capacity report to stop counting room here */
+    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = 0;
+    if (short_of != NULL) {
+        pthread_mutex_lock(&n->mu);
+        p->free_seq = n->seq;
+        p->free_cpu_milli = n->cpu_free;
+        p->free_mem_mb = n->mem_free;
+        p->free_slots = n->slots_free;
+        pthread_mutex_unlock(&n->mu);
+    }
     if (dsec_wire_send(n->actor, n->bus, back, NULL, DSEC_MSG_PLACE, p, p->c.req_id, &err) < 0)
         dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
     dsec_free(tried);

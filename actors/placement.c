@@ -833,24 +833,52 @@ out_unlock:
     return rc;
 }
 
-int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reservation)
+/* Drop reservation id of n; 0, or DSEC_REPORT_UNKNOWN when it is not there. Under v->lock. */
+static int release_locked(struct node *n, uint64_t id)
 {
-    int rc = DSEC_REPORT_UNKNOWN;
-    pthread_mutex_lock(&v->lock);
-    struct node *n = lookup(v, node);
-    for (size_t i = 0; n != NULL && i < n->nrsv; i++) {
-        if (n->rsv[i].id != reservation)
+    for (size_t i = 0; i < n->nrsv; i++) {
+        if (n->rsv[i].id != id)
             continue;
         n->rsv_cpu -= n->rsv[i].cpu;
         n->rsv_mem -= n->rsv[i].mem;
         n->rsv[i] = n->rsv[--n->nrsv];
         if (n->nrsv == 0)
             n->rsv_next_expiry = UINT64_MAX;
-        rc = 0;
-        break;
+        return 0;
     }
+    return DSEC_REPORT_UNKNOWN;
+}
+
+int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reservation)
+{
+    pthread_mutex_lock(&v->lock);
+    struct node *n = lookup(v, node);
+    int rc = n != NULL ? release_locked(n, reservation) : DSEC_REPORT_UNKNOWN;
     pthread_mutex_unlock(&v->lock);
     return rc;
+}
+
+int dsec_placement_refused(dsec_placement *v, const char *node, uint64_t reservation,
+                           const dsec_node_room *room)
+{
+    pthread_mutex_lock(&v->lock);
+    struct node *n = lookup(v, node);
+    if (n == NULL) {
+        pthread_mutex_unlock(&v->lock);
+        return DSEC_REPORT_UNKNOWN;
+    }
+    if (reservation != 0)
+        release_locked(n, reservation);
+    /* The figures are the node's state after report room->seq: newer than the view's
+     * unless a later report has arrived meanwhile. The view keeps its seq, so the next
+     * report replaces them. */
+    if (room != NULL && room->seq != 0 && room->seq >= n->seq) {
+        n->cpu_free = room->cpu_free_milli;
+        n->mem_free = room->mem_free_mb;
+        n->slots_free = room->slots_free;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return 0;
 }
 
 /* ---- read-outs ---------------------------------------------------------------------- */

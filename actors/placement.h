@@ -168,6 +168,22 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
  * (expired, cleared by a report, node removed). */
 int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reservation);
 
+/* What a node had free when it refused a placement for room, and the sequence
+ * number of the last capacity report it had sent then. */
+typedef struct dsec_node_room {
+    uint64_t seq;
+    uint64_t cpu_free_milli, mem_free_mb, slots_free;
+} dsec_node_room;
+
+/* A node refused a placement: its reservation goes (the node did not admit
+ * it). With room (a refusal for room), the node's free figures become the
+ * ones it refused with, unless the view already holds a report newer than
+ * room->seq: the report the view had counted room that the node no longer
+ * had. Other reservations stay (placements still on their way). Returns 0,
+ * or DSEC_REPORT_UNKNOWN for an unknown node. */
+int dsec_placement_refused(dsec_placement *v, const char *node, uint64_t reservation,
+                           const dsec_node_room *room);
+
 /* splitmix64: the next random number from *state. */
 uint64_t dsec_placement_rand(uint64_t *state);
 

@@ -170,6 +170,9 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     c->type = dsec_registry_caps(s->reg, tidx)->type; /* the node creates exactly the type chosen here */
     p->scheduler = s->name;
     p->reason = NULL;
+    p->short_of = NULL;
+    p->reservation = res.reservation;
+    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = 0;
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
     if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
@@ -543,6 +546,17 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
                     &err) < 0) {
         dsec_actor_count_error(a);
         return;
+    }
+    /* The node that refused is the last one tried: its reservation goes, and a refusal
+     * for room tells what it really had free, so the next placements look elsewhere
+     * (its report counted room that placements in flight had taken). */
+    if (p.tried.n > 0) {
+        dsec_node_room room = {.seq = p.free_seq,
+                               .cpu_free_milli = p.free_cpu_milli,
+                               .mem_free_mb = p.free_mem_mb,
+                               .slots_free = p.free_slots};
+        dsec_placement_refused(s->view, p.tried.v[p.tried.n - 1], p.reservation,
+                               p.short_of != NULL ? &room : NULL);
     }
     int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
     if (tidx < 0) {

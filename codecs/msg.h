@@ -144,6 +144,10 @@ typedef struct dsec_msg_place {
     const char *reason;   /* set by a node sending a refusal back: why it refused */
     const char *short_of; /* a refusal for room: what the node lacked ("slots", "cpu", "memory") */
     uint64_t parked_ms;   /* when a rollout first waited for room (ms since epoch), 0 if never */
+    uint64_t reservation; /* the scheduler's reservation for this attempt; nodes send it back */
+    /* A refusal for room: the node's own free figures then, and the sequence number of
+     * the capacity report they follow (free_seq 0: no figures). */
+    uint64_t free_seq, free_cpu_milli, free_mem_mb, free_slots;
 } dsec_msg_place;
 
 typedef struct dsec_msg_created {

@@ -108,6 +108,18 @@ static const dsec_field place_fields[] = {
     FU64(dsec_msg_place, parked_ms, "parked_ms", false, 0, 0,
          "a rollout that waited for room: when its wait began (ms since epoch); it waits `wait_ms` "
          "from then, across refusals"),
+    FU64(dsec_msg_place, reservation, "reservation", false, 0, 0,
+         "the scheduler's reservation for this attempt; a node sends it back unchanged in a "
+         "refusal"),
+    FU64(dsec_msg_place, free_seq, "free_seq", false, 0, 0,
+         "in a refusal for room: the sequence number of the node's last capacity report; the "
+         "`free_` figures are newer than it (0: no figures)"),
+    FU64(dsec_msg_place, free_cpu_milli, "free_cpu_milli", false, 0, 0,
+         "in a refusal for room: the node's free milli-CPU when it refused"),
+    FU64(dsec_msg_place, free_mem_mb, "free_mem_mb", false, 0, 0,
+         "in a refusal for room: the node's free memory (MB) when it refused"),
+    FU64(dsec_msg_place, free_slots, "free_slots", false, 0, 0,
+         "in a refusal for room: the node's free sandbox slots when it refused"),
 };
 _Static_assert(NF(place_fields) <= 64, "the decoder tracks fields in a 64-bit set");
 

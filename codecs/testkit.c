@@ -102,6 +102,11 @@ static void sample_a(int type, void *out)
         p->reason = "no memory";
         p->short_of = "memory";
         p->parked_ms = 1764806400000;
+        p->reservation = 77;
+        p->free_seq = 1764806400000001;
+        p->free_cpu_milli = 250;
+        p->free_mem_mb = 64;
+        p->free_slots = 3;
         break;
     }
     case DSEC_MSG_CREATED:

@@ -268,7 +268,7 @@ static void schemas_use_wire_names_and_limits(void **state)
     assert_int_equal(field_of(DSEC_MSG_PLACE, "memory_mb")->offset,
                      offsetof(dsec_msg_place, c.memory_mb));
     assert_int_equal(dsec_schema_of(DSEC_MSG_PLACE)->nfields,
-                     dsec_schema_of(DSEC_MSG_CREATE)->nfields + 7);
+                     dsec_schema_of(DSEC_MSG_CREATE)->nfields + 12);
     assert_true(field_of(DSEC_MSG_PLACE, "req_id")->required);
     assert_true(field_of(DSEC_MSG_PLACE, "reply_to")->required);
     assert_true(field_of(DSEC_MSG_CAPACITY, "seq")->required);

@@ -353,6 +353,73 @@ static void overlay_expires_and_releases(void **state)
     dsec_placement_free(v);
 }
 
+/* A node refuses: the refused placement's reservation goes; a refusal for room
+ * puts the node's own figures into the view (unless a newer report is in),
+ * keeping the other reservations, until the next report. */
+static void refusal_corrects_the_view(void **state)
+{
+    dsec_placement *v = view(0);
+    add(v, "n1", 4000, 8192, 100); /* seq 1 */
+    add(v, "n2", 4000, 8192, 100);
+    uint64_t rng = 9;
+    dsec_err e;
+    dsec_place_req req = creq(1000, 1024);
+    dsec_place_req only1 = req;
+    const char *ex2[] = {"n2"};
+    only1.exclude = ex2;
+    only1.nexclude = 1;
+    dsec_place_result a, b;
+    assert_string_equal(place(v, &only1, 2, &rng, 10, &a, &e), "n1");
+    assert_string_equal(place(v, &only1, 2, &rng, 10, &b, &e), "n1");
+    assert_int_equal(info(v, "n1", 10).cpu_avail, 2000);
+
+    /* refused, not for room: only its reservation goes */
+    assert_int_equal(dsec_placement_refused(v, "n1", a.reservation, NULL), 0);
+    dsec_node_info ni = info(v, "n1", 10);
+    assert_int_equal(ni.reservations, 1);
+    assert_int_equal(ni.cpu_avail, 3000);
+    assert_int_equal(ni.cpu_free, 4000);
+
+    /* refused for room after report 1: the node had 500 milli-CPU; b stays reserved */
+    dsec_placement_release(v, "n1", b.reservation);
+    assert_string_equal(place(v, &only1, 2, &rng, 10, &b, &e), "n1");
+    assert_string_equal(place(v, &only1, 2, &rng, 10, &a, &e), "n1");
+    dsec_node_room room = {.seq = 1, .cpu_free_milli = 1500, .mem_free_mb = 4096, .slots_free = 7};
+    assert_int_equal(dsec_placement_refused(v, "n1", a.reservation, &room), 0);
+    ni = info(v, "n1", 10);
+    assert_int_equal(ni.reservations, 1);
+    assert_int_equal(ni.cpu_free, 1500);
+    assert_int_equal(ni.cpu_avail, 500);
+    assert_int_equal(ni.mem_free, 4096);
+    assert_int_equal(ni.slots_free, 7);
+    assert_int_equal(ni.seq, 1);
+    /* so the next create goes to n2, though the scores favoured n1 before */
+    for (int i = 0; i < 8; i++) {
+        dsec_place_result r;
+        assert_string_equal(place(v, &req, 2, &rng, 10, &r, &e), "n2");
+        dsec_placement_release(v, "n2", r.reservation);
+    }
+
+    /* figures older than the view's report change nothing */
+    dsec_node_report d = {
+        .node = "n1", .seq = 3, .cpu_free_milli = 3000, .mem_free_mb = 8192, .slots_free = 90};
+    report(v, &d, 20, DSEC_REPORT_APPLIED);
+    room.seq = 2;
+    room.cpu_free_milli = 0;
+    assert_int_equal(dsec_placement_refused(v, "n1", 0, &room), 0);
+    assert_int_equal(info(v, "n1", 20).cpu_free, 3000);
+    /* figures from a refusal after report 3 apply; the next report replaces them */
+    room.seq = 3;
+    assert_int_equal(dsec_placement_refused(v, "n1", 0, &room), 0);
+    assert_int_equal(info(v, "n1", 20).cpu_free, 0);
+    d.seq = 4;
+    report(v, &d, 30, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 30).cpu_free, 3000);
+
+    assert_int_equal(dsec_placement_refused(v, "nx", 1, &room), DSEC_REPORT_UNKNOWN);
+    dsec_placement_free(v);
+}
+
 static void stale_and_restarted_reports(void **state)
 {
     dsec_placement *v = view(0);
@@ -830,6 +897,7 @@ int main(void)
         cmocka_unit_test(overlay_spreads_between_reports),
         cmocka_unit_test(overlay_clears_on_newer_report),
         cmocka_unit_test(overlay_expires_and_releases),
+        cmocka_unit_test(refusal_corrects_the_view),
         cmocka_unit_test(stale_and_restarted_reports),
         cmocka_unit_test(silent_node_expires),
         cmocka_unit_test(remove_and_health),

@@ -364,6 +364,7 @@ static void eviction_rate_is_capped(void **state)
 static struct {
     dsec_actor *a;
     int refuse_first;
+    int full_node; /* this node refuses everything for room, with its figures; -1: none */
     _Atomic int places[NSTALE], refusals;
 } stale;
 
@@ -385,7 +386,8 @@ static void on_stale_place(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     }
     int n = atomic_fetch_add(&stale.places[i], 1);
-    if (stale.refuse_first < 0 || n < stale.refuse_first) {
+    bool full = i == stale.full_node;
+    if (full || stale.refuse_first < 0 || n < stale.refuse_first) {
         atomic_fetch_add(&stale.refusals, 1);
         const char *tried[16];
         uint32_t nt = p.tried.n < 15 ? p.tried.n : 15;
@@ -395,6 +397,8 @@ static void on_stale_place(dsec_actor *a, dsec_msg *m, void *ud)
         p.tried = (dsec_strv){tried, nt + 1};
         p.reason = "not enough cpu (free: 0 milli-CPU)";
         p.short_of = "cpu";
+        if (full) /* what a node manager sends: its figures after its last report (seq 1) */
+            p.free_seq = 1, p.free_cpu_milli = 0, p.free_mem_mb = 8192, p.free_slots = 100;
         if (dsec_wire_send(a, dsec_actor_bus(a), dsec_msg_reply(m), NULL, DSEC_MSG_PLACE, &p,
                            p.c.req_id, &err) < 0)
             fprintf(stderr, "stale node %s: refusal: %s\n", name, err.msg);
@@ -419,6 +423,7 @@ static void start_stale_cell(int refuse_first)
     start_cell(DSEC_ROLE_SCHEDULER, 0, 0);
     memset(&stale, 0, sizeof stale);
     stale.refuse_first = refuse_first;
+    stale.full_node = -1;
     dsec_bus *bus = dsec_cell_bus(live.cell);
     dsec_err err;
     assert_int_equal(dsec_actor_new(&stale.a, bus, "stale-nodes", &err), 0);
@@ -505,6 +510,34 @@ static void refusals_for_room_end_the_wait(void **state)
     assert_true(took >= 1000);
     assert_true(took < 8000);
     assert_true(atomic_load(&stale.refusals) > 3 + NSTALE); /* placed again after its first wait */
+    stop_stale();
+}
+
+/* One node's report says it has room, but it refuses for room, saying what it has:
+ * the scheduler believes the refusal, so no create is sent there a second time
+ * (with the report alone it would be, until the node's next report). */
+static void a_refusal_for_room_corrects_the_view(void **state)
+{
+    start_stale_cell(0);
+    stale.full_node = 0;
+    for (int i = 0; i < 6; i++) {
+        dsec_sandbox_info info;
+        dsec_err err;
+        dsec_create_spec s = {.type = "sim",
+                              .cpu_milli = 1000,
+                              .memory_mb = 256,
+                              .cls = "job",
+                              .cell = live.conf.cell};
+        if (dsec_create(live.client, &s, &info, &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+        char f0[96];
+        stale_name(0, f0, sizeof f0);
+        assert_string_not_equal(info.node, f0);
+    }
+    /* six creates of 1000 milli-CPU on three nodes of 4000: the full one is tried,
+     * once (its report made it as good a choice as the others) */
+    assert_int_equal(atomic_load(&stale.places[0]), 1);
+    assert_int_equal(atomic_load(&stale.places[1]) + atomic_load(&stale.places[2]), 6);
     stop_stale();
 }
 
@@ -902,6 +935,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(eviction_rate_is_capped, test_teardown),
         cmocka_unit_test_teardown(rollout_refused_for_room_waits, test_teardown),
         cmocka_unit_test_teardown(refusals_for_room_end_the_wait, test_teardown),
+        cmocka_unit_test_teardown(a_refusal_for_room_corrects_the_view, test_teardown),
         cmocka_unit_test_teardown(failover_reclaims_nothing_twice, test_teardown),
         cmocka_unit_test_teardown(fast_forward_runs_once, test_teardown),
         cmocka_unit_test_teardown(divergence_is_detected, test_teardown),
