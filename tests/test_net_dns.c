@@ -28,9 +28,13 @@
  * "sandboxes" are client sockets bound to distinct loopback addresses:
  *   127.0.0.2, 127.0.0.5, 127.0.0.6 may resolve names under allowed.test;
  *   127.0.0.3 may resolve names under other.test;
+ *   127.0.0.4 may resolve names under allowed.test but target.allowed.test;
  *   any other address is no sandbox's (the policy says no to everything).
- * The fake upstream logs every name it is asked, so "never forwarded" is
- * checked where it matters: on the far side.
+ * The fake upstream logs every name it is asked (over TCP with "tcp:" in
+ * front), so "never forwarded" and "answered from the cache" are checked
+ * where it matters: on the far side. It answers names starting with "tc"
+ * truncated over UDP and in full (or broken, or never) over TCP on the
+ * same port.
  */
 
 static uint64_t now_us(void)
@@ -57,14 +61,31 @@ static bool under(const char *name, const char *zone)
 /* ---- the fake upstream -------------------------------------------------------------------- */
 
 static struct {
-    int fd;
+    int fd, tfd;  /* UDP, and the TCP listener on the same port */
+    int slow[16]; /* TCP connections left unanswered */
+    size_t nslow;
     uint16_t port;
     pthread_t th;
     volatile bool stop;
     pthread_mutex_t mu;
     char **log; /* every name asked, as received */
     size_t nlog, caplog;
-} up = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+} up = {.fd = -1, .tfd = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* How many times the upstream was asked name (with or without the final
+ * dot, any letter case) over UDP, or over TCP when tcp. */
+static size_t upstream_count(const char *name, bool tcp)
+{
+    char want[300];
+    snprintf(want, sizeof want, "%s%s%s", tcp ? "tcp:" : "", name,
+             name[strlen(name) - 1] == '.' ? "" : ".");
+    size_t n = 0;
+    pthread_mutex_lock(&up.mu);
+    for (size_t i = 0; i < up.nlog; i++)
+        n += strcasecmp(up.log[i], want) == 0;
+    pthread_mutex_unlock(&up.mu);
+    return n;
+}
 
 /* Whether any name the upstream was asked contains needle (in any letter case). */
 static bool upstream_saw(const char *needle)
@@ -123,6 +144,27 @@ static ldns_pkt *fake_reply_to(const ldns_pkt *q)
     return r;
 }
 
+static void fake_log(const char *prefix, const char *name)
+{
+    char s[300];
+    snprintf(s, sizeof s, "%s%s", prefix, name);
+    pthread_mutex_lock(&up.mu);
+    if (up.nlog == up.caplog) {
+        up.caplog = up.caplog ? 2 * up.caplog : 1024;
+        up.log = dsec_realloc(up.log, up.caplog * sizeof *up.log);
+    }
+    up.log[up.nlog++] = dsec_strdup(s);
+    pthread_mutex_unlock(&up.mu);
+}
+
+/* A negative answer with the zone's SOA (TTL and minimum as given). */
+static void add_soa(ldns_pkt *r, uint32_t ttl, uint32_t minimum)
+{
+    add_rr(r, LDNS_SECTION_AUTHORITY,
+           "allowed.test. %u IN SOA ns.allowed.test. host.allowed.test. 1 3600 600 86400 %u", ttl,
+           minimum);
+}
+
 /* Answer one query from the table. */
 static void fake_answer(const ldns_pkt *q, const struct sockaddr_storage *from, socklen_t fl)
 {
@@ -132,16 +174,29 @@ static void fake_answer(const ldns_pkt *q, const struct sockaddr_storage *from, 
     char *name = ldns_rdf2str(ldns_rr_owner(qrr));
     if (name == NULL)
         return;
-    pthread_mutex_lock(&up.mu);
-    if (up.nlog == up.caplog) {
-        up.caplog = up.caplog ? 2 * up.caplog : 1024;
-        up.log = dsec_realloc(up.log, up.caplog * sizeof *up.log);
-    }
-    up.log[up.nlog++] = dsec_strdup(name);
-    pthread_mutex_unlock(&up.mu);
+    fake_log("", name);
     bool a = ldns_rr_get_type(qrr) == LDNS_RR_TYPE_A;
     ldns_pkt *r = fake_reply_to(q);
-    if (strcmp(name, "silent.allowed.test.") == 0) {
+    if (strncmp(name, "tc", 2) == 0) {
+        ldns_pkt_set_tc(r, true); /* ask again over TCP */
+    } else if (strcmp(name, "cache1.allowed.test.") == 0) {
+        add_rr(r, LDNS_SECTION_ANSWER, "%s 60 IN A 192.0.2.41", name);
+    } else if (strcmp(name, "exp.allowed.test.") == 0) {
+        add_rr(r, LDNS_SECTION_ANSWER, "%s 0 IN A 192.0.2.42", name);
+    } else if (strcmp(name, "slow.allowed.test.") == 0) {
+        usleep(200000); /* identical queries meanwhile share this one */
+        add_rr(r, LDNS_SECTION_ANSWER, "%s 60 IN A 192.0.2.43", name);
+    } else if (strcmp(name, "negshort.allowed.test.") == 0) {
+        ldns_pkt_set_rcode(r, LDNS_RCODE_NXDOMAIN);
+        add_soa(r, 3600, 1);
+    } else if (strcmp(name, "neglong.allowed.test.") == 0) {
+        ldns_pkt_set_rcode(r, LDNS_RCODE_NXDOMAIN);
+        add_soa(r, 3600, 3600);
+    } else if (strcmp(name, "nodata.allowed.test.") == 0) {
+        add_soa(r, 2, 3600);
+    } else if (strcmp(name, "sf.allowed.test.") == 0) {
+        ldns_pkt_set_rcode(r, LDNS_RCODE_SERVFAIL);
+    } else if (strncmp(name, "silent", 6) == 0) {
         ldns_pkt_free(r);
         LDNS_FREE(name);
         return;
@@ -196,13 +251,108 @@ static void fake_answer(const ldns_pkt *q, const struct sockaddr_storage *from, 
     LDNS_FREE(name);
 }
 
+static void tcp_send_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return;
+        p += k, n -= (size_t)k;
+    }
+}
+
+static void tcp_send_pkt(int fd, ldns_pkt *r)
+{
+    uint8_t *w = NULL;
+    size_t n = 0;
+    if (ldns_pkt2wire(&w, r, &n) == LDNS_STATUS_OK) {
+        uint8_t hdr[2] = {(uint8_t)(n >> 8), (uint8_t)n};
+        tcp_send_all(fd, hdr, 2);
+        tcp_send_all(fd, w, n);
+    }
+    LDNS_FREE(w);
+}
+
+/* One connection to the fake's TCP side: one framed query, answered from
+ * the "tc" table (whole, broken, or never). */
+static void fake_tcp(int fd)
+{
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t hdr[2], buf[4096];
+    ldns_pkt *q = NULL;
+    if (recv(fd, hdr, 2, MSG_WAITALL) != 2) {
+        close(fd);
+        return;
+    }
+    size_t len = (size_t)hdr[0] << 8 | hdr[1];
+    if (len > sizeof buf || recv(fd, buf, len, MSG_WAITALL) != (ssize_t)len ||
+        ldns_wire2pkt(&q, buf, len) != LDNS_STATUS_OK) {
+        close(fd);
+        return;
+    }
+    const ldns_rr *qrr = ldns_rr_list_rr(ldns_pkt_question(q), 0);
+    char *name = qrr != NULL ? ldns_rdf2str(ldns_rr_owner(qrr)) : NULL;
+    if (name == NULL) {
+        ldns_pkt_free(q);
+        close(fd);
+        return;
+    }
+    fake_log("tcp:", name);
+    ldns_pkt *r = fake_reply_to(q);
+    if (strcmp(name, "tc.allowed.test.") == 0) {
+        for (int i = 1; i <= 3; i++)
+            add_rr(r, LDNS_SECTION_ANSWER, "%s 60 IN A 192.0.2.3%d", name, i);
+        tcp_send_pkt(fd, r);
+    } else if (strcmp(name, "tcbig.allowed.test.") == 0) {
+        for (int i = 0; i < 200; i++)
+            add_rr(r, LDNS_SECTION_ANSWER, "%s 60 IN A 10.2.%d.%d", name, i / 100, i % 100 + 1);
+        tcp_send_pkt(fd, r);
+    } else if (strcmp(name, "tcbad.allowed.test.") == 0) {
+        uint8_t junk[42] = {0, 40, buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 9};
+        for (size_t i = 10; i < sizeof junk; i++)
+            junk[i] = (uint8_t)(i * 37);
+        tcp_send_all(fd, junk, sizeof junk);
+    } else if (strcmp(name, "tcover.allowed.test.") == 0) {
+        /* the largest frame there is, of junk after a plausible header, and more behind it */
+        uint8_t *big = dsec_calloc(1, 2 + 65535 + 65536);
+        memset(big + 2, 0xc0, 65535 + 65536);
+        big[0] = 0xff, big[1] = 0xff, big[2] = buf[0], big[3] = buf[1], big[4] = 0x81;
+        big[5] = 0x80, big[6] = 0, big[7] = 1, big[8] = 0xff, big[9] = 0xff;
+        tcp_send_all(fd, big, 2 + 65535 + 65536);
+        dsec_free(big);
+    } else if (strcmp(name, "tcshort.allowed.test.") == 0) {
+        uint8_t part[102] = {0x01, 0xf4, buf[0], buf[1], 0x81, 0x80}; /* 500 promised, 100 sent */
+        tcp_send_all(fd, part, sizeof part);
+    } else if (strcmp(name, "tcwrongid.allowed.test.") == 0) {
+        ldns_pkt_set_id(r, (uint16_t)(ldns_pkt_id(q) ^ 1));
+        add_rr(r, LDNS_SECTION_ANSWER, "%s 60 IN A 203.0.113.70", name);
+        tcp_send_pkt(fd, r);
+    } else if (strcmp(name, "tcslow.allowed.test.") == 0 && up.nslow < 16) {
+        up.slow[up.nslow++] = fd; /* connected, never answered */
+        fd = -1;
+    }
+    ldns_pkt_free(r);
+    ldns_pkt_free(q);
+    LDNS_FREE(name);
+    if (fd >= 0)
+        close(fd);
+}
+
 static void *fake_thread(void *arg)
 {
     (void)arg;
     uint8_t buf[4096];
     while (!up.stop) {
-        struct pollfd pfd = {.fd = up.fd, .events = POLLIN};
-        if (poll(&pfd, 1, 50) <= 0)
+        struct pollfd pfds[2] = {{.fd = up.fd, .events = POLLIN}, {.fd = up.tfd, .events = POLLIN}};
+        if (poll(pfds, 2, 50) <= 0)
+            continue;
+        if (pfds[1].revents & POLLIN) {
+            int c = accept4(up.tfd, NULL, NULL, SOCK_CLOEXEC);
+            if (c >= 0)
+                fake_tcp(c);
+        }
+        if (!(pfds[0].revents & POLLIN))
             continue;
         struct sockaddr_storage from;
         socklen_t fl = sizeof from;
@@ -220,15 +370,27 @@ static void *fake_thread(void *arg)
 
 static int fake_start(void)
 {
-    up.fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    int sz = 4 << 20;
-    setsockopt(up.fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
-    if (up.fd < 0 || bind(up.fd, (struct sockaddr *)&a, sizeof a) < 0 ||
-        getsockname(up.fd, (struct sockaddr *)&a, &al) < 0)
+    for (int tries = 0; up.tfd < 0 && tries < 50; tries++) {
+        if (up.fd >= 0)
+            close(up.fd);
+        up.fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        int sz = 4 << 20;
+        setsockopt(up.fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+        if (up.fd < 0 || bind(up.fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+            getsockname(up.fd, (struct sockaddr *)&a, &al) < 0)
+            return -1;
+        up.port = ntohs(a.sin_port);
+        /* the TCP side on the same port (taken by someone else's TCP: another port) */
+        int t = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (t >= 0 && bind(t, (struct sockaddr *)&a, sizeof a) == 0 && listen(t, 64) == 0)
+            up.tfd = t;
+        else if (t >= 0)
+            close(t);
+    }
+    if (up.tfd < 0)
         return -1;
-    up.port = ntohs(a.sin_port);
     up.stop = false;
     return pthread_create(&up.th, NULL, fake_thread, NULL) == 0 ? 0 : -1;
 }
@@ -238,6 +400,11 @@ static void fake_stop(void)
     up.stop = true;
     pthread_join(up.th, NULL);
     close(up.fd);
+    close(up.tfd);
+    up.fd = up.tfd = -1;
+    for (size_t i = 0; i < up.nslow; i++)
+        close(up.slow[i]);
+    up.nslow = 0;
     for (size_t i = 0; i < up.nlog; i++)
         dsec_free(up.log[i]);
     dsec_free(up.log);
@@ -281,6 +448,8 @@ static bool policy(void *ud, const struct sockaddr *cl, const char *name)
         return under(name, "allowed.test");
     case 3:
         return under(name, "other.test");
+    case 4:
+        return under(name, "allowed.test") && strcmp(name, "target.allowed.test") != 0;
     default:
         return false;
     }
@@ -482,7 +651,8 @@ static void expect_rcode(const char *src, const char *name, ldns_rr_type t, ldns
     ldns_pkt_free(p);
 }
 
-static dsec__dns *mk_resolver(uint16_t port, uint32_t qps, uint32_t burst, uint32_t inflight)
+static dsec__dns *mk_resolver(uint16_t port, uint32_t qps, uint32_t burst, uint32_t inflight,
+                              uint32_t cache_entries)
 {
     dsec__dns_conf c = {.nlisten = 1,
                         .nupstream = 1,
@@ -490,6 +660,7 @@ static dsec__dns *mk_resolver(uint16_t port, uint32_t qps, uint32_t burst, uint3
                         .client_qps = qps,
                         .client_burst = burst,
                         .client_inflight = inflight,
+                        .cache_entries = cache_entries,
                         .allowed = policy,
                         .pin = on_pin,
                         .refused = on_refused};
@@ -510,7 +681,7 @@ static int group_setup(void **state)
     if (fake_start() < 0)
         return -1;
     dns_port = free_port();
-    dns = dns_port != 0 ? mk_resolver(dns_port, 2000, 4000, 64) : NULL;
+    dns = dns_port != 0 ? mk_resolver(dns_port, 2000, 4000, 64, 0) : NULL;
     return dns != NULL ? 0 : -1;
 }
 
@@ -942,24 +1113,282 @@ static void tcp_works_and_big_answers_truncate_over_udp(void **state)
         close(fds[i]);
 }
 
+/* ---- upstream over TCP, the cache ---------------------------------------------------------- */
+
+/* One query over TCP from src; the parsed reply or NULL. */
+static ldns_pkt *ask_tcp(const char *src, const char *name, ldns_rr_type t, uint16_t id)
+{
+    int fd = tcp_connect(src, dns_port);
+    uint8_t w[600];
+    size_t l = mkquery(name, t, LDNS_RR_CLASS_IN, false, id, w + 2);
+    w[0] = (uint8_t)(l >> 8), w[1] = (uint8_t)l;
+    assert_int_equal(send(fd, w, l + 2, 0), (ssize_t)(l + 2));
+    ldns_pkt *p = tcp_read(fd);
+    close(fd);
+    return p;
+}
+
+static void truncated_upstream_answers_are_asked_again_over_tcp(void **state)
+{
+    (void)state;
+    cb_reset();
+    dsec__dns_stats s0, s1;
+    dsec__dns_stats_get(dns, &s0);
+    /* truncated over UDP, three addresses over TCP: the client gets them whole over UDP */
+    char buf[64];
+    ldns_pkt *p = ask("127.0.0.2", "tc.allowed.test", LDNS_RR_TYPE_A);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    assert_false(ldns_pkt_tc(p));
+    assert_int_equal(ldns_pkt_ancount(p), 3);
+    assert_string_equal(ans_addr(p, 2, buf, sizeof buf), "192.0.2.33");
+    ldns_pkt_free(p);
+    assert_non_null(pinned(2, "192.0.2.31"));
+    assert_int_equal(upstream_count("tc.allowed.test", false), 1);
+    assert_int_equal(upstream_count("tc.allowed.test", true), 1);
+
+    /* 200 addresses: too big for the client's UDP even with EDNS, so TC and
+     * nothing pinned; over TCP to the resolver the client gets all (from the
+     * cache: the upstream is not asked a second time) */
+    p = ask_cls("127.0.0.2", "tcbig.allowed.test", LDNS_RR_TYPE_A, LDNS_RR_CLASS_IN, true, 2000);
+    assert_non_null(p);
+    assert_true(ldns_pkt_tc(p));
+    assert_int_equal(ldns_pkt_ancount(p), 0);
+    ldns_pkt_free(p);
+    assert_null(pinned(2, "10.2.1.100"));
+    p = ask_tcp("127.0.0.2", "tcbig.allowed.test", LDNS_RR_TYPE_A, 4242);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_id(p), 4242);
+    assert_false(ldns_pkt_tc(p));
+    assert_int_equal(ldns_pkt_ancount(p), 200);
+    ldns_pkt_free(p);
+    assert_non_null(pinned(2, "10.2.1.100"));
+    assert_int_equal(upstream_count("tcbig.allowed.test", true), 1);
+    dsec__dns_stats_get(dns, &s1);
+    assert_int_equal(s1.upstream_tcp - s0.upstream_tcp, 2);
+}
+
+static void broken_or_silent_tcp_upstreams_give_servfail(void **state)
+{
+    (void)state;
+    cb_reset();
+    /* unparseable, the largest frame of junk (and more behind it), cut
+     * short, the wrong id: SERVFAIL at once, nothing pinned */
+    const char *names[] = {"tcbad.allowed.test", "tcover.allowed.test", "tcshort.allowed.test",
+                           "tcwrongid.allowed.test"};
+    for (size_t i = 0; i < 4; i++) {
+        uint64_t t0 = now_us();
+        expect_rcode("127.0.0.2", names[i], LDNS_RR_TYPE_A, LDNS_RCODE_SERVFAIL);
+        assert_true(now_us() - t0 < 250000u); /* not the timeout */
+        assert_int_equal(upstream_count(names[i], true), 1);
+    }
+    assert_null(pinned(2, "203.0.113.70"));
+    /* failures are not cached */
+    expect_rcode("127.0.0.2", "tcbad.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_SERVFAIL);
+    assert_int_equal(upstream_count("tcbad.allowed.test", true), 2);
+
+    /* connected, never answered: SERVFAIL after the upstream timeout (300 ms) */
+    dsec__dns_stats s0, s1;
+    dsec__dns_stats_get(dns, &s0);
+    uint64_t t0 = now_us();
+    expect_rcode("127.0.0.2", "tcslow.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_SERVFAIL);
+    uint64_t ms = (now_us() - t0) / 1000u;
+    assert_true(ms >= 250 && ms < 1500);
+    dsec__dns_stats_get(dns, &s1);
+    assert_int_equal(s1.upstream_timeouts - s0.upstream_timeouts, 1);
+    /* and it still serves */
+    expect_rcode("127.0.0.2", "tc.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+}
+
+static void answers_are_cached_with_their_ttl_counting_down(void **state)
+{
+    (void)state;
+    cb_reset();
+    ldns_pkt *p = ask("127.0.0.2", "cache1.allowed.test", LDNS_RR_TYPE_A);
+    assert_non_null(p);
+    assert_int_equal(ldns_rr_ttl(ldns_rr_list_rr(ldns_pkt_answer(p), 0)), 60);
+    ldns_pkt_free(p);
+    usleep(1100000);
+    dsec__dns_stats s0, s1;
+    dsec__dns_stats_get(dns, &s0);
+    /* another sandbox, over UDP and TCP: the upstream is not asked again */
+    p = ask("127.0.0.5", "cache1.allowed.test", LDNS_RR_TYPE_A);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_ancount(p), 1);
+    uint32_t ttl = ldns_rr_ttl(ldns_rr_list_rr(ldns_pkt_answer(p), 0));
+    assert_true(ttl >= 55 && ttl <= 59);
+    ldns_pkt_free(p);
+    const pinrec *pin = pinned(5, "192.0.2.41");
+    assert_non_null(pin);
+    assert_int_equal(pin->ttl, ttl); /* the pin lasts as long as the client may keep it */
+    p = ask_tcp("127.0.0.6", "Cache1.Allowed.Test", LDNS_RR_TYPE_A, 77);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_ancount(p), 1);
+    assert_true(ldns_rr_ttl(ldns_rr_list_rr(ldns_pkt_answer(p), 0)) <= ttl);
+    ldns_pkt_free(p);
+    assert_non_null(pinned(6, "192.0.2.41"));
+    assert_int_equal(upstream_count("cache1.allowed.test", false), 1);
+    dsec__dns_stats_get(dns, &s1);
+    assert_int_equal(s1.cache_hits - s0.cache_hits, 2);
+    assert_int_equal(s1.upstream_sent - s0.upstream_sent, 0);
+    /* another type is another entry (the fake has only an A record: no addresses) */
+    p = ask("127.0.0.2", "cache1.allowed.test", LDNS_RR_TYPE_AAAA);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    assert_int_equal(ldns_pkt_ancount(p), 0);
+    ldns_pkt_free(p);
+    assert_int_equal(upstream_count("cache1.allowed.test", false), 2);
+}
+
+static void cached_answers_still_meet_each_sandbox_policy(void **state)
+{
+    (void)state;
+    cb_reset();
+    /* cached by the first sandbox's query (the CNAME test may have done it already) */
+    ldns_pkt *p = ask("127.0.0.2", "alias.allowed.test", LDNS_RR_TYPE_A);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_ancount(p), 2);
+    ldns_pkt_free(p);
+    size_t asked = upstream_count("alias.allowed.test", false);
+    assert_true(asked >= 1);
+    /* a sandbox whose policy does not allow the name: refused, as before any cache */
+    expect_rcode("127.0.0.3", "alias.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_REFUSED);
+    assert_true(refused_with(3, "alias.allowed.test", "denied"));
+    assert_null(pinned(3, "192.0.2.2"));
+    /* one that allows the name but not where its CNAME leads: refused too */
+    expect_rcode("127.0.0.4", "alias.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_REFUSED);
+    assert_true(refused_with(4, "alias.allowed.test", "cname"));
+    assert_null(pinned(4, "192.0.2.2"));
+    /* one that allows both gets the filtered chain, pinned for itself */
+    p = ask("127.0.0.5", "alias.allowed.test", LDNS_RR_TYPE_A);
+    assert_non_null(p);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    assert_int_equal(ldns_pkt_ancount(p), 2);
+    ldns_pkt_free(p);
+    assert_non_null(pinned(5, "192.0.2.2"));
+    assert_null(pinned(5, "203.0.113.9"));
+    assert_int_equal(upstream_count("alias.allowed.test", false), asked);
+}
+
+static void cache_entries_expire_and_failures_are_not_kept(void **state)
+{
+    (void)state;
+    const char *names[] = {"exp.allowed.test", "negshort.allowed.test", "neglong.allowed.test",
+                           "nodata.allowed.test", "sf.allowed.test"};
+    ldns_pkt_rcode rcs[] = {LDNS_RCODE_NOERROR, LDNS_RCODE_NXDOMAIN, LDNS_RCODE_NXDOMAIN,
+                            LDNS_RCODE_NOERROR, LDNS_RCODE_SERVFAIL};
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < 5; i++)
+            expect_rcode("127.0.0.2", names[i], LDNS_RR_TYPE_A, rcs[i]);
+    assert_int_equal(upstream_count("exp.allowed.test", false), 1);
+    assert_int_equal(upstream_count("negshort.allowed.test", false), 1);
+    assert_int_equal(upstream_count("neglong.allowed.test", false), 1);
+    assert_int_equal(upstream_count("nodata.allowed.test", false), 1);
+    assert_int_equal(upstream_count("sf.allowed.test", false), 2); /* SERVFAIL is not kept */
+    /* TTL 0 (5 s after clamping) and negative answers with a SOA minimum of
+     * 1 and TTL 2 s (5 s) are gone after 5 s; a SOA of 3600 s keeps the
+     * NXDOMAIN for 60 s */
+    usleep(5300000);
+    for (size_t i = 0; i < 4; i++)
+        expect_rcode("127.0.0.2", names[i], LDNS_RR_TYPE_A, rcs[i]);
+    assert_int_equal(upstream_count("exp.allowed.test", false), 2);
+    assert_int_equal(upstream_count("negshort.allowed.test", false), 2);
+    assert_int_equal(upstream_count("nodata.allowed.test", false), 2);
+    assert_int_equal(upstream_count("neglong.allowed.test", false), 1);
+}
+
+static void the_cache_is_bounded(void **state)
+{
+    (void)state;
+    uint16_t port = free_port();
+    dsec__dns *d = mk_resolver(port, 1000, 1000, 32, 4); /* four entries */
+    assert_non_null(d);
+    uint16_t shared = dns_port;
+    dns_port = port; /* ask() goes to dns_port */
+    char name[64];
+    for (int i = 0; i < 10; i++) {
+        snprintf(name, sizeof name, "pbound%d.allowed.test", i);
+        expect_rcode("127.0.0.2", name, LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+    }
+    dsec__dns_stats st;
+    dsec__dns_stats_get(d, &st);
+    assert_int_equal(st.cache_entries, 4);
+    assert_int_equal(st.cache_evictions, 6);
+    /* the newest is still there, the oldest went first */
+    expect_rcode("127.0.0.2", "pbound9.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+    assert_int_equal(upstream_count("pbound9.allowed.test", false), 1);
+    expect_rcode("127.0.0.2", "pbound0.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+    assert_int_equal(upstream_count("pbound0.allowed.test", false), 2);
+    dsec__dns_stats_get(d, &st);
+    assert_int_equal(st.cache_entries, 4);
+    dns_port = shared;
+    dsec__dns_free(d);
+}
+
+static void identical_queries_in_flight_share_one_upstream_query(void **state)
+{
+    (void)state;
+    cb_reset();
+    dsec__dns_stats s0, s1;
+    dsec__dns_stats_get(dns, &s0);
+    const char *src[] = {"127.0.0.2", "127.0.0.5", "127.0.0.6", "127.0.0.3"};
+    int fds[4];
+    struct sockaddr_storage to;
+    set_in(&to, "127.0.0.1", dns_port);
+    uint8_t q[512], r[512];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = client_sock(src[i], SOCK_DGRAM);
+        assert_true(fds[i] >= 0);
+        size_t ql = mkquery("slow.allowed.test", LDNS_RR_TYPE_A, LDNS_RR_CLASS_IN, false,
+                            (uint16_t)(900 + i), q);
+        assert_int_equal(
+            sendto(fds[i], q, ql, 0, (struct sockaddr *)&to, sizeof(struct sockaddr_in)),
+            (ssize_t)ql);
+    }
+    for (int i = 0; i < 4; i++) {
+        struct pollfd pfd = {.fd = fds[i], .events = POLLIN};
+        assert_int_equal(poll(&pfd, 1, 2000), 1);
+        ssize_t n = recv(fds[i], r, sizeof r, 0);
+        ldns_pkt *p = NULL;
+        assert_int_equal(ldns_wire2pkt(&p, r, (size_t)n), LDNS_STATUS_OK);
+        assert_int_equal(ldns_pkt_id(p), 900 + i);
+        /* the sandbox that may not ask is refused before any sharing */
+        assert_int_equal(ldns_pkt_get_rcode(p), i == 3 ? LDNS_RCODE_REFUSED : LDNS_RCODE_NOERROR);
+        assert_int_equal(ldns_pkt_ancount(p), i == 3 ? 0 : 1);
+        ldns_pkt_free(p);
+        close(fds[i]);
+    }
+    assert_non_null(pinned(2, "192.0.2.43"));
+    assert_non_null(pinned(5, "192.0.2.43"));
+    assert_non_null(pinned(6, "192.0.2.43"));
+    assert_null(pinned(3, "192.0.2.43"));
+    assert_int_equal(upstream_count("slow.allowed.test", false), 1);
+    dsec__dns_stats_get(dns, &s1);
+    assert_int_equal(s1.coalesced - s0.coalesced, 2);
+}
+
 static void stats_count_what_happened(void **state)
 {
     (void)state;
     usleep(100000); /* let stray packets of earlier tests settle */
     dsec__dns_stats s0, s1;
     dsec__dns_stats_get(dns, &s0);
-    expect_rcode("127.0.0.2", "a.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+    expect_rcode("127.0.0.2", "pstats.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
+    expect_rcode("127.0.0.5", "pstats.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR);
     expect_rcode("127.0.0.2", "stats.exfil.example", LDNS_RR_TYPE_A, LDNS_RCODE_REFUSED);
     expect_rcode("127.0.0.2", "a.allowed.test", LDNS_RR_TYPE_TXT, LDNS_RCODE_REFUSED);
     uint8_t r[512], junk[3] = {1, 2, 3};
     assert_true(ask_raw("127.0.0.2", dns_port, junk, sizeof junk, r, sizeof r, 200) < 0);
     dsec__dns_stats_get(dns, &s1);
-    assert_int_equal(s1.queries - s0.queries, 4);
-    assert_int_equal(s1.answered - s0.answered, 1);
+    assert_int_equal(s1.queries - s0.queries, 5);
+    assert_int_equal(s1.answered - s0.answered, 2);
     assert_int_equal(s1.refused - s0.refused, 2);
     assert_int_equal(s1.dropped - s0.dropped, 1);
     assert_int_equal(s1.upstream_sent - s0.upstream_sent, 1);
     assert_int_equal(s1.upstream_timeouts - s0.upstream_timeouts, 0);
+    assert_int_equal(s1.cache_misses - s0.cache_misses, 1);
+    assert_int_equal(s1.cache_hits - s0.cache_hits, 1); /* the second sandbox's */
+    assert_int_equal(s1.upstream_tcp - s0.upstream_tcp, 0);
 }
 
 /* ---- flood and fairness ------------------------------------------------------------------- */
@@ -997,15 +1426,16 @@ static void inflight_cap_answers_servfail_at_once(void **state)
 {
     (void)state;
     uint16_t port = free_port();
-    dsec__dns *d = mk_resolver(port, 1000, 1000, 2); /* two upstream queries per client */
+    dsec__dns *d = mk_resolver(port, 1000, 1000, 2, 0); /* two upstream queries per client */
     assert_non_null(d);
     int fd = client_sock("127.0.0.2", SOCK_DGRAM);
     struct sockaddr_storage to;
     set_in(&to, "127.0.0.1", port);
     uint8_t q[512], r[512];
     for (int i = 0; i < 3; i++) {
-        size_t ql = mkquery("silent.allowed.test", LDNS_RR_TYPE_A, LDNS_RR_CLASS_IN, false,
-                            (uint16_t)(500 + i), q);
+        char name[64];
+        snprintf(name, sizeof name, "silent%d.allowed.test", i);
+        size_t ql = mkquery(name, LDNS_RR_TYPE_A, LDNS_RR_CLASS_IN, false, (uint16_t)(500 + i), q);
         assert_int_equal(sendto(fd, q, ql, 0, (struct sockaddr *)&to, sizeof(struct sockaddr_in)),
                          (ssize_t)ql);
     }
@@ -1070,7 +1500,7 @@ static void a_flood_does_not_starve_other_clients(void **state)
 {
     (void)state;
     uint16_t port = free_port();
-    dsec__dns *d = mk_resolver(port, 0, 0, 0); /* the defaults: 100 qps, burst 200 */
+    dsec__dns *d = mk_resolver(port, 0, 0, 0, 0); /* the defaults: 100 qps, burst 200 */
     assert_non_null(d);
     cb_reset();
     volatile bool done = false;
@@ -1169,7 +1599,7 @@ static void throughput_is_measured(void **state)
 {
     (void)state;
     uint16_t port = free_port();
-    dsec__dns *d = mk_resolver(port, 1000000, 1000000, 256);
+    dsec__dns *d = mk_resolver(port, 1000000, 1000000, 256, 0);
     assert_non_null(d);
     int lost;
     double fwd = run_window(port, "127.0.0.6", "p", "allowed.test", 20000, 64, &lost);
@@ -1196,6 +1626,13 @@ int main(void)
         cmocka_unit_test(spoofed_upstream_replies_are_ignored),
         cmocka_unit_test(malformed_packets_get_formerr_or_nothing),
         cmocka_unit_test(tcp_works_and_big_answers_truncate_over_udp),
+        cmocka_unit_test(truncated_upstream_answers_are_asked_again_over_tcp),
+        cmocka_unit_test(broken_or_silent_tcp_upstreams_give_servfail),
+        cmocka_unit_test(answers_are_cached_with_their_ttl_counting_down),
+        cmocka_unit_test(cached_answers_still_meet_each_sandbox_policy),
+        cmocka_unit_test(cache_entries_expire_and_failures_are_not_kept),
+        cmocka_unit_test(the_cache_is_bounded),
+        cmocka_unit_test(identical_queries_in_flight_share_one_upstream_query),
         cmocka_unit_test(stats_count_what_happened),
         cmocka_unit_test(inflight_cap_answers_servfail_at_once),
         cmocka_unit_test(listens_before_the_gateway_exists_and_on_ipv6),

@@ -54,8 +54,16 @@
  *  - Upstream replies must come from the server asked, on the socket used,
  *    with the random id and the exact question of a query in flight.
  *    Anything else is ignored (not failed: a spoofer must not be able to cut
- *    a real answer short). No TCP to upstream: a truncated upstream answer
- *    is SERVFAIL (A/AAAA answers fit 1232 bytes in practice).
+ *    a real answer short). A truncated upstream answer is asked again of
+ *    the same server over TCP (non-blocking, in the same loop, at most
+ *    UP_TCP_MAX at once), with the same id and question; over TCP a reply
+ *    that does not match, does not parse or does not arrive in time is
+ *    SERVFAIL, since nobody else can write into that connection.
+ *  - A node-wide cache keyed by (name, type) holds the upstream's answer
+ *    records before any policy filter (policies differ per sandbox; the
+ *    policy check, the CNAME-chain filter and the pins run on every answer,
+ *    cached or not), with the clamped TTLs counted down while cached.
+ *    Identical queries in flight share one upstream query.
  */
 
 #define DEF_TIMEOUT_MS 2000u
@@ -73,16 +81,22 @@
 #define TCP_PER_CLIENT 8u
 #define TCP_TOTAL 512u
 #define TCP_IDLE_MS 10000u
-#define TCP_WBUF_MAX 65536u    /* unread replies queued per connection before it is closed */
+#define TCP_WBUF_MAX (2u << 16) /* unread replies queued per connection before it is closed */
 #define MAX_QUERY 1500u        /* largest client query accepted */
-#define OUT_MAX 4096u          /* largest reply built (upstream asked for <= 1232 bytes) */
+#define OUT_MAX 4096u          /* largest reply built on the stack (refusals, SERVFAIL) */
+#define UP_TCP_MAX 64u         /* TCP connections to upstreams at once (truncated answers) */
+#define DEF_CACHE_ENTRIES 10000u
+#define DEF_CACHE_BYTES (16u << 20)
+#define NEG_TTL_MIN 5u /* seconds a NXDOMAIN/NODATA is cached, from the SOA's minimum */
+#define NEG_TTL_MAX 60u
+#define KEY_BUCKETS 4096u      /* in-flight queries by (name, type), for coalescing */
 #define UDP_BATCH 32           /* packets read per socket per turn of the loop */
 #define UDP_SHARDS 8           /* UDP sockets per listen address, chosen by client address */
 #define UP_SOCKS 4             /* upstream sockets per family, each on its own random port */
 #define NAME_TXT 256           /* a name as text, with its NUL */
 #define RCVBUF_BYTES (2 << 20) /* per shard */
 
-typedef enum ev_kind { EV_STOP, EV_UDP, EV_TCPL, EV_UP, EV_CONN } ev_kind;
+typedef enum ev_kind { EV_STOP, EV_UDP, EV_TCPL, EV_UP, EV_CONN, EV_UPTCP } ev_kind;
 
 /* What an epoll event points at; first member of each source. */
 typedef struct evsrc {
@@ -134,20 +148,46 @@ typedef struct query {
     uint16_t max_len; /* the largest reply this client takes */
 } query;
 
-/* One upstream query in flight. */
+/* One upstream query in flight, or (waiter) a client's identical query
+ * waiting on one: a waiter has only the client's half (qq, cl, tc, lfd, tcp,
+ * peer) and is linked by next from its query's waiters. */
 struct pend {
+    evsrc tev;         /* the TCP connection to the upstream (EV_UPTCP), fd -1 when none */
     pend *prev, *next; /* in deadline order (the timeout is the same for all) */
+    pend *knext;       /* chain of key_tab */
+    pend *waiters;
+    uint32_t key; /* key_hash of (qname, qtype) */
+    bool dead;    /* finished; freed after this turn of the loop */
     query qq;
     client *cl;
     conn *tc; /* TCP client, or NULL */
     int lfd;  /* UDP listener it came in on (when tc is NULL and !tcp) */
     bool tcp;
     struct sockaddr_storage peer;
-    socklen_t peerlen;
     uint16_t up_id;
     int upfd;
     size_t upi; /* which upstream */
     uint64_t deadline_ms;
+    /* over TCP: the framed query while it is sent, then the reply */
+    uint8_t *tbuf;
+    size_t tlen, toff;
+    uint8_t thdr[2];
+    size_t thlen;
+    bool tsent;
+};
+
+/* One cached upstream answer. */
+typedef struct centry centry;
+struct centry {
+    centry *hnext;         /* bucket chain */
+    centry *lprev, *lnext; /* LRU order, most recent first */
+    uint32_t key;
+    uint16_t qtype;
+    uint8_t rcode;     /* NOERROR or NXDOMAIN */
+    ldns_rr_list *rrs; /* IN A/AAAA/CNAME of the answer section, TTLs clamped */
+    uint64_t stored_ms, expires_ms;
+    size_t bytes;
+    char name[];
 };
 
 struct dsec__dns {
@@ -170,9 +210,18 @@ struct dsec__dns {
     size_t npend;
     size_t up_rr;
     uint64_t next_sweep_ms;
+    pend *key_tab[KEY_BUCKETS];
+    size_t nwait;  /* waiters, all queries */
+    size_t nuptcp; /* TCP connections to upstreams */
+    pend *pdead;   /* finished queries whose TCP events may still be queued */
+
+    centry **cache; /* cbuckets chains (a power of two) */
+    size_t cbuckets, centries, cbytes;
+    centry *lru_head, *lru_tail;
 
     uint8_t rnd[256];
     size_t rnd_left;
+    uint8_t hkey[16]; /* key_hash's */
 
     dsec__dns_stats st; /* updated with atomics: read from other threads */
 
@@ -182,6 +231,7 @@ struct dsec__dns {
     struct sockaddr_storage from[UDP_BATCH];
     uint8_t rx[UDP_BATCH][MAX_QUERY];
     uint8_t upbuf[65536];
+    uint8_t obuf[65535]; /* replies to answered queries (TCP clients take up to 64 KiB) */
 };
 
 #define STAT_ADD(d, f) __atomic_fetch_add(&(d)->st.f, 1, __ATOMIC_RELAXED)
@@ -314,10 +364,11 @@ static int pkt_wire(const ldns_pkt *r, uint8_t *out, size_t cap, size_t *len)
 }
 
 /* Build the reply to q with rcode and copies of ans (may be NULL) into out
- * (OUT_MAX bytes). When it would exceed q's limit the answers are left out
- * and TC set, so the client retries over TCP. *truncated tells which. */
+ * (cap bytes, at least OUT_MAX). When it would exceed q's limit the answers
+ * are left out and TC set, so the client retries over TCP. *truncated tells
+ * which. */
 static size_t build_reply(const query *q, uint8_t rcode, const ldns_rr_list *ans, uint8_t *out,
-                          bool *truncated)
+                          size_t cap, bool *truncated)
 {
     *truncated = false;
     ldns_pkt *r = ldns_pkt_new();
@@ -342,7 +393,7 @@ static size_t build_reply(const query *q, uint8_t rcode, const ldns_rr_list *ans
         if (full != NULL) {
             for (size_t i = 0; i < nans; i++)
                 ldns_pkt_push_rr(full, LDNS_SECTION_ANSWER, ldns_rr_clone(ldns_rr_list_rr(ans, i)));
-            int rc = pkt_wire(full, out, OUT_MAX, &len);
+            int rc = pkt_wire(full, out, cap, &len);
             ldns_pkt_free(full);
             if (rc == 0 && len <= q->max_len) {
                 ldns_pkt_free(r);
@@ -425,7 +476,7 @@ static int decide(dsec__dns *d, const struct sockaddr *cl, const uint8_t *pkt, s
     if (why == NULL)
         return ACT_FORWARD;
     bool tc;
-    *outlen = build_reply(qq, LDNS_RCODE_REFUSED, NULL, out, &tc);
+    *outlen = build_reply(qq, LDNS_RCODE_REFUSED, NULL, out, OUT_MAX, &tc);
     if (*outlen == 0)
         *outlen = header_reply(pkt, LDNS_RCODE_REFUSED, out);
     STAT_ADD(d, refused);
@@ -644,9 +695,238 @@ static void conn_send(dsec__dns *d, conn *c, const uint8_t *msg, size_t len)
     conn_flush(d, c);
 }
 
+/* ---- the cache ---------------------------------------------------------------------------- */
+
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);                                  \
+        v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                                                     \
+        v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                                                     \
+        v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);                                  \
+    } while (0)
+
+/* SipHash-1-3 with the resolver's random key: sandboxes choose the names
+ * (anything under an allowed wildcard), so an unkeyed hash would let one
+ * pile them all into one chain. */
+static uint64_t siphash13(const uint8_t k[16], const uint8_t *in, size_t n)
+{
+    uint64_t k0, k1;
+    memcpy(&k0, k, 8);
+    memcpy(&k1, k + 8, 8);
+    uint64_t v0 = 0x736f6d6570736575ull ^ k0, v1 = 0x646f72616e646f6dull ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t m;
+        memcpy(&m, in + i, 8);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t b = (uint64_t)n << 56;
+    for (size_t j = 0; i + j < n; j++)
+        b |= (uint64_t)in[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static uint32_t key_hash(const dsec__dns *d, const char *name, uint16_t qtype)
+{
+    uint8_t buf[NAME_TXT + 2];
+    size_t n = strlen(name);
+    memcpy(buf, name, n);
+    buf[n] = (uint8_t)(qtype >> 8);
+    buf[n + 1] = (uint8_t)qtype;
+    return (uint32_t)siphash13(d->hkey, buf, n + 2);
+}
+
+static void lru_unlink(dsec__dns *d, centry *e)
+{
+    if (e->lprev != NULL)
+        e->lprev->lnext = e->lnext;
+    else
+        d->lru_head = e->lnext;
+    if (e->lnext != NULL)
+        e->lnext->lprev = e->lprev;
+    else
+        d->lru_tail = e->lprev;
+    e->lprev = e->lnext = NULL;
+}
+
+static void lru_push(dsec__dns *d, centry *e)
+{
+    e->lprev = NULL;
+    e->lnext = d->lru_head;
+    if (d->lru_head != NULL)
+        d->lru_head->lprev = e;
+    else
+        d->lru_tail = e;
+    d->lru_head = e;
+}
+
+static void centry_remove(dsec__dns *d, centry *e)
+{
+    centry **pp = &d->cache[e->key & (d->cbuckets - 1)];
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    lru_unlink(d, e);
+    d->centries--;
+    d->cbytes -= e->bytes;
+    ldns_rr_list_deep_free(e->rrs);
+    dsec_free(e);
+    __atomic_store_n(&d->st.cache_entries, d->centries, __ATOMIC_RELAXED);
+}
+
+static centry *cache_find(dsec__dns *d, uint32_t key, const char *name, uint16_t qtype)
+{
+    for (centry *e = d->cache[key & (d->cbuckets - 1)]; e != NULL; e = e->hnext)
+        if (e->key == key && e->qtype == qtype && strcmp(e->name, name) == 0)
+            return e;
+    return NULL;
+}
+
+/* A copy of the cached answer to q (the caller frees it with
+ * ldns_rr_list_deep_free) with its TTLs counted down, and its rcode; NULL
+ * when there is none or it has expired. */
+static ldns_rr_list *cache_get(dsec__dns *d, uint32_t key, const query *q, uint64_t nowms,
+                               uint8_t *rcode)
+{
+    centry *e = cache_find(d, key, q->qname, q->qtype);
+    if (e == NULL)
+        return NULL;
+    if (nowms >= e->expires_ms) {
+        centry_remove(d, e);
+        return NULL;
+    }
+    ldns_rr_list *out = ldns_rr_list_new();
+    if (out == NULL)
+        return NULL;
+    uint32_t age = (uint32_t)((nowms - e->stored_ms) / 1000u);
+    for (size_t i = 0; i < ldns_rr_list_rr_count(e->rrs); i++) {
+        ldns_rr *c = ldns_rr_clone(ldns_rr_list_rr(e->rrs, i));
+        if (c == NULL || !ldns_rr_list_push_rr(out, c)) {
+            ldns_rr_free(c);
+            ldns_rr_list_deep_free(out);
+            return NULL;
+        }
+        uint32_t t = ldns_rr_ttl(c);
+        ldns_rr_set_ttl(c, t > age ? t - age : 0);
+    }
+    lru_unlink(d, e);
+    lru_push(d, e);
+    *rcode = e->rcode;
+    return out;
+}
+
+/* How long a NXDOMAIN or NODATA is kept: the SOA's minimum or its TTL,
+ * whichever is less (RFC 2308), within [NEG_TTL_MIN, NEG_TTL_MAX]. */
+static uint32_t neg_ttl(const ldns_pkt *r)
+{
+    const ldns_rr_list *auth = ldns_pkt_authority(r);
+    for (size_t i = 0; auth != NULL && i < ldns_rr_list_rr_count(auth); i++) {
+        const ldns_rr *rr = ldns_rr_list_rr(auth, i);
+        if (ldns_rr_get_type(rr) != LDNS_RR_TYPE_SOA || ldns_rr_rd_count(rr) < 7)
+            continue;
+        const ldns_rdf *m = ldns_rr_rdf(rr, 6);
+        if (m == NULL || ldns_rdf_size(m) != 4)
+            continue;
+        uint32_t t = ldns_rdf2native_int32(m);
+        if (ldns_rr_ttl(rr) < t)
+            t = ldns_rr_ttl(rr);
+        return t < NEG_TTL_MIN ? NEG_TTL_MIN : t > NEG_TTL_MAX ? NEG_TTL_MAX : t;
+    }
+    return NEG_TTL_MIN;
+}
+
+/* Keep the upstream's answer r to q (NOERROR or NXDOMAIN): its IN A, AAAA
+ * and CNAME records with clamped TTLs, until the first of them expires (a
+ * negative answer: per neg_ttl). Least recently used entries go first when
+ * over the bounds. */
+static void cache_put(dsec__dns *d, uint32_t key, const query *q, const ldns_pkt *r, uint64_t nowms)
+{
+    if (d->cache == NULL)
+        return;
+    size_t nl = strlen(q->qname);
+    centry *e = dsec_calloc(1, sizeof *e + nl + 1);
+    if (e == NULL)
+        return;
+    e->rrs = ldns_rr_list_new();
+    if (e->rrs == NULL) {
+        dsec_free(e);
+        return;
+    }
+    e->bytes = sizeof *e + nl + 1;
+    uint32_t ttl = UINT32_MAX;
+    const ldns_rr_list *ans = ldns_pkt_answer(r);
+    for (size_t i = 0; ans != NULL && i < ldns_rr_list_rr_count(ans); i++) {
+        const ldns_rr *rr = ldns_rr_list_rr(ans, i);
+        ldns_rr_type t = ldns_rr_get_type(rr);
+        if (ldns_rr_get_class(rr) != LDNS_RR_CLASS_IN ||
+            (t != LDNS_RR_TYPE_A && t != LDNS_RR_TYPE_AAAA && t != LDNS_RR_TYPE_CNAME))
+            continue;
+        ldns_rr *c = ldns_rr_clone(rr);
+        if (c == NULL || !ldns_rr_list_push_rr(e->rrs, c)) {
+            ldns_rr_free(c);
+            goto drop;
+        }
+        uint32_t ct = ttl_clamp(ldns_rr_ttl(c));
+        ldns_rr_set_ttl(c, ct);
+        if (ct < ttl)
+            ttl = ct;
+        e->bytes += ldns_rr_uncompressed_size(c) + 64; /* and ldns's structures, roughly */
+    }
+    if (ldns_rr_list_rr_count(e->rrs) == 0 || ldns_pkt_get_rcode(r) == LDNS_RCODE_NXDOMAIN) {
+        uint32_t nt = neg_ttl(r);
+        if (nt < ttl)
+            ttl = nt;
+    }
+    if (e->bytes > d->c.cache_bytes / 8)
+        goto drop; /* no one answer takes much of the cache */
+    e->key = key;
+    e->qtype = q->qtype;
+    e->rcode = (uint8_t)ldns_pkt_get_rcode(r);
+    memcpy(e->name, q->qname, nl + 1);
+    e->stored_ms = nowms;
+    e->expires_ms = nowms + (uint64_t)ttl * 1000u;
+    centry *old = cache_find(d, key, q->qname, q->qtype);
+    if (old != NULL)
+        centry_remove(d, old);
+    centry **b = &d->cache[key & (d->cbuckets - 1)];
+    e->hnext = *b;
+    *b = e;
+    lru_push(d, e);
+    d->centries++;
+    d->cbytes += e->bytes;
+    while ((d->centries > d->c.cache_entries || d->cbytes > d->c.cache_bytes) && d->lru_tail != e) {
+        centry_remove(d, d->lru_tail);
+        STAT_ADD(d, cache_evictions);
+    }
+    __atomic_store_n(&d->st.cache_entries, d->centries, __ATOMIC_RELAXED);
+    return;
+drop:
+    ldns_rr_list_deep_free(e->rrs);
+    dsec_free(e);
+}
+
+/* Give back the memory of expired entries that nobody asks for any more
+ * (those at the cold end; the others go when asked or evicted). */
+static void cache_sweep(dsec__dns *d, uint64_t nowms)
+{
+    while (d->lru_tail != NULL && nowms >= d->lru_tail->expires_ms)
+        centry_remove(d, d->lru_tail);
+}
+
 /* ---- upstream ----------------------------------------------------------------------------- */
 
-static void pend_unlink(dsec__dns *d, pend *p)
+static void plist_del(dsec__dns *d, pend *p)
 {
     if (p->prev != NULL)
         p->prev->next = p->next;
@@ -656,7 +936,29 @@ static void pend_unlink(dsec__dns *d, pend *p)
         p->next->prev = p->prev;
     else
         d->ptail = p->prev;
+    p->prev = p->next = NULL;
+}
+
+static void plist_append(dsec__dns *d, pend *p)
+{
+    p->next = NULL;
+    p->prev = d->ptail;
+    if (d->ptail != NULL)
+        d->ptail->next = p;
+    else
+        d->phead = p;
+    d->ptail = p;
+}
+
+static void pend_unlink(dsec__dns *d, pend *p)
+{
+    plist_del(d, p);
     d->by_id[p->up_id] = NULL;
+    pend **pp = &d->key_tab[p->key % KEY_BUCKETS];
+    while (*pp != NULL && *pp != p)
+        pp = &(*pp)->knext;
+    if (*pp != NULL)
+        *pp = p->knext;
     d->npend--;
     if (p->cl != NULL)
         p->cl->inflight--;
@@ -664,38 +966,33 @@ static void pend_unlink(dsec__dns *d, pend *p)
         p->tc->npend--;
 }
 
-static void pend_free(pend *p)
+static void up_tcp_close(dsec__dns *d, pend *p)
 {
+    if (p->tev.fd < 0)
+        return;
+    epoll_ctl(d->epfd, EPOLL_CTL_DEL, p->tev.fd, NULL);
+    close(p->tev.fd);
+    p->tev.fd = -1;
+    d->nuptcp--;
+}
+
+static void pend_free(dsec__dns *d, pend *p)
+{
+    up_tcp_close(d, p);
     if (p->qq.q != NULL)
         ldns_pkt_free(p->qq.q);
+    dsec_free(p->tbuf);
     dsec_free(p);
 }
 
-/* Reply to the client of p (UDP or TCP); calls pin for every address in it first. */
-static void pend_answer(dsec__dns *d, pend *p, uint8_t rcode, const ldns_rr_list *ans)
+/* A finished query: freed after this turn of the loop, since an event of
+ * its TCP connection may still be queued. */
+static void pend_retire(dsec__dns *d, pend *p)
 {
-    if (p->tcp && p->tc == NULL)
-        return; /* its connection is gone: nobody to pin for */
-    uint8_t out[OUT_MAX];
-    bool tc;
-    size_t len = build_reply(&p->qq, rcode, ans, out, &tc);
-    if (len == 0)
-        return;
-    if (!tc && ans != NULL && d->c.pin != NULL) {
-        for (size_t i = 0; i < ldns_rr_list_rr_count(ans); i++) {
-            const ldns_rr *rr = ldns_rr_list_rr(ans, i);
-            ldns_rr_type t = ldns_rr_get_type(rr);
-            if (t != LDNS_RR_TYPE_A && t != LDNS_RR_TYPE_AAAA)
-                continue;
-            const ldns_rdf *a = ldns_rr_rdf(rr, 0);
-            d->c.pin(d->c.ud, (const struct sockaddr *)&p->peer, p->qq.qname,
-                     t == LDNS_RR_TYPE_A ? AF_INET : AF_INET6, ldns_rdf_data(a), ldns_rr_ttl(rr));
-        }
-    }
-    if (p->tc != NULL)
-        conn_send(d, p->tc, out, len);
-    else
-        sendto(p->lfd, out, len, MSG_DONTWAIT, (const struct sockaddr *)&p->peer, p->peerlen);
+    up_tcp_close(d, p);
+    p->dead = true;
+    p->next = d->pdead;
+    d->pdead = p;
 }
 
 static void reply_now(dsec__dns *d, int lfd, conn *tc, const struct sockaddr *peer,
@@ -707,16 +1004,171 @@ static void reply_now(dsec__dns *d, int lfd, conn *tc, const struct sockaddr *pe
         sendto(lfd, out, len, MSG_DONTWAIT, peer, sa_len(peer));
 }
 
-/* Send qq upstream on behalf of client cl. Takes qq->q. */
-static void forward(dsec__dns *d, client *cl, int lfd, conn *tc, const struct sockaddr *peer,
-                    query *qq)
+/* Answer one client (over UDP on lfd, or TCP on tc when tcp): SERVFAIL, or
+ * the upstream's rcode with raw (its answer records, fresh or cached) put
+ * through this client's CNAME-chain filter. Every address in the reply is
+ * pinned before it is sent. */
+static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
+                    const struct sockaddr *peer, uint8_t rcode, const ldns_rr_list *raw)
+{
+    ldns_rr_list *ans = NULL;
+    if (rcode != LDNS_RCODE_SERVFAIL) {
+        ans = ldns_rr_list_new();
+        if (ans == NULL) {
+            rcode = LDNS_RCODE_SERVFAIL;
+        } else if (chain_filter(d, peer, qq, raw, ans) < 0) {
+            STAT_ADD(d, refused);
+            refuse_cb(d, peer, qq->qname, qq->qtype, "cname");
+            rcode = LDNS_RCODE_REFUSED;
+            ldns_rr_list_deep_free(ans);
+            ans = NULL;
+        } else {
+            STAT_ADD(d, answered);
+        }
+    }
+    if (tcp && tc == NULL) {
+        /* its connection is gone: nobody to pin for */
+        if (ans != NULL)
+            ldns_rr_list_deep_free(ans);
+        return;
+    }
+    bool trunc;
+    size_t len = build_reply(qq, rcode, ans, d->obuf, sizeof d->obuf, &trunc);
+    if (len > 0 && !trunc && ans != NULL && d->c.pin != NULL) {
+        for (size_t i = 0; i < ldns_rr_list_rr_count(ans); i++) {
+            const ldns_rr *rr = ldns_rr_list_rr(ans, i);
+            ldns_rr_type t = ldns_rr_get_type(rr);
+            if (t != LDNS_RR_TYPE_A && t != LDNS_RR_TYPE_AAAA)
+                continue;
+            const ldns_rdf *a = ldns_rr_rdf(rr, 0);
+            d->c.pin(d->c.ud, peer, qq->qname, t == LDNS_RR_TYPE_A ? AF_INET : AF_INET6,
+                     ldns_rdf_data(a), ldns_rr_ttl(rr));
+        }
+    }
+    if (len > 0)
+        reply_now(d, lfd, tc, peer, d->obuf, len);
+    if (ans != NULL)
+        ldns_rr_list_deep_free(ans);
+}
+
+/* p (unlinked) is over: r is the upstream's matching answer, or NULL for
+ * SERVFAIL (timeout, broken TCP reply, no way to ask). Caches r, answers p's
+ * client and every waiter, retires p. */
+static void pend_done(dsec__dns *d, pend *p, const ldns_pkt *r)
+{
+    uint8_t rcode = LDNS_RCODE_SERVFAIL;
+    const ldns_rr_list *raw = NULL;
+    if (r != NULL) {
+        ldns_pkt_rcode rc = ldns_pkt_get_rcode(r);
+        if (rc == LDNS_RCODE_NOERROR || rc == LDNS_RCODE_NXDOMAIN) {
+            rcode = (uint8_t)rc;
+            raw = ldns_pkt_answer(r);
+            cache_put(d, p->key, &p->qq, r, now_ms());
+        }
+    }
+    deliver(d, &p->qq, p->lfd, p->tc, p->tcp, (const struct sockaddr *)&p->peer, rcode, raw);
+    while (p->waiters != NULL) {
+        pend *w = p->waiters;
+        p->waiters = w->next;
+        deliver(d, &w->qq, w->lfd, w->tc, w->tcp, (const struct sockaddr *)&w->peer, rcode, raw);
+        if (w->cl != NULL)
+            w->cl->inflight--;
+        if (w->tc != NULL)
+            w->tc->npend--;
+        d->nwait--;
+        pend_free(d, w);
+    }
+    pend_retire(d, p);
+}
+
+static void servfail_now(dsec__dns *d, int lfd, conn *tc, const struct sockaddr *peer, query *qq)
 {
     uint8_t out[OUT_MAX];
     bool trunc;
-    if (cl->inflight >= d->c.client_inflight || d->npend >= MAX_PENDING) {
-        size_t len = build_reply(qq, LDNS_RCODE_SERVFAIL, NULL, out, &trunc);
+    size_t len = build_reply(qq, LDNS_RCODE_SERVFAIL, NULL, out, sizeof out, &trunc);
+    if (len > 0)
         reply_now(d, lfd, tc, peer, out, len);
-        ldns_pkt_free(qq->q);
+    ldns_pkt_free(qq->q);
+    qq->q = NULL;
+}
+
+/* The query sent upstream, built afresh from the name and type alone;
+ * *w is LDNS_FREE'd by the caller. */
+static int upstream_wire(const query *qq, uint16_t id, uint8_t **w, size_t *wlen)
+{
+    *w = NULL;
+    ldns_rdf *name = ldns_dname_new_frm_str(qq->qname[0] ? qq->qname : ".");
+    if (name == NULL)
+        return -1;
+    ldns_pkt *uq = ldns_pkt_query_new(name, qq->qtype, LDNS_RR_CLASS_IN, LDNS_RD);
+    if (uq == NULL) {
+        ldns_rdf_deep_free(name);
+        return -1;
+    }
+    ldns_pkt_set_id(uq, id);
+    ldns_pkt_set_edns_udp_size(uq, EDNS_SIZE);
+    int rc = ldns_pkt2wire(w, uq, wlen) == LDNS_STATUS_OK && *w != NULL ? 0 : -1;
+    ldns_pkt_free(uq);
+    if (rc < 0) {
+        LDNS_FREE(*w);
+        *w = NULL;
+    }
+    return rc;
+}
+
+/* The client's half of a query in flight or waiting; takes qq->q. */
+static void pend_fill(pend *p, query *qq, client *cl, int lfd, conn *tc,
+                      const struct sockaddr *peer)
+{
+    p->tev.fd = -1;
+    p->qq = *qq;
+    qq->q = NULL;
+    p->cl = cl;
+    p->tc = tc;
+    p->tcp = tc != NULL;
+    p->lfd = lfd;
+    memcpy(&p->peer, peer, sa_len(peer));
+}
+
+/* Answer qq from the cache, or join an identical query in flight, or send
+ * it upstream on behalf of client cl. Takes qq->q. */
+static void forward(dsec__dns *d, client *cl, int lfd, conn *tc, const struct sockaddr *peer,
+                    query *qq)
+{
+    uint32_t key = key_hash(d, qq->qname, qq->qtype);
+    if (d->cache != NULL) {
+        uint8_t rc = 0;
+        ldns_rr_list *hit = cache_get(d, key, qq, now_ms(), &rc);
+        if (hit != NULL) {
+            STAT_ADD(d, cache_hits);
+            deliver(d, qq, lfd, tc, tc != NULL, peer, rc, hit);
+            ldns_rr_list_deep_free(hit);
+            ldns_pkt_free(qq->q);
+            qq->q = NULL;
+            return;
+        }
+        STAT_ADD(d, cache_misses);
+    }
+    if (cl->inflight >= d->c.client_inflight || d->npend + d->nwait >= MAX_PENDING) {
+        servfail_now(d, lfd, tc, peer, qq);
+        return;
+    }
+    for (pend *o = d->key_tab[key % KEY_BUCKETS]; o != NULL; o = o->knext) {
+        if (o->key != key || o->qq.qtype != qq->qtype || strcmp(o->qq.qname, qq->qname) != 0)
+            continue;
+        pend *w = dsec_calloc(1, sizeof *w);
+        if (w == NULL) {
+            servfail_now(d, lfd, tc, peer, qq);
+            return;
+        }
+        pend_fill(w, qq, cl, lfd, tc, peer);
+        w->next = o->waiters;
+        o->waiters = w;
+        d->nwait++;
+        cl->inflight++;
+        if (tc != NULL)
+            tc->npend++;
+        STAT_ADD(d, coalesced);
         return;
     }
     size_t upi = d->up_rr++ % d->c.nupstream;
@@ -735,59 +1187,179 @@ static void forward(dsec__dns *d, client *cl, int lfd, conn *tc, const struct so
 
     uint8_t *w = NULL;
     size_t wlen = 0;
-    ldns_rdf *name = ldns_dname_new_frm_str(qq->qname[0] ? qq->qname : ".");
-    ldns_pkt *uq =
-        name != NULL ? ldns_pkt_query_new(name, qq->qtype, LDNS_RR_CLASS_IN, LDNS_RD) : NULL;
-    if (uq != NULL) {
-        ldns_pkt_set_id(uq, id);
-        ldns_pkt_set_edns_udp_size(uq, EDNS_SIZE);
-        if (ldns_pkt2wire(&w, uq, &wlen) != LDNS_STATUS_OK) {
-            LDNS_FREE(w);
-            w = NULL;
-        }
-        ldns_pkt_free(uq);
-    } else if (name != NULL && uq == NULL) {
-        ldns_rdf_deep_free(name);
-    }
-    pend *p = w != NULL && upfd >= 0 ? dsec_calloc(1, sizeof *p) : NULL;
+    pend *p = NULL;
+    if (upfd >= 0 && upstream_wire(qq, id, &w, &wlen) == 0)
+        p = dsec_calloc(1, sizeof *p);
     if (p == NULL || sendto(upfd, w, wlen, MSG_DONTWAIT, (const struct sockaddr *)up,
                             sa_len((const void *)up)) < 0) {
         LDNS_FREE(w);
         dsec_free(p);
-        size_t len = build_reply(qq, LDNS_RCODE_SERVFAIL, NULL, out, &trunc);
-        reply_now(d, lfd, tc, peer, out, len);
-        ldns_pkt_free(qq->q);
+        servfail_now(d, lfd, tc, peer, qq);
         return;
     }
     LDNS_FREE(w);
     STAT_ADD(d, upstream_sent);
-    p->qq = *qq;
-    qq->q = NULL;
-    p->cl = cl;
-    p->tc = tc;
-    p->tcp = tc != NULL;
-    p->lfd = lfd;
-    memcpy(&p->peer, peer, sa_len(peer));
-    p->peerlen = sa_len(peer);
+    pend_fill(p, qq, cl, lfd, tc, peer);
     p->up_id = id;
     p->upfd = upfd;
     p->upi = upi;
+    p->key = key;
     p->deadline_ms = now_ms() + d->c.upstream_timeout_ms;
-    p->prev = d->ptail;
-    if (d->ptail != NULL)
-        d->ptail->next = p;
-    else
-        d->phead = p;
-    d->ptail = p;
+    plist_append(d, p);
     d->by_id[id] = p;
+    p->knext = d->key_tab[key % KEY_BUCKETS];
+    d->key_tab[key % KEY_BUCKETS] = p;
     d->npend++;
     cl->inflight++;
     if (tc != NULL)
         tc->npend++;
 }
 
-/* An upstream reply: accepted only from the server asked, on the socket
- * used, with the id and the exact question of a query in flight. */
+/* buf parsed, when it answers p: its id, QR, opcode and exact question;
+ * NULL for anything else. */
+static ldns_pkt *upstream_match(const pend *p, const uint8_t *buf, size_t len)
+{
+    if (len < 12 || (uint16_t)(buf[0] << 8 | buf[1]) != p->up_id)
+        return NULL;
+    ldns_pkt *r = NULL;
+    if (ldns_wire2pkt(&r, buf, len) != LDNS_STATUS_OK || r == NULL)
+        return NULL;
+    const ldns_rr *qrr = ldns_rr_list_rr(ldns_pkt_question(r), 0);
+    char qn[NAME_TXT];
+    if (!ldns_pkt_qr(r) || ldns_pkt_get_opcode(r) != LDNS_PACKET_QUERY ||
+        ldns_pkt_qdcount(r) != 1 || qrr == NULL || (uint16_t)ldns_rr_get_type(qrr) != p->qq.qtype ||
+        ldns_rr_get_class(qrr) != LDNS_RR_CLASS_IN || name_text(ldns_rr_owner(qrr), qn) < 0 ||
+        strcmp(qn, p->qq.qname) != 0) {
+        ldns_pkt_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Ask p's upstream again over TCP (its UDP answer was truncated): same id
+ * and question, a fresh timeout. p stays in flight, off the UDP sockets. */
+static int up_tcp_start(dsec__dns *d, pend *p)
+{
+    if (d->nuptcp >= UP_TCP_MAX)
+        return -1;
+    const struct sockaddr_storage *up = &d->c.upstream[p->upi];
+    uint8_t *w = NULL;
+    size_t wlen = 0;
+    if (upstream_wire(&p->qq, p->up_id, &w, &wlen) < 0)
+        return -1;
+    p->tbuf = dsec_malloc(2 + wlen);
+    if (p->tbuf == NULL) {
+        LDNS_FREE(w);
+        return -1;
+    }
+    p->tbuf[0] = (uint8_t)(wlen >> 8);
+    p->tbuf[1] = (uint8_t)wlen;
+    memcpy(p->tbuf + 2, w, wlen);
+    LDNS_FREE(w);
+    p->tlen = 2 + wlen;
+    p->toff = 0;
+    int fd = socket(up->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (const struct sockaddr *)up, sa_len((const void *)up)) < 0 &&
+        errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    p->tev = (evsrc){.kind = EV_UPTCP, .fd = fd, .family = up->ss_family};
+    struct epoll_event ev = {.events = EPOLLOUT, .data.ptr = &p->tev};
+    if (epoll_ctl(d->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        close(fd);
+        p->tev.fd = -1;
+        return -1;
+    }
+    d->nuptcp++;
+    p->upfd = -1; /* no UDP reply matches it any more */
+    plist_del(d, p);
+    p->deadline_ms = now_ms() + d->c.upstream_timeout_ms;
+    plist_append(d, p);
+    STAT_ADD(d, upstream_tcp);
+    return 0;
+}
+
+static void up_tcp_fail(dsec__dns *d, pend *p)
+{
+    pend_unlink(d, p);
+    pend_done(d, p, NULL);
+}
+
+/* The TCP connection of p: send the query, then read one framed reply (at
+ * most 65535 bytes by its framing). Over TCP only the server asked can
+ * write, so a reply that does not match is SERVFAIL, not ignored. */
+static void up_tcp_event(dsec__dns *d, pend *p, uint32_t events)
+{
+    if (p->dead)
+        return;
+    int fd = p->tev.fd;
+    if (!p->tsent) {
+        if (events & (EPOLLERR | EPOLLHUP)) {
+            up_tcp_fail(d, p);
+            return;
+        }
+        while (p->toff < p->tlen) {
+            ssize_t n = send(fd, p->tbuf + p->toff, p->tlen - p->toff, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return;
+            if (n < 0) {
+                up_tcp_fail(d, p);
+                return;
+            }
+            p->toff += (size_t)n;
+        }
+        dsec_free(p->tbuf);
+        p->tbuf = NULL;
+        p->tlen = p->toff = 0;
+        p->tsent = true;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &p->tev};
+        if (epoll_ctl(d->epfd, EPOLL_CTL_MOD, fd, &ev) < 0)
+            up_tcp_fail(d, p);
+        return;
+    }
+    for (;;) {
+        bool hdr = p->thlen < 2;
+        ssize_t n = hdr ? recv(fd, p->thdr + p->thlen, 2 - p->thlen, MSG_DONTWAIT)
+                        : recv(fd, p->tbuf + p->toff, p->tlen - p->toff, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            up_tcp_fail(d, p); /* an error, or closed before the whole reply */
+            return;
+        }
+        if (!hdr) {
+            p->toff += (size_t)n;
+            if (p->toff == p->tlen)
+                break;
+            continue;
+        }
+        p->thlen += (size_t)n;
+        if (p->thlen < 2)
+            continue;
+        p->tlen = (size_t)p->thdr[0] << 8 | p->thdr[1];
+        p->toff = 0;
+        if (p->tlen < 12 || (p->tbuf = dsec_malloc(p->tlen)) == NULL) {
+            up_tcp_fail(d, p);
+            return;
+        }
+    }
+    ldns_pkt *r = upstream_match(p, p->tbuf, p->tlen);
+    pend_unlink(d, p);
+    pend_done(d, p, r != NULL && !ldns_pkt_tc(r) ? r : NULL);
+    if (r != NULL)
+        ldns_pkt_free(r);
+}
+
+/* An upstream reply over UDP: accepted only from the server asked, on the
+ * socket used, with the id and the exact question of a query in flight. A
+ * truncated one sends the query to TCP. */
 static void upstream_reply(dsec__dns *d, int fd, const uint8_t *buf, size_t len,
                            const struct sockaddr_storage *src)
 {
@@ -796,40 +1368,20 @@ static void upstream_reply(dsec__dns *d, int fd, const uint8_t *buf, size_t len,
     pend *p = d->by_id[(uint16_t)(buf[0] << 8 | buf[1])];
     if (p == NULL || p->upfd != fd || !sa_same(src, &d->c.upstream[p->upi]))
         return;
-    ldns_pkt *r = NULL;
-    if (ldns_wire2pkt(&r, buf, len) != LDNS_STATUS_OK || r == NULL)
+    ldns_pkt *r = upstream_match(p, buf, len);
+    if (r == NULL)
         return;
-    const ldns_rr *qrr = ldns_rr_list_rr(ldns_pkt_question(r), 0);
-    char qn[NAME_TXT];
-    if (!ldns_pkt_qr(r) || ldns_pkt_get_opcode(r) != LDNS_PACKET_QUERY ||
-        ldns_pkt_qdcount(r) != 1 || qrr == NULL || (uint16_t)ldns_rr_get_type(qrr) != p->qq.qtype ||
-        ldns_rr_get_class(qrr) != LDNS_RR_CLASS_IN || name_text(ldns_rr_owner(qrr), qn) < 0 ||
-        strcmp(qn, p->qq.qname) != 0) {
+    if (ldns_pkt_tc(r)) {
         ldns_pkt_free(r);
+        if (up_tcp_start(d, p) == 0)
+            return;
+        pend_unlink(d, p);
+        pend_done(d, p, NULL);
         return;
     }
     pend_unlink(d, p);
-    const struct sockaddr *cl = (const struct sockaddr *)&p->peer;
-    ldns_pkt_rcode rc = ldns_pkt_get_rcode(r);
-    if (ldns_pkt_tc(r) || (rc != LDNS_RCODE_NOERROR && rc != LDNS_RCODE_NXDOMAIN)) {
-        pend_answer(d, p, LDNS_RCODE_SERVFAIL, NULL);
-    } else {
-        ldns_rr_list *ans = ldns_rr_list_new();
-        if (ans == NULL) {
-            pend_answer(d, p, LDNS_RCODE_SERVFAIL, NULL);
-        } else if (chain_filter(d, cl, &p->qq, ldns_pkt_answer(r), ans) < 0) {
-            STAT_ADD(d, refused);
-            refuse_cb(d, cl, p->qq.qname, p->qq.qtype, "cname");
-            pend_answer(d, p, LDNS_RCODE_REFUSED, NULL);
-        } else {
-            STAT_ADD(d, answered);
-            pend_answer(d, p, (uint8_t)rc, ans);
-        }
-        if (ans != NULL)
-            ldns_rr_list_deep_free(ans);
-    }
+    pend_done(d, p, r);
     ldns_pkt_free(r);
-    pend_free(p);
 }
 
 static void pend_expire(dsec__dns *d, uint64_t nowms)
@@ -838,8 +1390,7 @@ static void pend_expire(dsec__dns *d, uint64_t nowms)
         pend *p = d->phead;
         pend_unlink(d, p);
         STAT_ADD(d, upstream_timeouts);
-        pend_answer(d, p, LDNS_RCODE_SERVFAIL, NULL);
-        pend_free(p);
+        pend_done(d, p, NULL);
     }
 }
 
@@ -920,9 +1471,13 @@ static void conn_close(dsec__dns *d, conn *c)
     close(c->ev.fd);
     c->ev.fd = -1;
     if (c->npend > 0)
-        for (pend *p = d->phead; p != NULL; p = p->next)
+        for (pend *p = d->phead; p != NULL; p = p->next) {
             if (p->tc == c)
                 p->tc = NULL;
+            for (pend *w = p->waiters; w != NULL; w = w->next)
+                if (w->tc == c)
+                    w->tc = NULL;
+        }
     c->npend = 0;
     c->cl->nconn--;
     if (c->prev != NULL)
@@ -1044,6 +1599,9 @@ static void *dns_thread(void *arg)
             case EV_UP:
                 upstream_batch(d, s->fd);
                 break;
+            case EV_UPTCP:
+                up_tcp_event(d, (pend *)s, evs[i].events);
+                break;
             case EV_CONN: {
                 conn *c = (conn *)s;
                 if (!c->dead && (evs[i].events & EPOLLIN))
@@ -1061,7 +1619,13 @@ static void *dns_thread(void *arg)
         if (nowms >= d->next_sweep_ms) {
             conns_sweep(d, nowms);
             clients_sweep(d, nowms);
+            cache_sweep(d, nowms);
             d->next_sweep_ms = nowms + SWEEP_MS;
+        }
+        while (d->pdead != NULL) {
+            pend *p = d->pdead;
+            d->pdead = p->next;
+            pend_free(d, p);
         }
         while (d->dead != NULL) {
             conn *c = d->dead;
@@ -1184,14 +1748,26 @@ int dsec__dns_new(dsec__dns **out, const dsec__dns_conf *c, dsec_err *err)
         d->c.client_burst = 2 * d->c.client_qps;
     if (d->c.client_inflight == 0)
         d->c.client_inflight = DEF_INFLIGHT;
+    if (d->c.cache_entries == 0)
+        d->c.cache_entries = DEF_CACHE_ENTRIES;
+    if (d->c.cache_bytes == 0)
+        d->c.cache_bytes = DEF_CACHE_BYTES;
     d->epfd = d->stop.fd = -1;
     if (c->nlisten == 0) {
         *out = d; /* offline: the query path only */
         return 0;
     }
+    if (getrandom(d->hkey, sizeof d->hkey, 0) != (ssize_t)sizeof d->hkey) {
+        dsec_err_set(err, DSEC_E_IO, errno, "dns: reading a random hash key");
+        goto fail;
+    }
+    d->cbuckets = 16;
+    while (d->cbuckets < d->c.cache_entries && d->cbuckets < (1u << 20))
+        d->cbuckets *= 2;
     d->by_id = dsec_calloc(65536, sizeof *d->by_id);
-    if (d->by_id == NULL) {
-        dsec_err_set(err, DSEC_E_NOMEM, 0, "dns: allocating the pending table");
+    d->cache = dsec_calloc(d->cbuckets, sizeof *d->cache);
+    if (d->by_id == NULL || d->cache == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "dns: allocating the pending table and the cache");
         goto fail;
     }
     d->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1268,8 +1844,20 @@ void dsec__dns_free(dsec__dns *d)
     while (d->phead != NULL) {
         pend *p = d->phead;
         pend_unlink(d, p);
-        pend_free(p);
+        while (p->waiters != NULL) {
+            pend *w = p->waiters;
+            p->waiters = w->next;
+            pend_free(d, w);
+        }
+        pend_free(d, p);
     }
+    while (d->pdead != NULL) {
+        pend *p = d->pdead;
+        d->pdead = p->next;
+        pend_free(d, p);
+    }
+    while (d->lru_head != NULL)
+        centry_remove(d, d->lru_head);
     while (d->conns != NULL)
         conn_close(d, d->conns);
     while (d->dead != NULL) {
@@ -1295,6 +1883,7 @@ void dsec__dns_free(dsec__dns *d)
     if (d->epfd >= 0)
         close(d->epfd);
     dsec_free(d->by_id);
+    dsec_free(d->cache);
     dsec_free(d);
 }
 
@@ -1306,6 +1895,12 @@ void dsec__dns_stats_get(dsec__dns *d, dsec__dns_stats *out)
     out->dropped = __atomic_load_n(&d->st.dropped, __ATOMIC_RELAXED);
     out->upstream_sent = __atomic_load_n(&d->st.upstream_sent, __ATOMIC_RELAXED);
     out->upstream_timeouts = __atomic_load_n(&d->st.upstream_timeouts, __ATOMIC_RELAXED);
+    out->upstream_tcp = __atomic_load_n(&d->st.upstream_tcp, __ATOMIC_RELAXED);
+    out->cache_hits = __atomic_load_n(&d->st.cache_hits, __ATOMIC_RELAXED);
+    out->cache_misses = __atomic_load_n(&d->st.cache_misses, __ATOMIC_RELAXED);
+    out->cache_evictions = __atomic_load_n(&d->st.cache_evictions, __ATOMIC_RELAXED);
+    out->cache_entries = __atomic_load_n(&d->st.cache_entries, __ATOMIC_RELAXED);
+    out->coalesced = __atomic_load_n(&d->st.coalesced, __ATOMIC_RELAXED);
 }
 
 int dsec__dns_query_offline(dsec__dns *d, const struct sockaddr *cl, const uint8_t *pkt, size_t len,

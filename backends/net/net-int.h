@@ -198,6 +198,8 @@ typedef struct dsec__dns_conf {
     uint32_t client_qps;          /* per client address; 0: 100 */
     uint32_t client_burst;        /* 0: 2 * client_qps */
     uint32_t client_inflight;     /* upstream queries in flight per client; 0: 32 */
+    uint32_t cache_entries;       /* upstream answers cached, node-wide; 0: 10000 */
+    size_t cache_bytes;           /* and their size, roughly; 0: 16 MiB */
     /* The policy, called on the resolver thread. name: lower case, without
      * the trailing dot. True when this client may resolve name. An address
      * that is no sandbox's gets false. */
@@ -220,8 +222,14 @@ typedef struct dsec__dns_stats {
     uint64_t answered;  /* replies with addresses or an upstream NXDOMAIN/NODATA */
     uint64_t refused;   /* REFUSED replies (denied, type, cname, malformed) */
     uint64_t dropped;   /* not answered at all (flood, unparseable header) */
-    uint64_t upstream_sent;
-    uint64_t upstream_timeouts;
+    uint64_t upstream_sent;     /* queries sent over UDP */
+    uint64_t upstream_timeouts; /* of those, unanswered in time (over UDP or TCP) */
+    uint64_t upstream_tcp;      /* truncated UDP answers asked again over TCP */
+    uint64_t cache_hits;        /* allowed queries answered from the cache */
+    uint64_t cache_misses;      /* allowed queries not in the cache */
+    uint64_t cache_evictions;   /* entries dropped for room (not for expiry) */
+    uint64_t cache_entries;     /* entries now */
+    uint64_t coalesced;         /* misses that joined an identical query in flight */
 } dsec__dns_stats;
 
 /* Bind the listeners and start the resolver thread. *out freed by
