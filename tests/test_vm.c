@@ -212,8 +212,75 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     return remove(path);
 }
 
+/* QEMU pid's mount namespace and root are its own: a read-only root holding its sandbox's
+ * directory, disk and RAM, but not the host's files, /tmp, other sandboxes or the layer cache. */
+static void assert_qemu_jailed(long pid, const char *id)
+{
+    char p[PATH_MAX + 64], mine[64] = "", its[64] = "";
+    snprintf(p, sizeof p, "/proc/%ld/ns/mnt", pid);
+    assert_true(readlink("/proc/self/ns/mnt", mine, sizeof mine - 1) > 0);
+    assert_true(readlink(p, its, sizeof its - 1) > 0);
+    if (strcmp(mine, its) == 0)
+        fail_msg("QEMU %ld of %s shares the host's mount namespace (%s)", pid, id, its);
+    struct stat host_root, root;
+    snprintf(p, sizeof p, "/proc/%ld/root/", pid);
+    assert_int_equal(stat("/", &host_root), 0);
+    assert_int_equal(stat(p, &root), 0);
+    if (root.st_dev == host_root.st_dev && root.st_ino == host_root.st_ino)
+        fail_msg("QEMU %ld of %s has the host's root", pid, id);
+    /* the host's directories are not there, but for the way down to the state directory
+     * (the test's is under /tmp): then they hold that one name and nothing else */
+    const char *absent[] = {"etc", "tmp", "home", "var", "root", "sys", "proc", "run"};
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++) {
+        size_t l = strlen(absent[i]);
+        snprintf(p, sizeof p, "/proc/%ld/root/%s", pid, absent[i]);
+        if (strncmp(state_dir + 1, absent[i], l) != 0 || state_dir[l + 1] != '/') {
+            if (access(p, F_OK) == 0 || errno != ENOENT)
+                fail_msg("QEMU %ld of %s sees /%s", pid, id, absent[i]);
+            continue;
+        }
+        const char *next = state_dir + l + 2;
+        size_t nl = strcspn(next, "/");
+        DIR *d = opendir(p);
+        assert_non_null(d);
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+                (strlen(e->d_name) != nl || strncmp(e->d_name, next, nl) != 0))
+                fail_msg("QEMU %ld of %s sees /%s/%s", pid, id, absent[i], e->d_name);
+        closedir(d);
+    }
+    snprintf(p, sizeof p, "/proc/%ld/root/etc/passwd", pid);
+    assert_int_equal(access(p, F_OK), -1);
+    /* its own directory is there; no other sandbox's, no layer cache */
+    snprintf(p, sizeof p, "/proc/%ld/root%s/sb/%s/disk.img", pid, state_dir, id);
+    assert_int_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "/proc/%ld/root%s/layers", pid, state_dir);
+    assert_int_equal(access(p, F_OK), -1);
+    snprintf(p, sizeof p, "/proc/%ld/root%s/sb", pid, state_dir);
+    DIR *d = opendir(p);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.' && strcmp(e->d_name, id) != 0)
+            fail_msg("QEMU %ld of %s sees sandbox %s", pid, id, e->d_name);
+    closedir(d);
+    /* the root itself is read-only */
+    snprintf(p, sizeof p, "/proc/%ld/mountinfo", pid);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    char line[1024], mnt[512], opts[256];
+    bool ro = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%*s %*s %*s %*s %511s %255s", mnt, opts) == 2 && strcmp(mnt, "/") == 0)
+            ro = strncmp(opts, "ro,", 3) == 0 || strcmp(opts, "ro") == 0;
+    fclose(f);
+    if (!ro)
+        fail_msg("QEMU %ld of %s: its root is writable", pid, id);
+}
+
 /* The QEMU of sandbox id runs as uid and gid 1600000000 + its pid (vm_uid_base's default),
- * with no capabilities, no_new_privs and its seccomp filter on. */
+ * with no capabilities, no_new_privs and its seccomp filter on, in a root of its own. */
 static void assert_qemu_confined(const char *id)
 {
     char dir[PATH_MAX];
@@ -244,6 +311,7 @@ static void assert_qemu_confined(const char *id)
     assert_string_equal(cap, "0000000000000000");
     assert_string_equal(nnp, "1");
     assert_string_equal(sec, "2");
+    assert_qemu_jailed(pid, id);
 }
 
 static int group_teardown(void **state)
@@ -439,6 +507,19 @@ static void test_bad_input(void **state)
     char p[256];
     snprintf(p, sizeof p, "%s/sb/vmt-bad-layer", state_dir);
     assert_int_not_equal(access(p, F_OK), 0);
+    /* QEMU's root cannot be built (S/jail is gone): the start fails naming the step and the
+     * path, and leaves nothing behind */
+    snprintf(p, sizeof p, "%s/jail", state_dir);
+    assert_int_equal(rmdir(p), 0);
+    dsec_sandbox_spec spec4 = {.id = "vmt-bad-jail", .env = "busybox:1"};
+    int rc = dsec_microvm_ops.create(mvm, &spec4, &h, &bs, &err);
+    assert_int_equal(mkdir(p, 0700), 0);
+    assert_int_equal(rc, -1);
+    if (strstr(err.msg, "mounting QEMU's root") == NULL || strstr(err.msg, p) == NULL)
+        fail_msg("create without S/jail: %s", err.msg);
+    snprintf(p, sizeof p, "%s/sb/vmt-bad-jail", state_dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    assert_int_equal(procs_naming(state_dir), 0);
     /* a restore from a directory that holds no snapshot */
     dsec_sandbox_spec spec3 = {.id = "vmt-bad-restore"};
     assert_int_equal(dsec_microvm_ops.restore(mvm, &spec3, top, &h, &bs, &err), -1);
@@ -583,6 +664,7 @@ static void test_microvm(void **state)
         assert_string_not_equal(mids[i], mid_a);
     }
     assert_string_not_equal(mids[0], mids[1]);
+    assert_qemu_confined(c[0]->id);
     put_file(c[0], "/root/only-c0", "c0\n");
     assert_int_equal(sh(c[0], "cat /root/only-c0", out, sizeof out), 0);
     assert_int_not_equal(sh(c[1], "test -e /root/only-c0", NULL, 0), 0);

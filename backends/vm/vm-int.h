@@ -25,6 +25,8 @@
  *   S/images/<digest>.erofs one EROFS image per layer, made once from the cache's directory
  *   S/forks/<name>/         a fork's snapshot while its children start (removed after: each
  *                           child holds a hard link to the RAM file it maps)
+ *   S/jail/                 empty here: each QEMU mounts its own root on it in a mount
+ *                           namespace of its own, then pivots into it (vm-qemu.c)
  *   S/sb/<id>/              one sandbox: meta (what adopt needs), disk.img (its writable ext4),
  *                           mem (its RAM, share=on) or base.mem (a snapshot's RAM it maps
  *                           copy-on-write), console.log, qemu.log, qmp.sock, agent.sock,
@@ -60,6 +62,7 @@ struct vm_backend {
     char sbroot[PATH_MAX]; /* S/sb */
     char images[PATH_MAX]; /* S/images */
     char forks[PATH_MAX];  /* S/forks */
+    char jail[PATH_MAX];   /* S/jail */
     char qemu[PATH_MAX];   /* the QEMU binary, absolute */
     char kernel[PATH_MAX]; /* the kit's vmlinuz */
     char initrd[PATH_MAX]; /* the kit's initrd.img */

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -191,6 +193,176 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
     return a->oom ? -1 : 0;
 }
 
+/* ---- QEMU's root ----------------------------------------------------------------------- */
+
+/*
+ * QEMU runs in a mount namespace of its own, rooted on a small tmpfs (read-only once built)
+ * that holds, at their host paths so the command line stays valid, only what it needs: /usr
+ * (binary, libraries, modules, firmware) and the /bin, /sbin, /lib... links or directories
+ * beside it, read-only; the kernel, initrd and the sandbox's layer images, read-only; the
+ * sandbox directory (disk, RAM file, sockets, console), read-write; /dev's null, zero, random
+ * and urandom (and kvm). Nothing else: no /etc (-runas gives numbers), no /tmp, no /proc
+ * (QEMU finds its modules and firmware from argv[0] when /proc/self/exe is missing; the node
+ * hands it migration files as descriptors). The namespace is the process's own, so its mounts
+ * go when it exits and none is ever seen by the host. Everything here runs in the child after
+ * fork: no allocation, no stdio.
+ */
+
+/* What the jail binds besides the fixed set; prepared before the fork. */
+struct jail {
+    const char *root;      /* S/jail: the new root's mount point */
+    const char *qemu;      /* bound on its own when not under /usr */
+    const char *const *ro; /* files bound read-only: kernel, initrd, layer images */
+    size_t nro;
+    const char *dir; /* the sandbox directory, read-write */
+    bool kvm;
+};
+
+/* out = root + path (path absolute); -1 with errno. */
+static int jail_path(char *out, size_t len, const char *root, const char *path)
+{
+    size_t r = strlen(root), p = strlen(path);
+    if (path[0] != '/') {
+        errno = EINVAL;
+        return -1;
+    }
+    if (r + p + 1 > len) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(out, root, r);
+    memcpy(out + r, path, p + 1);
+    return 0;
+}
+
+/* mkdir -p of t's components after the first `from` bytes (the root), the last too if `last`. */
+static int jail_mkdirs(char *t, size_t from, bool last)
+{
+    for (size_t i = from + 1;; i++) {
+        char c = t[i];
+        if (c != '/' && c != '\0')
+            continue;
+        if (c == '\0' && !last)
+            return 0;
+        t[i] = '\0';
+        int rc = mkdir(t, 0755);
+        t[i] = c;
+        if (rc < 0 && errno != EEXIST)
+            return -1;
+        if (c == '\0')
+            return 0;
+    }
+}
+
+/* Bind src at the same path under root (a directory or a file), then remount the bind with
+ * flags (MS_RDONLY, MS_NOSUID...); -1 with errno. t is scratch of PATH_MAX. */
+static int jail_bind(const char *root, const char *src, unsigned long flags, char *t)
+{
+    struct stat st;
+    if (stat(src, &st) < 0 || jail_path(t, PATH_MAX, root, src) < 0)
+        return -1;
+    size_t from = strlen(root);
+    if (S_ISDIR(st.st_mode)) {
+        if (jail_mkdirs(t, from, true) < 0)
+            return -1;
+    } else if (stat(t, &st) < 0) {
+        int fd = -1;
+        if (jail_mkdirs(t, from, false) < 0 ||
+            (fd = open(t, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)) < 0)
+            return -1;
+        close(fd);
+    }
+    if (mount(src, t, NULL, MS_BIND | MS_REC, NULL) < 0)
+        return -1;
+    return mount(NULL, t, NULL, MS_REMOUNT | MS_BIND | flags, NULL);
+}
+
+/* The links (Debian's /lib -> usr/lib) or directories beside /usr, as the host has them. */
+static int jail_libs(const char *root, char *t)
+{
+    static const char *const names[] = {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"};
+    char target[PATH_MAX];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        struct stat st;
+        if (lstat(names[i], &st) < 0) {
+            if (errno == ENOENT)
+                continue;
+            return -1;
+        }
+        if (S_ISLNK(st.st_mode)) {
+            ssize_t n = readlink(names[i], target, sizeof target - 1);
+            if (n < 0 || jail_path(t, PATH_MAX, root, names[i]) < 0)
+                return -1;
+            target[n] = '\0';
+            if (symlink(target, t) < 0)
+                return -1;
+        } else if (S_ISDIR(st.st_mode) &&
+                   jail_bind(root, names[i], MS_RDONLY | MS_NOSUID | MS_NODEV, t) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The jail's steps, in start_steps from JAIL_STEP0 on. */
+enum { JAIL_STEP0 = 4 };
+
+/* Build the jail and pivot into it; cwd is then "/". -1 with errno, *step and *what (the path
+ * that failed, or NULL) set. */
+static int jail_enter(const struct jail *j, int *step, const char **what)
+{
+    char t[PATH_MAX];
+    const char *root = j->root;
+    *what = NULL;
+    *step = JAIL_STEP0;
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return -1;
+    *step = JAIL_STEP0 + 1;
+    *what = root;
+    if (mount("dsec-qemu", root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "mode=0755,size=64k,nr_inodes=1024") < 0)
+        return -1;
+    *step = JAIL_STEP0 + 2;
+    *what = "/usr";
+    if (jail_bind(root, "/usr", MS_RDONLY | MS_NOSUID | MS_NODEV, t) < 0)
+        return -1;
+    *what = "/lib";
+    if (jail_libs(root, t) < 0)
+        return -1;
+    *what = j->qemu;
+    if (strncmp(j->qemu, "/usr/", 5) != 0 &&
+        jail_bind(root, j->qemu, MS_RDONLY | MS_NOSUID | MS_NODEV, t) < 0)
+        return -1;
+    *step = JAIL_STEP0 + 3;
+    for (size_t i = 0; i < j->nro; i++) {
+        *what = j->ro[i];
+        if (jail_bind(root, j->ro[i], MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, t) < 0)
+            return -1;
+    }
+    *step = JAIL_STEP0 + 4;
+    *what = j->dir;
+    if (jail_bind(root, j->dir, MS_NOSUID | MS_NODEV | MS_NOEXEC, t) < 0)
+        return -1;
+    *step = JAIL_STEP0 + 5;
+    static const char *const devs[] = {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom",
+                                       "/dev/kvm"};
+    for (size_t i = 0; i < sizeof devs / sizeof *devs - (j->kvm ? 0 : 1); i++) {
+        *what = devs[i];
+        if (jail_bind(root, devs[i], MS_NOSUID | MS_NOEXEC, t) < 0)
+            return -1;
+    }
+    /* pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new */
+    *step = JAIL_STEP0 + 6;
+    *what = root;
+    if (chdir(root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 ||
+        chdir("/") < 0)
+        return -1;
+    *step = JAIL_STEP0 + 7;
+    *what = NULL;
+    return mount(NULL, "/", NULL,
+                 MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
 /* ---- start and stop --------------------------------------------------------------------- */
 
 /* What the start pipe carries: the grandchild's pid, or why it did not become QEMU. */
@@ -198,6 +370,7 @@ struct start_msg {
     int kind; /* 1 pid, 2 errno of exec, 3 errno of fork, 4 errno of set-up step `step` */
     int val;
     int step;
+    char what[256]; /* the path a set-up step failed on, or "" */
 };
 
 static const char *const start_steps[] = {
@@ -205,6 +378,15 @@ static const char *const start_steps[] = {
     "giving QEMU's uid its directory and disk",
     "setting up stdin, stdout and stderr",
     "handing over the tap",
+    /* JAIL_STEP0 on: QEMU's root (jail_enter) */
+    "making QEMU's mount namespace",
+    "mounting QEMU's root (a tmpfs)",
+    "binding /usr and the library directories into QEMU's root",
+    "binding the kernel, initrd and layer images into QEMU's root",
+    "binding the sandbox directory into QEMU's root",
+    "binding /dev's null, zero, random, urandom and kvm into QEMU's root",
+    "entering QEMU's root (pivot_root)",
+    "making QEMU's root read-only",
 };
 
 static void write_all(int fd, const void *p, size_t n)
@@ -260,6 +442,22 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         return dsec_err_set(err, DSEC_E_IO, e, "%s: preparing to start QEMU in %s", be->type,
                             sb->dir);
     }
+    /* what the jail binds read-only besides /usr and /dev: the kernel, initrd, layer images */
+    struct av ro = {0};
+    av_add(&ro, "%s", be->kernel);
+    av_add(&ro, "%s", be->initrd);
+    for (size_t i = 0; i < sb->env.nlayers; i++)
+        av_add(&ro, "%s/%s.erofs", be->images, sb->env.layers[i].digest);
+    if (ro.oom) {
+        close(logfd);
+        close(nullfd);
+        close(pfd[0]);
+        close(pfd[1]);
+        av_free(&ro);
+        av_free(&a);
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: QEMU's root", be->type);
+    }
+    struct jail jail = {be->jail, be->qemu, (const char *const *)ro.v, ro.n, sb->dir, be->kvm};
     /* Two forks and a session of its own: QEMU is nobody's child here, so it
      * outlives a node manager that exits or restarts (adopt finds it again). */
     pid_t c = fork();
@@ -280,12 +478,18 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         uint32_t uid = be->uid_base + (uint32_t)getpid();
         put_uid_gid(a.v[a.n - 1], uid);
         int step = 0;
+        const char *what = NULL;
         bool ok = chdir(sb->dir) == 0;
         /* QEMU's uid may look up names in its own directory (nothing above it) and write its
          * disk; everything else there stays root's */
         if (ok) {
             step = 1;
             ok = chmod(".", 0711) == 0 && chown("disk.img", uid, uid) == 0;
+        }
+        ok = ok && jail_enter(&jail, &step, &what) == 0;
+        if (ok) {
+            step = 0;
+            ok = chdir(sb->dir) == 0;
         }
         if (ok) {
             step = 2;
@@ -301,7 +505,9 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
             close_range(l->tap_fd >= 0 ? 4 : 3, ~0u, CLOSE_RANGE_CLOEXEC);
             execv(a.v[0], a.v);
         }
-        struct start_msg m = {ok ? 2 : 4, errno, step};
+        struct start_msg m = {ok ? 2 : 4, errno, step, ""};
+        for (size_t i = 0; !ok && what != NULL && what[i] != '\0' && i + 1 < sizeof m.what; i++)
+            m.what[i] = what[i];
         write_all(pfd[1], &m, sizeof m);
         _exit(127);
     }
@@ -310,6 +516,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     close(logfd);
     close(nullfd);
     av_free(&a);
+    av_free(&ro);
     if (c < 0) {
         close(pfd[0]);
         return dsec_err_set(err, DSEC_E_IO, fork_errno, "%s: fork to start QEMU", be->type);
@@ -320,6 +527,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     pid_t pid = 0;
     int exec_errno = 0, ferr = 0, setup_errno = 0, setup_step = 0;
     struct start_msg m;
+    char setup_what[sizeof m.what + 3] = "";
     for (;;) {
         ssize_t n = read(pfd[0], &m, sizeof m);
         if (n < 0 && errno == EINTR)
@@ -330,15 +538,20 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
             pid = m.val;
         else if (m.kind == 2)
             exec_errno = m.val;
-        else if (m.kind == 4 && m.step >= 0 && m.step < 4)
+        else if (m.kind == 4 && m.step >= 0 &&
+                 m.step < (int)(sizeof start_steps / sizeof *start_steps)) {
             setup_errno = m.val, setup_step = m.step;
-        else
+            m.what[sizeof m.what - 1] = '\0';
+            if (m.what[0] != '\0')
+                dsec__vm_fmt(setup_what, sizeof setup_what, " (%s)", m.what);
+        } else
             ferr = m.val;
     }
     close(pfd[0]);
     if (setup_errno != 0)
-        return dsec_err_set(err, DSEC_E_IO, setup_errno, "%s: starting QEMU in %s: %s: %s",
-                            be->type, sb->dir, start_steps[setup_step], strerror(setup_errno));
+        return dsec_err_set(err, DSEC_E_IO, setup_errno, "%s: starting QEMU in %s: %s%s: %s",
+                            be->type, sb->dir, start_steps[setup_step], setup_what,
+                            strerror(setup_errno));
     if (ferr != 0 || pid <= 0)
         return dsec_err_set(err, DSEC_E_IO, ferr, "%s: starting QEMU", be->type);
     if (exec_errno != 0)

@@ -633,8 +633,9 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
     dsec__vm_fmt(be->sbroot, sizeof be->sbroot, "%s/sb", be->state_dir);
     dsec__vm_fmt(be->images, sizeof be->images, "%s/images", be->state_dir);
     dsec__vm_fmt(be->forks, sizeof be->forks, "%s/forks", be->state_dir);
-    const char *dirs[] = {be->state_dir, be->sbroot, be->images, be->forks};
-    for (size_t i = 0; i < 4; i++)
+    dsec__vm_fmt(be->jail, sizeof be->jail, "%s/jail", be->state_dir);
+    const char *dirs[] = {be->state_dir, be->sbroot, be->images, be->forks, be->jail};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
         if (mkdir(dirs[i], 0700) < 0 && errno != EEXIST) {
             dsec_err_set(err, DSEC_E_IO, errno, "%s: creating %s", type, dirs[i]);
             goto fail;
