@@ -207,10 +207,17 @@ static int cmd_replay(int argc, char **argv)
     running = r;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
-    usleep(300000); /* the nodes' answers to the sync: the starting loads */
+    /* the starting loads: every node answers a sync with a full report */
+    uint64_t sync;
+    if (sim_bus_sink_sync(bs, &sync, &err) < 0)
+        goto out;
+    sim_replay_sync_wait(r, sync, 100, 2000);
     if (sim_replay_run(r, &err) < 0)
         goto out;
-    usleep(300000); /* the last capacity reports */
+    /* and the loads at the end, from every node heard */
+    if (sim_bus_sink_sync(bs, &sync, &err) < 0)
+        goto out;
+    sim_replay_sync_wait(r, sync, 0, 3000);
     running = NULL;
     if (sim_replay_report(r, dir, json ? stderr : stdout, &err) < 0)
         goto out;

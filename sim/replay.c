@@ -219,8 +219,8 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     }
 }
 
-void sim_replay_node_report(sim_replay *r, const char *node, uint64_t live, uint64_t cpu_free_milli,
-                            uint64_t mem_free_mb)
+void sim_replay_node_report(sim_replay *r, const char *node, bool full, uint64_t live,
+                            uint64_t cpu_free_milli, uint64_t mem_free_mb)
 {
     pthread_mutex_lock(&r->mu);
     size_t i = 0;
@@ -236,8 +236,41 @@ void sim_replay_node_report(sim_replay *r, const char *node, uint64_t live, uint
         r->nodes[i].mem_free = mem_free_mb;
         if (live > r->nodes[i].peak)
             r->nodes[i].peak = live;
+        if (full)
+            r->nodes[i].synced = r->sync;
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+uint64_t sim_replay_sync_begin(sim_replay *r)
+{
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = ++r->sync;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+size_t sim_replay_sync_wait(sim_replay *r, uint64_t sync, int quiet_ms, int max_ms)
+{
+    size_t known = 0, answered = 0;
+    int still_ms = 0;
+    for (int t = 0; t <= max_ms; t += 10) {
+        pthread_mutex_lock(&r->mu);
+        size_t n = r->nnodes, a = 0;
+        for (size_t i = 0; i < n; i++)
+            a += r->nodes[i].synced >= sync;
+        pthread_mutex_unlock(&r->mu);
+        still_ms = n == known ? still_ms + 10 : 0;
+        known = n;
+        answered = a;
+        /* everyone heard has answered, and no one new for quiet_ms */
+        if (n > 0 && a == n && still_ms > quiet_ms)
+            break;
+        if (atomic_load(&r->stop))
+            break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    return answered;
 }
 
 void sim_replay_reclaim(sim_replay *r, const char *outcome)

@@ -51,6 +51,7 @@ struct sim_node_load {
     char name[72];
     uint64_t live, peak;
     uint64_t cpu_free, mem_free; /* last report, less units the replay placed since */
+    uint64_t synced;             /* the last sync a full report of this node followed */
 };
 
 /* A training job of the trace, run by the replayer through libdsec's job API. */
@@ -109,6 +110,7 @@ struct sim_replay {
     size_t nerr_kinds;
     struct sim_node_load nodes[SIM_MAX_NODES];
     size_t nnodes;
+    uint64_t sync; /* syncs begun */
     uint64_t reclaims, reclaim_requested, reclaim_honoured, reclaim_forced, reclaim_failed;
     struct sim_jobs jobs;
     _Atomic uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints, job_units_released,

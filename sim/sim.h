@@ -177,8 +177,16 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
 /* Observed cell events (bus sink): a node's capacity report (live sandboxes,
  * free CPU and memory: the replayed jobs place their units by it), a
  * reclaim outcome from dsec.v1.ctl.evt.<cell>.reclaim. */
-void sim_replay_node_report(sim_replay *r, const char *node, uint64_t live, uint64_t cpu_free_milli,
-                            uint64_t mem_free_mb);
+void sim_replay_node_report(sim_replay *r, const char *node, bool full, uint64_t live,
+                            uint64_t cpu_free_milli, uint64_t mem_free_mb);
+/* The nodes' answers to a sync (each node answers dsec.v1.ctl.sync with a full
+ * capacity report). sim_replay_sync_begin is called before the sync is sent and
+ * returns its number; sim_replay_sync_wait then waits until every node heard
+ * before has answered it, and, while new nodes keep answering, until quiet_ms
+ * pass without a new one (the cell's size is not known ahead), max_ms at most.
+ * Returns the number of nodes that answered. */
+uint64_t sim_replay_sync_begin(sim_replay *r);
+size_t sim_replay_sync_wait(sim_replay *r, uint64_t sync, int quiet_ms, int max_ms);
 void sim_replay_reclaim(sim_replay *r, const char *outcome);
 /* Run to the end of the trace (plus lifetimes and the drain). */
 int sim_replay_run(sim_replay *r, dsec_err *err);
@@ -214,6 +222,9 @@ void sim_replay_free(sim_replay *r);
 typedef struct sim_bus_sink sim_bus_sink;
 int sim_bus_sink_new(sim_bus_sink **out, dsec_bus *bus, sim_sink *sink, dsec_err *err);
 int sim_bus_sink_observe(sim_bus_sink *s, sim_replay *r, dsec_err *err);
+/* Ask every node for a full capacity report (dsec.v1.ctl.sync); the number of
+ * this sync for sim_replay_sync_wait in *sync. */
+int sim_bus_sink_sync(sim_bus_sink *s, uint64_t *sync, dsec_err *err);
 void sim_bus_sink_free(sim_bus_sink *s);
 
 /* ---- record -------------------------------------------------------------------------- */

@@ -58,7 +58,7 @@ static void on_capacity(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_capacity c;
     dsec_err err;
     if (s->r && dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) == 0)
-        sim_replay_node_report(s->r, c.node, c.live, c.cpu_free_milli, c.mem_free_mb);
+        sim_replay_node_report(s->r, c.node, c.full, c.live, c.cpu_free_milli, c.mem_free_mb);
 }
 
 static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
@@ -79,7 +79,13 @@ int sim_bus_sink_observe(sim_bus_sink *s, sim_replay *r, dsec_err *err)
         dsec_actor_on(s->obs, "dsec.v1.ctl.evt.*.node.*.capacity", NULL, on_capacity, s, err) < 0 ||
         dsec_actor_on(s->obs, "dsec.v1.ctl.evt.*.reclaim", NULL, on_reclaim, s, err) < 0)
         return dsec_err_wrap(err, "replay: observing the cell");
-    /* every node answers a sync with a full capacity report: the starting loads */
+    return 0;
+}
+
+int sim_bus_sink_sync(sim_bus_sink *s, uint64_t *sync, dsec_err *err)
+{
+    *sync = sim_replay_sync_begin(s->r);
+    /* every node answers a sync with a full capacity report */
     return dsec_bus_publish(s->bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, err);
 }
 

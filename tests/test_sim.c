@@ -400,10 +400,15 @@ static void test_replay_160_nodes(void **state)
     assert_int_equal(sim_bus_sink_new(&bs, bus, &sink, &err), 0);
     assert_int_equal(sim_replay_new(&r, &t, &sink, &o, &err), 0);
     assert_int_equal(sim_bus_sink_observe(bs, r, &err), 0);
+    uint64_t sync;
+    assert_int_equal(sim_bus_sink_sync(bs, &sync, &err), 0);
+    assert_int_equal(sim_replay_sync_wait(r, sync, 100, 3000), 160); /* the starting loads */
     double t0 = sim_now();
     assert_int_equal(sim_replay_run(r, &err), 0);
     assert_true(sim_now() - t0 < 15);
-    usleep(300000);
+    /* every node's load after the last destroy, rather than whatever a fixed wait caught */
+    assert_int_equal(sim_bus_sink_sync(bs, &sync, &err), 0);
+    assert_int_equal(sim_replay_sync_wait(r, sync, 0, 3000), 160);
     sim_replay_result res;
     sim_replay_result_get(r, &res);
     if (res.errors)
@@ -429,6 +434,21 @@ static void test_replay_160_nodes(void **state)
     fclose(jf);
     assert_non_null(strstr(js, "\"nodes\":160"));
     assert_non_null(strstr(js, "\"errors\":0"));
+    snprintf(jp, sizeof jp, "%s/nodes.dat", rep);
+    FILE *nf = fopen(jp, "r");
+    assert_non_null(nf);
+    char line[256], name[128];
+    unsigned long long live, peak, nodes = 0, peaks = 0;
+    while (fgets(line, sizeof line, nf) != NULL)
+        if (line[0] != '#' && sscanf(line, "%127s %llu %llu", name, &live, &peak) == 3) {
+            nodes++;
+            peaks += peak;
+            if (live != 0)
+                fail_msg("node %s: %llu sandboxes live at the end of the replay", name, live);
+        }
+    fclose(nf);
+    assert_int_equal(nodes, 160);
+    assert_true(peaks > 0);
     sim_bus_sink_free(bs); /* the observer first: it reports into r */
     dsec_bus_free(bus);    /* then the bus: any late answer lands before r goes */
     sim_replay_free(r);
@@ -536,7 +556,9 @@ static void replay_observed(dsec_bus *bus, const sim_trace *t, sim_replay_result
     assert_int_equal(sim_bus_sink_new(&bs, bus, &sink, &err), 0);
     assert_int_equal(sim_replay_new(&r, t, &sink, &o, &err), 0);
     assert_int_equal(sim_bus_sink_observe(bs, r, &err), 0);
-    usleep(300000); /* the nodes' answers to the sync: where the jobs' units can go */
+    uint64_t sync;
+    assert_int_equal(sim_bus_sink_sync(bs, &sync, &err), 0);
+    assert_true(sim_replay_sync_wait(r, sync, 100, 3000) > 0); /* where the jobs' units can go */
     assert_int_equal(sim_replay_run(r, &err), 0);
     usleep(500000); /* the last reclaim events */
     sim_replay_result_get(r, res);
