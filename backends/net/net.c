@@ -1038,6 +1038,7 @@ int dsec_net_new(dsec_net **out, const dsec_net_conf *c, dsec_err *err)
     if (!dc.nupstream)
         dc.nupstream = host_resolvers(dc.upstream, 4);
     dc.client_qps = n->conf.dns_qps;
+    dc.cache_entries = n->conf.dns_cache;
     if (dsec__dns_new(&n->dns, &dc, err) < 0)
         goto fail;
 
@@ -1602,6 +1603,10 @@ void dsec_net_stats_get(dsec_net *n, dsec_net_stats *o)
     o->dns_answered = ds.answered;
     o->dns_refused = ds.refused;
     o->dns_dropped = ds.dropped;
+    o->dns_cache_hits = ds.cache_hits;
+    o->dns_cache_misses = ds.cache_misses;
+    o->dns_cache_evictions = ds.cache_evictions;
+    o->dns_upstream_tcp = ds.upstream_tcp;
     pthread_mutex_lock(&n->lock);
     o->sandboxes = n->nsbx;
     pthread_mutex_unlock(&n->lock);

@@ -68,6 +68,7 @@ typedef struct dsec_net_conf {
     bool masquerade;         /* SNAT sandbox traffic leaving the node (off in tests) */
     uint16_t dns_port;       /* 0: 53 */
     uint32_t dns_qps;        /* per sandbox; 0: 100 */
+    uint32_t dns_cache;      /* resolver answers cached for all the node's sandboxes; 0: 10000 */
     uint32_t conn_rate;      /* new connections per second per sandbox; 0: 200 */
     uint32_t alert_window_ms; /* aggregation window; 0: 1000 */
     uint32_t alerts_per_window; /* per sandbox; more are summed into one "suppressed" alert; 0: 16 */
@@ -168,6 +169,8 @@ int dsec_net_guest_link(dsec_net_sbx *s, dsec_net_guest *out, dsec_err *err);
 typedef struct dsec_net_stats {
     uint64_t sandboxes;
     uint64_t dns_queries, dns_answered, dns_refused, dns_dropped;
+    uint64_t dns_cache_hits, dns_cache_misses, dns_cache_evictions;
+    uint64_t dns_upstream_tcp; /* truncated upstream answers asked again over TCP */
     uint64_t blocked;      /* blocked packets seen (after kernel log limits) */
     uint64_t alerts;       /* alerts emitted */
     uint64_t alerts_suppressed;
