@@ -271,20 +271,23 @@ static int load_strs(const dsec_cfg *cfg, const dsec_cfg_node *seq, char ***out,
 
 static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *net, dsec_err *err)
 {
-    static const char *const keys[] = {"enabled", "tag_base", "ipv6", "masquerade", "upstream",
-                                       "deny", "mirrors", "dns_port", "dns_qps", "conn_rate",
-                                       "alert_window_ms", "warm", NULL};
+    static const char *const keys[] = {
+        "enabled",  "tag_base", "ipv6",      "masquerade", "upstream",        "deny", "mirrors",
+        "dns_port", "dns_qps",  "dns_cache", "conn_rate",  "alert_window_ms", "warm", NULL};
     if (m == NULL)
         return 0;
-    uint64_t tag = net->tag_base, port = net->dns_port, qps = net->dns_qps, rate = net->conn_rate,
-             win = net->alert_window_ms, warm = net->warm == UINT32_MAX ? 0 : net->warm;
-    if (dsec_cfg_expect(cfg, m, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, m, keys, err) < 0 ||
+    uint64_t tag = net->tag_base, port = net->dns_port, qps = net->dns_qps, cache = net->dns_cache,
+             rate = net->conn_rate, win = net->alert_window_ms,
+             warm = net->warm == UINT32_MAX ? 0 : net->warm;
+    if (dsec_cfg_expect(cfg, m, DSEC_CFG_MAP, err) < 0 ||
+        dsec_cfg_check_keys(cfg, m, keys, err) < 0 ||
         dsec_cfg_bool(cfg, m, "enabled", net->enabled, &net->enabled, err) < 0 ||
         dsec_cfg_bool(cfg, m, "ipv6", net->ipv6, &net->ipv6, err) < 0 ||
         dsec_cfg_bool(cfg, m, "masquerade", net->masquerade, &net->masquerade, err) < 0 ||
         dsec_cfg_u64(cfg, m, "tag_base", tag, 0, 255, &tag, err) < 0 ||
         dsec_cfg_u64(cfg, m, "dns_port", port, 0, 65535, &port, err) < 0 ||
         dsec_cfg_u64(cfg, m, "dns_qps", qps, 0, 1000000, &qps, err) < 0 ||
+        dsec_cfg_u64(cfg, m, "dns_cache", cache, 0, 10000000, &cache, err) < 0 ||
         dsec_cfg_u64(cfg, m, "conn_rate", rate, 0, 1000000, &rate, err) < 0 ||
         dsec_cfg_u64(cfg, m, "alert_window_ms", win, 0, 3600000, &win, err) < 0 ||
         dsec_cfg_u64(cfg, m, "warm", warm, 0, 4096, &warm, err) < 0 ||
@@ -294,6 +297,7 @@ static int load_net(const dsec_cfg *cfg, const dsec_cfg_node *m, dsec_cell_net *
     net->tag_base = (unsigned)tag;
     net->dns_port = (uint32_t)port;
     net->dns_qps = (uint32_t)qps;
+    net->dns_cache = (uint32_t)cache;
     net->conn_rate = (uint32_t)rate;
     net->alert_window_ms = (uint32_t)win;
     /* warm: 0 turns the ready networks off (net.h's 0 means its default) */
@@ -724,15 +728,16 @@ static const struct field sched_fields[] = {
 };
 
 static const struct field node_fields[] = {
-    {"dsec_node_sandboxes_created_total", "counter", "Sandboxes the node manager created (forks included).",
-     offsetof(dsec_node_stats, created), 1},
+    {"dsec_node_sandboxes_created_total", "counter",
+     "Sandboxes the node manager created (forks included).", offsetof(dsec_node_stats, created), 1},
     {"dsec_node_sandboxes_destroyed_total", "counter", "Sandboxes the node manager destroyed.",
      offsetof(dsec_node_stats, destroyed), 1},
     {"dsec_node_placements_refused_total", "counter", "Placements refused by the node's admission.",
      offsetof(dsec_node_stats, refused), 1},
     {"dsec_node_adopted_total", "counter", "Sandboxes re-adopted from the journal at start.",
      offsetof(dsec_node_stats, adopted), 1},
-    {"dsec_node_adopt_failed_total", "counter", "Journal sandboxes that could not be re-adopted at start.",
+    {"dsec_node_adopt_failed_total", "counter",
+     "Journal sandboxes that could not be re-adopted at start.",
      offsetof(dsec_node_stats, adopt_failed), 1},
     {"dsec_node_cpu_free_cores", "gauge", "CPU the node can still admit, in cores.",
      offsetof(dsec_node_stats, cpu_free_milli), 1e-3},
@@ -741,7 +746,8 @@ static const struct field node_fields[] = {
     {"dsec_node_slots_free", "gauge", "Sandbox slots the node can still admit.",
      offsetof(dsec_node_stats, slots_free), 1},
     {"dsec_node_superseded_destroyed_total", "counter",
-     "Sandboxes destroyed because a retry of their create was kept on another node (their answer was lost).",
+     "Sandboxes destroyed because a retry of their create was kept on another node (their answer "
+     "was lost).",
      offsetof(dsec_node_stats, reaped_superseded), 1},
     {"dsec_node_stale_placements_total", "counter",
      "Placements not created: a later attempt of the same create was already placed elsewhere.",
@@ -749,6 +755,26 @@ static const struct field node_fields[] = {
     {"dsec_node_network_alerts_total", "counter",
      "Network alerts published (blocked connections, refused DNS names).",
      offsetof(dsec_node_stats, net_alerts), 1},
+    {"dsec_node_network_blocked_total", "counter",
+     "Packets of sandboxes the policy blocked (as logged, after the kernel's rate limits).",
+     offsetof(dsec_node_stats, net_blocked), 1},
+    {"dsec_node_dns_queries_total", "counter", "DNS queries sandboxes sent the node's resolver.",
+     offsetof(dsec_node_stats, dns_queries), 1},
+    {"dsec_node_dns_refused_total", "counter",
+     "DNS queries the resolver refused (names the policy does not allow, other types).",
+     offsetof(dsec_node_stats, dns_refused), 1},
+    {"dsec_node_dns_cache_hits_total", "counter",
+     "Allowed DNS queries answered from the resolver's cache.",
+     offsetof(dsec_node_stats, dns_cache_hits), 1},
+    {"dsec_node_dns_cache_misses_total", "counter",
+     "Allowed DNS queries the cache could not answer.", offsetof(dsec_node_stats, dns_cache_misses),
+     1},
+    {"dsec_node_dns_cache_evictions_total", "counter",
+     "Cached DNS answers pushed out by newer ones.", offsetof(dsec_node_stats, dns_cache_evictions),
+     1},
+    {"dsec_node_dns_upstream_tcp_total", "counter",
+     "Truncated upstream DNS answers asked again over TCP.",
+     offsetof(dsec_node_stats, dns_upstream_tcp), 1},
 };
 
 static const struct field arbiter_fields[] = {
@@ -1028,11 +1054,17 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         const dsec_cell_net *cnet = &conf->net;
         dsec_net_conf netc = {.pool6 = cnet->ipv6 ? NULL : "",
                               .upstream = (const char *const *)cnet->upstream,
-                              .nupstream = cnet->nupstream, .mirrors = cnet->mirrors,
-                              .nmirrors = cnet->nmirrors, .deny = (const char *const *)cnet->deny,
-                              .ndeny = cnet->ndeny, .masquerade = cnet->masquerade,
-                              .dns_port = (uint16_t)cnet->dns_port, .dns_qps = cnet->dns_qps,
-                              .conn_rate = cnet->conn_rate, .alert_window_ms = cnet->alert_window_ms,
+                              .nupstream = cnet->nupstream,
+                              .mirrors = cnet->mirrors,
+                              .nmirrors = cnet->nmirrors,
+                              .deny = (const char *const *)cnet->deny,
+                              .ndeny = cnet->ndeny,
+                              .masquerade = cnet->masquerade,
+                              .dns_port = (uint16_t)cnet->dns_port,
+                              .dns_qps = cnet->dns_qps,
+                              .dns_cache = cnet->dns_cache,
+                              .conn_rate = cnet->conn_rate,
+                              .alert_window_ms = cnet->alert_window_ms,
                               .warm = cnet->warm};
         for (size_t i = 0; i < conf->nnodes; i++) {
             const dsec_cell_node *cn = &conf->nodes[i];

@@ -41,6 +41,7 @@ typedef struct dsec_cell_net {
     dsec_net_mirror *mirrors; /* names and targets owned */
     size_t nmirrors;
     uint32_t dns_port, dns_qps, conn_rate, alert_window_ms; /* 0: net.h defaults */
+    uint32_t dns_cache;       /* resolver answers cached per node (net.dns_cache); 0: 10000 */
     uint32_t warm;            /* networks kept ready ahead of creates (net.warm); 0: 8;
                                  UINT32_MAX: none (net.warm: 0) */
 } dsec_cell_net;

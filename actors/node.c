@@ -2482,7 +2482,19 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
                            .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
                            .stale_places = n->stale_places};
+    dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);
+    if (net != NULL) {
+        dsec_net_stats ns;
+        dsec_net_stats_get(net, &ns);
+        o->net_blocked = ns.blocked;
+        o->dns_queries = ns.dns_queries;
+        o->dns_refused = ns.dns_refused;
+        o->dns_cache_hits = ns.dns_cache_hits;
+        o->dns_cache_misses = ns.dns_cache_misses;
+        o->dns_cache_evictions = ns.dns_cache_evictions;
+        o->dns_upstream_tcp = ns.dns_upstream_tcp;
+    }
 }
 
 const char *const dsec_node_state_names[DSEC_NODE_NSTATES] = {

@@ -87,6 +87,9 @@ typedef struct dsec_node_stats {
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
     uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
     uint64_t stale_places;  /* placements of an attempt already superseded: not created */
+    /* network containment (0 without it): backends/net dsec_net_stats */
+    uint64_t net_blocked, dns_queries, dns_refused, dns_cache_hits, dns_cache_misses,
+        dns_cache_evictions, dns_upstream_tcp;
 } dsec_node_stats;
 
 void dsec_node_stats_get(dsec_node *n, dsec_node_stats *out);

@@ -460,6 +460,19 @@ static void test_counters_match(void **state)
                 (800000.0 - 512.0 * (N - DESTROYED)) * 1048576.0);
     assert_true(total(body, "dsec_node_slots_free") == 200 - (N - DESTROYED));
     assert_true(total(body, "dsec_node_network_alerts_total") == 0);
+    /* sim nodes have no network containment: its families are there, at 0 */
+    static const char *const netfam[] = {
+        "dsec_node_network_blocked_total",  "dsec_node_dns_queries_total",
+        "dsec_node_dns_refused_total",      "dsec_node_dns_cache_hits_total",
+        "dsec_node_dns_cache_misses_total", "dsec_node_dns_cache_evictions_total",
+        "dsec_node_dns_upstream_tcp_total"};
+    for (size_t i = 0; i < sizeof netfam / sizeof *netfam; i++) {
+        char type[128];
+        snprintf(type, sizeof type, "# TYPE %s counter", netfam[i]);
+        if (strstr(body, type) == NULL)
+            fail_msg("no %s", type);
+        assert_true(total(body, netfam[i]) == 0);
+    }
     assert_true(total(body, "dsec_node_adopt_failed_total") == 0);
     /* latency histograms: one per node and per replica; their counts are the creates */
     double hn = 0;

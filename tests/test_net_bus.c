@@ -401,6 +401,17 @@ static void test_names_and_mirrors(void **state)
     assert_true(dns_log_has("allowed.test 1"));
     assert_false(dns_log_has("exfil"));
     assert_false(dns_log_has("allowed.test 16"));
+    /* the node's counters (and so its metrics) saw them: asked again, the name comes from
+     * the resolver's cache */
+    dsec_node_stats st0, st1;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &st0);
+    assert_true(st0.dns_queries >= 5);
+    assert_true(st0.dns_refused >= 2);
+    assert_true(st0.dns_cache_misses >= 1);
+    assert_int_equal(sh(a.id, "nslookup allowed.test", out, sizeof out), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &st1);
+    assert_true(st1.dns_queries > st0.dns_queries);
+    assert_true(st1.dns_cache_hits > st0.dns_cache_hits);
     destroy(a.id);
 
     /* a named mirror from the cell configuration */

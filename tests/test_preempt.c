@@ -848,6 +848,7 @@ static void config_net(void **state)
     assert_int_equal(c.net.mirrors[0].ntargets, 2);
     assert_string_equal(c.net.mirrors[0].targets[1], "files.pythonhosted.org:443/tcp");
     assert_int_equal(c.net.dns_qps, 100);
+    assert_int_equal(c.net.dns_cache, 10000);
     assert_int_equal(c.net.warm, 8);
     dsec_cell_conf_release(&c);
     char path[128];
@@ -857,6 +858,7 @@ static void config_net(void **state)
         {"net:\n  mirrors:\n    pypi: [\"pypi.org:99999\"]\n", "pypi.org:99999"},
         {"net:\n  mirrors:\n    pypi: \"pypi.org\"\n", "net.mirrors.pypi"},
         {"net:\n  tag_base: 300\n", "tag_base"},
+        {"net:\n  dns_cache: -1\n", "dns_cache"},
         {"net:\n  colour: red\n", "colour"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
