@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
+#include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
 #include "backends/vm/vm.h"
 #include "dsec/alloc.h"
@@ -725,6 +726,64 @@ static void test_microvm(void **state)
     assert_int_equal(atoi(out), 0);
 }
 
+/* How many layer images (and their sha256 files) the instance at sd holds. */
+static int images_in(const char *sd)
+{
+    char out[64];
+    host(out, sizeof out, "ls '%s/images' | grep -c '\\.erofs'", sd);
+    return atoi(out);
+}
+
+/* A layer's image goes when the cache evicts the layer and no QEMU reads it: here the cache's
+ * budget is one byte, so a layer goes as soon as no sandbox holds it. */
+static void test_images_evicted(void **state)
+{
+    (void)state;
+    char sd[128], cdir[160];
+    snprintf(sd, sizeof sd, "%s/state-gc", top);
+    snprintf(cdir, sizeof cdir, "%s/layers", sd);
+    assert_int_equal(mkdir(sd, 0700), 0);
+    /* the backend shares the node's cache: this one, opened first, sets its budget */
+    dsec_layer_cache *cache = NULL;
+    dsec_err err;
+    if (dsec_layer_cache_share(&cache, cdir, 1, reg, &err) < 0)
+        fail_msg("cache: %s", err.msg);
+    void *be = NULL;
+    if (open_vm(&dsec_microvm_ops, sd, kit, &be, &err) < 0)
+        fail_msg("microvm backend: %s", err.msg);
+    struct sbx *a = mk(&dsec_microvm_ops, be, "busybox:1");
+    struct sbx *b = mk(&dsec_microvm_ops, be, "busybox:1");
+    assert_int_equal(images_in(sd), 2); /* the image and its sha256 */
+    /* b still runs on the layer: it stays, and so does its image */
+    destroy(a);
+    assert_int_equal(images_in(sd), 2);
+    /* detached, b's QEMU runs on with no holder of the layer: the cache lets the layer go,
+     * but the image QEMU reads stays */
+    dsec_layer_cache_stats st;
+    dsec_layer_cache_stats_get(cache, &st);
+    uint64_t evicted = st.evictions;
+    dsec_microvm_ops.detach(be, b->h);
+    b->h = NULL;
+    dsec_layer_cache_stats_get(cache, &st);
+    assert_int_equal(st.evictions, evicted + 1);
+    assert_int_equal(images_in(sd), 2);
+    /* adopt takes the layer again (fetched anew) and finds the image */
+    dsec_sandbox_spec as = {.id = b->id, .type = "microvm"};
+    if (dsec_microvm_ops.adopt(be, &as, b->bstate, &b->h, &err) < 0)
+        fail_msg("adopt: %s", err.msg);
+    char out[64];
+    assert_int_equal(sh(b, "echo still", out, sizeof out), 0);
+    assert_string_equal(out, "still");
+    /* the last user gone, the layer and its image go */
+    destroy(b);
+    dsec_layer_cache_stats_get(cache, &st);
+    assert_int_equal(st.evictions, evicted + 2);
+    assert_int_equal(images_in(sd), 0);
+    dsec_microvm_ops.fini(be);
+    dsec_layer_cache_free(cache);
+    assert_int_equal(procs_naming(sd), 0);
+}
+
 /* The q35 machine boots the same kit, here on no layers (the initrd's busybox world). */
 static void test_q35(void **state)
 {
@@ -819,6 +878,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_bad_input, need_vm),
         cmocka_unit_test_setup(test_microvm, need_vm),
+        cmocka_unit_test_setup(test_images_evicted, need_vm),
         cmocka_unit_test_setup(test_q35, need_vm),
         cmocka_unit_test_setup(test_network, need_vm),
     };

@@ -596,6 +596,17 @@ void dsec_layer_cache_release(dsec_layer_cache *c, const char *digest)
     pthread_mutex_unlock(&c->mu);
 }
 
+bool dsec_layer_cache_has(dsec_layer_cache *c, const char *digest)
+{
+    if (c == NULL || !dsec_digest_valid(digest))
+        return false;
+    pthread_mutex_lock(&c->mu);
+    const entry *e = find(c, digest + 7);
+    bool has = e != NULL && e->state != ST_EVICTING && e->state != ST_FAILED && e->state != ST_GONE;
+    pthread_mutex_unlock(&c->mu);
+    return has;
+}
+
 void dsec_layer_cache_stats_get(dsec_layer_cache *c, dsec_layer_cache_stats *out)
 {
     memset(out, 0, sizeof *out);

@@ -48,6 +48,9 @@ dsec_layer_registry *dsec_layer_cache_registry(dsec_layer_cache *c);
 int dsec_layer_cache_acquire(dsec_layer_cache *c, const char *digest, char **path, dsec_err *err);
 /* Drop one user taken by acquire. */
 void dsec_layer_cache_release(dsec_layer_cache *c, const char *digest);
+/* Whether the layer is in the cache now (on disk or on its way in, used or not); false once it
+ * is evicted or being evicted. What a backend makes from a layer can go with it. */
+bool dsec_layer_cache_has(dsec_layer_cache *c, const char *digest);
 
 /* Attach the image file to a free loop device (autoclear) and mount it as
  * fstype ("erofs", "ext4") on target, read-only when rdonly. The device goes

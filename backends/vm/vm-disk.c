@@ -1,6 +1,7 @@
 /* vm-disk.c - disks of the VM backend: EROFS images of layers (made once per node), the writable
  * ext4 disk of a sandbox, sparse (or reflinked) copies, and the helper-program runner. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -198,6 +199,38 @@ int dsec__vm_image(struct vm_backend *be, const char *digest, const char *dir, c
     pthread_mutex_unlock(&be->lock);
     dsec_free(d);
     return rc;
+}
+
+void dsec__vm_images_gc(struct vm_backend *be)
+{
+    if (be->cache == NULL)
+        return;
+    /* under the lock a dsec__vm_image of the same layer waits: it holds the layer first, so
+     * either the cache has it here (kept) or the image is made again after */
+    pthread_mutex_lock(&be->lock);
+    DIR *d = opendir(be->images);
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        dsec_digest digest;
+        if (l <= 6 || l - 6 >= sizeof digest || strcmp(e->d_name + l - 6, ".erofs") != 0)
+            continue;
+        memcpy(digest, e->d_name, l - 6);
+        digest[l - 6] = '\0';
+        if (!dsec_digest_valid(digest) || building(be, digest) ||
+            dsec_layer_cache_has(be->cache, digest))
+            continue;
+        char path[PATH_MAX + 128], side[PATH_MAX + 160];
+        dsec__vm_fmt(path, sizeof path, "%s/%s", be->images, e->d_name);
+        if (dsec__vm_qemu_uses(path))
+            continue;
+        dsec__vm_fmt(side, sizeof side, "%s.sha256", e->d_name);
+        unlinkat(dirfd(d), e->d_name, 0);
+        unlinkat(dirfd(d), side, 0);
+    }
+    if (d != NULL)
+        closedir(d);
+    pthread_mutex_unlock(&be->lock);
 }
 
 /* ---- the writable disk ------------------------------------------------------------------------

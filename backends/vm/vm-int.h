@@ -138,6 +138,9 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
 int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_err *err);
 /* Whether pid is a running (not zombie) process whose command line names dir. */
 bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir);
+/* Whether any running process's command line names the file path as a QEMU -drive does
+ * (commas doubled): a QEMU, detached or not, that reads it. */
+bool dsec__vm_qemu_uses(const char *path);
 /* Stop QEMU: QMP quit, SIGKILL after grace_ms, wait until the process is gone. */
 int dsec__vm_qemu_stop(dsec_sandbox *sb, uint64_t grace_ms, dsec_err *err);
 
@@ -178,6 +181,11 @@ int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t o
  * the path, image the image's own sha256 (kept beside it in <digest>.erofs.sha256). */
 int dsec__vm_image(struct vm_backend *be, const char *digest, const char *dir, char *out,
                    size_t len, dsec_digest image, dsec_err *err);
+/* Remove the images in S/images whose layer the cache no longer holds and that no running
+ * QEMU reads (a detached one too): images go with their layers. A sandbox holds its layers in
+ * the cache while it lives, so none of the backend's loses its image; a snapshot's is made
+ * again, byte for byte, when it is restored. */
+void dsec__vm_images_gc(struct vm_backend *be);
 /* Make sb's writable disk dir/disk.img: ext4 of size_mb, sparse, holding dsec/conf,
  * dsec/env, upper/ and work/ (the contract with the guest's init). */
 int dsec__vm_disk_make(const dsec_sandbox *sb, const char *conf, const char *envfile,

@@ -1,6 +1,7 @@
 /* vm-qemu.c - QEMU for the VM backend: its command line, a detached start, stop, and a small QMP
  * client (JSON lines over the unix socket: capabilities, commands with matched replies). */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -609,6 +610,45 @@ bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
     bool ours = strstr(buf, needle) != NULL;
     dsec_free(buf);
     return ours;
+}
+
+bool dsec__vm_qemu_uses(const char *path)
+{
+    size_t plen = 2 * strlen(path) + 1;
+    char *needle = dsec_malloc(plen);
+    DIR *d = opendir("/proc");
+    bool used = false;
+    if (needle != NULL)
+        qesc(path, needle, plen);
+    struct dirent *e;
+    while (needle != NULL && d != NULL && !used && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        pid_t pid = (pid_t)strtol(e->d_name, NULL, 10);
+        int fd = open_cmdline(pid);
+        if (fd < 0)
+            continue;
+        size_t cap = 1u << 16, got = 0;
+        char *buf = dsec_malloc(cap + 1);
+        ssize_t n = 0;
+        while (buf != NULL && got < cap && (n = read(fd, buf + got, cap - got)) > 0)
+            got += (size_t)n;
+        close(fd);
+        if (buf == NULL)
+            break;
+        buf[got] = '\0';
+        /* the arguments are NUL-separated: look in each */
+        for (size_t i = 0; i < got && !used; i += strlen(buf + i) + 1)
+            used = strstr(buf + i, needle) != NULL;
+        dsec_free(buf);
+    }
+    if (d != NULL)
+        closedir(d);
+    /* when it cannot look, it says used: an image is kept rather than pulled from a VM */
+    if (needle == NULL || d == NULL)
+        used = true;
+    dsec_free(needle);
+    return used;
 }
 
 /* The process is alive and its command line still empty: it is inside its

@@ -747,14 +747,18 @@ static bool live_has(struct vm_backend *be, const char *id)
     return s != NULL;
 }
 
+/* Let go of sb's layers; the cache may evict them now, and their images go with them. */
 static void release_layers(struct vm_backend *be, dsec_sandbox *sb)
 {
+    bool any = sb->held > 0;
     while (sb->held > 0) {
         struct vm_layer *l = &sb->env.layers[--sb->held];
         dsec_layer_cache_release(be->cache, l->digest);
         dsec_free(l->dir);
         l->dir = NULL;
     }
+    if (any)
+        dsec__vm_images_gc(be);
 }
 
 /* Hold each layer in the cache and make sure its image exists. */
@@ -782,6 +786,9 @@ static int hold_layers(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
             return -1;
         }
     }
+    /* taking these may have evicted other layers */
+    if (sb->env.nlayers > 0)
+        dsec__vm_images_gc(be);
     return 0;
 }
 
@@ -913,6 +920,8 @@ static void sweep_once(struct vm_backend *be)
         }
         if (d != NULL)
             closedir(d);
+        /* images an earlier node manager left behind after their layers went */
+        dsec__vm_images_gc(be);
         if (procs > 0 || dirs > 0)
             fprintf(stderr,
                     "dsec %s: reclaimed %d QEMU processes and %d sandbox directories left by an "
