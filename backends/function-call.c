@@ -487,7 +487,11 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
     }
     t.h.len = (uint32_t)(sizeof t + (payload_fd >= 0 ? 0 : slen));
 
-    if (dsec__fn_worker_take(pools, tg->pool, cc->acquire_ms, &w, err) < 0)
+    /* A sandbox with a network gets a worker made for this call in its
+     * namespace; the warm ones were made without knowing the sandbox. */
+    if ((tg->netns_fd >= 0 ? dsec__fn_worker_take_net(pools, tg->pool, tg->netns_fd, tg->resolver,
+                                                      cc->acquire_ms, &w, err)
+                           : dsec__fn_worker_take(pools, tg->pool, cc->acquire_ms, &w, err)) < 0)
         goto out;
     int cgmode;
     struct fn_cg_slot *cg = dsec__fn_worker_cg(pools, w, &cgmode);

@@ -129,6 +129,8 @@ struct fn_worker {
     bool spawned, ready;
     bool promoting; /* a PREP is out, its READY not back yet */
     unsigned level; /* how warm its runtime is (fnp_prep) */
+    bool own;       /* made for one call (a networked sandbox's), never pooled */
+    char why[512];  /* own: why the zygote could not spawn it (SPAWN_FAILED) */
 };
 
 int dsec__fn_pools_new(struct fn_pools **out, const struct fn_pool_conf *conf, dsec_err *err);
@@ -152,6 +154,12 @@ size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out,
 /* Take a warm worker of pool pi, waiting up to wait_ms for one. */
 int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
                          dsec_err *err);
+/* A worker made for one call of a sandbox with a network: W1 joins the
+ * namespace netns_fd (borrowed) instead of making an empty one, and the
+ * call's /etc/resolv.conf names resolver. Waits up to wait_ms for a slot
+ * and for the worker to be ready; hand it back with dsec__fn_worker_done. */
+int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
 /* The call is over (or never started): close the worker's channels and let
  * the pool reclaim its slot once its supervisor has exited. */
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w);
@@ -186,6 +194,8 @@ struct fn_target {
     int rt, pool;
     char *const *vars;
     size_t nvars;
+    int netns_fd;         /* the sandbox's network namespace, or -1: a fresh empty one */
+    const char *resolver; /* with netns_fd: the nameserver of its calls */
 };
 
 int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *t,

@@ -105,6 +105,7 @@ struct fn_pools {
     struct fn_cg_slot *cgslots;
     struct fn_worker **slot_worker;
     unsigned *free_slots, nfree;
+    unsigned net_waiters; /* calls waiting for a slot to make a networked worker in */
     struct fn_worker *to_drain;
     int epfd, evfd;
     pthread_t thread;
@@ -266,53 +267,51 @@ static int send_spawn(int zctl, const struct fnp_spawn *sp, const int *fds, int 
     return n == (ssize_t)sizeof *sp ? 0 : -1;
 }
 
-/* Make one worker. Called with the lock held; drops it around the syscalls. */
-static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
+/* Send SPAWN for w (its runtime, pool and slot set) and keep the backend's
+ * ends of its channels in w. No lock held. netns_fd >= 0: a worker for one
+ * call of a sandbox with a network (FNP_SPAWN_NET). */
+static int worker_spawn(struct fn_pools *p, int zctl, struct fn_worker *w, int netns_fd,
+                        const char *resolver, char *why, size_t whylen)
 {
-    unsigned slot = p->free_slots[--p->nfree];
-    pool->nspawning++;
-    int zctl = pool->zctl;
-    pthread_mutex_unlock(&p->mu);
-
-    char why[DSEC_ERR_MSG_MAX] = "";
     dsec_err err;
-    struct fn_worker *w = dsec_calloc(1, sizeof *w);
     int sv[2] = {-1, -1}, in[2] = {-1, -1}, out[2] = {-1, -1}, er[2] = {-1, -1};
-    int cg[3], ncg = 0;
-    if (w == NULL) {
-        snprintf(why, sizeof why, "out of memory");
-        goto out_locked;
+    int cg[3], ncg = 0, rc = -1;
+    if (dsec__fn_cg_slot_make(&p->cg, w->slot, &p->cgslots[w->slot], &err) < 0) {
+        snprintf(why, whylen, "%s", err.msg);
+        return -1;
     }
-    w->rt = pool->rt;
-    w->pool = pool->idx;
-    w->slot = slot;
-    w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
-    if (dsec__fn_cg_slot_make(&p->cg, slot, &p->cgslots[slot], &err) < 0) {
-        snprintf(why, sizeof why, "%s", err.msg);
-        goto out_locked;
-    }
-    dsec__fn_cg_slot_procs(&p->cgslots[slot], cg, &ncg);
+    dsec__fn_cg_slot_procs(&p->cgslots[w->slot], cg, &ncg);
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 || pipe2(in, O_CLOEXEC) < 0 ||
         pipe2(out, O_CLOEXEC) < 0 || pipe2(er, O_CLOEXEC) < 0) {
-        snprintf(why, sizeof why, "making a worker's channels: %s", strerror(errno));
-        goto out_locked;
+        snprintf(why, whylen, "making a worker's channels: %s", strerror(errno));
+        goto out;
     }
     struct fnp_spawn sp;
     memset(&sp, 0, sizeof sp);
     sp.h.magic = FNP_MAGIC;
     sp.h.type = FNP_SPAWN;
     sp.h.len = sizeof sp;
-    sp.h.seq = slot;
-    sp.uid = p->uid_base + slot;
+    sp.h.seq = w->slot;
+    sp.uid = p->uid_base + w->slot;
     sp.tmp_mb = p->tmpfs_mb;
     int fds[FNP_SPAWN_FDS_MAX] = {sv[1], in[0], out[1], er[1]};
+    int nfds = 4;
     for (int i = 0; i < ncg; i++) {
-        fds[4 + i] = cg[i];
+        fds[nfds++] = cg[i];
         sp.cg_mask |= 1u << i;
     }
-    if (send_spawn(zctl, &sp, fds, 4 + ncg) < 0) {
-        snprintf(why, sizeof why, "sending SPAWN to the zygote: %s", strerror(errno));
-        goto out_locked;
+    if (netns_fd >= 0) {
+        if (resolver == NULL || strlen(resolver) >= sizeof sp.resolver) {
+            snprintf(why, whylen, "the sandbox's resolver address is missing or too long");
+            goto out;
+        }
+        fds[nfds++] = netns_fd;
+        sp.cg_mask |= FNP_SPAWN_NET;
+        memcpy(sp.resolver, resolver, strlen(resolver) + 1);
+    }
+    if (send_spawn(zctl, &sp, fds, nfds) < 0) {
+        snprintf(why, whylen, "sending SPAWN to the zygote: %s", strerror(errno));
+        goto out;
     }
     w->task_fd = sv[0];
     w->stdin_fd = in[1];
@@ -322,14 +321,37 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
     fcntl(w->stdin_fd, F_SETFL, O_NONBLOCK);
     fcntl(w->stdout_fd, F_SETFL, O_NONBLOCK);
     fcntl(w->stderr_fd, F_SETFL, O_NONBLOCK);
-
-out_locked:
+    rc = 0;
+out:
     for (int i = 0; i < 2; i++) {
         close_fd(&sv[i]);
         close_fd(&in[i]);
         close_fd(&out[i]);
         close_fd(&er[i]);
     }
+    return rc;
+}
+
+/* Make one worker. Called with the lock held; drops it around the syscalls. */
+static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
+{
+    unsigned slot = p->free_slots[--p->nfree];
+    pool->nspawning++;
+    int zctl = pool->zctl;
+    pthread_mutex_unlock(&p->mu);
+
+    char why[DSEC_ERR_MSG_MAX] = "";
+    struct fn_worker *w = dsec_calloc(1, sizeof *w);
+    if (w == NULL) {
+        snprintf(why, sizeof why, "out of memory");
+    } else {
+        w->rt = pool->rt;
+        w->pool = pool->idx;
+        w->slot = slot;
+        w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
+        worker_spawn(p, zctl, w, -1, NULL, why, sizeof why);
+    }
+
     pthread_mutex_lock(&p->mu);
     if (why[0] == '\0') {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EV(EV_WTASK, slot)};
@@ -386,8 +408,8 @@ static void refill(struct fn_pools *p, struct fn_pool *pool, uint64_t now, unsig
         return;
     if (pool->waiters > 0)
         steal_slot(p, pool);
-    /* Slots that calls of other pools wait for are theirs. */
-    unsigned others = waiting - pool->waiters;
+    /* Slots that calls of other pools (or networked calls) wait for are theirs. */
+    unsigned others = waiting - pool->waiters + p->net_waiters;
     unsigned want = pool->target + pool->waiters;
     while (pool->state == P_UP &&
            pool->nwarm + pool->nhot + pool->npromoting + pool->nspawning < want &&
@@ -625,6 +647,11 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
             p->slot_worker[m.h.seq] == NULL)
             break;
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
+        if (p->slot_worker[m.h.seq]->own) { /* its caller sees the task socket close */
+            snprintf(p->slot_worker[m.h.seq]->why, sizeof p->slot_worker[m.h.seq]->why, "%s",
+                     m.fail.msg);
+            break;
+        }
         worker_failed(p, p->slot_worker[m.h.seq], m.fail.msg);
         break;
     }
@@ -839,7 +866,8 @@ static void shutdown_all(struct fn_pools *p)
     }
     for (unsigned s = 0; s < p->max_workers; s++) {
         struct fn_worker *w = p->slot_worker[s];
-        if (w != NULL && (!(w->spawned && w->ready) || w->promoting) && w->task_fd >= 0) {
+        if (w != NULL && !w->own && (!(w->spawned && w->ready) || w->promoting) &&
+            w->task_fd >= 0) {
             epoll_ctl(p->epfd, EPOLL_CTL_DEL, w->task_fd, NULL);
             if (w->promoting)
                 p->pools[w->pool].npromoting--;
@@ -1374,6 +1402,168 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
         }
         dsec__fn_worker_done(p, w); /* died while warm (killed from outside): next one */
     }
+}
+
+/* Every slot is taken and a networked call waits for one: let one warm
+ * worker of a pool nobody waits on go (warm before hot), so its slot comes
+ * back once its supervisor is gone. Lock held. */
+static bool steal_any(struct fn_pools *p)
+{
+    for (int hot = 0; hot < 2; hot++)
+        for (unsigned i = 0; i < p->npools; i++) {
+            struct fn_pool *q = &p->pools[i];
+            struct fn_worker *w = NULL;
+            if (q->waiters > 0)
+                continue;
+            if (!hot && (w = pop(&q->warm_head, &q->warm_tail)) != NULL)
+                q->nwarm--;
+            else if (hot && (w = pop(&q->hot_head, &q->hot_tail)) != NULL)
+                q->nhot--;
+            if (w != NULL) {
+                worker_drain(p, w);
+                return true;
+            }
+        }
+    return false;
+}
+
+/* Wait for the READY of a worker made for one call (or the reason it will
+ * not come). No lock held. */
+static void own_ready(struct fn_worker *w, const char *name, uint64_t deadline, char *why,
+                      size_t whylen)
+{
+    for (;;) {
+        uint64_t now = dsec__fn_now_ns();
+        if (now >= deadline) {
+            snprintf(why, whylen, "the %s worker was not ready in time", name);
+            return;
+        }
+        struct pollfd pf = {.fd = w->task_fd, .events = POLLIN};
+        int pr = poll(&pf, 1, (int)((deadline - now) / 1000000ull) + 1);
+        if (pr < 0 && errno != EINTR) {
+            snprintf(why, whylen, "waiting for the %s worker: %s", name, strerror(errno));
+            return;
+        }
+        if (pr > 0)
+            break;
+    }
+    union {
+        struct fnp_hdr h;
+        struct fnp_ready ready;
+        struct fnp_failure fail;
+    } m;
+    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
+    union {
+        char c[CMSG_SPACE(sizeof(int) * 2)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
+    ssize_t n;
+    do
+        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    int fd = -1;
+    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int x;
+                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
+                if (fd < 0)
+                    fd = x;
+                else
+                    close(x);
+            }
+        }
+    if (n > 0 && (size_t)n == sizeof m.ready && m.h.magic == FNP_MAGIC && m.h.type == FNP_READY &&
+        m.h.len == (uint32_t)n && fd >= 0) {
+        w->pidfd = fd;
+        w->spawned = w->ready = true;
+        return;
+    }
+    close_fd(&fd);
+    if (n > 0 && (size_t)n == sizeof m.fail && m.h.magic == FNP_MAGIC &&
+        m.h.type == FNP_WORKER_FAILED) {
+        m.fail.msg[sizeof m.fail.msg - 1] = '\0';
+        m.fail.stage[sizeof m.fail.stage - 1] = '\0';
+        snprintf(why, whylen, "%s worker set-up failed (%s): %s", name, m.fail.stage, m.fail.msg);
+    } else {
+        snprintf(why, whylen, "the %s worker ended before it was ready", name);
+    }
+}
+
+int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[pi];
+    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
+    struct timespec ts;
+    deadline_ts(&ts, deadline);
+    pthread_mutex_lock(&p->mu);
+    if (!pool->wanted && pi < FN_RT_COUNT) {
+        pool->wanted = true;
+        wake(p);
+    }
+    int rc = 0;
+    bool stole = false;
+    p->net_waiters++;
+    while (rc == 0 && (pool->state != P_UP || p->nfree == 0)) {
+        if (p->stop) {
+            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+        } else if (pool->state == P_FAILED) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                              pool->name, pool->error);
+        } else {
+            if (pool->state == P_UP && !stole)
+                stole = steal_any(p);
+            if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT &&
+                (pool->state != P_UP || p->nfree == 0))
+                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                                  "function: no slot for a %s worker within %" PRIu64
+                                  " ms (max_workers %u, all in use)",
+                                  pool->name, wait_ms, p->max_workers);
+        }
+    }
+    p->net_waiters--;
+    struct fn_worker *w = rc == 0 ? dsec_calloc(1, sizeof *w) : NULL;
+    if (rc == 0 && w == NULL)
+        rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a worker");
+    if (rc < 0) {
+        pthread_mutex_unlock(&p->mu);
+        return -1;
+    }
+    w->own = true;
+    w->rt = pool->rt;
+    w->pool = pool->idx;
+    w->slot = p->free_slots[--p->nfree];
+    w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
+    p->slot_worker[w->slot] = w;
+    pool->nbusy++;
+    pool->calls++;
+    int zctl = pool->zctl;
+    pthread_mutex_unlock(&p->mu);
+
+    char why[DSEC_ERR_MSG_MAX] = "";
+    if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) == 0)
+        own_ready(w, pool->name, deadline, why, sizeof why);
+    if (why[0] == '\0') {
+        *out = w;
+        return 0;
+    }
+    worker_close(w); /* a worker still on its way sees its task socket close and exits */
+    pthread_mutex_lock(&p->mu);
+    if (w->why[0] != '\0') /* the zygote said why */
+        snprintf(why, sizeof why, "%s", w->why);
+    pool->nbusy--;
+    pool->spawn_failures++;
+    slot_free(p, w->slot);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    dsec_free(w);
+    wake(p);
+    return dsec_err_set(err, DSEC_E_BACKEND, 0,
+                        "function: a %s worker in the sandbox's network: %s", pool->name, why);
 }
 
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)

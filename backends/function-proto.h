@@ -82,17 +82,25 @@ enum {
     FNP_SPAWN_CG0 = 1u << 0, /* cgroup.procs of the first controller (v2: the cgroup) */
     FNP_SPAWN_CG1 = 1u << 1, /* v1: second controller */
     FNP_SPAWN_CG2 = 1u << 2, /* v1: third controller */
+    /* A worker for one call of a sandbox with a network: the sandbox's
+     * network namespace (an fd of its bind-mounted file), which W1 joins
+     * instead of making an empty one; W2 binds a resolv.conf naming
+     * `resolver` over /etc/resolv.conf. */
+    FNP_SPAWN_NET = 1u << 3,
 };
-#define FNP_SPAWN_FDS_MAX 7
+#define FNP_SPAWN_FDS_MAX 8
+#define FNP_RESOLVER_MAX 48
 
 /* fds, in order: task socket (W end), stdin (read end), stdout (write end),
- * stderr (write end), then the cgroup.procs fds named in cg_mask. */
+ * stderr (write end), the cgroup.procs fds named in cg_mask, then the
+ * network namespace with FNP_SPAWN_NET. */
 struct fnp_spawn {
     struct fnp_hdr h; /* seq = slot */
     uint32_t uid;     /* the call runs as uid = gid = this */
     uint32_t tmp_mb;  /* size of /tmp and of /work */
-    uint32_t cg_mask; /* FNP_SPAWN_CG* */
+    uint32_t cg_mask; /* FNP_SPAWN_CG*, FNP_SPAWN_NET */
     uint32_t reserved;
+    char resolver[FNP_RESOLVER_MAX]; /* FNP_SPAWN_NET: the nameserver address, NUL-ended */
 };
 
 struct fnp_ready {

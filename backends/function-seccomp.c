@@ -78,7 +78,6 @@ static const char *const denied[] = {
     "quotactl_fd",
     "reboot",
     "request_key",
-    "setns",
     "swapoff",
     "swapon",
     "syslog",
@@ -93,9 +92,10 @@ static const char *const denied[] = {
 };
 
 /* What the zygote's own workers still do after the base filter is on (W1
- * unshares, W2 mounts and names the host): denied to the call only, by a
- * second filter of its own. */
-static const char *const denied_to_calls[] = {"unshare", "mount", "sethostname"};
+ * unshares, and joins a networked sandbox's namespace with setns; W2 mounts
+ * and names the host): denied to the call only, by a second filter of its
+ * own. */
+static const char *const denied_to_calls[] = {"unshare", "setns", "mount", "sethostname"};
 
 /* Namespace flags clone() may not carry. */
 static const unsigned long ns_flags[] = {

@@ -58,10 +58,14 @@
  *        cost no page-table copy (~40 us). It joins the slot's cgroups,
  *        unshares mount, ipc, uts, net, pid and cgroup namespaces (~0.5 ms,
  *        mostly the network namespace, now off the zygote's thread), clones
- *        W2 and exits.
+ *        W2 and exits. A worker made for one call of a sandbox with a
+ *        network (FNP_SPAWN_NET) joins that sandbox's network namespace
+ *        instead (setns) and unshares the rest.
  *   W2 = clone(CLONE_VM | CLONE_PARENT) of W1: pid 1 of the new pid
  *        namespace, a child of the zygote, still sharing its memory. It
- *        mounts /proc, a /tmp and a /work tmpfs, brings lo up, forks W3 -
+ *        mounts /proc, a /tmp and a /work tmpfs (and, in a sandbox's network,
+ *        a resolv.conf naming its resolver over /etc/resolv.conf), brings lo
+ *        up, forks W3 -
  *        the one real copy-on-write fork per call - and supervises: when W3
  *        has exited it sends RESULT and exits, and as pid 1 its exit kills
  *        whatever the call left behind. It also exits (killing the call) if
@@ -103,7 +107,9 @@ struct wrec {
     int fd_task, fd_in, fd_out, fd_err;
     int fd_cg[3];
     int ncg;
+    int fd_net; /* the sandbox's network namespace (FNP_SPAWN_NET), or -1 */
     uint32_t uid, tmp_mb, slot;
+    char resolver[FNP_RESOLVER_MAX]; /* with fd_net: the nameserver calls are given */
 };
 
 static const struct fnz_runtime *runtime; /* NULL: exec */
@@ -728,6 +734,43 @@ static int lo_up(void)
     return rc;
 }
 
+/* A call in a sandbox's network namespace gets that sandbox's resolver: a
+ * resolv.conf naming it, bound read-only over /etc/resolv.conf in this call's
+ * mount namespace only. The file is made in the call's fresh /tmp and
+ * unlinked once bound (the bind holds it), so the call sees no trace of it
+ * there. The root is read-only, so /etc/resolv.conf must exist in it. */
+static int resolv_conf(struct wrec *r) /* 0, or W2's exit code after reporting */
+{
+    static const char tmp[] = "/tmp/.dsec-resolv.conf";
+    char line[FNP_RESOLVER_MAX + 32];
+    int n = snprintf(line, sizeof line, "nameserver %s\n", r->resolver);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return w2_fail(r, "resolv.conf", errno, "creating the call's resolv.conf");
+    bool ok = n > 0 && write(fd, line, (size_t)n) == n;
+    int e = errno;
+    close(fd);
+    if (!ok)
+        return w2_fail(r, "resolv.conf", e, "writing the call's resolv.conf");
+    if (mount(tmp, "/etc/resolv.conf", NULL, MS_BIND, NULL) < 0) {
+        e = errno;
+        unlink(tmp);
+        if (e == ENOENT) {
+            send_failure(r->fd_task, FNP_WORKER_FAILED, 0, "resolv.conf", e,
+                         "the sandbox's root has no /etc/resolv.conf (or it is a dangling "
+                         "symlink) to bind the sandbox's resolver over; a networked function "
+                         "sandbox needs an environment that has one");
+            return 1;
+        }
+        return w2_fail(r, "resolv.conf", e, "binding the resolver over /etc/resolv.conf");
+    }
+    if (mount(NULL, "/etc/resolv.conf", NULL,
+              MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+        return w2_fail(r, "resolv.conf", errno, "making /etc/resolv.conf read-only");
+    unlink(tmp);
+    return 0;
+}
+
 static int w2_main(void *arg)
 {
     struct wrec *r = arg;
@@ -740,6 +783,8 @@ static int w2_main(void *arg)
     snprintf(opts, sizeof opts, "size=%um,mode=0755,uid=%u,gid=%u", r->tmp_mb, r->uid, r->uid);
     if (mount("tmpfs", "/work", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
         return w2_fail(r, "mount /work", errno, "mounting /work");
+    if (r->resolver[0] != '\0' && resolv_conf(r) != 0)
+        return 1;
     if (sethostname("sandbox", 7) < 0)
         return w2_fail(r, "hostname", errno, "setting the hostname");
     if (lo_up() < 0)
@@ -809,9 +854,12 @@ static int w1_main(void *arg)
 {
     struct wrec *r = arg;
     int keep[8] = {r->fd_task, r->fd_in, r->fd_out, r->fd_err};
+    int nkeep = 4;
     for (int i = 0; i < r->ncg; i++)
-        keep[4 + i] = r->fd_cg[i];
-    close_others(keep, 4 + r->ncg);
+        keep[nkeep++] = r->fd_cg[i];
+    if (r->fd_net >= 0)
+        keep[nkeep++] = r->fd_net;
+    close_others(keep, nkeep);
     for (int i = 0; i < r->ncg; i++) {
         if (write(r->fd_cg[i], "0", 1) != 1) {
             send_failure(r->fd_task, FNP_WORKER_FAILED, 0, "cgroup", errno,
@@ -820,10 +868,24 @@ static int w1_main(void *arg)
         }
         close(r->fd_cg[i]);
     }
-    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | CLONE_NEWPID |
+    /* A sandbox with a network: its namespace, shared by all its calls (the
+     * base seccomp filter lets W1 setns; the call's own filter does not).
+     * Otherwise a fresh, empty one. */
+    int newnet = CLONE_NEWNET;
+    if (r->fd_net >= 0) {
+        if (setns(r->fd_net, CLONE_NEWNET) < 0) {
+            send_failure(r->fd_task, FNP_WORKER_FAILED, 0, "network", errno,
+                         "joining the sandbox's network namespace: %s", strerror(errno));
+            return 1;
+        }
+        close(r->fd_net);
+        newnet = 0;
+    }
+    if (unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | newnet | CLONE_NEWPID |
                 CLONE_NEWCGROUP) < 0) {
         send_failure(r->fd_task, FNP_WORKER_FAILED, 0, "namespaces", errno,
-                     "unshare(mount, ipc, uts, net, pid, cgroup): %s", strerror(errno));
+                     "unshare(mount, ipc, uts, %spid, cgroup): %s", newnet ? "net, " : "",
+                     strerror(errno));
         return 1;
     }
     pid_t pid = clone(w2_main, r->map + MAP_LEN, CLONE_VM | CLONE_PARENT, r);
@@ -915,8 +977,10 @@ static void handle_spawn(void)
             }
         }
     int ncg = __builtin_popcount(sp.cg_mask & 7u);
+    int nnet = (sp.cg_mask & FNP_SPAWN_NET) ? 1 : 0;
     if ((size_t)n != sizeof sp || sp.h.magic != FNP_MAGIC || sp.h.type != FNP_SPAWN ||
-        nfds != 4 + ncg || sp.tmp_mb == 0) {
+        nfds != 4 + ncg + nnet || sp.tmp_mb == 0 ||
+        (nnet && memchr(sp.resolver, '\0', sizeof sp.resolver) == NULL)) {
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
         send_failure(FNP_ZYGOTE_CTL_FD, FNP_SPAWN_FAILED, sp.h.seq, "spawn", 0,
@@ -953,6 +1017,9 @@ static void handle_spawn(void)
         for (int i = 0; i < ncg; i++)
             r->fd_cg[i] = fds[4 + i];
         r->ncg = ncg;
+        r->fd_net = nnet ? fds[4 + ncg] : -1;
+        if (nnet)
+            memcpy(r->resolver, sp.resolver, sizeof r->resolver);
         r->uid = sp.uid;
         r->tmp_mb = sp.tmp_mb;
         r->slot = sp.h.seq;
