@@ -14,6 +14,7 @@
 #include "backends/cgroup-tune.h"
 #include "backends/function-int.h"
 #include "backends/function.h"
+#include "backends/net/net.h"
 #include "dsec/alloc.h"
 
 /*
@@ -54,6 +55,8 @@ struct fn {
     int uid_lock; /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
     dsec_layer_registry *reg; /* the cell's, borrowed; NULL: no environments */
     dsec_layer_cache *cache;  /* the node's (shared), when reg is set */
+    dsec_net *net;            /* the node's containment, borrowed; NULL: no policies */
+    char net_dir[PATH_MAX + 16]; /* <state_dir>/net: the policy of each networked sandbox */
 };
 
 struct fn_sb {
@@ -68,6 +71,8 @@ struct fn_sb {
     uint64_t disk_mb;
     struct fn_files files;
     uint64_t cpu_used_us, calls;
+    dsec_net_sbx *net; /* with a network policy: its namespace, veth and rules */
+    int netns_fd;      /* that namespace, which each call's W1 joins; -1 without */
     char id[ID_MAX + 1];
 };
 
@@ -319,6 +324,7 @@ static void fn_fini(void *self)
     if (f->temp_state) {
         dsec_err e;
         dsec__fn_files_remove(f->sb_dir, &e);
+        dsec__fn_files_remove(f->net_dir, &e);
         rmdir(f->state_dir);
     }
     dsec_free(f);
@@ -378,8 +384,10 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     }
     snprintf(f->sb_dir, sizeof f->sb_dir, "%s/sandboxes", f->state_dir);
     snprintf(f->root_dir, sizeof f->root_dir, "%s/root", f->state_dir);
+    snprintf(f->net_dir, sizeof f->net_dir, "%s/net", f->state_dir);
     if ((mkdir(f->sb_dir, 0700) < 0 && errno != EEXIST) ||
-        (mkdir(f->root_dir, 0755) < 0 && errno != EEXIST)) {
+        (mkdir(f->root_dir, 0755) < 0 && errno != EEXIST) ||
+        (mkdir(f->net_dir, 0700) < 0 && errno != EEXIST)) {
         dsec_err_set(err, DSEC_E_IO, errno, "function: creating directories in %s", f->state_dir);
         goto out_free;
     }
@@ -389,6 +397,7 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     f->cc.acquire_ms = o.acquire_ms;
     f->cc.use_rlimit_as = o.rlimit_as;
     f->reg = cfg->layers;
+    f->net = cfg->net;
     if (f->reg != NULL &&
         dsec_backend_layer_cache(cfg, f->state_dir, o.cache_gb << 30, &f->cache, err) < 0) {
         dsec_err_wrap(err, "function");
@@ -467,11 +476,10 @@ static int label_u64(const char *key, const char *v, uint64_t min, uint64_t max,
 static int parse_spec(const struct fn *f, const dsec_sandbox_spec *spec, struct fn_sb *sb,
                       dsec_err *err)
 {
-    if (spec->nnet > 0)
-        return dsec_err_set(
-            err, DSEC_E_UNSUPPORTED, 0,
-            "function sandboxes have no network; a network policy needs a container "
-            "or VM sandbox");
+    if (spec->nnet > 0 && f->net == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "function: this node has no network containment configured (the "
+                            "cell's net: section), so it cannot apply a network policy");
     size_t idlen = spec->id ? strlen(spec->id) : 0;
     if (idlen == 0 || idlen > ID_MAX || spec->id[0] == '.')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "function: bad sandbox id");
@@ -678,6 +686,185 @@ static int state_env(struct fn *f, struct fn_sb *sb, const char *rest, dsec_err 
     return rc;
 }
 
+/* ---- a sandbox's network (backends/net/net.h) -------------------------------------------- */
+
+/* A sandbox created with a network policy holds a network of the node's
+ * containment, as a container does: its own namespace, veth, rules and
+ * resolver view. Its calls join that namespace (function-pool.c makes a
+ * worker for each such call). What adopt needs after a restart, and the
+ * policy as last set, live in <state_dir>/net/<id>: the handle's state on
+ * the first line, the tenant on the second, then one entry per line. */
+
+static void net_record_path(const struct fn *f, const char *id, char *out, size_t len)
+{
+    if (snprintf(out, len, "%s/%s", f->net_dir, id) >= (int)len)
+        out[0] = '\0'; /* cannot happen: the buffers hold net_dir + ID_MAX */
+}
+
+static int net_record_write(const struct fn *f, const struct fn_sb *sb, const char *tenant,
+                            const char *const *entries, size_t n, dsec_err *err)
+{
+    char path[PATH_MAX + ID_MAX + 24], tmp[PATH_MAX + ID_MAX + 32];
+    net_record_path(f, sb->id, path, sizeof path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (tenant != NULL && strchr(tenant, '\n') != NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "function: the tenant has a newline");
+    for (size_t i = 0; i < n; i++)
+        if (entries[i] == NULL || strchr(entries[i], '\n') != NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "function: network policy entry %zu has a newline", i);
+    FILE *fp = fopen(tmp, "we");
+    if (fp == NULL)
+        return dsec_err_set(err, DSEC_E_IO, errno, "function: writing %s", tmp);
+    fprintf(fp, "%s\n%s\n", dsec_net_sbx_state(sb->net), tenant != NULL ? tenant : "");
+    for (size_t i = 0; i < n; i++)
+        fprintf(fp, "%s\n", entries[i]);
+    bool ok = fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+    int e = errno;
+    if (fclose(fp) != 0 && ok) {
+        ok = false;
+        e = errno;
+    }
+    if (!ok || rename(tmp, path) < 0) {
+        e = ok ? errno : e;
+        unlink(tmp);
+        return dsec_err_set(err, DSEC_E_IO, e, "function: writing %s", path);
+    }
+    return 0;
+}
+
+/* Open the namespace the calls join. */
+static int net_open(struct fn_sb *sb, dsec_err *err)
+{
+    sb->netns_fd = open(dsec_net_sbx_netns(sb->net), O_RDONLY | O_CLOEXEC);
+    if (sb->netns_fd < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "function: opening the network namespace %s",
+                            dsec_net_sbx_netns(sb->net));
+    return 0;
+}
+
+static int net_attach(struct fn *f, struct fn_sb *sb, const dsec_sandbox_spec *spec, dsec_err *err)
+{
+    if (spec->nnet == 0)
+        return 0;
+    if (dsec_net_attach(f->net, sb->id, spec->tenant, spec->net, spec->nnet, &sb->net, err) < 0)
+        return dsec_err_wrap(err, "function: its network");
+    if (net_open(sb, err) < 0 ||
+        net_record_write(f, sb, spec->tenant, spec->net, spec->nnet, err) < 0) {
+        dsec_err e;
+        if (sb->netns_fd >= 0)
+            close(sb->netns_fd);
+        sb->netns_fd = -1;
+        dsec_net_detach(sb->net, &e);
+        sb->net = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Remove the network and its record. On failure the sandbox keeps it. */
+static int net_detach(struct fn *f, struct fn_sb *sb, dsec_err *err)
+{
+    if (sb->net == NULL)
+        return 0;
+    if (sb->netns_fd >= 0)
+        close(sb->netns_fd); /* so the namespace goes with its file */
+    sb->netns_fd = -1;
+    if (dsec_net_detach(sb->net, err) < 0) {
+        dsec_err e;
+        net_open(sb, &e);
+        return dsec_err_wrap(err, "function: removing its network");
+    }
+    sb->net = NULL;
+    char path[PATH_MAX + ID_MAX + 24];
+    net_record_path(f, sb->id, path, sizeof path);
+    unlink(path);
+    return 0;
+}
+
+/* After a restart: the namespace and veth outlived the node manager and
+ * the node's table was rebuilt, so the rules go back in. No record: the
+ * sandbox had no network. */
+static int net_adopt(struct fn *f, struct fn_sb *sb, dsec_err *err)
+{
+    char path[PATH_MAX + ID_MAX + 24];
+    net_record_path(f, sb->id, path, sizeof path);
+    FILE *fp = fopen(path, "re");
+    if (fp == NULL)
+        return errno == ENOENT ? 0
+                               : dsec_err_set(err, DSEC_E_IO, errno, "function: reading %s", path);
+    char *line = NULL, *state = NULL, *tenant = NULL;
+    char **entries = NULL;
+    size_t cap = 0, n = 0, k = 0;
+    ssize_t len;
+    int rc = 0;
+    while (rc == 0 && (len = getline(&line, &cap, fp)) >= 0) {
+        if (len > 0 && line[len - 1] == '\n')
+            line[len - 1] = '\0';
+        char *copy = dsec_strdup(line);
+        char **grown = k >= 2 ? dsec_realloc(entries, (n + 1) * sizeof *entries) : entries;
+        if (copy == NULL || (k >= 2 && grown == NULL)) {
+            dsec_free(copy);
+            rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: adopting its network");
+            break;
+        }
+        if (k == 0)
+            state = copy;
+        else if (k == 1)
+            tenant = copy;
+        else
+            (entries = grown)[n++] = copy;
+        k++;
+    }
+    free(line);
+    fclose(fp);
+    if (rc == 0 && k < 2)
+        rc = dsec_err_set(err, DSEC_E_INVALID, 0, "function: %s is not a network record", path);
+    if (rc == 0 && f->net == NULL)
+        rc = dsec_err_set(err, DSEC_E_CONFIG, 0,
+                          "function: the sandbox had network containment and the node now has "
+                          "none");
+    if (rc == 0 && dsec_net_adopt(f->net, sb->id, tenant[0] ? tenant : NULL, state,
+                                  (const char *const *)entries, n, &sb->net, err) < 0)
+        rc = dsec_err_wrap(err, "function: adopting its network");
+    if (rc == 0 && net_open(sb, err) < 0) {
+        dsec_net_release(sb->net);
+        sb->net = NULL;
+        rc = -1;
+    }
+    strv_free(entries, n);
+    dsec_free(state);
+    dsec_free(tenant);
+    return rc;
+}
+
+static int fn_net_set(void *self, dsec_sandbox *h, const char *const *entries, size_t n,
+                      dsec_err *err)
+{
+    struct fn *f = self;
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    if (sb->net == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "function: this sandbox was created without a network policy, so its "
+                            "calls have no network to change (create it with one)");
+    if (dsec_net_set(sb->net, entries, n, err) < 0)
+        return -1;
+    /* remembered for adoption after a restart */
+    char path[PATH_MAX + ID_MAX + 24], tenant[256] = "";
+    net_record_path(f, sb->id, path, sizeof path);
+    FILE *fp = fopen(path, "re");
+    if (fp != NULL) {
+        char skip[256];
+        if (fgets(skip, sizeof skip, fp) == NULL || fgets(tenant, sizeof tenant, fp) == NULL)
+            tenant[0] = '\0';
+        tenant[strcspn(tenant, "\n")] = '\0';
+        fclose(fp);
+    }
+    if (net_record_write(f, sb, tenant[0] ? tenant : NULL, entries, n, err) < 0)
+        return dsec_err_wrap(err, "function: the policy is applied but not recorded");
+    return 0;
+}
+
 static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
                      char **backend_state, dsec_err *err)
 {
@@ -687,6 +874,7 @@ static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     if (sb == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a sandbox");
     sb->files.dirfd = sb->files.bundle_fd = -1;
+    sb->netns_fd = -1;
     if (parse_spec(f, spec, sb, err) < 0)
         goto out_free;
     /* The pool first: a runtime that cannot start fails the create, clearly. */
@@ -697,8 +885,9 @@ static int fn_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     sb_dir(f, sb->id, dir, sizeof dir);
     if (dsec__fn_files_open(&sb->files, dir, true, sb->disk_mb << 20, 65536, err) < 0)
         goto out_free;
-    if (state_string(sb, backend_state, err) < 0) {
+    if (net_attach(f, sb, spec, err) < 0 || state_string(sb, backend_state, err) < 0) {
         dsec_err e;
+        net_detach(f, sb, &e);
         dsec__fn_files_close(&sb->files);
         dsec__fn_files_remove(dir, &e);
         goto out_free;
@@ -718,6 +907,8 @@ static int fn_destroy(void *self, dsec_sandbox *h, dsec_err *err)
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
     char dir[PATH_MAX + ID_MAX + 2];
     sb_dir(f, sb->id, dir, sizeof dir);
+    if (net_detach(f, sb, err) < 0)
+        return -1; /* the handle stays usable, network and all */
     dsec__fn_files_close(&sb->files);
     if (dsec__fn_files_remove(dir, err) < 0) {
         /* keep the handle usable, as the contract asks */
@@ -734,6 +925,9 @@ static void fn_detach(void *self, dsec_sandbox *h)
 {
     struct fn *f = self;
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    if (sb->netns_fd >= 0)
+        close(sb->netns_fd);
+    dsec_net_release(sb->net); /* the namespace stays for a later adopt */
     dsec__fn_files_close(&sb->files);
     dsec__fn_pools_env_put(f->pools, sb->pool);
     sb_free(sb);
@@ -746,6 +940,7 @@ static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state
     struct fn_sb *sb = dsec_calloc(1, sizeof *sb);
     if (sb == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: adopting a sandbox");
+    sb->netns_fd = -1;
     char rt[16];
     int used = 0;
     if (sscanf(state,
@@ -782,6 +977,14 @@ static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state
         sb_free(sb);
         return -1;
     }
+    if (net_adopt(f, sb, err) < 0) {
+        /* its namespace stays in place, reaching nothing; a later adopt may succeed */
+        dsec_err_wrap(err, "function: re-adopting %s", sb->id);
+        dsec__fn_files_close(&sb->files);
+        dsec__fn_pools_env_put(f->pools, sb->pool);
+        sb_free(sb);
+        return -1;
+    }
     *out = (dsec_sandbox *)(void *)sb;
     return 0;
 }
@@ -791,7 +994,12 @@ static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_e
 {
     struct fn *f = self;
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
-    struct fn_target tg = {.rt = sb->rt, .pool = sb->pool, .vars = sb->vars, .nvars = sb->nvars};
+    struct fn_target tg = {.rt = sb->rt,
+                           .pool = sb->pool,
+                           .vars = sb->vars,
+                           .nvars = sb->nvars,
+                           .netns_fd = sb->netns_fd,
+                           .resolver = sb->net != NULL ? dsec_net_sbx_resolver(sb->net) : NULL};
     if (dsec__fn_call(f->pools, &f->cc, &tg, &sb->lim, &sb->files, req, res, err) < 0)
         return -1;
     sb->cpu_used_us += res->cpu_us;
@@ -844,6 +1052,7 @@ const dsec_backend_ops dsec_function_ops = {
     .stats = fn_stats,
     .adopt = fn_adopt,
     .detach = fn_detach,
+    .net_set = fn_net_set,
 };
 
 /* ---- introspection ------------------------------------------------------------------------- */

@@ -33,10 +33,13 @@ extern "C" {
  *            nofile=N       open files per process (1024)
  *          memory_mb is the memory of one call (its cgroup: the call is
  *          OOM-killed alone beyond it); disk_mb caps the sandbox's files.
- *          Other labels are ignored. A network policy or an environment
- *          with layers is refused (function calls have no network and run
- *          on the host's /usr and /etc). Starts the runtime's pool if it is
- *          not running yet, and fails if its zygote cannot start.
+ *          Other labels are ignored. A network policy (spec net) gives the
+ *          sandbox a network of the node's containment (dsec_backend_config
+ *          .net; refused without one): every call then runs in that
+ *          namespace, with the sandbox's resolver in /etc/resolv.conf, in a
+ *          worker made for it. Without a policy a call has no network (lo
+ *          only). Starts the runtime's pool if it is not running yet, and
+ *          fails if its zygote cannot start.
  * exec     one call. argv[0] python/python3/python3.N in a python3 sandbox
  *          runs in the warm interpreter: -c CODE, SCRIPT, -m MODULE, - (code
  *          on stdin), flags -u -B -E -s -I -q, and --call FUNC (run the code,
@@ -57,8 +60,11 @@ extern "C" {
  * files    file_write/read/list work on the sandbox's files under /work
  *          (kept on the node's disk); each call gets its own copy of them
  *          in a private tmpfs. Nothing a call writes survives it.
+ * net_set  replaces the policy of a sandbox created with one (its next
+ *          calls follow it); a sandbox created without one has no network.
  * fork, pause, snapshot, restore: unsupported. adopt re-attaches from the
- *          backend_state after a node manager restart (the files are on disk).
+ *          backend_state after a node manager restart (the files are on disk,
+ *          a networked sandbox's policy in <state_dir>/net/<id>).
  *
  * Options (dsec_backend_config.opts, as "function.KEY" or KEY; unknown
  * unprefixed keys belong to other backends and are ignored, unknown

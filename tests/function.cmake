@@ -24,3 +24,13 @@ target_link_libraries(test_function_env PRIVATE dsec_backends dsec_common PkgCon
   Threads::Threads dsec_warnings dsec_allocator)
 add_test(NAME function_env COMMAND test_function_env)
 set_tests_properties(function_env PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_function_host)
+
+# Function sandboxes with a network policy: their calls in the sandbox's namespace of the node's
+# containment, against an "outside" namespace (tests/net_outside.py) the test builds itself.
+add_executable(test_function_net test_function_net.c)
+target_link_libraries(test_function_net PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_function_net PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
+add_test(NAME function_net COMMAND test_function_net)
+set_tests_properties(function_net PROPERTIES TIMEOUT 300
+  RESOURCE_LOCK "dsec_function_host;dsec_net_host")
