@@ -36,8 +36,8 @@
 
 #define OUT_NS "dsecfn-out"
 #define OUT_IF "dsfno0"
-#define TAG 201 /* veths dsvc9... */
-#define TAG_HEX "c9"
+#define TAG 203 /* veths dsvcb...; no other test uses it */
+#define TAG_HEX "cb"
 #define UID_BASE 1760000000u
 #define UID_BASE_PLAIN 1760100000u
 
