@@ -18,7 +18,9 @@
  * when it is all a cell offers), so a cell that mixes sim with real types
  * never hands a trainer a sandbox that does nothing. */
 static const dsec_backend_caps builtin_caps[] = {
-    {.type = "function", .isolation = 1, .cost = 1, .startup_ms = 2},
+    /* network: a policy gives a function sandbox a network of the node's
+     * containment, which its calls join (docs/function-calls.md) */
+    {.type = "function", .isolation = 1, .cost = 1, .network = true, .startup_ms = 2},
     {.type = "container",
      .persistence = true,
      .isolation = 2,
