@@ -588,17 +588,32 @@ static int open_cmdline(pid_t pid)
     return open(p, O_RDONLY | O_CLOEXEC);
 }
 
-bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+/* pid's command line (the first 64 KiB: NUL-separated arguments, one more NUL after them) in
+ * a buffer to dsec_free, its length in *got; NULL when pid is gone or, with errno ENOMEM, when
+ * there is no memory. */
+static char *read_cmdline(pid_t pid, size_t *got)
 {
     int fd = open_cmdline(pid);
     if (fd < 0)
-        return false;
-    size_t cap = 1u << 16, got = 0;
+        return NULL;
+    size_t cap = 1u << 16;
     char *buf = dsec_malloc(cap + 1);
     ssize_t n = 0;
-    while (buf != NULL && got < cap && (n = read(fd, buf + got, cap - got)) > 0)
-        got += (size_t)n;
+    *got = 0;
+    while (buf != NULL && *got < cap && (n = read(fd, buf + *got, cap - *got)) > 0)
+        *got += (size_t)n;
     close(fd);
+    if (buf == NULL)
+        errno = ENOMEM;
+    else
+        buf[*got] = '\0';
+    return buf;
+}
+
+bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+{
+    size_t got;
+    char *buf = read_cmdline(pid, &got);
     if (buf == NULL)
         return false;
     for (size_t i = 0; i < got; i++)
@@ -625,18 +640,15 @@ bool dsec__vm_qemu_uses(const char *path)
         if (e->d_name[0] < '1' || e->d_name[0] > '9')
             continue;
         pid_t pid = (pid_t)strtol(e->d_name, NULL, 10);
-        int fd = open_cmdline(pid);
-        if (fd < 0)
-            continue;
-        size_t cap = 1u << 16, got = 0;
-        char *buf = dsec_malloc(cap + 1);
-        ssize_t n = 0;
-        while (buf != NULL && got < cap && (n = read(fd, buf + got, cap - got)) > 0)
-            got += (size_t)n;
-        close(fd);
-        if (buf == NULL)
+        size_t got;
+        errno = 0;
+        char *buf = read_cmdline(pid, &got);
+        if (buf == NULL && errno == ENOMEM) {
+            used = true;
             break;
-        buf[got] = '\0';
+        }
+        if (buf == NULL)
+            continue;
         /* the arguments are NUL-separated: look in each */
         for (size_t i = 0; i < got && !used; i += strlen(buf + i) + 1)
             used = strstr(buf + i, needle) != NULL;
