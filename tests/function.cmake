@@ -34,3 +34,13 @@ target_compile_definitions(test_function_net PRIVATE DSEC_SRC="${CMAKE_SOURCE_DI
 add_test(NAME function_net COMMAND test_function_net)
 set_tests_properties(function_net PROPERTIES TIMEOUT 300
   RESOURCE_LOCK "dsec_function_host;dsec_net_host")
+
+# The same end to end: a cell (scheduler and a native node with containment) places a create with a
+# policy and no type on a function sandbox; its calls reach the outside namespace it allows.
+add_executable(test_function_net_bus test_function_net_bus.c)
+target_link_libraries(test_function_net_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+  PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+target_compile_definitions(test_function_net_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
+add_test(NAME function_net_bus COMMAND test_function_net_bus)
+set_tests_properties(function_net_bus PROPERTIES TIMEOUT 300
+  RESOURCE_LOCK "dsec_function_host;dsec_net_host")
