@@ -1004,12 +1004,15 @@ static void reply_now(dsec__dns *d, int lfd, conn *tc, const struct sockaddr *pe
         sendto(lfd, out, len, MSG_DONTWAIT, peer, sa_len(peer));
 }
 
-/* Answer one client (over UDP on lfd, or TCP on tc when tcp): SERVFAIL, or
- * the upstream's rcode with raw (its answer records, fresh or cached) put
- * through this client's CNAME-chain filter. Every address in the reply is
- * pinned before it is sent. */
-static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
-                    const struct sockaddr *peer, uint8_t rcode, const ldns_rr_list *raw)
+/* The reply to one client's query qq into out (cap bytes, at least OUT_MAX):
+ * SERVFAIL, or the upstream's rcode with raw (its answer records, fresh or
+ * cached) put through this client's CNAME-chain filter (REFUSED when the
+ * chain leaves its allowed names). Every address in it is pinned before
+ * this returns, so before it is sent. With build false (the client is gone)
+ * only the filter runs and nothing is pinned. Returns the reply's length, 0
+ * when there is none. */
+static size_t answer(dsec__dns *d, const query *qq, const struct sockaddr *peer, uint8_t rcode,
+                     const ldns_rr_list *raw, bool build, uint8_t *out, size_t cap)
 {
     ldns_rr_list *ans = NULL;
     if (rcode != LDNS_RCODE_SERVFAIL) {
@@ -1026,14 +1029,8 @@ static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
             STAT_ADD(d, answered);
         }
     }
-    if (tcp && tc == NULL) {
-        /* its connection is gone: nobody to pin for */
-        if (ans != NULL)
-            ldns_rr_list_deep_free(ans);
-        return;
-    }
-    bool trunc;
-    size_t len = build_reply(qq, rcode, ans, d->obuf, sizeof d->obuf, &trunc);
+    bool trunc = false;
+    size_t len = build ? build_reply(qq, rcode, ans, out, cap, &trunc) : 0;
     if (len > 0 && !trunc && ans != NULL && d->c.pin != NULL) {
         for (size_t i = 0; i < ldns_rr_list_rr_count(ans); i++) {
             const ldns_rr *rr = ldns_rr_list_rr(ans, i);
@@ -1045,10 +1042,38 @@ static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
                      ldns_rdf_data(a), ldns_rr_ttl(rr));
         }
     }
-    if (len > 0)
-        reply_now(d, lfd, tc, peer, d->obuf, len);
     if (ans != NULL)
         ldns_rr_list_deep_free(ans);
+    return len;
+}
+
+/* Answer one client (over UDP on lfd, or TCP on tc when tcp) with answer's
+ * reply. */
+static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
+                    const struct sockaddr *peer, uint8_t rcode, const ldns_rr_list *raw)
+{
+    /* over TCP with its connection gone: nobody to pin for */
+    size_t len = answer(d, qq, peer, rcode, raw, !(tcp && tc == NULL), d->obuf, sizeof d->obuf);
+    if (len > 0)
+        reply_now(d, lfd, tc, peer, d->obuf, len);
+}
+
+/* What the upstream's answer r to p (NULL: none, SERVFAIL) means for its
+ * clients: the rcode they get, and in *raw the records each client's filter
+ * takes (r's answer section; NULL with SERVFAIL). NOERROR and NXDOMAIN are
+ * cached; other rcodes are SERVFAIL and not kept. */
+static uint8_t upstream_outcome(dsec__dns *d, const pend *p, const ldns_pkt *r,
+                                const ldns_rr_list **raw)
+{
+    *raw = NULL;
+    if (r == NULL)
+        return LDNS_RCODE_SERVFAIL;
+    ldns_pkt_rcode rc = ldns_pkt_get_rcode(r);
+    if (rc != LDNS_RCODE_NOERROR && rc != LDNS_RCODE_NXDOMAIN)
+        return LDNS_RCODE_SERVFAIL;
+    cache_put(d, p->key, &p->qq, r, now_ms());
+    *raw = ldns_pkt_answer(r);
+    return (uint8_t)rc;
 }
 
 /* p (unlinked) is over: r is the upstream's matching answer, or NULL for
@@ -1056,16 +1081,8 @@ static void deliver(dsec__dns *d, const query *qq, int lfd, conn *tc, bool tcp,
  * client and every waiter, retires p. */
 static void pend_done(dsec__dns *d, pend *p, const ldns_pkt *r)
 {
-    uint8_t rcode = LDNS_RCODE_SERVFAIL;
-    const ldns_rr_list *raw = NULL;
-    if (r != NULL) {
-        ldns_pkt_rcode rc = ldns_pkt_get_rcode(r);
-        if (rc == LDNS_RCODE_NOERROR || rc == LDNS_RCODE_NXDOMAIN) {
-            rcode = (uint8_t)rc;
-            raw = ldns_pkt_answer(r);
-            cache_put(d, p->key, &p->qq, r, now_ms());
-        }
-    }
+    const ldns_rr_list *raw;
+    uint8_t rcode = upstream_outcome(d, p, r, &raw);
     deliver(d, &p->qq, p->lfd, p->tc, p->tcp, (const struct sockaddr *)&p->peer, rcode, raw);
     while (p->waiters != NULL) {
         pend *w = p->waiters;
@@ -1130,24 +1147,39 @@ static void pend_fill(pend *p, query *qq, client *cl, int lfd, conn *tc,
     memcpy(&p->peer, peer, sa_len(peer));
 }
 
+/* qq answered from the cache (its entry under key) into out, as answer()
+ * does; false on a miss. *len: the reply's length, 0 when there is none. */
+static bool cache_answer(dsec__dns *d, uint32_t key, const query *qq, const struct sockaddr *peer,
+                         uint8_t *out, size_t cap, size_t *len)
+{
+    *len = 0;
+    if (d->cache == NULL)
+        return false;
+    uint8_t rc = 0;
+    ldns_rr_list *hit = cache_get(d, key, qq, now_ms(), &rc);
+    if (hit == NULL) {
+        STAT_ADD(d, cache_misses);
+        return false;
+    }
+    STAT_ADD(d, cache_hits);
+    *len = answer(d, qq, peer, rc, hit, true, out, cap);
+    ldns_rr_list_deep_free(hit);
+    return true;
+}
+
 /* Answer qq from the cache, or join an identical query in flight, or send
  * it upstream on behalf of client cl. Takes qq->q. */
 static void forward(dsec__dns *d, client *cl, int lfd, conn *tc, const struct sockaddr *peer,
                     query *qq)
 {
     uint32_t key = key_hash(d, qq->qname, qq->qtype);
-    if (d->cache != NULL) {
-        uint8_t rc = 0;
-        ldns_rr_list *hit = cache_get(d, key, qq, now_ms(), &rc);
-        if (hit != NULL) {
-            STAT_ADD(d, cache_hits);
-            deliver(d, qq, lfd, tc, tc != NULL, peer, rc, hit);
-            ldns_rr_list_deep_free(hit);
-            ldns_pkt_free(qq->q);
-            qq->q = NULL;
-            return;
-        }
-        STAT_ADD(d, cache_misses);
+    size_t len = 0;
+    if (cache_answer(d, key, qq, peer, d->obuf, sizeof d->obuf, &len)) {
+        if (len > 0)
+            reply_now(d, lfd, tc, peer, d->obuf, len);
+        ldns_pkt_free(qq->q);
+        qq->q = NULL;
+        return;
     }
     if (cl->inflight >= d->c.client_inflight || d->npend + d->nwait >= MAX_PENDING) {
         servfail_now(d, lfd, tc, peer, qq);
@@ -1232,6 +1264,19 @@ static ldns_pkt *upstream_match(const pend *p, const uint8_t *buf, size_t len)
         strcmp(qn, p->qq.qname) != 0) {
         ldns_pkt_free(r);
         return NULL;
+    }
+    return r;
+}
+
+/* buf, p's upstream's reply over TCP, parsed when it answers p and is not
+ * truncated itself; NULL (SERVFAIL: nobody else writes into that
+ * connection) otherwise. */
+static ldns_pkt *up_tcp_match(const pend *p, const uint8_t *buf, size_t len)
+{
+    ldns_pkt *r = upstream_match(p, buf, len);
+    if (r != NULL && ldns_pkt_tc(r)) {
+        ldns_pkt_free(r);
+        r = NULL;
     }
     return r;
 }
@@ -1350,9 +1395,9 @@ static void up_tcp_event(dsec__dns *d, pend *p, uint32_t events)
             return;
         }
     }
-    ldns_pkt *r = upstream_match(p, p->tbuf, p->tlen);
+    ldns_pkt *r = up_tcp_match(p, p->tbuf, p->tlen);
     pend_unlink(d, p);
-    pend_done(d, p, r != NULL && !ldns_pkt_tc(r) ? r : NULL);
+    pend_done(d, p, r);
     if (r != NULL)
         ldns_pkt_free(r);
 }
@@ -1753,10 +1798,6 @@ int dsec__dns_new(dsec__dns **out, const dsec__dns_conf *c, dsec_err *err)
     if (d->c.cache_bytes == 0)
         d->c.cache_bytes = DEF_CACHE_BYTES;
     d->epfd = d->stop.fd = -1;
-    if (c->nlisten == 0) {
-        *out = d; /* offline: the query path only */
-        return 0;
-    }
     if (getrandom(d->hkey, sizeof d->hkey, 0) != (ssize_t)sizeof d->hkey) {
         dsec_err_set(err, DSEC_E_IO, errno, "dns: reading a random hash key");
         goto fail;
@@ -1764,10 +1805,18 @@ int dsec__dns_new(dsec__dns **out, const dsec__dns_conf *c, dsec_err *err)
     d->cbuckets = 16;
     while (d->cbuckets < d->c.cache_entries && d->cbuckets < (1u << 20))
         d->cbuckets *= 2;
-    d->by_id = dsec_calloc(65536, sizeof *d->by_id);
     d->cache = dsec_calloc(d->cbuckets, sizeof *d->cache);
-    if (d->by_id == NULL || d->cache == NULL) {
-        dsec_err_set(err, DSEC_E_NOMEM, 0, "dns: allocating the pending table and the cache");
+    if (d->cache == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "dns: allocating the cache");
+        goto fail;
+    }
+    if (c->nlisten == 0) {
+        *out = d; /* offline: the query and upstream paths without sockets */
+        return 0;
+    }
+    d->by_id = dsec_calloc(65536, sizeof *d->by_id);
+    if (d->by_id == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "dns: allocating the pending table");
         goto fail;
     }
     d->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1926,5 +1975,51 @@ int dsec__dns_query_offline(dsec__dns *d, const struct sockaddr *cl, const uint8
         memcpy(*reply, out, outlen);
         *reply_len = outlen;
     }
+    return 0;
+}
+
+int dsec__dns_upstream_offline(dsec__dns *d, const struct sockaddr *cl, const uint8_t *pkt,
+                               size_t len, const uint8_t *up, size_t uplen, unsigned flags,
+                               uint8_t *out, size_t cap, size_t *out_len)
+{
+    *out_len = 0;
+    if (d == NULL || d->started || cl == NULL || (pkt == NULL && len > 0) ||
+        (up == NULL && uplen > 0) || uplen > 65535 || out == NULL)
+        return -1;
+    bool client_tcp = (flags & DSEC__DNS_OFFLINE_CLIENT_TCP) != 0;
+    bool up_tcp = (flags & DSEC__DNS_OFFLINE_UPSTREAM_TCP) != 0;
+    STAT_ADD(d, queries);
+    size_t n = 0;
+    query qq;
+    int act = decide(d, cl, pkt, len, client_tcp, &qq, d->obuf, &n);
+    if (act == ACT_FORWARD) {
+        /* forward(), with the upstream asked under the client's own id */
+        uint32_t key = key_hash(d, qq.qname, qq.qtype);
+        if (!cache_answer(d, key, &qq, cl, d->obuf, sizeof d->obuf, &n)) {
+            pend p = {.qq = qq, .key = key, .up_id = ldns_pkt_id(qq.q)};
+            STAT_ADD(d, upstream_sent);
+            ldns_pkt *r = up_tcp ? up_tcp_match(&p, up, uplen) : upstream_match(&p, up, uplen);
+            if (up_tcp) {
+                STAT_ADD(d, upstream_tcp);
+            } else if (r == NULL) {
+                STAT_ADD(d, upstream_timeouts); /* ignored: the query times out */
+            } else if (ldns_pkt_tc(r)) {
+                ldns_pkt_free(r); /* to TCP, whose reply this call does not have */
+                r = NULL;
+            }
+            const ldns_rr_list *raw;
+            uint8_t rcode = upstream_outcome(d, &p, r, &raw);
+            n = answer(d, &qq, cl, rcode, raw, true, d->obuf, sizeof d->obuf);
+            if (r != NULL)
+                ldns_pkt_free(r);
+        }
+        ldns_pkt_free(qq.q);
+    } else if (act == ACT_DROP) {
+        n = 0;
+    }
+    if (n > cap)
+        return -1;
+    memcpy(out, d->obuf, n);
+    *out_len = n;
     return 0;
 }

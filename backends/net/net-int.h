@@ -246,4 +246,27 @@ void dsec__dns_stats_get(dsec__dns *d, dsec__dns_stats *out);
 int dsec__dns_query_offline(dsec__dns *d, const struct sockaddr *client, const uint8_t *pkt,
                             size_t len, uint8_t **reply, size_t *reply_len);
 
+/* Flags of dsec__dns_upstream_offline. */
+enum {
+    DSEC__DNS_OFFLINE_CLIENT_TCP = 1,   /* the client asked over TCP (replies up to 64 KiB) */
+    DSEC__DNS_OFFLINE_UPSTREAM_TCP = 2, /* up is the reply read over TCP after a truncated one */
+};
+
+/* The upstream path without sockets, for the fuzz harness and tests: pkt
+ * goes through the query path as from client; when the resolver would ask
+ * the upstream (not answered from the cache), up (uplen <= 65535 bytes) is
+ * taken as the reply of the upstream asked, as it comes: the upstream query
+ * carries pkt's own id, and a reply whose id or question does not match is
+ * ignored over UDP (the query then times out: SERVFAIL) and SERVFAIL over
+ * TCP. A truncated UDP reply ends as SERVFAIL (the TCP reply is another
+ * call's, with DSEC__DNS_OFFLINE_UPSTREAM_TCP). The answer is cached, the
+ * pin and refused callbacks run and the stats count, as on the resolver
+ * thread. The reply the client would get goes into out (cap bytes;
+ * *out_len 0 when it gets none). -1 for bad arguments, a reply larger than
+ * cap, or a resolver whose thread runs (d must be made with nlisten == 0;
+ * one call at a time). */
+int dsec__dns_upstream_offline(dsec__dns *d, const struct sockaddr *client, const uint8_t *pkt,
+                               size_t len, const uint8_t *up, size_t uplen, unsigned flags,
+                               uint8_t *out, size_t cap, size_t *out_len);
+
 #endif
