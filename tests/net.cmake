@@ -34,3 +34,11 @@ add_executable(fuzz_net_dns_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_net_dns.c
   ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
 target_link_libraries(fuzz_net_dns_replay PRIVATE dsec_backends dsec_common dsec_warnings dsec_allocator)
 add_test(NAME net_dns_fuzz_corpus COMMAND fuzz_net_dns_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/net_dns)
+
+# Its upstream path's corpus (fuzz/fuzz_net_dns_upstream.c): hostile answers, replayed in every build.
+add_executable(fuzz_net_dns_upstream_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_net_dns_upstream.c
+  ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
+target_link_libraries(fuzz_net_dns_upstream_replay PRIVATE dsec_backends dsec_common dsec_warnings
+  dsec_allocator)
+add_test(NAME net_dns_upstream_fuzz_corpus COMMAND fuzz_net_dns_upstream_replay
+  ${CMAKE_SOURCE_DIR}/fuzz/corpus/net_dns_upstream)
