@@ -1595,6 +1595,138 @@ static double run_window(uint16_t port, const char *src, const char *prefix, con
     return got / secs;
 }
 
+/* An upstream reply to name/type under id, as wire bytes into out (its length). */
+static size_t up_wire(uint16_t id, const char *name, ldns_rr_type t, ldns_pkt_rcode rc, bool tc,
+                      const char *ans1, const char *ans2, uint8_t *out)
+{
+    ldns_pkt *q = NULL;
+    assert_int_equal(ldns_pkt_query_new_frm_str(&q, name, t, LDNS_RR_CLASS_IN, LDNS_RD),
+                     LDNS_STATUS_OK);
+    ldns_pkt_set_id(q, id);
+    ldns_pkt *r = fake_reply_to(q);
+    ldns_pkt_set_rcode(r, rc);
+    ldns_pkt_set_tc(r, tc);
+    if (ans1 != NULL)
+        add_rr(r, LDNS_SECTION_ANSWER, "%s", ans1);
+    if (ans2 != NULL)
+        add_rr(r, LDNS_SECTION_ANSWER, "%s", ans2);
+    if (rc == LDNS_RCODE_NXDOMAIN)
+        add_soa(r, 3600, 30);
+    uint8_t *w = NULL;
+    size_t n = 0;
+    assert_int_equal(ldns_pkt2wire(&w, r, &n), LDNS_STATUS_OK);
+    memcpy(out, w, n);
+    LDNS_FREE(w);
+    ldns_pkt_free(r);
+    ldns_pkt_free(q);
+    return n;
+}
+
+/* The client's reply from dsec__dns_upstream_offline, parsed (id checked). */
+static ldns_pkt *offline_ask(dsec__dns *d, const char *src, const char *name, const uint8_t *upw,
+                             size_t upl, unsigned flags)
+{
+    struct sockaddr_storage cl;
+    set_in(&cl, src, 5353);
+    uint8_t q[512], out[65536];
+    size_t ql = mkquery(name, LDNS_RR_TYPE_A, LDNS_RR_CLASS_IN, false, 0x4242, q), n = 0;
+    assert_int_equal(dsec__dns_upstream_offline(d, (struct sockaddr *)&cl, q, ql, upw, upl, flags,
+                                                out, sizeof out, &n),
+                     0);
+    assert_true(n >= 12);
+    ldns_pkt *p = NULL;
+    assert_int_equal(ldns_wire2pkt(&p, out, n), LDNS_STATUS_OK);
+    assert_int_equal(ldns_pkt_id(p), 0x4242);
+    return p;
+}
+
+static void the_offline_upstream_path_filters_pins_and_caches(void **state)
+{
+    (void)state;
+    dsec__dns_conf c = {.allowed = policy, .pin = on_pin, .refused = on_refused};
+    dsec__dns *d = NULL;
+    dsec_err err;
+    assert_int_equal(dsec__dns_new(&d, &c, &err), 0);
+    uint8_t w[4096];
+    dsec__dns_stats st;
+    cb_reset();
+
+    /* a chain inside the allowed names: answered, clamped, pinned, kept */
+    size_t n = up_wire(0x4242, "a.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR, false,
+                       "a.allowed.test. 60 IN CNAME b.allowed.test.",
+                       "b.allowed.test. 86400 IN A 192.0.2.5", w);
+    ldns_pkt *p = offline_ask(d, "127.0.0.4", "a.allowed.test", w, n, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    assert_int_equal(ldns_pkt_ancount(p), 2);
+    ldns_pkt_free(p);
+    const pinrec *pin = pinned(4, "192.0.2.5");
+    assert_non_null(pin);
+    assert_int_equal(pin->ttl, 300);
+    /* again, with no reply to give: from the cache */
+    cb_reset();
+    p = offline_ask(d, "127.0.0.4", "a.allowed.test", NULL, 0, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    assert_int_equal(ldns_pkt_ancount(p), 2);
+    ldns_pkt_free(p);
+    assert_non_null(pinned(4, "192.0.2.5"));
+    dsec__dns_stats_get(d, &st);
+    assert_int_equal(st.cache_hits, 1);
+    assert_int_equal(st.cache_entries, 1);
+
+    /* a chain that leaves this client's names: REFUSED, nothing pinned */
+    cb_reset();
+    n = up_wire(0x4242, "c.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR, false,
+                "c.allowed.test. 60 IN CNAME target.allowed.test.",
+                "target.allowed.test. 60 IN A 192.0.2.6", w);
+    p = offline_ask(d, "127.0.0.4", "c.allowed.test", w, n, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_REFUSED);
+    assert_int_equal(ldns_pkt_ancount(p), 0);
+    ldns_pkt_free(p);
+    assert_int_equal(cb.npins, 0);
+    assert_true(refused_with(4, "c.allowed.test", "cname"));
+
+    /* another id, or truncated over UDP: SERVFAIL, not kept */
+    n = up_wire(0x4243, "d.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR, false,
+                "d.allowed.test. 60 IN A 192.0.2.7", NULL, w);
+    p = offline_ask(d, "127.0.0.4", "d.allowed.test", w, n, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_SERVFAIL);
+    ldns_pkt_free(p);
+    n = up_wire(0x4242, "d.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR, true, NULL, NULL, w);
+    p = offline_ask(d, "127.0.0.4", "d.allowed.test", w, n, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_SERVFAIL);
+    ldns_pkt_free(p);
+    assert_int_equal(cb.npins, 0);
+    /* the TCP reply after it: answered; truncated again over TCP: SERVFAIL */
+    p = offline_ask(d, "127.0.0.4", "d.allowed.test", w, n, DSEC__DNS_OFFLINE_UPSTREAM_TCP);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_SERVFAIL);
+    ldns_pkt_free(p);
+    n = up_wire(0x4242, "d.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NOERROR, false,
+                "d.allowed.test. 60 IN A 192.0.2.7", NULL, w);
+    p = offline_ask(d, "127.0.0.4", "d.allowed.test", w, n, DSEC__DNS_OFFLINE_UPSTREAM_TCP);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NOERROR);
+    ldns_pkt_free(p);
+    assert_non_null(pinned(4, "192.0.2.7"));
+
+    /* NXDOMAIN with a SOA: passed on and kept */
+    n = up_wire(0x4242, "e.allowed.test", LDNS_RR_TYPE_A, LDNS_RCODE_NXDOMAIN, false, NULL, NULL,
+                w);
+    p = offline_ask(d, "127.0.0.4", "e.allowed.test", w, n, 0);
+    assert_int_equal(ldns_pkt_get_rcode(p), LDNS_RCODE_NXDOMAIN);
+    ldns_pkt_free(p);
+    dsec__dns_stats_get(d, &st);
+    assert_int_equal(st.cache_entries, 4); /* a, c (kept before any filter), d over TCP, e */
+    assert_int_equal(st.upstream_timeouts, 1);
+    dsec__dns_free(d);
+
+    /* not on a resolver whose thread runs */
+    uint8_t out[512];
+    struct sockaddr_storage cl;
+    set_in(&cl, "127.0.0.4", 5353);
+    assert_int_equal(
+        dsec__dns_upstream_offline(dns, (struct sockaddr *)&cl, w, n, w, n, 0, out, sizeof out, &n),
+        -1);
+}
+
 static void throughput_is_measured(void **state)
 {
     (void)state;
@@ -1637,6 +1769,7 @@ int main(void)
         cmocka_unit_test(inflight_cap_answers_servfail_at_once),
         cmocka_unit_test(listens_before_the_gateway_exists_and_on_ipv6),
         cmocka_unit_test(a_flood_does_not_starve_other_clients),
+        cmocka_unit_test(the_offline_upstream_path_filters_pins_and_caches),
         cmocka_unit_test(throughput_is_measured),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
