@@ -16,19 +16,24 @@
 #include "dsec/err.h"
 
 /*
- * Input: one flag byte (bit 0: the client asks over TCP; bit 1: the reply is
- * the upstream's over TCP, after a truncated one), the query's length (2
- * bytes, big-endian), the client's query, then the upstream's reply (all
- * the rest). The upstream query carries the client's id, so a reply that
- * copies the query's id and question matches.
+ * Input: up to MAX_EXCH exchanges with one resolver, each: a flag byte
+ * (bit 0: the client asks over TCP; bit 1: the reply is the upstream's over
+ * TCP, after a truncated one; bit 2: client B instead of A), the query's
+ * length (2 bytes, big-endian), the query, the reply's length (2 bytes),
+ * the upstream's reply. The upstream query carries the client's id, so a
+ * reply that copies the query's id and question matches. A holds names
+ * under allowed.test and cdn.example, B only those under allowed.test; the
+ * cache holds two answers, so exchanges evict each other and B is asked
+ * what A's answers left there.
  *
  * Checked, beyond ASan/UBSan/LSan: every query with a header gets a
  * well-formed reply with its id, question and size limit; answers only
  * with NOERROR/NXDOMAIN, only IN A/AAAA of the type asked and CNAMEs, every
- * owner and CNAME target a name the policy allows, TTLs within 5..300 s;
- * every address in it pinned (for an allowed name, with its TTL) and
- * nothing else pinned; an answer the cache kept is what a second identical
- * query gets, from the cache.
+ * owner and CNAME target a name the asking client's policy allows, TTLs
+ * within 5..300 s; every address in it pinned (for an allowed name, with
+ * its TTL) and nothing else pinned; an answer the cache kept is what the
+ * same query gets right after, from the cache alone; the cache stays
+ * within its bound.
  */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -36,15 +41,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define TTL_LO 5u
 #define TTL_HI 300u
 #define MAX_PINS 8192
+#define MAX_EXCH 4
+#define CACHE_ENTRIES 2
 
-/* The policy: allowed.test and names under it, and cdn.example (a second
- * zone, for chains that cross zones). */
-static bool allows(const char *name)
+/* The policy: names under allowed.test (and itself) for both clients,
+ * cdn.example (a second zone, for chains that cross zones) for A only. */
+static bool allows(bool client_b, const char *name)
 {
     size_t n = strlen(name), z = sizeof "allowed.test" - 1;
-    if (strcmp(name, "cdn.example") == 0 || strcmp(name, "allowed.test") == 0)
+    if (strcmp(name, "allowed.test") == 0 || (!client_b && strcmp(name, "cdn.example") == 0))
         return true;
     return n > z && name[n - z - 1] == '.' && strcmp(name + n - z, "allowed.test") == 0;
+}
+
+static bool is_b(const struct sockaddr *cl)
+{
+    const struct sockaddr_in *a = (const struct sockaddr_in *)cl;
+    return (ntohl(a->sin_addr.s_addr) & 0xffu) == 3;
 }
 
 typedef struct pin {
@@ -68,16 +81,14 @@ static _Noreturn void die(const char *what)
 static bool on_allowed(void *ud, const struct sockaddr *cl, const char *name)
 {
     (void)ud;
-    (void)cl;
-    return allows(name);
+    return allows(is_b(cl), name);
 }
 
 static void on_pin(void *ud, const struct sockaddr *cl, const char *qname, int family,
                    const uint8_t *addr, uint32_t ttl)
 {
     (void)ud;
-    (void)cl;
-    if (!allows(qname))
+    if (!allows(is_b(cl), qname))
         die("an address pinned for a name the policy does not allow");
     if (ttl < TTL_LO || ttl > TTL_HI)
         die("a pin's TTL outside 5..300 s");
@@ -125,7 +136,7 @@ typedef struct seen {
 
 /* Check one reply to query q (parsed; NULL when ldns cannot read it). */
 static void check_reply(const uint8_t *qw, size_t qlen, const ldns_pkt *q, bool client_tcp,
-                        const uint8_t *rw, size_t rlen, seen *out)
+                        bool client_b, const uint8_t *rw, size_t rlen, seen *out)
 {
     if (rlen < 12 || (rw[2] & 0x80) == 0)
         die("a reply without a header or without QR");
@@ -169,7 +180,7 @@ static void check_reply(const uint8_t *qw, size_t qlen, const ldns_pkt *q, bool 
              ldns_rr_get_type(qq) != ldns_rr_get_type(rq)))
             die("answers under another question than the client's");
     }
-    if (nans > 0 && !allows(qname))
+    if (nans > 0 && !allows(client_b, qname))
         die("answers for a name the policy does not allow");
 
     size_t naddr = 0;
@@ -183,11 +194,11 @@ static void check_reply(const uint8_t *qw, size_t qlen, const ldns_pkt *q, bool 
         if (ldns_rr_ttl(rr) < TTL_LO || ldns_rr_ttl(rr) > TTL_HI)
             die("an answer TTL outside 5..300 s");
         name_of(ldns_rr_owner(rr), n, sizeof n);
-        if (!allows(n))
+        if (!allows(client_b, n))
             die("an answer record owned by a name the policy does not allow");
         if (t == LDNS_RR_TYPE_CNAME) {
             name_of(ldns_rr_rdf(rr, 0), n, sizeof n);
-            if (!allows(n))
+            if (!allows(client_b, n))
                 die("a CNAME to a name the policy does not allow");
             continue;
         }
@@ -212,35 +223,13 @@ static void check_reply(const uint8_t *qw, size_t qlen, const ldns_pkt *q, bool 
     ldns_pkt_free(r);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* One exchange: query qw from client (B when client_b), up as the upstream's
+ * reply; then, when its answer was kept, the same query again. */
+static void exchange(dsec__dns *d, unsigned flags, const uint8_t *qw, size_t qlen,
+                     const uint8_t *up, size_t uplen)
 {
-    if (size < 3)
-        return 0;
-    unsigned flags = data[0] & 3u;
-    bool client_tcp = (flags & DSEC__DNS_OFFLINE_CLIENT_TCP) != 0;
-    size_t qlen = (size_t)data[1] << 8 | data[2];
-    if (qlen > size - 3)
-        return 0;
-    const uint8_t *qw = data + 3, *up = qw + qlen;
-    size_t uplen = size - 3 - qlen;
-    if (uplen > 65535)
-        return 0;
-
-    /* a fresh resolver per input, so an input means the same every time; a
-     * small cache, so its bounds are reached */
-    dsec__dns_conf c = {
-        .allowed = on_allowed,
-        .pin = on_pin,
-        .refused = on_refused,
-        .cache_entries = 4,
-        .cache_bytes = 32u << 10,
-    };
-    dsec__dns *d = NULL;
-    dsec_err err;
-    if (dsec__dns_new(&d, &c, &err) < 0) {
-        fprintf(stderr, "fuzz_net_dns_upstream: %s\n", err.msg);
-        abort();
-    }
+    bool client_tcp = (flags & DSEC__DNS_OFFLINE_CLIENT_TCP) != 0, client_b = (flags & 4u) != 0;
+    flags &= DSEC__DNS_OFFLINE_CLIENT_TCP | DSEC__DNS_OFFLINE_UPSTREAM_TCP;
     ldns_pkt *q = NULL;
     if (ldns_wire2pkt(&q, qw, qlen) != LDNS_STATUS_OK)
         q = NULL;
@@ -248,14 +237,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     st.qtype = qrr != NULL ? (int)ldns_rr_get_type(qrr) : -1;
 
     struct sockaddr_in cl = {.sin_family = AF_INET, .sin_port = htons(5353)};
-    inet_pton(AF_INET, "10.0.0.2", &cl.sin_addr);
+    inet_pton(AF_INET, client_b ? "10.0.0.3" : "10.0.0.2", &cl.sin_addr);
     static uint8_t out[65536];
     size_t olen = 0;
     seen first = {0}, again = {0};
+    dsec__dns_stats s0, s1, s2;
+    dsec__dns_stats_get(d, &s0);
     st.npins = 0;
     if (dsec__dns_upstream_offline(d, (const struct sockaddr *)&cl, qw, qlen, up, uplen, flags, out,
                                    sizeof out, &olen) < 0)
         die("the offline upstream path failed");
+    dsec__dns_stats_get(d, &s1);
+    if (s1.cache_entries > CACHE_ENTRIES)
+        die("the cache holds more entries than its bound");
     bool has_query = qlen >= 12 && (qw[2] & 0x80) == 0;
     if (olen == 0) {
         if (has_query)
@@ -266,30 +260,63 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (!has_query)
         die("a reply to a packet without a header or to a response");
-    check_reply(qw, qlen, q, client_tcp, out, olen, &first);
+    check_reply(qw, qlen, q, client_tcp, client_b, out, olen, &first);
 
-    /* kept: the same query again is answered from the cache alone (the
-     * reply passed along is never read), with the same outcome */
-    dsec__dns_stats s0, s1;
-    dsec__dns_stats_get(d, &s0);
-    if (s0.cache_entries > 1)
-        die("more than one cache entry for one query");
-    if (s0.cache_entries == 1) {
-        st.npins = 0;
-        if (dsec__dns_upstream_offline(d, (const struct sockaddr *)&cl, qw, qlen, NULL, 0, flags,
-                                       out, sizeof out, &olen) < 0 ||
-            olen == 0)
-            die("the second query got no reply");
-        dsec__dns_stats_get(d, &s1);
-        if (s1.cache_hits != s0.cache_hits + 1 || s1.upstream_sent != s0.upstream_sent)
-            die("a kept answer was not what answered the same query again");
-        check_reply(qw, qlen, q, client_tcp, out, olen, &again);
-        if (again.rcode != first.rcode || again.nans != first.nans || again.npins != first.npins)
-            die("the cached answer differs from the fresh one");
-    }
+    /* kept (one entry more, or one in for one evicted): the same query
+     * again is answered from the cache alone (no reply passed along), with
+     * the same outcome */
+    if (s1.cache_entries + s1.cache_evictions != s0.cache_entries + s0.cache_evictions + 1)
+        goto out;
+    if (s1.cache_misses != s0.cache_misses + 1)
+        die("an answer kept without a cache miss");
+    st.npins = 0;
+    if (dsec__dns_upstream_offline(d, (const struct sockaddr *)&cl, qw, qlen, NULL, 0, flags, out,
+                                   sizeof out, &olen) < 0 ||
+        olen == 0)
+        die("the same query again got no reply");
+    dsec__dns_stats_get(d, &s2);
+    if (s2.cache_hits != s1.cache_hits + 1 || s2.upstream_sent != s1.upstream_sent)
+        die("a kept answer was not what answered the same query again");
+    check_reply(qw, qlen, q, client_tcp, client_b, out, olen, &again);
+    if (again.rcode != first.rcode || again.nans != first.nans || again.npins != first.npins)
+        die("the cached answer differs from the fresh one");
 out:
     if (q != NULL)
         ldns_pkt_free(q);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    /* a fresh resolver per input, so an input means the same every time */
+    dsec__dns_conf c = {
+        .allowed = on_allowed,
+        .pin = on_pin,
+        .refused = on_refused,
+        .cache_entries = CACHE_ENTRIES,
+        .cache_bytes = 32u << 10, /* no answer over 4 KiB is kept */
+    };
+    dsec__dns *d = NULL;
+    dsec_err err;
+    if (dsec__dns_new(&d, &c, &err) < 0) {
+        fprintf(stderr, "fuzz_net_dns_upstream: %s\n", err.msg);
+        abort();
+    }
+    size_t off = 0;
+    for (int i = 0; i < MAX_EXCH && size - off >= 5; i++) {
+        unsigned flags = data[off];
+        size_t qlen = (size_t)data[off + 1] << 8 | data[off + 2];
+        off += 3;
+        if (qlen + 2 > size - off)
+            break;
+        const uint8_t *qw = data + off;
+        off += qlen;
+        size_t uplen = (size_t)data[off] << 8 | data[off + 1];
+        off += 2;
+        if (uplen > size - off)
+            uplen = size - off; /* the last reply may be cut short */
+        exchange(d, flags, qw, qlen, data + off, uplen);
+        off += uplen;
+    }
     dsec__dns_free(d);
     return 0;
 }
