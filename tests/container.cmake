@@ -18,3 +18,11 @@ target_compile_definitions(test_container_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_D
 add_dependencies(test_container_bus dsec)
 add_test(NAME container_bus COMMAND test_container_bus)
 set_tests_properties(container_bus PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_container_host)
+
+# The same tests on runc (runtime=runc): the core scenarios only, to keep the run short.
+add_executable(test_container_runc test_container.c)
+target_link_libraries(test_container_runc PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_container_runc PRIVATE CT_RUNTIME="runc")
+add_test(NAME container_runc COMMAND test_container_runc)
+set_tests_properties(container_runc PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host)

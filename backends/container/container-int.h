@@ -27,7 +27,7 @@
  *       snap/<name>      read-only snapshots taken by fork (refcounted by the children
  *                        this instance holds; the sweep deletes those no child holds)
  *   S/layers/            the node's layer cache (layer-cache.h)
- *   S/run/               the runtime's state root (crun --root)
+ *   S/run/               the runtime's state root (--root: crun's or runc's <rid>/ dirs)
  *   S/sb/<id>/           the bundle: config.json, rootfs/ (the overlay), agent.sock,
  *                        agent.log, runtime.log, meta (what adopt needs)
  *   S/pool/<rid>/        a warm container's bundle (rootfs/ an empty root, ready once its
@@ -68,7 +68,7 @@ struct ct_backend {
     char agent[PATH_MAX];  /* the dsec-agent binary */
     bool btrfs;            /* subvolumes and O(1) snapshots; else plain dirs and copies */
     bool store_mounted;    /* S/upper is a loop mount this backend made or found */
-    bool hybrid;           /* v1 controllers plus a cgroup2 mount the runtime must not see */
+    bool hybrid;           /* v1 controllers plus a cgroup2 mount crun must not see */
     int cg_mode;           /* CT_CG_V1 | CT_CG_V2 */
     bool memsw;            /* the memory controller accounts swap (v1) */
     char cg_parent[DSEC_NAME_LEN_MAX + 16]; /* cgroupsPath is /<cg_parent>/<id> */

@@ -1,5 +1,5 @@
-/* container-runtime.c - driving the OCI runtime (crun, runc, runsc): spawning it (in a private
- * mount namespace on hybrid-cgroup hosts), container state, delete, and the cgroups it made. */
+/* container-runtime.c - driving the OCI runtime (crun, runc, runsc): spawning it (crun in a
+ * private mount namespace on hybrid-cgroup hosts), container state, delete, and its cgroups. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -142,25 +142,51 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "container option runtime=\"%s\": expected crun, runc or runsc", name);
     dsec__ct_fmt(be->rt_name, sizeof be->rt_name, "%s", name);
+    bool runsc = strcmp(name, "runsc") == 0;
     if (be->runtime[0] == '\0' && find_exe(name, be->runtime, sizeof be->runtime) < 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "container: the OCI runtime %s is not installed (apt-get install %s, "
-                            "or set the option runtime_path)",
-                            name, name);
+                            "container: option runtime=%s, but no %s binary is installed in "
+                            "/usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin or /bin "
+                            "(%s, or set the option runtime_path)",
+                            name, name,
+                            runsc ? "gVisor is not packaged for Debian: install runsc from "
+                                    "https://gvisor.dev/docs/user_guide/install/"
+                            : strcmp(name, "runc") == 0 ? "apt-get install runc"
+                                                        : "apt-get install crun");
     if (access(be->runtime, X_OK) != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: runtime %s is not executable",
-                            be->runtime);
+        return dsec_err_set(err, DSEC_E_CONFIG, errno,
+                            "container: option runtime=%s: the runtime binary %s is missing or not "
+                            "executable (option runtime_path)",
+                            name, be->runtime);
+    /* gVisor runs the container's processes inside its own kernel (the Sentry): the host
+     * pid in the container's cgroup is the Sentry, not the agent, so a warm container's
+     * root cannot be switched from the host (dsec__ct_rt_switch_root). Every start is cold. */
+    if (runsc && be->warm_target > 0) {
+        fprintf(stderr, "dsec container: runtime=runsc: no warm pool (gVisor's containers "
+                        "cannot have their root switched from the host); every create starts "
+                        "its own container\n");
+        be->warm_target = 0;
+    }
 
-    if (be->rt_memfd && strcmp(name, "runsc") != 0 && rt_seal(be, err) < 0)
+    /* runc 1.1 looks for exactly these seals, as crun does (is_self_cloned in its
+     * nsexec), and then skips the copy of itself it makes at every `runc init` (strace
+     * here: no memfd_create of its own). runsc is left as it was, without a copy: its
+     * containers run on gVisor's kernel, which does not expose the host's binary. */
+    if (be->rt_memfd && !runsc && rt_seal(be, err) < 0)
         return -1;
 
     char v2[PATH_MAX] = "";
     bool has_v2 = cg_mount(NULL, v2, sizeof v2) == 0;
     if (cg_mount("memory", be->cg_memory, sizeof be->cg_memory) == 0) {
-        /* v1 controllers; a cgroup2 mount beside them makes crun refuse to
-         * run, so the runtime gets a mount namespace without it. */
+        /* v1 controllers; a cgroup2 mount beside them makes crun 1.8 refuse
+         * to run, so crun gets a mount namespace without it. runc 1.1 handles
+         * hybrid hosts itself (it uses the v1 hierarchies and leaves the
+         * cgroup2 mount alone), so it runs in the node's namespace and no
+         * call of it pays for a copy of the host's mount table. runsc is
+         * given crun's treatment: untested here, and it gains nothing from
+         * seeing the mount. */
         be->cg_mode = CT_CG_V1;
-        be->hybrid = has_v2;
+        be->hybrid = has_v2 && strcmp(name, "runc") != 0;
         if (cg_mount("freezer", be->cg_freezer, sizeof be->cg_freezer) < 0 ||
             cg_mount("cpuacct", be->cg_cpuacct, sizeof be->cg_cpuacct) < 0 ||
             cg_mount("pids", be->cg_pids, sizeof be->cg_pids) < 0 ||
@@ -187,11 +213,10 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
 
 /* argv in a child (the program: exe_fd when >= 0, else the file argv[0]),
  * stdin /dev/null, stdout and stderr on outfd; when fd3 >= 0, fd3 as fd 3. hybrid: in a private
- * mount namespace without the cgroup2 mount (crun refuses hybrid hosts). root_fd >= 0: attached at
- * root_at in a private mount namespace first (dsec__ct_rt_start says why); a
- * failure there is written to outfd and ends the child with 125. Returns the
- * child's pid or -1. Only async-signal-safe calls after fork: the node is
- * multi-threaded. */
+ * mount namespace without the cgroup2 mount (crun 1.8 refuses hybrid hosts). root_fd >= 0: attached
+ * at root_at in a private mount namespace first (dsec__ct_rt_start says why); a failure there is
+ * written to outfd and ends the child with 125. Returns the child's pid or -1. Only
+ * async-signal-safe calls after fork: the node is multi-threaded. */
 static pid_t spawn(const char *const *argv, int exe_fd, bool hybrid, int fd3, int outfd,
                    int root_fd, const char *root_at)
 {
