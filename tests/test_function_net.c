@@ -627,7 +627,7 @@ static void cost(void **state)
             uint64_t t0 = now_us();
             assert_int_equal(py(keep, "pass", out, sizeof out), 0);
             call_us[i] = now_us() - t0;
-            usleep(3000); /* let the pool refill, as calls spaced out would */
+            usleep(20000); /* let the pool refill, as calls spaced out would */
         }
         int cp = median_us(create, N), kp = median_us(call_us, N);
         fprintf(stderr,
