@@ -3,6 +3,7 @@
  * logging DNS server and web services (tests/net_outside.py). */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdbool.h>
 #include <signal.h>
@@ -40,6 +41,7 @@
 #define TAG_HEX "cb"
 #define UID_BASE 1760000000u
 #define UID_BASE_PLAIN 1760100000u
+#define UID_BASE_TIGHT 1760200000u
 
 static char root[64];
 static char net_dir[96];
@@ -576,6 +578,80 @@ static void destroy_cleans_up(void **state)
     assert_int_equal(leftovers(), 0);
 }
 
+struct par {
+    struct sbx *s;
+    int code;
+    char out[256];
+};
+
+static void *par_call(void *arg)
+{
+    struct par *c = arg;
+    static const char *const argv[] = {
+        "python3", "-c",
+        "import socket; print(socket.getaddrinfo('allowed.test', 80, socket.AF_INET)[0][4][0])",
+        NULL};
+    dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 30000};
+    dsec_exec_result r;
+    memset(&r, 0, sizeof r);
+    dsec_err err;
+    if (dsec_function_ops.exec(c->s->be, c->s->h, &req, &r, &err) < 0) {
+        c->code = -1;
+        snprintf(c->out, sizeof c->out, "%.200s", err.msg);
+        return NULL;
+    }
+    c->code = r.exit_code;
+    snprintf(c->out, sizeof c->out, "%.*s", (int)r.stdout_len,
+             r.stdout_data ? (char *)r.stdout_data : "");
+    dsec_exec_result_release(&r);
+    return NULL;
+}
+
+/* Every slot held by a warm worker (max_workers = the pools' targets), and
+ * more networked calls at once than slots: each call lets a warm worker go
+ * for its own, waits its turn, and all are answered. */
+static void calls_find_slots_when_all_are_warm(void **state)
+{
+    (void)state;
+    char dir[128], uid[16];
+    snprintf(dir, sizeof dir, "%s/tight", root);
+    snprintf(uid, sizeof uid, "%u", UID_BASE_TIGHT);
+    dsec_backend_kv opts[] = {
+        {"max_workers", "3"}, {"pool_python3", "2"}, {"hot_python3", "0"},
+        {"pool_sh", "1"},     {"pool_native", "0"},  {"uid_base", uid},
+    };
+    dsec_backend_config cfg = {
+        .state_dir = dir, .node = "fntight", .opts = opts, .nopts = 6, .net = net};
+    void *tight = NULL;
+    dsec_err err;
+    if (dsec_function_ops.init(&tight, &cfg, &err) < 0)
+        fail_msg("init: %s", err.msg);
+    enum { K = 5 };
+    struct sbx *s[K];
+    for (int i = 0; i < K; i++)
+        if (mk_try(tight, i % 2 ? "sh" : "python3", allow_one, &s[i], &err) < 0)
+            fail_msg("create: %s", err.msg);
+    /* both pools warm: every slot taken */
+    assert_int_equal(dsec_function_pool_warm(tight, "python3", 2, 0, 10000, &err), 0);
+    assert_int_equal(dsec_function_pool_warm(tight, "sh", 1, 0, 10000, &err), 0);
+    struct par c[K];
+    pthread_t th[K];
+    for (int i = 0; i < K; i++) {
+        c[i] = (struct par){.s = s[i]};
+        pthread_create(&th[i], NULL, par_call, &c[i]);
+    }
+    for (int i = 0; i < K; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < K; i++)
+        if (c[i].code != 0 || strcmp(c[i].out, "198.18.78.2\n") != 0)
+            fail_msg("call %d: %d %s", i, c[i].code, c[i].out);
+    for (int i = 0; i < K; i++)
+        rm(s[i]);
+    /* and the pools fill up again */
+    assert_int_equal(dsec_function_pool_warm(tight, "python3", 2, 0, 10000, &err), 0);
+    dsec_function_ops.fini(tight);
+}
+
 /* The scheduler's pick: a create with a policy (it requires "network") and
  * nothing heavier asked for is a function call now. */
 static void placement_picks_function(void **state)
@@ -648,6 +724,7 @@ int main(void)
         cmocka_unit_test_setup(policy_changes, need_root),
         cmocka_unit_test_setup(no_containment_refuses, need_root),
         cmocka_unit_test_setup(destroy_cleans_up, need_root),
+        cmocka_unit_test_setup(calls_find_slots_when_all_are_warm, need_root),
         cmocka_unit_test_setup(adopt_keeps_the_network, need_root),
         cmocka_unit_test_setup(cost, need_root),
     };
