@@ -194,6 +194,9 @@ static void fake_answer(const ldns_pkt *q, const struct sockaddr_storage *from, 
         add_soa(r, 3600, 3600);
     } else if (strcmp(name, "nodata.allowed.test.") == 0) {
         add_soa(r, 2, 3600);
+    } else if (strcmp(name, "othertype.allowed.test.") == 0) {
+        /* NODATA for A, with a long-lived AAAA beside it and no SOA */
+        add_rr(r, LDNS_SECTION_ANSWER, "%s 300 IN AAAA 2001:db8::7", name);
     } else if (strcmp(name, "sf.allowed.test.") == 0) {
         ldns_pkt_set_rcode(r, LDNS_RCODE_SERVFAIL);
     } else if (strncmp(name, "silent", 6) == 0) {
@@ -1273,27 +1276,30 @@ static void cached_answers_still_meet_each_sandbox_policy(void **state)
 static void cache_entries_expire_and_failures_are_not_kept(void **state)
 {
     (void)state;
-    const char *names[] = {"exp.allowed.test", "negshort.allowed.test", "neglong.allowed.test",
-                           "nodata.allowed.test", "sf.allowed.test"};
+    const char *names[] = {"exp.allowed.test",    "negshort.allowed.test",  "neglong.allowed.test",
+                           "nodata.allowed.test", "othertype.allowed.test", "sf.allowed.test"};
     ldns_pkt_rcode rcs[] = {LDNS_RCODE_NOERROR, LDNS_RCODE_NXDOMAIN, LDNS_RCODE_NXDOMAIN,
-                            LDNS_RCODE_NOERROR, LDNS_RCODE_SERVFAIL};
+                            LDNS_RCODE_NOERROR, LDNS_RCODE_NOERROR,  LDNS_RCODE_SERVFAIL};
     for (int round = 0; round < 2; round++)
-        for (size_t i = 0; i < 5; i++)
+        for (size_t i = 0; i < 6; i++)
             expect_rcode("127.0.0.2", names[i], LDNS_RR_TYPE_A, rcs[i]);
+    assert_int_equal(upstream_count("othertype.allowed.test", false), 1);
     assert_int_equal(upstream_count("exp.allowed.test", false), 1);
     assert_int_equal(upstream_count("negshort.allowed.test", false), 1);
     assert_int_equal(upstream_count("neglong.allowed.test", false), 1);
     assert_int_equal(upstream_count("nodata.allowed.test", false), 1);
     assert_int_equal(upstream_count("sf.allowed.test", false), 2); /* SERVFAIL is not kept */
     /* TTL 0 (5 s after clamping) and negative answers with a SOA minimum of
-     * 1 and TTL 2 s (5 s) are gone after 5 s; a SOA of 3600 s keeps the
-     * NXDOMAIN for 60 s */
+     * 1 and TTL 2 s (5 s) are gone after 5 s, and so is a NODATA without a
+     * SOA, whatever the TTL of the other type's record beside it; a SOA of
+     * 3600 s keeps the NXDOMAIN for 60 s */
     usleep(5300000);
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < 5; i++)
         expect_rcode("127.0.0.2", names[i], LDNS_RR_TYPE_A, rcs[i]);
     assert_int_equal(upstream_count("exp.allowed.test", false), 2);
     assert_int_equal(upstream_count("negshort.allowed.test", false), 2);
     assert_int_equal(upstream_count("nodata.allowed.test", false), 2);
+    assert_int_equal(upstream_count("othertype.allowed.test", false), 2);
     assert_int_equal(upstream_count("neglong.allowed.test", false), 1);
 }
 

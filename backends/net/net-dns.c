@@ -865,6 +865,7 @@ static void cache_put(dsec__dns *d, uint32_t key, const query *q, const ldns_pkt
     }
     e->bytes = sizeof *e + nl + 1;
     uint32_t ttl = UINT32_MAX;
+    bool of_type = false; /* a record of the type asked: else the answer is NODATA */
     const ldns_rr_list *ans = ldns_pkt_answer(r);
     for (size_t i = 0; ans != NULL && i < ldns_rr_list_rr_count(ans); i++) {
         const ldns_rr *rr = ldns_rr_list_rr(ans, i);
@@ -872,6 +873,7 @@ static void cache_put(dsec__dns *d, uint32_t key, const query *q, const ldns_pkt
         if (ldns_rr_get_class(rr) != LDNS_RR_CLASS_IN ||
             (t != LDNS_RR_TYPE_A && t != LDNS_RR_TYPE_AAAA && t != LDNS_RR_TYPE_CNAME))
             continue;
+        of_type = of_type || (uint16_t)t == q->qtype;
         ldns_rr *c = ldns_rr_clone(rr);
         if (c == NULL || !ldns_rr_list_push_rr(e->rrs, c)) {
             ldns_rr_free(c);
@@ -883,7 +885,9 @@ static void cache_put(dsec__dns *d, uint32_t key, const query *q, const ldns_pkt
             ttl = ct;
         e->bytes += ldns_rr_uncompressed_size(c) + 64; /* and ldns's structures, roughly */
     }
-    if (ldns_rr_list_rr_count(e->rrs) == 0 || ldns_pkt_get_rcode(r) == LDNS_RCODE_NXDOMAIN) {
+    /* NXDOMAIN, and NODATA however many records of other types came with it (a CNAME
+     * chain to no address, AAAA for A), are kept as negative answers */
+    if (!of_type || ldns_pkt_get_rcode(r) == LDNS_RCODE_NXDOMAIN) {
         uint32_t nt = neg_ttl(r);
         if (nt < ttl)
             ttl = nt;
