@@ -24,3 +24,15 @@ add_test(NAME escape COMMAND test_escape)
 # container tests, which count what is left after them.
 set_tests_properties(escape PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
   RESOURCE_LOCK dsec_container_host)
+
+# The same attempts under runc: its seccomp, capabilities and masked paths come from the same
+# config.json, read by another program.
+add_executable(test_escape_runc test_escape.c)
+target_link_libraries(test_escape_runc PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_escape_runc PRIVATE ESCAPE_PROBE_PATH="$<TARGET_FILE:escape_probe>"
+  ESCAPE_RUNTIME="runc")
+add_dependencies(test_escape_runc escape_probe)
+add_test(NAME escape_runc COMMAND test_escape_runc)
+set_tests_properties(escape_runc PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+  RESOURCE_LOCK dsec_container_host)

@@ -535,6 +535,11 @@ int main(int argc, char **argv)
 #define NODE "esctest"
 #define PROBE "/usr/local/bin/escape-probe"
 
+/* The OCI runtime the attempts are made under: built once per runtime (tests/escape.cmake). */
+#ifndef ESCAPE_RUNTIME
+#define ESCAPE_RUNTIME "crun"
+#endif
+
 static void *ct;
 static dsec_layer_registry *reg;
 static char top[32];       /* the test's temp dir; exists only on the host */
@@ -686,9 +691,9 @@ static int group_setup(void **state)
     snprintf(state_dir, sizeof state_dir, "%s/state", top);
     if (build_base() < 0)
         return -1;
-    dsec_backend_kv opts[] = {{"pids_max", "256"}, {"upper_gb", "8"}};
+    dsec_backend_kv opts[] = {{"pids_max", "256"}, {"upper_gb", "8"}, {"runtime", ESCAPE_RUNTIME}};
     dsec_backend_config cfg = {
-        .state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 2, .layers = reg};
+        .state_dir = state_dir, .node = NODE, .opts = opts, .nopts = 3, .layers = reg};
     dsec_err err;
     if (dsec_container_ops.init(&ct, &cfg, &err) < 0) {
         fprintf(stderr, "test_escape: container backend: %s\n", err.msg);
