@@ -288,6 +288,31 @@ static void env_root(const char *lower)
     if (mount("overlay", merged, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
         fatal("environment root", errno, "overlay of the environment's layers: %s",
               strerror(errno));
+    /* A call of a sandbox with a network binds its resolver over
+     * /etc/resolv.conf, which must exist in this read-only root: an
+     * environment without one (or with a dangling link) gets an empty file
+     * from the top layer. Not when its /etc is itself a link, which a
+     * directory here would hide. */
+    char rc[PATH_MAX + 32], etc[PATH_MAX + 32], sk[PATH_MAX + 32];
+    struct stat st;
+    snprintf(rc, sizeof rc, "%s/etc/resolv.conf", merged);
+    snprintf(etc, sizeof etc, "%s/etc", merged);
+    if (stat(rc, &st) < 0 && errno == ENOENT &&
+        (lstat(etc, &st) < 0 ? errno == ENOENT : S_ISDIR(st.st_mode))) {
+        if (umount2(merged, 0) < 0)
+            fatal("environment root", errno, "unmounting the overlay: %s", strerror(errno));
+        snprintf(sk, sizeof sk, "%s/etc", skel);
+        if (mkdir(sk, 0755) < 0)
+            fatal("sandbox root", errno, "mkdir %s: %s", sk, strerror(errno));
+        snprintf(sk, sizeof sk, "%s/etc/resolv.conf", skel);
+        int fd = open(sk, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0)
+            fatal("sandbox root", errno, "creating %s: %s", sk, strerror(errno));
+        close(fd);
+        if (mount("overlay", merged, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, opts) < 0)
+            fatal("environment root", errno, "overlay of the environment's layers: %s",
+                  strerror(errno));
+    }
     root_dir = merged;
 }
 
@@ -738,7 +763,8 @@ static int lo_up(void)
  * resolv.conf naming it, bound read-only over /etc/resolv.conf in this call's
  * mount namespace only. The file is made in the call's fresh /tmp and
  * unlinked once bound (the bind holds it), so the call sees no trace of it
- * there. The root is read-only, so /etc/resolv.conf must exist in it. */
+ * there. The root is read-only, so /etc/resolv.conf must exist in it (the
+ * host's has one; env_root gives an environment without one an empty file). */
 static int resolv_conf(struct wrec *r) /* 0, or W2's exit code after reporting */
 {
     static const char tmp[] = "/tmp/.dsec-resolv.conf";
@@ -757,9 +783,9 @@ static int resolv_conf(struct wrec *r) /* 0, or W2's exit code after reporting *
         unlink(tmp);
         if (e == ENOENT) {
             send_failure(r->fd_task, FNP_WORKER_FAILED, 0, "resolv.conf", e,
-                         "the sandbox's root has no /etc/resolv.conf (or it is a dangling "
-                         "symlink) to bind the sandbox's resolver over; a networked function "
-                         "sandbox needs an environment that has one");
+                         "the sandbox's root has no /etc/resolv.conf to bind the sandbox's "
+                         "resolver over (its /etc is a link the zygote could not add one to); a "
+                         "networked function sandbox needs an environment with an /etc");
             return 1;
         }
         return w2_fail(r, "resolv.conf", e, "binding the resolver over /etc/resolv.conf");

@@ -22,10 +22,12 @@
 
 #include "backends/backend.h"
 #include "backends/function.h"
+#include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
 #include "backends/registry.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
+#include "dsec/layers.h"
 
 /*
  * One containment (tag TAG, IPv4 only, no networks made ahead, so every
@@ -42,6 +44,7 @@
 #define UID_BASE 1760000000u
 #define UID_BASE_PLAIN 1760100000u
 #define UID_BASE_TIGHT 1760200000u
+#define UID_BASE_ENV 1760300000u
 
 static char root[64];
 static char net_dir[96];
@@ -652,6 +655,88 @@ static void calls_find_slots_when_all_are_warm(void **state)
     dsec_function_ops.fini(tight);
 }
 
+/* An environment without /etc/resolv.conf (a busybox layer): the zygote's
+ * top layer gives it an empty one, which a networked call's resolver is
+ * bound over; a call without a network sees it empty. */
+static void environment_without_resolv_conf(void **state)
+{
+    (void)state;
+    if (access("/bin/busybox", X_OK) != 0)
+        skip();
+    char tree[128], blob[128], regdir[128], dir[128], cache[128], uid[16];
+    snprintf(tree, sizeof tree, "%s/box", root);
+    snprintf(blob, sizeof blob, "%s/box.blob", root);
+    snprintf(regdir, sizeof regdir, "%s/registry", root);
+    snprintf(dir, sizeof dir, "%s/envfn", root);
+    snprintf(cache, sizeof cache, "%s/cache", root);
+    snprintf(uid, sizeof uid, "%u", UID_BASE_ENV);
+    assert_int_equal(sh_run("set -e; t=%s; mkdir -p $t/bin $t/etc; cp /bin/busybox $t/bin/; "
+                            "for a in sh cat nslookup wget; do ln -s busybox $t/bin/$a; done; "
+                            "printf 'root:x:0:0:root:/root:/bin/sh\\n' > $t/etc/passwd",
+                            tree),
+                     0);
+    dsec_layer_registry *reg = NULL;
+    dsec_digest d;
+    dsec_err err;
+    if (dsec_layer_registry_local(&reg, regdir, &err) < 0 ||
+        dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err) < 0 ||
+        dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err) < 0)
+        fail_msg("registry: %s", err.msg);
+    char *layers[] = {d}, *vars[] = {"PATH=/bin"};
+    dsec_env e = {.name = "box:1",
+                  .layers = layers,
+                  .nlayers = 1,
+                  .vars = vars,
+                  .nvars = 1,
+                  .workdir = "/",
+                  .user = "root"};
+    if (dsec_layer_registry_env_put(reg, &e, &err) < 0)
+        fail_msg("environment: %s", err.msg);
+    dsec_backend_kv opts[] = {
+        {"max_workers", "6"}, {"pool_python3", "0"}, {"hot_python3", "0"}, {"pool_sh", "0"},
+        {"pool_native", "0"}, {"uid_base", uid},     {"env_pools", "1"},   {"env_warm", "1"},
+    };
+    dsec_backend_config cfg = {.state_dir = dir,
+                               .node = "fnenvnet",
+                               .opts = opts,
+                               .nopts = sizeof opts / sizeof opts[0],
+                               .layers = reg,
+                               .layer_cache_dir = cache,
+                               .net = net};
+    void *be = NULL;
+    if (dsec_function_ops.init(&be, &cfg, &err) < 0)
+        fail_msg("init: %s", err.msg);
+    struct sbx *s[2];
+    for (int i = 0; i < 2; i++) {
+        s[i] = calloc(1, sizeof *s[i]);
+        s[i]->be = be;
+        snprintf(s[i]->id, sizeof s[i]->id, "fnnet-env%d", i);
+        dsec_backend_kv labels[] = {{"runtime", "sh"}};
+        dsec_sandbox_spec spec = {.id = s[i]->id,
+                                  .type = "function",
+                                  .env = "box:1",
+                                  .memory_mb = 64,
+                                  .labels = labels,
+                                  .nlabels = 1,
+                                  .net = i == 0 ? allow_one : NULL,
+                                  .nnet = i == 0 ? 1 : 0};
+        if (dsec_function_ops.create(be, &spec, &s[i]->h, &s[i]->bstate, &err) < 0)
+            fail_msg("create: %s", err.msg);
+    }
+    char out[1024];
+    assert_int_equal(sh(s[0], "cat /etc/resolv.conf", out, sizeof out), 0);
+    if (strncmp(out, "nameserver 100.", 15) != 0)
+        fail_msg("resolv.conf: %s", out);
+    assert_int_equal(sh(s[0], "wget -q -O - http://allowed.test:8080/", out, sizeof out), 0);
+    assert_non_null(strstr(out, "hello-outside-8080"));
+    assert_int_equal(sh(s[1], "cat /etc/resolv.conf", out, sizeof out), 0);
+    assert_string_equal(out, "");
+    for (int i = 0; i < 2; i++)
+        rm(s[i]);
+    dsec_function_ops.fini(be);
+    dsec_layer_registry_free(reg);
+}
+
 /* The scheduler's pick: a create with a policy (it requires "network") and
  * nothing heavier asked for is a function call now. */
 static void placement_picks_function(void **state)
@@ -725,6 +810,7 @@ int main(void)
         cmocka_unit_test_setup(no_containment_refuses, need_root),
         cmocka_unit_test_setup(destroy_cleans_up, need_root),
         cmocka_unit_test_setup(calls_find_slots_when_all_are_warm, need_root),
+        cmocka_unit_test_setup(environment_without_resolv_conf, need_root),
         cmocka_unit_test_setup(adopt_keeps_the_network, need_root),
         cmocka_unit_test_setup(cost, need_root),
     };
