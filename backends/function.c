@@ -53,9 +53,9 @@ struct fn {
     uint64_t memory_mb;
     uint64_t files_mb;
     int uid_lock; /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
-    dsec_layer_registry *reg; /* the cell's, borrowed; NULL: no environments */
-    dsec_layer_cache *cache;  /* the node's (shared), when reg is set */
-    dsec_net *net;            /* the node's containment, borrowed; NULL: no policies */
+    dsec_layer_registry *reg;    /* the cell's, borrowed; NULL: no environments */
+    dsec_layer_cache *cache;     /* the node's (shared), when reg is set */
+    dsec_net *net;               /* the node's containment, borrowed; NULL: no policies */
     char net_dir[PATH_MAX + 16]; /* <state_dir>/net: the policy of each networked sandbox */
 };
 
