@@ -1308,6 +1308,33 @@ static void test_cold(void **state)
     test_fork(state);
     test_pause_resume(state);
     test_crash_adopt(state);
+    /* the runtime itself fails (/proc in the root is a file): its message comes back, and
+     * the failed create leaves nothing */
+    dsec_err err;
+    assert_int_equal(host(NULL, 0,
+                          "set -e; t=%s/proctree; mkdir -p $t/etc; touch $t/proc; "
+                          "cp %s/tree/etc/passwd $t/etc/",
+                          top, top),
+                     0);
+    char tree[128], blob[128];
+    snprintf(tree, sizeof tree, "%s/proctree", top);
+    snprintf(blob, sizeof blob, "%s/proc.blob", top);
+    dsec_digest d;
+    assert_int_equal(dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err), 0);
+    assert_int_equal(dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err), 0);
+    const char *layers[] = {d};
+    char id[64];
+    snprintf(id, sizeof id, "cttest-%d-procfile", (int)getpid());
+    dsec_sandbox_spec spec = {.id = id, .type = "container", .layers = layers, .nlayers = 1};
+    dsec_sandbox *h = NULL;
+    char *bs = NULL;
+    assert_int_equal(dsec_container_ops.create(ct, &spec, &h, &bs, &err), -1);
+    printf("container: cold create on a root whose /proc is a file: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, CT_RUNTIME " run failed"));
+    assert_non_null(strstr(err.msg, "proc"));
+    assert_null(strstr(err.msg, "level=error")); /* runc's log line, down to its message */
+    assert_null(h);
+    assert_gone(id, NULL, NULL, 0);
     dsec_container_ops.fini(ct);
     ct = NULL;
     warm_pool = NULL;

@@ -349,7 +349,8 @@ static int rt_cmd(const struct ct_backend *be, const char *const *args, char *ou
     return wait_status(pid);
 }
 
-/* The last line worth showing of a runtime's output. */
+/* The last line worth showing of a runtime's output. runc logs as logrus does
+ * (time="..." level=error msg="..."): only the message, unquoted, is kept. */
 static void last_line(char *s)
 {
     size_t n = strlen(s);
@@ -358,6 +359,16 @@ static void last_line(char *s)
     char *nl = strrchr(s, '\n');
     if (nl != NULL)
         memmove(s, nl + 1, strlen(nl + 1) + 1);
+    char *m = strncmp(s, "time=\"", 6) == 0 ? strstr(s, " msg=\"") : NULL;
+    if (m == NULL)
+        return;
+    char *out = s;
+    for (const char *p = m + 6; *p != '\0' && *p != '"'; p++) {
+        if (*p == '\\' && p[1] != '\0')
+            p++;
+        *out++ = *p;
+    }
+    *out = '\0';
 }
 
 int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
