@@ -1428,21 +1428,22 @@ static bool steal_any(struct fn_pools *p)
 }
 
 /* Wait for the READY of a worker made for one call (or the reason it will
- * not come). No lock held. */
-static void own_ready(struct fn_worker *w, const char *name, uint64_t deadline, char *why,
+ * not come). No lock held. Returns true when the worker's socket closed
+ * without a word (its zygote died under it). */
+static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, char *why,
                       size_t whylen)
 {
     for (;;) {
         uint64_t now = dsec__fn_now_ns();
         if (now >= deadline) {
             snprintf(why, whylen, "the %s worker was not ready in time", name);
-            return;
+            return false;
         }
         struct pollfd pf = {.fd = w->task_fd, .events = POLLIN};
         int pr = poll(&pf, 1, (int)((deadline - now) / 1000000ull) + 1);
         if (pr < 0 && errno != EINTR) {
             snprintf(why, whylen, "waiting for the %s worker: %s", name, strerror(errno));
-            return;
+            return false;
         }
         if (pr > 0)
             break;
@@ -1480,7 +1481,7 @@ static void own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
         m.h.len == (uint32_t)n && fd >= 0) {
         w->pidfd = fd;
         w->spawned = w->ready = true;
-        return;
+        return false;
     }
     close_fd(&fd);
     if (n > 0 && (size_t)n == sizeof m.fail && m.h.magic == FNP_MAGIC &&
@@ -1488,18 +1489,22 @@ static void own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
         m.fail.stage[sizeof m.fail.stage - 1] = '\0';
         snprintf(why, whylen, "%s worker set-up failed (%s): %s", name, m.fail.stage, m.fail.msg);
-    } else {
-        snprintf(why, whylen, "the %s worker ended before it was ready", name);
+        return false;
     }
+    snprintf(why, whylen, "the %s worker ended before it was ready", name);
+    return n == 0;
 }
 
-int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
+/* One try of dsec__fn_worker_take_net. *zctl: the zygote socket the SPAWN
+ * went to; *lost: the worker vanished without a word (its zygote died). */
+static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                         uint64_t wait_ms, uint64_t deadline, int *zctl_used, bool *lost,
+                         struct fn_worker **out, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
+    *lost = false;
     pthread_mutex_lock(&p->mu);
     if (!pool->wanted && pi < FN_RT_COUNT) {
         pool->wanted = true;
@@ -1541,20 +1546,24 @@ int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const cha
     p->slot_worker[w->slot] = w;
     pool->nbusy++;
     pool->calls++;
-    int zctl = pool->zctl;
+    int zctl = *zctl_used = pool->zctl;
     pthread_mutex_unlock(&p->mu);
 
     char why[DSEC_ERR_MSG_MAX] = "";
     if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) == 0)
-        own_ready(w, pool->name, deadline, why, sizeof why);
+        *lost = own_ready(w, pool->name, deadline, why, sizeof why);
+    else
+        *lost = true; /* the zygote's socket refused it */
     if (why[0] == '\0') {
         *out = w;
         return 0;
     }
     worker_close(w); /* a worker still on its way sees its task socket close and exits */
     pthread_mutex_lock(&p->mu);
-    if (w->why[0] != '\0') /* the zygote said why */
+    if (w->why[0] != '\0') { /* the zygote said why */
         snprintf(why, sizeof why, "%s", w->why);
+        *lost = false;
+    }
     pool->nbusy--;
     pool->spawn_failures++;
     slot_free(p, w->slot);
@@ -1564,6 +1573,32 @@ int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const cha
     wake(p);
     return dsec_err_set(err, DSEC_E_BACKEND, 0,
                         "function: a %s worker in the sandbox's network: %s", pool->name, why);
+}
+
+int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[pi];
+    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
+    for (int tries = 1;; tries++) {
+        int zctl = -1;
+        bool lost = false;
+        if (take_net_once(p, pi, netns_fd, resolver, wait_ms, deadline, &zctl, &lost, out, err) ==
+            0)
+            return 0;
+        if (!lost || tries == 3 || dsec__fn_now_ns() >= deadline)
+            return -1;
+        /* Its zygote died under it: wait (briefly) until the pool thread has
+         * seen that, and try again with the rebuilt one. */
+        uint64_t until = dsec__fn_now_ns() + 1000000000ull;
+        struct timespec ts;
+        deadline_ts(&ts, until < deadline ? until : deadline);
+        pthread_mutex_lock(&p->mu);
+        while (pool->zctl == zctl && pool->state == P_UP && !p->stop &&
+               pthread_cond_timedwait(&p->cv, &p->mu, &ts) != ETIMEDOUT) {
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)
