@@ -241,8 +241,8 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
 }
 
 /* The lightest offered type for a create: its requires, plus "network" when
- * it carries a network policy (a function call cannot be given one, so such
- * a request goes to a container or heavier). */
+ * it carries a network policy (every built-in type but sim's can be given one
+ * on a node with network containment). */
 static int pick_type(dsec_sched *s, const dsec_msg_create *c, dsec_type_mask offered, dsec_err *err)
 {
     dsec_requires r;

@@ -15,8 +15,9 @@ class SandboxArgs:
     max_lifetime_s / idle_timeout_s: 0 or None: the cell default.
     network: rules such as {"pypi": True, "npm": False}; names mapped to True are
         allowed (mirrors, domains or address ranges); everything else is denied.
-        Sent as the create's net entries (docs/network.md); containers on a
-        node with network containment enforce them (see ContainerArgs).
+        Sent as the create's net entries (docs/network.md); on a node with
+        network containment every sandbox type enforces them (function calls
+        run in the sandbox's network namespace; see ContainerArgs).
     user: the user commands run as (applied to every exec of the sandbox unless
         the exec names another).
     labels: key/value labels put on the sandbox.
