@@ -229,26 +229,39 @@ static void assert_qemu_jailed(long pid, const char *id)
     assert_int_equal(stat(p, &root), 0);
     if (root.st_dev == host_root.st_dev && root.st_ino == host_root.st_ino)
         fail_msg("QEMU %ld of %s has the host's root", pid, id);
-    /* the host's directories are not there, but for the way down to the state directory
-     * (the test's is under /tmp): then they hold that one name and nothing else */
+    /* the host's directories are not there, but for the ways down to what the jail binds
+     * (the test's state directory is under /tmp, and so is the kit, kernel and initrd, in a
+     * build tree cloned there): then they hold those names and nothing else */
     const char *absent[] = {"etc", "tmp", "home", "var", "root", "sys", "proc", "run"};
+    const char *ways[] = {state_dir, kit};
     for (size_t i = 0; i < sizeof absent / sizeof *absent; i++) {
         size_t l = strlen(absent[i]);
         snprintf(p, sizeof p, "/proc/%ld/root/%s", pid, absent[i]);
-        if (strncmp(state_dir + 1, absent[i], l) != 0 || state_dir[l + 1] != '/') {
+        bool on_way = false;
+        for (size_t w = 0; w < sizeof ways / sizeof *ways; w++)
+            on_way = on_way || (strncmp(ways[w] + 1, absent[i], l) == 0 && ways[w][l + 1] == '/');
+        if (!on_way) {
             if (access(p, F_OK) == 0 || errno != ENOENT)
                 fail_msg("QEMU %ld of %s sees /%s", pid, id, absent[i]);
             continue;
         }
-        const char *next = state_dir + l + 2;
-        size_t nl = strcspn(next, "/");
         DIR *d = opendir(p);
         assert_non_null(d);
         struct dirent *e;
-        while ((e = readdir(d)) != NULL)
-            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
-                (strlen(e->d_name) != nl || strncmp(e->d_name, next, nl) != 0))
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            bool expected = false;
+            for (size_t w = 0; w < sizeof ways / sizeof *ways && !expected; w++) {
+                if (strncmp(ways[w] + 1, absent[i], l) != 0 || ways[w][l + 1] != '/')
+                    continue;
+                const char *next = ways[w] + l + 2;
+                size_t nl = strcspn(next, "/");
+                expected = strlen(e->d_name) == nl && strncmp(e->d_name, next, nl) == 0;
+            }
+            if (!expected)
                 fail_msg("QEMU %ld of %s sees /%s/%s", pid, id, absent[i], e->d_name);
+        }
         closedir(d);
     }
     snprintf(p, sizeof p, "/proc/%ld/root/etc/passwd", pid);
