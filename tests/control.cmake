@@ -8,6 +8,11 @@ endforeach()
 add_library(dsec_test_fixture STATIC fixture.c)
 target_link_libraries(dsec_test_fixture PUBLIC dsec_bus PRIVATE dsec_warnings)
 
+# The network tests' outside namespace (tests/outside.h).
+add_library(dsec_test_outside STATIC outside.c)
+target_compile_definitions(dsec_test_outside PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
+target_link_libraries(dsec_test_outside PRIVATE dsec_warnings)
+
 add_executable(test_control test_control.c)
 target_link_libraries(test_control PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
                       dsec_allocator)

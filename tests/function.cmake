@@ -28,7 +28,7 @@ set_tests_properties(function_env PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_func
 # Function sandboxes with a network policy: their calls in the sandbox's namespace of the node's
 # containment, against an "outside" namespace (tests/net_outside.py) the test builds itself.
 add_executable(test_function_net test_function_net.c)
-target_link_libraries(test_function_net PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+target_link_libraries(test_function_net PRIVATE dsec_test_outside dsec_backends dsec_common PkgConfig::CMOCKA
   Threads::Threads dsec_warnings dsec_allocator)
 target_compile_definitions(test_function_net PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
 add_test(NAME function_net COMMAND test_function_net)
@@ -38,7 +38,7 @@ set_tests_properties(function_net PROPERTIES TIMEOUT 300
 # The same end to end: a cell (scheduler and a native node with containment) places a create with a
 # policy and no type on a function sandbox; its calls reach the outside namespace it allows.
 add_executable(test_function_net_bus test_function_net_bus.c)
-target_link_libraries(test_function_net_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+target_link_libraries(test_function_net_bus PRIVATE dsec_test_fixture dsec_test_outside dsec_client dsec_actors
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
 target_compile_definitions(test_function_net_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
 add_test(NAME function_net_bus COMMAND test_function_net_bus)

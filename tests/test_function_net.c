@@ -28,6 +28,7 @@
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 #include "dsec/layers.h"
+#include "tests/outside.h"
 
 /*
  * One containment (tag TAG, IPv4 only, no networks made ahead, so every
@@ -48,23 +49,10 @@
 
 static char root[64];
 static char net_dir[96];
-static pid_t outside_pid;
 static dsec_net *net;
 static void *fn;       /* with containment */
 static void *fn_plain; /* without */
 static int sb_seq;
-
-static int sh_run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh_run(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 static uint64_t now_us(void)
 {
@@ -73,44 +61,15 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static void outside_down(void)
-{
-    if (outside_pid > 0) {
-        kill(outside_pid, SIGKILL);
-        waitpid(outside_pid, NULL, 0);
-        outside_pid = 0;
-    }
-    sh_run("ip netns del " OUT_NS " 2>/dev/null; ip link del " OUT_IF " 2>/dev/null; true");
-}
-
-static int outside_up(void)
-{
-    outside_down();
-    if (sh_run("ip netns add " OUT_NS " && ip link add " OUT_IF
-               " type veth peer name eth0 netns " OUT_NS
-               " && ip addr add 198.18.78.1/24 dev " OUT_IF " && ip link set " OUT_IF " up"
-               " && ip -n " OUT_NS " link set lo up && ip -n " OUT_NS " link set eth0 up"
-               " && ip -n " OUT_NS " addr add 198.18.78.2/24 dev eth0"
-               " && ip -n " OUT_NS " addr add 198.18.78.3/24 dev eth0"
-               " && ip -n " OUT_NS " route add default via 198.18.78.1") != 0)
-        return -1;
-    char log[128];
-    snprintf(log, sizeof log, "%s/dns.log", root);
-    outside_pid = fork();
-    if (outside_pid == 0) {
-        execlp("ip", "ip", "netns", "exec", OUT_NS, "python3", DSEC_SRC "/tests/net_outside.py",
-               "--log", log, "--addr", "198.18.78.2", "--addr", "198.18.78.3", "--zone",
-               "allowed.test=198.18.78.2", "--zone", "other.test=198.18.78.3", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 100; i++) {
-        if (sh_run("ip netns exec " OUT_NS " python3 -c \"import socket;s=socket.socket();"
-                   "s.settimeout(0.2);s.connect(('198.18.78.2',8080))\" 2>/dev/null") == 0)
-            return 0;
-        usleep(100 * 1000);
-    }
-    return -1;
-}
+static char outside_log[160];
+static dsec_test_outside outside = {
+    .ns = OUT_NS,
+    .ifname = OUT_IF,
+    .net = 78,
+    .args = (const char *const[]){"--zone", "allowed.test=198.18.78.2", "--zone",
+                                  "other.test=198.18.78.3", NULL},
+    .log = outside_log,
+};
 
 static int net_open(void)
 {
@@ -165,7 +124,8 @@ static int group_setup(void **state)
     snprintf(net_dir, sizeof net_dir, "%s/net", root);
     snprintf(fn_dir, sizeof fn_dir, "%s/function", root);
     snprintf(plain_dir, sizeof plain_dir, "%s/plain", root);
-    if (outside_up() < 0) {
+    if (snprintf(outside_log, sizeof outside_log, "%s/dns.log", root) < 0 ||
+        dsec_test_outside_up(&outside) < 0) {
         fprintf(stderr, "test_function_net: could not build the outside namespace\n");
         return -1;
     }
@@ -212,9 +172,9 @@ static int group_teardown(void **state)
         dsec_net_free(net, false);
         net = NULL;
     }
-    outside_down();
+    dsec_test_outside_down(&outside);
     if (root[0] != '\0')
-        sh_run("rm -rf '%s'", root);
+        dsec_test_sh("rm -rf '%s'", root);
     return rc;
 }
 
@@ -670,11 +630,12 @@ static void environment_without_resolv_conf(void **state)
     snprintf(dir, sizeof dir, "%s/envfn", root);
     snprintf(cache, sizeof cache, "%s/cache", root);
     snprintf(uid, sizeof uid, "%u", UID_BASE_ENV);
-    assert_int_equal(sh_run("set -e; t=%s; mkdir -p $t/bin $t/etc; cp /bin/busybox $t/bin/; "
-                            "for a in sh cat nslookup wget; do ln -s busybox $t/bin/$a; done; "
-                            "printf 'root:x:0:0:root:/root:/bin/sh\\n' > $t/etc/passwd",
-                            tree),
-                     0);
+    assert_int_equal(
+        dsec_test_sh("set -e; t=%s; mkdir -p $t/bin $t/etc; cp /bin/busybox $t/bin/; "
+                     "for a in sh cat nslookup wget; do ln -s busybox $t/bin/$a; done; "
+                     "printf 'root:x:0:0:root:/root:/bin/sh\\n' > $t/etc/passwd",
+                     tree),
+        0);
     dsec_layer_registry *reg = NULL;
     dsec_digest d;
     dsec_err err;

@@ -18,6 +18,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/outside.h"
 
 #define OUT_NS "dsecfnb-out"
 #define OUT_IF "dsfnbo0"
@@ -29,58 +30,16 @@ static char root[64];
 static dsec_cell_conf conf;
 static dsec_cell *cell;
 static dsec_client *cl;
-static pid_t outside_pid;
 
-static int sh_run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh_run(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void outside_down(void)
-{
-    if (outside_pid > 0) {
-        kill(outside_pid, SIGKILL);
-        waitpid(outside_pid, NULL, 0);
-        outside_pid = 0;
-    }
-    sh_run("ip netns del " OUT_NS " 2>/dev/null; ip link del " OUT_IF " 2>/dev/null; true");
-}
-
-static int outside_up(void)
-{
-    outside_down();
-    if (sh_run("ip netns add " OUT_NS " && ip link add " OUT_IF
-               " type veth peer name eth0 netns " OUT_NS
-               " && ip addr add 198.18.79.1/24 dev " OUT_IF " && ip link set " OUT_IF " up"
-               " && ip -n " OUT_NS " link set lo up && ip -n " OUT_NS " link set eth0 up"
-               " && ip -n " OUT_NS " addr add 198.18.79.2/24 dev eth0"
-               " && ip -n " OUT_NS " addr add 198.18.79.3/24 dev eth0"
-               " && ip -n " OUT_NS " route add default via 198.18.79.1") != 0)
-        return -1;
-    char log[128];
-    snprintf(log, sizeof log, "%s/dns.log", root);
-    outside_pid = fork();
-    if (outside_pid == 0) {
-        execlp("ip", "ip", "netns", "exec", OUT_NS, "python3", DSEC_SRC "/tests/net_outside.py",
-               "--log", log, "--addr", "198.18.79.2", "--addr", "198.18.79.3", "--zone",
-               "allowed.test=198.18.79.2", "--zone", "other.test=198.18.79.3", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 100; i++) {
-        if (sh_run("ip netns exec " OUT_NS " python3 -c \"import socket;s=socket.socket();"
-                   "s.settimeout(0.2);s.connect(('198.18.79.2',8080))\" 2>/dev/null") == 0)
-            return 0;
-        usleep(100 * 1000);
-    }
-    return -1;
-}
+static char outside_log[160];
+static dsec_test_outside outside = {
+    .ns = OUT_NS,
+    .ifname = OUT_IF,
+    .net = 79,
+    .args = (const char *const[]){"--zone", "allowed.test=198.18.79.2", "--zone",
+                                  "other.test=198.18.79.3", NULL},
+    .log = outside_log,
+};
 
 static void opt(dsec_cell_node *n, const char *k, const char *v)
 {
@@ -98,7 +57,8 @@ static int group_setup(void **state)
     }
     if (dsec_test_server_start("dsec-fnnetbus", false, &natsd, root, sizeof root) < 0)
         return -1;
-    if (outside_up() < 0) {
+    if (snprintf(outside_log, sizeof outside_log, "%s/dns.log", root) < 0 ||
+        dsec_test_outside_up(&outside) < 0) {
         fprintf(stderr, "test_function_net_bus: could not build the outside namespace\n");
         return -1;
     }
@@ -158,7 +118,7 @@ static int group_teardown(void **state)
     dsec_client_free(cl);
     dsec_cell_stop(cell, true);
     dsec_cell_conf_release(&conf);
-    outside_down();
+    dsec_test_outside_down(&outside);
     if (natsd != NULL)
         return dsec_test_server_stop(natsd, root);
     return 0;

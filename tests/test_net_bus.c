@@ -25,6 +25,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/outside.h"
 
 #define OUT_NS "dsecnt-out"
 #define OUT_IF "dsnto0" /* the host's side of the link to the outside */
@@ -35,7 +36,6 @@ static char root[64];
 static dsec_cell_conf conf;
 static dsec_cell *cell;
 static dsec_client *cl;
-static pid_t outside_pid;
 static char dns_log[128];
 static int host_listener = -1;
 static pthread_t host_thread;
@@ -47,68 +47,32 @@ static int nalerts;
 static dsec_bus *abus;
 static dsec_actor *aactor;
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run(const char *fmt, ...)
-{
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void outside_down(void)
-{
-    if (outside_pid > 0) {
-        kill(outside_pid, SIGKILL);
-        waitpid(outside_pid, NULL, 0);
-        outside_pid = 0;
-    }
-    run("ip netns del " OUT_NS " 2>/dev/null; ip link del " OUT_IF " 2>/dev/null; "
-        "ip route del 169.254.169.254/32 2>/dev/null; true");
-}
-
 /* The outside world: its own namespace linked to the host, reachable from
- * sandboxes only through the node's policy (and masquerade). */
-static int outside_up(void)
-{
-    outside_down();
-    if (run("ip netns add " OUT_NS " && ip link add " OUT_IF " type veth peer name eth0 netns " OUT_NS
-            " && ip addr add 198.18.77.1/24 dev " OUT_IF " && ip -6 addr add fd00:77::1/64 dev " OUT_IF
-            " nodad && ip link set " OUT_IF " up"
-            " && ip -n " OUT_NS " link set lo up && ip -n " OUT_NS " link set eth0 up"
-            " && ip -n " OUT_NS " addr add 198.18.77.2/24 dev eth0"
-            " && ip -n " OUT_NS " addr add 198.18.77.3/24 dev eth0"
-            " && ip -n " OUT_NS " addr add 169.254.169.254/32 dev eth0"
-            " && ip -n " OUT_NS " -6 addr add fd00:77::2/64 dev eth0 nodad"
-            " && ip -n " OUT_NS " route add default via 198.18.77.1"
-            " && ip -n " OUT_NS " -6 route add default via fd00:77::1"
-            " && ip route add 169.254.169.254/32 dev " OUT_IF) != 0)
-        return -1;
-    snprintf(dns_log, sizeof dns_log, "%s/dns.log", root);
-    outside_pid = fork();
-    if (outside_pid == 0) {
-        execlp("ip", "ip", "netns", "exec", OUT_NS, "python3", DSEC_SRC "/tests/net_outside.py",
-               "--log", dns_log, "--addr", "198.18.77.2", "--addr", "198.18.77.3", "--addr",
-               "169.254.169.254", "--addr", "fd00:77::2", "--zone", "allowed.test=198.18.77.2",
-               "--zone", "allowed.test=fd00:77::2", "--zone", "mirror.test=198.18.77.2", "--zone",
-               "secret.exfil.test=198.18.77.3", "--zone", "other.test=198.18.77.3", "--cname",
-               "www.allowed.test=allowed.test", "--cname", "out.allowed.test=other.test",
-               (char *)NULL);
-        _exit(127);
-    }
-    /* ready when its DNS answers */
-    for (int i = 0; i < 100; i++) {
-        if (run("ip netns exec " OUT_NS " python3 -c \"import socket;s=socket.socket(socket.AF_INET,"
-                "socket.SOCK_STREAM);s.settimeout(0.2);s.connect(('198.18.77.2',8080))\" "
-                "2>/dev/null") == 0)
-            return 0;
-        usleep(100 * 1000);
-    }
-    return -1;
-}
+ * sandboxes only through the node's policy (and masquerade); IPv6 and a
+ * metadata address besides. */
+static const char *const outside_args[] = {"--addr",  "169.254.169.254",
+                                           "--addr",  "fd00:77::2",
+                                           "--zone",  "allowed.test=198.18.77.2",
+                                           "--zone",  "allowed.test=fd00:77::2",
+                                           "--zone",  "mirror.test=198.18.77.2",
+                                           "--zone",  "secret.exfil.test=198.18.77.3",
+                                           "--zone",  "other.test=198.18.77.3",
+                                           "--cname", "www.allowed.test=allowed.test",
+                                           "--cname", "out.allowed.test=other.test",
+                                           NULL};
+static dsec_test_outside outside = {
+    .ns = OUT_NS,
+    .ifname = OUT_IF,
+    .net = 77,
+    .setup = " && ip -6 addr add fd00:77::1/64 dev " OUT_IF " nodad"
+             " && ip -n " OUT_NS " addr add 169.254.169.254/32 dev eth0"
+             " && ip -n " OUT_NS " -6 addr add fd00:77::2/64 dev eth0 nodad"
+             " && ip -n " OUT_NS " -6 route add default via fd00:77::1"
+             " && ip route add 169.254.169.254/32 dev " OUT_IF,
+    .teardown = "; ip route del 169.254.169.254/32 2>/dev/null",
+    .args = outside_args,
+    .log = dns_log,
+};
 
 static void *host_accept(void *arg)
 {
@@ -146,7 +110,8 @@ static int group_setup(void **state)
     }
     if (dsec_test_server_start("dsec-netbus", false, &natsd, root, sizeof root) < 0)
         return -1;
-    if (outside_up() < 0) {
+    snprintf(dns_log, sizeof dns_log, "%s/dns.log", root);
+    if (dsec_test_outside_up(&outside) < 0) {
         fprintf(stderr, "test_net_bus: could not build the outside namespace\n");
         return -1;
     }
@@ -226,7 +191,7 @@ static int group_teardown(void **state)
         close(host_listener);
         pthread_join(host_thread, NULL);
     }
-    outside_down();
+    dsec_test_outside_down(&outside);
     if (natsd == NULL)
         return 0;
     char cmd[512];
@@ -316,9 +281,11 @@ static void test_default_reaches_nothing(void **state)
     if (natsd == NULL)
         skip();
     /* the services are really there: the host reaches them */
-    assert_int_equal(run("ip netns exec " OUT_NS " true && "
-                         "python3 -c \"import socket;s=socket.create_connection(('198.18.77.2',8080),2)\""),
-                     0);
+    assert_int_equal(
+        dsec_test_sh(
+            "ip netns exec " OUT_NS " true && "
+            "python3 -c \"import socket;s=socket.create_connection(('198.18.77.2',8080),2)\""),
+        0);
     dsec_sandbox_info a;
     make(NULL, &a);
     char out[1024], gw[64];
@@ -512,15 +479,15 @@ static void test_alerts(void **state)
     make(NULL, &a);
     char out[1024];
     /* operators watch with dsec top and dsec net alerts while it happens */
-    assert_int_equal(run("DSEC_URL=%s %s top --once --interval 3000 > %s/top.txt 2>&1 &",
-                         dsec_natsd_url(natsd), DSEC_CLI, root),
+    assert_int_equal(dsec_test_sh("DSEC_URL=%s %s top --once --interval 3000 > %s/top.txt 2>&1 &",
+                                  dsec_natsd_url(natsd), DSEC_CLI, root),
                      0);
     /* the watcher sees every sandbox's alerts, late ones of earlier tests too,
      * in the order their nodes publish them: it runs until killed below */
     assert_int_equal(
-        run("DSEC_URL=%s %s net alerts --count 1000 --timeout 30 > %s/alerts.txt 2>&1 & "
-            "echo $! > %s/alerts.pid",
-            dsec_natsd_url(natsd), DSEC_CLI, root, root),
+        dsec_test_sh("DSEC_URL=%s %s net alerts --count 1000 --timeout 30 > %s/alerts.txt 2>&1 & "
+                     "echo $! > %s/alerts.pid",
+                     dsec_natsd_url(natsd), DSEC_CLI, root, root),
         0);
     usleep(700 * 1000);
     assert_int_not_equal(sh(a.id, "nslookup q2.secret.exfil.test", out, sizeof out), 0);
@@ -534,19 +501,21 @@ static void test_alerts(void **state)
              "\"sandbox\":\"%s\".*\"kind\":\"dns_denied\".*\"dest\":\"q2.secret.exfil.test\"",
              a.id);
     for (int i = 0; i < 60; i++) {
-        if (run("grep -q 'network alerts:' %s/top.txt && grep -q '%s' %s/alerts.txt", root, want,
-                root) == 0)
+        if (dsec_test_sh("grep -q 'network alerts:' %s/top.txt && grep -q '%s' %s/alerts.txt", root,
+                         want, root) == 0)
             break;
         sh(a.id, "nslookup q2.secret.exfil.test >/dev/null 2>&1", out, sizeof out);
         usleep(250 * 1000);
     }
-    run("kill $(cat %s/alerts.pid) 2>/dev/null", root);
-    if (run("grep -q '%s' %s/alerts.txt", want, root) != 0) {
-        run("echo '--- alerts.txt:'; cat %s/alerts.txt; echo '--- top.txt:'; tail -5 %s/top.txt",
+    dsec_test_sh("kill $(cat %s/alerts.pid) 2>/dev/null", root);
+    if (dsec_test_sh("grep -q '%s' %s/alerts.txt", want, root) != 0) {
+        dsec_test_sh(
+            "echo '--- alerts.txt:'; cat %s/alerts.txt; echo '--- top.txt:'; tail -5 %s/top.txt",
             root, root);
         fail_msg("dsec net alerts did not print the dns_denied alert of %s", a.id);
     }
-    assert_int_equal(run("grep -q 'network alerts: [1-9].*dns_denied' %s/top.txt", root), 0);
+    assert_int_equal(dsec_test_sh("grep -q 'network alerts: [1-9].*dns_denied' %s/top.txt", root),
+                     0);
     destroy(a.id);
 }
 
@@ -605,14 +574,18 @@ static void test_node_restart_keeps_policy(void **state)
      * from inside its namespace, the allowed port answers and another does not */
     char ns[512];
     snprintf(ns, sizeof ns, "%s/cell/node-netbus-0000/net/netns/%s", root, dev);
-    assert_int_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8080 </dev/null | grep -q hello", ns), 0);
-    assert_int_not_equal(run("nsenter --net=%s busybox nc -w 2 198.18.77.2 8081 </dev/null 2>/dev/null | grep -q hello",
-                             ns),
+    assert_int_equal(
+        dsec_test_sh("nsenter --net=%s busybox nc -w 2 198.18.77.2 8080 </dev/null | grep -q hello",
+                     ns),
+        0);
+    assert_int_not_equal(dsec_test_sh("nsenter --net=%s busybox nc -w 2 198.18.77.2 8081 "
+                                      "</dev/null 2>/dev/null | grep -q hello",
+                                      ns),
                          0);
     /* a crash's leftover: a namespace file and veth of a slot nobody holds */
-    assert_int_equal(run("ip link add dsvc8003ff0 type veth peer name dsvtmpx0 && "
-                         "touch %s/cell/node-netbus-0000/net/netns/dsvc8003ff0",
-                         root),
+    assert_int_equal(dsec_test_sh("ip link add dsvc8003ff0 type veth peer name dsvtmpx0 && "
+                                  "touch %s/cell/node-netbus-0000/net/netns/dsvc8003ff0",
+                                  root),
                      0);
     dsec_err err;
     if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
@@ -624,8 +597,9 @@ static void test_node_restart_keeps_policy(void **state)
     static const char *const none[] = {NULL};
     assert_int_equal(dsec_set_network(cl, a.id, none, 0, &err), 0);
     assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);
-    assert_int_not_equal(run("ip link show dsvc8003ff0 >/dev/null 2>&1"), 0);
-    assert_int_not_equal(run("test -e %s/cell/node-netbus-0000/net/netns/dsvc8003ff0", root), 0);
+    assert_int_not_equal(dsec_test_sh("ip link show dsvc8003ff0 >/dev/null 2>&1"), 0);
+    assert_int_not_equal(
+        dsec_test_sh("test -e %s/cell/node-netbus-0000/net/netns/dsvc8003ff0", root), 0);
     destroy(a.id);
 }
 
@@ -638,9 +612,10 @@ static void test_destroy_leaves_nothing(void **state)
     char ip[64], dev[32];
     veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
     destroy(a.id);
-    assert_int_not_equal(run("ip link show %s >/dev/null 2>&1", dev), 0);
-    assert_int_not_equal(run("test -e %s/cell/node-netbus-0000/net/netns/%s", root, dev), 0);
-    assert_int_not_equal(run("ip -o route show %s | grep -q .", ip), 0);
+    assert_int_not_equal(dsec_test_sh("ip link show %s >/dev/null 2>&1", dev), 0);
+    assert_int_not_equal(dsec_test_sh("test -e %s/cell/node-netbus-0000/net/netns/%s", root, dev),
+                         0);
+    assert_int_not_equal(dsec_test_sh("ip -o route show %s | grep -q .", ip), 0);
 }
 
 int main(void)
