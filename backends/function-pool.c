@@ -657,6 +657,25 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
     }
 }
 
+/* The first descriptor a received message carried (-1: none); any others are closed. */
+static int first_fd(struct msghdr *mh)
+{
+    int fd = -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int x;
+                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
+                if (fd < 0)
+                    fd = x;
+                else
+                    close(x);
+            }
+        }
+    return fd;
+}
+
 /* ---- workers being made (pool thread, lock held) ------------------------------------------- */
 
 static void on_wtask(struct fn_pools *p, unsigned slot)
@@ -681,19 +700,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
     ssize_t n = recvmsg(w->task_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
-    int fd = -1;
-    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k; i++) {
-                int x;
-                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
-                if (fd < 0)
-                    fd = x;
-                else
-                    close(x);
-            }
-        }
+    int fd = n > 0 ? first_fd(&mh) : -1;
     char why[DSEC_ERR_MSG_MAX];
     if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
         close_fd(&fd);
@@ -1464,19 +1471,7 @@ static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
     do
         n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
-    int fd = -1;
-    for (struct cmsghdr *c = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; c != NULL; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k; i++) {
-                int x;
-                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
-                if (fd < 0)
-                    fd = x;
-                else
-                    close(x);
-            }
-        }
+    int fd = n > 0 ? first_fd(&mh) : -1;
     if (n > 0 && (size_t)n == sizeof m.ready && m.h.magic == FNP_MAGIC && m.h.type == FNP_READY &&
         m.h.len == (uint32_t)n && fd >= 0) {
         w->pidfd = fd;

@@ -30,6 +30,19 @@ void dsec_test_outside_down(dsec_test_outside *o)
                  o->ifname, o->teardown != NULL ? o->teardown : "");
 }
 
+int dsec_test_links(const char *prefix)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "ip -o link show | grep -c ': %s'", prefix);
+    int n = 0;
+    FILE *p = popen(cmd, "r");
+    if (p == NULL || fscanf(p, "%d", &n) != 1)
+        n = 1000;
+    if (p != NULL)
+        pclose(p);
+    return n;
+}
+
 int dsec_test_outside_up(dsec_test_outside *o)
 {
     dsec_test_outside_down(o);

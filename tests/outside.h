@@ -26,4 +26,8 @@ int dsec_test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int dsec_test_outside_up(dsec_test_outside *o);
 void dsec_test_outside_down(dsec_test_outside *o);
 
+/* How many of the host's links are named prefix... (a node's sandbox veths: "dsv" and its tag
+ * in hex); a large number when it cannot tell, so a check for none fails. */
+int dsec_test_links(const char *prefix);
+
 #endif

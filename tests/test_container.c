@@ -346,6 +346,17 @@ static void cg_file(const char *ctrl, const char *id, const char *file, char *ou
         snprintf(out, len, "/sys/fs/cgroup/dsec-ct-" NODE "/%s/%s", id, file);
 }
 
+/* Build the directory layer of top/<name> and put it in the registry; its digest in d. */
+static void tree_layer(const char *name, dsec_digest d)
+{
+    char tree[128], blob[128];
+    dsec_err err;
+    snprintf(tree, sizeof tree, "%s/%s", top, name);
+    snprintf(blob, sizeof blob, "%s/%s.blob", top, name);
+    assert_int_equal(dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err), 0);
+    assert_int_equal(dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err), 0);
+}
+
 static char *slurp(const char *path)
 {
     static char buf[4096];
@@ -1081,12 +1092,8 @@ static void test_warm_pool(void **state)
                           "cp %s/tree/etc/passwd $t/etc/",
                           top, top),
                      0);
-    char tree[128], blob[128];
-    snprintf(tree, sizeof tree, "%s/linktree", top);
-    snprintf(blob, sizeof blob, "%s/link.blob", top);
     dsec_digest d;
-    assert_int_equal(dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err), 0);
-    assert_int_equal(dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err), 0);
+    tree_layer("linktree", d);
     char *llayers[] = {d};
     dsec_env linked = {.name = "devlink:1", .layers = llayers, .formats = fmts, .nlayers = 1};
     assert_int_equal(dsec_layer_registry_env_put(reg, &linked, &err), 0);
@@ -1316,12 +1323,8 @@ static void test_cold(void **state)
                           "cp %s/tree/etc/passwd $t/etc/",
                           top, top),
                      0);
-    char tree[128], blob[128];
-    snprintf(tree, sizeof tree, "%s/proctree", top);
-    snprintf(blob, sizeof blob, "%s/proc.blob", top);
     dsec_digest d;
-    assert_int_equal(dsec_layer_build(tree, DSEC_LAYER_DIR, NULL, 0, blob, d, &err), 0);
-    assert_int_equal(dsec_layer_registry_put(reg, d, DSEC_LAYER_DIR, blob, &err), 0);
+    tree_layer("proctree", d);
     const char *layers[] = {d};
     char id[64];
     snprintf(id, sizeof id, "cttest-%d-procfile", (int)getpid());
