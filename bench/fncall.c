@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -40,7 +41,10 @@
  *     - the same latency in an environment of layers (busybox and this
  *       host's python3 standard library, built into a local registry here)
  *       against the host-base call's: what an environment adds;
- *     - calls per second with 4 threads calling back to back on both cores;
+ *     - calls per second with 4 threads calling back to back on both cores,
+ *       beside the rate two python3 processes holding the same modules fork
+ *       a child that exits at once (the ceiling of any call forked from
+ *       CPython, whatever the sandbox costs);
  *     - PSS of 100 idle warm workers (zygote counted once: the supervisors
  *       share its memory; each call process's own PSS added).
  */
@@ -151,6 +155,66 @@ static int run_cold(char *const *argv, double *secs, long *maxrss_kb)
     *secs = now_s() - t0;
     *maxrss_kb = ru.ru_maxrss;
     return 0;
+}
+
+/* ---- 2b. the bare CPython fork rate ----------------------------------------------------- */
+
+/* The rate at which two python3 processes (one per core), holding the
+ * modules the zygote preloads with their GC frozen as the zygote has it,
+ * can fork a child that runs one statement (os._exit) and reap it: no
+ * namespaces, no sandbox, no call. Every call of the issue's design is at
+ * least one such fork of a CPython image, so this is the ceiling of calls/s
+ * on this machine, measured beside the raw namespace fork. */
+static double py_forks_per_s(double secs, const char *preloaded)
+{
+    char code[2048];
+    int len = snprintf(code, sizeof code,
+                       "import gc, os, sys, time\n"
+                       "import %s\n"
+                       "gc.freeze()\n"
+                       "os.sched_setaffinity(0, {int(sys.argv[1]) %% os.cpu_count()})\n"
+                       "n = 0\n"
+                       "end = time.monotonic() + %.3f\n"
+                       "while time.monotonic() < end:\n"
+                       "    p = os.fork()\n"
+                       "    if p == 0:\n"
+                       "        os._exit(0)\n"
+                       "    os.waitpid(p, 0)\n"
+                       "    n += 1\n"
+                       "print(n)\n",
+                       preloaded, secs);
+    if (len < 0 || (size_t)len >= sizeof code)
+        return -1;
+    int fds[2][2];
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        if (pipe2(fds[i], O_CLOEXEC) < 0)
+            return -1;
+        char cpu[8];
+        snprintf(cpu, sizeof cpu, "%d", i);
+        char *argv[] = {"/usr/bin/python3", "-I", "-c", code, cpu, NULL};
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, fds[i][1], 1);
+        int rc = posix_spawn(&pids[i], argv[0], &fa, NULL, argv, NULL);
+        posix_spawn_file_actions_destroy(&fa);
+        close(fds[i][1]);
+        if (rc != 0)
+            return -1;
+    }
+    long total = 0;
+    bool ok = true;
+    for (int i = 0; i < 2; i++) {
+        char buf[64] = {0};
+        ssize_t r = read(fds[i][0], buf, sizeof buf - 1);
+        close(fds[i][0]);
+        int st;
+        if (waitpid(pids[i], &st, 0) != pids[i] || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || r <= 0)
+            ok = false;
+        else
+            total += atol(buf);
+    }
+    return ok ? (double)total / secs : -1;
 }
 
 /* ---- 3. the backend ---------------------------------------------------------------------- */
@@ -498,6 +562,15 @@ int main(void)
     double h50 = pct(host_again, LAT_N, 0.5) * 1000.0;
     dsec_function_ops.destroy(fn, he, &err);
 
+    /* the CPython fork ceiling, while the pools stand full and idle */
+    struct timespec quiet = {0, 500 * 1000000L};
+    nanosleep(&quiet, NULL);
+    double pyf = py_forks_per_s(3.0, info.preloaded);
+    if (pyf < 0) {
+        fprintf(stderr, "bench_fncall: the python3 fork loop failed\n");
+        return 1;
+    }
+
     /* throughput: 4 callers, both cores, 5 s */
     enum { THREADS = 4 };
     pthread_t th[THREADS];
@@ -565,6 +638,11 @@ int main(void)
     printf("%-52s %12.0f %12.0f   (fork into fresh mnt,pid,ipc,uts,net + reap, 2 procs)\n",
            "calls per second, 4 callers on both cores", cps, raw);
     printf("%-52s %11.0f%%\n", "  calls/s as a share of the raw rate", 100.0 * cps / raw);
+    printf(
+        "%-52s %12s %12.0f   (python3 with the preloaded modules: fork, os._exit, reap; 2 procs)\n",
+        "  ceiling of any call forked from CPython", "", pyf);
+    printf("%-52s %11.0f%%\n", "  calls/s as a share of that ceiling", 100.0 * cps / pyf);
+    printf("%-52s %11.0f%%\n", "  that ceiling as a share of the raw rate", 100.0 * pyf / raw);
     printf("%-52s %12.2f\n", "  raw: CPU ms per namespace fork (its processes)", raw_cpu_ms);
     printf("%-52s %12.0f %12.0f   (raw: per namespace fork)\n",
            "  page faults per call, all its processes", faults_per_call, raw_faults);
@@ -585,9 +663,10 @@ int main(void)
            "ms\":%.3f,"
            "\"calls_per_s\":%.0f,\"raw_ns_forks_per_s\":%.0f,\"pss_100_workers_mib\":%.1f,"
            "\"cold_rss_mib\":%.1f,\"cold_bare_rss_mib\":%.1f,\"env_call_p50_ms\":%.3f,"
-           "\"env_host_call_p50_ms\":%.3f,\"faults_per_call\":%.0f,\"raw_faults_per_fork\":%.0f}\n",
+           "\"env_host_call_p50_ms\":%.3f,\"faults_per_call\":%.0f,\"raw_faults_per_fork\":%.0f,"
+           "\"py_forks_per_s\":%.0f}\n",
            p50, p99, cold_p50, cps, raw, pss_mib, (double)cold_pre_rss / 1024.0,
-           (double)cold_rss / 1024.0, e50, h50, faults_per_call, raw_faults);
+           (double)cold_rss / 1024.0, e50, h50, faults_per_call, raw_faults, pyf);
 
     dsec_err e2;
     dsec_function_ops.destroy(fn, h0, &e2);
