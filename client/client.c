@@ -1154,7 +1154,8 @@ int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, 
                            .memory_mb = spec->memory_mb,
                            .ttl_s = ttl,
                            .cell = spec->cell,
-                           .env = spec->environment};
+                           .env = spec->environment,
+                           .net = spec->net};
     dsec_sandbox_info info;
     if (dsec_create(c, &cs, &info, err) < 0)
         return dsec_err_wrap(err, "call: creating the function sandbox");

@@ -40,7 +40,9 @@ set_tests_properties(function_net PROPERTIES TIMEOUT 300
 add_executable(test_function_net_bus test_function_net_bus.c)
 target_link_libraries(test_function_net_bus PRIVATE dsec_test_fixture dsec_test_outside dsec_client dsec_actors
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
-target_compile_definitions(test_function_net_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}")
+target_compile_definitions(test_function_net_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
+  DSEC_BIN="$<TARGET_FILE:dsec>")
+add_dependencies(test_function_net_bus dsec)
 add_test(NAME function_net_bus COMMAND test_function_net_bus)
 set_tests_properties(function_net_bus PROPERTIES TIMEOUT 300
   RESOURCE_LOCK "dsec_function_host;dsec_net_host")

@@ -196,10 +196,72 @@ static void a_policy_makes_a_networked_function_sandbox(void **state)
     assert_int_equal(dsec_destroy(cl, info.id, &err), 0);
 }
 
+/* A one-shot call with a policy (libdsec's dsec_call, then the CLI's
+ * `dsec call --net`) reaches what the policy allows; its sandbox and veth
+ * are gone once it returns; without --net the call has only lo. */
+static void a_one_shot_call_takes_a_policy(void **state)
+{
+    (void)state;
+    static const char *const argv[] = {"python3", "-c", resolve, NULL};
+    static const char *const net[] = {"allowed.test", NULL};
+    dsec_call_spec spec = {.argv = argv, .timeout_ms = 20000, .cell = "fnnetbus", .net = net};
+    dsec_exec_reply r;
+    dsec_err err;
+    if (dsec_call(cl, &spec, &r, &err) < 0)
+        fail_msg("call: %s (%s)", err.msg, dsec_code_name(err.code));
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal((char *)r.out, "allowed.test hello-outside-8080\nother.test refused\n");
+    dsec_exec_reply_release(&r);
+    assert_int_equal(veths(), 0);
+
+    /* the CLI: the same call, and one without --net */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus --net other.test -- "
+             "python3 -c \"$RESOLVE\"",
+             dsec_natsd_url(natsd), DSEC_BIN);
+    setenv("RESOLVE", resolve, 1);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[512] = {0};
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(out, "allowed.test refused\nother.test hello-outside-8080\n");
+    assert_int_equal(veths(), 0);
+
+    snprintf(cmd, sizeof cmd,
+             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus -- python3 -c "
+             "'import socket; print([n for _, n in socket.if_nameindex()])'",
+             dsec_natsd_url(natsd), DSEC_BIN);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(out, "['lo']\n");
+
+    /* a bad entry is refused with the entry named, and nothing is left */
+    snprintf(cmd, sizeof cmd,
+             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus --net 'bad entry!' -- "
+             "python3 -c pass 2>&1",
+             dsec_natsd_url(natsd), DSEC_BIN);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    if (strstr(out, "bad entry!") == NULL)
+        fail_msg("the error does not name the entry: %s", out);
+    assert_int_equal(veths(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(a_policy_makes_a_networked_function_sandbox, need_root),
+        cmocka_unit_test_setup(a_one_shot_call_takes_a_policy, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

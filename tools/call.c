@@ -21,14 +21,18 @@ static int usage(void)
             "usage: dsec call [--runtime python3|sh|native] [--timeout MS] [--cpu-ms MS] [--memory "
             "MB]\n"
             "                 [--file LOCAL[:/work/PATH]]... [--env K=V]... [--stdin] [--cell C]\n"
-            "                 [--environment NAME:VERSION] [--output-max BYTES] -- CMD [ARG]...\n"
+            "                 [--environment NAME:VERSION] [--output-max BYTES] [--net ENTRY]...\n"
+            "                 -- CMD [ARG]...\n"
             "examples:\n"
             "  dsec call -- python3 -c 'print(6 * 7)'\n"
             "  dsec call --file solve.py --stdin -- python3 solve.py < input.txt\n"
             "  dsec call --runtime sh -- sh -c 'echo $((1 + 2))'\n"
             "  dsec call --runtime sh --environment busybox:1 -- sh -c 'cat /etc/passwd'\n"
             "  dsec call --runtime native --file ./a.out:/work/a.out -- /work/a.out\n"
-            "  dsec call -- python3 --call add -c 'def add(a, b): return a + b' 2 3\n");
+            "  dsec call -- python3 --call add -c 'def add(a, b): return a + b' 2 3\n"
+            "  dsec call --net pypi.org --net files.pythonhosted.org -- python3 fetch.py\n"
+            "--net ENTRY: a network policy entry (docs/network.md); without one the call\n"
+            "reaches nothing.\n");
     return 2;
 }
 
@@ -87,12 +91,13 @@ int dsec_cli_call(int argc, char **argv)
                                          {"cell", required_argument, 0, 'C'},
                                          {"environment", required_argument, 0, 'E'},
                                          {"output-max", required_argument, 0, 'o'},
+                                         {"net", required_argument, 0, 'n'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     dsec_call_spec spec = {0};
-    const char *env[MAX_ITEMS] = {0};
+    const char *env[MAX_ITEMS] = {0}, *net[MAX_ITEMS] = {0};
     const char *file_args[MAX_ITEMS];
-    size_t ne = 0, nf = 0;
+    size_t ne = 0, nf = 0, nn = 0;
     bool with_stdin = false;
     int ch, rc = 1;
     optind = 1;
@@ -136,6 +141,13 @@ int dsec_cli_call(int argc, char **argv)
             if (!parse_u64(optarg, &spec.output_max))
                 return usage();
             break;
+        case 'n':
+            if (nn + 1 == MAX_ITEMS) {
+                fprintf(stderr, "dsec call: at most %d --net entries\n", MAX_ITEMS - 1);
+                return 2;
+            }
+            net[nn++] = optarg;
+            break;
         case 'h':
             usage();
             return 0;
@@ -147,6 +159,7 @@ int dsec_cli_call(int argc, char **argv)
         return usage();
     spec.argv = (const char *const *)&argv[optind];
     spec.env = ne ? env : NULL;
+    spec.net = nn ? net : NULL;
 
     dsec_call_file files[MAX_ITEMS];
     char *blobs[MAX_ITEMS] = {0}, *paths[MAX_ITEMS] = {0}, *in = NULL;

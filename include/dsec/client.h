@@ -264,6 +264,8 @@ typedef struct dsec_call_spec {
     const char *cell;         /* NULL: any cell with room */
     uint64_t output_max;      /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
     const char *environment;  /* name:version of an environment of layers; NULL: the host's base */
+    const char *const *net;   /* network policy entries (as dsec_create_spec.net), NULL-terminated;
+                                 NULL: the call reaches nothing (docs/network.md) */
 } dsec_call_spec;
 
 /* Run spec in a fresh function sandbox, then destroy it whatever happened
