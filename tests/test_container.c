@@ -16,6 +16,7 @@
 #include <string.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,26 +85,34 @@ static int host(char *out, size_t len, const char *fmt, ...)
 
 static const char *warm_pool; /* option warm_pool, or NULL for the default */
 
-static int open_backend(void)
+/* The group's backend with option runtime=runtime, and one more option k=v when k is set. */
+static int open_backend_with(const char *runtime, const char *k, const char *v)
 {
     char pids[16];
     snprintf(pids, sizeof pids, "%d", PIDS_MAX);
-    dsec_backend_kv opts[] = {
-        {"runtime", CT_RUNTIME}, {"pids_max", pids},   {"upper_gb", "16"},
-        {"function.x", "1"},     {"warm_refill", "3"}, /* more refill threads than cores: their
-                                                          accounting must hold */
-        {"warm_pool", warm_pool}};
-    dsec_backend_config cfg = {.state_dir = state_dir,
-                               .node = NODE,
-                               .opts = opts,
-                               .nopts = warm_pool != NULL ? 6 : 5,
-                               .layers = reg};
+    dsec_backend_kv opts[7] = {
+        {"runtime", runtime}, {"pids_max", pids},   {"upper_gb", "16"},
+        {"function.x", "1"},  {"warm_refill", "3"}, /* more refill threads than cores: their
+                                                       accounting must hold */
+    };
+    size_t n = 5;
+    if (warm_pool != NULL)
+        opts[n++] = (dsec_backend_kv){"warm_pool", warm_pool};
+    if (k != NULL)
+        opts[n++] = (dsec_backend_kv){k, v};
+    dsec_backend_config cfg = {
+        .state_dir = state_dir, .node = NODE, .opts = opts, .nopts = n, .layers = reg};
     dsec_err err;
     if (dsec_container_ops.init(&ct, &cfg, &err) < 0) {
         fprintf(stderr, "container backend: %s\n", err.msg);
         return -1;
     }
     return 0;
+}
+
+static int open_backend(void)
+{
+    return open_backend_with(CT_RUNTIME, NULL, NULL);
 }
 
 /* The busybox base layer and environment "busybox:1". */
@@ -1379,6 +1388,259 @@ static void test_runtime_missing(void **state)
     assert_non_null(strstr(err.msg, "expected crun, runc or runsc"));
 }
 
+/* ---- a node restarted with another runtime ------------------------------------------------ */
+
+/* The runtime these tests switch to: the other one of crun and runc. */
+#define OTHER_RT (strcmp(CT_RUNTIME, "crun") == 0 ? "runc" : "crun")
+
+static bool rt_installed(const char *name)
+{
+    return host(NULL, 0,
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+                "command -v %s >/dev/null",
+                name) == 0;
+}
+
+/* The value of a sandbox's meta line key ("" when it has none). */
+static const char *meta_value(const char *bstate, const char *key)
+{
+    static char v[128];
+    char p[512], line[256];
+    snprintf(p, sizeof p, "%s/meta", bstate);
+    FILE *f = fopen(p, "r");
+    assert_non_null(f);
+    v[0] = '\0';
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, key, kl) == 0 && line[kl] == ' ') {
+            line[strcspn(line, "\n")] = '\0';
+            snprintf(v, sizeof v, "%.120s", line + kl + 1);
+        }
+    fclose(f);
+    return v;
+}
+
+/* Ready warm containers in the pool directory: their runtime ids in rids (up to max). */
+static int ready_warm(char rids[][96], int max)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/pool", state_dir);
+    DIR *d = opendir(p);
+    int n = 0;
+    for (struct dirent *e; d != NULL && n < max && (e = readdir(d)) != NULL;) {
+        snprintf(p, sizeof p, "%s/pool/%s/ready", state_dir, e->d_name);
+        if (e->d_name[0] == 'w' && access(p, F_OK) == 0)
+            snprintf(rids[n++], 96, "%.90s", e->d_name);
+    }
+    if (d != NULL)
+        closedir(d);
+    return n;
+}
+
+/* A node manager on runtime `from` that crashes: run in a child process, which opens the
+ * backend (2 warm containers), creates sandbox id, writes /root/f and starts a background
+ * sleep (its pid in /root/pid), waits until its pool is full again and ends without closing
+ * anything. Only the child's own calls here, no cmocka: it exits 0 when all went well. */
+static void crash_on(const char *from, const char *id)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        warm_pool = "2";
+        if (open_backend_with(from, NULL, NULL) < 0)
+            _exit(2);
+        dsec_sandbox_spec spec = {
+            .id = id, .type = "container", .env = "busybox:1", .memory_mb = 128};
+        dsec_sandbox *h = NULL;
+        char *bs = NULL;
+        dsec_err err;
+        if (dsec_container_ops.create(ct, &spec, &h, &bs, &err) < 0) {
+            fprintf(stderr, "child: create on %s: %s\n", from, err.msg);
+            _exit(3);
+        }
+        const char *argv[] = {"/bin/sh", "-c",
+                              "echo before > /root/f && "
+                              "(sleep 1000 >/dev/null 2>&1 & echo $! > /root/pid)"};
+        dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 60000};
+        dsec_exec_result res = {0};
+        if (dsec_container_ops.exec(ct, h, &req, &res, &err) < 0 || res.exit_code != 0) {
+            fprintf(stderr, "child: exec: %s\n", err.msg);
+            _exit(4);
+        }
+        char rids[4][96];
+        for (int i = 0; i < 1200 && ready_warm(rids, 4) < 2; i++)
+            msleep(50);
+        _exit(ready_warm(rids, 4) == 2 ? 0 : 5);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* A node manager started by the group's runtime crashes (its sandbox running, two warm
+ * containers ready); the next one is configured with the other runtime. It adopts the sandbox
+ * with the runtime that started it (the meta says which): exec works, the file and the
+ * background process are still there, pause and resume work, and destroy leaves nothing of it
+ * (the runtime's state dir included). The crashed instance's warm containers are removed by
+ * its runtime at the sweep, and the new sandboxes are the configured runtime's. */
+static void test_runtime_switch(void **state)
+{
+    const char *to = OTHER_RT;
+    if (!rt_installed(to)) {
+        fprintf(stderr, "container: %s is not installed; runtime switch not tested\n", to);
+        skip();
+    }
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    struct sbx *x = calloc(1, sizeof *x);
+    assert_non_null(x);
+    snprintf(x->id, sizeof x->id, "cttest-%d-switch", (int)getpid());
+    crash_on(CT_RUNTIME, x->id);
+    char p[512];
+    snprintf(p, sizeof p, "%s/sb/%s", state_dir, x->id);
+    x->bstate = dsec_strdup(p);
+    set_rid(x);
+    assert_string_equal(meta_value(x->bstate, "runtime"), CT_RUNTIME);
+    int xp[64];
+    int nxp = sb_pids(x->rid, xp, 64);
+    assert_true(nxp >= 2); /* the agent and the sleep */
+    char x_id[64], x_rid[96];
+    memcpy(x_id, x->id, sizeof x_id);
+    memcpy(x_rid, x->rid, sizeof x_rid);
+    /* what the crash left of the pool */
+    char warm[4][96];
+    int wpids[4][8], nw[4];
+    int nwarm = ready_warm(warm, 4);
+    assert_int_equal(nwarm, 2);
+    for (int i = 0; i < nwarm; i++) {
+        nw[i] = sb_pids(warm[i], wpids[i], 8);
+        assert_true(nw[i] >= 1);
+    }
+
+    assert_int_equal(open_backend_with(to, NULL, NULL), 0);
+    dsec_err err;
+    if (dsec_container_ops.adopt(ct, NULL, x->bstate, &x->h, &err) < 0)
+        fail_msg("adopt of a %s sandbox by a %s node: %s", CT_RUNTIME, to, err.msg);
+    char out[256];
+    assert_int_equal(sh(x, "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "before\n");
+    assert_int_equal(
+        sh(x, "test \"$(pidof sleep)\" = \"$(cat /root/pid)\" && echo same", out, sizeof out), 0);
+    assert_string_equal(out, "same\n");
+    assert_int_equal(dsec_container_ops.pause(ct, x->h, &err), 0);
+    assert_int_equal(dsec_container_ops.resume(ct, x->h, &err), 0);
+    put_file(x, "/root/g", "after\n");
+    assert_int_equal(sh(x, "cat /root/g", out, sizeof out), 0);
+    assert_string_equal(out, "after\n");
+
+    /* the first create sweeps: the crashed instance's warm containers go, by their runtime */
+    struct sbx *q = mk(64, 0);
+    assert_string_equal(meta_value(q->bstate, "runtime"), to);
+    snprintf(p, sizeof p, "%s/run/%s/%s", state_dir, q->rid,
+             strcmp(to, "runc") == 0 ? "state.json" : "status");
+    if (access(p, F_OK) != 0)
+        fail_msg("the new sandbox is not %s's: no %s", to, p);
+    for (int i = 0; i < nwarm; i++)
+        assert_gone(warm[i], warm[i], wpids[i], nw[i]);
+    /* a fork of the adopted sandbox: children on the configured runtime */
+    struct sbx *kid[1];
+    fork_ms(x, 1, kid);
+    assert_string_equal(meta_value(kid[0]->bstate, "runtime"), to);
+    assert_int_equal(sh(kid[0], "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "before\n");
+    drop(kid[0]);
+    drop(q);
+    drop(x); /* its state dir too: destroyed by the runtime that started it */
+    assert_gone(x_id, x_rid, xp, nxp);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    assert_int_equal(open_backend(), 0);
+}
+
+/* A meta written before it named the runtime is read as the configured runtime's. */
+static void test_adopt_meta_without_runtime(void **state)
+{
+    struct sbx *x = mk(64, 0);
+    assert_int_equal(sh(x, "echo old > /root/f", NULL, 0), 0);
+    assert_string_equal(meta_value(x->bstate, "runtime"), CT_RUNTIME);
+    dsec_container_ops.detach(ct, x->h);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    assert_int_equal(host(NULL, 0, "sed -i '/^runtime /d' %s/meta", x->bstate), 0);
+    assert_string_equal(meta_value(x->bstate, "runtime"), "");
+    assert_int_equal(open_backend(), 0);
+    dsec_err err;
+    if (dsec_container_ops.adopt(ct, NULL, x->bstate, &x->h, &err) < 0)
+        fail_msg("adopt of a meta without a runtime line: %s", err.msg);
+    char out[64];
+    assert_int_equal(sh(x, "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "old\n");
+    drop(x); /* nothing left: its runtime state dir went with the configured runtime */
+}
+
+/* The runtime that started a sandbox is not installed on the node that restarts (here: its
+ * binary path points nowhere). Adopt fails with DSEC_E_CONFIG (the node keeps the record),
+ * naming the runtime and what to do; the sandbox runs on with its files, the sweep leaves it
+ * alone, and a node manager that has the runtime adopts it. */
+static void test_runtime_not_installed(void **state)
+{
+    const char *to = OTHER_RT;
+    if (!rt_installed(to)) {
+        fprintf(stderr, "container: %s is not installed; runtime switch not tested\n", to);
+        skip();
+    }
+    struct sbx *x = mk(64, 0);
+    assert_int_equal(sh(x, "echo kept > /root/f", NULL, 0), 0);
+    int xp[64];
+    int nxp = sb_pids(x->rid, xp, 64);
+    assert_true(nxp >= 1);
+    dsec_container_ops.detach(ct, x->h);
+    x->h = NULL;
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    char key[32], path[64];
+    snprintf(key, sizeof key, "%s_path", CT_RUNTIME);
+    snprintf(path, sizeof path, "/nonexistent/%s", CT_RUNTIME);
+    assert_int_equal(open_backend_with(to, key, path), 0);
+    dsec_err err;
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, x->bstate, &x->h, &err), -1);
+    assert_null(x->h);
+    printf("container: adopt without the runtime that started it: %s\n", err.msg);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    char want[128];
+    snprintf(want, sizeof want, "was started by %s, which this node cannot run", CT_RUNTIME);
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, key));
+    snprintf(want, sizeof want, "apt-get install %s", CT_RUNTIME);
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, "left as it is"));
+    /* the sweep (at this create) leaves it: files, cgroup, processes, runtime state */
+    struct sbx *q = mk(64, 0);
+    assert_int_equal(access(x->bstate, F_OK), 0);
+    char p[512];
+    snprintf(p, sizeof p, "%s/upper/sb/%s/upper/root/f", state_dir, x->id);
+    assert_string_equal(slurp(p), "kept\n");
+    snprintf(p, sizeof p, "%s/run/%s", state_dir, x->rid);
+    assert_int_equal(access(p, F_OK), 0);
+    for (int i = 0; i < nxp; i++) {
+        snprintf(p, sizeof p, "/proc/%d", xp[i]);
+        assert_int_equal(access(p, F_OK), 0);
+    }
+    drop(q);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    /* with the runtime there again: adopted, as it was */
+    assert_int_equal(open_backend(), 0);
+    if (dsec_container_ops.adopt(ct, NULL, x->bstate, &x->h, &err) < 0)
+        fail_msg("adopt once %s is back: %s", CT_RUNTIME, err.msg);
+    char out[64];
+    assert_int_equal(sh(x, "cat /root/f", out, sizeof out), 0);
+    assert_string_equal(out, "kept\n");
+    drop(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1398,6 +1660,9 @@ int main(void)
         cmocka_unit_test_setup(test_disk_quota, need_root),
         cmocka_unit_test_setup(test_warm_pool, need_root),
         cmocka_unit_test_setup(test_runtime_missing, need_root),
+        cmocka_unit_test_setup(test_runtime_switch, need_root),
+        cmocka_unit_test_setup(test_adopt_meta_without_runtime, need_root),
+        cmocka_unit_test_setup(test_runtime_not_installed, need_root),
     };
     /* Another runtime runs what depends on it; not the cgroup remount nor the disk quota
      * (the node's, whatever the runtime). */
@@ -1417,6 +1682,9 @@ int main(void)
         cmocka_unit_test_setup(test_sweep, need_root),
         cmocka_unit_test_setup(test_warm_pool, need_root),
         cmocka_unit_test_setup(test_cold, need_root),
+        cmocka_unit_test_setup(test_runtime_switch, need_root),
+        cmocka_unit_test_setup(test_adopt_meta_without_runtime, need_root),
+        cmocka_unit_test_setup(test_runtime_not_installed, need_root),
     };
     /* DSEC_TEST_FILTER=test_fork (a cmocka pattern) runs only what matches */
     if (getenv("DSEC_TEST_FILTER") != NULL)

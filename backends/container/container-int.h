@@ -36,11 +36,32 @@
 
 enum { CT_CG_V1 = 1, CT_CG_V2 };
 
+/* The OCI runtimes a sandbox may have been started by (its meta's runtime line). */
+enum { CT_RT_CRUN, CT_RT_RUNC, CT_RT_RUNSC, CT_RT_N };
+
+/* One runtime the instance talks to: the configured one, opened at init, and any other one
+ * an adopted sandbox (or an earlier instance's warm container) was started by, opened on its
+ * first need (dsec__ct_rt_get). Read-only once open. */
+struct ct_rt {
+    char name[16];       /* crun | runc | runsc */
+    char path[PATH_MAX]; /* its binary */
+    int fd;              /* a sealed in-memory copy of the binary, executed instead, or -1 */
+    bool hybrid;         /* called in a private mount namespace without the cgroup2 mount */
+};
+
 /* A fork snapshot, shared read-only by the children that use it as a lower layer. */
 struct ct_snap {
     char name[DSEC_SBX_ID_LEN_MAX + 32];
     unsigned refs;
     struct ct_snap *next;
+};
+
+/* A sandbox adopt could not take because the runtime that started it is not installed: it
+ * stays as it is (running, its files kept), and the sweep leaves it alone. */
+struct ct_kept {
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char rid[DSEC_SBX_ID_LEN_MAX + 1];
+    struct ct_kept *next;
 };
 
 /* A warm container: started ahead on an empty root, its agent connected (container-pool.c). */
@@ -58,17 +79,21 @@ struct ct_warm {
 struct ct_backend {
     char state_dir[PATH_MAX];
     char node[DSEC_NAME_LEN_MAX + 1];
-    char runtime[PATH_MAX]; /* the runtime binary */
-    char rt_name[16];       /* crun | runc | runsc */
-    int rt_fd;              /* a sealed in-memory copy of the runtime, executed instead, or -1 */
-    bool rt_memfd;          /* option runtime_memfd: make rt_fd (crun and runc) */
+    const struct ct_rt *rt; /* the configured runtime (option runtime): every new container's */
+    /* each runtime: its binary as configured (option runtime_path for the configured one,
+     * crun_path, runc_path, runsc_path for any), "" to look it up */
+    char rt_paths[CT_RT_N][PATH_MAX];
+    pthread_mutex_t rt_mu; /* guards opening rts */
+    struct ct_rt rts[CT_RT_N];
+    _Atomic bool rt_open[CT_RT_N]; /* rts[i] is open (set once, after it is filled) */
+    bool rt_memfd;                 /* option runtime_memfd: make each fd (crun and runc) */
     char run_root[PATH_MAX];
     char store[PATH_MAX];  /* the upper store (btrfs when btrfs is true) */
     char sbroot[PATH_MAX]; /* S/sb */
     char agent[PATH_MAX];  /* the dsec-agent binary */
     bool btrfs;            /* subvolumes and O(1) snapshots; else plain dirs and copies */
     bool store_mounted;    /* S/upper is a loop mount this backend made or found */
-    bool hybrid;           /* v1 controllers plus a cgroup2 mount crun must not see */
+    bool hybrid;           /* v1 controllers plus a cgroup2 mount (crun must not see it) */
     int cg_mode;           /* CT_CG_V1 | CT_CG_V2 */
     bool memsw;            /* the memory controller accounts swap (v1) */
     char cg_parent[DSEC_NAME_LEN_MAX + 16]; /* cgroupsPath is /<cg_parent>/<id> */
@@ -84,9 +109,10 @@ struct ct_backend {
     dsec_layer_registry *reg; /* borrowed */
     dsec_net *net;            /* borrowed: the node's network containment, or NULL */
     dsec_layer_cache *cache;
-    pthread_mutex_t lock; /* guards snaps, live and quota */
+    pthread_mutex_t lock; /* guards snaps, live, kept and quota */
     struct ct_snap *snaps;
     dsec_sandbox *live; /* every sandbox record this instance holds (created or adopted) */
+    struct ct_kept *kept; /* sandboxes left as they were: their runtime is not installed */
     bool quota;         /* btrfs quotas are on in the store (enabled on first need) */
     /* what an earlier instance left behind is reclaimed once, before the
      * first create, fork, restore, snapshot or destroy: by then the node has
@@ -133,8 +159,9 @@ struct dsec_sandbox {
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char rid[DSEC_SBX_ID_LEN_MAX + 1]; /* the runtime's and the cgroups' name: id, or the warm
                                           container's it was started as */
-    char dir[PATH_MAX];    /* S/sb/<id> */
-    char subvol[PATH_MAX]; /* S/upper/sb/<id> */
+    const struct ct_rt *rt; /* the runtime that started its container (meta's runtime line) */
+    char dir[PATH_MAX];     /* S/sb/<id> */
+    char subvol[PATH_MAX];  /* S/upper/sb/<id> */
     struct ct_env env;
     uint64_t cpu_milli, memory_mb;
     uint64_t disk_mb;    /* limit of the upper subvolume's exclusive bytes, 0 = none */
@@ -148,6 +175,7 @@ struct dsec_sandbox {
     /* what teardown must undo (a failed create undoes only what it did) */
     bool made_dir, made_subvol, mounted, started;
     size_t held; /* lowers[0..held) are acquired */
+    char rt_name[16]; /* meta's runtime line, while the record is read ("" before it had one) */
     /* the last stats sample, for the current CPU rate */
     uint64_t last_cpu_us, last_ns;
     dsec_sandbox *live_next; /* in be->live while listed */
@@ -178,24 +206,37 @@ int dsec__ct_oci_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec
 
 /* ---- runtime (container-runtime.c) --------------------------------------------------- */
 
-/* Find the runtime binary (name crun, runc or runsc) and the cgroup layout. */
+/* Open the configured runtime (name crun, runc or runsc: be->rt) and find the cgroup layout. */
 int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err);
+/* Which runtime a name is (CT_RT_*), or -1. */
+int dsec__ct_rt_index(const char *name);
+/* The runtime called name, opened on its first use (its binary found and sealed as the
+ * configured one's was). NULL with err (DSEC_E_CONFIG naming the runtime and what to install)
+ * when its binary is not there. Thread-safe; the handle lives as long as the instance. */
+const struct ct_rt *dsec__ct_rt_get(struct ct_backend *be, const char *name, dsec_err *err);
+/* The runtime whose state dir S/run/<rid> is (crun's has a status file, runc's a state.json),
+ * or NULL when neither. For warm containers of an earlier instance, which have no meta. */
+const char *dsec__ct_rt_guess(const struct ct_backend *be, const char *rid);
+/* Close every runtime handle. */
+void dsec__ct_rt_fini(struct ct_backend *be);
 /* Run a helper program (argv[0] is a path) and wait. out (may be NULL) receives up to
  * outlen-1 bytes of its stdout+stderr. Returns its exit status (0..255, 128+sig), or -1
  * with err set when it could not be started. */
 int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
-/* Start sb's container detached, handing it listen_fd as fd 3. root_fd >= 0: a detached
+/* Start sb's container detached with sb->rt, handing it listen_fd as fd 3. root_fd >= 0: a detached
  * mount (dsec__ct_overlay_make) that the runtime's process attaches at S/sb/<id>/rootfs in
  * its own private mount namespace just before the runtime starts, so the host's mount
  * table never holds it. */
 int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int listen_fd,
                       int root_fd, dsec_err *err);
-/* The runtime's status of container id ("running", "paused", "stopped", ...), or -1 with
+/* Runtime rt's status of container id ("running", "paused", "stopped", ...), or -1 with
  * DSEC_E_NOT_FOUND when it has none. */
-int dsec__ct_rt_status(const struct ct_backend *be, const char *id, char *status, size_t len,
+int dsec__ct_rt_status(const struct ct_backend *be, const struct ct_rt *rt, const char *id,
+                       char *status, size_t len, dsec_err *err);
+/* Kill and delete container id with rt, the runtime that started it (absent is a success),
+ * then remove its cgroups. */
+int dsec__ct_rt_delete(const struct ct_backend *be, const struct ct_rt *rt, const char *id,
                        dsec_err *err);
-/* Kill and delete container id (absent is a success), then remove its cgroups. */
-int dsec__ct_rt_delete(const struct ct_backend *be, const char *id, dsec_err *err);
 /* Freeze (true) or thaw the container's cgroup and wait until it is so. */
 int dsec__ct_freeze(const struct ct_backend *be, const char *id, bool frozen, dsec_err *err);
 /* Whether the container's cgroup is frozen; whether any process lives in it. */

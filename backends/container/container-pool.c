@@ -43,11 +43,13 @@ static int blank_root(const char *dir, dsec_err *err)
     return 0;
 }
 
-/* Remove a warm container: its runtime container and cgroups, then its directory. */
-static void warm_remove(struct ct_backend *be, const char *rid, const char *dir)
+/* Remove a warm container (started by rt): its runtime container and cgroups, then its
+ * directory. */
+static void warm_remove(struct ct_backend *be, const struct ct_rt *rt, const char *rid,
+                        const char *dir)
 {
     dsec_err err;
-    if (dsec__ct_rt_delete(be, rid, &err) < 0)
+    if (dsec__ct_rt_delete(be, rt, rid, &err) < 0)
         fprintf(stderr, "dsec container: removing warm container %s: %s\n", rid, err.msg);
     else if (dir != NULL && dsec__ct_rmtree(dir) < 0)
         fprintf(stderr, "dsec container: removing %s: %s\n", dir, strerror(errno));
@@ -64,7 +66,7 @@ static void warm_net_detach(struct ct_warm *w)
 static void warm_free(struct ct_backend *be, struct ct_warm *w)
 {
     dsec_agent_free(w->agent);
-    warm_remove(be, w->rid, w->dir);
+    warm_remove(be, be->rt, w->rid, w->dir);
     warm_net_detach(w);
     dsec_free(w);
 }
@@ -90,6 +92,7 @@ static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
     memcpy(sb->id, w->rid, sizeof sb->id);
     memcpy(sb->rid, w->rid, sizeof sb->rid);
     memcpy(sb->dir, w->dir, sizeof sb->dir);
+    sb->rt = be->rt;
     char user[] = "0", workdir[] = "/";
     sb->env.user = user;
     sb->env.workdir = workdir;
@@ -135,7 +138,7 @@ out:
         return w;
     dsec_agent_free(w->agent);
     if (started)
-        warm_remove(be, w->rid, w->dir);
+        warm_remove(be, be->rt, w->rid, w->dir);
     else
         dsec__ct_rmtree(w->dir);
     warm_net_detach(w);
@@ -287,7 +290,10 @@ bool dsec__ct_is_warm_rid(const char *name)
 }
 
 /* Warm containers of earlier instances (in the runtime's state and S/pool), except those
- * that sandboxes re-adopted since (held(rid) says). Returns how many went. */
+ * that sandboxes re-adopted since (held(rid) says). Each is removed by the runtime that
+ * started it (an earlier instance may have been configured with another): the one whose
+ * state dir it has, else the configured one; one whose runtime is not installed is left.
+ * Returns how many went. */
 int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *, const char *))
 {
     int n = 0;
@@ -304,7 +310,15 @@ int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *,
                 continue;
             char dir[PATH_MAX + 300];
             dsec__ct_fmt(dir, sizeof dir, "%s/%s", be->pool_dir, e->d_name);
-            warm_remove(be, e->d_name, dir);
+            const char *name = dsec__ct_rt_guess(be, e->d_name);
+            dsec_err err;
+            const struct ct_rt *rt = name != NULL ? dsec__ct_rt_get(be, name, &err) : be->rt;
+            if (rt == NULL) {
+                fprintf(stderr, "dsec container: leaving warm container %s as it is: %s\n",
+                        e->d_name, err.msg);
+                continue;
+            }
+            warm_remove(be, rt, e->d_name, dir);
             n++;
         }
         closedir(d);

@@ -94,11 +94,11 @@ static int find_exe(const char *name, char *out, size_t len)
  * executes itself again. Started from such a sealed copy, made once here,
  * they skip all that: about 2 ms less per runtime call on this host, with
  * the same protection (a sealed memfd cannot be written by anyone). */
-static int rt_seal(struct ct_backend *be, dsec_err *err)
+static int rt_seal(struct ct_rt *rt, dsec_err *err)
 {
-    int src = open(be->runtime, O_RDONLY | O_CLOEXEC);
+    int src = open(rt->path, O_RDONLY | O_CLOEXEC);
     if (src < 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: opening %s", be->runtime);
+        return dsec_err_set(err, DSEC_E_CONFIG, errno, "container: opening %s", rt->path);
     struct stat st;
     int fd = -1;
     const char *what = "reading";
@@ -122,7 +122,7 @@ static int rt_seal(struct ct_backend *be, dsec_err *err)
         what = "sealing";
         if (fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) == 0) {
             close(src);
-            be->rt_fd = fd;
+            rt->fd = fd;
             return 0;
         }
     }
@@ -133,60 +133,135 @@ static int rt_seal(struct ct_backend *be, dsec_err *err)
     return dsec_err_set(err, DSEC_E_CONFIG, e,
                         "container: %s a sealed in-memory copy of %s (option runtime_memfd=false "
                         "runs the file itself)",
-                        what, be->runtime);
+                        what, rt->path);
 }
 
-int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
-{
-    if (strcmp(name, "crun") != 0 && strcmp(name, "runc") != 0 && strcmp(name, "runsc") != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "container option runtime=\"%s\": expected crun, runc or runsc", name);
-    dsec__ct_fmt(be->rt_name, sizeof be->rt_name, "%s", name);
-    bool runsc = strcmp(name, "runsc") == 0;
-    if (be->runtime[0] == '\0' && find_exe(name, be->runtime, sizeof be->runtime) < 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "container: option runtime=%s, but no %s binary is installed in "
-                            "/usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin or /bin "
-                            "(%s, or set the option runtime_path)",
-                            name, name,
-                            runsc ? "gVisor is not packaged for Debian: install runsc from "
-                                    "https://gvisor.dev/docs/user_guide/install/"
-                            : strcmp(name, "runc") == 0 ? "apt-get install runc"
-                                                        : "apt-get install crun");
-    if (access(be->runtime, X_OK) != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, errno,
-                            "container: option runtime=%s: the runtime binary %s is missing or not "
-                            "executable (option runtime_path)",
-                            name, be->runtime);
-    /* gVisor runs the container's processes inside its own kernel (the Sentry): the host
-     * pid in the container's cgroup is the Sentry, not the agent, so a warm container's
-     * root cannot be switched from the host (dsec__ct_rt_switch_root). Every start is cold. */
-    if (runsc && be->warm_target > 0) {
-        fprintf(stderr, "dsec container: runtime=runsc: no warm pool (gVisor's containers "
-                        "cannot have their root switched from the host); every create starts "
-                        "its own container\n");
-        be->warm_target = 0;
-    }
+static const char exe_dirs[] =
+    "/usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin or /bin";
 
+static const char *const rt_names[CT_RT_N] = {"crun", "runc", "runsc"};
+
+int dsec__ct_rt_index(const char *name)
+{
+    for (int i = 0; i < CT_RT_N; i++)
+        if (strcmp(name, rt_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* What to do when runtime i is not installed. */
+static const char *rt_install_hint(int i)
+{
+    return i == CT_RT_RUNSC  ? "gVisor is not packaged for Debian: install runsc from "
+                               "https://gvisor.dev/docs/user_guide/install/"
+           : i == CT_RT_RUNC ? "apt-get install runc"
+                             : "apt-get install crun";
+}
+
+/* Fill be->rts[i]: its binary (be->rt_paths[i], or looked up), checked, and its sealed copy.
+ * configured: it is the option runtime's (the messages name that option). Needs the cgroup
+ * layout (be->hybrid). */
+static int rt_open(struct ct_backend *be, int i, bool configured, dsec_err *err)
+{
+    struct ct_rt *rt = &be->rts[i];
+    const char *name = rt_names[i];
+    dsec__ct_fmt(rt->name, sizeof rt->name, "%s", name);
+    rt->fd = -1;
+    const char *opt = configured        ? "runtime_path"
+                      : i == CT_RT_CRUN ? "crun_path"
+                      : i == CT_RT_RUNC ? "runc_path"
+                                        : "runsc_path";
+    if (be->rt_paths[i][0] != '\0') {
+        dsec__ct_fmt(rt->path, sizeof rt->path, "%s", be->rt_paths[i]);
+    } else if (find_exe(name, rt->path, sizeof rt->path) < 0) {
+        rt->path[0] = '\0';
+        if (configured)
+            return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                                "container: option runtime=%s, but no %s binary is installed in "
+                                "%s (%s, or set the option %s)",
+                                name, name, exe_dirs, rt_install_hint(i), opt);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container: no %s binary is installed in %s (%s, or set the option "
+                            "%s)",
+                            name, exe_dirs, rt_install_hint(i), opt);
+    }
+    if (access(rt->path, X_OK) != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, errno,
+                            "container: %s%s: the runtime binary %s is missing or not executable "
+                            "(%s, or the option %s)",
+                            configured ? "option runtime=" : "runtime ", name, rt->path,
+                            rt_install_hint(i), opt);
     /* runc 1.1 looks for exactly these seals, as crun does (is_self_cloned in its
      * nsexec), and then skips the copy of itself it makes at every `runc init` (strace
      * here: no memfd_create of its own). runsc is left as it was, without a copy: its
      * containers run on gVisor's kernel, which does not expose the host's binary. */
-    if (be->rt_memfd && !runsc && rt_seal(be, err) < 0)
+    if (be->rt_memfd && i != CT_RT_RUNSC && rt_seal(rt, err) < 0)
         return -1;
+    /* crun 1.8 refuses to run beside the hybrid cgroup2 mount, so it gets a mount
+     * namespace without it. runc 1.1 handles hybrid hosts itself (it uses the v1
+     * hierarchies and leaves the cgroup2 mount alone), so it runs in the node's namespace
+     * and no call of it pays for a copy of the host's mount table. runsc is given crun's
+     * treatment: untested here, and it gains nothing from seeing the mount. */
+    rt->hybrid = be->hybrid && i != CT_RT_RUNC;
+    atomic_store(&be->rt_open[i], true);
+    return 0;
+}
 
+const struct ct_rt *dsec__ct_rt_get(struct ct_backend *be, const char *name, dsec_err *err)
+{
+    int i = dsec__ct_rt_index(name);
+    if (i < 0) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "container: unknown runtime \"%.40s\" (expected crun, runc or runsc)", name);
+        return NULL;
+    }
+    if (atomic_load(&be->rt_open[i]))
+        return &be->rts[i];
+    pthread_mutex_lock(&be->rt_mu);
+    int rc = atomic_load(&be->rt_open[i]) ? 0 : rt_open(be, i, false, err);
+    pthread_mutex_unlock(&be->rt_mu);
+    if (rc < 0)
+        return NULL;
+    if (be->trace)
+        fprintf(stderr, "dsec container: opened runtime %s (%s) for containers it started\n", name,
+                be->rts[i].path);
+    return &be->rts[i];
+}
+
+const char *dsec__ct_rt_guess(const struct ct_backend *be, const char *rid)
+{
+    char p[PATH_MAX + 320];
+    dsec__ct_fmt(p, sizeof p, "%s/%s/state.json", be->run_root, rid);
+    if (access(p, F_OK) == 0)
+        return "runc";
+    dsec__ct_fmt(p, sizeof p, "%s/%s/status", be->run_root, rid);
+    if (access(p, F_OK) == 0)
+        return "crun";
+    return NULL;
+}
+
+void dsec__ct_rt_fini(struct ct_backend *be)
+{
+    for (int i = 0; i < CT_RT_N; i++) {
+        if (be->rts[i].fd >= 0)
+            close(be->rts[i].fd);
+        be->rts[i].fd = -1;
+        atomic_store(&be->rt_open[i], false);
+    }
+}
+
+int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
+{
+    int idx = dsec__ct_rt_index(name);
+    if (idx < 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "container option runtime=\"%s\": expected crun, runc or runsc", name);
     char v2[PATH_MAX] = "";
     bool has_v2 = cg_mount(NULL, v2, sizeof v2) == 0;
     if (cg_mount("memory", be->cg_memory, sizeof be->cg_memory) == 0) {
-        /* v1 controllers; a cgroup2 mount beside them makes crun 1.8 refuse
-         * to run, so crun gets a mount namespace without it. runc 1.1 handles
-         * hybrid hosts itself (it uses the v1 hierarchies and leaves the
-         * cgroup2 mount alone), so it runs in the node's namespace and no
-         * call of it pays for a copy of the host's mount table. runsc is
-         * given crun's treatment: untested here, and it gains nothing from
-         * seeing the mount. */
+        /* v1 controllers; a cgroup2 mount beside them is hidden from crun (rt_open) */
         be->cg_mode = CT_CG_V1;
-        be->hybrid = has_v2 && strcmp(name, "runc") != 0;
+        be->hybrid = has_v2;
         if (cg_mount("freezer", be->cg_freezer, sizeof be->cg_freezer) < 0 ||
             cg_mount("cpuacct", be->cg_cpuacct, sizeof be->cg_cpuacct) < 0 ||
             cg_mount("pids", be->cg_pids, sizeof be->cg_pids) < 0 ||
@@ -207,6 +282,18 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     } else {
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "container: no cgroup hierarchy with the memory controller mounted");
+    }
+    if (rt_open(be, idx, true, err) < 0)
+        return -1;
+    be->rt = &be->rts[idx];
+    /* gVisor runs the container's processes inside its own kernel (the Sentry): the host
+     * pid in the container's cgroup is the Sentry, not the agent, so a warm container's
+     * root cannot be switched from the host (dsec__ct_rt_switch_root). Every start is cold. */
+    if (idx == CT_RT_RUNSC && be->warm_target > 0) {
+        fprintf(stderr, "dsec container: runtime=runsc: no warm pool (gVisor's containers "
+                        "cannot have their root switched from the host); every create starts "
+                        "its own container\n");
+        be->warm_target = 0;
     }
     return 0;
 }
@@ -310,13 +397,13 @@ int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *er
     return wait_status(pid);
 }
 
-/* Run the runtime (argv after the binary and --root), output captured. */
-static int rt_cmd(const struct ct_backend *be, const char *const *args, char *out, size_t outlen,
-                  dsec_err *err)
+/* Run runtime rt (argv after the binary and --root), output captured. */
+static int rt_cmd(const struct ct_backend *be, const struct ct_rt *rt, const char *const *args,
+                  char *out, size_t outlen, dsec_err *err)
 {
     const char *argv[16];
     size_t n = 0;
-    argv[n++] = be->runtime;
+    argv[n++] = rt->path;
     argv[n++] = "--root";
     argv[n++] = be->run_root;
     for (size_t i = 0; args[i] != NULL && n < 15; i++)
@@ -324,13 +411,13 @@ static int rt_cmd(const struct ct_backend *be, const char *const *args, char *ou
     argv[n] = NULL;
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0)
-        return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", be->rt_name);
-    pid_t pid = spawn(argv, be->rt_fd, be->hybrid, -1, p[1], -1, NULL);
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: pipe for %s", rt->name);
+    pid_t pid = spawn(argv, rt->fd, rt->hybrid, -1, p[1], -1, NULL);
     int e = errno;
     close(p[1]);
     if (pid < 0) {
         close(p[0]);
-        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", be->runtime);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", rt->path);
     }
     size_t got = 0;
     for (;;) {
@@ -384,14 +471,14 @@ int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int l
     if (fd < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", log);
     off_t start = lseek(fd, 0, SEEK_END);
-    const char *argv[] = {be->runtime, "--root",         be->run_root, "run",
-                          "--detach",  "--preserve-fds", "1",          "--bundle",
-                          sb->dir,     sb->rid,          NULL};
-    pid_t pid = spawn(argv, be->rt_fd, be->hybrid, listen_fd, fd, root_fd, root_at);
+    const struct ct_rt *rt = sb->rt;
+    const char *argv[] = {rt->path, "--root",   be->run_root, "run",   "--detach", "--preserve-fds",
+                          "1",      "--bundle", sb->dir,      sb->rid, NULL};
+    pid_t pid = spawn(argv, rt->fd, rt->hybrid, listen_fd, fd, root_fd, root_at);
     int e = errno;
     close(fd);
     if (pid < 0)
-        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", be->runtime);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", rt->path);
     int st = wait_status(pid);
     if (st == 0)
         return 0;
@@ -404,32 +491,32 @@ int dsec__ct_rt_start(const struct ct_backend *be, const dsec_sandbox *sb, int l
     }
     last_line(msg);
     return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s run failed (status %d): %.300s",
-                        be->rt_name, st, msg[0] ? msg : "no message");
+                        rt->name, st, msg[0] ? msg : "no message");
 }
 
-int dsec__ct_rt_status(const struct ct_backend *be, const char *id, char *status, size_t len,
-                       dsec_err *err)
+int dsec__ct_rt_status(const struct ct_backend *be, const struct ct_rt *rt, const char *id,
+                       char *status, size_t len, dsec_err *err)
 {
     char out[4096];
     const char *args[] = {"state", id, NULL};
-    int st = rt_cmd(be, args, out, sizeof out, err);
+    int st = rt_cmd(be, rt, args, out, sizeof out, err);
     if (st < 0)
         return -1;
     if (st != 0) {
         if (strstr(out, "not exist") != NULL || strstr(out, "No such file") != NULL ||
             strstr(out, "not found") != NULL)
             return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "container: %s has no container %s",
-                                be->rt_name, id);
+                                rt->name, id);
         last_line(out);
-        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s state failed: %.300s",
-                            be->rt_name, out);
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s state failed: %.300s", rt->name,
+                            out);
     }
     const char *s = strstr(out, "\"status\"");
     const char *q = s ? strchr(s + 8, '"') : NULL;
     const char *end = q ? strchr(q + 1, '"') : NULL;
     if (end == NULL)
         return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s state printed no status",
-                            be->rt_name);
+                            rt->name);
     dsec__ct_fmt(status, len, "%.*s", (int)(end - q - 1), q + 1);
     return 0;
 }
@@ -497,21 +584,22 @@ static int cg_remove(const struct ct_backend *be, const char *id, dsec_err *err)
     return rc;
 }
 
-int dsec__ct_rt_delete(const struct ct_backend *be, const char *id, dsec_err *err)
+int dsec__ct_rt_delete(const struct ct_backend *be, const struct ct_rt *rt, const char *id,
+                       dsec_err *err)
 {
     /* thaw first: SIGKILL does not end a frozen process before it thaws */
     dsec_err ignore;
     dsec__ct_freeze(be, id, false, &ignore);
     char out[2048];
     const char *args[] = {"delete", "--force", id, NULL};
-    int st = rt_cmd(be, args, out, sizeof out, err);
+    int st = rt_cmd(be, rt, args, out, sizeof out, err);
     if (st < 0)
         return -1;
     if (st != 0 && strstr(out, "not exist") == NULL && strstr(out, "No such file") == NULL &&
         strstr(out, "not found") == NULL) {
         last_line(out);
-        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s delete failed: %.300s",
-                            be->rt_name, out);
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, "container: %s delete failed: %.300s", rt->name,
+                            out);
     }
     return cg_remove(be, id, err);
 }

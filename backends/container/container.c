@@ -378,6 +378,10 @@ static int write_meta(const dsec_sandbox *sb, dsec_err *err)
     put_esc(f, "id", sb->id);
     if (strcmp(sb->rid, sb->id) != 0)
         put_esc(f, "rid", sb->rid);
+    /* which runtime to ask about its container after a restart, whatever the node's option
+     * runtime says then */
+    if (sb->rt != NULL)
+        put_esc(f, "runtime", sb->rt->name);
     fprintf(f, "cpu_milli %" PRIu64 "\nmemory_mb %" PRIu64 "\ndisk_mb %" PRIu64 "\n", sb->cpu_milli,
             sb->memory_mb, sb->disk_mb);
     put_esc(f, "snapshot_name", sb->snapshot_name);
@@ -406,6 +410,11 @@ static int meta_line(void *arg, const char *key, char *val, dsec_err *err)
         if (!dsec__ct_is_warm_rid(val) || strlen(val) >= sizeof sb->rid)
             return dsec_err_set(err, DSEC_E_DECODE, 0, "container: meta names a bad runtime id");
         dsec__ct_fmt(sb->rid, sizeof sb->rid, "%s", val);
+    } else if (strcmp(key, "runtime") == 0) {
+        if (dsec__ct_rt_index(val) < 0)
+            return dsec_err_set(err, DSEC_E_DECODE, 0,
+                                "container: meta names an unknown runtime \"%.40s\"", val);
+        dsec__ct_fmt(sb->rt_name, sizeof sb->rt_name, "%s", val);
     } else if (strcmp(key, "cpu_milli") == 0) {
         sb->cpu_milli = strtoull(val, NULL, 10);
     } else if (strcmp(key, "memory_mb") == 0) {
@@ -474,13 +483,17 @@ static int set_excludes(struct ct_backend *be, const char *list, dsec_err *err)
     return rc;
 }
 
-static const char known_opts[] = "runtime, runtime_path, agent, pids_max, upper_gb, "
-                                 "layer_cache_gb, snapshot_exclude, start_timeout_ms, "
-                                 "cgroup_favordynmods, runtime_memfd, warm_pool, warm_refill";
+static const char known_opts[] = "runtime, runtime_path, crun_path, runc_path, runsc_path, agent, "
+                                 "pids_max, upper_gb, layer_cache_gb, snapshot_exclude, "
+                                 "start_timeout_ms, cgroup_favordynmods, runtime_memfd, warm_pool, "
+                                 "warm_refill";
 
+/* rt_path receives option runtime_path ("" when not given). */
 static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, char *rt, size_t rtlen,
-                      uint64_t *upper_gb, uint64_t *cache_gb, dsec_err *err)
+                      char *rt_path, size_t pathlen, uint64_t *upper_gb, uint64_t *cache_gb,
+                      dsec_err *err)
 {
+    rt_path[0] = '\0';
     dsec__ct_fmt(rt, rtlen, "crun");
     be->pids_max = 1024;
     be->start_timeout_ms = 15000;
@@ -507,7 +520,13 @@ static int parse_opts(struct ct_backend *be, const dsec_backend_config *cfg, cha
         if (strcmp(key, "runtime") == 0)
             dsec__ct_fmt(rt, rtlen, "%s", v);
         else if (strcmp(key, "runtime_path") == 0)
-            dsec__ct_fmt(be->runtime, sizeof be->runtime, "%s", v);
+            dsec__ct_fmt(rt_path, pathlen, "%s", v);
+        else if (strcmp(key, "crun_path") == 0)
+            dsec__ct_fmt(be->rt_paths[CT_RT_CRUN], sizeof be->rt_paths[0], "%s", v);
+        else if (strcmp(key, "runc_path") == 0)
+            dsec__ct_fmt(be->rt_paths[CT_RT_RUNC], sizeof be->rt_paths[0], "%s", v);
+        else if (strcmp(key, "runsc_path") == 0)
+            dsec__ct_fmt(be->rt_paths[CT_RT_RUNSC], sizeof be->rt_paths[0], "%s", v);
         else if (strcmp(key, "agent") == 0)
             dsec__ct_fmt(be->agent, sizeof be->agent, "%s", v);
         else if (strcmp(key, "pids_max") == 0)
@@ -559,7 +578,9 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     struct ct_backend *be = dsec_calloc(1, sizeof *be);
     if (be == NULL)
         return oom(err, "backend instance");
-    be->rt_fd = -1;
+    for (int i = 0; i < CT_RT_N; i++)
+        be->rts[i].fd = -1;
+    pthread_mutex_init(&be->rt_mu, NULL);
     const char *tr = getenv("DSEC_CONTAINER_TRACE");
     be->trace = tr != NULL && tr[0] == '1';
     pthread_mutex_init(&be->lock, NULL);
@@ -571,10 +592,13 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec__ct_fmt(be->cg_parent, sizeof be->cg_parent, "dsec-ct-%s", be->node);
     be->reg = cfg->layers;
     be->net = cfg->net;
-    char rt[32];
+    char rt[32], rt_path[PATH_MAX];
     uint64_t upper_gb, cache_gb;
-    if (parse_opts(be, cfg, rt, sizeof rt, &upper_gb, &cache_gb, err) < 0)
+    if (parse_opts(be, cfg, rt, sizeof rt, rt_path, sizeof rt_path, &upper_gb, &cache_gb, err) < 0)
         goto fail;
+    /* runtime_path is the configured runtime's binary, before its own <name>_path */
+    if (rt_path[0] != '\0' && dsec__ct_rt_index(rt) >= 0)
+        memcpy(be->rt_paths[dsec__ct_rt_index(rt)], rt_path, sizeof rt_path);
     if (be->agent[0] == '\0')
         dsec__ct_fmt(be->agent, sizeof be->agent, "%s", DSEC_AGENT_PATH);
     if (be->agent[0] == '\0' || access(be->agent, X_OK) != 0) {
@@ -632,8 +656,13 @@ static void ct_fini(void *self)
     if (be->cg_mode != 0)
         dsec__ct_cg_cleanup(be);
     free_excludes(be);
-    if (be->rt_fd >= 0)
-        close(be->rt_fd);
+    dsec__ct_rt_fini(be);
+    while (be->kept != NULL) {
+        struct ct_kept *k = be->kept;
+        be->kept = k->next;
+        dsec_free(k);
+    }
+    pthread_mutex_destroy(&be->rt_mu);
     pthread_mutex_destroy(&be->lock);
     pthread_mutex_destroy(&be->sweep_lock);
     dsec_free(be);
@@ -743,8 +772,25 @@ static bool live_has(struct ct_backend *be, const char *name)
     dsec_sandbox *s = be->live;
     while (s != NULL && strcmp(s->id, name) != 0 && strcmp(s->rid, name) != 0)
         s = s->live_next;
+    struct ct_kept *k = be->kept;
+    while (s == NULL && k != NULL && strcmp(k->id, name) != 0 && strcmp(k->rid, name) != 0)
+        k = k->next;
     pthread_mutex_unlock(&be->lock);
-    return s != NULL;
+    return s != NULL || k != NULL;
+}
+
+/* Remember a sandbox adopt left as it was, so the sweep does too. */
+static void kept_add(struct ct_backend *be, const dsec_sandbox *sb)
+{
+    struct ct_kept *k = dsec_calloc(1, sizeof *k);
+    if (k == NULL)
+        return; /* the sweep still cannot remove it: its runtime is not there */
+    memcpy(k->id, sb->id, sizeof k->id);
+    memcpy(k->rid, sb->rid, sizeof k->rid);
+    pthread_mutex_lock(&be->lock);
+    k->next = be->kept;
+    be->kept = k;
+    pthread_mutex_unlock(&be->lock);
 }
 
 /* Undo whatever of sb's start-up was done; frees sb on success. */
@@ -753,7 +799,7 @@ static int sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     dsec_agent_free(sb->agent);
     sb->agent = NULL;
     if (sb->started) {
-        if (dsec__ct_rt_delete(be, sb->rid, err) < 0)
+        if (dsec__ct_rt_delete(be, sb->rt != NULL ? sb->rt : be->rt, sb->rid, err) < 0)
             return -1;
         sb->started = false;
     }
@@ -796,25 +842,47 @@ static void sb_abandon(struct ct_backend *be, dsec_sandbox *sb)
         fprintf(stderr, "dsec container: cleaning up a failed sandbox %s: %s\n", sb->id, e2.msg);
 }
 
-/* The runtime id an orphan's meta names, if it has one (a warm container it took). */
-static void meta_rid(dsec_sandbox *sb)
+/* A "key value" line of a record, NUL-terminated in out ("" when absent or too long). */
+static void record_value(const char *text, const char *key, char *out, size_t len)
+{
+    char k[32];
+    dsec__ct_fmt(k, sizeof k, "\n%s ", key);
+    const char *r = text != NULL ? strstr(text, k) : NULL;
+    size_t n = r != NULL ? strcspn(r + strlen(k), "\n") : 0;
+    if (r == NULL || n >= len)
+        n = 0;
+    else
+        memcpy(out, r + strlen(k), n);
+    out[n] = '\0';
+}
+
+/* What the sweep needs of an orphan: the runtime id its meta names, if it has one (a warm
+ * container it took), and the runtime that started it: its meta's, or before meta named one,
+ * the runtime whose state dir it has, else the configured one. -1 (said on stderr) when that
+ * runtime cannot be run here: the orphan is then left alone. */
+static int meta_peek(struct ct_backend *be, dsec_sandbox *sb)
 {
     char mp[PATH_MAX + 16];
     dsec__ct_fmt(mp, sizeof mp, "%s/meta", sb->dir);
     char *text = dsec__ct_read_file(mp, 1u << 20);
-    const char *r = text != NULL ? strstr(text, "\nrid ") : NULL;
-    if (r != NULL) {
-        r += 5;
-        size_t n = strcspn(r, "\n");
-        char rid[sizeof sb->rid];
-        if (n < sizeof rid) {
-            memcpy(rid, r, n);
-            rid[n] = '\0';
-            if (dsec__ct_is_warm_rid(rid))
-                memcpy(sb->rid, rid, sizeof rid);
-        }
-    }
+    char rid[sizeof sb->rid];
+    record_value(text, "rid", rid, sizeof rid);
+    if (dsec__ct_is_warm_rid(rid))
+        memcpy(sb->rid, rid, sizeof rid);
+    record_value(text, "runtime", sb->rt_name, sizeof sb->rt_name);
     dsec_free(text);
+    const char *name = sb->rt_name;
+    if (name[0] == '\0')
+        name = dsec__ct_rt_guess(be, sb->rid);
+    if (name == NULL)
+        name = be->rt->name;
+    dsec_err err;
+    if ((sb->rt = dsec__ct_rt_get(be, name, &err)) == NULL) {
+        fprintf(stderr, "dsec container: leaving orphan sandbox %s as it is: %s\n", sb->id,
+                err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 /*
@@ -851,7 +919,10 @@ static int sweep_dir(struct ct_backend *be, const char *dir, bool blobs)
         dsec__ct_fmt(sb->id, sizeof sb->id, "%s", e->d_name);
         memcpy(sb->rid, sb->id, sizeof sb->rid);
         sb_paths(be, sb);
-        meta_rid(sb);
+        if (meta_peek(be, sb) < 0) {
+            dsec_free(sb);
+            continue;
+        }
         /* everything may exist: each step of teardown copes with its absence */
         sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
         dsec_err err;
@@ -1011,6 +1082,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     uint64_t t0 = dsec__ct_now_ns();
     sb_paths(be, sb);
+    sb->rt = be->rt; /* a warm container was started by it too */
     if (mkdir(sb->dir, 0700) < 0)
         return errno == EEXIST
                    ? dsec_err_set(err, DSEC_E_EXISTS, 0, "container: a sandbox with this id exists")
@@ -1687,11 +1759,37 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
         dsec_free(sb);
         return -1;
     }
+    /* the runtime that started it, whichever is configured now; a record from before meta
+     * named it was started by the configured one (the node had no other then) */
+    const char *rt_name = sb->rt_name[0] != '\0' ? sb->rt_name : be->rt->name;
+    dsec_err rerr;
+    if ((sb->rt = dsec__ct_rt_get(be, rt_name, &rerr)) == NULL) {
+        /* not a reason to remove it: it runs on, and a node manager that has the runtime
+         * adopts it (the node keeps its record on DSEC_E_CONFIG) */
+        const char *why = rerr.msg;
+        if (strncmp(why, "container: ", 11) == 0)
+            why += 11;
+        dsec_err_set(err, DSEC_E_CONFIG, 0, /* rerr.msg says the errno already */
+                     "container: sandbox %s was started by %s, which this node cannot run: %s; it "
+                     "is not adopted but left as it is (its container running, its files kept) "
+                     "until a node manager that has %s adopts it",
+                     sb->id, rt_name, why, rt_name);
+        kept_add(be, sb);
+        /* the fork snapshots it reads stay too (held for the instance's life) */
+        for (size_t i = 0; i < sb->env.nlowers; i++)
+            if (sb->env.lowers[i].snap)
+                dsec__ct_snap_ref(be, sb->env.lowers[i].name);
+        env_clear(&sb->env);
+        dsec_free(sb->snapshot_name);
+        sb_free_fields(sb);
+        dsec_free(sb);
+        return -1;
+    }
     /* everything exists until shown otherwise: teardown then removes it */
     sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
     char state[32] = "gone";
     dsec_err_clear(err);
-    int st = dsec__ct_rt_status(be, sb->rid, state, sizeof state, err);
+    int st = dsec__ct_rt_status(be, sb->rt, sb->rid, state, sizeof state, err);
     if (st < 0 || (strcmp(state, "running") != 0 && strcmp(state, "paused") != 0)) {
         if (st == 0 || err->code == DSEC_E_NOT_FOUND) {
             dsec_err_set(err, DSEC_E_NOT_FOUND, 0,

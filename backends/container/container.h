@@ -17,8 +17,12 @@ extern "C" {
  * through it over a unix socket that lives only on the host.
  *
  * Options (dsec_backend_config.opts; "container." prefix optional):
- *   runtime=crun|runc|runsc   the OCI runtime (default crun)
- *   runtime_path=PATH         its binary (default: looked up in PATH)
+ *   runtime=crun|runc|runsc   the OCI runtime of new containers (default crun)
+ *   runtime_path=PATH         its binary (default: looked up in /usr/local/sbin, /usr/local/bin,
+ *                             /usr/sbin, /usr/bin, /sbin, /bin)
+ *   crun_path, runc_path, runsc_path=PATH
+ *                             that runtime's binary (default: looked up), for sandboxes it
+ *                             started under an earlier configuration
  *   agent=PATH                the dsec-agent binary (default: the one built)
  *   pids_max=N                process limit per sandbox (default 1024)
  *   upper_gb=N                size of the sparse btrfs image when the state dir
@@ -36,6 +40,11 @@ extern "C" {
  * at a fork is the snapshot's from then on. Children inherit disk_mb. Quotas
  * are switched on in the store on first need, on the backend's own image
  * only; disk_mb on a store without them fails with a message saying why.
+ *
+ * Runtimes: each sandbox's meta names the runtime that started it, and adopt, destroy and the
+ * sweep use that one, whatever the option runtime says now. When it is not installed, adopt
+ * fails with DSEC_E_CONFIG and leaves the sandbox as it is (running, its files kept; the sweep
+ * leaves it too), so a later instance that has the runtime adopts it.
  *
  * Leftovers: sandboxes an earlier instance left (a node manager crash) and
  * the node did not re-adopt are reclaimed, with the fork snapshots only they
