@@ -74,6 +74,16 @@ struct tomb {
 #define TOMBS_MAX 65536
 #define TOMB_TTL_NS (300ull * 1000000000ull) /* beyond any client's wait for one attempt */
 
+/* A sandbox the backend could not adopt because of this node's configuration (DSEC_E_CONFIG:
+ * the runtime that started it is not installed, ...) but that still exists: its record stays
+ * in the journal, so a node manager started with that put right adopts it. */
+struct kept {
+    char *id;
+    char *data;
+    size_t len;
+    struct kept *next;
+};
+
 /* Capacity a preemptible job holds on this node (job_hold): it is taken
  * from what placement can use until the job, or the arbiter, releases it. */
 struct hold {
@@ -128,6 +138,8 @@ struct dsec_node {
     struct event *events;
     size_t nevents, cap_events;
     struct sbx *dropped; /* records replayed but not re-adopted (start only) */
+    struct kept *kept;   /* records replayed, not adopted, but kept (journal compaction too) */
+    uint64_t nkept;
     struct hold *holds;  /* job holdings (node lock) */
     struct tomb **tombs; /* TOMB_BUCKETS chains (node lock) */
     struct tomb *tomb_old, *tomb_new;
@@ -1795,6 +1807,9 @@ static int emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, dsec_
             if (emit(j, s->id, buf, (size_t)len, err) < 0)
                 return -1;
         }
+    for (struct kept *k = n->kept; k; k = k->next)
+        if (emit(j, k->id, k->data, k->len, err) < 0)
+            return -1;
     for (struct hold *h = n->holds; h; h = h->next) {
         int len = hold_record(h, buf, sizeof buf);
         if (emit(j, h->key, buf, (size_t)len, err) < 0)
@@ -1836,7 +1851,7 @@ static void tick_reap(void *ud, uint64_t mono_now)
             memcpy(tenants[k], s->tenant, sizeof tenants[k]);
             k++;
         }
-    bool compact = dsec_journal_wants_compaction(n->journal, n->live);
+    bool compact = dsec_journal_wants_compaction(n->journal, n->live + n->nkept);
     /* Memory pressure: freeze idle pausable rollouts (their next operation
      * resumes them), a few per pass, until free memory is back over the mark. */
     size_t kfreeze = k;
@@ -2021,6 +2036,27 @@ static char *field(char **p)
     return s;
 }
 
+static void kept_add(dsec_node *n, const char *id, const void *data, size_t len)
+{
+    struct kept *k = dsec_calloc(1, sizeof *k);
+    char *kid = dsec_strdup(id), *kdata = dsec_malloc(len ? len : 1);
+    if (k == NULL || kid == NULL || kdata == NULL) {
+        /* the record is still in the journal; only a compaction now would lose it */
+        fprintf(stderr, "dsec-node %s: out of memory keeping the record of %s\n", n->name, id);
+        dsec_free(k);
+        dsec_free(kid);
+        dsec_free(kdata);
+        return;
+    }
+    memcpy(kdata, data, len);
+    k->id = kid;
+    k->data = kdata;
+    k->len = len;
+    k->next = n->kept;
+    n->kept = k;
+    n->nkept++;
+}
+
 static int adopt_one(const char *id, const void *data, size_t len, void *ud, dsec_err *err)
 {
     dsec_node *n = ud;
@@ -2053,6 +2089,7 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
     snprintf(s->id, sizeof s->id, "%s", id);
     dsec_err aerr;
     const char *why = NULL;
+    bool keep = false;
     if (f[9] == NULL || strcmp(f[0], "1") != 0)
         why = "unreadable record";
     else if (tidx < 0 || n->backends[tidx] == NULL)
@@ -2076,8 +2113,25 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
             s->state = ST_RUNNING;
         dsec_sandbox_spec spec;
         spec_for(n, s, NULL, &spec);
-        if (s->bstate == NULL || dsec_backend_adopt(s->be, &spec, s->bstate, &s->h, &aerr) < 0)
+        if (s->bstate == NULL || dsec_backend_adopt(s->be, &spec, s->bstate, &s->h, &aerr) < 0) {
             why = s->bstate ? aerr.msg : "out of memory";
+            keep = s->bstate != NULL && aerr.code == DSEC_E_CONFIG;
+        }
+    }
+    if (keep) {
+        /* It exists, but this node cannot run it as configured: not served, not counted,
+         * reported failed, and its record kept for a later start. */
+        fprintf(stderr,
+                "dsec-node %s: not re-adopting %s (its record is kept for the next start): %s\n",
+                n->name, id, why);
+        atomic_fetch_add(&n->adopt_failed, 1);
+        kept_add(n, id, data, len);
+        pthread_mutex_lock(&n->mu);
+        event_locked(n, s, ST_RUNNING, ST_FAILED, why);
+        pthread_mutex_unlock(&n->mu);
+        sbx_free(s);
+        dsec_free(copy);
+        return 0;
     }
     if (why != NULL) {
         /* Gone while we were away (or unusable): drop the record and say so. */
@@ -2436,6 +2490,13 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
         struct hold *h = n->holds;
         n->holds = h->next;
         dsec_free(h);
+    }
+    while (n->kept != NULL) {
+        struct kept *k = n->kept;
+        n->kept = k->next;
+        dsec_free(k->id);
+        dsec_free(k->data);
+        dsec_free(k);
     }
     dsec_journal_close(n->journal);
     dsec_backend *freed[DSEC_REGISTRY_MAX] = {0};

@@ -256,7 +256,11 @@ typedef struct dsec_backend_ops {
     int (*stats)(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
     /* Re-attach to a sandbox that outlived its node manager, from the spec
      * and backend_state persisted at create time. spec may be NULL when the
-     * record lost it; a backend that needs it then fails with DSEC_E_INVALID. */
+     * record lost it; a backend that needs it then fails with DSEC_E_INVALID.
+     * DSEC_E_CONFIG: the sandbox exists but this instance, as configured,
+     * cannot run it (the container runtime that started it is not installed);
+     * the node keeps its record for a later start, so the backend must leave
+     * the sandbox as it is. Other failures: the node drops the record. */
     int (*adopt)(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
                  dsec_sandbox **out, dsec_err *err);
     /* Forget the handle but leave the sandbox running (node manager shutdown,

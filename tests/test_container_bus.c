@@ -1,6 +1,6 @@
-/* test_container_bus.c - containers end to end: a cell on a real nats-server whose node runs real crun
- * containers on busybox:1; libdsec creates, execs, moves files, forks, snapshots, pauses, and a
- * restarted node manager re-adopts what runs. */
+/* test_container_bus.c - containers end to end: a cell on a real nats-server whose node runs real
+ * crun containers on busybox:1; libdsec creates, execs, moves files, forks, snapshots, pauses, and
+ * a restarted node manager re-adopts what runs, with the runtime that started it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -295,6 +295,72 @@ static void test_node_restart_readopts(void **state)
     assert_int_equal(sandbox_mounts(), 0);
 }
 
+/* Node 0's backend option k=v, added (restart the cell for it to count). */
+static void add_opt(const char *k, const char *v)
+{
+    dsec_cell_node *n = &conf.nodes[0];
+    assert_true(n->nopts < sizeof n->opts / sizeof n->opts[0]);
+    n->opts[n->nopts].key = dsec_strdup(k);
+    n->opts[n->nopts].value = dsec_strdup(v);
+    assert_true(n->opts[n->nopts].key != NULL && n->opts[n->nopts].value != NULL);
+    n->nopts++;
+}
+
+/* Remove the last n options add_opt added. */
+static void drop_opts(size_t n)
+{
+    dsec_cell_node *nd = &conf.nodes[0];
+    for (; n > 0 && nd->nopts > 0; n--) {
+        nd->nopts--;
+        dsec_free((char *)nd->opts[nd->nopts].key);
+        dsec_free((char *)nd->opts[nd->nopts].value);
+    }
+}
+
+static void restart_cell(void)
+{
+    dsec_cell_stop(cell, false);
+    cell = NULL;
+    assert_int_equal(start_cell(), 0);
+}
+
+/* The node manager comes back configured with runc. First without crun, which started the
+ * sandbox (crun_path points nowhere): the sandbox is not served, but its journal record is
+ * kept and the container left running. Then with crun there again: adopted by crun, whatever
+ * the node's runtime, with its file and its process. */
+static void test_node_restart_runtime(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    if (system("PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v runc >/dev/null") != 0) {
+        fprintf(stderr, "test_container_bus: runc is not installed; runtime switch not tested\n");
+        skip();
+    }
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    char out[256];
+    assert_int_equal(sh(a.id,
+                        "mkdir -p /work && echo 7 > /work/n && (sleep 1000 >/dev/null 2>&1 &)", out,
+                        sizeof out),
+                     0);
+    add_opt("runtime", "runc");
+    add_opt("crun_path", "/nonexistent/crun");
+    restart_cell();
+    dsec_err err;
+    assert_int_equal(dsec_wait_state(cl, a.id, "running", 1500, &err), -1);
+    drop_opts(1); /* crun is found again; runc stays the node's runtime */
+    restart_cell();
+    if (dsec_wait_state(cl, a.id, "running", 10000, &err) < 0)
+        fail_msg("not re-adopted once crun is back: %s", err.msg);
+    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out),
+                     0);
+    assert_string_equal(out, "7\nalive");
+    destroy(a.id);
+    assert_int_equal(sandbox_mounts(), 0);
+    drop_opts(1);
+    restart_cell();
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -313,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_exec_files_fork_snapshot),
         cmocka_unit_test(test_exec_streams),
         cmocka_unit_test(test_node_restart_readopts),
+        cmocka_unit_test(test_node_restart_runtime),
         cmocka_unit_test(test_bad_requests),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
