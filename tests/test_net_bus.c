@@ -603,6 +603,83 @@ static void test_node_restart_keeps_policy(void **state)
     destroy(a.id);
 }
 
+static void restart(void)
+{
+    dsec_cell_stop(cell, false);
+    cell = NULL;
+    dsec_err err;
+    if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        fail_msg("restart: %s", err.msg);
+}
+
+static void node_opt(const char *k, const char *v)
+{
+    dsec_cell_node *n = &conf.nodes[0];
+    n->opts[n->nopts].key = dsec_strdup(k);
+    n->opts[n->nopts].value = dsec_strdup(v);
+    n->nopts++;
+}
+
+static void node_opts_drop(size_t k)
+{
+    dsec_cell_node *n = &conf.nodes[0];
+    while (k-- > 0 && n->nopts > 0) {
+        n->nopts--;
+        dsec_free((char *)n->opts[n->nopts].key);
+        dsec_free((char *)n->opts[n->nopts].value);
+    }
+}
+
+/* A sandbox with a network that a restarted node manager cannot run as configured - the
+ * runtime that started it is missing, then the node has no network containment - is kept,
+ * network and all, through the sweeps (a create after each start) and adopted with its
+ * policy once the configuration is back. */
+static void test_node_restart_keeps_what_it_cannot_run(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    if (system("PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v runc >/dev/null") != 0) {
+        fprintf(stderr, "test_net_bus: runc is not installed; not tested\n");
+        skip();
+    }
+    static const char *const pol[] = {"198.18.77.2:8080/tcp", NULL};
+    dsec_sandbox_info a, b;
+    make(pol, &a);
+    char out[1024], ip[64], dev[32];
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
+    dsec_err err;
+
+    /* started by crun, which this node manager cannot find: runc is its runtime now */
+    node_opt("runtime", "runc");
+    node_opt("crun_path", "/nonexistent/crun");
+    restart();
+    assert_int_equal(dsec_wait_state(cl, a.id, "running", 1500, &err), -1);
+    make(NULL, &b); /* the container sweep runs before it; the network sweep ran at start */
+    destroy(b.id);
+    assert_int_equal(dsec_test_sh("ip link show %s >/dev/null 2>&1", dev), 0);
+    assert_int_equal(dsec_test_sh("test -e %s/cell/node-netbus-0000/net/netns/%s", root, dev), 0);
+    node_opts_drop(2);
+
+    /* no network containment configured */
+    conf.net.enabled = false;
+    restart();
+    assert_int_equal(dsec_wait_state(cl, a.id, "running", 1500, &err), -1);
+    make(NULL, &b);
+    destroy(b.id);
+    assert_int_equal(dsec_test_sh("ip link show %s >/dev/null 2>&1", dev), 0);
+
+    /* all back: adopted, still held to its policy */
+    conf.net.enabled = true;
+    restart();
+    if (dsec_wait_state(cl, a.id, "running", 10000, &err) < 0)
+        fail_msg("not re-adopted: %s", err.msg);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8081, out, sizeof out), -1);
+    destroy(a.id);
+    assert_int_not_equal(dsec_test_sh("ip link show %s >/dev/null 2>&1", dev), 0);
+}
+
 static void test_destroy_leaves_nothing(void **state)
 {
     if (natsd == NULL)
@@ -628,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_alerts),
         cmocka_unit_test(test_dns_flood_does_not_starve_others),
         cmocka_unit_test(test_node_restart_keeps_policy),
+        cmocka_unit_test(test_node_restart_keeps_what_it_cannot_run),
         cmocka_unit_test(test_destroy_leaves_nothing),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -56,11 +56,13 @@ struct ct_snap {
     struct ct_snap *next;
 };
 
-/* A sandbox adopt could not take because the runtime that started it is not installed: it
+/* A sandbox adopt could not take because of the node's configuration (the runtime that
+ * started it is not installed, or the node has no network containment now and it had): it
  * stays as it is (running, its files kept), and the sweep leaves it alone. */
 struct ct_kept {
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char rid[DSEC_SBX_ID_LEN_MAX + 1];
+    dsec_net_sbx *net; /* its network, held so the node's network sweep leaves it too */
     struct ct_kept *next;
 };
 

@@ -660,6 +660,7 @@ static void ct_fini(void *self)
     while (be->kept != NULL) {
         struct ct_kept *k = be->kept;
         be->kept = k->next;
+        dsec_net_release(k->net); /* left in place for a later adopt */
         dsec_free(k);
     }
     pthread_mutex_destroy(&be->rt_mu);
@@ -779,14 +780,18 @@ static bool live_has(struct ct_backend *be, const char *name)
     return s != NULL || k != NULL;
 }
 
-/* Remember a sandbox adopt left as it was, so the sweep does too. */
-static void kept_add(struct ct_backend *be, const dsec_sandbox *sb)
+/* Remember a sandbox adopt left as it was, so the sweep does too; net (may be NULL) is its
+ * network, held until the backend closes. */
+static void kept_add(struct ct_backend *be, const dsec_sandbox *sb, dsec_net_sbx *net)
 {
     struct ct_kept *k = dsec_calloc(1, sizeof *k);
-    if (k == NULL)
-        return; /* the sweep still cannot remove it: its runtime is not there */
+    if (k == NULL) {
+        dsec_net_release(net);
+        return;
+    }
     memcpy(k->id, sb->id, sizeof k->id);
     memcpy(k->rid, sb->rid, sizeof k->rid);
+    k->net = net;
     pthread_mutex_lock(&be->lock);
     k->next = be->kept;
     be->kept = k;
@@ -1774,7 +1779,16 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
                      "is not adopted but left as it is (its container running, its files kept) "
                      "until a node manager that has %s adopts it",
                      sb->id, rt_name, why, rt_name);
-        kept_add(be, sb);
+        /* its network too: held, the node's network sweep leaves it in place */
+        dsec_net_sbx *net = NULL;
+        dsec_err nerr;
+        if (sb->net_state != NULL && be->net != NULL &&
+            dsec_net_adopt(be->net, sb->id, sb->tenant, sb->net_state,
+                           (const char *const *)sb->net_entries, sb->nnet, &net, &nerr) < 0) {
+            fprintf(stderr, "dsec container: kept sandbox %s: its network: %s\n", sb->id, nerr.msg);
+            net = NULL;
+        }
+        kept_add(be, sb, net);
         /* the fork snapshots it reads stay too (held for the instance's life) */
         for (size_t i = 0; i < sb->env.nlowers; i++)
             if (sb->env.lowers[i].snap)
@@ -1827,6 +1841,17 @@ static int ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backe
         if (nrc < 0) {
             /* leave it running, contained by nothing it can use: its veth
              * is in no allow set; a later adopt may succeed */
+            if (be->net == NULL) {
+                /* the node's configuration lost its containment: kept (the node keeps its
+                 * record on DSEC_E_CONFIG), the sweep leaves it, and its layers stay held
+                 * while this instance lives */
+                kept_add(be, sb, NULL);
+                for (size_t i = 0; i < sb->held; i++) {
+                    dsec_free(sb->env.lowers[i].path);
+                    sb->env.lowers[i].path = NULL;
+                }
+                sb->held = 0;
+            }
             release_lowers(be, sb);
             env_clear(&sb->env);
             dsec_free(sb->snapshot_name);
