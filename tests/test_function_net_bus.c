@@ -196,6 +196,20 @@ static void a_policy_makes_a_networked_function_sandbox(void **state)
     assert_int_equal(dsec_destroy(cl, info.id, &err), 0);
 }
 
+/* `dsec call --cell fnnetbus ARGS` against the test's server; its stdout in out, its wait status
+ * returned. */
+static int run_cli(const char *args, char *out, size_t n)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus %s",
+             dsec_natsd_url(natsd), DSEC_BIN, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = 0;
+    return pclose(p);
+}
+
 /* A one-shot call with a policy (libdsec's dsec_call, then the CLI's
  * `dsec call --net`) reaches what the policy allows; its sandbox and veth
  * are gone once it returns; without --net the call has only lo. */
@@ -215,42 +229,19 @@ static void a_one_shot_call_takes_a_policy(void **state)
     assert_int_equal(veths(), 0);
 
     /* the CLI: the same call, and one without --net */
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus --net other.test -- "
-             "python3 -c \"$RESOLVE\"",
-             dsec_natsd_url(natsd), DSEC_BIN);
     setenv("RESOLVE", resolve, 1);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    char out[512] = {0};
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    assert_int_equal(pclose(p), 0);
+    char out[512];
+    assert_int_equal(run_cli("--net other.test -- python3 -c \"$RESOLVE\"", out, sizeof out), 0);
     assert_string_equal(out, "allowed.test refused\nother.test hello-outside-8080\n");
     assert_int_equal(veths(), 0);
-
-    snprintf(cmd, sizeof cmd,
-             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus -- python3 -c "
-             "'import socket; print([n for _, n in socket.if_nameindex()])'",
-             dsec_natsd_url(natsd), DSEC_BIN);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    assert_int_equal(pclose(p), 0);
+    assert_int_equal(run_cli("-- python3 -c 'import socket; "
+                             "print([n for _, n in socket.if_nameindex()])'",
+                             out, sizeof out),
+                     0);
     assert_string_equal(out, "['lo']\n");
 
     /* a bad entry is refused with the entry named, and nothing is left */
-    snprintf(cmd, sizeof cmd,
-             "DSEC_URL='%s' DSEC_TENANT=fnnetbus '%s' call --cell fnnetbus --net 'bad entry!' -- "
-             "python3 -c pass 2>&1",
-             dsec_natsd_url(natsd), DSEC_BIN);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
+    int st = run_cli("--net 'bad entry!' -- python3 -c pass 2>&1", out, sizeof out);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
     if (strstr(out, "bad entry!") == NULL)
         fail_msg("the error does not name the entry: %s", out);
