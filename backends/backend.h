@@ -258,7 +258,8 @@ typedef struct dsec_backend_ops {
      * and backend_state persisted at create time. spec may be NULL when the
      * record lost it; a backend that needs it then fails with DSEC_E_INVALID.
      * DSEC_E_CONFIG: the sandbox exists but this instance, as configured,
-     * cannot run it (the container runtime that started it is not installed);
+     * cannot run it (the container runtime that started it is not installed,
+     * or it had network containment and the node now has none);
      * the node keeps its record for a later start, so the backend must leave
      * the sandbox as it is. Other failures: the node drops the record. */
     int (*adopt)(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
