@@ -443,9 +443,10 @@ static double run_actor_rr(const char *url, long n)
     return run_actor_rr_ex(url, n, false);
 }
 
-/* The same with the requester's callbacks run where each reply arrives
- * (dsec_bus_request_direct, for callbacks that never block): one hand-off
- * fewer; the responder still answers from a bus worker. */
+/* The same with dsec_bus_request_direct (callbacks that never block): its
+ * replies share the futures' inbox and skip the stall watch; ordinary
+ * callbacks also run where their reply arrives, so the two should match.
+ * The responder still answers from a bus worker. */
 static double run_actor_rr_direct(const char *url, long n)
 {
     return run_actor_rr_ex(url, n, true);

@@ -159,25 +159,34 @@ int dsec_bus_flush(dsec_bus *bus, int timeout_ms, dsec_err *err);
  * error reply from the responder (Dsec-Type: error) is still status 0. On
  * DSEC_E_CONN the request may or may not have reached the responder: the
  * connection dropped while it was in flight; retrying with the same req_id
- * is safe. Runs on a bus worker thread; it must not block on work that needs
- * the same workers. */
+ * is safe.
+ *
+ * Where it runs: a reply runs it on the delivery thread of one of the bus's
+ * callback inboxes (one per worker thread, at most 8), with no hand-off to a
+ * bus worker; a timeout or failure runs it on a bus worker. It may block,
+ * and may wait for another answer through a future or
+ * dsec_bus_request_sync: once a callback has run for 1 ms, requests sent
+ * after that go to another inbox (to the bus's workers when every inbox is
+ * held), so only replies already on their way to its inbox wait for it. It
+ * must not wait for another ordinary request's callback, which may be
+ * queued behind it. */
 typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, void *ud);
 
 /* Send a request; returns at once. Many may be in flight. timeout_ms must be
  * > 0. On success cb will be called exactly once; on failure (-1, err
- * filled) it will never be called. The request goes through one wildcard
- * inbox subscription per bus. */
+ * filled) it will never be called. Replies arrive through a few wildcard
+ * inbox subscriptions per bus, under its inbox prefix. */
 int dsec_bus_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr, const void *data,
                      size_t len, int timeout_ms, dsec_reply_cb cb, void *ud, dsec_err *err);
 
 /* dsec_bus_request for callbacks that never block: cb runs on the thread that
- * learns the answer (nats.c's delivery thread for the bus's inbox, the bus's
- * timer thread for a timeout, the thread closing the bus or handling a lost
- * connection for those failures), one thread hand-off sooner than on a bus
- * worker. cb must not wait for another request's answer (dsec_future_wait,
- * dsec_bus_request_sync), sleep, or take a lock held across such a wait:
- * while it runs, no other reply of this bus is delivered. It may send
- * requests and publish. Everything else is as dsec_bus_request. */
+ * learns the answer (nats.c's delivery thread for the inbox futures share,
+ * the bus's timer thread for a timeout, the thread closing the bus or
+ * handling a lost connection for those failures), a thread hand-off sooner
+ * than an ordinary callback's timeout or failure. cb must not wait for another request's answer
+ * (dsec_future_wait, dsec_bus_request_sync), sleep, or take a lock held across such a wait: while
+ * it runs, no other reply of this bus is delivered. It may send requests and publish. Everything
+ * else is as dsec_bus_request. */
 int dsec_bus_request_direct(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
                             const void *data, size_t len, int timeout_ms, dsec_reply_cb cb,
                             void *ud, dsec_err *err);

@@ -1,6 +1,18 @@
-/* request.c - requests over one wildcard inbox per bus: the table of pending
- * requests, their deadlines, no-responders and disconnects, and answers
- * delivered to futures or to callbacks on the worker pool. */
+/* request.c - requests over a few wildcard inboxes per bus: the table of
+ * pending requests, their deadlines, no-responders and disconnects, and
+ * answers delivered to futures and to callbacks.
+ *
+ * Where a reply callback runs. Each inbox subscription has its own nats.c
+ * delivery thread. Inbox 0 carries futures and direct requests, whose
+ * completions never block. Inboxes 1..threads (at most CB_INBOXES_MAX) carry
+ * ordinary requests, and their delivery threads run the callbacks
+ * themselves: no hand-off to a bus worker, so a reply costs what a direct
+ * one does. An ordinary callback may still block: while one has run for
+ * STALL_NS, new requests go to another inbox, so only the replies that were
+ * already on their way to that inbox wait for it (as they waited behind it
+ * in a worker's queue before). When every callback inbox is held, requests
+ * go to inbox 0 and their callbacks to the worker pool, as do callbacks of
+ * requests that time out or fail. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -12,7 +24,9 @@
 #define SUBJ_KEEP 96     /* subject kept for error messages (truncated beyond) */
 #define SLAB_RECORDS 256 /* pending records allocated at a time */
 #define REPLYQ_BATCH 128 /* callbacks a worker runs per lock round trip */
-#define REPLYQ_RUN 64    /* consecutive request ids whose callbacks share a queue */
+#define REPLYQ_RUN 64    /* consecutive request ids whose callbacks share a queue or inbox */
+#define STALL_NS 1000000 /* a callback running this long holds its inbox: route around it */
+#define CB_INBOXES_MAX 8 /* callback inboxes: one per worker thread, at most this many */
 #define BUCKETS_MIN 1024
 #define TCLASSES 8 /* distinct timeouts kept in FIFO lists; others go to the heap */
 #define IN_HEAP 0xff
@@ -22,7 +36,7 @@
 /* One request waiting for its answer. Records come from slabs and return to
  * a free list, so a request costs no malloc in the steady state. */
 struct pending {
-    uint64_t id;                   /* the reply token: _INBOX.<nuid>.<id in hex> */
+    uint64_t id;                   /* the reply token: <prefix>.<nuid>.<inbox>.<id in hex> */
     struct pending *hnext;         /* table chain, or free list */
     struct pending *clink;         /* completion lists */
     struct pending *dprev, *dnext; /* its timeout class's list */
@@ -49,6 +63,19 @@ struct replyq {
     bool scheduled;
 };
 
+/* One wildcard inbox subscription: "<prefix><index>.*". */
+struct inbox {
+    dsec__req *r;
+    natsSubscription *sub;
+    int index;
+    char pfx[160]; /* "<prefix><index>." */
+    size_t pfx_len;
+    /* CLOCK_MONOTONIC ns at which the callback now running on this inbox's
+     * delivery thread started, 0 when none runs. */
+    atomic_int_fast64_t busy_since;
+    bool live; /* subscribed, completion not yet seen; under r->mu */
+};
+
 /* Requests with the same timeout, in issue order. Their deadlines are "now"
  * read under the table lock plus one constant, so issue order is deadline
  * order and the list is a priority queue with O(1) insert and removal. A
@@ -70,8 +97,9 @@ struct dsec__req {
     bool timer_started;
     bool stop;
     bool closed;
-    bool inbox_done; /* the inbox subscription's callback will not run again */
-    natsSubscription *inbox;
+    int inboxes_live; /* subscriptions whose callbacks may still run */
+    struct inbox *ib; /* ib[0]: futures and direct; ib[1..nib-1]: callbacks */
+    int nib;
     char prefix[128]; /* "<inbox prefix>.<nuid>." */
     size_t prefix_len;
     uint64_t next_id;
@@ -571,11 +599,11 @@ static void *timer_main(void *arg)
     return NULL;
 }
 
-static bool parse_token(const dsec__req *r, const char *subject, uint64_t *id)
+static bool parse_token(const struct inbox *ib, const char *subject, uint64_t *id)
 {
-    if (subject == NULL || strncmp(subject, r->prefix, r->prefix_len) != 0)
+    if (subject == NULL || strncmp(subject, ib->pfx, ib->pfx_len) != 0)
         return false;
-    const char *p = subject + r->prefix_len;
+    const char *p = subject + ib->pfx_len;
     uint64_t v = 0;
     int n = 0;
     for (; *p; p++, n++) {
@@ -594,13 +622,28 @@ static bool parse_token(const dsec__req *r, const char *subject, uint64_t *id)
     return n > 0;
 }
 
-/* The inbox subscription's delivery thread. */
+/* An ordinary callback on its inbox's delivery thread, marked busy so that
+ * requests sent meanwhile can tell whether it holds the inbox. */
+static void run_inline(dsec_bus *bus, struct inbox *ib, struct pending *p)
+{
+    dsec__req *r = bus->req;
+    atomic_store_explicit(&ib->busy_since, dsec__now_ns(), memory_order_relaxed);
+    run_cb(bus, p);
+    atomic_store_explicit(&ib->busy_since, 0, memory_order_relaxed);
+    pthread_mutex_lock(&r->mu);
+    pending_free(r, p);
+    cb_done_locked(r, 1);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* An inbox subscription's delivery thread. */
 static void on_reply(natsConnection *nc, natsSubscription *sub, natsMsg *nm, void *closure)
 {
-    dsec_bus *bus = closure;
-    dsec__req *r = bus->req;
+    struct inbox *ib = closure;
+    dsec__req *r = ib->r;
+    dsec_bus *bus = r->bus;
     uint64_t id;
-    if (!parse_token(r, natsMsg_GetSubject(nm), &id)) {
+    if (!parse_token(ib, natsMsg_GetSubject(nm), &id)) {
         dsec__msg_destroy(&nm);
         return;
     }
@@ -623,16 +666,41 @@ static void on_reply(natsConnection *nc, natsSubscription *sub, natsMsg *nm, voi
         p->code = 0;
         p->reply = nm;
     }
-    complete(bus, p);
+    if (ib->index > 0 && p->cb != NULL && !p->direct)
+        run_inline(bus, ib, p);
+    else
+        complete(bus, p);
 }
 
 static void on_inbox_complete(void *closure)
 {
-    dsec__req *r = closure;
+    struct inbox *ib = closure;
+    dsec__req *r = ib->r;
     pthread_mutex_lock(&r->mu);
-    r->inbox_done = true;
+    if (ib->live) {
+        ib->live = false;
+        r->inboxes_live--;
+    }
     pthread_cond_broadcast(&r->idle_cond);
     pthread_mutex_unlock(&r->mu);
+}
+
+/* The inbox for a new request. Under r->mu. */
+static struct inbox *pick_inbox(dsec__req *r, uint64_t id, bool inline_cb, int64_t now)
+{
+    int k = r->nib - 1;
+    if (!inline_cb || k <= 0)
+        return &r->ib[0];
+    /* Runs of REPLYQ_RUN consecutive ids share an inbox: a burst of
+     * replies keeps one delivery thread busy instead of waking each. */
+    int first = (int)((id / REPLYQ_RUN) % (uint64_t)k);
+    for (int j = 0; j < k; j++) {
+        struct inbox *ib = &r->ib[1 + (first + j) % k];
+        int64_t since = atomic_load_explicit(&ib->busy_since, memory_order_relaxed);
+        if (since == 0 || now - since < STALL_NS)
+            return ib;
+    }
+    return &r->ib[0]; /* every callback inbox is held: a worker runs it */
 }
 
 /* ---- module entry points ------------------------------------------------- */
@@ -643,15 +711,17 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err)
     if (r == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus request table");
     r->bus = bus;
-    r->inbox_done = true; /* until there is an inbox */
     r->armed = INT64_MIN; /* the timer has not looked yet */
     pthread_mutex_init(&r->mu, NULL);
     dsec__cond_init(&r->timer_cond);
     dsec__cond_init(&r->idle_cond);
     r->nq = bus->threads > 0 ? bus->threads : 1;
     r->qs = dsec_calloc((size_t)r->nq, sizeof *r->qs);
-    if (r->qs == NULL || table_grow(r) < 0) {
+    r->nib = 1 + (r->nq < CB_INBOXES_MAX ? r->nq : CB_INBOXES_MAX);
+    r->ib = dsec_calloc((size_t)r->nib, sizeof *r->ib);
+    if (r->qs == NULL || r->ib == NULL || table_grow(r) < 0) {
         dsec_free(r->qs);
+        dsec_free(r->ib);
         dsec_free(r->buckets);
         dsec_free(r);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus request table");
@@ -666,6 +736,46 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err)
     if (e != 0)
         return dsec_err_set(err, DSEC_E_IO, e, "starting the bus request timer");
     r->timer_started = true;
+    return 0;
+}
+
+static int inbox_subscribe(dsec_bus *bus, struct inbox *ib, int index, dsec_err *err)
+{
+    dsec__req *r = bus->req;
+    ib->r = r;
+    ib->index = index;
+    atomic_init(&ib->busy_since, 0);
+    int n = snprintf(ib->pfx, sizeof ib->pfx, "%s%d.", r->prefix, index);
+    if (n < 0 || (size_t)n >= sizeof ib->pfx - 1)
+        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "bus inbox prefix too long");
+    ib->pfx_len = (size_t)n;
+    char wildcard[sizeof ib->pfx + 1];
+    snprintf(wildcard, sizeof wildcard, "%s*", ib->pfx);
+    natsStatus s = natsConnection_Subscribe(&ib->sub, bus->nc, wildcard, on_reply, ib);
+    if (s != NATS_OK)
+        return dsec__nats_err(err, s, "subscribing to the bus inbox %s", wildcard);
+    pthread_mutex_lock(&r->mu);
+    ib->live = true;
+    r->inboxes_live++;
+    pthread_mutex_unlock(&r->mu);
+    s = natsSubscription_SetOnCompleteCB(ib->sub, on_inbox_complete, ib);
+    if (s != NATS_OK) {
+        /* Closed under us: nats.c will not call on_inbox_complete. */
+        pthread_mutex_lock(&r->mu);
+        if (ib->live) {
+            ib->live = false;
+            r->inboxes_live--;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (s == NATS_OK)
+        /* Replies are bounded by the requests in flight; dropping one
+         * would leave a request to its deadline. */
+        s = natsSubscription_SetPendingLimits(ib->sub, -1, -1);
+    if (s != NATS_OK) {
+        natsSubscription_Unsubscribe(ib->sub);
+        return dsec__nats_err(err, s, "setting up the bus inbox %s", wildcard);
+    }
     return 0;
 }
 
@@ -685,29 +795,9 @@ int dsec__req_start(dsec_bus *bus, dsec_err *err)
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "bus inbox prefix too long");
     r->prefix_len = (size_t)n;
 
-    char wildcard[sizeof r->prefix + 1];
-    snprintf(wildcard, sizeof wildcard, "%s*", r->prefix);
-    s = natsConnection_Subscribe(&r->inbox, bus->nc, wildcard, on_reply, bus);
-    if (s != NATS_OK)
-        return dsec__nats_err(err, s, "subscribing to the bus inbox %s", wildcard);
-    pthread_mutex_lock(&r->mu);
-    r->inbox_done = false;
-    pthread_mutex_unlock(&r->mu);
-    s = natsSubscription_SetOnCompleteCB(r->inbox, on_inbox_complete, r);
-    if (s != NATS_OK) {
-        /* Closed under us: nats.c will not call on_inbox_complete. */
-        pthread_mutex_lock(&r->mu);
-        r->inbox_done = true;
-        pthread_mutex_unlock(&r->mu);
-    }
-    if (s == NATS_OK)
-        /* Replies are bounded by the requests in flight; dropping one
-         * would leave a request to its deadline. */
-        s = natsSubscription_SetPendingLimits(r->inbox, -1, -1);
-    if (s != NATS_OK) {
-        natsSubscription_Unsubscribe(r->inbox);
-        return dsec__nats_err(err, s, "setting up the bus inbox %s", wildcard);
-    }
+    for (int i = 0; i < r->nib; i++)
+        if (inbox_subscribe(bus, &r->ib[i], i, err) < 0)
+            return -1;
     return 0;
 }
 
@@ -738,7 +828,9 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     }
     uint64_t id = ++r->next_id;
     p->id = id;
-    p->deadline = dsec__now_ns() + (int64_t)timeout_ms * 1000000;
+    int64_t now = dsec__now_ns();
+    p->deadline = now + (int64_t)timeout_ms * 1000000;
+    const struct inbox *ib = pick_inbox(r, id, cb != NULL && !direct, now);
     p->timeout_ms = timeout_ms;
     p->code = 0;
     p->reply = NULL;
@@ -764,16 +856,16 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     if (wake)
         pthread_cond_signal(&r->timer_cond);
 
-    char reply[sizeof r->prefix + 17];
-    memcpy(reply, r->prefix, r->prefix_len);
+    char reply[sizeof ib->pfx + 17];
+    memcpy(reply, ib->pfx, ib->pfx_len);
     static const char hex[] = "0123456789abcdef";
     char tmp[16];
     int n = 0;
     for (uint64_t v = id; v != 0; v >>= 4)
         tmp[n++] = hex[v & 0xf];
     for (int i = 0; i < n; i++)
-        reply[r->prefix_len + (size_t)i] = tmp[n - 1 - i];
-    reply[r->prefix_len + (size_t)n] = '\0';
+        reply[ib->pfx_len + (size_t)i] = tmp[n - 1 - i];
+    reply[ib->pfx_len + (size_t)n] = '\0';
 
     if (dsec__publish(bus, subject, reply, hdr, data, len, NULL, err) < 0) {
         pthread_mutex_lock(&r->mu);
@@ -1005,15 +1097,15 @@ void dsec__req_free(dsec_bus *bus)
     pthread_mutex_lock(&r->mu);
     r->stop = true;
     pthread_cond_signal(&r->timer_cond);
-    /* The connection is closed, so the inbox subscription is too; wait
-     * until its delivery thread has left on_reply. */
-    while (!r->inbox_done)
+    /* The connection is closed, so the inbox subscriptions are too; wait
+     * until their delivery threads have left on_reply. */
+    while (r->inboxes_live > 0)
         pthread_cond_wait(&r->idle_cond, &r->mu);
     pthread_mutex_unlock(&r->mu);
     if (r->timer_started)
         pthread_join(r->timer, NULL);
-    if (r->inbox != NULL)
-        natsSubscription_Destroy(r->inbox);
+    for (int i = 0; i < r->nib; i++)
+        natsSubscription_Destroy(r->ib[i].sub); /* NULL if never subscribed */
     /* Nothing is pending after dsec__req_close; records still out would be
      * a bug, but their replies are freed with the slabs' owners below. */
     for (size_t i = 0; i < r->nslabs; i++) {
@@ -1027,6 +1119,7 @@ void dsec__req_free(dsec_bus *bus)
         pthread_mutex_destroy(&r->qs[i].mu);
     dsec_free(r->slabs);
     dsec_free(r->qs);
+    dsec_free(r->ib);
     dsec_free(r->heap);
     dsec_free(r->buckets);
     pthread_cond_destroy(&r->timer_cond);

@@ -1586,12 +1586,148 @@ static void request_no_responders(void **state)
     server_stop(&s);
 }
 
-/* dsec_bus_request_direct: the callback runs where the answer is known, not
- * on a bus worker. The requester's only worker is held by a handler, so a
- * callback that needed a worker could not run: direct answers still arrive
- * (replies, a chain of requests sent from callbacks, a timeout, no
- * responders), each exactly once, while an ordinary request's callback waits
- * for the worker. */
+/* An ordinary callback may block. While one is held, requests sent later
+ * are answered without waiting for it, on the requester's other inbox; with
+ * every callback inbox held, on the bus's workers. A callback may wait for
+ * another answer (dsec_bus_request_sync). Each callback runs exactly once. */
+typedef struct held_cb {
+    gate *g;
+    rr_slot slot;
+} held_cb;
+
+static void held_reply_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    held_cb *h = ud;
+    gate_pass(h->g);
+    rr_cb(status, reply, err, &h->slot);
+}
+
+typedef struct sync_in_cb {
+    dsec_bus *bus;
+    counter done;
+    atomic_int calls;
+    int status;    /* of the request this callback answers */
+    int inner;     /* of the request it made itself */
+    bool inner_ok; /* its reply carried the payload sent */
+} sync_in_cb;
+
+static void sync_in_cb_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
+{
+    sync_in_cb *c = ud;
+    c->status = status;
+    dsec_msg *r = NULL;
+    dsec_err e;
+    c->inner = dsec_bus_request_sync(c->bus, "test.rr.echo", NULL, "abcd", 4, 10000, &r, &e);
+    c->inner_ok = c->inner == 0 && dsec_msg_len(r) == 4 && memcmp(dsec_msg_data(r), "abcd", 4) == 0;
+    dsec_msg_free(r);
+    atomic_fetch_add(&c->calls, 1);
+    counter_add(&c->done, 1);
+}
+
+/* n ordinary requests to the echo actor; fails the test if one is refused. */
+static void send_echoes(dsec_bus *bus, rr_many *st, uint32_t n)
+{
+    counter_init(&st->done);
+    st->slots = dsec_calloc(n, sizeof *st->slots);
+    dsec_err err;
+    for (uint32_t i = 0; i < n; i++) {
+        st->slots[i].st = st;
+        st->slots[i].index = i;
+        unsigned char b[4];
+        put_u32(b, i);
+        if (dsec_bus_request(bus, "test.rr.echo", NULL, b, sizeof b, 10000, rr_cb, &st->slots[i],
+                             &err) != 0)
+            fail_msg("request %u: %s", i, err.msg);
+    }
+}
+
+static void check_echoes(rr_many *st, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(atomic_load(&st->slots[i].calls), 1);
+        assert_int_equal(st->slots[i].status, 0);
+        assert_true(st->slots[i].payload_ok);
+    }
+    counter_destroy(&st->done);
+    dsec_free(st->slots);
+}
+
+static void held_callbacks_are_routed_around(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *srv_bus = bus_open(&s, "responder", 2, 0, NULL);
+    dsec_bus *cli_bus = bus_open(&s, "requester", 2, 0, NULL);
+    actor_on(srv_bus, "echo", "test.rr.echo", echo_handler, NULL);
+    flush(srv_bus);
+    dsec_err err;
+    gate g;
+    gate_init(&g);
+    rr_many held_st;
+    counter_init(&held_st.done);
+    held_cb held[2];
+    for (int i = 0; i < 2; i++) {
+        held[i] = (held_cb){.g = &g, .slot = {.st = &held_st, .index = (uint32_t)i}};
+        unsigned char b[4];
+        put_u32(b, (uint32_t)i);
+        assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 20000,
+                                          held_reply_cb, &held[i], &err),
+                         0);
+        assert_true(gate_wait_entered(&g, i + 1, WAIT_MS));
+        if (i == 1)
+            break;
+        /* one callback held past the stall threshold (1 ms): 500 requests
+         * sent now are all answered while it still blocks */
+        usleep(20000);
+        rr_many later;
+        send_echoes(cli_bus, &later, 500);
+        assert_true(counter_wait(&later.done, 500, WAIT_MS));
+        check_echoes(&later, 500);
+        /* a callback that waits for another answer gets it */
+        sync_in_cb c = {.bus = cli_bus};
+        counter_init(&c.done);
+        assert_int_equal(
+            dsec_bus_request(cli_bus, "test.rr.echo", NULL, "q", 1, 20000, sync_in_cb_cb, &c, &err),
+            0);
+        assert_true(counter_wait(&c.done, 1, WAIT_MS));
+        assert_int_equal(c.status, 0);
+        assert_int_equal(c.inner, 0);
+        assert_true(c.inner_ok);
+        assert_int_equal(atomic_load(&c.calls), 1);
+        counter_destroy(&c.done);
+    }
+    /* both callback inboxes held: the bus's workers answer what comes next */
+    usleep(20000);
+    rr_many last;
+    send_echoes(cli_bus, &last, 200);
+    assert_true(counter_wait(&last.done, 200, WAIT_MS));
+    check_echoes(&last, 200);
+    assert_int_equal(atomic_load(&held[0].slot.calls), 0);
+    assert_int_equal(atomic_load(&held[1].slot.calls), 0);
+
+    gate_open(&g);
+    assert_true(counter_wait(&held_st.done, 2, WAIT_MS));
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(held[i].slot.status, 0);
+        assert_true(held[i].slot.payload_ok);
+    }
+    dsec_bus_free(cli_bus);
+    dsec_bus_free(srv_bus);
+    server_stop(&s);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(atomic_load(&held[i].slot.calls), 1);
+    assert_false(g.timed_out);
+    gate_destroy(&g);
+    counter_destroy(&held_st.done);
+}
+
+/* Reply callbacks do not need a bus worker. The requester's only worker is
+ * held by a handler, so a callback that needed a worker could not run:
+ * direct answers still arrive (replies, a chain of requests sent from
+ * callbacks, a timeout, no responders), each exactly once, and so does an
+ * ordinary request's reply, which runs on its inbox's delivery thread. An
+ * ordinary request that times out is answered on a worker, so its callback
+ * waits for the worker. */
 typedef struct direct_chain {
     dsec_bus *bus;
     counter done;
@@ -1653,16 +1789,22 @@ static void request_direct_skips_workers(void **state)
     assert_int_equal(dsec_bus_publish(cli_bus, "test.direct.hold", NULL, NULL, "h", 1, &err), 0);
     assert_true(gate_wait_entered(&ps.g, 1, WAIT_MS));
 
-    /* an ordinary request's callback waits for the worker */
+    /* an ordinary request's reply does not wait for the worker; its timeout does */
     rr_many queued;
     counter_init(&queued.done);
-    queued.slots = dsec_calloc(1, sizeof *queued.slots);
-    queued.slots[0].st = &queued;
+    queued.slots = dsec_calloc(2, sizeof *queued.slots);
+    queued.slots[0].st = queued.slots[1].st = &queued;
     unsigned char b0[4];
     put_u32(b0, 0);
     assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b0, sizeof b0, 10000, rr_cb,
                                       &queued.slots[0], &err),
                      0);
+    assert_int_equal(dsec_bus_request(cli_bus, "test.rr.silent", NULL, "q", 1, 100, rr_cb,
+                                      &queued.slots[1], &err),
+                     0);
+    assert_true(counter_wait(&queued.done, 1, WAIT_MS));
+    assert_int_equal(queued.slots[0].status, 0);
+    assert_true(queued.slots[0].payload_ok);
 
     /* direct ones do not: 64 chains of requests sent from their callbacks */
     const uint32_t total = 2000;
@@ -1694,12 +1836,12 @@ static void request_direct_skips_workers(void **state)
     assert_int_equal(fails.slots[0].code, DSEC_E_TIMEOUT);
     assert_int_equal(fails.slots[1].code, DSEC_E_NO_RESPONDERS);
 
-    /* the ordinary one is still waiting for the worker, then gets its answer */
-    assert_int_equal(atomic_load(&queued.slots[0].calls), 0);
+    /* the ordinary timeout (100 ms, long past) is still waiting for the
+     * worker, then gets its answer */
+    assert_int_equal(atomic_load(&queued.slots[1].calls), 0);
     gate_open(&ps.g);
-    assert_true(counter_wait(&queued.done, 1, WAIT_MS));
-    assert_int_equal(queued.slots[0].status, 0);
-    assert_true(queued.slots[0].payload_ok);
+    assert_true(counter_wait(&queued.done, 2, WAIT_MS));
+    assert_int_equal(queued.slots[1].code, DSEC_E_TIMEOUT);
 
     dsec_bus_free(cli_bus);
     dsec_bus_free(srv_bus);
@@ -1707,6 +1849,7 @@ static void request_direct_skips_workers(void **state)
     for (uint32_t i = 0; i < 2; i++)
         assert_int_equal(atomic_load(&fails.slots[i].calls), 1);
     assert_int_equal(atomic_load(&queued.slots[0].calls), 1);
+    assert_int_equal(atomic_load(&queued.slots[1].calls), 1);
     gate_destroy(&ps.g);
     counter_destroy(&got);
     counter_destroy(&ps.a_done);
@@ -2429,6 +2572,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(request_timeouts_in_order),
         cmocka_unit_test(request_no_responders),
         cmocka_unit_test(request_direct_skips_workers),
+        cmocka_unit_test(held_callbacks_are_routed_around),
     };
     const struct CMUnitTest restart[] = {
         cmocka_unit_test(restart_mid_traffic),
