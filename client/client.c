@@ -593,11 +593,22 @@ static int sbx_call(dsec_client *c, const char *id, const char *op, int type, co
     return rc;
 }
 
-/* The chunks of one streamed exec, handed to the caller's callback in order. */
+/* How long a streamed exec waits for chunks still missing when its result,
+ * which holds the whole output, has come: chunks are published before the
+ * result, but across a NATS gateway they travel another way and can come
+ * later, or not at all (interest not yet known on the node's side). */
+#define STREAM_GRACE_MS 2000
+
+/* The chunks of one streamed exec, handed to the caller's callback in order.
+ * Under mu: the callback runs with it held, so it never runs twice at once. */
 struct exec_stream {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t got;  /* chunks delivered to the callback */
+    uint64_t got;    /* chunks delivered to the callback */
+    uint64_t next;   /* the seq the next chunk should have */
+    size_t bytes[3]; /* delivered per stream (1 stdout, 2 stderr) */
+    bool gap;        /* a chunk came after one that never did */
+    bool closed;     /* the exec is answered: later chunks are dropped */
     dsec_exec_output_fn fn;
     void *ud;
     const char *id;
@@ -614,34 +625,68 @@ static void on_chunk(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_decoder *dec = dsec_decoder_new(NULL);
     dsec_msg_exec_chunk ch;
     dsec_err err;
-    if (dec != NULL && dsec_decode(dec, DSEC_MSG_EXEC_CHUNK, dsec_msg_data(m), dsec_msg_len(m), &ch, &err) == 0 &&
-        strcmp(ch.id, st->id) == 0)
-        st->fn(st->ud, (int)ch.stream, ch.data.ptr, ch.data.len);
-    dsec_decoder_free(dec);
+    bool ok =
+        dec != NULL &&
+        dsec_decode(dec, DSEC_MSG_EXEC_CHUNK, dsec_msg_data(m), dsec_msg_len(m), &ch, &err) == 0 &&
+        strcmp(ch.id, st->id) == 0;
     pthread_mutex_lock(&st->mu);
+    if (ok && !st->closed) {
+        if (ch.seq != st->next)
+            st->gap = true;
+        st->next = ch.seq + 1;
+        st->fn(st->ud, (int)ch.stream, ch.data.ptr, ch.data.len);
+        if (ch.stream == 1 || ch.stream == 2)
+            st->bytes[ch.stream] += ch.data.len;
+    }
     st->got++;
     pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
+    dsec_decoder_free(dec);
 }
 
-/* Wait until the callback has seen n chunks; the result is sent after the
- * last chunk, but the two travel on different subscriptions. */
-static int stream_wait(struct exec_stream *st, uint64_t n, int timeout_ms, dsec_err *err)
+/* Wait until the callback has seen the result's r->chunks chunks; the result
+ * is sent after the last chunk, but the two travel on different
+ * subscriptions. When chunks are still missing and the result holds the
+ * whole output (nothing truncated, every chunk that came was in order), the
+ * callback gets what the missing ones carried from the result instead. */
+static int stream_wait(struct exec_stream *st, const dsec_msg_exec_result *r, int timeout_ms,
+                       dsec_err *err)
 {
+    uint64_t n = r->chunks;
+    bool whole = !r->stdout_truncated && !r->stderr_truncated;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    int wait_ms = whole && timeout_ms > STREAM_GRACE_MS ? STREAM_GRACE_MS : timeout_ms;
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
         until.tv_sec++;
         until.tv_nsec -= 1000000000L;
     }
     int rc = 0;
     pthread_mutex_lock(&st->mu);
-    while (st->got < n && rc == 0)
-        if (pthread_cond_timedwait(&st->cv, &st->mu, &until) != 0 && st->got < n)
-            rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
-                              "exec in %s: %" PRIu64 " of %" PRIu64 " output chunks arrived", st->id, st->got, n);
+    while (st->got < n)
+        if (pthread_cond_timedwait(&st->cv, &st->mu, &until) != 0)
+            break;
+    if (st->got < n) {
+        if (whole && !st->gap && st->bytes[1] <= r->stdout_data.len &&
+            st->bytes[2] <= r->stderr_data.len) {
+            if (r->stdout_data.len > st->bytes[1])
+                st->fn(st->ud, 1, r->stdout_data.ptr + st->bytes[1],
+                       r->stdout_data.len - st->bytes[1]);
+            if (r->stderr_data.len > st->bytes[2])
+                st->fn(st->ud, 2, r->stderr_data.ptr + st->bytes[2],
+                       r->stderr_data.len - st->bytes[2]);
+        } else {
+            rc = dsec_err_set(
+                err, DSEC_E_TIMEOUT, 0,
+                "exec in %s: %" PRIu64 " of %" PRIu64 " output chunks arrived, and the result "
+                "cannot stand in for the rest (%s)",
+                st->id, st->got, n,
+                !whole ? "its output was truncated" : "a chunk came after a lost one");
+        }
+    }
+    st->closed = true;
     pthread_mutex_unlock(&st->mu);
     return rc;
 }
@@ -714,7 +759,7 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
             if (r.stderr_data.len)
                 fn(ud, 2, r.stderr_data.ptr, r.stderr_data.len);
         } else {
-            rc = stream_wait(&st, r.chunks, c->timeout_ms, err);
+            rc = stream_wait(&st, &r, c->timeout_ms, err);
         }
     }
     dsec_actor_free(sa);

@@ -23,9 +23,10 @@ typedef struct dsec_client_opts {
     int threads;        /* callback threads; default 2 */
     const char *name;   /* connection name; default "dsec-client" */
     bool direct_callbacks; /* the caller's create callbacks never block (no waiting on
-                              another answer, no sleeping): dsec_create_async runs them on
-                              the thread its reply arrives on instead of a callback thread,
-                              one thread hand-off sooner (dsec_bus_request_direct) */
+                              another answer, no sleeping): dsec_create_async sends with
+                              dsec_bus_request_direct, so a timeout or failure reaches them a
+                              thread hand-off sooner (replies run on the thread they arrive
+                              on either way) */
 } dsec_client_opts;
 
 /* Connect. *out owns the client; free with dsec_client_free (drains first:
@@ -122,7 +123,10 @@ typedef void (*dsec_exec_output_fn)(void *ud, int stream, const uint8_t *data, s
 
 /* dsec_exec, with the output also handed to fn as it comes (containers
  * stream while the command runs; other types deliver it when it ends). When
- * this returns, fn has seen all of it; res carries the capped output too. */
+ * this returns, fn has seen all of it; res carries the capped output too.
+ * Output chunks that never arrive (as across a NATS gateway) are made up
+ * from the result when it holds the whole output; otherwise the call fails
+ * with DSEC_E_TIMEOUT (docs/protocol.md, exec_chunk). */
 int dsec_exec_stream(dsec_client *c, const char *id, const dsec_exec_opts *opts,
                      dsec_exec_output_fn fn, void *ud, dsec_exec_reply *res, dsec_err *err);
 
