@@ -678,12 +678,14 @@ static int stream_wait(struct exec_stream *st, const dsec_msg_exec_result *r, in
                 st->fn(st->ud, 2, r->stderr_data.ptr + st->bytes[2],
                        r->stderr_data.len - st->bytes[2]);
         } else {
-            rc = dsec_err_set(
-                err, DSEC_E_TIMEOUT, 0,
-                "exec in %s: %" PRIu64 " of %" PRIu64 " output chunks arrived, and the result "
-                "cannot stand in for the rest (%s)",
-                st->id, st->got, n,
-                !whole ? "its output was truncated" : "a chunk came after a lost one");
+            rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                              "exec in %s: %" PRIu64 " of %" PRIu64
+                              " output chunks arrived, and the result "
+                              "cannot stand in for the rest (%s)",
+                              st->id, st->got, n,
+                              !whole    ? "its output was truncated"
+                              : st->gap ? "a chunk came after a lost one"
+                                        : "the chunks carried more than it holds");
         }
     }
     st->closed = true;
