@@ -101,8 +101,6 @@ struct dsec__req {
     int inboxes_live; /* subscriptions whose callbacks may still run */
     struct inbox *ib; /* ib[0]: futures and direct; ib[1..nib-1]: callbacks */
     int nib;
-    char prefix[128]; /* "<inbox prefix>.<nuid>." */
-    size_t prefix_len;
     uint64_t next_id;
     struct pending **buckets;
     uint32_t nbuckets, count;
@@ -741,13 +739,15 @@ int dsec__req_init(dsec_bus *bus, dsec_err *err)
     return 0;
 }
 
-static int inbox_subscribe(dsec_bus *bus, struct inbox *ib, int index, dsec_err *err)
+/* Subscribe ib to "<prefix><index>.*"; prefix is "<inbox prefix>.<nuid>.". */
+static int inbox_subscribe(dsec_bus *bus, struct inbox *ib, int index, const char *prefix,
+                           dsec_err *err)
 {
     dsec__req *r = bus->req;
     ib->r = r;
     ib->index = index;
     atomic_init(&ib->busy_since, 0);
-    int n = snprintf(ib->pfx, sizeof ib->pfx, "%s%d.", r->prefix, index);
+    int n = snprintf(ib->pfx, sizeof ib->pfx, "%s%d.", prefix, index);
     if (n < 0 || (size_t)n >= sizeof ib->pfx - 1)
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "bus inbox prefix too long");
     ib->pfx_len = (size_t)n;
@@ -790,15 +790,14 @@ int dsec__req_start(dsec_bus *bus, dsec_err *err)
         return dsec__nats_err(err, s, "creating the bus inbox");
     /* natsInbox_Create gives "_INBOX.<nuid>": keep the nuid under our prefix */
     const char *nuid = strchr((const char *)inbox, '.');
-    int n = snprintf(r->prefix, sizeof r->prefix, "%s.%s.", bus->inbox_prefix,
+    char prefix[128];
+    int n = snprintf(prefix, sizeof prefix, "%s.%s.", bus->inbox_prefix,
                      nuid ? nuid + 1 : (const char *)inbox);
     natsInbox_Destroy(inbox);
-    if (n < 0 || (size_t)n >= sizeof r->prefix - 1)
+    if (n < 0 || (size_t)n >= sizeof prefix - 1)
         return dsec_err_set(err, DSEC_E_INTERNAL, 0, "bus inbox prefix too long");
-    r->prefix_len = (size_t)n;
-
     for (int i = 0; i < r->nib; i++)
-        if (inbox_subscribe(bus, &r->ib[i], i, err) < 0)
+        if (inbox_subscribe(bus, &r->ib[i], i, prefix, err) < 0)
             return -1;
     return 0;
 }
