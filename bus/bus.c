@@ -368,9 +368,9 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
                                                                            : DEFAULT_RECONNECT_BUF);
     if (s == NATS_OK)
         s = natsOptions_SetPingInterval(no, PING_INTERVAL_MS);
-    /* Always set: without it nats.c reports slow consumers to nobody. */
     if (s == NATS_OK && o->low_latency)
         s = natsOptions_SetSendAsap(no, true);
+    /* Always set: without it nats.c reports slow consumers to nobody. */
     if (s == NATS_OK)
         s = natsOptions_SetErrorHandler(no, on_async_error, live_closure(bus));
     if (s == NATS_OK)

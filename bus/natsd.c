@@ -24,6 +24,19 @@
 #define STOP_GRACE_MS 5000
 #define AUTO_PORT_ATTEMPTS 3
 
+extern char **environ;
+
+/* The Go runtime settings the server runs with, each unless this process's
+ * environment already sets it (docs/operations.md, "The NATS servers").
+ * Messages that carry headers leave garbage in nats-server 2.9; with Go's
+ * default GOGC=100 its collector and the pages it hands back and faults in
+ * again cost as much as the routing (bench/bus.c prints the server's CPU per
+ * message). GOMEMLIMIT, a quarter of the host's memory, bounds what the
+ * larger GOGC lets the heap grow to. */
+#define GO_GOGC "400"
+#define GO_GODEBUG "madvdontneed=0"
+#define GO_MEMLIMIT_SHARE 4
+
 struct dsec_natsd {
     char *binary;
     char *state_dir;
@@ -32,8 +45,9 @@ struct dsec_natsd {
     char url[64];
     int port;
     int start_timeout_ms;
-    pid_t pid; /* 0 when no child runs */
-    int pidfd; /* -1 when no child runs; readable once the child exits */
+    pid_t pid;   /* 0 when no child runs */
+    int pidfd;   /* -1 when no child runs; readable once the child exits */
+    char **envp; /* the child's environment: ours plus the Go settings */
 };
 
 static char *path_join(const char *dir, const char *name)
@@ -235,6 +249,36 @@ static void child_kill_wait(dsec_natsd *s)
     s->pidfd = -1;
 }
 
+/* The child's environment: a copy of ours, plus GO_GOGC, GO_GODEBUG and a
+ * GOMEMLIMIT for whichever of the three ours does not set. */
+static int build_env(dsec_natsd *s, dsec_err *err)
+{
+    size_t n = 0;
+    for (char **e = environ; e != NULL && *e != NULL; e++)
+        n++;
+    s->envp = dsec_calloc(n + 4, sizeof *s->envp);
+    if (s->envp == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server environment");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((s->envp[k++] = dsec_strdup(environ[i])) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server environment");
+    char limit[64] = "";
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0)
+        snprintf(limit, sizeof limit, "GOMEMLIMIT=%lluMiB",
+                 (unsigned long long)pages * (unsigned long long)page / GO_MEMLIMIT_SHARE >> 20);
+    const char *add[][2] = {
+        {"GOGC", "GOGC=" GO_GOGC}, {"GODEBUG", "GODEBUG=" GO_GODEBUG}, {"GOMEMLIMIT", limit}};
+    for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) {
+        if (getenv(add[i][0]) != NULL || add[i][1][0] == '\0')
+            continue;
+        if ((s->envp[k++] = dsec_strdup(add[i][1])) == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "nats-server environment");
+    }
+    return 0;
+}
+
 /* fork+exec the server. Everything the child needs is prepared before the
  * fork: between fork and exec only async-signal-safe calls are allowed. */
 static int spawn(dsec_natsd *s, dsec_err *err)
@@ -284,7 +328,7 @@ static int spawn(dsec_natsd *s, dsec_err *err)
         /* nats.c sockets are not close-on-exec; a server holding a client's
          * socket would keep that connection half alive. */
         close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-        execv(s->binary, argv);
+        execve(s->binary, argv, s->envp);
         int e = errno;
         ssize_t w = write(pipefd[1], &e, sizeof e);
         (void)w;
@@ -397,6 +441,9 @@ static void natsd_free(dsec_natsd *s)
 {
     if (s == NULL)
         return;
+    for (char **e = s->envp; e != NULL && *e != NULL; e++)
+        dsec_free(*e);
+    dsec_free(s->envp);
     dsec_free(s->binary);
     dsec_free(s->state_dir);
     dsec_free(s->conf_path);
@@ -419,7 +466,7 @@ int dsec_natsd_start(dsec_natsd **out, const dsec_natsd_opts *opts, dsec_err *er
     s->pidfd = -1;
     s->start_timeout_ms =
         opts->start_timeout_ms > 0 ? opts->start_timeout_ms : DEFAULT_START_TIMEOUT_MS;
-    if (find_binary(&s->binary, opts->binary, err) < 0)
+    if (find_binary(&s->binary, opts->binary, err) < 0 || build_env(s, err) < 0)
         goto out_free;
     if (mkdir(opts->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "creating nats-server state dir %s", opts->state_dir);

@@ -445,6 +445,70 @@ static void natsd_start_stop(void **state)
     assert_int_equal(errno, ESRCH);
 }
 
+/* How many entries of pid's environment equal want exactly, and whether one
+ * starts with prefix (prefix may be NULL). */
+static int environ_count(int pid, const char *want, const char *prefix, bool *has_prefix)
+{
+    char path[64], buf[65536];
+    snprintf(path, sizeof path, "/proc/%d/environ", pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    int count = 0;
+    if (has_prefix != NULL)
+        *has_prefix = false;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+        count += strcmp(buf + i, want) == 0;
+        if (prefix != NULL && strncmp(buf + i, prefix, strlen(prefix)) == 0)
+            *has_prefix = true;
+    }
+    return count;
+}
+
+/* The server runs with dsec's Go runtime settings (GOGC, GODEBUG,
+ * GOMEMLIMIT), also after a restart, unless the environment sets its own. */
+static void natsd_go_runtime_settings(void **state)
+{
+    const char *names[] = {"GOGC", "GODEBUG", "GOMEMLIMIT"};
+    char *saved[3];
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        saved[i] = v != NULL ? strdup(v) : NULL;
+        unsetenv(names[i]);
+    }
+    server s;
+    server_start(&s);
+    bool limit = false;
+    assert_int_equal(environ_count(dsec_natsd_pid(s.srv), "GOGC=400", "GOMEMLIMIT=", &limit), 1);
+    assert_true(limit);
+    assert_int_equal(environ_count(dsec_natsd_pid(s.srv), "GODEBUG=madvdontneed=0", NULL, NULL), 1);
+    dsec_err err;
+    assert_int_equal(dsec_natsd_kill(s.srv, &err), 0);
+    if (dsec_natsd_restart(s.srv, &err) != 0)
+        fail_msg("restart: %s", err.msg);
+    assert_int_equal(environ_count(dsec_natsd_pid(s.srv), "GOGC=400", NULL, NULL), 1);
+    server_stop(&s);
+
+    /* An operator's own setting wins and is not doubled. */
+    setenv("GOGC", "150", 1);
+    server_start(&s);
+    assert_int_equal(environ_count(dsec_natsd_pid(s.srv), "GOGC=150", NULL, NULL), 1);
+    bool ours = false;
+    environ_count(dsec_natsd_pid(s.srv), "", "GOGC=4", &ours);
+    assert_false(ours);
+    server_stop(&s);
+
+    for (int i = 0; i < 3; i++) {
+        if (saved[i] != NULL)
+            setenv(names[i], saved[i], 1);
+        else
+            unsetenv(names[i]);
+        free(saved[i]);
+    }
+}
+
 static void natsd_missing_binary(void **state)
 {
     char dir[64];
@@ -2542,6 +2606,7 @@ int main(int argc, char **argv)
     const char *group = argc > 1 ? argv[1] : "all";
     const struct CMUnitTest natsd[] = {
         cmocka_unit_test(natsd_start_stop),
+        cmocka_unit_test(natsd_go_runtime_settings),
         cmocka_unit_test(natsd_missing_binary),
         cmocka_unit_test(natsd_bad_config_quotes_log),
         cmocka_unit_test(natsd_kill_restart_same_port),
