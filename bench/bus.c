@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,10 +22,10 @@
 
 #define PAYLOAD 200
 #define WINDOW 1000
-/* Rounds of each figure; the best of each is kept. The host's speed drifts
- * by 15-20% over tens of seconds here, so each round also prints its own
- * actor/raw ratio. */
-#define ROUNDS 5
+/* Rounds of each figure; the median of each is kept. The host's speed
+ * drifts by 15-20% over tens of seconds here, and a single run of raw
+ * nats.c swings by 20-30%, so each round prints its own actor/raw ratio. */
+#define ROUNDS 9
 #define RUN_TIMEOUT_S 120
 
 static double now_s(void)
@@ -32,6 +33,62 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU spent per message, on each side of the socket: where a difference in
+ * throughput comes from, this process (the bus or raw nats.c) or the
+ * server. It moves with the host's speed too, by 10-20% between runs. */
+typedef struct cpu_cost {
+    double client_us;  /* this process: publisher and subscriber, or requester and responder */
+    double server_us;  /* the nats-server child */
+    double client_csw; /* this process's context switches (voluntary or not) per message */
+} cpu_cost;
+
+static int server_pid;
+
+static double tv_s(struct timeval tv)
+{
+    return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
+}
+
+/* utime + stime of the server from /proc/<pid>/stat (fields 14 and 15,
+ * counted after the parenthesised command name); 0 if unreadable. */
+static double server_cpu_s(void)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", server_pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    if (p == NULL ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double client_cpu_s(long *csw)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *csw = ru.ru_nvcsw + ru.ru_nivcsw;
+    return tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
+}
+
+/* Run one variant over n messages; its rate, and its CPU per message in *c. */
+static double measured(double (*fn)(const char *, long), const char *url, long n, cpu_cost *c)
+{
+    long w0, w1;
+    double c0 = client_cpu_s(&w0), s0 = server_cpu_s();
+    double rate = fn(url, n);
+    c->client_us = (client_cpu_s(&w1) - c0) * 1e6 / (double)n;
+    c->server_us = (server_cpu_s() - s0) * 1e6 / (double)n;
+    c->client_csw = (double)(w1 - w0) / (double)n;
+    return rate;
 }
 
 static void die(const char *what, const char *why)
@@ -207,7 +264,7 @@ static double run_actor_pubsub(const char *url, long n)
     finish_init(&f, n);
     dsec_actor *a = NULL;
     if (dsec_actor_new(&a, subb, "sink", &err) < 0 ||
-        dsec_actor_on(a, "bench.actor.ps", NULL, actor_sink, &f, &err) < 0)
+        dsec_actor_on(a, "bench.bus.ps", NULL, actor_sink, &f, &err) < 0)
         die("actor", err.msg);
     if (dsec_bus_flush(subb, 5000, &err) < 0)
         die("flush", err.msg);
@@ -216,7 +273,7 @@ static double run_actor_pubsub(const char *url, long n)
     dsec_hdr h = {.type = "bench", .schema = 1};
     double t0 = now_s();
     for (long i = 0; i < n; i++)
-        if (dsec_bus_publish(pub, "bench.actor.ps", NULL, &h, payload, PAYLOAD, &err) < 0)
+        if (dsec_bus_publish(pub, "bench.bus.ps", NULL, &h, payload, PAYLOAD, &err) < 0)
             die("bus publish", err.msg);
     if (dsec_bus_flush(pub, 5000, &err) < 0)
         die("flush", err.msg);
@@ -388,9 +445,9 @@ static void bus_issue(bus_rr *r)
     memcpy(payload, &id, sizeof id);
     dsec_hdr h = {.type = "bench", .schema = 1};
     dsec_err err;
-    int rc = r->direct ? dsec_bus_request_direct(r->req, "bench.actor.rr", &h, payload, PAYLOAD,
+    int rc = r->direct ? dsec_bus_request_direct(r->req, "bench.bus.rr", &h, payload, PAYLOAD,
                                                  30000, bus_reply_cb, r, &err)
-                       : dsec_bus_request(r->req, "bench.actor.rr", &h, payload, PAYLOAD, 30000,
+                       : dsec_bus_request(r->req, "bench.bus.rr", &h, payload, PAYLOAD, 30000,
                                           bus_reply_cb, r, &err);
     if (rc < 0)
         die("bus request", err.msg);
@@ -415,7 +472,7 @@ static double run_actor_rr_ex(const char *url, long n, bool direct)
         die("bus connect", err.msg);
     dsec_actor *a = NULL;
     if (dsec_actor_new(&a, resp, "echo", &err) < 0 ||
-        dsec_actor_on(a, "bench.actor.rr", NULL, echo_actor, NULL, &err) < 0)
+        dsec_actor_on(a, "bench.bus.rr", NULL, echo_actor, NULL, &err) < 0)
         die("actor", err.msg);
     if (dsec_bus_flush(resp, 5000, &err) < 0)
         die("flush", err.msg);
@@ -462,9 +519,20 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     return remove(path);
 }
 
-static double max2(double a, double b)
+static double maxn(const double *v, int n)
 {
-    return a > b ? a : b;
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static double minn(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -473,11 +541,31 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The median of n values (sorts v). */
-static double median(double *v, int n)
+/* The median of n values (v is left as it was). */
+static double median(const double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double s[ROUNDS];
+    memcpy(s, v, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* The median of each side's CPU per message, taken separately. */
+static cpu_cost cpu_median(const cpu_cost *v, int n)
+{
+    double c[ROUNDS], sv[ROUNDS], w[ROUNDS];
+    for (int i = 0; i < n; i++) {
+        c[i] = v[i].client_us;
+        sv[i] = v[i].server_us;
+        w[i] = v[i].client_csw;
+    }
+    return (cpu_cost){
+        .client_us = median(c, n), .server_us = median(sv, n), .client_csw = median(w, n)};
+}
+
+static double cpu_total(cpu_cost c)
+{
+    return c.client_us + c.server_us;
 }
 
 int main(int argc, char **argv)
@@ -495,12 +583,13 @@ int main(int argc, char **argv)
     dsec_err err;
     if (dsec_natsd_start(&srv, &so, &err) < 0)
         die("nats-server", err.msg);
+    server_pid = dsec_natsd_pid(srv);
     const char *url = dsec_natsd_url(srv);
-    printf("bench_bus: nats-server %s, nats.c %s, allocator %s, %d-byte payloads, best of %d\n",
-           url, nats_GetVersion(), dsec_alloc_name(), PAYLOAD, ROUNDS);
+    printf("bench_bus: nats-server %s, nats.c %s, allocator %s, %d-byte payloads, %d rounds\n", url,
+           nats_GetVersion(), dsec_alloc_name(), PAYLOAD, ROUNDS);
 
-    /* DSEC_BENCH_ONLY=raw_ps|rawh_ps|actor_ps|raw_rr|rawh_rr|actor_rr|actor_rr_direct runs one
-     * scenario in a loop, for profilers; no table, no JSON. */
+    /* DSEC_BENCH_ONLY=raw_ps|rawh_ps|rawb_ps|actor_ps|raw_rr|rawh_rr|actor_rr|actor_rr_direct runs
+     * one scenario in a loop, for profilers; no table, no JSON. */
     const char *only = getenv("DSEC_BENCH_ONLY");
     if (only != NULL && *only) {
         double (*fn)(const char *, long) = NULL;
@@ -517,87 +606,136 @@ int main(int argc, char **argv)
             fn = run_actor_rr_direct, n = n_rr;
         else if (strcmp(only, "rawh_ps") == 0)
             fn = run_rawh_pubsub;
+        else if (strcmp(only, "rawb_ps") == 0)
+            fn = run_rawbytes_pubsub;
         else if (strcmp(only, "rawh_rr") == 0)
             fn = run_rawh_rr, n = n_rr;
         else
             die("DSEC_BENCH_ONLY",
-                "want raw_ps, rawh_ps, actor_ps, raw_rr, rawh_rr, actor_rr or actor_rr_direct");
-        for (int i = 0; i < ROUNDS; i++)
-            printf("  %s: %.0f /s\n", only, fn(url, n));
+                "want raw_ps, rawh_ps, rawb_ps, actor_ps, raw_rr, rawh_rr, actor_rr or "
+                "actor_rr_direct");
+        for (int i = 0; i < ROUNDS; i++) {
+            cpu_cost c;
+            double rate = measured(fn, url, n, &c);
+            printf("  %s: %.0f /s, CPU per message %.2f us here + %.2f us nats-server, %.3f "
+                   "context switches here\n",
+                   only, rate, c.client_us, c.server_us, c.client_csw);
+        }
         dsec_natsd_stop(srv);
         nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         return 0;
     }
 
-    /* actor/raw of each round: the two ran side by side, so the host's
-     * drift between rounds does not enter the ratio */
-    double ps_pair[ROUNDS], rr_pair[ROUNDS];
-    double raw_ps = 0, rawh_ps = 0, act_ps = 0, raw_rrs = 0, rawh_rrs = 0, act_rrs = 0, rawb_ps = 0,
-           dir_rrs = 0;
+    /* Each variant runs once per round. The actor run and its raw baseline
+     * run back to back, in alternating order (raw first in odd rounds, the
+     * bus first in even ones), so a host that speeds up or slows down
+     * during the run favours neither; their ratio is the round's figure. */
+    double ps_raw[ROUNDS], ps_act[ROUNDS], ps_rawh[ROUNDS], ps_rawb[ROUNDS];
+    double rr_raw[ROUNDS], rr_act[ROUNDS], rr_rawh[ROUNDS], rr_dir[ROUNDS];
+    double ps_pair[ROUNDS], psb_pair[ROUNDS], rr_pair[ROUNDS], dir_pair[ROUNDS];
+    cpu_cost cpu_ps_raw[ROUNDS], cpu_ps_act[ROUNDS], cpu_ps_rawb[ROUNDS], cpu_rr_raw[ROUNDS],
+        cpu_rr_act[ROUNDS];
     /* Warm-up: page in the code paths and let the server settle. */
     run_raw_pubsub(url, n_ps / 10);
     run_actor_pubsub(url, n_ps / 10);
-    /* Alternate the variants within each round so a noisy neighbour hits
-     * them alike; keep the best round of each. */
     for (int i = 0; i < ROUNDS; i++) {
-        double r = run_raw_pubsub(url, n_ps);
-        double a = run_actor_pubsub(url, n_ps);
-        double h = run_rawh_pubsub(url, n_ps);
-        double b = run_rawbytes_pubsub(url, n_ps);
+        if (i % 2 == 0) {
+            ps_raw[i] = measured(run_raw_pubsub, url, n_ps, &cpu_ps_raw[i]);
+            ps_act[i] = measured(run_actor_pubsub, url, n_ps, &cpu_ps_act[i]);
+            ps_rawb[i] = measured(run_rawbytes_pubsub, url, n_ps, &cpu_ps_rawb[i]);
+        } else {
+            ps_rawb[i] = measured(run_rawbytes_pubsub, url, n_ps, &cpu_ps_rawb[i]);
+            ps_act[i] = measured(run_actor_pubsub, url, n_ps, &cpu_ps_act[i]);
+            ps_raw[i] = measured(run_raw_pubsub, url, n_ps, &cpu_ps_raw[i]);
+        }
+        ps_rawh[i] = run_rawh_pubsub(url, n_ps);
+        ps_pair[i] = ps_act[i] / ps_raw[i];
+        psb_pair[i] = ps_act[i] / ps_rawb[i];
         printf("  round %d pub/sub   raw %9.0f   raw+headers %9.0f   raw same bytes %9.0f   actor "
                "%9.0f msg/s (actor/raw %.1f%%)\n",
-               i + 1, r, h, b, a, 100.0 * a / r);
+               i + 1, ps_raw[i], ps_rawh[i], ps_rawb[i], ps_act[i], 100.0 * ps_pair[i]);
         fflush(stdout);
-        ps_pair[i] = a / r;
-        rawb_ps = max2(rawb_ps, b);
-        raw_ps = max2(raw_ps, r);
-        rawh_ps = max2(rawh_ps, h);
-        act_ps = max2(act_ps, a);
     }
     run_raw_rr(url, n_rr / 10);
     run_actor_rr(url, n_rr / 10);
     for (int i = 0; i < ROUNDS; i++) {
-        double r = run_raw_rr(url, n_rr);
-        double a = run_actor_rr(url, n_rr);
-        double h = run_rawh_rr(url, n_rr);
-        double d = run_actor_rr_direct(url, n_rr);
+        if (i % 2 == 0) {
+            rr_raw[i] = measured(run_raw_rr, url, n_rr, &cpu_rr_raw[i]);
+            rr_act[i] = measured(run_actor_rr, url, n_rr, &cpu_rr_act[i]);
+            rr_dir[i] = run_actor_rr_direct(url, n_rr);
+        } else {
+            rr_dir[i] = run_actor_rr_direct(url, n_rr);
+            rr_act[i] = measured(run_actor_rr, url, n_rr, &cpu_rr_act[i]);
+            rr_raw[i] = measured(run_raw_rr, url, n_rr, &cpu_rr_raw[i]);
+        }
+        rr_rawh[i] = run_rawh_rr(url, n_rr);
+        rr_pair[i] = rr_act[i] / rr_raw[i];
+        dir_pair[i] = rr_dir[i] / rr_raw[i];
         printf(
             "  round %d req/reply raw %9.0f   raw+headers %9.0f   actor %9.0f   actor direct %9.0f"
             " rep/s (actor/raw %.1f%%)\n",
-            i + 1, r, h, a, d, 100.0 * a / r);
+            i + 1, rr_raw[i], rr_rawh[i], rr_act[i], rr_dir[i], 100.0 * rr_pair[i]);
         fflush(stdout);
-        raw_rrs = max2(raw_rrs, r);
-        rawh_rrs = max2(rawh_rrs, h);
-        act_rrs = max2(act_rrs, a);
-        dir_rrs = max2(dir_rrs, d);
-        rr_pair[i] = a / r;
     }
 
-    printf("\n%-32s %12s %14s %12s %9s %9s\n", "scenario", "raw nats.c", "raw+headers", "dsec bus",
-           "bus/raw", "bus/raw+h");
-    printf("%-32s %12.0f %14.0f %12.0f %8.1f%% %8.1f%%\n", "publish -> subscriber (msg/s)", raw_ps,
-           rawh_ps, act_ps, 100.0 * act_ps / raw_ps, 100.0 * act_ps / rawh_ps);
-    printf("%-32s %12.0f %14.0f %12.0f %8.1f%% %8.1f%%\n", "pipelined req/reply (rep/s)", raw_rrs,
-           rawh_rrs, act_rrs, 100.0 * act_rrs / raw_rrs, 100.0 * act_rrs / rawh_rrs);
+    /* The figures are medians over the rounds: one 1.5 s run of raw nats.c
+     * alone swings by 20-30% here, so the best round of each side mostly
+     * measures which one had the luckier moment. Best against best is
+     * printed too. */
+    double best_raw_ps = maxn(ps_raw, ROUNDS), best_act_ps = maxn(ps_act, ROUNDS);
+    double best_raw_rr = maxn(rr_raw, ROUNDS), best_act_rr = maxn(rr_act, ROUNDS);
+    double lo_ps = minn(ps_pair, ROUNDS), lo_rr = minn(rr_pair, ROUNDS);
+    double m_raw_ps = median(ps_raw, ROUNDS), m_act_ps = median(ps_act, ROUNDS);
+    double m_rawh_ps = median(ps_rawh, ROUNDS), m_rawb_ps = median(ps_rawb, ROUNDS);
+    double m_raw_rr = median(rr_raw, ROUNDS), m_act_rr = median(rr_act, ROUNDS);
+    double m_rawh_rr = median(rr_rawh, ROUNDS), m_dir_rr = median(rr_dir, ROUNDS);
+    double ps_med = median(ps_pair, ROUNDS), psb_med = median(psb_pair, ROUNDS);
+    double rr_med = median(rr_pair, ROUNDS), dir_med = median(dir_pair, ROUNDS);
+
+    printf("\nmedians of %d rounds\n%-32s %12s %14s %12s %9s %9s\n", ROUNDS, "scenario",
+           "raw nats.c", "raw+headers", "dsec bus", "bus/raw", "bus/raw+h");
+    printf("%-32s %12.0f %14.0f %12.0f %8.1f%% %8.1f%%\n", "publish -> subscriber (msg/s)",
+           m_raw_ps, m_rawh_ps, m_act_ps, 100.0 * ps_med, 100.0 * m_act_ps / m_rawh_ps);
+    printf("%-32s %12.0f %14.0f %12.0f %8.1f%% %8.1f%%\n", "pipelined req/reply (rep/s)", m_raw_rr,
+           m_rawh_rr, m_act_rr, 100.0 * rr_med, 100.0 * m_act_rr / m_rawh_rr);
     printf("%-32s %12s %14s %12.0f %8.1f%% %8.1f%%\n", "  reply callbacks direct (rep/s)", "", "",
-           dir_rrs, 100.0 * dir_rrs / raw_rrs, 100.0 * dir_rrs / rawh_rrs);
-    printf("(raw+headers: raw nats.c carrying the same 4 headers the bus sets, built with\n"
-           " natsMsg_Create + natsMsgHeader_Set; the difference to raw is nats.c's header cost)\n");
-    printf(
-        "raw nats.c with %d-byte payloads and no headers (the bus's bytes on the wire): %.0f msg/s;"
-        " the bus reaches %.1f%% of it\n",
-        PAYLOAD + header_block_bytes(), rawb_ps, 100.0 * act_ps / rawb_ps);
-    double ps_med = median(ps_pair, ROUNDS), rr_med = median(rr_pair, ROUNDS);
-    printf("bus/raw within each round (median of %d): publish -> subscriber %.1f%%, pipelined "
-           "req/reply %.1f%%\n",
-           ROUNDS, 100.0 * ps_med, 100.0 * rr_med);
-    printf("{\"scenario\":\"bus\",\"actor_msgs_per_s\":%.0f,\"raw_msgs_per_s\":%.0f,"
+           m_dir_rr, 100.0 * dir_med, 100.0 * m_dir_rr / m_rawh_rr);
+    printf("(bus/raw: the median of the rounds' own actor/raw ratios; raw+headers: raw nats.c\n"
+           " carrying the same 4 headers the bus sets, built with natsMsg_Create +\n"
+           " natsMsgHeader_Set; the difference to raw is nats.c's header cost)\n");
+    printf("raw nats.c with %d-byte payloads and no headers (the bus's bytes on the wire): %.0f "
+           "msg/s; the bus reaches %.1f%% of it\n",
+           PAYLOAD + header_block_bytes(), m_rawb_ps, 100.0 * psb_med);
+    cpu_cost k_ps_raw = cpu_median(cpu_ps_raw, ROUNDS), k_ps_act = cpu_median(cpu_ps_act, ROUNDS);
+    cpu_cost k_ps_rawb = cpu_median(cpu_ps_rawb, ROUNDS);
+    cpu_cost k_rr_raw = cpu_median(cpu_rr_raw, ROUNDS), k_rr_act = cpu_median(cpu_rr_act, ROUNDS);
+    printf("CPU per message, this process + nats-server (median, us): publish -> subscriber: raw "
+           "%.2f + %.2f, same bytes %.2f + %.2f, bus %.2f + %.2f (bus/raw %.2fx); pipelined "
+           "req/reply: raw %.2f + %.2f, bus %.2f + %.2f (bus/raw %.2fx)\n",
+           k_ps_raw.client_us, k_ps_raw.server_us, k_ps_rawb.client_us, k_ps_rawb.server_us,
+           k_ps_act.client_us, k_ps_act.server_us, cpu_total(k_ps_act) / cpu_total(k_ps_raw),
+           k_rr_raw.client_us, k_rr_raw.server_us, k_rr_act.client_us, k_rr_act.server_us,
+           cpu_total(k_rr_act) / cpu_total(k_rr_raw));
+    printf("context switches per message in this process (median): publish -> subscriber: raw "
+           "%.3f, bus %.3f; pipelined req/reply: raw %.3f, bus %.3f\n",
+           k_ps_raw.client_csw, k_ps_act.client_csw, k_rr_raw.client_csw, k_rr_act.client_csw);
+    printf("best round against best round: publish -> subscriber %.1f%%, pipelined req/reply "
+           "%.1f%%; worst round: %.1f%%, %.1f%%\n",
+           100.0 * best_act_ps / best_raw_ps, 100.0 * best_act_rr / best_raw_rr, 100.0 * lo_ps,
+           100.0 * lo_rr);
+    printf("{\"scenario\":\"bus\",\"rounds\":%d,\"actor_msgs_per_s\":%.0f,\"raw_msgs_per_s\":%.0f,"
            "\"actor_rr_per_s\":%.0f,\"raw_rr_per_s\":%.0f,\"msgs_ratio\":%.3f,"
            "\"rr_ratio\":%.3f,\"raw_same_bytes_msgs_per_s\":%.0f,\"msgs_ratio_same_bytes\":%.3f,"
            "\"actor_rr_direct_per_s\":%.0f,\"rr_direct_ratio\":%.3f,"
-           "\"msgs_ratio_round_median\":%.3f,\"rr_ratio_round_median\":%.3f}\n",
-           act_ps, raw_ps, act_rrs, raw_rrs, act_ps / raw_ps, act_rrs / raw_rrs, rawb_ps,
-           act_ps / rawb_ps, dir_rrs, dir_rrs / raw_rrs, ps_med, rr_med);
+           "\"msgs_ratio_best_of\":%.3f,\"rr_ratio_best_of\":%.3f,"
+           "\"msgs_ratio_worst_round\":%.3f,\"rr_ratio_worst_round\":%.3f,"
+           "\"raw_msg_cpu_us\":%.2f,\"actor_msg_cpu_us\":%.2f,\"raw_msg_server_cpu_us\":%.2f,"
+           "\"actor_msg_server_cpu_us\":%.2f,\"raw_rr_cpu_us\":%.2f,\"actor_rr_cpu_us\":%.2f,"
+           "\"raw_rr_server_cpu_us\":%.2f,\"actor_rr_server_cpu_us\":%.2f}\n",
+           ROUNDS, m_act_ps, m_raw_ps, m_act_rr, m_raw_rr, ps_med, rr_med, m_rawb_ps, psb_med,
+           m_dir_rr, dir_med, best_act_ps / best_raw_ps, best_act_rr / best_raw_rr, lo_ps, lo_rr,
+           cpu_total(k_ps_raw), cpu_total(k_ps_act), k_ps_raw.server_us, k_ps_act.server_us,
+           cpu_total(k_rr_raw), cpu_total(k_rr_act), k_rr_raw.server_us, k_rr_act.server_us);
 
     dsec_natsd_stop(srv);
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
