@@ -627,8 +627,8 @@ int main(int argc, char **argv)
     }
 
     /* Each variant runs once per round. The actor run and its raw baseline
-     * run back to back, in alternating order (raw first in odd rounds, the
-     * bus first in even ones), so a host that speeds up or slows down
+     * run back to back, in alternating order (raw before the bus in odd
+     * rounds, after it in even ones), so a host that speeds up or slows down
      * during the run favours neither; their ratio is the round's figure. */
     double ps_raw[ROUNDS], ps_act[ROUNDS], ps_rawh[ROUNDS], ps_rawb[ROUNDS];
     double rr_raw[ROUNDS], rr_act[ROUNDS], rr_rawh[ROUNDS], rr_dir[ROUNDS];
