@@ -28,10 +28,10 @@ extern char **environ;
 
 /* The Go runtime settings the server runs with, each unless this process's
  * environment already sets it (docs/operations.md, "The NATS servers").
- * Messages that carry headers leave garbage in nats-server 2.9; with Go's
- * default GOGC=100 its collector and the pages it hands back and faults in
- * again cost as much as the routing (bench/bus.c prints the server's CPU per
- * message). GOMEMLIMIT, a quarter of the host's memory, bounds what the
+ * With Go's defaults, nats-server 2.9 spends up to a third of its CPU per
+ * message with headers (every dsec message) in its collector and in faulting
+ * back pages it handed to the kernel; bench/bus.c prints the server's CPU
+ * per message. GOMEMLIMIT, a quarter of the host's memory, bounds what the
  * larger GOGC lets the heap grow to. */
 #define GO_GOGC "400"
 #define GO_GODEBUG "madvdontneed=0"
