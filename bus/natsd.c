@@ -27,7 +27,7 @@
 extern char **environ;
 
 /* The Go runtime settings the server runs with, each unless this process's
- * environment already sets it (docs/operations.md, "The NATS servers").
+ * environment already sets it (docs/operations.md, NATS, step 4).
  * With Go's defaults, nats-server 2.9 spends up to a third of its CPU per
  * message with headers (every dsec message) in its collector and in faulting
  * back pages it handed to the kernel; bench/bus.c prints the server's CPU
