@@ -811,52 +811,154 @@ int dsec_file_write(dsec_client *c, const char *id, const char *path, const void
     return dsec_file_write_ex(c, id, path, data, len, &o, err);
 }
 
+/* Files move in pages that stay well under the bus's payload limit: the node
+ * answers a read with at most this much, and a write bigger than this goes
+ * as a first message and appends. */
+#define FILE_PAGE (4u << 20)
+
+static int write_one(dsec_client *c, const char *id, const dsec_msg_file_write *m,
+                     dsec_decoder *dec, dsec_err *err)
+{
+    dsec_msg *keep = NULL;
+    dsec_msg_file_data r;
+    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
+                      err);
+    dsec_msg_free(keep);
+    return rc;
+}
+
 int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
                        size_t len, const dsec_write_opts *opts, dsec_err *err)
 {
     dsec_write_opts none = {0};
     if (opts == NULL)
         opts = &none;
-    dsec_msg_file_write m = {.id = id, .path = path, .data = {data, len}, .mode = opts->mode,
-                             .append = opts->append, .rollout_id = opts->rollout_id,
-                             .step = opts->step};
+    /* A write recorded in the trajectory log is one step: one message, so a
+     * re-issued step is either wholly skipped or wholly run. */
+    if (opts->rollout_id != NULL && len > FILE_PAGE)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "writing %s in %s: a write recorded in the trajectory log (step %" PRIu64
+                            ") holds at most %u bytes, and this one has %zu; write it without a "
+                            "step, or in several steps",
+                            path, id, opts->step, FILE_PAGE, len);
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
-    dsec_msg_file_data r;
-    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
-    dsec_msg_free(keep);
+    const uint8_t *p = data;
+    size_t off = 0;
+    int rc = 0;
+    do {
+        size_t n = len - off < FILE_PAGE ? len - off : FILE_PAGE;
+        dsec_msg_file_write m = {.id = id, .path = path, .data = {p + off, n}, .mode = opts->mode,
+                                 .append = opts->append || off > 0,
+                                 .rollout_id = opts->rollout_id, .step = opts->step};
+        rc = write_one(c, id, &m, dec, err);
+        if (rc < 0 && off > 0)
+            dsec_err_wrap(err, "%s in %s holds only the first %zu of the %zu bytes written", path,
+                          id, off, len);
+        off += n;
+    } while (rc == 0 && off < len);
     dsec_decoder_free(dec);
     return rc;
+}
+
+int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
+                         void *ud, dsec_err *err)
+{
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    uint64_t got = 0, size = 0;
+    int rc = 0;
+    for (bool first = true;; first = false) {
+        dsec_msg_file_read m = {.id = id, .path = path, .offset = got, .max = FILE_PAGE};
+        dsec_msg *keep = NULL;
+        dsec_msg_file_data r;
+        rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
+                      err);
+        if (rc == 0 && first)
+            size = r.size;
+        if (rc == 0 && r.size != size)
+            rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                              "reading %s in %s: it changed size from %" PRIu64 " to %" PRIu64
+                              " bytes while it was read (at byte %" PRIu64 "); read it again",
+                              path, id, size, r.size, got);
+        if (rc == 0 && got + r.data.len > size)
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
+                              "reading %s in %s: the node sent %" PRIu64 " bytes of a file of %" PRIu64,
+                              path, id, got + r.data.len, size);
+        if (rc == 0 && (r.data.len > 0 || first) && fn(ud, r.data.ptr, r.data.len, size) < 0)
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s in %s: the page handler stopped at byte %" PRIu64,
+                              path, id, got);
+        bool eof = rc == 0 && r.eof, stuck = rc == 0 && !r.eof && r.data.len == 0;
+        got += rc == 0 ? r.data.len : 0;
+        dsec_msg_free(keep);
+        if (rc < 0)
+            break;
+        if (eof) {
+            if (got != size)
+                rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                                  "reading %s in %s: the node reported the end after %" PRIu64
+                                  " of its %" PRIu64 " bytes; read it again",
+                                  path, id, got, size);
+            break;
+        }
+        if (stuck) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
+                              "reading %s in %s: the node answered an empty page before the "
+                              "end (at byte %" PRIu64 " of %" PRIu64 ")",
+                              path, id, got, size);
+            break;
+        }
+    }
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+struct read_all {
+    uint8_t *buf;
+    size_t cap, len;
+};
+
+/* Gathers the pages; the first one says the file's size, so the buffer is
+ * allocated once when that size is sane. */
+static int read_all_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    struct read_all *ra = ud;
+    if (ra->buf == NULL && size < SIZE_MAX / 2 && (ra->buf = dsec_malloc((size_t)size + 1)) != NULL)
+        ra->cap = (size_t)size + 1;
+    if (ra->len + len + 1 > ra->cap) {
+        size_t ncap = ra->cap ? ra->cap : 1;
+        while (ncap < ra->len + len + 1)
+            ncap *= 2;
+        uint8_t *nb = dsec_realloc(ra->buf, ncap);
+        if (nb == NULL) {
+            errno = ENOMEM;
+            return -1;
+        }
+        ra->buf = nb;
+        ra->cap = ncap;
+    }
+    if (len)
+        memcpy(ra->buf + ra->len, data, len);
+    ra->len += len;
+    ra->buf[ra->len] = 0;
+    return 0;
 }
 
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err)
 {
-    dsec_msg_file_read m = {.id = id, .path = path};
     *data = NULL;
     *len = 0;
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
-    dsec_msg_file_data r;
-    int rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
-    if (rc == 0) {
-        *data = dsec_malloc(r.data.len + 1);
-        if (*data == NULL) {
-            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-        } else {
-            if (r.data.len)
-                memcpy(*data, r.data.ptr, r.data.len);
-            (*data)[r.data.len] = 0;
-            *len = r.data.len;
-        }
+    struct read_all ra = {0};
+    if (dsec_file_read_pages(c, id, path, read_all_page, &ra, err) < 0) {
+        dsec_free(ra.buf);
+        return -1;
     }
-    dsec_msg_free(keep);
-    dsec_decoder_free(dec);
-    return rc;
+    *data = ra.buf;
+    *len = ra.len;
+    return 0;
 }
 
 int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,

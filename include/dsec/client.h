@@ -139,13 +139,31 @@ typedef struct dsec_write_opts {
     uint64_t step;
 } dsec_write_opts;
 
-/* dsec_file_write with options (opts may be NULL). */
+/* dsec_file_write with options (opts may be NULL). Data of any size: more
+ * than 4 MiB goes in 4 MiB messages, the first replacing (or appending to) the
+ * file and the rest appending; a failure part way says how many bytes the
+ * file holds. A write with a rollout_id is one trajectory step and holds at
+ * most 4 MiB (DSEC_E_TOO_LARGE beyond). */
 int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
                        size_t len, const dsec_write_opts *opts, dsec_err *err);
 
-/* *data is owned by the caller (dsec_free). */
+/* The whole file, of any size, read in 4 MiB pages; *data is owned by the
+ * caller (dsec_free) and NUL-terminated one past *len. A file that changes
+ * size while it is read fails with DSEC_E_STATE (read it again), never a
+ * short read reported as the file. */
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err);
+
+/* Called with each page of a file in order (data borrowed for the call; size
+ * is the whole file's, the same on every call). Return -1 (errno set) to
+ * stop the read. Called once with len 0 for an empty file. */
+typedef int (*dsec_file_page_fn)(void *ud, const uint8_t *data, size_t len, uint64_t size);
+
+/* dsec_file_read, handing the file to fn in pages of at most 4 MiB instead
+ * of holding it whole. Fails as dsec_file_read does, after fn may have seen
+ * part of the file; a stop by fn fails with DSEC_E_IO. */
+int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
+                         void *ud, dsec_err *err);
 
 typedef struct dsec_dirent {
     char *name;
