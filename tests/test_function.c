@@ -698,6 +698,96 @@ static void calls_are_confined(void **state)
     rm(s);
 }
 
+/* A call holds no channel to the backend. The python3 call process used to
+ * keep its worker's task socket as fd 3, and a frame written there replaced
+ * the call's real answer: a WORKER_FAILED turned its exit code into a
+ * "backend" error carrying the call's own text. Each forgery below goes to
+ * every fd the call can name (and its supervisor's, through /proc); the
+ * answer must still be the call's real exit code and output. */
+static const char forge_code[] =
+    "import os, struct, sys, time\n"
+    "M = 0x31666e64\n"
+    "frames = {\n"
+    "  'failed': struct.pack('=4Ii32s512s', M, 6, 564, 0, 0, b'seccomp', b'FORGED by the call'),\n"
+    "  'result': struct.pack('=4IiI3Q', M, 8, 48, 0, 0, 0, 1, 1, 1),\n"
+    "  'done': struct.pack('=4IiIQ', M, 9, 32, 0, 0, 0, 1),\n"
+    "}\n"
+    "frame = frames[sys.argv[1]]\n"
+    "def open_fds():\n"
+    "    fds = []\n"
+    "    for n in os.listdir('/proc/self/fd'):\n"
+    "        try:\n"
+    "            os.readlink('/proc/self/fd/' + n)\n"
+    "        except OSError:\n"
+    "            continue  # the listing's own, closed by now\n"
+    "        fds.append(int(n))\n"
+    "    return sorted(fds)\n"
+    "fds = open_fds()\n"
+    "hit = set()\n"
+    "for fd in [0] + list(range(3, 1024)):\n"
+    "    try:\n"
+    "        os.write(fd, frame); hit.add(fd)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "for p in ('/proc/1/fd/3', '/proc/1/fd/4', '/proc/self/fd/3'):\n"
+    "    try:\n"
+    "        with open(p, 'wb', buffering=0) as f:\n"
+    "            f.write(frame); hit.add(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print('fds', fds, 'written', sorted(hit, key=str))\n"
+    "sys.stdout.flush()\n"
+    "# end the output early: a forged DONE or RESULT is then all the backend waits for\n"
+    "os.close(1); os.close(2)\n"
+    "time.sleep(0.3)\n"
+    "os._exit(7)\n";
+
+static void a_call_cannot_forge_its_result(void **state)
+{
+    struct sbx *s = mk("python3");
+    static const char *const kinds[] = {"failed", "result", "done"};
+    char wrong[2048] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        struct call c = {.argv = {"python3", "-c", forge_code, kinds[i]}};
+        dsec_exec_result r;
+        dsec_err err;
+        char got[600];
+        if (run(s, &c, &r, &err) < 0) {
+            snprintf(got, sizeof got, "error %s: %.500s", dsec_code_name(err.code),
+                     err.msg);
+        } else {
+            snprintf(got, sizeof got, "exit %d signal %d stdout \"%.200s\"", r.exit_code, r.signal,
+                     out_str(&r));
+            int right = r.exit_code == 7 && r.signal == 0 &&
+                         strcmp(out_str(&r), "fds [0, 1, 2] written []\n") == 0;
+            dsec_exec_result_release(&r);
+            if (right)
+                continue;
+        }
+        int w = snprintf(wrong + used, sizeof wrong - used, "\n  forged %s: %.600s", kinds[i], got);
+        if (w > 0 && (size_t)w < sizeof wrong - used)
+            used += (size_t)w;
+    }
+    if (used > 0)
+        fail_msg("a call's forged frames changed its answer (want exit 7, fds [0, 1, 2], nothing "
+                 "written):%s",
+                 wrong);
+
+    /* executed programs (sh, native: one zygote program) hold only their stdio either */
+    struct sbx *sh = mk("sh");
+    struct call c = {.argv = {"sh", "-c",
+                              "for f in /proc/$$/fd/*; do [ -e \"$f\" ] && echo -n \"${f##*/} \"; "
+                              "done; printf 'x' >&3 2>/dev/null; echo $?"}};
+    dsec_exec_result r;
+    ok(sh, &c, &r);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(out_str(&r), "0 1 2 2\n");
+    dsec_exec_result_release(&r);
+    rm(sh);
+    rm(s);
+}
+
 /* ======================================================================= limits */
 
 struct bg_call {
@@ -1204,6 +1294,7 @@ int main(void)
         cmocka_unit_test_setup(nothing_leaks_between_calls, need_root),
         cmocka_unit_test_setup(processes_do_not_outlive_their_call, need_root),
         cmocka_unit_test_setup(calls_are_confined, need_root),
+        cmocka_unit_test_setup(a_call_cannot_forge_its_result, need_root),
         cmocka_unit_test_setup(limits_cpu_memory_output_files, need_root),
         cmocka_unit_test_setup(timeouts_kill_the_whole_call, need_root),
         cmocka_unit_test_setup(a_killed_zygote_is_replaced, need_root),
