@@ -363,6 +363,11 @@ static int claim_uids(struct fn *f, uint32_t base, unsigned n, bool pick, dsec_e
     }
     uint32_t free_base = uid_free_range(fd, n);
     close(fd);
+    if (end == 0) /* every round saw a lock that was gone when asked about */
+        return dsec_err_set(err, DSEC_E_IO, EAGAIN,
+                            "function: uids %" PRIu32 "..%" PRIu32 " could not be locked in %s: "
+                            "other backends kept taking and dropping them; try again",
+                            base, base + n - 1, UID_LOCK_FILE);
     char hint[96] = "";
     if (free_base != 0)
         snprintf(hint, sizeof hint, " (%" PRIu32 " is free now)", free_base);
