@@ -24,5 +24,13 @@ if(NOT DSEC_SANITIZE)
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk_container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host
       ENVIRONMENT "${DSEC_SDK_ENV}")
+    # files of 0 B .. 1 GiB written and read through the SDK and `dsec cp`, in sim sandboxes
+    # and (as root) function, container and microVM ones
+    add_test(NAME sdk_files
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_files.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_files PROPERTIES TIMEOUT 1500 RESOURCE_LOCK dsec_container_host
+      ENVIRONMENT "${DSEC_SDK_ENV}")
   endif()
 endif()
