@@ -271,7 +271,8 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
         dsec_bus_new_id(trace);
         trace_id = trace;
     }
-    const char *schema = utoa10(schema_buf + sizeof schema_buf, hdr != NULL ? hdr->schema : 0);
+    const char *schema = utoa10(schema_buf + sizeof schema_buf,
+                                hdr != NULL && hdr->schema != 0 ? hdr->schema : DSEC_BUS_SCHEMA);
     natsMsg *nm = NULL;
     natsStatus s;
 #ifdef DSEC_NATS_RAW_HEADERS
