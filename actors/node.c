@@ -2110,6 +2110,11 @@ static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
  * for the next periodic one. */
 static void on_sync(dsec_actor *a, dsec_msg *m, void *ud)
 {
+    const char *type = dsec_msg_type(m);
+    if (type == NULL || strcmp(type, "sync") != 0) { /* not a sync: dropped, counted */
+        dsec_actor_count_error(a);
+        return;
+    }
     report(ud, true, dsec_now_ns());
 }
 

@@ -556,11 +556,14 @@ static void on_evt(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     const char *s = dsec_msg_subject(m) + strlen("dsec.v1.ctl.evt.") + strlen(q->cell) + 1;
     size_t n = strlen(s);
-    if (strncmp(s, "sbx.", 4) == 0)
-        on_events(q, m);
-    else if (strncmp(s, "node.", 5) == 0 && n > 9 && strcmp(s + n - 9, ".capacity") == 0)
-        on_capacity(q, m);
-    (void)a;
+    /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
+    if (strncmp(s, "sbx.", 4) == 0) {
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_SANDBOX_EVENTS))
+            on_events(q, m);
+    } else if (strncmp(s, "node.", 5) == 0 && n > 9 && strcmp(s + n - 9, ".capacity") == 0) {
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CAPACITY))
+            on_capacity(q, m);
+    }
 }
 
 /* ---- definitions over the bus ---------------------------------------------------------- */

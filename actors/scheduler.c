@@ -567,6 +567,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_sched *s = ud;
     dsec_err err;
     dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0) {
         dsec_actor_count_error(a);
@@ -676,11 +678,16 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
+    /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
     if (nt == 6 && strcmp(tok[5], "summary") == 0) {
-        apply_summary(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CELL_SUMMARY))
+            apply_summary(s, m);
     } else if (nt == 8 && strcmp(tok[7], "capacity") == 0) {
-        apply_capacity(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CAPACITY))
+            apply_capacity(s, m);
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
+        if (!dsec_wire_type_ok(a, m, DSEC_MSG_HEARTBEAT))
+            return;
         dsec_placement_heartbeat(s->view, tok[6], now_ms());
         dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, now_ms());
     }

@@ -248,8 +248,10 @@ static void on_forced(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_job *j = ud;
     dsec_err err;
     dsec_msg_reclaim_outcome o;
-    dsec_decoder *d = dsec_decoder_new(NULL);
-    if (d == NULL ||
+    const char *type = dsec_msg_type(m);
+    dsec_decoder *d = type != NULL && strcmp(type, "reclaim_outcome") == 0 ? dsec_decoder_new(NULL)
+                                                                          : NULL;
+    if (d == NULL || /* another Dsec-Type (or no memory): dropped, counted */
         dsec_decode(d, DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m), &o, &err) < 0) {
         dsec_decoder_free(d);
         dsec_actor_count_error(a);
