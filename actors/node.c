@@ -403,6 +403,57 @@ static void reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, ...)
     dsec_wire_error(n->actor, m, &e);
 }
 
+/* An invalid request field: the error names it (docs/protocol.md, Errors). */
+static void reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
+{
+    dsec_err e = {.code = DSEC_E_INVALID};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    dsec_wire_error_field(n->actor, m, &e, field);
+}
+
+/* A backend's failure of a request, answered: an invalid one names the
+ * field the backend judged (bad_field; NULL when it cannot be told). */
+static void reply_backend(dsec_node *n, dsec_msg *m, const dsec_err *e, const char *bad_field)
+{
+    dsec_wire_error_field(n->actor, m, e, e->code == DSEC_E_INVALID ? bad_field : NULL);
+}
+
+/* The exec field a backend's invalid error is about. Backends judge the
+ * command line, cwd, user and environment, and say which in their message
+ * (backends/function-call.c, agent-client.c); the command is what is left. */
+static const char *exec_bad_field(const dsec_err *e)
+{
+    if (strstr(e->msg, "cwd") != NULL)
+        return "cwd";
+    if (strstr(e->msg, "user \"") != NULL)
+        return "user";
+    if (strstr(e->msg, "environment variable") != NULL || strstr(e->msg, "DSEC_LIMIT_") != NULL)
+        return "env";
+    return "argv";
+}
+
+/* The create field a backend's invalid error is about: the backends judge
+ * the labels (runtime=, limits), the environment and its layers, the disk
+ * and the network policy, and say which in their message. */
+static const char *create_bad_field(const dsec_err *e)
+{
+    if (strstr(e->msg, "label") != NULL || strstr(e->msg, "runtime") != NULL)
+        return "labels";
+    if (strstr(e->msg, "disk_mb") != NULL)
+        return "disk_mb";
+    if (strstr(e->msg, "network policy") != NULL)
+        return "net";
+    if (strstr(e->msg, "requires") != NULL || strstr(e->msg, "isolation") != NULL)
+        return "requires";
+    return "env";
+}
+
 static void send_created(dsec_node *n, const char *reply_to, const struct sbx *s, bool existing,
                          const char *req_id)
 {
@@ -482,15 +533,20 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     uint64_t t0 = dsec_now_ns();
     dsec_err err;
     dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
     const char *tenant = p.c.tenant ? p.c.tenant : "default";
-    if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0 || !printable_token(p.c.req_id, 64)) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad tenant or req_id");
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "req_id", p.c.req_id);
+    bool tenant_ok = dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0;
+    if (!tenant_ok || !printable_token(p.c.req_id, 64)) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad %s",
+                     tenant_ok ? "req_id (control characters)" : "tenant (not a name)");
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, tenant_ok ? "req_id" : "tenant",
+                           p.c.req_id);
         return;
     }
     if (p.c.project != NULL && p.c.project[0] && dsec_project_ok(p.c.project, DSEC_NAME_LEN_MAX) < 0) {
@@ -634,7 +690,8 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         pthread_mutex_unlock(&n->mu);
         if (err.code == DSEC_E_INTERNAL || err.code == DSEC_OK)
             err.code = DSEC_E_BACKEND;
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err,
+                           err.code == DSEC_E_INVALID ? create_bad_field(&err) : NULL, p.c.req_id);
         sbx_free(s);
         return;
     }
@@ -751,6 +808,14 @@ static bool decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int typ
         dsec_wire_error(n->actor, m, &err);
         return false;
     }
+    /* exec and the file messages start with the sandbox id; it must be the
+     * subject's, which the tenant's permissions were checked against */
+    const char *id = *(const char *const *)out;
+    if (strcmp(id, s->id) != 0) {
+        reply_bad(n, m, "id", "%s: id %s does not match the subject's %s", dsec_msg_type_name(type),
+                  id, s->id);
+        return false;
+    }
     if (!check_running(n, m, s))
         return false;
     touch(s);
@@ -845,10 +910,6 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_msg_exec x;
     if (!decode_for_running(n, m, s, DSEC_MSG_EXEC, &x))
         return;
-    if (strcmp(x.id, s->id) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "exec: id %s does not match the subject's %s", x.id, s->id);
-        return;
-    }
     dsec_backend_kv env[256];
     if (x.env.n > 256) {
         reply_err(n, m, DSEC_E_TOO_LARGE, "exec: %u environment variables, at most 256", x.env.n);
@@ -878,7 +939,8 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     /* stream_to: only inbox subjects, so a client cannot make the node
      * publish onto the control plane's subjects */
     if (x.stream_to != NULL && (strncmp(x.stream_to, "_INBOX.", 7) != 0 || strpbrk(x.stream_to, "*> \t") != NULL)) {
-        reply_err(n, m, DSEC_E_INVALID, "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
+        reply_bad(n, m, "stream_to",
+                  "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
                   x.stream_to);
         return;
     }
@@ -898,7 +960,7 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_exec_result r = {0};
     if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
         dsec_err_wrap(&err, "exec in %s", s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, exec_bad_field(&err));
         return;
     }
     touch(s);
@@ -965,7 +1027,7 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
     if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
                                 (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
         dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     if (w.rollout_id != NULL) {
@@ -999,7 +1061,7 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_file_data d = {0};
     if (dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err) < 0) {
         dsec_err_wrap(&err, "reading %s in %s", rq.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     dsec_msg_file_data out = {.id = s->id, .path = rq.path, .data = {d.data, d.len},
@@ -1019,7 +1081,7 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
     size_t ne = 0;
     if (dsec_backend_file_list(s->be, s->h, rq.path, &e, &ne, &err) < 0) {
         dsec_err_wrap(&err, "listing %s in %s", rq.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     dsec_msg_file_entry *items = dsec_calloc(ne ? ne : 1, sizeof *items);
@@ -1089,7 +1151,8 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
 {
     dsec_err err;
     if (name == NULL || !dsec_layer_name_valid(name)) {
-        reply_err(n, m, DSEC_E_INVALID, "snapshot: \"name\" must be an environment name:version, got \"%s\"",
+        reply_bad(n, m, "name",
+                  "snapshot: \"name\" must be an environment name:version, got \"%s\"",
                   name ? name : "");
         return;
     }
@@ -1100,7 +1163,7 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
     snprintf(path, sizeof path, "%s/%s-%" PRIu64 ".snap", n->snap_dir, s->id, dsec_wall_ns());
     if (dsec_backend_snapshot(s->be, s->h, path, name, &err) < 0) {
         dsec_err_wrap(&err, "snapshot of %s as %s", s->id, name);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "name");
         return;
     }
     if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && errno != ENOENT)
@@ -1145,13 +1208,23 @@ static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t c
         reply_err(n, m, err.code, "%s", err.msg);
         rc = -1;
     } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
-        /* its refusal names the full level: pass it on as it is */
-        dsec_hdr eh = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION,
-                       .req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
-        if (dsec_msg_reply(m) != NULL &&
-            dsec_actor_publish(n->actor, dsec_msg_reply(m), NULL, &eh, dsec_msg_data(reply),
-                               dsec_msg_len(reply), &err) < 0)
-            dsec_actor_count_error(n->actor);
+        /* its refusal names the full level: pass on its code and words, with
+         * the client's req_id (the body's is the admission's own) */
+        dsec_msg_error qe;
+        dsec_err e = {.code = DSEC_E_INTERNAL};
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &qe, &err) < 0) {
+            snprintf(e.msg, sizeof e.msg,
+                     "fork: the quota actor of cell %s answered an "
+                     "undecodable error: %.600s",
+                     n->cell, err.msg);
+            qe.field = NULL;
+        } else {
+            e.code = dsec_code_from_name(qe.code);
+            snprintf(e.msg, sizeof e.msg, "%s", qe.message);
+        }
+        dsec_wire_error_to(n->actor, n->bus, dsec_msg_reply(m), &e, qe.field,
+                           dsec_msg_header(m, DSEC_HDR_REQ_ID));
         rc = -1;
     }
     dsec_msg_free(reply);
@@ -1175,7 +1248,7 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
 {
     dsec_err err;
     if (count < 1 || count > 1024) {
-        reply_err(n, m, DSEC_E_INVALID, "fork: n must be 1..1024, got %" PRIu64, count);
+        reply_bad(n, m, "n", "fork: n must be 1..1024, got %" PRIu64, count);
         return;
     }
     if (!check_running(n, m, s))
@@ -1374,7 +1447,7 @@ static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *ne
     dsec_err err;
     if (dsec_backend_net_set(s->be, s->h, net->v, net->n, &err) < 0) {
         dsec_err_wrap(&err, "sandbox %s", s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "net");
         return;
     }
     touch(s);
@@ -1390,7 +1463,7 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     if (strcmp(op.id, s->id) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "op: id %s does not match the subject's %s", op.id, s->id);
+        reply_bad(n, m, "id", "op: id %s does not match the subject's %s", op.id, s->id);
         return;
     }
     if (strcmp(op.op, "status") == 0) {
@@ -1434,10 +1507,21 @@ static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     struct target t;
     if (parse_target(m, &t) < 0) {
-        reply_err(n, m, DSEC_E_INVALID, "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+        reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
                   dsec_msg_subject(m));
         return;
     }
+    static const struct {
+        const char *op;
+        int type;
+    } ops[] = {{"exec", DSEC_MSG_EXEC},
+               {"write", DSEC_MSG_FILE_WRITE},
+               {"read", DSEC_MSG_FILE_READ},
+               {"ls", DSEC_MSG_FILE_LIST},
+               {"op", DSEC_MSG_OP}};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
+            return;
     struct sbx *s = target_sbx(n, m, &t);
     if (s == NULL)
         return;
@@ -1483,6 +1567,8 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_job_hold h;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_JOB_HOLD))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_HOLD, dsec_msg_data(m), dsec_msg_len(m), &h,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
@@ -1491,7 +1577,8 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
     const char *unit = h.unit ? h.unit : "0";
     if (dsec_name_ok(h.job, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(unit, DSEC_NAME_LEN_MAX) < 0 ||
         strlen(h.job) + strlen(unit) > 120) {
-        reply_err(n, m, DSEC_E_INVALID, "job_hold: job and unit must be names of A-Z a-z 0-9 _ -, "
+        reply_bad(n, m, dsec_name_ok(h.job, DSEC_NAME_LEN_MAX) < 0 ? "job" : "unit",
+                  "job_hold: job and unit must be names of A-Z a-z 0-9 _ -, "
                   "120 characters together");
         return;
     }
@@ -1897,12 +1984,15 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_op op;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_OP))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
         dsec_wire_error(a, m, &err); /* malformed: an error, not the silence of "not here" */
         return;
     }
     if (op.req_id == NULL || op.tenant == NULL) {
-        reply_err(n, m, DSEC_E_INVALID, "lookup: req_id and tenant are required");
+        reply_bad(n, m, op.req_id == NULL ? "req_id" : "tenant",
+                  "lookup: req_id and tenant are required");
         return;
     }
     pthread_mutex_lock(&n->mu);
@@ -1932,6 +2022,8 @@ static void on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_superseded_list l;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_SUPERSEDED_LIST))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m), dsec_msg_len(m),
                     &l, &err) < 0) {
         dsec_wire_error(a, m, &err);
@@ -1980,13 +2072,15 @@ static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_node_lost nl;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_NODE_LOST))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_NODE_LOST, dsec_msg_data(m), dsec_msg_len(m), &nl,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
     if (strcmp(nl.node, n->name) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "reconcile: for node %s, sent to node %s", nl.node, n->name);
+        reply_bad(n, m, "node", "reconcile: for node %s, sent to node %s", nl.node, n->name);
         return;
     }
     uint64_t prev = atomic_load(&n->lost_before_ns);
@@ -2016,6 +2110,11 @@ static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
  * for the next periodic one. */
 static void on_sync(dsec_actor *a, dsec_msg *m, void *ud)
 {
+    const char *type = dsec_msg_type(m);
+    if (type == NULL || strcmp(type, "sync") != 0) { /* not a sync: dropped, counted */
+        dsec_actor_count_error(a);
+        return;
+    }
     report(ud, true, dsec_now_ns());
 }
 

@@ -86,6 +86,22 @@ static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int
     dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, req_id);
 }
 
+/* An invalid create field, answered with its name (docs/protocol.md, Errors). */
+static void fail_bad(dsec_sched *s, const char *reply_to, const char *req_id, const char *field,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void fail_bad(dsec_sched *s, const char *reply_to, const char *req_id, const char *field,
+                     const char *fmt, ...)
+{
+    dsec_err e = {.code = DSEC_E_INVALID};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&s->n_failed, 1);
+    dsec_wire_error_to(s->creates, s->bus, reply_to, &e, field, req_id);
+}
+
 /* A create admitted by the quota actor that will not become a sandbox here
  * (refused, failed, forwarded to another cell): give its admission back now
  * rather than when the quota actor's wait for it runs out. */
@@ -489,6 +505,10 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_actor_count_error(a); /* nobody to answer: a create must be a request */
         return;
     }
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_CREATE)) {
+        atomic_fetch_add(&s->n_failed, 1);
+        return;
+    }
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
@@ -496,8 +516,13 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_err err;
     if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0) {
         /* the subject names the tenant: one that is no name cannot own a sandbox */
-        fail_to(s, reply_to, NULL, DSEC_E_INVALID,
-                "create: the subject's tenant token must be 1-64 characters of A-Z a-z 0-9 _ -");
+        char rid[65];
+        fail_bad(s, reply_to,
+                 dsec_msgpack_peek_str(dsec_msg_data(m), dsec_msg_len(m), "req_id", rid, sizeof rid)
+                     ? rid
+                     : dsec_msg_header(m, DSEC_HDR_REQ_ID),
+                 "tenant",
+                 "create: the subject's tenant token must be 1-64 characters of A-Z a-z 0-9 _ -");
         return;
     }
     dsec_msg_place p = {.reply_to = reply_to, .attempt = 1};
@@ -517,8 +542,8 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, p.c.retry, t0))
         return;
     if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
-        fail_to(s, reply_to, p.c.req_id, DSEC_E_INVALID,
-                "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
+        fail_bad(s, reply_to, p.c.req_id, "cell",
+                 "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
         return;
     }
     dsec_cell_summary sum;
@@ -542,6 +567,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_sched *s = ud;
     dsec_err err;
     dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0) {
         dsec_actor_count_error(a);
@@ -651,11 +678,16 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
+    /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
     if (nt == 6 && strcmp(tok[5], "summary") == 0) {
-        apply_summary(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CELL_SUMMARY))
+            apply_summary(s, m);
     } else if (nt == 8 && strcmp(tok[7], "capacity") == 0) {
-        apply_capacity(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CAPACITY))
+            apply_capacity(s, m);
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
+        if (!dsec_wire_type_ok(a, m, DSEC_MSG_HEARTBEAT))
+            return;
         dsec_placement_heartbeat(s->view, tok[6], now_ms());
         dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, now_ms());
     }
@@ -668,6 +700,8 @@ static void on_ping(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_sched *s = ud;
     dsec_err err;
     dsec_msg_ping p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PING))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PING, dsec_msg_data(m), dsec_msg_len(m), &p, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
@@ -902,7 +936,9 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     /* Ask for full reports now rather than waiting for the next period. */
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", s->cell);
     if (dsec_bus_flush(bus, 2000, err) < 0 ||
-        dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "sync"}, "", 0, err) < 0)
+        dsec_bus_publish(bus, subj, NULL,
+                         &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,
+                         err) < 0)
         goto out_fail;
     *out = s;
     return 0;

@@ -35,10 +35,17 @@ typedef struct dsec_future dsec_future; /* the pending answer to a request */
 #define DSEC_HDR_ERROR_CODE "Dsec-Error-Code"
 #define DSEC_TYPE_ERROR "error"
 
+/* The Dsec-Schema every message carries unless its sender sets another:
+ * the schema version of the wire messages (codecs/msg.h's
+ * DSEC_SCHEMA_VERSION; actors/wire.c checks they agree). bus/ does not
+ * know the codecs, but no dsec message may go out without its version. */
+#define DSEC_BUS_SCHEMA 1
+
 /* What goes into the headers of an outgoing message. Any field may be NULL/0;
  * the bus fills trace_id with a fresh id when NULL. Every publish carries
- * Dsec-Schema (decimal, 0 when unset), Content-Type and Dsec-Trace-Id, plus
- * Dsec-Type and Dsec-Req-Id when given. The strings are copied. */
+ * Dsec-Schema (decimal; DSEC_BUS_SCHEMA when schema is 0), Content-Type and
+ * Dsec-Trace-Id, plus Dsec-Type and Dsec-Req-Id when given. The strings are
+ * copied. */
 typedef struct dsec_hdr {
     const char *type;
     unsigned schema;
@@ -283,6 +290,14 @@ void dsec_msg_free(dsec_msg *m);
 
 typedef struct dsec_natsd dsec_natsd;
 
+/* The max_payload of the nats-server dsec starts: NATS counts a message's
+ * headers and payload together against it, so it is dsec's own payload
+ * limit (8 MiB, codecs/msg.h) plus DSEC_HEADERS_MAX for the headers. A
+ * payload over 8 MiB with headers inside the budget therefore reaches its
+ * receiver, which answers too_large itself (docs/protocol.md, Transport). */
+#define DSEC_HEADERS_MAX (64u << 10)
+#define DSEC_NATSD_MAX_PAYLOAD ((8u << 20) + DSEC_HEADERS_MAX)
+
 typedef struct dsec_natsd_opts {
     const char
         *binary; /* default: $DSEC_NATS_SERVER, else nats-server on PATH, /usr/sbin, /usr/bin */
@@ -295,7 +310,7 @@ typedef struct dsec_natsd_opts {
 
 /* Start a nats-server child on 127.0.0.1 and wait until it accepts
  * connections. *out owns it; dsec_natsd_stop stops and frees it. Writes
- * state_dir/nats.conf (max_payload 8MB, JetStream in state_dir/js when asked)
+ * state_dir/nats.conf (max_payload DSEC_NATSD_MAX_PAYLOAD, JetStream in state_dir/js when asked)
  * and logs to state_dir/nats.log; a failure to start quotes the log's tail.
  * The child runs in its own process group and is killed if the thread that
  * started it exits (PR_SET_PDEATHSIG): start it from a long-lived thread. */

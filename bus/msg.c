@@ -263,6 +263,12 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
                             subject, len);
     if (data == NULL && len > 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "publish to %s: NULL data", subject);
+    /* Every message carries its schema version: the bus's own error replies,
+     * and a sender's that named none, get DSEC_BUS_SCHEMA (bus.h). */
+    dsec_hdr versioned = hdr != NULL ? *hdr : (dsec_hdr){0};
+    if (versioned.schema == 0)
+        versioned.schema = DSEC_BUS_SCHEMA;
+    hdr = &versioned;
 
     char schema_buf[12];
     char trace[33];

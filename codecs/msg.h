@@ -162,7 +162,8 @@ typedef struct dsec_msg_created {
 
 typedef struct dsec_msg_op {
     const char *id; /* required */
-    const char *op; /* required: pause | resume | destroy | status | fork | snapshot | net */
+    const char *op; /* required: pause | resume | destroy | status | fork | freeze | snapshot | net;
+                     * lookup (on dsec.v1.ctl.lookup.<cell>) */
     uint64_t n;     /* fork: number of children, 1..1024 */
     const char *name; /* snapshot: the environment name:version to publish it as */
     dsec_strv net;    /* net: the sandbox's new network policy (empty: reach nothing) */
@@ -570,6 +571,14 @@ int dsec_decode(dsec_decoder *d, int type, const void *buf, size_t len, void *ou
 
 /* The field named by the last decode failure on d ("" when none). */
 const char *dsec_decoder_bad_field(const dsec_decoder *d);
+
+/* Copy the string value of key in the top-level msgpack map buf[0..len)
+ * into out (size n) and return true, when the map has that key (its first
+ * occurrence) with a str value of valid UTF-8, no NUL, shorter than n.
+ * Nothing else of the payload is checked, so it answers for payloads that
+ * fail to decode (too large, a bad field elsewhere): an error can echo the
+ * request's own req_id. Reads only within buf; out is "" when false. */
+bool dsec_msgpack_peek_str(const void *buf, size_t len, const char *key, char *out, size_t n);
 
 /* ---- encode --------------------------------------------------------------- */
 typedef struct dsec_buf {

@@ -135,7 +135,9 @@ static const dsec_field created_fields[] = {
 
 static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
-    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status, fork, snapshot or net"),
+    FSTR(dsec_msg_op, op, "op", true, L_NAME,
+         "pause, resume, destroy, status, fork, freeze, snapshot or net; lookup on the lookup "
+         "subject"),
     FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
     FSTR(dsec_msg_op, name, "name", false, L_LONG, "snapshot: environment name:version to publish"),
     FSTRV(dsec_msg_op, net, "net", false, 64, L_LONG,
