@@ -52,6 +52,7 @@ struct pending {
     bool direct;      /* cb runs where the answer is known, not on a worker */
     dsec_future *fut; /* either cb or fut */
     char subject[SUBJ_KEEP];
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* sent with; its callback runs in this trace */
 };
 
 /* Callbacks waiting for a worker. Several queues (one per worker) so a slow
@@ -432,6 +433,10 @@ static void future_unref(dsec_future *f)
 /* Run p's callback with its answer and let go of the reply message. */
 static void run_cb(dsec_bus *bus, struct pending *p)
 {
+    /* The callback carries on the request's work: what it sends follows the
+     * request's trace, wherever and whenever it runs. */
+    dsec_trace_scope sc;
+    dsec_trace_enter(&sc, NULL, p->trace[0] ? p->trace : NULL, NULL, NULL);
     if (p->code == 0) {
         dsec_err ok;
         dsec_err_clear(&ok);
@@ -445,6 +450,7 @@ static void run_cb(dsec_bus *bus, struct pending *p)
         fill_err(&e, p->code, p->subject, p->timeout_ms);
         p->cb(-1, NULL, &e, p->ud);
     }
+    dsec_trace_leave(&sc);
 }
 
 /* n callbacks have returned. Under r->mu. */
@@ -813,6 +819,21 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
         return dsec_err_set(err, DSEC_E_INVALID, 0, "request on %s: timeout must be > 0 ms",
                             subject);
 
+    /* The trace it is sent with, kept for its callback: the one given, else
+     * the one this thread works for, else a fresh one. */
+    char trace[DSEC_TRACE_ID_MAX + 1];
+    const char *tid = hdr != NULL && hdr->trace_id != NULL ? hdr->trace_id : dsec_trace_current();
+    if (dsec_trace_id_ok(tid))
+        snprintf(trace, sizeof trace, "%s", tid);
+    else if (tid == NULL)
+        dsec_bus_new_id(trace);
+    else
+        trace[0] = '\0'; /* the caller's own id, too long to follow: sent as it is */
+    dsec_hdr h = hdr != NULL ? *hdr : (dsec_hdr){0};
+    if (trace[0] != '\0')
+        h.trace_id = trace;
+    hdr = &h;
+
     pthread_mutex_lock(&r->mu);
     if (r->closed) {
         pthread_mutex_unlock(&r->mu);
@@ -841,6 +862,7 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     p->fut = fut;
     p->clink = NULL;
     keep_subject(p->subject, subject);
+    memcpy(p->trace, trace, sizeof trace);
     if (deadline_add(r, p) < 0) {
         pending_free(r, p);
         pthread_mutex_unlock(&r->mu);
