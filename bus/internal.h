@@ -207,6 +207,9 @@ void dsec__actor_count_out(dsec_actor *a);
 void dsec__trace_note_send(const dsec_hdr *hdr, const char *err_code);
 /* The actor counted an error while a scope of it runs on this thread. */
 void dsec__trace_note_error(dsec_actor *a);
+/* The actor whose traced hop this thread is in (recording on, a trace id
+ * set), or NULL: a request's callback continues that hop's work. */
+dsec_actor *dsec__trace_actor(void);
 /* Free the bus's hop record (bus_release). */
 void dsec__trace_free(dsec_bus *bus);
 

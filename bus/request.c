@@ -53,6 +53,7 @@ struct pending {
     dsec_future *fut; /* either cb or fut */
     char subject[SUBJ_KEEP];
     char trace[DSEC_TRACE_ID_MAX + 1]; /* sent with; its callback runs in this trace */
+    dsec_actor *actor; /* a callback's: the traced handler that sent it (a reference), or NULL */
 };
 
 /* Callbacks waiting for a worker. Several queues (one per worker) so a slow
@@ -436,12 +437,21 @@ static void run_cb(dsec_bus *bus, struct pending *p)
     /* The callback carries on the request's work: what it sends follows the
      * request's trace, wherever and whenever it runs. */
     dsec_trace_scope sc;
-    dsec_trace_enter(&sc, NULL, p->trace[0] ? p->trace : NULL, NULL, NULL);
+    const char *type = NULL;
+    dsec_msg m;
+    if (p->code == 0) {
+        dsec__msg_init(&m, p->reply, bus);
+        type = dsec__msg_header(&m, DSEC_HDR_TYPE);
+    } else {
+        type = dsec_code_name(p->code);
+    }
+    /* A callback of a traced handler's request is a hop of that actor too:
+     * the handler's work goes on here (the place a scheduler sends once the
+     * quota actor admitted its create). */
+    dsec_trace_enter(&sc, p->actor, p->trace[0] ? p->trace : NULL, p->subject, type);
     if (p->code == 0) {
         dsec_err ok;
         dsec_err_clear(&ok);
-        dsec_msg m;
-        dsec__msg_init(&m, p->reply, bus);
         p->cb(0, &m, &ok, p->ud);
         /* Here rather than under r->mu in pending_free. */
         dsec__msg_destroy(&p->reply);
@@ -451,6 +461,10 @@ static void run_cb(dsec_bus *bus, struct pending *p)
         p->cb(-1, NULL, &e, p->ud);
     }
     dsec_trace_leave(&sc);
+    if (p->actor != NULL) {
+        dsec__actor_put(p->actor);
+        p->actor = NULL;
+    }
 }
 
 /* n callbacks have returned. Under r->mu. */
@@ -833,21 +847,25 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     if (trace[0] != '\0')
         h.trace_id = trace;
     hdr = &h;
+    dsec_actor *actor = cb != NULL ? dsec__trace_actor() : NULL;
+    if (actor != NULL)
+        dsec__actor_get(actor); /* put after its callback ran, or below when it never will */
 
     pthread_mutex_lock(&r->mu);
     if (r->closed) {
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_CLOSED, 0, "request on %s: the bus is closed", subject);
     }
-    if (r->count >= r->nbuckets && table_grow(r) < 0) {
+    struct pending *p = NULL;
+    if ((r->count >= r->nbuckets && table_grow(r) < 0) || (p = pending_alloc(r)) == NULL) {
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
     }
-    struct pending *p = pending_alloc(r);
-    if (p == NULL) {
-        pthread_mutex_unlock(&r->mu);
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
-    }
+    p->actor = actor;
     uint64_t id = ++r->next_id;
     p->id = id;
     int64_t now = dsec__now_ns();
@@ -864,8 +882,11 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     keep_subject(p->subject, subject);
     memcpy(p->trace, trace, sizeof trace);
     if (deadline_add(r, p) < 0) {
+        p->actor = NULL;
         pending_free(r, p);
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
     }
     p->hnext = r->buckets[id & (r->nbuckets - 1)];
@@ -896,9 +917,12 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
         if (ours) {
             table_unlink(r, p);
             deadline_remove(r, p);
+            p->actor = NULL;
             pending_free(r, p);
         }
         pthread_mutex_unlock(&r->mu);
+        if (ours && actor != NULL)
+            dsec__actor_put(actor);
         /* Not ours any more: a disconnect or the deadline already answered
          * it, so the callback runs and the call counts as made. */
         return ours ? -1 : 0;

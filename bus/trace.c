@@ -155,6 +155,11 @@ void dsec__trace_note_send(const dsec_hdr *hdr, const char *err_code)
         copy(sc->sent, sizeof sc->sent, type);
 }
 
+dsec_actor *dsec__trace_actor(void)
+{
+    return tl_scope != NULL ? tl_scope->actor : NULL;
+}
+
 void dsec__trace_note_error(dsec_actor *a)
 {
     for (dsec_trace_scope *sc = tl_scope; sc != NULL; sc = sc->up)

@@ -363,6 +363,14 @@ static void trace_shows_scheduler_then_node(void **state)
     assert_string_equal(place->actor, info.node);
     assert_string_equal(place->kept, "sample");
     assert_false(place->error);
+    /* the scheduler's callback for the quota actor's answer sent the place */
+    const dsec_trace_hop_info *admitted = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(h[i].actor, create->actor) == 0 && strcmp(h[i].type, "admit") == 0)
+            admitted = &h[i];
+    assert_non_null(admitted);
+    assert_string_equal(admitted->sent, "place");
+    assert_true(admitted->start_ns >= admit->start_ns && admitted->end_ns <= place->end_ns);
     assert_true(create->start_ns <= admit->start_ns);
     assert_true(admit->start_ns <= place->start_ns);
     assert_true(place->end_ns <= exec->start_ns);
