@@ -45,6 +45,8 @@ static struct {
 static struct {
     dsec_cell *cell;
     dsec_cell_conf conf;
+    dsec_cell *cell2; /* forwarding: the cell with room */
+    dsec_cell_conf conf2;
     dsec_client *client;
     dsec_bus *bus; /* the spy's */
 } live;
@@ -108,7 +110,9 @@ static int teardown(void **state)
     dsec_client_free(live.client);
     dsec_bus_free(live.bus);
     dsec_cell_stop(live.cell, true);
+    dsec_cell_stop(live.cell2, true);
     dsec_cell_conf_release(&live.conf);
+    dsec_cell_conf_release(&live.conf2);
     memset(&live, 0, sizeof live);
     pthread_mutex_lock(&spy.mu);
     spy.n = 0;
@@ -116,11 +120,8 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A cell of one sim node with quotas on, tracing as asked, and a spy on
- * the node's place subject, the cell's sandbox events and _INBOX.spy.>. */
-static void start(double sample_rate, uint32_t slow_ms)
+static void conf_cell(dsec_cell_conf *c, double sample_rate, uint32_t slow_ms, uint64_t slots)
 {
-    dsec_cell_conf *c = &live.conf;
     dsec_cell_conf_defaults(c);
     snprintf(c->cell, sizeof c->cell, "tr%d-%ld", ++serial, (long)getpid());
     snprintf(c->url, sizeof c->url, "%s", dsec_natsd_url(natsd));
@@ -129,7 +130,6 @@ static void start(double sample_rate, uint32_t slow_ms)
     c->full_ms = 300;
     c->heartbeat_ms = 100;
     c->summary_ms = 100;
-    c->quota = true;
     c->trace_sample_rate = sample_rate;
     c->trace_slow_ms = slow_ms;
     c->trace_ring = 256;
@@ -138,11 +138,15 @@ static void start(double sample_rate, uint32_t slow_ms)
     snprintf(prefix, sizeof prefix, "%s-n", c->cell);
     dsec_err err;
     assert_int_equal(
-        dsec_cell_conf_add_sim_nodes(c, prefix, 1, 64000, 65536, 100, types, "0", &err), 0);
-    if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_QUOTA,
-                        &err) < 0)
-        fail_msg("cell %s: %s", c->cell, err.msg);
+        dsec_cell_conf_add_sim_nodes(c, prefix, 1, 64000, 65536, slots, types, "0", &err), 0);
+}
 
+/* The spy (on the first cell's node's place subject, its sandbox events and
+ * _INBOX.spy.>) and a client of tenant acme. */
+static void start_spy_and_client(void)
+{
+    dsec_cell_conf *c = &live.conf;
+    dsec_err err;
     dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "spy"};
     assert_int_equal(dsec_bus_connect(&live.bus, &bo, &err), 0);
     dsec_actor *a;
@@ -157,6 +161,19 @@ static void start(double sample_rate, uint32_t slow_ms)
 
     dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "acme", .timeout_ms = 5000};
     assert_int_equal(dsec_client_connect(&live.client, &o, &err), 0);
+}
+
+/* A cell of one sim node with quotas on, tracing as asked, the spy and a client. */
+static void start(double sample_rate, uint32_t slow_ms)
+{
+    dsec_cell_conf *c = &live.conf;
+    conf_cell(c, sample_rate, slow_ms, 100);
+    c->quota = true;
+    dsec_err err;
+    if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_QUOTA,
+                        &err) < 0)
+        fail_msg("cell %s: %s", c->cell, err.msg);
+    start_spy_and_client();
 }
 
 /* One request from the spy's bus with trace id trace; the reply is the caller's. */
@@ -429,6 +446,64 @@ static void slow_hops_are_kept(void **state)
     dsec_trace_hops_free(h);
 }
 
+/* A create that reaches a full cell goes on to another: the forwarded
+ * create, that cell's place and the answer keep the caller's id, and both
+ * processes' hops come back. */
+static void a_forwarded_create_keeps_its_trace(void **state)
+{
+    (void)state;
+    conf_cell(&live.conf, 1.0, 60000, 1);
+    conf_cell(&live.conf2, 1.0, 60000, 4);
+    dsec_err err;
+    int roles = DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE;
+    if (dsec_cell_start(&live.cell, &live.conf, roles, &err) < 0 ||
+        dsec_cell_start(&live.cell2, &live.conf2, roles, &err) < 0)
+        fail_msg("cells: %s", err.msg);
+    start_spy_and_client();
+    char subj[200];
+    snprintf(subj, sizeof subj, "dsec.v1.acme.create.%s", live.conf.cell);
+    dsec_msg_create fill = {.req_id = "fill-1", .type = "sim"};
+    dsec_msg *reply = request(subj, DSEC_MSG_CREATE, &fill, "fill-trace-0009");
+    assert_string_equal(dsec_msg_type(reply), "created");
+    dsec_msg_free(reply);
+    msleep(500); /* a few summary periods: the first cell is full, the other not */
+
+    const char *tid = "fwd-trace-0010";
+    dsec_msg_create cr = {.req_id = "fwd-1", .type = "sim"};
+    reply = request(subj, DSEC_MSG_CREATE, &cr, tid);
+    assert_string_equal(dsec_msg_type(reply), "created");
+    assert_string_equal(dsec_msg_header(reply, DSEC_HDR_TRACE_ID), tid);
+    dsec_msg_created created;
+    assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply),
+                                 dsec_msg_len(reply), &created, &err),
+                     0);
+    assert_string_equal(created.cell, live.conf2.cell);
+    dsec_msg_free(reply);
+
+    dsec_trace_hop_info *h = NULL;
+    size_t n = 0, answered = 0;
+    assert_int_equal(dsec_trace_hops(live.client, tid, 300, &h, &n, &answered, &err), 0);
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "  hop %zu: %s/%s %s %s -> %s\n", i, h[i].process, h[i].actor, h[i].subject,
+                h[i].type, h[i].sent);
+    assert_int_equal(answered, 2);
+    /* the first cell's scheduler forwarded (sent a create); the second's placed */
+    int forwarded = 0, placed = 0, made = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool first = strstr(h[i].process, live.conf.cell) != NULL;
+        if (first && strcmp(h[i].type, "create") == 0 && strcmp(h[i].sent, "create") == 0)
+            forwarded++;
+        if (!first && strcmp(h[i].type, "create") == 0 && strcmp(h[i].sent, "place") == 0)
+            placed++;
+        if (!first && strcmp(h[i].type, "place") == 0 && strcmp(h[i].sent, "created") == 0)
+            made++;
+    }
+    assert_int_equal(forwarded, 1);
+    assert_int_equal(placed, 1);
+    assert_int_equal(made, 1);
+    dsec_trace_hops_free(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -437,6 +512,7 @@ int main(void)
         cmocka_unit_test_teardown(trace_shows_scheduler_then_node, teardown),
         cmocka_unit_test_teardown(errors_are_kept_at_sample_rate_zero, teardown),
         cmocka_unit_test_teardown(slow_hops_are_kept, teardown),
+        cmocka_unit_test_teardown(a_forwarded_create_keeps_its_trace, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
