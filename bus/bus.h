@@ -170,7 +170,10 @@ int dsec_bus_flush(dsec_bus *bus, int timeout_ms, dsec_err *err);
  * after that go to another inbox (to the bus's workers when every inbox is
  * held), so only replies already on their way to its inbox wait for it. It
  * must not wait for another ordinary request's callback, which may be
- * queued behind it. */
+ * queued behind it.
+ *
+ * It runs in the request's trace (see tracing, below): what it sends
+ * carries the trace id the request was sent with. */
 typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, void *ud);
 
 /* Send a request; returns at once. Many may be in flight. timeout_ms must be
