@@ -12,6 +12,7 @@
 
 #include "actors/config.h"
 #include "actors/metrics.h"
+#include "actors/tracer.h"
 #include "bus/layers-js.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -34,6 +35,7 @@ struct dsec_cell {
     dsec_quota *quota;
     dsec_layer_registry *layers; /* handed to the node managers' backends */
     dsec_metrics *metrics;       /* the Prometheus endpoint, or NULL */
+    dsec_tracer *tracer;         /* answers dsec trace; NULL when trace.ring is 0 */
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -71,6 +73,9 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
     c->traj_retention_s = 7 * 86400;
+    c->trace_sample_rate = 0.01;
+    c->trace_slow_ms = 100;
+    c->trace_ring = 4096;
     c->net.ipv6 = false;
     c->net.masquerade = true;
 }
@@ -344,7 +349,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
                                       "scheduler", "arbiter", "quota", "trajectory", "reports", "layers", "net",
-                                      "metrics", "nodes", NULL};
+                                      "metrics", "trace", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -489,6 +494,18 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return dsec_err_wrap(err, "%s:%d: key \"listen\"", dsec_cfg_name(cfg),
                              dsec_cfg_get(me, "listen")->line);
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "%s", mlisten);
+
+    const dsec_cfg_node *tr = dsec_cfg_get(root, "trace");
+    static const char *const tr_keys[] = {"sample_rate", "slow_ms", "ring", NULL};
+    uint64_t slow_ms, ring;
+    if (dsec_cfg_expect(cfg, tr, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, tr, tr_keys, err) < 0 ||
+        dsec_cfg_double(cfg, tr, "sample_rate", c->trace_sample_rate, 0.0, 1.0,
+                        &c->trace_sample_rate, err) < 0 ||
+        dsec_cfg_u64(cfg, tr, "slow_ms", c->trace_slow_ms, 0, 3600000, &slow_ms, err) < 0 ||
+        dsec_cfg_u64(cfg, tr, "ring", c->trace_ring, 0, 1000000, &ring, err) < 0)
+        return -1;
+    c->trace_slow_ms = (uint32_t)slow_ms;
+    c->trace_ring = (uint32_t)ring;
 
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
@@ -1027,6 +1044,13 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
+    if (conf->trace_ring > 0) {
+        /* before any actor: the first request's hops are kept too */
+        dsec_trace_conf tc = {.sample_rate = conf->trace_sample_rate,
+                              .slow_ms = conf->trace_slow_ms, .ring = conf->trace_ring};
+        if (dsec_tracer_start(&c->tracer, c->bus, cname, &tc, err) < 0)
+            goto out_fail;
+    }
     if ((roles & DSEC_ROLE_NODE) && conf->jetstream) {
         dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes,
                              .replicas = (int)conf->traj_replicas};
@@ -1198,6 +1222,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
         dsec_err err;
         dsec_bus_flush(c->bus, 1000, &err);
     }
+    dsec_tracer_stop(c->tracer);
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
     dsec_traj_close(c->traj);

@@ -80,6 +80,9 @@ typedef struct dsec_cell_conf {
     dsec_cell_net net;
     char metrics_listen[128];  /* metrics.listen: "HOST:PORT" of the Prometheus endpoint
                                   (docs/metrics.md); "": none */
+    double trace_sample_rate;  /* trace.sample_rate: share of requests whose hops are kept (0.01) */
+    uint32_t trace_slow_ms;    /* trace.slow_ms: hops this slow are always kept (100) */
+    uint32_t trace_ring;       /* trace.ring: hops kept by this process (4096; 0: tracing off) */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;

@@ -102,6 +102,7 @@ struct event {
     uint8_t state, prev, type_idx;
     uint64_t ts_ns;
     char reason[96];
+    char trace_id[DSEC_TRACE_ID_MAX + 1]; /* the request that caused it; "" if none */
 };
 
 struct dsec_node {
@@ -306,6 +307,9 @@ static void event_locked(dsec_node *n, const struct sbx *s, int prev, int state,
     e->type_idx = s->type_idx;
     e->ts_ns = dsec_wall_ns();
     snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+    /* events leave later in a batch: each keeps the trace of its cause */
+    const char *tid = dsec_trace_current();
+    snprintf(e->trace_id, sizeof e->trace_id, "%s", tid != NULL ? tid : "");
 }
 
 static void set_state(dsec_node *n, struct sbx *s, int state, const char *reason)
@@ -878,6 +882,7 @@ struct exec_stream {
     dsec_node *n;
     const char *subject; /* NULL: not streaming */
     const char *id;
+    const char *trace; /* the exec's trace id (NULL: none): the backend may call from its own thread */
     uint64_t seq;
     bool failed; /* a publish failed: the rest is not sent (the result says how many were) */
 };
@@ -887,6 +892,8 @@ struct exec_stream {
 static void stream_output(void *arg, int stream, const uint8_t *data, size_t len)
 {
     struct exec_stream *es = arg;
+    dsec_trace_scope sc;
+    dsec_trace_enter(&sc, NULL, es->trace, NULL, NULL);
     while (len > 0 && !es->failed) {
         size_t k = len < EXEC_CHUNK_MAX ? len : EXEC_CHUNK_MAX;
         dsec_msg_exec_chunk c = {.id = es->id, .seq = es->seq, .stream = (uint64_t)stream,
@@ -896,12 +903,13 @@ static void stream_output(void *arg, int stream, const uint8_t *data, size_t len
                            &err) < 0) {
             es->failed = true;
             dsec_actor_count_error(es->n->actor);
-            return;
+            break;
         }
         es->seq++;
         data += k;
         len -= k;
     }
+    dsec_trace_leave(&sc);
 }
 
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -944,7 +952,8 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                   x.stream_to);
         return;
     }
-    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id};
+    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id,
+                             .trace = dsec_trace_current()};
     dsec_exec_req req = {.argv = x.argv.v,
                          .argc = x.argv.n,
                          .env = env,
@@ -1810,7 +1819,8 @@ static void send_events(dsec_node *n, struct event *ev, size_t ne)
                 .ts_ns = ev[i].ts_ns, .reason = ev[i].reason[0] ? ev[i].reason : NULL,
                 .project = ev[i].project[0] ? ev[i].project : NULL,
                 .req_id = ev[i].req_id[0] ? ev[i].req_id : NULL, .cpu_milli = ev[i].cpu_milli,
-                .memory_mb = ev[i].memory_mb};
+                .memory_mb = ev[i].memory_mb,
+                .trace_id = ev[i].trace_id[0] ? ev[i].trace_id : NULL};
         for (size_t off = 0; off < ne; off += 4096) {
             size_t cnt = ne - off < 4096 ? ne - off : 4096;
             dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,

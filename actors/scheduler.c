@@ -31,6 +31,7 @@ struct waiter {
     uint64_t since_ms, cpu, mem;
     int tidx;
     size_t len;
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* the create's trace id: placed later, it keeps it */
     uint8_t place[]; /* encoded dsec_msg_place */
 };
 
@@ -241,6 +242,8 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
                          .len = b.len};
     memcpy(w->place, b.data, b.len);
     dsec_buf_release(&b);
+    const char *tid = dsec_trace_current();
+    snprintf(w->trace, sizeof w->trace, "%s", tid != NULL ? tid : "");
     pthread_mutex_lock(&s->wmu);
     if (s->wtail)
         s->wtail->next = w;
@@ -806,6 +809,9 @@ static void tick_wait(void *ud, uint64_t mono)
             dsec_free(w);
             continue;
         }
+        /* what is sent for it now (the place, a failure) follows its create's trace */
+        dsec_trace_scope sc;
+        dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
         if (retry) {
             rc = try_place(s, &p, w->tidx, w->cpu, w->mem, &err);
             if (rc < 0 && err.code != DSEC_E_CAPACITY) {
@@ -819,6 +825,7 @@ static void tick_wait(void *ud, uint64_t mono)
             }
         }
         if (rc == 0) {
+            dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
         }
@@ -828,9 +835,11 @@ static void tick_wait(void *ud, uint64_t mono)
                     " MB after waiting %" PRIu64 " ms for preemptible work to give capacity back",
                     s->cell, w->cpu, w->mem, t - w->since_ms);
             quota_release(s, &p.c);
+            dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
         }
+        dsec_trace_leave(&sc);
         n++;
         cpu += w->cpu;
         mem += w->mem;
@@ -962,10 +971,13 @@ void dsec_sched_stop(dsec_sched *s)
         dsec_msg_place p;
         dsec_err err;
         if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) == 0) {
+            dsec_trace_scope sc;
+            dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
             dsec_err_set(&err, DSEC_E_CLOSED, 0, "scheduler %s stopped while the create waited for room",
                          s->name);
             dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
             quota_release(s, &p.c);
+            dsec_trace_leave(&sc);
         }
         dsec_free(w);
     }

@@ -273,10 +273,13 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
     char schema_buf[12];
     char trace[33];
     const char *trace_id = hdr != NULL ? hdr->trace_id : NULL;
+    if (trace_id == NULL)
+        trace_id = dsec_trace_current(); /* what this thread works for carries on */
     if (trace_id == NULL) {
         dsec_bus_new_id(trace);
         trace_id = trace;
     }
+    dsec__trace_note_send(hdr, err_code);
     const char *schema = utoa10(schema_buf + sizeof schema_buf, hdr != NULL ? hdr->schema : 0);
     natsMsg *nm = NULL;
     natsStatus s;

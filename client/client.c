@@ -340,6 +340,7 @@ struct async_create {
     int retry;
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
     struct async_create *rnext; /* waiting for its retry (client rmu) */
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* every attempt carries the first one's trace id */
 };
 
 static int async_send(struct async_create *a, dsec_err *err);
@@ -480,7 +481,8 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
 
 static int async_send(struct async_create *a, dsec_err *err)
 {
-    dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id};
+    dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id,
+                    .trace_id = a->trace};
     if (a->direct)
         return dsec_bus_request_direct(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
                                        a->c->timeout_ms, on_create_reply, a, err);
@@ -502,6 +504,13 @@ static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_creat
     a->cb = cb;
     a->ud = ud;
     a->direct = direct;
+    /* A retry may leave from the retrier thread or a callback: it keeps the
+     * trace the caller's thread gave the first attempt. */
+    const char *tid = dsec_trace_current();
+    if (tid != NULL)
+        snprintf(a->trace, sizeof a->trace, "%s", tid);
+    else
+        dsec_bus_new_id(a->trace);
     int rc = create_req_build(c, spec, &a->r, err);
     if (rc == 0) {
         a->deadline_ns = a->r.m.deadline_ns;

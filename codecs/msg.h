@@ -86,6 +86,9 @@ enum dsec_msg_type {
     DSEC_MSG_NODE_LOST,       /* "node_lost": a node silent too long: its sandboxes are lost */
     DSEC_MSG_SUPERSEDED,      /* "superseded": a retried create placed on another node */
     DSEC_MSG_SUPERSEDED_LIST, /* "superseded_list": scheduler -> nodes, a batch of superseded */
+    DSEC_MSG_TRACE_QUERY,     /* "trace_query": dsec trace -> every actor process */
+    DSEC_MSG_TRACE_HOP,       /* "trace_hop": only nested in trace_hops */
+    DSEC_MSG_TRACE_HOPS,      /* "trace_hops": one process's kept hops of a trace */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -288,6 +291,7 @@ typedef struct dsec_msg_sandbox_event {
     const char *req_id;
     uint64_t cpu_milli;
     uint64_t memory_mb;
+    const char *trace_id; /* the Dsec-Trace-Id of the request that caused it, if any */
 } dsec_msg_sandbox_event;
 
 typedef struct dsec_msg_node_announce {
@@ -492,6 +496,29 @@ typedef struct dsec_msg_superseded_list {
     const char *by;  /* the scheduler replica */
     dsec_list items; /* of dsec_msg_superseded */
 } dsec_msg_superseded_list;
+
+/* dsec trace asks every process on dsec.v1.ctl.trace for what it kept of one
+ * request; each answers with its hops (none: an empty list). */
+typedef struct dsec_msg_trace_query {
+    const char *trace_id; /* required */
+} dsec_msg_trace_query;
+
+typedef struct dsec_msg_trace_hop {
+    const char *trace_id; /* required */
+    const char *actor;    /* required */
+    const char *subject;
+    const char *type;
+    const char *sent;
+    bool error;
+    const char *kept;
+    uint64_t start_ns;
+    uint64_t end_ns;
+} dsec_msg_trace_hop;
+
+typedef struct dsec_msg_trace_hops {
+    const char *process; /* required: the answering process (its bus's name) */
+    dsec_list hops;      /* of dsec_msg_trace_hop */
+} dsec_msg_trace_hops;
 
 /* ---- schemas ------------------------------------------------------------ */
 

@@ -32,6 +32,12 @@ static dsec_client *connect_or_die(const char *cmd)
 {
     dsec_client *c = NULL;
     dsec_err err;
+    /* DSEC_TRACE_ID=ID dsec create ...: the requests carry it, for dsec trace ID */
+    const char *tid = getenv("DSEC_TRACE_ID");
+    if (tid != NULL && tid[0] != '\0' && dsec_trace_set(tid, &err) < 0) {
+        fprintf(stderr, "dsec %s: DSEC_TRACE_ID: %s\n", cmd, err.msg);
+        return NULL;
+    }
     if (dsec_client_connect(&c, NULL, &err) < 0) {
         fprintf(stderr, "dsec %s: cannot reach the bus at %s: %s\n", cmd,
                 getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222", err.msg);

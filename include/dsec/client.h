@@ -296,6 +296,46 @@ typedef struct dsec_call_spec {
  * write or exec fails the call. All pointers in spec are borrowed. */
 int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, dsec_err *err);
 
+/* ---- tracing ------------------------------------------------------------ */
+
+/* Every request carries a Dsec-Trace-Id, and so does everything it causes:
+ * the place a scheduler sends, the node's answer, the exec's output chunks,
+ * the sandbox events. By default each call makes a fresh id. */
+
+/* Calls made by this thread from now on carry trace_id (1-64 printable
+ * characters, no spaces; copied); NULL goes back to fresh ids. A create's
+ * retries keep the id its first attempt had. -1 with err filled when the id
+ * is not acceptable. */
+int dsec_trace_set(const char *trace_id, dsec_err *err);
+
+/* The id this thread's calls carry now, or NULL (fresh ids). Valid until
+ * the next dsec_trace_set on this thread. */
+const char *dsec_trace_get(void);
+
+/* One step of a traced request, as the actor that took it recorded it.
+ * Times are wall clock, ns since the epoch. */
+typedef struct dsec_trace_hop_info {
+    char process[128]; /* the process that answered (dsecd-<cell>, ...) */
+    char actor[128];   /* the actor that handled it (scheduler replica, node, ...) */
+    char subject[256]; /* the subject it handled */
+    char type[64];     /* the Dsec-Type it handled */
+    char sent[64];     /* the Dsec-Type of the first message it sent for it */
+    char kept[16];     /* why it was recorded: error, slow or sample */
+    bool error;
+    uint64_t start_ns;
+    uint64_t end_ns;
+} dsec_trace_hop_info;
+
+/* Ask every dsec process on the bus for the hops of trace_id it kept, and
+ * gather the answers for window_ms (<= 0: 500). *hops, ordered by start
+ * time, is the caller's: dsec_trace_hops_free. Processes keep a bounded,
+ * sampled record (docs/operations.md, "Following a request"): errors and
+ * slow hops always, others when the id is sampled; 0 hops is not an error.
+ * *answered tells how many processes answered (may be NULL). */
+int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms,
+                    dsec_trace_hop_info **hops, size_t *n, size_t *answered, dsec_err *err);
+void dsec_trace_hops_free(dsec_trace_hop_info *hops);
+
 #ifdef __cplusplus
 }
 #endif
