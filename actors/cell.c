@@ -755,6 +755,9 @@ static const struct field node_fields[] = {
      offsetof(dsec_node_stats, mem_free_mb), 1048576.0},
     {"dsec_node_slots_free", "gauge", "Sandbox slots the node can still admit.",
      offsetof(dsec_node_stats, slots_free), 1},
+    {"dsec_node_disk_free_bytes", "gauge",
+     "Disk for writable layers the node can still admit (its reserve left out).",
+     offsetof(dsec_node_stats, disk_free_mb), 1048576.0},
     {"dsec_node_superseded_destroyed_total", "counter",
      "Sandboxes destroyed because a retry of their create was kept on another node (their answer "
      "was lost).",
