@@ -339,6 +339,24 @@ static void disk_is_admitted_above_a_reserve(void **state)
     (void)state;
 }
 
+/* A node whose disk is all reserve would admit no sandbox: it does not start, and says why. */
+static void disk_no_more_than_the_reserve_is_refused(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t13");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t13-a", 10, t, NULL);
+    c.nodes[0].disk_mb = 2048;
+    dsec_cell *cell = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_cell_start(&cell, &c, DSEC_ROLE_NODE, &err), -1);
+    assert_null(cell);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "disk_mb 2048 is not more than disk_reserve_mb 2048"));
+    dsec_cell_conf_release(&c);
+    (void)state;
+}
+
 /* A restarted node counts the disk of the sandboxes it re-adopts (journal records). */
 static void readopted_sandboxes_hold_their_disk(void **state)
 {
@@ -850,6 +868,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(refusal_is_retried_elsewhere, test_teardown),
         cmocka_unit_test_teardown(disk_is_admitted_above_a_reserve, test_teardown),
         cmocka_unit_test_teardown(readopted_sandboxes_hold_their_disk, test_teardown),
+        cmocka_unit_test_teardown(disk_no_more_than_the_reserve_is_refused, test_teardown),
         cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),
