@@ -339,6 +339,34 @@ static void disk_is_admitted_above_a_reserve(void **state)
     (void)state;
 }
 
+/* Function sandboxes, many and small, get defaults.function_disk_mb; other types defaults.disk_mb. */
+static void function_sandboxes_get_their_own_default_disk(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t14");
+    c.default_disk_mb = 100;
+    c.default_function_disk_mb = 7;
+    static const char *const t[] = {"function", "sim", NULL};
+    add_node(&c, "t14-a", 10, t, NULL);
+    c.nodes[0].disk_mb = 1000;
+    c.nodes[0].disk_reserve_mb = 100;
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t14");
+    dsec_sandbox_info info;
+    dsec_err err;
+    dsec_node_stats ns;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "function"}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 893);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 793);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "function", .disk_mb = 93}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 700);
+    (void)state;
+}
+
 /* A node whose disk is all reserve would admit no sandbox: it does not start, and says why. */
 static void disk_no_more_than_the_reserve_is_refused(void **state)
 {
@@ -869,6 +897,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(disk_is_admitted_above_a_reserve, test_teardown),
         cmocka_unit_test_teardown(readopted_sandboxes_hold_their_disk, test_teardown),
         cmocka_unit_test_teardown(disk_no_more_than_the_reserve_is_refused, test_teardown),
+        cmocka_unit_test_teardown(function_sandboxes_get_their_own_default_disk, test_teardown),
         cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),
