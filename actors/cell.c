@@ -174,9 +174,9 @@ static int scalar_map(const dsec_cfg *cfg, const dsec_cfg_node *map, dsec_backen
 
 static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_conf *c, dsec_err *err)
 {
-    static const char *const keys[] = {"name",  "cpu_milli", "memory_mb", "slots",
-                                       "types", "labels",    "backend",   "sim",
-                                       "options", "disk_mb", "disk_reserve_mb", NULL};
+    static const char *const keys[] = {"name",    "cpu_milli", "memory_mb",       "slots",
+                                       "types",   "labels",    "backend",         "sim",
+                                       "options", "disk_mb",   "disk_reserve_mb", NULL};
     if (dsec_cfg_expect(cfg, item, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, item, keys, err) < 0)
         return -1;
     dsec_cell_node *n = add_node(c, err);
@@ -386,7 +386,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     c->nats_port = (int)port;
 
     const dsec_cfg_node *d = dsec_cfg_get(root, "defaults");
-    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "disk_mb", "function_disk_mb",
+    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "disk_mb",   "function_disk_mb",
                                          "ttl_s",     "idle_s",    "max_ttl_s", NULL};
     if (dsec_cfg_expect(cfg, d, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, d, d_keys, err) < 0 ||
         dsec_cfg_u64(cfg, d, "cpu_milli", c->default_cpu_milli, 1, 1000000, &c->default_cpu_milli, err) < 0 ||

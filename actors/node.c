@@ -42,7 +42,7 @@ struct sbx {
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     uint64_t ttl_ns, idle_ns;
     uint32_t cpu_milli, memory_mb;
-    uint64_t disk_mb;      /* the quota of its writable layer, held from the node's disk */
+    uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
     uint8_t type_idx;
     _Atomic uint8_t state;
     _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
@@ -336,11 +336,12 @@ static const char *type_name(const dsec_node *n, int idx)
  * sandboxes hold no disk in the node's accounting). */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len, "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
+    return snprintf(buf, len,
+                    "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
                     s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
-                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project, (uint32_t)s->retry,
-                    s->disk_mb, s->bstate ? s->bstate : "");
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
+                    (uint32_t)s->retry, s->disk_mb, s->bstate ? s->bstate : "");
 }
 
 static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -529,7 +530,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     }
     uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
     uint64_t mem = p.c.memory_mb ? p.c.memory_mb : n->conf.default_memory_mb;
-    uint64_t disk = p.c.disk_mb            ? p.c.disk_mb
+    uint64_t disk = p.c.disk_mb                      ? p.c.disk_mb
                     : strcmp(tname, "function") == 0 ? n->conf.default_function_disk_mb
                                                      : n->conf.default_disk_mb;
     uint64_t ttl = p.c.ttl_s ? p.c.ttl_s : n->conf.default_ttl_s;
@@ -596,9 +597,10 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     else if (n->disk_free < disk)
         short_of = "disk";
     if (short_of != NULL) {
-        snprintf(why, sizeof why, "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
-                 " slots, %" PRIu64 " MB of disk)", short_of, n->cpu_free, n->mem_free, n->slots_free,
-                 n->disk_free);
+        snprintf(why, sizeof why,
+                 "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
+                 " slots, %" PRIu64 " MB of disk)",
+                 short_of, n->cpu_free, n->mem_free, n->slots_free, n->disk_free);
         pthread_mutex_unlock(&n->mu);
         dsec_free(s);
         refuse(n, m, &p, why, short_of);
