@@ -104,7 +104,7 @@ static const dsec_field place_fields[] = {
     FSTRV(dsec_msg_place, tried, "tried", false, L_NODES, L_NAME, "nodes that already refused"),
     FSTR(dsec_msg_place, reason, "reason", false, L_TEXT, "in a refusal: why the node refused"),
     FSTR(dsec_msg_place, short_of, "short_of", false, L_NAME,
-         "in a refusal for room: what the node lacked (`slots`, `cpu` or `memory`)"),
+         "in a refusal for room: what the node lacked (`slots`, `cpu`, `memory` or `disk`)"),
     FU64(dsec_msg_place, parked_ms, "parked_ms", false, 0, 0,
          "a rollout that waited for room: when its wait began (ms since epoch); it waits `wait_ms` "
          "from then, across refusals"),
