@@ -54,6 +54,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     snprintf(c->layers_bucket, sizeof c->layers_bucket, "DSEC_LAYERS");
     c->default_cpu_milli = 1000;
     c->default_memory_mb = 512;
+    c->default_disk_mb = 1024;
+    c->default_function_disk_mb = 64;
     c->default_ttl_s = 3600;
     c->default_idle_s = 900;
     c->max_ttl_s = 86400;
@@ -140,6 +142,7 @@ static dsec_cell_node *add_node(dsec_cell_conf *c, dsec_err *err)
     n->cpu_milli = 8000;
     n->memory_mb = 16384;
     n->slots = 1024;
+    n->disk_reserve_mb = 2048;
     snprintf(n->backend, sizeof n->backend, "sim");
     return n;
 }
@@ -176,8 +179,9 @@ static int scalar_map(const dsec_cfg *cfg, const dsec_cfg_node *map, dsec_backen
 
 static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_conf *c, dsec_err *err)
 {
-    static const char *const keys[] = {"name", "cpu_milli", "memory_mb", "slots", "types",
-                                       "labels", "backend", "sim", "options", NULL};
+    static const char *const keys[] = {"name",    "cpu_milli", "memory_mb",       "slots",
+                                       "types",   "labels",    "backend",         "sim",
+                                       "options", "disk_mb",   "disk_reserve_mb", NULL};
     if (dsec_cfg_expect(cfg, item, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, item, keys, err) < 0)
         return -1;
     dsec_cell_node *n = add_node(c, err);
@@ -188,7 +192,9 @@ static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_c
         dsec_cfg_str(cfg, item, "backend", "sim", &backend, err) < 0 ||
         dsec_cfg_u64(cfg, item, "cpu_milli", 8000, 1, 100000000, &n->cpu_milli, err) < 0 ||
         dsec_cfg_u64(cfg, item, "memory_mb", 16384, 1, 1ull << 32, &n->memory_mb, err) < 0 ||
-        dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0)
+        dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "disk_mb", 0, 0, 1ull << 40, &n->disk_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "disk_reserve_mb", 2048, 1, 1ull << 40, &n->disk_reserve_mb, err) < 0)
         return -1;
     if (name == NULL || dsec_name_ok(name, DSEC_NAME_LEN_MAX) < 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
@@ -385,10 +391,14 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     c->nats_port = (int)port;
 
     const dsec_cfg_node *d = dsec_cfg_get(root, "defaults");
-    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "ttl_s", "idle_s", "max_ttl_s", NULL};
+    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "disk_mb",   "function_disk_mb",
+                                         "ttl_s",     "idle_s",    "max_ttl_s", NULL};
     if (dsec_cfg_expect(cfg, d, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, d, d_keys, err) < 0 ||
         dsec_cfg_u64(cfg, d, "cpu_milli", c->default_cpu_milli, 1, 1000000, &c->default_cpu_milli, err) < 0 ||
         dsec_cfg_u64(cfg, d, "memory_mb", c->default_memory_mb, 1, 1ull << 24, &c->default_memory_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "disk_mb", c->default_disk_mb, 1, 1ull << 40, &c->default_disk_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "function_disk_mb", c->default_function_disk_mb, 1, 1ull << 40,
+                     &c->default_function_disk_mb, err) < 0 ||
         dsec_cfg_u64(cfg, d, "ttl_s", c->default_ttl_s, 1, 1ull << 32, &c->default_ttl_s, err) < 0 ||
         dsec_cfg_u64(cfg, d, "idle_s", c->default_idle_s, 1, 1ull << 32, &c->default_idle_s, err) < 0 ||
         dsec_cfg_u64(cfg, d, "max_ttl_s", c->max_ttl_s, 1, 1ull << 32, &c->max_ttl_s, err) < 0)
@@ -762,6 +772,9 @@ static const struct field node_fields[] = {
      offsetof(dsec_node_stats, mem_free_mb), 1048576.0},
     {"dsec_node_slots_free", "gauge", "Sandbox slots the node can still admit.",
      offsetof(dsec_node_stats, slots_free), 1},
+    {"dsec_node_disk_free_bytes", "gauge",
+     "Disk for writable layers the node can still admit (its reserve left out).",
+     offsetof(dsec_node_stats, disk_free_mb), 1048576.0},
     {"dsec_node_superseded_destroyed_total", "counter",
      "Sandboxes destroyed because a retry of their create was kept on another node (their answer "
      "was lost).",
@@ -1101,7 +1114,9 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             snprintf(dir, sizeof dir, "%s/node-%s", conf->state_dir, cn->name);
             dsec_node_conf nc = {.name = cn->name, .cell = conf->cell, .state_dir = dir,
                                  .cpu_milli = cn->cpu_milli, .memory_mb = cn->memory_mb,
-                                 .slots = cn->slots, .types = (const char *const *)cn->types,
+                                 .slots = cn->slots, .disk_mb = cn->disk_mb,
+                                 .disk_reserve_mb = cn->disk_reserve_mb,
+                                 .types = (const char *const *)cn->types,
                                  .labels = cn->labels, .nlabels = cn->nlabels,
                                  .backend = cn->backend, .backend_opts = cn->opts,
                                  .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
@@ -1111,6 +1126,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .sync_ticker = c->sync_ticker,
                                  .default_cpu_milli = conf->default_cpu_milli,
                                  .default_memory_mb = conf->default_memory_mb,
+                                 .default_disk_mb = conf->default_disk_mb,
+                                 .default_function_disk_mb = conf->default_function_disk_mb,
                                  .default_ttl_s = conf->default_ttl_s,
                                  .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s,
                                  .traj = c->traj, .pause_idle_ms = conf->pause_idle_ms,

@@ -19,6 +19,8 @@
 typedef struct dsec_cell_node {
     char name[65];
     uint64_t cpu_milli, memory_mb, slots;
+    uint64_t disk_mb;         /* 0: the free space of its state dir's filesystem (sim: 1 PiB) */
+    uint64_t disk_reserve_mb; /* of it, kept from every sandbox */
     char *types[16];          /* NULL-terminated, owned */
     dsec_backend_kv labels[16];
     size_t nlabels;
@@ -56,6 +58,7 @@ typedef struct dsec_cell_conf {
     bool jetstream;
     char state_dir[1024];
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
+    uint64_t default_disk_mb, default_function_disk_mb; /* a create's disk quota when it names none */
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
     uint32_t lost_after_ms;  /* scheduler.lost_after_ms: a node silent this long is lost */

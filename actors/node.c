@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "actors/journal.h"
@@ -41,6 +42,7 @@ struct sbx {
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     uint64_t ttl_ns, idle_ns;
     uint32_t cpu_milli, memory_mb;
+    uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
     uint8_t type_idx;
     _Atomic uint8_t state;
     _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
@@ -133,6 +135,7 @@ struct dsec_node {
     uint64_t live;
     uint64_t live_by_type[DSEC_REGISTRY_MAX];
     uint64_t cpu_free, mem_free, slots_free;
+    uint64_t disk_free; /* MB: conf.disk_mb less the reserve and the sandboxes' quotas */
     bool dirty;
     uint64_t seq;
     uint64_t last_full_ns;
@@ -276,11 +279,13 @@ static void unlink_sbx(dsec_node *n, struct sbx *s)
     n->live_by_type[s->type_idx]--;
 }
 
-static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots)
+static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots,
+                              uint64_t disk)
 {
     n->cpu_free += cpu;
     n->mem_free += mem;
     n->slots_free += slots;
+    n->disk_free += disk;
     n->dirty = true;
 }
 
@@ -330,15 +335,17 @@ static const char *type_name(const dsec_node *n, int idx)
 }
 
 /* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
- * Version 2 adds the project after the state; version 1 records (no
- * project) are still read. */
+ * Version 2 adds the project after the state, 3 the retry after it, 4 the
+ * disk quota after that; records of versions 1 to 3 are still read (their
+ * sandboxes hold no disk in the node's accounting). */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len, "3\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%s",
+    return snprintf(buf, len,
+                    "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
                     s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
-                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project, (uint32_t)s->retry,
-                    s->bstate ? s->bstate : "");
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
+                    (uint32_t)s->retry, s->disk_mb, s->bstate ? s->bstate : "");
 }
 
 static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -389,6 +396,7 @@ static void spec_for(const dsec_node *n, const struct sbx *s, const char *env, d
     sp->env = env;
     sp->cpu_milli = s->cpu_milli;
     sp->memory_mb = s->memory_mb;
+    sp->disk_mb = s->disk_mb;
     sp->tenant = s->tenant;
 }
 
@@ -582,6 +590,9 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     }
     uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
     uint64_t mem = p.c.memory_mb ? p.c.memory_mb : n->conf.default_memory_mb;
+    uint64_t disk = p.c.disk_mb                      ? p.c.disk_mb
+                    : strcmp(tname, "function") == 0 ? n->conf.default_function_disk_mb
+                                                     : n->conf.default_disk_mb;
     uint64_t ttl = p.c.ttl_s ? p.c.ttl_s : n->conf.default_ttl_s;
     uint64_t idle = p.c.idle_s ? p.c.idle_s : n->conf.default_idle_s;
     if (ttl > n->conf.max_ttl_s) {
@@ -643,9 +654,13 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         short_of = "cpu";
     else if (n->mem_free < mem)
         short_of = "memory";
+    else if (n->disk_free < disk)
+        short_of = "disk";
     if (short_of != NULL) {
-        snprintf(why, sizeof why, "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
-                 " slots)", short_of, n->cpu_free, n->mem_free, n->slots_free);
+        snprintf(why, sizeof why,
+                 "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
+                 " slots, %" PRIu64 " MB of disk)",
+                 short_of, n->cpu_free, n->mem_free, n->slots_free, n->disk_free);
         pthread_mutex_unlock(&n->mu);
         dsec_free(s);
         refuse(n, m, &p, why, short_of);
@@ -654,6 +669,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     n->cpu_free -= cpu;
     n->mem_free -= mem;
     n->slots_free -= 1;
+    n->disk_free -= disk;
     n->dirty = true;
     new_id(n, s->id, sizeof s->id);
     snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
@@ -663,6 +679,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     s->type_idx = (uint8_t)tidx;
     s->cpu_milli = (uint32_t)cpu;
     s->memory_mb = (uint32_t)mem;
+    s->disk_mb = disk;
     s->created_ns = dsec_wall_ns();
     s->last_ns = s->created_ns;
     s->ttl_ns = ttl * 1000000000ull;
@@ -676,7 +693,6 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
 
     dsec_sandbox_spec spec;
     spec_for(n, s, p.c.env, &spec);
-    spec.disk_mb = p.c.disk_mb;
     spec.cls = p.c.cls;
     spec.net = p.c.net.v;
     spec.nnet = p.c.net.n;
@@ -689,7 +705,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_err_wrap(&err, "creating %s on %s", s->id, n->name);
         pthread_mutex_lock(&n->mu);
         unlink_sbx(n, s);
-        release_resources(n, cpu, mem, 1);
+        release_resources(n, cpu, mem, 1, disk);
         event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
         pthread_mutex_unlock(&n->mu);
         if (err.code == DSEC_E_INTERNAL || err.code == DSEC_OK)
@@ -706,7 +722,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_backend_destroy(s->be, s->h, &tmp);
         pthread_mutex_lock(&n->mu);
         unlink_sbx(n, s);
-        release_resources(n, cpu, mem, 1);
+        release_resources(n, cpu, mem, 1, disk);
         event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
         pthread_mutex_unlock(&n->mu);
         dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
@@ -1135,7 +1151,7 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
         dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
     pthread_mutex_lock(&n->mu);
     unlink_sbx(n, s);
-    release_resources(n, s->cpu_milli, mem_held(s), 1);
+    release_resources(n, s->cpu_milli, mem_held(s), 1, s->disk_mb);
     event_locked(n, s, ST_STOPPING, ST_GONE, reason);
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->destroyed, 1);
@@ -1282,7 +1298,8 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
             goto out_free;
         }
         *kids[i] = (struct sbx){.be = s->be, .type_idx = s->type_idx, .cpu_milli = s->cpu_milli,
-                                .memory_mb = s->memory_mb, .ttl_ns = s->ttl_ns,
+                                .memory_mb = s->memory_mb, .disk_mb = s->disk_mb,
+                                .ttl_ns = s->ttl_ns,
                                 .idle_ns = s->idle_ns, .state = ST_STARTING};
         new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
@@ -1292,18 +1309,21 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
     }
     pthread_mutex_lock(&n->mu);
     if (n->slots_free < count || n->cpu_free < count * s->cpu_milli ||
-        n->mem_free < count * s->memory_mb) {
-        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free;
+        n->mem_free < count * s->memory_mb || n->disk_free < count * s->disk_mb) {
+        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free, df = n->disk_free;
         pthread_mutex_unlock(&n->mu);
         reply_err(n, m, DSEC_E_CAPACITY,
                   "fork of %s into %" PRIu64 " children needs %" PRIu64 " milli-CPU, %" PRIu64
-                  " MB and %" PRIu64 " slots; node %s has %" PRIu64 ", %" PRIu64 ", %" PRIu64,
-                  s->id, count, count * s->cpu_milli, count * s->memory_mb, count, n->name, cf, mf, sf);
+                  " MB, %" PRIu64 " slots and %" PRIu64 " MB of disk; node %s has %" PRIu64
+                  ", %" PRIu64 ", %" PRIu64 ", %" PRIu64,
+                  s->id, count, count * s->cpu_milli, count * s->memory_mb, count,
+                  count * s->disk_mb, n->name, cf, mf, sf, df);
         goto out_free;
     }
     n->cpu_free -= count * s->cpu_milli;
     n->mem_free -= count * s->memory_mb;
     n->slots_free -= count;
+    n->disk_free -= count * s->disk_mb;
     n->dirty = true;
     reserved = true;
     pthread_mutex_unlock(&n->mu);
@@ -1339,7 +1359,8 @@ out_free:
         fork_unadmit(n, s, admit_id);
     if (reserved) {
         pthread_mutex_lock(&n->mu);
-        release_resources(n, count * s->cpu_milli, count * s->memory_mb, count);
+        release_resources(n, count * s->cpu_milli, count * s->memory_mb, count,
+                          count * s->disk_mb);
         pthread_mutex_unlock(&n->mu);
     }
     for (uint64_t i = 0; kids && i < count; i++)
@@ -1354,14 +1375,15 @@ out_free:
 
 static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
-    char cpu[24], mem[24], created[24], last[24], used_cpu[24], used_mem[24];
+    char cpu[24], mem[24], disk[24], created[24], last[24], used_cpu[24], used_mem[24];
     snprintf(cpu, sizeof cpu, "%" PRIu32, s->cpu_milli);
     snprintf(mem, sizeof mem, "%" PRIu32, s->memory_mb);
+    snprintf(disk, sizeof disk, "%" PRIu64, s->disk_mb);
     snprintf(created, sizeof created, "%" PRIu64, s->created_ns);
     snprintf(last, sizeof last, "%" PRIu64, (uint64_t)s->last_ns);
-    const char *k[8] = {"cpu_milli", "memory_mb", "created_ns", "last_active_ns", "tenant"};
-    const char *v[8] = {cpu, mem, created, last, s->tenant};
-    uint32_t nkv = 5;
+    const char *k[8] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns", "tenant"};
+    const char *v[8] = {cpu, mem, disk, created, last, s->tenant};
+    uint32_t nkv = 6;
     dsec_sandbox_stats st;
     dsec_err err;
     if (dsec_backend_stats(s->be, s->h, &st, &err) == 0) {
@@ -1435,7 +1457,7 @@ static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     pthread_mutex_lock(&n->mu);
-    release_resources(n, 0, mem_held(s), 0);
+    release_resources(n, 0, mem_held(s), 0, 0);
     s->mem_owed = 0;
     s->frozen = true;
     int prev = s->state;
@@ -1624,7 +1646,7 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
         int len = hold_record(nh, rec, sizeof rec);
         if (dsec_journal_put(n->journal, nh->key, rec, (size_t)len, &err) < 0) {
             n->holds = nh->next;
-            release_resources(n, nh->cpu_milli, nh->memory_mb, 0);
+            release_resources(n, nh->cpu_milli, nh->memory_mb, 0, 0);
             pthread_mutex_unlock(&n->mu);
             dsec_free(nh);
             dsec_wire_error(a, m, &err);
@@ -1635,7 +1657,7 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
         struct hold *old = *pp;
         if (old != NULL) {
             *pp = old->next;
-            release_resources(n, old->cpu_milli, old->memory_mb, 0);
+            release_resources(n, old->cpu_milli, old->memory_mb, 0, 0);
             if (dsec_journal_del(n->journal, old->key, &err) < 0)
                 dsec_actor_count_error(a); /* the next start restores a holding nobody owns: logged */
             if (h.forced)
@@ -2184,12 +2206,17 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         f[i] = field(&p);
     const char *project = "";
     uint32_t retry = 0;
-    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0)) {
+    uint64_t disk = 0;
+    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0 || strcmp(f[0], "4") == 0)) {
         char *pj = field(&p);
         project = pj ? pj : "";
-        if (strcmp(f[0], "3") == 0) {
+        if (strcmp(f[0], "2") != 0) {
             char *rt = field(&p);
             retry = rt ? (uint32_t)strtoul(rt, NULL, 10) : 0;
+        }
+        if (strcmp(f[0], "4") == 0) {
+            char *dk = field(&p);
+            disk = dk ? strtoull(dk, NULL, 10) : 0;
         }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
@@ -2212,6 +2239,7 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         s->state = (uint8_t)atoi(f[4]);
         s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);
         s->memory_mb = (uint32_t)strtoul(f[6], NULL, 10);
+        s->disk_mb = disk;
         s->created_ns = strtoull(f[7], NULL, 10);
         s->ttl_ns = strtoull(f[8], NULL, 10);
         s->idle_ns = strtoull(f[9], NULL, 10);
@@ -2260,9 +2288,42 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
     n->cpu_free = n->cpu_free >= s->cpu_milli ? n->cpu_free - s->cpu_milli : 0;
     n->mem_free = n->mem_free >= s->memory_mb ? n->mem_free - s->memory_mb : 0;
     n->slots_free = n->slots_free >= 1 ? n->slots_free - 1 : 0;
+    n->disk_free = n->disk_free >= s->disk_mb ? n->disk_free - s->disk_mb : 0;
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->adopted, 1);
     dsec_free(copy);
+    return 0;
+}
+
+/* The disk sandboxes may hold: what the conf says, or the free space of the state
+ * dir's filesystem now (backends keep sandboxes' writable layers under it), less the
+ * reserve no sandbox takes (the journal, layers and logs need room too). */
+static int disk_open(dsec_node *n, dsec_err *err)
+{
+    uint64_t total = n->conf.disk_mb;
+    if (total == 0 && strcmp(n->conf.backend ? n->conf.backend : "sim", "sim") == 0)
+        total = 1ull << 30; /* 1 PiB: simulated disk binds only when a test sets it */
+    if (total == 0) {
+        struct statvfs v;
+        if (statvfs(n->conf.state_dir, &v) < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "node %s: measuring the free disk of %s",
+                                n->name, n->conf.state_dir);
+        total = (uint64_t)v.f_bavail * v.f_frsize >> 20;
+    }
+    if (total <= n->conf.disk_reserve_mb && n->conf.disk_mb != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node %s: disk_mb %" PRIu64 " is not more than disk_reserve_mb %" PRIu64
+                            ": no sandbox could have a writable layer (raise disk_mb or lower "
+                            "disk_reserve_mb)",
+                            n->name, total, n->conf.disk_reserve_mb);
+    if (total <= n->conf.disk_reserve_mb)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node %s: %" PRIu64 " MB free on the filesystem of %s is not more than "
+                            "disk_reserve_mb %" PRIu64 ": no sandbox could have a writable layer "
+                            "(free space there, or lower disk_reserve_mb)",
+                            n->name, total, n->conf.state_dir, n->conf.disk_reserve_mb);
+    n->conf.disk_mb = total;
+    n->disk_free = total - n->conf.disk_reserve_mb;
     return 0;
 }
 
@@ -2288,6 +2349,12 @@ static int copy_conf(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         k->default_cpu_milli = 1000;
     if (k->default_memory_mb == 0)
         k->default_memory_mb = 512;
+    if (k->default_disk_mb == 0)
+        k->default_disk_mb = 1024;
+    if (k->default_function_disk_mb == 0)
+        k->default_function_disk_mb = 64;
+    if (k->disk_reserve_mb == 0)
+        k->disk_reserve_mb = 2048;
     if (k->default_ttl_s == 0)
         k->default_ttl_s = 3600;
     if (k->default_idle_s == 0)
@@ -2478,6 +2545,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name, c->state_dir);
         goto out_fail;
     }
+    if (disk_open(n, err) < 0)
+        goto out_fail;
     snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
     /* it holds only snapshots being made: what is there now, a crash left (or a node
      * manager that kept them all) */
@@ -2650,7 +2719,7 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
                            .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
-                           .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
+                           .disk_free_mb = n->disk_free, .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
                            .stale_places = n->stale_places};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);

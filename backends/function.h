@@ -81,7 +81,8 @@ extern "C" {
  *   prestart=LIST         runtimes whose pool starts with the backend
  *   tmpfs_mb=N            size of each call's /tmp and of its /work (64)
  *   memory_mb=N           call memory when the spec has none (512)
- *   files_mb=N            a sandbox's files when the spec has no disk_mb (64)
+ *   files_mb=N            a sandbox's files when the spec has no disk_mb (64; a node
+ *                         always passes one: the cell's defaults.function_disk_mb)
  *   max_timeout_ms=N      ceiling of every call (600000)
  *   acquire_ms=N          wait for a warm worker before failing (30000)
  *   uid_base=N            calls run as uid/gid uid_base + slot; the range

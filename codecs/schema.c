@@ -71,7 +71,7 @@ static const dsec_field pong_fields[] = {
         FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                       \
         FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"),   \
         FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                 \
-        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk in MiB"),                     \
+        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk limit in MiB (0: the cell default)"),                     \
         FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),   \
         FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),     \
         FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
@@ -104,7 +104,7 @@ static const dsec_field place_fields[] = {
     FSTRV(dsec_msg_place, tried, "tried", false, L_NODES, L_NAME, "nodes that already refused"),
     FSTR(dsec_msg_place, reason, "reason", false, L_TEXT, "in a refusal: why the node refused"),
     FSTR(dsec_msg_place, short_of, "short_of", false, L_NAME,
-         "in a refusal for room: what the node lacked (`slots`, `cpu` or `memory`)"),
+         "in a refusal for room: what the node lacked (`slots`, `cpu`, `memory` or `disk`)"),
     FU64(dsec_msg_place, parked_ms, "parked_ms", false, 0, 0,
          "a rollout that waited for room: when its wait began (ms since epoch); it waits `wait_ms` "
          "from then, across refusals"),

@@ -72,7 +72,7 @@ static bool parse_mem(const char *s, uint64_t *mb)
     if (last == 'G' || last == 'g' || last == 'M' || last == 'm')
         buf[n - 1] = '\0';
     uint64_t v;
-    if (!parse_u64(buf, &v))
+    if (!parse_u64(buf, &v) || v > UINT64_MAX / mult)
         return false;
     *mb = v * mult;
     return true;
@@ -111,14 +111,15 @@ int dsec_cli_create(int argc, char **argv)
     static const struct option opts[] = {
         {"type", required_argument, 0, 't'},   {"requires", required_argument, 0, 'R'},
         {"env", required_argument, 0, 'e'},    {"cpu", required_argument, 0, 'c'},
-        {"memory", required_argument, 0, 'm'}, {"ttl", required_argument, 0, 'T'},
+        {"memory", required_argument, 0, 'm'}, {"disk", required_argument, 0, 'D'},
+        {"ttl", required_argument, 0, 'T'},
         {"idle", required_argument, 0, 'I'},   {"label", required_argument, 0, 'l'},
         {"affinity", required_argument, 0, 'a'}, {"cell", required_argument, 0, 'C'},
         {"class", required_argument, 0, 'k'},  {"req-id", required_argument, 0, 'r'},
         {"rollout", required_argument, 0, 'o'}, {"net", required_argument, 0, 'n'},
         {"project", required_argument, 0, 'P'}, {0, 0, 0, 0}};
     const char *use = "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
-                      "[--memory MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
+                      "[--memory MB|NG] [--disk MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
                       "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]... "
                       "[--project P[/SUB]]";
     dsec_create_spec spec = {0};
@@ -147,6 +148,16 @@ int dsec_cli_create(int argc, char **argv)
         case 'm':
             if (!parse_mem(optarg, &spec.memory_mb)) {
                 fprintf(stderr, "dsec create: --memory \"%s\": give MiB (512) or 512M / 2G\n", optarg);
+                return 2;
+            }
+            break;
+        case 'D':
+            /* 0 would mean "the cell default": say so rather than take it */
+            if (!parse_mem(optarg, &spec.disk_mb) || spec.disk_mb == 0) {
+                fprintf(stderr,
+                        "dsec create: --disk \"%s\": give the writable disk's limit in MiB (1024) "
+                        "or 1024M / 2G, at least 1; leave --disk out for the cell default\n",
+                        optarg);
                 return 2;
             }
             break;
