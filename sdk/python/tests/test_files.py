@@ -20,11 +20,13 @@ from test_container import ROOT, _cell, _free_port, tearDownModule  # noqa: F401
 MIB = 1 << 20
 SIZES = [0, 1, 4 * MIB - 1, 4 * MIB, 4 * MIB + 1, 100 * MIB, 1024 * MIB]
 ENV = "busybox:1"
-# every sandbox type with files: where it keeps them, and what to create
+# every sandbox type with files: where it keeps them, and what to create (room for two 1 GiB
+# files: the cell's default disk is 1 GiB, a function sandbox's 64 MiB)
 TYPES = {
-    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64,
+    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64, disk_mb=3072,
                                                           max_lifetime_s=1800))),
-    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(max_lifetime_s=1800))),
+    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(disk_mb=3072,
+                                                                  max_lifetime_s=1800))),
     "container": ("/tmp/f", lambda c: c.run_container(ContainerArgs(
         environment=ENV, cpu=0.5, memory_mb=128, disk_mb=3072, max_lifetime_s=1800))),
     "microvm": ("/tmp/f", lambda c: c.run_microvm(MicroVMArgs(
@@ -60,7 +62,7 @@ def setUpModule():
                   "    types: [function, container, microvm]\n"
                   "    backend: native\n"
                   "    options: {function.uid_base: \"1850000000\", function.max_workers: \"4\",\n"
-                  "              function.files_mb: \"3072\", function.pool_python3: \"0\",\n"
+                  "              function.pool_python3: \"0\",\n"
                   "              function.pool_sh: \"1\", function.pool_native: \"0\"}\n" % node)
     conf = os.path.join(tmp, "cell.yaml")
     with open(conf, "w") as f:
