@@ -15,7 +15,7 @@ endforeach()
 # program copied into a sandbox.
 add_executable(net_flood net_flood.c)
 target_link_options(net_flood PRIVATE -static)
-if(DSEC_SANITIZE)
+if(DSEC_ANY_SANITIZER)
   target_compile_options(net_flood PRIVATE -fno-sanitize=all)
   target_link_options(net_flood PRIVATE -fno-sanitize=all)
 endif()

@@ -2,7 +2,7 @@
 # libdsec.so of this build and each test module starts its own `dsec up`.
 # Only in non-sanitizer builds: Python loading an ASan-instrumented libdsec.so
 # would need LD_PRELOAD of libasan (and reports CPython's own leaks).
-if(NOT DSEC_SANITIZE)
+if(NOT DSEC_ANY_SANITIZER)
   find_program(DSEC_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
   if(NOT DSEC_PYTHON3)
     find_program(DSEC_PYTHON3 python3)
