@@ -22,7 +22,8 @@ if(NOT DSEC_ANY_SANITIZER)
              COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_container.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    # unittest exits 0 when setUpModule skips the module: its reason marks the ctest skip
     set_tests_properties(sdk_container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host
-      ENVIRONMENT "${DSEC_SDK_ENV}")
+      ENVIRONMENT "${DSEC_SDK_ENV}" SKIP_REGULAR_EXPRESSION "container sandboxes need root")
   endif()
 endif()
