@@ -1,7 +1,7 @@
 # The Python SDK (sdk/python) against real embedded cells: python3 -m unittest loads the
 # libdsec.so of this build and each test module starts its own `dsec up`.
 # Only in non-sanitizer builds: Python loading an ASan-instrumented libdsec.so
-# would need LD_PRELOAD of libasan (and reports CPython's own leaks).
+# would need LD_PRELOAD of libasan (and reports CPython's own leaks); TSan likewise.
 if(NOT DSEC_ANY_SANITIZER)
   find_program(DSEC_PYTHON3 NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
   if(NOT DSEC_PYTHON3)
