@@ -44,7 +44,8 @@ static const Elf64_Shdr *section(const struct elf *e, size_t i)
     if (i == 0 || i >= e->eh->e_shnum)
         return NULL;
     const Elf64_Shdr *sh = (const Elf64_Shdr *)(e->base + e->eh->e_shoff) + i;
-    if (sh->sh_type != SHT_NOBITS && (sh->sh_offset > e->size || sh->sh_size > e->size - sh->sh_offset))
+    if (sh->sh_type != SHT_NOBITS &&
+        (sh->sh_offset > e->size || sh->sh_size > e->size - sh->sh_offset))
         return NULL;
     return sh;
 }
@@ -107,20 +108,23 @@ static void dynamic_calls(const struct elf *e, bool fortify)
         if (strcmp(n, "__stack_chk_fail") == 0)
             canary = true;
         else if (is_chk_name(n) && chk++ < 3)
-            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", chk > 1 ? " " : "", n);
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     chk > 1 ? " " : "", n);
     }
     check(canary, e->path, "stack canaries",
-          canary ? "imports __stack_chk_fail" : "no __stack_chk_fail import: built without -fstack-protector-strong?");
+          canary ? "imports __stack_chk_fail"
+                 : "no __stack_chk_fail import: built without -fstack-protector-strong?");
     if (!fortify)
         return;
     char d[256];
     snprintf(d, sizeof d, "%d fortified imports (%s%s)", chk, names, chk > 3 ? " ..." : "");
-    check(chk > 0, e->path, "fortified libc calls", chk > 0 ? d : "no __*_chk import: built without -D_FORTIFY_SOURCE=2 -O2?");
+    check(chk > 0, e->path, "fortified libc calls",
+          chk > 0 ? d : "no __*_chk import: built without -D_FORTIFY_SOURCE=2 -O2?");
 }
 
 /* Is there a direct call or jump from code at addr (its bytes p, n long) to a target? */
-static int calls_to(uint16_t machine, const uint8_t *p, size_t n, uint64_t addr, const uint64_t *targets,
-                    size_t ntargets)
+static int calls_to(uint16_t machine, const uint8_t *p, size_t n, uint64_t addr,
+                    const uint64_t *targets, size_t ntargets)
 {
     int found = 0;
     if (machine == EM_X86_64) {
@@ -139,7 +143,8 @@ static int calls_to(uint16_t machine, const uint8_t *p, size_t n, uint64_t addr,
             memcpy(&w, p + i, 4);
             if ((w & 0x7c000000) != 0x14000000) /* B, BL imm26 */
                 continue;
-            int64_t off = (int64_t)((w & 0x03ffffff) << 6) >> 4; /* sign-extend, times 4 */
+            /* imm26, sign-extended, times 4 */
+            int64_t off = (int64_t)((int32_t)((w & 0x03ffffff) << 6) >> 4);
             uint64_t to = addr + i + off;
             for (size_t t = 0; t < ntargets; t++)
                 found += to == targets[t];
@@ -149,17 +154,20 @@ static int calls_to(uint16_t machine, const uint8_t *p, size_t n, uint64_t addr,
 }
 
 /* The functions of one source file in a static program, scanned for calls to __stack_chk_fail
- * and (if asked) to __*_chk functions (.symtab: glibc's copies are in the file whether we call them or not). */
+ * and (if asked) to __*_chk functions (.symtab: glibc's copies are in the file whether we call them
+ * or not). */
 static void static_calls(const struct elf *e, const char *source, bool fortify)
 {
     uint16_t m = e->eh->e_machine;
     if (m != EM_X86_64 && m != EM_AARCH64) {
-        check(false, e->path, "stack canaries", "no call scanner for this machine (x86-64 and aarch64 only)");
+        check(false, e->path, "stack canaries",
+              "no call scanner for this machine (x86-64 and aarch64 only)");
         return;
     }
     struct syms ss = symbols(e, SHT_SYMTAB);
     if (ss.n == 0) {
-        check(false, e->path, "stack canaries", "no .symtab: the file is stripped, nothing to scan");
+        check(false, e->path, "stack canaries",
+              "no .symtab: the file is stripped, nothing to scan");
         return;
     }
     uint64_t canary[4], chk[64];
@@ -186,7 +194,8 @@ static void static_calls(const struct elf *e, const char *source, bool fortify)
             continue;
         const Elf64_Shdr *text = section(e, s->st_shndx);
         if (text == NULL || text->sh_type != SHT_PROGBITS || s->st_value < text->sh_addr ||
-            s->st_value - text->sh_addr > text->sh_size || s->st_size > text->sh_size - (s->st_value - text->sh_addr))
+            s->st_value - text->sh_addr > text->sh_size ||
+            s->st_size > text->sh_size - (s->st_value - text->sh_addr))
             continue;
         const uint8_t *code = e->base + text->sh_offset + (s->st_value - text->sh_addr);
         funcs++;
@@ -199,11 +208,13 @@ static void static_calls(const struct elf *e, const char *source, bool fortify)
         check(false, e->path, "stack canaries", d);
         return;
     }
-    snprintf(d, sizeof d, "%d of the %d functions of %s call __stack_chk_fail", with_canary, funcs, source);
+    snprintf(d, sizeof d, "%d of the %d functions of %s call __stack_chk_fail", with_canary, funcs,
+             source);
     check(with_canary > 0, e->path, "stack canaries", d);
     if (!fortify)
         return;
-    snprintf(d, sizeof d, "%d of the %d functions of %s call __*_chk functions", with_chk, funcs, source);
+    snprintf(d, sizeof d, "%d of the %d functions of %s call __*_chk functions", with_chk, funcs,
+             source);
     check(with_chk > 0, e->path, "fortified libc calls", d);
 }
 
@@ -235,18 +246,29 @@ static void run(const struct elf *e, enum kind kind, const char *source, bool fo
 
     const char *p = e->path;
     if (kind == LIBRARY) {
-        check(eh->e_type == ET_DYN, p, "shared object", eh->e_type == ET_DYN ? "ET_DYN" : "not ET_DYN");
+        check(eh->e_type == ET_DYN, p, "shared object",
+              eh->e_type == ET_DYN ? "ET_DYN" : "not ET_DYN");
     } else {
         bool pie = eh->e_type == ET_DYN && (flags_1 & DF_1_PIE);
-        check(pie, p, "PIE", pie ? "ET_DYN with DF_1_PIE" : eh->e_type == ET_EXEC ? "ET_EXEC: a fixed load address" : "no DF_1_PIE in DT_FLAGS_1");
+        check(pie, p, "PIE",
+              pie                     ? "ET_DYN with DF_1_PIE"
+              : eh->e_type == ET_EXEC ? "ET_EXEC: a fixed load address"
+                                      : "no DF_1_PIE in DT_FLAGS_1");
     }
     if (kind == STATIC)
-        check(!interp && needed == 0, p, "static", !interp && needed == 0 ? "no PT_INTERP, no DT_NEEDED" : "has an ELF interpreter or needs shared libraries");
+        check(!interp && needed == 0, p, "static",
+              !interp && needed == 0 ? "no PT_INTERP, no DT_NEEDED"
+                                     : "has an ELF interpreter or needs shared libraries");
     else if (kind == PROGRAM)
-        check(interp, p, "dynamic program", interp ? "PT_INTERP" : "no PT_INTERP: pass --static SOURCE for a static program");
-    check(relro, p, "RELRO", relro ? "PT_GNU_RELRO" : "no PT_GNU_RELRO segment: link with -z relro");
-    check(bind_now, p, "full RELRO (bind now)", bind_now ? "DF_BIND_NOW / DF_1_NOW" : "lazy binding leaves the GOT writable: link with -z now");
-    check(nx_stack, p, "non-executable stack", nx_stack ? "PT_GNU_STACK without PF_X" : "executable or unmarked stack");
+        check(interp, p, "dynamic program",
+              interp ? "PT_INTERP" : "no PT_INTERP: pass --static SOURCE for a static program");
+    check(relro, p, "RELRO",
+          relro ? "PT_GNU_RELRO" : "no PT_GNU_RELRO segment: link with -z relro");
+    check(bind_now, p, "full RELRO (bind now)",
+          bind_now ? "DF_BIND_NOW / DF_1_NOW"
+                   : "lazy binding leaves the GOT writable: link with -z now");
+    check(nx_stack, p, "non-executable stack",
+          nx_stack ? "PT_GNU_STACK without PF_X" : "executable or unmarked stack");
 
     if (kind == STATIC)
         static_calls(e, source, fortify);
@@ -282,7 +304,8 @@ int main(int argc, char **argv)
         return 2;
     }
     e.size = (size_t)st.st_size;
-    void *m = e.size >= sizeof(Elf64_Ehdr) ? mmap(NULL, e.size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    void *m = e.size >= sizeof(Elf64_Ehdr) ? mmap(NULL, e.size, PROT_READ, MAP_PRIVATE, fd, 0)
+                                           : MAP_FAILED;
     close(fd);
     if (m == MAP_FAILED) {
         fprintf(stderr, "%s: not an ELF file (too short or unreadable)\n", e.path);
