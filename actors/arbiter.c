@@ -313,6 +313,8 @@ static void on_register(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_arbiter *a = ud;
     dsec_err err;
     dsec_msg_job_register r;
+    if (!dsec_wire_type_ok(act, m, DSEC_MSG_JOB_REGISTER)) /* an event: dropped, counted */
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_REGISTER, dsec_msg_data(m), dsec_msg_len(m), &r,
                     &err) < 0 || dsec_name_ok(r.job, DSEC_NAME_LEN_MAX) < 0) {
         dsec_actor_count_error(act);
@@ -353,6 +355,8 @@ static void on_demand(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_arbiter *a = ud;
     dsec_err err;
     dsec_msg_demand d;
+    if (!dsec_wire_type_ok(act, m, DSEC_MSG_DEMAND)) /* an event: dropped, counted */
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_DEMAND, dsec_msg_data(m), dsec_msg_len(m), &d, &err) < 0) {
         dsec_actor_count_error(act);
         return;
@@ -380,6 +384,8 @@ static void on_released(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_arbiter *a = ud;
     dsec_err err;
     dsec_msg_reclaim_outcome o;
+    if (!dsec_wire_type_ok(act, m, DSEC_MSG_RECLAIM_OUTCOME)) /* an event: dropped, counted */
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m),
                     &o, &err) < 0) {
         dsec_actor_count_error(act);

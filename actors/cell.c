@@ -12,6 +12,7 @@
 
 #include "actors/config.h"
 #include "actors/metrics.h"
+#include "actors/tracer.h"
 #include "bus/layers-js.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -34,6 +35,7 @@ struct dsec_cell {
     dsec_quota *quota;
     dsec_layer_registry *layers; /* handed to the node managers' backends */
     dsec_metrics *metrics;       /* the Prometheus endpoint, or NULL */
+    dsec_tracer *tracer;         /* answers dsec trace; NULL when trace.ring is 0 */
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -52,6 +54,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     snprintf(c->layers_bucket, sizeof c->layers_bucket, "DSEC_LAYERS");
     c->default_cpu_milli = 1000;
     c->default_memory_mb = 512;
+    c->default_disk_mb = 1024;
+    c->default_function_disk_mb = 64;
     c->default_ttl_s = 3600;
     c->default_idle_s = 900;
     c->max_ttl_s = 86400;
@@ -71,6 +75,9 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
     c->traj_retention_s = 7 * 86400;
+    c->trace_sample_rate = 0.01;
+    c->trace_slow_ms = 100;
+    c->trace_ring = 4096;
     c->net.ipv6 = false;
     c->net.masquerade = true;
 }
@@ -135,6 +142,7 @@ static dsec_cell_node *add_node(dsec_cell_conf *c, dsec_err *err)
     n->cpu_milli = 8000;
     n->memory_mb = 16384;
     n->slots = 1024;
+    n->disk_reserve_mb = 2048;
     snprintf(n->backend, sizeof n->backend, "sim");
     return n;
 }
@@ -171,8 +179,9 @@ static int scalar_map(const dsec_cfg *cfg, const dsec_cfg_node *map, dsec_backen
 
 static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_conf *c, dsec_err *err)
 {
-    static const char *const keys[] = {"name", "cpu_milli", "memory_mb", "slots", "types",
-                                       "labels", "backend", "sim", "options", NULL};
+    static const char *const keys[] = {"name",    "cpu_milli", "memory_mb",       "slots",
+                                       "types",   "labels",    "backend",         "sim",
+                                       "options", "disk_mb",   "disk_reserve_mb", NULL};
     if (dsec_cfg_expect(cfg, item, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, item, keys, err) < 0)
         return -1;
     dsec_cell_node *n = add_node(c, err);
@@ -183,7 +192,9 @@ static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_c
         dsec_cfg_str(cfg, item, "backend", "sim", &backend, err) < 0 ||
         dsec_cfg_u64(cfg, item, "cpu_milli", 8000, 1, 100000000, &n->cpu_milli, err) < 0 ||
         dsec_cfg_u64(cfg, item, "memory_mb", 16384, 1, 1ull << 32, &n->memory_mb, err) < 0 ||
-        dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0)
+        dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "disk_mb", 0, 0, 1ull << 40, &n->disk_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, item, "disk_reserve_mb", 2048, 1, 1ull << 40, &n->disk_reserve_mb, err) < 0)
         return -1;
     if (name == NULL || dsec_name_ok(name, DSEC_NAME_LEN_MAX) < 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
@@ -344,7 +355,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     const dsec_cfg_node *root = dsec_cfg_root(cfg);
     static const char *const top[] = {"cell", "bus", "embedded_nats", "state_dir", "defaults",
                                       "scheduler", "arbiter", "quota", "trajectory", "reports", "layers", "net",
-                                      "metrics", "nodes", NULL};
+                                      "metrics", "trace", "nodes", NULL};
     if (dsec_cfg_check_keys(cfg, root, top, err) < 0)
         return -1;
     const char *s;
@@ -380,10 +391,14 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     c->nats_port = (int)port;
 
     const dsec_cfg_node *d = dsec_cfg_get(root, "defaults");
-    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "ttl_s", "idle_s", "max_ttl_s", NULL};
+    static const char *const d_keys[] = {"cpu_milli", "memory_mb", "disk_mb",   "function_disk_mb",
+                                         "ttl_s",     "idle_s",    "max_ttl_s", NULL};
     if (dsec_cfg_expect(cfg, d, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, d, d_keys, err) < 0 ||
         dsec_cfg_u64(cfg, d, "cpu_milli", c->default_cpu_milli, 1, 1000000, &c->default_cpu_milli, err) < 0 ||
         dsec_cfg_u64(cfg, d, "memory_mb", c->default_memory_mb, 1, 1ull << 24, &c->default_memory_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "disk_mb", c->default_disk_mb, 1, 1ull << 40, &c->default_disk_mb, err) < 0 ||
+        dsec_cfg_u64(cfg, d, "function_disk_mb", c->default_function_disk_mb, 1, 1ull << 40,
+                     &c->default_function_disk_mb, err) < 0 ||
         dsec_cfg_u64(cfg, d, "ttl_s", c->default_ttl_s, 1, 1ull << 32, &c->default_ttl_s, err) < 0 ||
         dsec_cfg_u64(cfg, d, "idle_s", c->default_idle_s, 1, 1ull << 32, &c->default_idle_s, err) < 0 ||
         dsec_cfg_u64(cfg, d, "max_ttl_s", c->max_ttl_s, 1, 1ull << 32, &c->max_ttl_s, err) < 0)
@@ -489,6 +504,18 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         return dsec_err_wrap(err, "%s:%d: key \"listen\"", dsec_cfg_name(cfg),
                              dsec_cfg_get(me, "listen")->line);
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "%s", mlisten);
+
+    const dsec_cfg_node *tr = dsec_cfg_get(root, "trace");
+    static const char *const tr_keys[] = {"sample_rate", "slow_ms", "ring", NULL};
+    uint64_t slow_ms, ring;
+    if (dsec_cfg_expect(cfg, tr, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, tr, tr_keys, err) < 0 ||
+        dsec_cfg_double(cfg, tr, "sample_rate", c->trace_sample_rate, 0.0, 1.0,
+                        &c->trace_sample_rate, err) < 0 ||
+        dsec_cfg_u64(cfg, tr, "slow_ms", c->trace_slow_ms, 0, 3600000, &slow_ms, err) < 0 ||
+        dsec_cfg_u64(cfg, tr, "ring", c->trace_ring, 0, 1000000, &ring, err) < 0)
+        return -1;
+    c->trace_slow_ms = (uint32_t)slow_ms;
+    c->trace_ring = (uint32_t)ring;
 
     const dsec_cfg_node *nodes = dsec_cfg_get(root, "nodes");
     if (dsec_cfg_expect(cfg, nodes, DSEC_CFG_SEQ, err) < 0)
@@ -745,6 +772,9 @@ static const struct field node_fields[] = {
      offsetof(dsec_node_stats, mem_free_mb), 1048576.0},
     {"dsec_node_slots_free", "gauge", "Sandbox slots the node can still admit.",
      offsetof(dsec_node_stats, slots_free), 1},
+    {"dsec_node_disk_free_bytes", "gauge",
+     "Disk for writable layers the node can still admit (its reserve left out).",
+     offsetof(dsec_node_stats, disk_free_mb), 1048576.0},
     {"dsec_node_superseded_destroyed_total", "counter",
      "Sandboxes destroyed because a retry of their create was kept on another node (their answer "
      "was lost).",
@@ -1027,6 +1057,13 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
         dsec_ticker_new(&c->sync_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
+    if (conf->trace_ring > 0) {
+        /* before any actor: the first request's hops are kept too */
+        dsec_trace_conf tc = {.sample_rate = conf->trace_sample_rate,
+                              .slow_ms = conf->trace_slow_ms, .ring = conf->trace_ring};
+        if (dsec_tracer_start(&c->tracer, c->bus, cname, &tc, err) < 0)
+            goto out_fail;
+    }
     if ((roles & DSEC_ROLE_NODE) && conf->jetstream) {
         dsec_traj_conf tc = {.max_age_s = conf->traj_retention_s, .max_bytes = conf->traj_max_bytes,
                              .replicas = (int)conf->traj_replicas};
@@ -1077,7 +1114,9 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             snprintf(dir, sizeof dir, "%s/node-%s", conf->state_dir, cn->name);
             dsec_node_conf nc = {.name = cn->name, .cell = conf->cell, .state_dir = dir,
                                  .cpu_milli = cn->cpu_milli, .memory_mb = cn->memory_mb,
-                                 .slots = cn->slots, .types = (const char *const *)cn->types,
+                                 .slots = cn->slots, .disk_mb = cn->disk_mb,
+                                 .disk_reserve_mb = cn->disk_reserve_mb,
+                                 .types = (const char *const *)cn->types,
                                  .labels = cn->labels, .nlabels = cn->nlabels,
                                  .backend = cn->backend, .backend_opts = cn->opts,
                                  .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
@@ -1087,6 +1126,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .sync_ticker = c->sync_ticker,
                                  .default_cpu_milli = conf->default_cpu_milli,
                                  .default_memory_mb = conf->default_memory_mb,
+                                 .default_disk_mb = conf->default_disk_mb,
+                                 .default_function_disk_mb = conf->default_function_disk_mb,
                                  .default_ttl_s = conf->default_ttl_s,
                                  .default_idle_s = conf->default_idle_s, .max_ttl_s = conf->max_ttl_s,
                                  .traj = c->traj, .pause_idle_ms = conf->pause_idle_ms,
@@ -1198,6 +1239,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
         dsec_err err;
         dsec_bus_flush(c->bus, 1000, &err);
     }
+    dsec_tracer_stop(c->tracer);
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
     dsec_traj_close(c->traj);

@@ -19,6 +19,8 @@
 typedef struct dsec_cell_node {
     char name[65];
     uint64_t cpu_milli, memory_mb, slots;
+    uint64_t disk_mb;         /* 0: the free space of its state dir's filesystem (sim: 1 PiB) */
+    uint64_t disk_reserve_mb; /* of it, kept from every sandbox */
     char *types[16];          /* NULL-terminated, owned */
     dsec_backend_kv labels[16];
     size_t nlabels;
@@ -56,6 +58,7 @@ typedef struct dsec_cell_conf {
     bool jetstream;
     char state_dir[1024];
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
+    uint64_t default_disk_mb, default_function_disk_mb; /* a create's disk quota when it names none */
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
     uint32_t lost_after_ms;  /* scheduler.lost_after_ms: a node silent this long is lost */
@@ -80,6 +83,9 @@ typedef struct dsec_cell_conf {
     dsec_cell_net net;
     char metrics_listen[128];  /* metrics.listen: "HOST:PORT" of the Prometheus endpoint
                                   (docs/metrics.md); "": none */
+    double trace_sample_rate;  /* trace.sample_rate: share of requests whose hops are kept (0.01) */
+    uint32_t trace_slow_ms;    /* trace.slow_ms: hops this slow are always kept (100) */
+    uint32_t trace_ring;       /* trace.ring: hops kept by this process (4096; 0: tracing off) */
     dsec_cell_node *nodes;   /* owned */
     size_t nnodes;
 } dsec_cell_conf;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "actors/journal.h"
@@ -41,6 +42,7 @@ struct sbx {
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     uint64_t ttl_ns, idle_ns;
     uint32_t cpu_milli, memory_mb;
+    uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
     uint8_t type_idx;
     _Atomic uint8_t state;
     _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
@@ -102,6 +104,7 @@ struct event {
     uint8_t state, prev, type_idx;
     uint64_t ts_ns;
     char reason[96];
+    char trace_id[DSEC_TRACE_ID_MAX + 1]; /* the request that caused it; "" if none */
 };
 
 struct dsec_node {
@@ -132,6 +135,7 @@ struct dsec_node {
     uint64_t live;
     uint64_t live_by_type[DSEC_REGISTRY_MAX];
     uint64_t cpu_free, mem_free, slots_free;
+    uint64_t disk_free; /* MB: conf.disk_mb less the reserve and the sandboxes' quotas */
     bool dirty;
     uint64_t seq;
     uint64_t last_full_ns;
@@ -275,11 +279,13 @@ static void unlink_sbx(dsec_node *n, struct sbx *s)
     n->live_by_type[s->type_idx]--;
 }
 
-static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots)
+static void release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots,
+                              uint64_t disk)
 {
     n->cpu_free += cpu;
     n->mem_free += mem;
     n->slots_free += slots;
+    n->disk_free += disk;
     n->dirty = true;
 }
 
@@ -306,6 +312,9 @@ static void event_locked(dsec_node *n, const struct sbx *s, int prev, int state,
     e->type_idx = s->type_idx;
     e->ts_ns = dsec_wall_ns();
     snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+    /* events leave later in a batch: each keeps the trace of its cause */
+    const char *tid = dsec_trace_current();
+    snprintf(e->trace_id, sizeof e->trace_id, "%s", tid != NULL ? tid : "");
 }
 
 static void set_state(dsec_node *n, struct sbx *s, int state, const char *reason)
@@ -326,15 +335,17 @@ static const char *type_name(const dsec_node *n, int idx)
 }
 
 /* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
- * Version 2 adds the project after the state; version 1 records (no
- * project) are still read. */
+ * Version 2 adds the project after the state, 3 the retry after it, 4 the
+ * disk quota after that; records of versions 1 to 3 are still read (their
+ * sandboxes hold no disk in the node's accounting). */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len, "3\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                              "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%s",
+    return snprintf(buf, len,
+                    "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
                     s->tenant, s->req_id, type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
-                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project, (uint32_t)s->retry,
-                    s->bstate ? s->bstate : "");
+                    s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
+                    (uint32_t)s->retry, s->disk_mb, s->bstate ? s->bstate : "");
 }
 
 static int journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -385,6 +396,7 @@ static void spec_for(const dsec_node *n, const struct sbx *s, const char *env, d
     sp->env = env;
     sp->cpu_milli = s->cpu_milli;
     sp->memory_mb = s->memory_mb;
+    sp->disk_mb = s->disk_mb;
     sp->tenant = s->tenant;
 }
 
@@ -401,6 +413,57 @@ static void reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, ...)
     vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
     dsec_wire_error(n->actor, m, &e);
+}
+
+/* An invalid request field: the error names it (docs/protocol.md, Errors). */
+static void reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
+{
+    dsec_err e = {.code = DSEC_E_INVALID};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    dsec_wire_error_field(n->actor, m, &e, field);
+}
+
+/* A backend's failure of a request, answered: an invalid one names the
+ * field the backend judged (bad_field; NULL when it cannot be told). */
+static void reply_backend(dsec_node *n, dsec_msg *m, const dsec_err *e, const char *bad_field)
+{
+    dsec_wire_error_field(n->actor, m, e, e->code == DSEC_E_INVALID ? bad_field : NULL);
+}
+
+/* The exec field a backend's invalid error is about. Backends judge the
+ * command line, cwd, user and environment, and say which in their message
+ * (backends/function-call.c, agent-client.c); the command is what is left. */
+static const char *exec_bad_field(const dsec_err *e)
+{
+    if (strstr(e->msg, "cwd") != NULL)
+        return "cwd";
+    if (strstr(e->msg, "user \"") != NULL)
+        return "user";
+    if (strstr(e->msg, "environment variable") != NULL || strstr(e->msg, "DSEC_LIMIT_") != NULL)
+        return "env";
+    return "argv";
+}
+
+/* The create field a backend's invalid error is about: the backends judge
+ * the labels (runtime=, limits), the environment and its layers, the disk
+ * and the network policy, and say which in their message. */
+static const char *create_bad_field(const dsec_err *e)
+{
+    if (strstr(e->msg, "label") != NULL || strstr(e->msg, "runtime") != NULL)
+        return "labels";
+    if (strstr(e->msg, "disk_mb") != NULL)
+        return "disk_mb";
+    if (strstr(e->msg, "network policy") != NULL)
+        return "net";
+    if (strstr(e->msg, "requires") != NULL || strstr(e->msg, "isolation") != NULL)
+        return "requires";
+    return "env";
 }
 
 static void send_created(dsec_node *n, const char *reply_to, const struct sbx *s, bool existing,
@@ -482,15 +545,20 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     uint64_t t0 = dsec_now_ns();
     dsec_err err;
     dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
     const char *tenant = p.c.tenant ? p.c.tenant : "default";
-    if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0 || !printable_token(p.c.req_id, 64)) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad tenant or req_id");
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "req_id", p.c.req_id);
+    bool tenant_ok = dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0;
+    if (!tenant_ok || !printable_token(p.c.req_id, 64)) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad %s",
+                     tenant_ok ? "req_id (control characters)" : "tenant (not a name)");
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err, tenant_ok ? "req_id" : "tenant",
+                           p.c.req_id);
         return;
     }
     if (p.c.project != NULL && p.c.project[0] && dsec_project_ok(p.c.project, DSEC_NAME_LEN_MAX) < 0) {
@@ -522,6 +590,9 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     }
     uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
     uint64_t mem = p.c.memory_mb ? p.c.memory_mb : n->conf.default_memory_mb;
+    uint64_t disk = p.c.disk_mb                      ? p.c.disk_mb
+                    : strcmp(tname, "function") == 0 ? n->conf.default_function_disk_mb
+                                                     : n->conf.default_disk_mb;
     uint64_t ttl = p.c.ttl_s ? p.c.ttl_s : n->conf.default_ttl_s;
     uint64_t idle = p.c.idle_s ? p.c.idle_s : n->conf.default_idle_s;
     if (ttl > n->conf.max_ttl_s) {
@@ -583,9 +654,13 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         short_of = "cpu";
     else if (n->mem_free < mem)
         short_of = "memory";
+    else if (n->disk_free < disk)
+        short_of = "disk";
     if (short_of != NULL) {
-        snprintf(why, sizeof why, "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
-                 " slots)", short_of, n->cpu_free, n->mem_free, n->slots_free);
+        snprintf(why, sizeof why,
+                 "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
+                 " slots, %" PRIu64 " MB of disk)",
+                 short_of, n->cpu_free, n->mem_free, n->slots_free, n->disk_free);
         pthread_mutex_unlock(&n->mu);
         dsec_free(s);
         refuse(n, m, &p, why, short_of);
@@ -594,6 +669,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     n->cpu_free -= cpu;
     n->mem_free -= mem;
     n->slots_free -= 1;
+    n->disk_free -= disk;
     n->dirty = true;
     new_id(n, s->id, sizeof s->id);
     snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
@@ -603,6 +679,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     s->type_idx = (uint8_t)tidx;
     s->cpu_milli = (uint32_t)cpu;
     s->memory_mb = (uint32_t)mem;
+    s->disk_mb = disk;
     s->created_ns = dsec_wall_ns();
     s->last_ns = s->created_ns;
     s->ttl_ns = ttl * 1000000000ull;
@@ -616,7 +693,6 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
 
     dsec_sandbox_spec spec;
     spec_for(n, s, p.c.env, &spec);
-    spec.disk_mb = p.c.disk_mb;
     spec.cls = p.c.cls;
     spec.net = p.c.net.v;
     spec.nnet = p.c.net.n;
@@ -629,12 +705,13 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_err_wrap(&err, "creating %s on %s", s->id, n->name);
         pthread_mutex_lock(&n->mu);
         unlink_sbx(n, s);
-        release_resources(n, cpu, mem, 1);
+        release_resources(n, cpu, mem, 1, disk);
         event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
         pthread_mutex_unlock(&n->mu);
         if (err.code == DSEC_E_INTERNAL || err.code == DSEC_OK)
             err.code = DSEC_E_BACKEND;
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
+        dsec_wire_error_to(a, n->bus, p.reply_to, &err,
+                           err.code == DSEC_E_INVALID ? create_bad_field(&err) : NULL, p.c.req_id);
         sbx_free(s);
         return;
     }
@@ -645,7 +722,7 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_backend_destroy(s->be, s->h, &tmp);
         pthread_mutex_lock(&n->mu);
         unlink_sbx(n, s);
-        release_resources(n, cpu, mem, 1);
+        release_resources(n, cpu, mem, 1, disk);
         event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
         pthread_mutex_unlock(&n->mu);
         dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
@@ -751,6 +828,14 @@ static bool decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int typ
         dsec_wire_error(n->actor, m, &err);
         return false;
     }
+    /* exec and the file messages start with the sandbox id; it must be the
+     * subject's, which the tenant's permissions were checked against */
+    const char *id = *(const char *const *)out;
+    if (strcmp(id, s->id) != 0) {
+        reply_bad(n, m, "id", "%s: id %s does not match the subject's %s", dsec_msg_type_name(type),
+                  id, s->id);
+        return false;
+    }
     if (!check_running(n, m, s))
         return false;
     touch(s);
@@ -813,6 +898,7 @@ struct exec_stream {
     dsec_node *n;
     const char *subject; /* NULL: not streaming */
     const char *id;
+    const char *trace; /* the exec's trace id (NULL: none): the backend may call from its own thread */
     uint64_t seq;
     bool failed; /* a publish failed: the rest is not sent (the result says how many were) */
 };
@@ -822,6 +908,8 @@ struct exec_stream {
 static void stream_output(void *arg, int stream, const uint8_t *data, size_t len)
 {
     struct exec_stream *es = arg;
+    dsec_trace_scope sc;
+    dsec_trace_enter(&sc, NULL, es->trace, NULL, NULL);
     while (len > 0 && !es->failed) {
         size_t k = len < EXEC_CHUNK_MAX ? len : EXEC_CHUNK_MAX;
         dsec_msg_exec_chunk c = {.id = es->id, .seq = es->seq, .stream = (uint64_t)stream,
@@ -831,12 +919,13 @@ static void stream_output(void *arg, int stream, const uint8_t *data, size_t len
                            &err) < 0) {
             es->failed = true;
             dsec_actor_count_error(es->n->actor);
-            return;
+            break;
         }
         es->seq++;
         data += k;
         len -= k;
     }
+    dsec_trace_leave(&sc);
 }
 
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -845,10 +934,6 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_msg_exec x;
     if (!decode_for_running(n, m, s, DSEC_MSG_EXEC, &x))
         return;
-    if (strcmp(x.id, s->id) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "exec: id %s does not match the subject's %s", x.id, s->id);
-        return;
-    }
     dsec_backend_kv env[256];
     if (x.env.n > 256) {
         reply_err(n, m, DSEC_E_TOO_LARGE, "exec: %u environment variables, at most 256", x.env.n);
@@ -878,11 +963,13 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     /* stream_to: only inbox subjects, so a client cannot make the node
      * publish onto the control plane's subjects */
     if (x.stream_to != NULL && (strncmp(x.stream_to, "_INBOX.", 7) != 0 || strpbrk(x.stream_to, "*> \t") != NULL)) {
-        reply_err(n, m, DSEC_E_INVALID, "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
+        reply_bad(n, m, "stream_to",
+                  "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
                   x.stream_to);
         return;
     }
-    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id};
+    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id,
+                             .trace = dsec_trace_current()};
     dsec_exec_req req = {.argv = x.argv.v,
                          .argc = x.argv.n,
                          .env = env,
@@ -898,7 +985,7 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_exec_result r = {0};
     if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
         dsec_err_wrap(&err, "exec in %s", s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, exec_bad_field(&err));
         return;
     }
     touch(s);
@@ -965,7 +1052,7 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
     if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
                                 (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
         dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     if (w.rollout_id != NULL) {
@@ -999,7 +1086,7 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_file_data d = {0};
     if (dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err) < 0) {
         dsec_err_wrap(&err, "reading %s in %s", rq.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     dsec_msg_file_data out = {.id = s->id, .path = rq.path, .data = {d.data, d.len},
@@ -1019,7 +1106,7 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
     size_t ne = 0;
     if (dsec_backend_file_list(s->be, s->h, rq.path, &e, &ne, &err) < 0) {
         dsec_err_wrap(&err, "listing %s in %s", rq.path, s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "path");
         return;
     }
     dsec_msg_file_entry *items = dsec_calloc(ne ? ne : 1, sizeof *items);
@@ -1064,7 +1151,7 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
         dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
     pthread_mutex_lock(&n->mu);
     unlink_sbx(n, s);
-    release_resources(n, s->cpu_milli, mem_held(s), 1);
+    release_resources(n, s->cpu_milli, mem_held(s), 1, s->disk_mb);
     event_locked(n, s, ST_STOPPING, ST_GONE, reason);
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->destroyed, 1);
@@ -1089,7 +1176,8 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
 {
     dsec_err err;
     if (name == NULL || !dsec_layer_name_valid(name)) {
-        reply_err(n, m, DSEC_E_INVALID, "snapshot: \"name\" must be an environment name:version, got \"%s\"",
+        reply_bad(n, m, "name",
+                  "snapshot: \"name\" must be an environment name:version, got \"%s\"",
                   name ? name : "");
         return;
     }
@@ -1100,7 +1188,7 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
     snprintf(path, sizeof path, "%s/%s-%" PRIu64 ".snap", n->snap_dir, s->id, dsec_wall_ns());
     if (dsec_backend_snapshot(s->be, s->h, path, name, &err) < 0) {
         dsec_err_wrap(&err, "snapshot of %s as %s", s->id, name);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "name");
         return;
     }
     if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 && errno != ENOENT)
@@ -1145,13 +1233,23 @@ static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t c
         reply_err(n, m, err.code, "%s", err.msg);
         rc = -1;
     } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
-        /* its refusal names the full level: pass it on as it is */
-        dsec_hdr eh = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION,
-                       .req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
-        if (dsec_msg_reply(m) != NULL &&
-            dsec_actor_publish(n->actor, dsec_msg_reply(m), NULL, &eh, dsec_msg_data(reply),
-                               dsec_msg_len(reply), &err) < 0)
-            dsec_actor_count_error(n->actor);
+        /* its refusal names the full level: pass on its code and words, with
+         * the client's req_id (the body's is the admission's own) */
+        dsec_msg_error qe;
+        dsec_err e = {.code = DSEC_E_INTERNAL};
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &qe, &err) < 0) {
+            snprintf(e.msg, sizeof e.msg,
+                     "fork: the quota actor of cell %s answered an "
+                     "undecodable error: %.600s",
+                     n->cell, err.msg);
+            qe.field = NULL;
+        } else {
+            e.code = dsec_code_from_name(qe.code);
+            snprintf(e.msg, sizeof e.msg, "%s", qe.message);
+        }
+        dsec_wire_error_to(n->actor, n->bus, dsec_msg_reply(m), &e, qe.field,
+                           dsec_msg_header(m, DSEC_HDR_REQ_ID));
         rc = -1;
     }
     dsec_msg_free(reply);
@@ -1175,7 +1273,7 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
 {
     dsec_err err;
     if (count < 1 || count > 1024) {
-        reply_err(n, m, DSEC_E_INVALID, "fork: n must be 1..1024, got %" PRIu64, count);
+        reply_bad(n, m, "n", "fork: n must be 1..1024, got %" PRIu64, count);
         return;
     }
     if (!check_running(n, m, s))
@@ -1200,7 +1298,8 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
             goto out_free;
         }
         *kids[i] = (struct sbx){.be = s->be, .type_idx = s->type_idx, .cpu_milli = s->cpu_milli,
-                                .memory_mb = s->memory_mb, .ttl_ns = s->ttl_ns,
+                                .memory_mb = s->memory_mb, .disk_mb = s->disk_mb,
+                                .ttl_ns = s->ttl_ns,
                                 .idle_ns = s->idle_ns, .state = ST_STARTING};
         new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
@@ -1210,18 +1309,21 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
     }
     pthread_mutex_lock(&n->mu);
     if (n->slots_free < count || n->cpu_free < count * s->cpu_milli ||
-        n->mem_free < count * s->memory_mb) {
-        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free;
+        n->mem_free < count * s->memory_mb || n->disk_free < count * s->disk_mb) {
+        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free, df = n->disk_free;
         pthread_mutex_unlock(&n->mu);
         reply_err(n, m, DSEC_E_CAPACITY,
                   "fork of %s into %" PRIu64 " children needs %" PRIu64 " milli-CPU, %" PRIu64
-                  " MB and %" PRIu64 " slots; node %s has %" PRIu64 ", %" PRIu64 ", %" PRIu64,
-                  s->id, count, count * s->cpu_milli, count * s->memory_mb, count, n->name, cf, mf, sf);
+                  " MB, %" PRIu64 " slots and %" PRIu64 " MB of disk; node %s has %" PRIu64
+                  ", %" PRIu64 ", %" PRIu64 ", %" PRIu64,
+                  s->id, count, count * s->cpu_milli, count * s->memory_mb, count,
+                  count * s->disk_mb, n->name, cf, mf, sf, df);
         goto out_free;
     }
     n->cpu_free -= count * s->cpu_milli;
     n->mem_free -= count * s->memory_mb;
     n->slots_free -= count;
+    n->disk_free -= count * s->disk_mb;
     n->dirty = true;
     reserved = true;
     pthread_mutex_unlock(&n->mu);
@@ -1257,7 +1359,8 @@ out_free:
         fork_unadmit(n, s, admit_id);
     if (reserved) {
         pthread_mutex_lock(&n->mu);
-        release_resources(n, count * s->cpu_milli, count * s->memory_mb, count);
+        release_resources(n, count * s->cpu_milli, count * s->memory_mb, count,
+                          count * s->disk_mb);
         pthread_mutex_unlock(&n->mu);
     }
     for (uint64_t i = 0; kids && i < count; i++)
@@ -1272,14 +1375,15 @@ out_free:
 
 static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
-    char cpu[24], mem[24], created[24], last[24], used_cpu[24], used_mem[24];
+    char cpu[24], mem[24], disk[24], created[24], last[24], used_cpu[24], used_mem[24];
     snprintf(cpu, sizeof cpu, "%" PRIu32, s->cpu_milli);
     snprintf(mem, sizeof mem, "%" PRIu32, s->memory_mb);
+    snprintf(disk, sizeof disk, "%" PRIu64, s->disk_mb);
     snprintf(created, sizeof created, "%" PRIu64, s->created_ns);
     snprintf(last, sizeof last, "%" PRIu64, (uint64_t)s->last_ns);
-    const char *k[8] = {"cpu_milli", "memory_mb", "created_ns", "last_active_ns", "tenant"};
-    const char *v[8] = {cpu, mem, created, last, s->tenant};
-    uint32_t nkv = 5;
+    const char *k[8] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns", "tenant"};
+    const char *v[8] = {cpu, mem, disk, created, last, s->tenant};
+    uint32_t nkv = 6;
     dsec_sandbox_stats st;
     dsec_err err;
     if (dsec_backend_stats(s->be, s->h, &st, &err) == 0) {
@@ -1353,7 +1457,7 @@ static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     pthread_mutex_lock(&n->mu);
-    release_resources(n, 0, mem_held(s), 0);
+    release_resources(n, 0, mem_held(s), 0, 0);
     s->mem_owed = 0;
     s->frozen = true;
     int prev = s->state;
@@ -1374,7 +1478,7 @@ static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *ne
     dsec_err err;
     if (dsec_backend_net_set(s->be, s->h, net->v, net->n, &err) < 0) {
         dsec_err_wrap(&err, "sandbox %s", s->id);
-        dsec_wire_error(n->actor, m, &err);
+        reply_backend(n, m, &err, "net");
         return;
     }
     touch(s);
@@ -1390,7 +1494,7 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     if (strcmp(op.id, s->id) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "op: id %s does not match the subject's %s", op.id, s->id);
+        reply_bad(n, m, "id", "op: id %s does not match the subject's %s", op.id, s->id);
         return;
     }
     if (strcmp(op.op, "status") == 0) {
@@ -1434,10 +1538,21 @@ static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     struct target t;
     if (parse_target(m, &t) < 0) {
-        reply_err(n, m, DSEC_E_INVALID, "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+        reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
                   dsec_msg_subject(m));
         return;
     }
+    static const struct {
+        const char *op;
+        int type;
+    } ops[] = {{"exec", DSEC_MSG_EXEC},
+               {"write", DSEC_MSG_FILE_WRITE},
+               {"read", DSEC_MSG_FILE_READ},
+               {"ls", DSEC_MSG_FILE_LIST},
+               {"op", DSEC_MSG_OP}};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
+            return;
     struct sbx *s = target_sbx(n, m, &t);
     if (s == NULL)
         return;
@@ -1483,6 +1598,8 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_job_hold h;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_JOB_HOLD))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_HOLD, dsec_msg_data(m), dsec_msg_len(m), &h,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
@@ -1491,7 +1608,8 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
     const char *unit = h.unit ? h.unit : "0";
     if (dsec_name_ok(h.job, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(unit, DSEC_NAME_LEN_MAX) < 0 ||
         strlen(h.job) + strlen(unit) > 120) {
-        reply_err(n, m, DSEC_E_INVALID, "job_hold: job and unit must be names of A-Z a-z 0-9 _ -, "
+        reply_bad(n, m, dsec_name_ok(h.job, DSEC_NAME_LEN_MAX) < 0 ? "job" : "unit",
+                  "job_hold: job and unit must be names of A-Z a-z 0-9 _ -, "
                   "120 characters together");
         return;
     }
@@ -1528,7 +1646,7 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
         int len = hold_record(nh, rec, sizeof rec);
         if (dsec_journal_put(n->journal, nh->key, rec, (size_t)len, &err) < 0) {
             n->holds = nh->next;
-            release_resources(n, nh->cpu_milli, nh->memory_mb, 0);
+            release_resources(n, nh->cpu_milli, nh->memory_mb, 0, 0);
             pthread_mutex_unlock(&n->mu);
             dsec_free(nh);
             dsec_wire_error(a, m, &err);
@@ -1539,7 +1657,7 @@ static void on_hold(dsec_actor *a, dsec_msg *m, void *ud)
         struct hold *old = *pp;
         if (old != NULL) {
             *pp = old->next;
-            release_resources(n, old->cpu_milli, old->memory_mb, 0);
+            release_resources(n, old->cpu_milli, old->memory_mb, 0, 0);
             if (dsec_journal_del(n->journal, old->key, &err) < 0)
                 dsec_actor_count_error(a); /* the next start restores a holding nobody owns: logged */
             if (h.forced)
@@ -1723,7 +1841,8 @@ static void send_events(dsec_node *n, struct event *ev, size_t ne)
                 .ts_ns = ev[i].ts_ns, .reason = ev[i].reason[0] ? ev[i].reason : NULL,
                 .project = ev[i].project[0] ? ev[i].project : NULL,
                 .req_id = ev[i].req_id[0] ? ev[i].req_id : NULL, .cpu_milli = ev[i].cpu_milli,
-                .memory_mb = ev[i].memory_mb};
+                .memory_mb = ev[i].memory_mb,
+                .trace_id = ev[i].trace_id[0] ? ev[i].trace_id : NULL};
         for (size_t off = 0; off < ne; off += 4096) {
             size_t cnt = ne - off < 4096 ? ne - off : 4096;
             dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,
@@ -1897,12 +2016,15 @@ static void on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_op op;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_OP))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
         dsec_wire_error(a, m, &err); /* malformed: an error, not the silence of "not here" */
         return;
     }
     if (op.req_id == NULL || op.tenant == NULL) {
-        reply_err(n, m, DSEC_E_INVALID, "lookup: req_id and tenant are required");
+        reply_bad(n, m, op.req_id == NULL ? "req_id" : "tenant",
+                  "lookup: req_id and tenant are required");
         return;
     }
     pthread_mutex_lock(&n->mu);
@@ -1932,6 +2054,8 @@ static void on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_superseded_list l;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_SUPERSEDED_LIST))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m), dsec_msg_len(m),
                     &l, &err) < 0) {
         dsec_wire_error(a, m, &err);
@@ -1980,13 +2104,15 @@ static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_node *n = ud;
     dsec_err err;
     dsec_msg_node_lost nl;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_NODE_LOST))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_NODE_LOST, dsec_msg_data(m), dsec_msg_len(m), &nl,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
     if (strcmp(nl.node, n->name) != 0) {
-        reply_err(n, m, DSEC_E_INVALID, "reconcile: for node %s, sent to node %s", nl.node, n->name);
+        reply_bad(n, m, "node", "reconcile: for node %s, sent to node %s", nl.node, n->name);
         return;
     }
     uint64_t prev = atomic_load(&n->lost_before_ns);
@@ -2016,6 +2142,11 @@ static void on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
  * for the next periodic one. */
 static void on_sync(dsec_actor *a, dsec_msg *m, void *ud)
 {
+    const char *type = dsec_msg_type(m);
+    if (type == NULL || strcmp(type, "sync") != 0) { /* not a sync: dropped, counted */
+        dsec_actor_count_error(a);
+        return;
+    }
     report(ud, true, dsec_now_ns());
 }
 
@@ -2075,12 +2206,17 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         f[i] = field(&p);
     const char *project = "";
     uint32_t retry = 0;
-    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0)) {
+    uint64_t disk = 0;
+    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0 || strcmp(f[0], "4") == 0)) {
         char *pj = field(&p);
         project = pj ? pj : "";
-        if (strcmp(f[0], "3") == 0) {
+        if (strcmp(f[0], "2") != 0) {
             char *rt = field(&p);
             retry = rt ? (uint32_t)strtoul(rt, NULL, 10) : 0;
+        }
+        if (strcmp(f[0], "4") == 0) {
+            char *dk = field(&p);
+            disk = dk ? strtoull(dk, NULL, 10) : 0;
         }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
@@ -2103,6 +2239,7 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
         s->state = (uint8_t)atoi(f[4]);
         s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);
         s->memory_mb = (uint32_t)strtoul(f[6], NULL, 10);
+        s->disk_mb = disk;
         s->created_ns = strtoull(f[7], NULL, 10);
         s->ttl_ns = strtoull(f[8], NULL, 10);
         s->idle_ns = strtoull(f[9], NULL, 10);
@@ -2151,9 +2288,42 @@ static int adopt_one(const char *id, const void *data, size_t len, void *ud, dse
     n->cpu_free = n->cpu_free >= s->cpu_milli ? n->cpu_free - s->cpu_milli : 0;
     n->mem_free = n->mem_free >= s->memory_mb ? n->mem_free - s->memory_mb : 0;
     n->slots_free = n->slots_free >= 1 ? n->slots_free - 1 : 0;
+    n->disk_free = n->disk_free >= s->disk_mb ? n->disk_free - s->disk_mb : 0;
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->adopted, 1);
     dsec_free(copy);
+    return 0;
+}
+
+/* The disk sandboxes may hold: what the conf says, or the free space of the state
+ * dir's filesystem now (backends keep sandboxes' writable layers under it), less the
+ * reserve no sandbox takes (the journal, layers and logs need room too). */
+static int disk_open(dsec_node *n, dsec_err *err)
+{
+    uint64_t total = n->conf.disk_mb;
+    if (total == 0 && strcmp(n->conf.backend ? n->conf.backend : "sim", "sim") == 0)
+        total = 1ull << 30; /* 1 PiB: simulated disk binds only when a test sets it */
+    if (total == 0) {
+        struct statvfs v;
+        if (statvfs(n->conf.state_dir, &v) < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "node %s: measuring the free disk of %s",
+                                n->name, n->conf.state_dir);
+        total = (uint64_t)v.f_bavail * v.f_frsize >> 20;
+    }
+    if (total <= n->conf.disk_reserve_mb && n->conf.disk_mb != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node %s: disk_mb %" PRIu64 " is not more than disk_reserve_mb %" PRIu64
+                            ": no sandbox could have a writable layer (raise disk_mb or lower "
+                            "disk_reserve_mb)",
+                            n->name, total, n->conf.disk_reserve_mb);
+    if (total <= n->conf.disk_reserve_mb)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node %s: %" PRIu64 " MB free on the filesystem of %s is not more than "
+                            "disk_reserve_mb %" PRIu64 ": no sandbox could have a writable layer "
+                            "(free space there, or lower disk_reserve_mb)",
+                            n->name, total, n->conf.state_dir, n->conf.disk_reserve_mb);
+    n->conf.disk_mb = total;
+    n->disk_free = total - n->conf.disk_reserve_mb;
     return 0;
 }
 
@@ -2179,6 +2349,12 @@ static int copy_conf(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         k->default_cpu_milli = 1000;
     if (k->default_memory_mb == 0)
         k->default_memory_mb = 512;
+    if (k->default_disk_mb == 0)
+        k->default_disk_mb = 1024;
+    if (k->default_function_disk_mb == 0)
+        k->default_function_disk_mb = 64;
+    if (k->disk_reserve_mb == 0)
+        k->disk_reserve_mb = 2048;
     if (k->default_ttl_s == 0)
         k->default_ttl_s = 3600;
     if (k->default_idle_s == 0)
@@ -2369,6 +2545,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name, c->state_dir);
         goto out_fail;
     }
+    if (disk_open(n, err) < 0)
+        goto out_fail;
     snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
     /* it holds only snapshots being made: what is there now, a crash left (or a node
      * manager that kept them all) */
@@ -2541,7 +2719,7 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
                            .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
-                           .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
+                           .disk_free_mb = n->disk_free, .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
                            .stale_places = n->stale_places};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);

@@ -21,6 +21,10 @@ typedef struct dsec_node_conf {
     uint64_t cpu_milli;     /* what the node offers; defaults 8000 */
     uint64_t memory_mb;     /* default 16384 */
     uint64_t slots;         /* sandboxes at once; default 4096 */
+    uint64_t disk_mb;       /* disk for sandboxes' writable layers (admission counts each
+                               sandbox's disk_mb against it); 0: measured at start, the free
+                               space of state_dir's filesystem (backend "sim": 1 PiB) */
+    uint64_t disk_reserve_mb; /* of disk_mb, kept from every sandbox; 0: 2048 */
     const char *const *types; /* offered type names; NULL-terminated; default {"sim"} */
     const dsec_backend_kv *labels;
     size_t nlabels;
@@ -39,6 +43,8 @@ typedef struct dsec_node_conf {
                                  NULL: the main ticker */
     uint64_t default_cpu_milli;  /* for requests that name none; default 1000 */
     uint64_t default_memory_mb;  /* default 512 */
+    uint64_t default_disk_mb;    /* disk quota of a create that names none; default 1024 */
+    uint64_t default_function_disk_mb; /* the same for type "function"; default 64 */
     uint64_t default_ttl_s;      /* default 3600 */
     uint64_t default_idle_s;     /* default 900 */
     uint64_t max_ttl_s;          /* default 86400 */
@@ -84,6 +90,7 @@ typedef struct dsec_node_stats {
     uint64_t cpu_free_milli;
     uint64_t mem_free_mb;
     uint64_t slots_free;
+    uint64_t disk_free_mb;  /* disk_mb less the reserve and what sandboxes hold */
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
     uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
     uint64_t stale_places;  /* placements of an attempt already superseded: not created */

@@ -411,6 +411,8 @@ static void on_admit(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_admit ad;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_ADMIT))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ADMIT, dsec_msg_data(m), dsec_msg_len(m), &ad, &err) <
         0) {
         dsec_wire_error(a, m, &err);
@@ -420,7 +422,8 @@ static void on_admit(dsec_actor *a, dsec_msg *m, void *ud)
         (ad.project && ad.project[0] && dsec_project_ok(ad.project, DSEC_NAME_LEN_MAX) < 0)) {
         dsec_err_set(&err, DSEC_E_INVALID, 0,
                      "admit: tenant and project must be names of [A-Za-z0-9_-] (projects joined by '/')");
-        dsec_wire_error(a, m, &err);
+        dsec_wire_error_field(
+            a, m, &err, dsec_name_ok(ad.tenant, DSEC_NAME_LEN_MAX) < 0 ? "tenant" : "project");
         return;
     }
     char key[2 * DSEC_NAME_LEN_MAX + 2];
@@ -553,11 +556,14 @@ static void on_evt(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     const char *s = dsec_msg_subject(m) + strlen("dsec.v1.ctl.evt.") + strlen(q->cell) + 1;
     size_t n = strlen(s);
-    if (strncmp(s, "sbx.", 4) == 0)
-        on_events(q, m);
-    else if (strncmp(s, "node.", 5) == 0 && n > 9 && strcmp(s + n - 9, ".capacity") == 0)
-        on_capacity(q, m);
-    (void)a;
+    /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
+    if (strncmp(s, "sbx.", 4) == 0) {
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_SANDBOX_EVENTS))
+            on_events(q, m);
+    } else if (strncmp(s, "node.", 5) == 0 && n > 9 && strcmp(s + n - 9, ".capacity") == 0) {
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CAPACITY))
+            on_capacity(q, m);
+    }
 }
 
 /* ---- definitions over the bus ---------------------------------------------------------- */
@@ -582,8 +588,18 @@ static void to_msg(const struct ent *e, char *tenant, char *project, dsec_msg_qu
                           .sandboxes = e->lim_n, .cpu_milli = e->lim_cpu, .memory_mb = e->lim_mem};
 }
 
-/* Whether d (key) stays within its parents and above its children (q->mu held). */
-static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_msg_quota *d, dsec_err *err)
+/* The quota field a delegation error is about. */
+static const char *limit_field(const char *what)
+{
+    return what[0] == 's'                     ? "sandboxes"
+           : what[0] == 'm' && what[1] == 'i' ? "cpu_milli"
+                                              : "memory_mb";
+}
+
+/* Whether d (key) stays within its parents and above its children (q->mu held).
+ * An invalid d names its offending field in *field. */
+static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_msg_quota *d,
+                                   const char **field, dsec_err *err)
 {
     char buf[2 * DSEC_NAME_LEN_MAX + 2], who[2 * DSEC_NAME_LEN_MAX + 16], me[2 * DSEC_NAME_LEN_MAX + 16];
     label(me, sizeof me, key);
@@ -607,6 +623,7 @@ static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_ms
             else if (an && an->lim_mem && (d->memory_mb == 0 || d->memory_mb > an->lim_mem))
                 what = "MiB of memory", mine = d->memory_mb, theirs = an->lim_mem;
             if (what != NULL) {
+                *field = limit_field(what);
                 if (mine == 0)
                     return dsec_err_set(err, DSEC_E_INVALID, 0,
                                         "%s: its %s must be limited: %s allows only %" PRIu64, me,
@@ -635,12 +652,14 @@ static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_ms
                 what = "milli-CPU", theirs = e->lim_cpu, mine = d->cpu_milli;
             else if (d->memory_mb && (e->lim_mem == 0 || e->lim_mem > d->memory_mb))
                 what = "MiB of memory", theirs = e->lim_mem, mine = d->memory_mb;
-            if (what != NULL)
+            if (what != NULL) {
+                *field = limit_field(what);
                 return dsec_err_set(err, DSEC_E_INVALID, 0,
                                     "%s: %" PRIu64 " %s is below what its sub-project %s has (%s); "
                                     "lower that first",
                                     me, mine, what, e->key + 0,
                                     theirs ? "a larger limit" : "no limit of its own");
+            }
         }
     return 0;
 }
@@ -668,12 +687,24 @@ static int quota_names_ok(const dsec_msg_quota *d, dsec_err *err)
     return 0;
 }
 
-/* A quota message with valid names, decoded from m. */
-static int quota_decode(dsec_msg *m, dsec_msg_quota *d, dsec_err *err)
+/* A quota message with valid names, decoded from m; otherwise the error is
+ * answered and -1 returned. */
+static int quota_decode(dsec_actor *a, dsec_msg *m, dsec_msg_quota *d)
 {
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), d, err) < 0)
+    dsec_err err;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_QUOTA))
         return -1;
-    return quota_names_ok(d, err);
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(m), dsec_msg_len(m), d,
+                    &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return -1;
+    }
+    if (quota_names_ok(d, &err) < 0) {
+        dsec_wire_error_field(
+            a, m, &err, dsec_name_ok(d->tenant, DSEC_NAME_LEN_MAX) < 0 ? "tenant" : "project");
+        return -1;
+    }
+    return 0;
 }
 
 /* dsec.v1.ctl.quota.<cell>.set: define, change or (remove) delete one level. */
@@ -682,15 +713,14 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (quota_decode(m, &d, &err) < 0) {
-        dsec_wire_error(a, m, &err);
+    if (quota_decode(a, m, &d) < 0)
         return;
-    }
     char key[2 * DSEC_NAME_LEN_MAX + 2], who[2 * DSEC_NAME_LEN_MAX + 16];
     use_key(key, sizeof key, d.tenant, d.project);
     pthread_mutex_lock(&q->defs_mu);
     pthread_mutex_lock(&q->mu);
     int rc = 0;
+    const char *field = NULL;
     if (d.remove) {
         if (map_get(&q->defs, key) == NULL)
             rc = dsec_err_set(&err, DSEC_E_NOT_FOUND, 0, "%s is not defined", label(who, sizeof who, key));
@@ -698,7 +728,7 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
             rc = dsec_err_set(&err, DSEC_E_STATE, 0, "%s has sub-projects: remove them first",
                               label(who, sizeof who, key));
     } else {
-        rc = check_delegation_locked(q, key, &d, &err);
+        rc = check_delegation_locked(q, key, &d, &field, &err);
     }
     pthread_mutex_unlock(&q->mu);
     if (rc == 0) {
@@ -734,7 +764,7 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_unlock(&q->defs_mu);
     if (rc < 0)
-        dsec_wire_error(a, m, &err);
+        dsec_wire_error_field(a, m, &err, err.code == DSEC_E_INVALID ? field : NULL);
 }
 
 /* dsec.v1.ctl.quota.changed: a quota actor (of any cell) stored a definition. */
@@ -743,10 +773,8 @@ static void on_changed(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (quota_decode(m, &d, &err) < 0) {
-        dsec_actor_count_error(a);
+    if (quota_decode(a, m, &d) < 0) /* counted; an event has nobody to answer */
         return;
-    }
     char key[2 * DSEC_NAME_LEN_MAX + 2];
     use_key(key, sizeof key, d.tenant, d.project);
     pthread_mutex_lock(&q->defs_mu);
@@ -782,10 +810,8 @@ static void on_get(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota d;
-    if (quota_decode(m, &d, &err) < 0) {
-        dsec_wire_error(a, m, &err);
+    if (quota_decode(a, m, &d) < 0)
         return;
-    }
     char key[2 * DSEC_NAME_LEN_MAX + 2], who[2 * DSEC_NAME_LEN_MAX + 16];
     char tenant[DSEC_NAME_LEN_MAX + 1], project[DSEC_NAME_LEN_MAX + 1];
     use_key(key, sizeof key, d.tenant, d.project);
@@ -820,6 +846,8 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_quota *q = ud;
     dsec_err err;
     dsec_msg_quota_list req;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_QUOTA_LIST))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(m), dsec_msg_len(m), &req,
                     &err) < 0) {
         dsec_wire_error(a, m, &err);
@@ -1014,7 +1042,9 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     /* every node answers with a full report: usage is whole well before full_ms */
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", q->cell);
     if (dsec_bus_flush(bus, 2000, err) < 0 ||
-        dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "sync"}, "", 0, err) < 0)
+        dsec_bus_publish(bus, subj, NULL,
+                         &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,
+                         err) < 0)
         goto fail;
     *out = q;
     return 0;

@@ -31,6 +31,7 @@ struct waiter {
     uint64_t since_ms, cpu, mem;
     int tidx;
     size_t len;
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* the create's trace id: placed later, it keeps it */
     uint8_t place[]; /* encoded dsec_msg_place */
 };
 
@@ -110,6 +111,22 @@ static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int
     va_end(ap);
     atomic_fetch_add(&s->n_failed, 1);
     dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, req_id);
+}
+
+/* An invalid create field, answered with its name (docs/protocol.md, Errors). */
+static void fail_bad(dsec_sched *s, const char *reply_to, const char *req_id, const char *field,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static void fail_bad(dsec_sched *s, const char *reply_to, const char *req_id, const char *field,
+                     const char *fmt, ...)
+{
+    dsec_err e = {.code = DSEC_E_INVALID};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&s->n_failed, 1);
+    dsec_wire_error_to(s->creates, s->bus, reply_to, &e, field, req_id);
 }
 
 /* A create admitted by the quota actor that will not become a sandbox here
@@ -251,6 +268,8 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
                          .len = b.len};
     memcpy(w->place, b.data, b.len);
     dsec_buf_release(&b);
+    const char *tid = dsec_trace_current();
+    snprintf(w->trace, sizeof w->trace, "%s", tid != NULL ? tid : "");
     pthread_mutex_lock(&s->wmu);
     if (s->wtail)
         s->wtail->next = w;
@@ -530,6 +549,10 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_actor_count_error(a); /* nobody to answer: a create must be a request */
         return;
     }
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_CREATE)) {
+        atomic_fetch_add(&s->n_failed, 1);
+        return;
+    }
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
@@ -537,8 +560,13 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_err err;
     if (dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) < 0) {
         /* the subject names the tenant: one that is no name cannot own a sandbox */
-        fail_to(s, reply_to, NULL, DSEC_E_INVALID,
-                "create: the subject's tenant token must be 1-64 characters of A-Z a-z 0-9 _ -");
+        char rid[65];
+        fail_bad(s, reply_to,
+                 dsec_msgpack_peek_str(dsec_msg_data(m), dsec_msg_len(m), "req_id", rid, sizeof rid)
+                     ? rid
+                     : dsec_msg_header(m, DSEC_HDR_REQ_ID),
+                 "tenant",
+                 "create: the subject's tenant token must be 1-64 characters of A-Z a-z 0-9 _ -");
         return;
     }
     dsec_msg_place p = {.reply_to = reply_to, .attempt = 1};
@@ -558,8 +586,8 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, p.c.retry, t0))
         return;
     if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
-        fail_to(s, reply_to, p.c.req_id, DSEC_E_INVALID,
-                "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
+        fail_bad(s, reply_to, p.c.req_id, "cell",
+                 "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
         return;
     }
     dsec_cell_summary sum;
@@ -583,6 +611,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_sched *s = ud;
     dsec_err err;
     dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0) {
         dsec_actor_count_error(a);
@@ -692,11 +722,16 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
+    /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
     if (nt == 6 && strcmp(tok[5], "summary") == 0) {
-        apply_summary(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CELL_SUMMARY))
+            apply_summary(s, m);
     } else if (nt == 8 && strcmp(tok[7], "capacity") == 0) {
-        apply_capacity(s, m);
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_CAPACITY))
+            apply_capacity(s, m);
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
+        if (!dsec_wire_type_ok(a, m, DSEC_MSG_HEARTBEAT))
+            return;
         dsec_placement_heartbeat(s->view, tok[6], now_ms());
         dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, now_ms());
     }
@@ -709,6 +744,8 @@ static void on_ping(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_sched *s = ud;
     dsec_err err;
     dsec_msg_ping p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PING))
+        return;
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PING, dsec_msg_data(m), dsec_msg_len(m), &p, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
@@ -813,6 +850,9 @@ static void tick_wait(void *ud, uint64_t mono)
             dsec_free(w);
             continue;
         }
+        /* what is sent for it now (the place, a failure) follows its create's trace */
+        dsec_trace_scope sc;
+        dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
         if (retry) {
             rc = try_place(s, &p, w->tidx, w->cpu, w->mem, &err);
             if (rc < 0 && err.code != DSEC_E_CAPACITY) {
@@ -826,6 +866,7 @@ static void tick_wait(void *ud, uint64_t mono)
             }
         }
         if (rc == 0) {
+            dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
         }
@@ -835,9 +876,11 @@ static void tick_wait(void *ud, uint64_t mono)
                     " MB after waiting %" PRIu64 " ms for preemptible work to give capacity back",
                     s->cell, w->cpu, w->mem, t - w->since_ms);
             quota_release(s, &p.c);
+            dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
         }
+        dsec_trace_leave(&sc);
         n++;
         cpu += w->cpu;
         mem += w->mem;
@@ -945,7 +988,9 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     /* Ask for full reports now rather than waiting for the next period. */
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", s->cell);
     if (dsec_bus_flush(bus, 2000, err) < 0 ||
-        dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "sync"}, "", 0, err) < 0)
+        dsec_bus_publish(bus, subj, NULL,
+                         &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,
+                         err) < 0)
         goto out_fail;
     *out = s;
     return 0;
@@ -976,10 +1021,13 @@ void dsec_sched_stop(dsec_sched *s)
         dsec_msg_place p;
         dsec_err err;
         if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) == 0) {
+            dsec_trace_scope sc;
+            dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
             dsec_err_set(&err, DSEC_E_CLOSED, 0, "scheduler %s stopped while the create waited for room",
                          s->name);
             dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
             quota_release(s, &p.c);
+            dsec_trace_leave(&sc);
         }
         dsec_free(w);
     }

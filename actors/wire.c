@@ -59,6 +59,10 @@ dsec_buf *dsec_wire_buf(void)
 
 static const char *req_id_or_null(const char *id);
 
+/* bus/ writes this Dsec-Schema when a sender gives none; it must be the
+ * version the codecs speak. */
+_Static_assert(DSEC_BUS_SCHEMA == DSEC_SCHEMA_VERSION, "bus and codecs disagree on Dsec-Schema");
+
 int dsec_wire_send(dsec_actor *actor, dsec_bus *bus, const char *subject, const char *reply,
                    int type, const void *msg, const char *req_id, dsec_err *err)
 {
@@ -204,17 +208,50 @@ bool dsec_wire_bus_error(dsec_msg *reply, dsec_err *e, const char *who_fmt, ...)
     return true;
 }
 
+void dsec_wire_error_field(dsec_actor *actor, dsec_msg *m, const dsec_err *e, const char *field)
+{
+    const char *req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID);
+    char body_id[65];
+    if (e->code == DSEC_E_DECODE || e->code == DSEC_E_TOO_LARGE) {
+        if (field == NULL) {
+            dsec_decoder *d = dsec_wire_decoder();
+            field = d ? dsec_decoder_bad_field(d) : NULL;
+            if (field != NULL && field[0] == '\0')
+                field = NULL;
+        }
+        /* The payload did not decode, but its req_id may still be readable:
+         * that one is the request's own, the header only a copy. */
+        if (dsec_msgpack_peek_str(dsec_msg_data(m), dsec_msg_len(m), "req_id", body_id,
+                                  sizeof body_id) &&
+            req_id_or_null(body_id) != NULL)
+            req_id = body_id;
+    }
+    dsec_wire_error_to(actor, dsec_actor_bus(actor), dsec_msg_reply(m), e, field, req_id);
+}
+
 void dsec_wire_error(dsec_actor *actor, dsec_msg *m, const dsec_err *e)
 {
-    const char *field = NULL;
-    if (e->code == DSEC_E_DECODE || e->code == DSEC_E_TOO_LARGE) {
-        dsec_decoder *d = dsec_wire_decoder();
-        field = d ? dsec_decoder_bad_field(d) : NULL;
-        if (field != NULL && field[0] == '\0')
-            field = NULL;
-    }
-    dsec_wire_error_to(actor, dsec_actor_bus(actor), dsec_msg_reply(m), e, field,
+    dsec_wire_error_field(actor, m, e, NULL);
+}
+
+bool dsec_wire_type_ok(dsec_actor *actor, dsec_msg *m, int type)
+{
+    const char *want = dsec_msg_type_name(type);
+    const char *got = dsec_msg_type(m);
+    if (got != NULL && strcmp(got, want) == 0)
+        return true;
+    dsec_err e;
+    if (got == NULL)
+        dsec_err_set(&e, DSEC_E_UNSUPPORTED, 0,
+                     "%.200s takes Dsec-Type \"%s\"; the request has no Dsec-Type header",
+                     dsec_msg_subject(m), want);
+    else
+        dsec_err_set(&e, DSEC_E_UNSUPPORTED, 0,
+                     "%.200s takes Dsec-Type \"%s\", not \"%.64s\" (the payload was not read)",
+                     dsec_msg_subject(m), want, got);
+    dsec_wire_error_to(actor, dsec_actor_bus(actor), dsec_msg_reply(m), &e, DSEC_HDR_TYPE,
                        dsec_msg_header(m, DSEC_HDR_REQ_ID));
+    return false;
 }
 
 int dsec_wire_tokens(const char *subject, char *buf, size_t n, const char **tok, int max)

@@ -27,7 +27,20 @@ int dsec_wire_reply(dsec_actor *actor, dsec_msg *m, int type, const void *msg, d
  * an error path must not fail again. */
 void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, const dsec_err *e,
                         const char *field, const char *req_id);
+/* Answer m's reply subject with an error built from e. decode and too_large
+ * errors name the decoder's bad field and echo the payload's req_id when it
+ * can be read (else the Dsec-Req-Id header). */
 void dsec_wire_error(dsec_actor *actor, dsec_msg *m, const dsec_err *e);
+/* dsec_wire_error with the offending field (a payload field, "Dsec-Type" or
+ * "subject"; NULL: none). */
+void dsec_wire_error_field(dsec_actor *actor, dsec_msg *m, const dsec_err *e, const char *field);
+
+/* Whether m's Dsec-Type header names type: a receiver picks the decoder from
+ * it and never from the subject alone (docs/protocol.md, Transport). When it
+ * does not (absent, unknown, or another message), a request is answered
+ * "unsupported" with field "Dsec-Type", the actor counts an error, and false
+ * is returned: the handler must not read the payload. */
+bool dsec_wire_type_ok(dsec_actor *actor, dsec_msg *m, int type);
 /* Whether reply is a bus-level error answer (empty body, Dsec-Error-Code:
  * the responder's mailbox was full, it was closing, or it cannot read the
  * schema): no actor read the request. Then *e (may be NULL) gets that code

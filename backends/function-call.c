@@ -537,18 +537,15 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
         timeout_ms = cc->max_timeout_ms;
     uint64_t deadline = t0 + timeout_ms * 1000000ull, grace = 0;
     int killed = KILL_NONE;
-    bool got_result = false, got_done = false, w2_dead = false, out_eof = false, err_eof = false,
-         task_eof = false;
+    bool got_result = false, w2_dead = false, out_eof = false, err_eof = false, task_eof = false;
     struct fnp_result result;
-    struct fnp_done done;
-    memset(&done, 0, sizeof done);
     struct fnp_failure failure;
     bool failed = false;
     memset(&failure, 0, sizeof failure);
     memset(&result, 0, sizeof result);
     uint64_t cpu_used_ns = 0;
 
-    while (!((got_result || got_done || w2_dead) && out_eof && err_eof)) {
+    while (!((got_result || w2_dead) && out_eof && err_eof)) {
         uint64_t now = dsec__fn_now_ns();
         if (killed == KILL_NONE && now >= deadline) {
             pidfd_kill(w->pidfd);
@@ -605,12 +602,14 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
                     w->stdin_fd = -1;
                 }
             }
+            /* Only the supervisor holds the worker's end now (W3 closed
+             * it before the call's code ran): what comes here is its
+             * RESULT, or a set-up failure of W2, or of W3 before the call. */
             if (i_task >= 0 && p[i_task].revents) {
                 union {
                     struct fnp_hdr h;
                     struct fnp_result r;
                     struct fnp_failure f;
-                    struct fnp_done d;
                 } m;
                 ssize_t r = recv(w->task_fd, &m, sizeof m, MSG_DONTWAIT);
                 if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
@@ -620,9 +619,6 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
                     if (m.h.type == FNP_RESULT && (size_t)r == sizeof m.r) {
                         result = m.r;
                         got_result = true;
-                    } else if (m.h.type == FNP_DONE && (size_t)r == sizeof m.d && !got_done) {
-                        done = m.d;
-                        got_done = true;
                     } else if (m.h.type == FNP_WORKER_FAILED && (size_t)r == sizeof m.f) {
                         failure = m.f;
                         failure.stage[sizeof failure.stage - 1] = '\0';
@@ -648,12 +644,6 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
         cpu_used_ns -= cpu0;
     else
         cpu_used_ns = (result.utime_us + result.stime_us) * 1000ull;
-    /* The supervisor's account wins when it came; DONE is the process's word. */
-    if (!got_result && got_done) {
-        result.status = (done.exit_code & 0xff) << 8; /* as if exited(code) */
-        result.maxrss_kb = done.maxrss_kb;
-    }
-
     if (failed && killed == KILL_NONE) {
         int code = strcmp(failure.stage, "cwd") == 0                ? DSEC_E_INVALID
                    : strcmp(failure.stage, "dependency files") == 0 ? DSEC_E_IO
@@ -669,7 +659,7 @@ int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const s
     } else if (killed == KILL_CPU) {
         res->exit_code = -1;
         res->signal = SIGXCPU;
-    } else if (got_result || got_done) {
+    } else if (got_result) {
         int st = result.status;
         if (WIFEXITED(st)) {
             res->exit_code = WEXITSTATUS(st);

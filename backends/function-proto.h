@@ -15,9 +15,11 @@
  *                        and handed to the zygote with SPAWN:
  *                        W3 -> READY (with the supervisor's pidfd),
  *                        (backend -> PREP, W3 -> READY)*,
- *                        backend -> TASK, W3 -> DONE (python),
- *                        W2 -> RESULT;
+ *                        backend -> TASK, W2 -> RESULT;
  *                        WORKER_FAILED from any of them if set-up failed.
+ *                        W3 closes its end before the call's code runs:
+ *                        from then on only W2 (root, out of the call's
+ *                        reach) can write to the backend.
  *
  * W1, W2, W3 are the three processes of one worker: W1 makes the namespaces
  * and exits, W2 is the supervisor (pid 1 of the call's pid namespace), W3 runs
@@ -43,8 +45,9 @@ enum fnp_type {
     FNP_WORKER_FAILED, /* W1/W2/W3: set-up failed (stage, errno, msg) */
     FNP_TASK,          /* backend -> W3: run this */
     FNP_RESULT,        /* W2: how the call ended */
-    FNP_DONE,          /* W3: finished with this exit code, output closed (exiting) */
-    FNP_PREP,          /* backend -> W3: warm the runtime to this level, say READY again */
+    /* 9 was DONE, W3's own "finished with this exit code": retired, as the
+     * call's code ran in W3 and could send it (or anything else) too. */
+    FNP_PREP = 10, /* backend -> W3: warm the runtime to this level, say READY again */
 };
 
 struct fnp_hdr {
@@ -163,20 +166,6 @@ struct fnp_result {
     uint32_t reserved;
     uint64_t utime_us; /* W3 and the children it waited for */
     uint64_t stime_us;
-    uint64_t maxrss_kb;
-};
-
-/* W3's own report, sent after it flushed and closed its output and just
- * before it exits, so the call's answer does not wait for the kernel to tear
- * the process down (a third of a millisecond for a python image here). Only
- * the python runtime sends it (an exec'd program has no code of ours left to
- * run). The call could forge it - but only about itself: its exit code is its
- * own to choose anyway, CPU time comes from the cgroup, and its output is
- * still read to the end. */
-struct fnp_done {
-    struct fnp_hdr h;
-    int32_t exit_code;
-    uint32_t reserved;
     uint64_t maxrss_kb;
 };
 

@@ -75,9 +75,10 @@
  *        adds its own small seccomp filter, says READY (handing the backend
  *        a pidfd of W2) and blocks, warming its runtime further if the pool
  *        asks (PREP). When its task comes it copies the dependency files into
- *        /work, applies the call's rlimits, changes directory and runs: exec
- *        for programs, or the already-initialised interpreter for python3
- *        (which answers DONE itself just before it exits).
+ *        /work, applies the call's rlimits, changes directory, closes the
+ *        task socket (the call's code must hold no channel to the backend)
+ *        and runs: exec for programs, or the already-initialised
+ *        interpreter for python3. W2 alone reports how the call ended.
  *
  * What makes the shared memory safe: once it says HELLO, the zygote's loop
  * and W1/W2 never use the heap allocator, stdio or Python. W3 copies the
@@ -716,20 +717,12 @@ static void w3_main(struct wrec *r)
         w3_fail("task", 0, "python task sent to an exec zygote");
     extern char **environ;
     environ = t.env; /* os.environ is rebuilt from the same strings */
+    /* The call's code runs in this process from here on, and could write
+     * anything to any fd it holds: it gets none but its stdio. Its answer
+     * comes from the supervisor (wait4), never from this process. */
+    close(3);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    int code = runtime->run(&t, prep_level);
-    /* Answer now, not after the kernel has torn this process down. */
-    close(1);
-    close(2);
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    struct fnp_done done;
-    memset(&done, 0, sizeof done);
-    hdr_init(&done.h, FNP_DONE, sizeof done, 0);
-    done.exit_code = code;
-    done.maxrss_kb = (uint64_t)u.ru_maxrss;
-    send_fds(3, &done, sizeof done, NULL, 0);
-    _exit(code);
+    _exit(runtime->run(&t, prep_level));
 }
 
 /* ---- W2: the supervisor (pid 1 of the call) ----------------------------------------- */

@@ -35,6 +35,10 @@
 
 #define STATE_MAGIC "fn1"
 #define ID_MAX 128
+/* Where a backend without the option uid_base looks for a free range of
+ * uids: from the historical default up to the VM backend's vm_uid_base. */
+#define UID_AUTO_FIRST 1500000000u
+#define UID_AUTO_END 1600000000u
 
 /* Not threading: its after-fork hook would run in every call (~95 page
  * faults, ~15% of the calls a node can run per second); a call that imports
@@ -52,7 +56,9 @@ struct fn {
     char root_dir[PATH_MAX + 16];
     uint64_t memory_mb;
     uint64_t files_mb;
-    int uid_lock; /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
+    int uid_lock;      /* holds the OFD lock on this backend's uid range (claim_uids), or -1 */
+    uint32_t uid_base; /* its first uid: the option, or the free range claim_uids picked */
+    unsigned uid_count;
     dsec_layer_registry *reg;    /* the cell's, borrowed; NULL: no environments */
     dsec_layer_cache *cache;     /* the node's (shared), when reg is set */
     dsec_net *net;               /* the node's containment, borrowed; NULL: no policies */
@@ -84,6 +90,7 @@ struct opts {
     uint64_t memory_mb, max_timeout_ms, acquire_ms, files_mb;
     uint64_t env_pools, env_warm, env_hot, env_idle_ms, cache_gb;
     uint32_t uid_base;
+    bool uid_base_set; /* given: that range or none; unset: the first free one */
     char preload[1024], ro[1024], cgroup[16], prestart[64];
     bool rlimit_as;
     bool favordynmods; /* remount cgroup2 with favordynmods (cgroup-tune.h) */
@@ -138,7 +145,7 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
     o->env_warm = 2;
     o->env_hot = 1;
     o->env_idle_ms = 60000;
-    o->uid_base = 1500000000u;
+    o->uid_base = UID_AUTO_FIRST;
     o->favordynmods = true;
     snprintf(o->preload, sizeof o->preload, "%s", default_preload);
     snprintf(o->python, sizeof o->python, "/usr/bin/python3");
@@ -196,6 +203,7 @@ static int parse_opts(const dsec_backend_config *cfg, struct opts *o, dsec_err *
         else if (strcmp(key, "uid_base") == 0) {
             rc = opt_u64(k, v, 1000, 0xffffffffull - 70000, &x, err);
             o->uid_base = (uint32_t)x;
+            o->uid_base_set = true;
         } else if (strcmp(key, "preload") == 0)
             rc = opt_str(k, v, o->preload, sizeof o->preload, err);
         else if (strcmp(key, "ro") == 0)
@@ -273,15 +281,46 @@ static int find_helper(const char *opt_name, const char *opt, const char *built,
 /* ---- init / fini -------------------------------------------------------------------------- */
 
 /* Calls run as uid_base + slot, so two backends on one host given overlapping
- * ranges (two node managers, two test runs) would run calls under the same
- * uids: one call could signal or ptrace-attach another's, and RLIMIT_NPROC
- * would count both. So a backend claims its range for as long as it lives:
- * an open-file-description lock on bytes [uid_base, uid_base + max_workers)
- * of one file per host. The kernel drops it when the backend's process dies,
- * however it dies. */
+ * ranges (two node managers, two cells, two test runs) would run calls under
+ * the same uids: one call could signal or ptrace-attach another's, and
+ * RLIMIT_NPROC would count both. So a backend claims its range for as long as
+ * it lives: an open-file-description lock on bytes [uid_base, uid_base +
+ * max_workers) of one file per host. The kernel drops it when the backend's
+ * process dies, however it dies.
+ *
+ * Without the option uid_base, a backend takes the first free range from
+ * UID_AUTO_FIRST on, so any number of cells can share a host with no setting
+ * (a call's uid is its own for the call only: nothing on disk keeps it, so
+ * the range may differ from one start to the next). The automatic ranges end
+ * where the VM backend's QEMU uids start (vm_uid_base, docs/vm.md). A given
+ * uid_base is that range or nothing: a clash is an error that says what to
+ * set. */
 #define UID_LOCK_FILE "/run/dsec/function-uids.lock"
 
-static int claim_uids(struct fn *f, uint32_t base, unsigned n, dsec_err *err)
+/* The lock in the way of [base, base + n), or false when there is none now. */
+static bool uid_lock_in_way(int fd, uint32_t base, unsigned n, uint64_t *first, uint64_t *end)
+{
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = base, .l_len = n};
+    if (fcntl(fd, F_OFD_GETLK, &q) < 0 || q.l_type == F_UNLCK)
+        return false;
+    *first = (uint64_t)q.l_start;
+    *end = q.l_len == 0 ? UINT64_MAX : (uint64_t)q.l_start + (uint64_t)q.l_len;
+    return true;
+}
+
+/* The first automatic range of n uids no backend holds now, or 0. */
+static uint32_t uid_free_range(int fd, unsigned n)
+{
+    uint64_t b = UID_AUTO_FIRST, first, end;
+    while (b + n <= UID_AUTO_END) {
+        if (!uid_lock_in_way(fd, (uint32_t)b, n, &first, &end))
+            return (uint32_t)b;
+        b = end > b ? end : b + 1;
+    }
+    return 0;
+}
+
+static int claim_uids(struct fn *f, uint32_t base, unsigned n, bool pick, dsec_err *err)
 {
     if ((mkdir("/run", 0755) < 0 && errno != EEXIST) ||
         (mkdir("/run/dsec", 0755) < 0 && errno != EEXIST))
@@ -289,26 +328,56 @@ static int claim_uids(struct fn *f, uint32_t base, unsigned n, dsec_err *err)
     int fd = open(UID_LOCK_FILE, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "function: opening %s", UID_LOCK_FILE);
-    struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = base, .l_len = n};
-    if (fcntl(fd, F_OFD_SETLK, &l) == 0) {
-        f->uid_lock = fd;
-        return 0;
+    uint64_t b = base, first = 0, end = 0;
+    /* Each round either takes a range or moves past a lock another backend
+     * holds; a lock that went between the two calls costs a round. */
+    for (unsigned round = 0; round < 100000 && b + n <= (pick ? UID_AUTO_END : 0xffffffffull);
+         round++) {
+        struct flock l = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)b, .l_len = n};
+        if (fcntl(fd, F_OFD_SETLK, &l) == 0) {
+            f->uid_lock = fd;
+            f->uid_base = (uint32_t)b;
+            f->uid_count = n;
+            return 0;
+        }
+        int e = errno;
+        if (e != EAGAIN && e != EACCES) {
+            close(fd);
+            return dsec_err_set(err, DSEC_E_IO, e,
+                                "function: locking uids %" PRIu64 "..%" PRIu64 " in %s", b,
+                                b + n - 1, UID_LOCK_FILE);
+        }
+        if (!uid_lock_in_way(fd, (uint32_t)b, n, &first, &end))
+            continue;
+        if (!pick)
+            break;
+        b = end > b ? end : b + 1;
     }
-    int e = errno;
-    struct flock q = l; /* F_OFD_GETLK overwrites it with the lock in the way */
-    bool known =
-        (e == EAGAIN || e == EACCES) && fcntl(fd, F_OFD_GETLK, &q) == 0 && q.l_type != F_UNLCK;
+    if (pick) {
+        close(fd);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function: no range of %u free uids (max_workers) is left in "
+                            "%u..%u: other function backends on this host hold them all; set "
+                            "function.uid_base to a free range outside it",
+                            n, UID_AUTO_FIRST, UID_AUTO_END - 1);
+    }
+    uint32_t free_base = uid_free_range(fd, n);
     close(fd);
-    if (!known)
-        return dsec_err_set(err, DSEC_E_IO, e,
-                            "function: locking uids %" PRIu32 "..%" PRIu32 " in %s", base,
-                            base + n - 1, UID_LOCK_FILE);
+    if (end == 0) /* every round saw a lock that was gone when asked about */
+        return dsec_err_set(err, DSEC_E_IO, EAGAIN,
+                            "function: uids %" PRIu32 "..%" PRIu32 " could not be locked in %s: "
+                            "other backends kept taking and dropping them; try again",
+                            base, base + n - 1, UID_LOCK_FILE);
+    char hint[96] = "";
+    if (free_base != 0)
+        snprintf(hint, sizeof hint, " (%" PRIu32 " is free now)", free_base);
     return dsec_err_set(err, DSEC_E_CONFIG, 0,
                         "function: uids %" PRIu32 "..%" PRIu32 " (uid_base + max_workers) overlap "
-                        "uids %lld..%lld of another function backend alive on this host; give "
-                        "each node manager its own uid_base",
-                        base, base + n - 1, (long long)q.l_start,
-                        (long long)(q.l_start + q.l_len - 1));
+                        "uids %" PRIu64 "..%" PRIu64 " of another function backend alive on this "
+                        "host (another cell's or node manager's, or a test run's); give this node "
+                        "its own range with the option function.uid_base%s, or leave it unset to "
+                        "have a free range picked",
+                        base, base + n - 1, first, end - 1, hint);
 }
 
 static void fn_fini(void *self)
@@ -344,7 +413,7 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the backend");
     f->uid_lock = -1;
-    if (claim_uids(f, o.uid_base, o.max_workers, err) < 0)
+    if (claim_uids(f, o.uid_base, o.max_workers, !o.uid_base_set, err) < 0)
         goto out_free;
     char zygote[PATH_MAX], pymod[PATH_MAX];
     if (find_helper("zygote", o.zygote, DSEC_FN_ZYGOTE_PATH, "dsec-fn-zygote", true, zygote,
@@ -412,7 +481,7 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
         .max_workers = o.max_workers,
         .tmpfs_mb = o.tmpfs_mb,
         .hot_level = o.hot_level,
-        .uid_base = o.uid_base,
+        .uid_base = f->uid_base,
         .preload = o.preload,
         .ro_paths = o.ro,
         .cgroup = o.cgroup,
@@ -1073,6 +1142,13 @@ int dsec_function_pool_info_get(void *self, const char *runtime, dsec_function_p
     struct fn *f = self;
     int rt = runtime_of(runtime, err);
     return rt < 0 ? -1 : dsec__fn_pools_info(f->pools, rt, out);
+}
+
+void dsec_function_uid_range(void *self, uint32_t *first, unsigned *count)
+{
+    const struct fn *f = self;
+    *first = f->uid_base;
+    *count = f->uid_count;
 }
 
 int dsec_function_pool_warm(void *self, const char *runtime, unsigned warm, unsigned hot,

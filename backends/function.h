@@ -4,6 +4,7 @@
 #define DSEC_BACKENDS_FUNCTION_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "backends/backend.h"
@@ -80,10 +81,15 @@ extern "C" {
  *   prestart=LIST         runtimes whose pool starts with the backend
  *   tmpfs_mb=N            size of each call's /tmp and of its /work (64)
  *   memory_mb=N           call memory when the spec has none (512)
- *   files_mb=N            a sandbox's files when the spec has no disk_mb (64)
+ *   files_mb=N            a sandbox's files when the spec has no disk_mb (64; a node
+ *                         always passes one: the cell's defaults.function_disk_mb)
  *   max_timeout_ms=N      ceiling of every call (600000)
  *   acquire_ms=N          wait for a warm worker before failing (30000)
- *   uid_base=N            calls run as uid/gid uid_base + slot (1500000000)
+ *   uid_base=N            calls run as uid/gid uid_base + slot; the range
+ *                         uid_base .. uid_base + max_workers - 1 must be free
+ *                         on this host (init fails naming the backend that
+ *                         holds it). Unset: the first free range of
+ *                         1500000000..1599999999, so cells can share a host
  *   preload=LIST          python3 modules imported in the zygote
  *   ro=LIST               extra host paths visible read-only in calls
  *   cgroup=auto|v1|v2|none
@@ -115,6 +121,9 @@ typedef struct dsec_function_pool_info {
 /* These take the instance pointer that dsec_function_ops.init returned. */
 int dsec_function_pool_info_get(void *self, const char *runtime, dsec_function_pool_info *out,
                                 dsec_err *err);
+/* The uids this backend's calls run as: first .. first + count - 1 (the
+ * option uid_base's range, or the free one picked without it). */
+void dsec_function_uid_range(void *self, uint32_t *first, unsigned *count);
 /* Set the runtime's warm and hot targets (starting its pool) and wait up to
  * wait_ms until that many workers are warm, and that many of them hot. */
 int dsec_function_pool_warm(void *self, const char *runtime, unsigned warm, unsigned hot,

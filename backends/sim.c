@@ -66,6 +66,7 @@ struct sim {
 struct blob {
     _Atomic uint32_t ref;
     size_t len;
+    size_t cap; /* bytes of data allocated: appends double it, not grow it by the append */
     uint8_t data[];
 };
 
@@ -367,7 +368,7 @@ static struct blob *blob_alloc(size_t len)
     if (b == NULL)
         return NULL;
     atomic_init(&b->ref, 1);
-    b->len = len;
+    b->len = b->cap = len;
     return b;
 }
 
@@ -739,9 +740,14 @@ static int sim_file_write(void *self, dsec_sandbox *h, const char *path, const v
         /* Unshared: extend in place (nobody else can take a reference now,
          * since only this sandbox's actor can fork it). */
         if (len > 0) {
-            nb = dsec_realloc(f->blob, sizeof *nb + newlen);
-            if (nb == NULL)
-                goto out_nomem;
+            nb = f->blob;
+            if (newlen > nb->cap) {
+                /* a file written in many appends is copied O(log n) times, not n */
+                size_t ncap = newlen > nb->cap * 2 ? newlen : nb->cap * 2;
+                if ((nb = dsec_realloc(f->blob, sizeof *nb + ncap)) == NULL)
+                    goto out_nomem;
+                nb->cap = ncap;
+            }
             memcpy(nb->data + old, data, len);
             nb->len = newlen;
             f->blob = nb;

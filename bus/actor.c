@@ -397,9 +397,16 @@ static void lane_run(dsec__task *t)
                 /* The handler sees the headers schema_ok already read. */
                 dsec_msg m;
                 dsec__msg_init(&m, batch[i].nm, bus);
-                if (!schema_ok(a, &m, natsMsg_GetSubject(batch[i].nm)))
+                const char *subject = natsMsg_GetSubject(batch[i].nm);
+                if (!schema_ok(a, &m, subject))
                     continue;
+                /* The handler works for its message's trace: what it sends
+                 * carries that id, and its hop may be recorded. */
+                dsec_trace_scope sc;
+                dsec_trace_enter(&sc, a, dsec__msg_header(&m, DSEC_HDR_TRACE_ID), subject,
+                                 dsec__msg_header(&m, DSEC_HDR_TYPE));
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
+                dsec_trace_leave(&sc);
             }
             atomic_fetch_add_explicit(&a->handler_ns, (uint64_t)(dsec__now_ns() - t0),
                                       memory_order_relaxed);
@@ -617,6 +624,7 @@ void dsec_actor_stats_get(const dsec_actor *a, dsec_actor_stats *out)
 void dsec_actor_count_error(dsec_actor *a)
 {
     atomic_fetch_add_explicit(&a->errors, 1, memory_order_relaxed);
+    dsec__trace_note_error(a);
 }
 
 void dsec__actor_count_out(dsec_actor *a)

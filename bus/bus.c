@@ -457,6 +457,7 @@ static void bus_release(dsec_bus *bus)
     live_remove(bus);
     dsec__pool_stop(&bus->pool);
     dsec__req_free(bus);
+    dsec__trace_free(bus);
     pthread_cond_destroy(&bus->cond);
     pthread_mutex_destroy(&bus->mu);
     dsec_free(bus->name);

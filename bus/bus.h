@@ -35,10 +35,18 @@ typedef struct dsec_future dsec_future; /* the pending answer to a request */
 #define DSEC_HDR_ERROR_CODE "Dsec-Error-Code"
 #define DSEC_TYPE_ERROR "error"
 
+/* The Dsec-Schema every message carries unless its sender sets another:
+ * the schema version of the wire messages (codecs/msg.h's
+ * DSEC_SCHEMA_VERSION; actors/wire.c checks they agree). bus/ does not
+ * know the codecs, but no dsec message may go out without its version. */
+#define DSEC_BUS_SCHEMA 1
+
 /* What goes into the headers of an outgoing message. Any field may be NULL/0;
- * the bus fills trace_id with a fresh id when NULL. Every publish carries
- * Dsec-Schema (decimal, 0 when unset), Content-Type and Dsec-Trace-Id, plus
- * Dsec-Type and Dsec-Req-Id when given. The strings are copied. */
+ * when trace_id is NULL the bus uses this thread's current trace id
+ * (dsec_trace_current), else a fresh one. Every publish carries
+ * Dsec-Schema (decimal; DSEC_BUS_SCHEMA when schema is 0), Content-Type and
+ * Dsec-Trace-Id, plus Dsec-Type and Dsec-Req-Id when given. The strings are
+ * copied. */
 typedef struct dsec_hdr {
     const char *type;
     unsigned schema;
@@ -169,7 +177,10 @@ int dsec_bus_flush(dsec_bus *bus, int timeout_ms, dsec_err *err);
  * after that go to another inbox (to the bus's workers when every inbox is
  * held), so only replies already on their way to its inbox wait for it. It
  * must not wait for another ordinary request's callback, which may be
- * queued behind it. */
+ * queued behind it.
+ *
+ * It runs in the request's trace (see tracing, below): what it sends
+ * carries the trace id the request was sent with. */
 typedef void (*dsec_reply_cb)(int status, dsec_msg *reply, const dsec_err *err, void *ud);
 
 /* Send a request; returns at once. Many may be in flight. timeout_ms must be
@@ -283,6 +294,14 @@ void dsec_msg_free(dsec_msg *m);
 
 typedef struct dsec_natsd dsec_natsd;
 
+/* The max_payload of the nats-server dsec starts: NATS counts a message's
+ * headers and payload together against it, so it is dsec's own payload
+ * limit (8 MiB, codecs/msg.h) plus DSEC_HEADERS_MAX for the headers. A
+ * payload over 8 MiB with headers inside the budget therefore reaches its
+ * receiver, which answers too_large itself (docs/protocol.md, Transport). */
+#define DSEC_HEADERS_MAX (64u << 10)
+#define DSEC_NATSD_MAX_PAYLOAD ((8u << 20) + DSEC_HEADERS_MAX)
+
 typedef struct dsec_natsd_opts {
     const char
         *binary; /* default: $DSEC_NATS_SERVER, else nats-server on PATH, /usr/sbin, /usr/bin */
@@ -295,7 +314,7 @@ typedef struct dsec_natsd_opts {
 
 /* Start a nats-server child on 127.0.0.1 and wait until it accepts
  * connections. *out owns it; dsec_natsd_stop stops and frees it. Writes
- * state_dir/nats.conf (max_payload 8MB, JetStream in state_dir/js when asked)
+ * state_dir/nats.conf (max_payload DSEC_NATSD_MAX_PAYLOAD, JetStream in state_dir/js when asked)
  * and logs to state_dir/nats.log; a failure to start quotes the log's tail.
  * The child runs in its own process group and is killed if the thread that
  * started it exits (PR_SET_PDEATHSIG): start it from a long-lived thread. */
@@ -316,6 +335,92 @@ void dsec_natsd_stop(dsec_natsd *s);
 
 /* A fresh random id (hex, 32 chars + NUL) for request and trace ids. */
 void dsec_bus_new_id(char out[33]);
+
+/* ---- tracing ------------------------------------------------------------ */
+
+/* A Dsec-Trace-Id follows one request across actors. Each thread has a
+ * current trace id: while a handler runs, the Dsec-Trace-Id of its message;
+ * while a request's callback runs, the trace id that request was sent with;
+ * inside dsec_trace_enter/leave, the one given there. A publish, request or
+ * reply whose dsec_hdr leaves trace_id NULL carries the current one (a fresh
+ * id when there is none), so what a handler sends on behalf of a request
+ * carries that request's id without plumbing. Work that continues on another
+ * thread (a worker, a ticker, a batch sent later) keeps the id itself and
+ * enters a scope there, or sets dsec_hdr.trace_id. */
+
+/* Longest trace id followed; a longer one (or one with CR/LF) is not
+ * inherited: what it causes gets fresh ids. */
+#define DSEC_TRACE_ID_MAX 64
+
+/* Whether id is a trace id the bus follows: 1..DSEC_TRACE_ID_MAX printable
+ * ASCII characters without spaces. */
+bool dsec_trace_id_ok(const char *id);
+
+/* One step of a request: what an actor handled for it, when, and how it
+ * went. Times are wall clock (ns since the epoch) so that hops recorded by
+ * different processes can be put in order. */
+typedef struct dsec_trace_hop {
+    char trace_id[DSEC_TRACE_ID_MAX + 1];
+    char actor[64];    /* the actor's name */
+    char subject[128]; /* the subject it handled (or a label of async work) */
+    char type[32];     /* Dsec-Type of what it handled; "" if none */
+    char sent[32];     /* Dsec-Type of the first message it sent meanwhile; "" if none */
+    bool error;        /* it answered or sent an error, or counted one */
+    char kept[8];      /* why the record kept it: "error", "slow" or "sample" */
+    int64_t start_ns;  /* handler started (wall clock) */
+    int64_t end_ns;    /* handler returned */
+} dsec_trace_hop;
+
+/* The innermost scope of this thread, with the strings it was given. Lives
+ * on the caller's stack; fields are the bus's. */
+typedef struct dsec_trace_scope {
+    struct dsec_trace_scope *up;
+    dsec_actor *actor; /* NULL: no hop is recorded */
+    const char *id;    /* NULL: none (publishes get fresh ids) */
+    const char *what;
+    const char *type;
+    int64_t start_ns;
+    bool error;
+    char sent[32];
+} dsec_trace_scope;
+
+/* Make trace_id this thread's current trace id until dsec_trace_leave
+ * (scopes nest; leave them in reverse order). trace_id NULL, or not
+ * dsec_trace_id_ok: none. With actor non-NULL, leaving records a hop for
+ * it (actor's name, what, type) in its bus's trace record, if that was
+ * configured. trace_id, what and type are borrowed: they must stay valid
+ * until leave. */
+void dsec_trace_enter(dsec_trace_scope *sc, dsec_actor *actor, const char *trace_id,
+                      const char *what, const char *type);
+void dsec_trace_leave(dsec_trace_scope *sc);
+
+/* This thread's current trace id, or NULL. Valid until its scope ends:
+ * copy it to carry it elsewhere. */
+const char *dsec_trace_current(void);
+
+/* The trace id of this thread outside any scope (an application thread
+ * that calls libdsec), copied; NULL clears it. -1 when trace_id is not
+ * dsec_trace_id_ok. Scopes (handlers, callbacks) take precedence. */
+int dsec_trace_set_thread(const char *trace_id);
+
+/* Each bus keeps the hops its actors handled in a bounded ring (oldest
+ * overwritten). A hop is kept when it was an error, when it took slow_ms
+ * or more, or when its trace id is sampled: a hash of the id below
+ * sample_rate, the same choice in every process, so a sampled request is
+ * kept by every actor it reached. Off until configured. */
+typedef struct dsec_trace_conf {
+    double sample_rate; /* 0..1: the share of trace ids kept whatever they did */
+    uint32_t slow_ms;   /* hops this long or longer are kept; 0: every hop is slow */
+    uint32_t ring;      /* hops kept per bus; 0: recording off */
+} dsec_trace_conf;
+
+/* Set (or change: the ring starts empty) the bus's trace record. */
+int dsec_bus_trace_conf(dsec_bus *bus, const dsec_trace_conf *conf, dsec_err *err);
+
+/* The kept hops of trace_id, oldest first. *out (NULL when n is 0) is the
+ * caller's: free it with dsec_free. An unconfigured bus has none. */
+int dsec_bus_trace_hops(dsec_bus *bus, const char *trace_id, dsec_trace_hop **out, size_t *n,
+                        dsec_err *err);
 
 #ifdef __cplusplus
 }

@@ -167,6 +167,8 @@ struct dsec_bus {
     atomic_uint_fast64_t disconnects;
     atomic_uint_fast64_t reconnects;
     atomic_uint_fast64_t mailbox_drops;
+
+    _Atomic(struct dsec__trace *) trace; /* trace.c: the hop record, once configured */
 };
 
 /* ---- actors (actor.c), used by bus.c for drain and free ------------------ */
@@ -197,6 +199,19 @@ dsec_actor **dsec__actors_snapshot(dsec_bus *bus, size_t *n);
 dsec_actor *dsec__actors_pop(dsec_bus *bus);
 /* Count one publish or reply in the actor's msgs_out. */
 void dsec__actor_count_out(dsec_actor *a);
+
+/* ---- tracing (trace.c) -------------------------------------------------- */
+
+/* A message is going out: the innermost trace scope learns what it sent and
+ * whether that was an error (hdr->type "error", or an err_code). */
+void dsec__trace_note_send(const dsec_hdr *hdr, const char *err_code);
+/* The actor counted an error while a scope of it runs on this thread. */
+void dsec__trace_note_error(dsec_actor *a);
+/* The actor whose traced hop this thread is in (recording on, a trace id
+ * set), or NULL: a request's callback continues that hop's work. */
+dsec_actor *dsec__trace_actor(void);
+/* Free the bus's hop record (bus_release). */
+void dsec__trace_free(dsec_bus *bus);
 
 /* ---- requests (request.c) ---------------------------------------------- */
 

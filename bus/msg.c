@@ -263,14 +263,23 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
                             subject, len);
     if (data == NULL && len > 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "publish to %s: NULL data", subject);
+    /* Every message carries its schema version: the bus's own error replies,
+     * and a sender's that named none, get DSEC_BUS_SCHEMA (bus.h). */
+    dsec_hdr versioned = hdr != NULL ? *hdr : (dsec_hdr){0};
+    if (versioned.schema == 0)
+        versioned.schema = DSEC_BUS_SCHEMA;
+    hdr = &versioned;
 
     char schema_buf[12];
     char trace[33];
     const char *trace_id = hdr != NULL ? hdr->trace_id : NULL;
+    if (trace_id == NULL)
+        trace_id = dsec_trace_current(); /* what this thread works for carries on */
     if (trace_id == NULL) {
         dsec_bus_new_id(trace);
         trace_id = trace;
     }
+    dsec__trace_note_send(hdr, err_code);
     const char *schema = utoa10(schema_buf + sizeof schema_buf, hdr != NULL ? hdr->schema : 0);
     natsMsg *nm = NULL;
     natsStatus s;

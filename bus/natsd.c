@@ -155,7 +155,10 @@ static int write_conf(const dsec_natsd *s, bool jetstream, const char *extra, ds
         return dsec_err_set(err, DSEC_E_IO, errno, "writing %s", s->conf_path);
     fprintf(f, "# written by dsec (bus/natsd.c); regenerated on every start\n");
     fprintf(f, "listen: \"127.0.0.1:%d\"\n", s->port);
-    fprintf(f, "max_payload: 8MB\n");
+    /* dsec's payload limit plus the header budget (bus.h): a payload just
+     * over 8 MiB reaches dsec, which answers too_large, instead of the
+     * server closing the sender's connection. */
+    fprintf(f, "max_payload: %u\n", DSEC_NATSD_MAX_PAYLOAD);
     fprintf(f, "log_file: ");
     put_quoted(f, s->log_path);
     fprintf(f, "\nlogtime: true\n");

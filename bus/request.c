@@ -52,6 +52,8 @@ struct pending {
     bool direct;      /* cb runs where the answer is known, not on a worker */
     dsec_future *fut; /* either cb or fut */
     char subject[SUBJ_KEEP];
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* sent with; its callback runs in this trace */
+    dsec_actor *actor; /* a callback's: the traced handler that sent it (a reference), or NULL */
 };
 
 /* Callbacks waiting for a worker. Several queues (one per worker) so a slow
@@ -432,11 +434,24 @@ static void future_unref(dsec_future *f)
 /* Run p's callback with its answer and let go of the reply message. */
 static void run_cb(dsec_bus *bus, struct pending *p)
 {
+    /* The callback carries on the request's work: what it sends follows the
+     * request's trace, wherever and whenever it runs. */
+    dsec_trace_scope sc;
+    const char *type = NULL;
+    dsec_msg m;
+    if (p->code == 0) {
+        dsec__msg_init(&m, p->reply, bus);
+        type = dsec__msg_header(&m, DSEC_HDR_TYPE);
+    } else {
+        type = dsec_code_name(p->code);
+    }
+    /* A callback of a traced handler's request is a hop of that actor too:
+     * the handler's work goes on here (the place a scheduler sends once the
+     * quota actor admitted its create). */
+    dsec_trace_enter(&sc, p->actor, p->trace[0] ? p->trace : NULL, p->subject, type);
     if (p->code == 0) {
         dsec_err ok;
         dsec_err_clear(&ok);
-        dsec_msg m;
-        dsec__msg_init(&m, p->reply, bus);
         p->cb(0, &m, &ok, p->ud);
         /* Here rather than under r->mu in pending_free. */
         dsec__msg_destroy(&p->reply);
@@ -444,6 +459,11 @@ static void run_cb(dsec_bus *bus, struct pending *p)
         dsec_err e;
         fill_err(&e, p->code, p->subject, p->timeout_ms);
         p->cb(-1, NULL, &e, p->ud);
+    }
+    dsec_trace_leave(&sc);
+    if (p->actor != NULL) {
+        dsec__actor_put(p->actor);
+        p->actor = NULL;
     }
 }
 
@@ -813,20 +833,39 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
         return dsec_err_set(err, DSEC_E_INVALID, 0, "request on %s: timeout must be > 0 ms",
                             subject);
 
+    /* The trace it is sent with, kept for its callback: the one given, else
+     * the one this thread works for, else a fresh one. */
+    char trace[DSEC_TRACE_ID_MAX + 1];
+    const char *tid = hdr != NULL && hdr->trace_id != NULL ? hdr->trace_id : dsec_trace_current();
+    if (dsec_trace_id_ok(tid))
+        snprintf(trace, sizeof trace, "%s", tid);
+    else if (tid == NULL)
+        dsec_bus_new_id(trace);
+    else
+        trace[0] = '\0'; /* the caller's own id, too long to follow: sent as it is */
+    dsec_hdr h = hdr != NULL ? *hdr : (dsec_hdr){0};
+    if (trace[0] != '\0')
+        h.trace_id = trace;
+    hdr = &h;
+    dsec_actor *actor = cb != NULL ? dsec__trace_actor() : NULL;
+    if (actor != NULL)
+        dsec__actor_get(actor); /* put after its callback ran, or below when it never will */
+
     pthread_mutex_lock(&r->mu);
     if (r->closed) {
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_CLOSED, 0, "request on %s: the bus is closed", subject);
     }
-    if (r->count >= r->nbuckets && table_grow(r) < 0) {
+    struct pending *p = NULL;
+    if ((r->count >= r->nbuckets && table_grow(r) < 0) || (p = pending_alloc(r)) == NULL) {
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
     }
-    struct pending *p = pending_alloc(r);
-    if (p == NULL) {
-        pthread_mutex_unlock(&r->mu);
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
-    }
+    p->actor = actor;
     uint64_t id = ++r->next_id;
     p->id = id;
     int64_t now = dsec__now_ns();
@@ -841,9 +880,13 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     p->fut = fut;
     p->clink = NULL;
     keep_subject(p->subject, subject);
+    memcpy(p->trace, trace, sizeof trace);
     if (deadline_add(r, p) < 0) {
+        p->actor = NULL;
         pending_free(r, p);
         pthread_mutex_unlock(&r->mu);
+        if (actor != NULL)
+            dsec__actor_put(actor);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request on %s", subject);
     }
     p->hnext = r->buckets[id & (r->nbuckets - 1)];
@@ -874,9 +917,12 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
         if (ours) {
             table_unlink(r, p);
             deadline_remove(r, p);
+            p->actor = NULL;
             pending_free(r, p);
         }
         pthread_mutex_unlock(&r->mu);
+        if (ours && actor != NULL)
+            dsec__actor_put(actor);
         /* Not ours any more: a disconnect or the deadline already answered
          * it, so the callback runs and the call counts as made. */
         return ours ? -1 : 0;

@@ -340,6 +340,7 @@ struct async_create {
     int retry;
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
     struct async_create *rnext; /* waiting for its retry (client rmu) */
+    char trace[DSEC_TRACE_ID_MAX + 1]; /* every attempt carries the first one's trace id */
     /* Held while an attempt is being sent. The bus may answer an attempt
      * (a disconnect, a deadline) before dsec_bus_request has returned, and
      * the answer re-encodes r.buf or frees it all: it waits for the send to
@@ -489,7 +490,8 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
 
 static int async_send(struct async_create *a, dsec_err *err)
 {
-    dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id};
+    dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id,
+                    .trace_id = a->trace};
     int rc;
     pthread_mutex_lock(&a->send_mu);
     if (a->direct)
@@ -517,6 +519,13 @@ static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_creat
     a->ud = ud;
     a->direct = direct;
     pthread_mutex_init(&a->send_mu, NULL);
+    /* A retry may leave from the retrier thread or a callback: it keeps the
+     * trace the caller's thread gave the first attempt. */
+    const char *tid = dsec_trace_current();
+    if (tid != NULL)
+        snprintf(a->trace, sizeof a->trace, "%s", tid);
+    else
+        dsec_bus_new_id(a->trace);
     int rc = create_req_build(c, spec, &a->r, err);
     if (rc == 0) {
         a->deadline_ns = a->r.m.deadline_ns;
@@ -827,52 +836,154 @@ int dsec_file_write(dsec_client *c, const char *id, const char *path, const void
     return dsec_file_write_ex(c, id, path, data, len, &o, err);
 }
 
+/* Files move in pages that stay well under the bus's payload limit: the node
+ * answers a read with at most this much, and a write bigger than this goes
+ * as a first message and appends. */
+#define FILE_PAGE (4u << 20)
+
+static int write_one(dsec_client *c, const char *id, const dsec_msg_file_write *m,
+                     dsec_decoder *dec, dsec_err *err)
+{
+    dsec_msg *keep = NULL;
+    dsec_msg_file_data r;
+    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
+                      err);
+    dsec_msg_free(keep);
+    return rc;
+}
+
 int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
                        size_t len, const dsec_write_opts *opts, dsec_err *err)
 {
     dsec_write_opts none = {0};
     if (opts == NULL)
         opts = &none;
-    dsec_msg_file_write m = {.id = id, .path = path, .data = {data, len}, .mode = opts->mode,
-                             .append = opts->append, .rollout_id = opts->rollout_id,
-                             .step = opts->step};
+    /* A write recorded in the trajectory log is one step: one message, so a
+     * re-issued step is either wholly skipped or wholly run. */
+    if (opts->rollout_id != NULL && len > FILE_PAGE)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "writing %s in %s: a write recorded in the trajectory log (step %" PRIu64
+                            ") holds at most %u bytes, and this one has %zu; write it without a "
+                            "step, or in several steps",
+                            path, id, opts->step, FILE_PAGE, len);
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
-    dsec_msg_file_data r;
-    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
-    dsec_msg_free(keep);
+    const uint8_t *p = data;
+    size_t off = 0;
+    int rc = 0;
+    do {
+        size_t n = len - off < FILE_PAGE ? len - off : FILE_PAGE;
+        dsec_msg_file_write m = {.id = id, .path = path, .data = {p + off, n}, .mode = opts->mode,
+                                 .append = opts->append || off > 0,
+                                 .rollout_id = opts->rollout_id, .step = opts->step};
+        rc = write_one(c, id, &m, dec, err);
+        if (rc < 0 && off > 0)
+            dsec_err_wrap(err, "%s in %s holds only the first %zu of the %zu bytes written", path,
+                          id, off, len);
+        off += n;
+    } while (rc == 0 && off < len);
     dsec_decoder_free(dec);
     return rc;
+}
+
+int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
+                         void *ud, dsec_err *err)
+{
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    uint64_t got = 0, size = 0;
+    int rc = 0;
+    for (bool first = true;; first = false) {
+        dsec_msg_file_read m = {.id = id, .path = path, .offset = got, .max = FILE_PAGE};
+        dsec_msg *keep = NULL;
+        dsec_msg_file_data r;
+        rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
+                      err);
+        if (rc == 0 && first)
+            size = r.size;
+        if (rc == 0 && r.size != size)
+            rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                              "reading %s in %s: it changed size from %" PRIu64 " to %" PRIu64
+                              " bytes while it was read (at byte %" PRIu64 "); read it again",
+                              path, id, size, r.size, got);
+        if (rc == 0 && got + r.data.len > size)
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
+                              "reading %s in %s: the node sent %" PRIu64 " bytes of a file of %" PRIu64,
+                              path, id, got + r.data.len, size);
+        if (rc == 0 && (r.data.len > 0 || first) && fn(ud, r.data.ptr, r.data.len, size) < 0)
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s in %s: the page handler stopped at byte %" PRIu64,
+                              path, id, got);
+        bool eof = rc == 0 && r.eof, stuck = rc == 0 && !r.eof && r.data.len == 0;
+        got += rc == 0 ? r.data.len : 0;
+        dsec_msg_free(keep);
+        if (rc < 0)
+            break;
+        if (eof) {
+            if (got != size)
+                rc = dsec_err_set(err, DSEC_E_STATE, 0,
+                                  "reading %s in %s: the node reported the end after %" PRIu64
+                                  " of its %" PRIu64 " bytes; read it again",
+                                  path, id, got, size);
+            break;
+        }
+        if (stuck) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
+                              "reading %s in %s: the node answered an empty page before the "
+                              "end (at byte %" PRIu64 " of %" PRIu64 ")",
+                              path, id, got, size);
+            break;
+        }
+    }
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+struct read_all {
+    uint8_t *buf;
+    size_t cap, len;
+};
+
+/* Gathers the pages; the first one says the file's size, so the buffer is
+ * allocated once when that size is sane. */
+static int read_all_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    struct read_all *ra = ud;
+    if (ra->buf == NULL && size < SIZE_MAX / 2 && (ra->buf = dsec_malloc((size_t)size + 1)) != NULL)
+        ra->cap = (size_t)size + 1;
+    if (ra->len + len + 1 > ra->cap) {
+        size_t ncap = ra->cap ? ra->cap : 1;
+        while (ncap < ra->len + len + 1)
+            ncap *= 2;
+        uint8_t *nb = dsec_realloc(ra->buf, ncap);
+        if (nb == NULL) {
+            errno = ENOMEM;
+            return -1;
+        }
+        ra->buf = nb;
+        ra->cap = ncap;
+    }
+    if (len)
+        memcpy(ra->buf + ra->len, data, len);
+    ra->len += len;
+    ra->buf[ra->len] = 0;
+    return 0;
 }
 
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err)
 {
-    dsec_msg_file_read m = {.id = id, .path = path};
     *data = NULL;
     *len = 0;
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
-    dsec_msg_file_data r;
-    int rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
-    if (rc == 0) {
-        *data = dsec_malloc(r.data.len + 1);
-        if (*data == NULL) {
-            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-        } else {
-            if (r.data.len)
-                memcpy(*data, r.data.ptr, r.data.len);
-            (*data)[r.data.len] = 0;
-            *len = r.data.len;
-        }
+    struct read_all ra = {0};
+    if (dsec_file_read_pages(c, id, path, read_all_page, &ra, err) < 0) {
+        dsec_free(ra.buf);
+        return -1;
     }
-    dsec_msg_free(keep);
-    dsec_decoder_free(dec);
-    return rc;
+    *data = ra.buf;
+    *len = ra.len;
+    return 0;
 }
 
 int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,

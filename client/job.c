@@ -188,12 +188,21 @@ static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_job *j = ud;
     dsec_err err;
     dsec_msg_reclaim r;
-    dsec_decoder *d = dsec_decoder_new(NULL);
-    if (d == NULL || dsec_decode(d, DSEC_MSG_RECLAIM, dsec_msg_data(m), dsec_msg_len(m), &r, &err) < 0) {
-        /* a malformed reclaim is answered, so its sender does not wait out its deadline */
-        if (d == NULL)
+    const char *type = dsec_msg_type(m);
+    bool typed = type != NULL && strcmp(type, "reclaim") == 0;
+    dsec_decoder *d = typed ? dsec_decoder_new(NULL) : NULL;
+    if (!typed || d == NULL ||
+        dsec_decode(d, DSEC_MSG_RECLAIM, dsec_msg_data(m), dsec_msg_len(m), &r, &err) < 0) {
+        /* a malformed reclaim is answered, so its sender does not wait out its deadline;
+         * the decoder is the one Dsec-Type names (docs/protocol.md, Transport) */
+        if (!typed)
+            dsec_err_set(
+                &err, DSEC_E_UNSUPPORTED, 0,
+                "%.200s takes Dsec-Type \"reclaim\", not \"%.64s\" (the payload was not read)",
+                dsec_msg_subject(m), type ? type : "(none)");
+        else if (d == NULL)
             dsec_err_set(&err, DSEC_E_NOMEM, 0, "out of memory");
-        const char *field = d ? dsec_decoder_bad_field(d) : NULL;
+        const char *field = !typed ? DSEC_HDR_TYPE : d ? dsec_decoder_bad_field(d) : NULL;
         dsec_msg_error e = {.code = dsec_code_name(err.code), .message = err.msg,
                             .field = field && field[0] ? field : NULL};
         dsec_buf b;
@@ -239,8 +248,10 @@ static void on_forced(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_job *j = ud;
     dsec_err err;
     dsec_msg_reclaim_outcome o;
-    dsec_decoder *d = dsec_decoder_new(NULL);
-    if (d == NULL ||
+    const char *type = dsec_msg_type(m);
+    dsec_decoder *d = type != NULL && strcmp(type, "reclaim_outcome") == 0 ? dsec_decoder_new(NULL)
+                                                                          : NULL;
+    if (d == NULL || /* another Dsec-Type (or no memory): dropped, counted */
         dsec_decode(d, DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m), &o, &err) < 0) {
         dsec_decoder_free(d);
         dsec_actor_count_error(a);

@@ -86,6 +86,9 @@ enum dsec_msg_type {
     DSEC_MSG_NODE_LOST,       /* "node_lost": a node silent too long: its sandboxes are lost */
     DSEC_MSG_SUPERSEDED,      /* "superseded": a retried create placed on another node */
     DSEC_MSG_SUPERSEDED_LIST, /* "superseded_list": scheduler -> nodes, a batch of superseded */
+    DSEC_MSG_TRACE_QUERY,     /* "trace_query": dsec trace -> every actor process */
+    DSEC_MSG_TRACE_HOP,       /* "trace_hop": only nested in trace_hops */
+    DSEC_MSG_TRACE_HOPS,      /* "trace_hops": one process's kept hops of a trace */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -162,7 +165,8 @@ typedef struct dsec_msg_created {
 
 typedef struct dsec_msg_op {
     const char *id; /* required */
-    const char *op; /* required: pause | resume | destroy | status | fork | snapshot | net */
+    const char *op; /* required: pause | resume | destroy | status | fork | freeze | snapshot | net;
+                     * lookup (on dsec.v1.ctl.lookup.<cell>) */
     uint64_t n;     /* fork: number of children, 1..1024 */
     const char *name; /* snapshot: the environment name:version to publish it as */
     dsec_strv net;    /* net: the sandbox's new network policy (empty: reach nothing) */
@@ -287,6 +291,7 @@ typedef struct dsec_msg_sandbox_event {
     const char *req_id;
     uint64_t cpu_milli;
     uint64_t memory_mb;
+    const char *trace_id; /* the Dsec-Trace-Id of the request that caused it, if any */
 } dsec_msg_sandbox_event;
 
 typedef struct dsec_msg_node_announce {
@@ -492,6 +497,29 @@ typedef struct dsec_msg_superseded_list {
     dsec_list items; /* of dsec_msg_superseded */
 } dsec_msg_superseded_list;
 
+/* dsec trace asks every process on dsec.v1.ctl.trace for what it kept of one
+ * request; each answers with its hops (none: an empty list). */
+typedef struct dsec_msg_trace_query {
+    const char *trace_id; /* required */
+} dsec_msg_trace_query;
+
+typedef struct dsec_msg_trace_hop {
+    const char *trace_id; /* required */
+    const char *actor;    /* required */
+    const char *subject;
+    const char *type;
+    const char *sent;
+    bool error;
+    const char *kept;
+    uint64_t start_ns;
+    uint64_t end_ns;
+} dsec_msg_trace_hop;
+
+typedef struct dsec_msg_trace_hops {
+    const char *process; /* required: the answering process (its bus's name) */
+    dsec_list hops;      /* of dsec_msg_trace_hop */
+} dsec_msg_trace_hops;
+
 /* ---- schemas ------------------------------------------------------------ */
 
 typedef enum dsec_field_kind {
@@ -570,6 +598,14 @@ int dsec_decode(dsec_decoder *d, int type, const void *buf, size_t len, void *ou
 
 /* The field named by the last decode failure on d ("" when none). */
 const char *dsec_decoder_bad_field(const dsec_decoder *d);
+
+/* Copy the string value of key in the top-level msgpack map buf[0..len)
+ * into out (size n) and return true, when the map has that key (its first
+ * occurrence) with a str value of valid UTF-8, no NUL, shorter than n.
+ * Nothing else of the payload is checked, so it answers for payloads that
+ * fail to decode (too large, a bad field elsewhere): an error can echo the
+ * request's own req_id. Reads only within buf; out is "" when false. */
+bool dsec_msgpack_peek_str(const void *buf, size_t len, const char *key, char *out, size_t n);
 
 /* ---- encode --------------------------------------------------------------- */
 typedef struct dsec_buf {

@@ -202,3 +202,64 @@ int dsec__mp_unpack(msgpack_zone *zone, size_t retain, const uint8_t *p,
     /* The scan accepted what msgpack-c refused: a bug on one side. */
     return dsec_err_set(err, DSEC_E_INTERNAL, 0, "payload: msgpack-c refused it (%d)", (int)r);
 }
+
+/* Skip the object at p[*pos..len): containers with everything in them,
+ * without recursion (a counter of objects still to skip). */
+static bool skip_object(const uint8_t *p, size_t len, size_t *pos)
+{
+    uint64_t left = 1;
+    while (left > 0) {
+        head h;
+        if (*pos >= len || read_head(p + *pos, len - *pos, &h) != 1 || h.hdr > len - *pos)
+            return false;
+        *pos += h.hdr;
+        left--;
+        if (h.container) {
+            if (h.items > len - *pos) /* each item takes a byte at least */
+                return false;
+            left += h.items;
+        } else {
+            if (h.body > len - *pos)
+                return false;
+            *pos += h.body;
+        }
+    }
+    return true;
+}
+
+bool dsec_msgpack_peek_str(const void *buf, size_t len, const char *key, char *out, size_t n)
+{
+    const uint8_t *p = buf;
+    size_t klen = strlen(key), pos = 0;
+    head h;
+    if (n == 0)
+        return false;
+    out[0] = '\0';
+    if (p == NULL || len == 0 || read_head(p, len, &h) != 1 || !h.map || h.hdr > len)
+        return false;
+    pos = h.hdr;
+    for (uint32_t i = 0; i < h.count; i++) {
+        head k;
+        if (pos >= len || read_head(p + pos, len - pos, &k) != 1 || k.hdr > len - pos)
+            return false;
+        bool str = k.what != NULL && strcmp(k.what, "string") == 0;
+        if (str && k.body == klen && k.body <= len - pos - k.hdr &&
+            memcmp(p + pos + k.hdr, key, klen) == 0) {
+            pos += k.hdr + k.body;
+            head v;
+            if (pos >= len || read_head(p + pos, len - pos, &v) != 1 || v.hdr > len - pos ||
+                v.what == NULL || strcmp(v.what, "string") != 0 || v.body >= n ||
+                v.body > len - pos - v.hdr)
+                return false;
+            const char *s = (const char *)p + pos + v.hdr;
+            if (memchr(s, '\0', v.body) != NULL || !dsec__utf8_valid(s, v.body))
+                return false;
+            memcpy(out, s, v.body);
+            out[v.body] = '\0';
+            return true;
+        }
+        if (!skip_object(p, len, &pos) || !skip_object(p, len, &pos))
+            return false;
+    }
+    return false;
+}

@@ -71,7 +71,7 @@ static const dsec_field pong_fields[] = {
         FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                       \
         FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"),   \
         FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                 \
-        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk in MiB"),                     \
+        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk limit in MiB (0: the cell default)"),                     \
         FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),   \
         FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),     \
         FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
@@ -104,7 +104,7 @@ static const dsec_field place_fields[] = {
     FSTRV(dsec_msg_place, tried, "tried", false, L_NODES, L_NAME, "nodes that already refused"),
     FSTR(dsec_msg_place, reason, "reason", false, L_TEXT, "in a refusal: why the node refused"),
     FSTR(dsec_msg_place, short_of, "short_of", false, L_NAME,
-         "in a refusal for room: what the node lacked (`slots`, `cpu` or `memory`)"),
+         "in a refusal for room: what the node lacked (`slots`, `cpu`, `memory` or `disk`)"),
     FU64(dsec_msg_place, parked_ms, "parked_ms", false, 0, 0,
          "a rollout that waited for room: when its wait began (ms since epoch); it waits `wait_ms` "
          "from then, across refusals"),
@@ -135,7 +135,9 @@ static const dsec_field created_fields[] = {
 
 static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
-    FSTR(dsec_msg_op, op, "op", true, L_NAME, "pause, resume, destroy, status, fork, snapshot or net"),
+    FSTR(dsec_msg_op, op, "op", true, L_NAME,
+         "pause, resume, destroy, status, fork, freeze, snapshot or net; lookup on the lookup "
+         "subject"),
     FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
     FSTR(dsec_msg_op, name, "name", false, L_LONG, "snapshot: environment name:version to publish"),
     FSTRV(dsec_msg_op, net, "net", false, 64, L_LONG,
@@ -267,6 +269,8 @@ static const dsec_field sandbox_event_fields[] = {
     FSTR(dsec_msg_sandbox_event, req_id, "req_id", false, L_NAME, "the create's req_id"),
     FU64(dsec_msg_sandbox_event, cpu_milli, "cpu_milli", false, 0, 0, "CPU it holds"),
     FU64(dsec_msg_sandbox_event, memory_mb, "memory_mb", false, 0, 0, "memory it holds, MiB"),
+    FSTR(dsec_msg_sandbox_event, trace_id, "trace_id", false, L_NAME,
+         "the Dsec-Trace-Id of the request that caused it (absent: the node's own doing)"),
 };
 
 static const dsec_field node_announce_fields[] = {
@@ -466,6 +470,30 @@ static const dsec_field superseded_list_fields[] = {
     FLIST(dsec_msg_superseded_list, items, "items", DSEC_MSG_SUPERSEDED, "maps of the superseded fields"),
 };
 
+static const dsec_field trace_query_fields[] = {
+    FSTR(dsec_msg_trace_query, trace_id, "trace_id", true, L_NAME, "the Dsec-Trace-Id to look up"),
+};
+
+static const dsec_field trace_hop_fields[] = {
+    FSTR(dsec_msg_trace_hop, trace_id, "trace_id", true, L_NAME, "the trace"),
+    FSTR(dsec_msg_trace_hop, actor, "actor", true, L_LONG, "the actor that handled it"),
+    FSTR(dsec_msg_trace_hop, subject, "subject", false, L_SUBJECT, "the subject it handled"),
+    FSTR(dsec_msg_trace_hop, type, "type", false, L_NAME, "the Dsec-Type it handled"),
+    FSTR(dsec_msg_trace_hop, sent, "sent", false, L_NAME,
+         "the Dsec-Type of the first message it sent for it (`place`, `created`, ...)"),
+    FBOOL(dsec_msg_trace_hop, error, "error", "it answered or sent an error, or counted one"),
+    FSTR(dsec_msg_trace_hop, kept, "kept", false, L_NAME,
+         "why it was kept: `error`, `slow` (took `trace.slow_ms` or more) or `sample`"),
+    FU64(dsec_msg_trace_hop, start_ns, "start_ns", false, 0, 0, "its handler started (ns since epoch)"),
+    FU64(dsec_msg_trace_hop, end_ns, "end_ns", false, 0, 0, "its handler returned (ns since epoch)"),
+};
+
+static const dsec_field trace_hops_fields[] = {
+    FSTR(dsec_msg_trace_hops, process, "process", true, L_LONG, "the answering process"),
+    FLIST(dsec_msg_trace_hops, hops, "hops", DSEC_MSG_TRACE_HOP,
+          "its kept hops of the trace, oldest first: maps of the trace_hop fields"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -512,6 +540,9 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_SUPERSEDED, "superseded", dsec_msg_superseded, superseded_fields),
     SCHEMA(DSEC_MSG_SUPERSEDED_LIST, "superseded_list", dsec_msg_superseded_list,
            superseded_list_fields),
+    SCHEMA(DSEC_MSG_TRACE_QUERY, "trace_query", dsec_msg_trace_query, trace_query_fields),
+    SCHEMA(DSEC_MSG_TRACE_HOP, "trace_hop", dsec_msg_trace_hop, trace_hop_fields),
+    SCHEMA(DSEC_MSG_TRACE_HOPS, "trace_hops", dsec_msg_trace_hops, trace_hops_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

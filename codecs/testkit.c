@@ -222,13 +222,23 @@ static const dsec_msg_sandbox_event events[] = {
      .project = "rl/math",
      .req_id = "r-42",
      .cpu_milli = 500,
-     .memory_mb = 512},
+     .memory_mb = 512,
+     .trace_id = "a1b2c3"},
     {.id = "n7-00000000000000a0", .state = "running", .prev = "starting", .ts_ns = 2},
 };
 
 static const dsec_msg_superseded superseded[] = {
     {.tenant = "acme", .req_id = "r-42", .node = "n8", .retry = 1, .ts_ns = 1700000000000000000ull},
     {.tenant = "beta", .req_id = "r-43", .node = "n9", .retry = 3},
+};
+
+static const dsec_msg_trace_hop hops[] = {
+    {.trace_id = "a1b2c3", .actor = "sched-c1-0", .subject = "dsec.v1.acme.create", .type = "create",
+     .sent = "place", .kept = "sample", .start_ns = 1700000000000000000ull,
+     .end_ns = 1700000000000100000ull},
+    {.trace_id = "a1b2c3", .actor = "n7", .subject = "dsec.v1.ctl.place.n7", .type = "place",
+     .sent = "error", .error = true, .kept = "error", .start_ns = 1700000000000200000ull,
+     .end_ns = UINT64_MAX},
 };
 
 static const dsec_msg_usage usages[] = {
@@ -374,6 +384,16 @@ static void sample_c(int type, void *out)
     case DSEC_MSG_ARBITER_LEASE:
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){
             .holder = "arb-c1-a", .expires_ns = 1700000000000000000ull, .acquired_ns = 11};
+        break;
+    case DSEC_MSG_TRACE_QUERY:
+        *(dsec_msg_trace_query *)out = (dsec_msg_trace_query){.trace_id = "a1b2c3"};
+        break;
+    case DSEC_MSG_TRACE_HOP:
+        *(dsec_msg_trace_hop *)out = hops[0];
+        break;
+    case DSEC_MSG_TRACE_HOPS:
+        *(dsec_msg_trace_hops *)out = (dsec_msg_trace_hops){
+            .process = "dsecd-c1", .hops = {.items = (void *)hops, .n = N(hops)}};
         break;
     default:
         break;

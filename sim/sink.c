@@ -86,7 +86,8 @@ int sim_bus_sink_sync(sim_bus_sink *s, uint64_t *sync, dsec_err *err)
 {
     *sync = sim_replay_sync_begin(s->r);
     /* every node answers a sync with a full capacity report */
-    return dsec_bus_publish(s->bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, err);
+    return dsec_bus_publish(s->bus, "dsec.v1.ctl.sync", NULL,
+                            &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0, err);
 }
 
 void sim_bus_sink_free(sim_bus_sink *s)

@@ -14,3 +14,10 @@ target_link_libraries(test_layers_js PRIVATE dsec_test_fixture dsec_backends dse
                       dsec_warnings dsec_allocator)
 add_test(NAME layers_jetstream COMMAND test_layers_js)
 set_tests_properties(layers_jetstream PROPERTIES TIMEOUT 120 LABELS bus)
+
+# Trace ids carried by handlers and callbacks, and the hop record (bus/trace.c).
+add_executable(test_bus_trace ${CMAKE_CURRENT_LIST_DIR}/test_bus_trace.c)
+target_link_libraries(test_bus_trace PRIVATE dsec_test_fixture dsec_bus dsec_common PkgConfig::CMOCKA
+                      dsec_warnings dsec_allocator)
+add_test(NAME bus_trace COMMAND test_bus_trace)
+set_tests_properties(bus_trace PROPERTIES TIMEOUT 120 LABELS bus)

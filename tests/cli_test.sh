@@ -67,6 +67,17 @@ set +e
 set -e
 [ "$rc" = 2 ] && grep -q -- "--cpu" "$TMP/err.txt" || fail "bad --cpu"
 set +e
+"$DSEC" create --type sim --disk 0 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q -- "--disk \"0\".*cell default" "$TMP/err.txt" || fail "bad --disk: $(cat "$TMP/err.txt")"
+D1=$("$DSEC" create --type sim --disk 2G --ttl 600) || fail "create --disk 2G"
+"$DSEC" rm "$D1" >/dev/null
+# more disk than the node has (a sim node offers 1 PiB): refused, naming disk
+set +e
+"$DSEC" create --type sim --disk 2000000G 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "not enough disk" "$TMP/err.txt" || fail "create --disk 2000000G: rc=$rc $(cat "$TMP/err.txt")"
+set +e
 "$DSEC" exec not-an-id -- true 2> "$TMP/err.txt"; rc=$?
 set -e
 [ "$rc" != 0 ] && grep -q "not a sandbox id" "$TMP/err.txt" || fail "bad id"
@@ -82,6 +93,11 @@ set +e
 "$DSECD" --config "$TMP/bad2.yaml" 2> "$TMP/err.txt"; rc=$?
 set -e
 grep -q "bad2.yaml:2: unknown key \"nodez\"" "$TMP/err.txt" || fail "dsecd unknown key: $(cat "$TMP/err.txt")"
+printf 'cell: c1\nnodes:\n  - name: n1\n    disk_reserve_mb: 0\n' > "$TMP/bad3.yaml"
+set +e
+"$DSECD" --config "$TMP/bad3.yaml" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "bad3.yaml:4: key \"disk_reserve_mb\"" "$TMP/err.txt" || fail "dsecd disk_reserve_mb 0: $(cat "$TMP/err.txt")"
 
 # layers into the cell's JetStream registry, through the CLI
 mkdir -p "$TMP/tree/bin" && echo hi > "$TMP/tree/bin/x"

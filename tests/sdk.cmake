@@ -25,5 +25,13 @@ if(NOT DSEC_ANY_SANITIZER)
     # unittest exits 0 when setUpModule skips the module: its reason marks the ctest skip
     set_tests_properties(sdk_container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host
       ENVIRONMENT "${DSEC_SDK_ENV}" SKIP_REGULAR_EXPRESSION "container sandboxes need root")
+    # files of 0 B .. 1 GiB written and read through the SDK and `dsec cp`, in sim sandboxes
+    # and (as root) function, container and microVM ones
+    add_test(NAME sdk_files
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_files.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_files PROPERTIES TIMEOUT 1500 RESOURCE_LOCK dsec_container_host
+      ENVIRONMENT "${DSEC_SDK_ENV}")
   endif()
 endif()

@@ -426,7 +426,9 @@ static void natsd_start_stop(void **state)
     size_t n = fread(conf, 1, sizeof conf - 1, f);
     conf[n] = '\0';
     fclose(f);
-    assert_non_null(strstr(conf, "max_payload: 8MB"));
+    char mp[64];
+    snprintf(mp, sizeof mp, "max_payload: %u\n", DSEC_NATSD_MAX_PAYLOAD);
+    assert_non_null(strstr(conf, mp));
     assert_non_null(strstr(conf, "127.0.0.1"));
     assert_null(strstr(conf, "jetstream"));
 

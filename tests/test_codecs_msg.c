@@ -1069,6 +1069,44 @@ static void duplicates_found_anywhere_in_big_maps(void **state)
     }
 }
 
+/* A payload that does not decode still shows its req_id: found past values
+ * of every kind (nested containers skipped whole), refused when the value
+ * is no clean string or the bytes run out. */
+static void peek_str_reads_req_id_of_undecodable_payloads(void **state)
+{
+    char out[65];
+    /* {"a": [1, {"b": "c"}], "n": nil, "req_id": "r-1", "req_id": "second"} */
+    static const uint8_t ok[] = {0x84, 0xa1, 'a',  0x92, 0x01, 0x81, 0xa1, 'b', 0xa1, 'c',
+                                 0xa1, 'n',  0xc0, 0xa6, 'r',  'e',  'q',  '_', 'i',  'd',
+                                 0xa3, 'r',  '-',  '1',  0xa6, 'r',  'e',  'q', '_',  'i',
+                                 'd',  0xa6, 's',  'e',  'c',  'o',  'n',  'd'};
+    assert_true(dsec_msgpack_peek_str(ok, sizeof ok, "req_id", out, sizeof out));
+    assert_string_equal(out, "r-1");
+    assert_false(dsec_msgpack_peek_str(ok, sizeof ok, "missing", out, sizeof out));
+    assert_string_equal(out, "");
+    /* too long for out */
+    assert_false(dsec_msgpack_peek_str(ok, sizeof ok, "req_id", out, 3));
+    /* cut anywhere before the value ends: never read past the buffer */
+    for (size_t n = 0; n < 24; n++)
+        assert_false(dsec_msgpack_peek_str(ok, n, "req_id", out, sizeof out));
+    assert_true(dsec_msgpack_peek_str(ok, 24, "req_id", out, sizeof out));
+    /* not a map; a value that is an integer, a binary, has a NUL or bad UTF-8 */
+    static const uint8_t arr[] = {0x91, 0xa6, 'r', 'e', 'q', '_', 'i', 'd'};
+    assert_false(dsec_msgpack_peek_str(arr, sizeof arr, "req_id", out, sizeof out));
+    static const uint8_t num[] = {0x81, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0x07};
+    assert_false(dsec_msgpack_peek_str(num, sizeof num, "req_id", out, sizeof out));
+    static const uint8_t bin[] = {0x81, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xc4, 0x01, 'x'};
+    assert_false(dsec_msgpack_peek_str(bin, sizeof bin, "req_id", out, sizeof out));
+    static const uint8_t nul[] = {0x81, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa2, 'x', 0};
+    assert_false(dsec_msgpack_peek_str(nul, sizeof nul, "req_id", out, sizeof out));
+    static const uint8_t bad[] = {0x81, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa2, 0xc3, 0x28};
+    assert_false(dsec_msgpack_peek_str(bad, sizeof bad, "req_id", out, sizeof out));
+    /* a container claiming more items than bytes remain */
+    static const uint8_t lie[] = {0x82, 0xa1, 'a', 0xdd, 0xff, 0xff, 0xff, 0xff, 0xa6,
+                                  'r',  'e',  'q', '_',  'i',  'd',  0xa1, 'x'};
+    assert_false(dsec_msgpack_peek_str(lie, sizeof lie, "req_id", out, sizeof out));
+}
+
 #define T(f) cmocka_unit_test_setup(f, reset)
 
 int main(void)
@@ -1104,6 +1142,7 @@ int main(void)
         T(encoder_refuses_what_decoder_would),
         T(kv_duplicates_found_in_big_maps),
         T(duplicates_found_anywhere_in_big_maps),
+        T(peek_str_reads_req_id_of_undecodable_payloads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -137,6 +137,34 @@ static void cell_state_dir_is_made_absolute(void **state)
     dsec_cell_conf_release(&c);
 }
 
+/* trace: the hop record's settings, their defaults and their bounds. */
+static void cell_trace_settings(void **state)
+{
+    (void)state;
+    dsec_cell_conf c;
+    dsec_cell_conf_defaults(&c);
+    assert_true(c.trace_sample_rate == 0.01);
+    assert_int_equal(c.trace_slow_ms, 100);
+    assert_int_equal(c.trace_ring, 4096);
+    dsec_err err;
+    const char *y = "cell: c1\ntrace:\n  sample_rate: 0.5\n  slow_ms: 250\n  ring: 0\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", y, strlen(y), &err), 0);
+    assert_true(c.trace_sample_rate == 0.5);
+    assert_int_equal(c.trace_slow_ms, 250);
+    assert_int_equal(c.trace_ring, 0);
+    dsec_cell_conf_release(&c);
+    dsec_cell_conf_defaults(&c);
+    const char *bad = "cell: c1\ntrace:\n  sample_rate: 2\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", bad, strlen(bad), &err), -1);
+    assert_non_null(strstr(err.msg, "sample_rate"));
+    dsec_cell_conf_release(&c);
+    dsec_cell_conf_defaults(&c);
+    const char *typo = "cell: c1\ntrace:\n  sampel_rate: 0.1\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", typo, strlen(typo), &err), -1);
+    assert_non_null(strstr(err.msg, "sampel_rate"));
+    dsec_cell_conf_release(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -145,6 +173,7 @@ int main(void)
         cmocka_unit_test(syntax_and_structure_errors),
         cmocka_unit_test(empty_file_is_empty_map),
         cmocka_unit_test(cell_state_dir_is_made_absolute),
+        cmocka_unit_test(cell_trace_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

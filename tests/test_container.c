@@ -944,6 +944,119 @@ static void test_crash_adopt(void **state)
     drop(y[0]);
 }
 
+/* The host pid of a sandbox's agent: the process of its cgroup that is pid 1 of its own pid
+ * namespace (the last field of NSpid); -1 when there is none. */
+static int agent_pid(const char *rid)
+{
+    int pids[PIDS_MAX + 8];
+    int n = sb_pids(rid, pids, PIDS_MAX + 8);
+    for (int i = 0; i < n; i++) {
+        char p[64], line[256];
+        snprintf(p, sizeof p, "/proc/%d/status", pids[i]);
+        FILE *f = fopen(p, "r");
+        bool init = false;
+        while (f != NULL && fgets(line, sizeof line, f) != NULL)
+            if (strncmp(line, "NSpid:", 6) == 0) {
+                line[strcspn(line, "\n")] = '\0';
+                char *last = strrchr(line, '\t');
+                init = last != NULL && strcmp(last + 1, "1") == 0;
+            }
+        if (f != NULL)
+            fclose(f);
+        if (init)
+            return pids[i];
+    }
+    return -1;
+}
+
+/* One exec of "echo hi" that must fail: its error, with the time it took. */
+static dsec_err exec_fails(struct sbx *s, uint64_t *ms)
+{
+    const char *argv[] = {"/bin/sh", "-c", "echo hi"};
+    dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 10000};
+    dsec_exec_result res = {0};
+    dsec_err err;
+    dsec_err_clear(&err);
+    uint64_t t0 = now_us();
+    if (dsec_container_ops.exec(ct, s->h, &req, &res, &err) == 0) {
+        dsec_exec_result_release(&res);
+        fail_msg("exec in %s ran, expected it to fail", s->id);
+    }
+    *ms = (now_us() - t0) / 1000;
+    printf("container: %s after %llu ms: %s\n", dsec_code_name(err.code), (unsigned long long)*ms,
+           err.msg);
+    return err;
+}
+
+/* An agent that does not answer is reported as what it is: alive and stopped (or starved), or
+ * dead - and then whether its memory cgroup saw an OOM kill. A stopped agent used to be
+ * reported "gone (its init died: out of memory, or killed)". */
+static void test_agent_unresponsive_or_dead(void **state)
+{
+    struct sbx *x = mk(64, 0);
+    char out[256];
+    assert_int_equal(sh(x, "echo up", out, sizeof out), 0);
+    int pid = agent_pid(x->rid);
+    assert_true(pid > 0);
+    /* stopped, and the node manager restarts: adopt cannot reach it, the next exec says why */
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    dsec_container_ops.detach(ct, x->h);
+    dsec_container_ops.fini(ct);
+    ct = NULL;
+    assert_int_equal(open_backend(), 0);
+    dsec_err err;
+    assert_int_equal(dsec_container_ops.adopt(ct, NULL, x->bstate, &x->h, &err), 0);
+    uint64_t ms;
+    err = exec_fails(x, &ms);
+    if (err.code != DSEC_E_TIMEOUT || strstr(err.msg, "agent is alive") == NULL ||
+        strstr(err.msg, "stopped (state T") == NULL || strstr(err.msg, "dead") != NULL ||
+        strstr(err.msg, "gone") != NULL)
+        fail_msg("a stopped agent, expected timeout \"agent is alive ... stopped\", got %s: %s",
+                 dsec_code_name(err.code), err.msg);
+    /* and it was alive: continued, it answers again */
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    assert_int_equal(sh(x, "echo back", out, sizeof out), 0);
+    assert_string_equal(out, "back\n");
+
+    /* killed between two calls: the connection's end says dead, and so does the next call,
+     * at once (no wait for an agent that cannot answer) */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    for (int i = 0; i < 200 && agent_pid(x->rid) > 0; i++)
+        msleep(10);
+    for (int i = 0; i < 2; i++) {
+        err = exec_fails(x, &ms);
+        if (err.code != DSEC_E_BACKEND || strstr(err.msg, "agent is dead") == NULL ||
+            strstr(err.msg, "no OOM kill is recorded") == NULL || strstr(err.msg, "alive") != NULL)
+            fail_msg("a killed agent (call %d), expected \"agent is dead ... no OOM kill\", got "
+                     "%s: %s",
+                     i + 1, dsec_code_name(err.code), err.msg);
+        if (i == 1 && ms > 1000)
+            fail_msg("a dead agent took %llu ms to report", (unsigned long long)ms);
+    }
+    assert_int_equal(dsec_container_ops.destroy(ct, x->h, &err), 0);
+    dsec_free(x->bstate);
+    free(x);
+
+    /* an OOM kill in its memory cgroup is named as the likely cause */
+    struct sbx *y = mk(32, 0);
+    int rc = sh(y, "dd if=/dev/zero of=/dev/null bs=96M count=1", out, sizeof out);
+    assert_int_not_equal(rc, 0); /* the OOM killer took dd */
+    pid = agent_pid(y->rid);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    for (int i = 0; i < 200 && agent_pid(y->rid) > 0; i++)
+        msleep(10);
+    err = exec_fails(y, &ms);
+    if (err.code != DSEC_E_BACKEND || strstr(err.msg, "agent is dead") == NULL ||
+        strstr(err.msg, "OOM kill(s) at its limit of 32 MiB") == NULL)
+        fail_msg("a dead agent after an OOM kill, expected \"agent is dead ... OOM kill(s) at its "
+                 "limit of 32 MiB\", got %s: %s",
+                 dsec_code_name(err.code), err.msg);
+    assert_int_equal(dsec_container_ops.destroy(ct, y->h, &err), 0);
+    dsec_free(y->bstate);
+    free(y);
+}
+
 static void test_failed_create(void **state)
 {
     char id[64];
@@ -1656,6 +1769,7 @@ int main(void)
         cmocka_unit_test_setup(test_parallel_creates, need_root),
         cmocka_unit_test_setup(test_failed_create, need_root),
         cmocka_unit_test_setup(test_crash_adopt, need_root),
+        cmocka_unit_test_setup(test_agent_unresponsive_or_dead, need_root),
         cmocka_unit_test_setup(test_sweep, need_root),
         cmocka_unit_test_setup(test_disk_quota, need_root),
         cmocka_unit_test_setup(test_warm_pool, need_root),

@@ -61,6 +61,7 @@ static int group_setup(void **state)
     conf.capacity_ms = 20;
     conf.full_ms = 500;
     conf.heartbeat_ms = 100;
+    conf.default_disk_mb = 32; /* every create here names no disk_mb: each gets this quota */
     static const char *const types[] = {"container", NULL};
     if (dsec_cell_conf_add_sim_nodes(&conf, "ctbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
         fprintf(stderr, "conf: %s\n", err.msg);
@@ -361,6 +362,44 @@ static void test_node_restart_runtime(void **state)
     restart_cell();
 }
 
+/* A container created without disk_mb gets the cell default as a btrfs quota: it cannot
+ * fill the node's upper store, and its neighbour writes on. */
+static void test_default_disk_quota(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    dsec_sandbox_info a, b;
+    make("busybox:1", &a);
+    make("busybox:1", &b);
+    char out[4096];
+    /* 64 MB into the cell default of 32: the write fails inside the sandbox */
+    int rc = sh(a.id, "dd if=/dev/zero of=/root/fill bs=1M count=64 2>&1; e=$?; sync; exit $e", out,
+                sizeof out);
+    printf("container_bus: dd of 64 MB without disk_mb (cell default 32): exit %d, \"%s\"\n", rc,
+           out);
+    assert_int_not_equal(rc, 0);
+    assert_true(strstr(out, "Disk quota exceeded") != NULL || strstr(out, "No space left") != NULL);
+    assert_int_equal(sh(a.id, "ls -l /root/fill | awk '{print $5}'", out, sizeof out), 0);
+    assert_true(strtoull(out, NULL, 10) <= 33u << 20);
+    /* the neighbour still writes, up to its own quota */
+    assert_int_equal(sh(b.id,
+                        "dd if=/dev/zero of=/root/mine bs=1M count=16 2>/dev/null && sync && "
+                        "ls -l /root/mine | awk '{print $5}'",
+                        out, sizeof out),
+                     0);
+    assert_string_equal(out, "16777216");
+    dsec_err err;
+    const char *text = "still writable\n";
+    assert_int_equal(dsec_file_write(cl, b.id, "/work/note", text, strlen(text), 0644, &err), 0);
+    /* the filled one goes on once it frees its own space */
+    assert_int_equal(sh(a.id, "rm /root/fill; sync; echo ok > /root/after && cat /root/after", out,
+                        sizeof out),
+                     0);
+    assert_string_equal(out, "ok");
+    destroy(a.id);
+    destroy(b.id);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -381,6 +420,7 @@ int main(void)
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_node_restart_runtime),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_default_disk_quota),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

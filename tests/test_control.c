@@ -280,6 +280,139 @@ static void refusal_is_retried_elsewhere(void **state)
     assert_non_null(strstr(err.msg, "slot"));
 }
 
+/* Disk is admitted like memory: each sandbox holds its disk_mb (the cell default when
+ * it names none) from the node's disk less the reserve, which no sandbox gets. */
+static void disk_is_admitted_above_a_reserve(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t11");
+    c.default_disk_mb = 1;
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t11-a", 100, t, NULL);
+    c.nodes[0].disk_mb = 1000;
+    c.nodes[0].disk_reserve_mb = 200;
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_node *node = dsec_cell_node_at(cell, 0);
+    dsec_client *cl = client("t11");
+    dsec_sandbox_info a, b, x;
+    dsec_err err;
+    dsec_node_stats ns;
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.disk_free_mb, 800);
+
+    /* no disk_mb: the cell default, held by the node and enforced by the backend */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &a, &err), 0);
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.disk_free_mb, 799);
+    static uint8_t big[1536 * 1024];
+    assert_int_equal(dsec_file_write(cl, a.id, "/work/small", big, 512 * 1024, 0644, &err), 0);
+    assert_int_equal(dsec_file_write(cl, a.id, "/work/big", big, sizeof big, 0644, &err), -1);
+
+    /* more than is free: refused, and the answer names disk */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 800}, &x, &err), -1);
+    assert_true(err.code == DSEC_E_REFUSED || err.code == DSEC_E_CAPACITY);
+    assert_non_null(strstr(err.msg, "not enough disk"));
+    assert_non_null(strstr(err.msg, "799 MB of disk"));
+    /* all that is free fits; then the reserve is left, and nothing more gets in */
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 799}, &b, &err), 0);
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.disk_free_mb, 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 1}, &x, &err), -1);
+    assert_non_null(strstr(err.msg, "not enough disk"));
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &x, &err), -1);
+    assert_non_null(strstr(err.msg, "not enough disk"));
+    /* fork children hold their parent's disk_mb each */
+    char **kids = NULL;
+    size_t nkids = 0;
+    assert_int_equal(dsec_fork(cl, a.id, 1, &kids, &nkids, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_non_null(strstr(err.msg, "MB of disk"));
+
+    /* a destroy gives the disk back */
+    assert_int_equal(dsec_destroy(cl, b.id, &err), 0);
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.disk_free_mb, 799);
+    assert_int_equal(dsec_fork(cl, a.id, 2, &kids, &nkids, &err), 0);
+    dsec_strv_free(kids, nkids);
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.disk_free_mb, 797);
+    (void)state;
+}
+
+/* Function sandboxes, many and small, get defaults.function_disk_mb; other types defaults.disk_mb. */
+static void function_sandboxes_get_their_own_default_disk(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t14");
+    c.default_disk_mb = 100;
+    c.default_function_disk_mb = 7;
+    static const char *const t[] = {"function", "sim", NULL};
+    add_node(&c, "t14-a", 10, t, NULL);
+    c.nodes[0].disk_mb = 1000;
+    c.nodes[0].disk_reserve_mb = 100;
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t14");
+    dsec_sandbox_info info;
+    dsec_err err;
+    dsec_node_stats ns;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "function"}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 893);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 793);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "function", .disk_mb = 93}, &info, &err), 0);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.disk_free_mb, 700);
+    (void)state;
+}
+
+/* A node whose disk is all reserve would admit no sandbox: it does not start, and says why. */
+static void disk_no_more_than_the_reserve_is_refused(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t13");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t13-a", 10, t, NULL);
+    c.nodes[0].disk_mb = 2048;
+    dsec_cell *cell = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_cell_start(&cell, &c, DSEC_ROLE_NODE, &err), -1);
+    assert_null(cell);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "disk_mb 2048 is not more than disk_reserve_mb 2048"));
+    dsec_cell_conf_release(&c);
+    (void)state;
+}
+
+/* A restarted node counts the disk of the sandboxes it re-adopts (journal records). */
+static void readopted_sandboxes_hold_their_disk(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t12");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t12-a", 100, t, NULL);
+    c.nodes[0].disk_mb = 1000;
+    c.nodes[0].disk_reserve_mb = 100;
+    dsec_cell *cell = NULL;
+    dsec_err err;
+    if (dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        fail_msg("cell t12: %s", err.msg);
+    dsec_client *cl = client("t12");
+    dsec_sandbox_info a;
+    int rc = create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 300}, &a, &err);
+    dsec_cell_stop(cell, false); /* sandboxes stay, to be re-adopted */
+    assert_int_equal(rc, 0);
+    cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_int_equal(ns.adopted, 1);
+    assert_int_equal(ns.disk_free_mb, 600);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 601}, &a, &err), -1);
+    assert_non_null(strstr(err.msg, "not enough disk"));
+    (void)state;
+}
+
 static void two_cells_fan_out_and_fill_over(void **state)
 {
     static dsec_cell_conf c1, c2;
@@ -761,6 +894,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(lightest_type_labels_and_errors, test_teardown),
         cmocka_unit_test_teardown(capacity_is_respected, test_teardown),
         cmocka_unit_test_teardown(refusal_is_retried_elsewhere, test_teardown),
+        cmocka_unit_test_teardown(disk_is_admitted_above_a_reserve, test_teardown),
+        cmocka_unit_test_teardown(readopted_sandboxes_hold_their_disk, test_teardown),
+        cmocka_unit_test_teardown(disk_no_more_than_the_reserve_is_refused, test_teardown),
+        cmocka_unit_test_teardown(function_sandboxes_get_their_own_default_disk, test_teardown),
         cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),

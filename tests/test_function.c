@@ -699,6 +699,95 @@ static void calls_are_confined(void **state)
     rm(s);
 }
 
+/* A call holds no channel to the backend. The python3 call process used to
+ * keep its worker's task socket as fd 3, and a frame written there replaced
+ * the call's real answer: a WORKER_FAILED turned its exit code into a
+ * "backend" error carrying the call's own text. Each forgery below goes to
+ * every fd the call can name (and its supervisor's, through /proc); the
+ * answer must still be the call's real exit code and output. */
+static const char forge_code[] =
+    "import os, struct, sys, time\n"
+    "M = 0x31666e64\n"
+    "frames = {\n"
+    "  'failed': struct.pack('=4Ii32s512s', M, 6, 564, 0, 0, b'seccomp', b'FORGED by the call'),\n"
+    "  'result': struct.pack('=4IiI3Q', M, 8, 48, 0, 0, 0, 1, 1, 1),\n"
+    "  'done': struct.pack('=4IiIQ', M, 9, 32, 0, 0, 0, 1),\n"
+    "}\n"
+    "frame = frames[sys.argv[1]]\n"
+    "def open_fds():\n"
+    "    fds = []\n"
+    "    for n in os.listdir('/proc/self/fd'):\n"
+    "        try:\n"
+    "            os.readlink('/proc/self/fd/' + n)\n"
+    "        except OSError:\n"
+    "            continue  # the listing's own, closed by now\n"
+    "        fds.append(int(n))\n"
+    "    return sorted(fds)\n"
+    "fds = open_fds()\n"
+    "hit = set()\n"
+    "for fd in [0] + list(range(3, 1024)):\n"
+    "    try:\n"
+    "        os.write(fd, frame); hit.add(fd)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "for p in ('/proc/1/fd/3', '/proc/1/fd/4', '/proc/self/fd/3'):\n"
+    "    try:\n"
+    "        with open(p, 'wb', buffering=0) as f:\n"
+    "            f.write(frame); hit.add(p)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print('fds', fds, 'written', sorted(hit, key=str))\n"
+    "sys.stdout.flush()\n"
+    "# end the output early: a forged DONE or RESULT is then all the backend waits for\n"
+    "os.close(1); os.close(2)\n"
+    "time.sleep(0.3)\n"
+    "os._exit(7)\n";
+
+static void a_call_cannot_forge_its_result(void **state)
+{
+    struct sbx *s = mk("python3");
+    static const char *const kinds[] = {"failed", "result", "done"};
+    char wrong[2048] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        struct call c = {.argv = {"python3", "-c", forge_code, kinds[i]}};
+        dsec_exec_result r;
+        dsec_err err;
+        char got[600];
+        if (run(s, &c, &r, &err) < 0) {
+            snprintf(got, sizeof got, "error %s: %.500s", dsec_code_name(err.code), err.msg);
+        } else {
+            snprintf(got, sizeof got, "exit %d signal %d stdout \"%.200s\"", r.exit_code, r.signal,
+                     out_str(&r));
+            int right = r.exit_code == 7 && r.signal == 0 &&
+                        strcmp(out_str(&r), "fds [0, 1, 2] written []\n") == 0;
+            dsec_exec_result_release(&r);
+            if (right)
+                continue;
+        }
+        int w = snprintf(wrong + used, sizeof wrong - used, "\n  forged %s: %.600s", kinds[i], got);
+        if (w > 0 && (size_t)w < sizeof wrong - used)
+            used += (size_t)w;
+    }
+    if (used > 0)
+        fail_msg("a call's forged frames changed its answer (want exit 7, fds [0, 1, 2], nothing "
+                 "written):%s",
+                 wrong);
+
+    /* executed programs (sh, native: one zygote program) hold only their stdio either */
+    struct sbx *sh = mk("sh");
+    struct call c = {.argv = {"sh", "-c",
+                              "for f in /proc/$$/fd/*; do [ -e \"$f\" ] && echo -n \"${f##*/} \"; "
+                              "done; printf 'x' >&3 2>/dev/null; echo $?"}};
+    dsec_exec_result r;
+    ok(sh, &c, &r);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal(out_str(&r), "0 1 2 2\n");
+    dsec_exec_result_release(&r);
+    rm(sh);
+    rm(s);
+}
+
 /* ======================================================================= limits */
 
 struct bg_call {
@@ -1194,6 +1283,81 @@ static void a_runtime_that_cannot_start_fails_clearly(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Two cells on one host: their function nodes, neither given a uid_base,
+ * each get a range of uids of their own (the second used to fail to start:
+ * the first held the default range). A backend given a taken range is
+ * refused with what to set. */
+static void two_backends_on_one_host_get_their_own_uids(void **state)
+{
+    void *b[2] = {NULL, NULL};
+    uint32_t first[2];
+    unsigned count[2];
+    char dir[2][64];
+    dsec_err err;
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir[i], sizeof dir[i], "/tmp/dsec-fnuid-XXXXXX");
+        assert_non_null(mkdtemp(dir[i]));
+        dsec_backend_kv o[] = {{"max_workers", "4"},
+                               {"pool_python3", "0"},
+                               {"hot_python3", "0"},
+                               {"pool_sh", "1"},
+                               {"pool_native", "0"}};
+        dsec_backend_config cfg = {.state_dir = dir[i],
+                                   .node = i ? "fnuid-b" : "fnuid-a",
+                                   .opts = o,
+                                   .nopts = sizeof o / sizeof o[0]};
+        if (dsec_function_ops.init(&b[i], &cfg, &err) < 0)
+            fail_msg("backend %d without uid_base: %s", i + 1, err.msg);
+        dsec_function_uid_range(b[i], &first[i], &count[i]);
+        assert_int_equal(count[i], 4);
+        assert_true(first[i] >= 1500000000u && first[i] + count[i] <= 1600000000u);
+    }
+    if (first[0] < first[1] + count[1] && first[1] < first[0] + count[0])
+        fail_msg("both backends took uids from %u and %u (4 each)", first[0], first[1]);
+    /* and their calls run as those uids */
+    for (int i = 0; i < 2; i++) {
+        dsec_backend_kv rt = {"runtime", "sh"};
+        char id[32];
+        snprintf(id, sizeof id, "fnuid-%d", i);
+        dsec_sandbox_spec spec = {.id = id, .type = "function", .labels = &rt, .nlabels = 1};
+        dsec_sandbox *h;
+        char *st;
+        if (dsec_function_ops.create(b[i], &spec, &h, &st, &err) < 0)
+            fail_msg("create on backend %d: %s", i + 1, err.msg);
+        const char *argv[] = {"sh", "-c", "id -u"};
+        dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 10000};
+        dsec_exec_result r;
+        if (dsec_function_ops.exec(b[i], h, &req, &r, &err) < 0)
+            fail_msg("exec on backend %d: %s", i + 1, err.msg);
+        unsigned long uid = strtoul(out_str(&r), NULL, 10);
+        if (uid < first[i] || uid >= first[i] + count[i])
+            fail_msg("backend %d's call ran as uid %lu, not one of %u..%u", i + 1, uid, first[i],
+                     first[i] + count[i] - 1);
+        dsec_exec_result_release(&r);
+        assert_int_equal(dsec_function_ops.destroy(b[i], h, &err), 0);
+        dsec_free(st);
+    }
+    /* a third one told to use the first one's range is refused, and told what to set */
+    char base[16];
+    snprintf(base, sizeof base, "%u", first[0]);
+    dsec_backend_kv o3[] = {
+        {"function.uid_base", base}, {"max_workers", "4"}, {"pool_python3", "0"},
+        {"hot_python3", "0"},        {"pool_sh", "0"},     {"pool_native", "0"}};
+    dsec_backend_config c3 = {.node = "fnuid-c", .opts = o3, .nopts = 6};
+    void *third = NULL;
+    assert_int_equal(dsec_function_ops.init(&third, &c3, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    if (strstr(err.msg, "option function.uid_base") == NULL ||
+        strstr(err.msg, "is free now") == NULL)
+        fail_msg("the refusal names neither function.uid_base nor a free range: %s", err.msg);
+    for (int i = 0; i < 2; i++) {
+        dsec_function_ops.fini(b[i]);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir[i]);
+        assert_int_equal(system(cmd), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1205,6 +1369,7 @@ int main(void)
         cmocka_unit_test_setup(nothing_leaks_between_calls, need_root),
         cmocka_unit_test_setup(processes_do_not_outlive_their_call, need_root),
         cmocka_unit_test_setup(calls_are_confined, need_root),
+        cmocka_unit_test_setup(a_call_cannot_forge_its_result, need_root),
         cmocka_unit_test_setup(limits_cpu_memory_output_files, need_root),
         cmocka_unit_test_setup(timeouts_kill_the_whole_call, need_root),
         cmocka_unit_test_setup(a_killed_zygote_is_replaced, need_root),
@@ -1212,6 +1377,7 @@ int main(void)
         cmocka_unit_test_setup(malformed_tasks_get_clear_errors, need_root),
         cmocka_unit_test_setup(files_quota_adopt_and_destroy, need_root),
         cmocka_unit_test_setup(a_runtime_that_cannot_start_fails_clearly, need_root),
+        cmocka_unit_test_setup(two_backends_on_one_host_get_their_own_uids, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

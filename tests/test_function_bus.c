@@ -13,6 +13,7 @@
 
 #include "actors/cell.h"
 #include "bus/bus.h"
+#include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
@@ -196,11 +197,79 @@ static void one_shot_call(void **state)
     dsec_exec_reply_release(&r);
 }
 
+/* Send msg of type to subject on the cell's own connection; the answer must
+ * be an invalid error naming field (docs/protocol.md, Errors). */
+static void expect_invalid(const char *subject, int type, const void *msg, const char *field)
+{
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    assert_int_equal(dsec_encode(&b, type, msg, &err), 0);
+    dsec_hdr h = {.type = dsec_msg_type_name(type), .schema = DSEC_SCHEMA_VERSION};
+    dsec_msg *reply = NULL;
+    if (dsec_bus_request_sync(dsec_cell_bus(cell), subject, &h, b.data, b.len, 20000, &reply,
+                              &err) < 0)
+        fail_msg("%s: %s", subject, err.msg);
+    dsec_buf_release(&b);
+    assert_string_equal(dsec_msg_type(reply), "error");
+    dsec_decoder *d = dsec_decoder_new(NULL);
+    dsec_msg_error e;
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, &err), 0);
+    if (strcmp(e.code, "invalid") != 0 || e.field == NULL || strcmp(e.field, field) != 0)
+        fail_msg("%s %s: %s field \"%s\" (%s), expected invalid field \"%s\"",
+                 dsec_msg_type_name(type), subject, e.code, e.field ? e.field : "", e.message,
+                 field);
+    dsec_decoder_free(d);
+    dsec_msg_free(reply);
+}
+
+/* A function sandbox's refusals name the request field they are about: a
+ * path outside /work, each part of a malformed call, an unknown runtime. */
+static void refusals_name_their_field(void **state)
+{
+    dsec_err err;
+    dsec_sandbox_info info;
+    static const char *const labels[] = {"runtime=python3", NULL};
+    dsec_create_spec spec = {
+        .type = "function", .labels = labels, .memory_mb = 256, .cell = "fnbus"};
+    if (dsec_create(cl, &spec, &info, &err) < 0)
+        fail_msg("create: %s (%s)", err.msg, dsec_code_name(err.code));
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.fnbus.sbx.%s.%s.write", info.node, info.id);
+    dsec_msg_file_write w = {
+        .id = info.id, .path = "/etc/dsec-outside", .data = {(const uint8_t *)"x", 1}};
+    expect_invalid(subj, DSEC_MSG_FILE_WRITE, &w, "path");
+    snprintf(subj, sizeof subj, "dsec.v1.fnbus.sbx.%s.%s.read", info.node, info.id);
+    dsec_msg_file_read rd = {.id = info.id, .path = "/tmp/x"};
+    expect_invalid(subj, DSEC_MSG_FILE_READ, &rd, "path");
+
+    snprintf(subj, sizeof subj, "dsec.v1.fnbus.sbx.%s.%s.exec", info.node, info.id);
+    static const char *py[] = {"python3", "-c", "print(1)"};
+    static const char *opt_x[] = {"python3", "-X", "dev", "-c", "print(1)"};
+    dsec_msg_exec x = {.id = info.id, .argv = {py, 3}, .cwd = "work"};
+    expect_invalid(subj, DSEC_MSG_EXEC, &x, "cwd");
+    x = (dsec_msg_exec){.id = info.id, .argv = {py, 3}, .user = "root"};
+    expect_invalid(subj, DSEC_MSG_EXEC, &x, "user");
+    x = (dsec_msg_exec){.id = info.id, .argv = {opt_x, 5}};
+    expect_invalid(subj, DSEC_MSG_EXEC, &x, "argv");
+    static const char *k[] = {"DSEC_LIMIT_BOGUS"}, *v[] = {"1"};
+    x = (dsec_msg_exec){.id = info.id, .argv = {py, 3}, .env = {k, v, 1}};
+    expect_invalid(subj, DSEC_MSG_EXEC, &x, "env");
+    assert_int_equal(dsec_destroy(cl, info.id, &err), 0);
+
+    static const char *lk[] = {"runtime"}, *lv[] = {"cobol"};
+    dsec_msg_create c = {
+        .req_id = "fnbus-cobol", .type = "function", .cell = "fnbus", .labels = {lk, lv, 1}};
+    expect_invalid("dsec.v1.fnbus.create", DSEC_MSG_CREATE, &c, "labels");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(create_and_exec_python_over_the_bus, need_root),
         cmocka_unit_test_setup(one_shot_call, need_root),
+        cmocka_unit_test_setup(refusals_name_their_field, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -459,6 +459,11 @@ static void test_counters_match(void **state)
     assert_true(total(body, "dsec_node_memory_free_bytes") ==
                 (800000.0 - 512.0 * (N - DESTROYED)) * 1048576.0);
     assert_true(total(body, "dsec_node_slots_free") == 200 - (N - DESTROYED));
+    /* sim nodes offer 1 PiB of disk less the 2048 MB reserve; 1024 MB each by default
+     * (printed with 15 significant digits: compare to the MB) */
+    double disk_free = total(body, "dsec_node_disk_free_bytes") / 1048576.0;
+    double disk_want = 2.0 * ((1u << 30) - 2048.0) - 1024.0 * (N - DESTROYED);
+    assert_true(disk_free > disk_want - 1.0 && disk_free < disk_want + 1.0);
     assert_true(total(body, "dsec_node_network_alerts_total") == 0);
     /* sim nodes have no network containment: its families are there, at 0 */
     static const char *const netfam[] = {

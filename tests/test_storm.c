@@ -642,6 +642,19 @@ static void on_answer(int status, dsec_msg *reply, const dsec_err *berr, void *u
         /* Dsec-Schema 999999: refused before anything reads the payload */
         if (c->hdr == 4)
             want = "unsupported";
+        /* No Dsec-Type, an unknown, another message's or an empty one: the
+         * decoder is never picked (docs/protocol.md, Transport), so a
+         * payload-level storm gets unsupported; a subject-level fault may
+         * still be found first. */
+        char wbuf[128];
+        if (c->hdr == 1 || c->hdr == 2 || c->hdr == 3 || c->hdr == 7) {
+            if (want == NULL)
+                want = "unsupported";
+            else if (!code_in("unsupported", want)) {
+                snprintf(wbuf, sizeof wbuf, "%s,unsupported", want);
+                want = wbuf;
+            }
+        }
         bool right = code_in(code, want ? want : "decode,too_large");
         if (known && right) {
             t->errors++;

@@ -348,7 +348,8 @@ static void test_nested_projects(void **state)
     dsec_buf_init(&b);
     assert_int_equal(dsec_encode(&b, DSEC_MSG_QUOTA_LIST, &lr, &err), 0);
     dsec_msg *reply = NULL;
-    assert_int_equal(dsec_bus_request_sync(bus, subj, NULL, b.data, b.len, 5000, &reply, &err), 0);
+    dsec_hdr lh = {.type = "quota_list", .schema = DSEC_SCHEMA_VERSION};
+    assert_int_equal(dsec_bus_request_sync(bus, subj, &lh, b.data, b.len, 5000, &reply, &err), 0);
     dsec_buf_release(&b);
     assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(reply),
                                  dsec_msg_len(reply), &lo, &err),

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -30,6 +32,12 @@ static dsec_client *connect_or_die(const char *cmd)
 {
     dsec_client *c = NULL;
     dsec_err err;
+    /* DSEC_TRACE_ID=ID dsec create ...: the requests carry it, for dsec trace ID */
+    const char *tid = getenv("DSEC_TRACE_ID");
+    if (tid != NULL && tid[0] != '\0' && dsec_trace_set(tid, &err) < 0) {
+        fprintf(stderr, "dsec %s: DSEC_TRACE_ID: %s\n", cmd, err.msg);
+        return NULL;
+    }
     if (dsec_client_connect(&c, NULL, &err) < 0) {
         fprintf(stderr, "dsec %s: cannot reach the bus at %s: %s\n", cmd,
                 getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222", err.msg);
@@ -64,7 +72,7 @@ static bool parse_mem(const char *s, uint64_t *mb)
     if (last == 'G' || last == 'g' || last == 'M' || last == 'm')
         buf[n - 1] = '\0';
     uint64_t v;
-    if (!parse_u64(buf, &v))
+    if (!parse_u64(buf, &v) || v > UINT64_MAX / mult)
         return false;
     *mb = v * mult;
     return true;
@@ -103,14 +111,15 @@ int dsec_cli_create(int argc, char **argv)
     static const struct option opts[] = {
         {"type", required_argument, 0, 't'},   {"requires", required_argument, 0, 'R'},
         {"env", required_argument, 0, 'e'},    {"cpu", required_argument, 0, 'c'},
-        {"memory", required_argument, 0, 'm'}, {"ttl", required_argument, 0, 'T'},
+        {"memory", required_argument, 0, 'm'}, {"disk", required_argument, 0, 'D'},
+        {"ttl", required_argument, 0, 'T'},
         {"idle", required_argument, 0, 'I'},   {"label", required_argument, 0, 'l'},
         {"affinity", required_argument, 0, 'a'}, {"cell", required_argument, 0, 'C'},
         {"class", required_argument, 0, 'k'},  {"req-id", required_argument, 0, 'r'},
         {"rollout", required_argument, 0, 'o'}, {"net", required_argument, 0, 'n'},
         {"project", required_argument, 0, 'P'}, {0, 0, 0, 0}};
     const char *use = "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
-                      "[--memory MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
+                      "[--memory MB|NG] [--disk MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
                       "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]... "
                       "[--project P[/SUB]]";
     dsec_create_spec spec = {0};
@@ -139,6 +148,16 @@ int dsec_cli_create(int argc, char **argv)
         case 'm':
             if (!parse_mem(optarg, &spec.memory_mb)) {
                 fprintf(stderr, "dsec create: --memory \"%s\": give MiB (512) or 512M / 2G\n", optarg);
+                return 2;
+            }
+            break;
+        case 'D':
+            /* 0 would mean "the cell default": say so rather than take it */
+            if (!parse_mem(optarg, &spec.disk_mb) || spec.disk_mb == 0) {
+                fprintf(stderr,
+                        "dsec create: --disk \"%s\": give the writable disk's limit in MiB (1024) "
+                        "or 1024M / 2G, at least 1; leave --disk out for the cell default\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -299,43 +318,121 @@ static bool remote(char *s, char **id, char **path)
     return true;
 }
 
-static int read_local(const char *path, char **data, size_t *len)
+/* Reads up to n bytes (fewer only at the end of f). */
+static size_t read_full(FILE *f, char *buf, size_t n)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    size_t got = 0, r;
+    while (got < n && (r = fread(buf + got, 1, n - got, f)) > 0)
+        got += r;
+    return got;
+}
+
+#define CP_CHUNK (4u << 20)
+
+/* Local file (or stdin) to the sandbox, in chunks: any size, never held whole. */
+static int cp_up(dsec_client *c, const char *local, const char *id, const char *path)
+{
+    FILE *f = strcmp(local, "-") == 0 ? stdin : fopen(local, "rb");
     if (f == NULL) {
-        fprintf(stderr, "dsec cp: %s: %s\n", path, strerror(errno));
-        return -1;
+        fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
+        return 1;
     }
-    size_t cap = 65536, n = 0;
-    char *buf = dsec_malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0)
+    char *buf = dsec_malloc(CP_CHUNK);
+    if (buf == NULL) {
+        fprintf(stderr, "dsec cp: out of memory\n");
+        if (f != stdin)
+            fclose(f);
+        return 1;
+    }
+    uint64_t off = 0;
+    int rc = 0;
+    dsec_err err;
+    for (;;) {
+        size_t n = read_full(f, buf, CP_CHUNK);
+        if (ferror(f)) {
+            fprintf(stderr, "dsec cp: reading %s: %s (%s:%s holds its first %" PRIu64 " bytes)\n",
+                    local, strerror(errno), id, path, off);
+            rc = 1;
             break;
-        if (n == cap) {
-            if (cap >= (8u << 20)) {
-                fprintf(stderr, "dsec cp: %s: larger than 8 MiB\n", path);
-                dsec_free(buf);
-                buf = NULL;
+        }
+        dsec_write_opts o = {.mode = 0644, .append = off > 0};
+        if (n > 0 || off == 0) {
+            if (dsec_file_write_ex(c, id, path, buf, n, &o, &err) < 0) {
+                if (off > 0)
+                    dsec_err_wrap(&err, "%s:%s holds only the first %" PRIu64 " bytes of %s", id,
+                                  path, off, local);
+                rc = fail("cp", &err);
                 break;
             }
-            char *nb = dsec_realloc(buf, cap * 2);
-            if (nb == NULL) {
-                dsec_free(buf);
-                buf = NULL;
-            }
-            buf = nb;
-            cap *= 2;
         }
+        off += n;
+        if (n < CP_CHUNK)
+            break;
     }
+    dsec_free(buf);
     if (f != stdin)
         fclose(f);
-    if (buf == NULL)
-        return -1;
-    *data = buf;
-    *len = n;
-    return 0;
+    return rc;
+}
+
+static int page_out(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    return len == 0 || fwrite(data, 1, len, ud) == len ? 0 : -1;
+}
+
+/* The sandbox's file to stdout, or to a local file that appears whole or not
+ * at all (written beside it under a temporary name, then renamed). */
+static int cp_down(dsec_client *c, const char *id, const char *path, const char *local)
+{
+    dsec_err err;
+    if (strcmp(local, "-") == 0) {
+        if (dsec_file_read_pages(c, id, path, page_out, stdout, &err) < 0)
+            return fail("cp", &err);
+        if (fflush(stdout) != 0) {
+            fprintf(stderr, "dsec cp: writing to stdout: %s\n", strerror(errno));
+            return 1;
+        }
+        return 0;
+    }
+    size_t n = strlen(local);
+    char *tmp = dsec_malloc(n + 16);
+    if (tmp == NULL) {
+        fprintf(stderr, "dsec cp: out of memory\n");
+        return 1;
+    }
+    snprintf(tmp, n + 16, "%s.dsec-XXXXXX", local);
+    int fd = mkstemp(tmp);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (f == NULL) {
+        fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+            unlink(tmp);
+        }
+        dsec_free(tmp);
+        return 1;
+    }
+    mode_t um = umask(0);
+    umask(um);
+    int rc = 0;
+    if (dsec_file_read_pages(c, id, path, page_out, f, &err) < 0)
+        rc = fail("cp", &err);
+    else if (fchmod(fd, 0666 & ~um) != 0 || fflush(f) != 0 || ferror(f)) {
+        fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
+        rc = 1;
+    }
+    if (fclose(f) != 0 && rc == 0) {
+        fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
+        rc = 1;
+    }
+    if (rc == 0 && rename(tmp, local) != 0) {
+        fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
+        rc = 1;
+    }
+    if (rc != 0)
+        unlink(tmp);
+    dsec_free(tmp);
+    return rc;
 }
 
 int dsec_cli_cp(int argc, char **argv)
@@ -344,45 +441,15 @@ int dsec_cli_cp(int argc, char **argv)
     if (argc != 3)
         return usage("cp", use);
     char *id, *path;
-    dsec_err err;
-    dsec_client *c;
-    if (remote(argv[2], &id, &path)) {
-        char *data;
-        size_t len;
-        if (read_local(argv[1], &data, &len) < 0)
-            return 1;
-        if ((c = connect_or_die("cp")) == NULL) {
-            dsec_free(data);
-            return 1;
-        }
-        int rc = dsec_file_write(c, id, path, data, len, 0644, &err);
-        dsec_free(data);
-        dsec_client_free(c);
-        return rc < 0 ? fail("cp", &err) : 0;
-    }
-    if (!remote(argv[1], &id, &path))
+    bool up = remote(argv[2], &id, &path);
+    if (!up && !remote(argv[1], &id, &path))
         return usage("cp", use);
-    if ((c = connect_or_die("cp")) == NULL)
+    dsec_client *c = connect_or_die("cp");
+    if (c == NULL)
         return 1;
-    uint8_t *data;
-    size_t len;
-    int rc = dsec_file_read(c, id, path, &data, &len, &err);
+    int rc = up ? cp_up(c, argv[1], id, path) : cp_down(c, id, path, argv[2]);
     dsec_client_free(c);
-    if (rc < 0)
-        return fail("cp", &err);
-    FILE *f = strcmp(argv[2], "-") == 0 ? stdout : fopen(argv[2], "wb");
-    if (f == NULL) {
-        fprintf(stderr, "dsec cp: %s: %s\n", argv[2], strerror(errno));
-        dsec_free(data);
-        return 1;
-    }
-    size_t w = fwrite(data, 1, len, f);
-    dsec_free(data);
-    if ((f != stdout && fclose(f) != 0) || w != len) {
-        fprintf(stderr, "dsec cp: writing %s failed\n", argv[2]);
-        return 1;
-    }
-    return 0;
+    return rc;
 }
 
 int dsec_cli_ls(int argc, char **argv)

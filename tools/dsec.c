@@ -27,6 +27,7 @@ static const command commands[] = {
     {"rm", dsec_cli_simple_op, "destroy sandboxes"},
     {"status", dsec_cli_simple_op, "show a sandbox's type, state and node"},
     {"top", dsec_cli_top, "show the live cell: nodes, capacity, sandboxes, rates"},
+    {"trace", dsec_cli_trace, "show the hops of a recent request: dsec trace TRACE_ID"},
     {"decode", dsec_cli_decode, "print a msgpack payload from stdin as JSON"},
     {"demo", dsec_cli_demo, "run the sample rollout workload on an embedded cell"},
     {"job", dsec_cli_job, "play a preemptible job: hold capacity, answer reclaims"},

@@ -245,7 +245,9 @@ int dsec_cli_top(int argc, char **argv)
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "top", &err) < 0 ||
         dsec_actor_on(a, "dsec.v1.ctl.evt.>", NULL, on_msg, t, &err) < 0 ||
         dsec_bus_flush(bus, 2000, &err) < 0 ||
-        dsec_bus_publish(bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, &err) < 0) {
+        dsec_bus_publish(bus, "dsec.v1.ctl.sync", NULL,
+                         &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,
+                         &err) < 0) {
         fprintf(stderr, "dsec top: %s\n", err.msg);
         goto out;
     }

@@ -252,6 +252,20 @@ void dsec__ct_cg_path(const struct ct_backend *be, const char *ctrl_mount, const
                       char *out, size_t len);
 /* The host pid of the container's init (the first pid in its cgroup), or -1. */
 pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id);
+/* What the host knows of a container whose agent (its init) does not answer: from its cgroups
+ * and /proc, never from the agent. */
+struct ct_agent_probe {
+    bool cgroup;             /* its pids cgroup exists */
+    unsigned nprocs;         /* processes in it */
+    pid_t init;              /* its init (pid 1 of its pid namespace) on the host, 0: none */
+    char state;              /* init's state in /proc (R, S, D, T, t, Z), 0 when unknown */
+    bool frozen;             /* its cgroup is frozen (paused) */
+    uint64_t oom_kills;      /* OOM kills in its memory cgroup */
+    uint64_t mem_limit;      /* bytes, 0: none */
+    uint64_t pids, pids_max; /* pids.current and pids.max (0: none) */
+    uint64_t cpu_throttled;  /* CFS periods it was throttled in (cpu.stat nr_throttled) */
+};
+void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct_agent_probe *p);
 /* Write memory (and no swap) and CPU limits to the running container's cgroups (0: none). */
 int dsec__ct_cg_limits(const struct ct_backend *be, const char *id, uint64_t memory_mb,
                        uint64_t cpu_milli, dsec_err *err);

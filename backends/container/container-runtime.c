@@ -746,6 +746,101 @@ pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id)
     return pid > 0 ? (pid_t)pid : -1;
 }
 
+/* A whole number from a cgroup file: "max" and absent files are 0. */
+static uint64_t cg_u64(const char *dir, const char *file)
+{
+    char p[PATH_MAX * 2 + 64];
+    dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
+    char *s = dsec__ct_read_file(p, 64);
+    uint64_t v = s != NULL && s[0] >= '0' && s[0] <= '9' ? strtoull(s, NULL, 10) : 0;
+    dsec_free(s);
+    return v;
+}
+
+/* A "key value" line of a cgroup file (stat_key), 0 when the file or line is absent. */
+static uint64_t cg_key(const char *dir, const char *file, const char *key)
+{
+    char p[PATH_MAX * 2 + 64];
+    dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
+    char *s = dsec__ct_read_file(p, 8192);
+    uint64_t v = s != NULL ? stat_key(s, key) : 0;
+    dsec_free(s);
+    return v;
+}
+
+/* pid's state letter, and whether it is pid 1 of its own pid namespace (NSpid's last field). */
+static char proc_state(long pid, bool *ns_init)
+{
+    char p[64];
+    dsec__ct_fmt(p, sizeof p, "/proc/%ld/status", pid);
+    char *s = dsec__ct_read_file(p, 4096);
+    char st = 0;
+    *ns_init = false;
+    const char *l = s != NULL ? strstr(s, "\nState:\t") : NULL;
+    if (l != NULL)
+        st = l[8];
+    if (s != NULL && (l = strstr(s, "\nNSpid:")) != NULL) {
+        const char *end = strchr(l + 1, '\n');
+        const char *last = end != NULL ? end : l + strlen(l);
+        while (last > l && (last[-1] == ' ' || last[-1] == '\t'))
+            last--;
+        const char *f = last;
+        while (f > l && f[-1] != '\t' && f[-1] != ' ')
+            f--;
+        *ns_init = last - f == 1 && *f == '1';
+    }
+    dsec_free(s);
+    return st;
+}
+
+void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct_agent_probe *p)
+{
+    memset(p, 0, sizeof *p);
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
+    bool v1 = be->cg_mode == CT_CG_V1;
+    dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
+    p->cgroup = access(dir, F_OK) == 0;
+    dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
+    /* a fork bomb fills it up to pids.max: 1 MiB holds ~130000 pids */
+    char *procs = p->cgroup ? dsec__ct_read_file(file, 1u << 20) : NULL;
+    long first = 0;
+    for (char *q = procs, *end; q != NULL && *q; q = end) {
+        long pid = strtol(q, &end, 10);
+        if (end == q)
+            break;
+        if (pid <= 0)
+            continue;
+        p->nprocs++;
+        if (first == 0)
+            first = pid;
+        bool ns_init;
+        char st = p->init == 0 ? proc_state(pid, &ns_init) : 0;
+        if (p->init == 0 && ns_init) {
+            p->init = (pid_t)pid;
+            p->state = st;
+        }
+    }
+    dsec_free(procs);
+    if (p->init == 0 && first != 0) { /* a kernel without NSpid: the first is init */
+        bool ns_init;
+        p->init = (pid_t)first;
+        p->state = proc_state(first, &ns_init);
+    }
+    if (p->cgroup) {
+        p->pids = cg_u64(dir, "pids.current");
+        p->pids_max = cg_u64(dir, "pids.max");
+        p->frozen = dsec__ct_frozen(be, id);
+    }
+    dsec__ct_cg_path(be, be->cg_memory, id, dir, sizeof dir);
+    p->oom_kills = v1 ? cg_key(dir, "memory.oom_control", "oom_kill")
+                      : cg_key(dir, "memory.events", "oom_kill");
+    p->mem_limit = cg_u64(dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+    if (p->mem_limit >= (1ull << 60)) /* v1 says "no limit" with a huge number */
+        p->mem_limit = 0;
+    dsec__ct_cg_path(be, be->cg_cpu, id, dir, sizeof dir);
+    p->cpu_throttled = cg_key(dir, "cpu.stat", "nr_throttled");
+}
+
 static int cg_write(const char *dir, const char *file, const char *val, dsec_err *err)
 {
     char p[PATH_MAX * 2 + 64];

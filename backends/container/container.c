@@ -1259,27 +1259,106 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
 
 /* ---- the agent ----------------------------------------------------------------------- */
 
+/* An agent that does not answer is either dead or alive and busy; the two need different
+ * answers (destroy the sandbox, or wait and lighten its load), so an error says which, from
+ * what the host sees of its container - its cgroups and /proc, never the agent itself. The
+ * agent is the container's init: when it dies, the kernel kills the rest of the container.
+ * Fills err (keeping what was seen of the failure in its message) and returns -1. */
+static int agent_unanswered(const struct ct_backend *be, const dsec_sandbox *sb, dsec_err *err)
+{
+    struct ct_agent_probe p;
+    dsec__ct_agent_probe(be, sb->rid, &p);
+    char seen[DSEC_ERR_MSG_MAX];
+    dsec__ct_fmt(seen, sizeof seen, "%s", err->msg[0] ? err->msg : "no answer");
+    int errnum = err->errnum;
+    if (p.init == 0 || p.state == 'Z' || p.state == 'X') {
+        char where[160], cause[200];
+        if (!p.cgroup)
+            dsec__ct_fmt(where, sizeof where, "its container's cgroup is gone");
+        else if (p.init != 0)
+            dsec__ct_fmt(where, sizeof where, "its init (pid %d on the host) has exited",
+                         (int)p.init);
+        else if (p.nprocs > 0)
+            dsec__ct_fmt(where, sizeof where, "its init is gone, %u processes remain", p.nprocs);
+        else
+            dsec__ct_fmt(where, sizeof where, "its container has no processes left");
+        if (p.oom_kills > 0 && p.mem_limit > 0)
+            dsec__ct_fmt(cause, sizeof cause,
+                         "its memory cgroup recorded %" PRIu64 " OOM kill(s) at its limit of "
+                         "%" PRIu64 " MiB: out of memory is the likely cause",
+                         p.oom_kills, p.mem_limit >> 20);
+        else if (p.oom_kills > 0)
+            dsec__ct_fmt(cause, sizeof cause,
+                         "its memory cgroup recorded %" PRIu64
+                         " OOM kill(s): out of memory is the likely cause",
+                         p.oom_kills);
+        else
+            dsec__ct_fmt(cause, sizeof cause,
+                         "no OOM kill is recorded in its memory cgroup: it was killed or crashed");
+        return dsec_err_set(err, DSEC_E_BACKEND, 0, /* a broken pipe says nothing more */
+                            "container: the sandbox's agent is dead: %s; %s. Nothing more can run "
+                            "in this sandbox: destroy it",
+                            where, cause);
+    }
+    /* Alive: say what keeps it from answering, as far as the host can tell. */
+    char why[320] = "";
+    size_t used = 0;
+#define WHY(...)                                                                                   \
+    do {                                                                                           \
+        if (used < sizeof why)                                                                     \
+            used += (size_t)snprintf(why + used, sizeof why - used, __VA_ARGS__);                  \
+    } while (0)
+    if (p.frozen)
+        WHY("; its cgroup is frozen (the sandbox is paused)");
+    if (p.state == 'T' || p.state == 't')
+        WHY("; it is stopped (state %c: SIGSTOP or a debugger)", p.state);
+    if (p.pids_max > 0 && p.pids >= p.pids_max)
+        WHY("; its container is at its process limit (pids %" PRIu64 " of %" PRIu64
+            "), as in a fork bomb",
+            p.pids, p.pids_max);
+    if (p.cpu_throttled > 0)
+        WHY("; its CPU quota has throttled it %" PRIu64 " times", p.cpu_throttled);
+    if (p.oom_kills > 0)
+        WHY("; its memory cgroup recorded %" PRIu64 " OOM kill(s) of other processes", p.oom_kills);
+    if (!p.frozen && p.state != 'T' && p.state != 't' && p.nprocs > 1)
+        WHY("; it may be starved of CPU by the %u other processes of its container", p.nprocs - 1);
+    else if (!p.frozen && p.state != 'T' && p.state != 't')
+        WHY("; it may be starved of CPU or memory on the host");
+#undef WHY
+    return dsec_err_set(err, err->code, errnum,
+                        "container: the sandbox's agent is alive (pid %d on the host, state %c) "
+                        "but %s: %s%s",
+                        (int)p.init, p.state ? p.state : '?',
+                        err->code == DSEC_E_TIMEOUT ? "did not answer in time"
+                                                    : "its connection failed",
+                        seen, why);
+}
+
 /* The connection, re-made when an earlier call lost it. */
-static int agent(dsec_sandbox *sb, dsec_err *err)
+static int agent(const struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     if (sb->agent != NULL)
         return 0;
+    if (!dsec__ct_alive(be, sb->rid)) { /* dead: say so now, not after the connect's wait */
+        dsec_err_set(err, DSEC_E_CONN, 0, "no process in its container");
+        return agent_unanswered(be, sb, err);
+    }
     char sp[PATH_MAX + 16];
     sock_path(sb, sp, sizeof sp);
     if (dsec_agent_connect(&sb->agent, sp, 2000, err) < 0)
-        return dsec_err_wrap(err, "container: the sandbox's agent is gone (its init died: "
-                                  "out of memory, or killed)");
+        return agent_unanswered(be, sb, err);
     return 0;
 }
 
-/* After a failed agent call: a lost connection is dropped so the next call
- * reconnects (or reports the agent gone). */
-static int agent_failed(dsec_sandbox *sb, dsec_err *err)
+/* After a failed agent call: a lost connection is dropped so the next call reconnects, and
+ * the error says whether the agent is dead or alive and not answering. */
+static int agent_failed(const struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     if (err->code == DSEC_E_CONN || err->code == DSEC_E_IO || err->code == DSEC_E_CLOSED ||
         err->code == DSEC_E_TIMEOUT || err->code == DSEC_E_DECODE) {
         dsec_agent_free(sb->agent);
         sb->agent = NULL;
+        return agent_unanswered(be, sb, err);
     }
     return -1;
 }
@@ -1287,19 +1366,19 @@ static int agent_failed(dsec_sandbox *sb, dsec_err *err)
 static int ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
                    dsec_err *err)
 {
-    (void)self;
-    if (agent(sb, err) < 0)
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
         return -1;
     if (dsec_agent_exec(sb->agent, req, req->on_output, req->on_output_arg, res, err) < 0)
-        return agent_failed(sb, err);
+        return agent_failed(be, sb, err);
     return 0;
 }
 
 static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
                          size_t len, uint32_t mode, bool append, dsec_err *err)
 {
-    (void)self;
-    if (agent(sb, err) < 0)
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
         return -1;
     /* the agent takes at most DSEC_AGENT_FILE_MAX per call: larger writes go in pieces */
     const uint8_t *p = data;
@@ -1307,7 +1386,7 @@ static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const v
     do {
         size_t n = len - off > DSEC_AGENT_FILE_MAX ? DSEC_AGENT_FILE_MAX : len - off;
         if (dsec_agent_file_write(sb->agent, path, p + off, n, mode, append || off > 0, err) < 0)
-            return agent_failed(sb, err);
+            return agent_failed(be, sb, err);
         off += n;
     } while (off < len);
     return 0;
@@ -1316,8 +1395,8 @@ static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const v
 static int ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
                         uint64_t max, dsec_file_data *out, dsec_err *err)
 {
-    (void)self;
-    if (agent(sb, err) < 0)
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
         return -1;
     /* the agent answers at most DSEC_AGENT_FILE_MAX a call: page until max or the end */
     memset(out, 0, sizeof *out);
@@ -1327,7 +1406,7 @@ static int ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t
         if (dsec_agent_file_read(sb->agent, path, offset + out->len, want, &part, err) < 0) {
             dsec_free(out->data);
             memset(out, 0, sizeof *out);
-            return agent_failed(sb, err);
+            return agent_failed(be, sb, err);
         }
         if (out->data == NULL) {
             *out = part;
@@ -1358,11 +1437,11 @@ static int ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t
 static int ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
                         size_t *n, dsec_err *err)
 {
-    (void)self;
-    if (agent(sb, err) < 0)
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
         return -1;
     if (dsec_agent_file_list(sb->agent, path, entries, n, err) < 0)
-        return agent_failed(sb, err);
+        return agent_failed(be, sb, err);
     return 0;
 }
 

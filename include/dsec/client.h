@@ -139,13 +139,31 @@ typedef struct dsec_write_opts {
     uint64_t step;
 } dsec_write_opts;
 
-/* dsec_file_write with options (opts may be NULL). */
+/* dsec_file_write with options (opts may be NULL). Data of any size: more
+ * than 4 MiB goes in 4 MiB messages, the first replacing (or appending to) the
+ * file and the rest appending; a failure part way says how many bytes the
+ * file holds. A write with a rollout_id is one trajectory step and holds at
+ * most 4 MiB (DSEC_E_TOO_LARGE beyond). */
 int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
                        size_t len, const dsec_write_opts *opts, dsec_err *err);
 
-/* *data is owned by the caller (dsec_free). */
+/* The whole file, of any size, read in 4 MiB pages; *data is owned by the
+ * caller (dsec_free) and NUL-terminated one past *len. A file that changes
+ * size while it is read fails with DSEC_E_STATE (read it again), never a
+ * short read reported as the file. */
 int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
                    dsec_err *err);
+
+/* Called with each page of a file in order (data borrowed for the call; size
+ * is the whole file's, the same on every call). Return -1 (errno set) to
+ * stop the read. Called once with len 0 for an empty file. */
+typedef int (*dsec_file_page_fn)(void *ud, const uint8_t *data, size_t len, uint64_t size);
+
+/* dsec_file_read, handing the file to fn in pages of at most 4 MiB instead
+ * of holding it whole. Fails as dsec_file_read does, after fn may have seen
+ * part of the file; a stop by fn fails with DSEC_E_IO. */
+int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
+                         void *ud, dsec_err *err);
 
 typedef struct dsec_dirent {
     char *name;
@@ -277,6 +295,46 @@ typedef struct dsec_call_spec {
  * the result (release with dsec_exec_reply_release); a failure to create,
  * write or exec fails the call. All pointers in spec are borrowed. */
 int dsec_call(dsec_client *c, const dsec_call_spec *spec, dsec_exec_reply *res, dsec_err *err);
+
+/* ---- tracing ------------------------------------------------------------ */
+
+/* Every request carries a Dsec-Trace-Id, and so does everything it causes:
+ * the place a scheduler sends, the node's answer, the exec's output chunks,
+ * the sandbox events. By default each call makes a fresh id. */
+
+/* Calls made by this thread from now on carry trace_id (1-64 printable
+ * characters, no spaces; copied); NULL goes back to fresh ids. A create's
+ * retries keep the id its first attempt had. -1 with err filled when the id
+ * is not acceptable. */
+int dsec_trace_set(const char *trace_id, dsec_err *err);
+
+/* The id this thread's calls carry now, or NULL (fresh ids). Valid until
+ * the next dsec_trace_set on this thread. */
+const char *dsec_trace_get(void);
+
+/* One step of a traced request, as the actor that took it recorded it.
+ * Times are wall clock, ns since the epoch. */
+typedef struct dsec_trace_hop_info {
+    char process[128]; /* the process that answered (dsecd-<cell>, ...) */
+    char actor[128];   /* the actor that handled it (scheduler replica, node, ...) */
+    char subject[256]; /* the subject it handled */
+    char type[64];     /* the Dsec-Type it handled */
+    char sent[64];     /* the Dsec-Type of the first message it sent for it */
+    char kept[16];     /* why it was recorded: error, slow or sample */
+    bool error;
+    uint64_t start_ns;
+    uint64_t end_ns;
+} dsec_trace_hop_info;
+
+/* Ask every dsec process on the bus for the hops of trace_id it kept, and
+ * gather the answers for window_ms (<= 0: 500). *hops, ordered by start
+ * time, is the caller's: dsec_trace_hops_free. Processes keep a bounded,
+ * sampled record (docs/operations.md, "Following a request"): errors and
+ * slow hops always, others when the id is sampled; 0 hops is not an error.
+ * *answered tells how many processes answered (may be NULL). */
+int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms,
+                    dsec_trace_hop_info **hops, size_t *n, size_t *answered, dsec_err *err);
+void dsec_trace_hops_free(dsec_trace_hop_info *hops);
 
 #ifdef __cplusplus
 }

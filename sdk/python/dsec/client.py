@@ -543,8 +543,9 @@ class Files:
 
     def write(self, path: str, data: Data, mode: int = 0o644, append: bool = False,
               step: Optional[int] = None, rollout_id: Optional[str] = None) -> None:
-        """Write (or append) data to path. With step, the write is recorded in
-        the rollout's trajectory log and a re-issued step is never repeated."""
+        """Write (or append) data of any size to path (sent in 4 MiB messages).
+        With step, the write is recorded in the rollout's trajectory log and a
+        re-issued step is never repeated; such a write holds at most 4 MiB."""
         sb = self._sb
         buf = _bytes(data)
         rid = rollout_id or sb.rollout_id if step is not None else None
@@ -554,6 +555,8 @@ class Files:
                          len(buf), ctypes.byref(opts))
 
     def read(self, path: str) -> bytes:
+        """The whole file, of any size (fetched in 4 MiB pages). A file that
+        changes size while it is read raises StateError: read it again."""
         sb = self._sb
         p = ctypes.POINTER(ctypes.c_uint8)()
         n = ctypes.c_size_t()
