@@ -4,8 +4,11 @@ JOBS ?= $(shell nproc)
 S ?= bus
 CTEST_TIMEOUT ?= 600
 FUZZ_SECONDS ?= 60
+# make check TSAN=0 leaves out the ThreadSanitizer run, for machines where TSan cannot
+# map its shadow memory (e.g. kernels with vm.mmap_rnd_bits above 28).
+TSAN ?= 1
 
-.PHONY: all demo check deps build build-asan bench fuzz clean
+.PHONY: all demo check deps build build-asan build-tsan bench fuzz clean
 
 all: build
 
@@ -20,12 +23,21 @@ build-asan: deps
 	@cmake --preset asan -DDSEC_WERROR=ON >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
 
+# Only the targets of the tsan test preset (CMakePresets.json).
+build-tsan: deps
+	@cmake --preset tsan -DDSEC_WERROR=ON >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+
 demo: build
 	@./build/default/tools/dsec demo
 
-check: build build-asan
+check: build build-asan $(if $(filter 1,$(TSAN)),build-tsan)
 	ctest --preset default -j $(JOBS) --timeout $(CTEST_TIMEOUT)
 	ctest --preset asan -j $(JOBS) --timeout $(CTEST_TIMEOUT)
+ifeq ($(TSAN),1)
+	# the bus, actor, scheduler and node tests under ThreadSanitizer (the preset's filter)
+	ctest --preset tsan -j $(JOBS) --timeout $(CTEST_TIMEOUT)
+endif
 
 bench: deps
 	@cmake --preset bench >/dev/null

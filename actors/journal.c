@@ -340,9 +340,12 @@ int dsec_journal_sync(dsec_journal *j, dsec_err *err)
     return 0;
 }
 
-int dsec_journal_wants_compaction(const dsec_journal *j, uint64_t live)
+int dsec_journal_wants_compaction(dsec_journal *j, uint64_t live)
 {
-    return j->records > COMPACT_MIN && j->records > 4 * (live + 1);
+    pthread_mutex_lock(&j->mu); /* appends count records on other threads */
+    uint64_t records = j->records;
+    pthread_mutex_unlock(&j->mu);
+    return records > COMPACT_MIN && records > 4 * (live + 1);
 }
 
 uint64_t dsec_journal_replayed(const dsec_journal *j) { return j->live; }

@@ -33,7 +33,7 @@ int dsec_journal_sync(dsec_journal *j, dsec_err *err);
 
 /* Whether the file holds many more records than the live ones (live is the
  * caller's count), so that compacting is worth it. */
-int dsec_journal_wants_compaction(const dsec_journal *j, uint64_t live);
+int dsec_journal_wants_compaction(dsec_journal *j, uint64_t live);
 
 /* Rewrite the journal with only the live records, given by each(): it must
  * call emit(id, data, len) once per live record. Atomic (temp + rename). */

@@ -51,6 +51,12 @@ struct dsec_sched {
     int ticks[3];
     pthread_mutex_t mu; /* cells */
     pthread_mutex_t wmu; /* the wait queue */
+    /* Requests in flight whose callbacks use this scheduler (admissions,
+     * lookups): dsec_sched_stop waits for their callbacks before freeing it. */
+    pthread_mutex_t amu;
+    pthread_cond_t acv;
+    unsigned asking;
+    bool stopping; /* no new such request */
     struct waiter *whead, *wtail;
     uint64_t nwaiting, wait_cpu, wait_mem;
     bool demand_sent; /* the last demand report said something is waiting */
@@ -74,6 +80,26 @@ static uint64_t *rng(void)
 
 static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int code,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Before a request whose callback uses s: false once the scheduler stops. */
+static bool ask_begin(dsec_sched *s)
+{
+    pthread_mutex_lock(&s->amu);
+    bool ok = !s->stopping;
+    if (ok)
+        s->asking++;
+    pthread_mutex_unlock(&s->amu);
+    return ok;
+}
+
+/* Its callback is done with s (or the request was never sent). */
+static void ask_end(dsec_sched *s)
+{
+    pthread_mutex_lock(&s->amu);
+    if (--s->asking == 0 && s->stopping)
+        pthread_cond_broadcast(&s->acv);
+    pthread_mutex_unlock(&s->amu);
+}
 
 static void fail_to(dsec_sched *s, const char *reply_to, const char *req_id, int code,
                     const char *fmt, ...)
@@ -359,6 +385,7 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
 out:
     dsec_free(ad->reply_to);
     dsec_free(ad);
+    ask_end(s);
 }
 
 /* Ask the quota actor, then place (quota on), or place at once (off). The
@@ -371,12 +398,17 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
         return;
     }
     dsec_err err;
+    if (!ask_begin(s)) {
+        fail_to(s, p->reply_to, p->c.req_id, DSEC_E_CLOSED, "scheduler %s is stopping", s->name);
+        return;
+    }
     struct admission *ad = dsec_malloc(sizeof *ad + len);
     char *reply_to = dsec_strdup(p->reply_to);
     if (ad == NULL || reply_to == NULL) {
         dsec_free(ad);
         dsec_free(reply_to);
         fail_to(s, p->reply_to, p->c.req_id, DSEC_E_NOMEM, "admission: out of memory");
+        ask_end(s);
         return;
     }
     *ad = (struct admission){.s = s, .tidx = tidx, .t0 = t0, .reply_to = reply_to, .len = len};
@@ -402,6 +434,7 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
                 s->cell, err.msg);
         dsec_free(ad->reply_to);
         dsec_free(ad);
+        ask_end(s);
     }
 }
 
@@ -462,14 +495,21 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
 out:
     dsec_free(l->reply_to);
     dsec_free(l);
+    ask_end(s);
 }
 
 static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const char *req_id,
                          uint64_t retry, uint64_t t0)
 {
+    if (!ask_begin(s)) { /* answered here: placing a retry unlooked-up could make it twice */
+        fail_to(s, dsec_msg_reply(m), req_id, DSEC_E_CLOSED, "scheduler %s is stopping", s->name);
+        return true;
+    }
     struct lookup *l = dsec_malloc(sizeof *l + dsec_msg_len(m));
-    if (l == NULL)
+    if (l == NULL) {
+        ask_end(s);
         return false;
+    }
     l->s = s;
     l->t0 = t0;
     l->retry = retry;
@@ -492,6 +532,7 @@ static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const c
     if (rc < 0) {
         dsec_free(l->reply_to);
         dsec_free(l);
+        ask_end(s);
         return false;
     }
     return true;
@@ -884,6 +925,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
+    pthread_mutex_init(&s->amu, NULL);
+    pthread_cond_init(&s->acv, NULL);
     s->ticks[0] = s->ticks[1] = s->ticks[2] = -1;
     s->bus = bus;
     s->ticker = ticker;
@@ -963,6 +1006,13 @@ void dsec_sched_stop(dsec_sched *s)
     dsec_ticker_remove(s->ticker, s->ticks[0]);
     dsec_ticker_remove(s->ticker, s->ticks[1]);
     dsec_ticker_remove(s->ticker, s->ticks[2]);
+    /* The callbacks of admissions and lookups use s and its actors: no new
+     * ones, and the ones in flight answered (each has a deadline) first. */
+    pthread_mutex_lock(&s->amu);
+    s->stopping = true;
+    while (s->asking > 0)
+        pthread_cond_wait(&s->acv, &s->amu);
+    pthread_mutex_unlock(&s->amu);
     dsec_actor_free(s->creates);
     dsec_actor_free(s->events);
     while (s->whead != NULL) { /* nobody will place them: say so */
@@ -982,6 +1032,8 @@ void dsec_sched_stop(dsec_sched *s)
         dsec_free(w);
     }
     pthread_mutex_destroy(&s->wmu);
+    pthread_cond_destroy(&s->acv);
+    pthread_mutex_destroy(&s->amu);
     dsec_placement_free(s->view);
     dsec_lost_free(s->lost); /* after the actors and the ticks: nothing calls it any more */
     pthread_mutex_destroy(&s->mu);

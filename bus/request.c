@@ -453,14 +453,15 @@ static void run_cb(dsec_bus *bus, struct pending *p)
         dsec_err ok;
         dsec_err_clear(&ok);
         p->cb(0, &m, &ok, p->ud);
-        /* Here rather than under r->mu in pending_free. */
-        dsec__msg_destroy(&p->reply);
     } else {
         dsec_err e;
         fill_err(&e, p->code, p->subject, p->timeout_ms);
         p->cb(-1, NULL, &e, p->ud);
     }
     dsec_trace_leave(&sc);
+    /* After the hop is recorded (its type points into the reply's headers);
+     * here rather than under r->mu in pending_free. */
+    dsec__msg_destroy(&p->reply);
     if (p->actor != NULL) {
         dsec__actor_put(p->actor);
         p->actor = NULL;

@@ -341,6 +341,11 @@ struct async_create {
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
     struct async_create *rnext; /* waiting for its retry (client rmu) */
     char trace[DSEC_TRACE_ID_MAX + 1]; /* every attempt carries the first one's trace id */
+    /* Held while an attempt is being sent. The bus may answer an attempt
+     * (a disconnect, a deadline) before dsec_bus_request has returned, and
+     * the answer re-encodes r.buf or frees it all: it waits for the send to
+     * let go of r first. */
+    pthread_mutex_t send_mu;
 };
 
 static int async_send(struct async_create *a, dsec_err *err);
@@ -415,6 +420,7 @@ static void async_finish(struct async_create *a, int status, const dsec_sandbox_
 {
     a->cb(status, info, err, a->ud);
     create_req_release(&a->r);
+    pthread_mutex_destroy(&a->send_mu);
     dsec_free(a);
 }
 
@@ -449,6 +455,9 @@ static int reencode_retry(struct async_create *a, dsec_err *err)
 static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
 {
     struct async_create *a = ud;
+    /* the send of this attempt has returned: r is ours again */
+    pthread_mutex_lock(&a->send_mu);
+    pthread_mutex_unlock(&a->send_mu);
     dsec_err err;
     dsec_err_clear(&err);
     if (status < 0) {
@@ -483,11 +492,16 @@ static int async_send(struct async_create *a, dsec_err *err)
 {
     dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id,
                     .trace_id = a->trace};
+    int rc;
+    pthread_mutex_lock(&a->send_mu);
     if (a->direct)
-        return dsec_bus_request_direct(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
-                                       a->c->timeout_ms, on_create_reply, a, err);
-    return dsec_bus_request(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
-                            a->c->timeout_ms, on_create_reply, a, err);
+        rc = dsec_bus_request_direct(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
+                                     a->c->timeout_ms, on_create_reply, a, err);
+    else
+        rc = dsec_bus_request(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
+                              a->c->timeout_ms, on_create_reply, a, err);
+    pthread_mutex_unlock(&a->send_mu);
+    return rc;
 }
 
 /* direct: the callback runs where the reply arrives, a thread hand-off
@@ -504,6 +518,7 @@ static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_creat
     a->cb = cb;
     a->ud = ud;
     a->direct = direct;
+    pthread_mutex_init(&a->send_mu, NULL);
     /* A retry may leave from the retrier thread or a callback: it keeps the
      * trace the caller's thread gave the first attempt. */
     const char *tid = dsec_trace_current();
@@ -518,6 +533,7 @@ static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_creat
     }
     if (rc < 0) {
         create_req_release(&a->r);
+        pthread_mutex_destroy(&a->send_mu);
         dsec_free(a);
         return -1;
     }

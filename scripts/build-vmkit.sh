@@ -170,6 +170,7 @@ build() {
     [ -x "$busybox" ] || die "$busybox not found; install busybox-static (apt-get install -y busybox-static)"
     # A dynamic busybox (package busybox) has no libc in the initrd: it needs an ELF interpreter.
     need_cmd readelf binutils
+    need_cmd strip binutils
     readelf -l "$busybox" 2>/dev/null | grep -q 'program interpreter' &&
         die "$busybox is dynamically linked; install busybox-static (apt-get install -y busybox-static)"
     [ -f "$agent" ] && [ -x "$agent" ] || die "agent binary $agent not found or not executable (build dsec-agent first)"
@@ -215,7 +216,7 @@ build() {
     trap 'rm -rf "$tmp"' EXIT
     local root=$tmp/root
     mkdir -p "$root"/{dev,proc,sys,d,l,newroot,lib/modules,dsec}
-    install -m 0755 "$init" "$root/init"
+    install -m 0755 -s "$init" "$root/init" # stripped: every byte is copied under emulation
     install -m 0755 "$agent" "$root/dsec/dsec-agent"
     install -m 0755 "$busybox" "$root/dsec/busybox"
     install -m 0755 "$GUEST/identity.sh" "$root/dsec/identity.sh"

@@ -5,7 +5,7 @@ set -eu
 PKGS="build-essential cmake pkg-config git python3 \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev libcrypt-dev openssl \
-clang libclang-rt-14-dev \
+clang libclang-rt-14-dev libtsan2 \
 libseccomp-dev libpython3-dev gnuplot-nox \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
 nftables libnftnl-dev libmnl-dev libldns-dev libnetfilter-conntrack-dev iproute2 \

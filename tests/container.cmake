@@ -26,3 +26,5 @@ target_link_libraries(test_container_runc PRIVATE dsec_backends dsec_common PkgC
 target_compile_definitions(test_container_runc PRIVATE CT_RUNTIME="runc")
 add_test(NAME container_runc COMMAND test_container_runc)
 set_tests_properties(container_runc PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host)
+# Without root (or busybox-static) the programs exit 77: a skip, not a pass.
+set_tests_properties(container container_bus container_runc PROPERTIES SKIP_RETURN_CODE 77)

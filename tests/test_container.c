@@ -162,7 +162,7 @@ static int group_setup(void **state)
 {
     if (geteuid() != 0 || access("/bin/busybox", X_OK) != 0) {
         fprintf(stderr, "test_container: needs root and busybox-static; skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     snprintf(top, sizeof top, "/tmp/dsec-cttest-XXXXXX");
     if (mkdtemp(top) == NULL)

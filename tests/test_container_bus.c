@@ -40,7 +40,7 @@ static int group_setup(void **state)
 {
     if (geteuid() != 0) {
         fprintf(stderr, "test_container_bus: needs root (containers); skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     if (dsec_test_server_start("dsec-ctbus", false, &natsd, root, sizeof root) < 0)
         return -1;

@@ -58,7 +58,7 @@ static int group_setup(void **state)
 {
     if (geteuid() != 0) {
         fprintf(stderr, "test_function: needs root (namespaces, mounts, cgroups); skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     snprintf(state_dir, sizeof state_dir, "/tmp/dsec-fntest-XXXXXX");
     if (mkdtemp(state_dir) == NULL)
@@ -501,7 +501,8 @@ static void native_runs_an_uploaded_binary(void **state)
     snprintf(cmd, sizeof cmd, "cc -O1 -o %s %s 2>/dev/null", bin, src);
     if (system(cmd) != 0) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        (void)system(cmd);
+        if (system(cmd) != 0) /* best effort: a temp dir left behind */
+            fprintf(stderr, "could not remove %s\n", dir);
         skip();
     }
     f = fopen(bin, "rb");

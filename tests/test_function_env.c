@@ -120,7 +120,7 @@ static int group_setup(void **state)
         access("/usr/lib/python3/dist-packages", F_OK) != 0) {
         fprintf(stderr, "test_function_env: needs root, busybox-static and Debian's python3; "
                         "skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     snprintf(top, sizeof top, "/tmp/dsec-fnenv-XXXXXX");
     if (mkdtemp(top) == NULL)

@@ -45,12 +45,12 @@ static int group_setup(void **state)
 {
     if (geteuid() != 0) {
         fprintf(stderr, "test_vm_bus: needs root (VM disks, layer mounts); skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     if (!have_qemu()) {
         fprintf(stderr, "test_vm_bus: qemu-system-x86_64 is not installed (scripts/install-deps.sh "
                         "installs it); skipping\n");
-        return 0;
+        exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
     if (dsec_test_server_start("dsec-vmbus", false, &natsd, root, sizeof root) < 0)
         return -1;

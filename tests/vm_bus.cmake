@@ -7,4 +7,5 @@ target_compile_definitions(test_vm_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>")
 add_dependencies(test_vm_bus dsec)
 add_test(NAME vm_bus COMMAND test_vm_bus)
-set_tests_properties(vm_bus PROPERTIES TIMEOUT 1200 RESOURCE_LOCK dsec_container_host)
+# without root, QEMU or the kit it exits 77: a skip, not a pass
+set_tests_properties(vm_bus PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1200 RESOURCE_LOCK dsec_container_host)
