@@ -502,6 +502,9 @@ static void placement_sees_disk(void **state)
             create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 400}, &info[i], &err), 0);
         assert_string_equal(info[i].node, "t13-a");
     }
+    dsec_node_stats na, nb;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &nb);
+    assert_int_equal(nb.refused, 0);       /* t13-b was never tried */
     assert_true(capacity_says(600, 1800)); /* every report carries the free disk */
 
     /* more than any node has: capacity at once, from the scheduler */
@@ -509,7 +512,6 @@ static void placement_sees_disk(void **state)
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 2000}, &x, &err), -1);
     assert_int_equal(err.code, DSEC_E_CAPACITY);
     assert_string_equal(err.msg, "no node in cell t13 has 2000 MB of disk free (best: 600)");
-    dsec_node_stats na, nb;
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &na);
     dsec_node_stats_get(dsec_cell_node_at(cell, 1), &nb);
     assert_int_equal(na.refused, 0);
