@@ -1170,6 +1170,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                   .summary_ms = conf->summary_ms,
                                   .default_cpu_milli = conf->default_cpu_milli,
                                   .default_memory_mb = conf->default_memory_mb,
+                                  .default_disk_mb = conf->default_disk_mb,
+                                  .default_function_disk_mb = conf->default_function_disk_mb,
                                   .wait_ms = conf->wait_ms, .quota = conf->quota};
             if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
                 goto out_fail;

@@ -507,13 +507,14 @@ static void refuse(dsec_node *n, dsec_msg *m, dsec_msg_place *p, const char *why
     p->short_of = short_of;
     /* what this node really has free, so the scheduler's view need not wait for the
      * next capacity report to stop counting room here */
-    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = 0;
+    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
     if (short_of != NULL) {
         pthread_mutex_lock(&n->mu);
         p->free_seq = n->seq;
         p->free_cpu_milli = n->cpu_free;
         p->free_mem_mb = n->mem_free;
         p->free_slots = n->slots_free;
+        p->free_disk_mb = n->disk_free;
         pthread_mutex_unlock(&n->mu);
     }
     if (dsec_wire_send(n->actor, n->bus, back, NULL, DSEC_MSG_PLACE, p, p->c.req_id, &err) < 0)
@@ -1780,7 +1781,8 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct
     pthread_mutex_lock(&n->mu);
     dsec_msg_capacity c = {.node = n->name, .cell = n->cell, .seq = ++n->seq, .full = full,
                            .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
-                           .slots_free = n->slots_free, .live = n->live, .ts_ns = dsec_wall_ns()};
+                           .slots_free = n->slots_free, .live = n->live,
+                           .disk_free_mb = n->disk_free, .ts_ns = dsec_wall_ns()};
     n->dirty = false;
     c.conn = n->conn_base + dsec_bus_reconnects(n->bus);
     uint64_t by_type[DSEC_REGISTRY_MAX];
@@ -1803,6 +1805,8 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct
         c.cpu_milli = n->conf.cpu_milli;
         c.memory_mb = n->conf.memory_mb;
         c.slots = n->conf.slots;
+        /* disk_open made sure the disk is more than the reserve */
+        c.disk_mb = n->conf.disk_mb - n->conf.disk_reserve_mb;
         uint32_t nt = 0;
         while (n->type_names[nt])
             nt++;

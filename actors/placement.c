@@ -33,7 +33,7 @@ struct label {
 
 struct rsv {
     uint64_t id, expires_ms;
-    uint64_t cpu, mem; /* and one slot */
+    uint64_t cpu, mem, disk; /* and one slot */
 };
 
 struct node {
@@ -48,13 +48,14 @@ struct node {
     uint64_t *layers; /* sorted hashes of the cached layer digests */
     size_t nlayers;
     uint64_t cpu_total, mem_total, slots_total;
-    uint64_t cpu_free, mem_free, slots_free, live; /* as last reported */
+    uint64_t disk_total; /* 0: the node does not count disk; no disk filter then */
+    uint64_t cpu_free, mem_free, slots_free, disk_free, live; /* as last reported */
     uint64_t last_seen_ms;
     bool healthy;
     /* overlay */
     struct rsv *rsv;
     size_t nrsv, caprsv;
-    uint64_t rsv_cpu, rsv_mem;
+    uint64_t rsv_cpu, rsv_mem, rsv_disk;
     uint64_t rsv_next_expiry; /* UINT64_MAX when none */
     /* scratch for place(), valid for one call's stamp */
     uint64_t excl_stamp, cand_stamp;
@@ -186,6 +187,7 @@ static struct node *node_from_report(const dsec_placement *v, const dsec_node_re
     n->cpu_total = r->cpu_milli;
     n->mem_total = r->memory_mb;
     n->slots_total = r->slots;
+    n->disk_total = r->disk_mb;
     return n;
 
 out_free:
@@ -278,7 +280,7 @@ static void unlink_node(dsec_placement *v, struct node *n)
 static void overlay_clear(struct node *n)
 {
     n->nrsv = 0;
-    n->rsv_cpu = n->rsv_mem = 0;
+    n->rsv_cpu = n->rsv_mem = n->rsv_disk = 0;
     n->rsv_next_expiry = UINT64_MAX;
 }
 
@@ -293,6 +295,7 @@ static void overlay_purge(struct node *n, uint64_t now)
         if (r->expires_ms <= now) {
             n->rsv_cpu -= r->cpu;
             n->rsv_mem -= r->mem;
+            n->rsv_disk -= r->disk;
             continue;
         }
         if (r->expires_ms < next)
@@ -316,6 +319,18 @@ static uint64_t avail_mem(const struct node *n)
 static uint64_t avail_slots(const struct node *n)
 {
     return sat_sub(n->slots_free, n->nrsv);
+}
+
+static uint64_t avail_disk(const struct node *n)
+{
+    return sat_sub(n->disk_free, n->rsv_disk);
+}
+
+/* A node that does not count disk (its reports carry no disk_mb: an older node
+ * manager) admits any disk, as it did before disk was counted. */
+static bool disk_fits(const struct node *n, uint64_t want)
+{
+    return n->disk_total == 0 || avail_disk(n) >= want;
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------- */
@@ -386,6 +401,7 @@ static void swap_tables(struct node *a, struct node *b)
     a->cpu_total = b->cpu_total;
     a->mem_total = b->mem_total;
     a->slots_total = b->slots_total;
+    a->disk_total = b->disk_total;
 }
 
 int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t now_ms,
@@ -426,6 +442,7 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
     n->cpu_free = r->cpu_free_milli;
     n->mem_free = r->mem_free_mb;
     n->slots_free = r->slots_free;
+    n->disk_free = r->disk_free_mb;
     n->live = r->live;
     n->last_seen_ms = now_ms;
     overlay_clear(n);
@@ -574,7 +591,8 @@ static enum stage judge(const dsec_placement *v, struct node *n, const dsec_plac
     if (n->excl_stamp == stamp)
         return ST_EXCLUDED;
     overlay_purge(n, now);
-    if (avail_cpu(n) < req->cpu_milli || avail_mem(n) < req->memory_mb || avail_slots(n) == 0)
+    if (avail_cpu(n) < req->cpu_milli || avail_mem(n) < req->memory_mb || avail_slots(n) == 0 ||
+        !disk_fits(n, req->disk_mb))
         return ST_ROOM;
     return ST_OK;
 }
@@ -588,9 +606,12 @@ static double frac(uint64_t avail, uint64_t total)
 
 static double score(const dsec_placement *v, const struct node *n, const uint64_t *lh, size_t nl)
 {
-    double s = (frac(avail_cpu(n), n->cpu_total) + frac(avail_mem(n), n->mem_total) +
-                frac(avail_slots(n), n->slots_total)) /
-               3.0;
+    double s = frac(avail_cpu(n), n->cpu_total) + frac(avail_mem(n), n->mem_total) +
+               frac(avail_slots(n), n->slots_total);
+    if (n->disk_total > 0)
+        s = (s + frac(avail_disk(n), n->disk_total)) / 4.0;
+    else
+        s /= 3.0;
     if (nl > 0 && n->nlayers > 0) {
         size_t hit = 0;
         for (size_t i = 0; i < nl; i++)
@@ -605,6 +626,8 @@ struct diag {
     size_t at[ST_OK + 1];                    /* nodes that stopped at each stage */
     dsec_type_mask offered;                  /* union over the cell */
     uint64_t best_cpu, best_mem, best_slots; /* over nodes that reached ST_ROOM */
+    uint64_t best_disk;                      /* over those of them that count disk */
+    bool disk_unbounded;                     /* one of them does not count disk */
 };
 
 static void where_of(const dsec_placement *v, const dsec_place_req *req, char *buf, size_t len)
@@ -680,10 +703,22 @@ static int explain(const dsec_placement *v, const dsec_place_req *req, const str
         return dsec_err_set(err, DSEC_E_CAPACITY, 0,
                             "no node %s has %" PRIu64 " MB of memory free (best: %" PRIu64 ")",
                             where, req->memory_mb, d->best_mem);
+    if (!d->disk_unbounded && d->best_disk < req->disk_mb)
+        return dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                            "no node %s has %" PRIu64 " MB of disk free (best: %" PRIu64 ")", where,
+                            req->disk_mb, d->best_disk);
     if (d->best_slots == 0)
         return dsec_err_set(err, DSEC_E_CAPACITY, 0,
                             "no node %s has a free sandbox slot (all %zu are full)", where,
                             past_excl);
+    if (!d->disk_unbounded)
+        return dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                            "no node %s has %" PRIu64 " milli-CPU, %" PRIu64
+                            " MB of memory and %" PRIu64
+                            " MB of disk free together (most CPU free: %" PRIu64
+                            ", most memory free: %" PRIu64 " MB, most disk free: %" PRIu64 " MB)",
+                            where, req->cpu_milli, req->memory_mb, req->disk_mb, d->best_cpu,
+                            d->best_mem, d->best_disk);
     return dsec_err_set(err, DSEC_E_CAPACITY, 0,
                         "no node %s has %" PRIu64 " milli-CPU and %" PRIu64
                         " MB of memory free together (most CPU free: %" PRIu64
@@ -772,6 +807,10 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
                     d.best_mem = avail_mem(n);
                 if (avail_slots(n) > d.best_slots)
                     d.best_slots = avail_slots(n);
+                if (n->disk_total == 0)
+                    d.disk_unbounded = true;
+                else if (avail_disk(n) > d.best_disk)
+                    d.best_disk = avail_disk(n);
             }
             if (st != ST_OK)
                 continue;
@@ -814,9 +853,11 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
     *r = (struct rsv){.id = ++v->rsv_gen,
                       .expires_ms = now_ms + v->ttl_ms,
                       .cpu = req->cpu_milli,
-                      .mem = req->memory_mb};
+                      .mem = req->memory_mb,
+                      .disk = req->disk_mb};
     best->rsv_cpu += r->cpu;
     best->rsv_mem += r->mem;
+    best->rsv_disk += r->disk;
     if (r->expires_ms < best->rsv_next_expiry)
         best->rsv_next_expiry = r->expires_ms;
 
@@ -841,6 +882,7 @@ static int release_locked(struct node *n, uint64_t id)
             continue;
         n->rsv_cpu -= n->rsv[i].cpu;
         n->rsv_mem -= n->rsv[i].mem;
+        n->rsv_disk -= n->rsv[i].disk;
         n->rsv[i] = n->rsv[--n->nrsv];
         if (n->nrsv == 0)
             n->rsv_next_expiry = UINT64_MAX;
@@ -876,6 +918,7 @@ int dsec_placement_refused(dsec_placement *v, const char *node, uint64_t reserva
         n->cpu_free = room->cpu_free_milli;
         n->mem_free = room->mem_free_mb;
         n->slots_free = room->slots_free;
+        n->disk_free = room->disk_free_mb;
     }
     pthread_mutex_unlock(&v->lock);
     return 0;
@@ -904,12 +947,15 @@ int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms, ds
     out->cpu_total = n->cpu_total;
     out->mem_total = n->mem_total;
     out->slots_total = n->slots_total;
+    out->disk_total = n->disk_total;
     out->cpu_free = n->cpu_free;
     out->mem_free = n->mem_free;
     out->slots_free = n->slots_free;
+    out->disk_free = n->disk_free;
     out->cpu_avail = avail_cpu(n);
     out->mem_avail = avail_mem(n);
     out->slots_avail = avail_slots(n);
+    out->disk_avail = avail_disk(n);
     out->live = n->live;
     out->reservations = n->nrsv;
     out->nlayers = n->nlayers;

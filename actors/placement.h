@@ -63,11 +63,14 @@ typedef struct dsec_node_report {
     uint64_t cpu_free_milli; /* free now, as the node counts it */
     uint64_t mem_free_mb;
     uint64_t slots_free;
-    uint64_t live; /* sandboxes running */
+    uint64_t disk_free_mb; /* disk sandboxes may still be given */
+    uint64_t live;         /* sandboxes running */
     /* full reports only: */
     uint64_t cpu_milli; /* totals */
     uint64_t memory_mb;
     uint64_t slots;
+    uint64_t disk_mb;         /* disk sandboxes may hold, the node's reserve left out; 0: the node
+                                 does not count disk, and placement does not filter on it */
     const char *const *types; /* offered types; names this registry lacks are skipped */
     size_t ntypes;
     const char *const *label_keys;
@@ -119,6 +122,7 @@ typedef struct dsec_place_req {
     int type;         /* registry index (dsec_registry_pick) */
     uint64_t cpu_milli;
     uint64_t memory_mb;          /* every placement also takes one slot */
+    uint64_t disk_mb;            /* its writable layer's quota (the cell default applied) */
     const char *const *aff_keys; /* affinity: node label aff_keys[i] must equal aff_vals[i] */
     const char *const *aff_vals;
     size_t naff;
@@ -141,13 +145,14 @@ typedef struct dsec_place_result {
  *
  * Feasible: alive (seen within dead_after_ms) and healthy, of req->cell,
  * offering req->type, carrying every affinity label, not excluded, and with
- * cpu, memory and a slot free after subtracting the overlay. Among feasible
+ * cpu, memory, disk (on nodes that count it) and a slot free after
+ * subtracting the overlay. Among feasible
  * nodes k candidates (1..DSEC_PLACE_K_MAX; 0 means 2) are drawn uniformly
  * by random probes, or, when probing fails to find k (a sparse feasible
  * set), by a full scan, so a feasible node is found whenever one exists.
- * Each candidate is scored by its normalised free cpu, memory and slots
- * (mean, 0..1) plus locality_weight * (share of req->layers it caches); the
- * best wins.
+ * Each candidate is scored by its normalised free cpu, memory, slots and,
+ * on nodes that count it, disk (mean, 0..1) plus locality_weight * (share of req->layers it
+ * caches); the best wins.
  *
  * rng is the caller's generator state (one per thread; any seed; see
  * dsec_placement_rand). Errors, each message naming what was short:
@@ -157,7 +162,7 @@ typedef struct dsec_place_result {
  *                      has label gpu=a100"); every fitting node is excluded;
  *                      or a resource is short ("no node in cell c1 has
  *                      2000 milli-CPU free (best: 500)", likewise memory,
- *                      slots, or cpu and memory together);
+ *                      disk, slots, or several together);
  *  DSEC_E_INVALID      bad k or type index.
  */
 int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned k, uint64_t *rng,
@@ -172,7 +177,7 @@ int dsec_placement_release(dsec_placement *v, const char *node, uint64_t reserva
  * number of the last capacity report it had sent then. */
 typedef struct dsec_node_room {
     uint64_t seq;
-    uint64_t cpu_free_milli, mem_free_mb, slots_free;
+    uint64_t cpu_free_milli, mem_free_mb, slots_free, disk_free_mb;
 } dsec_node_room;
 
 /* A node refused a placement: its reservation goes (the node did not admit
@@ -196,9 +201,9 @@ typedef struct dsec_node_info {
     dsec_type_mask types;
     bool healthy; /* not taken out by set_healthy */
     bool alive;   /* seen within dead_after_ms */
-    uint64_t cpu_total, mem_total, slots_total;
-    uint64_t cpu_free, mem_free, slots_free;    /* as reported */
-    uint64_t cpu_avail, mem_avail, slots_avail; /* reported minus the overlay */
+    uint64_t cpu_total, mem_total, slots_total, disk_total; /* disk_total 0: not counted */
+    uint64_t cpu_free, mem_free, slots_free, disk_free;     /* as reported */
+    uint64_t cpu_avail, mem_avail, slots_avail, disk_avail; /* reported minus the overlay */
     uint64_t live;
     size_t reservations; /* overlay entries still held */
     size_t nlayers;

@@ -28,7 +28,7 @@ struct cell_seen {
 /* A rollout create waiting for room: the place message as it will be sent. */
 struct waiter {
     struct waiter *next;
-    uint64_t since_ms, cpu, mem;
+    uint64_t since_ms, cpu, mem, disk;
     int tidx;
     size_t len;
     char trace[DSEC_TRACE_ID_MAX + 1]; /* the create's trace id: placed later, it keeps it */
@@ -201,11 +201,11 @@ static uint64_t notice_retry(uint64_t retry)
 /* Place p on a node of this cell and send it there; -1 with err filled (the
  * client not answered) when there is no room or the send failed. */
 static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
-                     dsec_err *err)
+                     uint64_t disk, dsec_err *err)
 {
     dsec_msg_create *c = &p->c;
     dsec_place_req req = {.cell = s->cell, .type = tidx, .cpu_milli = cpu, .memory_mb = mem,
-                          .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
+                          .disk_mb = disk, .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
                           .naff = c->affinity.n, .exclude = p->tried.v, .nexclude = p->tried.n};
     dsec_place_result res;
     if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, err) < 0)
@@ -215,7 +215,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     p->reason = NULL;
     p->short_of = NULL;
     p->reservation = res.reservation;
-    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = 0;
+    p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
     if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
@@ -233,7 +233,8 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
  * capacity frees (the arbiter reclaims it from preemptible jobs). Its wait
  * began when it was first parked (parked_ms travels with the placement), so
  * refusals after a wait do not restart it. */
-static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem)
+static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
+                 uint64_t disk)
 {
     if (s->conf.wait_ms == UINT32_MAX || p->c.cls == NULL || strcmp(p->c.cls, "rollout") != 0)
         return false;
@@ -264,6 +265,7 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     *w = (struct waiter){.since_ms = waited < t ? t - waited : 0,
                          .cpu = cpu,
                          .mem = mem,
+                         .disk = disk,
                          .tidx = tidx,
                          .len = b.len};
     memcpy(w->place, b.data, b.len);
@@ -309,6 +311,16 @@ static uint64_t want_mem(const dsec_sched *s, const dsec_msg_create *c)
     return c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
 }
 
+/* The node applies the same defaults from the same cell config (node.c, on_place). */
+static uint64_t want_disk(const dsec_sched *s, const dsec_msg_create *c, int tidx)
+{
+    if (c->disk_mb)
+        return c->disk_mb;
+    return strcmp(dsec_registry_caps(s->reg, tidx)->type, "function") == 0
+               ? s->conf.default_function_disk_mb
+               : s->conf.default_disk_mb;
+}
+
 /* Place p (whose create fields are filled) on a node of this cell and send
  * it there. A rollout that finds no room waits; other failures answer the
  * client and return -1. */
@@ -316,10 +328,10 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
                           uint64_t t0)
 {
     dsec_msg_create *c = &p->c;
-    uint64_t cpu = want_cpu(s, c), mem = want_mem(s, c);
+    uint64_t cpu = want_cpu(s, c), mem = want_mem(s, c), disk = want_disk(s, c, tidx);
     dsec_err err;
     const char *tname = dsec_registry_caps(s->reg, tidx)->type;
-    if (try_place(s, p, tidx, cpu, mem, &err) == 0) {
+    if (try_place(s, p, tidx, cpu, mem, disk, &err) == 0) {
         if (t0 != 0) /* retries and waiters were measured, if at all, when first placed */
             dsec_metrics_hist_observe(&s->place_lat, dsec_now_ns() - t0);
         return 0;
@@ -327,7 +339,7 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
     if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
         forward(s, c, tenant, tname, cpu, mem, p->reply_to))
         return 0;
-    if (err.code == DSEC_E_CAPACITY && park(s, p, tidx, cpu, mem))
+    if (err.code == DSEC_E_CAPACITY && park(s, p, tidx, cpu, mem, disk))
         return 0;
     if (p->reason != NULL)
         dsec_err_wrap(&err, "after %s", p->reason);
@@ -625,7 +637,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_node_room room = {.seq = p.free_seq,
                                .cpu_free_milli = p.free_cpu_milli,
                                .mem_free_mb = p.free_mem_mb,
-                               .slots_free = p.free_slots};
+                               .slots_free = p.free_slots,
+                               .disk_free_mb = p.free_disk_mb};
         dsec_placement_refused(s->view, p.tried.v[p.tried.n - 1], p.reservation,
                                p.short_of != NULL ? &room : NULL);
     }
@@ -639,7 +652,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         /* Refused for room by the last node: this view was too hopeful (a node's
          * report can count room that placements in flight already took). A
          * rollout waits for room, as one that found none here does. */
-        if (p.short_of != NULL && park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c)))
+        if (p.short_of != NULL &&
+            park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c), want_disk(s, &p.c, tidx)))
             return;
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
                 p.attempt, p.reason ? p.reason : "no reason given");
@@ -675,6 +689,7 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
                           .full = c.full, .cpu_free_milli = c.cpu_free_milli,
                           .mem_free_mb = c.mem_free_mb, .slots_free = c.slots_free, .live = c.live,
                           .cpu_milli = c.cpu_milli, .memory_mb = c.memory_mb, .slots = c.slots,
+                          .disk_free_mb = c.disk_free_mb, .disk_mb = c.disk_mb,
                           .types = c.types.v, .ntypes = c.types.n, .label_keys = c.labels.k,
                           .label_vals = c.labels.v, .nlabels = c.labels.n, .layers = c.layers.v,
                           .nlayers = c.layers.n};
@@ -834,7 +849,7 @@ static void tick_wait(void *ud, uint64_t mono)
     s->whead = s->wtail = NULL;
     s->nwaiting = s->wait_cpu = s->wait_mem = 0;
     pthread_mutex_unlock(&s->wmu);
-    uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX;
+    uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX, fail_disk = UINT64_MAX;
     struct waiter *keep = NULL, **kt = &keep;
     uint64_t n = 0, cpu = 0, mem = 0, oldest = 0;
     while (list != NULL) {
@@ -844,7 +859,7 @@ static void tick_wait(void *ud, uint64_t mono)
         dsec_msg_place p;
         dsec_err err;
         int rc = -1;
-        bool retry = !(w->cpu >= fail_cpu && w->mem >= fail_mem);
+        bool retry = !(w->cpu >= fail_cpu && w->mem >= fail_mem && w->disk >= fail_disk);
         if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) < 0) {
             dsec_actor_count_error(s->creates);
             dsec_free(w);
@@ -854,7 +869,7 @@ static void tick_wait(void *ud, uint64_t mono)
         dsec_trace_scope sc;
         dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
         if (retry) {
-            rc = try_place(s, &p, w->tidx, w->cpu, w->mem, &err);
+            rc = try_place(s, &p, w->tidx, w->cpu, w->mem, w->disk, &err);
             if (rc < 0 && err.code != DSEC_E_CAPACITY) {
                 atomic_fetch_add(&s->n_failed, 1);
                 dsec_wire_error_to(s->creates, s->bus, p.reply_to, &err, NULL, p.c.req_id);
@@ -863,6 +878,7 @@ static void tick_wait(void *ud, uint64_t mono)
             } else if (rc < 0) {
                 fail_cpu = w->cpu < fail_cpu ? w->cpu : fail_cpu;
                 fail_mem = w->mem < fail_mem ? w->mem : fail_mem;
+                fail_disk = w->disk < fail_disk ? w->disk : fail_disk;
             }
         }
         if (rc == 0) {
@@ -872,9 +888,10 @@ static void tick_wait(void *ud, uint64_t mono)
         }
         if (t - w->since_ms >= s->conf.wait_ms) {
             fail_to(s, p.reply_to, p.c.req_id, DSEC_E_CAPACITY,
-                    "no room in cell %s for %" PRIu64 " milli-CPU and %" PRIu64
-                    " MB after waiting %" PRIu64 " ms for preemptible work to give capacity back",
-                    s->cell, w->cpu, w->mem, t - w->since_ms);
+                    "no room in cell %s for %" PRIu64 " milli-CPU, %" PRIu64
+                    " MB of memory and %" PRIu64 " MB of disk after waiting %" PRIu64
+                    " ms for preemptible work to give capacity back",
+                    s->cell, w->cpu, w->mem, w->disk, t - w->since_ms);
             quota_release(s, &p.c);
             dsec_trace_leave(&sc);
             dsec_free(w);
@@ -940,6 +957,9 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.summary_ms = conf->summary_ms ? conf->summary_ms : 1000;
     s->conf.default_cpu_milli = conf->default_cpu_milli ? conf->default_cpu_milli : 1000;
     s->conf.default_memory_mb = conf->default_memory_mb ? conf->default_memory_mb : 512;
+    s->conf.default_disk_mb = conf->default_disk_mb ? conf->default_disk_mb : 1024;
+    s->conf.default_function_disk_mb =
+        conf->default_function_disk_mb ? conf->default_function_disk_mb : 64;
     s->conf.wait_ms = conf->wait_ms ? conf->wait_ms : 30000;
     s->conf.demand_ms = conf->demand_ms ? conf->demand_ms : 250;
     snprintf(s->cell, sizeof s->cell, "%s", conf->cell);

@@ -24,6 +24,9 @@ typedef struct dsec_sched_conf {
     uint32_t summary_ms;        /* cell summary period; default 1000 */
     uint64_t default_cpu_milli; /* must match the nodes' defaults; default 1000 */
     uint64_t default_memory_mb; /* default 512 */
+    uint64_t default_disk_mb;   /* the nodes' defaults.disk_mb; default 1024 */
+    uint64_t default_function_disk_mb; /* defaults.function_disk_mb, for type "function";
+                                          default 64 */
     uint32_t wait_ms;           /* a rollout create that finds no room waits this long for
                                    capacity (the arbiter reclaims it) before "capacity";
                                    0: 30000; UINT32_MAX: never wait */

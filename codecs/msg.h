@@ -145,12 +145,13 @@ typedef struct dsec_msg_place {
     const char *scheduler;
     dsec_strv tried;      /* nodes that already refused */
     const char *reason;   /* set by a node sending a refusal back: why it refused */
-    const char *short_of; /* a refusal for room: what the node lacked ("slots", "cpu", "memory") */
+    const char *short_of; /* a refusal for room: what the node lacked ("slots", "cpu", "memory",
+                             "disk") */
     uint64_t parked_ms;   /* when a rollout first waited for room (ms since epoch), 0 if never */
     uint64_t reservation; /* the scheduler's reservation for this attempt; nodes send it back */
     /* A refusal for room: the node's own free figures then, and the sequence number of
      * the capacity report they follow (free_seq 0: no figures). */
-    uint64_t free_seq, free_cpu_milli, free_mem_mb, free_slots;
+    uint64_t free_seq, free_cpu_milli, free_mem_mb, free_slots, free_disk_mb;
 } dsec_msg_place;
 
 typedef struct dsec_msg_created {
@@ -325,6 +326,9 @@ typedef struct dsec_msg_capacity {
     dsec_list usage;      /* full: of dsec_msg_usage, one per (tenant, project) with sandboxes here */
     uint64_t conn;        /* changes when the node restarts or its bus reconnects: it may have
                              missed messages then; 0: not told */
+    uint64_t disk_free_mb; /* disk sandboxes may still be given, MiB */
+    uint64_t disk_mb;      /* full: disk sandboxes may hold (the node's disk less its reserve);
+                              0: the node does not count disk */
 } dsec_msg_capacity;
 
 typedef struct dsec_msg_heartbeat {

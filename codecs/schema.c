@@ -120,6 +120,9 @@ static const dsec_field place_fields[] = {
          "in a refusal for room: the node's free memory (MB) when it refused"),
     FU64(dsec_msg_place, free_slots, "free_slots", false, 0, 0,
          "in a refusal for room: the node's free sandbox slots when it refused"),
+    FU64(dsec_msg_place, free_disk_mb, "free_disk_mb", false, 0, 0,
+         "in a refusal for room: the disk (MB) the node could still give sandboxes when it "
+         "refused"),
 };
 _Static_assert(NF(place_fields) <= 64, "the decoder tracks fields in a 64-bit set");
 
@@ -307,6 +310,11 @@ static const dsec_field capacity_fields[] = {
           "full: what each tenant's project holds here: maps of the usage fields"),
     FU64(dsec_msg_capacity, conn, "conn", false, 0, 0,
          "connection generation: changes when the node restarts or reconnects (0: not told)"),
+    FU64(dsec_msg_capacity, disk_free_mb, "disk_free_mb", false, 0, 0,
+         "disk sandboxes may still be given, MiB (`disk_mb` less their quotas)"),
+    FU64(dsec_msg_capacity, disk_mb, "disk_mb", false, 0, 0,
+         "full: disk sandboxes may hold, MiB: the node's disk less its reserve (absent: the node "
+         "does not count disk, and placement does not filter on it)"),
 };
 
 static const dsec_field heartbeat_fields[] = {

@@ -107,6 +107,7 @@ static void sample_a(int type, void *out)
         p->free_cpu_milli = 250;
         p->free_mem_mb = 64;
         p->free_slots = 3;
+        p->free_disk_mb = 512;
         break;
     }
     case DSEC_MSG_CREATED:
@@ -294,7 +295,9 @@ static void sample_c(int type, void *out)
                                                         .ts_ns = 8,
                                                         .live_types = KV(live_k, live_v),
                                                         .usage = {.items = (void *)usages,
-                                                                  .n = N(usages)}};
+                                                                  .n = N(usages)},
+                                                        .disk_free_mb = 4096,
+                                                        .disk_mb = 1048576};
         break;
     case DSEC_MSG_HEARTBEAT:
         *(dsec_msg_heartbeat *)out =

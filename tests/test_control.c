@@ -308,19 +308,20 @@ static void disk_is_admitted_above_a_reserve(void **state)
     assert_int_equal(dsec_file_write(cl, a.id, "/work/small", big, 512 * 1024, 0644, &err), 0);
     assert_int_equal(dsec_file_write(cl, a.id, "/work/big", big, sizeof big, 0644, &err), -1);
 
-    /* more than is free: refused, and the answer names disk */
+    /* more than is free: the scheduler sees it, and the answer names disk */
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 800}, &x, &err), -1);
-    assert_true(err.code == DSEC_E_REFUSED || err.code == DSEC_E_CAPACITY);
-    assert_non_null(strstr(err.msg, "not enough disk"));
-    assert_non_null(strstr(err.msg, "799 MB of disk"));
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_string_equal(err.msg, "no node in cell t11 has 800 MB of disk free (best: 799)");
     /* all that is free fits; then the reserve is left, and nothing more gets in */
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 799}, &b, &err), 0);
     dsec_node_stats_get(node, &ns);
     assert_int_equal(ns.disk_free_mb, 0);
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 1}, &x, &err), -1);
-    assert_non_null(strstr(err.msg, "not enough disk"));
+    assert_string_equal(err.msg, "no node in cell t11 has 1 MB of disk free (best: 0)");
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &x, &err), -1);
-    assert_non_null(strstr(err.msg, "not enough disk"));
+    assert_string_equal(err.msg, "no node in cell t11 has 1 MB of disk free (best: 0)");
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.refused, 0); /* none of them reached the node */
     /* fork children hold their parent's disk_mb each */
     char **kids = NULL;
     size_t nkids = 0;
@@ -408,8 +409,157 @@ static void readopted_sandboxes_hold_their_disk(void **state)
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
     assert_int_equal(ns.adopted, 1);
     assert_int_equal(ns.disk_free_mb, 600);
+    /* the restarted node's reports count them too: the scheduler answers */
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 601}, &a, &err), -1);
-    assert_non_null(strstr(err.msg, "not enough disk"));
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_string_equal(err.msg, "no node in cell t12 has 601 MB of disk free (best: 600)");
+    (void)state;
+}
+
+/* What a node's capacity reports last said, for the disk tests. */
+static struct {
+    pthread_mutex_t mu;
+    uint64_t reports, full, disk_free_mb, disk_mb;
+} seen_cap = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_capacity(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_msg_capacity c;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c,
+                    &err) < 0)
+        return;
+    pthread_mutex_lock(&seen_cap.mu);
+    seen_cap.reports++;
+    seen_cap.disk_free_mb = c.disk_free_mb;
+    if (c.full) {
+        seen_cap.full++;
+        seen_cap.disk_mb = c.disk_mb;
+    }
+    pthread_mutex_unlock(&seen_cap.mu);
+    (void)a, (void)ud;
+}
+
+/* Wait for a capacity report saying free (and a full one saying total). */
+static bool capacity_says(uint64_t free_mb, uint64_t total_mb)
+{
+    for (int i = 0; i < 300; i++) {
+        pthread_mutex_lock(&seen_cap.mu);
+        bool ok =
+            seen_cap.full > 0 && seen_cap.disk_free_mb == free_mb && seen_cap.disk_mb == total_mb;
+        pthread_mutex_unlock(&seen_cap.mu);
+        if (ok)
+            return true;
+        msleep(10);
+    }
+    return false;
+}
+
+struct rollout_arg {
+    dsec_client *cl;
+    dsec_sandbox_info info;
+    dsec_err err;
+    int rc;
+};
+
+static void *create_rollout(void *p)
+{
+    struct rollout_arg *r = p;
+    r->rc = create(r->cl, (dsec_create_spec){.type = "sim", .disk_mb = 700, .cls = "rollout"},
+                   &r->info, &r->err);
+    return NULL;
+}
+
+/* Placement sees disk like memory: capacity reports carry it, a node short of it
+ * is skipped (no refusal), a create that fits no node is answered capacity without
+ * going from node to node, a refusal for room carries the node's free disk, and a
+ * rollout waits for disk. */
+static void placement_sees_disk(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t13");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t13-a", 100, t, NULL);
+    add_node(&c, "t13-b", 100, t, NULL);
+    c.nodes[0].disk_mb = 2000;
+    c.nodes[0].disk_reserve_mb = 200; /* 1800 for sandboxes */
+    c.nodes[1].disk_mb = 1000;
+    c.nodes[1].disk_reserve_mb = 700; /* 300 */
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_err err;
+    dsec_actor *spy = NULL;
+    assert_int_equal(dsec_actor_new(&spy, dsec_cell_bus(cell), "t13-spy", &err), 0);
+    assert_int_equal(dsec_actor_on(spy, "dsec.v1.ctl.evt.t13.node.t13-a.capacity", NULL,
+                                   on_capacity, NULL, &err),
+                     0);
+    assert_true(capacity_says(1800, 1800));
+    dsec_client *cl = client("t13");
+    dsec_sandbox_info info[3];
+
+    /* alike but for disk: each lands on the node with room, none is refused */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(
+            create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 400}, &info[i], &err), 0);
+        assert_string_equal(info[i].node, "t13-a");
+    }
+    dsec_node_stats na, nb;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &nb);
+    assert_int_equal(nb.refused, 0);       /* t13-b was never tried */
+    assert_true(capacity_says(600, 1800)); /* every report carries the free disk */
+
+    /* more than any node has: capacity at once, from the scheduler */
+    dsec_sandbox_info x;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .disk_mb = 2000}, &x, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CAPACITY);
+    assert_string_equal(err.msg, "no node in cell t13 has 2000 MB of disk free (best: 600)");
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &na);
+    dsec_node_stats_get(dsec_cell_node_at(cell, 1), &nb);
+    assert_int_equal(na.refused, 0);
+    assert_int_equal(nb.refused, 0);
+    dsec_sched_stats ss;
+    dsec_sched_stats_get(dsec_cell_sched_at(cell, 0), &ss);
+    assert_int_equal(ss.retried, 0);
+
+    /* a node refusing for disk tells what it has left */
+    dsec_msg_place p = {
+        .c = {.req_id = "t13-direct", .tenant = "t13", .type = "sim", .disk_mb = 500},
+        .reply_to = "test.sink",
+        .attempt = 1};
+    dsec_buf b;
+    dsec_buf_init(&b);
+    assert_int_equal(dsec_encode(&b, DSEC_MSG_PLACE, &p, &err), 0);
+    dsec_msg *back = NULL;
+    assert_int_equal(
+        dsec_bus_request_sync(dsec_cell_bus(cell), "dsec.v1.ctl.place.t13-b",
+                              &(dsec_hdr){.type = "place", .schema = DSEC_SCHEMA_VERSION}, b.data,
+                              b.len, 2000, &back, &err),
+        0);
+    dsec_buf_release(&b);
+    dsec_msg_place r;
+    assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(back),
+                                 dsec_msg_len(back), &r, &err),
+                     0);
+    assert_string_equal(r.short_of, "disk");
+    assert_int_equal(r.free_disk_mb, 300);
+    assert_int_not_equal(r.free_seq, 0);
+    dsec_msg_free(back);
+
+    /* a rollout waits for disk, and is placed when a node has it */
+    struct rollout_arg ra = {.cl = cl, .rc = -2};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, create_rollout, &ra), 0);
+    for (int i = 0; i < 200; i++) {
+        dsec_sched_stats_get(dsec_cell_sched_at(cell, 0), &ss);
+        if (ss.waiting == 1)
+            break;
+        msleep(10);
+    }
+    assert_int_equal(ss.waiting, 1);
+    assert_int_equal(dsec_destroy(cl, info[0].id, &err), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(ra.rc, 0);
+    assert_string_equal(ra.info.node, "t13-a");
+    dsec_actor_free(spy);
     (void)state;
 }
 
@@ -898,6 +1048,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(readopted_sandboxes_hold_their_disk, test_teardown),
         cmocka_unit_test_teardown(disk_no_more_than_the_reserve_is_refused, test_teardown),
         cmocka_unit_test_teardown(function_sandboxes_get_their_own_default_disk, test_teardown),
+        cmocka_unit_test_teardown(placement_sees_disk, test_teardown),
         cmocka_unit_test_teardown(two_cells_fan_out_and_fill_over, test_teardown),
         cmocka_unit_test_teardown(lifetime_and_idle_reclaim, test_teardown),
         cmocka_unit_test_teardown(idempotent_create_under_retries, test_teardown),

@@ -730,6 +730,131 @@ static void capacity_messages(void **state)
     dsec_placement_free(v);
 }
 
+/* ---------------------------------------------------------------------- disk */
+
+/* Disk is filtered like memory: a node without the disk a create asks for is
+ * skipped, one with room is picked, and reservations count against it until
+ * the node's next report. */
+static void disk_skips_a_node_short_of_it(void **state)
+{
+    dsec_placement *v = view(0);
+    uint64_t rng = 7;
+    dsec_err e;
+    /* n1 has more of everything else, so it would win on score; it has 100 MB of disk */
+    dsec_node_report r = full("n1", 64000, 65536, 100);
+    r.disk_mb = 100, r.disk_free_mb = 100;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    r = full("n2", 4000, 8192, 10);
+    r.disk_mb = 1000, r.disk_free_mb = 900;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 1).disk_total, 100);
+    assert_int_equal(info(v, "n1", 1).disk_free, 100);
+
+    dsec_place_req req = creq(100, 100);
+    req.disk_mb = 500;
+    dsec_place_result res;
+    for (int i = 0; i < 8; i++) {
+        assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n2");
+        dsec_placement_release(v, "n2", res.reservation);
+    }
+    /* a small one fits n1, the better scored */
+    req.disk_mb = 50;
+    assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n1");
+    assert_int_equal(info(v, "n1", 1).disk_avail, 50);
+    /* reservations hold disk: 50 left on n1, then 400 on n2 after one of 500 */
+    req.disk_mb = 500;
+    assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n2");
+    assert_int_equal(info(v, "n2", 1).disk_avail, 400);
+    assert_null(place(v, &req, 2, &rng, 1, NULL, &e));
+    assert_int_equal(e.code, DSEC_E_CAPACITY);
+    assert_string_equal(e.msg, "no node in cell c1 has 500 MB of disk free (best: 400)");
+    /* the release gives it back */
+    assert_int_equal(dsec_placement_release(v, "n2", res.reservation), 0);
+    assert_int_equal(info(v, "n2", 1).disk_avail, 900);
+
+    /* a refusal for room corrects the view's disk too */
+    assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n2");
+    dsec_node_room room = {.seq = 1,
+                           .cpu_free_milli = 4000,
+                           .mem_free_mb = 8192,
+                           .slots_free = 10,
+                           .disk_free_mb = 300};
+    assert_int_equal(dsec_placement_refused(v, "n2", res.reservation, &room), 0);
+    assert_int_equal(info(v, "n2", 1).disk_free, 300);
+    assert_null(place(v, &req, 2, &rng, 1, NULL, &e));
+    assert_string_equal(e.msg, "no node in cell c1 has 500 MB of disk free (best: 300)");
+    /* a delta report brings the disk back, and clears the overlay */
+    dsec_node_report d = {.node = "n2",
+                          .seq = 2,
+                          .cpu_free_milli = 4000,
+                          .mem_free_mb = 8192,
+                          .slots_free = 10,
+                          .disk_free_mb = 900};
+    report(v, &d, 2, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n2", 2).disk_avail, 900);
+    assert_int_equal(info(v, "n2", 2).disk_total, 1000); /* totals stay until a full report */
+    assert_string_equal(place(v, &req, 2, &rng, 2, &res, &e), "n2");
+    dsec_placement_free(v);
+}
+
+/* A node whose reports carry no disk total does not count disk (an older node
+ * manager): placement does not filter it on disk. */
+static void disk_not_counted_is_not_filtered(void **state)
+{
+    dsec_placement *v = view(0);
+    uint64_t rng = 3;
+    dsec_err e;
+    add(v, "n1", 4000, 8192, 10);
+    dsec_node_report r = full("n2", 4000, 8192, 10);
+    r.disk_mb = 1000, r.disk_free_mb = 10;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    dsec_place_req req = creq(100, 100);
+    req.disk_mb = 1u << 20;
+    for (int i = 0; i < 8; i++) {
+        dsec_place_result res;
+        assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n1");
+        dsec_placement_release(v, "n1", res.reservation);
+    }
+    /* n1 short of cpu: the message names cpu, not disk (n1 would take any disk) */
+    req.cpu_milli = 5000;
+    assert_null(place(v, &req, 2, &rng, 1, NULL, &e));
+    assert_string_equal(e.msg, "no node in cell c1 has 5000 milli-CPU free (best: 4000)");
+    dsec_placement_free(v);
+}
+
+/* Disk counts in the score like memory: of two nodes alike but for disk, the
+ * one with more disk free wins. */
+static void disk_counts_in_the_score(void **state)
+{
+    dsec_placement *v = view(0);
+    uint64_t rng = 11;
+    dsec_err e;
+    dsec_node_report r = full("n1", 4000, 8192, 10);
+    r.disk_mb = 1000, r.disk_free_mb = 200;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    r = full("n2", 4000, 8192, 10);
+    r.disk_mb = 1000, r.disk_free_mb = 800;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    dsec_place_req req = creq(100, 100);
+    req.disk_mb = 10;
+    for (int i = 0; i < 8; i++) {
+        dsec_place_result res;
+        assert_string_equal(place(v, &req, 2, &rng, 1, &res, &e), "n2");
+        dsec_placement_release(v, "n2", res.reservation);
+    }
+    /* short of several together: the message names disk too */
+    r = full("n3", 4000, 8192, 10);
+    r.cpu_free_milli = 100, r.disk_mb = 1000, r.disk_free_mb = 1000;
+    report(v, &r, 0, DSEC_REPORT_APPLIED);
+    req = creq(200, 100);
+    req.disk_mb = 900;
+    assert_null(place(v, &req, 2, &rng, 1, NULL, &e));
+    assert_string_equal(e.msg, "no node in cell c1 has 200 milli-CPU, 100 MB of memory and 900 MB "
+                               "of disk free together (most CPU free: 4000, most memory free: "
+                               "8192 MB, most disk free: 1000 MB)");
+    dsec_placement_free(v);
+}
+
 static void cell_summary(void **state)
 {
     dsec_placement *v = view(0);
@@ -906,6 +1031,9 @@ int main(void)
         cmocka_unit_test(sparse_set_still_compares_k),
         cmocka_unit_test(locality_breaks_near_ties),
         cmocka_unit_test(capacity_messages),
+        cmocka_unit_test(disk_skips_a_node_short_of_it),
+        cmocka_unit_test(disk_not_counted_is_not_filtered),
+        cmocka_unit_test(disk_counts_in_the_score),
         cmocka_unit_test(cell_summary),
         cmocka_unit_test(concurrent_place_never_overcommits),
         cmocka_unit_test(place_cost),
