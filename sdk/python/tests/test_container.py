@@ -80,6 +80,12 @@ def setUpModule():
                 "    options: {function.uid_base: \"1800000000\", function.max_workers: \"16\",\n"
                 "              function.pool_python3: \"2\", function.pool_sh: \"1\",\n"
                 "              function.pool_native: \"0\"}\n" % (os.path.join(tmp, "layers"), node))
+    start_cell(binary, conf, tmp)
+
+
+def start_cell(binary, conf, tmp):
+    """`dsec up --config conf` on a free port, state under tmp, into _cell; torn down and
+    raised when it does not start."""
     port = _free_port()
     log = open(os.path.join(tmp, "up.log"), "w+")
     proc = subprocess.Popen([binary, "up", "--config", conf, "--port", str(port), "--state-dir",

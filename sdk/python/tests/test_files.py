@@ -11,11 +11,10 @@ import hashlib
 import os
 import subprocess
 import tempfile
-import time
 import unittest
 
 from dsec import ContainerArgs, DSecClient, FunctionArgs, MicroVMArgs, NotFound, SandboxArgs
-from test_container import ROOT, _cell, _free_port, tearDownModule  # noqa: F401 (the teardown)
+from test_container import ROOT, _cell, start_cell, tearDownModule  # noqa: F401 (the teardown)
 
 MIB = 1 << 20
 SIZES = [0, 1, 4 * MIB - 1, 4 * MIB, 4 * MIB + 1, 100 * MIB, 1024 * MIB]
@@ -77,22 +76,7 @@ def setUpModule():
                 "    backend: sim\n"
                 "    options: {max_disk_mb: \"3072\"}\n%s"
                 % (os.path.join(tmp, "layers"), os.getpid(), native))
-    port = _free_port()
-    log = open(os.path.join(tmp, "up.log"), "w+")
-    proc = subprocess.Popen([binary, "up", "--config", conf, "--port", str(port), "--state-dir",
-                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
-    _cell.update(proc=proc, log=log, url="nats://127.0.0.1:%d" % port)
-    deadline = time.monotonic() + 30
-    text = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        with open(log.name) as f:
-            text = f.read()
-        if "Ctrl-C stops" in text:
-            break
-        time.sleep(0.05)
-    if "Ctrl-C stops" not in text:
-        tearDownModule()
-        raise RuntimeError("dsec up did not start:\n" + text)
+    start_cell(binary, conf, tmp)
     _blob["data"] = os.urandom(max(SIZES))
 
 
