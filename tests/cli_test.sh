@@ -72,11 +72,11 @@ set -e
 [ "$rc" = 2 ] && grep -q -- "--disk \"0\".*cell default" "$TMP/err.txt" || fail "bad --disk: $(cat "$TMP/err.txt")"
 D1=$("$DSEC" create --type sim --disk 2G --ttl 600) || fail "create --disk 2G"
 "$DSEC" rm "$D1" >/dev/null
-# more disk than the node has (a sim node offers 1 PiB): refused, naming disk
+# more disk than any node has (a sim node offers 1 PiB): the scheduler refuses it, naming disk
 set +e
 "$DSEC" create --type sim --disk 2000000G 2> "$TMP/err.txt"; rc=$?
 set -e
-[ "$rc" != 0 ] && grep -q "not enough disk" "$TMP/err.txt" || fail "create --disk 2000000G: rc=$rc $(cat "$TMP/err.txt")"
+[ "$rc" != 0 ] && grep -q "MB of disk free" "$TMP/err.txt" || fail "create --disk 2000000G: rc=$rc $(cat "$TMP/err.txt")"
 set +e
 "$DSEC" exec not-an-id -- true 2> "$TMP/err.txt"; rc=$?
 set -e
