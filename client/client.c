@@ -846,8 +846,8 @@ static int write_one(dsec_client *c, const char *id, const dsec_msg_file_write *
 {
     dsec_msg *keep = NULL;
     dsec_msg_file_data r;
-    int rc = sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
-                      err);
+    int rc =
+        sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, m, DSEC_MSG_FILE_DATA, dec, &keep, &r, err);
     dsec_msg_free(keep);
     return rc;
 }
@@ -861,11 +861,12 @@ int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const v
     /* A write recorded in the trajectory log is one step: one message, so a
      * re-issued step is either wholly skipped or wholly run. */
     if (opts->rollout_id != NULL && len > FILE_PAGE)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
-                            "writing %s in %s: a write recorded in the trajectory log (step %" PRIu64
-                            ") holds at most %u bytes, and this one has %zu; write it without a "
-                            "step, or in several steps",
-                            path, id, opts->step, FILE_PAGE, len);
+        return dsec_err_set(
+            err, DSEC_E_TOO_LARGE, 0,
+            "writing %s in %s: a write recorded in the trajectory log (step %" PRIu64
+            ") holds at most %u bytes, and this one has %zu; write it without a "
+            "step, or in several steps",
+            path, id, opts->step, FILE_PAGE, len);
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -874,13 +875,17 @@ int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const v
     int rc = 0;
     do {
         size_t n = len - off < FILE_PAGE ? len - off : FILE_PAGE;
-        dsec_msg_file_write m = {.id = id, .path = path, .data = {p + off, n}, .mode = opts->mode,
+        dsec_msg_file_write m = {.id = id,
+                                 .path = path,
+                                 .data = {p + off, n},
+                                 .mode = opts->mode,
                                  .append = opts->append || off > 0,
-                                 .rollout_id = opts->rollout_id, .step = opts->step};
+                                 .rollout_id = opts->rollout_id,
+                                 .step = opts->step};
         rc = write_one(c, id, &m, dec, err);
         if (rc < 0 && off > 0)
-            dsec_err_wrap(err, "%s in %s holds only the first %zu of the %zu bytes written", path,
-                          id, off, len);
+            dsec_err_wrap(err, "only the first %zu of the %zu bytes written reached %s in %s", off,
+                          len, path, id);
         off += n;
     } while (rc == 0 && off < len);
     dsec_decoder_free(dec);
@@ -910,11 +915,13 @@ int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_
                               path, id, size, r.size, got);
         if (rc == 0 && got + r.data.len > size)
             rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
-                              "reading %s in %s: the node sent %" PRIu64 " bytes of a file of %" PRIu64,
+                              "reading %s in %s: the node sent %" PRIu64
+                              " bytes of a file of %" PRIu64,
                               path, id, got + r.data.len, size);
         if (rc == 0 && (r.data.len > 0 || first) && fn(ud, r.data.ptr, r.data.len, size) < 0)
-            rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s in %s: the page handler stopped at byte %" PRIu64,
-                              path, id, got);
+            rc = dsec_err_set(err, DSEC_E_IO, errno,
+                              "reading %s in %s: the page handler stopped at byte %" PRIu64, path,
+                              id, got);
         bool eof = rc == 0 && r.eof, stuck = rc == 0 && !r.eof && r.data.len == 0;
         got += rc == 0 ? r.data.len : 0;
         dsec_msg_free(keep);

@@ -56,8 +56,8 @@ static void fake_write(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_msg_file_write w;
     dsec_err err;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_WRITE, dsec_msg_data(m), dsec_msg_len(m),
-                    &w, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_FILE_WRITE, dsec_msg_data(m), dsec_msg_len(m), &w,
+                    &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
@@ -124,8 +124,8 @@ static void fake_read(dsec_actor *a, dsec_msg *m, void *ud)
         n = max; /* the second page runs 2 MiB past the end it states */
     if (src == NULL)
         src = pattern; /* the misbehaving files' pages hold pattern too */
-    dsec_msg_file_data out = {.id = SBX, .path = r.path, .data = {src + r.offset, n}, .size = size,
-                              .eof = eof};
+    dsec_msg_file_data out = {
+        .id = SBX, .path = r.path, .data = {src + r.offset, n}, .size = size, .eof = eof};
     if (dsec_wire_reply(a, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
         dsec_wire_error(a, m, &err);
 }
@@ -139,8 +139,8 @@ static int group_setup(void **state)
         return -1;
     dsec_err err;
     dsec_bus_opts o = {.url = dsec_natsd_url(natsd), .name = "stand-in node"};
-    dsec_client_opts co = {.url = dsec_natsd_url(natsd), .tenant = TENANT, .timeout_ms = 30000,
-                           .retries = -1};
+    dsec_client_opts co = {
+        .url = dsec_natsd_url(natsd), .tenant = TENANT, .timeout_ms = 30000, .retries = -1};
     if (dsec_bus_connect(&node_bus, &o, &err) < 0 ||
         dsec_actor_new(&node_actor, node_bus, "fake-node", &err) < 0 ||
         dsec_actor_on(node_actor, "dsec.v1." TENANT ".sbx.fake." SBX ".write", NULL, fake_write,
