@@ -36,6 +36,15 @@ printf 'payload\n' > "$TMP/in.txt"
 "$DSEC" cp "$TMP/in.txt" "$ID:/work/in.txt" >/dev/null
 "$DSEC" cp "$ID:/work/in.txt" "$TMP/out.txt"
 cmp -s "$TMP/in.txt" "$TMP/out.txt" || fail "cp round trip"
+# into a device or a FIFO: written in place, never replaced by a renamed temporary file
+"$DSEC" cp "$ID:/work/in.txt" /dev/null || fail "cp to /dev/null"
+[ -c /dev/null ] || fail "cp replaced /dev/null"
+mkfifo "$TMP/fifo"
+cat "$TMP/fifo" > "$TMP/from-fifo" &
+READER=$!
+"$DSEC" cp "$ID:/work/in.txt" "$TMP/fifo" || { kill "$READER"; fail "cp to a FIFO"; }
+wait "$READER"
+[ -p "$TMP/fifo" ] && cmp -s "$TMP/in.txt" "$TMP/from-fifo" || fail "cp to a FIFO: not written in place"
 "$DSEC" ls "$ID" /work | grep -q "in.txt" || fail "ls"
 
 KIDS=$("$DSEC" fork "$ID" -n 2)

@@ -381,7 +381,8 @@ static int page_out(void *ud, const uint8_t *data, size_t len, uint64_t size)
 }
 
 /* The sandbox's file to stdout, or to a local file that appears whole or not
- * at all (written beside it under a temporary name, then renamed). */
+ * at all (written beside it under a temporary name, then renamed), or into a
+ * device or FIFO as it comes. */
 static int cp_down(dsec_client *c, const char *id, const char *path, const char *local)
 {
     dsec_err err;
@@ -393,6 +394,22 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
             return 1;
         }
         return 0;
+    }
+    /* A device or a FIFO (/dev/null, a pipe) is written in place: renaming a
+     * temporary file over it would replace it. */
+    struct stat st;
+    if (stat(local, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        FILE *f = fopen(local, "wb");
+        if (f == NULL) {
+            fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
+            return 1;
+        }
+        int rc = dsec_file_read_pages(c, id, path, page_out, f, &err) < 0 ? fail("cp", &err) : 0;
+        if (fclose(f) != 0 && rc == 0) {
+            fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
+            rc = 1;
+        }
+        return rc;
     }
     size_t n = strlen(local);
     char *tmp = dsec_malloc(n + 16);
