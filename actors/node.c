@@ -17,7 +17,9 @@
 
 #include "actors/journal.h"
 #include "actors/wire.h"
+#include "backends/loop.h"
 #include "backends/sim.h"
+#include "backends/workq.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
@@ -125,6 +127,11 @@ struct dsec_node {
     dsec_backend_kv *labels; /* copied */
     size_t nlabels;
     dsec_backend *backends[DSEC_REGISTRY_MAX]; /* per registry index; shared when backend is "sim" */
+    /* Sandbox operations never hold a bus worker: commands wait on the loop, everything
+     * else that needs a thread runs on the work queue, fair across tenants and sandboxes. */
+    dsec_loop *loop;
+    dsec_workq *work;
+    _Atomic uint64_t execs_inflight, execs_peak;
     int ticks[4];
 
     pthread_mutex_t mu; /* tables, free resources, events */
@@ -540,6 +547,47 @@ static bool printable_token(const char *s, size_t max)
     return true;
 }
 
+struct create_job {
+    dsec_node *n;
+    dsec_deferred *d;
+    struct sbx *s;
+    uint64_t t0;
+};
+
+static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *p, uint64_t t0);
+
+/* Admitted, but not started: the resources go back and the requester hears why. */
+static void create_fail(dsec_node *n, struct sbx *s, dsec_err *err, const char *reply_to,
+                        const char *req_id)
+{
+    pthread_mutex_lock(&n->mu);
+    unlink_sbx(n, s);
+    release_resources(n, s->cpu_milli, s->memory_mb, 1, s->disk_mb);
+    event_locked(n, s, ST_STARTING, ST_FAILED, err->msg);
+    pthread_mutex_unlock(&n->mu);
+    dsec_wire_error_to(n->actor, n->bus, reply_to, err, NULL, req_id);
+    sbx_free(s);
+}
+
+static void create_job_run(void *ud)
+{
+    struct create_job j = *(struct create_job *)ud;
+    dsec_free(ud);
+    dsec_msg *m = dsec_deferred_msg(j.d);
+    dsec_trace_scope sc;
+    dsec_deferred_trace(j.d, &sc);
+    /* decoded again: the first decode belongs to the bus worker's thread */
+    dsec_msg_place p;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0)
+        create_fail(j.n, j.s, &err, NULL, NULL); /* cannot happen: it decoded once */
+    else
+        create_finish(j.n, j.s, &p, j.t0);
+    dsec_trace_leave(&sc);
+    dsec_deferred_done(j.d);
+}
+
 static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_node *n = ud;
@@ -692,6 +740,32 @@ static void on_place(dsec_actor *a, dsec_msg *m, void *ud)
     event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
     pthread_mutex_unlock(&n->mu);
 
+    /* Starting it needs a thread (crun, mkfs, a VM's boot): it runs on the work queue, in
+     * the tenant's fair turn, and this worker goes on placing. */
+    struct create_job *j = dsec_malloc(sizeof *j);
+    dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
+    if (d != NULL) {
+        *j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};
+        if (dsec_workq_submit(n->work, s->tenant, hash_str(s->id, NULL), create_job_run, j,
+                              &err) == 0)
+            return;
+        dsec_free(j);
+        create_fail(n, s, &err, p.reply_to, p.c.req_id);
+        dsec_deferred_done(d);
+        return;
+    }
+    dsec_free(j);
+    create_finish(n, s, &p, t0);
+}
+
+/* Start the sandbox s that on_place admitted for p: the backend's create, then its journal
+ * record, then the answer. On a work thread. */
+static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp, uint64_t t0)
+{
+    dsec_err err;
+    const dsec_msg_place p = *pp;
+    dsec_actor *a = n->actor;
+    uint64_t cpu = s->cpu_milli, mem = s->memory_mb, disk = s->disk_mb;
     dsec_sandbox_spec spec;
     spec_for(n, s, p.c.env, &spec);
     spec.cls = p.c.cls;
@@ -929,6 +1003,111 @@ static void stream_output(void *arg, int stream, const uint8_t *data, size_t len
     dsec_trace_leave(&sc);
 }
 
+/* What finishing an exec needs once the command ended: all copied, since the request's
+ * decoded form belongs to the thread that decoded it. */
+struct exec_end {
+    dsec_node *n;
+    struct sbx *s;
+    dsec_deferred *d; /* the request, when it was deferred (the command runs without a thread) */
+    dsec_msg *m;      /* the request */
+    struct exec_stream es;
+    char trace[DSEC_TRACE_ID_MAX + 1];
+    char *stream_to;
+    /* a logged step (rollout_id set): what its trajectory record holds */
+    char *rollout_id, *req_id;
+    uint64_t step;
+    char **argv;
+    size_t argc;
+    uint8_t hash[DSEC_SHA256_LEN];
+};
+
+static void exec_end_free(struct exec_end *e)
+{
+    dsec_free(e->stream_to);
+    dsec_free(e->rollout_id);
+    dsec_free(e->req_id);
+    for (size_t i = 0; e->argv != NULL && i < e->argc; i++)
+        dsec_free(e->argv[i]);
+    dsec_free(e->argv);
+    dsec_free(e);
+}
+
+/* The command ended (rc 0, r its result) or failed: log the step, answer, let the sandbox's
+ * next operation run. */
+static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_err *err)
+{
+    dsec_node *n = e->n;
+    struct sbx *s = e->s;
+    dsec_msg *m = e->m;
+    dsec_trace_scope sc;
+    if (e->d != NULL)
+        dsec_deferred_trace(e->d, &sc);
+    else
+        dsec_trace_enter(&sc, NULL, e->trace[0] ? e->trace : NULL, NULL, NULL);
+    dsec_err lerr;
+    if (rc < 0) {
+        dsec_err_wrap(err, "exec in %s", s->id);
+        reply_backend(n, m, err, exec_bad_field(err));
+        goto out;
+    }
+    touch(s);
+    if (e->stream_to != NULL && e->es.seq == 0 && !e->es.failed) {
+        /* a backend that cannot stream: the whole output, as chunks, now */
+        stream_output(&e->es, 1, r->stdout_data, r->stdout_len);
+        stream_output(&e->es, 2, r->stderr_data, r->stderr_len);
+    }
+    if (e->rollout_id != NULL) {
+        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        rec.rollout_id = e->rollout_id;
+        rec.step = e->step;
+        rec.req_id = e->req_id ? e->req_id : (char *)"";
+        rec.sandbox_id = s->id;
+        rec.argv = e->argv;
+        rec.n_argv = e->argc;
+        rec.exit_code = r->exit_code;
+        rec.signal = r->signal;
+        rec.stdout_data = (ProtobufCBinaryData){r->stdout_len, r->stdout_data};
+        rec.stderr_data = (ProtobufCBinaryData){r->stderr_len, r->stderr_data};
+        rec.stdout_truncated = r->stdout_truncated;
+        rec.stderr_truncated = r->stderr_truncated;
+        rec.timed_out = r->timed_out;
+        rec.duration_us = r->duration_us;
+        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, e->hash};
+        if (traj_log(n, &rec, &lerr) < 0) {
+            dsec_wire_error(n->actor, m, &lerr);
+            goto out;
+        }
+    }
+    dsec_msg_exec_result out = {.id = s->id, .exit_code = r->exit_code, .signal = r->signal,
+                                .stdout_data = {r->stdout_data, r->stdout_len},
+                                .stderr_data = {r->stderr_data, r->stderr_len},
+                                .stdout_truncated = r->stdout_truncated,
+                                .stderr_truncated = r->stderr_truncated,
+                                .duration_us = r->duration_us, .timed_out = r->timed_out,
+                                .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
+                                .chunks = e->es.seq};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &lerr) < 0)
+        dsec_wire_error(n->actor, m, &lerr);
+out:
+    if (rc == 0)
+        dsec_exec_result_release(r);
+    dsec_trace_leave(&sc);
+}
+
+/* exec_start's done: on the node's loop thread. */
+static void exec_done(void *ud, int rc, dsec_exec_result *r, dsec_err *err)
+{
+    struct exec_end *e = ud;
+    dsec_node *n = e->n;
+    exec_finish(e, rc, r, err);
+    atomic_fetch_sub(&n->execs_inflight, 1);
+    dsec_deferred *d = e->d;
+    exec_end_free(e);
+    dsec_deferred_done(d);
+}
+
+static char *dup_or_null(const char *v) { return v != NULL ? dsec_strdup(v) : NULL; }
+
 static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -969,8 +1148,34 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                   x.stream_to);
         return;
     }
-    struct exec_stream es = {.n = n, .subject = x.stream_to, .id = s->id,
-                             .trace = dsec_trace_current()};
+    struct exec_end *e = dsec_calloc(1, sizeof *e);
+    bool ok = e != NULL;
+    if (ok) {
+        e->n = n;
+        e->s = s;
+        e->m = m;
+        e->step = x.step;
+        const char *tr = dsec_trace_current();
+        snprintf(e->trace, sizeof e->trace, "%s", tr ? tr : "");
+        ok = (x.stream_to == NULL || (e->stream_to = dsec_strdup(x.stream_to)) != NULL);
+        if (ok && x.rollout_id != NULL) {
+            memcpy(e->hash, hash, sizeof hash);
+            e->argc = x.argv.n;
+            ok = (e->rollout_id = dsec_strdup(x.rollout_id)) != NULL &&
+                 (x.req_id == NULL || (e->req_id = dsec_strdup(x.req_id)) != NULL) &&
+                 (e->argv = dsec_calloc(x.argv.n + 1, sizeof *e->argv)) != NULL;
+            for (size_t i = 0; ok && i < x.argv.n; i++)
+                ok = (e->argv[i] = dup_or_null(x.argv.v[i])) != NULL;
+        }
+        e->es = (struct exec_stream){.n = n, .subject = e->stream_to, .id = s->id,
+                                     .trace = e->trace[0] ? e->trace : NULL};
+    }
+    if (!ok) {
+        if (e != NULL)
+            exec_end_free(e);
+        reply_err(n, m, DSEC_E_NOMEM, "exec in %s: out of memory", s->id);
+        return;
+    }
     dsec_exec_req req = {.argv = x.argv.v,
                          .argc = x.argv.n,
                          .env = env,
@@ -982,52 +1187,23 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                          .timeout_ms = x.timeout_ms,
                          .output_max = (size_t)x.output_max,
                          .on_output = x.stream_to ? stream_output : NULL,
-                         .on_output_arg = &es};
-    dsec_exec_result r = {0};
-    if (dsec_backend_exec(s->be, s->h, &req, &r, &err) < 0) {
-        dsec_err_wrap(&err, "exec in %s", s->id);
-        reply_backend(n, m, &err, exec_bad_field(&err));
+                         .on_output_arg = &e->es};
+    /* Without a thread when the backend can: the command's answer comes from the loop, and
+     * this worker goes on with other sandboxes. */
+    if (dsec_backend_exec_async(s->be) && (e->d = dsec_actor_defer(n->actor, m)) != NULL) {
+        e->m = dsec_deferred_msg(e->d);
+        uint64_t now = atomic_fetch_add(&n->execs_inflight, 1) + 1;
+        for (uint64_t peak = atomic_load(&n->execs_peak);
+             now > peak && !atomic_compare_exchange_weak(&n->execs_peak, &peak, now);)
+            ;
+        if (dsec_backend_exec_start(s->be, s->h, &req, exec_done, e, &err) < 0)
+            exec_done(e, -1, NULL, &err); /* answered; releases the key after this handler */
         return;
     }
-    touch(s);
-    if (x.stream_to != NULL && es.seq == 0 && !es.failed) {
-        /* a backend that cannot stream: the whole output, as chunks, now */
-        stream_output(&es, 1, r.stdout_data, r.stdout_len);
-        stream_output(&es, 2, r.stderr_data, r.stderr_len);
-    }
-    if (x.rollout_id != NULL) {
-        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
-        rec.rollout_id = (char *)x.rollout_id;
-        rec.step = x.step;
-        rec.req_id = (char *)(x.req_id ? x.req_id : "");
-        rec.sandbox_id = s->id;
-        rec.argv = (char **)x.argv.v;
-        rec.n_argv = x.argv.n;
-        rec.exit_code = r.exit_code;
-        rec.signal = r.signal;
-        rec.stdout_data = (ProtobufCBinaryData){r.stdout_len, r.stdout_data};
-        rec.stderr_data = (ProtobufCBinaryData){r.stderr_len, r.stderr_data};
-        rec.stdout_truncated = r.stdout_truncated;
-        rec.stderr_truncated = r.stderr_truncated;
-        rec.timed_out = r.timed_out;
-        rec.duration_us = r.duration_us;
-        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, hash};
-        if (traj_log(n, &rec, &err) < 0) {
-            dsec_wire_error(n->actor, m, &err);
-            dsec_exec_result_release(&r);
-            return;
-        }
-    }
-    dsec_msg_exec_result out = {.id = s->id, .exit_code = r.exit_code, .signal = r.signal,
-                                .stdout_data = {r.stdout_data, r.stdout_len},
-                                .stderr_data = {r.stderr_data, r.stderr_len},
-                                .stdout_truncated = r.stdout_truncated,
-                                .stderr_truncated = r.stderr_truncated,
-                                .duration_us = r.duration_us, .timed_out = r.timed_out,
-                                .cpu_us = r.cpu_us, .peak_rss_kb = r.peak_rss_kb, .chunks = es.seq};
-    if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
-        dsec_wire_error(n->actor, m, &err);
-    dsec_exec_result_release(&r);
+    dsec_exec_result r = {0};
+    int rc = dsec_backend_exec(s->be, s->h, &req, &r, &err);
+    exec_finish(e, rc, &r, &err);
+    exec_end_free(e);
 }
 
 static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -1534,9 +1710,11 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
 }
 
-static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
+static uint64_t key_of(const dsec_msg *cm, void *ud);
+
+/* The operation m names on its sandbox, run to its answer on this thread. */
+static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
 {
-    dsec_node *n = ud;
     struct target t;
     if (parse_target(m, &t) < 0) {
         reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
@@ -1570,6 +1748,77 @@ static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
     else
         reply_err(n, m, DSEC_E_UNSUPPORTED,
                   "operation \"%s\" is unknown (known: exec, write, read, ls, op)", t.op);
+}
+
+/* ---- operations off the bus's workers ------------------------------------------------- */
+
+/* A sandbox operation waiting for, or running on, a work thread. Its key (the sandbox) is
+ * held meanwhile, so the sandbox's operations still run one at a time and in order. */
+struct sbx_job {
+    dsec_node *n;
+    dsec_deferred *d;
+    void (*run)(dsec_node *n, dsec_msg *m);
+};
+
+static void sbx_dispatch_job(dsec_node *n, dsec_msg *m) { sbx_dispatch(n->actor, m, n); }
+
+static void job_run(void *ud)
+{
+    struct sbx_job *j = ud;
+    dsec_msg *m = dsec_deferred_msg(j->d);
+    /* the work is still its request's: what it sends carries the trace id */
+    dsec_trace_scope sc;
+    dsec_deferred_trace(j->d, &sc);
+    j->run(j->n, m);
+    dsec_trace_leave(&sc);
+    dsec_deferred_done(j->d);
+    dsec_free(j);
+}
+
+/* Run fn for m on a work thread, in tenant's fair turn. When m cannot be deferred (out of
+ * memory) it runs here, as before; when the queue is stopping, m is answered "closed". */
+static void to_work(dsec_actor *a, dsec_msg *m, dsec_node *n, const char *tenant, uint64_t key,
+                    void (*fn)(dsec_node *, dsec_msg *))
+{
+    struct sbx_job *j = dsec_malloc(sizeof *j);
+    dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
+    if (d == NULL) {
+        dsec_free(j);
+        fn(n, m);
+        return;
+    }
+    *j = (struct sbx_job){.n = n, .d = d, .run = fn};
+    dsec_err err;
+    if (dsec_workq_submit(n->work, tenant, key, job_run, j, &err) < 0) {
+        dsec_err_wrap(&err, "node %s", n->name);
+        dsec_wire_error(n->actor, dsec_deferred_msg(d), &err);
+        dsec_deferred_done(d);
+        dsec_free(j);
+    }
+}
+
+static void on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    struct target t;
+    if (parse_target(m, &t) < 0) {
+        reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+                  dsec_msg_subject(m));
+        return;
+    }
+    if (strcmp(t.op, "exec") == 0) {
+        /* a command on a backend that can start it without a thread: started here, and
+         * its answer comes from the node's loop */
+        pthread_mutex_lock(&n->mu);
+        struct sbx *s = find_id(n, t.id);
+        bool async = s != NULL && dsec_backend_exec_async(s->be);
+        pthread_mutex_unlock(&n->mu);
+        if (async) {
+            sbx_dispatch(a, m, n);
+            return;
+        }
+    }
+    to_work(a, m, n, t.tenant, key_of(m, n), sbx_dispatch_job);
 }
 
 /* Operations on one sandbox run in order; different sandboxes in parallel.
@@ -2430,7 +2679,8 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
                                   .nopts = c->nbackend_opts,
                                   .layers = c->layers,
                                   .layer_cache_dir = cache_dir,
-                                  .net = sim ? NULL : n->net};
+                                  .net = sim ? NULL : n->net,
+                                  .loop = n->loop};
         if (dsec_backend_new(&n->backends[idx], ops, &bc, err) < 0)
             return dsec_err_wrap(err, "node %s: opening the %s backend", n->name, ops->type);
         if (sim)
@@ -2562,6 +2812,14 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
         goto out_fail;
     }
+    int threads = c->work_threads > 0 ? c->work_threads : 16;
+    char lname[16];
+    snprintf(lname, sizeof lname, "loop-%.10s", n->name);
+    if (dsec_loop_new(&n->loop, lname, err) < 0 ||
+        dsec_workq_new(&n->work, "node-work", threads, err) < 0) {
+        dsec_err_wrap(err, "node %s", n->name);
+        goto out_fail;
+    }
     if (open_net(n, c, err) < 0 || open_backends(n, c, err) < 0)
         goto out_fail;
     if (dsec_actor_new(&n->actor, bus, n->name, err) < 0)
@@ -2646,6 +2904,13 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     pthread_mutex_lock(&n->alert_mu);
     n->alert_on = false;
     pthread_mutex_unlock(&n->alert_mu);
+    /* Commands in flight end first (their requesters hear the node stopped; the commands
+     * go on in their sandboxes), then the queued work runs out, then the actor, which
+     * waits for every deferred message, can go. */
+    if (n->loop != NULL)
+        dsec_loop_stop(n->loop);
+    if (n->work != NULL)
+        dsec_workq_stop(n->work);
     dsec_actor_free(n->actor);
     n->actor = NULL;
     for (size_t b = 0; n->by_id && b < n->nbuckets; b++) {
@@ -2693,6 +2958,8 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
         }
     }
     dsec_net_free(n->net, !destroy_all); /* after the backends: they borrow it */
+    dsec_workq_free(n->work);
+    dsec_loop_free(n->loop);
     for (size_t i = 0; n->type_names && n->type_names[i]; i++)
         dsec_free(n->type_names[i]);
     dsec_free(n->type_names);

@@ -35,6 +35,8 @@ typedef struct dsec_node_conf {
     uint32_t capacity_ms;   /* coalescing window of capacity deltas; default 100 */
     uint32_t full_ms;       /* full report period; default 5000 */
     uint32_t heartbeat_ms;  /* default 1000 */
+    int work_threads;       /* threads for sandbox operations that need one (crun, copies);
+                               0: 16. Commands need none: they wait on the node's loop */
     uint32_t reap_ms;       /* lifetime/idle check period; default 1000 */
     int64_t sync_ms;        /* fdatasync of the journal; 0: every 1000 ms; -1: never (a
                                crashed process loses nothing either way; a crashed host

@@ -18,6 +18,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
@@ -1029,6 +1032,11 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             "container: the namespaces of warm container %s (init %d)", id,
                             (int)init);
     }
+    /* The sanitizer build: the mapping may reuse a finished thread's stack whose shadow
+     * still marks redzones, and the child runs the sanitizer's interceptors on it. */
+#ifdef __SANITIZE_ADDRESS__
+    __asan_unpoison_memory_region(stack, STACK);
+#endif
     struct switch_args a = {.mnt = mnt,
                             .uts = uts,
                             .root_fd = root_fd,
