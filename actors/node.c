@@ -2991,9 +2991,16 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
                            .disk_free_mb = n->disk_free, .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
-                           .stale_places = n->stale_places};
+                           .stale_places = n->stale_places,
+                           .execs_inflight = n->execs_inflight, .execs_peak = n->execs_peak};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);
+    if (n->work != NULL) {
+        dsec_workq_stats ws;
+        dsec_workq_stats_get(n->work, &ws);
+        o->work_queued = ws.queued;
+        o->work_peak = ws.peak_queued;
+    }
     if (net != NULL) {
         dsec_net_stats ns;
         dsec_net_stats_get(net, &ns);

@@ -96,6 +96,10 @@ typedef struct dsec_node_stats {
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
     uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
     uint64_t stale_places;  /* placements of an attempt already superseded: not created */
+    uint64_t execs_inflight; /* commands running now without a thread (on the node's loop) */
+    uint64_t execs_peak;     /* the most there were at once */
+    uint64_t work_queued;    /* operations waiting for a work thread now */
+    uint64_t work_peak;      /* the most that ever waited */
     /* network containment (0 without it): backends/net dsec_net_stats */
     uint64_t net_blocked, dns_queries, dns_refused, dns_cache_hits, dns_cache_misses,
         dns_cache_evictions, dns_upstream_tcp;
