@@ -1,6 +1,8 @@
 /* test_container_bus.c - containers end to end: a cell on a real nats-server whose node runs real
  * crun containers on busybox:1; libdsec creates, execs, moves files, forks, snapshots, pauses, and
  * a restarted node manager re-adopts what runs, with the runtime that started it. */
+#include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <cmocka.h>
 
 #include "actors/cell.h"
+#include "actors/node.h"
 #include "bus/bus.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -400,6 +403,64 @@ static void test_default_disk_quota(void **state)
     destroy(b.id);
 }
 
+struct sleeper {
+    const char *id;
+    int rc, code;
+    char err[256];
+};
+
+static void *run_sleep(void *p)
+{
+    struct sleeper *s = p;
+    const char *argv[] = {"/bin/sleep", "3", NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 60000};
+    dsec_exec_reply r;
+    dsec_err err;
+    s->rc = dsec_exec(cl, s->id, &eo, &r, &err);
+    if (s->rc == 0) {
+        s->code = r.exit_code;
+        dsec_exec_reply_release(&r);
+    } else {
+        snprintf(s->err, sizeof s->err, "%.200s", err.msg);
+    }
+    return NULL;
+}
+
+/* 40 containers each run a 3 s command at the same moment: all 40 run at once on the node
+ * (it used to run 16, one per bus worker, and the rest waited). */
+static void test_many_commands_at_once(void **state)
+{
+    enum { N = 40 };
+    static dsec_sandbox_info info[N];
+    static struct sleeper sl[N];
+    pthread_t th[N];
+    dsec_err err;
+    for (int i = 0; i < N; i++) {
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100,
+                               .memory_mb = 32};
+        if (dsec_create(cl, &cs, &info[i], &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+    for (int i = 0; i < N; i++) {
+        sl[i] = (struct sleeper){.id = info[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, run_sleep, &sl[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (sl[i].rc != 0)
+            fail_msg("exec %d: %s", i, sl[i].err);
+        assert_int_equal(sl[i].code, 0);
+    }
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    fprintf(stderr, "container: %d commands of 3 s: %" PRIu64 " in flight at once\n", N,
+            ns.execs_peak);
+    assert_true(ns.execs_peak >= N);
+    assert_int_equal(ns.execs_inflight, 0);
+    for (int i = 0; i < N; i++)
+        destroy(info[i].id);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -420,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_node_restart_runtime),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_many_commands_at_once),
         cmocka_unit_test(test_default_disk_quota),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
