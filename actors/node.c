@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "actors/journal.h"
+#include "actors/node-results.h"
 #include "actors/wire.h"
 #include "backends/loop.h"
 #include "backends/sim.h"
@@ -131,6 +132,7 @@ struct dsec_node {
      * else that needs a thread runs on the work queue, fair across tenants and sandboxes. */
     dsec_loop *loop;
     dsec_workq *work;
+    dsec_results *results; /* finished commands' answers by request id (retries, reattach) */
     _Atomic uint64_t execs_inflight, execs_peak;
     int ticks[4];
 
@@ -1003,6 +1005,10 @@ static void stream_output(void *arg, int stream, const uint8_t *data, size_t len
     dsec_trace_leave(&sc);
 }
 
+/* Answers of finished commands kept for retries: 10 minutes, 64 MiB per node. */
+#define RESULTS_BUDGET (64ull << 20)
+#define RESULTS_TTL_MS (10u * 60u * 1000u)
+
 /* What finishing an exec needs once the command ended: all copied, since the request's
  * decoded form belongs to the thread that decoded it. */
 struct exec_end {
@@ -1086,6 +1092,8 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
                                 .duration_us = r->duration_us, .timed_out = r->timed_out,
                                 .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
                                 .chunks = e->es.seq};
+    if (e->rollout_id == NULL && e->req_id != NULL && e->req_id[0] != '\0')
+        dsec_results_put(n->results, s->id, e->req_id, &out);
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &lerr) < 0)
         dsec_wire_error(n->actor, m, &lerr);
 out:
@@ -1148,6 +1156,18 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                   x.stream_to);
         return;
     }
+    /* A retry of a command that already ran (its client lost the answer, or gave up
+     * waiting while it ran) gets the kept answer: the command never runs twice. */
+    dsec_msg_exec_result kept;
+    void *hold = NULL;
+    if (x.rollout_id == NULL && x.req_id != NULL && x.req_id[0] != '\0' &&
+        dsec_results_get(n->results, s->id, x.req_id, &kept, &hold)) {
+        kept.chunks = 0; /* its output comes whole, in the answer */
+        if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
+            dsec_wire_error(n->actor, m, &err);
+        dsec_results_release(hold);
+        return;
+    }
     struct exec_end *e = dsec_calloc(1, sizeof *e);
     bool ok = e != NULL;
     if (ok) {
@@ -1157,12 +1177,12 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         e->step = x.step;
         const char *tr = dsec_trace_current();
         snprintf(e->trace, sizeof e->trace, "%s", tr ? tr : "");
-        ok = (x.stream_to == NULL || (e->stream_to = dsec_strdup(x.stream_to)) != NULL);
+        ok = (x.stream_to == NULL || (e->stream_to = dsec_strdup(x.stream_to)) != NULL) &&
+             (x.req_id == NULL || (e->req_id = dsec_strdup(x.req_id)) != NULL);
         if (ok && x.rollout_id != NULL) {
             memcpy(e->hash, hash, sizeof hash);
             e->argc = x.argv.n;
             ok = (e->rollout_id = dsec_strdup(x.rollout_id)) != NULL &&
-                 (x.req_id == NULL || (e->req_id = dsec_strdup(x.req_id)) != NULL) &&
                  (e->argv = dsec_calloc(x.argv.n + 1, sizeof *e->argv)) != NULL;
             for (size_t i = 0; ok && i < x.argv.n; i++)
                 ok = (e->argv[i] = dup_or_null(x.argv.v[i])) != NULL;
@@ -1332,6 +1352,7 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
     event_locked(n, s, ST_STOPPING, ST_GONE, reason);
     pthread_mutex_unlock(&n->mu);
     atomic_fetch_add(&n->destroyed, 1);
+    dsec_results_drop(n->results, s->id);
     s->state = ST_GONE;
     if (m != NULL)
         reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
@@ -2816,7 +2837,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     char lname[16];
     snprintf(lname, sizeof lname, "loop-%.10s", n->name);
     if (dsec_loop_new(&n->loop, lname, err) < 0 ||
-        dsec_workq_new(&n->work, "node-work", threads, err) < 0) {
+        dsec_workq_new(&n->work, "node-work", threads, err) < 0 ||
+        dsec_results_new(&n->results, RESULTS_BUDGET, RESULTS_TTL_MS, err) < 0) {
         dsec_err_wrap(err, "node %s", n->name);
         goto out_fail;
     }
@@ -2960,6 +2982,7 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     dsec_net_free(n->net, !destroy_all); /* after the backends: they borrow it */
     dsec_workq_free(n->work);
     dsec_loop_free(n->loop);
+    dsec_results_free(n->results);
     for (size_t i = 0; n->type_names && n->type_names[i]; i++)
         dsec_free(n->type_names[i]);
     dsec_free(n->type_names);

@@ -461,6 +461,45 @@ static void test_many_commands_at_once(void **state)
         destroy(info[i].id);
 }
 
+/* A client that gives up on a long command (here: its 1 s wait passes) and goes away; a new
+ * client asks again with the same req_id and gets the first run's answer, once the command
+ * ends: it ran once. */
+static void test_answer_collected_by_req_id(void **state)
+{
+    dsec_sandbox_info info;
+    make("busybox:1", &info);
+    dsec_client *quick = NULL;
+    dsec_err err;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 1000};
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    const char *argv[] = {"/bin/sh", "-c", "echo run >> /tmp/runs; sleep 4; wc -l < /tmp/runs",
+                          NULL};
+    dsec_exec_opts eo = {.argv = argv, .req_id = "collect-me-1"};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(quick, info.id, &eo, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    assert_non_null(strstr(err.msg, "collect-me-1"));
+    dsec_client_free(quick); /* the client is gone; the command goes on */
+
+    dsec_client *again = NULL;
+    o.timeout_ms = 30000;
+    assert_int_equal(dsec_client_connect(&again, &o, &err), 0);
+    if (dsec_exec(again, info.id, &eo, &r, &err) < 0)
+        fail_msg("collecting: %s", err.msg);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal((char *)r.out, "1\n");
+    dsec_exec_reply_release(&r);
+    /* and again: the same answer, still without a second run */
+    assert_int_equal(dsec_exec(again, info.id, &eo, &r, &err), 0);
+    assert_string_equal((char *)r.out, "1\n");
+    dsec_exec_reply_release(&r);
+    dsec_client_free(again);
+    char out[64];
+    assert_int_equal(sh(info.id, "wc -l < /tmp/runs", out, sizeof out), 0);
+    assert_string_equal(out, "1");
+    destroy(info.id);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -482,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_node_restart_runtime),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_many_commands_at_once),
+        cmocka_unit_test(test_answer_collected_by_req_id),
         cmocka_unit_test(test_default_disk_quota),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
