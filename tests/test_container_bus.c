@@ -500,6 +500,97 @@ static void test_answer_collected_by_req_id(void **state)
     destroy(info.id);
 }
 
+/* Heartbeats as they arrive: the longest gap between two. */
+struct beats {
+    pthread_mutex_t mu;
+    int64_t last_ms, max_gap_ms;
+    int n;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void on_beat(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a, (void)m;
+    struct beats *b = ud;
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&b->mu);
+    if (b->n > 0 && now - b->last_ms > b->max_gap_ms)
+        b->max_gap_ms = now - b->last_ms;
+    b->last_ms = now;
+    b->n++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+struct burner {
+    const char *id;
+    int rc;
+};
+
+static void *burn(void *p)
+{
+    struct burner *b = p;
+    const char *argv[] = {"/bin/sh", "-c",
+                          "end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do :; done",
+                          NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 60000};
+    dsec_exec_reply r;
+    dsec_err err;
+    b->rc = dsec_exec(cl, b->id, &eo, &r, &err);
+    if (b->rc == 0)
+        dsec_exec_reply_release(&r);
+    return NULL;
+}
+
+/* Every CPU busy inside sandboxes (6 containers spinning on 2 CPUs' worth of quota each) for
+ * 6 s: the node's heartbeats keep coming, no gap longer than twice their interval, so the
+ * cell does not take a busy node for a lost one. */
+static void test_heartbeats_while_cpus_busy(void **state)
+{
+    enum { N = 6 };
+    static dsec_sandbox_info info[N];
+    static struct burner bn[N];
+    pthread_t th[N];
+    dsec_err err;
+    for (int i = 0; i < N; i++) {
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1300,
+                               .memory_mb = 32};
+        if (dsec_create(cl, &cs, &info[i], &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+    dsec_bus *bus = NULL;
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "beats"};
+    assert_int_equal(dsec_bus_connect(&bus, &bo, &err), 0);
+    dsec_actor *a = NULL;
+    assert_int_equal(dsec_actor_new(&a, bus, "beats", &err), 0);
+    static struct beats b = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.ctbus.node.%s.heartbeat", info[0].node);
+    assert_int_equal(dsec_actor_on(a, subj, NULL, on_beat, &b, &err), 0);
+    for (int i = 0; i < N; i++) {
+        bn[i] = (struct burner){.id = info[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, burn, &bn[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(bn[i].rc, 0);
+    }
+    dsec_bus_free(bus);
+    fprintf(stderr,
+            "container_bus: %d heartbeats while %d containers spun, longest gap %" PRId64
+            " ms (interval %u ms)\n",
+            b.n, N, b.max_gap_ms, conf.heartbeat_ms);
+    assert_true(b.n >= 10);
+    assert_true(b.max_gap_ms <= 2 * (int64_t)conf.heartbeat_ms);
+    for (int i = 0; i < N; i++)
+        destroy(info[i].id);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -522,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_many_commands_at_once),
         cmocka_unit_test(test_answer_collected_by_req_id),
+        cmocka_unit_test(test_heartbeats_while_cpus_busy),
         cmocka_unit_test(test_default_disk_quota),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
