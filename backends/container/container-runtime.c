@@ -721,6 +721,36 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
     return 0;
 }
 
+int dsec__ct_cg_weigh(const struct ct_backend *be, dsec_err *err)
+{
+    char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
+    dsec__ct_fmt(dir, sizeof dir, "%s/%s", be->cg_cpu, be->cg_parent);
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+        return dsec_err_set(err, DSEC_E_IO, errno, "container: creating cgroup %s", dir);
+    bool v1 = be->cg_mode == CT_CG_V1;
+    if (!v1) { /* v2: the cpu controller must reach it from the root */
+        dsec__ct_fmt(file, sizeof file, "%s/cgroup.subtree_control", be->cg_cpu);
+        int fd = open(file, O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t w = write(fd, "+cpu", 4);
+            (void)w; /* already enabled, or refused: the weight write below says */
+            close(fd);
+        }
+    }
+    dsec__ct_fmt(file, sizeof file, "%s/%s", dir, v1 ? "cpu.shares" : "cpu.weight");
+    char v[32];
+    int n = snprintf(v, sizeof v, "%u", v1 ? DSEC_CT_SANDBOX_CPU_SHARES : DSEC_CT_SANDBOX_CPU_WEIGHT);
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, v, (size_t)n) != n) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: setting %s to %s", file, v);
+    }
+    close(fd);
+    return 0;
+}
+
 void dsec__ct_cg_cleanup(const struct ct_backend *be)
 {
     char(*all)[PATH_MAX] = dsec_malloc(32 * sizeof *all);

@@ -611,6 +611,9 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec_cgroup_tune_apply(be->favordynmods, "container");
     if (dsec__ct_rt_init(be, rt, err) < 0)
         goto fail;
+    dsec_err werr;
+    if (dsec__ct_cg_weigh(be, &werr) < 0) /* the sandboxes then weigh as much as the node */
+        fprintf(stderr, "dsec container: %s; sandboxes keep the default CPU weight\n", werr.msg);
     if (mkdir(be->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->state_dir);
         goto fail;
