@@ -133,6 +133,7 @@ struct dsec_node {
     dsec_loop *loop;
     dsec_workq *work;
     dsec_results *results; /* finished commands' answers by request id (retries, reattach) */
+    bool own_loop, own_work; /* opened here, not borrowed from the cell */
     _Atomic uint64_t execs_inflight, execs_peak;
     int ticks[4];
 
@@ -2836,8 +2837,12 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     int threads = c->work_threads > 0 ? c->work_threads : 16;
     char lname[16];
     snprintf(lname, sizeof lname, "loop-%.10s", n->name);
-    if (dsec_loop_new(&n->loop, lname, err) < 0 ||
-        dsec_workq_new(&n->work, "node-work", threads, err) < 0 ||
+    n->loop = c->loop;
+    n->work = c->work;
+    n->own_loop = n->loop == NULL;
+    n->own_work = n->work == NULL;
+    if ((n->own_loop && dsec_loop_new(&n->loop, lname, err) < 0) ||
+        (n->own_work && dsec_workq_new(&n->work, "node-work", threads, err) < 0) ||
         dsec_results_new(&n->results, RESULTS_BUDGET, RESULTS_TTL_MS, err) < 0) {
         dsec_err_wrap(err, "node %s", n->name);
         goto out_fail;
@@ -2929,9 +2934,9 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
     /* Commands in flight end first (their requesters hear the node stopped; the commands
      * go on in their sandboxes), then the queued work runs out, then the actor, which
      * waits for every deferred message, can go. */
-    if (n->loop != NULL)
+    if (n->loop != NULL && n->own_loop)
         dsec_loop_stop(n->loop);
-    if (n->work != NULL)
+    if (n->work != NULL && n->own_work)
         dsec_workq_stop(n->work);
     dsec_actor_free(n->actor);
     n->actor = NULL;
@@ -2980,8 +2985,10 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
         }
     }
     dsec_net_free(n->net, !destroy_all); /* after the backends: they borrow it */
-    dsec_workq_free(n->work);
-    dsec_loop_free(n->loop);
+    if (n->own_work)
+        dsec_workq_free(n->work);
+    if (n->own_loop)
+        dsec_loop_free(n->loop);
     dsec_results_free(n->results);
     for (size_t i = 0; n->type_names && n->type_names[i]; i++)
         dsec_free(n->type_names[i]);

@@ -37,6 +37,11 @@ typedef struct dsec_node_conf {
     uint32_t heartbeat_ms;  /* default 1000 */
     int work_threads;       /* threads for sandbox operations that need one (crun, copies);
                                0: 16. Commands need none: they wait on the node's loop */
+    /* Borrowed, shared by the nodes of one process (actors/cell.c): the event loop that
+     * commands wait on and the work queue; NULL: the node opens its own. The owner stops
+     * them before stopping the nodes that borrow them. */
+    struct dsec_loop *loop;
+    struct dsec_workq *work;
     uint32_t reap_ms;       /* lifetime/idle check period; default 1000 */
     int64_t sync_ms;        /* fdatasync of the journal; 0: every 1000 ms; -1: never (a
                                crashed process loses nothing either way; a crashed host

@@ -61,7 +61,8 @@ struct lane {
 struct run_ctx {
     struct lane *lane;
     struct entry *entry;
-    dsec_deferred *deferred;
+    int64_t start_ns;        /* the handler's trace scope's start */
+    dsec_deferred *deferred; /* only compared after the handler: it may be done and freed */
 };
 static _Thread_local struct run_ctx *run_ctx;
 
@@ -464,15 +465,12 @@ static void lane_run(dsec__task *t)
                 dsec_trace_scope sc;
                 dsec_trace_enter(&sc, a, dsec__msg_header(&m, DSEC_HDR_TRACE_ID), subject,
                                  dsec__msg_header(&m, DSEC_HDR_TYPE));
-                struct run_ctx rc = {.lane = l, .entry = &batch[i]};
+                struct run_ctx rc = {.lane = l, .entry = &batch[i], .start_ns = sc.start_ns};
                 run_ctx = &rc;
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
                 run_ctx = NULL;
-                if (rc.deferred != NULL) {
-                    /* its hop is recorded when the work ends (dsec_deferred_trace) */
-                    rc.deferred->start_ns = sc.start_ns;
-                    sc.actor = NULL;
-                }
+                if (rc.deferred != NULL)
+                    sc.actor = NULL; /* its hop is recorded when the work ends */
                 dsec_trace_leave(&sc);
                 if (rc.deferred != NULL) {
                     /* The handler kept its message: the key waits for dsec_deferred_done,
@@ -537,6 +535,7 @@ dsec_deferred *dsec_actor_defer(dsec_actor *actor, dsec_msg *m)
     copy->heap = true;
     d->msg = copy;
     d->lane = rc->lane;
+    d->start_ns = rc->start_ns;
     rc->entry->nm = NULL; /* the copy owns it now */
     rc->deferred = d;
     pthread_mutex_lock(&actor->mu);
