@@ -151,9 +151,15 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
 void dsec__fn_pools_env_put(struct fn_pools *p, int pi);
 /* The environment pools alive, into out[0..max). */
 size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out, size_t max);
-/* Take a warm worker of pool pi, waiting up to wait_ms for one. */
-int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
-                         dsec_err *err);
+/* Take a warm worker of pool pi without waiting: 0 and *out when one is there; otherwise 1,
+ * the caller counted among the pool's waiters (*waiting set, so the pool spawns for it) until
+ * it takes one, gives up (expired: the wait of wait_ms is over, -1 with DSEC_E_CAPACITY) or
+ * calls dsec__fn_worker_unwait; -1 with err when no worker can start. Short: takes the pool
+ * lock, never waits for it to change. */
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool expired,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
+/* Stop counting among pool pi's waiters (when *waiting). */
+void dsec__fn_worker_unwait(struct fn_pools *p, int pi, bool *waiting);
 /* A worker made for one call of a sandbox with a network: W1 joins the
  * namespace netns_fd (borrowed) instead of making an empty one, and the
  * call's /etc/resolv.conf names resolver. Waits up to wait_ms for a slot
@@ -198,9 +204,17 @@ struct fn_target {
     const char *resolver; /* with netns_fd: the nameserver of its calls */
 };
 
-int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *t,
-                  const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
-                  dsec_exec_result *res, dsec_err *err);
+struct dsec_loop;
+/* Start one call (backend.h, exec_start): the task is made here, on the caller's thread, and
+ * everything after (taking a warm worker, sending, watching its output, deadline and CPU
+ * limit) runs on loop. 0: done will be called once, on loop's thread, after *cpu_used_us and
+ * *calls (the sandbox's, not touched by anyone else until then) were added to; -1 with err:
+ * done is never called. */
+int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
+                        const struct fn_target *tg, const struct fn_limits *lim,
+                        struct fn_files *files, const dsec_exec_req *req, struct dsec_loop *loop,
+                        uint64_t *cpu_used_us, uint64_t *calls, dsec_exec_done_fn done, void *ud,
+                        dsec_err *err);
 
 #include <time.h>
 static inline uint64_t dsec__fn_now_ns(void)

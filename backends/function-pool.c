@@ -1349,13 +1349,10 @@ static bool worker_dead(const struct fn_worker *w)
     return poll(pf, 2, 0) != 0;
 }
 
-int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
-                         dsec_err *err)
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool expired,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
-    struct timespec ts;
-    deadline_ts(&ts, deadline);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (!pool->wanted && pi < FN_RT_COUNT) { /* an environment's is wanted while it lives */
@@ -1364,44 +1361,42 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
         }
         struct fn_worker *w = NULL;
         int rc = 0;
-        while (w == NULL) {
-            if (p->stop) {
-                rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
-                break;
-            }
-            if ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
-                pool->nhot--;
-            } else if ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
-                pool->nwarm--;
-            }
-            if (w != NULL) {
-                pool->nbusy++;
-                pool->calls++;
-                break;
-            }
-            if (pool->nspawning == 0 && pool->npromoting == 0 &&
-                (pool->state == P_FAILED ||
-                 (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
-                rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
-                                  pool->name, pool->error);
-                break;
-            }
-            pool->waiters++;
-            wake(p);
-            int w8 = pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-            pool->waiters--;
-            if (w8 == ETIMEDOUT && pool->warm_head == NULL && pool->hot_head == NULL) {
-                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
-                                  "function: no %s worker became free within %" PRIu64
-                                  " ms (%u busy, %u starting, %u slots free of max_workers %u)",
-                                  pool->name, wait_ms, pool->nbusy, pool->nspawning, p->nfree,
-                                  p->max_workers);
-                break;
+        if (p->stop) {
+            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+        } else if ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
+            pool->nhot--;
+        } else if ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
+            pool->nwarm--;
+        } else if (pool->nspawning == 0 && pool->npromoting == 0 &&
+                   (pool->state == P_FAILED ||
+                    (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                              pool->name, pool->error);
+        } else if (expired) {
+            rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                              "function: no %s worker became free within %" PRIu64
+                              " ms (%u busy, %u starting, %u slots free of max_workers %u)",
+                              pool->name, wait_ms, pool->nbusy, pool->nspawning, p->nfree,
+                              p->max_workers);
+        } else {
+            rc = 1;
+            if (!*waiting) { /* counted until taken or given up: refill spawns for it */
+                pool->waiters++;
+                *waiting = true;
+                wake(p);
             }
         }
+        if (rc != 1 && *waiting) {
+            pool->waiters--;
+            *waiting = false;
+        }
+        if (w != NULL) {
+            pool->nbusy++;
+            pool->calls++;
+        }
         pthread_mutex_unlock(&p->mu);
-        if (rc < 0)
-            return -1;
+        if (rc != 0)
+            return rc;
         wake(p); /* refill behind us */
         if (!worker_dead(w)) {
             *out = w;
@@ -1409,6 +1404,16 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
         }
         dsec__fn_worker_done(p, w); /* died while warm (killed from outside): next one */
     }
+}
+
+void dsec__fn_worker_unwait(struct fn_pools *p, int pi, bool *waiting)
+{
+    if (!*waiting)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->pools[pi].waiters--;
+    *waiting = false;
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Every slot is taken and a networked call waits for one: let one warm
