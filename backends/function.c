@@ -1124,6 +1124,10 @@ static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_e
     }
     dsec_loop *loop = f->loop;
     pthread_mutex_unlock(&f->loop_mu);
+    if (dsec_loop_is_current(loop)) /* it would wait for itself */
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "exec: a synchronous function call from the event loop's thread "
+                            "(use exec_start there)");
     struct exec_wait w = {.res = res, .err = err};
     pthread_mutex_init(&w.mu, NULL);
     pthread_cond_init(&w.cond, NULL);
