@@ -455,8 +455,9 @@ static int pidfd_kill(int pidfd)
  * socket, the supervisor's pidfd). exec_start prepares the task on the caller's thread; every
  * step after that runs on the loop, so no thread waits for a call.
  */
-#define TAKE_POLL_MIN_MS 1
-#define TAKE_POLL_MAX_MS 8
+/* A call waiting for a worker hears of one through its waiter's eventfd; the timer looks
+ * again this often as well, in case it was told of a worker another call took. */
+#define TAKE_POLL_MS 100
 
 struct fn_call {
     struct fn_pools *pools;
@@ -469,9 +470,9 @@ struct fn_call {
 
     /* the task, ready to send */
     int pool;
-    bool waiting; /* counted among the pool's waiters for a worker */
+    struct fn_take_waiter tk; /* while it waits for a worker */
+    dsec_loop_watch *wwait;   /* on tk.efd */
     uint64_t take_deadline, acquire_ms;
-    unsigned take_poll_ms;
     struct fnp_task t;
     char *strings;
     size_t slen;
@@ -495,10 +496,20 @@ struct fn_call {
     dsec_loop_watch *tw, *wout, *werr, *win, *wtask, *wpid;
 };
 
+/* The wait for a worker is over: the pool forgets the waiter, then its eventfd goes. */
+static void wait_end(struct fn_call *c)
+{
+    dsec__fn_worker_unwait(c->pools, &c->tk);
+    dsec_loop_del(c->wwait); /* before the close: the fd number may come back at once */
+    c->wwait = NULL;
+    if (c->tk.efd >= 0)
+        close(c->tk.efd);
+    c->tk.efd = -1;
+}
+
 static void call_free(struct fn_call *c)
 {
-    if (c->waiting)
-        dsec__fn_worker_unwait(c->pools, c->pool, &c->waiting);
+    wait_end(c);
     if (c->w != NULL)
         dsec__fn_worker_done(c->pools, c->w);
     if (c->payload_fd >= 0)
@@ -522,6 +533,7 @@ static void unwatch(dsec_loop_watch **w)
 static void call_end(struct fn_call *c, int rc, dsec_exec_result *res, dsec_err *err)
 {
     unwatch(&c->tw);
+    unwatch(&c->wwait);
     unwatch(&c->wout);
     unwatch(&c->werr);
     unwatch(&c->win);
@@ -752,18 +764,21 @@ static void acquire(struct fn_call *c)
 {
     dsec_err err;
     uint64_t now = dsec__fn_now_ns();
-    int rc = dsec__fn_worker_try_take(c->pools, c->pool, &c->waiting, now >= c->take_deadline,
+    int rc = dsec__fn_worker_try_take(c->pools, c->pool, &c->tk, now >= c->take_deadline,
                                       c->acquire_ms, &c->w, &err);
-    if (rc < 0) {
-        call_fail(c, &err);
-    } else if (rc == 1) {
-        uint64_t at = now + c->take_poll_ms * 1000000ull;
+    if (rc == 1) {
+        if (c->wwait == NULL && c->tk.efd >= 0 &&
+            dsec_loop_add(c->loop, c->tk.efd, DSEC_LOOP_IN, 0, call_event, c, &c->wwait, &err) < 0)
+            c->wwait = NULL; /* the timer looks again */
+        uint64_t at = now + TAKE_POLL_MS * 1000000ull;
         dsec_loop_set(c->tw, 0, at < c->take_deadline ? at : c->take_deadline);
-        if (c->take_poll_ms < TAKE_POLL_MAX_MS)
-            c->take_poll_ms *= 2;
-    } else {
-        launch(c);
+        return;
     }
+    wait_end(c);
+    if (rc < 0)
+        call_fail(c, &err);
+    else
+        launch(c);
 }
 
 static void call_event(dsec_loop_watch *lw, unsigned events, void *ud)
@@ -775,6 +790,13 @@ static void call_event(dsec_loop_watch *lw, unsigned events, void *ud)
                      c->t0 ? "exec: the function backend is stopping: the call was killed"
                            : "exec: the function backend is stopping: the call did not start");
         call_fail(c, &err);
+        return;
+    }
+    if (lw == c->wwait) {
+        uint64_t v;
+        if (read(c->tk.efd, &v, sizeof v) < 0 && errno != EAGAIN && errno != EINTR)
+            unwatch(&c->wwait); /* the timer looks again */
+        acquire(c);
         return;
     }
     if (lw == c->tw) {
@@ -836,7 +858,7 @@ int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
                           .calls = calls,
                           .pool = tg->pool,
                           .acquire_ms = cc->acquire_ms,
-                          .take_poll_ms = TAKE_POLL_MIN_MS,
+                          .tk = {.efd = -1},
                           .payload_fd = -1,
                           .bundle_fd = -1,
                           .use_rlimit_as = cc->use_rlimit_as};

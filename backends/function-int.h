@@ -151,15 +151,26 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
 void dsec__fn_pools_env_put(struct fn_pools *p, int pi);
 /* The environment pools alive, into out[0..max). */
 size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out, size_t max);
+/* A call waiting for a warm worker without a thread (on an event loop). The caller zeroes it
+ * with efd -1 and owns efd once set (closing it after dsec__fn_worker_unwait, or once a take
+ * returned other than 1). */
+struct fn_take_waiter {
+    struct fn_take_waiter *next, *prev; /* in the pools' list while waiting */
+    int pi;
+    int efd;       /* an eventfd the pool writes when a worker may be there; -1: none (poll) */
+    bool waiting;  /* counted among the pool's waiters */
+    bool notified; /* told since it last looked */
+};
+
 /* Take a warm worker of pool pi without waiting: 0 and *out when one is there; otherwise 1,
- * the caller counted among the pool's waiters (*waiting set, so the pool spawns for it) until
- * it takes one, gives up (expired: the wait of wait_ms is over, -1 with DSEC_E_CAPACITY) or
- * calls dsec__fn_worker_unwait; -1 with err when no worker can start. Short: takes the pool
- * lock, never waits for it to change. */
-int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool expired,
+ * t counted among the pool's waiters (so the pool spawns for it; t->efd made and written when
+ * a worker of the pool is ready, or anything else changes) until it takes one, gives up
+ * (expired: the wait of wait_ms is over, -1 with DSEC_E_CAPACITY) or is unwaited; -1 with err
+ * when no worker can start. Short: takes the pool lock, never waits for it to change. */
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *t, bool expired,
                              uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
-/* Stop counting among pool pi's waiters (when *waiting). */
-void dsec__fn_worker_unwait(struct fn_pools *p, int pi, bool *waiting);
+/* Stop waiting (when t is): the pool writes t->efd no more. */
+void dsec__fn_worker_unwait(struct fn_pools *p, struct fn_take_waiter *t);
 /* A worker made for one call of a sandbox with a network: W1 joins the
  * namespace netns_fd (borrowed) instead of making an empty one, and the
  * call's /etc/resolv.conf names resolver. Waits up to wait_ms for a slot

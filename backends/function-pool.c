@@ -107,6 +107,8 @@ struct fn_pools {
     unsigned *free_slots, nfree;
     unsigned net_waiters; /* calls waiting for a slot to make a networked worker in */
     struct fn_worker *to_drain;
+    struct fn_take_waiter *aw_head,
+        *aw_tail; /* calls waiting on a loop for a worker, oldest first */
     int epfd, evfd;
     pthread_t thread;
     bool thread_started, stop;
@@ -132,6 +134,34 @@ static void wake(struct fn_pools *p)
     uint64_t one = 1;
     ssize_t n = write(p->evfd, &one, sizeof one);
     (void)n; /* a full counter already means "wake up" */
+}
+
+static void efd_kick(int fd)
+{
+    uint64_t one = 1;
+    ssize_t n = write(fd, &one, sizeof one);
+    (void)n; /* a full counter already means "look again" */
+}
+
+/* A worker of pool pi was made ready: the oldest call of that pool waiting on a loop that has
+ * not been told yet looks again. Lock held. */
+static void notify_one(struct fn_pools *p, int pi)
+{
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        if (t->pi == pi && !t->notified) {
+            t->notified = true;
+            efd_kick(t->efd);
+            return;
+        }
+}
+
+/* Something else changed (a pool failed, stopped, a zygote came or went): every call
+ * waiting on a loop looks again. Lock held. */
+static void broadcast(struct fn_pools *p)
+{
+    pthread_cond_broadcast(&p->cv);
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        efd_kick(t->efd);
 }
 
 static void set_error(struct fn_pool *pool, const char *fmt, ...)
@@ -238,7 +268,7 @@ static void worker_failed(struct fn_pools *p, struct fn_worker *w, const char *w
     /* Workers lost with their zygote say nothing about the next ones. */
     if (pool->state == P_UP && ++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
         pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
     }
     worker_drain(p, w);
 }
@@ -364,7 +394,7 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
         set_error(pool, "%s", why);
         if (++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
             pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
-            pthread_cond_broadcast(&p->cv);
+            broadcast(p);
         }
         if (w != NULL)
             worker_close(w);
@@ -559,7 +589,7 @@ out:
         pool->state = P_FAILED;
         set_error(pool, "the zygote of %s: %s", pool->name, why);
         pool->restart_at_ns = dsec__fn_now_ns() + RESTART_MAX_NS;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         return;
     }
     pool->zpid = pid;
@@ -606,7 +636,7 @@ static void zygote_gone(struct fn_pools *p, struct fn_pool *pool)
         pool->restart_at_ns = now + (delay > RESTART_MAX_NS ? RESTART_MAX_NS : delay);
         pool->state = young && pool->quick_deaths >= 3 ? P_FAILED : P_DOWN;
     }
-    pthread_cond_broadcast(&p->cv);
+    broadcast(p);
 }
 
 static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
@@ -632,7 +662,7 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
         snprintf(pool->preloaded, sizeof pool->preloaded, "%s", m.hello.preloaded);
         pool->retry_spawn_at_ns = 0;
         pool->consec_fail = 0;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         break;
     case FNP_FATAL:
         if ((size_t)n != sizeof m.fail)
@@ -640,7 +670,7 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
         pool->state = P_FAILED;
         set_error(pool, "the zygote of %s could not start: %s", pool->name, m.fail.msg);
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         break;
     case FNP_SPAWN_FAILED:
         if ((size_t)n != sizeof m.fail || m.h.seq >= p->max_workers ||
@@ -719,6 +749,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
             push(&pool->hot_head, &pool->hot_tail, w);
             pool->nhot++;
             pthread_cond_broadcast(&p->cv);
+            notify_one(p, pool->idx);
             return;
         }
         if (fd < 0 || w->ready || (size_t)n != sizeof m.ready) {
@@ -751,6 +782,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
         push(&pool->warm_head, &pool->warm_tail, w);
         pool->nwarm++;
         pthread_cond_broadcast(&p->cv);
+        notify_one(p, pool->idx);
     }
 }
 
@@ -764,7 +796,7 @@ static void on_wpid(struct fn_pools *p, unsigned slot)
     p->pools[w->pool].ndraining--;
     slot_free(p, slot);
     dsec_free(w);
-    pthread_cond_broadcast(&p->cv);
+    pthread_cond_broadcast(&p->cv); /* loop waiters hear of the worker refill makes here */
 }
 
 /* ---- environment pools (pool thread, lock held) ---------------------------------------------- */
@@ -838,7 +870,7 @@ static void env_tend(struct fn_pools *p, struct fn_pool *pool, uint64_t now, uin
     }
     env_release_layers(p, pool);
     env_forget(pool);
-    pthread_cond_broadcast(&p->cv);
+    broadcast(p);
 }
 
 /* ---- the thread ----------------------------------------------------------------------------- */
@@ -1072,7 +1104,7 @@ void dsec__fn_pools_free(struct fn_pools *p)
     if (p->thread_started) {
         pthread_mutex_lock(&p->mu);
         p->stop = true;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         pthread_mutex_unlock(&p->mu);
         wake(p);
         pthread_join(p->thread, NULL);
@@ -1315,7 +1347,7 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
             pool->state = P_FAILED; /* never started: it has no root */
             set_error(pool, "%s", e.msg);
         }
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         pthread_mutex_unlock(&p->mu);
     }
     int left =
@@ -1349,7 +1381,22 @@ static bool worker_dead(const struct fn_worker *w)
     return poll(pf, 2, 0) != 0;
 }
 
-int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool expired,
+static void waiter_unlink(struct fn_pools *p, struct fn_take_waiter *t)
+{
+    if (t->prev != NULL)
+        t->prev->next = t->next;
+    else
+        p->aw_head = t->next;
+    if (t->next != NULL)
+        t->next->prev = t->prev;
+    else
+        p->aw_tail = t->prev;
+    t->next = t->prev = NULL;
+    p->pools[t->pi].waiters--;
+    t->waiting = false;
+}
+
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *t, bool expired,
                              uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
@@ -1380,16 +1427,25 @@ int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool exp
                               p->max_workers);
         } else {
             rc = 1;
-            if (!*waiting) { /* counted until taken or given up: refill spawns for it */
+            if (t->efd < 0)
+                t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: the caller polls */
+            t->notified = false;
+            if (!t->waiting) { /* counted until taken or given up: refill spawns for it */
+                t->pi = pi;
+                t->prev = p->aw_tail;
+                t->next = NULL;
+                if (p->aw_tail != NULL)
+                    p->aw_tail->next = t;
+                else
+                    p->aw_head = t;
+                p->aw_tail = t;
                 pool->waiters++;
-                *waiting = true;
+                t->waiting = true;
                 wake(p);
             }
         }
-        if (rc != 1 && *waiting) {
-            pool->waiters--;
-            *waiting = false;
-        }
+        if (rc != 1 && t->waiting)
+            waiter_unlink(p, t);
         if (w != NULL) {
             pool->nbusy++;
             pool->calls++;
@@ -1406,13 +1462,13 @@ int dsec__fn_worker_try_take(struct fn_pools *p, int pi, bool *waiting, bool exp
     }
 }
 
-void dsec__fn_worker_unwait(struct fn_pools *p, int pi, bool *waiting)
+void dsec__fn_worker_unwait(struct fn_pools *p, struct fn_take_waiter *t)
 {
-    if (!*waiting)
+    if (!t->waiting)
         return;
     pthread_mutex_lock(&p->mu);
-    p->pools[pi].waiters--;
-    *waiting = false;
+    if (t->waiting)
+        waiter_unlink(p, t);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -1567,7 +1623,7 @@ static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *r
     pool->nbusy--;
     pool->spawn_failures++;
     slot_free(p, w->slot);
-    pthread_cond_broadcast(&p->cv);
+    broadcast(p);
     pthread_mutex_unlock(&p->mu);
     dsec_free(w);
     wake(p);
