@@ -459,6 +459,14 @@ static int pidfd_kill(int pidfd)
  * again this often as well, in case it was told of a worker another call took. */
 #define TAKE_POLL_MS 100
 
+enum {
+    PH_TAKE,      /* taking a warm worker */
+    PH_NET,       /* networked: waiting for a slot (and the pool) */
+    PH_NET_READY, /* networked: its worker is being made */
+    PH_NET_RETRY, /* networked: its zygote died under it; waiting for the new one */
+    PH_RUN,       /* the task is out */
+};
+
 struct fn_call {
     struct fn_pools *pools;
     dsec_loop *loop;
@@ -470,6 +478,13 @@ struct fn_call {
 
     /* the task, ready to send */
     int pool;
+    int phase;
+    int netns_fd;         /* a networked sandbox's namespace (borrowed: the sandbox outlives
+                           * the call), or -1 */
+    const char *resolver; /* with netns_fd (borrowed likewise) */
+    int tries, zctl_used; /* a networked worker: attempts, the zygote socket of the last */
+    uint64_t retry_until;
+    dsec_loop_watch *wready;  /* a networked worker's task socket, until its READY */
     struct fn_take_waiter tk; /* while it waits for a worker */
     dsec_loop_watch *wwait;   /* on tk.efd */
     uint64_t take_deadline, acquire_ms;
@@ -534,6 +549,7 @@ static void call_end(struct fn_call *c, int rc, dsec_exec_result *res, dsec_err 
 {
     unwatch(&c->tw);
     unwatch(&c->wwait);
+    unwatch(&c->wready);
     unwatch(&c->wout);
     unwatch(&c->werr);
     unwatch(&c->win);
@@ -737,6 +753,7 @@ static void launch(struct fn_call *c)
         fds[nfds++] = c->bundle_fd;
     bool inl = c->payload_fd < 0;
     c->t0 = dsec__fn_now_ns();
+    c->phase = PH_RUN;
     /* A fresh worker's socket has room for the task: this does not wait. */
     if (send_task(w->task_fd, &c->t, inl ? c->strings : NULL, inl ? c->slen : 0, fds, nfds) < 0) {
         dsec_err_set(&err, DSEC_E_BACKEND, errno, "exec: handing the task to a worker");
@@ -759,6 +776,73 @@ static void launch(struct fn_call *c)
     dsec_loop_set(c->tw, 0, next_wake(c, c->t0));
 }
 
+static void arm_wait(struct fn_call *c, uint64_t now)
+{
+    dsec_err err;
+    if (c->wwait == NULL && c->tk.efd >= 0 &&
+        dsec_loop_add(c->loop, c->tk.efd, DSEC_LOOP_IN, 0, call_event, c, &c->wwait, &err) < 0)
+        c->wwait = NULL; /* the timer looks again */
+    uint64_t at = now + TAKE_POLL_MS * 1000000ull;
+    dsec_loop_set(c->tw, 0, at < c->take_deadline ? at : c->take_deadline);
+}
+
+/* A networked worker failed before its call: again when its zygote died under it (up to three
+ * times, once the pool has seen that, within acquire_ms), else the call fails. */
+static void net_failed(struct fn_call *c, bool lost, dsec_err *err)
+{
+    uint64_t now = dsec__fn_now_ns();
+    c->w = NULL; /* gone with the failure */
+    if (lost && ++c->tries < 3 && now < c->take_deadline) {
+        c->phase = PH_NET_RETRY;
+        c->retry_until = now + 1000000000ull;
+        dsec_loop_set(c->tw, 0, now + 20000000ull);
+        return;
+    }
+    call_fail(c, err);
+}
+
+/* A networked sandbox's call: a slot, and a worker made in its namespace there. */
+static void net_acquire(struct fn_call *c)
+{
+    dsec_err err;
+    bool lost = false;
+    uint64_t now = dsec__fn_now_ns();
+    c->phase = PH_NET;
+    int rc = dsec__fn_worker_net_start(c->pools, c->pool, c->netns_fd, c->resolver, &c->tk,
+                                       now >= c->take_deadline, c->acquire_ms, &c->w, &c->zctl_used,
+                                       &lost, &err);
+    if (rc == 1) {
+        arm_wait(c, now);
+        return;
+    }
+    wait_end(c);
+    if (rc < 0) {
+        net_failed(c, lost, &err);
+        return;
+    }
+    c->phase = PH_NET_READY;
+    if (watch(c, c->w->task_fd, DSEC_LOOP_IN, &c->wready, &err) < 0) {
+        call_fail(c, &err);
+        return;
+    }
+    dsec_loop_set(c->tw, 0, c->take_deadline);
+}
+
+/* The networked worker's READY, or the end of the wait for it (timed_out). */
+static void net_ready(struct fn_call *c, bool timed_out)
+{
+    dsec_err err;
+    bool lost = false;
+    int rc = dsec__fn_worker_net_ready(c->pools, c->w, timed_out, &lost, &err);
+    if (rc == 1)
+        return;          /* woken for nothing: the watch and the deadline stay */
+    unwatch(&c->wready); /* before launch watches the same socket */
+    if (rc < 0)
+        net_failed(c, lost, &err);
+    else
+        launch(c);
+}
+
 /* Before the call runs: take a warm worker, or wait for one on the timer. */
 static void acquire(struct fn_call *c)
 {
@@ -767,11 +851,7 @@ static void acquire(struct fn_call *c)
     int rc = dsec__fn_worker_try_take(c->pools, c->pool, &c->tk, now >= c->take_deadline,
                                       c->acquire_ms, &c->w, &err);
     if (rc == 1) {
-        if (c->wwait == NULL && c->tk.efd >= 0 &&
-            dsec_loop_add(c->loop, c->tk.efd, DSEC_LOOP_IN, 0, call_event, c, &c->wwait, &err) < 0)
-            c->wwait = NULL; /* the timer looks again */
-        uint64_t at = now + TAKE_POLL_MS * 1000000ull;
-        dsec_loop_set(c->tw, 0, at < c->take_deadline ? at : c->take_deadline);
+        arm_wait(c, now);
         return;
     }
     wait_end(c);
@@ -796,15 +876,33 @@ static void call_event(dsec_loop_watch *lw, unsigned events, void *ud)
         uint64_t v;
         if (read(c->tk.efd, &v, sizeof v) < 0 && errno != EAGAIN && errno != EINTR)
             unwatch(&c->wwait); /* the timer looks again */
-        acquire(c);
+        if (c->phase == PH_NET)
+            net_acquire(c);
+        else
+            acquire(c);
+        return;
+    }
+    if (lw == c->wready) {
+        net_ready(c, false);
         return;
     }
     if (lw == c->tw) {
-        if (c->t0 == 0) { /* not sent yet: a networked sandbox's worker is already there */
-            if (c->w != NULL)
-                launch(c);
+        switch (c->phase) { /* before the task is sent */
+        case PH_TAKE:
+            acquire(c);
+            return;
+        case PH_NET:
+            net_acquire(c);
+            return;
+        case PH_NET_READY:
+            net_ready(c, true);
+            return;
+        case PH_NET_RETRY:
+            if (dsec__fn_pool_zygote_changed(c->pools, c->pool, c->zctl_used) ||
+                dsec__fn_now_ns() >= c->retry_until)
+                net_acquire(c);
             else
-                acquire(c);
+                dsec_loop_set(c->tw, 0, dsec__fn_now_ns() + 20000000ull);
             return;
         }
         if (on_timer(c))
@@ -910,13 +1008,11 @@ int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
     if (c->timeout_ms == 0 || c->timeout_ms > cc->max_timeout_ms)
         c->timeout_ms = cc->max_timeout_ms;
 
-    /* A sandbox with a network gets a worker made for this call in its namespace; the warm
-     * ones were made without knowing the sandbox. This still waits here, on the caller's
-     * thread: for a slot (up to acquire_ms when max_workers are all busy) and for the new
-     * worker's READY (a fork in the zygote, tens of ms). */
-    if (tg->netns_fd >= 0 && dsec__fn_worker_take_net(pools, tg->pool, tg->netns_fd, tg->resolver,
-                                                      cc->acquire_ms, &c->w, err) < 0)
-        goto out;
+    /* A sandbox with a network gets a worker made for this call in its namespace (the warm
+     * ones were made without knowing the sandbox), on the loop like the rest. */
+    c->netns_fd = tg->netns_fd;
+    c->resolver = tg->resolver;
+    c->phase = tg->netns_fd >= 0 ? PH_NET : PH_TAKE;
     c->take_deadline = dsec__fn_now_ns() + cc->acquire_ms * 1000000ull;
     /* Everything after this runs on the loop: the timer fires at once and takes a worker. */
     if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns(), call_event, c, &c->tw, err) < 0) {

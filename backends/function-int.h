@@ -158,6 +158,8 @@ struct fn_take_waiter {
     struct fn_take_waiter *next, *prev; /* in the pools' list while waiting */
     int pi;
     int efd;       /* an eventfd the pool writes when a worker may be there; -1: none (poll) */
+    bool net;      /* waits for a slot to make a networked worker in, not a warm worker */
+    bool stole;    /* net: had a warm worker of another pool let go for its slot */
     bool waiting;  /* counted among the pool's waiters */
     bool notified; /* told since it last looked */
 };
@@ -171,12 +173,24 @@ int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *
                              uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
 /* Stop waiting (when t is): the pool writes t->efd no more. */
 void dsec__fn_worker_unwait(struct fn_pools *p, struct fn_take_waiter *t);
-/* A worker made for one call of a sandbox with a network: W1 joins the
- * namespace netns_fd (borrowed) instead of making an empty one, and the
- * call's /etc/resolv.conf names resolver. Waits up to wait_ms for a slot
- * and for the worker to be ready; hand it back with dsec__fn_worker_done. */
-int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
+/* A worker made for one call of a sandbox with a network: W1 joins the namespace netns_fd
+ * (borrowed) instead of making an empty one, and the call's /etc/resolv.conf names resolver.
+ * Without waiting: 0, a slot taken and SPAWN sent (*out on its way: wait for its task_fd to
+ * be readable, then dsec__fn_worker_net_ready; *zctl_used the zygote socket it went to); 1,
+ * no slot free or the pool not up yet: t waits as in dsec__fn_worker_try_take (its eventfd
+ * written when a slot comes back); -1 with err, and *lost when the zygote refused it (it may
+ * be dying: try again once dsec__fn_pool_zygote_changed). */
+int dsec__fn_worker_net_start(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                              struct fn_take_waiter *t, bool expired, uint64_t wait_ms,
+                              struct fn_worker **out, int *zctl_used, bool *lost, dsec_err *err);
+/* A worker from dsec__fn_worker_net_start whose task_fd is readable (or, timed_out, did not
+ * become so in time): 0 ready (hand it back with dsec__fn_worker_done); 1 nothing there yet;
+ * -1 with err: the worker is gone, *lost when it vanished without a word (its zygote died
+ * under it: try again). */
+int dsec__fn_worker_net_ready(struct fn_pools *p, struct fn_worker *w, bool timed_out, bool *lost,
+                              dsec_err *err);
+/* Whether pool pi's zygote is no longer the one behind zctl (or the pool is not up). */
+bool dsec__fn_pool_zygote_changed(struct fn_pools *p, int pi, int zctl);
 /* The call is over (or never started): close the worker's channels and let
  * the pool reclaim its slot once its supervisor has exited. */
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w);

@@ -148,7 +148,19 @@ static void efd_kick(int fd)
 static void notify_one(struct fn_pools *p, int pi)
 {
     for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
-        if (t->pi == pi && !t->notified) {
+        if (!t->net && t->pi == pi && !t->notified) {
+            t->notified = true;
+            efd_kick(t->efd);
+            return;
+        }
+}
+
+/* A slot came back: the oldest networked call waiting on a loop that has not been told yet
+ * looks again. Lock held. */
+static void notify_slot(struct fn_pools *p)
+{
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        if (t->net && !t->notified) {
             t->notified = true;
             efd_kick(t->efd);
             return;
@@ -796,7 +808,8 @@ static void on_wpid(struct fn_pools *p, unsigned slot)
     p->pools[w->pool].ndraining--;
     slot_free(p, slot);
     dsec_free(w);
-    pthread_cond_broadcast(&p->cv); /* loop waiters hear of the worker refill makes here */
+    pthread_cond_broadcast(&p->cv);
+    notify_slot(p); /* the other loop waiters hear of the worker refill makes here */
 }
 
 /* ---- environment pools (pool thread, lock held) ---------------------------------------------- */
@@ -1381,6 +1394,23 @@ static bool worker_dead(const struct fn_worker *w)
     return poll(pf, 2, 0) != 0;
 }
 
+static void waiter_link(struct fn_pools *p, struct fn_take_waiter *t)
+{
+    t->prev = p->aw_tail;
+    t->next = NULL;
+    if (p->aw_tail != NULL)
+        p->aw_tail->next = t;
+    else
+        p->aw_head = t;
+    p->aw_tail = t;
+    if (t->net)
+        p->net_waiters++;
+    else
+        p->pools[t->pi].waiters++;
+    t->waiting = true;
+    wake(p); /* refill spawns for it, or leaves it a slot */
+}
+
 static void waiter_unlink(struct fn_pools *p, struct fn_take_waiter *t)
 {
     if (t->prev != NULL)
@@ -1392,7 +1422,10 @@ static void waiter_unlink(struct fn_pools *p, struct fn_take_waiter *t)
     else
         p->aw_tail = t->prev;
     t->next = t->prev = NULL;
-    p->pools[t->pi].waiters--;
+    if (t->net)
+        p->net_waiters--;
+    else
+        p->pools[t->pi].waiters--;
     t->waiting = false;
 }
 
@@ -1432,16 +1465,8 @@ int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *
             t->notified = false;
             if (!t->waiting) { /* counted until taken or given up: refill spawns for it */
                 t->pi = pi;
-                t->prev = p->aw_tail;
-                t->next = NULL;
-                if (p->aw_tail != NULL)
-                    p->aw_tail->next = t;
-                else
-                    p->aw_head = t;
-                p->aw_tail = t;
-                pool->waiters++;
-                t->waiting = true;
-                wake(p);
+                t->net = false;
+                waiter_link(p, t);
             }
         }
         if (rc != 1 && t->waiting)
@@ -1495,27 +1520,11 @@ static bool steal_any(struct fn_pools *p)
     return false;
 }
 
-/* Wait for the READY of a worker made for one call (or the reason it will
- * not come). No lock held. Returns true when the worker's socket closed
- * without a word (its zygote died under it). */
-static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, char *why,
-                      size_t whylen)
+/* Read the READY of a worker made for one call (its task socket is readable), or the reason
+ * it will not come. No lock held. Returns true when the worker's socket closed without a word
+ * (its zygote died under it). */
+static bool own_ready(struct fn_worker *w, const char *name, char *why, size_t whylen)
 {
-    for (;;) {
-        uint64_t now = dsec__fn_now_ns();
-        if (now >= deadline) {
-            snprintf(why, whylen, "the %s worker was not ready in time", name);
-            return false;
-        }
-        struct pollfd pf = {.fd = w->task_fd, .events = POLLIN};
-        int pr = poll(&pf, 1, (int)((deadline - now) / 1000000ull) + 1);
-        if (pr < 0 && errno != EINTR) {
-            snprintf(why, whylen, "waiting for the %s worker: %s", name, strerror(errno));
-            return false;
-        }
-        if (pr > 0)
-            break;
-    }
     union {
         struct fnp_hdr h;
         struct fnp_ready ready;
@@ -1530,8 +1539,10 @@ static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
     ssize_t n;
     do
-        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN)
+        return false; /* not yet: why stays "" */
     int fd = n > 0 ? first_fd(&mh) : -1;
     if (n > 0 && (size_t)n == sizeof m.ready && m.h.magic == FNP_MAGIC && m.h.type == FNP_READY &&
         m.h.len == (uint32_t)n && fd >= 0) {
@@ -1551,73 +1562,15 @@ static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
     return n == 0;
 }
 
-/* One try of dsec__fn_worker_take_net. *zctl: the zygote socket the SPAWN
- * went to; *lost: the worker vanished without a word (its zygote died). */
-static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                         uint64_t wait_ms, uint64_t deadline, int *zctl_used, bool *lost,
-                         struct fn_worker **out, dsec_err *err)
+/* A worker made for one call will not serve it: its slot comes back. No lock held. */
+static int own_failed(struct fn_pools *p, struct fn_worker *w, char *why, size_t whylen, bool *lost,
+                      dsec_err *err)
 {
-    struct fn_pool *pool = &p->pools[pi];
-    struct timespec ts;
-    deadline_ts(&ts, deadline);
-    *lost = false;
-    pthread_mutex_lock(&p->mu);
-    if (!pool->wanted && pi < FN_RT_COUNT) {
-        pool->wanted = true;
-        wake(p);
-    }
-    int rc = 0;
-    bool stole = false;
-    p->net_waiters++;
-    while (rc == 0 && (pool->state != P_UP || p->nfree == 0)) {
-        if (p->stop) {
-            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
-        } else if (pool->state == P_FAILED) {
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
-                              pool->name, pool->error);
-        } else {
-            if (pool->state == P_UP && !stole)
-                stole = steal_any(p);
-            if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT &&
-                (pool->state != P_UP || p->nfree == 0))
-                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
-                                  "function: no slot for a %s worker within %" PRIu64
-                                  " ms (max_workers %u, all in use)",
-                                  pool->name, wait_ms, p->max_workers);
-        }
-    }
-    p->net_waiters--;
-    struct fn_worker *w = rc == 0 ? dsec_calloc(1, sizeof *w) : NULL;
-    if (rc == 0 && w == NULL)
-        rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a worker");
-    if (rc < 0) {
-        pthread_mutex_unlock(&p->mu);
-        return -1;
-    }
-    w->own = true;
-    w->rt = pool->rt;
-    w->pool = pool->idx;
-    w->slot = p->free_slots[--p->nfree];
-    w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
-    p->slot_worker[w->slot] = w;
-    pool->nbusy++;
-    pool->calls++;
-    int zctl = *zctl_used = pool->zctl;
-    pthread_mutex_unlock(&p->mu);
-
-    char why[DSEC_ERR_MSG_MAX] = "";
-    if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) == 0)
-        *lost = own_ready(w, pool->name, deadline, why, sizeof why);
-    else
-        *lost = true; /* the zygote's socket refused it */
-    if (why[0] == '\0') {
-        *out = w;
-        return 0;
-    }
+    struct fn_pool *pool = &p->pools[w->pool];
     worker_close(w); /* a worker still on its way sees its task socket close and exits */
     pthread_mutex_lock(&p->mu);
     if (w->why[0] != '\0') { /* the zygote said why */
-        snprintf(why, sizeof why, "%s", w->why);
+        snprintf(why, whylen, "%s", w->why);
         *lost = false;
     }
     pool->nbusy--;
@@ -1631,30 +1584,94 @@ static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *r
                         "function: a %s worker in the sandbox's network: %s", pool->name, why);
 }
 
-int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
+int dsec__fn_worker_net_start(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                              struct fn_take_waiter *t, bool expired, uint64_t wait_ms,
+                              struct fn_worker **out, int *zctl_used, bool *lost, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
-    for (int tries = 1;; tries++) {
-        int zctl = -1;
-        bool lost = false;
-        if (take_net_once(p, pi, netns_fd, resolver, wait_ms, deadline, &zctl, &lost, out, err) ==
-            0)
-            return 0;
-        if (!lost || tries == 3 || dsec__fn_now_ns() >= deadline)
-            return -1;
-        /* Its zygote died under it: wait (briefly) until the pool thread has
-         * seen that, and try again with the rebuilt one. */
-        uint64_t until = dsec__fn_now_ns() + 1000000000ull;
-        struct timespec ts;
-        deadline_ts(&ts, until < deadline ? until : deadline);
-        pthread_mutex_lock(&p->mu);
-        while (pool->zctl == zctl && pool->state == P_UP && !p->stop &&
-               pthread_cond_timedwait(&p->cv, &p->mu, &ts) != ETIMEDOUT) {
-        }
-        pthread_mutex_unlock(&p->mu);
+    *lost = false;
+    pthread_mutex_lock(&p->mu);
+    if (!pool->wanted && pi < FN_RT_COUNT) {
+        pool->wanted = true;
+        wake(p);
     }
+    int rc = 0;
+    if (p->stop) {
+        rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+    } else if (pool->state == P_FAILED) {
+        rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                          pool->name, pool->error);
+    } else if (pool->state != P_UP || p->nfree == 0) {
+        if (expired) {
+            rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                              "function: no slot for a %s worker within %" PRIu64
+                              " ms (max_workers %u, all in use)",
+                              pool->name, wait_ms, p->max_workers);
+        } else {
+            rc = 1;
+            if (t->efd < 0)
+                t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: the caller polls */
+            t->notified = false;
+            if (!t->waiting) {
+                t->pi = pi;
+                t->net = true;
+                waiter_link(p, t);
+            }
+            if (pool->state == P_UP && !t->stole)
+                t->stole = steal_any(p);
+        }
+    }
+    if (rc != 1 && t->waiting)
+        waiter_unlink(p, t);
+    struct fn_worker *w = rc == 0 ? dsec_calloc(1, sizeof *w) : NULL;
+    if (rc == 0 && w == NULL)
+        rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a worker");
+    if (rc != 0) {
+        pthread_mutex_unlock(&p->mu);
+        return rc;
+    }
+    w->own = true;
+    w->rt = pool->rt;
+    w->pool = pool->idx;
+    w->slot = p->free_slots[--p->nfree];
+    w->task_fd = w->stdin_fd = w->stdout_fd = w->stderr_fd = w->pidfd = -1;
+    p->slot_worker[w->slot] = w;
+    pool->nbusy++;
+    pool->calls++;
+    int zctl = *zctl_used = pool->zctl;
+    pthread_mutex_unlock(&p->mu);
+
+    char why[DSEC_ERR_MSG_MAX] = "";
+    if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) < 0) {
+        *lost = true; /* the zygote's socket refused it */
+        return own_failed(p, w, why, sizeof why, lost, err);
+    }
+    *out = w;
+    return 0;
+}
+
+int dsec__fn_worker_net_ready(struct fn_pools *p, struct fn_worker *w, bool timed_out, bool *lost,
+                              dsec_err *err)
+{
+    const char *name = p->pools[w->pool].name;
+    char why[DSEC_ERR_MSG_MAX] = "";
+    *lost = false;
+    if (timed_out)
+        snprintf(why, sizeof why, "the %s worker was not ready in time", name);
+    else
+        *lost = own_ready(w, name, why, sizeof why);
+    if (why[0] == '\0')
+        return w->ready ? 0 : 1;
+    return own_failed(p, w, why, sizeof why, lost, err);
+}
+
+bool dsec__fn_pool_zygote_changed(struct fn_pools *p, int pi, int zctl)
+{
+    pthread_mutex_lock(&p->mu);
+    const struct fn_pool *pool = &p->pools[pi];
+    bool changed = pool->zctl != zctl || pool->state != P_UP || p->stop;
+    pthread_mutex_unlock(&p->mu);
+    return changed;
 }
 
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)
