@@ -450,10 +450,18 @@ static int pidfd_kill(int pidfd)
 
 /*
  * One call in flight, driven by callbacks on the loop's thread: a timer watch (the wait for a
- * warm worker, then the call's deadline, its CPU polling and the grace after a kill) and one
- * watch per channel of the worker (stdout, stderr, stdin while there is some to write, the task
- * socket, the supervisor's pidfd). exec_start prepares the task on the caller's thread; every
- * step after that runs on the loop, so no thread waits for a call.
+ * worker, then the call's deadline, its CPU polling and the grace after a kill), the waiter's
+ * eventfd while it waits for a worker, a networked worker's task socket until its READY, and
+ * one watch per channel of the worker (stdout, stderr, stdin while there is some to write,
+ * the task socket, the supervisor's pidfd).
+ *
+ * What blocks, and where: exec_start makes the task on the caller's thread (parsing, the
+ * strings and their sealed memfd, up to STRINGS_MAX; the copy of stdin; the sandbox's files
+ * bundle, rebuilt only after a file changed, a copy bounded by its disk quota): microseconds
+ * for a usual call, milliseconds for a large one. Nothing waits for a worker, the call or its
+ * output there. On the loop thread only system calls that wait for nothing but the kernel:
+ * the slot cgroup's limit writes and the TASK send (a fresh worker's socket has room), and for
+ * a networked call its slot's cgroup directory, socket, pipes and SPAWN to the zygote.
  */
 /* A call waiting for a worker hears of one through its waiter's eventfd; the timer looks
  * again this often as well, in case it was told of a worker another call took. */
