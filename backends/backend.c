@@ -71,7 +71,10 @@ int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,
         }
         be->own_loop = true;
     }
-    if (ops->init(&be->self, cfg ? cfg : &empty, err) < 0) {
+    /* the backend sees the loop its commands complete on, its own or the node's */
+    dsec_backend_config with_loop = cfg ? *cfg : empty;
+    with_loop.loop = be->loop;
+    if (ops->init(&be->self, &with_loop, err) < 0) {
         dsec_err_wrap(err, "opening backend \"%s\"", ops->type);
         goto out_loop;
     }

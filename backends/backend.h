@@ -111,8 +111,9 @@ typedef struct dsec_exec_req {
     uint64_t timeout_ms; /* 0: no timeout */
     size_t output_max;   /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
     /* Optional: output as it arrives while the command runs (stream 1
-     * stdout, 2 stderr; data borrowed for the call), called on the thread
-     * running exec. Backends that cannot stream never call it. */
+     * stdout, 2 stderr; data borrowed for the call), called on the loop's
+     * thread for exec_start (and for exec on a backend whose exec waits on
+     * its loop). Backends that cannot stream never call it. */
     void (*on_output)(void *arg, int stream, const uint8_t *data, size_t len);
     void *on_output_arg;
 } dsec_exec_req;
