@@ -45,7 +45,7 @@
  *     at most ROLLOUT_MAX_CMD_S), nearly all `sleep` (waiting), 0.2% a busy loop of at most 2 s
  *     (CPU-bound); file writes of 1 KiB-10 MiB (90% below 256 KiB) and reads of the file written;
  *     now and then a fork into one child that runs `true` and is destroyed. Commands are drawn
- *     until their planned durations sum to ROLLOUT_BUDGET_S (180) exactly, the last one clipped.
+ *     until their planned durations sum to ROLLOUT_BUDGET_S (150) exactly, the last one clipped.
  *     Ideal time: for each sandbox the sum of its steps' durations when nothing waits on the node,
  *     that is the planned durations of its commands (file transfers and forks count zero: all of
  *     their time is overhead); then the maximum over sandboxes, since they run in parallel. By
@@ -224,7 +224,8 @@ static bool g_hybrid;
 
 typedef struct node_sample {
     uint64_t inflight, peak, work_queued, work_peak, live;
-    double cpu_s; /* user + system of the node's process */
+    double cpu_s;     /* user + system of the node's process */
+    uint64_t expired; /* times the cell's scheduler took the node out of placement for silence */
 } node_sample;
 
 static int child_main(int cmd, int resp, const char *root)
@@ -267,8 +268,10 @@ static int child_main(int cmd, int resp, const char *root)
         getrusage(RUSAGE_SELF, &ru);
         double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
                      (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-        fprintf(out, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.6f\n", ns.execs_inflight,
-                ns.execs_peak, ns.work_queued, ns.work_peak, ns.live, cpu);
+        dsec_sched_stats ss;
+        dsec_sched_stats_get(dsec_cell_sched_at(cell, 0), &ss);
+        fprintf(out, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.6f %" PRIu64 "\n",
+                ns.execs_inflight, ns.execs_peak, ns.work_queued, ns.work_peak, ns.live, cpu, ss.expired);
     }
     /* 'Q' or the bench went away: destroy everything, then go */
     dsec_cell_stop(cell, true);
@@ -286,8 +289,8 @@ static int node_query(node_sample *s)
     char line[256];
     int rc = -1;
     if (g_child > 0 && write(g_cmd, "S", 1) == 1 && fgets(line, sizeof line, g_resp_f) != NULL &&
-        sscanf(line, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf", &s->inflight, &s->peak,
-               &s->work_queued, &s->work_peak, &s->live, &s->cpu_s) == 6)
+        sscanf(line, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %" SCNu64, &s->inflight,
+               &s->peak, &s->work_queued, &s->work_peak, &s->live, &s->cpu_s, &s->expired) == 7)
         rc = 0;
     pthread_mutex_unlock(&g_child_mu);
     if (rc < 0)
@@ -399,6 +402,7 @@ typedef struct phase_stats {
     uint64_t work_max;
     double t0, t1;         /* phase clock */
     double node_cpu0, node_cpu1;
+    uint64_t expired0, expired1;
     uint64_t host_busy0, host_total0, host_busy1, host_total1; /* /proc/stat jiffies */
     double self_cpu0, self_cpu1;
 } phase_stats;
@@ -466,10 +470,12 @@ static void phase_begin(int ph)
     int old = atomic_load(&g_phase);
     g_ph[old].t1 = t;
     g_ph[old].node_cpu1 = s.cpu_s;
+    g_ph[old].expired1 = s.expired;
     host_jiffies(&g_ph[old].host_busy1, &g_ph[old].host_total1);
     g_ph[old].self_cpu1 = self_cpu();
     g_ph[ph].t0 = t;
     g_ph[ph].node_cpu0 = s.cpu_s;
+    g_ph[ph].expired0 = s.expired;
     host_jiffies(&g_ph[ph].host_busy0, &g_ph[ph].host_total0);
     g_ph[ph].self_cpu0 = self_cpu();
     atomic_store(&g_phase, ph);
@@ -549,15 +555,15 @@ static sandbox *g_sb;
 static size_t g_n;
 static uint8_t *g_bytes; /* FILE_MAX bytes every write takes its data from */
 static atomic_uint_fast64_t g_fail[K_N + 1];
-static char g_first_err[640];
+static char g_first_err[K_N + 1][640]; /* the first failure of each kind */
 static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void note_fail(int kind, const char *id, const char *what)
 {
     atomic_fetch_add(&g_fail[kind], 1);
     pthread_mutex_lock(&g_err_mu);
-    if (g_first_err[0] == '\0')
-        snprintf(g_first_err, sizeof g_first_err, "%s in %s: %.400s", kind < K_N ? kind_names[kind] : "sleep-phase",
+    if (g_first_err[kind][0] == '\0')
+        snprintf(g_first_err[kind], sizeof g_first_err[kind], "%s in %s: %.400s", kind < K_N ? kind_names[kind] : "sleep-phase",
                  id, what);
     pthread_mutex_unlock(&g_err_mu);
 }
@@ -795,7 +801,7 @@ int main(void)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_n = env_ul("ROLLOUT_SANDBOXES", 1000);
-    uint32_t budget_ms = (uint32_t)(env_ul("ROLLOUT_BUDGET_S", 180) * 1000);
+    uint32_t budget_ms = (uint32_t)(env_ul("ROLLOUT_BUDGET_S", 150) * 1000);
     uint32_t max_cmd_ms = (uint32_t)(env_ul("ROLLOUT_MAX_CMD_S", 120) * 1000);
     uint64_t seed = env_ul("ROLLOUT_SEED", 36);
     unsigned sleep_s = (unsigned)env_ul("ROLLOUT_SLEEP_S", 5);
@@ -1066,6 +1072,12 @@ int main(void)
     double host_busy = (double)(pr->host_busy1 - pr->host_busy0) /
                        (double)(pr->host_total1 - pr->host_total0 ? pr->host_total1 - pr->host_total0 : 1);
     double self_ro = pr->self_cpu1 - pr->self_cpu0;
+    phase_stats *ph_host = &g_ph[PH_HOST_ROLLOUT];
+    double busy_idle = (double)(pi->host_busy1 - pi->host_busy0) /
+                       (double)(pi->host_total1 - pi->host_total0 ? pi->host_total1 - pi->host_total0 : 1);
+    double busy_host = (double)(ph_host->host_busy1 - ph_host->host_busy0) /
+                       (double)(ph_host->host_total1 - ph_host->host_total0 ? ph_host->host_total1 - ph_host->host_total0
+                                                                            : 1);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
     printf("\n%-28s %-44s %-44s %s\n", "figure", "dsec", "baseline (same run)", "target");
@@ -1124,19 +1136,27 @@ int main(void)
     printf("%-28s %-44s %-44s <= %u ms %s\n", "heartbeat gap, longest", a, b, 2 * hb_ms, pf(t_hb));
     snprintf(a, sizeof a, "%" PRIu64 " received in the rollout, %" PRIu64 " lost", pr->hbs, g_hb_lost);
     printf("%-28s %-44s\n", "", a);
+    uint64_t exp_load = ps->expired1 - ps->expired0 + pr->expired1 - pr->expired0;
+    snprintf(a, sizeof a, "%" PRIu64 " times (sleep phase and rollout)", exp_load);
+    snprintf(b, sizeof b, "idle: %" PRIu64 " times", pi->expired1 - pi->expired0);
+    printf("%-28s %-44s %-44s 0 %s\n", "node taken out for silence", a, b, pf(exp_load == 0));
     snprintf(a, sizeof a, "%.1f CPU-s = %.1f%% of a core", node_cpu, 100 * node_cpu / ro_s);
-    snprintf(b, sizeof b, "idle: %.1f%% of a core; host busy %.0f%% of %ld", 100 * node_cpu_idle / idle_len,
-             100 * host_busy, ncpu);
+    snprintf(b, sizeof b, "idle: %.1f%% of a core", 100 * node_cpu_idle / idle_len);
     printf("%-28s %-44s %-44s\n", "node process CPU, rollout", a, b);
+    snprintf(a, sizeof a, "%.0f%% of %ld during the rollout", 100 * host_busy, ncpu);
+    snprintf(b, sizeof b, "idle window %.0f%% (others' load); host run %.0f%%", 100 * busy_idle, 100 * busy_host);
+    printf("%-28s %-44s %-44s\n", "machine CPU busy", a, b);
     snprintf(a, sizeof a, "%.1f CPU-s (1 thread per sandbox)", self_ro);
     printf("%-28s %-44s\n", "bench client CPU, rollout", a);
     snprintf(a, sizeof a, "%" PRIu64 " queued at most (sampled)", pr->work_max);
     printf("%-28s %-44s\n", "node work queue", a);
     printf("failed steps: %zu (sleep %" PRIuFAST64 ", cpu %" PRIuFAST64 ", write %" PRIuFAST64 ", read %" PRIuFAST64
-           ", fork %" PRIuFAST64 ", other %" PRIuFAST64 ")%s%s\n",
+           ", fork %" PRIuFAST64 ", other %" PRIuFAST64 ")\n",
            failed, atomic_load(&g_fail[K_SLEEP]), atomic_load(&g_fail[K_CPU]), atomic_load(&g_fail[K_WRITE]),
-           atomic_load(&g_fail[K_READ]), atomic_load(&g_fail[K_FORK]), atomic_load(&g_fail[K_N]),
-           g_first_err[0] ? "; first: " : "", g_first_err);
+           atomic_load(&g_fail[K_READ]), atomic_load(&g_fail[K_FORK]), atomic_load(&g_fail[K_N]));
+    for (int k = 0; k <= K_N; k++)
+        if (g_first_err[k][0] != '\0')
+            printf("  first failure: %s\n", g_first_err[k]);
 
     /* destroy */
     atomic_store(&g_next_create, 0);
