@@ -1,5 +1,6 @@
-/* rollout.c - make bench S=rollout: one node running 1,000 busy container sandboxes, each an agent loop of
- * SWE-like steps, against the ideal time and the same steps run directly on the host in the same run. */
+/* rollout.c - make bench S=rollout: one node running 1,000 busy container sandboxes, each an agent
+ * loop of SWE-like steps, against the ideal time and the same steps run directly on the host in the
+ * same run. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -108,9 +109,9 @@ typedef struct step {
     uint32_t planned_ms; /* commands */
     uint32_t bytes;      /* writes */
     /* measured */
-    float wall_ms;       /* as the client saw it */
-    float own_ms;        /* the agent's duration of the command */
-    float host_wall_ms;  /* the same step on the host */
+    float wall_ms;      /* as the client saw it */
+    float own_ms;       /* the agent's duration of the command */
+    float host_wall_ms; /* the same step on the host */
     bool failed;
 } step;
 
@@ -118,10 +119,10 @@ typedef struct sandbox {
     char id[DSEC_ID_MAX];
     step *steps;
     size_t nsteps;
-    double end_s;      /* when its last step ended (phase clock) */
+    double end_s; /* when its last step ended (phase clock) */
     double host_end_s;
     uint64_t rng;
-    char err[256];     /* the first failure */
+    char err[256]; /* the first failure */
 } sandbox;
 
 static uint64_t rng_next(uint64_t *s) /* splitmix64 */
@@ -207,8 +208,8 @@ static void step_argv(const step *st, const char *argv[8], char buf[32])
     if (st->kind == K_SLEEP) {
         argv[0] = "sleep", argv[1] = buf, argv[2] = NULL;
     } else {
-        argv[0] = "timeout", argv[1] = buf, argv[2] = "sh", argv[3] = "-c", argv[4] = "while :; do :; done",
-        argv[5] = NULL;
+        argv[0] = "timeout", argv[1] = buf, argv[2] = "sh", argv[3] = "-c",
+        argv[4] = "while :; do :; done", argv[5] = NULL;
     }
 }
 
@@ -231,7 +232,8 @@ typedef struct node_sample {
 static int child_main(int cmd, int resp, const char *root)
 {
     /* the bench stops this process through the pipe (a 'Q', or EOF when the bench dies however
-     * it dies), so that the cell destroys its sandboxes first: a ^C to the terminal is the bench's */
+     * it dies), so that the cell destroys its sandboxes first: a ^C to the terminal is the bench's
+     */
     signal(SIGINT, SIG_IGN);
     signal(SIGHUP, SIG_IGN);
     signal(SIGTERM, SIG_DFL);
@@ -245,7 +247,8 @@ static int child_main(int cmd, int resp, const char *root)
     conf.sched_replicas = 1;
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
     snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
-    dsec_cell_node node = {.cpu_milli = 100000000, .memory_mb = 1u << 24, .slots = 8192, .disk_mb = 1u << 30};
+    dsec_cell_node node = {
+        .cpu_milli = 100000000, .memory_mb = 1u << 24, .slots = 8192, .disk_mb = 1u << 30};
     snprintf(node.name, sizeof node.name, "%s", g_node);
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
@@ -270,8 +273,10 @@ static int child_main(int cmd, int resp, const char *root)
                      (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
         dsec_sched_stats ss;
         dsec_sched_stats_get(dsec_cell_sched_at(cell, 0), &ss);
-        fprintf(out, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.6f %" PRIu64 "\n",
-                ns.execs_inflight, ns.execs_peak, ns.work_queued, ns.work_peak, ns.live, cpu, ss.expired);
+        fprintf(out,
+                "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.6f %" PRIu64 "\n",
+                ns.execs_inflight, ns.execs_peak, ns.work_queued, ns.work_peak, ns.live, cpu,
+                ss.expired);
     }
     /* 'Q' or the bench went away: destroy everything, then go */
     dsec_cell_stop(cell, true);
@@ -289,8 +294,9 @@ static int node_query(node_sample *s)
     char line[256];
     int rc = -1;
     if (g_child > 0 && write(g_cmd, "S", 1) == 1 && fgets(line, sizeof line, g_resp_f) != NULL &&
-        sscanf(line, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %" SCNu64, &s->inflight,
-               &s->peak, &s->work_queued, &s->work_peak, &s->live, &s->cpu_s, &s->expired) == 7)
+        sscanf(line, "%" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %" SCNu64,
+               &s->inflight, &s->peak, &s->work_queued, &s->work_peak, &s->live, &s->cpu_s,
+               &s->expired) == 7)
         rc = 0;
     pthread_mutex_unlock(&g_child_mu);
     if (rc < 0)
@@ -298,7 +304,8 @@ static int node_query(node_sample *s)
     return rc;
 }
 
-/* crun the way the backend calls it: in a private mount namespace without the hybrid cgroup2 mount. */
+/* crun the way the backend calls it: in a private mount namespace without the hybrid cgroup2 mount.
+ */
 static void crun_quiet(const char *const argv[])
 {
     pid_t pid = fork();
@@ -360,9 +367,11 @@ static void cleanup(void)
         pclose(p);
     if (left > 0)
         fprintf(stderr, "bench rollout: %d containers were left in %s; deleted\n", left, run);
-    sh("for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d 2>/dev/null); do "
+    sh("for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d "
+       "2>/dev/null); do "
        "rmdir $d 2>/dev/null; done; "
-       "grep -o ' %s[^ ]*' /proc/self/mounts | sort -r | while read m; do umount -l $m; done; rm -rf %s",
+       "grep -o ' %s[^ ]*' /proc/self/mounts | sort -r | while read m; do umount -l $m; done; rm "
+       "-rf %s",
        g_node, g_node, g_root, g_root);
 }
 
@@ -390,8 +399,8 @@ static void on_signal(int sig)
 /* ---- heartbeats and samples --------------------------------------------------------------- */
 
 enum { PH_SETUP, PH_IDLE, PH_SLEEP, PH_HOST_SLEEP, PH_ROLLOUT, PH_HOST_ROLLOUT, PH_END, PH_N };
-static const char *const phase_names[PH_N] = {"setup", "idle", "sleep", "host-sleep", "rollout", "host-rollout",
-                                              "end"};
+static const char *const phase_names[PH_N] = {"setup",   "idle",         "sleep", "host-sleep",
+                                              "rollout", "host-rollout", "end"};
 static atomic_int g_phase;
 
 typedef struct phase_stats {
@@ -400,7 +409,7 @@ typedef struct phase_stats {
     uint64_t hbs;
     uint64_t inflight_max; /* sampled */
     uint64_t work_max;
-    double t0, t1;         /* phase clock */
+    double t0, t1; /* phase clock */
     double node_cpu0, node_cpu1;
     uint64_t expired0, expired1;
     uint64_t host_busy0, host_total0, host_busy1, host_total1; /* /proc/stat jiffies */
@@ -443,8 +452,9 @@ static void host_jiffies(uint64_t *busy, uint64_t *total)
 {
     FILE *f = fopen("/proc/stat", "r");
     uint64_t v[10] = {0};
-    if (f && fscanf(f, "cpu %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
-                       " %" SCNu64,
+    if (f && fscanf(f,
+                    "cpu %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                    " %" SCNu64 " %" SCNu64,
                     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) == 8) {
         *total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
         *busy = *total - v[3] - v[4];
@@ -457,8 +467,8 @@ static double self_cpu(void)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-           (double)ru.ru_stime.tv_usec / 1e6;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
 static void phase_begin(int ph)
@@ -499,7 +509,8 @@ static void *monitor(void *arg)
                     "steps done %" PRIuFAST64 " of %" PRIuFAST64 "\n",
                     r > 0 && WIFSIGNALED(st) ? "killed by signal" : "exit status",
                     r > 0 ? (WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st)) : -1,
-                    phase_names[atomic_load(&g_phase)], atomic_load(&g_steps_done), atomic_load(&g_steps_total));
+                    phase_names[atomic_load(&g_phase)], atomic_load(&g_steps_done),
+                    atomic_load(&g_steps_total));
             if (r > 0)
                 g_child = -1;
             cleanup();
@@ -513,10 +524,11 @@ static void *monitor(void *arg)
             g_ph[ph].work_max = s.work_queued;
         if (g_deadline > 0 && now_s() > g_deadline) {
             fprintf(stderr,
-                    "bench rollout: FAILURE: phase %s passed its deadline (hang?): steps done %" PRIuFAST64
-                    " of %" PRIuFAST64 ", execs in flight on the node %" PRIu64 ", work queued %" PRIu64 "\n",
-                    phase_names[ph], atomic_load(&g_steps_done), atomic_load(&g_steps_total), s.inflight,
-                    s.work_queued);
+                    "bench rollout: FAILURE: phase %s passed its deadline (hang?): steps done "
+                    "%" PRIuFAST64 " of %" PRIuFAST64 ", execs in flight on the node %" PRIu64
+                    ", work queued %" PRIu64 "\n",
+                    phase_names[ph], atomic_load(&g_steps_done), atomic_load(&g_steps_total),
+                    s.inflight, s.work_queued);
             cleanup();
             printf("FAIL: the run hung; no figures\n");
             _exit(1);
@@ -563,8 +575,8 @@ static void note_fail(int kind, const char *id, const char *what)
     atomic_fetch_add(&g_fail[kind], 1);
     pthread_mutex_lock(&g_err_mu);
     if (g_first_err[kind][0] == '\0')
-        snprintf(g_first_err[kind], sizeof g_first_err[kind], "%s in %s: %.400s", kind < K_N ? kind_names[kind] : "sleep-phase",
-                 id, what);
+        snprintf(g_first_err[kind], sizeof g_first_err[kind], "%s in %s: %.400s",
+                 kind < K_N ? kind_names[kind] : "sleep-phase", id, what);
     pthread_mutex_unlock(&g_err_mu);
 }
 
@@ -575,8 +587,13 @@ static void *create_worker(void *arg)
     (void)arg;
     pthread_barrier_wait(&g_barrier);
     for (size_t i; (i = atomic_fetch_add(&g_next_create, 1)) < g_n;) {
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000, .memory_mb = 256,
-                               .disk_mb = 256, .ttl_s = 86400, .idle_s = 86400};
+        dsec_create_spec cs = {.type = "container",
+                               .env = "busybox:1",
+                               .cpu_milli = 1000,
+                               .memory_mb = 256,
+                               .disk_mb = 256,
+                               .ttl_s = 86400,
+                               .idle_s = 86400};
         dsec_sandbox_info info;
         dsec_err err;
         if (dsec_create(g_cl, &cs, &info, &err) < 0) {
@@ -674,7 +691,8 @@ static void *rollout_dsec(void *p)
             st->own_ms = (float)((double)r.duration_us / 1000);
             /* busybox timeout execs the busy loop and ends it with SIGTERM: for a CPU-bound step
              * that (or exit code 143 or 124) is success */
-            bool ended = st->kind == K_CPU && (r.signal == SIGTERM || r.exit_code == 143 || r.exit_code == 124);
+            bool ended = st->kind == K_CPU &&
+                         (r.signal == SIGTERM || r.exit_code == 143 || r.exit_code == 124);
             if (r.exit_code != 0 && !ended) {
                 char m[96];
                 snprintf(m, sizeof m, "exit code %d, signal %d", r.exit_code, r.signal);
@@ -861,19 +879,25 @@ int main(void)
             }
     printf("rollout bench in %s: node %s, cell %s (cgroups: %s)\n", root, g_node, g_cell,
            g_hybrid ? "hybrid v1 + cgroup2" : "as the host has them");
-    printf("plan (seed %" PRIu64 "): %zu sandboxes, %zu steps: %zu sleep, %zu cpu-bound, %zu writes (%.1f MiB in all), "
+    printf("plan (seed %" PRIu64
+           "): %zu sandboxes, %zu steps: %zu sleep, %zu cpu-bound, %zu writes (%.1f MiB in all), "
            "%zu reads, %zu forks\n",
-           seed, g_n, nsteps, count[K_SLEEP], count[K_CPU], count[K_WRITE], (double)bytes / 1048576, count[K_READ],
-           count[K_FORK]);
-    printf("  command durations: p50 %.2f s, p90 %.2f s, p99 %.2f s, max %.1f s, %zu over 60 s; CPU-bound demand %.0f "
+           seed, g_n, nsteps, count[K_SLEEP], count[K_CPU], count[K_WRITE], (double)bytes / 1048576,
+           count[K_READ], count[K_FORK]);
+    printf("  command durations: p50 %.2f s, p90 %.2f s, p99 %.2f s, max %.1f s, %zu over 60 s; "
+           "CPU-bound demand %.0f "
            "CPU-s (%.2f cores over the ideal)\n",
-           pct(cmd_ms, ncmd, 0.5) / 1000, pct(cmd_ms, ncmd, 0.9) / 1000, pct(cmd_ms, ncmd, 0.99) / 1000,
-           pct(cmd_ms, ncmd, 1.0) / 1000, over60, cpu_demand_s, cpu_demand_s / ideal_s);
-    printf("  ideal time = max over sandboxes of (sum of the planned durations of that sandbox's commands; file\n"
-           "  transfers and forks count 0) = %.3f s (each sandbox's commands sum to ROLLOUT_BUDGET_S)\n",
+           pct(cmd_ms, ncmd, 0.5) / 1000, pct(cmd_ms, ncmd, 0.9) / 1000,
+           pct(cmd_ms, ncmd, 0.99) / 1000, pct(cmd_ms, ncmd, 1.0) / 1000, over60, cpu_demand_s,
+           cpu_demand_s / ideal_s);
+    printf("  ideal time = max over sandboxes of (sum of the planned durations of that sandbox's "
+           "commands; file\n"
+           "  transfers and forks count 0) = %.3f s (each sandbox's commands sum to "
+           "ROLLOUT_BUDGET_S)\n",
            ideal_s);
 
-    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
+    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+           ">/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0)
         die("building busybox:1 failed");
     snprintf(g_hostdir, sizeof g_hostdir, "%s/host", root);
@@ -896,7 +920,8 @@ int main(void)
     g_resp_f = fdopen(g_resp, "r");
     char url[512] = "";
     unsigned hb_ms = 0;
-    if (fgets(line, sizeof line, g_resp_f) == NULL || sscanf(line, "URL %511s %u", url, &hb_ms) != 2)
+    if (fgets(line, sizeof line, g_resp_f) == NULL ||
+        sscanf(line, "URL %511s %u", url, &hb_ms) != 2)
         die("the node did not start: %s", line);
 
     dsec_err err;
@@ -909,7 +934,8 @@ int main(void)
     char subj[256];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.node.%s.heartbeat", g_cell, g_node);
     dsec_decoder *hdec = dsec_decoder_new(NULL);
-    if (dsec_bus_connect(&hbus, &bo, &err) < 0 || dsec_actor_new(&hact, hbus, "heartbeats", &err) < 0 ||
+    if (dsec_bus_connect(&hbus, &bo, &err) < 0 ||
+        dsec_actor_new(&hact, hbus, "heartbeats", &err) < 0 ||
         dsec_actor_on(hact, subj, NULL, on_heartbeat, hdec, &err) < 0)
         die("subscribing to heartbeats: %s", err.msg);
     pthread_t mon;
@@ -928,8 +954,8 @@ int main(void)
     size_t created = 0;
     for (size_t i = 0; i < g_n; i++)
         created += g_sb[i].id[0] != '\0';
-    printf("create                 %zu of %zu containers in %.1f s (%.1f ms each, 32 at a time)\n", created, g_n,
-           create_s, create_s * 1000 / (double)g_n);
+    printf("create                 %zu of %zu containers in %.1f s (%.1f ms each, 32 at a time)\n",
+           created, g_n, create_s, create_s * 1000 / (double)g_n);
     if (created < g_n) {
         for (size_t i = 0; i < g_n; i++)
             if (g_sb[i].id[0] == '\0') {
@@ -988,7 +1014,8 @@ int main(void)
     dsec_free(sa);
 
     /* 4. rollout */
-    printf("rollout                starting: %zu steps over %zu sandboxes, ideal %.0f s\n", nsteps, g_n, ideal_s);
+    printf("rollout                starting: %zu steps over %zu sandboxes, ideal %.0f s\n", nsteps,
+           g_n, ideal_s);
     phase_begin(PH_ROLLOUT);
     g_deadline = now_s() + 3 * ideal_s + 600;
     run_all(g_n, rollout_dsec, g_sb, sizeof *g_sb);
@@ -1057,7 +1084,8 @@ int main(void)
     }
     double ov50 = pct(ov, nov, 0.5), ov99 = pct(ov, nov, 0.99), ovmax = pct(ov, nov, 1.0);
     double ovp50 = pct(ovp, nov, 0.5), ovp99 = pct(ovp, nov, 0.99);
-    double hov50 = host_baseline ? pct(hov, nhov, 0.5) : NAN, hov99 = host_baseline ? pct(hov, nhov, 0.99) : NAN;
+    double hov50 = host_baseline ? pct(hov, nhov, 0.5) : NAN,
+           hov99 = host_baseline ? pct(hov, nhov, 0.99) : NAN;
 
     double max_gap = 0, max_sgap = 0;
     for (int ph = PH_SLEEP; ph <= PH_ROLLOUT; ph += PH_ROLLOUT - PH_SLEEP) {
@@ -1069,15 +1097,18 @@ int main(void)
     phase_stats *pr = &g_ph[PH_ROLLOUT], *pi = &g_ph[PH_IDLE], *ps = &g_ph[PH_SLEEP];
     double ro_s = pr->t1 - pr->t0, idle_len = pi->t1 - pi->t0;
     double node_cpu = pr->node_cpu1 - pr->node_cpu0, node_cpu_idle = pi->node_cpu1 - pi->node_cpu0;
-    double host_busy = (double)(pr->host_busy1 - pr->host_busy0) /
-                       (double)(pr->host_total1 - pr->host_total0 ? pr->host_total1 - pr->host_total0 : 1);
+    double host_busy =
+        (double)(pr->host_busy1 - pr->host_busy0) /
+        (double)(pr->host_total1 - pr->host_total0 ? pr->host_total1 - pr->host_total0 : 1);
     double self_ro = pr->self_cpu1 - pr->self_cpu0;
     phase_stats *ph_host = &g_ph[PH_HOST_ROLLOUT];
-    double busy_idle = (double)(pi->host_busy1 - pi->host_busy0) /
-                       (double)(pi->host_total1 - pi->host_total0 ? pi->host_total1 - pi->host_total0 : 1);
+    double busy_idle =
+        (double)(pi->host_busy1 - pi->host_busy0) /
+        (double)(pi->host_total1 - pi->host_total0 ? pi->host_total1 - pi->host_total0 : 1);
     double busy_host = (double)(ph_host->host_busy1 - ph_host->host_busy0) /
-                       (double)(ph_host->host_total1 - ph_host->host_total0 ? ph_host->host_total1 - ph_host->host_total0
-                                                                            : 1);
+                       (double)(ph_host->host_total1 - ph_host->host_total0
+                                    ? ph_host->host_total1 - ph_host->host_total0
+                                    : 1);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
     printf("\n%-28s %-44s %-44s %s\n", "figure", "dsec", "baseline (same run)", "target");
@@ -1086,13 +1117,17 @@ int main(void)
     snprintf(a, sizeof a, "%.2f s (%zu of %zu ok)", sleep_wall, sleep_ok, g_n);
     snprintf(b, sizeof b, "%.2f s (%zu host processes)", host_sleep_wall, g_n);
     bool t_sleep = sleep_ok == g_n && sleep_wall <= sleep_s * 1.1;
-    printf("%-28s %-44s %-44s <= %.1f s %s\n", "sleep phase wall", a, b, sleep_s * 1.1, pf(t_sleep));
-    /* the machine is shared: the same target scaled by what the host itself took, for reading only */
+    printf("%-28s %-44s %-44s <= %.1f s %s\n", "sleep phase wall", a, b, sleep_s * 1.1,
+           pf(t_sleep));
+    /* the machine is shared: the same target scaled by what the host itself took, for reading only
+     */
     double scaled = sleep_s * 1.1 * host_sleep_wall / sleep_s;
     snprintf(a, sizeof a, "%.2f s over the host's", sleep_wall - host_sleep_wall);
-    snprintf(b, sizeof b, "(scaled by the host: <= %.2f s %s)", scaled, pf(sleep_ok == g_n && sleep_wall <= scaled));
+    snprintf(b, sizeof b, "(scaled by the host: <= %.2f s %s)", scaled,
+             pf(sleep_ok == g_n && sleep_wall <= scaled));
     printf("%-28s %-44s %-44s\n", "", a, b);
-    snprintf(a, sizeof a, "%" PRIu64 " (sleep phase; sampled %" PRIu64 ")", sleep_peak, ps->inflight_max);
+    snprintf(a, sizeof a, "%" PRIu64 " (sleep phase; sampled %" PRIu64 ")", sleep_peak,
+             ps->inflight_max);
     snprintf(b, sizeof b, "%zu sandboxes", g_n);
     bool t_inflight = peak_all >= g_n;
     printf("%-28s %-44s %-44s >= %zu %s\n", "execs in flight, most", a, b, g_n, pf(t_inflight));
@@ -1107,12 +1142,14 @@ int main(void)
     printf("%-28s %-44s %-44s <= 1.1 x %s\n", "rollout wall", a, b, pf(t_wall));
     snprintf(a, sizeof a, "ideal %.1f s; sum of agents' durations %.1f s", ideal_s, own_max_s);
     printf("%-28s %-44s\n", "", a);
-    printf("%-28s the last to finish, %s: %zu steps, planned %.1f s, its commands' own time %.1f s,\n"
-           "%-28s its file transfers and forks %.1f s, the rest (exec overhead) %.1f s\n",
-           "", g_sb[slow].id, g_sb[slow].nsteps, slow_planned, slow_own, "", slow_files,
-           g_sb[slow].end_s - slow_own - slow_files);
+    printf(
+        "%-28s the last to finish, %s: %zu steps, planned %.1f s, its commands' own time %.1f s,\n"
+        "%-28s its file transfers and forks %.1f s, the rest (exec overhead) %.1f s\n",
+        "", g_sb[slow].id, g_sb[slow].nsteps, slow_planned, slow_own, "", slow_files,
+        g_sb[slow].end_s - slow_own - slow_files);
     snprintf(a, sizeof a, "p50 %.2f ms p99 %.2f ms max %.0f ms", ov50, ov99, ovmax);
-    snprintf(b, sizeof b, "idle: p50 %.2f ms p99 %.2f ms (exec of true)", idle_true_over, idle_true_over99);
+    snprintf(b, sizeof b, "idle: p50 %.2f ms p99 %.2f ms (exec of true)", idle_true_over,
+             idle_true_over99);
     printf("%-28s %-44s %-44s\n", "overhead/command (-agent)", a, b);
     snprintf(a, sizeof a, "p50 %.2f ms p99 %.2f ms", ovp50, ovp99);
     snprintf(b, sizeof b, "host fork+exec: p50 %.2f ms p99 %.2f ms", hov50, hov99);
@@ -1123,7 +1160,8 @@ int main(void)
         char name[40];
         snprintf(name, sizeof name, "%s step (%zu)", kind_names[k], nl[k]);
         double m = pct(hlat[k], nl[k], 0.5), m99 = pct(hlat[k], nl[k], 0.99);
-        snprintf(a, sizeof a, "p50 %.2f ms p99 %.2f ms", pct(lat[k], nl[k], 0.5), pct(lat[k], nl[k], 0.99));
+        snprintf(a, sizeof a, "p50 %.2f ms p99 %.2f ms", pct(lat[k], nl[k], 0.5),
+                 pct(lat[k], nl[k], 0.99));
         if (k == K_FORK)
             snprintf(b, sizeof b, "(fork + exec of true + destroy of the child)");
         else
@@ -1131,10 +1169,12 @@ int main(void)
         printf("%-28s %-44s %-44s\n", name, a, b);
     }
     snprintf(a, sizeof a, "%.0f ms (node's clock %.0f ms)", max_gap, max_sgap);
-    snprintf(b, sizeof b, "idle: %.0f ms (node's clock %.0f ms)", pi->hb_gap_ms, pi->hb_send_gap_ms);
+    snprintf(b, sizeof b, "idle: %.0f ms (node's clock %.0f ms)", pi->hb_gap_ms,
+             pi->hb_send_gap_ms);
     bool t_hb = max_gap > 0 && max_gap <= 2.0 * hb_ms;
     printf("%-28s %-44s %-44s <= %u ms %s\n", "heartbeat gap, longest", a, b, 2 * hb_ms, pf(t_hb));
-    snprintf(a, sizeof a, "%" PRIu64 " received in the rollout, %" PRIu64 " lost", pr->hbs, g_hb_lost);
+    snprintf(a, sizeof a, "%" PRIu64 " received in the rollout, %" PRIu64 " lost", pr->hbs,
+             g_hb_lost);
     printf("%-28s %-44s\n", "", a);
     uint64_t exp_load = ps->expired1 - ps->expired0 + pr->expired1 - pr->expired0;
     snprintf(a, sizeof a, "%" PRIu64 " times (sleep phase and rollout)", exp_load);
@@ -1144,16 +1184,18 @@ int main(void)
     snprintf(b, sizeof b, "idle: %.1f%% of a core", 100 * node_cpu_idle / idle_len);
     printf("%-28s %-44s %-44s\n", "node process CPU, rollout", a, b);
     snprintf(a, sizeof a, "%.0f%% of %ld during the rollout", 100 * host_busy, ncpu);
-    snprintf(b, sizeof b, "idle window %.0f%% (others' load); host run %.0f%%", 100 * busy_idle, 100 * busy_host);
+    snprintf(b, sizeof b, "idle window %.0f%% (others' load); host run %.0f%%", 100 * busy_idle,
+             100 * busy_host);
     printf("%-28s %-44s %-44s\n", "machine CPU busy", a, b);
     snprintf(a, sizeof a, "%.1f CPU-s (1 thread per sandbox)", self_ro);
     printf("%-28s %-44s\n", "bench client CPU, rollout", a);
     snprintf(a, sizeof a, "%" PRIu64 " queued at most (sampled)", pr->work_max);
     printf("%-28s %-44s\n", "node work queue", a);
-    printf("failed steps: %zu (sleep %" PRIuFAST64 ", cpu %" PRIuFAST64 ", write %" PRIuFAST64 ", read %" PRIuFAST64
-           ", fork %" PRIuFAST64 ", other %" PRIuFAST64 ")\n",
-           failed, atomic_load(&g_fail[K_SLEEP]), atomic_load(&g_fail[K_CPU]), atomic_load(&g_fail[K_WRITE]),
-           atomic_load(&g_fail[K_READ]), atomic_load(&g_fail[K_FORK]), atomic_load(&g_fail[K_N]));
+    printf("failed steps: %zu (sleep %" PRIuFAST64 ", cpu %" PRIuFAST64 ", write %" PRIuFAST64
+           ", read %" PRIuFAST64 ", fork %" PRIuFAST64 ", other %" PRIuFAST64 ")\n",
+           failed, atomic_load(&g_fail[K_SLEEP]), atomic_load(&g_fail[K_CPU]),
+           atomic_load(&g_fail[K_WRITE]), atomic_load(&g_fail[K_READ]),
+           atomic_load(&g_fail[K_FORK]), atomic_load(&g_fail[K_N]));
     for (int k = 0; k <= K_N; k++)
         if (g_first_err[k][0] != '\0')
             printf("  first failure: %s\n", g_first_err[k]);
@@ -1173,10 +1215,11 @@ int main(void)
     dsec_client_free(g_cl);
     cleanup();
 
-    printf("targets: sleep phase %s, execs in flight %s, wall/ideal %s, heartbeat gap %s\n", pf(t_sleep),
-           pf(t_inflight), pf(t_wall), pf(t_hb));
-    printf("{\"scenario\":\"rollout\",\"sandboxes\":%zu,\"sleep_phase_s\":%.2f,\"max_inflight\":%" PRIu64
-           ",\"wall_over_ideal\":%.4f,\"overhead_p50_ms\":%.2f,\"overhead_p99_ms\":%.2f,\"max_heartbeat_gap_ms\":%.0f,"
+    printf("targets: sleep phase %s, execs in flight %s, wall/ideal %s, heartbeat gap %s\n",
+           pf(t_sleep), pf(t_inflight), pf(t_wall), pf(t_hb));
+    printf("{\"scenario\":\"rollout\",\"sandboxes\":%zu,\"sleep_phase_s\":%.2f,\"max_inflight\":"
+           "%" PRIu64 ",\"wall_over_ideal\":%.4f,\"overhead_p50_ms\":%.2f,\"overhead_p99_ms\":%.2f,"
+                      "\"max_heartbeat_gap_ms\":%.0f,"
            "\"heartbeat_interval_ms\":%u}\n",
            g_n, sleep_wall, peak_all, wall / ideal_s, ov50, ov99, max_gap, hb_ms);
     return 0;
