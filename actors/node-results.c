@@ -17,6 +17,7 @@ struct entry {
     struct entry *older, *newer; /* age list */
     uint64_t hash, born_ms;
     size_t bytes;
+    uint8_t hash_req[32]; /* the request that ran */
     char *sbx, *req_id;
     dsec_msg_exec_result res;
 };
@@ -97,7 +98,7 @@ static struct entry *find(dsec_results *r, uint64_t h, const char *sbx, const ch
 }
 
 void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
-                      const dsec_msg_exec_result *res)
+                      const uint8_t hash[32], const dsec_msg_exec_result *res)
 {
     size_t ls = strlen(sbx) + 1, lr = strlen(req_id) + 1, li = strlen(res->id) + 1;
     size_t bytes = sizeof(struct entry) + ls + lr + li + res->stdout_data.len + res->stderr_data.len;
@@ -108,6 +109,7 @@ void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
         return;
     char *p = (char *)(e + 1);
     *e = (struct entry){.hash = key_hash(sbx, req_id), .bytes = bytes, .res = *res};
+    memcpy(e->hash_req, hash, sizeof e->hash_req);
     e->sbx = memcpy(p, sbx, ls), p += ls;
     e->req_id = memcpy(p, req_id, lr), p += lr;
     e->res.id = memcpy(p, res->id, li), p += li;
@@ -135,7 +137,7 @@ void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
 }
 
 bool dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
-                      dsec_msg_exec_result *out, void **hold)
+                      dsec_msg_exec_result *out, uint8_t hash[32], void **hold)
 {
     /* a copy: answering may take a while, and the entry may be evicted meanwhile */
     pthread_mutex_lock(&r->mu);
@@ -154,6 +156,7 @@ bool dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
             c->res.stderr_data.ptr = (const uint8_t *)c->res.stderr_data.ptr + d;
         r->hits++;
         *out = c->res;
+        memcpy(hash, c->hash_req, sizeof c->hash_req);
         *hold = c;
     }
     pthread_mutex_unlock(&r->mu);

@@ -20,14 +20,15 @@ typedef struct dsec_results dsec_results;
 int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms, dsec_err *err);
 void dsec_results_free(dsec_results *r);
 
-/* Keep a copy of res for (sbx, req_id), replacing an older one. Out of memory or a result
- * larger than the budget: not kept (a retry then runs the command again, as before). */
+/* Keep a copy of res for (sbx, req_id), with the hash of the request that ran
+ * (dsec_traj_hash_exec), replacing an older one. Out of memory or a result larger than the
+ * budget: not kept (a retry then runs the command again, as before). */
 void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
-                      const dsec_msg_exec_result *res);
-/* The kept answer for (sbx, req_id): true, and *out points into *hold, which the caller
- * frees with dsec_results_release. */
+                      const uint8_t hash[32], const dsec_msg_exec_result *res);
+/* The kept answer for (sbx, req_id): true, *out points into *hold, which the caller frees
+ * with dsec_results_release, and hash receives its request's hash. */
 bool dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
-                      dsec_msg_exec_result *out, void **hold);
+                      dsec_msg_exec_result *out, uint8_t hash[32], void **hold);
 void dsec_results_release(void *hold);
 /* Forget a destroyed sandbox's answers. */
 void dsec_results_drop(dsec_results *r, const char *sbx);

@@ -1094,7 +1094,7 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
                                 .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
                                 .chunks = e->es.seq};
     if (e->rollout_id == NULL && e->req_id != NULL && e->req_id[0] != '\0')
-        dsec_results_put(n->results, s->id, e->req_id, &out);
+        dsec_results_put(n->results, s->id, e->req_id, e->hash, &out);
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &lerr) < 0)
         dsec_wire_error(n->actor, m, &lerr);
 out:
@@ -1130,7 +1130,7 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     for (uint32_t i = 0; i < x.env.n; i++)
         env[i] = (dsec_backend_kv){x.env.k[i], x.env.v[i]};
-    uint8_t hash[DSEC_SHA256_LEN];
+    uint8_t hash[DSEC_SHA256_LEN] = {0};
     if (x.rollout_id != NULL) {
         Dsec__V1__TrajectoryRecord *rec;
         dsec_traj_hash_exec(&x, hash);
@@ -1161,11 +1161,21 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
      * waiting while it ran) gets the kept answer: the command never runs twice. */
     dsec_msg_exec_result kept;
     void *hold = NULL;
-    if (x.rollout_id == NULL && x.req_id != NULL && x.req_id[0] != '\0' &&
-        dsec_results_get(n->results, s->id, x.req_id, &kept, &hold)) {
-        kept.chunks = 0; /* its output comes whole, in the answer */
-        if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
-            dsec_wire_error(n->actor, m, &err);
+    uint8_t kept_hash[DSEC_SHA256_LEN];
+    bool named = x.rollout_id == NULL && x.req_id != NULL && x.req_id[0] != '\0';
+    if (named)
+        dsec_traj_hash_exec(&x, hash);
+    if (named && dsec_results_get(n->results, s->id, x.req_id, &kept, kept_hash, &hold)) {
+        if (memcmp(kept_hash, hash, sizeof hash) != 0)
+            reply_bad(n, m, "req_id",
+                      "exec: req_id %s named another command in %s (its answer is kept for "
+                      "10 minutes); give each command its own req_id",
+                      x.req_id, s->id);
+        else {
+            kept.chunks = 0; /* its output comes whole, in the answer */
+            if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
+                dsec_wire_error(n->actor, m, &err);
+        }
         dsec_results_release(hold);
         return;
     }
@@ -1180,8 +1190,8 @@ static void do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         snprintf(e->trace, sizeof e->trace, "%s", tr ? tr : "");
         ok = (x.stream_to == NULL || (e->stream_to = dsec_strdup(x.stream_to)) != NULL) &&
              (x.req_id == NULL || (e->req_id = dsec_strdup(x.req_id)) != NULL);
+        memcpy(e->hash, hash, sizeof hash); /* a logged step's, or a named command's */
         if (ok && x.rollout_id != NULL) {
-            memcpy(e->hash, hash, sizeof hash);
             e->argc = x.argv.n;
             ok = (e->rollout_id = dsec_strdup(x.rollout_id)) != NULL &&
                  (e->argv = dsec_calloc(x.argv.n + 1, sizeof *e->argv)) != NULL;
