@@ -120,6 +120,12 @@ typedef struct dsec_exec_req {
 
 #define DSEC_EXEC_OUTPUT_DEFAULT (1u << 20)
 
+/* Sandbox processes that share the node manager's cgroup (QEMU, function-call zygotes and
+ * their workers) run at this nice value: when they keep every CPU busy, the node manager,
+ * at nice 0, is still scheduled at once. Containers have cgroups of their own, weighed down
+ * instead (docs/operations.md, "CPU for the node manager"). */
+#define DSEC_SANDBOX_NICE 10
+
 
 /* Most children one fork may create (the wire's op.n limit). */
 #define DSEC_FORK_MAX 1024

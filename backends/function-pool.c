@@ -584,6 +584,10 @@ static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
         pid = -1;
         goto out;
     }
+    /* before it is told to start workers: they inherit it */
+    if (setpriority(PRIO_PROCESS, (id_t)pid, DSEC_SANDBOX_NICE) < 0)
+        fprintf(stderr, "dsec function: nice %d for zygote %d: %s\n", DSEC_SANDBOX_NICE,
+                (int)pid, strerror(errno));
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {
         snprintf(why, sizeof why, "pidfd_open: %s", strerror(errno));

@@ -982,7 +982,8 @@ struct exec_arg {
 static void *exec_sleep(void *p)
 {
     struct exec_arg *a = p;
-    static const char *const argv[] = {"sleep", "2", NULL};
+    /* long enough for all 120 to be sent, even from a sanitizer build on a busy host */
+    static const char *const argv[] = {"sleep", "8", NULL};
     dsec_exec_reply r;
     dsec_err err;
     a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 20000}, &r, &err);
@@ -996,7 +997,7 @@ static void *exec_sleep(void *p)
 }
 
 /* A node runs as many commands at once as it has sandboxes busy, not as many as it has
- * threads: 120 sandboxes each start a 2 s command at the same moment (sim models the time
+ * threads: 120 sandboxes each start an 8 s command at the same moment (sim models the time
  * a real command takes), and all 120 are in flight together. */
 static void commands_run_at_once(void **state)
 {
@@ -1044,7 +1045,7 @@ struct hog_arg {
 static void *hog_exec(void *p)
 {
     struct hog_arg *a = p;
-    static const char *const argv[] = {"sleep", "6", NULL};
+    static const char *const argv[] = {"sleep", "12", NULL};
     dsec_exec_reply r;
     dsec_err err;
     a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 60000}, &r,
@@ -1086,7 +1087,7 @@ static void busy_tenant_does_not_hold_up_another(void **state)
     }
     dsec_node *node = dsec_cell_node_at(cell, 0);
     dsec_node_stats ns = {0};
-    for (int w = 0; w < 5000 && ns.execs_inflight < N; w += 10) {
+    for (int w = 0; w < 10000 && ns.execs_inflight < N; w += 10) {
         msleep(10);
         dsec_node_stats_get(node, &ns);
     }
