@@ -322,7 +322,8 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                          .on_output_arg = &e->es};
     /* Without a thread when the backend can: the command's answer comes from the loop, and
      * this worker goes on with other sandboxes. */
-    if (dsec_backend_exec_async(s->be) && (e->d = dsec_actor_defer(n->actor, m)) != NULL) {
+    if (dsec_backend_exec_async(s->be) && !dsec_backend_instant(s->be) &&
+        (e->d = dsec_actor_defer(n->actor, m)) != NULL) {
         e->m = dsec_deferred_msg(e->d);
         uint64_t now = atomic_fetch_add(&n->execs_inflight, 1) + 1;
         for (uint64_t peak = atomic_load(&n->execs_peak);

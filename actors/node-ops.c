@@ -716,17 +716,17 @@ void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
                              dsec_msg_subject(m));
         return;
     }
-    if (strcmp(t.op, "exec") == 0) {
-        /* a command on a backend that can start it without a thread: started here, and
-         * its answer comes from the node's loop */
-        pthread_mutex_lock(&n->mu);
-        struct sbx *s = dsec__node_find_id(n, t.id);
-        bool async = s != NULL && dsec_backend_exec_async(s->be);
-        pthread_mutex_unlock(&n->mu);
-        if (async) {
-            sbx_dispatch(a, m, n);
-            return;
-        }
+    /* Run here: what completes at once (a sim sandbox at time_scale 0), and a command on a
+     * backend that starts it without a thread (its answer comes from the node's loop).
+     * Everything else takes its fair turn on the work queue. */
+    pthread_mutex_lock(&n->mu);
+    struct sbx *s = dsec__node_find_id(n, t.id);
+    bool here = s != NULL && (dsec_backend_instant(s->be) ||
+                              (strcmp(t.op, "exec") == 0 && dsec_backend_exec_async(s->be)));
+    pthread_mutex_unlock(&n->mu);
+    if (here) {
+        sbx_dispatch(a, m, n);
+        return;
     }
     to_work(a, m, n, t.tenant, dsec__node_key_of(m, n), sbx_dispatch_job);
 }

@@ -297,8 +297,10 @@ void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
     pthread_mutex_unlock(&n->mu);
 
     /* Starting it needs a thread (crun, mkfs, a VM's boot): it runs on the work queue, in
-     * the tenant's fair turn, and this worker goes on placing. */
-    struct create_job *j = dsec_malloc(sizeof *j);
+     * the tenant's fair turn, and this worker goes on placing. A backend whose operations
+     * complete at once starts it here. */
+    bool here = dsec_backend_instant(s->be);
+    struct create_job *j = here ? NULL : dsec_malloc(sizeof *j);
     dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
     if (d != NULL) {
         *j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};

@@ -187,6 +187,11 @@ int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
     return rc;
 }
 
+bool dsec_backend_instant(const dsec_backend *be)
+{
+    return be->ops->instant != NULL && be->ops->instant(be->self);
+}
+
 bool dsec_backend_exec_async(const dsec_backend *be)
 {
     return be->ops->exec_start != NULL && be->loop != NULL;

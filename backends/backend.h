@@ -312,6 +312,10 @@ typedef struct dsec_backend_ops {
      * connections it no longer allows are cut. */
     int (*net_set)(void *self, dsec_sandbox *sb, const char *const *entries, size_t n,
                    dsec_err *err);
+    /* Optional: true when every operation of this instance completes at once (no I/O, no
+     * modelled time: sim at time_scale 0). The node then runs them where the request
+     * arrives, without handing them to its loop or work queue. */
+    bool (*instant)(void *self);
 } dsec_backend_ops;
 
 /* ---- instances and the call wrappers ----------------------------------------
@@ -346,6 +350,8 @@ int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
                       dsec_exec_result *res, dsec_err *err);
 /* Whether exec_start is there: commands then need no thread while they run. */
 bool dsec_backend_exec_async(const dsec_backend *be);
+/* Whether the instance's operations complete at once (ops->instant). */
+bool dsec_backend_instant(const dsec_backend *be);
 /* Start one command on the instance's loop (dsec_backend_config.loop, or a loop of
  * the instance's own); see exec_start. DSEC_E_UNSUPPORTED without exec_start. */
 int dsec_backend_exec_start(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,

@@ -713,6 +713,13 @@ static void exec_due(dsec_loop_watch *w, unsigned events, void *ud)
     dsec_free(r);
 }
 
+/* At time_scale 0 nothing is slept: every operation returns at once. */
+static bool sim_instant(void *self)
+{
+    const struct sim *s = self;
+    return s->time_scale <= 0.0;
+}
+
 static int sim_exec_start(void *self, dsec_sandbox *h, const dsec_exec_req *req,
                           struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err)
 {
@@ -1262,4 +1269,5 @@ const dsec_backend_ops dsec_sim_ops = {
     .stats = sim_stats,
     .adopt = sim_adopt,
     .detach = sim_detach,
+    .instant = sim_instant,
 };
