@@ -117,7 +117,7 @@ struct conn {
 struct pipe_ep {
     int kind;   /* K_PIPE */
     int fd;     /* the agent's end, or -1 once closed */
-    int stream; /* 0 stdin, 1 stdout, 2 stderr */
+    int stream; /* 0 stdin, 1 stdout, 2 stderr, 3 the shepherd's report */
     bool paused;
     struct cmd *cmd;
 };
@@ -133,8 +133,10 @@ struct port {
 struct cmd {
     struct conn *conn; /* NULL once the connection is gone: output is then discarded */
     uint32_t id;
-    pid_t pid; /* also the process group id (setsid) */
+    pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once it is gone */
+    pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
+    struct pipe_ep rep; /* stream 3: the shepherd's report (struct shep_report) */
     uint8_t *in;
     size_t in_len, in_off;
     uint64_t out_max;
@@ -143,6 +145,14 @@ struct cmd {
     bool exited, timed_out, dead;
     struct cmd *next, *prev;
     struct cmd *next_dead;
+};
+
+/* What a shepherd writes on its report pipe: first the main process's pid (pid_t; a negative
+ * errno when it could not be started), then, once the command's whole tree is gone, this. */
+struct shep_report {
+    int32_t status;   /* the main process's wait status */
+    uint64_t exit_ns; /* when it exited (CLOCK_MONOTONIC) */
+    struct rusage ru; /* its resource usage, as wait4 gives it */
 };
 
 static struct {
@@ -450,12 +460,12 @@ static void cmd_unlink(struct cmd *m)
     g.dead_cmds = m;
 }
 
-/* The main process ended: collect what it wrote, report, forget the command. Processes
- * it left in the background keep running; they lose the pipes. */
-static void cmd_exited(struct cmd *m, int status, const struct rusage *ru)
+/* The main process ended (at end, CLOCK_MONOTONIC) and its shepherd killed whatever else the
+ * command started: collect what it wrote, report, forget the command. */
+static void cmd_exited(struct cmd *m, int status, const struct rusage *ru, uint64_t end)
 {
-    uint64_t end = now_ns();
     m->exited = true;
+    pipe_close(&m->rep);
     for (int s = 1; s <= 2; s++) {
         size_t drained = 0;
         while (m->io[s].fd >= 0 && drained < DRAIN_MAX) {
@@ -492,6 +502,57 @@ static void cmd_exited(struct cmd *m, int status, const struct rusage *ru)
     cmd_unlink(m);
 }
 
+/* The shepherd's report, written in one piece: 1 when read, 0 when not there yet, -1 when it
+ * will never come (the pipe is closed then). */
+static int read_report(struct cmd *m, struct shep_report *rp)
+{
+    if (m->rep.fd < 0)
+        return -1;
+    ssize_t n;
+    do
+        n = read(m->rep.fd, rp, sizeof *rp);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof *rp)
+        return 1;
+    if (n < 0 && errno == EAGAIN)
+        return 0;
+    pipe_close(&m->rep);
+    return -1;
+}
+
+/* The report came: the command's tree is gone; answer now, the shepherd is reaped later. */
+static void on_report(struct cmd *m)
+{
+    struct shep_report rp;
+    if (read_report(m, &rp) == 1)
+        cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
+}
+
+/* A shepherd exited (status, ru its own) before its report was seen: it may be in the pipe. */
+static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
+{
+    struct shep_report rp;
+    m->pid = 0;
+    if (read_report(m, &rp) == 1) {
+        cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
+        return;
+    }
+    /* Killed before it reported (a root command can SIGKILL its parent): the main process,
+     * if it still runs, is our child now and is reaped as one; its tree is no longer told
+     * apart from other commands', so only its process group is killed. */
+    logmsg("exec %" PRIu32 ": the command's shepherd died (status %#x) before it reported", m->id,
+           (unsigned)status);
+    int st;
+    struct rusage cru;
+    pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
+    if (p == m->pgid)
+        cmd_exited(m, st, &cru, now_ns());
+    else if (p == 0)
+        kill(-m->pgid, SIGKILL);
+    else
+        cmd_exited(m, status, ru, now_ns());
+}
+
 static void reap(void)
 {
     for (;;) {
@@ -500,12 +561,19 @@ static void reap(void)
         pid_t pid = wait4(-1, &status, WNOHANG, &ru);
         if (pid <= 0)
             return;
-        /* Orphans of any command come here too (we are init or a subreaper): just reaped. */
-        for (struct cmd *m = g.cmds; m; m = m->next)
+        /* Besides shepherds, only a command whose shepherd died comes here, and processes of
+         * the sandbox that were not ours (we are init): just reaped. So is a shepherd whose
+         * report was answered already. */
+        for (struct cmd *m = g.cmds; m; m = m->next) {
             if (m->pid == pid && !m->exited) {
-                cmd_exited(m, status, &ru);
+                shepherd_gone(m, status, &ru);
                 break;
             }
+            if (m->pid == 0 && m->pgid == pid && !m->exited) {
+                cmd_exited(m, status, &ru, now_ns());
+                break;
+            }
+        }
     }
 }
 
@@ -514,6 +582,10 @@ static void on_pipe(struct pipe_ep *e, uint32_t events)
     struct cmd *m = e->cmd;
     if (m->dead || e->fd < 0)
         return;
+    if (e->stream == 3) {
+        on_report(m);
+        return;
+    }
     if (e->stream == 0) {
         while (m->in_off < m->in_len) {
             ssize_t n = write(e->fd, m->in + m->in_off, m->in_len - m->in_off);
@@ -803,16 +875,315 @@ static char spawn_msg[DSEC__AGENT_ARG_LEN_MAX + 256];
 static void fuzz_check_spawn(const struct spawn *s);
 #endif
 
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
 /* vfork in a function of its own: the caller's locals stay out of the child's way. */
 static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
 {
-#ifdef DSEC_AGENT_FUZZ
-    fuzz_check_spawn(s);
-#endif
     pid_t pid = vfork();
     if (pid == 0)
         child_run(s);
     return pid;
+}
+
+/* ---- exec cleanup: a shepherd per command -------------------------------------------------------
+ */
+
+/*
+ * When an exec ends or times out, everything it started ends with it, however it forked
+ * (setsid, double forks, reparenting). A process group does not hold a tree: any member
+ * can leave it with setsid. What holds it is ancestry, and an orphan's ancestry is kept by
+ * the nearest child subreaper above it. So each command gets a shepherd: a fork of the agent
+ * that makes itself a child subreaper, starts the command (vfork, as the agent did) and
+ * waits. Every process the command starts is a descendant of the shepherd for as long as it
+ * lives, whoever of its ancestors died; the shepherd has no child left exactly when nothing
+ * of the tree is left. When the main process exits (by itself, or killed by the agent at
+ * the timeout, KILL or SIGTERM) the shepherd kills the tree, reaps it, reports the main
+ * process's status and exits; the agent answers EXIT when it reaps the shepherd.
+ *
+ * Why not the alternatives. kill(-1) from the agent as PID 1 of the sandbox's pid namespace
+ * would also kill the other commands running at the same time: execs overlap (several per
+ * connection, several connections or ports), and each must end only its own. A cgroup per
+ * exec needs a writable, delegated cgroup tree, which containers do not give (read-only
+ * cgroupfs, and the runtime owns the container's cgroup) and which gVisor and older guests
+ * may lack. The agent as the only subreaper (it is init in a sandbox) gets every orphan but
+ * cannot tell whose it was. A shepherd works the same in a container (agent PID 1), in a
+ * microVM (agent PID 1 of the guest, exec'd by its init) and outside any pid namespace.
+ *
+ * The kill: the descendants of the shepherd are found in /proc (PPid chains) and each gets
+ * SIGKILL, and so does each process group of the tree (a group-wide signal reaches a child
+ * forked while it is delivered, so a fork bomb inside one group cannot outrun it). Children
+ * forked before their parent died are found in the next round; rounds go on until the
+ * shepherd has no child. /proc is used only when it is the shepherd's own pid namespace's
+ * (/proc/self names the shepherd): numbers from another namespace's /proc would be other
+ * processes. Without it, only the main process's group is killed and the shepherd reports
+ * after TREE_KILL_MS and then waits for the rest on its own.
+ *
+ * A command that is root in the sandbox can SIGKILL its shepherd (its parent); its processes
+ * then go to the agent, which kills the main process's group and otherwise only reaps them.
+ */
+
+#define TREE_KILL_MS 5000 /* report after this even if something of the tree is not gone */
+
+struct proc_ent {
+    pid_t pid, ppid, pgid;
+    bool in; /* a descendant of the shepherd */
+};
+
+static int proc_ent_cmp(const void *a, const void *b)
+{
+    pid_t x = ((const struct proc_ent *)a)->pid, y = ((const struct proc_ent *)b)->pid;
+    return x < y ? -1 : x > y;
+}
+
+static struct proc_ent *proc_find(struct proc_ent *v, size_t n, pid_t pid)
+{
+    struct proc_ent key = {.pid = pid};
+    return bsearch(&key, v, n, sizeof *v, proc_ent_cmp);
+}
+
+/* Whether this /proc is our pid namespace's, so its numbers are pids we can signal. */
+static bool proc_is_ours(void)
+{
+    char buf[32];
+    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    return strtol(buf, NULL, 10) == (long)getpid();
+}
+
+/* One round: SIGKILL every descendant of this process (the shepherd) and their groups.
+ * main_pgid: the main process's group, which outlives its leader while members remain. */
+static void kill_descendants(pid_t main_pgid)
+{
+    static struct proc_ent *v;
+    static size_t cap;
+    size_t n = 0;
+    pid_t self = getpid(), own_pgid = getpgrp();
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end, path[64], buf[512];
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue; /* gone meanwhile */
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        const char *rp = strrchr(buf, ')'); /* the name may hold anything, ')' included */
+        char state;
+        int ppid, pgid;
+        if (rp == NULL || sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgid) != 3)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            v = xrealloc(v, cap * sizeof *v);
+        }
+        v[n++] = (struct proc_ent){.pid = (pid_t)pid, .ppid = ppid, .pgid = pgid};
+    }
+    closedir(d);
+    qsort(v, n, sizeof *v, proc_ent_cmp);
+    for (bool more = true; more;) { /* as many passes as the tree is deep */
+        more = false;
+        for (size_t i = 0; i < n; i++) {
+            if (v[i].in)
+                continue;
+            struct proc_ent *p = v[i].ppid == self ? NULL : proc_find(v, n, v[i].ppid);
+            if (v[i].ppid == self || (p && p->in))
+                v[i].in = more = true;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].in)
+            continue;
+        kill(v[i].pid, SIGKILL);
+        /* A group of the tree: the main process's, or one a descendant leads. Groups live
+         * within a session, and every session here was made by the tree. */
+        pid_t pg = v[i].pgid;
+        struct proc_ent *leader = proc_find(v, n, pg);
+        if (pg > 1 && pg != own_pgid && pg != self && (pg == main_pgid || (leader && leader->in)))
+            kill(-pg, SIGKILL);
+    }
+}
+
+/* Kill and reap everything this process (the shepherd) has below it. Returns true when
+ * nothing is left, false when something still is after until_ns (0: no limit). */
+static bool tree_kill(pid_t main_pgid, uint64_t until_ns)
+{
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int use_proc = -1; /* not known yet: most commands leave nothing, and then /proc is not read */
+    for (;;) {
+        pid_t p;
+        do
+            p = waitpid(-1, NULL, WNOHANG);
+        while (p > 0 || (p < 0 && errno == EINTR));
+        if (p < 0)
+            return true; /* ECHILD: no descendant left */
+        if (until_ns && now_ns() >= until_ns)
+            return false;
+        if (use_proc < 0)
+            use_proc = proc_is_ours();
+        if (use_proc)
+            kill_descendants(main_pgid);
+        else
+            kill(-main_pgid, SIGKILL);
+        /* SIGCHLD is blocked: wait for one, or 10 ms, then look again */
+        struct timespec ts = {0, 10000000};
+        sigtimedwait(&chld, NULL, &ts);
+    }
+}
+
+/* Close every descriptor from 3 up except those in keep (sorted, each >= 3). */
+static void close_others(const int *keep, size_t n)
+{
+    unsigned from = 3;
+    for (size_t i = 0; i <= n; i++) {
+        unsigned to = i < n ? (unsigned)keep[i] : ~0u;
+        if (to > from && syscall(SYS_close_range, from, to - 1, 0u) < 0) {
+            /* no close_range (before Linux 5.9): the descriptors that are open */
+            DIR *d = opendir("/proc/self/fd");
+            int dfd = d ? dirfd(d) : -1;
+            struct dirent *de;
+            while (d && (de = readdir(d)) != NULL) {
+                int fd = atoi(de->d_name);
+                if (de->d_name[0] != '.' && fd != dfd && (unsigned)fd >= from && (unsigned)fd < to)
+                    close(fd);
+            }
+            if (d)
+                closedir(d);
+        }
+        if (i < n)
+            from = (unsigned)keep[i] + 1;
+    }
+}
+
+static int int_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void write_all(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* the agent is gone */
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+}
+
+/* The shepherd (a forked agent): run the command s, wait for its main process, kill the rest
+ * of its tree, report on rep. Holds nothing of the agent but the command's descriptors. */
+static void __attribute__((noreturn)) shepherd(const struct spawn *s, int rep)
+{
+    sigset_t all;
+    sigfillset(&all); /* signals for the command (KILL requests) go to its group, not here */
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    int keep[4] = {s->fds[0], s->fds[1], s->fds[2], rep};
+    qsort(keep, 4, sizeof keep[0], int_cmp);
+    size_t nk = 0;
+    for (size_t i = 0; i < 4; i++) /* unique, and 0-2 are never closed anyway */
+        if (keep[i] >= 3 && (nk == 0 || keep[nk - 1] != keep[i]))
+            keep[nk++] = keep[i];
+    close_others(keep, nk);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+        pid_t e = -errno;
+        write_all(rep, &e, sizeof e);
+        _exit(1);
+    }
+    pid_t pid = spawn_child(s);
+    pid_t said = pid < 0 ? -errno : pid;
+    write_all(rep, &said, sizeof said);
+    if (pid < 0)
+        _exit(1);
+    for (int i = 0; i < 3; i++) /* only the command holds its pipes now */
+        if (s->fds[i] >= 3)
+            close(s->fds[i]);
+    struct shep_report rp = {0};
+    for (;;) {
+        int st;
+        pid_t p = wait4(-1, &st, 0, &rp.ru);
+        if (p == pid) {
+            rp.status = st;
+            break;
+        }
+        if (p < 0 && errno != EINTR) { /* cannot be: the main process is our child */
+            rp.status = 0x7f00;
+            break;
+        }
+    }
+    rp.exit_ns = now_ns();
+    bool clean = tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull);
+    write_all(rep, &rp, sizeof rp);
+    if (!clean) {
+        dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
+                (int)pid, TREE_KILL_MS);
+        tree_kill(pid, 0);
+    }
+    _exit(0);
+}
+
+/* Start s under a shepherd. Returns the shepherd's pid and sets *main_pid and *rep_fd (the
+ * report's read end, non-blocking, the caller's to close); -1 with errno set on failure. */
+static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *rep_fd)
+{
+#ifdef DSEC_AGENT_FUZZ
+    fuzz_check_spawn(s);
+#endif
+    int rp[2];
+    if (pipe2(rp, O_CLOEXEC) < 0)
+        return -1;
+    pid_t sh = fork();
+    if (sh == 0) {
+        close(rp[0]);
+        shepherd(s, rp[1]);
+    }
+    int e = errno;
+    close(rp[1]);
+    if (sh < 0) {
+        close(rp[0]);
+        errno = e;
+        return -1;
+    }
+    /* The pid comes as soon as the command exec'd (vfork): as long as the agent's own vfork
+     * kept it before. Waiting for it also keeps a rule of the event loop: the shepherd has
+     * closed its copies of the agent's descriptors by then, so an fd the agent closes leaves
+     * its epoll set (a copy still open elsewhere would keep it registered). */
+    pid_t said = 0;
+    ssize_t n;
+    do
+        n = read(rp[0], &said, sizeof said);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof said || said <= 0) {
+        close(rp[0]);
+        while (waitpid(sh, NULL, 0) < 0 && errno == EINTR)
+            ;
+        errno = n == (ssize_t)sizeof said && said < 0 ? -said : EIO;
+        return -1;
+    }
+    set_nonblock(rp[0]);
+    *main_pid = said;
+    *rep_fd = rp[0];
+    return sh;
 }
 
 /* "K=V" entries: replace an entry with the same key or add one. */
@@ -834,12 +1205,6 @@ static const char *env_get(char **env, size_t n, const char *key)
         if (strncmp(env[i], key, klen) == 0 && env[i][klen] == '=')
             return env[i] + klen + 1;
     return NULL;
-}
-
-static int set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
 static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r)
@@ -983,14 +1348,20 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r)
         .msg_len = sizeof spawn_msg,
     };
     m->start_ns = now_ns();
-    pid_t pid = spawn_child(&s);
+    pid_t main_pid = 0;
+    int rep_fd = -1;
+    pid_t pid = spawn_shepherd(&s, &main_pid, &rep_fd);
     if (pid < 0) {
-        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: vfork: %s", strerror(errno));
+        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: cannot start the command: %s",
+                   strerror(errno));
         goto out;
     }
     m->conn = c;
     m->id = id;
     m->pid = pid;
+    m->pgid = main_pid;
+    m->rep = (struct pipe_ep){.kind = K_PIPE, .fd = rep_fd, .stream = 3, .cmd = m};
+    ep_ctl(EPOLL_CTL_ADD, rep_fd, EPOLLIN, &m->rep);
     m->out_max = out_max;
     m->deadline_ns = timeout_ms ? m->start_ns + timeout_ms * 1000000u : 0;
     if (timeout_ms > UINT64_MAX / 2000000u) /* effectively forever; avoid the overflow */
@@ -1057,7 +1428,7 @@ static void check_timeouts(void)
         if (m->deadline_ns && !m->exited && now >= m->deadline_ns) {
             m->timed_out = true;
             m->deadline_ns = 0;
-            kill(-m->pid, SIGKILL);
+            kill(-m->pgid, SIGKILL); /* its shepherd then kills the rest of its tree */
         }
 }
 
@@ -1182,7 +1553,7 @@ static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
     }
     uint64_t n = 0;
     for (struct cmd *m = g.cmds; m; m = m->next)
-        if (!m->exited && kill(-m->pid, (int)sig) == 0)
+        if (!m->exited && kill(-m->pgid, (int)sig) == 0)
             n++;
     send_ok(c, id, n);
 }
@@ -1834,14 +2205,15 @@ static void free_dead(void)
     }
 }
 
-/* SIGTERM/SIGINT: every command's group dies with the agent. */
+/* SIGTERM/SIGINT: every command's tree dies with the agent. */
 static void shutdown_all(void)
 {
     for (struct cmd *m = g.cmds; m; m = m->next)
         if (!m->exited)
-            kill(-m->pid, SIGKILL);
-    /* Give the kernel a moment to finish them so they are reaped here, not left to others. */
-    uint64_t until = now_ns() + 200000000u;
+            kill(-m->pgid, SIGKILL); /* and its shepherd kills the rest */
+    /* Give the shepherds a moment to finish the trees so they are reaped here, not left to
+     * others. */
+    uint64_t until = now_ns() + 2000000000u;
     while (g.cmds && now_ns() < until) {
         reap();
         free_dead();
