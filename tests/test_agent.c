@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -610,6 +612,282 @@ static void test_kill(void **state)
     assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
     assert_int_equal(dsec_agent_kill(sock_path, 0, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
+}
+
+/* ---- exec cleanup: a command's whole process tree ends with it -------------------------------
+ */
+
+/* Each command here runs with TREE_MARK=<token> in its environment, which every process it
+ * starts inherits: /proc/<pid>/environ tells the test's processes from everything else. */
+static char mark[64];
+static dsec_backend_kv mark_env[1];
+
+static void new_mark(void)
+{
+    static int n;
+    snprintf(mark, sizeof mark, "dsec-tree-%d-%d", (int)getpid(), ++n);
+    mark_env[0] = (dsec_backend_kv){.key = "TREE_MARK", .value = mark};
+}
+
+static bool has_mark(pid_t pid)
+{
+    char path[64], want[96];
+    static char buf[1 << 16];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) /* a zombie has no environment left */
+        return false;
+    int wl = snprintf(want, sizeof want, "TREE_MARK=%s", mark);
+    for (ssize_t i = 0; i + wl < n + 1; i += (ssize_t)strlen(buf + i) + 1)
+        if (memcmp(buf + i, want, (size_t)wl + 1) == 0)
+            return true;
+    return false;
+}
+
+/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
+ * gets SIGKILL (they are this test's own: the mark is new). */
+static int count_marked(bool sleeps_only, bool kill_them)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        if (pid <= 0 || pid == getpid() || !has_mark(pid))
+            continue;
+        if (sleeps_only) {
+            char path[64], comm[32] = {0};
+            snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            ssize_t l = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
+            if (fd >= 0)
+                close(fd);
+            if (l <= 0 || strncmp(comm, "sleep\n", 6) != 0)
+                continue;
+        }
+        n++;
+        if (kill_them)
+            kill(pid, SIGKILL);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* What is left of the marked processes, then none of them: a failing test leaves nothing. */
+static int marked_left(void)
+{
+    int left = count_marked(false, false);
+    for (int i = 0; i < 100 && count_marked(false, true) > 0; i++)
+        msleep(20);
+    return left;
+}
+
+/* 200 sleeping descendants, 50 of each kind: children, setsid'd children, double-forked
+ * (orphaned at once) and both; the main shell then waits. At its timeout none is left, and
+ * the next exec runs at once. */
+static void tree_timeout(dsec_agent *a)
+{
+    new_mark();
+    struct job j = {
+        .a = a,
+        .line = "i=0; while [ $i -lt 50 ]; do sleep 300 & i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do setsid sleep 300 & i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do (sleep 300 &); i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do (setsid sleep 300 &) & i=$((i+1)); done;"
+                "echo started; wait; sleep 300",
+        .o = {.timeout_ms = 6000, .env = mark_env, .nenv = 1},
+    };
+    pthread_t th;
+    uint64_t t0 = now_us();
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    int most = 0;
+    while (now_us() - t0 < 5500000 && most < 200) {
+        int n = count_marked(true, false);
+        most = n > most ? n : most;
+        msleep(50);
+    }
+    pthread_join(th, NULL);
+    uint64_t took = now_us() - t0;
+    int left = marked_left();
+    assert_int_equal(j.rc, 0);
+    assert_true(j.r.timed_out);
+    assert_int_equal(j.r.signal, SIGKILL);
+    assert_true(out_has(j.r.stdout_data, j.r.stdout_len, "started"));
+    dsec_exec_result_release(&j.r);
+    assert_int_equal(most, 200); /* all of them ran */
+    assert_int_equal(left, 0);
+    assert_true(took < 8000000);
+
+    /* The next exec right after: no stragglers in its way. */
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *t[] = {"/bin/sh", "-c", "echo next", NULL};
+    t0 = now_us();
+    assert_int_equal(run(a, t, NULL, &r, &err), 0);
+    took = now_us() - t0;
+    assert_out(&r, "next\n");
+    dsec_exec_result_release(&r);
+    assert_true(took < 1000000);
+}
+
+/* The main process exits while a setsid'd grandchild (holding the output pipe) and a
+ * setsid'd, double-forked one run on: the exec returns at once and both are gone. */
+static void tree_main_exits(dsec_agent *a)
+{
+    new_mark();
+    struct opts o = {.env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *argv[] = {"/bin/sh", "-c",
+                          "setsid sleep 300 & (setsid sleep 300 &); sleep 0.2; echo done; exit 3",
+                          NULL};
+    uint64_t t0 = now_us();
+    assert_int_equal(run(a, argv, &o, &r, &err), 0);
+    uint64_t took = now_us() - t0;
+    int left = marked_left();
+    assert_int_equal(r.exit_code, 3);
+    assert_false(r.timed_out);
+    assert_out(&r, "done\n");
+    assert_true(r.duration_us >= 200000 && r.duration_us < 1500000);
+    dsec_exec_result_release(&r);
+    assert_int_equal(left, 0);
+    assert_true(took < 1500000);
+}
+
+/* Workers that keep forking setsid'd, double-forked shells while the timeout's kill runs:
+ * the kill must catch up with them. Bounded (150 forks a worker) in case it does not. */
+static void tree_fork_race(dsec_agent *a)
+{
+    new_mark();
+    struct opts o = {.timeout_ms = 700, .env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *argv[] = {"/bin/sh", "-c",
+                          "w() { i=0; while [ $i -lt 150 ]; do (setsid sh -c 'sleep 300' &);"
+                          " i=$((i+1)); done; }; w & w & w & wait; sleep 300",
+                          NULL};
+    uint64_t t0 = now_us();
+    assert_int_equal(run(a, argv, &o, &r, &err), 0);
+    uint64_t took = now_us() - t0;
+    int left = marked_left();
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(left, 0);
+    assert_true(took < 5000000);
+}
+
+static void test_tree_timeout(void **state)
+{
+    tree_timeout(conn);
+}
+
+static void test_tree_main_exits(void **state)
+{
+    tree_main_exits(conn);
+}
+
+static void test_tree_fork_race(void **state)
+{
+    tree_fork_race(conn);
+}
+
+/* Two execs at once: the end of one (and the kill of its tree) leaves the other's processes,
+ * background ones included, alone. */
+static void test_tree_overlap(void **state)
+{
+    new_mark();
+    struct job j = {.line = "setsid sleep 300 & sleep 1.5; kill -0 $! && echo bg-alive; kill $!"};
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    msleep(300);
+    tree_main_exits(conn); /* ends, and is cleaned up, while j runs */
+    pthread_join(th, NULL);
+    assert_int_equal(j.rc, 0);
+    assert_int_equal(j.r.exit_code, 0);
+    assert_out(&j.r, "bg-alive\n");
+    dsec_exec_result_release(&j.r);
+    dsec_agent_free(j.a);
+}
+
+/* The same in a container's situation: the agent is PID 1 of its own pid namespace, with its
+ * own /proc. Needs CLONE_NEWPID (skipped without). */
+static pid_t start_agent_pidns(const char *sock)
+{
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        close(ready[0]);
+        char ok = 0;
+        if (unshare(CLONE_NEWPID | CLONE_NEWNS) < 0 ||
+            mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+            ssize_t w = write(ready[1], &ok, 1);
+            (void)w;
+            _exit(77);
+        }
+        pid_t init = fork();
+        if (init == 0) { /* PID 1 of the new namespace */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                _exit(77);
+            ok = 1;
+            ssize_t w = write(ready[1], &ok, 1);
+            (void)w;
+            const char *argv[] = {DSEC_AGENT_PATH, "--listen",  sock,
+                                  base_env[0],     base_env[1], NULL};
+            execv(argv[0], (char *const *)argv);
+            _exit(127);
+        }
+        close(ready[1]);
+        int st = 0;
+        while (init > 0 && waitpid(init, &st, 0) < 0 && errno == EINTR)
+            ;
+        _exit(init < 0 ? 1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    close(ready[1]);
+    char ok = 0;
+    ssize_t n = pid > 0 ? read(ready[0], &ok, 1) : -1;
+    close(ready[0]);
+    if (pid > 0 && (n != 1 || !ok)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return 0;
+    }
+    return pid;
+}
+
+static void test_tree_pidns(void **state)
+{
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/pidns.sock", tmpdir);
+    pid_t pid = start_agent_pidns(sock);
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        fprintf(stderr, "test_tree_pidns: no new pid namespace here; skipping\n");
+        skip();
+    }
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock, 5000, &err), 0);
+    dsec_exec_result r;
+    const char *me[] = {"/bin/cat", "/proc/1/comm", NULL}; /* the agent is its init */
+    assert_int_equal(run(a, me, NULL, &r, &err), 0);
+    assert_out(&r, "dsec-agent\n");
+    dsec_exec_result_release(&r);
+    tree_main_exits(a);
+    tree_timeout(a);
+    tree_fork_race(a);
+    dsec_agent_free(a);
+    kill(pid, SIGKILL); /* its PID 1 follows (PDEATHSIG), and the namespace with it */
+    waitpid(pid, NULL, 0);
 }
 
 /* ---- files ------------------------------------------------------------------------------------
@@ -1400,6 +1678,11 @@ int main(void)
         cmocka_unit_test(test_exec_streaming),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_kill),
+        cmocka_unit_test(test_tree_main_exits),
+        cmocka_unit_test(test_tree_timeout),
+        cmocka_unit_test(test_tree_fork_race),
+        cmocka_unit_test(test_tree_overlap),
+        cmocka_unit_test(test_tree_pidns),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_slow_reader),
