@@ -92,6 +92,11 @@ int dsec__agent_main(int argc, char **argv);
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define PORTS_MAX 8
 #define PORT_WAIT_MS 10000 /* how long --port-name waits for its port to appear */
+#ifdef DSEC_AGENT_FUZZ
+#define SHEP_IDLE_MAX 0 /* the harness waits for each command's shepherd to exit */
+#else
+#define SHEP_IDLE_MAX 4 /* idle shepherds kept for the next commands (see "exec cleanup") */
+#endif
 
 enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_PIPE, K_PORT };
 
@@ -133,7 +138,7 @@ struct port {
 struct cmd {
     struct conn *conn; /* NULL once the connection is gone: output is then discarded */
     uint32_t id;
-    pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once it is gone */
+    pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once gone or idle */
     pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
     struct pipe_ep rep; /* stream 3: the shepherd's report (struct shep_report) */
@@ -147,12 +152,14 @@ struct cmd {
     struct cmd *next_dead;
 };
 
-/* What a shepherd writes on its report pipe: first the main process's pid (pid_t; a negative
- * errno when it could not be started), then, once the command's whole tree is gone, this. */
+/* What a shepherd answers a command with on its socket: first the main process's pid (pid_t;
+ * a negative errno when it could not be started), then, once the command's whole tree is
+ * gone, this. */
 struct shep_report {
     int32_t status;   /* the main process's wait status */
     uint64_t exit_ns; /* when it exited (CLOCK_MONOTONIC) */
     struct rusage ru; /* its resource usage, as wait4 gives it */
+    int32_t reusable; /* the shepherd waits for another command */
 };
 
 static struct {
@@ -173,6 +180,11 @@ static struct {
     struct cmd *dead_cmds;
     struct port ports[PORTS_MAX];
     size_t nports;
+    struct {
+        pid_t pid;
+        int fd;
+    } idle[SHEP_IDLE_MAX > 0 ? SHEP_IDLE_MAX : 1]; /* shepherds waiting for a command */
+    size_t nidle;
     bool terminating;
 } g = {.ep = -1,
        .listen_fd = -1,
@@ -510,7 +522,7 @@ static int read_report(struct cmd *m, struct shep_report *rp)
         return -1;
     ssize_t n;
     do
-        n = read(m->rep.fd, rp, sizeof *rp);
+        n = recv(m->rep.fd, rp, sizeof *rp, MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
     if (n == (ssize_t)sizeof *rp)
         return 1;
@@ -520,12 +532,21 @@ static int read_report(struct cmd *m, struct shep_report *rp)
     return -1;
 }
 
-/* The report came: the command's tree is gone; answer now, the shepherd is reaped later. */
+/* The report came: the command's tree is gone; answer now. The shepherd waits for the next
+ * command (kept idle) or exits (reaped later). */
 static void on_report(struct cmd *m)
 {
     struct shep_report rp;
-    if (read_report(m, &rp) == 1)
-        cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
+    if (read_report(m, &rp) != 1)
+        return;
+    if (rp.reusable && g.nidle + 1 <= SHEP_IDLE_MAX && !g.terminating) {
+        ep_ctl(EPOLL_CTL_DEL, m->rep.fd, 0, NULL);
+        g.idle[g.nidle].pid = m->pid;
+        g.idle[g.nidle++].fd = m->rep.fd;
+        m->rep.fd = -1;
+        m->pid = 0;
+    }
+    cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
 }
 
 /* A shepherd exited (status, ru its own) before its report was seen: it may be in the pipe. */
@@ -538,19 +559,19 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
         return;
     }
     /* Killed before it reported (a root command can SIGKILL its parent): the main process,
-     * if it still runs, is our child now and is reaped as one; its tree is no longer told
-     * apart from other commands', so only its process group is killed. */
+     * if it still runs, is our child now and is reaped as one (reap); its tree is no longer
+     * told apart from other commands', so when it ends only its process group is killed. */
     logmsg("exec %" PRIu32 ": the command's shepherd died (status %#x) before it reported", m->id,
            (unsigned)status);
     int st;
     struct rusage cru;
     pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
-    if (p == m->pgid)
-        cmd_exited(m, st, &cru, now_ns());
-    else if (p == 0)
+    if (p == m->pgid) {
         kill(-m->pgid, SIGKILL);
-    else
+        cmd_exited(m, st, &cru, now_ns());
+    } else if (p != 0) {
         cmd_exited(m, status, ru, now_ns());
+    }
 }
 
 static void reap(void)
@@ -561,6 +582,13 @@ static void reap(void)
         pid_t pid = wait4(-1, &status, WNOHANG, &ru);
         if (pid <= 0)
             return;
+        for (size_t i = 0; i < g.nidle; i++)
+            if (g.idle[i].pid == pid) { /* an idle shepherd died (killed): forget it */
+                if (g.idle[i].fd >= 0)
+                    close(g.idle[i].fd);
+                g.idle[i] = g.idle[--g.nidle];
+                break;
+            }
         /* Besides shepherds, only a command whose shepherd died comes here, and processes of
          * the sandbox that were not ours (we are init): just reaped. So is a shepherd whose
          * report was answered already. */
@@ -570,6 +598,7 @@ static void reap(void)
                 break;
             }
             if (m->pid == 0 && m->pgid == pid && !m->exited) {
+                kill(-pid, SIGKILL); /* what is left of its group: the group outlives its leader */
                 cmd_exited(m, status, &ru, now_ns());
                 break;
             }
@@ -890,20 +919,24 @@ static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
     return pid;
 }
 
-/* ---- exec cleanup: a shepherd per command -------------------------------------------------------
+/* ---- exec cleanup: a shepherd under each command ------------------------------------------------
  */
 
 /*
  * When an exec ends or times out, everything it started ends with it, however it forked
  * (setsid, double forks, reparenting). A process group does not hold a tree: any member
  * can leave it with setsid. What holds it is ancestry, and an orphan's ancestry is kept by
- * the nearest child subreaper above it. So each command gets a shepherd: a fork of the agent
- * that makes itself a child subreaper, starts the command (vfork, as the agent did) and
- * waits. Every process the command starts is a descendant of the shepherd for as long as it
- * lives, whoever of its ancestors died; the shepherd has no child left exactly when nothing
- * of the tree is left. When the main process exits (by itself, or killed by the agent at
- * the timeout, KILL or SIGTERM) the shepherd kills the tree, reaps it, reports the main
- * process's status and exits; the agent answers EXIT when it reaps the shepherd.
+ * the nearest child subreaper above it. So each command runs under a shepherd: a fork of
+ * the agent that made itself a child subreaper, starts the command (vfork, as the agent did)
+ * and waits. Every process the command starts is a descendant of the shepherd for as long as
+ * it lives, whoever of its ancestors died; the shepherd has no child left exactly when
+ * nothing of the tree is left. When the main process exits (by itself, or killed by the
+ * agent at the timeout, KILL or SIGTERM) the shepherd kills the tree, reaps it and reports
+ * the main process's status; the agent answers EXIT on that report.
+ *
+ * A shepherd with nothing left under it serves the next command: up to SHEP_IDLE_MAX wait
+ * idle, so a fork of the agent is paid only when more commands than that run at once. The
+ * command comes over the shepherd's socket (its strings, and its stdio by SCM_RIGHTS).
  *
  * Why not the alternatives. kill(-1) from the agent as PID 1 of the sandbox's pid namespace
  * would also kill the other commands running at the same time: execs overlap (several per
@@ -1072,118 +1105,255 @@ static void close_others(const int *keep, size_t n)
     }
 }
 
-static int int_cmp(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void write_all(int fd, const void *p, size_t n)
+static int write_all(int fd, const void *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return; /* the agent is gone */
+            return -1; /* the other side is gone */
         p = (const char *)p + w;
         n -= (size_t)w;
     }
+    return 0;
 }
 
-/* The shepherd (a forked agent): run the command s, wait for its main process, kill the rest
- * of its tree, report on rep. Holds nothing of the agent but the command's descriptors. */
-static void __attribute__((noreturn)) shepherd(const struct spawn *s, int rep)
+static int read_all(int fd, void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p = (char *)p + r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A command for a shepherd: this header, carrying the command's stdin, stdout and stderr
+ * (SCM_RIGHTS), then len bytes: the struct ident, then NUL-terminated argv (argc strings),
+ * envp (nenv), PATH and, when has_cwd, the directory. */
+struct shep_req {
+    uint32_t len, argc, nenv, has_cwd;
+};
+
+/* Send s to the shepherd on fd (blocking); 0, or -1 with errno set. */
+static int shep_send(int fd, const struct spawn *s)
+{
+    size_t argc = 0, nenv = 0, len = sizeof *s->id + strlen(s->path_env) + 1;
+    for (; s->argv[argc]; argc++)
+        len += strlen(s->argv[argc]) + 1;
+    for (; s->envp[nenv]; nenv++)
+        len += strlen(s->envp[nenv]) + 1;
+    if (s->cwd)
+        len += strlen(s->cwd) + 1;
+    char *buf = malloc(len), *p = buf;
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    memcpy(p, s->id, sizeof *s->id);
+    p += sizeof *s->id;
+    for (size_t i = 0; i < argc; i++)
+        p = stpcpy(p, s->argv[i]) + 1;
+    for (size_t i = 0; i < nenv; i++)
+        p = stpcpy(p, s->envp[i]) + 1;
+    p = stpcpy(p, s->path_env) + 1;
+    if (s->cwd)
+        stpcpy(p, s->cwd);
+    struct shep_req h = {(uint32_t)len, (uint32_t)argc, (uint32_t)nenv, s->cwd != NULL};
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
+    union {
+        char b[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof cm);
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+    memcpy(CMSG_DATA(c), s->fds, 3 * sizeof(int));
+    ssize_t n;
+    do
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    int rc = n == (ssize_t)sizeof h ? write_all(fd, buf, len) : -1;
+    if (rc < 0 && errno == 0)
+        errno = EPIPE;
+    free(buf);
+    return rc;
+}
+
+/* In the shepherd: the next command from the agent into s (its strings in *buf, its arrays
+ * in s->argv and s->envp, all the caller's to free). false when the agent closed the socket. */
+static bool shep_recv(int sock, struct spawn *s, char **buf)
+{
+    struct shep_req h;
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
+    union {
+        char b[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (n < 0 && errno == EINTR);
+    struct cmsghdr *c = n == (ssize_t)sizeof h ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)))
+        return false;
+    memcpy(s->fds, CMSG_DATA(c), 3 * sizeof(int));
+    char *b = malloc(h.len);
+    s->argv = calloc(h.argc + 1, sizeof *s->argv);
+    s->envp = calloc(h.nenv + 1, sizeof *s->envp);
+    if (b == NULL || s->argv == NULL || s->envp == NULL || h.len < sizeof(struct ident) ||
+        read_all(sock, b, h.len) < 0 || b[h.len - 1] != 0)
+        return false; /* the shepherd exits: nothing to free */
+    *buf = b;
+    s->id = (const struct ident *)b;
+    const char *p = b + sizeof(struct ident), *end = b + h.len;
+    for (uint32_t i = 0; i < h.argc && p < end; i++, p += strlen(p) + 1)
+        s->argv[i] = (char *)p;
+    for (uint32_t i = 0; i < h.nenv && p < end; i++, p += strlen(p) + 1)
+        s->envp[i] = (char *)p;
+    s->path_env = p < end ? p : "";
+    p += p < end ? strlen(p) + 1 : 0;
+    s->cwd = h.has_cwd && p < end ? p : NULL;
+    return s->argv[0] != NULL;
+}
+
+/* The shepherd (a forked agent), serving the agent on sock: for each command, start it, tell
+ * its pid, wait for its main process, kill the rest of its tree, report, and be ready for the
+ * next one. Holds nothing of the agent but sock. */
+static void __attribute__((noreturn)) shepherd(int sock)
 {
     sigset_t all;
     sigfillset(&all); /* signals for the command (KILL requests) go to its group, not here */
     sigprocmask(SIG_SETMASK, &all, NULL);
-    int keep[4] = {s->fds[0], s->fds[1], s->fds[2], rep};
-    qsort(keep, 4, sizeof keep[0], int_cmp);
-    size_t nk = 0;
-    for (size_t i = 0; i < 4; i++) /* unique, and 0-2 are never closed anyway */
-        if (keep[i] >= 3 && (nk == 0 || keep[nk - 1] != keep[i]))
-            keep[nk++] = keep[i];
-    close_others(keep, nk);
+    close_others(&sock, 1);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
-        pid_t e = -errno;
-        write_all(rep, &e, sizeof e);
+        dprintf(2, "dsec-agent: shepherd: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
         _exit(1);
     }
-    pid_t pid = spawn_child(s);
-    pid_t said = pid < 0 ? -errno : pid;
-    write_all(rep, &said, sizeof said);
-    if (pid < 0)
-        _exit(1);
-    for (int i = 0; i < 3; i++) /* only the command holds its pipes now */
-        if (s->fds[i] >= 3)
-            close(s->fds[i]);
-    struct shep_report rp = {0};
     for (;;) {
-        int st;
-        pid_t p = wait4(-1, &st, 0, &rp.ru);
-        if (p == pid) {
-            rp.status = st;
-            break;
+        struct spawn s = {.scratch = spawn_path,
+                          .scratch_len = sizeof spawn_path,
+                          .msg = spawn_msg,
+                          .msg_len = sizeof spawn_msg};
+        char *buf = NULL;
+        if (!shep_recv(sock, &s, &buf))
+            _exit(0);
+        pid_t pid = spawn_child(&s);
+        pid_t said = pid < 0 ? -errno : pid;
+        for (int i = 0; i < 3; i++) /* only the command holds its pipes now */
+            close(s.fds[i]);
+        free(buf);
+        free(s.argv);
+        free(s.envp);
+        /* The agent gone: with a command, it is still finished below. */
+        if (write_all(sock, &said, sizeof said) < 0 && pid < 0)
+            _exit(0);
+        if (pid < 0)
+            continue;
+        struct shep_report rp = {0};
+        for (;;) {
+            int st;
+            pid_t p = wait4(-1, &st, 0, &rp.ru);
+            if (p == pid) {
+                rp.status = st;
+                break;
+            }
+            if (p < 0 && errno != EINTR) { /* cannot be: the main process is our child */
+                rp.status = 0x7f00;
+                break;
+            }
         }
-        if (p < 0 && errno != EINTR) { /* cannot be: the main process is our child */
-            rp.status = 0x7f00;
-            break;
+        rp.exit_ns = now_ns();
+        bool clean = tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull);
+        rp.reusable = clean && SHEP_IDLE_MAX > 0;
+        int w = write_all(sock, &rp, sizeof rp);
+        if (!clean) {
+            dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
+                    (int)pid, TREE_KILL_MS);
+            tree_kill(pid, 0);
         }
+        if (!rp.reusable || w < 0)
+            _exit(0);
     }
-    rp.exit_ns = now_ns();
-    bool clean = tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull);
-    write_all(rep, &rp, sizeof rp);
-    if (!clean) {
-        dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
-                (int)pid, TREE_KILL_MS);
-        tree_kill(pid, 0);
-    }
-    _exit(0);
 }
 
-/* Start s under a shepherd. Returns the shepherd's pid and sets *main_pid and *rep_fd (the
- * report's read end, non-blocking, the caller's to close); -1 with errno set on failure. */
-static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *rep_fd)
+/* Start s under a shepherd: an idle one, or a new fork of the agent. Returns the shepherd's
+ * pid and sets *main_pid and *sock (the shepherd's socket, the caller's now); -1 with errno
+ * set on failure. */
+static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
 {
 #ifdef DSEC_AGENT_FUZZ
     fuzz_check_spawn(s);
 #endif
-    int rp[2];
-    if (pipe2(rp, O_CLOEXEC) < 0)
-        return -1;
-    pid_t sh = fork();
-    if (sh == 0) {
-        close(rp[0]);
-        shepherd(s, rp[1]);
-    }
-    int e = errno;
-    close(rp[1]);
-    if (sh < 0) {
-        close(rp[0]);
-        errno = e;
-        return -1;
-    }
-    /* The pid comes as soon as the command exec'd (vfork): as long as the agent's own vfork
-     * kept it before. Waiting for it also keeps a rule of the event loop: the shepherd has
-     * closed its copies of the agent's descriptors by then, so an fd the agent closes leaves
-     * its epoll set (a copy still open elsewhere would keep it registered). */
-    pid_t said = 0;
-    ssize_t n;
-    do
-        n = read(rp[0], &said, sizeof said);
-    while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof said || said <= 0) {
-        close(rp[0]);
+    for (int attempt = 0;; attempt++) {
+        pid_t sh;
+        int fd;
+        if (g.nidle > 0) {
+            g.nidle--;
+            sh = g.idle[g.nidle].pid;
+            fd = g.idle[g.nidle].fd;
+        } else {
+            int sv[2];
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return -1;
+            sh = fork();
+            if (sh == 0) {
+                close(sv[0]);
+                shepherd(sv[1]);
+            }
+            int e = errno;
+            close(sv[1]);
+            if (sh < 0) {
+                close(sv[0]);
+                errno = e;
+                return -1;
+            }
+            fd = sv[0];
+        }
+        /* The pid comes as soon as the command exec'd (vfork): as long as the agent's own
+         * vfork kept it before. Waiting for it also keeps a rule of the event loop: a new
+         * shepherd has closed its copies of the agent's descriptors by then, so an fd the
+         * agent closes leaves its epoll set (a copy open elsewhere would keep it there). */
+        pid_t said = 0;
+        if (shep_send(fd, s) == 0 && read_all(fd, &said, sizeof said) == 0) {
+            if (said > 0) {
+                *main_pid = said;
+                *sock = fd;
+                return sh;
+            }
+            /* the command could not be started; the shepherd waits for the next one */
+            if (SHEP_IDLE_MAX > 0 && g.nidle + 1 <= SHEP_IDLE_MAX) {
+                g.idle[g.nidle].pid = sh;
+                g.idle[g.nidle++].fd = fd;
+            } else {
+                close(fd); /* it exits */
+            }
+            errno = -said;
+            return -1;
+        }
+        /* Dead (an idle shepherd killed meanwhile) or broken: never used again. Not reaped
+         * yet, so its pid is still ours to kill. */
+        int e = errno;
+        close(fd);
+        kill(sh, SIGKILL);
         while (waitpid(sh, NULL, 0) < 0 && errno == EINTR)
             ;
-        errno = n == (ssize_t)sizeof said && said < 0 ? -said : EIO;
-        return -1;
+        if (attempt > 0) {
+            errno = e ? e : EIO;
+            return -1;
+        }
     }
-    set_nonblock(rp[0]);
-    *main_pid = said;
-    *rep_fd = rp[0];
-    return sh;
 }
 
 /* "K=V" entries: replace an entry with the same key or add one. */
@@ -1537,6 +1707,10 @@ static void handle_setup(struct conn *c, uint32_t id, dsec__agent_rd *r)
     g.set_up = true;
     if (chdir("/") < 0) /* the new root, whatever the old cwd was */
         logmsg("setup: chdir /: %s", strerror(errno));
+    /* Idle shepherds were forked before: their cwd may be the old one. They go (and exit). */
+    for (size_t i = 0; i < g.nidle; i++)
+        close(g.idle[i].fd);
+    g.nidle = 0;
     send_ok(c, id, 0);
 }
 
@@ -2208,16 +2382,25 @@ static void free_dead(void)
 /* SIGTERM/SIGINT: every command's tree dies with the agent. */
 static void shutdown_all(void)
 {
+    g.terminating = true; /* no shepherd is kept idle from here on */
     for (struct cmd *m = g.cmds; m; m = m->next)
         if (!m->exited)
             kill(-m->pgid, SIGKILL); /* and its shepherd kills the rest */
+    for (size_t i = 0; i < g.nidle; i++) {
+        close(g.idle[i].fd); /* idle shepherds exit */
+        g.idle[i].fd = -1;
+    }
     /* Give the shepherds a moment to finish the trees so they are reaped here, not left to
      * others. */
     uint64_t until = now_ns() + 2000000000u;
-    while (g.cmds && now_ns() < until) {
+    while ((g.cmds || g.nidle) && now_ns() < until) {
+        for (struct cmd *m = g.cmds, *next; m; m = next) {
+            next = m->next;
+            on_report(m);
+        }
         reap();
         free_dead();
-        if (g.cmds) {
+        if (g.cmds || g.nidle) {
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, NULL);
         }
