@@ -816,31 +816,54 @@ static void test_tree_overlap(void **state)
     dsec_agent_free(j.a);
 }
 
-/* Shepherds that die: idle ones killed from outside are replaced, and a command that kills
- * its own shepherd (root can: it is its parent) still gets its answer. */
+/* Signal every live child of the agent (its idle shepherds, when nothing runs). */
+static int signal_shepherds(int sig)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name), pp, pg;
+        char st;
+        if (pid > 0 && proc_stat(pid, &st, &pp, &pg) && pp == agent_pid && st != 'Z' &&
+            kill(pid, sig) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Shepherds that die or stop (the sandbox's root can signal them): idle ones killed from
+ * outside are replaced, stopped ones continued; a command that kills or stops its own
+ * shepherd (its parent) still gets its answer. */
 static void test_tree_shepherd_lost(void **state)
 {
     dsec_exec_result r;
     sh("true", NULL, &r); /* at least one idle shepherd now */
     dsec_exec_result_release(&r);
-    DIR *d = opendir("/proc");
-    struct dirent *de;
-    int killed = 0;
-    while (d && (de = readdir(d)) != NULL) {
-        pid_t pid = (pid_t)atoi(de->d_name), pp, pg;
-        char st;
-        if (pid > 0 && proc_stat(pid, &st, &pp, &pg) && pp == agent_pid && st != 'Z' &&
-            kill(pid, SIGKILL) == 0)
-            killed++;
-    }
-    if (d)
-        closedir(d);
-    assert_true(killed >= 1);
+    assert_true(signal_shepherds(SIGSTOP) >= 1);
+    uint64_t t0 = now_us();
+    sh("echo continued", NULL, &r);
+    assert_true(now_us() - t0 < 2000000);
+    assert_out(&r, "continued\n");
+    dsec_exec_result_release(&r);
+
+    new_mark();
+    struct opts o = {.timeout_ms = 300, .env = mark_env, .nenv = 1};
+    t0 = now_us();
+    sh("setsid sleep 300 & kill -STOP $PPID; sleep 300", &o, &r);
+    assert_true(now_us() - t0 < 3000000);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(marked_left(), 0);
+
+    assert_true(signal_shepherds(SIGKILL) >= 1);
     sh("echo still", NULL, &r); /* at once: the dead one may not be reaped yet */
     assert_out(&r, "still\n");
     dsec_exec_result_release(&r);
 
-    uint64_t t0 = now_us();
+    t0 = now_us();
     sh("kill -9 $PPID; echo orphaned", NULL, &r);
     assert_true(now_us() - t0 < 3000000);
     assert_int_equal(r.exit_code, 0);

@@ -1288,6 +1288,23 @@ static void __attribute__((noreturn)) shepherd(int sock)
     }
 }
 
+/* Wait until the shepherd sh answers on fd. Shepherds live in the sandbox, where its root
+ * can stop them (SIGSTOP): a slow one is continued, so the agent never waits on a stopped one
+ * for long. 0, or -1 when poll failed. */
+static int shep_wait(pid_t sh, int fd)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    for (;;) {
+        int n = poll(&pf, 1, 100);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n == 0)
+            kill(sh, SIGCONT);
+    }
+}
+
 /* Start s under a shepherd: an idle one, or a new fork of the agent. Returns the shepherd's
  * pid and sets *main_pid and *sock (the shepherd's socket, the caller's now); -1 with errno
  * set on failure. */
@@ -1326,7 +1343,8 @@ static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
          * shepherd has closed its copies of the agent's descriptors by then, so an fd the
          * agent closes leaves its epoll set (a copy open elsewhere would keep it there). */
         pid_t said = 0;
-        if (shep_send(fd, s) == 0 && read_all(fd, &said, sizeof said) == 0) {
+        if (shep_send(fd, s) == 0 && shep_wait(sh, fd) == 0 &&
+            read_all(fd, &said, sizeof said) == 0) {
             if (said > 0) {
                 *main_pid = said;
                 *sock = fd;
@@ -1599,6 +1617,8 @@ static void check_timeouts(void)
             m->timed_out = true;
             m->deadline_ns = 0;
             kill(-m->pgid, SIGKILL); /* its shepherd then kills the rest of its tree */
+            if (m->pid > 0)
+                kill(m->pid, SIGCONT); /* should the sandbox's root have stopped it */
         }
 }
 
@@ -2384,8 +2404,11 @@ static void shutdown_all(void)
 {
     g.terminating = true; /* no shepherd is kept idle from here on */
     for (struct cmd *m = g.cmds; m; m = m->next)
-        if (!m->exited)
+        if (!m->exited) {
             kill(-m->pgid, SIGKILL); /* and its shepherd kills the rest */
+            if (m->pid > 0)
+                kill(m->pid, SIGCONT);
+        }
     for (size_t i = 0; i < g.nidle; i++) {
         close(g.idle[i].fd); /* idle shepherds exit */
         g.idle[i].fd = -1;
