@@ -141,7 +141,10 @@ struct cmd {
     pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once gone or idle */
     pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
-    struct pipe_ep rep; /* stream 3: the shepherd's report (struct shep_report) */
+    struct pipe_ep rep;    /* stream 3: the shepherd's report (struct shep_report) */
+    bool main_reaped;      /* the main process, orphaned by its shepherd, was reaped here: */
+    int main_status;       /* its status, */
+    struct rusage main_ru; /* and its usage */
     uint8_t *in;
     size_t in_len, in_off;
     uint64_t out_max;
@@ -565,6 +568,10 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
            (unsigned)status);
     int st;
     struct rusage cru;
+    if (m->main_reaped) { /* it ended before its shepherd was reaped */
+        cmd_exited(m, m->main_status, &m->main_ru, now_ns());
+        return;
+    }
     pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
     if (p == m->pgid) {
         kill(-m->pgid, SIGKILL);
@@ -597,9 +604,15 @@ static void reap(void)
                 shepherd_gone(m, status, &ru);
                 break;
             }
-            if (m->pid == 0 && m->pgid == pid && !m->exited) {
+            if (m->pgid == pid && !m->exited) { /* its shepherd died: the main is ours */
                 kill(-pid, SIGKILL); /* what is left of its group: the group outlives its leader */
-                cmd_exited(m, status, &ru, now_ns());
+                if (m->pid == 0) {
+                    cmd_exited(m, status, &ru, now_ns());
+                } else { /* the shepherd is reaped after it (shepherd_gone) */
+                    m->main_reaped = true;
+                    m->main_status = status;
+                    m->main_ru = ru;
+                }
                 break;
             }
         }
@@ -821,6 +834,8 @@ struct spawn {
     size_t scratch_len;
     char *msg; /* the failure message written to stderr */
     size_t msg_len;
+    int pid_fd; /* the child writes its pid here (pid_t) before anything of the command runs;
+                 * -1: the shepherd does once the child exec'd */
 };
 
 static void __attribute__((noreturn))
@@ -848,6 +863,11 @@ static void child_run(const struct spawn *s)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
+    /* Before the command can do anything (such as kill its shepherd): the agent learns the
+     * pid even then. The descriptor is close-on-exec. */
+    pid_t self = (pid_t)syscall(SYS_getpid);
+    if (s->pid_fd >= 0 && write(s->pid_fd, &self, sizeof self) != (ssize_t)sizeof self)
+        _exit(127);
     for (int i = 0; i < 3; i++)
         if (dup2(s->fds[i], i) < 0)
             child_fail(s, "cannot set up descriptor for", s->argv[0], errno);
@@ -1125,6 +1145,8 @@ static int read_all(int fd, void *p, size_t n)
         ssize_t r = read(fd, p, n);
         if (r < 0 && errno == EINTR)
             continue;
+        if (r == 0)
+            errno = EPIPE;
         if (r <= 0)
             return -1;
         p = (char *)p + r;
@@ -1237,28 +1259,32 @@ static void __attribute__((noreturn)) shepherd(int sock)
     sigfillset(&all); /* signals for the command (KILL requests) go to its group, not here */
     sigprocmask(SIG_SETMASK, &all, NULL);
     close_others(&sock, 1);
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+    /* Without it (no kernel of ours lacks it), orphans go to the agent: the tree is then
+     * killed only as far as /proc still links it to the shepherd, and by process group. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
         dprintf(2, "dsec-agent: shepherd: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
-        _exit(1);
-    }
     for (;;) {
         struct spawn s = {.scratch = spawn_path,
                           .scratch_len = sizeof spawn_path,
                           .msg = spawn_msg,
-                          .msg_len = sizeof spawn_msg};
+                          .msg_len = sizeof spawn_msg,
+#ifdef DSEC_AGENT_FUZZ /* the harness expects each child gone (execve fails) before KILL */
+                          .pid_fd = -1};
+#else
+                          .pid_fd = sock};
+#endif
         char *buf = NULL;
         if (!shep_recv(sock, &s, &buf))
             _exit(0);
-        pid_t pid = spawn_child(&s);
+        pid_t pid = spawn_child(&s); /* the child told the agent its pid (pid_fd) */
         pid_t said = pid < 0 ? -errno : pid;
         for (int i = 0; i < 3; i++) /* only the command holds its pipes now */
             close(s.fds[i]);
         free(buf);
         free(s.argv);
         free(s.envp);
-        /* The agent gone: with a command, it is still finished below. */
-        if (write_all(sock, &said, sizeof said) < 0 && pid < 0)
-            _exit(0);
+        if ((pid < 0 || s.pid_fd < 0) && write_all(sock, &said, sizeof said) < 0 && pid < 0)
+            _exit(0); /* the agent is gone; a command is still finished below */
         if (pid < 0)
             continue;
         struct shep_report rp = {0};
@@ -1313,10 +1339,11 @@ static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
 #ifdef DSEC_AGENT_FUZZ
     fuzz_check_spawn(s);
 #endif
-    for (int attempt = 0;; attempt++) {
+    for (;;) {
         pid_t sh;
         int fd;
-        if (g.nidle > 0) {
+        bool fresh = g.nidle == 0;
+        if (!fresh) {
             g.nidle--;
             sh = g.idle[g.nidle].pid;
             fd = g.idle[g.nidle].fd;
@@ -1343,8 +1370,8 @@ static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
          * shepherd has closed its copies of the agent's descriptors by then, so an fd the
          * agent closes leaves its epoll set (a copy open elsewhere would keep it there). */
         pid_t said = 0;
-        if (shep_send(fd, s) == 0 && shep_wait(sh, fd) == 0 &&
-            read_all(fd, &said, sizeof said) == 0) {
+        bool sent = shep_send(fd, s) == 0;
+        if (sent && shep_wait(sh, fd) == 0 && read_all(fd, &said, sizeof said) == 0) {
             if (said > 0) {
                 *main_pid = said;
                 *sock = fd;
@@ -1367,7 +1394,10 @@ static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
         kill(sh, SIGKILL);
         while (waitpid(sh, NULL, 0) < 0 && errno == EINTR)
             ;
-        if (attempt > 0) {
+        /* An idle one that could not take the command (it died with the command unread:
+         * ECONNRESET): the next, down to a new one. Once taken, the command may have
+         * started: it is not started twice. */
+        if (fresh || (sent && e != ECONNRESET)) {
             errno = e ? e : EIO;
             return -1;
         }
