@@ -589,33 +589,6 @@ static void flag_output(void *arg, int stream, const uint8_t *data, size_t len)
     __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
 }
 
-static void test_kill(void **state)
-{
-    int ready = 0;
-    struct job j = {.line = "echo ready; sleep 30", .o = {.fn = flag_output, .arg = &ready}};
-    dsec_err err = {0};
-    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
-    for (int i = 0; i < 500 && !__atomic_load_n(&ready, __ATOMIC_ACQUIRE); i++)
-        msleep(10);
-    assert_true(ready);
-    uint64_t t0 = now_us();
-    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
-    pthread_join(th, NULL);
-    assert_true(now_us() - t0 < 5000000);
-    assert_int_equal(j.rc, 0);
-    assert_int_equal(j.r.signal, SIGTERM);
-    assert_false(j.r.timed_out);
-    dsec_exec_result_release(&j.r);
-    dsec_agent_free(j.a);
-
-    /* Nothing running: still fine. A bad signal is refused. */
-    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
-    assert_int_equal(dsec_agent_kill(sock_path, 0, &err), -1);
-    assert_int_equal(err.code, DSEC_E_INVALID);
-}
-
 /* ---- exec cleanup: a command's whole process tree ends with it -------------------------------
  */
 
@@ -689,6 +662,37 @@ static int marked_left(void)
     return left;
 }
 
+static void test_kill(void **state)
+{
+    /* The KILL ends the main process, and its shepherd then kills what it started. */
+    int ready = 0;
+    new_mark();
+    struct job j = {.line = "setsid sleep 300 & (setsid sleep 300 &); echo ready; sleep 30",
+                    .o = {.fn = flag_output, .arg = &ready, .env = mark_env, .nenv = 1}};
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    for (int i = 0; i < 500 && !__atomic_load_n(&ready, __ATOMIC_ACQUIRE); i++)
+        msleep(10);
+    assert_true(ready);
+    uint64_t t0 = now_us();
+    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
+    pthread_join(th, NULL);
+    assert_true(now_us() - t0 < 5000000);
+    assert_int_equal(j.rc, 0);
+    assert_int_equal(j.r.signal, SIGTERM);
+    assert_false(j.r.timed_out);
+    dsec_exec_result_release(&j.r);
+    dsec_agent_free(j.a);
+    assert_int_equal(marked_left(), 0);
+
+    /* Nothing running: still fine. A bad signal is refused. */
+    assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
+    assert_int_equal(dsec_agent_kill(sock_path, 0, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+}
+
 /* 200 sleeping descendants, 50 of each kind: children, setsid'd children, double-forked
  * (orphaned at once) and both; the main shell then waits. At its timeout none is left, and
  * the next exec runs at once. */
@@ -742,7 +746,10 @@ static void tree_timeout(dsec_agent *a)
 }
 
 /* The main process exits while a setsid'd grandchild (holding the output pipe) and a
- * setsid'd, double-forked one run on: the exec returns at once and both are gone. */
+ * setsid'd, double-forked one run on: the exec returns at once and both keep running (users
+ * start servers so until `exec -d`). The shepherd they were left under serves no other
+ * command: a command that times out next (and so has its tree killed) leaves them alone.
+ * Then the test kills them itself. */
 static void tree_main_exits(dsec_agent *a)
 {
     new_mark();
@@ -755,14 +762,27 @@ static void tree_main_exits(dsec_agent *a)
     uint64_t t0 = now_us();
     assert_int_equal(run(a, argv, &o, &r, &err), 0);
     uint64_t took = now_us() - t0;
-    int left = marked_left();
+    int alive = count_marked(true, false);
     assert_int_equal(r.exit_code, 3);
     assert_false(r.timed_out);
     assert_out(&r, "done\n");
     assert_true(r.duration_us >= 200000 && r.duration_us < 5000000);
     dsec_exec_result_release(&r);
-    assert_int_equal(left, 0);
     assert_true(took < 5000000); /* not the sleeps' 300 s (room for a loaded machine) */
+
+    /* A doomed command next, on the shepherd last made idle if the one above were kept. */
+    const char *doomed[] = {"/bin/sleep", "300", NULL};
+    struct opts od = {.timeout_ms = 200};
+    assert_int_equal(run(a, doomed, &od, &r, &err), 0);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    int still = count_marked(true, false);
+    int left = marked_left(); /* kills them */
+    fprintf(stderr, "tree_main_exits: %d background sleeps after the exec, %d after a timeout\n",
+            alive, still);
+    assert_int_equal(alive, 2);
+    assert_int_equal(still, 2);
+    assert_true(left >= 2);
 }
 
 /* Workers that keep forking setsid'd, double-forked shells while the timeout's kill runs:
@@ -802,18 +822,38 @@ static void test_tree_fork_race(void **state)
     tree_fork_race(conn);
 }
 
-/* Two execs at once: the end of one (and the kill of its tree) leaves the other's processes,
- * background ones included, alone. */
+/* Two execs at once: the end of one (and the kill of its tree at its timeout) leaves the
+ * other's processes, background ones included, alone. */
 static void test_tree_overlap(void **state)
 {
-    new_mark();
-    struct job j = {.line = "setsid sleep 300 & sleep 1.5; kill -0 $! && echo bg-alive; kill $!"};
+    char flag[160], line[400];
+    snprintf(flag, sizeof flag, "%s/overlap-done", tmpdir);
+    unlink(flag);
+    snprintf(line, sizeof line,
+             "setsid sleep 300 & echo started >&2; while [ ! -e %s ]; do sleep 0.05; done;"
+             " kill -0 $! && echo bg-alive; kill $!",
+             flag);
+    int ready = 0;
+    struct job j = {.line = line, .o = {.timeout_ms = 60000, .fn = flag_output, .arg = &ready}};
     dsec_err err = {0};
     assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
-    msleep(300);
-    tree_main_exits(conn); /* ends, and is cleaned up, while j runs */
+    for (int i = 0; i < 1000 && !__atomic_load_n(&ready, __ATOMIC_ACQUIRE); i++)
+        msleep(10);
+    assert_true(ready); /* its background process runs */
+    /* Times out, and has its tree killed, while j runs. */
+    new_mark();
+    struct opts o = {.timeout_ms = 300, .env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    sh("setsid sleep 300 & (setsid sleep 300 &); sleep 300", &o, &r);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(marked_left(), 0);
+    tree_main_exits(conn); /* and one that leaves its background processes */
+    int fd = open(flag, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
     pthread_join(th, NULL);
     assert_int_equal(j.rc, 0);
     assert_int_equal(j.r.exit_code, 0);
@@ -1396,28 +1436,61 @@ static int agent_children(pid_t agent, int *zombies)
     return n;
 }
 
-static void test_zombies(void **state)
+/* The pid a command printed first. */
+static pid_t printed_pid(const dsec_exec_result *r)
 {
-    /* The sleeper is orphaned at once (its subshell exits). It ends with the exec, killed and
-     * reaped by the command's shepherd before the answer: nothing of the command is left,
-     * neither as a process nor as a zombie; the agent's only children are idle shepherds. */
-    dsec_exec_result r;
-    sh("(sleep 30 & echo $!); exit 0", NULL, &r);
-    assert_int_equal(r.exit_code, 0);
-    assert_non_null(r.stdout_data);
     char line[32] = {0};
-    memcpy(line, r.stdout_data, r.stdout_len < 31 ? r.stdout_len : 31);
-    pid_t orphan = (pid_t)atoi(line);
-    dsec_exec_result_release(&r);
-    assert_true(orphan > 1);
-    assert_int_equal(kill(orphan, 0), -1);
-    int z, left = -1;
+    if (r->stdout_data)
+        memcpy(line, r->stdout_data, r->stdout_len < 31 ? r->stdout_len : 31);
+    return (pid_t)atoi(line);
+}
+
+/* Until the agent has no child but idle shepherds, live or zombie (3 s at most); zombies
+ * among them go to *z. */
+static int agent_children_settle(int *z)
+{
+    int left = -1;
     for (int i = 0; i < 300 && left != 0; i++) {
-        left = agent_children(agent_pid, &z);
+        left = agent_children(agent_pid, z);
         if (left)
             msleep(10);
     }
-    assert_int_equal(left, 0);
+    return left;
+}
+
+static void test_zombies(void **state)
+{
+    /* The sleeper is orphaned at once (its subshell exits), and the exec ends with it still
+     * running: it is left in the background, and its shepherd (which has it) exits, so it
+     * comes to the agent. When it ends, the agent reaps it: no zombie, and the agent's only
+     * children are idle shepherds again. */
+    dsec_exec_result r;
+    sh("(sleep 30 & echo $!); exit 0", NULL, &r);
+    assert_int_equal(r.exit_code, 0);
+    pid_t orphan = printed_pid(&r);
+    dsec_exec_result_release(&r);
+    assert_true(orphan > 1);
+    assert_int_equal(kill(orphan, 0), 0); /* left running */
+    pid_t pp = 0, pg;
+    char st;
+    for (int i = 0; i < 300 && proc_stat(orphan, &st, &pp, &pg) && pp != agent_pid; i++)
+        msleep(10); /* its shepherd exits just after the answer */
+    assert_int_equal(pp, agent_pid);
+    assert_int_equal(kill(orphan, SIGKILL), 0);
+    int z;
+    assert_int_equal(agent_children_settle(&z), 0);
+    assert_int_equal(z, 0);
+
+    /* At a timeout the orphan is killed and reaped by the command's shepherd before the
+     * answer: nothing of the command is left, neither as a process nor as a zombie. */
+    struct opts o = {.timeout_ms = 500};
+    sh("(sleep 30 & echo $!); sleep 30", &o, &r);
+    assert_true(r.timed_out);
+    orphan = printed_pid(&r);
+    dsec_exec_result_release(&r);
+    assert_true(orphan > 1);
+    assert_int_equal(kill(orphan, 0), -1);
+    assert_int_equal(agent_children_settle(&z), 0);
     assert_int_equal(z, 0);
 }
 
@@ -1454,7 +1527,10 @@ static void test_sigterm(void **state)
     struct pid_catch pc = {0};
     dsec_err err = {0};
     assert_int_equal(dsec_agent_connect(&j.a, sock, 5000, &err), 0);
-    j.line = "sleep 30 & echo $$; wait";
+    new_mark(); /* a setsid'd sleeper too: the whole tree goes */
+    j.line = "setsid sleep 300 & sleep 30 & echo $$; wait";
+    j.o.env = mark_env;
+    j.o.nenv = 1;
     j.o.fn = catch_pid;
     j.o.arg = &pc;
     pthread_t th;
@@ -1488,6 +1564,7 @@ static void test_sigterm(void **state)
             msleep(10);
     }
     assert_int_equal(left, z);
+    assert_int_equal(marked_left(), 0);
     assert_int_equal(access(sock, F_OK), -1); /* it removed its socket */
 }
 

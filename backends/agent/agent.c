@@ -142,6 +142,7 @@ struct cmd {
     pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
     struct pipe_ep rep;    /* stream 3: the shepherd's report (struct shep_report) */
+    bool doomed;           /* the agent ends it (timeout, KILL, SIGTERM): its whole tree goes */
     bool main_reaped;      /* the main process, orphaned by its shepherd, was reaped here: */
     int main_status;       /* its status, */
     struct rusage main_ru; /* and its usage */
@@ -475,8 +476,9 @@ static void cmd_unlink(struct cmd *m)
     g.dead_cmds = m;
 }
 
-/* The main process ended (at end, CLOCK_MONOTONIC) and its shepherd killed whatever else the
- * command started: collect what it wrote, report, forget the command. */
+/* The main process ended (at end, CLOCK_MONOTONIC) and its shepherd reported (after killing
+ * the rest of the tree if the agent ended the command): collect what it wrote, report, forget
+ * the command. Processes left in the background lose the pipes. */
 static void cmd_exited(struct cmd *m, int status, const struct rusage *ru, uint64_t end)
 {
     m->exited = true;
@@ -535,8 +537,9 @@ static int read_report(struct cmd *m, struct shep_report *rp)
     return -1;
 }
 
-/* The report came: the command's tree is gone; answer now. The shepherd waits for the next
- * command (kept idle) or exits (reaped later). */
+/* The report came: the main process is gone, and so is the rest of the tree if the command
+ * was doomed; answer now. The shepherd waits for the next command (kept idle: nothing was left
+ * under it) or exits (reaped later; what it left behind comes to us). */
 static void on_report(struct cmd *m)
 {
     struct shep_report rp;
@@ -563,7 +566,8 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
     }
     /* Killed before it reported (a root command can SIGKILL its parent): the main process,
      * if it still runs, is our child now and is reaped as one (reap); its tree is no longer
-     * told apart from other commands', so when it ends only its process group is killed. */
+     * told apart from other commands', so when a doomed one ends only its process group is
+     * killed. */
     logmsg("exec %" PRIu32 ": the command's shepherd died (status %#x) before it reported", m->id,
            (unsigned)status);
     int st;
@@ -574,11 +578,23 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
     }
     pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
     if (p == m->pgid) {
-        kill(-m->pgid, SIGKILL);
+        if (m->doomed)
+            kill(-m->pgid, SIGKILL);
         cmd_exited(m, st, &cru, now_ns());
     } else if (p != 0) {
         cmd_exited(m, status, ru, now_ns());
     }
+}
+
+/* Whether m's shepherd has exited (reaped or not): only then can m's main process be our child.
+ * Orphans of commands come here too, and one may have a pid the main process had. */
+static bool shepherd_dead(const struct cmd *m)
+{
+    if (m->pid == 0)
+        return true;
+    siginfo_t si = {0};
+    return waitid(P_PID, (id_t)m->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           si.si_pid == m->pid;
 }
 
 static void reap(void)
@@ -596,16 +612,18 @@ static void reap(void)
                 g.idle[i] = g.idle[--g.nidle];
                 break;
             }
-        /* Besides shepherds, only a command whose shepherd died comes here, and processes of
-         * the sandbox that were not ours (we are init): just reaped. So is a shepherd whose
-         * report was answered already. */
+        /* Besides shepherds, the main process of a command whose shepherd died comes here;
+         * what commands left in the background and processes of the sandbox that were not ours
+         * (we are init or a subreaper) are just reaped. So is a shepherd whose report was
+         * answered already. */
         for (struct cmd *m = g.cmds; m; m = m->next) {
             if (m->pid == pid && !m->exited) {
                 shepherd_gone(m, status, &ru);
                 break;
             }
-            if (m->pgid == pid && !m->exited) { /* its shepherd died: the main is ours */
-                kill(-pid, SIGKILL); /* what is left of its group: the group outlives its leader */
+            if (m->pgid == pid && !m->exited && shepherd_dead(m)) { /* the main is ours */
+                if (m->doomed) /* what is left of its group: the group outlives its leader */
+                    kill(-pid, SIGKILL);
                 if (m->pid == 0) {
                     cmd_exited(m, status, &ru, now_ns());
                 } else { /* the shepherd is reaped after it (shepherd_gone) */
@@ -943,20 +961,27 @@ static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
  */
 
 /*
- * When an exec ends or times out, everything it started ends with it, however it forked
- * (setsid, double forks, reparenting). A process group does not hold a tree: any member
+ * When an exec times out, or is ended by KILL or the agent's SIGTERM, everything it started
+ * ends with it, however it forked (setsid, double forks, reparenting). When its main process
+ * exits by itself (or is killed by anyone else), what it left in the background runs on:
+ * users start servers that way (`sh -c 'server &'`, nohup) until `exec -d` gives them a
+ * place of their own. A process group does not hold a tree: any member
  * can leave it with setsid. What holds it is ancestry, and an orphan's ancestry is kept by
  * the nearest child subreaper above it. So each command runs under a shepherd: a fork of
  * the agent that made itself a child subreaper, starts the command (vfork, as the agent did)
  * and waits. Every process the command starts is a descendant of the shepherd for as long as
  * it lives, whoever of its ancestors died; the shepherd has no child left exactly when
- * nothing of the tree is left. When the main process exits (by itself, or killed by the
- * agent at the timeout, KILL or SIGTERM) the shepherd kills the tree, reaps it and reports
- * the main process's status; the agent answers EXIT on that report.
+ * nothing of the tree is left. The agent answers EXIT on the shepherd's report of the main
+ * process's status. Before it signals a command at the timeout, KILL or SIGTERM, the agent
+ * dooms it (a header on the shepherd's socket); when the main process of a doomed command
+ * exits, the shepherd kills the tree and reaps it, then reports. When a command that was not
+ * doomed exits, the shepherd reports at once; if something of the tree is left, it then exits,
+ * so what is left goes to the agent (PID 1 of the sandbox, or a subreaper), which only reaps it.
  *
- * A shepherd with nothing left under it serves the next command: up to SHEP_IDLE_MAX wait
- * idle, so a fork of the agent is paid only when more commands than that run at once. The
- * command comes over the shepherd's socket (its strings, and its stdio by SCM_RIGHTS).
+ * A shepherd with nothing left under it serves the next command (never one with something
+ * left: its tree would be mixed with the next): up to SHEP_IDLE_MAX wait idle, so a fork of
+ * the agent is paid only when more commands than that run at once. The command comes over the
+ * shepherd's socket (its strings, and its stdio by SCM_RIGHTS).
  *
  * Why not the alternatives. kill(-1) from the agent as PID 1 of the sandbox's pid namespace
  * would also kill the other commands running at the same time: execs overlap (several per
@@ -1072,6 +1097,17 @@ static void kill_descendants(pid_t main_pgid)
     }
 }
 
+/* In the shepherd: reap what of the tree has ended; whether nothing of it is left (a child
+ * subreaper with no child has no descendant). */
+static bool tree_gone(void)
+{
+    pid_t p;
+    do
+        p = waitpid(-1, NULL, WNOHANG);
+    while (p > 0 || (p < 0 && errno == EINTR));
+    return p < 0; /* ECHILD */
+}
+
 /* Kill and reap everything this process (the shepherd) has below it. Returns true when
  * nothing is left, false when something still is after until_ns (0: no limit). */
 static bool tree_kill(pid_t main_pgid, uint64_t until_ns)
@@ -1081,12 +1117,8 @@ static bool tree_kill(pid_t main_pgid, uint64_t until_ns)
     sigaddset(&chld, SIGCHLD);
     int use_proc = -1; /* not known yet: most commands leave nothing, and then /proc is not read */
     for (;;) {
-        pid_t p;
-        do
-            p = waitpid(-1, NULL, WNOHANG);
-        while (p > 0 || (p < 0 && errno == EINTR));
-        if (p < 0)
-            return true; /* ECHILD: no descendant left */
+        if (tree_gone())
+            return true;
         if (until_ns && now_ns() >= until_ns)
             return false;
         if (use_proc < 0)
@@ -1157,7 +1189,8 @@ static int read_all(int fd, void *p, size_t n)
 
 /* A command for a shepherd: this header, carrying the command's stdin, stdout and stderr
  * (SCM_RIGHTS), then len bytes: the struct ident, then NUL-terminated argv (argc strings),
- * envp (nenv), PATH and, when has_cwd, the directory. */
+ * envp (nenv), PATH and, when has_cwd, the directory. A header alone, all zero, is no
+ * command: it dooms the running one (shep_doom); an idle shepherd skips it (it came late). */
 struct shep_req {
     uint32_t len, argc, nenv, has_cwd;
 };
@@ -1224,9 +1257,10 @@ static bool shep_recv(int sock, struct spawn *s, char **buf)
     struct msghdr mh = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
     ssize_t n;
-    do
+    do {
+        mh.msg_controllen = sizeof cm.b;
         n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-    while (n < 0 && errno == EINTR);
+    } while ((n < 0 && errno == EINTR) || (n == (ssize_t)sizeof h && h.len == 0));
     struct cmsghdr *c = n == (ssize_t)sizeof h ? CMSG_FIRSTHDR(&mh) : NULL;
     if (c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)))
         return false;
@@ -1250,9 +1284,30 @@ static bool shep_recv(int sock, struct spawn *s, char **buf)
     return s->argv[0] != NULL;
 }
 
+/* In the shepherd, while a command runs: whether the agent doomed it on sock (any message
+ * then is a doom header), or is gone (sock closed). Reads what is there. */
+static bool shep_doomed(int sock)
+{
+    struct shep_req h[8];
+    bool doomed = false;
+    for (;;) {
+        ssize_t n = recv(sock, h, sizeof h, MSG_DONTWAIT);
+        if (n > 0)
+            doomed = true;
+        else if (n == 0 || (errno != EINTR && errno != EAGAIN))
+            return true; /* nothing will answer the command: it ends whole */
+        else if (errno == EAGAIN)
+            return doomed;
+    }
+}
+
 /* The shepherd (a forked agent), serving the agent on sock: for each command, start it, tell
- * its pid, wait for its main process, kill the rest of its tree, report, and be ready for the
- * next one. Holds nothing of the agent but sock. */
+ * its pid, wait for its main process, report, and be ready for the next one if the command
+ * left nothing behind. When the agent ends the command (it dooms it first: timeout, KILL,
+ * SIGTERM), the rest of the tree is killed before the report. When the main process ends by
+ * itself, what it left in the background runs on (until `exec -d` gives background processes
+ * a place of their own): the shepherd reports and exits, and they go to the agent, the
+ * subreaper above, which reaps them. Holds nothing of the agent but sock. */
 static void __attribute__((noreturn)) shepherd(int sock)
 {
     sigset_t all;
@@ -1263,6 +1318,10 @@ static void __attribute__((noreturn)) shepherd(int sock)
      * killed only as far as /proc still links it to the shepherd, and by process group. */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
         dprintf(2, "dsec-agent: shepherd: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC); /* -1: look every 10 ms */
     for (;;) {
         struct spawn s = {.scratch = spawn_path,
                           .scratch_len = sizeof spawn_path,
@@ -1288,23 +1347,41 @@ static void __attribute__((noreturn)) shepherd(int sock)
         if (pid < 0)
             continue;
         struct shep_report rp = {0};
+        bool doomed = false;
+        struct pollfd pf[2] = {{.fd = sock, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         for (;;) {
             int st;
-            pid_t p = wait4(-1, &st, 0, &rp.ru);
+            struct rusage ru;
+            pid_t p = wait4(-1, &st, WNOHANG, &ru);
             if (p == pid) {
                 rp.status = st;
+                rp.ru = ru;
                 break;
             }
-            if (p < 0 && errno != EINTR) { /* cannot be: the main process is our child */
+            if (p > 0 || (p < 0 && errno == EINTR))
+                continue; /* an orphan of the tree: reaped */
+            if (p < 0) { /* cannot be: the main process is our child */
                 rp.status = 0x7f00;
                 break;
             }
+            if (poll(pf, 2, sfd >= 0 ? -1 : 10) <= 0)
+                continue;
+            if (pf[0].revents && shep_doomed(sock)) {
+                doomed = true;
+                pf[0].fd = -1; /* decided; later doom headers are skipped when idle */
+            }
+            struct signalfd_siginfo si;
+            while (pf[1].revents && read(sfd, &si, sizeof si) > 0)
+                ;
         }
         rp.exit_ns = now_ns();
-        bool clean = tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull);
+        /* The agent dooms a command before it signals the main process: a doom that ended it
+         * is here by now. */
+        doomed = doomed || shep_doomed(sock);
+        bool clean = doomed ? tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull) : tree_gone();
         rp.reusable = clean && SHEP_IDLE_MAX > 0;
         int w = write_all(sock, &rp, sizeof rp);
-        if (!clean) {
+        if (doomed && !clean) {
             dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
                     (int)pid, TREE_KILL_MS);
             tree_kill(pid, 0);
@@ -1329,6 +1406,28 @@ static int shep_wait(pid_t sh, int fd)
         if (n == 0)
             kill(sh, SIGCONT);
     }
+}
+
+/* The agent ends m (timeout, KILL, SIGTERM): tell its shepherd to kill the whole tree when
+ * the main process exits, before signalling that process so the shepherd knows by then.
+ * Left alone, a command's background processes outlive it. Once a command: a doom header
+ * is never refused for room then. Without a shepherd (it died), only the main process's
+ * group is killed when it exits (reap, shepherd_gone). */
+static void shep_doom(struct cmd *m)
+{
+    if (m->doomed)
+        return;
+    m->doomed = true;
+    if (m->rep.fd < 0)
+        return;
+    struct shep_req h = {0};
+    ssize_t n;
+    do
+        n = send(m->rep.fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof h)
+        logmsg("exec %" PRIu32 ": cannot tell its shepherd to end its tree: %s", m->id,
+               n < 0 ? strerror(errno) : "short write");
 }
 
 /* Start s under a shepherd: an idle one, or a new fork of the agent. Returns the shepherd's
@@ -1646,6 +1745,7 @@ static void check_timeouts(void)
         if (m->deadline_ns && !m->exited && now >= m->deadline_ns) {
             m->timed_out = true;
             m->deadline_ns = 0;
+            shep_doom(m);
             kill(-m->pgid, SIGKILL); /* its shepherd then kills the rest of its tree */
             if (m->pid > 0)
                 kill(m->pid, SIGCONT); /* should the sandbox's root have stopped it */
@@ -1776,9 +1876,13 @@ static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
         return;
     }
     uint64_t n = 0;
-    for (struct cmd *m = g.cmds; m; m = m->next)
-        if (!m->exited && kill(-m->pgid, (int)sig) == 0)
+    for (struct cmd *m = g.cmds; m; m = m->next) {
+        if (m->exited)
+            continue;
+        shep_doom(m); /* when the main process exits, its tree goes too */
+        if (kill(-m->pgid, (int)sig) == 0)
             n++;
+    }
     send_ok(c, id, n);
 }
 
@@ -2435,6 +2539,7 @@ static void shutdown_all(void)
     g.terminating = true; /* no shepherd is kept idle from here on */
     for (struct cmd *m = g.cmds; m; m = m->next)
         if (!m->exited) {
+            shep_doom(m);
             kill(-m->pgid, SIGKILL); /* and its shepherd kills the rest */
             if (m->pid > 0)
                 kill(m->pid, SIGCONT);
