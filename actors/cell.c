@@ -13,6 +13,8 @@
 #include "actors/config.h"
 #include "actors/metrics.h"
 #include "actors/tracer.h"
+#include "backends/loop.h"
+#include "backends/workq.h"
 #include "bus/layers-js.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -36,6 +38,10 @@ struct dsec_cell {
     dsec_layer_registry *layers; /* handed to the node managers' backends */
     dsec_metrics *metrics;       /* the Prometheus endpoint, or NULL */
     dsec_tracer *tracer;         /* answers dsec trace; NULL when trace.ring is 0 */
+    /* shared by this process's node managers: commands wait on the loop, other sandbox
+     * operations take turns on the work queue's threads */
+    dsec_loop *loop;
+    dsec_workq *work;
 };
 
 void dsec_cell_conf_defaults(dsec_cell_conf *c)
@@ -1040,14 +1046,10 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     }
     char cname[128];
     snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
-    /* Real backends block the worker that calls them (a container create runs
-     * crun for tens of ms): with the handful of workers a sim cell needs, a
-     * few creates would hold up every other sandbox's exec, and the
-     * schedulers' reading of heartbeats in this same process. */
+    /* Sandbox operations never run on the bus's workers (the node hands them to its loop
+     * or its work queue), so a cell with real backends needs no more workers than a sim
+     * one. */
     int threads = conf->threads;
-    for (size_t i = 0; (roles & DSEC_ROLE_NODE) && i < conf->nnodes; i++)
-        if (strcmp(conf->nodes[i].backend, "native") == 0 && threads < DSEC_CELL_NATIVE_THREADS)
-            threads = DSEC_CELL_NATIVE_THREADS;
     dsec_bus_opts bo = {.url = c->conf.url, .name = cname, .threads = threads,
                         .retry_on_failed_connect = !conf->embedded_nats,
                         .low_latency = conf->low_latency,
@@ -1103,6 +1105,15 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                               .conn_rate = cnet->conn_rate,
                               .alert_window_ms = cnet->alert_window_ms,
                               .warm = cnet->warm};
+        /* Real backends' operations (crun, mkfs, copies) need threads; sim ones are
+         * instant. Commands need none. */
+        int work_threads = 4;
+        for (size_t i = 0; i < conf->nnodes; i++)
+            if (strcmp(conf->nodes[i].backend, "native") == 0)
+                work_threads = DSEC_CELL_WORK_THREADS;
+        if (conf->nnodes > 0 && (dsec_loop_new(&c->loop, "dsec-loop", err) < 0 ||
+                                 dsec_workq_new(&c->work, "dsec-work", work_threads, err) < 0))
+            goto out_fail;
         for (size_t i = 0; i < conf->nnodes; i++) {
             const dsec_cell_node *cn = &conf->nodes[i];
             if (cnet->enabled && strcmp(cn->backend, "native") == 0 && cnet->tag_base + i > 255) {
@@ -1134,7 +1145,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .pressure_free_pct = conf->pressure_free_pct,
                                  .layers = c->layers,
                                  .net = cnet->enabled && strcmp(cn->backend, "native") == 0 ? &netc : NULL,
-                                 .net_tag = cnet->tag_base + (unsigned)i};
+                                 .net_tag = cnet->tag_base + (unsigned)i,
+                                 .loop = c->loop, .work = c->work};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;
@@ -1235,6 +1247,12 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     for (size_t i = 0; i < c->nscheds; i++)
         dsec_sched_stop(c->scheds[i]);
     dsec_quota_stop(c->quota);
+    /* commands in flight end (their requesters hear so) and queued operations run out
+     * before the node managers go: each waits for its deferred requests */
+    if (c->loop != NULL)
+        dsec_loop_stop(c->loop);
+    if (c->work != NULL)
+        dsec_workq_stop(c->work);
     for (size_t i = 0; i < c->nnodes; i++)
         dsec_node_stop(c->nodes[i], destroy);
     if (c->bus != NULL) {
@@ -1244,6 +1262,8 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     dsec_tracer_stop(c->tracer);
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
+    dsec_workq_free(c->work);
+    dsec_loop_free(c->loop);
     dsec_traj_close(c->traj);
     dsec_layer_registry_free(c->layers); /* after the nodes: their backends borrow it */
     dsec_bus_free(c->bus);

@@ -12,9 +12,10 @@
 #include "dsec/err.h"
 
 #define DSEC_CELL_MAX_NODES 4096
-/* Bus worker threads at least, in a process hosting a node with real
- * (blocking) backends; bus.threads sets more. */
-#define DSEC_CELL_NATIVE_THREADS 16
+/* Work-queue threads shared by a process's node managers when one of them has real
+ * backends (crun, mkfs, copies run there, fair across tenants and sandboxes); commands run
+ * without threads, on the nodes' event loop. */
+#define DSEC_CELL_WORK_THREADS 16
 
 typedef struct dsec_cell_node {
     char name[65];

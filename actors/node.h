@@ -35,6 +35,13 @@ typedef struct dsec_node_conf {
     uint32_t capacity_ms;   /* coalescing window of capacity deltas; default 100 */
     uint32_t full_ms;       /* full report period; default 5000 */
     uint32_t heartbeat_ms;  /* default 1000 */
+    int work_threads;       /* threads for sandbox operations that need one (crun, copies);
+                               0: 16. Commands need none: they wait on the node's loop */
+    /* Borrowed, shared by the nodes of one process (actors/cell.c): the event loop that
+     * commands wait on and the work queue; NULL: the node opens its own. The owner stops
+     * them before stopping the nodes that borrow them. */
+    struct dsec_loop *loop;
+    struct dsec_workq *work;
     uint32_t reap_ms;       /* lifetime/idle check period; default 1000 */
     int64_t sync_ms;        /* fdatasync of the journal; 0: every 1000 ms; -1: never (a
                                crashed process loses nothing either way; a crashed host
@@ -94,6 +101,10 @@ typedef struct dsec_node_stats {
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
     uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
     uint64_t stale_places;  /* placements of an attempt already superseded: not created */
+    uint64_t execs_inflight; /* commands running now without a thread (on the node's loop) */
+    uint64_t execs_peak;     /* the most there were at once */
+    uint64_t work_queued;    /* operations waiting for a work thread now */
+    uint64_t work_peak;      /* the most that ever waited */
     /* network containment (0 without it): backends/net dsec_net_stats */
     uint64_t net_blocked, dns_queries, dns_refused, dns_cache_hits, dns_cache_misses,
         dns_cache_evictions, dns_upstream_tcp;

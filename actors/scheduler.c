@@ -311,7 +311,7 @@ static uint64_t want_mem(const dsec_sched *s, const dsec_msg_create *c)
     return c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
 }
 
-/* The node applies the same defaults from the same cell config (node.c, on_place). */
+/* The node applies the same defaults from the same cell config (node-place.c, dsec__node_on_place). */
 static uint64_t want_disk(const dsec_sched *s, const dsec_msg_create *c, int tidx)
 {
     if (c->disk_mb)

@@ -2,16 +2,20 @@
 #include "backends/backend.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backends/layers/layer-cache.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 
 struct dsec_backend {
     const dsec_backend_ops *ops;
     void *self;
+    struct dsec_loop *loop;
+    bool own_loop;
 };
 
 void dsec_exec_result_release(dsec_exec_result *r)
@@ -59,13 +63,27 @@ int dsec_backend_new(dsec_backend **out, const dsec_backend_ops *ops,
     if (be == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "opening backend \"%s\"", ops->type);
     be->ops = ops;
-    if (ops->init(&be->self, cfg ? cfg : &empty, err) < 0) {
+    be->loop = cfg ? cfg->loop : NULL;
+    if (be->loop == NULL && ops->exec_start != NULL) {
+        if (dsec_loop_new(&be->loop, ops->type, err) < 0) {
+            dsec_err_wrap(err, "opening backend \"%s\"", ops->type);
+            goto out_free;
+        }
+        be->own_loop = true;
+    }
+    /* the backend sees the loop its commands complete on, its own or the node's */
+    dsec_backend_config with_loop = cfg ? *cfg : empty;
+    with_loop.loop = be->loop;
+    if (ops->init(&be->self, &with_loop, err) < 0) {
         dsec_err_wrap(err, "opening backend \"%s\"", ops->type);
-        goto out_free;
+        goto out_loop;
     }
     *out = be;
     return 0;
 
+out_loop:
+    if (be->own_loop)
+        dsec_loop_free(be->loop);
 out_free:
     dsec_free(be);
     return -1;
@@ -75,6 +93,9 @@ void dsec_backend_free(dsec_backend *be)
 {
     if (be == NULL)
         return;
+    /* commands still running hear DSEC_LOOP_CANCEL before the instance goes */
+    if (be->own_loop)
+        dsec_loop_free(be->loop);
     be->ops->fini(be->self);
     dsec_free(be);
 }
@@ -105,17 +126,82 @@ int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sa
     return be->ops->create(be->self, spec, out, backend_state, err);
 }
 
-int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
-                      dsec_exec_result *res, dsec_err *err)
+static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req, dsec_err *err)
 {
-    if (be->ops->exec == NULL)
+    if (be->ops->exec == NULL && be->ops->exec_start == NULL)
         return unsupported(be, "exec", err);
     if (sb == NULL)
         return no_sandbox("exec", err);
-    if (req == NULL || res == NULL || req->argc == 0 || req->argv == NULL || req->argv[0] == NULL)
+    if (req == NULL || req->argc == 0 || req->argv == NULL || req->argv[0] == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argv must hold at least a command");
+    return 0;
+}
+
+/* A synchronous exec over exec_start: the caller's thread waits for done. */
+struct exec_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_exec_result *res;
+    dsec_err *err;
+};
+
+static void exec_waited(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    struct exec_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (rc == 0)
+        *w->res = *res; /* the buffers pass to the waiting caller */
+    else if (w->err != NULL)
+        *w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
+                      dsec_exec_result *res, dsec_err *err)
+{
+    if (check_exec(be, sb, req, err) < 0)
+        return -1;
+    if (res == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: no result");
     memset(res, 0, sizeof *res);
-    return be->ops->exec(be->self, sb, req, res, err);
+    if (be->ops->exec != NULL)
+        return be->ops->exec(be->self, sb, req, res, err);
+    struct exec_wait w = {.res = res, .err = err};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    int rc = be->ops->exec_start(be->self, sb, req, be->loop, exec_waited, &w, err);
+    if (rc == 0) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done)
+            pthread_cond_wait(&w.cond, &w.mu);
+        pthread_mutex_unlock(&w.mu);
+        rc = w.rc;
+    }
+    pthread_cond_destroy(&w.cond);
+    pthread_mutex_destroy(&w.mu);
+    return rc;
+}
+
+bool dsec_backend_exec_async(const dsec_backend *be)
+{
+    return be->ops->exec_start != NULL && be->loop != NULL;
+}
+
+int dsec_backend_exec_start(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
+                            dsec_exec_done_fn done, void *ud, dsec_err *err)
+{
+    if (check_exec(be, sb, req, err) < 0)
+        return -1;
+    if (!dsec_backend_exec_async(be))
+        return unsupported(be, "starting a command without waiting for it", err);
+    if (done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: no completion callback");
+    return be->ops->exec_start(be->self, sb, req, be->loop, done, ud, err);
 }
 
 int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path, const void *data,

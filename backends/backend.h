@@ -28,8 +28,21 @@ extern "C" {
  *    parent meanwhile (the parent's actor is the one calling fork).
  *  - dsec_backend_new / dsec_backend_free are not concurrent with anything.
  *
- * Backends never talk to the bus and never block other sandboxes: a slow
- * call (start-up, exec) occupies only the thread that made it.
+ * Backends never talk to the bus and never block other sandboxes.
+ *
+ * Commands complete asynchronously: exec_start sends the command and returns at
+ * once; its completion comes back through the node's event loop (backends/loop.h:
+ * the agent's socket readiness, a timer), so a command that runs for minutes holds
+ * a watch and a few KiB, never a thread. A node runs as many commands at once as
+ * its sandboxes can hold. An exec_start that has returned 0 counts as the
+ * operation in progress on its sandbox: the caller calls nothing else on that
+ * sandbox until its done callback ran (the node holds the sandbox's key).
+ *
+ * The other operations (create, fork, file transfers, destroy, ...) are calls
+ * that need a thread (crun, mkfs, copying): the node runs them on its fair-
+ * queued work threads (backends/workq.h), never on a bus worker, so a busy
+ * sandbox or tenant delays only its own turn. A backend without exec_start has
+ * its exec run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
  * name what failed but not the sandbox id (backends may not keep it); the
@@ -60,6 +73,10 @@ typedef struct dsec_backend_config {
      * the instance's life; NULL when the node has none: sandboxes then get
      * an empty network namespace and refuse network policies. */
     struct dsec_net *net;
+    /* The node's event loop (backends/loop.h), borrowed for the instance's
+     * life; NULL: an instance whose type has exec_start opens a loop of its
+     * own. */
+    struct dsec_loop *loop;
 } dsec_backend_config;
 
 /* What a sandbox should be. Borrowed for the call by every operation that
@@ -94,13 +111,21 @@ typedef struct dsec_exec_req {
     uint64_t timeout_ms; /* 0: no timeout */
     size_t output_max;   /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
     /* Optional: output as it arrives while the command runs (stream 1
-     * stdout, 2 stderr; data borrowed for the call), called on the thread
-     * running exec. Backends that cannot stream never call it. */
+     * stdout, 2 stderr; data borrowed for the call), called on the loop's
+     * thread for exec_start (and for exec on a backend whose exec waits on
+     * its loop). Backends that cannot stream never call it. */
     void (*on_output)(void *arg, int stream, const uint8_t *data, size_t len);
     void *on_output_arg;
 } dsec_exec_req;
 
 #define DSEC_EXEC_OUTPUT_DEFAULT (1u << 20)
+
+/* Sandbox processes that share the node manager's cgroup (QEMU, function-call zygotes and
+ * their workers) run at this nice value: when they keep every CPU busy, the node manager,
+ * at nice 0, is still scheduled at once. Containers have cgroups of their own, weighed down
+ * instead (docs/operations.md, "CPU for the node manager"). */
+#define DSEC_SANDBOX_NICE 10
+
 
 /* Most children one fork may create (the wire's op.n limit). */
 #define DSEC_FORK_MAX 1024
@@ -127,6 +152,14 @@ typedef struct dsec_exec_result {
 
 /* Frees the output buffers and zeroes r. NULL is a no-op. */
 void dsec_exec_result_release(dsec_exec_result *r);
+
+struct dsec_loop;
+
+/* How an exec started with exec_start ended: rc 0 and *res filled (the callee
+ * takes the buffers: it releases res with dsec_exec_result_release), or rc -1
+ * and err set. Called exactly once, on the loop's thread (possibly before
+ * exec_start returned). */
+typedef void (*dsec_exec_done_fn)(void *ud, int rc, dsec_exec_result *res, dsec_err *err);
 
 typedef enum dsec_file_kind {
     DSEC_FILE_REG = 1,
@@ -222,6 +255,13 @@ typedef struct dsec_backend_ops {
     /* Run one command; fills *res (caller releases it). */
     int (*exec)(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
                 dsec_err *err);
+    /* Start one command and return: 0 when started (done will be called once,
+     * on loop's thread; req->on_output too, while it runs), -1 with err when it
+     * could not start (done is never called). req is borrowed for the call only:
+     * the backend copies what it sends. Optional: without it the node runs exec
+     * on a work thread. */
+    int (*exec_start)(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
+                      struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err);
     /* Write (or append) data to the absolute path, creating parents. */
     int (*file_write)(void *self, dsec_sandbox *sb, const char *path, const void *data, size_t len,
                       uint32_t mode, bool append, dsec_err *err);
@@ -300,8 +340,16 @@ const char *dsec_backend_type(const dsec_backend *be);
 
 int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sandbox **out,
                         char **backend_state, dsec_err *err);
+/* Run one command and wait for it: the backend's exec, or exec_start on the
+ * instance's loop and a wait for its done. */
 int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
                       dsec_exec_result *res, dsec_err *err);
+/* Whether exec_start is there: commands then need no thread while they run. */
+bool dsec_backend_exec_async(const dsec_backend *be);
+/* Start one command on the instance's loop (dsec_backend_config.loop, or a loop of
+ * the instance's own); see exec_start. DSEC_E_UNSUPPORTED without exec_start. */
+int dsec_backend_exec_start(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
+                            dsec_exec_done_fn done, void *ud, dsec_err *err);
 int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path, const void *data,
                             size_t len, uint32_t mode, bool append, dsec_err *err);
 int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 
 #include "backends/function-int.h"
 #include "backends/function-proto.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 
 /*
@@ -388,8 +390,11 @@ struct out {
     bool truncated;
 };
 
-/* Drain fd into o (up to its cap, the rest is dropped). Returns 0 at EOF, 1 when more may come. */
-static int drain(int fd, struct out *o)
+typedef void (*output_fn)(void *arg, int stream, const uint8_t *data, size_t len);
+
+/* Drain fd into o (up to its cap, the rest is dropped; what is kept also goes to fn when set).
+ * Returns 0 at EOF, 1 when more may come. */
+static int drain(int fd, struct out *o, int stream, output_fn fn, void *arg)
 {
     for (;;) {
         uint8_t scratch[16384];
@@ -416,6 +421,7 @@ static int drain(int fd, struct out *o)
             return 0;
         if (n < 0)
             return errno == EAGAIN || errno == EINTR ? 1 : 0;
+        size_t at = o->len;
         if (dst == scratch) {
             size_t keep = o->len < o->max ? o->max - o->len : 0;
             if (keep > (size_t)n)
@@ -430,6 +436,8 @@ static int drain(int fd, struct out *o)
         } else {
             o->len += (size_t)n;
         }
+        if (fn != NULL && o->len > at)
+            fn(arg, stream, o->p + at, o->len - at);
     }
 }
 
@@ -440,272 +448,591 @@ static int pidfd_kill(int pidfd)
     return (int)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
 }
 
-int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *tg,
-                  const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
-                  dsec_exec_result *res, dsec_err *err)
+/*
+ * One call in flight, driven by callbacks on the loop's thread: a timer watch (the wait for a
+ * worker, then the call's deadline, its CPU polling and the grace after a kill), the waiter's
+ * eventfd while it waits for a worker, a networked worker's task socket until its READY, and
+ * one watch per channel of the worker (stdout, stderr, stdin while there is some to write,
+ * the task socket, the supervisor's pidfd).
+ *
+ * What blocks, and where: exec_start makes the task on the caller's thread (parsing, the
+ * strings and their sealed memfd, up to STRINGS_MAX; the copy of stdin; the sandbox's files
+ * bundle, rebuilt only after a file changed, a copy bounded by its disk quota): microseconds
+ * for a usual call, milliseconds for a large one. Nothing waits for a worker, the call or its
+ * output there. On the loop thread only system calls that wait for nothing but the kernel:
+ * the slot cgroup's limit writes and the TASK send (a fresh worker's socket has room), and for
+ * a networked call its slot's cgroup directory, socket, pipes and SPAWN to the zygote.
+ */
+/* A call waiting for a worker hears of one through its waiter's eventfd; the timer looks
+ * again this often as well, in case it was told of a worker another call took. */
+#define TAKE_POLL_MS 100
+
+enum {
+    PH_TAKE,      /* taking a warm worker */
+    PH_NET,       /* networked: waiting for a slot (and the pool) */
+    PH_NET_READY, /* networked: its worker is being made */
+    PH_NET_RETRY, /* networked: its zygote died under it; waiting for the new one */
+    PH_RUN,       /* the task is out */
+};
+
+struct fn_call {
+    struct fn_pools *pools;
+    dsec_loop *loop;
+    dsec_exec_done_fn done;
+    void *ud;
+    output_fn on_output;
+    void *on_output_arg;
+    uint64_t *cpu_used_us, *calls; /* the sandbox's counters, added to at the end */
+
+    /* the task, ready to send */
+    int pool;
+    int phase;
+    int netns_fd;         /* a networked sandbox's namespace (borrowed: the sandbox outlives
+                           * the call), or -1 */
+    const char *resolver; /* with netns_fd (borrowed likewise) */
+    int tries, zctl_used; /* a networked worker: attempts, the zygote socket of the last */
+    uint64_t retry_until;
+    dsec_loop_watch *wready;  /* a networked worker's task socket, until its READY */
+    struct fn_take_waiter tk; /* while it waits for a worker */
+    dsec_loop_watch *wwait;   /* on tk.efd */
+    uint64_t take_deadline, acquire_ms;
+    struct fnp_task t;
+    char *strings;
+    size_t slen;
+    int payload_fd, bundle_fd; /* owned (the bundle's a dup: the sandbox may rebuild its own) */
+    uint8_t *in;
+    size_t in_len, in_off;
+    uint64_t mem_bytes, nproc, cpu_ms, timeout_ms;
+    bool use_rlimit_as;
+
+    /* the call running */
+    struct fn_worker *w;
+    struct fn_cg_slot *cg;
+    int cgmode;
+    bool cg_cpu;
+    uint64_t cpu0, t0, deadline, grace;
+    int killed;
+    bool got_result, w2_dead, out_eof, err_eof, task_eof, failed;
+    struct fnp_result result;
+    struct fnp_failure failure;
+    struct out o, e;
+    dsec_loop_watch *tw, *wout, *werr, *win, *wtask, *wpid;
+};
+
+/* The wait for a worker is over: the pool forgets the waiter, then its eventfd goes. */
+static void wait_end(struct fn_call *c)
+{
+    dsec__fn_worker_unwait(c->pools, &c->tk);
+    dsec_loop_del(c->wwait); /* before the close: the fd number may come back at once */
+    c->wwait = NULL;
+    if (c->tk.efd >= 0)
+        close(c->tk.efd);
+    c->tk.efd = -1;
+}
+
+static void call_free(struct fn_call *c)
+{
+    wait_end(c);
+    if (c->w != NULL)
+        dsec__fn_worker_done(c->pools, c->w);
+    if (c->payload_fd >= 0)
+        close(c->payload_fd);
+    if (c->bundle_fd >= 0)
+        close(c->bundle_fd);
+    dsec_free(c->strings);
+    dsec_free(c->in);
+    dsec_free(c->o.p);
+    dsec_free(c->e.p);
+    dsec_free(c);
+}
+
+static void unwatch(dsec_loop_watch **w)
+{
+    dsec_loop_del(*w);
+    *w = NULL;
+}
+
+/* The end of a call: every watch goes, the worker goes back to its pool, done hears rc. */
+static void call_end(struct fn_call *c, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    unwatch(&c->tw);
+    unwatch(&c->wwait);
+    unwatch(&c->wready);
+    unwatch(&c->wout);
+    unwatch(&c->werr);
+    unwatch(&c->win);
+    unwatch(&c->wtask);
+    unwatch(&c->wpid);
+    if (rc < 0 && c->w != NULL && !c->w2_dead)
+        pidfd_kill(c->w->pidfd); /* a call that ends in an error leaves nothing running */
+    if (rc == 0) {
+        *c->cpu_used_us += res->cpu_us;
+        (*c->calls)++;
+    }
+    dsec_exec_done_fn done = c->done;
+    void *ud = c->ud;
+    call_free(c); /* the worker is handed back before done: its slot is free when done runs */
+    done(ud, rc, res, err);
+}
+
+static void call_fail(struct fn_call *c, dsec_err *err)
+{
+    call_end(c, -1, NULL, err);
+}
+
+/* What the task socket holds: only the supervisor has the worker's end now (W3 closed it
+ * before the call's code ran), so it is its RESULT, or a set-up failure of W2, or of W3
+ * before the call. */
+static void read_task(struct fn_call *c)
+{
+    union {
+        struct fnp_hdr h;
+        struct fnp_result r;
+        struct fnp_failure f;
+    } m;
+    ssize_t r = recv(c->w->task_fd, &m, sizeof m, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        c->task_eof = true;
+        unwatch(&c->wtask);
+    } else if (r > 0 && (size_t)r >= sizeof m.h && m.h.magic == FNP_MAGIC &&
+               m.h.len == (uint32_t)r) {
+        if (m.h.type == FNP_RESULT && (size_t)r == sizeof m.r) {
+            c->result = m.r;
+            c->got_result = true;
+        } else if (m.h.type == FNP_WORKER_FAILED && (size_t)r == sizeof m.f) {
+            c->failure = m.f;
+            c->failure.stage[sizeof c->failure.stage - 1] = '\0';
+            c->failure.msg[sizeof c->failure.msg - 1] = '\0';
+            c->failed = true;
+        }
+    }
+}
+
+/* Feed stdin as the pipe takes it. SIGPIPE is held off around the write (the call may have
+ * stopped reading) and consumed, so the loop thread never dies of it. */
+static void write_stdin(struct fn_call *c)
+{
+    sigset_t pipe_set, old_mask;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+    ssize_t wr = write(c->w->stdin_fd, c->in + c->in_off, c->in_len - c->in_off);
+    int e = errno;
+    struct timespec zero = {0, 0};
+    if (wr < 0 && e == EPIPE)
+        while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
+        }
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (wr > 0)
+        c->in_off += (size_t)wr;
+    if (c->in_off == c->in_len || (wr < 0 && e != EAGAIN && e != EINTR)) {
+        unwatch(&c->win); /* all written, or the call stopped reading */
+        close(c->w->stdin_fd);
+        c->w->stdin_fd = -1;
+    }
+}
+
+/* The next time the timer must wake: the deadline, the grace after a kill, or the next CPU
+ * reading. */
+static uint64_t next_wake(const struct fn_call *c, uint64_t now)
+{
+    uint64_t next = c->grace ? c->grace : c->deadline;
+    if (c->cpu_ms && c->cg_cpu && c->killed == KILL_NONE && next > now + CPU_POLL_MS * 1000000ull)
+        next = now + CPU_POLL_MS * 1000000ull;
+    return next;
+}
+
+static void finish(struct fn_call *c)
+{
+    dsec_err err;
+    uint64_t t1 = dsec__fn_now_ns(), cpu_used_ns = 0;
+    if (c->cg_cpu && dsec__fn_cg_slot_cpu(c->cg, c->cgmode, &cpu_used_ns) == 0 &&
+        cpu_used_ns >= c->cpu0)
+        cpu_used_ns -= c->cpu0;
+    else
+        cpu_used_ns = (c->result.utime_us + c->result.stime_us) * 1000ull;
+    if (c->failed && c->killed == KILL_NONE) {
+        int code = strcmp(c->failure.stage, "cwd") == 0                ? DSEC_E_INVALID
+                   : strcmp(c->failure.stage, "dependency files") == 0 ? DSEC_E_IO
+                                                                       : DSEC_E_BACKEND;
+        dsec_err_set(&err, code, c->failure.err, "exec: %s", c->failure.msg);
+        call_fail(c, &err);
+        return;
+    }
+    dsec_exec_result res;
+    memset(&res, 0, sizeof res);
+    if (c->killed == KILL_TIMEOUT) {
+        res.timed_out = true;
+        res.exit_code = -1;
+        res.signal = SIGKILL;
+    } else if (c->killed == KILL_CPU) {
+        res.exit_code = -1;
+        res.signal = SIGXCPU;
+    } else if (c->got_result) {
+        int st = c->result.status;
+        if (WIFEXITED(st)) {
+            res.exit_code = WEXITSTATUS(st);
+        } else {
+            res.exit_code = -1;
+            res.signal = WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL;
+        }
+    } else {
+        dsec_err_set(&err, DSEC_E_BACKEND, 0,
+                     "exec: the worker running the call died before reporting (was its "
+                     "supervisor killed from outside?)");
+        call_fail(c, &err);
+        return;
+    }
+    res.stdout_data = c->o.len ? c->o.p : NULL;
+    res.stdout_len = c->o.len;
+    res.stdout_truncated = c->o.truncated;
+    res.stderr_data = c->e.len ? c->e.p : NULL;
+    res.stderr_len = c->e.len;
+    res.stderr_truncated = c->e.truncated;
+    if (c->o.len == 0)
+        dsec_free(c->o.p);
+    if (c->e.len == 0)
+        dsec_free(c->e.p);
+    c->o.p = c->e.p = NULL;
+    res.duration_us = (t1 - c->t0) / 1000ull;
+    res.cpu_us = cpu_used_ns / 1000ull;
+    res.peak_rss_kb = c->result.maxrss_kb;
+    call_end(c, 0, &res, NULL);
+}
+
+static void kill_call(struct fn_call *c, int why, uint64_t now)
+{
+    pidfd_kill(c->w->pidfd);
+    c->killed = why;
+    c->grace = now + KILL_GRACE_NS;
+}
+
+/* Returns true when the call ended (c is gone). */
+static bool on_timer(struct fn_call *c)
+{
+    uint64_t now = dsec__fn_now_ns();
+    if (c->grace && now >= c->grace) {
+        finish(c); /* something holds the pipes open past the namespace's death: give up */
+        return true;
+    }
+    if (c->killed == KILL_NONE && now >= c->deadline)
+        kill_call(c, KILL_TIMEOUT, now);
+    if (c->cpu_ms && c->cg_cpu && c->killed == KILL_NONE) {
+        uint64_t cpu;
+        if (dsec__fn_cg_slot_cpu(c->cg, c->cgmode, &cpu) == 0 &&
+            cpu - c->cpu0 > c->cpu_ms * 1000000ull)
+            kill_call(c, KILL_CPU, dsec__fn_now_ns());
+    }
+    dsec_loop_set(c->tw, 0, next_wake(c, now));
+    return false;
+}
+
+static void call_event(dsec_loop_watch *lw, unsigned events, void *ud);
+
+static int watch(struct fn_call *c, int fd, unsigned events, dsec_loop_watch **out, dsec_err *err)
+{
+    if (dsec_loop_add(c->loop, fd, events, 0, call_event, c, out, err) < 0)
+        return dsec_err_wrap(err, "exec: watching the call");
+    return 0;
+}
+
+/* A worker is ours: set its slot's limits, send the task, watch its channels. */
+static void launch(struct fn_call *c)
+{
+    dsec_err err;
+    struct fn_worker *w = c->w;
+    c->cg = dsec__fn_worker_cg(c->pools, w, &c->cgmode);
+    if (c->cg != NULL &&
+        dsec__fn_cg_slot_limits(c->cg, c->cgmode, c->mem_bytes, c->nproc + 2, &err) < 0) {
+        call_fail(c, &err);
+        return;
+    }
+    c->cg_cpu = c->cg != NULL && dsec__fn_cg_slot_cpu(c->cg, c->cgmode, &c->cpu0) == 0;
+    /* RLIMIT_CPU is whole seconds and per process: a backstop when the
+     * cgroup counts precisely, the limit itself when it cannot. */
+    if (c->cpu_ms)
+        c->t.cpu_s = (c->cpu_ms + 999) / 1000 + (c->cg_cpu ? 1 : 0);
+    if (c->cg == NULL || c->use_rlimit_as)
+        c->t.as_bytes = c->mem_bytes;
+    int fds[2], nfds = 0;
+    if (c->payload_fd >= 0)
+        fds[nfds++] = c->payload_fd;
+    if (c->bundle_fd >= 0)
+        fds[nfds++] = c->bundle_fd;
+    bool inl = c->payload_fd < 0;
+    c->t0 = dsec__fn_now_ns();
+    c->phase = PH_RUN;
+    /* A fresh worker's socket has room for the task: this does not wait. */
+    if (send_task(w->task_fd, &c->t, inl ? c->strings : NULL, inl ? c->slen : 0, fds, nfds) < 0) {
+        dsec_err_set(&err, DSEC_E_BACKEND, errno, "exec: handing the task to a worker");
+        call_fail(c, &err);
+        return;
+    }
+    if (c->in_len == 0) {
+        close(w->stdin_fd);
+        w->stdin_fd = -1;
+    }
+    c->deadline = c->t0 + c->timeout_ms * 1000000ull;
+    if (watch(c, w->stdout_fd, DSEC_LOOP_IN, &c->wout, &err) < 0 ||
+        watch(c, w->stderr_fd, DSEC_LOOP_IN, &c->werr, &err) < 0 ||
+        (w->stdin_fd >= 0 && watch(c, w->stdin_fd, DSEC_LOOP_OUT, &c->win, &err) < 0) ||
+        watch(c, w->task_fd, DSEC_LOOP_IN, &c->wtask, &err) < 0 ||
+        watch(c, w->pidfd, DSEC_LOOP_IN, &c->wpid, &err) < 0) {
+        call_fail(c, &err);
+        return;
+    }
+    dsec_loop_set(c->tw, 0, next_wake(c, c->t0));
+}
+
+static void arm_wait(struct fn_call *c, uint64_t now)
+{
+    dsec_err err;
+    if (c->wwait == NULL && c->tk.efd >= 0 &&
+        dsec_loop_add(c->loop, c->tk.efd, DSEC_LOOP_IN, 0, call_event, c, &c->wwait, &err) < 0)
+        c->wwait = NULL; /* the timer looks again */
+    uint64_t at = now + TAKE_POLL_MS * 1000000ull;
+    dsec_loop_set(c->tw, 0, at < c->take_deadline ? at : c->take_deadline);
+}
+
+/* A networked worker failed before its call: again when its zygote died under it (up to three
+ * times, once the pool has seen that, within acquire_ms), else the call fails. */
+static void net_failed(struct fn_call *c, bool lost, dsec_err *err)
+{
+    uint64_t now = dsec__fn_now_ns();
+    c->w = NULL; /* gone with the failure */
+    if (lost && ++c->tries < 3 && now < c->take_deadline) {
+        c->phase = PH_NET_RETRY;
+        c->retry_until = now + 1000000000ull;
+        dsec_loop_set(c->tw, 0, now + 20000000ull);
+        return;
+    }
+    call_fail(c, err);
+}
+
+/* A networked sandbox's call: a slot, and a worker made in its namespace there. */
+static void net_acquire(struct fn_call *c)
+{
+    dsec_err err;
+    bool lost = false;
+    uint64_t now = dsec__fn_now_ns();
+    c->phase = PH_NET;
+    int rc = dsec__fn_worker_net_start(c->pools, c->pool, c->netns_fd, c->resolver, &c->tk,
+                                       now >= c->take_deadline, c->acquire_ms, &c->w, &c->zctl_used,
+                                       &lost, &err);
+    if (rc == 1) {
+        arm_wait(c, now);
+        return;
+    }
+    wait_end(c);
+    if (rc < 0) {
+        net_failed(c, lost, &err);
+        return;
+    }
+    c->phase = PH_NET_READY;
+    if (watch(c, c->w->task_fd, DSEC_LOOP_IN, &c->wready, &err) < 0) {
+        call_fail(c, &err);
+        return;
+    }
+    dsec_loop_set(c->tw, 0, c->take_deadline);
+}
+
+/* The networked worker's READY, or the end of the wait for it (timed_out). */
+static void net_ready(struct fn_call *c, bool timed_out)
+{
+    dsec_err err;
+    bool lost = false;
+    int rc = dsec__fn_worker_net_ready(c->pools, c->w, timed_out, &lost, &err);
+    if (rc == 1)
+        return;          /* woken for nothing: the watch and the deadline stay */
+    unwatch(&c->wready); /* before launch watches the same socket */
+    if (rc < 0)
+        net_failed(c, lost, &err);
+    else
+        launch(c);
+}
+
+/* Before the call runs: take a warm worker, or wait for one on the timer. */
+static void acquire(struct fn_call *c)
+{
+    dsec_err err;
+    uint64_t now = dsec__fn_now_ns();
+    int rc = dsec__fn_worker_try_take(c->pools, c->pool, &c->tk, now >= c->take_deadline,
+                                      c->acquire_ms, &c->w, &err);
+    if (rc == 1) {
+        arm_wait(c, now);
+        return;
+    }
+    wait_end(c);
+    if (rc < 0)
+        call_fail(c, &err);
+    else
+        launch(c);
+}
+
+static void call_event(dsec_loop_watch *lw, unsigned events, void *ud)
+{
+    struct fn_call *c = ud;
+    if (events & DSEC_LOOP_CANCEL) {
+        dsec_err err;
+        dsec_err_set(&err, DSEC_E_CLOSED, 0,
+                     c->t0 ? "exec: the function backend is stopping: the call was killed"
+                           : "exec: the function backend is stopping: the call did not start");
+        call_fail(c, &err);
+        return;
+    }
+    if (lw == c->wwait) {
+        uint64_t v;
+        if (read(c->tk.efd, &v, sizeof v) < 0 && errno != EAGAIN && errno != EINTR)
+            unwatch(&c->wwait); /* the timer looks again */
+        if (c->phase == PH_NET)
+            net_acquire(c);
+        else
+            acquire(c);
+        return;
+    }
+    if (lw == c->wready) {
+        net_ready(c, false);
+        return;
+    }
+    if (lw == c->tw) {
+        switch (c->phase) { /* before the task is sent */
+        case PH_TAKE:
+            acquire(c);
+            return;
+        case PH_NET:
+            net_acquire(c);
+            return;
+        case PH_NET_READY:
+            net_ready(c, true);
+            return;
+        case PH_NET_RETRY:
+            if (dsec__fn_pool_zygote_changed(c->pools, c->pool, c->zctl_used) ||
+                dsec__fn_now_ns() >= c->retry_until)
+                net_acquire(c);
+            else
+                dsec_loop_set(c->tw, 0, dsec__fn_now_ns() + 20000000ull);
+            return;
+        }
+        if (on_timer(c))
+            return;
+    } else if (lw == c->wout) {
+        if (drain(c->w->stdout_fd, &c->o, 1, c->on_output, c->on_output_arg) == 0) {
+            c->out_eof = true;
+            unwatch(&c->wout);
+        }
+    } else if (lw == c->werr) {
+        if (drain(c->w->stderr_fd, &c->e, 2, c->on_output, c->on_output_arg) == 0) {
+            c->err_eof = true;
+            unwatch(&c->werr);
+        }
+    } else if (lw == c->win) {
+        write_stdin(c);
+    } else if (lw == c->wtask) {
+        read_task(c);
+    } else if (lw == c->wpid) {
+        c->w2_dead = true;
+        unwatch(&c->wpid);
+    }
+    /* The supervisor sends its RESULT before it exits: read it before judging the call. */
+    if (c->w2_dead && !c->got_result && !c->task_eof && !c->failed)
+        read_task(c);
+    if ((c->got_result || c->w2_dead) && c->out_eof && c->err_eof)
+        finish(c);
+}
+
+int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
+                        const struct fn_target *tg, const struct fn_limits *lim,
+                        struct fn_files *files, const dsec_exec_req *req, dsec_loop *loop,
+                        uint64_t *cpu_used_us, uint64_t *calls, dsec_exec_done_fn done, void *ud,
+                        dsec_err *err)
 {
     struct plan *pl = dsec_calloc(1, sizeof *pl);
-    char *strings = NULL;
-    size_t slen = 0;
-    int payload_fd = -1, rc = -1;
-    struct fn_worker *w = NULL;
-    struct out o = {0}, e = {0};
-    bool sigpipe_blocked = false;
-    sigset_t pipe_set, old_mask;
-    if (pl == NULL)
+    struct fn_call *c = dsec_calloc(1, sizeof *c);
+    int rc = -1;
+    if (pl == NULL || c == NULL) {
+        dsec_free(pl);
+        dsec_free(c);
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: out of memory");
-    if (make_plan(tg, lim, req, pl, err) < 0 || build_strings(pl, &strings, &slen, err) < 0)
+    }
+    *c = (struct fn_call){.pools = pools,
+                          .loop = loop,
+                          .done = done,
+                          .ud = ud,
+                          .on_output = req->on_output,
+                          .on_output_arg = req->on_output_arg,
+                          .cpu_used_us = cpu_used_us,
+                          .calls = calls,
+                          .pool = tg->pool,
+                          .acquire_ms = cc->acquire_ms,
+                          .tk = {.efd = -1},
+                          .payload_fd = -1,
+                          .bundle_fd = -1,
+                          .use_rlimit_as = cc->use_rlimit_as};
+    if (make_plan(tg, lim, req, pl, err) < 0 || build_strings(pl, &c->strings, &c->slen, err) < 0)
         goto out;
     int bundle_fd = -1;
     uint64_t bundle_len = 0;
     if (dsec__fn_files_bundle(files, &bundle_fd, &bundle_len, err) < 0)
         goto out;
-    if (slen > FNP_INLINE_MAX && (payload_fd = sealed_memfd(strings, slen, err)) < 0)
-        goto out;
-
-    struct fnp_task t;
-    memset(&t, 0, sizeof t);
-    t.h.magic = FNP_MAGIC;
-    t.h.type = FNP_TASK;
-    t.mode = pl->mode;
-    t.flags = pl->flags;
-    t.argc = (uint32_t)pl->argc;
-    t.envc = (uint32_t)pl->nenv;
-    t.strings_len = slen;
-    t.nproc = (uint32_t)pl->nproc;
-    t.nofile = lim->nofile;
-    t.fsize_bytes = pl->fsize_mb << 20;
-    int fds[2], nfds = 0;
-    if (payload_fd >= 0) {
-        t.flags |= FNP_TASK_PAYLOAD_FD;
-        fds[nfds++] = payload_fd;
-    }
-    if (bundle_fd >= 0) {
-        t.flags |= FNP_TASK_BUNDLE_FD;
-        t.bundle_len = bundle_len;
-        fds[nfds++] = bundle_fd;
-    }
-    t.h.len = (uint32_t)(sizeof t + (payload_fd >= 0 ? 0 : slen));
-
-    /* A sandbox with a network gets a worker made for this call in its
-     * namespace; the warm ones were made without knowing the sandbox. */
-    if ((tg->netns_fd >= 0 ? dsec__fn_worker_take_net(pools, tg->pool, tg->netns_fd, tg->resolver,
-                                                      cc->acquire_ms, &w, err)
-                           : dsec__fn_worker_take(pools, tg->pool, cc->acquire_ms, &w, err)) < 0)
-        goto out;
-    int cgmode;
-    struct fn_cg_slot *cg = dsec__fn_worker_cg(pools, w, &cgmode);
-    uint64_t mem_bytes = pl->mem_mb << 20;
-    if (cg != NULL && dsec__fn_cg_slot_limits(cg, cgmode, mem_bytes, pl->nproc + 2, err) < 0)
-        goto out;
-    uint64_t cpu0 = 0;
-    bool cg_cpu = cg != NULL && dsec__fn_cg_slot_cpu(cg, cgmode, &cpu0) == 0;
-    /* RLIMIT_CPU is whole seconds and per process: a backstop when the
-     * cgroup counts precisely, the limit itself when it cannot. */
-    if (pl->cpu_ms)
-        t.cpu_s = (pl->cpu_ms + 999) / 1000 + (cg_cpu ? 1 : 0);
-    if (cg == NULL || cc->use_rlimit_as)
-        t.as_bytes = mem_bytes;
-
-    if (req->stdin_len > 0) {
-        sigemptyset(&pipe_set);
-        sigaddset(&pipe_set, SIGPIPE);
-        pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
-        sigpipe_blocked = true;
-    }
-    uint64_t t0 = dsec__fn_now_ns();
-    if (send_task(w->task_fd, &t, payload_fd >= 0 ? NULL : strings, payload_fd >= 0 ? 0 : slen, fds,
-                  nfds) < 0) {
-        dsec_err_set(err, DSEC_E_BACKEND, errno, "exec: handing the task to a worker");
+    if (bundle_fd >= 0 && (c->bundle_fd = fcntl(bundle_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        dsec_err_set(err, DSEC_E_IO, errno, "exec: the files' bundle");
         goto out;
     }
-    if (payload_fd >= 0) {
-        close(payload_fd);
-        payload_fd = -1;
-    }
-    const uint8_t *in = req->stdin_data;
-    size_t in_left = req->stdin_data ? req->stdin_len : 0;
-    if (in_left == 0) {
-        close(w->stdin_fd);
-        w->stdin_fd = -1;
-    }
-
-    o.max = pl->output_max;
-    e.max = pl->output_max;
-    uint64_t timeout_ms = req->timeout_ms ? req->timeout_ms : lim->timeout_ms;
-    if (timeout_ms == 0 || timeout_ms > cc->max_timeout_ms)
-        timeout_ms = cc->max_timeout_ms;
-    uint64_t deadline = t0 + timeout_ms * 1000000ull, grace = 0;
-    int killed = KILL_NONE;
-    bool got_result = false, w2_dead = false, out_eof = false, err_eof = false, task_eof = false;
-    struct fnp_result result;
-    struct fnp_failure failure;
-    bool failed = false;
-    memset(&failure, 0, sizeof failure);
-    memset(&result, 0, sizeof result);
-    uint64_t cpu_used_ns = 0;
-
-    while (!((got_result || w2_dead) && out_eof && err_eof)) {
-        uint64_t now = dsec__fn_now_ns();
-        if (killed == KILL_NONE && now >= deadline) {
-            pidfd_kill(w->pidfd);
-            killed = KILL_TIMEOUT;
-            grace = now + KILL_GRACE_NS;
-        }
-        if (grace && now >= grace)
-            break; /* something holds the pipes open past the namespace's death: give up on them */
-        uint64_t next = grace ? grace : deadline;
-        if (pl->cpu_ms && cg_cpu && killed == KILL_NONE && next > now + CPU_POLL_MS * 1000000ull)
-            next = now + CPU_POLL_MS * 1000000ull;
-        struct pollfd p[5];
-        int np = 0, i_out = -1, i_err = -1, i_in = -1, i_task = -1, i_pid = -1;
-        if (!out_eof) {
-            i_out = np;
-            p[np++] = (struct pollfd){.fd = w->stdout_fd, .events = POLLIN};
-        }
-        if (!err_eof) {
-            i_err = np;
-            p[np++] = (struct pollfd){.fd = w->stderr_fd, .events = POLLIN};
-        }
-        if (w->stdin_fd >= 0) {
-            i_in = np;
-            p[np++] = (struct pollfd){.fd = w->stdin_fd, .events = POLLOUT};
-        }
-        if (!task_eof) {
-            i_task = np;
-            p[np++] = (struct pollfd){.fd = w->task_fd, .events = POLLIN};
-        }
-        if (!w2_dead) {
-            i_pid = np;
-            p[np++] = (struct pollfd){.fd = w->pidfd, .events = POLLIN};
-        }
-        int ms = next <= now ? 0 : (int)((next - now + 999999ull) / 1000000ull);
-        int n = poll(p, (nfds_t)np, ms);
-        if (n < 0 && errno != EINTR) {
-            dsec_err_set(err, DSEC_E_IO, errno, "exec: poll");
-            pidfd_kill(w->pidfd);
+    if (c->slen > FNP_INLINE_MAX && (c->payload_fd = sealed_memfd(c->strings, c->slen, err)) < 0)
+        goto out;
+    if (req->stdin_data != NULL && req->stdin_len > 0) {
+        if ((c->in = dsec_malloc(req->stdin_len)) == NULL) {
+            dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: out of memory for %zu bytes of stdin",
+                         req->stdin_len);
             goto out;
         }
-        if (n > 0) {
-            if (i_out >= 0 && p[i_out].revents)
-                out_eof = drain(w->stdout_fd, &o) == 0;
-            if (i_err >= 0 && p[i_err].revents)
-                err_eof = drain(w->stderr_fd, &e) == 0;
-            if (i_in >= 0 && p[i_in].revents) {
-                ssize_t wr = (p[i_in].revents & POLLOUT) ? write(w->stdin_fd, in, in_left) : -1;
-                if (wr > 0) {
-                    in += wr;
-                    in_left -= (size_t)wr;
-                }
-                if (in_left == 0 || (wr < 0 && errno != EAGAIN && errno != EINTR)) {
-                    close(w->stdin_fd); /* all written, or the call stopped reading */
-                    w->stdin_fd = -1;
-                }
-            }
-            /* Only the supervisor holds the worker's end now (W3 closed
-             * it before the call's code ran): what comes here is its
-             * RESULT, or a set-up failure of W2, or of W3 before the call. */
-            if (i_task >= 0 && p[i_task].revents) {
-                union {
-                    struct fnp_hdr h;
-                    struct fnp_result r;
-                    struct fnp_failure f;
-                } m;
-                ssize_t r = recv(w->task_fd, &m, sizeof m, MSG_DONTWAIT);
-                if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-                    task_eof = true;
-                } else if (r > 0 && (size_t)r >= sizeof m.h && m.h.magic == FNP_MAGIC &&
-                           m.h.len == (uint32_t)r) {
-                    if (m.h.type == FNP_RESULT && (size_t)r == sizeof m.r) {
-                        result = m.r;
-                        got_result = true;
-                    } else if (m.h.type == FNP_WORKER_FAILED && (size_t)r == sizeof m.f) {
-                        failure = m.f;
-                        failure.stage[sizeof failure.stage - 1] = '\0';
-                        failure.msg[sizeof failure.msg - 1] = '\0';
-                        failed = true;
-                    }
-                }
-            }
-            if (i_pid >= 0 && p[i_pid].revents)
-                w2_dead = true;
-        }
-        if (pl->cpu_ms && cg_cpu && killed == KILL_NONE) {
-            uint64_t c;
-            if (dsec__fn_cg_slot_cpu(cg, cgmode, &c) == 0 && c - cpu0 > pl->cpu_ms * 1000000ull) {
-                pidfd_kill(w->pidfd);
-                killed = KILL_CPU;
-                grace = dsec__fn_now_ns() + KILL_GRACE_NS;
-            }
-        }
+        memcpy(c->in, req->stdin_data, req->stdin_len);
+        c->in_len = req->stdin_len;
     }
-    uint64_t t1 = dsec__fn_now_ns();
-    if (cg_cpu && dsec__fn_cg_slot_cpu(cg, cgmode, &cpu_used_ns) == 0 && cpu_used_ns >= cpu0)
-        cpu_used_ns -= cpu0;
-    else
-        cpu_used_ns = (result.utime_us + result.stime_us) * 1000ull;
-    if (failed && killed == KILL_NONE) {
-        int code = strcmp(failure.stage, "cwd") == 0                ? DSEC_E_INVALID
-                   : strcmp(failure.stage, "dependency files") == 0 ? DSEC_E_IO
-                                                                    : DSEC_E_BACKEND;
-        dsec_err_set(err, code, failure.err, "exec: %s", failure.msg);
-        goto out;
-    }
-    memset(res, 0, sizeof *res);
-    if (killed == KILL_TIMEOUT) {
-        res->timed_out = true;
-        res->exit_code = -1;
-        res->signal = SIGKILL;
-    } else if (killed == KILL_CPU) {
-        res->exit_code = -1;
-        res->signal = SIGXCPU;
-    } else if (got_result) {
-        int st = result.status;
-        if (WIFEXITED(st)) {
-            res->exit_code = WEXITSTATUS(st);
-        } else {
-            res->exit_code = -1;
-            res->signal = WIFSIGNALED(st) ? WTERMSIG(st) : SIGKILL;
-        }
-    } else {
-        dsec_err_set(err, DSEC_E_BACKEND, 0,
-                     "exec: the worker running the call died before reporting (was its "
-                     "supervisor killed from outside?)");
-        goto out;
-    }
-    res->stdout_data = o.len ? o.p : NULL;
-    res->stdout_len = o.len;
-    res->stdout_truncated = o.truncated;
-    res->stderr_data = e.len ? e.p : NULL;
-    res->stderr_len = e.len;
-    res->stderr_truncated = e.truncated;
-    if (o.len == 0)
-        dsec_free(o.p);
-    if (e.len == 0)
-        dsec_free(e.p);
-    o.p = e.p = NULL;
-    res->duration_us = (t1 - t0) / 1000ull;
-    res->cpu_us = cpu_used_ns / 1000ull;
-    res->peak_rss_kb = result.maxrss_kb;
-    rc = 0;
 
-out:
-    if (sigpipe_blocked) {
-        /* A write to a closed stdin raised SIGPIPE at this thread: consume it. */
-        struct timespec zero = {0, 0};
-        while (sigtimedwait(&pipe_set, NULL, &zero) > 0) {
-        }
-        pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    struct fnp_task *t = &c->t;
+    t->h.magic = FNP_MAGIC;
+    t->h.type = FNP_TASK;
+    t->mode = pl->mode;
+    t->flags = pl->flags;
+    t->argc = (uint32_t)pl->argc;
+    t->envc = (uint32_t)pl->nenv;
+    t->strings_len = c->slen;
+    t->nproc = (uint32_t)pl->nproc;
+    t->nofile = lim->nofile;
+    t->fsize_bytes = pl->fsize_mb << 20;
+    if (c->payload_fd >= 0)
+        t->flags |= FNP_TASK_PAYLOAD_FD;
+    if (c->bundle_fd >= 0) {
+        t->flags |= FNP_TASK_BUNDLE_FD;
+        t->bundle_len = bundle_len;
     }
-    if (w != NULL)
-        dsec__fn_worker_done(pools, w);
-    if (payload_fd >= 0)
-        close(payload_fd);
-    dsec_free(o.p);
-    dsec_free(e.p);
-    dsec_free(strings);
-    if (pl != NULL)
-        dsec_free(pl->argv);
+    t->h.len = (uint32_t)(sizeof *t + (c->payload_fd >= 0 ? 0 : c->slen));
+    c->mem_bytes = pl->mem_mb << 20;
+    c->nproc = pl->nproc;
+    c->cpu_ms = pl->cpu_ms;
+    c->o.max = c->e.max = pl->output_max;
+    c->timeout_ms = req->timeout_ms ? req->timeout_ms : lim->timeout_ms;
+    if (c->timeout_ms == 0 || c->timeout_ms > cc->max_timeout_ms)
+        c->timeout_ms = cc->max_timeout_ms;
+
+    /* A sandbox with a network gets a worker made for this call in its namespace (the warm
+     * ones were made without knowing the sandbox), on the loop like the rest. */
+    c->netns_fd = tg->netns_fd;
+    c->resolver = tg->resolver;
+    c->phase = tg->netns_fd >= 0 ? PH_NET : PH_TAKE;
+    c->take_deadline = dsec__fn_now_ns() + cc->acquire_ms * 1000000ull;
+    /* Everything after this runs on the loop: the timer fires at once and takes a worker. */
+    if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns(), call_event, c, &c->tw, err) < 0) {
+        dsec_err_wrap(err, "exec");
+        goto out;
+    }
+    c = NULL;
+    rc = 0;
+out:
+    if (c != NULL)
+        call_free(c);
+    dsec_free(pl->argv);
     dsec_free(pl);
     return rc;
 }

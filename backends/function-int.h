@@ -151,15 +151,46 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
 void dsec__fn_pools_env_put(struct fn_pools *p, int pi);
 /* The environment pools alive, into out[0..max). */
 size_t dsec__fn_pools_env_info(struct fn_pools *p, dsec_function_pool_info *out, size_t max);
-/* Take a warm worker of pool pi, waiting up to wait_ms for one. */
-int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
-                         dsec_err *err);
-/* A worker made for one call of a sandbox with a network: W1 joins the
- * namespace netns_fd (borrowed) instead of making an empty one, and the
- * call's /etc/resolv.conf names resolver. Waits up to wait_ms for a slot
- * and for the worker to be ready; hand it back with dsec__fn_worker_done. */
-int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+/* A call waiting for a warm worker without a thread (on an event loop). The caller zeroes it
+ * with efd -1 and owns efd once set (closing it after dsec__fn_worker_unwait, or once a take
+ * returned other than 1). */
+struct fn_take_waiter {
+    struct fn_take_waiter *next, *prev; /* in the pools' list while waiting */
+    int pi;
+    int efd;       /* an eventfd the pool writes when a worker may be there; -1: none (poll) */
+    bool net;      /* waits for a slot to make a networked worker in, not a warm worker */
+    bool stole;    /* net: had a warm worker of another pool let go for its slot */
+    bool waiting;  /* counted among the pool's waiters */
+    bool notified; /* told since it last looked */
+};
+
+/* Take a warm worker of pool pi without waiting: 0 and *out when one is there; otherwise 1,
+ * t counted among the pool's waiters (so the pool spawns for it; t->efd made and written when
+ * a worker of the pool is ready, or anything else changes) until it takes one, gives up
+ * (expired: the wait of wait_ms is over, -1 with DSEC_E_CAPACITY) or is unwaited; -1 with err
+ * when no worker can start. Short: takes the pool lock, never waits for it to change. */
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *t, bool expired,
                              uint64_t wait_ms, struct fn_worker **out, dsec_err *err);
+/* Stop waiting (when t is): the pool writes t->efd no more. */
+void dsec__fn_worker_unwait(struct fn_pools *p, struct fn_take_waiter *t);
+/* A worker made for one call of a sandbox with a network: W1 joins the namespace netns_fd
+ * (borrowed) instead of making an empty one, and the call's /etc/resolv.conf names resolver.
+ * Without waiting: 0, a slot taken and SPAWN sent (*out on its way: wait for its task_fd to
+ * be readable, then dsec__fn_worker_net_ready; *zctl_used the zygote socket it went to); 1,
+ * no slot free or the pool not up yet: t waits as in dsec__fn_worker_try_take (its eventfd
+ * written when a slot comes back); -1 with err, and *lost when the zygote refused it (it may
+ * be dying: try again once dsec__fn_pool_zygote_changed). */
+int dsec__fn_worker_net_start(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                              struct fn_take_waiter *t, bool expired, uint64_t wait_ms,
+                              struct fn_worker **out, int *zctl_used, bool *lost, dsec_err *err);
+/* A worker from dsec__fn_worker_net_start whose task_fd is readable (or, timed_out, did not
+ * become so in time): 0 ready (hand it back with dsec__fn_worker_done); 1 nothing there yet;
+ * -1 with err: the worker is gone, *lost when it vanished without a word (its zygote died
+ * under it: try again). */
+int dsec__fn_worker_net_ready(struct fn_pools *p, struct fn_worker *w, bool timed_out, bool *lost,
+                              dsec_err *err);
+/* Whether pool pi's zygote is no longer the one behind zctl (or the pool is not up). */
+bool dsec__fn_pool_zygote_changed(struct fn_pools *p, int pi, int zctl);
 /* The call is over (or never started): close the worker's channels and let
  * the pool reclaim its slot once its supervisor has exited. */
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w);
@@ -198,9 +229,17 @@ struct fn_target {
     const char *resolver; /* with netns_fd: the nameserver of its calls */
 };
 
-int dsec__fn_call(struct fn_pools *pools, const struct fn_call_conf *cc, const struct fn_target *t,
-                  const struct fn_limits *lim, struct fn_files *files, const dsec_exec_req *req,
-                  dsec_exec_result *res, dsec_err *err);
+struct dsec_loop;
+/* Start one call (backend.h, exec_start): the task is made here, on the caller's thread, and
+ * everything after (taking a warm worker, sending, watching its output, deadline and CPU
+ * limit) runs on loop. 0: done will be called once, on loop's thread, after *cpu_used_us and
+ * *calls (the sandbox's, not touched by anyone else until then) were added to; -1 with err:
+ * done is never called. */
+int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
+                        const struct fn_target *tg, const struct fn_limits *lim,
+                        struct fn_files *files, const dsec_exec_req *req, struct dsec_loop *loop,
+                        uint64_t *cpu_used_us, uint64_t *calls, dsec_exec_done_fn done, void *ud,
+                        dsec_err *err);
 
 #include <time.h>
 static inline uint64_t dsec__fn_now_ns(void)

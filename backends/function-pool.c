@@ -107,6 +107,8 @@ struct fn_pools {
     unsigned *free_slots, nfree;
     unsigned net_waiters; /* calls waiting for a slot to make a networked worker in */
     struct fn_worker *to_drain;
+    struct fn_take_waiter *aw_head,
+        *aw_tail; /* calls waiting on a loop for a worker, oldest first */
     int epfd, evfd;
     pthread_t thread;
     bool thread_started, stop;
@@ -132,6 +134,46 @@ static void wake(struct fn_pools *p)
     uint64_t one = 1;
     ssize_t n = write(p->evfd, &one, sizeof one);
     (void)n; /* a full counter already means "wake up" */
+}
+
+static void efd_kick(int fd)
+{
+    uint64_t one = 1;
+    ssize_t n = write(fd, &one, sizeof one);
+    (void)n; /* a full counter already means "look again" */
+}
+
+/* A worker of pool pi was made ready: the oldest call of that pool waiting on a loop that has
+ * not been told yet looks again. Lock held. */
+static void notify_one(struct fn_pools *p, int pi)
+{
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        if (!t->net && t->pi == pi && !t->notified) {
+            t->notified = true;
+            efd_kick(t->efd);
+            return;
+        }
+}
+
+/* A slot came back: the oldest networked call waiting on a loop that has not been told yet
+ * looks again. Lock held. */
+static void notify_slot(struct fn_pools *p)
+{
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        if (t->net && !t->notified) {
+            t->notified = true;
+            efd_kick(t->efd);
+            return;
+        }
+}
+
+/* Something else changed (a pool failed, stopped, a zygote came or went): every call
+ * waiting on a loop looks again. Lock held. */
+static void broadcast(struct fn_pools *p)
+{
+    pthread_cond_broadcast(&p->cv);
+    for (struct fn_take_waiter *t = p->aw_head; t != NULL; t = t->next)
+        efd_kick(t->efd);
 }
 
 static void set_error(struct fn_pool *pool, const char *fmt, ...)
@@ -238,7 +280,7 @@ static void worker_failed(struct fn_pools *p, struct fn_worker *w, const char *w
     /* Workers lost with their zygote say nothing about the next ones. */
     if (pool->state == P_UP && ++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
         pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
     }
     worker_drain(p, w);
 }
@@ -364,7 +406,7 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
         set_error(pool, "%s", why);
         if (++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
             pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
-            pthread_cond_broadcast(&p->cv);
+            broadcast(p);
         }
         if (w != NULL)
             worker_close(w);
@@ -542,6 +584,10 @@ static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
         pid = -1;
         goto out;
     }
+    /* before it is told to start workers: they inherit it */
+    if (setpriority(PRIO_PROCESS, (id_t)pid, DSEC_SANDBOX_NICE) < 0)
+        fprintf(stderr, "dsec function: nice %d for zygote %d: %s\n", DSEC_SANDBOX_NICE,
+                (int)pid, strerror(errno));
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {
         snprintf(why, sizeof why, "pidfd_open: %s", strerror(errno));
@@ -559,7 +605,7 @@ out:
         pool->state = P_FAILED;
         set_error(pool, "the zygote of %s: %s", pool->name, why);
         pool->restart_at_ns = dsec__fn_now_ns() + RESTART_MAX_NS;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         return;
     }
     pool->zpid = pid;
@@ -606,7 +652,7 @@ static void zygote_gone(struct fn_pools *p, struct fn_pool *pool)
         pool->restart_at_ns = now + (delay > RESTART_MAX_NS ? RESTART_MAX_NS : delay);
         pool->state = young && pool->quick_deaths >= 3 ? P_FAILED : P_DOWN;
     }
-    pthread_cond_broadcast(&p->cv);
+    broadcast(p);
 }
 
 static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
@@ -632,7 +678,7 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
         snprintf(pool->preloaded, sizeof pool->preloaded, "%s", m.hello.preloaded);
         pool->retry_spawn_at_ns = 0;
         pool->consec_fail = 0;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         break;
     case FNP_FATAL:
         if ((size_t)n != sizeof m.fail)
@@ -640,7 +686,7 @@ static void on_zctl(struct fn_pools *p, struct fn_pool *pool)
         m.fail.msg[sizeof m.fail.msg - 1] = '\0';
         pool->state = P_FAILED;
         set_error(pool, "the zygote of %s could not start: %s", pool->name, m.fail.msg);
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         break;
     case FNP_SPAWN_FAILED:
         if ((size_t)n != sizeof m.fail || m.h.seq >= p->max_workers ||
@@ -719,6 +765,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
             push(&pool->hot_head, &pool->hot_tail, w);
             pool->nhot++;
             pthread_cond_broadcast(&p->cv);
+            notify_one(p, pool->idx);
             return;
         }
         if (fd < 0 || w->ready || (size_t)n != sizeof m.ready) {
@@ -751,6 +798,7 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
         push(&pool->warm_head, &pool->warm_tail, w);
         pool->nwarm++;
         pthread_cond_broadcast(&p->cv);
+        notify_one(p, pool->idx);
     }
 }
 
@@ -765,6 +813,7 @@ static void on_wpid(struct fn_pools *p, unsigned slot)
     slot_free(p, slot);
     dsec_free(w);
     pthread_cond_broadcast(&p->cv);
+    notify_slot(p); /* the other loop waiters hear of the worker refill makes here */
 }
 
 /* ---- environment pools (pool thread, lock held) ---------------------------------------------- */
@@ -838,7 +887,7 @@ static void env_tend(struct fn_pools *p, struct fn_pool *pool, uint64_t now, uin
     }
     env_release_layers(p, pool);
     env_forget(pool);
-    pthread_cond_broadcast(&p->cv);
+    broadcast(p);
 }
 
 /* ---- the thread ----------------------------------------------------------------------------- */
@@ -1072,7 +1121,7 @@ void dsec__fn_pools_free(struct fn_pools *p)
     if (p->thread_started) {
         pthread_mutex_lock(&p->mu);
         p->stop = true;
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         pthread_mutex_unlock(&p->mu);
         wake(p);
         pthread_join(p->thread, NULL);
@@ -1315,7 +1364,7 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
             pool->state = P_FAILED; /* never started: it has no root */
             set_error(pool, "%s", e.msg);
         }
-        pthread_cond_broadcast(&p->cv);
+        broadcast(p);
         pthread_mutex_unlock(&p->mu);
     }
     int left =
@@ -1349,13 +1398,45 @@ static bool worker_dead(const struct fn_worker *w)
     return poll(pf, 2, 0) != 0;
 }
 
-int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn_worker **out,
-                         dsec_err *err)
+static void waiter_link(struct fn_pools *p, struct fn_take_waiter *t)
+{
+    t->prev = p->aw_tail;
+    t->next = NULL;
+    if (p->aw_tail != NULL)
+        p->aw_tail->next = t;
+    else
+        p->aw_head = t;
+    p->aw_tail = t;
+    if (t->net)
+        p->net_waiters++;
+    else
+        p->pools[t->pi].waiters++;
+    t->waiting = true;
+    wake(p); /* refill spawns for it, or leaves it a slot */
+}
+
+static void waiter_unlink(struct fn_pools *p, struct fn_take_waiter *t)
+{
+    if (t->prev != NULL)
+        t->prev->next = t->next;
+    else
+        p->aw_head = t->next;
+    if (t->next != NULL)
+        t->next->prev = t->prev;
+    else
+        p->aw_tail = t->prev;
+    t->next = t->prev = NULL;
+    if (t->net)
+        p->net_waiters--;
+    else
+        p->pools[t->pi].waiters--;
+    t->waiting = false;
+}
+
+int dsec__fn_worker_try_take(struct fn_pools *p, int pi, struct fn_take_waiter *t, bool expired,
+                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
-    struct timespec ts;
-    deadline_ts(&ts, deadline);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         if (!pool->wanted && pi < FN_RT_COUNT) { /* an environment's is wanted while it lives */
@@ -1364,44 +1445,43 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
         }
         struct fn_worker *w = NULL;
         int rc = 0;
-        while (w == NULL) {
-            if (p->stop) {
-                rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
-                break;
-            }
-            if ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
-                pool->nhot--;
-            } else if ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
-                pool->nwarm--;
-            }
-            if (w != NULL) {
-                pool->nbusy++;
-                pool->calls++;
-                break;
-            }
-            if (pool->nspawning == 0 && pool->npromoting == 0 &&
-                (pool->state == P_FAILED ||
-                 (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
-                rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
-                                  pool->name, pool->error);
-                break;
-            }
-            pool->waiters++;
-            wake(p);
-            int w8 = pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-            pool->waiters--;
-            if (w8 == ETIMEDOUT && pool->warm_head == NULL && pool->hot_head == NULL) {
-                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
-                                  "function: no %s worker became free within %" PRIu64
-                                  " ms (%u busy, %u starting, %u slots free of max_workers %u)",
-                                  pool->name, wait_ms, pool->nbusy, pool->nspawning, p->nfree,
-                                  p->max_workers);
-                break;
+        if (p->stop) {
+            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+        } else if ((w = pop(&pool->hot_head, &pool->hot_tail)) != NULL) {
+            pool->nhot--;
+        } else if ((w = pop(&pool->warm_head, &pool->warm_tail)) != NULL) {
+            pool->nwarm--;
+        } else if (pool->nspawning == 0 && pool->npromoting == 0 &&
+                   (pool->state == P_FAILED ||
+                    (pool->state == P_UP && pool->consec_fail >= SPAWN_FAIL_LIMIT))) {
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                              pool->name, pool->error);
+        } else if (expired) {
+            rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                              "function: no %s worker became free within %" PRIu64
+                              " ms (%u busy, %u starting, %u slots free of max_workers %u)",
+                              pool->name, wait_ms, pool->nbusy, pool->nspawning, p->nfree,
+                              p->max_workers);
+        } else {
+            rc = 1;
+            if (t->efd < 0)
+                t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: the caller polls */
+            t->notified = false;
+            if (!t->waiting) { /* counted until taken or given up: refill spawns for it */
+                t->pi = pi;
+                t->net = false;
+                waiter_link(p, t);
             }
         }
+        if (rc != 1 && t->waiting)
+            waiter_unlink(p, t);
+        if (w != NULL) {
+            pool->nbusy++;
+            pool->calls++;
+        }
         pthread_mutex_unlock(&p->mu);
-        if (rc < 0)
-            return -1;
+        if (rc != 0)
+            return rc;
         wake(p); /* refill behind us */
         if (!worker_dead(w)) {
             *out = w;
@@ -1409,6 +1489,16 @@ int dsec__fn_worker_take(struct fn_pools *p, int pi, uint64_t wait_ms, struct fn
         }
         dsec__fn_worker_done(p, w); /* died while warm (killed from outside): next one */
     }
+}
+
+void dsec__fn_worker_unwait(struct fn_pools *p, struct fn_take_waiter *t)
+{
+    if (!t->waiting)
+        return;
+    pthread_mutex_lock(&p->mu);
+    if (t->waiting)
+        waiter_unlink(p, t);
+    pthread_mutex_unlock(&p->mu);
 }
 
 /* Every slot is taken and a networked call waits for one: let one warm
@@ -1434,27 +1524,11 @@ static bool steal_any(struct fn_pools *p)
     return false;
 }
 
-/* Wait for the READY of a worker made for one call (or the reason it will
- * not come). No lock held. Returns true when the worker's socket closed
- * without a word (its zygote died under it). */
-static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, char *why,
-                      size_t whylen)
+/* Read the READY of a worker made for one call (its task socket is readable), or the reason
+ * it will not come. No lock held. Returns true when the worker's socket closed without a word
+ * (its zygote died under it). */
+static bool own_ready(struct fn_worker *w, const char *name, char *why, size_t whylen)
 {
-    for (;;) {
-        uint64_t now = dsec__fn_now_ns();
-        if (now >= deadline) {
-            snprintf(why, whylen, "the %s worker was not ready in time", name);
-            return false;
-        }
-        struct pollfd pf = {.fd = w->task_fd, .events = POLLIN};
-        int pr = poll(&pf, 1, (int)((deadline - now) / 1000000ull) + 1);
-        if (pr < 0 && errno != EINTR) {
-            snprintf(why, whylen, "waiting for the %s worker: %s", name, strerror(errno));
-            return false;
-        }
-        if (pr > 0)
-            break;
-    }
     union {
         struct fnp_hdr h;
         struct fnp_ready ready;
@@ -1469,8 +1543,10 @@ static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
     ssize_t n;
     do
-        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC);
+        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN)
+        return false; /* not yet: why stays "" */
     int fd = n > 0 ? first_fd(&mh) : -1;
     if (n > 0 && (size_t)n == sizeof m.ready && m.h.magic == FNP_MAGIC && m.h.type == FNP_READY &&
         m.h.len == (uint32_t)n && fd >= 0) {
@@ -1490,15 +1566,33 @@ static bool own_ready(struct fn_worker *w, const char *name, uint64_t deadline, 
     return n == 0;
 }
 
-/* One try of dsec__fn_worker_take_net. *zctl: the zygote socket the SPAWN
- * went to; *lost: the worker vanished without a word (its zygote died). */
-static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                         uint64_t wait_ms, uint64_t deadline, int *zctl_used, bool *lost,
-                         struct fn_worker **out, dsec_err *err)
+/* A worker made for one call will not serve it: its slot comes back. No lock held. */
+static int own_failed(struct fn_pools *p, struct fn_worker *w, char *why, size_t whylen, bool *lost,
+                      dsec_err *err)
+{
+    struct fn_pool *pool = &p->pools[w->pool];
+    worker_close(w); /* a worker still on its way sees its task socket close and exits */
+    pthread_mutex_lock(&p->mu);
+    if (w->why[0] != '\0') { /* the zygote said why */
+        snprintf(why, whylen, "%s", w->why);
+        *lost = false;
+    }
+    pool->nbusy--;
+    pool->spawn_failures++;
+    slot_free(p, w->slot);
+    broadcast(p);
+    pthread_mutex_unlock(&p->mu);
+    dsec_free(w);
+    wake(p);
+    return dsec_err_set(err, DSEC_E_BACKEND, 0,
+                        "function: a %s worker in the sandbox's network: %s", pool->name, why);
+}
+
+int dsec__fn_worker_net_start(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
+                              struct fn_take_waiter *t, bool expired, uint64_t wait_ms,
+                              struct fn_worker **out, int *zctl_used, bool *lost, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    struct timespec ts;
-    deadline_ts(&ts, deadline);
     *lost = false;
     pthread_mutex_lock(&p->mu);
     if (!pool->wanted && pi < FN_RT_COUNT) {
@@ -1506,32 +1600,39 @@ static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *r
         wake(p);
     }
     int rc = 0;
-    bool stole = false;
-    p->net_waiters++;
-    while (rc == 0 && (pool->state != P_UP || p->nfree == 0)) {
-        if (p->stop) {
-            rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
-        } else if (pool->state == P_FAILED) {
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
-                              pool->name, pool->error);
+    if (p->stop) {
+        rc = dsec_err_set(err, DSEC_E_CLOSED, 0, "function: the backend is shutting down");
+    } else if (pool->state == P_FAILED) {
+        rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "function: no %s worker can start: %s",
+                          pool->name, pool->error);
+    } else if (pool->state != P_UP || p->nfree == 0) {
+        if (expired) {
+            rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
+                              "function: no slot for a %s worker within %" PRIu64
+                              " ms (max_workers %u, all in use)",
+                              pool->name, wait_ms, p->max_workers);
         } else {
-            if (pool->state == P_UP && !stole)
-                stole = steal_any(p);
-            if (pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT &&
-                (pool->state != P_UP || p->nfree == 0))
-                rc = dsec_err_set(err, DSEC_E_CAPACITY, 0,
-                                  "function: no slot for a %s worker within %" PRIu64
-                                  " ms (max_workers %u, all in use)",
-                                  pool->name, wait_ms, p->max_workers);
+            rc = 1;
+            if (t->efd < 0)
+                t->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* -1: the caller polls */
+            t->notified = false;
+            if (!t->waiting) {
+                t->pi = pi;
+                t->net = true;
+                waiter_link(p, t);
+            }
+            if (pool->state == P_UP && !t->stole)
+                t->stole = steal_any(p);
         }
     }
-    p->net_waiters--;
+    if (rc != 1 && t->waiting)
+        waiter_unlink(p, t);
     struct fn_worker *w = rc == 0 ? dsec_calloc(1, sizeof *w) : NULL;
     if (rc == 0 && w == NULL)
         rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating a worker");
-    if (rc < 0) {
+    if (rc != 0) {
         pthread_mutex_unlock(&p->mu);
-        return -1;
+        return rc;
     }
     w->own = true;
     w->rt = pool->rt;
@@ -1545,55 +1646,36 @@ static int take_net_once(struct fn_pools *p, int pi, int netns_fd, const char *r
     pthread_mutex_unlock(&p->mu);
 
     char why[DSEC_ERR_MSG_MAX] = "";
-    if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) == 0)
-        *lost = own_ready(w, pool->name, deadline, why, sizeof why);
-    else
+    if (worker_spawn(p, zctl, w, netns_fd, resolver, why, sizeof why) < 0) {
         *lost = true; /* the zygote's socket refused it */
-    if (why[0] == '\0') {
-        *out = w;
-        return 0;
+        return own_failed(p, w, why, sizeof why, lost, err);
     }
-    worker_close(w); /* a worker still on its way sees its task socket close and exits */
-    pthread_mutex_lock(&p->mu);
-    if (w->why[0] != '\0') { /* the zygote said why */
-        snprintf(why, sizeof why, "%s", w->why);
-        *lost = false;
-    }
-    pool->nbusy--;
-    pool->spawn_failures++;
-    slot_free(p, w->slot);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    dsec_free(w);
-    wake(p);
-    return dsec_err_set(err, DSEC_E_BACKEND, 0,
-                        "function: a %s worker in the sandbox's network: %s", pool->name, why);
+    *out = w;
+    return 0;
 }
 
-int dsec__fn_worker_take_net(struct fn_pools *p, int pi, int netns_fd, const char *resolver,
-                             uint64_t wait_ms, struct fn_worker **out, dsec_err *err)
+int dsec__fn_worker_net_ready(struct fn_pools *p, struct fn_worker *w, bool timed_out, bool *lost,
+                              dsec_err *err)
 {
-    struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + wait_ms * 1000000ull;
-    for (int tries = 1;; tries++) {
-        int zctl = -1;
-        bool lost = false;
-        if (take_net_once(p, pi, netns_fd, resolver, wait_ms, deadline, &zctl, &lost, out, err) ==
-            0)
-            return 0;
-        if (!lost || tries == 3 || dsec__fn_now_ns() >= deadline)
-            return -1;
-        /* Its zygote died under it: wait (briefly) until the pool thread has
-         * seen that, and try again with the rebuilt one. */
-        uint64_t until = dsec__fn_now_ns() + 1000000000ull;
-        struct timespec ts;
-        deadline_ts(&ts, until < deadline ? until : deadline);
-        pthread_mutex_lock(&p->mu);
-        while (pool->zctl == zctl && pool->state == P_UP && !p->stop &&
-               pthread_cond_timedwait(&p->cv, &p->mu, &ts) != ETIMEDOUT) {
-        }
-        pthread_mutex_unlock(&p->mu);
-    }
+    const char *name = p->pools[w->pool].name;
+    char why[DSEC_ERR_MSG_MAX] = "";
+    *lost = false;
+    if (timed_out)
+        snprintf(why, sizeof why, "the %s worker was not ready in time", name);
+    else
+        *lost = own_ready(w, name, why, sizeof why);
+    if (why[0] == '\0')
+        return w->ready ? 0 : 1;
+    return own_failed(p, w, why, sizeof why, lost, err);
+}
+
+bool dsec__fn_pool_zygote_changed(struct fn_pools *p, int pi, int zctl)
+{
+    pthread_mutex_lock(&p->mu);
+    const struct fn_pool *pool = &p->pools[pi];
+    bool changed = pool->zctl != zctl || pool->state != P_UP || p->stop;
+    pthread_mutex_unlock(&p->mu);
+    return changed;
 }
 
 void dsec__fn_worker_done(struct fn_pools *p, struct fn_worker *w)

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "backends/cgroup-tune.h"
 #include "backends/function-int.h"
 #include "backends/function.h"
+#include "backends/loop.h"
 #include "backends/net/net.h"
 #include "dsec/alloc.h"
 
@@ -63,6 +65,11 @@ struct fn {
     dsec_layer_cache *cache;     /* the node's (shared), when reg is set */
     dsec_net *net;               /* the node's containment, borrowed; NULL: no policies */
     char net_dir[PATH_MAX + 16]; /* <state_dir>/net: the policy of each networked sandbox */
+    /* Where a synchronous exec (ops.exec) runs its call: the node's loop, or one of our own
+     * opened at the first such exec (own_loop); exec_start uses the loop it is given. */
+    pthread_mutex_t loop_mu;
+    dsec_loop *loop;
+    bool own_loop;
 };
 
 struct fn_sb {
@@ -385,6 +392,9 @@ static void fn_fini(void *self)
     struct fn *f = self;
     if (f == NULL)
         return;
+    if (f->own_loop)
+        dsec_loop_free(f->loop); /* before the pools: a call still there hands its worker back */
+    pthread_mutex_destroy(&f->loop_mu);
     dsec__fn_pools_free(f->pools); /* lets its environments' layers go */
     dsec_layer_cache_free(f->cache);
     if (f->uid_lock >= 0)
@@ -413,6 +423,8 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "function: allocating the backend");
     f->uid_lock = -1;
+    pthread_mutex_init(&f->loop_mu, NULL);
+    f->loop = cfg->loop;
     if (claim_uids(f, o.uid_base, o.max_workers, !o.uid_base_set, err) < 0)
         goto out_free;
     char zygote[PATH_MAX], pymod[PATH_MAX];
@@ -521,6 +533,7 @@ out_free:
         rmdir(f->state_dir);
     if (f->uid_lock >= 0)
         close(f->uid_lock);
+    pthread_mutex_destroy(&f->loop_mu);
     dsec_free(f);
     return -1;
 }
@@ -1058,8 +1071,8 @@ static int fn_adopt(void *self, const dsec_sandbox_spec *spec, const char *state
     return 0;
 }
 
-static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
-                   dsec_err *err)
+static int fn_exec_start(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_loop *loop,
+                         dsec_exec_done_fn done, void *ud, dsec_err *err)
 {
     struct fn *f = self;
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
@@ -1069,11 +1082,66 @@ static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_e
                            .nvars = sb->nvars,
                            .netns_fd = sb->netns_fd,
                            .resolver = sb->net != NULL ? dsec_net_sbx_resolver(sb->net) : NULL};
-    if (dsec__fn_call(f->pools, &f->cc, &tg, &sb->lim, &sb->files, req, res, err) < 0)
-        return -1;
-    sb->cpu_used_us += res->cpu_us;
-    sb->calls++;
-    return 0;
+    return dsec__fn_call_start(f->pools, &f->cc, &tg, &sb->lim, &sb->files, req, loop,
+                               &sb->cpu_used_us, &sb->calls, done, ud, err);
+}
+
+/* The synchronous exec: exec_start on the instance's loop, and a wait for its done. */
+struct exec_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_exec_result *res;
+    dsec_err *err;
+};
+
+static void exec_waited(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    struct exec_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (rc == 0)
+        *w->res = *res; /* the buffers pass to the waiting caller */
+    else
+        *w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
+                   dsec_err *err)
+{
+    struct fn *f = self;
+    pthread_mutex_lock(&f->loop_mu);
+    if (f->loop == NULL) {
+        if (dsec_loop_new(&f->loop, "function", err) < 0) {
+            pthread_mutex_unlock(&f->loop_mu);
+            return dsec_err_wrap(err, "exec");
+        }
+        f->own_loop = true;
+    }
+    dsec_loop *loop = f->loop;
+    pthread_mutex_unlock(&f->loop_mu);
+    if (dsec_loop_is_current(loop)) /* it would wait for itself */
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "exec: a synchronous function call from the event loop's thread "
+                            "(use exec_start there)");
+    struct exec_wait w = {.res = res, .err = err};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cond, NULL);
+    int rc = fn_exec_start(self, h, req, loop, exec_waited, &w, err);
+    if (rc == 0) {
+        pthread_mutex_lock(&w.mu);
+        while (!w.done)
+            pthread_cond_wait(&w.cond, &w.mu);
+        pthread_mutex_unlock(&w.mu);
+        rc = w.rc;
+    }
+    pthread_cond_destroy(&w.cond);
+    pthread_mutex_destroy(&w.mu);
+    return rc;
 }
 
 static int fn_file_write(void *self, dsec_sandbox *h, const char *path, const void *data,
@@ -1114,6 +1182,7 @@ const dsec_backend_ops dsec_function_ops = {
     .fini = fn_fini,
     .create = fn_create,
     .exec = fn_exec,
+    .exec_start = fn_exec_start,
     .file_write = fn_file_write,
     .file_read = fn_file_read,
     .file_list = fn_file_list,

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "backends/backend.h"
+#include "backends/loop.h"
 #include "backends/registry.h"
 #include "backends/sim.h"
 #include "dsec/alloc.h"
@@ -600,10 +601,10 @@ static const char *base_name(const char *p)
     return s ? s + 1 : p;
 }
 
-static int sim_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
-                    dsec_err *err)
+/* What a command does, computed at once; *total_us is how long it runs (modelled). */
+static int exec_model(struct sim *s, dsec_sandbox *h, const dsec_exec_req *req,
+                      dsec_exec_result *res, uint64_t *total, dsec_err *err)
 {
-    struct sim *s = self;
     struct sb *b = SB(h);
     const struct model *m = &s->models[b->model];
     if (refuse_paused(b, "exec", err) < 0)
@@ -664,7 +665,7 @@ static int sim_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_
         res->signal = 9;
         code = -1;
     }
-    model_sleep(s, total_us);
+    *total = total_us;
     b->cpu_used_us += cpu_us;
 
     res->exit_code = code;
@@ -675,6 +676,65 @@ static int sim_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_
     res->stderr_len = e.len;
     res->stderr_truncated = e.truncated;
     res->duration_us = total_us;
+    return 0;
+}
+
+static int sim_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
+                    dsec_err *err)
+{
+    struct sim *s = self;
+    uint64_t total_us = 0;
+    if (exec_model(s, h, req, res, &total_us, err) < 0)
+        return -1;
+    model_sleep(s, total_us);
+    return 0;
+}
+
+/* A command in flight: its result, handed over when its modelled time is up. */
+struct sim_run {
+    dsec_exec_result res;
+    dsec_exec_done_fn done;
+    void *ud;
+};
+
+static void exec_due(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    struct sim_run *r = ud;
+    if (events & DSEC_LOOP_CANCEL) {
+        dsec_err err;
+        dsec_err_set(&err, DSEC_E_CLOSED, 0,
+                     "sim: the node manager stopped while the command ran; it did not finish");
+        dsec_exec_result_release(&r->res);
+        r->done(r->ud, -1, NULL, &err);
+    } else {
+        r->done(r->ud, 0, &r->res, NULL);
+    }
+    dsec_free(r);
+}
+
+static int sim_exec_start(void *self, dsec_sandbox *h, const dsec_exec_req *req,
+                          struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err)
+{
+    struct sim *s = self;
+    struct sim_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "sim: a command in flight");
+    uint64_t total_us = 0;
+    if (exec_model(s, h, req, &r->res, &total_us, err) < 0) {
+        dsec_free(r);
+        return -1;
+    }
+    r->done = done;
+    r->ud = ud;
+    /* the modelled time passes on the loop's clock, as model_sleep would have slept it */
+    double ns = s->time_scale > 0.0 ? (double)total_us * 1000.0 * s->time_scale : 0.0;
+    if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns() + (uint64_t)ns, exec_due, r, NULL, err) <
+        0) {
+        dsec_exec_result_release(&r->res);
+        dsec_free(r);
+        return -1;
+    }
     return 0;
 }
 
@@ -1189,6 +1249,7 @@ const dsec_backend_ops dsec_sim_ops = {
     .fini = sim_fini,
     .create = sim_create,
     .exec = sim_exec,
+    .exec_start = sim_exec_start,
     .file_write = sim_file_write,
     .file_read = sim_file_read,
     .file_list = sim_file_list,

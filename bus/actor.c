@@ -51,7 +51,25 @@ struct lane {
     struct lane *hnext; /* hash chain while keyed and active; free list when pooled */
     struct entry *ring;
     uint32_t cap, head, count;
-    bool scheduled; /* queued or held by a worker; under actor->mu */
+    bool scheduled; /* queued, held by a worker, or held by a deferred message; under actor->mu */
+    bool held;      /* a handler deferred one of its messages: nothing more runs until done */
+    bool in_run;    /* a worker is in lane_run with it */
+};
+
+/* What the running handler of this thread was handed, so dsec_actor_defer can take its
+ * message over. */
+struct run_ctx {
+    struct lane *lane;
+    struct entry *entry;
+    int64_t start_ns;        /* the handler's trace scope's start */
+    dsec_deferred *deferred; /* only compared after the handler: it may be done and freed */
+};
+static _Thread_local struct run_ctx *run_ctx;
+
+struct dsec_deferred {
+    dsec_msg *msg; /* heap copy owning the natsMsg */
+    struct lane *lane;
+    int64_t start_ns; /* when its handler started: its trace hop spans the whole wait */
 };
 
 struct dsec_actor {
@@ -210,7 +228,7 @@ static void lane_init(struct lane *l, dsec_actor *a, uint64_t key)
     l->key = key;
     l->hnext = NULL;
     l->head = l->count = 0;
-    l->scheduled = false;
+    l->scheduled = l->held = l->in_run = false;
 }
 
 static int ring_push(struct lane *l, natsMsg *nm, struct actor_sub *s)
@@ -370,6 +388,46 @@ static bool schema_ok(dsec_actor *a, dsec_msg *m, const char *subject)
     return false;
 }
 
+/* Entries a handler left untouched because it deferred: back to the front of the ring, in
+ * order, for when the lane is released. Under a->mu. Returns how many could not be put back
+ * (out of memory), which the caller discards. */
+static uint32_t ring_unshift(dsec_actor *a, struct lane *l, const struct entry *e, uint32_t n)
+{
+    uint32_t back = 0;
+    for (uint32_t i = n; i-- > 0;) {
+        if (l->count == l->cap) {
+            /* grown as ring_push grows it: doubled, unwrapped to head 0 */
+            uint32_t ncap = l->cap ? l->cap * 2 : RING_MIN;
+            struct entry *r = dsec_malloc(sizeof *r * ncap);
+            if (r == NULL)
+                return i + 1;
+            for (uint32_t k = 0; k < l->count; k++)
+                r[k] = l->ring[(l->head + k) & (l->cap - 1)];
+            dsec_free(l->ring);
+            l->ring = r;
+            l->cap = ncap;
+            l->head = 0;
+        }
+        l->head = (l->head + l->cap - 1) & (l->cap - 1);
+        l->ring[l->head] = e[i];
+        l->count++;
+        back++;
+    }
+    a->depth += back;
+    atomic_store_explicit(&a->depth_now, a->depth, memory_order_relaxed);
+    return 0;
+}
+
+/* A lane with nothing more to run leaves the pool's accounting. Under a->mu. */
+static void lane_idle(dsec_actor *a, struct lane *l)
+{
+    l->scheduled = false;
+    a->nbusy--;
+    lane_release(a, l);
+    if (a->nbusy == 0 && a->waiters > 0)
+        pthread_cond_broadcast(&a->cond);
+}
+
 static void lane_run(dsec__task *t)
 {
     struct lane *l = container_of(t, struct lane, task);
@@ -378,6 +436,7 @@ static void lane_run(dsec__task *t)
     struct entry batch[BATCH_MAX];
 
     pthread_mutex_lock(&a->mu);
+    l->in_run = true;
     for (;;) {
         uint32_t n = ring_take(l, batch, BATCH_MAX);
         if (n == 0)
@@ -385,6 +444,7 @@ static void lane_run(dsec__task *t)
         depth_sub(a, n);
         bool closing = a->closing;
         pthread_mutex_unlock(&a->mu);
+        uint32_t ran = n;
 
         if (closing) {
             discard_entries(a, batch, n);
@@ -405,32 +465,112 @@ static void lane_run(dsec__task *t)
                 dsec_trace_scope sc;
                 dsec_trace_enter(&sc, a, dsec__msg_header(&m, DSEC_HDR_TRACE_ID), subject,
                                  dsec__msg_header(&m, DSEC_HDR_TYPE));
+                struct run_ctx rc = {.lane = l, .entry = &batch[i], .start_ns = sc.start_ns};
+                run_ctx = &rc;
                 batch[i].sub->h(a, &m, batch[i].sub->ud);
+                run_ctx = NULL;
+                if (rc.deferred != NULL)
+                    sc.actor = NULL; /* its hop is recorded when the work ends */
                 dsec_trace_leave(&sc);
+                if (rc.deferred != NULL) {
+                    /* The handler kept its message: the key waits for dsec_deferred_done,
+                     * and this worker goes on with other lanes. */
+                    ran = i + 1;
+                    break;
+                }
             }
             atomic_fetch_add_explicit(&a->handler_ns, (uint64_t)(dsec__now_ns() - t0),
                                       memory_order_relaxed);
             /* Destroyed together after the batch: nats.c hands each one to its
              * collector thread and wakes it when its list was empty, so a
              * burst costs one wake-up instead of one per message. */
-            for (uint32_t i = 0; i < n; i++)
+            for (uint32_t i = 0; i < ran; i++)
                 dsec__msg_destroy(&batch[i].nm);
         }
 
         pthread_mutex_lock(&a->mu);
+        if (ran < n) {
+            uint32_t lost = ring_unshift(a, l, batch + ran, n - ran);
+            if (lost > 0) {
+                pthread_mutex_unlock(&a->mu);
+                discard_entries(a, batch + ran, lost);
+                pthread_mutex_lock(&a->mu);
+            }
+        }
+        if (l->held) {
+            /* still scheduled: dsec_deferred_done goes on with the lane (done before
+             * this point, it left the lane to this loop) */
+            l->in_run = false;
+            pthread_mutex_unlock(&a->mu);
+            return;
+        }
         /* More to do, but others wait: go to the back of the queue so one
          * busy key cannot starve the rest of the pool. */
         if (l->count > 0 && dsec__pool_contended(&bus->pool)) {
+            l->in_run = false;
             dsec__pool_push(&bus->pool, t);
             pthread_mutex_unlock(&a->mu);
             return;
         }
     }
-    l->scheduled = false;
-    a->nbusy--;
-    lane_release(a, l);
-    if (a->nbusy == 0 && a->waiters > 0)
-        pthread_cond_broadcast(&a->cond);
+    l->in_run = false;
+    lane_idle(a, l);
+    pthread_mutex_unlock(&a->mu);
+}
+
+dsec_deferred *dsec_actor_defer(dsec_actor *actor, dsec_msg *m)
+{
+    struct run_ctx *rc = run_ctx;
+    if (rc == NULL || rc->deferred != NULL || rc->lane->actor != actor || m == NULL ||
+        m->nm != rc->entry->nm || m->heap)
+        return NULL;
+    dsec_deferred *d = dsec_malloc(sizeof *d);
+    dsec_msg *copy = dsec_malloc(sizeof *copy);
+    if (d == NULL || copy == NULL) {
+        dsec_free(d);
+        dsec_free(copy);
+        return NULL;
+    }
+    *copy = *m;
+    copy->heap = true;
+    d->msg = copy;
+    d->lane = rc->lane;
+    d->start_ns = rc->start_ns;
+    rc->entry->nm = NULL; /* the copy owns it now */
+    rc->deferred = d;
+    pthread_mutex_lock(&actor->mu);
+    rc->lane->held = true;
+    pthread_mutex_unlock(&actor->mu);
+    return d;
+}
+
+dsec_msg *dsec_deferred_msg(dsec_deferred *d) { return d != NULL ? d->msg : NULL; }
+
+void dsec_deferred_trace(dsec_deferred *d, dsec_trace_scope *sc)
+{
+    dsec_msg *m = d->msg;
+    dsec_trace_enter(sc, d->lane->actor, dsec__msg_header(m, DSEC_HDR_TRACE_ID),
+                     natsMsg_GetSubject(m->nm), dsec__msg_header(m, DSEC_HDR_TYPE));
+    if (d->start_ns != 0)
+        sc->start_ns = d->start_ns;
+}
+
+void dsec_deferred_done(dsec_deferred *d)
+{
+    if (d == NULL)
+        return;
+    struct lane *l = d->lane;
+    dsec_actor *a = l->actor;
+    dsec_msg_free(d->msg);
+    dsec_free(d);
+    pthread_mutex_lock(&a->mu);
+    l->held = false;
+    if (l->in_run)
+        ; /* done before its handler returned: lane_run goes on with the lane */
+    else if (l->count > 0)
+        dsec__pool_push(&a->bus->pool, &l->task); /* a closing actor discards them there */
+    else
+        lane_idle(a, l);
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -250,6 +250,27 @@ void dsec_actor_set_key(dsec_actor *actor, dsec_key_fn fn, void *ud);
 int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
                   void *ud, dsec_err *err);
 
+/* Deferred handling: a handler whose work completes later (a command that runs for
+ * minutes, an operation queued for a thread of its own) keeps its message and returns, so
+ * the worker goes on with other keys. Until dsec_deferred_done, no other message of the
+ * same key runs: per-key order holds across the wait.
+ *
+ * dsec_actor_defer is called from inside a handler, on the msg it was handed, at most once
+ * per call. It returns NULL when called elsewhere or out of memory: the handler then
+ * finishes the work itself. The deferred message (dsec_deferred_msg) may be answered with
+ * dsec_msg_respond from any thread. dsec_deferred_done frees it and releases the key; it
+ * is called exactly once, from any thread but the handler's own call. dsec_actor_free
+ * waits for every deferred message of the actor to be done. */
+typedef struct dsec_deferred dsec_deferred;
+dsec_deferred *dsec_actor_defer(dsec_actor *actor, dsec_msg *msg);
+dsec_msg *dsec_deferred_msg(dsec_deferred *d);
+void dsec_deferred_done(dsec_deferred *d);
+struct dsec_trace_scope;
+/* Enter the deferred message's trace scope on the thread that finishes its work (leave it
+ * with dsec_trace_leave before dsec_deferred_done): what it sends carries the request's
+ * trace id, and its hop, from the handler's start to the leave, is recorded then. */
+void dsec_deferred_trace(dsec_deferred *d, struct dsec_trace_scope *sc);
+
 const char *dsec_actor_name(const dsec_actor *actor);
 dsec_bus *dsec_actor_bus(dsec_actor *actor);
 

@@ -153,15 +153,15 @@ static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out,
 /* One request/reply round trip with retries on retry-safe transport errors.
  * On success the reply is decoded into out with dec (valid until dec's next
  * decode). */
-static int call(dsec_client *c, const char *subject, const char *type_name, const dsec_buf *req,
-                const char *req_id, int reply_type, dsec_decoder *dec, dsec_msg **keep, void *out,
-                dsec_err *err)
+static int call_for(dsec_client *c, const char *subject, const char *type_name,
+                    const dsec_buf *req, const char *req_id, int reply_type, dsec_decoder *dec,
+                    dsec_msg **keep, void *out, int timeout_ms, dsec_err *err)
 {
     dsec_hdr hdr = {.type = type_name, .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
     int rc = -1;
     for (int attempt = 0;; attempt++) {
         dsec_msg *reply = NULL;
-        rc = dsec_bus_request_sync(c->bus, subject, &hdr, req->data, req->len, c->timeout_ms, &reply,
+        rc = dsec_bus_request_sync(c->bus, subject, &hdr, req->data, req->len, timeout_ms, &reply,
                                    err);
         if (rc == 0) {
             rc = decode_reply(dec, reply, reply_type, out, err);
@@ -602,8 +602,9 @@ static int sbx_subject(dsec_client *c, const char *id, const char *op, char *sub
 
 /* Encode msg, send it to the sandbox's op subject, decode the reply into out.
  * The reply message is kept in *keep until the caller frees it. */
-static int sbx_call(dsec_client *c, const char *id, const char *op, int type, const void *msg,
-                    int reply_type, dsec_decoder *dec, dsec_msg **keep, void *out, dsec_err *err)
+static int sbx_call_for(dsec_client *c, const char *id, const char *op, int type,
+                        const void *msg, const char *req_id, int reply_type, dsec_decoder *dec,
+                        dsec_msg **keep, void *out, int timeout_ms, dsec_err *err)
 {
     char subj[256];
     dsec_buf buf;
@@ -613,10 +614,22 @@ static int sbx_call(dsec_client *c, const char *id, const char *op, int type, co
     if (rc == 0)
         rc = dsec_encode(&buf, type, msg, err);
     if (rc == 0)
-        rc = call(c, subj, dsec_msg_type_name(type), &buf, NULL, reply_type, dec, keep, out, err);
+        rc = call_for(c, subj, dsec_msg_type_name(type), &buf, req_id, reply_type, dec, keep, out,
+                      timeout_ms, err);
     dsec_buf_release(&buf);
     return rc;
 }
+
+static int sbx_call(dsec_client *c, const char *id, const char *op, int type, const void *msg,
+                    int reply_type, dsec_decoder *dec, dsec_msg **keep, void *out, dsec_err *err)
+{
+    return sbx_call_for(c, id, op, type, msg, NULL, reply_type, dec, keep, out, c->timeout_ms,
+                        err);
+}
+
+/* How much longer than its command's own timeout an exec waits for the answer: the node's
+ * way back, a busy host. */
+#define EXEC_ANSWER_SLACK_MS 30000u
 
 /* How long a streamed exec waits for chunks still missing when its result,
  * which holds the whole output, has come: chunks are published before the
@@ -752,6 +765,22 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
                        .output_max = o->output_max};
     if (m.argv.n == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: empty argv");
+    /* The request id names this command on its node: asked again with it (after a lost
+     * answer, a restart), the node answers with the result kept from the first run. */
+    char rid[65];
+    if (o->req_id != NULL && (o->req_id[0] == '\0' || strlen(o->req_id) >= sizeof rid))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: req_id must be 1..64 characters");
+    if (o->req_id != NULL)
+        copy_str(rid, sizeof rid, o->req_id);
+    else
+        dsec_bus_new_id(rid);
+    m.req_id = rid;
+    /* wait as long as the command may run, never less than the client's own timeout */
+    uint64_t wait = o->timeout_ms ? o->timeout_ms + EXEC_ANSWER_SLACK_MS : 0;
+    if (wait < (uint64_t)c->timeout_ms)
+        wait = (uint64_t)c->timeout_ms;
+    if (wait > INT32_MAX)
+        wait = INT32_MAX;
     if (kv_from_pairs(o->env, &m.env, "env", err) < 0)
         return -1;
     dsec_decoder *dec = dsec_decoder_new(NULL);
@@ -776,8 +805,15 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
             rc = dsec_actor_on(sa, subj, NULL, on_chunk, &st, err);
         }
     }
-    if (rc == 0)
-        rc = sbx_call(c, id, "exec", DSEC_MSG_EXEC, &m, DSEC_MSG_EXEC_RESULT, dec, &keep, &r, err);
+    if (rc == 0) {
+        rc = sbx_call_for(c, id, "exec", DSEC_MSG_EXEC, &m, rid, DSEC_MSG_EXEC_RESULT, dec, &keep,
+                          &r, (int)wait, err);
+        if (rc < 0 && err->code == DSEC_E_TIMEOUT && o->rollout_id == NULL)
+            dsec_err_wrap(err,
+                          "the command may still be running; exec again with req_id %s to get "
+                          "its answer (it will not run twice)",
+                          rid);
+    }
     if (rc == 0 && fn != NULL) {
         if (r.chunks == 0) {
             /* nothing streamed (a result from the trajectory log): the output, once */

@@ -31,6 +31,16 @@ set +e
 set -e
 [ "$rc" = 1 ] || fail "exec of false exited $rc"
 [ "$(printf 'abc' | "$DSEC" exec "$ID" --stdin -- cat)" = "abc" ] || fail "exec stdin"
+# a request id names one run: asked again, the node answers with that run's output, and
+# the same id for another command is refused
+[ "$("$DSEC" exec "$ID" --req-id cli-once-1 -- echo first)" = "first" ] || fail "exec --req-id"
+[ "$("$DSEC" exec "$ID" --req-id cli-once-1 -- echo first)" = "first" ] ||
+    fail "exec --req-id asked again"
+set +e
+"$DSEC" exec "$ID" --req-id cli-once-1 -- echo second 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "named another command" "$TMP/err.txt" ||
+    fail "exec --req-id reused for another command: rc=$rc $(cat "$TMP/err.txt")"
 
 printf 'payload\n' > "$TMP/in.txt"
 "$DSEC" cp "$TMP/in.txt" "$ID:/work/in.txt" >/dev/null

@@ -17,6 +17,15 @@ set_tests_properties(function_bus PROPERTIES TIMEOUT 120)
 # must not overlap.
 set_tests_properties(function function_bus PROPERTIES RESOURCE_LOCK dsec_function_host)
 
+# Calls started with dsec_backend_exec_start on the instance's own loop: 64 in flight at once
+# without a thread each, timeouts, streaming and caps, freeing the instance while calls run.
+add_executable(test_function_async test_function_async.c)
+target_link_libraries(test_function_async PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME function_async COMMAND test_function_async)
+set_tests_properties(function_async PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_function_host
+  SKIP_RETURN_CODE 77)
+
 # Function calls in environments of layers (a local registry built from this host's busybox and
 # python3 standard library).
 add_executable(test_function_env test_function_env.c)

@@ -708,6 +708,152 @@ static void order_per_key(void **state)
     dsec_free(st);
 }
 
+/* Deferred messages: the handler keeps the message and returns, another thread finishes
+ * it. Per-key order must hold across the wait, and the wait must hold no worker. */
+typedef struct defer_state {
+    order_state o;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    dsec_deferred *q[4096];
+    size_t head, tail;
+    bool stop;
+    atomic_int started; /* handlers entered */
+    atomic_int inflight, max_inflight; /* deferred and not yet done */
+    bool hold_first;                   /* the completer waits until every key has deferred */
+    int keys;
+} defer_state;
+
+static void defer_finish(defer_state *st, dsec_deferred *d)
+{
+    dsec_msg *m = dsec_deferred_msg(d);
+    uint64_t key = get_u64(dsec_msg_data(m));
+    atomic_fetch_sub(&st->o.running_key[key], 1);
+    atomic_fetch_sub(&st->inflight, 1);
+    dsec_deferred_done(d);
+    counter_add(&st->o.done, 1);
+}
+
+static void *defer_completer(void *p)
+{
+    defer_state *st = p;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (st->head == st->tail && !st->stop)
+            pthread_cond_wait(&st->cond, &st->mu);
+        if (st->head == st->tail && st->stop)
+            break;
+        if (st->hold_first && atomic_load(&st->max_inflight) < st->keys) {
+            /* every key's first message must be deferred at once, on a bus of 1 worker */
+            struct timespec ts;
+            deadline_ts(&ts, 20);
+            pthread_cond_timedwait(&st->cond, &st->mu, &ts);
+            continue;
+        }
+        dsec_deferred *d = st->q[st->head++ % 4096];
+        pthread_mutex_unlock(&st->mu);
+        defer_finish(st, d);
+        pthread_mutex_lock(&st->mu);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+static void defer_handler(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    defer_state *st = ud;
+    uint64_t key = get_u64(dsec_msg_data(m));
+    uint32_t seq = get_u32((const char *)dsec_msg_data(m) + 8);
+    atomic_fetch_add(&st->started, 1);
+    if (atomic_fetch_add(&st->o.running_key[key], 1) != 0)
+        atomic_fetch_add(&st->o.overlaps, 1);
+    if (seq != st->o.next_key[key])
+        atomic_fetch_add(&st->o.violations, 1);
+    st->o.next_key[key] = seq + 1;
+    if (seq % 3 == 2) { /* finished in the handler, as before */
+        atomic_fetch_sub(&st->o.running_key[key], 1);
+        counter_add(&st->o.done, 1);
+        return;
+    }
+    dsec_deferred *d = dsec_actor_defer(a, m);
+    assert_non_null(d);
+    assert_null(dsec_actor_defer(a, m)); /* once per call */
+    int now = atomic_fetch_add(&st->inflight, 1) + 1;
+    for (int peak = atomic_load(&st->max_inflight);
+         now > peak && !atomic_compare_exchange_weak(&st->max_inflight, &peak, now);)
+        ;
+    if (seq % 3 == 1) { /* done before the handler returns: the lane must go on */
+        defer_finish(st, d);
+        return;
+    }
+    pthread_mutex_lock(&st->mu);
+    st->q[st->tail++ % 4096] = d;
+    pthread_cond_signal(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void deferred_keep_order_and_free_workers(void **state)
+{
+    server s;
+    server_start(&s);
+    /* one worker: with a deferred message holding it, nothing else would run */
+    dsec_bus *bus = bus_open(&s, "order-defer", 1, 0, NULL);
+    defer_state *st = dsec_calloc(1, sizeof *st);
+    counter_init(&st->o.done);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cond, NULL);
+    st->keys = 16;
+    st->hold_first = true;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, defer_completer, st), 0);
+    dsec_actor *a = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_actor_new(&a, bus, "deferring", &err), 0);
+    dsec_actor_set_key(a, key_from_payload, NULL);
+    assert_int_equal(dsec_actor_on(a, "test.order.defer", NULL, defer_handler, st, &err), 0);
+    flush(bus);
+    assert_null(dsec_actor_defer(a, NULL)); /* outside a handler */
+
+    const uint32_t per_key = 300, keys = 16;
+    unsigned char b[12];
+    for (uint32_t i = 0; i < per_key; i++) {
+        for (uint64_t k = 0; k < keys; k++) {
+            put_u64(b, k);
+            put_u32(b + 8, i);
+            assert_int_equal(
+                dsec_bus_publish(bus, "test.order.defer", NULL, NULL, b, sizeof b, &err), 0);
+        }
+        if (i == 0) { /* the first of each key is deferred and held: all 16 at once */
+            flush(bus);
+            for (int w = 0; w < WAIT_MS && atomic_load(&st->max_inflight) < (int)keys; w += 5)
+                usleep(5000);
+            assert_int_equal(atomic_load(&st->max_inflight), keys);
+            pthread_mutex_lock(&st->mu);
+            st->hold_first = false;
+            pthread_cond_signal(&st->cond);
+            pthread_mutex_unlock(&st->mu);
+        }
+    }
+    flush(bus);
+    assert_true(counter_wait(&st->o.done, (long)(per_key * keys), WAIT_MS));
+    assert_int_equal(atomic_load(&st->o.violations), 0);
+    assert_int_equal(atomic_load(&st->o.overlaps), 0);
+    for (uint32_t k = 0; k < keys; k++)
+        assert_int_equal(st->o.next_key[k], per_key);
+    assert_int_equal(atomic_load(&st->inflight), 0);
+
+    dsec_bus_free(bus);
+    pthread_mutex_lock(&st->mu);
+    st->stop = true;
+    pthread_cond_signal(&st->cond);
+    pthread_mutex_unlock(&st->mu);
+    pthread_join(th, NULL);
+    server_stop(&s);
+    counter_destroy(&st->o.done);
+    pthread_cond_destroy(&st->cond);
+    pthread_mutex_destroy(&st->mu);
+    dsec_free(st);
+}
+
 /* ---- group actor: parallelism, headers, stats ---------------------------- */
 
 typedef struct par_state {
@@ -2609,6 +2755,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest order[] = {
         cmocka_unit_test(order_serial_10k),
         cmocka_unit_test(order_per_key),
+        cmocka_unit_test(deferred_keep_order_and_free_workers),
     };
     const struct CMUnitTest actor[] = {
         cmocka_unit_test(parallel_actors),

@@ -23,7 +23,7 @@
 #define TENANT "t1"
 #define SBX "fake-0123456789abcdef"
 #define MIB (1u << 20)
-#define PAGE (4u * MIB) /* what the real node answers at most (actors/node.c) */
+#define PAGE (4u * MIB) /* what the real node answers at most (actors/node-ops.c) */
 
 static dsec_natsd *natsd;
 static char root[64];

@@ -504,6 +504,11 @@ static void test_limits(void **state)
     cg_file("memory", a->rid, "memory.limit_in_bytes", p, sizeof p);
     if (access(p, F_OK) == 0)
         assert_int_equal(strtoull(slurp(p), NULL, 10), 64ull << 20);
+    /* the node's sandboxes together weigh a quarter of the node manager on the CPU */
+    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
+        assert_int_equal(atoi(slurp("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares")), 256);
+    else
+        assert_int_equal(atoi(slurp("/sys/fs/cgroup/dsec-ct-" NODE "/cpu.weight")), 25);
 
     /* a memory bomb dies in its own cgroup; the agent and the node go on */
     int rc = sh(a, "x=0123456789abcdef; while true; do x=$x$x; done", NULL, 0);

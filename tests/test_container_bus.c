@@ -1,6 +1,8 @@
 /* test_container_bus.c - containers end to end: a cell on a real nats-server whose node runs real
  * crun containers on busybox:1; libdsec creates, execs, moves files, forks, snapshots, pauses, and
  * a restarted node manager re-adopts what runs, with the runtime that started it. */
+#include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <cmocka.h>
 
 #include "actors/cell.h"
+#include "actors/node.h"
 #include "bus/bus.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -400,6 +403,194 @@ static void test_default_disk_quota(void **state)
     destroy(b.id);
 }
 
+struct sleeper {
+    const char *id;
+    int rc, code;
+    char err[256];
+};
+
+static void *run_sleep(void *p)
+{
+    struct sleeper *s = p;
+    const char *argv[] = {"/bin/sleep", "3", NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 60000};
+    dsec_exec_reply r;
+    dsec_err err;
+    s->rc = dsec_exec(cl, s->id, &eo, &r, &err);
+    if (s->rc == 0) {
+        s->code = r.exit_code;
+        dsec_exec_reply_release(&r);
+    } else {
+        snprintf(s->err, sizeof s->err, "%.200s", err.msg);
+    }
+    return NULL;
+}
+
+/* 40 containers each run a 3 s command at the same moment: all 40 run at once on the node
+ * (it used to run 16, one per bus worker, and the rest waited). */
+static void test_many_commands_at_once(void **state)
+{
+    enum { N = 40 };
+    static dsec_sandbox_info info[N];
+    static struct sleeper sl[N];
+    pthread_t th[N];
+    dsec_err err;
+    for (int i = 0; i < N; i++) {
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100,
+                               .memory_mb = 32};
+        if (dsec_create(cl, &cs, &info[i], &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+    for (int i = 0; i < N; i++) {
+        sl[i] = (struct sleeper){.id = info[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, run_sleep, &sl[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (sl[i].rc != 0)
+            fail_msg("exec %d: %s", i, sl[i].err);
+        assert_int_equal(sl[i].code, 0);
+    }
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    fprintf(stderr, "container: %d commands of 3 s: %" PRIu64 " in flight at once\n", N,
+            ns.execs_peak);
+    assert_true(ns.execs_peak >= N);
+    assert_int_equal(ns.execs_inflight, 0);
+    for (int i = 0; i < N; i++)
+        destroy(info[i].id);
+}
+
+/* A client that gives up on a long command (here: its 1 s wait passes) and goes away; a new
+ * client asks again with the same req_id and gets the first run's answer, once the command
+ * ends: it ran once. */
+static void test_answer_collected_by_req_id(void **state)
+{
+    dsec_sandbox_info info;
+    make("busybox:1", &info);
+    dsec_client *quick = NULL;
+    dsec_err err;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 1000};
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    const char *argv[] = {"/bin/sh", "-c", "echo run >> /tmp/runs; sleep 4; wc -l < /tmp/runs",
+                          NULL};
+    dsec_exec_opts eo = {.argv = argv, .req_id = "collect-me-1"};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(quick, info.id, &eo, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    assert_non_null(strstr(err.msg, "collect-me-1"));
+    dsec_client_free(quick); /* the client is gone; the command goes on */
+
+    dsec_client *again = NULL;
+    o.timeout_ms = 30000;
+    assert_int_equal(dsec_client_connect(&again, &o, &err), 0);
+    if (dsec_exec(again, info.id, &eo, &r, &err) < 0)
+        fail_msg("collecting: %s", err.msg);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal((char *)r.out, "1\n");
+    dsec_exec_reply_release(&r);
+    /* and again: the same answer, still without a second run */
+    assert_int_equal(dsec_exec(again, info.id, &eo, &r, &err), 0);
+    assert_string_equal((char *)r.out, "1\n");
+    dsec_exec_reply_release(&r);
+    dsec_client_free(again);
+    char out[64];
+    assert_int_equal(sh(info.id, "wc -l < /tmp/runs", out, sizeof out), 0);
+    assert_string_equal(out, "1");
+    destroy(info.id);
+}
+
+/* Heartbeats as they arrive: the longest gap between two. */
+struct beats {
+    pthread_mutex_t mu;
+    int64_t last_ms, max_gap_ms;
+    int n;
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void on_beat(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a, (void)m;
+    struct beats *b = ud;
+    int64_t now = mono_ms();
+    pthread_mutex_lock(&b->mu);
+    if (b->n > 0 && now - b->last_ms > b->max_gap_ms)
+        b->max_gap_ms = now - b->last_ms;
+    b->last_ms = now;
+    b->n++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+struct burner {
+    const char *id;
+    int rc;
+};
+
+static void *burn(void *p)
+{
+    struct burner *b = p;
+    const char *argv[] = {"/bin/sh", "-c",
+                          "end=$(($(date +%s)+6)); while [ $(date +%s) -lt $end ]; do :; done",
+                          NULL};
+    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 60000};
+    dsec_exec_reply r;
+    dsec_err err;
+    b->rc = dsec_exec(cl, b->id, &eo, &r, &err);
+    if (b->rc == 0)
+        dsec_exec_reply_release(&r);
+    return NULL;
+}
+
+/* Every CPU busy inside sandboxes (6 containers spinning on 2 CPUs' worth of quota each) for
+ * 6 s: the node's heartbeats keep coming, no gap longer than twice their interval, so the
+ * cell does not take a busy node for a lost one. */
+static void test_heartbeats_while_cpus_busy(void **state)
+{
+    enum { N = 6 };
+    static dsec_sandbox_info info[N];
+    static struct burner bn[N];
+    pthread_t th[N];
+    dsec_err err;
+    for (int i = 0; i < N; i++) {
+        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1300,
+                               .memory_mb = 32};
+        if (dsec_create(cl, &cs, &info[i], &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+    dsec_bus *bus = NULL;
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "beats"};
+    assert_int_equal(dsec_bus_connect(&bus, &bo, &err), 0);
+    dsec_actor *a = NULL;
+    assert_int_equal(dsec_actor_new(&a, bus, "beats", &err), 0);
+    static struct beats b = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    char subj[256];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.ctbus.node.%s.heartbeat", info[0].node);
+    assert_int_equal(dsec_actor_on(a, subj, NULL, on_beat, &b, &err), 0);
+    for (int i = 0; i < N; i++) {
+        bn[i] = (struct burner){.id = info[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, burn, &bn[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(bn[i].rc, 0);
+    }
+    dsec_bus_free(bus);
+    fprintf(stderr,
+            "container_bus: %d heartbeats while %d containers spun, longest gap %" PRId64
+            " ms (interval %u ms)\n",
+            b.n, N, b.max_gap_ms, conf.heartbeat_ms);
+    assert_true(b.n >= 10);
+    assert_true(b.max_gap_ms <= 2 * (int64_t)conf.heartbeat_ms);
+    for (int i = 0; i < N; i++)
+        destroy(info[i].id);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -420,6 +611,9 @@ int main(void)
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_node_restart_runtime),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_many_commands_at_once),
+        cmocka_unit_test(test_answer_collected_by_req_id),
+        cmocka_unit_test(test_heartbeats_while_cpus_busy),
         cmocka_unit_test(test_default_disk_quota),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -969,6 +969,150 @@ static void wait_nodes(dsec_cell *sched_cell, uint64_t want, int timeout_ms)
     fail_msg("scheduler sees %" PRIu64 " nodes, wanted %" PRIu64, ss.nodes, want);
 }
 
+/* ---- commands without threads ------------------------------------------------- */
+
+struct exec_arg {
+    dsec_client *cl;
+    const char *id;
+    int rc;
+    int exit_code;
+    char err[256];
+};
+
+static void *exec_sleep(void *p)
+{
+    struct exec_arg *a = p;
+    /* long enough for all 120 to be sent, even from a sanitizer build on a busy host */
+    static const char *const argv[] = {"sleep", "8", NULL};
+    dsec_exec_reply r;
+    dsec_err err;
+    a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 20000}, &r, &err);
+    if (a->rc == 0) {
+        a->exit_code = r.exit_code;
+        dsec_exec_reply_release(&r);
+    } else {
+        snprintf(a->err, sizeof a->err, "%.200s", err.msg);
+    }
+    return NULL;
+}
+
+/* A node runs as many commands at once as it has sandboxes busy, not as many as it has
+ * threads: 120 sandboxes each start an 8 s command at the same moment (sim models the time
+ * a real command takes), and all 120 are in flight together. */
+static void commands_run_at_once(void **state)
+{
+    enum { N = 120 };
+    static dsec_cell_conf c;
+    conf_for(&c, "t21");
+    static const char *const types[] = {"sim", NULL};
+    dsec_err err;
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t21-n", 1, 640000, 655360, 1000, types,
+                                                  "1", &err),
+                     0);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t21");
+    static dsec_sandbox_info sb[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 100,
+                                                       .memory_mb = 64},
+                                &sb[i], &err),
+                         0);
+    static struct exec_arg args[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        args[i] = (struct exec_arg){.cl = cl, .id = sb[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, exec_sleep, &args[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        if (args[i].rc != 0)
+            fail_msg("exec %d in %s: %s", i, args[i].id, args[i].err);
+        assert_int_equal(args[i].exit_code, 0);
+    }
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    fprintf(stderr, "  commands in flight at once: %" PRIu64 " of %d\n", ns.execs_peak, N);
+    assert_int_equal(ns.execs_peak, N);
+    assert_int_equal(ns.execs_inflight, 0);
+}
+
+struct hog_arg {
+    dsec_client *cl;
+    const char *id;
+    int rc;
+};
+
+static void *hog_exec(void *p)
+{
+    struct hog_arg *a = p;
+    static const char *const argv[] = {"sleep", "12", NULL};
+    dsec_exec_reply r;
+    dsec_err err;
+    a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 60000}, &r,
+                      &err);
+    if (a->rc == 0)
+        dsec_exec_reply_release(&r);
+    return NULL;
+}
+
+/* One tenant's 100 sandboxes all run long commands; another tenant's sandbox runs a command
+ * and moves a file meanwhile, and is answered while all 100 are still running (it used to
+ * wait for a bus worker that the long commands held). */
+static void busy_tenant_does_not_hold_up_another(void **state)
+{
+    enum { N = 100 };
+    static dsec_cell_conf c;
+    conf_for(&c, "t22");
+    static const char *const types[] = {"sim", NULL};
+    dsec_err err;
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t22-n", 1, 640000, 655360, 1000, types,
+                                                  "1", &err),
+                     0);
+    dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *hog = client("hog");
+    dsec_client *other = client("other");
+    static dsec_sandbox_info sb[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(create(hog, (dsec_create_spec){.type = "sim", .cpu_milli = 100,
+                                                        .memory_mb = 64},
+                                &sb[i], &err),
+                         0);
+    dsec_sandbox_info mine;
+    assert_int_equal(create(other, (dsec_create_spec){.type = "sim"}, &mine, &err), 0);
+    static struct hog_arg args[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        args[i] = (struct hog_arg){.cl = hog, .id = sb[i].id, .rc = -1};
+        assert_int_equal(pthread_create(&th[i], NULL, hog_exec, &args[i]), 0);
+    }
+    dsec_node *node = dsec_cell_node_at(cell, 0);
+    dsec_node_stats ns = {0};
+    for (int w = 0; w < 10000 && ns.execs_inflight < N; w += 10) {
+        msleep(10);
+        dsec_node_stats_get(node, &ns);
+    }
+    assert_int_equal(ns.execs_inflight, N);
+
+    static const char *const argv[] = {"echo", "still", "served", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(other, mine.id, &(dsec_exec_opts){.argv = argv}, &r, &err), 0);
+    assert_string_equal((char *)r.out, "still served\n");
+    dsec_exec_reply_release(&r);
+    assert_int_equal(dsec_file_write(other, mine.id, "/work/f", "abc", 3, 0644, &err), 0);
+    uint8_t *data = NULL;
+    size_t len = 0;
+    assert_int_equal(dsec_file_read(other, mine.id, "/work/f", &data, &len, &err), 0);
+    assert_int_equal(len, 3);
+    dsec_free(data);
+    dsec_node_stats_get(node, &ns);
+    assert_int_equal(ns.execs_inflight, N); /* every long command still ran meanwhile */
+
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].rc, 0);
+    }
+}
+
 static void restarted_node_readopts_its_sandboxes(void **state)
 {
     static dsec_cell_conf c;
@@ -1055,6 +1199,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(async_retry_outlives_the_callers_spec, test_teardown),
         cmocka_unit_test_teardown(async_retry_direct_callbacks, test_teardown),
         cmocka_unit_test_teardown(sandbox_operations, test_teardown),
+        cmocka_unit_test_teardown(commands_run_at_once, test_teardown),
+        cmocka_unit_test_teardown(busy_tenant_does_not_hold_up_another, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),

@@ -210,9 +210,10 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"rollout", required_argument, 0, 'o'},
                                          {"step", required_argument, 0, 's'},
                                          {"output-max", required_argument, 0, 'm'},
+                                         {"req-id", required_argument, 0, 'r'},
                                          {0, 0, 0, 0}};
     const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
-                      "[--output-max BYTES] [--rollout ID --step N] -- CMD [ARG]...";
+                      "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...";
     dsec_exec_opts o = {0};
     const char *env[MAX_ITEMS] = {0};
     size_t ne = 0;
@@ -241,6 +242,7 @@ int dsec_cli_exec(int argc, char **argv)
                 if (!parse_u64(optarg, &o.output_max))
                     return usage("exec", use);
                 break;
+            case 'r': o.req_id = optarg; break;
             default: return usage("exec", use);
             }
         }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "backends/agent/agent-proto.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 
 _Static_assert(DSEC_AGENT_FILE_MAX == DSEC__AGENT_FILE_MAX, "one file piece limit on both sides");
@@ -34,7 +35,8 @@ _Static_assert(DSEC_AGENT_FILE_MAX == DSEC__AGENT_FILE_MAX, "one file piece limi
 #define SYNC_TIMEOUT_MS 2000u /* a SYNC swallowed by a half-received stale request: reconnect */
 
 struct dsec_agent {
-    int fd; /* -1 once broken */
+    int fd;    /* -1 once broken */
+    bool busy; /* an exec started with dsec_agent_exec_start is in flight */
     uint32_t next_id;
     uint8_t *buf; /* received bytes: [off, len) not yet consumed */
     size_t off, len, cap;
@@ -88,6 +90,9 @@ static int check_open(dsec_agent *a, dsec_err *err)
     if (a->fd < 0)
         return dsec_err_set(err, DSEC_E_CLOSED, 0,
                             "connection to the agent is broken by an earlier failure; reconnect");
+    if (a->busy)
+        return dsec_err_set(err, DSEC_E_STATE, 0,
+                            "the agent connection is running a command; one call at a time");
     return 0;
 }
 
@@ -132,44 +137,55 @@ static ssize_t recv_some(dsec_agent *a, void *buf, size_t len, uint64_t deadline
     }
 }
 
-/* The next frame. payload stays valid until the next call on a. */
+/* The next frame if the buffer holds all of it: 1, with payload valid until the next call
+ * on a; 0 when more bytes are needed (the buffer then has room for them); -1 on a bad frame
+ * or out of memory. */
+static int next_frame(dsec_agent *a, uint8_t *type, uint32_t *id, const uint8_t **payload,
+                      size_t *plen, dsec_err *err)
+{
+    size_t need = 4, have = a->len - a->off;
+    if (have >= 4) {
+        uint32_t flen = dsec__agent_get_u32le(a->buf + a->off);
+        if (flen < 5 || flen > DSEC__AGENT_FRAME_MAX)
+            return dsec_err_set(err, DSEC_E_DECODE, 0,
+                                "agent sent a frame of %" PRIu32 " bytes (5..%u)", flen,
+                                DSEC__AGENT_FRAME_MAX);
+        need = 4 + (size_t)flen;
+        if (have >= need) {
+            const uint8_t *f = a->buf + a->off;
+            *type = f[4];
+            *id = dsec__agent_get_u32le(f + 5);
+            *payload = f + DSEC__AGENT_HDR;
+            *plen = flen - 5;
+            a->off += need;
+            return 1;
+        }
+    }
+    /* Make room for the rest of the frame (and a read-ahead). */
+    if (a->off > 0) {
+        memmove(a->buf, a->buf + a->off, have);
+        a->len = have;
+        a->off = 0;
+    }
+    size_t want = need > 65536 ? need : 65536;
+    if (a->cap < want) {
+        uint8_t *nb = dsec_realloc(a->buf, want);
+        if (nb == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "receive buffer of %zu bytes", want);
+        a->buf = nb;
+        a->cap = want;
+    }
+    return 0;
+}
+
+/* The next frame, waiting for it until deadline. payload stays valid until the next call on a. */
 static int recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint32_t *id,
                       const uint8_t **payload, size_t *plen, dsec_err *err)
 {
-    size_t need = 4;
     for (;;) {
-        size_t have = a->len - a->off;
-        if (have >= 4) {
-            uint32_t flen = dsec__agent_get_u32le(a->buf + a->off);
-            if (flen < 5 || flen > DSEC__AGENT_FRAME_MAX)
-                return dsec_err_set(err, DSEC_E_DECODE, 0,
-                                    "agent sent a frame of %" PRIu32 " bytes (5..%u)", flen,
-                                    DSEC__AGENT_FRAME_MAX);
-            need = 4 + (size_t)flen;
-            if (have >= need) {
-                const uint8_t *f = a->buf + a->off;
-                *type = f[4];
-                *id = dsec__agent_get_u32le(f + 5);
-                *payload = f + DSEC__AGENT_HDR;
-                *plen = flen - 5;
-                a->off += need;
-                return 0;
-            }
-        }
-        /* Make room for the rest of the frame (and a read-ahead). */
-        if (a->off > 0) {
-            memmove(a->buf, a->buf + a->off, have);
-            a->len = have;
-            a->off = 0;
-        }
-        size_t want = need > 65536 ? need : 65536;
-        if (a->cap < want) {
-            uint8_t *nb = dsec_realloc(a->buf, want);
-            if (nb == NULL)
-                return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "receive buffer of %zu bytes", want);
-            a->buf = nb;
-            a->cap = want;
-        }
+        int r = next_frame(a, type, id, payload, plen, err);
+        if (r != 0)
+            return r < 0 ? -1 : 0;
         ssize_t n = recv_some(a, a->buf + a->len, a->cap - a->len, deadline, err);
         if (n < 0)
             return -1;
@@ -604,20 +620,17 @@ static int check_exec_req(const dsec_exec_req *req, size_t *plen, dsec_err *err)
     return 0;
 }
 
-int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
-                    void *arg, dsec_exec_result *res, dsec_err *err)
+/* The EXEC request for req; *id is its request id. */
+static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_max, size_t *flen,
+                           uint32_t *id, dsec_err *err)
 {
     size_t plen = 0;
-    if (res == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: result is NULL");
-    memset(res, 0, sizeof *res);
-    if (check_open(a, err) < 0 || check_exec_req(req, &plen, err) < 0)
-        return -1;
-    size_t out_max = req->output_max ? req->output_max : DSEC_EXEC_OUTPUT_DEFAULT;
+    if (check_exec_req(req, &plen, err) < 0)
+        return NULL;
     uint8_t *p;
     uint8_t *frame = new_frame(a, DSEC__AGENT_T_EXEC, plen, &p, err);
     if (frame == NULL)
-        return -1;
+        return NULL;
     p = dsec__agent_put_u64(p, req->timeout_ms);
     p = dsec__agent_put_u64(p, out_max);
     p = dsec__agent_put_bytes(p, req->cwd, req->cwd ? strlen(req->cwd) : 0);
@@ -632,79 +645,270 @@ int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_f
         p = dsec__agent_put_bytes(p, v, strlen(v));
     }
     p = dsec__agent_put_bytes(p, req->stdin_data, req->stdin_len);
-    uint32_t id = dsec__agent_get_u32le(frame + 5);
+    *id = dsec__agent_get_u32le(frame + 5);
+    *flen = (size_t)(p - frame);
+    return frame;
+}
 
+/* What one exec has received so far. */
+struct exec_state {
+    uint32_t id;
+    size_t out_max;
+    struct outbuf out[3];
+    dsec_agent_output_fn on_output;
+    void *arg;
+};
+
+enum { EXEC_MORE = 0, EXEC_EXITED = 1, EXEC_REFUSED = 2, EXEC_BROKEN = -1 };
+
+/* One frame of an exec's answer: EXEC_MORE (output, keep reading), EXEC_EXITED (*res is
+ * filled and owns the output), EXEC_REFUSED (an ERROR answer: the connection is still in
+ * step) or EXEC_BROKEN (the stream is out of step), err set for the last two. */
+static int exec_frame_in(struct exec_state *x, uint8_t type, uint32_t rid, const uint8_t *pl,
+                         size_t pn, dsec_exec_result *res, dsec_err *err)
+{
+    if (rid != x->id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " while exec %" PRIu32 " ran", rid, x->id);
+        return EXEC_BROKEN;
+    }
+    dsec__agent_rd r = {.p = pl, .end = pl + pn};
+    if (type == DSEC__AGENT_T_OUTPUT) {
+        uint8_t stream = dsec__agent_get_u8(&r);
+        size_t dl;
+        const uint8_t *d = dsec__agent_get_bytes(&r, DSEC__AGENT_FRAME_MAX, &dl);
+        if (!dsec__agent_done(&r) || (stream != 1 && stream != 2)) {
+            dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed output frame");
+            return EXEC_BROKEN;
+        }
+        if (x->on_output && dl > 0)
+            x->on_output(x->arg, stream, d, dl);
+        if (outbuf_add(&x->out[stream], d, dl, x->out_max) < 0) {
+            dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: buffering %zu bytes of output",
+                         x->out[stream].len + dl);
+            return EXEC_BROKEN;
+        }
+        return EXEC_MORE;
+    }
+    if (type == DSEC__AGENT_T_EXIT) {
+        memset(res, 0, sizeof *res);
+        res->exit_code = (int32_t)dsec__agent_get_u32(&r);
+        res->signal = (int32_t)dsec__agent_get_u32(&r);
+        uint8_t flags = dsec__agent_get_u8(&r);
+        res->duration_us = dsec__agent_get_u64(&r);
+        res->cpu_us = dsec__agent_get_u64(&r);
+        res->peak_rss_kb = dsec__agent_get_u64(&r);
+        if (!dsec__agent_done(&r)) {
+            memset(res, 0, sizeof *res);
+            dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed exit frame");
+            return EXEC_BROKEN;
+        }
+        res->timed_out = flags & DSEC__AGENT_X_TIMED_OUT;
+        res->stdout_truncated = flags & DSEC__AGENT_X_STDOUT_TRUNC;
+        res->stderr_truncated = flags & DSEC__AGENT_X_STDERR_TRUNC;
+        res->stdout_data = x->out[1].data;
+        res->stdout_len = x->out[1].len;
+        res->stderr_data = x->out[2].data;
+        res->stderr_len = x->out[2].len;
+        x->out[1] = x->out[2] = (struct outbuf){0};
+        return EXEC_EXITED;
+    }
+    if (type == DSEC__AGENT_T_ERROR) {
+        /* Refused before it started: nothing else comes for this request. */
+        error_frame(pl, pn, err);
+        return EXEC_REFUSED;
+    }
+    dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u during exec", type);
+    return EXEC_BROKEN;
+}
+
+static void exec_state_release(struct exec_state *x)
+{
+    dsec_free(x->out[1].data);
+    dsec_free(x->out[2].data);
+    x->out[1] = x->out[2] = (struct outbuf){0};
+}
+
+int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
+                    void *arg, dsec_exec_result *res, dsec_err *err)
+{
+    if (res == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: result is NULL");
+    memset(res, 0, sizeof *res);
+    if (check_open(a, err) < 0)
+        return -1;
+    struct exec_state x = {.out_max = req && req->output_max ? req->output_max
+                                                             : DSEC_EXEC_OUTPUT_DEFAULT,
+                           .on_output = on_output,
+                           .arg = arg};
+    size_t flen;
+    uint8_t *frame = exec_frame(a, req, x.out_max, &flen, &x.id, err);
+    if (frame == NULL)
+        return -1;
     /* The agent enforces the command's timeout; this deadline only catches a wedged agent. */
     uint64_t deadline = req->timeout_ms ? deadline_after(req->timeout_ms + EXEC_GRACE_MS) : 0;
-    struct outbuf out[3] = {{0}};
-    int rc = send_all(a, frame, (size_t)(p - frame), deadline, err);
+    int rc = send_all(a, frame, flen, deadline, err);
     dsec_free(frame);
-    if (rc < 0)
-        goto broken;
-    for (;;) {
+    int st = rc < 0 ? EXEC_BROKEN : EXEC_MORE;
+    while (st == EXEC_MORE) {
         uint8_t type;
         uint32_t rid;
         const uint8_t *pl;
         size_t pn;
         if (recv_frame(a, deadline, &type, &rid, &pl, &pn, err) < 0)
-            goto broken;
-        if (rid != id) {
-            dsec_err_set(err, DSEC_E_DECODE, 0,
-                         "agent answered request %" PRIu32 " while exec %" PRIu32 " ran", rid, id);
-            goto broken;
+            st = EXEC_BROKEN;
+        else
+            st = exec_frame_in(&x, type, rid, pl, pn, res, err);
+    }
+    exec_state_release(&x);
+    if (st == EXEC_EXITED)
+        return 0;
+    if (st == EXEC_BROKEN)
+        mark_broken(a);
+    return -1;
+}
+
+/* ---- exec without a thread: the same exchange, driven by the node's loop ---------------- */
+
+struct exec_run {
+    dsec_agent *a;
+    struct exec_state x;
+    uint8_t *frame; /* the request, until sent */
+    size_t flen, sent;
+    uint64_t deadline_ns; /* the command's timeout plus grace: a wedged agent; 0: none */
+    dsec_loop_watch *w;
+    dsec_agent_exec_done_fn done;
+    void *ud;
+};
+
+static void exec_run_end(struct exec_run *r, int st, dsec_exec_result *res, dsec_err *err)
+{
+    dsec_loop_del(r->w);
+    if (st == EXEC_BROKEN)
+        mark_broken(r->a);
+    r->a->busy = false;
+    exec_state_release(&r->x);
+    dsec_free(r->frame);
+    dsec_agent_exec_done_fn done = r->done;
+    void *ud = r->ud;
+    dsec_free(r);
+    done(ud, st == EXEC_EXITED ? 0 : -1, st == EXEC_EXITED ? res : NULL, err);
+}
+
+/* The request goes out as the socket takes it; then frames are read as they come. */
+static void exec_ready(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    struct exec_run *r = ud;
+    dsec_agent *a = r->a;
+    dsec_err err;
+    dsec_exec_result res;
+    if (events & DSEC_LOOP_CANCEL) {
+        dsec_err_set(&err, DSEC_E_CLOSED, 0,
+                     "the node manager stopped waiting for the command (it may still run in the "
+                     "sandbox)");
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        return;
+    }
+    if (events & DSEC_LOOP_TIMER) {
+        dsec_err_set(&err, DSEC_E_TIMEOUT, 0, "no answer from the agent in time");
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        return;
+    }
+    if (r->sent < r->flen) {
+        ssize_t n = send(a->fd, r->frame + r->sent, r->flen - r->sent, MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            dsec_err_set(&err, DSEC_E_CLOSED, errno, "sending to the agent: %s", strerror(errno));
+            exec_run_end(r, EXEC_BROKEN, NULL, &err);
+            return;
         }
-        dsec__agent_rd r = {.p = pl, .end = pl + pn};
-        if (type == DSEC__AGENT_T_OUTPUT) {
-            uint8_t stream = dsec__agent_get_u8(&r);
-            size_t dl;
-            const uint8_t *d = dsec__agent_get_bytes(&r, DSEC__AGENT_FRAME_MAX, &dl);
-            if (!dsec__agent_done(&r) || (stream != 1 && stream != 2)) {
-                dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed output frame");
-                goto broken;
-            }
-            if (on_output && dl > 0)
-                on_output(arg, stream, d, dl);
-            if (outbuf_add(&out[stream], d, dl, out_max) < 0) {
-                dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: buffering %zu bytes of output",
-                             out[stream].len + dl);
-                goto broken;
-            }
-        } else if (type == DSEC__AGENT_T_EXIT) {
-            res->exit_code = (int32_t)dsec__agent_get_u32(&r);
-            res->signal = (int32_t)dsec__agent_get_u32(&r);
-            uint8_t flags = dsec__agent_get_u8(&r);
-            res->duration_us = dsec__agent_get_u64(&r);
-            res->cpu_us = dsec__agent_get_u64(&r);
-            res->peak_rss_kb = dsec__agent_get_u64(&r);
-            if (!dsec__agent_done(&r)) {
-                memset(res, 0, sizeof *res);
-                dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent a malformed exit frame");
-                goto broken;
-            }
-            res->timed_out = flags & DSEC__AGENT_X_TIMED_OUT;
-            res->stdout_truncated = flags & DSEC__AGENT_X_STDOUT_TRUNC;
-            res->stderr_truncated = flags & DSEC__AGENT_X_STDERR_TRUNC;
-            res->stdout_data = out[1].data;
-            res->stdout_len = out[1].len;
-            res->stderr_data = out[2].data;
-            res->stderr_len = out[2].len;
-            return 0;
-        } else if (type == DSEC__AGENT_T_ERROR) {
-            /* Refused before it started: nothing else comes for this request. */
-            error_frame(pl, pn, err);
-            dsec_free(out[1].data);
-            dsec_free(out[2].data);
-            return -1;
-        } else {
-            dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u during exec", type);
-            goto broken;
+        if (n > 0)
+            r->sent += (size_t)n;
+        if (r->sent == r->flen) {
+            dsec_free(r->frame);
+            r->frame = NULL;
+            dsec_loop_set(r->w, DSEC_LOOP_IN, r->deadline_ns);
+        }
+        if (!(events & DSEC_LOOP_IN))
+            return;
+    }
+    /* One read per wake-up (the loop is level-triggered): other sandboxes' turn comes
+     * between two reads of a chatty command. */
+    int st = EXEC_MORE;
+    uint8_t type;
+    uint32_t rid;
+    const uint8_t *pl;
+    size_t pn;
+    int got;
+    while ((got = next_frame(a, &type, &rid, &pl, &pn, &err)) == 1) {
+        if ((st = exec_frame_in(&r->x, type, rid, pl, pn, &res, &err)) != EXEC_MORE) {
+            exec_run_end(r, st, &res, &err);
+            return;
         }
     }
-broken:
-    mark_broken(a);
-    dsec_free(out[1].data);
-    dsec_free(out[2].data);
-    return -1;
+    if (got < 0) {
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        return;
+    }
+    if (!(events & DSEC_LOOP_IN))
+        return;
+    ssize_t n = recv(a->fd, a->buf + a->len, a->cap - a->len, 0);
+    if (n == 0) {
+        dsec_err_set(&err, DSEC_E_CLOSED, 0, "the agent closed the connection");
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        return;
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR)
+            return;
+        dsec_err_set(&err, DSEC_E_CLOSED, errno, "receiving from the agent: %s", strerror(errno));
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        return;
+    }
+    a->len += (size_t)n;
+    while ((got = next_frame(a, &type, &rid, &pl, &pn, &err)) == 1) {
+        if ((st = exec_frame_in(&r->x, type, rid, pl, pn, &res, &err)) != EXEC_MORE) {
+            exec_run_end(r, st, &res, &err);
+            return;
+        }
+    }
+    if (got < 0)
+        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+}
+
+int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec_req *req,
+                          dsec_agent_output_fn on_output, void *arg, dsec_agent_exec_done_fn done,
+                          void *ud, dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    struct exec_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: a command in flight");
+    r->a = a;
+    r->x = (struct exec_state){.out_max = req && req->output_max ? req->output_max
+                                                                 : DSEC_EXEC_OUTPUT_DEFAULT,
+                               .on_output = on_output,
+                               .arg = arg};
+    r->frame = exec_frame(a, req, r->x.out_max, &r->flen, &r->x.id, err);
+    if (r->frame == NULL) {
+        dsec_free(r);
+        return -1;
+    }
+    r->deadline_ns =
+        req->timeout_ms ? dsec_loop_now_ns() + (req->timeout_ms + EXEC_GRACE_MS) * 1000000ull : 0;
+    r->done = done;
+    r->ud = ud;
+    a->busy = true;
+    /* the first wake-up comes when the socket takes the request (at once, mostly) */
+    if (dsec_loop_add(loop, a->fd, DSEC_LOOP_OUT, r->deadline_ns, exec_ready, r, &r->w, err) <
+        0) {
+        a->busy = false;
+        dsec_free(r->frame);
+        dsec_free(r);
+        return -1;
+    }
+    return 0;
 }
 
 int dsec_agent_kill(const char *path, int sig, dsec_err *err)

@@ -66,6 +66,17 @@ typedef void (*dsec_agent_output_fn)(void *arg, int stream, const uint8_t *data,
 int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_fn on_output,
                     void *arg, dsec_exec_result *res, dsec_err *err);
 
+/* dsec_agent_exec without waiting: send the command and return. done gets the result (rc 0,
+ * res owned by done, released with dsec_exec_result_release) or the failure (rc -1, err;
+ * dsec_agent_broken then tells whether the connection is lost), once, on loop's thread;
+ * on_output runs there too. Until done ran, a is the command's: no other call may use it,
+ * nor free it. Returns -1 (done never called) when the command could not be sent. */
+struct dsec_loop;
+typedef void (*dsec_agent_exec_done_fn)(void *ud, int rc, dsec_exec_result *res, dsec_err *err);
+int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec_req *req,
+                          dsec_agent_output_fn on_output, void *arg, dsec_agent_exec_done_fn done,
+                          void *ud, dsec_err *err);
+
 /* Give an agent started ahead (a warm pool's, without --env/--workdir/--user) the defaults
  * of the sandbox it now serves: vars ("K=V"; when n > 0 they are the whole base environment),
  * workdir and user (checked against the sandbox's /etc/passwd). Once per agent. */

@@ -277,6 +277,13 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             const char *hostname, bool resolv, dsec_err *err);
 /* Remove the instance's cgroup parent directories (when empty). */
 void dsec__ct_cg_cleanup(const struct ct_backend *be);
+/* The node's containers share one parent cgroup whose CPU weight is a quarter of the
+ * default (v1 cpu.shares 256 of 1024, v2 cpu.weight 25 of 100): when the sandboxes keep
+ * every CPU busy, the node manager (at the default weight, in a cgroup of its own) still
+ * gets its turn at once, so its heartbeats and admissions stay on time. */
+#define DSEC_CT_SANDBOX_CPU_SHARES 256u
+#define DSEC_CT_SANDBOX_CPU_WEIGHT 25u
+int dsec__ct_cg_weigh(const struct ct_backend *be, dsec_err *err);
 
 /* ---- rootfs and upper store (container-rootfs.c) ------------------------------------ */
 

@@ -611,6 +611,9 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec_cgroup_tune_apply(be->favordynmods, "container");
     if (dsec__ct_rt_init(be, rt, err) < 0)
         goto fail;
+    dsec_err werr;
+    if (dsec__ct_cg_weigh(be, &werr) < 0) /* the sandboxes then weigh as much as the node */
+        fprintf(stderr, "dsec container: %s; sandboxes keep the default CPU weight\n", werr.msg);
     if (mkdir(be->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->state_dir);
         goto fail;
@@ -1374,6 +1377,42 @@ static int ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_
     return 0;
 }
 
+/* A command in flight: on failure, the lost connection is dropped and the error says
+ * whether the agent is dead or alive, as for a waited exec. */
+struct ct_run {
+    const struct ct_backend *be;
+    dsec_sandbox *sb;
+    dsec_exec_done_fn done;
+    void *ud;
+};
+
+static void ct_exec_done(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    struct ct_run r = *(struct ct_run *)ud;
+    dsec_free(ud);
+    if (rc < 0)
+        agent_failed(r.be, r.sb, err);
+    r.done(r.ud, rc, res, err);
+}
+
+static int ct_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
+                         struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err)
+{
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
+        return -1;
+    struct ct_run *r = dsec_malloc(sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a command in flight");
+    *r = (struct ct_run){.be = be, .sb = sb, .done = done, .ud = ud};
+    if (dsec_agent_exec_start(sb->agent, loop, req, req->on_output, req->on_output_arg,
+                              ct_exec_done, r, err) < 0) {
+        dsec_free(r);
+        return agent_failed(be, sb, err);
+    }
+    return 0;
+}
+
 static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
                          size_t len, uint32_t mode, bool append, dsec_err *err)
 {
@@ -1989,6 +2028,7 @@ const dsec_backend_ops dsec_container_ops = {
     .fini = ct_fini,
     .create = ct_create,
     .exec = ct_exec,
+    .exec_start = ct_exec_start,
     .file_write = ct_file_write,
     .file_read = ct_file_read,
     .file_list = ct_file_list,

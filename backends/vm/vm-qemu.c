@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -475,6 +476,8 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGPIPE, SIG_DFL);
         signal(SIGCHLD, SIG_DFL);
+        /* below the node manager (raising one's own nice cannot fail) */
+        (void)setpriority(PRIO_PROCESS, 0, DSEC_SANDBOX_NICE);
         /* after fork: no allocation, no stdio; the argument has room for both figures */
         uint32_t uid = be->uid_base + (uint32_t)getpid();
         put_uid_gid(a.v[a.n - 1], uid);

@@ -1316,6 +1316,40 @@ static int vm_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_
     return 0;
 }
 
+struct vm_run {
+    dsec_sandbox *sb;
+    dsec_exec_done_fn done;
+    void *ud;
+};
+
+static void vm_exec_done(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    struct vm_run r = *(struct vm_run *)ud;
+    dsec_free(ud);
+    if (rc < 0)
+        agent_failed(r.sb, err);
+    r.done(r.ud, rc, res, err);
+}
+
+static int vm_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
+                         struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    if (agent(be, sb, err) < 0)
+        return -1;
+    struct vm_run *r = dsec_malloc(sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: a command in flight", be->type);
+    *r = (struct vm_run){.sb = sb, .done = done, .ud = ud};
+    /* not retried: the command may have run */
+    if (dsec_agent_exec_start(sb->agent, loop, req, req->on_output, req->on_output_arg,
+                              vm_exec_done, r, err) < 0) {
+        dsec_free(r);
+        return agent_failed(sb, err);
+    }
+    return 0;
+}
+
 static int vm_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
                          size_t len, uint32_t mode, bool append, dsec_err *err)
 {
@@ -1976,6 +2010,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .fini = vm_fini,                                                                           \
         .create = vm_create,                                                                       \
         .exec = vm_exec,                                                                           \
+        .exec_start = vm_exec_start,                                                               \
         .file_write = vm_file_write,                                                               \
         .file_read = vm_file_read,                                                                 \
         .file_list = vm_file_list,                                                                 \

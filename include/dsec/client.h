@@ -95,6 +95,13 @@ typedef struct dsec_exec_opts {
     const char *rollout_id;  /* with step: recorded in the trajectory log */
     uint64_t step;
     uint64_t output_max; /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
+    /* Names this command (1..64 characters); NULL: a fresh one. The node keeps a finished
+     * command's answer for 10 minutes: an exec with the same req_id, in the same sandbox,
+     * gets that answer and does not run the command again, so a client that lost its
+     * answer (timed out, disconnected, restarted) collects it. A timed-out exec's error
+     * names the req_id it used. The client waits for the answer as long as the command's
+     * timeout_ms plus 30 s, and at least the client's own timeout. */
+    const char *req_id;
 } dsec_exec_opts;
 
 typedef struct dsec_exec_reply {

@@ -42,7 +42,7 @@ class ExecOpts(Structure):
     _fields_ = [("argv", POINTER(c_char_p)), ("env", POINTER(c_char_p)), ("cwd", c_char_p),
                 ("stdin_data", c_void_p), ("stdin_len", c_size_t), ("timeout_ms", c_uint64),
                 ("user", c_char_p), ("rollout_id", c_char_p), ("step", c_uint64),
-                ("output_max", c_uint64)]
+                ("output_max", c_uint64), ("req_id", c_char_p)]
 
 
 class ExecReply(Structure):

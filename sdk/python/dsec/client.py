@@ -622,13 +622,18 @@ class Sandbox:
     def exec(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
              stdin: Optional[Data] = None, timeout_ms: int = 0, user: Optional[str] = None,
              step: Optional[int] = None, rollout_id: Optional[str] = None,
-             check: bool = False, output_max: int = 0) -> ExecResult:
+             check: bool = False, output_max: int = 0,
+             req_id: Optional[str] = None) -> ExecResult:
         """Run argv. With step (and the sandbox's or the given rollout_id) the
         step is recorded in the trajectory log; re-issuing a logged step returns
         the logged result without running it (fast-forward), and a different
         request at a logged step raises Diverged. check: raise CommandFailed on a
         non-zero exit. output_max: keep at most this many bytes of stdout and of
-        stderr (the rest is dropped and the result says so); 0: 1 MiB."""
+        stderr (the rest is dropped and the result says so); 0: 1 MiB. req_id
+        names the command: the node keeps a finished command's answer for 10
+        minutes, and an exec with the same req_id gets that answer without
+        running it again (a TimedOut error names the req_id it used). The call
+        waits as long as timeout_ms plus 30 s, at least the client's timeout."""
         if isinstance(argv, str):
             raise errors.InvalidArgument("exec: argv must be a list (use run_shell for a "
                                          "command line)", code="invalid", code_num=1, op="exec")
@@ -641,7 +646,8 @@ class Sandbox:
                              if sd else None,
                              stdin_len=len(sd) if sd else 0, timeout_ms=int(timeout_ms),
                              user=_lib.cstr(user or self.user), rollout_id=_lib.cstr(rid),
-                             step=int(step or 0), output_max=int(output_max))
+                             step=int(step or 0), output_max=int(output_max),
+                             req_id=_lib.cstr(req_id))
         rep = _lib.ExecReply()
         self._client._call("exec", _lib.exec_, self._cid, ctypes.byref(opts), ctypes.byref(rep))
         try:

@@ -1,0 +1,271 @@
+/* node-int.h - the node manager's internals shared by its files: the node, its sandboxes. */
+#ifndef DSEC_ACTORS_NODE_INT_H
+#define DSEC_ACTORS_NODE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "actors/journal.h"
+#include "actors/node-results.h"
+#include "actors/node.h"
+#include "backends/loop.h"
+#include "backends/workq.h"
+#include "codecs/msg.h"
+#include "dsec/names.h"
+
+struct stat;
+struct FTW;
+
+/* The node manager: admission, one sandbox actor per sandbox (a mailbox key), reports, journal,
+ * re-adoption. Shared names are dsec__node_*; what one file alone uses stays static in it. */
+
+enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, ST_GONE, ST_FAILED };
+extern const char *const dsec__node_state_names[]; /* by enum sbx_state (node-table.c) */
+enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE, REAP_LOST, REAP_SUPERSEDED };
+
+/* One sandbox as its actor sees it. Found through the id table; the fields
+ * after `h` change only on the sandbox's own mailbox key, so handlers read
+ * them without the node lock. */
+struct sbx {
+    struct sbx *next_id;  /* id hash chain (node lock) */
+    struct sbx *next_req; /* (tenant, req_id) hash chain (node lock) */
+    dsec_sandbox *h;      /* backend handle */
+    dsec_backend *be;
+    char *bstate;         /* backend_state for adopt and compaction */
+    uint64_t created_ns;  /* wall clock */
+    _Atomic uint64_t last_ns; /* wall clock of the last operation */
+    uint64_t ttl_ns, idle_ns;
+    uint32_t cpu_milli, memory_mb;
+    uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
+    uint8_t type_idx;
+    _Atomic uint8_t state;
+    _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
+    bool pausable;         /* a rollout that may be frozen while idle under memory pressure */
+    bool superseded;       /* a later attempt of its create is kept elsewhere: the reaper destroys
+                              it, and its request id finds it no more (node lock) */
+    _Atomic uint32_t retry; /* the latest attempt of its create placed here, or kept here by a
+                               superseded notice (set under the node lock; journaled) */
+    uint32_t lookup_retry;  /* the latest attempt whose lookup it answered (node lock) */
+    _Atomic bool frozen;   /* paused by the node; its memory went back to the pool */
+    _Atomic bool freezing; /* a freeze is queued on its mailbox */
+    uint32_t mem_owed;     /* MB it could not take back when thawed (memory was short) */
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char project[DSEC_NAME_LEN_MAX + 1]; /* "" when the create named none */
+    char req_id[65];
+};
+
+/* A request id whose retry was placed on another node (superseded): a
+ * placement of an earlier attempt that arrives later is not created. */
+struct tomb {
+    struct tomb *next;      /* hash chain (node lock) */
+    struct tomb *next_old;  /* oldest first, for expiry (node lock) */
+    uint64_t expires_ns;    /* wall clock */
+    uint32_t retry;         /* the attempt placed elsewhere */
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char req_id[65];
+};
+
+#define TOMB_BUCKETS 4096
+#define TOMBS_MAX 65536
+#define TOMB_TTL_NS (300ull * 1000000000ull) /* beyond any client's wait for one attempt */
+
+/* A sandbox the backend could not adopt because of this node's configuration (DSEC_E_CONFIG:
+ * the runtime that started it is not installed, ...) but that still exists: its record stays
+ * in the journal, so a node manager started with that put right adopts it. */
+struct kept {
+    char *id;
+    char *data;
+    size_t len;
+    struct kept *next;
+};
+
+/* Capacity a preemptible job holds on this node (job_hold): it is taken
+ * from what placement can use until the job, or the arbiter, releases it. */
+struct hold {
+    struct hold *next;
+    char key[136]; /* "hold.<job>.<unit>": also its journal id */
+    char job[DSEC_NAME_LEN_MAX + 1];
+    uint64_t cpu_milli, memory_mb;
+};
+
+struct event {
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char project[DSEC_NAME_LEN_MAX + 1];
+    char req_id[65];
+    uint32_t cpu_milli, memory_mb;
+    uint8_t state, prev, type_idx;
+    uint64_t ts_ns;
+    char reason[96];
+    char trace_id[DSEC_TRACE_ID_MAX + 1]; /* the request that caused it; "" if none */
+};
+
+struct dsec_node {
+    dsec_bus *bus;
+    dsec_ticker *ticker;
+    dsec_ticker *sync_ticker;
+    const dsec_registry *reg;
+    dsec_actor *actor;
+    dsec_journal *journal;
+    char name[DSEC_NAME_LEN_MAX + 1];
+    char cell[DSEC_NAME_LEN_MAX + 1];
+    char subj_evt_node[192]; /* dsec.v1.ctl.evt.<cell>.node.<node> */
+    char subj_evt_sbx[192];  /* dsec.v1.ctl.evt.<cell>.sbx.<node> */
+    dsec_node_conf conf;     /* copy; strings point into the caller's conf, which outlives start only */
+    char snap_dir[4096];     /* <state_dir>/snapshots: the files backends write on snapshot */
+    dsec_type_mask offered;
+    char **type_names;       /* offered names (copied), NULL-terminated */
+    dsec_backend_kv *labels; /* copied */
+    size_t nlabels;
+    dsec_backend *backends[DSEC_REGISTRY_MAX]; /* per registry index; shared when backend is "sim" */
+    /* Sandbox operations never hold a bus worker: commands wait on the loop, everything
+     * else that needs a thread runs on the work queue, fair across tenants and sandboxes. */
+    dsec_loop *loop;
+    dsec_workq *work;
+    dsec_results *results; /* finished commands' answers by request id (retries, reattach) */
+    bool own_loop, own_work; /* opened here, not borrowed from the cell */
+    _Atomic uint64_t execs_inflight, execs_peak;
+    int ticks[4];
+
+    pthread_mutex_t mu; /* tables, free resources, events */
+    struct sbx **by_id;
+    struct sbx **by_req;
+    size_t nbuckets;
+    pthread_mutex_t report_mu; /* one capacity report at a time, events before it */
+    uint64_t live;
+    uint64_t live_by_type[DSEC_REGISTRY_MAX];
+    uint64_t cpu_free, mem_free, slots_free;
+    uint64_t disk_free; /* MB: conf.disk_mb less the reserve and the sandboxes' quotas */
+    bool dirty;
+    uint64_t seq;
+    uint64_t last_full_ns;
+    struct event *events;
+    size_t nevents, cap_events;
+    struct sbx *dropped; /* records replayed but not re-adopted (start only) */
+    struct kept *kept;   /* records replayed, not adopted, but kept (journal compaction too) */
+    uint64_t nkept;
+    struct hold *holds;  /* job holdings (node lock) */
+    struct tomb **tombs; /* TOMB_BUCKETS chains (node lock) */
+    struct tomb *tomb_old, *tomb_new;
+    size_t ntombs;
+
+    _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
+    _Atomic uint64_t lost_before_ns; /* reclaim what was made before: this node was declared
+                                        lost then, and the owners were told */
+    _Atomic uint64_t reaped_lost;
+    _Atomic uint64_t reaped_superseded; /* made for an attempt whose retry was kept elsewhere */
+    _Atomic uint64_t stale_places;      /* placements of an attempt already superseded */
+    _Atomic uint64_t late_places; /* placements dropped: past their client's deadline */
+    _Atomic uint64_t net_alerts; /* network alerts published */
+    dsec_metrics_hist create_lat; /* place received -> created answered, creates that made a sandbox */
+    uint64_t hb_seq;
+    uint64_t conn_base;      /* wall clock at start: with the bus's reconnects, the report's conn */
+
+    dsec_net *net;           /* network containment, or NULL */
+    pthread_mutex_t alert_mu; /* alerts are published only while alert_on */
+    bool alert_on;
+    char subj_alert[192];    /* dsec.v1.ctl.evt.<cell>.alert.<node> */
+};
+
+/* Answers of finished commands kept for retries: 10 minutes, 64 MiB per node. */
+#define RESULTS_BUDGET (64ull << 20)
+#define RESULTS_TTL_MS (10u * 60u * 1000u)
+
+/* ---- small helpers every file uses ------------------------------------------------ */
+
+static inline uint64_t dsec__node_hash_str(const char *a, const char *b)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *a; a++)
+        h = (h ^ (uint8_t)*a) * 1099511628211ull;
+    for (; b && *b; b++)
+        h = (h ^ (uint8_t)*b) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+/* Memory a sandbox holds in the node's accounting now. */
+static inline uint64_t dsec__node_mem_held(const struct sbx *s)
+{
+    return s->frozen ? 0 : (uint64_t)s->memory_mb - s->mem_owed;
+}
+
+static inline void dsec__node_touch(struct sbx *s) { s->last_ns = dsec_wall_ns(); }
+
+/* How long ago then was. The clock was read before the lock was taken, and
+ * operations touch last_ns without it: a time a little after now is "just
+ * now", never a wrapped-around eternity that reaps a fresh sandbox. */
+static inline uint64_t dsec__node_age_ns(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
+}
+
+/* ---- node-table.c: tables (node lock held), records, holdings, adoption ----------- */
+
+struct sbx *dsec__node_find_id(dsec_node *n, const char *id);
+struct sbx *dsec__node_find_req(dsec_node *n, const char *tenant, const char *req_id);
+struct tomb *dsec__node_find_tomb(dsec_node *n, const char *tenant, const char *req_id);
+void dsec__node_add_tomb(dsec_node *n, const char *tenant, const char *req_id, uint32_t retry,
+                         uint64_t now);
+void dsec__node_insert(dsec_node *n, struct sbx *s);
+void dsec__node_unlink_sbx(dsec_node *n, struct sbx *s);
+void dsec__node_release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots,
+                                  uint64_t disk);
+void dsec__node_event_locked(dsec_node *n, const struct sbx *s, int prev, int state,
+                             const char *reason);
+void dsec__node_set_state(dsec_node *n, struct sbx *s, int state, const char *reason);
+const char *dsec__node_type_name(const dsec_node *n, int idx);
+int dsec__node_journal_put(dsec_node *n, const struct sbx *s, dsec_err *err);
+void dsec__node_answers_locked(dsec_node *n, struct sbx *s, uint32_t retry);
+void dsec__node_sbx_free(struct sbx *s);
+void dsec__node_spec_for(const dsec_node *n, const struct sbx *s, const char *env,
+                         dsec_sandbox_spec *sp);
+void dsec__node_on_hold(dsec_actor *a, dsec_msg *m, void *ud);
+int dsec__node_emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, dsec_err *err);
+int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud, dsec_err *err);
+
+/* ---- node.c: answers every file sends --------------------------------------------- */
+
+void dsec__node_reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void dsec__node_reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void dsec__node_reply_backend(dsec_node *n, dsec_msg *m, const dsec_err *e, const char *bad_field);
+
+/* ---- node-place.c: admission ------------------------------------------------------ */
+
+void dsec__node_send_created(dsec_node *n, const char *reply_to, const struct sbx *s,
+                             bool existing, const char *req_id);
+void dsec__node_new_id(const dsec_node *n, char *out, size_t len);
+void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud);
+
+/* ---- node-exec.c: commands and the trajectory log --------------------------------- */
+
+int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64_t step,
+                          const uint8_t hash[DSEC_SHA256_LEN], Dsec__V1__TrajectoryRecord **rec);
+int dsec__node_traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err);
+void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s);
+
+/* ---- node-ops.c: operations on one sandbox, off the bus --------------------------- */
+
+bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int type, void *out);
+int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
+void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud);
+uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud);
+
+/* ---- node-report.c: reports, ticks, notices --------------------------------------- */
+
+void dsec__node_tick_capacity(void *ud, uint64_t now);
+void dsec__node_tick_sync(void *ud, uint64_t now);
+void dsec__node_tick_heartbeat(void *ud, uint64_t now);
+void dsec__node_tick_reap(void *ud, uint64_t mono_now);
+void dsec__node_on_lookup(dsec_actor *a, dsec_msg *m, void *ud);
+void dsec__node_on_superseded(dsec_actor *a, dsec_msg *m, void *ud);
+void dsec__node_on_reconcile(dsec_actor *a, dsec_msg *m, void *ud);
+void dsec__node_on_sync(dsec_actor *a, dsec_msg *m, void *ud);
+void dsec__node_announce(dsec_node *n);
+
+#endif

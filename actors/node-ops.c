@@ -1,0 +1,754 @@
+/* node-ops.c - one sandbox's operations (files, destroy, fork, pause, snapshot, ...), off the bus. */
+#define _GNU_SOURCE /* nftw */
+#include "actors/node-int.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "actors/wire.h"
+#include "dsec/alloc.h"
+#include "dsec/layers.h"
+
+/* ---- operations on one sandbox ------------------------------------------------ */
+
+/* dsec.v1.<tenant>.sbx.<node>.<id>.<op> */
+struct target {
+    char buf[256];
+    const char *tok[8];
+    const char *tenant, *id, *op;
+};
+
+static int parse_target(dsec_msg *m, struct target *t)
+{
+    int k = dsec_wire_tokens(dsec_msg_subject(m), t->buf, sizeof t->buf, t->tok, 8);
+    if (k != 7)
+        return -1;
+    t->tenant = t->tok[2];
+    t->id = t->tok[5];
+    t->op = t->tok[6];
+    return 0;
+}
+
+/* Look up the sandbox and check that the caller's tenant owns it. */
+static struct sbx *target_sbx(dsec_node *n, dsec_msg *m, const struct target *t)
+{
+    pthread_mutex_lock(&n->mu);
+    struct sbx *s = dsec__node_find_id(n, t->id);
+    pthread_mutex_unlock(&n->mu);
+    if (s == NULL || s->state == ST_GONE || s->state == ST_STOPPING) {
+        dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no sandbox %s on node %s", t->id, n->name);
+        return NULL;
+    }
+    if (strcmp(s->tenant, t->tenant) != 0) {
+        dsec__node_reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s",
+                             t->id, t->tenant);
+        return NULL;
+    }
+    return s;
+}
+
+/* Resume a sandbox the node froze: the next operation on it does this, so
+ * the caller never sees the freeze. It takes its memory back (what is
+ * free of it, if memory is still short). */
+static int thaw(dsec_node *n, struct sbx *s, dsec_err *err)
+{
+    if (dsec_backend_resume(s->be, s->h, err) < 0)
+        return dsec_err_wrap(err, "resuming frozen %s", s->id);
+    pthread_mutex_lock(&n->mu);
+    uint64_t take = n->mem_free < s->memory_mb ? n->mem_free : s->memory_mb;
+    n->mem_free -= take;
+    s->mem_owed = (uint32_t)(s->memory_mb - take);
+    s->frozen = false;
+    n->dirty = true;
+    int prev = s->state;
+    s->state = ST_RUNNING;
+    dsec__node_event_locked(n, s, prev, ST_RUNNING, "resumed by an operation");
+    pthread_mutex_unlock(&n->mu);
+    return 0;
+}
+
+static bool check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    if (s->state == ST_RUNNING)
+        return true;
+    if (s->state == ST_PAUSED && s->frozen) {
+        dsec_err err;
+        if (thaw(n, s, &err) == 0)
+            return true;
+        dsec_wire_error(n->actor, m, &err);
+        return false;
+    }
+    dsec__node_reply_err(n, m, DSEC_E_STATE, "sandbox %s is %s; %s", s->id,
+                         dsec__node_state_names[s->state],
+                         s->state == ST_PAUSED ? "resume it first" : "it cannot run commands");
+    return false;
+}
+
+/* Decode an operation on a running sandbox; answers the error itself and
+ * returns false when the operation cannot go on. */
+bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int type, void *out)
+{
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), type, dsec_msg_data(m), dsec_msg_len(m), out, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return false;
+    }
+    /* exec and the file messages start with the sandbox id; it must be the
+     * subject's, which the tenant's permissions were checked against */
+    const char *id = *(const char *const *)out;
+    if (strcmp(id, s->id) != 0) {
+        dsec__node_reply_bad(n, m, "id", "%s: id %s does not match the subject's %s",
+                             dsec_msg_type_name(type), id, s->id);
+        return false;
+    }
+    if (!check_running(n, m, s))
+        return false;
+    dsec__node_touch(s);
+    return true;
+}
+
+static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_write w;
+    if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_FILE_WRITE, &w))
+        return;
+    uint8_t hash[DSEC_SHA256_LEN];
+    if (w.rollout_id != NULL) {
+        Dsec__V1__TrajectoryRecord *rec;
+        dsec_traj_hash_write(&w, hash);
+        if (dsec__node_traj_check(n, m, w.rollout_id, w.step, hash, &rec)) {
+            if (rec != NULL) {
+                dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
+                if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+                    dsec_wire_error(n->actor, m, &err);
+                dsec_record_msg_free(&rec->base);
+            }
+            return;
+        }
+    }
+    if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
+                                (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
+        dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
+        dsec__node_reply_backend(n, m, &err, "path");
+        return;
+    }
+    if (w.rollout_id != NULL) {
+        const char *argv[] = {DSEC_TRAJ_WRITE_ARGV0, w.path, w.append ? "append" : "replace"};
+        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        rec.rollout_id = (char *)w.rollout_id;
+        rec.step = w.step;
+        rec.req_id = (char *)"";
+        rec.sandbox_id = s->id;
+        rec.argv = (char **)argv;
+        rec.n_argv = 3;
+        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, hash};
+        if (dsec__node_traj_log(n, &rec, &err) < 0) {
+            dsec_wire_error(n->actor, m, &err);
+            return;
+        }
+    }
+    dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+}
+
+static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_read rq;
+    if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_FILE_READ, &rq))
+        return;
+    /* keep the answer under the payload limit; callers page with offset */
+    uint64_t max = rq.max == 0 || rq.max > (4u << 20) ? (4u << 20) : rq.max;
+    dsec_file_data d = {0};
+    if (dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err) < 0) {
+        dsec_err_wrap(&err, "reading %s in %s", rq.path, s->id);
+        dsec__node_reply_backend(n, m, &err, "path");
+        return;
+    }
+    dsec_msg_file_data out = {.id = s->id, .path = rq.path, .data = {d.data, d.len},
+                              .size = d.size, .eof = d.eof};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+    dsec_free(d.data);
+}
+
+static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_file_list rq;
+    if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_FILE_LIST, &rq))
+        return;
+    dsec_file_entry *e = NULL;
+    size_t ne = 0;
+    if (dsec_backend_file_list(s->be, s->h, rq.path, &e, &ne, &err) < 0) {
+        dsec_err_wrap(&err, "listing %s in %s", rq.path, s->id);
+        dsec__node_reply_backend(n, m, &err, "path");
+        return;
+    }
+    dsec_msg_file_entry *items = dsec_calloc(ne ? ne : 1, sizeof *items);
+    if (items == NULL) {
+        dsec_file_entries_free(e, ne);
+        dsec__node_reply_err(n, m, DSEC_E_NOMEM, "out of memory listing %s", rq.path);
+        return;
+    }
+    for (size_t i = 0; i < ne; i++)
+        items[i] = (dsec_msg_file_entry){.name = e[i].name, .kind = dsec_file_kind_name(e[i].kind),
+                                         .size = e[i].size, .mode = e[i].mode, .mtime = e[i].mtime};
+    dsec_msg_file_list_reply out = {.id = s->id, .path = rq.path, .entries = {items, (uint32_t)ne}};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_LIST_REPLY, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+    dsec_free(items);
+    dsec_file_entries_free(e, ne);
+}
+
+static void reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *state, dsec_strv ids,
+                     dsec_kv info)
+{
+    dsec_msg_op_reply out = {.id = s->id,
+                             .state = state,
+                             .node = n->name,
+                             .type = dsec__node_type_name(n, s->type_idx),
+                             .ids = ids,
+                             .info = info};
+    dsec_err err;
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_OP_REPLY, &out, &err) < 0)
+        dsec_wire_error(n->actor, m, &err);
+}
+
+static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *reason)
+{
+    dsec_err err;
+    dsec__node_set_state(n, s, ST_STOPPING, reason);
+    if (dsec_backend_destroy(s->be, s->h, &err) < 0) {
+        /* the handle stays valid: keep the sandbox so a retry can finish the job */
+        dsec__node_set_state(n, s, ST_RUNNING, err.msg);
+        dsec_err_wrap(&err, "destroying %s", s->id);
+        if (m != NULL)
+            dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (dsec_journal_del(n->journal, s->id, &err) < 0)
+        dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
+    pthread_mutex_lock(&n->mu);
+    dsec__node_unlink_sbx(n, s);
+    dsec__node_release_resources(n, s->cpu_milli, dsec__node_mem_held(s), 1, s->disk_mb);
+    dsec__node_event_locked(n, s, ST_STOPPING, ST_GONE, reason);
+    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->destroyed, 1);
+    dsec_results_drop(n->results, s->id);
+    s->state = ST_GONE;
+    if (m != NULL)
+        reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
+    dsec__node_sbx_free(s);
+}
+
+int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* Package the sandbox's state as environment name (a layer pushed to the
+ * cell's registry), so a new sandbox anywhere in the cell starts from it.
+ * What the backend saved on the way (a microVM's copies of its RAM and disk)
+ * goes once the environment is stored: nothing on the wire restores from it,
+ * and a node that kept every one would fill its disk. */
+static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *name)
+{
+    dsec_err err;
+    if (name == NULL || !dsec_layer_name_valid(name)) {
+        dsec__node_reply_bad(n, m, "name",
+                             "snapshot: \"name\" must be an environment name:version, got \"%s\"",
+                             name ? name : "");
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    dsec__node_touch(s);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s-%" PRIu64 ".snap", n->snap_dir, s->id, dsec_wall_ns());
+    if (dsec_backend_snapshot(s->be, s->h, path, name, &err) < 0) {
+        dsec_err_wrap(&err, "snapshot of %s as %s", s->id, name);
+        dsec__node_reply_backend(n, m, &err, "name");
+        return;
+    }
+    if (nftw(path, dsec__node_rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 &&
+        errno != ENOENT)
+        dsec_actor_count_error(n->actor); /* left behind: the node's error counter shows it */
+    const char *k[] = {"env"};
+    const char *v[] = {name};
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 1});
+}
+
+/* A fork makes sandboxes no scheduler admitted: ask the quota actor for the
+ * children here. They carry the admission's id as their req_id, so the
+ * quota actor counts each one off the admission as its event arrives. 0, or
+ * -1 with the client answered. */
+static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t count, char *admit_id,
+                      size_t idn)
+{
+    char rnd[33];
+    dsec_bus_new_id(rnd);
+    snprintf(admit_id, idn, "fork-%.40s", rnd);
+    if (!n->conf.quota)
+        return 0;
+    dsec_msg_admit ad = {.tenant = s->tenant, .project = s->project[0] ? s->project : NULL,
+                         .req_id = admit_id, .n = count, .cpu_milli = s->cpu_milli,
+                         .memory_mb = s->memory_mb};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_err err;
+    dsec_msg *reply = NULL;
+    dsec_hdr hdr = {.type = "admit", .schema = DSEC_SCHEMA_VERSION, .req_id = admit_id};
+    int rc = dsec_encode(&b, DSEC_MSG_ADMIT, &ad, &err);
+    if (rc == 0)
+        rc = dsec_bus_request_sync(n->bus, subj, &hdr, b.data, b.len, 2000, &reply, &err);
+    dsec_buf_release(&b);
+    if (rc < 0) {
+        dsec__node_reply_err(n, m, err.code, "fork: the quota actor of cell %s did not answer: %s",
+                             n->cell, err.msg);
+        return -1;
+    }
+    const char *type = dsec_msg_type(reply);
+    if (dsec_wire_bus_error(reply, &err, "fork: the quota actor of cell %s", n->cell)) {
+        dsec__node_reply_err(n, m, err.code, "%s", err.msg);
+        rc = -1;
+    } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
+        /* its refusal names the full level: pass on its code and words, with
+         * the client's req_id (the body's is the admission's own) */
+        dsec_msg_error qe;
+        dsec_err e = {.code = DSEC_E_INTERNAL};
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &qe, &err) < 0) {
+            snprintf(e.msg, sizeof e.msg,
+                     "fork: the quota actor of cell %s answered an "
+                     "undecodable error: %.600s",
+                     n->cell, err.msg);
+            qe.field = NULL;
+        } else {
+            e.code = dsec_code_from_name(qe.code);
+            snprintf(e.msg, sizeof e.msg, "%s", qe.message);
+        }
+        dsec_wire_error_to(n->actor, n->bus, dsec_msg_reply(m), &e, qe.field,
+                           dsec_msg_header(m, DSEC_HDR_REQ_ID));
+        rc = -1;
+    }
+    dsec_msg_free(reply);
+    return rc;
+}
+
+/* The fork failed after its admission: give it back now. */
+static void fork_unadmit(dsec_node *n, const struct sbx *s, const char *admit_id)
+{
+    if (!n->conf.quota)
+        return;
+    dsec_msg_admit ad = {.tenant = s->tenant, .req_id = admit_id, .release = true};
+    char subj[160];
+    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    dsec_err err;
+    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_ADMIT, &ad, admit_id, &err) < 0)
+        dsec_actor_count_error(n->actor);
+}
+
+static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
+{
+    dsec_err err;
+    if (count < 1 || count > 1024) {
+        dsec__node_reply_bad(n, m, "n", "fork: n must be 1..1024, got %" PRIu64, count);
+        return;
+    }
+    if (!check_running(n, m, s))
+        return;
+    dsec__node_touch(s);
+    char admit_id[48];
+    if (fork_admit(n, m, s, count, admit_id, sizeof admit_id) < 0)
+        return;
+    bool admitted = true; /* given back unless the children are made */
+    struct sbx **kids = dsec_calloc(count, sizeof *kids);
+    dsec_sandbox **handles = dsec_calloc(count, sizeof *handles);
+    char **states = dsec_calloc(count, sizeof *states);
+    const char **ids = dsec_calloc(count, sizeof *ids);
+    bool reserved = false;
+    if (kids == NULL || handles == NULL || states == NULL || ids == NULL) {
+        dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
+        goto out_free;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        if ((kids[i] = dsec_calloc(1, sizeof **kids)) == NULL) {
+            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
+            goto out_free;
+        }
+        *kids[i] = (struct sbx){.be = s->be, .type_idx = s->type_idx, .cpu_milli = s->cpu_milli,
+                                .memory_mb = s->memory_mb, .disk_mb = s->disk_mb,
+                                .ttl_ns = s->ttl_ns,
+                                .idle_ns = s->idle_ns, .state = ST_STARTING};
+        dsec__node_new_id(n, kids[i]->id, sizeof kids[i]->id);
+        memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
+        memcpy(kids[i]->project, s->project, sizeof s->project);
+        snprintf(kids[i]->req_id, sizeof kids[i]->req_id, "%s", admit_id);
+        ids[i] = kids[i]->id;
+    }
+    pthread_mutex_lock(&n->mu);
+    if (n->slots_free < count || n->cpu_free < count * s->cpu_milli ||
+        n->mem_free < count * s->memory_mb || n->disk_free < count * s->disk_mb) {
+        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free, df = n->disk_free;
+        pthread_mutex_unlock(&n->mu);
+        dsec__node_reply_err(n, m, DSEC_E_CAPACITY,
+                             "fork of %s into %" PRIu64 " children needs %" PRIu64
+                             " milli-CPU, %" PRIu64 " MB, %" PRIu64 " slots and %" PRIu64
+                             " MB of disk; node %s has %" PRIu64 ", %" PRIu64 ", %" PRIu64
+                             ", %" PRIu64,
+                             s->id, count, count * s->cpu_milli, count * s->memory_mb, count,
+                             count * s->disk_mb, n->name, cf, mf, sf, df);
+        goto out_free;
+    }
+    n->cpu_free -= count * s->cpu_milli;
+    n->mem_free -= count * s->memory_mb;
+    n->slots_free -= count;
+    n->disk_free -= count * s->disk_mb;
+    n->dirty = true;
+    reserved = true;
+    pthread_mutex_unlock(&n->mu);
+    if (dsec_backend_fork(s->be, s->h, ids, count, handles, states, &err) < 0) {
+        dsec_err_wrap(&err, "forking %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        goto out_free;
+    }
+    uint64_t now = dsec_wall_ns();
+    pthread_mutex_lock(&n->mu);
+    for (uint64_t i = 0; i < count; i++) {
+        kids[i]->h = handles[i];
+        kids[i]->bstate = states[i];
+        states[i] = NULL;
+        kids[i]->created_ns = now;
+        kids[i]->last_ns = now;
+        kids[i]->state = ST_RUNNING;
+        dsec__node_insert(n, kids[i]);
+        dsec__node_event_locked(n, kids[i], ST_REQUESTED, ST_RUNNING, "fork");
+    }
+    pthread_mutex_unlock(&n->mu);
+    reserved = false;
+    admitted = false; /* the children's events count it off */
+    for (uint64_t i = 0; i < count; i++) {
+        if (dsec__node_journal_put(n, kids[i], &err) < 0)
+            dsec_actor_count_error(n->actor);
+        kids[i] = NULL; /* owned by the table now */
+    }
+    atomic_fetch_add(&n->created, count);
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){ids, (uint32_t)count},
+             (dsec_kv){0});
+out_free:
+    if (admitted)
+        fork_unadmit(n, s, admit_id);
+    if (reserved) {
+        pthread_mutex_lock(&n->mu);
+        dsec__node_release_resources(n, count * s->cpu_milli, count * s->memory_mb, count,
+                                     count * s->disk_mb);
+        pthread_mutex_unlock(&n->mu);
+    }
+    for (uint64_t i = 0; kids && i < count; i++)
+        dsec__node_sbx_free(kids[i]);
+    for (uint64_t i = 0; states && i < count; i++)
+        dsec_free(states[i]);
+    dsec_free(kids);
+    dsec_free(handles);
+    dsec_free(states);
+    dsec_free(ids);
+}
+
+static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    char cpu[24], mem[24], disk[24], created[24], last[24], used_cpu[24], used_mem[24];
+    snprintf(cpu, sizeof cpu, "%" PRIu32, s->cpu_milli);
+    snprintf(mem, sizeof mem, "%" PRIu32, s->memory_mb);
+    snprintf(disk, sizeof disk, "%" PRIu64, s->disk_mb);
+    snprintf(created, sizeof created, "%" PRIu64, s->created_ns);
+    snprintf(last, sizeof last, "%" PRIu64, (uint64_t)s->last_ns);
+    const char *k[8] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns", "tenant"};
+    const char *v[8] = {cpu, mem, disk, created, last, s->tenant};
+    uint32_t nkv = 6;
+    dsec_sandbox_stats st;
+    dsec_err err;
+    if (dsec_backend_stats(s->be, s->h, &st, &err) == 0) {
+        snprintf(used_cpu, sizeof used_cpu, "%" PRIu64, st.cpu_milli);
+        snprintf(used_mem, sizeof used_mem, "%" PRIu64, st.memory_bytes);
+        k[nkv] = "cpu_used_milli";
+        v[nkv++] = used_cpu;
+        k[nkv] = "memory_bytes";
+        v[nkv++] = used_mem;
+    }
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, nkv});
+}
+
+static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause)
+{
+    dsec_err err;
+    int want = pause ? ST_PAUSED : ST_RUNNING;
+    if (!pause && s->state == ST_PAUSED && s->frozen) {
+        if (thaw(n, s, &err) < 0) {
+            dsec_wire_error(n->actor, m, &err);
+            return;
+        }
+        dsec__node_touch(s);
+        reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        return;
+    }
+    if (s->state == want) {
+        reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        return;
+    }
+    if (s->state != (pause ? ST_RUNNING : ST_PAUSED)) {
+        dsec__node_reply_err(n, m, DSEC_E_STATE, "cannot %s sandbox %s: it is %s",
+                             pause ? "pause" : "resume", s->id, dsec__node_state_names[s->state]);
+        return;
+    }
+    int rc = pause ? dsec_backend_pause(s->be, s->h, &err) : dsec_backend_resume(s->be, s->h, &err);
+    if (rc < 0) {
+        dsec_err_wrap(&err, "%s %s", pause ? "pausing" : "resuming", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    dsec__node_touch(s);
+    dsec__node_set_state(n, s, want, NULL);
+    if (dsec__node_journal_put(n, s, &err) < 0)
+        dsec_actor_count_error(n->actor);
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
+/* Freeze an idle pausable rollout under memory pressure: pause it and give
+ * its memory back to the node's pool until an operation thaws it. */
+static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    s->freezing = false;
+    uint64_t idle_ns = (uint64_t)n->conf.pause_idle_ms * 1000000ull;
+    if (!s->pausable || s->state != ST_RUNNING ||
+        dsec__node_age_ns(dsec_wall_ns(), s->last_ns) < idle_ns) {
+        dsec__node_reply_err(n, m, DSEC_E_STATE,
+                             "sandbox %s is not an idle pausable rollout; not frozen", s->id);
+        return;
+    }
+    if (dsec_backend_pause(s->be, s->h, &err) < 0) {
+        dsec_err_wrap(&err, "freezing %s", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    dsec__node_release_resources(n, 0, dsec__node_mem_held(s), 0, 0);
+    s->mem_owed = 0;
+    s->frozen = true;
+    int prev = s->state;
+    s->state = ST_PAUSED;
+    dsec__node_event_locked(n, s, prev, ST_PAUSED, "frozen while idle under memory pressure");
+    pthread_mutex_unlock(&n->mu);
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
+/* Replace a running sandbox's network policy (a task moving to its next stage). */
+static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *net)
+{
+    if (s->state != ST_RUNNING && s->state != ST_PAUSED) {
+        dsec__node_reply_err(n, m, DSEC_E_STATE,
+                             "sandbox %s is %s; its network policy cannot change", s->id,
+                             dsec__node_state_names[s->state]);
+        return;
+    }
+    dsec_err err;
+    if (dsec_backend_net_set(s->be, s->h, net->v, net->n, &err) < 0) {
+        dsec_err_wrap(&err, "sandbox %s", s->id);
+        dsec__node_reply_backend(n, m, &err, "net");
+        return;
+    }
+    dsec__node_touch(s);
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+}
+
+static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_err err;
+    dsec_msg_op op;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (strcmp(op.id, s->id) != 0) {
+        dsec__node_reply_bad(n, m, "id", "op: id %s does not match the subject's %s", op.id, s->id);
+        return;
+    }
+    if (strcmp(op.op, "status") == 0) {
+        do_status(n, m, s);
+    } else if (strcmp(op.op, "destroy") == 0) {
+        uint8_t why = s->reap;
+        destroy_sbx(n, m, s, why == REAP_TTL ? "max lifetime reached"
+                             : why == REAP_IDLE ? "idle timeout"
+                             : why == REAP_LOST ? "its node was declared lost and its owner told so"
+                             : why == REAP_SUPERSEDED
+                                 ? "a retry of its create was kept on another node (its answer was lost)"
+                                 : "destroyed by request");
+        if (why == REAP_TTL)
+            atomic_fetch_add(&n->reaped_ttl, 1);
+        else if (why == REAP_IDLE)
+            atomic_fetch_add(&n->reaped_idle, 1);
+        else if (why == REAP_LOST)
+            atomic_fetch_add(&n->reaped_lost, 1);
+        else if (why == REAP_SUPERSEDED)
+            atomic_fetch_add(&n->reaped_superseded, 1);
+    } else if (strcmp(op.op, "pause") == 0 || strcmp(op.op, "resume") == 0) {
+        do_pause_resume(n, m, s, op.op[0] == 'p');
+    } else if (strcmp(op.op, "fork") == 0) {
+        do_fork(n, m, s, op.n);
+    } else if (strcmp(op.op, "freeze") == 0) {
+        do_freeze(n, m, s);
+    } else if (strcmp(op.op, "snapshot") == 0) {
+        do_snapshot(n, m, s, op.name);
+    } else if (strcmp(op.op, "net") == 0) {
+        do_net(n, m, s, &op.net);
+    } else {
+        dsec__node_reply_err(
+            n, m, DSEC_E_UNSUPPORTED,
+            "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze, "
+            "snapshot, net)",
+            op.op);
+    }
+}
+
+/* The operation m names on its sandbox, run to its answer on this thread. */
+static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
+{
+    struct target t;
+    if (parse_target(m, &t) < 0) {
+        dsec__node_reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+                             dsec_msg_subject(m));
+        return;
+    }
+    static const struct {
+        const char *op;
+        int type;
+    } ops[] = {{"exec", DSEC_MSG_EXEC},
+               {"write", DSEC_MSG_FILE_WRITE},
+               {"read", DSEC_MSG_FILE_READ},
+               {"ls", DSEC_MSG_FILE_LIST},
+               {"op", DSEC_MSG_OP}};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
+            return;
+    struct sbx *s = target_sbx(n, m, &t);
+    if (s == NULL)
+        return;
+    if (strcmp(t.op, "exec") == 0)
+        dsec__node_do_exec(n, m, s);
+    else if (strcmp(t.op, "write") == 0)
+        do_write(n, m, s);
+    else if (strcmp(t.op, "read") == 0)
+        do_read(n, m, s);
+    else if (strcmp(t.op, "ls") == 0)
+        do_list(n, m, s);
+    else if (strcmp(t.op, "op") == 0)
+        do_op(n, m, s);
+    else
+        dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
+                             "operation \"%s\" is unknown (known: exec, write, read, ls, op)",
+                             t.op);
+}
+
+/* ---- operations off the bus's workers ------------------------------------------------- */
+
+/* A sandbox operation waiting for, or running on, a work thread. Its key (the sandbox) is
+ * held meanwhile, so the sandbox's operations still run one at a time and in order. */
+struct sbx_job {
+    dsec_node *n;
+    dsec_deferred *d;
+    void (*run)(dsec_node *n, dsec_msg *m);
+};
+
+static void sbx_dispatch_job(dsec_node *n, dsec_msg *m) { sbx_dispatch(n->actor, m, n); }
+
+static void job_run(void *ud)
+{
+    struct sbx_job *j = ud;
+    dsec_msg *m = dsec_deferred_msg(j->d);
+    /* the work is still its request's: what it sends carries the trace id */
+    dsec_trace_scope sc;
+    dsec_deferred_trace(j->d, &sc);
+    j->run(j->n, m);
+    dsec_trace_leave(&sc);
+    dsec_deferred_done(j->d);
+    dsec_free(j);
+}
+
+/* Run fn for m on a work thread, in tenant's fair turn. When m cannot be deferred (out of
+ * memory) it runs here, as before; when the queue is stopping, m is answered "closed". */
+static void to_work(dsec_actor *a, dsec_msg *m, dsec_node *n, const char *tenant, uint64_t key,
+                    void (*fn)(dsec_node *, dsec_msg *))
+{
+    struct sbx_job *j = dsec_malloc(sizeof *j);
+    dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
+    if (d == NULL) {
+        dsec_free(j);
+        fn(n, m);
+        return;
+    }
+    *j = (struct sbx_job){.n = n, .d = d, .run = fn};
+    dsec_err err;
+    if (dsec_workq_submit(n->work, tenant, key, job_run, j, &err) < 0) {
+        dsec_err_wrap(&err, "node %s", n->name);
+        dsec_wire_error(n->actor, dsec_deferred_msg(d), &err);
+        dsec_deferred_done(d);
+        dsec_free(j);
+    }
+}
+
+void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_node *n = ud;
+    struct target t;
+    if (parse_target(m, &t) < 0) {
+        dsec__node_reply_bad(n, m, "subject", "subject %s: expected dsec.v1.TENANT.sbx.NODE.ID.OP",
+                             dsec_msg_subject(m));
+        return;
+    }
+    if (strcmp(t.op, "exec") == 0) {
+        /* a command on a backend that can start it without a thread: started here, and
+         * its answer comes from the node's loop */
+        pthread_mutex_lock(&n->mu);
+        struct sbx *s = dsec__node_find_id(n, t.id);
+        bool async = s != NULL && dsec_backend_exec_async(s->be);
+        pthread_mutex_unlock(&n->mu);
+        if (async) {
+            sbx_dispatch(a, m, n);
+            return;
+        }
+    }
+    to_work(a, m, n, t.tenant, dsec__node_key_of(m, n), sbx_dispatch_job);
+}
+
+/* Operations on one sandbox run in order; different sandboxes in parallel.
+ * Placements are keyed by request id so a retry of one create is serial. */
+uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud)
+{
+    dsec_msg *m = (dsec_msg *)cm;
+    const char *subj = dsec_msg_subject(m);
+    const char *p = subj;
+    int dots = 0;
+    while (*p && dots < 5)
+        if (*p++ == '.')
+            dots++;
+    if (dots == 5 && strncmp(subj, "dsec.v1.ctl.", 12) != 0) {
+        const char *end = strchr(p, '.');
+        uint64_t h = 1469598103934665603ull;
+        for (; *p && p != end; p++)
+            h = (h ^ (uint8_t)*p) * 1099511628211ull;
+        return h;
+    }
+    const char *rid = dsec_msg_header(m, DSEC_HDR_REQ_ID);
+    return rid ? dsec__node_hash_str(rid, NULL) : 0;
+}
