@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -541,6 +543,7 @@ struct job {
     dsec_exec_result r;
     dsec_err err;
     int rc;
+    int done; /* set (atomically) when the exec returned */
 };
 
 static void *job_run(void *arg)
@@ -548,6 +551,7 @@ static void *job_run(void *arg)
     struct job *j = arg;
     const char *argv[] = {"/bin/sh", "-c", j->line, NULL};
     j->rc = run(j->a, argv, &j->o, &j->r, &j->err);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -585,10 +589,86 @@ static void flag_output(void *arg, int stream, const uint8_t *data, size_t len)
     __atomic_store_n((int *)arg, 1, __ATOMIC_RELEASE);
 }
 
+/* ---- exec cleanup: a command's whole process tree ends with it -------------------------------
+ */
+
+/* Each command here runs with TREE_MARK=<token> in its environment, which every process it
+ * starts inherits: /proc/<pid>/environ tells the test's processes from everything else. */
+static char mark[64];
+static dsec_backend_kv mark_env[1];
+
+static void new_mark(void)
+{
+    static int n;
+    snprintf(mark, sizeof mark, "dsec-tree-%d-%d", (int)getpid(), ++n);
+    mark_env[0] = (dsec_backend_kv){.key = "TREE_MARK", .value = mark};
+}
+
+static bool has_mark(pid_t pid)
+{
+    char path[64], want[96];
+    static char buf[1 << 16];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) /* a zombie has no environment left */
+        return false;
+    int wl = snprintf(want, sizeof want, "TREE_MARK=%s", mark);
+    for (ssize_t i = 0; i + wl < n + 1; i += (ssize_t)strlen(buf + i) + 1)
+        if (memcmp(buf + i, want, (size_t)wl + 1) == 0)
+            return true;
+    return false;
+}
+
+/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
+ * gets SIGKILL (they are this test's own: the mark is new). */
+static int count_marked(bool sleeps_only, bool kill_them)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        if (pid <= 0 || pid == getpid() || !has_mark(pid))
+            continue;
+        if (sleeps_only) {
+            char path[64], comm[32] = {0};
+            snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            ssize_t l = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
+            if (fd >= 0)
+                close(fd);
+            if (l <= 0 || strncmp(comm, "sleep\n", 6) != 0)
+                continue;
+        }
+        n++;
+        if (kill_them)
+            kill(pid, SIGKILL);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* What is left of the marked processes, then none of them: a failing test leaves nothing. */
+static int marked_left(void)
+{
+    int left = count_marked(false, false);
+    for (int i = 0; i < 100 && count_marked(false, true) > 0; i++)
+        msleep(20);
+    return left;
+}
+
 static void test_kill(void **state)
 {
+    /* The KILL ends the main process, and its shepherd then kills what it started. */
     int ready = 0;
-    struct job j = {.line = "echo ready; sleep 30", .o = {.fn = flag_output, .arg = &ready}};
+    new_mark();
+    struct job j = {.line = "setsid sleep 300 & (setsid sleep 300 &); echo ready; sleep 30",
+                    .o = {.fn = flag_output, .arg = &ready, .env = mark_env, .nenv = 1}};
     dsec_err err = {0};
     assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
     pthread_t th;
@@ -605,11 +685,313 @@ static void test_kill(void **state)
     assert_false(j.r.timed_out);
     dsec_exec_result_release(&j.r);
     dsec_agent_free(j.a);
+    assert_int_equal(marked_left(), 0);
 
     /* Nothing running: still fine. A bad signal is refused. */
     assert_int_equal(dsec_agent_kill(sock_path, SIGTERM, &err), 0);
     assert_int_equal(dsec_agent_kill(sock_path, 0, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
+}
+
+/* 200 sleeping descendants, 50 of each kind: children, setsid'd children, double-forked
+ * (orphaned at once) and both; the main shell then waits. At its timeout none is left, and
+ * the next exec runs at once. */
+static void tree_timeout(dsec_agent *a)
+{
+    new_mark();
+    struct job j = {
+        .a = a,
+        .line = "i=0; while [ $i -lt 50 ]; do sleep 300 & i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do setsid sleep 300 & i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do (sleep 300 &); i=$((i+1)); done;"
+                "i=0; while [ $i -lt 50 ]; do (setsid sleep 300 &) & i=$((i+1)); done;"
+                "echo started; wait; sleep 300",
+        .o = {.timeout_ms = 8000, .env = mark_env, .nenv = 1}, /* room for a loaded machine */
+    };
+    pthread_t th;
+    uint64_t t0 = now_us();
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    int most = 0; /* marked processes seen at once: the shell, subshells, the sleeps */
+    while (!__atomic_load_n(&j.done, __ATOMIC_ACQUIRE)) {
+        int n = count_marked(false, false);
+        most = n > most ? n : most;
+        msleep(50);
+    }
+    pthread_join(th, NULL);
+    uint64_t took = now_us() - t0;
+    int left = marked_left();
+    assert_int_equal(j.rc, 0);
+    assert_true(j.r.timed_out);
+    assert_int_equal(j.r.signal, SIGKILL);
+    bool started = out_has(j.r.stdout_data, j.r.stdout_len, "started");
+    dsec_exec_result_release(&j.r);
+    /* At most 201 at once (the last few may still be forking at the timeout on a loaded
+     * machine, and the scans are 50 ms apart): enough that escaping ones would be left. */
+    fprintf(stderr, "tree_timeout: %d marked processes seen at once%s\n", most,
+            started ? "" : "; the 200 were not all forked before the timeout");
+    assert_true(most >= 50);
+    assert_int_equal(left, 0);
+    assert_true(took < 15000000);
+
+    /* The next exec right after: no stragglers in its way. */
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *t[] = {"/bin/sh", "-c", "echo next", NULL};
+    t0 = now_us();
+    assert_int_equal(run(a, t, NULL, &r, &err), 0);
+    took = now_us() - t0;
+    assert_out(&r, "next\n");
+    dsec_exec_result_release(&r);
+    assert_true(took < 3000000);
+}
+
+/* The main process exits while a setsid'd grandchild (holding the output pipe) and a
+ * setsid'd, double-forked one run on: the exec returns at once and both keep running (users
+ * start servers so until `exec -d`). The shepherd they were left under serves no other
+ * command: a command that times out next (and so has its tree killed) leaves them alone.
+ * Then the test kills them itself. */
+static void tree_main_exits(dsec_agent *a)
+{
+    new_mark();
+    struct opts o = {.env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *argv[] = {"/bin/sh", "-c",
+                          "setsid sleep 300 & (setsid sleep 300 &); sleep 0.2; echo done; exit 3",
+                          NULL};
+    uint64_t t0 = now_us();
+    assert_int_equal(run(a, argv, &o, &r, &err), 0);
+    uint64_t took = now_us() - t0;
+    int alive = count_marked(true, false);
+    assert_int_equal(r.exit_code, 3);
+    assert_false(r.timed_out);
+    assert_out(&r, "done\n");
+    assert_true(r.duration_us >= 200000 && r.duration_us < 5000000);
+    dsec_exec_result_release(&r);
+    assert_true(took < 5000000); /* not the sleeps' 300 s (room for a loaded machine) */
+
+    /* A doomed command next, on the shepherd last made idle if the one above were kept. */
+    const char *doomed[] = {"/bin/sleep", "300", NULL};
+    struct opts od = {.timeout_ms = 200};
+    assert_int_equal(run(a, doomed, &od, &r, &err), 0);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    int still = count_marked(true, false);
+    int left = marked_left(); /* kills them */
+    fprintf(stderr, "tree_main_exits: %d background sleeps after the exec, %d after a timeout\n",
+            alive, still);
+    assert_int_equal(alive, 2);
+    assert_int_equal(still, 2);
+    assert_true(left >= 2);
+}
+
+/* Workers that keep forking setsid'd, double-forked shells while the timeout's kill runs:
+ * the kill must catch up with them. Bounded (150 forks a worker) in case it does not. */
+static void tree_fork_race(dsec_agent *a)
+{
+    new_mark();
+    struct opts o = {.timeout_ms = 700, .env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    dsec_err err = {0};
+    const char *argv[] = {"/bin/sh", "-c",
+                          "w() { i=0; while [ $i -lt 150 ]; do (setsid sh -c 'sleep 300' &);"
+                          " i=$((i+1)); done; }; w & w & w & wait; sleep 300",
+                          NULL};
+    uint64_t t0 = now_us();
+    assert_int_equal(run(a, argv, &o, &r, &err), 0);
+    uint64_t took = now_us() - t0;
+    int left = marked_left();
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(left, 0);
+    assert_true(took < 5000000);
+}
+
+static void test_tree_timeout(void **state)
+{
+    tree_timeout(conn);
+}
+
+static void test_tree_main_exits(void **state)
+{
+    tree_main_exits(conn);
+}
+
+static void test_tree_fork_race(void **state)
+{
+    tree_fork_race(conn);
+}
+
+/* Two execs at once: the end of one (and the kill of its tree at its timeout) leaves the
+ * other's processes, background ones included, alone. */
+static void test_tree_overlap(void **state)
+{
+    char flag[160], line[400];
+    snprintf(flag, sizeof flag, "%s/overlap-done", tmpdir);
+    unlink(flag);
+    snprintf(line, sizeof line,
+             "setsid sleep 300 & echo started >&2; while [ ! -e %s ]; do sleep 0.05; done;"
+             " kill -0 $! && echo bg-alive; kill $!",
+             flag);
+    int ready = 0;
+    struct job j = {.line = line, .o = {.timeout_ms = 60000, .fn = flag_output, .arg = &ready}};
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, job_run, &j), 0);
+    for (int i = 0; i < 1000 && !__atomic_load_n(&ready, __ATOMIC_ACQUIRE); i++)
+        msleep(10);
+    assert_true(ready); /* its background process runs */
+    /* Times out, and has its tree killed, while j runs. */
+    new_mark();
+    struct opts o = {.timeout_ms = 300, .env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    sh("setsid sleep 300 & (setsid sleep 300 &); sleep 300", &o, &r);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(marked_left(), 0);
+    tree_main_exits(conn); /* and one that leaves its background processes */
+    int fd = open(flag, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    pthread_join(th, NULL);
+    assert_int_equal(j.rc, 0);
+    assert_int_equal(j.r.exit_code, 0);
+    assert_out(&j.r, "bg-alive\n");
+    dsec_exec_result_release(&j.r);
+    dsec_agent_free(j.a);
+}
+
+/* Signal every live child of the agent (its idle shepherds, when nothing runs). */
+static int signal_shepherds(int sig)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name), pp, pg;
+        char st;
+        if (pid > 0 && proc_stat(pid, &st, &pp, &pg) && pp == agent_pid && st != 'Z' &&
+            kill(pid, sig) == 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Shepherds that die or stop (the sandbox's root can signal them): idle ones killed from
+ * outside are replaced, stopped ones continued; a command that kills or stops its own
+ * shepherd (its parent) still gets its answer. */
+static void test_tree_shepherd_lost(void **state)
+{
+    dsec_exec_result r;
+    sh("true", NULL, &r); /* at least one idle shepherd now */
+    dsec_exec_result_release(&r);
+    assert_true(signal_shepherds(SIGSTOP) >= 1);
+    uint64_t t0 = now_us();
+    sh("echo continued", NULL, &r);
+    assert_true(now_us() - t0 < 5000000);
+    assert_out(&r, "continued\n");
+    dsec_exec_result_release(&r);
+
+    new_mark();
+    struct opts o = {.timeout_ms = 300, .env = mark_env, .nenv = 1};
+    t0 = now_us();
+    sh("setsid sleep 300 & kill -STOP $PPID; sleep 300", &o, &r);
+    assert_true(now_us() - t0 < 5000000);
+    assert_true(r.timed_out);
+    dsec_exec_result_release(&r);
+    assert_int_equal(marked_left(), 0);
+
+    assert_true(signal_shepherds(SIGKILL) >= 1);
+    sh("echo still", NULL, &r); /* at once: the dead one may not be reaped yet */
+    assert_out(&r, "still\n");
+    dsec_exec_result_release(&r);
+
+    t0 = now_us();
+    sh("kill -9 $PPID; echo orphaned", NULL, &r);
+    assert_true(now_us() - t0 < 5000000);
+    assert_int_equal(r.exit_code, 0);
+    assert_out(&r, "orphaned\n");
+    dsec_exec_result_release(&r);
+    sh("echo after", NULL, &r);
+    assert_out(&r, "after\n");
+    dsec_exec_result_release(&r);
+}
+
+/* The same in a container's situation: the agent is PID 1 of its own pid namespace, with its
+ * own /proc. Needs CLONE_NEWPID (skipped without). */
+static pid_t start_agent_pidns(const char *sock)
+{
+    int ready[2];
+    if (pipe2(ready, O_CLOEXEC) < 0)
+        return -1;
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        close(ready[0]);
+        char ok = 0;
+        if (unshare(CLONE_NEWPID | CLONE_NEWNS) < 0 ||
+            mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+            ssize_t w = write(ready[1], &ok, 1);
+            (void)w;
+            _exit(77);
+        }
+        pid_t init = fork();
+        if (init == 0) { /* PID 1 of the new namespace */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                _exit(77);
+            ok = 1;
+            ssize_t w = write(ready[1], &ok, 1);
+            (void)w;
+            const char *argv[] = {DSEC_AGENT_PATH, "--listen",  sock,
+                                  base_env[0],     base_env[1], NULL};
+            execv(argv[0], (char *const *)argv);
+            _exit(127);
+        }
+        close(ready[1]);
+        int st = 0;
+        while (init > 0 && waitpid(init, &st, 0) < 0 && errno == EINTR)
+            ;
+        _exit(init < 0 ? 1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    }
+    close(ready[1]);
+    char ok = 0;
+    ssize_t n = pid > 0 ? read(ready[0], &ok, 1) : -1;
+    close(ready[0]);
+    if (pid > 0 && (n != 1 || !ok)) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return 0;
+    }
+    return pid;
+}
+
+static void test_tree_pidns(void **state)
+{
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/pidns.sock", tmpdir);
+    pid_t pid = start_agent_pidns(sock);
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        fprintf(stderr, "test_tree_pidns: no new pid namespace here; skipping\n");
+        skip();
+    }
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock, 5000, &err), 0);
+    dsec_exec_result r;
+    const char *me[] = {"/bin/cat", "/proc/1/comm", NULL}; /* the agent is its init */
+    assert_int_equal(run(a, me, NULL, &r, &err), 0);
+    assert_out(&r, "dsec-agent\n");
+    dsec_exec_result_release(&r);
+    tree_main_exits(a);
+    tree_timeout(a);
+    tree_fork_race(a);
+    dsec_agent_free(a);
+    kill(pid, SIGKILL); /* its PID 1 follows (PDEATHSIG), and the namespace with it */
+    waitpid(pid, NULL, 0);
 }
 
 /* ---- files ------------------------------------------------------------------------------------
@@ -1023,23 +1405,92 @@ static void test_slow_reader(void **state)
     assert_int_equal(unlink(path), 0);
 }
 
-static void test_zombies(void **state)
+/* Children of the agent that are not its shepherds (forks of the agent, named as it is). */
+static int agent_children(pid_t agent, int *zombies)
 {
-    /* The sleeper is orphaned at once and reparented to the agent (init in a sandbox, a
-     * subreaper here), which must reap it when it ends. */
-    dsec_exec_result r;
-    sh("(sleep 0.3 &); exit 0", NULL, &r);
-    assert_int_equal(r.exit_code, 0);
-    dsec_exec_result_release(&r);
-    int z, kids = count_procs(agent_pid, 0, &z);
-    assert_true(kids >= 1); /* the orphan is the agent's now */
+    DIR *d = opendir("/proc");
+    int n = 0;
+    *zombies = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        char st, path[64], comm[32] = {0};
+        pid_t pp, pg;
+        if (pid <= 0 || !proc_stat(pid, &st, &pp, &pg) || pp != agent)
+            continue;
+        if (st == 'Z') {
+            (*zombies)++;
+            n++;
+            continue;
+        }
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t l = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
+        if (fd >= 0)
+            close(fd);
+        if (l > 0 && strcmp(comm, "dsec-agent\n") != 0)
+            n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* The pid a command printed first. */
+static pid_t printed_pid(const dsec_exec_result *r)
+{
+    char line[32] = {0};
+    if (r->stdout_data)
+        memcpy(line, r->stdout_data, r->stdout_len < 31 ? r->stdout_len : 31);
+    return (pid_t)atoi(line);
+}
+
+/* Until the agent has no child but idle shepherds, live or zombie (3 s at most); zombies
+ * among them go to *z. */
+static int agent_children_settle(int *z)
+{
     int left = -1;
     for (int i = 0; i < 300 && left != 0; i++) {
-        left = count_procs(agent_pid, 0, &z);
+        left = agent_children(agent_pid, z);
         if (left)
             msleep(10);
     }
-    assert_int_equal(left, 0);
+    return left;
+}
+
+static void test_zombies(void **state)
+{
+    /* The sleeper is orphaned at once (its subshell exits), and the exec ends with it still
+     * running: it is left in the background, and its shepherd (which has it) exits, so it
+     * comes to the agent. When it ends, the agent reaps it: no zombie, and the agent's only
+     * children are idle shepherds again. */
+    dsec_exec_result r;
+    sh("(sleep 30 & echo $!); exit 0", NULL, &r);
+    assert_int_equal(r.exit_code, 0);
+    pid_t orphan = printed_pid(&r);
+    dsec_exec_result_release(&r);
+    assert_true(orphan > 1);
+    assert_int_equal(kill(orphan, 0), 0); /* left running */
+    pid_t pp = 0, pg;
+    char st;
+    for (int i = 0; i < 300 && proc_stat(orphan, &st, &pp, &pg) && pp != agent_pid; i++)
+        msleep(10); /* its shepherd exits just after the answer */
+    assert_int_equal(pp, agent_pid);
+    assert_int_equal(kill(orphan, SIGKILL), 0);
+    int z;
+    assert_int_equal(agent_children_settle(&z), 0);
+    assert_int_equal(z, 0);
+
+    /* At a timeout the orphan is killed and reaped by the command's shepherd before the
+     * answer: nothing of the command is left, neither as a process nor as a zombie. */
+    struct opts o = {.timeout_ms = 500};
+    sh("(sleep 30 & echo $!); sleep 30", &o, &r);
+    assert_true(r.timed_out);
+    orphan = printed_pid(&r);
+    dsec_exec_result_release(&r);
+    assert_true(orphan > 1);
+    assert_int_equal(kill(orphan, 0), -1);
+    assert_int_equal(agent_children_settle(&z), 0);
     assert_int_equal(z, 0);
 }
 
@@ -1076,7 +1527,10 @@ static void test_sigterm(void **state)
     struct pid_catch pc = {0};
     dsec_err err = {0};
     assert_int_equal(dsec_agent_connect(&j.a, sock, 5000, &err), 0);
-    j.line = "sleep 30 & echo $$; wait";
+    new_mark(); /* a setsid'd sleeper too: the whole tree goes */
+    j.line = "setsid sleep 300 & sleep 30 & echo $$; wait";
+    j.o.env = mark_env;
+    j.o.nenv = 1;
     j.o.fn = catch_pid;
     j.o.arg = &pc;
     pthread_t th;
@@ -1110,6 +1564,7 @@ static void test_sigterm(void **state)
             msleep(10);
     }
     assert_int_equal(left, z);
+    assert_int_equal(marked_left(), 0);
     assert_int_equal(access(sock, F_OK), -1); /* it removed its socket */
 }
 
@@ -1395,6 +1850,12 @@ int main(void)
         cmocka_unit_test(test_exec_streaming),
         cmocka_unit_test(test_concurrent),
         cmocka_unit_test(test_kill),
+        cmocka_unit_test(test_tree_main_exits),
+        cmocka_unit_test(test_tree_timeout),
+        cmocka_unit_test(test_tree_fork_race),
+        cmocka_unit_test(test_tree_overlap),
+        cmocka_unit_test(test_tree_shepherd_lost),
+        cmocka_unit_test(test_tree_pidns),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_slow_reader),

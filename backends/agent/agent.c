@@ -92,6 +92,11 @@ int dsec__agent_main(int argc, char **argv);
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define PORTS_MAX 8
 #define PORT_WAIT_MS 10000 /* how long --port-name waits for its port to appear */
+#ifdef DSEC_AGENT_FUZZ
+#define SHEP_IDLE_MAX 0 /* the harness waits for each command's shepherd to exit */
+#else
+#define SHEP_IDLE_MAX 4 /* idle shepherds kept for the next commands (see "exec cleanup") */
+#endif
 
 enum { K_LISTEN = 1, K_SIGNAL, K_CONN, K_PIPE, K_PORT };
 
@@ -117,7 +122,7 @@ struct conn {
 struct pipe_ep {
     int kind;   /* K_PIPE */
     int fd;     /* the agent's end, or -1 once closed */
-    int stream; /* 0 stdin, 1 stdout, 2 stderr */
+    int stream; /* 0 stdin, 1 stdout, 2 stderr, 3 the shepherd's report */
     bool paused;
     struct cmd *cmd;
 };
@@ -133,8 +138,14 @@ struct port {
 struct cmd {
     struct conn *conn; /* NULL once the connection is gone: output is then discarded */
     uint32_t id;
-    pid_t pid; /* also the process group id (setsid) */
+    pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once gone or idle */
+    pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
+    struct pipe_ep rep;    /* stream 3: the shepherd's report (struct shep_report) */
+    bool doomed;           /* the agent ends it (timeout, KILL, SIGTERM): its whole tree goes */
+    bool main_reaped;      /* the main process, orphaned by its shepherd, was reaped here: */
+    int main_status;       /* its status, */
+    struct rusage main_ru; /* and its usage */
     uint8_t *in;
     size_t in_len, in_off;
     uint64_t out_max;
@@ -143,6 +154,16 @@ struct cmd {
     bool exited, timed_out, dead;
     struct cmd *next, *prev;
     struct cmd *next_dead;
+};
+
+/* What a shepherd answers a command with on its socket: first the main process's pid (pid_t;
+ * a negative errno when it could not be started), then, once the command's whole tree is
+ * gone, this. */
+struct shep_report {
+    int32_t status;   /* the main process's wait status */
+    uint64_t exit_ns; /* when it exited (CLOCK_MONOTONIC) */
+    struct rusage ru; /* its resource usage, as wait4 gives it */
+    int32_t reusable; /* the shepherd waits for another command */
 };
 
 static struct {
@@ -163,6 +184,11 @@ static struct {
     struct cmd *dead_cmds;
     struct port ports[PORTS_MAX];
     size_t nports;
+    struct {
+        pid_t pid;
+        int fd;
+    } idle[SHEP_IDLE_MAX > 0 ? SHEP_IDLE_MAX : 1]; /* shepherds waiting for a command */
+    size_t nidle;
     bool terminating;
 } g = {.ep = -1,
        .listen_fd = -1,
@@ -450,12 +476,13 @@ static void cmd_unlink(struct cmd *m)
     g.dead_cmds = m;
 }
 
-/* The main process ended: collect what it wrote, report, forget the command. Processes
- * it left in the background keep running; they lose the pipes. */
-static void cmd_exited(struct cmd *m, int status, const struct rusage *ru)
+/* The main process ended (at end, CLOCK_MONOTONIC) and its shepherd reported (after killing
+ * the rest of the tree if the agent ended the command): collect what it wrote, report, forget
+ * the command. Processes left in the background lose the pipes. */
+static void cmd_exited(struct cmd *m, int status, const struct rusage *ru, uint64_t end)
 {
-    uint64_t end = now_ns();
     m->exited = true;
+    pipe_close(&m->rep);
     for (int s = 1; s <= 2; s++) {
         size_t drained = 0;
         while (m->io[s].fd >= 0 && drained < DRAIN_MAX) {
@@ -492,6 +519,84 @@ static void cmd_exited(struct cmd *m, int status, const struct rusage *ru)
     cmd_unlink(m);
 }
 
+/* The shepherd's report, written in one piece: 1 when read, 0 when not there yet, -1 when it
+ * will never come (the pipe is closed then). */
+static int read_report(struct cmd *m, struct shep_report *rp)
+{
+    if (m->rep.fd < 0)
+        return -1;
+    ssize_t n;
+    do
+        n = recv(m->rep.fd, rp, sizeof *rp, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof *rp)
+        return 1;
+    if (n < 0 && errno == EAGAIN)
+        return 0;
+    pipe_close(&m->rep);
+    return -1;
+}
+
+/* The report came: the main process is gone, and so is the rest of the tree if the command
+ * was doomed; answer now. The shepherd waits for the next command (kept idle: nothing was left
+ * under it) or exits (reaped later; what it left behind comes to us). */
+static void on_report(struct cmd *m)
+{
+    struct shep_report rp;
+    if (read_report(m, &rp) != 1)
+        return;
+    if (rp.reusable && g.nidle + 1 <= SHEP_IDLE_MAX && !g.terminating) {
+        ep_ctl(EPOLL_CTL_DEL, m->rep.fd, 0, NULL);
+        g.idle[g.nidle].pid = m->pid;
+        g.idle[g.nidle++].fd = m->rep.fd;
+        m->rep.fd = -1;
+        m->pid = 0;
+    }
+    cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
+}
+
+/* A shepherd exited (status, ru its own) before its report was seen: it may be in the pipe. */
+static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
+{
+    struct shep_report rp;
+    m->pid = 0;
+    if (read_report(m, &rp) == 1) {
+        cmd_exited(m, rp.status, &rp.ru, rp.exit_ns);
+        return;
+    }
+    /* Killed before it reported (a root command can SIGKILL its parent): the main process,
+     * if it still runs, is our child now and is reaped as one (reap); its tree is no longer
+     * told apart from other commands', so when a doomed one ends only its process group is
+     * killed. */
+    logmsg("exec %" PRIu32 ": the command's shepherd died (status %#x) before it reported", m->id,
+           (unsigned)status);
+    int st;
+    struct rusage cru;
+    if (m->main_reaped) { /* it ended before its shepherd was reaped */
+        cmd_exited(m, m->main_status, &m->main_ru, now_ns());
+        return;
+    }
+    pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
+    if (p == m->pgid) {
+        if (m->doomed)
+            kill(-m->pgid, SIGKILL);
+        cmd_exited(m, st, &cru, now_ns());
+    } else if (p != 0) {
+        cmd_exited(m, status, ru, now_ns());
+    }
+}
+
+/* Whether m's shepherd has exited (reaped or not): only then can m's main process be our child.
+ * Orphans of commands come here too, and one may have a pid the main process had. */
+static bool shepherd_dead(const struct cmd *m)
+{
+    if (m->pid == 0)
+        return true;
+    siginfo_t si = {0};
+    return waitid(P_PID, (id_t)m->pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           si.si_pid == m->pid;
+}
+
 static void reap(void)
 {
     for (;;) {
@@ -500,12 +605,35 @@ static void reap(void)
         pid_t pid = wait4(-1, &status, WNOHANG, &ru);
         if (pid <= 0)
             return;
-        /* Orphans of any command come here too (we are init or a subreaper): just reaped. */
-        for (struct cmd *m = g.cmds; m; m = m->next)
-            if (m->pid == pid && !m->exited) {
-                cmd_exited(m, status, &ru);
+        for (size_t i = 0; i < g.nidle; i++)
+            if (g.idle[i].pid == pid) { /* an idle shepherd died (killed): forget it */
+                if (g.idle[i].fd >= 0)
+                    close(g.idle[i].fd);
+                g.idle[i] = g.idle[--g.nidle];
                 break;
             }
+        /* Besides shepherds, the main process of a command whose shepherd died comes here;
+         * what commands left in the background and processes of the sandbox that were not ours
+         * (we are init or a subreaper) are just reaped. So is a shepherd whose report was
+         * answered already. */
+        for (struct cmd *m = g.cmds; m; m = m->next) {
+            if (m->pid == pid && !m->exited) {
+                shepherd_gone(m, status, &ru);
+                break;
+            }
+            if (m->pgid == pid && !m->exited && shepherd_dead(m)) { /* the main is ours */
+                if (m->doomed) /* what is left of its group: the group outlives its leader */
+                    kill(-pid, SIGKILL);
+                if (m->pid == 0) {
+                    cmd_exited(m, status, &ru, now_ns());
+                } else { /* the shepherd is reaped after it (shepherd_gone) */
+                    m->main_reaped = true;
+                    m->main_status = status;
+                    m->main_ru = ru;
+                }
+                break;
+            }
+        }
     }
 }
 
@@ -514,6 +642,10 @@ static void on_pipe(struct pipe_ep *e, uint32_t events)
     struct cmd *m = e->cmd;
     if (m->dead || e->fd < 0)
         return;
+    if (e->stream == 3) {
+        on_report(m);
+        return;
+    }
     if (e->stream == 0) {
         while (m->in_off < m->in_len) {
             ssize_t n = write(e->fd, m->in + m->in_off, m->in_len - m->in_off);
@@ -720,6 +852,8 @@ struct spawn {
     size_t scratch_len;
     char *msg; /* the failure message written to stderr */
     size_t msg_len;
+    int pid_fd; /* the child writes its pid here (pid_t) before anything of the command runs;
+                 * -1: the shepherd does once the child exec'd */
 };
 
 static void __attribute__((noreturn))
@@ -747,6 +881,11 @@ static void child_run(const struct spawn *s)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
+    /* Before the command can do anything (such as kill its shepherd): the agent learns the
+     * pid even then. The descriptor is close-on-exec. */
+    pid_t self = (pid_t)syscall(SYS_getpid);
+    if (s->pid_fd >= 0 && write(s->pid_fd, &self, sizeof self) != (ssize_t)sizeof self)
+        _exit(127);
     for (int i = 0; i < 3; i++)
         if (dup2(s->fds[i], i) < 0)
             child_fail(s, "cannot set up descriptor for", s->argv[0], errno);
@@ -803,16 +942,565 @@ static char spawn_msg[DSEC__AGENT_ARG_LEN_MAX + 256];
 static void fuzz_check_spawn(const struct spawn *s);
 #endif
 
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
 /* vfork in a function of its own: the caller's locals stay out of the child's way. */
 static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
 {
-#ifdef DSEC_AGENT_FUZZ
-    fuzz_check_spawn(s);
-#endif
     pid_t pid = vfork();
     if (pid == 0)
         child_run(s);
     return pid;
+}
+
+/* ---- exec cleanup: a shepherd under each command ------------------------------------------------
+ */
+
+/*
+ * When an exec times out, or is ended by KILL or the agent's SIGTERM, everything it started
+ * ends with it, however it forked (setsid, double forks, reparenting). When its main process
+ * exits by itself (or is killed by anyone else), what it left in the background runs on:
+ * users start servers that way (`sh -c 'server &'`, nohup) until `exec -d` gives them a
+ * place of their own. A process group does not hold a tree: any member
+ * can leave it with setsid. What holds it is ancestry, and an orphan's ancestry is kept by
+ * the nearest child subreaper above it. So each command runs under a shepherd: a fork of
+ * the agent that made itself a child subreaper, starts the command (vfork, as the agent did)
+ * and waits. Every process the command starts is a descendant of the shepherd for as long as
+ * it lives, whoever of its ancestors died; the shepherd has no child left exactly when
+ * nothing of the tree is left. The agent answers EXIT on the shepherd's report of the main
+ * process's status. Before it signals a command at the timeout, KILL or SIGTERM, the agent
+ * dooms it (a header on the shepherd's socket); when the main process of a doomed command
+ * exits, the shepherd kills the tree and reaps it, then reports. When a command that was not
+ * doomed exits, the shepherd reports at once; if something of the tree is left, it then exits,
+ * so what is left goes to the agent (PID 1 of the sandbox, or a subreaper), which only reaps it.
+ *
+ * A shepherd with nothing left under it serves the next command (never one with something
+ * left: its tree would be mixed with the next): up to SHEP_IDLE_MAX wait idle, so a fork of
+ * the agent is paid only when more commands than that run at once. The command comes over the
+ * shepherd's socket (its strings, and its stdio by SCM_RIGHTS).
+ *
+ * Why not the alternatives. kill(-1) from the agent as PID 1 of the sandbox's pid namespace
+ * would also kill the other commands running at the same time: execs overlap (several per
+ * connection, several connections or ports), and each must end only its own. A cgroup per
+ * exec needs a writable, delegated cgroup tree, which containers do not give (read-only
+ * cgroupfs, and the runtime owns the container's cgroup) and which gVisor and older guests
+ * may lack. The agent as the only subreaper (it is init in a sandbox) gets every orphan but
+ * cannot tell whose it was. A shepherd works the same in a container (agent PID 1), in a
+ * microVM (agent PID 1 of the guest, exec'd by its init) and outside any pid namespace.
+ *
+ * The kill: the descendants of the shepherd are found in /proc (PPid chains) and each gets
+ * SIGKILL, and so does each process group of the tree (a group-wide signal reaches a child
+ * forked while it is delivered, so a fork bomb inside one group cannot outrun it). Children
+ * forked before their parent died are found in the next round; rounds go on until the
+ * shepherd has no child. /proc is used only when it is the shepherd's own pid namespace's
+ * (/proc/self names the shepherd): numbers from another namespace's /proc would be other
+ * processes. Without it, only the main process's group is killed and the shepherd reports
+ * after TREE_KILL_MS and then waits for the rest on its own.
+ *
+ * A command that is root in the sandbox can SIGKILL its shepherd (its parent); its processes
+ * then go to the agent, which kills the main process's group and otherwise only reaps them.
+ */
+
+#define TREE_KILL_MS 5000 /* report after this even if something of the tree is not gone */
+
+struct proc_ent {
+    pid_t pid, ppid, pgid;
+    bool in; /* a descendant of the shepherd */
+};
+
+static int proc_ent_cmp(const void *a, const void *b)
+{
+    pid_t x = ((const struct proc_ent *)a)->pid, y = ((const struct proc_ent *)b)->pid;
+    return x < y ? -1 : x > y;
+}
+
+static struct proc_ent *proc_find(struct proc_ent *v, size_t n, pid_t pid)
+{
+    struct proc_ent key = {.pid = pid};
+    return bsearch(&key, v, n, sizeof *v, proc_ent_cmp);
+}
+
+/* Whether this /proc is our pid namespace's, so its numbers are pids we can signal. */
+static bool proc_is_ours(void)
+{
+    char buf[32];
+    ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    return strtol(buf, NULL, 10) == (long)getpid();
+}
+
+/* One round: SIGKILL every descendant of this process (the shepherd) and their groups.
+ * main_pgid: the main process's group, which outlives its leader while members remain. */
+static void kill_descendants(pid_t main_pgid)
+{
+    static struct proc_ent *v;
+    static size_t cap;
+    size_t n = 0;
+    pid_t self = getpid(), own_pgid = getpgrp();
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end, path[64], buf[512];
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue; /* gone meanwhile */
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r <= 0)
+            continue;
+        buf[r] = 0;
+        const char *rp = strrchr(buf, ')'); /* the name may hold anything, ')' included */
+        char state;
+        int ppid, pgid;
+        if (rp == NULL || sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgid) != 3)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            v = xrealloc(v, cap * sizeof *v);
+        }
+        v[n++] = (struct proc_ent){.pid = (pid_t)pid, .ppid = ppid, .pgid = pgid};
+    }
+    closedir(d);
+    qsort(v, n, sizeof *v, proc_ent_cmp);
+    for (bool more = true; more;) { /* as many passes as the tree is deep */
+        more = false;
+        for (size_t i = 0; i < n; i++) {
+            if (v[i].in)
+                continue;
+            struct proc_ent *p = v[i].ppid == self ? NULL : proc_find(v, n, v[i].ppid);
+            if (v[i].ppid == self || (p && p->in))
+                v[i].in = more = true;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].in)
+            continue;
+        kill(v[i].pid, SIGKILL);
+        /* A group of the tree: the main process's, or one a descendant leads. Groups live
+         * within a session, and every session here was made by the tree. */
+        pid_t pg = v[i].pgid;
+        struct proc_ent *leader = proc_find(v, n, pg);
+        if (pg > 1 && pg != own_pgid && pg != self && (pg == main_pgid || (leader && leader->in)))
+            kill(-pg, SIGKILL);
+    }
+}
+
+/* In the shepherd: reap what of the tree has ended; whether nothing of it is left (a child
+ * subreaper with no child has no descendant). */
+static bool tree_gone(void)
+{
+    pid_t p;
+    do
+        p = waitpid(-1, NULL, WNOHANG);
+    while (p > 0 || (p < 0 && errno == EINTR));
+    return p < 0; /* ECHILD */
+}
+
+/* Kill and reap everything this process (the shepherd) has below it. Returns true when
+ * nothing is left, false when something still is after until_ns (0: no limit). */
+static bool tree_kill(pid_t main_pgid, uint64_t until_ns)
+{
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int use_proc = -1; /* not known yet: most commands leave nothing, and then /proc is not read */
+    for (;;) {
+        if (tree_gone())
+            return true;
+        if (until_ns && now_ns() >= until_ns)
+            return false;
+        if (use_proc < 0)
+            use_proc = proc_is_ours();
+        if (use_proc)
+            kill_descendants(main_pgid);
+        else
+            kill(-main_pgid, SIGKILL);
+        /* SIGCHLD is blocked: wait for one, or 10 ms, then look again */
+        struct timespec ts = {0, 10000000};
+        sigtimedwait(&chld, NULL, &ts);
+    }
+}
+
+/* Close every descriptor from 3 up except those in keep (sorted, each >= 3). */
+static void close_others(const int *keep, size_t n)
+{
+    unsigned from = 3;
+    for (size_t i = 0; i <= n; i++) {
+        unsigned to = i < n ? (unsigned)keep[i] : ~0u;
+        if (to > from && syscall(SYS_close_range, from, to - 1, 0u) < 0) {
+            /* no close_range (before Linux 5.9): the descriptors that are open */
+            DIR *d = opendir("/proc/self/fd");
+            int dfd = d ? dirfd(d) : -1;
+            struct dirent *de;
+            while (d && (de = readdir(d)) != NULL) {
+                int fd = atoi(de->d_name);
+                if (de->d_name[0] != '.' && fd != dfd && (unsigned)fd >= from && (unsigned)fd < to)
+                    close(fd);
+            }
+            if (d)
+                closedir(d);
+        }
+        if (i < n)
+            from = (unsigned)keep[i] + 1;
+    }
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1; /* the other side is gone */
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            errno = EPIPE;
+        if (r <= 0)
+            return -1;
+        p = (char *)p + r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A command for a shepherd: this header, carrying the command's stdin, stdout and stderr
+ * (SCM_RIGHTS), then len bytes: the struct ident, then NUL-terminated argv (argc strings),
+ * envp (nenv), PATH and, when has_cwd, the directory. A header alone, all zero, is no
+ * command: it dooms the running one (shep_doom); an idle shepherd skips it (it came late). */
+struct shep_req {
+    uint32_t len, argc, nenv, has_cwd;
+};
+
+/* Send s to the shepherd on fd (blocking); 0, or -1 with errno set. */
+static int shep_send(int fd, const struct spawn *s)
+{
+    size_t argc = 0, nenv = 0, len = sizeof *s->id + strlen(s->path_env) + 1;
+    for (; s->argv[argc]; argc++)
+        len += strlen(s->argv[argc]) + 1;
+    for (; s->envp[nenv]; nenv++)
+        len += strlen(s->envp[nenv]) + 1;
+    if (s->cwd)
+        len += strlen(s->cwd) + 1;
+    char *buf = malloc(len), *p = buf;
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    memcpy(p, s->id, sizeof *s->id);
+    p += sizeof *s->id;
+    for (size_t i = 0; i < argc; i++)
+        p = stpcpy(p, s->argv[i]) + 1;
+    for (size_t i = 0; i < nenv; i++)
+        p = stpcpy(p, s->envp[i]) + 1;
+    p = stpcpy(p, s->path_env) + 1;
+    if (s->cwd)
+        stpcpy(p, s->cwd);
+    struct shep_req h = {(uint32_t)len, (uint32_t)argc, (uint32_t)nenv, s->cwd != NULL};
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
+    union {
+        char b[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    memset(&cm, 0, sizeof cm);
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+    memcpy(CMSG_DATA(c), s->fds, 3 * sizeof(int));
+    ssize_t n;
+    do
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    int rc = n == (ssize_t)sizeof h ? write_all(fd, buf, len) : -1;
+    if (rc < 0 && errno == 0)
+        errno = EPIPE;
+    free(buf);
+    return rc;
+}
+
+/* In the shepherd: the next command from the agent into s (its strings in *buf, its arrays
+ * in s->argv and s->envp, all the caller's to free). false when the agent closed the socket. */
+static bool shep_recv(int sock, struct spawn *s, char **buf)
+{
+    struct shep_req h;
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
+    union {
+        char b[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } cm;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+    ssize_t n;
+    do {
+        mh.msg_controllen = sizeof cm.b;
+        n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    } while ((n < 0 && errno == EINTR) || (n == (ssize_t)sizeof h && h.len == 0));
+    struct cmsghdr *c = n == (ssize_t)sizeof h ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int)))
+        return false;
+    memcpy(s->fds, CMSG_DATA(c), 3 * sizeof(int));
+    char *b = malloc(h.len);
+    s->argv = calloc(h.argc + 1, sizeof *s->argv);
+    s->envp = calloc(h.nenv + 1, sizeof *s->envp);
+    if (b == NULL || s->argv == NULL || s->envp == NULL || h.len < sizeof(struct ident) ||
+        read_all(sock, b, h.len) < 0 || b[h.len - 1] != 0)
+        return false; /* the shepherd exits: nothing to free */
+    *buf = b;
+    s->id = (const struct ident *)b;
+    const char *p = b + sizeof(struct ident), *end = b + h.len;
+    for (uint32_t i = 0; i < h.argc && p < end; i++, p += strlen(p) + 1)
+        s->argv[i] = (char *)p;
+    for (uint32_t i = 0; i < h.nenv && p < end; i++, p += strlen(p) + 1)
+        s->envp[i] = (char *)p;
+    s->path_env = p < end ? p : "";
+    p += p < end ? strlen(p) + 1 : 0;
+    s->cwd = h.has_cwd && p < end ? p : NULL;
+    return s->argv[0] != NULL;
+}
+
+/* In the shepherd, while a command runs: whether the agent doomed it on sock (any message
+ * then is a doom header), or is gone (sock closed). Reads what is there. */
+static bool shep_doomed(int sock)
+{
+    struct shep_req h[8];
+    bool doomed = false;
+    for (;;) {
+        ssize_t n = recv(sock, h, sizeof h, MSG_DONTWAIT);
+        if (n > 0)
+            doomed = true;
+        else if (n == 0 || (errno != EINTR && errno != EAGAIN))
+            return true; /* nothing will answer the command: it ends whole */
+        else if (errno == EAGAIN)
+            return doomed;
+    }
+}
+
+/* The shepherd (a forked agent), serving the agent on sock: for each command, start it, tell
+ * its pid, wait for its main process, report, and be ready for the next one if the command
+ * left nothing behind. When the agent ends the command (it dooms it first: timeout, KILL,
+ * SIGTERM), the rest of the tree is killed before the report. When the main process ends by
+ * itself, what it left in the background runs on (until `exec -d` gives background processes
+ * a place of their own): the shepherd reports and exits, and they go to the agent, the
+ * subreaper above, which reaps them. Holds nothing of the agent but sock. */
+static void __attribute__((noreturn)) shepherd(int sock)
+{
+    sigset_t all;
+    sigfillset(&all); /* signals for the command (KILL requests) go to its group, not here */
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    close_others(&sock, 1);
+    /* Without it (no kernel of ours lacks it), orphans go to the agent: the tree is then
+     * killed only as far as /proc still links it to the shepherd, and by process group. */
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+        dprintf(2, "dsec-agent: shepherd: PR_SET_CHILD_SUBREAPER: %s\n", strerror(errno));
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC); /* -1: look every 10 ms */
+    for (;;) {
+        struct spawn s = {.scratch = spawn_path,
+                          .scratch_len = sizeof spawn_path,
+                          .msg = spawn_msg,
+                          .msg_len = sizeof spawn_msg,
+#ifdef DSEC_AGENT_FUZZ /* the harness expects each child gone (execve fails) before KILL */
+                          .pid_fd = -1};
+#else
+                          .pid_fd = sock};
+#endif
+        char *buf = NULL;
+        if (!shep_recv(sock, &s, &buf))
+            _exit(0);
+        pid_t pid = spawn_child(&s); /* the child told the agent its pid (pid_fd) */
+        pid_t said = pid < 0 ? -errno : pid;
+        for (int i = 0; i < 3; i++) /* only the command holds its pipes now */
+            close(s.fds[i]);
+        free(buf);
+        free(s.argv);
+        free(s.envp);
+        if ((pid < 0 || s.pid_fd < 0) && write_all(sock, &said, sizeof said) < 0 && pid < 0)
+            _exit(0); /* the agent is gone; a command is still finished below */
+        if (pid < 0)
+            continue;
+        struct shep_report rp = {0};
+        bool doomed = false;
+        struct pollfd pf[2] = {{.fd = sock, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+        for (;;) {
+            int st;
+            struct rusage ru;
+            pid_t p = wait4(-1, &st, WNOHANG, &ru);
+            if (p == pid) {
+                rp.status = st;
+                rp.ru = ru;
+                break;
+            }
+            if (p > 0 || (p < 0 && errno == EINTR))
+                continue; /* an orphan of the tree: reaped */
+            if (p < 0) { /* cannot be: the main process is our child */
+                rp.status = 0x7f00;
+                break;
+            }
+            if (poll(pf, 2, sfd >= 0 ? -1 : 10) <= 0)
+                continue;
+            if (pf[0].revents && shep_doomed(sock)) {
+                doomed = true;
+                pf[0].fd = -1; /* decided; later doom headers are skipped when idle */
+            }
+            struct signalfd_siginfo si;
+            while (pf[1].revents && read(sfd, &si, sizeof si) > 0)
+                ;
+        }
+        rp.exit_ns = now_ns();
+        /* The agent dooms a command before it signals the main process: a doom that ended it
+         * is here by now. */
+        doomed = doomed || shep_doomed(sock);
+        bool clean = doomed ? tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull) : tree_gone();
+        rp.reusable = clean && SHEP_IDLE_MAX > 0;
+        int w = write_all(sock, &rp, sizeof rp);
+        if (doomed && !clean) {
+            dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
+                    (int)pid, TREE_KILL_MS);
+            tree_kill(pid, 0);
+        }
+        if (!rp.reusable || w < 0)
+            _exit(0);
+    }
+}
+
+/* Wait until the shepherd sh answers on fd. Shepherds live in the sandbox, where its root
+ * can stop them (SIGSTOP): a slow one is continued, so the agent never waits on a stopped one
+ * for long. 0, or -1 when poll failed. */
+static int shep_wait(pid_t sh, int fd)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    for (;;) {
+        int n = poll(&pf, 1, 100);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+        if (n == 0)
+            kill(sh, SIGCONT);
+    }
+}
+
+/* The agent ends m (timeout, KILL, SIGTERM): tell its shepherd to kill the whole tree when
+ * the main process exits, before signalling that process so the shepherd knows by then.
+ * Left alone, a command's background processes outlive it. Once a command: a doom header
+ * is never refused for room then. Without a shepherd (it died), only the main process's
+ * group is killed when it exits (reap, shepherd_gone). */
+static void shep_doom(struct cmd *m)
+{
+    if (m->doomed)
+        return;
+    m->doomed = true;
+    if (m->rep.fd < 0)
+        return;
+    struct shep_req h = {0};
+    ssize_t n;
+    do
+        n = send(m->rep.fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof h)
+        logmsg("exec %" PRIu32 ": cannot tell its shepherd to end its tree: %s", m->id,
+               n < 0 ? strerror(errno) : "short write");
+}
+
+/* Start s under a shepherd: an idle one, or a new fork of the agent. Returns the shepherd's
+ * pid and sets *main_pid and *sock (the shepherd's socket, the caller's now); -1 with errno
+ * set on failure. */
+static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
+{
+#ifdef DSEC_AGENT_FUZZ
+    fuzz_check_spawn(s);
+#endif
+    for (;;) {
+        pid_t sh;
+        int fd;
+        bool fresh = g.nidle == 0;
+        if (!fresh) {
+            g.nidle--;
+            sh = g.idle[g.nidle].pid;
+            fd = g.idle[g.nidle].fd;
+        } else {
+            int sv[2];
+            if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return -1;
+            sh = fork();
+            if (sh == 0) {
+                close(sv[0]);
+                shepherd(sv[1]);
+            }
+            int e = errno;
+            close(sv[1]);
+            if (sh < 0) {
+                close(sv[0]);
+                errno = e;
+                return -1;
+            }
+            fd = sv[0];
+        }
+        /* The pid comes as soon as the command exec'd (vfork): as long as the agent's own
+         * vfork kept it before. Waiting for it also keeps a rule of the event loop: a new
+         * shepherd has closed its copies of the agent's descriptors by then, so an fd the
+         * agent closes leaves its epoll set (a copy open elsewhere would keep it there). */
+        pid_t said = 0;
+        bool sent = shep_send(fd, s) == 0;
+        if (sent && shep_wait(sh, fd) == 0 && read_all(fd, &said, sizeof said) == 0) {
+            if (said > 0) {
+                *main_pid = said;
+                *sock = fd;
+                return sh;
+            }
+            /* the command could not be started; the shepherd waits for the next one */
+            if (SHEP_IDLE_MAX > 0 && g.nidle + 1 <= SHEP_IDLE_MAX) {
+                g.idle[g.nidle].pid = sh;
+                g.idle[g.nidle++].fd = fd;
+            } else {
+                close(fd); /* it exits */
+            }
+            errno = -said;
+            return -1;
+        }
+        /* Dead (an idle shepherd killed meanwhile) or broken: never used again. Not reaped
+         * yet, so its pid is still ours to kill. */
+        int e = errno;
+        close(fd);
+        kill(sh, SIGKILL);
+        while (waitpid(sh, NULL, 0) < 0 && errno == EINTR)
+            ;
+        /* An idle one that could not take the command (it died with the command unread:
+         * ECONNRESET): the next, down to a new one. Once taken, the command may have
+         * started: it is not started twice. */
+        if (fresh || (sent && e != ECONNRESET)) {
+            errno = e ? e : EIO;
+            return -1;
+        }
+    }
 }
 
 /* "K=V" entries: replace an entry with the same key or add one. */
@@ -834,12 +1522,6 @@ static const char *env_get(char **env, size_t n, const char *key)
         if (strncmp(env[i], key, klen) == 0 && env[i][klen] == '=')
             return env[i] + klen + 1;
     return NULL;
-}
-
-static int set_nonblock(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
 static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r)
@@ -983,14 +1665,20 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r)
         .msg_len = sizeof spawn_msg,
     };
     m->start_ns = now_ns();
-    pid_t pid = spawn_child(&s);
+    pid_t main_pid = 0;
+    int rep_fd = -1;
+    pid_t pid = spawn_shepherd(&s, &main_pid, &rep_fd);
     if (pid < 0) {
-        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: vfork: %s", strerror(errno));
+        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "exec: cannot start the command: %s",
+                   strerror(errno));
         goto out;
     }
     m->conn = c;
     m->id = id;
     m->pid = pid;
+    m->pgid = main_pid;
+    m->rep = (struct pipe_ep){.kind = K_PIPE, .fd = rep_fd, .stream = 3, .cmd = m};
+    ep_ctl(EPOLL_CTL_ADD, rep_fd, EPOLLIN, &m->rep);
     m->out_max = out_max;
     m->deadline_ns = timeout_ms ? m->start_ns + timeout_ms * 1000000u : 0;
     if (timeout_ms > UINT64_MAX / 2000000u) /* effectively forever; avoid the overflow */
@@ -1057,7 +1745,10 @@ static void check_timeouts(void)
         if (m->deadline_ns && !m->exited && now >= m->deadline_ns) {
             m->timed_out = true;
             m->deadline_ns = 0;
-            kill(-m->pid, SIGKILL);
+            shep_doom(m);
+            kill(-m->pgid, SIGKILL); /* its shepherd then kills the rest of its tree */
+            if (m->pid > 0)
+                kill(m->pid, SIGCONT); /* should the sandbox's root have stopped it */
         }
 }
 
@@ -1166,6 +1857,10 @@ static void handle_setup(struct conn *c, uint32_t id, dsec__agent_rd *r)
     g.set_up = true;
     if (chdir("/") < 0) /* the new root, whatever the old cwd was */
         logmsg("setup: chdir /: %s", strerror(errno));
+    /* Idle shepherds were forked before: their cwd may be the old one. They go (and exit). */
+    for (size_t i = 0; i < g.nidle; i++)
+        close(g.idle[i].fd);
+    g.nidle = 0;
     send_ok(c, id, 0);
 }
 
@@ -1181,9 +1876,13 @@ static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
         return;
     }
     uint64_t n = 0;
-    for (struct cmd *m = g.cmds; m; m = m->next)
-        if (!m->exited && kill(-m->pid, (int)sig) == 0)
+    for (struct cmd *m = g.cmds; m; m = m->next) {
+        if (m->exited)
+            continue;
+        shep_doom(m); /* when the main process exits, its tree goes too */
+        if (kill(-m->pgid, (int)sig) == 0)
             n++;
+    }
     send_ok(c, id, n);
 }
 
@@ -1834,18 +2533,32 @@ static void free_dead(void)
     }
 }
 
-/* SIGTERM/SIGINT: every command's group dies with the agent. */
+/* SIGTERM/SIGINT: every command's tree dies with the agent. */
 static void shutdown_all(void)
 {
+    g.terminating = true; /* no shepherd is kept idle from here on */
     for (struct cmd *m = g.cmds; m; m = m->next)
-        if (!m->exited)
-            kill(-m->pid, SIGKILL);
-    /* Give the kernel a moment to finish them so they are reaped here, not left to others. */
-    uint64_t until = now_ns() + 200000000u;
-    while (g.cmds && now_ns() < until) {
+        if (!m->exited) {
+            shep_doom(m);
+            kill(-m->pgid, SIGKILL); /* and its shepherd kills the rest */
+            if (m->pid > 0)
+                kill(m->pid, SIGCONT);
+        }
+    for (size_t i = 0; i < g.nidle; i++) {
+        close(g.idle[i].fd); /* idle shepherds exit */
+        g.idle[i].fd = -1;
+    }
+    /* Give the shepherds a moment to finish the trees so they are reaped here, not left to
+     * others. */
+    uint64_t until = now_ns() + 2000000000u;
+    while ((g.cmds || g.nidle) && now_ns() < until) {
+        for (struct cmd *m = g.cmds, *next; m; m = next) {
+            next = m->next;
+            on_report(m);
+        }
         reap();
         free_dead();
-        if (g.cmds) {
+        if (g.cmds || g.nidle) {
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, NULL);
         }
