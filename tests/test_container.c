@@ -1201,11 +1201,15 @@ static void test_warm_pool(void **state)
     char p[512];
     snprintf(p, sizeof p, "%s/upper/sb/%s/upper/tmp/w", state_dir, s->id);
     assert_string_equal(slurp(p), "hi\n");
-    /* and the agent's own root is that overlay (only the agent is left in its cgroup) */
+    /* and the agent's own root is that overlay: the agent's, and its idle shepherd's (the
+     * process that ran the command, kept for the next), the only ones left in its cgroup */
     int pids[8];
-    assert_int_equal(sb_pids(s->rid, pids, 8), 1);
-    snprintf(p, sizeof p, "/proc/%d/root/tmp/w", pids[0]);
-    assert_string_equal(slurp(p), "hi\n");
+    int np = sb_pids(s->rid, pids, 8);
+    assert_true(np >= 1 && np <= 2);
+    for (int i = 0; i < np; i++) {
+        snprintf(p, sizeof p, "/proc/%d/root/tmp/w", pids[i]);
+        assert_string_equal(slurp(p), "hi\n");
+    }
     cg_file("memory", s->rid, "memory.limit_in_bytes", p, sizeof p);
     if (access(p, F_OK) != 0)
         cg_file("memory", s->rid, "memory.max", p, sizeof p);

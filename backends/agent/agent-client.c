@@ -267,8 +267,8 @@ static int roundtrip(dsec_agent *a, uint8_t *frame, size_t flen, uint8_t want,
 {
     uint64_t deadline = deadline_after(FILE_OP_TIMEOUT_MS);
     uint32_t id = dsec__agent_get_u32le(frame + 5);
-    uint8_t type;
-    uint32_t rid;
+    uint8_t type = 0;
+    uint32_t rid = 0;
     if (send_all(a, frame, flen, deadline, err) < 0 ||
         recv_frame(a, deadline, &type, &rid, payload, plen, err) < 0)
         goto broken;
@@ -751,10 +751,10 @@ int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_f
     dsec_free(frame);
     int st = rc < 0 ? EXEC_BROKEN : EXEC_MORE;
     while (st == EXEC_MORE) {
-        uint8_t type;
-        uint32_t rid;
-        const uint8_t *pl;
-        size_t pn;
+        uint8_t type = 0;
+        uint32_t rid = 0;
+        const uint8_t *pl = NULL;
+        size_t pn = 0;
         if (recv_frame(a, deadline, &type, &rid, &pl, &pn, err) < 0)
             st = EXEC_BROKEN;
         else
@@ -835,10 +835,10 @@ static void exec_ready(dsec_loop_watch *w, unsigned events, void *ud)
     /* One read per wake-up (the loop is level-triggered): other sandboxes' turn comes
      * between two reads of a chatty command. */
     int st = EXEC_MORE;
-    uint8_t type;
-    uint32_t rid;
-    const uint8_t *pl;
-    size_t pn;
+    uint8_t type = 0;
+    uint32_t rid = 0;
+    const uint8_t *pl = NULL;
+    size_t pn = 0;
     int got;
     while ((got = next_frame(a, &type, &rid, &pl, &pn, &err)) == 1) {
         if ((st = exec_frame_in(&r->x, type, rid, pl, pn, &res, &err)) != EXEC_MORE) {

@@ -805,7 +805,7 @@ static uint64_t cg_key(const char *dir, const char *file, const char *key)
 }
 
 /* pid's state letter, and whether it is pid 1 of its own pid namespace (NSpid's last field). */
-static char proc_state(long pid, bool *ns_init)
+static char proc_state(long pid, bool *ns_init, bool *has_nspid)
 {
     char p[64];
     dsec__ct_fmt(p, sizeof p, "/proc/%ld/status", pid);
@@ -816,6 +816,7 @@ static char proc_state(long pid, bool *ns_init)
     if (l != NULL)
         st = l[8];
     if (s != NULL && (l = strstr(s, "\nNSpid:")) != NULL) {
+        *has_nspid = true;
         const char *end = strchr(l + 1, '\n');
         const char *last = end != NULL ? end : l + strlen(l);
         while (last > l && (last[-1] == ' ' || last[-1] == '\t'))
@@ -840,6 +841,7 @@ void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct
     /* a fork bomb fills it up to pids.max: 1 MiB holds ~130000 pids */
     char *procs = p->cgroup ? dsec__ct_read_file(file, 1u << 20) : NULL;
     long first = 0;
+    bool has_nspid = false;
     for (char *q = procs, *end; q != NULL && *q; q = end) {
         long pid = strtol(q, &end, 10);
         if (end == q)
@@ -849,18 +851,20 @@ void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct
         p->nprocs++;
         if (first == 0)
             first = pid;
-        bool ns_init;
-        char st = p->init == 0 ? proc_state(pid, &ns_init) : 0;
+        bool ns_init = false;
+        char st = p->init == 0 ? proc_state(pid, &ns_init, &has_nspid) : 0;
         if (p->init == 0 && ns_init) {
             p->init = (pid_t)pid;
             p->state = st;
         }
     }
     dsec_free(procs);
-    if (p->init == 0 && first != 0) { /* a kernel without NSpid: the first is init */
+    /* a kernel without NSpid: the first is init. With it, no pid 1 means the init is gone,
+     * whatever else is left (an agent's shepherd dies with it a moment later). */
+    if (p->init == 0 && first != 0 && !has_nspid) {
         bool ns_init;
         p->init = (pid_t)first;
-        p->state = proc_state(first, &ns_init);
+        p->state = proc_state(first, &ns_init, &has_nspid);
     }
     if (p->cgroup) {
         p->pids = cg_u64(dir, "pids.current");
