@@ -210,6 +210,7 @@ static void exec_done(void *ud, int rc, dsec_exec_result *r, dsec_err *err)
     dsec_node *n = e->n;
     exec_finish(e, rc, r, err);
     atomic_fetch_sub(&n->execs_inflight, 1);
+    atomic_fetch_sub(&e->s->running, 1);
     dsec_deferred *d = e->d;
     exec_end_free(e);
     dsec_deferred_done(d);
@@ -325,6 +326,7 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     if (dsec_backend_exec_async(s->be) && !dsec_backend_instant(s->be) &&
         (e->d = dsec_actor_defer(n->actor, m)) != NULL) {
         e->m = dsec_deferred_msg(e->d);
+        atomic_fetch_add(&s->running, 1);
         uint64_t now = atomic_fetch_add(&n->execs_inflight, 1) + 1;
         for (uint64_t peak = atomic_load(&n->execs_peak);
              now > peak && !atomic_compare_exchange_weak(&n->execs_peak, &peak, now);)
@@ -334,7 +336,9 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     dsec_exec_result r = {0};
+    atomic_fetch_add(&s->running, 1);
     int rc = dsec_backend_exec(s->be, s->h, &req, &r, &err);
+    atomic_fetch_sub(&s->running, 1);
     exec_finish(e, rc, &r, &err);
     exec_end_free(e);
 }

@@ -37,6 +37,7 @@ struct sbx {
     char *bstate;         /* backend_state for adopt and compaction */
     uint64_t created_ns;  /* wall clock */
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
+    _Atomic uint32_t running; /* commands in flight: a sandbox running one is never idle */
     uint64_t ttl_ns, idle_ns;
     uint32_t cpu_milli, memory_mb;
     uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */

@@ -234,8 +234,9 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
                 why = REAP_SUPERSEDED;
             else if (s->ttl_ns && dsec__node_age_ns(now, s->created_ns) >= s->ttl_ns)
                 why = REAP_TTL;
-            else if (s->idle_ns && dsec__node_age_ns(now, s->last_ns) >= s->idle_ns)
-                why = REAP_IDLE;
+            else if (s->idle_ns && dsec__node_age_ns(now, s->last_ns) >= s->idle_ns &&
+                     atomic_load(&s->running) == 0)
+                why = REAP_IDLE; /* a command that runs longer than the idle time is not idle */
             if (why == REAP_NONE)
                 continue;
             s->reap = why;

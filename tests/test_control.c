@@ -1113,6 +1113,37 @@ static void busy_tenant_does_not_hold_up_another(void **state)
     }
 }
 
+/* A command that runs longer than the sandbox's idle time keeps it alive: the sandbox is
+ * busy, not idle (the reaper used to queue a destroy that ran as soon as the command
+ * ended). */
+static void long_command_is_not_idle(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t23");
+    static const char *const types[] = {"sim", NULL};
+    dsec_err err;
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t23-n", 1, 64000, 65536, 10, types, "1",
+                                                  &err),
+                     0);
+    start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t23");
+    dsec_sandbox_info sb;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &sb,
+                            &err),
+                     0);
+    static const char *const argv[] = {"sleep", "3", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 10000}, &r, &err), 0);
+    dsec_exec_reply_release(&r);
+    msleep(300); /* three reaper rounds: a destroy queued behind the command would have run */
+    dsec_sandbox_info st;
+    assert_int_equal(dsec_status(cl, sb.id, &st, &err), 0);
+    assert_string_equal(st.state, "running");
+    /* and idle after it, it goes */
+    assert_int_equal(dsec_wait_state(cl, sb.id, "gone", 5000, &err), 0);
+}
+
 static void restarted_node_readopts_its_sandboxes(void **state)
 {
     static dsec_cell_conf c;
@@ -1201,6 +1232,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(sandbox_operations, test_teardown),
         cmocka_unit_test_teardown(commands_run_at_once, test_teardown),
         cmocka_unit_test_teardown(busy_tenant_does_not_hold_up_another, test_teardown),
+        cmocka_unit_test_teardown(long_command_is_not_idle, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),
