@@ -146,11 +146,12 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
     dsec_node *n = e->n;
     struct sbx *s = e->s;
     dsec_msg *m = e->m;
+    /* A deferred command ends on the loop's thread: its request's scope, and its hop, are
+     * entered here. One run where it arrived is still inside its handler's scope, which
+     * records what it sends. */
     dsec_trace_scope sc;
     if (e->d != NULL)
         dsec_deferred_trace(e->d, &sc);
-    else
-        dsec_trace_enter(&sc, NULL, e->trace[0] ? e->trace : NULL, NULL, NULL);
     dsec_err lerr;
     if (rc < 0) {
         dsec_err_wrap(err, "exec in %s", s->id);
@@ -200,7 +201,8 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
 out:
     if (rc == 0)
         dsec_exec_result_release(r);
-    dsec_trace_leave(&sc);
+    if (e->d != NULL)
+        dsec_trace_leave(&sc);
 }
 
 /* exec_start's done: on the node's loop thread. */
