@@ -1342,8 +1342,12 @@ static int agent(const struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     if (sb->agent != NULL)
         return 0;
-    if (!dsec__ct_alive(be, sb->rid)) { /* dead: say so now, not after the connect's wait */
-        dsec_err_set(err, DSEC_E_CONN, 0, "no process in its container");
+    /* dead: say so now, not after the connect's wait. Dead is no init (pid 1 of the
+     * container), not no process: a killed init's last processes linger a moment. */
+    struct ct_agent_probe p;
+    dsec__ct_agent_probe(be, sb->rid, &p);
+    if (p.init == 0 || p.state == 'Z' || p.state == 'X') {
+        dsec_err_set(err, DSEC_E_CONN, 0, "no init in its container");
         return agent_unanswered(be, sb, err);
     }
     char sp[PATH_MAX + 16];
