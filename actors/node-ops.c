@@ -112,6 +112,117 @@ bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int
     return true;
 }
 
+/* A transfer that runs without a thread: what its answer needs, copied, since the
+ * request's decoded form belongs to the thread that decoded it (the written bytes stay in
+ * the deferred request). */
+struct xfer_end {
+    dsec_node *n;
+    struct sbx *s;
+    dsec_deferred *d;
+    char *path;
+    bool read;
+    size_t len; /* a write's */
+    bool append;
+    char *rollout_id; /* a logged write */
+    uint64_t step;
+    uint8_t hash[DSEC_SHA256_LEN];
+};
+
+static void xfer_end_free(struct xfer_end *x)
+{
+    dsec_free(x->path);
+    dsec_free(x->rollout_id);
+    dsec_free(x);
+}
+
+/* The write ended (rc) or failed: its trajectory record, then its answer. */
+static void write_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path, size_t len,
+                         bool append, const char *rollout_id, uint64_t step,
+                         const uint8_t *hash, int rc, dsec_err *err)
+{
+    if (rc < 0) {
+        dsec_err_wrap(err, "writing %s in %s", path, s->id);
+        dsec__node_reply_backend(n, m, err, "path");
+        return;
+    }
+    dsec_err lerr;
+    if (rollout_id != NULL) {
+        const char *argv[] = {DSEC_TRAJ_WRITE_ARGV0, path, append ? "append" : "replace"};
+        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        rec.rollout_id = (char *)rollout_id;
+        rec.step = step;
+        rec.req_id = (char *)"";
+        rec.sandbox_id = s->id;
+        rec.argv = (char **)argv;
+        rec.n_argv = 3;
+        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, (uint8_t *)hash};
+        if (dsec__node_traj_log(n, &rec, &lerr) < 0) {
+            dsec_wire_error(n->actor, m, &lerr);
+            return;
+        }
+    }
+    dsec_msg_file_data out = {.id = s->id, .path = path, .size = len, .eof = true};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &lerr) < 0)
+        dsec_wire_error(n->actor, m, &lerr);
+}
+
+static void read_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path, int rc,
+                        const dsec_file_data *d, dsec_err *err)
+{
+    if (rc < 0) {
+        dsec_err_wrap(err, "reading %s in %s", path, s->id);
+        dsec__node_reply_backend(n, m, err, "path");
+        return;
+    }
+    dsec_err lerr;
+    dsec_msg_file_data out = {.id = s->id, .path = path, .data = {d->data, d->len},
+                              .size = d->size, .eof = d->eof};
+    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &lerr) < 0)
+        dsec_wire_error(n->actor, m, &lerr);
+}
+
+/* A transfer's done, on the node's loop thread: answer in the request's trace scope, then
+ * let the sandbox's next operation run. */
+static void xfer_done(void *ud, int rc, dsec_file_data *data, dsec_err *err)
+{
+    struct xfer_end *x = ud;
+    dsec_msg *m = dsec_deferred_msg(x->d);
+    dsec_trace_scope sc;
+    dsec_deferred_trace(x->d, &sc);
+    if (x->read) {
+        dsec_file_data none = {0};
+        read_finish(x->n, m, x->s, x->path, rc, data != NULL ? data : &none, err);
+        if (data != NULL)
+            dsec_free(data->data);
+    } else {
+        write_finish(x->n, m, x->s, x->path, x->len, x->append, x->rollout_id, x->step, x->hash,
+                     rc, err);
+    }
+    dsec_trace_leave(&sc);
+    dsec_deferred *d = x->d;
+    xfer_end_free(x);
+    dsec_deferred_done(d);
+}
+
+/* The transfer's state when it can run without a thread (the backend has the _start ops
+ * and m could be deferred); NULL: run it here. */
+static struct xfer_end *xfer_begin(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path)
+{
+    if (!dsec_backend_files_async(s->be) || dsec_backend_instant(s->be))
+        return NULL;
+    struct xfer_end *x = dsec_calloc(1, sizeof *x);
+    if (x == NULL || (x->path = dsec_strdup(path)) == NULL ||
+        (x->d = dsec_actor_defer(n->actor, m)) == NULL) {
+        if (x != NULL)
+            dsec_free(x->path);
+        dsec_free(x);
+        return NULL;
+    }
+    x->n = n;
+    x->s = s;
+    return x;
+}
+
 static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -132,30 +243,27 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
             return;
         }
     }
-    if (dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len,
-                                (uint32_t)(w.mode ? w.mode : 0644), w.append, &err) < 0) {
-        dsec_err_wrap(&err, "writing %s in %s", w.path, s->id);
-        dsec__node_reply_backend(n, m, &err, "path");
-        return;
-    }
-    if (w.rollout_id != NULL) {
-        const char *argv[] = {DSEC_TRAJ_WRITE_ARGV0, w.path, w.append ? "append" : "replace"};
-        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
-        rec.rollout_id = (char *)w.rollout_id;
-        rec.step = w.step;
-        rec.req_id = (char *)"";
-        rec.sandbox_id = s->id;
-        rec.argv = (char **)argv;
-        rec.n_argv = 3;
-        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, hash};
-        if (dsec__node_traj_log(n, &rec, &err) < 0) {
-            dsec_wire_error(n->actor, m, &err);
+    uint32_t mode = (uint32_t)(w.mode ? w.mode : 0644);
+    struct xfer_end *x = xfer_begin(n, m, s, w.path);
+    if (x != NULL) {
+        x->len = w.data.len;
+        x->append = w.append;
+        x->step = w.step;
+        memcpy(x->hash, hash, sizeof hash);
+        if (w.rollout_id != NULL && (x->rollout_id = dsec_strdup(w.rollout_id)) == NULL) {
+            dsec_err_set(&err, DSEC_E_NOMEM, ENOMEM, "out of memory");
+            xfer_done(x, -1, NULL, &err);
             return;
         }
+        /* the written bytes stay in the deferred request until done */
+        if (dsec_backend_file_write_start(s->be, s->h, w.path, w.data.ptr, w.data.len, mode,
+                                          w.append, xfer_done, x, &err) < 0)
+            xfer_done(x, -1, NULL, &err); /* answered; the key is released after this handler */
+        return;
     }
-    dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
-    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
-        dsec_wire_error(n->actor, m, &err);
+    int rc = dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len, mode, w.append,
+                                     &err);
+    write_finish(n, m, s, w.path, w.data.len, w.append, w.rollout_id, w.step, hash, rc, &err);
 }
 
 static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -166,16 +274,17 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     /* keep the answer under the payload limit; callers page with offset */
     uint64_t max = rq.max == 0 || rq.max > (4u << 20) ? (4u << 20) : rq.max;
-    dsec_file_data d = {0};
-    if (dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err) < 0) {
-        dsec_err_wrap(&err, "reading %s in %s", rq.path, s->id);
-        dsec__node_reply_backend(n, m, &err, "path");
+    struct xfer_end *x = xfer_begin(n, m, s, rq.path);
+    if (x != NULL) {
+        x->read = true;
+        if (dsec_backend_file_read_start(s->be, s->h, rq.path, rq.offset, max, xfer_done, x,
+                                         &err) < 0)
+            xfer_done(x, -1, NULL, &err);
         return;
     }
-    dsec_msg_file_data out = {.id = s->id, .path = rq.path, .data = {d.data, d.len},
-                              .size = d.size, .eof = d.eof};
-    if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
-        dsec_wire_error(n->actor, m, &err);
+    dsec_file_data d = {0};
+    int rc = dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err);
+    read_finish(n, m, s, rq.path, rc, &d, &err);
     dsec_free(d.data);
 }
 
@@ -716,13 +825,16 @@ void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
                              dsec_msg_subject(m));
         return;
     }
-    /* Run here: what completes at once (a sim sandbox at time_scale 0), and a command on a
-     * backend that starts it without a thread (its answer comes from the node's loop).
+    /* Run here: what completes at once (a sim sandbox at time_scale 0), and a command or a
+     * file transfer on a backend that starts it without a thread (its answer comes from the
+     * node's loop).
      * Everything else takes its fair turn on the work queue. */
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, t.id);
     bool here = s != NULL && (dsec_backend_instant(s->be) ||
-                              (strcmp(t.op, "exec") == 0 && dsec_backend_exec_async(s->be)));
+                              (strcmp(t.op, "exec") == 0 && dsec_backend_exec_async(s->be)) ||
+                              ((strcmp(t.op, "write") == 0 || strcmp(t.op, "read") == 0) &&
+                               dsec_backend_files_async(s->be)));
     pthread_mutex_unlock(&n->mu);
     if (here) {
         sbx_dispatch(a, m, n);

@@ -234,6 +234,41 @@ int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path,
     return be->ops->file_read(be->self, sb, path, offset, max, out, err);
 }
 
+bool dsec_backend_files_async(const dsec_backend *be)
+{
+    return be->ops->file_write_start != NULL && be->ops->file_read_start != NULL &&
+           be->loop != NULL;
+}
+
+int dsec_backend_file_write_start(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                                  const void *data, size_t len, uint32_t mode, bool append,
+                                  dsec_file_done_fn done, void *ud, dsec_err *err)
+{
+    if (!dsec_backend_files_async(be))
+        return unsupported(be, "file writes without waiting", err);
+    if (sb == NULL)
+        return no_sandbox("file_write_start", err);
+    if (path == NULL || (data == NULL && len > 0) || done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "file_write_start: missing path, data or completion callback");
+    return be->ops->file_write_start(be->self, sb, path, data, len, mode, append, be->loop, done,
+                                     ud, err);
+}
+
+int dsec_backend_file_read_start(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                                 uint64_t offset, uint64_t max, dsec_file_done_fn done, void *ud,
+                                 dsec_err *err)
+{
+    if (!dsec_backend_files_async(be))
+        return unsupported(be, "file reads without waiting", err);
+    if (sb == NULL)
+        return no_sandbox("file_read_start", err);
+    if (path == NULL || done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "file_read_start: missing path or completion callback");
+    return be->ops->file_read_start(be->self, sb, path, offset, max, be->loop, done, ud, err);
+}
+
 int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
                            dsec_file_entry **entries, size_t *n, dsec_err *err)
 {

@@ -38,11 +38,14 @@ extern "C" {
  * operation in progress on its sandbox: the caller calls nothing else on that
  * sandbox until its done callback ran (the node holds the sandbox's key).
  *
- * The other operations (create, fork, file transfers, destroy, ...) are calls
- * that need a thread (crun, mkfs, copying): the node runs them on its fair-
- * queued work threads (backends/workq.h), never on a bus worker, so a busy
- * sandbox or tenant delays only its own turn. A backend without exec_start has
- * its exec run the same way.
+ * File transfers do the same where the backend has file_write_start and
+ * file_read_start (an agent's socket carries them, piece by piece).
+ *
+ * The other operations (create, fork, destroy, ...) are calls that need a
+ * thread (crun, mkfs, copying): the node runs them on its fair-queued work
+ * threads (backends/workq.h), never on a bus worker, so a busy sandbox or
+ * tenant delays only its own turn. A backend without exec_start (or without
+ * the file ops' _start) has its exec (or transfers) run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
  * name what failed but not the sandbox id (backends may not keep it); the
@@ -192,6 +195,11 @@ typedef struct dsec_file_data {
     bool eof;      /* offset + len reached the end */
 } dsec_file_data;
 
+/* How a transfer started with file_write_start or file_read_start ended: rc 0
+ * (a read's data in *data, owned by the callee; NULL for a write) or rc -1 and
+ * err. Called once, on the loop's thread. */
+typedef void (*dsec_file_done_fn)(void *ud, int rc, dsec_file_data *data, dsec_err *err);
+
 /* Resource use of one sandbox at the time of the call. */
 typedef struct dsec_sandbox_stats {
     uint64_t cpu_used_us;  /* CPU time consumed since creation */
@@ -268,6 +276,18 @@ typedef struct dsec_backend_ops {
     /* Read at most max bytes (0: the rest) from offset. */
     int (*file_read)(void *self, dsec_sandbox *sb, const char *path, uint64_t offset, uint64_t max,
                      dsec_file_data *out, dsec_err *err);
+    /* file_write and file_read without waiting: 0 when started (done will be
+     * called once, on loop's thread: a read's data passes to done, which frees
+     * data->data with dsec_free; NULL for a write), -1 with err when it could
+     * not start (done is never called). A write's data is borrowed until done;
+     * path only for the call. Optional, both or neither: without them the node
+     * runs transfers on a work thread. */
+    int (*file_write_start)(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                            size_t len, uint32_t mode, bool append, struct dsec_loop *loop,
+                            dsec_file_done_fn done, void *ud, dsec_err *err);
+    int (*file_read_start)(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                           uint64_t max, struct dsec_loop *loop, dsec_file_done_fn done, void *ud,
+                           dsec_err *err);
     /* List a directory (or describe one file); *entries is caller-owned,
      * freed with dsec_file_entries_free. */
     int (*file_list)(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
@@ -360,6 +380,17 @@ int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path
                             size_t len, uint32_t mode, bool append, dsec_err *err);
 int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,
                            uint64_t max, dsec_file_data *out, dsec_err *err);
+/* Whether file_write_start and file_read_start are there: transfers then need no
+ * thread while they run. */
+bool dsec_backend_files_async(const dsec_backend *be);
+/* Start a file transfer on the instance's loop; see file_write_start.
+ * DSEC_E_UNSUPPORTED without it. */
+int dsec_backend_file_write_start(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                                  const void *data, size_t len, uint32_t mode, bool append,
+                                  dsec_file_done_fn done, void *ud, dsec_err *err);
+int dsec_backend_file_read_start(dsec_backend *be, dsec_sandbox *sb, const char *path,
+                                 uint64_t offset, uint64_t max, dsec_file_done_fn done, void *ud,
+                                 dsec_err *err);
 int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
                            dsec_file_entry **entries, size_t *n, dsec_err *err);
 int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,

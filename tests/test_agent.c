@@ -30,6 +30,7 @@
 
 #include "backends/agent/agent-client.h"
 #include "backends/agent/agent-proto.h"
+#include "backends/loop.h"
 #include "backends/backend.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
@@ -1224,6 +1225,133 @@ static int raw_hello(void)
     return fd;
 }
 
+/* A transfer started on a loop, waited for here. */
+struct xfer_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_file_data data;
+    dsec_err err;
+};
+
+static void xfer_waited(void *ud, int rc, dsec_file_data *data, dsec_err *err)
+{
+    struct xfer_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (data != NULL)
+        w->data = *data;
+    if (rc < 0)
+        w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int xfer_wait(struct xfer_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cond, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return w->rc;
+}
+
+#define XFER_WAIT_INIT {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER}
+
+/* Transfers without a thread, as a node runs them: larger than one agent call (8 MiB), so in
+ * pieces; a refused one (no such file, a file as a directory) says why and leaves the
+ * connection usable; a sync call meanwhile is refused, not interleaved. */
+static void test_files_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    dsec_agent *a = NULL;
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    char f[160], missing[160], under[200];
+    snprintf(f, sizeof f, "%s/loop/big.bin", tmpdir);
+    snprintf(missing, sizeof missing, "%s/loop/missing", tmpdir);
+    snprintf(under, sizeof under, "%s/loop/big.bin/x", tmpdir);
+    size_t len = 20u << 20; /* three pieces: 8 + 8 + 4 MiB */
+    uint8_t *buf = malloc(len);
+    assert_non_null(buf);
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)(i * 2654435761u >> 13);
+
+    struct xfer_wait w = XFER_WAIT_INIT;
+    assert_int_equal(dsec_agent_file_write_start(a, loop, f, buf, len, 0640, false, xfer_waited,
+                                                 &w, &err),
+                     0);
+    dsec_file_data d;
+    assert_int_equal(dsec_agent_file_read(a, f, 0, 1, &d, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE); /* the connection is the transfer's */
+    if (xfer_wait(&w) != 0)
+        fail_msg("write on the loop: %s", w.err.msg);
+    struct stat st;
+    assert_int_equal(stat(f, &st), 0);
+    assert_int_equal((size_t)st.st_size, len);
+    assert_int_equal(st.st_mode & 0777, 0640);
+
+    /* the whole file back, in pieces */
+    struct xfer_wait r = XFER_WAIT_INIT;
+    assert_int_equal(dsec_agent_file_read_start(a, loop, f, 0, 0, xfer_waited, &r, &err), 0);
+    if (xfer_wait(&r) != 0)
+        fail_msg("read on the loop: %s", r.err.msg);
+    assert_int_equal(r.data.len, len);
+    assert_int_equal(r.data.size, len);
+    assert_true(r.data.eof);
+    assert_memory_equal(r.data.data, buf, len);
+    dsec_free(r.data.data);
+
+    /* a window across the first piece's end, not to the end of the file */
+    struct xfer_wait r2 = XFER_WAIT_INIT;
+    uint64_t off = (8u << 20) - 5, max = (8u << 20) + 10;
+    assert_int_equal(dsec_agent_file_read_start(a, loop, f, off, max, xfer_waited, &r2, &err), 0);
+    if (xfer_wait(&r2) != 0)
+        fail_msg("windowed read on the loop: %s", r2.err.msg);
+    assert_int_equal(r2.data.len, max);
+    assert_false(r2.data.eof);
+    assert_memory_equal(r2.data.data, buf + off, max);
+    dsec_free(r2.data.data);
+
+    /* refusals: said, and the connection stays in step */
+    struct xfer_wait e1 = XFER_WAIT_INIT;
+    assert_int_equal(dsec_agent_file_read_start(a, loop, missing, 0, 0, xfer_waited, &e1, &err),
+                     0);
+    assert_int_equal(xfer_wait(&e1), -1);
+    assert_int_equal(e1.err.code, DSEC_E_NOT_FOUND);
+    struct xfer_wait e2 = XFER_WAIT_INIT;
+    assert_int_equal(dsec_agent_file_write_start(a, loop, under, "x", 1, 0644, false,
+                                                 xfer_waited, &e2, &err),
+                     0);
+    assert_int_equal(xfer_wait(&e2), -1);
+    assert_int_equal(e2.err.code, DSEC_E_INVALID);
+    assert_false(dsec_agent_broken(a));
+    assert_int_equal(dsec_agent_file_read(a, f, 0, 4, &d, &err), 0);
+    assert_memory_equal(d.data, buf, 4);
+    dsec_free(d.data);
+    /* a relative path is refused before anything is sent */
+    struct xfer_wait e3 = XFER_WAIT_INIT;
+    assert_int_equal(dsec_agent_file_read_start(a, loop, "rel", 0, 0, xfer_waited, &e3, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+
+    /* an empty write makes an empty file */
+    struct xfer_wait w0 = XFER_WAIT_INIT;
+    assert_int_equal(
+        dsec_agent_file_write_start(a, loop, f, NULL, 0, 0, false, xfer_waited, &w0, &err), 0);
+    assert_int_equal(xfer_wait(&w0), 0);
+    assert_int_equal(stat(f, &st), 0);
+    assert_int_equal(st.st_size, 0);
+
+    dsec_agent_free(a);
+    dsec_loop_free(loop);
+    free(buf);
+}
+
 static void test_malformed(void **state)
 {
     uint8_t f[256], *p;
@@ -1857,6 +1985,7 @@ int main(void)
         cmocka_unit_test(test_tree_shepherd_lost),
         cmocka_unit_test(test_tree_pidns),
         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_files_on_loop),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_slow_reader),
         cmocka_unit_test(test_zombies),

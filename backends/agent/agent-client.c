@@ -768,58 +768,93 @@ int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_f
     return -1;
 }
 
-/* ---- exec without a thread: the same exchange, driven by the node's loop ---------------- */
+/* ---- calls without a thread: the same exchanges, driven by the node's loop --------------- */
 
-struct exec_run {
+/* One exchange on the loop: the request goes out as the socket takes it, then the answer's
+ * frames are read as they come and handed to frame_in until it says how the exchange ended.
+ * The agent is the exchange's until then (a->busy). */
+struct loop_run {
     dsec_agent *a;
-    struct exec_state x;
     uint8_t *frame; /* the request, until sent */
     size_t flen, sent;
-    uint64_t deadline_ns; /* the command's timeout plus grace: a wedged agent; 0: none */
+    uint64_t deadline_ns; /* when a wedged agent is given up on; 0: never */
     dsec_loop_watch *w;
-    dsec_agent_exec_done_fn done;
-    void *ud;
+    const char *what; /* "the command", "the file transfer": what a stopping node abandons */
+    /* One frame of the answer: EXEC_MORE to read on, otherwise how the exchange ended (err
+     * set for EXEC_REFUSED and EXEC_BROKEN). It may send the next request (loop_next). */
+    int (*frame_in)(struct loop_run *r, uint8_t type, uint32_t rid, const uint8_t *pl, size_t pn,
+                    dsec_err *err);
+    /* Once, at the end, with frame_in's last answer or EXEC_BROKEN; frees the run. The last
+     * frame's payload is still valid. */
+    void (*end)(struct loop_run *r, int st, dsec_err *err);
 };
 
-static void exec_run_end(struct exec_run *r, int st, dsec_exec_result *res, dsec_err *err)
+static void loop_run_end(struct loop_run *r, int st, dsec_err *err)
 {
     dsec_loop_del(r->w);
+    r->w = NULL;
     if (st == EXEC_BROKEN)
         mark_broken(r->a);
     r->a->busy = false;
-    exec_state_release(&r->x);
     dsec_free(r->frame);
-    dsec_agent_exec_done_fn done = r->done;
-    void *ud = r->ud;
-    dsec_free(r);
-    done(ud, st == EXEC_EXITED ? 0 : -1, st == EXEC_EXITED ? res : NULL, err);
+    r->frame = NULL;
+    r->end(r, st, err);
 }
 
-/* The request goes out as the socket takes it; then frames are read as they come. */
-static void exec_ready(dsec_loop_watch *w, unsigned events, void *ud)
+/* The frames the buffer holds: 1 when the exchange ended (end called). */
+static int loop_frames(struct loop_run *r)
+{
+    dsec_err err;
+    uint8_t type = 0;
+    uint32_t rid = 0;
+    const uint8_t *pl = NULL;
+    size_t pn = 0;
+    int got, st;
+    while ((got = next_frame(r->a, &type, &rid, &pl, &pn, &err)) == 1)
+        if ((st = r->frame_in(r, type, rid, pl, pn, &err)) != EXEC_MORE) {
+            loop_run_end(r, st, &err);
+            return 1;
+        }
+    if (got < 0) {
+        loop_run_end(r, EXEC_BROKEN, &err);
+        return 1;
+    }
+    return 0;
+}
+
+/* Send a further request of the same exchange (the next piece of a file): frame is taken. */
+static void loop_next(struct loop_run *r, uint8_t *frame, size_t flen)
+{
+    dsec_free(r->frame);
+    r->frame = frame;
+    r->flen = flen;
+    r->sent = 0;
+    dsec_loop_set(r->w, DSEC_LOOP_IN | DSEC_LOOP_OUT, r->deadline_ns);
+}
+
+static void loop_ready(dsec_loop_watch *w, unsigned events, void *ud)
 {
     (void)w;
-    struct exec_run *r = ud;
+    struct loop_run *r = ud;
     dsec_agent *a = r->a;
     dsec_err err;
-    dsec_exec_result res;
     if (events & DSEC_LOOP_CANCEL) {
         dsec_err_set(&err, DSEC_E_CLOSED, 0,
-                     "the node manager stopped waiting for the command (it may still run in the "
-                     "sandbox)");
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+                     "the node manager stopped waiting for %s (it may still run in the sandbox)",
+                     r->what);
+        loop_run_end(r, EXEC_BROKEN, &err);
         return;
     }
     if (events & DSEC_LOOP_TIMER) {
         dsec_err_set(&err, DSEC_E_TIMEOUT, 0, "no answer from the agent in time");
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        loop_run_end(r, EXEC_BROKEN, &err);
         return;
     }
-    if (r->sent < r->flen) {
+    if (r->frame != NULL && r->sent < r->flen) {
         ssize_t n = send(a->fd, r->frame + r->sent, r->flen - r->sent, MSG_NOSIGNAL);
         if (n < 0 && errno != EAGAIN && errno != EINTR) {
             dsec_err_set(&err, DSEC_E_CLOSED, errno, "sending to the agent: %s", strerror(errno));
-            exec_run_end(r, EXEC_BROKEN, NULL, &err);
+            loop_run_end(r, EXEC_BROKEN, &err);
             return;
         }
         if (n > 0)
@@ -834,46 +869,67 @@ static void exec_ready(dsec_loop_watch *w, unsigned events, void *ud)
     }
     /* One read per wake-up (the loop is level-triggered): other sandboxes' turn comes
      * between two reads of a chatty command. */
-    int st = EXEC_MORE;
-    uint8_t type = 0;
-    uint32_t rid = 0;
-    const uint8_t *pl = NULL;
-    size_t pn = 0;
-    int got;
-    while ((got = next_frame(a, &type, &rid, &pl, &pn, &err)) == 1) {
-        if ((st = exec_frame_in(&r->x, type, rid, pl, pn, &res, &err)) != EXEC_MORE) {
-            exec_run_end(r, st, &res, &err);
-            return;
-        }
-    }
-    if (got < 0) {
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
-        return;
-    }
-    if (!(events & DSEC_LOOP_IN))
+    if (loop_frames(r) || !(events & DSEC_LOOP_IN))
         return;
     ssize_t n = recv(a->fd, a->buf + a->len, a->cap - a->len, 0);
     if (n == 0) {
         dsec_err_set(&err, DSEC_E_CLOSED, 0, "the agent closed the connection");
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        loop_run_end(r, EXEC_BROKEN, &err);
         return;
     }
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR)
             return;
         dsec_err_set(&err, DSEC_E_CLOSED, errno, "receiving from the agent: %s", strerror(errno));
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+        loop_run_end(r, EXEC_BROKEN, &err);
         return;
     }
     a->len += (size_t)n;
-    while ((got = next_frame(a, &type, &rid, &pl, &pn, &err)) == 1) {
-        if ((st = exec_frame_in(&r->x, type, rid, pl, pn, &res, &err)) != EXEC_MORE) {
-            exec_run_end(r, st, &res, &err);
-            return;
-        }
+    loop_frames(r);
+}
+
+/* Start r (its frame, frame_in, end and what set): -1 (end never called, frame freed) when
+ * it could not be watched. */
+static int loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
+                          dsec_err *err)
+{
+    r->a = a;
+    a->busy = true;
+    /* the first wake-up comes when the socket takes the request (at once, mostly) */
+    if (dsec_loop_add(loop, a->fd, DSEC_LOOP_OUT, r->deadline_ns, loop_ready, r, &r->w, err) <
+        0) {
+        a->busy = false;
+        dsec_free(r->frame);
+        r->frame = NULL;
+        return -1;
     }
-    if (got < 0)
-        exec_run_end(r, EXEC_BROKEN, NULL, &err);
+    return 0;
+}
+
+struct exec_run {
+    struct loop_run run; /* first: the run is the exec */
+    struct exec_state x;
+    dsec_exec_result res;
+    dsec_agent_exec_done_fn done;
+    void *ud;
+};
+
+static int exec_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const uint8_t *pl,
+                          size_t pn, dsec_err *err)
+{
+    struct exec_run *r = (struct exec_run *)lr;
+    return exec_frame_in(&r->x, type, rid, pl, pn, &r->res, err);
+}
+
+static void exec_run_end(struct loop_run *lr, int st, dsec_err *err)
+{
+    struct exec_run *r = (struct exec_run *)lr;
+    exec_state_release(&r->x);
+    dsec_agent_exec_done_fn done = r->done;
+    void *ud = r->ud;
+    dsec_exec_result res = r->res;
+    dsec_free(r);
+    done(ud, st == EXEC_EXITED ? 0 : -1, st == EXEC_EXITED ? &res : NULL, err);
 }
 
 int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec_req *req,
@@ -885,26 +941,23 @@ int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec
     struct exec_run *r = dsec_calloc(1, sizeof *r);
     if (r == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "exec: a command in flight");
-    r->a = a;
     r->x = (struct exec_state){.out_max = req && req->output_max ? req->output_max
                                                                  : DSEC_EXEC_OUTPUT_DEFAULT,
                                .on_output = on_output,
                                .arg = arg};
-    r->frame = exec_frame(a, req, r->x.out_max, &r->flen, &r->x.id, err);
-    if (r->frame == NULL) {
+    r->run.frame = exec_frame(a, req, r->x.out_max, &r->run.flen, &r->x.id, err);
+    if (r->run.frame == NULL) {
         dsec_free(r);
         return -1;
     }
-    r->deadline_ns =
+    r->run.deadline_ns =
         req->timeout_ms ? dsec_loop_now_ns() + (req->timeout_ms + EXEC_GRACE_MS) * 1000000ull : 0;
+    r->run.what = "the command";
+    r->run.frame_in = exec_run_frame;
+    r->run.end = exec_run_end;
     r->done = done;
     r->ud = ud;
-    a->busy = true;
-    /* the first wake-up comes when the socket takes the request (at once, mostly) */
-    if (dsec_loop_add(loop, a->fd, DSEC_LOOP_OUT, r->deadline_ns, exec_ready, r, &r->w, err) <
-        0) {
-        a->busy = false;
-        dsec_free(r->frame);
+    if (loop_run_start(&r->run, a, loop, err) < 0) {
         dsec_free(r);
         return -1;
     }
@@ -948,64 +1001,82 @@ static int check_path(const char *op, const char *path, dsec_err *err)
     return 0;
 }
 
-int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, size_t len,
-                          uint32_t mode, bool append, dsec_err *err)
+/* The request for one piece of a write. */
+static uint8_t *write_frame(dsec_agent *a, const char *path, const void *data, size_t len,
+                            uint32_t mode, bool append, size_t *flen, dsec_err *err)
 {
-    if (check_open(a, err) < 0 || check_path("write", path, err) < 0)
-        return -1;
-    if (len > DSEC_AGENT_FILE_MAX)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
-                            "write \"%s\": %zu bytes, at most %u per call (append the rest)", path,
-                            len, DSEC_AGENT_FILE_MAX);
-    if (len > 0 && data == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "write \"%s\": data is NULL", path);
+    if (check_path("write", path, err) < 0)
+        return NULL;
+    if (len > DSEC_AGENT_FILE_MAX) {
+        dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                     "write \"%s\": %zu bytes, at most %u per call (append the rest)", path, len,
+                     DSEC_AGENT_FILE_MAX);
+        return NULL;
+    }
+    if (len > 0 && data == NULL) {
+        dsec_err_set(err, DSEC_E_INVALID, 0, "write \"%s\": data is NULL", path);
+        return NULL;
+    }
     size_t pl = strlen(path);
     uint8_t *p;
     uint8_t *frame = new_frame(a, DSEC__AGENT_T_FWRITE, 4 + 1 + 4 + pl + 4 + len, &p, err);
     if (frame == NULL)
-        return -1;
+        return NULL;
     p = dsec__agent_put_u32(p, mode);
     p = dsec__agent_put_u8(p, append);
     p = dsec__agent_put_bytes(p, path, pl);
     p = dsec__agent_put_bytes(p, data, len);
+    *flen = (size_t)(p - frame);
+    return frame;
+}
+
+int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, size_t len,
+                          uint32_t mode, bool append, dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    size_t flen;
+    uint8_t *frame = write_frame(a, path, data, len, mode, append, &flen, err);
+    if (frame == NULL)
+        return -1;
     const uint8_t *rp;
     size_t rn;
-    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    int rc = roundtrip(a, frame, flen, DSEC__AGENT_T_OK, &rp, &rn, err);
     dsec_free(frame);
     return rc;
 }
 
-int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
-                         dsec_file_data *out, dsec_err *err)
+/* The request for one piece of a read. */
+static uint8_t *read_frame(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
+                           size_t *flen, dsec_err *err)
 {
-    if (out == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "read: out is NULL");
-    memset(out, 0, sizeof *out);
-    if (check_open(a, err) < 0 || check_path("read", path, err) < 0)
-        return -1;
+    if (check_path("read", path, err) < 0)
+        return NULL;
     size_t pl = strlen(path);
     uint8_t *p;
     uint8_t *frame = new_frame(a, DSEC__AGENT_T_FREAD, 8 + 8 + 4 + pl, &p, err);
     if (frame == NULL)
-        return -1;
+        return NULL;
     p = dsec__agent_put_u64(p, offset);
     p = dsec__agent_put_u64(p, max);
     p = dsec__agent_put_bytes(p, path, pl);
-    const uint8_t *rp;
-    size_t rn;
-    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_DATA, &rp, &rn, err);
-    dsec_free(frame);
-    if (rc < 0)
-        return -1;
+    *flen = (size_t)(p - frame);
+    return frame;
+}
+
+/* A read's DATA answer into out (its data copied). -1 with err set when it is malformed
+ * (the stream is then out of step) or memory runs out. */
+static int read_answer(const char *path, uint64_t max, const uint8_t *rp, size_t rn,
+                       dsec_file_data *out, dsec_err *err)
+{
     dsec__agent_rd r = {.p = rp, .end = rp + rn};
     uint64_t size = dsec__agent_get_u64(&r);
     bool eof = dsec__agent_get_u8(&r) != 0;
     size_t dl;
     const uint8_t *d = dsec__agent_get_bytes(&r, DSEC__AGENT_FILE_MAX, &dl);
-    if (!dsec__agent_done(&r) || (max && dl > max)) {
-        mark_broken(a);
+    if (!dsec__agent_done(&r) || (max && dl > max))
         return dsec_err_set(err, DSEC_E_DECODE, 0, "read \"%s\": malformed answer", path);
-    }
+    memset(out, 0, sizeof *out);
     if (dl > 0) {
         out->data = dsec_malloc(dl);
         if (out->data == NULL)
@@ -1018,7 +1089,192 @@ int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint6
     return 0;
 }
 
-/* Decode an ENTRIES answer into a caller-owned array. */
+int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
+                         dsec_file_data *out, dsec_err *err)
+{
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "read: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (check_open(a, err) < 0)
+        return -1;
+    size_t flen;
+    uint8_t *frame = read_frame(a, path, offset, max, &flen, err);
+    if (frame == NULL)
+        return -1;
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, flen, DSEC__AGENT_T_DATA, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc < 0)
+        return -1;
+    if (read_answer(path, max, rp, rn, out, err) < 0) {
+        if (err->code == DSEC_E_DECODE)
+            mark_broken(a);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- files without a thread: a whole transfer, piece by piece, on the loop --------------- */
+
+struct file_run {
+    struct loop_run run; /* first: the run is the transfer */
+    uint32_t id;         /* the piece in flight */
+    bool read;
+    char *path;
+    const uint8_t *data; /* a write's, borrowed until done */
+    size_t len, off;
+    uint32_t mode;
+    bool append;
+    uint64_t offset, max; /* a read's */
+    dsec_file_data out;
+    dsec_agent_file_done_fn done;
+    void *ud;
+};
+
+/* The request for the transfer's next piece; -1 with err set. */
+static int file_run_next(struct file_run *r, uint8_t **frame, size_t *flen, dsec_err *err)
+{
+    if (r->read) {
+        uint64_t want = r->max == 0 ? 0 : r->max - r->out.len;
+        *frame = read_frame(r->run.a, r->path, r->offset + r->out.len, want, flen, err);
+    } else {
+        size_t n = r->len - r->off > DSEC_AGENT_FILE_MAX ? DSEC_AGENT_FILE_MAX : r->len - r->off;
+        *frame = write_frame(r->run.a, r->path, r->data + r->off, n, r->mode,
+                             r->append || r->off > 0, flen, err);
+    }
+    if (*frame == NULL)
+        return -1;
+    r->id = dsec__agent_get_u32le(*frame + 5);
+    return 0;
+}
+
+static int file_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const uint8_t *pl,
+                          size_t pn, dsec_err *err)
+{
+    struct file_run *r = (struct file_run *)lr;
+    if (rid != r->id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " instead of %" PRIu32, rid, r->id);
+        return EXEC_BROKEN;
+    }
+    if (type == DSEC__AGENT_T_ERROR) {
+        error_frame(pl, pn, err);
+        return EXEC_REFUSED;
+    }
+    uint8_t want = r->read ? DSEC__AGENT_T_DATA : DSEC__AGENT_T_OK;
+    if (type != want) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered with frame type %u, expected %u",
+                     type, want);
+        return EXEC_BROKEN;
+    }
+    bool more;
+    if (r->read) {
+        dsec_file_data part;
+        uint64_t left = r->max == 0 ? 0 : r->max - r->out.len;
+        if (read_answer(r->path, left, pl, pn, &part, err) < 0)
+            return err->code == DSEC_E_DECODE ? EXEC_BROKEN : EXEC_REFUSED;
+        if (part.len > 0 && r->out.data != NULL) {
+            uint8_t *grown = dsec_realloc(r->out.data, r->out.len + part.len);
+            if (grown == NULL) {
+                dsec_free(part.data);
+                dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "read \"%s\": out of memory", r->path);
+                return EXEC_REFUSED;
+            }
+            memcpy(grown + r->out.len, part.data, part.len);
+            r->out.data = grown;
+            dsec_free(part.data);
+        } else if (part.len > 0) {
+            r->out.data = part.data;
+        }
+        r->out.len += part.len;
+        r->out.size = part.size;
+        r->out.eof = part.eof;
+        more = !part.eof && part.len > 0 && (r->max == 0 || r->out.len < r->max);
+    } else {
+        r->off += r->len - r->off > DSEC_AGENT_FILE_MAX ? DSEC_AGENT_FILE_MAX : r->len - r->off;
+        more = r->off < r->len;
+    }
+    if (!more)
+        return EXEC_EXITED;
+    uint8_t *frame;
+    size_t flen;
+    if (file_run_next(r, &frame, &flen, err) < 0)
+        return EXEC_REFUSED;
+    loop_next(lr, frame, flen);
+    return EXEC_MORE;
+}
+
+static void file_run_end(struct loop_run *lr, int st, dsec_err *err)
+{
+    struct file_run *r = (struct file_run *)lr;
+    dsec_agent_file_done_fn done = r->done;
+    void *ud = r->ud;
+    dsec_file_data out = r->out;
+    bool read = r->read;
+    dsec_free(r->path);
+    dsec_free(r);
+    if (st != EXEC_EXITED) {
+        dsec_free(out.data);
+        done(ud, -1, NULL, err);
+        return;
+    }
+    done(ud, 0, read ? &out : NULL, err);
+}
+
+static int file_run_start(struct file_run *r, dsec_agent *a, struct dsec_loop *loop,
+                          const char *path, dsec_err *err)
+{
+    r->run.a = a;
+    r->run.what = "the file transfer";
+    r->run.frame_in = file_run_frame;
+    r->run.end = file_run_end;
+    r->run.deadline_ns = dsec_loop_now_ns() + FILE_OP_TIMEOUT_MS * 1000000ull;
+    if (check_open(a, err) < 0)
+        goto fail;
+    if ((r->path = dsec_strdup(path)) == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "\"%s\": a file transfer in flight", path);
+        goto fail;
+    }
+    if (file_run_next(r, &r->run.frame, &r->run.flen, err) < 0 ||
+        loop_run_start(&r->run, a, loop, err) < 0)
+        goto fail;
+    return 0;
+fail:
+    dsec_free(r->path);
+    dsec_free(r);
+    return -1;
+}
+
+int dsec_agent_file_write_start(dsec_agent *a, struct dsec_loop *loop, const char *path,
+                                const void *data, size_t len, uint32_t mode, bool append,
+                                dsec_agent_file_done_fn done, void *ud, dsec_err *err)
+{
+    if (check_path("write", path, err) < 0)
+        return -1;
+    struct file_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "write \"%s\": a transfer in flight",
+                            path);
+    *r = (struct file_run){.data = data, .len = len, .mode = mode, .append = append,
+                           .done = done, .ud = ud};
+    return file_run_start(r, a, loop, path, err);
+}
+
+int dsec_agent_file_read_start(dsec_agent *a, struct dsec_loop *loop, const char *path,
+                               uint64_t offset, uint64_t max, dsec_agent_file_done_fn done,
+                               void *ud, dsec_err *err)
+{
+    if (check_path("read", path, err) < 0)
+        return -1;
+    struct file_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "read \"%s\": a transfer in flight",
+                            path);
+    *r = (struct file_run){.read = true, .offset = offset, .max = max, .done = done, .ud = ud};
+    return file_run_start(r, a, loop, path, err);
+}
+
 static int decode_entries(const uint8_t *p, size_t n, const char *path, dsec_file_entry **entries,
                           size_t *count, dsec_err *err)
 {

@@ -93,6 +93,18 @@ int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, siz
                           uint32_t mode, bool append, dsec_err *err);
 int dsec_agent_file_read(dsec_agent *a, const char *path, uint64_t offset, uint64_t max,
                          dsec_file_data *out, dsec_err *err);
+/* The same transfers without waiting: the whole of it, piece by piece, on loop's thread.
+ * done gets rc 0 (a read's data in *data, owned by done: dsec_free(data->data); NULL for a
+ * write) or rc -1 and err (dsec_agent_broken then tells whether the connection is lost),
+ * once. A write's data is borrowed until done. Until done ran, a is the transfer's. Returns
+ * -1 (done never called) when the transfer could not start. */
+typedef void (*dsec_agent_file_done_fn)(void *ud, int rc, dsec_file_data *data, dsec_err *err);
+int dsec_agent_file_write_start(dsec_agent *a, struct dsec_loop *loop, const char *path,
+                                const void *data, size_t len, uint32_t mode, bool append,
+                                dsec_agent_file_done_fn done, void *ud, dsec_err *err);
+int dsec_agent_file_read_start(dsec_agent *a, struct dsec_loop *loop, const char *path,
+                               uint64_t offset, uint64_t max, dsec_agent_file_done_fn done,
+                               void *ud, dsec_err *err);
 /* A directory's entries, or one entry describing path when it is not a directory. */
 int dsec_agent_file_list(dsec_agent *a, const char *path, dsec_file_entry **entries, size_t *n,
                          dsec_err *err);

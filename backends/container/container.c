@@ -1417,6 +1417,68 @@ static int ct_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
     return 0;
 }
 
+/* A file transfer in flight: on failure, as a command's (ct_exec_done). */
+struct ct_xfer {
+    const struct ct_backend *be;
+    dsec_sandbox *sb;
+    dsec_file_done_fn done;
+    void *ud;
+};
+
+static void ct_xfer_done(void *ud, int rc, dsec_file_data *data, dsec_err *err)
+{
+    struct ct_xfer x = *(struct ct_xfer *)ud;
+    dsec_free(ud);
+    if (rc < 0 && dsec_agent_broken(x.sb->agent))
+        agent_failed(x.be, x.sb, err);
+    x.done(x.ud, rc, data, err);
+}
+
+/* The transfer's state, and the agent's connection for it; NULL with err set. */
+static struct ct_xfer *ct_xfer_new(const struct ct_backend *be, dsec_sandbox *sb,
+                                   dsec_file_done_fn done, void *ud, dsec_err *err)
+{
+    if (agent(be, sb, err) < 0)
+        return NULL;
+    struct ct_xfer *x = dsec_malloc(sizeof *x);
+    if (x == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a file transfer in flight");
+        return NULL;
+    }
+    *x = (struct ct_xfer){.be = be, .sb = sb, .done = done, .ud = ud};
+    return x;
+}
+
+static int ct_file_write_start(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                               size_t len, uint32_t mode, bool append, struct dsec_loop *loop,
+                               dsec_file_done_fn done, void *ud, dsec_err *err)
+{
+    struct ct_xfer *x = ct_xfer_new(self, sb, done, ud, err);
+    if (x == NULL)
+        return -1;
+    if (dsec_agent_file_write_start(sb->agent, loop, path, data, len, mode, append, ct_xfer_done,
+                                    x, err) < 0) {
+        dsec_free(x);
+        return dsec_agent_broken(sb->agent) ? agent_failed(self, sb, err) : -1;
+    }
+    return 0;
+}
+
+static int ct_file_read_start(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                              uint64_t max, struct dsec_loop *loop, dsec_file_done_fn done,
+                              void *ud, dsec_err *err)
+{
+    struct ct_xfer *x = ct_xfer_new(self, sb, done, ud, err);
+    if (x == NULL)
+        return -1;
+    if (dsec_agent_file_read_start(sb->agent, loop, path, offset, max, ct_xfer_done, x, err) <
+        0) {
+        dsec_free(x);
+        return dsec_agent_broken(sb->agent) ? agent_failed(self, sb, err) : -1;
+    }
+    return 0;
+}
+
 static int ct_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
                          size_t len, uint32_t mode, bool append, dsec_err *err)
 {
@@ -2035,6 +2097,8 @@ const dsec_backend_ops dsec_container_ops = {
     .exec_start = ct_exec_start,
     .file_write = ct_file_write,
     .file_read = ct_file_read,
+    .file_write_start = ct_file_write_start,
+    .file_read_start = ct_file_read_start,
     .file_list = ct_file_list,
     .fork = ct_fork,
     .pause = ct_pause,
