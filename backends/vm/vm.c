@@ -1350,6 +1350,67 @@ static int vm_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
     return 0;
 }
 
+/* A file transfer in flight: a lost connection is dropped when it ends (the next call
+ * re-dials). Not retried on the loop: a dial may wait up to 20 s. */
+struct vm_xfer {
+    dsec_sandbox *sb;
+    dsec_file_done_fn done;
+    void *ud;
+};
+
+static void vm_xfer_done(void *ud, int rc, dsec_file_data *data, dsec_err *err)
+{
+    struct vm_xfer x = *(struct vm_xfer *)ud;
+    dsec_free(ud);
+    if (rc < 0)
+        agent_failed(x.sb, err);
+    x.done(x.ud, rc, data, err);
+}
+
+static struct vm_xfer *vm_xfer_new(struct vm_backend *be, dsec_sandbox *sb,
+                                   dsec_file_done_fn done, void *ud, dsec_err *err)
+{
+    if (agent(be, sb, err) < 0)
+        return NULL;
+    struct vm_xfer *x = dsec_malloc(sizeof *x);
+    if (x == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: a file transfer in flight", be->type);
+        return NULL;
+    }
+    *x = (struct vm_xfer){.sb = sb, .done = done, .ud = ud};
+    return x;
+}
+
+static int vm_file_write_start(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                               size_t len, uint32_t mode, bool append, struct dsec_loop *loop,
+                               dsec_file_done_fn done, void *ud, dsec_err *err)
+{
+    struct vm_xfer *x = vm_xfer_new(self, sb, done, ud, err);
+    if (x == NULL)
+        return -1;
+    if (dsec_agent_file_write_start(sb->agent, loop, path, data, len, mode, append, vm_xfer_done,
+                                    x, err) < 0) {
+        dsec_free(x);
+        return agent_failed(sb, err);
+    }
+    return 0;
+}
+
+static int vm_file_read_start(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                              uint64_t max, struct dsec_loop *loop, dsec_file_done_fn done,
+                              void *ud, dsec_err *err)
+{
+    struct vm_xfer *x = vm_xfer_new(self, sb, done, ud, err);
+    if (x == NULL)
+        return -1;
+    if (dsec_agent_file_read_start(sb->agent, loop, path, offset, max, vm_xfer_done, x, err) <
+        0) {
+        dsec_free(x);
+        return agent_failed(sb, err);
+    }
+    return 0;
+}
+
 static int vm_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
                          size_t len, uint32_t mode, bool append, dsec_err *err)
 {
@@ -2013,6 +2074,8 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .exec_start = vm_exec_start,                                                               \
         .file_write = vm_file_write,                                                               \
         .file_read = vm_file_read,                                                                 \
+        .file_write_start = vm_file_write_start,                                                   \
+        .file_read_start = vm_file_read_start,                                                     \
         .file_list = vm_file_list,                                                                 \
         .fork = vm_fork,                                                                           \
         .pause = vm_pause,                                                                         \
