@@ -244,7 +244,7 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
             memcpy(tenants[k], s->tenant, sizeof tenants[k]);
             k++;
         }
-    bool compact = dsec_journal_wants_compaction(n->journal, n->live + n->nkept);
+    bool compact = dsec_journal_wants_compaction(n->journal, n->live + n->nkept + n->ngone);
     /* Memory pressure: freeze idle pausable rollouts (their next operation
      * resumes them), a few per pass, until free memory is back over the mark. */
     size_t kfreeze = k;
