@@ -378,7 +378,7 @@ struct made {
 
 static struct {
     _Atomic uint64_t requests, answered, ok, retryable, definitive_errors;
-    _Atomic uint64_t vanished, reclaimed_after_loss, idled, gone_other; /* exec/destroy found none */
+    _Atomic uint64_t vanished, reclaimed_after_loss, idled, gone_other, unexplained_on_lost_node;
     _Atomic uint64_t undriven; /* created while the workers were too far behind to keep them */
     _Atomic uint64_t inflight_creates;
     pthread_mutex_t mu;
@@ -529,7 +529,7 @@ static void count_vanished(const struct made *mk, const char *op, const dsec_err
         why = said + 10;
     else if (why != NULL)
         why = strchr(why, ':') ? strchr(why, ':') + 2 : why;
-    if (node_was_lost(mk->id) || (why != NULL && strstr(why, "declared lost") != NULL)) {
+    if (why != NULL && strstr(why, "declared lost") != NULL) {
         atomic_fetch_add(&load.reclaimed_after_loss, 1);
     } else if (why != NULL && strncmp(why, "idle timeout", 12) == 0) {
         atomic_fetch_add(&load.idled, 1);
@@ -555,6 +555,9 @@ static void count_vanished(const struct made *mk, const char *op, const dsec_err
             u->err.msg[sizeof u->err.msg - 1] = '\0';
         }
         pthread_mutex_unlock(&unexv.mu);
+    } else if (node_was_lost(mk->id)) { /* no reason given, but its owner heard node_lost */
+        atomic_fetch_add(&load.unexplained_on_lost_node, 1);
+        lost_note(mk, op, err, "no reason, on a node declared lost", t);
     } else {
         atomic_fetch_add(&load.vanished, 1);
         lost_note(mk, op, err, "lost", t);
@@ -798,11 +801,12 @@ int main(void)
            " retry-safe errors, %" PRIu64 " other errors), lost %" PRIu64 ", orphans %" PRIu64
            ", double placements %" PRIu64 ", %" PRIu64 " faults; sandboxes gone with a reason: %" PRIu64
            " reclaimed after their node was declared lost, %" PRIu64 " reaped idle while the load fell "
-           "behind (%" PRIu64 " never driven), %" PRIu64 " for other reasons\n",
+           "behind (%" PRIu64 " never driven), %" PRIu64 " for other reasons; %" PRIu64
+           " not found without a reason on a node once declared lost\n",
            requests, answered, atomic_load(&load.ok), atomic_load(&load.retryable),
            atomic_load(&load.definitive_errors), lost, orphans, doubles, faults,
            atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled), atomic_load(&load.undriven),
-           atomic_load(&load.gone_other));
+           atomic_load(&load.gone_other), atomic_load(&load.unexplained_on_lost_node));
     pthread_mutex_lock(&lostv.mu);
     for (size_t i = 0; i < lostv.n; i++)
         printf("chaos: %8" PRIu64 "  %s\n", lostv.e[i].n, lostv.e[i].key);
