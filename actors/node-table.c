@@ -296,16 +296,18 @@ const char *dsec__node_type_name(const dsec_node *n, int idx)
 
 /* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
  * Version 2 adds the project after the state, 3 the retry after it, 4 the
- * disk quota after that; records of versions 1 to 3 are still read (their
- * sandboxes hold no disk in the node's accounting). */
+ * disk quota after that, 5 the latest attempt whose lookup it answered after
+ * that; records of versions 1 to 4 are still read (their sandboxes hold no
+ * disk in the node's accounting before 4). */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
     return snprintf(buf, len,
-                    "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
+                    "5\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu32
+                    "\x1f%s",
                     s->tenant, s->req_id, dsec__node_type_name(n, s->type_idx), (int)s->state,
                     s->cpu_milli, s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
-                    (uint32_t)s->retry, s->disk_mb, s->bstate ? s->bstate : "");
+                    (uint32_t)s->retry, s->disk_mb, s->lookup_retry, s->bstate ? s->bstate : "");
 }
 
 int dsec__node_journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -577,16 +579,22 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
     const char *project = "";
     uint32_t retry = 0;
     uint64_t disk = 0;
-    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0 || strcmp(f[0], "4") == 0)) {
+    uint32_t lookup_retry = 0;
+    int version = f[0] != NULL ? atoi(f[0]) : 0;
+    if (version >= 2 && version <= 5) {
         char *pj = field(&p);
         project = pj ? pj : "";
-        if (strcmp(f[0], "2") != 0) {
+        if (version >= 3) {
             char *rt = field(&p);
             retry = rt ? (uint32_t)strtoul(rt, NULL, 10) : 0;
         }
-        if (strcmp(f[0], "4") == 0) {
+        if (version >= 4) {
             char *dk = field(&p);
             disk = dk ? strtoull(dk, NULL, 10) : 0;
+        }
+        if (version >= 5) {
+            char *lr = field(&p);
+            lookup_retry = lr ? (uint32_t)strtoul(lr, NULL, 10) : 0;
         }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
@@ -605,6 +613,7 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         snprintf(s->project, sizeof s->project, "%s", project);
         snprintf(s->req_id, sizeof s->req_id, "%s", f[2]);
         s->retry = retry;
+        s->lookup_retry = lookup_retry;
         s->type_idx = (uint8_t)tidx;
         s->state = (uint8_t)atoi(f[4]);
         s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);

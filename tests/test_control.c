@@ -1260,6 +1260,63 @@ static void killed_node_keeps_or_explains_acknowledged(void **state)
     waitpid(pid, NULL, 0);
 }
 
+/* A node answered the lookup of attempt 2 of a create with the sandbox it made for attempt 0
+ * (the scheduler passed that answer to the client), then its node manager was killed before
+ * the notice naming it for attempt 2 came. After its restart the notice of attempt 1, placed
+ * on another node by the other scheduler replica, arrives first: the sandbox the client holds
+ * must stay (it used to be destroyed as superseded: what it answered lived in memory only). */
+static void restarted_node_keeps_what_its_lookup_answered(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t25");
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER);
+    char cfg[256], st[256];
+    snprintf(cfg, sizeof cfg, "%s/t25.yaml", root);
+    snprintf(st, sizeof st, "%s/t25-node", root);
+    write_node_config(cfg, "t25", "t25-n", st);
+    pid_t pid = spawn_dsecd(cfg);
+    wait_nodes(sched, 1, 5000);
+    dsec_client *cl = client("t25");
+    dsec_sandbox_info sb, s;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16,
+                                                   .req_id = "t25-req"},
+                            &sb, &err),
+                     0);
+    dsec_bus *bus = dsec_cell_bus(sched);
+    dsec_msg_op look = {.id = "-", .op = "lookup", .req_id = "t25-req", .tenant = "t25", .retry = 2};
+    dsec_msg *reply = NULL;
+    dsec_buf buf;
+    dsec_buf_init(&buf);
+    assert_int_equal(dsec_encode(&buf, DSEC_MSG_OP, &look, &err), 0);
+    assert_int_equal(dsec_bus_request_sync(bus, "dsec.v1.ctl.lookup.t25", &(dsec_hdr){.type = "op"},
+                                           buf.data, buf.len, 3000, &reply, &err),
+                     0); /* the node holds it: it answers */
+    dsec_msg_free(reply);
+    dsec_buf_release(&buf);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    pid = spawn_dsecd(cfg);
+    int rc = -1;
+    for (int i = 0; i < 250 && rc < 0; i++) {
+        rc = dsec_status(cl, sb.id, &s, &err);
+        if (rc < 0)
+            msleep(20);
+    }
+    assert_int_equal(rc, 0);
+    dsec_msg_superseded item = {.tenant = "t25", .req_id = "t25-req", .node = "t25-other", .retry = 1};
+    dsec_msg_superseded_list l = {.by = "test", .items = {.items = &item, .n = 1}};
+    assert_int_equal(dsec_wire_send(NULL, bus, "dsec.v1.ctl.superseded.t25", NULL,
+                                    DSEC_MSG_SUPERSEDED_LIST, &l, NULL, &err),
+                     0);
+    msleep(500); /* five reaper rounds: a superseded sandbox would be gone */
+    if (dsec_status(cl, sb.id, &s, &err) < 0)
+        fail_msg("the sandbox the lookup of attempt 2 answered with is gone: %s", err.msg);
+    assert_string_equal(s.state, "running");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
 static void silent_node_is_drained(void **state)
 {
     static dsec_cell_conf c;
@@ -1310,6 +1367,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
         cmocka_unit_test_teardown(killed_node_keeps_or_explains_acknowledged, test_teardown),
+        cmocka_unit_test_teardown(restarted_node_keeps_what_its_lookup_answered, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),
     };
     /* DSEC_TEST_FILTER=killed_node* (a cmocka pattern) runs only what matches */
