@@ -309,7 +309,8 @@ void dsec__node_on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
          * leave alone what it answered when a notice of an earlier attempt arrives first
          * (the client may hold it). */
         s->lookup_retry = op.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)op.retry;
-        if ((s->state == ST_RUNNING || s->state == ST_PAUSED) && dsec__node_journal_put(n, s, &err) < 0)
+        if ((s->state == ST_RUNNING || s->state == ST_PAUSED) &&
+            dsec__node_journal_put(n, s, &err) < 0)
             dsec_actor_count_error(n->actor);
     }
     pthread_mutex_unlock(&n->mu);

@@ -654,7 +654,8 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         fprintf(stderr, "dsec-node %s: not re-adopting %s: %s\n", n->name, id, why);
         atomic_fetch_add(&n->adopt_failed, 1);
         char reason[96];
-        snprintf(reason, sizeof reason, "not re-adopted when its node manager restarted: %.40s", why);
+        snprintf(reason, sizeof reason, "not re-adopted when its node manager restarted: %.40s",
+                 why);
         pthread_mutex_lock(&n->mu);
         dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
         gone_add_locked(n, id, s->tenant, reason, dsec_wall_ns());

@@ -1248,7 +1248,8 @@ static void killed_node_keeps_or_explains_acknowledged(void **state)
         assert_int_equal(dsec_status(cl, idle[i].id, &s, &err), -1);
         assert_int_equal(err.code, DSEC_E_NOT_FOUND);
         if (strstr(err.msg, " is gone: idle timeout") == NULL)
-            fail_msg("acknowledged %s, reaped idle before the kill, is not found without a reason: %s",
+            fail_msg("acknowledged %s, reaped idle before the kill, is not found without a "
+                     "reason: %s",
                      idle[i].id, err.msg);
     }
     /* and a sandbox destroyed at its owner's request is simply not found */
@@ -1284,7 +1285,8 @@ static void restarted_node_keeps_what_its_lookup_answered(void **state)
                             &sb, &err),
                      0);
     dsec_bus *bus = dsec_cell_bus(sched);
-    dsec_msg_op look = {.id = "-", .op = "lookup", .req_id = "t25-req", .tenant = "t25", .retry = 2};
+    dsec_msg_op look = {.id = "-", .op = "lookup", .req_id = "t25-req", .tenant = "t25",
+                        .retry = 2};
     dsec_msg *reply = NULL;
     dsec_buf buf;
     dsec_buf_init(&buf);
@@ -1304,7 +1306,8 @@ static void restarted_node_keeps_what_its_lookup_answered(void **state)
             msleep(20);
     }
     assert_int_equal(rc, 0);
-    dsec_msg_superseded item = {.tenant = "t25", .req_id = "t25-req", .node = "t25-other", .retry = 1};
+    dsec_msg_superseded item = {.tenant = "t25", .req_id = "t25-req", .node = "t25-other",
+                                .retry = 1};
     dsec_msg_superseded_list l = {.by = "test", .items = {.items = &item, .n = 1}};
     assert_int_equal(dsec_wire_send(NULL, bus, "dsec.v1.ctl.superseded.t25", NULL,
                                     DSEC_MSG_SUPERSEDED_LIST, &l, NULL, &err),
