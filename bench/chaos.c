@@ -847,8 +847,10 @@ int main(void)
     printf("{\"scenario\":\"chaos\",\"seconds\":%d,\"rate\":%d,\"requests\":%" PRIu64 ",\"answered\":%" PRIu64
            ",\"retryable_errors\":%" PRIu64 ",\"other_errors\":%" PRIu64 ",\"lost\":%" PRIu64
            ",\"orphans\":%" PRIu64 ",\"double_placements\":%" PRIu64 ",\"faults\":%" PRIu64
-           ",\"ok_per_s\":%.0f,\"baseline_ok_per_s\":%.0f}\n",
+           ",\"ok_per_s\":%.0f,\"baseline_ok_per_s\":%.0f,\"gone_idle\":%" PRIu64
+           ",\"gone_node_lost\":%" PRIu64 ",\"gone_other\":%" PRIu64 "}\n",
            seconds, rate, requests, answered, atomic_load(&load.retryable), atomic_load(&load.definitive_errors),
-           lost, orphans, doubles, faults, all_rate, base_rate);
+           lost, orphans, doubles, faults, all_rate, base_rate, atomic_load(&load.idled),
+           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.gone_other));
     return 0;
 }
