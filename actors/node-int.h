@@ -74,6 +74,24 @@ struct tomb {
 #define TOMBS_MAX 65536
 #define TOMB_TTL_NS (300ull * 1000000000ull) /* beyond any client's wait for one attempt */
 
+/* A sandbox this node destroyed or dropped on its own (idle, lifetime, its node declared
+ * lost, a retry kept elsewhere, not re-adopted): an operation on it later is told why, not
+ * only that it is not here, since the event that said so is advisory and may never have
+ * reached anyone. Its journal record replaces the sandbox's in one write, so the reason
+ * outlives a restart of the node manager. */
+struct gone {
+    struct gone *next;     /* hash chain (node lock) */
+    struct gone *next_old; /* oldest first, for expiry (node lock) */
+    uint64_t at_ns;        /* wall clock */
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char tenant[DSEC_NAME_LEN_MAX + 1];
+    char reason[96];
+};
+
+#define GONE_BUCKETS 4096
+#define GONE_MAX 65536                          /* per node: about 18 MB when full */
+#define GONE_TTL_NS (3600ull * 1000000000ull) /* an hour: beyond any client's backlog */
+
 /* A sandbox the backend could not adopt because of this node's configuration (DSEC_E_CONFIG:
  * the runtime that started it is not installed, ...) but that still exists: its record stays
  * in the journal, so a node manager started with that put right adopts it. */
@@ -153,6 +171,9 @@ struct dsec_node {
     struct tomb **tombs; /* TOMB_BUCKETS chains (node lock) */
     struct tomb *tomb_old, *tomb_new;
     size_t ntombs;
+    struct gone **gone; /* GONE_BUCKETS chains (node lock) */
+    struct gone *gone_old, *gone_new;
+    size_t ngone;
 
     _Atomic uint64_t created, destroyed, refused, adopted, adopt_failed, reaped_ttl, reaped_idle;
     _Atomic uint64_t lost_before_ns; /* reclaim what was made before: this node was declared
@@ -211,6 +232,10 @@ struct sbx *dsec__node_find_req(dsec_node *n, const char *tenant, const char *re
 struct tomb *dsec__node_find_tomb(dsec_node *n, const char *tenant, const char *req_id);
 void dsec__node_add_tomb(dsec_node *n, const char *tenant, const char *req_id, uint32_t retry,
                          uint64_t now);
+const struct gone *dsec__node_find_gone(dsec_node *n, const char *id);
+int dsec__node_gone(dsec_node *n, const struct sbx *s, const char *reason, dsec_err *err);
+int dsec__node_gone_put(dsec_node *n, const char *id, dsec_err *err);
+void dsec__node_gone_free_all(dsec_node *n);
 void dsec__node_insert(dsec_node *n, struct sbx *s);
 void dsec__node_unlink_sbx(dsec_node *n, struct sbx *s);
 void dsec__node_release_resources(dsec_node *n, uint64_t cpu, uint64_t mem, uint64_t slots,

@@ -34,14 +34,45 @@ static int parse_target(dsec_msg *m, struct target *t)
     return 0;
 }
 
-/* Look up the sandbox and check that the caller's tenant owns it. */
+/* Why the reaper destroys a sandbox (enum reap_reason), as its event and its note say. */
+static const char *reap_text(uint8_t why)
+{
+    return why == REAP_TTL    ? "max lifetime reached"
+           : why == REAP_IDLE ? "idle timeout"
+           : why == REAP_LOST ? "its node was declared lost and its owner told so"
+           : why == REAP_SUPERSEDED
+               ? "a retry of its create was kept on another node (its answer was lost)"
+               : "destroyed by request";
+}
+
+/* Look up the sandbox and check that the caller's tenant owns it. One the node destroyed on
+ * its own account is not found either, but the answer says why (its owner may never have
+ * heard the event). */
 static struct sbx *target_sbx(dsec_node *n, dsec_msg *m, const struct target *t)
 {
+    char why[128] = "";
+    uint64_t ago_s = 0;
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, t->id);
+    if (s == NULL) {
+        const struct gone *g = dsec__node_find_gone(n, t->id);
+        if (g != NULL && (g->tenant[0] == '\0' || strcmp(g->tenant, t->tenant) == 0)) {
+            snprintf(why, sizeof why, "%s", g->reason);
+            uint64_t now = dsec_wall_ns();
+            ago_s = now > g->at_ns ? (now - g->at_ns) / 1000000000ull : 0;
+        }
+    } else if (s->state == ST_STOPPING && s->reap != REAP_NONE) {
+        snprintf(why, sizeof why, "%s", reap_text(s->reap));
+    }
     pthread_mutex_unlock(&n->mu);
     if (s == NULL || s->state == ST_GONE || s->state == ST_STOPPING) {
-        dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no sandbox %s on node %s", t->id, n->name);
+        if (why[0] != '\0')
+            dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND,
+                                 "sandbox %s on node %s is gone: %s (%" PRIu64 " s ago)", t->id,
+                                 n->name, why, ago_s);
+        else
+            dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no sandbox %s on node %s", t->id,
+                                 n->name);
         return NULL;
     }
     if (strcmp(s->tenant, t->tenant) != 0) {
@@ -343,7 +374,9 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
             dsec_wire_error(n->actor, m, &err);
         return;
     }
-    if (dsec_journal_del(n->journal, s->id, &err) < 0)
+    /* Destroyed on the node's own account, the record becomes the note that says why */
+    if ((s->reap != REAP_NONE ? dsec__node_gone(n, s, reason, &err)
+                              : dsec_journal_del(n->journal, s->id, &err)) < 0)
         dsec_actor_count_error(n->actor); /* re-adopt will find no sandbox and drop the record */
     pthread_mutex_lock(&n->mu);
     dsec__node_unlink_sbx(n, s);
@@ -697,12 +730,7 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         do_status(n, m, s);
     } else if (strcmp(op.op, "destroy") == 0) {
         uint8_t why = s->reap;
-        destroy_sbx(n, m, s, why == REAP_TTL ? "max lifetime reached"
-                             : why == REAP_IDLE ? "idle timeout"
-                             : why == REAP_LOST ? "its node was declared lost and its owner told so"
-                             : why == REAP_SUPERSEDED
-                                 ? "a retry of its create was kept on another node (its answer was lost)"
-                                 : "destroyed by request");
+        destroy_sbx(n, m, s, reap_text(why));
         if (why == REAP_TTL)
             atomic_fetch_add(&n->reaped_ttl, 1);
         else if (why == REAP_IDLE)

@@ -244,7 +244,7 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
             memcpy(tenants[k], s->tenant, sizeof tenants[k]);
             k++;
         }
-    bool compact = dsec_journal_wants_compaction(n->journal, n->live + n->nkept);
+    bool compact = dsec_journal_wants_compaction(n->journal, n->live + n->nkept + n->ngone);
     /* Memory pressure: freeze idle pausable rollouts (their next operation
      * resumes them), a few per pass, until free memory is back over the mark. */
     size_t kfreeze = k;
@@ -303,9 +303,16 @@ void dsec__node_on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_req(n, op.tenant, op.req_id);
-    if (s != NULL && dsec_msg_reply(m) != NULL && op.retry > s->lookup_retry)
-        /* other holders may answer too: the scheduler's notice names the one kept */
+    if (s != NULL && dsec_msg_reply(m) != NULL && op.retry > s->lookup_retry) {
+        /* other holders may answer too: the scheduler's notice names the one kept. Journaled
+         * before the answer: a node manager restarted before that notice came must still
+         * leave alone what it answered when a notice of an earlier attempt arrives first
+         * (the client may hold it). */
         s->lookup_retry = op.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)op.retry;
+        if ((s->state == ST_RUNNING || s->state == ST_PAUSED) &&
+            dsec__node_journal_put(n, s, &err) < 0)
+            dsec_actor_count_error(n->actor);
+    }
     pthread_mutex_unlock(&n->mu);
     if (s != NULL && dsec_msg_reply(m) != NULL)
         dsec__node_send_created(n, dsec_msg_reply(m), s, true, op.req_id);

@@ -10,6 +10,8 @@
 #include "dsec/alloc.h"
 #include "dsec/names.h"
 
+static char *field(char **p);
+
 const char *const dsec__node_state_names[] = {"requested", "starting", "running", "paused",
                                               "stopping",  "gone",     "failed"};
 
@@ -82,6 +84,124 @@ void dsec__node_add_tomb(dsec_node *n, const char *tenant, const char *req_id, u
         n->tomb_old = t;
     n->tomb_new = t;
     n->ntombs++;
+}
+
+/* ---- sandboxes gone on the node's own account (node lock held unless said) ------- */
+
+const struct gone *dsec__node_find_gone(dsec_node *n, const char *id)
+{
+    for (struct gone *g = n->gone[dsec__node_hash_str(id, NULL) % GONE_BUCKETS]; g; g = g->next)
+        if (strcmp(g->id, id) == 0)
+            return g;
+    return NULL;
+}
+
+/* Forget the oldest notes past GONE_TTL_NS or GONE_MAX (node lock held). Their journal
+ * records go at the next compaction, and a restart skips them. */
+static void gone_expire_locked(dsec_node *n, uint64_t now, size_t room)
+{
+    while (n->gone_old != NULL &&
+           (n->ngone + room > GONE_MAX || n->gone_old->at_ns + GONE_TTL_NS <= now)) {
+        struct gone *o = n->gone_old;
+        for (struct gone **pp = &n->gone[dsec__node_hash_str(o->id, NULL) % GONE_BUCKETS]; *pp;
+             pp = &(*pp)->next)
+            if (*pp == o) {
+                *pp = o->next;
+                break;
+            }
+        n->gone_old = o->next_old;
+        if (n->gone_old == NULL)
+            n->gone_new = NULL;
+        n->ngone--;
+        dsec_free(o);
+    }
+}
+
+/* Remember (node lock held) that id is gone for reason since at_ns. */
+static void gone_add_locked(dsec_node *n, const char *id, const char *tenant, const char *reason,
+                            uint64_t at_ns)
+{
+    gone_expire_locked(n, dsec_wall_ns(), 1);
+    if (dsec__node_find_gone(n, id) != NULL)
+        return;
+    struct gone *g = dsec_calloc(1, sizeof *g);
+    if (g == NULL)
+        return; /* an operation on it hears "no sandbox" without the reason */
+    g->at_ns = at_ns;
+    snprintf(g->id, sizeof g->id, "%s", id);
+    snprintf(g->tenant, sizeof g->tenant, "%s", tenant);
+    snprintf(g->reason, sizeof g->reason, "%s", reason);
+    size_t b = dsec__node_hash_str(id, NULL) % GONE_BUCKETS;
+    g->next = n->gone[b];
+    n->gone[b] = g;
+    if (n->gone_new != NULL)
+        n->gone_new->next_old = g;
+    else
+        n->gone_old = g;
+    n->gone_new = g;
+    n->ngone++;
+}
+
+/* "gone", when, tenant, reason: the record of a sandbox gone on the node's own account. */
+static int gone_record(const struct gone *g, char *buf, size_t len)
+{
+    return snprintf(buf, len, "gone\x1f%" PRIu64 "\x1f%s\x1f%s", g->at_ns, g->tenant, g->reason);
+}
+
+/* The journal record of id becomes its note, or goes if it has none (node lock not held). */
+int dsec__node_gone_put(dsec_node *n, const char *id, dsec_err *err)
+{
+    char buf[512];
+    int len = -1;
+    pthread_mutex_lock(&n->mu);
+    const struct gone *g = dsec__node_find_gone(n, id);
+    if (g != NULL)
+        len = gone_record(g, buf, sizeof buf);
+    pthread_mutex_unlock(&n->mu);
+    if (len < 0)
+        return dsec_journal_del(n->journal, id, err);
+    return dsec_journal_put(n->journal, id, buf, (size_t)len, err);
+}
+
+/* s is gone for reason, not at its owner's request (the node lock not held): its journal
+ * record becomes the note that says so, in one write, and operations on it hear why. */
+int dsec__node_gone(dsec_node *n, const struct sbx *s, const char *reason, dsec_err *err)
+{
+    pthread_mutex_lock(&n->mu);
+    gone_add_locked(n, s->id, s->tenant, reason, dsec_wall_ns());
+    pthread_mutex_unlock(&n->mu);
+    return dsec__node_gone_put(n, s->id, err);
+}
+
+void dsec__node_gone_free_all(dsec_node *n)
+{
+    for (struct gone *g = n->gone_old, *ng; g; g = ng) {
+        ng = g->next_old;
+        dsec_free(g);
+    }
+    dsec_free(n->gone);
+    n->gone = NULL;
+    n->gone_old = n->gone_new = NULL;
+    n->ngone = 0;
+}
+
+/* A note replayed from the journal: kept unless it has expired. */
+static int adopt_gone(dsec_node *n, const char *id, const char *data, size_t len)
+{
+    char *copy = dsec_strndup(data, len);
+    if (copy == NULL)
+        return 0; /* the record stays; an operation hears "no sandbox" without the reason */
+    char *p = copy;
+    field(&p); /* "gone" */
+    char *at = field(&p), *tenant = field(&p);
+    uint64_t at_ns = at ? strtoull(at, NULL, 10) : 0;
+    if (tenant != NULL && p != NULL && at_ns + GONE_TTL_NS > dsec_wall_ns()) {
+        pthread_mutex_lock(&n->mu);
+        gone_add_locked(n, id, tenant, p, at_ns);
+        pthread_mutex_unlock(&n->mu);
+    }
+    dsec_free(copy);
+    return 0;
 }
 
 void dsec__node_insert(dsec_node *n, struct sbx *s)
@@ -176,16 +296,18 @@ const char *dsec__node_type_name(const dsec_node *n, int idx)
 
 /* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
  * Version 2 adds the project after the state, 3 the retry after it, 4 the
- * disk quota after that; records of versions 1 to 3 are still read (their
- * sandboxes hold no disk in the node's accounting). */
+ * disk quota after that, 5 the latest attempt whose lookup it answered after
+ * that; records of versions 1 to 4 are still read (their sandboxes hold no
+ * disk in the node's accounting before 4). */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
     return snprintf(buf, len,
-                    "4\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%s",
+                    "5\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu32
+                    "\x1f%s",
                     s->tenant, s->req_id, dsec__node_type_name(n, s->type_idx), (int)s->state,
                     s->cpu_milli, s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
-                    (uint32_t)s->retry, s->disk_mb, s->bstate ? s->bstate : "");
+                    (uint32_t)s->retry, s->disk_mb, s->lookup_retry, s->bstate ? s->bstate : "");
 }
 
 int dsec__node_journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -404,6 +526,12 @@ int dsec__node_emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, d
         if (emit(j, h->key, buf, (size_t)len, err) < 0)
             return -1;
     }
+    gone_expire_locked(n, dsec_wall_ns(), 0);
+    for (struct gone *g = n->gone_old; g; g = g->next_old) {
+        int len = gone_record(g, buf, sizeof buf);
+        if (emit(j, g->id, buf, (size_t)len, err) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -435,6 +563,8 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
     dsec_node *n = ud;
     if (strncmp(id, "hold.", 5) == 0)
         return adopt_hold(n, id, data, len, err);
+    if (len >= 5 && memcmp(data, "gone\x1f", 5) == 0)
+        return adopt_gone(n, id, data, len);
     char *copy = dsec_strndup(data, len);
     struct sbx *s = dsec_calloc(1, sizeof *s);
     if (copy == NULL || s == NULL) {
@@ -449,16 +579,22 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
     const char *project = "";
     uint32_t retry = 0;
     uint64_t disk = 0;
-    if (f[0] != NULL && (strcmp(f[0], "2") == 0 || strcmp(f[0], "3") == 0 || strcmp(f[0], "4") == 0)) {
+    uint32_t lookup_retry = 0;
+    int version = f[0] != NULL ? atoi(f[0]) : 0;
+    if (version >= 2 && version <= 5) {
         char *pj = field(&p);
         project = pj ? pj : "";
-        if (strcmp(f[0], "2") != 0) {
+        if (version >= 3) {
             char *rt = field(&p);
             retry = rt ? (uint32_t)strtoul(rt, NULL, 10) : 0;
         }
-        if (strcmp(f[0], "4") == 0) {
+        if (version >= 4) {
             char *dk = field(&p);
             disk = dk ? strtoull(dk, NULL, 10) : 0;
+        }
+        if (version >= 5) {
+            char *lr = field(&p);
+            lookup_retry = lr ? (uint32_t)strtoul(lr, NULL, 10) : 0;
         }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
@@ -477,6 +613,7 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         snprintf(s->project, sizeof s->project, "%s", project);
         snprintf(s->req_id, sizeof s->req_id, "%s", f[2]);
         s->retry = retry;
+        s->lookup_retry = lookup_retry;
         s->type_idx = (uint8_t)tidx;
         s->state = (uint8_t)atoi(f[4]);
         s->cpu_milli = (uint32_t)strtoul(f[5], NULL, 10);
@@ -513,13 +650,17 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         return 0;
     }
     if (why != NULL) {
-        /* Gone while we were away (or unusable): drop the record and say so. */
+        /* Gone while we were away (or unusable): its record becomes a note, and it is said. */
         fprintf(stderr, "dsec-node %s: not re-adopting %s: %s\n", n->name, id, why);
         atomic_fetch_add(&n->adopt_failed, 1);
+        char reason[96];
+        snprintf(reason, sizeof reason, "not re-adopted when its node manager restarted: %.40s",
+                 why);
         pthread_mutex_lock(&n->mu);
         dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
+        gone_add_locked(n, id, s->tenant, reason, dsec_wall_ns());
         pthread_mutex_unlock(&n->mu);
-        /* the journal is still being opened: drop the record right after */
+        /* the journal is still being opened: its note replaces the record right after */
         s->next_id = n->dropped;
         n->dropped = s;
         dsec_free(copy);

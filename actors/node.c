@@ -267,7 +267,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     n->by_id = dsec_calloc(n->nbuckets, sizeof *n->by_id);
     n->by_req = dsec_calloc(n->nbuckets, sizeof *n->by_req);
     n->tombs = dsec_calloc(TOMB_BUCKETS, sizeof *n->tombs);
-    if (n->by_id == NULL || n->by_req == NULL || n->tombs == NULL) {
+    n->gone = dsec_calloc(GONE_BUCKETS, sizeof *n->gone);
+    if (n->by_id == NULL || n->by_req == NULL || n->tombs == NULL || n->gone == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
         goto out_fail;
     }
@@ -319,7 +320,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         struct sbx *d = n->dropped;
         n->dropped = d->next_id;
         dsec_err derr;
-        if (dsec_journal_del(n->journal, d->id, &derr) < 0)
+        if (dsec__node_gone_put(n, d->id, &derr) < 0)
             fprintf(stderr, "dsec-node %s: %s\n", n->name, derr.msg);
         dsec__node_sbx_free(d);
     }
@@ -462,6 +463,7 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
         dsec_free(t);
     }
     dsec_free(n->tombs);
+    dsec__node_gone_free_all(n);
     dsec_free(n->events);
     pthread_mutex_destroy(&n->alert_mu);
     pthread_mutex_destroy(&n->mu);

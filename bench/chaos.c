@@ -159,14 +159,16 @@ static void kill9(struct proc *p)
 
 struct seen {
     struct seen *next;
-    char *req_id;
+    char *req_id; /* in gone: the state and reason the node gave */
     char id[96];
+    double t;
 };
 
 static struct {
     pthread_mutex_t mu;
     struct seen **b; /* req_id -> the sandbox its creation made */
-    struct seen **idled; /* sandbox ids the nodes reaped for idleness (reason known, not lost) */
+    struct seen **gone; /* sandbox ids the nodes said were gone or failed for a reason other
+                         * than a client's destroy: the reason (req_id) and when */
     size_t nb;
     uint64_t doubles;
     double t0;
@@ -195,15 +197,19 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
         const dsec_msg_sandbox_event *ev = b.events.items;
         pthread_mutex_lock(&cellv.mu);
         for (uint32_t i = 0; i < b.events.n; i++) {
-            if (strcmp(ev[i].state, "gone") == 0 && ev[i].reason != NULL &&
-                strcmp(ev[i].reason, "idle timeout") == 0) {
+            if ((strcmp(ev[i].state, "gone") == 0 || strcmp(ev[i].state, "failed") == 0) &&
+                ev[i].reason != NULL && strcmp(ev[i].reason, "destroyed by request") != 0) {
                 struct seen *g = malloc(sizeof *g);
-                if (g != NULL) {
-                    g->req_id = NULL;
+                char why[256];
+                snprintf(why, sizeof why, "%s: %s", ev[i].state, ev[i].reason);
+                if (g != NULL && (g->req_id = strdup(why)) != NULL) {
                     snprintf(g->id, sizeof g->id, "%s", ev[i].id);
+                    g->t = now_s() - cellv.t0;
                     size_t k = hash(ev[i].id) % cellv.nb;
-                    g->next = cellv.idled[k];
-                    cellv.idled[k] = g;
+                    g->next = cellv.gone[k];
+                    cellv.gone[k] = g;
+                } else {
+                    free(g);
                 }
                 continue;
             }
@@ -247,16 +253,137 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
     }
 }
 
+/* ---- faults, and what happened near them ---------------------------------------------- */
+
+#define FAULT_WINDOW_S 10.0 /* an answer this long after a fault began is counted against it */
+
+static struct {
+    pthread_mutex_t mu;
+    double t[1024];
+    char what[1024][48];
+    size_t n;
+} faultv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void fault_note(double t, const char *victim, const char *kind)
+{
+    pthread_mutex_lock(&faultv.mu);
+    if (faultv.n < 1024) {
+        faultv.t[faultv.n] = t;
+        snprintf(faultv.what[faultv.n], sizeof faultv.what[0], "%s %s", victim, kind);
+        faultv.n++;
+    }
+    pthread_mutex_unlock(&faultv.mu);
+}
+
+/* The fault that began at most FAULT_WINDOW_S before t (seconds since the start), or
+ * "none"; with_t adds how long before. */
+static void fault_at(double t, char *out, size_t len, bool with_t)
+{
+    pthread_mutex_lock(&faultv.mu);
+    size_t i = faultv.n;
+    while (i > 0 && faultv.t[i - 1] > t)
+        i--;
+    if (i > 0 && t - faultv.t[i - 1] <= FAULT_WINDOW_S) {
+        if (with_t)
+            snprintf(out, len, "%.1f s after %s", t - faultv.t[i - 1], faultv.what[i - 1]);
+        else
+            snprintf(out, len, "%s", faultv.what[i - 1]);
+    } else {
+        snprintf(out, len, "none");
+    }
+    pthread_mutex_unlock(&faultv.mu);
+}
+
+/* What kind of fault: the victim's kind without its index ("node-2 kill -9" -> "node kill -9"). */
+static void fault_kind(const char *what, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const char *p = what; *p && o + 1 < len; p++) {
+        if (p > what && p[-1] != ' ' && *p == '-' && p[1] >= '0' && p[1] <= '9') {
+            while (p[1] >= '0' && p[1] <= '9')
+                p++;
+            continue;
+        }
+        out[o++] = *p;
+    }
+    out[o] = '\0';
+}
+
+/* A message without its numbers and ids (words holding a digit), so that errors of one kind
+ * count together. */
+static void msg_class(const char *msg, char *out, size_t len)
+{
+    size_t o = 0;
+    const char *p = msg;
+    while (*p && o + 2 < len) {
+        size_t w = strcspn(p, " ,:;()\"'");
+        if (w == 0) {
+            out[o++] = *p++;
+            continue;
+        }
+        bool digit = false;
+        for (size_t i = 0; i < w; i++)
+            digit |= p[i] >= '0' && p[i] <= '9';
+        if (digit) {
+            out[o++] = '#';
+        } else {
+            size_t c = w < len - o - 1 ? w : len - o - 1;
+            memcpy(out + o, p, c);
+            o += c;
+        }
+        p += w;
+    }
+    out[o] = '\0';
+}
+
+/* Definitive errors by operation, code, message class and the fault active then. */
+static struct {
+    pthread_mutex_t mu;
+    struct {
+        char key[256];
+        uint64_t n;
+    } e[128];
+    size_t n;
+    uint64_t other;
+} defv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void definitive_note(const char *op, const dsec_err *err, double t)
+{
+    char cls[128], f[64], fk[64], key[256];
+    msg_class(err->msg, cls, sizeof cls);
+    fault_at(t, f, sizeof f, false);
+    fault_kind(f, fk, sizeof fk);
+    snprintf(key, sizeof key, "%-7s %-10s [%s] %s", op, dsec_code_name(err->code), fk, cls);
+    pthread_mutex_lock(&defv.mu);
+    size_t i = 0;
+    while (i < defv.n && strcmp(defv.e[i].key, key) != 0)
+        i++;
+    if (i < defv.n) {
+        defv.e[i].n++;
+    } else if (defv.n < 128) {
+        snprintf(defv.e[defv.n].key, sizeof defv.e[0].key, "%s", key);
+        defv.e[defv.n++].n = 1;
+    } else {
+        defv.other++;
+    }
+    pthread_mutex_unlock(&defv.mu);
+}
+
 /* ---- the load ------------------------------------------------------------------------ */
+
+struct made {
+    char id[DSEC_ID_MAX];
+    double t; /* when its create was answered, seconds since the start */
+};
 
 static struct {
     _Atomic uint64_t requests, answered, ok, retryable, definitive_errors;
-    _Atomic uint64_t vanished, reclaimed_after_loss, idled; /* exec/destroy found no sandbox */
+    _Atomic uint64_t vanished, reclaimed_after_loss, idled, gone_other, unexplained_on_lost_node;
     _Atomic uint64_t undriven; /* created while the workers were too far behind to keep them */
     _Atomic uint64_t inflight_creates;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char (*ring)[DSEC_ID_MAX];
+    struct made *ring;
     size_t cap, head, tail;
     bool stop;
     char lost_nodes[NODES][32];
@@ -265,27 +392,31 @@ static struct {
 
 static dsec_client *client;
 
-static void count_answer(int status, const dsec_err *err)
+static void count_answer(const char *op, int status, const dsec_err *err)
 {
     atomic_fetch_add(&load.answered, 1);
     if (status == 0)
         atomic_fetch_add(&load.ok, 1);
     else if (dsec_code_retry_safe(err->code))
         atomic_fetch_add(&load.retryable, 1);
-    else
+    else {
         atomic_fetch_add(&load.definitive_errors, 1);
+        definitive_note(op, err, now_s() - cellv.t0);
+    }
 }
 
 static void on_created(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
 {
     (void)ud;
-    count_answer(status, err);
+    count_answer("create", status, err);
     atomic_fetch_sub(&load.inflight_creates, 1);
     if (status != 0)
         return;
     pthread_mutex_lock(&load.mu);
     if (load.tail - load.head < load.cap) {
-        snprintf(load.ring[load.tail % load.cap], DSEC_ID_MAX, "%s", info->id);
+        struct made *e = &load.ring[load.tail % load.cap];
+        snprintf(e->id, sizeof e->id, "%s", info->id);
+        e->t = now_s() - cellv.t0;
         load.tail++;
         pthread_cond_signal(&load.cv);
     } else {
@@ -310,27 +441,134 @@ static void on_lost(const char *node, const char *cell, uint64_t lost_ns, void *
 
 static bool node_was_lost(const char *id);
 
-static bool was_idled(const char *id)
+/* Why the node said id is gone or failed (other than a client's destroy), or NULL. */
+static const char *gone_reason(const char *id, double *t)
 {
     pthread_mutex_lock(&cellv.mu);
-    struct seen *g = cellv.idled[hash(id) % cellv.nb];
+    struct seen *g = cellv.gone[hash(id) % cellv.nb];
     while (g && strcmp(g->id, id) != 0)
         g = g->next;
     pthread_mutex_unlock(&cellv.mu);
-    return g != NULL;
+    if (g != NULL && t != NULL)
+        *t = g->t;
+    return g ? g->req_id : NULL; /* never freed while the load runs */
 }
 
-/* A sandbox the client was given that an operation no longer finds: gone with
- * its node (declared lost, owners told), reaped idle because the load fell
- * behind (the node said why), or lost. */
-static void count_vanished(const char *id)
+/* Lost sandboxes by what the node said about them and the faults at their create and their
+ * operation: the first few in full, all of them counted by kind. */
+static struct {
+    pthread_mutex_t mu;
+    struct {
+        char key[512];
+        uint64_t n;
+    } e[64];
+    size_t n;
+    uint64_t printed;
+} lostv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void lost_note(const struct made *mk, const char *op, const dsec_err *err, const char *what,
+                      double t)
 {
-    if (node_was_lost(id))
+    const char *why = gone_reason(mk->id, NULL);
+    char fa[96], fo[96], ka[64], ko[64], key[512];
+    fault_at(mk->t, fa, sizeof fa, true);
+    fault_at(t, fo, sizeof fo, true);
+    pthread_mutex_lock(&lostv.mu);
+    if (lostv.printed++ < 40)
+        fprintf(stderr,
+                "chaos: %s %s: created t=%.2f (%s); %s at t=%.2f (%s): %s; its events said: %s\n",
+                what, mk->id, mk->t, fa, op, t, fo, err->msg, why ? why : "nothing");
+    fault_at(mk->t, fa, sizeof fa, false);
+    fault_at(t, fo, sizeof fo, false);
+    fault_kind(fa, ka, sizeof ka);
+    fault_kind(fo, ko, sizeof ko);
+    char wc[128], ec[128];
+    msg_class(why ? why : "nothing", wc, sizeof wc);
+    msg_class(err->msg, ec, sizeof ec);
+    snprintf(key, sizeof key,
+             "%s: %s %s %.0f s after its create; created during [%s], %s during [%s]: %s; its "
+             "events said: %s",
+             what, op, t - mk->t >= IDLE_S ? "at least" : "less than", (double)IDLE_S, ka, op, ko, ec,
+             wc);
+    size_t i = 0;
+    while (i < lostv.n && strcmp(lostv.e[i].key, key) != 0)
+        i++;
+    if (i < lostv.n) {
+        lostv.e[i].n++;
+    } else if (lostv.n < 64) {
+        snprintf(lostv.e[lostv.n].key, sizeof lostv.e[0].key, "%s", key);
+        lostv.e[lostv.n++].n = 1;
+    }
+    pthread_mutex_unlock(&lostv.mu);
+}
+
+/* Not found, and not yet explained: looked at again once the cell has settled (the node's
+ * event saying why may still be on its way). */
+struct unexplained {
+    struct made mk;
+    char op[8];
+    dsec_err err;
+    double t; /* when the operation was answered */
+};
+
+static struct {
+    pthread_mutex_t mu;
+    struct unexplained *v;
+    size_t n, cap;
+} unexv = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* A sandbox the client was given that an operation no longer finds: gone with its node
+ * (declared lost, owners told), reaped idle because the load fell behind, gone for another
+ * reason the node gave (in its answer or its events), or lost. Settled at the end (final). */
+static void count_vanished(const struct made *mk, const char *op, const dsec_err *err, double t,
+                           bool final)
+{
+    const char *why = gone_reason(mk->id, NULL);
+    const char *said = strstr(err->msg, " is gone: "); /* the node's answer says why */
+    if (said != NULL)
+        why = said + 10;
+    else if (why != NULL)
+        why = strchr(why, ':') ? strchr(why, ':') + 2 : why;
+    if (why != NULL && strstr(why, "declared lost") != NULL) {
         atomic_fetch_add(&load.reclaimed_after_loss, 1);
-    else if (was_idled(id))
+    } else if (why != NULL && strncmp(why, "idle timeout", 12) == 0) {
         atomic_fetch_add(&load.idled, 1);
-    else
+    } else if (why != NULL) {
+        atomic_fetch_add(&load.gone_other, 1);
+        lost_note(mk, op, err, "gone with a reason", t);
+    } else if (!final) {
+        pthread_mutex_lock(&unexv.mu);
+        if (unexv.n == unexv.cap) {
+            size_t ncap = unexv.cap ? unexv.cap * 2 : 1024;
+            struct unexplained *nv = realloc(unexv.v, ncap * sizeof *nv);
+            if (nv != NULL) {
+                unexv.v = nv;
+                unexv.cap = ncap;
+            }
+        }
+        if (unexv.n < unexv.cap) {
+            struct unexplained *u = &unexv.v[unexv.n++];
+            u->mk = *mk;
+            u->t = t;
+            snprintf(u->op, sizeof u->op, "%s", op);
+            u->err = *err;
+            u->err.msg[sizeof u->err.msg - 1] = '\0';
+        }
+        pthread_mutex_unlock(&unexv.mu);
+    } else if (node_was_lost(mk->id)) { /* no reason given, but its owner heard node_lost */
+        atomic_fetch_add(&load.unexplained_on_lost_node, 1);
+        lost_note(mk, op, err, "no reason, on a node declared lost", t);
+    } else {
         atomic_fetch_add(&load.vanished, 1);
+        lost_note(mk, op, err, "lost", t);
+    }
+}
+
+static void settle_vanished(void)
+{
+    for (size_t i = 0; i < unexv.n; i++)
+        count_vanished(&unexv.v[i].mk, unexv.v[i].op, &unexv.v[i].err, unexv.v[i].t, true);
+    free(unexv.v);
 }
 
 static bool node_was_lost(const char *id)
@@ -349,7 +587,7 @@ static bool node_was_lost(const char *id)
 static void *worker(void *arg)
 {
     (void)arg;
-    char id[DSEC_ID_MAX];
+    struct made mk;
     const char *argv[] = {"true", NULL};
     for (;;) {
         pthread_mutex_lock(&load.mu);
@@ -359,26 +597,26 @@ static void *worker(void *arg)
             pthread_mutex_unlock(&load.mu);
             return NULL;
         }
-        snprintf(id, sizeof id, "%s", load.ring[load.head % load.cap]);
+        mk = load.ring[load.head % load.cap];
         load.head++;
         pthread_mutex_unlock(&load.mu);
         dsec_exec_opts eo = {.argv = argv, .timeout_ms = 5000};
         dsec_exec_reply r;
         dsec_err err;
         atomic_fetch_add(&load.requests, 1);
-        int rc = dsec_exec(client, id, &eo, &r, &err);
-        count_answer(rc, &err);
+        int rc = dsec_exec(client, mk.id, &eo, &r, &err);
+        count_answer("exec", rc, &err);
         if (rc == 0)
             dsec_exec_reply_release(&r);
         else if (err.code == DSEC_E_NOT_FOUND) {
-            count_vanished(id);
+            count_vanished(&mk, "exec", &err, now_s() - cellv.t0, false);
             continue; /* nothing left to destroy */
         }
         atomic_fetch_add(&load.requests, 1);
-        rc = dsec_destroy(client, id, &err);
-        count_answer(rc, &err);
+        rc = dsec_destroy(client, mk.id, &err);
+        count_answer("destroy", rc, &err);
         if (rc < 0 && err.code == DSEC_E_NOT_FOUND)
-            count_vanished(id);
+            count_vanished(&mk, "destroy", &err, now_s() - cellv.t0, false);
     }
 }
 
@@ -429,10 +667,10 @@ int main(void)
     dsec_decoder *dec = dsec_decoder_new(NULL);
     cellv.nb = 1u << 20;
     cellv.b = calloc(cellv.nb, sizeof *cellv.b);
-    cellv.idled = calloc(cellv.nb, sizeof *cellv.idled);
+    cellv.gone = calloc(cellv.nb, sizeof *cellv.gone);
     dsec_bus_opts bo = {.url = urls, .name = "chaos-watch"};
     dsec_client_opts co = {.url = urls, .tenant = "chaos", .timeout_ms = 3000, .retries = 3, .threads = 4};
-    if (dec == NULL || cellv.b == NULL || cellv.idled == NULL || dsec_bus_connect(&watch, &bo, &err) < 0 ||
+    if (dec == NULL || cellv.b == NULL || cellv.gone == NULL || dsec_bus_connect(&watch, &bo, &err) < 0 ||
         dsec_actor_new(&wa, watch, "chaos-watch", &err) < 0 ||
         dsec_actor_on(wa, "dsec.v1.ctl.evt.chaos.>", NULL, on_cell_event, dec, &err) < 0 ||
         dsec_client_connect(&client, &co, &err) < 0 || dsec_watch_lost(client, on_lost, NULL, &err) < 0) {
@@ -480,7 +718,7 @@ int main(void)
             atomic_fetch_add(&load.inflight_creates, 1);
             if (dsec_create_async(client, &spec, on_created, NULL, &err) < 0) {
                 atomic_fetch_sub(&load.inflight_creates, 1);
-                count_answer(-1, &err);
+                count_answer("create", -1, &err);
             }
             sent++;
         }
@@ -518,6 +756,7 @@ int main(void)
                 what = "kill -9, restarted";
             }
             printf("chaos: t=%5.1f s fault %" PRIu64 ": %s %s\n", t - t0, faults + 1, victim->name, what);
+            fault_note(t - t0, victim->name, k == 4 ? "partition" : "kill -9");
             fflush(stdout);
             faults++;
             next_fault = t + fault_s;
@@ -542,6 +781,12 @@ int main(void)
     printf("chaos: load stopped; waiting %d s for reconciliation\n", IDLE_S + 5);
     fflush(stdout);
     msleep((IDLE_S + 5) * 1000);
+    settle_vanished();
+    dsec_bus_stats bs;
+    dsec_bus_stats_get(watch, &bs);
+    printf("chaos: the event watcher's connection: %" PRIu64 " slow-consumer drops, %" PRIu64
+           " mailbox drops, %" PRIu64 " reconnects\n",
+           bs.slow_consumers, bs.mailbox_drops, bs.reconnects);
     uint64_t orphans = 0;
     pthread_mutex_lock(&cellv.mu);
     for (int i = 0; i < NODES; i++)
@@ -556,10 +801,25 @@ int main(void)
            " retry-safe errors, %" PRIu64 " other errors), lost %" PRIu64 ", orphans %" PRIu64
            ", double placements %" PRIu64 ", %" PRIu64 " faults; sandboxes gone with a reason: %" PRIu64
            " reclaimed after their node was declared lost, %" PRIu64 " reaped idle while the load fell "
-           "behind (%" PRIu64 " never driven)\n",
+           "behind (%" PRIu64 " never driven), %" PRIu64 " for other reasons; %" PRIu64
+           " not found without a reason on a node once declared lost\n",
            requests, answered, atomic_load(&load.ok), atomic_load(&load.retryable),
            atomic_load(&load.definitive_errors), lost, orphans, doubles, faults,
-           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled), atomic_load(&load.undriven));
+           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled), atomic_load(&load.undriven),
+           atomic_load(&load.gone_other), atomic_load(&load.unexplained_on_lost_node));
+    pthread_mutex_lock(&lostv.mu);
+    for (size_t i = 0; i < lostv.n; i++)
+        printf("chaos: %8" PRIu64 "  %s\n", lostv.e[i].n, lostv.e[i].key);
+    pthread_mutex_unlock(&lostv.mu);
+    pthread_mutex_lock(&defv.mu);
+    if (defv.n > 0)
+        printf("chaos: definitive errors by operation, code, [fault begun at most %.0f s before] and message:\n",
+               FAULT_WINDOW_S);
+    for (size_t i = 0; i < defv.n; i++)
+        printf("chaos:   %8" PRIu64 "  %s\n", defv.e[i].n, defv.e[i].key);
+    if (defv.other > 0)
+        printf("chaos:   %8" PRIu64 "  (other kinds)\n", defv.other);
+    pthread_mutex_unlock(&defv.mu);
     printf("chaos: baseline (first %d s, no faults): %.0f ok answers/s; whole run: %.0f/s\n", baseline_s,
            base_rate, all_rate);
     for (size_t i = 0; i < nprocs; i++)
@@ -587,8 +847,10 @@ int main(void)
     printf("{\"scenario\":\"chaos\",\"seconds\":%d,\"rate\":%d,\"requests\":%" PRIu64 ",\"answered\":%" PRIu64
            ",\"retryable_errors\":%" PRIu64 ",\"other_errors\":%" PRIu64 ",\"lost\":%" PRIu64
            ",\"orphans\":%" PRIu64 ",\"double_placements\":%" PRIu64 ",\"faults\":%" PRIu64
-           ",\"ok_per_s\":%.0f,\"baseline_ok_per_s\":%.0f}\n",
+           ",\"ok_per_s\":%.0f,\"baseline_ok_per_s\":%.0f,\"gone_idle\":%" PRIu64
+           ",\"gone_node_lost\":%" PRIu64 ",\"gone_other\":%" PRIu64 "}\n",
            seconds, rate, requests, answered, atomic_load(&load.retryable), atomic_load(&load.definitive_errors),
-           lost, orphans, doubles, faults, all_rate, base_rate);
+           lost, orphans, doubles, faults, all_rate, base_rate, atomic_load(&load.idled),
+           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.gone_other));
     return 0;
 }
