@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1771,6 +1772,69 @@ static void test_connect_timeout(void **state)
     assert_true(took >= 140000 && took < 2000000);
 }
 
+struct connect_try {
+    const char *path;
+    int rc;
+    dsec_err err;
+    atomic_bool done;
+};
+
+static void *connect_try_main(void *arg)
+{
+    struct connect_try *c = arg;
+    dsec_agent *a = NULL;
+    c->rc = dsec_agent_connect(&a, c->path, 300, &c->err);
+    dsec_agent_free(a);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* An agent that does not accept (its sandbox frozen) with a full backlog: the connect gives
+ * up at its deadline. A blocking connect waited for ever there, and held a node's bus worker
+ * (seen in the rollout benchmark, behind a sandbox a failed fork left frozen). */
+static void test_connect_backlog_full(void **state)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/never-accepts.sock", tmpdir);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, p);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    int filler[64], nfill = 0;
+    for (; nfill < 64; nfill++) { /* fill the backlog */
+        filler[nfill] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (connect(filler[nfill], (struct sockaddr *)&sa, sizeof sa) < 0) {
+            assert_int_equal(errno, EAGAIN);
+            close(filler[nfill]);
+            break;
+        }
+    }
+    assert_true(nfill < 64);
+    static struct connect_try c;
+    c = (struct connect_try){.path = p, .rc = 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, connect_try_main, &c), 0);
+    for (int i = 0; i < 1000 && !atomic_load(&c.done); i++) /* 10 s for a 300 ms deadline */
+        msleep(10);
+    bool returned = atomic_load(&c.done);
+    if (!returned) { /* unblock it: the listener goes, the blocked connect fails */
+        close(lfd);
+        lfd = -1;
+        unlink(p);
+    }
+    pthread_join(th, NULL);
+    if (!returned)
+        fail_msg("dsec_agent_connect to a listener that never accepts did not return");
+    assert_int_equal(c.rc, -1);
+    assert_int_equal(c.err.code, DSEC_E_TIMEOUT);
+    for (int i = 0; i < nfill; i++)
+        close(filler[i]);
+    if (lfd >= 0)
+        close(lfd);
+    unlink(p);
+}
+
 /* ---- SYNC: a fresh start on a channel that may hold an earlier client's bytes ------------------ */
 
 /* A scripted peer on a unix socket: greets, answers each SYNC the way the mode says, and then
@@ -1992,6 +2056,7 @@ int main(void)
         cmocka_unit_test(test_sigterm),
         cmocka_unit_test(test_listen_fd),
         cmocka_unit_test(test_connect_timeout),
+        cmocka_unit_test(test_connect_backlog_full),
         cmocka_unit_test(test_sync_skips_stale_bytes),
         cmocka_unit_test(test_sync_wrong_nonce),
         cmocka_unit_test(test_speed),

@@ -341,7 +341,10 @@ static int connect_once(const char *path)
             return -1;
         }
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* non-blocking from the start: a blocking connect to an agent that does not accept (its
+     * sandbox frozen, its backlog full) would wait for ever; this one fails with EAGAIN, and
+     * the caller retries until its deadline */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
     int e = errno;
     if (dfd >= 0)
@@ -349,13 +352,6 @@ static int connect_once(const char *path)
     if (rc < 0) {
         if (fd >= 0)
             close(fd);
-        errno = e;
-        return -1;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-        e = errno;
-        close(fd);
         errno = e;
         return -1;
     }

@@ -640,8 +640,11 @@ int dsec__ct_freeze(const struct ct_backend *be, const char *id, bool frozen, ds
         return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", file);
     if (be->cg_mode == CT_CG_V2)
         dsec__ct_fmt(file, sizeof file, "%s/cgroup.events", dir);
-    /* the kernel freezes tasks asynchronously; wait until all are */
-    for (int i = 0; i < 2000; i++) {
+    /* the kernel freezes tasks asynchronously; wait until all are, up to 10 s: on a host
+     * whose CPUs are saturated a v1 freeze of a busy sandbox takes seconds */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0;; i++) {
         char buf[256];
         int fd = open(file, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
@@ -653,11 +656,15 @@ int dsec__ct_freeze(const struct ct_backend *be, const char *id, bool frozen, ds
             return 0;
         if (be->cg_mode == CT_CG_V1 && frozen && i % 50 == 49)
             write_str(file, val); /* v1 may give up FREEZING; ask again */
-        struct timespec ts = {0, 500000};
+        struct timespec ts = {0, 500000}, now;
         nanosleep(&ts, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec >= 10)
+            break;
     }
-    return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "container: the cgroup did not become %s",
-                        frozen ? "frozen" : "thawed");
+    return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                        "container: the cgroup did not become %s in 10 s (%s)",
+                        frozen ? "frozen" : "thawed", file);
 }
 
 bool dsec__ct_frozen(const struct ct_backend *be, const char *id)

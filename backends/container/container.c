@@ -1562,6 +1562,20 @@ static int ct_resume(void *self, dsec_sandbox *sb, dsec_err *err)
     return dsec__ct_freeze(self, sb->rid, false, err);
 }
 
+/* Thaw sb after a freeze of our own, trying a few times: a frozen sandbox left behind
+ * answers nothing. -1 with err (its first failure kept in the message) if it stays frozen. */
+static int thaw_or_say(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    dsec_err e;
+    for (int i = 0; i < 5; i++)
+        if (dsec__ct_freeze(be, sb->rid, false, &e) == 0 && !dsec__ct_frozen(be, sb->rid))
+            return 0;
+    return dsec_err_set(err, e.code, e.errnum,
+                        "container: the sandbox stays frozen after a fork's snapshot (%s): "
+                        "resume it, or destroy it",
+                        e.msg);
+}
+
 /* A read-only snapshot of sb's upper subvolume, taken with sb frozen so no
  * write is half-done in it. *name receives the snapshot's name. */
 static int freeze_snapshot(struct ct_backend *be, dsec_sandbox *sb, const char *tag, char *name,
@@ -1573,10 +1587,14 @@ static int freeze_snapshot(struct ct_backend *be, dsec_sandbox *sb, const char *
     dsec_err e2;
     /* an already paused sandbox stays paused */
     bool paused = dsec__ct_frozen(be, sb->rid);
-    if (!paused && dsec__ct_freeze(be, sb->rid, true, err) < 0)
+    if (!paused && dsec__ct_freeze(be, sb->rid, true, err) < 0) {
+        /* a freeze that did not finish in time may finish later: never leave the sandbox
+         * frozen behind a failed fork (its agent would stop answering for good) */
+        thaw_or_say(be, sb, err);
         return -1;
+    }
     int rc = dsec__ct_subvol_snapshot(be, sb->subvol, dst, err);
-    if (!paused && dsec__ct_freeze(be, sb->rid, false, rc < 0 ? &e2 : err) < 0 && rc == 0) {
+    if (!paused && thaw_or_say(be, sb, rc < 0 ? &e2 : err) < 0 && rc == 0) {
         dsec_err e3;
         dsec__ct_subvol_delete(be, dst, &e3);
         return -1;
