@@ -480,7 +480,8 @@ static void silent_node_expires(void **state)
     assert_int_equal(dsec_placement_heartbeat(v, "n2", 8000), 0);
     assert_int_equal(dsec_placement_heartbeat(v, "zz", 8000), DSEC_REPORT_UNKNOWN);
 
-    /* Silent for 11 s: out of placement even before expire() runs. */
+    /* Silent for 11 s: suspect, so n2 (heard 3 s ago) takes every create, even before
+     * expire() runs. */
     uint64_t rng = 9;
     dsec_err e;
     dsec_place_result res;
@@ -505,11 +506,16 @@ static void silent_node_expires(void **state)
     assert_int_equal(n, 0);
     assert_null(names);
 
-    /* The last one goes silent too. */
+    /* The last one goes silent too: the only node with room, it takes creates until
+     * expire() drains it. */
+    assert_string_equal(place(v, &req, 2, &rng, 30000, &res, &e), "n2");
+    dsec_placement_release(v, "n2", res.reservation);
+    assert_int_equal(dsec_placement_expire(v, 30000, &names, &n, &e), 0);
+    assert_int_equal(n, 1);
+    dsec_placement_names_free(names, n);
     assert_null(place(v, &req, 2, &rng, 30000, NULL, &e));
     assert_int_equal(e.code, DSEC_E_CAPACITY);
-    assert_string_equal(e.msg, "no healthy node in cell c1 offers sandbox type \"container\" (1 "
-                               "offer it but are unhealthy or silent)");
+    assert_string_equal(e.msg, "no node in cell c1 has reported capacity yet");
     /* It comes back with its next full report. */
     dsec_node_report r = full("n1", 4000, 8192, 100);
     report(v, &r, 30000, DSEC_REPORT_APPLIED);
