@@ -361,8 +361,10 @@ int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "allocating the capacity view");
     }
     v->dead_after_ms = cfg->dead_after_ms ? cfg->dead_after_ms : DEFAULT_DEAD_AFTER_MS;
-    v->suspect_after_ms = cfg->suspect_after_ms ? cfg->suspect_after_ms : v->dead_after_ms / 2;
-    if (v->suspect_after_ms >= v->dead_after_ms) {
+    v->suspect_after_ms = cfg->suspect_after_ms  ? cfg->suspect_after_ms
+                          : cfg->heartbeat_ms ? 2 * cfg->heartbeat_ms
+                                              : v->dead_after_ms / 2;
+    if (cfg->suspect_after_ms != 0 && cfg->suspect_after_ms >= v->dead_after_ms) {
         dsec_free(v->cell);
         dsec_free(v);
         return dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -370,6 +372,9 @@ int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
                             ") must be below dead_after_ms (%" PRIu64 ")",
                             cfg->suspect_after_ms, v->dead_after_ms);
     }
+    /* slack: suspect for a heartbeat interval at least before a drain */
+    if (v->dead_after_ms < v->suspect_after_ms + cfg->heartbeat_ms)
+        v->dead_after_ms = v->suspect_after_ms + (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1);
     v->drain_gap_ms = cfg->drain_gap_ms;
     v->probation_ms = cfg->probation_ms;
     v->ttl_ms = cfg->overlay_ttl_ms ? cfg->overlay_ttl_ms : DEFAULT_OVERLAY_TTL_MS;
@@ -1136,6 +1141,11 @@ void dsec_placement_health_get(dsec_placement *v, uint64_t now_ms, dsec_placemen
     out->deferred = v->n_deferred;
     out->readmitted = v->n_readmitted;
     pthread_mutex_unlock(&v->lock);
+}
+
+uint64_t dsec_placement_drain_after_ms(const dsec_placement *v)
+{
+    return v->dead_after_ms; /* set once, by dsec_placement_new */
 }
 
 void dsec_placement_summary(dsec_placement *v, const char *cell, uint64_t now_ms,

@@ -34,19 +34,22 @@ extern "C" {
 typedef struct dsec_placement dsec_placement;
 
 /*
- * Silence. A node neither seen (report or heartbeat) for suspect_after_ms is
+ * Silence. A node not seen (report or heartbeat) for suspect_after_ms is
  * suspect: it stays in placement, but a create goes to it only when no other
  * node has room (likewise a node on probation: one that came back from a
  * drain, or was seen again after being suspect, until probation_ms has passed
  * with it on time). expire() drains a node neither seen nor answering a
- * placement (dsec_placement_answered) for dead_after_ms; after a drain, the
- * next waits drain_gap_ms, the nodes due meanwhile stay suspect.
+ * placement (dsec_placement_answered) for drain_after = max(dead_after_ms,
+ * suspect_after_ms + heartbeat_ms): a node is suspect for one heartbeat
+ * interval at least before it is drained. After a drain, the next waits
+ * drain_gap_ms; the nodes due meanwhile stay suspect.
  */
 typedef struct dsec_placement_config {
     const char *cell;        /* this view's cell, for messages; NULL: "this cell". Copied. */
     uint64_t dead_after_ms;  /* neither seen nor answering for longer: drained; 0: 10000 */
-    uint64_t suspect_after_ms; /* not seen for longer: suspect; 0: dead_after_ms / 2; must be
-                                  below dead_after_ms */
+    uint64_t heartbeat_ms;   /* the nodes' heartbeat interval; 0: not known (no slack) */
+    uint64_t suspect_after_ms; /* not seen for longer: suspect; 0: 2 * heartbeat_ms, or
+                                  dead_after_ms / 2 without it; if set, below dead_after_ms */
     uint64_t drain_gap_ms;   /* least time between two drains; 0: no limit */
     uint64_t probation_ms;   /* a node back from silence is not preferred this long; 0: none */
     uint64_t overlay_ttl_ms; /* how long an unconfirmed placement is held; 0: 2000 */
@@ -252,6 +255,9 @@ typedef struct dsec_placement_health {
 } dsec_placement_health;
 
 void dsec_placement_health_get(dsec_placement *v, uint64_t now_ms, dsec_placement_health *out);
+
+/* Silent (and not answering) this long, a node is drained: see the config. */
+uint64_t dsec_placement_drain_after_ms(const dsec_placement *v);
 
 /* The cell's figures for cross-cell forwarding: alive, healthy nodes of
  * cell (NULL: all), their free resources after the overlay, live sandboxes

@@ -810,14 +810,6 @@ static void tick_summary(void *ud, uint64_t mono)
     (void)mono;
 }
 
-/* Silent this long (and not answering): drained. Slack: a node is suspect for at
- * least one heartbeat interval first, whatever dead_after_ms says. */
-static uint64_t drain_after(const dsec_sched *s)
-{
-    uint64_t d = (uint64_t)s->conf.suspect_after_ms + s->conf.heartbeat_ms;
-    return d > s->conf.dead_after_ms ? d : s->conf.dead_after_ms;
-}
-
 static void tick_expire(void *ud, uint64_t mono)
 {
     dsec_sched *s = ud;
@@ -830,7 +822,7 @@ static void tick_expire(void *ud, uint64_t mono)
         fprintf(stderr,
                 "dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
                 " ms; out of placement\n",
-                s->name, names[i], drain_after(s));
+                s->name, names[i], dsec_placement_drain_after_ms(s->view));
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);
     dsec_lost_tick(s->lost, now_ms());
@@ -966,8 +958,7 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.max_hops = conf->max_hops ? conf->max_hops : 2;
     s->conf.dead_after_ms = conf->dead_after_ms ? conf->dead_after_ms : 3000;
     s->conf.heartbeat_ms = conf->heartbeat_ms ? conf->heartbeat_ms : 1000;
-    s->conf.suspect_after_ms =
-        conf->suspect_after_ms ? conf->suspect_after_ms : 2 * s->conf.heartbeat_ms;
+    s->conf.suspect_after_ms = conf->suspect_after_ms; /* 0: the view's default */
     s->conf.drain_gap_ms = conf->drain_gap_ms ? conf->drain_gap_ms : 1000;
     s->conf.probation_ms = conf->probation_ms ? conf->probation_ms : 3 * s->conf.heartbeat_ms;
     s->conf.lost_after_ms = conf->lost_after_ms ? conf->lost_after_ms : 30000;
@@ -991,7 +982,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.name = s->name;
     snprintf(s->back, sizeof s->back, "dsec.v1.ctl.sched.%s.%s.back", s->cell, s->name);
     snprintf(s->quota_subj, sizeof s->quota_subj, "dsec.v1.ctl.quota.%s.admit", s->cell);
-    dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = drain_after(s),
+    dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
+                                .heartbeat_ms = s->conf.heartbeat_ms,
                                 .suspect_after_ms = s->conf.suspect_after_ms,
                                 .drain_gap_ms = s->conf.drain_gap_ms,
                                 .probation_ms = s->conf.probation_ms, .locality_weight = -1};

@@ -25,7 +25,7 @@ typedef struct dsec_sched_conf {
      * it has been on time for probation_ms. */
     uint32_t dead_after_ms;     /* default 3000 */
     uint32_t heartbeat_ms;      /* the nodes' heartbeat interval; default 1000 */
-    uint32_t suspect_after_ms;  /* default 2 * heartbeat_ms */
+    uint32_t suspect_after_ms;  /* default 2 * heartbeat_ms; if set, below dead_after_ms */
     uint32_t drain_gap_ms;      /* default 1000 */
     uint32_t probation_ms;      /* default 3 * heartbeat_ms */
     uint32_t lost_after_ms;     /* a node silent this long is declared lost to its sandboxes'
