@@ -423,9 +423,9 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         load_u32(cfg, sc, "lost_after_ms", &c->lost_after_ms, 100, 86400000, err) < 0 ||
         load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0 ||
         load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0 ||
-        load_u32(cfg, sc, "suspect_after_ms", &c->suspect_after_ms, 10, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "suspect_after_ms", &c->suspect_after_ms, 0, 3600000, err) < 0 ||
         load_u32(cfg, sc, "drain_gap_ms", &c->drain_gap_ms, 1, 3600000, err) < 0 ||
-        load_u32(cfg, sc, "probation_ms", &c->probation_ms, 1, 3600000, err) < 0)
+        load_u32(cfg, sc, "probation_ms", &c->probation_ms, 0, 3600000, err) < 0)
         return -1;
     if (c->suspect_after_ms != 0 && c->suspect_after_ms >= c->dead_after_ms)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,

@@ -607,7 +607,8 @@ int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, siz
      * (a slow host, a saturated bus) the rest keep taking creates meanwhile. */
     size_t allowed = dead;
     if (v->drain_gap_ms > 0) {
-        bool gap_passed = v->last_drain_ms == 0 || since(now_ms, v->last_drain_ms) >= v->drain_gap_ms;
+        bool gap_passed =
+            v->last_drain_ms == 0 || since(now_ms, v->last_drain_ms) >= v->drain_gap_ms;
         allowed = gap_passed ? 1 : 0;
         v->n_deferred += dead - allowed;
     }
