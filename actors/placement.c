@@ -403,8 +403,8 @@ void dsec_placement_free(dsec_placement *v)
 
 /* ---- silence ----------------------------------------------------------------------- */
 
-/* A report or heartbeat: a node heard from again after being suspect (or
- * while on probation) is put on probation afresh. Under v->lock. */
+/* A report or heartbeat. A node heard from again after being suspect is put
+ * on probation afresh, on probation already or not. Under v->lock. */
 static void seen(dsec_placement *v, struct node *n, uint64_t now)
 {
     if (n->heard && now <= n->last_seen_ms)
