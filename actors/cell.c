@@ -412,7 +412,8 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
 
     const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
     static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
-                                         "dead_after_ms", "lost_after_ms", "summary_ms", "wait_ms", NULL};
+                                         "dead_after_ms", "lost_after_ms", "summary_ms", "wait_ms",
+                                         "suspect_after_ms", "drain_gap_ms", "probation_ms", NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
         load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
@@ -421,8 +422,16 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         load_u32(cfg, sc, "dead_after_ms", &c->dead_after_ms, 100, 3600000, err) < 0 ||
         load_u32(cfg, sc, "lost_after_ms", &c->lost_after_ms, 100, 86400000, err) < 0 ||
         load_u32(cfg, sc, "summary_ms", &c->summary_ms, 10, 3600000, err) < 0 ||
-        load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0)
+        load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "suspect_after_ms", &c->suspect_after_ms, 0, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "drain_gap_ms", &c->drain_gap_ms, 1, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "probation_ms", &c->probation_ms, 0, 3600000, err) < 0)
         return -1;
+    if (c->suspect_after_ms != 0 && c->suspect_after_ms >= c->dead_after_ms)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "scheduler.suspect_after_ms (%u) must be below scheduler.dead_after_ms "
+                            "(%u): a late node is suspect before it is drained",
+                            c->suspect_after_ms, c->dead_after_ms);
 
     const dsec_cfg_node *ar = dsec_cfg_get(root, "arbiter");
     static const char *const a_keys[] = {"lease_ms", "grace_ms", "max_evictions_per_min", "replicas", NULL};
@@ -746,8 +755,16 @@ static const struct field sched_fields[] = {
      offsetof(dsec_sched_stats, over_quota), 1},
     {"dsec_scheduler_waited_total", "counter", "Rollout creates that waited for room.",
      offsetof(dsec_sched_stats, waited), 1},
-    {"dsec_scheduler_nodes_expired_total", "counter", "Nodes taken out of placement for silence.",
-     offsetof(dsec_sched_stats, expired), 1},
+    {"dsec_scheduler_nodes_expired_total", "counter",
+     "Nodes drained: taken out of placement for silence.", offsetof(dsec_sched_stats, expired), 1},
+    {"dsec_scheduler_drains_deferred_total", "counter",
+     "Drains put off by scheduler.drain_gap_ms (once per node per pass).",
+     offsetof(dsec_sched_stats, drains_deferred), 1},
+    {"dsec_scheduler_nodes_readmitted_total", "counter", "Drained nodes back in placement.",
+     offsetof(dsec_sched_stats, readmitted), 1},
+    {"dsec_scheduler_nodes_suspect", "gauge",
+     "Nodes late to report: in placement, used only when no other node has room.",
+     offsetof(dsec_sched_stats, suspect), 1},
     {"dsec_scheduler_superseded_total", "counter",
      "Retried creates placed (or found by their lookup) and told to the cell's nodes, which drop copies of earlier attempts.",
      offsetof(dsec_sched_stats, superseded), 1},
@@ -1178,6 +1195,10 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
             dsec_sched_conf sc = {.cell = conf->cell, .k = conf->k,
                                   .max_attempts = conf->max_attempts, .max_hops = conf->max_hops,
                                   .dead_after_ms = conf->dead_after_ms,
+                                  .heartbeat_ms = conf->heartbeat_ms,
+                                  .suspect_after_ms = conf->suspect_after_ms,
+                                  .drain_gap_ms = conf->drain_gap_ms,
+                                  .probation_ms = conf->probation_ms,
                                   .lost_after_ms = conf->lost_after_ms,
                                   .summary_ms = conf->summary_ms,
                                   .default_cpu_milli = conf->default_cpu_milli,

@@ -63,6 +63,9 @@ typedef struct dsec_cell_conf {
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
     uint32_t lost_after_ms;  /* scheduler.lost_after_ms: a node silent this long is lost */
+    uint32_t suspect_after_ms; /* scheduler.suspect_after_ms; 0: 2 * heartbeat_ms */
+    uint32_t drain_gap_ms;     /* scheduler.drain_gap_ms; 0: 1000 */
+    uint32_t probation_ms;     /* scheduler.probation_ms; 0: 3 * heartbeat_ms */
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
     uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;

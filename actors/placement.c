@@ -26,6 +26,7 @@
 #define DEFAULT_OVERLAY_TTL_MS 2000
 #define DEFAULT_LOCALITY 0.5
 #define LAYERS_ON_STACK 64
+#define DRAINED_MAX 1024 /* drained names remembered, to count and try re-admissions */
 
 struct label {
     char *k, *v;
@@ -51,6 +52,9 @@ struct node {
     uint64_t disk_total; /* 0: the node does not count disk; no disk filter then */
     uint64_t cpu_free, mem_free, slots_free, disk_free, live; /* as last reported */
     uint64_t last_seen_ms;
+    uint64_t last_answer_ms;    /* it answered a placement; 0: never */
+    uint64_t probation_ms;      /* not preferred before this time */
+    bool heard;                 /* last_seen_ms is set */
     bool healthy;
     /* overlay */
     struct rsv *rsv;
@@ -66,6 +70,11 @@ struct dsec_placement {
     const dsec_registry *reg;
     char *cell;
     uint64_t dead_after_ms, ttl_ms;
+    uint64_t suspect_after_ms, drain_gap_ms, probation_ms;
+    uint64_t last_drain_ms; /* 0: none yet */
+    uint64_t n_drained, n_deferred, n_readmitted;
+    char **drained;  /* names drained, oldest first, at most DRAINED_MAX */
+    size_t ndrained;
     double locality;
     unsigned max_probes;
     struct node **nodes;
@@ -352,6 +361,22 @@ int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "allocating the capacity view");
     }
     v->dead_after_ms = cfg->dead_after_ms ? cfg->dead_after_ms : DEFAULT_DEAD_AFTER_MS;
+    v->suspect_after_ms = cfg->suspect_after_ms  ? cfg->suspect_after_ms
+                          : cfg->heartbeat_ms ? 2 * cfg->heartbeat_ms
+                                              : v->dead_after_ms / 2;
+    if (cfg->suspect_after_ms != 0 && cfg->suspect_after_ms >= v->dead_after_ms) {
+        dsec_free(v->cell);
+        dsec_free(v);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "placement: suspect_after_ms (%" PRIu64
+                            ") must be below dead_after_ms (%" PRIu64 ")",
+                            cfg->suspect_after_ms, v->dead_after_ms);
+    }
+    /* slack: suspect for a heartbeat interval at least before a drain */
+    if (v->dead_after_ms < v->suspect_after_ms + cfg->heartbeat_ms)
+        v->dead_after_ms = v->suspect_after_ms + (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1);
+    v->drain_gap_ms = cfg->drain_gap_ms;
+    v->probation_ms = cfg->probation_ms;
     v->ttl_ms = cfg->overlay_ttl_ms ? cfg->overlay_ttl_ms : DEFAULT_OVERLAY_TTL_MS;
     v->locality = cfg->locality_weight < 0 ? DEFAULT_LOCALITY : cfg->locality_weight;
     v->max_probes = cfg->max_probes;
@@ -368,9 +393,57 @@ void dsec_placement_free(dsec_placement *v)
         node_free(v->nodes[i]);
     dsec_free(v->nodes);
     dsec_free(v->table);
+    for (size_t i = 0; i < v->ndrained; i++)
+        dsec_free(v->drained[i]);
+    dsec_free(v->drained);
     dsec_free(v->cell);
     pthread_mutex_destroy(&v->lock);
     dsec_free(v);
+}
+
+/* ---- silence ----------------------------------------------------------------------- */
+
+/* A report or heartbeat. A node heard from again after being suspect is put
+ * on probation afresh, on probation already or not. Under v->lock. */
+static void seen(dsec_placement *v, struct node *n, uint64_t now)
+{
+    if (n->heard && now <= n->last_seen_ms)
+        return;
+    if (n->heard && now - n->last_seen_ms > v->suspect_after_ms && v->probation_ms > 0)
+        n->probation_ms = now + v->probation_ms;
+    n->last_seen_ms = now;
+    n->heard = true;
+}
+
+/* Remember a drained node's name (oldest forgotten first). Under v->lock;
+ * an allocation failure only loses the count of its re-admission. */
+static void remember_drained(dsec_placement *v, const char *name)
+{
+    if (v->drained == NULL && (v->drained = dsec_calloc(DRAINED_MAX, sizeof *v->drained)) == NULL)
+        return;
+    char *copy = dsec_strdup(name);
+    if (copy == NULL)
+        return;
+    if (v->ndrained == DRAINED_MAX) {
+        dsec_free(v->drained[0]);
+        memmove(v->drained, v->drained + 1, (DRAINED_MAX - 1) * sizeof *v->drained);
+        v->ndrained--;
+    }
+    v->drained[v->ndrained++] = copy;
+}
+
+/* Was name drained? Forgets it. Under v->lock. */
+static bool forget_drained(dsec_placement *v, const char *name)
+{
+    for (size_t i = 0; i < v->ndrained; i++) {
+        if (strcmp(v->drained[i], name) != 0)
+            continue;
+        dsec_free(v->drained[i]);
+        memmove(v->drained + i, v->drained + i + 1, (v->ndrained - i - 1) * sizeof *v->drained);
+        v->ndrained--;
+        return true;
+    }
+    return false;
 }
 
 /* ---- reports ----------------------------------------------------------------------- */
@@ -431,6 +504,11 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
         }
         n = fresh;
         fresh = NULL;
+        if (forget_drained(v, r->node)) {
+            /* back from a drain: it must stay on time a while before it is preferred */
+            v->n_readmitted++;
+            n->probation_ms = now_ms + v->probation_ms;
+        }
     } else if (is_stale(n, r)) {
         rc = DSEC_REPORT_STALE;
         goto out_unlock;
@@ -444,7 +522,7 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
     n->slots_free = r->slots_free;
     n->disk_free = r->disk_free_mb;
     n->live = r->live;
-    n->last_seen_ms = now_ms;
+    seen(v, n, now_ms);
     overlay_clear(n);
 
 out_unlock:
@@ -459,17 +537,48 @@ int dsec_placement_heartbeat(dsec_placement *v, const char *node, uint64_t now_m
     pthread_mutex_lock(&v->lock);
     struct node *n = lookup(v, node);
     if (n != NULL) {
-        if (now_ms > n->last_seen_ms)
-            n->last_seen_ms = now_ms;
+        seen(v, n, now_ms);
         rc = 0;
     }
     pthread_mutex_unlock(&v->lock);
     return rc;
 }
 
+int dsec_placement_answered(dsec_placement *v, const char *node, uint64_t now_ms)
+{
+    int rc = DSEC_REPORT_UNKNOWN;
+    pthread_mutex_lock(&v->lock);
+    struct node *n = lookup(v, node);
+    if (n != NULL) {
+        if (now_ms > n->last_answer_ms)
+            n->last_answer_ms = now_ms;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&v->lock);
+    return rc;
+}
+
+static uint64_t since(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
+}
+
+/* Seen or answering within dead_after_ms: expire() keeps it. */
 static bool alive(const dsec_placement *v, const struct node *n, uint64_t now)
 {
-    return now <= n->last_seen_ms || now - n->last_seen_ms <= v->dead_after_ms;
+    return since(now, n->last_seen_ms) <= v->dead_after_ms ||
+           (n->last_answer_ms != 0 && since(now, n->last_answer_ms) <= v->dead_after_ms);
+}
+
+static bool suspect(const dsec_placement *v, const struct node *n, uint64_t now)
+{
+    return since(now, n->last_seen_ms) > v->suspect_after_ms;
+}
+
+/* Neither suspect nor on probation: placed before the others. */
+static bool preferred(const dsec_placement *v, const struct node *n, uint64_t now)
+{
+    return !suspect(v, n, now) && now >= n->probation_ms;
 }
 
 void dsec_placement_names_free(char **names, size_t n)
@@ -494,8 +603,21 @@ int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, siz
         pthread_mutex_unlock(&v->lock);
         return 0;
     }
-    char **out = dsec_calloc(dead, sizeof *out);
-    struct node **gone = dsec_calloc(dead, sizeof *gone);
+    /* One drain, then one per drain_gap_ms: when many nodes go quiet together
+     * (a slow host, a saturated bus) the rest keep taking creates meanwhile. */
+    size_t allowed = dead;
+    if (v->drain_gap_ms > 0) {
+        bool gap_passed =
+            v->last_drain_ms == 0 || since(now_ms, v->last_drain_ms) >= v->drain_gap_ms;
+        allowed = gap_passed ? 1 : 0;
+        v->n_deferred += dead - allowed;
+    }
+    if (allowed == 0) {
+        pthread_mutex_unlock(&v->lock);
+        return 0;
+    }
+    char **out = dsec_calloc(allowed, sizeof *out);
+    struct node **gone = dsec_calloc(allowed, sizeof *gone);
     if (out == NULL || gone == NULL) {
         pthread_mutex_unlock(&v->lock);
         dsec_free(out);
@@ -503,15 +625,37 @@ int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, siz
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "expiring nodes");
     }
     size_t m = 0;
-    /* Backwards, so the node swapped into a hole has been looked at already. */
-    for (size_t i = v->n; i-- > 0;) {
-        struct node *nd = v->nodes[i];
-        if (alive(v, nd, now_ms))
-            continue;
-        unlink_node(v, nd);
-        gone[m] = nd;
-        out[m++] = nd->name;
-        nd->name = NULL;
+    if (allowed < dead) {
+        /* the one heard from longest ago */
+        struct node *worst = NULL;
+        uint64_t worst_heard = UINT64_MAX;
+        for (size_t i = 0; i < v->n; i++) {
+            struct node *nd = v->nodes[i];
+            uint64_t heard = nd->last_seen_ms > nd->last_answer_ms ? nd->last_seen_ms
+                                                                   : nd->last_answer_ms;
+            if (!alive(v, nd, now_ms) && heard < worst_heard) {
+                worst = nd;
+                worst_heard = heard;
+            }
+        }
+        unlink_node(v, worst);
+        gone[m++] = worst;
+    } else {
+        /* Backwards, so the node swapped into a hole has been looked at already. */
+        for (size_t i = v->n; i-- > 0;) {
+            struct node *nd = v->nodes[i];
+            if (alive(v, nd, now_ms))
+                continue;
+            unlink_node(v, nd);
+            gone[m++] = nd;
+        }
+    }
+    v->n_drained += m;
+    v->last_drain_ms = now_ms ? now_ms : 1;
+    for (size_t i = 0; i < m; i++) {
+        out[i] = gone[i]->name;
+        remember_drained(v, out[i]);
+        gone[i]->name = NULL;
     }
     pthread_mutex_unlock(&v->lock);
     for (size_t i = 0; i < m; i++)
@@ -583,7 +727,7 @@ static enum stage judge(const dsec_placement *v, struct node *n, const dsec_plac
         return ST_CELL;
     if (!(n->types & ((dsec_type_mask)1 << req->type)))
         return ST_TYPE;
-    if (!n->healthy || !alive(v, n, now))
+    if (!n->healthy)
         return ST_ALIVE;
     for (size_t i = 0; i < req->naff; i++)
         if (!has_label(n, req->aff_keys[i], req->aff_vals[i]))
@@ -663,7 +807,7 @@ static int explain(const dsec_placement *v, const dsec_place_req *req, const str
     if (past_alive == 0)
         return dsec_err_set(err, DSEC_E_CAPACITY, 0,
                             "no healthy node %s offers sandbox type \"%s\" (%zu offer it but are "
-                            "unhealthy or silent)",
+                            "taken out of placement)",
                             where, tname, past_type);
     if (past_aff == 0) {
         /* Name the first label that no candidate carries at all. */
@@ -673,7 +817,7 @@ static int explain(const dsec_placement *v, const dsec_place_req *req, const str
                 const struct node *n = v->nodes[i];
                 any = (req->cell == NULL || strcmp(n->cell, req->cell) == 0) &&
                       (n->types & ((dsec_type_mask)1 << req->type)) && n->healthy &&
-                      alive(v, n, now) && has_label(n, req->aff_keys[a], req->aff_vals[a]);
+                      has_label(n, req->aff_keys[a], req->aff_vals[a]);
             }
             if (!any)
                 return dsec_err_set(err, DSEC_E_CAPACITY, 0,
@@ -781,7 +925,7 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
         struct node *n = v->nodes[dsec_placement_rand(rng) % v->n];
         if (n->cand_stamp == stamp)
             continue;
-        if (judge(v, n, req, now_ms, stamp) == ST_OK) {
+        if (judge(v, n, req, now_ms, stamp) == ST_OK && preferred(v, n, now_ms)) {
             n->cand_stamp = stamp;
             cand[nc++] = n;
         }
@@ -791,7 +935,9 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
         /* Sparse (or tiny) feasible set: scan everything, keeping a uniform
          * sample of k (reservoir), and what stopped the others. */
         struct diag d = {0};
-        size_t seen = 0;
+        size_t seen = 0, seen_late = 0;
+        struct node *late[DSEC_PLACE_K_MAX]; /* suspect or on probation: if nothing else fits */
+        unsigned nl = 0;
         scanned = true;
         nc = 0;
         for (size_t i = 0; i < v->n; i++) {
@@ -814,14 +960,21 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
             }
             if (st != ST_OK)
                 continue;
-            seen++;
-            if (nc < k) {
-                cand[nc++] = n;
+            bool pref = preferred(v, n, now_ms);
+            struct node **res = pref ? cand : late;
+            unsigned *nr = pref ? &nc : &nl;
+            size_t sn = pref ? ++seen : ++seen_late;
+            if (*nr < k) {
+                res[(*nr)++] = n;
             } else {
-                uint64_t j = dsec_placement_rand(rng) % seen;
+                uint64_t j = dsec_placement_rand(rng) % sn;
                 if (j < k)
-                    cand[j] = n;
+                    res[j] = n;
             }
+        }
+        if (nc == 0 && nl > 0) {
+            memcpy(cand, late, nl * sizeof *late);
+            nc = nl;
         }
         if (nc == 0) {
             rc = explain(v, req, &d, now_ms, err);
@@ -944,6 +1097,9 @@ int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms, ds
     out->types = n->types;
     out->healthy = n->healthy;
     out->alive = alive(v, n, now_ms);
+    out->suspect = suspect(v, n, now_ms);
+    out->preferred = preferred(v, n, now_ms);
+    out->last_answer_ms = n->last_answer_ms;
     out->cpu_total = n->cpu_total;
     out->mem_total = n->mem_total;
     out->slots_total = n->slots_total;
@@ -970,6 +1126,27 @@ size_t dsec_placement_count(dsec_placement *v)
     size_t n = v->n;
     pthread_mutex_unlock(&v->lock);
     return n;
+}
+
+void dsec_placement_health_get(dsec_placement *v, uint64_t now_ms, dsec_placement_health *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&v->lock);
+    for (size_t i = 0; i < v->n; i++) {
+        if (suspect(v, v->nodes[i], now_ms))
+            out->suspect++;
+        else if (!preferred(v, v->nodes[i], now_ms))
+            out->probation++;
+    }
+    out->drained = v->n_drained;
+    out->deferred = v->n_deferred;
+    out->readmitted = v->n_readmitted;
+    pthread_mutex_unlock(&v->lock);
+}
+
+uint64_t dsec_placement_drain_after_ms(const dsec_placement *v)
+{
+    return v->dead_after_ms; /* set once, by dsec_placement_new */
 }
 
 void dsec_placement_summary(dsec_placement *v, const char *cell, uint64_t now_ms,

@@ -33,9 +33,25 @@ extern "C" {
 
 typedef struct dsec_placement dsec_placement;
 
+/*
+ * Silence. A node not seen (report or heartbeat) for suspect_after_ms is
+ * suspect: it stays in placement, but a create goes to it only when no other
+ * node has room (likewise a node on probation: one that came back from a
+ * drain, or was seen again after being suspect, until probation_ms has passed
+ * with it on time). expire() drains a node neither seen nor answering a
+ * placement (dsec_placement_answered) for drain_after = max(dead_after_ms,
+ * suspect_after_ms + heartbeat_ms): a node is suspect for one heartbeat
+ * interval at least before it is drained. After a drain, the next waits
+ * drain_gap_ms; the nodes due meanwhile stay suspect.
+ */
 typedef struct dsec_placement_config {
     const char *cell;        /* this view's cell, for messages; NULL: "this cell". Copied. */
-    uint64_t dead_after_ms;  /* a node not seen for longer is out of placement; 0: 10000 */
+    uint64_t dead_after_ms;  /* neither seen nor answering for longer: drained; 0: 10000 */
+    uint64_t heartbeat_ms;   /* the nodes' heartbeat interval; 0: not known (no slack) */
+    uint64_t suspect_after_ms; /* not seen for longer: suspect; 0: 2 * heartbeat_ms, or
+                                  dead_after_ms / 2 without it; if set, below dead_after_ms */
+    uint64_t drain_gap_ms;   /* least time between two drains; 0: no limit */
+    uint64_t probation_ms;   /* a node back from silence is not preferred this long; 0: none */
     uint64_t overlay_ttl_ms; /* how long an unconfirmed placement is held; 0: 2000 */
     double locality_weight;  /* score bonus when a node caches every layer; <0: 0.5 default */
     unsigned max_probes;     /* random probes before falling back to a scan; 0: 16k + 32 */
@@ -99,10 +115,18 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
  * not add one). */
 int dsec_placement_heartbeat(dsec_placement *v, const char *node, uint64_t now_ms);
 
-/* Remove every node not seen (report or heartbeat) for dead_after_ms. The
- * names of the removed nodes go to *names (caller frees with
- * dsec_placement_names_free; NULL when none) and their count to *n.
- * -1 only on allocation failure (nothing removed then). */
+/* The node answered a placement (it sent one back refused): it is working,
+ * whatever its heartbeats say, so expire() keeps it for dead_after_ms more.
+ * It stays suspect while its heartbeats are late. Returns 0, or
+ * DSEC_REPORT_UNKNOWN for a node the view does not hold. */
+int dsec_placement_answered(dsec_placement *v, const char *node, uint64_t now_ms);
+
+/* Drain (remove) nodes neither seen nor answering for dead_after_ms: the one
+ * silent longest at once, then at most one per drain_gap_ms (the others are
+ * deferred, counted, and stay in placement as suspects). The names of the
+ * removed nodes go to *names (caller frees with dsec_placement_names_free;
+ * NULL when none) and their count to *n. -1 only on allocation failure
+ * (nothing removed then). */
 int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, size_t *n,
                           dsec_err *err);
 void dsec_placement_names_free(char **names, size_t n);
@@ -143,7 +167,7 @@ typedef struct dsec_place_result {
 /*
  * Choose a node for req and reserve its resources in the overlay.
  *
- * Feasible: alive (seen within dead_after_ms) and healthy, of req->cell,
+ * Feasible: in the view (not drained) and healthy, of req->cell,
  * offering req->type, carrying every affinity label, not excluded, and with
  * cpu, memory, disk (on nodes that count it) and a slot free after
  * subtracting the overlay. Among feasible
@@ -152,7 +176,8 @@ typedef struct dsec_place_result {
  * set), by a full scan, so a feasible node is found whenever one exists.
  * Each candidate is scored by its normalised free cpu, memory, slots and,
  * on nodes that count it, disk (mean, 0..1) plus locality_weight * (share of req->layers it
- * caches); the best wins.
+ * caches); the best wins. Preferred nodes (neither suspect nor on
+ * probation) are drawn first; the others only when no preferred node fits.
  *
  * rng is the caller's generator state (one per thread; any seed; see
  * dsec_placement_rand). Errors, each message naming what was short:
@@ -200,7 +225,9 @@ typedef struct dsec_node_info {
     uint64_t seq, epoch;
     dsec_type_mask types;
     bool healthy; /* not taken out by set_healthy */
-    bool alive;   /* seen within dead_after_ms */
+    bool alive;   /* seen or answering within dead_after_ms */
+    bool suspect; /* not seen for suspect_after_ms */
+    bool preferred; /* neither suspect nor on probation: placed before the others */
     uint64_t cpu_total, mem_total, slots_total, disk_total; /* disk_total 0: not counted */
     uint64_t cpu_free, mem_free, slots_free, disk_free;     /* as reported */
     uint64_t cpu_avail, mem_avail, slots_avail, disk_avail; /* reported minus the overlay */
@@ -208,6 +235,7 @@ typedef struct dsec_node_info {
     size_t reservations; /* overlay entries still held */
     size_t nlayers;
     uint64_t last_seen_ms;
+    uint64_t last_answer_ms; /* 0: never answered a placement */
 } dsec_node_info;
 
 /* DSEC_E_NOT_FOUND when unknown. */
@@ -216,6 +244,20 @@ int dsec_placement_node(dsec_placement *v, const char *node, uint64_t now_ms, ds
 
 /* Nodes held (alive or not). */
 size_t dsec_placement_count(dsec_placement *v);
+
+/* How the view has dealt with silent nodes. */
+typedef struct dsec_placement_health {
+    uint64_t suspect;   /* nodes not seen for suspect_after_ms now */
+    uint64_t probation; /* nodes on probation now (not suspect) */
+    uint64_t drained;   /* nodes expire() removed, ever */
+    uint64_t deferred;  /* drains expire() put off for drain_gap_ms (a node per pass) */
+    uint64_t readmitted; /* drained nodes a full report brought back */
+} dsec_placement_health;
+
+void dsec_placement_health_get(dsec_placement *v, uint64_t now_ms, dsec_placement_health *out);
+
+/* Silent (and not answering) this long, a node is drained: see the config. */
+uint64_t dsec_placement_drain_after_ms(const dsec_placement *v);
 
 /* The cell's figures for cross-cell forwarding: alive, healthy nodes of
  * cell (NULL: all), their free resources after the overlay, live sandboxes

@@ -634,6 +634,8 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
      * for room tells what it really had free, so the next placements look elsewhere
      * (its report counted room that placements in flight had taken). */
     if (p.tried.n > 0) {
+        /* a refusal is an answer: the node works, whatever its heartbeats say */
+        dsec_placement_answered(s->view, p.tried.v[p.tried.n - 1], now_ms());
         dsec_node_room room = {.seq = p.free_seq,
                                .cpu_free_milli = p.free_cpu_milli,
                                .mem_free_mb = p.free_mem_mb,
@@ -817,8 +819,10 @@ static void tick_expire(void *ud, uint64_t mono)
     if (dsec_placement_expire(s->view, now_ms(), &names, &n, &err) < 0)
         return;
     for (size_t i = 0; i < n; i++)
-        fprintf(stderr, "dsec-scheduler %s: node %s stopped reporting; out of placement\n", s->name,
-                names[i]);
+        fprintf(stderr,
+                "dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
+                " ms; out of placement\n",
+                s->name, names[i], dsec_placement_drain_after_ms(s->view));
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);
     dsec_lost_tick(s->lost, now_ms());
@@ -953,6 +957,10 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.max_attempts = conf->max_attempts ? conf->max_attempts : 3;
     s->conf.max_hops = conf->max_hops ? conf->max_hops : 2;
     s->conf.dead_after_ms = conf->dead_after_ms ? conf->dead_after_ms : 3000;
+    s->conf.heartbeat_ms = conf->heartbeat_ms ? conf->heartbeat_ms : 1000;
+    s->conf.suspect_after_ms = conf->suspect_after_ms; /* 0: the view's default */
+    s->conf.drain_gap_ms = conf->drain_gap_ms ? conf->drain_gap_ms : 1000;
+    s->conf.probation_ms = conf->probation_ms ? conf->probation_ms : 3 * s->conf.heartbeat_ms;
     s->conf.lost_after_ms = conf->lost_after_ms ? conf->lost_after_ms : 30000;
     s->conf.summary_ms = conf->summary_ms ? conf->summary_ms : 1000;
     s->conf.default_cpu_milli = conf->default_cpu_milli ? conf->default_cpu_milli : 1000;
@@ -975,7 +983,10 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     snprintf(s->back, sizeof s->back, "dsec.v1.ctl.sched.%s.%s.back", s->cell, s->name);
     snprintf(s->quota_subj, sizeof s->quota_subj, "dsec.v1.ctl.quota.%s.admit", s->cell);
     dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
-                                .locality_weight = -1};
+                                .heartbeat_ms = s->conf.heartbeat_ms,
+                                .suspect_after_ms = s->conf.suspect_after_ms,
+                                .drain_gap_ms = s->conf.drain_gap_ms,
+                                .probation_ms = s->conf.probation_ms, .locality_weight = -1};
     char subj[256], queue[128];
     if (dsec_placement_new(&s->view, reg, &pc, err) < 0 ||
         dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, s->conf.dead_after_ms, err) < 0)
@@ -1074,6 +1085,11 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     dsec_lost_stats_get(s->lost, &ls);
     o->superseded = ls.superseded;
     o->superseded_resent = ls.resent;
+    dsec_placement_health h;
+    dsec_placement_health_get(s->view, now_ms(), &h);
+    o->suspect = h.suspect;
+    o->drains_deferred = h.deferred;
+    o->readmitted = h.readmitted;
 }
 
 void dsec_sched_place_latency(dsec_sched *s, dsec_metrics_hist_snap *out)

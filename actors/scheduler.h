@@ -17,7 +17,17 @@ typedef struct dsec_sched_conf {
     unsigned k;                 /* candidates per placement (power of k choices); default 3 */
     unsigned max_attempts;      /* nodes tried before answering "refused"; default 3 */
     unsigned max_hops;          /* cross-cell forwards of one request; default 2 */
-    uint32_t dead_after_ms;     /* a silent node leaves placement; default 3000 */
+    /* Silence (docs/control-plane.md, "Capacity, heartbeats, draining"): a node not
+     * heard from for suspect_after_ms is suspect (placed only when no other node has
+     * room); one neither heard from nor answering placements for
+     * max(dead_after_ms, suspect_after_ms + heartbeat_ms) is drained, one at once
+     * and then one per drain_gap_ms; one back from silence is not preferred until
+     * it has been on time for probation_ms. */
+    uint32_t dead_after_ms;     /* default 3000 */
+    uint32_t heartbeat_ms;      /* the nodes' heartbeat interval; default 1000 */
+    uint32_t suspect_after_ms;  /* default 2 * heartbeat_ms; if set, below dead_after_ms */
+    uint32_t drain_gap_ms;      /* default 1000 */
+    uint32_t probation_ms;      /* default 3 * heartbeat_ms */
     uint32_t lost_after_ms;     /* a node silent this long is declared lost to its sandboxes'
                                    owners and reconciled when it returns (actors/lost.h);
                                    default 30000 */
@@ -50,7 +60,10 @@ typedef struct dsec_sched_stats {
     uint64_t forwarded;   /* creates sent to another cell */
     uint64_t failed;      /* creates answered with an error */
     uint64_t nodes;       /* nodes in the view */
-    uint64_t expired;     /* nodes taken out for silence */
+    uint64_t expired;     /* nodes taken out for silence (drained) */
+    uint64_t suspect;     /* nodes suspect now (late, kept in placement, not preferred) */
+    uint64_t drains_deferred; /* drains put off by drain_gap_ms (once per node per pass) */
+    uint64_t readmitted;  /* drained nodes back in placement */
     uint64_t waiting;     /* rollout creates waiting for room now */
     uint64_t waited;      /* rollout creates that have waited (placed later or not) */
     uint64_t over_quota;  /* creates the quota actor refused */

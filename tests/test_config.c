@@ -165,10 +165,34 @@ static void cell_trace_settings(void **state)
     dsec_cell_conf_release(&c);
 }
 
+/* scheduler: the silence settings, and a suspect_after_ms that would never come first. */
+static void cell_scheduler_silence_settings(void **state)
+{
+    (void)state;
+    dsec_cell_conf c;
+    dsec_cell_conf_defaults(&c);
+    dsec_err err;
+    const char *y = "cell: c1\nscheduler:\n  dead_after_ms: 5000\n  suspect_after_ms: 2500\n"
+                    "  drain_gap_ms: 2000\n  probation_ms: 4000\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", y, strlen(y), &err), 0);
+    assert_int_equal(c.suspect_after_ms, 2500);
+    assert_int_equal(c.drain_gap_ms, 2000);
+    assert_int_equal(c.probation_ms, 4000);
+    dsec_cell_conf_release(&c);
+    dsec_cell_conf_defaults(&c);
+    const char *bad = "cell: c1\nscheduler:\n  dead_after_ms: 3000\n  suspect_after_ms: 3000\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", bad, strlen(bad), &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "scheduler.suspect_after_ms (3000) must be below "
+                                    "scheduler.dead_after_ms (3000)"));
+    dsec_cell_conf_release(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(reads_values_and_defaults),
+        cmocka_unit_test(cell_scheduler_silence_settings),
         cmocka_unit_test(errors_name_file_line_and_key),
         cmocka_unit_test(syntax_and_structure_errors),
         cmocka_unit_test(empty_file_is_empty_map),

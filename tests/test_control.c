@@ -1345,6 +1345,65 @@ static void silent_node_is_drained(void **state)
     waitpid(pid, NULL, 0);
 }
 
+
+/* Two node managers stopped together (alive but silent, answering nothing): the replica drains
+ * one, and the other only drain_gap_ms later; a third node stays. The old scheduler drained
+ * both in one pass. (Which node a create prefers meanwhile is test_placement's business: here
+ * the in-process node's own heartbeats may run late on a busy host.) */
+static void silent_nodes_are_drained_one_at_a_time(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t25");
+    c.drain_gap_ms = 3000; /* far longer than two reads of the stats, however busy the host */
+    static const char *const sim[] = {"sim", NULL};
+    add_node(&c, "t25-ok", 20, sim, NULL);
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    char cfg[2][256], st[2][256], name[2][16];
+    pid_t pid[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cfg[i], sizeof cfg[i], "%s/t25-%d.yaml", root, i);
+        snprintf(st[i], sizeof st[i], "%s/t25-node-%d", root, i);
+        snprintf(name[i], sizeof name[i], "t25-n%d", i);
+        write_node_config(cfg[i], "t25", name[i], st[i]);
+        pid[i] = spawn_dsecd(cfg[i]);
+    }
+    wait_nodes(sched, 3, 5000);
+    dsec_sched *r = dsec_cell_sched_at(sched, 0);
+    dsec_sched_stats ss;
+    dsec_sched_stats_get(r, &ss);
+    uint64_t expired0 = ss.expired, deferred0 = ss.drains_deferred;
+    kill(pid[0], SIGSTOP);
+    kill(pid[1], SIGSTOP);
+    /* both suspect first, still in the view */
+    for (int waited = 0; waited < 10000; waited += 20) {
+        dsec_sched_stats_get(r, &ss);
+        if (ss.suspect >= 2 || ss.expired > expired0)
+            break;
+        msleep(20);
+    }
+    assert_true(ss.suspect >= 2 || ss.expired > expired0);
+    /* the first drain */
+    for (int waited = 0; waited < 10000 && ss.expired == expired0; waited += 20) {
+        msleep(20);
+        dsec_sched_stats_get(r, &ss);
+    }
+    assert_int_equal(ss.expired, expired0 + 1);
+    assert_int_equal(ss.nodes, 2);
+    /* the second, a drain gap later, put off meanwhile */
+    for (int waited = 0; waited < 20000 && ss.expired == expired0 + 1; waited += 20) {
+        msleep(20);
+        dsec_sched_stats_get(r, &ss);
+    }
+    assert_int_equal(ss.expired, expired0 + 2);
+    assert_int_equal(ss.nodes, 1);
+    assert_true(ss.drains_deferred > deferred0);
+    for (int i = 0; i < 2; i++) {
+        kill(pid[i], SIGCONT); /* its next full report re-admits it */
+        kill(pid[i], SIGTERM);
+        waitpid(pid[i], NULL, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     dsecd_path = argc > 1 ? argv[1] : "./dsecd";
@@ -1372,6 +1431,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(killed_node_keeps_or_explains_acknowledged, test_teardown),
         cmocka_unit_test_teardown(restarted_node_keeps_what_its_lookup_answered, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),
+        cmocka_unit_test_teardown(silent_nodes_are_drained_one_at_a_time, test_teardown),
     };
     /* DSEC_TEST_FILTER=killed_node* (a cmocka pattern) runs only what matches */
     if (getenv("DSEC_TEST_FILTER") != NULL)

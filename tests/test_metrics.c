@@ -442,6 +442,17 @@ static void test_counters_match(void **state)
     assert_true(total(body, "dsec_scheduler_over_quota_total") == 0);
     assert_true(total(body, "dsec_scheduler_waiting") == 0);
     assert_true(total(body, "dsec_scheduler_nodes") == 2);
+    /* the silence counters are exported, one sample per replica; nobody was drained */
+    const char *silence[] = {"dsec_scheduler_nodes_suspect",
+                             "dsec_scheduler_drains_deferred_total",
+                             "dsec_scheduler_nodes_readmitted_total",
+                             "dsec_scheduler_nodes_expired_total"};
+    for (size_t i = 0; i < sizeof silence / sizeof *silence; i++) {
+        double v = sum_of(body, silence[i], in_cell, &n);
+        assert_int_equal(n, 1);
+        assert_true(v >= 0);
+    }
+    assert_true(total(body, "dsec_scheduler_nodes_expired_total") == 0);
     /* the nodes */
     assert_true(sum_of(body, "dsec_node_sandboxes_created_total", in_cell, &n) == N);
     assert_int_equal(n, 2);

@@ -480,7 +480,8 @@ static void silent_node_expires(void **state)
     assert_int_equal(dsec_placement_heartbeat(v, "n2", 8000), 0);
     assert_int_equal(dsec_placement_heartbeat(v, "zz", 8000), DSEC_REPORT_UNKNOWN);
 
-    /* Silent for 11 s: out of placement even before expire() runs. */
+    /* Silent for 11 s: suspect, so n2 (heard 3 s ago) takes every create, even before
+     * expire() runs. */
     uint64_t rng = 9;
     dsec_err e;
     dsec_place_result res;
@@ -505,11 +506,16 @@ static void silent_node_expires(void **state)
     assert_int_equal(n, 0);
     assert_null(names);
 
-    /* The last one goes silent too. */
+    /* The last one goes silent too: the only node with room, it takes creates until
+     * expire() drains it. */
+    assert_string_equal(place(v, &req, 2, &rng, 30000, &res, &e), "n2");
+    dsec_placement_release(v, "n2", res.reservation);
+    assert_int_equal(dsec_placement_expire(v, 30000, &names, &n, &e), 0);
+    assert_int_equal(n, 1);
+    dsec_placement_names_free(names, n);
     assert_null(place(v, &req, 2, &rng, 30000, NULL, &e));
     assert_int_equal(e.code, DSEC_E_CAPACITY);
-    assert_string_equal(e.msg, "no healthy node in cell c1 offers sandbox type \"container\" (1 "
-                               "offer it but are unhealthy or silent)");
+    assert_string_equal(e.msg, "no node in cell c1 has reported capacity yet");
     /* It comes back with its next full report. */
     dsec_node_report r = full("n1", 4000, 8192, 100);
     report(v, &r, 30000, DSEC_REPORT_APPLIED);
@@ -1013,6 +1019,203 @@ static void place_cost(void **state)
     measure(10000, 0.01, 5); /* a nearly full cell: mostly scans */
 }
 
+
+/* ------------------------------------------------------------------- late nodes */
+
+/* The view as a scheduler with the default heartbeat (1000 ms) and dead_after_ms
+ * builds it: suspect after 2000 ms, drained after max(dead_after_ms, 2000 + 1000) ms
+ * without a report or an answer, then at most one drain a second, probation
+ * 3000 ms. */
+static dsec_placement *late_view(uint64_t dead_after_ms)
+{
+    dsec_placement_config cfg = {.cell = "c1", .dead_after_ms = dead_after_ms,
+                                 .heartbeat_ms = 1000, .drain_gap_ms = 1000,
+                                 .probation_ms = 3000, .locality_weight = -1};
+    dsec_placement *v = NULL;
+    dsec_err e;
+    assert_int_equal(dsec_placement_new(&v, reg, &cfg, &e), 0);
+    return v;
+}
+
+/* Run expire() and return how many it drained (names checked against want, if given). */
+static size_t drain(dsec_placement *v, uint64_t now, const char *want)
+{
+    char **names = NULL;
+    size_t n = 0;
+    dsec_err e;
+    assert_int_equal(dsec_placement_expire(v, now, &names, &n, &e), 0);
+    if (want != NULL && n > 0)
+        assert_string_equal(names[0], want);
+    dsec_placement_names_free(names, n);
+    return n;
+}
+
+static void late_config_refused(void **state)
+{
+    dsec_placement_config cfg = {.dead_after_ms = 3000, .suspect_after_ms = 3000,
+                                 .locality_weight = -1};
+    dsec_placement *v = NULL;
+    dsec_err e;
+    assert_int_equal(dsec_placement_new(&v, reg, &cfg, &e), -1);
+    assert_int_equal(e.code, DSEC_E_INVALID);
+    assert_string_equal(e.msg, "placement: suspect_after_ms (3000) must be below dead_after_ms "
+                               "(3000)");
+    assert_null(v);
+}
+
+/* (a) Heartbeats every 1500 ms (1.5 x the interval): the node is never suspect,
+ * never drained, and takes its share of creates, even where dead_after_ms (1200)
+ * is shorter than its gaps: it must be suspect a heartbeat interval first. */
+static void late_heartbeats_stay_in_placement(void **state)
+{
+    dsec_placement *v = late_view(1200);
+    assert_int_equal(dsec_placement_drain_after_ms(v), 3000);
+    add(v, "n1", 4000, 8192, 100);
+    add(v, "n2", 4000, 8192, 100);
+    uint64_t rng = 5;
+    dsec_err e;
+    dsec_place_result res;
+    dsec_place_req req = creq(100, 100);
+    int to_n1 = 0, total = 0;
+    for (uint64_t t = 100; t <= 30000; t += 100) {
+        if (t % 1500 == 0)
+            assert_int_equal(dsec_placement_heartbeat(v, "n1", t), 0);
+        if (t % 1000 == 0)
+            assert_int_equal(dsec_placement_heartbeat(v, "n2", t), 0);
+        assert_int_equal(drain(v, t, NULL), 0); /* the scheduler's tick may fall anywhere */
+        const char *got = place(v, &req, 2, &rng, t, &res, &e);
+        assert_non_null(got);
+        to_n1 += strcmp(got, "n1") == 0;
+        total++;
+        dsec_placement_release(v, got, res.reservation);
+        dsec_node_info ni = info(v, "n1", t);
+        assert_false(ni.suspect);
+        assert_true(ni.preferred);
+    }
+    /* equal nodes, k = 2: about half; far from none */
+    assert_true(to_n1 > total / 4);
+    dsec_placement_health h;
+    dsec_placement_health_get(v, 30000, &h);
+    assert_int_equal(h.suspect, 0);
+    assert_int_equal(h.drained, 0);
+    assert_int_equal(h.deferred, 0);
+    dsec_placement_free(v);
+}
+
+/* (b) Silent and not answering: suspect first (only a fallback), drained past
+ * dead_after_ms as before; a full report re-admits it on probation. */
+static void silent_node_suspect_then_drained(void **state)
+{
+    dsec_placement *v = late_view(3000);
+    add(v, "n1", 4000, 8192, 100);
+    add(v, "n2", 4000, 8192, 2);
+    uint64_t rng = 3;
+    dsec_err e;
+    dsec_place_result res;
+    dsec_place_req req = creq(100, 100);
+    for (uint64_t t = 1000; t <= 2500; t += 500)
+        assert_int_equal(dsec_placement_heartbeat(v, "n2", t), 0);
+
+    /* 2500 ms silent: suspect, still in the view; n2 takes creates while it has room... */
+    assert_true(info(v, "n1", 2500).suspect);
+    assert_false(info(v, "n1", 2500).preferred);
+    assert_true(info(v, "n1", 2500).alive);
+    assert_int_equal(drain(v, 2500, NULL), 0);
+    assert_string_equal(place(v, &req, 2, &rng, 2500, NULL, &e), "n2");
+    assert_string_equal(place(v, &req, 2, &rng, 2500, NULL, &e), "n2");
+    /* ...and n1, the only node left with room, takes the next. */
+    assert_string_equal(place(v, &req, 2, &rng, 2500, &res, &e), "n1");
+    dsec_placement_health h;
+    dsec_placement_health_get(v, 2500, &h);
+    assert_int_equal(h.suspect, 1);
+
+    /* Past dead_after_ms with no report and no answer: drained. */
+    assert_int_equal(dsec_placement_heartbeat(v, "n2", 3000), 0);
+    assert_int_equal(drain(v, 3500, "n1"), 1);
+    assert_int_equal(dsec_placement_count(v), 1);
+    dsec_placement_health_get(v, 3500, &h);
+    assert_int_equal(h.drained, 1);
+    assert_int_equal(h.suspect, 0);
+
+    /* Its next full report brings it back, on probation: n2 is preferred while it
+     * has room (a report freed it), for probation_ms. */
+    dsec_node_report r = full("n1", 4000, 8192, 100);
+    r.seq = 2;
+    report(v, &r, 4000, DSEC_REPORT_APPLIED);
+    r = full("n2", 4000, 8192, 100);
+    r.seq = 2;
+    report(v, &r, 4000, DSEC_REPORT_APPLIED);
+    dsec_placement_health_get(v, 4000, &h);
+    assert_int_equal(h.readmitted, 1);
+    assert_int_equal(h.probation, 1);
+    assert_false(info(v, "n1", 4000).preferred);
+    for (uint64_t t = 4000; t < 7000; t += 100) {
+        if (t % 1000 == 0) {
+            assert_int_equal(dsec_placement_heartbeat(v, "n1", t), 0);
+            assert_int_equal(dsec_placement_heartbeat(v, "n2", t), 0);
+        }
+        assert_string_equal(place(v, &req, 2, &rng, t, &res, &e), "n2");
+        dsec_placement_release(v, "n2", res.reservation);
+    }
+    /* On time throughout: preferred again once probation is over. */
+    assert_int_equal(dsec_placement_heartbeat(v, "n1", 7000), 0);
+    assert_true(info(v, "n1", 7000).preferred);
+    int to_n1 = 0;
+    for (int i = 0; i < 40; i++) {
+        const char *got = place(v, &req, 2, &rng, 7000, &res, &e);
+        to_n1 += strcmp(got, "n1") == 0;
+        dsec_placement_release(v, got, res.reservation);
+    }
+    assert_true(to_n1 > 0);
+    dsec_placement_free(v);
+}
+
+/* (c) Four nodes go quiet together: one is drained at once, the others one per
+ * drain_gap_ms; the one that keeps answering placements is never drained until it
+ * stops answering too. */
+static void late_nodes_drained_one_at_a_time(void **state)
+{
+    dsec_placement *v = late_view(3000);
+    add(v, "n1", 4000, 8192, 100);
+    add(v, "n2", 4000, 8192, 100);
+    add(v, "n3", 4000, 8192, 100);
+    add(v, "n4", 4000, 8192, 100);
+    add(v, "n5", 4000, 8192, 100);
+    dsec_placement_health h;
+    size_t drained = 0;
+    uint64_t first = 0;
+    for (uint64_t t = 500; t <= 12000; t += 500) {
+        assert_int_equal(dsec_placement_heartbeat(v, "n5", t), 0);
+        assert_int_equal(dsec_placement_answered(v, "n1", t), 0); /* refusals keep coming */
+        size_t n = drain(v, t, NULL);
+        assert_true(n <= 1);
+        if (n == 1 && first == 0)
+            first = t;
+        drained += n;
+        assert_int_equal(info(v, "n1", t).alive, true);
+        assert_true(info(v, "n1", t).suspect || t <= 2000);
+    }
+    /* all three went at 3000 ms, one at a time, a drain_gap_ms apart */
+    assert_int_equal(drained, 3);
+    assert_int_equal(first, 3500);
+    dsec_placement_health_get(v, 12000, &h);
+    assert_int_equal(h.drained, 3);
+    assert_true(h.deferred >= 3); /* two at the first pass, one at least after */
+    assert_int_equal(h.suspect, 1); /* n1: late, but answering */
+    assert_int_equal(dsec_placement_count(v), 2);
+    assert_int_equal(dsec_placement_answered(v, "n2", 12000), DSEC_REPORT_UNKNOWN);
+
+    /* n1 stops answering as well: drained once dead_after_ms has passed since its
+     * last answer. */
+    for (uint64_t t = 12500; t <= 15000; t += 500) {
+        assert_int_equal(dsec_placement_heartbeat(v, "n5", t), 0);
+        assert_int_equal(drain(v, t, NULL), 0);
+    }
+    assert_int_equal(drain(v, 15500, "n1"), 1);
+    assert_int_equal(dsec_placement_count(v), 1);
+    dsec_placement_free(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1035,6 +1238,10 @@ int main(void)
         cmocka_unit_test(disk_not_counted_is_not_filtered),
         cmocka_unit_test(disk_counts_in_the_score),
         cmocka_unit_test(cell_summary),
+        cmocka_unit_test(late_config_refused),
+        cmocka_unit_test(late_heartbeats_stay_in_placement),
+        cmocka_unit_test(silent_node_suspect_then_drained),
+        cmocka_unit_test(late_nodes_drained_one_at_a_time),
         cmocka_unit_test(concurrent_place_never_overcommits),
         cmocka_unit_test(place_cost),
     };

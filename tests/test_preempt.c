@@ -516,6 +516,38 @@ static void refusals_for_room_end_the_wait(void **state)
     stop_stale();
 }
 
+/* Nodes that never heartbeat but keep answering placements (refusing them) are late, not
+ * gone: the scheduler keeps them, suspect, past dead_after_ms (3 s) for as long as they
+ * answer, and drains them once they stop. The old scheduler drained them at 3 s. */
+static void answering_nodes_stay_past_dead_after(void **state)
+{
+    start_stale_cell(-1);
+    dsec_sched *r = dsec_cell_sched_at(live.cell, 0);
+    dsec_create_spec s = {
+        .type = "sim", .cpu_milli = 1000, .memory_mb = 256, .cls = "job", .cell = live.conf.cell};
+    dsec_sandbox_info info;
+    dsec_err err;
+    dsec_sched_stats ss;
+    uint64_t t0 = mono_ms();
+    while (mono_ms() - t0 < 7000) { /* over twice dead_after_ms */
+        assert_int_equal(dsec_create(live.client, &s, &info, &err), -1);
+        assert_int_equal(err.code, DSEC_E_REFUSED);
+        msleep(100);
+    }
+    dsec_sched_stats_get(r, &ss);
+    assert_int_equal(ss.nodes, NSTALE);
+    assert_int_equal(ss.expired, 0);
+    assert_int_equal(ss.suspect, NSTALE); /* no heartbeat since their one report */
+    /* silent and no longer answering: drained (one at a time) */
+    for (int waited = 0; waited < 30000 && ss.nodes > 0; waited += 50) {
+        msleep(50);
+        dsec_sched_stats_get(r, &ss);
+    }
+    assert_int_equal(ss.nodes, 0);
+    assert_int_equal(ss.expired, NSTALE);
+    stop_stale();
+}
+
 /* One node's report says it has room, but it refuses for room, saying what it has:
  * the scheduler believes the refusal, so no create is sent there a second time
  * (with the report alone it would be, until the node's next report). */
@@ -940,6 +972,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(eviction_rate_is_capped, test_teardown),
         cmocka_unit_test_teardown(rollout_refused_for_room_waits, test_teardown),
         cmocka_unit_test_teardown(refusals_for_room_end_the_wait, test_teardown),
+        cmocka_unit_test_teardown(answering_nodes_stay_past_dead_after, test_teardown),
         cmocka_unit_test_teardown(a_refusal_for_room_corrects_the_view, test_teardown),
         cmocka_unit_test_teardown(failover_reclaims_nothing_twice, test_teardown),
         cmocka_unit_test_teardown(fast_forward_runs_once, test_teardown),
