@@ -1271,6 +1271,7 @@ int dsec_agent_file_read_start(dsec_agent *a, struct dsec_loop *loop, const char
     return file_run_start(r, a, loop, path, err);
 }
 
+/* Decode an ENTRIES answer into a caller-owned array. */
 static int decode_entries(const uint8_t *p, size_t n, const char *path, dsec_file_entry **entries,
                           size_t *count, dsec_err *err)
 {
