@@ -1563,10 +1563,11 @@ static int ct_resume(void *self, dsec_sandbox *sb, dsec_err *err)
 }
 
 /* Thaw sb after a freeze of our own, trying a few times: a frozen sandbox left behind
- * answers nothing. -1 with err (its first failure kept in the message) if it stays frozen. */
+ * answers nothing. -1 with err (the last failure in the message) if it stays frozen. */
 static int thaw_or_say(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
     dsec_err e;
+    dsec_err_set(&e, DSEC_E_STATE, 0, "thawed, but its freezer still says frozen");
     for (int i = 0; i < 5; i++)
         if (dsec__ct_freeze(be, sb->rid, false, &e) == 0 && !dsec__ct_frozen(be, sb->rid))
             return 0;
