@@ -387,7 +387,10 @@ static void trace_shows_scheduler_then_node(void **state)
             admitted = &h[i];
     assert_non_null(admitted);
     assert_string_equal(admitted->sent, "place");
-    assert_true(admitted->start_ns >= admit->start_ns && admitted->end_ns <= place->end_ns);
+    /* causal order: the quota actor's answer came before it, and its place before the node's
+     * hop. Not end against end: the callback may still be finishing after it sent the place
+     * while the node has answered it (seen under make check's load). */
+    assert_true(admitted->start_ns >= admit->start_ns && admitted->start_ns <= place->start_ns);
     assert_true(create->start_ns <= admit->start_ns);
     assert_true(admit->start_ns <= place->start_ns);
     assert_true(place->end_ns <= exec->start_ns);
