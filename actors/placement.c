@@ -365,12 +365,13 @@ int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
                           : cfg->heartbeat_ms ? 2 * cfg->heartbeat_ms
                                               : v->dead_after_ms / 2;
     if (cfg->suspect_after_ms != 0 && cfg->suspect_after_ms >= v->dead_after_ms) {
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "placement: suspect_after_ms (%" PRIu64 ") must be below dead_after_ms "
+                     "(%" PRIu64 ")",
+                     cfg->suspect_after_ms, v->dead_after_ms);
         dsec_free(v->cell);
         dsec_free(v);
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "placement: suspect_after_ms (%" PRIu64
-                            ") must be below dead_after_ms (%" PRIu64 ")",
-                            cfg->suspect_after_ms, v->dead_after_ms);
+        return -1;
     }
     /* slack: suspect for a heartbeat interval at least before a drain */
     if (v->dead_after_ms < v->suspect_after_ms + cfg->heartbeat_ms)
