@@ -841,10 +841,15 @@ static void net_ready(struct fn_call *c, bool timed_out)
 {
     dsec_err err;
     bool lost = false;
+    /* The watch goes first: a failed worker's socket is closed by net_ready, and a watch
+     * removed after its fd closed stays in epoll while anything else holds the socket. */
+    unwatch(&c->wready);
     int rc = dsec__fn_worker_net_ready(c->pools, c->w, timed_out, &lost, &err);
-    if (rc == 1)
-        return;          /* woken for nothing: the watch and the deadline stay */
-    unwatch(&c->wready); /* before launch watches the same socket */
+    if (rc == 1) { /* woken for nothing: watch again, the deadline stays */
+        if (watch(c, c->w->task_fd, DSEC_LOOP_IN, &c->wready, &err) < 0)
+            call_fail(c, &err);
+        return;
+    }
     if (rc < 0)
         net_failed(c, lost, &err);
     else

@@ -226,8 +226,12 @@ void dsec_loop_del(dsec_loop_watch *w)
     if (w == NULL || w->dead)
         return;
     dsec_loop *l = w->loop;
-    if (w->fd >= 0)
-        epoll_ctl(l->ep, EPOLL_CTL_DEL, w->fd, NULL);
+    if (w->fd >= 0 && epoll_ctl(l->ep, EPOLL_CTL_DEL, w->fd, NULL) < 0 && errno != EPERM)
+        /* The fd was closed (or reused) before its watch went. If another process or a dup
+         * still holds what it named, epoll keeps reporting it with this watch, which is about
+         * to be freed: a caller's bug, said loudly so that a test log shows it. */
+        fprintf(stderr, "dsec: event loop %s: fd %d was closed before its watch was removed: %s\n",
+                l->name, w->fd, strerror(errno));
     pthread_mutex_lock(&l->mu);
     heap_remove(l, w);
     if (w->prev != NULL)
