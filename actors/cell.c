@@ -27,6 +27,7 @@ struct dsec_cell {
     dsec_bus *bus;
     dsec_ticker *ticker;
     dsec_ticker *sync_ticker; /* journal syncs: a slow disk never delays reports */
+    dsec_ticker *hb_ticker;   /* nodes' heartbeats: never behind reports or the reaper */
     dsec_registry *reg;
     dsec_node **nodes;
     size_t nnodes;
@@ -1073,7 +1074,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                         /* a newer sender's message is refused, not misread */
                         .schema_max = DSEC_SCHEMA_VERSION};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||
-        dsec_ticker_new(&c->sync_ticker, err) < 0 ||
+        dsec_ticker_new(&c->sync_ticker, err) < 0 || dsec_ticker_new(&c->hb_ticker, err) < 0 ||
         dsec_registry_new_builtin(&c->reg, err) < 0)
         goto out_fail;
     if (conf->trace_ring > 0) {
@@ -1151,7 +1152,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .full_ms = conf->full_ms, .heartbeat_ms = conf->heartbeat_ms,
                                  .quota = conf->quota,
                                  .reap_ms = conf->reap_ms, .sync_ms = conf->journal_sync_ms,
-                                 .sync_ticker = c->sync_ticker,
+                                 .sync_ticker = c->sync_ticker, .hb_ticker = c->hb_ticker,
                                  .default_cpu_milli = conf->default_cpu_milli,
                                  .default_memory_mb = conf->default_memory_mb,
                                  .default_disk_mb = conf->default_disk_mb,
@@ -1283,6 +1284,7 @@ void dsec_cell_stop(dsec_cell *c, bool destroy)
     dsec_tracer_stop(c->tracer);
     dsec_ticker_free(c->ticker);
     dsec_ticker_free(c->sync_ticker);
+    dsec_ticker_free(c->hb_ticker);
     dsec_workq_free(c->work);
     dsec_loop_free(c->loop);
     dsec_traj_close(c->traj);

@@ -127,6 +127,7 @@ struct dsec_node {
     dsec_bus *bus;
     dsec_ticker *ticker;
     dsec_ticker *sync_ticker;
+    dsec_ticker *hb_ticker;
     const dsec_registry *reg;
     dsec_actor *actor;
     dsec_journal *journal;

@@ -360,10 +360,11 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", n->cell, n->name);
     if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_superseded, n, err) < 0)
         goto out_fail;
+    n->hb_ticker = c->hb_ticker ? c->hb_ticker : ticker;
     if ((n->ticks[0] =
              dsec_ticker_add(ticker, n->conf.capacity_ms, dsec__node_tick_capacity, n, err)) < 0 ||
-        (n->ticks[1] = dsec_ticker_add(ticker, n->conf.heartbeat_ms, dsec__node_tick_heartbeat, n,
-                                       err)) < 0 ||
+        (n->ticks[1] = dsec_ticker_add(n->hb_ticker, n->conf.heartbeat_ms,
+                                       dsec__node_tick_heartbeat, n, err)) < 0 ||
         (n->ticks[2] = dsec_ticker_add(ticker, n->conf.reap_ms, dsec__node_tick_reap, n, err)) < 0)
         goto out_fail;
     n->sync_ticker = c->sync_ticker ? c->sync_ticker : ticker;
@@ -383,8 +384,9 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
 {
     if (n == NULL)
         return;
-    for (int i = 0; i < 3; i++)
-        dsec_ticker_remove(n->ticker, n->ticks[i]);
+    dsec_ticker_remove(n->ticker, n->ticks[0]);
+    dsec_ticker_remove(n->hb_ticker, n->ticks[1]);
+    dsec_ticker_remove(n->ticker, n->ticks[2]);
     dsec_ticker_remove(n->sync_ticker, n->ticks[3]);
     pthread_mutex_lock(&n->alert_mu);
     n->alert_on = false;

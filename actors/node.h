@@ -48,6 +48,8 @@ typedef struct dsec_node_conf {
                                loses what was not yet synced) */
     dsec_ticker *sync_ticker; /* where syncs run, so a slow disk never delays reports;
                                  NULL: the main ticker */
+    dsec_ticker *hb_ticker;   /* where heartbeats go out, so that reports and the reaper's
+                                 scan of a full node never delay them; NULL: the main ticker */
     uint64_t default_cpu_milli;  /* for requests that name none; default 1000 */
     uint64_t default_memory_mb;  /* default 512 */
     uint64_t default_disk_mb;    /* disk quota of a create that names none; default 1024 */
