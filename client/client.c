@@ -139,7 +139,10 @@ static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out,
         dsec_msg_error e;
         if (dsec_decode(dec, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, err) < 0)
             return dsec_err_wrap(err, "decoding error reply");
-        return dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
+        dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
+        if (err != NULL) /* bounded: a hostile or confused responder cannot park the caller */
+            err->retry_after_ms = e.retry_after_ms > 3600000 ? 3600000 : (unsigned)e.retry_after_ms;
+        return -1;
     }
     const char *want = dsec_msg_type_name(type);
     if (t == NULL || strcmp(t, want) != 0)

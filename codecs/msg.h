@@ -98,6 +98,7 @@ typedef struct dsec_msg_error {
     bool retry_safe;
     const char *field;   /* the offending field, for decode/validation errors */
     const char *req_id;
+    uint64_t retry_after_ms; /* with "overloaded": wait this long before the retry; 0: not said */
 } dsec_msg_error;
 
 typedef struct dsec_msg_ping {

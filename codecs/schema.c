@@ -44,6 +44,8 @@ static const dsec_field error_fields[] = {
     FBOOL(dsec_msg_error, retry_safe, "retry_safe", "repeating the request cannot do harm"),
     FSTR(dsec_msg_error, field, "field", false, L_LONG, "the offending request field, if any"),
     FSTR(dsec_msg_error, req_id, "req_id", false, L_NAME, "the request's req_id, if any"),
+    FU64(dsec_msg_error, retry_after_ms, "retry_after_ms", false, 0, 0,
+         "with `overloaded`: wait this long (ms) before retrying; absent or 0: not said"),
 };
 
 static const dsec_field ping_fields[] = {
