@@ -348,6 +348,12 @@ typedef struct dsec_msg_cell_summary {
     uint64_t live;
     dsec_strv types;
     uint64_t ts_ns;
+    /* the replica that sent it, and its admission figures (docs/control-plane.md, Admission) */
+    const char *scheduler;
+    uint64_t parked;   /* rollout creates parked for room now */
+    uint64_t held;     /* work held now: admitting, unconfirmed placements, parked */
+    uint64_t admitted; /* creates let in, since the replica started */
+    uint64_t shed;     /* creates answered "overloaded", since the replica started */
 } dsec_msg_cell_summary;
 
 /* Lifecycle events leave a node in batches (one message per report window),

@@ -335,6 +335,14 @@ static const dsec_field cell_summary_fields[] = {
     FU64(dsec_msg_cell_summary, live, "live", false, 0, 0, "sandboxes alive"),
     FSTRV(dsec_msg_cell_summary, types, "types", false, 64, L_NAME, "sandbox types offered"),
     FU64(dsec_msg_cell_summary, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+    FSTR(dsec_msg_cell_summary, scheduler, "scheduler", false, L_NAME, "the scheduler replica that sent it"),
+    FU64(dsec_msg_cell_summary, parked, "parked", false, 0, 0, "the replica's rollout creates parked for room now"),
+    FU64(dsec_msg_cell_summary, held, "held", false, 0, 0,
+         "work the replica holds now: creates being admitted, unconfirmed placements, parked"),
+    FU64(dsec_msg_cell_summary, admitted, "admitted", false, 0, 0,
+         "creates the replica's admission let in since it started"),
+    FU64(dsec_msg_cell_summary, shed, "shed", false, 0, 0,
+         "creates the replica answered `overloaded` since it started"),
 };
 
 static const dsec_field sandbox_events_fields[] = {
