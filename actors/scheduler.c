@@ -152,18 +152,24 @@ static void quota_release(dsec_sched *s, const dsec_msg_create *c)
 
 /* The work this replica holds now: creates it is admitting or looking up
  * (each holds an ask), placements sent that no node report has confirmed
- * yet (the view's reservations in this cell), and parked rollouts. */
-static uint64_t held_now(dsec_sched *s)
+ * yet (the view's reservations in this cell, from sum), and parked rollouts. */
+static uint64_t held_in(dsec_sched *s, const dsec_cell_summary *sum)
 {
-    dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     pthread_mutex_lock(&s->amu);
     uint64_t h = s->asking;
     pthread_mutex_unlock(&s->amu);
     pthread_mutex_lock(&s->wmu);
     h += s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
-    return h + sum.reserved;
+    return h + sum->reserved;
+}
+
+/* The same, with a fresh look at the view (a pass over the cell's nodes). */
+static uint64_t held_now(dsec_sched *s)
+{
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    return held_in(s, &sum);
 }
 
 #define RETRY_AFTER_MIN_MS 10
@@ -186,16 +192,16 @@ static unsigned retry_after_ms(dsec_sched *s, uint64_t held)
 }
 
 /* Answer a create "overloaded" (retry-safe: nothing was placed) with the
- * replica's retry_after_ms. admitted: the quota actor admitted it, so that
- * admission goes back (never for one shed at arrival: its req_id may name an
- * earlier attempt's admission). */
-static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, bool admitted,
-                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+ * replica's retry_after_ms for the work it holds (held). admitted: the quota
+ * actor admitted it, so that admission goes back (never for one shed at
+ * arrival: its req_id may name an earlier attempt's admission). */
+static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
+                 bool admitted, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, bool admitted,
-                 const char *fmt, ...)
+static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
+                 bool admitted, const char *fmt, ...)
 {
-    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_after_ms(s, held_now(s))};
+    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_after_ms(s, held)};
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(e.msg, sizeof e.msg, fmt, ap);
@@ -334,14 +340,14 @@ static int park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, 
     uint64_t parked = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
     if (parked >= s->conf.park_max) {
-        shed(s, p->reply_to, &p->c, true,
+        shed(s, p->reply_to, &p->c, held_now(s), true,
              "no room in cell %s now, and scheduler %s has %" PRIu64 " rollout creates waiting "
              "for room already (scheduler.park_max)",
              s->cell, s->name, parked);
         return -1;
     }
     if (deadline_near(s, p->c.deadline_ns)) {
-        shed(s, p->reply_to, &p->c, true,
+        shed(s, p->reply_to, &p->c, held_now(s), true,
              "no room in cell %s now, and none can be waited for before the create's deadline",
              s->cell);
         return -1;
@@ -708,9 +714,11 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     p.c.tenant = tenant;
     /* Admission: past its bound the replica answers at once, before any
      * lookup, quota round trip or placement, so nothing was done for it. */
-    uint64_t held = held_now(s);
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    uint64_t held = held_in(s, &sum);
     if (held >= s->conf.admit_max) {
-        shed(s, reply_to, &p.c, false,
+        shed(s, reply_to, &p.c, held, false,
              "scheduler %s of cell %s holds %" PRIu64 " creates (scheduler.admit_max %u)", s->name,
              s->cell, held, s->conf.admit_max);
         return;
@@ -723,8 +731,6 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
                  "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
         return;
     }
-    dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     /* Choose among every type this process knows: a type offered only in
      * another cell is still a valid request here, and may be forwarded. */
     int tidx = pick_type(s, &p.c, sum.types ? sum.types : dsec_registry_all(s->reg), &err);
@@ -1031,7 +1037,7 @@ static void tick_wait(void *ud, uint64_t mono)
         if (deadline_near(s, p.c.deadline_ns)) {
             /* the client stops waiting before the next tick could place it:
              * an answer now, rather than its silent timeout */
-            shed(s, p.reply_to, &p.c, true,
+            shed(s, p.reply_to, &p.c, held_now(s), true,
                  "no room in cell %s after waiting %" PRIu64 " ms, and the create's deadline is near",
                  s->cell, t - w->since_ms);
             dsec_trace_leave(&sc);
