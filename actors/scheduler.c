@@ -59,6 +59,7 @@ struct dsec_sched {
     bool stopping; /* no new such request */
     struct waiter *whead, *wtail;
     uint64_t nwaiting, wait_cpu, wait_mem;
+    uint64_t nticking; /* waiters tick_wait has taken out of the queue for its pass */
     bool demand_sent; /* the last demand report said something is waiting */
     struct cell_seen cells[MAX_CELLS];
     size_t ncells;
@@ -159,7 +160,7 @@ static uint64_t held_in(dsec_sched *s, const dsec_cell_summary *sum)
     uint64_t h = s->asking;
     pthread_mutex_unlock(&s->amu);
     pthread_mutex_lock(&s->wmu);
-    h += s->nwaiting;
+    h += s->nwaiting + s->nticking;
     pthread_mutex_unlock(&s->wmu);
     return h + sum->reserved;
 }
@@ -337,7 +338,7 @@ static int park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, 
     if (s->conf.wait_ms == UINT32_MAX || p->c.cls == NULL || strcmp(p->c.cls, "rollout") != 0)
         return 0;
     pthread_mutex_lock(&s->wmu);
-    uint64_t parked = s->nwaiting;
+    uint64_t parked = s->nwaiting + s->nticking;
     pthread_mutex_unlock(&s->wmu);
     if (parked >= s->conf.park_max) {
         shed(s, p->reply_to, &p->c, held_now(s), true,
@@ -983,6 +984,7 @@ static void tick_wait(void *ud, uint64_t mono)
     pthread_mutex_lock(&s->wmu);
     struct waiter *list = s->whead;
     s->whead = s->wtail = NULL;
+    s->nticking = s->nwaiting; /* still parked for admission while this pass looks at them */
     s->nwaiting = s->wait_cpu = s->wait_mem = 0;
     pthread_mutex_unlock(&s->wmu);
     uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX, fail_disk = UINT64_MAX;
@@ -1061,6 +1063,7 @@ static void tick_wait(void *ud, uint64_t mono)
             s->wtail = list_tail(keep);
         s->whead = keep;
     }
+    s->nticking = 0;
     s->nwaiting += n;
     s->wait_cpu += cpu;
     s->wait_mem += mem;
