@@ -189,7 +189,9 @@ static unsigned retry_after_ms(dsec_sched *s, uint64_t held)
     if (rate == 0)
         return RETRY_AFTER_MAX_MS;
     uint64_t ms = held * 1000000ull / rate;
-    return ms < RETRY_AFTER_MIN_MS ? RETRY_AFTER_MIN_MS : ms > RETRY_AFTER_MAX_MS ? RETRY_AFTER_MAX_MS : (unsigned)ms;
+    return ms < RETRY_AFTER_MIN_MS   ? RETRY_AFTER_MIN_MS
+           : ms > RETRY_AFTER_MAX_MS ? RETRY_AFTER_MAX_MS
+                                     : (unsigned)ms;
 }
 
 /* Answer a create "overloaded" (retry-safe: nothing was placed) with the
@@ -931,7 +933,8 @@ static void tick_summary(void *ud, uint64_t mono)
                                .slots_free = sum.slots_free, .live = sum.live,
                                .types = {types, nt}, .ts_ns = dsec_wall_ns(),
                                .scheduler = s->name, .held = held_now(s),
-                               .admitted = atomic_load(&s->n_admitted), .shed = atomic_load(&s->n_shed)};
+                               .admitted = atomic_load(&s->n_admitted),
+                               .shed = atomic_load(&s->n_shed)};
     pthread_mutex_lock(&s->wmu);
     c.parked = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
@@ -1040,7 +1043,8 @@ static void tick_wait(void *ud, uint64_t mono)
             /* the client stops waiting before the next tick could place it:
              * an answer now, rather than its silent timeout */
             shed(s, p.reply_to, &p.c, held_now(s), true,
-                 "no room in cell %s after waiting %" PRIu64 " ms, and the create's deadline is near",
+                 "no room in cell %s after waiting %" PRIu64
+                 " ms, and the create's deadline is near",
                  s->cell, t - w->since_ms);
             dsec_trace_leave(&sc);
             dsec_free(w);

@@ -549,7 +549,8 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
      * a failure); the attempt's deadline bounds them. */
     if (err.code == DSEC_E_OVERLOADED && a->c->retries > 0 && defer_overloaded(a, &err))
         return;
-    if (err.code != DSEC_E_OVERLOADED && dsec_code_retry_safe(err.code) && a->retry < a->c->retries) {
+    if (err.code != DSEC_E_OVERLOADED && dsec_code_retry_safe(err.code) &&
+        a->retry < a->c->retries) {
         a->retry++;
         if (err.code == DSEC_E_CONN && defer_retry(a))
             return;

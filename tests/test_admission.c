@@ -1,4 +1,4 @@
-/* test_admission.c - the scheduler's admission bound and "overloaded" answers, end to end on a real nats-server. */
+/* test_admission.c - the scheduler's admission bound and its "overloaded" answers, end to end. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -87,7 +87,8 @@ static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, int 
     char node[80];
     snprintf(node, sizeof node, "%s-n", c->cell);
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, node, 1, cpu, 1u << 20, 1000, types, "0", &err), 0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(c, node, 1, cpu, 1u << 20, 1000, types, "0", &err), 0);
     snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%.64s", node);
     if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
         fail_msg("cell %s: %s", c->cell, err.msg);
@@ -187,7 +188,8 @@ static void overload_is_answered_not_queued(void **state)
         msleep(10);
     assert_int_equal(atomic_load(&o.done), sent);
     if (atomic_load(&o.other) > 0)
-        fail_msg("%d creates failed otherwise (%s)", atomic_load(&o.other), dsec_code_name(o.other_code));
+        fail_msg("%d creates failed otherwise (%s)", atomic_load(&o.other),
+                 dsec_code_name(o.other_code));
     assert_int_equal(atomic_load(&o.late), 0);
     assert_int_equal(atomic_load(&o.bad_retry_after), 0);
     assert_int_equal(atomic_load(&o.ok) + atomic_load(&o.overloaded), sent);

@@ -112,8 +112,8 @@ static void on_summary(struct top *t, dsec_msg *m)
 {
     dsec_msg_cell_summary c;
     dsec_err err;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CELL_SUMMARY, dsec_msg_data(m), dsec_msg_len(m), &c,
-                    &err) < 0 ||
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CELL_SUMMARY, dsec_msg_data(m), dsec_msg_len(m),
+                    &c, &err) < 0 ||
         c.scheduler == NULL) /* an older replica: no admission figures */
         return;
     pthread_mutex_lock(&t->mu);
@@ -245,8 +245,9 @@ static void render(struct top *t, bool clear, double secs, uint64_t created0, ui
                "SHED");
     for (size_t i = 0; i < t->nscheds; i++) {
         struct sched_row *r = &t->scheds[i];
-        printf("%-24s %-10s %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %10" PRIu64 "%s\n", r->name, r->cell,
-               r->held, r->parked, r->admitted, r->shed, now - r->seen_ms > 5000 ? "  (silent)" : "");
+        printf("%-24s %-10s %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %10" PRIu64 "%s\n", r->name,
+               r->cell, r->held, r->parked, r->admitted, r->shed,
+               now - r->seen_ms > 5000 ? "  (silent)" : "");
     }
     printf("%-20s %-10s %8s %14s %14s %12s %8s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
            "MEM free/total", "SLOTS free", "ALERTS", "TYPES");
