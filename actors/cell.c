@@ -78,6 +78,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->reap_ms = 1000;
     c->summary_ms = 1000;
     c->wait_ms = 30000;
+    c->admit_max = 4096;
+    c->park_max = 1024;
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
@@ -414,7 +416,8 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
     static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
                                          "dead_after_ms", "lost_after_ms", "summary_ms", "wait_ms",
-                                         "suspect_after_ms", "drain_gap_ms", "probation_ms", NULL};
+                                         "suspect_after_ms", "drain_gap_ms", "probation_ms",
+                                         "admit_max", "park_max", NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
         load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
@@ -426,8 +429,17 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         load_u32(cfg, sc, "wait_ms", &c->wait_ms, 1, 3600000, err) < 0 ||
         load_u32(cfg, sc, "suspect_after_ms", &c->suspect_after_ms, 0, 3600000, err) < 0 ||
         load_u32(cfg, sc, "drain_gap_ms", &c->drain_gap_ms, 1, 3600000, err) < 0 ||
-        load_u32(cfg, sc, "probation_ms", &c->probation_ms, 0, 3600000, err) < 0)
+        load_u32(cfg, sc, "probation_ms", &c->probation_ms, 0, 3600000, err) < 0 ||
+        load_u32(cfg, sc, "admit_max", &c->admit_max, 1, 1000000, err) < 0 ||
+        load_u32(cfg, sc, "park_max", &c->park_max, 1, 1000000, err) < 0)
         return -1;
+    if (c->park_max > c->admit_max && (sc == NULL || dsec_cfg_get(sc, "park_max") == NULL))
+        c->park_max = c->admit_max; /* the default follows a smaller admit_max */
+    else if (c->park_max > c->admit_max)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "scheduler.park_max (%u) must not exceed scheduler.admit_max (%u): "
+                            "parked rollouts are part of the work a replica holds",
+                            c->park_max, c->admit_max);
     if (c->suspect_after_ms != 0 && c->suspect_after_ms >= c->dead_after_ms)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "scheduler.suspect_after_ms (%u) must be below scheduler.dead_after_ms "
@@ -774,6 +786,18 @@ static const struct field sched_fields[] = {
      offsetof(dsec_sched_stats, superseded_resent), 1},
     {"dsec_scheduler_waiting", "gauge", "Rollout creates waiting for room now.",
      offsetof(dsec_sched_stats, waiting), 1},
+    {"dsec_scheduler_admitted_total", "counter",
+     "Creates let in by the replica's admission bound (scheduler.admit_max).",
+     offsetof(dsec_sched_stats, admitted), 1},
+    {"dsec_scheduler_shed_total", "counter",
+     "Creates answered \"overloaded\" (bound reached, park_max parked, deadline near).",
+     offsetof(dsec_sched_stats, shed), 1},
+    {"dsec_scheduler_parked", "gauge",
+     "Rollout creates parked for room now (as dsec_scheduler_waiting).",
+     offsetof(dsec_sched_stats, waiting), 1},
+    {"dsec_scheduler_held", "gauge",
+     "Work the replica holds now: creates being admitted, unconfirmed placements, parked rollouts.",
+     offsetof(dsec_sched_stats, held), 1},
     {"dsec_scheduler_nodes", "gauge", "Nodes in the replica's capacity view.",
      offsetof(dsec_sched_stats, nodes), 1},
 };
@@ -1206,7 +1230,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                   .default_memory_mb = conf->default_memory_mb,
                                   .default_disk_mb = conf->default_disk_mb,
                                   .default_function_disk_mb = conf->default_function_disk_mb,
-                                  .wait_ms = conf->wait_ms, .quota = conf->quota};
+                                  .wait_ms = conf->wait_ms, .quota = conf->quota,
+                                  .admit_max = conf->admit_max, .park_max = conf->park_max};
             if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
                 goto out_fail;
             c->nscheds++;

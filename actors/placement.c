@@ -1165,6 +1165,7 @@ void dsec_placement_summary(dsec_placement *v, const char *cell, uint64_t now_ms
         out->mem_free_mb += avail_mem(n);
         out->slots_free += avail_slots(n);
         out->live += n->live + n->nrsv;
+        out->reserved += n->nrsv;
         out->types |= n->types;
     }
     pthread_mutex_unlock(&v->lock);

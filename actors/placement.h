@@ -268,6 +268,7 @@ typedef struct dsec_cell_summary {
     uint64_t mem_free_mb;
     uint64_t slots_free;
     uint64_t live;
+    uint64_t reserved; /* placements in the overlay: sent, no report since */
     dsec_type_mask types;
 } dsec_cell_summary;
 

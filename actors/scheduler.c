@@ -59,11 +59,16 @@ struct dsec_sched {
     bool stopping; /* no new such request */
     struct waiter *whead, *wtail;
     uint64_t nwaiting, wait_cpu, wait_mem;
+    uint64_t nticking; /* waiters tick_wait has taken out of the queue for its pass */
     bool demand_sent; /* the last demand report said something is waiting */
     struct cell_seen cells[MAX_CELLS];
     size_t ncells;
     _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited,
-        n_over_quota;
+        n_over_quota, n_admitted, n_shed;
+    /* The drain rate: placements sent per second, smoothed over demand ticks
+     * (tick_wait), in thousandths; with what it holds it sets retry_after_ms. */
+    _Atomic uint64_t drain_milli_per_s;
+    uint64_t drain_last_placed, drain_last_ms; /* tick_wait's alone */
     dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
 };
 
@@ -142,6 +147,100 @@ static void quota_release(dsec_sched *s, const dsec_msg_create *c)
     /* no actor: this also runs from dsec_sched_stop, after the actors are gone;
      * a release that is lost only waits for the quota actor's pending_ms */
     dsec_wire_send(NULL, s->bus, s->quota_subj, NULL, DSEC_MSG_ADMIT, &ad, c->req_id, &err);
+}
+
+/* ---- admission -------------------------------------------------------------------- */
+
+/* The work this replica holds now: creates it is admitting or looking up
+ * (each holds an ask), placements sent that no node report has confirmed
+ * yet (the view's reservations in this cell, from sum), and parked rollouts. */
+static uint64_t held_in(dsec_sched *s, const dsec_cell_summary *sum)
+{
+    pthread_mutex_lock(&s->amu);
+    uint64_t h = s->asking;
+    pthread_mutex_unlock(&s->amu);
+    pthread_mutex_lock(&s->wmu);
+    h += s->nwaiting + s->nticking;
+    pthread_mutex_unlock(&s->wmu);
+    return h + sum->reserved;
+}
+
+/* The same, with a fresh look at the view (a pass over the cell's nodes). */
+static uint64_t held_now(dsec_sched *s)
+{
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    return held_in(s, &sum);
+}
+
+#define RETRY_AFTER_MIN_MS 10
+#define RETRY_AFTER_MAX_MS 2000
+
+/* How long a shed create should wait before its retry: the time this
+ * replica needs to place what it holds at the rate it has been placing.
+ * At least 10 ms: sooner, the retry only meets the same backlog and costs a
+ * round trip. At most 2 s: the rate is a guess from the past, and a client
+ * that waits longer than needed loses more than a second shed costs it;
+ * nothing placed lately (rate 0, e.g. every node full) gets the most, so
+ * retries come back slowly until room appears. */
+static unsigned retry_after_ms(dsec_sched *s, uint64_t held)
+{
+    uint64_t rate = atomic_load(&s->drain_milli_per_s); /* per 1000 s */
+    if (rate == 0)
+        return RETRY_AFTER_MAX_MS;
+    uint64_t ms = held * 1000000ull / rate;
+    return ms < RETRY_AFTER_MIN_MS   ? RETRY_AFTER_MIN_MS
+           : ms > RETRY_AFTER_MAX_MS ? RETRY_AFTER_MAX_MS
+                                     : (unsigned)ms;
+}
+
+/* Answer a create "overloaded" (retry-safe: nothing was placed) with the
+ * replica's retry_after_ms for the work it holds (held). admitted: the quota
+ * actor admitted it, so that admission goes back (never for one shed at
+ * arrival: its req_id may name an earlier attempt's admission). */
+static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
+                 bool admitted, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
+                 bool admitted, const char *fmt, ...)
+{
+    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_after_ms(s, held)};
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(e.msg, sizeof e.msg, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof e.msg)
+        snprintf(e.msg + n, sizeof e.msg - (size_t)n, "; retry after %u ms (same req_id)",
+                 e.retry_after_ms);
+    atomic_fetch_add(&s->n_failed, 1);
+    atomic_fetch_add(&s->n_shed, 1);
+    dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, c->req_id);
+    if (admitted)
+        quota_release(s, c);
+}
+
+/* Whether a create whose deadline (wall clock, ns; 0: none) is this close
+ * can still be answered by a placement from the next wait tick. */
+static bool deadline_near(const dsec_sched *s, uint64_t deadline_ns)
+{
+    if (deadline_ns == 0)
+        return false;
+    uint64_t wall = dsec_wall_ns();
+    return deadline_ns <= wall || (deadline_ns - wall) / 1000000ull <= 2ull * s->conf.demand_ms;
+}
+
+/* tick_wait: fold the placements sent since the last tick into the rate. */
+static void drain_update(dsec_sched *s, uint64_t t)
+{
+    uint64_t placed = atomic_load(&s->n_placed);
+    if (s->drain_last_ms != 0 && t > s->drain_last_ms) {
+        uint64_t inst = (placed - s->drain_last_placed) * 1000000ull / (t - s->drain_last_ms);
+        uint64_t old = atomic_load(&s->drain_milli_per_s);
+        /* weight 1/4: a burst moves it within a second of ticks, one quiet tick does not zero it */
+        atomic_store(&s->drain_milli_per_s, old - old / 4 + inst / 4);
+    }
+    s->drain_last_placed = placed;
+    s->drain_last_ms = t;
 }
 
 /* ---- cross-cell ----------------------------------------------------------------- */
@@ -232,12 +331,30 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
 /* Park a rollout create that found no room; tick_wait places it when
  * capacity frees (the arbiter reclaims it from preemptible jobs). Its wait
  * began when it was first parked (parked_ms travels with the placement), so
- * refusals after a wait do not restart it. */
-static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
-                 uint64_t disk)
+ * refusals after a wait do not restart it. 1: parked; 0: not a create that
+ * parks (the caller answers it); -1: answered "overloaded" (park_max parked
+ * already, or its deadline comes before a wait tick could place it). */
+static int park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, uint64_t mem,
+                uint64_t disk)
 {
     if (s->conf.wait_ms == UINT32_MAX || p->c.cls == NULL || strcmp(p->c.cls, "rollout") != 0)
-        return false;
+        return 0;
+    pthread_mutex_lock(&s->wmu);
+    uint64_t parked = s->nwaiting + s->nticking;
+    pthread_mutex_unlock(&s->wmu);
+    if (parked >= s->conf.park_max) {
+        shed(s, p->reply_to, &p->c, held_now(s), true,
+             "no room in cell %s now, and scheduler %s has %" PRIu64 " rollout creates waiting "
+             "for room already (scheduler.park_max)",
+             s->cell, s->name, parked);
+        return -1;
+    }
+    if (deadline_near(s, p->c.deadline_ns)) {
+        shed(s, p->reply_to, &p->c, held_now(s), true,
+             "no room in cell %s now, and none can be waited for before the create's deadline",
+             s->cell);
+        return -1;
+    }
     /* It starts afresh when room appears: the nodes that refused it were
      * full then, and may be exactly where capacity frees. */
     dsec_msg_place fresh = *p;
@@ -249,18 +366,18 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     fresh.parked_ms = p->parked_ms != 0 && p->parked_ms <= wall ? p->parked_ms : wall;
     uint64_t waited = wall - fresh.parked_ms;
     if (waited >= s->conf.wait_ms)
-        return false; /* it has had its wait */
+        return 0; /* it has had its wait */
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_err err;
     if (dsec_encode(&b, DSEC_MSG_PLACE, &fresh, &err) < 0) {
         dsec_buf_release(&b);
-        return false;
+        return 0;
     }
     struct waiter *w = dsec_malloc(sizeof *w + b.len);
     if (w == NULL) {
         dsec_buf_release(&b);
-        return false;
+        return 0;
     }
     *w = (struct waiter){.since_ms = waited < t ? t - waited : 0,
                          .cpu = cpu,
@@ -284,7 +401,7 @@ static bool park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu,
     pthread_mutex_unlock(&s->wmu);
     if (p->parked_ms == 0) /* a create is counted once, however often it waits */
         atomic_fetch_add(&s->n_waited, 1);
-    return true;
+    return 1;
 }
 
 /* The lightest offered type for a create: its requires, plus "network" when
@@ -339,8 +456,11 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
     if (err.code == DSEC_E_CAPACITY && p->attempt <= 1 &&
         forward(s, c, tenant, tname, cpu, mem, p->reply_to))
         return 0;
-    if (err.code == DSEC_E_CAPACITY && park(s, p, tidx, cpu, mem, disk))
-        return 0;
+    if (err.code == DSEC_E_CAPACITY) {
+        int parked = park(s, p, tidx, cpu, mem, disk);
+        if (parked != 0)
+            return parked > 0 ? 0 : -1;
+    }
     if (p->reason != NULL)
         dsec_err_wrap(&err, "after %s", p->reason);
     atomic_fetch_add(&s->n_failed, 1);
@@ -595,6 +715,18 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     }
     p.c.tenant = tenant;
+    /* Admission: past its bound the replica answers at once, before any
+     * lookup, quota round trip or placement, so nothing was done for it. */
+    dsec_cell_summary sum;
+    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    uint64_t held = held_in(s, &sum);
+    if (held >= s->conf.admit_max) {
+        shed(s, reply_to, &p.c, held, false,
+             "scheduler %s of cell %s holds %" PRIu64 " creates (scheduler.admit_max %u)", s->name,
+             s->cell, held, s->conf.admit_max);
+        return;
+    }
+    atomic_fetch_add(&s->n_admitted, 1);
     if (p.c.retry > 0 && p.c.hops == 0 && start_lookup(s, m, tenant, p.c.req_id, p.c.retry, t0))
         return;
     if (p.c.cell != NULL && strcmp(p.c.cell, s->cell) != 0) {
@@ -602,8 +734,6 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
                  "create: pinned to cell \"%s\" but sent to cell \"%s\"", p.c.cell, s->cell);
         return;
     }
-    dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     /* Choose among every type this process knows: a type offered only in
      * another cell is still a valid request here, and may be forwarded. */
     int tidx = pick_type(s, &p.c, sum.types ? sum.types : dsec_registry_all(s->reg), &err);
@@ -655,7 +785,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
          * report can count room that placements in flight already took). A
          * rollout waits for room, as one that found none here does. */
         if (p.short_of != NULL &&
-            park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c), want_disk(s, &p.c, tidx)))
+            park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c), want_disk(s, &p.c, tidx)) != 0)
             return;
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
                 p.attempt, p.reason ? p.reason : "no reason given");
@@ -801,7 +931,13 @@ static void tick_summary(void *ud, uint64_t mono)
     dsec_msg_cell_summary c = {.cell = s->cell, .nodes = sum.nodes,
                                .cpu_free_milli = sum.cpu_free_milli, .mem_free_mb = sum.mem_free_mb,
                                .slots_free = sum.slots_free, .live = sum.live,
-                               .types = {types, nt}, .ts_ns = dsec_wall_ns()};
+                               .types = {types, nt}, .ts_ns = dsec_wall_ns(),
+                               .scheduler = s->name, .held = held_now(s),
+                               .admitted = atomic_load(&s->n_admitted),
+                               .shed = atomic_load(&s->n_shed)};
+    pthread_mutex_lock(&s->wmu);
+    c.parked = s->nwaiting;
+    pthread_mutex_unlock(&s->wmu);
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.summary", s->cell);
     dsec_err err;
@@ -851,9 +987,11 @@ static void tick_wait(void *ud, uint64_t mono)
     pthread_mutex_lock(&s->wmu);
     struct waiter *list = s->whead;
     s->whead = s->wtail = NULL;
+    s->nticking = s->nwaiting; /* still parked for admission while this pass looks at them */
     s->nwaiting = s->wait_cpu = s->wait_mem = 0;
     pthread_mutex_unlock(&s->wmu);
     uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX, fail_disk = UINT64_MAX;
+    drain_update(s, t);
     struct waiter *keep = NULL, **kt = &keep;
     uint64_t n = 0, cpu = 0, mem = 0, oldest = 0;
     while (list != NULL) {
@@ -901,6 +1039,17 @@ static void tick_wait(void *ud, uint64_t mono)
             dsec_free(w);
             continue;
         }
+        if (deadline_near(s, p.c.deadline_ns)) {
+            /* the client stops waiting before the next tick could place it:
+             * an answer now, rather than its silent timeout */
+            shed(s, p.reply_to, &p.c, held_now(s), true,
+                 "no room in cell %s after waiting %" PRIu64
+                 " ms, and the create's deadline is near",
+                 s->cell, t - w->since_ms);
+            dsec_trace_leave(&sc);
+            dsec_free(w);
+            continue;
+        }
         dsec_trace_leave(&sc);
         n++;
         cpu += w->cpu;
@@ -918,6 +1067,7 @@ static void tick_wait(void *ud, uint64_t mono)
             s->wtail = list_tail(keep);
         s->whead = keep;
     }
+    s->nticking = 0;
     s->nwaiting += n;
     s->wait_cpu += cpu;
     s->wait_mem += mem;
@@ -970,6 +1120,10 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
         conf->default_function_disk_mb ? conf->default_function_disk_mb : 64;
     s->conf.wait_ms = conf->wait_ms ? conf->wait_ms : 30000;
     s->conf.demand_ms = conf->demand_ms ? conf->demand_ms : 250;
+    s->conf.admit_max = conf->admit_max ? conf->admit_max : 4096;
+    s->conf.park_max = conf->park_max ? conf->park_max : 1024;
+    if (s->conf.park_max > s->conf.admit_max) /* parked rollouts are part of what it holds */
+        s->conf.park_max = s->conf.admit_max;
     snprintf(s->cell, sizeof s->cell, "%s", conf->cell);
     if (conf->name != NULL && dsec_name_ok(conf->name, DSEC_NAME_LEN_MAX) == 0) {
         snprintf(s->name, sizeof s->name, "%s", conf->name);
@@ -1077,10 +1231,12 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
                             .retried = s->n_retried, .forwarded = s->n_forwarded,
                             .failed = s->n_failed, .nodes = dsec_placement_count(s->view),
                             .expired = s->n_expired, .waited = s->n_waited,
-                            .over_quota = s->n_over_quota};
+                            .over_quota = s->n_over_quota, .admitted = s->n_admitted,
+                            .shed = s->n_shed};
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
+    o->held = held_now(s);
     dsec_lost_stats ls;
     dsec_lost_stats_get(s->lost, &ls);
     o->superseded = ls.superseded;

@@ -41,6 +41,13 @@ typedef struct dsec_sched_conf {
                                    capacity (the arbiter reclaims it) before "capacity";
                                    0: 30000; UINT32_MAX: never wait */
     uint32_t demand_ms;         /* demand report period while creates wait; 0: 250 */
+    /* Admission (docs/control-plane.md, "Admission"): the work a replica may
+     * hold, i.e. creates it is admitting (quota round trips, lookups),
+     * placements sent that no node report has confirmed yet, and parked
+     * rollouts. A create that arrives when it holds admit_max is answered
+     * "overloaded" with a retry_after_ms at once instead of queuing. */
+    uint32_t admit_max;         /* 0: 4096 */
+    uint32_t park_max;          /* rollouts parked at once; past it "overloaded"; 0: 1024 */
     bool quota;                 /* admit every create with the cell's quota actor
                                    (actors/quota.h) before placing it */
 } dsec_sched_conf;
@@ -67,6 +74,9 @@ typedef struct dsec_sched_stats {
     uint64_t waiting;     /* rollout creates waiting for room now */
     uint64_t waited;      /* rollout creates that have waited (placed later or not) */
     uint64_t over_quota;  /* creates the quota actor refused */
+    uint64_t admitted;    /* creates let in by the replica's admission bound */
+    uint64_t shed;        /* creates answered "overloaded" (at arrival, park full, deadline near) */
+    uint64_t held;        /* work held now: admitting + unconfirmed placements + parked */
     uint64_t superseded;  /* retried creates placed or found, told to the cell's nodes */
     uint64_t superseded_resent; /* such notices sent again to nodes back from a silence */
 } dsec_sched_stats;

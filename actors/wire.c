@@ -186,7 +186,9 @@ void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, c
     req_id = req_id_or_null(req_id);
     dsec_msg_error m = {.code = dsec_code_name(e->code), .message = msg,
                         .retry_safe = dsec_code_retry_safe(e->code), .field = field,
-                        .req_id = req_id};
+                        .req_id = req_id,
+                        /* only overloaded says it: other codes' errors may be filled without it */
+                        .retry_after_ms = e->code == DSEC_E_OVERLOADED ? e->retry_after_ms : 0};
     dsec_err ignored;
     dsec_wire_send(actor, actor ? dsec_actor_bus(actor) : bus, subject, NULL, DSEC_MSG_ERROR, &m,
                    req_id, &ignored);

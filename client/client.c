@@ -139,7 +139,10 @@ static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out,
         dsec_msg_error e;
         if (dsec_decode(dec, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, err) < 0)
             return dsec_err_wrap(err, "decoding error reply");
-        return dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
+        dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
+        if (err != NULL) /* bounded: a hostile or confused responder cannot park the caller */
+            err->retry_after_ms = e.retry_after_ms > 3600000 ? 3600000 : (unsigned)e.retry_after_ms;
+        return -1;
     }
     const char *want = dsec_msg_type_name(type);
     if (t == NULL || strcmp(t, want) != 0)
@@ -339,7 +342,9 @@ struct async_create {
     bool direct; /* cb never blocks: it runs where the reply arrives (dsec_bus_request_direct) */
     int retry;
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
-    struct async_create *rnext; /* waiting for its retry (client rmu) */
+    uint64_t resend_ns;         /* in the retrier's queue: when it goes out (wall clock) */
+    bool resend_as_is;          /* it was answered "overloaded": the same attempt goes again */
+    struct async_create *rnext; /* waiting for its retry (client rmu), by resend_ns */
     char trace[DSEC_TRACE_ID_MAX + 1]; /* every attempt carries the first one's trace id */
     /* Held while an attempt is being sent. The bus may answer an attempt
      * (a disconnect, a deadline) before dsec_bus_request has returned, and
@@ -367,9 +372,9 @@ static void *retrier_main(void *arg)
             continue;
         }
         uint64_t now = wall_ns();
-        if (!c->retrier_stop && now < a->deadline_ns) {
-            struct timespec ts = {(time_t)(a->deadline_ns / 1000000000ull),
-                                  (long)(a->deadline_ns % 1000000000ull)};
+        if (!c->retrier_stop && now < a->resend_ns) {
+            struct timespec ts = {(time_t)(a->resend_ns / 1000000000ull),
+                                  (long)(a->resend_ns % 1000000000ull)};
             pthread_cond_timedwait(&c->rcv, &c->rmu, &ts); /* CLOCK_REALTIME, like the deadline */
             continue;
         }
@@ -378,12 +383,82 @@ static void *retrier_main(void *arg)
             c->rtail = NULL;
         pthread_mutex_unlock(&c->rmu);
         dsec_err err;
-        if (reencode_retry(a, &err) < 0 || async_send(a, &err) < 0)
+        if (a->resend_as_is) { /* overloaded: the same attempt, its deadline kept */
+            a->resend_as_is = false;
+            if (async_send(a, &err) < 0)
+                async_finish(a, -1, NULL, &err);
+        } else if (reencode_retry(a, &err) < 0 || async_send(a, &err) < 0) {
             async_finish(a, -1, NULL, &err);
+        }
         pthread_mutex_lock(&c->rmu);
     }
     pthread_mutex_unlock(&c->rmu);
     return NULL;
+}
+
+/* Into the retrier's queue, in resend_ns order (rmu held). Most arrive in
+ * order, so the tail is checked first; the rest walk from the head. */
+static void retrier_enqueue(dsec_client *c, struct async_create *a)
+{
+    a->rnext = NULL;
+    if (c->rtail == NULL) {
+        c->rhead = c->rtail = a;
+    } else if (c->rtail->resend_ns <= a->resend_ns) {
+        c->rtail->rnext = a;
+        c->rtail = a;
+    } else if (a->resend_ns < c->rhead->resend_ns) {
+        a->rnext = c->rhead;
+        c->rhead = a;
+    } else {
+        struct async_create *p = c->rhead;
+        while (p->rnext != NULL && p->rnext->resend_ns <= a->resend_ns)
+            p = p->rnext;
+        a->rnext = p->rnext;
+        p->rnext = a;
+    }
+    pthread_cond_signal(&c->rcv);
+}
+
+/* A retrier thread, started on first need; false if none can run (rmu held). */
+static bool retrier_running(dsec_client *c)
+{
+    if (!c->retrier_started && !c->retrier_stop)
+        c->retrier_started = pthread_create(&c->retrier, NULL, retrier_main, c) == 0;
+    return c->retrier_started && !c->retrier_stop;
+}
+
+/* The time an answer needs to come back: an "overloaded" retry that would
+ * leave with less than this before its deadline is not sent. */
+#define OVERLOADED_MIN_LEFT_NS (20ull * 1000000ull)
+
+/* The scheduler answered "overloaded": nothing was placed for this attempt,
+ * so the very same attempt (same req_id, same retry count, so the scheduler's
+ * handling of an earlier attempt is unchanged) goes again after the answer's
+ * retry_after_ms plus up to half as much again of jitter (the shed creates of
+ * one burst do not all come back at once), within the attempt's deadline.
+ * False (give up with the overloaded error) when that would pass the
+ * deadline or no retrier thread could start. */
+static bool defer_overloaded(struct async_create *a, const dsec_err *err)
+{
+    dsec_client *c = a->c;
+    uint64_t wait_ms = err->retry_after_ms ? err->retry_after_ms : 100; /* an old scheduler's */
+    static _Thread_local uint64_t seed;
+    if (seed == 0)
+        seed = wall_ns() ^ (uint64_t)(uintptr_t)&seed;
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17; /* xorshift64 */
+    wait_ms += seed % (wait_ms / 2 + 1);
+    uint64_t at = wall_ns() + wait_ms * 1000000ull;
+    if (at + OVERLOADED_MIN_LEFT_NS >= a->deadline_ns)
+        return false;
+    pthread_mutex_lock(&c->rmu);
+    bool ok = retrier_running(c);
+    if (ok) {
+        a->resend_ns = at;
+        a->resend_as_is = true;
+        retrier_enqueue(c, a);
+    }
+    pthread_mutex_unlock(&c->rmu);
+    return ok;
 }
 
 /* The connection dropped with this create in flight: it may have reached a
@@ -399,17 +474,11 @@ static bool defer_retry(struct async_create *a)
     if (wall_ns() >= a->deadline_ns)
         return false;
     pthread_mutex_lock(&c->rmu);
-    if (!c->retrier_started && !c->retrier_stop)
-        c->retrier_started = pthread_create(&c->retrier, NULL, retrier_main, c) == 0;
-    bool ok = c->retrier_started && !c->retrier_stop;
-    if (ok) { /* deadlines grow with send order: appending keeps the queue nearly sorted */
-        a->rnext = NULL;
-        if (c->rtail)
-            c->rtail->rnext = a;
-        else
-            c->rhead = a;
-        c->rtail = a;
-        pthread_cond_signal(&c->rcv);
+    bool ok = retrier_running(c);
+    if (ok) {
+        a->resend_ns = a->deadline_ns;
+        a->resend_as_is = false;
+        retrier_enqueue(c, a);
     }
     pthread_mutex_unlock(&c->rmu);
     return ok;
@@ -476,7 +545,12 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
         }
         dsec_decoder_free(dec);
     }
-    if (dsec_code_retry_safe(err.code) && a->retry < a->c->retries) {
+    /* Overloaded retries do not count against retries (each is a shed, not
+     * a failure); the attempt's deadline bounds them. */
+    if (err.code == DSEC_E_OVERLOADED && a->c->retries > 0 && defer_overloaded(a, &err))
+        return;
+    if (err.code != DSEC_E_OVERLOADED && dsec_code_retry_safe(err.code) &&
+        a->retry < a->c->retries) {
         a->retry++;
         if (err.code == DSEC_E_CONN && defer_retry(a))
             return;
@@ -493,13 +567,20 @@ static int async_send(struct async_create *a, dsec_err *err)
     dsec_hdr hdr = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = a->r.req_id,
                     .trace_id = a->trace};
     int rc;
+    /* wait no longer than the attempt's deadline (an overloaded resend has less left) */
+    int tmo = a->c->timeout_ms;
+    uint64_t now = wall_ns();
+    if (a->deadline_ns != 0 && a->deadline_ns <= now)
+        tmo = 1;
+    else if (a->deadline_ns > now && (a->deadline_ns - now) / 1000000ull < (uint64_t)tmo)
+        tmo = (int)((a->deadline_ns - now) / 1000000ull) + 1;
     pthread_mutex_lock(&a->send_mu);
     if (a->direct)
         rc = dsec_bus_request_direct(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
-                                     a->c->timeout_ms, on_create_reply, a, err);
+                                     tmo, on_create_reply, a, err);
     else
         rc = dsec_bus_request(a->c->bus, a->r.subject, &hdr, a->r.buf.data, a->r.buf.len,
-                              a->c->timeout_ms, on_create_reply, a, err);
+                              tmo, on_create_reply, a, err);
     pthread_mutex_unlock(&a->send_mu);
     return rc;
 }

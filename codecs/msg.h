@@ -98,6 +98,7 @@ typedef struct dsec_msg_error {
     bool retry_safe;
     const char *field;   /* the offending field, for decode/validation errors */
     const char *req_id;
+    uint64_t retry_after_ms; /* with "overloaded": wait this long before the retry; 0: not said */
 } dsec_msg_error;
 
 typedef struct dsec_msg_ping {
@@ -347,6 +348,12 @@ typedef struct dsec_msg_cell_summary {
     uint64_t live;
     dsec_strv types;
     uint64_t ts_ns;
+    /* the replica that sent it, and its admission figures (docs/control-plane.md, Admission) */
+    const char *scheduler;
+    uint64_t parked;   /* rollout creates parked for room now */
+    uint64_t held;     /* work held now: admitting, unconfirmed placements, parked */
+    uint64_t admitted; /* creates let in, since the replica started */
+    uint64_t shed;     /* creates answered "overloaded", since the replica started */
 } dsec_msg_cell_summary;
 
 /* Lifecycle events leave a node in batches (one message per report window),

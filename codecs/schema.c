@@ -44,6 +44,8 @@ static const dsec_field error_fields[] = {
     FBOOL(dsec_msg_error, retry_safe, "retry_safe", "repeating the request cannot do harm"),
     FSTR(dsec_msg_error, field, "field", false, L_LONG, "the offending request field, if any"),
     FSTR(dsec_msg_error, req_id, "req_id", false, L_NAME, "the request's req_id, if any"),
+    FU64(dsec_msg_error, retry_after_ms, "retry_after_ms", false, 0, 0,
+         "with `overloaded`: wait this long (ms) before retrying; absent or 0: not said"),
 };
 
 static const dsec_field ping_fields[] = {
@@ -333,6 +335,16 @@ static const dsec_field cell_summary_fields[] = {
     FU64(dsec_msg_cell_summary, live, "live", false, 0, 0, "sandboxes alive"),
     FSTRV(dsec_msg_cell_summary, types, "types", false, 64, L_NAME, "sandbox types offered"),
     FU64(dsec_msg_cell_summary, ts_ns, "ts_ns", false, 0, 0, "when (ns since epoch)"),
+    FSTR(dsec_msg_cell_summary, scheduler, "scheduler", false, L_NAME,
+         "the scheduler replica that sent it"),
+    FU64(dsec_msg_cell_summary, parked, "parked", false, 0, 0,
+         "the replica's rollout creates parked for room now"),
+    FU64(dsec_msg_cell_summary, held, "held", false, 0, 0,
+         "work the replica holds now: creates being admitted, unconfirmed placements, parked"),
+    FU64(dsec_msg_cell_summary, admitted, "admitted", false, 0, 0,
+         "creates the replica's admission let in since it started"),
+    FU64(dsec_msg_cell_summary, shed, "shed", false, 0, 0,
+         "creates the replica answered `overloaded` since it started"),
 };
 
 static const dsec_field sandbox_events_fields[] = {

@@ -29,6 +29,7 @@ static const char *const code_names[DSEC_CODE_MAX_] = {
     [DSEC_E_BACKEND] = "backend",
     [DSEC_E_DIVERGED] = "diverged",
     [DSEC_E_QUOTA] = "quota",
+    [DSEC_E_OVERLOADED] = "overloaded",
 };
 
 int dsec_err_set(dsec_err *err, int code, int errnum, const char *fmt, ...)
@@ -37,6 +38,7 @@ int dsec_err_set(dsec_err *err, int code, int errnum, const char *fmt, ...)
         return -1;
     err->code = code;
     err->errnum = errnum;
+    err->retry_after_ms = 0;
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
@@ -77,6 +79,7 @@ void dsec_err_clear(dsec_err *err)
     err->code = DSEC_OK;
     err->errnum = 0;
     err->msg[0] = '\0';
+    err->retry_after_ms = 0;
 }
 
 const char *dsec_code_name(int code)
@@ -102,6 +105,7 @@ bool dsec_code_retry_safe(int code)
     case DSEC_E_CONN:
     case DSEC_E_CAPACITY:
     case DSEC_E_QUOTA: /* like capacity: room comes back as sandboxes end */
+    case DSEC_E_OVERLOADED: /* answered before anything was placed */
     case DSEC_E_OVERFLOW:
     case DSEC_E_REFUSED:
     case DSEC_E_CLOSED:

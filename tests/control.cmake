@@ -30,3 +30,11 @@ target_link_libraries(test_preempt PRIVATE dsec_client dsec_actors PkgConfig::CM
 target_compile_definitions(test_preempt PRIVATE DSEC_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 add_test(NAME preempt COMMAND test_preempt)
 set_tests_properties(preempt PROPERTIES TIMEOUT 180)
+
+# The scheduler's admission bound and "overloaded" (issue 37).
+add_executable(test_admission test_admission.c)
+target_link_libraries(test_admission PRIVATE dsec_test_fixture)
+target_link_libraries(test_admission PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+add_test(NAME admission COMMAND test_admission)
+set_tests_properties(admission PROPERTIES TIMEOUT 180)

@@ -15,6 +15,13 @@ if(NOT DSEC_ANY_SANITIZER)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_sdk.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk PROPERTIES TIMEOUT 180 ENVIRONMENT "${DSEC_SDK_ENV}")
+    # "overloaded" through the SDK: Overloaded and its retry_after_ms, libdsec's retry of it,
+    # on a cell of its own whose scheduler holds one create
+    add_test(NAME sdk_admission
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_admission.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_admission PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
     # container, microVM and VM sandboxes: a cell whose node runs crun containers and QEMU on
     # busybox:1 (root; skipped otherwise). Containers, their cgroups and loop mounts share host
     # state with the other container tests: never two at once.

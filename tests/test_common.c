@@ -82,6 +82,8 @@ static void retry_safety(void **state)
     assert_true(dsec_code_retry_safe(DSEC_E_TIMEOUT));
     assert_true(dsec_code_retry_safe(DSEC_E_NO_RESPONDERS));
     assert_true(dsec_code_retry_safe(DSEC_E_CAPACITY));
+    assert_true(dsec_code_retry_safe(DSEC_E_OVERLOADED));
+    assert_int_equal(dsec_code_from_name(dsec_code_name(DSEC_E_OVERLOADED)), DSEC_E_OVERLOADED);
     assert_false(dsec_code_retry_safe(DSEC_E_INVALID));
     assert_false(dsec_code_retry_safe(DSEC_E_DECODE));
     assert_false(dsec_code_retry_safe(DSEC_E_PERMISSION));

@@ -27,8 +27,18 @@ struct node_row {
     uint64_t alerts; /* network alert occurrences of its sandboxes since start */
 };
 
+/* One scheduler replica's admission, from its cell summaries. */
+struct sched_row {
+    char name[65], cell[65];
+    uint64_t parked, held, admitted, shed, seen_ms;
+};
+
+#define MAX_SCHEDS 64
+
 struct top {
     pthread_mutex_t mu;
+    struct sched_row scheds[MAX_SCHEDS];
+    size_t nscheds;
     struct node_row nodes[MAX_NODES];
     size_t nnodes;
     uint64_t created, gone, failed, events; /* since start */
@@ -98,6 +108,35 @@ static void on_capacity(struct top *t, dsec_msg *m)
     pthread_mutex_unlock(&t->mu);
 }
 
+static void on_summary(struct top *t, dsec_msg *m)
+{
+    dsec_msg_cell_summary c;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CELL_SUMMARY, dsec_msg_data(m), dsec_msg_len(m),
+                    &c, &err) < 0 ||
+        c.scheduler == NULL) /* an older replica: no admission figures */
+        return;
+    pthread_mutex_lock(&t->mu);
+    size_t i = 0;
+    while (i < t->nscheds && strcmp(t->scheds[i].name, c.scheduler) != 0)
+        i++;
+    if (i == t->nscheds && t->nscheds < MAX_SCHEDS) {
+        memset(&t->scheds[i], 0, sizeof t->scheds[i]);
+        snprintf(t->scheds[i].name, sizeof t->scheds[i].name, "%s", c.scheduler);
+        t->nscheds++;
+    }
+    if (i < t->nscheds) {
+        struct sched_row *r = &t->scheds[i];
+        snprintf(r->cell, sizeof r->cell, "%s", c.cell);
+        r->parked = c.parked;
+        r->held = c.held;
+        r->admitted = c.admitted;
+        r->shed = c.shed;
+        r->seen_ms = ms_now();
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void on_events(struct top *t, dsec_msg *m)
 {
     dsec_msg_sandbox_events b;
@@ -154,6 +193,8 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     if (strcmp(type, "capacity") == 0)
         on_capacity(ud, m);
+    else if (strcmp(type, "cell_summary") == 0)
+        on_summary(ud, m);
     else if (strcmp(type, "sandbox_events") == 0)
         on_events(ud, m);
     else if (strcmp(type, "net_alert") == 0)
@@ -198,9 +239,18 @@ static void render(struct top *t, bool clear, double secs, uint64_t created0, ui
     printf("%s\n", t->nkinds ? ")" : "");
     for (int k = 0; k < t->nrecent; k++)
         printf("  %s\n", t->recent[k]);
+    uint64_t now = ms_now();
+    if (t->nscheds > 0)
+        printf("%-24s %-10s %8s %8s %12s %10s\n", "SCHEDULER", "CELL", "HELD", "PARKED", "ADMITTED",
+               "SHED");
+    for (size_t i = 0; i < t->nscheds; i++) {
+        struct sched_row *r = &t->scheds[i];
+        printf("%-24s %-10s %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %10" PRIu64 "%s\n", r->name,
+               r->cell, r->held, r->parked, r->admitted, r->shed,
+               now - r->seen_ms > 5000 ? "  (silent)" : "");
+    }
     printf("%-20s %-10s %8s %14s %14s %12s %8s %s\n", "NODE", "CELL", "LIVE", "CPU free/total",
            "MEM free/total", "SLOTS free", "ALERTS", "TYPES");
-    uint64_t now = ms_now();
     for (size_t i = 0; i < t->nnodes && i < 200; i++) {
         struct node_row *r = &t->nodes[i];
         char cpu_s[32], mem_s[32];

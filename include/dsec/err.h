@@ -33,6 +33,8 @@ typedef enum dsec_code {
     DSEC_E_BACKEND = 20,      /* the sandbox backend failed */
     DSEC_E_DIVERGED = 21,     /* a rollout step differs from the one its trajectory log holds */
     DSEC_E_QUOTA = 22,        /* the tenant's or a project's quota has no room for the request */
+    DSEC_E_OVERLOADED = 23,   /* the scheduler holds all the work it may: try again after
+                                 retry_after_ms (nothing was placed) */
     DSEC_CODE_MAX_
 } dsec_code;
 
@@ -43,6 +45,10 @@ typedef struct dsec_err {
     int code;   /* a dsec_code */
     int errnum; /* errno, or 0 */
     char msg[DSEC_ERR_MSG_MAX];
+    /* With DSEC_E_OVERLOADED: how long to wait before the retry (the error
+     * reply's retry_after_ms); 0 otherwise. Last, so code, errnum and msg
+     * keep their offsets. dsec_err_set resets it. */
+    unsigned retry_after_ms;
 } dsec_err;
 
 /* Fill err (which may be NULL) and return -1. The message is printf-style. */

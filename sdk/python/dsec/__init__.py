@@ -12,8 +12,8 @@ See docs/sdk.md.
 from .client import (TYPES, AsyncDSecClient, AsyncSandbox, CommandFailed, DSecClient, Files,
                      Sandbox)
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
-                     DSecError, Diverged, InvalidArgument, NotFound, NotSupported, QuotaExceeded,
-                     StateError, Timeout)
+                     DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
+                     QuotaExceeded, StateError, Timeout)
 from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, SandboxArgs,
                     SandboxInfo, VMArgs)
 from . import _lib
@@ -24,7 +24,7 @@ library_path = _lib.path
 __all__ = [
     "TYPES", "AsyncDSecClient", "AsyncSandbox", "CommandFailed", "DSecClient", "Files", "Sandbox",
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
-    "Diverged", "InvalidArgument", "NotFound", "NotSupported", "QuotaExceeded", "StateError",
+    "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",
     "Timeout",
     "ContainerArgs", "DirEntry", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",

@@ -15,7 +15,8 @@ NAME_MAX = 72
 
 
 class Err(Structure):
-    _fields_ = [("code", c_int), ("errnum", c_int), ("msg", c_char * ERR_MSG_MAX)]
+    _fields_ = [("code", c_int), ("errnum", c_int), ("msg", c_char * ERR_MSG_MAX),
+                ("retry_after_ms", c_uint)]
 
 
 class ClientOpts(Structure):

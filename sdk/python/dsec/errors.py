@@ -83,18 +83,26 @@ class QuotaExceeded(DSecError):
     """The tenant's or one of its projects' quotas has no room for the request."""
 
 
+class Overloaded(DSecError):
+    """The scheduler holds all the work it may; nothing was placed. libdsec has
+    already retried it (same req_id) after retry_after_ms until the client's
+    timeout would pass; retry_after_ms is the scheduler's last advice."""
+
+
 _CLASSES = {"invalid": InvalidArgument, "timeout": Timeout, "no_responders": ConnectionFailed,
             "connection": ConnectionFailed, "not_found": NotFound, "exists": AlreadyExists,
             "capacity": CapacityError, "unsupported": NotSupported, "state": StateError,
             "closed": Closed, "diverged": Diverged, "backend": BackendError,
-            "quota": QuotaExceeded}
+            "quota": QuotaExceeded, "overloaded": Overloaded}
 
 
-def error_from_code(code_num, message, errnum=0, op=None):
+def error_from_code(code_num, message, errnum=0, op=None, retry_after_ms=0):
     name = _lib.code_name(int(code_num)).decode()
     cls = _CLASSES.get(name, DSecError)
-    return cls(message, code=name, code_num=int(code_num),
-               retry_safe=bool(_lib.code_retry_safe(int(code_num))), errnum=errnum, op=op)
+    e = cls(message, code=name, code_num=int(code_num),
+            retry_safe=bool(_lib.code_retry_safe(int(code_num))), errnum=errnum, op=op)
+    e.retry_after_ms = int(retry_after_ms)  # with "overloaded": the scheduler's advice; else 0
+    return e
 
 
 def from_err(err, op=None):
@@ -102,7 +110,7 @@ def from_err(err, op=None):
     msg = err.msg.decode(errors="replace") or _lib.code_name(err.code).decode()
     if op and not msg.startswith(op + ":"):  # libdsec's own checks already name the op
         msg = "%s: %s" % (op, msg)
-    return error_from_code(err.code, msg, err.errnum, op)
+    return error_from_code(err.code, msg, err.errnum, op, err.retry_after_ms)
 
 
 def not_supported(message, op=None):

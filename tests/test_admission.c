@@ -1,0 +1,406 @@
+/* test_admission.c - the scheduler's admission bound and its "overloaded" answers, end to end. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/cell.h"
+#include "actors/node.h"
+#include "actors/scheduler.h"
+#include "dsec/client.h"
+#include "tests/fixture.h"
+
+static dsec_natsd *natsd;
+static char root[64];
+static int serial;
+
+/* What a test started; the teardown stops it even after a failed assertion. */
+static struct {
+    dsec_cell *cell;
+    dsec_cell_conf conf;
+    dsec_client *client;
+} live;
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int test_teardown(void **state)
+{
+    (void)state;
+    dsec_client_free(live.client); /* first: its creates are answered while the cell still runs */
+    if (live.cell != NULL)
+        dsec_cell_stop(live.cell, true);
+    dsec_cell_conf_release(&live.conf);
+    memset(&live, 0, sizeof live);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return dsec_test_server_start("dsec-admit", true, &natsd, root, sizeof root);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    return dsec_test_server_stop(natsd, root);
+}
+
+/* A one-node sim cell (cpu milli-CPU, room for many slots) whose one
+ * scheduler replica holds at most admit_max creates and parks at most
+ * park_max rollouts; a client with timeout_ms and retries (-1: none). */
+static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, int timeout_ms,
+                       int retries)
+{
+    dsec_cell_conf *c = &live.conf;
+    dsec_cell_conf_defaults(c);
+    snprintf(c->cell, sizeof c->cell, "a%d-%ld", ++serial, (long)getpid());
+    snprintf(c->url, sizeof c->url, "%s", dsec_natsd_url(natsd));
+    snprintf(c->state_dir, sizeof c->state_dir, "%s/%s", root, c->cell);
+    c->capacity_ms = 50;
+    c->full_ms = 500;
+    c->heartbeat_ms = 100;
+    c->summary_ms = 100;
+    c->sched_replicas = 1;
+    c->admit_max = admit_max;
+    c->park_max = park_max;
+    static const char *const types[] = {"sim", NULL};
+    char node[80];
+    snprintf(node, sizeof node, "%s-n", c->cell);
+    dsec_err err;
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(c, node, 1, cpu, 1u << 20, 1000, types, "0", &err), 0);
+    snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%.64s", node);
+    if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        fail_msg("cell %s: %s", c->cell, err.msg);
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = timeout_ms,
+                          .retries = retries};
+    if (dsec_client_connect(&live.client, &o, &err) < 0)
+        fail_msg("client: %s", err.msg);
+    /* the scheduler knows the node before the first create */
+    dsec_create_spec s = {.type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job",
+                          .cell = c->cell};
+    dsec_sandbox_info info;
+    int rc = -1;
+    for (int i = 0; i < 100 && rc < 0; i++) {
+        rc = dsec_create(live.client, &s, &info, &err);
+        if (rc < 0)
+            msleep(50);
+    }
+    if (rc < 0)
+        fail_msg("cell %s never placed a create: %s", c->cell, err.msg);
+    assert_int_equal(dsec_destroy(live.client, info.id, &err), 0);
+    msleep(200); /* its room back in the scheduler's view (a report) */
+}
+
+static dsec_sched *sched0(void) { return dsec_cell_sched_at(live.cell, 0); }
+
+static uint64_t node_live(void)
+{
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(live.cell, 0), &ns);
+    return ns.live;
+}
+
+/* ---- overload: every create is answered, none made twice --------------------------- */
+
+#define OFFER_MAX 512
+
+struct offer {
+    _Atomic int done, ok, overloaded, other, bad_retry_after, late;
+    uint64_t sent_ms[OFFER_MAX];
+    char ids[OFFER_MAX][DSEC_ID_MAX];
+    int other_code;
+};
+
+struct offer_one {
+    struct offer *o;
+    int i;
+};
+
+static void on_offered(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct offer_one *one = ud;
+    struct offer *o = one->o;
+    /* the client's own timeout is its deadline (5 s): an answer after it is a timeout */
+    if (mono_ms() - o->sent_ms[one->i] >= 5000)
+        atomic_fetch_add(&o->late, 1);
+    if (status == 0) {
+        snprintf(o->ids[one->i], sizeof o->ids[0], "%s", info->id);
+        atomic_fetch_add(&o->ok, 1);
+    } else if (err->code == DSEC_E_OVERLOADED) {
+        if (err->retry_after_ms == 0 || !dsec_code_retry_safe(err->code))
+            atomic_fetch_add(&o->bad_retry_after, 1);
+        atomic_fetch_add(&o->overloaded, 1);
+    } else {
+        o->other_code = err->code;
+        atomic_fetch_add(&o->other, 1);
+    }
+    atomic_fetch_add(&o->done, 1);
+}
+
+/* Bursts of 6 creates every 100 ms for 2 s at a replica that holds at most 2:
+ * about 3 times what it takes. Without client retries every answer is seen
+ * as the scheduler gave it. */
+static void overload_is_answered_not_queued(void **state)
+{
+    (void)state;
+    start_cell(1000000, 2, 2, 5000, -1);
+    dsec_sched_stats s0;
+    dsec_sched_stats_get(sched0(), &s0);
+    uint64_t live0 = node_live();
+    /* static: a callback after a failed assertion must not write into a dead frame */
+    static struct offer o;
+    static struct offer_one ones[OFFER_MAX];
+    memset(&o, 0, sizeof o);
+    dsec_create_spec s = {.type = "sim", .cpu_milli = 10, .memory_mb = 16, .cls = "job",
+                          .ttl_s = 120, .cell = live.conf.cell};
+    dsec_err err;
+    int sent = 0;
+    for (int burst = 0; burst < 20; burst++) {
+        for (int k = 0; k < 6 && sent < OFFER_MAX; k++, sent++) {
+            ones[sent] = (struct offer_one){.o = &o, .i = sent};
+            o.sent_ms[sent] = mono_ms();
+            assert_int_equal(dsec_create_async(live.client, &s, on_offered, &ones[sent], &err), 0);
+        }
+        msleep(100);
+    }
+    for (int i = 0; i < 700 && atomic_load(&o.done) < sent; i++)
+        msleep(10);
+    assert_int_equal(atomic_load(&o.done), sent);
+    if (atomic_load(&o.other) > 0)
+        fail_msg("%d creates failed otherwise (%s)", atomic_load(&o.other),
+                 dsec_code_name(o.other_code));
+    assert_int_equal(atomic_load(&o.late), 0);
+    assert_int_equal(atomic_load(&o.bad_retry_after), 0);
+    assert_int_equal(atomic_load(&o.ok) + atomic_load(&o.overloaded), sent);
+    assert_true(atomic_load(&o.overloaded) > 0); /* the bound was reached... */
+    assert_true(atomic_load(&o.ok) > 0);         /* ...and creates went on being placed */
+    /* the replica counted each create once: let in (and placed) or shed */
+    dsec_sched_stats s1;
+    dsec_sched_stats_get(sched0(), &s1);
+    assert_int_equal(s1.shed - s0.shed, (uint64_t)atomic_load(&o.overloaded));
+    assert_int_equal(s1.admitted - s0.admitted, (uint64_t)atomic_load(&o.ok));
+    /* no sandbox twice: the node holds exactly one per ok answer, all distinct */
+    for (int i = 0; i < 100 && node_live() != live0 + (uint64_t)atomic_load(&o.ok); i++)
+        msleep(20);
+    assert_int_equal(node_live(), live0 + (uint64_t)atomic_load(&o.ok));
+    for (int i = 0; i < sent; i++)
+        for (int j = i + 1; j < sent && o.ids[i][0]; j++)
+            if (strcmp(o.ids[i], o.ids[j]) == 0)
+                fail_msg("creates %d and %d both answered with sandbox %s", i, j, o.ids[i]);
+}
+
+/* ---- parked rollouts -------------------------------------------------------------------- */
+
+struct one_answer {
+    _Atomic int done;
+    int status, code;
+};
+
+static void on_one(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
+{
+    struct one_answer *a = ud;
+    (void)info;
+    a->status = status;
+    a->code = status == 0 ? 0 : err->code;
+    atomic_store(&a->done, 1);
+}
+
+/* A rollout parked for room is answered "overloaded" before its deadline
+ * (not left to time out), and one past park_max at once; a parked one is
+ * still placed when room comes. */
+static void parked_rollout_is_answered(void **state)
+{
+    (void)state;
+    start_cell(1000, 8, 1, 20000, -1);
+    dsec_err err;
+    dsec_sandbox_info full;
+    dsec_create_spec job = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job",
+                            .cell = live.conf.cell};
+    if (dsec_create(live.client, &job, &full, &err) < 0)
+        fail_msg("a create that fills the node: %s (%s)", err.msg, dsec_code_name(err.code));
+    dsec_create_spec ro = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "rollout",
+                           .cell = live.conf.cell};
+    /* 1: parked (the node is full), waiting for room */
+    static struct one_answer first;
+    memset(&first, 0, sizeof first);
+    assert_int_equal(dsec_create_async(live.client, &ro, on_one, &first, &err), 0);
+    dsec_sched_stats ss;
+    for (int i = 0; i < 200; i++) {
+        dsec_sched_stats_get(sched0(), &ss);
+        if (ss.waiting == 1)
+            break;
+        msleep(10);
+    }
+    assert_int_equal(ss.waiting, 1);
+    /* 2: past park_max (1): overloaded at once */
+    dsec_sandbox_info info;
+    uint64_t t0 = mono_ms();
+    assert_int_equal(dsec_create(live.client, &ro, &info, &err), -1);
+    assert_int_equal(err.code, DSEC_E_OVERLOADED);
+    assert_true(err.retry_after_ms > 0);
+    assert_non_null(strstr(err.msg, "park_max"));
+    assert_true(mono_ms() - t0 < 5000); /* answered, not left to the client's 20 s */
+    /* 3: a client whose deadline comes long before wait_ms (30 s): answered
+     * "overloaded" before that deadline, not a timeout */
+    dsec_client *quick;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = 1500,
+                          .retries = -1};
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    dsec_sched_stats_get(sched0(), &ss);
+    uint64_t shed0 = ss.shed;
+    /* room for the park: the first rollout must not be what blocks it */
+    int rc = dsec_create(quick, &ro, &info, &err);
+    dsec_client_free(quick);
+    assert_int_equal(rc, -1);
+    if (err.code != DSEC_E_OVERLOADED)
+        fail_msg("a rollout that cannot be placed before its deadline: %s (%s)", err.msg,
+                 dsec_code_name(err.code));
+    assert_true(err.retry_after_ms > 0);
+    dsec_sched_stats_get(sched0(), &ss);
+    assert_int_equal(ss.shed, shed0 + 1);
+    assert_int_equal(ss.waiting, 1); /* the first still waits */
+    /* room: the parked one is placed */
+    assert_int_equal(dsec_destroy(live.client, full.id, &err), 0);
+    for (int i = 0; i < 1000 && !atomic_load(&first.done); i++)
+        msleep(10);
+    assert_true(atomic_load(&first.done));
+    assert_int_equal(first.status, 0);
+}
+
+/* ---- libdsec retries "overloaded" -------------------------------------------------------- */
+
+/* A replica that holds 1: a parked rollout fills it, so a create that would
+ * fit is shed; libdsec retries it (same req_id) after retry_after_ms, and
+ * once room lets the rollout go the retry is placed, once. */
+static void client_retries_overloaded(void **state)
+{
+    (void)state;
+    start_cell(3000, 1, 1, 15000, 2);
+    dsec_err err;
+    dsec_sandbox_info a;
+    dsec_create_spec job = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job",
+                            .cell = live.conf.cell};
+    assert_int_equal(dsec_create(live.client, &job, &a, &err), 0);
+    msleep(200); /* its placement confirmed by a report: the replica holds nothing */
+    dsec_create_spec ro = {.type = "sim", .cpu_milli = 2500, .memory_mb = 16, .cls = "rollout",
+                           .cell = live.conf.cell};
+    static struct one_answer r;
+    memset(&r, 0, sizeof r);
+    assert_int_equal(dsec_create_async(live.client, &ro, on_one, &r, &err), 0);
+    dsec_sched_stats ss;
+    for (int i = 0; i < 200; i++) {
+        dsec_sched_stats_get(sched0(), &ss);
+        if (ss.waiting == 1)
+            break;
+        msleep(10);
+    }
+    assert_int_equal(ss.waiting, 1);
+    uint64_t shed0 = ss.shed;
+    static struct one_answer b;
+    memset(&b, 0, sizeof b);
+    dsec_create_spec bs = {.type = "sim", .cpu_milli = 500, .memory_mb = 16, .cls = "job",
+                           .cell = live.conf.cell, .req_id = "admit-retry-b"};
+    assert_int_equal(dsec_create_async(live.client, &bs, on_one, &b, &err), 0);
+    for (int i = 0; i < 200; i++) {
+        dsec_sched_stats_get(sched0(), &ss);
+        if (ss.shed > shed0)
+            break;
+        msleep(10);
+    }
+    assert_true(ss.shed > shed0); /* b was answered "overloaded"... */
+    assert_false(atomic_load(&b.done)); /* ...and libdsec did not give up */
+    uint64_t live0 = node_live();
+    assert_int_equal(dsec_destroy(live.client, a.id, &err), 0);
+    for (int i = 0; i < 1200 && !(atomic_load(&b.done) && atomic_load(&r.done)); i++)
+        msleep(10);
+    assert_true(atomic_load(&r.done));
+    assert_int_equal(r.status, 0);
+    assert_true(atomic_load(&b.done));
+    if (b.status != 0)
+        fail_msg("the retried create failed: %s", dsec_code_name(b.code));
+    /* a went, r and b came: one sandbox for b's req_id */
+    for (int i = 0; i < 100 && node_live() != live0 + 1; i++)
+        msleep(20);
+    assert_int_equal(node_live(), live0 + 1);
+    /* the same req_id again finds it: it was made exactly once */
+    dsec_sandbox_info again;
+    assert_int_equal(dsec_create(live.client, &bs, &again, &err), 0);
+    assert_true(again.existing);
+    assert_int_equal(node_live(), live0 + 1);
+}
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+static int load(const char *yaml, dsec_cell_conf *c, dsec_err *err)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/admit.yaml", root);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(yaml, f);
+    fclose(f);
+    dsec_cell_conf_defaults(c);
+    return dsec_cell_conf_load(c, path, err);
+}
+
+static void config_bounds(void **state)
+{
+    (void)state;
+    dsec_cell_conf c;
+    dsec_err err;
+    assert_int_equal(load("scheduler:\n  admit_max: 64\n  park_max: 8\n", &c, &err), 0);
+    assert_int_equal(c.admit_max, 64);
+    assert_int_equal(c.park_max, 8);
+    dsec_cell_conf_release(&c);
+    /* park_max left out follows a smaller admit_max */
+    assert_int_equal(load("scheduler:\n  admit_max: 16\n", &c, &err), 0);
+    assert_int_equal(c.admit_max, 16);
+    assert_int_equal(c.park_max, 16);
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_max: 0\n", &c, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "admit_max"));
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_max: lots\n", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "admit_max"));
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  park_max: 2000000\n", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "park_max"));
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_max: 10\n  park_max: 20\n", &c, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "park_max (20) must not exceed scheduler.admit_max (10)"));
+    dsec_cell_conf_release(&c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(config_bounds),
+        cmocka_unit_test_teardown(overload_is_answered_not_queued, test_teardown),
+        cmocka_unit_test_teardown(parked_rollout_is_answered, test_teardown),
+        cmocka_unit_test_teardown(client_retries_overloaded, test_teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
