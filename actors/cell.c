@@ -78,8 +78,8 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->reap_ms = 1000;
     c->summary_ms = 1000;
     c->wait_ms = 30000;
-    c->admit_max = 4096;
-    c->park_max = 1024;
+    c->admit_max = 65536;
+    c->park_max = 65536;
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;

@@ -68,7 +68,7 @@ typedef struct dsec_cell_conf {
     uint32_t probation_ms;     /* scheduler.probation_ms; 0: 3 * heartbeat_ms */
     int64_t journal_sync_ms; /* 0: 1000; -1: never */
     uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
-    uint32_t admit_max;      /* scheduler.admit_max: work a replica holds; 0: 4096 */
+    uint32_t admit_max;      /* scheduler.admit_max: work a replica holds; 0: 65536 */
     uint32_t park_max;       /* scheduler.park_max: rollouts parked per replica; 0: 1024 */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
     unsigned arbiter_replicas;  /* JetStream replicas of the arbiter's buckets; 0: 1 */

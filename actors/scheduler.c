@@ -1120,8 +1120,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
         conf->default_function_disk_mb ? conf->default_function_disk_mb : 64;
     s->conf.wait_ms = conf->wait_ms ? conf->wait_ms : 30000;
     s->conf.demand_ms = conf->demand_ms ? conf->demand_ms : 250;
-    s->conf.admit_max = conf->admit_max ? conf->admit_max : 4096;
-    s->conf.park_max = conf->park_max ? conf->park_max : 1024;
+    s->conf.admit_max = conf->admit_max ? conf->admit_max : 65536;
+    s->conf.park_max = conf->park_max ? conf->park_max : 65536;
     if (s->conf.park_max > s->conf.admit_max) /* parked rollouts are part of what it holds */
         s->conf.park_max = s->conf.admit_max;
     snprintf(s->cell, sizeof s->cell, "%s", conf->cell);

@@ -46,8 +46,8 @@ typedef struct dsec_sched_conf {
      * placements sent that no node report has confirmed yet, and parked
      * rollouts. A create that arrives when it holds admit_max is answered
      * "overloaded" with a retry_after_ms at once instead of queuing. */
-    uint32_t admit_max;         /* 0: 4096 */
-    uint32_t park_max;          /* rollouts parked at once; past it "overloaded"; 0: 1024 */
+    uint32_t admit_max;         /* 0: 65536 */
+    uint32_t park_max;          /* rollouts parked at once; past it "overloaded"; 0: 65536 */
     bool quota;                 /* admit every create with the cell's quota actor
                                    (actors/quota.h) before placing it */
 } dsec_sched_conf;
