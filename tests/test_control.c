@@ -635,13 +635,15 @@ static void lifetime_and_idle_reclaim(void **state)
     dsec_err err;
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 1, .idle_s = 60}, &ttl, &err), 0);
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &idle, &err), 0);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &busy, &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 2}, &busy, &err), 0);
     const char *argv[] = {"echo", "hi", NULL};
-    for (int i = 0; i < 10; i++) { /* keep one busy for 2 s */
+    /* keep one busy for 5 s, past its 2 s idle_s, with a command every 0.5 s: a loaded
+     * machine (make check's) may stretch a gap, not to 2 s */
+    for (int i = 0; i < 10; i++) {
         dsec_exec_reply r;
         assert_int_equal(dsec_exec(cl, busy.id, &(dsec_exec_opts){.argv = argv}, &r, &err), 0);
         dsec_exec_reply_release(&r);
-        msleep(200);
+        msleep(500);
     }
     assert_int_equal(dsec_wait_state(cl, ttl.id, "gone", 3000, &err), 0);
     assert_int_equal(dsec_wait_state(cl, idle.id, "gone", 3000, &err), 0);
