@@ -490,6 +490,15 @@ static void test_exec_and_files(void **state)
     drop(a);
 }
 
+/* The node's parent cgroup is there, at a quarter of the default CPU weight. */
+static void assert_parent_weighed(void)
+{
+    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
+        assert_int_equal(atoi(slurp("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares")), 256);
+    else
+        assert_int_equal(atoi(slurp("/sys/fs/cgroup/dsec-ct-" NODE "/cpu.weight")), 25);
+}
+
 static void test_limits(void **state)
 {
     struct sbx *a = mk(64, 500);
@@ -505,10 +514,7 @@ static void test_limits(void **state)
     if (access(p, F_OK) == 0)
         assert_int_equal(strtoull(slurp(p), NULL, 10), 64ull << 20);
     /* the node's sandboxes together weigh a quarter of the node manager on the CPU */
-    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
-        assert_int_equal(atoi(slurp("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares")), 256);
-    else
-        assert_int_equal(atoi(slurp("/sys/fs/cgroup/dsec-ct-" NODE "/cpu.weight")), 25);
+    assert_parent_weighed();
 
     /* a memory bomb dies in its own cgroup; the agent and the node go on */
     int rc = sh(a, "x=0123456789abcdef; while true; do x=$x$x; done", NULL, 0);
@@ -1508,6 +1514,10 @@ static void test_runtime_missing(void **state)
     dsec_backend_config cfg3 = {.state_dir = state_dir, .node = NODE, .opts = opts3, .nopts = 1};
     assert_int_equal(dsec_container_ops.init(&other, &cfg3, &err), -1);
     assert_non_null(strstr(err.msg, "expected crun, runc or runsc"));
+    /* A refused instance leaves the node's parent cgroup alone. It used to remove it when no
+     * sandbox was in it, and the next sandbox's runtime made it again at the default weight
+     * (seen as cpu.shares 1024 in test_limits). */
+    assert_parent_weighed();
 }
 
 /* ---- a node restarted with another runtime ------------------------------------------------ */

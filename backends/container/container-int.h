@@ -99,6 +99,7 @@ struct ct_backend {
     int cg_mode;           /* CT_CG_V1 | CT_CG_V2 */
     bool memsw;            /* the memory controller accounts swap (v1) */
     char cg_parent[DSEC_NAME_LEN_MAX + 16]; /* cgroupsPath is /<cg_parent>/<id> */
+    bool cg_weighed; /* this instance set up cg_parent, so its fini removes it */
     /* v1: the mount of each controller; v2: all equal the cgroup2 mount */
     char cg_freezer[PATH_MAX], cg_memory[PATH_MAX], cg_cpuacct[PATH_MAX], cg_pids[PATH_MAX],
         cg_cpu[PATH_MAX];

@@ -614,6 +614,10 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec_err werr;
     if (dsec__ct_cg_weigh(be, &werr) < 0) /* the sandboxes then weigh as much as the node */
         fprintf(stderr, "dsec container: %s; sandboxes keep the default CPU weight\n", werr.msg);
+    /* An instance refused before this point (a bad option) leaves the parent cgroup alone:
+     * another instance for the same node may be using it, and a parent removed under it
+     * would come back at the default weight. */
+    be->cg_weighed = true;
     if (mkdir(be->state_dir, 0700) < 0 && errno != EEXIST) {
         dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", be->state_dir);
         goto fail;
@@ -656,7 +660,7 @@ static void ct_fini(void *self)
     }
     if (be->store[0] != '\0')
         dsec__ct_store_close(be);
-    if (be->cg_mode != 0)
+    if (be->cg_mode != 0 && be->cg_weighed)
         dsec__ct_cg_cleanup(be);
     free_excludes(be);
     dsec__ct_rt_fini(be);
