@@ -932,7 +932,7 @@ static void tick_summary(void *ud, uint64_t mono)
                                .cpu_free_milli = sum.cpu_free_milli, .mem_free_mb = sum.mem_free_mb,
                                .slots_free = sum.slots_free, .live = sum.live,
                                .types = {types, nt}, .ts_ns = dsec_wall_ns(),
-                               .scheduler = s->name, .held = held_now(s),
+                               .scheduler = s->name, .held = held_in(s, &sum),
                                .admitted = atomic_load(&s->n_admitted),
                                .shed = atomic_load(&s->n_shed)};
     pthread_mutex_lock(&s->wmu);
@@ -993,7 +993,7 @@ static void tick_wait(void *ud, uint64_t mono)
     uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX, fail_disk = UINT64_MAX;
     drain_update(s, t);
     struct waiter *keep = NULL, **kt = &keep;
-    uint64_t n = 0, cpu = 0, mem = 0, oldest = 0;
+    uint64_t n = 0, cpu = 0, mem = 0, oldest = 0, held = UINT64_MAX;
     while (list != NULL) {
         struct waiter *w = list;
         list = w->next;
@@ -1042,7 +1042,9 @@ static void tick_wait(void *ud, uint64_t mono)
         if (deadline_near(s, p.c.deadline_ns)) {
             /* the client stops waiting before the next tick could place it:
              * an answer now, rather than its silent timeout */
-            shed(s, p.reply_to, &p.c, held_now(s), true,
+            if (held == UINT64_MAX) /* one pass over the view per tick, not per shed */
+                held = held_now(s);
+            shed(s, p.reply_to, &p.c, held, true,
                  "no room in cell %s after waiting %" PRIu64
                  " ms, and the create's deadline is near",
                  s->cell, t - w->since_ms);
