@@ -8,18 +8,14 @@ Run from sdk/python: python3 -m unittest discover -s tests -p test_admission.py 
 """
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import threading
 import time
 import unittest
 
 import dsec
+import embedded
 from dsec import DSecClient
-
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 
 CONFIG = """cell: sdkadmit
 scheduler:
@@ -38,51 +34,18 @@ nodes:
 _cell = {}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def setUpModule():
-    binary = os.environ.get("DSEC_BIN") or os.path.join(ROOT, "build", "default", "tools", "dsec")
-    if not os.access(binary, os.X_OK):
-        if os.environ.get("DSEC_BIN"):
-            raise RuntimeError("DSEC_BIN=%s is not an executable" % binary)
-        raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
+    binary = embedded.binary()
     tmp = tempfile.mkdtemp(prefix="dsec-sdk-admit-")
+    _cell["tmp"] = tmp
     cfg = os.path.join(tmp, "cell.yaml")
     with open(cfg, "w") as f:
         f.write(CONFIG)
-    port = _free_port()
-    log = open(os.path.join(tmp, "up.log"), "w+")
-    proc = subprocess.Popen([binary, "up", "--config", cfg, "--port", str(port), "--state-dir",
-                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
-    _cell.update(tmp=tmp, proc=proc, log=log, url="nats://127.0.0.1:%d" % port)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        with open(log.name) as f:
-            if "Ctrl-C stops" in f.read():
-                break
-        time.sleep(0.05)
-    with open(log.name) as f:
-        text = f.read()
-    if "Ctrl-C stops" not in text:
-        tearDownModule()
-        raise RuntimeError("dsec up did not start:\n" + text)
+    embedded.start(_cell, binary, tmp, conf=cfg, teardown=tearDownModule)
 
 
 def tearDownModule():
-    proc = _cell.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if _cell.get("log"):
-        _cell["log"].close()
+    embedded.stop(_cell)
     if _cell.get("tmp"):
         shutil.rmtree(_cell["tmp"], ignore_errors=True)
 

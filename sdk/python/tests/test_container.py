@@ -16,22 +16,16 @@ import time
 import unittest
 import uuid
 
+import embedded
 from dsec import (AsyncDSecClient, CommandFailed, ContainerArgs, DSecClient, DSecError,
                   FunctionArgs, InvalidArgument, MicroVMArgs, NotFound, NotSupported, StateError,
                   VMArgs)
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+from embedded import ROOT
 ENV = "busybox:1"
 SMALL = dict(cpu=0.25, memory_mb=64, max_lifetime_s=600)
 
 _cell = {}
-
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _mounts_under(prefix):
@@ -43,11 +37,7 @@ def setUpModule():
     if os.geteuid() != 0:
         raise unittest.SkipTest("container sandboxes need root (mounts, cgroups, crun): "
                                 "run the test as root to exercise them")
-    binary = os.environ.get("DSEC_BIN") or os.path.join(ROOT, "build", "default", "tools", "dsec")
-    if not os.access(binary, os.X_OK):
-        if os.environ.get("DSEC_BIN"):  # ctest names the binary: missing is a failure
-            raise RuntimeError("DSEC_BIN=%s is not an executable" % binary)
-        raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
+    binary = embedded.binary()
     tmp = tempfile.mkdtemp(prefix="dsec-sdkct-")
     _cell["tmp"] = tmp
     _cell["binary"] = binary
@@ -86,22 +76,7 @@ def setUpModule():
 def start_cell(binary, conf, tmp):
     """`dsec up --config conf` on a free port, state under tmp, into _cell; torn down and
     raised when it does not start."""
-    port = _free_port()
-    log = open(os.path.join(tmp, "up.log"), "w+")
-    proc = subprocess.Popen([binary, "up", "--config", conf, "--port", str(port), "--state-dir",
-                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
-    _cell.update(proc=proc, log=log, url="nats://127.0.0.1:%d" % port)
-    deadline = time.monotonic() + 30
-    text = ""
-    while time.monotonic() < deadline and proc.poll() is None:
-        with open(log.name) as f:
-            text = f.read()
-        if "Ctrl-C stops" in text:
-            break
-        time.sleep(0.05)
-    if "Ctrl-C stops" not in text:
-        tearDownModule()
-        raise RuntimeError("dsec up did not start:\n" + text)
+    embedded.start(_cell, binary, tmp, conf=conf, teardown=tearDownModule)
 
 
 def tearDownModule():
@@ -111,16 +86,7 @@ def tearDownModule():
     # Containers outlive their node manager (it re-adopts them on restart), so every
     # sandbox must be stopped by the tests; what is still mounted now was leaked.
     leaked = _mounts_under(os.path.join(node_dir, "sb") + "/") if node_dir else []
-    proc = _cell.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if _cell.get("log"):
-        _cell["log"].close()
+    embedded.stop(_cell, timeout=20)
     if node_dir and os.path.isdir(os.path.join(node_dir, "run")):
         run = os.path.join(node_dir, "run")
         ids = subprocess.run(["crun", "--root", run, "list", "-q"], stdout=subprocess.PIPE,

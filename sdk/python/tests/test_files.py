@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import unittest
 
+import embedded
 from dsec import ContainerArgs, DSecClient, FunctionArgs, MicroVMArgs, NotFound, SandboxArgs
 from test_container import ROOT, _cell, start_cell, tearDownModule  # noqa: F401 (the teardown)
 
@@ -35,11 +36,7 @@ _blob = {}
 
 
 def setUpModule():
-    binary = os.environ.get("DSEC_BIN") or os.path.join(ROOT, "build", "default", "tools", "dsec")
-    if not os.access(binary, os.X_OK):
-        if os.environ.get("DSEC_BIN"):
-            raise RuntimeError("DSEC_BIN=%s is not an executable" % binary)
-        raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
+    binary = embedded.binary()
     tmp = tempfile.mkdtemp(prefix="dsec-sdkfiles-")
     _cell.update(tmp=tmp, binary=binary)
     native = ""
