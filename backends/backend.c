@@ -2,6 +2,7 @@
 #include "backends/backend.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <limits.h>
 #include <stdio.h>
@@ -39,6 +40,16 @@ const char *dsec_file_kind_name(dsec_file_kind k)
     default:
         return "other";
     }
+}
+
+void dsec_proc_output_release(dsec_proc_output *o)
+{
+    if (o == NULL)
+        return;
+    dsec_free(o->out);
+    dsec_free(o->err);
+    o->out = o->err = NULL;
+    o->out_len = o->err_len = 0;
 }
 
 void dsec_file_entries_free(dsec_file_entry *entries, size_t n)
@@ -393,6 +404,71 @@ int dsec_backend_net_set(dsec_backend *be, dsec_sandbox *sb, const char *const *
     if (n > 0 && entries == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net_set: %zu entries but no array", n);
     return be->ops->net_set(be->self, sb, entries, n, err);
+}
+
+int dsec_backend_proc_start(dsec_backend *be, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                            dsec_proc_info *out, dsec_err *err)
+{
+    if (be->ops->proc_start == NULL)
+        return unsupported(be, "background processes", err);
+    if (sb == NULL)
+        return no_sandbox("proc_start", err);
+    if (req == NULL || out == NULL || req->exec.argc == 0 || req->exec.argv == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_start: missing argv or out parameter");
+    if (req->ring_max > DSEC_PROC_RING_MAX)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc_start: ring_max %" PRIu64 " is over the limit of %u bytes",
+                            req->ring_max, DSEC_PROC_RING_MAX);
+    memset(out, 0, sizeof *out);
+    return be->ops->proc_start(be->self, sb, req, out, err);
+}
+
+int dsec_backend_proc_list(dsec_backend *be, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                           dsec_err *err)
+{
+    if (be->ops->proc_list == NULL)
+        return unsupported(be, "background processes", err);
+    if (sb == NULL)
+        return no_sandbox("proc_list", err);
+    *out = NULL;
+    *n = 0;
+    return be->ops->proc_list(be->self, sb, out, n, err);
+}
+
+int dsec_backend_proc_signal(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, int sig,
+                             dsec_err *err)
+{
+    if (be->ops->proc_signal == NULL)
+        return unsupported(be, "background processes", err);
+    if (sb == NULL)
+        return no_sandbox("proc_signal", err);
+    if (sig <= 0 || sig >= 65)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_signal: %d is not a signal number", sig);
+    return be->ops->proc_signal(be->self, sb, handle, sig, err);
+}
+
+int dsec_backend_proc_stdin(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, const void *data,
+                            size_t len, bool close, dsec_err *err)
+{
+    if (be->ops->proc_stdin == NULL)
+        return unsupported(be, "background processes", err);
+    if (sb == NULL)
+        return no_sandbox("proc_stdin", err);
+    if (data == NULL && len > 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_stdin: %zu bytes but no data", len);
+    return be->ops->proc_stdin(be->self, sb, handle, data, len, close, err);
+}
+
+int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                             uint64_t out_off, uint64_t err_off, uint64_t max,
+                             dsec_proc_output *out, dsec_err *err)
+{
+    if (be->ops->proc_output == NULL)
+        return unsupported(be, "background processes", err);
+    if (sb == NULL)
+        return no_sandbox("proc_output", err);
+    memset(out, 0, sizeof *out);
+    return be->ops->proc_output(be->self, sb, handle, out_off, err_off, max, out, err);
 }
 
 int dsec_backend_layer_cache(const dsec_backend_config *cfg, const char *state_dir,

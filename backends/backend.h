@@ -195,6 +195,48 @@ typedef struct dsec_file_data {
     bool eof;      /* offset + len reached the end */
 } dsec_file_data;
 
+/* ---- background processes ----------------------------------------------------------
+ * A process started with proc_start is detached from its caller: it outlives the call, the
+ * connection and the node manager, and later calls name it by its handle. Each keeps the last
+ * ring_max bytes of its stdout and of its stderr, so a client that comes late reads the tail
+ * first; older bytes are dropped, never the process blocked for want of a reader. */
+typedef struct dsec_proc_info {
+    uint64_t handle;   /* unique for the sandbox's life, never reused; 1, 2, ... */
+    int32_t pid;       /* in the sandbox's pid namespace */
+    bool running;
+    bool stdin_open;   /* proc_stdin may still write */
+    bool timed_out;    /* its timeout_ms ended it */
+    int32_t exit_code; /* when !running: its exit status, -1 when a signal ended it */
+    int32_t signal;    /* when !running: the signal that ended it, else 0 */
+    uint64_t started_ns, ended_ns;  /* wall clock (the sandbox's); ended_ns 0 while running */
+    uint64_t out_total, err_total;  /* bytes each stream has produced in all */
+    char cmdline[256]; /* its argv joined by spaces, cut to 255 bytes */
+} dsec_proc_info;
+
+#define DSEC_PROC_RING_DEFAULT (256u << 10) /* bytes kept per stream when ring_max is 0 */
+#define DSEC_PROC_RING_MAX (16u << 20)
+#define DSEC_PROC_MAX 1024u /* processes an agent keeps (running, or ended and not yet evicted) */
+
+typedef struct dsec_proc_start_req {
+    /* argv, env, cwd, user as for exec; timeout_ms (0: none) ends its whole process tree;
+     * stdin_data is written first; output_max and on_output are not used */
+    dsec_exec_req exec;
+    uint64_t ring_max; /* bytes of each stream kept for proc_output; 0: DSEC_PROC_RING_DEFAULT */
+    bool keep_stdin;   /* stdin stays open for proc_stdin; else closed after stdin_data */
+} dsec_proc_start_req;
+
+/* A window of a background process's output: its stdout and stderr from the offsets asked
+ * (counted from the stream's first byte), as much as the ring still holds. */
+typedef struct dsec_proc_output {
+    dsec_proc_info info;
+    uint8_t *out, *err;          /* dsec_malloc'd, NULL when empty: dsec_proc_output_release */
+    size_t out_len, err_len;
+    uint64_t out_from, err_from; /* the stream offsets of out[0] and err[0]: above the offsets
+                                    asked when the ring no longer held those bytes */
+} dsec_proc_output;
+
+void dsec_proc_output_release(dsec_proc_output *o);
+
 /* How a transfer started with file_write_start or file_read_start ended: rc 0
  * (a read's data in *data, owned by the callee; NULL for a write) or rc -1 and
  * err. Called once, on the loop's thread. */
@@ -332,6 +374,21 @@ typedef struct dsec_backend_ops {
      * connections it no longer allows are cut. */
     int (*net_set)(void *self, dsec_sandbox *sb, const char *const *entries, size_t n,
                    dsec_err *err);
+    /* Background processes (optional, all five or none; dsec_backend_procs says). proc_start
+     * fills *out; proc_list's *out is caller-owned (dsec_free); proc_signal sends sig to the
+     * process's whole tree (DSEC_E_STATE once it ended); proc_stdin answers once the process
+     * took every byte (close: then its stdin is closed); proc_output returns at most max bytes
+     * (0: all it holds) of each stream from the offsets. An unknown handle is
+     * DSEC_E_NOT_FOUND. */
+    int (*proc_start)(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                      dsec_proc_info *out, dsec_err *err);
+    int (*proc_list)(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                     dsec_err *err);
+    int (*proc_signal)(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err);
+    int (*proc_stdin)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                      size_t len, bool close, dsec_err *err);
+    int (*proc_output)(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                       uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
     /* Optional: true when every operation of this instance completes at once (no I/O, no
      * modelled time: sim at time_scale 0). The node then runs them where the request
      * arrives, without handing them to its loop or work queue. */
@@ -380,6 +437,18 @@ int dsec_backend_file_write(dsec_backend *be, dsec_sandbox *sb, const char *path
                             size_t len, uint32_t mode, bool append, dsec_err *err);
 int dsec_backend_file_read(dsec_backend *be, dsec_sandbox *sb, const char *path, uint64_t offset,
                            uint64_t max, dsec_file_data *out, dsec_err *err);
+/* Background processes (ops proc_*): DSEC_E_UNSUPPORTED without them. */
+int dsec_backend_proc_start(dsec_backend *be, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                            dsec_proc_info *out, dsec_err *err);
+int dsec_backend_proc_list(dsec_backend *be, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                           dsec_err *err);
+int dsec_backend_proc_signal(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, int sig,
+                             dsec_err *err);
+int dsec_backend_proc_stdin(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, const void *data,
+                            size_t len, bool close, dsec_err *err);
+int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                             uint64_t out_off, uint64_t err_off, uint64_t max,
+                             dsec_proc_output *out, dsec_err *err);
 /* Whether file_write_start and file_read_start are there: transfers then need no
  * thread while they run. */
 bool dsec_backend_files_async(const dsec_backend *be);

@@ -113,6 +113,17 @@ int dsec_agent_file_stat(dsec_agent *a, const char *path, dsec_file_entry *out, 
 /* Remove a file, or a directory (with its contents when recursive). */
 int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec_err *err);
 
+/* Background processes (backend.h, "background processes"): the agent keeps them, detached
+ * from every connection, until the sandbox ends. Semantics as the backend ops proc_*. */
+int dsec_agent_proc_start(dsec_agent *a, const dsec_proc_start_req *req, dsec_proc_info *out,
+                          dsec_err *err);
+int dsec_agent_proc_list(dsec_agent *a, dsec_proc_info **out, size_t *n, dsec_err *err);
+int dsec_agent_proc_signal(dsec_agent *a, uint64_t handle, int sig, dsec_err *err);
+int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len,
+                          bool close, dsec_err *err);
+int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
+                           uint64_t max, dsec_proc_output *out, dsec_err *err);
+
 #ifdef __cplusplus
 }
 #endif
