@@ -615,9 +615,14 @@ static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
     snprintf(disk, sizeof disk, "%" PRIu64, s->disk_mb);
     snprintf(created, sizeof created, "%" PRIu64, s->created_ns);
     snprintf(last, sizeof last, "%" PRIu64, (uint64_t)s->last_ns);
-    const char *k[8] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns", "tenant"};
-    const char *v[8] = {cpu, mem, disk, created, last, s->tenant};
-    uint32_t nkv = 6;
+    char expires[24];
+    pthread_mutex_lock(&n->mu); /* do_ttl and the reaper's ttl_ns */
+    snprintf(expires, sizeof expires, "%" PRIu64, s->ttl_ns ? s->created_ns + s->ttl_ns : 0);
+    pthread_mutex_unlock(&n->mu);
+    const char *k[9] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns",
+                        "tenant", "expires_ns"};
+    const char *v[9] = {cpu, mem, disk, created, last, s->tenant, expires};
+    uint32_t nkv = 7;
     dsec_sandbox_stats st;
     dsec_err err;
     if (dsec_backend_stats(s->be, s->h, &st, &err) == 0) {
@@ -714,6 +719,60 @@ static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *ne
     reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
+/* Move a running sandbox's end: it now ends ttl_s seconds from now, as long as its whole
+ * lifetime stays within the cell's max_ttl_s. The reaper reads ttl_ns under the node lock. */
+static void do_ttl(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t ttl_s)
+{
+    if (s->state != ST_RUNNING && s->state != ST_PAUSED) {
+        dsec__node_reply_err(n, m, DSEC_E_STATE, "sandbox %s is %s; its TTL cannot change", s->id,
+                             dsec__node_state_names[s->state]);
+        return;
+    }
+    if (ttl_s == 0) {
+        dsec__node_reply_bad(n, m, "ttl_s",
+                             "ttl: ttl_s must be at least 1 (seconds from now); destroy ends a "
+                             "sandbox at once");
+        return;
+    }
+    uint64_t now = dsec_wall_ns(), age_ns = dsec__node_age_ns(now, s->created_ns);
+    uint64_t max_ns = n->conf.max_ttl_s * 1000000000ull;
+    if (ttl_s > n->conf.max_ttl_s || age_ns + ttl_s * 1000000000ull > max_ns) {
+        uint64_t left_s = age_ns >= max_ns ? 0 : (max_ns - age_ns) / 1000000000ull;
+        dsec__node_reply_bad(n, m, "ttl_s",
+                             "ttl: ttl_s %" PRIu64 " would make sandbox %s live past this cell's "
+                             "max_ttl_s %" PRIu64 " (it is %" PRIu64 " s old: at most %" PRIu64
+                             " s more)",
+                             ttl_s, s->id, (uint64_t)n->conf.max_ttl_s, age_ns / 1000000000u, left_s);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    uint8_t reap = s->reap;
+    uint64_t was = s->ttl_ns;
+    if (reap == REAP_NONE)
+        s->ttl_ns = age_ns + ttl_s * 1000000000ull;
+    pthread_mutex_unlock(&n->mu);
+    if (reap != REAP_NONE) {
+        dsec__node_reply_err(n, m, DSEC_E_STATE,
+                             "sandbox %s is being destroyed (%s); its TTL cannot change", s->id,
+                             reap_text(reap));
+        return;
+    }
+    dsec_err err;
+    if (dsec__node_journal_put(n, s, &err) < 0) {
+        pthread_mutex_lock(&n->mu);
+        s->ttl_ns = was;
+        pthread_mutex_unlock(&n->mu);
+        dsec_err_wrap(&err, "ttl of %s: the journal", s->id);
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    dsec__node_touch(s);
+    char expires[24];
+    snprintf(expires, sizeof expires, "%" PRIu64, s->created_ns + s->ttl_ns);
+    const char *k[] = {"expires_ns"}, *v[] = {expires};
+    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 1});
+}
+
 static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
@@ -749,11 +808,13 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         do_snapshot(n, m, s, op.name);
     } else if (strcmp(op.op, "net") == 0) {
         do_net(n, m, s, &op.net);
+    } else if (strcmp(op.op, "ttl") == 0) {
+        do_ttl(n, m, s, op.ttl_s);
     } else {
         dsec__node_reply_err(
             n, m, DSEC_E_UNSUPPORTED,
             "op \"%s\" is unknown (known: pause, resume, destroy, status, fork, freeze, "
-            "snapshot, net)",
+            "snapshot, net, ttl)",
             op.op);
     }
 }

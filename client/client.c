@@ -1223,6 +1223,33 @@ int dsec_set_network(dsec_client *c, const char *id, const char *const *entries,
     return op_call_net(c, id, "net", 0, NULL, v, NULL, NULL, NULL, err);
 }
 
+int dsec_set_ttl(dsec_client *c, const char *id, uint64_t ttl_s, uint64_t *expires_ns,
+                 dsec_err *err)
+{
+    if (ttl_s == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "ttl: ttl_s must be at least 1 (seconds from now); dsec_destroy ends "
+                            "a sandbox at once");
+    char req_id[33];
+    dsec_bus_new_id(req_id);
+    dsec_msg_op m = {.id = id, .op = "ttl", .ttl_s = ttl_s, .req_id = req_id, .tenant = c->tenant};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_op_reply r;
+    int rc = sbx_call(c, id, "op", DSEC_MSG_OP, &m, DSEC_MSG_OP_REPLY, dec, &keep, &r, err);
+    if (rc == 0 && expires_ns != NULL) {
+        *expires_ns = 0;
+        for (uint32_t i = 0; i < r.info.n; i++)
+            if (strcmp(r.info.k[i], "expires_ns") == 0)
+                *expires_ns = strtoull(r.info.v[i], NULL, 10);
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
 int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err)
 {
     *ids = NULL;

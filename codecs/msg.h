@@ -167,7 +167,8 @@ typedef struct dsec_msg_created {
 
 typedef struct dsec_msg_op {
     const char *id; /* required */
-    const char *op; /* required: pause | resume | destroy | status | fork | freeze | snapshot | net;
+    const char *op; /* required: pause | resume | destroy | status | fork | freeze | snapshot | net
+                     * | ttl;
                      * lookup (on dsec.v1.ctl.lookup.<cell>) */
     uint64_t n;     /* fork: number of children, 1..1024 */
     const char *name; /* snapshot: the environment name:version to publish it as */
@@ -175,6 +176,7 @@ typedef struct dsec_msg_op {
     const char *req_id;
     const char *tenant;
     uint64_t retry;   /* lookup: the retried create's attempt number */
+    uint64_t ttl_s;   /* ttl: the sandbox now ends this many seconds from now */
 } dsec_msg_op;
 
 typedef struct dsec_msg_op_reply {

@@ -141,8 +141,8 @@ static const dsec_field created_fields[] = {
 static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, id, "id", true, L_NAME, "sandbox id"),
     FSTR(dsec_msg_op, op, "op", true, L_NAME,
-         "pause, resume, destroy, status, fork, freeze, snapshot or net; lookup on the lookup "
-         "subject"),
+         "pause, resume, destroy, status, fork, freeze, snapshot, net or ttl; lookup on the "
+         "lookup subject"),
     FU64(dsec_msg_op, n, "n", false, 1, 1024, "fork: number of children"),
     FSTR(dsec_msg_op, name, "name", false, L_LONG, "snapshot: environment name:version to publish"),
     FSTRV(dsec_msg_op, net, "net", false, 64, L_LONG,
@@ -150,6 +150,9 @@ static const dsec_field op_fields[] = {
     FSTR(dsec_msg_op, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_op, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
     FU64(dsec_msg_op, retry, "retry", false, 0, 0, "lookup: the retried create's attempt number"),
+    FU64(dsec_msg_op, ttl_s, "ttl_s", false, 0, 0,
+         "ttl: the sandbox now ends this many s from now (its whole lifetime within the cell's "
+         "max_ttl_s)"),
 };
 
 static const dsec_field op_reply_fields[] = {
@@ -158,7 +161,7 @@ static const dsec_field op_reply_fields[] = {
     FSTR(dsec_msg_op_reply, node, "node", false, L_NAME, "owning node"),
     FSTR(dsec_msg_op_reply, type, "type", false, L_NAME, "sandbox type"),
     FSTRV(dsec_msg_op_reply, ids, "ids", false, 1024, L_NAME, "fork: the children's ids"),
-    FKV(dsec_msg_op_reply, info, "info", L_SET, L_TEXT, "status: details"),
+    FKV(dsec_msg_op_reply, info, "info", L_SET, L_TEXT, "status: details; ttl: expires_ns"),
 };
 
 static const dsec_field exec_fields[] = {

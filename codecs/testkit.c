@@ -122,7 +122,7 @@ static void sample_a(int type, void *out)
     case DSEC_MSG_OP:
         *(dsec_msg_op *)out = (dsec_msg_op){
             .id = "n7-00000000000000a0", .op = "fork", .n = 1024, .name = "swe/task-7:step-3", .req_id = "r",
-            .tenant = "t", .net = STRV(net_v)};
+            .tenant = "t", .net = STRV(net_v), .ttl_s = 600};
         break;
     case DSEC_MSG_OP_REPLY:
         *(dsec_msg_op_reply *)out = (dsec_msg_op_reply){.id = "n7-00000000000000a0",

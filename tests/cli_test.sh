@@ -71,6 +71,18 @@ set -e
 "$DSEC" resume "$ID" >/dev/null
 "$DSEC" status "$ID" | grep -q running || fail "status after resume"
 
+# ttl: the sandbox's end moves; its new end is printed; nonsense is refused, saying why
+OUT=$("$DSEC" ttl "$ID" 900)
+echo "$OUT" | grep -Eq "^$ID	ends [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z$" || fail "ttl printed '$OUT'"
+set +e
+"$DSEC" ttl "$ID" 0 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "at least 1" "$TMP/err.txt" || fail "ttl 0: rc=$rc $(cat "$TMP/err.txt")"
+set +e
+"$DSEC" ttl "$ID" 99999999 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "max_ttl_s" "$TMP/err.txt" || fail "ttl past the max: rc=$rc $(cat "$TMP/err.txt")"
+
 "$DSEC" top --once --interval 300 > "$TMP/top.txt"
 grep -q "local-0" "$TMP/top.txt" || { cat "$TMP/top.txt"; fail "top shows no node"; }
 grep -q "sandboxes by type: sim 3" "$TMP/top.txt" || { cat "$TMP/top.txt"; fail "top shows no per-type count"; }

@@ -1188,6 +1188,66 @@ static void restarted_node_readopts_its_sandboxes(void **state)
     waitpid(pid, NULL, 0);
 }
 
+/* A sandbox's end moves while it runs (dsec_set_ttl), later and sooner, within the cell's
+ * max_ttl_s, and the change holds across a kill -9 of its node manager (it is journaled). */
+static void ttl_moves_a_sandboxs_end(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t27");
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER);
+    char cfg[256], st[256];
+    snprintf(cfg, sizeof cfg, "%s/t27.yaml", root);
+    snprintf(st, sizeof st, "%s/t27-node", root);
+    write_node_config(cfg, "t27", "t27-n", st);
+    pid_t pid = spawn_dsecd(cfg);
+    wait_nodes(sched, 1, 5000);
+    dsec_client *cl = client("t27");
+    dsec_sandbox_info a, b, s;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 2, .idle_s = 600}, &a, &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 600, .idle_s = 600}, &b, &err), 0);
+    /* later: a lives on past its 2 s, and the answer says until when */
+    uint64_t end = 0, t0 = dsec_wall_ns();
+    assert_int_equal(dsec_set_ttl(cl, a.id, 30, &end, &err), 0);
+    assert_true(end >= t0 + 29000000000ull && end <= dsec_wall_ns() + 30000000000ull);
+    /* beyond the cell's max_ttl_s (86400 by default), or none: refused, saying why */
+    assert_int_equal(dsec_set_ttl(cl, b.id, 86400, NULL, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "max_ttl_s 86400"));
+    assert_non_null(strstr(err.msg, "s more"));
+    assert_int_equal(dsec_set_ttl(cl, b.id, 0, NULL, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    char missing[sizeof a.id];
+    memcpy(missing, a.id, sizeof missing); /* same node, another sandbox */
+    size_t ln = strlen(missing);
+    missing[ln - 1] = missing[ln - 1] == '0' ? '1' : '0';
+    assert_int_equal(dsec_set_ttl(cl, missing, 10, NULL, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    /* the node manager dies and comes back: a's new end holds (the old one has passed) */
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    pid = spawn_dsecd(cfg);
+    int rc = -1;
+    for (int i = 0; i < 250 && rc < 0; i++) {
+        rc = dsec_status(cl, a.id, &s, &err);
+        if (rc < 0)
+            msleep(20);
+    }
+    assert_int_equal(rc, 0);
+    msleep(2500); /* past its first end (2 s after creation), several reaper passes */
+    assert_int_equal(dsec_status(cl, a.id, &s, &err), 0);
+    assert_string_equal(s.state, "running");
+    /* sooner: b (600 s) ends in 1 s, reaped for its lifetime */
+    assert_int_equal(dsec_set_ttl(cl, b.id, 1, NULL, &err), 0);
+    assert_int_equal(dsec_wait_state(cl, b.id, "gone", 5000, &err), 0);
+    assert_int_equal(dsec_status(cl, b.id, &s, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "max lifetime reached"));
+    assert_int_equal(dsec_status(cl, a.id, &s, &err), 0);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
 /* A node manager killed with -9 right after it acknowledged creates: after its restart, every
  * sandbox it acknowledged is there, or its answer says why it is gone. While it is down an
  * operation gets a retry-safe error, never "not found". Some of them were reaped idle before the
@@ -1430,6 +1490,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(long_command_is_not_idle, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
+        cmocka_unit_test_teardown(ttl_moves_a_sandboxs_end, test_teardown),
         cmocka_unit_test_teardown(killed_node_keeps_or_explains_acknowledged, test_teardown),
         cmocka_unit_test_teardown(restarted_node_keeps_what_its_lookup_answered, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),

@@ -1,4 +1,4 @@
-/* cli.c - dsec subcommands that drive sandboxes through libdsec: create, exec, cp, ls, fork, pause, resume, rm, status. */
+/* cli.c - dsec subcommands that drive sandboxes through libdsec: create, exec, cp, ls, fork, pause, resume, rm, status, ttl. */
 #include "tools/cli.h"
 
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dsec/alloc.h"
@@ -534,6 +535,35 @@ int dsec_cli_snapshot(int argc, char **argv)
     if (rc < 0)
         return fail("snapshot", &err);
     printf("%s\n", argv[2]);
+    return 0;
+}
+
+int dsec_cli_ttl(int argc, char **argv)
+{
+    const char *use = "ID SECONDS\n  the sandbox now ends SECONDS from now (sooner or later than it "
+                      "would have);\n  prints its id and its new end (UTC)";
+    uint64_t secs;
+    if (argc != 3)
+        return usage("ttl", use);
+    if (!parse_u64(argv[2], &secs) || secs == 0) {
+        fprintf(stderr, "dsec ttl: SECONDS must be a whole number of at least 1, got \"%s\" "
+                        "(dsec rm ends a sandbox now)\n", argv[2]);
+        return 2;
+    }
+    dsec_client *c = connect_or_die("ttl");
+    if (c == NULL)
+        return 1;
+    dsec_err err;
+    uint64_t end_ns = 0;
+    int rc = dsec_set_ttl(c, argv[1], secs, &end_ns, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return fail("ttl", &err);
+    time_t end = (time_t)(end_ns / 1000000000ull);
+    struct tm tm;
+    char when[32];
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&end, &tm));
+    printf("%s\tends %s\n", argv[1], when);
     return 0;
 }
 

@@ -19,6 +19,7 @@ int dsec_cli_snapshot(int argc, char **argv);
 int dsec_cli_layer(int argc, char **argv);
 int dsec_cli_env(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
+int dsec_cli_ttl(int argc, char **argv);       /* dsec ttl ID SECONDS */
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_trace(int argc, char **argv); /* dsec trace TRACE_ID (tools/trace.c) */
 int dsec_cli_net(int argc, char **argv); /* dsec net set|alerts (tools/net.c) */

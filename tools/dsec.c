@@ -26,6 +26,7 @@ static const command commands[] = {
     {"resume", dsec_cli_simple_op, "resume sandboxes"},
     {"rm", dsec_cli_simple_op, "destroy sandboxes"},
     {"status", dsec_cli_simple_op, "show a sandbox's type, state and node"},
+    {"ttl", dsec_cli_ttl, "make a sandbox end SECONDS from now: dsec ttl ID SECONDS"},
     {"top", dsec_cli_top, "show the live cell: nodes, capacity, sandboxes, rates"},
     {"trace", dsec_cli_trace, "show the hops of a recent request: dsec trace TRACE_ID"},
     {"decode", dsec_cli_decode, "print a msgpack payload from stdin as JSON"},

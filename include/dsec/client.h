@@ -200,6 +200,12 @@ int dsec_snapshot(dsec_client *c, const char *id, const char *name, dsec_err *er
  * at once; connections it no longer allows are cut (docs/network.md). */
 int dsec_set_network(dsec_client *c, const char *id, const char *const *entries, size_t n,
                      dsec_err *err);
+/* Move the sandbox's end: it now ends ttl_s seconds from now (sooner or later than it would
+ * have), as long as its whole lifetime stays within the cell's max_ttl_s (DSEC_E_INVALID
+ * otherwise, naming how much more it may have). *expires_ns (if not NULL) gets its new end,
+ * wall clock. The change is journaled: it holds across a restart of the node manager. */
+int dsec_set_ttl(dsec_client *c, const char *id, uint64_t ttl_s, uint64_t *expires_ns,
+                 dsec_err *err);
 int dsec_pause(dsec_client *c, const char *id, dsec_err *err);
 int dsec_resume(dsec_client *c, const char *id, dsec_err *err);
 int dsec_destroy(dsec_client *c, const char *id, dsec_err *err);

@@ -736,6 +736,25 @@ class Sandbox:
         arr = (ctypes.c_char_p * (len(entries) + 1))(*[e.encode() for e in entries], None)
         self._client._call("set_network", _lib.set_network, self._cid, arr, len(entries))
 
+    def set_timeout(self, seconds: int) -> float:
+        """Make the sandbox end `seconds` from now, sooner or later than it would
+        have (its max_lifetime_s counts from its creation). Its whole lifetime
+        must stay within the cell's max_ttl_s: beyond it, or for seconds < 1,
+        InvalidArgument says how much more it may have. Returns its new end, in
+        seconds since the epoch. It holds across a restart of the node
+        manager."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 1:
+            raise errors.error_from_code(
+                1, "set_timeout: seconds must be an int of at least 1, got %r (stop() ends a "
+                "sandbox now)" % (seconds,), op="set_timeout")
+        if _lib.set_ttl is None:
+            raise errors.not_supported("set_timeout: this libdsec.so (%s) has no dsec_set_ttl; "
+                                       "rebuild it" % _lib.path, "set_timeout")
+        end = ctypes.c_uint64(0)
+        self._client._call("set_timeout", _lib.set_ttl, self._cid, int(seconds),
+                           ctypes.byref(end))
+        return end.value / 1e9
+
     def stop(self) -> None:
         """Destroy the sandbox."""
         self._client._call("stop", _lib.destroy, self._cid)
@@ -829,6 +848,9 @@ class AsyncSandbox:
 
     async def set_network(self, network) -> None:
         return await self._run(self.sync.set_network, network)
+
+    async def set_timeout(self, seconds) -> float:
+        return await self._run(self.sync.set_timeout, seconds)
 
     async def stop(self):
         return await self._run(self.sync.stop)

@@ -5,59 +5,27 @@ DSEC_LIB (libdsec.so; default: next to the build). Run from sdk/python:
     python3 -m unittest discover -s tests -v
 """
 import asyncio
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import unittest
 import uuid
 
 import dsec
+import embedded
 from dsec import (AsyncDSecClient, DSecClient, Diverged, FunctionArgs, InvalidArgument, NotFound,
                   NotSupported, SandboxArgs)
 
-ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 SMALL = dict(cpu=0.01, memory_mb=16, max_lifetime_s=600)
 
 _cell = {}
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def setUpModule():
-    binary = os.environ.get("DSEC_BIN") or os.path.join(ROOT, "build", "default", "tools", "dsec")
-    if not os.access(binary, os.X_OK):
-        if os.environ.get("DSEC_BIN"):  # ctest names the binary: missing is a failure
-            raise RuntimeError("DSEC_BIN=%s is not an executable" % binary)
-        raise unittest.SkipTest("no dsec binary at %s (set DSEC_BIN)" % binary)
+    binary = embedded.binary()
     tmp = tempfile.mkdtemp(prefix="dsec-sdk-")
-    port = _free_port()
-    log = open(os.path.join(tmp, "up.log"), "w+")
-    proc = subprocess.Popen([binary, "up", "--port", str(port), "--state-dir",
-                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
-    _cell.update(tmp=tmp, proc=proc, log=log, url="nats://127.0.0.1:%d" % port)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with open(log.name) as f:
-            if "Ctrl-C stops" in f.read():
-                break
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    else:
-        proc.kill()
-    with open(log.name) as f:
-        text = f.read()
-    if "Ctrl-C stops" not in text:
-        tearDownModule()
-        raise RuntimeError("dsec up did not start:\n" + text)
+    _cell["tmp"] = tmp
+    embedded.start(_cell, binary, tmp, teardown=tearDownModule)
     # which sandbox types the cell offers: a create answered "unsupported" means not here
     _cell["types"] = {}
     with DSecClient(url=_cell["url"]) as c:
@@ -72,16 +40,7 @@ def setUpModule():
 
 
 def tearDownModule():
-    proc = _cell.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if _cell.get("log"):
-        _cell["log"].close()
+    embedded.stop(_cell)
     if _cell.get("tmp"):
         shutil.rmtree(_cell["tmp"], ignore_errors=True)
 
@@ -382,6 +341,32 @@ class TestErrors(Base):
             self.assertEqual(cm.exception.code, "not_found")
             self.assertFalse(cm.exception.retry_safe)
 
+    def test_set_timeout(self):
+        """A sandbox's end moves while it runs: later, sooner, never past the cell's max."""
+        sb = self.c.run(_any_type(), **dict(SMALL, max_lifetime_s=2))
+        t0 = time.time()
+        end = sb.set_timeout(60)
+        self.assertGreaterEqual(end, t0 + 59)
+        self.assertLessEqual(end, time.time() + 61)
+        self.assertEqual(asyncio.run(self._aset(sb, 120)) >= t0 + 119, True)
+        time.sleep(2.5)  # past its first end
+        self.assertEqual(sb.status().state, "running")
+        for bad in (0, -5, 1.5, "60", True):
+            with self.assertRaises(InvalidArgument):
+                sb.set_timeout(bad)
+        with self.assertRaises(InvalidArgument) as cm:
+            sb.set_timeout(10 ** 7)  # beyond the cell's max_ttl_s (86400 by default)
+        self.assertIn("max_ttl_s", str(cm.exception))
+        sb.set_timeout(1)
+        sb.wait_state("gone", timeout_ms=5000)
+        with self.assertRaises(NotFound) as cm:
+            sb.set_timeout(60)
+        self.assertIn("max lifetime reached", str(cm.exception))
+
+    async def _aset(self, sb, seconds):
+        async with AsyncDSecClient(url=_cell["url"]) as ac:
+            return await ac.sandbox(sb.id).set_timeout(seconds)
+
     def test_closed_client(self):
         c = DSecClient(url=_cell["url"])
         c.close()
@@ -391,7 +376,7 @@ class TestErrors(Base):
 
     def test_no_cell(self):
         with self.assertRaises(dsec.DSecError) as cm:
-            DSecClient(url="nats://127.0.0.1:%d" % _free_port(), timeout_ms=500)
+            DSecClient(url="nats://127.0.0.1:%d" % embedded.free_port(), timeout_ms=500)
         self.assertEqual(cm.exception.code, "connection")
 
     def test_exec_argv_must_be_list(self):
