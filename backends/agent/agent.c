@@ -566,7 +566,7 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
     }
     /* Killed before it reported (a root command can SIGKILL its parent): the main process,
      * if it still runs, is our child now and is reaped as one (reap); its tree is no longer
-     * told apart from other commands', so when a doomed one ends only its process group is
+     * told apart from other commands', so when it ends only its process group is
      * killed. */
     logmsg("exec %" PRIu32 ": the command's shepherd died (status %#x) before it reported", m->id,
            (unsigned)status);
@@ -578,8 +578,7 @@ static void shepherd_gone(struct cmd *m, int status, const struct rusage *ru)
     }
     pid_t p = wait4(m->pgid, &st, WNOHANG, &cru);
     if (p == m->pgid) {
-        if (m->doomed)
-            kill(-m->pgid, SIGKILL);
+        kill(-m->pgid, SIGKILL); /* what is left of its group */
         cmd_exited(m, st, &cru, now_ns());
     } else if (p != 0) {
         cmd_exited(m, status, ru, now_ns());
@@ -622,8 +621,7 @@ static void reap(void)
                 break;
             }
             if (m->pgid == pid && !m->exited && shepherd_dead(m)) { /* the main is ours */
-                if (m->doomed) /* what is left of its group: the group outlives its leader */
-                    kill(-pid, SIGKILL);
+                kill(-pid, SIGKILL); /* what is left of its group: it outlives its leader */
                 if (m->pid == 0) {
                     cmd_exited(m, status, &ru, now_ns());
                 } else { /* the shepherd is reaped after it (shepherd_gone) */
@@ -961,22 +959,22 @@ static pid_t __attribute__((noinline)) spawn_child(const struct spawn *s)
  */
 
 /*
- * When an exec times out, or is ended by KILL or the agent's SIGTERM, everything it started
- * ends with it, however it forked (setsid, double forks, reparenting). When its main process
- * exits by itself (or is killed by anyone else), what it left in the background runs on:
- * users start servers that way (`sh -c 'server &'`, nohup) until `exec -d` gives them a
- * place of their own. A process group does not hold a tree: any member
+ * When an exec ends or times out, or is ended by KILL or the agent's SIGTERM, everything it
+ * started ends with it, however it forked (setsid, double forks, reparenting): a command's
+ * leftovers would otherwise hold its pipes, slow the sandbox's next commands (a fork bomb left
+ * 191 processes behind) and outlive anything that could name them. Processes meant to run on
+ * are started with PSTART (background processes), which have the same shepherd and a handle
+ * to signal them by. A process group does not hold a tree: any member
  * can leave it with setsid. What holds it is ancestry, and an orphan's ancestry is kept by
  * the nearest child subreaper above it. So each command runs under a shepherd: a fork of
  * the agent that made itself a child subreaper, starts the command (vfork, as the agent did)
  * and waits. Every process the command starts is a descendant of the shepherd for as long as
  * it lives, whoever of its ancestors died; the shepherd has no child left exactly when
  * nothing of the tree is left. The agent answers EXIT on the shepherd's report of the main
- * process's status. Before it signals a command at the timeout, KILL or SIGTERM, the agent
- * dooms it (a header on the shepherd's socket); when the main process of a doomed command
- * exits, the shepherd kills the tree and reaps it, then reports. When a command that was not
- * doomed exits, the shepherd reports at once; if something of the tree is left, it then exits,
- * so what is left goes to the agent (PID 1 of the sandbox, or a subreaper), which only reaps it.
+ * process's status. When the main process exits, the shepherd kills the rest of the tree and
+ * reaps it, then reports. Before it signals a command at the timeout, KILL or SIGTERM, the
+ * agent dooms it (a header on the shepherd's socket); the shepherd ends the tree either way,
+ * so a doom only makes it stop waiting for that command's headers.
  *
  * A shepherd with nothing left under it serves the next command (never one with something
  * left: its tree would be mixed with the next): up to SHEP_IDLE_MAX wait idle, so a fork of
@@ -1302,12 +1300,9 @@ static bool shep_doomed(int sock)
 }
 
 /* The shepherd (a forked agent), serving the agent on sock: for each command, start it, tell
- * its pid, wait for its main process, report, and be ready for the next one if the command
- * left nothing behind. When the agent ends the command (it dooms it first: timeout, KILL,
- * SIGTERM), the rest of the tree is killed before the report. When the main process ends by
- * itself, what it left in the background runs on (until `exec -d` gives background processes
- * a place of their own): the shepherd reports and exits, and they go to the agent, the
- * subreaper above, which reaps them. Holds nothing of the agent but sock. */
+ * its pid, wait for its main process, kill and reap the rest of its tree, report, and be
+ * ready for the next one. Should something of the tree outlive TREE_KILL_MS of SIGKILL, it
+ * reports all the same, goes on killing, and exits. Holds nothing of the agent but sock. */
 static void __attribute__((noreturn)) shepherd(int sock)
 {
     sigset_t all;
@@ -1347,7 +1342,6 @@ static void __attribute__((noreturn)) shepherd(int sock)
         if (pid < 0)
             continue;
         struct shep_report rp = {0};
-        bool doomed = false;
         struct pollfd pf[2] = {{.fd = sock, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
         for (;;) {
             int st;
@@ -1366,22 +1360,19 @@ static void __attribute__((noreturn)) shepherd(int sock)
             }
             if (poll(pf, 2, sfd >= 0 ? -1 : 10) <= 0)
                 continue;
-            if (pf[0].revents && shep_doomed(sock)) {
-                doomed = true;
-                pf[0].fd = -1; /* decided; later doom headers are skipped when idle */
-            }
+            if (pf[0].revents && shep_doomed(sock))
+                pf[0].fd = -1; /* doomed; later doom headers are skipped when idle */
             struct signalfd_siginfo si;
             while (pf[1].revents && read(sfd, &si, sizeof si) > 0)
                 ;
         }
         rp.exit_ns = now_ns();
-        /* The agent dooms a command before it signals the main process: a doom that ended it
-         * is here by now. */
-        doomed = doomed || shep_doomed(sock);
-        bool clean = doomed ? tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull) : tree_gone();
+        /* Whether the agent doomed it or it ended by itself, its tree ends with it (a doom
+         * header that comes later is skipped by shep_recv). */
+        bool clean = tree_kill(pid, rp.exit_ns + TREE_KILL_MS * 1000000ull);
         rp.reusable = clean && SHEP_IDLE_MAX > 0;
         int w = write_all(sock, &rp, sizeof rp);
-        if (doomed && !clean) {
+        if (!clean) {
             dprintf(2, "dsec-agent: exec: processes of command %d outlived %d ms of SIGKILL\n",
                     (int)pid, TREE_KILL_MS);
             tree_kill(pid, 0);
