@@ -20,6 +20,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -2342,6 +2343,50 @@ static void test_proc_limit(void **state)
     assert_int_equal(marked_left(), 0);
 }
 
+/* Each background process holds descriptors of the agent: many of them fit even when the agent
+ * was started under a low soft limit (it raises its own), and commands still get that limit. */
+static void test_proc_many(void **state)
+{
+    new_mark();
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/many.sock", tmpdir);
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        struct rlimit rl;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 128;
+        if (rl.rlim_max < 1024)
+            _exit(77);
+        setrlimit(RLIMIT_NOFILE, &rl);
+        const char *argv[] = {DSEC_AGENT_PATH, "--listen", sock, base_env[0], base_env[1], NULL};
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    if (dsec_agent_connect(&a, sock, 5000, &err) < 0) {
+        int st = wait_exit(pid, 1000);
+        if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+            fprintf(stderr, "test_proc_many: hard descriptor limit under 1024; skipping\n");
+            skip();
+        }
+        fail_msg("connect: %s", err.msg);
+    }
+    dsec_proc_info info;
+    for (int i = 0; i < 64; i++) /* 3 descriptors each in the agent: 192 */
+        pstart(a, "sleep 30", 0, false, 0, &info);
+    assert_int_equal(wait_sleeps(64), 64);
+    const char *lim[] = {"/bin/sh", "-c", "ulimit -n", NULL};
+    dsec_exec_result r;
+    assert_int_equal(run(a, lim, NULL, &r, &err), 0);
+    assert_out(&r, "128\n");
+    dsec_exec_result_release(&r);
+    dsec_agent_free(a);
+    kill(pid, SIGTERM);
+    assert_true(wait_exit(pid, 5000) != -1);
+    assert_int_equal(marked_left(), 0);
+}
+
 static void test_speed(void **state)
 {
     const char *t[] = {"/bin/true", NULL};
@@ -2398,6 +2443,7 @@ int main(void)
         cmocka_unit_test(test_exec_leaves_nothing),
         cmocka_unit_test(test_proc_timeout),
         cmocka_unit_test(test_proc_limit),
+        cmocka_unit_test(test_proc_many),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -204,6 +204,11 @@ static struct {
     const char *workdir;
     const char *default_user;
     bool set_up; /* SETUP was answered: the defaults are final */
+    /* The descriptor limit the agent was given, which commands get back: the agent raises its
+     * own soft limit to the hard one, as each background process holds 3 or 4 descriptors
+     * (DSEC__AGENT_PROC_MAX of them would not fit the usual 1024). */
+    struct rlimit nofile;
+    bool nofile_raised;
     struct conn *conns;
     struct cmd *cmds;
     struct proc **procs; /* background processes, by handle */
@@ -1014,6 +1019,8 @@ static void child_run(const struct spawn *s)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
+    if (g.nofile_raised) /* a raw system call, as below */
+        syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &g.nofile, NULL);
     /* Before the command can do anything (such as kill its shepherd): the agent learns the
      * pid even then. The descriptor is close-on-exec. */
     pid_t self = (pid_t)syscall(SYS_getpid);
@@ -3254,6 +3261,10 @@ int main(int argc, char **argv)
         }
     }
 
+    if (getrlimit(RLIMIT_NOFILE, &g.nofile) == 0 && g.nofile.rlim_cur < g.nofile.rlim_max) {
+        struct rlimit raised = {g.nofile.rlim_max, g.nofile.rlim_max};
+        g.nofile_raised = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    }
     /* Descriptors 0-2 must exist so the pipes of commands never land on them. */
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
