@@ -2243,6 +2243,94 @@ static void test_proc_stdin(void **state)
     dsec_proc_output_release(&o);
 }
 
+struct stdin_job {
+    uint64_t handle;
+    const uint8_t *data;
+    size_t len;
+    int rc;
+    dsec_err err;
+};
+
+static void *stdin_run(void *arg)
+{
+    struct stdin_job *j = arg;
+    dsec_agent *a = NULL;
+    j->rc = dsec_agent_connect(&a, sock_path, 2000, &j->err);
+    if (j->rc == 0)
+        j->rc = dsec_agent_proc_stdin(a, j->handle, j->data, j->len, false, &j->err);
+    dsec_agent_free(a);
+    return NULL;
+}
+
+/* One PSTDIN waits at a time: a second one meanwhile is refused. A PSTDIN whose connection
+ * went before the process took the bytes still delivers them all. */
+static void test_proc_stdin_pending(void **state)
+{
+    dsec_err err = {0};
+    dsec_proc_info info;
+    pstart(conn, "sleep 1; wc -c", 0, true, 0, &info);
+    size_t big = 4u << 20;
+    uint8_t *data = calloc(1, big);
+    assert_non_null(data);
+    struct stdin_job j = {.handle = info.handle, .data = data, .len = big};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stdin_run, &j), 0);
+    msleep(300);
+    expect_fail(dsec_agent_proc_stdin(conn, info.handle, "x", 1, false, &err), &err, DSEC_E_STATE,
+                "has not taken the bytes of an earlier write");
+    pthread_join(th, NULL);
+    if (j.rc < 0)
+        fail_msg("the first write: %s", j.err.msg);
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, "x", 1, true, &err), 0);
+    info = pwait(conn, info.handle, 10000);
+    dsec_proc_output o;
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_len, 8);
+    assert_memory_equal(o.out, "4194305\n", 8);
+    dsec_proc_output_release(&o);
+
+    /* the writer hangs up at once: a raw PSTDIN frame, then close */
+    pstart(conn, "sleep 1; wc -c", 0, true, 0, &info);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(sock_path) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    size_t plen = 8 + 1 + 4 + big;
+    uint8_t *f = malloc(DSEC__AGENT_HDR + plen + DSEC__AGENT_HDR), *p = f;
+    assert_non_null(f);
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_PSTDIN, 1, plen);
+    p = dsec__agent_put_u64(p, info.handle);
+    p = dsec__agent_put_u8(p, 0);
+    p = dsec__agent_put_bytes(p, data, big);
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_PLIST, 2, 0); /* answered once PSTDIN was read */
+    for (size_t off = 0; off < (size_t)(p - f);) {
+        ssize_t n = send(fd, f + off, (size_t)(p - f) - off, MSG_NOSIGNAL);
+        assert_true(n > 0);
+        off += (size_t)n;
+    }
+    uint8_t type = 0;
+    while (type != DSEC__AGENT_T_PROCS) { /* HELLO, then PROCS */
+        uint8_t hdr[DSEC__AGENT_HDR];
+        assert_int_equal(recv(fd, hdr, sizeof hdr, MSG_WAITALL), sizeof hdr);
+        type = hdr[4];
+        size_t rest = dsec__agent_get_u32le(hdr) - 5;
+        assert_true(rest <= big);
+        assert_int_equal(recv(fd, f, rest, MSG_WAITALL), rest);
+    }
+    close(fd); /* before the process took the 4 MiB */
+    free(f);
+    free(data);
+    /* behind the pending bytes of the writer that left: answered once all are taken */
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, "", 0, true, &err), 0);
+    info = pwait(conn, info.handle, 10000);
+    assert_int_equal(info.exit_code, 0);
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_len, 8);
+    assert_memory_equal(o.out, "4194304\n", 8);
+    dsec_proc_output_release(&o);
+}
+
 /* SIGKILL ends the whole tree, setsid'd descendants included. */
 static void test_proc_tree(void **state)
 {
@@ -2439,6 +2527,7 @@ int main(void)
         cmocka_unit_test(test_proc_detached),
         cmocka_unit_test(test_proc_ring),
         cmocka_unit_test(test_proc_stdin),
+        cmocka_unit_test(test_proc_stdin_pending),
         cmocka_unit_test(test_proc_tree),
         cmocka_unit_test(test_exec_leaves_nothing),
         cmocka_unit_test(test_proc_timeout),

@@ -90,7 +90,10 @@
  *   PSTDIN   u64 handle, u8 close, bytes data (at most DSEC__AGENT_STDIN_MAX)
  *            -> OK once the process took every byte (then, with close, its
  *            stdin is closed). One PSTDIN waits at a time per process: a
- *            second one while the first is unanswered gets ERROR STATE.
+ *            second one while the first is unanswered gets ERROR STATE. Bytes
+ *            still pending with nobody waiting (PSTART's stdin, or a PSTDIN
+ *            whose connection left) go first, and the answer waits for them
+ *            too; at most DSEC__AGENT_STDIN_MAX bytes are pending in all.
  *            Closed stdin or an ended process: ERROR INVALID.
  *   POUTPUT  u64 handle, u64 out_off, u64 err_off, u64 max (per stream; 0:
  *            all held) -> POUT. Each stream is capped further so the frame

@@ -2284,7 +2284,9 @@ static void handle_pstdin(struct conn *c, uint32_t id, dsec__agent_rd *r)
     p->in_conn = c;
     p->in_id = id;
     p->in_close = close_after;
-    if (off < len && !broken) { /* the rest waits for the process: the answer too */
+    /* The rest waits for the process, and the answer with it; so do these bytes (even none)
+     * behind bytes still pending from PSTART or a writer that left. */
+    if (m->in != NULL || (off < len && !broken)) {
         size_t rest = m->in_len - m->in_off;
         uint8_t *b = xrealloc(NULL, rest + len - off);
         if (rest)
