@@ -781,6 +781,8 @@ static void on_pipe(struct pipe_ep *e, uint32_t events)
         return;
     }
     if (e->stream == 0) {
+        if (m->proc && m->in == NULL)
+            return; /* nothing pending (a background process's stdin is watched only then) */
         while (m->in_off < m->in_len) {
             ssize_t n = write(e->fd, m->in + m->in_off, m->in_len - m->in_off);
             if (n < 0 && errno == EINTR)
