@@ -9,7 +9,8 @@
  * backends/agent/agent.c is compiled into this file (DSEC_AGENT_FUZZ), so its
  * own code runs: conn_new greets, the agent's epoll loop (loop_once) reads the
  * input, conn_process frames it, and handle_frame's decoders (exec, kill,
- * sync, fwrite, fread, flist, fstat, fremove, unknown types) act on it.
+ * sync, fwrite, fread, flist, fstat, fremove, the background process requests
+ * pstart, plist, psignal, pstdin and poutput, unknown types) act on it.
  *
  * Input: byte 0 picks how the connection is served (bit 0 set: as a
  * virtio-serial port, where a bad frame length makes the agent skip input up
@@ -29,7 +30,9 @@
  *   EXIT answer all run. Only execve is replaced (DSEC_AGENT_FUZZ in agent.c):
  *   it fails as for a missing file, so no program ever runs and every child
  *   exits 127. Output streaming of a live command (caps, back-pressure) and
- *   timeouts of running commands are therefore not exercised.
+ *   timeouts of running commands are therefore not exercised. Background
+ *   processes (PSTART) end the same way; the table of them is emptied after
+ *   every input, so handles start at 1 for each.
  * - kill signals the (already exited) children's process groups only.
  * - Not exercised: listening sockets, accept, virtio-serial port reopening,
  *   signals, start-up and shutdown (main).
@@ -114,8 +117,8 @@ static void say(uint8_t type, uint32_t id, const uint8_t *p, size_t len)
         verbose = getenv("DSEC_FUZZ_VERBOSE") != NULL;
     if (!verbose)
         return;
-    static const char *const names[] = {"?",      "HELLO", "ERROR", "OK",
-                                        "OUTPUT", "EXIT",  "DATA",  "ENTRIES"};
+    static const char *const names[] = {"?",    "HELLO",   "ERROR", "OK",    "OUTPUT", "EXIT",
+                                        "DATA", "ENTRIES", "PROC",  "PROCS", "POUT"};
     const char *name = type < sizeof names / sizeof names[0] ? names[type] : "?";
     if (type == DSEC__AGENT_T_ERROR && len >= 12)
         fprintf(stderr, "  id %" PRIu32 " %s: %.*s\n", id, name, (int)(len - 12),
@@ -125,6 +128,22 @@ static void say(uint8_t type, uint32_t id, const uint8_t *p, size_t len)
                 (const char *)p + 5);
     else
         fprintf(stderr, "  id %" PRIu32 " %s (%zu bytes)\n", id, name, len);
+}
+
+/* A process info (agent-proto.h): flags known, cmdline within its limit. */
+static void check_proc_info(dsec__agent_rd *r)
+{
+    size_t n;
+    uint64_t handle = dsec__agent_get_u64(r);
+    dsec__agent_get_u32(r);
+    uint8_t flags = dsec__agent_get_u8(r);
+    for (int i = 0; i < 2; i++)
+        dsec__agent_get_u32(r);
+    for (int i = 0; i < 4; i++)
+        dsec__agent_get_u64(r);
+    dsec__agent_get_str(r, DSEC__AGENT_CMDLINE_MAX, &n);
+    if (!r->bad && (handle == 0 || flags > 7))
+        fail("process info of handle %" PRIu64 " with flags %#x", handle, flags);
 }
 
 static void check_frame(const struct answers *a, uint8_t type, uint32_t id, const uint8_t *p,
@@ -145,7 +164,7 @@ static void check_frame(const struct answers *a, uint8_t type, uint32_t id, cons
         uint32_t kind = dsec__agent_get_u32(&r);
         dsec__agent_get_u32(&r);
         dsec__agent_get_bytes(&r, 512, &n);
-        if (!r.bad && (kind < DSEC__AGENT_ERR_IO || kind > DSEC__AGENT_ERR_UNSUPPORTED || n == 0))
+        if (!r.bad && (kind < DSEC__AGENT_ERR_IO || kind > DSEC__AGENT_ERR_STATE || n == 0))
             fail("ERROR of kind %" PRIu32 " with a %zu-byte message", kind, n);
         break;
     }
@@ -196,6 +215,24 @@ static void check_frame(const struct answers *a, uint8_t type, uint32_t id, cons
         }
         break;
     }
+    case DSEC__AGENT_T_PROC:
+        check_proc_info(&r);
+        break;
+    case DSEC__AGENT_T_PROCS: {
+        uint32_t count = dsec__agent_get_u32(&r);
+        if (count > DSEC__AGENT_PROC_MAX)
+            fail("PROCS with %" PRIu32 " processes", count);
+        for (uint32_t i = 0; i < count && !r.bad; i++)
+            check_proc_info(&r);
+        break;
+    }
+    case DSEC__AGENT_T_POUT:
+        check_proc_info(&r);
+        for (int s = 0; s < 2; s++) {
+            dsec__agent_get_u64(&r);
+            dsec__agent_get_bytes(&r, DSEC__AGENT_POUT_MAX, &n);
+        }
+        break;
     default:
         fail("the agent sent a frame of type %u", type);
     }
@@ -355,6 +392,16 @@ static void run_input(const uint8_t *data, size_t size)
     }
     if (g.dead_conns || g.dead_cmds)
         fail("dead connections or commands were not freed");
+    /* Background processes have all ended (no program runs); the next input starts afresh. */
+    for (size_t i = 0; i < g.nprocs; i++) {
+        struct proc *pr = g.procs[i];
+        if (pr->running || pr->cmd || pr->in_conn || pr->exit_code != 127)
+            fail("background process %" PRIu64 " is %s with code %d", pr->handle,
+                 pr->running ? "running" : "ended", (int)pr->exit_code);
+        proc_free(pr);
+    }
+    g.nprocs = 0;
+    g.next_handle = 1;
     close(sv[1]);
 }
 

@@ -24,9 +24,9 @@
  * reads the client's SYNC, answers with the HELLO carrying its nonce (so
  * inputs reach the frame decoders rather than the handshake's byte scan),
  * waits for the first request, writes the input with every "NNNN" replaced
- * by that nonce, and closes its side for writing. The client then runs one of each call; request ids are
- * 1, 2, 3... in that order, so inputs can answer them. Reads on the peer
- * side keep the client's writes from ever blocking.
+ * by that nonce, and closes its side for writing. The client then runs one of each call; request
+ * ids are 1, 2, 3... in that order (exec, five file calls, five background process calls), so
+ * inputs can answer them. Reads on the peer side keep the client's writes from ever blocking.
  */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -159,6 +159,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         say("file_write", rc, &err);
         rc = dsec_agent_file_remove(a, "/r", true, &err);
         say("file_remove", rc, &err);
+        /* ids 7..11: the background process calls */
+        dsec_proc_start_req preq = {.exec = req, .ring_max = 4096, .keep_stdin = true};
+        dsec_proc_info info;
+        rc = dsec_agent_proc_start(a, &preq, &info, &err);
+        say("proc_start", rc, &err);
+        if (rc == 0 && strlen(info.cmdline) >= sizeof info.cmdline)
+            abort();
+        dsec_proc_info *procs = NULL;
+        rc = dsec_agent_proc_list(a, &procs, &n, &err);
+        say("proc_list", rc, &err);
+        if (rc == 0) {
+            for (size_t i = 0; i < n; i++)
+                if (strlen(procs[i].cmdline) >= sizeof procs[i].cmdline)
+                    abort();
+            dsec_free(procs);
+        }
+        rc = dsec_agent_proc_signal(a, 1, 15, &err);
+        say("proc_signal", rc, &err);
+        rc = dsec_agent_proc_stdin(a, 1, "in", 2, true, &err);
+        say("proc_stdin", rc, &err);
+        dsec_proc_output po;
+        rc = dsec_agent_proc_output(a, 1, 0, 0, 100, &po, &err);
+        say("proc_output", rc, &err);
+        if (rc == 0) {
+            /* what the client accepted is consistent with what it says the streams hold */
+            if (po.out_len > 100 || po.err_len > 100 ||
+                po.out_from + po.out_len > po.info.out_total ||
+                po.err_from + po.err_len > po.info.err_total)
+                abort();
+            dsec_proc_output_release(&po);
+        }
         dsec_agent_free(a);
     }
     /* the client's side is closed (freed, or by the failed handshake): the peer sees EOF */

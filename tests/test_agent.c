@@ -20,6 +20,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -748,10 +749,8 @@ static void tree_timeout(dsec_agent *a)
 }
 
 /* The main process exits while a setsid'd grandchild (holding the output pipe) and a
- * setsid'd, double-forked one run on: the exec returns at once and both keep running (users
- * start servers so until `exec -d`). The shepherd they were left under serves no other
- * command: a command that times out next (and so has its tree killed) leaves them alone.
- * Then the test kills them itself. */
+ * setsid'd, double-forked one run on: the exec returns at once, with the main process's
+ * status, and neither is left (background processes are PSTART's). */
 static void tree_main_exits(dsec_agent *a)
 {
     new_mark();
@@ -764,27 +763,26 @@ static void tree_main_exits(dsec_agent *a)
     uint64_t t0 = now_us();
     assert_int_equal(run(a, argv, &o, &r, &err), 0);
     uint64_t took = now_us() - t0;
-    int alive = count_marked(true, false);
+    int alive = count_marked(false, false);
     assert_int_equal(r.exit_code, 3);
     assert_false(r.timed_out);
     assert_out(&r, "done\n");
     assert_true(r.duration_us >= 200000 && r.duration_us < 5000000);
     dsec_exec_result_release(&r);
     assert_true(took < 5000000); /* not the sleeps' 300 s (room for a loaded machine) */
+    int left = marked_left();
+    fprintf(stderr, "tree_main_exits: %d processes of the exec left after it\n", alive);
+    assert_int_equal(alive, 0);
+    assert_int_equal(left, 0);
 
-    /* A doomed command next, on the shepherd last made idle if the one above were kept. */
+    /* The next command runs at once, and a doomed one too. */
     const char *doomed[] = {"/bin/sleep", "300", NULL};
     struct opts od = {.timeout_ms = 200};
+    t0 = now_us();
     assert_int_equal(run(a, doomed, &od, &r, &err), 0);
     assert_true(r.timed_out);
     dsec_exec_result_release(&r);
-    int still = count_marked(true, false);
-    int left = marked_left(); /* kills them */
-    fprintf(stderr, "tree_main_exits: %d background sleeps after the exec, %d after a timeout\n",
-            alive, still);
-    assert_int_equal(alive, 2);
-    assert_int_equal(still, 2);
-    assert_true(left >= 2);
+    assert_true(now_us() - t0 < 3000000);
 }
 
 /* Workers that keep forking setsid'd, double-forked shells while the timeout's kill runs:
@@ -852,7 +850,7 @@ static void test_tree_overlap(void **state)
     assert_true(r.timed_out);
     dsec_exec_result_release(&r);
     assert_int_equal(marked_left(), 0);
-    tree_main_exits(conn); /* and one that leaves its background processes */
+    tree_main_exits(conn); /* and one whose main process exits while its tree runs */
     int fd = open(flag, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     assert_true(fd >= 0);
     close(fd);
@@ -1590,22 +1588,16 @@ static int agent_children_settle(int *z)
 static void test_zombies(void **state)
 {
     /* The sleeper is orphaned at once (its subshell exits), and the exec ends with it still
-     * running: it is left in the background, and its shepherd (which has it) exits, so it
-     * comes to the agent. When it ends, the agent reaps it: no zombie, and the agent's only
-     * children are idle shepherds again. */
+     * running: the command's shepherd (which has it) kills and reaps it before the answer, so
+     * nothing of the command is left, neither as a process nor as a zombie, and the agent's
+     * only children are idle shepherds again. */
     dsec_exec_result r;
     sh("(sleep 30 & echo $!); exit 0", NULL, &r);
     assert_int_equal(r.exit_code, 0);
     pid_t orphan = printed_pid(&r);
     dsec_exec_result_release(&r);
     assert_true(orphan > 1);
-    assert_int_equal(kill(orphan, 0), 0); /* left running */
-    pid_t pp = 0, pg;
-    char st;
-    for (int i = 0; i < 300 && proc_stat(orphan, &st, &pp, &pg) && pp != agent_pid; i++)
-        msleep(10); /* its shepherd exits just after the answer */
-    assert_int_equal(pp, agent_pid);
-    assert_int_equal(kill(orphan, SIGKILL), 0);
+    assert_int_equal(kill(orphan, 0), -1);
     int z;
     assert_int_equal(agent_children_settle(&z), 0);
     assert_int_equal(z, 0);
@@ -2010,6 +2002,479 @@ static void measure_direct(const char *label, const char *const *argv)
     posix_spawn_file_actions_destroy(&fa);
 }
 
+/* ---- background processes ------------------------------------------------------------------
+ */
+
+/* Wait up to 5 s for n marked sleeps; how many there are. */
+static int wait_sleeps(int n)
+{
+    int have = 0;
+    for (int i = 0; i < 500 && (have = count_marked(true, false)) < n; i++)
+        msleep(10);
+    return have;
+}
+
+/* Start a shell line as a background process on a; its info in *info. */
+static void pstart(dsec_agent *a, const char *line, uint64_t ring_max, bool keep_stdin,
+                   uint64_t timeout_ms, dsec_proc_info *info)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_proc_start_req req = {
+        .exec = {.argv = argv, .argc = 3, .env = mark_env, .nenv = 1, .timeout_ms = timeout_ms},
+        .ring_max = ring_max,
+        .keep_stdin = keep_stdin,
+    };
+    dsec_err err = {0};
+    if (dsec_agent_proc_start(a, &req, info, &err) < 0)
+        fail_msg("start %s: %s", line, err.msg);
+    assert_true(info->handle > 0);
+    assert_true(info->pid > 0);
+    assert_true(info->running);
+}
+
+/* The listed info of handle; false when it is not listed. */
+static bool plisted(dsec_agent *a, uint64_t handle, dsec_proc_info *info)
+{
+    dsec_proc_info *v = NULL;
+    size_t n = 0;
+    dsec_err err = {0};
+    if (dsec_agent_proc_list(a, &v, &n, &err) < 0)
+        fail_msg("list processes: %s", err.msg);
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0)
+            assert_true(v[i].handle > v[i - 1].handle); /* by handle */
+        if (v[i].handle == handle) {
+            *info = v[i];
+            found = true;
+        }
+    }
+    dsec_free(v);
+    return found;
+}
+
+/* Wait up to ms for handle to end; its last info. */
+static dsec_proc_info pwait(dsec_agent *a, uint64_t handle, int ms)
+{
+    dsec_proc_info info = {0};
+    for (int i = 0; i < ms; i += 10) {
+        assert_true(plisted(a, handle, &info));
+        if (!info.running)
+            return info;
+        msleep(10);
+    }
+    fail_msg("process %llu still runs after %d ms", (unsigned long long)handle, ms);
+    return info;
+}
+
+static void poutput(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
+                    uint64_t max, dsec_proc_output *o)
+{
+    dsec_err err = {0};
+    if (dsec_agent_proc_output(a, handle, out_off, err_off, max, o, &err) < 0)
+        fail_msg("output of %llu: %s", (unsigned long long)handle, err.msg);
+    assert_int_equal(o->info.handle, handle);
+}
+
+/* A background process outlives its connection and the SYNC of the next; its output is kept;
+ * a signal ends it, and it stays listed with how it ended. */
+static void test_proc_detached(void **state)
+{
+    new_mark();
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    dsec_proc_info info;
+    pstart(a, "echo out; echo err >&2; sleep 30", 0, false, 0, &info);
+    uint64_t h = info.handle;
+    assert_string_equal(info.cmdline, "/bin/sh -c echo out; echo err >&2; sleep 30");
+    assert_false(info.stdin_open);
+    assert_int_equal(info.ended_ns, 0);
+    dsec_agent_free(a); /* the connection goes; the process stays */
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0); /* SYNC */
+    assert_true(plisted(a, h, &info));
+    assert_true(info.running);
+    assert_int_equal(wait_sleeps(1), 1); /* its sleep runs */
+
+    dsec_proc_output o = {0};
+    for (int i = 0; i < 500; i++) {
+        poutput(a, h, 0, 0, 0, &o);
+        if (o.info.out_total == 4 && o.info.err_total == 4)
+            break;
+        dsec_proc_output_release(&o);
+        msleep(10);
+    }
+    assert_int_equal(o.out_from, 0);
+    assert_int_equal(o.err_from, 0);
+    assert_int_equal(o.out_len, 4);
+    assert_memory_equal(o.out, "out\n", 4);
+    assert_int_equal(o.err_len, 4);
+    assert_memory_equal(o.err, "err\n", 4);
+    assert_true(o.info.running);
+    dsec_proc_output_release(&o);
+    poutput(a, h, 2, 4, 0, &o); /* from an offset: the rest */
+    assert_int_equal(o.out_from, 2);
+    assert_int_equal(o.out_len, 2);
+    assert_memory_equal(o.out, "t\n", 2);
+    assert_int_equal(o.err_from, 4);
+    assert_int_equal(o.err_len, 0);
+    dsec_proc_output_release(&o);
+
+    assert_int_equal(dsec_agent_proc_signal(a, h, SIGTERM, &err), 0);
+    info = pwait(a, h, 5000);
+    assert_false(info.running);
+    assert_int_equal(info.signal, SIGTERM);
+    assert_int_equal(info.exit_code, -1);
+    assert_false(info.timed_out);
+    assert_true(info.ended_ns >= info.started_ns && info.started_ns > 0);
+    assert_int_equal(marked_left(), 0); /* its tree went with it */
+    expect_fail(dsec_agent_proc_signal(a, h, SIGTERM, &err), &err, DSEC_E_STATE,
+                "already exited by signal 15");
+    assert_false(dsec_agent_broken(a));
+    poutput(a, h, 0, 0, 0, &o); /* its output stays */
+    assert_int_equal(o.out_len, 4);
+    dsec_proc_output_release(&o);
+
+    uint64_t none = h + 1000000;
+    expect_fail(dsec_agent_proc_signal(a, none, SIGTERM, &err), &err, DSEC_E_NOT_FOUND,
+                "no process with handle");
+    expect_fail(dsec_agent_proc_output(a, none, 0, 0, 0, &o, &err), &err, DSEC_E_NOT_FOUND,
+                "in this sandbox");
+    expect_fail(dsec_agent_proc_stdin(a, none, "x", 1, false, &err), &err, DSEC_E_NOT_FOUND, NULL);
+    assert_false(dsec_agent_broken(a));
+    dsec_agent_free(a);
+}
+
+/* The ring keeps the last ring_max bytes of 1 MiB; out_total counts all of it. */
+static void test_proc_ring(void **state)
+{
+    new_mark();
+    dsec_proc_info info;
+    /* 131072 lines of 8 bytes: line k at offset 8k reads %07d k */
+    pstart(conn, "seq -f %07g 0 131071", 64 << 10, false, 0, &info);
+    info = pwait(conn, info.handle, 10000);
+    assert_int_equal(info.exit_code, 0);
+    assert_int_equal(info.out_total, 1 << 20);
+    assert_int_equal(info.err_total, 0);
+    dsec_proc_output o;
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_from, (1 << 20) - (64 << 10));
+    assert_int_equal(o.out_len, 64 << 10);
+    assert_int_equal(o.err_len, 0);
+    char want[16];
+    for (size_t k = 0; k < 8192; k++) {
+        snprintf(want, sizeof want, "%07zu\n", 131072 - 8192 + k);
+        if (memcmp(o.out + 8 * k, want, 8) != 0)
+            fail_msg("line %zu of the ring: %.8s, want %s", k, (const char *)o.out + 8 * k, want);
+    }
+    dsec_proc_output_release(&o);
+    uint64_t at = (1 << 20) - 16; /* max: 10 bytes from two lines before the end */
+    poutput(conn, info.handle, at, 0, 10, &o);
+    assert_int_equal(o.out_from, at);
+    assert_int_equal(o.out_len, 10);
+    assert_memory_equal(o.out, "0131070\n01", 10);
+    dsec_proc_output_release(&o);
+    poutput(conn, info.handle, 2 << 20, 0, 0, &o); /* past the end: nothing, from the end */
+    assert_int_equal(o.out_from, 1 << 20);
+    assert_int_equal(o.out_len, 0);
+    dsec_proc_output_release(&o);
+
+    /* ring_max over the limit */
+    const char *argv[] = {"/bin/true", NULL};
+    dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 1},
+                               .ring_max = DSEC_PROC_RING_MAX + 1ull};
+    dsec_err err = {0};
+    expect_fail(dsec_agent_proc_start(conn, &req, &info, &err), &err, DSEC_E_TOO_LARGE, "ring_max");
+}
+
+/* stdin: written on request, closed on request; a big write is answered once the process
+ * took it all. */
+static void test_proc_stdin(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_proc_info info;
+    pstart(conn, "cat", 0, true, 0, &info);
+    assert_true(info.stdin_open);
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, "hello", 5, true, &err), 0);
+    info = pwait(conn, info.handle, 5000);
+    assert_int_equal(info.exit_code, 0);
+    assert_false(info.stdin_open);
+    dsec_proc_output o;
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_len, 5);
+    assert_memory_equal(o.out, "hello", 5);
+    dsec_proc_output_release(&o);
+    expect_fail(dsec_agent_proc_stdin(conn, info.handle, "x", 1, false, &err), &err, DSEC_E_INVALID,
+                "ended");
+
+    /* Without keep_stdin, stdin is closed from the start. */
+    pstart(conn, "sleep 30", 0, false, 0, &info);
+    assert_false(info.stdin_open);
+    expect_fail(dsec_agent_proc_stdin(conn, info.handle, "x", 1, false, &err), &err, DSEC_E_INVALID,
+                "stdin of process");
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    pwait(conn, info.handle, 5000);
+
+    /* 4 MiB to a process that starts reading after 1 s: the answer waits for it. */
+    pstart(conn, "sleep 1; wc -c", 0, true, 0, &info);
+    size_t big = 4u << 20;
+    uint8_t *data = malloc(big);
+    assert_non_null(data);
+    for (size_t i = 0; i < big; i++)
+        data[i] = (uint8_t)(i * 7 + i / 4096);
+    uint64_t t0 = now_us();
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, data, big, false, &err), 0);
+    uint64_t took = now_us() - t0;
+    assert_true(plisted(conn, info.handle, &info));
+    assert_true(info.running);
+    assert_true(info.stdin_open);
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, data, 3, true, &err), 0);
+    info = pwait(conn, info.handle, 20000);
+    free(data);
+    fprintf(stderr, "proc_stdin: 4 MiB taken after %llu ms\n", (unsigned long long)took / 1000);
+    assert_true(took >= 800000); /* not before the reader started */
+    assert_int_equal(info.exit_code, 0);
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    char want[64];
+    int wl = snprintf(want, sizeof want, "%zu\n", big + 3); /* every byte of both writes */
+    assert_int_equal(o.out_len, (size_t)wl);
+    assert_memory_equal(o.out, want, (size_t)wl);
+    dsec_proc_output_release(&o);
+}
+
+struct stdin_job {
+    uint64_t handle;
+    const uint8_t *data;
+    size_t len;
+    int rc;
+    dsec_err err;
+};
+
+static void *stdin_run(void *arg)
+{
+    struct stdin_job *j = arg;
+    dsec_agent *a = NULL;
+    j->rc = dsec_agent_connect(&a, sock_path, 2000, &j->err);
+    if (j->rc == 0)
+        j->rc = dsec_agent_proc_stdin(a, j->handle, j->data, j->len, false, &j->err);
+    dsec_agent_free(a);
+    return NULL;
+}
+
+/* One PSTDIN waits at a time: a second one meanwhile is refused. A PSTDIN whose connection
+ * went before the process took the bytes still delivers them all. */
+static void test_proc_stdin_pending(void **state)
+{
+    dsec_err err = {0};
+    dsec_proc_info info;
+    pstart(conn, "sleep 1; wc -c", 0, true, 0, &info);
+    size_t big = 4u << 20;
+    uint8_t *data = calloc(1, big);
+    assert_non_null(data);
+    struct stdin_job j = {.handle = info.handle, .data = data, .len = big};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stdin_run, &j), 0);
+    msleep(300);
+    expect_fail(dsec_agent_proc_stdin(conn, info.handle, "x", 1, false, &err), &err, DSEC_E_STATE,
+                "has not taken the bytes of an earlier write");
+    pthread_join(th, NULL);
+    if (j.rc < 0)
+        fail_msg("the first write: %s", j.err.msg);
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, "x", 1, true, &err), 0);
+    info = pwait(conn, info.handle, 10000);
+    dsec_proc_output o;
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_len, 8);
+    assert_memory_equal(o.out, "4194305\n", 8);
+    dsec_proc_output_release(&o);
+
+    /* the writer hangs up at once: a raw PSTDIN frame, then close */
+    pstart(conn, "sleep 1; wc -c", 0, true, 0, &info);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(sock_path) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    size_t plen = 8 + 1 + 4 + big;
+    uint8_t *f = malloc(DSEC__AGENT_HDR + plen + DSEC__AGENT_HDR), *p = f;
+    assert_non_null(f);
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_PSTDIN, 1, plen);
+    p = dsec__agent_put_u64(p, info.handle);
+    p = dsec__agent_put_u8(p, 0);
+    p = dsec__agent_put_bytes(p, data, big);
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_PLIST, 2, 0); /* answered once PSTDIN was read */
+    for (size_t off = 0; off < (size_t)(p - f);) {
+        ssize_t n = send(fd, f + off, (size_t)(p - f) - off, MSG_NOSIGNAL);
+        assert_true(n > 0);
+        off += (size_t)n;
+    }
+    uint8_t type = 0;
+    while (type != DSEC__AGENT_T_PROCS) { /* HELLO, then PROCS */
+        uint8_t hdr[DSEC__AGENT_HDR];
+        assert_int_equal(recv(fd, hdr, sizeof hdr, MSG_WAITALL), sizeof hdr);
+        type = hdr[4];
+        size_t rest = dsec__agent_get_u32le(hdr) - 5;
+        assert_true(rest <= big);
+        assert_int_equal(recv(fd, f, rest, MSG_WAITALL), rest);
+    }
+    close(fd); /* before the process took the 4 MiB */
+    free(f);
+    free(data);
+    /* behind the pending bytes of the writer that left: answered once all are taken */
+    assert_int_equal(dsec_agent_proc_stdin(conn, info.handle, "", 0, true, &err), 0);
+    info = pwait(conn, info.handle, 10000);
+    assert_int_equal(info.exit_code, 0);
+    poutput(conn, info.handle, 0, 0, 0, &o);
+    assert_int_equal(o.out_len, 8);
+    assert_memory_equal(o.out, "4194304\n", 8);
+    dsec_proc_output_release(&o);
+}
+
+/* SIGKILL ends the whole tree, setsid'd descendants included. */
+static void test_proc_tree(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_proc_info info;
+    pstart(conn, "setsid sh -c \"sleep 100\" & sleep 100 & wait", 0, false, 0, &info);
+    assert_int_equal(wait_sleeps(2), 2);
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    info = pwait(conn, info.handle, 5000);
+    assert_int_equal(info.signal, SIGKILL);
+    assert_false(info.timed_out);
+    assert_int_equal(count_marked(false, false), 0); /* gone by the time it is listed ended */
+    assert_int_equal(marked_left(), 0);
+
+    /* Another signal goes to its process group; its main process ending ends the rest. */
+    pstart(conn, "setsid sh -c \"sleep 100\" & sleep 100; echo not here", 0, false, 0, &info);
+    assert_int_equal(wait_sleeps(2), 2);
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGINT, &err), 0);
+    info = pwait(conn, info.handle, 5000);
+    assert_int_equal(info.signal, SIGINT);
+    assert_int_equal(count_marked(false, false), 0);
+    assert_int_equal(marked_left(), 0);
+}
+
+/* A foreground exec's leftovers end with it. */
+static void test_exec_leaves_nothing(void **state)
+{
+    new_mark();
+    struct opts o = {.env = mark_env, .nenv = 1};
+    dsec_exec_result r;
+    uint64_t t0 = now_us();
+    sh("sleep 100.123 & echo started", &o, &r);
+    uint64_t took = now_us() - t0;
+    assert_int_equal(r.exit_code, 0);
+    assert_out(&r, "started\n");
+    dsec_exec_result_release(&r);
+    int left = marked_left();
+    assert_int_equal(left, 0);
+    assert_true(took < 5000000);
+}
+
+/* timeout_ms ends a background process's tree and says so. */
+static void test_proc_timeout(void **state)
+{
+    new_mark();
+    dsec_proc_info info;
+    uint64_t t0 = now_us();
+    pstart(conn, "sleep 30 & sleep 30", 0, false, 300, &info);
+    info = pwait(conn, info.handle, 10000);
+    assert_true(info.timed_out);
+    assert_int_equal(info.signal, SIGKILL);
+    assert_true(now_us() - t0 >= 300000);
+    assert_int_equal(marked_left(), 0);
+}
+
+/* At the limit the oldest ended process is forgotten (handles are never reused); with all
+ * of them running, a start is refused. The limit is lowered for the test (--proc-max). */
+static void test_proc_limit(void **state)
+{
+    new_mark();
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/limit.sock", tmpdir);
+    const char *extra[] = {base_env[0], base_env[1], "--proc-max", "4", NULL};
+    pid_t pid = start_agent(sock, extra);
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, sock, 5000, &err), 0);
+    dsec_proc_info info;
+    for (uint64_t i = 1; i <= 4; i++) {
+        pstart(a, "sleep 30", 0, false, 0, &info);
+        assert_int_equal(info.handle, i);
+    }
+    const char *argv[] = {"/bin/sh", "-c", "sleep 30", NULL};
+    dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 3, .env = mark_env, .nenv = 1}};
+    expect_fail(dsec_agent_proc_start(a, &req, &info, &err), &err, DSEC_E_TOO_LARGE,
+                "4 background processes are running");
+    assert_false(dsec_agent_broken(a));
+    assert_int_equal(dsec_agent_proc_signal(a, 2, SIGKILL, &err), 0);
+    pwait(a, 2, 5000);
+    pstart(a, "sleep 30", 0, false, 0, &info);
+    assert_int_equal(info.handle, 5); /* not 2 again */
+    dsec_proc_info *v;
+    size_t n;
+    assert_int_equal(dsec_agent_proc_list(a, &v, &n, &err), 0);
+    assert_int_equal(n, 4);
+    uint64_t want[] = {1, 3, 4, 5};
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(v[i].handle, want[i]);
+    dsec_free(v);
+    dsec_proc_output o;
+    expect_fail(dsec_agent_proc_output(a, 2, 0, 0, 0, &o, &err), &err, DSEC_E_NOT_FOUND, NULL);
+    assert_int_equal(wait_sleeps(4), 4);
+    dsec_agent_free(a);
+    /* The agent's SIGTERM ends them all. */
+    kill(pid, SIGTERM);
+    assert_true(wait_exit(pid, 5000) != -1);
+    assert_int_equal(marked_left(), 0);
+}
+
+/* Each background process holds descriptors of the agent: many of them fit even when the agent
+ * was started under a low soft limit (it raises its own), and commands still get that limit. */
+static void test_proc_many(void **state)
+{
+    new_mark();
+    char sock[128];
+    snprintf(sock, sizeof sock, "%s/many.sock", tmpdir);
+    pid_t pid = fork_agent();
+    if (pid == 0) {
+        struct rlimit rl;
+        getrlimit(RLIMIT_NOFILE, &rl);
+        rl.rlim_cur = 128;
+        if (rl.rlim_max < 1024)
+            _exit(77);
+        setrlimit(RLIMIT_NOFILE, &rl);
+        const char *argv[] = {DSEC_AGENT_PATH, "--listen", sock, base_env[0], base_env[1], NULL};
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    if (dsec_agent_connect(&a, sock, 5000, &err) < 0) {
+        int st = wait_exit(pid, 1000);
+        if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+            fprintf(stderr, "test_proc_many: hard descriptor limit under 1024; skipping\n");
+            skip();
+        }
+        fail_msg("connect: %s", err.msg);
+    }
+    dsec_proc_info info;
+    for (int i = 0; i < 64; i++) /* 3 descriptors each in the agent: 192 */
+        pstart(a, "sleep 30", 0, false, 0, &info);
+    assert_int_equal(wait_sleeps(64), 64);
+    const char *lim[] = {"/bin/sh", "-c", "ulimit -n", NULL};
+    dsec_exec_result r;
+    assert_int_equal(run(a, lim, NULL, &r, &err), 0);
+    assert_out(&r, "128\n");
+    dsec_exec_result_release(&r);
+    dsec_agent_free(a);
+    kill(pid, SIGTERM);
+    assert_true(wait_exit(pid, 5000) != -1);
+    assert_int_equal(marked_left(), 0);
+}
+
 static void test_speed(void **state)
 {
     const char *t[] = {"/bin/true", NULL};
@@ -2059,6 +2524,15 @@ int main(void)
         cmocka_unit_test(test_connect_backlog_full),
         cmocka_unit_test(test_sync_skips_stale_bytes),
         cmocka_unit_test(test_sync_wrong_nonce),
+        cmocka_unit_test(test_proc_detached),
+        cmocka_unit_test(test_proc_ring),
+        cmocka_unit_test(test_proc_stdin),
+        cmocka_unit_test(test_proc_stdin_pending),
+        cmocka_unit_test(test_proc_tree),
+        cmocka_unit_test(test_exec_leaves_nothing),
+        cmocka_unit_test(test_proc_timeout),
+        cmocka_unit_test(test_proc_limit),
+        cmocka_unit_test(test_proc_many),
         cmocka_unit_test(test_speed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,4 +1,5 @@
-/* agent-client.c - the node side of the dsec-agent channel: connect, exec, kill and file calls. */
+/* agent-client.c - the node side of the dsec-agent channel: connect, exec, kill, file and
+ * background process calls. */
 #define _GNU_SOURCE
 #include "backends/agent/agent-client.h"
 
@@ -19,6 +20,12 @@
 #include "dsec/alloc.h"
 
 _Static_assert(DSEC_AGENT_FILE_MAX == DSEC__AGENT_FILE_MAX, "one file piece limit on both sides");
+_Static_assert(DSEC_PROC_MAX == DSEC__AGENT_PROC_MAX &&
+                   DSEC_PROC_RING_MAX == DSEC__AGENT_RING_MAX &&
+                   DSEC_PROC_RING_DEFAULT == DSEC__AGENT_RING_DEFAULT,
+               "one set of background process limits on both sides");
+_Static_assert(sizeof(((dsec_proc_info *)0)->cmdline) == DSEC__AGENT_CMDLINE_MAX + 1,
+               "a cmdline on the wire fits dsec_proc_info");
 
 /*
  * A connection is a non-blocking socket driven with poll, so every wait has a
@@ -250,6 +257,12 @@ static int error_frame(const uint8_t *payload, size_t plen, dsec_err *err)
         break;
     case DSEC__AGENT_ERR_UNSUPPORTED:
         code = DSEC_E_UNSUPPORTED;
+        break;
+    case DSEC__AGENT_ERR_NOT_FOUND:
+        code = DSEC_E_NOT_FOUND;
+        break;
+    case DSEC__AGENT_ERR_STATE:
+        code = DSEC_E_STATE;
         break;
     default:
         code = DSEC_E_BACKEND;
@@ -616,6 +629,8 @@ static int check_exec_req(const dsec_exec_req *req, size_t *plen, dsec_err *err)
     return 0;
 }
 
+static uint8_t *put_exec_body(uint8_t *p, const dsec_exec_req *req);
+
 /* The EXEC request for req; *id is its request id. */
 static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_max, size_t *flen,
                            uint32_t *id, dsec_err *err)
@@ -629,6 +644,15 @@ static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_m
         return NULL;
     p = dsec__agent_put_u64(p, req->timeout_ms);
     p = dsec__agent_put_u64(p, out_max);
+    p = put_exec_body(p, req);
+    *id = dsec__agent_get_u32le(frame + 5);
+    *flen = (size_t)(p - frame);
+    return frame;
+}
+
+/* The fields EXEC and PSTART share after timeout_ms (and EXEC's output_max): cwd to stdin. */
+static uint8_t *put_exec_body(uint8_t *p, const dsec_exec_req *req)
+{
     p = dsec__agent_put_bytes(p, req->cwd, req->cwd ? strlen(req->cwd) : 0);
     p = dsec__agent_put_bytes(p, req->user, req->user ? strlen(req->user) : 0);
     p = dsec__agent_put_u32(p, (uint32_t)req->argc);
@@ -640,10 +664,7 @@ static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_m
         p = dsec__agent_put_bytes(p, req->env[i].key, strlen(req->env[i].key));
         p = dsec__agent_put_bytes(p, v, strlen(v));
     }
-    p = dsec__agent_put_bytes(p, req->stdin_data, req->stdin_len);
-    *id = dsec__agent_get_u32le(frame + 5);
-    *flen = (size_t)(p - frame);
-    return frame;
+    return dsec__agent_put_bytes(p, req->stdin_data, req->stdin_len);
 }
 
 /* What one exec has received so far. */
@@ -1416,4 +1437,224 @@ int dsec_agent_setup(dsec_agent *a, const char *const *vars, size_t n, const cha
     int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
     dsec_free(frame);
     return rc;
+}
+
+/* ---- background processes ------------------------------------------------------------------ */
+
+/* One process info from r into *out; false when it is malformed (r is then bad). */
+static bool get_proc_info(dsec__agent_rd *r, dsec_proc_info *out)
+{
+    memset(out, 0, sizeof *out);
+    out->handle = dsec__agent_get_u64(r);
+    out->pid = (int32_t)dsec__agent_get_u32(r);
+    uint8_t flags = dsec__agent_get_u8(r);
+    out->exit_code = (int32_t)dsec__agent_get_u32(r);
+    out->signal = (int32_t)dsec__agent_get_u32(r);
+    out->started_ns = dsec__agent_get_u64(r);
+    out->ended_ns = dsec__agent_get_u64(r);
+    out->out_total = dsec__agent_get_u64(r);
+    out->err_total = dsec__agent_get_u64(r);
+    size_t cl;
+    const char *cmd = dsec__agent_get_str(r, DSEC__AGENT_CMDLINE_MAX, &cl);
+    if (r->bad || out->handle == 0 ||
+        (flags & ~(DSEC__AGENT_P_RUNNING | DSEC__AGENT_P_STDIN_OPEN | DSEC__AGENT_P_TIMED_OUT))) {
+        r->bad = true;
+        return false;
+    }
+    out->running = flags & DSEC__AGENT_P_RUNNING;
+    out->stdin_open = flags & DSEC__AGENT_P_STDIN_OPEN;
+    out->timed_out = flags & DSEC__AGENT_P_TIMED_OUT;
+    memcpy(out->cmdline, cmd, cl);
+    out->cmdline[cl] = 0;
+    return true;
+}
+
+int dsec_agent_proc_start(dsec_agent *a, const dsec_proc_start_req *req, dsec_proc_info *out,
+                          dsec_err *err)
+{
+    if (req == NULL || out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "start: request or out is NULL");
+    memset(out, 0, sizeof *out);
+    if (check_open(a, err) < 0)
+        return -1;
+    if (req->ring_max > DSEC__AGENT_RING_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "start: ring_max %" PRIu64 " is over the limit of %u bytes",
+                            req->ring_max, DSEC__AGENT_RING_MAX);
+    size_t plen = 0;
+    if (check_exec_req(&req->exec, &plen, err) < 0)
+        return -1;
+    plen = plen - 8 + 8 + 1; /* no output_max; ring_max and keep_stdin */
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_PSTART, plen, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, req->exec.timeout_ms);
+    p = put_exec_body(p, &req->exec);
+    p = dsec__agent_put_u64(p, req->ring_max);
+    p = dsec__agent_put_u8(p, req->keep_stdin);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_PROC, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc < 0)
+        return -1;
+    dsec__agent_rd r = {.p = rp, .end = rp + rn};
+    if (!get_proc_info(&r, out) || !dsec__agent_done(&r)) {
+        mark_broken(a);
+        memset(out, 0, sizeof *out);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "start: malformed answer from the agent");
+    }
+    return 0;
+}
+
+int dsec_agent_proc_list(dsec_agent *a, dsec_proc_info **out, size_t *n, dsec_err *err)
+{
+    if (out == NULL || n == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "list processes: out or n is NULL");
+    *out = NULL;
+    *n = 0;
+    if (check_open(a, err) < 0)
+        return -1;
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_PLIST, 0, &p, err);
+    if (frame == NULL)
+        return -1;
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_PROCS, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc < 0)
+        return -1;
+    dsec__agent_rd r = {.p = rp, .end = rp + rn};
+    uint32_t cnt = dsec__agent_get_u32(&r);
+    if (r.bad || cnt > DSEC__AGENT_PROC_MAX) {
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "list processes: malformed answer (%" PRIu32 " processes, most %u)",
+                            cnt, DSEC__AGENT_PROC_MAX);
+    }
+    dsec_proc_info *v = dsec_calloc(cnt ? cnt : 1, sizeof *v);
+    if (v == NULL) {
+        mark_broken(a); /* nothing is out of step, but the answer is lost: keep it simple */
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "list processes: %" PRIu32 " entries", cnt);
+    }
+    for (uint32_t i = 0; i < cnt; i++)
+        get_proc_info(&r, &v[i]);
+    if (!dsec__agent_done(&r)) {
+        dsec_free(v);
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "list processes: malformed answer");
+    }
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+/* A request of fixed fields answered by OK. */
+static int proc_ok_request(dsec_agent *a, uint8_t *frame, size_t flen, dsec_err *err)
+{
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, flen, DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc == 0 && rn != 8) {
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent an OK of %zu bytes", rn);
+    }
+    return rc;
+}
+
+int dsec_agent_proc_signal(dsec_agent *a, uint64_t handle, int sig, dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    if (sig <= 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "signal: %d is not a signal number", sig);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_PSIGNAL, 8 + 4, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, handle);
+    p = dsec__agent_put_u32(p, (uint32_t)sig);
+    return proc_ok_request(a, frame, (size_t)(p - frame), err);
+}
+
+int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len, bool close,
+                          dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    if (data == NULL && len > 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: %zu bytes but no data", len);
+    if (len > DSEC__AGENT_STDIN_MAX)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "stdin: %zu bytes in one write, at most %u: write in pieces", len,
+                            DSEC__AGENT_STDIN_MAX);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_PSTDIN, 8 + 1 + 4 + len, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, handle);
+    p = dsec__agent_put_u8(p, close);
+    p = dsec__agent_put_bytes(p, data, len);
+    return proc_ok_request(a, frame, (size_t)(p - frame), err);
+}
+
+/* One stream of a POUT: its offset and bytes (copied into *data, dsec_malloc'd); false when
+ * malformed: more than asked, or past what the stream produced. */
+static bool get_stream(dsec__agent_rd *r, uint64_t max, uint64_t total, uint64_t *from,
+                       uint8_t **data, size_t *len)
+{
+    *from = dsec__agent_get_u64(r);
+    const uint8_t *d = dsec__agent_get_bytes(r, DSEC__AGENT_POUT_MAX, len);
+    if (r->bad || (max && *len > max) || *from > total || *len > total - *from) {
+        r->bad = true;
+        return false;
+    }
+    if (*len > 0) {
+        *data = dsec_malloc(*len);
+        if (*data == NULL)
+            return false;
+        memcpy(*data, d, *len);
+    }
+    return true;
+}
+
+int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
+                           uint64_t max, dsec_proc_output *out, dsec_err *err)
+{
+    if (out == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "output: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (check_open(a, err) < 0)
+        return -1;
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_POUTPUT, 8 * 4, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, handle);
+    p = dsec__agent_put_u64(p, out_off);
+    p = dsec__agent_put_u64(p, err_off);
+    p = dsec__agent_put_u64(p, max);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_POUT, &rp, &rn, err);
+    dsec_free(frame);
+    if (rc < 0)
+        return -1;
+    dsec__agent_rd r = {.p = rp, .end = rp + rn};
+    bool ok = get_proc_info(&r, &out->info) &&
+              get_stream(&r, max, out->info.out_total, &out->out_from, &out->out, &out->out_len) &&
+              get_stream(&r, max, out->info.err_total, &out->err_from, &out->err, &out->err_len) &&
+              dsec__agent_done(&r);
+    if (!ok) {
+        dsec_proc_output_release(out);
+        memset(out, 0, sizeof *out);
+        if (!r.bad)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "output of process %" PRIu64, handle);
+        mark_broken(a);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "output: malformed answer from the agent");
+    }
+    return 0;
 }

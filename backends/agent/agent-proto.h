@@ -36,13 +36,28 @@
  *   DATA     u64 size (the whole file), u8 eof, bytes data. Answers FILE_READ.
  *   ENTRIES  u32 n, then n times: str name, u8 kind (dsec_file_kind values),
  *            u64 size, u32 mode, i64 mtime. Answers FILE_LIST and FILE_STAT.
+ *   PROC     a process info (below). Answers PSTART.
+ *   PROCS    u32 n (at most DSEC__AGENT_PROC_MAX), then n process infos, by
+ *            handle. Answers PLIST.
+ *   POUT     a process info, u64 out_from, bytes out, u64 err_from, bytes err:
+ *            each stream's bytes from stream offset *_from on (the offset
+ *            asked, or the oldest byte the ring still holds when that is
+ *            later). Answers POUTPUT.
+ *
+ * A process info (background processes):
+ *            u64 handle, i32 pid, u8 flags (DSEC__AGENT_P_*), i32 exit_code
+ *            (-1 when a signal ended it), i32 signal, u64 started_ns,
+ *            u64 ended_ns (wall clock; 0 while running), u64 out_total,
+ *            u64 err_total (bytes each stream produced in all), str cmdline
+ *            (argv joined by spaces, at most DSEC__AGENT_CMDLINE_MAX bytes).
  *
  * Client -> agent:
  *   EXEC     u64 timeout_ms (0: none), u64 output_max (per stream),
  *            str cwd (empty: the agent's default), str user (empty: default),
  *            u32 argc, argc times str, u32 nenv, nenv times (str key, str value),
  *            bytes stdin. Answered by OUTPUT* then EXIT, or by ERROR.
- *   KILL     u32 signal. Signals the process group of every running command.
+ *   KILL     u32 signal. Signals the process group of every running command
+ *            (EXEC's: background processes have PSIGNAL).
  *   FWRITE   u32 mode (0: 0644 for a new file, kept for an old one), u8 append,
  *            str path, bytes data. Answered by OK.
  *   FREAD    u64 offset, u64 max (0: as much as allowed), str path -> DATA.
@@ -56,6 +71,33 @@
  *            commands. A virtio-serial port (a VM's channel) gives no sign
  *            that one host client left and the next came, so the client
  *            discards every byte before the HELLO carrying its nonce.
+ *            Background processes (PSTART) are no connection's: SYNC and a
+ *            disconnect leave them alone.
+ *   PSTART   EXEC's fields but output_max (u64 timeout_ms, str cwd, str user,
+ *            u32 argc, argc times str, u32 nenv, nenv times (str key, str
+ *            value), bytes stdin), then u64 ring_max (bytes kept per stream;
+ *            0: DSEC__AGENT_RING_DEFAULT, at most DSEC__AGENT_RING_MAX),
+ *            u8 keep_stdin (stdin stays open for PSTDIN after the stdin bytes).
+ *            Starts a background process (handles 1, 2, ..., never reused)
+ *            under a shepherd, its stdout and stderr always read into two
+ *            rings -> PROC. At DSEC__AGENT_PROC_MAX processes the oldest
+ *            ended one is forgotten; when all of them run: ERROR TOO_LARGE.
+ *   PLIST    no payload -> PROCS.
+ *   PSIGNAL  u64 handle, u32 signal -> OK. The process group of the process
+ *            gets the signal; its main process exiting (whatever the signal)
+ *            ends its whole tree, and SIGKILL kills the tree at once. An
+ *            ended process: ERROR STATE; an unknown handle: ERROR NOT_FOUND.
+ *   PSTDIN   u64 handle, u8 close, bytes data (at most DSEC__AGENT_STDIN_MAX)
+ *            -> OK once the process took every byte (then, with close, its
+ *            stdin is closed). One PSTDIN waits at a time per process: a
+ *            second one while the first is unanswered gets ERROR STATE. Bytes
+ *            still pending with nobody waiting (PSTART's stdin, or a PSTDIN
+ *            whose connection left) go first, and the answer waits for them
+ *            too; at most DSEC__AGENT_STDIN_MAX bytes are pending in all.
+ *            Closed stdin or an ended process: ERROR INVALID.
+ *   POUTPUT  u64 handle, u64 out_off, u64 err_off, u64 max (per stream; 0:
+ *            all held) -> POUT. Each stream is capped further so the frame
+ *            stays within FRAME_MAX (half of it each).
  *
  * A connection may carry several requests at once; answers to different
  * requests may interleave. A frame whose length is out of bounds ends the
@@ -79,6 +121,12 @@
 #define DSEC__AGENT_USER_MAX 256u
 #define DSEC__AGENT_LIST_MAX 65536u /* entries in one listing */
 #define DSEC__AGENT_CHUNK 65536u    /* most output bytes in one OUTPUT frame */
+#define DSEC__AGENT_PROC_MAX 1024u  /* background processes kept (DSEC_PROC_MAX) */
+#define DSEC__AGENT_RING_DEFAULT (256u << 10) /* DSEC_PROC_RING_DEFAULT */
+#define DSEC__AGENT_RING_MAX (16u << 20)      /* DSEC_PROC_RING_MAX */
+#define DSEC__AGENT_CMDLINE_MAX 255u
+/* Most bytes of one stream in a POUT: two streams and a process info fit a frame. */
+#define DSEC__AGENT_POUT_MAX ((DSEC__AGENT_FRAME_MAX - 1024u) / 2u)
 
 enum {
     /* agent -> client */
@@ -89,6 +137,9 @@ enum {
     DSEC__AGENT_T_EXIT = 5,
     DSEC__AGENT_T_DATA = 6,
     DSEC__AGENT_T_ENTRIES = 7,
+    DSEC__AGENT_T_PROC = 8,
+    DSEC__AGENT_T_PROCS = 9,
+    DSEC__AGENT_T_POUT = 10,
     /* client -> agent */
     DSEC__AGENT_T_EXEC = 16,
     DSEC__AGENT_T_KILL = 17,
@@ -101,6 +152,12 @@ enum {
     /* u32 count, count "K=V" strings, workdir, user: the sandbox's process defaults, given
      * once to an agent started ahead for a warm pool, after its root was switched */
     DSEC__AGENT_T_SETUP = 24,
+    /* background processes */
+    DSEC__AGENT_T_PSTART = 25,
+    DSEC__AGENT_T_PLIST = 26,
+    DSEC__AGENT_T_PSIGNAL = 27,
+    DSEC__AGENT_T_PSTDIN = 28,
+    DSEC__AGENT_T_POUTPUT = 29,
 };
 
 /* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */
@@ -110,12 +167,19 @@ enum {
     DSEC__AGENT_ERR_TOO_LARGE = 3, /* a field or the answer exceeds a limit */
     DSEC__AGENT_ERR_INVALID = 4,   /* well-formed but unacceptable (relative path, unknown user) */
     DSEC__AGENT_ERR_UNSUPPORTED = 5, /* unknown frame type */
+    DSEC__AGENT_ERR_NOT_FOUND = 6,   /* no such object (a background process's handle) */
+    DSEC__AGENT_ERR_STATE = 7,       /* not now (the process ended; a PSTDIN is pending) */
 };
 
 /* EXIT flags */
 #define DSEC__AGENT_X_TIMED_OUT 1u
 #define DSEC__AGENT_X_STDOUT_TRUNC 2u
 #define DSEC__AGENT_X_STDERR_TRUNC 4u
+
+/* process info flags */
+#define DSEC__AGENT_P_RUNNING 1u
+#define DSEC__AGENT_P_STDIN_OPEN 2u
+#define DSEC__AGENT_P_TIMED_OUT 4u
 
 /* ---- writing: callers size the buffer first, then put fields in order ---- */
 
