@@ -275,6 +275,11 @@ int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64
                           const uint8_t hash[DSEC_SHA256_LEN], Dsec__V1__TrajectoryRecord **rec);
 int dsec__node_traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err);
 void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s);
+/* node-proc.c: the proc message (background processes), on a work thread. */
+void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s);
+/* Most bytes of each stream one proc output answer carries: two of them and the rest stay
+ * under the bus's 8 MiB payload limit. A client asks again from where the answer ended. */
+#define DSEC_PROC_OUTPUT_MAX (3u << 20)
 
 /* ---- node-ops.c: operations on one sandbox, off the bus --------------------------- */
 

@@ -835,7 +835,8 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
                {"write", DSEC_MSG_FILE_WRITE},
                {"read", DSEC_MSG_FILE_READ},
                {"ls", DSEC_MSG_FILE_LIST},
-               {"op", DSEC_MSG_OP}};
+               {"op", DSEC_MSG_OP},
+               {"proc", DSEC_MSG_PROC}};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
             return;
@@ -852,9 +853,12 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
         do_list(n, m, s);
     else if (strcmp(t.op, "op") == 0)
         do_op(n, m, s);
+    else if (strcmp(t.op, "proc") == 0)
+        dsec__node_do_proc(n, m, s);
     else
         dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
-                             "operation \"%s\" is unknown (known: exec, write, read, ls, op)",
+                             "operation \"%s\" is unknown (known: exec, write, read, ls, op, "
+                             "proc)",
                              t.op);
 }
 

@@ -1250,6 +1250,181 @@ int dsec_set_ttl(dsec_client *c, const char *id, uint64_t ttl_s, uint64_t *expir
     return rc;
 }
 
+/* ---- background processes ---------------------------------------------------------- */
+
+static void proc_from_wire(dsec_proc *p, const dsec_msg_proc_info *w)
+{
+    *p = (dsec_proc){.handle = w->handle, .pid = (int32_t)w->pid, .running = w->running,
+                     .stdin_open = w->stdin_open, .timed_out = w->timed_out,
+                     .exit_code = (int32_t)w->exit_code, .signal = (int32_t)w->sig,
+                     .started_ns = w->started_ns, .ended_ns = w->ended_ns,
+                     .out_total = w->out_total, .err_total = w->err_total};
+    copy_str(p->cmdline, sizeof p->cmdline, w->cmdline);
+}
+
+/* One proc request and its answer; the answer's bytes live in *keep (dsec_msg_free). */
+static int proc_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_decoder *dec,
+                     dsec_msg **keep, dsec_msg_proc_reply *r, dsec_err *err)
+{
+    char req_id[33];
+    dsec_bus_new_id(req_id);
+    m->id = id;
+    m->req_id = req_id;
+    m->tenant = c->tenant;
+    return sbx_call(c, id, "proc", DSEC_MSG_PROC, m, DSEC_MSG_PROC_REPLY, dec, keep, r, err);
+}
+
+/* The one process a start or an output answer names. */
+static int proc_one(const dsec_msg_proc_reply *r, dsec_proc *out, dsec_err *err)
+{
+    if (r->procs.n != 1)
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "proc: the answer names %u processes, expected one", r->procs.n);
+    proc_from_wire(out, (const dsec_msg_proc_info *)r->procs.items);
+    return 0;
+}
+
+int dsec_proc_start(dsec_client *c, const char *id, const dsec_proc_opts *o, dsec_proc *out,
+                    dsec_err *err)
+{
+    memset(out, 0, sizeof *out);
+    dsec_msg_proc m = {.op = "start",
+                       .argv = {(const char **)o->argv, count_nt(o->argv)},
+                       .cwd = o->cwd,
+                       .user = o->user,
+                       .timeout_ms = o->timeout_ms,
+                       .ring_max = o->ring_max,
+                       .keep_stdin = o->keep_stdin,
+                       .data = {o->stdin_data, o->stdin_len}};
+    if (m.argv.n == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc start: empty argv");
+    if (o->ring_max > (16u << 20))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc start: ring_max %" PRIu64 " is over 16 MiB", o->ring_max);
+    if (kv_from_pairs(o->env, &m.env, "env", err) < 0)
+        return -1;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    dsec_msg *keep = NULL;
+    dsec_msg_proc_reply r;
+    int rc = dec ? proc_call(c, id, &m, dec, &keep, &r, err)
+                 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (rc == 0)
+        rc = proc_one(&r, out, err);
+    kv_release(&m.env);
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n, dsec_err *err)
+{
+    *procs = NULL;
+    *n = 0;
+    dsec_msg_proc m = {.op = "list"};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_proc_reply r;
+    int rc = proc_call(c, id, &m, dec, &keep, &r, err);
+    if (rc == 0) {
+        dsec_proc *v = dsec_calloc(r.procs.n ? r.procs.n : 1, sizeof *v);
+        if (v == NULL) {
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        } else {
+            for (uint32_t i = 0; i < r.procs.n; i++)
+                proc_from_wire(&v[i], (const dsec_msg_proc_info *)r.procs.items + i);
+            *procs = v;
+            *n = r.procs.n;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+/* signal and stdin: an answer with nothing in it */
+static int proc_simple(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_err *err)
+{
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_proc_reply r;
+    int rc = proc_call(c, id, m, dec, &keep, &r, err);
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_proc_signal(dsec_client *c, const char *id, uint64_t handle, int sig, dsec_err *err)
+{
+    if (sig <= 0 || sig > 64)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc signal: %d is not a signal (1..64)",
+                            sig);
+    dsec_msg_proc m = {.op = "signal", .handle = handle, .sig = (uint64_t)sig};
+    return proc_simple(c, id, &m, err);
+}
+
+int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void *data,
+                    size_t len, bool close, dsec_err *err)
+{
+    if (data == NULL && len > 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc write: %zu bytes but no data", len);
+    if (len > (8u << 20))
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "proc write: %zu bytes in one call, at most 8 MiB", len);
+    dsec_msg_proc m = {.op = "stdin", .handle = handle, .data = {data, len}, .close = close};
+    return proc_simple(c, id, &m, err);
+}
+
+int dsec_proc_read(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
+                   uint64_t err_off, uint64_t max, dsec_proc_out *out, dsec_err *err)
+{
+    memset(out, 0, sizeof *out);
+    dsec_msg_proc m = {.op = "output", .handle = handle, .out_off = out_off, .err_off = err_off,
+                       .max = max};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_proc_reply r;
+    int rc = proc_call(c, id, &m, dec, &keep, &r, err);
+    if (rc == 0)
+        rc = proc_one(&r, &out->info, err);
+    if (rc == 0) {
+        out->out = dsec_malloc(r.out.len + 1);
+        out->err = dsec_malloc(r.err.len + 1);
+        if (out->out == NULL || out->err == NULL) {
+            dsec_proc_out_free(out);
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        } else {
+            if (r.out.len > 0)
+                memcpy(out->out, r.out.ptr, r.out.len);
+            if (r.err.len > 0)
+                memcpy(out->err, r.err.ptr, r.err.len);
+            out->out[r.out.len] = out->err[r.err.len] = 0;
+            out->out_len = r.out.len;
+            out->err_len = r.err.len;
+            out->out_from = r.out_from;
+            out->err_from = r.err_from;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+void dsec_proc_out_free(dsec_proc_out *o)
+{
+    if (o == NULL)
+        return;
+    dsec_free(o->out);
+    dsec_free(o->err);
+    o->out = o->err = NULL;
+    o->out_len = o->err_len = 0;
+}
+
 int dsec_fork(dsec_client *c, const char *id, unsigned n, char ***ids, size_t *nids, dsec_err *err)
 {
     *ids = NULL;

@@ -89,6 +89,9 @@ enum dsec_msg_type {
     DSEC_MSG_TRACE_QUERY,     /* "trace_query": dsec trace -> every actor process */
     DSEC_MSG_TRACE_HOP,       /* "trace_hop": only nested in trace_hops */
     DSEC_MSG_TRACE_HOPS,      /* "trace_hops": one process's kept hops of a trace */
+    DSEC_MSG_PROC,            /* "proc": client -> sandbox, background processes */
+    DSEC_MSG_PROC_REPLY,      /* "proc_reply" */
+    DSEC_MSG_PROC_INFO,       /* "proc_info": only nested in proc_reply */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -202,6 +205,47 @@ typedef struct dsec_msg_exec {
     const char *stream_to; /* an _INBOX. subject: output goes there as exec_chunk while it runs */
     uint64_t output_max;   /* cap of stdout and of stderr, bytes; 0: the backend's default */
 } dsec_msg_exec;
+
+/* Background processes of a sandbox (docs/protocol.md, "Background processes"). */
+typedef struct dsec_msg_proc {
+    const char *id;   /* required */
+    const char *op;   /* required: start | list | signal | stdin | output */
+    dsec_strv argv;   /* start: 1..4096 */
+    dsec_kv env;      /* start */
+    const char *cwd;  /* start */
+    const char *user; /* start */
+    uint64_t timeout_ms; /* start: its whole tree is killed after this long; 0: none */
+    uint64_t ring_max;   /* start: bytes of each stream kept; 0: 256 KiB; <= 16 MiB */
+    bool keep_stdin;     /* start: stdin stays open for op stdin */
+    dsec_bytes data;     /* start: first bytes of stdin; stdin: the bytes */
+    uint64_t handle;     /* signal, stdin, output */
+    uint64_t sig;        /* wire name "signal": signal, 1..64 */
+    bool close;          /* stdin: close stdin after data */
+    uint64_t out_off, err_off; /* output: stream offsets to read from */
+    uint64_t max;        /* output: at most this many bytes of each stream; 0: all kept */
+    const char *req_id;
+    const char *tenant;
+} dsec_msg_proc;
+
+typedef struct dsec_msg_proc_info {
+    uint64_t handle;  /* required */
+    int64_t pid;
+    bool running;
+    bool stdin_open;
+    bool timed_out;
+    int64_t exit_code; /* when not running; -1: a signal ended it */
+    int64_t sig;       /* wire name "signal" */
+    uint64_t started_ns, ended_ns;
+    uint64_t out_total, err_total;
+    const char *cmdline;
+} dsec_msg_proc_info;
+
+typedef struct dsec_msg_proc_reply {
+    const char *id;   /* required */
+    dsec_list procs;  /* of dsec_msg_proc_info: list: all; others: the one named */
+    dsec_bytes out, err; /* output */
+    uint64_t out_from, err_from;
+} dsec_msg_proc_reply;
 
 typedef struct dsec_msg_exec_result {
     const char *id; /* required */

@@ -181,6 +181,58 @@ static const dsec_field exec_fields[] = {
          "cap of stdout and of stderr in bytes, the rest dropped and flagged; 0: 1 MiB"),
 };
 
+static const dsec_field proc_fields[] = {
+    FSTR(dsec_msg_proc, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_proc, op, "op", true, L_NAME, "start, list, signal, stdin or output"),
+    FSTRV(dsec_msg_proc, argv, "argv", false, L_ARGV, L_ARG, "start: the command and its arguments"),
+    FKV(dsec_msg_proc, env, "env", L_ARGV, L_ARG, "start: extra environment variables"),
+    FSTR(dsec_msg_proc, cwd, "cwd", false, L_PATH, "start: working directory"),
+    FSTR(dsec_msg_proc, user, "user", false, L_LONG, "start: run as this user"),
+    FU64(dsec_msg_proc, timeout_ms, "timeout_ms", false, 0, 0,
+         "start: kill its whole process tree after this long; 0: none"),
+    FU64(dsec_msg_proc, ring_max, "ring_max", false, 0, 16u << 20,
+         "start: bytes of stdout and of stderr kept for output; 0: 256 KiB"),
+    FBOOL(dsec_msg_proc, keep_stdin, "keep_stdin", "start: stdin stays open for op stdin"),
+    FBIN(dsec_msg_proc, data, "data", "start: the first bytes of stdin; stdin: the bytes"),
+    FU64(dsec_msg_proc, handle, "handle", false, 0, 0, "signal, stdin, output: the process"),
+    FU64(dsec_msg_proc, sig, "signal", false, 0, 64, "signal: the signal number"),
+    FBOOL(dsec_msg_proc, close, "close", "stdin: close stdin after data"),
+    FU64(dsec_msg_proc, out_off, "out_off", false, 0, 0, "output: stdout offset to read from"),
+    FU64(dsec_msg_proc, err_off, "err_off", false, 0, 0, "output: stderr offset to read from"),
+    FU64(dsec_msg_proc, max, "max", false, 0, 0,
+         "output: at most this many bytes of each stream; 0: all kept"),
+    FSTR(dsec_msg_proc, req_id, "req_id", false, L_NAME, "request id"),
+    FSTR(dsec_msg_proc, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
+};
+
+static const dsec_field proc_info_fields[] = {
+    FU64(dsec_msg_proc_info, handle, "handle", true, 0, 0, "the process's handle in its sandbox"),
+    FI64(dsec_msg_proc_info, pid, "pid", 0, 0, "its pid in the sandbox"),
+    FBOOL(dsec_msg_proc_info, running, "running", "it has not exited"),
+    FBOOL(dsec_msg_proc_info, stdin_open, "stdin_open", "op stdin may still write"),
+    FBOOL(dsec_msg_proc_info, timed_out, "timed_out", "its timeout_ms ended it"),
+    FI64(dsec_msg_proc_info, exit_code, "exit_code", -1, 255,
+         "when not running: exit status; -1: a signal ended it"),
+    FI64(dsec_msg_proc_info, sig, "signal", 0, 64, "when not running: the signal that ended it"),
+    FU64(dsec_msg_proc_info, started_ns, "started_ns", false, 0, 0, "wall clock"),
+    FU64(dsec_msg_proc_info, ended_ns, "ended_ns", false, 0, 0, "wall clock; 0: running"),
+    FU64(dsec_msg_proc_info, out_total, "out_total", false, 0, 0, "stdout bytes produced in all"),
+    FU64(dsec_msg_proc_info, err_total, "err_total", false, 0, 0, "stderr bytes produced in all"),
+    FSTR(dsec_msg_proc_info, cmdline, "cmdline", false, L_LONG, "its argv joined by spaces"),
+};
+
+static const dsec_field proc_reply_fields[] = {
+    FSTR(dsec_msg_proc_reply, id, "id", true, L_NAME, "sandbox id"),
+    FLIST(dsec_msg_proc_reply, procs, "procs", DSEC_MSG_PROC_INFO,
+          "list: every process kept; others: the one named (maps of the proc_info fields)"),
+    FBIN(dsec_msg_proc_reply, out, "out", "output: stdout from out_from"),
+    FBIN(dsec_msg_proc_reply, err, "err", "output: stderr from err_from"),
+    FU64(dsec_msg_proc_reply, out_from, "out_from", false, 0, 0,
+         "output: the stdout offset of out's first byte"),
+    FU64(dsec_msg_proc_reply, err_from, "err_from", false, 0, 0,
+         "output: the stderr offset of err's first byte"),
+};
+
 static const dsec_field exec_result_fields[] = {
     FSTR(dsec_msg_exec_result, id, "id", true, L_NAME, "sandbox id"),
     FI64(dsec_msg_exec_result, exit_code, "exit_code", -1, 255, "exit status; -1: none (signal)"),
@@ -566,6 +618,9 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_TRACE_QUERY, "trace_query", dsec_msg_trace_query, trace_query_fields),
     SCHEMA(DSEC_MSG_TRACE_HOP, "trace_hop", dsec_msg_trace_hop, trace_hop_fields),
     SCHEMA(DSEC_MSG_TRACE_HOPS, "trace_hops", dsec_msg_trace_hops, trace_hops_fields),
+    SCHEMA(DSEC_MSG_PROC, "proc", dsec_msg_proc, proc_fields),
+    SCHEMA(DSEC_MSG_PROC_REPLY, "proc_reply", dsec_msg_proc_reply, proc_reply_fields),
+    SCHEMA(DSEC_MSG_PROC_INFO, "proc_info", dsec_msg_proc_info, proc_info_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

@@ -44,6 +44,14 @@ static const dsec_msg_file_entry entries[] = {
     {.name = "ünïcode link", .kind = "link", .size = 0, .mode = 0777, .mtime = 0},
 };
 
+static const dsec_msg_proc_info procs[] = {
+    {.handle = 1, .pid = 42, .running = true, .stdin_open = true, .started_ns = 1700000000000000000ull,
+     .out_total = 5, .err_total = 0, .cmdline = "python3 -m http.server 8000"},
+    {.handle = 2, .pid = 43, .timed_out = true, .exit_code = -1, .sig = 9,
+     .started_ns = 1700000000000000001ull, .ended_ns = 1700000060000000000ull,
+     .out_total = 1ull << 33, .err_total = 7, .cmdline = "sh -c \"sleep 100\""},
+};
+
 static void sample_create(dsec_msg_create *m)
 {
     *m = (dsec_msg_create){
@@ -393,6 +401,23 @@ static void sample_c(int type, void *out)
         break;
     case DSEC_MSG_TRACE_HOP:
         *(dsec_msg_trace_hop *)out = hops[0];
+        break;
+    case DSEC_MSG_PROC:
+        *(dsec_msg_proc *)out = (dsec_msg_proc){
+            .id = "n7-00000000000000a0", .op = "start", .argv = STRV(argv_v),
+            .env = KV(env_k, env_v), .cwd = "/work", .user = "nobody", .timeout_ms = 60000,
+            .ring_max = 1u << 20, .keep_stdin = true, .data = BYTES(stdin_b), .handle = 7,
+            .sig = 15, .close = true, .out_off = 5, .err_off = 3, .max = 65536, .req_id = "r",
+            .tenant = "t"};
+        break;
+    case DSEC_MSG_PROC_INFO:
+        *(dsec_msg_proc_info *)out = procs[0];
+        break;
+    case DSEC_MSG_PROC_REPLY:
+        *(dsec_msg_proc_reply *)out = (dsec_msg_proc_reply){
+            .id = "n7-00000000000000a0", .procs = {.items = (void *)procs, .n = N(procs)},
+            .out = BYTES(stdout_b), .err = BYTES(stderr_b), .out_from = 1u << 20,
+            .err_from = 0};
         break;
     case DSEC_MSG_TRACE_HOPS:
         *(dsec_msg_trace_hops *)out = (dsec_msg_trace_hops){

@@ -274,6 +274,19 @@ static int sh(struct sbx *s, const char *line, char *out, size_t len)
     return sh_full(s, line, out, len, NULL);
 }
 
+/* sh -c line as a background process of the sandbox (a foreground command's leftovers end
+ * with it); its handle. */
+static uint64_t sh_bg(void *be, dsec_sandbox *h, const char *line)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 3}};
+    dsec_proc_info p;
+    dsec_err err;
+    if (dsec_container_ops.proc_start(be, h, &req, &p, &err) < 0)
+        fail_msg("proc start %s: %s", line, err.msg);
+    return p.handle;
+}
+
 static void put_file(struct sbx *s, const char *path, const char *data)
 {
     dsec_err err;
@@ -810,11 +823,9 @@ static void test_snapshot_restore(void **state)
 static void test_pause_resume(void **state)
 {
     struct sbx *a = mk(128, 0);
-    assert_int_equal(sh(a,
-                        "(i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
-                        "mv /tmp/count.new /tmp/count; usleep 20000; done) >/dev/null 2>&1 &",
-                        NULL, 0),
-                     0);
+    sh_bg(ct, a->h,
+          "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
+          "mv /tmp/count.new /tmp/count; usleep 20000; done");
     msleep(300);
     char count[512], freezer[512];
     snprintf(count, sizeof count, "%s/upper/sb/%s/upper/tmp/count", state_dir, a->id);
@@ -1590,14 +1601,22 @@ static void crash_on(const char *from, const char *id)
             fprintf(stderr, "child: create on %s: %s\n", from, err.msg);
             _exit(3);
         }
-        const char *argv[] = {"/bin/sh", "-c",
-                              "echo before > /root/f && "
-                              "(sleep 1000 >/dev/null 2>&1 & echo $! > /root/pid)"};
-        dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 60000};
-        dsec_exec_result res = {0};
-        if (dsec_container_ops.exec(ct, h, &req, &res, &err) < 0 || res.exit_code != 0) {
-            fprintf(stderr, "child: exec: %s\n", err.msg);
+        const char *argv[] = {"/bin/sh", "-c", "echo before > /root/f && echo $$ > /root/pid && exec sleep 1000"};
+        dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 3}};
+        dsec_proc_info bg;
+        if (dsec_container_ops.proc_start(ct, h, &req, &bg, &err) < 0) {
+            fprintf(stderr, "child: proc start: %s\n", err.msg);
             _exit(4);
+        }
+        for (int i = 0; i < 500; i++) { /* the pid file is written */
+            dsec_file_data fd = {0};
+            if (dsec_container_ops.file_read(ct, h, "/root/pid", 0, 0, &fd, &err) == 0 &&
+                fd.len > 0) {
+                dsec_free(fd.data);
+                break;
+            }
+            dsec_free(fd.data);
+            msleep(10);
         }
         char rids[4][96];
         for (int i = 0; i < 1200 && ready_warm(rids, 4) < 2; i++)

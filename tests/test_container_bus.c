@@ -281,6 +281,17 @@ static void test_exec_streams(void **state)
     destroy(a.id);
 }
 
+/* `sleep 1000` in the background of sandbox id (a foreground exec's leftovers end with it). */
+static dsec_proc sleep_bg(const char *id)
+{
+    const char *argv[] = {"sleep", "1000", NULL};
+    dsec_proc p;
+    dsec_err err;
+    if (dsec_proc_start(cl, id, &(dsec_proc_opts){.argv = argv}, &p, &err) < 0)
+        fail_msg("proc start in %s: %s", id, err.msg);
+    return p;
+}
+
 static void test_node_restart_readopts(void **state)
 {
     if (natsd == NULL)
@@ -288,7 +299,9 @@ static void test_node_restart_readopts(void **state)
     dsec_sandbox_info a;
     make("busybox:1", &a);
     char out[256];
-    assert_int_equal(sh(a.id, "mkdir -p /work && echo 42 > /work/n && (sleep 1000 >/dev/null 2>&1 &)", out, sizeof out), 0);
+    assert_int_equal(sh(a.id, "mkdir -p /work && echo 42 > /work/n", out, sizeof out), 0);
+    /* a background process (a foreground exec's leftovers end with it) */
+    dsec_proc p = sleep_bg(a.id);
     /* the node manager goes away; its containers keep running */
     dsec_cell_stop(cell, false);
     cell = NULL;
@@ -297,8 +310,148 @@ static void test_node_restart_readopts(void **state)
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 10000, &err), 0);
     assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);
     assert_string_equal(out, "42\nalive");
+    /* and the restarted node manager still knows it by its handle */
+    dsec_proc *v;
+    size_t nv;
+    assert_int_equal(dsec_proc_list(cl, a.id, &v, &nv, &err), 0);
+    assert_int_equal(nv, 1);
+    assert_int_equal(v[0].handle, p.handle);
+    assert_true(v[0].running);
+    dsec_free(v);
     destroy(a.id);
     assert_int_equal(sandbox_mounts(), 0);
+}
+
+/* Run the dsec CLI against the test's cell (tenant ctbus); its stdout into out, its exit
+ * status returned. */
+static int cli(char *out, size_t n, const char *fmt, ...)
+{
+    char args[1024], cmd[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "DSEC_URL=%s DSEC_TENANT=ctbus %s %s", dsec_natsd_url(natsd),
+             DSEC_CLI, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The process's info once it has ended (a few seconds at most). */
+static dsec_proc ended(const char *id, uint64_t handle)
+{
+    dsec_proc_out o;
+    dsec_err err;
+    for (int i = 0; i < 500; i++) {
+        if (dsec_proc_read(cl, id, handle, 0, 0, 1, &o, &err) < 0)
+            fail_msg("proc read %" PRIu64 ": %s", handle, err.msg);
+        dsec_proc p = o.info;
+        dsec_proc_out_free(&o);
+        if (!p.running)
+            return p;
+        usleep(10000);
+    }
+    fail_msg("process %" PRIu64 " in %s still running after 5 s", handle, id);
+    return (dsec_proc){0};
+}
+
+/* Background processes through the bus, libdsec and the CLI: they outlive the call and the
+ * client, keep their output for a late reader, take stdin at the reader's pace, and end by
+ * signal; a foreground exec's own leftovers end with it. */
+static void test_background_processes(void **state)
+{
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    dsec_proc srv, cat;
+    const char *srv_argv[] = {"sh", "-c", "echo out; echo err >&2; exec sleep 300", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = srv_argv}, &srv, &err), 0);
+    assert_true(srv.handle > 0 && srv.pid > 0 && srv.running);
+    const char *cat_argv[] = {"cat", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id,
+                                     &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true,
+                                                       .stdin_data = "hel", .stdin_len = 3},
+                                     &cat, &err),
+                     0);
+    assert_true(cat.handle != srv.handle);
+    /* stdin at the reader's pace; closing it ends cat */
+    assert_int_equal(dsec_proc_write(cl, a.id, cat.handle, "lo\n", 3, true, &err), 0);
+    dsec_proc p = ended(a.id, cat.handle);
+    assert_int_equal(p.exit_code, 0);
+    assert_int_equal(p.signal, 0);
+    assert_int_equal(p.out_total, 6);
+    assert_int_equal(dsec_proc_write(cl, a.id, cat.handle, "x", 1, false, &err), -1);
+    printf("write to an ended process: %s\n", err.msg);
+
+    /* another client (the first may be gone) finds the server by its handle */
+    dsec_client *other = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 30000};
+    assert_int_equal(dsec_client_connect(&other, &o, &err), 0);
+    dsec_proc *v;
+    size_t nv;
+    assert_int_equal(dsec_proc_list(other, a.id, &v, &nv, &err), 0);
+    assert_int_equal(nv, 2);
+    bool seen = false;
+    for (size_t i = 0; i < nv; i++)
+        if (v[i].handle == srv.handle) {
+            seen = true;
+            assert_true(v[i].running);
+            assert_non_null(strstr(v[i].cmdline, "echo out"));
+        }
+    assert_true(seen);
+    dsec_free(v);
+    dsec_proc_out w;
+    for (int i = 0; i < 500; i++) { /* its first lines, as it wrote them */
+        assert_int_equal(dsec_proc_read(other, a.id, srv.handle, 0, 0, 0, &w, &err), 0);
+        if (w.out_len == 4 && w.err_len == 4)
+            break;
+        dsec_proc_out_free(&w);
+        usleep(10000);
+    }
+    assert_string_equal((char *)w.out, "out\n");
+    assert_string_equal((char *)w.err, "err\n");
+    assert_int_equal(w.out_from, 0);
+    dsec_proc_out_free(&w);
+    dsec_client_free(other);
+
+    /* the CLI: ps, kill -s TERM, exec -d, attach */
+    char out[4096], want[64];
+    assert_int_equal(cli(out, sizeof out, "ps %s", a.id), 0);
+    assert_non_null(strstr(out, "running"));
+    assert_non_null(strstr(out, "exited 0"));
+    assert_int_equal(cli(out, sizeof out, "kill %s %" PRIu64 " -s TERM", a.id, srv.handle), 0);
+    p = ended(a.id, srv.handle);
+    assert_int_equal(p.signal, 15);
+    assert_int_equal(p.exit_code, -1);
+    assert_int_equal(dsec_proc_signal(cl, a.id, srv.handle, 9, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    assert_int_equal(dsec_proc_signal(cl, a.id, 999999, 9, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_int_equal(cli(out, sizeof out, "exec -d %s -- sh -c 'sleep 0.5; echo late; exit 3'", a.id), 0);
+    uint64_t h = strtoull(out, NULL, 10);
+    assert_true(h > cat.handle);
+    assert_int_equal(cli(out, sizeof out, "attach %s %" PRIu64, a.id, h), 3);
+    assert_string_equal(out, "late\n");
+    snprintf(want, sizeof want, "%" PRIu64 " ", h);
+    assert_int_equal(cli(out, sizeof out, "ps %s", a.id), 0);
+    assert_non_null(strstr(out, "exited 3"));
+    assert_non_null(strstr(out, "killed (TERM)"));
+
+    /* a foreground exec's leftovers end with it: nothing of it runs once it answered */
+    char got[256];
+    assert_int_equal(sh(a.id, "sleep 301 & (setsid sleep 302 &); echo started", got, sizeof got), 0);
+    assert_string_equal(got, "started");
+    assert_int_equal(sh(a.id,
+                        "n=0; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null "
+                        "| grep -q '^sleep 30[12] ' && n=$((n+1)); done; echo $n",
+                        got, sizeof got),
+                     0);
+    assert_string_equal(got, "0");
+    destroy(a.id);
 }
 
 /* Node 0's backend option k=v, added (restart the cell for it to count). */
@@ -345,10 +498,8 @@ static void test_node_restart_runtime(void **state)
     dsec_sandbox_info a;
     make("busybox:1", &a);
     char out[256];
-    assert_int_equal(sh(a.id,
-                        "mkdir -p /work && echo 7 > /work/n && (sleep 1000 >/dev/null 2>&1 &)", out,
-                        sizeof out),
-                     0);
+    assert_int_equal(sh(a.id, "mkdir -p /work && echo 7 > /work/n", out, sizeof out), 0);
+    sleep_bg(a.id);
     add_opt("runtime", "runc");
     add_opt("crun_path", "/nonexistent/crun");
     restart_cell();
@@ -618,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_answer_collected_by_req_id),
         cmocka_unit_test(test_heartbeats_while_cpus_busy),
         cmocka_unit_test(test_default_disk_quota),
+        cmocka_unit_test(test_background_processes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

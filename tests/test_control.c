@@ -1188,6 +1188,34 @@ static void restarted_node_readopts_its_sandboxes(void **state)
     waitpid(pid, NULL, 0);
 }
 
+/* Background processes on a type without them (sim): a clear "unsupported", whatever asks. */
+static void background_processes_unsupported_on_sim(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t28");
+    static const char *const t[] = {"sim", NULL};
+    add_node(&c, "t28-a", 10, t, NULL);
+    start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
+    dsec_client *cl = client("t28");
+    dsec_sandbox_info sb;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
+    const char *argv[] = {"sleep", "10", NULL};
+    dsec_proc p;
+    assert_int_equal(dsec_proc_start(cl, sb.id, &(dsec_proc_opts){.argv = argv}, &p, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "does not support background processes"));
+    dsec_proc *v;
+    size_t n;
+    assert_int_equal(dsec_proc_list(cl, sb.id, &v, &n, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    /* and malformed asks are refused before any backend sees them */
+    assert_int_equal(dsec_proc_start(cl, sb.id, &(dsec_proc_opts){0}, &p, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_int_equal(dsec_proc_signal(cl, sb.id, 1, 0, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+}
+
 /* A sandbox's end moves while it runs (dsec_set_ttl), later and sooner, within the cell's
  * max_ttl_s, and the change holds across a kill -9 of its node manager (it is journaled). */
 static void ttl_moves_a_sandboxs_end(void **state)
@@ -1491,6 +1519,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
         cmocka_unit_test_teardown(ttl_moves_a_sandboxs_end, test_teardown),
+        cmocka_unit_test_teardown(background_processes_unsupported_on_sim, test_teardown),
         cmocka_unit_test_teardown(killed_node_keeps_or_explains_acknowledged, test_teardown),
         cmocka_unit_test_teardown(restarted_node_keeps_what_its_lookup_answered, test_teardown),
         cmocka_unit_test_teardown(silent_node_is_drained, test_teardown),

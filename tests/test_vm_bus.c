@@ -243,7 +243,10 @@ static void test_exec_files_fork_pause_snapshot(void **state)
     assert_int_equal(err.code, DSEC_E_NOT_FOUND);
 
     /* a process started before the fork runs on in every child: memory state is cloned */
-    assert_int_equal(sh(a.id, "(sleep 1000 >/dev/null 2>&1 &); echo started", out, sizeof out), 0);
+    const char *bg[] = {"sleep", "1000", NULL};
+    dsec_proc p;
+    if (dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = bg}, &p, &err) < 0)
+        fail_msg("proc start: %s", err.msg);
     char **kids = NULL;
     size_t nk = 0;
     assert_int_equal(dsec_fork(cl, a.id, 2, &kids, &nk, &err), 0);
@@ -303,8 +306,12 @@ static void test_node_restart_readopts(void **state)
     dsec_sandbox_info a;
     make("microvm", NULL, "busybox:1", &a);
     char out[256];
-    assert_int_equal(sh(a.id, "mkdir -p /work && echo 42 > /work/n && (sleep 1000 >/dev/null 2>&1 &)", out, sizeof out),
-                     0);
+    assert_int_equal(sh(a.id, "mkdir -p /work && echo 42 > /work/n", out, sizeof out), 0);
+    const char *bg[] = {"sleep", "1000", NULL}; /* a foreground exec's leftovers end with it */
+    dsec_proc p;
+    dsec_err perr;
+    if (dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = bg}, &p, &perr) < 0)
+        fail_msg("proc start: %s", perr.msg);
     /* the node manager goes away; its VMs keep running */
     dsec_cell_stop(cell, false);
     cell = NULL;

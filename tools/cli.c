@@ -16,7 +16,7 @@
 
 #define MAX_ITEMS 64
 
-static int fail(const char *cmd, const dsec_err *err)
+int dsec_cli_fail(const char *cmd, const dsec_err *err)
 {
     fprintf(stderr, "dsec %s: %s (%s%s)\n", cmd, err->msg, dsec_code_name(err->code),
             dsec_code_retry_safe(err->code) ? ", safe to retry" : "");
@@ -29,7 +29,7 @@ static int usage(const char *cmd, const char *text)
     return 2;
 }
 
-static dsec_client *connect_or_die(const char *cmd)
+dsec_client *dsec_cli_connect(const char *cmd)
 {
     dsec_client *c = NULL;
     dsec_err err;
@@ -181,7 +181,7 @@ int dsec_cli_create(int argc, char **argv)
     }
     if (optind != argc)
         return usage("create", use);
-    dsec_client *c = connect_or_die("create");
+    dsec_client *c = dsec_cli_connect("create");
     if (c == NULL)
         return 1;
     dsec_sandbox_info info;
@@ -189,7 +189,7 @@ int dsec_cli_create(int argc, char **argv)
     int rc = dsec_create(c, &spec, &info, &err);
     dsec_client_free(c);
     if (rc < 0)
-        return fail("create", &err);
+        return dsec_cli_fail("create", &err);
     printf("%s\n", info.id);
     return 0;
 }
@@ -212,16 +212,29 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"step", required_argument, 0, 's'},
                                          {"output-max", required_argument, 0, 'm'},
                                          {"req-id", required_argument, 0, 'r'},
+                                         {"detach", no_argument, 0, 'd'},
+                                         {"ring", required_argument, 0, 'R'},
+                                         {"keep-stdin", no_argument, 0, 'k'},
                                          {0, 0, 0, 0}};
     const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
-                      "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...";
+                      "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...\n"
+                      "       dsec exec -d ID [--ring BYTES] [--keep-stdin] [--timeout MS] [--cwd DIR] "
+                      "[--env K=V]... [--user U] [--stdin] -- CMD [ARG]...\n"
+                      "  -d, --detach: run it in the background; prints its handle (dsec ps, attach, kill)";
     dsec_exec_opts o = {0};
+    bool detach = false, keep_stdin = false;
+    uint64_t ring = 0;
     const char *env[MAX_ITEMS] = {0};
     size_t ne = 0;
     bool with_stdin = false;
     int ch;
     const char *id = NULL;
     optind = 1;
+    /* -d may come first, as in docker exec -d */
+    if (argc > 1 && strcmp(argv[1], "-d") == 0) {
+        detach = true;
+        optind = 2;
+    }
     /* options may come before or after the id; "--" ends them */
     for (;;) {
         while ((ch = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
@@ -244,6 +257,12 @@ int dsec_cli_exec(int argc, char **argv)
                     return usage("exec", use);
                 break;
             case 'r': o.req_id = optarg; break;
+            case 'd': detach = true; break;
+            case 'k': keep_stdin = true; break;
+            case 'R':
+                if (!parse_u64(optarg, &ring))
+                    return usage("exec", use);
+                break;
             default: return usage("exec", use);
             }
         }
@@ -255,6 +274,16 @@ int dsec_cli_exec(int argc, char **argv)
     }
     if (id == NULL || optind >= argc)
         return usage("exec", use);
+    if (!detach && (ring != 0 || keep_stdin)) {
+        fprintf(stderr, "dsec exec: --ring and --keep-stdin are for a background process (-d)\n");
+        return 2;
+    }
+    if (detach && (o.rollout_id != NULL || o.output_max != 0 || o.req_id != NULL)) {
+        fprintf(stderr, "dsec exec -d: --rollout, --step, --output-max and --req-id are for a "
+                        "command that runs to its answer; a background process keeps its last "
+                        "--ring bytes of output instead\n");
+        return 2;
+    }
     o.argv = (const char *const *)&argv[optind];
     char *in = NULL;
     size_t inlen = 0;
@@ -283,19 +312,33 @@ int dsec_cli_exec(int argc, char **argv)
         o.stdin_data = in;
         o.stdin_len = inlen;
     }
-    dsec_client *c = connect_or_die("exec");
+    dsec_client *c = dsec_cli_connect("exec");
     if (c == NULL) {
         dsec_free(in);
         return 1;
     }
-    dsec_exec_reply r;
     dsec_err err;
+    if (detach) {
+        dsec_proc_opts po = {.argv = o.argv, .env = o.env, .cwd = o.cwd, .user = o.user,
+                             .timeout_ms = o.timeout_ms, .ring_max = ring,
+                             .keep_stdin = keep_stdin, .stdin_data = o.stdin_data,
+                             .stdin_len = o.stdin_len};
+        dsec_proc p;
+        int rc = dsec_proc_start(c, id, &po, &p, &err);
+        dsec_client_free(c);
+        dsec_free(in);
+        if (rc < 0)
+            return dsec_cli_fail("exec", &err);
+        printf("%" PRIu64 "\n", p.handle);
+        return 0;
+    }
+    dsec_exec_reply r;
     /* output shows as the command writes it */
     int rc = dsec_exec_stream(c, id, &o, print_output, NULL, &r, &err);
     dsec_client_free(c);
     dsec_free(in);
     if (rc < 0)
-        return fail("exec", &err);
+        return dsec_cli_fail("exec", &err);
     if (r.out_truncated)
         fprintf(stderr, "dsec exec: stdout was truncated\n");
     if (r.err_truncated)
@@ -364,7 +407,7 @@ static int cp_up(dsec_client *c, const char *local, const char *id, const char *
                 if (off > 0)
                     dsec_err_wrap(&err, "%s:%s holds only the first %" PRIu64 " bytes of %s", id,
                                   path, off, local);
-                rc = fail("cp", &err);
+                rc = dsec_cli_fail("cp", &err);
                 break;
             }
         }
@@ -391,7 +434,7 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
     dsec_err err;
     if (strcmp(local, "-") == 0) {
         if (dsec_file_read_pages(c, id, path, page_out, stdout, &err) < 0)
-            return fail("cp", &err);
+            return dsec_cli_fail("cp", &err);
         if (fflush(stdout) != 0) {
             fprintf(stderr, "dsec cp: writing to stdout: %s\n", strerror(errno));
             return 1;
@@ -407,7 +450,7 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
             fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
             return 1;
         }
-        int rc = dsec_file_read_pages(c, id, path, page_out, f, &err) < 0 ? fail("cp", &err) : 0;
+        int rc = dsec_file_read_pages(c, id, path, page_out, f, &err) < 0 ? dsec_cli_fail("cp", &err) : 0;
         if (fclose(f) != 0 && rc == 0) {
             fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
             rc = 1;
@@ -436,7 +479,7 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
     umask(um);
     int rc = 0;
     if (dsec_file_read_pages(c, id, path, page_out, f, &err) < 0)
-        rc = fail("cp", &err);
+        rc = dsec_cli_fail("cp", &err);
     else if (fchmod(fd, 0666 & ~um) != 0 || fflush(f) != 0 || ferror(f)) {
         fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
         rc = 1;
@@ -464,7 +507,7 @@ int dsec_cli_cp(int argc, char **argv)
     bool up = remote(argv[2], &id, &path);
     if (!up && !remote(argv[1], &id, &path))
         return usage("cp", use);
-    dsec_client *c = connect_or_die("cp");
+    dsec_client *c = dsec_cli_connect("cp");
     if (c == NULL)
         return 1;
     int rc = up ? cp_up(c, argv[1], id, path) : cp_down(c, id, path, argv[2]);
@@ -476,7 +519,7 @@ int dsec_cli_ls(int argc, char **argv)
 {
     if (argc < 2 || argc > 3)
         return usage("ls", "ID [PATH]");
-    dsec_client *c = connect_or_die("ls");
+    dsec_client *c = dsec_cli_connect("ls");
     if (c == NULL)
         return 1;
     dsec_dirent *e;
@@ -485,7 +528,7 @@ int dsec_cli_ls(int argc, char **argv)
     int rc = dsec_file_list(c, argv[1], argc == 3 ? argv[2] : "/", &e, &n, &err);
     dsec_client_free(c);
     if (rc < 0)
-        return fail("ls", &err);
+        return dsec_cli_fail("ls", &err);
     for (size_t i = 0; i < n; i++)
         printf("%-5s %04" PRIo64 " %10" PRIu64 " %s\n", e[i].kind, e[i].mode & 07777, e[i].size,
                e[i].name);
@@ -505,7 +548,7 @@ int dsec_cli_fork(int argc, char **argv)
     }
     if (optind + 1 != argc)
         return usage("fork", use);
-    dsec_client *c = connect_or_die("fork");
+    dsec_client *c = dsec_cli_connect("fork");
     if (c == NULL)
         return 1;
     char **ids;
@@ -514,7 +557,7 @@ int dsec_cli_fork(int argc, char **argv)
     int rc = dsec_fork(c, argv[optind], (unsigned)n, &ids, &nids, &err);
     dsec_client_free(c);
     if (rc < 0)
-        return fail("fork", &err);
+        return dsec_cli_fail("fork", &err);
     for (size_t i = 0; i < nids; i++)
         printf("%s\n", ids[i]);
     dsec_strv_free(ids, nids);
@@ -526,14 +569,14 @@ int dsec_cli_snapshot(int argc, char **argv)
     const char *use = "ID NAME:VERSION";
     if (argc != 3)
         return usage("snapshot", use);
-    dsec_client *c = connect_or_die("snapshot");
+    dsec_client *c = dsec_cli_connect("snapshot");
     if (c == NULL)
         return 1;
     dsec_err err;
     int rc = dsec_snapshot(c, argv[1], argv[2], &err);
     dsec_client_free(c);
     if (rc < 0)
-        return fail("snapshot", &err);
+        return dsec_cli_fail("snapshot", &err);
     printf("%s\n", argv[2]);
     return 0;
 }
@@ -550,7 +593,7 @@ int dsec_cli_ttl(int argc, char **argv)
                         "(dsec rm ends a sandbox now)\n", argv[2]);
         return 2;
     }
-    dsec_client *c = connect_or_die("ttl");
+    dsec_client *c = dsec_cli_connect("ttl");
     if (c == NULL)
         return 1;
     dsec_err err;
@@ -558,7 +601,7 @@ int dsec_cli_ttl(int argc, char **argv)
     int rc = dsec_set_ttl(c, argv[1], secs, &end_ns, &err);
     dsec_client_free(c);
     if (rc < 0)
-        return fail("ttl", &err);
+        return dsec_cli_fail("ttl", &err);
     time_t end = (time_t)(end_ns / 1000000000ull);
     struct tm tm;
     char when[32];
@@ -572,7 +615,7 @@ int dsec_cli_simple_op(int argc, char **argv)
     const char *cmd = argv[0];
     if (argc < 2)
         return usage(cmd, "ID...");
-    dsec_client *c = connect_or_die(cmd);
+    dsec_client *c = dsec_cli_connect(cmd);
     if (c == NULL)
         return 1;
     int status = 0;
@@ -592,7 +635,7 @@ int dsec_cli_simple_op(int argc, char **argv)
                 printf("%s\t%s\t%s\t%s\n", info.id, info.type, info.state, info.node);
         }
         if (rc < 0)
-            status = fail(cmd, &err);
+            status = dsec_cli_fail(cmd, &err);
         else if (strcmp(cmd, "status") != 0)
             printf("%s\n", argv[i]);
     }

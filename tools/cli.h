@@ -2,6 +2,8 @@
 #ifndef DSEC_TOOLS_CLI_H
 #define DSEC_TOOLS_CLI_H
 
+#include "dsec/client.h"
+
 /* Each subcommand gets argv from its own name on (argv[0] is "decode") and
  * returns the process exit code: 0 success, 1 the input or the operation
  * failed, 2 usage or environment error. `dsec exec` returns the command's
@@ -20,6 +22,9 @@ int dsec_cli_layer(int argc, char **argv);
 int dsec_cli_env(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
 int dsec_cli_ttl(int argc, char **argv);       /* dsec ttl ID SECONDS */
+int dsec_cli_ps(int argc, char **argv);     /* background processes (tools/proc.c) */
+int dsec_cli_attach(int argc, char **argv); /* dsec attach [-i] ID HANDLE */
+int dsec_cli_kill(int argc, char **argv);   /* dsec kill ID HANDLE [-s SIG] */
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_trace(int argc, char **argv); /* dsec trace TRACE_ID (tools/trace.c) */
 int dsec_cli_net(int argc, char **argv); /* dsec net set|alerts (tools/net.c) */
@@ -33,5 +38,11 @@ int dsec_cli_auth(int argc, char **argv);    /* nats-server config + credentials
 /* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
 void dsec_cli_block_signals(void);
 int dsec_cli_wait_for_signal(void);
+
+/* For the subcommands: print "dsec CMD: message (code[, safe to retry])"; the exit status
+ * for it (2 for invalid input, else 1). */
+int dsec_cli_fail(const char *cmd, const dsec_err *err);
+/* A client on DSEC_URL (DSEC_TRACE_ID carried when set), or NULL after saying why. */
+dsec_client *dsec_cli_connect(const char *cmd);
 
 #endif

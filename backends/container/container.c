@@ -1554,6 +1554,52 @@ static int ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_fil
     return 0;
 }
 
+/* ---- background processes --------------------------------------------------------------- */
+
+/* Each call once: a failure drops a lost connection (agent_failed) and is reported, never sent
+ * again (a start or a stdin write may have reached the agent). */
+#define CT_AGENT(be, sb, err, call)                                                                \
+    do {                                                                                           \
+        if (agent(be, sb, err) < 0)                                                                \
+            return -1;                                                                             \
+        if ((call) < 0)                                                                            \
+            return agent_failed(be, sb, err);                                                      \
+        return 0;                                                                                  \
+    } while (0)
+
+static int ct_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                         dsec_proc_info *out, dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err,
+             dsec_agent_proc_start(sb->agent, req, out, err));
+}
+
+static int ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                        dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err, dsec_agent_proc_list(sb->agent, out, n, err));
+}
+
+static int ct_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err,
+             dsec_agent_proc_signal(sb->agent, handle, sig, err));
+}
+
+static int ct_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                         size_t len, bool close, dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err,
+             dsec_agent_proc_stdin(sb->agent, handle, data, len, close, err));
+}
+
+static int ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err,
+             dsec_agent_proc_output(sb->agent, handle, out_off, err_off, max, out, err));
+}
+
 /* ---- pause, fork ------------------------------------------------------------------------ */
 
 static int ct_pause(void *self, dsec_sandbox *sb, dsec_err *err)
@@ -2133,4 +2179,9 @@ const dsec_backend_ops dsec_container_ops = {
     .adopt = ct_adopt,
     .detach = ct_detach,
     .net_set = ct_net_set,
+    .proc_start = ct_proc_start,
+    .proc_list = ct_proc_list,
+    .proc_signal = ct_proc_signal,
+    .proc_stdin = ct_proc_stdin,
+    .proc_output = ct_proc_output,
 };

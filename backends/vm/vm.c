@@ -1485,6 +1485,59 @@ static int vm_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_fil
     return 0;
 }
 
+/* ---- background processes ------------------------------------------------------------------ */
+
+/* A start or a stdin write is not sent again on a fresh connection (the first may have reached
+ * the agent: a process would start twice); a signal neither (a second SIGTERM is not the
+ * first's). list and output are asked again, as the file calls are. */
+#define AGENT_ONCE(be, sb, err, call)                                                              \
+    do {                                                                                           \
+        if (agent(be, sb, err) < 0)                                                                \
+            return -1;                                                                             \
+        if ((call) < 0)                                                                            \
+            return agent_failed(sb, err);                                                          \
+    } while (0)
+
+static int vm_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                         dsec_proc_info *out, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_ONCE(be, sb, err, dsec_agent_proc_start(sb->agent, req, out, err));
+    return 0;
+}
+
+static int vm_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                        dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_CALL(be, sb, err, dsec_agent_proc_list(sb->agent, out, n, err));
+    return 0;
+}
+
+static int vm_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_ONCE(be, sb, err, dsec_agent_proc_signal(sb->agent, handle, sig, err));
+    return 0;
+}
+
+static int vm_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                         size_t len, bool close, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_ONCE(be, sb, err, dsec_agent_proc_stdin(sb->agent, handle, data, len, close, err));
+    return 0;
+}
+
+static int vm_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_CALL(be, sb, err,
+               dsec_agent_proc_output(sb->agent, handle, out_off, err_off, max, out, err));
+    return 0;
+}
+
 /* ---- state: snapshots, clones, pause --------------------------------------------------------- */
 
 /* The file sb's guest RAM is mapped from. */
@@ -2087,6 +2140,11 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .adopt = vm_adopt,                                                                         \
         .detach = vm_detach,                                                                       \
         .net_set = vm_net_set,                                                                     \
+        .proc_start = vm_proc_start,                                                               \
+        .proc_list = vm_proc_list,                                                                 \
+        .proc_signal = vm_proc_signal,                                                             \
+        .proc_stdin = vm_proc_stdin,                                                               \
+        .proc_output = vm_proc_output,                                                             \
     }
 
 VM_OPS(dsec_microvm_ops, "microvm", microvm_init);

@@ -200,6 +200,63 @@ int dsec_snapshot(dsec_client *c, const char *id, const char *name, dsec_err *er
  * at once; connections it no longer allows are cut (docs/network.md). */
 int dsec_set_network(dsec_client *c, const char *id, const char *const *entries, size_t n,
                      dsec_err *err);
+/* ---- background processes (docs/protocol.md, "Background processes") ----------------
+ * Container, microVM and VM sandboxes keep processes started with dsec_proc_start running
+ * after the call, the client and the node manager are gone; later calls (from any client)
+ * name them by handle. Other types fail with DSEC_E_UNSUPPORTED. */
+typedef struct dsec_proc {
+    uint64_t handle; /* unique in its sandbox, never reused */
+    int32_t pid;     /* in the sandbox */
+    bool running;
+    bool stdin_open;
+    bool timed_out;
+    int32_t exit_code; /* when !running: exit status; -1 when a signal ended it */
+    int32_t signal;    /* when !running: the signal that ended it, else 0 */
+    uint64_t started_ns, ended_ns; /* wall clock; ended_ns 0 while running */
+    uint64_t out_total, err_total; /* bytes each stream produced in all */
+    char cmdline[256];
+} dsec_proc;
+
+typedef struct dsec_proc_opts {
+    const char *const *argv; /* NULL-terminated, required */
+    const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
+    const char *cwd;
+    const char *user;
+    uint64_t timeout_ms; /* its whole process tree is killed after this long; 0: never */
+    uint64_t ring_max;   /* bytes of stdout and of stderr kept (<= 16 MiB); 0: 256 KiB */
+    bool keep_stdin;     /* stdin stays open for dsec_proc_write */
+    const void *stdin_data; /* its first stdin bytes (<= 8 MiB) */
+    size_t stdin_len;
+} dsec_proc_opts;
+
+/* Start a process in the background; *out describes it (its handle, its pid). */
+int dsec_proc_start(dsec_client *c, const char *id, const dsec_proc_opts *o, dsec_proc *out,
+                    dsec_err *err);
+/* The sandbox's processes: running, and ended ones it still keeps (up to 1,024 in all).
+ * *procs is owned by the caller: dsec_free. */
+int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n, dsec_err *err);
+/* Send sig to the process; SIGKILL ends its whole process tree. DSEC_E_STATE once it ended. */
+int dsec_proc_signal(dsec_client *c, const char *id, uint64_t handle, int sig, dsec_err *err);
+/* Write len bytes (<= 8 MiB) to its stdin; returns once the process took them all.
+ * close: then close its stdin (len may be 0). */
+int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void *data,
+                    size_t len, bool close, dsec_err *err);
+
+typedef struct dsec_proc_out {
+    dsec_proc info;
+    uint8_t *out, *err;          /* owned: dsec_proc_out_free */
+    size_t out_len, err_len;
+    uint64_t out_from, err_from; /* the stream offsets of out[0] and err[0] */
+} dsec_proc_out;
+
+/* Its output from the stream offsets out_off and err_off: what the sandbox still keeps
+ * from there (out_from/err_from above the offsets when older bytes were dropped), at most
+ * max bytes of each stream (0: as much as one answer carries, 3 MiB). Follow a process by
+ * asking again from out_from + out_len and err_from + err_len. */
+int dsec_proc_read(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
+                   uint64_t err_off, uint64_t max, dsec_proc_out *out, dsec_err *err);
+void dsec_proc_out_free(dsec_proc_out *o);
+
 /* Move the sandbox's end: it now ends ttl_s seconds from now (sooner or later than it would
  * have), as long as its whole lifetime stays within the cell's max_ttl_s (DSEC_E_INVALID
  * otherwise, naming how much more it may have). *expires_ns (if not NULL) gets its new end,

@@ -10,12 +10,12 @@
 See docs/sdk.md.
 """
 from .client import (TYPES, AsyncDSecClient, AsyncSandbox, CommandFailed, DSecClient, Files,
-                     Sandbox)
+                     Process, Processes, Sandbox)
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
-from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, SandboxArgs,
-                    SandboxInfo, VMArgs)
+from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
+                    ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
 
 __version__ = "0.1.0"

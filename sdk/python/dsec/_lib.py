@@ -7,7 +7,7 @@ search path (libdsec.so). Only this module knows C layouts.
 import ctypes
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_int, c_size_t,
-                    c_uint, c_uint8, c_uint64, c_int64, c_void_p)
+                    c_uint, c_uint8, c_uint64, c_int32, c_int64, c_void_p)
 
 ERR_MSG_MAX = 1024
 ID_MAX = 96
@@ -61,6 +61,25 @@ class WriteOpts(Structure):
 class Dirent(Structure):
     _fields_ = [("name", c_char_p), ("kind", c_char * 8), ("size", c_uint64), ("mode", c_uint64),
                 ("mtime", c_int64)]
+
+
+class Proc(Structure):
+    _fields_ = [("handle", c_uint64), ("pid", c_int32), ("running", c_bool),
+                ("stdin_open", c_bool), ("timed_out", c_bool), ("exit_code", c_int32),
+                ("signal", c_int32), ("started_ns", c_uint64), ("ended_ns", c_uint64),
+                ("out_total", c_uint64), ("err_total", c_uint64), ("cmdline", c_char * 256)]
+
+
+class ProcOpts(Structure):
+    _fields_ = [("argv", POINTER(c_char_p)), ("env", POINTER(c_char_p)), ("cwd", c_char_p),
+                ("user", c_char_p), ("timeout_ms", c_uint64), ("ring_max", c_uint64),
+                ("keep_stdin", c_bool), ("stdin_data", c_void_p), ("stdin_len", c_size_t)]
+
+
+class ProcOut(Structure):
+    _fields_ = [("info", Proc), ("out", POINTER(c_uint8)), ("err", POINTER(c_uint8)),
+                ("out_len", c_size_t), ("err_len", c_size_t), ("out_from", c_uint64),
+                ("err_from", c_uint64)]
 
 
 # void (*)(int status, const dsec_sandbox_info *info, const dsec_err *err, void *ud)
@@ -130,6 +149,20 @@ set_network = (_proto("dsec_set_network", c_int, P, c_char_p, POINTER(c_char_p),
                if hasattr(lib, "dsec_set_network") else None)
 set_ttl = (_proto("dsec_set_ttl", c_int, P, c_char_p, c_uint64, POINTER(c_uint64), PErr)
            if hasattr(lib, "dsec_set_ttl") else None)
+# background processes; an older libdsec without them makes Sandbox.processes raise NotSupported
+if hasattr(lib, "dsec_proc_start"):
+    proc_start = _proto("dsec_proc_start", c_int, P, c_char_p, POINTER(ProcOpts), POINTER(Proc),
+                        PErr)
+    proc_list = _proto("dsec_proc_list", c_int, P, c_char_p, POINTER(POINTER(Proc)),
+                       POINTER(c_size_t), PErr)
+    proc_signal = _proto("dsec_proc_signal", c_int, P, c_char_p, c_uint64, c_int, PErr)
+    proc_write = _proto("dsec_proc_write", c_int, P, c_char_p, c_uint64, c_void_p, c_size_t,
+                        c_bool, PErr)
+    proc_read = _proto("dsec_proc_read", c_int, P, c_char_p, c_uint64, c_uint64, c_uint64,
+                       c_uint64, POINTER(ProcOut), PErr)
+    proc_out_free = _proto("dsec_proc_out_free", None, POINTER(ProcOut))
+else:
+    proc_start = None
 resume = _proto("dsec_resume", c_int, P, c_char_p, PErr)
 destroy = _proto("dsec_destroy", c_int, P, c_char_p, PErr)
 status = _proto("dsec_status", c_int, P, c_char_p, POINTER(SandboxInfo), PErr)

@@ -23,7 +23,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence
 
 from . import _lib, errors
 from .types import (ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
-                    SandboxArgs, SandboxInfo, VMArgs)
+                    ProcessInfo, ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 
 TYPES = ("function", "container", "microvm", "vm", "sim")
 
@@ -580,6 +580,159 @@ class Files:
             _lib.dirents_free(p, n)
 
 
+def _proc_info(p) -> ProcessInfo:
+    return ProcessInfo(handle=p.handle, pid=p.pid, running=bool(p.running),
+                       cmdline=p.cmdline.decode(errors="replace"), exit_code=p.exit_code,
+                       signal=p.signal, timed_out=bool(p.timed_out),
+                       stdin_open=bool(p.stdin_open), started_ns=p.started_ns,
+                       ended_ns=p.ended_ns, stdout_total=p.out_total, stderr_total=p.err_total)
+
+
+class Process:
+    """A background process of a sandbox, named by its handle. It runs on
+    whether or not anything holds this object: Sandbox.processes.get(handle)
+    finds it again from any client."""
+
+    def __init__(self, sb: "Sandbox", handle: int):
+        self._sb = sb
+        self.handle = int(handle)
+        self._out = 0  # where follow() and wait() have read up to
+        self._err = 0
+
+    def __repr__(self):
+        return "Process(%r, handle=%d)" % (self._sb.id, self.handle)
+
+    def read(self, stdout_from: int = 0, stderr_from: int = 0, max_bytes: int = 0) -> ProcessOutput:
+        """Its output from these stream offsets: what the sandbox still keeps
+        from there (stdout_from/stderr_from of the answer are higher when older
+        bytes were dropped), at most max_bytes of each stream (0: up to 3 MiB)."""
+        sb = self._sb
+        o = _lib.ProcOut()
+        sb._client._call("processes.read", _lib.proc_read, sb._cid, self.handle, int(stdout_from),
+                         int(stderr_from), int(max_bytes), ctypes.byref(o))
+        try:
+            return ProcessOutput(info=_proc_info(o.info),
+                                 stdout=ctypes.string_at(o.out, o.out_len) if o.out_len else b"",
+                                 stderr=ctypes.string_at(o.err, o.err_len) if o.err_len else b"",
+                                 stdout_from=o.out_from, stderr_from=o.err_from)
+        finally:
+            _lib.proc_out_free(ctypes.byref(o))
+
+    def info(self) -> ProcessInfo:
+        return self.read(max_bytes=1).info
+
+    def follow(self, poll_s: float = 0.05):
+        """Yield (stdout, stderr) byte pairs as the process writes them, from
+        what the sandbox still keeps, until it has exited and all is read."""
+        import time
+        while True:
+            w = self.read(self._out, self._err)
+            self._out = w.stdout_from + len(w.stdout)
+            self._err = w.stderr_from + len(w.stderr)
+            if w.stdout or w.stderr:
+                yield w.stdout, w.stderr
+                continue
+            if not w.info.running:
+                return
+            time.sleep(poll_s)
+
+    def wait(self, timeout: Optional[float] = None, poll_s: float = 0.05) -> ProcessInfo:
+        """Wait until it exits (Timeout after timeout seconds); its final info."""
+        import time
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if not info.running:
+                return info
+            if end is not None and time.monotonic() >= end:
+                raise errors.error_from_code(
+                    4, "processes.wait: process %d in %s still running after %.1f s"
+                    % (self.handle, self._sb.id, timeout), op="processes.wait")
+            time.sleep(poll_s)
+
+    def write(self, data: Data, close: bool = False) -> None:
+        """Write to its stdin (started with keep_stdin=True); returns once the
+        process has taken every byte. close: then close its stdin."""
+        sb = self._sb
+        buf = _bytes(data)
+        for i in range(0, max(len(buf), 1), 8 << 20):
+            part = buf[i:i + (8 << 20)]
+            last = i + (8 << 20) >= len(buf)
+            sb._client._call("processes.write", _lib.proc_write, sb._cid, self.handle, part,
+                             len(part), bool(close and last))
+
+    def close_stdin(self) -> None:
+        self.write(b"", close=True)
+
+    def signal(self, sig: int) -> None:
+        """Send sig; SIGKILL (9) ends its whole process tree. StateError once it
+        has exited."""
+        sb = self._sb
+        sb._client._call("processes.signal", _lib.proc_signal, sb._cid, self.handle, int(sig))
+
+    def kill(self) -> None:
+        self.signal(9)
+
+
+class Processes:
+    """sandbox.processes: commands that run in the background (servers,
+    watchers, long builds), outliving the call and the client."""
+
+    def __init__(self, sb: "Sandbox"):
+        self._sb = sb
+
+    def _check(self):
+        if _lib.proc_start is None:
+            raise errors.not_supported("processes: this libdsec.so (%s) has no dsec_proc_start; "
+                                       "rebuild it" % _lib.path, "processes")
+
+    def start(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
+              user: Optional[str] = None, timeout_s: float = 0, ring_bytes: int = 0,
+              keep_stdin: bool = False, stdin: Optional[Data] = None) -> Process:
+        """Start argv in the background; its Process. timeout_s (0: never) ends
+        its whole process tree; ring_bytes (0: 256 KiB, at most 16 MiB) of each
+        stream are kept for read/follow; keep_stdin leaves stdin open for
+        Process.write."""
+        self._check()
+        if isinstance(argv, str):
+            raise errors.InvalidArgument("processes.start: argv must be a list (e.g. "
+                                         "[\"sh\", \"-c\", line]), got a str",
+                                         code="invalid", code_num=1, op="processes.start")
+        sb = self._sb
+        av = _lib.strv(list(argv))
+        ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
+        data = _bytes(stdin) if stdin is not None else b""
+        opts = _lib.ProcOpts(argv=av, env=ev, cwd=_lib.cstr(cwd), user=_lib.cstr(user or sb.user),
+                             timeout_ms=int(timeout_s * 1000), ring_max=int(ring_bytes),
+                             keep_stdin=bool(keep_stdin),
+                             stdin_data=ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p)
+                             if data else None, stdin_len=len(data))
+        out = _lib.Proc()
+        sb._client._call("processes.start", _lib.proc_start, sb._cid, ctypes.byref(opts),
+                         ctypes.byref(out))
+        return Process(sb, out.handle)
+
+    def list(self) -> List[ProcessInfo]:
+        """Every process the sandbox keeps: running, and ended ones (the oldest
+        ended ones are dropped beyond 1,024)."""
+        self._check()
+        sb = self._sb
+        p = ctypes.POINTER(_lib.Proc)()
+        n = ctypes.c_size_t()
+        sb._client._call("processes.list", _lib.proc_list, sb._cid, ctypes.byref(p),
+                         ctypes.byref(n))
+        try:
+            return [_proc_info(p[i]) for i in range(n.value)]
+        finally:
+            _lib.free(p)
+
+    def get(self, handle: int) -> Process:
+        """The process with this handle (no call is made: a wrong handle raises
+        NotFound on first use)."""
+        self._check()
+        return Process(self._sb, handle)
+
+
 class Sandbox:
     """A running sandbox, driven with blocking calls.
 
@@ -598,6 +751,10 @@ class Sandbox:
     @functools.cached_property
     def files(self) -> Files:
         return Files(self)
+
+    @functools.cached_property
+    def processes(self) -> Processes:
+        return Processes(self)
 
     @functools.cached_property
     def _cid(self) -> bytes:
@@ -787,6 +944,23 @@ class AsyncFiles:
         return await self._asb._run(self._asb.sync.files.list, path)
 
 
+class AsyncProcesses:
+    """sandbox.processes as coroutines: start, list and get; a Process's own
+    calls are blocking (run them with asyncio.to_thread when they may wait)."""
+
+    def __init__(self, asb: "AsyncSandbox"):
+        self._asb = asb
+
+    async def start(self, argv, **kw) -> Process:
+        return await self._asb._run(self._asb.sync.processes.start, argv, **kw)
+
+    async def list(self) -> List[ProcessInfo]:
+        return await self._asb._run(self._asb.sync.processes.list)
+
+    def get(self, handle) -> Process:
+        return self._asb.sync.processes.get(handle)
+
+
 class AsyncSandbox:
     """The asyncio face of a Sandbox: the same methods, as coroutines."""
 
@@ -795,6 +969,10 @@ class AsyncSandbox:
         self.sync = sync
         self.id = sync.id
         self.info = sync.info
+
+    @functools.cached_property
+    def processes(self) -> AsyncProcesses:
+        return AsyncProcesses(self)
 
     @functools.cached_property
     def files(self) -> AsyncFiles:

@@ -143,3 +143,30 @@ class DirEntry:
 
 Data = Union[bytes, bytearray, memoryview, str]
 Labels = Dict[str, str]
+
+
+@dataclass
+class ProcessInfo:
+    """A background process as its sandbox keeps it (Sandbox.processes)."""
+    handle: int
+    pid: int
+    running: bool
+    cmdline: str
+    exit_code: int = 0      # when not running; -1 when a signal ended it
+    signal: int = 0         # when not running: the signal that ended it
+    timed_out: bool = False
+    stdin_open: bool = False
+    started_ns: int = 0
+    ended_ns: int = 0       # 0 while running
+    stdout_total: int = 0   # bytes it wrote to stdout in all
+    stderr_total: int = 0
+
+
+@dataclass
+class ProcessOutput:
+    """A window of a background process's output (Process.read)."""
+    info: ProcessInfo
+    stdout: bytes
+    stderr: bytes
+    stdout_from: int  # the stream offset of stdout[0]
+    stderr_from: int

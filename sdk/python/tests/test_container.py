@@ -279,8 +279,8 @@ class TestContainer(Base):
         # The ticker appends the kernel's uptime (CLOCK_BOOTTIME, which the
         # container shares with this host; 10 ms steps) every 20 ms. A value
         # inside the paused window can only have been read while the ticker ran.
-        self.sh(sb, "mkdir -p /work; (while true; do read up idle < /proc/uptime; "
-                    "echo $up >> /work/tick; usleep 20000; done) >/dev/null 2>&1 &")
+        sb.processes.start(["sh", "-c", "mkdir -p /work; while true; do read up idle "
+                            "< /proc/uptime; echo $up >> /work/tick; usleep 20000; done"])
 
         def ticks():
             try:
@@ -320,6 +320,56 @@ class TestContainer(Base):
         self.assertEqual(again.run_shell(line, step=1).stdout, first.stdout)  # from the log
         self.assertEqual(self.sh(sb, "wc -l < /work/log").strip(), "1")
         again._client.close()
+
+
+class TestProcesses(Base):
+    """Background processes: a server left running, followed, fed and stopped."""
+
+    def test_server_follow_stdin_kill(self):
+        sb = self.make()
+        srv = sb.processes.start(["sh", "-c", "i=0; while [ $i -lt 3 ]; do echo tick $i; "
+                                  "i=$((i+1)); sleep 0.1; done; exec sleep 300"])
+        seen = b""
+        for out, _ in srv.follow():
+            seen += out
+            if seen.count(b"tick") == 3:
+                break
+        self.assertEqual(seen, b"tick 0\ntick 1\ntick 2\n")
+        infos = {p.handle: p for p in sb.processes.list()}
+        self.assertTrue(infos[srv.handle].running)
+        self.assertIn("tick", infos[srv.handle].cmdline)
+        # another client, later: the same process by its handle, its output kept
+        with DSecClient(url=_cell["url"]) as c2:
+            again = c2.sandbox(sb.id).processes.get(srv.handle)
+            self.assertEqual(again.read().stdout, b"tick 0\ntick 1\ntick 2\n")
+            again.kill()
+        info = srv.wait(timeout=10)
+        self.assertFalse(info.running)
+        self.assertEqual((info.signal, info.exit_code), (9, -1))
+        with self.assertRaises(StateError):
+            srv.signal(15)
+        # stdin at the reader's pace, then closed
+        cat = sb.processes.start(["sh", "-c", "wc -c"], keep_stdin=True)
+        cat.write(b"x" * (3 << 20))
+        cat.close_stdin()
+        self.assertEqual(cat.wait(timeout=30).exit_code, 0)
+        self.assertEqual(cat.read().stdout.strip(), str(3 << 20).encode())
+        with self.assertRaises(NotFound):
+            sb.processes.get(10 ** 6).info()
+        with self.assertRaises(InvalidArgument):
+            sb.processes.start("echo hi")
+
+    def test_ring_keeps_the_tail(self):
+        sb = self.make()
+        p = sb.processes.start(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do "
+                                "echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done"],
+                               ring_bytes=4096)
+        info = p.wait(timeout=30)
+        self.assertEqual(info.exit_code, 0)
+        w = p.read()
+        self.assertEqual(len(w.stdout), 4096)
+        self.assertEqual(w.stdout_from, info.stdout_total - 4096)
+        self.assertTrue(w.stdout.endswith(b"line-1999-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"))
 
 
 class TestFunction(Base):
