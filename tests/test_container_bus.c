@@ -419,7 +419,7 @@ static void test_background_processes(void **state)
     dsec_client_free(other);
 
     /* the CLI: ps, kill -s TERM, exec -d, attach */
-    char out[4096], want[64];
+    char out[4096];
     assert_int_equal(cli(out, sizeof out, "ps %s", a.id), 0);
     assert_non_null(strstr(out, "running"));
     assert_non_null(strstr(out, "exited 0"));
@@ -436,7 +436,17 @@ static void test_background_processes(void **state)
     assert_true(h > cat.handle);
     assert_int_equal(cli(out, sizeof out, "attach %s %" PRIu64, a.id, h), 3);
     assert_string_equal(out, "late\n");
-    snprintf(want, sizeof want, "%" PRIu64 " ", h);
+    /* attach -i: this command's stdin goes to the process, its end closes the process's */
+    assert_int_equal(cli(out, sizeof out, "exec -d --keep-stdin %s -- cat", a.id), 0);
+    uint64_t hc = strtoull(out, NULL, 10);
+    char in[128];
+    snprintf(in, sizeof in, "%s/attach-in.txt", root);
+    FILE *fin = fopen(in, "w");
+    assert_non_null(fin);
+    fputs("typed\n", fin);
+    fclose(fin);
+    assert_int_equal(cli(out, sizeof out, "attach -i %s %" PRIu64 " < %s", a.id, hc, in), 0);
+    assert_string_equal(out, "typed\n");
     assert_int_equal(cli(out, sizeof out, "ps %s", a.id), 0);
     assert_non_null(strstr(out, "exited 3"));
     assert_non_null(strstr(out, "killed (TERM)"));

@@ -2,8 +2,10 @@
 #define _GNU_SOURCE /* sigabbrev_np */
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,11 +133,13 @@ int dsec_cli_kill(int argc, char **argv)
 }
 
 /* dsec attach -i: stdin goes to the process, chunk by chunk, each call returning once the
- * process took it; end of input closes its stdin. */
+ * process took it; end of input closes its stdin. It stops, without cancelling a call in
+ * flight, once the attach is over (stop): stdin is polled, not read blind. */
 struct feeder {
     dsec_client *c;
     const char *id;
     uint64_t handle;
+    atomic_bool stop;
     int rc;
     dsec_err err;
 };
@@ -144,18 +148,24 @@ static void *feed(void *ud)
 {
     struct feeder *f = ud;
     static char buf[64 << 10];
-    for (;;) {
-        ssize_t r = read(STDIN_FILENO, buf, sizeof buf);
+    while (!atomic_load(&f->stop)) {
+        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+        int n = poll(&p, 1, 100);
+        if (n == 0 || (n < 0 && errno == EINTR))
+            continue;
+        ssize_t r = n < 0 ? -1 : read(STDIN_FILENO, buf, sizeof buf);
         if (r < 0 && errno == EINTR)
             continue;
         bool end = r <= 0;
         if (dsec_proc_write(f->c, f->id, f->handle, buf, end ? 0 : (size_t)r, end, &f->err) < 0) {
-            f->rc = -1;
+            /* the process ended meanwhile: the attach says how; nothing to add */
+            f->rc = f->err.code == DSEC_E_INVALID || f->err.code == DSEC_E_STATE ? 0 : -1;
             return NULL;
         }
         if (end)
             return NULL;
     }
+    return NULL;
 }
 
 int dsec_cli_attach(int argc, char **argv)
@@ -225,7 +235,7 @@ int dsec_cli_attach(int argc, char **argv)
         nanosleep(&ts, NULL);
     }
     if (feeding) {
-        pthread_cancel(th);
+        atomic_store(&f.stop, true);
         pthread_join(th, NULL);
         if (f.rc < 0)
             dsec_cli_fail("attach (stdin)", &f.err);
