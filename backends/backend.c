@@ -145,6 +145,23 @@ static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
         return no_sandbox("exec", err);
     if (req == NULL || req->argc == 0 || req->argv == NULL || req->argv[0] == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argv must hold at least a command");
+    if (req->session == 0)
+        return 0;
+    if (be->ops->proc_start == NULL)
+        return unsupported(be, "shell sessions", err);
+    if (req->argc != 1)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "exec: a session command is one shell command line, not %zu "
+                            "arguments",
+                            req->argc);
+    if (req->nenv > 0 || req->cwd != NULL || req->user != NULL || req->stdin_len > 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "exec: a session command takes no %s: it runs in the session's "
+                            "shell (use cd and export there)",
+                            req->nenv > 0         ? "environment variables"
+                            : req->cwd != NULL    ? "cwd"
+                            : req->user != NULL   ? "user"
+                                                  : "stdin");
     return 0;
 }
 
@@ -413,8 +430,13 @@ int dsec_backend_proc_start(dsec_backend *be, dsec_sandbox *sb, const dsec_proc_
         return unsupported(be, "background processes", err);
     if (sb == NULL)
         return no_sandbox("proc_start", err);
-    if (req == NULL || out == NULL || req->exec.argc == 0 || req->exec.argv == NULL)
+    if (req == NULL || out == NULL || (!req->session && req->exec.argc == 0) ||
+        (req->exec.argc > 0 && req->exec.argv == NULL))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_start: missing argv or out parameter");
+    if (req->session && req->pty)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc_start: a shell session runs without a terminal (pty and "
+                            "session are exclusive)");
     if (req->ring_max > DSEC_PROC_RING_MAX)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "proc_start: ring_max %" PRIu64 " is over the limit of %u bytes",
@@ -469,6 +491,43 @@ int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle
         return no_sandbox("proc_output", err);
     memset(out, 0, sizeof *out);
     return be->ops->proc_output(be->self, sb, handle, out_off, err_off, max, out, err);
+}
+
+int dsec_backend_proc_resize(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                             uint16_t cols, dsec_err *err)
+{
+    if (be->ops->proc_resize == NULL)
+        return unsupported(be, "terminals", err);
+    if (sb == NULL)
+        return no_sandbox("proc_resize", err);
+    if (rows == 0 || cols == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc_resize: a window of %u rows and %u columns; both must be at "
+                            "least 1",
+                            rows, cols);
+    return be->ops->proc_resize(be->self, sb, handle, rows, cols, err);
+}
+
+bool dsec_backend_proc_follows(const dsec_backend *be)
+{
+    return be->ops->proc_follow_start != NULL;
+}
+
+int dsec_backend_proc_follow_start(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                                   uint64_t out_off, uint64_t err_off, uint64_t max,
+                                   uint32_t wait_ms, struct dsec_loop *loop,
+                                   dsec_proc_output_done_fn done, void *ud, dsec_err *err)
+{
+    if (be->ops->proc_follow_start == NULL)
+        return unsupported(be, "waiting for process output", err);
+    if (sb == NULL)
+        return no_sandbox("proc_follow_start", err);
+    if (wait_ms > DSEC_PROC_WAIT_MAX_MS)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc_follow_start: wait_ms %u is over the limit of %u", wait_ms,
+                            DSEC_PROC_WAIT_MAX_MS);
+    return be->ops->proc_follow_start(be->self, sb, handle, out_off, err_off, max, wait_ms, loop,
+                                      done, ud, err);
 }
 
 int dsec_backend_layer_cache(const dsec_backend_config *cfg, const char *state_dir,

@@ -113,6 +113,12 @@ typedef struct dsec_exec_req {
     size_t stdin_len;
     uint64_t timeout_ms; /* 0: no timeout */
     size_t output_max;   /* cap per stream; 0: DSEC_EXEC_OUTPUT_DEFAULT */
+    /* Nonzero: the handle of a shell session (dsec_proc_start_req.session) that runs the
+     * command instead of a new process: argv is one string, a shell command line, and env,
+     * cwd, user and stdin_data must be empty (the session's own directory and variables hold:
+     * cd and export carry from one command to the next). A timeout or an interrupt ends that
+     * command only; the session lives on. */
+    uint64_t session;
     /* Optional: output as it arrives while the command runs (stream 1
      * stdout, 2 stderr; data borrowed for the call), called on the loop's
      * thread for exec_start (and for exec on a backend whose exec waits on
@@ -147,6 +153,9 @@ typedef struct dsec_exec_result {
     bool stderr_truncated;
     uint64_t duration_us;
     bool timed_out;
+    bool interrupted;   /* a session command ended by an interrupt (proc_signal SIGINT) */
+    bool session_ended; /* a session command after which the session's shell is gone
+                           (it ran exit, or was killed) */
     /* Optional (0 when the backend cannot tell): CPU time of the command and
      * everything it started, and the largest resident set of its main process. */
     uint64_t cpu_us;
@@ -211,6 +220,9 @@ typedef struct dsec_proc_info {
     uint64_t started_ns, ended_ns;  /* wall clock (the sandbox's); ended_ns 0 while running */
     uint64_t out_total, err_total;  /* bytes each stream has produced in all */
     char cmdline[256]; /* its argv joined by spaces, cut to 255 bytes */
+    bool pty;          /* it runs on a terminal (dsec_proc_start_req.pty) */
+    bool session;      /* it is a shell session (dsec_proc_start_req.session) */
+    bool busy;         /* a session that is running a command now */
 } dsec_proc_info;
 
 #define DSEC_PROC_RING_DEFAULT (256u << 10) /* bytes kept per stream when ring_max is 0 */
@@ -223,6 +235,20 @@ typedef struct dsec_proc_start_req {
     dsec_exec_req exec;
     uint64_t ring_max; /* bytes of each stream kept for proc_output; 0: DSEC_PROC_RING_DEFAULT */
     bool keep_stdin;   /* stdin stays open for proc_stdin; else closed after stdin_data */
+    /* A terminal: the process leads a new session whose controlling terminal is a pty of
+     * rows x cols (0: 24 x 80) on its stdin, stdout and stderr. Its output (echo included)
+     * is the stdout ring; proc_stdin writes what is typed (a ^C byte then interrupts the
+     * foreground job, as on any terminal; close sends ^D); keep_stdin is implied; TERM is
+     * xterm-256color unless env sets it. */
+    bool pty;
+    uint16_t rows, cols;
+    /* A persistent shell session: argv (argc 0: /bin/bash, or /bin/sh without bash) runs
+     * as the session's shell and exec with .session = handle runs commands in it, one at a
+     * time. Its directory, environment, functions and shell variables carry from command to
+     * command. proc_signal SIGINT interrupts the running command only; any other signal goes
+     * to the session's whole tree as for other processes (SIGKILL ends it). Output of its
+     * background jobs between commands goes to the rings. Not with pty. */
+    bool session;
 } dsec_proc_start_req;
 
 /* A window of a background process's output: its stdout and stderr from the offsets asked
@@ -236,6 +262,12 @@ typedef struct dsec_proc_output {
 } dsec_proc_output;
 
 void dsec_proc_output_release(dsec_proc_output *o);
+
+/* How a proc_follow_start ended: rc 0 and *out (owned by the callee, which releases it with
+ * dsec_proc_output_release), or rc -1 and err. Called once, on the loop's thread. */
+typedef void (*dsec_proc_output_done_fn)(void *ud, int rc, dsec_proc_output *out,
+                                         dsec_err *err);
+#define DSEC_PROC_WAIT_MAX_MS 60000u /* longest wait of one proc_follow_start */
 
 /* How a transfer started with file_write_start or file_read_start ended: rc 0
  * (a read's data in *data, owned by the callee; NULL for a write) or rc -1 and
@@ -389,6 +421,19 @@ typedef struct dsec_backend_ops {
                       size_t len, bool close, dsec_err *err);
     int (*proc_output)(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                        uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
+    /* Optional: change a pty process's window (DSEC_E_INVALID for a process without one). */
+    int (*proc_resize)(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                       uint16_t cols, dsec_err *err);
+    /* Optional: proc_output that waits, on loop's thread, without a thread of its own:
+     * when neither stream holds a byte past its offset and the process runs, the answer
+     * waits until output comes, the process ends or wait_ms (at most DSEC_PROC_WAIT_MAX_MS)
+     * passes. It goes on a connection of its own, so it may run beside any other call on
+     * sb, an exec included; a sandbox destroyed meanwhile ends it with an error. 0 when
+     * started (done called once), -1 with err (done never called). */
+    int (*proc_follow_start)(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                             uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                             struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
+                             dsec_err *err);
     /* Optional: true when every operation of this instance completes at once (no I/O, no
      * modelled time: sim at time_scale 0). The node then runs them where the request
      * arrives, without handing them to its loop or work queue. */
@@ -449,6 +494,15 @@ int dsec_backend_proc_stdin(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
 int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
                              uint64_t out_off, uint64_t err_off, uint64_t max,
                              dsec_proc_output *out, dsec_err *err);
+/* Terminals and waiting output (ops proc_resize, proc_follow_start): DSEC_E_UNSUPPORTED
+ * without them; dsec_backend_proc_follows says whether the waiting one is there. */
+int dsec_backend_proc_resize(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                             uint16_t cols, dsec_err *err);
+bool dsec_backend_proc_follows(const dsec_backend *be);
+int dsec_backend_proc_follow_start(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                                   uint64_t out_off, uint64_t err_off, uint64_t max,
+                                   uint32_t wait_ms, struct dsec_loop *loop,
+                                   dsec_proc_output_done_fn done, void *ud, dsec_err *err);
 /* Whether file_write_start and file_read_start are there: transfers then need no
  * thread while they run. */
 bool dsec_backend_files_async(const dsec_backend *be);
