@@ -193,7 +193,8 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
                                 .stderr_truncated = r->stderr_truncated,
                                 .duration_us = r->duration_us, .timed_out = r->timed_out,
                                 .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
-                                .chunks = e->es.seq};
+                                .chunks = e->es.seq, .interrupted = r->interrupted,
+                                .session_ended = r->session_ended};
     if (e->rollout_id == NULL && e->req_id != NULL && e->req_id[0] != '\0')
         dsec_results_put(n->results, s->id, e->req_id, e->hash, &out);
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &lerr) < 0)
@@ -234,6 +235,13 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     for (uint32_t i = 0; i < x.env.n; i++)
         env[i] = (dsec_backend_kv){x.env.k[i], x.env.v[i]};
+    if (x.session != 0 && x.rollout_id != NULL) {
+        dsec__node_reply_bad(n, m, "session",
+                             "exec: a session command is not a trajectory step (what it does "
+                             "depends on the session's state, which a replay lacks); log steps "
+                             "with plain exec");
+        return;
+    }
     uint8_t hash[DSEC_SHA256_LEN] = {0};
     if (x.rollout_id != NULL) {
         Dsec__V1__TrajectoryRecord *rec;
@@ -321,6 +329,7 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                          .stdin_len = x.stdin_data.len,
                          .timeout_ms = x.timeout_ms,
                          .output_max = (size_t)x.output_max,
+                         .session = x.session,
                          .on_output = x.stream_to ? stream_output : NULL,
                          .on_output_arg = &e->es};
     /* Without a thread when the backend can: the command's answer comes from the loop, and

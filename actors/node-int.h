@@ -38,6 +38,10 @@ struct sbx {
     uint64_t created_ns;  /* wall clock */
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     _Atomic uint32_t running; /* commands in flight: a sandbox running one is never idle */
+    /* Signals sent beside its other operations (the sig subject, node-proc.c): taken under the
+     * node lock while side_closed is false; a destroy closes it and waits for none. */
+    _Atomic uint32_t side;
+    bool side_closed; /* node lock */
     uint64_t ttl_ns, idle_ns;
     uint32_t cpu_milli, memory_mb;
     uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
@@ -283,6 +287,11 @@ void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s);
 
 /* ---- node-ops.c: operations on one sandbox, off the bus --------------------------- */
 
+/* A signal to a background process on the sandbox's side key (the sig subject): it passes a
+ * command that is running, to interrupt a shell session's command (node-proc.c). */
+void dsec__node_side_signal(dsec_node *n, dsec_msg *m, const char *tenant, const char *id);
+/* Stop side signals to s and wait for those in flight, before s's backend handle goes. */
+void dsec__node_side_close(dsec_node *n, struct sbx *s);
 bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int type, void *out);
 int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
 void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud);

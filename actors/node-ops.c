@@ -366,8 +366,12 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
 {
     dsec_err err;
     dsec__node_set_state(n, s, ST_STOPPING, reason);
+    dsec__node_side_close(n, s);
     if (dsec_backend_destroy(s->be, s->h, &err) < 0) {
         /* the handle stays valid: keep the sandbox so a retry can finish the job */
+        pthread_mutex_lock(&n->mu);
+        s->side_closed = false;
+        pthread_mutex_unlock(&n->mu);
         dsec__node_set_state(n, s, ST_RUNNING, err.msg);
         dsec_err_wrap(&err, "destroying %s", s->id);
         if (m != NULL)
@@ -840,6 +844,11 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
             return;
+    if (strcmp(t.op, "sig") == 0) {
+        if (dsec_wire_type_ok(a, m, DSEC_MSG_PROC))
+            dsec__node_side_signal(n, m, t.tenant, t.id);
+        return;
+    }
     struct sbx *s = target_sbx(n, m, &t);
     if (s == NULL)
         return;
@@ -858,7 +867,7 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
     else
         dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
                              "operation \"%s\" is unknown (known: exec, write, read, ls, op, "
-                             "proc)",
+                             "proc, sig)",
                              t.op);
 }
 
@@ -922,6 +931,10 @@ void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
      * file transfer on a backend that starts it without a thread (its answer comes from the
      * node's loop).
      * Everything else takes its fair turn on the work queue. */
+    if (strcmp(t.op, "sig") == 0) { /* short, and on a key of its own: never queued */
+        sbx_dispatch(a, m, n);
+        return;
+    }
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, t.id);
     bool here = s != NULL && (dsec_backend_instant(s->be) ||
@@ -949,7 +962,10 @@ uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud)
             dots++;
     if (dots == 5 && strncmp(subj, "dsec.v1.ctl.", 12) != 0) {
         const char *end = strchr(p, '.');
-        uint64_t h = 1469598103934665603ull;
+        /* a signal (the sig subject) has a key of its own, so it passes the sandbox's
+         * running command: what it interrupts */
+        uint64_t h = end != NULL && strcmp(end, ".sig") == 0 ? 0x5349474e414cull
+                                                              : 1469598103934665603ull;
         for (; *p && p != end; p++)
             h = (h ^ (uint8_t)*p) * 1099511628211ull;
         return h;

@@ -352,6 +352,7 @@ static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp,
     if (dsec__node_journal_put(n, s, &err) < 0) {
         /* Without a record we could not re-adopt it: refuse rather than risk an orphan. */
         dsec_err tmp;
+        dsec__node_side_close(n, s);
         dsec_backend_destroy(s->be, s->h, &tmp);
         pthread_mutex_lock(&n->mu);
         dsec__node_unlink_sbx(n, s);

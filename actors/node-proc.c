@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "actors/wire.h"
 #include "dsec/alloc.h"
@@ -17,7 +18,8 @@ static dsec_msg_proc_info wire_info(const dsec_proc_info *p)
                                 .exit_code = p->running ? 0 : p->exit_code,
                                 .sig = p->running ? 0 : p->signal, .started_ns = p->started_ns,
                                 .ended_ns = p->ended_ns, .out_total = p->out_total,
-                                .err_total = p->err_total, .cmdline = p->cmdline};
+                                .err_total = p->err_total, .cmdline = p->cmdline,
+                                .pty = p->pty, .session = p->session, .busy = p->busy};
 }
 
 static void reply(dsec_node *n, dsec_msg *m, dsec_msg_proc_reply *out)
@@ -43,8 +45,19 @@ static void backend_failed(dsec_node *n, dsec_msg *m, struct sbx *s, dsec_err *e
 
 static void do_start(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq)
 {
-    if (rq->argv.n == 0) {
+    if (rq->argv.n == 0 && !rq->session) {
         dsec__node_reply_bad(n, m, "argv", "proc start: argv is empty; name the command to run");
+        return;
+    }
+    if (rq->pty && rq->session) {
+        dsec__node_reply_bad(n, m, "pty",
+                             "proc start: a shell session runs without a terminal; ask for "
+                             "pty or session, not both");
+        return;
+    }
+    if (!rq->pty && (rq->rows != 0 || rq->cols != 0)) {
+        dsec__node_reply_bad(n, m, rq->rows != 0 ? "rows" : "cols",
+                             "proc start: rows and cols size a terminal; add pty");
         return;
     }
     if (rq->env.n > PROC_ENV_MAX) {
@@ -61,7 +74,11 @@ static void do_start(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_pr
                  .cwd = rq->cwd, .user = rq->user, .stdin_data = rq->data.ptr,
                  .stdin_len = rq->data.len, .timeout_ms = rq->timeout_ms},
         .ring_max = rq->ring_max,
-        .keep_stdin = rq->keep_stdin};
+        .keep_stdin = rq->keep_stdin || rq->pty,
+        .pty = rq->pty,
+        .rows = (uint16_t)rq->rows,
+        .cols = (uint16_t)rq->cols,
+        .session = rq->session};
     dsec_proc_info p;
     dsec_err err;
     if (dsec_backend_proc_start(s->be, s->h, &req, &p, &err) < 0) {
@@ -94,21 +111,96 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_free(v);
 }
 
+static dsec_msg_proc_reply output_reply(const char *id, const dsec_proc_output *o,
+                                        dsec_msg_proc_info *w)
+{
+    *w = wire_info(&o->info);
+    return (dsec_msg_proc_reply){.id = id, .procs = {w, 1}, .out = {o->out, o->out_len},
+                                 .err = {o->err, o->err_len}, .out_from = o->out_from,
+                                 .err_from = o->err_from};
+}
+
+/* An output read that waits on the node's loop: the request's key is let go at once (the
+ * sandbox's next operation need not wait for output that may take a minute), so what the
+ * answer needs is copied here, and the sandbox is never touched again. */
+struct follow {
+    dsec_node *n;
+    char id[DSEC_SBX_ID_LEN_MAX + 1];
+    char trace[DSEC_TRACE_ID_MAX + 1];
+    char *reply;
+    char *req_id;
+};
+
+static void follow_done(void *ud, int rc, dsec_proc_output *o, dsec_err *err)
+{
+    struct follow *f = ud;
+    dsec_trace_scope sc;
+    dsec_trace_enter(&sc, NULL, f->trace[0] ? f->trace : NULL, NULL, NULL);
+    dsec_err lerr;
+    if (rc < 0) {
+        dsec_err_wrap(err, "reading a background process's output in %s", f->id);
+        dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, err, "handle", f->req_id);
+    } else {
+        dsec_msg_proc_info w;
+        dsec_msg_proc_reply out = output_reply(f->id, o, &w);
+        if (dsec_wire_send(f->n->actor, f->n->bus, f->reply, NULL, DSEC_MSG_PROC_REPLY, &out,
+                           f->req_id, &lerr) < 0)
+            dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, &lerr, NULL, f->req_id);
+        dsec_proc_output_release(o);
+    }
+    dsec_trace_leave(&sc);
+    dsec_free(f->reply);
+    dsec_free(f->req_id);
+    dsec_free(f);
+}
+
+/* 1 when the read was handed to the loop (answered or to be answered), 0 to read at once. */
+static int output_follow(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq,
+                         uint64_t max)
+{
+    const char *to = dsec_msg_reply(m);
+    if (rq->wait_ms == 0 || to == NULL || !dsec_backend_proc_follows(s->be) ||
+        dsec_backend_instant(s->be))
+        return 0;
+    struct follow *f = dsec_calloc(1, sizeof *f);
+    if (f == NULL || (f->reply = dsec_strdup(to)) == NULL ||
+        (rq->req_id != NULL && (f->req_id = dsec_strdup(rq->req_id)) == NULL)) {
+        if (f != NULL)
+            dsec_free(f->reply);
+        dsec_free(f);
+        return 0; /* short of memory: read without waiting */
+    }
+    f->n = n;
+    snprintf(f->id, sizeof f->id, "%s", s->id);
+    const char *tr = dsec_trace_current();
+    snprintf(f->trace, sizeof f->trace, "%s", tr ? tr : "");
+    dsec_err err;
+    if (dsec_backend_proc_follow_start(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max,
+                                       (uint32_t)rq->wait_ms, n->loop, follow_done, f,
+                                       &err) < 0) {
+        dsec_free(f->reply);
+        dsec_free(f->req_id);
+        dsec_free(f);
+        backend_failed(n, m, s, &err, "reading a background process's output", "handle");
+    }
+    return 1;
+}
+
 static void do_output(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq)
 {
     dsec_proc_output o;
     dsec_err err;
     /* the answer is one message: each stream's bytes are capped below the bus's limit */
     uint64_t max = rq->max == 0 || rq->max > DSEC_PROC_OUTPUT_MAX ? DSEC_PROC_OUTPUT_MAX : rq->max;
+    if (output_follow(n, m, s, rq, max))
+        return;
     if (dsec_backend_proc_output(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max, &o,
                                  &err) < 0) {
         backend_failed(n, m, s, &err, "reading a background process's output", "handle");
         return;
     }
-    dsec_msg_proc_info w = wire_info(&o.info);
-    dsec_msg_proc_reply out = {.id = s->id, .procs = {&w, 1}, .out = {o.out, o.out_len},
-                               .err = {o.err, o.err_len}, .out_from = o.out_from,
-                               .err_from = o.err_from};
+    dsec_msg_proc_info w;
+    dsec_msg_proc_reply out = output_reply(s->id, &o, &w);
     reply(n, m, &out);
     dsec_proc_output_release(&o);
 }
@@ -145,10 +237,97 @@ void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s)
         }
         dsec_msg_proc_reply out = {.id = s->id};
         reply(n, m, &out);
+    } else if (strcmp(rq.op, "resize") == 0) {
+        if (rq.rows == 0 || rq.cols == 0) {
+            dsec__node_reply_bad(n, m, rq.rows == 0 ? "rows" : "cols",
+                                 "proc resize: give the window's rows and cols (1..65535)");
+            return;
+        }
+        if (dsec_backend_proc_resize(s->be, s->h, rq.handle, (uint16_t)rq.rows,
+                                     (uint16_t)rq.cols, &err) < 0) {
+            backend_failed(n, m, s, &err, "resizing a process's terminal", "handle");
+            return;
+        }
+        dsec_msg_proc_reply out = {.id = s->id};
+        reply(n, m, &out);
     } else {
         dsec__node_reply_bad(n, m, "op",
                              "proc: op \"%s\" is unknown (known: start, list, signal, stdin, "
-                             "output)",
+                             "output, resize)",
                              rq.op);
     }
+}
+
+/* ---- signals beside a running command (the sig subject) ---------------------------------- */
+
+void dsec__node_side_close(dsec_node *n, struct sbx *s)
+{
+    pthread_mutex_lock(&n->mu);
+    s->side_closed = true;
+    pthread_mutex_unlock(&n->mu);
+    /* a side signal is one short call to the agent: never long to wait for */
+    while (atomic_load(&s->side) > 0)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+}
+
+void dsec__node_side_signal(dsec_node *n, dsec_msg *m, const char *tenant, const char *id)
+{
+    dsec_msg_proc rq;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m), &rq,
+                    &err) < 0) {
+        dsec_wire_error(n->actor, m, &err);
+        return;
+    }
+    if (strcmp(rq.id, id) != 0) {
+        dsec__node_reply_bad(n, m, "id", "proc: id %s does not match the subject's %s", rq.id, id);
+        return;
+    }
+    if (strcmp(rq.op, "signal") != 0) {
+        dsec__node_reply_bad(n, m, "op",
+                             "the sig subject takes op signal only, not \"%s\" (the others go "
+                             "to proc)",
+                             rq.op);
+        return;
+    }
+    if (rq.sig == 0) {
+        dsec__node_reply_bad(n, m, "signal", "proc signal: name the signal (1..64)");
+        return;
+    }
+    /* Pinned under the node lock: a destroy waits for the signal to be sent. */
+    pthread_mutex_lock(&n->mu);
+    struct sbx *s = dsec__node_find_id(n, id);
+    int why = s == NULL || s->side_closed || s->state != ST_RUNNING ? 1
+              : strcmp(s->tenant, tenant) != 0                       ? 2
+              : !dsec_backend_proc_follows(s->be)                    ? 3
+                                                                     : 0;
+    if (why == 0)
+        atomic_fetch_add(&s->side, 1);
+    pthread_mutex_unlock(&n->mu);
+    if (why == 1) {
+        dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no running sandbox %s on node %s", id,
+                             n->name);
+        return;
+    }
+    if (why == 2) {
+        dsec__node_reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s",
+                             id, tenant);
+        return;
+    }
+    if (why == 3) {
+        dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
+                             "sandbox %s takes signals on its proc subject only (one channel to "
+                             "its agent)",
+                             id);
+        return;
+    }
+    int rc = dsec_backend_proc_signal(s->be, s->h, rq.handle, (int)rq.sig, &err);
+    if (rc < 0) {
+        dsec_err_wrap(&err, "signalling a background process in %s", id);
+        dsec__node_reply_backend(n, m, &err, "handle");
+    } else {
+        dsec_msg_proc_reply out = {.id = id};
+        reply(n, m, &out);
+    }
+    atomic_fetch_sub(&s->side, 1);
 }

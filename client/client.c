@@ -843,9 +843,15 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
                        .user = o->user,
                        .rollout_id = o->rollout_id,
                        .step = o->step,
-                       .output_max = o->output_max};
+                       .output_max = o->output_max,
+                       .session = o->session};
     if (m.argv.n == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: empty argv");
+    if (o->session != 0 && m.argv.n != 1)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "exec: a session command is one shell command line, not %u "
+                            "arguments",
+                            m.argv.n);
     /* The request id names this command on its node: asked again with it (after a lost
      * answer, a restart), the node answers with the result kept from the first run. */
     char rid[65];
@@ -911,6 +917,8 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
         res->exit_code = (int)r.exit_code;
         res->signal = (int)r.signal;
         res->timed_out = r.timed_out;
+        res->interrupted = r.interrupted;
+        res->session_ended = r.session_ended;
         res->out_truncated = r.stdout_truncated;
         res->err_truncated = r.stderr_truncated;
         res->duration_us = r.duration_us;
@@ -1258,20 +1266,29 @@ static void proc_from_wire(dsec_proc *p, const dsec_msg_proc_info *w)
                      .stdin_open = w->stdin_open, .timed_out = w->timed_out,
                      .exit_code = (int32_t)w->exit_code, .signal = (int32_t)w->sig,
                      .started_ns = w->started_ns, .ended_ns = w->ended_ns,
-                     .out_total = w->out_total, .err_total = w->err_total};
+                     .out_total = w->out_total, .err_total = w->err_total, .pty = w->pty,
+                     .session = w->session, .busy = w->busy};
     copy_str(p->cmdline, sizeof p->cmdline, w->cmdline);
 }
 
 /* One proc request and its answer; the answer's bytes live in *keep (dsec_msg_free). */
-static int proc_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_decoder *dec,
-                     dsec_msg **keep, dsec_msg_proc_reply *r, dsec_err *err)
+static int proc_call_on(dsec_client *c, const char *id, const char *verb, dsec_msg_proc *m,
+                        dsec_decoder *dec, dsec_msg **keep, dsec_msg_proc_reply *r,
+                        int timeout_ms, dsec_err *err)
 {
     char req_id[33];
     dsec_bus_new_id(req_id);
     m->id = id;
     m->req_id = req_id;
     m->tenant = c->tenant;
-    return sbx_call(c, id, "proc", DSEC_MSG_PROC, m, DSEC_MSG_PROC_REPLY, dec, keep, r, err);
+    return sbx_call_for(c, id, verb, DSEC_MSG_PROC, m, NULL, DSEC_MSG_PROC_REPLY, dec, keep, r,
+                        timeout_ms, err);
+}
+
+static int proc_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_decoder *dec,
+                     dsec_msg **keep, dsec_msg_proc_reply *r, dsec_err *err)
+{
+    return proc_call_on(c, id, "proc", m, dec, keep, r, c->timeout_ms, err);
 }
 
 /* The one process a start or an output answer names. */
@@ -1284,6 +1301,9 @@ static int proc_one(const dsec_msg_proc_reply *r, dsec_proc *out, dsec_err *err)
     return 0;
 }
 
+static int proc_start_msg(dsec_client *c, const char *id, dsec_msg_proc *mp,
+                          const char *const *env, dsec_proc *out, dsec_err *err);
+
 int dsec_proc_start(dsec_client *c, const char *id, const dsec_proc_opts *o, dsec_proc *out,
                     dsec_err *err)
 {
@@ -1294,14 +1314,57 @@ int dsec_proc_start(dsec_client *c, const char *id, const dsec_proc_opts *o, dse
                        .user = o->user,
                        .timeout_ms = o->timeout_ms,
                        .ring_max = o->ring_max,
-                       .keep_stdin = o->keep_stdin,
-                       .data = {o->stdin_data, o->stdin_len}};
+                       .keep_stdin = o->keep_stdin || o->pty,
+                       .data = {o->stdin_data, o->stdin_len},
+                       .pty = o->pty,
+                       .rows = o->pty ? o->rows : 0,
+                       .cols = o->pty ? o->cols : 0};
     if (m.argv.n == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "proc start: empty argv");
-    if (o->ring_max > (16u << 20))
+    return proc_start_msg(c, id, &m, o->env, out, err);
+}
+
+int dsec_session_start(dsec_client *c, const char *id, const char *shell, dsec_proc *out,
+                       dsec_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const char *argv[] = {shell};
+    dsec_msg_proc m = {.op = "start", .argv = {argv, shell != NULL ? 1u : 0u}, .session = true};
+    if (shell != NULL && shell[0] != '/')
         return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "proc start: ring_max %" PRIu64 " is over 16 MiB", o->ring_max);
-    if (kv_from_pairs(o->env, &m.env, "env", err) < 0)
+                            "session start: shell \"%s\" is not an absolute path", shell);
+    return proc_start_msg(c, id, &m, NULL, out, err);
+}
+
+int dsec_session_interrupt(dsec_client *c, const char *id, uint64_t session, dsec_err *err)
+{
+    dsec_msg_proc m = {.op = "signal", .handle = session, .sig = 2 /* SIGINT */};
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_proc_reply r;
+    /* the sig subject passes the running command; a sandbox whose agent has one channel
+     * (a VM) says it is unsupported there, and takes it on the proc subject */
+    int rc = proc_call_on(c, id, "sig", &m, dec, &keep, &r, c->timeout_ms, err);
+    if (rc < 0 && err->code == DSEC_E_UNSUPPORTED) {
+        dsec_msg_free(keep);
+        keep = NULL;
+        rc = proc_call(c, id, &m, dec, &keep, &r, err);
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+static int proc_start_msg(dsec_client *c, const char *id, dsec_msg_proc *mp,
+                          const char *const *env, dsec_proc *out, dsec_err *err)
+{
+    dsec_msg_proc m = *mp;
+    if (m.ring_max > (16u << 20))
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc start: ring_max %" PRIu64 " is over 16 MiB", m.ring_max);
+    if (kv_from_pairs(env, &m.env, "env", err) < 0)
         return -1;
     dsec_decoder *dec = dsec_decoder_new(NULL);
     dsec_msg *keep = NULL;
@@ -1381,15 +1444,36 @@ int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void 
 int dsec_proc_read(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
                    uint64_t err_off, uint64_t max, dsec_proc_out *out, dsec_err *err)
 {
+    return dsec_proc_read_wait(c, id, handle, out_off, err_off, max, 0, out, err);
+}
+
+int dsec_proc_resize(dsec_client *c, const char *id, uint64_t handle, uint16_t rows,
+                     uint16_t cols, dsec_err *err)
+{
+    if (rows == 0 || cols == 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc resize: %u rows, %u columns; both must be at least 1", rows,
+                            cols);
+    dsec_msg_proc m = {.op = "resize", .handle = handle, .rows = rows, .cols = cols};
+    return proc_simple(c, id, &m, err);
+}
+
+int dsec_proc_read_wait(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
+                        uint64_t err_off, uint64_t max, uint32_t wait_ms, dsec_proc_out *out,
+                        dsec_err *err)
+{
     memset(out, 0, sizeof *out);
+    if (wait_ms > 60000)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "proc read: wait_ms %u is over the limit of 60000", wait_ms);
     dsec_msg_proc m = {.op = "output", .handle = handle, .out_off = out_off, .err_off = err_off,
-                       .max = max};
+                       .max = max, .wait_ms = wait_ms};
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     dsec_msg *keep = NULL;
     dsec_msg_proc_reply r;
-    int rc = proc_call(c, id, &m, dec, &keep, &r, err);
+    int rc = proc_call_on(c, id, "proc", &m, dec, &keep, &r, c->timeout_ms + (int)wait_ms, err);
     if (rc == 0)
         rc = proc_one(&r, &out->info, err);
     if (rc == 0) {

@@ -204,12 +204,13 @@ typedef struct dsec_msg_exec {
     uint64_t step;
     const char *stream_to; /* an _INBOX. subject: output goes there as exec_chunk while it runs */
     uint64_t output_max;   /* cap of stdout and of stderr, bytes; 0: the backend's default */
+    uint64_t session;      /* a shell session's handle: argv[0] is a command line run there */
 } dsec_msg_exec;
 
 /* Background processes of a sandbox (docs/protocol.md, "Background processes"). */
 typedef struct dsec_msg_proc {
     const char *id;   /* required */
-    const char *op;   /* required: start | list | signal | stdin | output */
+    const char *op;   /* required: start | list | signal | stdin | output | resize */
     dsec_strv argv;   /* start: 1..4096 */
     dsec_kv env;      /* start */
     const char *cwd;  /* start */
@@ -223,6 +224,10 @@ typedef struct dsec_msg_proc {
     bool close;          /* stdin: close stdin after data */
     uint64_t out_off, err_off; /* output: stream offsets to read from */
     uint64_t max;        /* output: at most this many bytes of each stream; 0: all kept */
+    uint64_t wait_ms;    /* output: wait this long for new output (<= 60000); 0: at once */
+    bool pty;            /* start: on a terminal */
+    uint64_t rows, cols; /* start with pty, resize: the window */
+    bool session;        /* start: a persistent shell session */
     const char *req_id;
     const char *tenant;
 } dsec_msg_proc;
@@ -238,6 +243,9 @@ typedef struct dsec_msg_proc_info {
     uint64_t started_ns, ended_ns;
     uint64_t out_total, err_total;
     const char *cmdline;
+    bool pty;
+    bool session;
+    bool busy;
 } dsec_msg_proc_info;
 
 typedef struct dsec_msg_proc_reply {
@@ -260,6 +268,8 @@ typedef struct dsec_msg_exec_result {
     uint64_t cpu_us;      /* CPU time the command used, where the backend measures it */
     uint64_t peak_rss_kb; /* its peak resident memory, where the backend measures it */
     uint64_t chunks;      /* with stream_to: how many exec_chunk messages were sent */
+    bool interrupted;     /* a session command ended by an interrupt */
+    bool session_ended;   /* a session command after which the session's shell is gone */
 } dsec_msg_exec_result;
 
 typedef struct dsec_msg_exec_chunk {

@@ -179,11 +179,14 @@ static const dsec_field exec_fields[] = {
          "an _INBOX. subject: output is sent there as exec_chunk while the command runs"),
     FU64(dsec_msg_exec, output_max, "output_max", false, 0, 8u << 20,
          "cap of stdout and of stderr in bytes, the rest dropped and flagged; 0: 1 MiB"),
+    FU64(dsec_msg_exec, session, "session", false, 0, 0,
+         "a shell session's handle (proc start with session): argv is one command line run in "
+         "that shell, keeping its directory and variables; no env, cwd, user or stdin"),
 };
 
 static const dsec_field proc_fields[] = {
     FSTR(dsec_msg_proc, id, "id", true, L_NAME, "sandbox id"),
-    FSTR(dsec_msg_proc, op, "op", true, L_NAME, "start, list, signal, stdin or output"),
+    FSTR(dsec_msg_proc, op, "op", true, L_NAME, "start, list, signal, stdin, output or resize"),
     FSTRV(dsec_msg_proc, argv, "argv", false, L_ARGV, L_ARG, "start: the command and its arguments"),
     FKV(dsec_msg_proc, env, "env", L_ARGV, L_ARG, "start: extra environment variables"),
     FSTR(dsec_msg_proc, cwd, "cwd", false, L_PATH, "start: working directory"),
@@ -201,6 +204,16 @@ static const dsec_field proc_fields[] = {
     FU64(dsec_msg_proc, err_off, "err_off", false, 0, 0, "output: stderr offset to read from"),
     FU64(dsec_msg_proc, max, "max", false, 0, 0,
          "output: at most this many bytes of each stream; 0: all kept"),
+    FU64(dsec_msg_proc, wait_ms, "wait_ms", false, 0, 60000,
+         "output: with nothing new past the offsets, answer when output comes, the process "
+         "ends or this long passed; 0: at once"),
+    FBOOL(dsec_msg_proc, pty, "pty", "start: run it on a terminal (stdout carries its output)"),
+    FU64(dsec_msg_proc, rows, "rows", false, 0, 65535, "start with pty, resize: window rows; 0: 24"),
+    FU64(dsec_msg_proc, cols, "cols", false, 0, 65535,
+         "start with pty, resize: window columns; 0: 80"),
+    FBOOL(dsec_msg_proc, session, "session",
+          "start: a persistent shell session (argv: the shell; empty: bash, else sh) for exec "
+          "with session"),
     FSTR(dsec_msg_proc, req_id, "req_id", false, L_NAME, "request id"),
     FSTR(dsec_msg_proc, tenant, "tenant", false, L_NAME, "tenant (also in the subject)"),
 };
@@ -219,6 +232,9 @@ static const dsec_field proc_info_fields[] = {
     FU64(dsec_msg_proc_info, out_total, "out_total", false, 0, 0, "stdout bytes produced in all"),
     FU64(dsec_msg_proc_info, err_total, "err_total", false, 0, 0, "stderr bytes produced in all"),
     FSTR(dsec_msg_proc_info, cmdline, "cmdline", false, L_LONG, "its argv joined by spaces"),
+    FBOOL(dsec_msg_proc_info, pty, "pty", "it runs on a terminal"),
+    FBOOL(dsec_msg_proc_info, session, "session", "it is a shell session"),
+    FBOOL(dsec_msg_proc_info, busy, "busy", "a session running a command now"),
 };
 
 static const dsec_field proc_reply_fields[] = {
@@ -246,6 +262,10 @@ static const dsec_field exec_result_fields[] = {
     FU64(dsec_msg_exec_result, cpu_us, "cpu_us", false, 0, 0, "CPU time used, microseconds"),
     FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0, "peak resident memory, KiB"),
     FU64(dsec_msg_exec_result, chunks, "chunks", false, 0, 0, "with stream_to: exec_chunk messages sent"),
+    FBOOL(dsec_msg_exec_result, interrupted, "interrupted",
+          "a session command ended by an interrupt (proc signal SIGINT)"),
+    FBOOL(dsec_msg_exec_result, session_ended, "session_ended",
+          "a session command after which the session's shell is gone (exit, killed)"),
 };
 
 static const dsec_field net_alert_fields[] = {

@@ -215,14 +215,20 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"detach", no_argument, 0, 'd'},
                                          {"ring", required_argument, 0, 'R'},
                                          {"keep-stdin", no_argument, 0, 'k'},
+                                         {"tty", no_argument, 0, 'T'},
+                                         {"session", required_argument, 0, 'S'},
                                          {0, 0, 0, 0}};
     const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
                       "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...\n"
                       "       dsec exec -d ID [--ring BYTES] [--keep-stdin] [--timeout MS] [--cwd DIR] "
                       "[--env K=V]... [--user U] [--stdin] -- CMD [ARG]...\n"
-                      "  -d, --detach: run it in the background; prints its handle (dsec ps, attach, kill)";
+                      "  -d, --detach: run it in the background; prints its handle (dsec ps, attach, kill)\n"
+                      "       dsec exec -it ID [--env K=V]... [--cwd DIR] [--user U] -- CMD [ARG]...\n"
+                      "  -it, --tty: run it on a terminal, this one in raw mode (as docker exec -it)\n"
+                      "       dsec exec --session HANDLE ID [--timeout MS] -- 'COMMAND LINE'\n"
+                      "  --session: run it in a shell session (dsec session ID); Ctrl-C interrupts it";
     dsec_exec_opts o = {0};
-    bool detach = false, keep_stdin = false;
+    bool detach = false, keep_stdin = false, tty = false;
     uint64_t ring = 0;
     const char *env[MAX_ITEMS] = {0};
     size_t ne = 0;
@@ -233,6 +239,9 @@ int dsec_cli_exec(int argc, char **argv)
     /* -d may come first, as in docker exec -d */
     if (argc > 1 && strcmp(argv[1], "-d") == 0) {
         detach = true;
+        optind = 2;
+    } else if (argc > 1 && (strcmp(argv[1], "-it") == 0 || strcmp(argv[1], "-ti") == 0)) {
+        tty = true;
         optind = 2;
     }
     /* options may come before or after the id; "--" ends them */
@@ -259,6 +268,11 @@ int dsec_cli_exec(int argc, char **argv)
             case 'r': o.req_id = optarg; break;
             case 'd': detach = true; break;
             case 'k': keep_stdin = true; break;
+            case 'T': tty = true; break;
+            case 'S':
+                if (!parse_u64(optarg, &o.session) || o.session == 0)
+                    return usage("exec", use);
+                break;
             case 'R':
                 if (!parse_u64(optarg, &ring))
                     return usage("exec", use);
@@ -282,6 +296,20 @@ int dsec_cli_exec(int argc, char **argv)
         fprintf(stderr, "dsec exec -d: --rollout, --step, --output-max and --req-id are for a "
                         "command that runs to its answer; a background process keeps its last "
                         "--ring bytes of output instead\n");
+        return 2;
+    }
+    if (tty && (detach || with_stdin || o.session != 0 || o.rollout_id != NULL ||
+                o.req_id != NULL || o.output_max != 0 || ring != 0)) {
+        fprintf(stderr, "dsec exec -it: a terminal takes its input as typed; -d, --stdin, "
+                        "--session, --rollout, --req-id, --output-max and --ring do not go "
+                        "with it\n");
+        return 2;
+    }
+    if (o.session != 0 && (detach || with_stdin || ne > 0 || o.cwd != NULL || o.user != NULL ||
+                           o.rollout_id != NULL || argc - optind != 1)) {
+        fprintf(stderr, "dsec exec --session: give one command line (quoted) and no -d, "
+                        "--stdin, --env, --cwd, --user or --rollout: it runs in the session's "
+                        "shell, with its directory and variables (use cd and export there)\n");
         return 2;
     }
     o.argv = (const char *const *)&argv[optind];
@@ -332,9 +360,18 @@ int dsec_cli_exec(int argc, char **argv)
         printf("%" PRIu64 "\n", p.handle);
         return 0;
     }
+    if (tty) {
+        dsec_proc_opts po = {.argv = o.argv, .env = o.env, .cwd = o.cwd, .user = o.user,
+                             .timeout_ms = o.timeout_ms};
+        int code = dsec_cli_tty(c, id, &po);
+        dsec_client_free(c);
+        return code;
+    }
     dsec_exec_reply r;
+    void *guard = o.session != 0 ? dsec_cli_session_guard(c, id, o.session) : NULL;
     /* output shows as the command writes it */
     int rc = dsec_exec_stream(c, id, &o, print_output, NULL, &r, &err);
+    dsec_cli_session_guard_end(guard);
     dsec_client_free(c);
     dsec_free(in);
     if (rc < 0)
@@ -345,6 +382,10 @@ int dsec_cli_exec(int argc, char **argv)
         fprintf(stderr, "dsec exec: stderr was truncated\n");
     if (r.timed_out)
         fprintf(stderr, "dsec exec: timed out\n");
+    if (r.interrupted)
+        fprintf(stderr, "dsec exec: interrupted\n");
+    if (r.session_ended)
+        fprintf(stderr, "dsec exec: the session has ended\n");
     int code = r.signal ? 128 + r.signal : r.exit_code;
     dsec_exec_reply_release(&r);
     fflush(stdout);

@@ -25,6 +25,14 @@ int dsec_cli_ttl(int argc, char **argv);       /* dsec ttl ID SECONDS */
 int dsec_cli_ps(int argc, char **argv);     /* background processes (tools/proc.c) */
 int dsec_cli_attach(int argc, char **argv); /* dsec attach [-i] ID HANDLE */
 int dsec_cli_kill(int argc, char **argv);   /* dsec kill ID HANDLE [-s SIG] */
+int dsec_cli_session(int argc, char **argv); /* dsec session ID: start a shell session */
+/* dsec exec -it (tools/proc.c): base's process on a terminal, this one's in raw mode, until
+ * it exits; returns its exit status. */
+int dsec_cli_tty(dsec_client *c, const char *id, const dsec_proc_opts *base);
+/* dsec exec --session: until _end, Ctrl-C interrupts the session's command (NULL: could not
+ * set up; Ctrl-C then ends this client as usual). */
+void *dsec_cli_session_guard(dsec_client *c, const char *id, uint64_t session);
+void dsec_cli_session_guard_end(void *g);
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_trace(int argc, char **argv); /* dsec trace TRACE_ID (tools/trace.c) */
 int dsec_cli_net(int argc, char **argv); /* dsec net set|alerts (tools/net.c) */

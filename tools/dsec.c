@@ -15,9 +15,10 @@ typedef struct command {
 static const command commands[] = {
     {"up", dsec_cli_up, "run an embedded one-node cell in the foreground"},
     {"create", dsec_cli_create, "create a sandbox; prints its id"},
-    {"exec", dsec_cli_exec, "run a command in a sandbox: dsec exec [-d] ID -- CMD..."},
+    {"exec", dsec_cli_exec, "run a command in a sandbox: dsec exec [-d|-it] ID -- CMD..."},
     {"ps", dsec_cli_ps, "list a sandbox's background processes (dsec exec -d)"},
     {"attach", dsec_cli_attach, "follow a background process's output: dsec attach [-i] ID HANDLE"},
+    {"session", dsec_cli_session, "start a persistent shell session: dsec session ID (then exec --session)"},
     {"kill", dsec_cli_kill, "signal a background process: dsec kill ID HANDLE [-s SIG]"},
     {"call", dsec_cli_call, "run one function call in a fresh sandbox: dsec call -- python3 -c CODE"},
     {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -168,6 +170,54 @@ static void *feed(void *ud)
     return NULL;
 }
 
+/* Print a process's output from the start of what is kept until it exits: each read waits
+ * up to wait_ms for new output (a sandbox that cannot wait answers at once, and the loop
+ * then backs off). tick, when set, runs before each read (a terminal's resize). Returns its
+ * exit status (128+N for signal N) or dsec_cli_fail's. */
+static int follow(dsec_client *c, const char *cmd, const char *id, uint64_t handle,
+                  uint32_t wait_ms, void (*tick)(dsec_client *, const char *, uint64_t))
+{
+    uint64_t out_off = 0, err_off = 0;
+    long idle_ms = 0;
+    for (;;) {
+        if (tick != NULL)
+            tick(c, id, handle);
+        dsec_proc_out o;
+        dsec_err err;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (dsec_proc_read_wait(c, id, handle, out_off, err_off, 0, wait_ms, &o, &err) < 0)
+            return dsec_cli_fail(cmd, &err);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (o.out_from > out_off || o.err_from > err_off)
+            fprintf(stderr, "dsec %s: %" PRIu64 " bytes of output were no longer kept\n", cmd,
+                    (o.out_from - out_off) + (o.err_from - err_off));
+        fwrite(o.out, 1, o.out_len, stdout);
+        fflush(stdout);
+        fwrite(o.err, 1, o.err_len, stderr);
+        out_off = o.out_from + o.out_len;
+        err_off = o.err_from + o.err_len;
+        bool got = o.out_len + o.err_len > 0;
+        bool caught_up = out_off >= o.info.out_total && err_off >= o.info.err_total;
+        dsec_proc p = o.info;
+        dsec_proc_out_free(&o);
+        if (!p.running && caught_up) {
+            if (p.timed_out)
+                fprintf(stderr, "dsec %s: process %" PRIu64 " timed out\n", cmd, handle);
+            return p.signal ? 128 + p.signal : p.exit_code;
+        }
+        long took_ms = (t1.tv_sec - t0.tv_sec) * 1000L + (t1.tv_nsec - t0.tv_nsec) / 1000000L;
+        if (got || took_ms >= (long)wait_ms / 2) {
+            idle_ms = 0; /* the read waited (or brought output): ask again at once */
+            continue;
+        }
+        /* nothing new and no wait: ask again soon, less often the longer it stays quiet */
+        idle_ms = idle_ms == 0 ? 20 : (idle_ms * 2 > 200 ? 200 : idle_ms * 2);
+        struct timespec ts = {0, idle_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 int dsec_cli_attach(int argc, char **argv)
 {
     const char *use =
@@ -197,43 +247,7 @@ int dsec_cli_attach(int argc, char **argv)
     struct feeder f = {.c = c, .id = pos[0], .handle = handle};
     pthread_t th;
     bool feeding = in && pthread_create(&th, NULL, feed, &f) == 0;
-    uint64_t out_off = 0, err_off = 0;
-    long idle_ms = 0;
-    int status = 0;
-    for (;;) {
-        dsec_proc_out o;
-        dsec_err err;
-        if (dsec_proc_read(c, pos[0], handle, out_off, err_off, 0, &o, &err) < 0) {
-            status = dsec_cli_fail("attach", &err);
-            break;
-        }
-        if (o.out_from > out_off || o.err_from > err_off)
-            fprintf(stderr, "dsec attach: %" PRIu64 " bytes of output were no longer kept\n",
-                    (o.out_from - out_off) + (o.err_from - err_off));
-        fwrite(o.out, 1, o.out_len, stdout);
-        fflush(stdout);
-        fwrite(o.err, 1, o.err_len, stderr);
-        out_off = o.out_from + o.out_len;
-        err_off = o.err_from + o.err_len;
-        bool got = o.out_len + o.err_len > 0;
-        bool caught_up = out_off >= o.info.out_total && err_off >= o.info.err_total;
-        dsec_proc p = o.info;
-        dsec_proc_out_free(&o);
-        if (!p.running && caught_up) {
-            if (p.timed_out)
-                fprintf(stderr, "dsec attach: process %" PRIu64 " timed out\n", handle);
-            status = p.signal ? 128 + p.signal : p.exit_code;
-            break;
-        }
-        if (got) {
-            idle_ms = 0;
-            continue;
-        }
-        /* nothing new: ask again soon, less often the longer it stays quiet */
-        idle_ms = idle_ms == 0 ? 20 : (idle_ms * 2 > 200 ? 200 : idle_ms * 2);
-        struct timespec ts = {0, idle_ms * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    int status = follow(c, "attach", pos[0], handle, 1000, NULL);
     if (feeding) {
         atomic_store(&f.stop, true);
         pthread_join(th, NULL);
@@ -242,4 +256,157 @@ int dsec_cli_attach(int argc, char **argv)
     }
     dsec_client_free(c);
     return status;
+}
+
+/* ---- dsec exec -it: a terminal ------------------------------------------------------ */
+
+static volatile sig_atomic_t winch = 1; /* 1: send the window size before the first read */
+
+static void on_winch(int sig)
+{
+    (void)sig;
+    winch = 1;
+}
+
+static void send_size(dsec_client *c, const char *id, uint64_t handle)
+{
+    if (!winch)
+        return;
+    winch = 0;
+    struct winsize ws;
+    dsec_err err;
+    if (ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0 && ws.ws_col > 0 &&
+        dsec_proc_resize(c, id, handle, ws.ws_row, ws.ws_col, &err) < 0)
+        dsec_cli_fail("exec -it (resize)", &err);
+}
+
+int dsec_cli_tty(dsec_client *c, const char *id, const dsec_proc_opts *base)
+{
+    dsec_proc_opts o = *base;
+    o.pty = true;
+    bool tty = isatty(STDIN_FILENO);
+    struct winsize ws;
+    if (tty && ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0) {
+        o.rows = ws.ws_row;
+        o.cols = ws.ws_col;
+    }
+    dsec_proc p;
+    dsec_err err;
+    if (dsec_proc_start(c, id, &o, &p, &err) < 0)
+        return dsec_cli_fail("exec -it", &err);
+    /* raw: keys go as typed (Ctrl-C is a byte the sandbox's terminal turns into SIGINT) */
+    struct termios saved, raw;
+    bool restored = !tty || tcgetattr(STDIN_FILENO, &saved) != 0;
+    if (!restored) {
+        raw = saved;
+        cfmakeraw(&raw);
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+        signal(SIGWINCH, on_winch);
+    }
+    winch = tty;
+    struct feeder f = {.c = c, .id = id, .handle = p.handle};
+    pthread_t th;
+    bool feeding = pthread_create(&th, NULL, feed, &f) == 0;
+    int status = follow(c, "exec -it", id, p.handle, 200, tty ? send_size : NULL);
+    if (feeding) {
+        atomic_store(&f.stop, true);
+        pthread_join(th, NULL);
+    }
+    if (!restored)
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    return status;
+}
+
+/* ---- shell sessions ----------------------------------------------------------------- */
+
+int dsec_cli_session(int argc, char **argv)
+{
+    const char *use = "usage: dsec session ID [--shell PATH]\n"
+                      "  start a persistent shell session; prints its handle. Run commands in it\n"
+                      "  with dsec exec --session HANDLE ID -- 'COMMAND LINE' (cd, export and\n"
+                      "  variables carry over); end it with dsec kill ID HANDLE -s KILL.\n";
+    const char *id = NULL, *shell = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--shell") == 0 && i + 1 < argc)
+            shell = argv[++i];
+        else if (id == NULL && argv[i][0] != '-')
+            id = argv[i];
+        else {
+            fputs(use, stderr);
+            return 2;
+        }
+    }
+    if (id == NULL) {
+        fputs(use, stderr);
+        return 2;
+    }
+    dsec_client *c = dsec_cli_connect("session");
+    if (c == NULL)
+        return 1;
+    dsec_proc p;
+    dsec_err err;
+    int rc = dsec_session_start(c, id, shell, &p, &err);
+    dsec_client_free(c);
+    if (rc < 0)
+        return dsec_cli_fail("session", &err);
+    printf("%" PRIu64 "\n", p.handle);
+    return 0;
+}
+
+/* dsec exec --session: Ctrl-C interrupts the session's command, not this client. */
+struct interrupter {
+    dsec_client *c;
+    const char *id;
+    uint64_t session;
+    atomic_bool stop;
+};
+
+static volatile sig_atomic_t got_int;
+
+static void on_int(int sig)
+{
+    (void)sig;
+    got_int = 1;
+}
+
+static void *interrupt_on_ctrl_c(void *ud)
+{
+    struct interrupter *it = ud;
+    while (!atomic_load(&it->stop)) {
+        nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+        if (!got_int)
+            continue;
+        got_int = 0;
+        dsec_err err;
+        if (dsec_session_interrupt(it->c, it->id, it->session, &err) < 0)
+            dsec_cli_fail("exec --session (interrupt)", &err);
+    }
+    dsec_free(it);
+    return NULL;
+}
+
+void *dsec_cli_session_guard(dsec_client *c, const char *id, uint64_t session)
+{
+    struct interrupter *it = dsec_calloc(1, sizeof *it);
+    if (it == NULL)
+        return NULL;
+    *it = (struct interrupter){.c = c, .id = id, .session = session};
+    pthread_t th;
+    signal(SIGINT, on_int);
+    if (pthread_create(&th, NULL, interrupt_on_ctrl_c, it) != 0) {
+        signal(SIGINT, SIG_DFL);
+        dsec_free(it);
+        return NULL;
+    }
+    pthread_detach(th);
+    return it;
+}
+
+void dsec_cli_session_guard_end(void *g)
+{
+    struct interrupter *it = g;
+    if (it == NULL)
+        return;
+    signal(SIGINT, SIG_DFL);
+    atomic_store(&it->stop, true); /* the detached thread sees it within 20 ms, and frees it */
 }

@@ -102,6 +102,11 @@ typedef struct dsec_exec_opts {
      * names the req_id it used. The client waits for the answer as long as the command's
      * timeout_ms plus 30 s, and at least the client's own timeout. */
     const char *req_id;
+    /* Nonzero: run argv[0], a shell command line, in this shell session (dsec_session_start)
+     * instead of a new process: its directory and variables carry over from the session's
+     * earlier commands. argv holds that one string; env, cwd, user and stdin stay unset.
+     * timeout_ms ends that command only. Containers and VMs. */
+    uint64_t session;
 } dsec_exec_opts;
 
 typedef struct dsec_exec_reply {
@@ -117,6 +122,8 @@ typedef struct dsec_exec_reply {
     uint64_t duration_us;
     uint64_t cpu_us;      /* 0 when the backend does not measure it */
     uint64_t peak_rss_kb; /* 0 when the backend does not measure it */
+    bool interrupted;     /* a session command that dsec_session_interrupt ended */
+    bool session_ended;   /* a session command after which the session is gone (exit, kill) */
 } dsec_exec_reply;
 
 int dsec_exec(dsec_client *c, const char *id, const dsec_exec_opts *opts, dsec_exec_reply *res,
@@ -215,6 +222,9 @@ typedef struct dsec_proc {
     uint64_t started_ns, ended_ns; /* wall clock; ended_ns 0 while running */
     uint64_t out_total, err_total; /* bytes each stream produced in all */
     char cmdline[256];
+    bool pty;     /* on a terminal (dsec_proc_opts.pty) */
+    bool session; /* a shell session (dsec_session_start) */
+    bool busy;    /* a session running a command now */
 } dsec_proc;
 
 typedef struct dsec_proc_opts {
@@ -227,6 +237,12 @@ typedef struct dsec_proc_opts {
     bool keep_stdin;     /* stdin stays open for dsec_proc_write */
     const void *stdin_data; /* its first stdin bytes (<= 8 MiB) */
     size_t stdin_len;
+    /* On a terminal of rows x cols (0: 24 x 80), as `docker exec -t`: its output, echo
+     * included, is the stdout stream; dsec_proc_write sends keystrokes (a 0x03 byte
+     * interrupts its foreground job; close sends ^D); keep_stdin is implied. Containers and
+     * VMs. */
+    bool pty;
+    uint16_t rows, cols;
 } dsec_proc_opts;
 
 /* Start a process in the background; *out describes it (its handle, its pid). */
@@ -256,6 +272,29 @@ typedef struct dsec_proc_out {
 int dsec_proc_read(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
                    uint64_t err_off, uint64_t max, dsec_proc_out *out, dsec_err *err);
 void dsec_proc_out_free(dsec_proc_out *o);
+/* dsec_proc_read that waits: when nothing past the offsets is there yet and the process
+ * runs, the answer comes as soon as output does, the process ends, or wait_ms (<= 60000)
+ * passed (then with nothing new). Follows a terminal with no polling delay. Containers wait
+ * without holding a thread; VMs answer at once. */
+int dsec_proc_read_wait(dsec_client *c, const char *id, uint64_t handle, uint64_t out_off,
+                        uint64_t err_off, uint64_t max, uint32_t wait_ms, dsec_proc_out *out,
+                        dsec_err *err);
+/* Change a terminal's window (the process sees SIGWINCH). DSEC_E_INVALID without a pty. */
+int dsec_proc_resize(dsec_client *c, const char *id, uint64_t handle, uint16_t rows,
+                     uint16_t cols, dsec_err *err);
+
+/* ---- shell sessions ----------------------------------------------------------------------
+ * A persistent shell in the sandbox (bash, or sh where there is none; or shell, a path):
+ * dsec_exec with .session = the handle runs one command line in it at a time, and its
+ * directory, environment, functions and variables carry from one command to the next. Each
+ * command has its own exit code, output and timeout. The session is a background process:
+ * dsec_proc_list shows it, and dsec_proc_signal SIGKILL (or the command `exit`) ends it. */
+int dsec_session_start(dsec_client *c, const char *id, const char *shell, dsec_proc *out,
+                       dsec_err *err);
+/* Interrupt the session's running command (as Ctrl-C would): it ends with interrupted set
+ * and exit code 130; the session lives on. Goes past the running command, which a plain
+ * dsec_proc_signal waits behind on a VM. Nothing happens when the session is idle. */
+int dsec_session_interrupt(dsec_client *c, const char *id, uint64_t session, dsec_err *err);
 
 /* Move the sandbox's end: it now ends ttl_s seconds from now (sooner or later than it would
  * have), as long as its whole lifetime stays within the cell's max_ttl_s (DSEC_E_INVALID
