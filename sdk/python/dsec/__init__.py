@@ -9,8 +9,8 @@
 
 See docs/sdk.md.
 """
-from .client import (TYPES, AsyncDSecClient, AsyncSandbox, CommandFailed, DSecClient, Files,
-                     Process, Processes, Sandbox)
+from .client import (TYPES, AsyncDSecClient, AsyncPty, AsyncSandbox, AsyncShell, CommandFailed,
+                     DSecClient, Files, Process, Processes, Pty, Sandbox, Shell)
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 library_path = _lib.path
 
 __all__ = [
-    "TYPES", "AsyncDSecClient", "AsyncSandbox", "CommandFailed", "DSecClient", "Files", "Sandbox",
+    "TYPES", "AsyncDSecClient", "AsyncPty", "AsyncSandbox", "AsyncShell", "CommandFailed",
+    "DSecClient", "Files", "Process", "Processes", "Pty", "Sandbox", "Shell",
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
     "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",
     "Timeout",

@@ -7,7 +7,8 @@ search path (libdsec.so). Only this module knows C layouts.
 import ctypes
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_int, c_size_t,
-                    c_uint, c_uint8, c_uint64, c_int32, c_int64, c_void_p)
+                    c_uint, c_uint8, c_uint16, c_uint32, c_uint64, c_int32, c_int64,
+                    c_void_p)
 
 ERR_MSG_MAX = 1024
 ID_MAX = 96
@@ -43,14 +44,15 @@ class ExecOpts(Structure):
     _fields_ = [("argv", POINTER(c_char_p)), ("env", POINTER(c_char_p)), ("cwd", c_char_p),
                 ("stdin_data", c_void_p), ("stdin_len", c_size_t), ("timeout_ms", c_uint64),
                 ("user", c_char_p), ("rollout_id", c_char_p), ("step", c_uint64),
-                ("output_max", c_uint64), ("req_id", c_char_p)]
+                ("output_max", c_uint64), ("req_id", c_char_p), ("session", c_uint64)]
 
 
 class ExecReply(Structure):
     _fields_ = [("exit_code", c_int), ("signal", c_int), ("timed_out", c_bool),
                 ("out", POINTER(c_uint8)), ("out_len", c_size_t), ("out_truncated", c_bool),
                 ("err_out", POINTER(c_uint8)), ("err_len", c_size_t), ("err_truncated", c_bool),
-                ("duration_us", c_uint64), ("cpu_us", c_uint64), ("peak_rss_kb", c_uint64)]
+                ("duration_us", c_uint64), ("cpu_us", c_uint64), ("peak_rss_kb", c_uint64),
+                ("interrupted", c_bool), ("session_ended", c_bool)]
 
 
 class WriteOpts(Structure):
@@ -67,13 +69,15 @@ class Proc(Structure):
     _fields_ = [("handle", c_uint64), ("pid", c_int32), ("running", c_bool),
                 ("stdin_open", c_bool), ("timed_out", c_bool), ("exit_code", c_int32),
                 ("signal", c_int32), ("started_ns", c_uint64), ("ended_ns", c_uint64),
-                ("out_total", c_uint64), ("err_total", c_uint64), ("cmdline", c_char * 256)]
+                ("out_total", c_uint64), ("err_total", c_uint64), ("cmdline", c_char * 256),
+                ("pty", c_bool), ("session", c_bool), ("busy", c_bool)]
 
 
 class ProcOpts(Structure):
     _fields_ = [("argv", POINTER(c_char_p)), ("env", POINTER(c_char_p)), ("cwd", c_char_p),
                 ("user", c_char_p), ("timeout_ms", c_uint64), ("ring_max", c_uint64),
-                ("keep_stdin", c_bool), ("stdin_data", c_void_p), ("stdin_len", c_size_t)]
+                ("keep_stdin", c_bool), ("stdin_data", c_void_p), ("stdin_len", c_size_t),
+                ("pty", c_bool), ("rows", c_uint16), ("cols", c_uint16)]
 
 
 class ProcOut(Structure):
@@ -163,6 +167,17 @@ if hasattr(lib, "dsec_proc_start"):
     proc_out_free = _proto("dsec_proc_out_free", None, POINTER(ProcOut))
 else:
     proc_start = None
+# terminals and shell sessions (and reads that wait for output)
+if hasattr(lib, "dsec_session_start"):
+    proc_read_wait = _proto("dsec_proc_read_wait", c_int, P, c_char_p, c_uint64, c_uint64,
+                            c_uint64, c_uint64, c_uint32, POINTER(ProcOut), PErr)
+    proc_resize = _proto("dsec_proc_resize", c_int, P, c_char_p, c_uint64, c_uint16, c_uint16,
+                         PErr)
+    session_start = _proto("dsec_session_start", c_int, P, c_char_p, c_char_p, POINTER(Proc),
+                           PErr)
+    session_interrupt = _proto("dsec_session_interrupt", c_int, P, c_char_p, c_uint64, PErr)
+else:
+    proc_read_wait = proc_resize = session_start = session_interrupt = None
 resume = _proto("dsec_resume", c_int, P, c_char_p, PErr)
 destroy = _proto("dsec_destroy", c_int, P, c_char_p, PErr)
 status = _proto("dsec_status", c_int, P, c_char_p, POINTER(SandboxInfo), PErr)

@@ -585,7 +585,8 @@ def _proc_info(p) -> ProcessInfo:
                        cmdline=p.cmdline.decode(errors="replace"), exit_code=p.exit_code,
                        signal=p.signal, timed_out=bool(p.timed_out),
                        stdin_open=bool(p.stdin_open), started_ns=p.started_ns,
-                       ended_ns=p.ended_ns, stdout_total=p.out_total, stderr_total=p.err_total)
+                       ended_ns=p.ended_ns, stdout_total=p.out_total, stderr_total=p.err_total,
+                       pty=bool(p.pty), session=bool(p.session), busy=bool(p.busy))
 
 
 class Process:
@@ -602,14 +603,25 @@ class Process:
     def __repr__(self):
         return "Process(%r, handle=%d)" % (self._sb.id, self.handle)
 
-    def read(self, stdout_from: int = 0, stderr_from: int = 0, max_bytes: int = 0) -> ProcessOutput:
+    def read(self, stdout_from: int = 0, stderr_from: int = 0, max_bytes: int = 0,
+             wait_s: float = 0) -> ProcessOutput:
         """Its output from these stream offsets: what the sandbox still keeps
         from there (stdout_from/stderr_from of the answer are higher when older
-        bytes were dropped), at most max_bytes of each stream (0: up to 3 MiB)."""
+        bytes were dropped), at most max_bytes of each stream (0: up to 3 MiB).
+        wait_s (at most 60): when there is nothing new yet and it runs, the
+        answer comes as soon as output does, it exits, or wait_s passed."""
         sb = self._sb
         o = _lib.ProcOut()
-        sb._client._call("processes.read", _lib.proc_read, sb._cid, self.handle, int(stdout_from),
-                         int(stderr_from), int(max_bytes), ctypes.byref(o))
+        if wait_s and _lib.proc_read_wait is not None:
+            if not 0 <= wait_s <= 60:
+                raise _invalid("processes.read", "wait_s must be 0..60, got %r" % (wait_s,))
+            sb._client._call("processes.read", _lib.proc_read_wait, sb._cid, self.handle,
+                             int(stdout_from), int(stderr_from), int(max_bytes),
+                             int(wait_s * 1000), ctypes.byref(o))
+        else:
+            sb._client._call("processes.read", _lib.proc_read, sb._cid, self.handle,
+                             int(stdout_from), int(stderr_from), int(max_bytes),
+                             ctypes.byref(o))
         try:
             return ProcessOutput(info=_proc_info(o.info),
                                  stdout=ctypes.string_at(o.out, o.out_len) if o.out_len else b"",
@@ -626,7 +638,8 @@ class Process:
         what the sandbox still keeps, until it has exited and all is read."""
         import time
         while True:
-            w = self.read(self._out, self._err)
+            t0 = time.monotonic()
+            w = self.read(self._out, self._err, wait_s=1.0)
             self._out = w.stdout_from + len(w.stdout)
             self._err = w.stderr_from + len(w.stderr)
             if w.stdout or w.stderr:
@@ -634,7 +647,8 @@ class Process:
                 continue
             if not w.info.running:
                 return
-            time.sleep(poll_s)
+            if time.monotonic() - t0 < 0.5:  # a sandbox that answers at once: poll
+                time.sleep(poll_s)
 
     def wait(self, timeout: Optional[float] = None, poll_s: float = 0.05) -> ProcessInfo:
         """Wait until it exits (Timeout after timeout seconds); its final info."""
@@ -733,6 +747,100 @@ class Processes:
         return Process(self._sb, handle)
 
 
+class Pty(Process):
+    """A process on a terminal (Sandbox.pty): what it prints, echo included,
+    comes from read()/iteration; write() types; resize() changes the window.
+    Ctrl-C is interrupt() (the byte 0x03: its terminal signals the
+    foreground job, as on any terminal)."""
+
+    def __repr__(self):
+        return "Pty(%r, handle=%d)" % (self._sb.id, self.handle)
+
+    def recv(self, timeout_s: float = 1.0) -> bytes:
+        """The output that came since the last recv, waiting up to timeout_s
+        (at most 60) for some; b"" when none came, or when it has exited and
+        everything was read (see running())."""
+        w = self.read(self._out, 0, wait_s=timeout_s)
+        if w.stdout_from > self._out:
+            self.dropped = getattr(self, "dropped", 0) + w.stdout_from - self._out
+        self._out = w.stdout_from + len(w.stdout)
+        self._last = w.info
+        return w.stdout
+
+    def running(self) -> bool:
+        info = getattr(self, "_last", None) or self.info()
+        return info.running or self._out < info.stdout_total
+
+    def __iter__(self):
+        """Yield output as it comes until the process exits and all is read."""
+        while True:
+            data = self.recv(1.0)
+            if data:
+                yield data
+            elif not self.running():
+                return
+
+    def interrupt(self) -> None:
+        self.write(b"\x03")
+
+    def resize(self, rows: int, cols: int) -> None:
+        if not (1 <= int(rows) <= 65535 and 1 <= int(cols) <= 65535):
+            raise _invalid("pty.resize", "rows and cols must be 1..65535, got %r x %r"
+                           % (rows, cols))
+        sb = self._sb
+        sb._client._call("pty.resize", _lib.proc_resize, sb._cid, self.handle, int(rows),
+                         int(cols))
+
+
+class Shell:
+    """A persistent shell session (Sandbox.shell): run() executes one command
+    line at a time in the same shell, so cd, export, functions and variables
+    carry over. Each command has its own exit code, stdout, stderr and
+    timeout; interrupt() (from another thread) ends the running command only.
+    The session lives in the sandbox until close(), `exit`, or the sandbox's
+    end; Shell(sandbox, handle) attaches to an existing one."""
+
+    def __init__(self, sb: "Sandbox", handle: int):
+        self._sb = sb
+        self.handle = int(handle)
+
+    def __repr__(self):
+        return "Shell(%r, handle=%d)" % (self._sb.id, self.handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def run(self, command: str, timeout_s: float = 0, check: bool = False,
+            output_max: int = 0) -> ExecResult:
+        """Run a command line in the session; its result. timeout_s (0: none)
+        kills that command only (timed_out set); the session goes on.
+        check: raise CommandFailed unless it exited 0."""
+        if not isinstance(command, str) or not command:
+            raise _invalid("shell.run", "command must be a non-empty str, got %r" % (command,))
+        sb = self._sb
+        return sb._exec_opts([command], timeout_ms=int(timeout_s * 1000), check=check,
+                             output_max=output_max, session=self.handle)
+
+    def interrupt(self) -> None:
+        """End the running command as Ctrl-C would (its result says
+        interrupted, exit code 130); the session keeps its state."""
+        sb = self._sb
+        sb._client._call("shell.interrupt", _lib.session_interrupt, sb._cid, self.handle)
+
+    def info(self) -> ProcessInfo:
+        return Process(self._sb, self.handle).info()
+
+    def close(self) -> None:
+        """End the session (its shell and whatever it still runs)."""
+        try:
+            Process(self._sb, self.handle).kill()
+        except (errors.StateError, errors.NotFound):
+            pass
+
+
 class Sandbox:
     """A running sandbox, driven with blocking calls.
 
@@ -776,6 +884,41 @@ class Sandbox:
     def type(self) -> str:
         return self.info.type
 
+    def pty(self, argv: Sequence[str] = ("/bin/sh",), rows: int = 24, cols: int = 80,
+            env: Optional[dict] = None, cwd: Optional[str] = None,
+            user: Optional[str] = None, timeout_s: float = 0) -> Pty:
+        """Start argv on a terminal of rows x cols, as `docker exec -it`
+        does: a Pty to type into and read from. It runs on after the call
+        (Sandbox.processes lists it) until it exits or is killed."""
+        if _lib.proc_resize is None:
+            raise errors.not_supported("pty: this libdsec.so (%s) has no terminals; rebuild it"
+                                       % _lib.path, "pty")
+        if isinstance(argv, str):
+            raise _invalid("pty", "argv must be a list (e.g. [\"/bin/bash\"]), got a str")
+        if not (1 <= int(rows) <= 65535 and 1 <= int(cols) <= 65535):
+            raise _invalid("pty", "rows and cols must be 1..65535, got %r x %r" % (rows, cols))
+        av = _lib.strv(list(argv))
+        ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
+        opts = _lib.ProcOpts(argv=av, env=ev, cwd=_lib.cstr(cwd), user=_lib.cstr(user or self.user),
+                             timeout_ms=int(timeout_s * 1000), keep_stdin=True, pty=True,
+                             rows=int(rows), cols=int(cols))
+        out = _lib.Proc()
+        self._client._call("pty", _lib.proc_start, self._cid, ctypes.byref(opts),
+                           ctypes.byref(out))
+        return Pty(self, out.handle)
+
+    def shell(self, shell: Optional[str] = None) -> Shell:
+        """Start a persistent shell session (bash, or sh where the image has
+        no bash; or shell, an absolute path): a Shell whose run() keeps the
+        directory, environment and variables from one command to the next."""
+        if _lib.session_start is None:
+            raise errors.not_supported("shell: this libdsec.so (%s) has no shell sessions; "
+                                       "rebuild it" % _lib.path, "shell")
+        out = _lib.Proc()
+        self._client._call("shell", _lib.session_start, self._cid, _lib.cstr(shell),
+                           ctypes.byref(out))
+        return Shell(self, out.handle)
+
     def exec(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
              stdin: Optional[Data] = None, timeout_ms: int = 0, user: Optional[str] = None,
              step: Optional[int] = None, rollout_id: Optional[str] = None,
@@ -794,6 +937,13 @@ class Sandbox:
         if isinstance(argv, str):
             raise errors.InvalidArgument("exec: argv must be a list (use run_shell for a "
                                          "command line)", code="invalid", code_num=1, op="exec")
+        return self._exec_opts(argv, env=env, cwd=cwd, stdin=stdin, timeout_ms=timeout_ms,
+                               user=user, step=step, rollout_id=rollout_id, check=check,
+                               output_max=output_max, req_id=req_id)
+
+    def _exec_opts(self, argv, env=None, cwd=None, stdin=None, timeout_ms=0, user=None,
+                   step=None, rollout_id=None, check=False, output_max=0, req_id=None,
+                   session=0, op="exec") -> ExecResult:
         av = _lib.strv(list(argv))
         ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
         sd = _bytes(stdin) if stdin is not None else None
@@ -802,11 +952,13 @@ class Sandbox:
                              stdin_data=ctypes.cast(ctypes.c_char_p(sd), ctypes.c_void_p)
                              if sd else None,
                              stdin_len=len(sd) if sd else 0, timeout_ms=int(timeout_ms),
-                             user=_lib.cstr(user or self.user), rollout_id=_lib.cstr(rid),
+                             user=_lib.cstr(None if session else (user or self.user)),
+                             rollout_id=_lib.cstr(rid),
                              step=int(step or 0), output_max=int(output_max),
-                             req_id=_lib.cstr(req_id))
+                             req_id=_lib.cstr(req_id), session=int(session))
         rep = _lib.ExecReply()
-        self._client._call("exec", _lib.exec_, self._cid, ctypes.byref(opts), ctypes.byref(rep))
+        op = "shell.run" if session else "exec"
+        self._client._call(op, _lib.exec_, self._cid, ctypes.byref(opts), ctypes.byref(rep))
         try:
             res = ExecResult(exit_code=rep.exit_code,
                              stdout=ctypes.string_at(rep.out, rep.out_len) if rep.out_len else b"",
@@ -816,7 +968,8 @@ class Sandbox:
                              stdout_truncated=bool(rep.out_truncated),
                              stderr_truncated=bool(rep.err_truncated),
                              duration_us=rep.duration_us, cpu_us=rep.cpu_us,
-                             peak_rss_kb=rep.peak_rss_kb)
+                             peak_rss_kb=rep.peak_rss_kb, interrupted=bool(rep.interrupted),
+                             session_ended=bool(rep.session_ended))
         finally:
             _lib.exec_reply_release(ctypes.byref(rep))
         if check and not res.ok:
@@ -961,6 +1114,70 @@ class AsyncProcesses:
         return self._asb.sync.processes.get(handle)
 
 
+class AsyncPty:
+    """A Pty as coroutines: `async for data in pty` yields its output as it
+    comes (each wait runs on the client's thread pool)."""
+
+    def __init__(self, asb: "AsyncSandbox", sync: Pty):
+        self._asb = asb
+        self.sync = sync
+        self.handle = sync.handle
+
+    async def write(self, data, close: bool = False):
+        return await self._asb._run(self.sync.write, data, close)
+
+    async def recv(self, timeout_s: float = 1.0) -> bytes:
+        return await self._asb._run(self.sync.recv, timeout_s)
+
+    async def resize(self, rows: int, cols: int):
+        return await self._asb._run(self.sync.resize, rows, cols)
+
+    async def interrupt(self):
+        return await self._asb._run(self.sync.interrupt)
+
+    async def kill(self):
+        return await self._asb._run(self.sync.kill)
+
+    async def wait(self, timeout: Optional[float] = None) -> ProcessInfo:
+        return await self._asb._run(self.sync.wait, timeout)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        while True:
+            data = await self.recv(1.0)
+            if data:
+                return data
+            if not await self._asb._run(self.sync.running):
+                raise StopAsyncIteration
+
+
+class AsyncShell:
+    """A Shell as coroutines: await run(command); interrupt() from another
+    task ends the running command only."""
+
+    def __init__(self, asb: "AsyncSandbox", sync: Shell):
+        self._asb = asb
+        self.sync = sync
+        self.handle = sync.handle
+
+    async def run(self, command: str, **kw) -> ExecResult:
+        return await self._asb._run(self.sync.run, command, **kw)
+
+    async def interrupt(self):
+        return await self._asb._run(self.sync.interrupt)
+
+    async def close(self):
+        return await self._asb._run(self.sync.close)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
 class AsyncSandbox:
     """The asyncio face of a Sandbox: the same methods, as coroutines."""
 
@@ -977,6 +1194,12 @@ class AsyncSandbox:
     @functools.cached_property
     def files(self) -> AsyncFiles:
         return AsyncFiles(self)
+
+    async def pty(self, argv=("/bin/sh",), **kw) -> AsyncPty:
+        return AsyncPty(self, await self._run(self.sync.pty, argv, **kw))
+
+    async def shell(self, shell: Optional[str] = None) -> AsyncShell:
+        return AsyncShell(self, await self._run(self.sync.shell, shell))
 
     def __repr__(self):
         return "AsyncSandbox(%r, type=%r)" % (self.id, self.info.type)

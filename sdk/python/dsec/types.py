@@ -122,10 +122,13 @@ class ExecResult:
     duration_us: int = 0
     cpu_us: int = 0       # 0 when the backend does not measure it
     peak_rss_kb: int = 0  # 0 when the backend does not measure it
+    interrupted: bool = False    # a shell session's command that Shell.interrupt ended
+    session_ended: bool = False  # a shell session's command after which the session is gone
 
     @property
     def ok(self):
-        return self.exit_code == 0 and self.signal == 0 and not self.timed_out
+        return (self.exit_code == 0 and self.signal == 0 and not self.timed_out
+                and not self.interrupted)
 
     @property
     def text(self):
@@ -160,6 +163,9 @@ class ProcessInfo:
     ended_ns: int = 0       # 0 while running
     stdout_total: int = 0   # bytes it wrote to stdout in all
     stderr_total: int = 0
+    pty: bool = False       # it runs on a terminal (Sandbox.pty)
+    session: bool = False   # it is a shell session (Sandbox.shell)
+    busy: bool = False      # a shell session running a command now
 
 
 @dataclass
