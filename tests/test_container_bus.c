@@ -362,6 +362,257 @@ static dsec_proc ended(const char *id, uint64_t handle)
 /* Background processes through the bus, libdsec and the CLI: they outlive the call and the
  * client, keep their output for a late reader, take stdin at the reader's pace, and end by
  * signal; a foreground exec's own leftovers end with it. */
+/* A session command line; its result (the caller releases it). */
+static int sess(const char *id, uint64_t h, const char *line, uint64_t timeout_ms,
+                dsec_exec_reply *r, dsec_err *err)
+{
+    const char *argv[] = {line, NULL};
+    dsec_exec_opts eo = {.argv = argv, .session = h, .timeout_ms = timeout_ms};
+    return dsec_exec(cl, id, &eo, r, err);
+}
+
+/* A session command that must succeed; its stdout, trailing newlines cut. */
+static void sess_ok(const char *id, uint64_t h, const char *line, char *out, size_t n)
+{
+    dsec_exec_reply r;
+    dsec_err err;
+    if (sess(id, h, line, 20000, &r, &err) < 0)
+        fail_msg("session command '%s': %s", line, err.msg);
+    if (r.exit_code != 0)
+        fail_msg("session command '%s' exited %d: %.*s", line, r.exit_code, (int)r.err_len,
+                 (char *)r.err_out);
+    size_t k = r.out_len < n - 1 ? r.out_len : n - 1;
+    memcpy(out, r.out, k);
+    while (k > 0 && out[k - 1] == '\n')
+        k--;
+    out[k] = '\0';
+    dsec_exec_reply_release(&r);
+}
+
+struct bg_sess {
+    const char *id;
+    uint64_t h;
+    dsec_exec_reply r;
+    dsec_err err;
+    int rc;
+};
+
+static void *sess_sleep(void *ud)
+{
+    struct bg_sess *b = ud;
+    b->rc = sess(b->id, b->h, "sleep 100; echo not-interrupted", 60000, &b->r, &b->err);
+    return NULL;
+}
+
+static void test_shell_sessions(void **state)
+{
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    dsec_proc s;
+    assert_int_equal(dsec_session_start(cl, a.id, NULL, &s, &err), 0);
+    assert_true(s.session && s.running && !s.pty);
+    char got[512];
+    /* directory, shell variables, exported variables and functions carry over */
+    sess_ok(a.id, s.handle, "cd /tmp && X=5 && export Y=7 && f() { echo \"f:$1\"; }", got,
+            sizeof got);
+    sess_ok(a.id, s.handle, "pwd; echo $X; sh -c 'echo $Y'; f z", got, sizeof got);
+    assert_string_equal(got, "/tmp\n5\n7\nf:z");
+    /* each command its own exit code and streams; output without a newline comes whole */
+    dsec_exec_reply r;
+    assert_int_equal(sess(a.id, s.handle, "echo oops >&2; printf partial; false", 20000, &r,
+                          &err),
+                     0);
+    assert_int_equal(r.exit_code, 1);
+    assert_int_equal(r.out_len, 7);
+    assert_memory_equal(r.out, "partial", 7);
+    assert_int_equal(r.err_len, 5);
+    assert_memory_equal(r.err_out, "oops\n", 5);
+    assert_false(r.interrupted || r.session_ended || r.timed_out);
+    dsec_exec_reply_release(&r);
+    /* a command's stdin is empty: cat returns at once */
+    sess_ok(a.id, s.handle, "cat; echo after-cat", got, sizeof got);
+    assert_string_equal(got, "after-cat");
+    /* a syntax error fails that command, not the session */
+    assert_int_equal(sess(a.id, s.handle, "if then fi", 20000, &r, &err), 0);
+    assert_true(r.exit_code != 0);
+    assert_true(r.err_len > 0);
+    dsec_exec_reply_release(&r);
+    /* a timeout ends that command only */
+    assert_int_equal(sess(a.id, s.handle, "sleep 100", 1000, &r, &err), 0);
+    assert_true(r.timed_out);
+    dsec_exec_reply_release(&r);
+    sess_ok(a.id, s.handle, "echo $X $(pwd)", got, sizeof got);
+    assert_string_equal(got, "5 /tmp");
+    /* an interrupt (on the sig subject, past the running command) ends that command only */
+    struct bg_sess b = {.id = a.id, .h = s.handle};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sess_sleep, &b), 0);
+    dsec_proc *v = NULL;
+    size_t nv = 0;
+    bool busy = false;
+    for (int i = 0; i < 500 && !busy; i++) { /* the command runs: the list says busy */
+        usleep(20000);
+        assert_int_equal(dsec_proc_list(cl, a.id, &v, &nv, &err), 0);
+        for (size_t k = 0; k < nv; k++)
+            busy |= v[k].handle == s.handle && v[k].busy;
+        dsec_free(v);
+    }
+    assert_true(busy);
+    assert_int_equal(dsec_session_interrupt(cl, a.id, s.handle, &err), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, 0);
+    assert_true(b.r.interrupted);
+    assert_int_equal(b.r.exit_code, 130);
+    assert_null(strstr(b.r.out_len ? (char *)b.r.out : "", "not-interrupted"));
+    dsec_exec_reply_release(&b.r);
+    sess_ok(a.id, s.handle, "echo $X", got, sizeof got);
+    assert_string_equal(got, "5");
+    /* bad input: two arguments, a cwd, a handle that is no session, an unknown handle */
+    const char *two[] = {"echo", "x", NULL};
+    assert_int_equal(dsec_exec(cl, a.id, &(dsec_exec_opts){.argv = two, .session = s.handle},
+                               &r, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    const char *one[] = {"pwd", NULL};
+    assert_int_equal(dsec_exec(cl, a.id,
+                               &(dsec_exec_opts){.argv = one, .session = s.handle, .cwd = "/"},
+                               &r, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    printf("session exec with a cwd: %s\n", err.msg);
+    assert_int_equal(sess(a.id, 999999, "true", 20000, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    dsec_proc plain;
+    const char *sl[] = {"sleep", "300", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = sl}, &plain, &err), 0);
+    assert_int_equal(sess(a.id, plain.handle, "true", 20000, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    printf("a plain process as a session: %s\n", err.msg);
+    /* exit ends the session: its code, then state for what comes after */
+    assert_int_equal(sess(a.id, s.handle, "exit 3", 20000, &r, &err), 0);
+    assert_int_equal(r.exit_code, 3);
+    assert_true(r.session_ended);
+    dsec_exec_reply_release(&r);
+    assert_int_equal(sess(a.id, s.handle, "true", 20000, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    /* the CLI: dsec session, exec --session */
+    char out[4096];
+    assert_int_equal(cli(out, sizeof out, "session %s", a.id), 0);
+    uint64_t h = strtoull(out, NULL, 10);
+    assert_true(h > s.handle);
+    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'cd /etc; Z=9'", h,
+                         a.id),
+                     0);
+    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'echo $(pwd) $Z'",
+                         h, a.id),
+                     0);
+    assert_string_equal(out, "/etc 9\n");
+    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'exit 4'", h, a.id),
+                     4);
+    destroy(a.id);
+}
+
+/* Read a pty process's output from *off until it holds want (or fail). */
+static void pty_expect(const char *id, uint64_t h, uint64_t *off, const char *want, char *acc,
+                       size_t n)
+{
+    dsec_err err;
+    size_t len = strlen(acc);
+    for (int i = 0; i < 100; i++) {
+        dsec_proc_out o;
+        if (dsec_proc_read_wait(cl, id, h, *off, 0, 0, 500, &o, &err) < 0)
+            fail_msg("pty read: %s", err.msg);
+        size_t k = o.out_len < n - 1 - len ? o.out_len : n - 1 - len;
+        memcpy(acc + len, o.out, k);
+        len += k;
+        acc[len] = '\0';
+        *off = o.out_from + o.out_len;
+        bool running = o.info.running;
+        dsec_proc_out_free(&o);
+        if (strstr(acc, want) != NULL)
+            return;
+        if (!running)
+            break;
+    }
+    fail_msg("the terminal never showed \"%s\"; it showed:\n%s", want, acc);
+}
+
+static void test_terminals(void **state)
+{
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    dsec_proc t;
+    const char *argv[] = {"sh", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id,
+                                     &(dsec_proc_opts){.argv = argv, .pty = true, .rows = 30,
+                                                       .cols = 100},
+                                     &t, &err),
+                     0);
+    assert_true(t.pty && t.stdin_open);
+    uint64_t off = 0;
+    char acc[8192] = "";
+    /* the window, then a resize */
+    const char *k1 = "stty size; echo $TERM\n";
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, k1, strlen(k1), false, &err), 0);
+    pty_expect(a.id, t.handle, &off, "30 100", acc, sizeof acc);
+    pty_expect(a.id, t.handle, &off, "xterm-256color", acc, sizeof acc);
+    assert_int_equal(dsec_proc_resize(cl, a.id, t.handle, 40, 120, &err), 0);
+    acc[0] = '\0';
+    const char *k2 = "stty size\n";
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, k2, strlen(k2), false, &err), 0);
+    pty_expect(a.id, t.handle, &off, "40 120", acc, sizeof acc);
+    /* Ctrl-C interrupts the foreground job; the shell goes on */
+    acc[0] = '\0';
+    const char *k3 = "sleep 100; echo slept\n";
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, k3, strlen(k3), false, &err), 0);
+    usleep(300000);
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, "\x03", 1, false, &err), 0);
+    const char *k4 = "echo back-$((6*7))\n";
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, k4, strlen(k4), false, &err), 0);
+    pty_expect(a.id, t.handle, &off, "back-42", acc, sizeof acc);
+    /* a waiting read with nothing to say answers empty when its wait is over */
+    dsec_proc_out o;
+    assert_int_equal(dsec_proc_read_wait(cl, a.id, t.handle, off, 0, 0, 300, &o, &err), 0);
+    assert_int_equal(o.out_len, 0);
+    assert_true(o.info.running);
+    dsec_proc_out_free(&o);
+    const char *k5 = "exit 7\n";
+    assert_int_equal(dsec_proc_write(cl, a.id, t.handle, k5, strlen(k5), false, &err), 0);
+    dsec_proc p = ended(a.id, t.handle);
+    assert_int_equal(p.exit_code, 7);
+    /* bad input: a window on a process without a terminal, a zero window */
+    dsec_proc plain;
+    const char *sl[] = {"sleep", "300", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = sl}, &plain, &err), 0);
+    assert_int_equal(dsec_proc_resize(cl, a.id, plain.handle, 10, 10, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    printf("resize without a terminal: %s\n", err.msg);
+    assert_int_equal(dsec_proc_resize(cl, a.id, plain.handle, 0, 10, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    /* a waiting read wakes for output, not at its deadline */
+    dsec_proc late;
+    const char *lt[] = {"sh", "-c", "sleep 1; echo late", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = lt}, &late, &err), 0);
+    assert_int_equal(dsec_proc_read_wait(cl, a.id, late.handle, 0, 0, 0, 30000, &o, &err), 0);
+    assert_int_equal(o.out_len, 5);
+    assert_memory_equal(o.out, "late\n", 5);
+    dsec_proc_out_free(&o);
+    /* dsec exec -it: keys from a file (no terminal here), output and exit status back */
+    char in[128], out[4096];
+    snprintf(in, sizeof in, "%s/tty-in.txt", root);
+    FILE *fin = fopen(in, "w");
+    assert_non_null(fin);
+    fputs("abc\n", fin);
+    fclose(fin);
+    assert_int_equal(cli(out, sizeof out, "exec -it %s -- sh -c 'read x; echo got-$x; exit 5' < %s",
+                         a.id, in),
+                     5);
+    assert_non_null(strstr(out, "got-abc"));
+    destroy(a.id);
+}
+
 static void test_background_processes(void **state)
 {
     dsec_sandbox_info a;
@@ -780,6 +1031,8 @@ int main(void)
         cmocka_unit_test(test_heartbeats_while_cpus_busy),
         cmocka_unit_test(test_default_disk_quota),
         cmocka_unit_test(test_background_processes),
+        cmocka_unit_test(test_shell_sessions),
+        cmocka_unit_test(test_terminals),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -372,6 +372,68 @@ class TestProcesses(Base):
         self.assertTrue(w.stdout.endswith(b"line-1999-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"))
 
 
+class TestShellAndPty(Base):
+    """Shell sessions keep state across commands; terminals echo, resize and take Ctrl-C."""
+
+    def test_shell_keeps_state_and_interrupts_one_command(self):
+        sb = self.make()
+        with sb.shell() as sh:
+            self.assertTrue(sh.run("cd /tmp && export A=1 && B=2").ok)
+            r = sh.run("echo $(pwd) $A $B; echo e >&2; exit_code_test() { return 3; }; "
+                       "exit_code_test")
+            self.assertEqual((r.exit_code, r.stdout, r.stderr), (3, b"/tmp 1 2\n", b"e\n"))
+            r = sh.run("sleep 100", timeout_s=1)
+            self.assertTrue(r.timed_out)
+            self.assertFalse(r.ok)
+            import threading
+            t = threading.Timer(0.5, sh.interrupt)
+            t.start()
+            r = sh.run("sleep 100; echo never")
+            t.join()
+            self.assertTrue(r.interrupted)
+            self.assertNotIn(b"never", r.stdout)
+            self.assertEqual(sh.run("echo $A$B").stdout, b"12\n")
+            with self.assertRaises(CommandFailed):
+                sh.run("false", check=True)
+            with self.assertRaises(InvalidArgument):
+                sh.run("")
+            r = sh.run("exit 9")
+            self.assertEqual((r.exit_code, r.session_ended), (9, True))
+            with self.assertRaises(StateError):
+                sh.run("true")
+
+    def test_pty_echo_resize_ctrl_c(self):
+        sb = self.make()
+        t = sb.pty(["sh"], rows=25, cols=90)
+        self.assertTrue(t.info().pty)
+
+        def until(want):
+            seen = b""
+            for _ in range(60):
+                seen += t.recv(0.5)
+                if want in seen:
+                    return seen
+            self.fail("the terminal never showed %r: %r" % (want, seen))
+
+        t.write(b"stty size\n")
+        until(b"25 90")
+        t.resize(33, 111)
+        t.write(b"stty size\n")
+        until(b"33 111")
+        t.write(b"sleep 100\n")
+        import time
+        time.sleep(0.3)
+        t.interrupt()
+        t.write(b"echo ok-$((2+3))\n")
+        until(b"ok-5")
+        t.write(b"exit 6\n")
+        rest = b"".join(t)  # iteration ends when it has exited and all is read
+        self.assertIsInstance(rest, bytes)
+        self.assertEqual(t.wait(timeout=10).exit_code, 6)
+        with self.assertRaises(InvalidArgument):
+            t.resize(0, 10)
+
+
 class TestFunction(Base):
     """Function calls, the lightest type, through the same SDK calls as the other types."""
 
