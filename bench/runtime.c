@@ -1,0 +1,393 @@
+/* runtime.c - make bench S=runtime: what an agent scaffold drives: files in and out, shell-session commands, terminal keystrokes, and many live output streams, each beside its baseline from the same run. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "actors/cell.h"
+#include "bench/raw_nats.h"
+#include "dsec/alloc.h"
+#include "dsec/client.h"
+
+/*
+ * One node on this machine, busybox:1 containers, one run:
+ *  1. Files: 1 GiB into a container (dsec_file_write_ex) and back out (dsec_file_read_pages),
+ *     checked byte for byte; baseline: raw nats.c moving the same bytes in the same chunk size
+ *     (4 MiB) to a responder that acknowledges each, with 1 and with 4 chunks in flight.
+ *  2. Shell session: N commands of each kind (`cd /tmp`, `echo $X`, `true`) run in one session
+ *     (dsec_exec with .session); baseline: the same commands as plain execs (/bin/sh -c).
+ *  3. Terminal: N keystrokes typed into `cat` on a pty, each timed from the write until a
+ *     reader following the terminal (waiting reads, as dsec exec -it does) sees its echo;
+ *     baseline: raw nats.c request round trips.
+ *  4. 1,000 background processes streaming output at once: bench_procs (make bench S=procs)
+ *     run as a child, its bytes lost and node RSS taken from its JSON line.
+ * The last line is the JSON the issue names.
+ */
+
+#define XFER_BYTES (1ull << 30)
+#define XFER_CHUNK (4u << 20)
+#define N_CMDS 200
+#define N_KEYS 300
+
+static dsec_cell *g_cell;
+static char g_root[64];
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void remove_root(void)
+{
+    if (g_root[0] != '\0')
+        sh("umount -l %s/state/node-rt-0/container/upper 2>/dev/null; rm -rf %s", g_root, g_root);
+}
+
+static void die(const char *what, const dsec_err *err)
+{
+    fprintf(stderr, "bench runtime: %s: %s\n", what, err ? err->msg : strerror(errno));
+    dsec_cell_stop(g_cell, true);
+    remove_root();
+    exit(1);
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    fprintf(stderr, "bench runtime: interrupted; cleaning up\n");
+    dsec_cell_stop(g_cell, true);
+    remove_root();
+    _exit(130);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+/* ---- 1. files ---------------------------------------------------------------------- */
+
+struct down {
+    const uint8_t *want;
+    uint64_t at, bad;
+};
+
+static int check_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    struct down *d = ud;
+    (void)size;
+    if (d->at + len > XFER_BYTES || memcmp(data, d->want + d->at, len) != 0)
+        d->bad++;
+    d->at += len;
+    return 0;
+}
+
+static void files(dsec_client *cl, const char *id, double *up, double *down)
+{
+    uint8_t *data = dsec_malloc(XFER_BYTES);
+    if (data == NULL)
+        die("1 GiB buffer", NULL);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i < XFER_BYTES; i += 8) { /* not compressible, not all alike */
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(data + i, &x, 8);
+    }
+    dsec_err err;
+    double t0 = now_s();
+    if (dsec_file_write_ex(cl, id, "/big.bin", data, XFER_BYTES, NULL, &err) < 0)
+        die("upload", &err);
+    *up = (double)XFER_BYTES / (1 << 20) / (now_s() - t0);
+    struct down d = {.want = data};
+    t0 = now_s();
+    if (dsec_file_read_pages(cl, id, "/big.bin", check_page, &d, &err) < 0)
+        die("download", &err);
+    *down = (double)XFER_BYTES / (1 << 20) / (now_s() - t0);
+    if (d.at != XFER_BYTES || d.bad != 0) {
+        fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n",
+                d.at, d.bad);
+        exit(1);
+    }
+    dsec_free(data);
+}
+
+/* ---- 2. shell session against exec ----------------------------------------------------- */
+
+static double run_one(dsec_client *cl, const char *id, const char *line, uint64_t session)
+{
+    const char *sh_argv[] = {"/bin/sh", "-c", line, NULL};
+    const char *s_argv[] = {line, NULL};
+    dsec_exec_opts eo = {.argv = session ? s_argv : sh_argv, .session = session,
+                         .timeout_ms = 30000};
+    dsec_exec_reply r;
+    dsec_err err;
+    double t0 = now_s();
+    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
+        die(session ? "session command" : "exec", &err);
+    double ms = (now_s() - t0) * 1000;
+    if (r.exit_code != 0) {
+        fprintf(stderr, "bench runtime: '%s' exited %d\n", line, r.exit_code);
+        exit(1);
+    }
+    dsec_exec_reply_release(&r);
+    return ms;
+}
+
+/* ---- 3. terminal echo ----------------------------------------------------------------- */
+
+struct tty {
+    dsec_client *cl;
+    const char *id;
+    uint64_t handle;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t seen; /* bytes of output seen by the follower */
+    bool stop, failed;
+    dsec_err err;
+};
+
+static void *tty_follow(void *p)
+{
+    struct tty *t = p;
+    uint64_t off = 0;
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        bool stop = t->stop;
+        pthread_mutex_unlock(&t->mu);
+        if (stop)
+            return NULL;
+        dsec_proc_out o;
+        if (dsec_proc_read_wait(t->cl, t->id, t->handle, off, 0, 0, 1000, &o, &t->err) < 0) {
+            pthread_mutex_lock(&t->mu);
+            t->failed = true;
+            pthread_cond_signal(&t->cv);
+            pthread_mutex_unlock(&t->mu);
+            return NULL;
+        }
+        off = o.out_from + o.out_len;
+        dsec_proc_out_free(&o);
+        pthread_mutex_lock(&t->mu);
+        t->seen = off;
+        pthread_cond_signal(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+    }
+}
+
+static double tty_echo(dsec_client *cl, const char *id, double *lat)
+{
+    const char *argv[] = {"cat", NULL};
+    dsec_proc p;
+    dsec_err err;
+    if (dsec_proc_start(cl, id, &(dsec_proc_opts){.argv = argv, .pty = true}, &p, &err) < 0)
+        die("pty start", &err);
+    struct tty t = {.cl = cl, .id = id, .handle = p.handle};
+    pthread_mutex_init(&t.mu, NULL);
+    pthread_cond_init(&t.cv, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, tty_follow, &t);
+    usleep(200 * 1000); /* the follower is waiting */
+    uint64_t want = 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        char key = (char)('a' + i % 26);
+        if (i % 60 == 59)
+            key = '\r'; /* a line now and then: cat prints it back (echo + its output) */
+        pthread_mutex_lock(&t.mu);
+        uint64_t before = t.seen;
+        pthread_mutex_unlock(&t.mu);
+        double t0 = now_s();
+        if (dsec_proc_write(cl, id, p.handle, &key, 1, false, &err) < 0)
+            die("typing", &err);
+        pthread_mutex_lock(&t.mu);
+        while (t.seen <= before && !t.failed)
+            pthread_cond_wait(&t.cv, &t.mu);
+        want = t.seen;
+        pthread_mutex_unlock(&t.mu);
+        if (t.failed)
+            die("following the terminal", &t.err);
+        lat[i] = (now_s() - t0) * 1000;
+        if (key == '\r')
+            usleep(20 * 1000); /* the line cat writes back comes after the echo */
+    }
+    pthread_mutex_lock(&t.mu);
+    t.stop = true;
+    pthread_mutex_unlock(&t.mu);
+    dsec_proc_signal(cl, id, p.handle, 9, &err);
+    pthread_join(th, NULL);
+    return (double)want;
+}
+
+/* ---- 4. 1,000 streams: bench_procs --------------------------------------------------- */
+
+static int streams(unsigned *n, uint64_t *lost, double *rss)
+{
+    char path[4096];
+    ssize_t k = readlink("/proc/self/exe", path, sizeof path - 32);
+    if (k < 0)
+        return -1;
+    path[k] = '\0';
+    char *slash = strrchr(path, '/');
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "bench_procs");
+    FILE *f = popen(path, "r");
+    if (f == NULL)
+        return -1;
+    char line[2048], last[2048] = "";
+    while (fgets(line, sizeof line, f) != NULL) {
+        fputs("  procs: ", stdout);
+        fputs(line, stdout);
+        snprintf(last, sizeof last, "%s", line);
+    }
+    int st = pclose(f);
+    char *s = strstr(last, "\"streams\":"), *l = strstr(last, "\"bytes_lost\":"),
+         *r = strstr(last, "\"node_rss_mib_peak\":");
+    if (s == NULL || l == NULL || r == NULL)
+        return -1;
+    *n = (unsigned)strtoul(s + 10, NULL, 10);
+    *lost = strtoull(l + 13, NULL, 10);
+    *rss = strtod(r + 20, NULL);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
+
+int main(void)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "bench runtime: needs root (containers, mounts, cgroups)\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    char root[] = "/var/tmp/dsec-bench-runtime-XXXXXX";
+    if (mkdtemp(root) == NULL)
+        die("mkdtemp", NULL);
+    snprintf(g_root, sizeof g_root, "%s", root);
+    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+           ">/dev/null",
+           DSEC_SRC, DSEC_CLI, root, root) != 0) {
+        fprintf(stderr, "bench runtime: building busybox:1 failed\n");
+        remove_root();
+        return 1;
+    }
+    dsec_cell_conf conf;
+    dsec_cell_conf_defaults(&conf);
+    conf.embedded_nats = true;
+    conf.nats_port = 0;
+    conf.sched_replicas = 1;
+    snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
+    snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
+    dsec_cell_node node = {.cpu_milli = 64000, .memory_mb = 65536, .slots = 16};
+    snprintf(node.name, sizeof node.name, "rt-0");
+    snprintf(node.backend, sizeof node.backend, "native");
+    node.types[0] = dsec_strdup("container");
+    conf.nodes = dsec_calloc(1, sizeof node);
+    conf.nodes[0] = node;
+    conf.nnodes = 1;
+    dsec_err err;
+    if (dsec_cell_start(&g_cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        die("starting the cell", &err);
+    const char *url = dsec_cell_url(g_cell);
+    dsec_client *cl;
+    dsec_client_opts co = {.url = url, .timeout_ms = 120000, .threads = 4};
+    if (dsec_client_connect(&cl, &co, &err) < 0)
+        die("connecting", &err);
+    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000,
+                           .memory_mb = 512, .disk_mb = 2048, .ttl_s = 3600, .idle_s = 3600};
+    dsec_sandbox_info sb;
+    if (dsec_create(cl, &cs, &sb, &err) < 0)
+        die("create", &err);
+
+    /* 1. files */
+    double raw1 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 1);
+    double raw4 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 4);
+    double raw = raw1 > raw4 ? raw1 : raw4;
+    double up, down;
+    files(cl, sb.id, &up, &down);
+    printf("files: 1 GiB up %.0f MB/s, down %.0f MB/s; raw nats.c, 4 MiB chunks: %.0f MB/s "
+           "(1 in flight), %.0f MB/s (4 in flight): up %.0f%%, down %.0f%% of the better "
+           "(target >= 70%%) %s\n",
+           up, down, raw1, raw4, 100 * up / raw, 100 * down / raw,
+           up >= 0.7 * raw && down >= 0.7 * raw ? "PASS" : "FAIL");
+
+    /* 2. session commands against execs */
+    dsec_proc s;
+    if (dsec_session_start(cl, sb.id, NULL, &s, &err) < 0)
+        die("session start", &err);
+    run_one(cl, sb.id, "X=1; cd /", s.handle);
+    static const char *const kinds[] = {"cd /tmp", "echo $X", "true"};
+    static double sess[3 * N_CMDS], exe[3 * N_CMDS];
+    for (int i = 0; i < N_CMDS; i++) /* interleaved: both see the same machine */
+        for (int k = 0; k < 3; k++) {
+            sess[k * N_CMDS + i] = run_one(cl, sb.id, kinds[k], s.handle);
+            exe[k * N_CMDS + i] = run_one(cl, sb.id, kinds[k], 0);
+        }
+    for (int k = 0; k < 3; k++)
+        printf("  '%s': session p50 %.2f ms, exec p50 %.2f ms\n", kinds[k],
+               pct(sess + k * N_CMDS, N_CMDS, 0.5), pct(exe + k * N_CMDS, N_CMDS, 0.5));
+    double sess_p50 = pct(sess, 3 * N_CMDS, 0.5), sess_p95 = pct(sess, 3 * N_CMDS, 0.95);
+    double exec_p50 = pct(exe, 3 * N_CMDS, 0.5), exec_p95 = pct(exe, 3 * N_CMDS, 0.95);
+    printf("session: %d commands, p50 %.2f ms p95 %.2f ms; exec of the same: p50 %.2f ms p95 "
+           "%.2f ms (target: session p50 <= exec p50) %s\n",
+           3 * N_CMDS, sess_p50, sess_p95, exec_p50, exec_p95,
+           sess_p50 <= exec_p50 ? "PASS" : "FAIL");
+
+    /* 3. terminal echo */
+    static double keys[N_KEYS], rtt[N_KEYS];
+    tty_echo(cl, sb.id, keys);
+    if (dsec_bench_raw_rtt_ms(url, N_KEYS, rtt) < 0)
+        die("raw round trips", NULL);
+    double echo_p50 = pct(keys, N_KEYS, 0.5), echo_p95 = pct(keys, N_KEYS, 0.95);
+    double rtt_p50 = pct(rtt, N_KEYS, 0.5);
+    printf("pty: %d keystrokes, echo p50 %.2f ms p95 %.2f ms (raw nats.c round trip p50 %.3f "
+           "ms; target p50 <= 2 ms) %s\n",
+           N_KEYS, echo_p50, echo_p95, rtt_p50, echo_p50 <= 2.0 ? "PASS" : "FAIL");
+
+    dsec_destroy(cl, sb.id, &err);
+    dsec_client_free(cl);
+    dsec_cell_stop(g_cell, true);
+    dsec_cell_conf_release(&conf);
+    remove_root();
+
+    /* 4. 1,000 streams (its own cell) */
+    unsigned nstreams = 0;
+    uint64_t lost = 0;
+    double rss = 0;
+    int prc = streams(&nstreams, &lost, &rss);
+    if (prc < 0)
+        fprintf(stderr, "bench runtime: bench_procs gave no result\n");
+    printf("{\"scenario\":\"runtime\",\"upload_mb_s\":%.0f,\"download_mb_s\":%.0f,\"raw_mb_s\":%.0f,"
+           "\"raw_mb_s_1_in_flight\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_ms\":%.2f,"
+           "\"pty_echo_p50_ms\":%.2f,\"raw_rtt_p50_ms\":%.3f,\"streams\":%u,\"bytes_lost\":%" PRIu64
+           ",\"node_rss_mib\":%.1f}\n",
+           up, down, raw, raw1, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss);
+    return prc == 0 ? 0 : 1;
+}
