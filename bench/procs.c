@@ -46,6 +46,7 @@
 
 static dsec_cell *g_cell;
 static char g_root[64];
+static char g_node[32]; /* this run's node: its cgroups and mounts are named after it */
 
 static double now_s(void)
 {
@@ -69,7 +70,7 @@ static int sh(const char *fmt, ...)
 static void remove_root(void)
 {
     if (g_root[0] != '\0')
-        sh("umount -l %s/state/node-procs-0/container/upper 2>/dev/null; rm -rf %s", g_root,
+        sh("umount -l %s/state/node-%s/container/upper 2>/dev/null; rm -rf %s", g_root, g_node,
            g_root);
 }
 
@@ -281,7 +282,8 @@ int main(void)
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
     snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
     dsec_cell_node node = {.cpu_milli = 1000000, .memory_mb = 1u << 20, .slots = 64};
-    snprintf(node.name, sizeof node.name, "procs-0");
+    snprintf(g_node, sizeof g_node, "procs-%d", (int)getpid());
+    snprintf(node.name, sizeof node.name, "%s", g_node);
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
     node.opts[0] = (dsec_backend_kv){dsec_strdup("warm_pool"), dsec_strdup("0")};

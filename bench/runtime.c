@@ -39,6 +39,7 @@
 
 static dsec_cell *g_cell;
 static char g_root[64];
+static char g_node[32]; /* this run's node: its cgroups and mounts are named after it */
 
 static double now_s(void)
 {
@@ -62,7 +63,7 @@ static int sh(const char *fmt, ...)
 static void remove_root(void)
 {
     if (g_root[0] != '\0')
-        sh("umount -l %s/state/node-rt-0/container/upper 2>/dev/null; rm -rf %s", g_root, g_root);
+        sh("umount -l %s/state/node-%s/container/upper 2>/dev/null; rm -rf %s", g_root, g_node, g_root);
 }
 
 static void die(const char *what, const dsec_err *err)
@@ -306,7 +307,8 @@ int main(void)
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
     snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
     dsec_cell_node node = {.cpu_milli = 64000, .memory_mb = 65536, .slots = 16};
-    snprintf(node.name, sizeof node.name, "rt-0");
+    snprintf(g_node, sizeof g_node, "rt-%d", (int)getpid());
+    snprintf(node.name, sizeof node.name, "%s", g_node);
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
     conf.nodes = dsec_calloc(1, sizeof node);

@@ -292,7 +292,7 @@ int dsec_cli_exec(int argc, char **argv)
         fprintf(stderr, "dsec exec: --ring and --keep-stdin are for a background process (-d)\n");
         return 2;
     }
-    if (detach && (o.rollout_id != NULL || o.output_max != 0 || o.req_id != NULL)) {
+    if (detach && (o.rollout_id != NULL || o.step != 0 || o.output_max != 0 || o.req_id != NULL)) {
         fprintf(stderr, "dsec exec -d: --rollout, --step, --output-max and --req-id are for a "
                         "command that runs to its answer; a background process keeps its last "
                         "--ring bytes of output instead\n");
