@@ -21,8 +21,17 @@ add_test(NAME agent_client_fuzz_corpus
 # agent's frame reader and request decoders), replayed in every build. It chroots: root only
 # (77 = skipped otherwise).
 add_executable(fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent.c
+  ${CMAKE_SOURCE_DIR}/backends/agent/agent-watch.c
   ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
 target_link_libraries(fuzz_agent_replay PRIVATE dsec_common Threads::Threads dsec_warnings
   dsec_allocator)
 add_test(NAME agent_fuzz_corpus COMMAND fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent)
 set_tests_properties(agent_fuzz_corpus PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+# dsec-agent --watch: a directory's changes as JSON lines (a sandbox's watcher, agent-watch.c).
+add_executable(test_agent_watch test_agent_watch.c)
+target_link_libraries(test_agent_watch PRIVATE PkgConfig::CMOCKA dsec_warnings)
+target_compile_definitions(test_agent_watch PRIVATE DSEC_AGENT_PATH="$<TARGET_FILE:dsec-agent>")
+add_dependencies(test_agent_watch dsec-agent)
+add_test(NAME agent_watch COMMAND test_agent_watch)
+set_tests_properties(agent_watch PROPERTIES TIMEOUT 60)

@@ -613,6 +613,62 @@ static void test_terminals(void **state)
     destroy(a.id);
 }
 
+struct evs {
+    char seen[8192];
+};
+
+static void on_ev(void *ud, const dsec_dir_event *ev)
+{
+    struct evs *e = ud;
+    size_t n = strlen(e->seen);
+    snprintf(e->seen + n, sizeof e->seen - n, "%s %s%s\n", ev->event, ev->path, ev->dir ? "/" : "");
+}
+
+static void test_watch(void **state)
+{
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    char got[256];
+    assert_int_equal(sh(a.id, "mkdir -p /w/old", got, sizeof got), 0);
+    dsec_proc w;
+    assert_int_equal(dsec_dir_watch(cl, a.id, "/w", true, &w, &err), 0);
+    assert_true(w.running);
+    /* a change made by a command, seen by the client as it happens */
+    assert_int_equal(sh(a.id, "echo x > /w/f && mv /w/f /w/g && mkdir /w/new && echo y > /w/new/h "
+                              "&& rm /w/g",
+                        got, sizeof got),
+                     0);
+    struct evs e = {""};
+    uint64_t off = 0;
+    for (int i = 0; i < 20 && strstr(e.seen, "delete /w/g\n") == NULL; i++)
+        assert_true(dsec_dir_events(cl, a.id, w.handle, &off, 1000, on_ev, &e, NULL, &err) >= 0);
+    assert_non_null(strstr(e.seen, "create /w/f\nmodify /w/f\nmoved_from /w/f\nmoved_to /w/g\n"
+                                   "create /w/new/\n"));
+    /* made in a directory that came after the watch: seen by inotify or by the scan of it */
+    assert_non_null(strstr(e.seen, "create /w/new/h\n"));
+    assert_non_null(strstr(e.seen, "delete /w/g\n"));
+    /* the watcher is a background process: listed, and ended by a signal */
+    assert_int_equal(dsec_proc_signal(cl, a.id, w.handle, 9, &err), 0);
+    /* bad input: a relative path, a file, a missing directory */
+    assert_int_equal(dsec_dir_watch(cl, a.id, "w", false, &w, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_int_equal(dsec_dir_watch(cl, a.id, "/etc/passwd", false, &w, &err), -1);
+    assert_non_null(strstr(err.msg, "not a directory"));
+    assert_int_equal(dsec_dir_watch(cl, a.id, "/nope", false, &w, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    printf("watching a missing directory: %s\n", err.msg);
+    /* the CLI: dsec watch --count, fed by a change made after it started */
+    char out[4096], cmd[512];
+    snprintf(cmd, sizeof cmd, "(sleep 1; touch /w/old/t)");
+    const char *bg[] = {"/bin/sh", "-c", cmd, NULL};
+    dsec_proc p;
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = bg}, &p, &err), 0);
+    assert_int_equal(cli(out, sizeof out, "watch %s /w -r --json --count 1", a.id), 0);
+    assert_non_null(strstr(out, "{\"event\":\"create\",\"path\":\"/w/old/t\",\"dir\":false}"));
+    destroy(a.id);
+}
+
 static void test_background_processes(void **state)
 {
     dsec_sandbox_info a;
@@ -1033,6 +1089,7 @@ int main(void)
         cmocka_unit_test(test_background_processes),
         cmocka_unit_test(test_shell_sessions),
         cmocka_unit_test(test_terminals),
+        cmocka_unit_test(test_watch),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

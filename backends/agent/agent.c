@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "backends/agent/agent-proto.h"
+#include "backends/agent/agent-watch.h"
 
 #ifdef DSEC_AGENT_FUZZ
 /* fuzz/fuzz_agent.c compiles this file in. Requests are decoded and commands prepared and forked
@@ -3183,6 +3184,9 @@ static int finish(int rc)
 
 int main(int argc, char **argv)
 {
+    /* a directory watcher, started as a background process (agent-watch.c) */
+    if (argc >= 2 && strcmp(argv[1], "--watch") == 0)
+        return dsec__agent_watch_main(argc, argv);
     int listen_fd = -1;
     const char *listen_path = NULL;
     char **env = NULL;

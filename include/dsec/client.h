@@ -283,6 +283,37 @@ int dsec_proc_read_wait(dsec_client *c, const char *id, uint64_t handle, uint64_
 int dsec_proc_resize(dsec_client *c, const char *id, uint64_t handle, uint16_t rows,
                      uint16_t cols, dsec_err *err);
 
+/* ---- watching a directory -------------------------------------------------------------
+ * A watcher is a background process of the sandbox (containers, microVMs, VMs): the agent
+ * itself, watching with inotify and printing one JSON line per change, so its events are
+ * kept in its ring when nobody reads, followed by offset from any client, and it ends with
+ * the sandbox or dsec_proc_signal. */
+typedef struct dsec_dir_event {
+    /* create, modify (a file written and closed), delete, moved_from, moved_to, attrib,
+     * overflow (events were lost: list the directory again), gone (the directory itself
+     * went; the watcher has ended) */
+    char event[16];
+    char path[4096]; /* absolute, in the sandbox */
+    bool dir;
+} dsec_dir_event;
+
+/* Watch the absolute directory path (and below it when recursive: directories made later
+ * too; entries of a directory made while the watch was being set may be reported twice).
+ * Returns once every watch is set, so changes after it are seen; *out is the watcher's
+ * process (its handle for dsec_dir_events and dsec_proc_signal). A path that is not a
+ * directory fails with the sandbox's reason. */
+int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recursive,
+                   dsec_proc *out, dsec_err *err);
+/* Hand fn the watcher's events from *offset on (0 at first), waiting up to wait_ms for some;
+ * *offset moves past what was handed over (whole lines only). Events dropped because nobody
+ * read them for long (more than the ring's 256 KiB) come as one "overflow". Returns how many
+ * events fn saw (0 when the wait ran out), or -1. *running tells whether the watcher still
+ * runs (may be NULL). */
+typedef void (*dsec_dir_event_fn)(void *ud, const dsec_dir_event *ev);
+int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *offset,
+                    uint32_t wait_ms, dsec_dir_event_fn fn, void *ud, bool *running,
+                    dsec_err *err);
+
 /* ---- shell sessions ----------------------------------------------------------------------
  * A persistent shell in the sandbox (bash, or sh where there is none; or shell, a path):
  * dsec_exec with .session = the handle runs one command line in it at a time, and its

@@ -10,11 +10,12 @@
 See docs/sdk.md.
 """
 from .client import (TYPES, AsyncDSecClient, AsyncPty, AsyncSandbox, AsyncShell, CommandFailed,
-                     DSecClient, Files, Process, Processes, Pty, Sandbox, Shell)
+                     DSecClient, DirWatch, Files, Process, Processes, Pty, Sandbox,
+                     Shell)
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
-from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
+from .types import (ContainerArgs, DirEntry, DirEvent, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
 
@@ -23,10 +24,10 @@ library_path = _lib.path
 
 __all__ = [
     "TYPES", "AsyncDSecClient", "AsyncPty", "AsyncSandbox", "AsyncShell", "CommandFailed",
-    "DSecClient", "Files", "Process", "Processes", "Pty", "Sandbox", "Shell",
+    "DSecClient", "DirWatch", "Files", "Process", "Processes", "Pty", "Sandbox", "Shell",
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
     "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",
     "Timeout",
-    "ContainerArgs", "DirEntry", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
+    "ContainerArgs", "DirEntry", "DirEvent", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
 ]

@@ -176,8 +176,10 @@ if hasattr(lib, "dsec_session_start"):
     session_start = _proto("dsec_session_start", c_int, P, c_char_p, c_char_p, POINTER(Proc),
                            PErr)
     session_interrupt = _proto("dsec_session_interrupt", c_int, P, c_char_p, c_uint64, PErr)
+    dir_watch = _proto("dsec_dir_watch", c_int, P, c_char_p, c_char_p, c_bool, POINTER(Proc),
+                       PErr)
 else:
-    proc_read_wait = proc_resize = session_start = session_interrupt = None
+    proc_read_wait = proc_resize = session_start = session_interrupt = dir_watch = None
 resume = _proto("dsec_resume", c_int, P, c_char_p, PErr)
 destroy = _proto("dsec_destroy", c_int, P, c_char_p, PErr)
 status = _proto("dsec_status", c_int, P, c_char_p, POINTER(SandboxInfo), PErr)

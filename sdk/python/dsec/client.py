@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Iterable, List, Mapping, Optional, Sequence
 
 from . import _lib, errors
-from .types import (ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
+from .types import (DirEvent, ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
                     ProcessInfo, ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 
 TYPES = ("function", "container", "microvm", "vm", "sim")
@@ -578,6 +578,72 @@ class Files:
                              mode=p[i].mode, mtime=p[i].mtime) for i in range(n.value)]
         finally:
             _lib.dirents_free(p, n)
+
+    def watch(self, path: str, recursive: bool = False) -> "DirWatch":
+        """Watch a directory (containers, microVMs, VMs): returns once every
+        watch is set; iterate the DirWatch for DirEvents as changes happen.
+        The watcher runs in the sandbox until close() (or the sandbox ends);
+        events nobody read for long come as one "overflow" event."""
+        if _lib.dir_watch is None:
+            raise errors.not_supported("files.watch: this libdsec.so (%s) has no dsec_dir_watch; "
+                                       "rebuild it" % _lib.path, "files.watch")
+        sb = self._sb
+        out = _lib.Proc()
+        sb._client._call("files.watch", _lib.dir_watch, sb._cid, _lib.cstr(path),
+                         bool(recursive), ctypes.byref(out))
+        return DirWatch(sb, out.handle)
+
+
+class DirWatch:
+    """A directory watcher (Files.watch): `for ev in w:` yields DirEvents as
+    they come; next_events(timeout_s) returns those that came within it."""
+
+    def __init__(self, sb: "Sandbox", handle: int):
+        self._p = Process(sb, handle)
+        self.handle = int(handle)
+        self._off = 0
+        self._part = b""
+        self.running = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def next_events(self, timeout_s: float = 1.0) -> List[DirEvent]:
+        import json
+        w = self._p.read(self._off, 0, wait_s=timeout_s)
+        evs = []
+        if w.stdout_from > self._off:  # dropped before it was read
+            evs.append(DirEvent(event="overflow", path="", dir=True))
+            data = w.stdout
+            nl = data.find(b"\n")
+            self._part, data = b"", data[nl + 1:] if nl >= 0 else b""
+        else:
+            data = self._part + w.stdout
+        self._off = w.stdout_from + len(w.stdout)
+        lines = data.split(b"\n")
+        self._part = lines.pop()
+        for line in lines:
+            d = json.loads(line)
+            if d["event"] != "ready":
+                evs.append(DirEvent(event=d["event"], path=d["path"], dir=bool(d["dir"])))
+        self.running = w.info.running
+        return evs
+
+    def __iter__(self):
+        while True:
+            evs = self.next_events(1.0)
+            yield from evs
+            if not self.running and not evs:
+                return
+
+    def close(self) -> None:
+        try:
+            self._p.kill()
+        except (errors.StateError, errors.NotFound):
+            pass
 
 
 def _proc_info(p) -> ProcessInfo:

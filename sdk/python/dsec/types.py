@@ -144,6 +144,14 @@ class DirEntry:
     mtime: int
 
 
+@dataclass
+class DirEvent:
+    """A change Files.watch saw."""
+    event: str  # create, modify, delete, moved_from, moved_to, attrib, overflow, gone
+    path: str   # absolute, in the sandbox
+    dir: bool
+
+
 Data = Union[bytes, bytearray, memoryview, str]
 Labels = Dict[str, str]
 

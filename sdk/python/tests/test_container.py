@@ -433,6 +433,21 @@ class TestShellAndPty(Base):
         with self.assertRaises(InvalidArgument):
             t.resize(0, 10)
 
+    def test_watch_a_directory(self):
+        sb = self.make()
+        sb.run_shell("mkdir -p /w", check=True)
+        with sb.files.watch("/w", recursive=True) as w:
+            sb.run_shell("mkdir /w/d && echo 1 > /w/x && rm /w/x", check=True)
+            seen = []
+            for ev in w:
+                seen.append((ev.event, ev.path, ev.dir))
+                if ev.event == "delete":
+                    break
+        self.assertEqual(seen, [("create", "/w/d", True), ("create", "/w/x", False),
+                                ("modify", "/w/x", False), ("delete", "/w/x", False)])
+        with self.assertRaises(NotFound):
+            sb.files.watch("/missing")
+
 
 class TestFunction(Base):
     """Function calls, the lightest type, through the same SDK calls as the other types."""
