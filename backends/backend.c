@@ -427,7 +427,11 @@ int dsec_backend_proc_start(dsec_backend *be, dsec_sandbox *sb, const dsec_proc_
                             dsec_proc_info *out, dsec_err *err)
 {
     if (be->ops->proc_start == NULL)
-        return unsupported(be, "background processes", err);
+        return unsupported(be,
+                           req != NULL && req->pty       ? "terminals (pty)"
+                           : req != NULL && req->session ? "shell sessions"
+                                                         : "background processes",
+                           err);
     if (sb == NULL)
         return no_sandbox("proc_start", err);
     if (req == NULL || out == NULL || (!req->session && req->exec.argc == 0) ||

@@ -1209,7 +1209,32 @@ static void background_processes_unsupported_on_sim(void **state)
     size_t n;
     assert_int_equal(dsec_proc_list(cl, sb.id, &v, &n, &err), -1);
     assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    /* a terminal, a shell session, a session command, an interrupt, a watch: each says so */
+    const char *sh[] = {"sh", NULL};
+    assert_int_equal(dsec_proc_start(cl, sb.id, &(dsec_proc_opts){.argv = sh, .pty = true}, &p,
+                                     &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "does not support terminals (pty)"));
+    assert_int_equal(dsec_session_start(cl, sb.id, NULL, &p, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "does not support shell sessions"));
+    const char *line[] = {"cd /tmp", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = line, .session = 1}, &r, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "does not support shell sessions"));
+    assert_int_equal(dsec_session_interrupt(cl, sb.id, 1, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
+    assert_int_equal(dsec_dir_watch(cl, sb.id, "/work", false, &p, &err), -1);
+    assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
     /* and malformed asks are refused before any backend sees them */
+    assert_int_equal(dsec_proc_resize(cl, sb.id, 1, 0, 80, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_int_equal(dsec_proc_read_wait(cl, sb.id, 1, 0, 0, 0, 60001, &(dsec_proc_out){0}, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
     assert_int_equal(dsec_proc_start(cl, sb.id, &(dsec_proc_opts){0}, &p, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
     assert_int_equal(dsec_proc_signal(cl, sb.id, 1, 0, &err), -1);
