@@ -17,6 +17,8 @@ from .errors import (AlreadyExists, BackendError, CapacityError, Closed, Connect
 from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
+from . import fleet
+from .fleet import EventStream, ListedSandbox, SandboxEvent, SandboxList
 
 __version__ = "0.1.0"
 library_path = _lib.path
@@ -28,4 +30,5 @@ __all__ = [
     "Timeout",
     "ContainerArgs", "DirEntry", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
+    "fleet", "EventStream", "ListedSandbox", "SandboxEvent", "SandboxList",
 ]
