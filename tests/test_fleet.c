@@ -28,8 +28,8 @@ static char root[64];
 static const char *dsecd_path;
 
 static struct {
-    dsec_cell *cell;
-    dsec_cell_conf *conf;
+    dsec_cell *cell, *cell2;
+    dsec_cell_conf *conf, *conf2;
     dsec_client *clients[3];
     dsec_event_watch *watches[2];
     pid_t pid;
@@ -47,8 +47,11 @@ static int test_teardown(void **state)
     for (int i = 0; i < 3; i++)
         dsec_client_free(live.clients[i]);
     dsec_cell_stop(live.cell, true);
+    dsec_cell_stop(live.cell2, true);
     if (live.conf)
         dsec_cell_conf_release(live.conf);
+    if (live.conf2)
+        dsec_cell_conf_release(live.conf2);
     memset(&live, 0, sizeof live);
     return 0;
 }
@@ -511,6 +514,52 @@ static void labels_outlive_a_restart(void **state)
     dsec_list_page_release(&p);
 }
 
+/* ---- cells ---------------------------------------------------------------------------------- */
+
+/* Two cells: one listing waits for both cells' schedulers (each names the other) and then
+ * for every node of both, and merges their pages. */
+static void list_spans_cells(void **state)
+{
+    (void)state;
+    static dsec_cell_conf c1, c2;
+    conf_for(&c1, "t43x");
+    conf_for(&c2, "t43y");
+    add_node(&c1, "t43x-n", "a");
+    add_node(&c2, "t43y-n", "a");
+    live.conf = &c1;
+    live.conf2 = &c2;
+    dsec_err err;
+    if (dsec_cell_start(&live.cell, &c1, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0 ||
+        dsec_cell_start(&live.cell2, &c2, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
+        fail_msg("cell: %s", err.msg);
+    wait_nodes(live.cell, 1);
+    wait_nodes(live.cell2, 1);
+    dsec_client *cl = client("t43");
+    static const char *const run[] = {"run=exp-9", NULL};
+    char ids[4][DSEC_ID_MAX];
+    for (int i = 0; i < 4; i++) {
+        dsec_create_spec spec = {.type = "container", .labels = run,
+                                 .cell = i % 2 ? "t43y" : "t43x"};
+        dsec_sandbox_info info;
+        if (dsec_create(cl, &spec, &info, &err) < 0)
+            fail_msg("create: %s", err.msg);
+        assert_string_equal(info.node, i % 2 ? "t43y-n" : "t43x-n");
+        snprintf(ids[i], DSEC_ID_MAX, "%s", info.id);
+    }
+    msleep(400); /* each scheduler has heard the other cell's summary */
+    dsec_list_opts o = {.labels = run};
+    for (int k = 0; k < 5; k++) { /* every time: both cells, both nodes */
+        dsec_list_page p;
+        assert_int_equal(dsec_list_sandboxes(cl, &o, &p, &err), 0);
+        assert_int_equal(p.nodes_asked, 2);
+        assert_int_equal(p.nodes_answered, 2);
+        assert_int_equal(p.nmissing, 0);
+        assert_int_equal(p.n, 4);
+        dsec_list_page_release(&p);
+    }
+    EXPECT_LIST(cl, &o, ids[0], ids[1], ids[2], ids[3]);
+}
+
 int main(int argc, char **argv)
 {
     dsecd_path = argc > 1 ? argv[1] : "./dsecd";
@@ -519,6 +568,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(list_filters_pages_and_tenants, test_teardown),
         cmocka_unit_test_teardown(rm_by_label_and_tenant_events, test_teardown),
         cmocka_unit_test_teardown(labels_outlive_a_restart, test_teardown),
+        cmocka_unit_test_teardown(list_spans_cells, test_teardown),
     };
     if (getenv("DSEC_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("DSEC_TEST_FILTER"));

@@ -205,14 +205,15 @@ static int fleet_ls(int argc, char **argv)
     else
         printf("%-24s %-10s %-9s %-12s %5s  %s\n", "ID", "TYPE", "STATE", "NODE", "AGE", "LABELS");
     char *missing_note = NULL;
+    bool failed = false;
+    dsec_err ferr = {0};
     for (;;) {
         dsec_list_page p;
         dsec_err err;
         o.cursor = cursor;
         if (dsec_list_sandboxes(c, &o, &p, &err) < 0) {
-            if (json)
-                printf("]}\n");
-            status = dsec_cli_fail("ls", &err);
+            failed = true;
+            ferr = err;
             break;
         }
         for (size_t i = 0; i < p.n; i++) {
@@ -237,21 +238,29 @@ static int fleet_ls(int argc, char **argv)
         if (cursor[0] == '\0' || !all)
             break;
     }
-    if (json && status != 2 && !(status == 1 && shown == 0 && missing_note == NULL)) {
+    if (json) { /* next_cursor: where to go on (after a failure: the page that failed) */
         printf("],\"next_cursor\":");
-        json_str(stdout, all ? "" : cursor);
+        json_str(stdout, cursor);
         printf(",\"missing\":[");
         if (missing_note != NULL) {
             char *save = NULL, *tok = strtok_r(missing_note, "\x1f", &save);
-            for (bool first = true; tok != NULL; tok = strtok_r(NULL, "\x1f", &save), first = false) {
+            for (bool first = true; tok != NULL;
+                 tok = strtok_r(NULL, "\x1f", &save), first = false) {
                 printf("%s", first ? "" : ",");
                 json_str(stdout, tok);
             }
         }
-        printf("]}\n");
-    } else if (!json && cursor[0] != '\0' && !all) {
+        printf("]");
+        if (failed) {
+            printf(",\"error\":");
+            json_str(stdout, ferr.msg);
+        }
+        printf("}\n");
+    } else if (!failed && cursor[0] != '\0') {
         fprintf(stderr, "dsec ls: more: ask again with --cursor %s (or --all)\n", cursor);
     }
+    if (failed)
+        status = dsec_cli_fail("ls", &ferr);
     dsec_free(missing_note);
     dsec_client_free(c);
     return status;
@@ -478,6 +487,8 @@ out:
 
 int dsec_cli_rm(int argc, char **argv)
 {
+    if (argc < 2)
+        return fleet_rm(argc, argv); /* says both forms */
     for (int i = 1; i < argc; i++)
         if (argv[i][0] == '-')
             return fleet_rm(argc, argv);
