@@ -1,4 +1,5 @@
-/* node-list.c - fleet handling on the node: a tenant's sandboxes listed from the node's own table, their labels, and lifecycle events per tenant. */
+/* node-list.c - fleet handling on the node: a tenant's sandboxes listed from the node's own table,
+ * their labels, and lifecycle events per tenant. */
 #include "actors/node-int.h"
 
 #include <inttypes.h>
@@ -189,8 +190,8 @@ void dsec__node_on_list(dsec_actor *a, dsec_msg *m, void *ud)
     for (size_t b = 0; b < n->nbuckets && !nomem; b++)
         for (struct sbx *s = n->by_id[b]; s && !nomem; s = s->next_id) {
             int st = s->state;
-            if (strcmp(s->tenant, tenant) != 0 || strcmp(s->id, after) <= 0 ||
-                st == ST_GONE || st == ST_FAILED || (want_state >= 0 && st != want_state) ||
+            if (strcmp(s->tenant, tenant) != 0 || strcmp(s->id, after) <= 0 || st == ST_GONE ||
+                st == ST_FAILED || (want_state >= 0 && st != want_state) ||
                 (q.type != NULL && strcmp(dsec__node_type_name(n, s->type_idx), q.type) != 0) ||
                 !labels_match(s, &q.labels))
                 continue;
@@ -262,8 +263,8 @@ void dsec__node_on_list(dsec_actor *a, dsec_msg *m, void *ud)
     /* An answer over the payload limit (thousands of large label sets) is cut in half
      * until it fits; more tells the client to ask again from its last id. */
     for (size_t send = take;;) {
-        dsec_msg_list_reply out = {.node = n->name, .cell = n->cell,
-                                   .items = {items, (uint32_t)send}, .more = send < nh};
+        dsec_msg_list_reply out = {
+            .node = n->name, .cell = n->cell, .items = {items, (uint32_t)send}, .more = send < nh};
         if (dsec_wire_reply(a, m, DSEC_MSG_LIST_REPLY, &out, &err) == 0)
             break;
         if (err.code != DSEC_E_TOO_LARGE || send <= 1) {
@@ -327,11 +328,11 @@ void dsec__node_send_tenant_events(dsec_node *n, const dsec_msg_sandbox_event *i
         if (tenant[0] != '\0' && strcmp(tenant, "ctl") != 0 &&
             dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0) {
             snprintf(subj, sizeof subj, "dsec.v1.%s.evt.sbx", tenant);
-            dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,
-                                             .events = {v + i, (uint32_t)(j - i)}};
+            dsec_msg_sandbox_events batch = {
+                .node = n->name, .cell = n->cell, .events = {v + i, (uint32_t)(j - i)}};
             dsec_err err;
-            if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_SANDBOX_EVENTS, &batch,
-                               NULL, &err) < 0)
+            if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_SANDBOX_EVENTS, &batch, NULL,
+                               &err) < 0)
                 dsec_actor_count_error(n->actor);
         }
         i = j;

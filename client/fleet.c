@@ -1,4 +1,5 @@
-/* fleet.c - libdsec's fleet handling: a tenant's sandboxes listed from the nodes themselves, and its lifecycle events followed. */
+/* fleet.c - libdsec's fleet handling: a tenant's sandboxes listed from the nodes themselves, and
+ * its lifecycle events followed. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,8 +64,8 @@ struct gather {
     strset answered;
     dsec_list_entry *e;
     size_t n, cap;
-    bool more;     /* some node had more matches than it sent */
-    bool failed;   /* a node refused the request: err says why */
+    bool more;   /* some node had more matches than it sent */
+    bool failed; /* a node refused the request: err says why */
     dsec_err err;
     bool nomem;
     uint32_t limit;
@@ -84,17 +85,20 @@ static void entry_release(dsec_list_entry *e)
     e->nlabels = 0;
 }
 
-/* An error answer of a node (a refused request: bad field, ...) is the listing's error. */
+/* A node that refuses the request itself (a bad field: every node would) fails the listing
+ * with its error. Any other failure of one node (out of memory, ...) leaves that node
+ * unanswered: it is reported missing, and the others' pages still count. */
 static void take_error(struct gather *g, dsec_msg *m, dsec_decoder *dec)
 {
     dsec_msg_error e;
     dsec_err err;
     if (dsec_decode(dec, DSEC_MSG_ERROR, dsec_msg_data(m), dsec_msg_len(m), &e, &err) < 0)
         return;
-    if (g->failed)
+    int code = dsec_code_from_name(e.code);
+    if (g->failed || (code != DSEC_E_INVALID && code != DSEC_E_DECODE &&
+                      code != DSEC_E_UNSUPPORTED && code != DSEC_E_PERMISSION))
         return;
     g->failed = true;
-    int code = dsec_code_from_name(e.code);
     if (e.field != NULL)
         dsec_err_set(&g->err, code, 0, "%s (field %s)", e.message, e.field);
     else
@@ -115,8 +119,8 @@ static void on_nodes(dsec_actor *a, dsec_msg *m, void *ud)
     if (type != NULL && strcmp(type, "node_set") == 0 &&
         dsec_decode(dec, DSEC_MSG_NODE_SET, dsec_msg_data(m), dsec_msg_len(m), &ns, &err) == 0 &&
         ns.cell != NULL) {
-        bool ok = set_add(&g->cells_answered, ns.cell) >= 0 &&
-                  set_add(&g->cells_known, ns.cell) >= 0;
+        bool ok =
+            set_add(&g->cells_answered, ns.cell) >= 0 && set_add(&g->cells_known, ns.cell) >= 0;
         for (uint32_t i = 0; ok && i < ns.cells.n; i++)
             ok = set_add(&g->cells_known, ns.cells.v[i]) >= 0;
         for (uint32_t i = 0; ok && i < ns.nodes.n; i++)
@@ -147,8 +151,8 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
     if (type != NULL && strcmp(type, "error") == 0) {
         take_error(g, m, dec);
     } else if (type != NULL && strcmp(type, "list_reply") == 0 &&
-               dsec_decode(dec, DSEC_MSG_LIST_REPLY, dsec_msg_data(m), dsec_msg_len(m), &r,
-                           &err) == 0 &&
+               dsec_decode(dec, DSEC_MSG_LIST_REPLY, dsec_msg_data(m), dsec_msg_len(m), &r, &err) ==
+                   0 &&
                set_add(&g->answered, r.node) == 1) { /* a node's second answer is not counted */
         g->more |= r.more;
         const dsec_msg_sbx_info *it = r.items.items;
@@ -248,10 +252,10 @@ static struct timespec deadline_in(int ms)
     return ts;
 }
 
-/* ---- dsec_list_sandboxes ---------------------------------------------------------------------- */
+/* ---- dsec_list_sandboxes ----------------------------------------------------------------------
+ */
 
-static const char *const list_states[] = {"requested", "starting", "running", "paused",
-                                          "stopping"};
+static const char *const list_states[] = {"requested", "starting", "running", "paused", "stopping"};
 
 /* opts checked, and the request built from them (kv borrows opts' strings, split copies). */
 static int build_request(const dsec_list_opts *o, dsec_msg_list *q, char ***keys, char ***vals,
@@ -334,7 +338,8 @@ static void free_split(char **keys, char **vals, const dsec_list_opts *o)
     dsec_free(vals);
 }
 
-int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out, dsec_err *err)
+int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out,
+                        dsec_err *err)
 {
     static const dsec_list_opts none = {0};
     const dsec_list_opts *o = opts != NULL ? opts : &none;
@@ -405,7 +410,8 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
         *err = g.err;
         goto out;
     }
-    qsort(g.e, g.n, sizeof *g.e, by_entry_id);
+    if (g.n > 1)
+        qsort(g.e, g.n, sizeof *g.e, by_entry_id);
     size_t keep = g.n < q.limit ? g.n : (size_t)q.limit;
     bool more = g.more || g.n > keep;
     for (size_t i = keep; i < g.n; i++)

@@ -1,4 +1,6 @@
-/* test_fleet.c - fleet handling end to end on a real nats-server: listing a tenant's sandboxes from the nodes (filters, pages, tenants, missing nodes, bad input), removing by label, per-tenant events. */
+/* test_fleet.c - fleet handling end to end on a real nats-server: listing a tenant's sandboxes from
+ * the nodes (filters, pages, tenants, missing nodes, bad input), removing by label, per-tenant
+ * events. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -294,35 +296,43 @@ static void list_filters_pages_and_tenants(void **state)
 
     /* a node that bypasses libdsec's checks is answered by the node, naming the field */
     dsec_bus *bus = NULL;
-    assert_int_equal(dsec_bus_connect(&bus, &(dsec_bus_opts){.url = dsec_natsd_url(natsd)}, &err), 0);
+    assert_int_equal(dsec_bus_connect(&bus, &(dsec_bus_opts){.url = dsec_natsd_url(natsd)}, &err),
+                     0);
     dsec_msg_list q = {.limit = 5, .state = "gone-fishing"};
     dsec_buf b;
     dsec_buf_init(&b);
     assert_int_equal(dsec_encode(&b, DSEC_MSG_LIST, &q, &err), 0);
     dsec_msg *reply = NULL;
-    assert_int_equal(dsec_bus_request_sync(bus, "dsec.v1.t40a.list",
-                                           &(dsec_hdr){.type = "list", .schema = DSEC_SCHEMA_VERSION},
-                                           b.data, b.len, 3000, &reply, &err),
-                     0);
+    assert_int_equal(
+        dsec_bus_request_sync(bus, "dsec.v1.t40a.list",
+                              &(dsec_hdr){.type = "list", .schema = DSEC_SCHEMA_VERSION}, b.data,
+                              b.len, 3000, &reply, &err),
+        0);
     assert_string_equal(dsec_msg_type(reply), "error");
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_error e;
-    assert_int_equal(dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e,
-                                 &err),
-                     0);
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, &err), 0);
     assert_string_equal(e.field, "state");
     dsec_msg_free(reply);
 
     /* a node the scheduler knows of that never answers: the page says it may be short */
-    dsec_msg_capacity cap = {.node = "t40-ghost", .cell = "t40", .seq = 1, .full = true,
-                             .cpu_free_milli = 1000, .mem_free_mb = 1000, .slots_free = 1,
-                             .cpu_milli = 1000, .memory_mb = 1000, .slots = 1};
+    dsec_msg_capacity cap = {.node = "t40-ghost",
+                             .cell = "t40",
+                             .seq = 1,
+                             .full = true,
+                             .cpu_free_milli = 1000,
+                             .mem_free_mb = 1000,
+                             .slots_free = 1,
+                             .cpu_milli = 1000,
+                             .memory_mb = 1000,
+                             .slots = 1};
     assert_int_equal(dsec_encode(&b, DSEC_MSG_CAPACITY, &cap, &err), 0);
-    assert_int_equal(dsec_bus_publish(bus, "dsec.v1.ctl.evt.t40.node.t40-ghost.capacity", NULL,
-                                      &(dsec_hdr){.type = "capacity",
-                                                  .schema = DSEC_SCHEMA_VERSION},
-                                      b.data, b.len, &err),
-                     0);
+    assert_int_equal(
+        dsec_bus_publish(bus, "dsec.v1.ctl.evt.t40.node.t40-ghost.capacity", NULL,
+                         &(dsec_hdr){.type = "capacity", .schema = DSEC_SCHEMA_VERSION}, b.data,
+                         b.len, &err),
+        0);
     assert_int_equal(dsec_bus_flush(bus, 2000, &err), 0);
     wait_nodes(live.cell, 3);
     o = (dsec_list_opts){.labels = exp7, .timeout_ms = 700};
@@ -394,7 +404,8 @@ static void rm_by_label_and_tenant_events(void **state)
         fail_msg("cell: %s", err.msg);
     wait_nodes(live.cell, 2);
     dsec_client *ca = client("t41a"), *cb = client("t41b");
-    static struct seen sa = {.mu = PTHREAD_MUTEX_INITIALIZER}, sb = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    static struct seen sa = {.mu = PTHREAD_MUTEX_INITIALIZER},
+                       sb = {.mu = PTHREAD_MUTEX_INITIALIZER};
     sa.n = sb.n = 0;
     assert_int_equal(dsec_watch_events(ca, on_event, &sa, &live.watches[0], &err), 0);
     assert_int_equal(dsec_watch_events(cb, on_event, &sb, &live.watches[1], &err), 0);
@@ -449,7 +460,8 @@ static void rm_by_label_and_tenant_events(void **state)
     assert_false(saw(&sb, b7[0], "gone"));
 }
 
-/* ---- labels outlive a restart ----------------------------------------------------------------- */
+/* ---- labels outlive a restart -----------------------------------------------------------------
+ */
 
 /* A node manager in its own process, killed and started again: the sandboxes it re-adopts
  * from its journal are listed with their labels. */
@@ -484,7 +496,11 @@ static void labels_outlive_a_restart(void **state)
             break;
         dsec_client *cl = client("t42");
         /* labels with the journal's separators in them, and a long set */
-        static const char *const labels[] = {"run=exp-7", "odd=a\x1f" "b\x1e" "c", "eq=x=y", NULL};
+        static const char *const labels[] = {"run=exp-7",
+                                             "odd=a\x1f"
+                                             "b\x1e"
+                                             "c",
+                                             "eq=x=y", NULL};
         dsec_create_spec spec = {.type = "sim", .labels = labels};
         dsec_sandbox_info info;
         assert_int_equal(dsec_create(cl, &spec, &info, &err), 0);
@@ -493,7 +509,10 @@ static void labels_outlive_a_restart(void **state)
         live.pid = 0;
     }
     dsec_client *cl = live.clients[0];
-    static const char *const want[] = {"odd=a\x1f" "b\x1e" "c", NULL};
+    static const char *const want[] = {"odd=a\x1f"
+                                       "b\x1e"
+                                       "c",
+                                       NULL};
     dsec_list_opts o = {.labels = want};
     dsec_list_page p = {0};
     int rc = -1;
@@ -509,7 +528,9 @@ static void labels_outlive_a_restart(void **state)
     assert_int_equal(p.n, 1);
     assert_int_equal(p.entries[0].nlabels, 3);
     assert_string_equal(p.entries[0].labels[0], "run=exp-7");
-    assert_string_equal(p.entries[0].labels[1], "odd=a\x1f" "b\x1e" "c");
+    assert_string_equal(p.entries[0].labels[1], "odd=a\x1f"
+                                                "b\x1e"
+                                                "c");
     assert_string_equal(p.entries[0].labels[2], "eq=x=y");
     dsec_list_page_release(&p);
 }
@@ -538,8 +559,8 @@ static void list_spans_cells(void **state)
     static const char *const run[] = {"run=exp-9", NULL};
     char ids[4][DSEC_ID_MAX];
     for (int i = 0; i < 4; i++) {
-        dsec_create_spec spec = {.type = "container", .labels = run,
-                                 .cell = i % 2 ? "t43y" : "t43x"};
+        dsec_create_spec spec = {
+            .type = "container", .labels = run, .cell = i % 2 ? "t43y" : "t43x"};
         dsec_sandbox_info info;
         if (dsec_create(cl, &spec, &info, &err) < 0)
             fail_msg("create: %s", err.msg);

@@ -111,8 +111,9 @@ static void warn_missing(const char *cmd, const dsec_list_page *p)
 {
     if (p->nmissing == 0)
         return;
-    fprintf(stderr, "dsec %s: %zu of %zu node(s) did not answer, their sandboxes may be missing:",
-            cmd, p->nmissing, p->nodes_asked);
+    fprintf(stderr,
+            "dsec %s: %zu of %zu node(s) did not answer, their sandboxes may be missing:", cmd,
+            p->nmissing, p->nodes_asked);
     for (size_t i = 0; i < p->nmissing; i++)
         fprintf(stderr, " %s", p->missing[i]);
     fprintf(stderr, "\n");
@@ -134,17 +135,21 @@ static int parse_limit(const char *cmd, const char *s, uint32_t *out)
 
 static int fleet_ls(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"label", required_argument, 0, 'l'}, {"state", required_argument, 0, 's'},
-        {"type", required_argument, 0, 't'},  {"limit", required_argument, 0, 'n'},
-        {"cursor", required_argument, 0, 'c'}, {"all", no_argument, 0, 'a'},
-        {"json", no_argument, 0, 'j'},        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"label", required_argument, 0, 'l'},
+                                          {"state", required_argument, 0, 's'},
+                                          {"type", required_argument, 0, 't'},
+                                          {"limit", required_argument, 0, 'n'},
+                                          {"cursor", required_argument, 0, 'c'},
+                                          {"all", no_argument, 0, 'a'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     static const char use[] =
         "usage: dsec ls [--label K=V]... [--state S] [--type T] [--limit N] [--cursor C] [--all] "
         "[--json]\n"
         "       dsec ls ID [PATH]   (a directory inside a sandbox)\n"
-        "Lists this tenant's sandboxes (DSEC_TENANT), asked of the nodes themselves, sorted by id.\n"
+        "Lists this tenant's sandboxes (DSEC_TENANT), asked of the nodes themselves, sorted by "
+        "id.\n"
         "--limit: per page, 1..10000 (default 1000); --cursor: the cursor a page printed;\n"
         "--all: every page. Exit 1 when a node did not answer (the list may be short).\n";
     struct filters f = {0};
@@ -430,8 +435,8 @@ static int fleet_rm(int argc, char **argv)
         fputs(use, stderr);
         return 2;
     }
-    dsec_list_opts o = {.labels = f.labels, .state = f.state, .type = f.type,
-                        .limit = DSEC_LIST_LIMIT_MAX};
+    dsec_list_opts o = {
+        .labels = f.labels, .state = f.state, .type = f.type, .limit = DSEC_LIST_LIMIT_MAX};
     dsec_client *c = dsec_cli_connect("rm");
     if (c == NULL)
         return 1;

@@ -407,10 +407,11 @@ int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms,
 void dsec_trace_hops_free(dsec_trace_hop_info *hops);
 
 /* ---- fleet: a tenant's sandboxes, listed and followed (client/fleet.c) ---------
- * A listing (dsec_list_sandboxes) is answered by the nodes themselves, not by a database: libdsec asks one
- * scheduler replica per cell which nodes to hear from, then every node for its page of
- * this client's tenant's sandboxes (docs/protocol.md, "Listing sandboxes"). A node that
- * does not answer in time is named in missing: the page may lack its sandboxes. */
+ * A listing (dsec_list_sandboxes) is answered by the nodes themselves, not by a
+ * database: libdsec asks one scheduler replica per cell which nodes to hear from,
+ * then every node for its page of this client's tenant's sandboxes (docs/protocol.md,
+ * "Listing sandboxes"). A node that does not answer in time is named in missing:
+ * the page may lack its sandboxes. */
 
 #define DSEC_LIST_LIMIT_DEFAULT 1000
 #define DSEC_LIST_LIMIT_MAX 10000
@@ -450,7 +451,8 @@ typedef struct dsec_list_page {
 /* One page of this client's tenant's sandboxes matching opts (NULL: all). Bad options
  * fail with DSEC_E_INVALID naming the field (labels, state, limit, cursor). *out is the
  * caller's: dsec_list_page_release. */
-int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out, dsec_err *err);
+int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out,
+                        dsec_err *err);
 void dsec_list_page_release(dsec_list_page *p);
 
 /* One lifecycle transition of one of this tenant's sandboxes. */
