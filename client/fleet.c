@@ -64,8 +64,10 @@ struct gather {
     strset answered;
     dsec_list_entry *e;
     size_t n, cap;
-    bool more;   /* some node had more matches than it sent */
-    bool failed; /* a node refused the request: err says why */
+    bool more;               /* some node had more matches than it sent */
+    char bound[DSEC_ID_MAX]; /* the smallest last id of a node that had more: the page is
+                                complete only up to it ("" when none) */
+    bool failed;             /* a node refused the request: err says why */
     dsec_err err;
     bool nomem;
     uint32_t limit;
@@ -156,6 +158,9 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
                set_add(&g->answered, r.node) == 1) { /* a node's second answer is not counted */
         g->more |= r.more;
         const dsec_msg_sbx_info *it = r.items.items;
+        if (r.more && r.items.n > 0 &&
+            (g->bound[0] == '\0' || strcmp(it[r.items.n - 1].id, g->bound) < 0))
+            copy(g->bound, sizeof g->bound, it[r.items.n - 1].id);
         for (uint32_t i = 0; i < r.items.n && !g->nomem; i++) {
             if (g->n == g->cap) {
                 size_t ncap = g->cap ? g->cap * 2 : 64;
@@ -413,6 +418,11 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
     if (g.n > 1)
         qsort(g.e, g.n, sizeof *g.e, by_entry_id);
     size_t keep = g.n < q.limit ? g.n : (size_t)q.limit;
+    /* A node that had more but sent fewer than limit (its answer was cut to fit the payload
+     * limit) holds unsent ids after its last one: nothing past that id is certain yet. With
+     * full pages this cuts nothing (limit ids at or below any such last id exist). */
+    while (g.bound[0] != '\0' && keep > 0 && strcmp(g.e[keep - 1].id, g.bound) > 0)
+        keep--;
     bool more = g.more || g.n > keep;
     for (size_t i = keep; i < g.n; i++)
         entry_release(&g.e[i]);

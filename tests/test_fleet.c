@@ -188,6 +188,31 @@ static void expect_ids(char *const *ids, size_t k, char *out, size_t n)
         assert_string_equal(got_, exp_);                                                           \
     } while (0)
 
+/* The ghost node, answering at last: its matches sort before every real one, and each answer
+ * carries one of them with more (as a node whose page was cut to fit the payload limit). */
+static const char *const ghost_ids[] = {"t40-0-0000000000000001", "t40-0-0000000000000002",
+                                        "t40-0-0000000000000003"};
+
+static void on_ghost_list(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)ud;
+    dsec_err err;
+    dsec_msg_list q;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_LIST, dsec_msg_data(m), dsec_msg_len(m), &q,
+                    &err) < 0)
+        return;
+    size_t i = 0;
+    while (i < 3 && q.after != NULL && strcmp(ghost_ids[i], q.after) <= 0)
+        i++;
+    dsec_msg_sbx_info item = {.id = i < 3 ? ghost_ids[i] : "",
+                              .type = "container",
+                              .state = "running",
+                              .node = "t40-ghost"};
+    dsec_msg_list_reply r = {
+        .node = "t40-ghost", .items = {&item, i < 3 ? 1 : 0}, .more = i + 1 < 3};
+    dsec_wire_reply(a, m, DSEC_MSG_LIST_REPLY, &r, &err);
+}
+
 /* Listing from the nodes: filters by label, state and type give exactly the matching ids,
  * across both nodes; pages of 2 walk them all once; one tenant never sees another's; bad
  * input names its field; a node the scheduler knows that does not answer is missing. */
@@ -343,6 +368,34 @@ static void list_filters_pages_and_tenants(void **state)
     assert_int_equal(p.nmissing, 1);
     assert_string_equal(p.missing[0], "t40-ghost");
     dsec_list_page_release(&p);
+
+    /* the ghost answers, one item at a time with more: pages of 4 still walk every id once,
+     * its three first, never skipping what it has not sent yet */
+    dsec_actor *ghost = NULL;
+    assert_int_equal(dsec_actor_new(&ghost, bus, "ghost", &err), 0);
+    assert_int_equal(dsec_actor_on(ghost, "dsec.v1.t40a.list", NULL, on_ghost_list, NULL, &err), 0);
+    assert_int_equal(dsec_bus_flush(bus, 2000, &err), 0);
+    char want[8192];
+    snprintf(want, sizeof want, "%s,%s,%s,%s", ghost_ids[0], ghost_ids[1], ghost_ids[2], all);
+    walked[0] = '\0';
+    cursor[0] = '\0';
+    pages = 0;
+    for (;;) {
+        o = (dsec_list_opts){.limit = 4, .cursor = cursor};
+        assert_int_equal(dsec_list_sandboxes(ca, &o, &p, &err), 0);
+        assert_int_equal(p.nmissing, 0);
+        for (size_t i = 0; i < p.n; i++)
+            snprintf(walked + strlen(walked), sizeof walked - strlen(walked), "%s%s",
+                     walked[0] ? "," : "", p.entries[i].id);
+        pages++;
+        snprintf(cursor, sizeof cursor, "%s", p.next_cursor);
+        dsec_list_page_release(&p);
+        if (cursor[0] == '\0')
+            break;
+        assert_true(pages < 10);
+    }
+    assert_string_equal(walked, want);
+    dsec_actor_free(ghost);
     dsec_decoder_free(d);
     dsec_buf_release(&b);
     dsec_bus_free(bus);
