@@ -61,6 +61,10 @@ struct sbx {
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char project[DSEC_NAME_LEN_MAX + 1]; /* "" when the create named none */
     char req_id[65];
+    char *labels;     /* its labels as created: nlabels "key\0value\0" pairs; NULL: none.
+                         Set before it is inserted, never changed (read without the lock) */
+    size_t labels_len;
+    uint32_t nlabels;
 };
 
 /* A request id whose retry was placed on another node (superseded): a
@@ -308,5 +312,16 @@ void dsec__node_on_superseded(dsec_actor *a, dsec_msg *m, void *ud);
 void dsec__node_on_reconcile(dsec_actor *a, dsec_msg *m, void *ud);
 void dsec__node_on_sync(dsec_actor *a, dsec_msg *m, void *ud);
 void dsec__node_announce(dsec_node *n);
+
+/* ---- node-list.c: listing a tenant's sandboxes, labels, per-tenant events ---------- */
+
+int dsec__node_labels_set(struct sbx *s, const char *const *k, const char *const *v, uint32_t n);
+int dsec__node_labels_copy(struct sbx *dst, const struct sbx *src);
+/* The labels as one journal field (hex of the pairs); "" when none. Caller frees; NULL: no memory. */
+char *dsec__node_labels_record(const struct sbx *s);
+int dsec__node_labels_parse(struct sbx *s, const char *rec);
+void dsec__node_on_list(dsec_actor *a, dsec_msg *m, void *ud);
+/* Publish the batch again per tenant, on dsec.v1.<tenant>.evt.sbx (report thread). */
+void dsec__node_send_tenant_events(dsec_node *n, const dsec_msg_sandbox_event *items, size_t ne);
 
 #endif

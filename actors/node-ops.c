@@ -540,6 +540,10 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
         dsec__node_new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
         memcpy(kids[i]->project, s->project, sizeof s->project);
+        if (dsec__node_labels_copy(kids[i], s) < 0) {
+            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
+            goto out_free;
+        }
         snprintf(kids[i]->req_id, sizeof kids[i]->req_id, "%s", admit_id);
         ids[i] = kids[i]->id;
     }

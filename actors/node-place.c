@@ -292,6 +292,13 @@ void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
     s->be = n->backends[tidx];
     s->state = ST_STARTING;
     s->pausable = p.c.pausable && (p.c.cls == NULL || strcmp(p.c.cls, "rollout") == 0);
+    if (dsec__node_labels_set(s, p.c.labels.k, p.c.labels.v, p.c.labels.n) < 0) {
+        dsec__node_release_resources(n, cpu, mem, 1, disk);
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        refuse(n, m, &p, "out of memory", NULL);
+        return;
+    }
     dsec__node_insert(n, s); /* visible to a retry of the same request at once */
     dsec__node_event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
     pthread_mutex_unlock(&n->mu);

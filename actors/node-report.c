@@ -150,6 +150,7 @@ static void send_events(dsec_node *n, struct event *ev, size_t ne)
                                &batch, NULL, &err) < 0)
                 dsec_actor_count_error(n->actor);
         }
+        dsec__node_send_tenant_events(n, items, ne);
     }
     dsec_free(items);
     dsec_free(ev);

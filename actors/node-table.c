@@ -297,17 +297,23 @@ const char *dsec__node_type_name(const dsec_node *n, int idx)
 /* Fields separated by 0x1f; backend_state last (it may hold anything but NUL).
  * Version 2 adds the project after the state, 3 the retry after it, 4 the
  * disk quota after that, 5 the latest attempt whose lookup it answered after
- * that; records of versions 1 to 4 are still read (their sandboxes hold no
- * disk in the node's accounting before 4). */
+ * that, 6 its labels after that (node-list.c); records of versions 1 to 5 are
+ * still read (their sandboxes hold no disk in the node's accounting before 4,
+ * no labels before 6). -1 when out of memory. */
 static int record_format(const dsec_node *n, const struct sbx *s, char *buf, size_t len)
 {
-    return snprintf(buf, len,
-                    "5\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
+    char *lr = dsec__node_labels_record(s);
+    if (lr == NULL)
+        return -1;
+    int rc = snprintf(buf, len,
+                    "6\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
                     "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu32
-                    "\x1f%s",
+                    "\x1f%s\x1f%s",
                     s->tenant, s->req_id, dsec__node_type_name(n, s->type_idx), (int)s->state,
                     s->cpu_milli, s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
-                    (uint32_t)s->retry, s->disk_mb, s->lookup_retry, s->bstate ? s->bstate : "");
+                    (uint32_t)s->retry, s->disk_mb, s->lookup_retry, lr, s->bstate ? s->bstate : "");
+    dsec_free(lr);
+    return rc;
 }
 
 int dsec__node_journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
@@ -315,13 +321,15 @@ int dsec__node_journal_put(dsec_node *n, const struct sbx *s, dsec_err *err)
     char stackbuf[1024];
     int len = record_format(n, s, stackbuf, sizeof stackbuf);
     if (len < 0)
-        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "formatting the record of %s", s->id);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "formatting the record of %s: out of memory",
+                            s->id);
     if ((size_t)len < sizeof stackbuf)
         return dsec_journal_put(n->journal, s->id, stackbuf, (size_t)len, err);
     char *big = dsec_malloc((size_t)len + 1);
-    if (big == NULL)
+    if (big == NULL || record_format(n, s, big, (size_t)len + 1) != len) {
+        dsec_free(big);
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    record_format(n, s, big, (size_t)len + 1);
+    }
     int rc = dsec_journal_put(n->journal, s->id, big, (size_t)len, err);
     dsec_free(big);
     return rc;
@@ -360,8 +368,10 @@ static char *field(char **p)
 
 void dsec__node_sbx_free(struct sbx *s)
 {
-    if (s != NULL)
+    if (s != NULL) {
         dsec_free(s->bstate);
+        dsec_free(s->labels);
+    }
     dsec_free(s);
 }
 
@@ -513,8 +523,21 @@ int dsec__node_emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, d
             if (s->state != ST_RUNNING && s->state != ST_PAUSED)
                 continue;
             int len = record_format(n, s, buf, sizeof buf);
-            if (len < 0 || (size_t)len >= sizeof buf)
-                return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "record of %s too large", s->id);
+            if (len < 0)
+                return dsec_err_set(err, DSEC_E_NOMEM, 0, "record of %s: out of memory", s->id);
+            if ((size_t)len >= sizeof buf) { /* labels: through the heap */
+                char *big = dsec_malloc((size_t)len + 1);
+                if (big == NULL || record_format(n, s, big, (size_t)len + 1) != len) {
+                    dsec_free(big);
+                    return dsec_err_set(err, DSEC_E_NOMEM, 0, "record of %s: out of memory",
+                                        s->id);
+                }
+                int rc = emit(j, s->id, big, (size_t)len, err);
+                dsec_free(big);
+                if (rc < 0)
+                    return -1;
+                continue;
+            }
             if (emit(j, s->id, buf, (size_t)len, err) < 0)
                 return -1;
         }
@@ -580,8 +603,9 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
     uint32_t retry = 0;
     uint64_t disk = 0;
     uint32_t lookup_retry = 0;
+    const char *labels = "";
     int version = f[0] != NULL ? atoi(f[0]) : 0;
-    if (version >= 2 && version <= 5) {
+    if (version >= 2 && version <= 6) {
         char *pj = field(&p);
         project = pj ? pj : "";
         if (version >= 3) {
@@ -595,6 +619,10 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         if (version >= 5) {
             char *lr = field(&p);
             lookup_retry = lr ? (uint32_t)strtoul(lr, NULL, 10) : 0;
+        }
+        if (version >= 6) {
+            char *lb = field(&p);
+            labels = lb ? lb : "";
         }
         f[0] = (char *)"1"; /* the rest reads as version 1 */
     }
@@ -625,6 +653,9 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         s->last_ns = dsec_wall_ns();
         s->be = n->backends[tidx];
         s->bstate = dsec_strdup(f[10]);
+        if (dsec__node_labels_parse(s, labels) < 0)
+            fprintf(stderr, "dsec-node %s: the labels of %s are unreadable: adopted without\n",
+                    n->name, id);
         if (s->state != ST_PAUSED)
             s->state = ST_RUNNING;
         dsec_sandbox_spec spec;

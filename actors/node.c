@@ -341,6 +341,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     snprintf(subj, sizeof subj, "dsec.v1.*.sbx.%s.>", n->name);
     if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sbx, n, err) < 0)
         goto out_fail;
+    if (dsec_actor_on(n->actor, "dsec.v1.*.list", NULL, dsec__node_on_list, n, err) < 0)
+        goto out_fail;
     snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", n->cell);
     if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sync, n, err) < 0 ||
         dsec_actor_on(n->actor, "dsec.v1.ctl.sync", NULL, dsec__node_on_sync, n, err) < 0)

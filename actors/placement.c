@@ -591,6 +591,38 @@ void dsec_placement_names_free(char **names, size_t n)
     dsec_free(names);
 }
 
+int dsec_placement_names(dsec_placement *v, const char *cell, char ***names, size_t *n,
+                         dsec_err *err)
+{
+    *names = NULL;
+    *n = 0;
+    pthread_mutex_lock(&v->lock);
+    char **out = v->n ? dsec_calloc(v->n, sizeof *out) : NULL;
+    size_t k = 0;
+    for (size_t i = 0; out != NULL && i < v->n; i++) {
+        struct node *nd = v->nodes[i];
+        if (cell != NULL && strcmp(nd->cell, cell) != 0)
+            continue;
+        if ((out[k] = dsec_strdup(nd->name)) == NULL) {
+            dsec_placement_names_free(out, k);
+            out = NULL;
+            break;
+        }
+        k++;
+    }
+    bool fail = v->n != 0 && out == NULL;
+    pthread_mutex_unlock(&v->lock);
+    if (fail)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "placement: out of memory listing nodes");
+    if (k == 0) {
+        dsec_free(out);
+        out = NULL;
+    }
+    *names = out;
+    *n = k;
+    return 0;
+}
+
 int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, size_t *n,
                           dsec_err *err)
 {

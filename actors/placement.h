@@ -131,6 +131,12 @@ int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, siz
                           dsec_err *err);
 void dsec_placement_names_free(char **names, size_t n);
 
+/* The names of every node of cell the view holds (suspect ones included: they may still
+ * hold sandboxes; drained ones not), to *names (free with dsec_placement_names_free;
+ * NULL when none) and their count to *n. -1 only on allocation failure. */
+int dsec_placement_names(dsec_placement *v, const char *cell, char ***names, size_t *n,
+                         dsec_err *err);
+
 /* Forget a node (it said goodbye). DSEC_E_NOT_FOUND when unknown. */
 int dsec_placement_remove(dsec_placement *v, const char *node, dsec_err *err);
 

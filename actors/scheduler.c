@@ -902,6 +902,39 @@ static void on_ping(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_actor_count_error(a);
 }
 
+/* dsec.v1.<tenant>.nodes: the nodes a fleet listing must hear from in this cell (one replica
+ * per cell answers: its queue group), and the other cells it knows, so the client can tell
+ * which cells stayed silent (docs/protocol.md, "Listing sandboxes"). The answer is the same
+ * for every tenant: node names are not a tenant's secret. */
+static void on_node_set(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    dsec_sched *s = ud;
+    dsec_err err;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_NODE_SET))
+        return;
+    char **names = NULL;
+    size_t nn = 0;
+    if (dsec_placement_names(s->view, s->cell, &names, &nn, &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    const char *cells[MAX_CELLS];
+    uint32_t nc = 0;
+    uint64_t t = now_ms();
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->ncells; i++)
+        if (strcmp(s->cells[i].name, s->cell) != 0 &&
+            t - s->cells[i].seen_ms <= 3ull * s->conf.summary_ms + 1000)
+            cells[nc++] = s->cells[i].name; /* names are never rewritten once set */
+    pthread_mutex_unlock(&s->mu);
+    dsec_msg_node_set out = {.cell = s->cell, .scheduler = s->name,
+                             .nodes = {(const char **)names, (uint32_t)nn},
+                             .cells = {cells, nc}};
+    if (dsec_wire_reply(a, m, DSEC_MSG_NODE_SET, &out, &err) < 0)
+        dsec_actor_count_error(a);
+    dsec_placement_names_free(names, nn);
+}
+
 static uint64_t event_key(const dsec_msg *cm, void *ud)
 {
     const char *subj = dsec_msg_subject(cm);
@@ -1167,6 +1200,9 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     if (dsec_actor_on(s->events, subj, NULL, on_event, s, err) < 0 ||
         dsec_actor_on(s->events, "dsec.v1.ctl.evt.*.summary", NULL, on_event, s, err) < 0 ||
         dsec_actor_on(s->events, "dsec.v1.ctl.ping", "dsec-ping", on_ping, s, err) < 0)
+        goto out_fail;
+    snprintf(queue, sizeof queue, "dsec-nodes.%s", s->cell);
+    if (dsec_actor_on(s->events, "dsec.v1.*.nodes", queue, on_node_set, s, err) < 0)
         goto out_fail;
     if ((s->ticks[0] = dsec_ticker_add(ticker, s->conf.summary_ms, tick_summary, s, err)) < 0 ||
         (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0 ||

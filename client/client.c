@@ -38,6 +38,7 @@ struct dsec_client {
 };
 
 dsec_bus *dsec__client_bus(dsec_client *c) { return c->bus; }
+int dsec__client_timeout_ms(const dsec_client *c) { return c->timeout_ms; }
 
 #define MAX_LIST 256
 

@@ -7,5 +7,7 @@
 
 /* The client's bus (owned by the client). */
 dsec_bus *dsec__client_bus(dsec_client *c);
+/* Its per-attempt timeout (ms). */
+int dsec__client_timeout_ms(const dsec_client *c);
 
 #endif

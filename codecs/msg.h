@@ -92,6 +92,10 @@ enum dsec_msg_type {
     DSEC_MSG_PROC,            /* "proc": client -> sandbox, background processes */
     DSEC_MSG_PROC_REPLY,      /* "proc_reply" */
     DSEC_MSG_PROC_INFO,       /* "proc_info": only nested in proc_reply */
+    DSEC_MSG_NODE_SET,        /* "node_set": a client asks the schedulers which nodes to list */
+    DSEC_MSG_LIST,            /* "list": a client asks every node for its tenant's sandboxes */
+    DSEC_MSG_LIST_REPLY,      /* "list_reply": one node's page of them */
+    DSEC_MSG_SBX_INFO,        /* "sbx_info": only nested in list_reply */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -586,6 +590,43 @@ typedef struct dsec_msg_trace_hops {
     const char *process; /* required: the answering process (its bus's name) */
     dsec_list hops;      /* of dsec_msg_trace_hop */
 } dsec_msg_trace_hops;
+
+/* Fleet listing (docs/protocol.md, "Listing sandboxes"): the client asks one scheduler
+ * replica per cell for the nodes to wait for (node_set, on dsec.v1.<tenant>.nodes), then
+ * every node for its page of the tenant's sandboxes (list, on dsec.v1.<tenant>.list). */
+typedef struct dsec_msg_node_set {
+    const char *cell;  /* answer: the cell answered for */
+    const char *scheduler;
+    dsec_strv nodes;   /* answer: every node of the cell the replica knows (not drained) */
+    dsec_strv cells;   /* answer: the other cells it has heard from lately */
+} dsec_msg_node_set;
+
+typedef struct dsec_msg_list {
+    dsec_kv labels;    /* every one must match */
+    const char *state; /* requested | starting | running | paused | stopping */
+    const char *type;
+    uint64_t limit;    /* required: 1..10000 */
+    const char *after; /* the cursor: only ids sorting after it */
+} dsec_msg_list;
+
+typedef struct dsec_msg_sbx_info {
+    const char *id;    /* required */
+    const char *type;
+    const char *state;
+    const char *node;
+    dsec_kv labels;
+    const char *project;
+    uint64_t created_ns;
+    uint64_t expires_ns; /* 0: no lifetime limit */
+    uint64_t cpu_milli, memory_mb;
+} dsec_msg_sbx_info;
+
+typedef struct dsec_msg_list_reply {
+    const char *node; /* required */
+    const char *cell;
+    dsec_list items;  /* of dsec_msg_sbx_info, sorted by id, at most limit */
+    bool more;        /* this node has more matches after the last item */
+} dsec_msg_list_reply;
 
 /* ---- schemas ------------------------------------------------------------ */
 

@@ -589,6 +589,47 @@ static const dsec_field trace_hops_fields[] = {
           "its kept hops of the trace, oldest first: maps of the trace_hop fields"),
 };
 
+static const dsec_field node_set_fields[] = {
+    FSTR(dsec_msg_node_set, cell, "cell", false, L_NAME, "answer: the cell answered for"),
+    FSTR(dsec_msg_node_set, scheduler, "scheduler", false, L_NAME, "answer: the replica answering"),
+    FSTRV(dsec_msg_node_set, nodes, "nodes", false, 65536, L_NAME,
+          "answer: every node of the cell the replica knows and has not drained"),
+    FSTRV(dsec_msg_node_set, cells, "cells", false, L_NODES, L_NAME,
+          "answer: the other cells whose summaries it heard lately"),
+};
+
+static const dsec_field list_fields[] = {
+    FKV(dsec_msg_list, labels, "labels", L_SET, L_LONG, "sandbox labels that must all match"),
+    FSTR(dsec_msg_list, state, "state", false, L_NAME,
+         "only sandboxes in this state: requested, starting, running, paused or stopping"),
+    FSTR(dsec_msg_list, type, "type", false, L_NAME, "only sandboxes of this type"),
+    FU64(dsec_msg_list, limit, "limit", true, 1, 10000, "most items in the answer"),
+    FSTR(dsec_msg_list, after, "after", false, L_NAME,
+         "the cursor: only ids that sort after this sandbox id (bytewise)"),
+};
+
+static const dsec_field sbx_info_fields[] = {
+    FSTR(dsec_msg_sbx_info, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_sbx_info, type, "type", false, L_NAME, "sandbox type"),
+    FSTR(dsec_msg_sbx_info, state, "state", false, L_NAME, "its state (see sandbox_event)"),
+    FSTR(dsec_msg_sbx_info, node, "node", false, L_NAME, "owning node"),
+    FKV(dsec_msg_sbx_info, labels, "labels", L_SET, L_LONG, "its labels, as created"),
+    FSTR(dsec_msg_sbx_info, project, "project", false, L_NAME, "its project, if any"),
+    FU64(dsec_msg_sbx_info, created_ns, "created_ns", false, 0, 0, "when (ns since epoch)"),
+    FU64(dsec_msg_sbx_info, expires_ns, "expires_ns", false, 0, 0,
+         "its lifetime ends then (ns since epoch); 0: no limit"),
+    FU64(dsec_msg_sbx_info, cpu_milli, "cpu_milli", false, 0, 0, "CPU it holds"),
+    FU64(dsec_msg_sbx_info, memory_mb, "memory_mb", false, 0, 0, "memory it holds, MiB"),
+};
+
+static const dsec_field list_reply_fields[] = {
+    FSTR(dsec_msg_list_reply, node, "node", true, L_NAME, "the answering node"),
+    FSTR(dsec_msg_list_reply, cell, "cell", false, L_NAME, "its cell"),
+    FLIST(dsec_msg_list_reply, items, "items", DSEC_MSG_SBX_INFO,
+          "its matches after the cursor, sorted by id, at most limit (maps of the sbx_info fields)"),
+    FBOOL(dsec_msg_list_reply, more, "more", "it has more matches after the last item"),
+};
+
 #define SCHEMA(t, wire, st, f)                                                                     \
     [t] = {.type = (t), .name = (wire), .size = sizeof(st), .fields = (f), .nfields = NF(f)}
 
@@ -641,6 +682,10 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_PROC, "proc", dsec_msg_proc, proc_fields),
     SCHEMA(DSEC_MSG_PROC_REPLY, "proc_reply", dsec_msg_proc_reply, proc_reply_fields),
     SCHEMA(DSEC_MSG_PROC_INFO, "proc_info", dsec_msg_proc_info, proc_info_fields),
+    SCHEMA(DSEC_MSG_NODE_SET, "node_set", dsec_msg_node_set, node_set_fields),
+    SCHEMA(DSEC_MSG_LIST, "list", dsec_msg_list, list_fields),
+    SCHEMA(DSEC_MSG_LIST_REPLY, "list_reply", dsec_msg_list_reply, list_reply_fields),
+    SCHEMA(DSEC_MSG_SBX_INFO, "sbx_info", dsec_msg_sbx_info, sbx_info_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

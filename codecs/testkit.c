@@ -52,6 +52,13 @@ static const dsec_msg_proc_info procs[] = {
      .out_total = 1ull << 33, .err_total = 7, .cmdline = "sh -c \"sleep 100\""},
 };
 
+static const dsec_msg_sbx_info sbx_infos[] = {
+    {.id = "n7-00000000000000a0", .type = "sim", .state = "running", .node = "n7",
+     .labels = KV(label_k, label_v), .project = "rl", .created_ns = 1700000000000000000ull,
+     .expires_ns = 1700000600000000000ull, .cpu_milli = 500, .memory_mb = 512},
+    {.id = "n7-00000000000000a1", .type = "container", .state = "paused", .node = "n7"},
+};
+
 static void sample_create(dsec_msg_create *m)
 {
     *m = (dsec_msg_create){
@@ -418,6 +425,23 @@ static void sample_c(int type, void *out)
             .id = "n7-00000000000000a0", .procs = {.items = (void *)procs, .n = N(procs)},
             .out = BYTES(stdout_b), .err = BYTES(stderr_b), .out_from = 1u << 20,
             .err_from = 0};
+        break;
+    case DSEC_MSG_NODE_SET:
+        *(dsec_msg_node_set *)out = (dsec_msg_node_set){
+            .cell = "c1", .scheduler = "sched-c1-0", .nodes = STRV(tried_v), .cells = STRV(aff_v)};
+        break;
+    case DSEC_MSG_LIST:
+        *(dsec_msg_list *)out = (dsec_msg_list){.labels = KV(label_k, label_v), .state = "running",
+                                                .type = "sim", .limit = 1000,
+                                                .after = "n7-0000000000000009"};
+        break;
+    case DSEC_MSG_SBX_INFO:
+        *(dsec_msg_sbx_info *)out = sbx_infos[0];
+        break;
+    case DSEC_MSG_LIST_REPLY:
+        *(dsec_msg_list_reply *)out = (dsec_msg_list_reply){
+            .node = "n7", .cell = "c1", .items = {.items = (void *)sbx_infos, .n = N(sbx_infos)},
+            .more = true};
         break;
     case DSEC_MSG_TRACE_HOPS:
         *(dsec_msg_trace_hops *)out = (dsec_msg_trace_hops){

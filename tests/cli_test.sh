@@ -57,6 +57,57 @@ wait "$READER"
 [ -p "$TMP/fifo" ] && cmp -s "$TMP/in.txt" "$TMP/from-fifo" || fail "cp to a FIFO: not written in place"
 "$DSEC" ls "$ID" /work | grep -q "in.txt" || fail "ls"
 
+# the tenant's sandboxes, asked of the nodes: by label, as JSON; rm --label destroys exactly
+# the matches (a dry run without --yes); the tenant's events stream says so
+"$DSEC" events --json > "$TMP/events.json" 2> "$TMP/events.err" &
+EV_PID=$!
+sleep 0.5
+E1=$("$DSEC" create --type sim --label run=exp-7 --label team=rl)
+E2=$("$DSEC" create --type sim --label run=exp-7)
+E3=$("$DSEC" create --type sim --label run=exp-8)
+"$DSEC" ls --label run=exp-7 > "$TMP/ls.txt" || fail "ls --label: $(cat "$TMP/ls.txt")"
+head -1 "$TMP/ls.txt" | grep -q "^ID .*STATE.*LABELS" || fail "ls header: $(head -1 "$TMP/ls.txt")"
+[ "$(tail -n +2 "$TMP/ls.txt" | awk '{print $1}' | sort | tr '\n' ' ')" = \
+  "$(printf '%s\n%s\n' "$E1" "$E2" | sort | tr '\n' ' ')" ] || fail "ls --label run=exp-7: $(cat "$TMP/ls.txt")"
+grep -q "$E1 .*running.*run=exp-7,team=rl" "$TMP/ls.txt" || fail "ls row: $(cat "$TMP/ls.txt")"
+"$DSEC" ls --label run=exp-7 --label team=rl --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+ids = [i["id"] for i in d["items"]]
+assert ids == [sys.argv[1]], ids
+assert d["items"][0]["labels"] == {"run": "exp-7", "team": "rl"}, d
+assert d["next_cursor"] == "" and d["missing"] == [], d
+' "$E1" || fail "ls --json"
+[ "$("$DSEC" ls --limit 1 --label run=exp-7 2>/dev/null | tail -n +2 | wc -l)" = 1 ] || fail "ls --limit 1"
+[ "$("$DSEC" ls --all --limit 1 --label run=exp-7 | tail -n +2 | wc -l)" = 2 ] || fail "ls --all --limit 1"
+for bad in "--label foo:label" "--limit 0:limit" "--limit 10001:limit" "--cursor nope:cursor" \
+           "--state sleeping:state"; do
+    set +e
+    "$DSEC" ls ${bad%%:*} > /dev/null 2> "$TMP/err.txt"; rc=$?
+    set -e
+    [ "$rc" = 2 ] && grep -q "${bad##*:}" "$TMP/err.txt" || fail "ls ${bad%%:*}: rc=$rc $(cat "$TMP/err.txt")"
+done
+set +e
+"$DSEC" rm --label run=exp-7 > "$TMP/rm.txt" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 1 ] && grep -q "add --yes" "$TMP/err.txt" && [ "$(wc -l < "$TMP/rm.txt")" = 2 ] ||
+    fail "rm --label without --yes: rc=$rc $(cat "$TMP/rm.txt" "$TMP/err.txt")"
+"$DSEC" status "$E1" | grep -q running || fail "rm without --yes destroyed $E1"
+"$DSEC" rm --label run=exp-7 --yes > "$TMP/rm.txt" || fail "rm --label --yes: $(cat "$TMP/rm.txt")"
+grep -q "destroyed 2 sandbox" "$TMP/rm.txt" || fail "rm --label --yes said: $(cat "$TMP/rm.txt")"
+[ "$("$DSEC" ls --label run=exp-7 | wc -l)" = 1 ] || fail "rm --label left some"
+"$DSEC" ls --label run=exp-8 | grep -q "$E3" || fail "rm --label run=exp-7 took $E3"
+"$DSEC" ls ID-is-not-a-flag 2>/dev/null && fail "ls ID of no sandbox succeeded"
+for i in $(seq 1 50); do
+    grep -q "\"$E2\",\"state\":\"gone\"" "$TMP/events.json" && break
+    sleep 0.1
+done
+kill "$EV_PID"; wait "$EV_PID" 2>/dev/null || true
+grep -q "\"$E1\",\"state\":\"running\"" "$TMP/events.json" &&
+    grep -q "\"$E2\",\"state\":\"gone\"" "$TMP/events.json" ||
+    fail "events: $(cat "$TMP/events.json" "$TMP/events.err")"
+"$DSEC" rm "$E3" > /dev/null
+
 KIDS=$("$DSEC" fork "$ID" -n 2)
 [ "$(echo "$KIDS" | wc -l)" = 2 ] || fail "fork printed '$KIDS'"
 K1=$(echo "$KIDS" | head -1)

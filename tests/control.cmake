@@ -38,3 +38,11 @@ target_link_libraries(test_admission PRIVATE dsec_client dsec_actors PkgConfig::
                       dsec_allocator)
 add_test(NAME admission COMMAND test_admission)
 set_tests_properties(admission PROPERTIES TIMEOUT 180)
+
+# Fleet handling: listing a tenant's sandboxes from the nodes, rm by label, per-tenant events.
+add_executable(test_fleet test_fleet.c)
+target_link_libraries(test_fleet PRIVATE dsec_test_fixture)
+target_link_libraries(test_fleet PRIVATE dsec_client dsec_actors PkgConfig::CMOCKA dsec_warnings
+                      dsec_allocator)
+add_test(NAME control_fleet COMMAND test_fleet $<TARGET_FILE:dsecd>)
+set_tests_properties(control_fleet PROPERTIES TIMEOUT 180)

@@ -22,6 +22,12 @@ if(NOT DSEC_ANY_SANITIZER)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_admission.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk_admission PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
+    # fleet handling: list by label/state/type, two tenants, remove by label, events
+    add_test(NAME sdk_fleet
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_fleet.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_fleet PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
     # container, microVM and VM sandboxes: a cell whose node runs crun containers and QEMU on
     # busybox:1 (root; skipped otherwise). Containers, their cgroups and loop mounts share host
     # state with the other container tests: never two at once.

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -225,6 +226,24 @@ static void on_spy(dsec_actor *a, dsec_msg *m, void *ud)
     atomic_fetch_add(&s->got, 1);
 }
 
+/* alice's own lifecycle events, under her permissions (dsec.v1.alice.evt.sbx) */
+static struct {
+    pthread_mutex_t mu;
+    char last[DSEC_ID_MAX];
+    int running;
+} alice_events = {PTHREAD_MUTEX_INITIALIZER, "", 0};
+
+static void on_alice_event(const dsec_sbx_event *ev, void *ud)
+{
+    (void)ud;
+    pthread_mutex_lock(&alice_events.mu);
+    if (strcmp(ev->state, "running") == 0) {
+        alice_events.running++;
+        snprintf(alice_events.last, sizeof alice_events.last, "%s", ev->id);
+    }
+    pthread_mutex_unlock(&alice_events.mu);
+}
+
 static void test_tenants_stay_in_their_subjects(void **state)
 {
     (void)state;
@@ -250,6 +269,8 @@ static void test_tenants_stay_in_their_subjects(void **state)
     assert_int_equal(dsec_client_connect(&bob, &bo, &err), 0);
 
     /* alice works normally under her permissions: create, exec (streamed too), status */
+    dsec_event_watch *watch = NULL;
+    assert_int_equal(dsec_watch_events(alice, on_alice_event, NULL, &watch, &err), 0);
     dsec_create_spec spec = {.type = "sim"};
     dsec_sandbox_info info, st;
     if (dsec_create(alice, &spec, &info, &err) < 0)
@@ -260,6 +281,32 @@ static void test_tenants_stay_in_their_subjects(void **state)
     if (dsec_exec(alice, info.id, &eo, &r, &err) < 0)
         fail_msg("alice exec: %s", err.msg);
     dsec_exec_reply_release(&r);
+
+    /* fleet handling under permissions: alice lists her sandbox (node_set and list on her
+     * own subjects, answers in her inbox) and follows its events; bob's listing holds none
+     * of hers */
+    dsec_list_page lp;
+    if (dsec_list_sandboxes(alice, NULL, &lp, &err) < 0)
+        fail_msg("alice list: %s", err.msg);
+    assert_int_equal(lp.n, 1);
+    assert_string_equal(lp.entries[0].id, info.id);
+    assert_int_equal(lp.nmissing, 0);
+    dsec_list_page_release(&lp);
+    if (dsec_list_sandboxes(bob, NULL, &lp, &err) < 0)
+        fail_msg("bob list: %s", err.msg);
+    assert_int_equal(lp.n, 0);
+    assert_int_equal(lp.nmissing, 0);
+    dsec_list_page_release(&lp);
+    bool seen = false;
+    for (int i = 0; i < 100 && !seen; i++) {
+        pthread_mutex_lock(&alice_events.mu);
+        seen = alice_events.running == 1 && strcmp(alice_events.last, info.id) == 0;
+        pthread_mutex_unlock(&alice_events.mu);
+        if (!seen)
+            msleep(20);
+    }
+    assert_true(seen);
+    dsec_event_watch_free(watch);
 
     /* bob, a real tenant with real credentials, reaches alice's sandbox only through his own
      * subjects, where the node checks the owner */

@@ -431,6 +431,8 @@ static dsec_msg_quota t_quota;
 static dsec_msg_quota_list t_qlist;
 static dsec_msg_node_lost t_lost;
 static dsec_msg_superseded_list t_sup;
+static dsec_msg_node_set t_nodes;
+static dsec_msg_list t_list;
 
 static size_t targets(target *t)
 {
@@ -459,6 +461,8 @@ static size_t targets(target *t)
     t_qlist = (dsec_msg_quota_list){.tenant = TENANT};
     t_lost = (dsec_msg_node_lost){.node = g.node, .lost_ns = 1};
     t_sup = (dsec_msg_superseded_list){.by = "conformance"};
+    t_nodes = (dsec_msg_node_set){0};
+    t_list = (dsec_msg_list){.limit = 10};
 #define T(typ, m, ans, ...)                                                                        \
     do {                                                                                           \
         snprintf(t[n].subject, sizeof t[n].subject, __VA_ARGS__);                                  \
@@ -485,6 +489,8 @@ static size_t targets(target *t)
     T(DSEC_MSG_QUOTA_LIST, &t_qlist, "quota_list", "dsec.v1.ctl.quota.%s.list", cell);
     T(DSEC_MSG_NODE_LOST, &t_lost, "op_reply", "dsec.v1.ctl.reconcile.%s", g.node);
     T(DSEC_MSG_SUPERSEDED_LIST, &t_sup, "op_reply", "dsec.v1.ctl.superseded.%s.%s", cell, g.node);
+    T(DSEC_MSG_NODE_SET, &t_nodes, "node_set", "dsec.v1." TENANT ".nodes");
+    T(DSEC_MSG_LIST, &t_list, "list_reply", "dsec.v1." TENANT ".list");
     /* place answers the client's reply_to, not the requester: last, see below */
     T(DSEC_MSG_PLACE, &t_place, "created", "dsec.v1.ctl.place.%s", g.node);
 #undef T

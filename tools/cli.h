@@ -43,6 +43,10 @@ int dsec_cli_traj(int argc, char **argv); /* dsec traj show ROLLOUT */
 int dsec_cli_tenant(int argc, char **argv);  /* quotas of tenants (tools/tenant.c) */
 int dsec_cli_project(int argc, char **argv); /* ... and of their projects */
 int dsec_cli_auth(int argc, char **argv);    /* nats-server config + credentials (tools/auth.c) */
+/* fleet.c: dsec ls without an ID (a tenant's sandboxes), dsec rm --label, dsec events */
+int dsec_cli_ls_any(int argc, char **argv);
+int dsec_cli_rm(int argc, char **argv);
+int dsec_cli_events(int argc, char **argv);
 
 /* Block SIGINT/SIGTERM in all threads (call before any starts), then wait for one. */
 void dsec_cli_block_signals(void);

@@ -476,6 +476,78 @@ int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms,
                     dsec_trace_hop_info **hops, size_t *n, size_t *answered, dsec_err *err);
 void dsec_trace_hops_free(dsec_trace_hop_info *hops);
 
+/* ---- fleet: a tenant's sandboxes, listed and followed (client/fleet.c) ---------
+ * A listing (dsec_list_sandboxes) is answered by the nodes themselves, not by a
+ * database: libdsec asks one scheduler replica per cell which nodes to hear from,
+ * then every node for its page of this client's tenant's sandboxes (docs/protocol.md,
+ * "Listing sandboxes"). A node that does not answer in time is named in missing:
+ * the page may lack its sandboxes. */
+
+#define DSEC_LIST_LIMIT_DEFAULT 1000
+#define DSEC_LIST_LIMIT_MAX 10000
+
+typedef struct dsec_list_opts {
+    const char *const *labels; /* "k=v" strings that must all match; NULL-terminated or NULL */
+    const char *state;         /* requested | starting | running | paused | stopping; NULL: any */
+    const char *type;          /* sandbox type; NULL: any */
+    uint32_t limit;            /* 1..DSEC_LIST_LIMIT_MAX; 0: DSEC_LIST_LIMIT_DEFAULT */
+    const char *cursor;        /* NULL or "": from the first id; else a page's next_cursor */
+    int timeout_ms;            /* how long to wait for the nodes; 0: the client's timeout */
+} dsec_list_opts;
+
+typedef struct dsec_list_entry {
+    char id[DSEC_ID_MAX];
+    char type[32];
+    char state[16];
+    char node[DSEC_NAME_MAX];
+    char project[DSEC_NAME_MAX]; /* "" when none */
+    char **labels;               /* nlabels "k=v" strings, owned by the page */
+    size_t nlabels;
+    uint64_t created_ns;
+    uint64_t expires_ns;         /* its lifetime ends then; 0: no limit */
+    uint64_t cpu_milli, memory_mb;
+} dsec_list_entry;
+
+typedef struct dsec_list_page {
+    dsec_list_entry *entries; /* n of them, sorted by id */
+    size_t n;
+    char next_cursor[DSEC_ID_MAX]; /* "": this was the last page */
+    char **missing;       /* nodes (and "cell:NAME" for a cell whose scheduler did not answer)
+                             that did not answer in time: their sandboxes may be absent */
+    size_t nmissing;
+    size_t nodes_asked, nodes_answered;
+} dsec_list_page;
+
+/* One page of this client's tenant's sandboxes matching opts (NULL: all). Bad options
+ * fail with DSEC_E_INVALID naming the field (labels, state, limit, cursor). *out is the
+ * caller's: dsec_list_page_release. */
+int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out,
+                        dsec_err *err);
+void dsec_list_page_release(dsec_list_page *p);
+
+/* One lifecycle transition of one of this tenant's sandboxes. */
+typedef struct dsec_sbx_event {
+    char id[DSEC_ID_MAX];
+    char state[16]; /* requested, starting, running, paused, stopping, gone, failed */
+    char prev[16];
+    char node[DSEC_NAME_MAX];
+    char type[32];
+    char reason[128];
+    uint64_t ts_ns;
+} dsec_sbx_event;
+
+/* Called on a client thread, one event at a time, in each node's order. */
+typedef void (*dsec_sbx_event_cb)(const dsec_sbx_event *ev, void *ud);
+typedef struct dsec_event_watch dsec_event_watch;
+
+/* Follow this tenant's sandbox lifecycle events (dsec.v1.<tenant>.evt.sbx) from now on,
+ * calling cb for each. *out is the caller's: dsec_event_watch_free (waits for a callback
+ * still running), before dsec_client_free. Events are advisory: one may be missed while
+ * the connection is down; dsec_list tells what exists. */
+int dsec_watch_events(dsec_client *c, dsec_sbx_event_cb cb, void *ud, dsec_event_watch **out,
+                      dsec_err *err);
+void dsec_event_watch_free(dsec_event_watch *w);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,6 +18,8 @@ from .errors import (AlreadyExists, BackendError, CapacityError, Closed, Connect
 from .types import (ContainerArgs, DirEntry, DirEvent, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
+from . import fleet
+from .fleet import EventStream, ListedSandbox, SandboxEvent, SandboxList
 
 __version__ = "0.1.0"
 library_path = _lib.path
@@ -30,4 +32,5 @@ __all__ = [
     "Timeout",
     "ContainerArgs", "DirEntry", "DirEvent", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
+    "fleet", "EventStream", "ListedSandbox", "SandboxEvent", "SandboxList",
 ]

@@ -455,6 +455,31 @@ class DSecClient:
         if fn(self._handle(op), *args, ctypes.byref(err)) < 0:
             raise errors.from_err(err, op)
 
+    # -- fleet: this tenant's sandboxes, listed from the nodes, removed by label; its events
+    # (dsec/fleet.py)
+    def list(self, label=None, state=None, type=None, page_size=1000, cursor=None,
+             timeout_ms=0, strict=False):
+        """Every sandbox of this tenant matching label/state/type, page by page (a
+        fleet.SandboxList: iterate it; .missing names nodes that did not answer)."""
+        from . import fleet
+        return fleet.SandboxList(self, label=label, state=state, type=type, page_size=page_size,
+                                 cursor=cursor, timeout_ms=timeout_ms, strict=strict)
+
+    def list_page(self, **kw):
+        """One page (fleet.list_page): items, next_cursor, missing."""
+        from . import fleet
+        return fleet.list_page(self, **kw)
+
+    def remove(self, label, state=None, type=None, workers=16):
+        """Destroy every match (fleet.remove): (destroyed, {id: why})."""
+        from . import fleet
+        return fleet.remove(self, label, state=state, type=type, workers=workers)
+
+    def events(self):
+        """This tenant's lifecycle events from now on (a fleet.EventStream)."""
+        from . import fleet
+        return fleet.EventStream(self)
+
     # -- create (blocking)
     def run(self, type: Optional[str] = None, args: Optional[SandboxArgs] = None,
             **kw) -> "Sandbox":
@@ -929,6 +954,15 @@ class Sandbox:
     @functools.cached_property
     def processes(self) -> Processes:
         return Processes(self)
+
+    @staticmethod
+    def list(client: DSecClient, label=None, state=None, type=None, limit=None, page_size=1000,
+             **kw):
+        """The client's tenant's sandboxes matching label (a dict), state and type, as
+        fleet.ListedSandbox, page by page; at most limit of them (None: all)."""
+        import itertools
+        it = iter(client.list(label=label, state=state, type=type, page_size=page_size, **kw))
+        return it if limit is None else itertools.islice(it, int(limit))
 
     @functools.cached_property
     def _cid(self) -> bytes:
