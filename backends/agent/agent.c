@@ -579,7 +579,8 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
  * every SESS_INT_EVERY_MS until the marker comes: the command's processes get it as from a
  * terminal, and the shell's INT trap returns from the function running the command (busy
  * loops of builtins included), at most once per command: the trap clears __dsec_busy, which
- * is set only inside the function, so a late SIGINT never returns from anything else. After
+ * is set only inside the function, so a late SIGINT never returns from anything else. (The
+ * trap is the session's: a command's own INT trap lasts until the next command.) After
  * SESS_INT_KILL_MS what is below the shell gets SIGKILL; after SESS_INT_END_MS the session
  * is killed and the command's EXIT says SESSION_ENDED.
  */
@@ -592,7 +593,7 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
 
 static const char SESS_BOOT[] =
     "__dsec_busy=\n"
-    "trap 'if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; return 130; fi' INT\n"
+    "__dsec_int='if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; return 130; fi'\n"
     "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
     "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
     "exec 7>&1 8>&2\n";
@@ -2665,7 +2666,9 @@ static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const cha
                    handle);
         return;
     }
-    static const char head[] = "__dsec_run '";
+    /* The trap is set again each time: bash, its return having cut short a wait for a child
+     * that SIGINT ended, leaves its own SIGINT handler in a state that no longer runs it. */
+    static const char head[] = "trap \"$__dsec_int\" INT; __dsec_run '";
     static const char tail[] =
         "' </dev/null 7>&- 8>&-; __dsec_st=$?; "
         "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&7; "
@@ -2722,10 +2725,11 @@ static void sess_tick(struct proc *p, uint64_t now)
         x->timed_out = true;
         x->deadline_ns = 0;
         sess_interrupt(p);
+        now = now_ns(); /* as late as the interrupt's start */
     }
     if (!x->busy || x->int_at == 0 || m == NULL || m->exited)
         return;
-    uint64_t since = now - x->int_at;
+    uint64_t since = now > x->int_at ? now - x->int_at : 0;
     if (since >= SESS_INT_END_MS * 1000000ull && x->int_stage < 2) {
         logmsg("session %" PRIu64 ": the shell did not come back from an interrupt; ending it",
                p->handle);
