@@ -3037,6 +3037,51 @@ static void test_proc_output_wait(void **state)
     pwait(conn, info.handle, 5000);
 }
 
+/* On one connection: a held POUTPUT does not hold the requests behind it, and a connection
+ * that closes with one held leaves the agent serving. */
+static void test_proc_output_wait_raw(void **state)
+{
+    new_mark();
+    dsec_proc_info info;
+    pstart(conn, "sleep 30", 0, false, 0, &info);
+    int fd = raw_hello();
+    uint8_t pl[64], *p = pl;
+    p = dsec__agent_put_u64(p, info.handle);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u32(p, 300);
+    uint64_t t0 = now_us();
+    put_frame(fd, DSEC__AGENT_T_POUTPUT, 7, pl, (size_t)(p - pl));
+    put_frame(fd, DSEC__AGENT_T_PLIST, 8, pl, 0);
+    static uint8_t buf[1 << 16];
+    uint8_t type;
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_PROCS); /* the list first: the output waits */
+    assert_int_equal(id, 8);
+    assert_true(now_us() - t0 < 250000);
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_POUT);
+    assert_int_equal(id, 7);
+    assert_true(now_us() - t0 >= 280000);
+    /* held, then the connection goes */
+    p = pl + 32;
+    p = dsec__agent_put_u32(p, 60000);
+    put_frame(fd, DSEC__AGENT_T_POUTPUT, 9, pl, (size_t)(p - pl));
+    msleep(50);
+    close(fd);
+    msleep(50);
+    dsec_exec_result r;
+    sh("echo fine", NULL, &r);
+    assert_out(&r, "fine\n");
+    dsec_exec_result_release(&r);
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    pwait(conn, info.handle, 5000);
+}
+
 int main(void)
 {
     if (geteuid() != 0) {
@@ -3088,6 +3133,7 @@ int main(void)
         cmocka_unit_test(test_session_bad),
         cmocka_unit_test(test_pty),
         cmocka_unit_test(test_proc_output_wait),
+        cmocka_unit_test(test_proc_output_wait_raw),
         cmocka_unit_test(test_speed),
     };
     if (getenv("DSEC_TEST_FILTER") && *getenv("DSEC_TEST_FILTER")) /* one test, or a pattern */
