@@ -2564,6 +2564,12 @@ static void sess_state_in(const char *shell)
     sx_expect(conn, h, "read x; echo \"[$x] $?\"", 0, "[] 1\n", "");
     sx_expect(conn, h, "printf '\\036dsec:0\\n'", 0, "\036dsec:0\n", ""); /* not our marker */
     sx_expect(conn, h, "echo a\necho b", 0, "a\nb\n", "");
+    /* a command longer than a pipe holds goes in as the shell reads it */
+    static char big[100100];
+    memcpy(big, ": '", 3);
+    memset(big + 3, 'x', 100000);
+    strcpy(big + 100003, "'; echo big");
+    sx_expect(conn, h, big, 0, "big\n", "");
     /* a syntax error: an error, and the session goes on */
     dsec_exec_result r;
     dsec_err err = {0};

@@ -68,7 +68,9 @@
  *            INVALID naming the field); it runs in that session's shell, whose
  *            directory, variables and functions carry to the next command, with
  *            stdin /dev/null; timeout_ms and KILL end the command, not the
- *            session. An unknown handle: NOT_FOUND; not a session: INVALID; a
+ *            session. What the shell prints (a command's output, and its
+ *            background jobs' later output alike) also goes to the session's
+ *            rings; the markers never do. An unknown handle: NOT_FOUND; not a session: INVALID; a
  *            session running a command, or ended: STATE.
  *   KILL     u32 signal. Signals the process group of every running command
  *            (EXEC's: background processes have PSIGNAL).
