@@ -2515,11 +2515,8 @@ static int sx(dsec_agent *a, uint64_t h, const char *line, uint64_t timeout_ms, 
               dsec_exec_result *res, dsec_err *err)
 {
     const char *argv[] = {line, NULL};
-    dsec_exec_req req = {.argv = argv,
-                         .argc = 1,
-                         .session = h,
-                         .timeout_ms = timeout_ms,
-                         .output_max = out_max};
+    dsec_exec_req req = {
+        .argv = argv, .argc = 1, .session = h, .timeout_ms = timeout_ms, .output_max = out_max};
     return dsec_agent_exec(a, &req, NULL, NULL, res, err);
 }
 
@@ -2537,8 +2534,9 @@ static void sx_expect(dsec_agent *a, uint64_t h, const char *line, int code, con
         (errs && (r.stderr_len != strlen(errs) ||
                   (r.stderr_len && memcmp(r.stderr_data, errs, r.stderr_len) != 0))))
         fail_msg("session: %s: code %d, stdout \"%.*s\", stderr \"%.*s\"; want %d, \"%s\", \"%s\"",
-                 line, r.exit_code, (int)r.stdout_len, r.stdout_data ? (const char *)r.stdout_data : "",
-                 (int)r.stderr_len, r.stderr_data ? (const char *)r.stderr_data : "", code, out ? out : "*",
+                 line, r.exit_code, (int)r.stdout_len,
+                 r.stdout_data ? (const char *)r.stdout_data : "", (int)r.stderr_len,
+                 r.stderr_data ? (const char *)r.stderr_data : "", code, out ? out : "*",
                  errs ? errs : "*");
     assert_false(r.timed_out || r.interrupted || r.session_ended || r.stdout_truncated);
     dsec_exec_result_release(&r);
@@ -2823,8 +2821,7 @@ static void test_session_bad(void **state)
 }
 
 /* Everything a terminal showed from off on, waiting up to ms for want to appear in it. */
-static bool pty_wait_for(uint64_t h, uint64_t off, const char *want, int ms, char *buf,
-                         size_t size)
+static bool pty_wait_for(uint64_t h, uint64_t off, const char *want, int ms, char *buf, size_t size)
 {
     for (int i = 0; i < ms; i += 10) {
         dsec_proc_output o;
@@ -2912,10 +2909,10 @@ static void test_pty(void **state)
     pstart(conn, "true", 0, false, 0, &info);
     expect_fail(dsec_agent_proc_resize(conn, info.handle, 10, 10, &err), &err, DSEC_E_INVALID,
                 "has no terminal");
+    pwait(conn, info.handle, 5000);
     /* pty and session together */
     req.session = true;
-    expect_fail(dsec_agent_proc_start(conn, &req, &info, &err), &err, DSEC_E_INVALID,
-                "exclusive");
+    expect_fail(dsec_agent_proc_start(conn, &req, &info, &err), &err, DSEC_E_INVALID, "exclusive");
     assert_int_equal(marked_left(), 0);
 }
 
@@ -2967,9 +2964,8 @@ static void test_proc_output_wait(void **state)
     uint64_t h = info.handle;
     uint64_t t0 = now_us();
     struct pout_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 10000, pout_waited, &w,
-                                                  &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 10000, pout_waited, &w, &err), 0);
     dsec_exec_result r; /* the agent goes on meanwhile */
     sh("echo other", NULL, &r);
     assert_out(&r, "other\n");
@@ -2984,8 +2980,7 @@ static void test_proc_output_wait(void **state)
     /* from past "hi\n": nothing for 200 ms */
     w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     t0 = now_us();
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 200, pout_waited, &w,
-                                                  &err),
+    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 200, pout_waited, &w, &err),
                      0);
     assert_int_equal(pout_wait(&w), 0);
     took = now_us() - t0;
@@ -2995,9 +2990,8 @@ static void test_proc_output_wait(void **state)
     dsec_proc_output_release(&w.out);
     /* stderr wakes it too */
     w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 10000, pout_waited, &w,
-                                                  &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 10000, pout_waited, &w, &err), 0);
     assert_int_equal(pout_wait(&w), 0);
     assert_int_equal(w.out.err_len, 4);
     assert_memory_equal(w.out.err, "bye\n", 4);
@@ -3005,32 +2999,29 @@ static void test_proc_output_wait(void **state)
     /* the end wakes it */
     w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     t0 = now_us();
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 3, 4, 0, 10000, pout_waited, &w,
-                                                  &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 3, 4, 0, 10000, pout_waited, &w, &err), 0);
     assert_int_equal(pout_wait(&w), 0);
     assert_true(now_us() - t0 < 3000000);
     assert_false(w.out.info.running);
     dsec_proc_output_release(&w.out);
     /* refused: an unknown process, a wait over the limit */
     w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h + 1000000, 0, 0, 0, 100, pout_waited,
-                                                  &w, &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h + 1000000, 0, 0, 0, 100, pout_waited, &w, &err), 0);
     assert_int_equal(pout_wait(&w), -1);
     assert_int_equal(w.err.code, DSEC_E_NOT_FOUND);
     assert_false(dsec_agent_broken(a));
-    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 60001, pout_waited, &w,
-                                                  &err),
-                     -1);
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 60001, pout_waited, &w, &err), -1);
     /* a connection that goes while its request waits: the agent drops it */
     pstart(conn, "sleep 30", 0, false, 0, &info);
     w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
     dsec_agent *b = NULL;
     assert_int_equal(dsec_agent_connect(&b, sock_path, 2000, &err), 0);
-    assert_int_equal(dsec_agent_proc_output_start(b, loop, info.handle, 0, 0, 0, 60000,
-                                                  pout_waited, &w, &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(b, loop, info.handle, 0, 0, 0, 60000, pout_waited, &w, &err),
+        0);
     msleep(100);
     dsec_loop_free(loop); /* cancels the request (done runs with an error) */
     assert_int_equal(pout_wait(&w), -1);

@@ -1853,8 +1853,8 @@ static uint64_t out_total(struct sbx *s, uint64_t h)
 }
 
 /* Output of a terminal from off until want shows, following (each wait ends on output). */
-static bool follow_until(struct sbx *s, dsec_loop *loop, uint64_t h, uint64_t off,
-                         const char *want, char *buf, size_t size)
+static bool follow_until(struct sbx *s, dsec_loop *loop, uint64_t h, uint64_t off, const char *want,
+                         char *buf, size_t size)
 {
     size_t n = 0;
     buf[0] = 0;

@@ -1756,9 +1756,8 @@ static void pout_run_end(struct loop_run *lr, int st, dsec_err *err)
 }
 
 int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
-                                 uint64_t out_off, uint64_t err_off, uint64_t max,
-                                 uint32_t wait_ms, dsec_proc_output_done_fn done, void *ud,
-                                 dsec_err *err)
+                                 uint64_t out_off, uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                                 dsec_proc_output_done_fn done, void *ud, dsec_err *err)
 {
     if (done == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "output: done is NULL");

@@ -133,9 +133,8 @@ int dsec_agent_proc_resize(dsec_agent *a, uint64_t handle, uint16_t rows, uint16
  * connection is lost), once, on loop's thread. Until done ran, a is the request's: no other
  * call may use it, nor free it. Returns -1 (done never called) when it could not be sent. */
 int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
-                                 uint64_t out_off, uint64_t err_off, uint64_t max,
-                                 uint32_t wait_ms, dsec_proc_output_done_fn done, void *ud,
-                                 dsec_err *err);
+                                 uint64_t out_off, uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                                 dsec_proc_output_done_fn done, void *ud, dsec_err *err);
 
 #ifdef __cplusplus
 }

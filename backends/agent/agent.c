@@ -182,7 +182,7 @@ struct proc {
     struct conn *in_conn; /* NULL: nobody to answer (none waits, or its connection left) */
     uint32_t in_id;
     bool in_close; /* close stdin once the pending bytes are taken */
-    bool pty;          /* on a pseudo-terminal: its master is the command's io[1] (and io[0]) */
+    bool pty;      /* on a pseudo-terminal: its master is the command's io[1] (and io[0]) */
     struct sess *sess; /* a shell session (PSTART's session flag) */
 };
 
@@ -561,8 +561,7 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
     conn_commit(c, (size_t)(p - p0));
 }
 
-/* ---- shell sessions ------------------------------------------------------------------------------
- */
+/* ---- shell sessions ------------------------------------------------------------------------- */
 
 /*
  * A session is a background process whose main process is a shell reading its commands from
@@ -2003,7 +2002,7 @@ static const char *env_get(char **env, size_t n, const char *key)
 }
 
 static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const char *cmd,
-                        size_t cmd_len, uint64_t timeout_ms, uint64_t out_max);
+                         size_t cmd_len, uint64_t timeout_ms, uint64_t out_max);
 static int open_pty(int *master, int *slave, uint32_t rows, uint32_t cols);
 static void sess_start(struct proc *p);
 static void sess_interrupt(struct proc *p);
@@ -2092,9 +2091,9 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
         goto out;
     }
     if (session) {
-        const char *field = argc != 1 ? NULL
-                            : nenv    ? "environment variables"
-                            : cwd_len ? "cwd"
+        const char *field = argc != 1  ? NULL
+                            : nenv     ? "environment variables"
+                            : cwd_len  ? "cwd"
                             : user_len ? "user"
                             : in_len   ? "stdin"
                                        : "";
@@ -2378,8 +2377,8 @@ static int next_timeout_ms(void)
             best = x->deadline_ns;
         if (x && x->busy && x->int_at && x->int_stage < 2) {
             uint64_t t = x->int_next;
-            uint64_t step = x->int_at + (x->int_stage == 0 ? SESS_INT_KILL_MS : SESS_INT_END_MS) *
-                                            1000000ull;
+            uint64_t step =
+                x->int_at + (x->int_stage == 0 ? SESS_INT_KILL_MS : SESS_INT_END_MS) * 1000000ull;
             if (step < t)
                 t = step;
             if (best == 0 || t < best)
@@ -2656,8 +2655,7 @@ static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const cha
     }
     struct sess *x = p->sess;
     if (!p->running || p->cmd == NULL || p->cmd->io[0].fd < 0) {
-        send_error(c, id, DSEC__AGENT_ERR_STATE, 0, "exec: session %" PRIu64 " has ended",
-                   handle);
+        send_error(c, id, DSEC__AGENT_ERR_STATE, 0, "exec: session %" PRIu64 " has ended", handle);
         return;
     }
     if (x->busy) {
@@ -2697,9 +2695,8 @@ static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const cha
     x->out_max = out_max;
     x->seen[0] = x->seen[1] = 0;
     x->start_ns = now_ns();
-    x->deadline_ns = timeout_ms && timeout_ms <= UINT64_MAX / 2000000u
-                         ? x->start_ns + timeout_ms * 1000000u
-                         : 0;
+    x->deadline_ns =
+        timeout_ms && timeout_ms <= UINT64_MAX / 2000000u ? x->start_ns + timeout_ms * 1000000u : 0;
     x->timed_out = x->interrupted = false;
     x->int_at = x->int_next = 0;
     x->int_stage = 0;
@@ -2768,8 +2765,8 @@ static void handle_presize(struct conn *c, uint32_t id, dsec__agent_rd *r)
     if (p == NULL)
         return;
     if (!p->pty) {
-        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
-                   "resize: process %" PRIu64 " has no terminal", handle);
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "resize: process %" PRIu64 " has no terminal",
+                   handle);
         return;
     }
     if (!p->running || p->cmd == NULL || p->cmd->io[1].fd < 0) {
