@@ -26,6 +26,8 @@ _Static_assert(DSEC_PROC_MAX == DSEC__AGENT_PROC_MAX &&
                "one set of background process limits on both sides");
 _Static_assert(sizeof(((dsec_proc_info *)0)->cmdline) == DSEC__AGENT_CMDLINE_MAX + 1,
                "a cmdline on the wire fits dsec_proc_info");
+_Static_assert(DSEC_PROC_WAIT_MAX_MS == DSEC__AGENT_WAIT_MAX_MS,
+               "one longest output wait on both sides");
 
 /*
  * A connection is a non-blocking socket driven with poll, so every wait has a

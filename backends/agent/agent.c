@@ -724,8 +724,16 @@ static void sess_output(struct proc *p, int s, const uint8_t *data, size_t n)
             x->marked[s] = true;
             if (s == 0)
                 x->status = neg ? -st : st;
-            if (x->marked[0] && x->marked[1])
+            if (x->marked[0] && x->marked[1]) {
                 sess_done(p, x->status, 0, false);
+                /* the rest is the session's; and sending the EXIT may have let the client's
+                 * next command in already, which must not get it */
+                if (pos < len)
+                    ring_put(&p->ring[s], buf + pos, len - pos);
+                if (n > 0)
+                    ring_put(&p->ring[s], data, n);
+                return;
+            }
         }
         if (pos < len) /* after the marker: the session's, not the command's */
             sess_emit(p, s, buf + pos, len - pos);
