@@ -578,7 +578,9 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
  * every SESS_INT_EVERY_MS until the marker comes: the command's processes get it as from a
  * terminal, and the shell's INT trap returns from the function running the command (busy
  * loops of builtins included), at most once per command: the trap clears __dsec_busy, which
- * is set only inside the function, so a late SIGINT never returns from anything else. (The
+ * is set only inside the function, so a late SIGINT never returns from anything else. It
+ * also sets __dsec_intd, which makes the status 130: busybox's ash may give a function left by
+ * a trap's return the status from before the trap. (The
  * trap is the session's: a command's own INT trap lasts until the next command.) After
  * SESS_INT_KILL_MS what is below the shell gets SIGKILL; after SESS_INT_END_MS the session
  * is killed and the command's EXIT says SESSION_ENDED.
@@ -587,12 +589,14 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
 #define SESS_INT_EVERY_MS 200
 #define SESS_INT_KILL_MS 2000
 #define SESS_INT_END_MS 4000
+#define SESS_INT_KILL_WAIT_MS 150 /* KILL: the first SIGINT after the signal */
 #define SESS_TOK_LEN 36 /* "dsec" + 32 hex digits */
 #define SESS_MARK_MAX (1 + SESS_TOK_LEN + 1 + 12 + 1)
 
 static const char SESS_BOOT[] =
     "__dsec_busy=\n"
-    "__dsec_int='if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; return 130; fi'\n"
+    "__dsec_int='if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; __dsec_intd=1; return 130; "
+    "fi'\n"
     "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
     "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
     "exec 7>&1 8>&2\n";
@@ -2519,9 +2523,15 @@ static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
         if (!m->exited && m->proc && m->proc->sess && m->proc->sess->busy) {
             /* a session's command, not its shell: SIGINT interrupts it; another signal goes
              * to what is below the shell, and the interrupt unwinds the shell's part */
-            if (sig != SIGINT && proc_is_ours())
+            bool below = sig != SIGINT && proc_is_ours();
+            if (below)
                 kill_below(m->pgid, m->pgid, (int)sig, false);
             sess_interrupt(m->proc);
+            /* what was signalled ends first: bash says what killed it within the command's
+             * output, which a return from the INT trap during its wait would put off to the
+             * next command's */
+            if (below && m->proc->sess->int_next == m->proc->sess->int_at)
+                m->proc->sess->int_next += SESS_INT_KILL_WAIT_MS * 1000000ull;
             sess_tick(m->proc, now_ns());
             n++;
             continue;
@@ -2676,7 +2686,8 @@ static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const cha
      * that SIGINT ended, leaves its own SIGINT handler in a state that no longer runs it. */
     static const char head[] = "trap \"$__dsec_int\" INT; __dsec_run '";
     static const char tail[] =
-        "' </dev/null 7>&- 8>&-; __dsec_st=$?; "
+        "' </dev/null 7>&- 8>&-; __dsec_st=$?; [ -z \"${__dsec_intd:-}\" ] || __dsec_st=130; "
+        "__dsec_intd=; "
         "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&7; "
         "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&8\n";
     size_t quotes = 0;
