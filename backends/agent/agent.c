@@ -597,6 +597,7 @@ static const char SESS_BOOT[] =
     "__dsec_busy=\n"
     "__dsec_int='if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; __dsec_intd=1; return 130; "
     "fi'\n"
+    "trap \"$__dsec_int\" INT\n"
     "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
     "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
     "exec 7>&1 8>&2\n";
