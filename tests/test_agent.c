@@ -2713,6 +2713,81 @@ static void sess_interrupt_in(const char *shell)
     assert_int_equal(info.signal, SIGKILL);
 }
 
+/* An interrupt that comes as soon as the session started: it waits for the shell's trap. */
+static void test_session_early_interrupt(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        uint64_t h = sess_new(conn, i == 1 ? "/bin/sh" : NULL);
+        struct sjob j;
+        sjob_interrupt(h, "sleep 100", 0, SIGINT, false, &j);
+        if (!j.r.interrupted || j.r.session_ended)
+            fail_msg("round %d: interrupted %d, ended %d", i, j.r.interrupted, j.r.session_ended);
+        dsec_exec_result_release(&j.r);
+        sx_expect(conn, h, "echo ok", 0, "ok\n", "");
+        assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+        pwait(conn, h, 5000);
+    }
+    /* closer still: the command and the interrupt right behind the start's answer */
+    for (int i = 0; i < 5; i++) {
+        int fd = raw_hello();
+        uint8_t pl[256], *p = pl;
+        p = dsec__agent_put_u64(p, 0);                    /* timeout */
+        p = dsec__agent_put_bytes(p, "", 0);              /* cwd */
+        p = dsec__agent_put_bytes(p, "", 0);              /* user */
+        p = dsec__agent_put_u32(p, 0);                    /* argc: the default shell */
+        p = dsec__agent_put_u32(p, 0);                    /* nenv */
+        p = dsec__agent_put_bytes(p, "", 0);              /* stdin */
+        p = dsec__agent_put_u64(p, 0);                    /* ring_max */
+        p = dsec__agent_put_u8(p, 0);                     /* keep_stdin */
+        p = dsec__agent_put_u8(p, DSEC__AGENT_S_SESSION); /* flags */
+        p = dsec__agent_put_u32(p, 0);
+        p = dsec__agent_put_u32(p, 0);
+        put_frame(fd, DSEC__AGENT_T_PSTART, 1, pl, (size_t)(p - pl));
+        static uint8_t buf[1 << 16];
+        uint8_t type;
+        uint32_t id;
+        size_t n;
+        assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+        assert_int_equal(type, DSEC__AGENT_T_PROC);
+        uint64_t h = dsec__agent_get_u32le(buf) | (uint64_t)dsec__agent_get_u32le(buf + 4) << 32;
+        p = pl;
+        p = dsec__agent_put_u64(p, 0);    /* timeout */
+        p = dsec__agent_put_u64(p, 4096); /* output_max */
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_u32(p, 1);
+        p = dsec__agent_put_bytes(p, "sleep 100", 9);
+        p = dsec__agent_put_u32(p, 0);
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_u64(p, h);
+        put_frame(fd, DSEC__AGENT_T_EXEC, 2, pl, (size_t)(p - pl));
+        p = pl;
+        p = dsec__agent_put_u64(p, h);
+        p = dsec__agent_put_u32(p, SIGINT);
+        put_frame(fd, DSEC__AGENT_T_PSIGNAL, 3, pl, (size_t)(p - pl));
+        bool exited = false;
+        while (!exited) {
+            assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 5000), 0);
+            if (type == DSEC__AGENT_T_EXIT) {
+                assert_int_equal(id, 2);
+                uint8_t flags = buf[8];
+                if (!(flags & DSEC__AGENT_X_INTERRUPTED) || (flags & DSEC__AGENT_X_SESSION_ENDED))
+                    fail_msg("round %d: EXIT flags %#x", i, flags);
+                exited = true;
+            } else if (type != DSEC__AGENT_T_OK && type != DSEC__AGENT_T_OUTPUT) {
+                fail_msg("round %d: frame type %u", i, type);
+            }
+        }
+        close(fd);
+        sx_expect(conn, h, "echo ok", 0, "ok\n", "");
+        assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+        pwait(conn, h, 5000);
+    }
+    assert_int_equal(marked_left(), 0);
+}
+
 /* SIGINT interrupts the running command only; a shell that stays stuck ends the session. */
 static void test_session_interrupt(void **state)
 {
@@ -3136,6 +3211,7 @@ int main(void)
         cmocka_unit_test(test_proc_many),
         cmocka_unit_test(test_session_state),
         cmocka_unit_test(test_session_interrupt),
+        cmocka_unit_test(test_session_early_interrupt),
         cmocka_unit_test(test_session_end),
         cmocka_unit_test(test_session_bad),
         cmocka_unit_test(test_pty),

@@ -574,6 +574,9 @@ static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, ui
  * next to "\036" in anything the shell prints but the markers, so a command cannot print one
  * by accident.
  *
+ * The bootstrap ends with a marker of its own (status 0) on both streams: until both came, the
+ * INT trap may not be set, and no SIGINT is sent (it would kill the shell).
+ *
  * An interrupt (PSIGNAL SIGINT, a timeout, KILL) sends SIGINT to the shell's process group
  * every SESS_INT_EVERY_MS until the marker comes: the command's processes get it as from a
  * terminal, and the shell's INT trap returns from the function running the command (busy
@@ -600,7 +603,9 @@ static const char SESS_BOOT[] =
     "trap \"$__dsec_int\" INT\n"
     "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
     "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
-    "exec 7>&1 8>&2\n";
+    "exec 7>&1 8>&2\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\"\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\" >&2\n";
 
 struct sess {
     char tok[SESS_TOK_LEN + 1];
@@ -609,6 +614,9 @@ struct sess {
     /* per stream: bytes that may be the start of a marker, held back */
     uint8_t hold[2][SESS_MARK_MAX];
     size_t hold_len[2];
+    /* per stream: the bootstrap's marker came (SIGINT waits for both: before its trap is set, it
+     * would kill the shell) */
+    bool booted[2];
     /* the command running, if busy */
     bool busy, marked[2];
     int32_t status;
@@ -635,7 +643,7 @@ static void sess_emit(struct proc *p, int s, const uint8_t *data, size_t n)
     if (n == 0)
         return;
     ring_put(&p->ring[s], data, n);
-    if (!x->busy || x->marked[s])
+    if (!x->booted[s] || !x->busy || x->marked[s])
         return;
     uint64_t before = x->seen[s];
     x->seen[s] += n;
@@ -670,13 +678,19 @@ static void sess_done(struct proc *p, int32_t code, int32_t sig, bool ended)
     send_exit(c, id, code, sig, flags, dur, 0, 0);
 }
 
+/* Whether a marker is due on stream s: the bootstrap's, or the running command's. */
+static bool sess_looking(const struct sess *x, int s)
+{
+    return !x->booted[s] || (x->busy && !x->marked[s]);
+}
+
 /* Output of the session's shell on stream s: markers out, the rest to sess_emit. */
 static void sess_output(struct proc *p, int s, const uint8_t *data, size_t n)
 {
     struct sess *x = p->sess;
     static uint8_t buf[DSEC__AGENT_CHUNK + SESS_MARK_MAX];
     while (n > 0) {
-        if (!x->busy || x->marked[s]) { /* no marker to look for: between commands */
+        if (!sess_looking(x, s)) { /* no marker to look for: between commands */
             sess_emit(p, s, data, n);
             return;
         }
@@ -689,7 +703,7 @@ static void sess_output(struct proc *p, int s, const uint8_t *data, size_t n)
         n -= take;
         x->hold_len[s] = 0;
         size_t pos = 0;
-        while (pos < len && x->busy && !x->marked[s]) {
+        while (pos < len && sess_looking(x, s)) {
             const uint8_t *hit = memmem(buf + pos, len - pos, x->mark, x->mark_len);
             if (hit == NULL) { /* hold a tail that may begin a marker */
                 size_t k = len - pos < x->mark_len - 1 ? len - pos : x->mark_len - 1;
@@ -726,6 +740,10 @@ static void sess_output(struct proc *p, int s, const uint8_t *data, size_t n)
                 continue;
             }
             pos = q + 1;
+            if (!x->booted[s]) { /* the bootstrap's: what follows may be a command's */
+                x->booted[s] = true;
+                continue;
+            }
             x->marked[s] = true;
             if (s == 0)
                 x->status = neg ? -st : st;
@@ -2762,7 +2780,9 @@ static void sess_tick(struct proc *p, uint64_t now)
         if (proc_is_ours())
             kill_below(m->pgid, m->pgid, SIGKILL, false);
     }
-    if (x->int_stage < 2 && now >= x->int_next) {
+    if (x->int_stage < 2 && now >= x->int_next && !(x->booted[0] && x->booted[1])) {
+        x->int_next = now + 20000000u; /* the trap is not set yet: look again soon */
+    } else if (x->int_stage < 2 && now >= x->int_next) {
         kill(-m->pgid, SIGINT);
         x->int_next = now + SESS_INT_EVERY_MS * 1000000ull;
     }
