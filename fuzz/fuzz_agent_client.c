@@ -190,6 +190,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
             dsec_proc_output_release(&po);
         }
+        /* ids 12, 13: a terminal's resize, a session's command (its EXIT flags decoded) */
+        rc = dsec_agent_proc_resize(a, 1, 24, 80, &err);
+        say("proc_resize", rc, &err);
+        const char *line[] = {"cd /tmp"};
+        dsec_exec_req sreq = {.argv = line, .argc = 1, .session = 1, .output_max = 4096};
+        rc = dsec_agent_exec(a, &sreq, on_output, &seen, &res, &err);
+        say("session exec", rc, &err);
+        if (rc == 0)
+            dsec_exec_result_release(&res);
         dsec_agent_free(a);
     }
     /* the client's side is closed (freed, or by the failed handshake): the peer sees EOF */

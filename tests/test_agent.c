@@ -2488,6 +2488,682 @@ static void test_speed(void **state)
     measure_direct("dsec-agent usage (static)", ag);
 }
 
+/* ---- shell sessions and terminals -------------------------------------------------------------
+ */
+
+/* Start a shell session (shell NULL: the default) on a; its handle. */
+static uint64_t sess_new(dsec_agent *a, const char *shell)
+{
+    /* "/bin/busybox sh": a program and one argument */
+    char prog[64] = "";
+    const char *sp = shell ? strchr(shell, ' ') : NULL;
+    if (sp)
+        snprintf(prog, sizeof prog, "%.*s", (int)(sp - shell), shell);
+    const char *argv[] = {sp ? prog : shell, sp ? sp + 1 : NULL, NULL};
+    size_t argc = shell == NULL ? 0 : sp ? 2 : 1;
+    dsec_proc_start_req req = {
+        .exec = {.argv = shell ? argv : NULL, .argc = argc, .env = mark_env, .nenv = 1},
+        .session = true,
+    };
+    dsec_proc_info info;
+    dsec_err err = {0};
+    if (dsec_agent_proc_start(a, &req, &info, &err) < 0)
+        fail_msg("start a session (%s): %s", shell ? shell : "default", err.msg);
+    assert_true(info.session);
+    assert_false(info.pty);
+    assert_false(info.busy);
+    assert_false(info.stdin_open); /* its stdin is the agent's */
+    return info.handle;
+}
+
+/* Run line in session h; the call's rc (res filled on 0). */
+static int sx(dsec_agent *a, uint64_t h, const char *line, uint64_t timeout_ms, size_t out_max,
+              dsec_exec_result *res, dsec_err *err)
+{
+    const char *argv[] = {line, NULL};
+    dsec_exec_req req = {
+        .argv = argv, .argc = 1, .session = h, .timeout_ms = timeout_ms, .output_max = out_max};
+    return dsec_agent_exec(a, &req, NULL, NULL, res, err);
+}
+
+/* line in session h must exit with code and print exactly out and err (NULL: anything). */
+static void sx_expect(dsec_agent *a, uint64_t h, const char *line, int code, const char *out,
+                      const char *errs)
+{
+    dsec_exec_result r;
+    dsec_err err = {0};
+    if (sx(a, h, line, 10000, 0, &r, &err) < 0)
+        fail_msg("session %llu: %s: %s", (unsigned long long)h, line, err.msg);
+    if (r.exit_code != code ||
+        (out && (r.stdout_len != strlen(out) ||
+                 (r.stdout_len && memcmp(r.stdout_data, out, r.stdout_len) != 0))) ||
+        (errs && (r.stderr_len != strlen(errs) ||
+                  (r.stderr_len && memcmp(r.stderr_data, errs, r.stderr_len) != 0))))
+        fail_msg("session: %s: code %d, stdout \"%.*s\", stderr \"%.*s\"; want %d, \"%s\", \"%s\"",
+                 line, r.exit_code, (int)r.stdout_len,
+                 r.stdout_data ? (const char *)r.stdout_data : "", (int)r.stderr_len,
+                 r.stderr_data ? (const char *)r.stderr_data : "", code, out ? out : "*",
+                 errs ? errs : "*");
+    assert_false(r.timed_out || r.interrupted || r.session_ended || r.stdout_truncated);
+    dsec_exec_result_release(&r);
+}
+
+static void sess_state_in(const char *shell)
+{
+    uint64_t h = sess_new(conn, shell);
+    sx_expect(conn, h, "cd /tmp", 0, "", "");
+    sx_expect(conn, h, "pwd", 0, "/tmp\n", "");
+    sx_expect(conn, h, "X=5", 0, "", "");
+    sx_expect(conn, h, "echo $X", 0, "5\n", "");
+    sx_expect(conn, h, "f(){ echo hi; }", 0, "", "");
+    sx_expect(conn, h, "f", 0, "hi\n", "");
+    sx_expect(conn, h, "export Y=2", 0, "", "");
+    sx_expect(conn, h, "sh -c 'echo $Y'", 0, "2\n", "");
+    sx_expect(conn, h, "false", 1, "", "");
+    sx_expect(conn, h, "(exit 7)", 7, "", "");
+    sx_expect(conn, h, "echo out; echo err >&2; echo out2", 0, "out\nout2\n", "err\n");
+    sx_expect(conn, h, "printf abc; printf def >&2", 0, "abc", "def");
+    sx_expect(conn, h, "echo \"it's\" 'a \"b\"'", 0, "it's a \"b\"\n", "");
+    sx_expect(conn, h, "cat", 0, "", ""); /* stdin /dev/null: it ends at once */
+    sx_expect(conn, h, "read x; echo \"[$x] $?\"", 0, "[] 1\n", "");
+    sx_expect(conn, h, "printf '\\036dsec:0\\n'", 0, "\036dsec:0\n", ""); /* not our marker */
+    sx_expect(conn, h, "echo a\necho b", 0, "a\nb\n", "");
+    /* a command longer than a pipe holds goes in as the shell reads it */
+    static char big[100100];
+    memcpy(big, ": '", 3);
+    memset(big + 3, 'x', 100000);
+    strcpy(big + 100003, "'; echo big");
+    sx_expect(conn, h, big, 0, "big\n", "");
+    /* a syntax error: an error, and the session goes on */
+    dsec_exec_result r;
+    dsec_err err = {0};
+    assert_int_equal(sx(conn, h, "if then", 10000, 0, &r, &err), 0);
+    assert_int_not_equal(r.exit_code, 0);
+    assert_true(r.stderr_len > 0);
+    assert_int_equal(r.stdout_len, 0);
+    assert_false(r.session_ended);
+    dsec_exec_result_release(&r);
+    /* everything the shell knows, its own variables included, is not a marker */
+    assert_int_equal(sx(conn, h, "set; echo end", 10000, 0, &r, &err), 0);
+    assert_int_equal(r.exit_code, 0);
+    assert_true(r.stdout_len > 4 && memcmp(r.stdout_data + r.stdout_len - 4, "end\n", 4) == 0);
+    dsec_exec_result_release(&r);
+    sx_expect(conn, h, "echo $X $Y; pwd", 0, "5 2\n/tmp\n", "");
+    dsec_proc_info info;
+    assert_true(plisted(conn, h, &info));
+    assert_true(info.session && info.running && !info.busy);
+    assert_int_equal(dsec_agent_proc_signal(conn, h, SIGINT, &err), 0); /* idle: nothing */
+    sx_expect(conn, h, "echo $X", 0, "5\n", "");
+    assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+    info = pwait(conn, h, 5000);
+    assert_int_equal(info.signal, SIGKILL);
+}
+
+/* A session keeps the shell's state from command to command; each command has its own code
+ * and streams, in bash and in the plain sh (dash here). */
+static void test_session_state(void **state)
+{
+    new_mark();
+    sess_state_in(NULL);
+    sess_state_in("/bin/sh");
+    if (access("/bin/busybox", X_OK) == 0) /* the sh of small images */
+        sess_state_in("/bin/busybox sh");
+    assert_int_equal(marked_left(), 0);
+}
+
+/* A session command on a thread of its own. */
+struct sjob {
+    uint64_t h;
+    const char *line;
+    uint64_t timeout_ms;
+    dsec_agent *a;
+    int rc;
+    dsec_exec_result r;
+    dsec_err err;
+    uint64_t took_us;
+};
+
+static void *sjob_run(void *arg)
+{
+    struct sjob *j = arg;
+    uint64_t t0 = now_us();
+    j->rc = sx(j->a, j->h, j->line, j->timeout_ms, 0, &j->r, &j->err);
+    j->took_us = now_us() - t0;
+    return NULL;
+}
+
+/* Wait until session h runs a command. */
+static void sess_wait_busy(uint64_t h)
+{
+    dsec_proc_info info;
+    for (int i = 0; i < 500; i++) {
+        assert_true(plisted(conn, h, &info));
+        if (info.busy)
+            return;
+        msleep(10);
+    }
+    fail_msg("session %llu never got busy", (unsigned long long)h);
+}
+
+/* Run line on session h on a thread; after settle_ms, act(h), then the result. */
+static void sjob_interrupt(uint64_t h, const char *line, int settle_ms, int sig, bool kill_all,
+                           struct sjob *j)
+{
+    dsec_err err = {0};
+    *j = (struct sjob){.h = h, .line = line};
+    assert_int_equal(dsec_agent_connect(&j->a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sjob_run, j), 0);
+    sess_wait_busy(h);
+    msleep(settle_ms);
+    if (kill_all)
+        assert_int_equal(dsec_agent_kill(sock_path, sig, &err), 0);
+    else
+        assert_int_equal(dsec_agent_proc_signal(conn, h, sig, &err), 0);
+    pthread_join(th, NULL);
+    dsec_agent_free(j->a);
+    if (j->rc < 0)
+        fail_msg("%s: %s", line, j->err.msg);
+}
+
+static void sess_interrupt_in(const char *shell)
+{
+    uint64_t h = sess_new(conn, shell);
+    sx_expect(conn, h, "X=4; cd /tmp", 0, "", "");
+    const char *lines[] = {"sleep 100", "for i in 1 2 3; do sleep 100; echo next$i; done",
+                           "while :; do :; done", "echo before; sleep 100; echo after"};
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        struct sjob j;
+        sjob_interrupt(h, lines[i], 200, SIGINT, false, &j);
+        if (!j.r.interrupted || j.r.exit_code != 130 || j.r.session_ended ||
+            j.took_us > 2000000 + 200000)
+            fail_msg("%s: %s: interrupted %d, code %d, ended %d, took %llu us",
+                     shell ? shell : "bash", lines[i], j.r.interrupted, j.r.exit_code,
+                     j.r.session_ended, (unsigned long long)j.took_us);
+        assert_false(j.r.timed_out);
+        assert_null(j.r.stdout_data && memmem(j.r.stdout_data, j.r.stdout_len, "next", 4)
+                        ? "the loop went on"
+                        : NULL);
+        assert_null(j.r.stdout_data && memmem(j.r.stdout_data, j.r.stdout_len, "after", 5)
+                        ? "the line went on"
+                        : NULL);
+        dsec_exec_result_release(&j.r);
+        sx_expect(conn, h, "echo $X; pwd", 0, "4\n/tmp\n", "");
+    }
+    /* a command that ignores SIGINT: what it started is killed after 2 s */
+    struct sjob j;
+    sjob_interrupt(h, "sh -c 'trap \"\" INT; sleep 100'", 200, SIGINT, false, &j);
+    assert_true(j.r.interrupted);
+    assert_false(j.r.session_ended);
+    assert_true(j.took_us < 4000000);
+    dsec_exec_result_release(&j.r);
+    sx_expect(conn, h, "echo $X", 0, "4\n", "");
+    /* KILL, for every command, reaches a session's */
+    sjob_interrupt(h, "sleep 100", 200, SIGKILL, true, &j);
+    assert_false(j.r.session_ended);
+    assert_true(j.took_us < 2000000);
+    dsec_exec_result_release(&j.r);
+    sx_expect(conn, h, "echo $X", 0, "4\n", "");
+    /* a shell that does not come back (it ignores SIGINT itself): the session ends */
+    sjob_interrupt(h, "trap '' INT; while :; do :; done", 100, SIGINT, false, &j);
+    assert_true(j.r.session_ended);
+    assert_true(j.took_us < 6000000);
+    dsec_exec_result_release(&j.r);
+    dsec_proc_info info = pwait(conn, h, 5000);
+    assert_int_equal(info.signal, SIGKILL);
+}
+
+/* An interrupt that comes as soon as the session started: it waits for the shell's trap. */
+static void test_session_early_interrupt(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        uint64_t h = sess_new(conn, i == 1 ? "/bin/sh" : NULL);
+        struct sjob j;
+        sjob_interrupt(h, "sleep 100", 0, SIGINT, false, &j);
+        if (!j.r.interrupted || j.r.session_ended)
+            fail_msg("round %d: interrupted %d, ended %d", i, j.r.interrupted, j.r.session_ended);
+        dsec_exec_result_release(&j.r);
+        sx_expect(conn, h, "echo ok", 0, "ok\n", "");
+        assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+        pwait(conn, h, 5000);
+    }
+    /* closer still: the command and the interrupt right behind the start's answer */
+    for (int i = 0; i < 5; i++) {
+        int fd = raw_hello();
+        uint8_t pl[256], *p = pl;
+        p = dsec__agent_put_u64(p, 0);                    /* timeout */
+        p = dsec__agent_put_bytes(p, "", 0);              /* cwd */
+        p = dsec__agent_put_bytes(p, "", 0);              /* user */
+        p = dsec__agent_put_u32(p, 0);                    /* argc: the default shell */
+        p = dsec__agent_put_u32(p, 0);                    /* nenv */
+        p = dsec__agent_put_bytes(p, "", 0);              /* stdin */
+        p = dsec__agent_put_u64(p, 0);                    /* ring_max */
+        p = dsec__agent_put_u8(p, 0);                     /* keep_stdin */
+        p = dsec__agent_put_u8(p, DSEC__AGENT_S_SESSION); /* flags */
+        p = dsec__agent_put_u32(p, 0);
+        p = dsec__agent_put_u32(p, 0);
+        put_frame(fd, DSEC__AGENT_T_PSTART, 1, pl, (size_t)(p - pl));
+        static uint8_t buf[1 << 16];
+        uint8_t type;
+        uint32_t id;
+        size_t n;
+        assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+        assert_int_equal(type, DSEC__AGENT_T_PROC);
+        uint64_t h = dsec__agent_get_u32le(buf) | (uint64_t)dsec__agent_get_u32le(buf + 4) << 32;
+        p = pl;
+        p = dsec__agent_put_u64(p, 0);    /* timeout */
+        p = dsec__agent_put_u64(p, 4096); /* output_max */
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_u32(p, 1);
+        p = dsec__agent_put_bytes(p, "sleep 100", 9);
+        p = dsec__agent_put_u32(p, 0);
+        p = dsec__agent_put_bytes(p, "", 0);
+        p = dsec__agent_put_u64(p, h);
+        put_frame(fd, DSEC__AGENT_T_EXEC, 2, pl, (size_t)(p - pl));
+        p = pl;
+        p = dsec__agent_put_u64(p, h);
+        p = dsec__agent_put_u32(p, SIGINT);
+        put_frame(fd, DSEC__AGENT_T_PSIGNAL, 3, pl, (size_t)(p - pl));
+        bool exited = false;
+        while (!exited) {
+            assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 5000), 0);
+            if (type == DSEC__AGENT_T_EXIT) {
+                assert_int_equal(id, 2);
+                uint8_t flags = buf[8];
+                if (!(flags & DSEC__AGENT_X_INTERRUPTED) || (flags & DSEC__AGENT_X_SESSION_ENDED))
+                    fail_msg("round %d: EXIT flags %#x", i, flags);
+                exited = true;
+            } else if (type != DSEC__AGENT_T_OK && type != DSEC__AGENT_T_OUTPUT) {
+                fail_msg("round %d: frame type %u", i, type);
+            }
+        }
+        close(fd);
+        sx_expect(conn, h, "echo ok", 0, "ok\n", "");
+        assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+        pwait(conn, h, 5000);
+    }
+    assert_int_equal(marked_left(), 0);
+}
+
+/* SIGINT interrupts the running command only; a shell that stays stuck ends the session. */
+static void test_session_interrupt(void **state)
+{
+    new_mark();
+    sess_interrupt_in(NULL);
+    sess_interrupt_in("/bin/sh");
+    if (access("/bin/busybox", X_OK) == 0)
+        sess_interrupt_in("/bin/busybox sh");
+    assert_int_equal(marked_left(), 0);
+}
+
+/* A timeout ends the command, not the session; exit ends the session; SIGKILL too. */
+static void test_session_end(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_exec_result r;
+    uint64_t h = sess_new(conn, NULL);
+    sx_expect(conn, h, "X=9", 0, "", "");
+    uint64_t t0 = now_us();
+    assert_int_equal(sx(conn, h, "sleep 100", 300, 0, &r, &err), 0);
+    assert_true(r.timed_out);
+    assert_false(r.session_ended || r.interrupted);
+    assert_true(now_us() - t0 < 2000000);
+    dsec_exec_result_release(&r);
+    sx_expect(conn, h, "echo $X", 0, "9\n", "");
+    /* a background job neither holds the command back nor ends with it */
+    t0 = now_us();
+    sx_expect(conn, h, "sleep 1000 & echo started", 0, "started\n", "");
+    sx_expect(conn, h, "(sleep 0.3; echo bgout) &", 0, "", "");
+    assert_true(now_us() - t0 < 2000000);
+    assert_true(wait_sleeps(1) >= 1); /* sleep 1000 runs on */
+    bool seen = false;
+    for (int i = 0; i < 300 && !seen; i++) {
+        dsec_proc_output o;
+        poutput(conn, h, 0, 0, 0, &o);
+        seen = o.out && memmem(o.out, o.out_len, "bgout\n", 6) != NULL;
+        assert_null(o.out && memchr(o.out, 036, o.out_len) ? "a marker in the ring" : NULL);
+        dsec_proc_output_release(&o);
+        msleep(10);
+    }
+    assert_true(seen);
+    /* output over output_max: truncated, no marker in it */
+    assert_int_equal(sx(conn, h, "seq 1 1000", 10000, 10, &r, &err), 0);
+    assert_true(r.stdout_truncated);
+    assert_int_equal(r.stdout_len, 10);
+    assert_memory_equal(r.stdout_data, "1\n2\n3\n4\n5\n", 10);
+    dsec_exec_result_release(&r);
+    sx_expect(conn, h, "echo after", 0, "after\n", "");
+    /* exit ends it with its code */
+    assert_int_equal(sx(conn, h, "exit 3", 10000, 0, &r, &err), 0);
+    assert_true(r.session_ended);
+    assert_int_equal(r.exit_code, 3);
+    dsec_exec_result_release(&r);
+    expect_fail(sx(conn, h, "echo no", 10000, 0, &r, &err), &err, DSEC_E_STATE, "has ended");
+    dsec_proc_info info = pwait(conn, h, 5000);
+    assert_false(info.running);
+    assert_int_equal(info.exit_code, 3);
+    assert_int_equal(marked_left(), 0); /* its background job went with it */
+
+    /* SIGKILL while a command runs: the command's EXIT says the session ended */
+    h = sess_new(conn, NULL);
+    struct sjob j;
+    sjob_interrupt(h, "sleep 100", 100, SIGKILL, false, &j);
+    assert_true(j.r.session_ended);
+    assert_int_equal(j.r.signal, SIGKILL);
+    dsec_exec_result_release(&j.r);
+    assert_int_equal(marked_left(), 0);
+}
+
+/* Session requests that are refused, and why. */
+static void test_session_bad(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_exec_result r;
+    uint64_t h = sess_new(conn, NULL);
+    const char *two[] = {"echo", "hi", NULL};
+    dsec_exec_req req = {.argv = two, .argc = 2, .session = h};
+    expect_fail(dsec_agent_exec(conn, &req, NULL, NULL, &r, &err), &err, DSEC_E_INVALID,
+                "one shell command line");
+    req.argc = 1;
+    req.cwd = "/tmp";
+    expect_fail(dsec_agent_exec(conn, &req, NULL, NULL, &r, &err), &err, DSEC_E_INVALID, "cwd");
+    req.cwd = NULL;
+    req.stdin_data = (const uint8_t *)"x";
+    req.stdin_len = 1;
+    expect_fail(dsec_agent_exec(conn, &req, NULL, NULL, &r, &err), &err, DSEC_E_INVALID, "stdin");
+    expect_fail(sx(conn, h + 1000000, "true", 0, 0, &r, &err), &err, DSEC_E_NOT_FOUND, NULL);
+    dsec_proc_info info;
+    pstart(conn, "sleep 30", 0, false, 0, &info);
+    expect_fail(sx(conn, info.handle, "true", 0, 0, &r, &err), &err, DSEC_E_INVALID,
+                "not a shell session");
+    expect_fail(dsec_agent_proc_stdin(conn, h, "x", 1, false, &err), &err, DSEC_E_INVALID,
+                "shell session");
+    expect_fail(dsec_agent_proc_resize(conn, h, 10, 10, &err), &err, DSEC_E_INVALID,
+                "has no terminal");
+    /* one command at a time */
+    struct sjob j = {.h = h, .line = "sleep 100"};
+    assert_int_equal(dsec_agent_connect(&j.a, sock_path, 2000, &err), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sjob_run, &j), 0);
+    sess_wait_busy(h);
+    expect_fail(sx(conn, h, "true", 0, 0, &r, &err), &err, DSEC_E_STATE, "running a command");
+    assert_int_equal(dsec_agent_proc_signal(conn, h, SIGINT, &err), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(j.rc, 0);
+    assert_true(j.r.interrupted);
+    dsec_exec_result_release(&j.r);
+    dsec_agent_free(j.a);
+    assert_false(dsec_agent_broken(conn));
+    assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    pwait(conn, h, 5000);
+    pwait(conn, info.handle, 5000);
+}
+
+/* Everything a terminal showed from off on, waiting up to ms for want to appear in it. */
+static bool pty_wait_for(uint64_t h, uint64_t off, const char *want, int ms, char *buf, size_t size)
+{
+    for (int i = 0; i < ms; i += 10) {
+        dsec_proc_output o;
+        poutput(conn, h, off, 0, 0, &o);
+        size_t n = o.out_len < size - 1 ? o.out_len : size - 1;
+        memcpy(buf, o.out ? (const char *)o.out : "", n);
+        buf[n] = 0;
+        assert_int_equal(o.err_len, 0); /* all on the terminal: one stream */
+        dsec_proc_output_release(&o);
+        if (strstr(buf, want))
+            return true;
+        msleep(10);
+    }
+    return false;
+}
+
+static uint64_t pty_total(uint64_t h)
+{
+    dsec_proc_info info;
+    assert_true(plisted(conn, h, &info));
+    return info.out_total;
+}
+
+static void pty_type(uint64_t h, const char *s)
+{
+    dsec_err err = {0};
+    if (dsec_agent_proc_stdin(conn, h, s, strlen(s), false, &err) < 0)
+        fail_msg("typing %s: %s", s, err.msg);
+}
+
+/* A process on a terminal: the window, echo, TERM, ^C to the foreground job, ^D. */
+static void test_pty(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    static char buf[1 << 16];
+    const char *argv[] = {"/bin/sh", "-i", NULL};
+    dsec_backend_kv env[] = {mark_env[0], {.key = "PS1", .value = "$ "}};
+    dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 2, .env = env, .nenv = 2},
+                               .pty = true,
+                               .rows = 30,
+                               .cols = 90};
+    dsec_proc_info info;
+    if (dsec_agent_proc_start(conn, &req, &info, &err) < 0)
+        fail_msg("start on a terminal: %s", err.msg);
+    uint64_t h = info.handle;
+    assert_true(info.pty && info.stdin_open && !info.session);
+    uint64_t off = 0;
+    pty_type(h, "stty size; echo \"t=$TERM\"\n");
+    if (!pty_wait_for(h, off, "t=xterm-256color", 5000, buf, sizeof buf))
+        fail_msg("no TERM on the terminal: %s", buf);
+    assert_non_null(strstr(buf, "30 90"));
+    assert_non_null(strstr(buf, "stty size;")); /* typed bytes come back: echo */
+    off = pty_total(h);
+    assert_int_equal(dsec_agent_proc_resize(conn, h, 40, 100, &err), 0);
+    pty_type(h, "stty size\n");
+    if (!pty_wait_for(h, off, "40 100", 5000, buf, sizeof buf))
+        fail_msg("no new size: %s", buf);
+    expect_fail(dsec_agent_proc_resize(conn, h, 0, 100, &err), &err, DSEC_E_INVALID, "window");
+    expect_fail(dsec_agent_proc_resize(conn, h + 1000000, 10, 10, &err), &err, DSEC_E_NOT_FOUND,
+                NULL);
+    /* ^C: the foreground job ends, the shell stays */
+    pty_type(h, "sleep 100\n");
+    assert_int_equal(wait_sleeps(1), 1);
+    msleep(100); /* the echo of the line is in */
+    off = pty_total(h);
+    uint64_t t0 = now_us();
+    pty_type(h, "\003");
+    if (!pty_wait_for(h, off, "$ ", 3000, buf, sizeof buf)) /* the prompt again */
+        fail_msg("^C did not end sleep: %s", buf);
+    assert_true(now_us() - t0 < 3000000);
+    for (int i = 0; i < 100 && count_marked(true, false) > 0; i++)
+        msleep(10); /* the prompt may come before the sleep is reaped */
+    assert_int_equal(count_marked(true, false), 0); /* the sleep is gone */
+    off = pty_total(h);
+    pty_type(h, "echo alive\n");
+    if (!pty_wait_for(h, off, "alive\r\n", 5000, buf, sizeof buf))
+        fail_msg("the shell did not survive ^C: %s", buf);
+    /* ^D (close): the shell ends */
+    assert_int_equal(dsec_agent_proc_stdin(conn, h, NULL, 0, true, &err), 0);
+    info = pwait(conn, h, 5000);
+    assert_int_equal(info.exit_code, 0);
+    expect_fail(dsec_agent_proc_resize(conn, h, 10, 10, &err), &err, DSEC_E_STATE, "ended");
+    /* a process without a terminal */
+    pstart(conn, "true", 0, false, 0, &info);
+    expect_fail(dsec_agent_proc_resize(conn, info.handle, 10, 10, &err), &err, DSEC_E_INVALID,
+                "has no terminal");
+    pwait(conn, info.handle, 5000);
+    /* pty and session together */
+    req.session = true;
+    expect_fail(dsec_agent_proc_start(conn, &req, &info, &err), &err, DSEC_E_INVALID, "exclusive");
+    assert_int_equal(marked_left(), 0);
+}
+
+/* An output request waited for on a loop. */
+struct pout_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_proc_output out;
+    dsec_err err;
+};
+
+static void pout_waited(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct pout_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (out)
+        w->out = *out;
+    if (rc < 0)
+        w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int pout_wait(struct pout_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cond, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return w->rc;
+}
+
+/* POUTPUT with a wait: held until output comes (other requests go on meanwhile), until the
+ * process ends, or for wait_ms when nothing comes. */
+static void test_proc_output_wait(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    dsec_agent *a = NULL;
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    dsec_proc_info info;
+    pstart(conn, "sleep 0.5; echo hi; sleep 1; echo bye >&2; sleep 0.5", 0, false, 0, &info);
+    uint64_t h = info.handle;
+    uint64_t t0 = now_us();
+    struct pout_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 10000, pout_waited, &w, &err), 0);
+    dsec_exec_result r; /* the agent goes on meanwhile */
+    sh("echo other", NULL, &r);
+    assert_out(&r, "other\n");
+    dsec_exec_result_release(&r);
+    if (pout_wait(&w) < 0)
+        fail_msg("waiting output: %s", w.err.msg);
+    uint64_t took = now_us() - t0;
+    assert_true(took >= 400000 && took < 3000000);
+    assert_int_equal(w.out.out_len, 3);
+    assert_memory_equal(w.out.out, "hi\n", 3);
+    dsec_proc_output_release(&w.out);
+    /* from past "hi\n": nothing for 200 ms */
+    w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    t0 = now_us();
+    assert_int_equal(dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 200, pout_waited, &w, &err),
+                     0);
+    assert_int_equal(pout_wait(&w), 0);
+    took = now_us() - t0;
+    assert_true(took >= 180000 && took < 1000000);
+    assert_int_equal(w.out.out_len + w.out.err_len, 0);
+    assert_true(w.out.info.running);
+    dsec_proc_output_release(&w.out);
+    /* stderr wakes it too */
+    w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 3, 0, 0, 10000, pout_waited, &w, &err), 0);
+    assert_int_equal(pout_wait(&w), 0);
+    assert_int_equal(w.out.err_len, 4);
+    assert_memory_equal(w.out.err, "bye\n", 4);
+    dsec_proc_output_release(&w.out);
+    /* the end wakes it */
+    w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    t0 = now_us();
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 3, 4, 0, 10000, pout_waited, &w, &err), 0);
+    assert_int_equal(pout_wait(&w), 0);
+    assert_true(now_us() - t0 < 3000000);
+    assert_false(w.out.info.running);
+    dsec_proc_output_release(&w.out);
+    /* refused: an unknown process, a wait over the limit */
+    w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h + 1000000, 0, 0, 0, 100, pout_waited, &w, &err), 0);
+    assert_int_equal(pout_wait(&w), -1);
+    assert_int_equal(w.err.code, DSEC_E_NOT_FOUND);
+    assert_false(dsec_agent_broken(a));
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, h, 0, 0, 0, 60001, pout_waited, &w, &err), -1);
+    /* a connection that goes while its request waits: the agent drops it */
+    pstart(conn, "sleep 30", 0, false, 0, &info);
+    w = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    dsec_agent *b = NULL;
+    assert_int_equal(dsec_agent_connect(&b, sock_path, 2000, &err), 0);
+    assert_int_equal(
+        dsec_agent_proc_output_start(b, loop, info.handle, 0, 0, 0, 60000, pout_waited, &w, &err),
+        0);
+    msleep(100);
+    dsec_loop_free(loop); /* cancels the request (done runs with an error) */
+    assert_int_equal(pout_wait(&w), -1);
+    dsec_agent_free(b);
+    dsec_agent_free(a);
+    sh("echo still", NULL, &r); /* the agent is fine */
+    assert_out(&r, "still\n");
+    dsec_exec_result_release(&r);
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    pwait(conn, info.handle, 5000);
+}
+
+/* On one connection: a held POUTPUT does not hold the requests behind it, and a connection
+ * that closes with one held leaves the agent serving. */
+static void test_proc_output_wait_raw(void **state)
+{
+    new_mark();
+    dsec_proc_info info;
+    pstart(conn, "sleep 30", 0, false, 0, &info);
+    int fd = raw_hello();
+    uint8_t pl[64], *p = pl;
+    p = dsec__agent_put_u64(p, info.handle);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u64(p, 0);
+    p = dsec__agent_put_u32(p, 300);
+    uint64_t t0 = now_us();
+    put_frame(fd, DSEC__AGENT_T_POUTPUT, 7, pl, (size_t)(p - pl));
+    put_frame(fd, DSEC__AGENT_T_PLIST, 8, pl, 0);
+    static uint8_t buf[1 << 16];
+    uint8_t type;
+    uint32_t id;
+    size_t n;
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_PROCS); /* the list first: the output waits */
+    assert_int_equal(id, 8);
+    assert_true(now_us() - t0 < 250000);
+    assert_int_equal(raw_frame(fd, &type, &id, buf, sizeof buf, &n, 2000), 0);
+    assert_int_equal(type, DSEC__AGENT_T_POUT);
+    assert_int_equal(id, 7);
+    assert_true(now_us() - t0 >= 280000);
+    /* held, then the connection goes */
+    p = pl + 32;
+    p = dsec__agent_put_u32(p, 60000);
+    put_frame(fd, DSEC__AGENT_T_POUTPUT, 9, pl, (size_t)(p - pl));
+    msleep(50);
+    close(fd);
+    msleep(50);
+    dsec_exec_result r;
+    sh("echo fine", NULL, &r);
+    assert_out(&r, "fine\n");
+    dsec_exec_result_release(&r);
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_proc_signal(conn, info.handle, SIGKILL, &err), 0);
+    pwait(conn, info.handle, 5000);
+}
+
 int main(void)
 {
     if (geteuid() != 0) {
@@ -2533,7 +3209,17 @@ int main(void)
         cmocka_unit_test(test_proc_timeout),
         cmocka_unit_test(test_proc_limit),
         cmocka_unit_test(test_proc_many),
+        cmocka_unit_test(test_session_state),
+        cmocka_unit_test(test_session_interrupt),
+        cmocka_unit_test(test_session_early_interrupt),
+        cmocka_unit_test(test_session_end),
+        cmocka_unit_test(test_session_bad),
+        cmocka_unit_test(test_pty),
+        cmocka_unit_test(test_proc_output_wait),
+        cmocka_unit_test(test_proc_output_wait_raw),
         cmocka_unit_test(test_speed),
     };
+    if (getenv("DSEC_TEST_FILTER") && *getenv("DSEC_TEST_FILTER")) /* one test, or a pattern */
+        cmocka_set_test_filter(getenv("DSEC_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

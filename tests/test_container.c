@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
+#include "backends/loop.h"
 #include "backends/container/container.h"
 #include "backends/cgroup-tune.h"
 #include "dsec/alloc.h"
@@ -1792,6 +1793,172 @@ static void test_runtime_not_installed(void **state)
     drop(x);
 }
 
+/* ---- terminals and shell sessions ----------------------------------------------------------
+ */
+
+/* A proc_follow_start waited for here. */
+struct follow_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_proc_output out;
+    dsec_err err;
+};
+
+static void follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct follow_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (out != NULL)
+        w->out = *out;
+    if (rc < 0)
+        w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Follow process handle of s from out_off for up to wait_ms; the rc (w->out filled on 0). */
+static int follow(struct sbx *s, dsec_loop *loop, uint64_t handle, uint64_t out_off,
+                  uint32_t wait_ms, struct follow_wait *w)
+{
+    *w = (struct follow_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    dsec_err err;
+    if (dsec_container_ops.proc_follow_start(ct, s->h, handle, out_off, 0, 0, wait_ms, loop,
+                                             follow_done, w, &err) < 0)
+        fail_msg("follow %" PRIu64 ": %s", handle, err.msg);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cond, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return w->rc;
+}
+
+/* How many bytes process h of s wrote to stdout so far. */
+static uint64_t out_total(struct sbx *s, uint64_t h)
+{
+    dsec_proc_info *v = NULL;
+    size_t n = 0;
+    dsec_err err;
+    if (dsec_container_ops.proc_list(ct, s->h, &v, &n, &err) < 0)
+        fail_msg("list processes: %s", err.msg);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].handle == h)
+            total = v[i].out_total;
+    dsec_free(v);
+    return total;
+}
+
+/* Output of a terminal from off until want shows, following (each wait ends on output). */
+static bool follow_until(struct sbx *s, dsec_loop *loop, uint64_t h, uint64_t off, const char *want,
+                         char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 50 && strstr(buf, want) == NULL; i++) {
+        struct follow_wait w;
+        if (follow(s, loop, h, off, 2000, &w) < 0)
+            fail_msg("follow: %s", w.err.msg);
+        size_t k = w.out.out_len < size - 1 - n ? w.out.out_len : size - 1 - n;
+        memcpy(buf + n, w.out.out ? (const char *)w.out.out : "", k);
+        n += k;
+        buf[n] = 0;
+        off = w.out.out_from + w.out.out_len;
+        bool ended = !w.out.info.running;
+        dsec_proc_output_release(&w.out);
+        if (ended)
+            break;
+    }
+    return strstr(buf, want) != NULL;
+}
+
+/* Through the backend: a session's commands keep the shell's state (busybox's sh here), a
+ * process on a terminal is resized and typed to, proc_follow_start wakes on output on a
+ * connection of its own, and ends with an error when the sandbox goes under it. */
+static void test_sessions_terminals(void **state)
+{
+    struct sbx *s = mk(0, 0);
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "ct-test", &err), 0);
+
+    dsec_proc_start_req sreq = {.session = true};
+    dsec_proc_info info;
+    if (dsec_container_ops.proc_start(ct, s->h, &sreq, &info, &err) < 0)
+        fail_msg("start a session: %s", err.msg);
+    assert_true(info.session);
+    uint64_t sess = info.handle;
+    const char *lines[] = {"cd /tmp; X=3", "echo $X; pwd; echo e >&2; (exit 4)"};
+    dsec_exec_result res;
+    for (int i = 0; i < 2; i++) {
+        const char *argv[] = {lines[i], NULL};
+        dsec_exec_req req = {.argv = argv, .argc = 1, .session = sess, .timeout_ms = 10000};
+        if (dsec_container_ops.exec(ct, s->h, &req, &res, &err) < 0)
+            fail_msg("session exec %s: %s", lines[i], err.msg);
+        if (i == 1) {
+            assert_int_equal(res.exit_code, 4);
+            assert_int_equal(res.stdout_len, 7);
+            assert_memory_equal(res.stdout_data, "3\n/tmp\n", 7);
+            assert_int_equal(res.stderr_len, 2);
+            assert_false(res.session_ended || res.interrupted || res.timed_out);
+        }
+        dsec_exec_result_release(&res);
+    }
+    /* a command that outlives its wait: timed out, the session on */
+    const char *slow[] = {"sleep 100", NULL};
+    dsec_exec_req sl = {.argv = slow, .argc = 1, .session = sess, .timeout_ms = 300};
+    assert_int_equal(dsec_container_ops.exec(ct, s->h, &sl, &res, &err), 0);
+    assert_true(res.timed_out);
+    assert_false(res.session_ended);
+    dsec_exec_result_release(&res);
+
+    /* a terminal */
+    const char *sh_i[] = {"/bin/sh", "-i", NULL};
+    dsec_backend_kv env[] = {{"PS1", "$ "}};
+    dsec_proc_start_req treq = {.exec = {.argv = sh_i, .argc = 2, .env = env, .nenv = 1},
+                                .pty = true};
+    if (dsec_container_ops.proc_start(ct, s->h, &treq, &info, &err) < 0)
+        fail_msg("start on a terminal: %s", err.msg);
+    assert_true(info.pty);
+    uint64_t tty = info.handle;
+    static char buf[1 << 16];
+    assert_true(follow_until(s, loop, tty, 0, "$ ", buf, sizeof buf)); /* the prompt */
+    assert_int_equal(dsec_container_ops.proc_resize(ct, s->h, tty, 40, 100, &err), 0);
+    uint64_t off = out_total(s, tty);
+    assert_true(off > 0);
+    assert_int_equal(dsec_container_ops.proc_stdin(ct, s->h, tty, "stty size\n", 10, false, &err),
+                     0);
+    if (!follow_until(s, loop, tty, off, "40 100", buf, sizeof buf))
+        fail_msg("the terminal's new size: %s", buf);
+
+    /* a follow that waits for output, and one the sandbox's end cuts short */
+    uint64_t late = sh_bg(ct, s->h, "sleep 0.5; echo late; sleep 100");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct follow_wait w;
+    assert_int_equal(follow(s, loop, late, 0, 10000, &w), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    assert_true(took > 0.3 && took < 5);
+    assert_int_equal(w.out.out_len, 5);
+    assert_memory_equal(w.out.out, "late\n", 5);
+    dsec_proc_output_release(&w.out);
+    w = (struct follow_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(dsec_container_ops.proc_follow_start(ct, s->h, late, 5, 0, 0, 60000, loop,
+                                                          follow_done, &w, &err),
+                     0);
+    drop(s);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cond, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    assert_int_equal(w.rc, -1);
+    dsec_loop_free(loop);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1799,6 +1966,7 @@ int main(void)
         cmocka_unit_test_setup(test_runtime_memfd, need_root),
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
+        cmocka_unit_test_setup(test_sessions_terminals, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),
         cmocka_unit_test_setup(test_fork, need_root),

@@ -26,6 +26,8 @@ _Static_assert(DSEC_PROC_MAX == DSEC__AGENT_PROC_MAX &&
                "one set of background process limits on both sides");
 _Static_assert(sizeof(((dsec_proc_info *)0)->cmdline) == DSEC__AGENT_CMDLINE_MAX + 1,
                "a cmdline on the wire fits dsec_proc_info");
+_Static_assert(DSEC_PROC_WAIT_MAX_MS == DSEC__AGENT_WAIT_MAX_MS,
+               "one longest output wait on both sides");
 
 /*
  * A connection is a non-blocking socket driven with poll, so every wait has a
@@ -576,9 +578,10 @@ static int outbuf_add(struct outbuf *o, const uint8_t *p, size_t n, size_t max)
     return 0;
 }
 
-static int check_exec_req(const dsec_exec_req *req, size_t *plen, dsec_err *err)
+/* empty_ok: a shell session's start, whose argv may be empty (the default shell). */
+static int check_exec_req(const dsec_exec_req *req, bool empty_ok, size_t *plen, dsec_err *err)
 {
-    if (req == NULL || req->argv == NULL || req->argc == 0)
+    if (req == NULL || ((req->argv == NULL || req->argc == 0) && !(empty_ok && req->argc == 0)))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec needs at least one argument");
     if (req->argc > DSEC__AGENT_ARGV_MAX)
         return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "exec: %zu arguments, at most %u", req->argc,
@@ -636,8 +639,10 @@ static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_m
                            uint32_t *id, dsec_err *err)
 {
     size_t plen = 0;
-    if (check_exec_req(req, &plen, err) < 0)
+    if (check_exec_req(req, false, &plen, err) < 0)
         return NULL;
+    if (req->session)
+        plen += 8;
     uint8_t *p;
     uint8_t *frame = new_frame(a, DSEC__AGENT_T_EXEC, plen, &p, err);
     if (frame == NULL)
@@ -645,6 +650,8 @@ static uint8_t *exec_frame(dsec_agent *a, const dsec_exec_req *req, size_t out_m
     p = dsec__agent_put_u64(p, req->timeout_ms);
     p = dsec__agent_put_u64(p, out_max);
     p = put_exec_body(p, req);
+    if (req->session) /* only then: an agent of before sessions takes the frame as ever */
+        p = dsec__agent_put_u64(p, req->session);
     *id = dsec__agent_get_u32le(frame + 5);
     *flen = (size_t)(p - frame);
     return frame;
@@ -723,6 +730,8 @@ static int exec_frame_in(struct exec_state *x, uint8_t type, uint32_t rid, const
         res->timed_out = flags & DSEC__AGENT_X_TIMED_OUT;
         res->stdout_truncated = flags & DSEC__AGENT_X_STDOUT_TRUNC;
         res->stderr_truncated = flags & DSEC__AGENT_X_STDERR_TRUNC;
+        res->interrupted = flags & DSEC__AGENT_X_INTERRUPTED;
+        res->session_ended = flags & DSEC__AGENT_X_SESSION_ENDED;
         res->stdout_data = x->out[1].data;
         res->stdout_len = x->out[1].len;
         res->stderr_data = x->out[2].data;
@@ -1457,13 +1466,17 @@ static bool get_proc_info(dsec__agent_rd *r, dsec_proc_info *out)
     size_t cl;
     const char *cmd = dsec__agent_get_str(r, DSEC__AGENT_CMDLINE_MAX, &cl);
     if (r->bad || out->handle == 0 ||
-        (flags & ~(DSEC__AGENT_P_RUNNING | DSEC__AGENT_P_STDIN_OPEN | DSEC__AGENT_P_TIMED_OUT))) {
+        (flags & ~(DSEC__AGENT_P_RUNNING | DSEC__AGENT_P_STDIN_OPEN | DSEC__AGENT_P_TIMED_OUT |
+                   DSEC__AGENT_P_PTY | DSEC__AGENT_P_SESSION | DSEC__AGENT_P_BUSY))) {
         r->bad = true;
         return false;
     }
     out->running = flags & DSEC__AGENT_P_RUNNING;
     out->stdin_open = flags & DSEC__AGENT_P_STDIN_OPEN;
     out->timed_out = flags & DSEC__AGENT_P_TIMED_OUT;
+    out->pty = flags & DSEC__AGENT_P_PTY;
+    out->session = flags & DSEC__AGENT_P_SESSION;
+    out->busy = flags & DSEC__AGENT_P_BUSY;
     memcpy(out->cmdline, cmd, cl);
     out->cmdline[cl] = 0;
     return true;
@@ -1482,9 +1495,14 @@ int dsec_agent_proc_start(dsec_agent *a, const dsec_proc_start_req *req, dsec_pr
                             "start: ring_max %" PRIu64 " is over the limit of %u bytes",
                             req->ring_max, DSEC__AGENT_RING_MAX);
     size_t plen = 0;
-    if (check_exec_req(&req->exec, &plen, err) < 0)
+    if (check_exec_req(&req->exec, req->session, &plen, err) < 0)
         return -1;
-    plen = plen - 8 + 8 + 1; /* no output_max; ring_max and keep_stdin */
+    if (req->session && req->pty)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "start: a shell session runs without a terminal (pty and session "
+                            "are exclusive)");
+    bool ext = req->pty || req->session; /* the trailing fields, only then (older agents) */
+    plen = plen - 8 + 8 + 1 + (ext ? 1 + 4 + 4 : 0); /* no output_max; ring_max, keep_stdin */
     uint8_t *p;
     uint8_t *frame = new_frame(a, DSEC__AGENT_T_PSTART, plen, &p, err);
     if (frame == NULL)
@@ -1493,6 +1511,12 @@ int dsec_agent_proc_start(dsec_agent *a, const dsec_proc_start_req *req, dsec_pr
     p = put_exec_body(p, &req->exec);
     p = dsec__agent_put_u64(p, req->ring_max);
     p = dsec__agent_put_u8(p, req->keep_stdin);
+    if (ext) {
+        p = dsec__agent_put_u8(p, (uint8_t)((req->pty ? DSEC__AGENT_S_PTY : 0) |
+                                            (req->session ? DSEC__AGENT_S_SESSION : 0)));
+        p = dsec__agent_put_u32(p, req->rows);
+        p = dsec__agent_put_u32(p, req->cols);
+    }
     const uint8_t *rp;
     size_t rn;
     int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_PROC, &rp, &rn, err);
@@ -1621,6 +1645,44 @@ static bool get_stream(dsec__agent_rd *r, uint64_t max, uint64_t total, uint64_t
     return true;
 }
 
+/* The POUTPUT request (wait_ms 0: no wait, and no field, as before waits existed). */
+static uint8_t *pout_frame(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
+                           uint64_t max, uint32_t wait_ms, size_t *flen, dsec_err *err)
+{
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_POUTPUT, 8 * 4 + (wait_ms ? 4 : 0), &p, err);
+    if (frame == NULL)
+        return NULL;
+    p = dsec__agent_put_u64(p, handle);
+    p = dsec__agent_put_u64(p, out_off);
+    p = dsec__agent_put_u64(p, err_off);
+    p = dsec__agent_put_u64(p, max);
+    if (wait_ms)
+        p = dsec__agent_put_u32(p, wait_ms);
+    *flen = (size_t)(p - frame);
+    return frame;
+}
+
+/* A POUT into *out: 0, or -1 with err (broken: the answer was malformed). */
+static int pout_decode(const uint8_t *rp, size_t rn, uint64_t handle, uint64_t max,
+                       dsec_proc_output *out, bool *broken, dsec_err *err)
+{
+    dsec__agent_rd r = {.p = rp, .end = rp + rn};
+    bool ok = get_proc_info(&r, &out->info) &&
+              get_stream(&r, max, out->info.out_total, &out->out_from, &out->out, &out->out_len) &&
+              get_stream(&r, max, out->info.err_total, &out->err_from, &out->err, &out->err_len) &&
+              dsec__agent_done(&r);
+    *broken = false;
+    if (ok)
+        return 0;
+    dsec_proc_output_release(out);
+    memset(out, 0, sizeof *out);
+    if (!r.bad)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "output of process %" PRIu64, handle);
+    *broken = true;
+    return dsec_err_set(err, DSEC_E_DECODE, 0, "output: malformed answer from the agent");
+}
+
 int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
                            uint64_t max, dsec_proc_output *out, dsec_err *err)
 {
@@ -1629,32 +1691,119 @@ int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uin
     memset(out, 0, sizeof *out);
     if (check_open(a, err) < 0)
         return -1;
-    uint8_t *p;
-    uint8_t *frame = new_frame(a, DSEC__AGENT_T_POUTPUT, 8 * 4, &p, err);
+    size_t flen;
+    uint8_t *frame = pout_frame(a, handle, out_off, err_off, max, 0, &flen, err);
     if (frame == NULL)
         return -1;
-    p = dsec__agent_put_u64(p, handle);
-    p = dsec__agent_put_u64(p, out_off);
-    p = dsec__agent_put_u64(p, err_off);
-    p = dsec__agent_put_u64(p, max);
     const uint8_t *rp;
     size_t rn;
-    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_POUT, &rp, &rn, err);
+    int rc = roundtrip(a, frame, flen, DSEC__AGENT_T_POUT, &rp, &rn, err);
     dsec_free(frame);
     if (rc < 0)
         return -1;
-    dsec__agent_rd r = {.p = rp, .end = rp + rn};
-    bool ok = get_proc_info(&r, &out->info) &&
-              get_stream(&r, max, out->info.out_total, &out->out_from, &out->out, &out->out_len) &&
-              get_stream(&r, max, out->info.err_total, &out->err_from, &out->err, &out->err_len) &&
-              dsec__agent_done(&r);
-    if (!ok) {
-        dsec_proc_output_release(out);
-        memset(out, 0, sizeof *out);
-        if (!r.bad)
-            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "output of process %" PRIu64, handle);
-        mark_broken(a);
-        return dsec_err_set(err, DSEC_E_DECODE, 0, "output: malformed answer from the agent");
+    bool broken;
+    if (pout_decode(rp, rn, handle, max, out, &broken, err) < 0) {
+        if (broken)
+            mark_broken(a);
+        return -1;
     }
     return 0;
+}
+
+struct pout_run {
+    struct loop_run run; /* first: the run is the request */
+    uint32_t id;
+    uint64_t handle, max;
+    dsec_proc_output out;
+    dsec_proc_output_done_fn done;
+    void *ud;
+};
+
+static int pout_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const uint8_t *pl,
+                          size_t pn, dsec_err *err)
+{
+    struct pout_run *r = (struct pout_run *)lr;
+    if (rid != r->id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " while output %" PRIu32 " waited", rid,
+                     r->id);
+        return EXEC_BROKEN;
+    }
+    if (type == DSEC__AGENT_T_ERROR) {
+        error_frame(pl, pn, err);
+        return EXEC_REFUSED;
+    }
+    if (type != DSEC__AGENT_T_POUT) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u for output", type);
+        return EXEC_BROKEN;
+    }
+    bool broken;
+    if (pout_decode(pl, pn, r->handle, r->max, &r->out, &broken, err) < 0)
+        return broken ? EXEC_BROKEN : EXEC_REFUSED;
+    return EXEC_EXITED;
+}
+
+static void pout_run_end(struct loop_run *lr, int st, dsec_err *err)
+{
+    struct pout_run *r = (struct pout_run *)lr;
+    dsec_proc_output_done_fn done = r->done;
+    void *ud = r->ud;
+    dsec_proc_output out = r->out;
+    dsec_free(r);
+    if (st == EXEC_EXITED) {
+        done(ud, 0, &out, err);
+        return;
+    }
+    done(ud, -1, NULL, err);
+}
+
+int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
+                                 uint64_t out_off, uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                                 dsec_proc_output_done_fn done, void *ud, dsec_err *err)
+{
+    if (done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "output: done is NULL");
+    if (wait_ms > DSEC__AGENT_WAIT_MAX_MS)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "output: wait of %" PRIu32 " ms is over the limit of %u ms", wait_ms,
+                            DSEC__AGENT_WAIT_MAX_MS);
+    if (check_open(a, err) < 0)
+        return -1;
+    struct pout_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "output: a request in flight");
+    r->run.frame = pout_frame(a, handle, out_off, err_off, max, wait_ms, &r->run.flen, err);
+    if (r->run.frame == NULL) {
+        dsec_free(r);
+        return -1;
+    }
+    r->id = dsec__agent_get_u32le(r->run.frame + 5);
+    r->handle = handle;
+    r->max = max;
+    r->run.deadline_ns = dsec_loop_now_ns() + ((uint64_t)wait_ms + EXEC_GRACE_MS) * 1000000ull;
+    r->run.what = "the process output";
+    r->run.frame_in = pout_run_frame;
+    r->run.end = pout_run_end;
+    r->done = done;
+    r->ud = ud;
+    if (loop_run_start(&r->run, a, loop, err) < 0) {
+        dsec_free(r);
+        return -1;
+    }
+    return 0;
+}
+
+int dsec_agent_proc_resize(dsec_agent *a, uint64_t handle, uint16_t rows, uint16_t cols,
+                           dsec_err *err)
+{
+    if (check_open(a, err) < 0)
+        return -1;
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_PRESIZE, 8 + 4 + 4, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u64(p, handle);
+    p = dsec__agent_put_u32(p, rows);
+    p = dsec__agent_put_u32(p, cols);
+    return proc_ok_request(a, frame, (size_t)(p - frame), err);
 }

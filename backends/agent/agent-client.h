@@ -123,6 +123,18 @@ int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size
                           bool close, dsec_err *err);
 int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
                            uint64_t max, dsec_proc_output *out, dsec_err *err);
+/* Change a terminal's window (a process started with req->pty). */
+int dsec_agent_proc_resize(dsec_agent *a, uint64_t handle, uint16_t rows, uint16_t cols,
+                           dsec_err *err);
+/* dsec_agent_proc_output without a thread, waiting on the agent: when neither stream has a
+ * byte past its offset and the process runs, the answer comes once one has, the process ends
+ * or wait_ms (at most DSEC_PROC_WAIT_MAX_MS) passes. done gets rc 0 and *out (owned by done:
+ * dsec_proc_output_release) or rc -1 and err (dsec_agent_broken then tells whether the
+ * connection is lost), once, on loop's thread. Until done ran, a is the request's: no other
+ * call may use it, nor free it. Returns -1 (done never called) when it could not be sent. */
+int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
+                                 uint64_t out_off, uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                                 dsec_proc_output_done_fn done, void *ud, dsec_err *err);
 
 #ifdef __cplusplus
 }

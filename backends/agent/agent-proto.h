@@ -32,7 +32,11 @@
  *            per stream in all.
  *   EXIT     i32 exit_code (-1 when killed by a signal), i32 signal,
  *            u8 flags (DSEC__AGENT_X_*), u64 duration_us, u64 cpu_us,
- *            u64 peak_rss_kb. Ends an EXEC.
+ *            u64 peak_rss_kb. Ends an EXEC. A session command's (EXEC with a
+ *            session) has exit_code its status in the shell, flags
+ *            INTERRUPTED when PSIGNAL SIGINT ended it, SESSION_ENDED when the
+ *            shell is gone after it (it ran exit, or was killed), and cpu_us and
+ *            peak_rss_kb 0.
  *   DATA     u64 size (the whole file), u8 eof, bytes data. Answers FILE_READ.
  *   ENTRIES  u32 n, then n times: str name, u8 kind (dsec_file_kind values),
  *            u64 size, u32 mode, i64 mtime. Answers FILE_LIST and FILE_STAT.
@@ -50,12 +54,24 @@
  *            u64 ended_ns (wall clock; 0 while running), u64 out_total,
  *            u64 err_total (bytes each stream produced in all), str cmdline
  *            (argv joined by spaces, at most DSEC__AGENT_CMDLINE_MAX bytes).
+ *            Flags PTY and SESSION say how it was started, BUSY that a session
+ *            is running a command.
  *
  * Client -> agent:
  *   EXEC     u64 timeout_ms (0: none), u64 output_max (per stream),
  *            str cwd (empty: the agent's default), str user (empty: default),
  *            u32 argc, argc times str, u32 nenv, nenv times (str key, str value),
- *            bytes stdin. Answered by OUTPUT* then EXIT, or by ERROR.
+ *            bytes stdin, then optionally u64 session (0 or absent: none).
+ *            Answered by OUTPUT* then EXIT, or by ERROR. With a session (the
+ *            handle of a PSTART with the session flag), argc is 1, a shell
+ *            command line, and cwd, user, env and stdin are empty (else ERROR
+ *            INVALID naming the field); it runs in that session's shell, whose
+ *            directory, variables and functions carry to the next command, with
+ *            stdin /dev/null; timeout_ms and KILL end the command, not the
+ *            session. What the shell prints (a command's output, and its
+ *            background jobs' later output alike) also goes to the session's
+ *            rings; the markers never do. An unknown handle: NOT_FOUND; not a session: INVALID; a
+ *            session running a command, or ended: STATE.
  *   KILL     u32 signal. Signals the process group of every running command
  *            (EXEC's: background processes have PSIGNAL).
  *   FWRITE   u32 mode (0: 0644 for a new file, kept for an old one), u8 append,
@@ -77,7 +93,16 @@
  *            u32 argc, argc times str, u32 nenv, nenv times (str key, str
  *            value), bytes stdin), then u64 ring_max (bytes kept per stream;
  *            0: DSEC__AGENT_RING_DEFAULT, at most DSEC__AGENT_RING_MAX),
- *            u8 keep_stdin (stdin stays open for PSTDIN after the stdin bytes).
+ *            u8 keep_stdin (stdin stays open for PSTDIN after the stdin bytes),
+ *            then optionally (absent: 0) u8 flags (DSEC__AGENT_S_*), u32 rows,
+ *            u32 cols. PTY: the process leads a new session on a pseudo-terminal
+ *            of rows x cols (0: 24 x 80) as its stdin, stdout and stderr; its
+ *            output, echo included, is the stdout ring (stderr stays empty);
+ *            stdin stays open (keep_stdin implied) and PSTDIN's close writes ^D;
+ *            TERM=xterm-256color unless env sets TERM. SESSION: a shell session
+ *            (argc 0: /bin/bash, or /bin/sh without it; else that shell, which
+ *            reads its commands from stdin), run by EXEC with its handle; no
+ *            stdin bytes, PSTDIN refused; not with PTY.
  *            Starts a background process (handles 1, 2, ..., never reused)
  *            under a shepherd, its stdout and stderr always read into two
  *            rings -> PROC. At DSEC__AGENT_PROC_MAX processes the oldest
@@ -87,6 +112,10 @@
  *            gets the signal; its main process exiting (whatever the signal)
  *            ends its whole tree, and SIGKILL kills the tree at once. An
  *            ended process: ERROR STATE; an unknown handle: ERROR NOT_FOUND.
+ *            A session's SIGINT interrupts its running command only (SIGINT to
+ *            the shell's group again and again; after 2 s SIGKILL to what is
+ *            below the shell; after 4 s the session is killed), and is a no-op
+ *            while it is idle.
  *   PSTDIN   u64 handle, u8 close, bytes data (at most DSEC__AGENT_STDIN_MAX)
  *            -> OK once the process took every byte (then, with close, its
  *            stdin is closed). One PSTDIN waits at a time per process: a
@@ -96,8 +125,17 @@
  *            too; at most DSEC__AGENT_STDIN_MAX bytes are pending in all.
  *            Closed stdin or an ended process: ERROR INVALID.
  *   POUTPUT  u64 handle, u64 out_off, u64 err_off, u64 max (per stream; 0:
- *            all held) -> POUT. Each stream is capped further so the frame
- *            stays within FRAME_MAX (half of it each).
+ *            all held), then optionally u32 wait_ms (at most
+ *            DSEC__AGENT_WAIT_MAX_MS; absent: 0) -> POUT. Each stream is capped
+ *            further so the frame stays within FRAME_MAX (half of it each). With
+ *            wait_ms, when neither stream has a byte past its offset and the
+ *            process runs, the answer waits until one has, the process ends or
+ *            wait_ms passes (then it may carry nothing); other requests go on
+ *            meanwhile, and a connection that closes (or SYNCs) drops its held
+ *            requests.
+ *   PRESIZE  u64 handle, u32 rows, u32 cols (1..65535) -> OK: the window of a
+ *            PTY process (its foreground job gets SIGWINCH). Not a PTY: ERROR
+ *            INVALID; unknown: NOT_FOUND; ended: STATE.
  *
  * A connection may carry several requests at once; answers to different
  * requests may interleave. A frame whose length is out of bounds ends the
@@ -158,6 +196,7 @@ enum {
     DSEC__AGENT_T_PSIGNAL = 27,
     DSEC__AGENT_T_PSTDIN = 28,
     DSEC__AGENT_T_POUTPUT = 29,
+    DSEC__AGENT_T_PRESIZE = 30,
 };
 
 /* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */
@@ -175,11 +214,22 @@ enum {
 #define DSEC__AGENT_X_TIMED_OUT 1u
 #define DSEC__AGENT_X_STDOUT_TRUNC 2u
 #define DSEC__AGENT_X_STDERR_TRUNC 4u
+#define DSEC__AGENT_X_INTERRUPTED 8u
+#define DSEC__AGENT_X_SESSION_ENDED 16u
 
 /* process info flags */
 #define DSEC__AGENT_P_RUNNING 1u
 #define DSEC__AGENT_P_STDIN_OPEN 2u
 #define DSEC__AGENT_P_TIMED_OUT 4u
+#define DSEC__AGENT_P_PTY 8u
+#define DSEC__AGENT_P_SESSION 16u
+#define DSEC__AGENT_P_BUSY 32u
+
+/* PSTART flags */
+#define DSEC__AGENT_S_PTY 1u
+#define DSEC__AGENT_S_SESSION 2u
+
+#define DSEC__AGENT_WAIT_MAX_MS 60000u /* longest POUTPUT wait (DSEC_PROC_WAIT_MAX_MS) */
 
 /* ---- writing: callers size the buffer first, then put fields in order ---- */
 

@@ -14,8 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/reboot.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -181,6 +183,17 @@ struct proc {
     struct conn *in_conn; /* NULL: nobody to answer (none waits, or its connection left) */
     uint32_t in_id;
     bool in_close; /* close stdin once the pending bytes are taken */
+    bool pty;      /* on a pseudo-terminal: its master is the command's io[1] (and io[0]) */
+    struct sess *sess; /* a shell session (PSTART's session flag) */
+};
+
+/* A POUTPUT held until its process has output past the offsets asked, ends, or the wait
+ * passes (waiters_run, after each batch of events). */
+struct waiter {
+    struct conn *conn;
+    uint32_t id;
+    uint64_t handle, off[2], max, deadline_ns;
+    struct waiter *next;
 };
 
 /* What a shepherd answers a command with on its socket: first the main process's pid (pid_t;
@@ -217,6 +230,7 @@ static struct {
     uint64_t next_handle;
     struct conn *dead_conns;
     struct cmd *dead_cmds;
+    struct waiter *waiters; /* held POUTPUTs */
     struct port ports[PORTS_MAX];
     size_t nports;
     struct {
@@ -285,11 +299,25 @@ static void port_lost(struct port *p);
 
 /* c goes (or a new client starts on it): PSTDIN answers waiting for it are not sent. The
  * bytes still go to their processes. */
+static void sess_forget_conn(struct proc *p, const struct conn *c);
+
 static void procs_forget_conn(const struct conn *c)
 {
-    for (size_t i = 0; i < g.nprocs; i++)
+    for (size_t i = 0; i < g.nprocs; i++) {
         if (g.procs[i]->in_conn == c)
             g.procs[i]->in_conn = NULL;
+        if (g.procs[i]->sess)
+            sess_forget_conn(g.procs[i], c);
+    }
+    for (struct waiter **w = &g.waiters; *w;) {
+        if ((*w)->conn == c) {
+            struct waiter *d = *w;
+            *w = d->next;
+            free(d);
+        } else {
+            w = &(*w)->next;
+        }
+    }
 }
 
 static void conn_close(struct conn *c)
@@ -516,12 +544,251 @@ static uint64_t wall_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* An EXIT frame to c (nothing when c is NULL or gone). */
+static void send_exit(struct conn *c, uint32_t id, int32_t code, int32_t sig, uint8_t flags,
+                      uint64_t dur_us, uint64_t cpu_us, uint64_t rss_kb)
+{
+    if (c == NULL || c->dead)
+        return;
+    size_t plen = 4 + 4 + 1 + 8 + 8 + 8;
+    uint8_t *p0 = conn_reserve(c, DSEC__AGENT_HDR + plen), *p = p0;
+    p = dsec__agent_put_hdr(p, DSEC__AGENT_T_EXIT, id, plen);
+    p = dsec__agent_put_u32(p, (uint32_t)code);
+    p = dsec__agent_put_u32(p, (uint32_t)sig);
+    p = dsec__agent_put_u8(p, flags);
+    p = dsec__agent_put_u64(p, dur_us);
+    p = dsec__agent_put_u64(p, cpu_us);
+    p = dsec__agent_put_u64(p, rss_kb);
+    conn_commit(c, (size_t)(p - p0));
+}
+
+/* ---- shell sessions ------------------------------------------------------------------------- */
+
+/*
+ * A session is a background process whose main process is a shell reading its commands from
+ * stdin, a pipe only the agent writes. Started, it is given a few definitions (SESS_BOOT);
+ * each EXEC on it is written as one line that runs the command line through eval inside a
+ * function (so cd, variables, functions and exports stay in the shell) with stdin /dev/null,
+ * then prints a marker, "\036" + a token random per session + ":" + the status + "\n", on
+ * stdout and on stderr. The agent takes the markers out of the streams; once both came, the
+ * command's output is complete and its EXIT goes out. The token is in a shell variable, never
+ * next to "\036" in anything the shell prints but the markers, so a command cannot print one
+ * by accident.
+ *
+ * The bootstrap ends with a marker of its own (status 0) on both streams: until both came, the
+ * INT trap may not be set, and no SIGINT is sent (it would kill the shell).
+ *
+ * An interrupt (PSIGNAL SIGINT, a timeout, KILL) sends SIGINT to the shell's process group
+ * every SESS_INT_EVERY_MS until the marker comes: the command's processes get it as from a
+ * terminal, and the shell's INT trap returns from the function running the command (busy
+ * loops of builtins included), at most once per command: the trap clears __dsec_busy, which
+ * is set only inside the function, so a late SIGINT never returns from anything else. It
+ * also sets __dsec_intd, which makes the status 130: busybox's ash may give a function left by
+ * a trap's return the status from before the trap. (The
+ * trap is the session's: a command's own INT trap lasts until the next command.) After
+ * SESS_INT_KILL_MS what is below the shell gets SIGKILL; after SESS_INT_END_MS the session
+ * is killed and the command's EXIT says SESSION_ENDED.
+ */
+
+#define SESS_INT_EVERY_MS 200
+#define SESS_INT_KILL_MS 2000
+#define SESS_INT_END_MS 4000
+#define SESS_INT_KILL_WAIT_MS 150 /* KILL: the first SIGINT after the signal */
+#define SESS_TOK_LEN 36 /* "dsec" + 32 hex digits */
+#define SESS_MARK_MAX (1 + SESS_TOK_LEN + 1 + 12 + 1)
+
+static const char SESS_BOOT[] =
+    "__dsec_busy=\n"
+    "__dsec_int='if [ -n \"${__dsec_busy:-}\" ]; then __dsec_busy=; __dsec_intd=1; return 130; "
+    "fi'\n"
+    "trap \"$__dsec_int\" INT\n"
+    "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
+    "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
+    "exec 7>&1 8>&2\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\"\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\" >&2\n";
+
+struct sess {
+    char tok[SESS_TOK_LEN + 1];
+    uint8_t mark[SESS_MARK_MAX]; /* "\036" tok ":" */
+    size_t mark_len;
+    /* per stream: bytes that may be the start of a marker, held back */
+    uint8_t hold[2][SESS_MARK_MAX];
+    size_t hold_len[2];
+    /* per stream: the bootstrap's marker came (SIGINT waits for both: before its trap is set, it
+     * would kill the shell) */
+    bool booted[2];
+    /* the command running, if busy */
+    bool busy, marked[2];
+    int32_t status;
+    struct conn *conn; /* NULL once its connection left: it runs on, answered to nobody */
+    uint32_t id;
+    uint64_t out_max, seen[2];
+    uint64_t start_ns, deadline_ns;
+    bool timed_out, interrupted;
+    uint64_t int_at, int_next; /* an interrupt under way: when it began, the next SIGINT */
+    int int_stage;             /* 1: what is below the shell was killed, 2: the session */
+};
+
+static void sess_forget_conn(struct proc *p, const struct conn *c)
+{
+    if (p->sess->conn == c)
+        p->sess->conn = NULL;
+}
+
+/* Bytes of the session's stream s (0 stdout, 1 stderr) that are not a marker: the ring, and
+ * the running command's client while its marker on s has not come. */
+static void sess_emit(struct proc *p, int s, const uint8_t *data, size_t n)
+{
+    struct sess *x = p->sess;
+    if (n == 0)
+        return;
+    ring_put(&p->ring[s], data, n);
+    if (!x->booted[s] || !x->busy || x->marked[s])
+        return;
+    uint64_t before = x->seen[s];
+    x->seen[s] += n;
+    if (x->conn == NULL || x->conn->dead || before >= x->out_max)
+        return;
+    size_t send_n = (size_t)(x->out_max - before < n ? x->out_max - before : n);
+    size_t plen = 1 + 4 + send_n;
+    uint8_t *p0 = conn_reserve(x->conn, DSEC__AGENT_HDR + plen), *o = p0;
+    o = dsec__agent_put_hdr(o, DSEC__AGENT_T_OUTPUT, x->id, plen);
+    o = dsec__agent_put_u8(o, (uint8_t)(s + 1));
+    o = dsec__agent_put_bytes(o, data, send_n);
+    conn_commit(x->conn, (size_t)(o - p0));
+}
+
+/* The running command is over: its EXIT (code, or sig for a shell that was killed). */
+static void sess_done(struct proc *p, int32_t code, int32_t sig, bool ended)
+{
+    struct sess *x = p->sess;
+    uint8_t flags = (uint8_t)((x->timed_out ? DSEC__AGENT_X_TIMED_OUT : 0) |
+                              (x->seen[0] > x->out_max ? DSEC__AGENT_X_STDOUT_TRUNC : 0) |
+                              (x->seen[1] > x->out_max ? DSEC__AGENT_X_STDERR_TRUNC : 0) |
+                              (x->interrupted && !x->timed_out ? DSEC__AGENT_X_INTERRUPTED : 0) |
+                              (ended ? DSEC__AGENT_X_SESSION_ENDED : 0));
+    struct conn *c = x->conn;
+    uint32_t id = x->id;
+    uint64_t dur = (now_ns() - x->start_ns) / 1000u;
+    x->busy = false;
+    x->conn = NULL;
+    x->int_at = x->int_next = 0;
+    x->int_stage = 0;
+    x->deadline_ns = 0;
+    send_exit(c, id, code, sig, flags, dur, 0, 0);
+}
+
+/* Whether a marker is due on stream s: the bootstrap's, or the running command's. */
+static bool sess_looking(const struct sess *x, int s)
+{
+    return !x->booted[s] || (x->busy && !x->marked[s]);
+}
+
+/* Output of the session's shell on stream s: markers out, the rest to sess_emit. */
+static void sess_output(struct proc *p, int s, const uint8_t *data, size_t n)
+{
+    struct sess *x = p->sess;
+    static uint8_t buf[DSEC__AGENT_CHUNK + SESS_MARK_MAX];
+    while (n > 0) {
+        if (!sess_looking(x, s)) { /* no marker to look for: between commands */
+            sess_emit(p, s, data, n);
+            return;
+        }
+        size_t take = n < DSEC__AGENT_CHUNK ? n : DSEC__AGENT_CHUNK;
+        size_t len = x->hold_len[s];
+        memcpy(buf, x->hold[s], len);
+        memcpy(buf + len, data, take);
+        len += take;
+        data += take;
+        n -= take;
+        x->hold_len[s] = 0;
+        size_t pos = 0;
+        while (pos < len && sess_looking(x, s)) {
+            const uint8_t *hit = memmem(buf + pos, len - pos, x->mark, x->mark_len);
+            if (hit == NULL) { /* hold a tail that may begin a marker */
+                size_t k = len - pos < x->mark_len - 1 ? len - pos : x->mark_len - 1;
+                for (; k > 0; k--)
+                    if (memcmp(buf + len - k, x->mark, k) == 0)
+                        break;
+                sess_emit(p, s, buf + pos, len - pos - k);
+                memcpy(x->hold[s], buf + len - k, k);
+                x->hold_len[s] = k;
+                pos = len;
+                break;
+            }
+            size_t at = (size_t)(hit - buf);
+            sess_emit(p, s, buf + pos, at - pos);
+            size_t q = at + x->mark_len;
+            int32_t st = 0;
+            bool neg = q < len && buf[q] == '-', bad = false;
+            q += neg;
+            size_t digits = 0;
+            while (q < len && buf[q] >= '0' && buf[q] <= '9' && digits < 10) {
+                st = st * 10 + (buf[q++] - '0');
+                digits++;
+            }
+            if (q == len && len - at < SESS_MARK_MAX) { /* the rest comes later */
+                memcpy(x->hold[s], buf + at, len - at);
+                x->hold_len[s] = len - at;
+                pos = len;
+                break;
+            }
+            bad = q == len || buf[q] != '\n' || digits == 0;
+            if (bad) { /* not ours after all: plain output */
+                sess_emit(p, s, buf + at, 1);
+                pos = at + 1;
+                continue;
+            }
+            pos = q + 1;
+            if (!x->booted[s]) { /* the bootstrap's: what follows may be a command's */
+                x->booted[s] = true;
+                continue;
+            }
+            x->marked[s] = true;
+            if (s == 0)
+                x->status = neg ? -st : st;
+            if (x->marked[0] && x->marked[1]) {
+                sess_done(p, x->status, 0, false);
+                /* the rest is the session's; and sending the EXIT may have let the client's
+                 * next command in already, which must not get it */
+                if (pos < len)
+                    ring_put(&p->ring[s], buf + pos, len - pos);
+                if (n > 0)
+                    ring_put(&p->ring[s], data, n);
+                return;
+            }
+        }
+        if (pos < len) /* after the marker: the session's, not the command's */
+            sess_emit(p, s, buf + pos, len - pos);
+    }
+}
+
+/* The shell ended (status, its wait status): what was held is output; a command running
+ * ends with it. */
+static void sess_ended(struct proc *p, int status)
+{
+    struct sess *x = p->sess;
+    for (int s = 0; s < 2; s++) {
+        size_t k = x->hold_len[s];
+        x->hold_len[s] = 0;
+        sess_emit(p, s, x->hold[s], k);
+    }
+    if (x->busy)
+        sess_done(p, WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+                  WIFSIGNALED(status) ? WTERMSIG(status) : 0, true);
+}
+
 /* Forward output to the client within the cap; what is past it is counted and dropped. A
  * background process's goes to its ring. */
 static void cmd_output(struct cmd *m, int stream, const uint8_t *data, size_t n)
 {
     uint64_t before = m->seen[stream];
     m->seen[stream] += n;
+    if (m->proc && m->proc->sess) {
+        sess_output(m->proc, stream - 1, data, n);
+        return;
+    }
     if (m->proc)
         ring_put(&m->proc->ring[stream - 1], data, n);
     if (m->conn == NULL || before >= m->out_max)
@@ -583,6 +850,8 @@ static void proc_ended(struct proc *p, struct cmd *m, int status, uint64_t end)
                    "process %" PRIu64 " ended before it took all of its stdin (%zu bytes left)",
                    p->handle, m->in_len - m->in_off);
     p->in_conn = NULL;
+    if (p->sess)
+        sess_ended(p, status);
 }
 
 /* The main process ended (at end, CLOCK_MONOTONIC) and its shepherd reported (after killing
@@ -616,16 +885,8 @@ static void cmd_exited(struct cmd *m, int status, const struct rusage *ru, uint6
                                   (m->seen[2] > m->out_max ? DSEC__AGENT_X_STDERR_TRUNC : 0));
         uint64_t cpu = (uint64_t)ru->ru_utime.tv_sec * 1000000u + (uint64_t)ru->ru_utime.tv_usec +
                        (uint64_t)ru->ru_stime.tv_sec * 1000000u + (uint64_t)ru->ru_stime.tv_usec;
-        size_t plen = 4 + 4 + 1 + 8 + 8 + 8;
-        uint8_t *p0 = conn_reserve(m->conn, DSEC__AGENT_HDR + plen), *p = p0;
-        p = dsec__agent_put_hdr(p, DSEC__AGENT_T_EXIT, m->id, plen);
-        p = dsec__agent_put_u32(p, (uint32_t)code);
-        p = dsec__agent_put_u32(p, (uint32_t)sig);
-        p = dsec__agent_put_u8(p, flags);
-        p = dsec__agent_put_u64(p, (end - m->start_ns) / 1000u);
-        p = dsec__agent_put_u64(p, cpu);
-        p = dsec__agent_put_u64(p, (uint64_t)(ru->ru_maxrss > 0 ? ru->ru_maxrss : 0));
-        conn_commit(m->conn, (size_t)(p - p0));
+        send_exit(m->conn, m->id, code, sig, flags, (end - m->start_ns) / 1000u, cpu,
+                  (uint64_t)(ru->ru_maxrss > 0 ? ru->ru_maxrss : 0));
     }
     cmd_unlink(m);
 }
@@ -995,6 +1256,7 @@ struct spawn {
     size_t msg_len;
     int pid_fd; /* the child writes its pid here (pid_t) before anything of the command runs;
                  * -1: the shepherd does once the child exec'd */
+    bool tty;   /* fds are a pty's slave: it becomes the controlling terminal */
 };
 
 static void __attribute__((noreturn))
@@ -1032,6 +1294,8 @@ static void child_run(const struct spawn *s)
     for (int i = 0; i < 3; i++)
         if (dup2(s->fds[i], i) < 0)
             child_fail(s, "cannot set up descriptor for", s->argv[0], errno);
+    if (s->tty && ioctl(0, TIOCSCTTY, 0) < 0) /* setsid above: a session without a terminal */
+        child_fail(s, "cannot make the terminal controlling for", s->argv[0], errno);
     if (s->id && s->id->set) {
         /* Raw system calls: glibc's wrappers would synchronise threads we do not have,
          * in memory this child shares with its parent. */
@@ -1178,14 +1442,14 @@ static bool proc_is_ours(void)
     return strtol(buf, NULL, 10) == (long)getpid();
 }
 
-/* One round: SIGKILL every descendant of this process (the shepherd) and their groups.
+/* One round: sig to every descendant of root and, with groups, SIGKILL to their groups.
  * main_pgid: the main process's group, which outlives its leader while members remain. */
-static void kill_descendants(pid_t main_pgid)
+static void kill_below(pid_t root, pid_t main_pgid, int sig, bool groups)
 {
     static struct proc_ent *v;
     static size_t cap;
     size_t n = 0;
-    pid_t self = getpid(), own_pgid = getpgrp();
+    pid_t self = root, own_pgid = getpgrp();
     DIR *d = opendir("/proc");
     if (d == NULL)
         return;
@@ -1230,7 +1494,9 @@ static void kill_descendants(pid_t main_pgid)
     for (size_t i = 0; i < n; i++) {
         if (!v[i].in)
             continue;
-        kill(v[i].pid, SIGKILL);
+        kill(v[i].pid, sig);
+        if (!groups)
+            continue;
         /* A group of the tree: the main process's, or one a descendant leads. Groups live
          * within a session, and every session here was made by the tree. */
         pid_t pg = v[i].pgid;
@@ -1267,7 +1533,7 @@ static bool tree_kill(pid_t main_pgid, uint64_t until_ns)
         if (use_proc < 0)
             use_proc = proc_is_ours();
         if (use_proc)
-            kill_descendants(main_pgid);
+            kill_below(getpid(), main_pgid, SIGKILL, true);
         else
             kill(-main_pgid, SIGKILL);
         /* SIGCHLD is blocked: wait for one, or 10 ms, then look again */
@@ -1332,7 +1598,8 @@ static int read_all(int fd, void *p, size_t n)
 
 /* A command for a shepherd: this header, carrying the command's stdin, stdout and stderr
  * (SCM_RIGHTS), then len bytes: the struct ident, then NUL-terminated argv (argc strings),
- * envp (nenv), PATH and, when has_cwd, the directory. A header alone, all zero, is no
+ * envp (nenv), PATH and, when has_cwd & 1, the directory (has_cwd & 2: the stdio is a
+ * terminal's, spawn.tty). A header alone, all zero, is no
  * command: it dooms the running one (shep_doom); an idle shepherd skips it (it came late). */
 struct shep_req {
     uint32_t len, argc, nenv, has_cwd;
@@ -1362,7 +1629,8 @@ static int shep_send(int fd, const struct spawn *s)
     p = stpcpy(p, s->path_env) + 1;
     if (s->cwd)
         stpcpy(p, s->cwd);
-    struct shep_req h = {(uint32_t)len, (uint32_t)argc, (uint32_t)nenv, s->cwd != NULL};
+    struct shep_req h = {(uint32_t)len, (uint32_t)argc, (uint32_t)nenv,
+                         (s->cwd != NULL ? 1u : 0u) | (s->tty ? 2u : 0u)};
     struct iovec iov = {.iov_base = &h, .iov_len = sizeof h};
     union {
         char b[CMSG_SPACE(3 * sizeof(int))];
@@ -1423,7 +1691,8 @@ static bool shep_recv(int sock, struct spawn *s, char **buf)
         s->envp[i] = (char *)p;
     s->path_env = p < end ? p : "";
     p += p < end ? strlen(p) + 1 : 0;
-    s->cwd = h.has_cwd && p < end ? p : NULL;
+    s->cwd = (h.has_cwd & 1) && p < end ? p : NULL;
+    s->tty = (h.has_cwd & 2) != 0;
     return s->argv[0] != NULL;
 }
 
@@ -1644,6 +1913,7 @@ static pid_t spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock)
 
 static void proc_free(struct proc *p)
 {
+    free(p->sess);
     free(p->ring[0].buf);
     free(p->ring[1].buf);
     free(p);
@@ -1719,7 +1989,10 @@ static uint8_t *put_proc_info(uint8_t *o, const struct proc *p)
     o = dsec__agent_put_u32(o, (uint32_t)p->pid);
     o = dsec__agent_put_u8(o, (uint8_t)((p->running ? DSEC__AGENT_P_RUNNING : 0) |
                                         (p->stdin_open ? DSEC__AGENT_P_STDIN_OPEN : 0) |
-                                        (p->timed_out ? DSEC__AGENT_P_TIMED_OUT : 0)));
+                                        (p->timed_out ? DSEC__AGENT_P_TIMED_OUT : 0) |
+                                        (p->pty ? DSEC__AGENT_P_PTY : 0) |
+                                        (p->sess ? DSEC__AGENT_P_SESSION : 0) |
+                                        (p->sess && p->sess->busy ? DSEC__AGENT_P_BUSY : 0)));
     o = dsec__agent_put_u32(o, (uint32_t)(p->running ? 0 : p->exit_code));
     o = dsec__agent_put_u32(o, (uint32_t)(p->running ? 0 : p->sig));
     o = dsec__agent_put_u64(o, p->started_ns);
@@ -1760,26 +2033,37 @@ static const char *env_get(char **env, size_t n, const char *key)
     return NULL;
 }
 
+static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const char *cmd,
+                         size_t cmd_len, uint64_t timeout_ms, uint64_t out_max);
+static int open_pty(int *master, int *slave, uint32_t rows, uint32_t cols);
+static void sess_start(struct proc *p);
+static void sess_interrupt(struct proc *p);
+static void sess_tick(struct proc *p, uint64_t now);
+
 /* EXEC, or PSTART (bg): a background process, which answers PROC at once. */
 static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
 {
     const char *op = bg ? "start" : "exec";
     uint64_t timeout_ms = dsec__agent_get_u64(r);
     uint64_t out_max = bg ? 0 : dsec__agent_get_u64(r);
-    uint64_t ring_max = 0;
-    bool keep_stdin = false;
+    uint64_t ring_max = 0, session = 0;
+    bool keep_stdin = false, pty = false, sess = false;
+    uint32_t rows = 0, cols = 0;
     size_t cwd_len, user_len, argc, nenv, in_len;
     const char *cwd = dsec__agent_get_str(r, DSEC__AGENT_PATH_MAX, &cwd_len);
     const char *user = dsec__agent_get_str(r, DSEC__AGENT_USER_MAX, &user_len);
+    const char *arg0 = NULL;
+    size_t arg0_len = 0;
     argc = dsec__agent_get_u32(r);
-    if (r->bad || argc == 0 || argc > DSEC__AGENT_ARGV_MAX) {
+    /* argc 0 is a session's default shell (the flags come at the end: checked there) */
+    if (r->bad || (argc == 0 && !bg) || argc > DSEC__AGENT_ARGV_MAX) {
         send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0,
                    "%s: bad cwd, user or argument count (1..%u arguments)", op,
                    DSEC__AGENT_ARGV_MAX);
         return;
     }
     /* Every string is copied once into one block, NUL-terminated, for execve. */
-    char **argv = calloc(argc + 1, sizeof *argv);
+    char **argv = calloc(argc + 2, sizeof *argv); /* + a session's default shell */
     char **envp = NULL;
     char *block = NULL;
     struct cmd *m = NULL;
@@ -1790,8 +2074,13 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
     size_t total = 0;
     for (size_t i = 0; i < argc; i++) {
         size_t l;
-        if (dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &l) == NULL)
+        const char *a = dsec__agent_get_str(r, DSEC__AGENT_ARG_LEN_MAX, &l);
+        if (a == NULL)
             break;
+        if (i == 0) {
+            arg0 = a;
+            arg0_len = l;
+        }
         total += l + 1;
     }
     nenv = dsec__agent_get_u32(r);
@@ -1819,10 +2108,65 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
     if (bg) {
         ring_max = dsec__agent_get_u64(r);
         keep_stdin = dsec__agent_get_u8(r) != 0;
+        if (r->p < r->end) { /* terminals and sessions: absent in older requests */
+            uint8_t fl = dsec__agent_get_u8(r);
+            rows = dsec__agent_get_u32(r);
+            cols = dsec__agent_get_u32(r);
+            pty = fl & DSEC__AGENT_S_PTY;
+            sess = fl & DSEC__AGENT_S_SESSION;
+        }
+    } else if (r->p < r->end) {
+        session = dsec__agent_get_u64(r);
     }
     if (!dsec__agent_done(r)) {
         send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "%s: malformed request", op);
         goto out;
+    }
+    if (session) {
+        const char *field = argc != 1  ? NULL
+                            : nenv     ? "environment variables"
+                            : cwd_len  ? "cwd"
+                            : user_len ? "user"
+                            : in_len   ? "stdin"
+                                       : "";
+        if (field == NULL)
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                       "exec: a session command is one shell command line, not %zu arguments",
+                       argc);
+        else if (field[0])
+            send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                       "exec: a session command takes no %s: it runs in the session's shell "
+                       "(use cd and export there)",
+                       field);
+        else
+            handle_sexec(c, id, session, arg0, arg0_len, timeout_ms, out_max);
+        goto out;
+    }
+    if (argc == 0 && !sess) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0,
+                   "start: no argument (only a shell session may leave argv empty)");
+        goto out;
+    }
+    if (pty && sess) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "start: a shell session runs without a terminal (pty and session are "
+                   "exclusive)");
+        goto out;
+    }
+    if (sess && in_len) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "start: a shell session takes no stdin (its commands come with exec)");
+        goto out;
+    }
+    if (pty && (rows > 65535 || cols > 65535)) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "start: a window of %" PRIu32 " x %" PRIu32 " (at most 65535 x 65535)", rows,
+                   cols);
+        goto out;
+    }
+    if (sess && argc == 0) {
+        argv[0] = (char *)(access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh");
+        argv[1] = NULL;
     }
     if (bg && ring_max > DSEC__AGENT_RING_MAX) {
         send_error(c, id, DSEC__AGENT_ERR_TOO_LARGE, 0,
@@ -1856,7 +2200,7 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
     size_t home_len = strlen(ident.home), name_len = strlen(ident.name);
     total += cwd_len + 1 + (ident.name[0] ? home_len + 2 * name_len + 24 : 0);
     block = malloc(total);
-    envp = calloc(g.nbase_env + nenv + 4, sizeof *envp);
+    envp = calloc(g.nbase_env + nenv + 5, sizeof *envp);
     if (block == NULL || envp == NULL)
         goto nomem;
     char *b = block;
@@ -1879,6 +2223,8 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
         b += sprintf(b, "LOGNAME=%s", ident.name) + 1;
         env_set(&envp, &ne, b - name_len - 9);
     }
+    if (pty)
+        env_set(&envp, &ne, (char *)"TERM=xterm-256color");
     r2.p = env_start;
     for (size_t i = 0; i < nenv; i++) {
         size_t kl, vl;
@@ -1904,9 +2250,24 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
     m = calloc(1, sizeof *m);
     if (m == NULL)
         goto nomem;
+    if (pty || sess)
+        keep_stdin = true; /* a terminal's input; a session's commands */
+    char boot[sizeof SESS_BOOT + SESS_TOK_LEN + 16];
     /* No stdin: the shared /dev/null instead of a pipe closed at once (fewer system calls). */
     bool null_in = in_len == 0 && !keep_stdin && g.null_fd >= 0;
-    for (int i = null_in ? 1 : 0; i < 3; i++)
+    if (pty) {
+        /* The slave is the child's stdin, stdout and stderr (pfd[0][0]); the master is read
+         * as stdout (pfd[1][0]) and written as stdin through a copy (pfd[0][1]), as epoll
+         * watches each descriptor once. */
+        int e = open_pty(&pfd[1][0], &pfd[0][0], rows ? rows : 24, cols ? cols : 80);
+        if (e == 0 && (pfd[0][1] = fcntl(pfd[1][0], F_DUPFD_CLOEXEC, 3)) < 0)
+            e = errno;
+        if (e) {
+            send_error(c, id, DSEC__AGENT_ERR_IO, e, "start: a terminal: %s", strerror(e));
+            goto out;
+        }
+    }
+    for (int i = null_in ? 1 : 0; i < 3 && !pty; i++)
         if (pipe2(pfd[i], O_CLOEXEC) < 0) {
             send_error(c, id, DSEC__AGENT_ERR_IO, errno, "%s: pipe: %s", op, strerror(errno));
             goto out;
@@ -1917,7 +2278,9 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
         .path_env = path_env ? path_env : DEFAULT_PATH,
         .cwd = cwd_z,
         .id = &ident,
-        .fds = {null_in ? g.null_fd : pfd[0][0], pfd[1][1], pfd[2][1]},
+        .fds = {null_in ? g.null_fd : pfd[0][0], pty ? pfd[0][0] : pfd[1][1],
+                pty ? pfd[0][0] : pfd[2][1]},
+        .tty = pty,
         .scratch = spawn_path,
         .scratch_len = sizeof spawn_path,
         .msg = spawn_msg,
@@ -1949,13 +2312,22 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
     if (bg) {
         m->conn = NULL; /* no connection's: PROC answers now, and output goes to the rings */
         m->proc = proc_new(m, argv, ring_max);
+        m->proc->pty = pty;
+        if (sess) {
+            sess_start(m->proc);
+            in_len = (size_t)snprintf(boot, sizeof boot, "__dsec_tok=%s\n%s", m->proc->sess->tok,
+                                      SESS_BOOT);
+            in = (const uint8_t *)boot;
+        }
     }
     int mine[3] = {pfd[0][1], pfd[1][0], pfd[2][0]};
     for (int i = 0; i < 3; i++) {
         m->io[i] = (struct pipe_ep){.kind = K_PIPE, .fd = mine[i], .stream = i, .cmd = m};
         if (mine[i] < 0)
             continue;
-        close(i == 0 ? pfd[0][0] : pfd[i][1]);
+        int theirs = i == 0 ? pfd[0][0] : pfd[i][1];
+        if (theirs >= 0)
+            close(theirs);
         fcntl(mine[i], F_SETFL, i == 0 ? O_WRONLY | O_NONBLOCK : O_RDONLY | O_NONBLOCK);
     }
     /* Feed stdin now; whatever the pipe does not take waits for EPOLLOUT. */
@@ -1985,9 +2357,10 @@ static void handle_exec(struct conn *c, uint32_t id, dsec__agent_rd *r, bool bg)
         m->io[0].fd = -1;
     }
     if (m->proc)
-        m->proc->stdin_open = m->io[0].fd >= 0;
+        m->proc->stdin_open = m->io[0].fd >= 0 && !sess; /* a session's is the agent's */
     for (int i = 1; i <= 2; i++)
-        ep_ctl(EPOLL_CTL_ADD, m->io[i].fd, EPOLLIN, &m->io[i]);
+        if (m->io[i].fd >= 0)
+            ep_ctl(EPOLL_CTL_ADD, m->io[i].fd, EPOLLIN, &m->io[i]);
     if (m->proc)
         send_proc(c, id, DSEC__AGENT_T_PROC, m->proc);
     m = NULL;
@@ -2011,6 +2384,9 @@ static void check_timeouts(void)
 {
     uint64_t now = now_ns();
     for (struct cmd *m = g.cmds; m; m = m->next)
+        if (m->proc && m->proc->sess && m->proc->sess->busy && !m->exited)
+            sess_tick(m->proc, now);
+    for (struct cmd *m = g.cmds; m; m = m->next)
         if (m->deadline_ns && !m->exited && now >= m->deadline_ns) {
             m->timed_out = true;
             m->deadline_ns = 0;
@@ -2027,6 +2403,23 @@ static int next_timeout_ms(void)
     for (struct cmd *m = g.cmds; m; m = m->next)
         if (m->deadline_ns && (best == 0 || m->deadline_ns < best))
             best = m->deadline_ns;
+    for (struct cmd *m = g.cmds; m; m = m->next) {
+        const struct sess *x = m->proc ? m->proc->sess : NULL;
+        if (x && x->busy && x->deadline_ns && (best == 0 || x->deadline_ns < best))
+            best = x->deadline_ns;
+        if (x && x->busy && x->int_at && x->int_stage < 2) {
+            uint64_t t = x->int_next;
+            uint64_t step =
+                x->int_at + (x->int_stage == 0 ? SESS_INT_KILL_MS : SESS_INT_END_MS) * 1000000ull;
+            if (step < t)
+                t = step;
+            if (best == 0 || t < best)
+                best = t;
+        }
+    }
+    for (const struct waiter *w = g.waiters; w; w = w->next)
+        if (best == 0 || w->deadline_ns < best)
+            best = w->deadline_ns;
     for (size_t i = 0; i < g.nports; i++)
         if (g.ports[i].fd < 0 && g.ports[i].conn == NULL && (best == 0 || now + 1000000000u < best))
             best = now + 1000000000u; /* a port to reopen */
@@ -2147,6 +2540,22 @@ static void handle_kill(struct conn *c, uint32_t id, dsec__agent_rd *r)
     }
     uint64_t n = 0;
     for (struct cmd *m = g.cmds; m; m = m->next) {
+        if (!m->exited && m->proc && m->proc->sess && m->proc->sess->busy) {
+            /* a session's command, not its shell: SIGINT interrupts it; another signal goes
+             * to what is below the shell, and the interrupt unwinds the shell's part */
+            bool below = sig != SIGINT && proc_is_ours();
+            if (below)
+                kill_below(m->pgid, m->pgid, (int)sig, false);
+            sess_interrupt(m->proc);
+            /* what was signalled ends first: bash says what killed it within the command's
+             * output, which a return from the INT trap during its wait would put off to the
+             * next command's */
+            if (below && m->proc->sess->int_next == m->proc->sess->int_at)
+                m->proc->sess->int_next += SESS_INT_KILL_WAIT_MS * 1000000ull;
+            sess_tick(m->proc, now_ns());
+            n++;
+            continue;
+        }
         if (m->exited || m->proc) /* background processes have PSIGNAL */
             continue;
         shep_doom(m); /* when the main process exits, its tree goes too */
@@ -2167,6 +2576,252 @@ static struct proc *get_proc(struct conn *c, uint32_t id, uint64_t handle, const
         send_error(c, id, DSEC__AGENT_ERR_NOT_FOUND, 0,
                    "%s: no process with handle %" PRIu64 " in this sandbox", op, handle);
     return p;
+}
+
+/* A new pseudo-terminal of rows x cols: its master (non-blocking) and its slave, both
+ * close-on-exec. 0 or an errno. The slave is opened through the master (TIOCGPTPEER) where
+ * the kernel can, so a /dev/pts of another mount never gets in the way. */
+static int open_pty(int *master, int *slave, uint32_t rows, uint32_t cols)
+{
+    int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+    if (m < 0)
+        return errno;
+    int unlock = 0, e = 0;
+    struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+    if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0) {
+        e = errno;
+        close(m);
+        return e;
+    }
+    int sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sl < 0) {
+        unsigned n;
+        char path[64];
+        if (ioctl(m, TIOCGPTN, &n) == 0) {
+            snprintf(path, sizeof path, "/dev/pts/%u", n);
+            sl = open(path, O_RDWR | O_NOCTTY | O_CLOEXEC);
+        }
+        if (sl < 0) {
+            e = errno;
+            close(m);
+            return e;
+        }
+    }
+    *master = m;
+    *slave = sl;
+    return 0;
+}
+
+/* p becomes a session: its token and marker. The shell gets SESS_BOOT as its first stdin. */
+static void sess_start(struct proc *p)
+{
+    struct sess *x = xrealloc(NULL, sizeof *x);
+    memset(x, 0, sizeof *x);
+    uint8_t rnd[16];
+    size_t got = 0;
+    while (got < sizeof rnd) {
+        ssize_t n = getrandom(rnd + got, sizeof rnd - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) { /* no getrandom: the clock and pid, still unknown to commands */
+            uint64_t t = now_ns() ^ ((uint64_t)getpid() << 32) ^ p->handle;
+            for (; got < sizeof rnd; got++, t = t * 6364136223846793005ull + 1442695040888963407ull)
+                rnd[got] = (uint8_t)(t >> 56);
+            break;
+        }
+        got += (size_t)n;
+    }
+    memcpy(x->tok, "dsec", 4);
+    for (size_t i = 0; i < sizeof rnd; i++)
+        snprintf(x->tok + 4 + 2 * i, 3, "%02x", rnd[i]);
+    x->mark[0] = 036;
+    memcpy(x->mark + 1, x->tok, SESS_TOK_LEN);
+    x->mark[1 + SESS_TOK_LEN] = ':';
+    x->mark_len = SESS_TOK_LEN + 2;
+    p->sess = x;
+}
+
+/* Queue bytes for the stdin of p's command (a session's shell): straight into the pipe as far
+ * as it takes them, the rest behind what is pending (written on EPOLLOUT, answered to nobody). */
+static void proc_feed(struct proc *p, const uint8_t *data, size_t len)
+{
+    struct cmd *m = p->cmd;
+    if (m == NULL || m->io[0].fd < 0)
+        return;
+    size_t off = 0;
+    if (m->in == NULL) {
+        while (off < len) {
+            ssize_t n = write(m->io[0].fd, data + off, len - off);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                break;
+            off += (size_t)n;
+        }
+        if (off == len || errno != EAGAIN)
+            return; /* all in, or the shell closed its stdin (it is ending) */
+    }
+    size_t rest = m->in ? m->in_len - m->in_off : 0;
+    uint8_t *b = xrealloc(NULL, rest + len - off);
+    if (rest)
+        memcpy(b, m->in + m->in_off, rest);
+    memcpy(b + rest, data + off, len - off);
+    bool watched = m->in != NULL;
+    free(m->in);
+    m->in = b;
+    m->in_off = 0;
+    m->in_len = rest + len - off;
+    if (!watched)
+        ep_ctl(EPOLL_CTL_ADD, m->io[0].fd, EPOLLOUT, &m->io[0]);
+}
+
+/* EXEC in a session: the command line goes to the shell, single-quoted (a quote becomes
+ * '\''), so nothing in it is shell syntax until eval. */
+static void handle_sexec(struct conn *c, uint32_t id, uint64_t handle, const char *cmd,
+                         size_t cmd_len, uint64_t timeout_ms, uint64_t out_max)
+{
+    struct proc *p = proc_by_handle(handle);
+    if (p == NULL) {
+        send_error(c, id, DSEC__AGENT_ERR_NOT_FOUND, 0,
+                   "exec: no process with handle %" PRIu64 " in this sandbox", handle);
+        return;
+    }
+    if (p->sess == NULL) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "exec: process %" PRIu64 " is not a shell session", handle);
+        return;
+    }
+    struct sess *x = p->sess;
+    if (!p->running || p->cmd == NULL || p->cmd->io[0].fd < 0) {
+        send_error(c, id, DSEC__AGENT_ERR_STATE, 0, "exec: session %" PRIu64 " has ended", handle);
+        return;
+    }
+    if (x->busy) {
+        send_error(c, id, DSEC__AGENT_ERR_STATE, 0,
+                   "exec: session %" PRIu64 " is running a command; wait for it or interrupt it",
+                   handle);
+        return;
+    }
+    /* The trap is set again each time: bash, its return having cut short a wait for a child
+     * that SIGINT ended, leaves its own SIGINT handler in a state that no longer runs it. */
+    static const char head[] = "trap \"$__dsec_int\" INT; __dsec_run '";
+    static const char tail[] =
+        "' </dev/null 7>&- 8>&-; __dsec_st=$?; [ -z \"${__dsec_intd:-}\" ] || __dsec_st=130; "
+        "__dsec_intd=; "
+        "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&7; "
+        "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&8\n";
+    size_t quotes = 0;
+    for (size_t i = 0; i < cmd_len; i++)
+        quotes += cmd[i] == '\'';
+    size_t len = sizeof head - 1 + cmd_len + 3 * quotes + sizeof tail - 1;
+    uint8_t *line = xrealloc(NULL, len), *o = line;
+    memcpy(o, head, sizeof head - 1);
+    o += sizeof head - 1;
+    for (size_t i = 0; i < cmd_len; i++) {
+        if (cmd[i] == '\'') {
+            memcpy(o, "'\\''", 4);
+            o += 4;
+        } else {
+            *o++ = (uint8_t)cmd[i];
+        }
+    }
+    memcpy(o, tail, sizeof tail - 1);
+    x->busy = true;
+    x->marked[0] = x->marked[1] = false;
+    x->status = 0;
+    x->conn = c;
+    x->id = id;
+    x->out_max = out_max;
+    x->seen[0] = x->seen[1] = 0;
+    x->start_ns = now_ns();
+    x->deadline_ns =
+        timeout_ms && timeout_ms <= UINT64_MAX / 2000000u ? x->start_ns + timeout_ms * 1000000u : 0;
+    x->timed_out = x->interrupted = false;
+    x->int_at = x->int_next = 0;
+    x->int_stage = 0;
+    proc_feed(p, line, len);
+    free(line);
+}
+
+/* Interrupt the command running in session p (sess_tick carries it on). */
+static void sess_interrupt(struct proc *p)
+{
+    struct sess *x = p->sess;
+    if (!x->busy || x->int_at)
+        return;
+    x->int_at = x->int_next = now_ns();
+}
+
+/* An interrupt under way, at now: SIGINT again, or the next step up. */
+static void sess_tick(struct proc *p, uint64_t now)
+{
+    struct sess *x = p->sess;
+    struct cmd *m = p->cmd;
+    if (x->deadline_ns && now >= x->deadline_ns) {
+        x->timed_out = true;
+        x->deadline_ns = 0;
+        sess_interrupt(p);
+        now = now_ns(); /* as late as the interrupt's start */
+    }
+    if (!x->busy || x->int_at == 0 || m == NULL || m->exited)
+        return;
+    uint64_t since = now > x->int_at ? now - x->int_at : 0;
+    if (since >= SESS_INT_END_MS * 1000000ull && x->int_stage < 2) {
+        logmsg("session %" PRIu64 ": the shell did not come back from an interrupt; ending it",
+               p->handle);
+        x->int_stage = 2;
+        shep_doom(m);
+        kill(-m->pgid, SIGKILL);
+        if (m->pid > 0)
+            kill(m->pid, SIGCONT);
+        return;
+    }
+    if (since >= SESS_INT_KILL_MS * 1000000ull && x->int_stage < 1) {
+        x->int_stage = 1;
+        if (proc_is_ours())
+            kill_below(m->pgid, m->pgid, SIGKILL, false);
+    }
+    if (x->int_stage < 2 && now >= x->int_next && !(x->booted[0] && x->booted[1])) {
+        x->int_next = now + 20000000u; /* the trap is not set yet: look again soon */
+    } else if (x->int_stage < 2 && now >= x->int_next) {
+        kill(-m->pgid, SIGINT);
+        x->int_next = now + SESS_INT_EVERY_MS * 1000000ull;
+    }
+}
+
+static void handle_presize(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    uint64_t handle = dsec__agent_get_u64(r);
+    uint32_t rows = dsec__agent_get_u32(r), cols = dsec__agent_get_u32(r);
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "resize: malformed request");
+        return;
+    }
+    if (rows < 1 || cols < 1 || rows > 65535 || cols > 65535) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "resize: a window of %" PRIu32 " x %" PRIu32 " (1..65535 each)", rows, cols);
+        return;
+    }
+    struct proc *p = get_proc(c, id, handle, "resize");
+    if (p == NULL)
+        return;
+    if (!p->pty) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0, "resize: process %" PRIu64 " has no terminal",
+                   handle);
+        return;
+    }
+    if (!p->running || p->cmd == NULL || p->cmd->io[1].fd < 0) {
+        send_error(c, id, DSEC__AGENT_ERR_STATE, 0, "resize: process %" PRIu64 " has ended",
+                   handle);
+        return;
+    }
+    struct winsize ws = {.ws_row = (unsigned short)rows, .ws_col = (unsigned short)cols};
+    if (ioctl(p->cmd->io[1].fd, TIOCSWINSZ, &ws) < 0) {
+        send_error(c, id, DSEC__AGENT_ERR_IO, errno, "resize: process %" PRIu64 ": %s", handle,
+                   strerror(errno));
+        return;
+    }
+    send_ok(c, id, 0);
 }
 
 static void handle_plist(struct conn *c, uint32_t id, dsec__agent_rd *r)
@@ -2219,6 +2874,15 @@ static void handle_psignal(struct conn *c, uint32_t id, dsec__agent_rd *r)
         return;
     }
     struct cmd *m = p->cmd;
+    if (p->sess && sig == SIGINT) { /* the running command only; idle: nothing to do */
+        if (p->sess->busy) {
+            p->sess->interrupted = true;
+            sess_interrupt(p);
+            sess_tick(p, now_ns());
+        }
+        send_ok(c, id, 0);
+        return;
+    }
     if (sig == SIGKILL) { /* as at a timeout: its shepherd kills the rest of its tree */
         shep_doom(m);
         kill(-m->pgid, SIGKILL);
@@ -2252,23 +2916,38 @@ static void handle_pstdin(struct conn *c, uint32_t id, dsec__agent_rd *r)
         return;
     }
     struct cmd *m = p->cmd;
+    if (p->sess) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "stdin: process %" PRIu64 " is a shell session; run commands in it with exec",
+                   handle);
+        return;
+    }
+    uint8_t *eot = NULL; /* a terminal's close: ^D, as typed (the terminal stays) */
+    if (p->pty && close_after) {
+        eot = xrealloc(NULL, len + 1);
+        if (len)
+            memcpy(eot, data, len);
+        eot[len++] = 4;
+        data = eot;
+        close_after = false;
+    }
     if (!p->stdin_open || m->io[0].fd < 0 || p->in_close) {
         send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
                    "stdin: the stdin of process %" PRIu64 " is closed", handle);
-        return;
+        goto out;
     }
     if (p->in_conn) {
         send_error(c, id, DSEC__AGENT_ERR_STATE, 0,
                    "stdin: process %" PRIu64
                    " has not taken the bytes of an earlier write yet; wait for its answer",
                    handle);
-        return;
+        goto out;
     }
     if (m->in_len - m->in_off + len > DSEC__AGENT_STDIN_MAX) { /* bytes of PSTART still pending */
         send_error(c, id, DSEC__AGENT_ERR_TOO_LARGE, 0,
                    "stdin: process %" PRIu64 " has %zu bytes pending, at most %u", handle,
                    m->in_len - m->in_off, DSEC__AGENT_STDIN_MAX);
-        return;
+        goto out;
     }
     size_t off = 0;
     bool broken = false;
@@ -2302,24 +2981,18 @@ static void handle_pstdin(struct conn *c, uint32_t id, dsec__agent_rd *r)
         m->in_len = rest + len - off;
         if (!watched)
             ep_ctl(EPOLL_CTL_ADD, m->io[0].fd, EPOLLOUT, &m->io[0]);
-        return;
+        goto out;
     }
     proc_stdin_taken(p, m, broken ? len - off : 0);
+out:
+    free(eot);
 }
 
-static void handle_poutput(struct conn *c, uint32_t id, dsec__agent_rd *r)
+/* A POUT of p's streams from off (clamped to what the rings hold), at most max per stream. */
+static void send_pout(struct conn *c, uint32_t id, const struct proc *p, const uint64_t off[2],
+                      uint64_t max)
 {
-    uint64_t handle = dsec__agent_get_u64(r);
-    uint64_t off[2];
-    off[0] = dsec__agent_get_u64(r);
-    off[1] = dsec__agent_get_u64(r);
-    uint64_t max = dsec__agent_get_u64(r);
-    if (!dsec__agent_done(r)) {
-        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "output: malformed request");
-        return;
-    }
-    struct proc *p = get_proc(c, id, handle, "output");
-    if (p == NULL)
+    if (c == NULL || c->dead)
         return;
     /* What a running process wrote so far, up to the last byte the pipes gave. */
     uint64_t from[2];
@@ -2344,6 +3017,78 @@ static void handle_poutput(struct conn *c, uint32_t id, dsec__agent_rd *r)
         o += n[s];
     }
     conn_commit(c, (size_t)(o - p0));
+}
+
+/* Whether a POUTPUT on p from off has nothing to wait for. */
+static bool pout_ready(const struct proc *p, const uint64_t off[2])
+{
+    return !p->running || p->ring[0].total > off[0] || p->ring[1].total > off[1];
+}
+
+static void handle_poutput(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    uint64_t handle = dsec__agent_get_u64(r);
+    uint64_t off[2];
+    off[0] = dsec__agent_get_u64(r);
+    off[1] = dsec__agent_get_u64(r);
+    uint64_t max = dsec__agent_get_u64(r);
+    uint32_t wait_ms = r->p < r->end ? dsec__agent_get_u32(r) : 0; /* absent in older requests */
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "output: malformed request");
+        return;
+    }
+    if (wait_ms > DSEC__AGENT_WAIT_MAX_MS) {
+        send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
+                   "output: wait of %" PRIu32 " ms is over the limit of %u ms", wait_ms,
+                   DSEC__AGENT_WAIT_MAX_MS);
+        return;
+    }
+    struct proc *p = get_proc(c, id, handle, "output");
+    if (p == NULL)
+        return;
+    if (wait_ms == 0 || pout_ready(p, off)) {
+        send_pout(c, id, p, off, max);
+        return;
+    }
+    struct waiter *w = xrealloc(NULL, sizeof *w);
+    *w = (struct waiter){.conn = c,
+                         .id = id,
+                         .handle = handle,
+                         .off = {off[0], off[1]},
+                         .max = max,
+                         .deadline_ns = now_ns() + (uint64_t)wait_ms * 1000000u,
+                         .next = g.waiters};
+    g.waiters = w;
+}
+
+/* Answer the held POUTPUTs that have something (or waited enough). They are taken off the
+ * list first: an answer may close a connection, which drops its waiters from the list. */
+static void waiters_run(void)
+{
+    uint64_t now = now_ns();
+    struct waiter *ready = NULL;
+    for (struct waiter **w = &g.waiters; *w;) {
+        struct proc *p = proc_by_handle((*w)->handle);
+        if (p == NULL || pout_ready(p, (*w)->off) || now >= (*w)->deadline_ns) {
+            struct waiter *d = *w;
+            *w = d->next;
+            d->next = ready;
+            ready = d;
+        } else {
+            w = &(*w)->next;
+        }
+    }
+    while (ready) {
+        struct waiter *d = ready;
+        ready = d->next;
+        struct proc *p = proc_by_handle(d->handle);
+        if (p == NULL) /* forgotten meanwhile (the table was full) */
+            send_error(d->conn, d->id, DSEC__AGENT_ERR_NOT_FOUND, 0,
+                       "output: process %" PRIu64 " was forgotten while waited for", d->handle);
+        else
+            send_pout(d->conn, d->id, p, d->off, d->max);
+        free(d);
+    }
 }
 
 /* ---- files --------------------------------------------------------------------------------------
@@ -2737,6 +3482,9 @@ static void handle_frame(struct conn *c, uint8_t type, uint32_t id, const uint8_
     case DSEC__AGENT_T_POUTPUT:
         handle_poutput(c, id, &r);
         break;
+    case DSEC__AGENT_T_PRESIZE:
+        handle_presize(c, id, &r);
+        break;
     case DSEC__AGENT_T_KILL:
         handle_kill(c, id, &r);
         break;
@@ -3039,7 +3787,7 @@ static void shutdown_all(void)
         }
     }
     while (g.conns)
-        conn_close(g.conns);
+        conn_close(g.conns); /* and their held POUTPUTs */
     free_dead();
     for (size_t i = 0; i < g.nprocs; i++)
         proc_free(g.procs[i]);
@@ -3157,6 +3905,7 @@ static int loop_once(int timeout_ms)
         }
     }
     check_timeouts();
+    waiters_run();
     ports_retry();
     free_dead();
     return 0;

@@ -1600,6 +1600,64 @@ static int ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_
              dsec_agent_proc_output(sb->agent, handle, out_off, err_off, max, out, err));
 }
 
+static int ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                          uint16_t cols, dsec_err *err)
+{
+    CT_AGENT((const struct ct_backend *)self, sb, err,
+             dsec_agent_proc_resize(sb->agent, handle, rows, cols, err));
+}
+
+/* A waiting output request, on a connection of its own (the sandbox's may be an exec's
+ * meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes and the
+ * connection with it, which ends the request with an error. */
+struct ct_follow {
+    dsec_agent *a;
+    dsec_proc_output_done_fn done;
+    void *ud;
+};
+
+static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct ct_follow f = *(struct ct_follow *)ud;
+    dsec_free(ud);
+    f.done(f.ud, rc, out, err);
+    dsec_agent_free(f.a);
+}
+
+static int ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                                uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                                struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
+                                dsec_err *err)
+{
+    const struct ct_backend *be = self;
+    /* on the loop's thread: a dead agent is told at once, not after a connect's retries */
+    struct ct_agent_probe pr;
+    dsec__ct_agent_probe(be, sb->rid, &pr);
+    if (pr.init == 0 || pr.state == 'Z' || pr.state == 'X')
+        return dsec_err_set(err, DSEC_E_CONN, 0,
+                            "container %s: no agent to follow process %" PRIu64
+                            " with (no init in its container)",
+                            sb->rid, handle);
+    struct ct_follow *f = dsec_calloc(1, sizeof *f);
+    if (f == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a followed process");
+    char sp[PATH_MAX + 16];
+    sock_path(sb, sp, sizeof sp);
+    if (dsec_agent_connect(&f->a, sp, 1000, err) < 0) {
+        dsec_free(f);
+        return dsec_err_wrap(err, "container %s: following process %" PRIu64, sb->rid, handle);
+    }
+    f->done = done;
+    f->ud = ud;
+    if (dsec_agent_proc_output_start(f->a, loop, handle, out_off, err_off, max, wait_ms,
+                                     ct_follow_done, f, err) < 0) {
+        dsec_agent_free(f->a);
+        dsec_free(f);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- pause, fork ------------------------------------------------------------------------ */
 
 static int ct_pause(void *self, dsec_sandbox *sb, dsec_err *err)
@@ -2184,4 +2242,6 @@ const dsec_backend_ops dsec_container_ops = {
     .proc_signal = ct_proc_signal,
     .proc_stdin = ct_proc_stdin,
     .proc_output = ct_proc_output,
+    .proc_resize = ct_proc_resize,
+    .proc_follow_start = ct_proc_follow_start,
 };

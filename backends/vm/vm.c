@@ -1529,6 +1529,16 @@ static int vm_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const vo
     return 0;
 }
 
+/* A resize sets the window whatever it was: sent again after a lost channel, it does no harm.
+ * (No proc_follow_start: the guest has one channel, which a waiting request would hold.) */
+static int vm_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                          uint16_t cols, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_CALL(be, sb, err, dsec_agent_proc_resize(sb->agent, handle, rows, cols, err));
+    return 0;
+}
+
 static int vm_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                           uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
 {
@@ -2145,6 +2155,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .proc_signal = vm_proc_signal,                                                             \
         .proc_stdin = vm_proc_stdin,                                                               \
         .proc_output = vm_proc_output,                                                             \
+        .proc_resize = vm_proc_resize,                                                             \
     }
 
 VM_OPS(dsec_microvm_ops, "microvm", microvm_init);
