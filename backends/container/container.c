@@ -1580,10 +1580,26 @@ static int ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size
     CT_AGENT((const struct ct_backend *)self, sb, err, dsec_agent_proc_list(sb->agent, out, n, err));
 }
 
+/* On a short connection of its own (backend.h): the node sends a signal past a command that
+ * holds the sandbox's connection, to interrupt a shell session's command. */
 static int ct_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
 {
-    CT_AGENT((const struct ct_backend *)self, sb, err,
-             dsec_agent_proc_signal(sb->agent, handle, sig, err));
+    const struct ct_backend *be = self;
+    struct ct_agent_probe pr;
+    dsec__ct_agent_probe(be, sb->rid, &pr);
+    if (pr.init == 0 || pr.state == 'Z' || pr.state == 'X')
+        return dsec_err_set(err, DSEC_E_CONN, 0,
+                            "container %s: no agent to signal process %" PRIu64
+                            " through (no init in its container)",
+                            sb->rid, handle);
+    char sp[PATH_MAX + 16];
+    sock_path(sb, sp, sizeof sp);
+    dsec_agent *a;
+    if (dsec_agent_connect(&a, sp, 1000, err) < 0)
+        return dsec_err_wrap(err, "container %s: signalling process %" PRIu64, sb->rid, handle);
+    int rc = dsec_agent_proc_signal(a, handle, sig, err);
+    dsec_agent_free(a);
+    return rc;
 }
 
 static int ct_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
