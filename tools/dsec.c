@@ -23,6 +23,7 @@ static const command commands[] = {
     {"call", dsec_cli_call, "run one function call in a fresh sandbox: dsec call -- python3 -c CODE"},
     {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},
     {"ls", dsec_cli_ls, "list a directory in a sandbox"},
+    {"files", dsec_cli_files, "make directories, stat, rename, remove in a sandbox: dsec files mkdir|stat|mv|rm ID PATH..."},
     {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},
     {"snapshot", dsec_cli_snapshot, "publish a container's state as an environment: dsec snapshot ID NAME:V"},
     {"net", dsec_cli_net, "change a sandbox's network policy, watch network alerts: dsec net set ID ENTRY..."},
