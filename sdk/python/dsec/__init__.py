@@ -14,7 +14,7 @@ from .client import (TYPES, AsyncDSecClient, AsyncPty, AsyncSandbox, AsyncShell,
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
-from .types import (ContainerArgs, DirEntry, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
+from .types import (ContainerArgs, DirEntry, Transfer, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
 
@@ -27,6 +27,6 @@ __all__ = [
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
     "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",
     "Timeout",
-    "ContainerArgs", "DirEntry", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
+    "ContainerArgs", "DirEntry", "Transfer", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
 ]

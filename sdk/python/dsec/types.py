@@ -144,6 +144,15 @@ class DirEntry:
     mtime: int
 
 
+@dataclass
+class Transfer:
+    """What an upload published or a download received, checked at both ends."""
+    size: int
+    sha256: str        # lowercase hex
+    upload_id: str = ""  # an upload's: give it back with resume=True after a failure
+    resumed_from: int = 0  # bytes the sandbox held already (not sent again)
+
+
 Data = Union[bytes, bytearray, memoryview, str]
 Labels = Dict[str, str]
 

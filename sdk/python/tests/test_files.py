@@ -143,6 +143,60 @@ class TestFiles(unittest.TestCase):
     def test_microvm(self):
         self.roundtrip("microvm")
 
+    def streams(self, t):
+        """files.upload and files.download with file-like objects (a failed upload resumed
+        by its id), and mkdir, stat, rename, remove."""
+        if t != "sim" and os.geteuid() != 0:
+            self.skipTest("%s sandboxes need root" % t)
+        import io
+        path, make = TYPES[t]
+        sb = make(self.c)
+        self.addCleanup(self.stop_quietly, sb)
+        data = bytes(memoryview(_blob["data"])[:9 * MIB + 3])
+        want = hashlib.sha256(data).hexdigest()
+        tr = sb.files.upload(path, io.BytesIO(data), chunk_size=MIB, window=3)
+        self.assertEqual((tr.size, tr.sha256), (len(data), want))
+        out = io.BytesIO()
+        got = sb.files.download(path, out, page_size=MIB)
+        self.assertEqual(got.sha256, want)
+        self.assertEqual(out.getvalue(), data)
+        self.assertEqual(sb.files.download(path), data)  # no dst: the bytes
+
+        class Breaks(io.BytesIO):  # a source that fails after 4 MiB
+            def read(self, n=-1):
+                if self.tell() >= 4 * MIB:
+                    raise OSError("the source went away")
+                return super().read(n)
+
+        with self.assertRaises(OSError):
+            sb.files.upload(path + ".r", Breaks(data), upload_id="sdk-r1", chunk_size=MIB,
+                            window=1)
+        held = sb.files.upload_held(path + ".r", "sdk-r1")
+        self.assertGreater(held, 0)
+        tr = sb.files.upload(path + ".r", io.BytesIO(data), upload_id="sdk-r1", resume=True)
+        self.assertEqual((tr.resumed_from, tr.sha256), (held, want))
+        self.assertEqual(hashlib.sha256(sb.files.read(path + ".r")).hexdigest(), want)
+
+        d = os.path.dirname(path) + "/sub/deeper"
+        sb.files.mkdir(d, parents=True)
+        sb.files.rename(path + ".r", d + "/moved")
+        st = sb.files.stat(d + "/moved")
+        self.assertEqual((st.name, st.kind, st.size), ("moved", "file", len(data)))
+        with self.assertRaises(NotFound):
+            sb.files.stat(path + ".r")
+        sb.files.remove(os.path.dirname(path) + "/sub", recursive=True)
+        with self.assertRaises(NotFound):
+            sb.files.stat(d)
+
+    def test_streams_sim(self):
+        self.streams("sim")
+
+    def test_streams_function(self):
+        self.streams("function")
+
+    def test_streams_container(self):
+        self.streams("container")
+
 
 if __name__ == "__main__":
     unittest.main()
