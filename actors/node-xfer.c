@@ -92,7 +92,8 @@ static void xstate_put(struct xstate *x)
 
 /* Forget the transfers nobody touched for XFER_STALE_NS. The temporary files of this
  * sandbox's stale uploads are removed here (its operation runs, so its handle may be used);
- * other sandboxes' are their agent's to sweep, or go with their sandbox. */
+ * other sandboxes' are their agent's to sweep, or go with their sandbox. s NULL: forget
+ * only, removing nothing (a read's turn). */
 static void xstate_sweep(dsec_node *n, struct sbx *s)
 {
     uint64_t now = dsec_wall_ns();
@@ -112,7 +113,7 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
     while (stale != NULL) {
         struct xstate *e = stale;
         stale = e->next;
-        if (!e->read && strcmp(e->sbx, s->id) == 0) {
+        if (s != NULL && !e->read && strcmp(e->sbx, s->id) == 0) {
             dsec_err err;
             dsec_file_op op = {.kind = DSEC_FOP_REMOVE, .path = e->key};
             if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0 &&
@@ -409,6 +410,8 @@ struct dsec__read_hash {
 
 dsec__read_hash *dsec__node_read_hash_begin(struct sbx *s, const char *path, uint64_t offset)
 {
+    if (offset == 0)
+        xstate_sweep(NULL, NULL); /* readers that stopped half way */
     struct xstate *x = xstate_take(s->id, true, path, offset);
     if (x == NULL && offset == 0)
         x = xstate_new(s->id, true, path);

@@ -325,7 +325,7 @@ int dsec__file_upload_mem(dsec_client *c, const char *id, const char *path, cons
                           size_t len, unsigned mode, dsec_err *err)
 {
     struct mem_src s = {data, len, 0};
-    dsec_upload_opts o = {.mode = mode};
+    dsec_upload_opts o = {.mode = mode ? mode : 0644}; /* dsec_write_opts: 0 is 0644 */
     return dsec_file_upload(c, id, path, &o, mem_read, &s, NULL, err);
 }
 

@@ -21,16 +21,17 @@ MIB = 1 << 20
 SIZES = [0, 1, 4 * MIB - 1, 4 * MIB, 4 * MIB + 1, 100 * MIB, 1024 * MIB]
 ENV = "busybox:1"
 # every sandbox type with files: where it keeps them, and what to create (room for two 1 GiB
-# files: the cell's default disk is 1 GiB, a function sandbox's 64 MiB)
+# files and the temporary file of a 1 GiB upload: the cell's default disk is 1 GiB, a
+# function sandbox's 64 MiB)
 TYPES = {
-    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64, disk_mb=3072,
+    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64, disk_mb=4096,
                                                           max_lifetime_s=1800))),
-    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(disk_mb=3072,
+    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(disk_mb=4096,
                                                                   max_lifetime_s=1800))),
     "container": ("/tmp/f", lambda c: c.run_container(ContainerArgs(
-        environment=ENV, cpu=0.5, memory_mb=128, disk_mb=3072, max_lifetime_s=1800))),
+        environment=ENV, cpu=0.5, memory_mb=128, disk_mb=4096, max_lifetime_s=1800))),
     "microvm": ("/tmp/f", lambda c: c.run_microvm(MicroVMArgs(
-        environment=ENV, cpu=1, memory_mb=256, disk_mb=3072, max_lifetime_s=1800))),
+        environment=ENV, cpu=1, memory_mb=256, disk_mb=4096, max_lifetime_s=1800))),
 }
 _blob = {}
 
@@ -71,7 +72,7 @@ def setUpModule():
                 "    slots: 16\n"
                 "    types: [sim]\n"
                 "    backend: sim\n"
-                "    options: {max_disk_mb: \"3072\"}\n%s"
+                "    options: {max_disk_mb: \"4096\"}\n%s"
                 % (os.path.join(tmp, "layers"), os.getpid(), native))
     start_cell(binary, conf, tmp)
     _blob["data"] = os.urandom(max(SIZES))
