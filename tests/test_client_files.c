@@ -1,8 +1,9 @@
 /* test_client_files.c - libdsec's file reads and writes of any size against a
  * stand-in node on a real nats-server: a file is read whole across pages
- * (never its first page reported as the file), written in messages the bus
- * can carry, and a node that answers inconsistently fails the call, saying
- * what it saw. */
+ * (never its first page reported as the file, its sha256 checked), written in
+ * messages the bus can carry (over 4 MiB as an upload that commits at the end),
+ * a failed upload resumes from what the node holds, and a node that answers
+ * inconsistently fails the call, saying what it saw. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
