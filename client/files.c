@@ -274,7 +274,9 @@ out_fl:;
     if (done != NULL)
         dsec_future_free(done);
     flight_close(&fl);
-    if (rc < 0 && opened)
+    if (rc < 0 && opened && err != NULL && err->code == DSEC_E_INVALID)
+        dsec_err_wrap(err, "upload %s of %s in %s", up, path, id); /* the node says what next */
+    else if (rc < 0 && opened)
         dsec_err_wrap(err,
                       "upload %s of %s in %s stopped (the sandbox confirmed %" PRIu64
                       " bytes; resume with the same upload id)",
