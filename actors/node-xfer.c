@@ -19,7 +19,11 @@
  * temporary file's size says how much an upload holds, and the file itself is hashed again.
  */
 
-#define XFER_STALE_NS (600ull * 1000000000ull) /* an upload or a read untouched this long */
+/* an upload or a read untouched this long is forgotten: a little less than the agent waits
+ * before it removes a stale upload's file (600 s), so the node never trusts a state whose file
+ * is gone */
+#define XFER_STALE_NS (590ull * 1000000000ull)
+#define XFER_FORGET_NS (86400ull * 1000000000ull) /* any transfer's state, at the latest */
 #define XFER_PAGE (4u << 20)                   /* hashing the file again reads it in these */
 #define UPLOAD_PREFIX ".dsec-upload-"          /* the agent's DSEC__AGENT_UPLOAD_PREFIX */
 
@@ -101,7 +105,11 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
     pthread_mutex_lock(&xmu);
     for (struct xstate **pp = &xlist; *pp;) {
         struct xstate *e = *pp;
-        if (now - e->touched_ns < XFER_STALE_NS) {
+        /* another sandbox's stale upload is kept (small) until its own next upload removes
+         * its temporary file, unless its sandbox is surely gone */
+        bool mine = s != NULL && strcmp(e->sbx, s->id) == 0;
+        uint64_t limit = e->read || mine ? XFER_STALE_NS : XFER_FORGET_NS;
+        if (now - e->touched_ns < limit) {
             pp = &e->next;
             continue;
         }
@@ -113,7 +121,7 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
     while (stale != NULL) {
         struct xstate *e = stale;
         stale = e->next;
-        if (s != NULL && !e->read && strcmp(e->sbx, s->id) == 0) {
+        if (!e->read && s != NULL && strcmp(e->sbx, s->id) == 0) {
             dsec_err err;
             dsec_file_op op = {.kind = DSEC_FOP_REMOVE, .path = e->key};
             if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0 &&
