@@ -24,17 +24,17 @@
  * is gone */
 #define XFER_STALE_NS (590ull * 1000000000ull)
 #define XFER_FORGET_NS (86400ull * 1000000000ull) /* any transfer's state, at the latest */
-#define XFER_PAGE (4u << 20)                   /* hashing the file again reads it in these */
-#define UPLOAD_PREFIX ".dsec-upload-"          /* the agent's DSEC__AGENT_UPLOAD_PREFIX */
+#define XFER_PAGE (4u << 20)                      /* hashing the file again reads it in these */
+#define UPLOAD_PREFIX ".dsec-upload-"             /* the agent's DSEC__AGENT_UPLOAD_PREFIX */
 
 struct xstate {
     struct xstate *next;
     char sbx[DSEC_SBX_ID_LEN_MAX + 1];
-    char *key;       /* upload: the temporary file's path; read: the file's path */
+    char *key; /* upload: the temporary file's path; read: the file's path */
     bool read;
-    uint64_t at;     /* upload: bytes the temporary file holds; read: the next offset */
-    uint64_t size;   /* read: the file's size at offset 0 */
-    bool hashed;     /* h covers [0, at) */
+    uint64_t at;   /* upload: bytes the temporary file holds; read: the next offset */
+    uint64_t size; /* read: the file's size at offset 0 */
+    bool hashed;   /* h covers [0, at) */
     dsec_sha256 h;
     uint64_t touched_ns;
 };
@@ -126,8 +126,8 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
             dsec_file_op op = {.kind = DSEC_FOP_REMOVE, .path = e->key};
             if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0 &&
                 err.code != DSEC_E_NOT_FOUND)
-                fprintf(stderr, "dsec-node %s: removing the stale upload %s in %s: %s\n",
-                        n->name, e->key, s->id, err.msg);
+                fprintf(stderr, "dsec-node %s: removing the stale upload %s in %s: %s\n", n->name,
+                        e->key, s->id, err.msg);
         }
         xstate_free(e);
     }
@@ -211,8 +211,8 @@ static void reply_data(dsec_node *n, dsec_msg *m, struct sbx *s, const char *pat
                        bool eof, const char *sha256)
 {
     dsec_err err;
-    dsec_msg_file_data out = {.id = s->id, .path = path, .size = size, .eof = eof,
-                              .sha256 = sha256};
+    dsec_msg_file_data out = {
+        .id = s->id, .path = path, .size = size, .eof = eof, .sha256 = sha256};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
         dsec_wire_error(n->actor, m, &err);
 }
@@ -322,14 +322,13 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
         uint32_t mode = (uint32_t)w->mode;
         if (w->offset == 0 && mode == 0) {
             dsec_file_entry st;
-            mode = stat_of(s, w->path, &st, &err) == 1 && st.kind == DSEC_FILE_REG ? st.mode
-                                                                                  : 0644;
+            mode = stat_of(s, w->path, &st, &err) == 1 && st.kind == DSEC_FILE_REG ? st.mode : 0644;
         }
         dsec_sha256 h = x->h;
         if (w->offset == 0)
             dsec_sha256_init(&h);
-        if (dsec_backend_file_write(s->be, s->h, tmp, w->data.ptr, w->data.len, mode,
-                                    w->offset > 0, &err) < 0) {
+        if (dsec_backend_file_write(s->be, s->h, tmp, w->data.ptr, w->data.len, mode, w->offset > 0,
+                                    &err) < 0) {
             /* what it holds now is unknown: the next chunk or probe asks the file */
             xstate_free(x);
             dsec_err_wrap(&err, "upload %s of %s in %s: writing %s", w->upload, w->path, s->id,
@@ -497,8 +496,12 @@ void dsec__node_do_file_op(dsec_node *n, dsec_msg *m, struct sbx *s)
                  {"stat", DSEC_FOP_STAT},
                  {"rename", DSEC_FOP_RENAME},
                  {"remove", DSEC_FOP_REMOVE}};
-    dsec_file_op op = {.path = rq.path, .to = rq.to, .mode = (uint32_t)rq.mode,
-                       .parents = rq.parents, .recursive = rq.recursive, .sync = true};
+    dsec_file_op op = {.path = rq.path,
+                       .to = rq.to,
+                       .mode = (uint32_t)rq.mode,
+                       .parents = rq.parents,
+                       .recursive = rq.recursive,
+                       .sync = true};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         if (strcmp(rq.op, kinds[i].name) == 0)
             op.kind = kinds[i].kind;
@@ -540,9 +543,13 @@ void dsec__node_do_file_op(dsec_node *n, dsec_msg *m, struct sbx *s)
         dsec__node_reply_backend(n, m, &err, "path");
         return;
     }
-    dsec_msg_file_entry e = {.name = st.name ? st.name : "", .kind = dsec_file_kind_name(st.kind),
-                             .size = st.size, .mode = st.mode, .mtime = st.mtime};
-    dsec_msg_file_list_reply out = {.id = s->id, .path = rq.to ? rq.to : rq.path,
+    dsec_msg_file_entry e = {.name = st.name ? st.name : "",
+                             .kind = dsec_file_kind_name(st.kind),
+                             .size = st.size,
+                             .mode = st.mode,
+                             .mtime = st.mtime};
+    dsec_msg_file_list_reply out = {.id = s->id,
+                                    .path = rq.to ? rq.to : rq.path,
                                     .entries = {&e, op.kind == DSEC_FOP_STAT ? 1u : 0u}};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_LIST_REPLY, &out, &err) < 0)
         dsec_wire_error(n->actor, m, &err);

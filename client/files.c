@@ -83,9 +83,8 @@ static int flight_send(struct flight *fl, int type, const void *msg, uint64_t ta
         return -1;
     dsec_hdr hdr = {.type = fl->type_name, .schema = DSEC_SCHEMA_VERSION};
     unsigned slot = (fl->head + fl->n) % XFER_WINDOW_MAX;
-    if (dsec_bus_request_future(dsec__client_bus(fl->c), fl->subj, &hdr, fl->buf.data,
-                                fl->buf.len, dsec__client_timeout_ms(fl->c), &fl->f[slot],
-                                err) < 0)
+    if (dsec_bus_request_future(dsec__client_bus(fl->c), fl->subj, &hdr, fl->buf.data, fl->buf.len,
+                                dsec__client_timeout_ms(fl->c), &fl->f[slot], err) < 0)
         return -1;
     fl->tag[slot] = tag;
     fl->n++;
@@ -196,8 +195,8 @@ int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dse
             size_t want = held - off < chunk ? (size_t)(held - off) : chunk;
             ssize_t n = read_full(rd, ud, buf, want);
             if (n < 0) {
-                rc = dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source",
-                                  up, path);
+                rc = dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source", up,
+                                  path);
                 goto out_fl;
             }
             if ((size_t)n < want) {
@@ -222,8 +221,8 @@ int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dse
         while (!sent_all && fl.n < fl.window) {
             ssize_t nn = n == (ssize_t)chunk ? read_full(rd, ud, ahead, chunk) : 0;
             if (n < 0 || nn < 0) {
-                rc = dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source",
-                                  up, path);
+                rc = dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source", up,
+                                  path);
                 goto out_fl;
             }
             dsec_sha256_update(&h, cur, (size_t)n);
@@ -300,9 +299,8 @@ static ssize_t fd_read(void *ud, void *buf, size_t n)
     }
 }
 
-int dsec_file_upload_fd(dsec_client *c, const char *id, const char *path,
-                        const dsec_upload_opts *o, int fd, dsec_transfer_result *res,
-                        dsec_err *err)
+int dsec_file_upload_fd(dsec_client *c, const char *id, const char *path, const dsec_upload_opts *o,
+                        int fd, dsec_transfer_result *res, dsec_err *err)
 {
     struct fd_src s = {fd};
     return dsec_file_upload(c, id, path, o, fd_read, &s, res, err);
@@ -429,10 +427,11 @@ int dsec_file_download(dsec_client *c, const char *id, const char *path,
             next += page;
         }
         if (rc == 0 && fl.n == 0) {
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
-                              "reading %s in %s: the node answered no end of the file after %" PRIu64
-                              " of its %" PRIu64 " bytes",
-                              path, id, got, size);
+            rc =
+                dsec_err_set(err, DSEC_E_BACKEND, 0,
+                             "reading %s in %s: the node answered no end of the file after %" PRIu64
+                             " of its %" PRIu64 " bytes",
+                             path, id, got, size);
             break;
         }
     }
@@ -479,8 +478,9 @@ static int file_op(dsec_client *c, const char *id, const dsec_msg_file_op *m, ds
                                    dec, &keep, &r, err);
     if (rc == 0 && st != NULL) {
         if (r.entries.n != 1) {
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0, "stat %s in %s: the node sent %" PRIu32
-                              " entries", m->path, id, r.entries.n);
+            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
+                              "stat %s in %s: the node sent %" PRIu32 " entries", m->path, id,
+                              r.entries.n);
         } else {
             const dsec_msg_file_entry *e = r.entries.items;
             memset(st, 0, sizeof *st);

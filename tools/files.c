@@ -69,8 +69,8 @@ int dsec_cli_files(int argc, char **argv)
             struct tm tm;
             if (gmtime_r(&t, &tm) != NULL)
                 strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-            printf("%s %04" PRIo64 " %" PRIu64 " %s %s\n", st.kind, st.mode & 07777, st.size,
-                   when, a[1]);
+            printf("%s %04" PRIo64 " %" PRIu64 " %s %s\n", st.kind, st.mode & 07777, st.size, when,
+                   a[1]);
             dsec_free(st.name);
         }
     }
