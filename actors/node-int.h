@@ -14,6 +14,8 @@
 #include "backends/loop.h"
 #include "backends/workq.h"
 #include "codecs/msg.h"
+#include "dsec/sha256.h"
+#include "codecs/msg.h"
 #include "dsec/names.h"
 
 struct stat;
@@ -269,6 +271,23 @@ void dsec__node_reply_err(dsec_node *n, dsec_msg *m, int code, const char *fmt, 
 void dsec__node_reply_bad(dsec_node *n, dsec_msg *m, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void dsec__node_reply_backend(dsec_node *n, dsec_msg *m, const dsec_err *e, const char *bad_field);
+
+/* node-xfer.c: uploads, hashed downloads, mkdir/stat/rename/remove. */
+bool dsec__node_is_upload(const dsec_msg_file_write *w);
+void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_file_write *w);
+void dsec__node_do_file_op(dsec_node *n, dsec_msg *m, struct sbx *s);
+/* A read with sha256: its running hash, or NULL when it cannot be had here (a read that does
+ * not start at 0 nor go on from where one stopped: hash the file at its end instead). */
+typedef struct dsec__read_hash dsec__read_hash;
+dsec__read_hash *dsec__node_read_hash_begin(struct sbx *s, const char *path, uint64_t offset);
+/* The page d read at offset: folds it in and frees r; hex the file's digest when d reaches
+ * its end (else ""). */
+void dsec__node_read_hash_page(dsec__read_hash *r, uint64_t offset, const dsec_file_data *d,
+                               char hex[2 * DSEC_SHA256_LEN + 1]);
+void dsec__node_read_hash_abort(dsec__read_hash *r);
+/* The digest of the first size bytes of path, read again. */
+int dsec__node_read_hash_file(struct sbx *s, const char *path, uint64_t size,
+                              char hex[2 * DSEC_SHA256_LEN + 1], dsec_err *err);
 
 /* ---- node-place.c: admission ------------------------------------------------------ */
 

@@ -157,6 +157,9 @@ struct xfer_end {
     char *rollout_id; /* a logged write */
     uint64_t step;
     uint8_t hash[DSEC_SHA256_LEN];
+    bool sha256;         /* a read that reports the file's digest at its end */
+    uint64_t offset;     /* a read's */
+    dsec__read_hash *rh; /* its running hash */
 };
 
 static void xfer_end_free(struct xfer_end *x)
@@ -198,16 +201,28 @@ static void write_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *p
 }
 
 static void read_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path, int rc,
-                        const dsec_file_data *d, dsec_err *err)
+                        const dsec_file_data *d, bool sha256, uint64_t offset,
+                        dsec__read_hash *rh, dsec_err *err)
 {
     if (rc < 0) {
+        dsec__node_read_hash_abort(rh);
         dsec_err_wrap(err, "reading %s in %s", path, s->id);
         dsec__node_reply_backend(n, m, err, "path");
         return;
     }
     dsec_err lerr;
+    char hex[2 * DSEC_SHA256_LEN + 1] = "";
+    if (rh != NULL) {
+        dsec__node_read_hash_page(rh, offset, d, hex);
+    } else if (sha256 && d->eof && offset + d->len == d->size &&
+               dsec__node_read_hash_file(s, path, d->size, hex, &lerr) < 0) {
+        /* the running hash was lost (a restart): the file is read again, here */
+        dsec_err_wrap(&lerr, "reading %s in %s", path, s->id);
+        dsec__node_reply_backend(n, m, &lerr, "path");
+        return;
+    }
     dsec_msg_file_data out = {.id = s->id, .path = path, .data = {d->data, d->len},
-                              .size = d->size, .eof = d->eof};
+                              .size = d->size, .eof = d->eof, .sha256 = hex[0] ? hex : NULL};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &lerr) < 0)
         dsec_wire_error(n->actor, m, &lerr);
 }
@@ -222,7 +237,8 @@ static void xfer_done(void *ud, int rc, dsec_file_data *data, dsec_err *err)
     dsec_deferred_trace(x->d, &sc);
     if (x->read) {
         dsec_file_data none = {0};
-        read_finish(x->n, m, x->s, x->path, rc, data != NULL ? data : &none, err);
+        read_finish(x->n, m, x->s, x->path, rc, data != NULL ? data : &none, x->sha256, x->offset,
+                    x->rh, err);
         if (data != NULL)
             dsec_free(data->data);
     } else {
@@ -260,6 +276,10 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_msg_file_write w;
     if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_FILE_WRITE, &w))
         return;
+    if (dsec__node_is_upload(&w)) {
+        dsec__node_do_upload(n, m, s, &w);
+        return;
+    }
     uint8_t hash[DSEC_SHA256_LEN];
     if (w.rollout_id != NULL) {
         Dsec__V1__TrajectoryRecord *rec;
@@ -305,9 +325,15 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     /* keep the answer under the payload limit; callers page with offset */
     uint64_t max = rq.max == 0 || rq.max > (4u << 20) ? (4u << 20) : rq.max;
-    struct xfer_end *x = xfer_begin(n, m, s, rq.path);
+    /* a hashed read that cannot go on with a running hash reads here: at its end the file is
+     * hashed again with reads that wait */
+    dsec__read_hash *rh = rq.sha256 ? dsec__node_read_hash_begin(s, rq.path, rq.offset) : NULL;
+    struct xfer_end *x = !rq.sha256 || rh != NULL ? xfer_begin(n, m, s, rq.path) : NULL;
     if (x != NULL) {
         x->read = true;
+        x->sha256 = rq.sha256;
+        x->offset = rq.offset;
+        x->rh = rh;
         if (dsec_backend_file_read_start(s->be, s->h, rq.path, rq.offset, max, xfer_done, x,
                                          &err) < 0)
             xfer_done(x, -1, NULL, &err);
@@ -315,7 +341,7 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     dsec_file_data d = {0};
     int rc = dsec_backend_file_read(s->be, s->h, rq.path, rq.offset, max, &d, &err);
-    read_finish(n, m, s, rq.path, rc, &d, &err);
+    read_finish(n, m, s, rq.path, rc, &d, rq.sha256, rq.offset, rh, &err);
     dsec_free(d.data);
 }
 
@@ -843,6 +869,8 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
                {"write", DSEC_MSG_FILE_WRITE},
                {"read", DSEC_MSG_FILE_READ},
                {"ls", DSEC_MSG_FILE_LIST},
+               {"upload", DSEC_MSG_FILE_WRITE},
+               {"file", DSEC_MSG_FILE_OP},
                {"op", DSEC_MSG_OP},
                {"proc", DSEC_MSG_PROC}};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
@@ -858,8 +886,10 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
         return;
     if (strcmp(t.op, "exec") == 0)
         dsec__node_do_exec(n, m, s);
-    else if (strcmp(t.op, "write") == 0)
+    else if (strcmp(t.op, "write") == 0 || strcmp(t.op, "upload") == 0)
         do_write(n, m, s);
+    else if (strcmp(t.op, "file") == 0)
+        dsec__node_do_file_op(n, m, s);
     else if (strcmp(t.op, "read") == 0)
         do_read(n, m, s);
     else if (strcmp(t.op, "ls") == 0)
@@ -870,8 +900,8 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
         dsec__node_do_proc(n, m, s);
     else
         dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
-                             "operation \"%s\" is unknown (known: exec, write, read, ls, op, "
-                             "proc, sig)",
+                             "operation \"%s\" is unknown (known: exec, write, upload, read, ls, "
+                             "file, op, proc, sig)",
                              t.op);
 }
 

@@ -311,6 +311,21 @@ int dsec_backend_file_list(dsec_backend *be, dsec_sandbox *sb, const char *path,
     return be->ops->file_list(be->self, sb, path, entries, n, err);
 }
 
+int dsec_backend_file_op(dsec_backend *be, dsec_sandbox *sb, const dsec_file_op *op,
+                         dsec_file_entry *st, dsec_err *err)
+{
+    if (be->ops->file_op == NULL)
+        return unsupported(be, "mkdir, stat, rename and remove", err);
+    if (sb == NULL)
+        return no_sandbox("file_op", err);
+    if (op == NULL || op->path == NULL || (op->kind == DSEC_FOP_RENAME && op->to == NULL) ||
+        (op->kind == DSEC_FOP_STAT && st == NULL))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "file_op: missing path, to or out parameter");
+    if (st != NULL)
+        memset(st, 0, sizeof *st);
+    return be->ops->file_op(be->self, sb, op, st, err);
+}
+
 int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
                       dsec_sandbox **children, char **states, dsec_err *err)
 {

@@ -195,6 +195,24 @@ typedef struct dsec_file_entry {
 /* Frees a listing returned by file_list (names and array). NULL is a no-op. */
 void dsec_file_entries_free(dsec_file_entry *entries, size_t n);
 
+/* mkdir, stat, rename and remove on one sandbox's files (op file_op). */
+typedef enum dsec_file_op_kind {
+    DSEC_FOP_MKDIR = 1, /* path, mode (0: 0755), parents (no error when it exists) */
+    DSEC_FOP_STAT,      /* path -> *st (lstat; st->name, when set, is the caller's) */
+    DSEC_FOP_RENAME,    /* path -> to, replacing to atomically; sync: fsync path first */
+    DSEC_FOP_REMOVE,    /* path; recursive: a directory and everything in it */
+} dsec_file_op_kind;
+
+typedef struct dsec_file_op {
+    dsec_file_op_kind kind;
+    const char *path;
+    const char *to;
+    uint32_t mode;
+    bool parents;
+    bool recursive;
+    bool sync; /* rename: the data and the rename reach the disk before the answer */
+} dsec_file_op;
+
 /* Result of a file read. The caller owns data (dsec_malloc'd, NULL when
  * len == 0) and frees it with dsec_free. */
 typedef struct dsec_file_data {
@@ -366,6 +384,10 @@ typedef struct dsec_backend_ops {
      * freed with dsec_file_entries_free. */
     int (*file_list)(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
                      size_t *n, dsec_err *err);
+    /* One dsec_file_op; st (may be NULL but for DSEC_FOP_STAT) receives a stat's answer
+     * (st->name, when set, is the caller's: dsec_free). */
+    int (*file_op)(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_file_entry *st,
+                   dsec_err *err);
     /* Create n (1..DSEC_FORK_MAX) children of sb from its state now. ids[i] names child i.
      * children[] and states[] are caller arrays of n slots; on success each
      * holds a handle and a caller-owned backend_state. On failure no child
@@ -506,6 +528,9 @@ int dsec_backend_proc_follow_start(dsec_backend *be, dsec_sandbox *sb, uint64_t 
                                    uint64_t out_off, uint64_t err_off, uint64_t max,
                                    uint32_t wait_ms, struct dsec_loop *loop,
                                    dsec_proc_output_done_fn done, void *ud, dsec_err *err);
+/* One mkdir, stat, rename or remove (op file_op): DSEC_E_UNSUPPORTED without it. */
+int dsec_backend_file_op(dsec_backend *be, dsec_sandbox *sb, const dsec_file_op *op,
+                         dsec_file_entry *st, dsec_err *err);
 /* Whether file_write_start and file_read_start are there: transfers then need no
  * thread while they run. */
 bool dsec_backend_files_async(const dsec_backend *be);

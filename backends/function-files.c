@@ -420,6 +420,136 @@ out_nomem:
     return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "listing %s", path);
 }
 
+/* Count again what the directory holds, after a rename or remove changed it. */
+static void recount(struct fn_files *f)
+{
+    uint64_t bytes = 0, files = 0;
+    if (usage(f->dirfd, &bytes, &files, 0) == 0) {
+        f->bytes = bytes;
+        f->nfiles = files;
+    }
+    f->dirty = true;
+}
+
+static int fn_mkdir(struct fn_files *f, const char *path, const char *rel, uint32_t mode,
+                    bool parents, dsec_err *err)
+{
+    mode = mode ? mode & 0777 : 0755;
+    if (strcmp(rel, ".") == 0) {
+        if (parents)
+            return 0;
+        return dsec_err_set(err, DSEC_E_EXISTS, EEXIST, "mkdir %s: it exists", path);
+    }
+    char buf[PATH_MAX_LEN + 1];
+    snprintf(buf, sizeof buf, "%s", rel);
+    if (parents)
+        for (char *s = strchr(buf, '/'); s != NULL; s = strchr(s + 1, '/')) {
+            *s = '\0';
+            if (mkdirat(f->dirfd, buf, 0755) < 0 && errno != EEXIST)
+                return dsec_err_set(err, DSEC_E_IO, errno, "mkdir %s: creating /work/%s", path,
+                                    buf);
+            *s = '/';
+        }
+    struct stat st;
+    if (mkdirat(f->dirfd, rel, mode) < 0) {
+        int e = errno;
+        if (parents && e == EEXIST && fstatat(f->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISDIR(st.st_mode))
+            return 0;
+        return dsec_err_set(err,
+                            e == EEXIST   ? DSEC_E_EXISTS
+                            : e == ENOENT ? DSEC_E_NOT_FOUND
+                                          : DSEC_E_IO,
+                            e, "mkdir %s%s", path,
+                            e == ENOENT ? ": its parent is missing (use parents)" : "");
+    }
+    int fd = open_beneath(f->dirfd, rel, O_RDONLY | O_DIRECTORY, 0);
+    if (fd >= 0) {
+        (void)fchmod(fd, mode); /* what the umask took away */
+        close(fd);
+    }
+    f->dirty = true;
+    return 0;
+}
+
+int dsec__fn_files_op(struct fn_files *f, const dsec_file_op *op, dsec_file_entry *out,
+                      dsec_err *err)
+{
+    const char *rel = NULL;
+    if (rel_of(op->path, &rel, err) < 0)
+        return -1;
+    struct stat st;
+    switch (op->kind) {
+    case DSEC_FOP_MKDIR:
+        return fn_mkdir(f, op->path, rel, op->mode, op->parents, err);
+    case DSEC_FOP_STAT: {
+        if (fstatat(f->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                                "stat %s", op->path);
+        const char *base = strrchr(op->path, '/');
+        out->name = dsec_strdup(base[1] ? base + 1 : "/");
+        out->kind = kind_of(st.st_mode);
+        out->size = (uint64_t)st.st_size;
+        out->mode = st.st_mode & 07777;
+        out->mtime = st.st_mtime;
+        return 0;
+    }
+    case DSEC_FOP_RENAME: {
+        const char *to = NULL;
+        if (rel_of(op->to, &to, err) < 0)
+            return -1;
+        if (strcmp(rel, ".") == 0 || strcmp(to, ".") == 0)
+            return dsec_err_set(err, DSEC_E_INVALID, EBUSY, "rename %s to %s: /work stays",
+                                op->path, op->to);
+        if (op->sync) {
+            int fd = open_beneath(f->dirfd, rel, O_RDONLY, 0);
+            if (fd >= 0) {
+                int rc = fsync(fd);
+                int e = errno;
+                close(fd);
+                if (rc < 0)
+                    return dsec_err_set(err, DSEC_E_IO, e, "syncing %s", op->path);
+            }
+        }
+        if (renameat(f->dirfd, rel, f->dirfd, to) < 0)
+            return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                                "rename %s to %s", op->path, op->to);
+        recount(f);
+        return 0;
+    }
+    case DSEC_FOP_REMOVE: {
+        if (strcmp(rel, ".") == 0)
+            return dsec_err_set(err, DSEC_E_INVALID, EBUSY, "remove /work: it stays (remove "
+                                "what it holds)");
+        if (fstatat(f->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                                "remove %s", op->path);
+        int rc;
+        if (!S_ISDIR(st.st_mode)) {
+            rc = unlinkat(f->dirfd, rel, 0);
+        } else {
+            rc = 0;
+            if (op->recursive) {
+                int sub = open_beneath(f->dirfd, rel, O_RDONLY | O_DIRECTORY, 0);
+                rc = sub < 0 ? -1 : rm_tree(sub, 0);
+                if (sub >= 0)
+                    close(sub);
+            }
+            if (rc == 0)
+                rc = unlinkat(f->dirfd, rel, AT_REMOVEDIR);
+        }
+        int e = errno;
+        recount(f);
+        if (rc < 0)
+            return dsec_err_set(err, DSEC_E_IO, e, "remove %s%s", op->path,
+                                e == ENOTEMPTY ? ": directory not empty (remove it recursively)"
+                                               : "");
+        return 0;
+    }
+    }
+    return dsec_err_set(err, DSEC_E_INVALID, 0, "file op %d is unknown", (int)op->kind);
+}
+
 /* ---- the bundle ------------------------------------------------------------------------ */
 
 static int put_rec(int out, uint8_t kind, const char *rel, uint32_t mode, uint64_t size)

@@ -80,6 +80,9 @@ int dsec__fn_files_open(struct fn_files *f, const char *dir, bool create, uint64
 void dsec__fn_files_close(struct fn_files *f);
 /* Delete dir and everything below it. */
 int dsec__fn_files_remove(const char *dir, dsec_err *err);
+/* mkdir, stat, rename, remove under /work (backend.h, dsec_file_op). */
+int dsec__fn_files_op(struct fn_files *f, const dsec_file_op *op, dsec_file_entry *out,
+                      dsec_err *err);
 int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data, size_t len,
                          uint32_t mode, bool append, dsec_err *err);
 int dsec__fn_files_read(struct fn_files *f, const char *path, uint64_t offset, uint64_t max,

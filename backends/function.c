@@ -1165,6 +1165,13 @@ static int fn_file_list(void *self, dsec_sandbox *h, const char *path, dsec_file
     return dsec__fn_files_list(&sb->files, path, entries, n, err);
 }
 
+static int fn_file_op(void *self, dsec_sandbox *h, const dsec_file_op *op, dsec_file_entry *st,
+                      dsec_err *err)
+{
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    return dsec__fn_files_op(&sb->files, op, st, err);
+}
+
 static int fn_stats(void *self, dsec_sandbox *h, dsec_sandbox_stats *out, dsec_err *err)
 {
     struct fn_sb *sb = (struct fn_sb *)(void *)h;
@@ -1186,6 +1193,7 @@ const dsec_backend_ops dsec_function_ops = {
     .file_write = fn_file_write,
     .file_read = fn_file_read,
     .file_list = fn_file_list,
+    .file_op = fn_file_op,
     .destroy = fn_destroy,
     .stats = fn_stats,
     .adopt = fn_adopt,

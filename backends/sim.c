@@ -908,6 +908,105 @@ static int entry_add(dsec_file_entry **v, size_t *n, size_t *cap, const char *na
     return 0;
 }
 
+/* Drop file i from the table (its blob's reference goes with it). */
+static void file_drop(struct sb *b, uint32_t i)
+{
+    b->disk_bytes -= blob_len(b->files[i].blob);
+    dsec_free(b->files[i].path);
+    blob_put(b->files[i].blob);
+    memmove(&b->files[i], &b->files[i + 1], (size_t)(b->nfiles - i - 1) * sizeof *b->files);
+    b->nfiles--;
+}
+
+/* The sim keeps files only: a directory is there while a file is below it, so mkdir checks
+ * the path and keeps nothing, and rename moves regular files only. */
+static int sim_file_op(void *self, dsec_sandbox *h, const dsec_file_op *op, dsec_file_entry *st,
+                       dsec_err *err)
+{
+    struct sb *b = SB(h);
+    if (refuse_paused(b, "change files", err) < 0 ||
+        check_path(op->path, op->kind == DSEC_FOP_STAT || op->kind == DSEC_FOP_MKDIR, err) < 0)
+        return -1;
+    struct file *f = op->path[1] ? file_find(b, op->path) : NULL;
+    bool dir = op->path[1] == '\0' || (f == NULL && is_dir(b, op->path));
+    switch (op->kind) {
+    case DSEC_FOP_MKDIR:
+        if (f != NULL || (dir && !op->parents))
+            return dsec_err_set(err, DSEC_E_EXISTS, EEXIST, "mkdir %s: it exists", op->path);
+        return 0;
+    case DSEC_FOP_STAT:
+        if (f == NULL && !dir)
+            return dsec_err_set(err, DSEC_E_NOT_FOUND, ENOENT, "stat %s", op->path);
+        st->name = dsec_strdup(op->path[1] ? base_name(op->path) : "/");
+        st->kind = f != NULL ? DSEC_FILE_REG : DSEC_FILE_DIR;
+        st->size = f != NULL ? blob_len(f->blob) : 0;
+        st->mode = f != NULL ? f->mode : 0755;
+        st->mtime = f != NULL ? f->mtime : 0;
+        return 0;
+    case DSEC_FOP_RENAME: {
+        if (check_path(op->to, false, err) < 0)
+            return -1;
+        if (f == NULL)
+            return dsec_err_set(err, dir ? DSEC_E_UNSUPPORTED : DSEC_E_NOT_FOUND,
+                                dir ? EISDIR : ENOENT,
+                                dir ? "rename %s: the sim renames regular files only"
+                                    : "rename %s",
+                                op->path);
+        if (strcmp(op->path, op->to) == 0)
+            return 0;
+        struct file *t = file_find(b, op->to);
+        if (t == NULL && check_conflicts(b, op->to, err) < 0)
+            return -1;
+        struct file moved = *f;
+        if (t != NULL) {
+            b->disk_bytes -= blob_len(t->blob);
+            blob_put(t->blob);
+            t->blob = moved.blob;
+            t->mode = moved.mode;
+            t->mtime = moved.mtime;
+            f->blob = NULL; /* now t's */
+            file_drop(b, (uint32_t)(f - b->files));
+            return 0;
+        }
+        char *p = dsec_strdup(op->to);
+        if (p == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "rename %s", op->path);
+        /* the table keeps its size: take f out, then put it in at its new place */
+        dsec_free(moved.path);
+        uint32_t i = (uint32_t)(f - b->files);
+        memmove(&b->files[i], &b->files[i + 1], (size_t)(b->nfiles - i - 1) * sizeof *b->files);
+        b->nfiles--;
+        i = lower_bound(b, p);
+        memmove(&b->files[i + 1], &b->files[i], (size_t)(b->nfiles - i) * sizeof *b->files);
+        moved.path = p;
+        b->files[i] = moved;
+        b->nfiles++;
+        return 0;
+    }
+    case DSEC_FOP_REMOVE:
+        if (f != NULL) {
+            file_drop(b, (uint32_t)(f - b->files));
+            return 0;
+        }
+        if (!dir)
+            return dsec_err_set(err, DSEC_E_NOT_FOUND, ENOENT, "remove %s", op->path);
+        if (!op->recursive)
+            return dsec_err_set(err, DSEC_E_IO, ENOTEMPTY,
+                                "remove %s: directory not empty (remove it recursively)",
+                                op->path);
+        char key[PATH_MAX_LEN + 2];
+        size_t n = strlen(op->path);
+        memcpy(key, op->path, n);
+        key[n] = '/';
+        key[n + 1] = '\0';
+        for (uint32_t i = lower_bound(b, key);
+             i < b->nfiles && strncmp(b->files[i].path, key, n + 1) == 0;)
+            file_drop(b, i);
+        return 0;
+    }
+    return dsec_err_set(err, DSEC_E_INVALID, 0, "file op %d is unknown", (int)op->kind);
+}
+
 static int sim_file_list(void *self, dsec_sandbox *h, const char *path, dsec_file_entry **entries,
                          size_t *n, dsec_err *err)
 {
@@ -1260,6 +1359,7 @@ const dsec_backend_ops dsec_sim_ops = {
     .file_write = sim_file_write,
     .file_read = sim_file_read,
     .file_list = sim_file_list,
+    .file_op = sim_file_op,
     .fork = sim_fork,
     .pause = sim_pause,
     .resume = sim_resume,

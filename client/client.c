@@ -122,7 +122,8 @@ static void copy_str(char *dst, size_t n, const char *src)
 
 /* Turn a reply into either the expected message (decoded into out) or the
  * error it carries. */
-static int decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out, dsec_err *err)
+int dsec__client_decode_reply(dsec_decoder *dec, dsec_msg *reply, int type, void *out,
+                              dsec_err *err)
 {
     const char *t = dsec_msg_type(reply);
     if (t != NULL && strcmp(t, "error") == 0) {
@@ -168,7 +169,7 @@ static int call_for(dsec_client *c, const char *subject, const char *type_name,
         rc = dsec_bus_request_sync(c->bus, subject, &hdr, req->data, req->len, timeout_ms, &reply,
                                    err);
         if (rc == 0) {
-            rc = decode_reply(dec, reply, reply_type, out, err);
+            rc = dsec__client_decode_reply(dec, reply, reply_type, out, err);
             *keep = reply;
             return rc;
         }
@@ -537,7 +538,7 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
         dsec_msg_created cr;
         if (dec == NULL) {
             status = dsec_err_set(&err, DSEC_E_NOMEM, 0, "out of memory");
-        } else if ((status = decode_reply(dec, reply, DSEC_MSG_CREATED, &cr, &err)) == 0) {
+        } else if ((status = dsec__client_decode_reply(dec, reply, DSEC_MSG_CREATED, &cr, &err)) == 0) {
             dsec_sandbox_info info;
             info_from_created(&cr, &info);
             dsec_decoder_free(dec);
@@ -672,8 +673,8 @@ int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info 
 
 /* ---- operations on a sandbox ---------------------------------------------- */
 
-static int sbx_subject(dsec_client *c, const char *id, const char *op, char *subj, size_t n,
-                       dsec_err *err)
+int dsec__client_sbx_subject(dsec_client *c, const char *id, const char *op, char *subj, size_t n,
+                             dsec_err *err)
 {
     char node[DSEC_NAME_MAX];
     if (dsec_id_node(id, node, sizeof node, err) < 0)
@@ -684,6 +685,10 @@ static int sbx_subject(dsec_client *c, const char *id, const char *op, char *sub
 
 /* Encode msg, send it to the sandbox's op subject, decode the reply into out.
  * The reply message is kept in *keep until the caller frees it. */
+int dsec__client_sbx_call(dsec_client *c, const char *id, const char *op, int type,
+                          const void *msg, int reply_type, dsec_decoder *dec, dsec_msg **keep,
+                          void *out, dsec_err *err);
+
 static int sbx_call_for(dsec_client *c, const char *id, const char *op, int type,
                         const void *msg, const char *req_id, int reply_type, dsec_decoder *dec,
                         dsec_msg **keep, void *out, int timeout_ms, dsec_err *err)
@@ -692,7 +697,7 @@ static int sbx_call_for(dsec_client *c, const char *id, const char *op, int type
     dsec_buf buf;
     dsec_buf_init(&buf);
     *keep = NULL;
-    int rc = sbx_subject(c, id, op, subj, sizeof subj, err);
+    int rc = dsec__client_sbx_subject(c, id, op, subj, sizeof subj, err);
     if (rc == 0)
         rc = dsec_encode(&buf, type, msg, err);
     if (rc == 0)
@@ -707,6 +712,13 @@ static int sbx_call(dsec_client *c, const char *id, const char *op, int type, co
 {
     return sbx_call_for(c, id, op, type, msg, NULL, reply_type, dec, keep, out, c->timeout_ms,
                         err);
+}
+
+int dsec__client_sbx_call(dsec_client *c, const char *id, const char *op, int type,
+                          const void *msg, int reply_type, dsec_decoder *dec, dsec_msg **keep,
+                          void *out, dsec_err *err)
+{
+    return sbx_call(c, id, op, type, msg, reply_type, dec, keep, out, err);
 }
 
 /* How much longer than its command's own timeout an exec waits for the answer: the node's
@@ -993,6 +1005,9 @@ int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const v
             ") holds at most %u bytes, and this one has %zu; write it without a "
             "step, or in several steps",
             path, id, opts->step, FILE_PAGE, len);
+    /* a whole file of more than a page: an upload, published at once when it all arrived */
+    if (len > FILE_PAGE && !opts->append && opts->rollout_id == NULL)
+        return dsec__file_upload_mem(c, id, path, data, len, opts->mode, err);
     dsec_decoder *dec = dsec_decoder_new(NULL);
     if (dec == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -1021,56 +1036,7 @@ int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const v
 int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
                          void *ud, dsec_err *err)
 {
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    uint64_t got = 0, size = 0;
-    int rc = 0;
-    for (bool first = true;; first = false) {
-        dsec_msg_file_read m = {.id = id, .path = path, .offset = got, .max = FILE_PAGE};
-        dsec_msg *keep = NULL;
-        dsec_msg_file_data r;
-        rc = sbx_call(c, id, "read", DSEC_MSG_FILE_READ, &m, DSEC_MSG_FILE_DATA, dec, &keep, &r,
-                      err);
-        if (rc == 0 && first)
-            size = r.size;
-        if (rc == 0 && r.size != size)
-            rc = dsec_err_set(err, DSEC_E_STATE, 0,
-                              "reading %s in %s: it changed size from %" PRIu64 " to %" PRIu64
-                              " bytes while it was read (at byte %" PRIu64 "); read it again",
-                              path, id, size, r.size, got);
-        if (rc == 0 && got + r.data.len > size)
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
-                              "reading %s in %s: the node sent %" PRIu64
-                              " bytes of a file of %" PRIu64,
-                              path, id, got + r.data.len, size);
-        if (rc == 0 && (r.data.len > 0 || first) && fn(ud, r.data.ptr, r.data.len, size) < 0)
-            rc = dsec_err_set(err, DSEC_E_IO, errno,
-                              "reading %s in %s: the page handler stopped at byte %" PRIu64, path,
-                              id, got);
-        bool eof = rc == 0 && r.eof, stuck = rc == 0 && !r.eof && r.data.len == 0;
-        got += rc == 0 ? r.data.len : 0;
-        dsec_msg_free(keep);
-        if (rc < 0)
-            break;
-        if (eof) {
-            if (got != size)
-                rc = dsec_err_set(err, DSEC_E_STATE, 0,
-                                  "reading %s in %s: the node reported the end after %" PRIu64
-                                  " of its %" PRIu64 " bytes; read it again",
-                                  path, id, got, size);
-            break;
-        }
-        if (stuck) {
-            rc = dsec_err_set(err, DSEC_E_BACKEND, 0,
-                              "reading %s in %s: the node answered an empty page before the "
-                              "end (at byte %" PRIu64 " of %" PRIu64 ")",
-                              path, id, got, size);
-            break;
-        }
-    }
-    dsec_decoder_free(dec);
-    return rc;
+    return dsec_file_download(c, id, path, NULL, fn, ud, NULL, err);
 }
 
 struct read_all {

@@ -64,6 +64,7 @@ enum dsec_msg_type {
     DSEC_MSG_FILE_LIST,       /* "file_list" */
     DSEC_MSG_FILE_LIST_REPLY, /* "file_list_reply" */
     DSEC_MSG_FILE_ENTRY,      /* "file_entry": only nested in file_list_reply */
+    DSEC_MSG_FILE_OP,         /* "file_op": mkdir, stat, rename, remove -> file_list_reply */
     DSEC_MSG_SANDBOX_EVENT,   /* "sandbox_event": lifecycle transition */
     DSEC_MSG_NODE_ANNOUNCE,   /* "node_announce" */
     DSEC_MSG_CAPACITY,        /* "capacity": delta or full report */
@@ -304,6 +305,12 @@ typedef struct dsec_msg_file_write {
     bool append;
     const char *rollout_id; /* with step: logged in the trajectory log */
     uint64_t step;
+    const char *upload; /* a transfer id: data goes to a hidden temporary file */
+    uint64_t offset;    /* with upload: where this chunk goes */
+    bool commit;        /* with upload: the last chunk; verify and publish */
+    const char *sha256; /* with commit: lowercase hex digest of the whole file */
+    uint64_t size;      /* with commit: the whole file's size */
+    bool resume;        /* with upload and no data: how many bytes are held */
 } dsec_msg_file_write;
 
 typedef struct dsec_msg_file_read {
@@ -311,6 +318,7 @@ typedef struct dsec_msg_file_read {
     const char *path; /* required */
     uint64_t offset;
     uint64_t max;
+    bool sha256; /* the answer that reaches eof carries the whole file's digest */
 } dsec_msg_file_read;
 
 typedef struct dsec_msg_file_data {
@@ -319,7 +327,18 @@ typedef struct dsec_msg_file_data {
     dsec_bytes data;
     uint64_t size;
     bool eof;
+    const char *sha256; /* with file_read's sha256 at eof: the whole file's digest */
 } dsec_msg_file_data;
+
+typedef struct dsec_msg_file_op {
+    const char *id;   /* required */
+    const char *op;   /* required: mkdir | stat | rename | remove */
+    const char *path; /* required: the path (rename: the source) */
+    const char *to;   /* rename: the destination */
+    uint64_t mode;    /* mkdir: permission bits; 0: 0755 */
+    bool parents;     /* mkdir: create missing parents, no error if it exists */
+    bool recursive;   /* remove: a directory and everything in it */
+} dsec_msg_file_op;
 
 typedef struct dsec_msg_file_list {
     const char *id;   /* required */

@@ -298,6 +298,17 @@ static const dsec_field file_write_fields[] = {
     FSTR(dsec_msg_file_write, rollout_id, "rollout_id", false, L_LONG,
          "with step: the write is logged in the trajectory log and never repeated"),
     FU64(dsec_msg_file_write, step, "step", false, 0, 0, "the step in the rollout"),
+    FSTR(dsec_msg_file_write, upload, "upload", false, L_NAME,
+         "upload id ([A-Za-z0-9_-]): chunks go to a hidden temporary file (see Files)"),
+    FU64(dsec_msg_file_write, offset, "offset", false, 0, 0,
+         "with upload: where this chunk goes; must equal the bytes held"),
+    FBOOL(dsec_msg_file_write, commit, "commit",
+          "with upload: the last chunk; check size and sha256, then rename over path"),
+    FSTR(dsec_msg_file_write, sha256, "sha256", false, 64,
+         "with commit: the whole file's SHA-256, lowercase hex"),
+    FU64(dsec_msg_file_write, size, "size", false, 0, 0, "with commit: the whole file's size"),
+    FBOOL(dsec_msg_file_write, resume, "resume",
+          "with upload, no data: answer file_data with size = bytes held (0: none)"),
 };
 
 static const dsec_field file_read_fields[] = {
@@ -305,6 +316,8 @@ static const dsec_field file_read_fields[] = {
     FSTR(dsec_msg_file_read, path, "path", true, L_PATH, "file path in the sandbox"),
     FU64(dsec_msg_file_read, offset, "offset", false, 0, 0, "first byte to read"),
     FU64(dsec_msg_file_read, max, "max", false, 0, 0, "most bytes to return; 0: the limit"),
+    FBOOL(dsec_msg_file_read, sha256, "sha256",
+          "the answer that reaches eof carries the whole file's SHA-256"),
 };
 
 static const dsec_field file_data_fields[] = {
@@ -313,6 +326,19 @@ static const dsec_field file_data_fields[] = {
     FBIN(dsec_msg_file_data, data, "data", "the bytes read (absent for a write)"),
     FU64(dsec_msg_file_data, size, "size", false, 0, 0, "file size after the operation"),
     FBOOL(dsec_msg_file_data, eof, "eof", "data reaches the end of the file"),
+    FSTR(dsec_msg_file_data, sha256, "sha256", false, 64,
+         "with file_read's sha256, at eof: the whole file's SHA-256, lowercase hex"),
+};
+
+static const dsec_field file_op_fields[] = {
+    FSTR(dsec_msg_file_op, id, "id", true, L_NAME, "sandbox id"),
+    FSTR(dsec_msg_file_op, op, "op", true, L_NAME, "mkdir, stat, rename or remove"),
+    FSTR(dsec_msg_file_op, path, "path", true, L_PATH, "the path (rename: the source)"),
+    FSTR(dsec_msg_file_op, to, "to", false, L_PATH, "rename: the destination (replaced atomically)"),
+    FU64(dsec_msg_file_op, mode, "mode", false, 0, 07777, "mkdir: permission bits; 0: 0755"),
+    FBOOL(dsec_msg_file_op, parents, "parents",
+          "mkdir: create missing parents; an existing directory is no error"),
+    FBOOL(dsec_msg_file_op, recursive, "recursive", "remove: a directory and all it holds"),
 };
 
 static const dsec_field file_list_fields[] = {
@@ -651,6 +677,7 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_FILE_LIST_REPLY, "file_list_reply", dsec_msg_file_list_reply,
            file_list_reply_fields),
     SCHEMA(DSEC_MSG_FILE_ENTRY, "file_entry", dsec_msg_file_entry, file_entry_fields),
+    SCHEMA(DSEC_MSG_FILE_OP, "file_op", dsec_msg_file_op, file_op_fields),
     SCHEMA(DSEC_MSG_SANDBOX_EVENT, "sandbox_event", dsec_msg_sandbox_event, sandbox_event_fields),
     SCHEMA(DSEC_MSG_NODE_ANNOUNCE, "node_announce", dsec_msg_node_announce, node_announce_fields),
     SCHEMA(DSEC_MSG_CAPACITY, "capacity", dsec_msg_capacity, capacity_fields),

@@ -190,18 +190,27 @@ static void sample_b(int type, void *out)
                                                             .mode = 07777,
                                                             .append = true,
                                                             .rollout_id = "ro-42",
-                                                            .step = 17};
+                                                            .step = 17,
+                                                            .upload = "up-1_x",
+                                                            .offset = 8 << 20,
+                                                            .commit = true,
+                                                            .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
+                                                                      "27ae41e4649b934ca495991b7852b855",
+                                                            .size = 12 << 20};
         break;
     case DSEC_MSG_FILE_READ:
         *(dsec_msg_file_read *)out = (dsec_msg_file_read){
-            .id = "n7-00000000000000a0", .path = "/etc/hosts", .offset = 10, .max = 1 << 20};
+            .id = "n7-00000000000000a0", .path = "/etc/hosts", .offset = 10, .max = 1 << 20,
+            .sha256 = true};
         break;
     case DSEC_MSG_FILE_DATA:
         *(dsec_msg_file_data *)out = (dsec_msg_file_data){.id = "n7-00000000000000a0",
                                                           .path = "/etc/hosts",
                                                           .data = BYTES(data_b),
                                                           .size = 99,
-                                                          .eof = true};
+                                                          .eof = true,
+                                                          .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
+                                                                    "27ae41e4649b934ca495991b7852b855"};
         break;
     case DSEC_MSG_FILE_LIST:
         *(dsec_msg_file_list *)out =
@@ -209,6 +218,15 @@ static void sample_b(int type, void *out)
         break;
     case DSEC_MSG_FILE_ENTRY:
         *(dsec_msg_file_entry *)out = entries[0];
+        break;
+    case DSEC_MSG_FILE_OP:
+        *(dsec_msg_file_op *)out = (dsec_msg_file_op){.id = "n7-00000000000000a0",
+                                                      .op = "rename",
+                                                      .path = "/work/a",
+                                                      .to = "/work/b",
+                                                      .mode = 0700,
+                                                      .parents = true,
+                                                      .recursive = true};
         break;
     case DSEC_MSG_FILE_LIST_REPLY:
         *(dsec_msg_file_list_reply *)out =

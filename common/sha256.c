@@ -1,7 +1,14 @@
 /* sha256.c - SHA-256 (FIPS 180-4), for request digests in the trajectory log. */
 #include "dsec/sha256.h"
 
+#include <stdbool.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_SHANI_CODE 1
+#endif
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -50,6 +57,73 @@ static void block(dsec_sha256 *c, const uint8_t *p)
     c->h[7] += h;
 }
 
+static void blocks_portable(dsec_sha256 *c, const uint8_t *p, size_t nb)
+{
+    for (; nb > 0; nb--, p += 64)
+        block(c, p);
+}
+
+#ifdef HAVE_SHANI_CODE
+/* The x86 SHA extensions: four rounds per two instructions, about ten times the portable
+ * code, which matters to file transfers (each byte is hashed at both ends). */
+__attribute__((target("sha,sse4.1,ssse3"))) static void blocks_shani(dsec_sha256 *c,
+                                                                      const uint8_t *p, size_t nb)
+{
+    const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i tmp = _mm_loadu_si128((const __m128i *)&c->h[0]);
+    __m128i s1 = _mm_loadu_si128((const __m128i *)&c->h[4]);
+    tmp = _mm_shuffle_epi32(tmp, 0xB1);      /* CDAB */
+    s1 = _mm_shuffle_epi32(s1, 0x1B);        /* EFGH */
+    __m128i s0 = _mm_alignr_epi8(tmp, s1, 8); /* ABEF */
+    s1 = _mm_blend_epi16(s1, tmp, 0xF0);     /* CDGH */
+    for (; nb > 0; nb--, p += 64) {
+        __m128i abef = s0, cdgh = s1, m[4];
+        for (int i = 0; i < 4; i++)
+            m[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), mask);
+        for (int r = 0; r < 16; r++) {
+            __m128i msg = _mm_add_epi32(m[r & 3], _mm_loadu_si128((const __m128i *)&K[4 * r]));
+            s1 = _mm_sha256rnds2_epu32(s1, s0, msg);
+            s0 = _mm_sha256rnds2_epu32(s0, s1, _mm_shuffle_epi32(msg, 0x0E));
+            if (r < 12) { /* the schedule's words 4(r+4) .. 4(r+4)+3 */
+                __m128i t = _mm_sha256msg1_epu32(m[r & 3], m[(r + 1) & 3]);
+                t = _mm_add_epi32(t, _mm_alignr_epi8(m[(r + 3) & 3], m[(r + 2) & 3], 4));
+                m[r & 3] = _mm_sha256msg2_epu32(t, m[(r + 3) & 3]);
+            }
+        }
+        s0 = _mm_add_epi32(s0, abef);
+        s1 = _mm_add_epi32(s1, cdgh);
+    }
+    tmp = _mm_shuffle_epi32(s0, 0x1B);   /* FEBA */
+    s1 = _mm_shuffle_epi32(s1, 0xB1);    /* DCHG */
+    s0 = _mm_blend_epi16(tmp, s1, 0xF0); /* DCBA */
+    s1 = _mm_alignr_epi8(s1, tmp, 8);    /* HGFE */
+    _mm_storeu_si128((__m128i *)&c->h[0], s0);
+    _mm_storeu_si128((__m128i *)&c->h[4], s1);
+}
+
+static bool has_shani(void)
+{
+    unsigned a, b, cc, d;
+    if (!__get_cpuid(1, &a, &b, &cc, &d) || !(cc & (1u << 19)) || !(cc & (1u << 9)))
+        return false;
+    return __get_cpuid_count(7, 0, &a, &b, &cc, &d) && (b & (1u << 29));
+}
+#endif
+
+static void blocks(dsec_sha256 *c, const uint8_t *p, size_t nb)
+{
+#ifdef HAVE_SHANI_CODE
+    static int shani = -1; /* racy but idempotent: every thread finds the same answer */
+    if (shani < 0)
+        shani = has_shani();
+    if (shani) {
+        blocks_shani(c, p, nb);
+        return;
+    }
+#endif
+    blocks_portable(c, p, nb);
+}
+
 void dsec_sha256_init(dsec_sha256 *c)
 {
     static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
@@ -63,6 +137,11 @@ void dsec_sha256_update(dsec_sha256 *c, const void *data, size_t n)
 {
     const uint8_t *p = data;
     c->len += n;
+    if (c->used == 0 && n >= 64) { /* whole blocks straight from the input */
+        blocks(c, p, n / 64);
+        p += n / 64 * 64;
+        n %= 64;
+    }
     while (n > 0) {
         size_t take = 64 - c->used < n ? 64 - c->used : n;
         memcpy(c->buf + c->used, p, take);
@@ -70,8 +149,13 @@ void dsec_sha256_update(dsec_sha256 *c, const void *data, size_t n)
         p += take;
         n -= take;
         if (c->used == 64) {
-            block(c, c->buf);
+            blocks(c, c->buf, 1);
             c->used = 0;
+            if (n >= 64) {
+                blocks(c, p, n / 64);
+                p += n / 64 * 64;
+                n %= 64;
+            }
         }
     }
 }

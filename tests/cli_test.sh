@@ -56,6 +56,22 @@ READER=$!
 wait "$READER"
 [ -p "$TMP/fifo" ] && cmp -s "$TMP/in.txt" "$TMP/from-fifo" || fail "cp to a FIFO: not written in place"
 "$DSEC" ls "$ID" /work | grep -q "in.txt" || fail "ls"
+# more than a message: an upload whose sha256 both ends agree on, and back
+head -c 9000001 /dev/urandom > "$TMP/big.bin"
+"$DSEC" cp -v "$TMP/big.bin" "$ID:/work/big.bin" 2> "$TMP/cp.txt" || fail "cp of 9 MB: $(cat "$TMP/cp.txt")"
+grep -q "^9000001 bytes (0 resumed) sha256 $(sha256sum "$TMP/big.bin" | cut -c1-64) " "$TMP/cp.txt" ||
+    fail "cp -v: $(cat "$TMP/cp.txt")"
+"$DSEC" cp "$ID:/work/big.bin" "$TMP/big.out" && cmp -s "$TMP/big.bin" "$TMP/big.out" ||
+    fail "cp of 9 MB back"
+# dsec files: mkdir, mv, stat, rm
+"$DSEC" files mkdir -p "$ID" /work/d/e || fail "files mkdir -p"
+"$DSEC" files mv "$ID" /work/big.bin /work/d/e/big.bin || fail "files mv"
+"$DSEC" files stat "$ID" /work/d/e/big.bin | grep -q "^file 0644 9000001 " || fail "files stat"
+"$DSEC" files rm -r "$ID" /work/d || fail "files rm -r"
+set +e
+"$DSEC" files stat "$ID" /work/d 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "not_found" "$TMP/err.txt" || fail "files stat after rm: rc=$rc"
 
 # the tenant's sandboxes, asked of the nodes: by label, as JSON; rm --label destroys exactly
 # the matches (a dry run without --yes); the tenant's events stream says so

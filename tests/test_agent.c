@@ -1187,6 +1187,66 @@ static int raw_frame(int fd, uint8_t *type, uint32_t *id, uint8_t *payload, size
     return 0;
 }
 
+/* FMKDIR and FRENAME: directories with and without parents, a rename that replaces its
+ * target at once; an upload's temporary file untouched for the stale time is swept, other
+ * files and a renamed upload stay. */
+static void test_mkdir_rename_sweep(void **state)
+{
+    char base[128], d[160], f[200], g[200], tmp[200], keep[200], moved[200], sock[200];
+    snprintf(base, sizeof base, "%s/mr", tmpdir);
+    snprintf(d, sizeof d, "%s/x/y/z", base);
+    dsec_err err = {0};
+    expect_fail(dsec_agent_file_mkdir(conn, d, 0, false, &err), &err, DSEC_E_NOT_FOUND, "mkdir");
+    assert_int_equal(dsec_agent_file_mkdir(conn, d, 0700, true, &err), 0);
+    assert_int_equal(dsec_agent_file_mkdir(conn, d, 0700, true, &err), 0); /* there: fine */
+    expect_fail(dsec_agent_file_mkdir(conn, d, 0700, false, &err), &err, DSEC_E_EXISTS, "mkdir");
+    dsec_file_entry e;
+    assert_int_equal(dsec_agent_file_stat(conn, d, &e, &err), 0);
+    assert_int_equal(e.kind, DSEC_FILE_DIR);
+    assert_int_equal(e.mode, 0700); /* not what the umask left */
+    dsec_free(e.name);
+
+    snprintf(f, sizeof f, "%s/new", d);
+    snprintf(g, sizeof g, "%s/target", d);
+    assert_int_equal(dsec_agent_file_write(conn, f, "new", 3, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_write(conn, g, "old", 3, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_rename(conn, f, g, true, &err), 0);
+    read_all(g, "new");
+    assert_int_equal(access(f, F_OK), -1);
+    expect_fail(dsec_agent_file_rename(conn, f, g, false, &err), &err, DSEC_E_NOT_FOUND,
+                "rename");
+    expect_fail(dsec_agent_file_rename(conn, "rel", g, false, &err), &err, DSEC_E_INVALID,
+                "absolute");
+
+    /* the sweep: an agent of its own with a stale time of 1 s */
+    snprintf(sock, sizeof sock, "%s/sweep.sock", tmpdir);
+    static const char *const extra[] = {"--upload-stale-s", "1", NULL};
+    pid_t pid = start_agent(sock, extra);
+    dsec_agent *a = NULL;
+    assert_true(pid > 0);
+    if (dsec_agent_connect(&a, sock, 5000, &err) < 0)
+        fail_msg("connecting to the sweeping agent: %s", err.msg);
+    snprintf(tmp, sizeof tmp, "%s/.dsec-upload-u1", d);
+    snprintf(keep, sizeof keep, "%s/plain", d);
+    snprintf(moved, sizeof moved, "%s/.dsec-upload-u2", d);
+    assert_int_equal(dsec_agent_file_write(a, tmp, "part", 4, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_write(a, keep, "plain", 5, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_write(a, moved, "done", 4, 0, false, &err), 0);
+    assert_int_equal(dsec_agent_file_rename(a, moved, f, true, &err), 0);
+    msleep(400);
+    assert_int_equal(dsec_agent_file_write(a, tmp, "more", 4, 0, true, &err), 0); /* touched */
+    msleep(700);
+    assert_int_equal(access(tmp, F_OK), 0); /* 0.7 s since its last chunk */
+    for (int i = 0; i < 100 && access(tmp, F_OK) == 0; i++)
+        msleep(20);
+    assert_int_equal(access(tmp, F_OK), -1); /* swept */
+    read_all(keep, "plain");
+    read_all(f, "done");
+    dsec_agent_free(a);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 static void raw_send(int fd, const void *p, size_t n)
 {
     assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
@@ -3190,6 +3250,7 @@ int main(void)
         cmocka_unit_test(test_tree_shepherd_lost),
         cmocka_unit_test(test_tree_pidns),
         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_mkdir_rename_sweep),
         cmocka_unit_test(test_files_on_loop),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_slow_reader),

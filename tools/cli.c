@@ -2,6 +2,7 @@
 #include "tools/cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -405,60 +406,36 @@ static bool remote(char *s, char **id, char **path)
     return true;
 }
 
-/* Reads up to n bytes (fewer only at the end of f). */
-static size_t read_full(FILE *f, char *buf, size_t n)
+/* Local file (or stdin) to the sandbox as an upload: any size, never held whole, the file
+ * replaced at once when all of it arrived and its sha256 matched. A failure keeps what arrived
+ * for a while: the message names the upload id that -r resumes. */
+static int cp_up(dsec_client *c, const char *local, const char *id, const char *path,
+                 const char *resume, bool verbose)
 {
-    size_t got = 0, r;
-    while (got < n && (r = fread(buf + got, 1, n - got, f)) > 0)
-        got += r;
-    return got;
-}
-
-#define CP_CHUNK (4u << 20)
-
-/* Local file (or stdin) to the sandbox, in chunks: any size, never held whole. */
-static int cp_up(dsec_client *c, const char *local, const char *id, const char *path)
-{
-    FILE *f = strcmp(local, "-") == 0 ? stdin : fopen(local, "rb");
-    if (f == NULL) {
+    int fd = strcmp(local, "-") == 0 ? 0 : open(local, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
         return 1;
     }
-    char *buf = dsec_malloc(CP_CHUNK);
-    if (buf == NULL) {
-        fprintf(stderr, "dsec cp: out of memory\n");
-        if (f != stdin)
-            fclose(f);
-        return 1;
-    }
-    uint64_t off = 0;
-    int rc = 0;
+    dsec_upload_opts o = {.mode = 0644, .upload_id = resume, .resume = resume != NULL};
+    dsec_transfer_result res;
     dsec_err err;
-    for (;;) {
-        size_t n = read_full(f, buf, CP_CHUNK);
-        if (ferror(f)) {
-            fprintf(stderr, "dsec cp: reading %s: %s (%s:%s holds its first %" PRIu64 " bytes)\n",
-                    local, strerror(errno), id, path, off);
-            rc = 1;
-            break;
-        }
-        dsec_write_opts o = {.mode = 0644, .append = off > 0};
-        if (n > 0 || off == 0) {
-            if (dsec_file_write_ex(c, id, path, buf, n, &o, &err) < 0) {
-                if (off > 0)
-                    dsec_err_wrap(&err, "%s:%s holds only the first %" PRIu64 " bytes of %s", id,
-                                  path, off, local);
-                rc = dsec_cli_fail("cp", &err);
-                break;
-            }
-        }
-        off += n;
-        if (n < CP_CHUNK)
-            break;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = 0;
+    if (dsec_file_upload_fd(c, id, path, &o, fd, &res, &err) < 0) {
+        if (err.code != DSEC_E_INVALID || resume != NULL)
+            dsec_err_wrap(&err, "to go on: dsec cp -r %s %s %s:%s", res.upload_id, local, id,
+                          path);
+        rc = dsec_cli_fail("cp", &err);
+    } else if (verbose) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        fprintf(stderr, "%" PRIu64 " bytes (%" PRIu64 " resumed) sha256 %s in %.3f s, %.1f MB/s\n",
+                res.size, res.resumed_from, res.sha256, s, s > 0 ? (double)res.size / s / 1e6 : 0);
     }
-    dsec_free(buf);
-    if (f != stdin)
-        fclose(f);
+    if (fd != 0)
+        close(fd);
     return rc;
 }
 
@@ -541,17 +518,41 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
 
 int dsec_cli_cp(int argc, char **argv)
 {
-    const char *use = "LOCAL ID:/PATH | ID:/PATH LOCAL   (LOCAL may be - for stdin/stdout)";
+    const char *use = "[-v] [-r UPLOAD_ID] LOCAL ID:/PATH | [-v] ID:/PATH LOCAL   (LOCAL may be - "
+                      "for stdin/stdout; -r resumes a failed upload; -v prints size, sha256, rate)";
+    const char *resume = NULL;
+    bool verbose = false;
+    int ch;
+    optind = 1;
+    while ((ch = getopt(argc, argv, "+r:v")) != -1) {
+        if (ch == 'r')
+            resume = optarg;
+        else if (ch == 'v')
+            verbose = true;
+        else
+            return usage("cp", use);
+    }
+    argc -= optind - 1;
+    argv += optind - 1;
     if (argc != 3)
         return usage("cp", use);
     char *id, *path;
     bool up = remote(argv[2], &id, &path);
     if (!up && !remote(argv[1], &id, &path))
         return usage("cp", use);
+    if (!up && resume != NULL)
+        return usage("cp", use);
     dsec_client *c = dsec_cli_connect("cp");
     if (c == NULL)
         return 1;
-    int rc = up ? cp_up(c, argv[1], id, path) : cp_down(c, id, path, argv[2]);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = up ? cp_up(c, argv[1], id, path, resume, verbose) : cp_down(c, id, path, argv[2]);
+    if (!up && rc == 0 && verbose) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        fprintf(stderr, "read %s:%s in %.3f s (sha256 checked)\n", id, path, s);
+    }
     dsec_client_free(c);
     return rc;
 }

@@ -15,6 +15,7 @@ int dsec_cli_exec(int argc, char **argv);
 int dsec_cli_call(int argc, char **argv); /* one function call (tools/call.c) */
 int dsec_cli_cp(int argc, char **argv);
 int dsec_cli_ls(int argc, char **argv);
+int dsec_cli_files(int argc, char **argv); /* dsec files mkdir|stat|mv|rm (tools/files.c) */
 int dsec_cli_fork(int argc, char **argv);
 int dsec_cli_snapshot(int argc, char **argv);
 /* layer.c: layers and environments in a registry */

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"cp", dsec_cli_cp, "copy a file into or out of a sandbox (ID:/path)"},
     {"ls", dsec_cli_ls_any, "list this tenant's sandboxes (--label K=V, --state, --type), or a directory: dsec ls ID PATH"},
     {"watch", dsec_cli_watch, "print a directory's changes as they happen: dsec watch ID PATH [-r]"},
+    {"files", dsec_cli_files, "make directories, stat, rename, remove in a sandbox: dsec files mkdir|stat|mv|rm ID PATH..."},
     {"fork", dsec_cli_fork, "branch a sandbox into N children: dsec fork ID -n N"},
     {"snapshot", dsec_cli_snapshot, "publish a container's state as an environment: dsec snapshot ID NAME:V"},
     {"net", dsec_cli_net, "change a sandbox's network policy, watch network alerts: dsec net set ID ENTRY..."},

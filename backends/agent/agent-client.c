@@ -1421,6 +1421,62 @@ int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec
     return rc;
 }
 
+int dsec_agent_file_mkdir(dsec_agent *a, const char *path, uint32_t mode, bool parents,
+                          dsec_err *err)
+{
+    if (check_open(a, err) < 0 || check_path("mkdir", path, err) < 0)
+        return -1;
+    size_t pl = strlen(path);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_FMKDIR, 1 + 4 + 4 + pl, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u8(p, parents);
+    p = dsec__agent_put_u32(p, mode);
+    p = dsec__agent_put_bytes(p, path, pl);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}
+
+int dsec_agent_file_rename(dsec_agent *a, const char *from, const char *to, bool sync,
+                           dsec_err *err)
+{
+    if (check_open(a, err) < 0 || check_path("rename", from, err) < 0 ||
+        check_path("rename", to, err) < 0)
+        return -1;
+    size_t fl = strlen(from), tl = strlen(to);
+    uint8_t *p;
+    uint8_t *frame = new_frame(a, DSEC__AGENT_T_FRENAME, 1 + 4 + fl + 4 + tl, &p, err);
+    if (frame == NULL)
+        return -1;
+    p = dsec__agent_put_u8(p, sync);
+    p = dsec__agent_put_bytes(p, from, fl);
+    p = dsec__agent_put_bytes(p, to, tl);
+    const uint8_t *rp;
+    size_t rn;
+    int rc = roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}
+
+int dsec_agent_file_op(dsec_agent *a, const dsec_file_op *op, dsec_file_entry *st, dsec_err *err)
+{
+    switch (op->kind) {
+    case DSEC_FOP_MKDIR:
+        return dsec_agent_file_mkdir(a, op->path, op->mode, op->parents, err);
+    case DSEC_FOP_STAT:
+        return dsec_agent_file_stat(a, op->path, st, err);
+    case DSEC_FOP_RENAME:
+        return dsec_agent_file_rename(a, op->path, op->to, op->sync, err);
+    case DSEC_FOP_REMOVE:
+        return dsec_agent_file_remove(a, op->path, op->recursive, err);
+    }
+    return dsec_err_set(err, DSEC_E_INVALID, 0, "file op %d is unknown", (int)op->kind);
+}
+
 int dsec_agent_setup(dsec_agent *a, const char *const *vars, size_t n, const char *workdir,
                      const char *user, dsec_err *err)
 {

@@ -112,6 +112,16 @@ int dsec_agent_file_list(dsec_agent *a, const char *path, dsec_file_entry **entr
 int dsec_agent_file_stat(dsec_agent *a, const char *path, dsec_file_entry *out, dsec_err *err);
 /* Remove a file, or a directory (with its contents when recursive). */
 int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec_err *err);
+/* Create a directory (mode 0: 0755); with parents, its missing parents too, and an existing
+ * directory is no error. */
+int dsec_agent_file_mkdir(dsec_agent *a, const char *path, uint32_t mode, bool parents,
+                          dsec_err *err);
+/* rename(2) from over to; with sync, from's data and the rename reach the disk first. */
+int dsec_agent_file_rename(dsec_agent *a, const char *from, const char *to, bool sync,
+                           dsec_err *err);
+/* One backend file_op through the calls above (st: a stat's answer; st->name is the
+ * caller's, as dsec_agent_file_stat's). */
+int dsec_agent_file_op(dsec_agent *a, const dsec_file_op *op, dsec_file_entry *st, dsec_err *err);
 
 /* Background processes (backend.h, "background processes"): the agent keeps them, detached
  * from every connection, until the sandbox ends. Semantics as the backend ops proc_*. */

@@ -81,6 +81,17 @@
  *            one entry for a path that is not a directory).
  *   FSTAT    str path -> ENTRIES with one entry (lstat).
  *   FREMOVE  u8 recursive, str path -> OK.
+ *   FMKDIR   u8 parents, u32 mode (0: 0755), str path -> OK. With parents the
+ *            missing parents are created too and an existing directory is no
+ *            error; without, an existing path is ERROR IO (EEXIST).
+ *   FRENAME  u8 sync, str from, str to -> OK. rename(2): to is replaced
+ *            atomically. With sync, from is fsync'd first and to's directory
+ *            after, so what the answer promises survives a crash.
+ *   Uploads: a file FWRITE wrote whose name starts with ".dsec-upload-" (a
+ *            temporary file of an upload in progress) is removed when no
+ *            FWRITE touched it for DSEC__AGENT_UPLOAD_STALE_S seconds (the
+ *            agent's hidden flag --upload-stale-s changes it); an FRENAME or
+ *            FREMOVE of it ends its watch.
  *   SYNC     no payload; id a random nonzero nonce -> HELLO with that id. "A
  *            new client starts here": the agent drops whatever it still had
  *            queued for the connection and detaches the connection's running
@@ -163,6 +174,8 @@
 #define DSEC__AGENT_RING_DEFAULT (256u << 10) /* DSEC_PROC_RING_DEFAULT */
 #define DSEC__AGENT_RING_MAX (16u << 20)      /* DSEC_PROC_RING_MAX */
 #define DSEC__AGENT_CMDLINE_MAX 255u
+#define DSEC__AGENT_UPLOAD_STALE_S 600u /* an upload's temporary file untouched this long goes */
+#define DSEC__AGENT_UPLOAD_PREFIX ".dsec-upload-"
 /* Most bytes of one stream in a POUT: two streams and a process info fit a frame. */
 #define DSEC__AGENT_POUT_MAX ((DSEC__AGENT_FRAME_MAX - 1024u) / 2u)
 
@@ -197,6 +210,9 @@ enum {
     DSEC__AGENT_T_PSTDIN = 28,
     DSEC__AGENT_T_POUTPUT = 29,
     DSEC__AGENT_T_PRESIZE = 30,
+    /* files: directories, renames (40 up: 30-39 are background processes') */
+    DSEC__AGENT_T_FMKDIR = 40,
+    DSEC__AGENT_T_FRENAME = 41,
 };
 
 /* ERROR kinds; the client turns them (and errno for IO) into dsec codes. */

@@ -3114,6 +3114,95 @@ static bool get_path(struct conn *c, uint32_t id, dsec__agent_rd *r, const char 
     return true;
 }
 
+/* ---- uploads' temporary files: watched, and swept when stale --------------------------- */
+
+/* Temporary files of uploads this agent wrote (DSEC__AGENT_UPLOAD_PREFIX): a client that
+ * vanished mid-transfer leaves nothing behind for longer than the stale time. */
+struct upload_tmp {
+    char *path;
+    uint64_t touched_ns;
+    struct upload_tmp *next;
+};
+
+static struct {
+    struct upload_tmp *list;
+    uint64_t stale_ns;
+} up = {.stale_ns = (uint64_t)DSEC__AGENT_UPLOAD_STALE_S * 1000000000u};
+
+static bool is_upload_tmp(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b != NULL && strncmp(b + 1, DSEC__AGENT_UPLOAD_PREFIX,
+                                sizeof DSEC__AGENT_UPLOAD_PREFIX - 1) == 0;
+}
+
+static void upload_touch(const char *path)
+{
+    if (!is_upload_tmp(path))
+        return;
+    for (struct upload_tmp *u = up.list; u; u = u->next)
+        if (strcmp(u->path, path) == 0) {
+            u->touched_ns = now_ns();
+            return;
+        }
+    struct upload_tmp *u = malloc(sizeof *u);
+    if (u == NULL || (u->path = strdup(path)) == NULL) {
+        free(u);
+        return; /* unwatched: the next write tries again */
+    }
+    u->touched_ns = now_ns();
+    u->next = up.list;
+    up.list = u;
+}
+
+static void upload_forget(const char *path)
+{
+    for (struct upload_tmp **pp = &up.list; *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->path, path) == 0) {
+            struct upload_tmp *u = *pp;
+            *pp = u->next;
+            free(u->path);
+            free(u);
+            return;
+        }
+}
+
+static void uploads_sweep(void)
+{
+    uint64_t now = now_ns();
+    for (struct upload_tmp **pp = &up.list; *pp;) {
+        struct upload_tmp *u = *pp;
+        if (now - u->touched_ns < up.stale_ns) {
+            pp = &u->next;
+            continue;
+        }
+        if (unlink(u->path) < 0 && errno != ENOENT)
+            logmsg("removing the stale upload %s: %s", u->path, strerror(errno));
+        else
+            logmsg("removed the stale upload %s", u->path);
+        *pp = u->next;
+        free(u->path);
+        free(u);
+    }
+}
+
+/* Milliseconds until the next stale upload is due (-1: none), folded into timeout_ms. */
+static int uploads_timeout(int timeout_ms)
+{
+    uint64_t now = now_ns(), best = 0;
+    for (struct upload_tmp *u = up.list; u; u = u->next) {
+        uint64_t due = u->touched_ns + up.stale_ns;
+        if (best == 0 || due < best)
+            best = due;
+    }
+    if (best == 0)
+        return timeout_ms;
+    uint64_t ms = best <= now ? 0 : (best - now + 999999u) / 1000000u;
+    if (ms > INT_MAX)
+        ms = INT_MAX;
+    return timeout_ms < 0 || (int)ms < timeout_ms ? (int)ms : timeout_ms;
+}
+
 static int mkdir_parents(char *path)
 {
     for (char *p = path + 1; (p = strchr(p, '/')) != NULL; p++) {
@@ -3184,6 +3273,86 @@ static void handle_fwrite(struct conn *c, uint32_t id, dsec__agent_rd *r)
     if (close(fd) < 0) {
         send_errno(c, id, errno, "closing", path);
         return;
+    }
+    upload_touch(path);
+    send_ok(c, id, 0);
+}
+
+static void handle_fmkdir(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    char path[DSEC__AGENT_PATH_MAX + 1];
+    bool parents = dsec__agent_get_u8(r) != 0;
+    uint32_t mode = dsec__agent_get_u32(r);
+    if (!get_path(c, id, r, "mkdir", path))
+        return;
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "mkdir \"%s\": malformed request", path);
+        return;
+    }
+    mode = mode ? mode & 07777 : 0755;
+    if (parents && mkdir_parents(path) < 0) {
+        send_errno(c, id, errno, "creating the parent directories of", path);
+        return;
+    }
+    if (mkdir(path, mode) < 0) {
+        struct stat st;
+        int e = errno;
+        if (!(parents && e == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+            send_errno(c, id, e, "mkdir", path);
+            return;
+        }
+    } else if (chmod(path, mode) < 0) { /* the umask took bits away */
+        send_errno(c, id, errno, "setting the mode of", path);
+        return;
+    }
+    send_ok(c, id, 0);
+}
+
+static int fsync_path(const char *path, bool dir)
+{
+    int fd = open(path, (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC | O_NOCTTY |
+                            O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+static void handle_frename(struct conn *c, uint32_t id, dsec__agent_rd *r)
+{
+    char from[DSEC__AGENT_PATH_MAX + 1], to[DSEC__AGENT_PATH_MAX + 1];
+    bool sync_it = dsec__agent_get_u8(r) != 0;
+    if (!get_path(c, id, r, "rename", from) || !get_path(c, id, r, "rename", to))
+        return;
+    if (!dsec__agent_done(r)) {
+        send_error(c, id, DSEC__AGENT_ERR_BAD_FRAME, 0, "rename \"%s\": malformed request", from);
+        return;
+    }
+    struct stat st;
+    if (sync_it && lstat(from, &st) == 0 && S_ISREG(st.st_mode) && fsync_path(from, false) < 0) {
+        send_errno(c, id, errno, "syncing", from);
+        return;
+    }
+    if (rename(from, to) < 0) {
+        send_errno(c, id, errno, "rename", from);
+        return;
+    }
+    upload_forget(from);
+    if (sync_it) {
+        char dir[DSEC__AGENT_PATH_MAX + 1];
+        memcpy(dir, to, strlen(to) + 1);
+        char *slash = strrchr(dir, '/');
+        if (slash == dir)
+            slash[1] = 0;
+        else
+            *slash = 0;
+        if (fsync_path(dir, true) < 0) {
+            send_errno(c, id, errno, "syncing the directory of", to);
+            return;
+        }
     }
     send_ok(c, id, 0);
 }
@@ -3453,6 +3622,7 @@ static void handle_fremove(struct conn *c, uint32_t id, dsec__agent_rd *r)
             send_errno(c, id, e, "remove", path);
         return;
     }
+    upload_forget(path);
     send_ok(c, id, 0);
 }
 
@@ -3508,6 +3678,12 @@ static void handle_frame(struct conn *c, uint8_t type, uint32_t id, const uint8_
         break;
     case DSEC__AGENT_T_FREMOVE:
         handle_fremove(c, id, &r);
+        break;
+    case DSEC__AGENT_T_FMKDIR:
+        handle_fmkdir(c, id, &r);
+        break;
+    case DSEC__AGENT_T_FRENAME:
+        handle_frename(c, id, &r);
         break;
     default:
         send_error(c, id, DSEC__AGENT_ERR_UNSUPPORTED, 0, "unknown request type %u", type);
@@ -3878,6 +4054,7 @@ static int load_env_file(const char *file, char ***env, size_t *n, size_t *cap)
 static int loop_once(int timeout_ms)
 {
     struct epoll_event evs[64];
+    timeout_ms = uploads_timeout(timeout_ms);
     int n = epoll_wait(g.ep, evs, 64, timeout_ms);
     if (n < 0 && errno != EINTR) {
         logmsg("epoll_wait: %s", strerror(errno));
@@ -3906,6 +4083,7 @@ static int loop_once(int timeout_ms)
     }
     check_timeouts();
     waiters_run();
+    uploads_sweep();
     ports_retry();
     free_dead();
     return 0;
@@ -3990,6 +4168,12 @@ int main(int argc, char **argv)
             if (*end || n == 0 || n > DSEC__AGENT_PROC_MAX)
                 usage();
             g.proc_max = n;
+        } else if (strcmp(a, "--upload-stale-s") == 0) { /* hidden: tests sweep sooner */
+            char *end;
+            unsigned long n = strtoul(v, &end, 10);
+            if (*end || n == 0 || n > 86400)
+                usage();
+            up.stale_ns = (uint64_t)n * 1000000000u;
         } else {
             usage();
         }

@@ -1554,6 +1554,17 @@ static int ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_fil
     return 0;
 }
 
+static int ct_file_op(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_file_entry *st,
+                      dsec_err *err)
+{
+    const struct ct_backend *be = self;
+    if (agent(be, sb, err) < 0)
+        return -1;
+    if (dsec_agent_file_op(sb->agent, op, st, err) < 0)
+        return agent_failed(be, sb, err);
+    return 0;
+}
+
 /* ---- background processes --------------------------------------------------------------- */
 
 /* Each call once: a failure drops a lost connection (agent_failed) and is reported, never sent
@@ -2243,6 +2254,7 @@ const dsec_backend_ops dsec_container_ops = {
     .file_write_start = ct_file_write_start,
     .file_read_start = ct_file_read_start,
     .file_list = ct_file_list,
+    .file_op = ct_file_op,
     .fork = ct_fork,
     .pause = ct_pause,
     .resume = ct_resume,

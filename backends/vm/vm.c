@@ -1485,6 +1485,14 @@ static int vm_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_fil
     return 0;
 }
 
+static int vm_file_op(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_file_entry *st,
+                      dsec_err *err)
+{
+    struct vm_backend *be = self;
+    AGENT_CALL(be, sb, err, dsec_agent_file_op(sb->agent, op, st, err));
+    return 0;
+}
+
 /* ---- background processes ------------------------------------------------------------------ */
 
 /* A start or a stdin write is not sent again on a fresh connection (the first may have reached
@@ -2140,6 +2148,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .file_write_start = vm_file_write_start,                                                   \
         .file_read_start = vm_file_read_start,                                                     \
         .file_list = vm_file_list,                                                                 \
+        .file_op = vm_file_op,                                                                     \
         .fork = vm_fork,                                                                           \
         .pause = vm_pause,                                                                         \
         .resume = vm_resume,                                                                       \

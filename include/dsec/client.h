@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "dsec/err.h"
 
@@ -154,10 +155,11 @@ typedef struct dsec_write_opts {
 } dsec_write_opts;
 
 /* dsec_file_write with options (opts may be NULL). Data of any size: more
- * than 4 MiB goes in 4 MiB messages, the first replacing (or appending to) the
- * file and the rest appending; a failure part way says how many bytes the
- * file holds. A write with a rollout_id is one trajectory step and holds at
- * most 4 MiB (DSEC_E_TOO_LARGE beyond). */
+ * than 4 MiB that replaces the file goes as an upload (dsec_file_upload: the
+ * file changes at once when all of it arrived, sha256 checked); more than
+ * 4 MiB appended goes in 4 MiB appends, and a failure part way says how many
+ * bytes the file holds. A write with a rollout_id is one trajectory step and
+ * holds at most 4 MiB (DSEC_E_TOO_LARGE beyond). */
 int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
                        size_t len, const dsec_write_opts *opts, dsec_err *err);
 
@@ -174,8 +176,9 @@ int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **d
 typedef int (*dsec_file_page_fn)(void *ud, const uint8_t *data, size_t len, uint64_t size);
 
 /* dsec_file_read, handing the file to fn in pages of at most 4 MiB instead
- * of holding it whole. Fails as dsec_file_read does, after fn may have seen
- * part of the file; a stop by fn fails with DSEC_E_IO. */
+ * of holding it whole (dsec_file_download: a few pages in flight, sha256
+ * checked). Fails as dsec_file_read does, after fn may have seen part of the
+ * file; a stop by fn fails with DSEC_E_IO. */
 int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
                          void *ud, dsec_err *err);
 
@@ -191,6 +194,75 @@ typedef struct dsec_dirent {
 int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,
                    size_t *n, dsec_err *err);
 void dsec_dirents_free(dsec_dirent *entries, size_t n);
+
+/* ---- streamed transfers (docs/protocol.md, "Files") ----------------------------------
+ * An upload goes in chunks to a hidden temporary file next to path, a few chunks in flight;
+ * the last one commits: the sandbox checks the size and sha256 of what it holds and renames
+ * it over path, so path is never seen half written. A failed upload can go on later from
+ * what the sandbox holds: call again with the same upload_id and resume. A download reads
+ * pages with a few in flight and checks the sha256 of what arrived against the sandbox's. */
+
+/* Reads the next bytes of an upload's source into buf (at most n): the count, 0 at the end,
+ * -1 with errno set on failure. Called in order from the start of the source (a resumed
+ * upload reads again what the sandbox holds, to hash it). */
+typedef ssize_t (*dsec_upload_read_fn)(void *ud, void *buf, size_t n);
+
+typedef struct dsec_upload_opts {
+    unsigned mode;         /* 0: the mode of the file replaced, or 0644 */
+    const char *upload_id; /* [A-Za-z0-9_-]{1,64}; NULL: a fresh one (in the result) */
+    bool resume;           /* go on from what the sandbox holds for upload_id */
+    size_t chunk;          /* bytes per message; 0: 4 MiB (64 KiB to 4 MiB) */
+    unsigned window;       /* messages in flight; 0: 4 (at most 16) */
+} dsec_upload_opts;
+
+typedef struct dsec_download_opts {
+    size_t page;     /* bytes per message; 0: 4 MiB (64 KiB to 4 MiB) */
+    unsigned window; /* messages in flight; 0: 4 (at most 16) */
+} dsec_download_opts;
+
+typedef struct dsec_transfer_result {
+    uint64_t size;         /* the whole file's */
+    char sha256[65];       /* its SHA-256, lowercase hex, checked by both ends */
+    char upload_id[65];    /* an upload's id: give it back with resume after a failure */
+    uint64_t resumed_from; /* bytes the sandbox held already (not sent again) */
+} dsec_transfer_result;
+
+/* Upload what rd reads to path (any size). res (may be NULL) says what was published. A
+ * failure after chunks arrived leaves them in the sandbox's temporary file (removed when no
+ * chunk comes for 10 minutes) and says how many: resume with res->upload_id. */
+int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dsec_upload_opts *o,
+                     dsec_upload_read_fn rd, void *ud, dsec_transfer_result *res, dsec_err *err);
+/* dsec_file_upload reading fd (a file or a pipe) from where it stands. */
+int dsec_file_upload_fd(dsec_client *c, const char *id, const char *path,
+                        const dsec_upload_opts *o, int fd, dsec_transfer_result *res,
+                        dsec_err *err);
+/* How many bytes the sandbox holds for upload_id's upload to path (0: none). */
+int dsec_file_upload_held(dsec_client *c, const char *id, const char *path, const char *upload_id,
+                          uint64_t *held, dsec_err *err);
+/* Hand path to fn page by page (as dsec_file_read_pages), a few pages in flight; at the end
+ * the sha256 of what arrived must equal the sandbox's (else DSEC_E_BACKEND, read it again).
+ * res (may be NULL) gets the size and sha256. */
+int dsec_file_download(dsec_client *c, const char *id, const char *path,
+                       const dsec_download_opts *o, dsec_file_page_fn fn, void *ud,
+                       dsec_transfer_result *res, dsec_err *err);
+/* dsec_file_download writing to fd. */
+int dsec_file_download_fd(dsec_client *c, const char *id, const char *path,
+                          const dsec_download_opts *o, int fd, dsec_transfer_result *res,
+                          dsec_err *err);
+
+/* Create a directory (mode 0: 0755); with parents its missing parents too, and an existing
+ * directory is no error. */
+int dsec_file_mkdir(dsec_client *c, const char *id, const char *path, unsigned mode, bool parents,
+                    dsec_err *err);
+/* Describe path (not following a last symlink); out->name is the caller's (dsec_free). */
+int dsec_file_stat(dsec_client *c, const char *id, const char *path, dsec_dirent *out,
+                   dsec_err *err);
+/* Rename from to to inside the sandbox; to, if there, is replaced atomically. */
+int dsec_file_rename(dsec_client *c, const char *id, const char *from, const char *to,
+                     dsec_err *err);
+/* Remove a file or an empty directory (recursive: a directory and all it holds). */
+int dsec_file_remove(dsec_client *c, const char *id, const char *path, bool recursive,
+                     dsec_err *err);
 
 /* Fork n children; *ids is an array of n strings owned by the caller:
  * dsec_strv_free. */

@@ -15,7 +15,7 @@ from .client import (TYPES, AsyncDSecClient, AsyncPty, AsyncSandbox, AsyncShell,
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
-from .types import (ContainerArgs, DirEntry, DirEvent, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
+from .types import (ContainerArgs, DirEntry, DirEvent, Transfer, ExecResult, FunctionArgs, MicroVMArgs, ProcessInfo,
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
 from . import fleet
@@ -30,7 +30,7 @@ __all__ = [
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
     "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",
     "Timeout",
-    "ContainerArgs", "DirEntry", "DirEvent", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
+    "ContainerArgs", "DirEntry", "DirEvent", "Transfer", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
     "fleet", "EventStream", "ListedSandbox", "SandboxEvent", "SandboxList",
 ]

@@ -8,7 +8,7 @@ import ctypes
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_bool, c_char, c_char_p, c_int, c_size_t,
                     c_uint, c_uint8, c_uint16, c_uint32, c_uint64, c_int32, c_int64,
-                    c_void_p)
+                    c_ssize_t, c_void_p)
 
 ERR_MSG_MAX = 1024
 ID_MAX = 96
@@ -58,6 +58,25 @@ class ExecReply(Structure):
 class WriteOpts(Structure):
     _fields_ = [("mode", c_uint), ("append", c_bool), ("rollout_id", c_char_p),
                 ("step", c_uint64)]
+
+
+class UploadOpts(Structure):
+    _fields_ = [("mode", c_uint), ("upload_id", c_char_p), ("resume", c_bool),
+                ("chunk", c_size_t), ("window", c_uint)]
+
+
+class DownloadOpts(Structure):
+    _fields_ = [("page", c_size_t), ("window", c_uint)]
+
+
+class TransferResult(Structure):
+    _fields_ = [("size", c_uint64), ("sha256", c_char * 65), ("upload_id", c_char * 65),
+                ("resumed_from", c_uint64)]
+
+
+# dsec_upload_read_fn, dsec_file_page_fn
+UPLOAD_READ = CFUNCTYPE(c_ssize_t, c_void_p, c_void_p, c_size_t)
+PAGE_FN = CFUNCTYPE(c_int, c_void_p, POINTER(c_uint8), c_size_t, c_uint64)
 
 
 class Dirent(Structure):
@@ -142,6 +161,16 @@ file_read = _proto("dsec_file_read", c_int, P, c_char_p, c_char_p, POINTER(POINT
 file_list = _proto("dsec_file_list", c_int, P, c_char_p, c_char_p, POINTER(POINTER(Dirent)),
                    POINTER(c_size_t), PErr)
 dirents_free = _proto("dsec_dirents_free", None, POINTER(Dirent), c_size_t)
+file_upload = _proto("dsec_file_upload", c_int, P, c_char_p, c_char_p, POINTER(UploadOpts),
+                     UPLOAD_READ, c_void_p, POINTER(TransferResult), PErr)
+file_upload_held = _proto("dsec_file_upload_held", c_int, P, c_char_p, c_char_p, c_char_p,
+                          POINTER(c_uint64), PErr)
+file_download = _proto("dsec_file_download", c_int, P, c_char_p, c_char_p, POINTER(DownloadOpts),
+                       PAGE_FN, c_void_p, POINTER(TransferResult), PErr)
+file_mkdir = _proto("dsec_file_mkdir", c_int, P, c_char_p, c_char_p, c_uint, c_bool, PErr)
+file_stat = _proto("dsec_file_stat", c_int, P, c_char_p, c_char_p, POINTER(Dirent), PErr)
+file_rename = _proto("dsec_file_rename", c_int, P, c_char_p, c_char_p, c_char_p, PErr)
+file_remove = _proto("dsec_file_remove", c_int, P, c_char_p, c_char_p, c_bool, PErr)
 fork = _proto("dsec_fork", c_int, P, c_char_p, c_uint, POINTER(POINTER(c_char_p)),
               POINTER(c_size_t), PErr)
 strv_free = _proto("dsec_strv_free", None, POINTER(c_char_p), c_size_t)

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Iterable, List, Mapping, Optional, Sequence
 
 from . import _lib, errors
-from .types import (DirEvent, ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
+from .types import (DirEvent, Transfer, ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
                     ProcessInfo, ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 
 TYPES = ("function", "container", "microvm", "vm", "sim")
@@ -560,8 +560,14 @@ class DSecClient:
         return AsyncDSecClient(client=self)
 
 
+def _transfer(r) -> Transfer:
+    return Transfer(size=r.size, sha256=r.sha256.decode(), upload_id=r.upload_id.decode(),
+                    resumed_from=r.resumed_from)
+
+
 class Files:
-    """sandbox.files: read, write and list files in the sandbox."""
+    """sandbox.files: read, write, list, upload, download, mkdir, stat, rename and remove
+    files in the sandbox."""
 
     def __init__(self, sb: "Sandbox"):
         self._sb = sb
@@ -591,6 +597,116 @@ class Files:
             return ctypes.string_at(p, n.value) if n.value else b""
         finally:
             _lib.free(p)
+
+    def upload(self, path: str, src, mode: int = 0, upload_id: Optional[str] = None,
+               resume: bool = False, chunk_size: int = 0, window: int = 0) -> Transfer:
+        """Stream src (bytes or str, or a file-like object with read(n)) to path, of any
+        size: a few chunks in flight into a hidden temporary file next to path, which
+        replaces path at once when all of it arrived and its sha256 matched. mode 0: the
+        mode of the file replaced, or 0644. After a failure, call again with the same
+        upload_id (the error and Transfer name it), resume=True and the source from its
+        start: what the sandbox holds is not sent again."""
+        sb = self._sb
+        if isinstance(src, (bytes, bytearray, memoryview, str)):
+            import io
+            src = io.BytesIO(_bytes(src))
+        failure = []
+
+        def read(_ud, buf, n):
+            try:
+                b = src.read(n)
+                if isinstance(b, str):
+                    b = b.encode()
+                k = len(b)
+                if k > n:
+                    raise ValueError("read(%d) returned %d bytes" % (n, k))
+                ctypes.memmove(buf, b, k)
+                return k
+            except BaseException as e:  # noqa: B902 (carried out of the C call)
+                failure.append(e)
+                return -1
+
+        cb = _lib.UPLOAD_READ(read)
+        opts = _lib.UploadOpts(mode=mode, upload_id=_lib.cstr(upload_id), resume=resume,
+                               chunk=int(chunk_size), window=int(window))
+        res = _lib.TransferResult()
+        try:
+            sb._client._call("files.upload", _lib.file_upload, sb._cid, _lib.cstr(path),
+                             ctypes.byref(opts), cb, None, ctypes.byref(res))
+        except Exception:
+            if failure:
+                raise failure[0]
+            raise
+        return _transfer(res)
+
+    def upload_held(self, path: str, upload_id: str) -> int:
+        """How many bytes the sandbox holds for upload_id's upload to path (0: none)."""
+        sb = self._sb
+        n = ctypes.c_uint64()
+        sb._client._call("files.upload_held", _lib.file_upload_held, sb._cid, _lib.cstr(path),
+                         _lib.cstr(upload_id), ctypes.byref(n))
+        return n.value
+
+    def download(self, path: str, dst=None, page_size: int = 0, window: int = 0):
+        """Stream path into dst (a file-like object with write(b)) page by page, a few pages
+        in flight; the sha256 of what arrived must equal the sandbox's (else BackendError:
+        read it again). Returns a Transfer; with dst None, the bytes instead."""
+        sb = self._sb
+        import io
+        sink = io.BytesIO() if dst is None else dst
+        failure = []
+
+        def page(_ud, data, n, _size):
+            try:
+                if n:
+                    sink.write(ctypes.string_at(data, n))
+                return 0
+            except BaseException as e:  # noqa: B902
+                failure.append(e)
+                return -1
+
+        cb = _lib.PAGE_FN(page)
+        opts = _lib.DownloadOpts(page=int(page_size), window=int(window))
+        res = _lib.TransferResult()
+        try:
+            sb._client._call("files.download", _lib.file_download, sb._cid, _lib.cstr(path),
+                             ctypes.byref(opts), cb, None, ctypes.byref(res))
+        except Exception:
+            if failure:
+                raise failure[0]
+            raise
+        return sink.getvalue() if dst is None else _transfer(res)
+
+    def mkdir(self, path: str, mode: int = 0, parents: bool = False) -> None:
+        """Create a directory (mode 0: 0755); parents: its missing parents too, and an
+        existing directory is no error."""
+        sb = self._sb
+        sb._client._call("files.mkdir", _lib.file_mkdir, sb._cid, _lib.cstr(path), int(mode),
+                         bool(parents))
+
+    def stat(self, path: str) -> DirEntry:
+        """Describe path (a last symlink is not followed); NotFound when it is not there."""
+        sb = self._sb
+        d = _lib.Dirent()
+        sb._client._call("files.stat", _lib.file_stat, sb._cid, _lib.cstr(path), ctypes.byref(d))
+        name = ctypes.c_void_p.from_buffer(d, _lib.Dirent.name.offset).value  # libdsec's copy
+        try:
+            return DirEntry(name=(d.name or b"").decode(), kind=d.kind.decode(), size=d.size,
+                            mode=d.mode, mtime=d.mtime)
+        finally:
+            _lib.free(name)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename src to dst inside the sandbox; dst, if there, is replaced atomically."""
+        sb = self._sb
+        sb._client._call("files.rename", _lib.file_rename, sb._cid, _lib.cstr(src),
+                         _lib.cstr(dst))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file or an empty directory (recursive: a directory and all it holds)."""
+        sb = self._sb
+        sb._client._call("files.remove", _lib.file_remove, sb._cid, _lib.cstr(path),
+                         bool(recursive))
 
     def list(self, path: str = "/") -> List[DirEntry]:
         sb = self._sb
@@ -1195,6 +1311,27 @@ class AsyncFiles:
 
     async def list(self, path="/"):
         return await self._asb._run(self._asb.sync.files.list, path)
+
+    async def upload(self, path, src, **kw):
+        return await self._asb._run(self._asb.sync.files.upload, path, src, **kw)
+
+    async def download(self, path, dst=None, **kw):
+        return await self._asb._run(self._asb.sync.files.download, path, dst, **kw)
+
+    async def upload_held(self, path, upload_id):
+        return await self._asb._run(self._asb.sync.files.upload_held, path, upload_id)
+
+    async def mkdir(self, path, **kw):
+        return await self._asb._run(self._asb.sync.files.mkdir, path, **kw)
+
+    async def stat(self, path):
+        return await self._asb._run(self._asb.sync.files.stat, path)
+
+    async def rename(self, src, dst):
+        return await self._asb._run(self._asb.sync.files.rename, src, dst)
+
+    async def remove(self, path, **kw):
+        return await self._asb._run(self._asb.sync.files.remove, path, **kw)
 
 
 class AsyncProcesses:

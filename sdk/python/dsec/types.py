@@ -152,6 +152,15 @@ class DirEvent:
     dir: bool
 
 
+@dataclass
+class Transfer:
+    """What an upload published or a download received, checked at both ends."""
+    size: int
+    sha256: str        # lowercase hex
+    upload_id: str = ""  # an upload's: give it back with resume=True after a failure
+    resumed_from: int = 0  # bytes the sandbox held already (not sent again)
+
+
 Data = Union[bytes, bytearray, memoryview, str]
 Labels = Dict[str, str]
 

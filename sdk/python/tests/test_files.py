@@ -21,16 +21,17 @@ MIB = 1 << 20
 SIZES = [0, 1, 4 * MIB - 1, 4 * MIB, 4 * MIB + 1, 100 * MIB, 1024 * MIB]
 ENV = "busybox:1"
 # every sandbox type with files: where it keeps them, and what to create (room for two 1 GiB
-# files: the cell's default disk is 1 GiB, a function sandbox's 64 MiB)
+# files and the temporary file of a 1 GiB upload: the cell's default disk is 1 GiB, a
+# function sandbox's 64 MiB)
 TYPES = {
-    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64, disk_mb=3072,
+    "sim": ("/work/f", lambda c: c.run("sim", SandboxArgs(cpu=0.1, memory_mb=64, disk_mb=4096,
                                                           max_lifetime_s=1800))),
-    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(disk_mb=3072,
+    "function": ("/work/f", lambda c: c.run_function(FunctionArgs(disk_mb=4096,
                                                                   max_lifetime_s=1800))),
     "container": ("/tmp/f", lambda c: c.run_container(ContainerArgs(
-        environment=ENV, cpu=0.5, memory_mb=128, disk_mb=3072, max_lifetime_s=1800))),
+        environment=ENV, cpu=0.5, memory_mb=128, disk_mb=4096, max_lifetime_s=1800))),
     "microvm": ("/tmp/f", lambda c: c.run_microvm(MicroVMArgs(
-        environment=ENV, cpu=1, memory_mb=256, disk_mb=3072, max_lifetime_s=1800))),
+        environment=ENV, cpu=1, memory_mb=256, disk_mb=4096, max_lifetime_s=1800))),
 }
 _blob = {}
 
@@ -71,7 +72,7 @@ def setUpModule():
                 "    slots: 16\n"
                 "    types: [sim]\n"
                 "    backend: sim\n"
-                "    options: {max_disk_mb: \"3072\"}\n%s"
+                "    options: {max_disk_mb: \"4096\"}\n%s"
                 % (os.path.join(tmp, "layers"), os.getpid(), native))
     start_cell(binary, conf, tmp)
     _blob["data"] = os.urandom(max(SIZES))
@@ -142,6 +143,60 @@ class TestFiles(unittest.TestCase):
 
     def test_microvm(self):
         self.roundtrip("microvm")
+
+    def streams(self, t):
+        """files.upload and files.download with file-like objects (a failed upload resumed
+        by its id), and mkdir, stat, rename, remove."""
+        if t != "sim" and os.geteuid() != 0:
+            self.skipTest("%s sandboxes need root" % t)
+        import io
+        path, make = TYPES[t]
+        sb = make(self.c)
+        self.addCleanup(self.stop_quietly, sb)
+        data = bytes(memoryview(_blob["data"])[:9 * MIB + 3])
+        want = hashlib.sha256(data).hexdigest()
+        tr = sb.files.upload(path, io.BytesIO(data), chunk_size=MIB, window=3)
+        self.assertEqual((tr.size, tr.sha256), (len(data), want))
+        out = io.BytesIO()
+        got = sb.files.download(path, out, page_size=MIB)
+        self.assertEqual(got.sha256, want)
+        self.assertEqual(out.getvalue(), data)
+        self.assertEqual(sb.files.download(path), data)  # no dst: the bytes
+
+        class Breaks(io.BytesIO):  # a source that fails after 4 MiB
+            def read(self, n=-1):
+                if self.tell() >= 4 * MIB:
+                    raise OSError("the source went away")
+                return super().read(n)
+
+        with self.assertRaises(OSError):
+            sb.files.upload(path + ".r", Breaks(data), upload_id="sdk-r1", chunk_size=MIB,
+                            window=1)
+        held = sb.files.upload_held(path + ".r", "sdk-r1")
+        self.assertGreater(held, 0)
+        tr = sb.files.upload(path + ".r", io.BytesIO(data), upload_id="sdk-r1", resume=True)
+        self.assertEqual((tr.resumed_from, tr.sha256), (held, want))
+        self.assertEqual(hashlib.sha256(sb.files.read(path + ".r")).hexdigest(), want)
+
+        d = os.path.dirname(path) + "/sub/deeper"
+        sb.files.mkdir(d, parents=True)
+        sb.files.rename(path + ".r", d + "/moved")
+        st = sb.files.stat(d + "/moved")
+        self.assertEqual((st.name, st.kind, st.size), ("moved", "file", len(data)))
+        with self.assertRaises(NotFound):
+            sb.files.stat(path + ".r")
+        sb.files.remove(os.path.dirname(path) + "/sub", recursive=True)
+        with self.assertRaises(NotFound):
+            sb.files.stat(d)
+
+    def test_streams_sim(self):
+        self.streams("sim")
+
+    def test_streams_function(self):
+        self.streams("function")
+
+    def test_streams_container(self):
+        self.streams("container")
 
 
 if __name__ == "__main__":
