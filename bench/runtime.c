@@ -143,6 +143,32 @@ static void files(dsec_client *cl, const char *id, double *up, double *down)
     dsec_free(data);
 }
 
+/* The disk's own rate inside the sandbox: dd of 1 GiB written (and synced) then read back
+ * (from the page cache, mostly, as a download right after an upload reads), timed by the
+ * command itself: what a transfer that ends on that disk cannot beat. */
+static double dd_run(dsec_client *cl, const char *id, const char *line)
+{
+    const char *argv[] = {"/bin/sh", "-c", line, NULL};
+    dsec_exec_reply r;
+    dsec_err err;
+    if (dsec_exec(cl, id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 300000}, &r, &err) < 0)
+        die("dd in the sandbox", &err);
+    if (r.exit_code != 0 || r.duration_us == 0) {
+        fprintf(stderr, "bench runtime: '%s' in the sandbox: exit %d: %.*s\n", line, r.exit_code,
+                (int)r.err_len, (const char *)r.err_out);
+        exit(1);
+    }
+    double mb_s = 1024.0 / ((double)r.duration_us / 1e6); /* its run time, as the agent saw it */
+    dsec_exec_reply_release(&r);
+    return mb_s;
+}
+
+static void disk_rates(dsec_client *cl, const char *id, double *wr, double *rd)
+{
+    *wr = dd_run(cl, id, "dd if=/dev/zero of=/dd.bin bs=4M count=256 conv=fsync 2>/dev/null");
+    *rd = dd_run(cl, id, "dd if=/dd.bin of=/dev/null bs=4M 2>/dev/null && rm /dd.bin");
+}
+
 /* ---- 2. shell session against exec ----------------------------------------------------- */
 
 static double run_one(dsec_client *cl, const char *id, const char *line, uint64_t session)
@@ -332,13 +358,17 @@ int main(void)
     double raw1 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 1);
     double raw4 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 4);
     double raw = raw1 > raw4 ? raw1 : raw4;
-    double up, down;
+    double up, down, dd_w, dd_r;
     files(cl, sb.id, &up, &down);
+    disk_rates(cl, sb.id, &dd_w, &dd_r);
     printf("files: 1 GiB up %.0f MB/s, down %.0f MB/s; raw nats.c, 4 MiB chunks: %.0f MB/s "
            "(1 in flight), %.0f MB/s (4 in flight): up %.0f%%, down %.0f%% of the better "
            "(target >= 70%%) %s\n",
            up, down, raw1, raw4, 100 * up / raw, 100 * down / raw,
            up >= 0.7 * raw && down >= 0.7 * raw ? "PASS" : "FAIL");
+    printf("  the sandbox's disk, dd of 1 GiB inside it: write+fsync %.0f MB/s, read back "
+           "%.0f MB/s: up is %.0f%% of the disk's write rate\n",
+           dd_w, dd_r, 100 * up / dd_w);
 
     /* 2. session commands against execs */
     dsec_proc s;
@@ -387,9 +417,9 @@ int main(void)
     if (prc < 0)
         fprintf(stderr, "bench runtime: bench_procs gave no result\n");
     printf("{\"scenario\":\"runtime\",\"upload_mb_s\":%.0f,\"download_mb_s\":%.0f,\"raw_mb_s\":%.0f,"
-           "\"raw_mb_s_1_in_flight\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_ms\":%.2f,"
+           "\"raw_mb_s_1_in_flight\":%.0f,\"disk_write_mb_s\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_ms\":%.2f,"
            "\"pty_echo_p50_ms\":%.2f,\"raw_rtt_p50_ms\":%.3f,\"streams\":%u,\"bytes_lost\":%" PRIu64
            ",\"node_rss_mib\":%.1f}\n",
-           up, down, raw, raw1, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss);
+           up, down, raw, raw1, dd_w, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss);
     return prc == 0 ? 0 : 1;
 }

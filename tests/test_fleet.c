@@ -420,7 +420,7 @@ static void on_event(const dsec_sbx_event *ev, void *ud)
 
 static bool saw(struct seen *s, const char *id, const char *state)
 {
-    char want[160];
+    char want[1024];
     snprintf(want, sizeof want, "%s %s", id, state);
     pthread_mutex_lock(&s->mu);
     bool found = false;
