@@ -2,7 +2,7 @@
 # install-deps.sh - apt-install whatever dsec needs that is missing (Debian 12, root). Idempotent.
 set -eu
 
-PKGS="build-essential cmake pkg-config git python3 \
+PKGS="build-essential cmake pkg-config git python3 python3-venv \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev libcrypt-dev openssl \
 clang libclang-rt-14-dev libtsan2 \

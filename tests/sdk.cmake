@@ -28,6 +28,11 @@ if(NOT DSEC_ANY_SANITIZER)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_fleet.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk_fleet PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
+    # pip install ./sdk/python offline (pyproject's in-tree backend) and import the installed copy
+    add_test(NAME sdk_install
+             COMMAND ${CMAKE_SOURCE_DIR}/tests/sdk_install.sh ${DSEC_PYTHON3}
+                     ${CMAKE_SOURCE_DIR}/sdk/python $<TARGET_FILE:dsec_shared>)
+    set_tests_properties(sdk_install PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
     # container, microVM and VM sandboxes: a cell whose node runs crun containers and QEMU on
     # busybox:1 (root; skipped otherwise). Containers, their cgroups and loop mounts share host
     # state with the other container tests: never two at once.
