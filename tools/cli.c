@@ -408,7 +408,7 @@ static bool remote(char *s, char **id, char **path)
 
 /* Local file (or stdin) to the sandbox as an upload: any size, never held whole, the file
  * replaced at once when all of it arrived and its sha256 matched. A failure keeps what arrived
- * for a while: the message names the upload id that -r resumes. */
+ * for a while: the message names the upload id that --resume goes on with. */
 static int cp_up(dsec_client *c, const char *local, const char *id, const char *path,
                  const char *resume, bool verbose)
 {
@@ -425,7 +425,7 @@ static int cp_up(dsec_client *c, const char *local, const char *id, const char *
     int rc = 0;
     if (dsec_file_upload_fd(c, id, path, &o, fd, &res, &err) < 0) {
         if (err.code != DSEC_E_INVALID || resume != NULL)
-            dsec_err_wrap(&err, "to go on: dsec cp -r %s %s %s:%s", res.upload_id, local, id,
+            dsec_err_wrap(&err, "to go on: dsec cp --resume %s %s %s:%s", res.upload_id, local, id,
                           path);
         rc = dsec_cli_fail("cp", &err);
     } else if (verbose) {
@@ -518,14 +518,18 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
 
 int dsec_cli_cp(int argc, char **argv)
 {
-    const char *use = "[-v] [-r UPLOAD_ID] LOCAL ID:/PATH | [-v] ID:/PATH LOCAL   (LOCAL may be - "
-                      "for stdin/stdout; -r resumes a failed upload; -v prints size, sha256, rate)";
+    const char *use = "[-v] [--resume UPLOAD_ID] LOCAL ID:/PATH | [-v] ID:/PATH LOCAL   (LOCAL "
+                      "may be - for stdin/stdout; --resume goes on with a failed upload; -v "
+                      "prints size, sha256, rate)";
+    static const struct option opts[] = {{"resume", required_argument, 0, 'R'},
+                                         {"verbose", no_argument, 0, 'v'},
+                                         {0, 0, 0, 0}};
     const char *resume = NULL;
     bool verbose = false;
     int ch;
     optind = 1;
-    while ((ch = getopt(argc, argv, "+r:v")) != -1) {
-        if (ch == 'r')
+    while ((ch = getopt_long(argc, argv, "+v", opts, NULL)) != -1) {
+        if (ch == 'R')
             resume = optarg;
         else if (ch == 'v')
             verbose = true;
