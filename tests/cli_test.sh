@@ -63,6 +63,21 @@ grep -q "^9000001 bytes (0 resumed) sha256 $(sha256sum "$TMP/big.bin" | cut -c1-
     fail "cp -v: $(cat "$TMP/cp.txt")"
 "$DSEC" cp "$ID:/work/big.bin" "$TMP/big.out" && cmp -s "$TMP/big.bin" "$TMP/big.out" ||
     fail "cp of 9 MB back"
+# dsec cp -r: a directory tree up and back, files checked, modes kept, a link skipped
+mkdir -p "$TMP/tree/a/b"
+printf 'one' > "$TMP/tree/x.txt"
+head -c 300000 /dev/urandom > "$TMP/tree/a/b/r.bin"
+ln -s x.txt "$TMP/tree/link"
+"$DSEC" cp -r "$TMP/tree" "$ID:/work/tree" 2> "$TMP/cpr.txt" || fail "cp -r up: $(cat "$TMP/cpr.txt")"
+grep -q "^2 files (300003 bytes) and 3 directories copied; 1 links or special files skipped" \
+    "$TMP/cpr.txt" || fail "cp -r up said: $(cat "$TMP/cpr.txt")"
+"$DSEC" cp -r "$ID:/work/tree" "$TMP/tree-back" 2> "$TMP/cpr.txt" || fail "cp -r down: $(cat "$TMP/cpr.txt")"
+rm "$TMP/tree/link"
+diff -r "$TMP/tree" "$TMP/tree-back" > /dev/null || fail "cp -r round trip differs"
+set +e
+"$DSEC" cp -r "$TMP/tree/x.txt" "$ID:/work/t2" 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "is not a directory" "$TMP/err.txt" || fail "cp -r of a file: rc=$rc"
 # dsec files: mkdir, mv, stat, rm
 "$DSEC" files mkdir -p "$ID" /work/d/e || fail "files mkdir -p"
 "$DSEC" files mv "$ID" /work/big.bin /work/d/e/big.bin || fail "files mv"

@@ -520,17 +520,23 @@ int dsec_cli_cp(int argc, char **argv)
 {
     const char *use = "[-v] [--resume UPLOAD_ID] LOCAL ID:/PATH | [-v] ID:/PATH LOCAL   (LOCAL "
                       "may be - for stdin/stdout; --resume goes on with a failed upload; -v "
-                      "prints size, sha256, rate)";
+                      "prints size, sha256, rate)\n"
+                      "       dsec cp -r DIR ID:/PATH | -r ID:/PATH DIR   (a directory tree: "
+                      "PATH or DIR becomes a copy, made when missing, merged into when there; "
+                      "each file checked; links skipped)";
     static const struct option opts[] = {{"resume", required_argument, 0, 'R'},
                                          {"verbose", no_argument, 0, 'v'},
+                                         {"recursive", no_argument, 0, 'r'},
                                          {0, 0, 0, 0}};
     const char *resume = NULL;
-    bool verbose = false;
+    bool verbose = false, recursive = false;
     int ch;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "+v", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "+vr", opts, NULL)) != -1) {
         if (ch == 'R')
             resume = optarg;
+        else if (ch == 'r')
+            recursive = true;
         else if (ch == 'v')
             verbose = true;
         else
@@ -544,11 +550,19 @@ int dsec_cli_cp(int argc, char **argv)
     bool up = remote(argv[2], &id, &path);
     if (!up && !remote(argv[1], &id, &path))
         return usage("cp", use);
-    if (!up && resume != NULL)
+    if ((!up || recursive) && resume != NULL)
+        return usage("cp", use);
+    if (recursive && (strcmp(argv[1], "-") == 0 || strcmp(argv[2], "-") == 0))
         return usage("cp", use);
     dsec_client *c = dsec_cli_connect("cp");
     if (c == NULL)
         return 1;
+    if (recursive) {
+        int rc = up ? dsec_cli_cp_dir_up(c, argv[1], id, path)
+                    : dsec_cli_cp_dir_down(c, id, path, argv[2]);
+        dsec_client_free(c);
+        return rc;
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = up ? cp_up(c, argv[1], id, path, resume, verbose) : cp_down(c, id, path, argv[2]);

@@ -27,6 +27,9 @@ int dsec_cli_ps(int argc, char **argv);     /* background processes (tools/proc.
 int dsec_cli_attach(int argc, char **argv); /* dsec attach [-i] ID HANDLE */
 int dsec_cli_kill(int argc, char **argv);   /* dsec kill ID HANDLE [-s SIG] */
 int dsec_cli_session(int argc, char **argv); /* dsec session ID: start a shell session */
+/* dsec cp -r (tools/cp-dir.c): a directory tree up or down; returns the exit status. */
+int dsec_cli_cp_dir_up(dsec_client *c, const char *local, const char *id, const char *path);
+int dsec_cli_cp_dir_down(dsec_client *c, const char *id, const char *path, const char *local);
 int dsec_cli_watch(int argc, char **argv);   /* dsec watch ID PATH [-r]: a directory's changes */
 /* dsec exec -it (tools/proc.c): base's process on a terminal, this one's in raw mode, until
  * it exits; returns its exit status. */
