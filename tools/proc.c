@@ -359,6 +359,7 @@ struct interrupter {
     const char *id;
     uint64_t session;
     atomic_bool stop;
+    pthread_t th;
 };
 
 static volatile sig_atomic_t got_int;
@@ -381,7 +382,6 @@ static void *interrupt_on_ctrl_c(void *ud)
         if (dsec_session_interrupt(it->c, it->id, it->session, &err) < 0)
             dsec_cli_fail("exec --session (interrupt)", &err);
     }
-    dsec_free(it);
     return NULL;
 }
 
@@ -391,14 +391,12 @@ void *dsec_cli_session_guard(dsec_client *c, const char *id, uint64_t session)
     if (it == NULL)
         return NULL;
     *it = (struct interrupter){.c = c, .id = id, .session = session};
-    pthread_t th;
     signal(SIGINT, on_int);
-    if (pthread_create(&th, NULL, interrupt_on_ctrl_c, it) != 0) {
+    if (pthread_create(&it->th, NULL, interrupt_on_ctrl_c, it) != 0) {
         signal(SIGINT, SIG_DFL);
         dsec_free(it);
         return NULL;
     }
-    pthread_detach(th);
     return it;
 }
 
@@ -408,7 +406,9 @@ void dsec_cli_session_guard_end(void *g)
     if (it == NULL)
         return;
     signal(SIGINT, SIG_DFL);
-    atomic_store(&it->stop, true); /* the detached thread sees it within 20 ms, and frees it */
+    atomic_store(&it->stop, true); /* seen within 20 ms; joined before the client goes */
+    pthread_join(it->th, NULL);
+    dsec_free(it);
 }
 
 /* ---- dsec watch: a directory's changes ------------------------------------------------ */
