@@ -2335,7 +2335,19 @@ static void test_proc_stdin_pending(void **state)
     struct stdin_job j = {.handle = info.handle, .data = data, .len = big};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, stdin_run, &j), 0);
-    msleep(300);
+    /* An empty write is taken at once while none waits, and refused once the thread's does:
+     * probe until it is (the thread connects and sends when it gets to run). */
+    int probe;
+    for (int i = 0; (probe = dsec_agent_proc_stdin(conn, info.handle, "x", 0, false, &err)) == 0;
+         i++) {
+        if (i == 500) {
+            pthread_join(th, NULL);
+            fail_msg("the thread's 4 MiB write was never seen waiting (its rc %d: %s)", j.rc,
+                     j.err.msg);
+        }
+        msleep(10);
+    }
+    expect_fail(probe, &err, DSEC_E_STATE, "has not taken the bytes of an earlier write");
     expect_fail(dsec_agent_proc_stdin(conn, info.handle, "x", 1, false, &err), &err, DSEC_E_STATE,
                 "has not taken the bytes of an earlier write");
     pthread_join(th, NULL);
