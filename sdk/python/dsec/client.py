@@ -19,7 +19,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Iterable, List, Mapping, Optional, Sequence
+from typing import AsyncIterator, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import _lib, errors
 from .types import (DirEvent, Transfer, ContainerArgs, Data, DirEntry, ExecResult, FunctionArgs, MicroVMArgs,
@@ -866,10 +866,14 @@ class Process:
             if not info.running:
                 return info
             if end is not None and time.monotonic() >= end:
-                raise errors.error_from_code(
-                    4, "processes.wait: process %d in %s still running after %.1f s"
-                    % (self.handle, self._sb.id, timeout), op="processes.wait")
+                raise self._still_running(timeout)
             time.sleep(poll_s)
+
+    def _still_running(self, timeout: float) -> errors.DSecError:
+        """wait's Timeout error."""
+        return errors.error_from_code(
+            4, "processes.wait: process %d in %s still running after %.1f s"
+            % (self.handle, self._sb.id, timeout), op="processes.wait")
 
     def write(self, data: Data, close: bool = False) -> None:
         """Write to its stdin (started with keep_stdin=True); returns once the
@@ -1334,31 +1338,126 @@ class AsyncFiles:
         return await self._asb._run(self._asb.sync.files.remove, path, **kw)
 
 
+class AsyncProcess:
+    """A background Process as coroutines (AsyncProcesses.start/get). Every
+    blocking call runs on the client's thread pool, and none holds a thread
+    long: follow() and iteration wait for output with reads of at most 1 s,
+    and wait() polls. Cancelling a task that awaits one of them leaves the
+    process running (only kill()/signal() end it) and its thread comes back
+    within that bound; output a cancelled read fetched is read again by the
+    next follow().
+
+        p = await asb.processes.start(["sh", "-c", "make 2>&1"])
+        async for out, err in p:
+            log(out, err)
+        info = await p.wait()
+    """
+
+    def __init__(self, asb: "AsyncSandbox", sync: Process):
+        self._asb = asb
+        self.sync = sync
+        self.handle = sync.handle
+
+    def __repr__(self):
+        return "AsyncProcess(%r, handle=%d)" % (self._asb.id, self.handle)
+
+    async def read(self, stdout_from: int = 0, stderr_from: int = 0, max_bytes: int = 0,
+                   wait_s: float = 0) -> ProcessOutput:
+        """Process.read: its kept output from these offsets; wait_s (at most
+        60) waits for some when there is nothing new yet and it runs."""
+        return await self._asb._run(self.sync.read, stdout_from, stderr_from, max_bytes, wait_s)
+
+    async def info(self) -> ProcessInfo:
+        return await self._asb._run(self.sync.info)
+
+    async def write(self, data: Data, close: bool = False) -> None:
+        """Write to its stdin (started with keep_stdin=True); returns once the
+        process has taken every byte. close: then close its stdin."""
+        return await self._asb._run(self.sync.write, data, close)
+
+    async def close_stdin(self) -> None:
+        return await self._asb._run(self.sync.close_stdin)
+
+    async def signal(self, sig: int) -> None:
+        """Send sig; SIGKILL (9) ends its whole process tree. StateError once it
+        has exited."""
+        return await self._asb._run(self.sync.signal, sig)
+
+    async def kill(self) -> None:
+        return await self._asb._run(self.sync.kill)
+
+    async def wait(self, timeout: Optional[float] = None, poll_s: float = 0.05) -> ProcessInfo:
+        """Wait until it exits (Timeout after timeout seconds); its final info.
+        Polls with info() every poll_s: no thread waits longer than one call."""
+        loop = asyncio.get_running_loop()
+        end = None if timeout is None else loop.time() + timeout
+        while True:
+            info = await self.info()
+            if not info.running:
+                return info
+            if end is not None and loop.time() >= end:
+                raise self.sync._still_running(timeout)
+            await asyncio.sleep(poll_s)
+
+    async def follow(self, poll_s: float = 0.05) -> AsyncIterator[Tuple[bytes, bytes]]:
+        """Yield (stdout, stderr) byte pairs as the process writes them, from
+        what the sandbox still keeps, until it has exited and all is read
+        (Process.follow's way, and from the same offsets: a second follow goes
+        on where the first stopped). Each wait is a read of at most 1 s on
+        the thread pool; a sandbox that answers at once is polled every
+        poll_s."""
+        p = self.sync
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            w = await self._asb._run(p.read, p._out, p._err, 0, 1.0)
+            p._out = w.stdout_from + len(w.stdout)
+            p._err = w.stderr_from + len(w.stderr)
+            if w.stdout or w.stderr:
+                yield w.stdout, w.stderr
+                continue
+            if not w.info.running:
+                return
+            if loop.time() - t0 < 0.5:
+                await asyncio.sleep(poll_s)
+
+    def __aiter__(self) -> AsyncIterator[Tuple[bytes, bytes]]:
+        """`async for out, err in p:` is follow()."""
+        return self.follow()
+
+
 class AsyncProcesses:
-    """sandbox.processes as coroutines: start, list and get; a Process's own
-    calls are blocking (run them with asyncio.to_thread when they may wait)."""
+    """sandbox.processes as coroutines: start, list and get give AsyncProcess
+    handles (their .sync is the blocking Process)."""
 
     def __init__(self, asb: "AsyncSandbox"):
         self._asb = asb
 
-    async def start(self, argv, **kw) -> Process:
-        return await self._asb._run(self._asb.sync.processes.start, argv, **kw)
+    async def start(self, argv, **kw) -> AsyncProcess:
+        """Processes.start (same keywords): start argv in the background."""
+        return AsyncProcess(self._asb, await self._asb._run(self._asb.sync.processes.start,
+                                                            argv, **kw))
 
     async def list(self) -> List[ProcessInfo]:
         return await self._asb._run(self._asb.sync.processes.list)
 
-    def get(self, handle) -> Process:
-        return self._asb.sync.processes.get(handle)
+    def get(self, handle: int) -> AsyncProcess:
+        """The process with this handle, e.g. one another client started (no
+        call is made: a wrong handle raises NotFound on first use). Its
+        follow() starts from what the sandbox still keeps."""
+        return AsyncProcess(self._asb, self._asb.sync.processes.get(handle))
 
 
-class AsyncPty:
+class AsyncPty(AsyncProcess):
     """A Pty as coroutines: `async for data in pty` yields its output as it
-    comes (each wait runs on the client's thread pool)."""
+    comes (each wait runs on the client's thread pool); the AsyncProcess calls
+    (info, signal, kill, wait) apply too."""
 
     def __init__(self, asb: "AsyncSandbox", sync: Pty):
-        self._asb = asb
-        self.sync = sync
-        self.handle = sync.handle
+        super().__init__(asb, sync)
+
+    def __repr__(self):
+        return "AsyncPty(%r, handle=%d)" % (self._asb.id, self.handle)
 
     async def write(self, data, close: bool = False):
         return await self._asb._run(self.sync.write, data, close)
@@ -1371,12 +1470,6 @@ class AsyncPty:
 
     async def interrupt(self):
         return await self._asb._run(self.sync.interrupt)
-
-    async def kill(self):
-        return await self._asb._run(self.sync.kill)
-
-    async def wait(self, timeout: Optional[float] = None) -> ProcessInfo:
-        return await self._asb._run(self.sync.wait, timeout)
 
     def __aiter__(self):
         return self

@@ -17,9 +17,9 @@ import unittest
 import uuid
 
 import embedded
-from dsec import (AsyncDSecClient, CommandFailed, ContainerArgs, DSecClient, DSecError,
-                  FunctionArgs, InvalidArgument, MicroVMArgs, NotFound, NotSupported, StateError,
-                  VMArgs)
+from dsec import (AsyncDSecClient, AsyncProcess, AsyncSandbox, CommandFailed, ContainerArgs,
+                  DSecClient, DSecError, FunctionArgs, InvalidArgument, MicroVMArgs, NotFound,
+                  NotSupported, StateError, VMArgs)
 
 from embedded import ROOT
 ENV = "busybox:1"
@@ -370,6 +370,138 @@ class TestProcesses(Base):
         self.assertEqual(len(w.stdout), 4096)
         self.assertEqual(w.stdout_from, info.stdout_total - 4096)
         self.assertTrue(w.stdout.endswith(b"line-1999-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n"))
+
+
+class TestAsyncProcesses(Base):
+    """AsyncProcess: followed with async for, fed from a task, a follow cancelled."""
+
+    def asb(self, **kw):
+        """A busybox:1 container (stopped when the test ends) as an AsyncSandbox over self.c."""
+        return AsyncSandbox(self.c.aio(), self.make(**kw))
+
+    def test_async_for_collects_output_and_exit_code(self):
+        asb = self.asb()
+        script = "for i in 1 2 3; do echo $i; sleep 0.3; done; echo err >&2; exit 3"
+
+        async def main():
+            p = await asb.processes.start(["sh", "-c", script])
+            self.assertIsInstance(p, AsyncProcess)
+            chunks = [chunk async for chunk in p]
+            info = await p.wait(timeout=30)
+            # a second follow of the same handle goes on where the first ended: nothing left
+            rest = [chunk async for chunk in p.follow()]
+            # another client, attaching after the end: what the ring holds, from its start
+            with DSecClient(url=_cell["url"], timeout_ms=30000) as c2:
+                late = c2.aio().sandbox(asb.id).processes.get(p.handle)
+                self.assertIsInstance(late, AsyncProcess)
+                again = [chunk async for chunk in late]
+            return chunks, info, rest, again
+
+        chunks, info, rest, again = asyncio.run(main())
+        for chunk in chunks + again:
+            self.assertIsInstance(chunk, tuple)
+        self.assertEqual(b"".join(o for o, _ in chunks), b"1\n2\n3\n")
+        self.assertEqual(b"".join(e for _, e in chunks), b"err\n")
+        self.assertFalse(info.running)
+        self.assertEqual((info.exit_code, info.signal), (3, 0))
+        self.assertEqual(rest, [])
+        self.assertEqual(b"".join(o for o, _ in again), b"1\n2\n3\n")
+        self.assertEqual(b"".join(e for _, e in again), b"err\n")
+
+    def test_stdin_written_from_a_task(self):
+        asb = self.asb()
+
+        async def main():
+            p = await asb.processes.start(
+                ["sh", "-c", "while read l; do echo got-$l; done; echo eof"], keep_stdin=True)
+            seen = b""
+            await p.write(b"a\n")
+            async for out, _ in p:
+                seen += out
+                if b"got-a\n" in seen:
+                    break
+            writer = asyncio.ensure_future(p.write(b"b\nc\n", close=True))
+            async for out, _ in p:  # goes on from where the loop above stopped
+                seen += out
+            await writer
+            return seen, await p.wait(timeout=30)
+
+        seen, info = asyncio.run(main())
+        self.assertEqual(seen, b"got-a\ngot-b\ngot-c\neof\n")
+        self.assertEqual(info.exit_code, 0)
+
+    def test_cancelled_follow_leaves_the_process_running(self):
+        asb = self.asb()
+
+        async def main():
+            p = await asb.processes.start(
+                ["sh", "-c", "echo start; read x; echo after-$x; exec sleep 300"],
+                keep_stdin=True)
+            in_flight = [0]
+            read = p.sync.read
+
+            def counted(*a, **kw):  # the reads follow() runs on the pool, counted
+                in_flight[0] += 1
+                try:
+                    return read(*a, **kw)
+                finally:
+                    in_flight[0] -= 1
+
+            p.sync.read = counted
+            started = asyncio.Event()
+            seen = []
+
+            async def follower():
+                async for out, _ in p:
+                    seen.append(out)
+                    started.set()
+
+            task = asyncio.ensure_future(follower())
+            await asyncio.wait_for(started.wait(), 30)
+            await asyncio.sleep(0.2)  # the follower waits in a read now, most likely
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            running = (await p.info()).running
+            # the cancelled read's thread comes back: its wait is bounded
+            deadline = asyncio.get_running_loop().time() + 30
+            while in_flight[0] and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            threads_left = in_flight[0]
+            # nothing was lost: a new follow picks up what came after the cancel
+            await p.write(b"go\n")
+            after = b""
+            async for out, _ in p:
+                after += out
+                if b"\n" in after:
+                    break
+            await p.kill()
+            info = await p.wait(timeout=30)
+            tail = [chunk async for chunk in p]  # ends now that it has exited
+            return seen, running, threads_left, after, info, tail
+
+        seen, running, threads_left, after, info, tail = asyncio.run(main())
+        self.assertEqual(b"".join(seen), b"start\n")
+        self.assertTrue(running)
+        self.assertEqual(threads_left, 0)
+        self.assertEqual(after, b"after-go\n")
+        self.assertEqual((info.running, info.signal), (False, 9))
+        self.assertEqual(tail, [])
+
+    def test_async_pty_is_an_async_process(self):
+        asb = self.asb()
+
+        async def main():
+            t = await asb.pty(["sh"])
+            self.assertIsInstance(t, AsyncProcess)
+            self.assertTrue((await t.info()).pty)
+            await t.write(b"echo pty-$((6*7)); exit 4\n")
+            out = b"".join([data async for data in t])  # bytes, until it exits
+            return out, await t.wait(timeout=30)
+
+        out, info = asyncio.run(main())
+        self.assertIn(b"pty-42", out)
+        self.assertEqual(info.exit_code, 4)
 
 
 class TestShellAndPty(Base):
