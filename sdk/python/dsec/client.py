@@ -1303,38 +1303,254 @@ class CommandFailed(errors.DSecError):
 
 # ---- asyncio ----------------------------------------------------------------------------------
 
+async def _awaited(aw):
+    return await aw
+
+
+def _await_from_thread(loop, aw, stop: threading.Event):
+    """On a worker thread: run the awaitable aw on loop and return its result.
+    Waits in steps of 0.25 s; once stop is set (the awaiting task was
+    cancelled), cancels it and raises CancelledError, so the thread does not
+    wait for a loop that no longer serves it."""
+    import concurrent.futures
+    coro = _awaited(aw)
+    if stop.is_set():
+        coro.close()
+        if asyncio.iscoroutine(aw):
+            aw.close()
+        raise asyncio.CancelledError()
+    try:
+        cf = asyncio.run_coroutine_threadsafe(coro, loop)
+    except RuntimeError:  # the loop is closed
+        coro.close()
+        if asyncio.iscoroutine(aw):
+            aw.close()
+        raise asyncio.CancelledError()
+    while not concurrent.futures.wait([cf], timeout=0.25).done:
+        if stop.is_set():
+            cf.cancel()
+            raise asyncio.CancelledError()
+    return cf.result()
+
+
+class _Stoppable:
+    """A transfer's sync source or destination on a worker thread: its next
+    read or write fails once stop is set (the awaiting task was cancelled)."""
+
+    def __init__(self, f, stop: threading.Event):
+        self.f = f
+        self.stop = stop
+
+    def read(self, n: int):
+        if self.stop.is_set():
+            raise asyncio.CancelledError()
+        return self.f.read(n)
+
+    def write(self, b: bytes):
+        if self.stop.is_set():
+            raise asyncio.CancelledError()
+        return self.f.write(b)
+
+
+_END = object()
+
+
+async def _next_chunk(it):
+    try:
+        return await it.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+class _AsyncSource:
+    """A blocking read(n) over an async source (an object with a coroutine
+    read(n), e.g. an asyncio.StreamReader, or an async iterable of bytes),
+    for Files.upload running on a worker thread."""
+
+    def __init__(self, src, loop, stop: threading.Event):
+        self.loop = loop
+        self.stop = stop
+        self.reader = src.read if _is_async(getattr(src, "read", None)) else None
+        self.it = src.__aiter__() if self.reader is None else None
+        self.buf = bytearray()
+        self.done = False
+
+    def read(self, n: int) -> bytes:
+        if self.reader is not None:
+            return _bytes(_await_from_thread(self.loop, self.reader(n), self.stop))
+        buf = self.buf
+        while len(buf) < n and not self.done:
+            chunk = _await_from_thread(self.loop, _next_chunk(self.it), self.stop)
+            if chunk is _END:
+                self.done = True
+            else:
+                buf += _bytes(chunk)
+        out = bytes(buf[:n])
+        del buf[:n]
+        return out
+
+
+class _AsyncSink:
+    """A blocking write(b) over an async destination (an object with a
+    coroutine write(b), or an asyncio.StreamWriter: write then drain), for
+    Files.download running on a worker thread: each page waits until the
+    destination took it."""
+
+    def __init__(self, dst, loop, stop: threading.Event):
+        self.dst = dst
+        self.loop = loop
+        self.stop = stop
+
+    async def _stream_write(self, b):
+        self.dst.write(b)
+        await self.dst.drain()
+
+    def write(self, b: bytes) -> None:
+        if isinstance(self.dst, asyncio.StreamWriter):
+            aw = self._stream_write(b)
+        else:
+            aw = self.dst.write(b)
+        _await_from_thread(self.loop, aw, self.stop)
+
+
+def _is_async(fn) -> bool:
+    return fn is not None and asyncio.iscoroutinefunction(fn)
+
+
 class AsyncFiles:
+    """sandbox.files as coroutines: each call is the blocking Files call run
+    on the client's thread pool. upload and download stream (never the whole
+    file in memory) from and to sync file objects as Files does, and also
+    from async sources and to async destinations; iter_download yields the
+    pages as they come."""
+
     def __init__(self, asb: "AsyncSandbox"):
         self._asb = asb
 
-    async def write(self, path, data, **kw):
+    async def write(self, path: str, data: Data, **kw) -> None:
+        """Files.write (same keywords): data of any size, held whole."""
         return await self._asb._run(self._asb.sync.files.write, path, data, **kw)
 
-    async def read(self, path):
+    async def read(self, path: str) -> bytes:
+        """Files.read: the whole file (iter_download streams it instead)."""
         return await self._asb._run(self._asb.sync.files.read, path)
 
-    async def list(self, path="/"):
+    async def list(self, path: str = "/") -> List[DirEntry]:
         return await self._asb._run(self._asb.sync.files.list, path)
 
-    async def upload(self, path, src, **kw):
-        return await self._asb._run(self._asb.sync.files.upload, path, src, **kw)
+    async def _transfer(self, fn, *args, **kw):
+        """fn(*args, stop=, **kw) on the pool; stop is set when the awaiting
+        task is cancelled, so a transfer waiting on this loop gives up (its
+        next read or page fails it) instead of holding its thread."""
+        stop = threading.Event()
+        try:
+            return await self._asb._run(fn, stop, *args, **kw)
+        finally:
+            stop.set()
 
-    async def download(self, path, dst=None, **kw):
-        return await self._asb._run(self._asb.sync.files.download, path, dst, **kw)
+    async def upload(self, path: str, src, **kw) -> Transfer:
+        """Files.upload (same keywords: mode, upload_id, resume, chunk_size,
+        window): stream src to path. src is bytes/str, a file-like object
+        with read(n) (called on a worker thread), an object with a coroutine
+        read(n) (an asyncio.StreamReader) or an async iterable of bytes (read
+        on this loop, only as fast as the chunks go). Cancelling the call
+        fails the upload at its next read (within about 0.25 s when it waits
+        for an async source); resume it as Files.upload says."""
+        loop = asyncio.get_running_loop()
+        if _is_async(getattr(src, "read", None)) or hasattr(src, "__aiter__"):
+            def source(stop):
+                return _AsyncSource(src, loop, stop)
+        else:
+            if isinstance(src, (bytes, bytearray, memoryview, str)):
+                import io
+                src = io.BytesIO(_bytes(src))
 
-    async def upload_held(self, path, upload_id):
+            def source(stop):
+                return _Stoppable(src, stop)
+
+        def run(stop):
+            return self._asb.sync.files.upload(path, source(stop), **kw)
+
+        return await self._transfer(run)
+
+    async def download(self, path: str, dst=None, **kw):
+        """Files.download (same keywords: page_size, window): stream path into
+        dst and return a Transfer; with dst None, the bytes. dst is a
+        file-like object with write(b) (called on a worker thread), an object
+        with a coroutine write(b), or an asyncio.StreamWriter (write, then
+        drain): each page waits until dst took it, so at most a window of
+        pages is held. The sha256 is checked at the end (BackendError when it
+        differs: read it again). Cancelling the call stops the download at its
+        next page."""
+        loop = asyncio.get_running_loop()
+        if dst is None:
+            import io
+            buf = io.BytesIO()
+
+            def run(stop):
+                self._asb.sync.files.download(path, _Stoppable(buf, stop), **kw)
+                return buf.getvalue()
+        elif _is_async(getattr(dst, "write", None)) or isinstance(dst, asyncio.StreamWriter):
+            def run(stop):
+                return self._asb.sync.files.download(path, _AsyncSink(dst, loop, stop), **kw)
+        else:
+            def run(stop):
+                return self._asb.sync.files.download(path, _Stoppable(dst, stop), **kw)
+
+        return await self._transfer(run)
+
+    async def iter_download(self, path: str, page_size: int = 0,
+                            window: int = 0) -> AsyncIterator[bytes]:
+        """Yield path's content page by page (at most page_size bytes each; 0:
+        4 MiB) as it arrives, with download's checks: a file that changes
+        while it is read raises StateError, a sha256 that differs at the end
+        BackendError, both after the pages before it were yielded. The
+        download waits while the consumer does not take the pages (a consumer
+        that stalls past the client's timeout fails it); leaving the loop
+        early stops it.
+
+            async for page in asb.files.iter_download("/work/big.bin"):
+                h.update(page)
+        """
+        q: asyncio.Queue = asyncio.Queue(maxsize=1)
+
+        class Sink:
+            async def write(self, b):
+                await q.put(b)
+
+        task = asyncio.ensure_future(self.download(path, Sink(), page_size=page_size,
+                                                   window=window))
+        try:
+            while True:
+                get = asyncio.ensure_future(q.get())
+                await asyncio.wait((get, task), return_when=asyncio.FIRST_COMPLETED)
+                if get.done():
+                    yield get.result()
+                    continue
+                get.cancel()
+                while not q.empty():
+                    yield q.get_nowait()
+                task.result()  # the download's failure, if it failed
+                return
+        finally:
+            if not task.done():
+                task.cancel()  # its thread stops at its next page
+            elif not task.cancelled():
+                task.exception()  # left early: its outcome is nobody's
+
+    async def upload_held(self, path: str, upload_id: str) -> int:
         return await self._asb._run(self._asb.sync.files.upload_held, path, upload_id)
 
-    async def mkdir(self, path, **kw):
+    async def mkdir(self, path: str, **kw) -> None:
         return await self._asb._run(self._asb.sync.files.mkdir, path, **kw)
 
-    async def stat(self, path):
+    async def stat(self, path: str) -> DirEntry:
         return await self._asb._run(self._asb.sync.files.stat, path)
 
-    async def rename(self, src, dst):
+    async def rename(self, src: str, dst: str) -> None:
         return await self._asb._run(self._asb.sync.files.rename, src, dst)
 
-    async def remove(self, path, **kw):
+    async def remove(self, path: str, **kw) -> None:
         return await self._asb._run(self._asb.sync.files.remove, path, **kw)
 
 

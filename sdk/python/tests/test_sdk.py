@@ -413,5 +413,138 @@ class TestTrajectory(Base):
         self.assertEqual(sb2.files.read("/work/log"), b"step 1\nstep 2\nstep 3\nstep 4\n")
 
 
+class TestAsyncFiles(Base):
+    """AsyncFiles streams: from async sources, to async sinks, page by page; a
+    transfer left or cancelled gives its thread back."""
+
+    KIB = 1 << 10
+
+    def sandbox(self):
+        if _cell["types"].get("sim", "") is not None:
+            self.skipTest("the cell offers no sim sandboxes")
+        sb = self.c.run("sim", cpu=0.01, memory_mb=16, disk_mb=256, max_lifetime_s=600)
+        self.addCleanup(sb.stop)
+        return dsec.AsyncSandbox(self.c.aio(), sb)
+
+    @staticmethod
+    def counted(files, name):
+        """Count the calls of files.<name> in flight (they run on the client's pool)."""
+        in_flight = [0]
+        fn = getattr(files, name)
+
+        def wrapper(*a, **kw):
+            in_flight[0] += 1
+            try:
+                return fn(*a, **kw)
+            finally:
+                in_flight[0] -= 1
+
+        setattr(files, name, wrapper)
+        return in_flight
+
+    @staticmethod
+    async def settle(in_flight):
+        """Wait (up to 30 s) until no counted call is in flight; how many still are."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 30
+        while in_flight[0] and loop.time() < end:
+            await asyncio.sleep(0.05)
+        return in_flight[0]
+
+    def test_async_sources_and_sinks(self):
+        import hashlib
+        import os
+        asb = self.sandbox()
+        data = os.urandom(9 * 1024 * self.KIB + 5)
+        sha = hashlib.sha256(data).hexdigest()
+
+        async def pieces():
+            for i in range(0, len(data), 300 * self.KIB):
+                await asyncio.sleep(0)
+                yield data[i:i + 300 * self.KIB]
+
+        class Sink:
+            def __init__(self):
+                self.parts = []
+
+            async def write(self, b):
+                await asyncio.sleep(0)
+                self.parts.append(b)
+
+        async def main():
+            up = await asb.files.upload("/work/big", pieces(), chunk_size=1024 * self.KIB)
+            pages = [p async for p in asb.files.iter_download("/work/big",
+                                                                page_size=1024 * self.KIB)]
+            sink = Sink()
+            down = await asb.files.download("/work/big", sink, page_size=512 * self.KIB)
+            whole = await asb.files.download("/work/big")
+            reader = asyncio.StreamReader()
+            reader.feed_data(data[:100 * self.KIB])
+            reader.feed_eof()
+            up2 = await asb.files.upload("/work/small", reader)
+            small = await asb.files.read("/work/small")
+            up3 = await asb.files.upload("/work/bytes", b"plain bytes")
+            return up, pages, sink.parts, down, whole, up2, small, up3
+
+        up, pages, parts, down, whole, up2, small, up3 = asyncio.run(main())
+        self.assertEqual((up.size, up.sha256), (len(data), sha))
+        self.assertGreater(len(pages), 1)
+        self.assertTrue(all(len(p) <= 1024 * self.KIB for p in pages))
+        self.assertEqual(b"".join(pages), data)
+        self.assertEqual((down.size, down.sha256), (len(data), sha))
+        self.assertGreater(len(parts), 1)
+        self.assertEqual(b"".join(parts), data)
+        self.assertEqual(whole, data)
+        self.assertEqual(up2.size, 100 * self.KIB)
+        self.assertEqual(small, data[:100 * self.KIB])
+        self.assertEqual(up3.size, len(b"plain bytes"))
+
+    def test_leaving_iter_download_stops_it(self):
+        asb = self.asb_with_file(4 * 1024 * self.KIB)
+        in_flight = self.counted(asb.sync.files, "download")
+
+        async def main():
+            pages = asb.files.iter_download("/work/f", page_size=64 * self.KIB)
+            first = await pages.__anext__()
+            await pages.aclose()  # what `break` does once the generator is collected
+            left = await self.settle(in_flight)
+            return first, left, await asb.files.stat("/work/f")
+
+        first, left, st = asyncio.run(main())
+        self.assertEqual(len(first), 64 * self.KIB)
+        self.assertEqual(left, 0)
+        self.assertEqual(st.size, 4 * 1024 * self.KIB)
+
+    def test_cancelled_upload_stops_and_publishes_nothing(self):
+        asb = self.sandbox()
+        in_flight = self.counted(asb.sync.files, "upload")
+
+        async def main():
+            taken = asyncio.Event()
+
+            async def stalls():
+                yield b"x" * (64 * self.KIB)
+                taken.set()
+                await asyncio.Event().wait()  # never more
+                yield b"y"
+
+            task = asyncio.ensure_future(asb.files.upload("/work/never", stalls(),
+                                                          chunk_size=64 * self.KIB))
+            await asyncio.wait_for(taken.wait(), 30)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            return await self.settle(in_flight)
+
+        self.assertEqual(asyncio.run(main()), 0)
+        with self.assertRaises(NotFound):
+            asb.sync.files.stat("/work/never")
+
+    def asb_with_file(self, size):
+        asb = self.sandbox()
+        asb.sync.files.write("/work/f", b"z" * size)
+        return asb
+
+
 if __name__ == "__main__":
     unittest.main()
