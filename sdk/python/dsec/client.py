@@ -1438,9 +1438,9 @@ class AsyncFiles:
     async def list(self, path: str = "/") -> List[DirEntry]:
         return await self._asb._run(self._asb.sync.files.list, path)
 
-    async def _transfer(self, fn, *args, **kw):
-        """fn(*args, stop=, **kw) on the pool; stop is set when the awaiting
-        task is cancelled, so a transfer waiting on this loop gives up (its
+    async def _run_transfer(self, fn, *args, **kw):
+        """fn(stop, *args, **kw) on the pool; stop (a threading.Event) is set
+        when the awaiting task is cancelled, so a transfer waiting on this loop gives up (its
         next read or page fails it) instead of holding its thread."""
         stop = threading.Event()
         try:
@@ -1471,7 +1471,7 @@ class AsyncFiles:
         def run(stop):
             return self._asb.sync.files.upload(path, source(stop), **kw)
 
-        return await self._transfer(run)
+        return await self._run_transfer(run)
 
     async def download(self, path: str, dst=None, **kw):
         """Files.download (same keywords: page_size, window): stream path into
@@ -1497,7 +1497,7 @@ class AsyncFiles:
             def run(stop):
                 return self._asb.sync.files.download(path, _Stoppable(dst, stop), **kw)
 
-        return await self._transfer(run)
+        return await self._run_transfer(run)
 
     async def iter_download(self, path: str, page_size: int = 0,
                             window: int = 0) -> AsyncIterator[bytes]:
@@ -1506,8 +1506,9 @@ class AsyncFiles:
         while it is read raises StateError, a sha256 that differs at the end
         BackendError, both after the pages before it were yielded. The
         download waits while the consumer does not take the pages (a consumer
-        that stalls past the client's timeout fails it); leaving the loop
-        early stops it.
+        that stalls past the client's timeout fails it). Closing the iterator
+        early stops it at its next page (`break` closes it when it is
+        collected; contextlib.aclosing closes it at once).
 
             async for page in asb.files.iter_download("/work/big.bin"):
                 h.update(page)
@@ -1667,16 +1668,12 @@ class AsyncProcesses:
 class AsyncPty(AsyncProcess):
     """A Pty as coroutines: `async for data in pty` yields its output as it
     comes (each wait runs on the client's thread pool); the AsyncProcess calls
-    (info, signal, kill, wait) apply too."""
+    (write, info, signal, kill, wait) apply too."""
 
-    def __init__(self, asb: "AsyncSandbox", sync: Pty):
-        super().__init__(asb, sync)
+    sync: Pty
 
     def __repr__(self):
         return "AsyncPty(%r, handle=%d)" % (self._asb.id, self.handle)
-
-    async def write(self, data, close: bool = False):
-        return await self._asb._run(self.sync.write, data, close)
 
     async def recv(self, timeout_s: float = 1.0) -> bytes:
         return await self._asb._run(self.sync.recv, timeout_s)
