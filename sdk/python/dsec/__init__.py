@@ -9,9 +9,9 @@
 
 See docs/sdk.md.
 """
-from .client import (TYPES, AsyncDSecClient, AsyncProcess, AsyncPty, AsyncSandbox, AsyncShell,
-                     CommandFailed, DSecClient, DirWatch, Files, Process, Processes, Pty, Sandbox,
-                     Shell)
+from .client import (TYPES, AsyncDirWatch, AsyncDSecClient, AsyncProcess, AsyncPty,
+                     AsyncSandbox, AsyncShell, CommandFailed, DSecClient, DirWatch, Files,
+                     Process, Processes, Pty, Sandbox, Shell)
 from .errors import (AlreadyExists, BackendError, CapacityError, Closed, ConnectionFailed,
                      DSecError, Diverged, InvalidArgument, NotFound, NotSupported, Overloaded,
                      QuotaExceeded, StateError, Timeout)
@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 library_path = _lib.path
 
 __all__ = [
-    "TYPES", "AsyncDSecClient", "AsyncProcess", "AsyncPty", "AsyncSandbox", "AsyncShell",
-    "CommandFailed",
+    "TYPES", "AsyncDirWatch", "AsyncDSecClient", "AsyncProcess", "AsyncPty", "AsyncSandbox",
+    "AsyncShell", "CommandFailed",
     "DSecClient", "DirWatch", "Files", "Process", "Processes", "Pty", "Sandbox", "Shell",
     "AlreadyExists", "BackendError", "CapacityError", "Closed", "ConnectionFailed", "DSecError",
     "Diverged", "InvalidArgument", "NotFound", "NotSupported", "Overloaded", "QuotaExceeded", "StateError",

@@ -753,8 +753,11 @@ class DirWatch:
         self.close()
 
     def next_events(self, timeout_s: float = 1.0) -> List[DirEvent]:
+        return self._take(self._p.read(self._off, 0, wait_s=timeout_s))
+
+    def _take(self, w: ProcessOutput) -> List[DirEvent]:
+        """The events of a read from self._off; moves past them."""
         import json
-        w = self._p.read(self._off, 0, wait_s=timeout_s)
         evs = []
         if w.stdout_from > self._off:  # dropped before it was read
             evs.append(DirEvent(event="overflow", path="", dir=True))
@@ -1539,6 +1542,11 @@ class AsyncFiles:
             elif not task.cancelled():
                 task.exception()  # left early: its outcome is nobody's
 
+    async def watch(self, path: str, recursive: bool = False) -> "AsyncDirWatch":
+        """Files.watch: returns once every watch is set; `async for ev in w`."""
+        return AsyncDirWatch(self._asb, await self._asb._run(self._asb.sync.files.watch, path,
+                                                             recursive))
+
     async def upload_held(self, path: str, upload_id: str) -> int:
         return await self._asb._run(self._asb.sync.files.upload_held, path, upload_id)
 
@@ -1553,6 +1561,41 @@ class AsyncFiles:
 
     async def remove(self, path: str, **kw) -> None:
         return await self._asb._run(self._asb.sync.files.remove, path, **kw)
+
+
+class AsyncDirWatch:
+    """A DirWatch as coroutines (AsyncFiles.watch): `async for ev in w` yields
+    DirEvents as they come. Each wait is a read of at most 1 s on the
+    client's thread pool, and the events are taken from it on the loop: a
+    task cancelled while it waits loses no event, and the watcher runs on
+    (close() ends it)."""
+
+    def __init__(self, asb: "AsyncSandbox", sync: DirWatch):
+        self._asb = asb
+        self.sync = sync
+        self.handle = sync.handle
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    async def next_events(self, timeout_s: float = 1.0) -> List[DirEvent]:
+        """The events that came within timeout_s (at most 60)."""
+        w = self.sync
+        return w._take(await self._asb._run(w._p.read, w._off, 0, 0, timeout_s))
+
+    async def __aiter__(self) -> AsyncIterator[DirEvent]:
+        while True:
+            evs = await self.next_events(1.0)
+            for ev in evs:
+                yield ev
+            if not self.sync.running and not evs:
+                return
+
+    async def close(self) -> None:
+        return await self._asb._run(self.sync.close)
 
 
 class AsyncProcess:
@@ -1710,6 +1753,9 @@ class AsyncShell:
 
     async def interrupt(self):
         return await self._asb._run(self.sync.interrupt)
+
+    async def info(self) -> ProcessInfo:
+        return await self._asb._run(self.sync.info)
 
     async def close(self):
         return await self._asb._run(self.sync.close)

@@ -17,9 +17,9 @@ import unittest
 import uuid
 
 import embedded
-from dsec import (AsyncDSecClient, AsyncProcess, AsyncSandbox, CommandFailed, ContainerArgs,
-                  DSecClient, DSecError, FunctionArgs, InvalidArgument, MicroVMArgs, NotFound,
-                  NotSupported, StateError, VMArgs)
+from dsec import (AsyncDSecClient, AsyncDirWatch, AsyncProcess, AsyncSandbox, CommandFailed,
+                  ContainerArgs, DSecClient, DSecError, FunctionArgs, InvalidArgument, MicroVMArgs,
+                  NotFound, NotSupported, StateError, VMArgs)
 
 from embedded import ROOT
 ENV = "busybox:1"
@@ -502,6 +502,32 @@ class TestAsyncProcesses(Base):
         out, info = asyncio.run(main())
         self.assertIn(b"pty-42", out)
         self.assertEqual(info.exit_code, 4)
+
+
+    def test_async_watch_and_shell(self):
+        asb = self.asb()
+        asb.sync.run_shell("mkdir -p /w", check=True)
+
+        async def main():
+            seen = []
+            async with await asb.files.watch("/w", recursive=True) as w:
+                self.assertIsInstance(w, AsyncDirWatch)
+                await asb.run_shell("mkdir /w/d && echo 1 > /w/x && rm /w/x", check=True)
+                async for ev in w:
+                    seen.append((ev.event, ev.path, ev.dir))
+                    if ev.event == "delete":
+                        break
+            async with await asb.shell() as sh:
+                await sh.run("cd /w")
+                pwd = (await sh.run("pwd")).stdout
+                session = (await sh.info()).session
+            return seen, pwd, session
+
+        seen, pwd, session = asyncio.run(main())
+        self.assertEqual(seen, [("create", "/w/d", True), ("create", "/w/x", False),
+                                ("modify", "/w/x", False), ("delete", "/w/x", False)])
+        self.assertEqual(pwd, b"/w\n")
+        self.assertTrue(session)
 
 
 class TestShellAndPty(Base):
