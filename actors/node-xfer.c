@@ -217,6 +217,58 @@ static void reply_data(dsec_node *n, dsec_msg *m, struct sbx *s, const char *pat
         dsec_wire_error(n->actor, m, &err);
 }
 
+struct write_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int rc;
+    dsec_err err;
+};
+
+static void write_waited(void *ud, int rc, dsec_file_data *data, dsec_err *err)
+{
+    (void)data;
+    struct write_wait *ww = ud;
+    pthread_mutex_lock(&ww->mu);
+    ww->rc = rc;
+    if (rc < 0 && err != NULL)
+        ww->err = *err;
+    ww->done = true;
+    pthread_cond_signal(&ww->cv);
+    pthread_mutex_unlock(&ww->mu);
+}
+
+/* Write a chunk to the sandbox and, at the same time, hash it into h (NULL: no hash): where
+ * the backend moves the bytes on its loop, this thread hashes meanwhile instead of after. */
+static int write_hashing(struct sbx *s, const char *path, const uint8_t *p, size_t len,
+                         uint32_t mode, bool append, dsec_sha256 *h, dsec_err *err)
+{
+    if (!dsec_backend_files_async(s->be) || dsec_backend_instant(s->be)) {
+        if (dsec_backend_file_write(s->be, s->h, path, p, len, mode, append, err) < 0)
+            return -1;
+        if (h != NULL)
+            dsec_sha256_update(h, p, len);
+        return 0;
+    }
+    struct write_wait ww = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    if (dsec_backend_file_write_start(s->be, s->h, path, p, len, mode, append, write_waited, &ww,
+                                      err) < 0)
+        return -1;
+    if (h != NULL)
+        dsec_sha256_update(h, p, len);
+    pthread_mutex_lock(&ww.mu);
+    while (!ww.done)
+        pthread_cond_wait(&ww.cv, &ww.mu);
+    pthread_mutex_unlock(&ww.mu);
+    pthread_cond_destroy(&ww.cv);
+    pthread_mutex_destroy(&ww.mu);
+    if (ww.rc < 0) {
+        *err = ww.err;
+        return -1;
+    }
+    return 0;
+}
+
 bool dsec__node_is_upload(const dsec_msg_file_write *w)
 {
     return w->upload != NULL || w->commit || w->resume || w->sha256 != NULL || w->offset != 0 ||
@@ -327,8 +379,10 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
         dsec_sha256 h = x->h;
         if (w->offset == 0)
             dsec_sha256_init(&h);
-        if (dsec_backend_file_write(s->be, s->h, tmp, w->data.ptr, w->data.len, mode, w->offset > 0,
-                                    &err) < 0) {
+        bool hash_it = w->offset == 0 || x->hashed;
+        int wrc = write_hashing(s, tmp, w->data.ptr, w->data.len, mode, w->offset > 0,
+                                hash_it ? &h : NULL, &err);
+        if (wrc < 0) {
             /* what it holds now is unknown: the next chunk or probe asks the file */
             xstate_free(x);
             dsec_err_wrap(&err, "upload %s of %s in %s: writing %s", w->upload, w->path, s->id,
@@ -336,10 +390,7 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
             dsec__node_reply_backend(n, m, &err, "path");
             goto out;
         }
-        if (w->offset == 0)
-            x->hashed = true;
-        if (x->hashed)
-            dsec_sha256_update(&h, w->data.ptr, w->data.len);
+        x->hashed = hash_it;
         x->h = h;
         x->at = w->offset + w->data.len;
     }
@@ -396,7 +447,7 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
                              w->upload, w->path, s->id, why);
         goto out;
     }
-    dsec_file_op op = {.kind = DSEC_FOP_RENAME, .path = tmp, .to = w->path, .sync = true};
+    dsec_file_op op = {.kind = DSEC_FOP_RENAME, .path = tmp, .to = w->path, .sync = false};
     if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0) {
         xstate_put(x); /* the commit may be sent again */
         dsec_err_wrap(&err, "upload %s: publishing %s in %s", w->upload, w->path, s->id);

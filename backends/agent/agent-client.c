@@ -360,6 +360,8 @@ static int connect_once(const char *path)
      * sandbox frozen, its backlog full) would wait for ever; this one fails with EAGAIN, and
      * the caller retries until its deadline */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd >= 0)
+        dsec__agent_sndbuf(fd);
     int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
     int e = errno;
     if (dfd >= 0)
