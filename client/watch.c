@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -38,6 +39,13 @@ static int json_str(const char *line, const char *key, char *out, size_t n)
     }
     out[k] = '\0';
     return *p == '"' ? 0 : -1;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static bool parse_event(const char *line, dsec_dir_event *ev)
@@ -102,8 +110,11 @@ int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recurs
                           NULL};
     if (dsec_proc_start(c, id, &(dsec_proc_opts){.argv = argv}, out, err) < 0)
         return -1;
-    /* wait for its first line: every watch is set, or it failed (and says why) */
-    for (int i = 0; i < 40; i++) {
+    /* wait for its first line: every watch is set, or it failed (and says why). Bounded by
+     * the clock, not by a count of reads: a VM's waiting read answers at once (one channel to
+     * its agent), so 40 reads there were over in a few milliseconds */
+    for (uint64_t end = mono_ms() + 10000; mono_ms() < end;) {
+        uint64_t asked = mono_ms();
         dsec_proc_out o;
         if (dsec_proc_read_wait(c, id, out->handle, 0, 0, 0, 250, &o, err) < 0)
             return -1;
@@ -122,6 +133,8 @@ int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recurs
             return dsec_err_set(err, code == 2 ? DSEC_E_INVALID : DSEC_E_NOT_FOUND, 0,
                                 "watch %s in %s: %s", path, id,
                                 why[0] ? why : "the watcher ended at once");
+        if (mono_ms() - asked < 20) /* answered without waiting: do not spin */
+            nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
     }
     dsec_err e2;
     dsec_proc_signal(c, id, out->handle, 9, &e2);

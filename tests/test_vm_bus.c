@@ -1,7 +1,10 @@
 /* test_vm_bus.c - microVMs and VMs end to end: a cell on a real nats-server whose node runs QEMU
  * (TCG here) on busybox:1; libdsec creates by requirement, execs, moves files, forks, pauses,
- * snapshots, and a restarted node manager re-adopts a running microVM. */
+ * snapshots, a restarted node manager re-adopts a running microVM, and one microVM serves a
+ * terminal, a shell session, the process list, streamed uploads and downloads, file ops and a
+ * directory watcher. */
 #include <dirent.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -18,6 +22,7 @@
 #include "bus/bus.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "dsec/sha256.h"
 #include "tests/fixture.h"
 
 static dsec_natsd *natsd;
@@ -25,6 +30,7 @@ static char root[64];
 static dsec_cell_conf conf;
 static dsec_cell *cell;
 static dsec_client *cl;
+static char shared_id[DSEC_ID_MAX]; /* the microVM the terminal, session and file cases share */
 
 static int start_cell(void)
 {
@@ -140,6 +146,9 @@ static int snapshot_files(void)
 
 static int group_teardown(void **state)
 {
+    dsec_err err;
+    if (shared_id[0] != '\0' && dsec_destroy(cl, shared_id, &err) < 0)
+        fprintf(stderr, "teardown: destroy %s: %s\n", shared_id, err.msg);
     dsec_client_free(cl);
     dsec_cell_stop(cell, true);
     dsec_cell_conf_release(&conf);
@@ -349,6 +358,401 @@ static void test_bad_requests(void **state)
     assert_int_equal(sandbox_dirs(), 0);
 }
 
+/* ---- terminals, sessions, processes, transfers and the watcher on one microVM -------------
+ * A VM's agent has one channel (no proc_follow_start): a waiting read answers at once, so
+ * these poll, bounded by a deadline generous enough for TCG under ASan. */
+
+#define POLL_MS 120000 /* how long a poll goes on before the case fails */
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The microVM these cases share (booted once: boot takes seconds under TCG). */
+static const char *shared_vm(void)
+{
+    if (shared_id[0] == '\0') {
+        dsec_sandbox_info a;
+        make("microvm", NULL, "busybox:1", &a);
+        assert_string_equal(a.type, "microvm");
+        snprintf(shared_id, sizeof shared_id, "%s", a.id);
+    }
+    return shared_id;
+}
+
+/* Type keys on a terminal. */
+static void type(const char *id, uint64_t h, const char *keys)
+{
+    dsec_err err;
+    if (dsec_proc_write(cl, id, h, keys, strlen(keys), false, &err) < 0)
+        fail_msg("typing %s: %s", keys, err.msg);
+}
+
+/* Read a pty process's output from *off until acc holds want (or fail). */
+static void pty_expect(const char *id, uint64_t h, uint64_t *off, const char *want, char *acc,
+                       size_t n)
+{
+    dsec_err err;
+    size_t len = strlen(acc);
+    for (int64_t end = mono_ms() + POLL_MS; mono_ms() < end;) {
+        dsec_proc_out o;
+        if (dsec_proc_read_wait(cl, id, h, *off, 0, 0, 500, &o, &err) < 0)
+            fail_msg("pty read: %s", err.msg);
+        size_t k = o.out_len < n - 1 - len ? o.out_len : n - 1 - len;
+        memcpy(acc + len, o.out, k);
+        len += k;
+        acc[len] = '\0';
+        *off = o.out_from + o.out_len;
+        bool running = o.info.running, got = o.out_len > 0;
+        dsec_proc_out_free(&o);
+        if (strstr(acc, want) != NULL)
+            return;
+        if (!running)
+            break;
+        if (!got)
+            usleep(50 * 1000);
+    }
+    fail_msg("the terminal never showed \"%s\"; it showed:\n%s", want, acc);
+}
+
+/* The process's info once it has ended. */
+static dsec_proc ended(const char *id, uint64_t handle)
+{
+    dsec_proc_out o;
+    dsec_err err;
+    for (int64_t end = mono_ms() + POLL_MS; mono_ms() < end;) {
+        if (dsec_proc_read(cl, id, handle, 0, 0, 1, &o, &err) < 0)
+            fail_msg("proc read %" PRIu64 ": %s", handle, err.msg);
+        dsec_proc p = o.info;
+        dsec_proc_out_free(&o);
+        if (!p.running)
+            return p;
+        usleep(50 * 1000);
+    }
+    fail_msg("process %" PRIu64 " in %s still running after %d s", handle, id, POLL_MS / 1000);
+    return (dsec_proc){0};
+}
+
+/* Wait until `pidof sleep` in id says running (or not). */
+static void sleep_running(const char *id, bool want)
+{
+    char out[256];
+    for (int64_t end = mono_ms() + POLL_MS; mono_ms() < end;) {
+        if ((sh(id, "pidof sleep", out, sizeof out) == 0) == want)
+            return;
+        usleep(50 * 1000);
+    }
+    fail_msg("sleep in %s: still %s after %d s", id, want ? "not running" : "running",
+             POLL_MS / 1000);
+}
+
+/* A terminal: the window asked and a resize, Ctrl-C ends the foreground job and the shell
+ * goes on, the shell's exit code is the process's. */
+static void test_vm_terminal(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    const char *id = shared_vm();
+    dsec_err err;
+    dsec_proc t;
+    const char *argv[] = {"sh", NULL};
+    if (dsec_proc_start(cl, id,
+                        &(dsec_proc_opts){.argv = argv, .pty = true, .rows = 30, .cols = 100}, &t,
+                        &err) < 0)
+        fail_msg("terminal start: %s", err.msg);
+    assert_true(t.pty && t.stdin_open && t.running);
+    uint64_t off = 0;
+    char acc[8192] = "";
+    type(id, t.handle, "stty size; echo $TERM\n");
+    pty_expect(id, t.handle, &off, "30 100", acc, sizeof acc);
+    pty_expect(id, t.handle, &off, "xterm-256color", acc, sizeof acc);
+    assert_int_equal(dsec_proc_resize(cl, id, t.handle, 40, 120, &err), 0);
+    acc[0] = '\0';
+    type(id, t.handle, "stty size\n");
+    pty_expect(id, t.handle, &off, "40 120", acc, sizeof acc);
+    /* Ctrl-C once sleep runs: it ends, the rest of that line does not run, the shell goes on */
+    acc[0] = '\0';
+    sleep_running(id, false);
+    type(id, t.handle, "sleep 100; echo slept\n");
+    sleep_running(id, true);
+    type(id, t.handle, "\x03");
+    sleep_running(id, false);
+    type(id, t.handle, "echo back-$((6*7))\n");
+    pty_expect(id, t.handle, &off, "back-42", acc, sizeof acc);
+    assert_null(strstr(acc, "\nslept")); /* (the typed line's echo holds "echo slept") */
+    type(id, t.handle, "exit 7\n");
+    dsec_proc p = ended(id, t.handle);
+    assert_int_equal(p.exit_code, 7);
+    assert_int_equal(p.signal, 0);
+}
+
+/* A session command line; its result (the caller releases it). */
+static int sess(const char *id, uint64_t h, const char *line, uint64_t timeout_ms,
+                dsec_exec_reply *r, dsec_err *err)
+{
+    const char *argv[] = {line, NULL};
+    dsec_exec_opts eo = {.argv = argv, .session = h, .timeout_ms = timeout_ms};
+    return dsec_exec(cl, id, &eo, r, err);
+}
+
+/* A session command that must succeed; its stdout, trailing newlines cut. */
+static void sess_ok(const char *id, uint64_t h, const char *line, char *out, size_t n)
+{
+    dsec_exec_reply r;
+    dsec_err err;
+    if (sess(id, h, line, 60000, &r, &err) < 0)
+        fail_msg("session command '%s': %s", line, err.msg);
+    if (r.exit_code != 0)
+        fail_msg("session command '%s' exited %d: %.*s", line, r.exit_code, (int)r.err_len,
+                 (char *)r.err_out);
+    size_t k = r.out_len < n - 1 ? r.out_len : n - 1;
+    memcpy(out, r.out, k);
+    while (k > 0 && out[k - 1] == '\n')
+        k--;
+    out[k] = '\0';
+    dsec_exec_reply_release(&r);
+}
+
+/* A shell session: directory, variables and functions carry over, each command has its own
+ * exit code and streams, a timeout ends that command only; the process list shows the
+ * session and a background process, which a signal ends. */
+static void test_vm_session_ps(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    const char *id = shared_vm();
+    dsec_err err;
+    dsec_proc s;
+    if (dsec_session_start(cl, id, NULL, &s, &err) < 0)
+        fail_msg("session start: %s", err.msg);
+    assert_true(s.session && s.running && !s.pty);
+    char got[512];
+    sess_ok(id, s.handle, "cd /tmp; export X=5; f() { echo \"f$1\"; }", got, sizeof got);
+    sess_ok(id, s.handle, "pwd; echo $X; sh -c 'echo $X'; f z", got, sizeof got);
+    assert_string_equal(got, "/tmp\n5\n5\nfz");
+    dsec_exec_reply r;
+    if (sess(id, s.handle, "echo oops >&2; printf partial; (exit 3)", 60000, &r, &err) < 0)
+        fail_msg("session command: %s", err.msg);
+    assert_int_equal(r.exit_code, 3);
+    assert_int_equal(r.out_len, 7);
+    assert_memory_equal(r.out, "partial", 7);
+    assert_int_equal(r.err_len, 5);
+    assert_memory_equal(r.err_out, "oops\n", 5);
+    assert_false(r.interrupted || r.session_ended || r.timed_out);
+    dsec_exec_reply_release(&r);
+    /* a timeout ends that command only */
+    if (sess(id, s.handle, "sleep 100; echo not-killed", 2000, &r, &err) < 0)
+        fail_msg("session command with a timeout: %s", err.msg);
+    assert_true(r.timed_out);
+    assert_false(r.session_ended);
+    assert_int_equal(r.out_len, 0); /* not-killed never came */
+    dsec_exec_reply_release(&r);
+    sleep_running(id, false);
+    sess_ok(id, s.handle, "echo $X $(pwd); f y", got, sizeof got);
+    assert_string_equal(got, "5 /tmp\nfy");
+    /* an interrupt of an idle session does nothing (on a VM it waits behind a running
+     * command: one channel to the agent) */
+    assert_int_equal(dsec_session_interrupt(cl, id, s.handle, &err), 0);
+    sess_ok(id, s.handle, "echo $X", got, sizeof got);
+    assert_string_equal(got, "5");
+
+    /* the process list: the session and a background process, running */
+    const char *bg[] = {"sleep", "1000", NULL};
+    dsec_proc p;
+    if (dsec_proc_start(cl, id, &(dsec_proc_opts){.argv = bg}, &p, &err) < 0)
+        fail_msg("proc start: %s", err.msg);
+    assert_true(p.running && p.pid > 0 && !p.pty && !p.session);
+    dsec_proc *v;
+    size_t nv;
+    assert_int_equal(dsec_proc_list(cl, id, &v, &nv, &err), 0);
+    bool seen_p = false, seen_s = false;
+    for (size_t i = 0; i < nv; i++) {
+        if (v[i].handle == p.handle) {
+            seen_p = true;
+            assert_true(v[i].running);
+            assert_int_equal(v[i].pid, p.pid);
+            assert_string_equal(v[i].cmdline, "sleep 1000");
+        } else if (v[i].handle == s.handle) {
+            seen_s = true;
+            assert_true(v[i].running && v[i].session);
+        }
+    }
+    dsec_free(v);
+    assert_true(seen_p && seen_s);
+    /* a window for a process without a terminal is refused */
+    assert_int_equal(dsec_proc_resize(cl, id, p.handle, 10, 10, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_int_equal(dsec_proc_signal(cl, id, p.handle, 9, &err), 0);
+    dsec_proc q = ended(id, p.handle);
+    assert_int_equal(q.signal, 9);
+
+    /* exit ends the session with its code; later commands are refused */
+    if (sess(id, s.handle, "exit 4", 60000, &r, &err) < 0)
+        fail_msg("session exit: %s", err.msg);
+    assert_int_equal(r.exit_code, 4);
+    assert_true(r.session_ended);
+    dsec_exec_reply_release(&r);
+    assert_int_equal(sess(id, s.handle, "true", 60000, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+}
+
+/* The source of an upload: byte o is pat[o % PAT] (PAT not a power of two, so a chunk put at
+ * the wrong offset differs). */
+#define PAT ((1u << 20) + 7)
+static uint8_t pat[2 * PAT];
+
+struct gen {
+    uint64_t len, off;
+    dsec_sha256 h;
+};
+
+static ssize_t gen_read(void *ud, void *buf, size_t n)
+{
+    struct gen *g = ud;
+    if (n > g->len - g->off)
+        n = (size_t)(g->len - g->off);
+    uint8_t *p = buf;
+    for (size_t done = 0; done < n;) {
+        size_t at = (size_t)((g->off + done) % PAT), k = n - done < PAT ? n - done : PAT;
+        memcpy(p + done, pat + at, k);
+        done += k;
+    }
+    dsec_sha256_update(&g->h, p, n);
+    g->off += n;
+    return (ssize_t)n;
+}
+
+/* A download's pages, compared byte for byte with the source. */
+struct sink {
+    uint64_t len;
+    bool differs;
+};
+
+static int sink_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    struct sink *k = ud;
+    for (size_t done = 0; done < len && !k->differs;) {
+        size_t at = (size_t)((k->len + done) % PAT), n = len - done < PAT ? len - done : PAT;
+        k->differs = memcmp(data + done, pat + at, n) != 0;
+        done += n;
+    }
+    k->len += len;
+    return 0;
+}
+
+struct evs {
+    char seen[8192];
+};
+
+static void on_ev(void *ud, const dsec_dir_event *ev)
+{
+    struct evs *e = ud;
+    size_t n = strlen(e->seen);
+    snprintf(e->seen + n, sizeof e->seen - n, "%s %s%s\n", ev->event, ev->path, ev->dir ? "/" : "");
+}
+
+/* Streamed upload and download (several chunks, sha256 checked by both ends), mkdir, stat,
+ * rename, remove, and a directory watcher's events. */
+static void test_vm_files_watch(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    const char *id = shared_vm();
+    dsec_err err;
+    for (size_t i = 0; i < 2 * PAT; i++)
+        pat[i] = (uint8_t)((i % PAT) * 131 + ((i % PAT) >> 11));
+    assert_int_equal(dsec_file_mkdir(cl, id, "/work/up", 0, true, &err), 0);
+    /* 3 MiB and a bit in 256 KiB chunks, two in flight */
+    uint64_t len = (3u << 20) + 12345;
+    struct gen g = {.len = len};
+    dsec_sha256_init(&g.h);
+    dsec_transfer_result res;
+    if (dsec_file_upload(cl, id, "/work/up/big", &(dsec_upload_opts){.chunk = 256u << 10,
+                                                                      .window = 2},
+                         gen_read, &g, &res, &err) < 0)
+        fail_msg("upload of %" PRIu64 " bytes: %s", len, err.msg);
+    uint8_t d[DSEC_SHA256_LEN];
+    dsec_sha256_final(&g.h, d);
+    char want[65];
+    for (int i = 0; i < DSEC_SHA256_LEN; i++)
+        snprintf(want + 2 * i, 3, "%02x", d[i]);
+    assert_int_equal(res.size, len);
+    assert_string_equal(res.sha256, want);
+    char out[4096];
+    assert_int_equal(sh(id, "sha256sum /work/up/big | cut -c1-64; ls -a /work/up | wc -l", out,
+                        sizeof out),
+                     0);
+    char expect[100];
+    snprintf(expect, sizeof expect, "%s\n3", want); /* ., .. and big: no temporary file left */
+    assert_string_equal(out, expect);
+    struct sink k = {0};
+    dsec_transfer_result dres;
+    if (dsec_file_download(cl, id, "/work/up/big",
+                           &(dsec_download_opts){.page = 128u << 10, .window = 3}, sink_page, &k,
+                           &dres, &err) < 0)
+        fail_msg("download of %" PRIu64 " bytes: %s", len, err.msg);
+    assert_int_equal(k.len, len);
+    assert_false(k.differs);
+    assert_int_equal(dres.size, len);
+    assert_string_equal(dres.sha256, want);
+
+    /* mkdir, stat, rename, remove */
+    dsec_dirent st;
+    assert_int_equal(dsec_file_stat(cl, id, "/work/up/big", &st, &err), 0);
+    assert_string_equal(st.kind, "file");
+    assert_int_equal(st.size, len);
+    assert_int_equal(st.mode & 07777, 0644);
+    dsec_free(st.name);
+    assert_int_equal(dsec_file_mkdir(cl, id, "/work/up/d/e", 0750, true, &err), 0);
+    assert_int_equal(dsec_file_stat(cl, id, "/work/up/d/e", &st, &err), 0);
+    assert_string_equal(st.kind, "dir");
+    assert_int_equal(st.mode & 07777, 0750);
+    dsec_free(st.name);
+    assert_int_equal(dsec_file_mkdir(cl, id, "/work/up/d/e", 0750, false, &err), -1);
+    assert_int_equal(dsec_file_rename(cl, id, "/work/up/big", "/work/up/d/e/moved", &err), 0);
+    assert_int_equal(dsec_file_stat(cl, id, "/work/up/big", &st, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_int_equal(dsec_file_stat(cl, id, "/work/up/d/e/moved", &st, &err), 0);
+    assert_int_equal(st.size, len);
+    dsec_free(st.name);
+    assert_int_equal(dsec_file_remove(cl, id, "/work/up/d", false, &err), -1);
+    assert_int_equal(dsec_file_remove(cl, id, "/work/up/d", true, &err), 0);
+    assert_int_equal(dsec_file_stat(cl, id, "/work/up/d", &st, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+
+    /* the watcher: a file created and removed in the watched directory */
+    assert_int_equal(dsec_file_mkdir(cl, id, "/work/w", 0, true, &err), 0);
+    dsec_proc w;
+    if (dsec_dir_watch(cl, id, "/work/w", false, &w, &err) < 0)
+        fail_msg("watch: %s", err.msg);
+    assert_true(w.running);
+    assert_int_equal(sh(id, "echo x > /work/w/f && rm /work/w/f", out, sizeof out), 0);
+    struct evs e = {""};
+    uint64_t off = 0;
+    for (int64_t end = mono_ms() + POLL_MS;
+         mono_ms() < end && strstr(e.seen, "delete /work/w/f\n") == NULL;) {
+        int n = dsec_dir_events(cl, id, w.handle, &off, 1000, on_ev, &e, NULL, &err);
+        if (n < 0)
+            fail_msg("watch events: %s", err.msg);
+        if (n == 0)
+            usleep(50 * 1000);
+    }
+    const char *cr = strstr(e.seen, "create /work/w/f\n");
+    const char *del = strstr(e.seen, "delete /work/w/f\n");
+    if (cr == NULL || del == NULL || del < cr)
+        fail_msg("watch events:\n%s", e.seen);
+    assert_int_equal(dsec_proc_signal(cl, id, w.handle, 9, &err), 0);
+    assert_false(ended(id, w.handle).running);
+
+    destroy(id);
+    shared_id[0] = '\0';
+    assert_int_equal(qemu_count(), 0);
+    assert_int_equal(sandbox_dirs(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -356,6 +760,11 @@ int main(void)
         cmocka_unit_test(test_exec_files_fork_pause_snapshot),
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_vm_terminal),
+        cmocka_unit_test(test_vm_session_ps),
+        cmocka_unit_test(test_vm_files_watch),
     };
+    if (getenv("DSEC_TEST_FILTER") && *getenv("DSEC_TEST_FILTER")) /* one test, or a pattern */
+        cmocka_set_test_filter(getenv("DSEC_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
