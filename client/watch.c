@@ -71,7 +71,7 @@ int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *o
         dsec_dir_event ev = {.event = "overflow", .dir = true};
         fn(ud, &ev);
         n++;
-        const uint8_t *nl = o.out_from == 0 ? o.out - 1 : memchr(o.out, '\n', o.out_len);
+        const uint8_t *nl = memchr(o.out, '\n', o.out_len);
         size_t skip = nl == NULL ? o.out_len : (size_t)(nl - o.out) + 1;
         *offset = o.out_from + skip;
         memmove(o.out, o.out + skip, o.out_len - skip);

@@ -395,8 +395,10 @@ int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *o
 int dsec_session_start(dsec_client *c, const char *id, const char *shell, dsec_proc *out,
                        dsec_err *err);
 /* Interrupt the session's running command (as Ctrl-C would): it ends with interrupted set
- * and exit code 130; the session lives on. Goes past the running command, which a plain
- * dsec_proc_signal waits behind on a VM. Nothing happens when the session is idle. */
+ * and exit code 130; the session lives on. On a container it goes past the running command
+ * (a subject and an agent connection of its own). A microVM's or VM's agent has one channel,
+ * so there it waits behind the command, and only the command's timeout cuts it short.
+ * Nothing happens when the session is idle. */
 int dsec_session_interrupt(dsec_client *c, const char *id, uint64_t session, dsec_err *err);
 
 /* Move the sandbox's end: it now ends ttl_s seconds from now (sooner or later than it would
