@@ -40,8 +40,9 @@ struct sbx {
     uint64_t created_ns;  /* wall clock */
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     _Atomic uint32_t running; /* commands in flight: a sandbox running one is never idle */
-    /* Signals sent beside its other operations (the sig subject, node-proc.c): taken under the
-     * node lock while side_closed is false; a destroy closes it and waits for none. */
+    /* Process calls made beside its other operations (the sig subject, node-proc.c): taken
+     * under the node lock while side_closed is false; a destroy closes it and waits for those
+     * in flight (a stdin write waits for the process to take the bytes, as on its own key). */
     _Atomic uint32_t side;
     bool side_closed; /* node lock */
     uint64_t ttl_ns, idle_ns;
@@ -310,10 +311,13 @@ void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s);
 
 /* ---- node-ops.c: operations on one sandbox, off the bus --------------------------- */
 
-/* A signal to a background process on the sandbox's side key (the sig subject): it passes a
- * command that is running, to interrupt a shell session's command (node-proc.c). */
-void dsec__node_side_signal(dsec_node *n, dsec_msg *m, const char *tenant, const char *id);
-/* Stop side signals to s and wait for those in flight, before s's backend handle goes. */
+/* A process call but start on the sandbox's side key (the sig subject): it passes a
+ * command that is running, to interrupt a shell session's command, or to read, feed, list
+ * and resize background processes meanwhile (node-proc.c). */
+void dsec__node_side_proc(dsec_node *n, dsec_msg *m, const char *tenant, const char *id);
+/* Whether m (a proc request) is a signal: short, so it is not queued. */
+bool dsec__node_side_is_signal(const dsec_msg *m);
+/* Stop side calls to s and wait for those in flight, before s's backend handle goes. */
 void dsec__node_side_close(dsec_node *n, struct sbx *s);
 bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int type, void *out);
 int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);

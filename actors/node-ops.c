@@ -878,7 +878,7 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
             return;
     if (strcmp(t.op, "sig") == 0) {
         if (dsec_wire_type_ok(a, m, DSEC_MSG_PROC))
-            dsec__node_side_signal(n, m, t.tenant, t.id);
+            dsec__node_side_proc(n, m, t.tenant, t.id);
         return;
     }
     struct sbx *s = target_sbx(n, m, &t);
@@ -965,8 +965,13 @@ void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud)
      * file transfer on a backend that starts it without a thread (its answer comes from the
      * node's loop).
      * Everything else takes its fair turn on the work queue. */
-    if (strcmp(t.op, "sig") == 0) { /* short, and on a key of its own: never queued */
-        sbx_dispatch(a, m, n);
+    if (strcmp(t.op, "sig") == 0) {
+        /* on a key of its own (the side lane): a signal is short and never queued, the
+         * other process calls take their fair turn in the side lane's order */
+        if (dsec__node_side_is_signal(m))
+            sbx_dispatch(a, m, n);
+        else
+            to_work(a, m, n, t.tenant, dsec__node_key_of(m, n), sbx_dispatch_job);
         return;
     }
     pthread_mutex_lock(&n->mu);
@@ -996,8 +1001,8 @@ uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud)
             dots++;
     if (dots == 5 && strncmp(subj, "dsec.v1.ctl.", 12) != 0) {
         const char *end = strchr(p, '.');
-        /* a signal (the sig subject) has a key of its own, so it passes the sandbox's
-         * running command: what it interrupts */
+        /* the sig subject (signals and the other process calls but start) has a key of
+         * its own, so it passes the sandbox's running command */
         uint64_t h = end != NULL && strcmp(end, ".sig") == 0 ? 0x5349474e414cull
                                                               : 1469598103934665603ull;
         for (; *p && p != end; p++)

@@ -205,16 +205,12 @@ static void do_output(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_p
     dsec_proc_output_release(&o);
 }
 
-void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s)
+/* rq's op on s, answered on m; rq->op is not start */
+static void proc_op(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *r)
 {
-    dsec_msg_proc rq;
-    if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_PROC, &rq))
-        return;
-    dsec__node_touch(s);
+    dsec_msg_proc rq = *r;
     dsec_err err;
-    if (strcmp(rq.op, "start") == 0) {
-        do_start(n, m, s, &rq);
-    } else if (strcmp(rq.op, "list") == 0) {
+    if (strcmp(rq.op, "list") == 0) {
         do_list(n, m, s);
     } else if (strcmp(rq.op, "output") == 0) {
         do_output(n, m, s, &rq);
@@ -258,43 +254,57 @@ void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
 }
 
-/* ---- signals beside a running command (the sig subject) ---------------------------------- */
+void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s)
+{
+    dsec_msg_proc rq;
+    if (!dsec__node_decode_for_running(n, m, s, DSEC_MSG_PROC, &rq))
+        return;
+    dsec__node_touch(s);
+    if (strcmp(rq.op, "start") == 0)
+        do_start(n, m, s, &rq);
+    else
+        proc_op(n, m, s, &rq);
+}
+
+/* ---- process calls beside a running command (the sig subject) --------------------------- */
 
 void dsec__node_side_close(dsec_node *n, struct sbx *s)
 {
     pthread_mutex_lock(&n->mu);
     s->side_closed = true;
     pthread_mutex_unlock(&n->mu);
-    /* a side signal is one short call to the agent: never long to wait for */
+    /* a side call is one call to the agent on a connection of its own; a write to a stdin
+     * that is not read ends when the sandbox's processes do */
     while (atomic_load(&s->side) > 0)
         nanosleep(&(struct timespec){0, 1000000}, NULL);
 }
 
-void dsec__node_side_signal(dsec_node *n, dsec_msg *m, const char *tenant, const char *id)
+/* m's proc request for sandbox id, decoded and checked; false when m was answered. */
+static bool side_decode(dsec_node *n, dsec_msg *m, const char *id, dsec_msg_proc *rq)
 {
-    dsec_msg_proc rq;
     dsec_err err;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m), &rq,
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m), rq,
                     &err) < 0) {
         dsec_wire_error(n->actor, m, &err);
-        return;
+        return false;
     }
-    if (strcmp(rq.id, id) != 0) {
-        dsec__node_reply_bad(n, m, "id", "proc: id %s does not match the subject's %s", rq.id, id);
-        return;
+    if (strcmp(rq->id, id) != 0) {
+        dsec__node_reply_bad(n, m, "id", "proc: id %s does not match the subject's %s", rq->id,
+                             id);
+        return false;
     }
-    if (strcmp(rq.op, "signal") != 0) {
+    if (strcmp(rq->op, "start") == 0) {
         dsec__node_reply_bad(n, m, "op",
-                             "the sig subject takes op signal only, not \"%s\" (the others go "
-                             "to proc)",
-                             rq.op);
-        return;
+                             "the sig subject takes list, output, signal, stdin and resize; "
+                             "start a process on the proc subject");
+        return false;
     }
-    if (rq.sig == 0) {
-        dsec__node_reply_bad(n, m, "signal", "proc signal: name the signal (1..64)");
-        return;
-    }
-    /* Pinned under the node lock: a destroy waits for the signal to be sent. */
+    return true;
+}
+
+/* Pin id's sandbox for a side call (a destroy waits for it): NULL when m was answered. */
+static struct sbx *side_pin(dsec_node *n, dsec_msg *m, const char *tenant, const char *id)
+{
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, id);
     int why = s == NULL || s->side_closed || s->state != ST_RUNNING ? 1
@@ -304,30 +314,37 @@ void dsec__node_side_signal(dsec_node *n, dsec_msg *m, const char *tenant, const
     if (why == 0)
         atomic_fetch_add(&s->side, 1);
     pthread_mutex_unlock(&n->mu);
-    if (why == 1) {
+    if (why == 1)
         dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no running sandbox %s on node %s", id,
                              n->name);
-        return;
-    }
-    if (why == 2) {
+    else if (why == 2)
         dsec__node_reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s",
                              id, tenant);
-        return;
-    }
-    if (why == 3) {
+    else if (why == 3)
         dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
-                             "sandbox %s takes signals on its proc subject only (one channel to "
-                             "its agent)",
+                             "sandbox %s takes process calls on its proc subject only (one "
+                             "channel to its agent)",
                              id);
+    return why == 0 ? s : NULL;
+}
+
+void dsec__node_side_proc(dsec_node *n, dsec_msg *m, const char *tenant, const char *id)
+{
+    dsec_msg_proc rq;
+    if (!side_decode(n, m, id, &rq))
         return;
-    }
-    int rc = dsec_backend_proc_signal(s->be, s->h, rq.handle, (int)rq.sig, &err);
-    if (rc < 0) {
-        dsec_err_wrap(&err, "signalling a background process in %s", id);
-        dsec__node_reply_backend(n, m, &err, "handle");
-    } else {
-        dsec_msg_proc_reply out = {.id = id};
-        reply(n, m, &out);
-    }
+    struct sbx *s = side_pin(n, m, tenant, id);
+    if (s == NULL)
+        return;
+    proc_op(n, m, s, &rq);
     atomic_fetch_sub(&s->side, 1);
+}
+
+bool dsec__node_side_is_signal(const dsec_msg *m)
+{
+    dsec_msg_proc rq;
+    dsec_err err;
+    return dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m),
+                       &rq, &err) == 0 &&
+           strcmp(rq.op, "signal") == 0;
 }

@@ -438,9 +438,10 @@ typedef struct dsec_backend_ops {
                       dsec_proc_info *out, dsec_err *err);
     int (*proc_list)(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
                      dsec_err *err);
-    /* With proc_follow_start there, proc_signal too goes on a connection of its own and may
-     * run beside any other call on sb: the node sends a signal past a running command (to
-     * interrupt a shell session's). */
+    /* With proc_follow_start there, proc_list, proc_signal, proc_stdin, proc_output and
+     * proc_resize too go on a connection of their own and may run beside any other call on
+     * sb: the node makes them past a running command (its side lane), to interrupt a shell
+     * session's command or to read, feed and list background processes meanwhile. */
     int (*proc_signal)(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err);
     int (*proc_stdin)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                       size_t len, bool close, dsec_err *err);

@@ -1258,6 +1258,22 @@ static int proc_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_deco
     return proc_call_on(c, id, "proc", m, dec, keep, r, c->timeout_ms, err);
 }
 
+/* A process call but start on the sig subject, which passes the sandbox's running command
+ * (a foreground exec, a transfer); a sandbox whose agent has one channel (a VM) says it is
+ * unsupported there, having done nothing, and takes it on the proc subject. */
+static int proc_side_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_decoder *dec,
+                          dsec_msg **keep, dsec_msg_proc_reply *r, int timeout_ms,
+                          dsec_err *err)
+{
+    int rc = proc_call_on(c, id, "sig", m, dec, keep, r, timeout_ms, err);
+    if (rc < 0 && err->code == DSEC_E_UNSUPPORTED) {
+        dsec_msg_free(*keep);
+        *keep = NULL;
+        rc = proc_call_on(c, id, "proc", m, dec, keep, r, timeout_ms, err);
+    }
+    return rc;
+}
+
 /* The one process a start or an output answer names. */
 static int proc_one(const dsec_msg_proc_reply *r, dsec_proc *out, dsec_err *err)
 {
@@ -1311,14 +1327,7 @@ int dsec_session_interrupt(dsec_client *c, const char *id, uint64_t session, dse
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     dsec_msg *keep = NULL;
     dsec_msg_proc_reply r;
-    /* the sig subject passes the running command; a sandbox whose agent has one channel
-     * (a VM) says it is unsupported there, and takes it on the proc subject */
-    int rc = proc_call_on(c, id, "sig", &m, dec, &keep, &r, c->timeout_ms, err);
-    if (rc < 0 && err->code == DSEC_E_UNSUPPORTED) {
-        dsec_msg_free(keep);
-        keep = NULL;
-        rc = proc_call(c, id, &m, dec, &keep, &r, err);
-    }
+    int rc = proc_side_call(c, id, &m, dec, &keep, &r, c->timeout_ms, err);
     dsec_msg_free(keep);
     dsec_decoder_free(dec);
     return rc;
@@ -1356,7 +1365,7 @@ int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n,
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     dsec_msg *keep = NULL;
     dsec_msg_proc_reply r;
-    int rc = proc_call(c, id, &m, dec, &keep, &r, err);
+    int rc = proc_side_call(c, id, &m, dec, &keep, &r, c->timeout_ms, err);
     if (rc == 0) {
         dsec_proc *v = dsec_calloc(r.procs.n ? r.procs.n : 1, sizeof *v);
         if (v == NULL) {
@@ -1373,7 +1382,7 @@ int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n,
     return rc;
 }
 
-/* signal and stdin: an answer with nothing in it */
+/* signal, stdin and resize: an answer with nothing in it */
 static int proc_simple(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_err *err)
 {
     dsec_decoder *dec = dsec_decoder_new(NULL);
@@ -1381,7 +1390,7 @@ static int proc_simple(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_er
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     dsec_msg *keep = NULL;
     dsec_msg_proc_reply r;
-    int rc = proc_call(c, id, m, dec, &keep, &r, err);
+    int rc = proc_side_call(c, id, m, dec, &keep, &r, c->timeout_ms, err);
     dsec_msg_free(keep);
     dsec_decoder_free(dec);
     return rc;
@@ -1440,7 +1449,7 @@ int dsec_proc_read_wait(dsec_client *c, const char *id, uint64_t handle, uint64_
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     dsec_msg *keep = NULL;
     dsec_msg_proc_reply r;
-    int rc = proc_call_on(c, id, "proc", &m, dec, &keep, &r, c->timeout_ms + (int)wait_ms, err);
+    int rc = proc_side_call(c, id, &m, dec, &keep, &r, c->timeout_ms + (int)wait_ms, err);
     if (rc == 0)
         rc = proc_one(&r, &out->info, err);
     if (rc == 0) {

@@ -618,6 +618,80 @@ static void test_terminals(void **state)
     destroy(a.id);
 }
 
+struct fg_cmd {
+    const char *id;
+    uint64_t session;
+    dsec_exec_reply r;
+    int rc;
+    dsec_err err;
+    atomic_bool done;
+};
+
+static void *fg_run(void *arg)
+{
+    struct fg_cmd *f = arg;
+    f->rc = sess(f->id, f->session,
+                 "touch /tmp/fg-started; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo fg-done",
+                 60000, &f->r, &f->err);
+    atomic_store(&f->done, true);
+    return NULL;
+}
+
+/* Process calls but start pass a running foreground command (the sig subject, the side
+ * lane). The session command below ends only once a background process got a line on its
+ * stdin; if the write, the list or the reads waited behind it, it would time out. */
+static void test_proc_calls_beside_a_command(void **state)
+{
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    dsec_proc bg, watch, s;
+    const char *bga[] = {"sh", "-c", "echo ready; read x; echo got-$x; touch /tmp/go", NULL};
+    assert_int_equal(
+        dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = bga, .keep_stdin = true}, &bg, &err),
+        0);
+    const char *wa[] = {"sh", "-c",
+                        "while [ ! -e /tmp/fg-started ]; do sleep 0.05; done; echo fg-seen", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id, &(dsec_proc_opts){.argv = wa}, &watch, &err), 0);
+    assert_int_equal(dsec_session_start(cl, a.id, NULL, &s, &err), 0);
+    static struct fg_cmd f;
+    memset(&f, 0, sizeof f);
+    f.id = a.id;
+    f.session = s.handle;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, fg_run, &f), 0);
+    char acc[4096] = "";
+    uint64_t off = 0;
+    pty_expect(a.id, watch.handle, &off, "fg-seen", acc, sizeof acc); /* the command runs */
+    /* the list answers meanwhile, and shows the session busy */
+    dsec_proc *v = NULL;
+    size_t nv = 0;
+    assert_int_equal(dsec_proc_list(cl, a.id, &v, &nv, &err), 0);
+    bool busy = false;
+    for (size_t i = 0; i < nv; i++)
+        if (v[i].handle == s.handle)
+            busy = v[i].busy;
+    dsec_free(v);
+    assert_true(busy);
+    assert_false(atomic_load(&f.done));
+    /* so does a read of the background process, and the write its stdin waits for */
+    off = 0;
+    acc[0] = '\0';
+    pty_expect(a.id, bg.handle, &off, "ready", acc, sizeof acc);
+    assert_false(atomic_load(&f.done));
+    assert_int_equal(dsec_proc_write(cl, a.id, bg.handle, "go\n", 3, true, &err), 0);
+    pty_expect(a.id, bg.handle, &off, "got-go", acc, sizeof acc);
+    pthread_join(th, NULL);
+    if (f.rc < 0)
+        fail_msg("the session command: %s", f.err.msg);
+    assert_false(f.r.timed_out);
+    assert_int_equal(f.r.exit_code, 0);
+    assert_int_equal(f.r.out_len, 8);
+    assert_memory_equal(f.r.out, "fg-done\n", 8);
+    dsec_exec_reply_release(&f.r);
+    destroy(a.id);
+}
+
 struct evs {
     char seen[8192];
 };
@@ -1336,6 +1410,7 @@ int main(void)
         cmocka_unit_test(test_background_processes),
         cmocka_unit_test(test_shell_sessions),
         cmocka_unit_test(test_terminals),
+        cmocka_unit_test(test_proc_calls_beside_a_command),
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_uploads_downloads_file_ops),
     };

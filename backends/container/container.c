@@ -1585,53 +1585,69 @@ static int ct_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req
              dsec_agent_proc_start(sb->agent, req, out, err));
 }
 
-static int ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
-                        dsec_err *err)
+/* The process calls but start go on a short connection of their own (backend.h): the node
+ * makes them beside a command or a transfer that holds the sandbox's connection (its side
+ * lane), to interrupt a shell session's command or to read, feed and list processes
+ * meanwhile. a is NULL when the agent is gone (err says so). */
+static int side_agent(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
+                      dsec_agent **a, dsec_err *err)
 {
-    CT_AGENT((const struct ct_backend *)self, sb, err, dsec_agent_proc_list(sb->agent, out, n, err));
-}
-
-/* On a short connection of its own (backend.h): the node sends a signal past a command that
- * holds the sandbox's connection, to interrupt a shell session's command. */
-static int ct_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
-{
-    const struct ct_backend *be = self;
+    *a = NULL;
     struct ct_agent_probe pr;
     dsec__ct_agent_probe(be, sb->rid, &pr);
     if (pr.init == 0 || pr.state == 'Z' || pr.state == 'X')
         return dsec_err_set(err, DSEC_E_CONN, 0,
-                            "container %s: no agent to signal process %" PRIu64
-                            " through (no init in its container)",
-                            sb->rid, handle);
+                            "container %s: no agent for %s (no init in its container)", sb->rid,
+                            what);
     char sp[PATH_MAX + 16];
     sock_path(sb, sp, sizeof sp);
-    dsec_agent *a;
-    if (dsec_agent_connect(&a, sp, 1000, err) < 0)
-        return dsec_err_wrap(err, "container %s: signalling process %" PRIu64, sb->rid, handle);
-    int rc = dsec_agent_proc_signal(a, handle, sig, err);
-    dsec_agent_free(a);
-    return rc;
+    if (dsec_agent_connect(a, sp, 1000, err) < 0)
+        return dsec_err_wrap(err, "container %s: %s", sb->rid, what);
+    return 0;
+}
+
+#define CT_SIDE(be, sb, what, err, call)                                                           \
+    do {                                                                                           \
+        dsec_agent *a;                                                                             \
+        if (side_agent((be), (sb), (what), &a, (err)) < 0)                                         \
+            return -1;                                                                             \
+        int rc_ = (call);                                                                          \
+        dsec_agent_free(a);                                                                        \
+        return rc_;                                                                                \
+    } while (0)
+
+static int ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                        dsec_err *err)
+{
+    CT_SIDE((const struct ct_backend *)self, sb, "listing processes", err,
+            dsec_agent_proc_list(a, out, n, err));
+}
+
+static int ct_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
+{
+    CT_SIDE((const struct ct_backend *)self, sb, "signalling a process", err,
+            dsec_agent_proc_signal(a, handle, sig, err));
 }
 
 static int ct_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                          size_t len, bool close, dsec_err *err)
 {
-    CT_AGENT((const struct ct_backend *)self, sb, err,
-             dsec_agent_proc_stdin(sb->agent, handle, data, len, close, err));
+    CT_SIDE((const struct ct_backend *)self, sb, "writing a process's stdin", err,
+            dsec_agent_proc_stdin(a, handle, data, len, close, err));
 }
 
 static int ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                           uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
 {
-    CT_AGENT((const struct ct_backend *)self, sb, err,
-             dsec_agent_proc_output(sb->agent, handle, out_off, err_off, max, out, err));
+    CT_SIDE((const struct ct_backend *)self, sb, "reading a process's output", err,
+            dsec_agent_proc_output(a, handle, out_off, err_off, max, out, err));
 }
 
 static int ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
                           uint16_t cols, dsec_err *err)
 {
-    CT_AGENT((const struct ct_backend *)self, sb, err,
-             dsec_agent_proc_resize(sb->agent, handle, rows, cols, err));
+    CT_SIDE((const struct ct_backend *)self, sb, "resizing a terminal", err,
+            dsec_agent_proc_resize(a, handle, rows, cols, err));
 }
 
 /* A waiting output request, on a connection of its own (the sandbox's may be an exec's
@@ -1656,23 +1672,13 @@ static int ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, u
                                 struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
                                 dsec_err *err)
 {
-    const struct ct_backend *be = self;
     /* on the loop's thread: a dead agent is told at once, not after a connect's retries */
-    struct ct_agent_probe pr;
-    dsec__ct_agent_probe(be, sb->rid, &pr);
-    if (pr.init == 0 || pr.state == 'Z' || pr.state == 'X')
-        return dsec_err_set(err, DSEC_E_CONN, 0,
-                            "container %s: no agent to follow process %" PRIu64
-                            " with (no init in its container)",
-                            sb->rid, handle);
     struct ct_follow *f = dsec_calloc(1, sizeof *f);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a followed process");
-    char sp[PATH_MAX + 16];
-    sock_path(sb, sp, sizeof sp);
-    if (dsec_agent_connect(&f->a, sp, 1000, err) < 0) {
+    if (side_agent(self, sb, "following a process", &f->a, err) < 0) {
         dsec_free(f);
-        return dsec_err_wrap(err, "container %s: following process %" PRIu64, sb->rid, handle);
+        return -1;
     }
     f->done = done;
     f->ud = ud;
