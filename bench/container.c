@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "actors/cell.h"
+#include "bench/common.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 
@@ -50,47 +51,7 @@
 #define RAW_EXEC_N 30
 #define FORK_N 100
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
-static dsec_cell *g_cell; /* stopped with its sandboxes destroyed, however the bench ends */
-static char g_root[64];   /* the bench's directory, removed however it ends */
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* The node's upper store and the bench's dir and cgroups go. */
-static void remove_root(void)
-{
-    if (g_root[0] != '\0')
-        sh("umount -l %s/state/node-ct-0/container/upper 2>/dev/null; rm -rf %s; "
-           "rmdir /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-bench 2>/dev/null",
-           g_root, g_root);
-}
-
-static void die(const char *what, const dsec_err *err)
-{
-    fprintf(stderr, "bench container: %s: %s\n", what, err ? err->msg : strerror(errno));
-    dsec_cell_stop(g_cell, true);
-    remove_root();
-    exit(1);
-}
 
 static uint64_t mem_available_kb(void)
 {
@@ -138,17 +99,6 @@ static int run_crun(char *const argv[], bool hybrid)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 /* The lower layers of a sandbox's root overlay, top first, as a lowerdir=
@@ -239,7 +189,7 @@ static int raw_prepare(raw *r, const char *root, const char *sb_dir, const char 
     snprintf(r->id, sizeof r->id, "dsec-bench-raw-%d-%d", (int)getpid(), i);
     if (lowerdirs_of(sb_dir, sb_id, lowers, sizeof lowers) < 0)
         return -1;
-    if (sh("mkdir -p %s/rootfs %s/upper %s/work", r->dir, r->dir, r->dir) != 0)
+    if (dsec_bench_sh("mkdir -p %s/rootfs %s/upper %s/work", r->dir, r->dir, r->dir) != 0)
         return -1;
     char opts[17000], rootfs[4200];
     if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lowers, r->dir, r->dir) >=
@@ -249,7 +199,7 @@ static int raw_prepare(raw *r, const char *root, const char *sb_dir, const char 
     if (mount("overlay", rootfs, "overlay", 0, opts) < 0)
         return -1;
     r->mounted = true;
-    return sh("python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); "
+    return dsec_bench_sh("python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); "
               "c[\"root\"][\"path\"]=sys.argv[2]; c[\"process\"][\"args\"]=[\"/bin/sleep\",\"1000000\"]; "
               "c[\"linux\"][\"cgroupsPath\"]=\"dsec-bench/\"+sys.argv[3]; "
               "json.dump(c,open(sys.argv[4],\"w\"))' %s/config.json %s %s %s/config.json",
@@ -267,7 +217,7 @@ static void raw_cleanup(raw *r, bool hybrid)
         if (snprintf(rootfs, sizeof rootfs, "%s/rootfs", r->dir) < (int)sizeof rootfs)
             umount2(rootfs, MNT_DETACH);
     }
-    sh("rm -rf %s", r->dir);
+    dsec_bench_sh("rm -rf %s", r->dir);
 }
 
 /* The floor of any exec here: vfork + execve + wait of the same static
@@ -278,7 +228,7 @@ static double host_spawn_floor_ms(int n, double *samples)
     char *argv[] = {"/bin/busybox", "true", NULL};
     char *envp[] = {"PATH=/bin", NULL};
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         pid_t pid = vfork();
         if (pid == 0) {
             execve(argv[0], argv, envp);
@@ -287,9 +237,9 @@ static double host_spawn_floor_ms(int n, double *samples)
         int st;
         while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
             ;
-        samples[i] = (now_s() - t0) * 1000;
+        samples[i] = (dsec_bench_now_s() - t0) * 1000;
     }
-    return pct(samples, (size_t)n, 0.5);
+    return dsec_bench_pct(samples, (size_t)n, 0.5);
 }
 
 static void exec_true(dsec_client *cl, const char *id, double *lat, double *in_agent)
@@ -298,11 +248,11 @@ static void exec_true(dsec_client *cl, const char *id, double *lat, double *in_a
     dsec_exec_opts eo = {.argv = argv};
     dsec_exec_reply res;
     dsec_err err;
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     if (dsec_exec(cl, id, &eo, &res, &err) < 0)
-        die("exec", &err);
+        dsec_bench_die("exec", &err);
     if (lat)
-        *lat = now_s() - t0;
+        *lat = dsec_bench_now_s() - t0;
     if (in_agent)
         *in_agent = (double)res.duration_us / 1e6;
     if (res.exit_code != 0) {
@@ -320,14 +270,14 @@ static void make(dsec_client *cl, dsec_sandbox_info *info)
                            .ttl_s = 86400, .idle_s = 86400};
     dsec_err err;
     if (dsec_create(cl, &cs, info, &err) < 0)
-        die("create", &err);
+        dsec_bench_die("create", &err);
 }
 
 static void destroy(dsec_client *cl, const char *id)
 {
     dsec_err err;
     if (dsec_destroy(cl, id, &err) < 0)
-        die("destroy", &err);
+        dsec_bench_die("destroy", &err);
 }
 
 static uint64_t used_bytes(const char *path)
@@ -348,8 +298,8 @@ static double g_refill_s;   /* after the last fork: how long the pool took to be
                                counted from its children's first exec */
 static double wait_pool(unsigned n)
 {
-    double t0 = now_s();
-    while (now_s() - t0 < 120) {
+    double t0 = dsec_bench_now_s();
+    while (dsec_bench_now_s() - t0 < 120) {
         unsigned ready = 0;
         DIR *d = opendir(g_pool);
         struct dirent *e;
@@ -364,7 +314,7 @@ static double wait_pool(unsigned n)
             break;
         usleep(20000);
     }
-    return now_s() - t0;
+    return dsec_bench_now_s() - t0;
 }
 
 /* Fork sb into n children; ms per child; *disk and *mem get bytes added per child, memory
@@ -375,10 +325,10 @@ static double fork_children(dsec_client *cl, const char *id, unsigned n, const c
     dsec_err err;
     size_t nk = 0;
     uint64_t d0 = used_bytes(store), m0 = mem_available_kb();
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     if (dsec_fork(cl, id, n, kids, &nk, &err) < 0)
-        die("fork", &err);
-    double dt = now_s() - t0;
+        dsec_bench_die("fork", &err);
+    double dt = dsec_bench_now_s() - t0;
     if (nk != n) {
         fprintf(stderr, "bench container: fork made %zu children, asked %u\n", nk, n);
         exit(1);
@@ -408,10 +358,11 @@ int main(void)
 
     char root[] = "/var/tmp/dsec-bench-ct-XXXXXX";
     if (mkdtemp(root) == NULL)
-        die("mkdtemp", NULL);
-    snprintf(g_root, sizeof g_root, "%s", root);
+        dsec_bench_die("mkdtemp", NULL);
+    dsec_bench_run("container", root, "ct-0",
+                   "rmdir /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-bench 2>/dev/null");
     printf("container bench in %s (cgroups: %s)\n", root, hybrid ? "hybrid v1 + cgroup2" : "as the host has them");
-    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
+    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench container: building busybox:1 failed\n");
         return 1;
@@ -448,13 +399,13 @@ int main(void)
     dsec_cell *cell;
     dsec_err err;
     if (dsec_cell_start(&cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
-        die("starting the cell", &err);
-    g_cell = cell;
+        dsec_bench_die("starting the cell", &err);
+    dsec_bench_set_cell(cell);
     dsec_client *cl;
     /* generous: filling the fork sandbox with a GiB is one long exec */
     dsec_client_opts co = {.url = dsec_cell_url(cell), .timeout_ms = 600000, .threads = 2};
     if (dsec_client_connect(&cl, &co, &err) < 0)
-        die("connecting", &err);
+        dsec_bench_die("connecting", &err);
     char store[1200], sbroot[1200];
     snprintf(store, sizeof store, "%s/state/node-ct-0/container/upper", root);
     snprintf(g_pool, sizeof g_pool, "%s/state/node-ct-0/container/pool", root);
@@ -469,14 +420,14 @@ int main(void)
     double create_lat[CREATE_N], answered[CREATE_N], first_exec[CREATE_N];
     for (int i = 0; i < CREATE_N; i++) {
         dsec_sandbox_info info;
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         make(cl, &info);
-        answered[i] = now_s() - t0;
+        answered[i] = dsec_bench_now_s() - t0;
         exec_true(cl, info.id, &first_exec[i], NULL);
-        create_lat[i] = now_s() - t0;
+        create_lat[i] = dsec_bench_now_s() - t0;
         destroy(cl, info.id);
     }
-    double create_p50 = pct(create_lat, CREATE_N, 0.5) * 1000, create_p99 = pct(create_lat, CREATE_N, 0.99) * 1000;
+    double create_p50 = dsec_bench_pct(create_lat, CREATE_N, 0.5) * 1000, create_p99 = dsec_bench_pct(create_lat, CREATE_N, 0.99) * 1000;
 
     char sbdir[2400];
     snprintf(sbdir, sizeof sbdir, "%s/%s", sbroot, warm.id);
@@ -486,61 +437,61 @@ int main(void)
     for (int i = 0; i < CREATE_N; i++) {
         if (raw_prepare(&raws[i], root, sbdir, warm.id, i) != 0) {
             fprintf(stderr, "bench container: preparing the raw bundle from %s failed\n", sbdir);
-            die("raw bundle", NULL);
+            dsec_bench_die("raw bundle", NULL);
         }
         char *run[] = {"crun", "run", "-d", "--bundle", raws[i].dir, raws[i].id, NULL};
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         int rc = run_crun(run, hybrid);
-        raw_lat[i] = now_s() - t0;
+        raw_lat[i] = dsec_bench_now_s() - t0;
         if (rc != 0) {
             fprintf(stderr, "bench container: crun run -d exited %d\n", rc);
-            die("raw crun run", NULL);
+            dsec_bench_die("raw crun run", NULL);
         }
         raws[i].running = true;
     }
-    double crun_run_p50 = pct(raw_lat, CREATE_N, 0.5) * 1000, crun_run_p99 = pct(raw_lat, CREATE_N, 0.99) * 1000;
+    double crun_run_p50 = dsec_bench_pct(raw_lat, CREATE_N, 0.5) * 1000, crun_run_p99 = dsec_bench_pct(raw_lat, CREATE_N, 0.99) * 1000;
     printf("create -> first exec ready   p50 %7.2f ms  p99 %7.2f ms   raw crun run -d  p50 %7.2f ms  p99 %7.2f ms  "
            "(%.2fx)\n",
            create_p50, create_p99, crun_run_p50, crun_run_p99, create_p50 / crun_run_p50);
     printf("  of which: create answered p50 %.2f ms, then the first exec p50 %.2f ms\n",
-           pct(answered, CREATE_N, 0.5) * 1000, pct(first_exec, CREATE_N, 0.5) * 1000);
+           dsec_bench_pct(answered, CREATE_N, 0.5) * 1000, dsec_bench_pct(first_exec, CREATE_N, 0.5) * 1000);
 
     /* 2. exec round trip */
     double *ex = dsec_calloc(EXEC_N, sizeof *ex), *exa = dsec_calloc(EXEC_N, sizeof *exa);
     for (int i = 0; i < EXEC_N; i++)
         exec_true(cl, warm.id, &ex[i], &exa[i]);
-    double exec_p50 = pct(ex, EXEC_N, 0.5) * 1000, exec_p99 = pct(ex, EXEC_N, 0.99) * 1000;
+    double exec_p50 = dsec_bench_pct(ex, EXEC_N, 0.5) * 1000, exec_p99 = dsec_bench_pct(ex, EXEC_N, 0.99) * 1000;
     double floor_samples[EXEC_N];
     double spawn_floor = host_spawn_floor_ms(EXEC_N, floor_samples);
     double rex[RAW_EXEC_N];
     for (int i = 0; i < RAW_EXEC_N; i++) {
         char *e[] = {"crun", "exec", raws[0].id, "/bin/true", NULL};
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         int rc = run_crun(e, hybrid);
-        rex[i] = now_s() - t0;
+        rex[i] = dsec_bench_now_s() - t0;
         if (rc != 0) {
             fprintf(stderr, "bench container: crun exec exited %d\n", rc);
-            die("raw crun exec", NULL);
+            dsec_bench_die("raw crun exec", NULL);
         }
     }
-    double crun_exec_p50 = pct(rex, RAW_EXEC_N, 0.5) * 1000, crun_exec_p99 = pct(rex, RAW_EXEC_N, 0.99) * 1000;
+    double crun_exec_p50 = dsec_bench_pct(rex, RAW_EXEC_N, 0.5) * 1000, crun_exec_p99 = dsec_bench_pct(rex, RAW_EXEC_N, 0.99) * 1000;
     printf("exec of true, round trip      p50 %7.3f ms  p99 %7.3f ms   raw crun exec    p50 %7.2f ms  p99 %7.2f ms\n",
            exec_p50, exec_p99, crun_exec_p50, crun_exec_p99);
     printf("  floor: vfork+exec+wait of the same busybox true on the host, p50 %.3f ms\n", spawn_floor);
     printf("  of the round trip, in the agent (command start to exit): p50 %.3f ms\n",
-           pct(exa, EXEC_N, 0.5) * 1000);
+           dsec_bench_pct(exa, EXEC_N, 0.5) * 1000);
     /* the same path without a process: read a small file through the agent */
     for (int i = 0; i < EXEC_N; i++) {
         uint8_t *data = NULL;
         size_t len = 0;
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         if (dsec_file_read(cl, warm.id, "/etc/passwd", &data, &len, &err) < 0)
-            die("file read", &err);
-        exa[i] = now_s() - t0;
+            dsec_bench_die("file read", &err);
+        exa[i] = dsec_bench_now_s() - t0;
         dsec_free(data);
     }
     printf("  the same path without a process (read of /etc/passwd): p50 %.3f ms\n",
-           pct(exa, EXEC_N, 0.5) * 1000);
+           dsec_bench_pct(exa, EXEC_N, 0.5) * 1000);
     dsec_free(exa);
     for (int i = 0; i < CREATE_N; i++)
         raw_cleanup(&raws[i], hybrid);
@@ -568,7 +519,7 @@ int main(void)
     dsec_exec_opts fo = {.argv = fill, .timeout_ms = 600000};
     dsec_exec_reply fr;
     if (dsec_exec(cl, full.id, &fo, &fr, &err) < 0 || fr.exit_code != 0)
-        die("filling the sandbox", &err);
+        dsec_bench_die("filling the sandbox", &err);
     dsec_exec_reply_release(&fr);
     wait_pool(g_warm);
     double ms_full = fork_children(cl, full.id, FORK_N, store, &disk_f, &mem_f, &kids);
@@ -576,7 +527,7 @@ int main(void)
     const char *ls[] = {"/bin/sh", "-c", "du -sm /data | cut -f1", NULL};
     dsec_exec_opts lo = {.argv = ls};
     if (dsec_exec(cl, kids[0], &lo, &fr, &err) < 0)
-        die("reading the data in a child", &err);
+        dsec_bench_die("reading the data in a child", &err);
     printf("fork into %d children         empty: %6.2f ms/child   holding %u GiB: %6.2f ms/child "
            "(child sees %.*s MiB)\n",
            FORK_N, ms_empty, fork_gib, ms_full, (int)(fr.out_len ? fr.out_len - 1 : 0), (char *)fr.out);
@@ -602,7 +553,7 @@ int main(void)
     uint64_t m0 = mem_available_kb();
     char (*ids)[DSEC_ID_MAX] = dsec_calloc(density_target ? density_target : 1, DSEC_ID_MAX);
     size_t live = 0;
-    double d0 = now_s();
+    double d0 = dsec_bench_now_s();
     dsec_err derr = {0};
     for (; live < density_target; live++) {
         /* idle on purpose, for longer than the default idle timeout may allow */
@@ -613,9 +564,9 @@ int main(void)
             break;
         snprintf(ids[live], DSEC_ID_MAX, "%s", info.id);
         if (live % 500 == 499)
-            printf("  density: %zu live (%.0f s)\n", live + 1, now_s() - d0);
+            printf("  density: %zu live (%.0f s)\n", live + 1, dsec_bench_now_s() - d0);
     }
-    double dens_s = now_s() - d0;
+    double dens_s = dsec_bench_now_s() - d0;
     wait_pool(g_warm); /* the pool as full as at m0 */
     sleep(2);
     uint64_t m1 = mem_available_kb();
@@ -634,9 +585,8 @@ int main(void)
     dsec_free(ids);
     dsec_free(ex);
     dsec_client_free(cl);
-    dsec_cell_stop(cell, true);
+    dsec_bench_end();
     dsec_cell_conf_release(&conf);
-    remove_root();
 
     printf("{\"scenario\":\"container\",\"create_p50_ms\":%.2f,\"create_p99_ms\":%.2f,\"crun_run_p50_ms\":%.2f,"
            "\"crun_run_p99_ms\":%.2f,\"exec_p50_ms\":%.3f,\"exec_p99_ms\":%.3f,\"crun_exec_p50_ms\":%.2f,"

@@ -18,6 +18,7 @@
 
 #include "backends/backend.h"
 #include "backends/vm/vm.h"
+#include "bench/common.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
 
@@ -62,18 +63,6 @@ static double median(double *v, size_t n)
 {
     qsort(v, n, sizeof *v, cmp_double);
     return v[n / 2];
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 static void die(const char *what, const dsec_err *err)
@@ -204,7 +193,7 @@ static void append_of(const char *id, char *out, size_t len)
 static void raw_initrd(char *out, size_t len)
 {
     snprintf(out, len, "%s/raw.cpio", g_root);
-    if (sh("set -e; d=%s/rawroot; mkdir -p $d/dev; cp /bin/busybox $d/busybox; "
+    if (dsec_bench_sh("set -e; d=%s/rawroot; mkdir -p $d/dev; cp /bin/busybox $d/busybox; "
            "printf '#!/busybox sh\\n/busybox mount -t devtmpfs dev /dev\\n"
            "/busybox echo DSEC-RAW-INIT > /dev/ttyS0\\n/busybox poweroff -f\\n' "
            "> $d/init; chmod 755 $d/init; (cd $d && find . | cpio -o -H newc --quiet) > %s",
@@ -318,7 +307,7 @@ static void cleanup(void)
      * pattern: a bare g_root did, so pkill killed the shell before rm ran and
      * every run left ~300 MiB behind. */
     if (g_root[0] != '\0')
-        sh("pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; sleep 0.5; rm -rf %s", g_root, g_root);
+        dsec_bench_sh("pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; sleep 0.5; rm -rf %s", g_root, g_root);
 }
 
 int main(void)

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "actors/cell.h"
+#include "bench/common.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 
@@ -44,52 +45,7 @@
 #define BURSTS 5
 #define LINE_LEN 13 /* "p0042 000123\n" */
 
-static dsec_cell *g_cell;
-static char g_root[64];
 static char g_node[32]; /* this run's node: its cgroups and mounts are named after it */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void remove_root(void)
-{
-    if (g_root[0] != '\0')
-        sh("umount -l %s/state/node-%s/container/upper 2>/dev/null; rm -rf %s", g_root, g_node,
-           g_root);
-}
-
-static void die(const char *what, const dsec_err *err)
-{
-    fprintf(stderr, "bench procs: %s: %s\n", what, err ? err->msg : strerror(errno));
-    dsec_cell_stop(g_cell, true);
-    remove_root();
-    exit(1);
-}
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    fprintf(stderr, "bench procs: interrupted; cleaning up\n");
-    dsec_cell_stop(g_cell, true);
-    remove_root();
-    _exit(130);
-}
 
 static uint64_t rss_kb(void)
 {
@@ -183,7 +139,7 @@ static void *follow_all(void *p)
             }
             dsec_proc_out_free(&o);
         }
-        r->last_s = now_s();
+        r->last_s = dsec_bench_now_s();
         if (!got)
             usleep(50 * 1000);
     }
@@ -195,11 +151,11 @@ static double host_run(unsigned n, uint64_t *bytes)
 {
     pid_t *pid = dsec_calloc(n, sizeof *pid);
     struct pollfd *pf = dsec_calloc(n, sizeof *pf);
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     for (unsigned k = 0; k < n; k++) {
         int fd[2];
         if (pipe(fd) < 0)
-            die("pipe", NULL);
+            dsec_bench_die("pipe", NULL);
         char prog[512];
         program(prog, sizeof prog, k, "1");
         if ((pid[k] = fork()) == 0) {
@@ -217,7 +173,7 @@ static double host_run(unsigned n, uint64_t *bytes)
     *bytes = 0;
     while (open > 0) {
         if (poll(pf, n, -1) < 0 && errno != EINTR)
-            die("poll", NULL);
+            dsec_bench_die("poll", NULL);
         for (unsigned k = 0; k < n; k++) {
             if (pf[k].fd < 0 || pf[k].revents == 0)
                 continue;
@@ -233,7 +189,7 @@ static double host_run(unsigned n, uint64_t *bytes)
     }
     for (unsigned k = 0; k < n; k++)
         waitpid(pid[k], NULL, 0);
-    double wall = now_s() - t0;
+    double wall = dsec_bench_now_s() - t0;
     dsec_free(pid);
     dsec_free(pf);
     return wall;
@@ -254,8 +210,6 @@ int main(void)
     }
     unsigned per = streams / SANDBOXES;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
 
     /* the baseline first, on a quiet machine */
     uint64_t host_bytes;
@@ -265,13 +219,14 @@ int main(void)
 
     char root[] = "/var/tmp/dsec-bench-procs-XXXXXX";
     if (mkdtemp(root) == NULL)
-        die("mkdtemp", NULL);
-    snprintf(g_root, sizeof g_root, "%s", root);
-    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+        dsec_bench_die("mkdtemp", NULL);
+    snprintf(g_node, sizeof g_node, "%s-%d", "procs", (int)getpid());
+    dsec_bench_run("procs", root, g_node, NULL);
+    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
            ">/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench procs: building busybox:1 failed\n");
-        remove_root();
+        dsec_bench_end();
         return 1;
     }
     dsec_cell_conf conf;
@@ -282,7 +237,6 @@ int main(void)
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
     snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
     dsec_cell_node node = {.cpu_milli = 1000000, .memory_mb = 1u << 20, .slots = 64};
-    snprintf(g_node, sizeof g_node, "procs-%d", (int)getpid());
     snprintf(node.name, sizeof node.name, "%s", g_node);
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
@@ -292,12 +246,14 @@ int main(void)
     conf.nodes[0] = node;
     conf.nnodes = 1;
     dsec_err err;
+    dsec_cell *g_cell;
     if (dsec_cell_start(&g_cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
-        die("starting the cell", &err);
+        dsec_bench_die("starting the cell", &err);
+    dsec_bench_set_cell(g_cell);
     dsec_client *cl;
     dsec_client_opts co = {.url = dsec_cell_url(g_cell), .timeout_ms = 120000, .threads = 4};
     if (dsec_client_connect(&cl, &co, &err) < 0)
-        die("connecting", &err);
+        dsec_bench_die("connecting", &err);
 
     static reader rd[SANDBOXES];
     for (int s = 0; s < SANDBOXES; s++) {
@@ -306,12 +262,12 @@ int main(void)
                                .memory_mb = 1024, .ttl_s = 3600, .idle_s = 3600};
         dsec_sandbox_info info;
         if (dsec_create(cl, &cs, &info, &err) < 0)
-            die("create", &err);
+            dsec_bench_die("create", &err);
         rd[s] = (reader){.cl = cl, .first = (unsigned)s * per, .n = per};
         snprintf(rd[s].id, sizeof rd[s].id, "%s", info.id);
     }
     uint64_t rss0 = rss_kb();
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     for (int s = 0; s < SANDBOXES; s++)
         for (unsigned i = 0; i < per; i++) {
             char prog[512];
@@ -319,10 +275,10 @@ int main(void)
             const char *argv[] = {"awk", prog, NULL};
             dsec_proc p;
             if (dsec_proc_start(cl, rd[s].id, &(dsec_proc_opts){.argv = argv}, &p, &err) < 0)
-                die("proc start", &err);
+                dsec_bench_die("proc start", &err);
             rd[s].handle[i] = p.handle;
         }
-    double started_s = now_s() - t0;
+    double started_s = dsec_bench_now_s() - t0;
     printf("dsec: %u background processes started in %.2f s (%.2f ms each)\n", streams, started_s,
            started_s * 1000 / streams);
     pthread_t th[SANDBOXES];
@@ -336,11 +292,11 @@ int main(void)
     }
     for (int s = 0; s < SANDBOXES; s++)
         pthread_join(th[s], NULL);
-    double wall = now_s() - t0;
+    double wall = dsec_bench_now_s() - t0;
     uint64_t bytes = 0, lost = 0, reads = 0;
     for (int s = 0; s < SANDBOXES; s++) {
         if (rd[s].failed)
-            die("reading output", &rd[s].err);
+            dsec_bench_die("reading output", &rd[s].err);
         bytes += rd[s].bytes;
         lost += rd[s].lost;
         reads += rd[s].reads;
@@ -357,9 +313,8 @@ int main(void)
         dsec_destroy(cl, rd[s].id, &e2);
     }
     dsec_client_free(cl);
-    dsec_cell_stop(g_cell, true);
+    dsec_bench_end();
     dsec_cell_conf_release(&conf);
-    remove_root();
     printf("{\"scenario\":\"procs\",\"streams\":%u,\"bytes\":%" PRIu64 ",\"bytes_expected\":%" PRIu64
            ",\"bytes_lost\":%" PRIu64 ",\"wall_s\":%.2f,\"host_wall_s\":%.2f,\"start_ms_each\":%.2f,"
            "\"reads_per_s\":%.0f,\"node_rss_mib_before\":%.1f,\"node_rss_mib_peak\":%.1f}\n",

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "actors/cell.h"
+#include "bench/common.h"
 #include "bus/bus.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
@@ -58,13 +59,6 @@
  *  and CPU are sampled every 250 ms.
  */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -85,18 +79,6 @@ static unsigned long env_ul(const char *name, unsigned long def)
 {
     const char *v = getenv(name);
     return v && *v ? strtoul(v, NULL, 10) : def;
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 /* ---- the plan ------------------------------------------------------------------------- */
@@ -337,10 +319,10 @@ static void cleanup(void)
         ssize_t w = write(g_cmd, "Q", 1); /* fails when the node is gone: then EOF tells it */
         (void)w;
         close(g_cmd);
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         int st;
         while (waitpid(g_child, &st, WNOHANG) == 0) {
-            if (now_s() - t0 > 300) {
+            if (dsec_bench_now_s() - t0 > 300) {
                 fprintf(stderr, "bench rollout: the node did not stop in 300 s; killing it\n");
                 kill(g_child, SIGKILL);
                 waitpid(g_child, &st, 0);
@@ -367,7 +349,7 @@ static void cleanup(void)
         pclose(p);
     if (left > 0)
         fprintf(stderr, "bench rollout: %d containers were left in %s; deleted\n", left, run);
-    sh("for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d "
+    dsec_bench_sh("for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d "
        "2>/dev/null); do "
        "rmdir $d 2>/dev/null; done; "
        "grep -o ' %s[^ ]*' /proc/self/mounts | sort -r | while read m; do umount -l $m; done; rm "
@@ -423,7 +405,7 @@ static uint64_t g_hb_last_seq, g_hb_lost;
 
 static void on_heartbeat(dsec_actor *a, dsec_msg *m, void *ud)
 {
-    double t = now_s();
+    double t = dsec_bench_now_s();
     dsec_decoder *dec = ud;
     dsec_msg_heartbeat hb;
     dsec_err err;
@@ -475,7 +457,7 @@ static void phase_begin(int ph)
 {
     node_sample s = {0};
     node_query(&s);
-    double t = now_s();
+    double t = dsec_bench_now_s();
     pthread_mutex_lock(&g_hb_mu);
     int old = atomic_load(&g_phase);
     g_ph[old].t1 = t;
@@ -522,7 +504,7 @@ static void *monitor(void *arg)
             g_ph[ph].inflight_max = s.inflight;
         if (s.work_queued > g_ph[ph].work_max)
             g_ph[ph].work_max = s.work_queued;
-        if (g_deadline > 0 && now_s() > g_deadline) {
+        if (g_deadline > 0 && dsec_bench_now_s() > g_deadline) {
             fprintf(stderr,
                     "bench rollout: FAILURE: phase %s passed its deadline (hang?): steps done "
                     "%" PRIuFAST64 " of %" PRIuFAST64 ", execs in flight on the node %" PRIu64
@@ -553,7 +535,7 @@ static void run_all(size_t n, void *(*fn)(void *), void *args, size_t argsz)
     for (size_t i = 0; i < n; i++)
         if (pthread_create(&th[i], &at, fn, (char *)args + i * argsz) != 0)
             die("pthread_create: %s", strerror(errno));
-    g_go = now_s();
+    g_go = dsec_bench_now_s();
     pthread_barrier_wait(&g_barrier);
     for (size_t i = 0; i < n; i++)
         pthread_join(th[i], NULL);
@@ -634,7 +616,7 @@ static void *sleep_dsec(void *p)
     dsec_err err;
     pthread_barrier_wait(&g_barrier);
     a->rc = dsec_exec(g_cl, g_sb[a->i].id, &eo, &r, &err);
-    a->end_s = now_s() - g_go;
+    a->end_s = dsec_bench_now_s() - g_go;
     if (a->rc < 0)
         note_fail(K_N, g_sb[a->i].id, err.msg);
     else if (r.exit_code != 0)
@@ -662,7 +644,7 @@ static void *sleep_host(void *p)
     const char *argv[] = {"busybox", "sleep", g_sleep_arg, NULL};
     pthread_barrier_wait(&g_barrier);
     a->rc = host_run(argv);
-    a->end_s = now_s() - g_go;
+    a->end_s = dsec_bench_now_s() - g_go;
     return NULL;
 }
 
@@ -674,7 +656,7 @@ static void *rollout_dsec(void *p)
     for (size_t k = 0; k < sb->nsteps; k++) {
         step *st = &sb->steps[k];
         dsec_err err;
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         switch (st->kind) {
         case K_SLEEP:
         case K_CPU: {
@@ -746,10 +728,10 @@ static void *rollout_dsec(void *p)
             break;
         }
         }
-        st->wall_ms = (float)((now_s() - t0) * 1000);
+        st->wall_ms = (float)((dsec_bench_now_s() - t0) * 1000);
         atomic_fetch_add(&g_steps_done, 1);
     }
-    sb->end_s = now_s() - g_go;
+    sb->end_s = dsec_bench_now_s() - g_go;
     return NULL;
 }
 
@@ -764,7 +746,7 @@ static void *rollout_host(void *p)
     pthread_barrier_wait(&g_barrier);
     for (size_t k = 0; k < sb->nsteps; k++) {
         step *st = &sb->steps[k];
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         if (st->kind == K_SLEEP || st->kind == K_CPU) {
             const char *cargv[8], *argv[9] = {"busybox"};
             char buf[32];
@@ -799,10 +781,10 @@ static void *rollout_host(void *p)
                 close(fd);
         }
         /* a fork has no host equivalent worth timing: zero, as in the ideal */
-        st->host_wall_ms = (float)((now_s() - t0) * 1000);
+        st->host_wall_ms = (float)((dsec_bench_now_s() - t0) * 1000);
     }
     dsec_free(rd);
-    sb->host_end_s = now_s() - g_go;
+    sb->host_end_s = dsec_bench_now_s() - g_go;
     return NULL;
 }
 
@@ -896,7 +878,7 @@ int main(void)
            "ROLLOUT_BUDGET_S)\n",
            ideal_s);
 
-    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
            ">/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0)
         die("building busybox:1 failed");
@@ -947,10 +929,10 @@ int main(void)
         ((uint64_t *)g_bytes)[i] = rng_next(&r);
 
     /* 1. creates */
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     g_deadline = t0 + 1800;
     run_all(32, create_worker, (char[32]){0}, 1);
-    double create_s = now_s() - t0;
+    double create_s = dsec_bench_now_s() - t0;
     size_t created = 0;
     for (size_t i = 0; i < g_n; i++)
         created += g_sb[i].id[0] != '\0';
@@ -974,15 +956,15 @@ int main(void)
         const char *argv[] = {"true", NULL};
         dsec_exec_opts eo = {.argv = argv};
         dsec_exec_reply rr;
-        double a = now_s();
+        double a = dsec_bench_now_s();
         if (dsec_exec(g_cl, g_sb[i % g_n].id, &eo, &rr, &err) < 0)
             die("exec of true: %s", err.msg);
-        tl[i] = (now_s() - a) * 1000 - (double)rr.duration_us / 1000;
+        tl[i] = (dsec_bench_now_s() - a) * 1000 - (double)rr.duration_us / 1000;
         dsec_exec_reply_release(&rr);
         const char *hargv[] = {"busybox", "true", NULL};
-        a = now_s();
+        a = dsec_bench_now_s();
         host_run(hargv);
-        hl[i] = (now_s() - a) * 1000;
+        hl[i] = (dsec_bench_now_s() - a) * 1000;
     }
     double idle_true_over = pct(tl, TRUE_N, 0.5), idle_true_over99 = pct(tl, TRUE_N, 0.99);
     double host_spawn = pct(hl, TRUE_N, 0.5), host_spawn99 = pct(hl, TRUE_N, 0.99);
@@ -992,7 +974,7 @@ int main(void)
     for (size_t i = 0; i < g_n; i++)
         sa[i].i = i;
     phase_begin(PH_SLEEP);
-    g_deadline = now_s() + sleep_s + 300;
+    g_deadline = dsec_bench_now_s() + sleep_s + 300;
     run_all(g_n, sleep_dsec, sa, sizeof *sa);
     double sleep_wall = 0;
     size_t sleep_ok = 0;
@@ -1005,7 +987,7 @@ int main(void)
     node_query(&ns);
     uint64_t sleep_peak = ns.peak; /* the node's own counter: nothing ran before but 200 `true` */
     phase_begin(PH_HOST_SLEEP);
-    g_deadline = now_s() + sleep_s + 300;
+    g_deadline = dsec_bench_now_s() + sleep_s + 300;
     run_all(g_n, sleep_host, sa, sizeof *sa);
     double host_sleep_wall = 0;
     for (size_t i = 0; i < g_n; i++)
@@ -1017,7 +999,7 @@ int main(void)
     printf("rollout                starting: %zu steps over %zu sandboxes, ideal %.0f s\n", nsteps,
            g_n, ideal_s);
     phase_begin(PH_ROLLOUT);
-    g_deadline = now_s() + 3 * ideal_s + 600;
+    g_deadline = dsec_bench_now_s() + 3 * ideal_s + 600;
     run_all(g_n, rollout_dsec, g_sb, sizeof *g_sb);
     double wall = 0;
     for (size_t i = 0; i < g_n; i++)
@@ -1031,7 +1013,7 @@ int main(void)
     if (host_baseline) {
         printf("host baseline          running the same plans directly on the host\n");
         phase_begin(PH_HOST_ROLLOUT);
-        g_deadline = now_s() + 3 * ideal_s + 600;
+        g_deadline = dsec_bench_now_s() + 3 * ideal_s + 600;
         run_all(g_n, rollout_host, g_sb, sizeof *g_sb);
         host_wall = 0;
         for (size_t i = 0; i < g_n; i++)
@@ -1202,10 +1184,10 @@ int main(void)
 
     /* destroy */
     atomic_store(&g_next_create, 0);
-    t0 = now_s();
+    t0 = dsec_bench_now_s();
     g_deadline = t0 + 1200;
     run_all(32, destroy_worker, (char[32]){0}, 1);
-    printf("destroy                %zu containers in %.1f s\n", g_n, now_s() - t0);
+    printf("destroy                %zu containers in %.1f s\n", g_n, dsec_bench_now_s() - t0);
     g_deadline = 0;
     atomic_store(&g_stop_monitor, true);
     pthread_join(mon, NULL);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "actors/cell.h"
+#include "bench/common.h"
 #include "bench/raw_nats.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
@@ -37,64 +38,7 @@
 #define N_CMDS 200
 #define N_KEYS 300
 
-static dsec_cell *g_cell;
-static char g_root[64];
 static char g_node[32]; /* this run's node: its cgroups and mounts are named after it */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void remove_root(void)
-{
-    if (g_root[0] != '\0')
-        sh("umount -l %s/state/node-%s/container/upper 2>/dev/null; rm -rf %s", g_root, g_node, g_root);
-}
-
-static void die(const char *what, const dsec_err *err)
-{
-    fprintf(stderr, "bench runtime: %s: %s\n", what, err ? err->msg : strerror(errno));
-    dsec_cell_stop(g_cell, true);
-    remove_root();
-    exit(1);
-}
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    fprintf(stderr, "bench runtime: interrupted; cleaning up\n");
-    dsec_cell_stop(g_cell, true);
-    remove_root();
-    _exit(130);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[i];
-}
 
 /* ---- 1. files ---------------------------------------------------------------------- */
 
@@ -117,7 +61,7 @@ static void files(dsec_client *cl, const char *id, double *up, double *down)
 {
     uint8_t *data = dsec_malloc(XFER_BYTES);
     if (data == NULL)
-        die("1 GiB buffer", NULL);
+        dsec_bench_die("1 GiB buffer", NULL);
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (uint64_t i = 0; i < XFER_BYTES; i += 8) { /* not compressible, not all alike */
         x ^= x << 13;
@@ -126,15 +70,15 @@ static void files(dsec_client *cl, const char *id, double *up, double *down)
         memcpy(data + i, &x, 8);
     }
     dsec_err err;
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     if (dsec_file_write_ex(cl, id, "/big.bin", data, XFER_BYTES, NULL, &err) < 0)
-        die("upload", &err);
-    *up = (double)XFER_BYTES / (1 << 20) / (now_s() - t0);
+        dsec_bench_die("upload", &err);
+    *up = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     struct down d = {.want = data};
-    t0 = now_s();
+    t0 = dsec_bench_now_s();
     if (dsec_file_read_pages(cl, id, "/big.bin", check_page, &d, &err) < 0)
-        die("download", &err);
-    *down = (double)XFER_BYTES / (1 << 20) / (now_s() - t0);
+        dsec_bench_die("download", &err);
+    *down = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     if (d.at != XFER_BYTES || d.bad != 0) {
         fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n",
                 d.at, d.bad);
@@ -152,7 +96,7 @@ static double dd_run(dsec_client *cl, const char *id, const char *line)
     dsec_exec_reply r;
     dsec_err err;
     if (dsec_exec(cl, id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 300000}, &r, &err) < 0)
-        die("dd in the sandbox", &err);
+        dsec_bench_die("dd in the sandbox", &err);
     if (r.exit_code != 0 || r.duration_us == 0) {
         fprintf(stderr, "bench runtime: '%s' in the sandbox: exit %d: %.*s\n", line, r.exit_code,
                 (int)r.err_len, (const char *)r.err_out);
@@ -180,10 +124,10 @@ static double run_one(dsec_client *cl, const char *id, const char *line, uint64_
                          .timeout_ms = 30000};
     dsec_exec_reply r;
     dsec_err err;
-    double t0 = now_s();
+    double t0 = dsec_bench_now_s();
     if (dsec_exec(cl, id, &eo, &r, &err) < 0)
-        die(session ? "session command" : "exec", &err);
-    double ms = (now_s() - t0) * 1000;
+        dsec_bench_die(session ? "session command" : "exec", &err);
+    double ms = (dsec_bench_now_s() - t0) * 1000;
     if (r.exit_code != 0) {
         fprintf(stderr, "bench runtime: '%s' exited %d\n", line, r.exit_code);
         exit(1);
@@ -238,7 +182,7 @@ static double tty_echo(dsec_client *cl, const char *id, double *lat)
     dsec_proc p;
     dsec_err err;
     if (dsec_proc_start(cl, id, &(dsec_proc_opts){.argv = argv, .pty = true}, &p, &err) < 0)
-        die("pty start", &err);
+        dsec_bench_die("pty start", &err);
     struct tty t = {.cl = cl, .id = id, .handle = p.handle};
     pthread_mutex_init(&t.mu, NULL);
     pthread_cond_init(&t.cv, NULL);
@@ -253,17 +197,17 @@ static double tty_echo(dsec_client *cl, const char *id, double *lat)
         pthread_mutex_lock(&t.mu);
         uint64_t before = t.seen;
         pthread_mutex_unlock(&t.mu);
-        double t0 = now_s();
+        double t0 = dsec_bench_now_s();
         if (dsec_proc_write(cl, id, p.handle, &key, 1, false, &err) < 0)
-            die("typing", &err);
+            dsec_bench_die("typing", &err);
         pthread_mutex_lock(&t.mu);
         while (t.seen <= before && !t.failed)
             pthread_cond_wait(&t.cv, &t.mu);
         want = t.seen;
         pthread_mutex_unlock(&t.mu);
         if (t.failed)
-            die("following the terminal", &t.err);
-        lat[i] = (now_s() - t0) * 1000;
+            dsec_bench_die("following the terminal", &t.err);
+        lat[i] = (dsec_bench_now_s() - t0) * 1000;
         if (key == '\r')
             usleep(20 * 1000); /* the line cat writes back comes after the echo */
     }
@@ -313,17 +257,16 @@ int main(void)
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
     char root[] = "/var/tmp/dsec-bench-runtime-XXXXXX";
     if (mkdtemp(root) == NULL)
-        die("mkdtemp", NULL);
-    snprintf(g_root, sizeof g_root, "%s", root);
-    if (sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+        dsec_bench_die("mkdtemp", NULL);
+    snprintf(g_node, sizeof g_node, "%s-%d", "rt", (int)getpid());
+    dsec_bench_run("runtime", root, g_node, NULL);
+    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
            ">/dev/null",
            DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench runtime: building busybox:1 failed\n");
-        remove_root();
+        dsec_bench_end();
         return 1;
     }
     dsec_cell_conf conf;
@@ -334,7 +277,6 @@ int main(void)
     snprintf(conf.state_dir, sizeof conf.state_dir, "%s/state", root);
     snprintf(conf.layers_path, sizeof conf.layers_path, "%s/layers", root);
     dsec_cell_node node = {.cpu_milli = 64000, .memory_mb = 65536, .slots = 16};
-    snprintf(g_node, sizeof g_node, "rt-%d", (int)getpid());
     snprintf(node.name, sizeof node.name, "%s", g_node);
     snprintf(node.backend, sizeof node.backend, "native");
     node.types[0] = dsec_strdup("container");
@@ -342,18 +284,20 @@ int main(void)
     conf.nodes[0] = node;
     conf.nnodes = 1;
     dsec_err err;
+    dsec_cell *g_cell;
     if (dsec_cell_start(&g_cell, &conf, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
-        die("starting the cell", &err);
+        dsec_bench_die("starting the cell", &err);
+    dsec_bench_set_cell(g_cell);
     const char *url = dsec_cell_url(g_cell);
     dsec_client *cl;
     dsec_client_opts co = {.url = url, .timeout_ms = 120000, .threads = 4};
     if (dsec_client_connect(&cl, &co, &err) < 0)
-        die("connecting", &err);
+        dsec_bench_die("connecting", &err);
     dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000,
                            .memory_mb = 512, .disk_mb = 2048, .ttl_s = 3600, .idle_s = 3600};
     dsec_sandbox_info sb;
     if (dsec_create(cl, &cs, &sb, &err) < 0)
-        die("create", &err);
+        dsec_bench_die("create", &err);
 
     /* 1. files */
     double raw1 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 1);
@@ -374,7 +318,7 @@ int main(void)
     /* 2. session commands against execs */
     dsec_proc s;
     if (dsec_session_start(cl, sb.id, NULL, &s, &err) < 0)
-        die("session start", &err);
+        dsec_bench_die("session start", &err);
     run_one(cl, sb.id, "X=1; cd /", s.handle);
     static const char *const kinds[] = {"cd /tmp", "echo $X", "true"};
     static double sess[3 * N_CMDS], exe[3 * N_CMDS];
@@ -385,9 +329,9 @@ int main(void)
         }
     for (int k = 0; k < 3; k++)
         printf("  '%s': session p50 %.2f ms, exec p50 %.2f ms\n", kinds[k],
-               pct(sess + k * N_CMDS, N_CMDS, 0.5), pct(exe + k * N_CMDS, N_CMDS, 0.5));
-    double sess_p50 = pct(sess, 3 * N_CMDS, 0.5), sess_p95 = pct(sess, 3 * N_CMDS, 0.95);
-    double exec_p50 = pct(exe, 3 * N_CMDS, 0.5), exec_p95 = pct(exe, 3 * N_CMDS, 0.95);
+               dsec_bench_pct(sess + k * N_CMDS, N_CMDS, 0.5), dsec_bench_pct(exe + k * N_CMDS, N_CMDS, 0.5));
+    double sess_p50 = dsec_bench_pct(sess, 3 * N_CMDS, 0.5), sess_p95 = dsec_bench_pct(sess, 3 * N_CMDS, 0.95);
+    double exec_p50 = dsec_bench_pct(exe, 3 * N_CMDS, 0.5), exec_p95 = dsec_bench_pct(exe, 3 * N_CMDS, 0.95);
     printf("session: %d commands, p50 %.2f ms p95 %.2f ms; exec of the same: p50 %.2f ms p95 "
            "%.2f ms (target: session p50 <= exec p50) %s\n",
            3 * N_CMDS, sess_p50, sess_p95, exec_p50, exec_p95,
@@ -397,18 +341,17 @@ int main(void)
     static double keys[N_KEYS], rtt[N_KEYS];
     tty_echo(cl, sb.id, keys);
     if (dsec_bench_raw_rtt_ms(url, N_KEYS, rtt) < 0)
-        die("raw round trips", NULL);
-    double echo_p50 = pct(keys, N_KEYS, 0.5), echo_p95 = pct(keys, N_KEYS, 0.95);
-    double rtt_p50 = pct(rtt, N_KEYS, 0.5);
+        dsec_bench_die("raw round trips", NULL);
+    double echo_p50 = dsec_bench_pct(keys, N_KEYS, 0.5), echo_p95 = dsec_bench_pct(keys, N_KEYS, 0.95);
+    double rtt_p50 = dsec_bench_pct(rtt, N_KEYS, 0.5);
     printf("pty: %d keystrokes, echo p50 %.2f ms p95 %.2f ms (raw nats.c round trip p50 %.3f "
            "ms; target p50 <= 2 ms) %s\n",
            N_KEYS, echo_p50, echo_p95, rtt_p50, echo_p50 <= 2.0 ? "PASS" : "FAIL");
 
     dsec_destroy(cl, sb.id, &err);
     dsec_client_free(cl);
-    dsec_cell_stop(g_cell, true);
+    dsec_bench_end();
     dsec_cell_conf_release(&conf);
-    remove_root();
 
     /* 4. 1,000 streams (its own cell) */
     unsigned nstreams = 0;

@@ -359,6 +359,8 @@ static int net_entries_add(dsec_sandbox *sb, const char *const *v, size_t n, dse
 /* What every path that frees a record frees besides env and snapshot name. */
 static void sb_free_fields(dsec_sandbox *sb)
 {
+    dsec_agent_free(sb->side);
+    sb->side = NULL;
     net_entries_clear(sb);
     dsec_free(sb->net_state);
     sb->net_state = NULL;
@@ -1585,12 +1587,11 @@ static int ct_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req
              dsec_agent_proc_start(sb->agent, req, out, err));
 }
 
-/* The process calls but start go on a short connection of their own (backend.h): the node
- * makes them beside a command or a transfer that holds the sandbox's connection (its side
- * lane), to interrupt a shell session's command or to read, feed and list processes
- * meanwhile. a is NULL when the agent is gone (err says so). */
-static int side_agent(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
-                      dsec_agent **a, dsec_err *err)
+/* The process calls but start go on a connection other than the sandbox's own (backend.h):
+ * the node makes them beside a command or a transfer that holds that one (its side lane),
+ * to interrupt a shell session's command or to read, feed and list processes meanwhile. */
+static int side_connect(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
+                        dsec_agent **a, dsec_err *err)
 {
     *a = NULL;
     struct ct_agent_probe pr;
@@ -1606,14 +1607,44 @@ static int side_agent(const struct ct_backend *be, dsec_sandbox *sb, const char 
     return 0;
 }
 
+/* The side lane's connection, kept from call to call (a keystroke need not pay a connect);
+ * while another call holds it (a signal beside a stdin write), a short one (*own). */
+static int side_take(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
+                     dsec_agent **a, bool *own, dsec_err *err)
+{
+    bool free_ = false;
+    *own = !atomic_compare_exchange_strong(&sb->side_busy, &free_, true);
+    if (*own)
+        return side_connect(be, sb, what, a, err);
+    if (sb->side == NULL && side_connect(be, sb, what, &sb->side, err) < 0) {
+        atomic_store(&sb->side_busy, false);
+        return -1;
+    }
+    *a = sb->side;
+    return 0;
+}
+
+static int side_give(dsec_sandbox *sb, dsec_agent *a, bool own, int rc)
+{
+    if (own) {
+        dsec_agent_free(a);
+        return rc;
+    }
+    if (rc < 0 && dsec_agent_broken(a)) { /* the next call connects again */
+        dsec_agent_free(sb->side);
+        sb->side = NULL;
+    }
+    atomic_store(&sb->side_busy, false);
+    return rc;
+}
+
 #define CT_SIDE(be, sb, what, err, call)                                                           \
     do {                                                                                           \
         dsec_agent *a;                                                                             \
-        if (side_agent((be), (sb), (what), &a, (err)) < 0)                                         \
+        bool own;                                                                                  \
+        if (side_take((be), (sb), (what), &a, &own, (err)) < 0)                                    \
             return -1;                                                                             \
-        int rc_ = (call);                                                                          \
-        dsec_agent_free(a);                                                                        \
-        return rc_;                                                                                \
+        return side_give((sb), a, own, (call));                                                    \
     } while (0)
 
 static int ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
@@ -1676,7 +1707,7 @@ static int ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, u
     struct ct_follow *f = dsec_calloc(1, sizeof *f);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a followed process");
-    if (side_agent(self, sb, "following a process", &f->a, err) < 0) {
+    if (side_connect(self, sb, "following a process", &f->a, err) < 0) {
         dsec_free(f);
         return -1;
     }
