@@ -15,7 +15,6 @@
 #include "backends/workq.h"
 #include "codecs/msg.h"
 #include "dsec/sha256.h"
-#include "codecs/msg.h"
 #include "dsec/names.h"
 
 struct stat;

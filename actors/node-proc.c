@@ -307,10 +307,12 @@ static struct sbx *side_pin(dsec_node *n, dsec_msg *m, const char *tenant, const
 {
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, id);
-    int why = s == NULL || s->side_closed || s->state != ST_RUNNING ? 1
-              : strcmp(s->tenant, tenant) != 0                       ? 2
-              : !dsec_backend_proc_follows(s->be)                    ? 3
-                                                                     : 0;
+    int why = s == NULL || s->side_closed          ? 1
+              : strcmp(s->tenant, tenant) != 0     ? 2
+              : !dsec_backend_proc_follows(s->be)  ? 3
+              : s->state != ST_RUNNING             ? 4
+                                                   : 0;
+    const char *state = why == 4 ? dsec__node_state_names[s->state] : "";
     if (why == 0)
         atomic_fetch_add(&s->side, 1);
     pthread_mutex_unlock(&n->mu);
@@ -325,6 +327,11 @@ static struct sbx *side_pin(dsec_node *n, dsec_msg *m, const char *tenant, const
                              "sandbox %s takes process calls on its proc subject only (one "
                              "channel to its agent)",
                              id);
+    else if (why == 4) /* on proc, one frozen for idleness is thawed; a paused one says so */
+        dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
+                             "sandbox %s is %s: process calls pass a command only while it runs; "
+                             "send this one on its proc subject",
+                             id, state);
     return why == 0 ? s : NULL;
 }
 

@@ -37,6 +37,22 @@ int dsec_bench_sh(const char *fmt, ...)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+double dsec_bench_host_cpu_s(void)
+{
+    FILE *f = fopen("/proc/stat", "re");
+    unsigned long long v[8] = {0};
+    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                       &v[3], &v[4], &v[5], &v[6], &v[7])
+              : 0;
+    if (f)
+        fclose(f);
+    if (n < 8)
+        return -1;
+    /* user nice system idle iowait irq softirq steal: all but idle and iowait */
+    unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+    return (double)busy / (double)sysconf(_SC_CLK_TCK);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

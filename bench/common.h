@@ -15,6 +15,10 @@ double dsec_bench_now_s(void);
 /* Run a shell line (printf-style); its exit status, or -1 when it did not exit. */
 int dsec_bench_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* CPU seconds the whole host has spent busy (every core, every process: /proc/stat), so
+ * that a phase's cost in core-seconds is the difference across it; -1 when unreadable. */
+double dsec_bench_host_cpu_s(void);
+
 /* The p-th percentile (0..1) of v[0..n), n > 0; sorts v. */
 double dsec_bench_pct(double *v, size_t n, double p);
 

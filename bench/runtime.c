@@ -17,12 +17,16 @@
 #include "bench/raw_nats.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "dsec/sha256.h"
 
 /*
  * One node on this machine, busybox:1 containers, one run:
  *  1. Files: 1 GiB into a container (dsec_file_write_ex) and back out (dsec_file_read_pages),
  *     checked byte for byte; baseline: raw nats.c moving the same bytes in the same chunk size
  *     (4 MiB) to a responder that acknowledges each, with 1 and with 4 chunks in flight.
+ *     Beside the rates, the host's core-seconds per GiB of each (every process, from
+ *     /proc/stat) and SHA-256's rate on one core: on a host of few cores the end-to-end check's
+ *     two hash passes are what keeps a transfer under the raw bus's rate.
  *  2. Shell session: N commands of each kind (`cd /tmp`, `echo $X`, `true`) run in one session
  *     (dsec_exec with .session); baseline: the same commands as plain execs (/bin/sh -c).
  *  3. Terminal: N keystrokes typed into `cat` on a pty, each timed from the write until a
@@ -57,7 +61,27 @@ static int check_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
     return 0;
 }
 
-static void files(dsec_client *cl, const char *id, double *up, double *down)
+/* The host's core-seconds spent per GiB moved by a phase (every process: client, nats-server,
+ * node, agent, kernel). */
+struct cost {
+    double up, down, raw4;
+};
+
+/* SHA-256 on one core here, MB/s: what each of an upload's two passes (client, node) costs. */
+static double sha256_mb_s(const uint8_t *data, size_t len)
+{
+    dsec_sha256 h;
+    uint8_t d[DSEC_SHA256_LEN];
+    double t0 = dsec_bench_now_s();
+    dsec_sha256_init(&h);
+    for (size_t o = 0; o < len; o += XFER_CHUNK)
+        dsec_sha256_update(&h, data + o, len - o < XFER_CHUNK ? len - o : XFER_CHUNK);
+    dsec_sha256_final(&h, d);
+    return (double)len / (1 << 20) / (dsec_bench_now_s() - t0);
+}
+
+static void files(dsec_client *cl, const char *id, double *up, double *down, struct cost *cost,
+                  double *sha_mb_s)
 {
     uint8_t *data = dsec_malloc(XFER_BYTES);
     if (data == NULL)
@@ -69,16 +93,20 @@ static void files(dsec_client *cl, const char *id, double *up, double *down)
         x ^= x << 17;
         memcpy(data + i, &x, 8);
     }
+    *sha_mb_s = sha256_mb_s(data, 256u << 20);
     dsec_err err;
-    double t0 = dsec_bench_now_s();
+    double t0 = dsec_bench_now_s(), c0 = dsec_bench_host_cpu_s();
     if (dsec_file_write_ex(cl, id, "/big.bin", data, XFER_BYTES, NULL, &err) < 0)
         dsec_bench_die("upload", &err);
     *up = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
+    cost->up = dsec_bench_host_cpu_s() - c0;
     struct down d = {.want = data};
     t0 = dsec_bench_now_s();
+    c0 = dsec_bench_host_cpu_s();
     if (dsec_file_read_pages(cl, id, "/big.bin", check_page, &d, &err) < 0)
         dsec_bench_die("download", &err);
     *down = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
+    cost->down = dsec_bench_host_cpu_s() - c0;
     if (d.at != XFER_BYTES || d.bad != 0) {
         fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n",
                 d.at, d.bad);
@@ -301,10 +329,13 @@ int main(void)
 
     /* 1. files */
     double raw1 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 1);
+    struct cost cost;
+    double c0 = dsec_bench_host_cpu_s();
     double raw4 = dsec_bench_raw_transfer_mb_s(url, XFER_BYTES, XFER_CHUNK, 4);
+    cost.raw4 = dsec_bench_host_cpu_s() - c0;
     double raw = raw1 > raw4 ? raw1 : raw4;
-    double up, down, dd_w, dd_r;
-    files(cl, sb.id, &up, &down);
+    double up, down, dd_w, dd_r, sha;
+    files(cl, sb.id, &up, &down, &cost, &sha);
     disk_rates(cl, sb.id, &dd_w, &dd_r);
     printf("files: 1 GiB up %.0f MB/s, down %.0f MB/s; raw nats.c, 4 MiB chunks: %.0f MB/s "
            "(1 in flight), %.0f MB/s (4 in flight): up %.0f%%, down %.0f%% of the better "
@@ -314,6 +345,11 @@ int main(void)
     printf("  the sandbox's disk, dd of 1 GiB inside it: write+fsync %.0f MB/s, read back "
            "%.0f MB/s: up is %.0f%% of the disk's write rate\n",
            dd_w, dd_r, 100 * up / dd_w);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("  the host's CPU per GiB (%ld cores, every process): raw nats.c 4 in flight %.2f "
+           "core-s, up %.2f, down %.2f; sha256 here %.0f MB/s on one core, so the two passes "
+           "an end-to-end check takes (client, node) are %.2f core-s of it\n",
+           cores, cost.raw4, cost.up, cost.down, sha, 2 * 1024.0 / sha);
 
     /* 2. session commands against execs */
     dsec_proc s;
@@ -363,7 +399,9 @@ int main(void)
     printf("{\"scenario\":\"runtime\",\"upload_mb_s\":%.0f,\"download_mb_s\":%.0f,\"raw_mb_s\":%.0f,"
            "\"raw_mb_s_1_in_flight\":%.0f,\"disk_write_mb_s\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_ms\":%.2f,"
            "\"pty_echo_p50_ms\":%.2f,\"raw_rtt_p50_ms\":%.3f,\"streams\":%u,\"bytes_lost\":%" PRIu64
-           ",\"node_rss_mib\":%.1f}\n",
-           up, down, raw, raw1, dd_w, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss);
+           ",\"node_rss_mib\":%.1f,\"cpu_s_per_gib_raw\":%.2f,\"cpu_s_per_gib_up\":%.2f,"
+           "\"cpu_s_per_gib_down\":%.2f,\"sha256_mb_s\":%.0f}\n",
+           up, down, raw, raw1, dd_w, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss,
+           cost.raw4, cost.up, cost.down, sha);
     return prc == 0 ? 0 : 1;
 }

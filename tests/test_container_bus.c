@@ -689,6 +689,16 @@ static void test_proc_calls_beside_a_command(void **state)
     assert_int_equal(f.r.out_len, 8);
     assert_memory_equal(f.r.out, "fg-done\n", 8);
     dsec_exec_reply_release(&f.r);
+    /* a paused sandbox's calls go on proc (its agent is frozen meanwhile), which says so */
+    if (dsec_pause(cl, a.id, &err) < 0)
+        fail_msg("pausing: %s", err.msg);
+    assert_int_equal(dsec_proc_list(cl, a.id, &v, &nv, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    assert_non_null(strstr(err.msg, "resume it first"));
+    assert_int_equal(dsec_resume(cl, a.id, &err), 0);
+    assert_int_equal(dsec_proc_list(cl, a.id, &v, &nv, &err), 0);
+    dsec_free(v);
+    assert_true(nv >= 3);
     destroy(a.id);
 }
 

@@ -2,6 +2,8 @@
 #ifndef DSEC_TOOLS_CLI_H
 #define DSEC_TOOLS_CLI_H
 
+#include <stdio.h>
+
 #include "dsec/client.h"
 
 /* Each subcommand gets argv from its own name on (argv[0] is "decode") and
@@ -31,6 +33,8 @@ int dsec_cli_session(int argc, char **argv); /* dsec session ID: start a shell s
 int dsec_cli_cp_dir_up(dsec_client *c, const char *local, const char *id, const char *path);
 int dsec_cli_cp_dir_down(dsec_client *c, const char *id, const char *path, const char *local);
 int dsec_cli_watch(int argc, char **argv);   /* dsec watch ID PATH [-r]: a directory's changes */
+/* s as a JSON string, quoted and escaped (tools/fleet.c). */
+void dsec_cli_json_str(FILE *out, const char *s);
 /* dsec exec -it (tools/proc.c): base's process on a terminal, this one's in raw mode, until
  * it exits; returns its exit status. */
 int dsec_cli_tty(dsec_client *c, const char *id, const dsec_proc_opts *base);

@@ -37,7 +37,25 @@ static int add_label(const char *cmd, struct filters *f, const char *arg)
     return 0;
 }
 
-static void json_str(FILE *out, const char *s)
+/* The filter options ls and rm share (-l, -s, -t): 1 when ch was one (taken), 0 when not,
+ * -1 when its argument is wrong (said). */
+static int filter_opt(const char *cmd, int ch, const char *arg, struct filters *f)
+{
+    switch (ch) {
+    case 'l':
+        return add_label(cmd, f, arg) < 0 ? -1 : 1;
+    case 's':
+        f->state = arg;
+        return 1;
+    case 't':
+        f->type = arg;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+void dsec_cli_json_str(FILE *out, const char *s)
 {
     fputc('"', out);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -54,25 +72,25 @@ static void json_str(FILE *out, const char *s)
 static void print_json_entry(const dsec_list_entry *e, bool first)
 {
     printf("%s{\"id\":", first ? "" : ",");
-    json_str(stdout, e->id);
+    dsec_cli_json_str(stdout, e->id);
     printf(",\"type\":");
-    json_str(stdout, e->type);
+    dsec_cli_json_str(stdout, e->type);
     printf(",\"state\":");
-    json_str(stdout, e->state);
+    dsec_cli_json_str(stdout, e->state);
     printf(",\"node\":");
-    json_str(stdout, e->node);
+    dsec_cli_json_str(stdout, e->node);
     if (e->project[0]) {
         printf(",\"project\":");
-        json_str(stdout, e->project);
+        dsec_cli_json_str(stdout, e->project);
     }
     printf(",\"labels\":{");
     for (size_t i = 0; i < e->nlabels; i++) {
         const char *eq = strchr(e->labels[i], '=');
         char *k = dsec_strndup(e->labels[i], (size_t)(eq - e->labels[i]));
         printf("%s", i ? "," : "");
-        json_str(stdout, k ? k : "");
+        dsec_cli_json_str(stdout, k ? k : "");
         printf(":");
-        json_str(stdout, eq + 1);
+        dsec_cli_json_str(stdout, eq + 1);
         dsec_free(k);
     }
     printf("},\"created_ns\":%" PRIu64 ",\"expires_ns\":%" PRIu64 ",\"cpu_milli\":%" PRIu64
@@ -158,17 +176,13 @@ static int fleet_ls(int argc, char **argv)
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "l:s:t:n:c:ajh", longs, NULL)) != -1) {
-        switch (ch) {
-        case 'l':
-            if (add_label("ls", &f, optarg) < 0)
+        int took = filter_opt("ls", ch, optarg, &f);
+        if (took != 0) {
+            if (took < 0)
                 return 2;
-            break;
-        case 's':
-            f.state = optarg;
-            break;
-        case 't':
-            f.type = optarg;
-            break;
+            continue;
+        }
+        switch (ch) {
         case 'n':
             if (parse_limit("ls", optarg, &o.limit) < 0)
                 return 2;
@@ -245,20 +259,20 @@ static int fleet_ls(int argc, char **argv)
     }
     if (json) { /* next_cursor: where to go on (after a failure: the page that failed) */
         printf("],\"next_cursor\":");
-        json_str(stdout, cursor);
+        dsec_cli_json_str(stdout, cursor);
         printf(",\"missing\":[");
         if (missing_note != NULL) {
             char *save = NULL, *tok = strtok_r(missing_note, "\x1f", &save);
             for (bool first = true; tok != NULL;
                  tok = strtok_r(NULL, "\x1f", &save), first = false) {
                 printf("%s", first ? "" : ",");
-                json_str(stdout, tok);
+                dsec_cli_json_str(stdout, tok);
             }
         }
         printf("]");
         if (failed) {
             printf(",\"error\":");
-            json_str(stdout, ferr.msg);
+            dsec_cli_json_str(stdout, ferr.msg);
         }
         printf("}\n");
     } else if (!failed && cursor[0] != '\0') {
@@ -407,17 +421,13 @@ static int fleet_rm(int argc, char **argv)
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "l:s:t:yh", longs, NULL)) != -1) {
-        switch (ch) {
-        case 'l':
-            if (add_label("rm", &f, optarg) < 0)
+        int took = filter_opt("rm", ch, optarg, &f);
+        if (took != 0) {
+            if (took < 0)
                 return 2;
-            break;
-        case 's':
-            f.state = optarg;
-            break;
-        case 't':
-            f.type = optarg;
-            break;
+            continue;
+        }
+        switch (ch) {
         case 'y':
             yes = true;
             break;
@@ -510,18 +520,18 @@ static void on_event(const dsec_sbx_event *ev, void *ud)
     flockfile(stdout);
     if (events_json) {
         printf("{\"id\":");
-        json_str(stdout, ev->id);
+        dsec_cli_json_str(stdout, ev->id);
         printf(",\"state\":");
-        json_str(stdout, ev->state);
+        dsec_cli_json_str(stdout, ev->state);
         printf(",\"prev\":");
-        json_str(stdout, ev->prev);
+        dsec_cli_json_str(stdout, ev->prev);
         printf(",\"node\":");
-        json_str(stdout, ev->node);
+        dsec_cli_json_str(stdout, ev->node);
         printf(",\"type\":");
-        json_str(stdout, ev->type);
+        dsec_cli_json_str(stdout, ev->type);
         if (ev->reason[0]) {
             printf(",\"reason\":");
-            json_str(stdout, ev->reason);
+            dsec_cli_json_str(stdout, ev->reason);
         }
         printf(",\"ts_ns\":%" PRIu64 "}\n", ev->ts_ns);
     } else {

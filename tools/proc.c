@@ -425,15 +425,9 @@ static void print_event(void *ud, const dsec_dir_event *ev)
 {
     bool json = *(const bool *)ud;
     if (json) {
-        printf("{\"event\":\"%s\",\"path\":\"", ev->event);
-        for (const char *p = ev->path; *p; p++)
-            if (*p == '"' || *p == '\\')
-                printf("\\%c", *p);
-            else if ((unsigned char)*p < 0x20)
-                printf("\\u%04x", (unsigned char)*p);
-            else
-                putchar(*p);
-        printf("\",\"dir\":%s}\n", ev->dir ? "true" : "false");
+        printf("{\"event\":\"%s\",\"path\":", ev->event);
+        dsec_cli_json_str(stdout, ev->path);
+        printf(",\"dir\":%s}\n", ev->dir ? "true" : "false");
     } else {
         printf("%-10s %s%s\n", ev->event, ev->path, ev->dir && ev->path[0] ? "/" : "");
     }
