@@ -28,3 +28,9 @@ endforeach()
 add_executable(fuzz_gen_corpus ${CMAKE_SOURCE_DIR}/fuzz/gen_corpus.c)
 target_link_libraries(fuzz_gen_corpus PRIVATE
   dsec_codecs_testkit dsec_codecs dsec_common dsec_warnings dsec_allocator)
+
+# The Dockerfile reader of `dsec image build` (tools/dockerfile.c): pure, no root.
+add_executable(test_dockerfile test_dockerfile.c ${CMAKE_SOURCE_DIR}/tools/dockerfile.c)
+target_link_libraries(test_dockerfile PRIVATE dsec_common PkgConfig::CMOCKA dsec_warnings
+  dsec_allocator)
+add_test(NAME dockerfile COMMAND test_dockerfile)

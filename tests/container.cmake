@@ -28,3 +28,15 @@ add_test(NAME container_runc COMMAND test_container_runc)
 set_tests_properties(container_runc PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host)
 # Without root (or busybox-static) the programs exit 77: a skip, not a pass.
 set_tests_properties(container container_bus container_runc PROPERTIES SKIP_RETURN_CODE 77)
+
+# dsec image build: Dockerfiles built in real containers of a cell on busybox:1 (the CLI against
+# the cell), the results started and checked.
+add_executable(test_image_build test_image_build.c)
+target_link_libraries(test_image_build PRIVATE dsec_test_fixture dsec_client dsec_actors
+  PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+target_compile_definitions(test_image_build PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
+  DSEC_CLI="$<TARGET_FILE:dsec>")
+add_dependencies(test_image_build dsec)
+add_test(NAME image_build COMMAND test_image_build)
+set_tests_properties(image_build PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host
+  SKIP_RETURN_CODE 77)
