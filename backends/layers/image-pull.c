@@ -425,6 +425,10 @@ static int curl_failed(puller *p, xfer *x, CURLcode rc, const char *what, dsec_e
                             "registry %s: a redirect loop fetching %s (more than %ld redirects)",
                             h, what, MAX_REDIRS);
     case CURLE_OPERATION_TIMEDOUT:
+        if (strstr(why, "SSL") != NULL)
+            return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                                "TLS with registry %s: no handshake within %u s fetching %s (a "
+                                "plain-HTTP registry needs --plain-http)", h, p->timeout_s, what);
         return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
                             "registry %s stalled: nothing received for %u s fetching %s (%s)", h,
                             p->timeout_s, what, why);
