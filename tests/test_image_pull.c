@@ -147,7 +147,7 @@ static void sha_hex(const void *data, size_t n, char out[DSEC_DIGEST_STRLEN + 1]
 
 typedef enum scenario {
     S_OK, S_INDEX, S_BEARER, S_BASIC_BAD, S_404, S_BLOB404, S_500, S_LOOP, S_REDIRECT,
-    S_STALL, S_MISMATCH, S_NOAMD64, S_UNKNOWN_MT, S_BIG,
+    S_STALL, S_MISMATCH, S_NOAMD64, S_UNKNOWN_MT, S_TOKEN,
 } scenario;
 
 typedef struct fake {
@@ -157,6 +157,7 @@ typedef struct fake {
     char config[512], layer[4096], manifest[1024], index[1024];
     dsec_digest cfg_d, layer_d, man_d, idx_d;
     int token_gets, cdn_gets, auth_on_cdn;
+    char jwt[4096]; /* S_TOKEN: the token /token hands out (a real registry checks it) */
 } fake;
 
 static void fake_image(fake *f)
@@ -304,6 +305,9 @@ static void serve_one(fake *f, int fd)
         f->token_gets++;
         bool scope_ok = strstr(path, "scope=repository%3Aswe%2Ftask%3Apull") != NULL;
         bool creds_ok = strcmp(auth, "Basic dTpw") == 0; /* u:p */
+        if (f->s == S_TOKEN && creds_ok)
+            return reply_str(fd, "200 OK", "Content-Type: application/json\r\n",
+                             pathf("{\"token\":\"%s\"}", f->jwt));
         if (!scope_ok || !creds_ok)
             return reply_str(fd, "401 Unauthorized", NULL, "{\"details\":\"bad scope or credentials\"}");
         return reply_str(fd, "200 OK", "Content-Type: application/json\r\n",
@@ -553,6 +557,31 @@ static void make_tls(const char *d)
                         "htpasswd -Bbn u p > htpasswd", d), 0);
 }
 
+/* A signing cert for registry tokens and one RS256 token (pull, push on swe/task) signed with
+ * it, its kid the libtrust key id of the public key, as distribution checks it. */
+static void make_jwt(const char *d, char *jwt, size_t n)
+{
+    assert_int_equal(sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout tok.key -out tok.crt "
+                        "-days 2 -subj /CN=dsec-token 2>/dev/null && "
+                        "b64u() { openssl base64 -A | tr '+/' '-_' | tr -d '='; } && "
+                        "kid=$(openssl x509 -in tok.crt -pubkey -noout | openssl pkey -pubin -outform DER | "
+                        "openssl dgst -sha256 -binary | head -c 30 | base32 | tr -d '=' | sed 's/..../&:/g; s/:$//') && "
+                        "h=$(printf '{\"typ\":\"JWT\",\"alg\":\"RS256\",\"kid\":\"%%s\"}' $kid | b64u) && "
+                        "now=$(date +%%s) && p=$(printf '{\"iss\":\"dsec-test-issuer\",\"sub\":\"u\","
+                        "\"aud\":\"dsec-test\",\"exp\":%%d,\"nbf\":%%d,\"iat\":%%d,\"jti\":\"t1\","
+                        "\"access\":[{\"type\":\"repository\",\"name\":\"swe/task\",\"actions\":"
+                        "[\"pull\",\"push\"]}]}' $((now+3600)) $((now-60)) $((now-60)) | b64u) && "
+                        "s=$(printf '%%s.%%s' $h $p | openssl dgst -sha256 -sign tok.key -binary | b64u) && "
+                        "echo $h.$p.$s > jwt", d), 0);
+    FILE *f = fopen(pathf("%s/jwt", d), "r");
+    assert_non_null(f);
+    assert_non_null(fgets(jwt, (int)n, f));
+    jwt[strcspn(jwt, "\n")] = '\0';
+    fclose(f);
+}
+
+static int token_port; /* reg_start with token auth: the realm's port */
+
 static void reg_start(reg *g, bool tls)
 {
     snprintf(g->dir, sizeof g->dir, "%s/registry-%d", root, ++seq);
@@ -564,6 +593,9 @@ static void reg_start(reg *g, bool tls)
     assert_non_null(f);
     fprintf(f, "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s/store\n"
                "http:\n  addr: 127.0.0.1:%d\n  secret: dsec-test\n", g->dir, g->port);
+    if (token_port != 0)
+        fprintf(f, "auth:\n  token:\n    realm: http://127.0.0.1:%d/token\n    service: dsec-test\n"
+                   "    issuer: dsec-test-issuer\n    rootcertbundle: %s/tok.crt\n", token_port, root);
     if (tls)
         fprintf(f, "  tls:\n    certificate: %s/srv.crt\n    key: %s/srv.key\nauth:\n  htpasswd:\n"
                    "    realm: dsec-test\n    path: %s/htpasswd\n", g->dir, g->dir, g->dir);
@@ -593,10 +625,10 @@ static void push(reg *g, bool tls, const char *tag, const char *format, char *di
     snprintf(digest, DSEC_DIGEST_STRLEN + 1, "%s",
              sh_out(pathf("%s %s %s", IMAGE_PULL_LAYOUT_SH, src, tag)));
     assert_true(dsec_digest_valid(digest));
-    assert_int_equal(sh("skopeo copy -q %s %s %s oci:%s:%s docker://127.0.0.1:%d/swe/task:%s >%s/push.log 2>&1",
+    assert_int_equal(sh("skopeo copy -q %s %s %s %s oci:%s:%s docker://127.0.0.1:%d/swe/task:%s >%s/push.log 2>&1",
                         tls ? pathf("--dest-cert-dir %s/certs --dest-creds u:p", g->dir)
                             : "--dest-tls-verify=false",
-                        format ? "--format" : "", format ? format : "", src, tag, g->port, tag, root), 0);
+                        token_port ? "--dest-creds u:p" : "", format ? "--format" : "", format ? format : "", src, tag, g->port, tag, root), 0);
 }
 
 /* Every blob in the layout is named by its digest, and skopeo reads the layout. */
@@ -771,6 +803,37 @@ static void test_cli(void **state)
     fake_stop(f);
 }
 
+/* The registry's own token auth: it checks the RS256 token our token service hands out. */
+static void test_registry_bearer(void **state)
+{
+    (void)state;
+    fake *f = fake_start(S_TOKEN);
+    make_jwt(root, f->jwt, sizeof f->jwt);
+    token_port = f->port;
+    reg g;
+    reg_start(&g, false);
+    char oci[DSEC_DIGEST_STRLEN + 1];
+    push(&g, false, "1", NULL, oci);
+    int gets = f->token_gets;
+    dsec_image_pull_opts o = {.plain_http = true, .timeout_s = 10, .username = "u", .password = "p"};
+    dsec_err err = {0};
+    char *dir = pathf("%s/pulled-%d", root, ++seq), ref[256];
+    snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:1", g.port);
+    if (dsec__image_fetch_layout(ref, &o, dir, NULL, &err) < 0)
+        fail_msg("fetch %s: %s", ref, err.msg);
+    check_layout(dir, oci);
+    assert_int_equal(f->token_gets, gets + 1);
+    /* no credentials: the token service refuses, and says so */
+    dsec_image_pull_opts on = {.plain_http = true, .timeout_s = 10};
+    assert_int_equal(dsec__image_fetch_layout(ref, &on, pathf("%s/pulled-%d", root, ++seq), NULL, &err), -1);
+    print_message("  %s\n", err.msg);
+    assert_int_equal(err.code, DSEC_E_PERMISSION);
+    assert_non_null(strstr(err.msg, "refused anonymous access for swe/task"));
+    reg_stop(&g);
+    token_port = 0;
+    fake_stop(f);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -790,7 +853,7 @@ static int teardown(void **state)
 
 int main(void)
 {
-    const char *need[] = {"docker-registry", "skopeo", "openssl", "htpasswd", "tar", "gzip", "sha256sum"};
+    const char *need[] = {"docker-registry", "skopeo", "openssl", "htpasswd", "tar", "gzip", "sha256sum", "base32"};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (sh("command -v %s >/dev/null", need[i]) != 0 || access("/bin/busybox", X_OK) != 0) {
             fprintf(stderr, "test_image_pull: %s or /bin/busybox missing (scripts/install-deps.sh)\n", need[i]);
@@ -812,6 +875,7 @@ int main(void)
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_registry_plain),
         cmocka_unit_test(test_registry_tls_htpasswd),
+        cmocka_unit_test(test_registry_bearer),
     };
     if (getenv("DSEC_TEST_FILTER") != NULL && *getenv("DSEC_TEST_FILTER"))
         cmocka_set_test_filter(getenv("DSEC_TEST_FILTER"));
