@@ -143,6 +143,50 @@ static void sha_hex(const void *data, size_t n, char out[DSEC_DIGEST_STRLEN + 1]
     dsec_digest_from_raw(raw, out);
 }
 
+/* ---- the JSON reader and the reference parser ------------------------------------- */
+
+static void test_json_reader(void **state)
+{
+    (void)state;
+    dsec_err err = {0};
+    dsec__pj *v = NULL;
+    const char *ok = " {\"a\":[1,-2.5e3,true,false,null],\"s\":\"x\\u00e9\\ud83d\\ude00\\n\\\"\",\"o\":{}} ";
+    assert_int_equal(dsec__pj_parse(ok, strlen(ok), "doc", &v, &err), 0);
+    assert_int_equal(dsec__pj_get(v, "a")->n, 5);
+    assert_string_equal(dsec__pj_get(v, "a")->kids[1].s, "-2.5e3");
+    assert_string_equal(dsec__pj_str(v, "s"), "x\xc3\xa9\xf0\x9f\x98\x80\n\"");
+    assert_null(dsec__pj_str(v, "a"));
+    assert_null(dsec__pj_get(v, "missing"));
+    dsec__pj_free(v);
+    const char *bad[] = {"", "{", "{\"a\" 1}", "[1,]", "{\"a\":1,}", "\"\\u0000\"", "\"\\ud800\"",
+                         "\"\x01\"", "tru", "[1] 2", "{1:2}", "\"abc"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        v = NULL;
+        assert_int_equal(dsec__pj_parse(bad[i], strlen(bad[i]), "the manifest", &v, &err), -1);
+        assert_null(v);
+        assert_int_equal(err.code, DSEC_E_DECODE);
+        assert_non_null(strstr(err.msg, "the manifest is not valid JSON"));
+    }
+    char deep[200];
+    memset(deep, '[', sizeof deep);
+    assert_int_equal(dsec__pj_parse(deep, sizeof deep, "deep", &v, &err), -1);
+    assert_non_null(strstr(err.msg, "nested too deep"));
+}
+
+static void test_bad_references(void **state)
+{
+    (void)state;
+    const char *bad[] = {"127.0.0.1:1/Swe/task:1", "127.0.0.1:1/swe/task@sha256:zz", "127.0.0.1:1/swe//task",
+                         "127.0.0.1:1/swe/task:-x", "127.0.0.1:1/", ""};
+    dsec_image_pull_opts o = {.plain_http = true};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dsec_err err = {0};
+        assert_int_equal(dsec__image_fetch_layout(bad[i], &o, pathf("%s/ref", root), NULL, &err), -1);
+        assert_int_equal(err.code, DSEC_E_INVALID);
+        assert_non_null(strstr(err.msg, "image reference"));
+    }
+}
+
 /* ---- the hostile registry: a thread answering crafted responses -------------------- */
 
 typedef enum scenario {
@@ -861,6 +905,8 @@ int main(void)
         }
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_reader),
+        cmocka_unit_test(test_bad_references),
         cmocka_unit_test(test_fake_ok_and_index),
         cmocka_unit_test(test_bearer_token),
         cmocka_unit_test(test_blob_redirect),
