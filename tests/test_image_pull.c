@@ -319,7 +319,7 @@ static void serve_v2(fake *f, int fd, const char *path, const char *auth)
             return serve_blob(f, fd, "sha256:none");
         if (f->s == S_STALL && strcmp(d, f->layer_d) == 0)
             return serve_stall(f, fd);
-        if (f->s == S_REDIRECT) {
+        if (f->s == S_REDIRECT || f->s == S_BEARER) {
             snprintf(loc, sizeof loc, "Location: http://localhost:%d/cdn/%.80s\r\n", f->port, d);
             return reply_str(fd, "307 Temporary Redirect", loc, "");
         }
@@ -553,6 +553,8 @@ static void test_bearer_token(void **state)
     fake *f;
     fetch_fake(S_BEARER, "u", "p", &f, dir);
     assert_int_equal(f->token_gets, 1); /* one token, reused for every blob */
+    assert_int_equal(f->cdn_gets, 2);   /* blobs redirected to another host name... */
+    assert_int_equal(f->auth_on_cdn, 0); /* ...which never sees the registry's token */
     fake_stop(f);
 }
 
