@@ -1,4 +1,5 @@
-/* test_image_pull.c - image pull against a real registry (plain, TLS + htpasswd) and a hostile in-test HTTP server. */
+/* test_image_pull.c - image pull against a real registry (plain, TLS + htpasswd) and a hostile
+ * in-test HTTP server. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -40,8 +41,8 @@ static int import_calls;
 static char import_ref[256];
 static bool import_layout_ok;
 __attribute__((weak)) int dsec_image_import(dsec_layer_registry *r, const char *path,
-                                            const dsec_image_import_opts *o,
-                                            dsec_image_info **out, dsec_err *err)
+                                            const dsec_image_import_opts *o, dsec_image_info **out,
+                                            dsec_err *err)
 {
     (void)r, (void)out;
     import_calls++;
@@ -150,7 +151,8 @@ static void test_json_reader(void **state)
     (void)state;
     dsec_err err = {0};
     dsec__pj *v = NULL;
-    const char *ok = " {\"a\":[1,-2.5e3,true,false,null],\"s\":\"x\\u00e9\\ud83d\\ude00\\n\\\"\",\"o\":{}} ";
+    const char *ok =
+        " {\"a\":[1,-2.5e3,true,false,null],\"s\":\"x\\u00e9\\ud83d\\ude00\\n\\\"\",\"o\":{}} ";
     assert_int_equal(dsec__pj_parse(ok, strlen(ok), "doc", &v, &err), 0);
     assert_int_equal(dsec__pj_get(v, "a")->n, 5);
     assert_string_equal(dsec__pj_get(v, "a")->kids[1].s, "-2.5e3");
@@ -158,8 +160,9 @@ static void test_json_reader(void **state)
     assert_null(dsec__pj_str(v, "a"));
     assert_null(dsec__pj_get(v, "missing"));
     dsec__pj_free(v);
-    const char *bad[] = {"", "{", "{\"a\" 1}", "[1,]", "{\"a\":1,}", "\"\\u0000\"", "\"\\ud800\"",
-                         "\"\x01\"", "tru", "[1] 2", "{1:2}", "\"abc"};
+    const char *bad[] = {"",           "{",           "{\"a\" 1}",   "[1,]",
+                         "{\"a\":1,}", "\"\\u0000\"", "\"\\ud800\"", "\"\x01\"",
+                         "tru",        "[1] 2",       "{1:2}",       "\"abc"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         v = NULL;
         assert_int_equal(dsec__pj_parse(bad[i], strlen(bad[i]), "the manifest", &v, &err), -1);
@@ -176,12 +179,14 @@ static void test_json_reader(void **state)
 static void test_bad_references(void **state)
 {
     (void)state;
-    const char *bad[] = {"127.0.0.1:1/Swe/task:1", "127.0.0.1:1/swe/task@sha256:zz", "127.0.0.1:1/swe//task",
-                         "127.0.0.1:1/swe/task:-x", "127.0.0.1:1/", ""};
+    const char *bad[] = {"127.0.0.1:1/Swe/task:1", "127.0.0.1:1/swe/task@sha256:zz",
+                         "127.0.0.1:1/swe//task",  "127.0.0.1:1/swe/task:-x",
+                         "127.0.0.1:1/",           ""};
     dsec_image_pull_opts o = {.plain_http = true};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dsec_err err = {0};
-        assert_int_equal(dsec__image_fetch_layout(bad[i], &o, pathf("%s/ref", root), NULL, &err), -1);
+        assert_int_equal(dsec__image_fetch_layout(bad[i], &o, pathf("%s/ref", root), NULL, &err),
+                         -1);
         assert_int_equal(err.code, DSEC_E_INVALID);
         assert_non_null(strstr(err.msg, "image reference"));
     }
@@ -190,8 +195,20 @@ static void test_bad_references(void **state)
 /* ---- the hostile registry: a thread answering crafted responses -------------------- */
 
 typedef enum scenario {
-    S_OK, S_INDEX, S_BEARER, S_BASIC_BAD, S_404, S_BLOB404, S_500, S_LOOP, S_REDIRECT,
-    S_STALL, S_MISMATCH, S_NOAMD64, S_UNKNOWN_MT, S_TOKEN,
+    S_OK,
+    S_INDEX,
+    S_BEARER,
+    S_BASIC_BAD,
+    S_404,
+    S_BLOB404,
+    S_500,
+    S_LOOP,
+    S_REDIRECT,
+    S_STALL,
+    S_MISMATCH,
+    S_NOAMD64,
+    S_UNKNOWN_MT,
+    S_TOKEN,
 } scenario;
 
 typedef struct fake {
@@ -212,29 +229,37 @@ static void fake_image(fake *f)
     sha_hex(f->layer, strlen(f->layer), f->layer_d);
     snprintf(f->config, sizeof f->config,
              "{\"architecture\":\"amd64\",\"os\":\"linux\",\"rootfs\":{\"type\":\"layers\","
-             "\"diff_ids\":[\"%s\"]}}", f->layer_d);
+             "\"diff_ids\":[\"%s\"]}}",
+             f->layer_d);
     sha_hex(f->config, strlen(f->config), f->cfg_d);
-    snprintf(f->manifest, sizeof f->manifest,
-             "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
-             "\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"%s\","
-             "\"size\":%zu},\"layers\":[{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\","
-             "\"digest\":\"%s\",\"size\":%zu}]}", f->cfg_d, strlen(f->config), f->layer_d, strlen(f->layer));
+    snprintf(
+        f->manifest, sizeof f->manifest,
+        "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
+        "\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"%s\","
+        "\"size\":%zu},\"layers\":[{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\","
+        "\"digest\":\"%s\",\"size\":%zu}]}",
+        f->cfg_d, strlen(f->config), f->layer_d, strlen(f->layer));
     sha_hex(f->manifest, strlen(f->manifest), f->man_d);
-    snprintf(f->index, sizeof f->index,
-             "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.index.v1+json\",\"manifests\":["
-             "{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"sha256:%064d\","
-             "\"size\":10,\"platform\":{\"os\":\"linux\",\"architecture\":\"arm64\",\"variant\":\"v8\"}},"
-             "{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"%s\",\"size\":%zu,"
-             "\"platform\":{\"os\":\"linux\",\"architecture\":\"%s\"}}]}",
-             0, f->man_d, strlen(f->manifest), f->s == S_NOAMD64 ? "s390x" : "amd64");
+    snprintf(
+        f->index, sizeof f->index,
+        "{\"schemaVersion\":2,\"mediaType\":\"application/"
+        "vnd.oci.image.index.v1+json\",\"manifests\":["
+        "{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"sha256:%064d\","
+        "\"size\":10,\"platform\":{\"os\":\"linux\",\"architecture\":\"arm64\",\"variant\":\"v8\"}}"
+        ","
+        "{\"mediaType\":\"application/"
+        "vnd.oci.image.manifest.v1+json\",\"digest\":\"%s\",\"size\":%zu,"
+        "\"platform\":{\"os\":\"linux\",\"architecture\":\"%s\"}}]}",
+        0, f->man_d, strlen(f->manifest), f->s == S_NOAMD64 ? "s390x" : "amd64");
     sha_hex(f->index, strlen(f->index), f->idx_d);
 }
 
 static void reply(int fd, const char *status, const char *headers, const char *body, size_t n)
 {
     char h[2048];
-    int k = snprintf(h, sizeof h, "HTTP/1.1 %s\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n",
-                     status, n, headers ? headers : "");
+    int k =
+        snprintf(h, sizeof h, "HTTP/1.1 %s\r\nContent-Length: %zu\r\nConnection: close\r\n%s\r\n",
+                 status, n, headers ? headers : "");
     if (write(fd, h, (size_t)k) < 0 || (n > 0 && write(fd, body, n) < 0))
         return;
 }
@@ -255,8 +280,9 @@ static void serve_blob(fake *f, int fd, const char *digest)
             copy[100] ^= 1; /* same size, other bytes */
         reply(fd, "200 OK", "Content-Type: application/octet-stream\r\n", copy, strlen(copy));
     } else {
-        reply_str(fd, "404 Not Found", "Content-Type: application/json\r\n",
-                  "{\"errors\":[{\"code\":\"BLOB_UNKNOWN\",\"message\":\"blob unknown to registry\"}]}");
+        reply_str(
+            fd, "404 Not Found", "Content-Type: application/json\r\n",
+            "{\"errors\":[{\"code\":\"BLOB_UNKNOWN\",\"message\":\"blob unknown to registry\"}]}");
     }
 }
 
@@ -273,15 +299,17 @@ static bool authorized(fake *f, int fd, const char *auth)
 {
     char hdr[512];
     if (f->s == S_BASIC_BAD) {
-        reply_str(fd, "401 Unauthorized", "WWW-Authenticate: Basic realm=\"fake\"\r\n",
-                  "{\"errors\":[{\"code\":\"UNAUTHORIZED\",\"message\":\"authentication required\"}]}");
+        reply_str(
+            fd, "401 Unauthorized", "WWW-Authenticate: Basic realm=\"fake\"\r\n",
+            "{\"errors\":[{\"code\":\"UNAUTHORIZED\",\"message\":\"authentication required\"}]}");
         return false;
     }
     if (f->s != S_BEARER || strcmp(auth, "Bearer tok-123") == 0)
         return true;
     snprintf(hdr, sizeof hdr,
              "WWW-Authenticate: Bearer realm=\"http://127.0.0.1:%d/token\",service=\"fake\","
-             "scope=\"repository:swe/task:pull\"\r\n", f->port);
+             "scope=\"repository:swe/task:pull\"\r\n",
+             f->port);
     reply_str(fd, "401 Unauthorized", hdr, "{\"errors\":[{\"code\":\"UNAUTHORIZED\"}]}");
     return false;
 }
@@ -302,8 +330,9 @@ static void serve_v2(fake *f, int fd, const char *path, const char *auth)
     if (strncmp(path, "/v2/swe/task/manifests/", 23) == 0) {
         const char *ref = path + 23;
         if (f->s == S_404)
-            return reply_str(fd, "404 Not Found", "Content-Type: application/json\r\n",
-                             "{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\",\"message\":\"manifest unknown\"}]}");
+            return reply_str(
+                fd, "404 Not Found", "Content-Type: application/json\r\n",
+                "{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\",\"message\":\"manifest unknown\"}]}");
         if (f->s == S_UNKNOWN_MT)
             return reply_str(fd, "200 OK", "Content-Type: application/vnd.example.thing+json\r\n",
                              "{\"mediaType\":\"application/vnd.example.thing+json\"}");
@@ -311,7 +340,8 @@ static void serve_v2(fake *f, int fd, const char *path, const char *auth)
             return reply_str(fd, "200 OK", it, f->index);
         if (strcmp(ref, "1") == 0 || strcmp(ref, f->man_d) == 0)
             return reply_str(fd, "200 OK", mt, f->manifest);
-        return reply_str(fd, "404 Not Found", NULL, "{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\"}]}");
+        return reply_str(fd, "404 Not Found", NULL,
+                         "{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\"}]}");
     }
     if (strncmp(path, "/v2/swe/task/blobs/", 19) == 0) {
         const char *d = path + 19;
@@ -353,7 +383,8 @@ static void serve_one(fake *f, int fd)
             return reply_str(fd, "200 OK", "Content-Type: application/json\r\n",
                              pathf("{\"token\":\"%s\"}", f->jwt));
         if (!scope_ok || !creds_ok)
-            return reply_str(fd, "401 Unauthorized", NULL, "{\"details\":\"bad scope or credentials\"}");
+            return reply_str(fd, "401 Unauthorized", NULL,
+                             "{\"details\":\"bad scope or credentials\"}");
         return reply_str(fd, "200 OK", "Content-Type: application/json\r\n",
                          "{\"access_token\":\"tok-123\",\"expires_in\":300}");
     }
@@ -369,7 +400,8 @@ static void *fake_main(void *arg)
 {
     fake *f = arg;
     for (;;) {
-        struct pollfd p[2] = {{.fd = f->lfd, .events = POLLIN}, {.fd = f->stop[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = f->lfd, .events = POLLIN},
+                              {.fd = f->stop[0], .events = POLLIN}};
         if (poll(p, 2, -1) < 0 && errno != EINTR)
             break;
         if (p[1].revents)
@@ -457,22 +489,24 @@ static void expect_pull_fails(scenario s, const char *user, int code, const char
 static void test_bad_credentials(void **state)
 {
     (void)state;
-    expect_pull_fails(S_BASIC_BAD, "u", DSEC_E_PERMISSION, "refused the credentials for swe/task: 401",
-                      "127.0.0.1:");
+    expect_pull_fails(S_BASIC_BAD, "u", DSEC_E_PERMISSION,
+                      "refused the credentials for swe/task: 401", "127.0.0.1:");
     expect_pull_fails(S_BASIC_BAD, NULL, DSEC_E_PERMISSION, "wants credentials for swe/task", NULL);
 }
 
 static void test_not_found(void **state)
 {
     (void)state;
-    expect_pull_fails(S_404, NULL, DSEC_E_NOT_FOUND, "has no manifest swe/task:1", "MANIFEST_UNKNOWN");
+    expect_pull_fails(S_404, NULL, DSEC_E_NOT_FOUND, "has no manifest swe/task:1",
+                      "MANIFEST_UNKNOWN");
     expect_pull_fails(S_BLOB404, NULL, DSEC_E_NOT_FOUND, "has no config sha256:", "BLOB_UNKNOWN");
 }
 
 static void test_server_error(void **state)
 {
     (void)state;
-    expect_pull_fails(S_500, NULL, DSEC_E_IO, "answered 500 for manifest swe/task:1", "internal boom");
+    expect_pull_fails(S_500, NULL, DSEC_E_IO, "answered 500 for manifest swe/task:1",
+                      "internal boom");
 }
 
 static void test_redirect_loop(void **state)
@@ -490,7 +524,8 @@ static void test_stalled_body(void **state)
 static void test_digest_mismatch(void **state)
 {
     (void)state;
-    expect_pull_fails(S_MISMATCH, NULL, DSEC_E_DECODE, "does not match its digest", "layer sha256:");
+    expect_pull_fails(S_MISMATCH, NULL, DSEC_E_DECODE, "does not match its digest",
+                      "layer sha256:");
 }
 
 static void test_index_without_platform(void **state)
@@ -527,7 +562,8 @@ static void fetch_fake(scenario s, const char *user, const char *pass, fake **ou
     const dsec_digest *want[] = {&f->man_d, &f->cfg_d, &f->layer_d};
     for (size_t i = 0; i < 3; i++) {
         dsec_digest got;
-        assert_int_equal(dsec_digest_file(pathf("%s/blobs/sha256/%s", dir, *want[i] + 7), got, &err), 0);
+        assert_int_equal(
+            dsec_digest_file(pathf("%s/blobs/sha256/%s", dir, *want[i] + 7), got, &err), 0);
         assert_string_equal(got, *want[i]);
     }
     assert_int_equal(sh("grep -q '\"digest\":\"%s\"' %s/index.json", f->man_d, dir), 0);
@@ -552,8 +588,8 @@ static void test_bearer_token(void **state)
     char dir[512];
     fake *f;
     fetch_fake(S_BEARER, "u", "p", &f, dir);
-    assert_int_equal(f->token_gets, 1); /* one token, reused for every blob */
-    assert_int_equal(f->cdn_gets, 2);   /* blobs redirected to another host name... */
+    assert_int_equal(f->token_gets, 1);  /* one token, reused for every blob */
+    assert_int_equal(f->cdn_gets, 2);    /* blobs redirected to another host name... */
     assert_int_equal(f->auth_on_cdn, 0); /* ...which never sees the registry's token */
     fake_stop(f);
 }
@@ -580,7 +616,8 @@ static void wait_port(int port)
 {
     for (int i = 0; i < 200; i++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         int rc = connect(fd, (struct sockaddr *)&a, sizeof a);
         close(fd);
@@ -594,31 +631,38 @@ static void wait_port(int port)
 /* TLS: a CA, a server cert for 127.0.0.1, and htpasswd user u / password p. */
 static void make_tls(const char *d)
 {
-    assert_int_equal(sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt "
-                        "-days 2 -subj /CN=dsec-test-ca 2>/dev/null && "
-                        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 "
-                        "2>/dev/null && printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
-                        "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt "
-                        "-days 2 -extfile ext 2>/dev/null && mkdir certs && cp ca.crt certs/ && "
-                        "htpasswd -Bbn u p > htpasswd", d), 0);
+    assert_int_equal(
+        sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt "
+           "-days 2 -subj /CN=dsec-test-ca 2>/dev/null && "
+           "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 "
+           "2>/dev/null && printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
+           "openssl x509 -req -in srv.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out srv.crt "
+           "-days 2 -extfile ext 2>/dev/null && mkdir certs && cp ca.crt certs/ && "
+           "htpasswd -Bbn u p > htpasswd",
+           d),
+        0);
 }
 
 /* A signing cert for registry tokens and one RS256 token (pull, push on swe/task) signed with
  * it, its kid the libtrust key id of the public key, as distribution checks it. */
 static void make_jwt(const char *d, char *jwt, size_t n)
 {
-    assert_int_equal(sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout tok.key -out tok.crt "
-                        "-days 2 -subj /CN=dsec-token 2>/dev/null && "
-                        "b64u() { openssl base64 -A | tr '+/' '-_' | tr -d '='; } && "
-                        "kid=$(openssl x509 -in tok.crt -pubkey -noout | openssl pkey -pubin -outform DER | "
-                        "openssl dgst -sha256 -binary | head -c 30 | base32 | tr -d '=' | sed 's/..../&:/g; s/:$//') && "
-                        "h=$(printf '{\"typ\":\"JWT\",\"alg\":\"RS256\",\"kid\":\"%%s\"}' $kid | b64u) && "
-                        "now=$(date +%%s) && p=$(printf '{\"iss\":\"dsec-test-issuer\",\"sub\":\"u\","
-                        "\"aud\":\"dsec-test\",\"exp\":%%d,\"nbf\":%%d,\"iat\":%%d,\"jti\":\"t1\","
-                        "\"access\":[{\"type\":\"repository\",\"name\":\"swe/task\",\"actions\":"
-                        "[\"pull\",\"push\"]}]}' $((now+3600)) $((now-60)) $((now-60)) | b64u) && "
-                        "s=$(printf '%%s.%%s' $h $p | openssl dgst -sha256 -sign tok.key -binary | b64u) && "
-                        "echo $h.$p.$s > jwt", d), 0);
+    assert_int_equal(
+        sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout tok.key -out tok.crt "
+           "-days 2 -subj /CN=dsec-token 2>/dev/null && "
+           "b64u() { openssl base64 -A | tr '+/' '-_' | tr -d '='; } && "
+           "kid=$(openssl x509 -in tok.crt -pubkey -noout | openssl pkey -pubin -outform DER | "
+           "openssl dgst -sha256 -binary | head -c 30 | base32 | tr -d '=' | sed 's/..../&:/g; "
+           "s/:$//') && "
+           "h=$(printf '{\"typ\":\"JWT\",\"alg\":\"RS256\",\"kid\":\"%%s\"}' $kid | b64u) && "
+           "now=$(date +%%s) && p=$(printf '{\"iss\":\"dsec-test-issuer\",\"sub\":\"u\","
+           "\"aud\":\"dsec-test\",\"exp\":%%d,\"nbf\":%%d,\"iat\":%%d,\"jti\":\"t1\","
+           "\"access\":[{\"type\":\"repository\",\"name\":\"swe/task\",\"actions\":"
+           "[\"pull\",\"push\"]}]}' $((now+3600)) $((now-60)) $((now-60)) | b64u) && "
+           "s=$(printf '%%s.%%s' $h $p | openssl dgst -sha256 -sign tok.key -binary | b64u) && "
+           "echo $h.$p.$s > jwt",
+           d),
+        0);
     FILE *f = fopen(pathf("%s/jwt", d), "r");
     assert_non_null(f);
     assert_non_null(fgets(jwt, (int)n, f));
@@ -637,14 +681,21 @@ static void reg_start(reg *g, bool tls)
         make_tls(g->dir);
     FILE *f = fopen(pathf("%s/config.yml", g->dir), "w");
     assert_non_null(f);
-    fprintf(f, "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s/store\n"
-               "http:\n  addr: 127.0.0.1:%d\n  secret: dsec-test\n", g->dir, g->port);
+    fprintf(
+        f,
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: %s/store\n"
+        "http:\n  addr: 127.0.0.1:%d\n  secret: dsec-test\n",
+        g->dir, g->port);
     if (token_port != 0)
-        fprintf(f, "auth:\n  token:\n    realm: http://127.0.0.1:%d/token\n    service: dsec-test\n"
-                   "    issuer: dsec-test-issuer\n    rootcertbundle: %s/tok.crt\n", token_port, root);
+        fprintf(f,
+                "auth:\n  token:\n    realm: http://127.0.0.1:%d/token\n    service: dsec-test\n"
+                "    issuer: dsec-test-issuer\n    rootcertbundle: %s/tok.crt\n",
+                token_port, root);
     if (tls)
-        fprintf(f, "  tls:\n    certificate: %s/srv.crt\n    key: %s/srv.key\nauth:\n  htpasswd:\n"
-                   "    realm: dsec-test\n    path: %s/htpasswd\n", g->dir, g->dir, g->dir);
+        fprintf(f,
+                "  tls:\n    certificate: %s/srv.crt\n    key: %s/srv.key\nauth:\n  htpasswd:\n"
+                "    realm: dsec-test\n    path: %s/htpasswd\n",
+                g->dir, g->dir, g->dir);
     fclose(f);
     g->pid = fork();
     assert_true(g->pid >= 0);
@@ -652,7 +703,8 @@ static void reg_start(reg *g, bool tls)
         int log = open(pathf("%s/log", g->dir), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(log, 1);
         dup2(log, 2);
-        execlp("docker-registry", "docker-registry", "serve", pathf("%s/config.yml", g->dir), (char *)NULL);
+        execlp("docker-registry", "docker-registry", "serve", pathf("%s/config.yml", g->dir),
+               (char *)NULL);
         _exit(127);
     }
     wait_port(g->port);
@@ -671,16 +723,22 @@ static void push(reg *g, bool tls, const char *tag, const char *format, char *di
     snprintf(digest, DSEC_DIGEST_STRLEN + 1, "%s",
              sh_out(pathf("%s %s %s", IMAGE_PULL_LAYOUT_SH, src, tag)));
     assert_true(dsec_digest_valid(digest));
-    assert_int_equal(sh("skopeo copy -q %s %s %s %s oci:%s:%s docker://127.0.0.1:%d/swe/task:%s >%s/push.log 2>&1",
+    assert_int_equal(sh("skopeo copy -q %s %s %s %s oci:%s:%s docker://127.0.0.1:%d/swe/task:%s "
+                        ">%s/push.log 2>&1",
                         tls ? pathf("--dest-cert-dir %s/certs --dest-creds u:p", g->dir)
                             : "--dest-tls-verify=false",
-                        token_port ? "--dest-creds u:p" : "", format ? "--format" : "", format ? format : "", src, tag, g->port, tag, root), 0);
+                        token_port ? "--dest-creds u:p" : "", format ? "--format" : "",
+                        format ? format : "", src, tag, g->port, tag, root),
+                     0);
 }
 
 /* Every blob in the layout is named by its digest, and skopeo reads the layout. */
 static void check_layout(const char *dir, const char *manifest)
 {
-    assert_int_equal(sh("cd %s/blobs/sha256 && for f in *; do echo \"$f  $f\"; done | sha256sum -c --quiet", dir), 0);
+    assert_int_equal(
+        sh("cd %s/blobs/sha256 && for f in *; do echo \"$f  $f\"; done | sha256sum -c --quiet",
+           dir),
+        0);
     assert_int_equal(sh("skopeo inspect oci:%s >/dev/null", dir), 0);
     if (manifest != NULL)
         assert_int_equal(sh("grep -q '\"digest\":\"%s\"' %s/index.json", manifest, dir), 0);
@@ -718,10 +776,12 @@ static void test_registry_plain(void **state)
     if (dsec__image_fetch_layout(ref, &o, dir3, NULL, &err) < 0)
         fail_msg("fetch %s: %s", ref, err.msg);
     check_layout(dir3, NULL);
-    assert_int_equal(sh("grep -q application/vnd.docker.distribution.manifest.v2+json %s/index.json", dir3), 0);
+    assert_int_equal(
+        sh("grep -q application/vnd.docker.distribution.manifest.v2+json %s/index.json", dir3), 0);
     /* a tag that is not there */
     snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:nope", g.port);
-    assert_int_equal(dsec__image_fetch_layout(ref, &o, pathf("%s/pulled-%d", root, ++seq), NULL, &err), -1);
+    assert_int_equal(
+        dsec__image_fetch_layout(ref, &o, pathf("%s/pulled-%d", root, ++seq), NULL, &err), -1);
     assert_int_equal(err.code, DSEC_E_NOT_FOUND);
     assert_non_null(strstr(err.msg, "has no manifest swe/task:nope"));
     reg_stop(&g);
@@ -754,8 +814,11 @@ static void test_registry_tls_htpasswd(void **state)
         fail_msg("%s", err.msg);
     /* credentials from a docker config.json, keyed https://HOST:PORT ("u:p" in base64) */
     char *auth = pathf("%s/auth.json", g.dir);
-    assert_int_equal(sh("printf '{\"auths\":{\"other:1\":{\"auth\":\"eDp5\"},\"https://127.0.0.1:%d\":"
-                        "{\"auth\":\"dTpw\"}}}' > %s", g.port, auth), 0);
+    assert_int_equal(
+        sh("printf '{\"auths\":{\"other:1\":{\"auth\":\"eDp5\"},\"https://127.0.0.1:%d\":"
+           "{\"auth\":\"dTpw\"}}}' > %s",
+           g.port, auth),
+        0);
     dsec_image_pull_opts oa = {.ca_file = ca, .auth_file = auth, .timeout_s = 10};
     if (fetch_tls(&g, &oa, &err) < 0)
         fail_msg("%s", err.msg);
@@ -763,9 +826,11 @@ static void test_registry_tls_htpasswd(void **state)
     o.password = "wrong";
     assert_int_equal(fetch_tls(&g, &o, &err), -1);
     assert_int_equal(err.code, DSEC_E_PERMISSION);
-    assert_non_null(strstr(err.msg, pathf("registry 127.0.0.1:%d refused the credentials for swe/task: 401", g.port)));
+    assert_non_null(strstr(
+        err.msg, pathf("registry 127.0.0.1:%d refused the credentials for swe/task: 401", g.port)));
     /* no credentials at all */
-    dsec_image_pull_opts on = {.ca_file = ca, .auth_file = pathf("%s/none.json", root), .timeout_s = 10};
+    dsec_image_pull_opts on = {
+        .ca_file = ca, .auth_file = pathf("%s/none.json", root), .timeout_s = 10};
     assert_int_equal(fetch_tls(&g, &on, &err), -1);
     assert_non_null(strstr(err.msg, "reading the auth file")); /* a named auth file must exist */
     assert_int_equal(sh("echo '{}' > %s/none.json", root), 0);
@@ -819,8 +884,8 @@ static void test_cli(void **state)
     fake *f = fake_start(S_BASIC_BAD);
     char ref[256];
     snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:1", f->port);
-    const char *a4[] = {"pull", ref, "--user", "u", "--password-stdin", "--plain-http",
-                        "--registry", regdir, NULL};
+    const char *a4[] = {"pull",         ref,          "--user", "u", "--password-stdin",
+                        "--plain-http", "--registry", regdir,   NULL};
     assert_int_equal(cli("wrong\n", 8, a4), 1);
     assert_true(no_scratch());
     fake_stop(f);
@@ -861,7 +926,8 @@ static void test_registry_bearer(void **state)
     char oci[DSEC_DIGEST_STRLEN + 1];
     push(&g, false, "1", NULL, oci);
     int gets = f->token_gets;
-    dsec_image_pull_opts o = {.plain_http = true, .timeout_s = 10, .username = "u", .password = "p"};
+    dsec_image_pull_opts o = {
+        .plain_http = true, .timeout_s = 10, .username = "u", .password = "p"};
     dsec_err err = {0};
     char *dir = pathf("%s/pulled-%d", root, ++seq), ref[256];
     snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:1", g.port);
@@ -871,7 +937,8 @@ static void test_registry_bearer(void **state)
     assert_int_equal(f->token_gets, gets + 1);
     /* no credentials: the token service refuses, and says so */
     dsec_image_pull_opts on = {.plain_http = true, .timeout_s = 10};
-    assert_int_equal(dsec__image_fetch_layout(ref, &on, pathf("%s/pulled-%d", root, ++seq), NULL, &err), -1);
+    assert_int_equal(
+        dsec__image_fetch_layout(ref, &on, pathf("%s/pulled-%d", root, ++seq), NULL, &err), -1);
     print_message("  %s\n", err.msg);
     assert_int_equal(err.code, DSEC_E_PERMISSION);
     assert_non_null(strstr(err.msg, "refused anonymous access for swe/task"));
@@ -899,30 +966,25 @@ static int teardown(void **state)
 
 int main(void)
 {
-    const char *need[] = {"docker-registry", "skopeo", "openssl", "htpasswd", "tar", "gzip", "sha256sum", "base32"};
+    const char *need[] = {"docker-registry", "skopeo", "openssl", "htpasswd", "tar", "gzip",
+                          "sha256sum",       "base32"};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         if (sh("command -v %s >/dev/null", need[i]) != 0 || access("/bin/busybox", X_OK) != 0) {
-            fprintf(stderr, "test_image_pull: %s or /bin/busybox missing (scripts/install-deps.sh)\n", need[i]);
+            fprintf(stderr,
+                    "test_image_pull: %s or /bin/busybox missing (scripts/install-deps.sh)\n",
+                    need[i]);
             return 77;
         }
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_reader),
-        cmocka_unit_test(test_bad_references),
-        cmocka_unit_test(test_fake_ok_and_index),
-        cmocka_unit_test(test_bearer_token),
-        cmocka_unit_test(test_blob_redirect),
-        cmocka_unit_test(test_bad_credentials),
-        cmocka_unit_test(test_not_found),
-        cmocka_unit_test(test_server_error),
-        cmocka_unit_test(test_redirect_loop),
-        cmocka_unit_test(test_stalled_body),
-        cmocka_unit_test(test_digest_mismatch),
-        cmocka_unit_test(test_index_without_platform),
-        cmocka_unit_test(test_unknown_media_type),
-        cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_registry_plain),
-        cmocka_unit_test(test_registry_tls_htpasswd),
+        cmocka_unit_test(test_json_reader),        cmocka_unit_test(test_bad_references),
+        cmocka_unit_test(test_fake_ok_and_index),  cmocka_unit_test(test_bearer_token),
+        cmocka_unit_test(test_blob_redirect),      cmocka_unit_test(test_bad_credentials),
+        cmocka_unit_test(test_not_found),          cmocka_unit_test(test_server_error),
+        cmocka_unit_test(test_redirect_loop),      cmocka_unit_test(test_stalled_body),
+        cmocka_unit_test(test_digest_mismatch),    cmocka_unit_test(test_index_without_platform),
+        cmocka_unit_test(test_unknown_media_type), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_registry_plain),     cmocka_unit_test(test_registry_tls_htpasswd),
         cmocka_unit_test(test_registry_bearer),
     };
     if (getenv("DSEC_TEST_FILTER") != NULL && *getenv("DSEC_TEST_FILTER"))

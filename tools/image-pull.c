@@ -1,4 +1,5 @@
-/* image-pull.c - `dsec image pull REF`: an image from an OCI distribution registry into a layer registry. */
+/* image-pull.c - `dsec image pull REF`: an image from an OCI distribution registry into a layer
+ * registry. */
 #define _GNU_SOURCE
 #include <getopt.h>
 #include <stdio.h>
@@ -16,7 +17,8 @@ static int usage(void)
     fprintf(stderr,
             "usage: dsec image pull REF [--user U --password-stdin] [--auth-file F] [--ca-file F]\n"
             "                       [--plain-http] [--format erofs|dir] [--platform OS/ARCH]\n"
-            "                       [--timeout SECONDS] [--registry DIR|nats://HOST:PORT[?bucket=NAME]]\n"
+            "                       [--timeout SECONDS] [--registry "
+            "DIR|nats://HOST:PORT[?bucket=NAME]]\n"
             "REF is HOST[:PORT]/PATH[:TAG|@sha256:HEX]. Credentials come from --user with the\n"
             "password on stdin, else from --auth-file or $DOCKER_CONFIG/config.json or\n"
             "~/.docker/config.json (\"auths\"). TLS is checked against --ca-file or the system's\n"
@@ -77,7 +79,8 @@ static void print_info(const dsec_image_info *i)
     for (size_t k = 0; k < i->nlayers; k++)
         reused += i->layers[k].reused;
     printf("pulled %s\n  manifest %s\n  config   %s\n  env      %s\n  layers   %zu (%zu already "
-           "in the registry)\n", i->ref, i->manifest, i->config, i->env, i->nlayers, reused);
+           "in the registry)\n",
+           i->ref, i->manifest, i->config, i->env, i->nlayers, reused);
 }
 
 typedef struct cli_opts {
@@ -90,32 +93,50 @@ typedef struct cli_opts {
 static int parse(int argc, char **argv, cli_opts *c)
 {
     static const struct option lo[] = {
-        {"user", required_argument, 0, 'u'},     {"password-stdin", no_argument, 0, 'P'},
+        {"user", required_argument, 0, 'u'},      {"password-stdin", no_argument, 0, 'P'},
         {"auth-file", required_argument, 0, 'a'}, {"ca-file", required_argument, 0, 'c'},
-        {"plain-http", no_argument, 0, 'h'},     {"format", required_argument, 0, 'f'},
-        {"registry", required_argument, 0, 'r'}, {"platform", required_argument, 0, 'p'},
-        {"timeout", required_argument, 0, 't'},  {0, 0, 0, 0}};
+        {"plain-http", no_argument, 0, 'h'},      {"format", required_argument, 0, 'f'},
+        {"registry", required_argument, 0, 'r'},  {"platform", required_argument, 0, 'p'},
+        {"timeout", required_argument, 0, 't'},   {0, 0, 0, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         char *end;
         switch (ch) {
-        case 'u': c->pull.username = optarg; break;
-        case 'P': c->password_stdin = true; break;
-        case 'a': c->pull.auth_file = optarg; break;
-        case 'c': c->pull.ca_file = optarg; break;
-        case 'h': c->pull.plain_http = true; break;
-        case 'f': c->format = optarg; break;
-        case 'r': c->registry = optarg; break;
-        case 'p': c->pull.import.platform = optarg; break;
+        case 'u':
+            c->pull.username = optarg;
+            break;
+        case 'P':
+            c->password_stdin = true;
+            break;
+        case 'a':
+            c->pull.auth_file = optarg;
+            break;
+        case 'c':
+            c->pull.ca_file = optarg;
+            break;
+        case 'h':
+            c->pull.plain_http = true;
+            break;
+        case 'f':
+            c->format = optarg;
+            break;
+        case 'r':
+            c->registry = optarg;
+            break;
+        case 'p':
+            c->pull.import.platform = optarg;
+            break;
         case 't':
             c->pull.timeout_s = (unsigned)strtoul(optarg, &end, 10);
             if (*end != '\0' || c->pull.timeout_s == 0 || optarg[0] == '-') {
-                fprintf(stderr, "dsec: --timeout wants a positive number of seconds, not %s\n", optarg);
+                fprintf(stderr, "dsec: --timeout wants a positive number of seconds, not %s\n",
+                        optarg);
                 return -1;
             }
             break;
-        default: return -1;
+        default:
+            return -1;
         }
     }
     if (optind != argc - 1)

@@ -1,4 +1,5 @@
-/* image-pull-int.h - the registry pull's internals: fetch to an OCI layout, and its small JSON reader. */
+/* image-pull-int.h - the registry pull's internals: fetch to an OCI layout, and its small JSON
+ * reader. */
 #ifndef DSEC_BACKENDS_IMAGE_PULL_INT_H
 #define DSEC_BACKENDS_IMAGE_PULL_INT_H
 

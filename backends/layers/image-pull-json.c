@@ -16,8 +16,8 @@ typedef struct pj_in {
 
 static int bad(pj_in *in, const char *why)
 {
-    return dsec_err_set(in->err, DSEC_E_DECODE, 0, "%s is not valid JSON: %s at byte %zu",
-                        in->what, why, (size_t)(in->p - in->start));
+    return dsec_err_set(in->err, DSEC_E_DECODE, 0, "%s is not valid JSON: %s at byte %zu", in->what,
+                        why, (size_t)(in->p - in->start));
 }
 
 static void skip_ws(pj_in *in)

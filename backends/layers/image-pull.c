@@ -1,4 +1,5 @@
-/* image-pull.c - pull an image from an OCI distribution registry (HTTP API v2) into an OCI layout, then import it. */
+/* image-pull.c - pull an image from an OCI distribution registry (HTTP API v2) into an OCI layout,
+ * then import it. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <curl/curl.h>
@@ -76,13 +77,15 @@ static int pull_ref_parse(const char *ref, pull_ref *r, dsec_err *err)
     if (at != NULL) {
         *at++ = '\0';
         if (!dsec_digest_valid(at))
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "image reference %s: the digest must be sha256: and 64 lower-case hex digits", ref);
+            return dsec_err_set(
+                err, DSEC_E_INVALID, 0,
+                "image reference %s: the digest must be sha256: and 64 lower-case hex digits", ref);
         r->digest = dsec_strdup(at);
     }
     char *slash = strchr(s, '/'), *name = s;
-    if (slash != NULL && (memchr(s, '.', (size_t)(slash - s)) || memchr(s, ':', (size_t)(slash - s)) ||
-                          strncmp(s, "localhost/", 10) == 0)) {
+    if (slash != NULL &&
+        (memchr(s, '.', (size_t)(slash - s)) || memchr(s, ':', (size_t)(slash - s)) ||
+         strncmp(s, "localhost/", 10) == 0)) {
         *slash = '\0';
         r->host = dsec_strdup(s);
         name = slash + 1;
@@ -109,7 +112,8 @@ static int pull_ref_parse(const char *ref, pull_ref *r, dsec_err *err)
         pull_ref_free(r);
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "image reference %s: expected [HOST[:PORT]/]PATH[:TAG][@sha256:HEX] "
-                            "(PATH in [a-z0-9._/-])", ref);
+                            "(PATH in [a-z0-9._/-])",
+                            ref);
     }
     return 0;
 }
@@ -193,7 +197,8 @@ static int auth_from_entry(const dsec__pj *e, const char *file, char **user, cha
         if (c == NULL) {
             dsec_free(d);
             return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                                "auth file %s: an \"auth\" field is not base64 of USER:PASSWORD", file);
+                                "auth file %s: an \"auth\" field is not base64 of USER:PASSWORD",
+                                file);
         }
         *c = '\0';
         *user = dsec_strdup(d);
@@ -212,8 +217,8 @@ static int auth_from_entry(const dsec__pj *e, const char *file, char **user, cha
 
 /* Credentials for host from a docker-style config.json; none is not an
  * error; a missing default file is not one either. */
-static int auth_from_file(const char *file, bool given, const char *host, char **user,
-                          char **pass, dsec_err *err)
+static int auth_from_file(const char *file, bool given, const char *host, char **user, char **pass,
+                          dsec_err *err)
 {
     char *text DSEC_AUTOFREE = NULL;
     size_t len;
@@ -245,7 +250,8 @@ static int find_credentials(const dsec_image_pull_opts *o, const char *host, cha
     if (o->username != NULL) {
         *user = dsec_strdup(o->username);
         *pass = dsec_strdup(o->password != NULL ? o->password : "");
-        return *user != NULL && *pass != NULL ? 0 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        return *user != NULL && *pass != NULL ? 0
+                                              : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     }
     if (o->auth_file != NULL)
         return auth_from_file(o->auth_file, true, host, user, pass, err);
@@ -266,9 +272,9 @@ typedef struct puller {
     CURL *curl;
     const dsec_image_pull_opts *o;
     pull_ref ref;
-    char *base;         /* "https://HOST/v2/PATH" */
-    char *user, *pass;  /* NULL when none were found */
-    char *auth;         /* the "Authorization: ..." header to send, or NULL */
+    char *base;        /* "https://HOST/v2/PATH" */
+    char *user, *pass; /* NULL when none were found */
+    char *auth;        /* the "Authorization: ..." header to send, or NULL */
     unsigned timeout_s;
     char errbuf[CURL_ERROR_SIZE];
 } puller;
@@ -394,7 +400,8 @@ static size_t on_header(char *line, size_t size, size_t nmemb, void *arg)
         dsec_free(x->www_auth);
         dsec_free(x->ctype);
         x->www_auth = x->ctype = NULL;
-    } else if (x->www_auth == NULL && (x->www_auth = header_value(line, n, "www-authenticate:")) != NULL) {
+    } else if (x->www_auth == NULL &&
+               (x->www_auth = header_value(line, n, "www-authenticate:")) != NULL) {
     } else if (x->ctype == NULL) {
         x->ctype = header_value(line, n, "content-type:");
     }
@@ -422,13 +429,14 @@ static int curl_failed(puller *p, xfer *x, CURLcode rc, const char *what, dsec_e
                             "writing %s from registry %s", what, h);
     case CURLE_TOO_MANY_REDIRECTS:
         return dsec_err_set(err, DSEC_E_IO, 0,
-                            "registry %s: a redirect loop fetching %s (more than %ld redirects)",
-                            h, what, MAX_REDIRS);
+                            "registry %s: a redirect loop fetching %s (more than %ld redirects)", h,
+                            what, MAX_REDIRS);
     case CURLE_OPERATION_TIMEDOUT:
         if (strstr(why, "SSL") != NULL)
             return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
                                 "TLS with registry %s: no handshake within %u s fetching %s (a "
-                                "plain-HTTP registry needs --plain-http)", h, p->timeout_s, what);
+                                "plain-HTTP registry needs --plain-http)",
+                                h, p->timeout_s, what);
         return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
                             "registry %s stalled: nothing received for %u s fetching %s (%s)", h,
                             p->timeout_s, what, why);
@@ -438,7 +446,8 @@ static int curl_failed(puller *p, xfer *x, CURLcode rc, const char *what, dsec_e
     case CURLE_SSL_CERTPROBLEM:
         return dsec_err_set(err, DSEC_E_CONN, 0,
                             "TLS with registry %s failed fetching %s: %s (trust its CA with "
-                            "--ca-file; plain HTTP needs --plain-http)", h, what, why);
+                            "--ca-file; plain HTTP needs --plain-http)",
+                            h, what, why);
     case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:
         return dsec_err_set(err, DSEC_E_CONN, 0, "cannot reach registry %s fetching %s: %s", h,
@@ -446,7 +455,8 @@ static int curl_failed(puller *p, xfer *x, CURLcode rc, const char *what, dsec_e
     case CURLE_UNSUPPORTED_PROTOCOL:
         return dsec_err_set(err, DSEC_E_PERMISSION, 0,
                             "registry %s sent %s to a URL dsec will not follow: %s (plain HTTP "
-                            "needs --plain-http)", h, what, why);
+                            "needs --plain-http)",
+                            h, what, why);
     default:
         return dsec_err_set(err, DSEC_E_IO, 0, "registry %s, fetching %s: %s", h, what, why);
     }
@@ -512,7 +522,8 @@ static int puller_init(puller *p, const char *ref, const dsec_image_pull_opts *o
                                    p->ref.path);
     pthread_once(&curl_once, curl_init);
     if (curl_init_rc != CURLE_OK)
-        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "libcurl: %s", curl_easy_strerror(curl_init_rc));
+        return dsec_err_set(err, DSEC_E_INTERNAL, 0, "libcurl: %s",
+                            curl_easy_strerror(curl_init_rc));
     if (p->base == NULL || (p->curl = curl_easy_init()) == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     if (find_credentials(o, p->ref.host, &p->user, &p->pass, err) < 0)
@@ -625,7 +636,8 @@ static int fetch_token(puller *p, const char *ch, dsec_err *err)
     if (rc == 0 && (tok == NULL || *tok == '\0'))
         tok = dsec__pj_str(doc, "access_token");
     if (rc == 0 && (tok == NULL || *tok == '\0'))
-        rc = dsec_err_set(err, DSEC_E_DECODE, 0, "token service %s answered without a token", realm);
+        rc =
+            dsec_err_set(err, DSEC_E_DECODE, 0, "token service %s answered without a token", realm);
     if (rc == 0) {
         dsec_free(p->auth);
         if ((p->auth = dsec__layer_path("Authorization: Bearer %s", tok)) == NULL)
@@ -652,7 +664,8 @@ static int authorize(puller *p, const char *ch, dsec_err *err)
     if (p->user == NULL)
         return dsec_err_set(err, DSEC_E_PERMISSION, 0,
                             "registry %s wants credentials for %s: give --user and "
-                            "--password-stdin, or an auth file", p->ref.host, p->ref.path);
+                            "--password-stdin, or an auth file",
+                            p->ref.host, p->ref.path);
     dsec_free(p->auth);
     p->auth = basic_header(p);
     return p->auth != NULL ? 0 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -668,10 +681,9 @@ static int reg_get(puller *p, const char *url, const char *accept, xfer *x, long
         if (*code != 401)
             return 0;
         if (attempt == 1)
-            return dsec_err_set(err, DSEC_E_PERMISSION, 0,
-                                "registry %s refused the %s for %s: 401 %s", p->ref.host,
-                                p->user ? "credentials" : "anonymous access", p->ref.path,
-                                snippet(x));
+            return dsec_err_set(
+                err, DSEC_E_PERMISSION, 0, "registry %s refused the %s for %s: 401 %s", p->ref.host,
+                p->user ? "credentials" : "anonymous access", p->ref.path, snippet(x));
         char *ch DSEC_AUTOFREE = x->www_auth ? dsec_strdup(x->www_auth) : NULL;
         if (authorize(p, ch, err) < 0)
             return -1;
@@ -682,13 +694,13 @@ static int reg_get(puller *p, const char *url, const char *accept, xfer *x, long
 static int status_error(puller *p, long code, xfer *x, const char *what, dsec_err *err)
 {
     if (code == 404)
-        return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "registry %s has no %s (404 %s)",
-                            p->ref.host, what, snippet(x));
+        return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "registry %s has no %s (404 %s)", p->ref.host,
+                            what, snippet(x));
     if (code == 403)
         return dsec_err_set(err, DSEC_E_PERMISSION, 0, "registry %s forbids %s (403 %s)",
                             p->ref.host, what, snippet(x));
-    return dsec_err_set(err, DSEC_E_IO, 0, "registry %s answered %ld for %s: %s", p->ref.host,
-                        code, what, snippet(x));
+    return dsec_err_set(err, DSEC_E_IO, 0, "registry %s answered %ld for %s: %s", p->ref.host, code,
+                        what, snippet(x));
 }
 
 /* ---- manifests and blobs ------------------------------------------------------------- */
@@ -710,7 +722,8 @@ static void manifest_done(manifest *m)
 
 static const char *known_manifest_type(const char *t)
 {
-    static const char *const known[] = {MT_OCI_INDEX, MT_OCI_MANIFEST, MT_DOCKER_LIST, MT_DOCKER_V2};
+    static const char *const known[] = {MT_OCI_INDEX, MT_OCI_MANIFEST, MT_DOCKER_LIST,
+                                        MT_DOCKER_V2};
     for (size_t i = 0; t != NULL && i < sizeof known / sizeof known[0]; i++)
         if (strcmp(t, known[i]) == 0)
             return known[i];
@@ -734,13 +747,17 @@ static int manifest_type(manifest *m, const char *ctype, const char *what, dsec_
         m->mtype = known_manifest_type(field);
         if (m->mtype == NULL && field == NULL)
             m->mtype = dsec__pj_get(m->doc, "manifests") ? MT_OCI_INDEX
-                       : dsec__pj_get(m->doc, "layers") ? MT_OCI_MANIFEST : NULL;
+                       : dsec__pj_get(m->doc, "layers")  ? MT_OCI_MANIFEST
+                                                         : NULL;
     }
     if (m->mtype == NULL)
         return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
                             "%s has media type %s, which dsec does not pull (expected an OCI or "
-                            "Docker schema 2 manifest or index)", what,
-                            ct[0] ? ct : field ? field : "(none)");
+                            "Docker schema 2 manifest or index)",
+                            what,
+                            ct[0]   ? ct
+                            : field ? field
+                                    : "(none)");
     return 0;
 }
 
@@ -754,8 +771,9 @@ static int get_manifest(puller *p, const char *ref, manifest *m, dsec_err *err)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     xfer x = {.fd = -1, .max = MANIFEST_MAX};
     long code = 0;
-    int rc = reg_get(p, url, MT_OCI_INDEX ", " MT_OCI_MANIFEST ", " MT_DOCKER_LIST ", " MT_DOCKER_V2,
-                     &x, &code, what, err);
+    int rc =
+        reg_get(p, url, MT_OCI_INDEX ", " MT_OCI_MANIFEST ", " MT_DOCKER_LIST ", " MT_DOCKER_V2, &x,
+                &code, what, err);
     if (rc == 0 && code != 200)
         rc = status_error(p, code, &x, what, err);
     if (rc == 0) {
@@ -790,7 +808,8 @@ static int resolve_index(puller *p, const char *platform, manifest *m, dsec_err 
     snprintf(want, sizeof want, "%s", platform);
     char *arch = strchr(want, '/'), *variant = NULL;
     if (arch == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "platform %s: expected OS/ARCH[/VARIANT]", platform);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "platform %s: expected OS/ARCH[/VARIANT]",
+                            platform);
     *arch++ = '\0';
     if ((variant = strchr(arch, '/')) != NULL)
         *variant++ = '\0';
@@ -814,13 +833,13 @@ static int resolve_index(puller *p, const char *platform, manifest *m, dsec_err 
                                      used ? ", " : "", os, ar, va ? "/" : "", va ? va : "");
     }
     if (pick == NULL)
-        return dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
-                            "image %s/%s has no %s image; it offers: %s", p->ref.host, p->ref.path,
-                            platform, used ? offered : "(no platforms)");
+        return dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "image %s/%s has no %s image; it offers: %s",
+                            p->ref.host, p->ref.path, platform, used ? offered : "(no platforms)");
     if (!dsec_digest_valid(pick))
-        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                            "image %s/%s: the %s entry of its index has digest %s (dsec takes sha256 only)",
-                            p->ref.host, p->ref.path, platform, pick);
+        return dsec_err_set(
+            err, DSEC_E_UNSUPPORTED, 0,
+            "image %s/%s: the %s entry of its index has digest %s (dsec takes sha256 only)",
+            p->ref.host, p->ref.path, platform, pick);
     manifest one = {0};
     if (get_manifest(p, pick, &one, err) < 0)
         return -1;
@@ -875,8 +894,8 @@ static bool known_blob_type(const char *t, bool config)
 }
 
 /* GET blobs/DIGEST into dir/blobs/sha256/HEX, hashed as it streams. */
-static int get_blob(puller *p, const char *dir, const char *digest, uint64_t size,
-                    const char *what, dsec_err *err)
+static int get_blob(puller *p, const char *dir, const char *digest, uint64_t size, const char *what,
+                    dsec_err *err)
 {
     char *file DSEC_AUTOFREE = dsec__layer_path("%s/blobs/sha256/%s", dir, digest + 7);
     char *url DSEC_AUTOFREE = dsec__layer_path("%s/blobs/%s", p->base, digest);
@@ -895,8 +914,9 @@ static int get_blob(puller *p, const char *dir, const char *digest, uint64_t siz
     if (rc == 0 && code != 200)
         rc = status_error(p, code, &x, full, err);
     if (rc == 0 && x.bytes != size)
-        rc = dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s sent %llu bytes of %s, which has %llu",
-                          p->ref.host, (unsigned long long)x.bytes, full, (unsigned long long)size);
+        rc =
+            dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s sent %llu bytes of %s, which has %llu",
+                         p->ref.host, (unsigned long long)x.bytes, full, (unsigned long long)size);
     if (rc == 0) {
         uint8_t raw[DSEC_SHA256_LEN];
         dsec_digest got;
@@ -967,11 +987,17 @@ static int write_layout(puller *p, const manifest *m, const char *dir, dsec_err 
     char *mf DSEC_AUTOFREE = dsec__layer_path("%s/blobs/sha256/%s", dir, m->digest + 7);
     char *lay DSEC_AUTOFREE = dsec__layer_path("%s/oci-layout", dir);
     char *idx DSEC_AUTOFREE = dsec__layer_path("%s/index.json", dir);
-    char *ann DSEC_AUTOFREE = p->ref.tag ? dsec__layer_path(
-        ",\"annotations\":{\"org.opencontainers.image.ref.name\":\"%s\"}", p->ref.tag) : dsec_strdup("");
-    char *doc DSEC_AUTOFREE = ann ? dsec__layer_path(
-        "{\"schemaVersion\":2,\"mediaType\":\"%s\",\"manifests\":[{\"mediaType\":\"%s\","
-        "\"digest\":\"%s\",\"size\":%zu%s}]}\n", MT_OCI_INDEX, m->mtype, m->digest, m->len, ann) : NULL;
+    char *ann DSEC_AUTOFREE =
+        p->ref.tag
+            ? dsec__layer_path(",\"annotations\":{\"org.opencontainers.image.ref.name\":\"%s\"}",
+                               p->ref.tag)
+            : dsec_strdup("");
+    char *doc DSEC_AUTOFREE =
+        ann ? dsec__layer_path(
+                  "{\"schemaVersion\":2,\"mediaType\":\"%s\",\"manifests\":[{\"mediaType\":\"%s\","
+                  "\"digest\":\"%s\",\"size\":%zu%s}]}\n",
+                  MT_OCI_INDEX, m->mtype, m->digest, m->len, ann)
+            : NULL;
     static const char layout[] = "{\"imageLayoutVersion\":\"1.0.0\"}\n";
     if (mf == NULL || lay == NULL || idx == NULL || doc == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -986,7 +1012,8 @@ int dsec__image_fetch_layout(const char *ref, const dsec_image_pull_opts *o, con
                              char **norm_ref, dsec_err *err)
 {
     if (ref == NULL || o == NULL || dir == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "image pull: ref, options and dir are required");
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "image pull: ref, options and dir are required");
     puller p;
     manifest m = {0};
     char *blobs DSEC_AUTOFREE = dsec__layer_path("%s/blobs/sha256", dir);
@@ -1016,7 +1043,8 @@ int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pu
                     dsec_image_info **out, dsec_err *err)
 {
     if (r == NULL || ref == NULL || o == NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "image pull: registry, ref and options are required");
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "image pull: registry, ref and options are required");
     const char *base = o->import.work_dir;
     if (base == NULL)
         base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
