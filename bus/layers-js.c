@@ -439,6 +439,19 @@ static int js_env_get(void *self, const char *name, void **doc, size_t *len, dse
     return 0;
 }
 
+static int js_env_remove(void *self, const char *name, dsec_err *err)
+{
+    jsreg *r = self;
+    char key[512], *val = NULL;
+    size_t len;
+    if (name_key(key, sizeof key, "env", name, err) < 0)
+        return -1;
+    if (dsec_kv_get(r->kv, key, &val, &len, NULL, err) < 0)
+        return -1;
+    dsec_free(val);
+    return dsec_kv_delete(r->kv, key, err);
+}
+
 /* ---- documents: "doc.<kind>.<key encoded>" ------------------------------------------------- */
 
 static int doc_key(char *buf, size_t len, const char *kind, const char *key, dsec_err *err)
@@ -540,6 +553,7 @@ static const dsec_layer_registry_ops js_ops = {
     .doc_get = js_doc_get,
     .doc_list = js_doc_list,
     .doc_remove = js_doc_remove,
+    .env_remove = js_env_remove,
 };
 
 int dsec_layer_registry_jetstream(dsec_layer_registry **out, dsec_bus *bus,

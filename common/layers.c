@@ -464,6 +464,17 @@ int dsec_layer_registry_doc_remove(dsec_layer_registry *r, const char *kind, con
     return r->ops->doc_remove(r->self, kind, key, err);
 }
 
+int dsec_layer_registry_env_remove(dsec_layer_registry *r, const char *name, dsec_err *err)
+{
+    if (check_name("removing an environment", name, err) < 0)
+        return -1;
+    if (r->ops->env_remove == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "the %s layer registry cannot remove environments",
+                            dsec_layer_registry_kind(r));
+    return r->ops->env_remove(r->self, name, err);
+}
+
 /* ---- environments ------------------------------------------------------------------------- */
 
 void dsec_env_free(dsec_env *e)

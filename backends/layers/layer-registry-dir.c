@@ -665,6 +665,20 @@ static int dir_env_get(void *self, const char *name, void **doc, size_t *len, ds
     return 0;
 }
 
+static int dir_env_remove(void *self, const char *name, dsec_err *err)
+{
+    dirreg *g = self;
+    int lk = reg_lock(g, LOCK_EX, err);
+    if (lk < 0)
+        return -1;
+    int rc = 0;
+    if (remove_named(g, "envs", name) < 0)
+        rc = dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no environment named %s in the registry at %s",
+                          name, g->root);
+    reg_unlock(lk);
+    return rc;
+}
+
 static int str_cmp(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -790,6 +804,7 @@ static void dir_close(void *self)
 
 static const dsec_layer_registry_ops local_ops = {
     .kind = "local",
+    .env_remove = dir_env_remove,
     .doc_put = dir_doc_put,
     .doc_get = dir_doc_get,
     .doc_list = dir_doc_list,
@@ -809,6 +824,7 @@ static const dsec_layer_registry_ops local_ops = {
 
 static const dsec_layer_registry_ops shared_ops = {
     .kind = "shared",
+    .env_remove = dir_env_remove,
     .doc_put = dir_doc_put,
     .doc_get = dir_doc_get,
     .doc_list = dir_doc_list,

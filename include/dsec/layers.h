@@ -102,6 +102,9 @@ typedef struct dsec_layer_registry_ops {
                    dsec_err *err);
     int (*doc_list)(void *self, const char *kind, char ***keys, size_t *n, dsec_err *err);
     int (*doc_remove)(void *self, const char *kind, const char *key, dsec_err *err);
+    /* Optional (NULL: unsupported). Remove an environment document;
+     * DSEC_E_NOT_FOUND when there is none. Its layers stay. */
+    int (*env_remove)(void *self, const char *name, dsec_err *err);
 } dsec_layer_registry_ops;
 
 #define DSEC_LAYER_DOC_KEY_MAX 255
@@ -181,6 +184,8 @@ int dsec_layer_registry_doc_list(dsec_layer_registry *r, const char *kind, char 
                                  dsec_err *err);
 int dsec_layer_registry_doc_remove(dsec_layer_registry *r, const char *kind, const char *key,
                                    dsec_err *err);
+/* Remove an environment (its layers stay); DSEC_E_UNSUPPORTED when the registry cannot. */
+int dsec_layer_registry_env_remove(dsec_layer_registry *r, const char *name, dsec_err *err);
 
 /*
  * The environment document: versioned, line-oriented text, one field a line,
