@@ -508,6 +508,7 @@ static void test_killed_midway(void **state)
     size_t n;
     dsec_err err;
     assert_int_equal(dsec_image_list(r, &v, &n, &err), 0);
+    dsec_image_infos_free(v, n);
     assert_int_equal(n, 0);
     dsec_env *e;
     assert_int_equal(dsec_layer_registry_env_get(r, "swe/kill:1", &e, &err), -1);

@@ -302,6 +302,10 @@ int dsec_image_list(dsec_layer_registry *r, dsec_image_info **out, size_t *n, ds
             k++; /* removed under us, or not ours to read: not listed */
     }
     dsec_layer_names_free(keys, nk);
+    if (k == 0) {
+        dsec_free(v);
+        v = NULL;
+    }
     *out = v;
     *n = k;
     return 0;
