@@ -41,8 +41,8 @@ static void *ct;
 static dsec_layer_registry *reg;
 static char top[64];
 
-static const char *const APPLETS[] = {"sh", "id", "ls", "cat", "stat", "readlink", "test",
-                                      "pwd", "echo", "env", "mkdir", "rm", "sleep", "true"};
+static const char *const APPLETS[] = {"sh",  "id",   "ls",  "cat",   "stat", "readlink", "test",
+                                      "pwd", "echo", "env", "mkdir", "rm",   "sleep",    "true"};
 
 static const ik_entry APP[] = {
     {'f', "del/.wh.gone.txt", "", 0644, 0, 0, NULL, NULL},
@@ -60,11 +60,11 @@ static int import_image(void)
 {
     ik_entry base[64];
     size_t n = 0;
-    static const char *const dirs[] = {"bin", "etc", "proc", "sys", "dev", "tmp", "root", "del",
-                                       "opq"};
+    static const char *const dirs[] = {"bin", "etc",  "proc", "sys", "dev",
+                                       "tmp", "root", "del",  "opq"};
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
-        base[n++] = (ik_entry){'d', dirs[i], NULL, strcmp(dirs[i], "tmp") ? 0755 : 01777, 0, 0,
-                               NULL, NULL};
+        base[n++] =
+            (ik_entry){'d', dirs[i], NULL, strcmp(dirs[i], "tmp") ? 0755 : 01777, 0, 0, NULL, NULL};
     base[n++] = (ik_entry){'f', "bin/busybox", NULL, 0755, 0, 0, "/bin/busybox", NULL};
     static char links[32][32];
     for (size_t i = 0; i < sizeof APPLETS / sizeof *APPLETS; i++) {
@@ -72,9 +72,14 @@ static int import_image(void)
         base[n++] = (ik_entry){'l', links[i], "/bin/busybox", 0777, 0, 0, NULL, NULL};
     }
     base[n++] = (ik_entry){'f', "bin/suid", "#!/bin/sh\n", 04755, 0, 0, NULL, NULL};
-    base[n++] = (ik_entry){'f', "etc/passwd",
+    base[n++] = (ik_entry){'f',
+                           "etc/passwd",
                            "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/work:/bin/sh\n",
-                           0644, 0, 0, NULL, NULL};
+                           0644,
+                           0,
+                           0,
+                           NULL,
+                           NULL};
     base[n++] = (ik_entry){'f', "etc/group", "root:x:0:\napp:x:1234:\n", 0644, 0, 0, NULL, NULL};
     base[n++] = (ik_entry){'f', "del/gone.txt", "gone\n", 0644, 0, 0, NULL, NULL};
     base[n++] = (ik_entry){'f', "opq/lower.txt", "lower\n", 0644, 0, 0, NULL, NULL};
@@ -118,8 +123,10 @@ static int group_setup(void **state)
     (void)state;
     if (geteuid() != 0 || access("/bin/busybox", X_OK) != 0 ||
         system("command -v crun >/dev/null && command -v mkfs.erofs >/dev/null") != 0) {
-        fprintf(stderr, "test_%s_image: needs root, busybox-static, crun, mkfs.erofs; "
-                        "skipping\n", WHAT);
+        fprintf(stderr,
+                "test_%s_image: needs root, busybox-static, crun, mkfs.erofs; "
+                "skipping\n",
+                WHAT);
         exit(77);
     }
 #ifdef IMG_VM
@@ -141,8 +148,11 @@ static int group_setup(void **state)
 #else
     dsec_backend_kv opts[] = {{"runtime", "crun"}, {"upper_gb", "4"}, {"warm_pool", "0"}};
 #endif
-    dsec_backend_config cfg = {.state_dir = state_dir, .node = NODE, .opts = opts,
-                               .nopts = sizeof opts / sizeof *opts, .layers = reg};
+    dsec_backend_config cfg = {.state_dir = state_dir,
+                               .node = NODE,
+                               .opts = opts,
+                               .nopts = sizeof opts / sizeof *opts,
+                               .layers = reg};
     dsec_err err;
     if (OPS.init(&ct, &cfg, &err) < 0) {
         fprintf(stderr, "%s backend: %s\n", WHAT, err.msg);
@@ -181,7 +191,7 @@ static int sh(dsec_sandbox *h, const char *line, char *out, size_t len)
         char out_[4096];                                                                           \
         int rc_ = sh(h, line, out_, sizeof out_);                                                  \
         if (rc_ != 0 || strcmp(out_, want) != 0)                                                   \
-            fail_msg("%s: exit %d, \"%s\", want \"%s\"", line, rc_, out_, want);                  \
+            fail_msg("%s: exit %d, \"%s\", want \"%s\"", line, rc_, out_, want);                   \
     } while (0)
 
 static void test_container_from_image(void **state)
@@ -195,16 +205,16 @@ static void test_container_from_image(void **state)
     dsec_err err;
     if (OPS.create(ct, &spec, &h, &bstate, &err) < 0)
         fail_msg("create from %s: %s", REF, err.msg);
-    SH_IS("id -u", "1234\n");     /* USER app, resolved in the image's /etc/passwd */
-    SH_IS("pwd", "/work\n");      /* WorkingDir */
+    SH_IS("id -u", "1234\n"); /* USER app, resolved in the image's /etc/passwd */
+    SH_IS("pwd", "/work\n");  /* WorkingDir */
     SH_IS("echo \"$GREETING\"", "hello image\n");
     SH_IS("test -e /del/gone.txt || echo absent", "absent\n");
     SH_IS("ls /opq", "upper.txt\n");
     SH_IS("[ $(stat -c %i /data/a.txt) = $(stat -c %i /other/b.txt) ] && stat -c %h /data/a.txt",
-          "2\n"); /* one file under two names */
+          "2\n");                                /* one file under two names */
     SH_IS("readlink /bin/sh", "/bin/busybox\n"); /* absolute: resolved in the sandbox's root */
     SH_IS("stat -c %a /bin/suid", "4755\n");
-    SH_IS("cat /layers/0 /layers/9", "09");    /* every one of the 12 lower layers is there */
+    SH_IS("cat /layers/0 /layers/9", "09"); /* every one of the 12 lower layers is there */
     OPS.destroy(ct, h, &err);
     dsec_free(bstate);
 }

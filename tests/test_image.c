@@ -1,5 +1,6 @@
 /* test_image.c - image import for real: docker-archive, OCI layout and OCI archive into a local
- * registry; whiteouts, links, modes; layer reuse; every hostile archive refused with nothing left. */
+ * registry; whiteouts, links, modes; layer reuse; every hostile archive refused with nothing left.
+ */
 #define _GNU_SOURCE
 #include <archive.h>
 #include <archive_entry.h>
@@ -47,7 +48,7 @@ static char *pathf(const char *fmt, ...)
 #define GROUP "root:x:0:\napp:x:1234:\n"
 #define CONFIG_EXTRA                                                                               \
     "\"Env\":[\"PATH=/bin\",\"GREETING=hello image\"],\"WorkingDir\":\"/work\","                   \
-    "\"User\":\"app\",\"Entrypoint\":[\"/bin/sh\",\"-c\"],\"Cmd\":[\"echo hi\"],"                   \
+    "\"User\":\"app\",\"Entrypoint\":[\"/bin/sh\",\"-c\"],\"Cmd\":[\"echo hi\"],"                  \
     "\"Labels\":{\"org.test\":\"yes\"}"
 
 /* The base: busybox with its applets as absolute symlinks, users, and what layer 2 changes. */
@@ -437,7 +438,11 @@ static void test_hostile(void **state)
         {"truncated", BASE, sizeof BASE / sizeof *BASE, {0}, 100000, "truncated"},
         {"digest-mismatch", fine, 1, {.bad_layer_digest = zero}, 0, "digest mismatch"},
         {"diff-id-mismatch", fine, 1, {.bad_diff_id = zero}, 0, "diff_id mismatch"},
-        {"media-type", fine, 1, {.layer_media = "application/vnd.example.layer"}, 0,
+        {"media-type",
+         fine,
+         1,
+         {.layer_media = "application/vnd.example.layer"},
+         0,
          "unknown media type"},
         {"platform", fine, 1, {.platform_arch = "arm64"}, 0, "no linux/amd64 entry"},
     };
@@ -457,8 +462,8 @@ static void test_hostile(void **state)
         if (strstr(err.msg, cases[i].want) == NULL)
             fail_msg("%s: \"%s\" does not say \"%s\"", cases[i].name, err.msg, cases[i].want);
         /* entry errors name the image and the layer too */
-        if (i < 9 && (strstr(err.msg, "swe/hostile:1") == NULL ||
-                      strstr(err.msg, l.diff_id) == NULL))
+        if (i < 9 &&
+            (strstr(err.msg, "swe/hostile:1") == NULL || strstr(err.msg, l.diff_id) == NULL))
             fail_msg("%s: \"%s\" names no image or layer", cases[i].name, err.msg);
         assert_nothing_left(r, cases[i].name);
         ik_layer_free(&l);
@@ -494,8 +499,8 @@ static void test_killed_midway(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         dsec_layer_registry *r = open_reg();
-        dsec_image_import_opts o = {.ref = "swe/kill:1", .work_dir = work,
-                                    .progress = kill_after_first};
+        dsec_image_import_opts o = {
+            .ref = "swe/kill:1", .work_dir = work, .progress = kill_after_first};
         dsec_err err;
         dsec_image_import(r, dir, &o, NULL, &err);
         _exit(3); /* not reached when the kill came */

@@ -17,44 +17,56 @@ typedef struct opts {
 
 static int usage(void)
 {
-    fprintf(stderr,
-            "usage: dsec image import PATH [--name REF] [--format erofs|dir] [--work-dir DIR]\n"
-            "       dsec image ls [--json]\n"
-            "       dsec image inspect REF|sha256:DIGEST [--json]\n"
-            "       dsec image rm REF\n"
-            "       (each takes --registry DIR|nats://HOST:PORT[?bucket=NAME] and --state-dir DIR,\n"
-            "        as dsec layer does)\n"
-            "PATH is a `docker save` archive, an OCI image layout directory or an OCI archive.\n"
-            "The image becomes an environment named by its reference: create(env=REF).\n"
-            "examples:\n"
-            "  docker save swe/task-123:latest -o task.tar && dsec image import task.tar\n"
-            "  dsec image import ./oci-dir --name 127.0.0.1:5000/swe/task:1\n");
+    fprintf(
+        stderr,
+        "usage: dsec image import PATH [--name REF] [--format erofs|dir] [--work-dir DIR]\n"
+        "       dsec image ls [--json]\n"
+        "       dsec image inspect REF|sha256:DIGEST [--json]\n"
+        "       dsec image rm REF\n"
+        "       (each takes --registry DIR|nats://HOST:PORT[?bucket=NAME] and --state-dir DIR,\n"
+        "        as dsec layer does)\n"
+        "PATH is a `docker save` archive, an OCI image layout directory or an OCI archive.\n"
+        "The image becomes an environment named by its reference: create(env=REF).\n"
+        "examples:\n"
+        "  docker save swe/task-123:latest -o task.tar && dsec image import task.tar\n"
+        "  dsec image import ./oci-dir --name 127.0.0.1:5000/swe/task:1\n");
     return 2;
 }
 
 static int parse(int argc, char **argv, opts *o)
 {
-    static const struct option lo[] = {{"registry", required_argument, 0, 'r'},
-                                       {"state-dir", required_argument, 0, 's'},
-                                       {"name", required_argument, 0, 'n'},
-                                       {"format", required_argument, 0, 'f'},
-                                       {"work-dir", required_argument, 0, 'w'},
-                                       {"json", no_argument, 0, 'j'},
-                                       {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"registry", required_argument, 0, 'r'}, {"state-dir", required_argument, 0, 's'},
+        {"name", required_argument, 0, 'n'},     {"format", required_argument, 0, 'f'},
+        {"work-dir", required_argument, 0, 'w'}, {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     optind = 1;
     int ch;
     while ((ch = getopt_long(argc, argv, "r:s:n:f:w:jh", lo, NULL)) != -1) {
         switch (ch) {
-        case 'r': o->registry = optarg; break;
-        case 's': o->state = optarg; break;
-        case 'n': o->name = optarg; break;
-        case 'f': o->format = optarg; break;
-        case 'w': o->work = optarg; break;
-        case 'j': o->json = true; break;
-        case 'h': return 1;
-        default: return -1;
+        case 'r':
+            o->registry = optarg;
+            break;
+        case 's':
+            o->state = optarg;
+            break;
+        case 'n':
+            o->name = optarg;
+            break;
+        case 'f':
+            o->format = optarg;
+            break;
+        case 'w':
+            o->work = optarg;
+            break;
+        case 'j':
+            o->json = true;
+            break;
+        case 'h':
+            return 1;
+        default:
+            return -1;
         }
     }
     return 0;
