@@ -468,6 +468,22 @@ static void test_hostile(void **state)
         assert_nothing_left(r, cases[i].name);
         ik_layer_free(&l);
     }
+    /* a FIFO where a blob should be: refused, not waited on */
+    ik_layer fl = {0};
+    ik_layer_make(&fl, fine, 1, false);
+    ik_layer *fls[] = {&fl};
+    ik_image fim = {0};
+    char *fdir = pathf("%s/img/hostile-fifo", top);
+    ik_write_oci_dir(fdir, &fim, fls, 1);
+    char *blobp = pathf("%s/blobs/sha256/%s", fdir, fl.digest + 7);
+    assert_int_equal(unlink(blobp), 0);
+    assert_int_equal(mkfifo(blobp, 0600), 0);
+    dsec_image_import_opts fo = {.ref = "swe/fifo:1", .work_dir = work};
+    dsec_err ferr;
+    assert_int_equal(dsec_image_import(r, fdir, &fo, NULL, &ferr), -1);
+    assert_non_null(strstr(ferr.msg, "not a regular file"));
+    assert_nothing_left(r, "fifo");
+    ik_layer_free(&fl);
     /* and not an archive at all */
     char *junk = pathf("%s/img/junk", top);
     FILE *f = fopen(junk, "w");

@@ -39,10 +39,17 @@ int dsec__image_open_in(int root_fd, const char *rel, const char *what, dsec_err
 {
     while (rel[0] == '/')
         rel++;
-    int fd = openat2_(root_fd, rel, O_RDONLY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    /* non-blocking: a FIFO planted as a blob must fail, not hang the import */
+    int fd = openat2_(root_fd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK,
+                      RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
     if (fd < 0)
         return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
                             "%s: cannot open %s", what, rel);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, 0) < 0) {
+        close(fd);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: %s is not a regular file", what, rel);
+    }
     return fd;
 }
 
