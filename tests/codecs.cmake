@@ -15,7 +15,7 @@ add_dependencies(test_codecs_cli dsec)
 add_test(NAME codecs_cli
   COMMAND test_codecs_cli $<TARGET_FILE:dsec> ${CMAKE_SOURCE_DIR}/docs/protocol.md)
 
-foreach(harness decode json record)
+foreach(harness decode json jsonparse record)
   add_executable(fuzz_${harness}_replay
     ${CMAKE_SOURCE_DIR}/fuzz/fuzz_${harness}.c ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
   target_link_libraries(fuzz_${harness}_replay PRIVATE

@@ -28,3 +28,13 @@ add_test(NAME container_runc COMMAND test_container_runc)
 set_tests_properties(container_runc PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host)
 # Without root (or busybox-static) the programs exit 77: a skip, not a pass.
 set_tests_properties(container container_bus container_runc PROPERTIES SKIP_RETURN_CODE 77)
+
+# A container from an imported image (OCI layout written in-process, 12 layers): whiteouts,
+# opaque dirs, hard links, setuid, and the image's Env, WorkingDir and USER.
+pkg_check_modules(LIBARCHIVE_CT REQUIRED IMPORTED_TARGET libarchive)
+add_executable(test_container_image test_container_image.c image_kit.c)
+target_link_libraries(test_container_image PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  PkgConfig::LIBARCHIVE_CT Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME container_image COMMAND test_container_image)
+set_tests_properties(container_image PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_container_host
+  SKIP_RETURN_CODE 77)

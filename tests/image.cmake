@@ -6,3 +6,7 @@ target_link_libraries(test_image PRIVATE dsec_backends dsec_codecs dsec_common P
   PkgConfig::LIBARCHIVE_T Threads::Threads dsec_warnings dsec_allocator)
 add_test(NAME image COMMAND test_image)
 set_tests_properties(image PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# `dsec image` on an OCI layout made by umoci (skips without umoci or root).
+add_test(NAME image_cli COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/image_cli_test.sh $<TARGET_FILE:dsec>)
+set_tests_properties(image_cli PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)

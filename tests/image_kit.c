@@ -18,7 +18,7 @@
 #define CHECK(x)                                                                                   \
     do {                                                                                           \
         if (!(x)) {                                                                                \
-            fprintf(stderr, "image_kit: %s:%d: %s failed\n", __FILE__, __LINE__, #x);             \
+            fprintf(stderr, "image_kit: %s:%d: %s failed\n", __FILE__, __LINE__, #x);              \
             abort();                                                                               \
         }                                                                                          \
     } while (0)
@@ -74,13 +74,30 @@ static char *tar_mem(const ik_entry *e, size_t n, bool gzip, size_t *len)
                 flen = strlen(e[i].data);
         }
         switch (e[i].type) {
-        case 'f': archive_entry_set_filetype(en, AE_IFREG); archive_entry_set_size(en, (la_int64_t)flen); break;
-        case 'd': archive_entry_set_filetype(en, AE_IFDIR); break;
-        case 'l': archive_entry_set_filetype(en, AE_IFLNK); archive_entry_set_symlink(en, e[i].data); break;
-        case 'h': archive_entry_set_filetype(en, AE_IFREG); archive_entry_set_hardlink(en, e[i].data); break;
-        case 'c': archive_entry_set_filetype(en, AE_IFCHR); archive_entry_set_rdev(en, makedev(1, 3)); break;
-        case 'p': archive_entry_set_filetype(en, AE_IFIFO); break;
-        default: CHECK(0);
+        case 'f':
+            archive_entry_set_filetype(en, AE_IFREG);
+            archive_entry_set_size(en, (la_int64_t)flen);
+            break;
+        case 'd':
+            archive_entry_set_filetype(en, AE_IFDIR);
+            break;
+        case 'l':
+            archive_entry_set_filetype(en, AE_IFLNK);
+            archive_entry_set_symlink(en, e[i].data);
+            break;
+        case 'h':
+            archive_entry_set_filetype(en, AE_IFREG);
+            archive_entry_set_hardlink(en, e[i].data);
+            break;
+        case 'c':
+            archive_entry_set_filetype(en, AE_IFCHR);
+            archive_entry_set_rdev(en, makedev(1, 3));
+            break;
+        case 'p':
+            archive_entry_set_filetype(en, AE_IFIFO);
+            break;
+        default:
+            CHECK(0);
         }
         archive_entry_set_perm(en, e[i].mode ? e[i].mode : (e[i].type == 'd' ? 0755 : 0644));
         if (e[i].xattr != NULL) {
@@ -146,8 +163,9 @@ static char *config_json(const ik_image *im, ik_layer *const *layers, size_t n)
     char *buf = NULL;
     size_t sz;
     FILE *f = open_memstream(&buf, &sz);
-    fprintf(f, "{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":{%s},"
-               "\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[",
+    fprintf(f,
+            "{\"architecture\":\"amd64\",\"os\":\"linux\",\"config\":{%s},"
+            "\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[",
             im->config_json_extra != NULL ? im->config_json_extra : "");
     for (size_t i = 0; i < n; i++)
         fprintf(f, "%s\"%s\"", i ? "," : "",
@@ -170,29 +188,31 @@ void ik_write_oci_dir(const char *dir, const ik_image *im, ik_layer *const *laye
     char *mf = NULL;
     size_t sz;
     FILE *f = open_memstream(&mf, &sz);
-    fprintf(f, "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
-               "\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\","
-               "\"digest\":\"%s\",\"size\":%zu},\"layers\":[",
+    fprintf(f,
+            "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\","
+            "\"config\":{\"mediaType\":\"application/vnd.oci.image.config.v1+json\","
+            "\"digest\":\"%s\",\"size\":%zu},\"layers\":[",
             cfgd, strlen(cfg));
     for (size_t i = 0; i < n; i++) {
         put_blob(dir, layers[i]->blob, layers[i]->len, ld);
-        if (i == 0 && im->bad_layer_digest != NULL) { /* the bytes under a name they do not hash to */
+        if (i == 0 &&
+            im->bad_layer_digest != NULL) { /* the bytes under a name they do not hash to */
             snprintf(p, sizeof p, "%s/blobs/sha256/%s", dir, im->bad_layer_digest + 7);
             put_file(p, layers[i]->blob, layers[i]->len);
         }
         const char *media = im->layer_media != NULL ? im->layer_media
-                            : layers[i]->gzip ? "application/vnd.oci.image.layer.v1.tar+gzip"
-                                              : "application/vnd.oci.image.layer.v1.tar";
+                            : layers[i]->gzip       ? "application/vnd.oci.image.layer.v1.tar+gzip"
+                                                    : "application/vnd.oci.image.layer.v1.tar";
         fprintf(f, "%s{\"mediaType\":\"%s\",\"digest\":\"%s\",\"size\":%zu}", i ? "," : "", media,
-                i == 0 && im->bad_layer_digest != NULL ? im->bad_layer_digest : ld,
-                layers[i]->len);
+                i == 0 && im->bad_layer_digest != NULL ? im->bad_layer_digest : ld, layers[i]->len);
     }
     fprintf(f, "]}");
     fclose(f);
     put_blob(dir, mf, strlen(mf), mfd);
     char ann[512] = "";
     if (im->ref != NULL)
-        snprintf(ann, sizeof ann, ",\"annotations\":{\"io.containerd.image.name\":\"%s\"}", im->ref);
+        snprintf(ann, sizeof ann, ",\"annotations\":{\"io.containerd.image.name\":\"%s\"}",
+                 im->ref);
     char entry[2048];
     snprintf(entry, sizeof entry,
              "{\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"digest\":\"%s\","
@@ -201,11 +221,15 @@ void ik_write_oci_dir(const char *dir, const ik_image *im, ik_layer *const *laye
              im->nested_index ? "" : ann);
     char idx[4096];
     if (im->nested_index) {
-        snprintf(idx, sizeof idx, "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image."
-                 "index.v1+json\",\"manifests\":[%s]}", entry);
+        snprintf(idx, sizeof idx,
+                 "{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image."
+                 "index.v1+json\",\"manifests\":[%s]}",
+                 entry);
         put_blob(dir, idx, strlen(idx), idxd);
-        snprintf(entry, sizeof entry, "{\"mediaType\":\"application/vnd.oci.image.index.v1+json\","
-                 "\"digest\":\"%s\",\"size\":%zu%s}", idxd, strlen(idx), ann);
+        snprintf(entry, sizeof entry,
+                 "{\"mediaType\":\"application/vnd.oci.image.index.v1+json\","
+                 "\"digest\":\"%s\",\"size\":%zu%s}",
+                 idxd, strlen(idx), ann);
     }
     snprintf(idx, sizeof idx, "{\"schemaVersion\":2,\"manifests\":[%s]}", entry);
     snprintf(p, sizeof p, "%s/index.json", dir);

@@ -1,4 +1,5 @@
-/* image_kit.h - test images written in-process: layer tars, OCI layouts, OCI and docker archives. */
+/* image_kit.h - test images written in-process: layer tars, OCI layouts, OCI and docker archives.
+ */
 #ifndef DSEC_TESTS_IMAGE_KIT_H
 #define DSEC_TESTS_IMAGE_KIT_H
 
@@ -10,7 +11,7 @@
 typedef struct ik_entry {
     char type;
     const char *path;
-    const char *data;  /* file contents; for 'l'/'h' the target */
+    const char *data; /* file contents; for 'l'/'h' the target */
     mode_t mode;
     unsigned uid, gid;
     const char *from_file; /* file contents from this host file instead */
@@ -19,10 +20,10 @@ typedef struct ik_entry {
 
 /* A layer blob in memory. */
 typedef struct ik_layer {
-    char *blob;        /* gzip'd (or plain) tar */
+    char *blob; /* gzip'd (or plain) tar */
     size_t len;
-    char digest[72];   /* of blob */
-    char diff_id[72];  /* of the uncompressed tar */
+    char digest[72];  /* of blob */
+    char diff_id[72]; /* of the uncompressed tar */
     bool gzip;
     size_t truncate_to; /* nonzero: keep only so many uncompressed bytes (a truncated tar) */
 } ik_layer;

@@ -1,4 +1,5 @@
-/* test_codecs_jsonparse.c - the strict JSON parser: values, escapes, and every refusal with its offset. */
+/* test_codecs_jsonparse.c - the strict JSON parser: values, escapes, and every refusal with its
+ * offset. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -39,8 +40,9 @@ static void bad(const char *text, const char *want)
 static void test_values(void **state)
 {
     (void)state;
-    dsec_json *j = ok(" {\"a\": [1, -2.5e1, true, false, null], \"s\": \"x\\u00e9\\ud83d\\ude00\\n\","
-                      " \"o\": {}} ");
+    dsec_json *j =
+        ok(" {\"a\": [1, -2.5e1, true, false, null], \"s\": \"x\\u00e9\\ud83d\\ude00\\n\","
+           " \"o\": {}} ");
     assert_int_equal(j->type, DSEC_JSON_OBJECT);
     const dsec_json *a = dsec_json_get_array(j, "a");
     assert_non_null(a);

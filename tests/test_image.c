@@ -1,5 +1,6 @@
 /* test_image.c - image import for real: docker-archive, OCI layout and OCI archive into a local
- * registry; whiteouts, links, modes; layer reuse; every hostile archive refused with nothing left. */
+ * registry; whiteouts, links, modes; layer reuse; every hostile archive refused with nothing left.
+ */
 #define _GNU_SOURCE
 #include <archive.h>
 #include <archive_entry.h>
@@ -47,7 +48,7 @@ static char *pathf(const char *fmt, ...)
 #define GROUP "root:x:0:\napp:x:1234:\n"
 #define CONFIG_EXTRA                                                                               \
     "\"Env\":[\"PATH=/bin\",\"GREETING=hello image\"],\"WorkingDir\":\"/work\","                   \
-    "\"User\":\"app\",\"Entrypoint\":[\"/bin/sh\",\"-c\"],\"Cmd\":[\"echo hi\"],"                   \
+    "\"User\":\"app\",\"Entrypoint\":[\"/bin/sh\",\"-c\"],\"Cmd\":[\"echo hi\"],"                  \
     "\"Labels\":{\"org.test\":\"yes\"}"
 
 /* The base: busybox with its applets as absolute symlinks, users, and what layer 2 changes. */
@@ -437,7 +438,11 @@ static void test_hostile(void **state)
         {"truncated", BASE, sizeof BASE / sizeof *BASE, {0}, 100000, "truncated"},
         {"digest-mismatch", fine, 1, {.bad_layer_digest = zero}, 0, "digest mismatch"},
         {"diff-id-mismatch", fine, 1, {.bad_diff_id = zero}, 0, "diff_id mismatch"},
-        {"media-type", fine, 1, {.layer_media = "application/vnd.example.layer"}, 0,
+        {"media-type",
+         fine,
+         1,
+         {.layer_media = "application/vnd.example.layer"},
+         0,
          "unknown media type"},
         {"platform", fine, 1, {.platform_arch = "arm64"}, 0, "no linux/amd64 entry"},
     };
@@ -457,12 +462,28 @@ static void test_hostile(void **state)
         if (strstr(err.msg, cases[i].want) == NULL)
             fail_msg("%s: \"%s\" does not say \"%s\"", cases[i].name, err.msg, cases[i].want);
         /* entry errors name the image and the layer too */
-        if (i < 9 && (strstr(err.msg, "swe/hostile:1") == NULL ||
-                      strstr(err.msg, l.diff_id) == NULL))
+        if (i < 9 &&
+            (strstr(err.msg, "swe/hostile:1") == NULL || strstr(err.msg, l.diff_id) == NULL))
             fail_msg("%s: \"%s\" names no image or layer", cases[i].name, err.msg);
         assert_nothing_left(r, cases[i].name);
         ik_layer_free(&l);
     }
+    /* a FIFO where a blob should be: refused, not waited on */
+    ik_layer fl = {0};
+    ik_layer_make(&fl, fine, 1, false);
+    ik_layer *fls[] = {&fl};
+    ik_image fim = {0};
+    char *fdir = pathf("%s/img/hostile-fifo", top);
+    ik_write_oci_dir(fdir, &fim, fls, 1);
+    char *blobp = pathf("%s/blobs/sha256/%s", fdir, fl.digest + 7);
+    assert_int_equal(unlink(blobp), 0);
+    assert_int_equal(mkfifo(blobp, 0600), 0);
+    dsec_image_import_opts fo = {.ref = "swe/fifo:1", .work_dir = work};
+    dsec_err ferr;
+    assert_int_equal(dsec_image_import(r, fdir, &fo, NULL, &ferr), -1);
+    assert_non_null(strstr(ferr.msg, "not a regular file"));
+    assert_nothing_left(r, "fifo");
+    ik_layer_free(&fl);
     /* and not an archive at all */
     char *junk = pathf("%s/img/junk", top);
     FILE *f = fopen(junk, "w");
@@ -494,8 +515,8 @@ static void test_killed_midway(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         dsec_layer_registry *r = open_reg();
-        dsec_image_import_opts o = {.ref = "swe/kill:1", .work_dir = work,
-                                    .progress = kill_after_first};
+        dsec_image_import_opts o = {
+            .ref = "swe/kill:1", .work_dir = work, .progress = kill_after_first};
         dsec_err err;
         dsec_image_import(r, dir, &o, NULL, &err);
         _exit(3); /* not reached when the kill came */
@@ -508,6 +529,7 @@ static void test_killed_midway(void **state)
     size_t n;
     dsec_err err;
     assert_int_equal(dsec_image_list(r, &v, &n, &err), 0);
+    dsec_image_infos_free(v, n);
     assert_int_equal(n, 0);
     dsec_env *e;
     assert_int_equal(dsec_layer_registry_env_get(r, "swe/kill:1", &e, &err), -1);

@@ -11,6 +11,7 @@
 #include "bus/bus.h"
 #include "bus/layers-js.h"
 #include "dsec/alloc.h"
+#include "dsec/image.h"
 #include "dsec/layers.h"
 #include "tools/cli.h"
 
@@ -27,7 +28,7 @@
  */
 static dsec_bus *js_bus; /* the bus a JetStream registry was opened on */
 
-static void close_registry(dsec_layer_registry *r)
+void dsec_cli_registry_close(dsec_layer_registry *r)
 {
     dsec_layer_registry_free(r);
     dsec_bus_free(js_bus);
@@ -177,17 +178,23 @@ static int parse(int argc, char **argv, opts *o)
     return 0;
 }
 
-static int open_registry(const opts *o, dsec_layer_registry **r, const char **dir)
+int dsec_cli_registry_open(const char *registry, const char *state, dsec_layer_registry **r,
+                           const char **where)
 {
     static char buf[4096];
-    *dir = registry_dir(o->registry, o->state, buf, sizeof buf);
+    *where = registry_dir(registry, state, buf, sizeof buf);
     dsec_err err;
-    if (strncmp(*dir, "nats://", 7) == 0 ? open_jetstream(*dir, r, &err) < 0
-                                         : dsec_layer_registry_local(r, *dir, &err) < 0) {
+    if (strncmp(*where, "nats://", 7) == 0 ? open_jetstream(*where, r, &err) < 0
+                                           : dsec_layer_registry_local(r, *where, &err) < 0) {
         fprintf(stderr, "dsec: %s\n", err.msg);
         return 2;
     }
     return 0;
+}
+
+static int open_registry(const opts *o, dsec_layer_registry **r, const char **dir)
+{
+    return dsec_cli_registry_open(o->registry, o->state, r, dir);
 }
 
 /* Store the blob file under name and print its digest. */
@@ -251,7 +258,7 @@ out:
         unlink(blob); /* the registry holds its own copy */
         rmdir(work);
     }
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return rc;
 }
 
@@ -282,7 +289,7 @@ static int layer_push(const opts *o, const char *file)
     if (rc != 0)
         return rc;
     rc = push_and_tag(r, file, fmt, o->name, digest);
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return rc;
 }
 
@@ -308,18 +315,33 @@ static int layer_ls(const opts *o)
     dsec_err err;
     if (dsec_layer_registry_list(r, &v, &n, &err) < 0) {
         fprintf(stderr, "dsec layer ls: %s\n", err.msg);
-        close_registry(r);
+        dsec_cli_registry_close(r);
         return 1;
     }
-    printf("%-24s %-6s %8s %s\n", "NAME", "FORMAT", "SIZE", "DIGEST");
+    /* which images hold each layer (a registry without image records has none) */
+    dsec_image_info *im = NULL;
+    size_t nim = 0;
+    dsec_err ierr;
+    if (dsec_image_list(r, &im, &nim, &ierr) < 0)
+        nim = 0;
+    printf("%-24s %-6s %8s %-71s %s\n", "NAME", "FORMAT", "SIZE", "DIGEST", "IMAGES");
     for (size_t i = 0; i < n; i++) {
         char sz[32];
         human(v[i].size, sz, sizeof sz);
-        printf("%-24s %-6s %8s %s\n", v[i].name != NULL ? v[i].name : "-",
+        printf("%-24s %-6s %8s %s ", v[i].name != NULL ? v[i].name : "-",
                dsec_layer_format_name(v[i].format), sz, v[i].digest);
+        int shown = 0;
+        for (size_t k = 0; k < nim; k++)
+            for (size_t j = 0; j < im[k].nlayers; j++)
+                if (strcmp(im[k].layers[j].layer, v[i].digest) == 0) {
+                    printf("%s%s", shown++ ? "," : "", im[k].ref);
+                    break;
+                }
+        printf("%s\n", shown ? "" : "-");
     }
+    dsec_image_infos_free(im, nim);
     dsec_layer_infos_free(v, n);
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return 0;
 }
 
@@ -335,7 +357,7 @@ static int layer_rm(const opts *o, const char *what)
         fprintf(stderr, "dsec layer rm: %s\n", err.msg);
         rc = err.code == DSEC_E_INVALID ? 2 : 1;
     }
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return rc;
 }
 
@@ -394,7 +416,7 @@ static int env_create(const opts *o, const char *name)
     for (size_t i = 0; i < o->nlayers; i++) {
         if (dsec_layer_registry_resolve(r, o->layers[i], digests[i], &err) < 0) {
             fprintf(stderr, "dsec env create: --layer %s: %s\n", o->layers[i], err.msg);
-            close_registry(r);
+            dsec_cli_registry_close(r);
             return 1;
         }
         layers[i] = digests[i];
@@ -415,7 +437,7 @@ static int env_create(const opts *o, const char *name)
     } else {
         printf("%s\n", name);
     }
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return rc;
 }
 
@@ -430,7 +452,7 @@ static int env_show(const opts *o, const char *name)
     dsec_err err;
     if (dsec_layer_registry_env_get(r, name, &e, &err) < 0) {
         fprintf(stderr, "dsec env show: %s\n", err.msg);
-        close_registry(r);
+        dsec_cli_registry_close(r);
         return err.code == DSEC_E_INVALID ? 2 : 1;
     }
     char *doc;
@@ -443,7 +465,7 @@ static int env_show(const opts *o, const char *name)
         dsec_free(doc);
     }
     dsec_env_free(e);
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return rc;
 }
 
@@ -459,7 +481,7 @@ static int env_ls(const opts *o)
     dsec_err err;
     if (dsec_layer_registry_env_list(r, &names, &n, &err) < 0) {
         fprintf(stderr, "dsec env ls: %s\n", err.msg);
-        close_registry(r);
+        dsec_cli_registry_close(r);
         return 1;
     }
     printf("%-24s %6s %s\n", "NAME", "LAYERS", "WORKDIR USER");
@@ -473,7 +495,7 @@ static int env_ls(const opts *o)
         dsec_env_free(e);
     }
     dsec_layer_names_free(names, n);
-    close_registry(r);
+    dsec_cli_registry_close(r);
     return 0;
 }
 

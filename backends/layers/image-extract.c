@@ -39,10 +39,17 @@ int dsec__image_open_in(int root_fd, const char *rel, const char *what, dsec_err
 {
     while (rel[0] == '/')
         rel++;
-    int fd = openat2_(root_fd, rel, O_RDONLY | O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
+    /* non-blocking: a FIFO planted as a blob must fail, not hang the import */
+    int fd = openat2_(root_fd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK,
+                      RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
     if (fd < 0)
         return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
                             "%s: cannot open %s", what, rel);
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, 0) < 0) {
+        close(fd);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "%s: %s is not a regular file", what, rel);
+    }
     return fd;
 }
 
@@ -241,11 +248,12 @@ static int open_parent(int root, char *rel, const char **base, dsec_err *err)
             *next = '/';
         if (fd < 0) {
             *slash = '/';
-            return dsec_err_set(err, DSEC_E_INVALID, e,
-                                e == ELOOP || e == ENOTDIR || e == EXDEV
-                                    ? "entry \"%.200s\": written through a symlink or a non-directory"
-                                    : "entry \"%.200s\": cannot open its directory",
-                                rel);
+            return dsec_err_set(
+                err, DSEC_E_INVALID, e,
+                e == ELOOP || e == ENOTDIR || e == EXDEV
+                    ? "entry \"%.200s\": written through a symlink or a non-directory"
+                    : "entry \"%.200s\": cannot open its directory",
+                rel);
         }
         s = next != NULL ? next + 1 : NULL;
     }
@@ -304,8 +312,10 @@ static int write_file(struct archive *a, int dfd, const char *base, const char *
     for (;;) {
         la_ssize_t n = archive_read_data(a, buf, BUF_SIZE);
         if (n < 0) {
-            rc = dsec_err_set(err, DSEC_E_DECODE, 0, "entry \"%.200s\": truncated or corrupt "
-                              "tar: %s", rel, archive_error_string(a));
+            rc = dsec_err_set(err, DSEC_E_DECODE, 0,
+                              "entry \"%.200s\": truncated or corrupt "
+                              "tar: %s",
+                              rel, archive_error_string(a));
             break;
         }
         if (n == 0)
@@ -388,8 +398,11 @@ static int make_whiteout(int dfd, const char *base, const char *rel, dsec_err *e
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return rc == 0 ? 0 : dsec_err_set(err, DSEC_E_IO, e, "entry \"%.200s\": marking the "
-                                          "directory opaque", rel);
+        return rc == 0 ? 0
+                       : dsec_err_set(err, DSEC_E_IO, e,
+                                      "entry \"%.200s\": marking the "
+                                      "directory opaque",
+                                      rel);
     }
     const char *name = base + 4;
     if (name[0] == '\0' || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
@@ -430,7 +443,8 @@ static int make_entry(struct archive *a, struct archive_entry *e, int root, int 
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "entry \"%.200s\": a %s device node (%lu:%lu); layers may not carry "
                             "devices",
-                            rel, type == AE_IFCHR ? "char" : "block", (unsigned long)archive_entry_rdevmajor(e),
+                            rel, type == AE_IFCHR ? "char" : "block",
+                            (unsigned long)archive_entry_rdevmajor(e),
                             (unsigned long)archive_entry_rdevminor(e));
     default:
         return dsec_err_set(err, DSEC_E_INVALID, 0, "entry \"%.200s\": unknown type 0%o", rel,
@@ -473,8 +487,10 @@ static int extract_one(struct archive *a, struct archive_entry *e, int root, see
     mode_t type = archive_entry_filetype(e);
     if (outer && archive_entry_hardlink(e) == NULL && type != AE_IFREG && type != AE_IFDIR &&
         type != AE_IFLNK) {
-        rc = dsec_err_set(err, DSEC_E_INVALID, 0, "entry \"%.200s\": not a file, directory or "
-                          "symlink", rel);
+        rc = dsec_err_set(err, DSEC_E_INVALID, 0,
+                          "entry \"%.200s\": not a file, directory or "
+                          "symlink",
+                          rel);
     } else if (!outer && strncmp(base, ".wh.", 4) == 0) {
         rc = make_whiteout(dfd, base, rel, err);
     } else if ((rc = make_entry(a, e, root, dfd, base, rel, s, buf, err)) > 0) {

@@ -25,9 +25,9 @@
 #define MAX_LAYERS 127
 
 typedef struct layer_desc {
-    char *path;          /* relative to the layout's root */
-    dsec_digest digest;  /* "" when the archive names none (old docker save) */
-    int64_t size;        /* -1 when unknown */
+    char *path;         /* relative to the layout's root */
+    dsec_digest digest; /* "" when the archive names none (old docker save) */
+    int64_t size;       /* -1 when unknown */
 } layer_desc;
 
 typedef struct imp {
@@ -99,8 +99,8 @@ static int read_json(imp *m, const char *rel, const char *want, dsec_json **out,
     dsec_sha256_final(&c, raw);
     dsec_digest_from_raw(raw, d);
     if (want != NULL && strcmp(d, want) != 0) {
-        dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: digest mismatch: it hashes to %s, not %s",
-                     rel, d, want);
+        dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: digest mismatch: it hashes to %s, not %s", rel,
+                     d, want);
         goto out;
     }
     if (got != NULL)
@@ -126,8 +126,9 @@ static const char *desc_digest(imp *m, const dsec_json *d, const char *what)
 {
     const char *dg = dsec_json_get_str(d, "digest");
     if (!dsec_digest_valid(dg)) {
-        dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: %s descriptor has no sha256 digest (\"%.80s\")",
-                     m->src, what, dg != NULL ? dg : "");
+        dsec_err_set(m->err, DSEC_E_INVALID, 0,
+                     "%s: %s descriptor has no sha256 digest (\"%.80s\")", m->src, what,
+                     dg != NULL ? dg : "");
         return NULL;
     }
     return dg;
@@ -141,9 +142,9 @@ static bool media_is(const char *mt, const char *const *list)
     return false;
 }
 
-static const char *const INDEX_TYPES[] = {"application/vnd.oci.image.index.v1+json",
-                                          "application/vnd.docker.distribution.manifest.list.v2+json",
-                                          NULL};
+static const char *const INDEX_TYPES[] = {
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json", NULL};
 static const char *const MANIFEST_TYPES[] = {"application/vnd.oci.image.manifest.v1+json",
                                              "application/vnd.docker.distribution.manifest.v2+json",
                                              NULL};
@@ -192,9 +193,9 @@ static int pick_from_index(imp *m, const dsec_json *index, int depth, const char
                 pick = d;
         }
     if (pick == NULL)
-        return dsec_err_set(m->err, DSEC_E_NOT_FOUND, 0, "%s: the image index has no %s entry",
-                            m->src,
-                            m->o != NULL && m->o->platform != NULL ? m->o->platform : "linux/amd64");
+        return dsec_err_set(
+            m->err, DSEC_E_NOT_FOUND, 0, "%s: the image index has no %s entry", m->src,
+            m->o != NULL && m->o->platform != NULL ? m->o->platform : "linux/amd64");
     const char *dg = desc_digest(m, pick, "index entry");
     if (dg == NULL)
         return -1;
@@ -222,8 +223,10 @@ static int pick_from_index(imp *m, const dsec_json *index, int depth, const char
         return rc;
     }
     if (!media_is(mt, MANIFEST_TYPES))
-        return dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0, "%s: unknown media type \"%.100s\" "
-                            "in the image index", m->src, mt != NULL ? mt : "(none)");
+        return dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0,
+                            "%s: unknown media type \"%.100s\" "
+                            "in the image index",
+                            m->src, mt != NULL ? mt : "(none)");
     return read_manifest(m, dg);
 }
 
@@ -244,8 +247,10 @@ static int read_manifest(imp *m, const char *digest)
     const char *cdg = NULL;
     rc = -1;
     if (mt != NULL && !media_is(mt, MANIFEST_TYPES))
-        dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0, "%s: manifest %s has unknown media type "
-                     "\"%.100s\"", m->src, digest, mt);
+        dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0,
+                     "%s: manifest %s has unknown media type "
+                     "\"%.100s\"",
+                     m->src, digest, mt);
     else if (cd == NULL || ls == NULL || ls->len == 0 || ls->len > MAX_LAYERS)
         dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: manifest %s has no config or 1..%d layers",
                      m->src, digest, MAX_LAYERS);
@@ -262,8 +267,10 @@ static int read_manifest(imp *m, const char *digest)
         if (ldg == NULL) {
             rc = -1;
         } else if (!media_is(lmt, LAYER_TYPES)) {
-            rc = dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0, "%s: layer %s has unknown media "
-                              "type \"%.100s\"", m->src, ldg, lmt != NULL ? lmt : "(none)");
+            rc = dsec_err_set(m->err, DSEC_E_UNSUPPORTED, 0,
+                              "%s: layer %s has unknown media "
+                              "type \"%.100s\"",
+                              m->src, ldg, lmt != NULL ? lmt : "(none)");
         } else {
             layer_desc *l = &m->layers[m->nlayers++];
             memcpy(l->digest, ldg, sizeof l->digest);
@@ -391,8 +398,10 @@ static int convert_layer(imp *m, size_t i, const layer_desc *l, const char *diff
         goto out;
     }
     if (strcmp(got_diff, diff_id) != 0) {
-        dsec_err_set(m->err, DSEC_E_INVALID, 0, "diff_id mismatch: the uncompressed %s hashes "
-                     "to %s, the config says %s", l->path, got_diff, diff_id);
+        dsec_err_set(m->err, DSEC_E_INVALID, 0,
+                     "diff_id mismatch: the uncompressed %s hashes "
+                     "to %s, the config says %s",
+                     l->path, got_diff, diff_id);
         goto out;
     }
     if (mkdir(tree, 0755) < 0) {
@@ -489,7 +498,8 @@ static int config_to_info(imp *m, dsec_image_info *info)
         if (labels->items[i]->type != DSEC_JSON_STRING)
             continue;
         char *kv = dsec__layer_path("%s=%s", labels->keys[i], labels->items[i]->str);
-        char **nv = kv != NULL ? dsec_realloc(info->labels, (info->nlabels + 1) * sizeof *nv) : NULL;
+        char **nv =
+            kv != NULL ? dsec_realloc(info->labels, (info->nlabels + 1) * sizeof *nv) : NULL;
         if (nv == NULL) {
             dsec_free(kv);
             return dsec_err_set(m->err, DSEC_E_NOMEM, 0, "reading the config");
@@ -503,15 +513,20 @@ static int config_to_info(imp *m, dsec_image_info *info)
 static int put_env(imp *m, const dsec_image_info *info)
 {
     const dsec_json *c = dsec_json_get_object(m->cfg, "config");
-    dsec_env env = {.name = info->env, .nlayers = info->nlayers, .cmd = info->cmd,
-                    .ncmd = info->ncmd, .labels = info->labels, .nlabels = info->nlabels,
-                    .image = info->ref, .image_digest = (char *)info->manifest};
+    dsec_env env = {.name = info->env,
+                    .nlayers = info->nlayers,
+                    .cmd = info->cmd,
+                    .ncmd = info->ncmd,
+                    .labels = info->labels,
+                    .nlabels = info->nlabels,
+                    .image = info->ref,
+                    .image_digest = (char *)info->manifest};
     const char *wd = dsec_json_get_str(c, "WorkingDir"), *user = dsec_json_get_str(c, "User");
     env.workdir = wd != NULL && wd[0] != '\0' ? (char *)wd : NULL;
     env.user = user != NULL && user[0] != '\0' ? (char *)user : NULL;
     env.layers = dsec_calloc(info->nlayers, sizeof *env.layers);
-    int rc = env.layers == NULL ? dsec_err_set(m->err, DSEC_E_NOMEM, 0, "storing the environment")
-                                : 0;
+    int rc =
+        env.layers == NULL ? dsec_err_set(m->err, DSEC_E_NOMEM, 0, "storing the environment") : 0;
     for (size_t i = 0; rc == 0 && i < info->nlayers; i++)
         env.layers[i] = (char *)info->layers[i].layer;
     if (rc == 0)
@@ -550,8 +565,8 @@ static int make_work(imp *m)
 {
     const char *base = m->o != NULL ? m->o->work_dir : NULL;
     if (base == NULL)
-        base = getenv("TMPDIR") != NULL && getenv("TMPDIR")[0] != '\0' ? getenv("TMPDIR")
-                                                                        : "/var/tmp";
+        base =
+            getenv("TMPDIR") != NULL && getenv("TMPDIR")[0] != '\0' ? getenv("TMPDIR") : "/var/tmp";
     if (dsec__layer_mkdir_p(base, 0700, m->err) < 0)
         return dsec_err_wrap(m->err, "image scratch space");
     remove_stale(base);
@@ -607,13 +622,16 @@ static int check_diff_ids(imp *m, const dsec_json **ids)
     const dsec_json *rootfs = dsec_json_get_object(m->cfg, "rootfs");
     *ids = dsec_json_get_array(rootfs, "diff_ids");
     if (*ids == NULL || (*ids)->len != m->nlayers)
-        return dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: the config lists %zu diff_ids for "
-                            "%zu layers", m->src, *ids != NULL ? (*ids)->len : 0, m->nlayers);
+        return dsec_err_set(m->err, DSEC_E_INVALID, 0,
+                            "%s: the config lists %zu diff_ids for "
+                            "%zu layers",
+                            m->src, *ids != NULL ? (*ids)->len : 0, m->nlayers);
     for (size_t i = 0; i < m->nlayers; i++)
-        if ((*ids)->items[i]->type != DSEC_JSON_STRING ||
-            !dsec_digest_valid((*ids)->items[i]->str))
-            return dsec_err_set(m->err, DSEC_E_INVALID, 0, "%s: config diff_id %zu is not a "
-                                "sha256: digest", m->src, i + 1);
+        if ((*ids)->items[i]->type != DSEC_JSON_STRING || !dsec_digest_valid((*ids)->items[i]->str))
+            return dsec_err_set(m->err, DSEC_E_INVALID, 0,
+                                "%s: config diff_id %zu is not a "
+                                "sha256: digest",
+                                m->src, i + 1);
     return 0;
 }
 
@@ -641,8 +659,8 @@ static int import_all(imp *m, dsec_image_info *info)
         return -1;
     for (size_t i = 0; i < m->nlayers; i++, info->nlayers++)
         if (import_layer(m, i, ids->items[i]->str, &info->layers[i]) < 0)
-            return dsec_err_wrap(m->err, "image %s: layer %zu/%zu %s", info->ref, i + 1,
-                                 m->nlayers, ids->items[i]->str);
+            return dsec_err_wrap(m->err, "image %s: layer %zu/%zu %s", info->ref, i + 1, m->nlayers,
+                                 ids->items[i]->str);
     memcpy(info->manifest, m->manifest, sizeof info->manifest);
     memcpy(info->config, m->config, sizeof info->config);
     if (config_to_info(m, info) < 0 || put_env(m, info) < 0)
@@ -691,7 +709,11 @@ int dsec_image_import(dsec_layer_registry *r, const char *path, const dsec_image
         *out = NULL;
     if (r == NULL || path == NULL || path[0] == '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "importing an image: no registry or path");
-    imp m = {.r = r, .o = o, .src = path, .root = -1, .err = err,
+    imp m = {.r = r,
+             .o = o,
+             .src = path,
+             .root = -1,
+             .err = err,
              .fmt = o != NULL && o->format != 0 ? o->format : DSEC_LAYER_EROFS};
     dsec_image_info *info = dsec_calloc(1, sizeof *info);
     int rc = info != NULL ? run_import(&m, info)

@@ -35,13 +35,17 @@ int dsec_image_ref_parse(const char *ref, char **host, char **path, char **tag, 
 {
     *host = *path = *tag = *digest = NULL;
     if (ref == NULL || ref[0] == '\0' || strlen(ref) > 512 || strpbrk(ref, " \t\n") != NULL)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "image reference \"%.80s\" is empty, too "
-                            "long or holds a space", ref != NULL ? ref : "(null)");
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "image reference \"%.80s\" is empty, too "
+                            "long or holds a space",
+                            ref != NULL ? ref : "(null)");
     const char *at = strchr(ref, '@');
     size_t nl = at != NULL ? (size_t)(at - ref) : strlen(ref);
     if (at != NULL && !dsec_digest_valid(at + 1))
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "image reference \"%.80s\": \"%s\" is not a "
-                            "sha256: digest", ref, at + 1);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "image reference \"%.80s\": \"%s\" is not a "
+                            "sha256: digest",
+                            ref, at + 1);
     /* the first component is a registry host when it looks like one (Docker's rule) */
     const char *slash = memchr(ref, '/', nl);
     const char *rest = ref;
@@ -259,8 +263,7 @@ static int record_decode(const char *key, char *doc, dsec_image_info *i, dsec_er
     while ((line = strtok_r(NULL, "\n", &save)) != NULL)
         if (record_line(i, line) < 0) {
             info_clear(i);
-            return dsec_err_set(err, DSEC_E_DECODE, 0, "image record %s: malformed line",
-                                key);
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "image record %s: malformed line", key);
         }
     if (i->ref == NULL || i->env == NULL || i->nlayers == 0 || !dsec_digest_valid(i->manifest)) {
         info_clear(i);
@@ -302,6 +305,10 @@ int dsec_image_list(dsec_layer_registry *r, dsec_image_info **out, size_t *n, ds
             k++; /* removed under us, or not ours to read: not listed */
     }
     dsec_layer_names_free(keys, nk);
+    if (k == 0) {
+        dsec_free(v);
+        v = NULL;
+    }
     *out = v;
     *n = k;
     return 0;

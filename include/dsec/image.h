@@ -24,7 +24,8 @@ extern "C" {
  *  - an image record (this header's dsec_image_info), listed by
  *    dsec_image_list.
  * Nothing is visible until the whole image is in: layers first, then the
- * environment, then the record and the tag. docs/images.md says the rest.
+ * environment, then the record (no layer tag is made). docs/images.md says
+ * the rest.
  *
  * References: [HOST[:PORT]/]PATH[:TAG][@sha256:HEX], as Docker writes them;
  * a reference without a tag or digest means ":latest".
@@ -91,8 +92,9 @@ int dsec_image_import(dsec_layer_registry *r, const char *path, const dsec_image
 int dsec_image_list(dsec_layer_registry *r, dsec_image_info **out, size_t *n, dsec_err *err);
 /* One image by reference (normalized first) or by manifest digest; DSEC_E_NOT_FOUND. */
 int dsec_image_get(dsec_layer_registry *r, const char *ref, dsec_image_info **out, dsec_err *err);
-/* Remove the record, its environment and tag; its layers stay while another
- * image or environment holds them, and otherwise go too. */
+/* Remove the record, then its environment; its layers stay while another
+ * image, environment or tag holds them, and otherwise go too (with their
+ * diff_id records). */
 int dsec_image_remove(dsec_layer_registry *r, const char *ref, dsec_err *err);
 
 /* Parse a reference into its parts (dsec_malloc'd, caller frees; tag or
