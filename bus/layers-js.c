@@ -35,7 +35,8 @@ static const char *hex_of(const char *digest)
 }
 
 /* "name:version" -> "<prefix>.name/version" (':' is not a KV key character;
- * versions hold no '/', so the last '/' splits it back). */
+ * versions hold no '/', so the last '/' splits it back). A registry port's
+ * ':' in the name ("127.0.0.1:5000/a:1") becomes '=', in no name. */
 static int name_key(char *buf, size_t len, const char *prefix, const char *name, dsec_err *err)
 {
     const char *c = strrchr(name, ':');
@@ -44,6 +45,9 @@ static int name_key(char *buf, size_t len, const char *prefix, const char *name,
     int n = snprintf(buf, len, "%s.%.*s/%s", prefix, (int)(c - name), name, c + 1);
     if (n < 0 || (size_t)n >= len)
         return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "name \"%s\" is too long", name);
+    for (char *q = buf + strlen(prefix) + 1 + (c - name); q > buf; q--)
+        if (*q == ':')
+            *q = '=';
     return 0;
 }
 
@@ -52,6 +56,9 @@ static void key_name(char *buf, size_t len, const char *key)
     const char *s = strchr(key, '.') + 1;
     const char *slash = strrchr(s, '/');
     snprintf(buf, len, "%.*s:%s", (int)(slash - s), s, slash + 1);
+    for (char *q = buf; *q != '\0' && q < buf + (slash - s); q++)
+        if (*q == '=')
+            *q = ':';
 }
 
 typedef struct blob_meta {
@@ -432,6 +439,93 @@ static int js_env_get(void *self, const char *name, void **doc, size_t *len, dse
     return 0;
 }
 
+static int js_env_remove(void *self, const char *name, dsec_err *err)
+{
+    jsreg *r = self;
+    char key[512], *val = NULL;
+    size_t len;
+    if (name_key(key, sizeof key, "env", name, err) < 0)
+        return -1;
+    if (dsec_kv_get(r->kv, key, &val, &len, NULL, err) < 0)
+        return -1;
+    dsec_free(val);
+    return dsec_kv_delete(r->kv, key, err);
+}
+
+/* ---- documents: "doc.<kind>.<key encoded>" ------------------------------------------------- */
+
+static int doc_key(char *buf, size_t len, const char *kind, const char *key, dsec_err *err)
+{
+    char enc[DSEC_LAYER_DOC_KEY_MAX * 3 + 1];
+    if (dsec_layer_doc_key_encode(key, enc, sizeof enc) < 0 ||
+        snprintf(buf, len, "doc.%s.%s", kind, enc) >= (int)len)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "%s key \"%.80s\" is too long", kind, key);
+    return 0;
+}
+
+static int js_doc_put(void *self, const char *kind, const char *key, const void *data, size_t len,
+                      dsec_err *err)
+{
+    jsreg *r = self;
+    char k[1024];
+    if (doc_key(k, sizeof k, kind, key, err) < 0)
+        return -1;
+    return dsec_kv_put(r->kv, k, data, len, NULL, err);
+}
+
+static int js_doc_get(void *self, const char *kind, const char *key, char **data, size_t *len,
+                      dsec_err *err)
+{
+    jsreg *r = self;
+    char k[1024];
+    if (doc_key(k, sizeof k, kind, key, err) < 0)
+        return -1;
+    if (dsec_kv_get(r->kv, k, data, len, NULL, err) < 0) {
+        if (err != NULL && err->code == DSEC_E_NOT_FOUND)
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no %s %s in registry %s", kind, key, r->bucket);
+        return -1;
+    }
+    return 0;
+}
+
+static int js_doc_list(void *self, const char *kind, char ***out, size_t *n, dsec_err *err)
+{
+    jsreg *r = self;
+    char **keys = NULL, prefix[64];
+    size_t nk = 0;
+    snprintf(prefix, sizeof prefix, "doc.%s.", kind);
+    if (dsec_kv_keys(r->kv, &keys, &nk, err) < 0)
+        return err != NULL && err->code == DSEC_E_NOT_FOUND ? 0 : -1;
+    char **v = dsec_calloc(nk ? nk : 1, sizeof *v);
+    if (v == NULL) {
+        dsec_kv_keys_free(keys, nk);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (strncmp(keys[i], prefix, strlen(prefix)) == 0 &&
+            (v[k] = dsec_layer_doc_key_decode(keys[i] + strlen(prefix))) != NULL)
+            k++;
+    dsec_kv_keys_free(keys, nk);
+    qsort(v, k, sizeof *v, cmp_str);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static int js_doc_remove(void *self, const char *kind, const char *key, dsec_err *err)
+{
+    jsreg *r = self;
+    char k[1024], *val = NULL;
+    size_t len;
+    if (doc_key(k, sizeof k, kind, key, err) < 0)
+        return -1;
+    if (dsec_kv_get(r->kv, k, &val, &len, NULL, err) < 0)
+        return -1;
+    dsec_free(val);
+    return dsec_kv_delete(r->kv, k, err);
+}
+
 static void js_close(void *self)
 {
     jsreg *r = self;
@@ -455,6 +549,11 @@ static const dsec_layer_registry_ops js_ops = {
     .env_get = js_env_get,
     .close = js_close,
     .env_list = js_env_list,
+    .doc_put = js_doc_put,
+    .doc_get = js_doc_get,
+    .doc_list = js_doc_list,
+    .doc_remove = js_doc_remove,
+    .env_remove = js_env_remove,
 };
 
 int dsec_layer_registry_jetstream(dsec_layer_registry **out, dsec_bus *bus,

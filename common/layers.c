@@ -61,7 +61,7 @@ bool dsec_digest_valid(const char *s)
 
 static bool name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
 }
 
 /* Names become paths in directory registries (tags/<name>/<version>), so
@@ -72,9 +72,25 @@ static bool component_ok(const char *s, size_t n, bool version)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
-        if (!(name_char(c) || (version && ((c >= 'A' && c <= 'Z') || c == '_'))))
+        if (!(name_char(c) || (version && c >= 'A' && c <= 'Z')))
             return false;
     }
+    return true;
+}
+
+/* An image reference's registry host may carry a port: "host:PORT" as the
+ * first of at least two components ("127.0.0.1:5000/swe/task:1"). */
+static bool host_port_ok(const char *s, size_t n)
+{
+    const char *c = memchr(s, ':', n);
+    if (c == NULL)
+        return component_ok(s, n, false);
+    size_t pl = n - (size_t)(c - s) - 1;
+    if (pl == 0 || pl > 5 || !component_ok(s, (size_t)(c - s), false))
+        return false;
+    for (size_t i = 1; i <= pl; i++)
+        if (c[i] < '0' || c[i] > '9')
+            return false;
     return true;
 }
 
@@ -82,22 +98,24 @@ bool dsec_layer_name_valid(const char *s)
 {
     if (s == NULL || strlen(s) > NAME_MAX_LEN)
         return false;
-    const char *colon = strchr(s, ':');
-    if (colon == NULL || strchr(colon + 1, ':') != NULL)
-        return false;
-    if (!component_ok(colon + 1, strlen(colon + 1), true))
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || !component_ok(colon + 1, strlen(colon + 1), true))
         return false;
     const char *p = s;
+    bool first = true;
     while (p < colon) {
         const char *slash = memchr(p, '/', (size_t)(colon - p));
         const char *end = slash != NULL ? slash : colon;
-        if (!component_ok(p, (size_t)(end - p), false))
+        bool ok = first && slash != NULL ? host_port_ok(p, (size_t)(end - p))
+                                         : component_ok(p, (size_t)(end - p), false);
+        if (!ok)
             return false;
+        first = false;
         p = slash != NULL ? slash + 1 : colon;
         if (slash != NULL && p == colon)
             return false; /* trailing '/' */
     }
-    return p == colon && colon > s;
+    return true;
 }
 
 void dsec_digest_from_raw(const uint8_t raw[32], dsec_digest out)
@@ -183,8 +201,9 @@ static int check_name(const char *what, const char *s, dsec_err *err)
     if (dsec_layer_name_valid(s))
         return 0;
     return dsec_err_set(err, DSEC_E_INVALID, 0,
-                        "%s: \"%.80s\" is not a name:version (name of [a-z0-9.-] parts joined by "
-                        "'/', version of [A-Za-z0-9._-], neither \".\" nor \"..\")",
+                        "%s: \"%.80s\" is not a name:version (name of [a-z0-9._-] parts joined by "
+                        "'/', the first may be HOST:PORT; version of [A-Za-z0-9._-], neither \".\" "
+                        "nor \"..\")",
                         what, s != NULL ? s : "(null)");
 }
 
@@ -330,6 +349,132 @@ int dsec_layer_registry_env_list(dsec_layer_registry *r, char ***names, size_t *
     return r->ops->env_list(r->self, names, n, err);
 }
 
+/* ---- documents ---------------------------------------------------------------------------- */
+
+int dsec_layer_doc_key_encode(const char *key, char *out, size_t outlen)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)key; *p != '\0'; p++) {
+        bool plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                     (*p >= '0' && *p <= '9') || *p == '_' || *p == '-';
+        if (k + (plain ? 1 : 3) >= outlen)
+            return -1;
+        if (plain) {
+            out[k++] = (char)*p;
+        } else {
+            out[k++] = '=';
+            out[k++] = hex[*p >> 4];
+            out[k++] = hex[*p & 15];
+        }
+    }
+    if (k == 0 || k >= outlen)
+        return -1;
+    out[k] = '\0';
+    return 0;
+}
+
+static int unhex(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+char *dsec_layer_doc_key_decode(const char *enc)
+{
+    size_t n = strlen(enc);
+    char *o = dsec_malloc(n + 1);
+    size_t k = 0;
+    if (o == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (enc[i] != '=') {
+            o[k++] = enc[i];
+            continue;
+        }
+        int hi = i + 2 < n ? unhex(enc[i + 1]) : -1, lo = hi >= 0 ? unhex(enc[i + 2]) : -1;
+        if (lo < 0 || (hi == 0 && lo == 0)) {
+            dsec_free(o);
+            return NULL;
+        }
+        o[k++] = (char)(hi << 4 | lo);
+        i += 2;
+    }
+    o[k] = '\0';
+    return o;
+}
+
+static int check_doc(dsec_layer_registry *r, bool supported, const char *kind, const char *key,
+                     dsec_err *err)
+{
+    if (!supported)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "the %s layer registry cannot store image records", 
+                            dsec_layer_registry_kind(r));
+    if (kind == NULL || kind[0] == '\0' || strspn(kind, "abcdefghijklmnopqrstuvwxyz") != strlen(kind))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "document kind \"%.40s\" is not [a-z]+",
+                            kind != NULL ? kind : "(null)");
+    char enc[DSEC_LAYER_DOC_KEY_MAX * 3 + 1];
+    if (key != NULL && dsec_layer_doc_key_encode(key, enc, sizeof enc) < 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "%s document key \"%.80s\" is empty or longer than %d bytes", kind,
+                            key, DSEC_LAYER_DOC_KEY_MAX);
+    return 0;
+}
+
+int dsec_layer_registry_doc_put(dsec_layer_registry *r, const char *kind, const char *key,
+                                const void *data, size_t len, dsec_err *err)
+{
+    if (check_doc(r, r->ops->doc_put != NULL, kind, key, err) < 0)
+        return -1;
+    if (key == NULL || data == NULL || len > ENV_DOC_MAX)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "storing %s document: no key, no data, or "
+                            "over %u bytes", kind, ENV_DOC_MAX);
+    return r->ops->doc_put(r->self, kind, key, data, len, err);
+}
+
+int dsec_layer_registry_doc_get(dsec_layer_registry *r, const char *kind, const char *key,
+                                char **data, size_t *len, dsec_err *err)
+{
+    *data = NULL;
+    *len = 0;
+    if (check_doc(r, r->ops->doc_get != NULL, kind, key, err) < 0)
+        return -1;
+    if (key == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "reading a %s document: no key", kind);
+    return r->ops->doc_get(r->self, kind, key, data, len, err);
+}
+
+int dsec_layer_registry_doc_list(dsec_layer_registry *r, const char *kind, char ***keys, size_t *n,
+                                 dsec_err *err)
+{
+    *keys = NULL;
+    *n = 0;
+    if (check_doc(r, r->ops->doc_list != NULL, kind, NULL, err) < 0)
+        return -1;
+    return r->ops->doc_list(r->self, kind, keys, n, err);
+}
+
+int dsec_layer_registry_doc_remove(dsec_layer_registry *r, const char *kind, const char *key,
+                                   dsec_err *err)
+{
+    if (check_doc(r, r->ops->doc_remove != NULL, kind, key, err) < 0)
+        return -1;
+    if (key == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "removing a %s document: no key", kind);
+    return r->ops->doc_remove(r->self, kind, key, err);
+}
+
+int dsec_layer_registry_env_remove(dsec_layer_registry *r, const char *name, dsec_err *err)
+{
+    if (check_name("removing an environment", name, err) < 0)
+        return -1;
+    if (r->ops->env_remove == NULL)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "the %s layer registry cannot remove environments",
+                            dsec_layer_registry_kind(r));
+    return r->ops->env_remove(r->self, name, err);
+}
+
 /* ---- environments ------------------------------------------------------------------------- */
 
 void dsec_env_free(dsec_env *e)
@@ -346,6 +491,10 @@ void dsec_env_free(dsec_env *e)
     dsec_free(e->vars);
     dsec_free(e->workdir);
     dsec_free(e->user);
+    dsec_layer_names_free(e->cmd, e->ncmd);
+    dsec_layer_names_free(e->labels, e->nlabels);
+    dsec_free(e->image);
+    dsec_free(e->image_digest);
     dsec_free(e);
 }
 
@@ -417,7 +566,66 @@ static int env_validate(const dsec_env *e, dsec_err *err)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "environment %s: user \"%.80s\" is not a user name or uid[:gid]",
                             e->name, e->user);
+    if (e->ncmd > ENV_MAX_VARS || e->nlabels > ENV_MAX_VARS)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "environment %s: more than %d command arguments or labels", e->name,
+                            ENV_MAX_VARS);
+    for (size_t i = 0; i < e->ncmd; i++)
+        if (e->cmd[i] == NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: command argument %zu is "
+                                "missing", e->name, i + 1);
+    for (size_t i = 0; i < e->nlabels; i++)
+        if (e->labels[i] == NULL || strchr(e->labels[i], '=') == NULL)
+            return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: label \"%.80s\" is not "
+                                "KEY=VALUE", e->name, e->labels[i] ? e->labels[i] : "(null)");
+    if (e->image != NULL && (e->image[0] == '\0' || strpbrk(e->image, " \n") != NULL))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: image reference \"%.80s\" "
+                            "is empty or holds a space", e->name, e->image);
+    if (e->image_digest != NULL && !dsec_digest_valid(e->image_digest))
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: pin \"%.80s\" is not a "
+                            "sha256: digest", e->name, e->image_digest);
     return 0;
+}
+
+/* cmd and label values: '\\' and newline escaped so each stays one line. */
+static void put_escaped(FILE *f, const char *key, const char *v)
+{
+    fprintf(f, "%s ", key);
+    for (; *v != '\0'; v++) {
+        if (*v == '\\')
+            fputs("\\\\", f);
+        else if (*v == '\n')
+            fputs("\\n", f);
+        else
+            fputc(*v, f);
+    }
+    fputc('\n', f);
+}
+
+/* The inverse of put_escaped; NULL on a bad escape or no memory (*bad tells). */
+static char *unescape(const char *v, size_t n, bool *bad)
+{
+    char *o = dsec_malloc(n + 1);
+    size_t k = 0;
+    *bad = false;
+    if (o == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] != '\\') {
+            o[k++] = v[i];
+            continue;
+        }
+        if (i + 1 < n && (v[i + 1] == '\\' || v[i + 1] == 'n')) {
+            o[k++] = v[i + 1] == 'n' ? '\n' : '\\';
+            i++;
+            continue;
+        }
+        *bad = true;
+        dsec_free(o);
+        return NULL;
+    }
+    o[k] = '\0';
+    return o;
 }
 
 int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err)
@@ -436,13 +644,22 @@ int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err)
     FILE *f = open_memstream(&buf, &size);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, errno, "encoding environment %s", env->name);
-    fprintf(f, "dsec-env 1\nname %s\n", env->name);
+    bool v2 = env->ncmd > 0 || env->nlabels > 0 || env->image != NULL || env->image_digest != NULL;
+    fprintf(f, "dsec-env %d\nname %s\n", v2 ? 2 : 1, env->name);
     for (size_t i = 0; i < env->nlayers; i++)
         fprintf(f, "layer %s %s\n", env->layers[i], dsec_layer_format_name(env->formats[i]));
     for (size_t i = 0; i < env->nvars; i++)
         fprintf(f, "env %s\n", env->vars[i]);
     fprintf(f, "workdir %s\nuser %s\n", env->workdir != NULL ? env->workdir : "/",
             env->user != NULL ? env->user : "root");
+    for (size_t i = 0; i < env->ncmd; i++)
+        put_escaped(f, "cmd", env->cmd[i]);
+    for (size_t i = 0; i < env->nlabels; i++)
+        put_escaped(f, "label", env->labels[i]);
+    if (env->image != NULL)
+        fprintf(f, "image %s\n", env->image);
+    if (env->image_digest != NULL)
+        fprintf(f, "pin %s\n", env->image_digest);
     if (fclose(f) != 0 || buf == NULL) {
         free(buf); /* open_memstream's buffer comes from libc */
         return dsec_err_set(err, DSEC_E_NOMEM, errno, "encoding environment %s", env->name);
@@ -493,6 +710,7 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "decoding an environment document");
     size_t fcap = 0;
     int lineno = 0;
+    bool v2 = false;
     const char *p = s, *end = s + len;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -509,13 +727,15 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
                              "not an environment document (line 1 should be \"dsec-env 1\")");
                 goto fail;
             }
-            if (!(vl == 1 && val[0] == '1')) {
+            if (!(vl == 1 && (val[0] == '1' || val[0] == '2'))) {
                 dsec_err_set(err, DSEC_E_DECODE, 0,
-                             "environment document version \"%.*s\" is not supported (want 1)",
+                             "environment document version \"%.*s\" is not supported (want 1 "
+                             "or 2)",
                              (int)(vl > 20 ? 20 : vl), val);
                 goto fail;
             }
-        } else if (sp == NULL || vl == 0) {
+            v2 = val[0] == '2';
+        } else if (sp == NULL || (vl == 0 && !(v2 && KEY("cmd")))) {
             dsec_err_set(err, DSEC_E_DECODE, 0,
                          "environment document line %d: \"%.*s\" has no value", lineno,
                          (int)(ll > 40 ? 40 : ll), p);
@@ -571,6 +791,34 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
                 goto nomem;
         } else if (KEY("workdir") || KEY("user")) {
             char **slot = KEY("workdir") ? &e->workdir : &e->user;
+            if (*slot != NULL) {
+                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
+                             lineno, (int)kl, p);
+                goto fail;
+            }
+            if ((*slot = dsec_strndup(val, vl)) == NULL)
+                goto nomem;
+        } else if (v2 && (KEY("cmd") || KEY("label"))) {
+            bool is_cmd = KEY("cmd"), bad;
+            char ***v = is_cmd ? &e->cmd : &e->labels;
+            size_t *nv = is_cmd ? &e->ncmd : &e->nlabels;
+            if (*nv >= ENV_MAX_VARS) {
+                dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d %s",
+                             ENV_MAX_VARS, is_cmd ? "command arguments" : "labels");
+                goto fail;
+            }
+            char *u = unescape(val, vl, &bad);
+            if (u == NULL && bad) {
+                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: bad escape",
+                             lineno);
+                goto fail;
+            }
+            int prc = u != NULL ? push_str(v, nv, u, strlen(u)) : -1;
+            dsec_free(u);
+            if (prc < 0)
+                goto nomem;
+        } else if (v2 && (KEY("image") || KEY("pin"))) {
+            char **slot = KEY("image") ? &e->image : &e->image_digest;
             if (*slot != NULL) {
                 dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
                              lineno, (int)kl, p);

@@ -6,10 +6,11 @@ PKGS="build-essential cmake pkg-config git python3 python3-venv \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
 libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev libcrypt-dev openssl \
 clang libclang-rt-14-dev libtsan2 \
-libseccomp-dev libpython3-dev gnuplot-nox \
+libseccomp-dev libpython3-dev gnuplot-nox libarchive-dev libzstd-dev \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
 nftables libnftnl-dev libmnl-dev libldns-dev libnetfilter-conntrack-dev iproute2 \
-util-linux procps qemu-system-x86 kmod cpio e2fsprogs curl"
+util-linux procps qemu-system-x86 kmod cpio e2fsprogs curl \
+libcurl4-openssl-dev docker-registry skopeo apache2-utils umoci"
 
 missing=""
 for p in $PKGS; do

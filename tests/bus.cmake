@@ -9,8 +9,10 @@ foreach(group natsd actor order request timeout restart drain overflow schema co
 endforeach()
 
 # The JetStream layer registry (bus/layers-js.c).
-add_executable(test_layers_js ${CMAKE_CURRENT_LIST_DIR}/test_layers_js.c)
-target_link_libraries(test_layers_js PRIVATE dsec_test_fixture dsec_backends dsec_bus dsec_common PkgConfig::CMOCKA
+pkg_check_modules(LIBARCHIVE_JS REQUIRED IMPORTED_TARGET libarchive)
+add_executable(test_layers_js ${CMAKE_CURRENT_LIST_DIR}/test_layers_js.c
+  ${CMAKE_CURRENT_LIST_DIR}/image_kit.c)
+target_link_libraries(test_layers_js PRIVATE dsec_test_fixture dsec_backends dsec_bus dsec_common PkgConfig::CMOCKA PkgConfig::LIBARCHIVE_JS
                       dsec_warnings dsec_allocator)
 add_test(NAME layers_jetstream COMMAND test_layers_js)
 set_tests_properties(layers_jetstream PROPERTIES TIMEOUT 120 LABELS bus)

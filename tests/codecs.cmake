@@ -1,7 +1,7 @@
 # codecs: cmocka unit tests, the `dsec decode` CLI, and the fuzz seed corpora
 # replayed through the fuzz harnesses (fuzz/ itself is built only with
 # DSEC_FUZZ, so the replay builds live here and run in every build).
-foreach(part msg json record)
+foreach(part msg json jsonparse record)
   add_executable(test_codecs_${part} test_codecs_${part}.c)
   target_link_libraries(test_codecs_${part} PRIVATE
     dsec_codecs_testkit dsec_codecs dsec_common PkgConfig::CMOCKA dsec_warnings dsec_allocator)
@@ -15,7 +15,7 @@ add_dependencies(test_codecs_cli dsec)
 add_test(NAME codecs_cli
   COMMAND test_codecs_cli $<TARGET_FILE:dsec> ${CMAKE_SOURCE_DIR}/docs/protocol.md)
 
-foreach(harness decode json record)
+foreach(harness decode json jsonparse record)
   add_executable(fuzz_${harness}_replay
     ${CMAKE_SOURCE_DIR}/fuzz/fuzz_${harness}.c ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
   target_link_libraries(fuzz_${harness}_replay PRIVATE

@@ -40,3 +40,13 @@ add_dependencies(test_image_build dsec)
 add_test(NAME image_build COMMAND test_image_build)
 set_tests_properties(image_build PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_container_host
   SKIP_RETURN_CODE 77)
+
+# A container from an imported image (OCI layout written in-process, 12 layers): whiteouts,
+# opaque dirs, hard links, setuid, and the image's Env, WorkingDir and USER.
+pkg_check_modules(LIBARCHIVE_CT REQUIRED IMPORTED_TARGET libarchive)
+add_executable(test_container_image test_container_image.c image_kit.c)
+target_link_libraries(test_container_image PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  PkgConfig::LIBARCHIVE_CT Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME container_image COMMAND test_container_image)
+set_tests_properties(container_image PROPERTIES TIMEOUT 300 RESOURCE_LOCK dsec_container_host
+  SKIP_RETURN_CODE 77)

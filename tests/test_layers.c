@@ -192,12 +192,14 @@ static void digests_names_and_formats(void **state)
     assert_false(dsec_digest_valid(
         "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0"));
 
-    const char *names_ok[] = {"busybox:1", "debian-py:12", "lib/x.y/z:v1.2_RC-3", "a:B"};
+    const char *names_ok[] = {"busybox:1", "debian-py:12", "lib/x.y/z:v1.2_RC-3", "a:B",
+                              "a_b:1", "127.0.0.1:5000/swe/task:1", "registry.local:5000/a/b_c:latest"};
     for (size_t i = 0; i < sizeof names_ok / sizeof *names_ok; i++)
         assert_true(dsec_layer_name_valid(names_ok[i]));
     const char *names_bad[] = {
         NULL,   "",     "busybox", "Busybox:1", ":1",    "a:",    "a:b:c", "../x:1", "a/..:1",
-        "a:..", "/a:1", "a/:1",    "a//b:1",    "a b:1", "a:1 2", "a_b:1", "a:v/1"};
+        "a:..", "/a:1", "a/:1",    "a//b:1",    "a b:1", "a:1 2", "a:v/1",
+        "h:5000:1", "h:x/a:1", "h:123456/a:1", "a/h:50/b:1", ":5000/a:1"};
     for (size_t i = 0; i < sizeof names_bad / sizeof *names_bad; i++)
         if (dsec_layer_name_valid(names_bad[i]))
             fail_msg("name \"%s\" should be refused", names_bad[i] ? names_bad[i] : "(null)");
@@ -288,6 +290,38 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
     dsec_env_free(e);
     dsec_free(doc);
 
+    /* image fields: version 2, escapes round trip; without them the document stays 1 */
+    {
+        char *l1[] = {D1};
+        dsec_layer_format f1[] = {DSEC_LAYER_EROFS};
+        char *cmd[] = {"/bin/sh", "-c", "echo a\\b\nx", ""};
+        char *labels[] = {"org.x=y\nz"};
+        dsec_env v2 = {.name = "127.0.0.1:5000/swe/task:1", .layers = l1, .formats = f1,
+                       .nlayers = 1, .cmd = cmd, .ncmd = 4, .labels = labels, .nlabels = 1,
+                       .image = "127.0.0.1:5000/swe/task:1", .image_digest = D1};
+        char *d2;
+        size_t l2;
+        assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), 0);
+        assert_memory_equal(d2, "dsec-env 2\n", 11);
+        dsec_env *e2;
+        if (dsec_env_decode(d2, l2, &e2, &err) != 0)
+            fail_msg("v2 decode: %s\n%s", err.msg, d2);
+        assert_int_equal(e2->ncmd, 4);
+        for (size_t i = 0; i < 4; i++)
+            assert_string_equal(e2->cmd[i], cmd[i]);
+        assert_int_equal(e2->nlabels, 1);
+        assert_string_equal(e2->labels[0], labels[0]);
+        assert_string_equal(e2->image, v2.image);
+        assert_string_equal(e2->image_digest, D1);
+        dsec_env_free(e2);
+        dsec_free(d2);
+        v2.ncmd = v2.nlabels = 0;
+        v2.image = v2.image_digest = NULL;
+        assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), 0);
+        assert_memory_equal(d2, "dsec-env 1\n", 11);
+        dsec_free(d2);
+    }
+
     /* defaults */
     const char *min = "dsec-env 1\nname a:1\nlayer " D1 " dir\n";
     assert_int_equal(dsec_env_decode(min, strlen(min), &e, &err), 0);
@@ -299,7 +333,11 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         const char *doc, *want;
     } bad[] = {
         {"", "empty"},
-        {"dsec-env 2\nname a:1\nlayer " D1 " dir\n", "version"},
+        {"dsec-env 3\nname a:1\nlayer " D1 " dir\n", "version"},
+        {"dsec-env 1\nname a:1\nlayer " D1 " dir\ncmd sh\n", "unknown field"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\ncmd a\\x\n", "bad escape"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\npin sha256:12\n", "pin"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\nlabel nokv\n", "nokv"},
         {"hello\n", "dsec-env 1"},
         {"dsec-env 1\nname a:1\nlayer " D1 " dir", "newline"},
         {"dsec-env 1\nname a:1\n", "no layers"},

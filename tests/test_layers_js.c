@@ -15,7 +15,9 @@
 #include "bus/js.h"
 #include "bus/layers-js.h"
 #include "dsec/alloc.h"
+#include "dsec/image.h"
 #include "dsec/layers.h"
+#include "tests/image_kit.h"
 #include "tests/fixture.h"
 
 typedef struct fx {
@@ -218,6 +220,59 @@ static void test_env_and_remove(void **state)
     assert_int_not_equal(access(dst, F_OK), 0);
 }
 
+/* Image records, diff_id records and environments named by a registry host:port, in JetStream. */
+static void test_images(void **state)
+{
+    fx *f = *state;
+    dsec_err err;
+    static const ik_entry files[] = {{'d', "etc", NULL, 0755, 0, 0, NULL, NULL},
+                                     {'f', "etc/motd", "hello\n", 0644, 0, 0, NULL, NULL}};
+    ik_layer l = {0};
+    ik_layer_make(&l, files, 2, true);
+    ik_layer *ls[] = {&l};
+    ik_image im = {.config_json_extra = "\"Env\":[\"A=1\"],\"Cmd\":[\"sh\"]"};
+    char dir[512], work[512];
+    snprintf(dir, sizeof dir, "%s/oci", f->root);
+    snprintf(work, sizeof work, "%s/work", f->root);
+    ik_write_oci_dir(dir, &im, ls, 1);
+    ik_layer_free(&l);
+    dsec_image_import_opts o = {.ref = "127.0.0.1:5000/swe/task:1", .format = DSEC_LAYER_DIR,
+                                .work_dir = work};
+    dsec_image_info *a = NULL, *b = NULL;
+    if (dsec_image_import(f->reg, dir, &o, &a, &err) != 0)
+        fail_msg("import: %s", err.msg);
+    o.ref = "swe/again";
+    assert_int_equal(dsec_image_import(f->reg, dir, &o, &b, &err), 0);
+    assert_true(b->layers[0].reused); /* the diff_id record is in the bucket */
+    dsec_env *e = NULL;
+    assert_int_equal(dsec_layer_registry_env_get(f->reg, "127.0.0.1:5000/swe/task:1", &e, &err), 0);
+    assert_string_equal(e->cmd[0], "sh");
+    assert_string_equal(e->image_digest, a->manifest);
+    dsec_env_free(e);
+    char **names = NULL;
+    size_t n = 0;
+    assert_int_equal(dsec_layer_registry_env_list(f->reg, &names, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(names[0], "127.0.0.1:5000/swe/task:1");
+    dsec_layer_names_free(names, n);
+    dsec_image_info *v = NULL;
+    assert_int_equal(dsec_image_list(f->reg, &v, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(v[0].ref, "127.0.0.1:5000/swe/task:1");
+    dsec_image_infos_free(v, n);
+    assert_int_equal(dsec_image_remove(f->reg, "127.0.0.1:5000/swe/task:1", &err), 0);
+    assert_int_equal(dsec_layer_registry_env_get(f->reg, "127.0.0.1:5000/swe/task:1", &e, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_int_equal(dsec_image_remove(f->reg, "swe/again", &err), 0);
+    dsec_layer_info *li = NULL;
+    assert_int_equal(dsec_layer_registry_list(f->reg, &li, &n, &err), 0);
+    assert_int_equal(n, 0); /* the last image took its layer */
+    dsec_layer_infos_free(li, n);
+    dsec_image_info_free(a);
+    dsec_image_info_free(b);
+}
+
 static void test_corrupt_chunk_refused(void **state)
 {
     fx *f = *state;
@@ -267,6 +322,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_env_and_remove, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_images, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_chunk_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
     };

@@ -5,7 +5,6 @@
 #include <stdio.h>
 
 #include "dsec/client.h"
-#include "dsec/layers.h"
 
 /* Each subcommand gets argv from its own name on (argv[0] is "decode") and
  * returns the process exit code: 0 success, 1 the input or the operation
@@ -24,14 +23,17 @@ int dsec_cli_snapshot(int argc, char **argv);
 /* layer.c: layers and environments in a registry */
 int dsec_cli_layer(int argc, char **argv);
 int dsec_cli_env(int argc, char **argv);
-/* The layer registry the layer, env and image commands use: registry (a directory or
- * nats://HOST:PORT[?bucket=NAME]), else $DSEC_LAYERS, else STATE/layers (state NULL:
- * ./state). Close with dsec_cli_registry_close (it also closes the bus it opened). */
-int dsec_cli_registry_open(const char *registry, const char *state, dsec_layer_registry **r,
-                           dsec_err *err);
-void dsec_cli_registry_close(dsec_layer_registry *r);
-int dsec_cli_image_build(int argc, char **argv); /* dsec image build (tools/image-build.c) */
-int dsec_cli_image(int argc, char **argv);       /* dsec image SUBCOMMAND */
+/* The layer registry the layer, env and image commands use: registry (--registry DIR or
+ * nats://HOST:PORT[?bucket=NAME]), else $DSEC_LAYERS, else state/layers (state: --state-dir,
+ * default ./state); *where names it. Returns 0, or 2 after printing why not. Close with
+ * dsec_cli_registry_close. */
+struct dsec_layer_registry;
+int dsec_cli_registry_open(const char *registry, const char *state,
+                           struct dsec_layer_registry **r, const char **where);
+void dsec_cli_registry_close(struct dsec_layer_registry *r);
+/* image.c: import, list, inspect and remove images; build (image-build.c) */
+int dsec_cli_image(int argc, char **argv);
+int dsec_cli_image_build(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
 int dsec_cli_ttl(int argc, char **argv);       /* dsec ttl ID SECONDS */
 int dsec_cli_ps(int argc, char **argv);     /* background processes (tools/proc.c) */

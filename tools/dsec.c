@@ -41,7 +41,7 @@ static const command commands[] = {
     {"job", dsec_cli_job, "play a preemptible job: hold capacity, answer reclaims"},
     {"traj", dsec_cli_traj, "print a rollout's trajectory log: dsec traj show ROLLOUT"},
     {"layer", dsec_cli_layer, "build, push, list and remove layers: dsec layer build DIR --name N:V"},
-    {"image", dsec_cli_image, "build images from Dockerfiles: dsec image build CONTEXT --name N:TAG"},
+    {"image", dsec_cli_image, "import, pull, build, list, inspect and remove images: dsec image import task.tar"},
     {"env", dsec_cli_env, "create, show and list environments (ordered layers + settings)"},
     {"tenant", dsec_cli_tenant, "set, show, list and remove tenants' quotas: dsec tenant set T --sandboxes N"},
     {"auth", dsec_cli_auth, "write the nats-server config confining each tenant, and credentials"},

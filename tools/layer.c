@@ -11,6 +11,7 @@
 #include "bus/bus.h"
 #include "bus/layers-js.h"
 #include "dsec/alloc.h"
+#include "dsec/image.h"
 #include "dsec/layers.h"
 #include "tools/cli.h"
 
@@ -178,25 +179,22 @@ static int parse(int argc, char **argv, opts *o)
 }
 
 int dsec_cli_registry_open(const char *registry, const char *state, dsec_layer_registry **r,
-                           dsec_err *err)
-{
-    char buf[4096];
-    const char *dir = registry_dir(registry, state, buf, sizeof buf);
-    if (strncmp(dir, "nats://", 7) == 0)
-        return open_jetstream(dir, r, err);
-    return dsec_layer_registry_local(r, dir, err);
-}
-
-static int open_registry(const opts *o, dsec_layer_registry **r, const char **dir)
+                           const char **where)
 {
     static char buf[4096];
-    *dir = registry_dir(o->registry, o->state, buf, sizeof buf);
+    *where = registry_dir(registry, state, buf, sizeof buf);
     dsec_err err;
-    if (dsec_cli_registry_open(o->registry, o->state, r, &err) < 0) {
+    if (strncmp(*where, "nats://", 7) == 0 ? open_jetstream(*where, r, &err) < 0
+                                           : dsec_layer_registry_local(r, *where, &err) < 0) {
         fprintf(stderr, "dsec: %s\n", err.msg);
         return 2;
     }
     return 0;
+}
+
+static int open_registry(const opts *o, dsec_layer_registry **r, const char **dir)
+{
+    return dsec_cli_registry_open(o->registry, o->state, r, dir);
 }
 
 /* Store the blob file under name and print its digest. */
@@ -320,13 +318,28 @@ static int layer_ls(const opts *o)
         dsec_cli_registry_close(r);
         return 1;
     }
-    printf("%-24s %-6s %8s %s\n", "NAME", "FORMAT", "SIZE", "DIGEST");
+    /* which images hold each layer (a registry without image records has none) */
+    dsec_image_info *im = NULL;
+    size_t nim = 0;
+    dsec_err ierr;
+    if (dsec_image_list(r, &im, &nim, &ierr) < 0)
+        nim = 0;
+    printf("%-24s %-6s %8s %-71s %s\n", "NAME", "FORMAT", "SIZE", "DIGEST", "IMAGES");
     for (size_t i = 0; i < n; i++) {
         char sz[32];
         human(v[i].size, sz, sizeof sz);
-        printf("%-24s %-6s %8s %s\n", v[i].name != NULL ? v[i].name : "-",
+        printf("%-24s %-6s %8s %s ", v[i].name != NULL ? v[i].name : "-",
                dsec_layer_format_name(v[i].format), sz, v[i].digest);
+        int shown = 0;
+        for (size_t k = 0; k < nim; k++)
+            for (size_t j = 0; j < im[k].nlayers; j++)
+                if (strcmp(im[k].layers[j].layer, v[i].digest) == 0) {
+                    printf("%s%s", shown++ ? "," : "", im[k].ref);
+                    break;
+                }
+        printf("%s\n", shown ? "" : "-");
     }
+    dsec_image_infos_free(im, nim);
     dsec_layer_infos_free(v, n);
     dsec_cli_registry_close(r);
     return 0;

@@ -22,6 +22,8 @@
  *   blobs/sha256/<hex>.meta   "dsec-blob 1 / format F / size N", written before the blob
  *   tags/<name>/<version>     "sha256:<hex>\n"
  *   envs/<name>/<version>     an environment document
+ *   docs/<kind>/<key>         a document (image records, diff_id records); the key
+ *                             encoded by dsec_layer_doc_key_encode (no '/', no ':')
  *   .lock                     flock: shared for adding references, exclusive for removal
  * Every file appears by rename(2) of a fsync'd temp file ("#tmp.*", '#' being
  * in no name) from the same directory, so several processes, on several
@@ -73,10 +75,11 @@ static void reg_unlock(int fd)
         close(fd); /* drops the flock */
 }
 
-/* "<root>/<sub>/<name>/<version>" for name:version. */
+/* "<root>/<sub>/<name>/<version>" for name:version (the version is after the last ':';
+ * a registry host's port stays in the first directory's name). */
 static char *named_path(dirreg *g, const char *sub, const char *name)
 {
-    const char *colon = strchr(name, ':');
+    const char *colon = strrchr(name, ':');
     return dsec__layer_path("%s/%s/%.*s/%s", g->root, sub, (int)(colon - name), name, colon + 1);
 }
 
@@ -662,6 +665,20 @@ static int dir_env_get(void *self, const char *name, void **doc, size_t *len, ds
     return 0;
 }
 
+static int dir_env_remove(void *self, const char *name, dsec_err *err)
+{
+    dirreg *g = self;
+    int lk = reg_lock(g, LOCK_EX, err);
+    if (lk < 0)
+        return -1;
+    int rc = 0;
+    if (remove_named(g, "envs", name) < 0)
+        rc = dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no environment named %s in the registry at %s",
+                          name, g->root);
+    reg_unlock(lk);
+    return rc;
+}
+
 static int str_cmp(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -679,6 +696,105 @@ static int dir_env_list(void *self, char ***names, size_t *n, dsec_err *err)
     return 0;
 }
 
+/* ---- documents ---------------------------------------------------------------------------- */
+
+static char *doc_path(dirreg *g, const char *kind, const char *key)
+{
+    char enc[DSEC_LAYER_DOC_KEY_MAX * 3 + 1];
+    if (dsec_layer_doc_key_encode(key, enc, sizeof enc) < 0)
+        return NULL;
+    return dsec__layer_path("%s/docs/%s/%s", g->root, kind, enc);
+}
+
+static int dir_doc_put(void *self, const char *kind, const char *key, const void *data,
+                       size_t len, dsec_err *err)
+{
+    dirreg *g = self;
+    char *dir = dsec__layer_path("%s/docs/%s", g->root, kind);
+    char *p = doc_path(g, kind, key);
+    int rc = -1;
+    if (dir == NULL || p == NULL)
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "storing %s document %s", kind, key);
+    else if (dsec__layer_mkdir_p(dir, 0755, err) == 0)
+        rc = dsec__layer_write_atomic(p, data, len, err);
+    dsec_free(dir);
+    dsec_free(p);
+    return rc;
+}
+
+static int dir_doc_get(void *self, const char *kind, const char *key, char **data, size_t *len,
+                       dsec_err *err)
+{
+    dirreg *g = self;
+    char *p = doc_path(g, kind, key);
+    if (p == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "reading %s document %s", kind, key);
+    int rc = dsec__layer_read_file(p, ENV_MAX, data, len, err);
+    dsec_free(p);
+    if (rc < 0 && err != NULL && err->code == DSEC_E_NOT_FOUND)
+        dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no %s %s in the registry at %s", kind, key,
+                     g->root);
+    return rc;
+}
+
+static int dir_doc_list(void *self, const char *kind, char ***keys, size_t *n, dsec_err *err)
+{
+    dirreg *g = self;
+    char *dir = dsec__layer_path("%s/docs/%s", g->root, kind);
+    if (dir == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "listing %s documents", kind);
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        int e = errno;
+        dsec_free(dir);
+        return e == ENOENT ? 0 : dsec_err_set(err, DSEC_E_IO, e, "listing %s documents", kind);
+    }
+    char **v = NULL;
+    size_t nv = 0;
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '#' || de->d_name[0] == '.')
+            continue;
+        char *k = dsec_layer_doc_key_decode(de->d_name);
+        if (k == NULL)
+            continue; /* not a key we wrote */
+        char **nn = dsec_realloc(v, (nv + 1) * sizeof *nn);
+        if (nn == NULL) {
+            dsec_free(k);
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "listing %s documents", kind);
+            break;
+        }
+        v = nn;
+        v[nv++] = k;
+    }
+    closedir(d);
+    dsec_free(dir);
+    if (rc < 0) {
+        dsec_layer_names_free(v, nv);
+        return -1;
+    }
+    if (nv > 1)
+        qsort(v, nv, sizeof *v, str_cmp);
+    *keys = v;
+    *n = nv;
+    return 0;
+}
+
+static int dir_doc_remove(void *self, const char *kind, const char *key, dsec_err *err)
+{
+    dirreg *g = self;
+    char *p = doc_path(g, kind, key);
+    if (p == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "removing %s document %s", kind, key);
+    int rc = 0;
+    if (unlink(p) < 0)
+        rc = dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,
+                          "removing %s %s from the registry at %s", kind, key, g->root);
+    dsec_free(p);
+    return rc;
+}
+
 static void dir_close(void *self)
 {
     dirreg *g = self;
@@ -688,6 +804,11 @@ static void dir_close(void *self)
 
 static const dsec_layer_registry_ops local_ops = {
     .kind = "local",
+    .env_remove = dir_env_remove,
+    .doc_put = dir_doc_put,
+    .doc_get = dir_doc_get,
+    .doc_list = dir_doc_list,
+    .doc_remove = dir_doc_remove,
     .get = dir_get,
     .direct_path = dir_direct_path,
     .put = dir_put,
@@ -703,6 +824,11 @@ static const dsec_layer_registry_ops local_ops = {
 
 static const dsec_layer_registry_ops shared_ops = {
     .kind = "shared",
+    .env_remove = dir_env_remove,
+    .doc_put = dir_doc_put,
+    .doc_get = dir_doc_get,
+    .doc_list = dir_doc_list,
+    .doc_remove = dir_doc_remove,
     .get = dir_get,
     .direct_path = dir_direct_path,
     .put = dir_put,

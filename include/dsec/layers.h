@@ -89,7 +89,30 @@ typedef struct dsec_layer_registry_ops {
      * sorted; *names and each string dsec_malloc'd, caller frees
      * (dsec_layer_names_free). */
     int (*env_list)(void *self, char ***names, size_t *n, dsec_err *err);
+    /* Optional (NULL: unsupported). Small documents by kind ([a-z]+: "image",
+     * "diffid") and key (any bytes but NUL, at most DSEC_LAYER_DOC_KEY_MAX):
+     * image records and diff_id -> layer records (dsec/image.h). put replaces
+     * atomically (readers see the old or the new bytes); get fails with
+     * DSEC_E_NOT_FOUND and returns a dsec_malloc'd NUL-terminated *data;
+     * list returns the keys sorted (dsec_layer_names_free); remove of a
+     * missing key fails with DSEC_E_NOT_FOUND. */
+    int (*doc_put)(void *self, const char *kind, const char *key, const void *data, size_t len,
+                   dsec_err *err);
+    int (*doc_get)(void *self, const char *kind, const char *key, char **data, size_t *len,
+                   dsec_err *err);
+    int (*doc_list)(void *self, const char *kind, char ***keys, size_t *n, dsec_err *err);
+    int (*doc_remove)(void *self, const char *kind, const char *key, dsec_err *err);
+    /* Optional (NULL: unsupported). Remove an environment document;
+     * DSEC_E_NOT_FOUND when there is none. Its layers stay. */
+    int (*env_remove)(void *self, const char *name, dsec_err *err);
 } dsec_layer_registry_ops;
+
+#define DSEC_LAYER_DOC_KEY_MAX 255
+/* Keys as file names and KV keys: [A-Za-z0-9_-] as they are, any other byte
+ * as "=XX" (upper-case hex). encode: 0, or -1 when key is empty or out is
+ * too small; decode: a dsec_malloc'd key, NULL when malformed or no memory. */
+int dsec_layer_doc_key_encode(const char *key, char *out, size_t outlen);
+char *dsec_layer_doc_key_decode(const char *enc);
 
 /* Wrap an implementation (ops static, self owned by the registry: close frees it). */
 int dsec_layer_registry_new(dsec_layer_registry **out, const dsec_layer_registry_ops *ops,
@@ -129,6 +152,13 @@ typedef struct dsec_env {
     size_t nvars;
     char *workdir;     /* "/" when unset */
     char *user;        /* "root" when unset */
+    /* From an imported image (dsec/image.h); all may be empty/NULL. */
+    char **cmd;        /* the default command: Entrypoint then Cmd */
+    size_t ncmd;
+    char **labels;     /* "KEY=VALUE" */
+    size_t nlabels;
+    char *image;       /* the image reference it came from */
+    char *image_digest; /* the manifest digest it is pinned to */
 } dsec_env;
 void dsec_env_free(dsec_env *e);
 
@@ -145,6 +175,18 @@ int dsec_layer_registry_env_list(dsec_layer_registry *r, char ***names, size_t *
                                  dsec_err *err);
 void dsec_layer_names_free(char **names, size_t n);
 
+/* Documents (the ops' doc_* above): DSEC_E_UNSUPPORTED when the registry has none. */
+int dsec_layer_registry_doc_put(dsec_layer_registry *r, const char *kind, const char *key,
+                                const void *data, size_t len, dsec_err *err);
+int dsec_layer_registry_doc_get(dsec_layer_registry *r, const char *kind, const char *key,
+                                char **data, size_t *len, dsec_err *err);
+int dsec_layer_registry_doc_list(dsec_layer_registry *r, const char *kind, char ***keys, size_t *n,
+                                 dsec_err *err);
+int dsec_layer_registry_doc_remove(dsec_layer_registry *r, const char *kind, const char *key,
+                                   dsec_err *err);
+/* Remove an environment (its layers stay); DSEC_E_UNSUPPORTED when the registry cannot. */
+int dsec_layer_registry_env_remove(dsec_layer_registry *r, const char *name, dsec_err *err);
+
 /*
  * The environment document: versioned, line-oriented text, one field a line,
  *     dsec-env 1
@@ -153,7 +195,14 @@ void dsec_layer_names_free(char **names, size_t n);
  *     env KEY=VALUE                 (any number)
  *     workdir /
  *     user root
- * every line ending in '\n'. Values cannot hold newlines or NULs. encode
+ * every line ending in '\n'. Values cannot hold newlines or NULs.
+ * A document with any of the image fields is "dsec-env 2" and adds
+ *     cmd ARG                       (one per argument, in order)
+ *     label KEY=VALUE               (any number)
+ *     image REF                     (the image reference)
+ *     pin sha256:<hex>              (the manifest digest)
+ * where cmd and label values escape '\\' as "\\\\" and newline as "\\n".
+ * Documents without them stay "dsec-env 1"; decode takes both. encode
  * validates env and returns a dsec_malloc'd *doc (caller frees, NUL-terminated,
  * *len without the NUL); decode refuses malformed documents with
  * DSEC_E_DECODE naming the line, and returns a caller-owned *out (dsec_env_free).

@@ -1,0 +1,226 @@
+/* test_container_image.c - a crun container (or, built with IMG_VM, a microVM) from an imported
+ * image: whiteouts, opaque dirs, links, setuid and the image's Env, WorkingDir and USER, over a
+ * dozen lower layers. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "backends/backend.h"
+#include "backends/container/container.h"
+#include "backends/vm/vm.h"
+#include "dsec/alloc.h"
+#include "dsec/err.h"
+#include "dsec/image.h"
+#include "dsec/layers.h"
+#include "image_kit.h"
+
+#ifdef IMG_VM
+#define OPS dsec_microvm_ops
+#define WHAT "microvm"
+#else
+#define OPS dsec_container_ops
+#define WHAT "container"
+#endif
+#ifndef DSEC_VMKIT_DIR
+#define DSEC_VMKIT_DIR ""
+#endif
+#define NODE "ctimg"
+#define REF "127.0.0.1:5000/swe/task:1"
+#define NEXTRA 10 /* layers above the two that matter: 12 lower dirs in all */
+
+static void *ct;
+static dsec_layer_registry *reg;
+static char top[64];
+
+static const char *const APPLETS[] = {"sh",  "id",   "ls",  "cat",   "stat", "readlink", "test",
+                                      "pwd", "echo", "env", "mkdir", "rm",   "sleep",    "true"};
+
+static const ik_entry APP[] = {
+    {'f', "del/.wh.gone.txt", "", 0644, 0, 0, NULL, NULL},
+    {'f', "opq/.wh..wh..opq", "", 0644, 0, 0, NULL, NULL},
+    {'f', "opq/upper.txt", "upper\n", 0644, 0, 0, NULL, NULL},
+    {'d', "data", NULL, 0755, 0, 0, NULL, NULL},
+    {'f', "data/a.txt", "linked\n", 0644, 0, 0, NULL, NULL},
+    {'d', "other", NULL, 0755, 0, 0, NULL, NULL},
+    {'h', "other/b.txt", "data/a.txt", 0644, 0, 0, NULL, NULL},
+    {'d', "work", NULL, 0755, 1234, 1234, NULL, NULL},
+};
+
+/* Base (busybox, absolute applet links, users), APP, then NEXTRA one-file layers; imported. */
+static int import_image(void)
+{
+    ik_entry base[64];
+    size_t n = 0;
+    static const char *const dirs[] = {"bin", "etc",  "proc", "sys", "dev",
+                                       "tmp", "root", "del",  "opq"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++)
+        base[n++] =
+            (ik_entry){'d', dirs[i], NULL, strcmp(dirs[i], "tmp") ? 0755 : 01777, 0, 0, NULL, NULL};
+    base[n++] = (ik_entry){'f', "bin/busybox", NULL, 0755, 0, 0, "/bin/busybox", NULL};
+    static char links[32][32];
+    for (size_t i = 0; i < sizeof APPLETS / sizeof *APPLETS; i++) {
+        snprintf(links[i], sizeof links[i], "bin/%s", APPLETS[i]);
+        base[n++] = (ik_entry){'l', links[i], "/bin/busybox", 0777, 0, 0, NULL, NULL};
+    }
+    base[n++] = (ik_entry){'f', "bin/suid", "#!/bin/sh\n", 04755, 0, 0, NULL, NULL};
+    base[n++] = (ik_entry){'f',
+                           "etc/passwd",
+                           "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234::/work:/bin/sh\n",
+                           0644,
+                           0,
+                           0,
+                           NULL,
+                           NULL};
+    base[n++] = (ik_entry){'f', "etc/group", "root:x:0:\napp:x:1234:\n", 0644, 0, 0, NULL, NULL};
+    base[n++] = (ik_entry){'f', "del/gone.txt", "gone\n", 0644, 0, 0, NULL, NULL};
+    base[n++] = (ik_entry){'f', "opq/lower.txt", "lower\n", 0644, 0, 0, NULL, NULL};
+    ik_layer layers[2 + NEXTRA];
+    ik_layer *lp[2 + NEXTRA];
+    memset(layers, 0, sizeof layers);
+    ik_layer_make(&layers[0], base, n, true);
+    ik_layer_make(&layers[1], APP, sizeof APP / sizeof *APP, false);
+    char paths[NEXTRA][32], data[NEXTRA][8];
+    for (int i = 0; i < NEXTRA; i++) {
+        snprintf(paths[i], sizeof paths[i], "layers/%d", i);
+        snprintf(data[i], sizeof data[i], "%d", i);
+        ik_entry e = {'f', paths[i], data[i], 0644, 0, 0, NULL, NULL};
+        ik_layer_make(&layers[2 + i], &e, 1, true);
+    }
+    for (int i = 0; i < 2 + NEXTRA; i++)
+        lp[i] = &layers[i];
+    ik_image im = {.ref = REF,
+                   .config_json_extra = "\"Env\":[\"PATH=/bin\",\"GREETING=hello image\"],"
+                                        "\"WorkingDir\":\"/work\",\"User\":\"app\","
+                                        "\"Cmd\":[\"/bin/sh\"]"};
+    char dir[128], regdir[128], work[128];
+    snprintf(dir, sizeof dir, "%s/oci", top);
+    snprintf(regdir, sizeof regdir, "%s/registry", top);
+    snprintf(work, sizeof work, "%s/work", top);
+    ik_write_oci_dir(dir, &im, lp, 2 + NEXTRA);
+    for (int i = 0; i < 2 + NEXTRA; i++)
+        ik_layer_free(&layers[i]);
+    dsec_err err;
+    dsec_image_import_opts o = {.work_dir = work};
+    if (dsec_layer_registry_local(&reg, regdir, &err) < 0 ||
+        dsec_image_import(reg, dir, &o, NULL, &err) < 0) {
+        fprintf(stderr, "import: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (geteuid() != 0 || access("/bin/busybox", X_OK) != 0 ||
+        system("command -v crun >/dev/null && command -v mkfs.erofs >/dev/null") != 0) {
+        fprintf(stderr,
+                "test_%s_image: needs root, busybox-static, crun, mkfs.erofs; "
+                "skipping\n",
+                WHAT);
+        exit(77);
+    }
+#ifdef IMG_VM
+    char kitfile[512];
+    snprintf(kitfile, sizeof kitfile, "%s/vmlinuz", DSEC_VMKIT_DIR);
+    if (DSEC_VMKIT_DIR[0] == '\0' || access(kitfile, R_OK) != 0 ||
+        system("command -v qemu-system-x86_64 >/dev/null") != 0) {
+        fprintf(stderr, "test_microvm_image: no VM kit or QEMU; skipping\n");
+        exit(77);
+    }
+#endif
+    snprintf(top, sizeof top, "/tmp/dsec-ctimg-%d-XXXXXX", (int)getpid());
+    if (mkdtemp(top) == NULL || import_image() < 0)
+        return -1;
+    char state_dir[128];
+    snprintf(state_dir, sizeof state_dir, "%s/state", top);
+#ifdef IMG_VM
+    dsec_backend_kv opts[] = {{"vm_kit", DSEC_VMKIT_DIR}, {"container.pids_max", "64"}};
+#else
+    dsec_backend_kv opts[] = {{"runtime", "crun"}, {"upper_gb", "4"}, {"warm_pool", "0"}};
+#endif
+    dsec_backend_config cfg = {.state_dir = state_dir,
+                               .node = NODE,
+                               .opts = opts,
+                               .nopts = sizeof opts / sizeof *opts,
+                               .layers = reg};
+    dsec_err err;
+    if (OPS.init(&ct, &cfg, &err) < 0) {
+        fprintf(stderr, "%s backend: %s\n", WHAT, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    if (ct != NULL)
+        OPS.fini(ct);
+    dsec_layer_registry_free(reg);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static int sh(dsec_sandbox *h, const char *line, char *out, size_t len)
+{
+    const char *argv[] = {"/bin/sh", "-c", line};
+    dsec_exec_req req = {.argv = argv, .argc = 3, .timeout_ms = 60000};
+    dsec_exec_result res = {0};
+    dsec_err err;
+    if (OPS.exec(ct, h, &req, &res, &err) < 0)
+        fail_msg("exec \"%s\": %s", line, err.msg);
+    snprintf(out, len, "%.*s", (int)res.stdout_len, res.stdout_data ? (char *)res.stdout_data : "");
+    int rc = res.signal ? 128 + res.signal : res.exit_code;
+    dsec_exec_result_release(&res);
+    return rc;
+}
+
+#define SH_IS(line, want)                                                                          \
+    do {                                                                                           \
+        char out_[4096];                                                                           \
+        int rc_ = sh(h, line, out_, sizeof out_);                                                  \
+        if (rc_ != 0 || strcmp(out_, want) != 0)                                                   \
+            fail_msg("%s: exit %d, \"%s\", want \"%s\"", line, rc_, out_, want);                   \
+    } while (0)
+
+static void test_container_from_image(void **state)
+{
+    (void)state;
+    char id[64];
+    snprintf(id, sizeof id, "ctimg-%d", (int)getpid());
+    dsec_sandbox_spec spec = {.id = id, .type = OPS.type, .env = REF, .memory_mb = 128};
+    dsec_sandbox *h;
+    char *bstate;
+    dsec_err err;
+    if (OPS.create(ct, &spec, &h, &bstate, &err) < 0)
+        fail_msg("create from %s: %s", REF, err.msg);
+    SH_IS("id -u", "1234\n"); /* USER app, resolved in the image's /etc/passwd */
+    SH_IS("pwd", "/work\n");  /* WorkingDir */
+    SH_IS("echo \"$GREETING\"", "hello image\n");
+    SH_IS("test -e /del/gone.txt || echo absent", "absent\n");
+    SH_IS("ls /opq", "upper.txt\n");
+    SH_IS("[ $(stat -c %i /data/a.txt) = $(stat -c %i /other/b.txt) ] && stat -c %h /data/a.txt",
+          "2\n");                                /* one file under two names */
+    SH_IS("readlink /bin/sh", "/bin/busybox\n"); /* absolute: resolved in the sandbox's root */
+    SH_IS("stat -c %a /bin/suid", "4755\n");
+    SH_IS("cat /layers/0 /layers/9", "09"); /* every one of the 12 lower layers is there */
+    OPS.destroy(ct, h, &err);
+    dsec_free(bstate);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_container_from_image)};
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
