@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "codecs/json-parse.h"
+#include "dsec/json.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 

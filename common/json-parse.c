@@ -1,5 +1,5 @@
 /* json-parse.c - a small strict JSON parser into a tree of dsec_json values. */
-#include "codecs/json-parse.h"
+#include "dsec/json.h"
 
 #include <stdlib.h>
 #include <string.h>
