@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codecs/json-parse.h"
+#include "dsec/json.h"
 #include "codecs/testkit.h"
 #include "dsec/err.h"
 

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "codecs/json-parse.h"
+#include "dsec/json.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 
@@ -97,6 +97,11 @@ static void test_refusals(void **state)
     bad("{} x", "byte 3: trailing data");
     bad("// c\n{}", "byte 0: unexpected character");
     bad("[1", "byte 2: unterminated array");
+    bad("\"\xf5\"", "byte 1: invalid UTF-8");
+    bad("\"\xc0\xaf\"", "invalid UTF-8");     /* overlong '/' */
+    bad("\"\xed\xa0\x80\"", "invalid UTF-8"); /* a surrogate */
+    bad("\"\xe2\x82\"", "invalid UTF-8");     /* truncated sequence */
+    dsec_json_free(ok("\"\xe2\x82\xac \xf0\x9f\x98\x80\""));
 }
 
 static void test_limits(void **state)

@@ -15,9 +15,9 @@
 
 #include "backends/layers/image-int.h"
 #include "backends/layers/layer-int.h"
-#include "codecs/json-parse.h"
 #include "dsec/alloc.h"
 #include "dsec/image.h"
+#include "dsec/json.h"
 #include "dsec/sha256.h"
 
 #define JSON_MAX (4u << 20)

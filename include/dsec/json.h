@@ -1,6 +1,6 @@
-/* json-parse.h - a small strict JSON parser into a tree (image manifests, configs, indexes). */
-#ifndef DSEC_CODECS_JSON_PARSE_H
-#define DSEC_CODECS_JSON_PARSE_H
+/* json.h - a small strict JSON parser into a tree (image manifests, configs, indexes). */
+#ifndef DSEC_JSON_H
+#define DSEC_JSON_H
 
 #include <stdbool.h>
 #include <stddef.h>
