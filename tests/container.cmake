@@ -31,9 +31,10 @@ set_tests_properties(container container_bus container_runc PROPERTIES SKIP_RETU
 
 # dsec image build: Dockerfiles built in real containers of a cell on busybox:1 (the CLI against
 # the cell), the results started and checked.
-add_executable(test_image_build test_image_build.c)
+pkg_check_modules(LIBARCHIVE_CT REQUIRED IMPORTED_TARGET libarchive)
+add_executable(test_image_build test_image_build.c image_kit.c)
 target_link_libraries(test_image_build PRIVATE dsec_test_fixture dsec_client dsec_actors
-  PkgConfig::CMOCKA dsec_warnings dsec_allocator)
+  PkgConfig::CMOCKA PkgConfig::LIBARCHIVE_CT dsec_warnings dsec_allocator)
 target_compile_definitions(test_image_build PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>")
 add_dependencies(test_image_build dsec)
@@ -43,7 +44,6 @@ set_tests_properties(image_build PROPERTIES TIMEOUT 600 RESOURCE_LOCK dsec_conta
 
 # A container from an imported image (OCI layout written in-process, 12 layers): whiteouts,
 # opaque dirs, hard links, setuid, and the image's Env, WorkingDir and USER.
-pkg_check_modules(LIBARCHIVE_CT REQUIRED IMPORTED_TARGET libarchive)
 add_executable(test_container_image test_container_image.c image_kit.c)
 target_link_libraries(test_container_image PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
   PkgConfig::LIBARCHIVE_CT Threads::Threads dsec_warnings dsec_allocator)

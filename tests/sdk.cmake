@@ -28,6 +28,12 @@ if(NOT DSEC_ANY_SANITIZER)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_fleet.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk_fleet PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
+    # dsec.images: import, list, inspect, remove and bad input through the dsec command line
+    add_test(NAME sdk_images
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_images.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    set_tests_properties(sdk_images PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
     # pip install ./sdk/python offline (pyproject's in-tree backend) and import the installed copy
     add_test(NAME sdk_install
              COMMAND ${CMAKE_SOURCE_DIR}/tests/sdk_install.sh ${DSEC_PYTHON3}

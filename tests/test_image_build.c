@@ -16,7 +16,9 @@
 #include "actors/node.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "dsec/image.h"
 #include "dsec/layers.h"
+#include "tests/image_kit.h"
 #include "tests/fixture.h"
 
 static dsec_natsd *natsd;
@@ -326,11 +328,93 @@ static void test_failures(void **state)
     assert_non_null(strstr(errout, "is not a directory"));
 }
 
+/* Run a dsec command line (with the test's registry); its stdout into out. */
+static int dsec_out(const char *args, char *out, size_t n)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s --registry %s/layers", DSEC_CLI, args, root);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* FROM an imported image named by a registry host:port reference: the build is recorded as an
+ * image of its own (its base's layers with their diff_ids, one layer of its own, its CMD and
+ * labels), and a sandbox from it runs with them. */
+static void test_from_imported_image(void **state)
+{
+    (void)state;
+    static const char *const applets[] = {"sh", "cat", "echo", "ls", "id"};
+    ik_entry ents[16];
+    size_t n = 0;
+    ents[n++] = (ik_entry){.type = 'd', .path = "bin", .mode = 0755};
+    ents[n++] = (ik_entry){.type = 'f', .path = "bin/busybox", .mode = 0755,
+                           .from_file = "/bin/busybox"};
+    for (size_t i = 0; i < sizeof applets / sizeof *applets; i++) {
+        static char paths[8][32];
+        snprintf(paths[i], sizeof paths[i], "bin/%s", applets[i]);
+        ents[n++] = (ik_entry){.type = 'l', .path = paths[i], .data = "busybox", .mode = 0777};
+    }
+    ents[n++] = (ik_entry){.type = 'd', .path = "etc", .mode = 0755};
+    ents[n++] = (ik_entry){.type = 'f', .path = "etc/passwd", .mode = 0644,
+                           .data = "root:x:0:0:root:/root:/bin/sh\n"};
+    ik_layer base;
+    ik_layer_make(&base, ents, n, true);
+    ik_layer *layers[] = {&base};
+    ik_image im = {.config_json_extra = "\"Env\":[\"PATH=/bin\",\"FROM_BASE=1\"],"
+                                        "\"Labels\":{\"base\":\"yes\"}",
+                   .ref = "1"};
+    char dir[256], args[1024], out[8192];
+    snprintf(dir, sizeof dir, "%s/base-oci", root);
+    ik_write_oci_dir(dir, &im, layers, 1);
+    snprintf(args, sizeof args, "image import %s --name 127.0.0.1:5000/swe/base:1", dir);
+    assert_int_equal(dsec_out(args, out, sizeof out), 0);
+
+    put("fromimg/Dockerfile",
+        "FROM 127.0.0.1:5000/swe/base:1\n"
+        "RUN echo \"built $FROM_BASE\" > /built\n"
+        "LABEL task=7\n"
+        "CMD [\"cat\", \"/built\"]\n",
+        0644);
+    snprintf(args, sizeof args, "--quiet --name swe/task-7:1 %s/fromimg", root);
+    char errout[8192];
+    int rc = build(args, errout, sizeof errout);
+    if (rc != 0)
+        fail_msg("build exited %d: %s", rc, errout);
+
+    assert_int_equal(dsec_out("image inspect swe/task-7:1 --json", out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"ref\":\"swe/task-7:1\""));
+    assert_non_null(strstr(out, "\"cmd\":[\"cat\",\"/built\"]"));
+    assert_non_null(strstr(out, "\"base=yes\"")); /* the base's labels carry over */
+    assert_non_null(strstr(out, "\"task=7\""));
+    char want[128];
+    snprintf(want, sizeof want, "{\"diff_id\":\"%s\"", base.diff_id); /* the base layer, as imported */
+    assert_non_null(strstr(out, want));
+    const char *l2 = strstr(strstr(out, want) + 1, "{\"diff_id\"");
+    assert_non_null(l2); /* and one layer of the build's own */
+    assert_null(strstr(l2 + 1, "{\"diff_id\""));
+    assert_int_equal(dsec_out("image ls", out, sizeof out), 0);
+    assert_non_null(strstr(out, "swe/task-7:1"));
+    assert_non_null(strstr(out, "127.0.0.1:5000/swe/base:1"));
+
+    dsec_sandbox_info sb;
+    make("swe/task-7:1", &sb);
+    assert_int_equal(sh(sb.id, "cat /built; echo $FROM_BASE", out, sizeof out), 0);
+    assert_string_equal(out, "built 1\n1");
+    dsec_err err;
+    assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
+    ik_layer_free(&base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_build_and_run),
         cmocka_unit_test(test_multi_stage),
+        cmocka_unit_test(test_from_imported_image),
         cmocka_unit_test(test_failures),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

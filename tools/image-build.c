@@ -12,11 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "dsec/image.h"
+#include "dsec/sha256.h"
 #include "dsec/layers.h"
 #include "tools/cli.h"
 #include "tools/dockerfile.h"
@@ -69,6 +72,7 @@ static void stage_free(stage *s)
     dsec_df_strv_free(s->entry, s->nentry);
     dsec_df_strv_free(s->cmd, s->ncmd);
     dsec_df_vars_free(&s->labels);
+    dsec_free(s->base);
 }
 
 static int set_str(char **dst, const char *s, dsec_err *err)
@@ -261,6 +265,22 @@ static int from_env(build *b, stage *s, const char *base, dsec_err *err)
         rc = set_str(&s->workdir, e->workdir, err);
     if (rc == 0 && e->user != NULL)
         rc = set_str(&s->user, e->user, err);
+    for (size_t i = 0; rc == 0 && i < e->nlabels; i++) {
+        char *eq = strchr(e->labels[i], '=');
+        if (eq == NULL)
+            continue;
+        *eq = '\0';
+        rc = dsec_df_vars_set(&s->labels, e->labels[i], eq + 1, err);
+        *eq = '=';
+    }
+    if (rc == 0 && e->ncmd > 0) { /* the base's default command (its ENTRYPOINT and CMD, joined) */
+        s->cmd = e->cmd;
+        s->ncmd = e->ncmd;
+        e->cmd = NULL;
+        e->ncmd = 0;
+    }
+    if (rc == 0)
+        rc = set_str(&s->base, base, err);
     dsec_env_free(e);
     return rc;
 }
@@ -337,12 +357,45 @@ static int do_from(build *b, const dsec_df_insn *in, dsec_err *err)
                 rc = set_str(&s->workdir, from->workdir, err);
             if (rc == 0 && from->user != NULL)
                 rc = set_str(&s->user, from->user, err);
+            if (rc == 0 && from->base != NULL)
+                rc = set_str(&s->base, from->base, err);
+            for (size_t i = 0; rc == 0 && i < from->labels.n; i++) {
+                char *eq = strchr(from->labels.v[i], '=');
+                *eq = '\0';
+                rc = dsec_df_vars_set(&s->labels, from->labels.v[i], eq + 1, err);
+                *eq = '=';
+            }
+            for (size_t i = 0; rc == 0 && i < 2; i++) { /* its ENTRYPOINT and CMD */
+                char **src = i == 0 ? from->entry : from->cmd;
+                size_t n2 = i == 0 ? from->nentry : from->ncmd;
+                char **v2 = dsec_calloc(n2 + 1, sizeof *v2);
+                for (size_t k = 0; v2 != NULL && k < n2; k++)
+                    if ((v2[k] = dsec_strdup(src[k])) == NULL) {
+                        dsec_df_strv_free(v2, k);
+                        v2 = NULL;
+                    }
+                if (v2 == NULL) {
+                    rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+                } else if (i == 0) {
+                    s->entry = v2;
+                    s->nentry = n2;
+                } else {
+                    s->cmd = v2;
+                    s->ncmd = n2;
+                }
+            }
         }
     } else if (strcmp(base, "scratch") == 0) {
         rc = create_stage(b, s, NULL, err);
     } else {
         char ref[512];
-        snprintf(ref, sizeof ref, "%s%s", base, strchr(base, ':') != NULL ? "" : ":latest");
+        dsec_image_info *img = NULL;
+        dsec_err e2;
+        if (dsec_image_get(b->reg, base, &img, &e2) == 0) /* an imported image, by any spelling */
+            snprintf(ref, sizeof ref, "%s", img->env);
+        else
+            snprintf(ref, sizeof ref, "%s%s", base, strchr(base, ':') != NULL ? "" : ":latest");
+        dsec_image_info_free(img);
         rc = from_env(b, s, ref, err);
         if (rc == 0)
             rc = create_stage(b, s, ref, err);
@@ -556,8 +609,63 @@ static int do_insn(build *b, stage *s, const dsec_df_insn *in, dsec_err *err)
 
 /* ---- the result ------------------------------------------------------------------------------ */
 
+/* The stage's ENTRYPOINT then CMD, as one argv (the environment's default command); the
+ * strings stay the stage's. */
+static char **default_cmd(const stage *s, size_t *n)
+{
+    char **v = dsec_calloc(s->nentry + s->ncmd + 1, sizeof *v);
+    *n = 0;
+    for (size_t i = 0; v != NULL && i < s->nentry; i++)
+        v[(*n)++] = s->entry[i];
+    for (size_t i = 0; v != NULL && i < s->ncmd; i++)
+        v[(*n)++] = s->cmd[i];
+    return v;
+}
+
+/* The image record of the result: its layers (with the base image's diff_ids where the base was
+ * an imported image, else each layer's own digest: a DIR layer is the tar itself), pinned to
+ * the digest of the environment document. */
+static int record_image(build *b, stage *s, const dsec_env *e, const char *pin, dsec_err *err)
+{
+    dsec_image_info *base = NULL;
+    dsec_err e2;
+    if (s->base != NULL && dsec_image_get(b->reg, s->base, &base, &e2) < 0)
+        base = NULL;
+    dsec_layer_info *have = NULL;
+    size_t nhave = 0;
+    if (dsec_layer_registry_list(b->reg, &have, &nhave, err) < 0)
+        return -1;
+    dsec_image_info info = {.ref = (char *)b->name, .env = (char *)b->name,
+                            .created_unix = (int64_t)time(NULL)};
+    snprintf(info.manifest, sizeof info.manifest, "%s", pin);
+    snprintf(info.config, sizeof info.config, "%s", pin);
+    info.layers = dsec_calloc(e->nlayers + 1, sizeof *info.layers);
+    info.cmd = e->cmd;
+    info.ncmd = e->ncmd;
+    info.labels = e->labels;
+    info.nlabels = e->nlabels;
+    for (size_t i = 0; info.layers != NULL && i < e->nlayers; i++) {
+        dsec_image_layer *l = &info.layers[info.nlayers++];
+        snprintf(l->layer, sizeof l->layer, "%s", e->layers[i]);
+        snprintf(l->diff_id, sizeof l->diff_id, "%s", e->layers[i]);
+        for (size_t k = 0; base != NULL && k < base->nlayers; k++)
+            if (strcmp(base->layers[k].layer, e->layers[i]) == 0)
+                snprintf(l->diff_id, sizeof l->diff_id, "%s", base->layers[k].diff_id);
+        for (size_t k = 0; k < nhave; k++)
+            if (strcmp(have[k].digest, e->layers[i]) == 0)
+                l->size = have[k].size;
+    }
+    int rc = info.layers != NULL ? dsec_image_record(b->reg, &info, err)
+                                 : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_free(info.layers);
+    dsec_layer_infos_free(have, nhave);
+    dsec_image_info_free(base);
+    return rc;
+}
+
 /* The target stage's sandbox becomes environment b->name: its writable layer packed over the
- * base's layers (dsec_snapshot), then the document rewritten with the Dockerfile's settings. */
+ * base's layers (dsec_snapshot), the document rewritten with the Dockerfile's settings and
+ * pinned to its own digest, then the image record. */
 static int publish(build *b, stage *s, dsec_err *err)
 {
     if (dsec_snapshot(b->c, s->id, b->name, err) < 0)
@@ -566,20 +674,41 @@ static int publish(build *b, stage *s, dsec_err *err)
     if (dsec_layer_registry_env_get(b->reg, b->name, &e, err) < 0)
         return dsec_err_wrap(err, "reading back environment %s (is --registry the cell's?)",
                              b->name);
-    char **vars = e->vars;
-    size_t nvars = e->nvars;
-    char *wd = e->workdir, *user = e->user;
-    e->vars = s->env.v;
-    e->nvars = s->env.n;
-    e->workdir = s->workdir != NULL ? s->workdir : wd;
-    e->user = s->user != NULL ? s->user : user;
-    int rc = dsec_layer_registry_env_put(b->reg, e, err);
-    e->vars = vars;
-    e->nvars = nvars;
-    e->workdir = wd;
-    e->user = user;
+    dsec_env mine = *e; /* the snapshot's layers; the rest the stage's (borrowed) */
+    mine.vars = s->env.v;
+    mine.nvars = s->env.n;
+    mine.workdir = s->workdir != NULL ? s->workdir : e->workdir;
+    mine.user = s->user != NULL ? s->user : e->user;
+    mine.cmd = default_cmd(s, &mine.ncmd);
+    mine.labels = s->labels.v;
+    mine.nlabels = s->labels.n;
+    mine.image = NULL;
+    mine.image_digest = NULL;
+    char *doc = NULL, pin[DSEC_DIGEST_STRLEN + 1] = "";
+    size_t len;
+    int rc = mine.cmd != NULL ? dsec_env_encode(&mine, &doc, &len, err)
+                              : dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (rc == 0) { /* what a build made is named by the digest of what it describes */
+        dsec_sha256 h;
+        uint8_t raw[DSEC_SHA256_LEN];
+        dsec_sha256_init(&h);
+        dsec_sha256_update(&h, doc, len);
+        dsec_sha256_final(&h, raw);
+        dsec_digest_from_raw(raw, pin);
+        mine.image = (char *)b->name;
+        mine.image_digest = pin;
+        rc = dsec_layer_registry_env_put(b->reg, &mine, err);
+        if (rc < 0)
+            dsec_err_wrap(err, "storing environment %s", b->name);
+    }
+    if (rc == 0)
+        rc = record_image(b, s, &mine, pin, err);
+    dsec_free(doc);
+    dsec_free(mine.cmd);
     dsec_env_free(e);
-    return rc < 0 ? dsec_err_wrap(err, "storing environment %s", b->name) : 0;
+    if (rc == 0 && !b->quiet)
+        fprintf(stderr, "image %s: %zu layers, %s\n", b->name, mine.nlayers, pin);
+    return rc;
 }
 
 static void destroy_all(build *b)
@@ -806,8 +935,12 @@ int dsec_cli_image_build(int argc, char **argv)
         return rc < 0 ? dsec_cli_fail("image build", &err) : build_usage();
     }
     rc = load_inputs(&b, dfpath, sizeof dfpath, &err);
-    if (rc == 0 && dsec_cli_registry_open(registry, state, &b.reg, &err) < 0)
+    const char *where;
+    bool said = false; /* dsec_cli_registry_open prints its own failure */
+    if (rc == 0 && dsec_cli_registry_open(registry, state, &b.reg, &where) != 0) {
         rc = -1;
+        said = true;
+    }
     dsec_client_opts co = {.timeout_ms = 120000, .name = "dsec-image-build"};
     if (rc == 0 && dsec_client_connect(&b.c, &co, &err) < 0)
         rc = dsec_err_wrap(&err, "connecting to the cell at %s",
@@ -821,7 +954,7 @@ int dsec_cli_image_build(int argc, char **argv)
         destroy_all(&b);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    int code = rc < 0 ? dsec_cli_fail("image build", &err) : 0;
+    int code = rc < 0 ? (said ? 2 : dsec_cli_fail("image build", &err)) : 0;
     if (rc == 0)
         printf("%s\n", b.name);
     for (size_t i = 0; i < b.nst; i++)
@@ -836,10 +969,3 @@ int dsec_cli_image_build(int argc, char **argv)
     return code;
 }
 
-int dsec_cli_image(int argc, char **argv)
-{
-    if (argc >= 2 && strcmp(argv[1], "build") == 0)
-        return dsec_cli_image_build(argc - 1, argv + 1);
-    fprintf(stderr, "usage: dsec image build ... (dsec image build --help)\n");
-    return 2;
-}

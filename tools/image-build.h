@@ -22,6 +22,7 @@ typedef struct stage {
     size_t nentry, ncmd;
     bool entry_set, cmd_set;
     dsec_df_vars labels;  /* LABEL (and MAINTAINER as "maintainer") */
+    char *base;           /* the environment its first FROM named (NULL: scratch) */
 } stage;
 
 typedef struct build {

@@ -9,6 +9,7 @@
 
 #include "dsec/layers.h"
 #include "tools/cli.h"
+#include "tools/image-pull.h"
 
 typedef struct opts {
     const char *registry, *state, *name, *format, *work;
@@ -23,6 +24,8 @@ static int usage(void)
         "       dsec image ls [--json]\n"
         "       dsec image inspect REF|sha256:DIGEST [--json]\n"
         "       dsec image rm REF\n"
+        "       dsec image pull HOST[:PORT]/REPO[:TAG|@sha256:...] (dsec image pull --help)\n"
+        "       dsec image build -f Dockerfile --name REF CONTEXT (dsec image build --help)\n"
         "       (each takes --registry DIR|nats://HOST:PORT[?bucket=NAME] and --state-dir DIR,\n"
         "        as dsec layer does)\n"
         "PATH is a `docker save` archive, an OCI image layout directory or an OCI archive.\n"
@@ -164,8 +167,11 @@ static int run(const char *sub, const opts *o, char **args, size_t nargs)
     } else if (dsec_image_remove(r, args[0], &err) < 0) {
         rc = 1;
     }
-    if (rc != 0)
-        fprintf(stderr, "dsec image %s: %s\n", sub, err.msg);
+    if (rc != 0) {
+        char what[32];
+        snprintf(what, sizeof what, "image %s", sub);
+        rc = dsec_cli_fail(what, &err); /* names the code; 2 for bad input */
+    }
     dsec_image_info_free(i);
     dsec_image_infos_free(v, n);
     dsec_cli_registry_close(r);
@@ -179,6 +185,10 @@ int dsec_cli_image(int argc, char **argv)
         return argc >= 2 ? 0 : rc;
     }
     const char *sub = argv[1];
+    if (strcmp(sub, "build") == 0)
+        return dsec_cli_image_build(argc - 1, argv + 1);
+    if (strcmp(sub, "pull") == 0)
+        return dsec__cli_image_pull(argc - 1, argv + 1);
     opts o;
     int p = parse(argc - 1, argv + 1, &o);
     if (p != 0) {

@@ -389,3 +389,20 @@ int dsec_image_remove(dsec_layer_registry *r, const char *ref, dsec_err *err)
     dsec_image_info_free(i);
     return rc;
 }
+
+int dsec_image_record(dsec_layer_registry *r, const dsec_image_info *info, dsec_err *err)
+{
+    dsec_env *e = NULL;
+    if (info == NULL || info->ref == NULL || info->env == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "image record: no reference or environment");
+    if (dsec_layer_registry_env_get(r, info->env, &e, err) < 0)
+        return dsec_err_wrap(err, "image %s", info->ref);
+    dsec_env_free(e);
+    char *doc;
+    size_t len;
+    if (dsec__image_record_encode(info, &doc, &len) < 0)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "image %s: its record", info->ref);
+    int rc = dsec_layer_registry_doc_put(r, "image", info->ref, doc, len, err);
+    dsec_free(doc);
+    return rc;
+}

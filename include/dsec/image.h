@@ -97,6 +97,11 @@ int dsec_image_get(dsec_layer_registry *r, const char *ref, dsec_image_info **ou
  * diff_id records). */
 int dsec_image_remove(dsec_layer_registry *r, const char *ref, dsec_err *err);
 
+/* Record an image made here rather than imported (`dsec image build`): info->env must
+ * already be in r; manifest and config are the maker's content digests (a build gives the
+ * digest of its environment document). Replaces a record of the same reference. */
+int dsec_image_record(dsec_layer_registry *r, const dsec_image_info *info, dsec_err *err);
+
 /* Parse a reference into its parts (dsec_malloc'd, caller frees; tag or
  * digest may come back NULL, not both); host NULL when none was named. */
 int dsec_image_ref_parse(const char *ref, char **host, char **path, char **tag, char **digest,
