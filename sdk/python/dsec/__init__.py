@@ -19,6 +19,8 @@ from .types import (ContainerArgs, DirEntry, DirEvent, Transfer, ExecResult, Fun
                     ProcessOutput, SandboxArgs, SandboxInfo, VMArgs)
 from . import _lib
 from . import fleet
+from . import images
+from .images import Images
 from .fleet import EventStream, ListedSandbox, SandboxEvent, SandboxList
 
 __version__ = "0.1.0"
@@ -33,5 +35,5 @@ __all__ = [
     "Timeout",
     "ContainerArgs", "DirEntry", "DirEvent", "Transfer", "ExecResult", "FunctionArgs", "MicroVMArgs", "SandboxArgs",
     "SandboxInfo", "VMArgs", "library_path",
-    "fleet", "EventStream", "ListedSandbox", "SandboxEvent", "SandboxList",
+    "fleet", "images", "Images", "EventStream", "ListedSandbox", "SandboxEvent", "SandboxList",
 ]
