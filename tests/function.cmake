@@ -58,3 +58,13 @@ set_tests_properties(function_net_bus PROPERTIES TIMEOUT 300
 # Without root (function_env: or busybox-static, Debian's python3) the programs exit 77: a skip.
 set_tests_properties(function function_bus function_env function_net function_net_bus PROPERTIES
   SKIP_RETURN_CODE 77)
+
+# A function call in an imported image's environment (tests/test_container_image.c built for the
+# function backend: files and variables, not USER or WorkingDir).
+pkg_check_modules(LIBARCHIVE_FT REQUIRED IMPORTED_TARGET libarchive)
+add_executable(test_function_image test_container_image.c image_kit.c)
+target_link_libraries(test_function_image PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  PkgConfig::LIBARCHIVE_FT Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_function_image PRIVATE IMG_FN=1)
+add_test(NAME function_image COMMAND test_function_image)
+set_tests_properties(function_image PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

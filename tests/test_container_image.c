@@ -16,6 +16,7 @@
 
 #include "backends/backend.h"
 #include "backends/container/container.h"
+#include "backends/function.h"
 #include "backends/vm/vm.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
@@ -26,6 +27,9 @@
 #ifdef IMG_VM
 #define OPS dsec_microvm_ops
 #define WHAT "microvm"
+#elif defined(IMG_FN)
+#define OPS dsec_function_ops
+#define WHAT "function"
 #else
 #define OPS dsec_container_ops
 #define WHAT "container"
@@ -143,8 +147,13 @@ static int group_setup(void **state)
         return -1;
     char state_dir[128];
     snprintf(state_dir, sizeof state_dir, "%s/state", top);
+    char cache_dir[128];
+    snprintf(cache_dir, sizeof cache_dir, "%s/cache", top);
 #ifdef IMG_VM
     dsec_backend_kv opts[] = {{"vm_kit", DSEC_VMKIT_DIR}, {"container.pids_max", "64"}};
+#elif defined(IMG_FN)
+    dsec_backend_kv opts[] = {{"pool_python3", "0"}, {"hot_python3", "0"}, {"pool_sh", "0"},
+                              {"pool_native", "0"},  {"env_pools", "1"},   {"env_warm", "1"}};
 #else
     dsec_backend_kv opts[] = {{"runtime", "crun"}, {"upper_gb", "4"}, {"warm_pool", "0"}};
 #endif
@@ -199,14 +208,22 @@ static void test_container_from_image(void **state)
     (void)state;
     char id[64];
     snprintf(id, sizeof id, "ctimg-%d", (int)getpid());
+    dsec_backend_kv kv[] = {{"runtime", "sh"}};
     dsec_sandbox_spec spec = {.id = id, .type = OPS.type, .env = REF, .memory_mb = 128};
+#ifdef IMG_FN
+    spec.labels = kv, spec.nlabels = 1; /* a function call runs as the pool's user, in / */
+#else
+    (void)kv;
+#endif
     dsec_sandbox *h;
     char *bstate;
     dsec_err err;
     if (OPS.create(ct, &spec, &h, &bstate, &err) < 0)
         fail_msg("create from %s: %s", REF, err.msg);
+#ifndef IMG_FN /* a function call runs as its pool's user, in / */
     SH_IS("id -u", "1234\n"); /* USER app, resolved in the image's /etc/passwd */
     SH_IS("pwd", "/work\n");  /* WorkingDir */
+#endif
     SH_IS("echo \"$GREETING\"", "hello image\n");
     SH_IS("test -e /del/gone.txt || echo absent", "absent\n");
     SH_IS("ls /opq", "upper.txt\n");
