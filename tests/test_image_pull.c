@@ -209,7 +209,10 @@ static size_t tiny_tar(char *out, size_t cap)
     strcpy(h + 124, "00000000006");
     strcpy(h + 136, "00000000000");
     h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
+    memcpy(h + 257,
+           "ustar\0"
+           "00",
+           8);
     memset(h + 148, ' ', 8);
     unsigned sum = 0;
     for (int i = 0; i < 512; i++)
@@ -784,6 +787,39 @@ static void test_registry_plain(void **state)
     check_layout(dir3, NULL);
     assert_int_equal(
         sh("grep -q application/vnd.docker.distribution.manifest.v2+json %s/index.json", dir3), 0);
+    /* whole pulls, imported: the OCI image, then the Docker one (two of its three layers the same)
+     */
+    dsec_layer_registry *r = NULL;
+    assert_int_equal(dsec_layer_registry_local(&r, pathf("%s/full-reg", root), &err), 0);
+    dsec_image_pull_opts po = {.plain_http = true, .timeout_s = 30};
+    po.import.work_dir = pathf("%s/full-work", root);
+    dsec_image_info *i1 = NULL, *i2 = NULL;
+    snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:1", g.port);
+    if (dsec_image_pull(r, ref, &po, &i1, &err) < 0)
+        fail_msg("pull %s: %s", ref, err.msg);
+    assert_string_equal(i1->ref, ref);
+    assert_string_equal(i1->manifest, oci);
+    assert_int_equal(i1->nlayers, 3);
+    for (size_t i = 0; i < 3; i++)
+        assert_false(i1->layers[i].reused);
+    dsec_env *env = NULL;
+    if (dsec_layer_registry_env_get(r, i1->env, &env, &err) < 0)
+        fail_msg("env %s: %s", i1->env, err.msg);
+    assert_int_equal(env->nlayers, 3);
+    dsec_env_free(env);
+    snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:2", g.port);
+    if (dsec_image_pull(r, ref, &po, &i2, &err) < 0)
+        fail_msg("pull %s: %s", ref, err.msg);
+    assert_int_equal(i2->nlayers, 3);
+    for (size_t i = 0; i < 2; i++) {       /* busybox and motd: the same tars in both images */
+        assert_true(i2->layers[i].reused); /* same diff_ids: neither converted nor stored again */
+        assert_string_equal(i2->layers[i].layer, i1->layers[i].layer);
+    }
+    assert_false(i2->layers[2].reused); /* each build of the layout has its own random file */
+    assert_true(dir_empty(po.import.work_dir));
+    dsec_image_info_free(i1);
+    dsec_image_info_free(i2);
+    dsec_layer_registry_free(r);
     /* a tag that is not there */
     snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:nope", g.port);
     assert_int_equal(
