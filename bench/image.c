@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -163,6 +164,7 @@ static void start_registry(void)
     fclose(f);
     reg_pid = fork();
     if (reg_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the run */
         int null = open("/dev/null", O_WRONLY);
         if (null >= 0)
             dup2(null, 1);

@@ -6,10 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bus/bus.h"
-#include "bus/layers-js.h"
 #include "dsec/alloc.h"
 #include "dsec/image.h"
+#include "tools/cli.h"
 #include "tools/image-pull.h"
 
 static int usage(void)
@@ -23,7 +22,7 @@ static int usage(void)
             "password on stdin, else from --auth-file or $DOCKER_CONFIG/config.json or\n"
             "~/.docker/config.json (\"auths\"). TLS is checked against --ca-file or the system's\n"
             "CAs; --plain-http speaks http:// (a local registry). The registry is --registry,\n"
-            "else $DSEC_LAYERS, else ./state/layers.\n"
+            "else $DSEC_LAYERS, else ./state/layers (as dsec layer).\n"
             "example:\n"
             "  dsec image pull 127.0.0.1:5000/swe/task:1 --plain-http\n");
     return 2;
@@ -44,27 +43,6 @@ static char *read_password(void)
     explicit_bzero(line, cap);
     free(line); /* getline's buffer comes from libc */
     return pw;
-}
-
-static int open_registry(const char *spec, dsec_layer_registry **r, dsec_bus **bus, dsec_err *err)
-{
-    if (strncmp(spec, "nats://", 7) != 0)
-        return dsec_layer_registry_local(r, spec, err);
-    char url[1024], bucket[64] = "DSEC_LAYERS";
-    snprintf(url, sizeof url, "%s", spec);
-    char *q = strchr(url, '?');
-    if (q != NULL) {
-        *q++ = '\0';
-        if (strncmp(q, "bucket=", 7) != 0 || q[7] == '\0' || strlen(q + 7) >= sizeof bucket)
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "registry %s: expected nats://HOST:PORT?bucket=NAME", spec);
-        snprintf(bucket, sizeof bucket, "%s", q + 7);
-    }
-    dsec_bus_opts bo = {.url = url, .name = "dsec-image"};
-    if (dsec_bus_connect(bus, &bo, err) < 0)
-        return -1;
-    dsec_js_layers_conf lc = {.bucket = bucket};
-    return dsec_layer_registry_jetstream(r, *bus, &lc, err);
 }
 
 static void on_progress(void *arg, const char *line)
@@ -166,21 +144,16 @@ int dsec__cli_image_pull(int argc, char **argv)
     }
     c.pull.password = pw;
     c.pull.import.progress = on_progress;
-    const char *env = getenv("DSEC_LAYERS");
-    const char *spec = c.registry ? c.registry : env && *env ? env : "./state/layers";
     dsec_layer_registry *r = NULL;
-    dsec_bus *bus = NULL;
     dsec_image_info *info = NULL;
-    int rc = open_registry(spec, &r, &bus, &err);
-    if (rc < 0)
-        fprintf(stderr, "dsec: registry %s: %s\n", spec, err.msg);
-    else if ((rc = dsec_image_pull(r, ref, &c.pull, &info, &err)) < 0)
-        fprintf(stderr, "dsec: pull %s: %s\n", ref, err.msg);
-    else
+    const char *where;
+    int rc = dsec_cli_registry_open(c.registry, NULL, &r, &where) != 0 ? -1 : 0; /* it says why */
+    if (rc == 0 && (rc = dsec_image_pull(r, ref, &c.pull, &info, &err)) < 0)
+        fprintf(stderr, "dsec image pull: %s: %s (%s)\n", ref, err.msg, dsec_code_name(err.code));
+    else if (rc == 0)
         print_info(info);
     dsec_image_info_free(info);
-    dsec_layer_registry_free(r);
-    dsec_bus_free(bus);
+    dsec_cli_registry_close(r);
     if (pw != NULL)
         explicit_bzero(pw, strlen(pw));
     dsec_free(pw);

@@ -18,6 +18,7 @@
 #include "backends/layers/image-pull-int.h"
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
+#include "dsec/json.h"
 #include "dsec/sha256.h"
 
 #define MT_OCI_INDEX "application/vnd.oci.image.index.v1+json"
@@ -72,41 +73,19 @@ static bool tag_ok(const char *s)
 static int pull_ref_parse(const char *ref, pull_ref *r, dsec_err *err)
 {
     memset(r, 0, sizeof *r);
-    char *s DSEC_AUTOFREE = dsec_strdup(ref);
-    if (s == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    char *at = strchr(s, '@');
-    if (at != NULL) {
-        *at++ = '\0';
-        if (!dsec_digest_valid(at))
-            return dsec_err_set(
-                err, DSEC_E_INVALID, 0,
-                "image reference %s: the digest must be sha256: and 64 lower-case hex digits", ref);
-        r->digest = dsec_strdup(at);
+    char *host, *path, *tag, *digest; /* split as the importer splits it (dsec/image.h) */
+    if (dsec_image_ref_parse(ref, &host, &path, &tag, &digest, err) < 0)
+        return -1;
+    r->digest = digest;
+    r->tag = tag != NULL || digest != NULL ? tag : dsec_strdup("latest");
+    r->host = host != NULL ? host : dsec_strdup("docker.io");
+    if (host == NULL && strchr(path, '/') == NULL) { /* docker.io/NAME is library/NAME */
+        r->path = dsec__layer_path("library/%s", path);
+        dsec_free(path);
+    } else {
+        r->path = path;
     }
-    char *slash = strchr(s, '/'), *name = s;
-    if (slash != NULL &&
-        (memchr(s, '.', (size_t)(slash - s)) || memchr(s, ':', (size_t)(slash - s)) ||
-         strncmp(s, "localhost/", 10) == 0)) {
-        *slash = '\0';
-        r->host = dsec_strdup(s);
-        name = slash + 1;
-    }
-    char *colon = strrchr(name, ':');
-    if (colon != NULL) {
-        *colon++ = '\0';
-        r->tag = dsec_strdup(colon);
-    } else if (r->digest == NULL) {
-        r->tag = dsec_strdup("latest");
-    }
-    if (r->host == NULL)
-        r->host = dsec_strdup("docker.io");
-    if (r->host != NULL && strcmp(r->host, "docker.io") == 0 && strchr(name, '/') == NULL)
-        r->path = dsec__layer_path("library/%s", name);
-    else
-        r->path = dsec_strdup(name);
-    if (r->host == NULL || r->path == NULL || (colon != NULL && r->tag == NULL) ||
-        (at != NULL && r->digest == NULL)) {
+    if (r->host == NULL || r->path == NULL || (r->tag == NULL && r->digest == NULL)) {
         pull_ref_free(r);
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     }
@@ -190,10 +169,18 @@ static bool auth_key_matches(const char *key, const char *host)
     return strlen(host) == n && strncmp(key, host, n) == 0;
 }
 
-static int auth_from_entry(const dsec__pj *e, const char *file, char **user, char **pass,
+/* Parse a JSON document the registry or a file gave; errors name what it was. */
+static int pj_parse(const char *text, size_t len, const char *what, dsec_json **out, dsec_err *err)
+{
+    if (dsec_json_parse(text, len, out, err) < 0)
+        return dsec_err_wrap(err, "%s", what);
+    return 0;
+}
+
+static int auth_from_entry(const dsec_json *e, const char *file, char **user, char **pass,
                            dsec_err *err)
 {
-    const char *a = dsec__pj_str(e, "auth");
+    const char *a = dsec_json_get_str(e, "auth");
     if (a != NULL && *a != '\0') {
         char *d = b64_decode(a), *c = d != NULL ? strchr(d, ':') : NULL;
         if (c == NULL) {
@@ -206,9 +193,9 @@ static int auth_from_entry(const dsec__pj *e, const char *file, char **user, cha
         *user = dsec_strdup(d);
         *pass = dsec_strdup(c + 1);
         dsec_free(d);
-    } else if (dsec__pj_str(e, "username") != NULL && dsec__pj_str(e, "password") != NULL) {
-        *user = dsec_strdup(dsec__pj_str(e, "username"));
-        *pass = dsec_strdup(dsec__pj_str(e, "password"));
+    } else if (dsec_json_get_str(e, "username") != NULL && dsec_json_get_str(e, "password") != NULL) {
+        *user = dsec_strdup(dsec_json_get_str(e, "username"));
+        *pass = dsec_strdup(dsec_json_get_str(e, "password"));
     } else {
         return 0;
     }
@@ -231,18 +218,18 @@ static int auth_from_file(const char *file, bool given, const char *host, char *
         *err = e2;
         return dsec_err_wrap(err, "reading the auth file");
     }
-    dsec__pj *doc = NULL;
-    if (dsec__pj_parse(text, len, file, &doc, err) < 0)
+    dsec_json *doc = NULL;
+    if (pj_parse(text, len, file, &doc, err) < 0)
         return -1;
-    const dsec__pj *auths = dsec__pj_get(doc, "auths");
+    const dsec_json *auths = dsec_json_get(doc, "auths");
     int rc = 0;
-    for (size_t i = 0; auths != NULL && auths->type == DSEC__PJ_OBJ && i < auths->n; i++) {
+    for (size_t i = 0; auths != NULL && auths->type == DSEC_JSON_OBJECT && i < auths->len; i++) {
         if (auth_key_matches(auths->keys[i], host)) {
-            rc = auth_from_entry(&auths->kids[i], file, user, pass, err);
+            rc = auth_from_entry(auths->items[i], file, user, pass, err);
             break;
         }
     }
-    dsec__pj_free(doc);
+    dsec_json_free(doc);
     return rc;
 }
 
@@ -631,12 +618,12 @@ static int fetch_token(puller *p, const char *ch, dsec_err *err)
                           "token service %s %s for %s: %ld %s", realm,
                           p->user ? "refused the credentials" : "refused anonymous access",
                           p->ref.path, code, snippet(&x));
-    dsec__pj *doc = NULL;
+    dsec_json *doc = NULL;
     if (rc == 0)
-        rc = dsec__pj_parse(x.buf ? x.buf : "", x.len, "the token service's answer", &doc, err);
-    const char *tok = rc == 0 ? dsec__pj_str(doc, "token") : NULL;
+        rc = pj_parse(x.buf ? x.buf : "", x.len, "the token service's answer", &doc, err);
+    const char *tok = rc == 0 ? dsec_json_get_str(doc, "token") : NULL;
     if (rc == 0 && (tok == NULL || *tok == '\0'))
-        tok = dsec__pj_str(doc, "access_token");
+        tok = dsec_json_get_str(doc, "access_token");
     if (rc == 0 && (tok == NULL || *tok == '\0'))
         rc =
             dsec_err_set(err, DSEC_E_DECODE, 0, "token service %s answered without a token", realm);
@@ -645,7 +632,7 @@ static int fetch_token(puller *p, const char *ch, dsec_err *err)
         if ((p->auth = dsec__layer_path("Authorization: Bearer %s", tok)) == NULL)
             rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     }
-    dsec__pj_free(doc);
+    dsec_json_free(doc);
     xfer_done(&x);
     return rc;
 }
@@ -712,13 +699,13 @@ typedef struct manifest {
     size_t len;
     const char *mtype; /* one of the MT_ constants */
     dsec_digest digest;
-    dsec__pj *doc;
+    dsec_json *doc;
 } manifest;
 
 static void manifest_done(manifest *m)
 {
     dsec_free(m->body);
-    dsec__pj_free(m->doc);
+    dsec_json_free(m->doc);
     memset(m, 0, sizeof *m);
 }
 
@@ -743,13 +730,13 @@ static int manifest_type(manifest *m, const char *ctype, const char *what, dsec_
     char ct[256] = "";
     if (ctype != NULL)
         snprintf(ct, sizeof ct, "%.*s", (int)strcspn(ctype, "; "), ctype);
-    const char *field = dsec__pj_str(m->doc, "mediaType");
+    const char *field = dsec_json_get_str(m->doc, "mediaType");
     m->mtype = known_manifest_type(ct);
     if (m->mtype == NULL && (ct[0] == '\0' || strcmp(ct, "application/json") == 0)) {
         m->mtype = known_manifest_type(field);
         if (m->mtype == NULL && field == NULL)
-            m->mtype = dsec__pj_get(m->doc, "manifests") ? MT_OCI_INDEX
-                       : dsec__pj_get(m->doc, "layers")  ? MT_OCI_MANIFEST
+            m->mtype = dsec_json_get(m->doc, "manifests") ? MT_OCI_INDEX
+                       : dsec_json_get(m->doc, "layers")  ? MT_OCI_MANIFEST
                                                          : NULL;
     }
     if (m->mtype == NULL)
@@ -794,7 +781,7 @@ static int get_manifest(puller *p, const char *ref, manifest *m, dsec_err *err)
                               p->ref.host, what, m->digest);
     }
     if (rc == 0)
-        rc = dsec__pj_parse(m->body ? m->body : "", m->len, what, &m->doc, err);
+        rc = pj_parse(m->body ? m->body : "", m->len, what, &m->doc, err);
     if (rc == 0)
         rc = manifest_type(m, x.ctype, what, err);
     xfer_done(&x);
@@ -815,19 +802,19 @@ static int resolve_index(puller *p, const char *platform, manifest *m, dsec_err 
     *arch++ = '\0';
     if ((variant = strchr(arch, '/')) != NULL)
         *variant++ = '\0';
-    const dsec__pj *list = dsec__pj_get(m->doc, "manifests");
+    const dsec_json *list = dsec_json_get(m->doc, "manifests");
     char offered[512] = "";
     size_t used = 0;
     const char *pick = NULL;
-    for (size_t i = 0; list != NULL && list->type == DSEC__PJ_ARR && i < list->n; i++) {
-        const dsec__pj *pl = dsec__pj_get(&list->kids[i], "platform");
-        const char *os = dsec__pj_str(pl, "os"), *ar = dsec__pj_str(pl, "architecture");
-        const char *va = dsec__pj_str(pl, "variant");
+    for (size_t i = 0; list != NULL && list->type == DSEC_JSON_ARRAY && i < list->len; i++) {
+        const dsec_json *pl = dsec_json_get(list->items[i], "platform");
+        const char *os = dsec_json_get_str(pl, "os"), *ar = dsec_json_get_str(pl, "architecture");
+        const char *va = dsec_json_get_str(pl, "variant");
         if (os == NULL || ar == NULL)
             continue;
         if (strcmp(os, want) == 0 && strcmp(ar, arch) == 0 &&
             (variant == NULL || (va != NULL && strcmp(va, variant) == 0))) {
-            pick = dsec__pj_str(&list->kids[i], "digest");
+            pick = dsec_json_get_str(list->items[i], "digest");
             break;
         }
         if (used < sizeof offered)
@@ -857,19 +844,16 @@ static int resolve_index(puller *p, const char *platform, manifest *m, dsec_err 
 }
 
 /* A blob descriptor: a sha256 digest and a size. */
-static int descriptor(puller *p, const dsec__pj *d, const char *what, const char **digest,
+static int descriptor(puller *p, const dsec_json *d, const char *what, const char **digest,
                       uint64_t *size, dsec_err *err)
 {
-    *digest = dsec__pj_str(d, "digest");
-    const dsec__pj *sz = dsec__pj_get(d, "size");
-    char *end = NULL;
-    unsigned long long v = sz && sz->type == DSEC__PJ_NUM ? strtoull(sz->s, &end, 10) : 0;
-    if (*digest == NULL || !dsec_digest_valid(*digest) || sz == NULL || sz->type != DSEC__PJ_NUM ||
-        *end != '\0' || sz->s[0] == '-')
+    *digest = dsec_json_get_str(d, "digest");
+    int64_t v = dsec_json_get_uint(d, "size");
+    if (*digest == NULL || !dsec_digest_valid(*digest) || v < 0)
         return dsec_err_set(err, DSEC_E_DECODE, 0,
                             "image %s/%s: the manifest's %s needs a sha256 digest and a size",
                             p->ref.host, p->ref.path, what);
-    *size = v;
+    *size = (uint64_t)v;
     return 0;
 }
 
@@ -953,8 +937,8 @@ static void progress(const dsec_image_pull_opts *o, const char *fmt, ...)
 /* The config and every layer of the image manifest m. */
 static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_err *err)
 {
-    const dsec__pj *cfg = dsec__pj_get(m->doc, "config"), *layers = dsec__pj_get(m->doc, "layers");
-    const char *digest, *mt = dsec__pj_str(cfg, "mediaType");
+    const dsec_json *cfg = dsec_json_get(m->doc, "config"), *layers = dsec_json_get(m->doc, "layers");
+    const char *digest, *mt = dsec_json_get_str(cfg, "mediaType");
     uint64_t size;
     if (descriptor(p, cfg, "config", &digest, &size, err) < 0)
         return -1;
@@ -962,16 +946,16 @@ static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_err *er
         return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
                             "image %s/%s: config media type %s is not a container image's",
                             p->ref.host, p->ref.path, mt ? mt : "(none)");
-    if (layers == NULL || layers->type != DSEC__PJ_ARR)
+    if (layers == NULL || layers->type != DSEC_JSON_ARRAY)
         return dsec_err_set(err, DSEC_E_DECODE, 0, "image %s/%s: its manifest has no layers list",
                             p->ref.host, p->ref.path);
     if (get_blob(p, dir, digest, size, "config", err) < 0)
         return -1;
-    for (size_t i = 0; i < layers->n; i++) {
+    for (size_t i = 0; i < layers->len; i++) {
         char what[64];
-        snprintf(what, sizeof what, "layer %zu/%zu", i + 1, layers->n);
-        mt = dsec__pj_str(&layers->kids[i], "mediaType");
-        if (descriptor(p, &layers->kids[i], what, &digest, &size, err) < 0)
+        snprintf(what, sizeof what, "layer %zu/%zu", i + 1, layers->len);
+        mt = dsec_json_get_str(layers->items[i], "mediaType");
+        if (descriptor(p, layers->items[i], what, &digest, &size, err) < 0)
             return -1;
         if (!known_blob_type(mt, false))
             return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
