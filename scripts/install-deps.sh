@@ -31,6 +31,13 @@ if [ -n "$missing" ]; then
         apt-get update
         apt-get install -y --no-install-recommends $missing
     fi
+    # docker-registry is for the tests, which start their own on a free loopback port: the
+    # package's service (on :5000 under systemd) is not wanted
+    case " $missing " in *" docker-registry "*)
+        if command -v systemctl >/dev/null 2>&1; then
+            systemctl disable --now docker-registry >/dev/null 2>&1 || true
+        fi ;;
+    esac
 fi
 
 # The microVM guest kernel: the Debian cloud kernel, downloaded and unpacked (never installed)
