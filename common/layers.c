@@ -587,8 +587,7 @@ static int env_validate(const dsec_env *e, dsec_err *err)
     return 0;
 }
 
-/* cmd and label values: '\\' and newline escaped so each stays one line. */
-static void put_escaped(FILE *f, const char *key, const char *v)
+void dsec_doc_put_escaped(FILE *f, const char *key, const char *v)
 {
     fprintf(f, "%s ", key);
     for (; *v != '\0'; v++) {
@@ -602,8 +601,7 @@ static void put_escaped(FILE *f, const char *key, const char *v)
     fputc('\n', f);
 }
 
-/* The inverse of put_escaped; NULL on a bad escape or no memory (*bad tells). */
-static char *unescape(const char *v, size_t n, bool *bad)
+char *dsec_doc_unescape(const char *v, size_t n, bool *bad)
 {
     char *o = dsec_malloc(n + 1);
     size_t k = 0;
@@ -653,9 +651,9 @@ int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err)
     fprintf(f, "workdir %s\nuser %s\n", env->workdir != NULL ? env->workdir : "/",
             env->user != NULL ? env->user : "root");
     for (size_t i = 0; i < env->ncmd; i++)
-        put_escaped(f, "cmd", env->cmd[i]);
+        dsec_doc_put_escaped(f, "cmd", env->cmd[i]);
     for (size_t i = 0; i < env->nlabels; i++)
-        put_escaped(f, "label", env->labels[i]);
+        dsec_doc_put_escaped(f, "label", env->labels[i]);
     if (env->image != NULL)
         fprintf(f, "image %s\n", env->image);
     if (env->image_digest != NULL)
@@ -807,7 +805,7 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
                              ENV_MAX_VARS, is_cmd ? "command arguments" : "labels");
                 goto fail;
             }
-            char *u = unescape(val, vl, &bad);
+            char *u = dsec_doc_unescape(val, vl, &bad);
             if (u == NULL && bad) {
                 dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: bad escape",
                              lineno);

@@ -540,27 +540,6 @@ static int put_env(imp *m, const dsec_image_info *info)
 
 /* ---- scratch space ------------------------------------------------------------------------ */
 
-/* Remove "dsec-import-<pid>.*" left in base by imports whose process is gone (kill -9). */
-static void remove_stale(const char *base)
-{
-    DIR *d = opendir(base);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        int pid;
-        if (sscanf(de->d_name, "dsec-import-%d.", &pid) != 1 || pid <= 0)
-            continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH)
-            continue; /* alive, or not ours to judge */
-        char *p = dsec__layer_path("%s/%s", base, de->d_name);
-        if (p != NULL)
-            dsec__layer_rm_rf(p, NULL);
-        dsec_free(p);
-    }
-    closedir(d);
-}
-
 static int make_work(imp *m)
 {
     const char *base = m->o != NULL ? m->o->work_dir : NULL;
@@ -569,7 +548,7 @@ static int make_work(imp *m)
             getenv("TMPDIR") != NULL && getenv("TMPDIR")[0] != '\0' ? getenv("TMPDIR") : "/var/tmp";
     if (dsec__layer_mkdir_p(base, 0700, m->err) < 0)
         return dsec_err_wrap(m->err, "image scratch space");
-    remove_stale(base);
+    dsec__layer_sweep_scratch(base, "dsec-import-");
     m->work = dsec__layer_path("%s/dsec-import-%d.XXXXXX", base, (int)getpid());
     if (m->work == NULL)
         return dsec_err_set(m->err, DSEC_E_NOMEM, 0, "image scratch space");

@@ -1025,27 +1025,6 @@ int dsec__image_fetch_layout(const char *ref, const dsec_image_pull_opts *o, con
     return rc;
 }
 
-/* Remove "dsec-pull-<pid>.*" left in base by pulls whose process is gone (kill -9). */
-static void remove_stale(const char *base)
-{
-    DIR *d = opendir(base);
-    if (d == NULL)
-        return;
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        int pid;
-        if (sscanf(de->d_name, "dsec-pull-%d.", &pid) != 1 || pid <= 0 || pid == getpid())
-            continue;
-        if (kill(pid, 0) == 0 || errno != ESRCH)
-            continue; /* alive, or not ours to judge */
-        char *p = dsec__layer_path("%s/%s", base, de->d_name);
-        if (p != NULL)
-            dsec__layer_rm_rf(p, NULL);
-        dsec_free(p);
-    }
-    closedir(d);
-}
-
 int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pull_opts *o,
                     dsec_image_info **out, dsec_err *err)
 {
@@ -1057,7 +1036,7 @@ int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pu
         base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     if (dsec__layer_mkdir_p(base, 0700, err) < 0)
         return dsec_err_wrap(err, "image pull scratch space");
-    remove_stale(base);
+    dsec__layer_sweep_scratch(base, "dsec-pull-");
     char *dir DSEC_AUTOFREE = dsec__layer_path("%s/dsec-pull-%d.XXXXXX", base, (int)getpid());
     if (dir == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");

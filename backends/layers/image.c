@@ -140,35 +140,11 @@ void dsec_image_infos_free(dsec_image_info *v, size_t n)
     dsec_free(v);
 }
 
-static void put_escaped(FILE *f, const char *key, const char *v)
-{
-    fprintf(f, "%s ", key);
-    for (; *v != '\0'; v++) {
-        if (*v == '\\')
-            fputs("\\\\", f);
-        else if (*v == '\n')
-            fputs("\\n", f);
-        else
-            fputc(*v, f);
-    }
-    fputc('\n', f);
-}
-
+/* A record's escaped value; NULL when malformed or out of memory. */
 static char *unescape(const char *v)
 {
-    char *o = dsec_malloc(strlen(v) + 1), *k = o;
-    if (o == NULL)
-        return NULL;
-    for (; *v != '\0'; v++) {
-        if (*v == '\\' && (v[1] == 'n' || v[1] == '\\')) {
-            *k++ = v[1] == 'n' ? '\n' : '\\';
-            v++;
-        } else {
-            *k++ = *v;
-        }
-    }
-    *k = '\0';
-    return o;
+    bool bad;
+    return dsec_doc_unescape(v, strlen(v), &bad);
 }
 
 int dsec__image_record_encode(const dsec_image_info *i, char **doc, size_t *len)
@@ -184,9 +160,9 @@ int dsec__image_record_encode(const dsec_image_info *i, char **doc, size_t *len)
         fprintf(f, "layer %s %s %llu\n", i->layers[k].diff_id, i->layers[k].layer,
                 (unsigned long long)i->layers[k].size);
     for (size_t k = 0; k < i->ncmd; k++)
-        put_escaped(f, "cmd", i->cmd[k]);
+        dsec_doc_put_escaped(f, "cmd", i->cmd[k]);
     for (size_t k = 0; k < i->nlabels; k++)
-        put_escaped(f, "label", i->labels[k]);
+        dsec_doc_put_escaped(f, "label", i->labels[k]);
     fprintf(f, "created %lld\n", (long long)i->created_unix);
     if (fclose(f) != 0 || buf == NULL) {
         free(buf); /* open_memstream's buffer comes from libc */

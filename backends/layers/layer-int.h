@@ -36,4 +36,8 @@ unsigned long long dsec__layer_tree_bytes(const char *path);
  * numeric owners, modes, device nodes and xattrs (layer-build.c). */
 int dsec__layer_untar(const char *tarball, const char *dir, dsec_err *err);
 
+/* Remove PREFIX<pid>.* directories in base whose process is gone (a scratch left by a
+ * kill -9: "dsec-import-", "dsec-pull-"); the caller's own are kept. */
+void dsec__layer_sweep_scratch(const char *base, const char *prefix);
+
 #endif

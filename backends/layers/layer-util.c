@@ -1,10 +1,12 @@
 /* layer-util.c - small file and process helpers for the layer registry, builder and cache. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -260,4 +262,28 @@ fail:
     close(fd);
     dsec_free(buf);
     return -1;
+}
+
+void dsec__layer_sweep_scratch(const char *base, const char *prefix)
+{
+    DIR *d = opendir(base);
+    if (d == NULL)
+        return;
+    size_t pl = strlen(prefix);
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        if (strncmp(de->d_name, prefix, pl) != 0)
+            continue;
+        long pid = strtol(de->d_name + pl, &end, 10);
+        if (end == de->d_name + pl || *end != '.' || pid <= 0 || pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive, or not ours to judge */
+        char *p = dsec__layer_path("%s/%s", base, de->d_name);
+        if (p != NULL)
+            dsec__layer_rm_rf(p, NULL);
+        dsec_free(p);
+    }
+    closedir(d);
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dsec/err.h"
 
@@ -207,6 +208,11 @@ int dsec_layer_registry_env_remove(dsec_layer_registry *r, const char *name, dse
  * *len without the NUL); decode refuses malformed documents with
  * DSEC_E_DECODE naming the line, and returns a caller-owned *out (dsec_env_free).
  */
+/* The line documents' values (environment cmd and label, image records): "KEY VALUE\n" with
+ * '\\' and newline escaped so each value stays one line; unescape is the inverse (NULL on a
+ * bad escape, *bad set, or no memory; dsec_malloc'd). */
+void dsec_doc_put_escaped(FILE *f, const char *key, const char *v);
+char *dsec_doc_unescape(const char *v, size_t n, bool *bad);
 int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err);
 int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err);
 
