@@ -848,6 +848,7 @@ static int descriptor(puller *p, const dsec_json *d, const char *what, const cha
                       uint64_t *size, dsec_err *err)
 {
     *digest = dsec_json_get_str(d, "digest");
+    *size = 0;
     int64_t v = dsec_json_get_uint(d, "size");
     if (*digest == NULL || !dsec_digest_valid(*digest) || v < 0)
         return dsec_err_set(err, DSEC_E_DECODE, 0,
