@@ -166,8 +166,10 @@ static void start_registry(void)
     if (reg_pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the run */
         int null = open("/dev/null", O_WRONLY);
-        if (null >= 0)
+        if (null >= 0) { /* its request log (every probe's 404) is noise here */
             dup2(null, 1);
+            dup2(null, 2);
+        }
         execlp("docker-registry", "docker-registry", "serve", fmt("%s/registry.yml", root),
                (char *)NULL);
         _exit(127);
@@ -208,7 +210,7 @@ static double baseline(size_t nlayers)
             "print(\" \".join(l[\"digest\"][7:] for l in m[\"layers\"]))' "
             "sk/blobs/sha256/$(python3 -c 'import json; print(json.load(open(\"sk/index.json\"))"
             "[\"manifests\"][0][\"digest\"][7:])')); do i=$((i+1)); mkdir t$i && "
-            "tar -C t$i --numeric-owner -xzf sk/blobs/sha256/$d && mkfs.erofs -q t$i.erofs t$i "
+            "tar -C t$i --numeric-owner -xzf sk/blobs/sha256/$d && mkfs.erofs t$i.erofs t$i "
             ">/dev/null || exit 1; done && [ $i = %zu ]",
             root, nlayers) != 0)
         dsec_bench_die("untar + mkfs.erofs", NULL);

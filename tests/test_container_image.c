@@ -1,6 +1,6 @@
-/* test_container_image.c - a crun container (or, built with IMG_VM, a microVM) from an imported
- * image: whiteouts, opaque dirs, links, setuid and the image's Env, WorkingDir and USER, over a
- * dozen lower layers. */
+/* test_container_image.c - a crun container (built with IMG_VM a microVM, with IMG_Q35 too a
+ * VM; with IMG_FN a function call) from an imported image: whiteouts, opaque dirs, links,
+ * setuid and the image's Env, WorkingDir and USER, over a dozen lower layers. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,7 +24,10 @@
 #include "dsec/layers.h"
 #include "image_kit.h"
 
-#ifdef IMG_VM
+#if defined(IMG_VM) && defined(IMG_Q35)
+#define OPS dsec_vm_ops
+#define WHAT "vm"
+#elif defined(IMG_VM)
 #define OPS dsec_microvm_ops
 #define WHAT "microvm"
 #elif defined(IMG_FN)
@@ -37,7 +40,6 @@
 #ifndef DSEC_VMKIT_DIR
 #define DSEC_VMKIT_DIR ""
 #endif
-#define NODE "ctimg"
 #define REF "127.0.0.1:5000/swe/task:1"
 #define NEXTRA 10 /* layers above the two that matter: 12 lower dirs in all */
 
@@ -138,7 +140,7 @@ static int group_setup(void **state)
     snprintf(kitfile, sizeof kitfile, "%s/vmlinuz", DSEC_VMKIT_DIR);
     if (DSEC_VMKIT_DIR[0] == '\0' || access(kitfile, R_OK) != 0 ||
         system("command -v qemu-system-x86_64 >/dev/null") != 0) {
-        fprintf(stderr, "test_microvm_image: no VM kit or QEMU; skipping\n");
+        fprintf(stderr, "test_%s_image: no VM kit or QEMU; skipping\n", WHAT);
         exit(77);
     }
 #endif
@@ -157,8 +159,10 @@ static int group_setup(void **state)
 #else
     dsec_backend_kv opts[] = {{"runtime", "crun"}, {"upper_gb", "4"}, {"warm_pool", "0"}};
 #endif
+    char node[32]; /* its own cgroups and runtime state: never another run's */
+    snprintf(node, sizeof node, "ctimg%d", (int)getpid());
     dsec_backend_config cfg = {.state_dir = state_dir,
-                               .node = NODE,
+                               .node = node,
                                .opts = opts,
                                .nopts = sizeof opts / sizeof *opts,
                                .layers = reg};

@@ -21,3 +21,13 @@ add_dependencies(test_microvm_image vmkit)
 add_test(NAME microvm_image COMMAND test_microvm_image)
 set_tests_properties(microvm_image PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
   RESOURCE_LOCK dsec_container_host)
+# The same from a full VM (the vm type: a q35 machine, firmware and PCI devices).
+add_executable(test_vm_image test_container_image.c image_kit.c)
+target_link_libraries(test_vm_image PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  PkgConfig::LIBARCHIVE_VT Threads::Threads dsec_warnings dsec_allocator)
+target_compile_definitions(test_vm_image PRIVATE IMG_VM=1 IMG_Q35=1
+  DSEC_VMKIT_DIR="${CMAKE_BINARY_DIR}/vmkit")
+add_dependencies(test_vm_image vmkit)
+add_test(NAME vm_image COMMAND test_vm_image)
+set_tests_properties(vm_image PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  RESOURCE_LOCK dsec_container_host)
