@@ -245,6 +245,22 @@ int dsec_df_vars_set(dsec_df_vars *vs, const char *key, const char *value, dsec_
     return 0;
 }
 
+int dsec_df_vars_add(dsec_df_vars *vs, char *const *kv, size_t n, dsec_err *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *eq = strchr(kv[i], '=');
+        if (eq == NULL)
+            continue;
+        char *key = dsec_strndup(kv[i], (size_t)(eq - kv[i]));
+        int rc = key != NULL ? dsec_df_vars_set(vs, key, eq + 1, err)
+                             : dsec_err_set(err, DSEC_E_NOMEM, 0, "Dockerfile: out of memory");
+        dsec_free(key);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
 const char *dsec_df_vars_get(const dsec_df_vars *vs, const char *key)
 {
     size_t kl = strlen(key);

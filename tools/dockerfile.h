@@ -46,6 +46,8 @@ typedef struct dsec_df_vars {
 } dsec_df_vars;
 /* Set KEY to VALUE (replacing KEY's earlier value). */
 int dsec_df_vars_set(dsec_df_vars *vs, const char *key, const char *value, dsec_err *err);
+/* Set each "KEY=VALUE" of kv[0..n) (strings without '=' are skipped). */
+int dsec_df_vars_add(dsec_df_vars *vs, char *const *kv, size_t n, dsec_err *err);
 /* KEY's value, or NULL. */
 const char *dsec_df_vars_get(const dsec_df_vars *vs, const char *key);
 void dsec_df_vars_free(dsec_df_vars *vs);

@@ -92,15 +92,9 @@ static int scope_vars(const stage *s, dsec_df_vars *out, dsec_err *err)
     *out = (dsec_df_vars){0};
     const dsec_df_vars *src[] = {&s->args, &s->env};
     for (size_t k = 0; k < 2; k++)
-        for (size_t i = 0; i < src[k]->n; i++) {
-            char *kv = src[k]->v[i], *eq = strchr(kv, '=');
-            *eq = '\0';
-            int rc = dsec_df_vars_set(out, kv, eq + 1, err);
-            *eq = '=';
-            if (rc < 0) {
-                dsec_df_vars_free(out);
-                return -1;
-            }
+        if (dsec_df_vars_add(out, src[k]->v, src[k]->n, err) < 0) {
+            dsec_df_vars_free(out);
+            return -1;
         }
     return 0;
 }
@@ -254,25 +248,13 @@ static int from_env(build *b, stage *s, const char *base, dsec_err *err)
     dsec_env *e;
     if (dsec_layer_registry_env_get(b->reg, base, &e, err) < 0)
         return dsec_err_wrap(err, "FROM %s: no such environment or image in the registry", base);
-    int rc = 0;
-    for (size_t i = 0; rc == 0 && i < e->nvars; i++) {
-        char *eq = strchr(e->vars[i], '=');
-        *eq = '\0';
-        rc = dsec_df_vars_set(&s->env, e->vars[i], eq + 1, err);
-        *eq = '=';
-    }
+    int rc = dsec_df_vars_add(&s->env, e->vars, e->nvars, err);
     if (rc == 0 && e->workdir != NULL)
         rc = set_str(&s->workdir, e->workdir, err);
     if (rc == 0 && e->user != NULL)
         rc = set_str(&s->user, e->user, err);
-    for (size_t i = 0; rc == 0 && i < e->nlabels; i++) {
-        char *eq = strchr(e->labels[i], '=');
-        if (eq == NULL)
-            continue;
-        *eq = '\0';
-        rc = dsec_df_vars_set(&s->labels, e->labels[i], eq + 1, err);
-        *eq = '=';
-    }
+    if (rc == 0)
+        rc = dsec_df_vars_add(&s->labels, e->labels, e->nlabels, err);
     if (rc == 0 && e->ncmd > 0) { /* the base's default command (its ENTRYPOINT and CMD, joined) */
         s->cmd = e->cmd;
         s->ncmd = e->ncmd;
@@ -299,20 +281,56 @@ static int create_stage(build *b, stage *s, const char *base, dsec_err *err)
     return 0;
 }
 
+/* FROM an earlier stage: its sandbox forked, with its settings. */
+static int from_stage(build *b, stage *s, const stage *from, dsec_err *err)
+{
+    int rc;
+    char **ids;
+    size_t nids;
+    rc = dsec_fork(b->c, from->id, 1, &ids, &nids, err);
+    if (rc == 0) {
+        snprintf(s->id, sizeof s->id, "%s", ids[0]);
+        dsec_strv_free(ids, nids);
+        rc = dsec_df_vars_add(&s->env, from->env.v, from->env.n, err);
+        if (rc == 0 && from->workdir != NULL)
+            rc = set_str(&s->workdir, from->workdir, err);
+        if (rc == 0 && from->user != NULL)
+            rc = set_str(&s->user, from->user, err);
+        if (rc == 0 && from->base != NULL)
+            rc = set_str(&s->base, from->base, err);
+        if (rc == 0)
+            rc = dsec_df_vars_add(&s->labels, from->labels.v, from->labels.n, err);
+        for (size_t i = 0; rc == 0 && i < 2; i++) { /* its ENTRYPOINT and CMD */
+            char **src = i == 0 ? from->entry : from->cmd;
+            size_t n2 = i == 0 ? from->nentry : from->ncmd;
+            char **v2 = dsec_calloc(n2 + 1, sizeof *v2);
+            for (size_t k = 0; v2 != NULL && k < n2; k++)
+                if ((v2[k] = dsec_strdup(src[k])) == NULL) {
+                    dsec_df_strv_free(v2, k);
+                    v2 = NULL;
+                }
+            if (v2 == NULL) {
+                rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+            } else if (i == 0) {
+                s->entry = v2;
+                s->nentry = n2;
+            } else {
+                s->cmd = v2;
+                s->ncmd = n2;
+            }
+        }
+    }
+    return rc;
+}
+
 /* FROM [--platform=P] base [AS name]: a new stage, from an environment, scratch or a stage. */
 static int do_from(build *b, const dsec_df_insn *in, dsec_err *err)
 {
     char **w;
     size_t n;
     stage tmp = {0};
-    for (size_t i = 0; i < b->global.n; i++) { /* FROM sees the ARGs before the first FROM */
-        char *eq = strchr(b->global.v[i], '=');
-        *eq = '\0';
-        int rc = dsec_df_vars_set(&tmp.args, b->global.v[i], eq + 1, err);
-        *eq = '=';
-        if (rc < 0)
-            return -1;
-    }
+    if (dsec_df_vars_add(&tmp.args, b->global.v, b->global.n, err) < 0) /* the ARGs before */
+        return -1;                                                          /* the first FROM */
     int rc = dsec__ib_words(b, &tmp, in, &w, &n, err);
     dsec_df_vars_free(&tmp.args);
     if (rc < 0)
@@ -340,51 +358,8 @@ static int do_from(build *b, const dsec_df_insn *in, dsec_err *err)
     }
     const char *base = w[0];
     stage *from = dsec__ib_stage(b, base, b->nst - 1);
-    if (from != NULL) { /* an earlier stage: its sandbox, forked, with its settings */
-        char **ids;
-        size_t nids;
-        rc = dsec_fork(b->c, from->id, 1, &ids, &nids, err);
-        if (rc == 0) {
-            snprintf(s->id, sizeof s->id, "%s", ids[0]);
-            dsec_strv_free(ids, nids);
-            for (size_t i = 0; rc == 0 && i < from->env.n; i++) {
-                char *eq = strchr(from->env.v[i], '=');
-                *eq = '\0';
-                rc = dsec_df_vars_set(&s->env, from->env.v[i], eq + 1, err);
-                *eq = '=';
-            }
-            if (rc == 0 && from->workdir != NULL)
-                rc = set_str(&s->workdir, from->workdir, err);
-            if (rc == 0 && from->user != NULL)
-                rc = set_str(&s->user, from->user, err);
-            if (rc == 0 && from->base != NULL)
-                rc = set_str(&s->base, from->base, err);
-            for (size_t i = 0; rc == 0 && i < from->labels.n; i++) {
-                char *eq = strchr(from->labels.v[i], '=');
-                *eq = '\0';
-                rc = dsec_df_vars_set(&s->labels, from->labels.v[i], eq + 1, err);
-                *eq = '=';
-            }
-            for (size_t i = 0; rc == 0 && i < 2; i++) { /* its ENTRYPOINT and CMD */
-                char **src = i == 0 ? from->entry : from->cmd;
-                size_t n2 = i == 0 ? from->nentry : from->ncmd;
-                char **v2 = dsec_calloc(n2 + 1, sizeof *v2);
-                for (size_t k = 0; v2 != NULL && k < n2; k++)
-                    if ((v2[k] = dsec_strdup(src[k])) == NULL) {
-                        dsec_df_strv_free(v2, k);
-                        v2 = NULL;
-                    }
-                if (v2 == NULL) {
-                    rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-                } else if (i == 0) {
-                    s->entry = v2;
-                    s->nentry = n2;
-                } else {
-                    s->cmd = v2;
-                    s->ncmd = n2;
-                }
-            }
-        }
+    if (from != NULL) {
+        rc = from_stage(b, s, from, err);
     } else if (strcmp(base, "scratch") == 0) {
         rc = create_stage(b, s, NULL, err);
     } else {
