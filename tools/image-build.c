@@ -757,7 +757,6 @@ static int run_all(build *b, dsec_err *err)
 {
     size_t last = b->df.n;
     if (b->target != NULL) { /* stop after the target stage's instructions */
-        size_t k = 0;
         bool found = false;
         for (size_t i = 0; i < b->df.n; i++) {
             if (strcmp(b->df.v[i].cmd, "FROM") != 0)
@@ -773,7 +772,6 @@ static int run_all(build *b, dsec_err *err)
                 return -1;
             found = n == 3 && strcasecmp(w[2], b->target) == 0;
             dsec_df_strv_free(w, n);
-            k++;
         }
         if (!found)
             return dsec_err_set(err, DSEC_E_INVALID, 0, "--target %s: no stage of %s is named so",
