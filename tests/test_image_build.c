@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -410,37 +409,6 @@ static void test_from_imported_image(void **state)
     ik_layer_free(&base);
 }
 
-/* Ctrl-C during a long RUN ends the build at once (its containers destroyed, the step with
- * them), says so, and leaves no container and no environment. */
-static void test_interrupted(void **state)
-{
-    (void)state;
-    put("intr/Dockerfile", "FROM busybox:1\nRUN echo started; sleep 600\n", 0644);
-    size_t before = live_sandboxes();
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd,
-             "DSEC_URL=%s DSEC_TENANT=imgbuild %s image build --registry %s/layers --name intr:1 "
-             "%s/intr >%s/intr.out 2>%s/intr.err & pid=$!; "
-             "for i in $(seq 100); do grep -q started %s/intr.out 2>/dev/null && break; sleep 0.1; "
-             "done; kill -INT $pid; wait $pid",
-             dsec_natsd_url(natsd), DSEC_CLI, root, root, root, root, root);
-    time_t t0 = time(NULL);
-    int st = system(cmd);
-    assert_true(time(NULL) - t0 < 60); /* not the step's 600 s */
-    assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
-    char path[256], errout[4096] = "";
-    snprintf(path, sizeof path, "%s/intr.err", root);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t k = fread(errout, 1, sizeof errout - 1, f);
-    errout[k] = '\0';
-    fclose(f);
-    if (strstr(errout, "interrupted at step 2/2") == NULL)
-        fail_msg("wanted \"interrupted at step 2/2\" in: %s", errout);
-    assert_false(env_exists("intr:1"));
-    assert_int_equal(live_sandboxes(), before);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,7 +416,6 @@ int main(void)
         cmocka_unit_test(test_multi_stage),
         cmocka_unit_test(test_from_imported_image),
         cmocka_unit_test(test_failures),
-        cmocka_unit_test(test_interrupted),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -7,7 +7,6 @@
 #include <glob.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -43,63 +42,10 @@
 
 static volatile sig_atomic_t interrupted;
 
-/*
- * Ctrl-C or SIGTERM while a step runs: a thread of its own takes the signal (the others block
- * it) and destroys the build's containers, found by their dsec.build=<pid> label, so the
- * running step ends at once and the build fails "interrupted" instead of waiting out the step.
- * SIGUSR1 tells the thread the build is over.
- */
-typedef struct sig_watch {
-    pthread_t th;
-    dsec_client *c;
-    sigset_t set;
-} sig_watch;
-
-static void *sig_main(void *arg)
+static void on_signal(int sig)
 {
-    sig_watch *w = arg;
-    int sig;
-    if (sigwait(&w->set, &sig) != 0 || sig == SIGUSR1)
-        return NULL;
+    (void)sig;
     interrupted = 1;
-    fprintf(stderr, "dsec image build: interrupted: removing the build's containers\n");
-    char label[64];
-    snprintf(label, sizeof label, "dsec.build=%d", (int)getpid());
-    const char *labels[] = {label, NULL};
-    dsec_list_opts lo = {.labels = labels};
-    dsec_list_page page;
-    dsec_err err;
-    if (dsec_list_sandboxes(w->c, &lo, &page, &err) < 0)
-        return NULL;
-    for (size_t i = 0; i < page.n; i++)
-        dsec_destroy(w->c, page.entries[i].id, &err);
-    dsec_list_page_release(&page);
-    return NULL;
-}
-
-/* Block the signals (before libdsec starts its threads, which inherit the mask). */
-static void sig_block(sig_watch *w)
-{
-    sigemptyset(&w->set);
-    sigaddset(&w->set, SIGINT);
-    sigaddset(&w->set, SIGTERM);
-    sigaddset(&w->set, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &w->set, NULL);
-}
-
-static int sig_start(sig_watch *w, dsec_client *c)
-{
-    w->c = c;
-    return pthread_create(&w->th, NULL, sig_main, w) == 0 ? 0 : -1;
-}
-
-static void sig_stop(sig_watch *w, bool started)
-{
-    if (started) {
-        pthread_kill(w->th, SIGUSR1);
-        pthread_join(w->th, NULL);
-    }
-    pthread_sigmask(SIG_UNBLOCK, &w->set, NULL);
 }
 
 int dsec__ib_fail(const build *b, const dsec_df_insn *in, dsec_err *err, const char *fmt, ...)
@@ -154,7 +100,7 @@ static int scope_vars(const stage *s, dsec_df_vars *out, dsec_err *err)
 }
 
 int dsec__ib_words(const build *b, const stage *s, const dsec_df_insn *in, char ***w, size_t *n,
-                   dsec_err *err)
+                      dsec_err *err)
 {
     dsec_df_vars v;
     if (scope_vars(s, &v, err) < 0)
@@ -968,22 +914,19 @@ int dsec_cli_image_build(int argc, char **argv)
         rc = -1;
         said = true;
     }
-    sig_watch sw;
-    sig_block(&sw);
     dsec_client_opts co = {.timeout_ms = 120000, .name = "dsec-image-build"};
     if (rc == 0 && dsec_client_connect(&b.c, &co, &err) < 0)
         rc = dsec_err_wrap(&err, "connecting to the cell at %s",
                            getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222");
-    bool watching = rc == 0 && sig_start(&sw, b.c) == 0;
+    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
     if (rc == 0)
         rc = run_all(&b, &err);
-    if (rc < 0 && interrupted) {
-        dsec_err_clear(&err);
-        dsec_err_set(&err, DSEC_E_CLOSED, 0, "interrupted at step %u/%u", b.step, b.nsteps);
-    }
     if (b.c != NULL)
         destroy_all(&b);
-    sig_stop(&sw, watching);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     int code = rc < 0 ? (said ? 2 : dsec_cli_fail("image build", &err)) : 0;
     if (rc == 0)
         printf("%s\n", b.name);
