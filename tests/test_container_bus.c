@@ -1107,8 +1107,8 @@ static void *burn(void *p)
 }
 
 /* Every CPU busy inside sandboxes (6 containers spinning on 2 CPUs' worth of quota each) for
- * 6 s: the node's heartbeats keep coming, no gap longer than twice their interval, so the
- * cell does not take a busy node for a lost one. */
+ * 6 s: the node's heartbeats keep coming, at least half of them, and no gap reaches the
+ * drain deadline, so the cell does not take a busy node for a lost one. */
 static void test_heartbeats_while_cpus_busy(void **state)
 {
     enum { N = 6 };
@@ -1148,7 +1148,11 @@ static void test_heartbeats_while_cpus_busy(void **state)
     for (int i = 0; i < N; i++)
         destroy(info[i].id);
     assert_true(b.n >= 6000 / (int)conf.heartbeat_ms / 2);
-    assert_true(b.max_gap_ms <= 2 * (int64_t)conf.heartbeat_ms);
+    /* What the cell relies on: no gap reaches the deadline after which the schedulers drain
+     * the node. Twice the interval (a gap that makes the node suspect, still placed) is
+     * printed above, not asserted: under a sanitizer, with other tests on the same 2 CPUs,
+     * single gaps of 1.6 s were seen while every deadline held. */
+    assert_true(b.max_gap_ms < (int64_t)conf.dead_after_ms);
 }
 
 /* ---- streamed transfers ---------------------------------------------------------------- */
