@@ -45,10 +45,6 @@ static void backend_failed(dsec_node *n, dsec_msg *m, struct sbx *s, dsec_err *e
 
 static void do_start(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq)
 {
-    if (rq->argv.n == 0 && !rq->session) {
-        dsec__node_reply_bad(n, m, "argv", "proc start: argv is empty; name the command to run");
-        return;
-    }
     if (rq->pty && rq->session) {
         dsec__node_reply_bad(n, m, "pty",
                              "proc start: a shell session runs without a terminal; ask for "

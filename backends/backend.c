@@ -143,7 +143,7 @@ static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
         return unsupported(be, "exec", err);
     if (sb == NULL)
         return no_sandbox("exec", err);
-    if (req == NULL || req->argc == 0 || req->argv == NULL || req->argv[0] == NULL)
+    if (req == NULL || (req->argc > 0 && (req->argv == NULL || req->argv[0] == NULL)))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: argv must hold at least a command");
     if (req->session == 0)
         return 0;
@@ -163,6 +163,28 @@ static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
                             : req->user != NULL   ? "user"
                                                   : "stdin");
     return 0;
+}
+
+/* req, or *copy with the sandbox's default command when req names none; -1 with err when
+ * the sandbox has none. */
+static const dsec_exec_req *with_default_cmd(dsec_backend *be, dsec_sandbox *sb,
+                                             const dsec_exec_req *req, dsec_exec_req *copy,
+                                             dsec_err *err)
+{
+    if (req->argc > 0)
+        return req;
+    const char *const *argv = NULL;
+    size_t argc = be->ops->default_cmd != NULL ? be->ops->default_cmd(be->self, sb, &argv) : 0;
+    if (argc == 0) {
+        dsec_err_set(err, DSEC_E_INVALID, 0,
+                     "exec: no command named, and the sandbox's environment has no default "
+                     "command (an image's Entrypoint or Cmd): name the command to run");
+        return NULL;
+    }
+    *copy = *req;
+    copy->argv = argv;
+    copy->argc = argc;
+    return copy;
 }
 
 /* A synchronous exec over exec_start: the caller's thread waits for done. */
@@ -192,7 +214,9 @@ static void exec_waited(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
 int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
                       dsec_exec_result *res, dsec_err *err)
 {
-    if (check_exec(be, sb, req, err) < 0)
+    dsec_exec_req copy;
+    if (check_exec(be, sb, req, err) < 0 ||
+        (req = with_default_cmd(be, sb, req, &copy, err)) == NULL)
         return -1;
     if (res == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: no result");
@@ -228,7 +252,9 @@ bool dsec_backend_exec_async(const dsec_backend *be)
 int dsec_backend_exec_start(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req,
                             dsec_exec_done_fn done, void *ud, dsec_err *err)
 {
-    if (check_exec(be, sb, req, err) < 0)
+    dsec_exec_req copy;
+    if (check_exec(be, sb, req, err) < 0 ||
+        (req = with_default_cmd(be, sb, req, &copy, err)) == NULL)
         return -1;
     if (!dsec_backend_exec_async(be))
         return unsupported(be, "starting a command without waiting for it", err);
@@ -449,9 +475,15 @@ int dsec_backend_proc_start(dsec_backend *be, dsec_sandbox *sb, const dsec_proc_
                            err);
     if (sb == NULL)
         return no_sandbox("proc_start", err);
-    if (req == NULL || out == NULL || (!req->session && req->exec.argc == 0) ||
-        (req->exec.argc > 0 && req->exec.argv == NULL))
+    if (req == NULL || out == NULL || (req->exec.argc > 0 && req->exec.argv == NULL))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_start: missing argv or out parameter");
+    dsec_proc_start_req copy;
+    if (!req->session && req->exec.argc == 0) { /* the default command, in the background */
+        copy = *req;
+        if (with_default_cmd(be, sb, &req->exec, &copy.exec, err) == NULL)
+            return -1;
+        req = &copy;
+    }
     if (req->session && req->pty)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "proc_start: a shell session runs without a terminal (pty and "

@@ -103,7 +103,7 @@ typedef struct dsec_sandbox_spec {
 
 /* One command to run in a sandbox. Borrowed for the call. */
 typedef struct dsec_exec_req {
-    const char *const *argv; /* argc >= 1 */
+    const char *const *argv; /* argc 0: the sandbox's default command (default_cmd) */
     size_t argc;
     const dsec_backend_kv *env; /* added to the sandbox's environment */
     size_t nenv;
@@ -362,6 +362,11 @@ typedef struct dsec_backend_ops {
      * on a work thread. */
     int (*exec_start)(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
                       struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err);
+    /* The sandbox's default command (an imported image's Entrypoint then Cmd): what an exec
+     * or a background process that names no command runs. Returns its argc (0: it has none)
+     * and sets *argv, which lives as long as the sandbox. Optional: without it a command
+     * must always be named. */
+    size_t (*default_cmd)(void *self, dsec_sandbox *sb, const char *const **argv);
     /* Write (or append) data to the absolute path, creating parents. */
     int (*file_write)(void *self, dsec_sandbox *sb, const char *path, const void *data, size_t len,
                       uint32_t mode, bool append, dsec_err *err);

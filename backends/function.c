@@ -80,6 +80,8 @@ struct fn_sb {
     size_t nlayers;
     char **vars; /* its variables, "K=V" */
     size_t nvars;
+    char **cmd; /* its environment's default command (an image's Entrypoint then Cmd) */
+    size_t ncmd;
     struct fn_limits lim;
     uint64_t disk_mb;
     struct fn_files files;
@@ -667,6 +669,7 @@ static void sb_free(struct fn_sb *sb)
     dsec_free(sb->env);
     strv_free(sb->layers, sb->nlayers);
     strv_free(sb->vars, sb->nvars);
+    strv_free(sb->cmd, sb->ncmd);
     dsec_free(sb);
 }
 
@@ -690,6 +693,8 @@ static int sb_env(struct fn *f, struct fn_sb *sb, const char *name, const char *
             return dsec_err_wrap(err, "function: environment %s", name);
         int rc = strv_copy(d->vars, d->nvars, &sb->vars, err);
         sb->nvars = rc == 0 ? d->nvars : 0;
+        if (rc == 0 && (rc = strv_copy(d->cmd, d->ncmd, &sb->cmd, err)) == 0)
+            sb->ncmd = d->ncmd;
         if (rc == 0 && nlayers == 0) {
             rc = strv_copy(d->layers, d->nlayers, &sb->layers, err);
             sb->nlayers = rc == 0 ? d->nlayers : 0;
@@ -1110,6 +1115,14 @@ static void exec_waited(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
     pthread_mutex_unlock(&w->mu);
 }
 
+static size_t fn_default_cmd(void *self, dsec_sandbox *h, const char *const **argv)
+{
+    (void)self;
+    struct fn_sb *sb = (struct fn_sb *)(void *)h;
+    *argv = (const char *const *)sb->cmd;
+    return sb->ncmd;
+}
+
 static int fn_exec(void *self, dsec_sandbox *h, const dsec_exec_req *req, dsec_exec_result *res,
                    dsec_err *err)
 {
@@ -1190,6 +1203,7 @@ const dsec_backend_ops dsec_function_ops = {
     .create = fn_create,
     .exec = fn_exec,
     .exec_start = fn_exec_start,
+    .default_cmd = fn_default_cmd,
     .file_write = fn_file_write,
     .file_read = fn_file_read,
     .file_list = fn_file_list,

@@ -858,8 +858,7 @@ static int exec_impl(dsec_client *c, const char *id, const dsec_exec_opts *o, ds
                        .step = o->step,
                        .output_max = o->output_max,
                        .session = o->session};
-    if (m.argv.n == 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "exec: empty argv");
+    /* no argv: the sandbox's default command (an imported image's Entrypoint and Cmd) */
     if (o->session != 0 && m.argv.n != 1)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "exec: a session command is one shell command line, not %u "
@@ -1302,8 +1301,6 @@ int dsec_proc_start(dsec_client *c, const char *id, const dsec_proc_opts *o, dse
                        .pty = o->pty,
                        .rows = o->pty ? o->rows : 0,
                        .cols = o->pty ? o->cols : 0};
-    if (m.argv.n == 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc start: empty argv");
     return proc_start_msg(c, id, &m, o->env, out, err);
 }
 

@@ -166,7 +166,8 @@ static const dsec_field op_reply_fields[] = {
 
 static const dsec_field exec_fields[] = {
     FSTR(dsec_msg_exec, id, "id", true, L_NAME, "sandbox id"),
-    FSTRV(dsec_msg_exec, argv, "argv", true, L_ARGV, L_ARG, "the command and its arguments"),
+    FSTRV(dsec_msg_exec, argv, "argv", false, L_ARGV, L_ARG,
+          "the command and its arguments; empty: the environment's default command"),
     FKV(dsec_msg_exec, env, "env", L_ARGV, L_ARG, "extra environment variables"),
     FSTR(dsec_msg_exec, cwd, "cwd", false, L_PATH, "working directory"),
     FBIN(dsec_msg_exec, stdin_data, "stdin", "bytes fed to standard input"),
@@ -187,7 +188,8 @@ static const dsec_field exec_fields[] = {
 static const dsec_field proc_fields[] = {
     FSTR(dsec_msg_proc, id, "id", true, L_NAME, "sandbox id"),
     FSTR(dsec_msg_proc, op, "op", true, L_NAME, "start, list, signal, stdin, output or resize"),
-    FSTRV(dsec_msg_proc, argv, "argv", false, L_ARGV, L_ARG, "start: the command and its arguments"),
+    FSTRV(dsec_msg_proc, argv, "argv", false, L_ARGV, L_ARG,
+          "start: the command and its arguments; empty: the environment's default command"),
     FKV(dsec_msg_proc, env, "env", L_ARGV, L_ARG, "start: extra environment variables"),
     FSTR(dsec_msg_proc, cwd, "cwd", false, L_PATH, "start: working directory"),
     FSTR(dsec_msg_proc, user, "user", false, L_LONG, "start: run as this user"),

@@ -435,9 +435,14 @@ static void sim_exec_model(void **state)
     assert_int_equal(r.duration_us, 500000);
     dsec_exec_result_release(&r);
 
-    /* No command. */
+    /* No command, and a sandbox without a default command (an image's Entrypoint/Cmd):
+     * refused, saying so, in the foreground and the background. */
     dsec_exec_req empty = {.argc = 0};
     assert_int_equal(dsec_backend_exec(be, sb, &empty, &r, &e), -1);
+    assert_int_equal(e.code, DSEC_E_INVALID);
+    assert_non_null(strstr(e.msg, "no default command"));
+    dsec_exec_req half = {.argc = 1, .argv = NULL};
+    assert_int_equal(dsec_backend_exec(be, sb, &half, &r, &e), -1);
     assert_int_equal(e.code, DSEC_E_INVALID);
 
     kill_sb(be, sb);

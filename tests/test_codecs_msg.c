@@ -280,7 +280,7 @@ static void schemas_use_wire_names_and_limits(void **state)
     assert_true(field_of(DSEC_MSG_PLACE, "req_id")->required);
     assert_true(field_of(DSEC_MSG_PLACE, "reply_to")->required);
     assert_true(field_of(DSEC_MSG_CAPACITY, "seq")->required);
-    assert_true(field_of(DSEC_MSG_EXEC, "argv")->required);
+    assert_false(field_of(DSEC_MSG_EXEC, "argv")->required); /* empty: the default command */
     assert_false(field_of(DSEC_MSG_CREATE, "tenant")->required);
     assert_int_equal(field_of(DSEC_MSG_CREATE, "req_id")->max_len, 64);
     assert_int_equal(field_of(DSEC_MSG_EXEC, "argv")->max_len, 4096);
@@ -513,8 +513,8 @@ static void missing_required_field(void **state)
                 "req_id");
     B.len = 0;
     mp_map(&B, 1);
-    kv_str(&B, "id", "x");
-    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, "field \"argv\": missing (required)", "argv");
+    kv_str(&B, "cwd", "/");
+    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, "field \"id\": missing (required)", "id");
     B.len = 0;
     mp_map(&B, 0);
     expect_fail(DSEC_MSG_PING, &B, DSEC_E_DECODE, "field \"seq\": missing (required)", "seq");
@@ -533,10 +533,20 @@ static void required_field_may_not_be_empty(void **state)
     expect_fail(DSEC_MSG_CREATE, &B, DSEC_E_DECODE, "field \"req_id\": empty (required)", "req_id");
     B.len = 0;
     mp_map(&B, 2);
+    kv_str(&B, "id", "");
+    mp_str(&B, "argv");
+    mp_arr(&B, 0);
+    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, "field \"id\": empty (required)", "id");
+    /* an exec's argv may be empty or absent: the environment's default command runs */
+    B.len = 0;
+    mp_map(&B, 2);
     kv_str(&B, "id", "x");
     mp_str(&B, "argv");
     mp_arr(&B, 0);
-    expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, "field \"argv\": empty (required)", "argv");
+    dsec_msg_exec x;
+    dsec_err err;
+    assert_int_equal(dsec_decode(D, DSEC_MSG_EXEC, B.data, B.len, &x, &err), 0);
+    assert_int_equal(x.argv.n, 0);
 }
 
 static void wrong_types(void **state)
@@ -997,8 +1007,9 @@ static void encoder_refuses_what_decoder_would(void **state)
     c.labels.n = 2;
     encode_ok(DSEC_MSG_CREATE, &c, &ENC);
 
-    dsec_msg_exec e = {.id = "x"};
-    encode_fails(DSEC_MSG_EXEC, &e, "field \"argv\": missing (required)");
+    dsec_msg_exec e = {.id = NULL};
+    encode_fails(DSEC_MSG_EXEC, &e, "field \"id\": missing (required)");
+    e.id = "x";
     const char *argv[] = {"ls", NULL};
     e.argv = (dsec_strv){.v = argv, .n = 2};
     encode_fails(DSEC_MSG_EXEC, &e, "field \"argv\": item 1: NULL string");

@@ -1,9 +1,11 @@
 /* test_container_image.c - a crun container (built with IMG_VM a microVM, with IMG_Q35 too a
  * VM; with IMG_FN a function call) from an imported image: whiteouts, opaque dirs, links,
- * setuid and the image's Env, WorkingDir and USER, over a dozen lower layers. */
+ * setuid and the image's Env, WorkingDir, USER and default command (Entrypoint, Cmd), over a
+ * dozen lower layers; and two images over one base, whose base a node fetches once. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +19,7 @@
 #include "backends/backend.h"
 #include "backends/container/container.h"
 #include "backends/function.h"
+#include "backends/layers/layer-cache.h"
 #include "backends/vm/vm.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
@@ -41,6 +44,7 @@
 #define DSEC_VMKIT_DIR ""
 #endif
 #define REF "127.0.0.1:5000/swe/task:1"
+#define REF2 "127.0.0.1:5000/swe/task-two:1"
 #define NEXTRA 10 /* layers above the two that matter: 12 lower dirs in all */
 
 static void *ct;
@@ -106,19 +110,39 @@ static int import_image(void)
     ik_image im = {.ref = REF,
                    .config_json_extra = "\"Env\":[\"PATH=/bin\",\"GREETING=hello image\"],"
                                         "\"WorkingDir\":\"/work\",\"User\":\"app\","
-                                        "\"Cmd\":[\"/bin/sh\"]"};
+                                        "\"Entrypoint\":[\"/bin/sh\",\"-c\"],"
+                                        "\"Cmd\":[\"echo \\\"default: $GREETING\\\"\"]"};
     char dir[128], regdir[128], work[128];
     snprintf(dir, sizeof dir, "%s/oci", top);
     snprintf(regdir, sizeof regdir, "%s/registry", top);
     snprintf(work, sizeof work, "%s/work", top);
     ik_write_oci_dir(dir, &im, lp, 2 + NEXTRA);
+    /* a second task image over the same base, with one small layer of its own */
+    ik_layer own;
+    ik_entry mine = {'f', "own.txt", "task two\n", 0644, 0, 0, NULL, NULL};
+    ik_layer_make(&own, &mine, 1, true);
+    ik_layer *lp2[] = {&layers[0], &own};
+    ik_image im2 = {.ref = REF2, .config_json_extra = "\"Env\":[\"PATH=/bin\"]"};
+    char dir2[128];
+    snprintf(dir2, sizeof dir2, "%s/oci2", top);
+    ik_write_oci_dir(dir2, &im2, lp2, 2);
+    ik_layer_free(&own);
     for (int i = 0; i < 2 + NEXTRA; i++)
         ik_layer_free(&layers[i]);
     dsec_err err;
     dsec_image_import_opts o = {.work_dir = work};
+    dsec_image_info *info = NULL;
     if (dsec_layer_registry_local(&reg, regdir, &err) < 0 ||
-        dsec_image_import(reg, dir, &o, NULL, &err) < 0) {
+        dsec_image_import(reg, dir, &o, NULL, &err) < 0 ||
+        dsec_image_import(reg, dir2, &o, &info, &err) < 0) {
         fprintf(stderr, "import: %s\n", err.msg);
+        return -1;
+    }
+    /* the base is stored once: the second import reused it */
+    bool reused = info->nlayers == 2 && info->layers[0].reused && !info->layers[1].reused;
+    dsec_image_info_free(info);
+    if (!reused) {
+        fprintf(stderr, "import: %s did not reuse the base layer it shares with %s\n", REF2, REF);
         return -1;
     }
     return 0;
@@ -162,6 +186,7 @@ static int group_setup(void **state)
     char node[32]; /* its own cgroups and runtime state: never another run's */
     snprintf(node, sizeof node, "ctimg%d", (int)getpid());
     dsec_backend_config cfg = {.state_dir = state_dir,
+                               .layer_cache_dir = cache_dir,
                                .node = node,
                                .opts = opts,
                                .nopts = sizeof opts / sizeof *opts,
@@ -236,12 +261,68 @@ static void test_container_from_image(void **state)
     SH_IS("readlink /bin/sh", "/bin/busybox\n"); /* absolute: resolved in the sandbox's root */
     SH_IS("stat -c %a /bin/suid", "4755\n");
     SH_IS("cat /layers/0 /layers/9", "09"); /* every one of the 12 lower layers is there */
+    /* Entrypoint then Cmd: the default command, kept with the sandbox */
+    const char *const *dargv = NULL;
+    assert_int_equal(OPS.default_cmd(ct, h, &dargv), 3);
+    assert_string_equal(dargv[0], "/bin/sh");
+    assert_string_equal(dargv[2], "echo \"default: $GREETING\"");
+    dsec_exec_req dreq = {.argv = dargv, .argc = 3, .timeout_ms = 60000};
+    dsec_exec_result dres = {0};
+    if (OPS.exec(ct, h, &dreq, &dres, &err) < 0)
+        fail_msg("the default command: %s", err.msg);
+    assert_int_equal(dres.exit_code, 0);
+    assert_int_equal(dres.stdout_len, strlen("default: hello image\n"));
+    assert_memory_equal(dres.stdout_data, "default: hello image\n", dres.stdout_len);
+    dsec_exec_result_release(&dres);
     OPS.destroy(ct, h, &err);
     dsec_free(bstate);
 }
 
+/* Two task images over one base, on one node: the base is fetched into the node's layer cache
+ * once, and the second sandbox finds it there (only its own layer is fetched). */
+static void test_shared_base_fetched_once(void **state)
+{
+    (void)state;
+    char cache_dir[128];
+    snprintf(cache_dir, sizeof cache_dir, "%s/cache", top);
+    dsec_layer_cache *cache;
+    dsec_err err;
+    if (dsec_layer_cache_share(&cache, cache_dir, 0, reg, &err) < 0) /* the backend's own */
+        fail_msg("layer cache: %s", err.msg);
+    const char *refs[] = {REF, REF2};
+    dsec_layer_cache_stats st[3];
+    dsec_layer_cache_stats_get(cache, &st[0]);
+    dsec_backend_kv kv[] = {{"runtime", "sh"}};
+    for (int i = 0; i < 2; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "ctimg-%d-%d", (int)getpid(), i);
+        dsec_sandbox_spec spec = {.id = id, .type = OPS.type, .env = refs[i], .memory_mb = 128};
+#ifdef IMG_FN
+        spec.labels = kv, spec.nlabels = 1;
+#else
+        (void)kv;
+#endif
+        dsec_sandbox *h;
+        char *bstate;
+        if (OPS.create(ct, &spec, &h, &bstate, &err) < 0)
+            fail_msg("create from %s: %s", refs[i], err.msg);
+        if (i == 1)
+            SH_IS("cat /own.txt; test -e /data/a.txt || echo base only", "task two\nbase only\n");
+        OPS.destroy(ct, h, &err);
+        dsec_free(bstate);
+        dsec_layer_cache_stats_get(cache, &st[i + 1]);
+    }
+    fprintf(stderr, "%s_image: layer cache fetches %" PRIu64 " -> %" PRIu64 " -> %" PRIu64
+            ", hits %" PRIu64 " -> %" PRIu64 "\n", WHAT, st[0].fetches, st[1].fetches,
+            st[2].fetches, st[1].hits, st[2].hits);
+    assert_int_equal(st[2].fetches - st[1].fetches, 1); /* the second image's own layer only */
+    assert_true(st[2].hits > st[1].hits);               /* the base, from the cache */
+    dsec_layer_cache_free(cache);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_container_from_image)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_container_from_image),
+                                       cmocka_unit_test(test_shared_base_fetched_once)};
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

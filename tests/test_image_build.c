@@ -131,11 +131,12 @@ static void make(const char *env, dsec_sandbox_info *info)
         fail_msg("create %s: %s", env, err.msg);
 }
 
-/* sh -c line in id with the environment's defaults; stdout without its last newline. */
+/* sh -c line in id with the environment's defaults (line NULL: its default command); stdout
+ * without its last newline. */
 static int sh(const char *id, const char *line, char *out, size_t n)
 {
     const char *argv[] = {"/bin/sh", "-c", line, NULL};
-    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 20000};
+    dsec_exec_opts eo = {.argv = line != NULL ? argv : NULL, .timeout_ms = 20000};
     dsec_exec_reply r;
     dsec_err err;
     if (dsec_exec(cl, id, &eo, &r, &err) < 0)
@@ -241,6 +242,8 @@ static void test_build_and_run(void **state)
     assert_int_equal(sh(sb.id, "stat -c '%u:%g' /home/app/owned.txt", out, sizeof out), 0);
     assert_string_equal(out, "1234:1234");
     assert_int_not_equal(sh(sb.id, "test -e /bin/vi", out, sizeof out), 0); /* deleted in a RUN */
+    assert_int_equal(sh(sb.id, NULL, out, sizeof out), 0); /* no command: CMD ["hello"] */
+    assert_string_equal(out, "hello from /opt/app");
     dsec_err err;
     assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
 }
@@ -404,7 +407,26 @@ static void test_from_imported_image(void **state)
     make("swe/task-7:1", &sb);
     assert_int_equal(sh(sb.id, "cat /built; echo $FROM_BASE", out, sizeof out), 0);
     assert_string_equal(out, "built 1\n1");
+    /* the default command, from the command line too: CMD ["cat", "/built"] */
+    snprintf(args, sizeof args, "DSEC_URL=%s DSEC_TENANT=imgbuild %s exec %s",
+             dsec_natsd_url(natsd), DSEC_CLI, sb.id);
+    FILE *p = popen(args, "r");
+    assert_non_null(p);
+    size_t k = fread(out, 1, sizeof out - 1, p);
+    out[k] = '\0';
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(out, "built 1\n");
     dsec_err err;
+    assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
+
+    /* an image without Entrypoint or Cmd: an exec that names no command says so */
+    make("127.0.0.1:5000/swe/base:1", &sb);
+    const char *none[] = {NULL};
+    dsec_exec_opts eo = {.argv = none, .timeout_ms = 20000};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(cl, sb.id, &eo, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+    assert_non_null(strstr(err.msg, "no default command"));
     assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
     ik_layer_free(&base);
 }

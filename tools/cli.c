@@ -227,7 +227,8 @@ int dsec_cli_exec(int argc, char **argv)
                       "       dsec exec -it ID [--env K=V]... [--cwd DIR] [--user U] -- CMD [ARG]...\n"
                       "  -it, --tty: run it on a terminal, this one in raw mode (as docker exec -it)\n"
                       "       dsec exec --session HANDLE ID [--timeout MS] -- 'COMMAND LINE'\n"
-                      "  --session: run it in a shell session (dsec session ID); Ctrl-C interrupts it";
+                      "  --session: run it in a shell session (dsec session ID); Ctrl-C interrupts it\n"
+                      "  Without CMD: the environment's default command (an image's Entrypoint and Cmd)";
     dsec_exec_opts o = {0};
     bool detach = false, keep_stdin = false, tty = false;
     uint64_t ring = 0;
@@ -281,13 +282,16 @@ int dsec_cli_exec(int argc, char **argv)
             default: return usage("exec", use);
             }
         }
-        if (optind >= argc)
+        if (optind >= argc) {
+            if (id != NULL) /* no command: the environment's default one */
+                break;
             return usage("exec", use);
+        }
         if (strcmp(argv[optind - 1], "--") == 0 || id != NULL)
             break;
         id = argv[optind++];
     }
-    if (id == NULL || optind >= argc)
+    if (id == NULL)
         return usage("exec", use);
     if (!detach && (ring != 0 || keep_stdin)) {
         fprintf(stderr, "dsec exec: --ring and --keep-stdin are for a background process (-d)\n");

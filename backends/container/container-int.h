@@ -156,6 +156,8 @@ struct ct_env {
     size_t nvars;
     char *workdir;
     char *user;
+    char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
+    size_t ncmd;
 };
 
 struct dsec_sandbox {

@@ -130,6 +130,9 @@ static void env_clear(struct ct_env *e)
     dsec_free(e->vars);
     dsec_free(e->workdir);
     dsec_free(e->user);
+    for (size_t i = 0; i < e->ncmd; i++)
+        dsec_free(e->cmd[i]);
+    dsec_free(e->cmd);
     memset(e, 0, sizeof *e);
 }
 
@@ -180,6 +183,18 @@ static int set_str(char **dst, const char *s, dsec_err *err)
     return s != NULL && *dst == NULL ? oom(err, "copying a string") : 0;
 }
 
+static int add_cmd(struct ct_env *e, const char *arg, dsec_err *err)
+{
+    char **v = dsec_realloc(e->cmd, (e->ncmd + 1) * sizeof *v);
+    if (v == NULL)
+        return oom(err, "default command");
+    e->cmd = v;
+    if ((v[e->ncmd] = dsec_strdup(arg)) == NULL)
+        return oom(err, "default command");
+    e->ncmd++;
+    return 0;
+}
+
 /* Copy src into dst (paths are not copied: dst holds nothing yet). */
 static int env_copy(struct ct_env *dst, const struct ct_env *src, dsec_err *err)
 {
@@ -193,6 +208,8 @@ static int env_copy(struct ct_env *dst, const struct ct_env *src, dsec_err *err)
         rc = set_str(&dst->workdir, src->workdir, err);
     if (rc == 0)
         rc = set_str(&dst->user, src->user, err);
+    for (size_t i = 0; rc == 0 && i < src->ncmd; i++)
+        rc = add_cmd(dst, src->cmd[i], err);
     if (rc < 0)
         env_clear(dst);
     return rc;
@@ -210,6 +227,8 @@ static int env_from_doc(struct ct_env *out, const dsec_env *d, dsec_err *err)
         rc = set_str(&out->workdir, d->workdir ? d->workdir : "/", err);
     if (rc == 0)
         rc = set_str(&out->user, d->user ? d->user : "root", err);
+    for (size_t i = 0; rc == 0 && i < d->ncmd; i++)
+        rc = add_cmd(out, d->cmd[i], err);
     if (rc < 0)
         env_clear(out);
     return rc;
@@ -278,7 +297,7 @@ static void unesc(char *s)
     *w = '\0';
 }
 
-/* Write e's lines (env, workdir, user, var, lower) to f. */
+/* Write e's lines (env, workdir, user, var, cmd, lower) to f. */
 static void put_env(FILE *f, const struct ct_env *e)
 {
     put_esc(f, "env", e->name);
@@ -286,6 +305,8 @@ static void put_env(FILE *f, const struct ct_env *e)
     put_esc(f, "user", e->user);
     for (size_t i = 0; i < e->nvars; i++)
         put_esc(f, "var", e->vars[i]);
+    for (size_t i = 0; i < e->ncmd; i++) /* an empty argument is a line "cmd " */
+        put_esc(f, "cmd", e->cmd[i]);
     for (size_t i = 0; i < e->nlowers; i++)
         fprintf(f, "lower %s %s %d\n", e->lowers[i].snap ? "snap" : "layer", e->lowers[i].name,
                 e->lowers[i].format);
@@ -302,6 +323,8 @@ static int take_env_line(struct ct_env *e, const char *key, char *val, dsec_err 
         return set_str(&e->user, val, err) < 0 ? -1 : 1;
     if (strcmp(key, "var") == 0)
         return add_var(e, val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "cmd") == 0)
+        return add_cmd(e, val, err) < 0 ? -1 : 1;
     if (strcmp(key, "lower") == 0) {
         char kind[16], name[160];
         int fmt = 0;
@@ -1376,6 +1399,13 @@ static int agent_failed(const struct ct_backend *be, dsec_sandbox *sb, dsec_err 
     return -1;
 }
 
+static size_t ct_default_cmd(void *self, dsec_sandbox *sb, const char *const **argv)
+{
+    (void)self;
+    *argv = (const char *const *)sb->env.cmd;
+    return sb->env.ncmd;
+}
+
 static int ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
                    dsec_err *err)
 {
@@ -1996,7 +2026,9 @@ static int ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const cha
                       .vars = ne.vars,
                       .nvars = ne.nvars,
                       .workdir = ne.workdir,
-                      .user = ne.user};
+                      .user = ne.user,
+                      .cmd = ne.cmd,
+                      .ncmd = ne.ncmd};
         d.layers = dsec_calloc(ne.nlowers, sizeof *d.layers);
         d.formats = dsec_calloc(ne.nlowers, sizeof *d.formats);
         if (d.layers == NULL || d.formats == NULL)
@@ -2286,6 +2318,7 @@ const dsec_backend_ops dsec_container_ops = {
     .create = ct_create,
     .exec = ct_exec,
     .exec_start = ct_exec_start,
+    .default_cmd = ct_default_cmd,
     .file_write = ct_file_write,
     .file_read = ct_file_read,
     .file_write_start = ct_file_write_start,

@@ -52,6 +52,8 @@ struct vm_env {
     size_t nvars;
     char *workdir;
     char *user;
+    char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
+    size_t ncmd;
 };
 
 /* One open instance. Everything but the lists under lock is set at init. */

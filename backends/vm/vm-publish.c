@@ -59,7 +59,9 @@ int dsec__vm_publish(dsec_layer_registry *reg, const char *disk, const char *scr
                   .vars = base != NULL ? base->vars : NULL,
                   .nvars = base != NULL ? base->nvars : 0,
                   .workdir = base != NULL ? base->workdir : NULL,
-                  .user = base != NULL ? base->user : NULL};
+                  .user = base != NULL ? base->user : NULL,
+                  .cmd = base != NULL ? base->cmd : NULL,
+                  .ncmd = base != NULL ? base->ncmd : 0};
     d.layers = dsec_calloc(nb + 1, sizeof *d.layers);
     if (d.layers == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "vm: environment document");

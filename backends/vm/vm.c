@@ -145,6 +145,9 @@ static void env_clear(struct vm_env *e)
     dsec_free(e->vars);
     dsec_free(e->workdir);
     dsec_free(e->user);
+    for (size_t i = 0; i < e->ncmd; i++)
+        dsec_free(e->cmd[i]);
+    dsec_free(e->cmd);
     memset(e, 0, sizeof *e);
 }
 
@@ -187,6 +190,18 @@ static int add_var(const struct vm_backend *be, struct vm_env *e, const char *kv
     return 0;
 }
 
+static int add_cmd(const struct vm_backend *be, struct vm_env *e, const char *arg, dsec_err *err)
+{
+    char **v = dsec_realloc(e->cmd, (e->ncmd + 1) * sizeof *v);
+    if (v == NULL)
+        return oom(be, err, "default command");
+    e->cmd = v;
+    if ((v[e->ncmd] = dsec_strdup(arg)) == NULL)
+        return oom(be, err, "default command");
+    e->ncmd++;
+    return 0;
+}
+
 static int env_from_spec(struct vm_backend *be, const dsec_sandbox_spec *spec, struct vm_env *out,
                          dsec_err *err)
 {
@@ -208,6 +223,8 @@ static int env_from_spec(struct vm_backend *be, const dsec_sandbox_spec *spec, s
             rc = add_layer(be, out, d->layers[i], err);
         for (size_t i = 0; rc == 0 && i < d->nvars; i++)
             rc = add_var(be, out, d->vars[i], err);
+        for (size_t i = 0; rc == 0 && i < d->ncmd; i++)
+            rc = add_cmd(be, out, d->cmd[i], err);
         dsec_env_free(d);
     } else {
         /* no layers at all is allowed: the guest's root is then the initrd's busybox */
@@ -258,6 +275,8 @@ static void put_env(FILE *f, const struct vm_env *e)
     put_esc(f, "user", e->user);
     for (size_t i = 0; i < e->nvars; i++)
         put_esc(f, "var", e->vars[i]);
+    for (size_t i = 0; i < e->ncmd; i++) /* an empty argument is a line "cmd " */
+        put_esc(f, "cmd", e->cmd[i]);
     /* with the image each layer's guest reads, when known: a snapshot's guest
      * must find the same bytes wherever it is restored */
     for (size_t i = 0; i < e->nlayers; i++) {
@@ -297,6 +316,8 @@ static int rec_line(struct rec *r, const char *key, char *val, dsec_err *err)
         rc = set_str(&e->user, val);
     else if (strcmp(key, "var") == 0)
         return add_var(r->be, e, val, err);
+    else if (strcmp(key, "cmd") == 0)
+        return add_cmd(r->be, e, val, err);
     else if (strcmp(key, "layer") == 0) {
         /* "DIGEST [IMAGE-DIGEST]" */
         char *img = strchr(val, ' ');
@@ -1331,6 +1352,13 @@ static void vm_exec_done(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
     r.done(r.ud, rc, res, err);
 }
 
+static size_t vm_default_cmd(void *self, dsec_sandbox *sb, const char *const **argv)
+{
+    (void)self;
+    *argv = (const char *const *)sb->env.cmd;
+    return sb->env.ncmd;
+}
+
 static int vm_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
                          struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err)
 {
@@ -1775,7 +1803,9 @@ static int vm_snapshot(void *self, dsec_sandbox *sb, const char *path, const cha
                          .vars = sb->env.vars,
                          .nvars = sb->env.nvars,
                          .workdir = sb->env.workdir,
-                         .user = sb->env.user};
+                         .user = sb->env.user,
+                         .cmd = sb->env.cmd,
+                         .ncmd = sb->env.ncmd};
         base.layers = dsec_calloc(sb->env.nlayers + 1, sizeof *base.layers);
         if (base.layers == NULL)
             rc = oom(be, err, "environment");
@@ -2143,6 +2173,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .create = vm_create,                                                                       \
         .exec = vm_exec,                                                                           \
         .exec_start = vm_exec_start,                                                               \
+        .default_cmd = vm_default_cmd,                                                             \
         .file_write = vm_file_write,                                                               \
         .file_read = vm_file_read,                                                                 \
         .file_write_start = vm_file_write_start,                                                   \

@@ -86,7 +86,9 @@ int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_
                       dsec_err *err);
 
 typedef struct dsec_exec_opts {
-    const char *const *argv; /* NULL-terminated, required */
+    /* NULL-terminated; NULL or empty: the sandbox's default command (an imported image's
+     * Entrypoint and Cmd; an error naming the lack when its environment has none) */
+    const char *const *argv;
     const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
     const char *cwd;
     const void *stdin_data;
@@ -300,7 +302,7 @@ typedef struct dsec_proc {
 } dsec_proc;
 
 typedef struct dsec_proc_opts {
-    const char *const *argv; /* NULL-terminated, required */
+    const char *const *argv; /* NULL-terminated; NULL or empty: the default command, as for dsec_exec */
     const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
     const char *cwd;
     const char *user;

@@ -914,10 +914,12 @@ class Processes:
             raise errors.not_supported("processes: this libdsec.so (%s) has no dsec_proc_start; "
                                        "rebuild it" % _lib.path, "processes")
 
-    def start(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
-              user: Optional[str] = None, timeout_s: float = 0, ring_bytes: int = 0,
-              keep_stdin: bool = False, stdin: Optional[Data] = None) -> Process:
-        """Start argv in the background; its Process. timeout_s (0: never) ends
+    def start(self, argv: Optional[Sequence[str]] = None, env: Optional[dict] = None,
+              cwd: Optional[str] = None, user: Optional[str] = None, timeout_s: float = 0,
+              ring_bytes: int = 0, keep_stdin: bool = False,
+              stdin: Optional[Data] = None) -> Process:
+        """Start argv (None or []: the environment's default command) in the background;
+        its Process. timeout_s (0: never) ends
         its whole process tree; ring_bytes (0: 256 KiB, at most 16 MiB) of each
         stream are kept for read/follow; keep_stdin leaves stdin open for
         Process.write."""
@@ -927,7 +929,7 @@ class Processes:
                                          "[\"sh\", \"-c\", line]), got a str",
                                          code="invalid", code_num=1, op="processes.start")
         sb = self._sb
-        av = _lib.strv(list(argv))
+        av = _lib.strv(list(argv or []))
         ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
         data = _bytes(stdin) if stdin is not None else b""
         opts = _lib.ProcOpts(argv=av, env=ev, cwd=_lib.cstr(cwd), user=_lib.cstr(user or sb.user),
@@ -1142,12 +1144,15 @@ class Sandbox:
                            ctypes.byref(out))
         return Shell(self, out.handle)
 
-    def exec(self, argv: Sequence[str], env: Optional[dict] = None, cwd: Optional[str] = None,
+    def exec(self, argv: Optional[Sequence[str]] = None, env: Optional[dict] = None,
+             cwd: Optional[str] = None,
              stdin: Optional[Data] = None, timeout_ms: int = 0, user: Optional[str] = None,
              step: Optional[int] = None, rollout_id: Optional[str] = None,
              check: bool = False, output_max: int = 0,
              req_id: Optional[str] = None) -> ExecResult:
-        """Run argv. With step (and the sandbox's or the given rollout_id) the
+        """Run argv (None or []: the environment's default command, an imported image's
+        Entrypoint and Cmd; InvalidArgument when it has none). With step (and the sandbox's
+        or the given rollout_id) the
         step is recorded in the trajectory log; re-issuing a logged step returns
         the logged result without running it (fast-forward), and a different
         request at a logged step raises Diverged. check: raise CommandFailed on a
@@ -1167,7 +1172,7 @@ class Sandbox:
     def _exec_opts(self, argv, env=None, cwd=None, stdin=None, timeout_ms=0, user=None,
                    step=None, rollout_id=None, check=False, output_max=0, req_id=None,
                    session=0, op="exec") -> ExecResult:
-        av = _lib.strv(list(argv))
+        av = _lib.strv(list(argv or []))
         ev = _lib.strv(["%s=%s" % kv for kv in (env or {}).items()])
         sd = _bytes(stdin) if stdin is not None else None
         rid = (rollout_id or self.rollout_id) if step is not None else None
@@ -1693,7 +1698,7 @@ class AsyncProcesses:
     def __init__(self, asb: "AsyncSandbox"):
         self._asb = asb
 
-    async def start(self, argv, **kw) -> AsyncProcess:
+    async def start(self, argv=None, **kw) -> AsyncProcess:
         """Processes.start (same keywords): start argv in the background."""
         return AsyncProcess(self._asb, await self._asb._run(self._asb.sync.processes.start,
                                                             argv, **kw))
@@ -1811,7 +1816,7 @@ class AsyncSandbox:
         pool = self._aclient.client._executor()
         return await loop.run_in_executor(pool, lambda: fn(*args, **kw))
 
-    async def exec(self, argv, **kw) -> ExecResult:
+    async def exec(self, argv=None, **kw) -> ExecResult:
         return await self._run(self.sync.exec, argv, **kw)
 
     async def run_shell(self, command, **kw) -> ExecResult:

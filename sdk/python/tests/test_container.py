@@ -164,6 +164,10 @@ class TestContainer(Base):
         self.assertEqual(sb.exec(["sh", "-c", "echo $A:$PWD"], env={"A": "1"}, cwd="/tmp").text,
                          "1:/tmp\n")
         self.assertEqual(sb.exec(["id", "-u"], user="nobody", cwd="/tmp").text, "65534\n")
+        # no command: the environment's default one, which busybox:1 (not an image) lacks
+        with self.assertRaises(InvalidArgument) as cm:
+            sb.exec()
+        self.assertIn("no default command", str(cm.exception))
         with self.assertRaises(CommandFailed) as cm:
             sb.exec(["false"], check=True)
         self.assertEqual(cm.exception.result.exit_code, 1)
