@@ -22,6 +22,7 @@
 typedef struct jsreg {
     dsec_js *js;
     dsec_kv_bucket *kv;
+    dsec_bus *owned_bus; /* conf->own_bus: freed after the rest */
     char bucket[64];
     char stream[80];
     size_t chunk;
@@ -533,6 +534,7 @@ static void js_close(void *self)
         return;
     dsec_kv_close(r->kv);
     dsec_js_free(r->js);
+    dsec_bus_free(r->owned_bus);
     dsec_free(r);
 }
 
@@ -588,5 +590,7 @@ int dsec_layer_registry_jetstream(dsec_layer_registry **out, dsec_bus *bus,
         js_close(r);
         return -1;
     }
+    if (conf != NULL && conf->own_bus)
+        r->owned_bus = bus;
     return 0;
 }

@@ -3,7 +3,7 @@
 # docker-registry, skopeo or openssl is missing.
 add_executable(test_image_pull test_image_pull.c ${CMAKE_SOURCE_DIR}/tools/image-pull.c
   ${CMAKE_SOURCE_DIR}/tools/layer.c)
-target_link_libraries(test_image_pull PRIVATE dsec_bus dsec_backends dsec_common PkgConfig::CMOCKA
+target_link_libraries(test_image_pull PRIVATE dsec_client dsec_bus dsec_backends dsec_common PkgConfig::CMOCKA
   Threads::Threads dsec_warnings dsec_allocator)
 target_compile_definitions(test_image_pull PRIVATE
   IMAGE_PULL_LAYOUT_SH="${CMAKE_CURRENT_SOURCE_DIR}/image_pull_layout.sh")

@@ -28,7 +28,8 @@ if(NOT DSEC_ANY_SANITIZER)
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_fleet.py -v
              WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
     set_tests_properties(sdk_fleet PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}")
-    # dsec.images: import, list, inspect, remove and bad input through the dsec command line
+    # dsec.images: import, list, inspect, remove and bad input through libdsec and through the
+    # dsec command line (its fallback), the records compared
     add_test(NAME sdk_images
              COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
                      -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_images.py -v

@@ -26,7 +26,7 @@ int dsec_cli_env(int argc, char **argv);
 /* The layer registry the layer, env and image commands use: registry (--registry DIR or
  * nats://HOST:PORT[?bucket=NAME]), else $DSEC_LAYERS, else state/layers (state: --state-dir,
  * default ./state); *where names it. Returns 0, or 2 after printing why not. Close with
- * dsec_cli_registry_close. */
+ * dsec_cli_registry_close (dsec_layer_registry_open, dsec/image.h, does the opening). */
 struct dsec_layer_registry;
 int dsec_cli_registry_open(const char *registry, const char *state,
                            struct dsec_layer_registry **r, const char **where);

@@ -8,8 +8,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "bus/bus.h"
-#include "bus/layers-js.h"
 #include "dsec/alloc.h"
 #include "dsec/image.h"
 #include "dsec/layers.h"
@@ -26,39 +24,11 @@
  * (nats://HOST:PORT[?bucket=NAME], bucket DSEC_LAYERS by default, as the
  * cell's layers.bucket).
  */
-static dsec_bus *js_bus; /* the bus a JetStream registry was opened on */
-
 void dsec_cli_registry_close(dsec_layer_registry *r)
 {
-    dsec_layer_registry_free(r);
-    dsec_bus_free(js_bus);
-    js_bus = NULL;
+    dsec_layer_registry_free(r); /* a JetStream registry closes its own connection */
 }
 
-static int open_jetstream(const char *spec, dsec_layer_registry **r, dsec_err *err)
-{
-    char url[1024], bucket[64] = "DSEC_LAYERS";
-    if (snprintf(url, sizeof url, "%s", spec) >= (int)sizeof url)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "registry URL longer than %zu bytes", sizeof url - 1);
-    char *q = strchr(url, '?');
-    if (q != NULL) {
-        *q++ = '\0';
-        if (strncmp(q, "bucket=", 7) != 0 || q[7] == '\0' || strlen(q + 7) >= sizeof bucket)
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "registry %s: expected nats://HOST:PORT?bucket=NAME", spec);
-        snprintf(bucket, sizeof bucket, "%s", q + 7);
-    }
-    dsec_bus_opts bo = {.url = url, .name = "dsec-layer"};
-    if (dsec_bus_connect(&js_bus, &bo, err) < 0)
-        return -1;
-    dsec_js_layers_conf lc = {.bucket = bucket};
-    if (dsec_layer_registry_jetstream(r, js_bus, &lc, err) < 0) {
-        dsec_bus_free(js_bus);
-        js_bus = NULL;
-        return -1;
-    }
-    return 0;
-}
 static const char *registry_dir(const char *opt, const char *state, char *buf, size_t n)
 {
     if (opt != NULL)
@@ -184,8 +154,7 @@ int dsec_cli_registry_open(const char *registry, const char *state, dsec_layer_r
     static char buf[4096];
     *where = registry_dir(registry, state, buf, sizeof buf);
     dsec_err err;
-    if (strncmp(*where, "nats://", 7) == 0 ? open_jetstream(*where, r, &err) < 0
-                                           : dsec_layer_registry_local(r, *where, &err) < 0) {
+    if (dsec_layer_registry_open(r, *where, &err) < 0) {
         fprintf(stderr, "dsec: %s\n", err.msg);
         return 2;
     }
@@ -234,7 +203,7 @@ static int layer_build(const opts *o, const char *src)
     char work[4096], blob[4200];
     bool made = false;
     rc = 1;
-    if (js_bus != NULL) {
+    if (strcmp(dsec_layer_registry_kind(r), "jetstream") == 0) {
         const char *tmp = getenv("TMPDIR");
         snprintf(work, sizeof work, "%s/dsec-layer.XXXXXX", tmp && tmp[0] ? tmp : "/var/tmp");
     } else {

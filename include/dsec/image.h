@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dsec/client.h"
 #include "dsec/err.h"
 #include "dsec/layers.h"
 
@@ -122,6 +123,21 @@ typedef struct dsec_image_pull_opts {
 } dsec_image_pull_opts;
 int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pull_opts *o,
                     dsec_image_info **out, dsec_err *err);
+
+/*
+ * Registries for libdsec users (client/images.c); free with dsec_layer_registry_free.
+ *
+ * dsec_layer_registry_open: where is a directory (a local registry there, created when
+ * missing, as dsec_layer_registry_local) or nats://HOST:PORT[?bucket=NAME] (a cell's JetStream
+ * registry, bucket DSEC_LAYERS by default, over a connection of its own that
+ * dsec_layer_registry_free closes). Anything else fails with DSEC_E_INVALID naming where.
+ *
+ * dsec_client_layer_registry: the cell's JetStream registry over c's own connection; bucket
+ * NULL means "DSEC_LAYERS" (the cell's layers.bucket default). c must outlive *out.
+ */
+int dsec_layer_registry_open(dsec_layer_registry **out, const char *where, dsec_err *err);
+int dsec_client_layer_registry(dsec_client *c, const char *bucket, dsec_layer_registry **out,
+                               dsec_err *err);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-"""ctypes bindings of libdsec (include/dsec/client.h, err.h).
+"""ctypes bindings of libdsec (include/dsec/client.h, err.h, image.h).
 
 The library is found through $DSEC_LIB, else relative to this package
 (../../build/default/client/libdsec.so from sdk/python), else the loader's
@@ -291,3 +291,68 @@ def _event_struct():
 # CQ_EVENT: the struct of one event; INFO_PLACE: (start, end) of node, type,
 # state and cell within its place field
 CQ_EVENT, INFO_PLACE = _event_struct()
+
+
+# images (image.h): import, pull, list, get, remove in a layer registry. An older libdsec
+# without them leaves HAVE_IMAGES false and dsec.images runs the `dsec` command line instead.
+DIGEST_LEN = 72  # dsec_digest: "sha256:" + 64 hex + NUL
+IMAGE_PROGRESS = CFUNCTYPE(None, c_void_p, c_char_p)
+
+
+class ImageLayer(Structure):
+    _fields_ = [("diff_id", c_char * DIGEST_LEN), ("layer", c_char * DIGEST_LEN),
+                ("size", c_uint64), ("reused", c_bool)]
+
+
+class ImageInfo(Structure):
+    _fields_ = [("ref", c_char_p), ("manifest", c_char * DIGEST_LEN),
+                ("config", c_char * DIGEST_LEN), ("env", c_char_p),
+                ("layers", POINTER(ImageLayer)), ("nlayers", c_size_t),
+                ("cmd", POINTER(c_char_p)), ("ncmd", c_size_t),
+                ("labels", POINTER(c_char_p)), ("nlabels", c_size_t),
+                ("created_unix", c_int64)]
+
+
+class ImageImportOpts(Structure):
+    _fields_ = [("ref", c_char_p), ("format", c_int), ("platform", c_char_p),
+                ("work_dir", c_char_p), ("progress", IMAGE_PROGRESS), ("progress_arg", c_void_p)]
+
+
+class ImagePullOpts(Structure):
+    _fields_ = [("import_", ImageImportOpts), ("username", c_char_p), ("password", c_char_p),
+                ("auth_file", c_char_p), ("ca_file", c_char_p), ("plain_http", c_bool),
+                ("timeout_s", c_uint)]
+
+
+HAVE_IMAGES = all(hasattr(lib, n) for n in (
+    "dsec_layer_registry_open", "dsec_layer_registry_free", "dsec_layer_format_parse",
+    "dsec_image_import", "dsec_image_pull", "dsec_image_list", "dsec_image_get",
+    "dsec_image_remove", "dsec_image_info_free", "dsec_image_infos_free"))
+if HAVE_IMAGES:
+    PInfo = POINTER(ImageInfo)
+    layer_registry_open = _proto("dsec_layer_registry_open", c_int, POINTER(c_void_p), c_char_p,
+                                 PErr)
+    layer_registry_free = _proto("dsec_layer_registry_free", None, c_void_p)
+    layer_format_parse = _proto("dsec_layer_format_parse", c_int, c_char_p, POINTER(c_int), PErr)
+    image_import = _proto("dsec_image_import", c_int, c_void_p, c_char_p,
+                          POINTER(ImageImportOpts), POINTER(PInfo), PErr)
+    image_pull = _proto("dsec_image_pull", c_int, c_void_p, c_char_p, POINTER(ImagePullOpts),
+                        POINTER(PInfo), PErr)
+    image_list = _proto("dsec_image_list", c_int, c_void_p, POINTER(PInfo), POINTER(c_size_t),
+                        PErr)
+    image_get = _proto("dsec_image_get", c_int, c_void_p, c_char_p, POINTER(PInfo), PErr)
+    image_remove = _proto("dsec_image_remove", c_int, c_void_p, c_char_p, PErr)
+    image_info_free = _proto("dsec_image_info_free", None, PInfo)
+    image_infos_free = _proto("dsec_image_infos_free", None, PInfo, c_size_t)
+
+
+def image_dict(i):
+    """A dsec_image_info as `dsec image inspect --json` prints it."""
+    def s(b):
+        return b.decode(errors="replace") if b is not None else None
+    return {"ref": s(i.ref), "env": s(i.env), "manifest": s(i.manifest), "config": s(i.config),
+            "created": int(i.created_unix),
+            "layers": [{"diff_id": s(i.layers[k].diff_id), "layer": s(i.layers[k].layer),
+                        "size": int(i.layers[k].size)} for k in range(i.nlayers)],
+            "cmd": [s(i.cmd[k]) for k in range(i.ncmd)],
+            "labels": [s(i.labels[k]) for k in range(i.nlabels)]}

@@ -1,7 +1,8 @@
-"""dsec.images against the real `dsec` command line and a registry directory: an OCI layout
-written here is imported, listed, inspected and removed; a corrupted one and a pull from a port
-nothing listens on raise with the command's message. Needs root (whiteouts and xattrs are
-written as root); skipped otherwise. Environment: DSEC_BIN (the dsec binary)."""
+"""dsec.images against a registry directory, through libdsec and through the real `dsec`
+command line (its fallback): an OCI layout written here is imported, listed, inspected and
+removed; a corrupted one and a pull from a port nothing listens on raise with a message naming
+them; both ways give the same records. Needs root (whiteouts and xattrs are written as root);
+skipped otherwise. Environment: DSEC_LIB (libdsec.so), DSEC_BIN (the dsec binary)."""
 import gzip
 import hashlib
 import io
@@ -12,7 +13,7 @@ import tarfile
 import tempfile
 import unittest
 
-from dsec import DSecError, InvalidArgument
+from dsec import DSecError, InvalidArgument, _lib
 from dsec.images import Images
 
 
@@ -56,9 +57,15 @@ def write_layout(root, files, env):
 
 @unittest.skipUnless(os.geteuid() == 0, "needs root (image layers are unpacked as root)")
 class TestImages(unittest.TestCase):
+    USE_LIB = True
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="dsec-sdk-images-")
         self.imgs = Images(registry=os.path.join(self.tmp, "layers"))
+        if not self.USE_LIB:
+            self.imgs.use_lib = False
+        elif not _lib.HAVE_IMAGES:
+            self.skipTest("this libdsec.so has no image calls")
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -96,6 +103,45 @@ class TestImages(unittest.TestCase):
         self.assertIn("127.0.0.1:1", str(cm.exception))
         with self.assertRaises(InvalidArgument):
             self.imgs.import_(os.path.join(self.tmp, "missing"), format="squashfs")
+
+
+class TestImagesCli(TestImages):
+    """The same through the command line, as with a libdsec.so without the image calls."""
+    USE_LIB = False
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root (image layers are unpacked as root)")
+@unittest.skipUnless(_lib.HAVE_IMAGES, "this libdsec.so has no image calls")
+class TestImagesLibOnly(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="dsec-sdk-images-")
+        self.reg = os.path.join(self.tmp, "layers")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_no_command_needed_and_same_records(self):
+        lay = os.path.join(self.tmp, "oci")
+        write_layout(lay, {"hello": b"hi\n"}, ["PATH=/bin"])
+        # a `dsec` that does not exist: import, list and inspect never run it
+        imgs = Images(registry=self.reg, cli=os.path.join(self.tmp, "no-such-dsec"))
+        got = imgs.import_(lay, name="sdk/same:1", format="dir")
+        self.assertEqual(imgs.list(), [got])
+        # the command line reads the same registry and prints the same record
+        cli = Images(registry=self.reg)
+        cli.use_lib = False
+        self.assertEqual(cli.inspect("sdk/same:1"), got)
+        self.assertEqual(imgs.inspect(got["manifest"]), got)
+        imgs.remove("sdk/same:1")
+        self.assertEqual(cli.list(), [])
+
+    def test_registry_errors_name_it(self):
+        with self.assertRaises(InvalidArgument) as cm:
+            Images(registry="ftp://nowhere/layers").list()
+        self.assertIn("ftp://nowhere/layers", str(cm.exception))
+        with self.assertRaises(InvalidArgument) as cm:
+            Images(registry=self.reg).pull("127.0.0.1:1/sdk/none:1", password="p")
+        self.assertIn("username", str(cm.exception))
 
 
 if __name__ == "__main__":
