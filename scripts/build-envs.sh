@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # build-envs.sh - build real environments (busybox:1, python:3) into a layer registry, from Debian's mirror only.
 #
-#   scripts/build-envs.sh [--registry DIR] [--state-dir DIR] [--dsec PATH] [--only busybox] [--no-check]
+#   scripts/build-envs.sh [--registry DIR] [--state-dir DIR] [--dsec PATH] [--only busybox|debootstrap] [--no-check]
+#
+# --only debootstrap makes (or finds) the debootstrap tree alone and prints its path last.
 #
 # Layers:   busybox:1     busybox-static with its applet links, passwd/group, empty /tmp /proc /sys /dev (EROFS)
 #           debian:12     debootstrap --variant=minbase bookworm (EROFS)
@@ -31,7 +33,8 @@ while [ $# -gt 0 ]; do
     --dsec) dsec=$2; shift 2 ;;
     --no-check) check=0; shift ;;
     --only) only=$2; shift 2
-            [ "$only" = busybox ] || { echo "build-envs.sh: --only takes busybox (got $only)" >&2; exit 2; } ;;
+            case "$only" in busybox|debootstrap) ;;
+              *) echo "build-envs.sh: --only takes busybox or debootstrap (got $only)" >&2; exit 2 ;; esac ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-envs.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -81,7 +84,9 @@ layer() { # NAME DIR [build options...]
 }
 
 # ---- busybox:1 ------------------------------------------------------------------------------
-if has_tag busybox:1; then
+if [ "$only" = debootstrap ]; then
+  :
+elif has_tag busybox:1; then
   echo "build-envs: busybox:1 already in $registry"
 else
   r=$work/busybox
@@ -96,7 +101,7 @@ else
   printf 'root:x:0:\nnogroup:x:65534:\n' > "$r/etc/group"
   layer busybox:1 "$r"
 fi
-has_env busybox:1 || "$dsec" env create busybox:1 --layer busybox:1 --registry "$registry" \
+[ "$only" = debootstrap ] || has_env busybox:1 || "$dsec" env create busybox:1 --layer busybox:1 --registry "$registry" \
   --env PATH=/bin:/sbin:/usr/bin:/usr/sbin --workdir /root >/dev/null
 
 [ "$only" = busybox ] && exit 0
@@ -110,7 +115,8 @@ mirror() {
   } | grep -v security | head -n 1
 }
 base=$state/cache/debootstrap-bookworm
-if ! { has_tag debian:12 && has_tag debian-py:12; } && [ ! -e "$base/.complete" ]; then
+if { [ "$only" = debootstrap ] || ! { has_tag debian:12 && has_tag debian-py:12; }; } &&
+   [ ! -e "$base/.complete" ]; then
   url=$(mirror)
   [ -n "$url" ] || { echo "build-envs.sh: no Debian mirror in /etc/apt/sources.list{,.d}" >&2; exit 1; }
   rm -rf "$base" "$base.tmp"
@@ -126,6 +132,8 @@ if ! { has_tag debian:12 && has_tag debian-py:12; } && [ ! -e "$base/.complete" 
   mv "$base.tmp" "$base"
   echo "build-envs: debootstrap took $(secs "$t0") s ($(du -sh --exclude=proc "$base" | cut -f1))"
 fi
+# --only debootstrap: the tree alone (tests make their own images from it); its path on stdout
+if [ "$only" = debootstrap ]; then echo "$base"; exit 0; fi
 base_excludes=(--exclude .complete --exclude 'var/cache/apt/archives/?*.deb'
                --exclude 'var/cache/apt/?*.bin' --exclude 'var/lib/apt/lists/?*')
 if has_tag debian:12; then

@@ -37,6 +37,16 @@ if(NOT DSEC_ANY_SANITIZER)
     # unittest exits 0 when it skips the class without root: its reason marks the ctest skip
     set_tests_properties(sdk_images PROPERTIES TIMEOUT 120 ENVIRONMENT "${DSEC_SDK_ENV}"
       SKIP_REGULAR_EXPRESSION "needs root \\(image layers are unpacked as root\\)")
+    # task images over the debootstrap base made by umoci, pushed by skopeo into docker-registry,
+    # pulled through dsec.images and run in containers (the tree is cached in
+    # /var/cache/dsec-test: the first run pays for debootstrap from the Debian mirror)
+    add_test(NAME sdk_images_debian
+             COMMAND ${DSEC_PYTHON3} -m unittest discover -s ${CMAKE_SOURCE_DIR}/sdk/python/tests
+                     -t ${CMAKE_SOURCE_DIR}/sdk/python/tests -p test_images_debian.py -v
+             WORKING_DIRECTORY ${CMAKE_SOURCE_DIR}/sdk/python)
+    # a skipped setUpModule (no root, a missing tool, no mirror) exits 0: its line marks the skip
+    set_tests_properties(sdk_images_debian PROPERTIES TIMEOUT 900 ENVIRONMENT "${DSEC_SDK_ENV}"
+      SKIP_REGULAR_EXPRESSION "setUpModule \\(test_images_debian\\) \\.\\.\\. skipped")
     # pip install ./sdk/python offline (pyproject's in-tree backend) and import the installed copy
     add_test(NAME sdk_install
              COMMAND ${CMAKE_SOURCE_DIR}/tests/sdk_install.sh ${DSEC_PYTHON3}
