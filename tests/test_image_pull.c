@@ -725,6 +725,22 @@ static void check_layout(const char *dir, const char *manifest)
         assert_int_equal(sh("grep -q '\"digest\":\"%s\"' %s/index.json", manifest, dir), 0);
 }
 
+/* Progress lines of a pull: layers downloaded, and layers left out as already held. */
+struct fetched {
+    int fetched, skipped;
+};
+
+static void count_fetched(void *arg, const char *line)
+{
+    struct fetched *f = arg;
+    if (strncmp(line, "layer ", 6) != 0)
+        return;
+    if (strstr(line, " fetched (") != NULL)
+        f->fetched++;
+    else if (strstr(line, " not fetched: already a layer") != NULL)
+        f->skipped++;
+}
+
 static void test_registry_plain(void **state)
 {
     (void)state;
@@ -780,9 +796,13 @@ static void test_registry_plain(void **state)
     assert_int_equal(env->nlayers, 3);
     dsec_env_free(env);
     snprintf(ref, sizeof ref, "127.0.0.1:%d/swe/task:2", g.port);
+    struct fetched f2 = {0};
+    po.import.progress = count_fetched, po.import.progress_arg = &f2;
     if (dsec_image_pull(r, ref, &po, &i2, &err) < 0)
         fail_msg("pull %s: %s", ref, err.msg);
     assert_int_equal(i2->nlayers, 3);
+    assert_int_equal(f2.skipped, 2); /* the two layers already held are not even downloaded */
+    assert_int_equal(f2.fetched, 1);
     for (size_t i = 0; i < 2; i++) {       /* busybox and motd: the same tars in both images */
         assert_true(i2->layers[i].reused); /* same diff_ids: neither converted nor stored again */
         assert_string_equal(i2->layers[i].layer, i1->layers[i].layer);

@@ -360,14 +360,30 @@ out:
 
 /* ---- layers ------------------------------------------------------------------------------- */
 
-static bool have_blob(imp *m, const char *digest, uint64_t *size)
+int dsec__image_diffid_held(dsec_layer_registry *r, const dsec_layer_info *have, size_t nhave,
+                            const char *diff_id, dsec_layer_format fmt, dsec_digest layer,
+                            uint64_t *size, dsec_err *err)
 {
-    for (size_t i = 0; i < m->nhave; i++)
-        if (strcmp(m->have[i].digest, digest) == 0 && m->have[i].format == m->fmt) {
-            *size = m->have[i].size;
-            return true;
-        }
-    return false;
+    char key[128], *doc = NULL;
+    size_t len;
+    dsec_err e;
+    snprintf(key, sizeof key, "%s.%s", diff_id, dsec_layer_format_name(fmt));
+    if (dsec_layer_registry_doc_get(r, "diffid", key, &doc, &len, &e) < 0) {
+        if (e.code == DSEC_E_NOT_FOUND)
+            return 0;
+        *err = e;
+        return -1;
+    }
+    int held = 0;
+    if (len >= DSEC_DIGEST_STRLEN && (doc[DSEC_DIGEST_STRLEN] = '\0', 1) && dsec_digest_valid(doc))
+        for (size_t i = 0; !held && i < nhave; i++)
+            if (strcmp(have[i].digest, doc) == 0 && have[i].format == fmt) {
+                memcpy(layer, doc, sizeof(dsec_digest));
+                *size = have[i].size;
+                held = 1;
+            }
+    dsec_free(doc);
+    return held;
 }
 
 /* Convert layer i (blob at l) whose config diff_id is diff_id into a stored dsec layer. */
@@ -436,28 +452,19 @@ out:
 static int import_layer(imp *m, size_t i, const char *diff_id, dsec_image_layer *out)
 {
     memcpy(out->diff_id, diff_id, sizeof out->diff_id);
-    char key[128], *doc = NULL;
-    size_t len;
-    dsec_err e;
-    snprintf(key, sizeof key, "%s.%s", diff_id, dsec_layer_format_name(m->fmt));
-    if (dsec_layer_registry_doc_get(m->r, "diffid", key, &doc, &len, &e) == 0) {
-        bool ok = len >= DSEC_DIGEST_STRLEN && (doc[DSEC_DIGEST_STRLEN] = '\0', 1) &&
-                  dsec_digest_valid(doc) && have_blob(m, doc, &out->size);
-        if (ok) {
-            memcpy(out->layer, doc, sizeof out->layer);
-            out->reused = true;
-        }
-        dsec_free(doc);
-        if (ok) {
-            progress(m, "layer %zu/%zu %s reused (%s)", i + 1, m->nlayers, diff_id, out->layer);
-            return 0;
-        }
-    } else if (e.code != DSEC_E_NOT_FOUND) {
-        *m->err = e;
+    int held = dsec__image_diffid_held(m->r, m->have, m->nhave, diff_id, m->fmt, out->layer,
+                                       &out->size, m->err);
+    if (held < 0)
         return -1;
+    if (held) {
+        out->reused = true;
+        progress(m, "layer %zu/%zu %s reused (%s)", i + 1, m->nlayers, diff_id, out->layer);
+        return 0;
     }
     if (convert_layer(m, i, &m->layers[i], diff_id, out) < 0)
         return -1;
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", diff_id, dsec_layer_format_name(m->fmt));
     char line[DSEC_DIGEST_STRLEN + 2];
     int n = snprintf(line, sizeof line, "%s\n", out->layer);
     if (dsec_layer_registry_doc_put(m->r, "diffid", key, line, (size_t)n, m->err) < 0)

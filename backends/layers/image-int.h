@@ -36,5 +36,11 @@ int dsec__image_ref_normalize(const char *ref, char **norm, char **env, dsec_err
 /* An image record's document (dsec_malloc'd); -1 when out of memory. */
 struct dsec_image_info;
 int dsec__image_record_encode(const struct dsec_image_info *i, char **doc, size_t *len);
+/* Whether the image layer diff_id is already a dsec layer of format fmt in r: its diff_id
+ * record names a layer whose blob is among have[] (dsec_layer_registry_list). 1 with *layer
+ * and *size set, 0 when not, -1 with err when the registry fails. */
+int dsec__image_diffid_held(dsec_layer_registry *r, const dsec_layer_info *have, size_t nhave,
+                            const char *diff_id, dsec_layer_format fmt, dsec_digest layer,
+                            uint64_t *size, dsec_err *err);
 
 #endif

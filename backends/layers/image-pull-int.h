@@ -20,5 +20,11 @@
  */
 int dsec__image_fetch_layout(const char *ref, const dsec_image_pull_opts *o, const char *dir,
                              char **norm_ref, dsec_err *err);
+/* The same, leaving out the layers held_in (when not NULL) already holds as dsec layers of
+ * o->import.format, found by the config's diff_ids and their records (dsec_image_pull passes
+ * its registry: a task image over a base already pulled fetches only its own layers). The
+ * layout then lacks those blobs, and only an import into held_in can use it. */
+int dsec__image_fetch_layout_for(const char *ref, const dsec_image_pull_opts *o, const char *dir,
+                                 dsec_layer_registry *held_in, char **norm_ref, dsec_err *err);
 
 #endif

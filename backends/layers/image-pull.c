@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/layers/image-int.h"
 #include "backends/layers/image-pull-int.h"
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
@@ -935,8 +936,53 @@ static void progress(const dsec_image_pull_opts *o, const char *fmt, ...)
     o->import.progress(o->import.progress_arg, line);
 }
 
-/* The config and every layer of the image manifest m. */
-static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_err *err)
+/* Which of the config's layers (rootfs.diff_ids, in order) held[] marks as already a dsec
+ * layer of r in the import's format: those are not fetched (the import reuses them by their
+ * diff_id and never reads their blob). held[] has nlayers entries. */
+static int find_held(puller *p, dsec_layer_registry *r, const char *dir, const char *config,
+                     size_t nlayers, bool *held, size_t *nheld, dsec_err *err)
+{
+    *nheld = 0;
+    char *file DSEC_AUTOFREE = dsec__layer_path("%s/blobs/sha256/%s", dir, config + 7);
+    char *text = NULL;
+    size_t len = 0;
+    if (file == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (dsec__layer_read_file(file, 1u << 22, &text, &len, err) < 0)
+        return -1;
+    dsec_json *cfg = NULL;
+    int rc = pj_parse(text, len, "image config", &cfg, err);
+    dsec_free(text);
+    if (rc < 0)
+        return -1;
+    const dsec_json *ids = dsec_json_get_array(dsec_json_get_object(cfg, "rootfs"), "diff_ids");
+    dsec_layer_info *have = NULL;
+    size_t nhave = 0;
+    dsec_layer_format fmt = p->o->import.format != 0 ? p->o->import.format : DSEC_LAYER_EROFS;
+    /* a config whose diff_ids do not match the layers is the import's to refuse */
+    if (ids != NULL && ids->len == nlayers &&
+        (rc = dsec_layer_registry_list(r, &have, &nhave, err)) == 0)
+        for (size_t i = 0; rc == 0 && i < nlayers; i++) {
+            const char *id = ids->items[i]->type == DSEC_JSON_STRING ? ids->items[i]->str : NULL;
+            dsec_digest layer;
+            uint64_t size;
+            rc = id != NULL && dsec_digest_valid(id)
+                     ? dsec__image_diffid_held(r, have, nhave, id, fmt, layer, &size, err)
+                     : 0;
+            if (rc == 1) {
+                held[i] = true;
+                (*nheld)++;
+                rc = 0;
+            }
+        }
+    dsec_layer_infos_free(have, nhave);
+    dsec_json_free(cfg);
+    return rc < 0 ? -1 : 0;
+}
+
+/* The config and every layer of the image manifest m (with r: those r does not hold yet). */
+static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_layer_registry *r,
+                     dsec_err *err)
 {
     const dsec_json *cfg = dsec_json_get(m->doc, "config"), *layers = dsec_json_get(m->doc, "layers");
     const char *digest, *mt = dsec_json_get_str(cfg, "mediaType");
@@ -952,6 +998,12 @@ static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_err *er
                             p->ref.host, p->ref.path);
     if (get_blob(p, dir, digest, size, "config", err) < 0)
         return -1;
+    bool *held DSEC_AUTOFREE = dsec_calloc(layers->len + 1, sizeof *held);
+    size_t nheld = 0;
+    if (held == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (r != NULL && find_held(p, r, dir, digest, layers->len, held, &nheld, err) < 0)
+        return dsec_err_wrap(err, "image %s/%s", p->ref.host, p->ref.path);
     for (size_t i = 0; i < layers->len; i++) {
         char what[64];
         snprintf(what, sizeof what, "layer %zu/%zu", i + 1, layers->len);
@@ -962,6 +1014,10 @@ static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_err *er
             return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
                                 "image %s/%s: %s has media type %s, which dsec does not import",
                                 p->ref.host, p->ref.path, what, mt ? mt : "(none)");
+        if (held[i]) {
+            progress(p->o, "%s %s not fetched: already a layer of the registry", what, digest);
+            continue;
+        }
         if (get_blob(p, dir, digest, size, "layer", err) < 0)
             return -1;
         progress(p->o, "%s %s fetched (%llu bytes)", what, digest, (unsigned long long)size);
@@ -998,6 +1054,12 @@ static int write_layout(puller *p, const manifest *m, const char *dir, dsec_err 
 int dsec__image_fetch_layout(const char *ref, const dsec_image_pull_opts *o, const char *dir,
                              char **norm_ref, dsec_err *err)
 {
+    return dsec__image_fetch_layout_for(ref, o, dir, NULL, norm_ref, err);
+}
+
+int dsec__image_fetch_layout_for(const char *ref, const dsec_image_pull_opts *o, const char *dir,
+                                 dsec_layer_registry *held_in, char **norm_ref, dsec_err *err)
+{
     if (ref == NULL || o == NULL || dir == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "image pull: ref, options and dir are required");
@@ -1015,7 +1077,7 @@ int dsec__image_fetch_layout(const char *ref, const dsec_image_pull_opts *o, con
         rc = resolve_index(&p, o->import.platform ? o->import.platform : "linux/amd64", &m, err);
     if (rc == 0) {
         progress(o, "manifest %s of %s/%s", m.digest, p.ref.host, p.ref.path);
-        rc = get_blobs(&p, &m, dir, err);
+        rc = get_blobs(&p, &m, dir, held_in, err);
     }
     if (rc == 0)
         rc = write_layout(&p, &m, dir, err);
@@ -1044,7 +1106,7 @@ int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pu
     if (mkdtemp(dir) == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "creating a scratch directory in %s", base);
     char *norm DSEC_AUTOFREE = NULL;
-    int rc = dsec__image_fetch_layout(ref, o, dir, &norm, err);
+    int rc = dsec__image_fetch_layout_for(ref, o, dir, r, &norm, err);
     if (rc == 0) {
         dsec_image_import_opts io = o->import;
         io.ref = norm;
