@@ -29,6 +29,9 @@ typedef struct ik_layer {
 } ik_layer;
 
 /* Build a layer from n entries; gzip'd when gzip. */
+/* A formatted path in one of 8 rotating static buffers of 1 KiB (valid for 8 more calls). */
+char *ik_pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 void ik_layer_make(ik_layer *l, const ik_entry *e, size_t n, bool gzip);
 void ik_layer_free(ik_layer *l);
 

@@ -65,18 +65,7 @@ static ik_layer base, app, app2;
 static pid_t nats_pid = -1;
 static char nats_url[64];
 
-static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...)
-{
-    static char bufs[8][512];
-    static int next;
-    char *b = bufs[next++ % 8];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, sizeof bufs[0], fmt, ap);
-    va_end(ap);
-    return b;
-}
+#define pathf ik_pathf
 
 /* ---- a nats-server with JetStream, started here (libdsec.so has no server helper) -------- */
 

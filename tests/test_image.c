@@ -31,18 +31,7 @@ static char regdir[128]; /* the registry */
 static char work[128];   /* import scratch */
 static ik_layer base, app, app2;
 
-static char *pathf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *pathf(const char *fmt, ...)
-{
-    static char bufs[8][1024];
-    static int next;
-    char *b = bufs[next++ % 8];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(b, sizeof bufs[0], fmt, ap);
-    va_end(ap);
-    return b;
-}
+#define pathf ik_pathf
 
 #define PASSWD "root:x:0:0:root:/root:/bin/sh\napp:x:1234:1234:app:/home/app:/bin/sh\n"
 #define GROUP "root:x:0:\napp:x:1234:\n"
