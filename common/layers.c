@@ -570,6 +570,10 @@ static int env_validate(const dsec_env *e, dsec_err *err)
         return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
                             "environment %s: more than %d command arguments or labels", e->name,
                             ENV_MAX_VARS);
+    if (e->nentry > e->ncmd)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "environment %s: an entrypoint of %zu arguments in a command of %zu",
+                            e->name, e->nentry, e->ncmd);
     for (size_t i = 0; i < e->ncmd; i++)
         if (e->cmd[i] == NULL)
             return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: command argument %zu is "
@@ -652,6 +656,8 @@ int dsec_env_encode(const dsec_env *env, char **doc, size_t *len, dsec_err *err)
             env->user != NULL ? env->user : "root");
     for (size_t i = 0; i < env->ncmd; i++)
         dsec_doc_put_escaped(f, "cmd", env->cmd[i]);
+    if (env->nentry > 0)
+        fprintf(f, "entrypoint %zu\n", env->nentry);
     for (size_t i = 0; i < env->nlabels; i++)
         dsec_doc_put_escaped(f, "label", env->labels[i]);
     if (env->image != NULL)
@@ -815,6 +821,23 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
             dsec_free(u);
             if (prc < 0)
                 goto nomem;
+        } else if (v2 && KEY("entrypoint")) {
+            char num[16];
+            char *stop = NULL;
+            unsigned long k = 0;
+            if (vl < sizeof num) {
+                memcpy(num, val, vl);
+                num[vl] = '\0';
+                k = strtoul(num, &stop, 10);
+            }
+            if (vl >= sizeof num || stop == num || *stop != '\0' || num[0] == '-' || e->nentry != 0 ||
+                k == 0 || k > ENV_MAX_VARS) {
+                dsec_err_set(err, DSEC_E_DECODE, 0,
+                             "environment document line %d: want one \"entrypoint N\" (1..%d)",
+                             lineno, ENV_MAX_VARS);
+                goto fail;
+            }
+            e->nentry = k;
         } else if (v2 && (KEY("image") || KEY("pin"))) {
             char **slot = KEY("image") ? &e->image : &e->image_digest;
             if (*slot != NULL) {

@@ -419,6 +419,27 @@ static void test_from_imported_image(void **state)
     dsec_err err;
     assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
 
+    /* a base with an ENTRYPOINT: a Dockerfile that sets only CMD keeps it, as Docker does */
+    ik_image ime = {.config_json_extra = "\"Env\":[\"PATH=/bin\"],"
+                                         "\"Entrypoint\":[\"echo\",\"entry:\"],"
+                                         "\"Cmd\":[\"base-cmd\"]",
+                    .ref = "1"};
+    snprintf(dir, sizeof dir, "%s/entry-oci", root);
+    ik_write_oci_dir(dir, &ime, layers, 1);
+    snprintf(args, sizeof args, "image import %s --name swe/entry:1", dir);
+    assert_int_equal(dsec_out(args, out, sizeof out), 0);
+    put("cmdonly/Dockerfile", "FROM swe/entry:1\nCMD [\"task-cmd\"]\n", 0644);
+    snprintf(args, sizeof args, "--quiet --name swe/cmdonly:1 %s/cmdonly", root);
+    rc = build(args, errout, sizeof errout);
+    if (rc != 0)
+        fail_msg("build exited %d: %s", rc, errout);
+    assert_int_equal(dsec_out("image inspect swe/cmdonly:1 --json", out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"cmd\":[\"echo\",\"entry:\",\"task-cmd\"]"));
+    make("swe/cmdonly:1", &sb);
+    assert_int_equal(sh(sb.id, NULL, out, sizeof out), 0);
+    assert_string_equal(out, "entry: task-cmd");
+    assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
+
     /* an image without Entrypoint or Cmd: an exec that names no command says so */
     make("127.0.0.1:5000/swe/base:1", &sb);
     const char *none[] = {NULL};

@@ -297,8 +297,8 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         char *cmd[] = {"/bin/sh", "-c", "echo a\\b\nx", ""};
         char *labels[] = {"org.x=y\nz"};
         dsec_env v2 = {.name = "127.0.0.1:5000/swe/task:1", .layers = l1, .formats = f1,
-                       .nlayers = 1, .cmd = cmd, .ncmd = 4, .labels = labels, .nlabels = 1,
-                       .image = "127.0.0.1:5000/swe/task:1", .image_digest = D1};
+                       .nlayers = 1, .cmd = cmd, .ncmd = 4, .nentry = 2, .labels = labels,
+                       .nlabels = 1, .image = "127.0.0.1:5000/swe/task:1", .image_digest = D1};
         char *d2;
         size_t l2;
         assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), 0);
@@ -307,6 +307,7 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         if (dsec_env_decode(d2, l2, &e2, &err) != 0)
             fail_msg("v2 decode: %s\n%s", err.msg, d2);
         assert_int_equal(e2->ncmd, 4);
+        assert_int_equal(e2->nentry, 2); /* /bin/sh -c is the Entrypoint, the rest the Cmd */
         for (size_t i = 0; i < 4; i++)
             assert_string_equal(e2->cmd[i], cmd[i]);
         assert_int_equal(e2->nlabels, 1);
@@ -315,7 +316,10 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         assert_string_equal(e2->image_digest, D1);
         dsec_env_free(e2);
         dsec_free(d2);
-        v2.ncmd = v2.nlabels = 0;
+        v2.nentry = 5; /* more than the command holds */
+        assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), -1);
+        assert_non_null(strstr(err.msg, "an entrypoint of 5 arguments in a command of 4"));
+        v2.ncmd = v2.nlabels = v2.nentry = 0;
         v2.image = v2.image_digest = NULL;
         assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), 0);
         assert_memory_equal(d2, "dsec-env 1\n", 11);
@@ -338,6 +342,9 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         {"dsec-env 2\nname a:1\nlayer " D1 " dir\ncmd a\\x\n", "bad escape"},
         {"dsec-env 2\nname a:1\nlayer " D1 " dir\npin sha256:12\n", "pin"},
         {"dsec-env 2\nname a:1\nlayer " D1 " dir\nlabel nokv\n", "nokv"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\ncmd a\nentrypoint 2\n", "entrypoint of 2"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\ncmd a\nentrypoint x\n", "entrypoint N"},
+        {"dsec-env 2\nname a:1\nlayer " D1 " dir\ncmd a\nentrypoint -1\n", "entrypoint N"},
         {"hello\n", "dsec-env 1"},
         {"dsec-env 1\nname a:1\nlayer " D1 " dir", "newline"},
         {"dsec-env 1\nname a:1\n", "no layers"},

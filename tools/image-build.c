@@ -255,11 +255,25 @@ static int from_env(build *b, stage *s, const char *base, dsec_err *err)
         rc = set_str(&s->user, e->user, err);
     if (rc == 0)
         rc = dsec_df_vars_add(&s->labels, e->labels, e->nlabels, err);
-    if (rc == 0 && e->ncmd > 0) { /* the base's default command (its ENTRYPOINT and CMD, joined) */
-        s->cmd = e->cmd;
-        s->ncmd = e->ncmd;
-        e->cmd = NULL;
-        e->ncmd = 0;
+    if (rc == 0 && e->ncmd > 0) { /* the base's ENTRYPOINT (its first nentry arguments), CMD */
+        size_t ne = e->nentry <= e->ncmd ? e->nentry : 0;
+        char **entry = dsec_calloc(ne + 1, sizeof *entry);
+        char **cmd = dsec_calloc(e->ncmd - ne + 1, sizeof *cmd);
+        if (entry == NULL || cmd == NULL) {
+            dsec_free(entry);
+            dsec_free(cmd);
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        } else { /* the strings move over */
+            memcpy(entry, e->cmd, ne * sizeof *entry);
+            memcpy(cmd, e->cmd + ne, (e->ncmd - ne) * sizeof *cmd);
+            s->entry = entry;
+            s->nentry = ne;
+            s->cmd = cmd;
+            s->ncmd = e->ncmd - ne;
+            dsec_free(e->cmd);
+            e->cmd = NULL;
+            e->ncmd = 0;
+        }
     }
     if (rc == 0)
         rc = set_str(&s->base, base, err);
@@ -655,6 +669,7 @@ static int publish(build *b, stage *s, dsec_err *err)
     mine.workdir = s->workdir != NULL ? s->workdir : e->workdir;
     mine.user = s->user != NULL ? s->user : e->user;
     mine.cmd = default_cmd(s, &mine.ncmd);
+    mine.nentry = s->nentry;
     mine.labels = s->labels.v;
     mine.nlabels = s->labels.n;
     mine.image = NULL;

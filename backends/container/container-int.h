@@ -158,6 +158,7 @@ struct ct_env {
     char *user;
     char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
     size_t ncmd;
+    size_t nentry; /* how many of cmd's first arguments are the Entrypoint */
 };
 
 struct dsec_sandbox {

@@ -210,6 +210,7 @@ static int env_copy(struct ct_env *dst, const struct ct_env *src, dsec_err *err)
         rc = set_str(&dst->user, src->user, err);
     for (size_t i = 0; rc == 0 && i < src->ncmd; i++)
         rc = add_cmd(dst, src->cmd[i], err);
+    dst->nentry = src->nentry;
     if (rc < 0)
         env_clear(dst);
     return rc;
@@ -229,6 +230,7 @@ static int env_from_doc(struct ct_env *out, const dsec_env *d, dsec_err *err)
         rc = set_str(&out->user, d->user ? d->user : "root", err);
     for (size_t i = 0; rc == 0 && i < d->ncmd; i++)
         rc = add_cmd(out, d->cmd[i], err);
+    out->nentry = d->nentry <= d->ncmd ? d->nentry : 0;
     if (rc < 0)
         env_clear(out);
     return rc;
@@ -307,6 +309,8 @@ static void put_env(FILE *f, const struct ct_env *e)
         put_esc(f, "var", e->vars[i]);
     for (size_t i = 0; i < e->ncmd; i++) /* an empty argument is a line "cmd " */
         put_esc(f, "cmd", e->cmd[i]);
+    if (e->nentry > 0)
+        fprintf(f, "entry %zu\n", e->nentry);
     for (size_t i = 0; i < e->nlowers; i++)
         fprintf(f, "lower %s %s %d\n", e->lowers[i].snap ? "snap" : "layer", e->lowers[i].name,
                 e->lowers[i].format);
@@ -325,6 +329,10 @@ static int take_env_line(struct ct_env *e, const char *key, char *val, dsec_err 
         return add_var(e, val, err) < 0 ? -1 : 1;
     if (strcmp(key, "cmd") == 0)
         return add_cmd(e, val, err) < 0 ? -1 : 1;
+    if (strcmp(key, "entry") == 0) {
+        e->nentry = strtoull(val, NULL, 10);
+        return 1;
+    }
     if (strcmp(key, "lower") == 0) {
         char kind[16], name[160];
         int fmt = 0;
@@ -2028,7 +2036,8 @@ static int ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const cha
                       .workdir = ne.workdir,
                       .user = ne.user,
                       .cmd = ne.cmd,
-                      .ncmd = ne.ncmd};
+                      .ncmd = ne.ncmd,
+                      .nentry = ne.nentry <= ne.ncmd ? ne.nentry : 0};
         d.layers = dsec_calloc(ne.nlowers, sizeof *d.layers);
         d.formats = dsec_calloc(ne.nlowers, sizeof *d.formats);
         if (d.layers == NULL || d.formats == NULL)

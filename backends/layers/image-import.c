@@ -528,6 +528,8 @@ static int put_env(imp *m, const dsec_image_info *info)
                     .nlabels = info->nlabels,
                     .image = info->ref,
                     .image_digest = (char *)info->manifest};
+    const dsec_json *ep = dsec_json_get_array(c, "Entrypoint");
+    env.nentry = ep != NULL && ep->len <= info->ncmd ? ep->len : 0; /* config_to_info read them */
     const char *wd = dsec_json_get_str(c, "WorkingDir"), *user = dsec_json_get_str(c, "User");
     env.workdir = wd != NULL && wd[0] != '\0' ? (char *)wd : NULL;
     env.user = user != NULL && user[0] != '\0' ? (char *)user : NULL;

@@ -54,6 +54,7 @@ struct vm_env {
     char *user;
     char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
     size_t ncmd;
+    size_t nentry; /* how many of cmd's first arguments are the Entrypoint */
 };
 
 /* One open instance. Everything but the lists under lock is set at init. */

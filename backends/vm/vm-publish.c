@@ -61,7 +61,8 @@ int dsec__vm_publish(dsec_layer_registry *reg, const char *disk, const char *scr
                   .workdir = base != NULL ? base->workdir : NULL,
                   .user = base != NULL ? base->user : NULL,
                   .cmd = base != NULL ? base->cmd : NULL,
-                  .ncmd = base != NULL ? base->ncmd : 0};
+                  .ncmd = base != NULL ? base->ncmd : 0,
+                  .nentry = base != NULL ? base->nentry : 0};
     d.layers = dsec_calloc(nb + 1, sizeof *d.layers);
     if (d.layers == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "vm: environment document");

@@ -225,6 +225,7 @@ static int env_from_spec(struct vm_backend *be, const dsec_sandbox_spec *spec, s
             rc = add_var(be, out, d->vars[i], err);
         for (size_t i = 0; rc == 0 && i < d->ncmd; i++)
             rc = add_cmd(be, out, d->cmd[i], err);
+        out->nentry = d->nentry <= d->ncmd ? d->nentry : 0;
         dsec_env_free(d);
     } else {
         /* no layers at all is allowed: the guest's root is then the initrd's busybox */
@@ -277,6 +278,8 @@ static void put_env(FILE *f, const struct vm_env *e)
         put_esc(f, "var", e->vars[i]);
     for (size_t i = 0; i < e->ncmd; i++) /* an empty argument is a line "cmd " */
         put_esc(f, "cmd", e->cmd[i]);
+    if (e->nentry > 0)
+        fprintf(f, "entry %zu\n", e->nentry);
     /* with the image each layer's guest reads, when known: a snapshot's guest
      * must find the same bytes wherever it is restored */
     for (size_t i = 0; i < e->nlayers; i++) {
@@ -318,6 +321,8 @@ static int rec_line(struct rec *r, const char *key, char *val, dsec_err *err)
         return add_var(r->be, e, val, err);
     else if (strcmp(key, "cmd") == 0)
         return add_cmd(r->be, e, val, err);
+    else if (strcmp(key, "entry") == 0)
+        e->nentry = strtoull(val, NULL, 10);
     else if (strcmp(key, "layer") == 0) {
         /* "DIGEST [IMAGE-DIGEST]" */
         char *img = strchr(val, ' ');
@@ -1805,7 +1810,8 @@ static int vm_snapshot(void *self, dsec_sandbox *sb, const char *path, const cha
                          .workdir = sb->env.workdir,
                          .user = sb->env.user,
                          .cmd = sb->env.cmd,
-                         .ncmd = sb->env.ncmd};
+                         .ncmd = sb->env.ncmd,
+                         .nentry = sb->env.nentry <= sb->env.ncmd ? sb->env.nentry : 0};
         base.layers = dsec_calloc(sb->env.nlayers + 1, sizeof *base.layers);
         if (base.layers == NULL)
             rc = oom(be, err, "environment");

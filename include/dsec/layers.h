@@ -156,6 +156,7 @@ typedef struct dsec_env {
     /* From an imported image (dsec/image.h); all may be empty/NULL. */
     char **cmd;        /* the default command: Entrypoint then Cmd */
     size_t ncmd;
+    size_t nentry;     /* how many of cmd's first arguments are the Entrypoint (<= ncmd) */
     char **labels;     /* "KEY=VALUE" */
     size_t nlabels;
     char *image;       /* the image reference it came from */
