@@ -329,32 +329,68 @@ static int write_file(struct archive *a, int dfd, const char *base, const char *
     return rc;
 }
 
-/* Paths of the layer's entries so far (hard links may name only those). */
+/* Paths of the layer's entries so far (hard links may name only those): a hash set, so a
+ * layer of many entries and hard links is not checked in quadratic time. */
 typedef struct seen {
-    char **v;
-    size_t n;
+    char **slot; /* open addressing, linear probing; NULL is empty; cap a power of two */
+    size_t cap;
+    size_t n; /* entries taken (repeats of a path count once) */
 } seen;
+
+static size_t seen_hash(const char *p)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 29));
+}
 
 static bool seen_has(const seen *s, const char *p)
 {
-    for (size_t i = s->n; i-- > 0;)
-        if (strcmp(s->v[i], p) == 0)
+    for (size_t i = s->cap ? seen_hash(p) & (s->cap - 1) : 0; s->cap && s->slot[i];
+         i = (i + 1) & (s->cap - 1))
+        if (strcmp(s->slot[i], p) == 0)
             return true;
     return false;
 }
 
+static void seen_put(char **slot, size_t cap, char *p)
+{
+    size_t i = seen_hash(p) & (cap - 1);
+    while (slot[i] != NULL)
+        i = (i + 1) & (cap - 1);
+    slot[i] = p;
+}
+
 static int seen_add(seen *s, const char *p)
 {
-    if ((s->n & 1023) == 0) {
-        char **nv = dsec_realloc(s->v, (s->n + 1024) * sizeof *nv);
-        if (nv == NULL)
+    if (seen_has(s, p))
+        return 0;
+    if ((s->n + 1) * 2 > s->cap) { /* at most half full */
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        char **slot = dsec_calloc(cap, sizeof *slot);
+        if (slot == NULL)
             return -1;
-        s->v = nv;
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->slot[i] != NULL)
+                seen_put(slot, cap, s->slot[i]);
+        dsec_free(s->slot);
+        s->slot = slot;
+        s->cap = cap;
     }
-    if ((s->v[s->n] = dsec_strdup(p)) == NULL)
+    char *d = dsec_strdup(p);
+    if (d == NULL)
         return -1;
+    seen_put(s->slot, s->cap, d);
     s->n++;
     return 0;
+}
+
+static void seen_free(seen *s)
+{
+    for (size_t i = 0; i < s->cap; i++)
+        dsec_free(s->slot[i]);
+    dsec_free(s->slot);
 }
 
 static int make_hardlink(int root, int dfd, const char *base, const char *rel, const char *target,
@@ -542,9 +578,7 @@ static int extract(const char *tarball, const char *dir, bool outer, dsec_err *e
     }
     rc = 0;
 out:
-    for (size_t i = 0; i < s.n; i++)
-        dsec_free(s.v[i]);
-    dsec_free(s.v);
+    seen_free(&s);
     dsec_free(buf);
     if (a != NULL)
         archive_read_free(a);
