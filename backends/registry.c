@@ -12,57 +12,66 @@
 
 #include "dsec/alloc.h"
 
-/* Costs are relative weights: what a sandbox of that type costs a node in
- * start-up time and memory, so the cheapest sufficient isolation wins. sim
- * claims no isolation and the highest cost: it is only chosen by name (or
- * when it is all a cell offers), so a cell that mixes sim with real types
- * never hands a trainer a sandbox that does nothing. */
-static const dsec_backend_caps builtin_caps[] = {
+/* Each built-in type: its capabilities and the ops that implement them (dsec_registry_add
+ * checks that every capability a type declares has its ops). Costs are relative weights: what
+ * a sandbox of that type costs a node in start-up time and memory, so the cheapest sufficient
+ * isolation wins. sim claims no isolation and the highest cost: it is only chosen by name (or
+ * when it is all a cell offers), so a cell that mixes sim with real types never hands a
+ * trainer a sandbox that does nothing. */
+static const struct builtin {
+    dsec_backend_caps caps;
+    const dsec_backend_ops *ops;
+} builtin[] = {
     /* network: a policy gives a function sandbox a network of the node's
      * containment, which its calls join (docs/function-calls.md) */
-    {.type = "function", .isolation = 1, .cost = 1, .network = true, .startup_ms = 2},
-    {.type = "container",
-     .persistence = true,
-     .isolation = 2,
-     .cost = 2,
-     .supports_fork = true,
-     .supports_snapshot = true,
-     .supports_pause = true,
-     .network = true,
-     .startup_ms = 40},
-    {.type = "microvm",
-     .own_kernel = true,
-     .nested_containers = true,
-     .persistence = true,
-     .isolation = 3,
-     .cost = 4,
-     .supports_fork = true,
-     .supports_snapshot = true,
-     .supports_pause = true,
-     .network = true,
-     .startup_ms = 150},
-    {.type = "vm",
-     .own_kernel = true,
-     .nested_containers = true,
-     .gui = true,
-     .persistence = true,
-     .isolation = 4,
-     .cost = 8,
-     .supports_fork = true,
-     .supports_snapshot = true,
-     .supports_pause = true,
-     .network = true,
-     .startup_ms = 3000},
-    {.type = "sim",
-     .isolation = 0,
-     .cost = 100,
-     .supports_fork = true,
-     .supports_snapshot = true,
-     .supports_pause = true,
-     .network = true,
-     .startup_ms = 0},
+    {.caps = {.type = "function", .isolation = 1, .cost = 1, .network = true, .startup_ms = 2},
+     .ops = &dsec_function_ops},
+    {.caps = {.type = "container",
+              .persistence = true,
+              .isolation = 2,
+              .cost = 2,
+              .supports_fork = true,
+              .supports_snapshot = true,
+              .supports_pause = true,
+              .network = true,
+              .startup_ms = 40},
+     .ops = &dsec_container_ops},
+    {.caps = {.type = "microvm",
+              .own_kernel = true,
+              .nested_containers = true,
+              .persistence = true,
+              .isolation = 3,
+              .cost = 4,
+              .supports_fork = true,
+              .supports_snapshot = true,
+              .supports_pause = true,
+              .network = true,
+              .startup_ms = 150},
+     .ops = &dsec_microvm_ops},
+    {.caps = {.type = "vm",
+              .own_kernel = true,
+              .nested_containers = true,
+              .gui = true,
+              .persistence = true,
+              .isolation = 4,
+              .cost = 8,
+              .supports_fork = true,
+              .supports_snapshot = true,
+              .supports_pause = true,
+              .network = true,
+              .startup_ms = 3000},
+     .ops = &dsec_vm_ops},
+    {.caps = {.type = "sim",
+              .isolation = 0,
+              .cost = 100,
+              .supports_fork = true,
+              .supports_snapshot = true,
+              .supports_pause = true,
+              .network = true,
+              .startup_ms = 0},
+     .ops = &dsec_sim_ops},
 };
-#define NBUILTIN (sizeof builtin_caps / sizeof builtin_caps[0])
+#define NBUILTIN (sizeof builtin / sizeof builtin[0])
 
 #define ISOLATION_MAX 4
 
@@ -71,8 +80,8 @@ const dsec_backend_caps *dsec_backend_caps_builtin(const char *type)
     if (type == NULL)
         return NULL;
     for (size_t i = 0; i < NBUILTIN; i++)
-        if (strcmp(builtin_caps[i].type, type) == 0)
-            return &builtin_caps[i];
+        if (strcmp(builtin[i].caps.type, type) == 0)
+            return &builtin[i].caps;
     return NULL;
 }
 
@@ -220,17 +229,9 @@ int dsec_registry_new_builtin(dsec_registry **out, dsec_err *err)
     dsec_registry *reg = NULL;
     if (dsec_registry_new(&reg, err) < 0)
         return -1;
-    for (size_t i = 0; i < NBUILTIN; i++) {
-        const char *t = builtin_caps[i].type;
-        const dsec_backend_ops *ops = strcmp(t, "sim") == 0         ? &dsec_sim_ops
-                                      : strcmp(t, "function") == 0  ? &dsec_function_ops
-                                      : strcmp(t, "container") == 0 ? &dsec_container_ops
-                                      : strcmp(t, "microvm") == 0   ? &dsec_microvm_ops
-                                      : strcmp(t, "vm") == 0        ? &dsec_vm_ops
-                                                                    : NULL;
-        if (dsec_registry_add(reg, &builtin_caps[i], ops, err) < 0)
+    for (size_t i = 0; i < NBUILTIN; i++)
+        if (dsec_registry_add(reg, &builtin[i].caps, builtin[i].ops, err) < 0)
             goto out_free;
-    }
     *out = reg;
     return 0;
 
@@ -257,6 +258,25 @@ int dsec_registry_add(dsec_registry *reg, const dsec_backend_caps *caps,
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "backend type \"%s\": isolation %d is outside 0..%d", caps->type,
                             caps->isolation, ISOLATION_MAX);
+    /* what the type declares, its ops must do (without ops: a type only placed, never run) */
+    const char *missing = NULL;
+    if (ops != NULL && ops->type != NULL && strcmp(ops->type, caps->type) != 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "backend type \"%s\": its ops implement \"%s\"", caps->type, ops->type);
+    if (ops == NULL)
+        missing = NULL;
+    else if (ops->create == NULL || ops->destroy == NULL)
+        missing = "create and destroy";
+    else if (caps->supports_fork && ops->fork == NULL)
+        missing = "fork";
+    else if (caps->supports_snapshot && (ops->snapshot == NULL || ops->restore == NULL))
+        missing = "snapshot and restore";
+    else if (caps->supports_pause && (ops->pause == NULL || ops->resume == NULL))
+        missing = "pause and resume";
+    if (missing != NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "backend type \"%s\" declares what its ops cannot do: they lack %s",
+                            caps->type, missing);
     if (dsec_registry_find(reg, caps->type) >= 0)
         return dsec_err_set(err, DSEC_E_EXISTS, 0, "backend type \"%s\" is already registered",
                             caps->type);

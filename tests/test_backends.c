@@ -282,6 +282,22 @@ static void registry_add_rules(void **state)
     dsec_backend_caps bad = {.type = "odd", .isolation = 7};
     assert_int_equal(dsec_registry_add(reg, &bad, NULL, &e), -1);
     assert_int_equal(e.code, DSEC_E_INVALID);
+    /* a type that declares what its ops cannot do, or ops of another type: refused */
+    dsec_backend_ops forkless = dsec_sim_ops;
+    forkless.type = "forkless";
+    forkless.fork = NULL;
+    dsec_backend_caps fk = *dsec_backend_caps_builtin("sim");
+    fk.type = "forkless";
+    assert_int_equal(dsec_registry_add(reg, &fk, &forkless, &e), -1);
+    assert_int_equal(e.code, DSEC_E_INVALID);
+    assert_non_null(strstr(e.msg, "they lack fork"));
+    forkless.fork = dsec_sim_ops.fork;
+    forkless.pause = NULL;
+    assert_int_equal(dsec_registry_add(reg, &fk, &forkless, &e), -1);
+    assert_non_null(strstr(e.msg, "they lack pause and resume"));
+    fk.type = "other";
+    assert_int_equal(dsec_registry_add(reg, &fk, &dsec_sim_ops, &e), -1);
+    assert_non_null(strstr(e.msg, "its ops implement \"sim\""));
     /* A new, cheaper type with container-level isolation wins where it may. */
     char name[16] = "wasm";
     dsec_backend_caps wasm = {.type = name, .isolation = 2, .cost = 0};
