@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "dsec/clock.h"
 #include "dsec/err.h"
 
 typedef struct dsec_ticker dsec_ticker;
@@ -20,8 +21,6 @@ int dsec_ticker_add(dsec_ticker *t, uint32_t every_ms, dsec_tick_fn fn, void *ud
 /* Remove a task; when this returns, fn is not running and will not run. */
 void dsec_ticker_remove(dsec_ticker *t, int id);
 
-/* CLOCK_MONOTONIC and CLOCK_REALTIME in nanoseconds. */
-uint64_t dsec_now_ns(void);
-uint64_t dsec_wall_ns(void);
+/* dsec_now_ns and dsec_wall_ns are dsec/clock.h's (included above). */
 
 #endif

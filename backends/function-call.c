@@ -645,7 +645,7 @@ static uint64_t next_wake(const struct fn_call *c, uint64_t now)
 static void finish(struct fn_call *c)
 {
     dsec_err err;
-    uint64_t t1 = dsec__fn_now_ns(), cpu_used_ns = 0;
+    uint64_t t1 = dsec_now_ns(), cpu_used_ns = 0;
     if (c->cg_cpu && dsec__fn_cg_slot_cpu(c->cg, c->cgmode, &cpu_used_ns) == 0 &&
         cpu_used_ns >= c->cpu0)
         cpu_used_ns -= c->cpu0;
@@ -710,7 +710,7 @@ static void kill_call(struct fn_call *c, int why, uint64_t now)
 /* Returns true when the call ended (c is gone). */
 static bool on_timer(struct fn_call *c)
 {
-    uint64_t now = dsec__fn_now_ns();
+    uint64_t now = dsec_now_ns();
     if (c->grace && now >= c->grace) {
         finish(c); /* something holds the pipes open past the namespace's death: give up */
         return true;
@@ -721,7 +721,7 @@ static bool on_timer(struct fn_call *c)
         uint64_t cpu;
         if (dsec__fn_cg_slot_cpu(c->cg, c->cgmode, &cpu) == 0 &&
             cpu - c->cpu0 > c->cpu_ms * 1000000ull)
-            kill_call(c, KILL_CPU, dsec__fn_now_ns());
+            kill_call(c, KILL_CPU, dsec_now_ns());
     }
     dsec_loop_set(c->tw, 0, next_wake(c, now));
     return false;
@@ -760,7 +760,7 @@ static void launch(struct fn_call *c)
     if (c->bundle_fd >= 0)
         fds[nfds++] = c->bundle_fd;
     bool inl = c->payload_fd < 0;
-    c->t0 = dsec__fn_now_ns();
+    c->t0 = dsec_now_ns();
     c->phase = PH_RUN;
     /* A fresh worker's socket has room for the task: this does not wait. */
     if (send_task(w->task_fd, &c->t, inl ? c->strings : NULL, inl ? c->slen : 0, fds, nfds) < 0) {
@@ -798,7 +798,7 @@ static void arm_wait(struct fn_call *c, uint64_t now)
  * times, once the pool has seen that, within acquire_ms), else the call fails. */
 static void net_failed(struct fn_call *c, bool lost, dsec_err *err)
 {
-    uint64_t now = dsec__fn_now_ns();
+    uint64_t now = dsec_now_ns();
     c->w = NULL; /* gone with the failure */
     if (lost && ++c->tries < 3 && now < c->take_deadline) {
         c->phase = PH_NET_RETRY;
@@ -814,7 +814,7 @@ static void net_acquire(struct fn_call *c)
 {
     dsec_err err;
     bool lost = false;
-    uint64_t now = dsec__fn_now_ns();
+    uint64_t now = dsec_now_ns();
     c->phase = PH_NET;
     int rc = dsec__fn_worker_net_start(c->pools, c->pool, c->netns_fd, c->resolver, &c->tk,
                                        now >= c->take_deadline, c->acquire_ms, &c->w, &c->zctl_used,
@@ -860,7 +860,7 @@ static void net_ready(struct fn_call *c, bool timed_out)
 static void acquire(struct fn_call *c)
 {
     dsec_err err;
-    uint64_t now = dsec__fn_now_ns();
+    uint64_t now = dsec_now_ns();
     int rc = dsec__fn_worker_try_take(c->pools, c->pool, &c->tk, now >= c->take_deadline,
                                       c->acquire_ms, &c->w, &err);
     if (rc == 1) {
@@ -912,10 +912,10 @@ static void call_event(dsec_loop_watch *lw, unsigned events, void *ud)
             return;
         case PH_NET_RETRY:
             if (dsec__fn_pool_zygote_changed(c->pools, c->pool, c->zctl_used) ||
-                dsec__fn_now_ns() >= c->retry_until)
+                dsec_now_ns() >= c->retry_until)
                 net_acquire(c);
             else
-                dsec_loop_set(c->tw, 0, dsec__fn_now_ns() + 20000000ull);
+                dsec_loop_set(c->tw, 0, dsec_now_ns() + 20000000ull);
             return;
         }
         if (on_timer(c))
@@ -1026,7 +1026,7 @@ int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
     c->netns_fd = tg->netns_fd;
     c->resolver = tg->resolver;
     c->phase = tg->netns_fd >= 0 ? PH_NET : PH_TAKE;
-    c->take_deadline = dsec__fn_now_ns() + cc->acquire_ms * 1000000ull;
+    c->take_deadline = dsec_now_ns() + cc->acquire_ms * 1000000ull;
     /* Everything after this runs on the loop: the timer fires at once and takes a worker. */
     if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns(), call_event, c, &c->tw, err) < 0) {
         dsec_err_wrap(err, "exec");

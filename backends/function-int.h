@@ -11,6 +11,7 @@
 #include "backends/backend.h"
 #include "backends/function.h"
 #include "backends/layers/layer-cache.h"
+#include "dsec/clock.h"
 
 enum { FN_RT_PYTHON3, FN_RT_SH, FN_RT_NATIVE, FN_RT_COUNT };
 
@@ -19,7 +20,6 @@ const char *dsec__fn_runtime_name(int rt);
 /* The runtime index of a name, or -1. */
 int dsec__fn_runtime_find(const char *name);
 
-static inline uint64_t dsec__fn_now_ns(void);
 
 /* ---- cgroups (function-cgroup.c) ------------------------------------------------ */
 
@@ -244,12 +244,5 @@ int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
                         uint64_t *cpu_used_us, uint64_t *calls, dsec_exec_done_fn done, void *ud,
                         dsec_err *err);
 
-#include <time.h>
-static inline uint64_t dsec__fn_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 #endif

@@ -279,7 +279,7 @@ static void worker_failed(struct fn_pools *p, struct fn_worker *w, const char *w
         set_error(pool, "%s", why);
     /* Workers lost with their zygote say nothing about the next ones. */
     if (pool->state == P_UP && ++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
-        pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
+        pool->retry_spawn_at_ns = dsec_now_ns() + 1000000000ull;
         broadcast(p);
     }
     worker_drain(p, w);
@@ -405,7 +405,7 @@ static void spawn_one(struct fn_pools *p, struct fn_pool *pool)
         pool->spawn_failures++;
         set_error(pool, "%s", why);
         if (++pool->consec_fail >= SPAWN_FAIL_LIMIT) {
-            pool->retry_spawn_at_ns = dsec__fn_now_ns() + 1000000000ull;
+            pool->retry_spawn_at_ns = dsec_now_ns() + 1000000000ull;
             broadcast(p);
         }
         if (w != NULL)
@@ -505,7 +505,7 @@ static void zygote_start(struct fn_pools *p, struct fn_pool *pool)
 {
     pool->state = P_STARTING;
     pool->starts++;
-    pool->started_ns = dsec__fn_now_ns();
+    pool->started_ns = dsec_now_ns();
     pthread_mutex_unlock(&p->mu);
 
     char why[DSEC_ERR_MSG_MAX] = "";
@@ -604,7 +604,7 @@ out:
         close_fd(&sv[0]);
         pool->state = P_FAILED;
         set_error(pool, "the zygote of %s: %s", pool->name, why);
-        pool->restart_at_ns = dsec__fn_now_ns() + RESTART_MAX_NS;
+        pool->restart_at_ns = dsec_now_ns() + RESTART_MAX_NS;
         broadcast(p);
         return;
     }
@@ -637,7 +637,7 @@ static void zygote_gone(struct fn_pools *p, struct fn_pool *pool)
     close_fd(&pool->zctl);
     close_fd(&pool->zpidfd);
     pool->zpid = 0;
-    uint64_t now = dsec__fn_now_ns();
+    uint64_t now = dsec_now_ns();
     bool young = now - pool->started_ns < YOUNG_NS;
     if (pool->state == P_FAILED) {
         pool->restart_at_ns = now + RESTART_MAX_NS; /* it said why it could not start */
@@ -933,12 +933,12 @@ static void shutdown_all(struct fn_pools *p)
         }
     }
     /* Wait (bounded) for every supervisor, so the slots' cgroups are empty. */
-    uint64_t deadline = dsec__fn_now_ns() + 3000000000ull;
+    uint64_t deadline = dsec_now_ns() + 3000000000ull;
     for (;;) {
         unsigned left = 0;
         for (unsigned i = 0; i < p->npools; i++)
             left += p->pools[i].ndraining;
-        uint64_t now = dsec__fn_now_ns();
+        uint64_t now = dsec_now_ns();
         if (left == 0 || now >= deadline)
             break;
         struct epoll_event evs[32];
@@ -962,7 +962,7 @@ static void *pool_thread(void *arg)
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
         take_drained(p);
-        uint64_t now = dsec__fn_now_ns();
+        uint64_t now = dsec_now_ns();
         uint64_t next = UINT64_MAX;
         unsigned waiting = 0;
         for (unsigned i = 0; i < p->npools; i++)
@@ -978,14 +978,14 @@ static void *pool_thread(void *arg)
                 zygote_start(p, pool);
             else if (pool->state != P_UP && pool->state != P_STARTING && pool->restart_at_ns < next)
                 next = pool->restart_at_ns;
-            refill(p, pool, dsec__fn_now_ns(), waiting);
+            refill(p, pool, dsec_now_ns(), waiting);
             if (pool->state == P_UP)
                 promote(p, pool);
             if (pool->state == P_UP && pool->retry_spawn_at_ns > now &&
                 pool->retry_spawn_at_ns < next)
                 next = pool->retry_spawn_at_ns;
         }
-        now = dsec__fn_now_ns();
+        now = dsec_now_ns();
         int timeout = next == UINT64_MAX ? -1
                       : next <= now      ? 0
                                          : (int)((next - now) / 1000000ull) + 1;
@@ -1167,7 +1167,7 @@ static void deadline_ts(struct timespec *ts, uint64_t deadline_ns)
 int dsec__fn_pools_start(struct fn_pools *p, int pi, int wait_ms, dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[pi];
-    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    uint64_t deadline = dsec_now_ns() + (uint64_t)wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
     pthread_mutex_lock(&p->mu);
@@ -1286,7 +1286,7 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
         if (i + 1 < n)
             strcat(key, ",");
     }
-    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    uint64_t deadline = dsec_now_ns() + (uint64_t)wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
     struct fn_pool *pool = NULL;
@@ -1368,7 +1368,7 @@ int dsec__fn_pools_env_get(struct fn_pools *p, int rt, const char *const *digest
         pthread_mutex_unlock(&p->mu);
     }
     int left =
-        (int)((deadline > dsec__fn_now_ns() ? deadline - dsec__fn_now_ns() : 0) / 1000000ull);
+        (int)((deadline > dsec_now_ns() ? deadline - dsec_now_ns() : 0) / 1000000ull);
     if (dsec__fn_pools_start(p, pool->idx, left > 0 ? left : 1, err) < 0) {
         dsec__fn_pools_env_put(p, pool->idx);
         return -1; /* *out untouched: the caller holds nothing */
@@ -1384,7 +1384,7 @@ void dsec__fn_pools_env_put(struct fn_pools *p, int pi)
     pthread_mutex_lock(&p->mu);
     struct fn_pool *pool = &p->pools[pi];
     if (pool->refs > 0 && --pool->refs == 0) {
-        pool->idle_since_ns = dsec__fn_now_ns();
+        pool->idle_since_ns = dsec_now_ns();
         wake(p);
     }
     pthread_mutex_unlock(&p->mu);
@@ -1743,7 +1743,7 @@ int dsec__fn_pools_set_warm(struct fn_pools *p, int rt, unsigned warm, unsigned 
                             dsec_err *err)
 {
     struct fn_pool *pool = &p->pools[rt];
-    uint64_t deadline = dsec__fn_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    uint64_t deadline = dsec_now_ns() + (uint64_t)wait_ms * 1000000ull;
     struct timespec ts;
     deadline_ts(&ts, deadline);
     pthread_mutex_lock(&p->mu);

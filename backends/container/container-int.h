@@ -16,6 +16,7 @@
 #include "backends/container/container.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
+#include "dsec/clock.h"
 #include "dsec/layers.h"
 #include "dsec/names.h"
 
@@ -194,7 +195,6 @@ struct dsec_sandbox {
 
 /* ---- helpers (container.c) ----------------------------------------------------------- */
 
-uint64_t dsec__ct_now_ns(void);
 /* snprintf, as a function of ours: paths are bounded once (the state dir's
  * length at init), not at every call the compiler cannot follow. */
 int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -136,13 +136,13 @@ static int quota_on(struct ct_backend *be, dsec_err *err)
     if (!be->quota && be->store_mounted) {
         int fd = open(be->store, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         struct btrfs_ioctl_quota_ctl_args q = {.cmd = BTRFS_QUOTA_CTL_ENABLE};
-        uint64_t t0 = dsec__ct_now_ns();
+        uint64_t t0 = dsec_now_ns();
         if (fd < 0 || ioctl(fd, BTRFS_IOC_QUOTA_CTL, &q) < 0)
             rc = dsec_err_set(err, DSEC_E_IO, errno, "container: enabling btrfs quotas on %s",
                               be->store);
         else
             fprintf(stderr, "dsec container: btrfs quotas enabled on %s (%.1f ms)\n", be->store,
-                    (double)(dsec__ct_now_ns() - t0) / 1e6);
+                    (double)(dsec_now_ns() - t0) / 1e6);
         if (fd >= 0)
             close(fd);
     }

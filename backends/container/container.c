@@ -43,12 +43,6 @@ static const char *const default_excludes[] = {"__pycache__", "*.pyc", ".cache",
 
 static _Atomic uint64_t name_seq;
 
-uint64_t dsec__ct_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...)
 {
@@ -989,7 +983,7 @@ static void sweep_once(struct ct_backend *be)
         return;
     pthread_mutex_lock(&be->sweep_lock);
     if (!atomic_load(&be->swept)) {
-        uint64_t t0 = dsec__ct_now_ns();
+        uint64_t t0 = dsec_now_ns();
         char p[PATH_MAX + 16];
         int n = sweep_dir(be, be->sbroot, false);
         dsec__ct_fmt(p, sizeof p, "%s/sb", be->store);
@@ -1002,7 +996,7 @@ static void sweep_once(struct ct_backend *be)
             fprintf(stderr,
                     "dsec container: reclaimed %d orphan sandboxes and %d fork snapshots left by "
                     "an earlier node manager (%.1f ms)\n",
-                    n, snaps, (double)(dsec__ct_now_ns() - t0) / 1e6);
+                    n, snaps, (double)(dsec_now_ns() - t0) / 1e6);
         atomic_store(&be->swept, true);
     }
     pthread_mutex_unlock(&be->sweep_lock);
@@ -1098,16 +1092,16 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
     /* the record first: a crash from here on leaves a sandbox naming its runtime id; and
      * config.json as a cold start would have written it (the warm container's own was of
      * the empty root), for whoever inspects the bundle */
-    uint64_t t0 = dsec__ct_now_ns();
+    uint64_t t0 = dsec_now_ns();
     if (write_meta(sb, err) < 0 || dsec__ct_oci_write(be, sb, err) < 0)
         return -1;
-    uint64_t t1 = dsec__ct_now_ns();
+    uint64_t t1 = dsec_now_ns();
     if (dsec__ct_rt_switch_root(be, sb->rid, init, root_fd, sb->id, sb->net != NULL, err) < 0)
         return -1;
-    uint64_t t2 = dsec__ct_now_ns();
+    uint64_t t2 = dsec_now_ns();
     if (dsec__ct_cg_limits(be, sb->rid, sb->memory_mb, sb->cpu_milli, err) < 0)
         return -1;
-    uint64_t t3 = dsec__ct_now_ns();
+    uint64_t t3 = dsec_now_ns();
     if (dsec_agent_setup(sb->agent, (const char *const *)sb->env.vars, sb->env.nvars,
                          sb->env.workdir != NULL ? sb->env.workdir : "/",
                          sb->env.user != NULL ? sb->env.user : "root", err) < 0)
@@ -1117,7 +1111,7 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
                 "dsec container: warm %s as %s: meta+config %.2f ms, root switch %.2f ms, limits %.2f "
                 "ms, agent %.2f ms\n",
                 sb->id, sb->rid, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-                (double)(t3 - t2) / 1e6, (double)(dsec__ct_now_ns() - t3) / 1e6);
+                (double)(t3 - t2) / 1e6, (double)(dsec_now_ns() - t3) / 1e6);
     return 0;
 }
 
@@ -1125,7 +1119,7 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
  * DSEC_CONTAINER_TRACE=1: how long its steps took, on stderr. */
 static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
-    uint64_t t0 = dsec__ct_now_ns();
+    uint64_t t0 = dsec_now_ns();
     sb_paths(be, sb);
     sb->rt = be->rt; /* a warm container was started by it too */
     if (mkdir(sb->dir, 0700) < 0)
@@ -1166,7 +1160,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     dsec_free(lowers);
     if (rc < 0)
         return -1;
-    uint64_t t1 = dsec__ct_now_ns();
+    uint64_t t1 = dsec_now_ns();
     /* a warm container when one is ready (and the kernel has detached mounts); a
      * policy without containment is refused by the cold path */
     struct ct_warm *w =
@@ -1176,7 +1170,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         close(root_fd);
         if (rc == 0 && be->trace)
             fprintf(stderr, "dsec container: start %s: root %.2f ms, warm container %.2f ms\n",
-                    sb->id, (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t1) / 1e6);
+                    sb->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
         return rc;
     }
     rc = sb_launch(be, sb, root_fd, err);
@@ -1184,19 +1178,19 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         close(root_fd);
     if (rc < 0)
         return -1;
-    uint64_t t2 = dsec__ct_now_ns();
+    uint64_t t2 = dsec_now_ns();
     char sp[PATH_MAX + 16];
     sock_path(sb, sp, sizeof sp);
     /* in short rounds, so an agent that died at start (a bad user or
      * workdir) is reported at once, with what it said */
-    uint64_t deadline = dsec__ct_now_ns() + be->start_timeout_ms * 1000000u;
+    uint64_t deadline = dsec_now_ns() + be->start_timeout_ms * 1000000u;
     for (;;) {
         if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0) {
             if (be->trace)
                 fprintf(stderr,
                         "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms\n",
                         sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-                        (double)(dsec__ct_now_ns() - t2) / 1e6);
+                        (double)(dsec_now_ns() - t2) / 1e6);
             return 0;
         }
         if (!dsec__ct_alive(be, sb->rid)) {
@@ -1213,7 +1207,7 @@ static int sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
             dsec_free(log);
             return -1;
         }
-        if (dsec__ct_now_ns() > deadline)
+        if (dsec_now_ns() > deadline)
             return dsec_err_wrap(err, "container: the agent did not answer");
     }
 }
@@ -1284,16 +1278,16 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "container: sandbox id must be 1..%d characters of [A-Za-z0-9_-]",
                             DSEC_SBX_ID_LEN_MAX);
-    uint64_t t0 = dsec__ct_now_ns();
+    uint64_t t0 = dsec_now_ns();
     sweep_once(be);
     struct ct_env env;
     if (env_from_spec(be, spec, &env, err) < 0)
         return -1;
-    uint64_t t1 = dsec__ct_now_ns();
+    uint64_t t1 = dsec_now_ns();
     int rc = create_env(be, spec, &env, out, backend_state, err);
     if (be->trace)
         fprintf(stderr, "dsec container: create %s: environment %.2f ms, in all %.2f ms\n",
-                spec->id, (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t0) / 1e6);
+                spec->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t0) / 1e6);
     return rc;
 }
 
@@ -1893,11 +1887,11 @@ static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t 
                                     "container: fork child ids %zu and %zu are equal", k, i);
     }
     sweep_once(be);
-    uint64_t t0 = dsec__ct_now_ns();
+    uint64_t t0 = dsec_now_ns();
     char snap[sizeof((struct ct_snap *)0)->name];
     if (freeze_snapshot(be, sb, "f", snap, sizeof snap, err) < 0)
         return dsec_err_wrap(err, "container: fork");
-    uint64_t t1 = dsec__ct_now_ns();
+    uint64_t t1 = dsec_now_ns();
     /* hold the snapshot while children start, so a failed child does not
      * take it away from the others */
     dsec__ct_snap_ref(be, snap);
@@ -1936,7 +1930,7 @@ static int ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t 
     if (be->trace)
         fprintf(stderr,
                 "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms\n", n,
-                (double)(t1 - t0) / 1e6, (double)(dsec__ct_now_ns() - t1) / 1e6);
+                (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
     return rc;
 }
 
@@ -2126,7 +2120,7 @@ static int ct_stats(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_
     memset(out, 0, sizeof *out);
     if (dsec__ct_cg_usage(be, sb->rid, &out->cpu_used_us, &out->memory_bytes, err) < 0)
         return -1;
-    uint64_t now = dsec__ct_now_ns();
+    uint64_t now = dsec_now_ns();
     if (sb->last_ns != 0 && now > sb->last_ns && out->cpu_used_us >= sb->last_cpu_us)
         out->cpu_milli = (out->cpu_used_us - sb->last_cpu_us) * 1000000u / (now - sb->last_ns);
     sb->last_ns = now;

@@ -16,6 +16,7 @@
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
 #include "backends/vm/vm.h"
+#include "dsec/clock.h"
 #include "dsec/layers.h"
 #include "dsec/names.h"
 
@@ -117,7 +118,6 @@ struct dsec_sandbox {
 
 /* ---- helpers (vm.c) ------------------------------------------------------------------- */
 
-uint64_t dsec__vm_now_ns(void);
 int dsec__vm_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A small file as a NUL-terminated dsec_malloc'd string (caller frees); NULL with errno. */
 char *dsec__vm_read_file(const char *path, size_t max);

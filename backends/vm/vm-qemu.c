@@ -688,7 +688,7 @@ static void msleep(unsigned ms)
 
 int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_err *err)
 {
-    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
     for (;;) {
         struct vm_qmp q;
         dsec_err e2;
@@ -703,7 +703,7 @@ int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_e
             return dsec_err_set(err, DSEC_E_BACKEND, 0, "QEMU exited at start: %s",
                                 tail[0] ? tail : "no message in qemu.log");
         }
-        if (dsec__vm_now_ns() > deadline)
+        if (dsec_now_ns() > deadline)
             return dsec_err_set(err, DSEC_E_TIMEOUT, e2.errnum,
                                 "QEMU's monitor did not answer in %" PRIu64 " ms: %s", timeout_ms,
                                 e2.msg);
@@ -722,10 +722,10 @@ int dsec__vm_qemu_stop(dsec_sandbox *sb, uint64_t grace_ms, dsec_err *err)
             dsec__vm_qmp_cmd(&q, "quit", NULL, NULL, 500, &e2);
             dsec__vm_qmp_close(&q);
         }
-        uint64_t t0 = dsec__vm_now_ns();
+        uint64_t t0 = dsec_now_ns();
         bool killed = false;
         while (dsec__vm_qemu_is_ours(sb->pid, sb->dir)) {
-            uint64_t ms = (dsec__vm_now_ns() - t0) / 1000000u;
+            uint64_t ms = (dsec_now_ns() - t0) / 1000000u;
             if (!killed && ms >= grace_ms) {
                 kill(sb->pid, SIGKILL);
                 killed = true;
@@ -762,7 +762,7 @@ static int qmp_line(struct vm_qmp *q, uint64_t deadline, char **line, dsec_err *
         if (q->len == sizeof q->buf)
             return dsec_err_set(err, DSEC_E_DECODE, 0, "QMP: a reply line is longer than %zu",
                                 sizeof q->buf);
-        uint64_t now = dsec__vm_now_ns();
+        uint64_t now = dsec_now_ns();
         if (now >= deadline)
             return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "QMP: no answer in time");
         struct pollfd p = {.fd = q->fd, .events = POLLIN};
@@ -805,7 +805,7 @@ int dsec__vm_qmp_open(struct vm_qmp *q, const char *dir, uint64_t timeout_ms, ds
     }
     close(dfd);
     q->fd = s;
-    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
     char *line = NULL;
     if (qmp_line(q, deadline, &line, err) < 0)
         goto fail;
@@ -916,7 +916,7 @@ static int qmp_cmd_fd(struct vm_qmp *q, const char *cmd, const char *args, int f
         off += (size_t)w;
     }
     dsec_free(msg);
-    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
     for (;;) {
         char *line = NULL;
         if (qmp_line(q, deadline, &line, err) < 0)
@@ -950,7 +950,7 @@ int dsec__vm_qmp_cmd(struct vm_qmp *q, const char *cmd, const char *args, char *
 /* Poll query-migrate until the migration is over. */
 static int migrate_wait(struct vm_qmp *q, const char *what, dsec_err *err)
 {
-    uint64_t deadline = dsec__vm_now_ns() + 600000ull * 1000000u;
+    uint64_t deadline = dsec_now_ns() + 600000ull * 1000000u;
     unsigned nap = 1;
     for (;;) {
         char *r = NULL;
@@ -974,7 +974,7 @@ static int migrate_wait(struct vm_qmp *q, const char *what, dsec_err *err)
                                 desc[0] ? desc : "no reason given");
         }
         dsec_free(r);
-        if (dsec__vm_now_ns() > deadline)
+        if (dsec_now_ns() > deadline)
             return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "%s: migration did not end", what);
         msleep(nap);
         if (nap < 20)

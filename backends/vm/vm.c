@@ -45,12 +45,6 @@
 #define QMP_TIMEOUT_MS 10000
 #define STOP_GRACE_MS 3000
 
-uint64_t dsec__vm_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 int dsec__vm_fmt(char *out, size_t len, const char *fmt, ...)
 {
@@ -1111,7 +1105,7 @@ static bool trace(void)
 
 static void trace_step(const dsec_sandbox *sb, const char *step, uint64_t *t)
 {
-    uint64_t now = dsec__vm_now_ns();
+    uint64_t now = dsec_now_ns();
     if (trace())
         fprintf(stderr, "dsec vm %s: %s %.1f ms\n", sb->id, step, (double)(now - *t) / 1e6);
     *t = now;
@@ -1123,14 +1117,14 @@ static int agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeout_
 {
     char sp[PATH_MAX + 16];
     agent_path(sb, "agent.sock", sp, sizeof sp);
-    uint64_t deadline = dsec__vm_now_ns() + timeout_ms * 1000000u;
+    uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
     for (;;) {
         dsec_err e2;
         if (dsec_agent_connect(&sb->agent, sp, 1000, &e2) == 0)
             return 0;
         if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir))
             return boot_error(be, sb, true, 0, err);
-        if (dsec__vm_now_ns() > deadline)
+        if (dsec_now_ns() > deadline)
             return boot_error(be, sb, false, timeout_ms, err);
     }
 }
@@ -1138,7 +1132,7 @@ static int agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeout_
 /* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
 static int boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
 {
-    uint64_t t = dsec__vm_now_ns();
+    uint64_t t = dsec_now_ns();
     if (guest_link(be, sb, err) < 0)
         return -1;
     struct vm_launch l = {.incoming = state != NULL, .tap_fd = sb->nic ? sb->guest.tap_fd : -1};
@@ -1756,7 +1750,7 @@ static int clone_from(struct vm_backend *be, const char *dir, const char *id, co
     dsec__vm_fmt(src, sizeof src, "%s/state", dir);
     if (rc == 0)
         rc = boot(be, sb, src, err);
-    uint64_t t = dsec__vm_now_ns();
+    uint64_t t = dsec_now_ns();
     if (rc == 0)
         rc = set_identity(be, sb, err);
     trace_step(sb, "identity", &t);
@@ -2053,7 +2047,7 @@ static int vm_stats(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_
     long page = sysconf(_SC_PAGESIZE);
     out->cpu_used_us = (ut + st) * 1000000u / (uint64_t)(tick > 0 ? tick : 100);
     out->memory_bytes = (uint64_t)(rss > 0 ? rss : 0) * (uint64_t)(page > 0 ? page : 4096);
-    uint64_t now = dsec__vm_now_ns();
+    uint64_t now = dsec_now_ns();
     if (sb->last_ns != 0 && now > sb->last_ns && out->cpu_used_us >= sb->last_cpu_us)
         out->cpu_milli = (out->cpu_used_us - sb->last_cpu_us) * 1000000u / (now - sb->last_ns);
     sb->last_ns = now;
