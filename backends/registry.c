@@ -1,7 +1,7 @@
 /* registry.c - built-in capability records, requirement parsing, and the lightest-type pick. */
 #include "backends/registry.h"
 #include "backends/container/container.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/sim.h"
 #include "backends/vm/vm.h"
 

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "backends/backend.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
 

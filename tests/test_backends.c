@@ -14,7 +14,7 @@
 
 #include "backends/backend.h"
 #include "backends/container/container.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/registry.h"
 #include "backends/sim.h"
 #include "backends/vm/vm.h"

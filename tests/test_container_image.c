@@ -18,7 +18,7 @@
 
 #include "backends/backend.h"
 #include "backends/container/container.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/vm/vm.h"
 #include "dsec/alloc.h"

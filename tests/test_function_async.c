@@ -17,7 +17,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 

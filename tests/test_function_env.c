@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/layers/layer-cache.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"

@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
 #include "backends/registry.h"

@@ -23,8 +23,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backends/function-int.h"
-#include "backends/function-proto.h"
+#include "backends/function/function-int.h"
+#include "backends/function/function-proto.h"
 #include "dsec/alloc.h"
 
 /*

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "backends/cgroup-tune.h"
-#include "backends/function-int.h"
-#include "backends/function.h"
+#include "backends/function/function-int.h"
+#include "backends/function/function.h"
 #include "backends/loop.h"
 #include "backends/net/net.h"
 #include "dsec/alloc.h"

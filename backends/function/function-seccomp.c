@@ -14,7 +14,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include "backends/function-zygote.h"
+#include "backends/function/function-zygote.h"
 
 /*
  * Two filters. The base one is installed once in the zygote (after its

@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/function-zygote.h"
+#include "backends/function/function-zygote.h"
 
 /*
  * One zygote per runtime, started by the backend's pool thread with its

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/function-proto.h"
+#include "backends/function/function-proto.h"
 
 /* A task as W3 sees it once decoded: pointers into the received string area. */
 struct fnz_task {

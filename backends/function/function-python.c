@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/function-zygote.h"
+#include "backends/function/function-zygote.h"
 
 /*
  * The backend starts the zygote as

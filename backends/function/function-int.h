@@ -9,7 +9,7 @@
 #include <sys/types.h>
 
 #include "backends/backend.h"
-#include "backends/function.h"
+#include "backends/function/function.h"
 #include "backends/layers/layer-cache.h"
 #include "dsec/clock.h"
 

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/function-int.h"
+#include "backends/function/function-int.h"
 
 /*
  * Where: below this process's own cgroup (from /proc/self/cgroup), so
