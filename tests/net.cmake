@@ -43,3 +43,8 @@ target_link_libraries(fuzz_net_dns_upstream_replay PRIVATE dsec_backends dsec_co
   dsec_allocator)
 add_test(NAME net_dns_upstream_fuzz_corpus COMMAND fuzz_net_dns_upstream_replay
   ${CMAKE_SOURCE_DIR}/fuzz/corpus/net_dns_upstream)
+# The allowlist algebra without the kernel (no root): ranges, CIDRs, box insertion.
+add_executable(test_net_box test_net_box.c)
+target_link_libraries(test_net_box PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
+  dsec_warnings dsec_allocator)
+add_test(NAME net_box COMMAND test_net_box)

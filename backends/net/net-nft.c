@@ -34,6 +34,7 @@
 #include <libnftnl/table.h>
 #include <libnftnl/udata.h>
 
+#include "backends/net/net-box.h"
 #include "backends/net/net-int.h"
 #include "dsec/alloc.h"
 
@@ -112,14 +113,6 @@ enum {
 
 /* ---- the per-sandbox mirror of allow elements ------------------------------------------------ */
 
-struct box {
-    uint8_t family; /* AF_INET6 for all: IPv4 ranges are kept as ::ffff:a.b.c.d */
-    uint8_t proto;
-    uint16_t plo, phi;
-    uint8_t lo[16], hi[16]; /* address range, big-endian */
-    uint64_t exp_ms;        /* CLOCK_MONOTONIC expiry; 0: permanent */
-};
-
 struct sbx {
     struct sbx *next;  /* by idx */
     struct sbx *inext; /* by ifname */
@@ -128,7 +121,7 @@ struct sbx {
     bool has4, has6; /* the anti-spoof pairs it got, for sbx_del */
     struct in_addr a4;
     struct in6_addr a6;
-    struct box *b;
+    struct dsec__box *b;
     size_t n, cap;
 };
 
@@ -667,72 +660,6 @@ static void elem_ifname(struct nftnl_set *s, const char *ifname, const char *cha
 
 /* ---- address ranges -------------------------------------------------------------------------- */
 
-static unsigned alen(int family)
-{
-    return family == AF_INET ? 4 : 16;
-}
-
-static int acmp(const uint8_t *a, const uint8_t *b, unsigned len)
-{
-    return memcmp(a, b, len);
-}
-
-/* a += 1 (or -= 1); returns false on wrap */
-static bool astep(uint8_t *a, unsigned len, int dir)
-{
-    for (unsigned i = len; i-- > 0;) {
-        if (dir > 0) {
-            if (++a[i] != 0)
-                return true;
-        } else {
-            if (a[i]-- != 0)
-                return true;
-        }
-    }
-    return false;
-}
-
-static void prefix_range(const uint8_t *addr, unsigned plen, unsigned len, uint8_t *lo, uint8_t *hi)
-{
-    for (unsigned i = 0; i < len; i++) {
-        unsigned bits = plen > i * 8 ? plen - i * 8 : 0;
-        uint8_t m = bits >= 8 ? 0xff : (uint8_t)(0xff << (8 - bits));
-        lo[i] = addr[i] & m;
-        hi[i] = (uint8_t)(addr[i] | (uint8_t)~m);
-    }
-}
-
-/* "a.b.c.d/n" or "x::y/n" (no "/n": one address) */
-static int parse_cidr(const char *s, int *family, uint8_t *addr, unsigned *plen)
-{
-    char buf[INET6_ADDRSTRLEN + 8];
-    if (s == NULL || strlen(s) >= sizeof buf)
-        return -1;
-    strcpy(buf, s);
-    char *slash = strchr(buf, '/');
-    long n = -1;
-    if (slash != NULL) {
-        *slash = 0;
-        char *end;
-        errno = 0;
-        n = strtol(slash + 1, &end, 10);
-        if (errno != 0 || end == slash + 1 || *end != 0 || n < 0)
-            return -1;
-    }
-    memset(addr, 0, 16);
-    if (inet_pton(AF_INET, buf, addr) == 1)
-        *family = AF_INET;
-    else if (inet_pton(AF_INET6, buf, addr) == 1)
-        *family = AF_INET6;
-    else
-        return -1;
-    unsigned max = alen(*family) * 8;
-    if (n > (long)max)
-        return -1;
-    *plen = n < 0 ? max : (unsigned)n;
-    return 0;
-}
-
 struct range {
     uint8_t lo[16], hi[16];
 };
@@ -749,7 +676,7 @@ static int range_cmp(const void *a, const void *b)
 static void deny_elems(struct batch *b, const char *table, const char *name, int family,
                        struct range *r, size_t n)
 {
-    unsigned len = alen(family);
+    unsigned len = dsec__addr_len(family);
     /* qsort's comparator has no context argument; the mutex of new() is not taken yet but
      * new() runs once per table and the length is constant per call. */
     range_cmp_len = (int)len;
@@ -759,9 +686,9 @@ static void deny_elems(struct batch *b, const char *table, const char *name, int
         if (m > 0) {
             uint8_t next[16];
             memcpy(next, r[m - 1].hi, len);
-            bool wrap = !astep(next, len, 1);
-            if (wrap || acmp(r[i].lo, next, len) <= 0) {
-                if (acmp(r[i].hi, r[m - 1].hi, len) > 0)
+            bool wrap = !dsec__addr_step(next, len, 1);
+            if (wrap || dsec__addr_cmp(r[i].lo, next, len) <= 0) {
+                if (dsec__addr_cmp(r[i].hi, r[m - 1].hi, len) > 0)
                     memcpy(r[m - 1].hi, r[i].hi, len);
                 continue;
             }
@@ -776,7 +703,7 @@ static void deny_elems(struct batch *b, const char *table, const char *name, int
     static const uint8_t zero[16];
     size_t nel = 0;
     for (size_t i = 0; i < m; i++) {
-        if (i == 0 && acmp(r[0].lo, zero, len) != 0) {
+        if (i == 0 && dsec__addr_cmp(r[0].lo, zero, len) != 0) {
             struct nftnl_set_elem *e = nftnl_set_elem_alloc();
             if (e == NULL)
                 goto oom;
@@ -793,7 +720,7 @@ static void deny_elems(struct batch *b, const char *table, const char *name, int
         nel++;
         uint8_t end[16];
         memcpy(end, r[i].hi, len);
-        if (astep(end, len, 1)) {
+        if (dsec__addr_step(end, len, 1)) {
             e = nftnl_set_elem_alloc();
             if (e == NULL)
                 goto oom;
@@ -812,169 +739,7 @@ oom:
 
 /* ---- the box algebra of allow entries ------------------------------------------------------ */
 
-static bool box_overlap(const struct box *a, const struct box *b)
-{
-    if (a->family != b->family || a->proto != b->proto)
-        return false;
-    unsigned len = alen(a->family);
-    return acmp(a->lo, b->hi, len) <= 0 && acmp(b->lo, a->hi, len) <= 0 && a->plo <= b->phi &&
-           b->plo <= a->phi;
-}
-
-static bool box_contains(const struct box *a, const struct box *b)
-{
-    unsigned len = alen(a->family);
-    return a->family == b->family && a->proto == b->proto && acmp(a->lo, b->lo, len) <= 0 &&
-           acmp(b->hi, a->hi, len) <= 0 && a->plo <= b->plo && b->phi <= a->phi;
-}
-
-/* Does a outlive (or live as long as) b? */
-static bool box_strong(const struct box *a, const struct box *b)
-{
-    return a->exp_ms == 0 || (b->exp_ms != 0 && a->exp_ms >= b->exp_ms);
-}
-
-/* b minus a (they overlap) into out (up to 4 boxes); returns the count. */
-static size_t box_sub(const struct box *b, const struct box *a, struct box *out)
-{
-    unsigned len = alen(b->family);
-    size_t n = 0;
-    struct box mid = *b;
-    if (acmp(b->lo, a->lo, len) < 0) {
-        out[n] = *b;
-        memcpy(out[n].hi, a->lo, len);
-        astep(out[n].hi, len, -1);
-        n++;
-        memcpy(mid.lo, a->lo, len);
-    }
-    if (acmp(b->hi, a->hi, len) > 0) {
-        out[n] = *b;
-        memcpy(out[n].lo, a->hi, len);
-        astep(out[n].lo, len, 1);
-        n++;
-        memcpy(mid.hi, a->hi, len);
-    }
-    if (b->plo < a->plo) {
-        out[n] = mid;
-        out[n].phi = (uint16_t)(a->plo - 1);
-        n++;
-    }
-    if (b->phi > a->phi) {
-        out[n] = mid;
-        out[n].plo = (uint16_t)(a->phi + 1);
-        n++;
-    }
-    return n;
-}
-
-struct boxv {
-    struct box *v;
-    size_t n, cap;
-    bool oom;
-};
-
-static void boxv_push(struct boxv *bv, const struct box *b)
-{
-    if (bv->oom)
-        return;
-    if (bv->n == bv->cap) {
-        size_t cap = bv->cap ? bv->cap * 2 : 16;
-        struct box *v = dsec_realloc(bv->v, cap * sizeof *v);
-        if (v == NULL) {
-            bv->oom = true;
-            return;
-        }
-        bv->v = v;
-        bv->cap = cap;
-    }
-    bv->v[bv->n++] = *b;
-}
-
-/* One kernel element operation on an allow set. */
-struct op {
-    bool del;
-    struct box b;
-};
-
-struct opv {
-    struct op *v;
-    size_t n, cap;
-    bool oom;
-};
-
-static void opv_push(struct opv *ov, bool del, const struct box *b)
-{
-    if (ov->oom)
-        return;
-    if (ov->n == ov->cap) {
-        size_t cap = ov->cap ? ov->cap * 2 : 16;
-        struct op *v = dsec_realloc(ov->v, cap * sizeof *v);
-        if (v == NULL) {
-            ov->oom = true;
-            return;
-        }
-        ov->v = v;
-        ov->cap = cap;
-    }
-    ov->v[ov->n].del = del;
-    ov->v[ov->n].b = *b;
-    ov->n++;
-}
-
-/* Insert nb into the disjoint set s (in place), recording kernel operations in ops. */
-static void box_insert(struct boxv *s, const struct box *nb, struct opv *ops, uint64_t now)
-{
-    struct boxv pieces = {0};
-    boxv_push(&pieces, nb);
-    for (size_t i = 0; i < s->n && !pieces.oom;) {
-        struct box *a = &s->v[i];
-        if (!box_overlap(a, nb)) {
-            i++;
-            continue;
-        }
-        if (box_strong(a, nb)) {
-            /* cut the new pieces around a */
-            struct boxv next = {0};
-            for (size_t k = 0; k < pieces.n; k++) {
-                if (!box_overlap(&pieces.v[k], a)) {
-                    boxv_push(&next, &pieces.v[k]);
-                    continue;
-                }
-                struct box out[4];
-                size_t m = box_sub(&pieces.v[k], a, out);
-                for (size_t j = 0; j < m; j++)
-                    boxv_push(&next, &out[j]);
-            }
-            dsec_free(pieces.v);
-            pieces = next;
-            i++;
-        } else {
-            /* a weaker box: replace it by its parts outside nb */
-            struct box old = *a;
-            opv_push(ops, true, &old);
-            s->v[i] = s->v[--s->n];
-            if (old.exp_ms > now + 1) {
-                struct box out[4];
-                size_t m = box_sub(&old, nb, out);
-                for (size_t j = 0; j < m; j++) {
-                    opv_push(ops, false, &out[j]);
-                    boxv_push(s, &out[j]);
-                }
-            }
-            /* s->v may have moved; i now holds an unvisited box (or a remainder, which does
-             * not overlap nb) */
-        }
-    }
-    for (size_t k = 0; k < pieces.n; k++) {
-        opv_push(ops, false, &pieces.v[k]);
-        boxv_push(s, &pieces.v[k]);
-    }
-    if (pieces.oom)
-        s->oom = true;
-    dsec_free(pieces.v);
-}
-
-static int elem_box(const dsec__nft *t, const dsec__nft_elem *e, uint64_t now, struct box *b,
+static int elem_box(const dsec__nft *t, const dsec__nft_elem *e, uint64_t now, struct dsec__box *b,
                     dsec_err *err)
 {
     memset(b, 0, sizeof *b);
@@ -984,7 +749,7 @@ static int elem_box(const dsec__nft *t, const dsec__nft_elem *e, uint64_t now, s
     if (e->family == AF_INET6 && !t->c.v6)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "allow entry: an IPv6 destination, but the node runs without IPv6");
-    unsigned len = alen(e->family);
+    unsigned len = dsec__addr_len(e->family);
     if (e->prefix > len * 8)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "allow entry: prefix /%u is too long for %s",
                             e->prefix, e->family == AF_INET ? "IPv4" : "IPv6");
@@ -993,9 +758,9 @@ static int elem_box(const dsec__nft *t, const dsec__nft_elem *e, uint64_t now, s
     if (e->family == AF_INET) {
         uint8_t mapped[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
         memcpy(mapped + 12, e->addr, 4);
-        prefix_range(mapped, 96u + e->prefix, 16, b->lo, b->hi);
+        dsec__prefix_range(mapped, 96u + e->prefix, 16, b->lo, b->hi);
     } else {
-        prefix_range(e->addr, e->prefix, 16, b->lo, b->hi);
+        dsec__prefix_range(e->addr, e->prefix, 16, b->lo, b->hi);
     }
     switch (e->proto) {
     case IPPROTO_TCP:
@@ -1026,7 +791,7 @@ static int elem_box(const dsec__nft *t, const dsec__nft_elem *e, uint64_t now, s
 /* Stronger first, so that a list inserted in this order never deletes. */
 static int box_strength_cmp(const void *pa, const void *pb)
 {
-    const struct box *a = pa, *b = pb;
+    const struct dsec__box *a = pa, *b = pb;
     if (a->exp_ms == b->exp_ms)
         return 0;
     if (a->exp_ms == 0)
@@ -1052,7 +817,8 @@ static void names_of(const dsec__nft *t, uint32_t idx, struct names *n)
 }
 
 /* The elements of ops as messages, grouped by runs of adds or deletes. */
-static void ops_emit(struct batch *b, const struct names *nm, const struct opv *ops, uint64_t now)
+static void ops_emit(struct batch *b, const struct names *nm, const struct dsec__opv *ops,
+                     uint64_t now)
 {
     for (size_t i = 0; i < ops->n;) {
         size_t j = i;
@@ -1064,7 +830,7 @@ static void ops_emit(struct batch *b, const struct names *nm, const struct opv *
         }
         size_t nel = 0;
         for (; j < ops->n && ops->v[j].del == del; j++) {
-            const struct box *x = &ops->v[j].b;
+            const struct dsec__box *x = &ops->v[j].b;
             uint8_t key[24] = {0}, end[24] = {0};
             memcpy(key, x->lo, 16);
             memcpy(end, x->hi, 16);
@@ -1093,23 +859,23 @@ static void ops_emit(struct batch *b, const struct names *nm, const struct opv *
 }
 
 /* Build the mirror of a whole entry list (replacing), with its operations. */
-static int boxes_from_list(const dsec__nft *t, const dsec__nft_elem *e, size_t n, struct boxv *s,
-                           struct opv *ops, dsec_err *err)
+static int boxes_from_list(const dsec__nft *t, const dsec__nft_elem *e, size_t n,
+                           struct dsec__boxv *s, struct dsec__opv *ops, dsec_err *err)
 {
     uint64_t now = now_ms();
-    struct boxv in = {0};
+    struct dsec__boxv in = {0};
     for (size_t i = 0; i < n; i++) {
-        struct box b;
+        struct dsec__box b;
         if (elem_box(t, &e[i], now, &b, err) < 0) {
             dsec_free(in.v);
             return dsec_err_wrap(err, "entry %zu", i);
         }
-        boxv_push(&in, &b);
+        dsec__boxv_push(&in, &b);
     }
     if (in.n > 0)
         qsort(in.v, in.n, sizeof *in.v, box_strength_cmp);
     for (size_t i = 0; i < in.n && !in.oom; i++)
-        box_insert(s, &in.v[i], ops, now);
+        dsec__box_insert(s, &in.v[i], ops, now);
     bool oom = in.oom || s->oom || ops->oom;
     dsec_free(in.v);
     if (oom)
@@ -1315,8 +1081,8 @@ int dsec__nft_sbx_add(dsec__nft *t, uint32_t idx, const char *ifname, const stru
         ns->has6 = true;
         ns->a6 = *a6;
     }
-    struct boxv s = {0};
-    struct opv ops = {0};
+    struct dsec__boxv s = {0};
+    struct dsec__opv ops = {0};
     if (boxes_from_list(t, e, n, &s, &ops, err) < 0) {
         dsec_free(s.v);
         dsec_free(ops.v);
@@ -1433,8 +1199,8 @@ int dsec__nft_sbx_replace(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, s
 {
     if (n > 0 && e == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "sandbox %" PRIx32 ": entries missing", idx);
-    struct boxv s = {0};
-    struct opv ops = {0};
+    struct dsec__boxv s = {0};
+    struct dsec__opv ops = {0};
     if (boxes_from_list(t, e, n, &s, &ops, err) < 0) {
         dsec_free(s.v);
         dsec_free(ops.v);
@@ -1480,7 +1246,7 @@ int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_
     if (e == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "sandbox %" PRIx32 ": entries missing", idx);
     uint64_t now = now_ms();
-    struct box *in = dsec_malloc(n * sizeof *in);
+    struct dsec__box *in = dsec_malloc(n * sizeof *in);
     if (in == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -1492,8 +1258,8 @@ int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_
     struct names nm;
     names_of(t, idx, &nm);
     int rc;
-    struct boxv s = {0};
-    struct opv ops = {0};
+    struct dsec__boxv s = {0};
+    struct dsec__opv ops = {0};
     pthread_mutex_lock(&t->mu);
     struct sbx *sb = *sbx_slot(t, idx);
     if (sb == NULL) {
@@ -1504,14 +1270,14 @@ int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_
     /* work on a copy without what has expired (a grace of 50 ms for the kernel's clock) */
     for (size_t i = 0; i < sb->n; i++)
         if (sb->b[i].exp_ms == 0 || sb->b[i].exp_ms + 50 > now)
-            boxv_push(&s, &sb->b[i]);
+            dsec__boxv_push(&s, &sb->b[i]);
     for (size_t i = 0; i < n; i++) {
         /* already covered by one box living as long: nothing to do */
         bool covered = false;
         for (size_t k = 0; k < s.n && !covered; k++)
-            covered = box_contains(&s.v[k], &in[i]) && box_strong(&s.v[k], &in[i]);
+            covered = dsec__box_contains(&s.v[k], &in[i]) && dsec__box_strong(&s.v[k], &in[i]);
         if (!covered)
-            box_insert(&s, &in[i], &ops, now);
+            dsec__box_insert(&s, &in[i], &ops, now);
     }
     if (s.oom || ops.oom) {
         rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
@@ -1786,10 +1552,10 @@ static int deny_ranges(const dsec__nft_conf *c, struct range *r4, size_t *n4, st
         "::1/128",   "fe80::/10",   "ff00::/8",       "fd00:ec2::254/128", "::ffff:0:0/96"};
     size_t nb = sizeof builtin / sizeof builtin[0];
     *n4 = *n6 = 0;
-    prefix_range((const uint8_t *)&c->pool4, c->pool4_len, 4, r4[*n4].lo, r4[*n4].hi);
+    dsec__prefix_range((const uint8_t *)&c->pool4, c->pool4_len, 4, r4[*n4].lo, r4[*n4].hi);
     (*n4)++;
     if (c->v6) {
-        prefix_range(c->pool6.s6_addr, c->pool6_len, 16, r6[*n6].lo, r6[*n6].hi);
+        dsec__prefix_range(c->pool6.s6_addr, c->pool6_len, 16, r6[*n6].lo, r6[*n6].hi);
         (*n6)++;
     }
     for (size_t i = 0; i < nb + c->ndeny; i++) {
@@ -1797,15 +1563,15 @@ static int deny_ranges(const dsec__nft_conf *c, struct range *r4, size_t *n4, st
         int fam;
         uint8_t a[16];
         unsigned plen;
-        if (parse_cidr(s, &fam, a, &plen) < 0)
+        if (dsec__parse_cidr(s, &fam, a, &plen) < 0)
             return dsec_err_set(err, DSEC_E_CONFIG, 0,
                                 "denied destination \"%s\" is not an address or CIDR prefix",
                                 s ? s : "(null)");
         if (fam == AF_INET) {
-            prefix_range(a, plen, 4, r4[*n4].lo, r4[*n4].hi);
+            dsec__prefix_range(a, plen, 4, r4[*n4].lo, r4[*n4].hi);
             (*n4)++;
         } else {
-            prefix_range(a, plen, 16, r6[*n6].lo, r6[*n6].hi);
+            dsec__prefix_range(a, plen, 16, r6[*n6].lo, r6[*n6].hi);
             (*n6)++;
         }
     }
@@ -2024,7 +1790,7 @@ static int ct_collect(enum nf_conntrack_msg_type type, struct nf_conntrack *ct, 
     struct ct_dump *d = data;
     const void *s =
         nfct_get_attr(ct, d->family == AF_INET ? ATTR_ORIG_IPV4_SRC : ATTR_ORIG_IPV6_SRC);
-    if (s == NULL || memcmp(s, d->src, alen(d->family)) != 0)
+    if (s == NULL || memcmp(s, d->src, dsec__addr_len(d->family)) != 0)
         return NFCT_CB_CONTINUE;
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 32;
