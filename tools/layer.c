@@ -203,11 +203,16 @@ static int layer_build(const opts *o, const char *src)
     char work[4096], blob[4200];
     bool made = false;
     rc = 1;
+    int n;
     if (strcmp(dsec_layer_registry_kind(r), "jetstream") == 0) {
         const char *tmp = getenv("TMPDIR");
-        snprintf(work, sizeof work, "%s/dsec-layer.XXXXXX", tmp && tmp[0] ? tmp : "/var/tmp");
+        n = snprintf(work, sizeof work, "%s/dsec-layer.XXXXXX", tmp && tmp[0] ? tmp : "/var/tmp");
     } else {
-        snprintf(work, sizeof work, "%s/#cli.XXXXXX", dir);
+        n = snprintf(work, sizeof work, "%s/#cli.XXXXXX", dir);
+    }
+    if (n < 0 || (size_t)n >= sizeof work) {
+        fprintf(stderr, "dsec layer build: the path of a work directory in %s is too long\n", dir);
+        goto out;
     }
     if (mkdtemp(work) == NULL) {
         fprintf(stderr, "dsec layer build: creating a work directory in %s: %s\n", dir,
