@@ -73,6 +73,10 @@ typedef struct dsec_node_conf {
                                  veths and address pool) */
     bool quota;               /* forks ask the cell's quota actor for their children first
                                  (creates are admitted by the schedulers) */
+    uint64_t results_budget;  /* bytes of finished commands' answers kept for retries by
+                                 req_id (in memory and under state_dir/results); 0: 64 MiB */
+    uint64_t results_ttl_ms;  /* how long each is kept after its command finished (wall
+                                 clock, across restarts); 0: 10 minutes */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

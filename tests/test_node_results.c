@@ -1,0 +1,206 @@
+/* test_node_results.c - kept command answers: by req_id, bounded, and read back after a restart. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "actors/node-results.h"
+
+static char dir[256];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/dsec-results-XXXXXX");
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const uint8_t H1[32] = {1}, H2[32] = {2};
+
+static dsec_results *open_at(uint64_t budget, uint64_t ttl_ms, bool (*keep)(const char *, void *),
+                             int want_loaded)
+{
+    dsec_results *r = NULL;
+    dsec_err err;
+    char d[300];
+    snprintf(d, sizeof d, "%s/results", dir);
+    if (dsec_results_new(&r, budget, ttl_ms, d, &err) < 0)
+        fail_msg("%s", err.msg);
+    int n = dsec_results_load(r, keep, NULL, &err);
+    if (n < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(n, want_loaded);
+    return r;
+}
+
+static bool keep_all(const char *sbx, void *ud)
+{
+    (void)sbx, (void)ud;
+    return true;
+}
+
+static bool keep_a(const char *sbx, void *ud)
+{
+    (void)ud;
+    return strcmp(sbx, "n-a") == 0;
+}
+
+static void put(dsec_results *r, const char *sbx, const char *req, const uint8_t *h,
+                const char *out)
+{
+    dsec_msg_exec_result res = {.id = sbx, .exit_code = 3, .signal = 0,
+                                .stdout_data = {(const uint8_t *)out, strlen(out)},
+                                .stderr_data = {(const uint8_t *)"e", 1},
+                                .duration_us = 1234, .timed_out = true};
+    dsec_results_begin(r, sbx, req, h);
+    dsec_results_put(r, sbx, req, h, &res);
+}
+
+static int get(dsec_results *r, const char *sbx, const char *req, char *out, size_t len)
+{
+    dsec_msg_exec_result res;
+    uint8_t h[32];
+    void *hold;
+    int what = dsec_results_get(r, sbx, req, &res, h, &hold);
+    if (what == DSEC_RESULTS_ANSWER)
+        snprintf(out, len, "%.*s|%d|%d", (int)res.stdout_data.len,
+                 (const char *)res.stdout_data.ptr, (int)res.exit_code, res.timed_out);
+    dsec_results_release(hold);
+    return what;
+}
+
+static bool exists(const char *sub)
+{
+    char p[400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/results/%s", dir, sub);
+    return stat(p, &st) == 0;
+}
+
+/* An answer and a command that was running outlive the process: the answer whole, the
+ * running one as lost, and lost it stays after one more restart. */
+static void answers_and_lost_commands_outlive_a_restart(void **state)
+{
+    (void)state;
+    dsec_results *r = open_at(1 << 20, 60000, keep_all, 0);
+    char out[64];
+    put(r, "n-a", "req-1", H1, "hello");
+    dsec_results_begin(r, "n-a", "req/2 odd", H2); /* it runs when the process goes */
+    dsec_results_begin(r, "n-a", "req-3", H1);
+    dsec_results_abandon(r, "n-a", "req-3"); /* refused: a retry may run it */
+    assert_int_equal(get(r, "n-a", "req-1", out, sizeof out), DSEC_RESULTS_ANSWER);
+    assert_int_equal(get(r, "n-a", "req/2 odd", out, sizeof out), DSEC_RESULTS_NONE);
+    dsec_results_free(r);
+
+    r = open_at(1 << 20, 60000, keep_all, 2);
+    assert_int_equal(get(r, "n-a", "req-1", out, sizeof out), DSEC_RESULTS_ANSWER);
+    assert_string_equal(out, "hello|3|1");
+    assert_int_equal(get(r, "n-a", "req/2 odd", out, sizeof out), DSEC_RESULTS_LOST);
+    assert_int_equal(get(r, "n-a", "req-3", out, sizeof out), DSEC_RESULTS_NONE);
+    dsec_results_stats st;
+    dsec_results_stats_get(r, &st);
+    assert_int_equal(st.lost, 1);
+    assert_int_equal(st.loaded, 2);
+    dsec_results_free(r);
+
+    r = open_at(1 << 20, 60000, keep_all, 2);
+    assert_int_equal(get(r, "n-a", "req/2 odd", out, sizeof out), DSEC_RESULTS_LOST);
+    /* a destroyed sandbox's answers go, from memory and disk */
+    dsec_results_drop(r, "n-a");
+    assert_false(exists("n-a"));
+    assert_int_equal(get(r, "n-a", "req-1", out, sizeof out), DSEC_RESULTS_NONE);
+    dsec_results_free(r);
+}
+
+/* At start: a sandbox no longer here loses its answers; the TTL counts from when the command
+ * finished, across the restart; the budget drops the oldest first. */
+static void load_keeps_ttl_budget_and_sandboxes(void **state)
+{
+    (void)state;
+    dsec_results *r = open_at(1 << 20, 60000, keep_all, 0);
+    char out[64], big[2048];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    put(r, "n-a", "old", H1, big);
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+    put(r, "n-a", "new", H1, big);
+    put(r, "n-b", "gone-with-b", H1, "b");
+    dsec_results_free(r);
+
+    /* room for one of the two big ones: the newer stays; n-b is not here any more */
+    r = open_at(3500, 60000, keep_a, 1);
+    assert_int_equal(get(r, "n-a", "new", out, sizeof out), DSEC_RESULTS_ANSWER);
+    assert_int_equal(get(r, "n-a", "old", out, sizeof out), DSEC_RESULTS_NONE);
+    assert_false(exists("n-b"));
+    dsec_results_free(r);
+    r = open_at(1 << 20, 60000, keep_all, 1); /* and the dropped one's file went */
+    dsec_results_drop(r, "n-a");
+    dsec_results_free(r);
+
+    /* 300 ms after it finished, a 200 ms TTL is over, though no process kept counting */
+    r = open_at(1 << 20, 200, keep_all, 0);
+    put(r, "n-a", "brief", H1, "b");
+    dsec_results_free(r);
+    ts.tv_nsec = 300 * 1000000L;
+    nanosleep(&ts, NULL);
+    r = open_at(1 << 20, 200, keep_all, 0);
+    assert_int_equal(get(r, "n-a", "brief", out, sizeof out), DSEC_RESULTS_NONE);
+    dsec_results_free(r);
+}
+
+/* Torn and foreign files are removed, never taken for answers. */
+static void unreadable_files_are_dropped(void **state)
+{
+    (void)state;
+    dsec_results *r = open_at(1 << 20, 60000, keep_all, 0);
+    put(r, "n-a", "ok", H1, "fine");
+    dsec_results_free(r);
+    char p[400];
+    snprintf(p, sizeof p, "%s/results/n-a/7a7a", dir); /* "zz": a torn marker, empty */
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/results/n-a/not-hex", dir);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("whatever", f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/results/n-a/6f6b.tmp", dir); /* an answer half written */
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    r = open_at(1 << 20, 60000, keep_all, 1);
+    assert_false(exists("n-a/7a7a"));
+    assert_false(exists("n-a/not-hex"));
+    assert_false(exists("n-a/6f6b.tmp"));
+    char out[64];
+    assert_int_equal(get(r, "n-a", "ok", out, sizeof out), DSEC_RESULTS_ANSWER);
+    assert_string_equal(out, "fine|3|1");
+    dsec_results_free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(answers_and_lost_commands_outlive_a_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(load_keeps_ttl_budget_and_sandboxes, setup, teardown),
+        cmocka_unit_test_setup_teardown(unreadable_files_are_dropped, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
