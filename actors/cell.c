@@ -1199,7 +1199,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .net_tag = cnet->tag_base + (unsigned)i,
                                  .loop = c->loop, .work = c->work,
                                  .results_budget = cn->results_budget_mb << 20,
-                                 .results_ttl_ms = cn->results_ttl_s * 1000};
+                                 .results_ttl_ms = cn->results_ttl_s * 1000,
+                                 .results_volatile = cn->results_volatile};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;

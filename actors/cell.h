@@ -31,6 +31,7 @@ typedef struct dsec_cell_node {
     uint64_t results_budget_mb; /* answers of finished commands kept for retries by req_id:
                                    at most this much (memory, and disk under its state dir) */
     uint64_t results_ttl_s;     /* each for this long after its command finished */
+    bool results_volatile;      /* not from YAML: in memory only (benchmarks, node.h) */
 } dsec_cell_node;
 
 /* net: network containment of native nodes' sandboxes (docs/network.md). */

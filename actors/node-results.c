@@ -1,8 +1,7 @@
 /* node-results.c - finished commands' answers by (sandbox, request id), bounded by age and bytes,
- * kept in memory and, with a directory, in one file each so that they outlive the process. */
+ * kept in memory and, with a directory, in an append-only log so that they outlive the process. */
 #include "actors/node-results.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -19,41 +18,52 @@
 #include "dsec/alloc.h"
 
 #define NBUCKETS 4096u
-#define REQ_MAX 64u /* req_id bytes (docs/protocol.md): its file name is twice that in hex */
+#define REQ_MAX 64u  /* req_id bytes (docs/protocol.md) */
+#define SBX_MAX 255u /* sandbox id bytes a record can name */
+#define OUT_MAX (1u << 30)
+#define LOG_SLACK (64ull << 20) /* the log is rewritten past 2 * budget + this */
+
+enum { E_RUNNING, E_DONE, E_LOST };
 
 /* One answer; its strings and output live in the same allocation, after the struct. */
 struct entry {
-    struct entry *hnext;       /* hash chain */
-    struct entry *older, *newer; /* age list */
-    uint64_t hash, born_ms;    /* born: wall clock, when the command finished */
+    struct entry *hnext;         /* hash chain */
+    struct entry *older, *newer; /* age list (done, lost) or the running list */
+    uint64_t hash, born_ms;      /* born: wall clock, when the command finished (or started) */
     size_t bytes;
-    bool lost;            /* the command ran when a node manager went away: no answer */
+    uint8_t state;        /* E_* */
     uint8_t hash_req[32]; /* the request that ran */
     char *sbx, *req_id;
     dsec_msg_exec_result res;
 };
 
 struct dsec_results {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* the table */
     struct entry *buckets[NBUCKETS];
-    struct entry *oldest, *newest;
+    struct entry *oldest, *newest; /* answers and lost commands, oldest first */
+    struct entry *running;         /* named commands running now (a list by newer) */
     uint64_t budget, ttl_ms, bytes, entries, hits, evicted, lost, loaded;
     _Atomic uint64_t persist_errors;
-    char *dir; /* NULL: memory only */
+    /* The log: appends share it (O_APPEND keeps each record whole), a rewrite takes it alone.
+     * Taken before mu, never while holding it. */
+    pthread_rwlock_t log_lk;
+    int fd;        /* -1: memory only, or the log could not be opened */
+    _Atomic uint64_t log_bytes;
+    char *dir;
 };
 
-/* The file: this header, then the output (stdout, stderr). A marker is the header alone. */
-enum { F_RUNNING = 1, F_DONE = 2, F_LOST = 3 };
+/* A log record: this header, then the sandbox id, the req_id, stdout, stderr. */
+enum { R_BEGIN = 1, R_DONE, R_LOST, R_ABANDON, R_DROP };
 enum { FL_OUT_TRUNC = 1, FL_ERR_TRUNC = 2, FL_TIMED_OUT = 4, FL_INTERRUPTED = 8, FL_SESSION_ENDED = 16 };
-struct file_head {
-    char magic[4]; /* "DSR1" */
-    uint8_t state, flags;
-    uint16_t pad;
-    uint32_t pad2;
-    uint64_t born_ms; /* wall clock: started (marker), finished (answer), found lost */
+#define REC_MAGIC 0x32525344u /* "DSR2" */
+struct rec {
+    uint32_t magic;
+    uint8_t kind, flags, sbx_len, req_len;
+    uint32_t out_len, err_len;
+    uint64_t born_ms; /* wall clock: started (begin), finished (done), found lost (lost) */
     uint8_t hash[32];
     int64_t exit_code, signal;
-    uint64_t duration_us, cpu_us, peak_rss_kb, out_len, err_len;
+    uint64_t duration_us, cpu_us, peak_rss_kb;
 };
 
 static uint64_t wall_ms(void)
@@ -74,135 +84,81 @@ static uint64_t key_hash(const char *sbx, const char *req_id)
     return h;
 }
 
-/* ---- files ------------------------------------------------------------------------ */
+/* ---- the log ------------------------------------------------------------------------ */
 
-/* A sandbox id names a directory: nothing that leaves dir. */
-static bool sbx_ok(const char *sbx)
+static bool names_ok(const char *sbx, const char *req_id)
 {
-    return sbx[0] != '\0' && sbx[0] != '.' && strchr(sbx, '/') == NULL && strlen(sbx) < 200;
+    size_t ls = strlen(sbx), lr = req_id ? strlen(req_id) : 1;
+    return ls >= 1 && ls <= SBX_MAX && lr >= 1 && lr <= REQ_MAX;
 }
 
-/* <dir>/<sbx>/<hex req_id><suffix>; false when it cannot name one. */
-static bool file_path(const dsec_results *r, const char *sbx, const char *req_id,
-                      const char *suffix, char *out, size_t len)
+/* One record onto fd, whole: writev, then the rest should a signal cut it short. */
+static int write_rec(int fd, const struct rec *h, const char *sbx, const char *req_id,
+                     const void *out, const void *err_data)
 {
-    static const char hex[] = "0123456789abcdef";
-    size_t lr = strlen(req_id);
-    if (r->dir == NULL || !sbx_ok(sbx) || lr == 0 || lr > REQ_MAX)
-        return false;
-    char name[2 * REQ_MAX + 1];
-    for (size_t i = 0; i < lr; i++) {
-        name[2 * i] = hex[(uint8_t)req_id[i] >> 4];
-        name[2 * i + 1] = hex[(uint8_t)req_id[i] & 15];
-    }
-    name[2 * lr] = '\0';
-    int n = snprintf(out, len, "%s/%s/%s%s", r->dir, sbx, name, suffix);
-    return n > 0 && (size_t)n < len;
-}
-
-static bool unhex(const char *name, char *out, size_t cap)
-{
-    size_t l = strlen(name);
-    if (l == 0 || l % 2 != 0 || l / 2 >= cap)
-        return false;
-    for (size_t i = 0; i < l; i += 2) {
-        int v = 0;
-        for (int k = 0; k < 2; k++) {
-            char c = name[i + (size_t)k];
-            int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-            if (d < 0)
-                return false;
-            v = v * 16 + d;
-        }
-        if (v == 0)
-            return false;
-        out[i / 2] = (char)v;
-    }
-    out[l / 2] = '\0';
-    return true;
-}
-
-/* Write head and the output to path (creating the sandbox's directory on first use). */
-static int write_file(const dsec_results *r, const char *sbx, const char *path,
-                      const struct file_head *h, const void *out, const void *err_data)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 && errno == ENOENT) {
-        char d[4096];
-        snprintf(d, sizeof d, "%s/%s", r->dir, sbx);
-        if (mkdir(d, 0700) < 0 && errno != EEXIST)
-            return -1;
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    }
-    if (fd < 0)
-        return -1;
-    struct iovec v[3] = {{(void *)h, sizeof *h},
-                         {(void *)out, (size_t)h->out_len},
-                         {(void *)err_data, (size_t)h->err_len}};
-    size_t want = sizeof *h + (size_t)h->out_len + (size_t)h->err_len;
-    ssize_t w = writev(fd, v, 3);
-    if (w >= 0 && (size_t)w < want) { /* a short write (a signal, a huge output): the rest */
-        size_t done = (size_t)w;
-        for (int i = 0; i < 3 && w >= 0; i++) {
-            if (done >= v[i].iov_len) {
-                done -= v[i].iov_len;
+    struct iovec v[5] = {{(void *)h, sizeof *h},
+                         {(void *)sbx, h->sbx_len},
+                         {(void *)req_id, h->req_len},
+                         {(void *)out, h->out_len},
+                         {(void *)err_data, h->err_len}};
+    int iv = 0;
+    while (iv < 5) {
+        ssize_t w = writev(fd, v + iv, 5 - iv);
+        if (w < 0) {
+            if (errno == EINTR)
                 continue;
-            }
-            const char *p = (const char *)v[i].iov_base + done;
-            size_t left = v[i].iov_len - done;
-            done = 0;
-            while (left > 0 && (w = write(fd, p, left)) > 0) {
-                p += w;
-                left -= (size_t)w;
-            }
+            return -1;
+        }
+        size_t done = (size_t)w;
+        while (iv < 5 && done >= v[iv].iov_len)
+            done -= v[iv++].iov_len;
+        if (iv < 5) {
+            v[iv].iov_base = (char *)v[iv].iov_base + done;
+            v[iv].iov_len -= done;
         }
     }
-    int saved = errno;
-    if (close(fd) < 0 && w >= 0)
-        w = -1;
-    errno = saved;
-    return w < 0 ? -1 : 0;
+    return 0;
 }
 
-/* The whole file at path (caller frees *data), or NULL. */
-static uint8_t *read_file(const char *path, size_t *len)
+static void rec_fill(struct rec *h, int kind, const char *sbx, const char *req_id,
+                     const uint8_t hash[32], uint64_t born_ms, const dsec_msg_exec_result *res)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
-    struct stat st;
-    uint8_t *p = NULL;
-    if (fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct file_head) &&
-        (p = dsec_malloc((size_t)st.st_size)) != NULL) {
-        size_t got = 0;
-        ssize_t n;
-        while (got < (size_t)st.st_size && (n = read(fd, p + got, (size_t)st.st_size - got)) > 0)
-            got += (size_t)n;
-        if (got != (size_t)st.st_size) {
-            dsec_free(p);
-            p = NULL;
-        }
-        *len = got;
-    }
-    close(fd);
-    return p;
+    *h = (struct rec){.magic = REC_MAGIC, .kind = (uint8_t)kind,
+                      .sbx_len = (uint8_t)strlen(sbx),
+                      .req_len = (uint8_t)(req_id ? strlen(req_id) : 0), .born_ms = born_ms};
+    if (hash != NULL)
+        memcpy(h->hash, hash, sizeof h->hash);
+    if (res == NULL)
+        return;
+    h->exit_code = res->exit_code;
+    h->signal = res->signal;
+    h->duration_us = res->duration_us;
+    h->cpu_us = res->cpu_us;
+    h->peak_rss_kb = res->peak_rss_kb;
+    h->out_len = (uint32_t)res->stdout_data.len;
+    h->err_len = (uint32_t)res->stderr_data.len;
+    h->flags = (uint8_t)((res->stdout_truncated ? FL_OUT_TRUNC : 0) |
+                         (res->stderr_truncated ? FL_ERR_TRUNC : 0) |
+                         (res->timed_out ? FL_TIMED_OUT : 0) |
+                         (res->interrupted ? FL_INTERRUPTED : 0) |
+                         (res->session_ended ? FL_SESSION_ENDED : 0));
 }
 
-static void rm_sbx_dir(const dsec_results *r, const char *sbx)
+/* Append one record to the log (no-op in memory only). */
+static void log_append(dsec_results *r, int kind, const char *sbx, const char *req_id,
+                       const uint8_t hash[32], uint64_t born_ms, const dsec_msg_exec_result *res)
 {
-    char d[4096];
-    if (r->dir == NULL || !sbx_ok(sbx))
+    if (r->dir == NULL)
         return;
-    snprintf(d, sizeof d, "%s/%s", r->dir, sbx);
-    DIR *dp = opendir(d);
-    if (dp == NULL)
-        return;
-    int dfd = dirfd(dp);
-    for (struct dirent *de; (de = readdir(dp)) != NULL;)
-        if (de->d_name[0] != '.')
-            unlinkat(dfd, de->d_name, 0);
-    closedir(dp);
-    rmdir(d);
+    struct rec h;
+    rec_fill(&h, kind, sbx, req_id, hash, born_ms, res);
+    pthread_rwlock_rdlock(&r->log_lk);
+    if (r->fd < 0 || write_rec(r->fd, &h, sbx, req_id, res ? res->stdout_data.ptr : NULL,
+                               res ? res->stderr_data.ptr : NULL) < 0)
+        atomic_fetch_add(&r->persist_errors, 1);
+    else
+        atomic_fetch_add(&r->log_bytes, sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len);
+    pthread_rwlock_unlock(&r->log_lk);
 }
 
 /* ---- the table ---------------------------------------------------------------------- */
@@ -222,6 +178,8 @@ int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms,
         return dsec_err_set(err, DSEC_E_IO, e, "creating %s (kept command answers)", dir);
     }
     pthread_mutex_init(&r->mu, NULL);
+    pthread_rwlock_init(&r->log_lk, NULL);
+    r->fd = -1;
     r->budget = budget_bytes;
     r->ttl_ms = ttl_ms;
     *out = r;
@@ -230,28 +188,34 @@ int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms,
 
 uint64_t dsec_results_ttl_ms(const dsec_results *r) { return r->ttl_ms; }
 
-/* Out of the table and the age list; its file goes too unless keep_file. Under mu. */
-static void unlink_entry(dsec_results *r, struct entry *e, bool keep_file)
+static void list_del(struct entry **head, struct entry **tail, struct entry *e)
+{
+    if (e->older != NULL)
+        e->older->newer = e->newer;
+    else
+        *head = e->newer;
+    if (e->newer != NULL)
+        e->newer->older = e->older;
+    else if (tail != NULL)
+        *tail = e->older;
+}
+
+/* Out of the table and its list, and freed. Under mu. */
+static void unlink_entry(dsec_results *r, struct entry *e)
 {
     struct entry **pp = &r->buckets[e->hash & (NBUCKETS - 1)];
     while (*pp != e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
-    if (e->older != NULL)
-        e->older->newer = e->newer;
-    else
-        r->oldest = e->newer;
-    if (e->newer != NULL)
-        e->newer->older = e->older;
-    else
-        r->newest = e->older;
-    r->bytes -= e->bytes;
-    r->entries--;
-    if (e->lost)
-        r->lost--;
-    char path[4096];
-    if (!keep_file && file_path(r, e->sbx, e->req_id, "", path, sizeof path))
-        unlink(path);
+    if (e->state == E_RUNNING) {
+        list_del(&r->running, NULL, e);
+    } else {
+        list_del(&r->oldest, &r->newest, e);
+        r->bytes -= e->bytes;
+        r->entries--;
+        if (e->state == E_LOST)
+            r->lost--;
+    }
     dsec_free(e);
 }
 
@@ -261,7 +225,7 @@ static void trim(dsec_results *r, uint64_t now, size_t room)
     while (r->oldest != NULL &&
            ((now > r->oldest->born_ms && now - r->oldest->born_ms > r->ttl_ms) ||
             r->bytes + room > r->budget)) {
-        unlink_entry(r, r->oldest, false);
+        unlink_entry(r, r->oldest);
         r->evicted++;
     }
 }
@@ -280,9 +244,10 @@ static size_t entry_bytes(const char *sbx, const char *req_id, const dsec_msg_ex
            (res != NULL ? strlen(res->id) + 1 + res->stdout_data.len + res->stderr_data.len : 0);
 }
 
-/* A new entry (res NULL: a lost command), born at born_ms, not yet in the table. */
-static struct entry *entry_new(const char *sbx, const char *req_id, const uint8_t hash[32],
-                               const dsec_msg_exec_result *res, uint64_t born_ms)
+/* A new entry (res NULL: running or lost), not yet in the table. */
+static struct entry *entry_new(int state, const char *sbx, const char *req_id,
+                               const uint8_t hash[32], const dsec_msg_exec_result *res,
+                               uint64_t born_ms)
 {
     size_t bytes = entry_bytes(sbx, req_id, res);
     size_t ls = strlen(sbx) + 1, lr = strlen(req_id) + 1;
@@ -291,7 +256,7 @@ static struct entry *entry_new(const char *sbx, const char *req_id, const uint8_
         return NULL;
     char *p = (char *)(e + 1);
     *e = (struct entry){.hash = key_hash(sbx, req_id), .bytes = bytes, .born_ms = born_ms,
-                        .lost = res == NULL};
+                        .state = (uint8_t)state};
     memcpy(e->hash_req, hash, sizeof e->hash_req);
     e->sbx = memcpy(p, sbx, ls), p += ls;
     e->req_id = memcpy(p, req_id, lr), p += lr;
@@ -306,15 +271,24 @@ static struct entry *entry_new(const char *sbx, const char *req_id, const uint8_
     return e;
 }
 
-/* Into the table as the newest, making room first. Under mu. */
+/* Into the table, replacing what it held for the key: an answer or a lost command as the
+ * newest (making room first), a running command on the running list. Under mu. */
 static void insert(dsec_results *r, struct entry *e, uint64_t now)
 {
     struct entry *old = find(r, e->hash, e->sbx, e->req_id);
     if (old != NULL)
-        unlink_entry(r, old, true); /* the same file, which now holds e */
-    trim(r, now, e->bytes);
+        unlink_entry(r, old);
     e->hnext = r->buckets[e->hash & (NBUCKETS - 1)];
     r->buckets[e->hash & (NBUCKETS - 1)] = e;
+    e->older = NULL;
+    if (e->state == E_RUNNING) {
+        e->newer = r->running;
+        if (r->running != NULL)
+            r->running->older = e;
+        r->running = e;
+        return;
+    }
+    trim(r, now, e->bytes);
     e->older = r->newest;
     e->newer = NULL;
     if (r->newest != NULL)
@@ -324,66 +298,113 @@ static void insert(dsec_results *r, struct entry *e, uint64_t now)
     r->newest = e;
     r->bytes += e->bytes;
     r->entries++;
-    if (e->lost)
+    if (e->state == E_LOST)
         r->lost++;
+}
+
+static void forget(dsec_results *r, const char *sbx, const char *req_id)
+{
+    struct entry *e = find(r, key_hash(sbx, req_id), sbx, req_id);
+    if (e != NULL)
+        unlink_entry(r, e);
+}
+
+static void forget_sbx(dsec_results *r, const char *sbx)
+{
+    for (struct entry *e = r->oldest, *next; e != NULL; e = next) {
+        next = e->newer;
+        if (strcmp(e->sbx, sbx) == 0)
+            unlink_entry(r, e);
+    }
+    for (struct entry *e = r->running, *next; e != NULL; e = next) {
+        next = e->newer;
+        if (strcmp(e->sbx, sbx) == 0)
+            unlink_entry(r, e);
+    }
+}
+
+/* Rewrite the log with what the table holds (taking it alone); false when it could not be. */
+static bool compact(dsec_results *r)
+{
+    char path[4096], tmp[4096];
+    snprintf(path, sizeof path, "%s/answers.log", r->dir);
+    snprintf(tmp, sizeof tmp, "%s/answers.log.tmp", r->dir);
+    pthread_rwlock_wrlock(&r->log_lk);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    bool ok = fd >= 0;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int pass = 0; pass < 2 && ok; pass++)
+        for (struct entry *e = pass ? r->running : r->oldest; e != NULL && ok; e = e->newer) {
+            struct rec h;
+            rec_fill(&h, e->state == E_RUNNING ? R_BEGIN : e->state == E_LOST ? R_LOST : R_DONE,
+                     e->sbx, e->req_id, e->hash_req, e->born_ms,
+                     e->state == E_DONE ? &e->res : NULL);
+            ok = write_rec(fd, &h, e->sbx, e->req_id, e->res.stdout_data.ptr,
+                           e->res.stderr_data.ptr) == 0;
+            bytes += sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len;
+        }
+    pthread_mutex_unlock(&r->mu);
+    if (fd >= 0 && close(fd) < 0)
+        ok = false;
+    if (ok && rename(tmp, path) == 0) {
+        if (r->fd >= 0)
+            close(r->fd);
+        r->fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+        r->log_bytes = bytes;
+    } else {
+        unlink(tmp);
+        ok = false;
+        if (r->fd < 0) /* start: appends go on after what is there */
+            r->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    }
+    pthread_rwlock_unlock(&r->log_lk);
+    return ok;
 }
 
 void dsec_results_begin(dsec_results *r, const char *sbx, const char *req_id,
                         const uint8_t hash[32])
 {
-    char path[4096];
-    if (!file_path(r, sbx, req_id, "", path, sizeof path))
+    if (r->dir == NULL || !names_ok(sbx, req_id))
         return;
-    struct file_head h = {.magic = "DSR1", .state = F_RUNNING, .born_ms = wall_ms()};
-    memcpy(h.hash, hash, sizeof h.hash);
-    /* Not atomic, and need not be: a torn marker is one whose command had not started yet. */
-    if (write_file(r, sbx, path, &h, NULL, NULL) < 0)
-        atomic_fetch_add(&r->persist_errors, 1);
+    uint64_t now = wall_ms();
+    log_append(r, R_BEGIN, sbx, req_id, hash, now, NULL);
+    struct entry *e = entry_new(E_RUNNING, sbx, req_id, hash, NULL, now);
+    if (e == NULL)
+        return; /* logged all the same; a rewrite of the log before its answer forgets it */
+    pthread_mutex_lock(&r->mu);
+    insert(r, e, now);
+    pthread_mutex_unlock(&r->mu);
 }
 
 void dsec_results_abandon(dsec_results *r, const char *sbx, const char *req_id)
 {
-    char path[4096];
-    if (file_path(r, sbx, req_id, "", path, sizeof path))
-        unlink(path);
+    if (r->dir == NULL || !names_ok(sbx, req_id))
+        return;
+    log_append(r, R_ABANDON, sbx, req_id, NULL, wall_ms(), NULL);
+    pthread_mutex_lock(&r->mu);
+    forget(r, sbx, req_id);
+    pthread_mutex_unlock(&r->mu);
 }
 
 void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
                       const uint8_t hash[32], const dsec_msg_exec_result *res)
 {
     uint64_t now = wall_ms();
-    struct entry *e = entry_bytes(sbx, req_id, res) <= r->budget
-                          ? entry_new(sbx, req_id, hash, res, now)
-                          : NULL;
+    bool fits = entry_bytes(sbx, req_id, res) <= r->budget && res->stdout_data.len < OUT_MAX &&
+                res->stderr_data.len < OUT_MAX && names_ok(sbx, req_id);
+    struct entry *e = fits ? entry_new(E_DONE, sbx, req_id, hash, res, now) : NULL;
     if (e == NULL) {
         dsec_results_abandon(r, sbx, req_id);
         return;
     }
-    char path[4096], tmp[4096];
-    if (file_path(r, sbx, req_id, "", path, sizeof path) &&
-        file_path(r, sbx, req_id, ".tmp", tmp, sizeof tmp)) {
-        /* the answer replaces the marker in one step: a restart finds one or the other */
-        struct file_head h = {.magic = "DSR1", .state = F_DONE, .born_ms = now,
-                              .exit_code = res->exit_code, .signal = res->signal,
-                              .duration_us = res->duration_us, .cpu_us = res->cpu_us,
-                              .peak_rss_kb = res->peak_rss_kb, .out_len = res->stdout_data.len,
-                              .err_len = res->stderr_data.len};
-        h.flags = (uint8_t)((res->stdout_truncated ? FL_OUT_TRUNC : 0) |
-                            (res->stderr_truncated ? FL_ERR_TRUNC : 0) |
-                            (res->timed_out ? FL_TIMED_OUT : 0) |
-                            (res->interrupted ? FL_INTERRUPTED : 0) |
-                            (res->session_ended ? FL_SESSION_ENDED : 0));
-        memcpy(h.hash, hash, sizeof h.hash);
-        if (write_file(r, sbx, tmp, &h, res->stdout_data.ptr, res->stderr_data.ptr) < 0 ||
-            rename(tmp, path) < 0) {
-            /* kept in memory only; the marker stays, so a restart says lost, never reruns */
-            atomic_fetch_add(&r->persist_errors, 1);
-            unlink(tmp);
-        }
-    }
+    /* logged before it can be collected: a restart finds the answer, or its start alone */
+    log_append(r, R_DONE, sbx, req_id, hash, now, res);
     pthread_mutex_lock(&r->mu);
     insert(r, e, now);
     pthread_mutex_unlock(&r->mu);
+    if (r->dir != NULL && r->log_bytes > 2 * r->budget + LOG_SLACK && !compact(r))
+        atomic_fetch_add(&r->persist_errors, 1);
 }
 
 int dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
@@ -395,12 +416,12 @@ int dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
     pthread_mutex_lock(&r->mu);
     trim(r, wall_ms(), 0);
     struct entry *e = find(r, key_hash(sbx, req_id), sbx, req_id);
-    if (e != NULL && e->lost) {
+    if (e != NULL && e->state == E_LOST) {
         memcpy(hash, e->hash_req, sizeof e->hash_req);
         r->hits++;
         what = DSEC_RESULTS_LOST;
     }
-    struct entry *c = e != NULL && !e->lost ? dsec_malloc(e->bytes) : NULL;
+    struct entry *c = e != NULL && e->state == E_DONE ? dsec_malloc(e->bytes) : NULL;
     if (c != NULL) {
         memcpy(c, e, e->bytes);
         ptrdiff_t d = (char *)c - (char *)e;
@@ -425,144 +446,123 @@ void dsec_results_release(void *hold) { dsec_free(hold); }
 
 void dsec_results_drop(dsec_results *r, const char *sbx)
 {
+    if (r->dir != NULL && names_ok(sbx, NULL))
+        log_append(r, R_DROP, sbx, NULL, NULL, wall_ms(), NULL);
     pthread_mutex_lock(&r->mu);
-    for (struct entry *e = r->oldest, *next; e != NULL; e = next) {
-        next = e->newer;
-        if (strcmp(e->sbx, sbx) == 0)
-            unlink_entry(r, e, true);
-    }
+    forget_sbx(r, sbx);
     pthread_mutex_unlock(&r->mu);
-    rm_sbx_dir(r, sbx); /* answers and markers alike */
 }
 
 /* ---- reading back at start ------------------------------------------------------------ */
 
-struct found {
-    struct entry *e;
-};
-
-static int by_born(const void *a, const void *b)
+/* Replay the log into the table, in the order it was written: answers evicted by the budget
+ * then are evicted again (with this start's budget), abandoned and dropped ones go. Stops at
+ * the first record that is torn or unreadable (a crash mid-append leaves one at the end). */
+static void replay(dsec_results *r, FILE *f, uint64_t now)
 {
-    const struct entry *x = ((const struct found *)a)->e, *y = ((const struct found *)b)->e;
-    return x->born_ms < y->born_ms ? -1 : x->born_ms > y->born_ms;
-}
-
-/* One file of sandbox sbx: its entry, or NULL (and the file is gone) when it is not kept. */
-static struct entry *load_one(dsec_results *r, const char *sbx, const char *name, uint64_t now)
-{
-    char path[4096], req_id[REQ_MAX + 1];
-    snprintf(path, sizeof path, "%s/%s/%s", r->dir, sbx, name);
-    size_t len = 0;
-    uint8_t *p = NULL;
-    struct entry *e = NULL;
-    if (!unhex(name, req_id, sizeof req_id) || (p = read_file(path, &len)) == NULL)
-        goto out_rm;
-    struct file_head h;
-    memcpy(&h, p, sizeof h);
-    if (memcmp(h.magic, "DSR1", 4) != 0)
-        goto out_rm;
-    if (h.state == F_RUNNING && len == sizeof h) {
-        /* The command ran when its node manager went away: lost from now on. */
-        h.state = F_LOST;
-        h.born_ms = now;
-        char tmp[4096] = "";
-        if (!file_path(r, sbx, req_id, ".tmp", tmp, sizeof tmp) ||
-            write_file(r, sbx, tmp, &h, NULL, NULL) < 0 || rename(tmp, path) < 0) {
-            atomic_fetch_add(&r->persist_errors, 1); /* lost all the same, for this run */
-            unlink(tmp);
+    struct rec h;
+    char sbx[SBX_MAX + 1], req[REQ_MAX + 1];
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    while (fread(&h, sizeof h, 1, f) == 1) {
+        if (h.magic != REC_MAGIC || h.kind < R_BEGIN || h.kind > R_DROP || h.sbx_len == 0 ||
+            h.req_len > REQ_MAX || (h.kind != R_DROP && h.req_len == 0) || h.out_len >= OUT_MAX ||
+            h.err_len >= OUT_MAX)
+            break;
+        size_t body = (size_t)h.out_len + h.err_len;
+        if (fread(sbx, 1, h.sbx_len, f) != h.sbx_len || fread(req, 1, h.req_len, f) != h.req_len)
+            break;
+        sbx[h.sbx_len] = '\0';
+        req[h.req_len] = '\0';
+        if (strlen(sbx) != h.sbx_len || strlen(req) != h.req_len)
+            break;
+        if (body > cap) {
+            uint8_t *nb = dsec_realloc(buf, body);
+            if (nb == NULL)
+                break;
+            buf = nb;
+            cap = body;
         }
-        e = entry_new(sbx, req_id, h.hash, NULL, now);
-    } else if (h.state == F_LOST && len == sizeof h) {
-        e = entry_new(sbx, req_id, h.hash, NULL, h.born_ms);
-    } else if (h.state == F_DONE && h.out_len <= len && h.err_len <= len &&
-               sizeof h + h.out_len + h.err_len == len) {
-        dsec_msg_exec_result res = {
-            .id = sbx, .exit_code = h.exit_code, .signal = h.signal,
-            .stdout_data = {p + sizeof h, (size_t)h.out_len},
-            .stderr_data = {p + sizeof h + h.out_len, (size_t)h.err_len},
-            .stdout_truncated = h.flags & FL_OUT_TRUNC, .stderr_truncated = h.flags & FL_ERR_TRUNC,
-            .timed_out = h.flags & FL_TIMED_OUT, .interrupted = h.flags & FL_INTERRUPTED,
-            .session_ended = h.flags & FL_SESSION_ENDED, .duration_us = h.duration_us,
-            .cpu_us = h.cpu_us, .peak_rss_kb = h.peak_rss_kb};
-        e = entry_new(sbx, req_id, h.hash, &res, h.born_ms);
+        if (body > 0 && fread(buf, 1, body, f) != body)
+            break;
+        struct entry *e = NULL;
+        pthread_mutex_lock(&r->mu);
+        switch (h.kind) {
+        case R_BEGIN:
+            e = entry_new(E_RUNNING, sbx, req, h.hash, NULL, h.born_ms);
+            break;
+        case R_LOST:
+            e = entry_new(E_LOST, sbx, req, h.hash, NULL, h.born_ms);
+            break;
+        case R_DONE: {
+            dsec_msg_exec_result res = {
+                .id = sbx, .exit_code = h.exit_code, .signal = h.signal,
+                .stdout_data = {buf, h.out_len}, .stderr_data = {buf + h.out_len, h.err_len},
+                .stdout_truncated = h.flags & FL_OUT_TRUNC,
+                .stderr_truncated = h.flags & FL_ERR_TRUNC, .timed_out = h.flags & FL_TIMED_OUT,
+                .interrupted = h.flags & FL_INTERRUPTED,
+                .session_ended = h.flags & FL_SESSION_ENDED, .duration_us = h.duration_us,
+                .cpu_us = h.cpu_us, .peak_rss_kb = h.peak_rss_kb};
+            if (entry_bytes(sbx, req, &res) <= r->budget)
+                e = entry_new(E_DONE, sbx, req, h.hash, &res, h.born_ms);
+            else
+                forget(r, sbx, req);
+            break;
+        }
+        case R_ABANDON:
+            forget(r, sbx, req);
+            break;
+        case R_DROP:
+            forget_sbx(r, sbx);
+            break;
+        }
+        if (e != NULL)
+            insert(r, e, now);
+        pthread_mutex_unlock(&r->mu);
     }
-    if (e != NULL && (now > e->born_ms && now - e->born_ms > r->ttl_ms)) {
-        dsec_free(e);
-        e = NULL;
-    }
-out_rm:
-    dsec_free(p);
-    if (e == NULL)
-        unlink(path); /* expired, torn or unreadable */
-    return e;
+    dsec_free(buf);
 }
 
 int dsec_results_load(dsec_results *r, dsec_results_keep_fn keep, void *ud, dsec_err *err)
 {
     if (r->dir == NULL)
         return 0;
-    DIR *top = opendir(r->dir);
-    if (top == NULL)
-        return dsec_err_set(err, DSEC_E_IO, errno, "reading %s (kept command answers)", r->dir);
-    struct found *v = NULL;
-    size_t nv = 0, cap = 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/answers.log", r->dir);
     uint64_t now = wall_ms();
-    for (struct dirent *de; (de = readdir(top)) != NULL;) {
-        if (de->d_name[0] == '.')
-            continue;
-        const char *sbx = de->d_name;
-        if (!sbx_ok(sbx) || !keep(sbx, ud)) {
-            rm_sbx_dir(r, sbx);
-            continue;
-        }
-        char d[4096];
-        snprintf(d, sizeof d, "%s/%s", r->dir, sbx);
-        DIR *dp = opendir(d);
-        if (dp == NULL)
-            continue;
-        for (struct dirent *fe; (fe = readdir(dp)) != NULL;) {
-            if (fe->d_name[0] == '.')
-                continue;
-            size_t ln = strlen(fe->d_name);
-            if (ln > 4 && strcmp(fe->d_name + ln - 4, ".tmp") == 0) {
-                unlinkat(dirfd(dp), fe->d_name, 0); /* an answer being written: its marker stays */
-                continue;
-            }
-            struct entry *e = load_one(r, sbx, fe->d_name, now);
-            if (e == NULL)
-                continue;
-            if (nv == cap) {
-                size_t nc = cap ? cap * 2 : 64;
-                struct found *nvp = dsec_realloc(v, nc * sizeof *v);
-                if (nvp == NULL) {
-                    dsec_free(e); /* its file stays for the next start */
-                    continue;
-                }
-                v = nvp;
-                cap = nc;
-            }
-            v[nv++] = (struct found){e};
-        }
-        closedir(dp);
+    FILE *f = fopen(path, "rbe");
+    if (f == NULL && errno != ENOENT)
+        return dsec_err_set(err, DSEC_E_IO, errno, "reading %s (kept command answers)", path);
+    if (f != NULL) {
+        replay(r, f, now);
+        fclose(f);
     }
-    closedir(top);
-    /* oldest first, so that the budget drops the oldest, as it would have */
-    qsort(v, nv, sizeof *v, by_born);
     pthread_mutex_lock(&r->mu);
-    for (size_t i = 0; i < nv; i++) {
-        if (v[i].e->bytes > r->budget) {
-            char path[4096];
-            if (file_path(r, v[i].e->sbx, v[i].e->req_id, "", path, sizeof path))
-                unlink(path);
-            dsec_free(v[i].e);
-            continue;
-        }
-        insert(r, v[i].e, now);
+    /* A command that started and has no answer ran when its node manager went away: lost,
+     * from now (its TTL starts when it was found so). */
+    while (r->running != NULL) {
+        struct entry *e = r->running;
+        struct entry *l = entry_new(E_LOST, e->sbx, e->req_id, e->hash_req, NULL, now);
+        unlink_entry(r, e);
+        if (l != NULL)
+            insert(r, l, now);
+    }
+    trim(r, now, 0);
+    for (struct entry *e = r->oldest, *next; e != NULL; e = next) {
+        next = e->newer;
+        if (!keep(e->sbx, ud))
+            unlink_entry(r, e); /* its sandbox is gone */
     }
     r->loaded = r->entries;
+    r->evicted = 0;
     int kept = (int)r->entries;
     pthread_mutex_unlock(&r->mu);
-    dsec_free(v);
+    /* what is kept, and nothing else, from here on */
+    if (!compact(r)) {
+        atomic_fetch_add(&r->persist_errors, 1);
+        if (r->fd < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "opening %s (kept command answers)", path);
+    }
     return kept;
 }
 
@@ -581,8 +581,13 @@ void dsec_results_free(dsec_results *r)
         return;
     pthread_mutex_lock(&r->mu);
     while (r->oldest != NULL)
-        unlink_entry(r, r->oldest, true); /* the files are for the next start */
+        unlink_entry(r, r->oldest);
+    while (r->running != NULL)
+        unlink_entry(r, r->running);
     pthread_mutex_unlock(&r->mu);
+    if (r->fd >= 0)
+        close(r->fd); /* the log is for the next start */
+    pthread_rwlock_destroy(&r->log_lk);
     pthread_mutex_destroy(&r->mu);
     dsec_free(r->dir);
     dsec_free(r);

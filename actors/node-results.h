@@ -16,18 +16,21 @@
  * key (the node runs one operation per sandbox at a time) and then finds the answer here.
  * Thread-safe; calls for one sandbox come one at a time (its mailbox key).
  *
- * Persistence (dir given): every kept answer is also a file, <dir>/<sandbox>/<hex req_id>, so
- * that a node manager that stops, or is killed, and starts again still answers retries. A
- * command starts with a marker in that file (dsec_results_begin) that its answer replaces
- * atomically (temp file, rename). A marker found at start is a command whose node manager
+ * Persistence (dir given): every kept answer is also appended to one log, <dir>/answers.log,
+ * so that a node manager that stops, or is killed, and starts again still answers retries. A
+ * named command is logged when it starts (dsec_results_begin) and again with its answer. A
+ * start without its answer, found when the log is read back, is a command whose node manager
  * went away while it ran: its outcome is lost (the sandbox's agent ran it on, or not, with
- * nobody to tell), and a retry hears that instead of running it a second time. Files are not
- * fsynced: they are safe from a crash of the process, not of the host, whose sandboxes'
- * commands end with it anyway.
+ * nobody to tell), and a retry hears that instead of running it a second time. Appends cost
+ * a few microseconds where a file per answer cost hundreds (bench/results.c); the log is
+ * rewritten with only what is kept when it grows past twice the budget plus 64 MiB, and at
+ * every start. It is not fsynced: it is safe from a crash of the process, not of the host,
+ * whose sandboxes' commands end with it anyway.
  */
 typedef struct dsec_results dsec_results;
 
-/* dir: where answers persist (created if missing); NULL: in memory only. */
+/* dir: where answers persist (created if missing; dsec_results_load opens it, before any other
+ * call); NULL: in memory only. */
 int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms, const char *dir,
                      dsec_err *err);
 void dsec_results_free(dsec_results *r);

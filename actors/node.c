@@ -317,7 +317,7 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     if ((n->own_loop && dsec_loop_new(&n->loop, lname, err) < 0) ||
         (n->own_work && dsec_workq_new(&n->work, "node-work", threads, err) < 0) ||
         dsec_results_new(&n->results, n->conf.results_budget, n->conf.results_ttl_ms,
-                         results_dir, err) < 0) {
+                         c->results_volatile ? NULL : results_dir, err) < 0) {
         dsec_err_wrap(err, "node %s", n->name);
         goto out_fail;
     }

@@ -77,6 +77,9 @@ typedef struct dsec_node_conf {
                                  req_id (in memory and under state_dir/results); 0: 64 MiB */
     uint64_t results_ttl_ms;  /* how long each is kept after its command finished (wall
                                  clock, across restarts); 0: 10 minutes */
+    bool results_volatile;    /* keep them in memory only, lost with the process (and a
+                                 command running then reruns on retry): benchmarks measure
+                                 what persisting costs with it */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;

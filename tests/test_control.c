@@ -1303,13 +1303,22 @@ static void exec_answers_outlive_node_manager_restarts(void **state)
         assert_int_equal(err.code, DSEC_E_STATE);
         assert_non_null(strstr(err.msg, "is lost"));
     }
-    /* its answers go with the sandbox */
-    char dir[512];
+    /* its answers are kept in the node's state dir, and go with the sandbox */
+    char log[512];
     struct stat sst;
-    snprintf(dir, sizeof dir, "%s/node-t30-n/results/%s", st, sb.id);
-    assert_int_equal(stat(dir, &sst), 0);
+    snprintf(log, sizeof log, "%s/node-t30-n/results/answers.log", st);
+    assert_int_equal(stat(log, &sst), 0);
     assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
-    assert_int_equal(stat(dir, &sst), -1);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(stat(log, &sst), 0);
+    assert_true(sst.st_size > 0); /* the drop's record */
+    pid = spawn_dsecd(cfg);
+    /* read back at start and rewritten with nothing to keep */
+    for (int i = 0; i < 250 && (stat(log, &sst) < 0 || sst.st_size != 0); i++)
+        msleep(20);
+    assert_int_equal(stat(log, &sst), 0);
+    assert_int_equal(sst.st_size, 0);
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
 }

@@ -84,14 +84,6 @@ static int get(dsec_results *r, const char *sbx, const char *req, char *out, siz
     return what;
 }
 
-static bool exists(const char *sub)
-{
-    char p[400];
-    struct stat st;
-    snprintf(p, sizeof p, "%s/results/%s", dir, sub);
-    return stat(p, &st) == 0;
-}
-
 /* An answer and a command that was running outlive the process: the answer whole, the
  * running one as lost, and lost it stays after one more restart. */
 static void answers_and_lost_commands_outlive_a_restart(void **state)
@@ -120,10 +112,11 @@ static void answers_and_lost_commands_outlive_a_restart(void **state)
 
     r = open_at(1 << 20, 60000, keep_all, 2);
     assert_int_equal(get(r, "n-a", "req/2 odd", out, sizeof out), DSEC_RESULTS_LOST);
-    /* a destroyed sandbox's answers go, from memory and disk */
+    /* a destroyed sandbox's answers go, from memory and from the log */
     dsec_results_drop(r, "n-a");
-    assert_false(exists("n-a"));
     assert_int_equal(get(r, "n-a", "req-1", out, sizeof out), DSEC_RESULTS_NONE);
+    dsec_results_free(r);
+    r = open_at(1 << 20, 60000, keep_all, 0);
     dsec_results_free(r);
 }
 
@@ -147,9 +140,9 @@ static void load_keeps_ttl_budget_and_sandboxes(void **state)
     r = open_at(3500, 60000, keep_a, 1);
     assert_int_equal(get(r, "n-a", "new", out, sizeof out), DSEC_RESULTS_ANSWER);
     assert_int_equal(get(r, "n-a", "old", out, sizeof out), DSEC_RESULTS_NONE);
-    assert_false(exists("n-b"));
+    assert_int_equal(get(r, "n-b", "gone-with-b", out, sizeof out), DSEC_RESULTS_NONE);
     dsec_results_free(r);
-    r = open_at(1 << 20, 60000, keep_all, 1); /* and the dropped one's file went */
+    r = open_at(1 << 20, 60000, keep_all, 1); /* and what was dropped left the log */
     dsec_results_drop(r, "n-a");
     dsec_results_free(r);
 
@@ -164,34 +157,31 @@ static void load_keeps_ttl_budget_and_sandboxes(void **state)
     dsec_results_free(r);
 }
 
-/* Torn and foreign files are removed, never taken for answers. */
-static void unreadable_files_are_dropped(void **state)
+/* A record torn by a crash mid-append ends the log: what came before is read, the rest is
+ * cut, and appends go on after it. */
+static void torn_tail_is_cut(void **state)
 {
     (void)state;
     dsec_results *r = open_at(1 << 20, 60000, keep_all, 0);
     put(r, "n-a", "ok", H1, "fine");
+    put(r, "n-a", "torn", H2, "this answer is cut short by a crash");
     dsec_results_free(r);
     char p[400];
-    snprintf(p, sizeof p, "%s/results/n-a/7a7a", dir); /* "zz": a torn marker, empty */
-    FILE *f = fopen(p, "w");
-    assert_non_null(f);
-    fclose(f);
-    snprintf(p, sizeof p, "%s/results/n-a/not-hex", dir);
-    f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("whatever", f);
-    fclose(f);
-    snprintf(p, sizeof p, "%s/results/n-a/6f6b.tmp", dir); /* an answer half written */
-    f = fopen(p, "w");
-    assert_non_null(f);
-    fclose(f);
-    r = open_at(1 << 20, 60000, keep_all, 1);
-    assert_false(exists("n-a/7a7a"));
-    assert_false(exists("n-a/not-hex"));
-    assert_false(exists("n-a/6f6b.tmp"));
+    snprintf(p, sizeof p, "%s/results/answers.log", dir);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(truncate(p, st.st_size - 10), 0);
+    r = open_at(1 << 20, 60000, keep_all, 2);
     char out[64];
     assert_int_equal(get(r, "n-a", "ok", out, sizeof out), DSEC_RESULTS_ANSWER);
     assert_string_equal(out, "fine|3|1");
+    /* its start is whole: the command is lost, not missing (it may have run) */
+    assert_int_equal(get(r, "n-a", "torn", out, sizeof out), DSEC_RESULTS_LOST);
+    put(r, "n-a", "after", H1, "later");
+    dsec_results_free(r);
+    r = open_at(1 << 20, 60000, keep_all, 3);
+    assert_int_equal(get(r, "n-a", "after", out, sizeof out), DSEC_RESULTS_ANSWER);
+    assert_string_equal(out, "later|3|1");
     dsec_results_free(r);
 }
 
@@ -200,7 +190,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(answers_and_lost_commands_outlive_a_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(load_keeps_ttl_budget_and_sandboxes, setup, teardown),
-        cmocka_unit_test_setup_teardown(unreadable_files_are_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(torn_tail_is_cut, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
