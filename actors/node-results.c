@@ -1,5 +1,6 @@
 /* node-results.c - finished commands' answers by (sandbox, request id), bounded by age and bytes,
  * kept in memory and, with a directory, in an append-only log so that they outlive the process. */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include "actors/node-results.h"
 
 #include <errno.h>
@@ -21,7 +22,7 @@
 #define REQ_MAX 64u  /* req_id bytes (docs/protocol.md) */
 #define SBX_MAX 255u /* sandbox id bytes a record can name */
 #define OUT_MAX (1u << 30)
-#define LOG_SLACK (64ull << 20) /* the log is rewritten past 2 * budget + this */
+#define LOG_LIMIT(r) (3 * (r)->budget) /* the log is rewritten past this */
 
 enum { E_RUNNING, E_DONE, E_LOST };
 
@@ -32,6 +33,7 @@ struct entry {
     uint64_t hash, born_ms;      /* born: wall clock, when the command finished (or started) */
     size_t bytes;
     uint8_t state;        /* E_* */
+    _Atomic uint32_t refs; /* the table's, and a log rewrite's while it writes it (mu) */
     uint8_t hash_req[32]; /* the request that ran */
     char *sbx, *req_id;
     dsec_msg_exec_result res;
@@ -50,6 +52,9 @@ struct dsec_results {
     int fd;        /* -1: memory only, or the log could not be opened */
     _Atomic uint64_t log_bytes;
     char *dir;
+    bool compacting;       /* a rewrite of the log runs (mu) */
+    bool compactor_started; /* compactor is a thread to join */
+    pthread_t compactor;
 };
 
 /* A log record: this header, then the sandbox id, the req_id, stdout, stderr. */
@@ -144,7 +149,9 @@ static void rec_fill(struct rec *h, int kind, const char *sbx, const char *req_i
                          (res->session_ended ? FL_SESSION_ENDED : 0));
 }
 
-/* Append one record to the log (no-op in memory only). */
+/* Append one record to the log (no-op in memory only). The caller holds log_lk shared, and
+ * keeps it until the table holds what the record says: a rewrite of the log sees both or
+ * neither (a record before its snapshot's mark is in the table it copies). */
 static void log_append(dsec_results *r, int kind, const char *sbx, const char *req_id,
                        const uint8_t hash[32], uint64_t born_ms, const dsec_msg_exec_result *res)
 {
@@ -152,13 +159,11 @@ static void log_append(dsec_results *r, int kind, const char *sbx, const char *r
         return;
     struct rec h;
     rec_fill(&h, kind, sbx, req_id, hash, born_ms, res);
-    pthread_rwlock_rdlock(&r->log_lk);
     if (r->fd < 0 || write_rec(r->fd, &h, sbx, req_id, res ? res->stdout_data.ptr : NULL,
                                res ? res->stderr_data.ptr : NULL) < 0)
         atomic_fetch_add(&r->persist_errors, 1);
     else
         atomic_fetch_add(&r->log_bytes, sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len);
-    pthread_rwlock_unlock(&r->log_lk);
 }
 
 /* ---- the table ---------------------------------------------------------------------- */
@@ -178,7 +183,12 @@ int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms,
         return dsec_err_set(err, DSEC_E_IO, e, "creating %s (kept command answers)", dir);
     }
     pthread_mutex_init(&r->mu, NULL);
-    pthread_rwlock_init(&r->log_lk, NULL);
+    /* a rewrite's moments with the log alone come even while appends never stop */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&r->log_lk, &ra);
+    pthread_rwlockattr_destroy(&ra);
     r->fd = -1;
     r->budget = budget_bytes;
     r->ttl_ms = ttl_ms;
@@ -187,6 +197,12 @@ int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms,
 }
 
 uint64_t dsec_results_ttl_ms(const dsec_results *r) { return r->ttl_ms; }
+
+static void entry_unref(struct entry *e)
+{
+    if (atomic_fetch_sub(&e->refs, 1) == 1)
+        dsec_free(e);
+}
 
 static void list_del(struct entry **head, struct entry **tail, struct entry *e)
 {
@@ -216,7 +232,7 @@ static void unlink_entry(dsec_results *r, struct entry *e)
         if (e->state == E_LOST)
             r->lost--;
     }
-    dsec_free(e);
+    entry_unref(e);
 }
 
 /* Drop what is too old, then the oldest until bytes fit. Under mu. */
@@ -256,7 +272,7 @@ static struct entry *entry_new(int state, const char *sbx, const char *req_id,
         return NULL;
     char *p = (char *)(e + 1);
     *e = (struct entry){.hash = key_hash(sbx, req_id), .bytes = bytes, .born_ms = born_ms,
-                        .state = (uint8_t)state};
+                        .state = (uint8_t)state, .refs = 1};
     memcpy(e->hash_req, hash, sizeof e->hash_req);
     e->sbx = memcpy(p, sbx, ls), p += ls;
     e->req_id = memcpy(p, req_id, lr), p += lr;
@@ -323,28 +339,71 @@ static void forget_sbx(dsec_results *r, const char *sbx)
     }
 }
 
-/* Rewrite the log with what the table holds (taking it alone); false when it could not be. */
+/* Rewrite the log with what the table holds, without holding up the appends and lookups of
+ * other commands while the bulk is written: the live entries are pinned (a reference each)
+ * and the log's length noted, both in one short moment; the pinned entries go to a new file
+ * without any lock; then, with appends held off again, what was appended since the mark is
+ * copied after them and the new file replaces the log. False when it could not be done (the
+ * log stays as it was). */
 static bool compact(dsec_results *r)
 {
     char path[4096], tmp[4096];
     snprintf(path, sizeof path, "%s/answers.log", r->dir);
     snprintf(tmp, sizeof tmp, "%s/answers.log.tmp", r->dir);
+    /* 1. the snapshot */
     pthread_rwlock_wrlock(&r->log_lk);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    bool ok = fd >= 0;
-    uint64_t bytes = 0;
     pthread_mutex_lock(&r->mu);
-    for (int pass = 0; pass < 2 && ok; pass++)
-        for (struct entry *e = pass ? r->running : r->oldest; e != NULL && ok; e = e->newer) {
-            struct rec h;
-            rec_fill(&h, e->state == E_RUNNING ? R_BEGIN : e->state == E_LOST ? R_LOST : R_DONE,
-                     e->sbx, e->req_id, e->hash_req, e->born_ms,
-                     e->state == E_DONE ? &e->res : NULL);
-            ok = write_rec(fd, &h, e->sbx, e->req_id, e->res.stdout_data.ptr,
-                           e->res.stderr_data.ptr) == 0;
-            bytes += sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len;
+    size_t n = 0, cap = r->entries + 1;
+    for (const struct entry *e = r->running; e != NULL; e = e->newer)
+        cap++;
+    struct entry **v = dsec_malloc(cap * sizeof *v);
+    for (int pass = 0; pass < 2 && v != NULL; pass++)
+        for (struct entry *e = pass ? r->running : r->oldest; e != NULL; e = e->newer) {
+            atomic_fetch_add(&e->refs, 1);
+            v[n++] = e;
         }
     pthread_mutex_unlock(&r->mu);
+    struct stat st;
+    off_t mark = r->fd >= 0 && fstat(r->fd, &st) == 0 ? st.st_size : -1;
+    pthread_rwlock_unlock(&r->log_lk);
+    /* 2. the bulk, with nothing held */
+    int fd = v != NULL ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+    bool ok = fd >= 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n && ok; i++) {
+        const struct entry *e = v[i];
+        struct rec h;
+        rec_fill(&h, e->state == E_RUNNING ? R_BEGIN : e->state == E_LOST ? R_LOST : R_DONE,
+                 e->sbx, e->req_id, e->hash_req, e->born_ms, e->state == E_DONE ? &e->res : NULL);
+        ok = write_rec(fd, &h, e->sbx, e->req_id, e->res.stdout_data.ptr,
+                       e->res.stderr_data.ptr) == 0;
+        bytes += sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len;
+    }
+    pthread_mutex_lock(&r->mu); /* references change under mu only: lookups copy entries */
+    for (size_t i = 0; i < n; i++)
+        entry_unref(v[i]);
+    pthread_mutex_unlock(&r->mu);
+    dsec_free(v);
+    /* 3. what was appended since the mark: most of it while appends go on (a reader sees an
+     * append's bytes once the file's size covers them), the rest with them held off; then
+     * the switch */
+    int in = ok && mark >= 0 ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    off_t at = mark;
+    ok = ok && (mark < 0 || in >= 0);
+    for (int held = 0; held < 2; held++) {
+        if (held)
+            pthread_rwlock_wrlock(&r->log_lk);
+        char buf[65536];
+        ssize_t k = 0;
+        while (ok && in >= 0 && (k = pread(in, buf, sizeof buf, at)) > 0) {
+            ok = write(fd, buf, (size_t)k) == k;
+            at += k;
+            bytes += (uint64_t)k;
+        }
+        ok = ok && k >= 0;
+    }
+    if (in >= 0)
+        close(in);
     if (fd >= 0 && close(fd) < 0)
         ok = false;
     if (ok && rename(tmp, path) == 0) {
@@ -362,29 +421,63 @@ static bool compact(dsec_results *r)
     return ok;
 }
 
+static void *compactor(void *arg)
+{
+    dsec_results *r = arg;
+    if (!compact(r))
+        atomic_fetch_add(&r->persist_errors, 1);
+    pthread_mutex_lock(&r->mu);
+    r->compacting = false;
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* Past LOG_LIMIT of appends, the log is rewritten on a thread of its own (one at a time). */
+static void maybe_compact(dsec_results *r)
+{
+    if (r->dir == NULL || r->log_bytes <= LOG_LIMIT(r))
+        return;
+    pthread_mutex_lock(&r->mu);
+    if (!r->compacting) {
+        if (r->compactor_started) /* the last one, done: it cleared compacting as it ended */
+            pthread_join(r->compactor, NULL);
+        /* it takes mu only once this returns (it takes the log, then mu) */
+        r->compacting = r->compactor_started =
+            pthread_create(&r->compactor, NULL, compactor, r) == 0;
+        if (!r->compacting)
+            atomic_fetch_add(&r->persist_errors, 1);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 void dsec_results_begin(dsec_results *r, const char *sbx, const char *req_id,
                         const uint8_t hash[32])
 {
     if (r->dir == NULL || !names_ok(sbx, req_id))
         return;
     uint64_t now = wall_ms();
-    log_append(r, R_BEGIN, sbx, req_id, hash, now, NULL);
     struct entry *e = entry_new(E_RUNNING, sbx, req_id, hash, NULL, now);
-    if (e == NULL)
-        return; /* logged all the same; a rewrite of the log before its answer forgets it */
+    pthread_rwlock_rdlock(&r->log_lk);
+    /* logged all the same without memory for e: a rewrite of the log before its answer
+     * forgets it */
+    log_append(r, R_BEGIN, sbx, req_id, hash, now, NULL);
     pthread_mutex_lock(&r->mu);
-    insert(r, e, now);
+    if (e != NULL)
+        insert(r, e, now);
     pthread_mutex_unlock(&r->mu);
+    pthread_rwlock_unlock(&r->log_lk);
 }
 
 void dsec_results_abandon(dsec_results *r, const char *sbx, const char *req_id)
 {
     if (r->dir == NULL || !names_ok(sbx, req_id))
         return;
+    pthread_rwlock_rdlock(&r->log_lk);
     log_append(r, R_ABANDON, sbx, req_id, NULL, wall_ms(), NULL);
     pthread_mutex_lock(&r->mu);
     forget(r, sbx, req_id);
     pthread_mutex_unlock(&r->mu);
+    pthread_rwlock_unlock(&r->log_lk);
 }
 
 void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
@@ -399,12 +492,13 @@ void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
         return;
     }
     /* logged before it can be collected: a restart finds the answer, or its start alone */
+    pthread_rwlock_rdlock(&r->log_lk);
     log_append(r, R_DONE, sbx, req_id, hash, now, res);
     pthread_mutex_lock(&r->mu);
     insert(r, e, now);
     pthread_mutex_unlock(&r->mu);
-    if (r->dir != NULL && r->log_bytes > 2 * r->budget + LOG_SLACK && !compact(r))
-        atomic_fetch_add(&r->persist_errors, 1);
+    pthread_rwlock_unlock(&r->log_lk);
+    maybe_compact(r);
 }
 
 int dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
@@ -446,11 +540,13 @@ void dsec_results_release(void *hold) { dsec_free(hold); }
 
 void dsec_results_drop(dsec_results *r, const char *sbx)
 {
+    pthread_rwlock_rdlock(&r->log_lk);
     if (r->dir != NULL && names_ok(sbx, NULL))
         log_append(r, R_DROP, sbx, NULL, NULL, wall_ms(), NULL);
     pthread_mutex_lock(&r->mu);
     forget_sbx(r, sbx);
     pthread_mutex_unlock(&r->mu);
+    pthread_rwlock_unlock(&r->log_lk);
 }
 
 /* ---- reading back at start ------------------------------------------------------------ */
@@ -579,6 +675,8 @@ void dsec_results_free(dsec_results *r)
 {
     if (r == NULL)
         return;
+    if (r->compactor_started)
+        pthread_join(r->compactor, NULL);
     pthread_mutex_lock(&r->mu);
     while (r->oldest != NULL)
         unlink_entry(r, r->oldest);

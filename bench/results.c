@@ -18,8 +18,9 @@
  * 1. The table alone: dsec_results_begin (the command's start, appended to the log) and
  *    dsec_results_put (its answer, appended) per command, each with its own req_id over 100
  *    sandboxes, at the default budget (64 MiB: large answers evict, and the log is rewritten
- *    once it passes 2 * budget + 64 MiB, within the timed calls), for answers of 0 B to
- *    1 MiB; baseline: the same calls on a table in memory only. Under DSEC_BENCH_DIR (default build/bench/results-run): the disk
+ *    on a thread of its own once it passes 3 * budget, while the timed calls go on), for
+ *    answers of 0 B to 1 MiB; baseline: the same calls on a table in memory only. The
+ *    slowest call is printed too: a rewrite must not hold the others up. Under DSEC_BENCH_DIR (default build/bench/results-run): the disk
  *    a node's state dir would be on.
  * 2. End to end: execs through the client, bus and a sim node (time_scale 0: the command costs
  *    nothing, so what is left is dsec's path), each with a req_id as libdsec gives every exec,
@@ -28,7 +29,7 @@
  */
 
 #define N_TABLE 2000
-#define N_TABLE_BIG 200
+#define N_TABLE_BIG 240 /* 240 MiB of answers appended: past the rewrite threshold (192 MiB) */
 #define N_E2E 2000
 
 static const char *g_dir;
@@ -38,6 +39,8 @@ static bool keep_all(const char *sbx, void *ud)
     (void)sbx, (void)ud;
     return true;
 }
+
+static double g_max_us; /* the slowest put of all: the one that rewrote the log */
 
 static void table_run(bool persist, size_t out_len, size_t n, double *p50, double *p99)
 {
@@ -61,6 +64,8 @@ static void table_run(bool persist, size_t out_len, size_t n, double *p50, doubl
         dsec_results_begin(r, sbx, req, hash);
         dsec_results_put(r, sbx, req, hash, &res);
         lat[i] = (dsec_bench_now_s() - t0) * 1e6;
+        if (persist && lat[i] > g_max_us)
+            g_max_us = lat[i];
     }
     dsec_results_stats st;
     dsec_results_stats_get(r, &st);
@@ -152,6 +157,10 @@ int main(void)
                tm[i][0], tm[i][1]);
     }
 
+    printf("the slowest persisted call: %.1f ms (the 1 MiB answers pass 3 * budget of appends: "
+           "the log is rewritten meanwhile, on its own thread)\n",
+           g_max_us / 1000);
+
     char nd[600];
     snprintf(nd, sizeof nd, "%s/nats", g_dir);
     mkdir(nd, 0700);
@@ -184,8 +193,8 @@ int main(void)
     printf("{\"scenario\":\"results\",\"table_us_p50\":{\"0\":%.1f,\"4096\":%.1f,\"65536\":%.1f,"
            "\"1048576\":%.1f},\"table_mem_us_p50\":{\"0\":%.1f,\"4096\":%.1f,\"65536\":%.1f,"
            "\"1048576\":%.1f},\"exec_echo_p50_us\":%.1f,\"exec_echo_mem_p50_us\":%.1f,"
-           "\"exec_cat64k_p50_us\":%.1f,\"exec_cat64k_mem_p50_us\":%.1f}\n",
+           "\"exec_cat64k_p50_us\":%.1f,\"exec_cat64k_mem_p50_us\":%.1f,\"slowest_put_ms\":%.1f}\n",
            tp[0][0], tp[1][0], tp[2][0], tp[3][0], tm[0][0], tm[1][0], tm[2][0], tm[3][0],
-           e2e[0][1][0], e2e[0][0][0], e2e[1][1][0], e2e[1][0][0]);
+           e2e[0][1][0], e2e[0][0][0], e2e[1][1][0], e2e[1][0][0], g_max_us / 1000);
     return 0;
 }
