@@ -23,8 +23,8 @@
  * went away while it ran: its outcome is lost (the sandbox's agent ran it on, or not, with
  * nobody to tell), and a retry hears that instead of running it a second time. Appends cost
  * a few microseconds where a file per answer cost hundreds (bench/results.c); the log is
- * rewritten with only what is kept when it grows past twice the budget plus 64 MiB, and at
- * every start. It is not fsynced: it is safe from a crash of the process, not of the host,
+ * rewritten with only what is kept at every start, and when it grows past three times the
+ * budget, then on a thread of its own while appends go on. It is not fsynced: it is safe from a crash of the process, not of the host,
  * whose sandboxes' commands end with it anyway.
  */
 typedef struct dsec_results dsec_results;
