@@ -512,6 +512,13 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .execs_inflight = n->execs_inflight, .execs_peak = n->execs_peak};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);
+    dsec_results_stats rs;
+    dsec_results_stats_get(n->results, &rs);
+    o->results_kept = rs.entries;
+    o->results_bytes = rs.bytes;
+    o->results_lost = rs.lost;
+    o->results_hits = rs.hits;
+    o->results_persist_errors = rs.persist_errors;
     if (n->work != NULL) {
         dsec_workq_stats ws;
         dsec_workq_stats_get(n->work, &ws);
