@@ -24,8 +24,10 @@
  * nobody to tell), and a retry hears that instead of running it a second time. Appends cost
  * a few microseconds where a file per answer cost hundreds (bench/results.c); the log is
  * rewritten with only what is kept at every start, and when it grows past three times the
- * budget, then on a thread of its own while appends go on. It is not fsynced: it is safe from a crash of the process, not of the host,
- * whose sandboxes' commands end with it anyway.
+ * budget, then on a thread of its own while appends go on. Not the sandboxes' journal:
+ * answers run to megabytes (its records stop at 64 KiB), come and go far more often than
+ * sandboxes, and would lengthen every replay of it. It is not fsynced: it is safe from a
+ * crash of the process, not of the host, whose sandboxes' commands end with it anyway.
  */
 typedef struct dsec_results dsec_results;
 

@@ -1079,6 +1079,11 @@ static void test_answer_collected_by_req_id(void **state)
     if (strstr(err.msg, "outcome of req_id lost-with-node-1") == NULL ||
         strstr(err.msg, "not run again") == NULL)
         fail_msg("a retry of a command lost with its node manager: %s", err.msg);
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_true(ns.results_lost >= 1);
+    assert_true(ns.results_hits >= 2); /* the answer and the lost outcome */
+    assert_int_equal(ns.results_persist_errors, 0);
     dsec_client_free(again);
     /* it ran once, to its end, in the container that outlived its node manager */
     struct timespec ts = {2, 500000000L};
