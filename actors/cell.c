@@ -152,6 +152,8 @@ static dsec_cell_node *add_node(dsec_cell_conf *c, dsec_err *err)
     n->memory_mb = 16384;
     n->slots = 1024;
     n->disk_reserve_mb = 2048;
+    n->results_budget_mb = 64;
+    n->results_ttl_s = 600;
     snprintf(n->backend, sizeof n->backend, "sim");
     return n;
 }
@@ -190,7 +192,8 @@ static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_c
 {
     static const char *const keys[] = {"name",    "cpu_milli", "memory_mb",       "slots",
                                        "types",   "labels",    "backend",         "sim",
-                                       "options", "disk_mb",   "disk_reserve_mb", NULL};
+                                       "options", "disk_mb",   "disk_reserve_mb",
+                                       "results_budget_mb",    "results_ttl_s",   NULL};
     if (dsec_cfg_expect(cfg, item, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, item, keys, err) < 0)
         return -1;
     dsec_cell_node *n = add_node(c, err);
@@ -204,6 +207,12 @@ static int load_node(const dsec_cfg *cfg, const dsec_cfg_node *item, dsec_cell_c
         dsec_cfg_u64(cfg, item, "slots", 1024, 1, 1000000, &n->slots, err) < 0 ||
         dsec_cfg_u64(cfg, item, "disk_mb", 0, 0, 1ull << 40, &n->disk_mb, err) < 0 ||
         dsec_cfg_u64(cfg, item, "disk_reserve_mb", 2048, 1, 1ull << 40, &n->disk_reserve_mb, err) < 0)
+        return -1;
+    /* At least 16 MiB, so that any answer the bus can carry (8 MiB) can be kept; a day at
+     * most, as a client's retry comes within its own deadline. */
+    if (dsec_cfg_u64(cfg, item, "results_budget_mb", 64, 16, 1ull << 20, &n->results_budget_mb,
+                     err) < 0 ||
+        dsec_cfg_u64(cfg, item, "results_ttl_s", 600, 1, 86400, &n->results_ttl_s, err) < 0)
         return -1;
     if (name == NULL || dsec_name_ok(name, DSEC_NAME_LEN_MAX) < 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
@@ -823,6 +832,20 @@ static const struct field node_fields[] = {
     {"dsec_node_disk_free_bytes", "gauge",
      "Disk for writable layers the node can still admit (its reserve left out).",
      offsetof(dsec_node_stats, disk_free_mb), 1048576.0},
+    {"dsec_node_results_kept", "gauge",
+     "Answers of finished commands kept for retries by req_id, and commands whose outcome a "
+     "restart lost.",
+     offsetof(dsec_node_stats, results_kept), 1},
+    {"dsec_node_results_bytes", "gauge", "Bytes the kept answers hold (results_budget_mb bounds it).",
+     offsetof(dsec_node_stats, results_bytes), 1},
+    {"dsec_node_results_lost", "gauge",
+     "Kept entries that are commands running when the node manager went away (outcome lost).",
+     offsetof(dsec_node_stats, results_lost), 1},
+    {"dsec_node_results_hits_total", "counter", "Retries by req_id answered from the kept answers.",
+     offsetof(dsec_node_stats, results_hits), 1},
+    {"dsec_node_results_persist_errors_total", "counter",
+     "Command starts or answers that could not be written to the node's answer log.",
+     offsetof(dsec_node_stats, results_persist_errors), 1},
     {"dsec_node_superseded_destroyed_total", "counter",
      "Sandboxes destroyed because a retry of their create was kept on another node (their answer "
      "was lost).",
@@ -1188,7 +1211,10 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .layers = c->layers,
                                  .net = cnet->enabled && strcmp(cn->backend, "native") == 0 ? &netc : NULL,
                                  .net_tag = cnet->tag_base + (unsigned)i,
-                                 .loop = c->loop, .work = c->work};
+                                 .loop = c->loop, .work = c->work,
+                                 .results_budget = cn->results_budget_mb << 20,
+                                 .results_ttl_ms = cn->results_ttl_s * 1000,
+                                 .results_volatile = cn->results_volatile};
             if (dsec_node_start(&c->nodes[c->nnodes], c->bus, c->ticker, c->reg, &nc, err) < 0)
                 goto out_fail;
             c->nnodes++;

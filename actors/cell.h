@@ -28,6 +28,10 @@ typedef struct dsec_cell_node {
     char backend[16];         /* sim | native */
     dsec_backend_kv opts[32]; /* backend options (the node's "sim:" or "options:" map) */
     size_t nopts;
+    uint64_t results_budget_mb; /* answers of finished commands kept for retries by req_id:
+                                   at most this much (memory, and disk under its state dir) */
+    uint64_t results_ttl_s;     /* each for this long after its command finished */
+    bool results_volatile;      /* not from YAML: in memory only (benchmarks, node.h) */
 } dsec_cell_node;
 
 /* net: network containment of native nodes' sandboxes (docs/network.md). */

@@ -153,7 +153,13 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
     if (e->d != NULL)
         dsec_deferred_trace(e->d, &sc);
     dsec_err lerr;
+    bool named = e->rollout_id == NULL && e->req_id != NULL && e->req_id[0] != '\0';
     if (rc < 0) {
+        /* Refused or broken: a retry runs it. Unless the node manager stopped waiting for it
+         * (DSEC_E_CLOSED: it is stopping, and the command may run on in the sandbox): its
+         * marker stays, and the next start answers a retry that its outcome was lost. */
+        if (named && err->code != DSEC_E_CLOSED)
+            dsec_results_abandon(n->results, s->id, e->req_id);
         dsec_err_wrap(err, "exec in %s", s->id);
         dsec__node_reply_backend(n, m, err, exec_bad_field(err));
         goto out;
@@ -195,7 +201,7 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
                                 .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
                                 .chunks = e->es.seq, .interrupted = r->interrupted,
                                 .session_ended = r->session_ended};
-    if (e->rollout_id == NULL && e->req_id != NULL && e->req_id[0] != '\0')
+    if (named)
         dsec_results_put(n->results, s->id, e->req_id, e->hash, &out);
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &lerr) < 0)
         dsec_wire_error(n->actor, m, &lerr);
@@ -277,12 +283,23 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     bool named = x.rollout_id == NULL && x.req_id != NULL && x.req_id[0] != '\0';
     if (named)
         dsec_traj_hash_exec(&x, hash);
-    if (named && dsec_results_get(n->results, s->id, x.req_id, &kept, kept_hash, &hold)) {
+    int found = named ? dsec_results_get(n->results, s->id, x.req_id, &kept, kept_hash, &hold)
+                      : DSEC_RESULTS_NONE;
+    if (found != DSEC_RESULTS_NONE) {
+        uint64_t ttl_s = dsec_results_ttl_ms(n->results) / 1000;
         if (memcmp(kept_hash, hash, sizeof hash) != 0)
             dsec__node_reply_bad(n, m, "req_id",
-                                 "exec: req_id %s named another command in %s (its answer is "
-                                 "kept for 10 minutes); give each command its own req_id",
-                                 x.req_id, s->id);
+                                 "exec: req_id %s named another command in %s (what became of "
+                                 "it is kept for %" PRIu64 " s); give each command its own req_id",
+                                 x.req_id, s->id, ttl_s);
+        else if (found == DSEC_RESULTS_LOST)
+            /* Never a second run of what may have run: say what is known, and what to do. */
+            dsec__node_reply_err(n, m, DSEC_E_STATE,
+                                 "exec: the outcome of req_id %s in %s is lost: node %s's node "
+                                 "manager stopped while the command ran, so it may have run in "
+                                 "whole or in part (or still be running); it is not run again. "
+                                 "Check the sandbox, then exec with a new req_id",
+                                 x.req_id, s->id, n->name);
         else {
             kept.chunks = 0; /* its output comes whole, in the answer */
             if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
@@ -332,6 +349,10 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                          .session = x.session,
                          .on_output = x.stream_to ? stream_output : NULL,
                          .on_output_arg = &e->es};
+    /* From here the command may run: a node manager that goes away before its answer is
+     * kept leaves this marker, and the next one answers a retry that the outcome is lost. */
+    if (named)
+        dsec_results_begin(n->results, s->id, x.req_id, hash);
     /* Without a thread when the backend can: the command's answer comes from the loop, and
      * this worker goes on with other sandboxes. */
     if (dsec_backend_exec_async(s->be) && !dsec_backend_instant(s->be) &&

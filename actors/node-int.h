@@ -204,7 +204,8 @@ struct dsec_node {
     char subj_alert[192];    /* dsec.v1.ctl.evt.<cell>.alert.<node> */
 };
 
-/* Answers of finished commands kept for retries: 10 minutes, 64 MiB per node. */
+/* Answers of finished commands kept for retries, unless the node's conf says otherwise
+ * (results_budget, results_ttl_ms): 10 minutes, 64 MiB per node. */
 #define RESULTS_BUDGET (64ull << 20)
 #define RESULTS_TTL_MS (10u * 60u * 1000u)
 

@@ -118,6 +118,10 @@ static int copy_conf(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         k->pause_idle_ms = 30000;
     if (k->pressure_free_pct == 0)
         k->pressure_free_pct = 10;
+    if (k->results_budget == 0)
+        k->results_budget = RESULTS_BUDGET;
+    if (k->results_ttl_ms == 0)
+        k->results_ttl_ms = RESULTS_TTL_MS;
     static const char *const default_types[] = {"sim", NULL};
     const char *const *types = c->types ? c->types : default_types;
     size_t nt = 0;
@@ -226,6 +230,18 @@ static int open_net(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
     return 0;
 }
 
+/* The answers kept for sbx stay while it is here, adopted or kept for a later start. */
+static bool results_keep(const char *sbx, void *ud)
+{
+    dsec_node *n = ud;
+    pthread_mutex_lock(&n->mu);
+    bool here = dsec__node_find_id(n, sbx) != NULL;
+    pthread_mutex_unlock(&n->mu);
+    for (const struct kept *k = n->kept; k != NULL && !here; k = k->next)
+        here = strcmp(k->id, sbx) == 0;
+    return here;
+}
+
 int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
                     const dsec_node_conf *c, dsec_err *err)
 {
@@ -291,7 +307,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         goto out_fail;
     }
     int threads = c->work_threads > 0 ? c->work_threads : 16;
-    char lname[16];
+    char lname[16], results_dir[4096];
+    snprintf(results_dir, sizeof results_dir, "%s/results", c->state_dir);
     snprintf(lname, sizeof lname, "loop-%.10s", n->name);
     n->loop = c->loop;
     n->work = c->work;
@@ -299,7 +316,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     n->own_work = n->work == NULL;
     if ((n->own_loop && dsec_loop_new(&n->loop, lname, err) < 0) ||
         (n->own_work && dsec_workq_new(&n->work, "node-work", threads, err) < 0) ||
-        dsec_results_new(&n->results, RESULTS_BUDGET, RESULTS_TTL_MS, err) < 0) {
+        dsec_results_new(&n->results, n->conf.results_budget, n->conf.results_ttl_ms,
+                         c->results_volatile ? NULL : results_dir, err) < 0) {
         dsec_err_wrap(err, "node %s", n->name);
         goto out_fail;
     }
@@ -323,6 +341,12 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         if (dsec__node_gone_put(n, d->id, &derr) < 0)
             fprintf(stderr, "dsec-node %s: %s\n", n->name, derr.msg);
         dsec__node_sbx_free(d);
+    }
+    /* After adoption: the answers a previous node manager kept for the sandboxes still here,
+     * and the commands it left running, whose outcome is lost. */
+    if (dsec_results_load(n->results, results_keep, n, err) < 0) {
+        dsec_err_wrap(err, "node %s", n->name);
+        goto out_fail;
     }
     if (n->net != NULL) { /* after adoption: whatever no sandbox holds is a crash's leftover */
         dsec_err serr;
@@ -488,6 +512,13 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .execs_inflight = n->execs_inflight, .execs_peak = n->execs_peak};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);
+    dsec_results_stats rs;
+    dsec_results_stats_get(n->results, &rs);
+    o->results_kept = rs.entries;
+    o->results_bytes = rs.bytes;
+    o->results_lost = rs.lost;
+    o->results_hits = rs.hits;
+    o->results_persist_errors = rs.persist_errors;
     if (n->work != NULL) {
         dsec_workq_stats ws;
         dsec_workq_stats_get(n->work, &ws);

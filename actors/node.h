@@ -73,6 +73,13 @@ typedef struct dsec_node_conf {
                                  veths and address pool) */
     bool quota;               /* forks ask the cell's quota actor for their children first
                                  (creates are admitted by the schedulers) */
+    uint64_t results_budget;  /* bytes of finished commands' answers kept for retries by
+                                 req_id (in memory and under state_dir/results); 0: 64 MiB */
+    uint64_t results_ttl_ms;  /* how long each is kept after its command finished (wall
+                                 clock, across restarts); 0: 10 minutes */
+    bool results_volatile;    /* keep them in memory only, lost with the process (and a
+                                 command running then reruns on retry): benchmarks measure
+                                 what persisting costs with it */
 } dsec_node_conf;
 
 typedef struct dsec_node dsec_node;
@@ -107,6 +114,12 @@ typedef struct dsec_node_stats {
     uint64_t execs_peak;     /* the most there were at once */
     uint64_t work_queued;    /* operations waiting for a work thread now */
     uint64_t work_peak;      /* the most that ever waited */
+    /* answers of finished commands kept for retries by req_id (node-results.h) */
+    uint64_t results_kept;   /* answers and lost commands held now */
+    uint64_t results_bytes;  /* what they hold (results_budget bounds it) */
+    uint64_t results_lost;   /* of them, commands whose outcome a restart lost */
+    uint64_t results_hits;   /* retries answered from them */
+    uint64_t results_persist_errors; /* starts or answers not written to the log */
     /* network containment (0 without it): backends/net dsec_net_stats */
     uint64_t net_blocked, dns_queries, dns_refused, dns_cache_hits, dns_cache_misses,
         dns_cache_evictions, dns_upstream_tcp;

@@ -1,5 +1,5 @@
 # Control plane: journal, config, and the cell end to end against a real nats-server.
-foreach(t journal config)
+foreach(t journal config node_results)
   add_executable(test_${t} test_${t}.c)
   target_link_libraries(test_${t} PRIVATE dsec_actors PkgConfig::CMOCKA dsec_warnings dsec_allocator)
   add_test(NAME ${t} COMMAND test_${t})

@@ -188,6 +188,45 @@ static void cell_scheduler_silence_settings(void **state)
     dsec_cell_conf_release(&c);
 }
 
+/* nodes[].results_budget_mb and results_ttl_s: the kept answers' limits, defaults unchanged,
+ * bad values refused naming the key, its line and the range. */
+static void cell_node_results_settings(void **state)
+{
+    (void)state;
+    dsec_cell_conf c;
+    dsec_cell_conf_defaults(&c);
+    dsec_err err;
+    const char *y = "cell: c1\nnodes:\n  - name: a\n    results_budget_mb: 128\n"
+                    "    results_ttl_s: 60\n  - name: b\n";
+    assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", y, strlen(y), &err), 0);
+    assert_int_equal(c.nnodes, 2);
+    assert_int_equal(c.nodes[0].results_budget_mb, 128);
+    assert_int_equal(c.nodes[0].results_ttl_s, 60);
+    assert_int_equal(c.nodes[1].results_budget_mb, 64);
+    assert_int_equal(c.nodes[1].results_ttl_s, 600);
+    dsec_cell_conf_release(&c);
+    static const struct {
+        const char *yaml, *want;
+    } bad[] = {
+        {"cell: c1\nnodes:\n  - name: a\n    results_budget_mb: 8\n",
+         "t.yaml:4: key \"results_budget_mb\": 8 is out of range [16, 1048576]"},
+        {"cell: c1\nnodes:\n  - name: a\n    results_ttl_s: 0\n",
+         "t.yaml:4: key \"results_ttl_s\": 0 is out of range [1, 86400]"},
+        {"cell: c1\nnodes:\n  - name: a\n    results_ttl_s: 10m\n",
+         "key \"results_ttl_s\": expected a non-negative integer, got \"10m\""},
+        {"cell: c1\nnodes:\n  - name: a\n    results_ttl_ms: 5\n", "unknown key \"results_ttl_ms\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dsec_cell_conf_defaults(&c);
+        assert_int_equal(dsec_cell_conf_parse(&c, "t.yaml", bad[i].yaml, strlen(bad[i].yaml), &err),
+                         -1);
+        assert_int_equal(err.code, DSEC_E_CONFIG);
+        if (strstr(err.msg, bad[i].want) == NULL)
+            fail_msg("%s: got \"%s\"", bad[i].want, err.msg);
+        dsec_cell_conf_release(&c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +237,7 @@ int main(void)
         cmocka_unit_test(empty_file_is_empty_map),
         cmocka_unit_test(cell_state_dir_is_made_absolute),
         cmocka_unit_test(cell_trace_settings),
+        cmocka_unit_test(cell_node_results_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

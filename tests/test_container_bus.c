@@ -1022,7 +1022,8 @@ static void test_many_commands_at_once(void **state)
 
 /* A client that gives up on a long command (here: its 1 s wait passes) and goes away; a new
  * client asks again with the same req_id and gets the first run's answer, once the command
- * ends: it ran once. */
+ * ends: it ran once. Then across a restart of the node manager: the answer is still kept, and
+ * a command that ran while it went away is not run again. */
 static void test_answer_collected_by_req_id(void **state)
 {
     dsec_sandbox_info info;
@@ -1052,10 +1053,43 @@ static void test_answer_collected_by_req_id(void **state)
     assert_int_equal(dsec_exec(again, info.id, &eo, &r, &err), 0);
     assert_string_equal((char *)r.out, "1\n");
     dsec_exec_reply_release(&r);
-    dsec_client_free(again);
     char out[64];
     assert_int_equal(sh(info.id, "wc -l < /tmp/runs", out, sizeof out), 0);
     assert_string_equal(out, "1");
+
+    /* The node manager stops while a second command runs: the container, and the command,
+     * go on. After the restart the finished one's answer is still kept, and the running
+     * one's retry hears that its outcome was lost: it is not run a second time. */
+    const char *argv2[] = {"/bin/sh", "-c", "echo run2 >> /tmp/runs; sleep 2; echo end2 >> /tmp/runs",
+                           NULL};
+    dsec_exec_opts eo2 = {.argv = argv2, .req_id = "lost-with-node-1"};
+    o.timeout_ms = 1000;
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    assert_int_equal(dsec_exec(quick, info.id, &eo2, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    dsec_client_free(quick);
+    restart_cell();
+    assert_int_equal(dsec_wait_state(again, info.id, "running", 10000, &err), 0);
+    if (dsec_exec(again, info.id, &eo, &r, &err) < 0)
+        fail_msg("collecting after the restart: %s", err.msg);
+    assert_string_equal((char *)r.out, "1\n");
+    dsec_exec_reply_release(&r);
+    assert_int_equal(dsec_exec(again, info.id, &eo2, &r, &err), -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    if (strstr(err.msg, "outcome of req_id lost-with-node-1") == NULL ||
+        strstr(err.msg, "not run again") == NULL)
+        fail_msg("a retry of a command lost with its node manager: %s", err.msg);
+    dsec_node_stats ns;
+    dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
+    assert_true(ns.results_lost >= 1);
+    assert_true(ns.results_hits >= 2); /* the answer and the lost outcome */
+    assert_int_equal(ns.results_persist_errors, 0);
+    dsec_client_free(again);
+    /* it ran once, to its end, in the container that outlived its node manager */
+    struct timespec ts = {2, 500000000L};
+    nanosleep(&ts, NULL);
+    assert_int_equal(sh(info.id, "cat /tmp/runs | tr '\\n' ' '", out, sizeof out), 0);
+    assert_string_equal(out, "run run2 end2 ");
     destroy(info.id);
 }
 

@@ -1188,6 +1188,141 @@ static void restarted_node_readopts_its_sandboxes(void **state)
     waitpid(pid, NULL, 0);
 }
 
+/* Wait until the restarted node manager serves id again. */
+static void wait_served(dsec_client *cl, const char *id)
+{
+    dsec_sandbox_info s;
+    dsec_err err;
+    for (int i = 0; i < 250; i++) {
+        if (dsec_status(cl, id, &s, &err) == 0)
+            return;
+        msleep(20);
+    }
+    fail_msg("%s is not served after the restart: %s", id, err.msg);
+}
+
+/* A command run with a req_id, from a client that gave up waiting (its 300 ms passed). */
+static void exec_given_up(const char *tenant, const char *id, const char *const *argv,
+                          const char *req_id)
+{
+    dsec_client *quick = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = tenant, .timeout_ms = 300};
+    dsec_err err;
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(quick, id, &(dsec_exec_opts){.argv = argv, .req_id = req_id}, &r,
+                               &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_TIMEOUT);
+    dsec_client_free(quick);
+}
+
+/* The answers a node keeps by req_id outlive its node manager: killed with -9 or stopped, then
+ * started again, it answers a retry with the first run's answer. A command that was running
+ * when it went away is not run again: its retry hears that the outcome was lost. */
+static void exec_answers_outlive_node_manager_restarts(void **state)
+{
+    static dsec_cell_conf c;
+    conf_for(&c, "t30");
+    dsec_cell *sched = start(&c, DSEC_ROLE_SCHEDULER);
+    char cfg[256], st[256];
+    snprintf(cfg, sizeof cfg, "%s/t30.yaml", root);
+    snprintf(st, sizeof st, "%s/t30-node", root);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    /* time_scale 1: a sim "sleep" takes its time, on the node's loop, as a real command */
+    fprintf(f,
+            "cell: t30\nstate_dir: %s\nbus: {url: \"%s\"}\n"
+            "reports: {capacity_ms: 20, full_ms: 300, heartbeat_ms: 100, reap_ms: 100}\n"
+            "nodes:\n  - name: t30-n\n    slots: 20\n    types: [sim]\n"
+            "    sim: {time_scale: 1}\n    results_ttl_s: 120\n",
+            st, dsec_natsd_url(natsd));
+    fclose(f);
+    pid_t pid = spawn_dsecd(cfg);
+    wait_nodes(sched, 1, 5000);
+    dsec_client *cl = client("t30");
+    dsec_sandbox_info sb;
+    dsec_err err;
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
+    assert_int_equal(dsec_file_write(cl, sb.id, "/f", "first", 5, 0644, &err), 0);
+    const char *cat[] = {"cat", "/f", NULL}, *sleep30[] = {"sleep", "30", NULL};
+    dsec_exec_reply r;
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
+                               &err),
+                     0);
+    assert_string_equal((char *)r.out, "first");
+    dsec_exec_reply_release(&r);
+    exec_given_up("t30", sb.id, sleep30, "t30-sleep");
+
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    pid = spawn_dsecd(cfg);
+    wait_served(cl, sb.id);
+    /* the kept answer; a sim sandbox's files died with the process, so a second run of the
+     * same command would say "No such file" */
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
+                               &err),
+                     0);
+    assert_int_equal(r.exit_code, 0);
+    assert_string_equal((char *)r.out, "first");
+    dsec_exec_reply_release(&r);
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat}, &r, &err), 0);
+    assert_int_equal(r.exit_code, 1);
+    dsec_exec_reply_release(&r);
+    /* the command that ran when the node manager was killed: lost, not run again */
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = "t30-sleep"},
+                               &r, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_STATE);
+    if (strstr(err.msg, "outcome of req_id t30-sleep") == NULL ||
+        strstr(err.msg, "is lost") == NULL || strstr(err.msg, "not run again") == NULL)
+        fail_msg("a retry of a command lost with its node manager: %s", err.msg);
+    /* and the req_id still names only that command */
+    const char *other[] = {"echo", "x", NULL};
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = other, .req_id = "t30-cat"},
+                               &r, &err),
+                     -1);
+    assert_int_equal(err.code, DSEC_E_INVALID);
+
+    /* a graceful stop: what ran goes on in the sandbox, its outcome unknown to the next one */
+    exec_given_up("t30", sb.id, sleep30, "t30-sleep-2");
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    pid = spawn_dsecd(cfg);
+    wait_served(cl, sb.id);
+    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
+                               &err),
+                     0);
+    assert_string_equal((char *)r.out, "first");
+    dsec_exec_reply_release(&r);
+    for (int i = 0; i < 2; i++) {
+        const char *rid = i ? "t30-sleep-2" : "t30-sleep";
+        assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = rid},
+                                   &r, &err),
+                         -1);
+        assert_int_equal(err.code, DSEC_E_STATE);
+        assert_non_null(strstr(err.msg, "is lost"));
+    }
+    /* its answers are kept in the node's state dir, and go with the sandbox */
+    char log[512];
+    struct stat sst;
+    snprintf(log, sizeof log, "%s/node-t30-n/results/answers.log", st);
+    assert_int_equal(stat(log, &sst), 0);
+    assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(stat(log, &sst), 0);
+    assert_true(sst.st_size > 0); /* the drop's record */
+    pid = spawn_dsecd(cfg);
+    /* read back at start and rewritten with nothing to keep */
+    for (int i = 0; i < 250 && (stat(log, &sst) < 0 || sst.st_size != 0); i++)
+        msleep(20);
+    assert_int_equal(stat(log, &sst), 0);
+    assert_int_equal(sst.st_size, 0);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+}
+
 /* Background processes on a type without them (sim): a clear "unsupported", whatever asks. */
 static void background_processes_unsupported_on_sim(void **state)
 {
@@ -1544,6 +1679,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(long_command_is_not_idle, test_teardown),
         cmocka_unit_test_teardown(malformed_requests_get_errors, test_teardown),
         cmocka_unit_test_teardown(restarted_node_readopts_its_sandboxes, test_teardown),
+        cmocka_unit_test_teardown(exec_answers_outlive_node_manager_restarts, test_teardown),
         cmocka_unit_test_teardown(ttl_moves_a_sandboxs_end, test_teardown),
         cmocka_unit_test_teardown(background_processes_unsupported_on_sim, test_teardown),
         cmocka_unit_test_teardown(killed_node_keeps_or_explains_acknowledged, test_teardown),

@@ -99,11 +99,14 @@ typedef struct dsec_exec_opts {
     uint64_t step;
     uint64_t output_max; /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
     /* Names this command (1..64 characters); NULL: a fresh one. The node keeps a finished
-     * command's answer for 10 minutes: an exec with the same req_id, in the same sandbox,
-     * gets that answer and does not run the command again, so a client that lost its
-     * answer (timed out, disconnected, restarted) collects it. A timed-out exec's error
-     * names the req_id it used. The client waits for the answer as long as the command's
-     * timeout_ms plus 30 s, and at least the client's own timeout. */
+     * command's answer for 10 minutes (the node's results_ttl_s), across restarts of its
+     * node manager: an exec with the same req_id, in the same sandbox, gets that answer and
+     * does not run the command again, so a client that lost its answer (timed out,
+     * disconnected, restarted) collects it. A command that was running when its node
+     * manager went away is not run again either: the retry fails with DSEC_E_STATE (its
+     * outcome was lost). A timed-out exec's error names the req_id it used. The client waits
+     * for the answer as long as the command's timeout_ms plus 30 s, and at least the
+     * client's own timeout. */
     const char *req_id;
     /* Nonzero: run argv[0], a shell command line, in this shell session (dsec_session_start)
      * instead of a new process: its directory and variables carry over from the session's

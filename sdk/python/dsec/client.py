@@ -1159,8 +1159,11 @@ class Sandbox:
         non-zero exit. output_max: keep at most this many bytes of stdout and of
         stderr (the rest is dropped and the result says so); 0: 1 MiB. req_id
         names the command: the node keeps a finished command's answer for 10
-        minutes, and an exec with the same req_id gets that answer without
-        running it again (a TimedOut error names the req_id it used). The call
+        minutes (its results_ttl_s), across restarts of its node manager, and an
+        exec with the same req_id gets that answer without running it again (a
+        TimedOut error names the req_id it used); a command that was running
+        when its node manager went away is not run again either: StateError
+        says its outcome was lost. The call
         waits as long as timeout_ms plus 30 s, at least the client's timeout."""
         if isinstance(argv, str):
             raise errors.InvalidArgument("exec: argv must be a list (use run_shell for a "
