@@ -36,6 +36,7 @@
 #include "backends/backend.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
+#include "tests/test_util.h"
 
 /*
  * One agent serves the group, as one serves a sandbox; tests that end an
@@ -53,12 +54,6 @@ static uint64_t now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* Every agent a test starts; the group teardown ends those a failed test left running

@@ -27,18 +27,13 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "tests/test_util.h"
 
 static const char *dsec_bin;
 static char dir[64];
 static int port;
 static pid_t server = -1;
 static char url_control[256], url_alice[256], url_bob[256];
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int free_port(void)
 {

@@ -14,15 +14,10 @@
 #include "bus/bus.h"
 #include "dsec/alloc.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static dsec_bus *open_bus(const char *name)
 {

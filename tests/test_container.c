@@ -29,6 +29,7 @@
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 #include "dsec/layers.h"
+#include "tests/test_util.h"
 
 /*
  * One backend instance serves the group, as one serves a node. The layer is
@@ -56,12 +57,6 @@ static uint64_t now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 /* Run a host shell line; its first line of output in out (may be NULL). */

@@ -24,6 +24,7 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 
@@ -79,12 +80,6 @@ static void track_pid(pid_t pid)
 }
 static char root[64];
 static const char *dsecd_path;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int group_setup(void **state)
 {

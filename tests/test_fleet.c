@@ -24,6 +24,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -56,12 +57,6 @@ static int test_teardown(void **state)
         dsec_cell_conf_release(live.conf2);
     memset(&live, 0, sizeof live);
     return 0;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static int group_setup(void **state)

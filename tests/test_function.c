@@ -26,6 +26,7 @@
 #include "backends/function/function.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
+#include "tests/test_util.h"
 
 /*
  * One backend instance serves the whole group (as one serves a node): its
@@ -46,12 +47,6 @@ static uint64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static int group_setup(void **state)

@@ -23,6 +23,7 @@
 #include "dsec/alloc.h"
 #include "dsec/err.h"
 #include "dsec/layers.h"
+#include "tests/test_util.h"
 
 /*
  * A local registry built at set-up from this host's files:
@@ -44,12 +45,6 @@ static dsec_layer_registry *reg;
 static void *fn;
 static dsec_digest d_base, d_top, d_py;
 static int seq;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...)

@@ -13,17 +13,12 @@
 #include "bus/bus.h"
 #include "bus/js.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
 static dsec_bus *bus;
 static dsec_js *js;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int group_setup(void **state)
 {

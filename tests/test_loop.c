@@ -21,14 +21,9 @@
 #include "backends/sim.h"
 #include "backends/workq.h"
 #include "dsec/alloc.h"
+#include "tests/test_util.h"
 
 #define WAIT_MS 10000
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* ---- loop -------------------------------------------------------------------------------- */
 

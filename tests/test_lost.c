@@ -15,6 +15,7 @@
 #include "bus/bus.h"
 #include "codecs/msg.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -31,12 +32,6 @@ static struct {
     char req_ids[8192];  /* the last request's req_ids, space-separated */
     int refuse;          /* answer this many requests with an error first */
 } heard = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void on_notice(dsec_actor *a, dsec_msg *m, void *ud)
 {

@@ -25,6 +25,7 @@
 #include "backends/net/net-int.h"
 #include "dsec/alloc.h"
 #include "dsec/err.h"
+#include "tests/test_util.h"
 
 /*
  * The whole test runs in a network namespace of its own (unshare at setup), which plays the
@@ -72,12 +73,6 @@ static double now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -22,6 +22,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -37,12 +38,6 @@ static struct {
     int n;
     char node[80];
 } heard = {PTHREAD_MUTEX_INITIALIZER, 0, ""};
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void on_lost(const char *node, const char *cell, uint64_t lost_ns, void *ud)
 {

@@ -26,6 +26,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "dsec/job.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -41,12 +42,6 @@ static struct {
     dsec_job *jobs[8];
     dsec_arbiter *arbs[2];
 } live;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static void stop_stale(void);
 

@@ -24,6 +24,7 @@
 #include "dsec/client.h"
 #include "dsec/job.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 /* Issue 10: "A malformed message on any subject gets an error reply. The
  * process keeps serving, with no leak (ASan build)". Every subject an actor
@@ -52,12 +53,6 @@ static struct {
     dsec_cell *plain; /* a second cell, without the quota actor */
     dsec_cell_conf plain_conf;
 } g;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static uint64_t mono_ms(void)
 {

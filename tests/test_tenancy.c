@@ -23,6 +23,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -38,12 +39,6 @@ static struct {
     dsec_bus *standby_bus; /* the standby's own connection, as another host's would be */
     dsec_client *clients[3];
 } live;
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int test_teardown(void **state)
 {

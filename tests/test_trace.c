@@ -19,6 +19,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
+#include "tests/test_util.h"
 
 static dsec_natsd *natsd;
 static char root[64];
@@ -81,12 +82,6 @@ static void on_spy(dsec_actor *a, dsec_msg *m, void *ud)
         }
     }
     pthread_mutex_unlock(&spy.mu);
-}
-
-static void msleep(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static int group_setup(void **state)
