@@ -358,8 +358,12 @@ static void send_req(struct req *r)
         }
         double left = r->deadline - wall_s();
         timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
+        /* An overloaded create goes again as the same attempt, retry count 0 as libdsec
+         * sends it (client.c, defer_overloaded): a retry count above 0 would make the
+         * scheduler ask every node whether an earlier attempt made it (a lookup), which
+         * libdsec only wants after an attempt that may have been placed. */
         dsec_msg_create m = {.req_id = r->rid, .type = "sim", .cpu_milli = 50, .memory_mb = 64,
-                             .cls = "rollout", .retry = r->tries - 1,
+                             .cls = "rollout", .retry = 0,
                              .deadline_ns = (uint64_t)(r->deadline * 1e9)};
         rc = dsec_encode(b, DSEC_MSG_CREATE, &m, &err);
         snprintf(subj, sizeof subj, "dsec.v1.bench.create");
