@@ -1438,6 +1438,105 @@ static void actor_stats_count(void **state)
     counter_destroy(&st.done);
 }
 
+/* ---- shedding by wait ------------------------------------------------------ */
+
+typedef struct shed_state {
+    counter done;
+    _Atomic uint32_t handled_mask, shed_mask; /* bit v: message v went there */
+    _Atomic uint64_t shed_waited_ms;
+} shed_state;
+
+static void shed_slow_handler(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    shed_state *st = ud;
+    uint32_t v = get_u32(dsec_msg_data(m));
+    if (v == 0) /* holds the only worker: what queues behind it waits */
+        usleep(200 * 1000);
+    atomic_fetch_or(&st->handled_mask, 1u << v);
+    counter_add(&st->done, 1);
+    (void)a;
+}
+
+static void shed_handler(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud)
+{
+    shed_state *st = ud;
+    uint32_t v = get_u32(dsec_msg_data(m));
+    atomic_fetch_or(&st->shed_mask, 1u << v);
+    atomic_store(&st->shed_waited_ms, waited_ns / 1000000u);
+    counter_add(&st->done, 1);
+    (void)a;
+}
+
+static void publish_sent(dsec_bus *bus, const char *subject, uint32_t v, uint64_t sent_ns)
+{
+    unsigned char b[4];
+    put_u32(b, v);
+    dsec_err err;
+    dsec_hdr h = {.type = "t", .sent_ns = sent_ns};
+    if (dsec_bus_publish(bus, subject, NULL, &h, b, sizeof b, &err) != 0)
+        fail_msg("publish to %s: %s", subject, err.msg);
+}
+
+static uint64_t wall_ns_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A message that waited past the bound goes to the shed handler, counted;
+ * one within it, one whose subscription has no shed handler, and all of
+ * them with the bound off go to their handler. The wait counts from a
+ * Dsec-Sent stamp when there is one, and a stamp from the future counts as
+ * sent on arrival. */
+static void shed_by_wait(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "shed", 1, 0, NULL);
+    shed_state st = {0};
+    counter_init(&st.done);
+    dsec_actor *a = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_actor_new(&a, bus, "shedder", &err), 0);
+    dsec_actor_set_shed(a, 50);
+    assert_int_equal(dsec_actor_on_shed(a, "test.shed.in", NULL, shed_slow_handler, shed_handler,
+                                        &st, &err), 0);
+    assert_int_equal(dsec_actor_on(a, "test.shed.plain", NULL, shed_slow_handler, &st, &err), 0);
+    flush(bus);
+    /* 0 holds the worker 200 ms; 1 (sheddable) and 2 (plain) wait behind it */
+    publish_u32(bus, "test.shed.in", 0);
+    publish_u32(bus, "test.shed.in", 1);
+    publish_u32(bus, "test.shed.plain", 2);
+    /* stamped: 3 a second ago (shed at once), 4 now, 5 from ten seconds ahead (both
+     * handled), once the worker is free */
+    assert_true(counter_wait(&st.done, 3, WAIT_MS));
+    uint64_t now = wall_ns_now();
+    publish_sent(bus, "test.shed.in", 3, now - 1000000000ull);
+    publish_sent(bus, "test.shed.in", 4, now);
+    publish_sent(bus, "test.shed.in", 5, now + 10000000000ull);
+    flush(bus);
+    assert_true(counter_wait(&st.done, 6, WAIT_MS));
+    assert_int_equal(atomic_load(&st.shed_mask), (1u << 1) | (1u << 3));
+    assert_int_equal(atomic_load(&st.handled_mask), (1u << 0) | (1u << 2) | (1u << 4) | (1u << 5));
+    assert_true(atomic_load(&st.shed_waited_ms) >= 1000); /* 3's wait counted from its stamp */
+    dsec_actor_stats as;
+    dsec_actor_stats_get(a, &as);
+    assert_int_equal(as.shed, 2);
+    assert_int_equal(as.msgs_in, 6);
+    /* the bound off: the same old stamp is handled */
+    dsec_actor_set_shed(a, 0);
+    publish_sent(bus, "test.shed.in", 6, wall_ns_now() - 1000000000ull);
+    flush(bus);
+    assert_true(counter_wait(&st.done, 7, WAIT_MS));
+    assert_true(atomic_load(&st.handled_mask) & (1u << 6));
+    dsec_actor_stats_get(a, &as);
+    assert_int_equal(as.shed, 2);
+    dsec_bus_free(bus);
+    server_stop(&s);
+    counter_destroy(&st.done);
+}
+
 /* ---- group request: request/reply ---------------------------------------- */
 
 static void echo_handler(dsec_actor *a, dsec_msg *m, void *ud)
@@ -2766,6 +2865,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(js_read_direct_and_consumer),
         cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
+        cmocka_unit_test(shed_by_wait),
     };
     const struct CMUnitTest request[] = {
         cmocka_unit_test(request_many_in_flight),
