@@ -343,16 +343,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
-    /* Stamped: the node sheds it by its whole wait since now (the server's and nats.c's
-     * buffers too), not only its mailbox's. The cell's hosts' clocks agree, as deadlines
-     * already assume. */
-    dsec_buf *b = dsec_wire_buf();
-    dsec_hdr hdr = {.type = dsec_msg_type_name(DSEC_MSG_PLACE), .schema = DSEC_SCHEMA_VERSION,
-                    .req_id = c->req_id, .sent_ns = dsec_wall_ns()};
-    if (b == NULL || dsec_encode(b, DSEC_MSG_PLACE, p, err) < 0 ||
-        dsec_actor_publish(s->creates, subj, s->back, &hdr, b->data, b->len, err) < 0) {
-        if (b == NULL)
-            dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
         dsec_placement_release(s->view, res.node, res.reservation);
         return -1;
     }

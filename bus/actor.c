@@ -4,7 +4,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "bus/internal.h"
 #include "dsec/alloc.h"
@@ -608,39 +607,16 @@ static void drop_msg(dsec_actor *a, struct actor_sub *s, natsMsg **nm, bool repo
 
 /* nats.c's delivery thread for this subscription: only queue the message,
  * never run user code here beyond the key function. */
-/* When a message for a shed handler entered the mailbox, on the monotonic
- * clock: now, or as long ago as its Dsec-Sent stamp says it was sent. */
-static int64_t arrived_ns(struct actor_sub *s, dsec_msg *view)
-{
-    int64_t now = dsec__now_ns();
-    if (s->shed == NULL || atomic_load_explicit(&s->actor->shed_after_ns, memory_order_relaxed) == 0)
-        return now;
-    const char *v = dsec__msg_header(view, DSEC_HDR_SENT);
-    if (v == NULL)
-        return now;
-    uint64_t sent = 0;
-    const char *p = v;
-    for (; *p >= '0' && *p <= '9' && p - v < 20; p++)
-        sent = sent * 10 + (uint64_t)(*p - '0');
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t wall = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    if (*p != '\0' || p == v || sent == 0 || sent >= wall)
-        return now;
-    uint64_t ago = wall - sent;
-    return ago < (uint64_t)now ? now - (int64_t)ago : 0;
-}
-
 static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *closure)
 {
     struct actor_sub *s = closure;
     dsec_actor *a = s->actor;
     uint64_t key = 0;
-    dsec_msg view;
-    dsec__msg_init(&view, nm, a->bus);
-    if (a->key_fn != NULL)
+    if (a->key_fn != NULL) {
+        dsec_msg view;
+        dsec__msg_init(&view, nm, a->bus);
         key = a->key_fn(&view, a->key_ud);
-    int64_t at = arrived_ns(s, &view);
+    }
 
     pthread_mutex_lock(&a->mu);
     if (a->closing) {
@@ -653,7 +629,7 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
      * same fast error reply. */
     struct lane *l = NULL;
     if (a->depth >= a->mailbox_max || (l = lane_for_key(a, key)) == NULL ||
-        ring_push(l, nm, s, at) < 0) {
+        ring_push(l, nm, s, dsec__now_ns()) < 0) {
         bool report = !a->overflowing;
         a->overflowing = true;
         /* A lane created for this message but left empty must not linger. */

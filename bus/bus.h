@@ -25,7 +25,6 @@ typedef struct dsec_future dsec_future; /* the pending answer to a request */
 #define DSEC_HDR_CONTENT_TYPE "Content-Type" /* always application/msgpack */
 #define DSEC_HDR_REQ_ID "Dsec-Req-Id"        /* idempotency key of a request */
 #define DSEC_HDR_TRACE_ID "Dsec-Trace-Id"    /* end-to-end trace id */
-#define DSEC_HDR_SENT "Dsec-Sent"            /* when it was sent: wall clock, ns, decimal */
 #define DSEC_CONTENT_TYPE "application/msgpack"
 
 /* Error replies the bus itself sends: Dsec-Type is DSEC_TYPE_ERROR, the body
@@ -53,9 +52,6 @@ typedef struct dsec_hdr {
     unsigned schema;
     const char *req_id;
     const char *trace_id;
-    uint64_t sent_ns; /* non-zero: sent as Dsec-Sent (wall clock, ns), so a receiver that sheds
-                         by wait (dsec_actor_on_shed) counts the time since, not only its
-                         mailbox's; for senders whose clock agrees with the receiver's */
 } dsec_hdr;
 
 /* Connection events delivered to the bus's event callback. */
@@ -260,11 +256,9 @@ int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dse
  * when a worker reaches it goes to shed instead of h: shed answers it at
  * once (a scheduler answers a create `overloaded`), which is far cheaper than
  * its work, so a backlog drains and the messages behind it wait less. The
- * time counts from nats.c's delivery into the mailbox, or from its Dsec-Sent
- * header when it has one (dsec_hdr.sent_ns: the wait in the server and the
- * client library counts too; a stamp ahead of this host's clock counts as
- * sent at delivery); waited_ns is that time. msg is borrowed as for a
- * handler; shed must not defer it. Both run in the same per-key order. */
+ * time counts from nats.c's delivery into the mailbox; waited_ns is that
+ * time. msg is borrowed as for a handler; shed must not defer it. Both run in
+ * the same per-key order. */
 typedef void (*dsec_shed_handler)(dsec_actor *actor, dsec_msg *msg, uint64_t waited_ns, void *ud);
 int dsec_actor_on_shed(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
                        dsec_shed_handler shed, void *ud, dsec_err *err);

@@ -165,18 +165,13 @@ void dsec_bus_new_id(char out[33])
 
 /* ---- publish ----------------------------------------------------------- */
 
-static char *u64toa10(char *end, uint64_t v)
+static char *utoa10(char *end, unsigned v)
 {
     *--end = '\0';
     do
         *--end = (char)('0' + v % 10);
     while ((v /= 10) != 0);
     return end;
-}
-
-static char *utoa10(char *end, unsigned v)
-{
-    return u64toa10(end, v);
 }
 
 #ifdef DSEC_NATS_RAW_HEADERS
@@ -209,17 +204,14 @@ static natsStatus raw_headers_msg(natsMsg **out, const char *subject, const char
                                   const dsec_hdr *hdr, const char *schema, const char *trace_id,
                                   const char *err_code, const void *data, size_t len)
 {
-    struct out_hdr h[7];
+    struct out_hdr h[6];
     int n = 0;
-    char sent_buf[24];
-    const char *sent = hdr != NULL && hdr->sent_ns != 0 ? u64toa10(sent_buf + sizeof sent_buf, hdr->sent_ns) : NULL;
     n = add_hdr(h, n, KEY(DSEC_HDR_TYPE), hdr != NULL ? hdr->type : NULL);
     n = add_hdr(h, n, KEY(DSEC_HDR_SCHEMA), schema);
     h[n++] = (struct out_hdr){KEY(DSEC_HDR_CONTENT_TYPE), KEY(DSEC_CONTENT_TYPE)};
     n = add_hdr(h, n, KEY(DSEC_HDR_REQ_ID), hdr != NULL ? hdr->req_id : NULL);
     n = add_hdr(h, n, KEY(DSEC_HDR_TRACE_ID), trace_id);
     n = add_hdr(h, n, KEY(DSEC_HDR_ERROR_CODE), err_code);
-    n = add_hdr(h, n, KEY(DSEC_HDR_SENT), sent);
     /* The block's exact size: "NATS/1.0\r\n", "Key: value\r\n" each, "\r\n".
      * Ids are whatever the requester sent, so no fixed bound fits them all.
      * Values with CR or LF are refused: they would forge headers. */
@@ -307,9 +299,6 @@ int dsec__publish(dsec_bus *bus, const char *subject, const char *reply, const d
         s = natsMsgHeader_Set(nm, DSEC_HDR_TRACE_ID, trace_id);
     if (s == NATS_OK && err_code != NULL)
         s = natsMsgHeader_Set(nm, DSEC_HDR_ERROR_CODE, err_code);
-    char sent_buf[24];
-    if (s == NATS_OK && hdr != NULL && hdr->sent_ns != 0)
-        s = natsMsgHeader_Set(nm, DSEC_HDR_SENT, u64toa10(sent_buf + sizeof sent_buf, hdr->sent_ns));
 #endif
     if (s == NATS_OK)
         s = natsConnection_PublishMsg(bus->nc, nm);
