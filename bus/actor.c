@@ -94,6 +94,8 @@ struct dsec_actor {
     uint32_t nbusy; /* scheduled lanes */
     uint32_t mailbox_max;
     _Atomic int64_t shed_after_ns; /* 0: no shedding (dsec_actor_set_shed) */
+    _Atomic int64_t empty_ns;      /* when the mailbox was last empty (a worker found nothing
+                                      queued, or a message came to an empty one) */
     bool closing;
     bool overflowing; /* last message was dropped: report the next episode only */
     atomic_bool schema_reported; /* a too-new Dsec-Schema was reported once */
@@ -421,6 +423,15 @@ static uint32_t ring_unshift(dsec_actor *a, struct lane *l, const struct entry *
     return 0;
 }
 
+/* Shedding waits for a standing queue: the mailbox not empty once in this
+ * long (4 bounds, at least 100 ms, as CoDel's interval). A burst the
+ * workers get through, or a handler slow for a moment, sheds nothing. */
+static bool queue_standing(dsec_actor *a, int64_t now, int64_t after)
+{
+    int64_t interval = 4 * after > 100000000 ? 4 * after : 100000000;
+    return now - atomic_load_explicit(&a->empty_ns, memory_order_relaxed) > interval;
+}
+
 /* A lane with nothing more to run leaves the pool's accounting. Under a->mu. */
 static void lane_idle(dsec_actor *a, struct lane *l)
 {
@@ -470,11 +481,12 @@ static void lane_run(dsec__task *t)
                                  dsec__msg_header(&m, DSEC_HDR_TYPE));
                 struct run_ctx rc = {.lane = l, .entry = &batch[i], .start_ns = sc.start_ns};
                 struct actor_sub *s = batch[i].sub;
-                int64_t waited = s->shed != NULL ? dsec__now_ns() - batch[i].at_ns : 0;
+                int64_t now = s->shed != NULL ? dsec__now_ns() : 0;
+                int64_t waited = now - batch[i].at_ns;
                 int64_t after = s->shed != NULL ? atomic_load_explicit(&a->shed_after_ns,
                                                                        memory_order_relaxed)
                                                 : 0;
-                if (after > 0 && waited > after) {
+                if (after > 0 && waited > after && queue_standing(a, now, after)) {
                     /* Too late to be worth its work: answered now, so its sender
                      * hears at once, and the messages behind it wait less. */
                     atomic_fetch_add_explicit(&a->shed, 1, memory_order_relaxed);
@@ -530,6 +542,8 @@ static void lane_run(dsec__task *t)
         }
     }
     l->in_run = false;
+    if (a->depth == 0)
+        atomic_store_explicit(&a->empty_ns, dsec__now_ns(), memory_order_relaxed);
     lane_idle(a, l);
     pthread_mutex_unlock(&a->mu);
 }
@@ -640,6 +654,8 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
         return;
     }
     a->overflowing = false;
+    if (a->depth == 0) /* empty until now: a queue starts, none stood before it */
+        atomic_store_explicit(&a->empty_ns, dsec__now_ns(), memory_order_relaxed);
     a->depth++;
     atomic_store_explicit(&a->depth_now, a->depth, memory_order_relaxed);
     if (a->depth > atomic_load_explicit(&a->peak, memory_order_relaxed))
@@ -680,6 +696,7 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
     dsec__cond_init(&a->cond); /* timed waits use CLOCK_MONOTONIC deadlines */
     lane_init(&a->lane0, a, 0);
     a->refs = 1;
+    atomic_store(&a->empty_ns, dsec__now_ns());
 
     pthread_mutex_lock(&bus->mu);
     if (bus->state != DSEC__BUS_OPEN) {
