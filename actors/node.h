@@ -33,8 +33,9 @@ typedef struct dsec_node_conf {
     const dsec_backend_kv *backend_opts;
     size_t nbackend_opts;
     uint32_t capacity_ms;   /* coalescing window of capacity deltas; default 100 */
-    uint32_t shed_after_ms; /* a placement that waited longer in the node's mailbox is
-                               answered "overloaded" to its client, not created; 0: never */
+    uint32_t shed_after_ms; /* a placement that waited longer in the node's mailbox, a queue
+                               standing there, is answered "overloaded" to its client, not
+                               created; 0: never */
     uint32_t full_ms;       /* full report period; default 5000 */
     uint32_t heartbeat_ms;  /* default 1000 */
     int work_threads;       /* threads for sandbox operations that need one (crun, copies);

@@ -253,7 +253,8 @@ int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dse
 /* Shedding by time in the mailbox (sojourn, as CoDel measures it, not queue
  * length). A message of a subscription opened with dsec_actor_on_shed that
  * waited in the mailbox longer than the actor's bound (dsec_actor_set_shed)
- * when a worker reaches it goes to shed instead of h: shed answers it at
+ * when a worker reaches it, while a queue stands (the mailbox not empty for
+ * 4 bounds, at least 100 ms), goes to shed instead of h: shed answers it at
  * once (a scheduler answers a create `overloaded`), which is far cheaper than
  * its work, so a backlog drains and the messages behind it wait less. The
  * time counts from nats.c's delivery into the mailbox; waited_ns is that
