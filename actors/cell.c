@@ -80,7 +80,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->wait_ms = 30000;
     c->admit_max = 65536;
     c->park_max = 65536;
-    c->shed_after_ms = 25;
+    c->shed_after_ms = 0; /* off: measured, it cost more than it gave (control-plane.md, "Shedding by wait") */
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
