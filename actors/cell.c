@@ -80,6 +80,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->wait_ms = 30000;
     c->admit_max = 65536;
     c->park_max = 65536;
+    c->shed_after_ms = 0; /* off: measured, it cost more than it gave (control-plane.md, "Shedding by wait") */
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
@@ -426,7 +427,7 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
     static const char *const s_keys[] = {"replicas", "k", "max_attempts", "max_hops",
                                          "dead_after_ms", "lost_after_ms", "summary_ms", "wait_ms",
                                          "suspect_after_ms", "drain_gap_ms", "probation_ms",
-                                         "admit_max", "park_max", NULL};
+                                         "admit_max", "park_max", "shed_after_ms", NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 || dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
         load_unsigned(cfg, sc, "k", &c->k, 1, 16, err) < 0 ||
@@ -440,7 +441,8 @@ static int load_tree(const dsec_cfg *cfg, dsec_cell_conf *c, dsec_err *err)
         load_u32(cfg, sc, "drain_gap_ms", &c->drain_gap_ms, 1, 3600000, err) < 0 ||
         load_u32(cfg, sc, "probation_ms", &c->probation_ms, 0, 3600000, err) < 0 ||
         load_u32(cfg, sc, "admit_max", &c->admit_max, 1, 1000000, err) < 0 ||
-        load_u32(cfg, sc, "park_max", &c->park_max, 1, 1000000, err) < 0)
+        load_u32(cfg, sc, "park_max", &c->park_max, 1, 1000000, err) < 0 ||
+        load_u32(cfg, sc, "shed_after_ms", &c->shed_after_ms, 0, 600000, err) < 0)
         return -1;
     if (c->park_max > c->admit_max && (sc == NULL || dsec_cfg_get(sc, "park_max") == NULL))
         c->park_max = c->admit_max; /* the default follows a smaller admit_max */
@@ -760,6 +762,9 @@ static const struct field actor_fields[] = {
      offsetof(dsec_actor_stats, mailbox_peak), 1},
     {"dsec_actor_handler_seconds_total", "counter", "Time spent in the actor's handlers.",
      offsetof(dsec_actor_stats, handler_ns), 1e-9},
+    {"dsec_actor_shed_total", "counter",
+     "Messages answered at once for their wait in the mailbox (a scheduler's scheduler.shed_after_ms).",
+     offsetof(dsec_actor_stats, shed), 1},
 };
 
 static const struct field sched_fields[] = {
@@ -853,6 +858,9 @@ static const struct field node_fields[] = {
     {"dsec_node_stale_placements_total", "counter",
      "Placements not created: a later attempt of the same create was already placed elsewhere.",
      offsetof(dsec_node_stats, stale_places), 1},
+    {"dsec_node_shed_places_total", "counter",
+     "Placements answered \"overloaded\" for their wait in the node's mailbox (scheduler.shed_after_ms): not created.",
+     offsetof(dsec_node_stats, shed_places), 1},
     {"dsec_node_network_alerts_total", "counter",
      "Network alerts published (blocked connections, refused DNS names).",
      offsetof(dsec_node_stats, net_alerts), 1},
@@ -1196,6 +1204,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                  .labels = cn->labels, .nlabels = cn->nlabels,
                                  .backend = cn->backend, .backend_opts = cn->opts,
                                  .nbackend_opts = cn->nopts, .capacity_ms = conf->capacity_ms,
+                                 .shed_after_ms = conf->shed_after_ms,
                                  .full_ms = conf->full_ms, .heartbeat_ms = conf->heartbeat_ms,
                                  .quota = conf->quota,
                                  .reap_ms = conf->reap_ms, .sync_ms = conf->journal_sync_ms,
@@ -1257,7 +1266,8 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
                                   .default_disk_mb = conf->default_disk_mb,
                                   .default_function_disk_mb = conf->default_function_disk_mb,
                                   .wait_ms = conf->wait_ms, .quota = conf->quota,
-                                  .admit_max = conf->admit_max, .park_max = conf->park_max};
+                                  .admit_max = conf->admit_max, .park_max = conf->park_max,
+                                  .shed_after_ms = conf->shed_after_ms};
             if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
                 goto out_fail;
             c->nscheds++;

@@ -193,6 +193,7 @@ struct dsec_node {
     _Atomic uint64_t reaped_superseded; /* made for an attempt whose retry was kept elsewhere */
     _Atomic uint64_t stale_places;      /* placements of an attempt already superseded */
     _Atomic uint64_t late_places; /* placements dropped: past their client's deadline */
+    _Atomic uint64_t shed_places; /* placements answered "overloaded" for their wait */
     _Atomic uint64_t net_alerts; /* network alerts published */
     dsec_metrics_hist create_lat; /* place received -> created answered, creates that made a sandbox */
     uint64_t hb_seq;
@@ -296,6 +297,7 @@ void dsec__node_send_created(dsec_node *n, const char *reply_to, const struct sb
                              bool existing, const char *req_id);
 void dsec__node_new_id(const dsec_node *n, char *out, size_t len);
 void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud);
+void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud);
 
 /* ---- node-exec.c: commands and the trajectory log --------------------------------- */
 

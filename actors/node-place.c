@@ -323,6 +323,36 @@ void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
     create_finish(n, s, &p, t0);
 }
 
+/* A placement that waited in this node's mailbox longer than shed_after_ms
+ * (the bus hands it here instead of on_place): its client hears
+ * "overloaded" now, and nothing is created, so the same attempt may go
+ * again (the scheduler's reservation goes with the node's next report,
+ * which does not count it). Created now, it would be answered late and hold
+ * up the placements behind it. */
+void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud)
+{
+    dsec_node *n = ud;
+    dsec_err err;
+    dsec_msg_place p;
+    if (!dsec_wire_type_ok(a, m, DSEC_MSG_PLACE))
+        return;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0) {
+        dsec_wire_error(a, m, &err);
+        return;
+    }
+    atomic_fetch_add(&n->shed_places, 1);
+    uint64_t waited_ms = waited_ns / 1000000u;
+    /* what this node's backlog took to reach it: about what a retry would meet now */
+    err = (dsec_err){.code = DSEC_E_OVERLOADED,
+                     .retry_after_ms = waited_ms < 10 ? 10 : waited_ms > 2000 ? 2000 : (unsigned)waited_ms};
+    snprintf(err.msg, sizeof err.msg,
+             "node %s: the placement waited %" PRIu64 " ms for its turn (scheduler.shed_after_ms %u); "
+             "not created; retry after %u ms (same req_id)",
+             n->name, waited_ms, n->conf.shed_after_ms, err.retry_after_ms);
+    dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
+}
+
 /* Start the sandbox s that on_place admitted for p: the backend's create, then its journal
  * record, then the answer. On a work thread. */
 static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp, uint64_t t0)

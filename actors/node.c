@@ -360,7 +360,9 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     dsec_actor_set_key(n->actor, dsec__node_key_of, n);
     char subj[256];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", n->name);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_place, n, err) < 0)
+    dsec_actor_set_shed(n->actor, n->conf.shed_after_ms);
+    if (dsec_actor_on_shed(n->actor, subj, NULL, dsec__node_on_place, dsec__node_on_place_shed, n,
+                           err) < 0)
         goto out_fail;
     snprintf(subj, sizeof subj, "dsec.v1.*.sbx.%s.>", n->name);
     if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sbx, n, err) < 0)
@@ -509,6 +511,7 @@ void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
                            .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
                            .disk_free_mb = n->disk_free, .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
                            .stale_places = n->stale_places,
+                           .shed_places = n->shed_places,
                            .execs_inflight = n->execs_inflight, .execs_peak = n->execs_peak};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);

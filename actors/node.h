@@ -33,6 +33,9 @@ typedef struct dsec_node_conf {
     const dsec_backend_kv *backend_opts;
     size_t nbackend_opts;
     uint32_t capacity_ms;   /* coalescing window of capacity deltas; default 100 */
+    uint32_t shed_after_ms; /* a placement that waited longer in the node's mailbox, a queue
+                               standing there, is answered "overloaded" to its client, not
+                               created; 0: never */
     uint32_t full_ms;       /* full report period; default 5000 */
     uint32_t heartbeat_ms;  /* default 1000 */
     int work_threads;       /* threads for sandbox operations that need one (crun, copies);
@@ -110,6 +113,7 @@ typedef struct dsec_node_stats {
     uint64_t net_alerts;    /* network alerts published (blocked connections, refused names) */
     uint64_t reaped_superseded; /* made for a create attempt whose retry was kept on another node */
     uint64_t stale_places;  /* placements of an attempt already superseded: not created */
+    uint64_t shed_places;   /* placements answered "overloaded" for their wait (shed_after_ms) */
     uint64_t execs_inflight; /* commands running now without a thread (on the node's loop) */
     uint64_t execs_peak;     /* the most there were at once */
     uint64_t work_queued;    /* operations waiting for a work thread now */

@@ -68,6 +68,7 @@ struct dsec_sched {
     /* The drain rate: placements sent per second, smoothed over demand ticks
      * (tick_wait), in thousandths; with what it holds it sets retry_after_ms. */
     _Atomic uint64_t drain_milli_per_s;
+    _Atomic uint64_t held_seen; /* what it held at the last create's admission */
     uint64_t drain_last_placed, drain_last_ms; /* tick_wait's alone */
     dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
 };
@@ -217,6 +218,31 @@ static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, 
     dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, c->req_id);
     if (admitted)
         quota_release(s, c);
+}
+
+/* A create that waited in the replica's mailbox longer than
+ * scheduler.shed_after_ms (the bus hands it here instead of on_create):
+ * answered "overloaded" at once, undecoded, with the req_id of its header.
+ * Placed now it would reach its node late and hold up the creates behind
+ * it; answered, its client retries when the replica has drained what it
+ * holds and what waits in its mailbox. */
+static void on_create_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud)
+{
+    dsec_sched *s = ud;
+    atomic_fetch_add(&s->n_creates, 1);
+    const char *reply_to = dsec_msg_reply(m);
+    if (reply_to == NULL) {
+        dsec_actor_count_error(a);
+        return;
+    }
+    dsec_actor_stats st;
+    dsec_actor_stats_get(a, &st);
+    uint64_t held = atomic_load(&s->held_seen) + st.mailbox_depth;
+    dsec_msg_create c = {.req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
+    shed(s, reply_to, &c, held, false,
+         "scheduler %s of cell %s: the create waited %" PRIu64 " ms for its turn "
+         "(scheduler.shed_after_ms %u)",
+         s->name, s->cell, waited_ns / 1000000u, s->conf.shed_after_ms);
 }
 
 /* Whether a create whose deadline (wall clock, ns; 0: none) is this close
@@ -720,6 +746,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_cell_summary sum;
     dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
     uint64_t held = held_in(s, &sum);
+    atomic_store(&s->held_seen, held);
     if (held >= s->conf.admit_max) {
         shed(s, reply_to, &p.c, held, false,
              "scheduler %s of cell %s holds %" PRIu64 " creates (scheduler.admit_max %u)", s->name,
@@ -1184,11 +1211,15 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
         goto out_fail;
     dsec_actor_set_key(s->creates, create_key, s);
     snprintf(queue, sizeof queue, "dsec-sched");
-    if (dsec_actor_on(s->creates, "dsec.v1.*.create", queue, on_create, s, err) < 0)
+    /* Creates only are shed for their wait: a refusal coming back (on_back) was
+     * admitted already, and its client waits for its placement. */
+    dsec_actor_set_shed(s->creates, s->conf.shed_after_ms);
+    if (dsec_actor_on_shed(s->creates, "dsec.v1.*.create", queue, on_create, on_create_shed, s,
+                           err) < 0)
         goto out_fail;
     snprintf(subj, sizeof subj, "dsec.v1.*.create.%s", s->cell);
     snprintf(queue, sizeof queue, "dsec-sched.%s", s->cell);
-    if (dsec_actor_on(s->creates, subj, queue, on_create, s, err) < 0 ||
+    if (dsec_actor_on_shed(s->creates, subj, queue, on_create, on_create_shed, s, err) < 0 ||
         dsec_actor_on(s->creates, s->back, NULL, on_back, s, err) < 0)
         goto out_fail;
     char evname[DSEC_NAME_LEN_MAX + 8];

@@ -48,6 +48,9 @@ typedef struct dsec_sched_conf {
      * "overloaded" with a retry_after_ms at once instead of queuing. */
     uint32_t admit_max;         /* 0: 65536 */
     uint32_t park_max;          /* rollouts parked at once; past it "overloaded"; 0: 65536 */
+    uint32_t shed_after_ms;     /* a create that waited longer in the replica's mailbox, a
+                                   queue standing there (bus.h, dsec_actor_on_shed), is
+                                   answered "overloaded" when its turn comes; 0: never */
     bool quota;                 /* admit every create with the cell's quota actor
                                    (actors/quota.h) before placing it */
 } dsec_sched_conf;

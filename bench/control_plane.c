@@ -75,6 +75,10 @@ static pid_t run_child(const char *url, const char *state, int roles, int replic
     c.capacity_ms = 100;
     c.dead_after_ms = 10000;
     c.default_ttl_s = 7200;
+    /* DSEC_BENCH_SHED_AFTER_MS: scheduler.shed_after_ms for an A/B run (0: no shedding by wait) */
+    const char *shed = getenv("DSEC_BENCH_SHED_AFTER_MS");
+    if (shed != NULL && shed[0] != '\0')
+        c.shed_after_ms = (uint32_t)strtoul(shed, NULL, 10);
     dsec_err err;
     char listen[64];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", metrics_port);
@@ -358,8 +362,12 @@ static void send_req(struct req *r)
         }
         double left = r->deadline - wall_s();
         timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
+        /* An overloaded create goes again as the same attempt, retry count 0 as libdsec
+         * sends it (client.c, defer_overloaded): a retry count above 0 would make the
+         * scheduler ask every node whether an earlier attempt made it (a lookup), which
+         * libdsec only wants after an attempt that may have been placed. */
         dsec_msg_create m = {.req_id = r->rid, .type = "sim", .cpu_milli = 50, .memory_mb = 64,
-                             .cls = "rollout", .retry = r->tries - 1,
+                             .cls = "rollout", .retry = 0,
                              .deadline_ns = (uint64_t)(r->deadline * 1e9)};
         rc = dsec_encode(b, DSEC_MSG_CREATE, &m, &err);
         snprintf(subj, sizeof subj, "dsec.v1.bench.create");
@@ -649,8 +657,14 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *url = dsec_natsd_url(natsd);
-    printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 processes)\n",
-           url, NODES);
+    dsec_cell_conf dc;
+    dsec_cell_conf_defaults(&dc);
+    const char *shed_env = getenv("DSEC_BENCH_SHED_AFTER_MS");
+    printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 processes),"
+           " scheduler.shed_after_ms %lu\n",
+           url, NODES,
+           shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10) : (unsigned long)dc.shed_after_ms);
+    dsec_cell_conf_release(&dc);
 
     double raw = dsec_bench_raw_publish_rate(url, 1000000);
     printf("baseline: raw nats.c publish -> async subscriber, 200 B: %.0f msg/s\n", raw);

@@ -33,6 +33,7 @@ struct actor_sub {
     dsec_actor *actor;
     natsSubscription *sub;
     dsec_handler h;
+    dsec_shed_handler shed; /* NULL: its messages are never shed */
     void *ud;
     char *subject;
     bool done; /* nats.c will not call on_msg again; under bus->mu */
@@ -42,6 +43,7 @@ struct actor_sub {
 struct entry {
     natsMsg *nm;
     struct actor_sub *sub;
+    int64_t at_ns; /* when it entered the mailbox (dsec__now_ns) */
 };
 
 struct lane {
@@ -91,6 +93,9 @@ struct dsec_actor {
     uint32_t depth;
     uint32_t nbusy; /* scheduled lanes */
     uint32_t mailbox_max;
+    _Atomic int64_t shed_after_ns; /* 0: no shedding (dsec_actor_set_shed) */
+    _Atomic int64_t empty_ns;      /* when the mailbox was last empty (a worker found nothing
+                                      queued, or a message came to an empty one) */
     bool closing;
     bool overflowing; /* last message was dropped: report the next episode only */
     atomic_bool schema_reported; /* a too-new Dsec-Schema was reported once */
@@ -100,7 +105,7 @@ struct dsec_actor {
     bool linked; /* in bus->actors; under bus->mu */
     dsec_actor *next, *prev;
 
-    atomic_uint_fast64_t msgs_in, msgs_out, errors, dropped, depth_now, peak, handler_ns;
+    atomic_uint_fast64_t msgs_in, msgs_out, errors, dropped, depth_now, peak, handler_ns, shed;
 };
 
 /* ---- the pool ---------------------------------------------------------- */
@@ -231,7 +236,7 @@ static void lane_init(struct lane *l, dsec_actor *a, uint64_t key)
     l->scheduled = l->held = l->in_run = false;
 }
 
-static int ring_push(struct lane *l, natsMsg *nm, struct actor_sub *s)
+static int ring_push(struct lane *l, natsMsg *nm, struct actor_sub *s, int64_t at_ns)
 {
     if (l->count == l->cap) {
         uint32_t ncap = l->cap ? l->cap * 2 : RING_MIN;
@@ -246,7 +251,7 @@ static int ring_push(struct lane *l, natsMsg *nm, struct actor_sub *s)
         l->cap = ncap;
         l->head = 0;
     }
-    l->ring[(l->head + l->count) & (l->cap - 1)] = (struct entry){nm, s};
+    l->ring[(l->head + l->count) & (l->cap - 1)] = (struct entry){nm, s, at_ns};
     l->count++;
     return 0;
 }
@@ -418,6 +423,15 @@ static uint32_t ring_unshift(dsec_actor *a, struct lane *l, const struct entry *
     return 0;
 }
 
+/* Shedding waits for a standing queue: the mailbox not empty once in this
+ * long (4 bounds, at least 100 ms, as CoDel's interval). A burst the
+ * workers get through, or a handler slow for a moment, sheds nothing. */
+static bool queue_standing(dsec_actor *a, int64_t now, int64_t after)
+{
+    int64_t interval = 4 * after > 100000000 ? 4 * after : 100000000;
+    return now - atomic_load_explicit(&a->empty_ns, memory_order_relaxed) > interval;
+}
+
 /* A lane with nothing more to run leaves the pool's accounting. Under a->mu. */
 static void lane_idle(dsec_actor *a, struct lane *l)
 {
@@ -466,8 +480,22 @@ static void lane_run(dsec__task *t)
                 dsec_trace_enter(&sc, a, dsec__msg_header(&m, DSEC_HDR_TRACE_ID), subject,
                                  dsec__msg_header(&m, DSEC_HDR_TYPE));
                 struct run_ctx rc = {.lane = l, .entry = &batch[i], .start_ns = sc.start_ns};
+                struct actor_sub *s = batch[i].sub;
+                int64_t now = s->shed != NULL ? dsec__now_ns() : 0;
+                int64_t waited = now - batch[i].at_ns;
+                int64_t after = s->shed != NULL ? atomic_load_explicit(&a->shed_after_ns,
+                                                                       memory_order_relaxed)
+                                                : 0;
+                if (after > 0 && waited > after && queue_standing(a, now, after)) {
+                    /* Too late to be worth its work: answered now, so its sender
+                     * hears at once, and the messages behind it wait less. */
+                    atomic_fetch_add_explicit(&a->shed, 1, memory_order_relaxed);
+                    s->shed(a, &m, (uint64_t)waited, s->ud);
+                    dsec_trace_leave(&sc);
+                    continue;
+                }
                 run_ctx = &rc;
-                batch[i].sub->h(a, &m, batch[i].sub->ud);
+                s->h(a, &m, s->ud);
                 run_ctx = NULL;
                 if (rc.deferred != NULL)
                     sc.actor = NULL; /* its hop is recorded when the work ends */
@@ -514,6 +542,8 @@ static void lane_run(dsec__task *t)
         }
     }
     l->in_run = false;
+    if (a->depth == 0)
+        atomic_store_explicit(&a->empty_ns, dsec__now_ns(), memory_order_relaxed);
     lane_idle(a, l);
     pthread_mutex_unlock(&a->mu);
 }
@@ -613,7 +643,7 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
      * same fast error reply. */
     struct lane *l = NULL;
     if (a->depth >= a->mailbox_max || (l = lane_for_key(a, key)) == NULL ||
-        ring_push(l, nm, s) < 0) {
+        ring_push(l, nm, s, dsec__now_ns()) < 0) {
         bool report = !a->overflowing;
         a->overflowing = true;
         /* A lane created for this message but left empty must not linger. */
@@ -624,6 +654,8 @@ static void on_msg(natsConnection *nc, natsSubscription *ns, natsMsg *nm, void *
         return;
     }
     a->overflowing = false;
+    if (a->depth == 0) /* empty until now: a queue starts, none stood before it */
+        atomic_store_explicit(&a->empty_ns, dsec__now_ns(), memory_order_relaxed);
     a->depth++;
     atomic_store_explicit(&a->depth_now, a->depth, memory_order_relaxed);
     if (a->depth > atomic_load_explicit(&a->peak, memory_order_relaxed))
@@ -664,6 +696,7 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
     dsec__cond_init(&a->cond); /* timed waits use CLOCK_MONOTONIC deadlines */
     lane_init(&a->lane0, a, 0);
     a->refs = 1;
+    atomic_store(&a->empty_ns, dsec__now_ns());
 
     pthread_mutex_lock(&bus->mu);
     if (bus->state != DSEC__BUS_OPEN) {
@@ -696,6 +729,12 @@ void dsec_actor_set_key(dsec_actor *a, dsec_key_fn fn, void *ud)
 int dsec_actor_on(dsec_actor *a, const char *subject, const char *queue, dsec_handler h, void *ud,
                   dsec_err *err)
 {
+    return dsec_actor_on_shed(a, subject, queue, h, NULL, ud, err);
+}
+
+int dsec_actor_on_shed(dsec_actor *a, const char *subject, const char *queue, dsec_handler h,
+                       dsec_shed_handler shed, void *ud, dsec_err *err)
+{
     if (subject == NULL || subject[0] == '\0' || h == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "actor %s: subscribe needs a subject and a handler", a->name);
@@ -708,6 +747,7 @@ int dsec_actor_on(dsec_actor *a, const char *subject, const char *queue, dsec_ha
     }
     s->actor = a;
     s->h = h;
+    s->shed = shed;
     s->ud = ud;
 
     natsStatus st;
@@ -740,6 +780,11 @@ int dsec_actor_on(dsec_actor *a, const char *subject, const char *queue, dsec_ha
     return 0;
 }
 
+void dsec_actor_set_shed(dsec_actor *a, uint32_t ms)
+{
+    atomic_store_explicit(&a->shed_after_ns, (int64_t)ms * 1000000, memory_order_relaxed);
+}
+
 const char *dsec_actor_name(const dsec_actor *a)
 {
     return a->name;
@@ -759,6 +804,7 @@ void dsec_actor_stats_get(const dsec_actor *a, dsec_actor_stats *out)
     out->mailbox_depth = atomic_load_explicit(&a->depth_now, memory_order_relaxed);
     out->mailbox_peak = atomic_load_explicit(&a->peak, memory_order_relaxed);
     out->handler_ns = atomic_load_explicit(&a->handler_ns, memory_order_relaxed);
+    out->shed = atomic_load_explicit(&a->shed, memory_order_relaxed);
 }
 
 void dsec_actor_count_error(dsec_actor *a)

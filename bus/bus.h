@@ -250,6 +250,25 @@ void dsec_actor_set_key(dsec_actor *actor, dsec_key_fn fn, void *ud);
 int dsec_actor_on(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
                   void *ud, dsec_err *err);
 
+/* Shedding by time in the mailbox (sojourn, as CoDel measures it, not queue
+ * length). A message of a subscription opened with dsec_actor_on_shed that
+ * waited in the mailbox longer than the actor's bound (dsec_actor_set_shed)
+ * when a worker reaches it, while a queue stands (the mailbox not empty for
+ * 4 bounds, at least 100 ms), goes to shed instead of h: shed answers it at
+ * once (a scheduler answers a create `overloaded`), which is far cheaper than
+ * its work, so a backlog drains and the messages behind it wait less. The
+ * time counts from nats.c's delivery into the mailbox; waited_ns is that
+ * time. msg is borrowed as for a handler; shed must not defer it. Both run in
+ * the same per-key order. */
+typedef void (*dsec_shed_handler)(dsec_actor *actor, dsec_msg *msg, uint64_t waited_ns, void *ud);
+int dsec_actor_on_shed(dsec_actor *actor, const char *subject, const char *queue, dsec_handler h,
+                       dsec_shed_handler shed, void *ud, dsec_err *err);
+
+/* The actor's bound on a message's wait in the mailbox before it is shed
+ * (subscriptions with a shed handler only); 0 (the default) never sheds.
+ * Any thread, any time. */
+void dsec_actor_set_shed(dsec_actor *actor, uint32_t ms);
+
 /* Deferred handling: a handler whose work completes later (a command that runs for
  * minutes, an operation queued for a thread of its own) keeps its message and returns, so
  * the worker goes on with other keys. Until dsec_deferred_done, no other message of the
@@ -282,6 +301,7 @@ typedef struct dsec_actor_stats {
     uint64_t mailbox_depth; /* messages waiting now */
     uint64_t mailbox_peak;
     uint64_t handler_ns; /* total time spent in handlers (added per batch of messages) */
+    uint64_t shed;       /* messages given to a shed handler for their wait (dsec_actor_on_shed) */
 } dsec_actor_stats;
 
 void dsec_actor_stats_get(const dsec_actor *actor, dsec_actor_stats *out);

@@ -105,49 +105,93 @@ int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink, c
     return 0;
 }
 
-/* ---- pending destroys: a min-heap by due time ------------------------------------ */
-static void heap_push(sim_replay *r, double due, long ix)
+/* ---- timers: pending destroys and overloaded resends, min-heaps by due time ---------- */
+static void timers_push(sim_replay *r, struct sim_timer **heap, size_t *n, size_t *cap, double due,
+                        long ix)
 {
     pthread_mutex_lock(&r->mu);
-    if (r->nheap == r->cap_heap) {
-        r->cap_heap = r->cap_heap ? r->cap_heap * 2 : 1024;
-        r->heap = dsec_realloc(r->heap, r->cap_heap * sizeof *r->heap);
+    if (*n == *cap) {
+        *cap = *cap ? *cap * 2 : 1024;
+        *heap = dsec_realloc(*heap, *cap * sizeof **heap);
     }
-    size_t i = r->nheap++;
-    while (i > 0 && r->heap[(i - 1) / 2].due > due) {
-        r->heap[i] = r->heap[(i - 1) / 2];
+    struct sim_timer *h = *heap;
+    size_t i = (*n)++;
+    while (i > 0 && h[(i - 1) / 2].due > due) {
+        h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
-    r->heap[i] = (struct sim_timer){due, ix};
+    h[i] = (struct sim_timer){due, ix};
     pthread_mutex_unlock(&r->mu);
 }
 
 /* Pop the earliest timer due by now; -1 when none. */
-static long heap_pop_due(sim_replay *r, double now, double *next)
+static long timers_pop_due(sim_replay *r, bool resends, double now, double *next)
 {
     pthread_mutex_lock(&r->mu);
+    struct sim_timer *h = resends ? r->rheap : r->heap; /* read under mu: a push may move it */
+    size_t *n = resends ? &r->nrheap : &r->nheap;
     long ix = -1;
-    if (r->nheap && r->heap[0].due <= now) {
-        ix = r->heap[0].ix;
-        struct sim_timer last = r->heap[--r->nheap];
+    if (*n && h[0].due <= now) {
+        ix = h[0].ix;
+        struct sim_timer last = h[--*n];
         size_t i = 0;
         for (;;) {
             size_t c = 2 * i + 1;
-            if (c >= r->nheap)
+            if (c >= *n)
                 break;
-            if (c + 1 < r->nheap && r->heap[c + 1].due < r->heap[c].due)
+            if (c + 1 < *n && h[c + 1].due < h[c].due)
                 c++;
-            if (r->heap[c].due >= last.due)
+            if (h[c].due >= last.due)
                 break;
-            r->heap[i] = r->heap[c];
+            h[i] = h[c];
             i = c;
         }
-        if (r->nheap)
-            r->heap[i] = last;
+        if (*n)
+            h[i] = last;
     }
-    *next = r->nheap ? r->heap[0].due : INFINITY;
+    *next = *n ? h[0].due : INFINITY;
     pthread_mutex_unlock(&r->mu);
     return ix;
+}
+
+static void heap_push(sim_replay *r, double due, long ix)
+{
+    timers_push(r, &r->heap, &r->nheap, &r->cap_heap, due, ix);
+}
+
+static long heap_pop_due(sim_replay *r, double now, double *next)
+{
+    return timers_pop_due(r, false, now, next);
+}
+
+static long resend_pop_due(sim_replay *r, double now, double *next)
+{
+    return timers_pop_due(r, true, now, next);
+}
+
+/* A create answered "overloaded" goes again as libdsec sends it: the same
+ * attempt (same req_id), after the answer's retry_after_ms plus up to half
+ * as much again of jitter, while that leaves 20 ms before its deadline.
+ * true: it will (it stays in flight); false: the answer stands. */
+static bool resend_overloaded(sim_replay *r, struct sim_req *q, const void *data, size_t len,
+                              double now)
+{
+    dsec_msg_error e;
+    dsec_err derr;
+    if (len == 0 || dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, data, len, &e, &derr) < 0 ||
+        e.code == NULL || strcmp(e.code, "overloaded") != 0)
+        return false;
+    double after = (e.retry_after_ms ? (double)e.retry_after_ms : 100) / 1000.0;
+    static _Thread_local uint64_t seed; /* answers come on several threads */
+    if (seed == 0)
+        seed = (uint64_t)(now * 1e9) ^ (uint64_t)(uintptr_t)&seed;
+    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17; /* xorshift64 */
+    double at = now + after * (1.0 + 0.5 * (double)(seed % 1024) / 1024.0);
+    if (at + 0.020 >= q->deadline)
+        return false;
+    atomic_fetch_add(&r->in_flight, 1); /* still owed an answer */
+    timers_push(r, &r->rheap, &r->nrheap, &r->cap_rheap, at, q->ix);
+    return true;
 }
 
 /* ---- answers ------------------------------------------------------------------------- */
@@ -159,6 +203,9 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     double now = sim_now();
     atomic_fetch_sub(&r->in_flight, 1);
     char kind[80];
+    if (q->what == SIM_REQ_CREATE && status == 0 && type && strcmp(type, "error") == 0 &&
+        resend_overloaded(r, q, data, len, now))
+        return;
     if (q->what == SIM_REQ_CREATE && (status < 0 || (type && strcmp(type, "error") == 0)))
         atomic_store(&r->sbx[q->ix].state, SIM_SBX_FAILED);
     if (status < 0) {
@@ -307,7 +354,7 @@ static bool rewrite_tenant(const sim_replay *r, const char *subject, char *out, 
 }
 
 static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h, const void *data,
-                size_t len, bool request, double due)
+                size_t len, bool request, double due, bool resend)
 {
     dsec_err err;
     int rc;
@@ -329,8 +376,15 @@ static int send(sim_replay *r, int what, long ix, const char *subject, const dse
     q->what = what;
     q->ix = ix;
     q->due = due;
+    int timeout_ms = r->o.timeout_ms;
+    if (!resend) {
+        q->deadline = sim_now() + timeout_ms / 1000.0;
+    } else {
+        double left = q->deadline - sim_now();
+        timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
+    }
     atomic_fetch_add(&r->in_flight, 1);
-    rc = r->sink.request(r->sink.ctx, subject, h, data, len, r->o.timeout_ms, q, &err);
+    rc = r->sink.request(r->sink.ctx, subject, h, data, len, timeout_ms, q, &err);
     if (rc < 0) {
         atomic_fetch_sub(&r->in_flight, 1);
         if (what == SIM_REQ_CREATE)
@@ -340,7 +394,8 @@ static int send(sim_replay *r, int what, long ix, const char *subject, const dse
     return rc;
 }
 
-static void send_create(sim_replay *r, long ix, double due)
+/* resend: the same attempt again after "overloaded" (counted once, its deadline kept). */
+static void send_create(sim_replay *r, long ix, double due, bool resend)
 {
     const sim_op *o = &r->t->ops[ix];
     dsec_buf *b = dsec_wire_buf();
@@ -364,11 +419,15 @@ static void send_create(sim_replay *r, long ix, double due)
     }
     const char *subject = rewrite_tenant(r, o->subject, subj, sizeof subj) ? subj : o->subject;
     dsec_hdr h = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = rid};
-    atomic_fetch_add(&r->creates_sent, 1);
-    pthread_mutex_lock(&r->mu);
-    r->b[sim_bucket_of(r, due)].sent++;
-    pthread_mutex_unlock(&r->mu);
-    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due);
+    if (resend) {
+        atomic_fetch_add(&r->resent, 1);
+    } else {
+        atomic_fetch_add(&r->creates_sent, 1);
+        pthread_mutex_lock(&r->mu);
+        r->b[sim_bucket_of(r, due)].sent++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due, resend);
 }
 
 static void send_destroy(sim_replay *r, long ix, double due)
@@ -393,7 +452,7 @@ static void send_destroy(sim_replay *r, long ix, double due)
     }
     dsec_hdr h = {.type = "op", .schema = DSEC_SCHEMA_VERSION};
     atomic_fetch_add(&r->destroys_sent, 1);
-    send(r, SIM_REQ_DESTROY, ix, subj, &h, b->data, b->len, true, due);
+    send(r, SIM_REQ_DESTROY, ix, subj, &h, b->data, b->len, true, due, false);
 }
 
 /* An operation on a sandbox the trace created: point it at the replayed one.
@@ -456,7 +515,8 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
         atomic_store(&s->state, SIM_SBX_GONE);
     dsec_hdr h = {.type = o->msg_type, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
     atomic_fetch_add(&r->sbx_sent, 1);
-    send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request, due);
+    send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request, due,
+         false);
     return 0;
 }
 
@@ -486,7 +546,7 @@ static void send_other(sim_replay *r, long ix, double due)
     const sim_op *o = &r->t->ops[ix];
     dsec_hdr h = {.type = o->msg_type[0] ? o->msg_type : NULL, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
     atomic_fetch_add(&r->sends, 1);
-    send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due);
+    send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due, false);
 }
 
 static void progress(sim_replay *r, size_t done, bool last)
@@ -550,7 +610,7 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
             if (due > now)
                 break;
             switch (o->kind) {
-            case SIM_OP_CREATE: send_create(r, (long)i, due); break;
+            case SIM_OP_CREATE: send_create(r, (long)i, due, false); break;
             case SIM_OP_SBX:
                 if (send_sbx(r, (long)i, due, false))
                     r->deferred[r->ndeferred++] = (long)i;
@@ -568,6 +628,13 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
         long ix;
         while ((ix = heap_pop_due(r, now, &next_timer)) >= 0)
             send_destroy(r, ix, now);
+        double next_resend;
+        while ((ix = resend_pop_due(r, now, &next_resend)) >= 0) {
+            atomic_fetch_sub(&r->in_flight, 1); /* send counts it in again */
+            send_create(r, ix, r->reqs[ix].due, true);
+        }
+        if (next_resend < next_timer)
+            next_timer = next_resend;
         if (now >= next_sample) {
             sample(r, now);
             next_sample = now + r->bucket_s / 2;
@@ -603,8 +670,15 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
     r->t_sent = sim_now();
     /* the creates still unanswered get their answer (or timeout) first, then the rest is destroyed */
     double until = r->t_sent + r->o.drain_s;
-    while (atomic_load(&r->in_flight) > 0 && sim_now() < until && !atomic_load(&r->stop))
+    while (atomic_load(&r->in_flight) > 0 && sim_now() < until && !atomic_load(&r->stop)) {
+        double nr;
+        long rx;
+        while ((rx = resend_pop_due(r, sim_now(), &nr)) >= 0) {
+            atomic_fetch_sub(&r->in_flight, 1);
+            send_create(r, rx, r->reqs[rx].due, true);
+        }
         usleep(1000);
+    }
     if (r->o.destroy_at_end) {
         double nt;
         long ix;
@@ -701,6 +775,7 @@ void sim_replay_free(sim_replay *r)
     dsec_free(r->lat);
     dsec_free(r->b);
     dsec_free(r->heap);
+    dsec_free(r->rheap);
     dsec_free(r->explicit_destroy);
     dsec_free(r->deferred);
     dsec_free(r);

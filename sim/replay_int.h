@@ -21,6 +21,7 @@ struct sim_req {
     int what;
     long ix;
     double due; /* when it was due: latency counts from here (open loop) */
+    double deadline; /* a create's: its first send plus the timeout, kept by overloaded resends */
 };
 
 struct sim_sbx {
@@ -96,6 +97,10 @@ struct sim_replay {
     bool lat_sorted;
     struct sim_timer *heap;
     size_t nheap, cap_heap;
+    /* creates answered "overloaded", by when they go again (as libdsec resends them) */
+    struct sim_timer *rheap;
+    size_t nrheap, cap_rheap;
+    _Atomic uint64_t resent;
     struct sim_bucket *b;
     size_t nbuckets;
     double bucket_s, t_start, t_sent, t_end, t_trace_end;

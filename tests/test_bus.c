@@ -1438,6 +1438,83 @@ static void actor_stats_count(void **state)
     counter_destroy(&st.done);
 }
 
+/* ---- shedding by wait ------------------------------------------------------ */
+
+typedef struct shed_state {
+    counter done;
+    _Atomic uint32_t handled_mask, shed_mask; /* bit v: message v went there */
+    _Atomic uint64_t shed_waited_ms;
+} shed_state;
+
+static void shed_slow_handler(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    shed_state *st = ud;
+    uint32_t v = get_u32(dsec_msg_data(m));
+    if (v == 0) /* holds the only worker: what queues behind it waits */
+        usleep(200 * 1000);
+    atomic_fetch_or(&st->handled_mask, 1u << v);
+    counter_add(&st->done, 1);
+    (void)a;
+}
+
+static void shed_handler(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud)
+{
+    shed_state *st = ud;
+    uint32_t v = get_u32(dsec_msg_data(m));
+    atomic_fetch_or(&st->shed_mask, 1u << v);
+    atomic_store(&st->shed_waited_ms, waited_ns / 1000000u);
+    counter_add(&st->done, 1);
+    (void)a;
+}
+
+/* A message that waited past the bound in a standing queue (the mailbox not
+ * empty for the interval, 100 ms here) goes to the shed handler, counted;
+ * one on a plain subscription goes to its handler however long it waited,
+ * and so do all of them with the bound off. */
+static void shed_by_wait(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "shed", 1, 0, NULL);
+    shed_state st = {0};
+    counter_init(&st.done);
+    dsec_actor *a = NULL;
+    dsec_err err;
+    assert_int_equal(dsec_actor_new(&a, bus, "shedder", &err), 0);
+    dsec_actor_set_shed(a, 20);
+    assert_int_equal(dsec_actor_on_shed(a, "test.shed.in", NULL, shed_slow_handler, shed_handler,
+                                        &st, &err), 0);
+    assert_int_equal(dsec_actor_on(a, "test.shed.plain", NULL, shed_slow_handler, &st, &err), 0);
+    flush(bus);
+    usleep(150 * 1000); /* the mailbox's last empty moment is past the interval */
+    /* 0 holds the only worker 200 ms; 1 (sheddable) and 2 (plain) wait behind it */
+    publish_u32(bus, "test.shed.in", 0);
+    publish_u32(bus, "test.shed.in", 1);
+    publish_u32(bus, "test.shed.plain", 2);
+    flush(bus);
+    assert_true(counter_wait(&st.done, 3, WAIT_MS));
+    assert_int_equal(atomic_load(&st.shed_mask), 1u << 1);
+    assert_int_equal(atomic_load(&st.handled_mask), (1u << 0) | (1u << 2));
+    assert_true(atomic_load(&st.shed_waited_ms) >= 150); /* it waited behind 0 */
+    dsec_actor_stats as;
+    dsec_actor_stats_get(a, &as);
+    assert_int_equal(as.shed, 1);
+    assert_int_equal(as.msgs_in, 3);
+    /* the bound off: the same wait is handled */
+    dsec_actor_set_shed(a, 0);
+    usleep(150 * 1000);
+    publish_u32(bus, "test.shed.in", 0);
+    publish_u32(bus, "test.shed.in", 3);
+    flush(bus);
+    assert_true(counter_wait(&st.done, 5, WAIT_MS));
+    assert_true(atomic_load(&st.handled_mask) & (1u << 3));
+    dsec_actor_stats_get(a, &as);
+    assert_int_equal(as.shed, 1);
+    dsec_bus_free(bus);
+    server_stop(&s);
+    counter_destroy(&st.done);
+}
+
 /* ---- group request: request/reply ---------------------------------------- */
 
 static void echo_handler(dsec_actor *a, dsec_msg *m, void *ud)
@@ -2766,6 +2843,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(js_read_direct_and_consumer),
         cmocka_unit_test(new_id_is_random_hex),
         cmocka_unit_test(actor_stats_count),
+        cmocka_unit_test(shed_by_wait),
     };
     const struct CMUnitTest request[] = {
         cmocka_unit_test(request_many_in_flight),
