@@ -217,8 +217,11 @@ static void exec_done(void *ud, int rc, dsec_exec_result *r, dsec_err *err)
 {
     struct exec_end *e = ud;
     dsec_node *n = e->n;
-    exec_finish(e, rc, r, err);
+    /* no longer in flight before its answer goes: a client that has its answer sees it so
+     * (running drops after the answer: the sandbox was touched by then, so the reaper cannot
+     * take a sandbox whose long command just ended for an idle one) */
     atomic_fetch_sub(&n->execs_inflight, 1);
+    exec_finish(e, rc, r, err);
     atomic_fetch_sub(&e->s->running, 1);
     dsec_deferred *d = e->d;
     exec_end_free(e);
