@@ -404,6 +404,13 @@ static void burst_is_shed_by_wait(void **state)
 static void shed_burst_retried_once_each(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    /* ThreadSanitizer slows every thread several times: a burst of 8,000 with retries then
+     * neither places half nor answers all within 5 s (seen in CI), which says nothing of the
+     * races it is there to find; burst_is_shed_by_wait runs the shedding under it */
+    fprintf(stderr, "shed_burst_retried_once_each: skipped under ThreadSanitizer\n");
+    skip();
+#endif
     start_cell(1000000, 65536, 65536, 20, 5000, 2);
     uint64_t live0 = node_live(), shed0 = shed_by_wait();
     static struct burst b;
