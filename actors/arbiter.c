@@ -14,6 +14,7 @@
 #include "bus/js.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 #define NAME_MAX_ (DSEC_NAME_LEN_MAX + 1)
@@ -235,12 +236,12 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     if (record_encode(&b, &o, &err) == 0) {
         snprintf(key, sizeof key, "done.%s", p->req_id);
         if (dsec_kv_put(a->rc_kv, key, b.data, b.len, NULL, &err) < 0)
-            fprintf(stderr, "dsec-arbiter %s: %s\n", a->name, err.msg);
+            dsec_log_warn("dsec-arbiter %s: %s", a->name, err.msg);
     }
     dsec_buf_release(&b);
     snprintf(key, sizeof key, "rc.%s", p->job);
     if (dsec_kv_delete(a->rc_kv, key, &err) < 0)
-        fprintf(stderr, "dsec-arbiter %s: %s\n", a->name, err.msg);
+        dsec_log_warn("dsec-arbiter %s: %s", a->name, err.msg);
     publish_outcome(a, &o);
     if (strcmp(outcome, "forced") == 0) {
         char subj[192];
@@ -270,8 +271,8 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     else
         a->st.honoured++;
     pthread_mutex_unlock(&a->mu);
-    fprintf(stderr, "dsec-arbiter %s: reclaim %s of job %s %s (%" PRIu64 " milli-CPU, %" PRIu64
-            " MB)%s%s\n", a->name, p->req_id, p->job, outcome, cpu, mem, reason ? ": " : "",
+    dsec_log_info("dsec-arbiter %s: reclaim %s of job %s %s (%" PRIu64 " milli-CPU, %" PRIu64
+            " MB)%s%s", a->name, p->req_id, p->job, outcome, cpu, mem, reason ? ": " : "",
             reason ? reason : "");
     holdings_free(p->holds);
 }
@@ -293,7 +294,7 @@ static void force(dsec_arbiter *a, struct pending *p)
         dsec_hdr hdr = {.type = "job_hold", .schema = DSEC_SCHEMA_VERSION, .req_id = p->req_id};
         if (dsec_encode(&b, DSEC_MSG_JOB_HOLD, &h, &err) < 0 ||
             dsec_bus_request_sync(a->bus, subj, &hdr, b.data, b.len, 2000, &reply, &err) < 0)
-            fprintf(stderr, "dsec-arbiter %s: forcing %s/%s of job %s on %s: %s\n", a->name,
+            dsec_log_warn("dsec-arbiter %s: forcing %s/%s of job %s on %s: %s", a->name,
                     p->job, h.unit, p->job, h.node, err.msg);
         dsec_msg_free(reply);
         dsec_buf_release(&b);
@@ -448,7 +449,7 @@ static void take_over(dsec_arbiter *a)
     size_t nk = 0;
     dsec_err err;
     if (dsec_kv_keys(a->rc_kv, &keys, &nk, &err) < 0) {
-        fprintf(stderr, "dsec-arbiter %s: %s\n", a->name, err.msg);
+        dsec_log_warn("dsec-arbiter %s: %s", a->name, err.msg);
         return;
     }
     dsec_decoder *d = dsec_decoder_new(NULL);
@@ -509,7 +510,7 @@ static void lease_step(dsec_arbiter *a)
     dsec_err err;
     switch (dsec_lease_step(&a->lease, &err)) {
     case DSEC_LEASE_LOST:
-        fprintf(stderr, "dsec-arbiter %s: lost the lease of cell %s: %s\n", a->name, a->cell, err.msg);
+        dsec_log_warn("dsec-arbiter %s: lost the lease of cell %s: %s", a->name, a->cell, err.msg);
         atomic_store(&a->active, false);
         return;
     case DSEC_LEASE_ACQUIRED:
@@ -517,7 +518,7 @@ static void lease_step(dsec_arbiter *a)
     default:
         return;
     }
-    fprintf(stderr, "dsec-arbiter %s: active for cell %s (lease revision %" PRIu64 ")\n", a->name,
+    dsec_log_info("dsec-arbiter %s: active for cell %s (lease revision %" PRIu64 ")", a->name,
             a->cell, a->lease.rev);
     pthread_mutex_lock(&a->mu);
     a->st.takeovers++;
@@ -660,7 +661,7 @@ static void send_ask(dsec_arbiter *a, struct ask *q)
     if (rc < 0) {
         /* already being reclaimed (a predecessor's record), or the store
          * failed: ask nothing now, so the job is never asked twice */
-        fprintf(stderr, "dsec-arbiter %s: not asking job %s: %s\n", a->name, q->job, err.msg);
+        dsec_log_warn("dsec-arbiter %s: not asking job %s: %s", a->name, q->job, err.msg);
         holdings_free(q->holds);
         pthread_mutex_lock(&a->mu);
         struct job *j = job_find(a, q->job);
@@ -700,7 +701,7 @@ static void send_ask(dsec_arbiter *a, struct ask *q)
     pthread_mutex_unlock(&a->mu);
     if (dsec_encode(&b, DSEC_MSG_RECLAIM, &q->r, &err) < 0 ||
         dsec_bus_request(a->bus, subj, &hdr, b.data, b.len, 2000, on_ack, c, &err) < 0) {
-        fprintf(stderr, "dsec-arbiter %s: asking job %s: %s\n", a->name, q->job, err.msg);
+        dsec_log_warn("dsec-arbiter %s: asking job %s: %s", a->name, q->job, err.msg);
         dsec_free(c);
         pthread_mutex_lock(&a->mu);
         a->acks--;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 /* Record: magic 'J', op ('P' put / 'D' delete), id length (1 byte), payload
  * length (u32 LE), crc32 of everything after the crc (u32 LE), id, payload. */
@@ -80,21 +81,6 @@ static size_t frame(uint8_t *buf, char op, const char *id, size_t idlen, const v
     return REC_HDR + idlen + len;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static int append(dsec_journal *j, char op, const char *id, const void *data, size_t len,
                   dsec_err *err)
 {
@@ -111,7 +97,7 @@ static int append(dsec_journal *j, char op, const char *id, const void *data, si
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     size_t n = frame(buf, op, id, idlen, data, len);
     pthread_mutex_lock(&j->mu);
-    int rc = write_all(j->fd, buf, n);
+    int rc = dsec_write_all(j->fd, buf, n);
     if (rc == 0) {
         j->records++;
         j->dirty = true;
@@ -199,9 +185,7 @@ static int read_file(const char *path, int fd, uint8_t **out, size_t *len, dsec_
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "journal %s: out of memory", path);
     size_t got = 0;
     while (got < (size_t)st.st_size) {
-        ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = dsec_pread_eintr(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
         if (r <= 0) {
             dsec_free(buf);
             return dsec_err_set(err, DSEC_E_IO, r < 0 ? errno : 0, "journal %s: reading", path);
@@ -366,7 +350,7 @@ static int emit_tmp(dsec_journal *j, const char *id, const void *data, size_t le
     if (buf == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     size_t n = frame(buf, 'P', id, idlen, data, len);
-    int rc = write_all(compacting->fd, buf, n);
+    int rc = dsec_write_all(compacting->fd, buf, n);
     dsec_free(buf);
     if (rc < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "journal %s: writing compacted copy", j->path);

@@ -9,6 +9,7 @@
 #include "actors/ticker.h"
 #include "actors/wire.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 #define RECONCILE_TIMEOUT_MS 2000
@@ -202,10 +203,10 @@ static void on_reconciled(int status, dsec_msg *reply, const dsec_err *err, void
     inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (ok)
-        fprintf(stderr, "dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost\n",
+        dsec_log_info("dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost",
                 w->who, x->name);
     else if (status < 0)
-        fprintf(stderr, "dsec-scheduler %s: node %s is back but did not take the reconcile: %s (asking again)\n",
+        dsec_log_warn("dsec-scheduler %s: node %s is back but did not take the reconcile: %s (asking again)",
                 w->who, x->name, err->msg);
 }
 
@@ -294,8 +295,8 @@ static void on_resent(int status, dsec_msg *reply, const dsec_err *err, void *ud
     inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (!ok && status < 0)
-        fprintf(stderr, "dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
-                "(sending again on its next report)\n", w->who, x->name, err->msg);
+        dsec_log_warn("dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
+                "(sending again on its next report)", w->who, x->name, err->msg);
 }
 
 /* Send a returned node the notices from x->resend_seq on, one batch per
@@ -426,8 +427,8 @@ void dsec_lost_tick(dsec_lost *w, uint64_t now_ms)
                                  .silent_ms = lost[i].silent_ms, .by = w->who};
         char subj[192];
         dsec_err err;
-        fprintf(stderr,
-                "dsec-scheduler %s: node %s silent for %" PRIu64 " ms: declared lost; telling %zu tenant(s)\n",
+        dsec_log_warn(
+                "dsec-scheduler %s: node %s silent for %" PRIu64 " ms: declared lost; telling %zu tenant(s)",
                 w->who, lost[i].name, lost[i].silent_ms, lost[i].ntenants);
         snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%.64s.lost.%.64s", w->cell, lost[i].name);
         dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);

@@ -14,6 +14,7 @@
 #include "bus/js.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 /* Sandboxes, milli-CPU, MiB. Signed so a count never wraps when a report
@@ -960,7 +961,7 @@ static void lease_tick(void *ud, uint64_t now_ns)
     switch (dsec_lease_step(&q->lease, &err)) {
     case DSEC_LEASE_ACQUIRED:
         if (ops_start(q, &err) < 0) {
-            fprintf(stderr, "dsec-quota %s: cannot serve cell %s: %s; giving the lease up\n", q->name,
+            dsec_log_warn("dsec-quota %s: cannot serve cell %s: %s; giving the lease up", q->name,
                     q->cell, err.msg);
             dsec_lease_release(&q->lease);
             return;
@@ -969,11 +970,11 @@ static void lease_tick(void *ud, uint64_t now_ns)
         q->st.active = 1;
         q->st.takeovers++;
         pthread_mutex_unlock(&q->mu);
-        fprintf(stderr, "dsec-quota %s: active for cell %s (lease revision %" PRIu64 ")\n", q->name,
+        dsec_log_info("dsec-quota %s: active for cell %s (lease revision %" PRIu64 ")", q->name,
                 q->cell, q->lease.rev);
         break;
     case DSEC_LEASE_LOST:
-        fprintf(stderr, "dsec-quota %s: lost the lease of cell %s: %s\n", q->name, q->cell, err.msg);
+        dsec_log_warn("dsec-quota %s: lost the lease of cell %s: %s", q->name, q->cell, err.msg);
         ops_stop(q);
         pthread_mutex_lock(&q->mu);
         q->st.active = 0;

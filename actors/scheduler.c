@@ -14,6 +14,7 @@
 #include "actors/wire.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 #define MAX_CELLS 64
@@ -1015,9 +1016,9 @@ static void tick_expire(void *ud, uint64_t mono)
     if (dsec_placement_expire(s->view, now_ms(), &names, &n, &err) < 0)
         return;
     for (size_t i = 0; i < n; i++)
-        fprintf(stderr,
+        dsec_log_warn(
                 "dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
-                " ms; out of placement\n",
+                " ms; out of placement",
                 s->name, names[i], dsec_placement_drain_after_ms(s->view));
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);

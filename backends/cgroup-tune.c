@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/mount.h>
 
+#include "dsec/log.h"
+
 /* mountinfo escapes space, tab, newline and backslash as \ooo */
 static void unescape(char *s)
 {
@@ -129,11 +131,11 @@ void dsec_cgroup_tune_apply(bool on, const char *who)
     if (rc == 0 || atomic_flag_test_and_set(&said))
         return;
     if (rc == 1)
-        fprintf(stderr,
+        dsec_log_warn(
                 "dsec %s: remounted cgroup2 at %s with favordynmods: moving a process into a "
-                "cgroup no longer waits for an RCU grace period (option cgroup_favordynmods)\n",
+                "cgroup no longer waits for an RCU grace period (option cgroup_favordynmods)",
                 who, where);
     else
-        fprintf(stderr, "dsec %s: cgroup favordynmods not set, creates stay slower: %s\n", who,
+        dsec_log_warn("dsec %s: cgroup favordynmods not set, creates stay slower: %s", who,
                 err.msg);
 }

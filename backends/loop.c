@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "dsec/alloc.h"
+#include "dsec/io.h"
+#include "dsec/log.h"
 
 struct dsec_loop_watch {
     dsec_loop *loop;
@@ -126,9 +128,7 @@ static bool needs_wake(const dsec_loop *l, uint64_t deadline)
 static void wake(dsec_loop *l)
 {
     uint64_t one = 1;
-    ssize_t n;
-    while ((n = write(l->wake, &one, sizeof one)) < 0 && errno == EINTR)
-        ;
+    ssize_t n = dsec_write_eintr(l->wake, &one, sizeof one);
     (void)n; /* EAGAIN: the counter is already non-zero, the loop will wake anyway */
 }
 
@@ -230,7 +230,7 @@ void dsec_loop_del(dsec_loop_watch *w)
         /* The fd was closed (or reused) before its watch went. If another process or a dup
          * still holds what it named, epoll keeps reporting it with this watch, which is about
          * to be freed: a caller's bug, said loudly so that a test log shows it. */
-        fprintf(stderr, "dsec: event loop %s: fd %d was closed before its watch was removed: %s\n",
+        dsec_log_warn("dsec: event loop %s: fd %d was closed before its watch was removed: %s",
                 l->name, w->fd, strerror(errno));
     pthread_mutex_lock(&l->mu);
     heap_remove(l, w);
@@ -309,8 +309,7 @@ static void *loop_main(void *arg)
             dsec_loop_watch *w = evs[i].data.ptr;
             if (w == NULL) { /* the wake eventfd */
                 uint64_t v;
-                while (read(l->wake, &v, sizeof v) < 0 && errno == EINTR)
-                    ;
+                (void)dsec_read_eintr(l->wake, &v, sizeof v);
                 continue;
             }
             if (w->dead)

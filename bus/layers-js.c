@@ -13,6 +13,7 @@
 
 #include "bus/js.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 #include "dsec/sha256.h"
 
 #define DEFAULT_BUCKET "DSEC_LAYERS"
@@ -89,21 +90,6 @@ static int meta_get(jsreg *r, const char *digest, blob_meta *m, dsec_err *err)
     return 0;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 static int js_get(void *self, const char *digest, const char *dest, dsec_err *err)
 {
     jsreg *r = self;
@@ -127,7 +113,7 @@ static int js_get(void *self, const char *digest, const char *dest, dsec_err *er
             goto out_fail;
         }
         dsec_sha256_update(&h, data, len);
-        int w = write_all(fd, data, len);
+        int w = dsec_write_all(fd, data, len);
         dsec_free(data);
         if (w < 0) {
             dsec_err_set(err, DSEC_E_IO, errno, "writing %s", dest);
@@ -186,9 +172,7 @@ static int js_put(void *self, const char *digest, dsec_layer_format fmt, const c
     for (;;) {
         size_t have = 0;
         while (have < r->chunk) {
-            ssize_t n = read(fd, buf + have, r->chunk - have);
-            if (n < 0 && errno == EINTR)
-                continue;
+            ssize_t n = dsec_read_eintr(fd, buf + have, r->chunk - have);
             if (n < 0) {
                 dsec_err_set(err, DSEC_E_IO, errno, "reading %s", src);
                 goto out;

@@ -19,6 +19,7 @@
 
 #include "bus/bus.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 #define DEFAULT_START_TIMEOUT_MS 5000
 #define STOP_GRACE_MS 5000
@@ -245,8 +246,7 @@ static void child_kill_wait(dsec_natsd *s)
     if (s->pid <= 0)
         return;
     kill(s->pid, SIGKILL);
-    while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR)
-        ;
+    dsec_waitpid_eintr(s->pid, NULL, 0);
     s->pid = 0;
     close(s->pidfd);
     s->pidfd = -1;
@@ -341,12 +341,9 @@ static int spawn(dsec_natsd *s, dsec_err *err)
     pipefd[1] = -1;
     int child_errno = 0;
     ssize_t got;
-    do
-        got = read(pipefd[0], &child_errno, sizeof child_errno);
-    while (got < 0 && errno == EINTR);
+    got = dsec_read_eintr(pipefd[0], &child_errno, sizeof child_errno);
     if (got == (ssize_t)sizeof child_errno) {
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
+        dsec_waitpid_eintr(pid, NULL, 0);
         dsec_err_set(err, DSEC_E_IO, child_errno, "executing %s", s->binary);
         goto out;
     }
@@ -355,8 +352,7 @@ static int spawn(dsec_natsd *s, dsec_err *err)
     if (s->pidfd < 0) {
         dsec_err_set(err, DSEC_E_IO, errno, "starting nats-server: pidfd_open");
         kill(pid, SIGKILL);
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
+        dsec_waitpid_eintr(pid, NULL, 0);
         s->pid = 0;
         goto out;
     }

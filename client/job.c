@@ -10,6 +10,7 @@
 #include "client/internal.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 struct unit {
@@ -121,7 +122,7 @@ static void release_for(dsec_job *j, const dsec_msg_reclaim *r)
         if (!held)
             continue;
         if (hold_call(j, u, true, &err) < 0) {
-            fprintf(stderr, "dsec job: %s\n", err.msg);
+            dsec_log_warn("dsec job: %s", err.msg);
             continue;
         }
         items[n++] = (dsec_msg_job_hold){.job = j->name, .node = u->node, .unit = u->name,
@@ -358,7 +359,7 @@ void dsec_job_free(dsec_job *j, bool release)
     for (size_t i = 0; release && i < j->nunits; i++) {
         dsec_err err;
         if (j->units[i].held && hold_call(j, &j->units[i], true, &err) < 0)
-            fprintf(stderr, "dsec job: %s\n", err.msg);
+            dsec_log_warn("dsec job: %s", err.msg);
     }
     pthread_cond_destroy(&j->cond);
     pthread_mutex_destroy(&j->mu);

@@ -11,6 +11,7 @@
 #include "actors/wire.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 #include "sim/replay_int.h"
 
@@ -561,11 +562,11 @@ static void progress(sim_replay *r, size_t done, bool last)
     pthread_mutex_lock(&r->mu);
     uint64_t reclaims = r->reclaims;
     pthread_mutex_unlock(&r->mu);
-    fprintf(stderr,
+    dsec_log_info(
             "\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64 " reclaim events, %" PRIu64
             " errors%s",
             bar, frac * 100, done, n, (long)atomic_load(&r->in_flight), (uint64_t)atomic_load(&r->creates_ok),
-            reclaims, (uint64_t)atomic_load(&r->errors), last ? "\n" : "   ");
+            reclaims, (uint64_t)atomic_load(&r->errors), last ? "" : "   ");
     fflush(stderr);
 }
 

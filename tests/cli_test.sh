@@ -212,6 +212,28 @@ set +e
 set -e
 [ "$rc" = 2 ] && grep -q "bad3.yaml:4: key \"disk_reserve_mb\"" "$TMP/err.txt" || fail "dsecd disk_reserve_mb 0: $(cat "$TMP/err.txt")"
 
+# dsecd --log-file: the library's lines with their time and level; --log-level filters them
+printf 'cell: cli-log-%s\nstate_dir: %s\nbus:\n  url: %s\nembedded_nats:\n  enabled: false\n' "$PORT" "$TMP/logd" "$DSEC_URL" > "$TMP/logd.yaml"
+"$DSECD" --config "$TMP/logd.yaml" --roles arbiter --log-file "$TMP/dsecd.log" 2> "$TMP/logd.err" &
+LOGD=$!
+for i in $(seq 1 100); do
+    grep -q "active for cell" "$TMP/dsecd.log" 2>/dev/null && break
+    sleep 0.1
+done
+kill "$LOGD"; wait "$LOGD" 2>/dev/null || true
+grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z info dsec-arbiter .*: active for cell cli-log-' "$TMP/dsecd.log" ||
+    fail "dsecd --log-file: $(cat "$TMP/dsecd.log" "$TMP/logd.err")"
+grep -q "active for cell" "$TMP/logd.err" && fail "dsecd --log-file: the line went to stderr too"
+"$DSECD" --config "$TMP/logd.yaml" --roles arbiter --log-file "$TMP/dsecd-warn.log" --log-level warn 2> /dev/null &
+LOGD=$!
+sleep 1.5
+kill "$LOGD"; wait "$LOGD" 2>/dev/null || true
+grep -q "info" "$TMP/dsecd-warn.log" && fail "dsecd --log-level warn wrote info lines: $(cat "$TMP/dsecd-warn.log")"
+set +e
+"$DSECD" --config "$TMP/logd.yaml" --log-level loud 2> "$TMP/err.txt"; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "log-level loud: expected error, warn, info or debug" "$TMP/err.txt" || fail "dsecd --log-level loud: $(cat "$TMP/err.txt")"
+
 # layers into the cell's JetStream registry, through the CLI
 mkdir -p "$TMP/tree/bin" && echo hi > "$TMP/tree/bin/x"
 REG="$DSEC_URL?bucket=CLI_LAYERS"

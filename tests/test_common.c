@@ -6,11 +6,17 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "dsec/alloc.h"
 #include "dsec/err.h"
+#include "dsec/io.h"
+#include "dsec/log.h"
 #include "dsec/sha256.h"
 
 static void err_set_names_errno(void **state)
@@ -106,12 +112,160 @@ static void alloc_wrapper(void **state)
     assert_true(strcmp(dsec_alloc_name(), "jemalloc") == 0 || strcmp(dsec_alloc_name(), "libc") == 0);
 }
 
+/* dsec_read_file: whole files, the size limit, a missing file, a file the kernel sizes 0 */
+static void io_read_file(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/dsec-test-io-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/f", dir);
+    size_t big = 3 * 4096 + 17;
+    char *want = malloc(big);
+    for (size_t i = 0; i < big; i++)
+        want[i] = (char)('a' + i % 26);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(dsec_write_all(fd, want, big), 0);
+    close(fd);
+    char *data;
+    size_t len;
+    dsec_err err;
+    assert_int_equal(dsec_read_file(path, big, &data, &len, &err), 0);
+    assert_int_equal(len, big);
+    assert_memory_equal(data, want, big);
+    assert_int_equal(data[len], '\0');
+    dsec_free(data);
+    assert_int_equal(dsec_read_file(path, big - 1, &data, &len, &err), -1);
+    assert_int_equal(err.code, DSEC_E_TOO_LARGE);
+    assert_non_null(strstr(err.msg, "is larger than"));
+    assert_null(data);
+    snprintf(path, sizeof path, "%s/missing", dir);
+    assert_int_equal(dsec_read_file(path, 10, &data, &len, &err), -1);
+    assert_int_equal(err.code, DSEC_E_NOT_FOUND);
+    assert_non_null(strstr(err.msg, path));
+    /* /proc files say size 0 and have content */
+    assert_int_equal(dsec_read_file("/proc/self/status", 1 << 20, &data, &len, &err), 0);
+    assert_true(len > 0 && strstr(data, "Pid:") != NULL);
+    dsec_free(data);
+    snprintf(path, sizeof path, "%s/f", dir);
+    unlink(path);
+    rmdir(dir);
+    free(want);
+}
+
+/* dsec_pwrite_all and dsec_read_full through a pipe and a file */
+static void io_whole_writes(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/dsec-test-io-pw-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(dsec_pwrite_all(fd, "world", 5, 6), 0);
+    assert_int_equal(dsec_pwrite_all(fd, "hello ", 6, 0), 0);
+    char buf[32];
+    assert_int_equal(dsec_pread_eintr(fd, buf, sizeof buf, 0), 11);
+    assert_memory_equal(buf, "hello world", 11);
+    /* read_full stops at end of file */
+    assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+    assert_int_equal(dsec_read_full(fd, buf, sizeof buf), 11);
+    close(fd);
+    unlink(path);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(dsec_write_all(p[1], "abc", 3), 0);
+    close(p[1]);
+    char out[2];
+    /* out keeps outlen - 1 bytes, the rest is drained */
+    assert_int_equal(dsec_drain_into(p[0], out, sizeof out), 1);
+    assert_string_equal(out, "a");
+    assert_int_equal(dsec_read_eintr(p[0], buf, 1), 0);
+    close(p[0]);
+}
+
+static void io_run_capture(void **state)
+{
+    (void)state;
+    dsec_err err;
+    char out[64];
+    const char *sh[] = {"sh", "-c", "cat; echo err >&2; exit 3", NULL};
+    assert_int_equal(dsec_run_capture(sh, "in\n", out, sizeof out, &err), 3);
+    assert_string_equal(out, "in\nerr\n");
+    const char *killed[] = {"sh", "-c", "kill -9 $$", NULL};
+    assert_int_equal(dsec_run_capture(killed, NULL, NULL, 0, &err), 128 + 9);
+    const char *missing[] = {"/nonexistent/dsec-no-such-program", NULL};
+    assert_int_equal(dsec_run_capture(missing, NULL, out, sizeof out, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "cannot run /nonexistent/dsec-no-such-program"));
+}
+
+struct captured {
+    int n;
+    dsec_log_level level[4];
+    char msg[4][64];
+};
+
+static void capture_hook(dsec_log_level level, const char *msg, void *ud)
+{
+    struct captured *c = ud;
+    if (c->n < 4) {
+        c->level[c->n] = level;
+        snprintf(c->msg[c->n], sizeof c->msg[0], "%s", msg);
+    }
+    c->n++;
+}
+
+/* the level filters before the hook; the hook gets the line without its newline; stderr gets
+ * the line back when the hook is removed */
+static void log_levels_and_hook(void **state)
+{
+    (void)state;
+    struct captured c = {0};
+    dsec_log_set_hook(capture_hook, &c);
+    assert_int_equal(dsec_log_get_level(), DSEC_LOG_INFO);
+    dsec_log_warn("dsec-node %s: %d\n", "n1", 7);
+    dsec_log_debug("not shown");
+    dsec_log_set_level(DSEC_LOG_DEBUG);
+    dsec_log_debug("shown");
+    dsec_log_set_level(DSEC_LOG_ERROR);
+    dsec_log_info("not shown either");
+    dsec_log_error("e");
+    assert_int_equal(c.n, 3);
+    assert_int_equal(c.level[0], DSEC_LOG_WARN);
+    assert_string_equal(c.msg[0], "dsec-node n1: 7");
+    assert_string_equal(c.msg[1], "shown");
+    assert_int_equal(c.level[2], DSEC_LOG_ERROR);
+    dsec_log_level l;
+    assert_int_equal(dsec_log_level_parse("warn", &l), 0);
+    assert_int_equal(l, DSEC_LOG_WARN);
+    assert_int_equal(dsec_log_level_parse("loud", &l), -1);
+    assert_string_equal(dsec_log_level_name(DSEC_LOG_DEBUG), "debug");
+    /* back to stderr: the line arrives whole with one newline */
+    dsec_log_set_hook(NULL, NULL);
+    dsec_log_set_level(DSEC_LOG_INFO);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    int saved = dup(2);
+    dup2(p[1], 2);
+    dsec_log_info("to stderr %d", 1);
+    dup2(saved, 2);
+    close(saved);
+    close(p[1]);
+    char buf[64];
+    assert_int_equal(dsec_read_full(p[0], buf, sizeof buf), 12);
+    assert_memory_equal(buf, "to stderr 1\n", 12);
+    close(p[0]);
+    assert_int_equal(c.n, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(err_set_names_errno), cmocka_unit_test(sha256_known_vectors), cmocka_unit_test(err_wrap_prefixes),
         cmocka_unit_test(err_null_is_safe),    cmocka_unit_test(code_names_round_trip),
         cmocka_unit_test(retry_safety),        cmocka_unit_test(alloc_wrapper),
+        cmocka_unit_test(io_read_file),        cmocka_unit_test(io_whole_writes),
+        cmocka_unit_test(io_run_capture),      cmocka_unit_test(log_levels_and_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,37 @@
 /* dsecd.c - the dsec daemon: runs any set of a cell's actors from a config file. */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "actors/cell.h"
+#include "dsec/io.h"
+#include "dsec/log.h"
 #include "tools/cli.h"
+
+#define USAGE                                                                                      \
+    "usage: dsecd --config FILE [--roles scheduler,node,arbiter,quota] [--metrics ADDR:PORT]\n"    \
+    "             [--log-file PATH] [--log-level error|warn|info|debug]\n"
+
+/* --log-file: each library line with its UTC time and level, appended with one write (O_APPEND:
+ * several writers and copytruncate rotation keep whole lines). */
+static void log_to_file(dsec_log_level level, const char *msg, void *ud)
+{
+    int fd = *(int *)ud;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char line[4096 + 64];
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s\n",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, dsec_log_level_name(level), msg);
+    if (n > 0)
+        (void)dsec_write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
 
 /* dsecd --config FILE --roles scheduler,node */
 int main(int argc, char **argv)
@@ -12,25 +39,43 @@ int main(int argc, char **argv)
     static const struct option opts[] = {{"config", required_argument, 0, 'c'},
                                          {"roles", required_argument, 0, 'r'},
                                          {"metrics", required_argument, 0, 'm'},
+                                         {"log-file", required_argument, 0, 'l'},
+                                         {"log-level", required_argument, 0, 'L'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *config = NULL, *roles_s = "scheduler,node", *metrics = NULL;
+    const char *config = NULL, *roles_s = "scheduler,node", *metrics = NULL, *log_file = NULL;
+    dsec_log_level level = DSEC_LOG_INFO;
     int ch;
     while ((ch = getopt_long(argc, argv, "c:r:m:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'c': config = optarg; break;
         case 'r': roles_s = optarg; break;
         case 'm': metrics = optarg; break;
-        default:
-            fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter,quota] "
-                            "[--metrics ADDR:PORT]\n");
-            return ch == 'h' ? 0 : 2;
+        case 'l': log_file = optarg; break;
+        case 'L':
+            if (dsec_log_level_parse(optarg, &level) < 0) {
+                fprintf(stderr, "dsecd: --log-level %s: expected error, warn, info or debug\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        default: fprintf(stderr, USAGE); return ch == 'h' ? 0 : 2;
         }
     }
     if (config == NULL) {
-        fprintf(stderr, "usage: dsecd --config FILE [--roles scheduler,node,arbiter,quota] "
-                        "[--metrics ADDR:PORT]\n");
+        fprintf(stderr, USAGE);
         return 2;
+    }
+    dsec_log_set_level(level);
+    /* without --log-file the library's lines go to stderr as they are (journald stamps them) */
+    static int log_fd = -1;
+    if (log_file != NULL) {
+        log_fd = open(log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (log_fd < 0) {
+            fprintf(stderr, "dsecd: --log-file %s: %s\n", log_file, strerror(errno));
+            return 2;
+        }
+        dsec_log_set_hook(log_to_file, &log_fd);
     }
     dsec_err err;
     int roles;

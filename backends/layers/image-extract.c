@@ -16,6 +16,7 @@
 
 #include "backends/layers/image-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 #include "dsec/sha256.h"
 
 /*
@@ -66,9 +67,7 @@ static la_ssize_t hashed_read(struct archive *a, void *arg, const void **out)
 {
     hashed_in *h = arg;
     for (;;) {
-        ssize_t n = read(h->fd, h->buf, BUF_SIZE);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = dsec_read_eintr(h->fd, h->buf, BUF_SIZE);
         if (n < 0) {
             archive_set_error(a, errno, "read failed");
             return -1;
@@ -78,21 +77,6 @@ static la_ssize_t hashed_read(struct archive *a, void *arg, const void **out)
         *out = h->buf;
         return n;
     }
-}
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n > 0) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
 }
 
 int dsec__image_unpack_blob(int fd, const char *tar_out, dsec_digest blob, dsec_digest diff_id,
@@ -139,7 +123,7 @@ int dsec__image_unpack_blob(int fd, const char *tar_out, dsec_digest blob, dsec_
         if (n == 0)
             break;
         dsec_sha256_update(&tar_sha, ubuf, (size_t)n);
-        if (write_all(out, ubuf, (size_t)n) < 0) {
+        if (dsec_write_all(out, ubuf, (size_t)n) < 0) {
             dsec_err_set(err, DSEC_E_IO, errno, "writing %s", tar_out);
             dsec_free(ubuf);
             goto out;
@@ -320,7 +304,7 @@ static int write_file(struct archive *a, int dfd, const char *base, const char *
         }
         if (n == 0)
             break;
-        if (write_all(fd, buf, (size_t)n) < 0) {
+        if (dsec_write_all(fd, buf, (size_t)n) < 0) {
             rc = dsec_err_set(err, DSEC_E_IO, errno, "entry \"%.200s\": writing it", rel);
             break;
         }

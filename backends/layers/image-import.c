@@ -17,6 +17,7 @@
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
 #include "dsec/image.h"
+#include "dsec/io.h"
 #include "dsec/json.h"
 #include "dsec/sha256.h"
 
@@ -76,9 +77,7 @@ static int read_json(imp *m, const char *rel, const char *want, dsec_json **out,
         goto out;
     }
     for (;;) {
-        ssize_t k = read(fd, buf + n, JSON_MAX + 1 - n);
-        if (k < 0 && errno == EINTR)
-            continue;
+        ssize_t k = dsec_read_eintr(fd, buf + n, JSON_MAX + 1 - n);
         if (k < 0) {
             dsec_err_set(m->err, DSEC_E_IO, errno, "reading %s", rel);
             goto out;

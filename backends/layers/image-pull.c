@@ -19,6 +19,7 @@
 #include "backends/layers/image-pull-int.h"
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 #include "dsec/json.h"
 #include "dsec/sha256.h"
 
@@ -213,7 +214,7 @@ static int auth_from_file(const char *file, bool given, const char *host, char *
     char *text DSEC_AUTOFREE = NULL;
     size_t len;
     dsec_err e2 = {0};
-    if (dsec__layer_read_file(file, 1u << 20, &text, &len, &e2) < 0) {
+    if (dsec_read_file(file, 1u << 20, &text, &len, &e2) < 0) {
         if (e2.code == DSEC_E_NOT_FOUND && !given)
             return 0;
         *err = e2;
@@ -318,16 +319,9 @@ static int sink_file(xfer *x, const char *data, size_t n)
     }
     dsec_sha256_update(&x->sha, data, n);
     x->bytes += n;
-    while (n > 0) {
-        ssize_t w = write(x->fd, data, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0) {
-            x->werrno = errno;
-            return -1;
-        }
-        data += w;
-        n -= (size_t)w;
+    if (dsec_write_all(x->fd, data, n) < 0) {
+        x->werrno = errno;
+        return -1;
     }
     return 0;
 }
@@ -948,7 +942,7 @@ static int find_held(puller *p, dsec_layer_registry *r, const char *dir, const c
     size_t len = 0;
     if (file == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    if (dsec__layer_read_file(file, 1u << 22, &text, &len, err) < 0)
+    if (dsec_read_file(file, 1u << 22, &text, &len, err) < 0)
         return -1;
     dsec_json *cfg = NULL;
     int rc = pj_parse(text, len, "image config", &cfg, err);

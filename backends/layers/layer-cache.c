@@ -19,6 +19,8 @@
 
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
+#include "dsec/log.h"
 
 /*
  * On disk under dir:
@@ -457,7 +459,7 @@ static void evict_over_budget(dsec_layer_cache *c)
         dsec_err err;
         int rc = remove_layer(c, victim->hex, false, &err);
         if (rc < 0)
-            fprintf(stderr, "dsec layer cache: evicting %s: %s\n", victim->hex, err.msg);
+            dsec_log_warn("dsec layer cache: evicting %s: %s", victim->hex, err.msg);
         pthread_mutex_lock(&c->mu);
         if (rc < 0) {
             victim->state = was;
@@ -553,7 +555,7 @@ int dsec_layer_cache_acquire(dsec_layer_cache *c, const char *digest, char **pat
             int rc = remount(c, e, &merr);
             if (rc < 0) {
                 /* a damaged copy: drop it and fetch afresh */
-                fprintf(stderr, "dsec layer cache: %s; fetching it again\n", merr.msg);
+                dsec_log_warn("dsec layer cache: %s; fetching it again", merr.msg);
                 remove_layer(c, e->hex, true, NULL);
             }
             pthread_mutex_lock(&c->mu);
@@ -648,7 +650,7 @@ static int read_meta(dsec_layer_cache *c, entry *e)
     char *doc = NULL;
     size_t len;
     int rc = -1;
-    if (p != NULL && dsec__layer_read_file(p, META_MAX, &doc, &len, NULL) == 0) {
+    if (p != NULL && dsec_read_file(p, META_MAX, &doc, &len, NULL) == 0) {
         char f[16], src[16];
         unsigned long long b;
         dsec_err err;
@@ -726,7 +728,7 @@ static int rediscover(dsec_layer_cache *c, dsec_err *err)
             } else if (layer != NULL && blob != NULL) {
                 dsec_err rerr;
                 if (remove_layer(c, probe.hex, true, &rerr) < 0)
-                    fprintf(stderr, "dsec layer cache: clearing an incomplete layer: %s\n",
+                    dsec_log_warn("dsec layer cache: clearing an incomplete layer: %s",
                             rerr.msg);
             }
             dsec_free(layer);
@@ -863,7 +865,7 @@ void dsec_layer_cache_free(dsec_layer_cache *c)
             char *layer = lpath(c, "layers", e->hex);
             dsec_err err;
             if (layer != NULL && unmount_all(layer, true, &err) < 0)
-                fprintf(stderr, "dsec layer cache: %s\n", err.msg);
+                dsec_log_warn("dsec layer cache: %s", err.msg);
             dsec_free(layer);
         }
         dsec_free(e);

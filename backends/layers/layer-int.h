@@ -24,7 +24,6 @@ int dsec__layer_write_atomic(const char *path, const void *data, size_t len, dse
 
 /* Read a whole small file (at most max bytes); *data is dsec_malloc'd,
  * NUL-terminated, caller frees. ENOENT fails with DSEC_E_NOT_FOUND. */
-int dsec__layer_read_file(const char *path, size_t max, char **data, size_t *len, dsec_err *err);
 
 /* A dsec_malloc'd printf; NULL when out of memory. */
 char *dsec__layer_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -13,6 +13,7 @@
 
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 #include "dsec/layers.h"
 #include "dsec/sha256.h"
 
@@ -164,9 +165,7 @@ static int copy_hashed(const char *src, int out, const char *digest, dsec_err *e
     dsec_sha256_init(&c);
     int rc = 0;
     for (;;) {
-        ssize_t n = read(in, buf, BUF);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = dsec_read_eintr(in, buf, BUF);
         if (n < 0) {
             rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s", src);
             break;
@@ -174,18 +173,10 @@ static int copy_hashed(const char *src, int out, const char *digest, dsec_err *e
         if (n == 0)
             break;
         dsec_sha256_update(&c, buf, (size_t)n);
-        for (ssize_t off = 0; off < n;) {
-            ssize_t w = write(out, buf + off, (size_t)(n - off));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0) {
-                rc = dsec_err_set(err, DSEC_E_IO, errno, "writing the copy of %s", src);
-                break;
-            }
-            off += w;
-        }
-        if (rc < 0)
+        if (dsec_write_all(out, buf, (size_t)n) < 0) {
+            rc = dsec_err_set(err, DSEC_E_IO, errno, "writing the copy of %s", src);
             break;
+        }
     }
     dsec_free(buf);
     close(in);
@@ -260,7 +251,7 @@ static int read_meta(dirreg *g, const char *hex, dsec_layer_format *fmt, uint64_
     char *doc = NULL;
     size_t len;
     int rc = -1;
-    if (p != NULL && dsec__layer_read_file(p, META_MAX, &doc, &len, NULL) == 0) {
+    if (p != NULL && dsec_read_file(p, META_MAX, &doc, &len, NULL) == 0) {
         char f[16];
         unsigned long long s;
         dsec_err e;
@@ -322,7 +313,7 @@ static int walk_names(const char *base, const char *rel, bool values, bool trim,
             char *val = NULL;
             size_t vlen = 0;
             if (name == NULL || !dsec_layer_name_valid(name) ||
-                (values && dsec__layer_read_file(full, ENV_MAX, &val, &vlen, NULL) < 0)) {
+                (values && dsec_read_file(full, ENV_MAX, &val, &vlen, NULL) < 0)) {
                 dsec_free(name); /* a stray file, or one removed under us: not a name */
             } else {
                 char **nn = dsec_realloc(l->names, (l->n + 1) * sizeof *nn);
@@ -453,7 +444,7 @@ static int dir_tag_get(void *self, const char *name, dsec_digest out, dsec_err *
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "looking up %s", name);
     char *doc = NULL;
     size_t len;
-    int rc = dsec__layer_read_file(p, 128, &doc, &len, err);
+    int rc = dsec_read_file(p, 128, &doc, &len, err);
     dsec_free(p);
     if (rc < 0) {
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
@@ -653,7 +644,7 @@ static int dir_env_get(void *self, const char *name, void **doc, size_t *len, ds
     if (p == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "looking up environment %s", name);
     char *d;
-    int rc = dsec__layer_read_file(p, ENV_MAX, &d, len, err);
+    int rc = dsec_read_file(p, ENV_MAX, &d, len, err);
     dsec_free(p);
     if (rc < 0) {
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
@@ -729,7 +720,7 @@ static int dir_doc_get(void *self, const char *kind, const char *key, char **dat
     char *p = doc_path(g, kind, key);
     if (p == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "reading %s document %s", kind, key);
-    int rc = dsec__layer_read_file(p, ENV_MAX, data, len, err);
+    int rc = dsec_read_file(p, ENV_MAX, data, len, err);
     dsec_free(p);
     if (rc < 0 && err != NULL && err->code == DSEC_E_NOT_FOUND)
         dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no %s %s in the registry at %s", kind, key,

@@ -18,6 +18,7 @@
 
 #include "backends/layers/layer-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 extern char **environ;
 
@@ -64,9 +65,7 @@ int dsec__layer_run(const char *const *argv, int in_fd, int out_fd, dsec_err *er
     size_t used = 0;
     char buf[4096];
     for (;;) {
-        ssize_t n = read(pipefd[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = dsec_read_eintr(pipefd[0], buf, sizeof buf);
         if (n <= 0)
             break;
         for (ssize_t i = 0; i < n; i++) {
@@ -80,9 +79,8 @@ int dsec__layer_run(const char *const *argv, int in_fd, int out_fd, dsec_err *er
     close(pipefd[0]);
     tail[used] = '\0';
     int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return dsec_err_set(err, DSEC_E_IO, errno, "waiting for %s", argv[0]);
+    if (dsec_waitpid_eintr(pid, &status, 0) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "waiting for %s", argv[0]);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
         return 0;
     if (WIFEXITED(status))
@@ -194,18 +192,7 @@ int dsec__layer_write_atomic(const char *path, const void *data, size_t len, dse
         dsec_free(tmp);
         return -1;
     }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            goto fail;
-        p += n;
-        left -= (size_t)n;
-    }
-    if (fchmod(fd, 0644) < 0 || fsync(fd) < 0)
+    if (dsec_write_all(fd, data, len) < 0 || fchmod(fd, 0644) < 0 || fsync(fd) < 0)
         goto fail;
     close(fd);
     fd = -1;
@@ -220,47 +207,6 @@ fail:
         close(fd);
     unlink(tmp);
     dsec_free(tmp);
-    return -1;
-}
-
-int dsec__layer_read_file(const char *path, size_t max, char **data, size_t *len, dsec_err *err)
-{
-    *data = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return dsec_err_set(err, errno == ENOENT || errno == ENOTDIR ? DSEC_E_NOT_FOUND : DSEC_E_IO,
-                            errno, "opening %s", path);
-    char *buf = dsec_malloc(max + 1);
-    if (buf == NULL) {
-        close(fd);
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "reading %s", path);
-    }
-    size_t n = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf + n, max + 1 - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            dsec_err_set(err, DSEC_E_IO, errno, "reading %s", path);
-            goto fail;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-        if (n > max) {
-            dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "%s is larger than %zu bytes", path, max);
-            goto fail;
-        }
-    }
-    close(fd);
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
-fail:
-    close(fd);
-    dsec_free(buf);
     return -1;
 }
 
