@@ -11,7 +11,7 @@ set_tests_properties(container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_contain
 # Containers end to end through the bus: a cell whose node runs the container backend natively
 # on busybox:1 (built by scripts/build-envs.sh --only busybox).
 add_executable(test_container_bus test_container_bus.c)
-target_link_libraries(test_container_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+target_link_libraries(test_container_bus PRIVATE dsec_test_fixture dsec_test_fixture_client dsec_client dsec_actors
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
 target_compile_definitions(test_container_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>")
@@ -33,7 +33,7 @@ set_tests_properties(container container_bus container_runc PROPERTIES SKIP_RETU
 # the cell), the results started and checked.
 pkg_check_modules(LIBARCHIVE_CT REQUIRED IMPORTED_TARGET libarchive)
 add_executable(test_image_build test_image_build.c image_kit.c)
-target_link_libraries(test_image_build PRIVATE dsec_test_fixture dsec_client dsec_actors
+target_link_libraries(test_image_build PRIVATE dsec_test_fixture dsec_test_fixture_client dsec_client dsec_actors
   PkgConfig::CMOCKA PkgConfig::LIBARCHIVE_CT dsec_warnings dsec_allocator)
 target_compile_definitions(test_image_build PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>")

@@ -7,6 +7,9 @@ endforeach()
 
 add_library(dsec_test_fixture STATIC fixture.c)
 target_link_libraries(dsec_test_fixture PUBLIC dsec_bus PRIVATE dsec_warnings)
+# Sandbox helpers for tests that drive dsec through libdsec (tests/fixture-client.h).
+add_library(dsec_test_fixture_client STATIC fixture-client.c)
+target_link_libraries(dsec_test_fixture_client PUBLIC dsec_client PkgConfig::CMOCKA PRIVATE dsec_warnings)
 
 # The network tests' outside namespace (tests/outside.h).
 add_library(dsec_test_outside STATIC outside.c)

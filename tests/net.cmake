@@ -20,7 +20,7 @@ if(DSEC_ANY_SANITIZER)
   target_link_options(net_flood PRIVATE -fno-sanitize=all)
 endif()
 add_executable(test_net_bus test_net_bus.c)
-target_link_libraries(test_net_bus PRIVATE dsec_test_fixture dsec_test_outside dsec_client dsec_actors
+target_link_libraries(test_net_bus PRIVATE dsec_test_fixture dsec_test_fixture_client dsec_test_outside dsec_client dsec_actors
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
 target_compile_definitions(test_net_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>" DSEC_NET_FLOOD="$<TARGET_FILE:net_flood>")

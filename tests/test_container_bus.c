@@ -24,6 +24,7 @@
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "dsec/sha256.h"
+#include "tests/fixture-client.h"
 #include "tests/fixture.h"
 
 static dsec_natsd *natsd;
@@ -122,36 +123,19 @@ static int group_teardown(void **state)
 static void make(const char *env, dsec_sandbox_info *info)
 {
     dsec_create_spec cs = {.type = "container", .env = env, .cpu_milli = 500, .memory_mb = 64};
-    dsec_err err;
-    if (dsec_create(cl, &cs, info, &err) < 0)
-        fail_msg("create %s: %s", env, err.msg);
+    dsec_test_create(cl, &cs, env, info);
     assert_string_equal(info->type, "container");
 }
 
 /* Run sh -c line in id; stdout (without the trailing newline) into out. */
 static int sh(const char *id, const char *line, char *out, size_t n)
 {
-    const char *argv[] = {"/bin/sh", "-c", line, NULL};
-    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 20000};
-    dsec_exec_reply r;
-    dsec_err err;
-    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
-        fail_msg("exec in %s: %s", id, err.msg);
-    size_t k = r.out_len < n - 1 ? r.out_len : n - 1;
-    memcpy(out, r.out, k);
-    while (k > 0 && out[k - 1] == '\n')
-        k--;
-    out[k] = '\0';
-    int code = r.exit_code;
-    dsec_exec_reply_release(&r);
-    return code;
+    return dsec_test_exec_sh(cl, id, line, 20000, false, out, n);
 }
 
 static void destroy(const char *id)
 {
-    dsec_err err;
-    if (dsec_destroy(cl, id, &err) < 0)
-        fail_msg("destroy %s: %s", id, err.msg);
+    dsec_test_destroy(cl, id);
 }
 
 static void test_exec_files_fork_snapshot(void **state)

@@ -19,6 +19,7 @@
 #include "dsec/image.h"
 #include "dsec/layers.h"
 #include "tests/image_kit.h"
+#include "tests/fixture-client.h"
 #include "tests/fixture.h"
 
 static dsec_natsd *natsd;
@@ -126,29 +127,14 @@ static int build(const char *args, char *errout, size_t n)
 static void make(const char *env, dsec_sandbox_info *info)
 {
     dsec_create_spec cs = {.type = "container", .env = env, .cpu_milli = 500, .memory_mb = 64};
-    dsec_err err;
-    if (dsec_create(cl, &cs, info, &err) < 0)
-        fail_msg("create %s: %s", env, err.msg);
+    dsec_test_create(cl, &cs, env, info);
 }
 
 /* sh -c line in id with the environment's defaults (line NULL: its default command); stdout
  * without its last newline. */
 static int sh(const char *id, const char *line, char *out, size_t n)
 {
-    const char *argv[] = {"/bin/sh", "-c", line, NULL};
-    dsec_exec_opts eo = {.argv = line != NULL ? argv : NULL, .timeout_ms = 20000};
-    dsec_exec_reply r;
-    dsec_err err;
-    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
-        fail_msg("exec in %s: %s", id, err.msg);
-    size_t k = r.out_len < n - 1 ? r.out_len : n - 1;
-    memcpy(out, r.out != NULL ? (const char *)r.out : "", k);
-    while (k > 0 && out[k - 1] == '\n')
-        k--;
-    out[k] = '\0';
-    int code = r.exit_code;
-    dsec_exec_reply_release(&r);
-    return code;
+    return dsec_test_exec_sh(cl, id, line, 20000, false, out, n);
 }
 
 /* How many sandboxes of this tenant are alive (a build must leave none). */

@@ -24,6 +24,7 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
+#include "tests/fixture-client.h"
 #include "tests/fixture.h"
 #include "tests/outside.h"
 
@@ -208,34 +209,13 @@ static void make(const char *const *net, dsec_sandbox_info *info)
 {
     dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 500,
                            .memory_mb = 64, .net = net};
-    dsec_err err;
-    if (dsec_create(cl, &cs, info, &err) < 0)
-        fail_msg("create: %s", err.msg);
+    dsec_test_create(cl, &cs, "a container", info);
 }
 
 /* sh -c line in id; stdout+stderr (trailing newlines cut) into out; the exit code. */
 static int sh(const char *id, const char *line, char *out, size_t n)
 {
-    const char *argv[] = {"/bin/sh", "-c", line, NULL};
-    dsec_exec_opts eo = {.argv = argv, .timeout_ms = 30000};
-    dsec_exec_reply r;
-    dsec_err err;
-    if (dsec_exec(cl, id, &eo, &r, &err) < 0)
-        fail_msg("exec in %s: %s", id, err.msg);
-    size_t k = 0;
-    if (out != NULL) {
-        k = r.out_len < n - 1 ? r.out_len : n - 1;
-        memcpy(out, r.out, k);
-        size_t e = r.err_len < n - 1 - k ? r.err_len : n - 1 - k;
-        memcpy(out + k, r.err_out, e);
-        k += e;
-        while (k > 0 && out[k - 1] == '\n')
-            k--;
-        out[k] = '\0';
-    }
-    int code = r.exit_code;
-    dsec_exec_reply_release(&r);
-    return code;
+    return dsec_test_exec_sh(cl, id, line, 30000, true, out, n);
 }
 
 /* sh -c line as a background process of sandbox id: a foreground command's leftovers end
@@ -251,9 +231,7 @@ static void bg(const char *id, const char *line)
 
 static void destroy(const char *id)
 {
-    dsec_err err;
-    if (dsec_destroy(cl, id, &err) < 0)
-        fail_msg("destroy %s: %s", id, err.msg);
+    dsec_test_destroy(cl, id);
 }
 
 /* A TCP connect plus one read from inside a sandbox; 0 when it got data. */

@@ -1,7 +1,7 @@
 # MicroVMs and VMs end to end through the bus: a cell whose node runs QEMU (TCG without /dev/kvm)
 # on busybox:1 (built by scripts/build-envs.sh --only busybox) and the kit in build/<preset>/vmkit.
 add_executable(test_vm_bus test_vm_bus.c)
-target_link_libraries(test_vm_bus PRIVATE dsec_test_fixture dsec_client dsec_actors
+target_link_libraries(test_vm_bus PRIVATE dsec_test_fixture dsec_test_fixture_client dsec_client dsec_actors
   PkgConfig::CMOCKA dsec_warnings dsec_allocator)
 target_compile_definitions(test_vm_bus PRIVATE DSEC_SRC="${CMAKE_SOURCE_DIR}"
   DSEC_CLI="$<TARGET_FILE:dsec>")

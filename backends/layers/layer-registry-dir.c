@@ -793,45 +793,17 @@ static void dir_close(void *self)
     dsec_free(g);
 }
 
-static const dsec_layer_registry_ops local_ops = {
-    .kind = "local",
-    .env_remove = dir_env_remove,
-    .doc_put = dir_doc_put,
-    .doc_get = dir_doc_get,
-    .doc_list = dir_doc_list,
-    .doc_remove = dir_doc_remove,
-    .get = dir_get,
-    .direct_path = dir_direct_path,
-    .put = dir_put,
-    .tag_set = dir_tag_set,
-    .tag_get = dir_tag_get,
-    .list = dir_list,
-    .remove = dir_remove,
-    .env_put = dir_env_put,
-    .env_get = dir_env_get,
-    .close = dir_close,
-    .env_list = dir_env_list,
-};
-
-static const dsec_layer_registry_ops shared_ops = {
-    .kind = "shared",
-    .env_remove = dir_env_remove,
-    .doc_put = dir_doc_put,
-    .doc_get = dir_doc_get,
-    .doc_list = dir_doc_list,
-    .doc_remove = dir_doc_remove,
-    .get = dir_get,
-    .direct_path = dir_direct_path,
-    .put = dir_put,
-    .tag_set = dir_tag_set,
-    .tag_get = dir_tag_get,
-    .list = dir_list,
-    .remove = dir_remove,
-    .env_put = dir_env_put,
-    .env_get = dir_env_get,
-    .close = dir_close,
-    .env_list = dir_env_list,
-};
+/* A node's own directory and one shared by several nodes differ only in kind. */
+#define DIR_OPS(KIND)                                                                              \
+    {                                                                                              \
+        .kind = KIND, .env_remove = dir_env_remove, .doc_put = dir_doc_put,                        \
+        .doc_get = dir_doc_get, .doc_list = dir_doc_list, .doc_remove = dir_doc_remove,            \
+        .get = dir_get, .direct_path = dir_direct_path, .put = dir_put, .tag_set = dir_tag_set,    \
+        .tag_get = dir_tag_get, .list = dir_list, .remove = dir_remove, .env_put = dir_env_put,    \
+        .env_get = dir_env_get, .close = dir_close, .env_list = dir_env_list,                      \
+    }
+static const dsec_layer_registry_ops local_ops = DIR_OPS("local");
+static const dsec_layer_registry_ops shared_ops = DIR_OPS("shared");
 
 static int open_dir(dsec_layer_registry **out, const char *dir, bool shared, dsec_err *err)
 {
