@@ -157,7 +157,8 @@ size_t dsec_drain_into(int fd, char *out, size_t outlen)
     char sink[4096];
     for (;;) {
         bool keep = out != NULL && got + 1 < outlen;
-        ssize_t r = dsec_read_eintr(fd, keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
+        ssize_t r =
+            dsec_read_eintr(fd, keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
         if (r <= 0)
             break;
         if (keep)

@@ -1,6 +1,8 @@
 # Bus tests: integration tests against a real nats-server started by
 # dsec_natsd in a fresh temp dir. One CTest entry per test group.
-add_executable(test_bus ${CMAKE_CURRENT_LIST_DIR}/test_bus.c)
+add_executable(test_bus ${CMAKE_CURRENT_LIST_DIR}/test_bus.c ${CMAKE_CURRENT_LIST_DIR}/bus_kit.c
+  ${CMAKE_CURRENT_LIST_DIR}/test_bus_natsd.c ${CMAKE_CURRENT_LIST_DIR}/test_bus_actor.c
+  ${CMAKE_CURRENT_LIST_DIR}/test_bus_request.c ${CMAKE_CURRENT_LIST_DIR}/test_bus_conn.c)
 target_link_libraries(test_bus PRIVATE dsec_bus dsec_common PkgConfig::CMOCKA dsec_warnings
                       dsec_allocator)
 foreach(group natsd actor order request timeout restart drain overflow schema conn)

@@ -16,7 +16,7 @@ void dsec_test_create(dsec_client *cl, const dsec_create_spec *cs, const char *w
 }
 
 int dsec_test_exec_sh(dsec_client *cl, const char *id, const char *line, uint64_t timeout_ms,
-                 bool with_err, char *out, size_t n)
+                      bool with_err, char *out, size_t n)
 {
     const char *argv[] = {"/bin/sh", "-c", line, NULL};
     dsec_exec_opts eo = {.argv = line != NULL ? argv : NULL, .timeout_ms = timeout_ms};

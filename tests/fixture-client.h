@@ -1,4 +1,5 @@
-/* fixture-client.h - what the tests that drive sandboxes through libdsec share: create, sh, destroy. */
+/* fixture-client.h - what the tests that drive sandboxes through libdsec share: create, sh,
+ * destroy. */
 #ifndef DSEC_TESTS_FIXTURE_CLIENT_H
 #define DSEC_TESTS_FIXTURE_CLIENT_H
 
@@ -16,7 +17,7 @@ void dsec_test_create(dsec_client *cl, const dsec_create_spec *cs, const char *w
  * NUL; out may be NULL) without trailing newlines. Returns the exit code; an exec that fails
  * fails the test. */
 int dsec_test_exec_sh(dsec_client *cl, const char *id, const char *line, uint64_t timeout_ms,
-                 bool with_err, char *out, size_t n);
+                      bool with_err, char *out, size_t n);
 /* Destroy a sandbox; a failure fails the test. */
 void dsec_test_destroy(dsec_client *cl, const char *id);
 
