@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "actors/lease.h"
-#include "actors/ticker.h"
+#include "runtime/lease.h"
+#include "runtime/ticker.h"
 #include "actors/wire.h"
 #include "bus/js.h"
 #include "codecs/msg.h"

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "actors/config.h"
-#include "actors/metrics.h"
+#include "runtime/config.h"
+#include "runtime/metrics.h"
 #include "actors/tracer.h"
 #include "backends/loop.h"
 #include "backends/workq.h"

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "actors/ticker.h"
+#include "runtime/ticker.h"
 #include "actors/wire.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "actors/journal.h"
+#include "runtime/journal.h"
 #include "actors/node-results.h"
 #include "actors/node.h"
 #include "backends/loop.h"

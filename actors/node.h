@@ -6,9 +6,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/metrics.h"
-#include "actors/ticker.h"
-#include "actors/traj.h"
+#include "runtime/metrics.h"
+#include "runtime/ticker.h"
+#include "runtime/traj.h"
 #include "backends/net/net.h"
 #include "backends/registry.h"
 #include "bus/bus.h"

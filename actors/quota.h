@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/ticker.h"
+#include "runtime/ticker.h"
 #include "bus/bus.h"
 #include "dsec/err.h"
 

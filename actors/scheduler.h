@@ -5,8 +5,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "actors/metrics.h"
-#include "actors/ticker.h"
+#include "runtime/metrics.h"
+#include "runtime/ticker.h"
 #include "backends/registry.h"
 #include "bus/bus.h"
 #include "dsec/err.h"

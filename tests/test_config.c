@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #include "actors/cell.h"
-#include "actors/config.h"
+#include "runtime/config.h"
 
 static dsec_cfg *parse_ok(const char *text)
 {

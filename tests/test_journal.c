@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "actors/journal.h"
+#include "runtime/journal.h"
 
 struct seen {
     char ids[64][32];

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "actors/lease.h"
+#include "runtime/lease.h"
 #include "bus/bus.h"
 #include "bus/js.h"
 #include "tests/fixture.h"

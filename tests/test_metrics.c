@@ -19,7 +19,7 @@
 #include <cmocka.h>
 
 #include "actors/cell.h"
-#include "actors/metrics.h"
+#include "runtime/metrics.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"

@@ -16,8 +16,8 @@
 
 #include "actors/arbiter.h"
 #include "actors/cell.h"
-#include "actors/ticker.h"
-#include "actors/traj.h"
+#include "runtime/ticker.h"
+#include "runtime/traj.h"
 #include "actors/wire.h"
 #include "bus/bus.h"
 #include "bus/js.h"

@@ -16,7 +16,7 @@
 
 #include "actors/arbiter.h"
 #include "actors/cell.h"
-#include "actors/ticker.h"
+#include "runtime/ticker.h"
 #include "bus/bus.h"
 #include "codecs/msg.h"
 #include "codecs/testkit.h"

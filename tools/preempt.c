@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "actors/traj.h"
+#include "runtime/traj.h"
 #include "bus/bus.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"

@@ -1,5 +1,5 @@
 /* config.c - libyaml event parser building a small tree with line numbers. */
-#include "actors/config.h"
+#include "runtime/config.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,5 +1,5 @@
 /* traj.c - the trajectory log over a JetStream stream: append before answering, find a step, read a rollout. */
-#include "actors/traj.h"
+#include "runtime/traj.h"
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* metrics.c - Prometheus text exposition and its one-thread non-blocking HTTP server. */
 #define _GNU_SOURCE /* accept4, pipe2 */
-#include "actors/metrics.h"
+#include "runtime/metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /* ticker.c - a single timer thread with a small task table; 10 ms resolution is plenty here. */
-#include "actors/ticker.h"
+#include "runtime/ticker.h"
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 /* journal.c - length-and-checksum framed records in one append-only file. */
-#include "actors/journal.h"
+#include "runtime/journal.h"
 
 #include <errno.h>
 #include <fcntl.h>

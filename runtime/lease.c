@@ -1,10 +1,10 @@
 /* lease.c - a KV lease held by compare-and-set: the arbiter's and the quota actor's active/standby election. */
-#include "actors/lease.h"
+#include "runtime/lease.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "actors/ticker.h"
+#include "runtime/ticker.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 
