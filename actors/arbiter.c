@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/subjects.h"
 #include "runtime/lease.h"
 #include "runtime/ticker.h"
 #include "actors/wire.h"
@@ -207,7 +208,7 @@ static void publish_outcome(dsec_arbiter *a, const dsec_msg_reclaim_outcome *o)
 {
     char subj[192];
     dsec_err err;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.reclaim", a->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, a->cell, "reclaim");
     if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, o, o->req_id, &err) < 0)
         dsec_actor_count_error(a->actor);
 }
@@ -245,7 +246,7 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     publish_outcome(a, &o);
     if (strcmp(outcome, "forced") == 0) {
         char subj[192];
-        snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.forced", a->cell, p->job);
+        snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, a->cell, p->job, "forced");
         if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, &o, p->req_id, &err) < 0)
             dsec_actor_count_error(a->actor);
     }
@@ -286,7 +287,7 @@ static void force(dsec_arbiter *a, struct pending *p)
         dsec_msg_job_hold h = {.job = p->job, .node = p->holds[k].node, .unit = p->holds[k].unit,
                                .release = true, .forced = true};
         char subj[160];
-        snprintf(subj, sizeof subj, "dsec.v1.ctl.hold.%s", h.node);
+        snprintf(subj, sizeof subj, DSEC_SUBJ_HOLD, h.node);
         dsec_buf b;
         dsec_buf_init(&b);
         dsec_err err;
@@ -693,7 +694,7 @@ static void send_ask(dsec_arbiter *a, struct ask *q)
     c->a = a;
     snprintf(c->req_id, sizeof c->req_id, "%s", q->req_id);
     char subj[192];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.reclaim", a->cell, q->job);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, a->cell, q->job, "reclaim");
     dsec_buf_init(&b);
     dsec_hdr hdr = {.type = "reclaim", .schema = DSEC_SCHEMA_VERSION, .req_id = q->req_id};
     pthread_mutex_lock(&a->mu);
@@ -788,13 +789,13 @@ int dsec_arbiter_start(dsec_arbiter **out, dsec_bus *bus, const dsec_arbiter_con
         goto out_fail_js;
     if (dsec_actor_new(&a->actor, bus, a->name, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.register", a->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB_REGISTER, a->cell);
     if (dsec_actor_on(a->actor, subj, NULL, on_register, a, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.demand", a->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, a->cell, "demand");
     if (dsec_actor_on(a->actor, subj, NULL, on_demand, a, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.*.released", a->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, a->cell, "*", "released");
     if (dsec_actor_on(a->actor, subj, NULL, on_released, a, err) < 0)
         goto out_fail;
     if (dsec_ticker_new(&a->ticker, err) < 0 ||

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "codecs/subjects.h"
 #include "runtime/ticker.h"
 #include "actors/wire.h"
 #include "dsec/alloc.h"
@@ -217,7 +218,7 @@ static void reconcile_locked(dsec_lost *w, struct watched *x)
     dsec_msg_node_lost nl = {.node = x->name, .cell = w->cell, .lost_ns = x->lost_ns,
                              .silent_ms = x->silent_ms, .by = w->who};
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", x->name);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_RECONCILE, x->name);
     /* not sent: the next report asks again */
     x->reconciling = ask_locked(w, subj, DSEC_MSG_NODE_LOST, &nl, on_reconciled, x) == 0;
 }
@@ -269,7 +270,7 @@ void dsec_lost_superseded(dsec_lost *w, const char *tenant, const char *req_id, 
     /* the live nodes hear it at once; a silent one again when it returns */
     dsec_msg_superseded_list l = {.by = w->who, .items = {.items = &one, .n = 1}};
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", w->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SUPERSEDED, w->cell);
     dsec_err err;
     dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_SUPERSEDED_LIST, &l, req_id, &err);
 }
@@ -326,7 +327,7 @@ static void resend_locked(dsec_lost *w, struct watched *x)
     }
     dsec_msg_superseded_list l = {.by = w->who, .items = {.items = items, .n = k}};
     char subj[192];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", w->cell, x->name);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SUPERSEDED_NODE, w->cell, x->name);
     x->sent_from = x->resend_seq;
     x->sent_upto = upto;
     /* not sent: the next report sends again */
@@ -430,11 +431,14 @@ void dsec_lost_tick(dsec_lost *w, uint64_t now_ms)
         dsec_log_warn(
                 "dsec-scheduler %s: node %s silent for %" PRIu64 " ms: declared lost; telling %zu tenant(s)",
                 w->who, lost[i].name, lost[i].silent_ms, lost[i].ntenants);
-        snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%.64s.lost.%.64s", w->cell, lost[i].name);
-        dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);
-        for (size_t t = 0; t < lost[i].ntenants; t++) {
-            snprintf(subj, sizeof subj, "dsec.v1.%.64s.evt.lost", lost[i].tenants[t]);
+        /* names are checked where they enter, so every subject fits */
+        if (snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_OF, w->cell, "lost", lost[i].name) <
+            (int)sizeof subj)
             dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);
+        for (size_t t = 0; t < lost[i].ntenants; t++) {
+            if (snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_LOST, lost[i].tenants[t]) <
+                (int)sizeof subj)
+                dsec_wire_send(NULL, w->bus, subj, NULL, DSEC_MSG_NODE_LOST, &nl, NULL, &err);
             dsec_free(lost[i].tenants[t]);
         }
         dsec_free(lost[i].tenants);

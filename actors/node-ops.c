@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "actors/wire.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
 
@@ -475,7 +476,7 @@ static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t c
                          .req_id = admit_id, .n = count, .cpu_milli = s->cpu_milli,
                          .memory_mb = s->memory_mb};
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA_ADMIT, n->cell);
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_err err;
@@ -525,7 +526,7 @@ static void fork_unadmit(dsec_node *n, const struct sbx *s, const char *admit_id
         return;
     dsec_msg_admit ad = {.tenant = s->tenant, .req_id = admit_id, .release = true};
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.admit", n->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA_ADMIT, n->cell);
     dsec_err err;
     if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_ADMIT, &ad, admit_id, &err) < 0)
         dsec_actor_count_error(n->actor);
@@ -999,7 +1000,7 @@ uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud)
     while (*p && dots < 5)
         if (*p++ == '.')
             dots++;
-    if (dots == 5 && strncmp(subj, "dsec.v1.ctl.", 12) != 0) {
+    if (dots == 5 && strncmp(subj, DSEC_SUBJ_CTL, strlen(DSEC_SUBJ_CTL)) != 0) {
         const char *end = strchr(p, '.');
         /* the sig subject (signals and the other process calls but start) has a key of
          * its own, so it passes the sandbox's running command */

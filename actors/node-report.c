@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "actors/wire.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 
 /* ---- reports ---------------------------------------------------------------- */
@@ -266,7 +267,9 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
     pthread_mutex_unlock(&n->mu);
     for (size_t i = 0; i < k; i++) {
         char subj[256];
-        snprintf(subj, sizeof subj, "dsec.v1.%.64s.sbx.%.64s.%.81s.op", tenants[i], n->name, ids[i]);
+        if (snprintf(subj, sizeof subj, DSEC_SUBJ_SBX, tenants[i], n->name, ids[i], "op") >=
+            (int)sizeof subj)
+            continue; /* names are checked where they enter: cannot happen */
         dsec_msg_op op = {.id = ids[i], .op = i < kfreeze ? "destroy" : "freeze", .tenant = tenants[i]};
         dsec_err err;
         if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_OP, &op, NULL, &err) < 0)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codecs/subjects.h"
 #include "runtime/lease.h"
 #include "runtime/ticker.h"
 #include "actors/wire.h"
@@ -555,7 +556,7 @@ static void on_capacity(dsec_quota *q, dsec_msg *m)
 static void on_evt(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_quota *q = ud;
-    const char *s = dsec_msg_subject(m) + strlen("dsec.v1.ctl.evt.") + strlen(q->cell) + 1;
+    const char *s = dsec_msg_subject(m) + strlen(DSEC_SUBJ_EVT_PREFIX) + strlen(q->cell) + 1;
     size_t n = strlen(s);
     /* an event of another Dsec-Type is dropped (counted by dsec_wire_type_ok) */
     if (strncmp(s, "sbx.", 4) == 0) {
@@ -756,7 +757,7 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
             fill_usage_locked(q, key, &stored);
             pthread_mutex_unlock(&q->mu);
             /* the other cells' quota actors read it now, not at their next reload */
-            dsec_wire_send(a, q->bus, "dsec.v1.ctl.quota.changed", NULL, DSEC_MSG_QUOTA, &stored,
+            dsec_wire_send(a, q->bus, DSEC_SUBJ_QUOTA_CHANGED, NULL, DSEC_MSG_QUOTA, &stored,
                            NULL, &err);
             dsec_wire_reply(a, m, DSEC_MSG_QUOTA, &stored, &err);
         } else {
@@ -930,7 +931,7 @@ static int ops_start(dsec_quota *q, dsec_err *err)
     if (dsec_actor_new(&q->ops, q->bus, name, err) < 0)
         return -1;
     for (size_t i = 0; i < sizeof OPS / sizeof OPS[0]; i++) {
-        snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.%s", q->cell, OPS[i].op);
+        snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA, q->cell, OPS[i].op);
         if (dsec_actor_on(q->ops, subj, NULL, OPS[i].fn, q, err) < 0) {
             dsec_actor_free(q->ops);
             q->ops = NULL;
@@ -1029,10 +1030,10 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     snprintf(name, sizeof name, "quota-%s", q->cell);
     if (dsec_actor_new(&q->actor, bus, name, err) < 0)
         goto fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.>", q->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_ALL, q->cell);
     if (dsec_actor_on(q->actor, subj, NULL, on_evt, q, err) < 0)
         goto fail;
-    if (dsec_actor_on(q->actor, "dsec.v1.ctl.quota.changed", NULL, on_changed, q, err) < 0)
+    if (dsec_actor_on(q->actor, DSEC_SUBJ_QUOTA_CHANGED, NULL, on_changed, q, err) < 0)
         goto fail;
     /* the first step here: a lone instance admits as soon as it returns */
     lease_tick(q, 0);
@@ -1041,7 +1042,7 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
         dsec_ticker_add(q->ticker, every, lease_tick, q, err) < 0)
         goto fail;
     /* every node answers with a full report: usage is whole well before full_ms */
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", q->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SYNC_CELL, q->cell);
     if (dsec_bus_flush(bus, 2000, err) < 0 ||
         dsec_bus_publish(bus, subj, NULL,
                          &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,

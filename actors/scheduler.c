@@ -13,6 +13,7 @@
 #include "actors/placement.h"
 #include "actors/wire.h"
 #include "codecs/msg.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"
 #include "dsec/names.h"
@@ -307,7 +308,7 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
         return false;
     c->hops++;
     char subj[256];
-    snprintf(subj, sizeof subj, "dsec.v1.%s.create.%s", tenant, other);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_CREATE_CELL, tenant, other);
     dsec_err err;
     if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) < 0)
         return false;
@@ -343,7 +344,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     p->reservation = res.reservation;
     p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", res.node);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_PLACE, res.node);
     if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
         dsec_placement_release(s->view, res.node, res.reservation);
         return -1;
@@ -681,7 +682,7 @@ static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const c
     dsec_buf_init(&b);
     dsec_err err;
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.lookup.%s", s->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_LOOKUP, s->cell);
     dsec_hdr hdr = {.type = "op", .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
     int rc = l->reply_to ? dsec_encode(&b, DSEC_MSG_OP, &op, &err) : -1;
     if (rc == 0)
@@ -1000,7 +1001,7 @@ static void tick_summary(void *ud, uint64_t mono)
     c.parked = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.summary", s->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, s->cell, "summary");
     dsec_err err;
     if (dsec_wire_send(s->events, s->bus, subj, NULL, DSEC_MSG_CELL_SUMMARY, &c, NULL, &err) < 0)
         dsec_actor_count_error(s->events);
@@ -1033,7 +1034,7 @@ static void publish_demand(dsec_sched *s, uint64_t n, uint64_t cpu, uint64_t mem
     dsec_msg_demand d = {.scheduler = s->name, .cell = s->cell, .waiting = n, .cpu_milli = cpu,
                          .memory_mb = mem, .oldest_ms = oldest, .ts_ns = dsec_wall_ns()};
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.demand", s->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, s->cell, "demand");
     dsec_err err;
     if (dsec_wire_send(s->events, s->bus, subj, NULL, DSEC_MSG_DEMAND, &d, NULL, &err) < 0)
         dsec_actor_count_error(s->events);
@@ -1197,8 +1198,8 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     }
     s->conf.cell = s->cell;
     s->conf.name = s->name;
-    snprintf(s->back, sizeof s->back, "dsec.v1.ctl.sched.%s.%s.back", s->cell, s->name);
-    snprintf(s->quota_subj, sizeof s->quota_subj, "dsec.v1.ctl.quota.%s.admit", s->cell);
+    snprintf(s->back, sizeof s->back, DSEC_SUBJ_SCHED_BACK, s->cell, s->name);
+    snprintf(s->quota_subj, sizeof s->quota_subj, DSEC_SUBJ_QUOTA_ADMIT, s->cell);
     dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
                                 .heartbeat_ms = s->conf.heartbeat_ms,
                                 .suspect_after_ms = s->conf.suspect_after_ms,
@@ -1215,10 +1216,10 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     /* Creates only are shed for their wait: a refusal coming back (on_back) was
      * admitted already, and its client waits for its placement. */
     dsec_actor_set_shed(s->creates, s->conf.shed_after_ms);
-    if (dsec_actor_on_shed(s->creates, "dsec.v1.*.create", queue, on_create, on_create_shed, s,
-                           err) < 0)
+    snprintf(subj, sizeof subj, DSEC_SUBJ_CREATE, "*");
+    if (dsec_actor_on_shed(s->creates, subj, queue, on_create, on_create_shed, s, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.*.create.%s", s->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_CREATE_CELL, "*", s->cell);
     snprintf(queue, sizeof queue, "dsec-sched.%s", s->cell);
     if (dsec_actor_on_shed(s->creates, subj, queue, on_create, on_create_shed, s, err) < 0 ||
         dsec_actor_on(s->creates, s->back, NULL, on_back, s, err) < 0)
@@ -1228,20 +1229,23 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     if (dsec_actor_new(&s->events, bus, evname, err) < 0)
         goto out_fail;
     dsec_actor_set_key(s->events, event_key, s);
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.node.>", s->cell);
+    char summaries[64];
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_OF, s->cell, "node", ">");
+    snprintf(summaries, sizeof summaries, DSEC_SUBJ_EVT, "*", "summary");
     if (dsec_actor_on(s->events, subj, NULL, on_event, s, err) < 0 ||
-        dsec_actor_on(s->events, "dsec.v1.ctl.evt.*.summary", NULL, on_event, s, err) < 0 ||
-        dsec_actor_on(s->events, "dsec.v1.ctl.ping", "dsec-ping", on_ping, s, err) < 0)
+        dsec_actor_on(s->events, summaries, NULL, on_event, s, err) < 0 ||
+        dsec_actor_on(s->events, DSEC_SUBJ_PING, "dsec-ping", on_ping, s, err) < 0)
         goto out_fail;
     snprintf(queue, sizeof queue, "dsec-nodes.%s", s->cell);
-    if (dsec_actor_on(s->events, "dsec.v1.*.nodes", queue, on_node_set, s, err) < 0)
+    snprintf(subj, sizeof subj, DSEC_SUBJ_NODES, "*");
+    if (dsec_actor_on(s->events, subj, queue, on_node_set, s, err) < 0)
         goto out_fail;
     if ((s->ticks[0] = dsec_ticker_add(ticker, s->conf.summary_ms, tick_summary, s, err)) < 0 ||
         (s->ticks[1] = dsec_ticker_add(ticker, 500, tick_expire, s, err)) < 0 ||
         (s->ticks[2] = dsec_ticker_add(ticker, s->conf.demand_ms, tick_wait, s, err)) < 0)
         goto out_fail;
     /* Ask for full reports now rather than waiting for the next period. */
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", s->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SYNC_CELL, s->cell);
     if (dsec_bus_flush(bus, 2000, err) < 0 ||
         dsec_bus_publish(bus, subj, NULL,
                          &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,

@@ -3,10 +3,11 @@
 #define DSEC_ACTORS_TRACER_H
 
 #include "bus/bus.h"
+#include "codecs/subjects.h"
 #include "dsec/err.h"
 
 /* Every process answers (no queue group): dsec trace gathers the answers. */
-#define DSEC_TRACE_SUBJECT "dsec.v1.ctl.trace"
+#define DSEC_TRACE_SUBJECT DSEC_SUBJ_TRACE
 
 typedef struct dsec_tracer dsec_tracer;
 

@@ -9,6 +9,7 @@
 
 #include "client/internal.h"
 #include "codecs/msg.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"
 #include "dsec/names.h"
@@ -49,7 +50,7 @@ static int hold_call(dsec_job *j, struct unit *u, bool release, dsec_err *err)
     dsec_msg_job_hold h = {.job = j->name, .node = u->node, .unit = u->name,
                            .cpu_milli = u->cpu, .memory_mb = u->mem, .release = release};
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.hold.%s", u->node);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_HOLD, u->node);
     dsec_buf b;
     dsec_buf_init(&b);
     char req[160];
@@ -100,7 +101,7 @@ static void register_now(dsec_job *j)
     dsec_buf_init(&b);
     dsec_err err;
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.register", j->cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB_REGISTER, j->cell);
     dsec_hdr hdr = {.type = "job_register", .schema = DSEC_SCHEMA_VERSION};
     if (dsec_encode(&b, DSEC_MSG_JOB_REGISTER, &r, &err) == 0)
         dsec_bus_publish(j->bus, subj, NULL, &hdr, b.data, b.len, &err);
@@ -141,7 +142,7 @@ static void release_for(dsec_job *j, const dsec_msg_reclaim *r)
     dsec_buf_init(&b);
     dsec_err err;
     char subj[192];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.released", j->cell, j->name);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, j->cell, j->name, "released");
     dsec_hdr hdr = {.type = "reclaim_outcome", .schema = DSEC_SCHEMA_VERSION, .req_id = r->req_id};
     if (dsec_encode(&b, DSEC_MSG_RECLAIM_OUTCOME, &o, &err) == 0 &&
         dsec_bus_publish(j->bus, subj, NULL, &hdr, b.data, b.len, &err) == 0)
@@ -320,10 +321,10 @@ int dsec_job_start(dsec_client *c, const dsec_job_spec *spec, dsec_job_checkpoin
     char subj[192];
     if (dsec_actor_new(&j->actor, j->bus, j->name, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.reclaim", j->cell, j->name);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, j->cell, j->name, "reclaim");
     if (dsec_actor_on(j->actor, subj, NULL, on_reclaim, j, err) < 0)
         goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.%s.forced", j->cell, j->name);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, j->cell, j->name, "forced");
     if (dsec_actor_on(j->actor, subj, NULL, on_forced, j, err) < 0 || dsec_bus_flush(j->bus, 5000, err) < 0)
         goto out_fail;
     if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {

@@ -8,9 +8,10 @@
 
 #include "client/internal.h"
 #include "codecs/msg.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 
-#define TRACE_SUBJECT "dsec.v1.ctl.trace" /* actors/tracer.h: every process answers */
+#define TRACE_SUBJECT DSEC_SUBJ_TRACE /* actors/tracer.h: every process answers */
 
 int dsec_trace_set(const char *trace_id, dsec_err *err)
 {

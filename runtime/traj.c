@@ -1,4 +1,5 @@
 /* traj.c - the trajectory log over a JetStream stream: append before answering, find a step, read a rollout. */
+#include "codecs/subjects.h"
 #include "runtime/traj.h"
 
 #include <inttypes.h>
@@ -58,7 +59,7 @@ int dsec_traj_open(dsec_traj **out, dsec_bus *bus, const dsec_traj_conf *conf, d
         *out = t;
         return 0;
     }
-    const char *subjects[] = {"dsec.v1.traj.>"};
+    const char *subjects[] = {DSEC_SUBJ_TRAJ_ALL};
     dsec_stream_conf sc = {.name = t->stream, .subjects = subjects, .nsubjects = 1,
                            .replicas = conf ? conf->replicas : 0,
                            .max_age_ms = (conf && conf->max_age_s ? conf->max_age_s : 7 * 86400) * 1000,
@@ -97,7 +98,7 @@ int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, Dsec__V1__T
 {
     *out = NULL;
     char subj[320];
-    snprintf(subj, sizeof subj, "dsec.v1.traj.%s.%" PRIu64, rollout, step);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_TRAJ, rollout, step);
     void *data = NULL;
     size_t len = 0;
     if (dsec_js_last(t->js, t->stream, subj, &data, &len, err) < 0)
@@ -120,7 +121,7 @@ int dsec_traj_append(dsec_traj *t, const Dsec__V1__TrajectoryRecord *r, dsec_err
     dsec_record_writer_free(w);
     if (rc == 0) {
         char subj[320];
-        snprintf(subj, sizeof subj, "dsec.v1.traj.%s.%" PRIu64, r->rollout_id, r->step);
+        snprintf(subj, sizeof subj, DSEC_SUBJ_TRAJ, r->rollout_id, r->step);
         rc = dsec_js_publish(t->js, subj, b.data, b.len, NULL, err);
         if (rc < 0)
             dsec_err_wrap(err, "logging rollout %s step %" PRIu64, r->rollout_id, r->step);
@@ -156,7 +157,7 @@ int dsec_traj_read(dsec_traj *t, const char *rollout, dsec_traj_each_fn fn, void
     if (dsec_traj_check_id(rollout, err) < 0)
         return -1;
     char subj[320];
-    snprintf(subj, sizeof subj, "dsec.v1.traj.%s.*", rollout);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_TRAJ_ROLLOUT, rollout);
     struct read_ctx c = {.fn = fn, .ud = ud, .err = err};
     if (dsec_js_read(t->js, t->stream, subj, each, &c, count, err) < 0)
         return dsec_err_wrap(err, "trajectory log of %s", rollout);

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "codecs/subjects.h"
 #include "codecs/msg.h"
 #include "codecs/record.h"
 #include "actors/wire.h"
@@ -11,8 +12,8 @@
 #include "sim/sim.h"
 
 const char *const sim_record_default_subjects[] = {
-    "dsec.v1.*.create", "dsec.v1.*.create.*", "dsec.v1.*.sbx.>", "dsec.v1.ctl.job.>", "dsec.v1.ctl.hold.>",
-    "dsec.v1.ctl.evt.*.reclaim", "_INBOX.>", NULL,
+    DSEC_SUBJ_ROOT "*.create", DSEC_SUBJ_ROOT "*.create.*", DSEC_SUBJ_ROOT "*.sbx.>",
+    DSEC_SUBJ_JOB_ANY, DSEC_SUBJ_HOLD_ANY, DSEC_SUBJ_CTL "evt.*.reclaim", "_INBOX.>", NULL,
 };
 
 struct sim_recorder {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "actors/wire.h"
+#include "codecs/subjects.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"
@@ -346,12 +347,13 @@ void sim_replay_reclaim(sim_replay *r, const char *outcome)
 
 static bool rewrite_tenant(const sim_replay *r, const char *subject, char *out, size_t n)
 {
-    if (!r->o.tenant || strncmp(subject, "dsec.v1.", 8) != 0 || strncmp(subject, "dsec.v1.ctl.", 12) == 0)
+    if (!r->o.tenant || strncmp(subject, DSEC_SUBJ_ROOT, strlen(DSEC_SUBJ_ROOT)) != 0 ||
+        strncmp(subject, DSEC_SUBJ_CTL, strlen(DSEC_SUBJ_CTL)) == 0)
         return false;
     const char *rest = strchr(subject + 8, '.');
     if (!rest)
         return false;
-    return snprintf(out, n, "dsec.v1.%s%s", r->o.tenant, rest) < (int)n;
+    return snprintf(out, n, DSEC_SUBJ_ROOT "%s%s", r->o.tenant, rest) < (int)n;
 }
 
 static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h, const void *data,
@@ -443,7 +445,7 @@ static void send_destroy(sim_replay *r, long ix, double due)
         snprintf(tenant, sizeof tenant, "%s", r->o.tenant);
     else if (dot && dot - p < (long)sizeof tenant)
         snprintf(tenant, sizeof tenant, "%.*s", (int)(dot - p), p);
-    snprintf(subj, sizeof subj, "dsec.v1.%s.sbx.%s.%s.op", tenant, s->node, s->id);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SBX, tenant, s->node, s->id, "op");
     dsec_msg_op m = {.id = s->id, .op = "destroy"};
     dsec_buf *b = dsec_wire_buf();
     dsec_err err;
@@ -509,9 +511,10 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
     /* dsec.v1.<tenant>.sbx.<node>.<id>.<verb> */
     const char *verb = strrchr(o->subject, '.');
     char tenant[64], subj[320];
-    const char *p = o->subject + 8, *dot = strchr(p, '.');
+    const char *p = o->subject + strlen(DSEC_SUBJ_ROOT), *dot = strchr(p, '.');
     snprintf(tenant, sizeof tenant, "%.*s", (int)(dot - p), p);
-    snprintf(subj, sizeof subj, "dsec.v1.%s.sbx.%s.%s%s", r->o.tenant ? r->o.tenant : tenant, s->node, s->id, verb);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SBX, r->o.tenant ? r->o.tenant : tenant, s->node, s->id,
+             verb + 1);
     if (o->destroys)
         atomic_store(&s->state, SIM_SBX_GONE);
     dsec_hdr h = {.type = o->msg_type, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};

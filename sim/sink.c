@@ -4,6 +4,7 @@
 #include "actors/wire.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "codecs/subjects.h"
 #include "sim/replay_int.h"
 
 struct sim_bus_sink {
@@ -76,8 +77,8 @@ int sim_bus_sink_observe(sim_bus_sink *s, sim_replay *r, dsec_err *err)
 {
     s->r = r;
     if (dsec_actor_new(&s->obs, s->bus, "sim-observer", err) < 0 ||
-        dsec_actor_on(s->obs, "dsec.v1.ctl.evt.*.node.*.capacity", NULL, on_capacity, s, err) < 0 ||
-        dsec_actor_on(s->obs, "dsec.v1.ctl.evt.*.reclaim", NULL, on_reclaim, s, err) < 0)
+        dsec_actor_on(s->obs, DSEC_SUBJ_EVT_CAPACITY_ANY, NULL, on_capacity, s, err) < 0 ||
+        dsec_actor_on(s->obs, DSEC_SUBJ_CTL "evt.*.reclaim", NULL, on_reclaim, s, err) < 0)
         return dsec_err_wrap(err, "replay: observing the cell");
     return 0;
 }
@@ -86,7 +87,7 @@ int sim_bus_sink_sync(sim_bus_sink *s, uint64_t *sync, dsec_err *err)
 {
     *sync = sim_replay_sync_begin(s->r);
     /* every node answers a sync with a full capacity report */
-    return dsec_bus_publish(s->bus, "dsec.v1.ctl.sync", NULL,
+    return dsec_bus_publish(s->bus, DSEC_SUBJ_SYNC, NULL,
                             &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0, err);
 }
 

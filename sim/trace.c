@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "actors/wire.h"
+#include "codecs/subjects.h"
 #include "codecs/msg.h"
 #include "codecs/record.h"
 #include "dsec/alloc.h"
@@ -98,7 +99,7 @@ static int classify(sim_op *o)
         return SIM_OP_CREATE;
     if (sbx_id_of(s, buf, sizeof buf))
         return SIM_OP_SBX;
-    if (strncmp(s, "dsec.v1.ctl.evt.", 16) == 0)
+    if (strncmp(s, DSEC_SUBJ_EVT_PREFIX, strlen(DSEC_SUBJ_EVT_PREFIX)) == 0)
         return SIM_OP_SEEN;
     size_t n = strlen(s);
     if (strcmp(t, "job_register") == 0)
@@ -106,9 +107,9 @@ static int classify(sim_op *o)
     /* a replayed job takes and gives back its own holdings and reports its
      * own releases; the arbiter's reclaims, forced releases and events are
      * the cell's output: none of these is re-sent as recorded */
-    if (strncmp(s, "dsec.v1.ctl.hold.", 17) == 0 || strcmp(t, "job_hold") == 0)
+    if (strncmp(s, DSEC_SUBJ_CTL "hold.", strlen(DSEC_SUBJ_CTL "hold.")) == 0 || strcmp(t, "job_hold") == 0)
         return SIM_OP_SEEN;
-    if (strncmp(s, "dsec.v1.ctl.job.", 16) == 0 &&
+    if (strncmp(s, DSEC_SUBJ_CTL "job.", strlen(DSEC_SUBJ_CTL "job.")) == 0 &&
         ((n > 8 && strcmp(s + n - 8, ".reclaim") == 0) || (n > 7 && strcmp(s + n - 7, ".forced") == 0) ||
          (n > 9 && strcmp(s + n - 9, ".released") == 0)))
         return SIM_OP_SEEN;

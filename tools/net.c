@@ -9,6 +9,7 @@
 
 #include "actors/wire.h"
 #include "bus/bus.h"
+#include "codecs/subjects.h"
 #include "codecs/msg.h"
 #include "dsec/client.h"
 #include "tools/cli.h"
@@ -108,7 +109,7 @@ static int net_alerts(int argc, char **argv)
     dsec_actor *a = NULL;
     dsec_err err;
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.evt.%s.alert.>", cell);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_OF, cell, "alert", ">");
     dsec_bus_opts bo = {.name = "dsec-net-alerts", .threads = 1, .schema_max = DSEC_SCHEMA_VERSION};
     int rc = 1;
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "net-alerts", &err) < 0 ||

@@ -11,6 +11,7 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/names.h"
+#include "codecs/subjects.h"
 #include "tools/cli.h"
 
 static int usage(const char *what)
@@ -114,7 +115,7 @@ static int ask(const char *what, const char *cell, const char *op, int type, con
     dsec_buf b;
     dsec_buf_init(&b);
     char subj[160];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.quota.%s.%s", cell, op);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA, cell, op);
     dsec_hdr hdr = {.type = dsec_msg_type_name(type), .schema = DSEC_SCHEMA_VERSION};
     int rc = dsec_bus_connect(&bus, &bo, &err);
     if (rc == 0)

@@ -12,6 +12,7 @@
 #include "bus/bus.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
+#include "codecs/subjects.h"
 #include "tools/cli.h"
 
 #define MAX_NODES 4096
@@ -293,9 +294,9 @@ int dsec_cli_top(int argc, char **argv)
     dsec_bus_opts bo = {.name = "dsec-top", .threads = 1, .schema_max = DSEC_SCHEMA_VERSION};
     int rc = 1;
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "top", &err) < 0 ||
-        dsec_actor_on(a, "dsec.v1.ctl.evt.>", NULL, on_msg, t, &err) < 0 ||
+        dsec_actor_on(a, DSEC_SUBJ_EVT_PREFIX ">", NULL, on_msg, t, &err) < 0 ||
         dsec_bus_flush(bus, 2000, &err) < 0 ||
-        dsec_bus_publish(bus, "dsec.v1.ctl.sync", NULL,
+        dsec_bus_publish(bus, DSEC_SUBJ_SYNC, NULL,
                          &(dsec_hdr){.type = "sync", .schema = DSEC_SCHEMA_VERSION}, "", 0,
                          &err) < 0) {
         fprintf(stderr, "dsec top: %s\n", err.msg);
