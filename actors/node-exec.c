@@ -29,7 +29,7 @@ static const char *exec_bad_field(const dsec_err *e)
  * not. Returns 1 when m was answered (*rec is then the logged record, or
  * NULL when an error was answered), 0 to run the step live. */
 int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64_t step,
-                          const uint8_t hash[DSEC_SHA256_LEN], Dsec__V1__TrajectoryRecord **rec)
+                          const uint8_t hash[DSEC_SHA256_LEN], dsec_traj_record **rec)
 {
     dsec_err err;
     *rec = NULL;
@@ -51,14 +51,14 @@ int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64
     }
     if (found == 0)
         return 0;
-    Dsec__V1__TrajectoryRecord *r = *rec;
+    dsec_traj_record *r = *rec;
     if (r->request_hash.len != DSEC_SHA256_LEN || memcmp(r->request_hash.data, hash, DSEC_SHA256_LEN) != 0) {
         dsec__node_reply_err(
             n, m, DSEC_E_DIVERGED,
             "divergence: rollout %s step %" PRIu64 " is logged as \"%s%s\" and this request "
             "differs; re-issue the logged request or continue after step %" PRIu64,
             rollout, step, r->n_argv ? r->argv[0] : "", r->n_argv > 1 ? " ..." : "", step);
-        dsec_record_msg_free(&r->base);
+        dsec_traj_record_free(r);
         *rec = NULL;
         return 1;
     }
@@ -66,7 +66,7 @@ int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64
 }
 
 /* Log a step that ran; the caller answers only after this returns 0. */
-int dsec__node_traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err)
+int dsec__node_traj_log(dsec_node *n, dsec_traj_record *r, dsec_err *err)
 {
     r->hash_alg = (char *)DSEC_TRAJ_HASH_ALG;
     r->ts_ns = dsec_wall_ns();
@@ -171,7 +171,7 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
         stream_output(&e->es, 2, r->stderr_data, r->stderr_len);
     }
     if (e->rollout_id != NULL) {
-        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        dsec_traj_record rec = {0};
         rec.rollout_id = e->rollout_id;
         rec.step = e->step;
         rec.req_id = e->req_id ? e->req_id : (char *)"";
@@ -180,13 +180,13 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
         rec.n_argv = e->argc;
         rec.exit_code = r->exit_code;
         rec.signal = r->signal;
-        rec.stdout_data = (ProtobufCBinaryData){r->stdout_len, r->stdout_data};
-        rec.stderr_data = (ProtobufCBinaryData){r->stderr_len, r->stderr_data};
+        rec.stdout_data = (dsec_record_bytes){r->stdout_len, r->stdout_data};
+        rec.stderr_data = (dsec_record_bytes){r->stderr_len, r->stderr_data};
         rec.stdout_truncated = r->stdout_truncated;
         rec.stderr_truncated = r->stderr_truncated;
         rec.timed_out = r->timed_out;
         rec.duration_us = r->duration_us;
-        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, e->hash};
+        rec.request_hash = (dsec_record_bytes){DSEC_SHA256_LEN, e->hash};
         if (dsec__node_traj_log(n, &rec, &lerr) < 0) {
             dsec_wire_error(n->actor, m, &lerr);
             goto out;
@@ -253,7 +253,7 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     uint8_t hash[DSEC_SHA256_LEN] = {0};
     if (x.rollout_id != NULL) {
-        Dsec__V1__TrajectoryRecord *rec;
+        dsec_traj_record *rec;
         dsec_traj_hash_exec(&x, hash);
         if (dsec__node_traj_check(n, m, x.rollout_id, x.step, hash, &rec)) {
             if (rec != NULL) {
@@ -265,7 +265,7 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
                     .duration_us = rec->duration_us, .timed_out = rec->timed_out};
                 if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
                     dsec_wire_error(n->actor, m, &err);
-                dsec_record_msg_free(&rec->base);
+                dsec_traj_record_free(rec);
             }
             return;
         }

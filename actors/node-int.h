@@ -302,8 +302,8 @@ void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, vo
 /* ---- node-exec.c: commands and the trajectory log --------------------------------- */
 
 int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64_t step,
-                          const uint8_t hash[DSEC_SHA256_LEN], Dsec__V1__TrajectoryRecord **rec);
-int dsec__node_traj_log(dsec_node *n, Dsec__V1__TrajectoryRecord *r, dsec_err *err);
+                          const uint8_t hash[DSEC_SHA256_LEN], dsec_traj_record **rec);
+int dsec__node_traj_log(dsec_node *n, dsec_traj_record *r, dsec_err *err);
 void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s);
 /* node-proc.c: the proc message (background processes), on a work thread. */
 void dsec__node_do_proc(dsec_node *n, dsec_msg *m, struct sbx *s);

@@ -183,14 +183,14 @@ static void write_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *p
     dsec_err lerr;
     if (rollout_id != NULL) {
         const char *argv[] = {DSEC_TRAJ_WRITE_ARGV0, path, append ? "append" : "replace"};
-        Dsec__V1__TrajectoryRecord rec = DSEC__V1__TRAJECTORY_RECORD__INIT;
+        dsec_traj_record rec = {0};
         rec.rollout_id = (char *)rollout_id;
         rec.step = step;
         rec.req_id = (char *)"";
         rec.sandbox_id = s->id;
         rec.argv = (char **)argv;
         rec.n_argv = 3;
-        rec.request_hash = (ProtobufCBinaryData){DSEC_SHA256_LEN, (uint8_t *)hash};
+        rec.request_hash = (dsec_record_bytes){DSEC_SHA256_LEN, (uint8_t *)hash};
         if (dsec__node_traj_log(n, &rec, &lerr) < 0) {
             dsec_wire_error(n->actor, m, &lerr);
             return;
@@ -283,14 +283,14 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
     }
     uint8_t hash[DSEC_SHA256_LEN];
     if (w.rollout_id != NULL) {
-        Dsec__V1__TrajectoryRecord *rec;
+        dsec_traj_record *rec;
         dsec_traj_hash_write(&w, hash);
         if (dsec__node_traj_check(n, m, w.rollout_id, w.step, hash, &rec)) {
             if (rec != NULL) {
                 dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
                 if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
                     dsec_wire_error(n->actor, m, &err);
-                dsec_record_msg_free(&rec->base);
+                dsec_traj_record_free(rec);
             }
             return;
         }

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "codecs/record.h"
+#include "codecs/record-pb.h"
 #include "dsec/alloc.h"
 
 enum {

@@ -4,9 +4,10 @@
  * protobuf message (protobuf's writeDelimitedTo / parseDelimitedFrom), so any
  * language's protobuf library reads these files. A trace file starts with the
  * 8 bytes DSEC_TRACE_MAGIC and one TraceHeader record; a trajectory log is
- * records only. codecs/ owns the protobuf layouts: other modules use the
- * generated types declared here and the functions below, which translate
- * every failure to a dsec_err. */
+ * records only. codecs/ owns the protobuf layouts: other modules use the plain
+ * structs declared here and the functions below, which translate every failure
+ * to a dsec_err (codecs/record-pb.h has the generated types, for codecs/ and
+ * its tests). */
 #ifndef DSEC_CODECS_RECORD_H
 #define DSEC_CODECS_RECORD_H
 
@@ -14,9 +15,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <stdbool.h>
+
 #include "codecs/msg.h"
-#include "codecs/trace.pb-c.h"
-#include "codecs/trajectory.pb-c.h"
 #include "dsec/err.h"
 
 #ifdef __cplusplus
@@ -41,13 +42,9 @@ void dsec_record_writer_free(dsec_record_writer *w);
 /* Write len bytes as one record. DSEC_E_TOO_LARGE over max_record,
  * DSEC_E_IO when the file write fails. */
 int dsec_record_write_raw(dsec_record_writer *w, const void *data, size_t len, dsec_err *err);
-/* Pack m and write it as one record. */
-int dsec_record_write(dsec_record_writer *w, const ProtobufCMessage *m, dsec_err *err);
 /* Push buffered bytes to the file (no-op for a buffer writer). */
 int dsec_record_writer_flush(dsec_record_writer *w, dsec_err *err);
 
-/* Start a trace: the magic, then h as a record. */
-int dsec_trace_write_header(dsec_record_writer *w, const Dsec__V1__TraceHeader *h, dsec_err *err);
 
 /* ---- reading --------------------------------------------------------------- */
 typedef struct dsec_record_reader dsec_record_reader;
@@ -65,19 +62,97 @@ void dsec_record_reader_free(dsec_record_reader *r);
  * max_record, DSEC_E_IO for a failed file read. */
 int dsec_record_read_raw(dsec_record_reader *r, const uint8_t **data, size_t *len, dsec_err *err);
 
-/* Read and unpack the next record as a desc message. Returns 1 with *out
- * set (free it with dsec_record_msg_free), 0 at the end, -1 on error. */
-int dsec_record_read(dsec_record_reader *r, const ProtobufCMessageDescriptor *desc,
-                     ProtobufCMessage **out, dsec_err *err);
-void dsec_record_msg_free(ProtobufCMessage *m);
 
-/* Check the magic and read the header of a trace (-1 on a bad magic, a
- * missing header, or a format_version newer than this reader). *out is
- * freed with dsec_record_msg_free(&(*out)->base). */
-int dsec_trace_read_header(dsec_record_reader *r, Dsec__V1__TraceHeader **out, dsec_err *err);
-/* Typed dsec_record_read for trace records and trajectory records. */
-int dsec_trace_read(dsec_record_reader *r, Dsec__V1__TraceRecord **out, dsec_err *err);
-int dsec_trajectory_read(dsec_record_reader *r, Dsec__V1__TrajectoryRecord **out, dsec_err *err);
+/* ---- the records as plain structs ------------------------------------------
+ * Field for field the messages of trace.proto and trajectory.proto. Strings
+ * are never NULL in what the readers return ("" when absent). What a reader
+ * returns points into one allocation freed by the matching _free; what a
+ * writer takes is borrowed for the call. */
+typedef struct dsec_record_bytes {
+    size_t len;
+    uint8_t *data;
+} dsec_record_bytes;
+
+typedef struct dsec_record_kv {
+    char *key;
+    char *value;
+} dsec_record_kv;
+
+/* One command of a rollout and its result (trajectory.proto). */
+typedef struct dsec_traj_record {
+    char *rollout_id;
+    uint64_t step;
+    char *req_id;
+    char *sandbox_id;
+    size_t n_argv;
+    char **argv;
+    int64_t exit_code; /* -1: ended by a signal */
+    dsec_record_bytes stdout_data;
+    dsec_record_bytes stderr_data;
+    uint64_t ts_ns;
+    uint64_t duration_us;
+    dsec_record_bytes request_hash;
+    char *hash_alg;
+    int64_t signal;
+    bool timed_out;
+    bool stdout_truncated;
+    bool stderr_truncated;
+    void *owner_; /* the reader's: the decoded message the fields point into */
+} dsec_traj_record;
+
+typedef struct dsec_trace_header {
+    uint32_t format_version;
+    uint64_t created_ns;
+    char *source;
+    size_t n_metadata;
+    dsec_record_kv *metadata;
+    void *owner_;
+} dsec_trace_header;
+
+typedef struct dsec_trace_create {
+    char *type;
+    uint64_t cpu_milli;
+    uint64_t memory_mb;
+    uint64_t lifetime_s;
+    double cpu_use_fraction;
+    size_t n_layers;
+    char **layers;
+    char *job_id;
+    char *class_;
+} dsec_trace_create;
+
+typedef struct dsec_trace_record {
+    uint64_t ts_ns;
+    char *subject;
+    char *msg_type;
+    char *req_id;
+    dsec_record_bytes payload;
+    dsec_trace_create *create; /* msg_type "create" only, else NULL */
+    bool expects_reply;
+    dsec_trace_create create_; /* the reader's: where create points */
+    void *owner_;
+} dsec_trace_record;
+
+/* Write r as one record. */
+int dsec_traj_record_write(dsec_record_writer *w, const dsec_traj_record *r, dsec_err *err);
+int dsec_trace_record_write(dsec_record_writer *w, const dsec_trace_record *r, dsec_err *err);
+/* Start a trace: the magic, then h as a record. */
+int dsec_trace_header_write(dsec_record_writer *w, const dsec_trace_header *h, dsec_err *err);
+
+/* Read the next record. 1 with *out set (the caller frees it with the _free below), 0 at the
+ * end, -1 on error (DSEC_E_DECODE: not a valid record of that kind). */
+int dsec_traj_record_read(dsec_record_reader *r, dsec_traj_record **out, dsec_err *err);
+int dsec_trace_record_read(dsec_record_reader *r, dsec_trace_record **out, dsec_err *err);
+/* Check the magic and read a trace's header: 0 with *out set; -1 on a bad magic, a missing
+ * header, or a format_version newer than this reader. */
+int dsec_trace_header_read(dsec_record_reader *r, dsec_trace_header **out, dsec_err *err);
+/* One trajectory record from its packed bytes (a message of the log's stream). */
+int dsec_traj_record_decode(const void *data, size_t len, dsec_traj_record **out, dsec_err *err);
+
+/* NULL is a no-op. */
+void dsec_traj_record_free(dsec_traj_record *r);
+void dsec_trace_record_free(dsec_trace_record *r);
+void dsec_trace_header_free(dsec_trace_header *h);
 
 /* Records read so far and bytes consumed, for messages about where a file broke. */
 uint64_t dsec_record_reader_count(const dsec_record_reader *r);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codecs/record.h"
+#include "codecs/record-pb.h"
 #include "dsec/err.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

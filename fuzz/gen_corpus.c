@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 #include "codecs/msg.h"
-#include "codecs/record.h"
+#include "codecs/record-pb.h"
 #include "codecs/testkit.h"
 
 static const char *root;

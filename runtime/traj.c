@@ -81,19 +81,7 @@ void dsec_traj_close(dsec_traj *t)
     dsec_free(t);
 }
 
-static int unpack(const void *data, size_t len, Dsec__V1__TrajectoryRecord **out, dsec_err *err)
-{
-    dsec_record_reader *r = dsec_record_reader_new_mem(data, len, 0);
-    if (r == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    int rc = dsec_trajectory_read(r, out, err);
-    dsec_record_reader_free(r);
-    if (rc == 0)
-        return dsec_err_set(err, DSEC_E_DECODE, 0, "empty trajectory record");
-    return rc < 0 ? -1 : 0;
-}
-
-int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, Dsec__V1__TrajectoryRecord **out,
+int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, dsec_traj_record **out,
                    dsec_err *err)
 {
     *out = NULL;
@@ -103,21 +91,21 @@ int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, Dsec__V1__T
     size_t len = 0;
     if (dsec_js_last(t->js, t->stream, subj, &data, &len, err) < 0)
         return err->code == DSEC_E_NOT_FOUND ? 0 : dsec_err_wrap(err, "trajectory log");
-    int rc = unpack(data, len, out, err);
+    int rc = dsec_traj_record_decode(data, len, out, err);
     dsec_free(data);
     if (rc < 0)
         return dsec_err_wrap(err, "rollout %s step %" PRIu64 " in the trajectory log", rollout, step);
     return 1;
 }
 
-int dsec_traj_append(dsec_traj *t, const Dsec__V1__TrajectoryRecord *r, dsec_err *err)
+int dsec_traj_append(dsec_traj *t, const dsec_traj_record *r, dsec_err *err)
 {
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_record_writer *w = dsec_record_writer_new_buf(&b, 0);
     if (w == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    int rc = dsec_record_write(w, &r->base, err);
+    int rc = dsec_traj_record_write(w, r, err);
     dsec_record_writer_free(w);
     if (rc == 0) {
         char subj[320];
@@ -140,14 +128,14 @@ struct read_ctx {
 static int each(const char *subject, const void *data, size_t len, uint64_t seq, void *ud)
 {
     struct read_ctx *c = ud;
-    Dsec__V1__TrajectoryRecord *r = NULL;
-    if (unpack(data, len, &r, c->err) < 0) {
+    dsec_traj_record *r = NULL;
+    if (dsec_traj_record_decode(data, len, &r, c->err) < 0) {
         dsec_err_wrap(c->err, "record %" PRIu64 " on %s", seq, subject);
         c->rc = -1;
         return 1;
     }
     int stop = c->fn(r, c->ud);
-    dsec_record_msg_free(&r->base);
+    dsec_traj_record_free(r);
     return stop;
 }
 

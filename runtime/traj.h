@@ -34,16 +34,16 @@ void dsec_traj_close(dsec_traj *t);
 /* Whether rollout_id can name a log (1..256 of A-Z a-z 0-9 _ - : it is a subject token). */
 int dsec_traj_check_id(const char *rollout_id, dsec_err *err);
 
-/* Step `step` of rollout: 1 with *out set (free with dsec_record_msg_free(&(*out)->base)),
- * 0 when the step is not logged, -1 on error. */
-int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, Dsec__V1__TrajectoryRecord **out,
+/* Step `step` of rollout: 1 with *out set (free with dsec_traj_record_free), 0 when the step is
+ * not logged, -1 on error. */
+int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, dsec_traj_record **out,
                    dsec_err *err);
 
 /* Append r (rollout_id and step set); returns once the stream has stored it. */
-int dsec_traj_append(dsec_traj *t, const Dsec__V1__TrajectoryRecord *r, dsec_err *err);
+int dsec_traj_append(dsec_traj *t, const dsec_traj_record *r, dsec_err *err);
 
 /* Called per record of a rollout in step order; r is borrowed. Non-zero stops. */
-typedef int (*dsec_traj_each_fn)(const Dsec__V1__TrajectoryRecord *r, void *ud);
+typedef int (*dsec_traj_each_fn)(const dsec_traj_record *r, void *ud);
 /* Read a rollout's whole log; *count (may be NULL) gets the number of records. */
 int dsec_traj_read(dsec_traj *t, const char *rollout, dsec_traj_each_fn fn, void *ud, size_t *count,
                    dsec_err *err);

@@ -228,7 +228,7 @@ static int write_job(const sim_profile *p, dsec_record_writer *wr, dsec_buf *b, 
         holds[u] = (dsec_msg_job_hold){.job = name, .node = SIM_NODE_ANY, .unit = units[u],
                                        .cpu_milli = p->job_cpu_milli, .memory_mb = p->job_memory_mb};
         snprintf(req, sizeof req, "%s.%s.h", name, units[u]);
-        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        dsec_trace_record r = {0};
         r.ts_ns = ts;
         r.subject = "dsec.v1.ctl.hold." SIM_NODE_ANY;
         r.msg_type = "job_hold";
@@ -237,7 +237,7 @@ static int write_job(const sim_profile *p, dsec_record_writer *wr, dsec_buf *b, 
         if ((rc = dsec_encode(b, DSEC_MSG_JOB_HOLD, &holds[u], err)) == 0) {
             r.payload.data = (uint8_t *)b->data;
             r.payload.len = b->len;
-            if ((rc = dsec_record_write(wr, &r.base, err)) == 0)
+            if ((rc = dsec_trace_record_write(wr, &r, err)) == 0)
                 (*n)++;
         }
     }
@@ -248,14 +248,14 @@ static int write_job(const sim_profile *p, dsec_record_writer *wr, dsec_buf *b, 
     char subject[160];
     snprintf(subject, sizeof subject, "dsec.v1.ctl.job.%s.register", p->cell);
     if (rc == 0 && (rc = dsec_encode(b, DSEC_MSG_JOB_REGISTER, &m, err)) == 0) {
-        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        dsec_trace_record r = {0};
         r.ts_ns = ts;
         r.subject = subject;
         r.msg_type = "job_register";
         r.req_id = "";
         r.payload.data = (uint8_t *)b->data;
         r.payload.len = b->len;
-        if ((rc = dsec_record_write(wr, &r.base, err)) == 0)
+        if ((rc = dsec_trace_record_write(wr, &r, err)) == 0)
             (*n)++;
     }
     dsec_free(holds);
@@ -332,22 +332,21 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
     snprintf(seed_s, sizeof seed_s, "%" PRIu64, p->seed);
     snprintf(dur_s, sizeof dur_s, "%g", p->duration_s);
     snprintf(rate_s, sizeof rate_s, "%g", p->rate);
-    Dsec__V1__TraceHeader__MetadataEntry me[] = {
-        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "profile", "dsec"},
-        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "seed", seed_s},
-        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "duration_s", dur_s},
-        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "rate", rate_s},
-        {PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "command",
+    dsec_record_kv me[] = {
+        {"profile", "dsec"},
+        {"seed", seed_s},
+        {"duration_s", dur_s},
+        {"rate", rate_s},
+        {"command",
          (char *)(cmdline ? cmdline : "")},
     };
-    Dsec__V1__TraceHeader__MetadataEntry *mp[] = {&me[0], &me[1], &me[2], &me[3], &me[4]};
-    Dsec__V1__TraceHeader h = DSEC__V1__TRACE_HEADER__INIT;
+    dsec_trace_header h = {0};
     h.format_version = DSEC_TRACE_FORMAT_VERSION;
     h.created_ns = created;
     h.source = "synth:dsec-sim gen --profile dsec";
     h.n_metadata = 5;
-    h.metadata = mp;
-    int rc = dsec_trace_write_header(wr, &h, err);
+    h.metadata = me;
+    int rc = dsec_trace_header_write(wr, &h, err);
     dsec_buf b;
     dsec_buf_init(&b);
     char subject[128], req_id[64], job_id[64], env[32];
@@ -357,7 +356,7 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
     uint64_t n = 0, nroll = 0, rollout_in_job = 0, rollout_job = 0;
     for (size_t i = 0; rc == 0 && i < g.n; i++) {
         const struct ev *e = &g.ev[i];
-        Dsec__V1__TraceCreate c = DSEC__V1__TRACE_CREATE__INIT;
+        dsec_trace_create c = {0};
         dsec_msg_create m = {0};
         snprintf(req_id, sizeof req_id, "g%" PRIx64 "-%zu", p->seed, i);
         m.req_id = req_id;
@@ -419,7 +418,7 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
             rc = -1;
             break;
         }
-        Dsec__V1__TraceRecord r = DSEC__V1__TRACE_RECORD__INIT;
+        dsec_trace_record r = {0};
         r.ts_ns = created + (uint64_t)(e->t * 1e9);
         r.subject = subject;
         r.msg_type = "create";
@@ -428,7 +427,7 @@ int sim_gen(const sim_profile *p, FILE *f, const char *cmdline, uint64_t *nrecor
         r.payload.len = b.len;
         r.create = &c;
         r.expects_reply = true;
-        rc = dsec_record_write(wr, &r.base, err);
+        rc = dsec_trace_record_write(wr, &r, err);
         n++;
     }
     if (rc == 0)

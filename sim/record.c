@@ -33,8 +33,8 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
     /* of the replies, only "created" (it maps recorded sandbox ids to creates) */
     if (strncmp(subject, "_INBOX.", 7) == 0 && (!type || strcmp(type, "created") != 0))
         return;
-    Dsec__V1__TraceRecord rec = DSEC__V1__TRACE_RECORD__INIT;
-    Dsec__V1__TraceCreate c = DSEC__V1__TRACE_CREATE__INIT;
+    dsec_trace_record rec = {0};
+    dsec_trace_create c = {0};
     rec.ts_ns = sim_wall_ns();
     rec.subject = (char *)subject;
     rec.msg_type = (char *)(type ? type : "");
@@ -55,7 +55,7 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
         rec.create = &c;
     }
     pthread_mutex_lock(&r->mu);
-    if (dsec_record_write(r->w, &rec.base, &err) < 0) {
+    if (dsec_trace_record_write(r->w, &rec, &err) < 0) {
         if (atomic_fetch_add(&r->failed, 1) == 0)
             r->first_err = err;
     } else
@@ -72,17 +72,13 @@ int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *con
     r->bus = bus;
     pthread_mutex_init(&r->mu, NULL);
     r->w = dsec_record_writer_new_file(f, 0);
-    Dsec__V1__TraceHeader__MetadataEntry me = {
-        PROTOBUF_C_MESSAGE_INIT(&dsec__v1__trace_header__metadata_entry__descriptor), "command",
-        (char *)(cmdline ? cmdline : "")};
-    Dsec__V1__TraceHeader__MetadataEntry *mp[] = {&me};
-    Dsec__V1__TraceHeader h = DSEC__V1__TRACE_HEADER__INIT;
-    h.format_version = DSEC_TRACE_FORMAT_VERSION;
-    h.created_ns = sim_wall_ns();
-    h.source = "dsec-sim record";
-    h.n_metadata = 1;
-    h.metadata = mp;
-    if (!r->w || dsec_trace_write_header(r->w, &h, err) < 0 || dsec_actor_new(&r->tap, bus, "sim-recorder", err) < 0)
+    dsec_record_kv me = {"command", (char *)(cmdline ? cmdline : "")};
+    dsec_trace_header h = {.format_version = DSEC_TRACE_FORMAT_VERSION,
+                           .created_ns = sim_wall_ns(),
+                           .source = "dsec-sim record",
+                           .n_metadata = 1,
+                           .metadata = &me};
+    if (!r->w || dsec_trace_header_write(r->w, &h, err) < 0 || dsec_actor_new(&r->tap, bus, "sim-recorder", err) < 0)
         goto fail;
     for (const char *const *s = subjects ? subjects : sim_record_default_subjects; *s; s++)
         if (dsec_actor_on(r->tap, *s, NULL, on_msg, r, err) < 0) {

@@ -116,7 +116,7 @@ static int classify(sim_op *o)
     return SIM_OP_SEND;
 }
 
-static int add_record(sim_trace *t, const Dsec__V1__TraceRecord *rec, dsec_decoder *dec, dsec_err *err)
+static int add_record(sim_trace *t, const dsec_trace_record *rec, dsec_decoder *dec, dsec_err *err)
 {
     if (t->n == t->cap) {
         t->cap = t->cap ? t->cap * 2 : 1024;
@@ -142,7 +142,7 @@ static int add_record(sim_trace *t, const Dsec__V1__TraceRecord *rec, dsec_decod
     o->kind = classify(o);
     if (o->kind == SIM_OP_CREATE) {
         o->request = true;
-        const Dsec__V1__TraceCreate *c = rec->create;
+        const dsec_trace_create *c = rec->create;
         if (c) {
             o->sbx_type = dup_or_null(c->type);
             o->job_id = dup_or_null(c->job_id);
@@ -253,9 +253,9 @@ static int load(sim_trace *t, dsec_record_reader *rd, const char *name, dsec_err
 {
     memset(t, 0, sizeof *t);
     dsec_decoder *dec = dsec_decoder_new(NULL);
-    Dsec__V1__TraceHeader *h = NULL;
+    dsec_trace_header *h = NULL;
     dsec_err e;
-    if (dsec_trace_read_header(rd, &h, &e) < 0) {
+    if (dsec_trace_header_read(rd, &h, &e) < 0) {
         dsec_decoder_free(dec);
         return dsec_err_set(err, e.code ? e.code : DSEC_E_DECODE, 0, "trace %s: %s", name, e.msg);
     }
@@ -265,19 +265,18 @@ static int load(sim_trace *t, dsec_record_reader *rd, const char *name, dsec_err
     t->meta_k = dsec_calloc(t->nmeta + 1, sizeof *t->meta_k);
     t->meta_v = dsec_calloc(t->nmeta + 1, sizeof *t->meta_v);
     for (size_t i = 0; i < t->nmeta; i++) {
-        t->meta_k[i] = dsec_strdup(h->metadata[i]->key);
-        t->meta_v[i] = dsec_strdup(h->metadata[i]->value);
+        t->meta_k[i] = dsec_strdup(h->metadata[i].key);
+        t->meta_v[i] = dsec_strdup(h->metadata[i].value);
     }
-    dsec_record_msg_free(&h->base);
+    dsec_trace_header_free(h);
     for (;;) {
         uint64_t at = dsec_record_reader_offset(rd);
-        Dsec__V1__TraceRecord *rec = NULL;
-        int rc = dsec_trace_read(rd, &rec, &e);
+        dsec_trace_record *rec = NULL;
+        int rc = dsec_trace_record_read(rd, &rec, &e);
         if (rc == 0)
             break;
         if (rc < 0 || add_record(t, rec, dec, &e) < 0) {
-            if (rec)
-                dsec_record_msg_free(&rec->base);
+            dsec_trace_record_free(rec);
             dsec_decoder_free(dec);
             int code = e.code ? e.code : DSEC_E_DECODE;
             size_t nrec = t->n + 1;
@@ -285,7 +284,7 @@ static int load(sim_trace *t, dsec_record_reader *rd, const char *name, dsec_err
             return dsec_err_set(err, code, 0, "trace %s: record %zu (after the header) at byte %" PRIu64 ": %s",
                                 name, nrec, at, e.msg);
         }
-        dsec_record_msg_free(&rec->base);
+        dsec_trace_record_free(rec);
     }
     dsec_decoder_free(dec);
     link_ops(t);

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "codecs/record.h"
+#include "codecs/record-pb.h"
 #include "dsec/err.h"
 
 /* ---- fixtures: a trace with a header and three records ------------------------- */

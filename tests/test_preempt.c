@@ -659,7 +659,7 @@ struct seen {
     size_t n;
 };
 
-static int collect(const Dsec__V1__TrajectoryRecord *r, void *ud)
+static int collect(const dsec_traj_record *r, void *ud)
 {
     struct seen *s = ud;
     if (s->n < 8)
@@ -722,11 +722,11 @@ static void fast_forward_runs_once(void **state)
     assert_int_equal(s.steps[0], 1);
     assert_int_equal(s.steps[1], 2);
     assert_int_equal(s.steps[2], 3);
-    Dsec__V1__TrajectoryRecord *rec = NULL;
+    dsec_traj_record *rec = NULL;
     assert_int_equal(dsec_traj_find(t, rid, 2, &rec, &err), 1);
     assert_string_equal(rec->argv[0], "echo");
     assert_int_equal(rec->stdout_data.len, 4);
-    dsec_record_msg_free(&rec->base);
+    dsec_traj_record_free(rec);
     assert_int_equal(dsec_traj_find(t, rid, 9, &rec, &err), 0);
     dsec_traj_close(t);
 }

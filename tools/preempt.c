@@ -144,7 +144,7 @@ int dsec_cli_job(int argc, char **argv)
     return rc;
 }
 
-static void print_bytes(const char *label, const ProtobufCBinaryData *d)
+static void print_bytes(const char *label, const dsec_record_bytes *d)
 {
     if (d->len == 0)
         return;
@@ -164,7 +164,7 @@ static void print_bytes(const char *label, const ProtobufCBinaryData *d)
     putchar('\n');
 }
 
-static int show_one(const Dsec__V1__TrajectoryRecord *r, void *ud)
+static int show_one(const dsec_traj_record *r, void *ud)
 {
     printf("step %" PRIu64 "  %s  exit %" PRId64 "%s  %" PRIu64 " us  ", r->step, r->sandbox_id,
            r->exit_code, r->timed_out ? " (timed out)" : "", r->duration_us);
