@@ -175,23 +175,30 @@ static const char *use_key(char *buf, size_t n, const char *tenant, const char *
 
 /* Add r (times sign) to key and to every prefix of it: what a project holds
  * counts against each of its parents and its tenant. */
+/* Each level of key in turn, the tenant first ("t", "t/p", "t/p/q"), into buf: *at starts at
+ * 0; false once there is none left. */
+static bool next_level(const char *key, size_t *at, char *buf, size_t n)
+{
+    size_t len = strlen(key);
+    if (*at > len)
+        return false;
+    const char *slash = strchr(key + *at, '/');
+    size_t end = slash != NULL ? (size_t)(slash - key) : len;
+    snprintf(buf, n, "%.*s", (int)end, key);
+    *at = end + 1;
+    return true;
+}
+
 static void use_add(dsec_quota *q, const char *key, struct res r, int sign)
 {
     char buf[2 * DSEC_NAME_LEN_MAX + 2];
-    snprintf(buf, sizeof buf, "%s", key);
-    size_t len = strlen(buf);
-    for (size_t i = 0; i <= len; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char c = buf[i];
-        buf[i] = '\0';
+    for (size_t at = 0; next_level(key, &at, buf, sizeof buf);) {
         struct ent *e = map_put(&q->use, buf);
         if (e != NULL) {
             e->r.n += sign * r.n;
             e->r.cpu += sign * r.cpu;
             e->r.mem += sign * r.mem;
         }
-        buf[i] = c;
     }
 }
 
@@ -360,13 +367,7 @@ static const char *label(char *buf, size_t n, const char *key)
 static int fits_locked(dsec_quota *q, const char *key, struct res need, dsec_err *err)
 {
     char buf[2 * DSEC_NAME_LEN_MAX + 2];
-    snprintf(buf, sizeof buf, "%s", key);
-    size_t len = strlen(buf);
-    for (size_t i = 0; i <= len; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char c = buf[i];
-        buf[i] = '\0';
+    for (size_t at = 0; next_level(key, &at, buf, sizeof buf);) {
         const struct ent *d = map_get(&q->defs, buf);
         const struct ent *u = map_get(&q->use, buf);
         struct res used = u ? u->r : (struct res){0};
@@ -387,7 +388,6 @@ static int fits_locked(dsec_quota *q, const char *key, struct res need, dsec_err
                                     label(who, sizeof who, buf), have > 0 ? have : 0, lim, what,
                                     q->cell, want);
         }
-        buf[i] = c;
     }
     return 0;
 }

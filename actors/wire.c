@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dsec/alloc.h"
+#include "dsec/utf8.h"
 
 struct wire_tls {
     dsec_decoder *dec;
@@ -87,37 +88,6 @@ int dsec_wire_reply(dsec_actor *actor, dsec_msg *m, int type, const void *msg, d
                           req_id_or_null(dsec_msg_header(m, DSEC_HDR_REQ_ID)), err);
 }
 
-/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 when the
- * bytes there are not one (overlong forms, surrogates and code points past
- * U+10FFFF included). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    size_t len;
-    unsigned cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-        len = 3, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-        len = 4, cp = c & 0x07;
-    else
-        return 0;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return len;
-}
-
 /* Copy src into dst (size n > 0) as valid UTF-8: bytes that are not part of
  * a valid sequence become '?', and a sequence that does not fit is cut
  * whole. Error texts quote subjects and fields byte for byte, and a fixed
@@ -128,7 +98,7 @@ static void utf8_clean(char *dst, size_t n, const char *src)
     const unsigned char *s = (const unsigned char *)src;
     size_t left = strlen(src), o = 0;
     while (left > 0) {
-        size_t k = utf8_seq(s, left);
+        size_t k = dsec_utf8_seq(s, left);
         if (o + (k ? k : 1) >= n)
             break;
         if (k == 0) {
@@ -158,7 +128,7 @@ static const char *req_id_or_null(const char *id)
     for (size_t i = 0; i < n;) {
         if (s[i] < 0x20 || s[i] == 0x7f)
             return NULL;
-        size_t k = utf8_seq(s + i, n - i);
+        size_t k = dsec_utf8_seq(s + i, n - i);
         if (k == 0)
             return NULL;
         i += k;

@@ -1,5 +1,6 @@
 /* json-parse.c - a small strict JSON parser into a tree of dsec_json values. */
 #include "dsec/json.h"
+#include "dsec/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -88,33 +89,6 @@ static size_t put_utf8(char *o, unsigned cp)
     return 4;
 }
 
-/* The length of the valid UTF-8 sequence at s (at most n bytes), 0 when invalid: no
- * overlong forms, no surrogates, nothing above U+10FFFF. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    size_t len;
-    unsigned cp;
-    if (s[0] >= 0xc2 && s[0] <= 0xdf)
-        len = 2, cp = s[0] & 0x1fu;
-    else if (s[0] >= 0xe0 && s[0] <= 0xef)
-        len = 3, cp = s[0] & 0x0fu;
-    else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-        len = 4, cp = s[0] & 0x07u;
-    else
-        return 0;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3fu);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-        (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return 0;
-    return len;
-}
-
 /* One \uXXXX (a surrogate pair joined) after the backslash-u. */
 static int unicode_escape(parser *p, char *o, size_t *n)
 {
@@ -174,7 +148,7 @@ static int parse_string(parser *p, char **out, size_t *outlen)
             return fail(p, "control character in a string");
         }
         if (c >= 0x80) {
-            size_t k = utf8_len((const unsigned char *)p->s + p->pos, p->len - p->pos);
+            size_t k = dsec_utf8_seq((const unsigned char *)p->s + p->pos, p->len - p->pos);
             if (k == 0) {
                 dsec_free(o);
                 return fail(p, "invalid UTF-8 in a string");

@@ -48,18 +48,19 @@ typedef struct imp {
     dsec_err *err;
 } imp;
 
-static void progress(imp *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void progress(imp *m, const char *fmt, ...)
+void dsec__image_progress(const dsec_image_import_opts *o, const char *fmt, ...)
 {
-    if (m->o == NULL || m->o->progress == NULL)
+    if (o == NULL || o->progress == NULL)
         return;
     char line[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    m->o->progress(m->o->progress_arg, line);
+    o->progress(o->progress_arg, line);
 }
+
+#define progress(m, ...) dsec__image_progress((m)->o, __VA_ARGS__)
 
 /* ---- blobs -------------------------------------------------------------------------------- */
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dsec/err.h"
+#include "dsec/image.h"
 #include "dsec/layers.h"
 
 /* Open rel (no leading '/') under the directory root_fd for reading, never
@@ -42,5 +43,10 @@ int dsec__image_record_encode(const struct dsec_image_info *i, char **doc, size_
 int dsec__image_diffid_held(dsec_layer_registry *r, const dsec_layer_info *have, size_t nhave,
                             const char *diff_id, dsec_layer_format fmt, dsec_digest layer,
                             uint64_t *size, dsec_err *err);
+
+/* One progress line to o's callback (none when o or its callback is NULL); lines are cut at
+ * 511 bytes. Shared by import and pull. */
+void dsec__image_progress(const dsec_image_import_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #endif

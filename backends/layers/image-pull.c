@@ -916,19 +916,7 @@ static int get_blob(puller *p, const char *dir, const char *digest, uint64_t siz
 
 /* ---- the layout ---------------------------------------------------------------------- */
 
-static void progress(const dsec_image_pull_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void progress(const dsec_image_pull_opts *o, const char *fmt, ...)
-{
-    if (o->import.progress == NULL)
-        return;
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    o->import.progress(o->import.progress_arg, line);
-}
+#define progress(o, ...) dsec__image_progress(&(o)->import, __VA_ARGS__)
 
 /* Which of the config's layers (rootfs.diff_ids, in order) held[] marks as already a dsec
  * layer of r in the import's format: those are not fetched (the import reuses them by their
