@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 60
 # map its shadow memory (e.g. kernels with vm.mmap_rnd_bits above 28).
 TSAN ?= 1
 
-.PHONY: all demo check deps build build-asan build-tsan bench fuzz clean
+.PHONY: all demo check deps build build-asan build-tsan bench fuzz format clean
 
 all: build
 
@@ -49,6 +49,10 @@ fuzz: deps
 	@cmake --preset fuzz >/dev/null
 	@cmake --build --preset fuzz -j $(JOBS) --target fuzz_all
 	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# make format: clang-format every C file in place (.clang-format); `make check` runs the check
+format:
+	@scripts/format.sh
 
 clean:
 	rm -rf build

@@ -9,7 +9,7 @@ clang libclang-rt-14-dev libtsan2 \
 libseccomp-dev libpython3-dev gnuplot-nox libarchive-dev libzstd-dev \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
 nftables libnftnl-dev libmnl-dev libldns-dev libnetfilter-conntrack-dev iproute2 \
-util-linux procps qemu-system-x86 kmod cpio e2fsprogs curl \
+util-linux procps qemu-system-x86 kmod cpio e2fsprogs curl clang-format universal-ctags \
 libcurl4-openssl-dev docker-registry skopeo apache2-utils umoci"
 
 missing=""
