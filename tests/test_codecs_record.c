@@ -473,12 +473,105 @@ static void write_errors_are_io(void **state)
     dsec_buf_release(&b);
 }
 
+/* The plain structs other modules use: what one writes, the other reads back field for field,
+ * and the protobuf side reads the same bytes (they are the same messages). */
+static void plain_structs_round_trip(void **state)
+{
+    (void)state;
+    dsec_buf b;
+    dsec_buf_init(&b);
+    dsec_record_writer *w = dsec_record_writer_new_buf(&b, 0);
+    dsec_err err;
+    dsec_record_kv pmeta[] = {{"cell", "c1"}, {"seed", "7"}};
+    dsec_trace_header h = {.format_version = DSEC_TRACE_FORMAT_VERSION, .created_ns = 42,
+                           .source = "test", .n_metadata = 2, .metadata = pmeta};
+    assert_int_equal(dsec_trace_header_write(w, &h, &err), 0);
+    char *players[] = {"sha256:aa", "sha256:bb"};
+    dsec_trace_create c = {.type = "container", .cpu_milli = 500, .memory_mb = 64,
+                           .lifetime_s = 9, .cpu_use_fraction = 0.25, .n_layers = 2,
+                           .layers = players, .job_id = "j1", .class_ = "rollout"};
+    uint8_t ppayload[] = {0x81, 0xa1, 'a', 0x01};
+    dsec_trace_record tr = {.ts_ns = 99, .subject = "dsec.v1.t.create", .msg_type = "create",
+                            .payload = {sizeof ppayload, ppayload}, .create = &c,
+                            .expects_reply = true}; /* req_id NULL: written as "" */
+    assert_int_equal(dsec_trace_record_write(w, &tr, &err), 0);
+    dsec_trace_record plain = {.ts_ns = 100, .subject = "dsec.v1.t.sbx.n.i.op", .msg_type = "op"};
+    assert_int_equal(dsec_trace_record_write(w, &plain, &err), 0);
+    char *argv[] = {"sh", "-c", "echo hi"};
+    uint8_t hash[32] = {1, 2, 3};
+    dsec_traj_record jr = {.rollout_id = "r1", .step = 3, .req_id = "q", .sandbox_id = "s",
+                           .n_argv = 3, .argv = argv, .exit_code = -1,
+                           .stdout_data = {3, (uint8_t *)"hi\n"}, .ts_ns = 5, .duration_us = 6,
+                           .request_hash = {32, hash}, .hash_alg = "sha256", .signal = 9,
+                           .timed_out = true, .stderr_truncated = true};
+    assert_int_equal(dsec_traj_record_write(w, &jr, &err), 0);
+    dsec_record_writer_free(w);
+
+    dsec_record_reader *r = dsec_record_reader_new_mem(b.data, b.len, 0);
+    dsec_trace_header *gh;
+    assert_int_equal(dsec_trace_header_read(r, &gh, &err), 0);
+    assert_int_equal(gh->created_ns, 42);
+    assert_string_equal(gh->source, "test");
+    assert_int_equal(gh->n_metadata, 2);
+    assert_string_equal(gh->metadata[1].key, "seed");
+    assert_string_equal(gh->metadata[1].value, "7");
+    dsec_trace_header_free(gh);
+    dsec_trace_record *g;
+    assert_int_equal(dsec_trace_record_read(r, &g, &err), 1);
+    assert_int_equal(g->ts_ns, 99);
+    assert_string_equal(g->subject, "dsec.v1.t.create");
+    assert_string_equal(g->req_id, "");
+    assert_true(g->expects_reply);
+    assert_int_equal(g->payload.len, sizeof ppayload);
+    assert_memory_equal(g->payload.data, ppayload, sizeof ppayload);
+    assert_non_null(g->create);
+    assert_string_equal(g->create->type, "container");
+    assert_int_equal(g->create->memory_mb, 64);
+    assert_true(g->create->cpu_use_fraction == 0.25);
+    assert_int_equal(g->create->n_layers, 2);
+    assert_string_equal(g->create->layers[1], "sha256:bb");
+    assert_string_equal(g->create->class_, "rollout");
+    dsec_trace_record_free(g);
+    assert_int_equal(dsec_trace_record_read(r, &g, &err), 1);
+    assert_null(g->create);
+    assert_string_equal(g->msg_type, "op");
+    dsec_trace_record_free(g);
+    /* the trajectory record as the protobuf reader sees it */
+    Dsec__V1__TrajectoryRecord *pb;
+    uint64_t at = dsec_record_reader_offset(r);
+    assert_int_equal(dsec_trajectory_read(r, &pb, &err), 1);
+    assert_string_equal(pb->rollout_id, "r1");
+    assert_int_equal(pb->n_argv, 3);
+    assert_int_equal(pb->exit_code, -1);
+    dsec_record_msg_free(&pb->base);
+    assert_int_equal(dsec_trace_record_read(r, &g, &err), 0);
+    dsec_record_reader_free(r);
+    /* and through the plain decoder, from its bytes */
+    dsec_traj_record *gj;
+    assert_int_equal(dsec_traj_record_decode(b.data + at, b.len - at, &gj, &err), 0);
+    assert_string_equal(gj->rollout_id, "r1");
+    assert_int_equal(gj->step, 3);
+    assert_string_equal(gj->argv[2], "echo hi");
+    assert_int_equal(gj->stdout_data.len, 3);
+    assert_memory_equal(gj->stdout_data.data, "hi\n", 3);
+    assert_memory_equal(gj->request_hash.data, hash, 32);
+    assert_int_equal(gj->signal, 9);
+    assert_true(gj->timed_out && gj->stderr_truncated && !gj->stdout_truncated);
+    dsec_traj_record_free(gj);
+    /* garbage is a decode error, not a record */
+    assert_int_equal(dsec_traj_record_decode("\x05\xff\xff", 3, &gj, &err), -1);
+    assert_int_equal(err.code, DSEC_E_DECODE);
+    assert_null(gj);
+    dsec_buf_release(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(trace_round_trip_in_memory),
         cmocka_unit_test(trace_round_trip_in_a_file),
         cmocka_unit_test(trajectory_round_trip),
+        cmocka_unit_test(plain_structs_round_trip),
         cmocka_unit_test(framing_is_protobuf_delimited),
         cmocka_unit_test(truncated_at_every_length),
         cmocka_unit_test(truncation_messages),
