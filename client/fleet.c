@@ -343,6 +343,51 @@ static void free_split(char **keys, char **vals, const dsec_list_opts *o)
     dsec_free(vals);
 }
 
+/* The gathered answers into the page: sorted, cut to the request's limit and to what is certain,
+ * with the nodes and cells that did not answer. The entries move to out (g->e is NULL then). */
+static int page_from(struct gather *g, dsec_list_page *out, dsec_err *err)
+{
+    if (g->n > 1)
+        qsort(g->e, g->n, sizeof *g->e, by_entry_id);
+    size_t keep = g->n < g->limit ? g->n : (size_t)g->limit;
+    /* A node that had more but sent fewer than limit (its answer was cut to fit the payload
+     * limit) holds unsent ids after its last one: nothing past that id is certain yet. With
+     * full pages this cuts nothing (limit ids at or below any such last id exist). */
+    while (g->bound[0] != '\0' && keep > 0 && strcmp(g->e[keep - 1].id, g->bound) > 0)
+        keep--;
+    bool more = g->more || g->n > keep;
+    for (size_t i = keep; i < g->n; i++)
+        entry_release(&g->e[i]);
+    strset missing = {0};
+    for (size_t i = 0; i < g->nodes.n; i++)
+        if (!set_has(&g->answered, g->nodes.v[i]) && set_add(&missing, g->nodes.v[i]) < 0)
+            g->nomem = true;
+    for (size_t i = 0; i < g->cells_known.n; i++)
+        if (!set_has(&g->cells_answered, g->cells_known.v[i])) {
+            char cell[DSEC_NAME_MAX + 8];
+            snprintf(cell, sizeof cell, "cell:%s", g->cells_known.v[i]);
+            if (set_add(&missing, cell) < 0)
+                g->nomem = true;
+        }
+    if (g->nomem) {
+        set_release(&missing);
+        for (size_t i = 0; i < keep; i++)
+            entry_release(&g->e[i]);
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "list: out of memory gathering answers");
+        return -1;
+    }
+    out->entries = g->e;
+    out->n = keep;
+    g->e = NULL;
+    if (more && keep > 0)
+        copy(out->next_cursor, sizeof out->next_cursor, out->entries[keep - 1].id);
+    out->missing = missing.v;
+    out->nmissing = missing.n;
+    out->nodes_asked = g->nodes.n;
+    out->nodes_answered = g->answered.n;
+    return 0;
+}
+
 int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out,
                         dsec_err *err)
 {
@@ -415,44 +460,8 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
         *err = g.err;
         goto out;
     }
-    if (g.n > 1)
-        qsort(g.e, g.n, sizeof *g.e, by_entry_id);
-    size_t keep = g.n < q.limit ? g.n : (size_t)q.limit;
-    /* A node that had more but sent fewer than limit (its answer was cut to fit the payload
-     * limit) holds unsent ids after its last one: nothing past that id is certain yet. With
-     * full pages this cuts nothing (limit ids at or below any such last id exist). */
-    while (g.bound[0] != '\0' && keep > 0 && strcmp(g.e[keep - 1].id, g.bound) > 0)
-        keep--;
-    bool more = g.more || g.n > keep;
-    for (size_t i = keep; i < g.n; i++)
-        entry_release(&g.e[i]);
-    strset missing = {0};
-    for (size_t i = 0; i < g.nodes.n; i++)
-        if (!set_has(&g.answered, g.nodes.v[i]) && set_add(&missing, g.nodes.v[i]) < 0)
-            g.nomem = true;
-    for (size_t i = 0; i < g.cells_known.n; i++)
-        if (!set_has(&g.cells_answered, g.cells_known.v[i])) {
-            char cell[DSEC_NAME_MAX + 8];
-            snprintf(cell, sizeof cell, "cell:%s", g.cells_known.v[i]);
-            if (set_add(&missing, cell) < 0)
-                g.nomem = true;
-        }
-    if (g.nomem) {
-        set_release(&missing);
-        for (size_t i = 0; i < keep; i++)
-            entry_release(&g.e[i]);
-        dsec_err_set(err, DSEC_E_NOMEM, 0, "list: out of memory gathering answers");
+    if (page_from(&g, out, err) < 0)
         goto out;
-    }
-    out->entries = g.e;
-    out->n = keep;
-    g.e = NULL;
-    if (more && keep > 0)
-        copy(out->next_cursor, sizeof out->next_cursor, out->entries[keep - 1].id);
-    out->missing = missing.v;
-    out->nmissing = missing.n;
-    out->nodes_asked = g.nodes.n;
-    out->nodes_answered = g.answered.n;
     rc = 0;
 out:
     if (act != NULL)
