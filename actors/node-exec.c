@@ -1,4 +1,5 @@
-/* node-exec.c - commands in a sandbox: exec on the loop or a work thread, output, trajectory log. */
+/* node-exec.c - commands in a sandbox: exec on the loop or a work thread, output, trajectory log.
+ */
 #include "actors/node-int.h"
 
 #include <inttypes.h>
@@ -52,7 +53,8 @@ int dsec__node_traj_check(dsec_node *n, dsec_msg *m, const char *rollout, uint64
     if (found == 0)
         return 0;
     dsec_traj_record *r = *rec;
-    if (r->request_hash.len != DSEC_SHA256_LEN || memcmp(r->request_hash.data, hash, DSEC_SHA256_LEN) != 0) {
+    if (r->request_hash.len != DSEC_SHA256_LEN ||
+        memcmp(r->request_hash.data, hash, DSEC_SHA256_LEN) != 0) {
         dsec__node_reply_err(
             n, m, DSEC_E_DIVERGED,
             "divergence: rollout %s step %" PRIu64 " is logged as \"%s%s\" and this request "
@@ -80,7 +82,8 @@ struct exec_stream {
     dsec_node *n;
     const char *subject; /* NULL: not streaming */
     const char *id;
-    const char *trace; /* the exec's trace id (NULL: none): the backend may call from its own thread */
+    const char
+        *trace; /* the exec's trace id (NULL: none): the backend may call from its own thread */
     uint64_t seq;
     bool failed; /* a publish failed: the rest is not sent (the result says how many were) */
 };
@@ -94,11 +97,11 @@ static void stream_output(void *arg, int stream, const uint8_t *data, size_t len
     dsec_trace_enter(&sc, NULL, es->trace, NULL, NULL);
     while (len > 0 && !es->failed) {
         size_t k = len < EXEC_CHUNK_MAX ? len : EXEC_CHUNK_MAX;
-        dsec_msg_exec_chunk c = {.id = es->id, .seq = es->seq, .stream = (uint64_t)stream,
-                                 .data = {data, k}};
+        dsec_msg_exec_chunk c = {
+            .id = es->id, .seq = es->seq, .stream = (uint64_t)stream, .data = {data, k}};
         dsec_err err;
-        if (dsec_wire_send(es->n->actor, es->n->bus, es->subject, NULL, DSEC_MSG_EXEC_CHUNK, &c, NULL,
-                           &err) < 0) {
+        if (dsec_wire_send(es->n->actor, es->n->bus, es->subject, NULL, DSEC_MSG_EXEC_CHUNK, &c,
+                           NULL, &err) < 0) {
             es->failed = true;
             dsec_actor_count_error(es->n->actor);
             break;
@@ -192,14 +195,19 @@ static void exec_finish(struct exec_end *e, int rc, dsec_exec_result *r, dsec_er
             goto out;
         }
     }
-    dsec_msg_exec_result out = {.id = s->id, .exit_code = r->exit_code, .signal = r->signal,
+    dsec_msg_exec_result out = {.id = s->id,
+                                .exit_code = r->exit_code,
+                                .signal = r->signal,
                                 .stdout_data = {r->stdout_data, r->stdout_len},
                                 .stderr_data = {r->stderr_data, r->stderr_len},
                                 .stdout_truncated = r->stdout_truncated,
                                 .stderr_truncated = r->stderr_truncated,
-                                .duration_us = r->duration_us, .timed_out = r->timed_out,
-                                .cpu_us = r->cpu_us, .peak_rss_kb = r->peak_rss_kb,
-                                .chunks = e->es.seq, .interrupted = r->interrupted,
+                                .duration_us = r->duration_us,
+                                .timed_out = r->timed_out,
+                                .cpu_us = r->cpu_us,
+                                .peak_rss_kb = r->peak_rss_kb,
+                                .chunks = e->es.seq,
+                                .interrupted = r->interrupted,
                                 .session_ended = r->session_ended};
     if (named)
         dsec_results_put(n->results, s->id, e->req_id, e->hash, &out);
@@ -228,7 +236,111 @@ static void exec_done(void *ud, int rc, dsec_exec_result *r, dsec_err *err)
     dsec_deferred_done(d);
 }
 
-static char *dup_or_null(const char *v) { return v != NULL ? dsec_strdup(v) : NULL; }
+static char *dup_or_null(const char *v)
+{
+    return v != NULL ? dsec_strdup(v) : NULL;
+}
+
+/* A trajectory step that is in the log already is answered from it, or refused when the log
+ * holds another command at that step: true when it was answered. hash gets the step's hash. */
+static bool exec_logged(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_exec *x,
+                        uint8_t hash[DSEC_SHA256_LEN])
+{
+    dsec_err err;
+    dsec_traj_record *rec;
+    dsec_traj_hash_exec(x, hash);
+    if (dsec__node_traj_check(n, m, x->rollout_id, x->step, hash, &rec)) {
+        if (rec != NULL) {
+            dsec_msg_exec_result out = {
+                .id = s->id,
+                .exit_code = rec->exit_code,
+                .signal = rec->signal,
+                .stdout_data = {rec->stdout_data.data, rec->stdout_data.len},
+                .stderr_data = {rec->stderr_data.data, rec->stderr_data.len},
+                .stdout_truncated = rec->stdout_truncated,
+                .stderr_truncated = rec->stderr_truncated,
+                .duration_us = rec->duration_us,
+                .timed_out = rec->timed_out};
+            if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
+                dsec_wire_error(n->actor, m, &err);
+            dsec_traj_record_free(rec);
+        }
+        return true;
+    }
+    return false;
+}
+
+/* A retry of a command that already ran (its client lost the answer, or gave up
+ * waiting while it ran) gets the kept answer: the command never runs twice. True when it was
+ * answered. */
+static bool exec_kept(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_exec *x,
+                      const uint8_t hash[DSEC_SHA256_LEN])
+{
+    dsec_err err;
+    dsec_msg_exec_result kept;
+    void *hold = NULL;
+    uint8_t kept_hash[DSEC_SHA256_LEN];
+    int found = dsec_results_get(n->results, s->id, x->req_id, &kept, kept_hash, &hold);
+    if (found == DSEC_RESULTS_NONE)
+        return false;
+    uint64_t ttl_s = dsec_results_ttl_ms(n->results) / 1000;
+    if (memcmp(kept_hash, hash, DSEC_SHA256_LEN) != 0)
+        dsec__node_reply_bad(n, m, "req_id",
+                             "exec: req_id %s named another command in %s (what became of "
+                             "it is kept for %" PRIu64 " s); give each command its own req_id",
+                             x->req_id, s->id, ttl_s);
+    else if (found == DSEC_RESULTS_LOST)
+        /* Never a second run of what may have run: say what is known, and what to do. */
+        dsec__node_reply_err(n, m, DSEC_E_STATE,
+                             "exec: the outcome of req_id %s in %s is lost: node %s's node "
+                             "manager stopped while the command ran, so it may have run in "
+                             "whole or in part (or still be running); it is not run again. "
+                             "Check the sandbox, then exec with a new req_id",
+                             x->req_id, s->id, n->name);
+    else {
+        kept.chunks = 0; /* its output comes whole, in the answer */
+        if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
+            dsec_wire_error(n->actor, m, &err);
+    }
+    dsec_results_release(hold);
+    return true;
+}
+
+/* The command's state until its answer (exec_end_free), with what it keeps of the request
+ * copied; NULL when out of memory, answered so. */
+static struct exec_end *exec_end_new(dsec_node *n, dsec_msg *m, struct sbx *s,
+                                     const dsec_msg_exec *x, const uint8_t hash[DSEC_SHA256_LEN])
+{
+    struct exec_end *e = dsec_calloc(1, sizeof *e);
+    bool ok = e != NULL;
+    if (ok) {
+        e->n = n;
+        e->s = s;
+        e->m = m;
+        e->step = x->step;
+        const char *tr = dsec_trace_current();
+        snprintf(e->trace, sizeof e->trace, "%s", tr ? tr : "");
+        ok = (x->stream_to == NULL || (e->stream_to = dsec_strdup(x->stream_to)) != NULL) &&
+             (x->req_id == NULL || (e->req_id = dsec_strdup(x->req_id)) != NULL);
+        memcpy(e->hash, hash, DSEC_SHA256_LEN); /* a logged step's, or a named command's */
+        if (ok && x->rollout_id != NULL) {
+            e->argc = x->argv.n;
+            ok = (e->rollout_id = dsec_strdup(x->rollout_id)) != NULL &&
+                 (e->argv = dsec_calloc(x->argv.n + 1, sizeof *e->argv)) != NULL;
+            for (size_t i = 0; ok && i < x->argv.n; i++)
+                ok = (e->argv[i] = dup_or_null(x->argv.v[i])) != NULL;
+        }
+        e->es = (struct exec_stream){
+            .n = n, .subject = e->stream_to, .id = s->id, .trace = e->trace[0] ? e->trace : NULL};
+    }
+    if (!ok) {
+        if (e != NULL)
+            exec_end_free(e);
+        dsec__node_reply_err(n, m, DSEC_E_NOMEM, "exec in %s: out of memory", s->id);
+        return NULL;
+    }
+    return e;
+}
 
 void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
@@ -252,93 +364,26 @@ void dsec__node_do_exec(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     uint8_t hash[DSEC_SHA256_LEN] = {0};
-    if (x.rollout_id != NULL) {
-        dsec_traj_record *rec;
-        dsec_traj_hash_exec(&x, hash);
-        if (dsec__node_traj_check(n, m, x.rollout_id, x.step, hash, &rec)) {
-            if (rec != NULL) {
-                dsec_msg_exec_result out = {
-                    .id = s->id, .exit_code = rec->exit_code, .signal = rec->signal,
-                    .stdout_data = {rec->stdout_data.data, rec->stdout_data.len},
-                    .stderr_data = {rec->stderr_data.data, rec->stderr_data.len},
-                    .stdout_truncated = rec->stdout_truncated, .stderr_truncated = rec->stderr_truncated,
-                    .duration_us = rec->duration_us, .timed_out = rec->timed_out};
-                if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &out, &err) < 0)
-                    dsec_wire_error(n->actor, m, &err);
-                dsec_traj_record_free(rec);
-            }
-            return;
-        }
-    }
+    if (x.rollout_id != NULL && exec_logged(n, m, s, &x, hash))
+        return;
     /* stream_to: only inbox subjects, so a client cannot make the node
      * publish onto the control plane's subjects */
-    if (x.stream_to != NULL && (strncmp(x.stream_to, "_INBOX.", 7) != 0 || strpbrk(x.stream_to, "*> \t") != NULL)) {
+    if (x.stream_to != NULL &&
+        (strncmp(x.stream_to, "_INBOX.", 7) != 0 || strpbrk(x.stream_to, "*> \t") != NULL)) {
         dsec__node_reply_bad(n, m, "stream_to",
                              "exec: stream_to \"%s\" must be an _INBOX. subject without wildcards",
                              x.stream_to);
         return;
     }
-    /* A retry of a command that already ran (its client lost the answer, or gave up
-     * waiting while it ran) gets the kept answer: the command never runs twice. */
-    dsec_msg_exec_result kept;
-    void *hold = NULL;
-    uint8_t kept_hash[DSEC_SHA256_LEN];
     bool named = x.rollout_id == NULL && x.req_id != NULL && x.req_id[0] != '\0';
-    if (named)
+    if (named) {
         dsec_traj_hash_exec(&x, hash);
-    int found = named ? dsec_results_get(n->results, s->id, x.req_id, &kept, kept_hash, &hold)
-                      : DSEC_RESULTS_NONE;
-    if (found != DSEC_RESULTS_NONE) {
-        uint64_t ttl_s = dsec_results_ttl_ms(n->results) / 1000;
-        if (memcmp(kept_hash, hash, sizeof hash) != 0)
-            dsec__node_reply_bad(n, m, "req_id",
-                                 "exec: req_id %s named another command in %s (what became of "
-                                 "it is kept for %" PRIu64 " s); give each command its own req_id",
-                                 x.req_id, s->id, ttl_s);
-        else if (found == DSEC_RESULTS_LOST)
-            /* Never a second run of what may have run: say what is known, and what to do. */
-            dsec__node_reply_err(n, m, DSEC_E_STATE,
-                                 "exec: the outcome of req_id %s in %s is lost: node %s's node "
-                                 "manager stopped while the command ran, so it may have run in "
-                                 "whole or in part (or still be running); it is not run again. "
-                                 "Check the sandbox, then exec with a new req_id",
-                                 x.req_id, s->id, n->name);
-        else {
-            kept.chunks = 0; /* its output comes whole, in the answer */
-            if (dsec_wire_reply(n->actor, m, DSEC_MSG_EXEC_RESULT, &kept, &err) < 0)
-                dsec_wire_error(n->actor, m, &err);
-        }
-        dsec_results_release(hold);
+        if (exec_kept(n, m, s, &x, hash))
+            return;
+    }
+    struct exec_end *e = exec_end_new(n, m, s, &x, hash);
+    if (e == NULL)
         return;
-    }
-    struct exec_end *e = dsec_calloc(1, sizeof *e);
-    bool ok = e != NULL;
-    if (ok) {
-        e->n = n;
-        e->s = s;
-        e->m = m;
-        e->step = x.step;
-        const char *tr = dsec_trace_current();
-        snprintf(e->trace, sizeof e->trace, "%s", tr ? tr : "");
-        ok = (x.stream_to == NULL || (e->stream_to = dsec_strdup(x.stream_to)) != NULL) &&
-             (x.req_id == NULL || (e->req_id = dsec_strdup(x.req_id)) != NULL);
-        memcpy(e->hash, hash, sizeof hash); /* a logged step's, or a named command's */
-        if (ok && x.rollout_id != NULL) {
-            e->argc = x.argv.n;
-            ok = (e->rollout_id = dsec_strdup(x.rollout_id)) != NULL &&
-                 (e->argv = dsec_calloc(x.argv.n + 1, sizeof *e->argv)) != NULL;
-            for (size_t i = 0; ok && i < x.argv.n; i++)
-                ok = (e->argv[i] = dup_or_null(x.argv.v[i])) != NULL;
-        }
-        e->es = (struct exec_stream){.n = n, .subject = e->stream_to, .id = s->id,
-                                     .trace = e->trace[0] ? e->trace : NULL};
-    }
-    if (!ok) {
-        if (e != NULL)
-            exec_end_free(e);
-        dsec__node_reply_err(n, m, DSEC_E_NOMEM, "exec in %s: out of memory", s->id);
-        return;
-    }
     dsec_exec_req req = {.argv = x.argv.v,
                          .argc = x.argv.n,
                          .env = env,

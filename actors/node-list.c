@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "actors/wire.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
 
 /* ---- labels ---------------------------------------------------------------------- */
@@ -149,6 +150,61 @@ static int state_index(const char *name)
     return -1;
 }
 
+/* This node's sandboxes of tenant that match q (want_state: its state's index, or -1), after
+ * its cursor, copied out under the node's lock into *hits (the caller frees *hits and the labels
+ * of its *nhits hits, all there is when out of memory too); -1 when out of memory. */
+static int list_hits(dsec_node *n, const char *tenant, const dsec_msg_list *q, int want_state,
+                     struct hit **hits, size_t *nhits)
+{
+    const char *after = q->after != NULL ? q->after : "";
+    size_t cap = 64, nh = 0;
+    struct hit *h = dsec_malloc(cap * sizeof *h);
+    bool nomem = h == NULL;
+    pthread_mutex_lock(&n->mu);
+    for (size_t b = 0; b < n->nbuckets && !nomem; b++)
+        for (struct sbx *s = n->by_id[b]; s && !nomem; s = s->next_id) {
+            int st = s->state;
+            if (strcmp(s->tenant, tenant) != 0 || strcmp(s->id, after) <= 0 || st == ST_GONE ||
+                st == ST_FAILED || (want_state >= 0 && st != want_state) ||
+                (q->type != NULL && strcmp(dsec__node_type_name(n, s->type_idx), q->type) != 0) ||
+                !labels_match(s, &q->labels))
+                continue;
+            if (nh == cap) {
+                struct hit *nhp = dsec_realloc(h, cap * 2 * sizeof *h);
+                if (nhp == NULL) {
+                    nomem = true;
+                    break;
+                }
+                h = nhp;
+                cap *= 2;
+            }
+            struct hit *x = &h[nh];
+            memcpy(x->id, s->id, sizeof x->id);
+            memcpy(x->project, s->project, sizeof x->project);
+            x->state = (uint8_t)st;
+            x->type_idx = s->type_idx;
+            x->created_ns = s->created_ns;
+            x->expires_ns = s->ttl_ns ? s->created_ns + s->ttl_ns : 0;
+            x->cpu_milli = s->cpu_milli;
+            x->memory_mb = s->memory_mb;
+            x->labels = NULL;
+            x->nlabels = 0;
+            if (s->nlabels > 0) {
+                if ((x->labels = dsec_malloc(s->labels_len)) == NULL) {
+                    nomem = true;
+                    break;
+                }
+                memcpy(x->labels, s->labels, s->labels_len);
+                x->nlabels = s->nlabels;
+            }
+            nh++;
+        }
+    pthread_mutex_unlock(&n->mu);
+    *hits = h;
+    *nhits = nh;
+    return nomem ? -1 : 0;
+}
+
 /* dsec.v1.<tenant>.list: this node's sandboxes of that tenant (the subject's, never the
  * body's) that match, after the cursor, sorted by id, at most limit; more says whether
  * there were others. Every node answers, with no items when it has none: the client waits
@@ -182,50 +238,9 @@ void dsec__node_on_list(dsec_actor *a, dsec_msg *m, void *ud)
                              q.state);
         return;
     }
-    const char *after = q.after != NULL ? q.after : "";
-    size_t cap = 64, nh = 0;
-    struct hit *h = dsec_malloc(cap * sizeof *h);
-    bool nomem = h == NULL;
-    pthread_mutex_lock(&n->mu);
-    for (size_t b = 0; b < n->nbuckets && !nomem; b++)
-        for (struct sbx *s = n->by_id[b]; s && !nomem; s = s->next_id) {
-            int st = s->state;
-            if (strcmp(s->tenant, tenant) != 0 || strcmp(s->id, after) <= 0 || st == ST_GONE ||
-                st == ST_FAILED || (want_state >= 0 && st != want_state) ||
-                (q.type != NULL && strcmp(dsec__node_type_name(n, s->type_idx), q.type) != 0) ||
-                !labels_match(s, &q.labels))
-                continue;
-            if (nh == cap) {
-                struct hit *nhp = dsec_realloc(h, cap * 2 * sizeof *h);
-                if (nhp == NULL) {
-                    nomem = true;
-                    break;
-                }
-                h = nhp;
-                cap *= 2;
-            }
-            struct hit *x = &h[nh];
-            memcpy(x->id, s->id, sizeof x->id);
-            memcpy(x->project, s->project, sizeof x->project);
-            x->state = (uint8_t)st;
-            x->type_idx = s->type_idx;
-            x->created_ns = s->created_ns;
-            x->expires_ns = s->ttl_ns ? s->created_ns + s->ttl_ns : 0;
-            x->cpu_milli = s->cpu_milli;
-            x->memory_mb = s->memory_mb;
-            x->labels = NULL;
-            x->nlabels = 0;
-            if (s->nlabels > 0) {
-                if ((x->labels = dsec_malloc(s->labels_len)) == NULL) {
-                    nomem = true;
-                    break;
-                }
-                memcpy(x->labels, s->labels, s->labels_len);
-                x->nlabels = s->nlabels;
-            }
-            nh++;
-        }
-    pthread_mutex_unlock(&n->mu);
+    struct hit *h = NULL;
+    size_t nh = 0;
+    bool nomem = list_hits(n, tenant, &q, want_state, &h, &nh) < 0;
     dsec_msg_sbx_info *items = NULL;
     const char **kv = NULL;
     size_t nkv = 0;
@@ -327,7 +342,7 @@ void dsec__node_send_tenant_events(dsec_node *n, const dsec_msg_sandbox_event *i
         char subj[192];
         if (tenant[0] != '\0' && strcmp(tenant, "ctl") != 0 &&
             dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0) {
-            snprintf(subj, sizeof subj, "dsec.v1.%s.evt.sbx", tenant);
+            snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_SBX, tenant);
             dsec_msg_sandbox_events batch = {
                 .node = n->name, .cell = n->cell, .events = {v + i, (uint32_t)(j - i)}};
             dsec_err err;

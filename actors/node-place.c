@@ -144,6 +144,203 @@ static void create_job_run(void *ud)
     dsec_deferred_done(j.d);
 }
 
+/* What an admitted placement asks of this node: its tenant, its type's index, and the resources,
+ * lifetimes and idle time with this node's defaults filled in. */
+struct place_want {
+    const char *tenant;
+    int tidx;
+    uint64_t cpu, mem, disk, ttl, idle;
+};
+
+/* The checks a placement passes before it may take room here; false when it failed one and
+ * was answered (an error to the requester, or refused back to the scheduler). */
+static bool place_validate(dsec_node *n, dsec_actor *a, dsec_msg *m, dsec_msg_place *p,
+                           struct place_want *w)
+{
+    dsec_err err;
+    const char *tenant = p->c.tenant ? p->c.tenant : "default";
+    w->tenant = tenant;
+    bool tenant_ok = dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0;
+    if (!tenant_ok || !printable_token(p->c.req_id, 64)) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad %s",
+                     tenant_ok ? "req_id (control characters)" : "tenant (not a name)");
+        dsec_wire_error_to(a, n->bus, p->reply_to, &err, tenant_ok ? "req_id" : "tenant",
+                           p->c.req_id);
+        return false;
+    }
+    if (p->c.project != NULL && p->c.project[0] &&
+        dsec_project_ok(p->c.project, DSEC_NAME_LEN_MAX) < 0) {
+        dsec_err_set(
+            &err, DSEC_E_INVALID, 0,
+            "project \"%.64s\": names of [A-Za-z0-9_-] joined by '/', at most 64 characters",
+            p->c.project);
+        dsec_wire_error_to(a, n->bus, p->reply_to, &err, "project", p->c.req_id);
+        return false;
+    }
+    uint64_t wall = dsec_wall_ns();
+    if (p->c.deadline_ns != 0 && wall > p->c.deadline_ns) {
+        /* the client stopped waiting (and may have retried elsewhere): creating it now
+         * would make a second sandbox for one request, or one nobody knows of */
+        atomic_fetch_add(&n->late_places, 1);
+        dsec_err_set(&err, DSEC_E_TIMEOUT, 0,
+                     "create: the placement reached node %s %" PRIu64
+                     " ms after the client's deadline; "
+                     "not created (retry is safe with the same req_id)",
+                     n->name, (uint64_t)((wall - p->c.deadline_ns) / 1000000u));
+        dsec_wire_error_to(a, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+        return false;
+    }
+    const char *tname = p->c.type ? p->c.type : "";
+    int tidx = w->tidx = dsec_registry_find(n->reg, tname);
+    if (tidx < 0 || !(n->offered & (1u << tidx)) || n->backends[tidx] == NULL) {
+        char why[160];
+        snprintf(why, sizeof why, "it does not offer sandbox type \"%s\"", tname);
+        refuse(n, m, p, why, NULL);
+        return false;
+    }
+    w->cpu = p->c.cpu_milli ? p->c.cpu_milli : n->conf.default_cpu_milli;
+    w->mem = p->c.memory_mb ? p->c.memory_mb : n->conf.default_memory_mb;
+    w->disk = p->c.disk_mb                     ? p->c.disk_mb
+              : strcmp(tname, "function") == 0 ? n->conf.default_function_disk_mb
+                                               : n->conf.default_disk_mb;
+    w->ttl = p->c.ttl_s ? p->c.ttl_s : n->conf.default_ttl_s;
+    w->idle = p->c.idle_s ? p->c.idle_s : n->conf.default_idle_s;
+    if (w->ttl > n->conf.max_ttl_s) {
+        dsec_err_set(&err, DSEC_E_INVALID, 0,
+                     "ttl_s %" PRIu64 " exceeds this cell's maximum %" PRIu64, w->ttl,
+                     n->conf.max_ttl_s);
+        dsec_wire_error_to(a, n->bus, p->reply_to, &err, "ttl_s", p->c.req_id);
+        return false;
+    }
+    for (uint32_t i = 0; i < p->c.affinity.n; i++) {
+        bool ok = false;
+        for (size_t j = 0; j < n->nlabels && !ok; j++)
+            ok = strcmp(n->labels[j].key, p->c.affinity.k[i]) == 0 &&
+                 strcmp(n->labels[j].value, p->c.affinity.v[i]) == 0;
+        if (!ok) {
+            char why[160];
+            snprintf(why, sizeof why, "label %s=%s does not match", p->c.affinity.k[i],
+                     p->c.affinity.v[i]);
+            refuse(n, m, p, why, NULL);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Room taken for the placement and s (zeroed, the caller's) filled in and listed, under the
+ * node's lock; false when it was answered instead (a retry of a request it already has, an
+ * attempt overtaken by a later one, no room), and s freed. */
+static bool place_admit(dsec_node *n, dsec_actor *a, dsec_msg *m, dsec_msg_place *p,
+                        const struct place_want *w, struct sbx *s)
+{
+    dsec_err err;
+    uint32_t retry = p->c.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)p->c.retry;
+    pthread_mutex_lock(&n->mu);
+    struct sbx *dup = dsec__node_find_req(n, w->tenant, p->c.req_id);
+    if (dup != NULL) {
+        /* Idempotent create: the same request id answers with the sandbox it
+         * made, which now answers this attempt (a notice of an earlier one
+         * placed elsewhere must not drop it). */
+        dsec__node_answers_locked(n, dup, retry);
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        dsec__node_send_created(n, p->reply_to, dup, true, p->c.req_id);
+        return false;
+    }
+    struct tomb *tomb = dsec__node_find_tomb(n, w->tenant, p->c.req_id);
+    if (tomb != NULL && tomb->retry > retry) {
+        uint32_t later = tomb->retry;
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        atomic_fetch_add(&n->stale_places, 1);
+        dsec_err_set(
+            &err, DSEC_E_TIMEOUT, 0,
+            "create: attempt %" PRIu64 " reached node %s after attempt %" PRIu32
+            " was placed on another node; not created (retry is safe with the same req_id)",
+            p->c.retry, n->name, later);
+        dsec_wire_error_to(a, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+        return false;
+    }
+    const char *short_of = NULL;
+    char why[160];
+    if (n->slots_free < 1)
+        short_of = "slots";
+    else if (n->cpu_free < w->cpu)
+        short_of = "cpu";
+    else if (n->mem_free < w->mem)
+        short_of = "memory";
+    else if (n->disk_free < w->disk)
+        short_of = "disk";
+    if (short_of != NULL) {
+        snprintf(why, sizeof why,
+                 "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
+                 " slots, %" PRIu64 " MB of disk)",
+                 short_of, n->cpu_free, n->mem_free, n->slots_free, n->disk_free);
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        refuse(n, m, p, why, short_of);
+        return false;
+    }
+    n->cpu_free -= w->cpu;
+    n->mem_free -= w->mem;
+    n->slots_free -= 1;
+    n->disk_free -= w->disk;
+    n->dirty = true;
+    dsec__node_new_id(n, s->id, sizeof s->id);
+    snprintf(s->tenant, sizeof s->tenant, "%s", w->tenant);
+    snprintf(s->project, sizeof s->project, "%s", p->c.project ? p->c.project : "");
+    snprintf(s->req_id, sizeof s->req_id, "%s", p->c.req_id);
+    s->retry = retry;
+    s->type_idx = (uint8_t)w->tidx;
+    s->cpu_milli = (uint32_t)w->cpu;
+    s->memory_mb = (uint32_t)w->mem;
+    s->disk_mb = w->disk;
+    s->created_ns = dsec_wall_ns();
+    s->last_ns = s->created_ns;
+    s->ttl_ns = w->ttl * 1000000000ull;
+    s->idle_ns = w->idle * 1000000000ull;
+    s->be = n->backends[w->tidx];
+    s->state = ST_STARTING;
+    s->pausable = p->c.pausable && (p->c.cls == NULL || strcmp(p->c.cls, "rollout") == 0);
+    if (dsec__node_labels_set(s, p->c.labels.k, p->c.labels.v, p->c.labels.n) < 0) {
+        dsec__node_release_resources(n, w->cpu, w->mem, 1, w->disk);
+        pthread_mutex_unlock(&n->mu);
+        dsec_free(s);
+        refuse(n, m, p, "out of memory", NULL);
+        return false;
+    }
+    dsec__node_insert(n, s); /* visible to a retry of the same request at once */
+    dsec__node_event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
+    pthread_mutex_unlock(&n->mu);
+    return true;
+}
+
+/* Start the admitted sandbox and answer its requester (create_finish). */
+static void place_create(dsec_node *n, dsec_actor *a, dsec_msg *m, const dsec_msg_place *p,
+                         struct sbx *s, uint64_t t0)
+{
+    dsec_err err;
+    /* Starting it needs a thread (crun, mkfs, a VM's boot): it runs on the work queue, in
+     * the tenant's fair turn, and this worker goes on placing. A backend whose operations
+     * complete at once starts it here. */
+    bool here = dsec_backend_instant(s->be);
+    struct create_job *j = here ? NULL : dsec_malloc(sizeof *j);
+    dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
+    if (d != NULL) {
+        *j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};
+        if (dsec_workq_submit(n->work, s->tenant, dsec__node_hash_str(s->id, NULL), create_job_run,
+                              j, &err) == 0)
+            return;
+        dsec_free(j);
+        create_fail(n, s, &err, p->reply_to, p->c.req_id);
+        dsec_deferred_done(d);
+        return;
+    }
+    dsec_free(j);
+    create_finish(n, s, p, t0);
+}
+
 void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_node *n = ud;
@@ -157,170 +354,16 @@ void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_wire_error(a, m, &err);
         return;
     }
-    const char *tenant = p.c.tenant ? p.c.tenant : "default";
-    bool tenant_ok = dsec_name_ok(tenant, DSEC_NAME_LEN_MAX) == 0;
-    if (!tenant_ok || !printable_token(p.c.req_id, 64)) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0, "place: bad %s",
-                     tenant_ok ? "req_id (control characters)" : "tenant (not a name)");
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, tenant_ok ? "req_id" : "tenant",
-                           p.c.req_id);
+    struct place_want w;
+    if (!place_validate(n, a, m, &p, &w))
         return;
-    }
-    if (p.c.project != NULL && p.c.project[0] && dsec_project_ok(p.c.project, DSEC_NAME_LEN_MAX) < 0) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0,
-                     "project \"%.64s\": names of [A-Za-z0-9_-] joined by '/', at most 64 characters",
-                     p.c.project);
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "project", p.c.req_id);
-        return;
-    }
-    uint64_t wall = dsec_wall_ns();
-    if (p.c.deadline_ns != 0 && wall > p.c.deadline_ns) {
-        /* the client stopped waiting (and may have retried elsewhere): creating it now
-         * would make a second sandbox for one request, or one nobody knows of */
-        atomic_fetch_add(&n->late_places, 1);
-        dsec_err_set(&err, DSEC_E_TIMEOUT, 0,
-                     "create: the placement reached node %s %" PRIu64 " ms after the client's deadline; "
-                     "not created (retry is safe with the same req_id)",
-                     n->name, (uint64_t)((wall - p.c.deadline_ns) / 1000000u));
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
-        return;
-    }
-    const char *tname = p.c.type ? p.c.type : "";
-    int tidx = dsec_registry_find(n->reg, tname);
-    if (tidx < 0 || !(n->offered & (1u << tidx)) || n->backends[tidx] == NULL) {
-        char why[160];
-        snprintf(why, sizeof why, "it does not offer sandbox type \"%s\"", tname);
-        refuse(n, m, &p, why, NULL);
-        return;
-    }
-    uint64_t cpu = p.c.cpu_milli ? p.c.cpu_milli : n->conf.default_cpu_milli;
-    uint64_t mem = p.c.memory_mb ? p.c.memory_mb : n->conf.default_memory_mb;
-    uint64_t disk = p.c.disk_mb                      ? p.c.disk_mb
-                    : strcmp(tname, "function") == 0 ? n->conf.default_function_disk_mb
-                                                     : n->conf.default_disk_mb;
-    uint64_t ttl = p.c.ttl_s ? p.c.ttl_s : n->conf.default_ttl_s;
-    uint64_t idle = p.c.idle_s ? p.c.idle_s : n->conf.default_idle_s;
-    if (ttl > n->conf.max_ttl_s) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0, "ttl_s %" PRIu64 " exceeds this cell's maximum %" PRIu64,
-                     ttl, n->conf.max_ttl_s);
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, "ttl_s", p.c.req_id);
-        return;
-    }
-    for (uint32_t i = 0; i < p.c.affinity.n; i++) {
-        bool ok = false;
-        for (size_t j = 0; j < n->nlabels && !ok; j++)
-            ok = strcmp(n->labels[j].key, p.c.affinity.k[i]) == 0 &&
-                 strcmp(n->labels[j].value, p.c.affinity.v[i]) == 0;
-        if (!ok) {
-            char why[160];
-            snprintf(why, sizeof why, "label %s=%s does not match", p.c.affinity.k[i],
-                     p.c.affinity.v[i]);
-            refuse(n, m, &p, why, NULL);
-            return;
-        }
-    }
-
     struct sbx *s = dsec_calloc(1, sizeof *s);
     if (s == NULL) {
         refuse(n, m, &p, "out of memory", NULL);
         return;
     }
-    uint32_t retry = p.c.retry > UINT32_MAX ? UINT32_MAX : (uint32_t)p.c.retry;
-    pthread_mutex_lock(&n->mu);
-    struct sbx *dup = dsec__node_find_req(n, tenant, p.c.req_id);
-    if (dup != NULL) {
-        /* Idempotent create: the same request id answers with the sandbox it
-         * made, which now answers this attempt (a notice of an earlier one
-         * placed elsewhere must not drop it). */
-        dsec__node_answers_locked(n, dup, retry);
-        pthread_mutex_unlock(&n->mu);
-        dsec_free(s);
-        dsec__node_send_created(n, p.reply_to, dup, true, p.c.req_id);
-        return;
-    }
-    struct tomb *tomb = dsec__node_find_tomb(n, tenant, p.c.req_id);
-    if (tomb != NULL && tomb->retry > retry) {
-        uint32_t later = tomb->retry;
-        pthread_mutex_unlock(&n->mu);
-        dsec_free(s);
-        atomic_fetch_add(&n->stale_places, 1);
-        dsec_err_set(&err, DSEC_E_TIMEOUT, 0,
-                     "create: attempt %" PRIu64 " reached node %s after attempt %" PRIu32
-                     " was placed on another node; not created (retry is safe with the same req_id)",
-                     p.c.retry, n->name, later);
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
-        return;
-    }
-    const char *short_of = NULL;
-    char why[160];
-    if (n->slots_free < 1)
-        short_of = "slots";
-    else if (n->cpu_free < cpu)
-        short_of = "cpu";
-    else if (n->mem_free < mem)
-        short_of = "memory";
-    else if (n->disk_free < disk)
-        short_of = "disk";
-    if (short_of != NULL) {
-        snprintf(why, sizeof why,
-                 "not enough %s (free: %" PRIu64 " milli-CPU, %" PRIu64 " MB, %" PRIu64
-                 " slots, %" PRIu64 " MB of disk)",
-                 short_of, n->cpu_free, n->mem_free, n->slots_free, n->disk_free);
-        pthread_mutex_unlock(&n->mu);
-        dsec_free(s);
-        refuse(n, m, &p, why, short_of);
-        return;
-    }
-    n->cpu_free -= cpu;
-    n->mem_free -= mem;
-    n->slots_free -= 1;
-    n->disk_free -= disk;
-    n->dirty = true;
-    dsec__node_new_id(n, s->id, sizeof s->id);
-    snprintf(s->tenant, sizeof s->tenant, "%s", tenant);
-    snprintf(s->project, sizeof s->project, "%s", p.c.project ? p.c.project : "");
-    snprintf(s->req_id, sizeof s->req_id, "%s", p.c.req_id);
-    s->retry = retry;
-    s->type_idx = (uint8_t)tidx;
-    s->cpu_milli = (uint32_t)cpu;
-    s->memory_mb = (uint32_t)mem;
-    s->disk_mb = disk;
-    s->created_ns = dsec_wall_ns();
-    s->last_ns = s->created_ns;
-    s->ttl_ns = ttl * 1000000000ull;
-    s->idle_ns = idle * 1000000000ull;
-    s->be = n->backends[tidx];
-    s->state = ST_STARTING;
-    s->pausable = p.c.pausable && (p.c.cls == NULL || strcmp(p.c.cls, "rollout") == 0);
-    if (dsec__node_labels_set(s, p.c.labels.k, p.c.labels.v, p.c.labels.n) < 0) {
-        dsec__node_release_resources(n, cpu, mem, 1, disk);
-        pthread_mutex_unlock(&n->mu);
-        dsec_free(s);
-        refuse(n, m, &p, "out of memory", NULL);
-        return;
-    }
-    dsec__node_insert(n, s); /* visible to a retry of the same request at once */
-    dsec__node_event_locked(n, s, ST_REQUESTED, ST_STARTING, NULL);
-    pthread_mutex_unlock(&n->mu);
-
-    /* Starting it needs a thread (crun, mkfs, a VM's boot): it runs on the work queue, in
-     * the tenant's fair turn, and this worker goes on placing. A backend whose operations
-     * complete at once starts it here. */
-    bool here = dsec_backend_instant(s->be);
-    struct create_job *j = here ? NULL : dsec_malloc(sizeof *j);
-    dsec_deferred *d = j != NULL ? dsec_actor_defer(a, m) : NULL;
-    if (d != NULL) {
-        *j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};
-        if (dsec_workq_submit(n->work, s->tenant, dsec__node_hash_str(s->id, NULL), create_job_run,
-                              j, &err) == 0)
-            return;
-        dsec_free(j);
-        create_fail(n, s, &err, p.reply_to, p.c.req_id);
-        dsec_deferred_done(d);
-        return;
-    }
-    dsec_free(j);
-    create_finish(n, s, &p, t0);
+    if (place_admit(n, a, m, &p, &w, s))
+        place_create(n, a, m, &p, s, t0);
 }
 
 /* A placement that waited in this node's mailbox longer than shed_after_ms
@@ -345,9 +388,12 @@ void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, vo
     uint64_t waited_ms = waited_ns / 1000000u;
     /* what this node's backlog took to reach it: about what a retry would meet now */
     err = (dsec_err){.code = DSEC_E_OVERLOADED,
-                     .retry_after_ms = waited_ms < 10 ? 10 : waited_ms > 2000 ? 2000 : (unsigned)waited_ms};
+                     .retry_after_ms = waited_ms < 10     ? 10
+                                       : waited_ms > 2000 ? 2000
+                                                          : (unsigned)waited_ms};
     snprintf(err.msg, sizeof err.msg,
-             "node %s: the placement waited %" PRIu64 " ms for its turn (scheduler.shed_after_ms %u); "
+             "node %s: the placement waited %" PRIu64
+             " ms for its turn (scheduler.shed_after_ms %u); "
              "not created; retry after %u ms (same req_id)",
              n->name, waited_ms, n->conf.shed_after_ms, err.retry_after_ms);
     dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);

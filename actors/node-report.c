@@ -8,6 +8,7 @@
 #include "actors/wire.h"
 #include "codecs/subjects.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* ---- reports ---------------------------------------------------------------- */
 
@@ -365,9 +366,9 @@ void dsec__node_on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_unlock(&n->mu);
     if (dropping > 0)
-        fprintf(stderr,
+        dsec_log_warn(
                 "dsec-node %s: %" PRIu64 " sandbox(es) made for create attempts that were retried and "
-                "kept on other nodes (their answers were lost): destroying them\n",
+                "kept on other nodes (their answers were lost): destroying them",
                 n->name, dropping);
     if (dsec_msg_reply(m) == NULL)
         return;
@@ -411,9 +412,9 @@ void dsec__node_on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
             count += s->created_ns < nl.lost_ns;
     pthread_mutex_unlock(&n->mu);
     if (count > 0)
-        fprintf(stderr,
+        dsec_log_warn(
                 "dsec-node %s: declared lost by %s after %" PRIu64 " ms of silence: reclaiming %" PRIu64
-                " sandbox(es) its owners count as gone\n",
+                " sandbox(es) its owners count as gone",
                 n->name, nl.by ? nl.by : "a scheduler", nl.silent_ms, count);
     char c[24];
     snprintf(c, sizeof c, "%" PRIu64, count);

@@ -8,6 +8,7 @@
 
 #include "actors/wire.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 static char *field(char **p);
@@ -305,13 +306,13 @@ static int record_format(const dsec_node *n, const struct sbx *s, char *buf, siz
     char *lr = dsec__node_labels_record(s);
     if (lr == NULL)
         return -1;
-    int rc = snprintf(buf, len,
-                    "6\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64
-                    "\x1f%" PRIu64 "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu32
-                    "\x1f%s\x1f%s",
-                    s->tenant, s->req_id, dsec__node_type_name(n, s->type_idx), (int)s->state,
-                    s->cpu_milli, s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project,
-                    (uint32_t)s->retry, s->disk_mb, s->lookup_retry, lr, s->bstate ? s->bstate : "");
+    int rc = snprintf(
+        buf, len,
+        "6\x1f%s\x1f%s\x1f%s\x1f%d\x1f%" PRIu32 "\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu64
+        "\x1f%" PRIu64 "\x1f%s\x1f%" PRIu32 "\x1f%" PRIu64 "\x1f%" PRIu32 "\x1f%s\x1f%s",
+        s->tenant, s->req_id, dsec__node_type_name(n, s->type_idx), (int)s->state, s->cpu_milli,
+        s->memory_mb, s->created_ns, s->ttl_ns, s->idle_ns, s->project, (uint32_t)s->retry,
+        s->disk_mb, s->lookup_retry, lr, s->bstate ? s->bstate : "");
     dsec_free(lr);
     return rc;
 }
@@ -400,7 +401,8 @@ static struct hold **find_hold(dsec_node *n, const char *key)
 
 static int hold_record(const struct hold *h, char *buf, size_t len)
 {
-    return snprintf(buf, len, "H\x1f%s\x1f%" PRIu64 "\x1f%" PRIu64, h->job, h->cpu_milli, h->memory_mb);
+    return snprintf(buf, len, "H\x1f%s\x1f%" PRIu64 "\x1f%" PRIu64, h->job, h->cpu_milli,
+                    h->memory_mb);
 }
 
 /* dsec.v1.ctl.hold.<node>: a job takes (or gives back) capacity here. Taking
@@ -474,9 +476,10 @@ void dsec__node_on_hold(dsec_actor *a, dsec_msg *m, void *ud)
             *pp = old->next;
             dsec__node_release_resources(n, old->cpu_milli, old->memory_mb, 0, 0);
             if (dsec_journal_del(n->journal, old->key, &err) < 0)
-                dsec_actor_count_error(a); /* the next start restores a holding nobody owns: logged */
+                dsec_actor_count_error(
+                    a); /* the next start restores a holding nobody owns: logged */
             if (h.forced)
-                fprintf(stderr, "dsec-node %s: holding %s released by force\n", n->name, old->key);
+                dsec_log_info("dsec-node %s: holding %s released by force", n->name, old->key);
             dsec_free(old);
         }
     }
@@ -498,7 +501,7 @@ static int adopt_hold(dsec_node *n, const char *id, const char *data, size_t len
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory re-adopting %s", id);
     if (tag == NULL || strcmp(tag, "H") != 0 || job == NULL || cpu == NULL || mem == NULL) {
         dsec_free(h);
-        fprintf(stderr, "dsec-node %s: dropping unreadable holding %s\n", n->name, id);
+        dsec_log_warn("dsec-node %s: dropping unreadable holding %s", n->name, id);
         return 0;
     }
     snprintf(h->key, sizeof h->key, "%s", id);
@@ -529,8 +532,7 @@ int dsec__node_emit_live(dsec_journal *j, dsec_journal_emit_fn emit, void *ud, d
                 char *big = dsec_malloc((size_t)len + 1);
                 if (big == NULL || record_format(n, s, big, (size_t)len + 1) != len) {
                     dsec_free(big);
-                    return dsec_err_set(err, DSEC_E_NOMEM, 0, "record of %s: out of memory",
-                                        s->id);
+                    return dsec_err_set(err, DSEC_E_NOMEM, 0, "record of %s: out of memory", s->id);
                 }
                 int rc = emit(j, s->id, big, (size_t)len, err);
                 dsec_free(big);
@@ -566,7 +568,7 @@ static void kept_add(dsec_node *n, const char *id, const void *data, size_t len)
     char *kid = dsec_strdup(id), *kdata = dsec_malloc(len ? len : 1);
     if (k == NULL || kid == NULL || kdata == NULL) {
         /* the record is still in the journal; only a compaction now would lose it */
-        fprintf(stderr, "dsec-node %s: out of memory keeping the record of %s\n", n->name, id);
+        dsec_log_error("dsec-node %s: out of memory keeping the record of %s", n->name, id);
         dsec_free(k);
         dsec_free(kid);
         dsec_free(kdata);
@@ -579,6 +581,40 @@ static void kept_add(dsec_node *n, const char *id, const void *data, size_t len)
     k->next = n->kept;
     n->kept = k;
     n->nkept++;
+}
+
+/* A record not re-adopted, for why: kept for a later start (keep: the sandbox exists but this
+ * node cannot run it as configured), or turned into a note that it is gone. s is freed or
+ * handed to n->dropped. */
+static void adopt_not(dsec_node *n, struct sbx *s, const char *id, const void *data, size_t len,
+                      const char *why, bool keep)
+{
+    if (keep) {
+        /* It exists, but this node cannot run it as configured: not served, not counted,
+         * reported failed, and its record kept for a later start. */
+        dsec_log_info(
+                "dsec-node %s: not re-adopting %s (its record is kept for the next start): %s",
+                n->name, id, why);
+        atomic_fetch_add(&n->adopt_failed, 1);
+        kept_add(n, id, data, len);
+        pthread_mutex_lock(&n->mu);
+        dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
+        pthread_mutex_unlock(&n->mu);
+        dsec__node_sbx_free(s);
+        return;
+    }
+    /* Gone while we were away (or unusable): its record becomes a note, and it is said. */
+    dsec_log_warn("dsec-node %s: not re-adopting %s: %s", n->name, id, why);
+    atomic_fetch_add(&n->adopt_failed, 1);
+    char reason[96];
+    snprintf(reason, sizeof reason, "not re-adopted when its node manager restarted: %.40s", why);
+    pthread_mutex_lock(&n->mu);
+    dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
+    gone_add_locked(n, id, s->tenant, reason, dsec_wall_ns());
+    pthread_mutex_unlock(&n->mu);
+    /* the journal is still being opened: its note replaces the record right after */
+    s->next_id = n->dropped;
+    n->dropped = s;
 }
 
 int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud, dsec_err *err)
@@ -654,7 +690,7 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         s->be = n->backends[tidx];
         s->bstate = dsec_strdup(f[10]);
         if (dsec__node_labels_parse(s, labels) < 0)
-            fprintf(stderr, "dsec-node %s: the labels of %s are unreadable: adopted without\n",
+            dsec_log_warn("dsec-node %s: the labels of %s are unreadable: adopted without",
                     n->name, id);
         if (s->state != ST_PAUSED)
             s->state = ST_RUNNING;
@@ -665,35 +701,8 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
             keep = s->bstate != NULL && aerr.code == DSEC_E_CONFIG;
         }
     }
-    if (keep) {
-        /* It exists, but this node cannot run it as configured: not served, not counted,
-         * reported failed, and its record kept for a later start. */
-        fprintf(stderr,
-                "dsec-node %s: not re-adopting %s (its record is kept for the next start): %s\n",
-                n->name, id, why);
-        atomic_fetch_add(&n->adopt_failed, 1);
-        kept_add(n, id, data, len);
-        pthread_mutex_lock(&n->mu);
-        dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
-        pthread_mutex_unlock(&n->mu);
-        dsec__node_sbx_free(s);
-        dsec_free(copy);
-        return 0;
-    }
     if (why != NULL) {
-        /* Gone while we were away (or unusable): its record becomes a note, and it is said. */
-        fprintf(stderr, "dsec-node %s: not re-adopting %s: %s\n", n->name, id, why);
-        atomic_fetch_add(&n->adopt_failed, 1);
-        char reason[96];
-        snprintf(reason, sizeof reason, "not re-adopted when its node manager restarted: %.40s",
-                 why);
-        pthread_mutex_lock(&n->mu);
-        dsec__node_event_locked(n, s, ST_RUNNING, ST_FAILED, why);
-        gone_add_locked(n, id, s->tenant, reason, dsec_wall_ns());
-        pthread_mutex_unlock(&n->mu);
-        /* the journal is still being opened: its note replaces the record right after */
-        s->next_id = n->dropped;
-        n->dropped = s;
+        adopt_not(n, s, id, data, len, why, keep);
         dsec_free(copy);
         return 0;
     }

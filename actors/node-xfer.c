@@ -9,6 +9,7 @@
 #include "actors/node-int.h"
 #include "actors/wire.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/sha256.h"
 
 /*
@@ -126,7 +127,7 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
             dsec_file_op op = {.kind = DSEC_FOP_REMOVE, .path = e->key};
             if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0 &&
                 err.code != DSEC_E_NOT_FOUND)
-                fprintf(stderr, "dsec-node %s: removing the stale upload %s in %s: %s\n", n->name,
+                dsec_log_warn("dsec-node %s: removing the stale upload %s in %s: %s", n->name,
                         e->key, s->id, err.msg);
         }
         xstate_free(e);
@@ -275,51 +276,180 @@ bool dsec__node_is_upload(const dsec_msg_file_write *w)
            w->size != 0;
 }
 
-void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_file_write *w)
+/* The fields of an upload's chunk that do not go together; false when answered so. */
+static bool upload_ok(dsec_node *n, dsec_msg *m, const dsec_msg_file_write *w)
 {
-    dsec_err err;
     if (w->upload == NULL) {
         dsec__node_reply_bad(n, m, "upload",
                              "file_write: offset, commit, sha256, size and resume belong to an "
                              "upload: name it with upload");
-        return;
+        return false;
     }
     if (!upload_id_ok(w->upload)) {
         dsec__node_reply_bad(n, m, "upload",
                              "upload \"%s\": use 1-64 characters from A-Z a-z 0-9 _ -", w->upload);
-        return;
+        return false;
     }
     if (w->append) {
         dsec__node_reply_bad(n, m, "append",
                              "upload %s: append does not mix with an upload (each chunk goes at "
                              "its offset)",
                              w->upload);
-        return;
+        return false;
     }
     if (w->rollout_id != NULL) {
         dsec__node_reply_bad(n, m, "rollout_id",
                              "upload %s: an upload is not logged in the trajectory log (a logged "
                              "write is one file_write of at most 4 MiB)",
                              w->upload);
-        return;
+        return false;
     }
     if (w->sha256 != NULL && !hex_ok(w->sha256)) {
         dsec__node_reply_bad(n, m, "sha256",
                              "upload %s: sha256 \"%s\" is not 64 lowercase hex digits", w->upload,
                              w->sha256);
-        return;
+        return false;
     }
     if (w->commit && w->sha256 == NULL) {
         dsec__node_reply_bad(n, m, "sha256",
                              "upload %s: commit needs sha256 (and size) of the whole file",
                              w->upload);
-        return;
+        return false;
     }
     if (w->resume && (w->commit || w->data.len > 0)) {
         dsec__node_reply_bad(n, m, "resume",
                              "upload %s: a resume probe carries no data and no commit", w->upload);
+        return false;
+    }
+    return true;
+}
+
+/* What is known of the upload into tmp: its kept state, or else what the temporary file holds
+ * (its hash is lost then); NULL when answered with an error. */
+static struct xstate *upload_state(dsec_node *n, dsec_msg *m, struct sbx *s,
+                                   const dsec_msg_file_write *w, const char *tmp)
+{
+    dsec_err err;
+    struct xstate *x = xstate_take(s->id, false, tmp, 0);
+    if (x == NULL) {
+        /* no state: what the temporary file holds is the truth (its hash is lost) */
+        dsec_file_entry st;
+        int there = stat_of(s, tmp, &st, &err);
+        if (there < 0) {
+            dsec_err_wrap(&err, "upload %s of %s in %s", w->upload, w->path, s->id);
+            dsec__node_reply_backend(n, m, &err, "path");
+            return NULL;
+        }
+        if ((x = xstate_new(s->id, false, tmp)) == NULL) {
+            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "out of memory");
+            return NULL;
+        }
+        if (there && st.kind == DSEC_FILE_REG && st.size > 0) {
+            x->at = st.size;
+            x->hashed = false;
+        }
+    }
+    return x;
+}
+
+/* The chunk's bytes into tmp at its offset, hashed on while the hash is still known; -1 when
+ * it failed: x freed, answered. */
+static int upload_write(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_file_write *w,
+                        const char *tmp, struct xstate *x)
+{
+    dsec_err err;
+    /* offset 0 starts (or starts again): the temporary file is created with the final
+     * mode, or the mode of the file it replaces */
+    uint32_t mode = (uint32_t)w->mode;
+    if (w->offset == 0 && mode == 0) {
+        dsec_file_entry st;
+        mode = stat_of(s, w->path, &st, &err) == 1 && st.kind == DSEC_FILE_REG ? st.mode : 0644;
+    }
+    dsec_sha256 h = x->h;
+    if (w->offset == 0)
+        dsec_sha256_init(&h);
+    bool hash_it = w->offset == 0 || x->hashed;
+    int wrc = write_hashing(s, tmp, w->data.ptr, w->data.len, mode, w->offset > 0,
+                            hash_it ? &h : NULL, &err);
+    if (wrc < 0) {
+        /* what it holds now is unknown: the next chunk or probe asks the file */
+        xstate_free(x);
+        dsec_err_wrap(&err, "upload %s of %s in %s: writing %s", w->upload, w->path, s->id, tmp);
+        dsec__node_reply_backend(n, m, &err, "path");
+        return -1;
+    }
+    x->hashed = hash_it;
+    x->h = h;
+    x->at = w->offset + w->data.len;
+    return 0;
+}
+
+/* commit: what the temporary file holds must be the whole file, then it takes the
+ * target's name in one rename. x is released here. */
+static void upload_commit(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_file_write *w,
+                          const char *tmp, struct xstate *x)
+{
+    dsec_err err;
+    dsec_file_entry st;
+    int there = stat_of(s, tmp, &st, &err);
+    if (there <= 0) {
+        xstate_free(x);
+        if (there == 0)
+            dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND,
+                                 "upload %s of %s in %s: nothing to commit (no chunk arrived, or "
+                                 "the upload went stale and was removed)",
+                                 w->upload, w->path, s->id);
+        else
+            dsec__node_reply_backend(n, m, &err, "path");
         return;
     }
+    if (st.size != x->at) { /* someone else wrote it: trust the file */
+        x->at = st.size;
+        x->hashed = false;
+    }
+    char why[256] = "";
+    if (x->at != w->size)
+        snprintf(why, sizeof why, "size: expected %" PRIu64 " bytes, the upload holds %" PRIu64,
+                 w->size, x->at);
+    char hex[2 * DSEC_SHA256_LEN + 1] = "";
+    if (why[0] == '\0') {
+        if (!x->hashed && hash_file(s, tmp, x->at, &x->h, &err) < 0) {
+            xstate_put(x);
+            dsec_err_wrap(&err, "upload %s of %s in %s", w->upload, w->path, s->id);
+            dsec__node_reply_backend(n, m, &err, "path");
+            return;
+        }
+        uint8_t d[DSEC_SHA256_LEN];
+        dsec_sha256 h = x->h;
+        dsec_sha256_final(&h, d);
+        hex_of(d, hex);
+        if (strcmp(hex, w->sha256) != 0)
+            snprintf(why, sizeof why, "sha256: expected %s, the upload hashes to %s", w->sha256,
+                     hex);
+    }
+    if (why[0] != '\0') {
+        remove_quietly(s, tmp);
+        xstate_free(x);
+        dsec__node_reply_bad(n, m, why[0] == 's' && why[1] == 'i' ? "size" : "sha256",
+                             "upload %s of %s in %s: %s; the upload was removed, send it again",
+                             w->upload, w->path, s->id, why);
+        return;
+    }
+    dsec_file_op op = {.kind = DSEC_FOP_RENAME, .path = tmp, .to = w->path, .sync = false};
+    if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0) {
+        xstate_put(x); /* the commit may be sent again */
+        dsec_err_wrap(&err, "upload %s: publishing %s in %s", w->upload, w->path, s->id);
+        dsec__node_reply_backend(n, m, &err, "path");
+        return;
+    }
+    reply_data(n, m, s, w->path, x->at, true, hex);
+    xstate_free(x);
+}
+
+void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_file_write *w)
+{
+    if (!upload_ok(n, m, w))
+        return;
     const char *slash = strrchr(w->path, '/');
     if (w->path[0] != '/' || slash == NULL || slash[1] == '\0') {
         dsec__node_reply_bad(n, m, "path", "upload %s: path \"%s\" is not an absolute file path",
@@ -336,25 +466,9 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
     snprintf(tmp, tl, "%.*s/%s%s", (int)dl, w->path, UPLOAD_PREFIX, w->upload);
     xstate_sweep(n, s);
 
-    struct xstate *x = xstate_take(s->id, false, tmp, 0);
-    if (x == NULL) {
-        /* no state: what the temporary file holds is the truth (its hash is lost) */
-        dsec_file_entry st;
-        int there = stat_of(s, tmp, &st, &err);
-        if (there < 0) {
-            dsec_err_wrap(&err, "upload %s of %s in %s", w->upload, w->path, s->id);
-            dsec__node_reply_backend(n, m, &err, "path");
-            goto out;
-        }
-        if ((x = xstate_new(s->id, false, tmp)) == NULL) {
-            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "out of memory");
-            goto out;
-        }
-        if (there && st.kind == DSEC_FILE_REG && st.size > 0) {
-            x->at = st.size;
-            x->hashed = false;
-        }
-    }
+    struct xstate *x = upload_state(n, m, s, w, tmp);
+    if (x == NULL)
+        goto out;
     if (w->resume) {
         reply_data(n, m, s, w->path, x->at, false, NULL);
         xstate_put(x);
@@ -368,94 +482,14 @@ void dsec__node_do_upload(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
         xstate_put(x);
         goto out;
     }
-    if (w->offset == 0 || w->data.len > 0) {
-        /* offset 0 starts (or starts again): the temporary file is created with the final
-         * mode, or the mode of the file it replaces */
-        uint32_t mode = (uint32_t)w->mode;
-        if (w->offset == 0 && mode == 0) {
-            dsec_file_entry st;
-            mode = stat_of(s, w->path, &st, &err) == 1 && st.kind == DSEC_FILE_REG ? st.mode : 0644;
-        }
-        dsec_sha256 h = x->h;
-        if (w->offset == 0)
-            dsec_sha256_init(&h);
-        bool hash_it = w->offset == 0 || x->hashed;
-        int wrc = write_hashing(s, tmp, w->data.ptr, w->data.len, mode, w->offset > 0,
-                                hash_it ? &h : NULL, &err);
-        if (wrc < 0) {
-            /* what it holds now is unknown: the next chunk or probe asks the file */
-            xstate_free(x);
-            dsec_err_wrap(&err, "upload %s of %s in %s: writing %s", w->upload, w->path, s->id,
-                          tmp);
-            dsec__node_reply_backend(n, m, &err, "path");
-            goto out;
-        }
-        x->hashed = hash_it;
-        x->h = h;
-        x->at = w->offset + w->data.len;
-    }
+    if ((w->offset == 0 || w->data.len > 0) && upload_write(n, m, s, w, tmp, x) < 0)
+        goto out;
     if (!w->commit) {
         reply_data(n, m, s, w->path, x->at, false, NULL);
         xstate_put(x);
         goto out;
     }
-
-    /* commit: what the temporary file holds must be the whole file, then it takes the
-     * target's name in one rename */
-    dsec_file_entry st;
-    int there = stat_of(s, tmp, &st, &err);
-    if (there <= 0) {
-        xstate_free(x);
-        if (there == 0)
-            dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND,
-                                 "upload %s of %s in %s: nothing to commit (no chunk arrived, or "
-                                 "the upload went stale and was removed)",
-                                 w->upload, w->path, s->id);
-        else
-            dsec__node_reply_backend(n, m, &err, "path");
-        goto out;
-    }
-    if (st.size != x->at) { /* someone else wrote it: trust the file */
-        x->at = st.size;
-        x->hashed = false;
-    }
-    char why[256] = "";
-    if (x->at != w->size)
-        snprintf(why, sizeof why, "size: expected %" PRIu64 " bytes, the upload holds %" PRIu64,
-                 w->size, x->at);
-    char hex[2 * DSEC_SHA256_LEN + 1] = "";
-    if (why[0] == '\0') {
-        if (!x->hashed && hash_file(s, tmp, x->at, &x->h, &err) < 0) {
-            xstate_put(x);
-            dsec_err_wrap(&err, "upload %s of %s in %s", w->upload, w->path, s->id);
-            dsec__node_reply_backend(n, m, &err, "path");
-            goto out;
-        }
-        uint8_t d[DSEC_SHA256_LEN];
-        dsec_sha256 h = x->h;
-        dsec_sha256_final(&h, d);
-        hex_of(d, hex);
-        if (strcmp(hex, w->sha256) != 0)
-            snprintf(why, sizeof why, "sha256: expected %s, the upload hashes to %s", w->sha256,
-                     hex);
-    }
-    if (why[0] != '\0') {
-        remove_quietly(s, tmp);
-        xstate_free(x);
-        dsec__node_reply_bad(n, m, why[0] == 's' && why[1] == 'i' ? "size" : "sha256",
-                             "upload %s of %s in %s: %s; the upload was removed, send it again",
-                             w->upload, w->path, s->id, why);
-        goto out;
-    }
-    dsec_file_op op = {.kind = DSEC_FOP_RENAME, .path = tmp, .to = w->path, .sync = false};
-    if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0) {
-        xstate_put(x); /* the commit may be sent again */
-        dsec_err_wrap(&err, "upload %s: publishing %s in %s", w->upload, w->path, s->id);
-        dsec__node_reply_backend(n, m, &err, "path");
-        goto out;
-    }
-    reply_data(n, m, s, w->path, x->at, true, hex);
-    xstate_free(x);
+    upload_commit(n, m, s, w, tmp, x);
 out:
     dsec_free(tmp);
 }

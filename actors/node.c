@@ -13,7 +13,9 @@
 
 #include "actors/wire.h"
 #include "backends/sim.h"
+#include "codecs/subjects.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 /* ---- sending -------------------------------------------------------------------- */
@@ -152,12 +154,14 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
 {
     bool sim = c->backend == NULL || strcmp(c->backend, "sim") == 0;
     if (!sim && strcmp(c->backend, "native") != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "node %s: backend \"%s\" is unknown (known: sim, native)",
-                            n->name, c->backend);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "node %s: backend \"%s\" is unknown (known: sim, native)", n->name,
+                            c->backend);
     size_t nt = 0;
     while (n->type_names[nt])
         nt++;
-    if (dsec_registry_mask(n->reg, (const char *const *)n->type_names, nt, false, &n->offered, err) < 0)
+    if (dsec_registry_mask(n->reg, (const char *const *)n->type_names, nt, false, &n->offered,
+                           err) < 0)
         return dsec_err_wrap(err, "node %s: types", n->name);
     char dir[4096], cache_dir[4096];
     /* One layer cache per node, whichever backends use layers. */
@@ -167,9 +171,10 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         int idx = dsec_registry_find(n->reg, n->type_names[i]);
         const dsec_backend_ops *ops = sim ? &dsec_sim_ops : dsec_registry_ops(n->reg, idx);
         if (ops == NULL)
-            return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                                "node %s: sandbox type \"%s\" has no backend in this build (use backend: sim)",
-                                n->name, n->type_names[i]);
+            return dsec_err_set(
+                err, DSEC_E_CONFIG, 0,
+                "node %s: sandbox type \"%s\" has no backend in this build (use backend: sim)",
+                n->name, n->type_names[i]);
         if (sim && shared != NULL) {
             n->backends[idx] = shared;
             continue;
@@ -198,15 +203,21 @@ static int open_backends(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
 static void on_net_alert(void *arg, const dsec_net_alert *a)
 {
     dsec_node *n = arg;
-    dsec_msg_net_alert m = {.sandbox = a->sandbox, .tenant = a->tenant, .node = n->name,
-                            .cell = n->cell, .kind = a->kind, .dest = a->dest,
-                            .detail = a->detail, .count = a->count, .first_ns = a->first_ns,
+    dsec_msg_net_alert m = {.sandbox = a->sandbox,
+                            .tenant = a->tenant,
+                            .node = n->name,
+                            .cell = n->cell,
+                            .kind = a->kind,
+                            .dest = a->dest,
+                            .detail = a->detail,
+                            .count = a->count,
+                            .first_ns = a->first_ns,
                             .last_ns = a->last_ns};
     dsec_err err;
     pthread_mutex_lock(&n->alert_mu);
-    if (n->alert_on &&
-        dsec_wire_send(n->actor, n->bus, n->subj_alert, NULL, DSEC_MSG_NET_ALERT, &m, NULL, &err) < 0)
-        fprintf(stderr, "dsec-node %s: publishing a network alert: %s\n", n->name, err.msg);
+    if (n->alert_on && dsec_wire_send(n->actor, n->bus, n->subj_alert, NULL, DSEC_MSG_NET_ALERT, &m,
+                                      NULL, &err) < 0)
+        dsec_log_warn("dsec-node %s: publishing a network alert: %s", n->name, err.msg);
     else if (n->alert_on)
         atomic_fetch_add(&n->net_alerts, 1);
     pthread_mutex_unlock(&n->alert_mu);
@@ -242,14 +253,117 @@ static bool results_keep(const char *sbx, void *ud)
     return here;
 }
 
+/* The node's directories under state_dir: its disk accounting, and an empty snapshots
+ * directory. */
+static int open_dirs(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
+{
+    if (mkdir(c->state_dir, 0700) < 0 && errno != EEXIST) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name,
+                     c->state_dir);
+        return -1;
+    }
+    if (disk_open(n, err) < 0)
+        return -1;
+    snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
+    /* it holds only snapshots being made: what is there now, a crash left (or a node
+     * manager that kept them all) */
+    if (nftw(n->snap_dir, dsec__node_rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 &&
+        errno != ENOENT) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: clearing %s", n->name, n->snap_dir);
+        return -1;
+    }
+    if (mkdir(n->snap_dir, 0700) < 0) {
+        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
+        return -1;
+    }
+    return 0;
+}
+
+/* The sandboxes a previous node manager left, re-adopted from the journal, and what goes
+ * with them. */
+static int adopt_all(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/sandboxes.journal", c->state_dir);
+    if (dsec_journal_open(&n->journal, path, dsec__node_adopt_one, n, err) < 0) {
+        dsec_err_wrap(err, "node %s", n->name);
+        return -1;
+    }
+    while (n->dropped != NULL) {
+        struct sbx *d = n->dropped;
+        n->dropped = d->next_id;
+        dsec_err derr;
+        if (dsec__node_gone_put(n, d->id, &derr) < 0)
+            dsec_log_warn("dsec-node %s: %s", n->name, derr.msg);
+        dsec__node_sbx_free(d);
+    }
+    /* After adoption: the answers a previous node manager kept for the sandboxes still here,
+     * and the commands it left running, whose outcome is lost. */
+    if (dsec_results_load(n->results, results_keep, n, err) < 0) {
+        dsec_err_wrap(err, "node %s", n->name);
+        return -1;
+    }
+    if (n->net != NULL) { /* after adoption: whatever no sandbox holds is a crash's leftover */
+        dsec_err serr;
+        int swept = dsec_net_sweep(n->net, &serr);
+        if (swept < 0)
+            dsec_log_warn("dsec-node %s: sweeping network leftovers: %s", n->name, serr.msg);
+        else if (swept > 0)
+            dsec_log_info("dsec-node %s: removed %d leftover sandbox network(s)", n->name,
+                    swept);
+    }
+    return 0;
+}
+
+/* The subjects this node answers on. */
+static int subscribe_all(dsec_node *n, dsec_err *err)
+{
+    dsec_actor_set_key(n->actor, dsec__node_key_of, n);
+    char subj[256];
+    snprintf(subj, sizeof subj, DSEC_SUBJ_PLACE, n->name);
+    dsec_actor_set_shed(n->actor, n->conf.shed_after_ms);
+    if (dsec_actor_on_shed(n->actor, subj, NULL, dsec__node_on_place, dsec__node_on_place_shed, n,
+                           err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SBX_OF_NODE, "*", n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sbx, n, err) < 0)
+        return -1;
+    char lists[32];
+    snprintf(lists, sizeof lists, DSEC_SUBJ_LIST, "*");
+    if (dsec_actor_on(n->actor, lists, NULL, dsec__node_on_list, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SYNC_CELL, n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sync, n, err) < 0 ||
+        dsec_actor_on(n->actor, DSEC_SUBJ_SYNC, NULL, dsec__node_on_sync, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_LOOKUP, n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_lookup, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_HOLD, n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_hold, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_RECONCILE, n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_reconcile, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SUPERSEDED, n->cell);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_superseded, n, err) < 0)
+        return -1;
+    snprintf(subj, sizeof subj, DSEC_SUBJ_SUPERSEDED_NODE, n->cell, n->name);
+    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_superseded, n, err) < 0)
+        return -1;
+    return 0;
+}
+
 int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const dsec_registry *reg,
                     const dsec_node_conf *c, dsec_err *err)
 {
     *out = NULL;
-    if (dsec_name_ok(c->name, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(c->cell, DSEC_NAME_LEN_MAX) < 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "node name \"%s\" and cell \"%s\" must be 1-64 characters of A-Z a-z 0-9 _ -",
-                            c->name ? c->name : "", c->cell ? c->cell : "");
+    if (dsec_name_ok(c->name, DSEC_NAME_LEN_MAX) < 0 ||
+        dsec_name_ok(c->cell, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(
+            err, DSEC_E_CONFIG, 0,
+            "node name \"%s\" and cell \"%s\" must be 1-64 characters of A-Z a-z 0-9 _ -",
+            c->name ? c->name : "", c->cell ? c->cell : "");
     if (c->state_dir == NULL)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "node %s: state_dir is required", c->name);
     dsec_node *n = dsec_calloc(1, sizeof *n);
@@ -265,9 +379,11 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     n->reg = reg;
     snprintf(n->name, sizeof n->name, "%s", c->name);
     snprintf(n->cell, sizeof n->cell, "%s", c->cell);
-    snprintf(n->subj_evt_node, sizeof n->subj_evt_node, "dsec.v1.ctl.evt.%s.node.%s", n->cell, n->name);
-    snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, "dsec.v1.ctl.evt.%s.sbx.%s", n->cell, n->name);
-    snprintf(n->subj_alert, sizeof n->subj_alert, "dsec.v1.ctl.evt.%s.alert.%s", n->cell, n->name);
+    snprintf(n->subj_evt_node, sizeof n->subj_evt_node, DSEC_SUBJ_EVT_OF, n->cell,
+             "node", n->name);
+    snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, DSEC_SUBJ_EVT_OF, n->cell,
+             "sbx", n->name);
+    snprintf(n->subj_alert, sizeof n->subj_alert, DSEC_SUBJ_EVT_OF, n->cell, "alert", n->name);
     if (copy_conf(n, c, err) < 0)
         goto out_fail;
     /* seq continues across restarts (wall-clock based), so a restarted node's
@@ -288,24 +404,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
         dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
         goto out_fail;
     }
-    if (mkdir(c->state_dir, 0700) < 0 && errno != EEXIST) {
-        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating state dir %s", n->name, c->state_dir);
+    if (open_dirs(n, c, err) < 0)
         goto out_fail;
-    }
-    if (disk_open(n, err) < 0)
-        goto out_fail;
-    snprintf(n->snap_dir, sizeof n->snap_dir, "%s/snapshots", c->state_dir);
-    /* it holds only snapshots being made: what is there now, a crash left (or a node
-     * manager that kept them all) */
-    if (nftw(n->snap_dir, dsec__node_rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 &&
-        errno != ENOENT) {
-        dsec_err_set(err, DSEC_E_IO, errno, "node %s: clearing %s", n->name, n->snap_dir);
-        goto out_fail;
-    }
-    if (mkdir(n->snap_dir, 0700) < 0) {
-        dsec_err_set(err, DSEC_E_IO, errno, "node %s: creating %s", n->name, n->snap_dir);
-        goto out_fail;
-    }
     int threads = c->work_threads > 0 ? c->work_threads : 16;
     char lname[16], results_dir[4096];
     snprintf(results_dir, sizeof results_dir, "%s/results", c->state_dir);
@@ -328,65 +428,9 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     pthread_mutex_lock(&n->alert_mu);
     n->alert_on = true;
     pthread_mutex_unlock(&n->alert_mu);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/sandboxes.journal", c->state_dir);
-    if (dsec_journal_open(&n->journal, path, dsec__node_adopt_one, n, err) < 0) {
-        dsec_err_wrap(err, "node %s", n->name);
+    if (adopt_all(n, c, err) < 0)
         goto out_fail;
-    }
-    while (n->dropped != NULL) {
-        struct sbx *d = n->dropped;
-        n->dropped = d->next_id;
-        dsec_err derr;
-        if (dsec__node_gone_put(n, d->id, &derr) < 0)
-            fprintf(stderr, "dsec-node %s: %s\n", n->name, derr.msg);
-        dsec__node_sbx_free(d);
-    }
-    /* After adoption: the answers a previous node manager kept for the sandboxes still here,
-     * and the commands it left running, whose outcome is lost. */
-    if (dsec_results_load(n->results, results_keep, n, err) < 0) {
-        dsec_err_wrap(err, "node %s", n->name);
-        goto out_fail;
-    }
-    if (n->net != NULL) { /* after adoption: whatever no sandbox holds is a crash's leftover */
-        dsec_err serr;
-        int swept = dsec_net_sweep(n->net, &serr);
-        if (swept < 0)
-            fprintf(stderr, "dsec-node %s: sweeping network leftovers: %s\n", n->name, serr.msg);
-        else if (swept > 0)
-            fprintf(stderr, "dsec-node %s: removed %d leftover sandbox network(s)\n", n->name,
-                    swept);
-    }
-    dsec_actor_set_key(n->actor, dsec__node_key_of, n);
-    char subj[256];
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.place.%s", n->name);
-    dsec_actor_set_shed(n->actor, n->conf.shed_after_ms);
-    if (dsec_actor_on_shed(n->actor, subj, NULL, dsec__node_on_place, dsec__node_on_place_shed, n,
-                           err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.*.sbx.%s.>", n->name);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sbx, n, err) < 0)
-        goto out_fail;
-    if (dsec_actor_on(n->actor, "dsec.v1.*.list", NULL, dsec__node_on_list, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.sync.%s", n->cell);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_sync, n, err) < 0 ||
-        dsec_actor_on(n->actor, "dsec.v1.ctl.sync", NULL, dsec__node_on_sync, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.lookup.%s", n->cell);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_lookup, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.hold.%s", n->name);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_hold, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.reconcile.%s", n->name);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_reconcile, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", n->cell);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_superseded, n, err) < 0)
-        goto out_fail;
-    snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s.%s", n->cell, n->name);
-    if (dsec_actor_on(n->actor, subj, NULL, dsec__node_on_superseded, n, err) < 0)
+    if (subscribe_all(n, err) < 0)
         goto out_fail;
     n->hb_ticker = c->hb_ticker ? c->hb_ticker : ticker;
     if ((n->ticks[0] =
@@ -504,15 +548,24 @@ void dsec_node_stop(dsec_node *n, int destroy_all)
 void dsec_node_stats_get(dsec_node *n, dsec_node_stats *o)
 {
     pthread_mutex_lock(&n->mu);
-    *o = (dsec_node_stats){.live = n->live, .created = n->created, .destroyed = n->destroyed,
-                           .refused = n->refused, .adopted = n->adopted,
-                           .adopt_failed = n->adopt_failed, .reaped_ttl = n->reaped_ttl,
-                           .reaped_idle = n->reaped_idle, .cpu_free_milli = n->cpu_free,
-                           .mem_free_mb = n->mem_free, .slots_free = n->slots_free,
-                           .disk_free_mb = n->disk_free, .net_alerts = n->net_alerts, .reaped_superseded = n->reaped_superseded,
+    *o = (dsec_node_stats){.live = n->live,
+                           .created = n->created,
+                           .destroyed = n->destroyed,
+                           .refused = n->refused,
+                           .adopted = n->adopted,
+                           .adopt_failed = n->adopt_failed,
+                           .reaped_ttl = n->reaped_ttl,
+                           .reaped_idle = n->reaped_idle,
+                           .cpu_free_milli = n->cpu_free,
+                           .mem_free_mb = n->mem_free,
+                           .slots_free = n->slots_free,
+                           .disk_free_mb = n->disk_free,
+                           .net_alerts = n->net_alerts,
+                           .reaped_superseded = n->reaped_superseded,
                            .stale_places = n->stale_places,
                            .shed_places = n->shed_places,
-                           .execs_inflight = n->execs_inflight, .execs_peak = n->execs_peak};
+                           .execs_inflight = n->execs_inflight,
+                           .execs_peak = n->execs_peak};
     dsec_net *net = n->net;
     pthread_mutex_unlock(&n->mu);
     dsec_results_stats rs;
@@ -576,6 +629,12 @@ void dsec_node_create_latency(dsec_node *n, dsec_metrics_hist_snap *out)
     dsec_metrics_hist_read(&n->create_lat, out);
 }
 
-const dsec_actor *dsec_node_actor(const dsec_node *n) { return n->actor; }
+const dsec_actor *dsec_node_actor(const dsec_node *n)
+{
+    return n->actor;
+}
 
-const char *dsec_node_name(const dsec_node *n) { return n->name; }
+const char *dsec_node_name(const dsec_node *n)
+{
+    return n->name;
+}

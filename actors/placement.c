@@ -52,9 +52,9 @@ struct node {
     uint64_t disk_total; /* 0: the node does not count disk; no disk filter then */
     uint64_t cpu_free, mem_free, slots_free, disk_free, live; /* as last reported */
     uint64_t last_seen_ms;
-    uint64_t last_answer_ms;    /* it answered a placement; 0: never */
-    uint64_t probation_ms;      /* not preferred before this time */
-    bool heard;                 /* last_seen_ms is set */
+    uint64_t last_answer_ms; /* it answered a placement; 0: never */
+    uint64_t probation_ms;   /* not preferred before this time */
+    bool heard;              /* last_seen_ms is set */
     bool healthy;
     /* overlay */
     struct rsv *rsv;
@@ -73,7 +73,7 @@ struct dsec_placement {
     uint64_t suspect_after_ms, drain_gap_ms, probation_ms;
     uint64_t last_drain_ms; /* 0: none yet */
     uint64_t n_drained, n_deferred, n_readmitted;
-    char **drained;  /* names drained, oldest first, at most DRAINED_MAX */
+    char **drained; /* names drained, oldest first, at most DRAINED_MAX */
     size_t ndrained;
     double locality;
     unsigned max_probes;
@@ -361,9 +361,9 @@ int dsec_placement_new(dsec_placement **out, const dsec_registry *reg,
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "allocating the capacity view");
     }
     v->dead_after_ms = cfg->dead_after_ms ? cfg->dead_after_ms : DEFAULT_DEAD_AFTER_MS;
-    v->suspect_after_ms = cfg->suspect_after_ms  ? cfg->suspect_after_ms
-                          : cfg->heartbeat_ms ? 2 * cfg->heartbeat_ms
-                                              : v->dead_after_ms / 2;
+    v->suspect_after_ms = cfg->suspect_after_ms ? cfg->suspect_after_ms
+                          : cfg->heartbeat_ms   ? 2 * cfg->heartbeat_ms
+                                                : v->dead_after_ms / 2;
     if (cfg->suspect_after_ms != 0 && cfg->suspect_after_ms >= v->dead_after_ms) {
         dsec_err_set(err, DSEC_E_INVALID, 0,
                      "placement: suspect_after_ms (%" PRIu64 ") must be below dead_after_ms "
@@ -664,8 +664,8 @@ int dsec_placement_expire(dsec_placement *v, uint64_t now_ms, char ***names, siz
         uint64_t worst_heard = UINT64_MAX;
         for (size_t i = 0; i < v->n; i++) {
             struct node *nd = v->nodes[i];
-            uint64_t heard = nd->last_seen_ms > nd->last_answer_ms ? nd->last_seen_ms
-                                                                   : nd->last_answer_ms;
+            uint64_t heard =
+                nd->last_seen_ms > nd->last_answer_ms ? nd->last_seen_ms : nd->last_answer_ms;
             if (!alive(v, nd, now_ms) && heard < worst_heard) {
                 worst = nd;
                 worst_heard = heard;
@@ -924,6 +924,83 @@ static int check_req(const dsec_placement *v, const dsec_place_req *req, unsigne
     return 0;
 }
 
+/* Sparse (or tiny) feasible set: every node judged, keeping a uniform sample of k in cand
+ * (reservoir), and in d what stopped the others. The number kept: 0 when none fits. */
+static unsigned scan_all(dsec_placement *v, const dsec_place_req *req, unsigned k, uint64_t *rng,
+                         uint64_t now_ms, uint64_t stamp, struct node **cand, struct diag *d)
+{
+    size_t seen = 0, seen_late = 0;
+    struct node *late[DSEC_PLACE_K_MAX]; /* suspect or on probation: if nothing else fits */
+    unsigned nl = 0;
+    unsigned nc = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        struct node *n = v->nodes[i];
+        enum stage st = judge(v, n, req, now_ms, stamp);
+        d->at[st]++;
+        if (st != ST_CELL)
+            d->offered |= n->types;
+        if (st == ST_ROOM) {
+            if (avail_cpu(n) > d->best_cpu)
+                d->best_cpu = avail_cpu(n);
+            if (avail_mem(n) > d->best_mem)
+                d->best_mem = avail_mem(n);
+            if (avail_slots(n) > d->best_slots)
+                d->best_slots = avail_slots(n);
+            if (n->disk_total == 0)
+                d->disk_unbounded = true;
+            else if (avail_disk(n) > d->best_disk)
+                d->best_disk = avail_disk(n);
+        }
+        if (st != ST_OK)
+            continue;
+        bool pref = preferred(v, n, now_ms);
+        struct node **res = pref ? cand : late;
+        unsigned *nr = pref ? &nc : &nl;
+        size_t sn = pref ? ++seen : ++seen_late;
+        if (*nr < k) {
+            res[(*nr)++] = n;
+        } else {
+            uint64_t j = dsec_placement_rand(rng) % sn;
+            if (j < k)
+                res[j] = n;
+        }
+    }
+    if (nc == 0 && nl > 0) {
+        memcpy(cand, late, nl * sizeof *late);
+        nc = nl;
+    }
+    return nc;
+}
+
+/* A reservation of req's resources on best, until now_ms plus the reservation ttl (under
+ * v->lock); NULL when out of memory. */
+static struct rsv *reserve_locked(dsec_placement *v, struct node *best, const dsec_place_req *req,
+                                  uint64_t now_ms, dsec_err *err)
+{
+    if (best->nrsv == best->caprsv) {
+        size_t cap = best->caprsv ? best->caprsv * 2 : 8;
+        struct rsv *r = dsec_realloc(best->rsv, cap * sizeof *r);
+        if (r == NULL) {
+            dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "place: reserving on %s", best->name);
+            return NULL;
+        }
+        best->rsv = r;
+        best->caprsv = cap;
+    }
+    struct rsv *r = &best->rsv[best->nrsv++];
+    *r = (struct rsv){.id = ++v->rsv_gen,
+                      .expires_ms = now_ms + v->ttl_ms,
+                      .cpu = req->cpu_milli,
+                      .mem = req->memory_mb,
+                      .disk = req->disk_mb};
+    best->rsv_cpu += r->cpu;
+    best->rsv_mem += r->mem;
+    best->rsv_disk += r->disk;
+    if (r->expires_ms < best->rsv_next_expiry)
+        best->rsv_next_expiry = r->expires_ms;
+    return r;
+}
+
 int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned k, uint64_t *rng,
                          uint64_t now_ms, dsec_place_result *out, dsec_err *err)
 {
@@ -965,50 +1042,9 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
     }
 
     if (nc < k) {
-        /* Sparse (or tiny) feasible set: scan everything, keeping a uniform
-         * sample of k (reservoir), and what stopped the others. */
         struct diag d = {0};
-        size_t seen = 0, seen_late = 0;
-        struct node *late[DSEC_PLACE_K_MAX]; /* suspect or on probation: if nothing else fits */
-        unsigned nl = 0;
         scanned = true;
-        nc = 0;
-        for (size_t i = 0; i < v->n; i++) {
-            struct node *n = v->nodes[i];
-            enum stage st = judge(v, n, req, now_ms, stamp);
-            d.at[st]++;
-            if (st != ST_CELL)
-                d.offered |= n->types;
-            if (st == ST_ROOM) {
-                if (avail_cpu(n) > d.best_cpu)
-                    d.best_cpu = avail_cpu(n);
-                if (avail_mem(n) > d.best_mem)
-                    d.best_mem = avail_mem(n);
-                if (avail_slots(n) > d.best_slots)
-                    d.best_slots = avail_slots(n);
-                if (n->disk_total == 0)
-                    d.disk_unbounded = true;
-                else if (avail_disk(n) > d.best_disk)
-                    d.best_disk = avail_disk(n);
-            }
-            if (st != ST_OK)
-                continue;
-            bool pref = preferred(v, n, now_ms);
-            struct node **res = pref ? cand : late;
-            unsigned *nr = pref ? &nc : &nl;
-            size_t sn = pref ? ++seen : ++seen_late;
-            if (*nr < k) {
-                res[(*nr)++] = n;
-            } else {
-                uint64_t j = dsec_placement_rand(rng) % sn;
-                if (j < k)
-                    res[j] = n;
-            }
-        }
-        if (nc == 0 && nl > 0) {
-            memcpy(cand, late, nl * sizeof *late);
-            nc = nl;
-        }
+        nc = scan_all(v, req, k, rng, now_ms, stamp, cand, &d);
         if (nc == 0) {
             rc = explain(v, req, &d, now_ms, err);
             goto out_unlock;
@@ -1025,28 +1061,11 @@ int dsec_placement_place(dsec_placement *v, const dsec_place_req *req, unsigned 
         }
     }
 
-    if (best->nrsv == best->caprsv) {
-        size_t cap = best->caprsv ? best->caprsv * 2 : 8;
-        struct rsv *r = dsec_realloc(best->rsv, cap * sizeof *r);
-        if (r == NULL) {
-            rc = dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "place: reserving on %s", best->name);
-            goto out_unlock;
-        }
-        best->rsv = r;
-        best->caprsv = cap;
+    struct rsv *r = reserve_locked(v, best, req, now_ms, err);
+    if (r == NULL) {
+        rc = -1;
+        goto out_unlock;
     }
-    struct rsv *r = &best->rsv[best->nrsv++];
-    *r = (struct rsv){.id = ++v->rsv_gen,
-                      .expires_ms = now_ms + v->ttl_ms,
-                      .cpu = req->cpu_milli,
-                      .mem = req->memory_mb,
-                      .disk = req->disk_mb};
-    best->rsv_cpu += r->cpu;
-    best->rsv_mem += r->mem;
-    best->rsv_disk += r->disk;
-    if (r->expires_ms < best->rsv_next_expiry)
-        best->rsv_next_expiry = r->expires_ms;
-
     snprintf(out->node, sizeof out->node, "%s", best->name);
     out->reservation = r->id;
     out->score = best_score;

@@ -1,5 +1,6 @@
-/* files.c - libdsec's streamed file transfers (uploads and downloads with sha256, a window of
- * messages in flight, resume) and mkdir, stat, rename, remove. */
+/* files.c - libdsec's file requests: writes, reads and listings, streamed transfers (uploads and
+ * downloads with sha256, a window of messages in flight, resume) and mkdir, stat, rename, remove.
+ */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -155,6 +156,34 @@ int dsec_file_upload_held(dsec_client *c, const char *id, const char *path, cons
     return probe(c, id, path, upload_id, held, err);
 }
 
+/* A resumed upload: what the sandbox holds is not sent again, but it is read and hashed again
+ * here (into h, with *off its length, buf of chunk bytes the space to read it in). */
+static int upload_resume(dsec_client *c, const char *id, const char *path, const char *up,
+                         dsec_upload_read_fn rd, void *ud, uint8_t *buf, size_t chunk,
+                         dsec_sha256 *h, uint64_t *off, dsec_transfer_result *res, dsec_err *err)
+{
+    uint64_t held = 0;
+    if (probe(c, id, path, up, &held, err) < 0)
+        return dsec_err_wrap(err, "upload %s of %s in %s: asking what it holds", up, path, id);
+    while (*off < held) {
+        size_t want = held - *off < chunk ? (size_t)(held - *off) : chunk;
+        ssize_t n = read_full(rd, ud, buf, want);
+        if (n < 0)
+            return dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source", up,
+                                path);
+        if ((size_t)n < want)
+            return dsec_err_set(err, DSEC_E_STATE, 0,
+                                "upload %s of %s in %s: the sandbox holds %" PRIu64
+                                " bytes but the source has only %" PRIu64
+                                "; upload it again under another id",
+                                up, path, id, held, *off + (uint64_t)n);
+        dsec_sha256_update(h, buf, (size_t)n);
+        *off += (uint64_t)n;
+    }
+    res->resumed_from = held;
+    return 0;
+}
+
 int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dsec_upload_opts *o,
                      dsec_upload_read_fn rd, void *ud, dsec_transfer_result *res, dsec_err *err)
 {
@@ -184,34 +213,9 @@ int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dse
     dsec_future *done = NULL;
     bool sent_all = false;
     memset(&fl, 0, sizeof fl);
-    if (o->resume) {
-        uint64_t held = 0;
-        if ((rc = probe(c, id, path, up, &held, err)) < 0) {
-            dsec_err_wrap(err, "upload %s of %s in %s: asking what it holds", up, path, id);
-            goto out_fl;
-        }
-        /* what the sandbox holds is not sent again, but it is hashed again here */
-        while (off < held) {
-            size_t want = held - off < chunk ? (size_t)(held - off) : chunk;
-            ssize_t n = read_full(rd, ud, buf, want);
-            if (n < 0) {
-                rc = dsec_err_set(err, DSEC_E_IO, errno, "upload %s of %s: reading the source", up,
-                                  path);
-                goto out_fl;
-            }
-            if ((size_t)n < want) {
-                rc = dsec_err_set(err, DSEC_E_STATE, 0,
-                                  "upload %s of %s in %s: the sandbox holds %" PRIu64
-                                  " bytes but the source has only %" PRIu64
-                                  "; upload it again under another id",
-                                  up, path, id, held, off + (uint64_t)n);
-                goto out_fl;
-            }
-            dsec_sha256_update(&h, buf, (size_t)n);
-            off += (uint64_t)n;
-        }
-        res->resumed_from = held;
-    }
+    if (o->resume &&
+        (rc = upload_resume(c, id, path, up, rd, ud, buf, chunk, &h, &off, res, err)) < 0)
+        goto out_fl;
     acked = off;
     if ((rc = flight_open(&fl, c, id, "upload", "file_write", window_of(o->window), err)) < 0)
         goto out_fl;
@@ -524,4 +528,170 @@ int dsec_file_remove(dsec_client *c, const char *id, const char *path, bool recu
 {
     dsec_msg_file_op m = {.id = id, .op = "remove", .path = path, .recursive = recursive};
     return file_op(c, id, &m, NULL, err);
+}
+
+/* ---- whole files and listings ---------------------------------------------- */
+
+int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
+                    unsigned mode, dsec_err *err)
+{
+    dsec_write_opts o = {.mode = mode};
+    return dsec_file_write_ex(c, id, path, data, len, &o, err);
+}
+
+/* Files move in pages that stay well under the bus's payload limit: the node
+ * answers a read with at most this much, and a write bigger than this goes
+ * as a first message and appends. */
+#define FILE_PAGE (4u << 20)
+
+static int write_one(dsec_client *c, const char *id, const dsec_msg_file_write *m,
+                     dsec_decoder *dec, dsec_err *err)
+{
+    dsec_msg *keep = NULL;
+    dsec_msg_file_data r;
+    int rc = dsec__client_sbx_call(c, id, "write", DSEC_MSG_FILE_WRITE, m, DSEC_MSG_FILE_DATA, dec,
+                                   &keep, &r, err);
+    dsec_msg_free(keep);
+    return rc;
+}
+
+int dsec_file_write_ex(dsec_client *c, const char *id, const char *path, const void *data,
+                       size_t len, const dsec_write_opts *opts, dsec_err *err)
+{
+    dsec_write_opts none = {0};
+    if (opts == NULL)
+        opts = &none;
+    /* A write recorded in the trajectory log is one step: one message, so a
+     * re-issued step is either wholly skipped or wholly run. */
+    if (opts->rollout_id != NULL && len > FILE_PAGE)
+        return dsec_err_set(
+            err, DSEC_E_TOO_LARGE, 0,
+            "writing %s in %s: a write recorded in the trajectory log (step %" PRIu64
+            ") holds at most %u bytes, and this one has %zu; write it without a "
+            "step, or in several steps",
+            path, id, opts->step, FILE_PAGE, len);
+    /* a whole file of more than a page: an upload, published at once when it all arrived */
+    if (len > FILE_PAGE && !opts->append && opts->rollout_id == NULL)
+        return dsec__file_upload_mem(c, id, path, data, len, opts->mode, err);
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    const uint8_t *p = data;
+    size_t off = 0;
+    int rc = 0;
+    do {
+        size_t n = len - off < FILE_PAGE ? len - off : FILE_PAGE;
+        dsec_msg_file_write m = {.id = id,
+                                 .path = path,
+                                 .data = {p + off, n},
+                                 .mode = opts->mode,
+                                 .append = opts->append || off > 0,
+                                 .rollout_id = opts->rollout_id,
+                                 .step = opts->step};
+        rc = write_one(c, id, &m, dec, err);
+        if (rc < 0 && off > 0)
+            dsec_err_wrap(err, "only the first %zu of the %zu bytes written reached %s in %s", off,
+                          len, path, id);
+        off += n;
+    } while (rc == 0 && off < len);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+int dsec_file_read_pages(dsec_client *c, const char *id, const char *path, dsec_file_page_fn fn,
+                         void *ud, dsec_err *err)
+{
+    return dsec_file_download(c, id, path, NULL, fn, ud, NULL, err);
+}
+
+struct read_all {
+    uint8_t *buf;
+    size_t cap, len;
+};
+
+/* Gathers the pages; the first one says the file's size, so the buffer is
+ * allocated once when that size is sane. */
+static int read_all_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
+{
+    struct read_all *ra = ud;
+    if (ra->buf == NULL && size < SIZE_MAX / 2 && (ra->buf = dsec_malloc((size_t)size + 1)) != NULL)
+        ra->cap = (size_t)size + 1;
+    if (ra->len + len + 1 > ra->cap) {
+        size_t ncap = ra->cap ? ra->cap : 1;
+        while (ncap < ra->len + len + 1)
+            ncap *= 2;
+        uint8_t *nb = dsec_realloc(ra->buf, ncap);
+        if (nb == NULL) {
+            errno = ENOMEM;
+            return -1;
+        }
+        ra->buf = nb;
+        ra->cap = ncap;
+    }
+    if (len)
+        memcpy(ra->buf + ra->len, data, len);
+    ra->len += len;
+    ra->buf[ra->len] = 0;
+    return 0;
+}
+
+int dsec_file_read(dsec_client *c, const char *id, const char *path, uint8_t **data, size_t *len,
+                   dsec_err *err)
+{
+    *data = NULL;
+    *len = 0;
+    struct read_all ra = {0};
+    if (dsec_file_read_pages(c, id, path, read_all_page, &ra, err) < 0) {
+        dsec_free(ra.buf);
+        return -1;
+    }
+    *data = ra.buf;
+    *len = ra.len;
+    return 0;
+}
+
+int dsec_file_list(dsec_client *c, const char *id, const char *path, dsec_dirent **entries,
+                   size_t *n, dsec_err *err)
+{
+    dsec_msg_file_list m = {.id = id, .path = path};
+    *entries = NULL;
+    *n = 0;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    dsec_msg *keep = NULL;
+    dsec_msg_file_list_reply r;
+    int rc = dsec__client_sbx_call(c, id, "ls", DSEC_MSG_FILE_LIST, &m, DSEC_MSG_FILE_LIST_REPLY,
+                                   dec, &keep, &r, err);
+    if (rc == 0 && r.entries.n > 0) {
+        dsec_dirent *e = dsec_calloc(r.entries.n, sizeof *e);
+        const dsec_msg_file_entry *src = r.entries.items;
+        for (uint32_t i = 0; e != NULL && i < r.entries.n; i++) {
+            e[i].name = dsec_strdup(src[i].name);
+            dsec__client_copy_str(e[i].kind, sizeof e[i].kind, src[i].kind);
+            e[i].size = src[i].size;
+            e[i].mode = src[i].mode;
+            e[i].mtime = src[i].mtime;
+            if (e[i].name == NULL) {
+                dsec_dirents_free(e, i);
+                e = NULL;
+            }
+        }
+        if (e == NULL)
+            rc = dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        else {
+            *entries = e;
+            *n = r.entries.n;
+        }
+    }
+    dsec_msg_free(keep);
+    dsec_decoder_free(dec);
+    return rc;
+}
+
+void dsec_dirents_free(dsec_dirent *entries, size_t n)
+{
+    for (size_t i = 0; entries != NULL && i < n; i++)
+        dsec_free(entries[i].name);
+    dsec_free(entries);
 }

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "client/internal.h"
+#include "codecs/subjects.h"
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/names.h"
@@ -343,6 +344,51 @@ static void free_split(char **keys, char **vals, const dsec_list_opts *o)
     dsec_free(vals);
 }
 
+/* The gathered answers into the page: sorted, cut to the request's limit and to what is certain,
+ * with the nodes and cells that did not answer. The entries move to out (g->e is NULL then). */
+static int page_from(struct gather *g, dsec_list_page *out, dsec_err *err)
+{
+    if (g->n > 1)
+        qsort(g->e, g->n, sizeof *g->e, by_entry_id);
+    size_t keep = g->n < g->limit ? g->n : (size_t)g->limit;
+    /* A node that had more but sent fewer than limit (its answer was cut to fit the payload
+     * limit) holds unsent ids after its last one: nothing past that id is certain yet. With
+     * full pages this cuts nothing (limit ids at or below any such last id exist). */
+    while (g->bound[0] != '\0' && keep > 0 && strcmp(g->e[keep - 1].id, g->bound) > 0)
+        keep--;
+    bool more = g->more || g->n > keep;
+    for (size_t i = keep; i < g->n; i++)
+        entry_release(&g->e[i]);
+    strset missing = {0};
+    for (size_t i = 0; i < g->nodes.n; i++)
+        if (!set_has(&g->answered, g->nodes.v[i]) && set_add(&missing, g->nodes.v[i]) < 0)
+            g->nomem = true;
+    for (size_t i = 0; i < g->cells_known.n; i++)
+        if (!set_has(&g->cells_answered, g->cells_known.v[i])) {
+            char cell[DSEC_NAME_MAX + 8];
+            snprintf(cell, sizeof cell, "cell:%s", g->cells_known.v[i]);
+            if (set_add(&missing, cell) < 0)
+                g->nomem = true;
+        }
+    if (g->nomem) {
+        set_release(&missing);
+        for (size_t i = 0; i < keep; i++)
+            entry_release(&g->e[i]);
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "list: out of memory gathering answers");
+        return -1;
+    }
+    out->entries = g->e;
+    out->n = keep;
+    g->e = NULL;
+    if (more && keep > 0)
+        copy(out->next_cursor, sizeof out->next_cursor, out->entries[keep - 1].id);
+    out->missing = missing.v;
+    out->nmissing = missing.n;
+    out->nodes_asked = g->nodes.n;
+    out->nodes_answered = g->answered.n;
+    return 0;
+}
+
 int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_page *out,
                         dsec_err *err)
 {
@@ -370,7 +416,7 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
     dsec_buf_init(&b);
     int rc = -1;
     /* 1. which nodes to hear from: one scheduler replica per cell answers */
-    snprintf(subj, sizeof subj, "dsec.v1.%s.nodes", tenant);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_NODES, tenant);
     dsec_msg_node_set ns = {0};
     if (dsec_actor_new(&act, bus, "fleet-list", err) < 0 ||
         dsec_actor_on(act, in_nodes, NULL, on_nodes, &g, err) < 0 ||
@@ -395,7 +441,7 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
         goto out;
     }
     /* 2. every node answers its page; wait for exactly those named */
-    snprintf(subj, sizeof subj, "dsec.v1.%s.list", tenant);
+    snprintf(subj, sizeof subj, DSEC_SUBJ_LIST, tenant);
     if (dsec_encode(&b, DSEC_MSG_LIST, &q, err) < 0 ||
         dsec_bus_publish(bus, subj, in_list,
                          &(dsec_hdr){.type = "list", .schema = DSEC_SCHEMA_VERSION}, b.data, b.len,
@@ -415,44 +461,8 @@ int dsec_list_sandboxes(dsec_client *c, const dsec_list_opts *opts, dsec_list_pa
         *err = g.err;
         goto out;
     }
-    if (g.n > 1)
-        qsort(g.e, g.n, sizeof *g.e, by_entry_id);
-    size_t keep = g.n < q.limit ? g.n : (size_t)q.limit;
-    /* A node that had more but sent fewer than limit (its answer was cut to fit the payload
-     * limit) holds unsent ids after its last one: nothing past that id is certain yet. With
-     * full pages this cuts nothing (limit ids at or below any such last id exist). */
-    while (g.bound[0] != '\0' && keep > 0 && strcmp(g.e[keep - 1].id, g.bound) > 0)
-        keep--;
-    bool more = g.more || g.n > keep;
-    for (size_t i = keep; i < g.n; i++)
-        entry_release(&g.e[i]);
-    strset missing = {0};
-    for (size_t i = 0; i < g.nodes.n; i++)
-        if (!set_has(&g.answered, g.nodes.v[i]) && set_add(&missing, g.nodes.v[i]) < 0)
-            g.nomem = true;
-    for (size_t i = 0; i < g.cells_known.n; i++)
-        if (!set_has(&g.cells_answered, g.cells_known.v[i])) {
-            char cell[DSEC_NAME_MAX + 8];
-            snprintf(cell, sizeof cell, "cell:%s", g.cells_known.v[i]);
-            if (set_add(&missing, cell) < 0)
-                g.nomem = true;
-        }
-    if (g.nomem) {
-        set_release(&missing);
-        for (size_t i = 0; i < keep; i++)
-            entry_release(&g.e[i]);
-        dsec_err_set(err, DSEC_E_NOMEM, 0, "list: out of memory gathering answers");
+    if (page_from(&g, out, err) < 0)
         goto out;
-    }
-    out->entries = g.e;
-    out->n = keep;
-    g.e = NULL;
-    if (more && keep > 0)
-        copy(out->next_cursor, sizeof out->next_cursor, out->entries[keep - 1].id);
-    out->missing = missing.v;
-    out->nmissing = missing.n;
-    out->nodes_asked = g.nodes.n;
-    out->nodes_answered = g.answered.n;
     rc = 0;
 out:
     if (act != NULL)
@@ -538,7 +548,7 @@ int dsec_watch_events(dsec_client *c, dsec_sbx_event_cb cb, void *ud, dsec_event
     w->ud = ud;
     dsec_bus *bus = dsec__client_bus(c);
     char subj[128];
-    snprintf(subj, sizeof subj, "dsec.v1.%s.evt.sbx", dsec_client_tenant(c));
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_SBX, dsec_client_tenant(c));
     /* one lane: a node's batches are delivered in the order they came */
     if (dsec_actor_new(&w->act, bus, "event-watch", err) < 0 ||
         dsec_actor_on(w->act, subj, NULL, on_events, w, err) < 0 ||

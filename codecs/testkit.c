@@ -380,6 +380,14 @@ static void sample_c(int type, void *out)
             .scheduler = "sched-c1-0", .cell = "c1", .waiting = 32000, .cpu_milli = 1280000,
             .memory_mb = 2560000, .oldest_ms = 750, .ts_ns = 10};
         break;
+    default:
+        break;
+    }
+}
+
+static void sample_d(int type, void *out)
+{
+    switch (type) {
     case DSEC_MSG_EXEC_CHUNK:
         *(dsec_msg_exec_chunk *)out = (dsec_msg_exec_chunk){
             .id = "n7-00000000000000a0", .seq = 2, .stream = 2, .data = BYTES(stderr_b)};
@@ -479,6 +487,7 @@ bool dsec_testkit_sample(int type, void *out)
     sample_a(type, out);
     sample_b(type, out);
     sample_c(type, out);
+    sample_d(type, out);
     return true;
 }
 

@@ -695,6 +695,155 @@ static int push_str(char ***v, size_t *n, const char *s, size_t len)
     return 0;
 }
 
+/* One line of an environment document: "KEY VALUE", its number, and the document's version. */
+struct env_line {
+    const char *key, *val;
+    size_t kl, vl;
+    int lineno;
+    bool v2;
+};
+
+static bool key_is(const struct env_line *l, const char *k)
+{
+    return l->kl == strlen(k) && memcmp(l->key, k, l->kl) == 0;
+}
+
+static int env_nomem(dsec_err *err)
+{
+    return dsec_err_set(err, DSEC_E_NOMEM, 0, "decoding an environment document: out of memory");
+}
+
+/* "layer DIGEST FORMAT"; fcap: how many formats e->formats has room for. */
+static int env_take_layer(dsec_env *e, const struct env_line *l, size_t *fcap, dsec_err *err)
+{
+    const char *val = l->val;
+    size_t vl = l->vl;
+    const char *sp2 = memchr(val, ' ', vl);
+    char fmt[16];
+    size_t dl = sp2 != NULL ? (size_t)(sp2 - val) : vl;
+    size_t fl = sp2 != NULL ? (size_t)(val + vl - sp2 - 1) : 0;
+    if (sp2 == NULL || fl == 0 || fl >= sizeof fmt)
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "environment document line %d: want \"layer DIGEST FORMAT\"",
+                            l->lineno);
+    if (e->nlayers >= ENV_MAX_LAYERS)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d layers",
+                            ENV_MAX_LAYERS);
+    memcpy(fmt, sp2 + 1, fl);
+    fmt[fl] = '\0';
+    dsec_layer_format f;
+    if (dsec_layer_format_parse(fmt, &f, err) < 0) {
+        dsec_err_wrap(err, "environment document line %d", l->lineno);
+        err->code = DSEC_E_DECODE;
+        return -1;
+    }
+    if (push_str(&e->layers, &e->nlayers, val, dl) < 0)
+        return env_nomem(err);
+    if (e->nlayers > *fcap) {
+        dsec_layer_format *nf = dsec_realloc(e->formats, e->nlayers * sizeof *nf);
+        if (nf == NULL)
+            return env_nomem(err);
+        e->formats = nf;
+        *fcap = e->nlayers;
+    }
+    e->formats[e->nlayers - 1] = f;
+    return 0;
+}
+
+/* "cmd ARG" or "label TEXT" (version 2), escaped. */
+static int env_take_escaped(dsec_env *e, const struct env_line *l, dsec_err *err)
+{
+    bool is_cmd = key_is(l, "cmd"), bad;
+    char ***v = is_cmd ? &e->cmd : &e->labels;
+    size_t *nv = is_cmd ? &e->ncmd : &e->nlabels;
+    if (*nv >= ENV_MAX_VARS)
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d %s",
+                            ENV_MAX_VARS, is_cmd ? "command arguments" : "labels");
+    char *u = dsec_doc_unescape(l->val, l->vl, &bad);
+    if (u == NULL && bad)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: bad escape",
+                            l->lineno);
+    int prc = u != NULL ? push_str(v, nv, u, strlen(u)) : -1;
+    dsec_free(u);
+    return prc < 0 ? env_nomem(err) : 0;
+}
+
+/* "entrypoint N" (version 2): the first N cmd lines are the entrypoint. */
+static int env_take_entrypoint(dsec_env *e, const struct env_line *l, dsec_err *err)
+{
+    char num[16];
+    char *stop = NULL;
+    unsigned long k = 0;
+    if (l->vl < sizeof num) {
+        memcpy(num, l->val, l->vl);
+        num[l->vl] = '\0';
+        k = strtoul(num, &stop, 10);
+    }
+    if (l->vl >= sizeof num || stop == num || *stop != '\0' || num[0] == '-' || e->nentry != 0 ||
+        k == 0 || k > ENV_MAX_VARS)
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "environment document line %d: want one \"entrypoint N\" (1..%d)",
+                            l->lineno, ENV_MAX_VARS);
+    e->nentry = k;
+    return 0;
+}
+
+/* A field that may be given once: its value into *slot. */
+static int env_take_once(char **slot, const struct env_line *l, dsec_err *err)
+{
+    if (*slot != NULL)
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
+                            l->lineno, (int)l->kl, l->key);
+    if ((*slot = dsec_strndup(l->val, l->vl)) == NULL)
+        return env_nomem(err);
+    return 0;
+}
+
+/* One line after the first into e. */
+static int env_take_line(dsec_env *e, const struct env_line *l, size_t *fcap, dsec_err *err)
+{
+    if (key_is(l, "name")) {
+        if (e->name != NULL)
+            return dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second name",
+                                l->lineno);
+        return (e->name = dsec_strndup(l->val, l->vl)) == NULL ? env_nomem(err) : 0;
+    }
+    if (key_is(l, "layer"))
+        return env_take_layer(e, l, fcap, err);
+    if (key_is(l, "env")) {
+        if (e->nvars >= ENV_MAX_VARS)
+            return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                                "environment document: more than %d variables", ENV_MAX_VARS);
+        return push_str(&e->vars, &e->nvars, l->val, l->vl) < 0 ? env_nomem(err) : 0;
+    }
+    if (key_is(l, "workdir") || key_is(l, "user"))
+        return env_take_once(key_is(l, "workdir") ? &e->workdir : &e->user, l, err);
+    if (l->v2 && (key_is(l, "cmd") || key_is(l, "label")))
+        return env_take_escaped(e, l, err);
+    if (l->v2 && key_is(l, "entrypoint"))
+        return env_take_entrypoint(e, l, err);
+    if (l->v2 && (key_is(l, "image") || key_is(l, "pin")))
+        return env_take_once(key_is(l, "image") ? &e->image : &e->image_digest, l, err);
+    return dsec_err_set(err, DSEC_E_DECODE, 0,
+                        "environment document line %d: unknown field \"%.*s\"", l->lineno,
+                        (int)(l->kl > 40 ? 40 : l->kl), l->key);
+}
+
+/* Line 1: "dsec-env 1" or "dsec-env 2"; *v2 says which. */
+static int env_take_version(const struct env_line *l, bool *v2, dsec_err *err)
+{
+    if (!key_is(l, "dsec-env"))
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "not an environment document (line 1 should be \"dsec-env 1\")");
+    if (!(l->vl == 1 && (l->val[0] == '1' || l->val[0] == '2')))
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "environment document version \"%.*s\" is not supported (want 1 "
+                            "or 2)",
+                            (int)(l->vl > 20 ? 20 : l->vl), l->val);
+    *v2 = l->val[0] == '2';
+    return 0;
+}
+
 int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
 {
     *out = NULL;
@@ -721,139 +870,23 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
         size_t ll = (size_t)(nl - p);
         lineno++;
         const char *sp = memchr(p, ' ', ll);
-        size_t kl = sp != NULL ? (size_t)(sp - p) : ll;
-        const char *val = sp != NULL ? sp + 1 : nl;
-        size_t vl = (size_t)(nl - val);
-#define KEY(k) (kl == sizeof(k) - 1 && memcmp(p, k, kl) == 0)
+        struct env_line l = {.key = p,
+                             .kl = sp != NULL ? (size_t)(sp - p) : ll,
+                             .val = sp != NULL ? sp + 1 : nl,
+                             .lineno = lineno,
+                             .v2 = v2};
+        l.vl = (size_t)(nl - l.val);
         if (lineno == 1) {
-            if (!KEY("dsec-env")) {
-                dsec_err_set(err, DSEC_E_DECODE, 0,
-                             "not an environment document (line 1 should be \"dsec-env 1\")");
+            if (env_take_version(&l, &v2, err) < 0)
                 goto fail;
-            }
-            if (!(vl == 1 && (val[0] == '1' || val[0] == '2'))) {
-                dsec_err_set(err, DSEC_E_DECODE, 0,
-                             "environment document version \"%.*s\" is not supported (want 1 "
-                             "or 2)",
-                             (int)(vl > 20 ? 20 : vl), val);
-                goto fail;
-            }
-            v2 = val[0] == '2';
-        } else if (sp == NULL || (vl == 0 && !(v2 && KEY("cmd")))) {
+        } else if (sp == NULL || (l.vl == 0 && !(v2 && key_is(&l, "cmd")))) {
             dsec_err_set(err, DSEC_E_DECODE, 0,
                          "environment document line %d: \"%.*s\" has no value", lineno,
                          (int)(ll > 40 ? 40 : ll), p);
             goto fail;
-        } else if (KEY("name")) {
-            if (e->name != NULL) {
-                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second name",
-                             lineno);
-                goto fail;
-            }
-            if ((e->name = dsec_strndup(val, vl)) == NULL)
-                goto nomem;
-        } else if (KEY("layer")) {
-            const char *sp2 = memchr(val, ' ', vl);
-            char fmt[16];
-            size_t dl = sp2 != NULL ? (size_t)(sp2 - val) : vl;
-            size_t fl = sp2 != NULL ? (size_t)(nl - sp2 - 1) : 0;
-            if (sp2 == NULL || fl == 0 || fl >= sizeof fmt) {
-                dsec_err_set(err, DSEC_E_DECODE, 0,
-                             "environment document line %d: want \"layer DIGEST FORMAT\"", lineno);
-                goto fail;
-            }
-            if (e->nlayers >= ENV_MAX_LAYERS) {
-                dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d layers",
-                             ENV_MAX_LAYERS);
-                goto fail;
-            }
-            memcpy(fmt, sp2 + 1, fl);
-            fmt[fl] = '\0';
-            dsec_layer_format f;
-            if (dsec_layer_format_parse(fmt, &f, err) < 0) {
-                dsec_err_wrap(err, "environment document line %d", lineno);
-                err->code = DSEC_E_DECODE;
-                goto fail;
-            }
-            if (push_str(&e->layers, &e->nlayers, val, dl) < 0)
-                goto nomem;
-            if (e->nlayers > fcap) {
-                dsec_layer_format *nf = dsec_realloc(e->formats, e->nlayers * sizeof *nf);
-                if (nf == NULL)
-                    goto nomem;
-                e->formats = nf;
-                fcap = e->nlayers;
-            }
-            e->formats[e->nlayers - 1] = f;
-        } else if (KEY("env")) {
-            if (e->nvars >= ENV_MAX_VARS) {
-                dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
-                             "environment document: more than %d variables", ENV_MAX_VARS);
-                goto fail;
-            }
-            if (push_str(&e->vars, &e->nvars, val, vl) < 0)
-                goto nomem;
-        } else if (KEY("workdir") || KEY("user")) {
-            char **slot = KEY("workdir") ? &e->workdir : &e->user;
-            if (*slot != NULL) {
-                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
-                             lineno, (int)kl, p);
-                goto fail;
-            }
-            if ((*slot = dsec_strndup(val, vl)) == NULL)
-                goto nomem;
-        } else if (v2 && (KEY("cmd") || KEY("label"))) {
-            bool is_cmd = KEY("cmd"), bad;
-            char ***v = is_cmd ? &e->cmd : &e->labels;
-            size_t *nv = is_cmd ? &e->ncmd : &e->nlabels;
-            if (*nv >= ENV_MAX_VARS) {
-                dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "environment document: more than %d %s",
-                             ENV_MAX_VARS, is_cmd ? "command arguments" : "labels");
-                goto fail;
-            }
-            char *u = dsec_doc_unescape(val, vl, &bad);
-            if (u == NULL && bad) {
-                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: bad escape",
-                             lineno);
-                goto fail;
-            }
-            int prc = u != NULL ? push_str(v, nv, u, strlen(u)) : -1;
-            dsec_free(u);
-            if (prc < 0)
-                goto nomem;
-        } else if (v2 && KEY("entrypoint")) {
-            char num[16];
-            char *stop = NULL;
-            unsigned long k = 0;
-            if (vl < sizeof num) {
-                memcpy(num, val, vl);
-                num[vl] = '\0';
-                k = strtoul(num, &stop, 10);
-            }
-            if (vl >= sizeof num || stop == num || *stop != '\0' || num[0] == '-' || e->nentry != 0 ||
-                k == 0 || k > ENV_MAX_VARS) {
-                dsec_err_set(err, DSEC_E_DECODE, 0,
-                             "environment document line %d: want one \"entrypoint N\" (1..%d)",
-                             lineno, ENV_MAX_VARS);
-                goto fail;
-            }
-            e->nentry = k;
-        } else if (v2 && (KEY("image") || KEY("pin"))) {
-            char **slot = KEY("image") ? &e->image : &e->image_digest;
-            if (*slot != NULL) {
-                dsec_err_set(err, DSEC_E_DECODE, 0, "environment document line %d: second %.*s",
-                             lineno, (int)kl, p);
-                goto fail;
-            }
-            if ((*slot = dsec_strndup(val, vl)) == NULL)
-                goto nomem;
-        } else {
-            dsec_err_set(err, DSEC_E_DECODE, 0,
-                         "environment document line %d: unknown field \"%.*s\"", lineno,
-                         (int)(kl > 40 ? 40 : kl), p);
+        } else if (env_take_line(e, &l, &fcap, err) < 0) {
             goto fail;
         }
-#undef KEY
         p = nl + 1;
     }
     if (e->name == NULL) {
@@ -861,8 +894,10 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
         goto fail;
     }
     if ((e->workdir == NULL && (e->workdir = dsec_strdup("/")) == NULL) ||
-        (e->user == NULL && (e->user = dsec_strdup("root")) == NULL))
-        goto nomem;
+        (e->user == NULL && (e->user = dsec_strdup("root")) == NULL)) {
+        env_nomem(err);
+        goto fail;
+    }
     if (env_validate(e, err) < 0) {
         err->code = DSEC_E_DECODE;
         dsec_err_wrap(err, "malformed environment document");
@@ -870,8 +905,6 @@ int dsec_env_decode(const void *doc, size_t len, dsec_env **out, dsec_err *err)
     }
     *out = e;
     return 0;
-nomem:
-    dsec_err_set(err, DSEC_E_NOMEM, 0, "decoding an environment document: out of memory");
 fail:
     dsec_env_free(e);
     return -1;

@@ -79,6 +79,78 @@ static int slurp(FILE *f, const char *name, char **data, size_t *len)
     return 0;
 }
 
+/* One --file LOCAL[:/work/PATH] read into file; its bytes (*blob) and target path (*path) are
+ * the caller's to free, also when it fails. */
+static int load_file(const char *file_arg, dsec_call_file *file, char **blob, char **path)
+{
+    /* without a target, /work/<basename> */
+    char *arg = dsec_strdup(file_arg);
+    char *colon = arg ? strstr(arg, ":/") : NULL;
+    if (arg == NULL)
+        return -1;
+    const char *local = arg, *target = NULL;
+    if (colon != NULL) {
+        *colon = '\0';
+        target = colon + 1;
+    }
+    const char *base = strrchr(local, '/') ? strrchr(local, '/') + 1 : local;
+    size_t plen = target ? strlen(target) + 1 : strlen(base) + 7;
+    *path = dsec_malloc(plen);
+    if (*path != NULL)
+        snprintf(*path, plen, target ? "%s" : "/work/%s", target ? target : base);
+    FILE *f = fopen(local, "rb");
+    if (f == NULL || *path == NULL) {
+        fprintf(stderr, "dsec call: %s: %s\n", local, f ? "out of memory" : strerror(errno));
+        if (f)
+            fclose(f);
+        dsec_free(arg);
+        return -1;
+    }
+    size_t len;
+    int r = slurp(f, local, blob, &len);
+    fclose(f);
+    /* keep the executable bit of programs */
+    *file = (dsec_call_file){
+        .path = *path, .data = *blob, .len = len, .mode = access(local, X_OK) == 0 ? 0755 : 0644};
+    dsec_free(arg);
+    return r < 0 ? -1 : 0;
+}
+
+/* The call made and its answer shown: its output, and its exit code returned. */
+static int run_call(const dsec_call_spec *spec)
+{
+    dsec_client *c = NULL;
+    dsec_err err;
+    /* The call may take its whole timeout: wait a little longer than that. */
+    dsec_client_opts co = {.timeout_ms =
+                               (int)(spec->timeout_ms ? spec->timeout_ms + 5000 : 630000)};
+    if (dsec_client_connect(&c, &co, &err) < 0) {
+        fprintf(stderr, "dsec call: cannot reach the bus at %s: %s\n",
+                getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222", err.msg);
+        return 1;
+    }
+    dsec_exec_reply r;
+    int crc = dsec_call(c, spec, &r, &err);
+    dsec_client_free(c);
+    if (crc < 0) {
+        fprintf(stderr, "dsec call: %s (%s%s)\n", err.msg, dsec_code_name(err.code),
+                dsec_code_retry_safe(err.code) ? ", safe to retry" : "");
+        return err.code == DSEC_E_INVALID ? 2 : 1;
+    }
+    fwrite(r.out, 1, r.out_len, stdout);
+    fwrite(r.err_out, 1, r.err_len, stderr);
+    if (r.out_truncated)
+        fprintf(stderr, "dsec call: stdout was truncated\n");
+    if (r.err_truncated)
+        fprintf(stderr, "dsec call: stderr was truncated\n");
+    if (r.timed_out)
+        fprintf(stderr, "dsec call: timed out\n");
+    int rc = r.signal ? 128 + r.signal : r.exit_code;
+    dsec_exec_reply_release(&r);
+    fflush(stdout);
+    return rc;
+}
+
 int dsec_cli_call(int argc, char **argv)
 {
     static const struct option opts[] = {{"runtime", required_argument, 0, 'r'},
@@ -164,39 +236,7 @@ int dsec_cli_call(int argc, char **argv)
     dsec_call_file files[MAX_ITEMS];
     char *blobs[MAX_ITEMS] = {0}, *paths[MAX_ITEMS] = {0}, *in = NULL;
     for (size_t i = 0; i < nf; i++) {
-        /* LOCAL[:/work/PATH]; without a target, /work/<basename> */
-        char *arg = dsec_strdup(file_args[i]);
-        char *colon = arg ? strstr(arg, ":/") : NULL;
-        if (arg == NULL)
-            goto out;
-        const char *local = arg, *target = NULL;
-        if (colon != NULL) {
-            *colon = '\0';
-            target = colon + 1;
-        }
-        const char *base = strrchr(local, '/') ? strrchr(local, '/') + 1 : local;
-        size_t plen = target ? strlen(target) + 1 : strlen(base) + 7;
-        paths[i] = dsec_malloc(plen);
-        if (paths[i] != NULL)
-            snprintf(paths[i], plen, target ? "%s" : "/work/%s", target ? target : base);
-        FILE *f = fopen(local, "rb");
-        if (f == NULL || paths[i] == NULL) {
-            fprintf(stderr, "dsec call: %s: %s\n", local, f ? "out of memory" : strerror(errno));
-            if (f)
-                fclose(f);
-            dsec_free(arg);
-            goto out;
-        }
-        size_t len;
-        int r = slurp(f, local, &blobs[i], &len);
-        fclose(f);
-        /* keep the executable bit of programs */
-        files[i] = (dsec_call_file){.path = paths[i],
-                                    .data = blobs[i],
-                                    .len = len,
-                                    .mode = access(local, X_OK) == 0 ? 0755 : 0644};
-        dsec_free(arg);
-        if (r < 0)
+        if (load_file(file_args[i], &files[i], &blobs[i], &paths[i]) < 0)
             goto out;
     }
     spec.files = files;
@@ -209,35 +249,7 @@ int dsec_cli_call(int argc, char **argv)
         spec.stdin_len = inlen;
     }
 
-    dsec_client *c = NULL;
-    dsec_err err;
-    /* The call may take its whole timeout: wait a little longer than that. */
-    dsec_client_opts co = {.timeout_ms = (int)(spec.timeout_ms ? spec.timeout_ms + 5000 : 630000)};
-    if (dsec_client_connect(&c, &co, &err) < 0) {
-        fprintf(stderr, "dsec call: cannot reach the bus at %s: %s\n",
-                getenv("DSEC_URL") ? getenv("DSEC_URL") : "nats://127.0.0.1:4222", err.msg);
-        goto out;
-    }
-    dsec_exec_reply r;
-    int crc = dsec_call(c, &spec, &r, &err);
-    dsec_client_free(c);
-    if (crc < 0) {
-        fprintf(stderr, "dsec call: %s (%s%s)\n", err.msg, dsec_code_name(err.code),
-                dsec_code_retry_safe(err.code) ? ", safe to retry" : "");
-        rc = err.code == DSEC_E_INVALID ? 2 : 1;
-        goto out;
-    }
-    fwrite(r.out, 1, r.out_len, stdout);
-    fwrite(r.err_out, 1, r.err_len, stderr);
-    if (r.out_truncated)
-        fprintf(stderr, "dsec call: stdout was truncated\n");
-    if (r.err_truncated)
-        fprintf(stderr, "dsec call: stderr was truncated\n");
-    if (r.timed_out)
-        fprintf(stderr, "dsec call: timed out\n");
-    rc = r.signal ? 128 + r.signal : r.exit_code;
-    dsec_exec_reply_release(&r);
-    fflush(stdout);
+    rc = run_call(&spec);
 
 out:
     for (size_t i = 0; i < nf; i++) {

@@ -202,7 +202,50 @@ static void print_output(void *ud, int stream, const uint8_t *data, size_t len)
     fflush(f);
 }
 
-int dsec_cli_exec(int argc, char **argv)
+/* What `dsec exec` was asked for. */
+struct exec_args {
+    dsec_exec_opts o;
+    bool detach, keep_stdin, tty, with_stdin;
+    uint64_t ring;
+    const char *env[MAX_ITEMS];
+    size_t ne;
+    const char *id;
+};
+
+/* The options that do not go together, said; -1 when some were given (nargs: the words of the
+ * command). */
+static int exec_check(const struct exec_args *a, int nargs)
+{
+    if (!a->detach && (a->ring != 0 || a->keep_stdin)) {
+        fprintf(stderr, "dsec exec: --ring and --keep-stdin are for a background process (-d)\n");
+        return -1;
+    }
+    if (a->detach && (a->o.rollout_id != NULL || a->o.step != 0 || a->o.output_max != 0 ||
+                      a->o.req_id != NULL)) {
+        fprintf(stderr, "dsec exec -d: --rollout, --step, --output-max and --req-id are for a "
+                        "command that runs to its answer; a background process keeps its last "
+                        "--ring bytes of output instead\n");
+        return -1;
+    }
+    if (a->tty && (a->detach || a->with_stdin || a->o.session != 0 || a->o.rollout_id != NULL ||
+                   a->o.req_id != NULL || a->o.output_max != 0 || a->ring != 0)) {
+        fprintf(stderr, "dsec exec -it: a terminal takes its input as typed; -d, --stdin, "
+                        "--session, --rollout, --req-id, --output-max and --ring do not go "
+                        "with it\n");
+        return -1;
+    }
+    if (a->o.session != 0 && (a->detach || a->with_stdin || a->ne > 0 || a->o.cwd != NULL ||
+                              a->o.user != NULL || a->o.rollout_id != NULL || nargs != 1)) {
+        fprintf(stderr, "dsec exec --session: give one command line (quoted) and no -d, "
+                        "--stdin, --env, --cwd, --user or --rollout: it runs in the session's "
+                        "shell, with its directory and variables (use cd and export there)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* The options and the sandbox's id, checked; 0, or the exit code for a wrong one (said). */
+static int exec_parse(int argc, char **argv, struct exec_args *a)
 {
     static const struct option opts[] = {{"timeout", required_argument, 0, 't'},
                                          {"cwd", required_argument, 0, 'w'},
@@ -219,31 +262,26 @@ int dsec_cli_exec(int argc, char **argv)
                                          {"tty", no_argument, 0, 'T'},
                                          {"session", required_argument, 0, 'S'},
                                          {0, 0, 0, 0}};
-    const char *use = "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
-                      "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...\n"
-                      "       dsec exec -d ID [--ring BYTES] [--keep-stdin] [--timeout MS] [--cwd DIR] "
-                      "[--env K=V]... [--user U] [--stdin] -- CMD [ARG]...\n"
-                      "  -d, --detach: run it in the background; prints its handle (dsec ps, attach, kill)\n"
-                      "       dsec exec -it ID [--env K=V]... [--cwd DIR] [--user U] -- CMD [ARG]...\n"
-                      "  -it, --tty: run it on a terminal, this one in raw mode (as docker exec -it)\n"
-                      "       dsec exec --session HANDLE ID [--timeout MS] -- 'COMMAND LINE'\n"
-                      "  --session: run it in a shell session (dsec session ID); Ctrl-C interrupts it\n"
-                      "  Without CMD: the environment's default command (an image's Entrypoint and Cmd)";
-    dsec_exec_opts o = {0};
-    bool detach = false, keep_stdin = false, tty = false;
-    uint64_t ring = 0;
-    const char *env[MAX_ITEMS] = {0};
-    size_t ne = 0;
-    bool with_stdin = false;
+    const char *use =
+        "ID [--timeout MS] [--cwd DIR] [--env K=V]... [--user U] [--stdin] "
+        "[--output-max BYTES] [--rollout ID --step N] [--req-id R] -- CMD [ARG]...\n"
+        "       dsec exec -d ID [--ring BYTES] [--keep-stdin] [--timeout MS] [--cwd DIR] "
+        "[--env K=V]... [--user U] [--stdin] -- CMD [ARG]...\n"
+        "  -d, --detach: run it in the background; prints its handle (dsec ps, attach, kill)\n"
+        "       dsec exec -it ID [--env K=V]... [--cwd DIR] [--user U] -- CMD [ARG]...\n"
+        "  -it, --tty: run it on a terminal, this one in raw mode (as docker exec -it)\n"
+        "       dsec exec --session HANDLE ID [--timeout MS] -- 'COMMAND LINE'\n"
+        "  --session: run it in a shell session (dsec session ID); Ctrl-C interrupts it\n"
+        "  Without CMD: the environment's default command (an image's Entrypoint and Cmd)";
+    *a = (struct exec_args){0};
     int ch;
-    const char *id = NULL;
     optind = 1;
     /* -d may come first, as in docker exec -d */
     if (argc > 1 && strcmp(argv[1], "-d") == 0) {
-        detach = true;
+        a->detach = true;
         optind = 2;
     } else if (argc > 1 && (strcmp(argv[1], "-it") == 0 || strcmp(argv[1], "-ti") == 0)) {
-        tty = true;
+        a->tty = true;
         optind = 2;
     }
     /* options may come before or after the id; "--" ends them */
@@ -251,123 +289,179 @@ int dsec_cli_exec(int argc, char **argv)
         while ((ch = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
             switch (ch) {
             case 't':
-                if (!parse_u64(optarg, &o.timeout_ms))
+                if (!parse_u64(optarg, &a->o.timeout_ms))
                     return usage("exec", use);
                 break;
-            case 'w': o.cwd = optarg; break;
-            case 'e': if (ne + 1 < MAX_ITEMS) env[ne++] = optarg; o.env = env; break;
-            case 'u': o.user = optarg; break;
-            case 'i': with_stdin = true; break;
-            case 'o': o.rollout_id = optarg; break;
+            case 'w':
+                a->o.cwd = optarg;
+                break;
+            case 'e':
+                if (a->ne + 1 < MAX_ITEMS)
+                    a->env[a->ne++] = optarg;
+                a->o.env = a->env;
+                break;
+            case 'u':
+                a->o.user = optarg;
+                break;
+            case 'i':
+                a->with_stdin = true;
+                break;
+            case 'o':
+                a->o.rollout_id = optarg;
+                break;
             case 's':
-                if (!parse_u64(optarg, &o.step))
+                if (!parse_u64(optarg, &a->o.step))
                     return usage("exec", use);
                 break;
             case 'm':
-                if (!parse_u64(optarg, &o.output_max))
+                if (!parse_u64(optarg, &a->o.output_max))
                     return usage("exec", use);
                 break;
-            case 'r': o.req_id = optarg; break;
-            case 'd': detach = true; break;
-            case 'k': keep_stdin = true; break;
-            case 'T': tty = true; break;
+            case 'r':
+                a->o.req_id = optarg;
+                break;
+            case 'd':
+                a->detach = true;
+                break;
+            case 'k':
+                a->keep_stdin = true;
+                break;
+            case 'T':
+                a->tty = true;
+                break;
             case 'S':
-                if (!parse_u64(optarg, &o.session) || o.session == 0)
+                if (!parse_u64(optarg, &a->o.session) || a->o.session == 0)
                     return usage("exec", use);
                 break;
             case 'R':
-                if (!parse_u64(optarg, &ring))
+                if (!parse_u64(optarg, &a->ring))
                     return usage("exec", use);
                 break;
-            default: return usage("exec", use);
+            default:
+                return usage("exec", use);
             }
         }
         if (optind >= argc) {
-            if (id != NULL) /* no command: the environment's default one */
+            if (a->id != NULL) /* no command: the environment's default one */
                 break;
             return usage("exec", use);
         }
-        if (strcmp(argv[optind - 1], "--") == 0 || id != NULL)
+        if (strcmp(argv[optind - 1], "--") == 0 || a->id != NULL)
             break;
-        id = argv[optind++];
+        a->id = argv[optind++];
     }
-    if (id == NULL)
+    if (a->id == NULL)
         return usage("exec", use);
-    if (!detach && (ring != 0 || keep_stdin)) {
-        fprintf(stderr, "dsec exec: --ring and --keep-stdin are for a background process (-d)\n");
+    if (exec_check(a, argc - optind) < 0)
         return 2;
-    }
-    if (detach && (o.rollout_id != NULL || o.step != 0 || o.output_max != 0 || o.req_id != NULL)) {
-        fprintf(stderr, "dsec exec -d: --rollout, --step, --output-max and --req-id are for a "
-                        "command that runs to its answer; a background process keeps its last "
-                        "--ring bytes of output instead\n");
-        return 2;
-    }
-    if (tty && (detach || with_stdin || o.session != 0 || o.rollout_id != NULL ||
-                o.req_id != NULL || o.output_max != 0 || ring != 0)) {
-        fprintf(stderr, "dsec exec -it: a terminal takes its input as typed; -d, --stdin, "
-                        "--session, --rollout, --req-id, --output-max and --ring do not go "
-                        "with it\n");
-        return 2;
-    }
-    if (o.session != 0 && (detach || with_stdin || ne > 0 || o.cwd != NULL || o.user != NULL ||
-                           o.rollout_id != NULL || argc - optind != 1)) {
-        fprintf(stderr, "dsec exec --session: give one command line (quoted) and no -d, "
-                        "--stdin, --env, --cwd, --user or --rollout: it runs in the session's "
-                        "shell, with its directory and variables (use cd and export there)\n");
-        return 2;
-    }
-    o.argv = (const char *const *)&argv[optind];
+    a->o.argv = (const char *const *)&argv[optind];
+    return 0;
+}
+
+/* All of stdin (at most 8 MiB) into *data (the caller's to free with dsec_free); 0, or the
+ * exit code. */
+static int read_stdin(char **data, size_t *len)
+{
     char *in = NULL;
     size_t inlen = 0;
-    if (with_stdin) {
-        size_t cap = 0;
-        for (;;) {
-            if (inlen == cap) {
-                cap = cap ? cap * 2 : 65536;
-                if (cap > (8u << 20)) {
-                    fprintf(stderr, "dsec exec: stdin larger than 8 MiB\n");
-                    dsec_free(in);
-                    return 2;
-                }
-                char *ni = dsec_realloc(in, cap);
-                if (ni == NULL) {
-                    dsec_free(in);
-                    return 1;
-                }
-                in = ni;
+    size_t cap = 0;
+    for (;;) {
+        if (inlen == cap) {
+            cap = cap ? cap * 2 : 65536;
+            if (cap > (8u << 20)) {
+                fprintf(stderr, "dsec exec: stdin larger than 8 MiB\n");
+                dsec_free(in);
+                return 2;
             }
-            size_t r = fread(in + inlen, 1, cap - inlen, stdin);
-            inlen += r;
-            if (r == 0)
-                break;
+            char *ni = dsec_realloc(in, cap);
+            if (ni == NULL) {
+                dsec_free(in);
+                return 1;
+            }
+            in = ni;
         }
-        o.stdin_data = in;
-        o.stdin_len = inlen;
+        size_t r = fread(in + inlen, 1, cap - inlen, stdin);
+        inlen += r;
+        if (r == 0)
+            break;
     }
+    *data = in;
+    *len = inlen;
+    return 0;
+}
+
+/* -d: the command started in the background; its handle is printed. */
+static int exec_detached(dsec_client *c, const struct exec_args *a)
+{
+    dsec_err err;
+    dsec_proc_opts po = {.argv = a->o.argv,
+                         .env = a->o.env,
+                         .cwd = a->o.cwd,
+                         .user = a->o.user,
+                         .timeout_ms = a->o.timeout_ms,
+                         .ring_max = a->ring,
+                         .keep_stdin = a->keep_stdin,
+                         .stdin_data = a->o.stdin_data,
+                         .stdin_len = a->o.stdin_len};
+    dsec_proc p;
+    int rc = dsec_proc_start(c, a->id, &po, &p, &err);
+    if (rc < 0)
+        return dsec_cli_fail("exec", &err);
+    printf("%" PRIu64 "\n", p.handle);
+    return 0;
+}
+
+/* What the command's answer says besides its output, and its exit code. */
+static int exec_answered(dsec_exec_reply *r)
+{
+    if (r->out_truncated)
+        fprintf(stderr, "dsec exec: stdout was truncated\n");
+    if (r->err_truncated)
+        fprintf(stderr, "dsec exec: stderr was truncated\n");
+    if (r->timed_out)
+        fprintf(stderr, "dsec exec: timed out\n");
+    if (r->interrupted)
+        fprintf(stderr, "dsec exec: interrupted\n");
+    if (r->session_ended)
+        fprintf(stderr, "dsec exec: the session has ended\n");
+    int code = r->signal ? 128 + r->signal : r->exit_code;
+    dsec_exec_reply_release(r);
+    fflush(stdout);
+    return code;
+}
+
+int dsec_cli_exec(int argc, char **argv)
+{
+    struct exec_args a;
+    int prc = exec_parse(argc, argv, &a);
+    if (prc != 0)
+        return prc;
+    char *in = NULL;
+    size_t inlen = 0;
+    if (a.with_stdin) {
+        int src = read_stdin(&in, &inlen);
+        if (src != 0)
+            return src;
+        a.o.stdin_data = in;
+        a.o.stdin_len = inlen;
+    }
+    dsec_exec_opts o = a.o;
+    const char *id = a.id;
     dsec_client *c = dsec_cli_connect("exec");
     if (c == NULL) {
         dsec_free(in);
         return 1;
     }
     dsec_err err;
-    if (detach) {
-        dsec_proc_opts po = {.argv = o.argv, .env = o.env, .cwd = o.cwd, .user = o.user,
-                             .timeout_ms = o.timeout_ms, .ring_max = ring,
-                             .keep_stdin = keep_stdin, .stdin_data = o.stdin_data,
-                             .stdin_len = o.stdin_len};
-        dsec_proc p;
-        int rc = dsec_proc_start(c, id, &po, &p, &err);
+    if (a.detach) {
+        int code = exec_detached(c, &a);
         dsec_client_free(c);
         dsec_free(in);
-        if (rc < 0)
-            return dsec_cli_fail("exec", &err);
-        printf("%" PRIu64 "\n", p.handle);
-        return 0;
+        return code;
     }
-    if (tty) {
-        dsec_proc_opts po = {.argv = o.argv, .env = o.env, .cwd = o.cwd, .user = o.user,
-                             .timeout_ms = o.timeout_ms};
+    if (a.tty) {
+        dsec_proc_opts po = {
+            .argv = o.argv, .env = o.env, .cwd = o.cwd, .user = o.user, .timeout_ms = o.timeout_ms};
         int code = dsec_cli_tty(c, id, &po);
         dsec_client_free(c);
         return code;
@@ -381,20 +475,7 @@ int dsec_cli_exec(int argc, char **argv)
     dsec_free(in);
     if (rc < 0)
         return dsec_cli_fail("exec", &err);
-    if (r.out_truncated)
-        fprintf(stderr, "dsec exec: stdout was truncated\n");
-    if (r.err_truncated)
-        fprintf(stderr, "dsec exec: stderr was truncated\n");
-    if (r.timed_out)
-        fprintf(stderr, "dsec exec: timed out\n");
-    if (r.interrupted)
-        fprintf(stderr, "dsec exec: interrupted\n");
-    if (r.session_ended)
-        fprintf(stderr, "dsec exec: the session has ended\n");
-    int code = r.signal ? 128 + r.signal : r.exit_code;
-    dsec_exec_reply_release(&r);
-    fflush(stdout);
-    return code;
+    return exec_answered(&r);
 }
 
 /* "ID:/path" -> id, path; local paths have no ':' before the first '/'. */

@@ -86,12 +86,124 @@ static void on_created(int status, const dsec_sandbox_info *info, const dsec_err
     pthread_mutex_unlock(&p->mu);
 }
 
+/* The sim workload's rows, in the order they are shown. */
+enum { CREATE, EXEC, WRITE, READ, LIST, FORK, PAUSE, RESUME, DESTROY, FN_CREATE, FN_CALL, NOPS };
+
+/* A burst of rollouts, all creates in flight at once (p: its row, start and slots set); -1
+ * when none was created. */
+static int rollout_burst(dsec_client *c, struct pending *p)
+{
+    dsec_err err;
+    for (int i = 0; i < ROLLOUTS; i++) {
+        char rollout[32];
+        snprintf(rollout, sizeof rollout, "demo-rollout-%02d", i);
+        dsec_create_spec spec = {
+            .type = "sim", .cpu_milli = 250, .memory_mb = 256, .ttl_s = 600, .rollout_id = rollout};
+        if (dsec_create_async(c, &spec, on_created, p, &err) < 0) {
+            fprintf(stderr, "demo: create: %s\n", err.msg);
+            pthread_mutex_lock(&p->mu);
+            p->left--;
+            p->failed++;
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    while (p->left > 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    return p->failed == ROLLOUTS ? -1 : 0;
+}
+
+/* Rollout i (sandbox id) runs a command, writes its answer, reads and lists it. */
+static void rollout_use(dsec_client *c, struct stat_row *rows, const char *id, int i)
+{
+    dsec_err err;
+    char step[32];
+    snprintf(step, sizeof step, "step-%d", i);
+    const char *argv[] = {"echo", "rollout", step, NULL};
+    dsec_exec_opts eo = {.argv = argv};
+    dsec_exec_reply r;
+    double t0 = now_ms();
+    int rc = dsec_exec(c, id, &eo, &r, &err);
+    record(&rows[EXEC], t0, rc, &err);
+    if (rc == 0) {
+        char want[64];
+        snprintf(want, sizeof want, "rollout %s\n", step);
+        if (r.out_len != strlen(want) || memcmp(r.out, want, r.out_len) != 0) {
+            fprintf(stderr, "demo: exec in %s printed %.*s, expected %s", id, (int)r.out_len,
+                    (const char *)r.out, want);
+            rows[EXEC].failed++;
+        }
+        dsec_exec_reply_release(&r);
+    }
+    char body[64];
+    int blen = snprintf(body, sizeof body, "answer of rollout %d\n", i);
+    t0 = now_ms();
+    rc = dsec_file_write(c, id, "/workspace/answer.txt", body, (size_t)blen, 0644, &err);
+    record(&rows[WRITE], t0, rc, &err);
+    uint8_t *data;
+    size_t len;
+    t0 = now_ms();
+    rc = dsec_file_read(c, id, "/workspace/answer.txt", &data, &len, &err);
+    record(&rows[READ], t0, rc, &err);
+    if (rc == 0) {
+        if (len != (size_t)blen || memcmp(data, body, len) != 0) {
+            fprintf(stderr, "demo: %s read back something else\n", id);
+            rows[READ].failed++;
+        }
+        dsec_free(data);
+    }
+    dsec_dirent *ents;
+    size_t ne;
+    t0 = now_ms();
+    rc = dsec_file_list(c, id, "/workspace", &ents, &ne, &err);
+    record(&rows[LIST], t0, rc, &err);
+    if (rc == 0)
+        dsec_dirents_free(ents, ne);
+}
+
+/* Eight function calls in one function sandbox, destroyed after. */
+static void fn_calls(dsec_client *c, struct stat_row *rows)
+{
+    dsec_err err;
+    static const char *const py[] = {"runtime=python3", NULL};
+    dsec_sandbox_info fn;
+    double t0 = now_ms();
+    int rc = dsec_create(c, &(dsec_create_spec){.type = "function", .labels = py, .memory_mb = 256},
+                         &fn, &err);
+    record(&rows[FN_CREATE], t0, rc, &err);
+    for (int i = 0; rc == 0 && i < 8; i++) {
+        char code[64];
+        snprintf(code, sizeof code, "print(%d * 7)", i + 1);
+        const char *argv[] = {"python3", "-c", code, NULL};
+        dsec_exec_reply r;
+        double t1 = now_ms();
+        int crc = dsec_exec(c, fn.id, &(dsec_exec_opts){.argv = argv}, &r, &err);
+        record(&rows[FN_CALL], t1, crc, &err);
+        if (crc == 0) {
+            char want[16];
+            snprintf(want, sizeof want, "%d\n", (i + 1) * 7);
+            if (r.exit_code != 0 || r.out_len != strlen(want) ||
+                memcmp(r.out, want, r.out_len) != 0) {
+                fprintf(stderr, "demo: function call printed %.*s (exit %d), expected %s",
+                        (int)r.out_len, (const char *)r.out, r.exit_code, want);
+                rows[FN_CALL].failed++;
+            }
+            dsec_exec_reply_release(&r);
+        }
+    }
+    if (rc == 0) {
+        t0 = now_ms();
+        rc = dsec_destroy(c, fn.id, &err);
+        record(&rows[DESTROY], t0, rc, &err);
+    }
+}
+
 static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
 {
-    enum { CREATE, EXEC, WRITE, READ, LIST, FORK, PAUSE, RESUME, DESTROY, FN_CREATE, FN_CALL, NOPS };
-    static const char *const names[NOPS] = {"create", "exec", "file write", "file read", "file list",
-                                            "fork", "pause", "resume", "destroy", "fn create",
-                                            "fn call"};
+    static const char *const names[NOPS] = {"create",    "exec",      "file write", "file read",
+                                            "file list", "fork",      "pause",      "resume",
+                                            "destroy",   "fn create", "fn call"};
     /* the sim rows come first; containers() appends its own */
     for (int i = 0; i < NOPS; i++)
         rows[i] = (struct stat_row){.op = names[i]};
@@ -99,76 +211,18 @@ static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
     dsec_err err;
 
     /* 1. a burst of rollouts, all creates in flight at once */
-    struct pending p = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
-                        .left = ROLLOUTS, .row = &rows[CREATE], .t0 = now_ms()};
-    for (int i = 0; i < ROLLOUTS; i++) {
-        char rollout[32];
-        snprintf(rollout, sizeof rollout, "demo-rollout-%02d", i);
-        dsec_create_spec spec = {.type = "sim", .cpu_milli = 250, .memory_mb = 256, .ttl_s = 600,
-                                 .rollout_id = rollout};
-        if (dsec_create_async(c, &spec, on_created, &p, &err) < 0) {
-            fprintf(stderr, "demo: create: %s\n", err.msg);
-            pthread_mutex_lock(&p.mu);
-            p.left--;
-            p.failed++;
-            pthread_mutex_unlock(&p.mu);
-        }
-    }
-    pthread_mutex_lock(&p.mu);
-    while (p.left > 0)
-        pthread_cond_wait(&p.cv, &p.mu);
-    pthread_mutex_unlock(&p.mu);
-    if (p.failed == ROLLOUTS)
+    struct pending p = {.mu = PTHREAD_MUTEX_INITIALIZER,
+                        .cv = PTHREAD_COND_INITIALIZER,
+                        .left = ROLLOUTS,
+                        .row = &rows[CREATE],
+                        .t0 = now_ms()};
+    if (rollout_burst(c, &p) < 0)
         return -1;
 
     /* 2. each rollout runs a command, writes its answer, reads and lists it */
-    for (int i = 0; i < ROLLOUTS; i++) {
-        const char *id = p.ids[i];
-        if (id[0] == '\0')
-            continue;
-        char step[32];
-        snprintf(step, sizeof step, "step-%d", i);
-        const char *argv[] = {"echo", "rollout", step, NULL};
-        dsec_exec_opts eo = {.argv = argv};
-        dsec_exec_reply r;
-        double t0 = now_ms();
-        int rc = dsec_exec(c, id, &eo, &r, &err);
-        record(&rows[EXEC], t0, rc, &err);
-        if (rc == 0) {
-            char want[64];
-            snprintf(want, sizeof want, "rollout %s\n", step);
-            if (r.out_len != strlen(want) || memcmp(r.out, want, r.out_len) != 0) {
-                fprintf(stderr, "demo: exec in %s printed %.*s, expected %s", id, (int)r.out_len,
-                        (const char *)r.out, want);
-                rows[EXEC].failed++;
-            }
-            dsec_exec_reply_release(&r);
-        }
-        char body[64];
-        int blen = snprintf(body, sizeof body, "answer of rollout %d\n", i);
-        t0 = now_ms();
-        rc = dsec_file_write(c, id, "/workspace/answer.txt", body, (size_t)blen, 0644, &err);
-        record(&rows[WRITE], t0, rc, &err);
-        uint8_t *data;
-        size_t len;
-        t0 = now_ms();
-        rc = dsec_file_read(c, id, "/workspace/answer.txt", &data, &len, &err);
-        record(&rows[READ], t0, rc, &err);
-        if (rc == 0) {
-            if (len != (size_t)blen || memcmp(data, body, len) != 0) {
-                fprintf(stderr, "demo: %s read back something else\n", id);
-                rows[READ].failed++;
-            }
-            dsec_free(data);
-        }
-        dsec_dirent *ents;
-        size_t ne;
-        t0 = now_ms();
-        rc = dsec_file_list(c, id, "/workspace", &ents, &ne, &err);
-        record(&rows[LIST], t0, rc, &err);
-        if (rc == 0)
-            dsec_dirents_free(ents, ne);
-    }
+    for (int i = 0; i < ROLLOUTS; i++)
+        if (p.ids[i][0] != '\0')
+            rollout_use(c, rows, p.ids[i], i);
 
     /* 3. branch one rollout: children see the parent's files at the branch point */
     char **kids = NULL;
@@ -196,36 +250,7 @@ static int workload(dsec_client *c, struct stat_row *rows, int *nrows)
     record(&rows[RESUME], t0, rc, &err);
 
     /* 5. a judged program: function calls in a real sandboxed worker */
-    static const char *const py[] = {"runtime=python3", NULL};
-    dsec_sandbox_info fn;
-    t0 = now_ms();
-    rc = dsec_create(c, &(dsec_create_spec){.type = "function", .labels = py, .memory_mb = 256}, &fn,
-                     &err);
-    record(&rows[FN_CREATE], t0, rc, &err);
-    for (int i = 0; rc == 0 && i < 8; i++) {
-        char code[64];
-        snprintf(code, sizeof code, "print(%d * 7)", i + 1);
-        const char *argv[] = {"python3", "-c", code, NULL};
-        dsec_exec_reply r;
-        double t1 = now_ms();
-        int crc = dsec_exec(c, fn.id, &(dsec_exec_opts){.argv = argv}, &r, &err);
-        record(&rows[FN_CALL], t1, crc, &err);
-        if (crc == 0) {
-            char want[16];
-            snprintf(want, sizeof want, "%d\n", (i + 1) * 7);
-            if (r.exit_code != 0 || r.out_len != strlen(want) || memcmp(r.out, want, r.out_len) != 0) {
-                fprintf(stderr, "demo: function call printed %.*s (exit %d), expected %s",
-                        (int)r.out_len, (const char *)r.out, r.exit_code, want);
-                rows[FN_CALL].failed++;
-            }
-            dsec_exec_reply_release(&r);
-        }
-    }
-    if (rc == 0) {
-        t0 = now_ms();
-        rc = dsec_destroy(c, fn.id, &err);
-        record(&rows[DESTROY], t0, rc, &err);
-    }
+    fn_calls(c, rows);
 
     /* 6. everything else is destroyed */
     for (size_t i = 0; i < nkids; i++) {

@@ -149,6 +149,40 @@ static int parse_limit(const char *cmd, const char *s, uint32_t *out)
     return 0;
 }
 
+/* The nodes a page missed, joined by \x1f (dsec_free); NULL when out of memory. */
+static char *missing_of(const dsec_list_page *p)
+{
+    char *note = dsec_malloc(4096);
+    if (note == NULL)
+        return NULL;
+    note[0] = '\0';
+    for (size_t i = 0; i < p->nmissing; i++)
+        snprintf(note + strlen(note), 4096 - strlen(note), "%s%s", i ? "\x1f" : "", p->missing[i]);
+    return note;
+}
+
+/* The end of ls --json: next_cursor (where to go on; after a failure, the page that failed),
+ * the nodes that did not answer (missing_note, cut up here), and the failure (NULL: none). */
+static void json_tail(const char *cursor, char *missing_note, const dsec_err *failed)
+{
+    printf("],\"next_cursor\":");
+    dsec_cli_json_str(stdout, cursor);
+    printf(",\"missing\":[");
+    if (missing_note != NULL) {
+        char *save = NULL, *tok = strtok_r(missing_note, "\x1f", &save);
+        for (bool first = true; tok != NULL; tok = strtok_r(NULL, "\x1f", &save), first = false) {
+            printf("%s", first ? "" : ",");
+            dsec_cli_json_str(stdout, tok);
+        }
+    }
+    printf("]");
+    if (failed != NULL) {
+        printf(",\"error\":");
+        dsec_cli_json_str(stdout, failed->msg);
+    }
+    printf("}\n");
+}
+
 /* ---- dsec ls --------------------------------------------------------------------------- */
 
 static int fleet_ls(int argc, char **argv)
@@ -245,37 +279,17 @@ static int fleet_ls(int argc, char **argv)
         warn_missing("ls", &p);
         if (p.nmissing > 0) {
             status = 1;
-            if (json && missing_note == NULL && (missing_note = dsec_malloc(4096)) != NULL) {
-                missing_note[0] = '\0';
-                for (size_t i = 0; i < p.nmissing; i++)
-                    snprintf(missing_note + strlen(missing_note), 4096 - strlen(missing_note),
-                             "%s%s", i ? "\x1f" : "", p.missing[i]);
-            }
+            if (json && missing_note == NULL)
+                missing_note = missing_of(&p);
         }
         snprintf(cursor, sizeof cursor, "%s", p.next_cursor);
         dsec_list_page_release(&p);
         if (cursor[0] == '\0' || !all)
             break;
     }
-    if (json) { /* next_cursor: where to go on (after a failure: the page that failed) */
-        printf("],\"next_cursor\":");
-        dsec_cli_json_str(stdout, cursor);
-        printf(",\"missing\":[");
-        if (missing_note != NULL) {
-            char *save = NULL, *tok = strtok_r(missing_note, "\x1f", &save);
-            for (bool first = true; tok != NULL;
-                 tok = strtok_r(NULL, "\x1f", &save), first = false) {
-                printf("%s", first ? "" : ",");
-                dsec_cli_json_str(stdout, tok);
-            }
-        }
-        printf("]");
-        if (failed) {
-            printf(",\"error\":");
-            dsec_cli_json_str(stdout, ferr.msg);
-        }
-        printf("}\n");
-    } else if (!failed && cursor[0] != '\0') {
+    if (json)
+        json_tail(cursor, missing_note, failed ? &ferr : NULL);
+    else if (!failed && cursor[0] != '\0') {
         fprintf(stderr, "dsec ls: more: ask again with --cursor %s (or --all)\n", cursor);
     }
     if (failed)
