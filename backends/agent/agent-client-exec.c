@@ -303,11 +303,7 @@ int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec
     r->run.end = exec_run_end;
     r->done = done;
     r->ud = ud;
-    if (dsec__agent_loop_run_start(&r->run, a, loop, err) < 0) {
-        dsec_free(r);
-        return -1;
-    }
-    return 0;
+    return dsec__agent_loop_run_own(&r->run, a, loop, err);
 }
 
 int dsec_agent_kill(const char *path, int sig, dsec_err *err)
@@ -322,10 +318,7 @@ int dsec_agent_kill(const char *path, int sig, dsec_err *err)
     int rc = -1;
     if (frame) {
         p = dsec__agent_put_u32(p, (uint32_t)sig);
-        const uint8_t *pl;
-        size_t pn;
-        rc = dsec__agent_roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &pl, &pn, err);
-        dsec_free(frame);
+        rc = dsec__agent_request_ok(a, frame, (size_t)(p - frame), err);
     }
     dsec_agent_free(a);
     return rc;
@@ -351,9 +344,5 @@ int dsec_agent_setup(dsec_agent *a, const char *const *vars, size_t n, const cha
         p = dsec__agent_put_bytes(p, vars[i], strlen(vars[i]));
     p = dsec__agent_put_bytes(p, workdir, wl);
     p = dsec__agent_put_bytes(p, user, ul);
-    const uint8_t *rp;
-    size_t rn;
-    int rc = dsec__agent_roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
-    dsec_free(frame);
-    return rc;
+    return dsec__agent_request_ok(a, frame, (size_t)(p - frame), err);
 }

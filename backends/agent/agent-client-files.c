@@ -61,11 +61,7 @@ int dsec_agent_file_write(dsec_agent *a, const char *path, const void *data, siz
     uint8_t *frame = write_frame(a, path, data, len, mode, append, &flen, err);
     if (frame == NULL)
         return -1;
-    const uint8_t *rp;
-    size_t rn;
-    int rc = dsec__agent_roundtrip(a, frame, flen, DSEC__AGENT_T_OK, &rp, &rn, err);
-    dsec_free(frame);
-    return rc;
+    return dsec__agent_request_ok(a, frame, flen, err);
 }
 
 /* The request for one piece of a read. */
@@ -408,11 +404,7 @@ int dsec_agent_file_remove(dsec_agent *a, const char *path, bool recursive, dsec
         return -1;
     p = dsec__agent_put_u8(p, recursive);
     p = dsec__agent_put_bytes(p, path, pl);
-    const uint8_t *rp;
-    size_t rn;
-    int rc = dsec__agent_roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
-    dsec_free(frame);
-    return rc;
+    return dsec__agent_request_ok(a, frame, (size_t)(p - frame), err);
 }
 
 int dsec_agent_file_mkdir(dsec_agent *a, const char *path, uint32_t mode, bool parents,
@@ -428,11 +420,7 @@ int dsec_agent_file_mkdir(dsec_agent *a, const char *path, uint32_t mode, bool p
     p = dsec__agent_put_u8(p, parents);
     p = dsec__agent_put_u32(p, mode);
     p = dsec__agent_put_bytes(p, path, pl);
-    const uint8_t *rp;
-    size_t rn;
-    int rc = dsec__agent_roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
-    dsec_free(frame);
-    return rc;
+    return dsec__agent_request_ok(a, frame, (size_t)(p - frame), err);
 }
 
 int dsec_agent_file_rename(dsec_agent *a, const char *from, const char *to, bool sync,
@@ -449,11 +437,7 @@ int dsec_agent_file_rename(dsec_agent *a, const char *from, const char *to, bool
     p = dsec__agent_put_u8(p, sync);
     p = dsec__agent_put_bytes(p, from, fl);
     p = dsec__agent_put_bytes(p, to, tl);
-    const uint8_t *rp;
-    size_t rn;
-    int rc = dsec__agent_roundtrip(a, frame, (size_t)(p - frame), DSEC__AGENT_T_OK, &rp, &rn, err);
-    dsec_free(frame);
-    return rc;
+    return dsec__agent_request_ok(a, frame, (size_t)(p - frame), err);
 }
 
 int dsec_agent_file_op(dsec_agent *a, const dsec_file_op *op, dsec_file_entry *st, dsec_err *err)

@@ -39,6 +39,7 @@ int dsec__agent_recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint
 int dsec__agent_error_frame(const uint8_t *payload, size_t plen, dsec_err *err);
 int dsec__agent_roundtrip(dsec_agent *a, uint8_t *frame, size_t flen, uint8_t want,
                           const uint8_t **payload, size_t *plen, dsec_err *err);
+int dsec__agent_request_ok(dsec_agent *a, uint8_t *frame, size_t flen, dsec_err *err);
 uint8_t *dsec__agent_new_frame(dsec_agent *a, uint8_t type, size_t payload_len, uint8_t **payload,
                                dsec_err *err);
 
@@ -66,6 +67,8 @@ struct loop_run {
 
 int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
                                dsec_err *err);
+int dsec__agent_loop_run_own(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
+                             dsec_err *err);
 void dsec__agent_loop_next(struct loop_run *r, uint8_t *frame, size_t flen);
 
 /* ---- agent-client-exec.c: what EXEC and PSTART share ---------------------------------------- */

@@ -349,11 +349,7 @@ int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t
     r->run.end = pout_run_end;
     r->done = done;
     r->ud = ud;
-    if (dsec__agent_loop_run_start(&r->run, a, loop, err) < 0) {
-        dsec_free(r);
-        return -1;
-    }
-    return 0;
+    return dsec__agent_loop_run_own(&r->run, a, loop, err);
 }
 
 int dsec_agent_proc_resize(dsec_agent *a, uint64_t handle, uint16_t rows, uint16_t cols,

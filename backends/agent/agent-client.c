@@ -294,6 +294,16 @@ broken:
     return -1;
 }
 
+/* Send frame (taken: freed here) and read its answer, an OK (or an ERROR): as roundtrip. */
+int dsec__agent_request_ok(dsec_agent *a, uint8_t *frame, size_t flen, dsec_err *err)
+{
+    const uint8_t *rp;
+    size_t rn;
+    int rc = dsec__agent_roundtrip(a, frame, flen, DSEC__AGENT_T_OK, &rp, &rn, err);
+    dsec_free(frame);
+    return rc;
+}
+
 /* A request frame of payload_len bytes; the caller fills the payload after the header. */
 uint8_t *dsec__agent_new_frame(dsec_agent *a, uint8_t type, size_t payload_len, uint8_t **payload,
                                dsec_err *err)
@@ -652,6 +662,18 @@ int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_lo
         a->busy = false;
         dsec_free(r->frame);
         r->frame = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* dsec__agent_loop_run_start for a run that is the first member of a dsec_malloc'd block, which
+ * is freed (and its frame) when it cannot start. */
+int dsec__agent_loop_run_own(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
+                             dsec_err *err)
+{
+    if (dsec__agent_loop_run_start(r, a, loop, err) < 0) {
+        dsec_free(r);
         return -1;
     }
     return 0;

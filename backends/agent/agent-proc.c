@@ -308,6 +308,21 @@ static const char *proc_how(const struct proc *p, char *buf, size_t size)
     return buf;
 }
 
+/* The running process a request names, or NULL with the error sent: no process has the
+ * handle, or it ended (an error of kind, saying "process N <ended> how"). */
+static struct proc *get_running(struct conn *c, uint32_t id, uint64_t handle, const char *op,
+                                uint32_t kind, const char *ended)
+{
+    struct proc *p = get_proc(c, id, handle, op);
+    if (p != NULL && !p->running) {
+        char how[96];
+        dsec__agent_send_error(c, id, kind, 0, "%s: process %" PRIu64 " %s %s", op, handle, ended,
+                               proc_how(p, how, sizeof how));
+        return NULL;
+    }
+    return p;
+}
+
 void dsec__agent_handle_psignal(struct conn *c, uint32_t id, dsec__agent_rd *r)
 {
     uint64_t handle = dsec__agent_get_u64(r);
@@ -321,16 +336,9 @@ void dsec__agent_handle_psignal(struct conn *c, uint32_t id, dsec__agent_rd *r)
                                sig);
         return;
     }
-    struct proc *p = get_proc(c, id, handle, "signal");
+    struct proc *p = get_running(c, id, handle, "signal", DSEC__AGENT_ERR_STATE, "already exited");
     if (p == NULL)
         return;
-    if (!p->running) {
-        char how[96];
-        dsec__agent_send_error(c, id, DSEC__AGENT_ERR_STATE, 0,
-                               "signal: process %" PRIu64 " already exited %s", handle,
-                               proc_how(p, how, sizeof how));
-        return;
-    }
     struct cmd *m = p->cmd;
     if (p->sess && sig == SIGINT) { /* the running command only; idle: nothing to do */
         if (p->sess->busy) {
@@ -403,16 +411,9 @@ void dsec__agent_handle_pstdin(struct conn *c, uint32_t id, dsec__agent_rd *r)
                                DSEC__AGENT_STDIN_MAX);
         return;
     }
-    struct proc *p = get_proc(c, id, handle, "stdin");
+    struct proc *p = get_running(c, id, handle, "stdin", DSEC__AGENT_ERR_INVALID, "ended");
     if (p == NULL)
         return;
-    if (!p->running) {
-        char how[96];
-        dsec__agent_send_error(c, id, DSEC__AGENT_ERR_INVALID, 0,
-                               "stdin: process %" PRIu64 " ended %s", handle,
-                               proc_how(p, how, sizeof how));
-        return;
-    }
     struct cmd *m = p->cmd;
     if (p->sess) {
         dsec__agent_send_error(

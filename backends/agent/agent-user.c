@@ -35,58 +35,100 @@ static int split_colon(char *line, char **f, int max)
     return n;
 }
 
-/* Find a passwd entry by name (by_name) or uid. Fills name, uid, gid, home. */
-static bool passwd_find(const char *name, uid_t uid, bool by_name, struct ident *id)
+/* Each line of the file at path (its newline cut) to fn until fn says it is done (true).
+ * Whether fn said so; false too when the file cannot be read. */
+static bool each_line(const char *path, bool (*fn)(char *line, void *arg), void *arg)
 {
-    FILE *f = fopen("/etc/passwd", "re");
+    FILE *f = fopen(path, "re");
     if (f == NULL)
         return false;
     char *line = NULL;
     size_t cap = 0;
-    bool found = false;
-    while (!found && getline(&line, &cap, f) > 0) {
+    bool done = false;
+    while (!done && getline(&line, &cap, f) > 0) {
         line[strcspn(line, "\n")] = 0;
-        char *fl[7];
-        unsigned long u, gg;
-        if (split_colon(line, fl, 7) < 7 || !parse_id(fl[2], strlen(fl[2]), &u) ||
-            !parse_id(fl[3], strlen(fl[3]), &gg))
-            continue;
-        if (by_name ? strcmp(fl[0], name) == 0 : (uid_t)u == uid) {
-            found = strlen(fl[0]) <= DSEC__AGENT_USER_MAX && strlen(fl[5]) <= DSEC__AGENT_PATH_MAX;
-            if (found) {
-                strcpy(id->name, fl[0]);
-                strcpy(id->home, fl[5]);
-                id->uid = (uid_t)u;
-                id->gid = (gid_t)gg;
-            }
-        }
+        done = fn(line, arg);
     }
     free(line);
     fclose(f);
+    return done;
+}
+
+/* What passwd_find looks for, and where it puts what it found. */
+struct passwd_want {
+    const char *name;
+    uid_t uid;
+    bool by_name;
+    struct ident *id;
+};
+
+static bool passwd_line(char *line, void *arg)
+{
+    struct passwd_want *w = arg;
+    char *fl[7];
+    unsigned long u, gg;
+    if (split_colon(line, fl, 7) < 7 || !parse_id(fl[2], strlen(fl[2]), &u) ||
+        !parse_id(fl[3], strlen(fl[3]), &gg))
+        return false;
+    if (!(w->by_name ? strcmp(fl[0], w->name) == 0 : (uid_t)u == w->uid))
+        return false;
+    bool found = strlen(fl[0]) <= DSEC__AGENT_USER_MAX && strlen(fl[5]) <= DSEC__AGENT_PATH_MAX;
+    if (found) {
+        strcpy(w->id->name, fl[0]);
+        strcpy(w->id->home, fl[5]);
+        w->id->uid = (uid_t)u;
+        w->id->gid = (gid_t)gg;
+    }
     return found;
+}
+
+/* Find a passwd entry by name (by_name) or uid. Fills name, uid, gid, home. */
+static bool passwd_find(const char *name, uid_t uid, bool by_name, struct ident *id)
+{
+    struct passwd_want w = {.name = name, .uid = uid, .by_name = by_name, .id = id};
+    return each_line("/etc/passwd", passwd_line, &w);
+}
+
+/* What group_find looks for, and where it puts the gid. */
+struct group_want {
+    const char *name;
+    gid_t *gid;
+};
+
+static bool group_line(char *line, void *arg)
+{
+    struct group_want *w = arg;
+    char *fl[4];
+    unsigned long gg;
+    if (split_colon(line, fl, 4) >= 3 && strcmp(fl[0], w->name) == 0 &&
+        parse_id(fl[2], strlen(fl[2]), &gg)) {
+        *w->gid = (gid_t)gg;
+        return true;
+    }
+    return false;
 }
 
 static bool group_find(const char *name, gid_t *gid)
 {
-    FILE *f = fopen("/etc/group", "re");
-    if (f == NULL)
+    struct group_want w = {.name = name, .gid = gid};
+    return each_line("/etc/group", group_line, &w);
+}
+
+/* A group line that lists id's user adds the group; done once GROUPS_MAX are there. */
+static bool member_line(char *line, void *arg)
+{
+    struct ident *id = arg;
+    char *fl[4];
+    unsigned long gg;
+    if (split_colon(line, fl, 4) < 4 || !parse_id(fl[2], strlen(fl[2]), &gg) ||
+        (gid_t)gg == id->gid)
         return false;
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-    while (!found && getline(&line, &cap, f) > 0) {
-        line[strcspn(line, "\n")] = 0;
-        char *fl[4];
-        unsigned long gg;
-        if (split_colon(line, fl, 4) >= 3 && strcmp(fl[0], name) == 0 &&
-            parse_id(fl[2], strlen(fl[2]), &gg)) {
-            *gid = (gid_t)gg;
-            found = true;
+    for (char *tok = strtok(fl[3], ","); tok; tok = strtok(NULL, ","))
+        if (strcmp(tok, id->name) == 0) {
+            id->groups[id->ngroups++] = (gid_t)gg;
+            break;
         }
-    }
-    free(line);
-    fclose(f);
-    return found;
+    return id->ngroups >= GROUPS_MAX;
 }
 
 /* The primary group, then every group of /etc/group that lists the user. */
@@ -96,26 +138,7 @@ static void supplementary_groups(struct ident *id)
     id->ngroups = 1;
     if (id->name[0] == 0)
         return;
-    FILE *f = fopen("/etc/group", "re");
-    if (f == NULL)
-        return;
-    char *line = NULL;
-    size_t cap = 0;
-    while (id->ngroups < GROUPS_MAX && getline(&line, &cap, f) > 0) {
-        line[strcspn(line, "\n")] = 0;
-        char *fl[4];
-        unsigned long gg;
-        if (split_colon(line, fl, 4) < 4 || !parse_id(fl[2], strlen(fl[2]), &gg) ||
-            (gid_t)gg == id->gid)
-            continue;
-        for (char *tok = strtok(fl[3], ","); tok; tok = strtok(NULL, ","))
-            if (strcmp(tok, id->name) == 0) {
-                id->groups[id->ngroups++] = (gid_t)gg;
-                break;
-            }
-    }
-    free(line);
-    fclose(f);
+    each_line("/etc/group", member_line, id);
 }
 
 /*

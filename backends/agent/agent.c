@@ -133,6 +133,10 @@ static int set_nonblock(int fd)
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+/* ---- the loop ------------------------------------------------------------------------------ */
+
+/* How long the loop may wait for events (ms): until the next deadline of a command, a session,
+ * a held POUTPUT or a port to reopen; -1: none. */
 static int next_timeout_ms(void)
 {
     uint64_t now = dsec__agent_now_ns(), best = 0;
@@ -158,6 +162,8 @@ static int next_timeout_ms(void)
     uint64_t ms = (best - now + 999999u) / 1000000u;
     return ms > INT_MAX ? INT_MAX : (int)ms;
 }
+
+/* ---- the defaults: SETUP ------------------------------------------------------------------- */
 
 /* The process defaults of the sandbox this agent now serves, given once by the node to an
  * agent of the warm pool after its root became the sandbox's: the base environment (when any
@@ -233,6 +239,8 @@ void dsec__agent_handle_setup(struct conn *c, uint32_t id, dsec__agent_rd *r)
     dsec__agent_g.nidle = 0;
     dsec__agent_send_ok(c, id, 0);
 }
+
+/* ---- the loop's own events, and its end ---------------------------------------------------- */
 
 static void on_signal(void)
 {
