@@ -12,13 +12,14 @@
 
 #include "backends/agent/agent-proto.h"
 
-/* fuzz/fuzz_agent.c compiles the agent in with DSEC_AGENT_FUZZ (agent.c, agent-spawn.c). */
+/* fuzz/fuzz_agent.c compiles agent.c in and builds the other files with DSEC_AGENT_FUZZ (see
+ * agent.c and agent-spawn.c). */
 
 #define PORTS_MAX 8
 #ifdef DSEC_AGENT_FUZZ
 #define SHEP_IDLE_MAX 0 /* the harness waits for each command's shepherd to exit */
 #else
-#define SHEP_IDLE_MAX 4 /* idle shepherds kept for the next commands (see "exec cleanup") */
+#define SHEP_IDLE_MAX 4 /* idle shepherds kept for the next commands (agent-shepherd.c) */
 #endif
 
 /* What an epoll event points at: each of these starts with its kind (agent.c). */
@@ -65,7 +66,7 @@ struct cmd {
     struct conn *conn; /* NULL once the connection is gone: output is then discarded */
     struct proc *proc; /* a background process (PSTART): its output goes to its rings */
     uint32_t id;
-    pid_t pid;  /* its shepherd, the agent's child (see "exec cleanup"); 0 once gone or idle */
+    pid_t pid;  /* its shepherd, the agent's child (agent-shepherd.c); 0 once gone or idle */
     pid_t pgid; /* the main process: also its process group and session id (setsid) */
     struct pipe_ep io[3];
     struct pipe_ep rep;    /* stream 3: the shepherd's report (struct shep_report) */
