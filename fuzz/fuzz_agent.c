@@ -6,9 +6,10 @@
  * well-formed frames and never crash, leak or hang; a broken frame costs at
  * most the connection.
  *
- * backends/agent/agent.c is compiled into this file (DSEC_AGENT_FUZZ), so its
- * own code runs: conn_new greets, the agent's epoll loop (loop_once) reads the
- * input, conn_process frames it, and handle_frame's decoders (exec, kill,
+ * backends/agent/agent.c is compiled into this file and the agent's other files
+ * are built with it (DSEC_AGENT_FUZZ), so its own code runs: conn_new greets,
+ * the agent's epoll loop (loop_once) reads the input, conn_process frames it,
+ * and handle_frame's decoders (exec, kill,
  * sync, fwrite, fread, flist, fstat, fremove, the background process requests
  * pstart, plist, psignal, pstdin and poutput, unknown types) act on it.
  *
@@ -27,7 +28,7 @@
  * - exec: decoding, user resolution against that /etc/passwd, argv/env/cwd
  *   packing, pipes, stdin feeding, vfork, the child's descriptor, user and
  *   directory set-up, the PATH search and its failure report, reaping and the
- *   EXIT answer all run. Only execve is replaced (DSEC_AGENT_FUZZ in agent.c):
+ *   EXIT answer all run. Only execve is replaced (DSEC_AGENT_FUZZ, agent-spawn.c):
  *   it fails as for a missing file, so no program ever runs and every child
  *   exits 127. Output streaming of a live command (caps, back-pressure) and
  *   timeouts of running commands are therefore not exercised. Background
@@ -47,8 +48,10 @@
 #define DSEC_AGENT_FUZZ 1
 #include "backends/agent/agent.c" /* first: it defines _GNU_SOURCE */
 
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/wait.h>
 
 #include "dsec/alloc.h"
 
@@ -310,7 +313,7 @@ static void reset_root(void)
             if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
                 continue;
             any = true;
-            if (remove_tree(dfd, de->d_name) < 0)
+            if (dsec__agent_remove_tree(dfd, de->d_name) < 0)
                 fail("emptying the fuzz root: %s: %s", de->d_name, strerror(errno));
         }
     }
@@ -345,7 +348,7 @@ static void run_input(const uint8_t *data, size_t size)
         fail("socketpair: %s", strerror(errno));
     /* g.terminating (set at start-up) keeps port_lost from reopening this stand-in port */
     struct port fport = {.kind = K_PORT, .fd = sv[0]};
-    struct conn *c = conn_new(sv[0], port_mode ? &fport : NULL, EPOLL_CTL_ADD);
+    struct conn *c = dsec__agent_conn_new(sv[0], port_mode ? &fport : NULL, EPOLL_CTL_ADD);
     if (c == NULL)
         fail("conn_new: out of memory");
     fport.conn = c;
@@ -354,8 +357,8 @@ static void run_input(const uint8_t *data, size_t size)
     a.len = a.frames = 0;
     size_t off = 0;
     bool wr_done = false, eof = false;
-    uint64_t deadline = now_ns() + HANG_NS;
-    while (!eof || g.conns != NULL || g.cmds != NULL) {
+    uint64_t deadline = dsec__agent_now_ns() + HANG_NS;
+    while (!eof || dsec__agent_g.conns != NULL || dsec__agent_g.cmds != NULL) {
         bool busy = false;
         if (!wr_done && off < in_len) {
             ssize_t n = send(sv[1], in + off, in_len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -378,30 +381,30 @@ static void run_input(const uint8_t *data, size_t size)
         /* No program runs, so every child is on its way out; vfork returned before it became a
          * zombie, though. Waiting (without reaping) for that makes the agent's reap, and so
          * whether EXIT still finds the connection, independent of timing. */
-        for (struct cmd *m = g.cmds; m; m = m->next)
+        for (struct cmd *m = dsec__agent_g.cmds; m; m = m->next)
             if (!m->exited) {
                 siginfo_t si;
                 while (waitid(P_PID, (id_t)m->pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
                     ;
             }
-        reap();
-        if (now_ns() > deadline)
+        dsec__agent_reap();
+        if (dsec__agent_now_ns() > deadline)
             fail("after %llu s the connection is %s and %s (%zu of %zu input bytes taken)",
                  HANG_NS / 1000000000u, eof ? "closed" : "open",
-                 g.cmds ? "commands remain" : "no command remains", off, in_len);
+                 dsec__agent_g.cmds ? "commands remain" : "no command remains", off, in_len);
     }
-    if (g.dead_conns || g.dead_cmds)
+    if (dsec__agent_g.dead_conns || dsec__agent_g.dead_cmds)
         fail("dead connections or commands were not freed");
     /* Background processes have all ended (no program runs); the next input starts afresh. */
-    for (size_t i = 0; i < g.nprocs; i++) {
-        struct proc *pr = g.procs[i];
+    for (size_t i = 0; i < dsec__agent_g.nprocs; i++) {
+        struct proc *pr = dsec__agent_g.procs[i];
         if (pr->running || pr->cmd || pr->in_conn || pr->exit_code != 127)
             fail("background process %" PRIu64 " is %s with code %d", pr->handle,
                  pr->running ? "running" : "ended", (int)pr->exit_code);
-        proc_free(pr);
+        dsec__agent_proc_free(pr);
     }
-    g.nprocs = 0;
-    g.next_handle = 1;
+    dsec__agent_g.nprocs = 0;
+    dsec__agent_g.next_handle = 1;
     close(sv[1]);
 }
 
@@ -448,7 +451,7 @@ static void *worker_main(void *arg)
 static void remove_root(void)
 {
     if (strstr(w.root, "/dsec-fuzz-agent.") != NULL)
-        remove_tree(AT_FDCWD, w.root);
+        dsec__agent_remove_tree(AT_FDCWD, w.root);
 }
 
 static void start(void)
@@ -468,12 +471,12 @@ static void start(void)
     atexit(remove_root);
     chmod(w.root, 0755); /* commands switched to another user still reach their cwd */
     static char *env[] = {"PATH=/usr/bin:/bin", "LANG=C"};
-    g.base_env = env;
-    g.nbase_env = 2;
-    g.terminating = true;
-    g.null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    g.ep = epoll_create1(EPOLL_CLOEXEC);
-    if (g.ep < 0)
+    dsec__agent_g.base_env = env;
+    dsec__agent_g.nbase_env = 2;
+    dsec__agent_g.terminating = true;
+    dsec__agent_g.null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    dsec__agent_g.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (dsec__agent_g.ep < 0)
         fail("epoll_create1: %s", strerror(errno));
     pthread_t t;
     if (pthread_create(&t, NULL, worker_main, NULL) != 0)

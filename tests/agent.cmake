@@ -20,9 +20,10 @@ add_test(NAME agent_client_fuzz_corpus
 # The agent's own fuzz corpus (fuzz/fuzz_agent.c: a hostile client's byte stream against the
 # agent's frame reader and request decoders), replayed in every build. It chroots: root only
 # (77 = skipped otherwise).
-add_executable(fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent.c
-  ${CMAKE_SOURCE_DIR}/backends/agent/agent-watch.c
+get_property(agent_parts GLOBAL PROPERTY DSEC_AGENT_PARTS)
+add_executable(fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent.c ${agent_parts}
   ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
+target_compile_definitions(fuzz_agent_replay PRIVATE DSEC_AGENT_FUZZ=1)
 target_link_libraries(fuzz_agent_replay PRIVATE dsec_common Threads::Threads dsec_warnings
   dsec_allocator)
 add_test(NAME agent_fuzz_corpus COMMAND fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent)

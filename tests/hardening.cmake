@@ -10,7 +10,7 @@ if(NOT DSEC_ANY_SANITIZER)
   endif()
   # name, then test_hardening's arguments before the file
   foreach(entry "dsecd|" "dsec|" "dsec-sim|" "dsec-fn-zygote|" "dsec-fn-python|--lib" "dsec_shared|--lib"
-          "dsec-agent|--static;agent.c" "dsec-vminit|--static;init.c")
+          "dsec-agent|--static;agent-shepherd.c" "dsec-vminit|--static;init.c")
     string(REPLACE "|" ";" entry "${entry}")
     list(POP_FRONT entry target)
     add_test(NAME hardening_${target}
