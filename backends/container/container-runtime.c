@@ -673,7 +673,7 @@ bool dsec__ct_frozen(const struct ct_backend *be, const char *id)
     dsec__ct_cg_path(be, be->cg_freezer, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/%s", dir,
                  be->cg_mode == CT_CG_V1 ? "freezer.state" : "cgroup.freeze");
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     bool frozen =
         s != NULL && (be->cg_mode == CT_CG_V1 ? strncmp(s, "FROZEN", 6) == 0 : s[0] == '1');
     dsec_free(s);
@@ -685,7 +685,7 @@ bool dsec__ct_alive(const struct ct_backend *be, const char *id)
     char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
     dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     bool alive = s != NULL && s[0] != '\0';
     dsec_free(s);
     return alive;
@@ -709,13 +709,13 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
     bool v1 = be->cg_mode == CT_CG_V1;
     dsec__ct_cg_path(be, be->cg_cpuacct, id, dir, sizeof dir);
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "cpuacct.usage" : "cpu.stat");
-    if ((s = dsec__ct_read_file(p, 8192)) == NULL)
+    if ((s = dsec_sbx_read_file(p, 8192)) == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
     *cpu_us = v1 ? strtoull(s, NULL, 10) / 1000 : stat_key(s, "usage_usec");
     dsec_free(s);
     dsec__ct_cg_path(be, be->cg_memory, id, dir, sizeof dir);
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
-    if ((s = dsec__ct_read_file(p, 256)) == NULL)
+    if ((s = dsec_sbx_read_file(p, 256)) == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
     uint64_t usage = strtoull(s, NULL, 10);
     dsec_free(s);
@@ -723,7 +723,7 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
      * cache the kernel may drop at once */
     dsec__ct_fmt(p, sizeof p, "%s/memory.stat", dir);
     uint64_t inactive = 0;
-    if ((s = dsec__ct_read_file(p, 16384)) != NULL) {
+    if ((s = dsec_sbx_read_file(p, 16384)) != NULL) {
         inactive = stat_key(s, v1 ? "total_inactive_file" : "inactive_file");
         dsec_free(s);
     }
@@ -783,7 +783,7 @@ pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id)
     char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
     dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     long pid = s != NULL ? strtol(s, NULL, 10) : 0;
     dsec_free(s);
     return pid > 0 ? (pid_t)pid : -1;
@@ -794,7 +794,7 @@ static uint64_t cg_u64(const char *dir, const char *file)
 {
     char p[PATH_MAX * 2 + 64];
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
-    char *s = dsec__ct_read_file(p, 64);
+    char *s = dsec_sbx_read_file(p, 64);
     uint64_t v = s != NULL && s[0] >= '0' && s[0] <= '9' ? strtoull(s, NULL, 10) : 0;
     dsec_free(s);
     return v;
@@ -805,7 +805,7 @@ static uint64_t cg_key(const char *dir, const char *file, const char *key)
 {
     char p[PATH_MAX * 2 + 64];
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
-    char *s = dsec__ct_read_file(p, 8192);
+    char *s = dsec_sbx_read_file(p, 8192);
     uint64_t v = s != NULL ? stat_key(s, key) : 0;
     dsec_free(s);
     return v;
@@ -816,7 +816,7 @@ static char proc_state(long pid, bool *ns_init, bool *has_nspid)
 {
     char p[64];
     dsec__ct_fmt(p, sizeof p, "/proc/%ld/status", pid);
-    char *s = dsec__ct_read_file(p, 4096);
+    char *s = dsec_sbx_read_file(p, 4096);
     char st = 0;
     *ns_init = false;
     const char *l = s != NULL ? strstr(s, "\nState:\t") : NULL;
@@ -846,7 +846,7 @@ void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct
     p->cgroup = access(dir, F_OK) == 0;
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
     /* a fork bomb fills it up to pids.max: 1 MiB holds ~130000 pids */
-    char *procs = p->cgroup ? dsec__ct_read_file(file, 1u << 20) : NULL;
+    char *procs = p->cgroup ? dsec_sbx_read_file(file, 1u << 20) : NULL;
     long first = 0;
     bool has_nspid = false;
     for (char *q = procs, *end; q != NULL && *q; q = end) {
