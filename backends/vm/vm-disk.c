@@ -114,7 +114,7 @@ static int image_digest(const char *path, dsec_digest image, dsec_err *err)
 {
     char side[PATH_MAX + 176];
     dsec__vm_fmt(side, sizeof side, "%s.sha256", path);
-    char *d = dsec__vm_read_file(side, sizeof(dsec_digest) + 8);
+    char *d = dsec_sbx_read_file(side, sizeof(dsec_digest) + 8);
     if (d != NULL) {
         d[strcspn(d, "\n")] = '\0';
         bool ok = dsec_digest_valid(d);
