@@ -12,6 +12,7 @@
 
 #include "backends/sbxstore.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 static int oom(const struct dsec_sbx_store *s, dsec_err *err, const char *what)
 {
@@ -24,20 +25,12 @@ char *dsec_sbx_read_file(const char *path, size_t max)
     if (fd < 0)
         return NULL;
     char *buf = dsec_malloc(max + 1);
-    size_t got = 0;
-    ssize_t n = 0;
-    while (buf != NULL && got < max && (n = read(fd, buf + got, max - got)) != 0) {
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            break;
-        got += (size_t)n;
-    }
-    int e = errno;
+    ssize_t got = buf != NULL ? dsec_read_full(fd, buf, max) : -1;
+    int e = buf != NULL ? errno : ENOMEM;
     close(fd);
-    if (buf == NULL || n < 0) {
+    if (got < 0) {
         dsec_free(buf);
-        errno = n < 0 ? e : ENOMEM;
+        errno = e;
         return NULL;
     }
     buf[got] = '\0';

@@ -112,6 +112,36 @@ int dsec_sbx_dir_each(const char *dir, int (*fn)(void *arg, int dfd, const char 
     return n;
 }
 
+/* ---- file reads -------------------------------------------------------------------------------
+ */
+
+int dsec_sbx_file_page(dsec_file_data *out, dsec_file_data *part, uint64_t max)
+{
+    size_t got = part->len;
+    if (out->data == NULL) {
+        *out = *part;
+    } else if (part->len > 0) {
+        uint8_t *grown = dsec_realloc(out->data, out->len + part->len);
+        if (grown == NULL) {
+            dsec_free(part->data);
+            dsec_free(out->data);
+            memset(out, 0, sizeof *out);
+            return -1;
+        }
+        memcpy(grown + out->len, part->data, part->len);
+        out->data = grown;
+        out->len += part->len;
+        out->size = part->size;
+        out->eof = part->eof;
+        dsec_free(part->data);
+    } else {
+        out->eof = part->eof;
+        out->size = part->size;
+    }
+    memset(part, 0, sizeof *part);
+    return out->eof || got == 0 || (max != 0 && out->len >= max) ? 0 : 1;
+}
+
 /* ---- fork ------------------------------------------------------------------------------------ */
 
 int dsec_sbx_fork_ids(const struct dsec_sbx_store *s, const char *const *ids, size_t n,

@@ -103,6 +103,14 @@ int dsec_sbx_fork_run(size_t n, size_t workers, int (*child)(void *arg, size_t i
 /* After a failed fork: abandon every child made and free every state. */
 void dsec_sbx_fork_undo(struct dsec_sbx_store *s, dsec_sandbox **children, char **states, size_t n);
 
+/* ---- file reads through an agent ---------------------------------------------------------- */
+
+/* Add one page of a file read through a sandbox's agent (part, consumed: it answers at most
+ * DSEC_AGENT_FILE_MAX a call) to what was read so far (out, zeroed before the first). 1 when
+ * another page is wanted, 0 when out is complete (end of file, an empty page, or max bytes; max 0
+ * is no limit), -1 when out of memory (out is then freed and zeroed). */
+int dsec_sbx_file_page(dsec_file_data *out, dsec_file_data *part, uint64_t max);
+
 /* ---- record text ---------------------------------------------------------------------------- */
 
 /* A small file as a NUL-terminated dsec_malloc'd string (caller frees); NULL with errno. */

@@ -267,28 +267,10 @@ int dsec__ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t 
             memset(out, 0, sizeof *out);
             return agent_failed(be, sb, err);
         }
-        if (out->data == NULL) {
-            *out = part;
-        } else if (part.len > 0) {
-            uint8_t *grown = dsec_realloc(out->data, out->len + part.len);
-            if (grown == NULL) {
-                dsec_free(part.data);
-                dsec_free(out->data);
-                memset(out, 0, sizeof *out);
-                return dsec_err_set(err, DSEC_E_NOMEM, 0, "container: reading %s: out of memory",
-                                    path);
-            }
-            memcpy(grown + out->len, part.data, part.len);
-            out->data = grown;
-            out->len += part.len;
-            out->size = part.size;
-            out->eof = part.eof;
-            dsec_free(part.data);
-        } else {
-            out->eof = part.eof;
-            out->size = part.size;
-        }
-        if (out->eof || part.len == 0 || (max != 0 && out->len >= max))
+        int more = dsec_sbx_file_page(out, &part, max);
+        if (more < 0)
+            return dsec_err_set(err, DSEC_E_NOMEM, 0, "container: reading %s: out of memory", path);
+        if (more == 0)
             return 0;
     }
 }

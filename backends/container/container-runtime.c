@@ -24,6 +24,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 /* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
  * controller ctrl, or (ctrl NULL) of the cgroup2 mount. 0 when found. */
@@ -381,22 +382,8 @@ int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *er
         close(p[0]);
         return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", argv[0]);
     }
-    size_t got = 0;
-    char sink[4096];
-    for (;;) {
-        char *dst = out != NULL && got + 1 < outlen ? out + got : sink;
-        size_t room = out != NULL && got + 1 < outlen ? outlen - 1 - got : sizeof sink;
-        ssize_t n = read(p[0], dst, room);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        if (dst != sink)
-            got += (size_t)n;
-    }
+    dsec_drain_into(p[0], out, outlen);
     close(p[0]);
-    if (out != NULL && outlen > 0)
-        out[got] = '\0';
     return wait_status(pid);
 }
 

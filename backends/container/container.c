@@ -20,6 +20,7 @@
 #include "backends/cgroup-tune.h"
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 #ifndef DSEC_AGENT_PATH
 #define DSEC_AGENT_PATH ""
@@ -57,17 +58,10 @@ int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: creating %s", path);
-    size_t off = 0;
-    while (off < len) {
-        ssize_t n = write(fd, data + off, len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = errno;
-            close(fd);
-            return dsec_err_set(err, DSEC_E_IO, e, "container: writing %s", path);
-        }
-        off += (size_t)n;
+    if (dsec_write_all(fd, data, len) < 0) {
+        int e = errno;
+        close(fd);
+        return dsec_err_set(err, DSEC_E_IO, e, "container: writing %s", path);
     }
     if (close(fd) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: writing %s", path);

@@ -202,27 +202,10 @@ int dsec__vm_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t 
             memset(out, 0, sizeof *out);
             return -1;
         }
-        if (out->data == NULL) {
-            *out = part;
-        } else if (part.len > 0) {
-            uint8_t *grown = dsec_realloc(out->data, out->len + part.len);
-            if (grown == NULL) {
-                dsec_free(part.data);
-                dsec_free(out->data);
-                memset(out, 0, sizeof *out);
-                return oom(be, err, "file data");
-            }
-            memcpy(grown + out->len, part.data, part.len);
-            out->data = grown;
-            out->len += part.len;
-            out->size = part.size;
-            out->eof = part.eof;
-            dsec_free(part.data);
-        } else {
-            out->eof = part.eof;
-            out->size = part.size;
-        }
-        if (out->eof || part.len == 0 || (max != 0 && out->len >= max))
+        int more = dsec_sbx_file_page(out, &part, max);
+        if (more < 0)
+            return oom(be, err, "file data");
+        if (more == 0)
             return 0;
     }
 }

@@ -244,13 +244,6 @@ int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err);
 
 /* ---- disks (vm-disk.c) ----------------------------------------------------------------- */
 
-/* Run a helper program (argv[0] absolute or on PATH) and wait; out (may be NULL) receives
- * up to outlen-1 bytes of its output. Returns its exit status (128+sig when killed), or -1
- * with err set when it could not start. */
-int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
-/* The same with `in` (at most 4 KiB, or NULL for /dev/null) as its stdin. */
-int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t outlen,
-                    dsec_err *err);
 /* S/images/<digest>.erofs for a layer whose directory is dir, made once (concurrent callers
  * wait for one build) with dsec_layer_build, so the same layer gives the same image bytes on
  * every node (a restored guest keeps reading the blocks its page cache expects). out receives

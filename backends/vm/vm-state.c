@@ -156,12 +156,8 @@ static int clone_from(struct vm_backend *be, const char *dir, const char *id, co
                           be->type, dir);
     if (rc == 0 && dsec__vm_copy_net(sb, tenant, net, nnet) < 0)
         rc = oom(be, err, "network policy");
-    if (rc < 0) {
-        dsec__vm_sb_free(sb);
-        return -1;
-    }
-    if (dsec__vm_sb_mkdir(be, sb, err) < 0) {
-        dsec__vm_sb_free(sb);
+    if (rc < 0 || dsec__vm_sb_mkdir(be, sb, err) < 0) {
+        dsec__vm_sb_free(sb); /* not listed yet */
         return -1;
     }
     sb->mem_private = true;

@@ -19,6 +19,7 @@
 
 #include "backends/vm/vm-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 #include "backends/vm/vm-publish.h"
 
@@ -400,7 +401,7 @@ static bool probe_kvm(const char *qemu, bool q35)
                           "stdio",
                           NULL};
     dsec_err err;
-    int rc = dsec__vm_run_in(argv, "quit\n", out, sizeof out, &err);
+    int rc = dsec_run_capture(argv, "quit\n", out, sizeof out, &err);
     if (rc == 0)
         return true;
     if (rc < 0)
@@ -1070,12 +1071,8 @@ static int vm_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         rc = env_from_spec(be, spec, &sb->env, err);
     if (rc == 0 && dsec__vm_copy_net(sb, spec->tenant, spec->net, spec->nnet) < 0)
         rc = oom(be, err, "network policy");
-    if (rc < 0) {
-        dsec__vm_sb_free(sb);
-        return -1;
-    }
-    if (dsec__vm_sb_mkdir(be, sb, err) < 0) {
-        dsec__vm_sb_free(sb);
+    if (rc < 0 || dsec__vm_sb_mkdir(be, sb, err) < 0) {
+        dsec__vm_sb_free(sb); /* not listed yet */
         return -1;
     }
     rc = dsec__vm_hold_layers(be, sb, err);
