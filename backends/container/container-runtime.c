@@ -736,7 +736,8 @@ int dsec__ct_cg_weigh(const struct ct_backend *be, dsec_err *err)
     }
     dsec__ct_fmt(file, sizeof file, "%s/%s", dir, v1 ? "cpu.shares" : "cpu.weight");
     char v[32];
-    int n = snprintf(v, sizeof v, "%u", v1 ? DSEC_CT_SANDBOX_CPU_SHARES : DSEC_CT_SANDBOX_CPU_WEIGHT);
+    int n =
+        snprintf(v, sizeof v, "%u", v1 ? DSEC_CT_SANDBOX_CPU_SHARES : DSEC_CT_SANDBOX_CPU_WEIGHT);
     int fd = open(file, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, v, (size_t)n) != n) {
         int e = errno;
