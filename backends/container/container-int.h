@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "backends/agent/agent-client.h"
@@ -16,6 +17,7 @@
 #include "backends/container/container.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
+#include "backends/sbxstore.h"
 #include "dsec/clock.h"
 #include "dsec/layers.h"
 #include "dsec/names.h"
@@ -61,6 +63,7 @@ struct ct_snap {
  * started it is not installed, or the node has no network containment now and it had): it
  * stays as it is (running, its files kept), and the sweep leaves it alone. */
 struct ct_kept {
+    struct dsec_sbx_link link; /* in the store's live set, for the sweep */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char rid[DSEC_SBX_ID_LEN_MAX + 1];
     dsec_net_sbx *net; /* its network, held so the node's network sweep leaves it too */
@@ -113,16 +116,13 @@ struct ct_backend {
     dsec_layer_registry *reg; /* borrowed */
     dsec_net *net;            /* borrowed: the node's network containment, or NULL */
     dsec_layer_cache *cache;
-    pthread_mutex_t lock; /* guards snaps, live, kept and quota */
+    pthread_mutex_t lock; /* guards snaps, kept and quota */
     struct ct_snap *snaps;
-    dsec_sandbox *live; /* every sandbox record this instance holds (created or adopted) */
+    /* every sandbox record this instance holds (created or adopted) and every one it keeps,
+     * the sweep, before the first create, fork, restore, snapshot or destroy */
+    struct dsec_sbx_store sbx;
     struct ct_kept *kept; /* sandboxes left as they were: their runtime is not installed */
-    bool quota;         /* btrfs quotas are on in the store (enabled on first need) */
-    /* what an earlier instance left behind is reclaimed once, before the
-     * first create, fork, restore, snapshot or destroy: by then the node has
-     * re-adopted all it will (it replays its journal before serving) */
-    pthread_mutex_t sweep_lock;
-    _Atomic bool swept;
+    bool quota;           /* btrfs quotas are on in the store (enabled on first need) */
     /* the warm pool (container-pool.c): warm_target ready containers; guarded by warm_mu */
     unsigned warm_target; /* option warm_pool */
     char warm_prefix[16]; /* runtime ids of this instance's warm containers */
@@ -150,16 +150,9 @@ struct ct_lower {
 
 /* What a sandbox runs with: its layers (lowest first) and process defaults. */
 struct ct_env {
-    char *name; /* env name:version, or NULL */
+    struct dsec_sbx_env base; /* name, variables, workdir, user, default command */
     struct ct_lower *lowers;
     size_t nlowers;
-    char **vars;
-    size_t nvars;
-    char *workdir;
-    char *user;
-    char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
-    size_t ncmd;
-    size_t nentry; /* how many of cmd's first arguments are the Entrypoint */
 };
 
 struct dsec_sandbox {
@@ -176,8 +169,8 @@ struct dsec_sandbox {
     char *tenant;        /* or NULL */
     char **net_entries;  /* the network policy as given (kept for forks and adopt) */
     size_t nnet;
-    char *net_state;     /* dsec_net_sbx_state, read back from meta on adopt */
-    dsec_net_sbx *net;   /* its namespace and policy when the node has containment */
+    char *net_state;   /* dsec_net_sbx_state, read back from meta on adopt */
+    dsec_net_sbx *net; /* its namespace and policy when the node has containment */
     dsec_agent *agent;
     /* the side lane's connection (process calls beside a running command), or NULL; a call
      * that finds it in use (side_busy) opens a short one of its own */
@@ -185,12 +178,11 @@ struct dsec_sandbox {
     atomic_bool side_busy;
     /* what teardown must undo (a failed create undoes only what it did) */
     bool made_dir, made_subvol, mounted, started;
-    size_t held; /* lowers[0..held) are acquired */
+    size_t held;      /* lowers[0..held) are acquired */
     char rt_name[16]; /* meta's runtime line, while the record is read ("" before it had one) */
     /* the last stats sample, for the current CPU rate */
     uint64_t last_cpu_us, last_ns;
-    dsec_sandbox *live_next; /* in be->live while listed */
-    bool listed;
+    struct dsec_sbx_link live; /* in be->sbx's live set while listed */
 };
 
 /* ---- helpers (container.c) ----------------------------------------------------------- */
@@ -200,8 +192,100 @@ struct dsec_sandbox {
 int dsec__ct_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Write a whole file (created 0644, replaced). */
 int dsec__ct_write_file(const char *path, const char *data, size_t len, dsec_err *err);
-/* Read a small file into a NUL-terminated dsec_malloc'd string (caller frees). */
-char *dsec__ct_read_file(const char *path, size_t max);
+
+/* A name unique on this node across restarts: prefix, tag, time and a counter. */
+void dsec__ct_unique_name(const char *prefix, const char *tag, char *out, size_t len);
+
+/* ---- records and the life of a sandbox (container.c) ----------------------------------- */
+
+/* Append a lower layer (a registry digest, or with snap a fork snapshot's name) to e. */
+int dsec__ct_add_lower(struct ct_env *e, bool snap, const char *name, int format, dsec_err *err);
+void dsec__ct_env_clear(struct ct_env *e);
+/* Copy src into dst (paths are not copied: dst holds nothing yet). */
+int dsec__ct_env_copy(const struct ct_backend *be, struct ct_env *dst, const struct ct_env *src,
+                      dsec_err *err);
+/* Write e's lines (env, workdir, user, var, cmd, entry, lower) to f. */
+void dsec__ct_env_put(FILE *f, const struct ct_env *e);
+/* Read one line into e when it is one of those: 1 when taken, 0 when not, -1 with err. */
+int dsec__ct_env_line(const struct ct_backend *be, struct ct_env *e, const char *key, char *val,
+                      dsec_err *err);
+/* Append to sb's network policy as given (kept for forks and adopt). */
+int dsec__ct_net_add(dsec_sandbox *sb, const char *const *v, size_t n, dsec_err *err);
+/* Replace S/sb/<id>/meta, what adopt needs. */
+int dsec__ct_meta_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec_err *err);
+/* A new record (id checked; rid = id), and its paths; sb_free frees a record and all it holds
+ * in memory (its environment, names, policy, side lane), nothing on disk. */
+dsec_sandbox *dsec__ct_sb_new(const char *id, dsec_err *err);
+void dsec__ct_sb_paths(const struct ct_backend *be, dsec_sandbox *sb);
+void dsec__ct_sb_free(dsec_sandbox *sb);
+/* Hold sb's lower layers (lowers[held..]), or release those held. */
+int dsec__ct_hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
+void dsec__ct_release_lowers(struct ct_backend *be, dsec_sandbox *sb);
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
+int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Undo whatever of sb's start-up was done; frees sb on success. */
+int dsec__ct_sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Create from env (moved into the sandbox). */
+int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *env,
+                        dsec_sandbox **out, char **backend_state, dsec_err *err);
+/* S/sb/<id>/agent.sock. */
+void dsec__ct_sock_path(const dsec_sandbox *sb, char *out, size_t len);
+
+/* ---- adopt and the sweep (container-adopt.c) ------------------------------------------ */
+
+int dsec__ct_adopt(void *self, const dsec_sandbox_spec *spec, const char *backend_state,
+                   dsec_sandbox **out, dsec_err *err);
+void dsec__ct_detach(void *self, dsec_sandbox *sb);
+/* Reclaim what earlier instances left (the store runs it once: dsec_sbx_sweep_once). */
+void dsec__ct_sweep(void *self);
+
+/* ---- the agent's calls (container-agent.c): the ops of the same names ----------------- */
+
+size_t dsec__ct_default_cmd(void *self, dsec_sandbox *sb, const char *const **argv);
+int dsec__ct_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
+                  dsec_err *err);
+int dsec__ct_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
+                        struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err);
+int dsec__ct_file_write_start(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                              size_t len, uint32_t mode, bool append, struct dsec_loop *loop,
+                              dsec_file_done_fn done, void *ud, dsec_err *err);
+int dsec__ct_file_read_start(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                             uint64_t max, struct dsec_loop *loop, dsec_file_done_fn done, void *ud,
+                             dsec_err *err);
+int dsec__ct_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                        size_t len, uint32_t mode, bool append, dsec_err *err);
+int dsec__ct_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                       uint64_t max, dsec_file_data *out, dsec_err *err);
+int dsec__ct_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
+                       size_t *n, dsec_err *err);
+int dsec__ct_file_op(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_file_entry *st,
+                     dsec_err *err);
+int dsec__ct_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                        dsec_proc_info *out, dsec_err *err);
+int dsec__ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                       dsec_err *err);
+int dsec__ct_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err);
+int dsec__ct_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data, size_t len,
+                        bool close, dsec_err *err);
+int dsec__ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                         uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
+int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                         uint16_t cols, dsec_err *err);
+int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                               uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                               struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
+                               dsec_err *err);
+
+/* ---- state (container-state.c): the ops of the same names ------------------------------ */
+
+int dsec__ct_pause(void *self, dsec_sandbox *sb, dsec_err *err);
+int dsec__ct_resume(void *self, dsec_sandbox *sb, dsec_err *err);
+int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                  dsec_sandbox **children, char **states, dsec_err *err);
+int dsec__ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const char *name,
+                      dsec_err *err);
+int dsec__ct_restore(void *self, const dsec_sandbox_spec *spec, const char *path,
+                     dsec_sandbox **out, char **backend_state, dsec_err *err);
 
 /* dir/resolv.conf naming the node-local resolver of net (bound at /etc/resolv.conf). */
 int dsec__ct_resolv_write(const char *dir, const dsec_net_sbx *net, dsec_err *err);

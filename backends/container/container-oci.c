@@ -269,7 +269,7 @@ static void resources(struct buf *b, const struct ct_backend *be, const dsec_san
 int dsec__ct_oci_write(const struct ct_backend *be, const dsec_sandbox *sb, dsec_err *err)
 {
     struct buf b = {0};
-    const struct ct_env *e = &sb->env;
+    const struct dsec_sbx_env *e = &sb->env.base;
     puts_(&b, "{\"ociVersion\":\"1.0.2\",\"process\":{\"terminal\":false,"
               "\"user\":{\"uid\":0,\"gid\":0},\"args\":[\"/.dsec/agent\",\"--listen-fd\",\"3\"");
     for (size_t i = 0; i < e->nvars; i++) {

@@ -94,8 +94,8 @@ static struct ct_warm *warm_start(struct ct_backend *be, dsec_err *err)
     memcpy(sb->dir, w->dir, sizeof sb->dir);
     sb->rt = be->rt;
     char user[] = "0", workdir[] = "/";
-    sb->env.user = user;
-    sb->env.workdir = workdir;
+    sb->env.base.user = user;
+    sb->env.base.workdir = workdir;
     bool started = false;
     int rc = -1;
     if (mkdir(w->dir, 0700) < 0) {

@@ -24,6 +24,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/io.h"
 
 /* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
  * controller ctrl, or (ctrl NULL) of the cgroup2 mount. 0 when found. */
@@ -381,22 +382,8 @@ int dsec__ct_run(const char *const *argv, char *out, size_t outlen, dsec_err *er
         close(p[0]);
         return dsec_err_set(err, DSEC_E_IO, e, "container: starting %s", argv[0]);
     }
-    size_t got = 0;
-    char sink[4096];
-    for (;;) {
-        char *dst = out != NULL && got + 1 < outlen ? out + got : sink;
-        size_t room = out != NULL && got + 1 < outlen ? outlen - 1 - got : sizeof sink;
-        ssize_t n = read(p[0], dst, room);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        if (dst != sink)
-            got += (size_t)n;
-    }
+    dsec_drain_into(p[0], out, outlen);
     close(p[0]);
-    if (out != NULL && outlen > 0)
-        out[got] = '\0';
     return wait_status(pid);
 }
 
@@ -673,7 +660,7 @@ bool dsec__ct_frozen(const struct ct_backend *be, const char *id)
     dsec__ct_cg_path(be, be->cg_freezer, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/%s", dir,
                  be->cg_mode == CT_CG_V1 ? "freezer.state" : "cgroup.freeze");
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     bool frozen =
         s != NULL && (be->cg_mode == CT_CG_V1 ? strncmp(s, "FROZEN", 6) == 0 : s[0] == '1');
     dsec_free(s);
@@ -685,7 +672,7 @@ bool dsec__ct_alive(const struct ct_backend *be, const char *id)
     char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
     dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     bool alive = s != NULL && s[0] != '\0';
     dsec_free(s);
     return alive;
@@ -709,13 +696,13 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
     bool v1 = be->cg_mode == CT_CG_V1;
     dsec__ct_cg_path(be, be->cg_cpuacct, id, dir, sizeof dir);
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "cpuacct.usage" : "cpu.stat");
-    if ((s = dsec__ct_read_file(p, 8192)) == NULL)
+    if ((s = dsec_sbx_read_file(p, 8192)) == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
     *cpu_us = v1 ? strtoull(s, NULL, 10) / 1000 : stat_key(s, "usage_usec");
     dsec_free(s);
     dsec__ct_cg_path(be, be->cg_memory, id, dir, sizeof dir);
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
-    if ((s = dsec__ct_read_file(p, 256)) == NULL)
+    if ((s = dsec_sbx_read_file(p, 256)) == NULL)
         return dsec_err_set(err, DSEC_E_IO, errno, "container: reading %s", p);
     uint64_t usage = strtoull(s, NULL, 10);
     dsec_free(s);
@@ -723,7 +710,7 @@ int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu
      * cache the kernel may drop at once */
     dsec__ct_fmt(p, sizeof p, "%s/memory.stat", dir);
     uint64_t inactive = 0;
-    if ((s = dsec__ct_read_file(p, 16384)) != NULL) {
+    if ((s = dsec_sbx_read_file(p, 16384)) != NULL) {
         inactive = stat_key(s, v1 ? "total_inactive_file" : "inactive_file");
         dsec_free(s);
     }
@@ -749,7 +736,8 @@ int dsec__ct_cg_weigh(const struct ct_backend *be, dsec_err *err)
     }
     dsec__ct_fmt(file, sizeof file, "%s/%s", dir, v1 ? "cpu.shares" : "cpu.weight");
     char v[32];
-    int n = snprintf(v, sizeof v, "%u", v1 ? DSEC_CT_SANDBOX_CPU_SHARES : DSEC_CT_SANDBOX_CPU_WEIGHT);
+    int n =
+        snprintf(v, sizeof v, "%u", v1 ? DSEC_CT_SANDBOX_CPU_SHARES : DSEC_CT_SANDBOX_CPU_WEIGHT);
     int fd = open(file, O_WRONLY | O_CLOEXEC);
     if (fd < 0 || write(fd, v, (size_t)n) != n) {
         int e = errno;
@@ -783,7 +771,7 @@ pid_t dsec__ct_init_pid(const struct ct_backend *be, const char *id)
     char dir[PATH_MAX * 2], file[PATH_MAX * 2 + 32];
     dsec__ct_cg_path(be, be->cg_pids, id, dir, sizeof dir);
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
-    char *s = dsec__ct_read_file(file, 64);
+    char *s = dsec_sbx_read_file(file, 64);
     long pid = s != NULL ? strtol(s, NULL, 10) : 0;
     dsec_free(s);
     return pid > 0 ? (pid_t)pid : -1;
@@ -794,7 +782,7 @@ static uint64_t cg_u64(const char *dir, const char *file)
 {
     char p[PATH_MAX * 2 + 64];
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
-    char *s = dsec__ct_read_file(p, 64);
+    char *s = dsec_sbx_read_file(p, 64);
     uint64_t v = s != NULL && s[0] >= '0' && s[0] <= '9' ? strtoull(s, NULL, 10) : 0;
     dsec_free(s);
     return v;
@@ -805,7 +793,7 @@ static uint64_t cg_key(const char *dir, const char *file, const char *key)
 {
     char p[PATH_MAX * 2 + 64];
     dsec__ct_fmt(p, sizeof p, "%s/%s", dir, file);
-    char *s = dsec__ct_read_file(p, 8192);
+    char *s = dsec_sbx_read_file(p, 8192);
     uint64_t v = s != NULL ? stat_key(s, key) : 0;
     dsec_free(s);
     return v;
@@ -816,7 +804,7 @@ static char proc_state(long pid, bool *ns_init, bool *has_nspid)
 {
     char p[64];
     dsec__ct_fmt(p, sizeof p, "/proc/%ld/status", pid);
-    char *s = dsec__ct_read_file(p, 4096);
+    char *s = dsec_sbx_read_file(p, 4096);
     char st = 0;
     *ns_init = false;
     const char *l = s != NULL ? strstr(s, "\nState:\t") : NULL;
@@ -846,7 +834,7 @@ void dsec__ct_agent_probe(const struct ct_backend *be, const char *id, struct ct
     p->cgroup = access(dir, F_OK) == 0;
     dsec__ct_fmt(file, sizeof file, "%s/cgroup.procs", dir);
     /* a fork bomb fills it up to pids.max: 1 MiB holds ~130000 pids */
-    char *procs = p->cgroup ? dsec__ct_read_file(file, 1u << 20) : NULL;
+    char *procs = p->cgroup ? dsec_sbx_read_file(file, 1u << 20) : NULL;
     long first = 0;
     bool has_nspid = false;
     for (char *q = procs, *end; q != NULL && *q; q = end) {

@@ -1,5 +1,5 @@
 /* vm-disk.c - disks of the VM backend: EROFS images of layers (made once per node), the writable
- * ext4 disk of a sandbox, sparse (or reflinked) copies, and the helper-program runner. */
+ * ext4 disk of a sandbox, and sparse (or reflinked) copies. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -8,85 +8,16 @@
 #include <inttypes.h>
 #include <linux/fs.h>
 #include <poll.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backends/vm/vm-int.h"
 #include "dsec/alloc.h"
-
-extern char **environ;
-
-int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err)
-{
-    return dsec__vm_run_in(argv, NULL, out, outlen, err);
-}
-
-int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t outlen,
-                    dsec_err *err)
-{
-    int p[2], q[2] = {-1, -1};
-    if (in != NULL) {
-        /* small enough for the pipe's buffer: written before the program starts */
-        if (strlen(in) > 4096 || pipe2(q, O_CLOEXEC) < 0)
-            return dsec_err_set(err, DSEC_E_IO, errno, "stdin for %s", argv[0]);
-        ssize_t w = write(q[1], in, strlen(in));
-        close(q[1]);
-        if (w != (ssize_t)strlen(in)) {
-            close(q[0]);
-            return dsec_err_set(err, DSEC_E_IO, errno, "stdin for %s", argv[0]);
-        }
-    }
-    if (pipe2(p, O_CLOEXEC) < 0) {
-        if (q[0] >= 0)
-            close(q[0]);
-        return dsec_err_set(err, DSEC_E_IO, errno, "running %s", argv[0]);
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (q[0] >= 0)
-        posix_spawn_file_actions_adddup2(&fa, q[0], 0);
-    else
-        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, p[1], 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(p[1]);
-    if (q[0] >= 0)
-        close(q[0]);
-    if (rc != 0) {
-        close(p[0]);
-        return dsec_err_set(err, DSEC_E_CONFIG, rc, "cannot run %s: %s", argv[0], strerror(rc));
-    }
-    size_t got = 0;
-    char sink[4096];
-    for (;;) {
-        char *dst = out != NULL && got + 1 < outlen ? out + got : sink;
-        size_t room = out != NULL && got + 1 < outlen ? outlen - 1 - got : sizeof sink;
-        ssize_t n = read(p[0], dst, room);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        if (dst != sink)
-            got += (size_t)n;
-    }
-    close(p[0]);
-    if (out != NULL && outlen > 0)
-        out[got] = '\0';
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return dsec_err_set(err, DSEC_E_IO, errno, "waiting for %s", argv[0]);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+#include "dsec/io.h"
 
 /* Trim trailing space and turn newlines into "; " so a tool's output reads in one line. */
 static void one_line(char *s)
@@ -114,7 +45,7 @@ static int image_digest(const char *path, dsec_digest image, dsec_err *err)
 {
     char side[PATH_MAX + 176];
     dsec__vm_fmt(side, sizeof side, "%s.sha256", path);
-    char *d = dsec__vm_read_file(side, sizeof(dsec_digest) + 8);
+    char *d = dsec_sbx_read_file(side, sizeof(dsec_digest) + 8);
     if (d != NULL) {
         d[strcspn(d, "\n")] = '\0';
         bool ok = dsec_digest_valid(d);
@@ -241,17 +172,10 @@ static int put_file(const char *path, const char *data, dsec_err *err)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "creating %s", path);
-    size_t len = strlen(data), off = 0;
-    while (off < len) {
-        ssize_t n = write(fd, data + off, len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            int e = errno;
-            close(fd);
-            return dsec_err_set(err, DSEC_E_IO, e, "writing %s", path);
-        }
-        off += (size_t)n;
+    if (dsec_write_all(fd, data, strlen(data)) < 0) {
+        int e = errno;
+        close(fd);
+        return dsec_err_set(err, DSEC_E_IO, e, "writing %s", path);
     }
     if (close(fd) < 0)
         return dsec_err_set(err, DSEC_E_IO, errno, "writing %s", path);
@@ -296,7 +220,7 @@ int dsec__vm_disk_make(const dsec_sandbox *sb, const char *conf, const char *env
         "mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1",
         "-d",        seed, img,  NULL};
     char out[1024];
-    int st = dsec__vm_run(argv, out, sizeof out, err);
+    int st = dsec_run_capture(argv, NULL, out, sizeof out, err);
     if (st < 0) {
         dsec_err_wrap(err, "making the sandbox's disk (apt-get install e2fsprogs)");
         goto out;

@@ -9,12 +9,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "backends/agent/agent-client.h"
 #include "backends/backend.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
+#include "backends/sbxstore.h"
 #include "backends/vm/vm.h"
 #include "dsec/clock.h"
 #include "dsec/layers.h"
@@ -36,6 +38,11 @@
  * plus the RAM when the source mapped its RAM privately), mem and disk.img.
  */
 
+#define MEM_MB_MIN 128
+#define MEM_MB_MAX (UINT64_C(1) << 20)
+#define QMP_TIMEOUT_MS 10000
+#define STOP_GRACE_MS 3000
+
 /* One layer of a sandbox's environment. */
 struct vm_layer {
     dsec_digest digest;
@@ -46,16 +53,9 @@ struct vm_layer {
 
 /* What a sandbox runs with. */
 struct vm_env {
-    char *name; /* env name:version, or NULL */
+    struct dsec_sbx_env base; /* name, variables, workdir, user, default command */
     struct vm_layer *layers;
     size_t nlayers;
-    char **vars; /* "KEY=VALUE" */
-    size_t nvars;
-    char *workdir;
-    char *user;
-    char **cmd; /* the default command (an image's Entrypoint then Cmd); ncmd 0: none */
-    size_t ncmd;
-    size_t nentry; /* how many of cmd's first arguments are the Entrypoint */
 };
 
 /* One open instance. Everything but the lists under lock is set at init. */
@@ -74,20 +74,19 @@ struct vm_backend {
     uint64_t tb_mb;        /* TCG translation cache */
     uint64_t boot_timeout_ms;
     uint32_t uid_base; /* QEMU runs as uid and gid uid_base + its pid */
-    bool kvm;         /* dsec_vm_kvm_works */
-    uint64_t tsc_khz; /* the host's TSC rate: under TCG the guest's TSC is the host's, and a
-                       * guest that must calibrate it against the PIT hangs on a busy host */
+    bool kvm;          /* dsec_vm_kvm_works */
+    uint64_t tsc_khz;  /* the host's TSC rate: under TCG the guest's TSC is the host's, and a
+                        * guest that must calibrate it against the PIT hangs on a busy host */
     unsigned ncpu;
     dsec_layer_registry *reg; /* borrowed */
     dsec_net *net;            /* borrowed, or NULL */
     dsec_layer_cache *cache;
-    pthread_mutex_t lock; /* guards live, building */
+    pthread_mutex_t lock; /* guards building */
     pthread_cond_t built;
     char **building; /* digests whose image is being made */
     size_t nbuilding;
-    dsec_sandbox *live;
-    pthread_mutex_t sweep_lock;
-    _Atomic bool swept;
+    /* the sandbox records this instance holds, and the sweep of what earlier ones left */
+    struct dsec_sbx_store sbx;
     _Atomic uint64_t seq;
 };
 
@@ -112,17 +111,91 @@ struct dsec_sandbox {
     bool made_dir;
     size_t held; /* env.layers[0..held) are acquired */
     uint64_t last_cpu_us, last_ns;
-    dsec_sandbox *live_next;
-    bool listed;
+    struct dsec_sbx_link live; /* in be->sbx's live set while listed */
 };
 
 /* ---- helpers (vm.c) ------------------------------------------------------------------- */
 
 int dsec__vm_fmt(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* A small file as a NUL-terminated dsec_malloc'd string (caller frees); NULL with errno. */
-char *dsec__vm_read_file(const char *path, size_t max);
 /* The last lines of a log file (at most len-1 bytes, newlines turned into " | "). */
 void dsec__vm_log_tail(const char *path, char *out, size_t len);
+
+/* ---- records and the life of a sandbox (vm.c) --------------------------------------------- */
+
+void dsec__vm_env_clear(struct vm_env *e);
+/* The machine fields both records (meta, a snapshot's meta) share: type, sizes, nic, env. */
+void dsec__vm_put_machine(FILE *f, const struct vm_backend *be, const dsec_sandbox *sb);
+/* Read a record file with the given first line into sb; type receives its type line. */
+int dsec__vm_read_rec(const struct vm_backend *be, const char *path, const char *magic,
+                      dsec_sandbox *sb, char *type, size_t typelen, dsec_err *err);
+/* Replace sb->dir/meta, what adopt needs. */
+int dsec__vm_write_meta(const struct vm_backend *be, const dsec_sandbox *sb, dsec_err *err);
+/* A new record (id checked, dir set); sb_free frees it and what it holds in memory. */
+dsec_sandbox *dsec__vm_sb_new(const struct vm_backend *be, const char *id, dsec_err *err);
+void dsec__vm_sb_free(dsec_sandbox *sb);
+/* Make sb's dir and list it (before anything else of it exists). */
+int dsec__vm_sb_mkdir(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Set sb's tenant and append to its network policy; -1 when out of memory. */
+int dsec__vm_copy_net(dsec_sandbox *sb, const char *tenant, const char *const *net, size_t n);
+/* Hold each layer in the cache and make sure its image exists. */
+int dsec__vm_hold_layers(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Attach sb's network when the node has containment. */
+int dsec__vm_net_attach(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
+int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err);
+/* Connect to sb's agent within timeout_ms (a guest that died is reported with its console). */
+int dsec__vm_agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeout_ms,
+                        dsec_err *err);
+/* The guest's hostname: the sandbox id as a DNS label (63 chars, no '_'). */
+void dsec__vm_hostname(const char *id, char *out, size_t len);
+/* nbytes random bytes (at most 64) as hex into out (2 * nbytes + 1). */
+void dsec__vm_random_hex(char *out, size_t nbytes);
+/* DSEC_VM_TRACE=1: how long the step since *t took, on stderr; *t becomes now. */
+void dsec__vm_trace_step(const dsec_sandbox *sb, const char *step, uint64_t *t);
+
+/* ---- the agent's calls (vm-agent.c): the ops of the same names ---------------------------- */
+
+size_t dsec__vm_default_cmd(void *self, dsec_sandbox *sb, const char *const **argv);
+int dsec__vm_exec(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
+                  dsec_err *err);
+int dsec__vm_exec_start(void *self, dsec_sandbox *sb, const dsec_exec_req *req,
+                        struct dsec_loop *loop, dsec_exec_done_fn done, void *ud, dsec_err *err);
+int dsec__vm_file_write_start(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                              size_t len, uint32_t mode, bool append, struct dsec_loop *loop,
+                              dsec_file_done_fn done, void *ud, dsec_err *err);
+int dsec__vm_file_read_start(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                             uint64_t max, struct dsec_loop *loop, dsec_file_done_fn done, void *ud,
+                             dsec_err *err);
+int dsec__vm_file_write(void *self, dsec_sandbox *sb, const char *path, const void *data,
+                        size_t len, uint32_t mode, bool append, dsec_err *err);
+int dsec__vm_file_read(void *self, dsec_sandbox *sb, const char *path, uint64_t offset,
+                       uint64_t max, dsec_file_data *out, dsec_err *err);
+int dsec__vm_file_list(void *self, dsec_sandbox *sb, const char *path, dsec_file_entry **entries,
+                       size_t *n, dsec_err *err);
+int dsec__vm_file_op(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_file_entry *st,
+                     dsec_err *err);
+int dsec__vm_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
+                        dsec_proc_info *out, dsec_err *err);
+int dsec__vm_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
+                       dsec_err *err);
+int dsec__vm_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err);
+int dsec__vm_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data, size_t len,
+                        bool close, dsec_err *err);
+int dsec__vm_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                         uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
+int dsec__vm_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
+                         uint16_t cols, dsec_err *err);
+
+/* ---- state (vm-state.c): the ops of the same names ----------------------------------------- */
+
+int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                  dsec_sandbox **children, char **states, dsec_err *err);
+int dsec__vm_pause(void *self, dsec_sandbox *sb, dsec_err *err);
+int dsec__vm_resume(void *self, dsec_sandbox *sb, dsec_err *err);
+int dsec__vm_snapshot(void *self, dsec_sandbox *sb, const char *path, const char *name,
+                      dsec_err *err);
+int dsec__vm_restore(void *self, const dsec_sandbox_spec *spec, const char *path,
+                     dsec_sandbox **out, char **backend_state, dsec_err *err);
 
 /* ---- QEMU (vm-qemu.c) ------------------------------------------------------------------ */
 
@@ -171,13 +244,6 @@ int dsec__vm_migrate_in(struct vm_qmp *q, const char *state, dsec_err *err);
 
 /* ---- disks (vm-disk.c) ----------------------------------------------------------------- */
 
-/* Run a helper program (argv[0] absolute or on PATH) and wait; out (may be NULL) receives
- * up to outlen-1 bytes of its output. Returns its exit status (128+sig when killed), or -1
- * with err set when it could not start. */
-int dsec__vm_run(const char *const *argv, char *out, size_t outlen, dsec_err *err);
-/* The same with `in` (at most 4 KiB, or NULL for /dev/null) as its stdin. */
-int dsec__vm_run_in(const char *const *argv, const char *in, char *out, size_t outlen,
-                    dsec_err *err);
 /* S/images/<digest>.erofs for a layer whose directory is dir, made once (concurrent callers
  * wait for one build) with dsec_layer_build, so the same layer gives the same image bytes on
  * every node (a restored guest keeps reading the blocks its page cache expects). out receives

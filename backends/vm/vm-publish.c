@@ -19,7 +19,8 @@ int dsec__vm_publish(dsec_layer_registry *reg, const char *disk, const char *scr
                      const dsec_env *base, const char *name, dsec_err *err)
 {
     if (reg == NULL)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "vm: publishing %s needs a layer registry", name);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0, "vm: publishing %s needs a layer registry",
+                            name);
     if (mkdir(scratch, 0700) < 0 && errno != EEXIST)
         return dsec_err_set(err, DSEC_E_IO, errno, "vm: creating %s", scratch);
     char copy[PATH_MAX], mnt[PATH_MAX], upper[PATH_MAX + 8], blob[PATH_MAX];

@@ -421,6 +421,106 @@ static void put_uid_gid(char *out, uint32_t id)
     }
 }
 
+/* The first child of a QEMU start (in a session of its own): forks QEMU's process, reports its
+ * pid on wfd, and exits; QEMU's process sets itself up (its uid, its jail, its stdio, the tap)
+ * and becomes QEMU, or reports the step that failed. After fork: no allocation, no stdio. */
+__attribute__((noreturn)) static void qemu_child(const struct vm_backend *be,
+                                                 const dsec_sandbox *sb, const struct vm_launch *l,
+                                                 struct av *a, const struct jail *jail, int logfd,
+                                                 int nullfd, int wfd)
+{
+    setsid();
+    pid_t g = fork();
+    if (g != 0) {
+        struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0};
+        write_all(wfd, &m, sizeof m);
+        _exit(0);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    /* below the node manager (raising one's own nice cannot fail) */
+    (void)setpriority(PRIO_PROCESS, 0, DSEC_SANDBOX_NICE);
+    /* after fork: no allocation, no stdio; the argument has room for both figures */
+    uint32_t uid = be->uid_base + (uint32_t)getpid();
+    put_uid_gid(a->v[a->n - 1], uid);
+    int step = 0;
+    const char *what = NULL;
+    bool ok = chdir(sb->dir) == 0;
+    /* QEMU's uid may look up names in its own directory (nothing above it) and write its
+     * disk; everything else there stays root's */
+    if (ok) {
+        step = 1;
+        ok = chmod(".", 0711) == 0 && chown("disk.img", uid, uid) == 0;
+    }
+    ok = ok && jail_enter(jail, &step, &what) == 0;
+    if (ok) {
+        step = 0;
+        ok = chdir(sb->dir) == 0;
+    }
+    if (ok) {
+        step = 2;
+        ok = dup2(nullfd, 0) >= 0 && dup2(logfd, 1) >= 0 && dup2(logfd, 2) >= 0;
+    }
+    if (ok && l->tap_fd >= 0) {
+        step = 3;
+        ok = (l->tap_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(l->tap_fd, 3)) >= 0;
+    }
+    if (ok) {
+        /* nothing else of the node manager leaks into QEMU (the pipe is already
+         * close-on-exec) */
+        close_range(l->tap_fd >= 0 ? 4 : 3, ~0u, CLOSE_RANGE_CLOEXEC);
+        execv(a->v[0], a->v);
+    }
+    struct start_msg m = {ok ? 2 : 4, errno, step, ""};
+    for (size_t i = 0; !ok && what != NULL && what[i] != '\0' && i + 1 < sizeof m.what; i++)
+        m.what[i] = what[i];
+    write_all(wfd, &m, sizeof m);
+    _exit(127);
+}
+
+/* What the start pipe rfd said: sb->pid set, or err from the step that failed. */
+static int start_result(const struct vm_backend *be, dsec_sandbox *sb, int rfd, dsec_err *err)
+{
+    pid_t pid = 0;
+    int exec_errno = 0, ferr = 0, setup_errno = 0, setup_step = 0;
+    struct start_msg m;
+    char setup_what[sizeof m.what + 3] = "";
+    for (;;) {
+        ssize_t n = read(rfd, &m, sizeof m);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n != (ssize_t)sizeof m)
+            break;
+        if (m.kind == 1)
+            pid = m.val;
+        else if (m.kind == 2)
+            exec_errno = m.val;
+        else if (m.kind == 4 && m.step >= 0 &&
+                 m.step < (int)(sizeof start_steps / sizeof *start_steps)) {
+            setup_errno = m.val, setup_step = m.step;
+            m.what[sizeof m.what - 1] = '\0';
+            if (m.what[0] != '\0')
+                dsec__vm_fmt(setup_what, sizeof setup_what, " (%s)", m.what);
+        } else
+            ferr = m.val;
+    }
+    close(rfd);
+    if (setup_errno != 0)
+        return dsec_err_set(err, DSEC_E_IO, setup_errno, "%s: starting QEMU in %s: %s%s: %s",
+                            be->type, sb->dir, start_steps[setup_step], setup_what,
+                            strerror(setup_errno));
+    if (ferr != 0 || pid <= 0)
+        return dsec_err_set(err, DSEC_E_IO, ferr, "%s: starting QEMU", be->type);
+    if (exec_errno != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, exec_errno, "%s: cannot run %s: %s", be->type,
+                            be->qemu, strerror(exec_errno));
+    sb->pid = pid;
+    return 0;
+}
+
 int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const struct vm_launch *l,
                         dsec_err *err)
 {
@@ -463,58 +563,8 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     /* Two forks and a session of its own: QEMU is nobody's child here, so it
      * outlives a node manager that exits or restarts (adopt finds it again). */
     pid_t c = fork();
-    if (c == 0) {
-        setsid();
-        pid_t g = fork();
-        if (g != 0) {
-            struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0};
-            write_all(pfd[1], &m, sizeof m);
-            _exit(0);
-        }
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        signal(SIGCHLD, SIG_DFL);
-        /* below the node manager (raising one's own nice cannot fail) */
-        (void)setpriority(PRIO_PROCESS, 0, DSEC_SANDBOX_NICE);
-        /* after fork: no allocation, no stdio; the argument has room for both figures */
-        uint32_t uid = be->uid_base + (uint32_t)getpid();
-        put_uid_gid(a.v[a.n - 1], uid);
-        int step = 0;
-        const char *what = NULL;
-        bool ok = chdir(sb->dir) == 0;
-        /* QEMU's uid may look up names in its own directory (nothing above it) and write its
-         * disk; everything else there stays root's */
-        if (ok) {
-            step = 1;
-            ok = chmod(".", 0711) == 0 && chown("disk.img", uid, uid) == 0;
-        }
-        ok = ok && jail_enter(&jail, &step, &what) == 0;
-        if (ok) {
-            step = 0;
-            ok = chdir(sb->dir) == 0;
-        }
-        if (ok) {
-            step = 2;
-            ok = dup2(nullfd, 0) >= 0 && dup2(logfd, 1) >= 0 && dup2(logfd, 2) >= 0;
-        }
-        if (ok && l->tap_fd >= 0) {
-            step = 3;
-            ok = (l->tap_fd == 3 ? fcntl(3, F_SETFD, 0) : dup2(l->tap_fd, 3)) >= 0;
-        }
-        if (ok) {
-            /* nothing else of the node manager leaks into QEMU (the pipe is already
-             * close-on-exec) */
-            close_range(l->tap_fd >= 0 ? 4 : 3, ~0u, CLOSE_RANGE_CLOEXEC);
-            execv(a.v[0], a.v);
-        }
-        struct start_msg m = {ok ? 2 : 4, errno, step, ""};
-        for (size_t i = 0; !ok && what != NULL && what[i] != '\0' && i + 1 < sizeof m.what; i++)
-            m.what[i] = what[i];
-        write_all(pfd[1], &m, sizeof m);
-        _exit(127);
-    }
+    if (c == 0)
+        qemu_child(be, sb, l, &a, &jail, logfd, nullfd, pfd[1]);
     int fork_errno = errno;
     close(pfd[1]);
     close(logfd);
@@ -528,41 +578,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     int st;
     while (waitpid(c, &st, 0) < 0 && errno == EINTR)
         ;
-    pid_t pid = 0;
-    int exec_errno = 0, ferr = 0, setup_errno = 0, setup_step = 0;
-    struct start_msg m;
-    char setup_what[sizeof m.what + 3] = "";
-    for (;;) {
-        ssize_t n = read(pfd[0], &m, sizeof m);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n != (ssize_t)sizeof m)
-            break;
-        if (m.kind == 1)
-            pid = m.val;
-        else if (m.kind == 2)
-            exec_errno = m.val;
-        else if (m.kind == 4 && m.step >= 0 &&
-                 m.step < (int)(sizeof start_steps / sizeof *start_steps)) {
-            setup_errno = m.val, setup_step = m.step;
-            m.what[sizeof m.what - 1] = '\0';
-            if (m.what[0] != '\0')
-                dsec__vm_fmt(setup_what, sizeof setup_what, " (%s)", m.what);
-        } else
-            ferr = m.val;
-    }
-    close(pfd[0]);
-    if (setup_errno != 0)
-        return dsec_err_set(err, DSEC_E_IO, setup_errno, "%s: starting QEMU in %s: %s%s: %s",
-                            be->type, sb->dir, start_steps[setup_step], setup_what,
-                            strerror(setup_errno));
-    if (ferr != 0 || pid <= 0)
-        return dsec_err_set(err, DSEC_E_IO, ferr, "%s: starting QEMU", be->type);
-    if (exec_errno != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, exec_errno, "%s: cannot run %s: %s", be->type,
-                            be->qemu, strerror(exec_errno));
-    sb->pid = pid;
-    return 0;
+    return start_result(be, sb, pfd[0], err);
 }
 
 /* pid names a process that has not exited (a zombie has). */
@@ -572,7 +588,7 @@ static bool proc_alive(pid_t pid)
         return false;
     char p[64];
     dsec__vm_fmt(p, sizeof p, "/proc/%d/stat", (int)pid);
-    char *stat = dsec__vm_read_file(p, 1024);
+    char *stat = dsec_sbx_read_file(p, 1024);
     if (stat == NULL)
         return false;
     const char *rp = strrchr(stat, ')');
