@@ -11,6 +11,7 @@
 
 #include "backends/sbxstore.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "dsec/names.h"
 
 void dsec_sbx_store_init(struct dsec_sbx_store *s, const char *type, unsigned flags,
@@ -74,7 +75,7 @@ void dsec_sbx_abandon(struct dsec_sbx_store *s, dsec_sandbox *sb)
 {
     dsec_err e2;
     if (s->ops->teardown(s->be, sb, &e2) < 0) {
-        fprintf(stderr, "dsec %s: cleaning up a failed sandbox %s: %s\n", s->type, s->ops->id(sb),
+        dsec_log_warn("dsec %s: cleaning up a failed sandbox %s: %s", s->type, s->ops->id(sb),
                 e2.msg);
         if (s->ops->discard != NULL)
             s->ops->discard(s->be, sb);

@@ -10,6 +10,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* ---- the meta record ----------------------------------------------------------------------- */
 
@@ -143,7 +144,7 @@ static int keep_unrunnable(struct ct_backend *be, dsec_sandbox *sb, const char *
     if (sb->net_state != NULL && be->net != NULL &&
         dsec_net_adopt(be->net, sb->id, sb->tenant, sb->net_state,
                        (const char *const *)sb->net_entries, sb->nnet, &net, &nerr) < 0) {
-        fprintf(stderr, "dsec container: kept sandbox %s: its network: %s\n", sb->id, nerr.msg);
+        dsec_log_warn("dsec container: kept sandbox %s: its network: %s", sb->id, nerr.msg);
         net = NULL;
     }
     kept_add(be, sb, net);
@@ -280,7 +281,7 @@ static int meta_peek(struct ct_backend *be, dsec_sandbox *sb)
         name = be->rt->name;
     dsec_err err;
     if ((sb->rt = dsec__ct_rt_get(be, name, &err)) == NULL) {
-        fprintf(stderr, "dsec container: leaving orphan sandbox %s as it is: %s\n", sb->id,
+        dsec_log_warn("dsec container: leaving orphan sandbox %s as it is: %s", sb->id,
                 err.msg);
         return -1;
     }
@@ -310,7 +311,7 @@ static int sweep_one(void *arg, int dfd, const char *name)
     sb->made_dir = sb->made_subvol = sb->mounted = sb->started = true;
     dsec_err err;
     if (dsec__ct_sb_teardown(be, sb, &err) < 0) {
-        fprintf(stderr, "dsec container: reclaiming orphan sandbox %s: %s\n", name, err.msg);
+        dsec_log_warn("dsec container: reclaiming orphan sandbox %s: %s", name, err.msg);
         dsec_free(sb);
         return 0;
     }
@@ -354,8 +355,8 @@ void dsec__ct_sweep(void *self)
     n += dsec__ct_pool_sweep(be, held);
     int snaps = dsec__ct_snap_sweep(be);
     if (n > 0 || snaps > 0)
-        fprintf(stderr,
+        dsec_log_info(
                 "dsec container: reclaimed %d orphan sandboxes and %d fork snapshots left by "
-                "an earlier node manager (%.1f ms)\n",
+                "an earlier node manager (%.1f ms)",
                 n, snaps, (double)(dsec_now_ns() - t0) / 1e6);
 }

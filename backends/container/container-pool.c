@@ -18,6 +18,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* The empty root a warm container starts on: mount points for what the runtime mounts, and
  * /.dsec/root, where the sandbox's overlay is attached before the pivot. */
@@ -50,16 +51,16 @@ static void warm_remove(struct ct_backend *be, const struct ct_rt *rt, const cha
 {
     dsec_err err;
     if (dsec__ct_rt_delete(be, rt, rid, &err) < 0)
-        fprintf(stderr, "dsec container: removing warm container %s: %s\n", rid, err.msg);
+        dsec_log_warn("dsec container: removing warm container %s: %s", rid, err.msg);
     else if (dir != NULL && dsec__ct_rmtree(dir) < 0)
-        fprintf(stderr, "dsec container: removing %s: %s\n", dir, strerror(errno));
+        dsec_log_warn("dsec container: removing %s: %s", dir, strerror(errno));
 }
 
 static void warm_net_detach(struct ct_warm *w)
 {
     dsec_err err;
     if (w->net != NULL && dsec_net_detach(w->net, &err) < 0)
-        fprintf(stderr, "dsec container: the network of warm container %s: %s\n", w->rid, err.msg);
+        dsec_log_warn("dsec container: the network of warm container %s: %s", w->rid, err.msg);
     w->net = NULL;
 }
 
@@ -180,7 +181,7 @@ static void *pool_main(void *arg)
         }
         /* said once per run of failures; tried again later, creates go cold meanwhile */
         if (failures++ == 0)
-            fprintf(stderr, "dsec container: starting a warm container failed (retrying): %s\n",
+            dsec_log_info("dsec container: starting a warm container failed (retrying): %s",
                     err.msg);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -314,7 +315,7 @@ int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *,
             dsec_err err;
             const struct ct_rt *rt = name != NULL ? dsec__ct_rt_get(be, name, &err) : be->rt;
             if (rt == NULL) {
-                fprintf(stderr, "dsec container: leaving warm container %s as it is: %s\n",
+                dsec_log_warn("dsec container: leaving warm container %s as it is: %s",
                         e->d_name, err.msg);
                 continue;
             }

@@ -17,6 +17,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 static bool is_btrfs(const char *path)
 {
@@ -83,9 +84,9 @@ int dsec__ct_store_open(struct ct_backend *be, uint64_t image_gb, dsec_err *err)
         be->btrfs = be->store_mounted = true;
     } else {
         be->btrfs = false;
-        fprintf(stderr,
+        dsec_log_warn(
                 "dsec container: no btrfs upper store (%s); upper layers are plain directories "
-                "and fork copies them (cp -a --reflink=auto)\n",
+                "and fork copies them (cp -a --reflink=auto)",
                 why[0] ? why : "not btrfs");
     }
     char p[PATH_MAX + 16];
@@ -141,7 +142,7 @@ static int quota_on(struct ct_backend *be, dsec_err *err)
             rc = dsec_err_set(err, DSEC_E_IO, errno, "container: enabling btrfs quotas on %s",
                               be->store);
         else
-            fprintf(stderr, "dsec container: btrfs quotas enabled on %s (%.1f ms)\n", be->store,
+            dsec_log_info("dsec container: btrfs quotas enabled on %s (%.1f ms)", be->store,
                     (double)(dsec_now_ns() - t0) / 1e6);
         if (fd >= 0)
             close(fd);
@@ -556,7 +557,7 @@ int dsec__ct_snap_sweep(struct ct_backend *be)
             dsec__ct_fmt(p, sizeof p, "%s/%s", dir, e->d_name);
             dsec_err err;
             if (dsec__ct_subvol_delete(be, p, &err) < 0)
-                fprintf(stderr, "dsec container: %s\n", err.msg);
+                dsec_log_warn("dsec container: %s", err.msg);
             else
                 gone++;
         }
@@ -600,6 +601,6 @@ void dsec__ct_snap_unref(struct ct_backend *be, const char *name)
     dsec__ct_snap_path(be, gone->name, p, sizeof p);
     dsec_err err;
     if (dsec__ct_subvol_delete(be, p, &err) < 0)
-        fprintf(stderr, "dsec container: %s\n", err.msg);
+        dsec_log_warn("dsec container: %s", err.msg);
     dsec_free(gone);
 }

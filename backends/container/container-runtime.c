@@ -25,6 +25,7 @@
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
+#include "dsec/log.h"
 
 /* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
  * controller ctrl, or (ctrl NULL) of the cgroup2 mount. 0 when found. */
@@ -227,7 +228,7 @@ const struct ct_rt *dsec__ct_rt_get(struct ct_backend *be, const char *name, dse
     if (rc < 0)
         return NULL;
     if (be->trace)
-        fprintf(stderr, "dsec container: opened runtime %s (%s) for containers it started\n", name,
+        dsec_log_info("dsec container: opened runtime %s (%s) for containers it started", name,
                 be->rts[i].path);
     return &be->rts[i];
 }
@@ -294,9 +295,9 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
      * pid in the container's cgroup is the Sentry, not the agent, so a warm container's
      * root cannot be switched from the host (dsec__ct_rt_switch_root). Every start is cold. */
     if (idx == CT_RT_RUNSC && be->warm_target > 0) {
-        fprintf(stderr, "dsec container: runtime=runsc: no warm pool (gVisor's containers "
+        dsec_log_warn("dsec container: runtime=runsc: no warm pool (gVisor's containers "
                         "cannot have their root switched from the host); every create starts "
-                        "its own container\n");
+                        "its own container");
         be->warm_target = 0;
     }
     return 0;

@@ -8,6 +8,7 @@
 
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 static int oom(dsec_err *err, const char *what)
 {
@@ -131,8 +132,8 @@ int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
         dsec_sbx_fork_undo(&be->sbx, children, states, n);
     dsec__ct_snap_unref(be, snap);
     if (be->trace)
-        fprintf(stderr,
-                "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms\n", n,
+        dsec_log_info(
+                "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms", n,
                 (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
     return rc;
 }

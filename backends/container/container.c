@@ -21,6 +21,7 @@
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
+#include "dsec/log.h"
 
 #ifndef DSEC_AGENT_PATH
 #define DSEC_AGENT_PATH ""
@@ -411,7 +412,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
         goto fail;
     dsec_err werr;
     if (dsec__ct_cg_weigh(be, &werr) < 0) /* the sandboxes then weigh as much as the node */
-        fprintf(stderr, "dsec container: %s; sandboxes keep the default CPU weight\n", werr.msg);
+        dsec_log_warn("dsec container: %s; sandboxes keep the default CPU weight", werr.msg);
     /* An instance refused before this point (a bad option) leaves the parent cgroup alone:
      * another instance for the same node may be using it, and a parent removed under it
      * would come back at the default weight. */
@@ -770,7 +771,7 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         rc = sb_warm(be, sb, w, root_fd, err);
         close(root_fd);
         if (rc == 0 && be->trace)
-            fprintf(stderr, "dsec container: start %s: root %.2f ms, warm container %.2f ms\n",
+            dsec_log_info("dsec container: start %s: root %.2f ms, warm container %.2f ms",
                     sb->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
         return rc;
     }
@@ -788,8 +789,8 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     for (;;) {
         if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0) {
             if (be->trace)
-                fprintf(stderr,
-                        "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms\n",
+                dsec_log_info(
+                        "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms",
                         sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
                         (double)(dsec_now_ns() - t2) / 1e6);
             return 0;
@@ -889,7 +890,7 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     uint64_t t1 = dsec_now_ns();
     int rc = dsec__ct_create_env(be, spec, &env, out, backend_state, err);
     if (be->trace)
-        fprintf(stderr, "dsec container: create %s: environment %.2f ms, in all %.2f ms\n",
+        dsec_log_info("dsec container: create %s: environment %.2f ms, in all %.2f ms",
                 spec->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t0) / 1e6);
     return rc;
 }

@@ -20,6 +20,7 @@
 #include "backends/vm/vm-int.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
+#include "dsec/log.h"
 
 #include "backends/vm/vm-publish.h"
 
@@ -409,9 +410,9 @@ static bool probe_kvm(const char *qemu, bool q35)
     char *why = strstr(out, "error:");
     why = why != NULL ? why : out;
     why[strcspn(why, "\n")] = '\0';
-    fprintf(stderr,
+    dsec_log_warn(
             "dsec vm: /dev/kvm is there but QEMU cannot start a %s vCPU with it (%.200s); "
-            "guests run under TCG\n",
+            "guests run under TCG",
             q35 ? "q35" : "microvm", why);
     return false;
 }
@@ -772,9 +773,9 @@ static void sweep(void *self)
     /* images an earlier node manager left behind after their layers went */
     dsec__vm_images_gc(be);
     if (procs > 0 || dirs > 0)
-        fprintf(stderr,
+        dsec_log_info(
                 "dsec %s: reclaimed %d QEMU processes and %d sandbox directories left by an "
-                "earlier node manager\n",
+                "earlier node manager",
                 be->type, procs, dirs);
 }
 
@@ -934,7 +935,7 @@ void dsec__vm_trace_step(const dsec_sandbox *sb, const char *step, uint64_t *t)
 {
     uint64_t now = dsec_now_ns();
     if (trace())
-        fprintf(stderr, "dsec vm %s: %s %.1f ms\n", sb->id, step, (double)(now - *t) / 1e6);
+        dsec_log_info("dsec vm %s: %s %.1f ms", sb->id, step, (double)(now - *t) / 1e6);
     *t = now;
 }
 
