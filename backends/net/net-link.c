@@ -510,6 +510,12 @@ int dsec__net_link_host_prepare(bool v6, dsec_err *err)
     return 0;
 }
 
+/* The error of a request that did not fit its batch: the batches are sized for what they carry. */
+static int overflow(dsec_err *err)
+{
+    return dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
+}
+
 /* The gateway's addresses go on the host's loopback: always there (a dummy
  * device needs a module some kernels lack), local to the host, and reached
  * from each sandbox through its veth. */
@@ -530,7 +536,7 @@ static int gateway_addrs(uint16_t type, const struct in_addr *gw4, const struct 
         const void *a = fam ? (const void *)gw6 : (const void *)gw4;
         nl_reset(np);
         if (addr_add(np, fam ? AF_INET6 : AF_INET, lo, "lo", a, fam ? 128 : 32) < 0) {
-            rc = dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
+            rc = overflow(err);
             break;
         }
         if (type == RTM_DELADDR) { /* the same message, as a removal */
@@ -558,8 +564,7 @@ int dsec__net_link_gateway(const struct in_addr *gw4, const struct in6_addr *gw6
                : 0;
 }
 
-int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6,
-                               dsec_err *err)
+int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6, dsec_err *err)
 {
     return gateway_addrs(RTM_DELADDR, gw4, gw6, err) < 0
                ? dsec_err_wrap(err, "net: removing the gateway's addresses from lo")
@@ -614,13 +619,18 @@ static int host_sysctls(const dsec__net_link_spec *s, dsec_err *err)
     return 0;
 }
 
-int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_err *err)
-{
-    if (ifindex_out != NULL)
-        *ifindex_out = 0;
-    if (spec_check(s, err) < 0)
-        return -1;
+/* What a create has made so far, for its next steps and for undoing it. */
+struct made {
+    struct nl *in, *host; /* rtnetlink inside the new namespace, and on the host */
+    int orig, nsfd;       /* this thread's namespace; the new one */
+    int hidx, eidx;       /* ifindexes of the host side and of eth0 inside */
+    bool mounted, veth;
+    uint8_t host_mac[6], peer_mac[6];
+};
 
+/* The file the namespace is bind-mounted on; it must not exist. */
+static int netns_file(const dsec__net_link_spec *s, dsec_err *err)
+{
     int fd = open(s->netns_path, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
     if (fd < 0) {
         if (errno == EEXIST)
@@ -631,75 +641,73 @@ int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_e
                             s->netns_path);
     }
     close(fd);
+    return 0;
+}
 
-    struct nl *in = dsec_calloc(1, sizeof *in), *host = dsec_calloc(1, sizeof *host);
-    int orig = -1, nsfd = -1, rc = -1, hidx = 0, eidx = 0;
-    bool mounted = false, veth = false;
-    static const struct in_addr any4 = {0};
-    if (in == NULL || host == NULL) {
-        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link create");
-        goto out;
-    }
-
-    orig = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (orig < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: opening this thread's network namespace");
-        goto out;
-    }
-    if (unshare(CLONE_NEWNET) < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: creating a network namespace");
-        goto out;
-    }
+/* The namespace: made by this thread, which leaves it again at once with a socket inside it
+ * (m->in), and bind-mounted on the file. */
+static int netns_new(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    m->orig = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (m->orig < 0)
+        return dsec_err_set(err, code_of(errno), errno,
+                            "net: opening this thread's network namespace");
+    if (unshare(CLONE_NEWNET) < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: creating a network namespace");
     /* In the new namespace only long enough to open a socket there. */
-    int irc = nl_open(in, "sandbox", err);
-    if (setns(orig, CLONE_NEWNET) < 0 && setns(orig, CLONE_NEWNET) < 0) {
+    int irc = nl_open(m->in, "sandbox", err);
+    if (setns(m->orig, CLONE_NEWNET) < 0 && setns(m->orig, CLONE_NEWNET) < 0) {
         /* Only ENOMEM can get here; tell the caller its thread is stranded. */
-        dsec_err_set(err, DSEC_E_INTERNAL, errno,
-                     "net: cannot return to the original network namespace");
-        goto out;
+        return dsec_err_set(err, DSEC_E_INTERNAL, errno,
+                            "net: cannot return to the original network namespace");
     }
     if (irc < 0)
-        goto out;
-    nsfd = ioctl(nl_fd(in), SIOCGSKNS);
-    if (nsfd < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: getting the new namespace's fd");
-        goto out;
-    }
+        return -1;
+    m->nsfd = ioctl(nl_fd(m->in), SIOCGSKNS);
+    if (m->nsfd < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: getting the new namespace's fd");
     char src[64];
-    snprintf(src, sizeof src, "/proc/thread-self/fd/%d", nsfd);
-    if (mount(src, s->netns_path, NULL, MS_BIND, NULL) < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: bind-mounting the namespace on %s",
-                     s->netns_path);
-        goto out;
-    }
-    mounted = true;
+    snprintf(src, sizeof src, "/proc/thread-self/fd/%d", m->nsfd);
+    if (mount(src, s->netns_path, NULL, MS_BIND, NULL) < 0)
+        return dsec_err_set(err, code_of(errno), errno, "net: bind-mounting the namespace on %s",
+                            s->netns_path);
+    m->mounted = true;
+    return 0;
+}
 
-    if (nl_open(host, "host", err) < 0)
-        goto out;
+/* lo up inside, and the veth pair with its peer inside as eth0; the host side's sysctls. */
+static int veth_make(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    if (nl_open(m->host, "host", err) < 0)
+        return -1;
     /* lo inside and the veth pair go out together; the rest needs the
      * ifindexes of both ends. */
-    uint8_t host_mac[6], peer_mac[6];
-    veth_macs(&s->addr4, host_mac, peer_mac);
-    if (link_up(in, 0, "lo", 0) < 0 ||
-        veth_new(host, s->host_if, nsfd, s->mtu, host_mac, peer_mac) < 0)
-        goto overflow;
-    if (nl_send(in, err) < 0 || nl_run(host, err) < 0)
-        goto out;
-    veth = true;
-    hidx = ifindex_in(nl_fd(host), s->host_if);
-    eidx = ifindex_in(nl_fd(in), "eth0");
-    if (hidx <= 0 || eidx <= 0) {
-        dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: veth %s made, but %s has no ifindex",
-                     s->host_if, hidx <= 0 ? s->host_if : "its peer eth0");
-        goto out;
-    }
-    if (nl_wait(in, err) < 0)
-        goto out;
-    if (host_sysctls(s, err) < 0) {
-        dsec_err_wrap(err, "net: IPv6 settings of %s", s->host_if);
-        goto out;
-    }
+    veth_macs(&s->addr4, m->host_mac, m->peer_mac);
+    if (link_up(m->in, 0, "lo", 0) < 0 ||
+        veth_new(m->host, s->host_if, m->nsfd, s->mtu, m->host_mac, m->peer_mac) < 0)
+        return overflow(err);
+    if (nl_send(m->in, err) < 0 || nl_run(m->host, err) < 0)
+        return -1;
+    m->veth = true;
+    m->hidx = ifindex_in(nl_fd(m->host), s->host_if);
+    m->eidx = ifindex_in(nl_fd(m->in), "eth0");
+    if (m->hidx <= 0 || m->eidx <= 0)
+        return dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: veth %s made, but %s has no ifindex",
+                            s->host_if, m->hidx <= 0 ? s->host_if : "its peer eth0");
+    if (nl_wait(m->in, err) < 0)
+        return -1;
+    if (host_sysctls(s, err) < 0)
+        return dsec_err_wrap(err, "net: IPv6 settings of %s", s->host_if);
+    return 0;
+}
 
+/* Both ends up, with their addresses, routes and permanent neighbours. */
+static int veth_config(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    static const struct in_addr any4 = {0};
+    struct nl *in = m->in, *host = m->host;
+    int eidx = m->eidx, hidx = m->hidx;
+    const uint8_t *host_mac = m->host_mac, *peer_mac = m->peer_mac;
     /* The gateway's addresses live once on the node's gateway device
      * (dsec__net_link_gateway), not on each veth: the same address on
      * thousands of interfaces makes every address add scan all of them.
@@ -709,54 +717,72 @@ int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_e
         route_add(in, AF_INET, eidx, "eth0", &s->gw4, 32, NULL, &s->addr4) < 0 ||
         route_add(in, AF_INET, eidx, "eth0", &any4, 0, &s->gw4, &s->addr4) < 0 ||
         neigh_add(in, AF_INET, eidx, "eth0", &s->gw4, host_mac) < 0)
-        goto overflow;
+        return overflow(err);
     if (s->v6 && (addr_add(in, AF_INET6, eidx, "eth0", &s->addr6, 128) < 0 ||
                   route_add(in, AF_INET6, eidx, "eth0", &s->gw6, 128, NULL, NULL) < 0 ||
                   route_add(in, AF_INET6, eidx, "eth0", &in6addr_any, 0, &s->gw6, NULL) < 0 ||
                   neigh_add(in, AF_INET6, eidx, "eth0", &s->gw6, host_mac) < 0))
-        goto overflow;
+        return overflow(err);
     if (link_up(host, hidx, s->host_if, 1) < 0 ||
         route_add(host, AF_INET, hidx, s->host_if, &s->addr4, 32, NULL, &s->gw4) < 0 ||
         neigh_add(host, AF_INET, hidx, s->host_if, &s->addr4, peer_mac) < 0)
-        goto overflow;
+        return overflow(err);
     if (s->v6 && (route_add(host, AF_INET6, hidx, s->host_if, &s->addr6, 128, NULL, NULL) < 0 ||
                   neigh_add(host, AF_INET6, hidx, s->host_if, &s->addr6, peer_mac) < 0))
-        goto overflow;
+        return overflow(err);
     if (nl_send(in, err) < 0 || nl_send(host, err) < 0)
-        goto out;
+        return -1;
     if (nl_wait(in, err) < 0 || nl_wait(host, err) < 0)
-        goto out;
+        return -1;
+    return 0;
+}
 
-    if (ifindex_out != NULL)
-        *ifindex_out = hidx;
-    rc = 0;
-    goto out;
-
-overflow:
-    dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
-out:
-    if (rc < 0 && veth && host->sock != NULL) {
+/* Close what m holds; on failure (rc < 0) also remove what it made. */
+static void made_end(const dsec__net_link_spec *s, struct made *m, int rc)
+{
+    if (rc < 0 && m->veth && m->host->sock != NULL) {
         /* Its peer, and with it everything inside, goes too. */
         dsec_err tmp;
-        nl_reset(host);
-        if (link_del(host, hidx, s->host_if) == 0)
-            nl_run(host, &tmp);
+        nl_reset(m->host);
+        if (link_del(m->host, m->hidx, s->host_if) == 0)
+            nl_run(m->host, &tmp);
     }
-    if (host != NULL)
-        nl_close(host);
-    if (in != NULL)
-        nl_close(in);
-    if (nsfd >= 0)
-        close(nsfd);
-    if (orig >= 0)
-        close(orig);
+    if (m->host != NULL)
+        nl_close(m->host);
+    if (m->in != NULL)
+        nl_close(m->in);
+    if (m->nsfd >= 0)
+        close(m->nsfd);
+    if (m->orig >= 0)
+        close(m->orig);
     if (rc < 0) {
-        if (mounted)
+        if (m->mounted)
             umount2(s->netns_path, MNT_DETACH);
         unlink(s->netns_path);
     }
-    dsec_free(in);
-    dsec_free(host);
+    dsec_free(m->in);
+    dsec_free(m->host);
+}
+
+int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_err *err)
+{
+    if (ifindex_out != NULL)
+        *ifindex_out = 0;
+    if (spec_check(s, err) < 0 || netns_file(s, err) < 0)
+        return -1;
+    struct made m = {.in = dsec_calloc(1, sizeof *m.in),
+                     .host = dsec_calloc(1, sizeof *m.host),
+                     .orig = -1,
+                     .nsfd = -1};
+    int rc = -1;
+    if (m.in == NULL || m.host == NULL)
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link create");
+    else if (netns_new(s, &m, err) == 0 && veth_make(s, &m, err) == 0 &&
+             veth_config(s, &m, err) == 0)
+        rc = 0;
+    if (rc == 0 && ifindex_out != NULL)
+        *ifindex_out = m.hidx;
+    made_end(s, &m, rc);
     return rc;
 }
 
