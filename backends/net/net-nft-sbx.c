@@ -235,6 +235,16 @@ static void sbx_unlink(dsec__nft *t, struct sbx *s)
     t->count--;
 }
 
+/* Drop the mirror of sandbox idx, if there is one. */
+static void sbx_forget(dsec__nft *t, uint32_t idx)
+{
+    struct sbx *s = *sbx_slot(t, idx);
+    if (s != NULL) {
+        sbx_unlink(t, s);
+        sbx_free(s);
+    }
+}
+
 static void sbx_link(dsec__nft *t, struct sbx *s)
 {
     struct sbx **p = sbx_slot(t, s->idx);
@@ -311,6 +321,26 @@ static void main_ifelem(struct batch *b, const dsec__nft *t, const char *set, ui
         type == NFT_MSG_NEWSETELEM ? "adding the interface to set" : "deleting from set", set);
 }
 
+/* The interface in the main table's ifs, and its (interface, address) pairs in src4 / src6. */
+static void main_ifelems(struct batch *b, const dsec__nft *t, uint16_t type, const char *ifname,
+                         const struct in_addr *a4, const struct in6_addr *a6)
+{
+    main_ifelem(b, t, "ifs", type, ifname, NULL, 0);
+    if (a4 != NULL)
+        main_ifelem(b, t, "src4", type, ifname, a4, 4);
+    if (a6 != NULL && t->c.v6)
+        main_ifelem(b, t, "src6", type, ifname, a6, 16);
+}
+
+/* The interface out of its shard's verdict map. */
+static void vfwd_del(struct batch *b, const struct names *nm, const char *ifname)
+{
+    struct nftnl_set *so = dsec__nft_set_obj(nm->shard, "vfwd");
+    dsec__nft_elem_ifname(so, ifname, NULL);
+    dsec__nft_elems_send(b, so, NFT_MSG_DESTROYSETELEM, 1, "deleting the interface from map",
+                         "vfwd");
+}
+
 int dsec__nft_sbx_add(dsec__nft *t, uint32_t idx, const char *ifname, const struct in_addr *a4,
                       const struct in6_addr *a6, const dsec__nft_elem *e, size_t n, dsec_err *err)
 {
@@ -346,33 +376,22 @@ int dsec__nft_sbx_add(dsec__nft *t, uint32_t idx, const char *ifname, const stru
     pthread_mutex_lock(&t->mu);
     struct batch *b = dsec__nft_batch_open(t);
     /* the main table: the interface is a sandbox's, with these source addresses */
-    main_ifelem(b, t, "ifs", NFT_MSG_NEWSETELEM, ifname, NULL, 0);
-    if (a4 != NULL)
-        main_ifelem(b, t, "src4", NFT_MSG_NEWSETELEM, ifname, a4, 4);
-    if (a6 != NULL && t->c.v6)
-        main_ifelem(b, t, "src6", NFT_MSG_NEWSETELEM, ifname, a6, 16);
+    main_ifelems(b, t, NFT_MSG_NEWSETELEM, ifname, a4, a6);
     /* the shard: its chain and set (flushed when re-adopted), and the map entry */
-    struct nftnl_set *so = dsec__nft_set_obj(nm.shard, "vfwd");
-    dsec__nft_elem_ifname(so, ifname, NULL);
-    dsec__nft_elems_send(b, so, NFT_MSG_DESTROYSETELEM, 1, "deleting the interface from map",
-                         "vfwd");
+    vfwd_del(b, &nm, ifname);
     dsec__nft_chain_add(b, nm.shard, nm.chain, NULL, 0, 0);
     dsec__nft_chain_op(b, nm.shard, nm.chain, NFT_MSG_DELRULE);
     dsec__nft_set_add(b, nm.shard, nm.set, DT_CONCAT3(DT_IP6ADDR, DT_INET_PROTO, DT_INET_SERVICE),
                       24, NFT_SET_INTERVAL | NFT_SET_TIMEOUT | NFT_SET_CONCAT, fields, 3, false);
     dsec__nft_set_op(b, nm.shard, nm.set, NFT_MSG_DELSETELEM);
     dsec__nft_sbx_rules(b, t, &nm);
-    so = dsec__nft_set_obj(nm.shard, "vfwd");
+    struct nftnl_set *so = dsec__nft_set_obj(nm.shard, "vfwd");
     dsec__nft_elem_ifname(so, ifname, nm.chain);
     dsec__nft_elems_send(b, so, NFT_MSG_NEWSETELEM, 1, "adding the interface to map", "vfwd");
     ops_emit(b, &nm, &ops, now_ms());
     int rc = dsec__nft_batch_commit(t, "adding sandbox", err);
     if (rc == 0) {
-        struct sbx *old = *sbx_slot(t, idx);
-        if (old != NULL) {
-            sbx_unlink(t, old);
-            sbx_free(old);
-        }
+        sbx_forget(t, idx);
         sbx_adopt(ns, &s);
         sbx_link(t, ns);
         ns = NULL;
@@ -405,30 +424,18 @@ int dsec__nft_sbx_del(dsec__nft *t, uint32_t idx, const char *ifname, const stru
     if (a6 == NULL && known != NULL && known->has6)
         a6 = &known->a6;
     if (ifname != NULL) {
-        main_ifelem(b, t, "ifs", NFT_MSG_DESTROYSETELEM, ifname, NULL, 0);
-        if (a4 != NULL)
-            main_ifelem(b, t, "src4", NFT_MSG_DESTROYSETELEM, ifname, a4, 4);
-        if (a6 != NULL && t->c.v6)
-            main_ifelem(b, t, "src6", NFT_MSG_DESTROYSETELEM, ifname, a6, 16);
+        main_ifelems(b, t, NFT_MSG_DESTROYSETELEM, ifname, a4, a6);
         /* and its meter state, so that a later sandbox on the same name starts afresh */
         static const char *const meters[] = {"connm", "dnsm", "logm"};
         for (int m = 0; m < 3; m++)
             main_ifelem(b, t, meters[m], NFT_MSG_DESTROYSETELEM, ifname, NULL, 0);
-        struct nftnl_set *so = dsec__nft_set_obj(nm.shard, "vfwd");
-        dsec__nft_elem_ifname(so, ifname, NULL);
-        dsec__nft_elems_send(b, so, NFT_MSG_DESTROYSETELEM, 1, "deleting the interface from map",
-                             "vfwd");
+        vfwd_del(b, &nm, ifname);
     }
     dsec__nft_chain_op(b, nm.shard, nm.chain, NFT_MSG_DESTROYCHAIN);
     dsec__nft_set_op(b, nm.shard, nm.set, NFT_MSG_DESTROYSET);
     int rc = dsec__nft_batch_commit(t, "removing sandbox", err);
-    if (rc == 0) {
-        struct sbx *s = *sbx_slot(t, idx);
-        if (s != NULL) {
-            sbx_unlink(t, s);
-            sbx_free(s);
-        }
-    }
+    if (rc == 0)
+        sbx_forget(t, idx);
     pthread_mutex_unlock(&t->mu);
     if (rc < 0)
         return dsec_err_wrap(err, "sandbox %" PRIx32, idx);
