@@ -90,8 +90,7 @@ enum {
 #define NSHARDS 16
 #define LOG_PREFIX_IN "dsec:in"
 
-/* ---- a growable batch of nfnetlink messages ---------------------------------------------------
- */
+/* ---- a growable batch of nfnetlink messages, and the table -------------------------------- */
 
 struct batch {
     char *p;
@@ -132,11 +131,12 @@ struct names {
 
 /* ---- net-nft-batch.c: batches of nfnetlink messages ---------------------------------------- */
 
-/* Start the table's batch (t->mu held): batch begin, at the table's next sequence number. */
+/* Start the table's batch (t->mu held, or t not shared yet): batch begin, at the table's
+ * next sequence number. */
 struct batch *dsec__nft_batch_open(dsec__nft *t);
 
-/* End the batch, send it and collect the kernel's verdict (t->mu held). doing names the work in
- * error messages. */
+/* End the batch, send it and collect the kernel's verdict (locking as for _open). doing names the
+ * work in error messages. */
 int dsec__nft_batch_commit(dsec__nft *t, const char *doing, dsec_err *err);
 
 void dsec__nft_batch_fini(struct batch *b);
