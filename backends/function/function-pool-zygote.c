@@ -49,6 +49,55 @@ static const char python_boot[] =
     "_dsec_fnz.main(sys.argv[2:])\n";
 /* clang-format on */
 
+/* A zygote's command line: argv and the strings it points at (besides p's and the pool's). */
+struct zargs {
+    const char *argv[90];
+    char slots[16], ppid[16], ro[1024];
+};
+
+/* The command line of pool's zygote into a; returns the program to run. */
+static const char *zygote_args(const struct fn_pools *p, const struct fn_pool *pool,
+                               struct zargs *a)
+{
+    snprintf(a->slots, sizeof a->slots, "%u", p->max_workers);
+    snprintf(a->ppid, sizeof a->ppid, "%d", (int)getpid());
+    int ac = 0;
+    const char *prog;
+    if (pool->rt == FN_RT_PYTHON3) {
+        prog = p->python;
+        a->argv[ac++] = p->python;
+        a->argv[ac++] = "-I";
+        a->argv[ac++] = "-c";
+        a->argv[ac++] = python_boot;
+        a->argv[ac++] = p->pymod_dir;
+    } else {
+        prog = p->zygote_path;
+        a->argv[ac++] = "dsec-fn-zygote";
+    }
+    a->argv[ac++] = "--root";
+    a->argv[ac++] = p->root_dir;
+    a->argv[ac++] = "--slots";
+    a->argv[ac++] = a->slots;
+    a->argv[ac++] = "--ppid";
+    a->argv[ac++] = a->ppid;
+    if (pool->rt == FN_RT_PYTHON3) {
+        a->argv[ac++] = "--preload";
+        a->argv[ac++] = p->preload;
+    }
+    snprintf(a->ro, sizeof a->ro, "%s", pool->lower != NULL ? "" : p->ro_paths);
+    if (pool->lower != NULL) {
+        a->argv[ac++] = "--lower";
+        a->argv[ac++] = pool->lower;
+    }
+    for (char *save = NULL, *t = strtok_r(a->ro, ",", &save); t != NULL && ac < 86;
+         t = strtok_r(NULL, ",", &save)) {
+        a->argv[ac++] = "--ro";
+        a->argv[ac++] = t;
+    }
+    a->argv[ac] = NULL;
+    return prog;
+}
+
 void dsec__fn_pool_zygote_start(struct fn_pools *p, struct fn_pool *pool)
 {
     pool->state = P_STARTING;
@@ -60,45 +109,8 @@ void dsec__fn_pool_zygote_start(struct fn_pools *p, struct fn_pool *pool)
     int sv[2] = {-1, -1};
     pid_t pid = -1;
     int pidfd = -1;
-    char slots[16], ppid[16];
-    snprintf(slots, sizeof slots, "%u", p->max_workers);
-    snprintf(ppid, sizeof ppid, "%d", (int)getpid());
-    const char *argv[90];
-    int ac = 0;
-    const char *prog;
-    if (pool->rt == FN_RT_PYTHON3) {
-        prog = p->python;
-        argv[ac++] = p->python;
-        argv[ac++] = "-I";
-        argv[ac++] = "-c";
-        argv[ac++] = python_boot;
-        argv[ac++] = p->pymod_dir;
-    } else {
-        prog = p->zygote_path;
-        argv[ac++] = "dsec-fn-zygote";
-    }
-    argv[ac++] = "--root";
-    argv[ac++] = p->root_dir;
-    argv[ac++] = "--slots";
-    argv[ac++] = slots;
-    argv[ac++] = "--ppid";
-    argv[ac++] = ppid;
-    if (pool->rt == FN_RT_PYTHON3) {
-        argv[ac++] = "--preload";
-        argv[ac++] = p->preload;
-    }
-    char ro[1024];
-    snprintf(ro, sizeof ro, "%s", pool->lower != NULL ? "" : p->ro_paths);
-    if (pool->lower != NULL) {
-        argv[ac++] = "--lower";
-        argv[ac++] = pool->lower;
-    }
-    for (char *save = NULL, *t = strtok_r(ro, ",", &save); t != NULL && ac < 86;
-         t = strtok_r(NULL, ",", &save)) {
-        argv[ac++] = "--ro";
-        argv[ac++] = t;
-    }
-    argv[ac] = NULL;
+    struct zargs za;
+    const char *prog = zygote_args(p, pool, &za);
     /* LD_BIND_NOW: every PLT slot is resolved once in the zygote, not again
      * (a symbol lookup and a copy-on-write page) in each worker. */
     static char *const envp[] = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8",
@@ -126,7 +138,7 @@ void dsec__fn_pool_zygote_start(struct fn_pools *p, struct fn_pool *pool)
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, sv[1], FNP_ZYGOTE_CTL_FD);
-    int rc = posix_spawn(&pid, prog, &fa, &at, (char *const *)argv, envp);
+    int rc = posix_spawn(&pid, prog, &fa, &at, (char *const *)za.argv, envp);
     if (rc != 0) {
         snprintf(why, sizeof why, "starting %s: %s", prog, strerror(rc));
         pid = -1;

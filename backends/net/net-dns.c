@@ -466,6 +466,54 @@ static int conf_check(const dsec__dns_conf *c, dsec_err *err)
     return 0;
 }
 
+/* The listeners of c: per address, a TCP one and a group of UDP_SHARDS UDP ones. */
+static int listeners_open(dsec__dns *d, const dsec__dns_conf *c, dsec_err *err)
+{
+    for (size_t i = 0; i < c->nlisten; i++) {
+        int fam = c->listen[i].ss_family;
+        int fd = sock_listen(&c->listen[i], SOCK_STREAM, err);
+        if (fd < 0)
+            return -1;
+        d->tcpl[d->ntcpl++] = (evsrc){.kind = EV_TCPL, .fd = fd, .family = fam};
+        if (ep_add(d, &d->tcpl[d->ntcpl - 1], err) < 0)
+            return -1;
+        size_t first = d->nudp;
+        for (int k = 0; k < UDP_SHARDS; k++) {
+            fd = sock_listen(&c->listen[i], SOCK_DGRAM, err);
+            if (fd < 0)
+                return -1;
+            d->udp[d->nudp++] = (evsrc){.kind = EV_UDP, .fd = fd, .family = fam};
+            if (ep_add(d, &d->udp[d->nudp - 1], err) < 0)
+                return -1;
+        }
+        shard_by_client(d->udp[first].fd, fam);
+    }
+    return 0;
+}
+
+/* upstream: UP_SOCKS sockets per family in use, each on an ephemeral port
+ * the kernel picks at random; every query goes out on a random one */
+static int upstreams_open(dsec__dns *d, const dsec__dns_conf *c, dsec_err *err)
+{
+    for (int fam = AF_INET; fam <= AF_INET6; fam += AF_INET6 - AF_INET) {
+        bool used = false;
+        for (size_t i = 0; i < c->nupstream; i++)
+            used |= c->upstream[i].ss_family == fam;
+        for (int k = 0; used && k < UP_SOCKS; k++) {
+            int fd = socket(fam, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            if (fd < 0)
+                return dsec_err_set(err, DSEC_E_IO, errno, "dns: upstream socket (%s)",
+                                    fam == AF_INET ? "IPv4" : "IPv6");
+            int sz = 1 << 20;
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+            d->up[d->nup++] = (evsrc){.kind = EV_UP, .fd = fd, .family = fam};
+            if (ep_add(d, &d->up[d->nup - 1], err) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 int dsec__dns_new(dsec__dns **out, const dsec__dns_conf *c, dsec_err *err)
 {
     *out = NULL;
@@ -517,45 +565,8 @@ int dsec__dns_new(dsec__dns **out, const dsec__dns_conf *c, dsec_err *err)
     }
     if (ep_add(d, &d->stop, err) < 0)
         goto fail;
-    for (size_t i = 0; i < c->nlisten; i++) {
-        int fam = c->listen[i].ss_family;
-        int fd = sock_listen(&c->listen[i], SOCK_STREAM, err);
-        if (fd < 0)
-            goto fail;
-        d->tcpl[d->ntcpl++] = (evsrc){.kind = EV_TCPL, .fd = fd, .family = fam};
-        if (ep_add(d, &d->tcpl[d->ntcpl - 1], err) < 0)
-            goto fail;
-        size_t first = d->nudp;
-        for (int k = 0; k < UDP_SHARDS; k++) {
-            fd = sock_listen(&c->listen[i], SOCK_DGRAM, err);
-            if (fd < 0)
-                goto fail;
-            d->udp[d->nudp++] = (evsrc){.kind = EV_UDP, .fd = fd, .family = fam};
-            if (ep_add(d, &d->udp[d->nudp - 1], err) < 0)
-                goto fail;
-        }
-        shard_by_client(d->udp[first].fd, fam);
-    }
-    /* upstream: UP_SOCKS sockets per family in use, each on an ephemeral port
-     * the kernel picks at random; every query goes out on a random one */
-    for (int fam = AF_INET; fam <= AF_INET6; fam += AF_INET6 - AF_INET) {
-        bool used = false;
-        for (size_t i = 0; i < c->nupstream; i++)
-            used |= c->upstream[i].ss_family == fam;
-        for (int k = 0; used && k < UP_SOCKS; k++) {
-            int fd = socket(fam, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-            if (fd < 0) {
-                dsec_err_set(err, DSEC_E_IO, errno, "dns: upstream socket (%s)",
-                             fam == AF_INET ? "IPv4" : "IPv6");
-                goto fail;
-            }
-            int sz = 1 << 20;
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
-            d->up[d->nup++] = (evsrc){.kind = EV_UP, .fd = fd, .family = fam};
-            if (ep_add(d, &d->up[d->nup - 1], err) < 0)
-                goto fail;
-        }
-    }
+    if (listeners_open(d, c, err) < 0 || upstreams_open(d, c, err) < 0)
+        goto fail;
     d->next_sweep_ms = dsec__dns_now_ms() + SWEEP_MS;
     int e = pthread_create(&d->th, NULL, dns_thread, d);
     if (e != 0) {

@@ -139,6 +139,36 @@ static int bad_entry(dsec_err *err, const char *e, const char *why)
 }
 
 /* Parse one entry into p; a mirror name expands into the mirror's entries. */
+/* A mirror name: the mirror's entries into p (without a node: only the name's form counts). */
+static int parse_mirror(const dsec_net *n, const char *e, struct policy *p, dsec_err *err)
+{
+    if (!n)
+        return 0; /* checked without a node: the name is well formed */
+    for (size_t i = 0; i < n->nmirrors; i++) {
+        if (strcmp(n->mirrors[i].name, e) == 0) {
+            for (size_t j = 0; j < n->mirrors[i].pol.n; j++) {
+                struct rule r = n->mirrors[i].pol.r[j];
+                if (r.domain && !(r.domain = dsec_strdup(r.domain)))
+                    return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
+                if (push_rule(p, &r, err) < 0) {
+                    dsec_free(r.domain);
+                    return -1;
+                }
+            }
+            return 0;
+        }
+    }
+    char names[256] = "";
+    size_t off = 0;
+    for (size_t i = 0; i < n->nmirrors && off < sizeof names - 1; i++)
+        off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "",
+                                n->mirrors[i].name);
+    return dsec_err_set(err, DSEC_E_INVALID, 0,
+                        "network policy entry \"%s\": no mirror of that name in the cell "
+                        "configuration (mirrors: %s)",
+                        e, n->nmirrors ? names : "none");
+}
+
 int dsec__net_parse_entry(const dsec_net *n, const char *e, struct policy *p, dsec_err *err)
 {
     size_t len = strlen(e);
@@ -147,33 +177,8 @@ int dsec__net_parse_entry(const dsec_net *n, const char *e, struct policy *p, ds
     if (len > NET_ENTRY_LEN_MAX)
         return bad_entry(err, e, "longer than 255 bytes");
 
-    if (dsec__net_mirror_name_ok(e) && !strchr(e, '.')) {
-        if (!n)
-            return 0; /* checked without a node: the name is well formed */
-        for (size_t i = 0; i < n->nmirrors; i++) {
-            if (strcmp(n->mirrors[i].name, e) == 0) {
-                for (size_t j = 0; j < n->mirrors[i].pol.n; j++) {
-                    struct rule r = n->mirrors[i].pol.r[j];
-                    if (r.domain && !(r.domain = dsec_strdup(r.domain)))
-                        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "out of memory");
-                    if (push_rule(p, &r, err) < 0) {
-                        dsec_free(r.domain);
-                        return -1;
-                    }
-                }
-                return 0;
-            }
-        }
-        char names[256] = "";
-        size_t off = 0;
-        for (size_t i = 0; i < n->nmirrors && off < sizeof names - 1; i++)
-            off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? ", " : "",
-                                    n->mirrors[i].name);
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "network policy entry \"%s\": no mirror of that name in the cell "
-                            "configuration (mirrors: %s)",
-                            e, n->nmirrors ? names : "none");
-    }
+    if (dsec__net_mirror_name_ok(e) && !strchr(e, '.'))
+        return parse_mirror(n, e, p, err);
 
     struct rule r = {.protos = P_TCP | P_UDP, .port_lo = 0, .port_hi = 65535};
     char buf[NET_ENTRY_LEN_MAX + 1];
