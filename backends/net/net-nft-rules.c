@@ -381,33 +381,46 @@ static void sbx_in_rules(struct batch *b, const dsec__nft *t)
     rule_add(b, r, "sbx_in");
 }
 
+/* One family's pool, for matching an address field against it. */
+struct pool_match {
+    uint8_t nfp;
+    unsigned len, plen;
+    const uint8_t *pool;
+};
+
+/* meta nfproto F; the address field at off is in the pool */
+static void e_in_pool(struct nftnl_rule *r, const struct pool_match *m, uint32_t off)
+{
+    e_nfproto(r, m->nfp);
+    e_addr(r, off, m->len, m->pool, m->plen, NFT_CMP_EQ);
+}
+
 /* The pool's rules of one family in the base chains (and the nat chain, when masquerading). */
 static void pool_rules(struct batch *b, const dsec__nft *t, bool is4)
 {
     const char *tb = t->table;
-    uint8_t nfp = is4 ? NFPROTO_IPV4 : NFPROTO_IPV6;
-    unsigned len = is4 ? 4 : 16;
-    const uint8_t *pool = is4 ? (const uint8_t *)&t->c.pool4 : t->c.pool6.s6_addr;
-    unsigned plen = is4 ? t->c.pool4_len : t->c.pool6_len;
+    struct pool_match m = {
+        .nfp = is4 ? NFPROTO_IPV4 : NFPROTO_IPV6,
+        .len = is4 ? 4 : 16,
+        .plen = is4 ? t->c.pool4_len : t->c.pool6_len,
+        .pool = is4 ? (const uint8_t *)&t->c.pool4 : t->c.pool6.s6_addr,
+    };
     uint32_t soff = is4 ? OFF_SADDR4 : OFF_SADDR6, doff = is4 ? OFF_DADDR4 : OFF_DADDR6;
     struct nftnl_rule *r;
 
     /* forward: a sandbox veth not (yet) in the table sends nothing */
     r = dsec__nft_rule_new(tb, "forward");
-    e_nfproto(r, nfp);
-    e_addr(r, soff, len, pool, plen, NFT_CMP_EQ);
+    e_in_pool(r, &m, soff);
     e_verdict(r, NF_DROP);
     rule_add(b, r, "forward");
     /* replies into sandboxes pass; nothing else enters one */
     r = dsec__nft_rule_new(tb, "forward");
-    e_nfproto(r, nfp);
-    e_addr(r, doff, len, pool, plen, NFT_CMP_EQ);
+    e_in_pool(r, &m, doff);
     e_ct_state(r, NF_CT_STATE_BIT(IP_CT_ESTABLISHED) | NF_CT_STATE_BIT(IP_CT_RELATED));
     e_verdict(r, NF_ACCEPT);
     rule_add(b, r, "forward");
     r = dsec__nft_rule_new(tb, "forward");
-    e_nfproto(r, nfp);
-    e_addr(r, doff, len, pool, plen, NFT_CMP_EQ);
+    e_in_pool(r, &m, doff);
     e_verdict(r, NF_DROP);
     rule_add(b, r, "forward");
     /* input: the same for the node itself (its own traffic to the gateway comes by lo) */
@@ -415,15 +428,13 @@ static void pool_rules(struct batch *b, const dsec__nft *t, bool is4)
     e_meta(r, NFT_META_IIFTYPE, NFT_REG_1);
     uint16_t lo = ARPHRD_LOOPBACK;
     e_cmp(r, NFT_CMP_NEQ, &lo, 2);
-    e_nfproto(r, nfp);
-    e_addr(r, soff, len, pool, plen, NFT_CMP_EQ);
+    e_in_pool(r, &m, soff);
     e_verdict(r, NF_DROP);
     rule_add(b, r, "input");
     if (t->c.masquerade) {
         r = dsec__nft_rule_new(tb, "post");
-        e_nfproto(r, nfp);
-        e_addr(r, soff, len, pool, plen, NFT_CMP_EQ);
-        e_addr(r, doff, len, pool, plen, NFT_CMP_NEQ);
+        e_in_pool(r, &m, soff);
+        e_addr(r, doff, m.len, m.pool, m.plen, NFT_CMP_NEQ);
         expr(r, "masq");
         rule_add(b, r, "post");
     }
