@@ -411,6 +411,101 @@ static void fn_fini(void *self)
     dsec_free(f);
 }
 
+/* The zygote program and the python3 zygote's module (into pymod: its directory, which python
+ * imports it from), and the python they run. */
+static int helpers_find(const struct opts *o, char *zygote, size_t zlen, char *pymod, size_t plen,
+                        dsec_err *err)
+{
+    if (find_helper("zygote", o->zygote, DSEC_FN_ZYGOTE_PATH, "dsec-fn-zygote", true, zygote, zlen,
+                    err) < 0 ||
+        find_helper("python_module", o->pymod, DSEC_FN_PYMOD_PATH, "_dsec_fnz.so", false, pymod,
+                    plen, err) < 0)
+        return -1;
+    if (access(o->python, X_OK) != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, errno, "function option python=%s: %s", o->python,
+                            strerror(errno));
+    char *slash = strrchr(pymod, '/');
+    if (slash == NULL || strcmp(slash, "/_dsec_fnz.so") != 0)
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "function option python_module=%s: the file must be named "
+                            "_dsec_fnz.so",
+                            pymod);
+    *slash = '\0'; /* python imports it from its directory */
+    return 0;
+}
+
+/* The state directory (the configured one, or a fresh one in /tmp) and its subdirectories. */
+static int state_dirs(struct fn *f, const dsec_backend_config *cfg, dsec_err *err)
+{
+    if (cfg->state_dir != NULL && cfg->state_dir[0] != '\0') {
+        if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST)
+            return dsec_err_set(err, DSEC_E_IO, errno, "function: creating %s", cfg->state_dir);
+        if (realpath(cfg->state_dir, f->state_dir) == NULL)
+            return dsec_err_set(err, DSEC_E_IO, errno, "function: resolving %s", cfg->state_dir);
+    } else {
+        snprintf(f->state_dir, sizeof f->state_dir, "/tmp/dsec-fn-XXXXXX");
+        if (mkdtemp(f->state_dir) == NULL)
+            return dsec_err_set(err, DSEC_E_IO, errno,
+                                "function: creating a state directory in /tmp");
+        f->temp_state = true;
+    }
+    snprintf(f->sb_dir, sizeof f->sb_dir, "%s/sandboxes", f->state_dir);
+    snprintf(f->root_dir, sizeof f->root_dir, "%s/root", f->state_dir);
+    snprintf(f->net_dir, sizeof f->net_dir, "%s/net", f->state_dir);
+    if ((mkdir(f->sb_dir, 0700) < 0 && errno != EEXIST) ||
+        (mkdir(f->root_dir, 0755) < 0 && errno != EEXIST) ||
+        (mkdir(f->net_dir, 0700) < 0 && errno != EEXIST))
+        return dsec_err_set(err, DSEC_E_IO, errno, "function: creating directories in %s",
+                            f->state_dir);
+    return 0;
+}
+
+/* The pools, configured from the options. */
+static int pools_make(struct fn *f, const dsec_backend_config *cfg, const struct opts *o,
+                      char *zygote, char *pymod, dsec_err *err)
+{
+    struct fn_pool_conf pc = {
+        .zygote_path = zygote,
+        .python = o->python,
+        .pymod_dir = pymod,
+        .root_dir = f->root_dir,
+        .node = cfg->node,
+        .max_workers = o->max_workers,
+        .tmpfs_mb = o->tmpfs_mb,
+        .hot_level = o->hot_level,
+        .uid_base = f->uid_base,
+        .preload = o->preload,
+        .ro_paths = o->ro,
+        .cgroup = o->cgroup,
+        .env_pools = (unsigned)o->env_pools,
+        .env_idle_ms = o->env_idle_ms,
+        .cache = f->cache,
+    };
+    memcpy(pc.warm, o->warm, sizeof pc.warm);
+    memcpy(pc.hot, o->hot, sizeof pc.hot);
+    for (int rt = 0; rt < FN_RT_COUNT; rt++)
+        pc.env_warm[rt] = (unsigned)o->env_warm;
+    pc.env_hot[FN_RT_PYTHON3] = (unsigned)o->env_hot; /* only python3 has a runtime to warm */
+    return dsec__fn_pools_new(&f->pools, &pc, err);
+}
+
+/* Start the pools the prestart option names. */
+static int prestart(struct fn *f, const struct opts *o, dsec_err *err)
+{
+    char pre[64];
+    snprintf(pre, sizeof pre, "%s", o->prestart);
+    for (char *save = NULL, *t = strtok_r(pre, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int rt = dsec__fn_runtime_find(t);
+        if (rt < 0)
+            return dsec_err_set(
+                err, DSEC_E_CONFIG, 0,
+                "function option prestart: unknown runtime \"%s\" (known: python3, sh, native)", t);
+        if (dsec__fn_pools_start(f->pools, rt, 30000, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
 {
     struct opts o;
@@ -430,50 +525,9 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     if (claim_uids(f, o.uid_base, o.max_workers, !o.uid_base_set, err) < 0)
         goto out_free;
     char zygote[PATH_MAX], pymod[PATH_MAX];
-    if (find_helper("zygote", o.zygote, DSEC_FN_ZYGOTE_PATH, "dsec-fn-zygote", true, zygote,
-                    sizeof zygote, err) < 0 ||
-        find_helper("python_module", o.pymod, DSEC_FN_PYMOD_PATH, "_dsec_fnz.so", false, pymod,
-                    sizeof pymod, err) < 0)
+    if (helpers_find(&o, zygote, sizeof zygote, pymod, sizeof pymod, err) < 0 ||
+        state_dirs(f, cfg, err) < 0)
         goto out_free;
-    if (access(o.python, X_OK) != 0) {
-        dsec_err_set(err, DSEC_E_CONFIG, errno, "function option python=%s: %s", o.python,
-                     strerror(errno));
-        goto out_free;
-    }
-    char *slash = strrchr(pymod, '/');
-    if (slash == NULL || strcmp(slash, "/_dsec_fnz.so") != 0) {
-        dsec_err_set(err, DSEC_E_CONFIG, 0,
-                     "function option python_module=%s: the file must be named _dsec_fnz.so",
-                     pymod);
-        goto out_free;
-    }
-    *slash = '\0'; /* python imports it from its directory */
-    if (cfg->state_dir != NULL && cfg->state_dir[0] != '\0') {
-        if (mkdir(cfg->state_dir, 0700) < 0 && errno != EEXIST) {
-            dsec_err_set(err, DSEC_E_IO, errno, "function: creating %s", cfg->state_dir);
-            goto out_free;
-        }
-        if (realpath(cfg->state_dir, f->state_dir) == NULL) {
-            dsec_err_set(err, DSEC_E_IO, errno, "function: resolving %s", cfg->state_dir);
-            goto out_free;
-        }
-    } else {
-        snprintf(f->state_dir, sizeof f->state_dir, "/tmp/dsec-fn-XXXXXX");
-        if (mkdtemp(f->state_dir) == NULL) {
-            dsec_err_set(err, DSEC_E_IO, errno, "function: creating a state directory in /tmp");
-            goto out_free;
-        }
-        f->temp_state = true;
-    }
-    snprintf(f->sb_dir, sizeof f->sb_dir, "%s/sandboxes", f->state_dir);
-    snprintf(f->root_dir, sizeof f->root_dir, "%s/root", f->state_dir);
-    snprintf(f->net_dir, sizeof f->net_dir, "%s/net", f->state_dir);
-    if ((mkdir(f->sb_dir, 0700) < 0 && errno != EEXIST) ||
-        (mkdir(f->root_dir, 0755) < 0 && errno != EEXIST) ||
-        (mkdir(f->net_dir, 0700) < 0 && errno != EEXIST)) {
-        dsec_err_set(err, DSEC_E_IO, errno, "function: creating directories in %s", f->state_dir);
-        goto out_free;
-    }
     f->memory_mb = o.memory_mb;
     f->files_mb = o.files_mb;
     f->cc.max_timeout_ms = o.max_timeout_ms;
@@ -486,43 +540,10 @@ static int fn_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
         dsec_err_wrap(err, "function");
         goto out_free;
     }
-    struct fn_pool_conf pc = {
-        .zygote_path = zygote,
-        .python = o.python,
-        .pymod_dir = pymod,
-        .root_dir = f->root_dir,
-        .node = cfg->node,
-        .max_workers = o.max_workers,
-        .tmpfs_mb = o.tmpfs_mb,
-        .hot_level = o.hot_level,
-        .uid_base = f->uid_base,
-        .preload = o.preload,
-        .ro_paths = o.ro,
-        .cgroup = o.cgroup,
-        .env_pools = (unsigned)o.env_pools,
-        .env_idle_ms = o.env_idle_ms,
-        .cache = f->cache,
-    };
-    memcpy(pc.warm, o.warm, sizeof pc.warm);
-    memcpy(pc.hot, o.hot, sizeof pc.hot);
-    for (int rt = 0; rt < FN_RT_COUNT; rt++)
-        pc.env_warm[rt] = (unsigned)o.env_warm;
-    pc.env_hot[FN_RT_PYTHON3] = (unsigned)o.env_hot; /* only python3 has a runtime to warm */
-    if (dsec__fn_pools_new(&f->pools, &pc, err) < 0)
+    if (pools_make(f, cfg, &o, zygote, pymod, err) < 0)
         goto out_free;
-    char pre[64];
-    snprintf(pre, sizeof pre, "%s", o.prestart);
-    for (char *save = NULL, *t = strtok_r(pre, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        int rt = dsec__fn_runtime_find(t);
-        if (rt < 0) {
-            dsec_err_set(
-                err, DSEC_E_CONFIG, 0,
-                "function option prestart: unknown runtime \"%s\" (known: python3, sh, native)", t);
-            goto out_fini;
-        }
-        if (dsec__fn_pools_start(f->pools, rt, 30000, err) < 0)
-            goto out_fini;
-    }
+    if (prestart(f, &o, err) < 0)
+        goto out_fini;
     *self = f;
     return 0;
 

@@ -31,6 +31,7 @@
 #include <libmnl/libmnl.h>
 
 #include "backends/net/net-int.h"
+#include "backends/net/net-link-int.h"
 #include "dsec/alloc.h"
 
 /*
@@ -46,466 +47,13 @@
  * pair ~0.45 ms are kernel work; the rest is ~0.15 ms. Deleting a veth waits
  * for RCU grace periods (~35 ms wall), mostly after RTNL is released, so it
  * delays its caller, not other creates.
- *
- * rtnetlink handles a request synchronously inside sendmsg(), so several
- * requests are packed into one buffer and sent with one syscall; their acks
- * are read afterwards and the first failure, with the kernel's extended-ack
- * text where it gives one, becomes the error.
  */
-
-#define BATCH_MAX 12
-#define WHAT_MAX 112
-#define NL_BUF 4096
-
-/* One rtnetlink socket with a batch of requests being built or awaiting acks. */
-struct nl {
-    struct mnl_socket *sock;
-    const char *where; /* "host" or "sandbox": which namespace, for messages */
-    uint32_t seq;      /* sequence number of the next request */
-    int n;             /* requests in the batch (built or sent, not yet acked) */
-    size_t len;        /* bytes of completed requests in buf */
-    struct nlmsghdr *last;
-    char what[BATCH_MAX][WHAT_MAX];
-    char buf[NL_BUF] __attribute__((aligned(8)));
-};
-
-static int code_of(int e)
-{
-    switch (e) {
-    case EPERM:
-    case EACCES:
-        return DSEC_E_PERMISSION;
-    case EEXIST:
-        return DSEC_E_EXISTS;
-    case ENOMEM:
-    case ENOBUFS:
-        return DSEC_E_NOMEM;
-    case ENOENT:
-    case ENODEV:
-        return DSEC_E_NOT_FOUND;
-    default:
-        return DSEC_E_IO;
-    }
-}
-
-static int nl_open(struct nl *nl, const char *where, dsec_err *err)
-{
-    nl->where = where;
-    nl->seq = 1;
-    nl->n = 0;
-    nl->len = 0;
-    nl->last = NULL;
-    nl->sock = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
-    if (nl->sock == NULL)
-        return dsec_err_set(err, code_of(errno), errno, "net: rtnetlink socket (%s)", where);
-    int one = 1;
-    /* Extended acks carry the kernel's reason; capped acks skip echoing the request. */
-    mnl_socket_setsockopt(nl->sock, NETLINK_EXT_ACK, &one, sizeof one);
-    mnl_socket_setsockopt(nl->sock, NETLINK_CAP_ACK, &one, sizeof one);
-    if (mnl_socket_bind(nl->sock, 0, MNL_SOCKET_AUTOPID) < 0) {
-        int e = errno;
-        mnl_socket_close(nl->sock);
-        nl->sock = NULL;
-        return dsec_err_set(err, code_of(e), e, "net: binding rtnetlink socket (%s)", where);
-    }
-    return 0;
-}
-
-static void nl_close(struct nl *nl)
-{
-    if (nl->sock != NULL)
-        mnl_socket_close(nl->sock);
-    nl->sock = NULL;
-}
-
-static int nl_fd(struct nl *nl)
-{
-    return mnl_socket_get_fd(nl->sock);
-}
-
-/* Drop whatever is built or awaiting acks (the acks of a closed batch are
- * skipped by their sequence numbers). */
-static void nl_reset(struct nl *nl)
-{
-    nl->seq += (uint32_t)nl->n;
-    nl->n = 0;
-    nl->len = 0;
-    nl->last = NULL;
-}
-
-static void nl_seal(struct nl *nl)
-{
-    if (nl->last != NULL)
-        nl->len += NLMSG_ALIGN(nl->last->nlmsg_len);
-    nl->last = NULL;
-}
-
-/* Start a request in the batch; what names it in an error. Messages here are
- * a few hundred bytes at most, so BATCH_MAX of them always fit in buf. */
-__attribute__((format(printf, 4, 5))) static struct nlmsghdr *
-nl_put(struct nl *nl, uint16_t type, uint16_t flags, const char *fmt, ...)
-{
-    nl_seal(nl);
-    if (nl->n >= BATCH_MAX || nl->len + 512 > sizeof nl->buf)
-        return NULL;
-    struct nlmsghdr *h = mnl_nlmsg_put_header(nl->buf + nl->len);
-    h->nlmsg_type = type;
-    h->nlmsg_flags = (uint16_t)(NLM_F_REQUEST | NLM_F_ACK | flags);
-    h->nlmsg_seq = nl->seq + (uint32_t)nl->n;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(nl->what[nl->n], WHAT_MAX, fmt, ap);
-    va_end(ap);
-    nl->n++;
-    nl->last = h;
-    return h;
-}
-
-static int nl_send(struct nl *nl, dsec_err *err)
-{
-    nl_seal(nl);
-    if (nl->len == 0)
-        return 0;
-    ssize_t r = mnl_socket_sendto(nl->sock, nl->buf, nl->len);
-    nl->len = 0;
-    if (r < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: sending rtnetlink requests (%s)",
-                            nl->where);
-    return 0;
-}
-
-struct extack {
-    const char *msg;
-};
-
-static int extack_attr(const struct nlattr *a, void *data)
-{
-    struct extack *x = data;
-    if (mnl_attr_get_type(a) == NLMSGERR_ATTR_MSG && mnl_attr_validate(a, MNL_TYPE_NUL_STRING) == 0)
-        x->msg = mnl_attr_get_str(a);
-    return MNL_CB_OK;
-}
-
-/* Read the acks of every request sent; the first failure becomes the error
- * (code from its errno), later ones are read and dropped. */
-static int nl_wait(struct nl *nl, dsec_err *err)
-{
-    char rbuf[NL_BUF] __attribute__((aligned(8)));
-    uint32_t end = nl->seq + (uint32_t)nl->n;
-    int acked = 0, rc = 0;
-    while (acked < nl->n) {
-        ssize_t r = mnl_socket_recvfrom(nl->sock, rbuf, sizeof rbuf);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            rc = dsec_err_set(err, code_of(errno), errno, "net: reading rtnetlink acks (%s)",
-                              nl->where);
-            break;
-        }
-        int left = (int)r;
-        for (struct nlmsghdr *h = (struct nlmsghdr *)rbuf; mnl_nlmsg_ok(h, left);
-             h = mnl_nlmsg_next(h, &left)) {
-            if (h->nlmsg_type != NLMSG_ERROR || h->nlmsg_seq < nl->seq || h->nlmsg_seq >= end)
-                continue;
-            acked++;
-            if (h->nlmsg_len < NLMSG_HDRLEN + sizeof(struct nlmsgerr))
-                continue;
-            const struct nlmsgerr *e = mnl_nlmsg_get_payload(h);
-            if (e->error == 0 || rc < 0)
-                continue;
-            struct extack x = {NULL};
-            if (h->nlmsg_flags & NLM_F_ACK_TLVS) {
-                size_t off = sizeof *e;
-                if (!(h->nlmsg_flags & NLM_F_CAPPED))
-                    off += e->msg.nlmsg_len - NLMSG_HDRLEN;
-                if (NLMSG_HDRLEN + off < h->nlmsg_len)
-                    mnl_attr_parse(h, (unsigned int)off, extack_attr, &x);
-            }
-            int en = -e->error;
-            const char *what = nl->what[h->nlmsg_seq - nl->seq];
-            if (x.msg != NULL && x.msg[0] != '\0')
-                rc = dsec_err_set(err, code_of(en), en, "net: %s (%s namespace; kernel: %s)", what,
-                                  nl->where, x.msg);
-            else
-                rc = dsec_err_set(err, code_of(en), en, "net: %s (%s namespace)", what, nl->where);
-        }
-    }
-    nl->seq = end;
-    nl->n = 0;
-    return rc;
-}
-
-static int nl_run(struct nl *nl, dsec_err *err)
-{
-    if (nl_send(nl, err) < 0) {
-        nl_reset(nl);
-        return -1;
-    }
-    return nl_wait(nl, err);
-}
-
-/* ---- request builders -------------------------------------------------------------------- */
-
-/* Set a link up (by name when ifindex is 0); rp_filter > 0 also sets the
- * IPv4 reverse-path filter mode of the interface. */
-static int link_up(struct nl *nl, int ifindex, const char *name, int rp_filter)
-{
-    struct nlmsghdr *h = nl_put(nl, RTM_NEWLINK, 0, "setting %s up", name);
-    if (h == NULL)
-        return -1;
-    struct ifinfomsg *ifi = mnl_nlmsg_put_extra_header(h, sizeof *ifi);
-    ifi->ifi_family = AF_UNSPEC;
-    ifi->ifi_index = ifindex;
-    ifi->ifi_flags = IFF_UP;
-    ifi->ifi_change = IFF_UP;
-    if (ifindex == 0)
-        mnl_attr_put_strz(h, IFLA_IFNAME, name);
-    if (rp_filter > 0) {
-        struct nlattr *af = mnl_attr_nest_start(h, IFLA_AF_SPEC);
-        struct nlattr *in = mnl_attr_nest_start(h, AF_INET);
-        struct nlattr *conf = mnl_attr_nest_start(h, IFLA_INET_CONF);
-        mnl_attr_put_u32(h, IPV4_DEVCONF_RP_FILTER, (uint32_t)rp_filter);
-        mnl_attr_nest_end(h, conf);
-        mnl_attr_nest_end(h, in);
-        /* The host side gets no IPv6 link-local address: each would add an
-         * fe80::/64 route beside every other veth's, a list the kernel
-         * scans on each add. Forwarding needs none: both ends hold static
-         * neighbour entries. */
-        struct nlattr *in6 = mnl_attr_nest_start(h, AF_INET6);
-        mnl_attr_put_u8(h, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE);
-        mnl_attr_nest_end(h, in6);
-        mnl_attr_nest_end(h, af);
-    }
-    return 0;
-}
-
-/* The MACs of a sandbox's veth ends, fixed from its address so that each
- * side can hold a permanent neighbour entry for the other: no ARP or NDP
- * for the gateway, which therefore needs no address on the veth. */
-static void veth_macs(const struct in_addr *a4, uint8_t host[6], uint8_t peer[6])
-{
-    const uint8_t *a = (const uint8_t *)&a4->s_addr;
-    host[0] = peer[0] = 0x02; /* locally administered, unicast */
-    host[1] = 0xd5;
-    peer[1] = 0xd6;
-    memcpy(host + 2, a, 4);
-    memcpy(peer + 2, a, 4);
-}
-
-static int veth_new(struct nl *nl, const char *host_if, int peer_ns_fd, uint32_t mtu,
-                    const uint8_t host_mac[6], const uint8_t peer_mac[6])
-{
-    struct nlmsghdr *h = nl_put(nl, RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL,
-                                "creating veth %s (peer eth0 in the sandbox)", host_if);
-    if (h == NULL)
-        return -1;
-    struct ifinfomsg *ifi = mnl_nlmsg_put_extra_header(h, sizeof *ifi);
-    ifi->ifi_family = AF_UNSPEC;
-    mnl_attr_put_strz(h, IFLA_IFNAME, host_if);
-    mnl_attr_put(h, IFLA_ADDRESS, 6, host_mac);
-    if (mtu != 0)
-        mnl_attr_put_u32(h, IFLA_MTU, mtu);
-    /* One queue each, asked for: veth otherwise registers a queue per CPU
-     * and then shrinks to one, which waits for an RCU grace period. */
-    mnl_attr_put_u32(h, IFLA_NUM_TX_QUEUES, 1);
-    mnl_attr_put_u32(h, IFLA_NUM_RX_QUEUES, 1);
-    struct nlattr *li = mnl_attr_nest_start(h, IFLA_LINKINFO);
-    mnl_attr_put_strz(h, IFLA_INFO_KIND, "veth");
-    struct nlattr *data = mnl_attr_nest_start(h, IFLA_INFO_DATA);
-    struct nlattr *peer = mnl_attr_nest_start(h, VETH_INFO_PEER);
-    /* The peer's attributes follow an ifinfomsg of its own. */
-    struct ifinfomsg *pifi = (struct ifinfomsg *)((char *)h + NLMSG_ALIGN(h->nlmsg_len));
-    memset(pifi, 0, sizeof *pifi);
-    pifi->ifi_family = AF_UNSPEC;
-    h->nlmsg_len += NLMSG_ALIGN(sizeof *pifi);
-    mnl_attr_put_strz(h, IFLA_IFNAME, "eth0");
-    mnl_attr_put(h, IFLA_ADDRESS, 6, peer_mac);
-    mnl_attr_put_u32(h, IFLA_NET_NS_FD, (uint32_t)peer_ns_fd);
-    if (mtu != 0)
-        mnl_attr_put_u32(h, IFLA_MTU, mtu);
-    mnl_attr_put_u32(h, IFLA_NUM_TX_QUEUES, 1);
-    mnl_attr_put_u32(h, IFLA_NUM_RX_QUEUES, 1);
-    mnl_attr_nest_end(h, peer);
-    mnl_attr_nest_end(h, data);
-    mnl_attr_nest_end(h, li);
-    return 0;
-}
-
-static int link_del(struct nl *nl, int ifindex, const char *name)
-{
-    struct nlmsghdr *h = nl_put(nl, RTM_DELLINK, 0, "deleting %s", name);
-    if (h == NULL)
-        return -1;
-    struct ifinfomsg *ifi = mnl_nlmsg_put_extra_header(h, sizeof *ifi);
-    ifi->ifi_family = AF_UNSPEC;
-    ifi->ifi_index = ifindex;
-    if (ifindex == 0)
-        mnl_attr_put_strz(h, IFLA_IFNAME, name);
-    return 0;
-}
-
-static int addr_add(struct nl *nl, int family, int ifindex, const char *ifname, const void *addr,
-                    uint8_t plen)
-{
-    char txt[INET6_ADDRSTRLEN];
-    inet_ntop(family, addr, txt, sizeof txt);
-    struct nlmsghdr *h =
-        nl_put(nl, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, "adding %s/%u to %s", txt, plen, ifname);
-    if (h == NULL)
-        return -1;
-    struct ifaddrmsg *ifa = mnl_nlmsg_put_extra_header(h, sizeof *ifa);
-    ifa->ifa_family = (uint8_t)family;
-    ifa->ifa_prefixlen = plen;
-    ifa->ifa_scope = RT_SCOPE_UNIVERSE;
-    ifa->ifa_index = (uint32_t)ifindex;
-    if (family == AF_INET) {
-        mnl_attr_put(h, IFA_LOCAL, 4, addr);
-        mnl_attr_put(h, IFA_ADDRESS, 4, addr);
-    } else {
-        /* No duplicate address detection: the pool hands each address to one
-         * sandbox, and DAD would keep it tentative (unusable) for a second. */
-        ifa->ifa_flags = IFA_F_NODAD;
-        mnl_attr_put(h, IFA_ADDRESS, 16, addr);
-        mnl_attr_put_u32(h, IFA_FLAGS, IFA_F_NODAD);
-    }
-    return 0;
-}
-
-/* A permanent neighbour entry: addr is at lladdr on ifindex. */
-static int neigh_add(struct nl *nl, int family, int ifindex, const char *ifname, const void *addr,
-                     const uint8_t lladdr[6])
-{
-    char txt[INET6_ADDRSTRLEN];
-    inet_ntop(family, addr, txt, sizeof txt);
-    struct nlmsghdr *h = nl_put(nl, RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE,
-                                "adding neighbour %s on %s", txt, ifname);
-    if (h == NULL)
-        return -1;
-    struct ndmsg *nd = mnl_nlmsg_put_extra_header(h, sizeof *nd);
-    nd->ndm_family = (uint8_t)family;
-    nd->ndm_ifindex = ifindex;
-    nd->ndm_state = NUD_PERMANENT;
-    mnl_attr_put(h, NDA_DST, family == AF_INET ? 4 : 16, addr);
-    mnl_attr_put(h, NDA_LLADDR, 6, lladdr);
-    return 0;
-}
-
-/* A route in the main table: dst/plen out of ifindex, via gw when not NULL
- * (on-link: the gateway needs no covering prefix), preferring source src. */
-static int route_add(struct nl *nl, int family, int ifindex, const char *ifname, const void *dst,
-                     uint8_t plen, const void *gw, const void *src)
-{
-    size_t alen = family == AF_INET ? 4 : 16;
-    char a[INET6_ADDRSTRLEN], dtxt[INET6_ADDRSTRLEN + 8], via[INET6_ADDRSTRLEN + 8] = "";
-    if (plen == 0) {
-        snprintf(dtxt, sizeof dtxt, "default");
-    } else {
-        inet_ntop(family, dst, a, sizeof a);
-        snprintf(dtxt, sizeof dtxt, "%s/%u", a, plen);
-    }
-    if (gw != NULL) {
-        inet_ntop(family, gw, a, sizeof a);
-        snprintf(via, sizeof via, " via %s", a);
-    }
-    struct nlmsghdr *h = nl_put(nl, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
-                                "adding route %s%s dev %s", dtxt, via, ifname);
-    if (h == NULL)
-        return -1;
-    struct rtmsg *rtm = mnl_nlmsg_put_extra_header(h, sizeof *rtm);
-    rtm->rtm_family = (uint8_t)family;
-    rtm->rtm_dst_len = plen;
-    rtm->rtm_table = RT_TABLE_MAIN;
-    rtm->rtm_protocol = RTPROT_STATIC;
-    rtm->rtm_type = RTN_UNICAST;
-    rtm->rtm_scope = gw != NULL ? RT_SCOPE_UNIVERSE : RT_SCOPE_LINK;
-    if (gw != NULL)
-        rtm->rtm_flags = RTNH_F_ONLINK;
-    if (plen != 0)
-        mnl_attr_put(h, RTA_DST, alen, dst);
-    mnl_attr_put_u32(h, RTA_OIF, (uint32_t)ifindex);
-    if (gw != NULL)
-        mnl_attr_put(h, RTA_GATEWAY, alen, gw);
-    if (src != NULL)
-        mnl_attr_put(h, RTA_PREFSRC, alen, src);
-    return 0;
-}
-
-/* ---- helpers -------------------------------------------------------------------------------- */
-
-/* The ifindex of name in the namespace fd's socket belongs to (the ioctl is
- * answered in the socket's namespace, not the thread's). */
-static int ifindex_in(int fd, const char *name)
-{
-    struct ifreq ifr;
-    memset(&ifr, 0, sizeof ifr);
-    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", name);
-    if (ioctl(fd, SIOCGIFINDEX, &ifr) < 0)
-        return 0;
-    return ifr.ifr_ifindex;
-}
-
-/* Write val to a sysctl file of the calling thread's network namespace. */
-static int sysctl_put(const char *path, const char *val, bool missing_ok, dsec_err *err)
-{
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (missing_ok && errno == ENOENT)
-            return 0;
-        return dsec_err_set(err, code_of(errno), errno, "net: opening %s", path);
-    }
-    size_t n = strlen(val);
-    ssize_t w = write(fd, val, n);
-    int e = errno;
-    close(fd);
-    if (w != (ssize_t)n)
-        return dsec_err_set(err, code_of(w < 0 ? e : EIO), w < 0 ? e : EIO, "net: writing %s to %s",
-                            val, path);
-    return 0;
-}
-
-/* Set a sysctl to "1" unless it already is (forwarding changes walk every
- * device, so the write is worth skipping). */
-static int sysctl_on(const char *path, dsec_err *err)
-{
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: opening %s", path);
-    char c = 0;
-    ssize_t r = read(fd, &c, 1);
-    int rc = 0;
-    if (r != 1 || c != '1') {
-        if (pwrite(fd, "1", 1, 0) != 1)
-            rc = dsec_err_set(err, code_of(errno), errno, "net: writing 1 to %s", path);
-    }
-    close(fd);
-    return rc;
-}
-
-static int ifname_check(const char *name, const char *what, dsec_err *err)
-{
-    if (name == NULL || name[0] == '\0')
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: %s: no interface name given", what);
-    size_t n = strlen(name);
-    if (n >= IFNAMSIZ)
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "net: %s: interface name '%s' is longer than %d bytes", what, name,
-                            IFNAMSIZ - 1);
-    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "net: %s: bad interface name '%s'", what, name);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)name[i];
-        if (c == '/' || c == ':' || c <= ' ' || c >= 0x7f)
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "net: %s: interface name '%s' has a bad character", what, name);
-    }
-    return 0;
-}
 
 int dsec__net_link_host_prepare(bool v6, dsec_err *err)
 {
-    if (sysctl_on("/proc/sys/net/ipv4/ip_forward", err) < 0)
+    if (dsec__nl_sysctl_on("/proc/sys/net/ipv4/ip_forward", err) < 0)
         return dsec_err_wrap(err, "net: enabling IPv4 forwarding");
-    if (v6 && sysctl_on("/proc/sys/net/ipv6/conf/all/forwarding", err) < 0)
+    if (v6 && dsec__nl_sysctl_on("/proc/sys/net/ipv6/conf/all/forwarding", err) < 0)
         return dsec_err_wrap(err, "net: enabling IPv6 forwarding");
     return 0;
 }
@@ -519,18 +67,18 @@ static int gateway_addrs(uint16_t type, const struct in_addr *gw4, const struct 
     struct nl *np = dsec_calloc(1, sizeof *np);
     if (np == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: gateway addresses");
-    if (nl_open(np, "host", err) < 0) {
+    if (dsec__nl_open(np, "host", err) < 0) {
         dsec_free(np);
         return -1;
     }
-    int rc = 0, lo = ifindex_in(nl_fd(np), "lo");
+    int rc = 0, lo = dsec__nl_ifindex_in(dsec__nl_fd(np), "lo");
     for (int fam = 0; fam < 2 && rc == 0; fam++) {
         if (fam == 1 && gw6 == NULL)
             break;
         const void *a = fam ? (const void *)gw6 : (const void *)gw4;
-        nl_reset(np);
-        if (addr_add(np, fam ? AF_INET6 : AF_INET, lo, "lo", a, fam ? 128 : 32) < 0) {
-            rc = dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
+        dsec__nl_reset(np);
+        if (dsec__nl_addr_add(np, fam ? AF_INET6 : AF_INET, lo, "lo", a, fam ? 128 : 32) < 0) {
+            rc = dsec__nl_overflow(err);
             break;
         }
         if (type == RTM_DELADDR) { /* the same message, as a removal */
@@ -538,7 +86,7 @@ static int gateway_addrs(uint16_t type, const struct in_addr *gw4, const struct 
             h->nlmsg_type = RTM_DELADDR;
             h->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
         }
-        if (nl_run(np, err) < 0) {
+        if (dsec__nl_run(np, err) < 0) {
             /* already there (a restart), or already gone */
             if (err->errnum == (type == RTM_NEWADDR ? EEXIST : EADDRNOTAVAIL))
                 dsec_err_clear(err);
@@ -546,7 +94,7 @@ static int gateway_addrs(uint16_t type, const struct in_addr *gw4, const struct 
                 rc = -1;
         }
     }
-    nl_close(np);
+    dsec__nl_close(np);
     dsec_free(np);
     return rc;
 }
@@ -558,8 +106,7 @@ int dsec__net_link_gateway(const struct in_addr *gw4, const struct in6_addr *gw6
                : 0;
 }
 
-int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6,
-                               dsec_err *err)
+int dsec__net_link_gateway_del(const struct in_addr *gw4, const struct in6_addr *gw6, dsec_err *err)
 {
     return gateway_addrs(RTM_DELADDR, gw4, gw6, err) < 0
                ? dsec_err_wrap(err, "net: removing the gateway's addresses from lo")
@@ -574,7 +121,7 @@ static int spec_check(const dsec__net_link_spec *s, dsec_err *err)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net: link create: no spec");
     if (s->netns_path == NULL || s->netns_path[0] == '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net: link create: no netns path given");
-    if (ifname_check(s->host_if, "link create", err) < 0)
+    if (dsec__nl_ifname_check(s->host_if, "link create", err) < 0)
         return -1;
     if (strcmp(s->host_if, "eth0") == 0 || strcmp(s->host_if, "lo") == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -604,159 +151,184 @@ static int host_sysctls(const dsec__net_link_spec *s, dsec_err *err)
     /* Without v6 the host side gets no IPv6 at all: no link-local address
      * the sandbox could talk to, no DAD or MLD chatter per sandbox. */
     snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", s->host_if);
-    if (sysctl_put(p, s->v6 ? "0" : "1", !s->v6, err) < 0)
+    if (dsec__nl_sysctl_put(p, s->v6 ? "0" : "1", !s->v6, err) < 0)
         return -1;
     if (s->v6) {
         snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/%s/accept_ra", s->host_if);
-        if (sysctl_put(p, "0", false, err) < 0)
+        if (dsec__nl_sysctl_put(p, "0", false, err) < 0)
             return -1;
     }
     return 0;
 }
 
-int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_err *err)
-{
-    if (ifindex_out != NULL)
-        *ifindex_out = 0;
-    if (spec_check(s, err) < 0)
-        return -1;
+/* What a create has made so far, for its next steps and for undoing it. */
+struct made {
+    struct nl *in, *host; /* rtnetlink inside the new namespace, and on the host */
+    int orig, nsfd;       /* this thread's namespace; the new one */
+    int hidx, eidx;       /* ifindexes of the host side and of eth0 inside */
+    bool mounted, veth;
+    uint8_t host_mac[6], peer_mac[6];
+};
 
+/* The file the namespace is bind-mounted on; it must not exist. */
+static int netns_file(const dsec__net_link_spec *s, dsec_err *err)
+{
     int fd = open(s->netns_path, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
     if (fd < 0) {
         if (errno == EEXIST)
             return dsec_err_set(err, DSEC_E_EXISTS, 0,
                                 "net: netns file %s already exists (a sandbox's leftover?)",
                                 s->netns_path);
-        return dsec_err_set(err, code_of(errno), errno, "net: creating netns file %s",
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: creating netns file %s",
                             s->netns_path);
     }
     close(fd);
+    return 0;
+}
 
-    struct nl *in = dsec_calloc(1, sizeof *in), *host = dsec_calloc(1, sizeof *host);
-    int orig = -1, nsfd = -1, rc = -1, hidx = 0, eidx = 0;
-    bool mounted = false, veth = false;
-    static const struct in_addr any4 = {0};
-    if (in == NULL || host == NULL) {
-        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link create");
-        goto out;
-    }
-
-    orig = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (orig < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: opening this thread's network namespace");
-        goto out;
-    }
-    if (unshare(CLONE_NEWNET) < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: creating a network namespace");
-        goto out;
-    }
+/* The namespace: made by this thread, which leaves it again at once with a socket inside it
+ * (m->in), and bind-mounted on the file. */
+static int netns_new(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    m->orig = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (m->orig < 0)
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                            "net: opening this thread's network namespace");
+    if (unshare(CLONE_NEWNET) < 0)
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                            "net: creating a network namespace");
     /* In the new namespace only long enough to open a socket there. */
-    int irc = nl_open(in, "sandbox", err);
-    if (setns(orig, CLONE_NEWNET) < 0 && setns(orig, CLONE_NEWNET) < 0) {
+    int irc = dsec__nl_open(m->in, "sandbox", err);
+    if (setns(m->orig, CLONE_NEWNET) < 0 && setns(m->orig, CLONE_NEWNET) < 0) {
         /* Only ENOMEM can get here; tell the caller its thread is stranded. */
-        dsec_err_set(err, DSEC_E_INTERNAL, errno,
-                     "net: cannot return to the original network namespace");
-        goto out;
+        return dsec_err_set(err, DSEC_E_INTERNAL, errno,
+                            "net: cannot return to the original network namespace");
     }
     if (irc < 0)
-        goto out;
-    nsfd = ioctl(nl_fd(in), SIOCGSKNS);
-    if (nsfd < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: getting the new namespace's fd");
-        goto out;
-    }
+        return -1;
+    m->nsfd = ioctl(dsec__nl_fd(m->in), SIOCGSKNS);
+    if (m->nsfd < 0)
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                            "net: getting the new namespace's fd");
     char src[64];
-    snprintf(src, sizeof src, "/proc/thread-self/fd/%d", nsfd);
-    if (mount(src, s->netns_path, NULL, MS_BIND, NULL) < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: bind-mounting the namespace on %s",
-                     s->netns_path);
-        goto out;
-    }
-    mounted = true;
+    snprintf(src, sizeof src, "/proc/thread-self/fd/%d", m->nsfd);
+    if (mount(src, s->netns_path, NULL, MS_BIND, NULL) < 0)
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                            "net: bind-mounting the namespace on %s", s->netns_path);
+    m->mounted = true;
+    return 0;
+}
 
-    if (nl_open(host, "host", err) < 0)
-        goto out;
+/* lo up inside, and the veth pair with its peer inside as eth0; the host side's sysctls. */
+static int veth_make(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    if (dsec__nl_open(m->host, "host", err) < 0)
+        return -1;
     /* lo inside and the veth pair go out together; the rest needs the
      * ifindexes of both ends. */
-    uint8_t host_mac[6], peer_mac[6];
-    veth_macs(&s->addr4, host_mac, peer_mac);
-    if (link_up(in, 0, "lo", 0) < 0 ||
-        veth_new(host, s->host_if, nsfd, s->mtu, host_mac, peer_mac) < 0)
-        goto overflow;
-    if (nl_send(in, err) < 0 || nl_run(host, err) < 0)
-        goto out;
-    veth = true;
-    hidx = ifindex_in(nl_fd(host), s->host_if);
-    eidx = ifindex_in(nl_fd(in), "eth0");
-    if (hidx <= 0 || eidx <= 0) {
-        dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: veth %s made, but %s has no ifindex",
-                     s->host_if, hidx <= 0 ? s->host_if : "its peer eth0");
-        goto out;
-    }
-    if (nl_wait(in, err) < 0)
-        goto out;
-    if (host_sysctls(s, err) < 0) {
-        dsec_err_wrap(err, "net: IPv6 settings of %s", s->host_if);
-        goto out;
-    }
+    dsec__nl_veth_macs(&s->addr4, m->host_mac, m->peer_mac);
+    if (dsec__nl_link_up(m->in, 0, "lo", 0) < 0 ||
+        dsec__nl_veth_new(m->host, s->host_if, m->nsfd, s->mtu, m->host_mac, m->peer_mac) < 0)
+        return dsec__nl_overflow(err);
+    if (dsec__nl_send(m->in, err) < 0 || dsec__nl_run(m->host, err) < 0)
+        return -1;
+    m->veth = true;
+    m->hidx = dsec__nl_ifindex_in(dsec__nl_fd(m->host), s->host_if);
+    m->eidx = dsec__nl_ifindex_in(dsec__nl_fd(m->in), "eth0");
+    if (m->hidx <= 0 || m->eidx <= 0)
+        return dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: veth %s made, but %s has no ifindex",
+                            s->host_if, m->hidx <= 0 ? s->host_if : "its peer eth0");
+    if (dsec__nl_wait(m->in, err) < 0)
+        return -1;
+    if (host_sysctls(s, err) < 0)
+        return dsec_err_wrap(err, "net: IPv6 settings of %s", s->host_if);
+    return 0;
+}
 
+/* Both ends up, with their addresses, routes and permanent neighbours. */
+static int veth_config(const dsec__net_link_spec *s, struct made *m, dsec_err *err)
+{
+    static const struct in_addr any4 = {0};
+    struct nl *in = m->in, *host = m->host;
+    int eidx = m->eidx, hidx = m->hidx;
+    const uint8_t *host_mac = m->host_mac, *peer_mac = m->peer_mac;
     /* The gateway's addresses live once on the node's gateway device
      * (dsec__net_link_gateway), not on each veth: the same address on
      * thousands of interfaces makes every address add scan all of them.
      * Each end knows the other's MAC instead. */
-    if (link_up(in, eidx, "eth0", 0) < 0 ||
-        addr_add(in, AF_INET, eidx, "eth0", &s->addr4, 32) < 0 ||
-        route_add(in, AF_INET, eidx, "eth0", &s->gw4, 32, NULL, &s->addr4) < 0 ||
-        route_add(in, AF_INET, eidx, "eth0", &any4, 0, &s->gw4, &s->addr4) < 0 ||
-        neigh_add(in, AF_INET, eidx, "eth0", &s->gw4, host_mac) < 0)
-        goto overflow;
-    if (s->v6 && (addr_add(in, AF_INET6, eidx, "eth0", &s->addr6, 128) < 0 ||
-                  route_add(in, AF_INET6, eidx, "eth0", &s->gw6, 128, NULL, NULL) < 0 ||
-                  route_add(in, AF_INET6, eidx, "eth0", &in6addr_any, 0, &s->gw6, NULL) < 0 ||
-                  neigh_add(in, AF_INET6, eidx, "eth0", &s->gw6, host_mac) < 0))
-        goto overflow;
-    if (link_up(host, hidx, s->host_if, 1) < 0 ||
-        route_add(host, AF_INET, hidx, s->host_if, &s->addr4, 32, NULL, &s->gw4) < 0 ||
-        neigh_add(host, AF_INET, hidx, s->host_if, &s->addr4, peer_mac) < 0)
-        goto overflow;
-    if (s->v6 && (route_add(host, AF_INET6, hidx, s->host_if, &s->addr6, 128, NULL, NULL) < 0 ||
-                  neigh_add(host, AF_INET6, hidx, s->host_if, &s->addr6, peer_mac) < 0))
-        goto overflow;
-    if (nl_send(in, err) < 0 || nl_send(host, err) < 0)
-        goto out;
-    if (nl_wait(in, err) < 0 || nl_wait(host, err) < 0)
-        goto out;
+    if (dsec__nl_link_up(in, eidx, "eth0", 0) < 0 ||
+        dsec__nl_addr_add(in, AF_INET, eidx, "eth0", &s->addr4, 32) < 0 ||
+        dsec__nl_route_add(in, AF_INET, eidx, "eth0", &s->gw4, 32, NULL, &s->addr4) < 0 ||
+        dsec__nl_route_add(in, AF_INET, eidx, "eth0", &any4, 0, &s->gw4, &s->addr4) < 0 ||
+        dsec__nl_neigh_add(in, AF_INET, eidx, "eth0", &s->gw4, host_mac) < 0)
+        return dsec__nl_overflow(err);
+    if (s->v6 &&
+        (dsec__nl_addr_add(in, AF_INET6, eidx, "eth0", &s->addr6, 128) < 0 ||
+         dsec__nl_route_add(in, AF_INET6, eidx, "eth0", &s->gw6, 128, NULL, NULL) < 0 ||
+         dsec__nl_route_add(in, AF_INET6, eidx, "eth0", &in6addr_any, 0, &s->gw6, NULL) < 0 ||
+         dsec__nl_neigh_add(in, AF_INET6, eidx, "eth0", &s->gw6, host_mac) < 0))
+        return dsec__nl_overflow(err);
+    if (dsec__nl_link_up(host, hidx, s->host_if, 1) < 0 ||
+        dsec__nl_route_add(host, AF_INET, hidx, s->host_if, &s->addr4, 32, NULL, &s->gw4) < 0 ||
+        dsec__nl_neigh_add(host, AF_INET, hidx, s->host_if, &s->addr4, peer_mac) < 0)
+        return dsec__nl_overflow(err);
+    if (s->v6 &&
+        (dsec__nl_route_add(host, AF_INET6, hidx, s->host_if, &s->addr6, 128, NULL, NULL) < 0 ||
+         dsec__nl_neigh_add(host, AF_INET6, hidx, s->host_if, &s->addr6, peer_mac) < 0))
+        return dsec__nl_overflow(err);
+    if (dsec__nl_send(in, err) < 0 || dsec__nl_send(host, err) < 0)
+        return -1;
+    if (dsec__nl_wait(in, err) < 0 || dsec__nl_wait(host, err) < 0)
+        return -1;
+    return 0;
+}
 
-    if (ifindex_out != NULL)
-        *ifindex_out = hidx;
-    rc = 0;
-    goto out;
-
-overflow:
-    dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
-out:
-    if (rc < 0 && veth && host->sock != NULL) {
+/* Close what m holds; on failure (rc < 0) also remove what it made. */
+static void made_end(const dsec__net_link_spec *s, struct made *m, int rc)
+{
+    if (rc < 0 && m->veth && m->host->sock != NULL) {
         /* Its peer, and with it everything inside, goes too. */
         dsec_err tmp;
-        nl_reset(host);
-        if (link_del(host, hidx, s->host_if) == 0)
-            nl_run(host, &tmp);
+        dsec__nl_reset(m->host);
+        if (dsec__nl_link_del(m->host, m->hidx, s->host_if) == 0)
+            dsec__nl_run(m->host, &tmp);
     }
-    if (host != NULL)
-        nl_close(host);
-    if (in != NULL)
-        nl_close(in);
-    if (nsfd >= 0)
-        close(nsfd);
-    if (orig >= 0)
-        close(orig);
+    if (m->host != NULL)
+        dsec__nl_close(m->host);
+    if (m->in != NULL)
+        dsec__nl_close(m->in);
+    if (m->nsfd >= 0)
+        close(m->nsfd);
+    if (m->orig >= 0)
+        close(m->orig);
     if (rc < 0) {
-        if (mounted)
+        if (m->mounted)
             umount2(s->netns_path, MNT_DETACH);
         unlink(s->netns_path);
     }
-    dsec_free(in);
-    dsec_free(host);
+    dsec_free(m->in);
+    dsec_free(m->host);
+}
+
+int dsec__net_link_create(const dsec__net_link_spec *s, int *ifindex_out, dsec_err *err)
+{
+    if (ifindex_out != NULL)
+        *ifindex_out = 0;
+    if (spec_check(s, err) < 0 || netns_file(s, err) < 0)
+        return -1;
+    struct made m = {.in = dsec_calloc(1, sizeof *m.in),
+                     .host = dsec_calloc(1, sizeof *m.host),
+                     .orig = -1,
+                     .nsfd = -1};
+    int rc = -1;
+    if (m.in == NULL || m.host == NULL)
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link create");
+    else if (netns_new(s, &m, err) == 0 && veth_make(s, &m, err) == 0 &&
+             veth_config(s, &m, err) == 0)
+        rc = 0;
+    if (rc == 0 && ifindex_out != NULL)
+        *ifindex_out = m.hidx;
+    made_end(s, &m, rc);
     return rc;
 }
 
@@ -809,7 +381,7 @@ static int link_lookup(struct nl *nl, const char *name, char *kind, size_t kind_
     mnl_attr_put_strz(h, IFLA_IFNAME, name);
     mnl_attr_put_u32(h, IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS);
     if (mnl_socket_sendto(nl->sock, h, h->nlmsg_len) < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: looking up %s", name);
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: looking up %s", name);
     struct lookup l = {0, kind, kind_len};
     kind[0] = '\0';
     char rbuf[8192] __attribute__((aligned(8)));
@@ -818,7 +390,7 @@ static int link_lookup(struct nl *nl, const char *name, char *kind, size_t kind_
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
-            return dsec_err_set(err, code_of(errno), errno, "net: looking up %s", name);
+            return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: looking up %s", name);
         int cr = mnl_cb_run(rbuf, (size_t)r, h->nlmsg_seq, mnl_socket_get_portid(nl->sock),
                             lookup_msg, &l);
         if (cr == MNL_CB_STOP)
@@ -826,7 +398,7 @@ static int link_lookup(struct nl *nl, const char *name, char *kind, size_t kind_
         if (cr < 0) {
             if (errno == ENODEV)
                 return 0;
-            return dsec_err_set(err, code_of(errno), errno, "net: looking up %s", name);
+            return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: looking up %s", name);
         }
     }
 }
@@ -836,12 +408,12 @@ int dsec__net_link_destroy(const char *netns_path, const char *host_if, dsec_err
     int rc = 0;
     dsec_err e1;
     if (host_if != NULL) {
-        if (ifname_check(host_if, "link destroy", err) < 0)
+        if (dsec__nl_ifname_check(host_if, "link destroy", err) < 0)
             return -1;
         struct nl *nl = dsec_malloc(sizeof *nl);
         if (nl == NULL)
             return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link destroy");
-        if (nl_open(nl, "host", err) < 0) {
+        if (dsec__nl_open(nl, "host", err) < 0) {
             dsec_free(nl);
             return -1;
         }
@@ -856,24 +428,25 @@ int dsec__net_link_destroy(const char *netns_path, const char *host_if, dsec_err
                               "not deleting it",
                               host_if, kind[0] ? kind : "plain");
         } else if (idx > 0) {
-            link_del(nl, idx, host_if);
-            if (nl_run(nl, &e1) < 0 && e1.errnum != ENODEV) {
+            dsec__nl_link_del(nl, idx, host_if);
+            if (dsec__nl_run(nl, &e1) < 0 && e1.errnum != ENODEV) {
                 if (err != NULL)
                     *err = e1;
                 rc = -1;
             }
         }
-        nl_close(nl);
+        dsec__nl_close(nl);
         dsec_free(nl);
     }
     if (netns_path != NULL && netns_path[0] != '\0') {
         /* EINVAL: not a mount point (half-created); ENOENT: already gone. */
         if (umount2(netns_path, MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL &&
             errno != ENOENT && rc == 0)
-            rc = dsec_err_set(err, code_of(errno), errno, "net: unmounting netns %s", netns_path);
+            rc = dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: unmounting netns %s",
+                              netns_path);
         if (unlink(netns_path) < 0 && errno != ENOENT && rc == 0)
-            rc =
-                dsec_err_set(err, code_of(errno), errno, "net: removing netns file %s", netns_path);
+            rc = dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: removing netns file %s",
+                              netns_path);
     }
     return rc;
 }
@@ -938,11 +511,13 @@ static int link_list_once(struct list_ctx *c, bool *interrupted, dsec_err *err)
     *interrupted = false;
     struct mnl_socket *sock = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
     if (sock == NULL)
-        return dsec_err_set(err, code_of(errno), errno, "net: link list: rtnetlink socket");
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                            "net: link list: rtnetlink socket");
     if (mnl_socket_bind(sock, 0, MNL_SOCKET_AUTOPID) < 0) {
         int e = errno;
         mnl_socket_close(sock);
-        return dsec_err_set(err, code_of(e), e, "net: link list: binding rtnetlink socket");
+        return dsec_err_set(err, dsec__nl_code_of(e), e,
+                            "net: link list: binding rtnetlink socket");
     }
     uint32_t portid = mnl_socket_get_portid(sock);
     size_t bsz = 32768; /* the size libmnl later calls MNL_SOCKET_DUMP_SIZE */
@@ -960,7 +535,8 @@ static int link_list_once(struct list_ctx *c, bool *interrupted, dsec_err *err)
     ifi->ifi_family = AF_UNSPEC;
     mnl_attr_put_u32(h, IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS);
     if (mnl_socket_sendto(sock, h, h->nlmsg_len) < 0) {
-        dsec_err_set(err, code_of(errno), errno, "net: link list: sending the dump request");
+        dsec_err_set(err, dsec__nl_code_of(errno), errno,
+                     "net: link list: sending the dump request");
         goto out;
     }
     for (;;) {
@@ -968,7 +544,7 @@ static int link_list_once(struct list_ctx *c, bool *interrupted, dsec_err *err)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            dsec_err_set(err, code_of(errno), errno, "net: link list: reading the dump");
+            dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: link list: reading the dump");
             goto out;
         }
         int cr = mnl_cb_run(buf, (size_t)r, 1, portid, list_msg, c);
@@ -979,7 +555,7 @@ static int link_list_once(struct list_ctx *c, bool *interrupted, dsec_err *err)
                 dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "net: link list");
             } else {
                 *interrupted = errno == EINTR;
-                dsec_err_set(err, code_of(errno), errno, "net: link list: dump failed");
+                dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: link list: dump failed");
             }
             goto out;
         }
@@ -1047,8 +623,9 @@ void dsec__net_strv_free(char **v, size_t n)
 static int ingress_qdisc(struct nl *nl, uint16_t type, int ifindex, const char *name)
 {
     bool add = type == RTM_NEWQDISC;
-    struct nlmsghdr *h = nl_put(nl, type, add ? NLM_F_CREATE | NLM_F_EXCL : 0,
-                                "%s the ingress qdisc of %s", add ? "adding" : "removing", name);
+    struct nlmsghdr *h =
+        dsec__nl_put(nl, type, add ? NLM_F_CREATE | NLM_F_EXCL : 0, "%s the ingress qdisc of %s",
+                     add ? "adding" : "removing", name);
     if (h == NULL)
         return -1;
     struct tcmsg *t = mnl_nlmsg_put_extra_header(h, sizeof *t);
@@ -1067,8 +644,8 @@ static int ingress_qdisc(struct nl *nl, uint16_t type, int ifindex, const char *
  * frame, and TERMINAL makes the match run the action. */
 static int redirect_add(struct nl *nl, int from, const char *from_name, int to, const char *to_name)
 {
-    struct nlmsghdr *h = nl_put(nl, RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL,
-                                "redirecting %s to %s (tc u32, mirred)", from_name, to_name);
+    struct nlmsghdr *h = dsec__nl_put(nl, RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_EXCL,
+                                      "redirecting %s to %s (tc u32, mirred)", from_name, to_name);
     if (h == NULL)
         return -1;
     struct tcmsg *t = mnl_nlmsg_put_extra_header(h, sizeof *t);
@@ -1120,7 +697,8 @@ static int guest_in_ns(struct guest_job *j, struct nl *nl)
     dsec_err *err = &j->err;
     int nsfd = open(j->netns_path, O_RDONLY | O_CLOEXEC);
     if (nsfd < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: opening netns %s", j->netns_path);
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: opening netns %s",
+                            j->netns_path);
     /* The host's eth0 must never lose its ingress qdisc to a wrong path. */
     struct stat a, b;
     if (fstat(nsfd, &a) == 0 && stat("/proc/thread-self/ns/net", &b) == 0 && a.st_dev == b.st_dev &&
@@ -1133,14 +711,14 @@ static int guest_in_ns(struct guest_job *j, struct nl *nl)
     if (setns(nsfd, CLONE_NEWNET) < 0) {
         int e = errno;
         close(nsfd);
-        return dsec_err_set(err, e == EINVAL ? DSEC_E_INVALID : code_of(e), e,
+        return dsec_err_set(err, e == EINVAL ? DSEC_E_INVALID : dsec__nl_code_of(e), e,
                             "net: joining netns %s%s", j->netns_path,
                             e == EINVAL ? " (not a network namespace)" : "");
     }
     close(nsfd);
-    if (nl_open(nl, "sandbox", err) < 0)
+    if (dsec__nl_open(nl, "sandbox", err) < 0)
         return -1;
-    int eidx = ifindex_in(nl_fd(nl), "eth0");
+    int eidx = dsec__nl_ifindex_in(dsec__nl_fd(nl), "eth0");
     if (eidx <= 0)
         return dsec_err_set(err, DSEC_E_NOT_FOUND, 0,
                             "net: netns %s has no eth0 (not a sandbox's namespace?)",
@@ -1157,14 +735,14 @@ static int guest_in_ns(struct guest_job *j, struct nl *nl)
             return dsec_err_set(err, DSEC_E_EXISTS, 0,
                                 "net: %s in netns %s is a %s device, not a tap; not replacing it",
                                 j->tap, j->netns_path, kind[0] ? kind : "plain");
-        if (link_del(nl, old, j->tap) < 0)
+        if (dsec__nl_link_del(nl, old, j->tap) < 0)
             goto overflow;
-        if (nl_run(nl, err) < 0 && err->errnum != ENODEV)
+        if (dsec__nl_run(nl, err) < 0 && err->errnum != ENODEV)
             return -1;
     }
     if (ingress_qdisc(nl, RTM_DELQDISC, eidx, "eth0") < 0)
         goto overflow;
-    if (nl_run(nl, err) < 0) {
+    if (dsec__nl_run(nl, err) < 0) {
         if (err->errnum != ENOENT && err->errnum != EINVAL)
             return -1;
         dsec_err_clear(err); /* there was none */
@@ -1175,34 +753,35 @@ static int guest_in_ns(struct guest_job *j, struct nl *nl)
      * it has nothing to say on the guest's link. */
     char p[128];
     snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/eth0/disable_ipv6");
-    if (sysctl_put(p, "1", true, err) < 0)
+    if (dsec__nl_sysctl_put(p, "1", true, err) < 0)
         return -1;
 
     j->fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC);
     if (j->fd < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: opening /dev/net/tun");
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: opening /dev/net/tun");
     struct ifreq ifr;
     memset(&ifr, 0, sizeof ifr);
     snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "%s", j->tap);
     ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
     if (ioctl(j->fd, TUNSETIFF, &ifr) < 0)
-        return dsec_err_set(err, code_of(errno), errno, "net: creating tap %s in netns %s", j->tap,
-                            j->netns_path);
-    int tidx = ifindex_in(nl_fd(nl), j->tap);
+        return dsec_err_set(err, dsec__nl_code_of(errno), errno, "net: creating tap %s in netns %s",
+                            j->tap, j->netns_path);
+    int tidx = dsec__nl_ifindex_in(dsec__nl_fd(nl), j->tap);
     if (tidx <= 0)
         return dsec_err_set(err, DSEC_E_INTERNAL, errno, "net: tap %s made, but has no ifindex",
                             j->tap);
     /* Down still, so it has said nothing yet. */
     snprintf(p, sizeof p, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", j->tap);
-    if (sysctl_put(p, "1", true, err) < 0)
+    if (dsec__nl_sysctl_put(p, "1", true, err) < 0)
         return -1;
 
-    if (link_up(nl, tidx, j->tap, 0) < 0 || ingress_qdisc(nl, RTM_NEWQDISC, tidx, j->tap) < 0 ||
+    if (dsec__nl_link_up(nl, tidx, j->tap, 0) < 0 ||
+        ingress_qdisc(nl, RTM_NEWQDISC, tidx, j->tap) < 0 ||
         ingress_qdisc(nl, RTM_NEWQDISC, eidx, "eth0") < 0 ||
         redirect_add(nl, tidx, j->tap, eidx, "eth0") < 0 ||
         redirect_add(nl, eidx, "eth0", tidx, j->tap) < 0)
         goto overflow;
-    return nl_run(nl, err);
+    return dsec__nl_run(nl, err);
 
 overflow:
     return dsec_err_set(err, DSEC_E_INTERNAL, 0, "net: rtnetlink batch overflow (a bug)");
@@ -1224,13 +803,13 @@ static void *guest_main(void *arg)
         if (nl->sock != NULL) {
             /* eth0 back as it was, so the namespace stands as a container's would */
             dsec_err tmp;
-            int eidx = ifindex_in(nl_fd(nl), "eth0");
-            nl_reset(nl);
+            int eidx = dsec__nl_ifindex_in(dsec__nl_fd(nl), "eth0");
+            dsec__nl_reset(nl);
             if (eidx > 0 && ingress_qdisc(nl, RTM_DELQDISC, eidx, "eth0") == 0)
-                nl_run(nl, &tmp);
+                dsec__nl_run(nl, &tmp);
         }
     }
-    nl_close(nl);
+    dsec__nl_close(nl);
     dsec_free(nl);
     return NULL;
 }
@@ -1242,7 +821,7 @@ int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, d
     *fd_out = -1;
     if (netns_path == NULL || netns_path[0] == '\0')
         return dsec_err_set(err, DSEC_E_INVALID, 0, "net: guest link: no netns path given");
-    if (ifname_check(tap, "guest link", err) < 0)
+    if (dsec__nl_ifname_check(tap, "guest link", err) < 0)
         return -1;
     if (strcmp(tap, "eth0") == 0 || strcmp(tap, "lo") == 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
@@ -1258,7 +837,7 @@ int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, d
     int e = pthread_create(&t, NULL, guest_main, j);
     if (e != 0) {
         dsec_free(j);
-        return dsec_err_set(err, code_of(e), e, "net: guest link: starting a thread");
+        return dsec_err_set(err, dsec__nl_code_of(e), e, "net: guest link: starting a thread");
     }
     pthread_join(t, NULL);
     int rc = 0;
@@ -1275,5 +854,5 @@ int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, d
 
 void dsec__net_link_macs(const struct in_addr *a4, uint8_t host[6], uint8_t peer[6])
 {
-    veth_macs(a4, host, peer);
+    dsec__nl_veth_macs(a4, host, peer);
 }
