@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "client/internal.h"
+#include "dsec/io.h"
 #include "dsec/alloc.h"
 #include "dsec/client.h"
 #include "dsec/sha256.h"
@@ -296,9 +297,7 @@ static ssize_t fd_read(void *ud, void *buf, size_t n)
 {
     struct fd_src *s = ud;
     for (;;) {
-        ssize_t r = read(s->fd, buf, n);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = dsec_read_eintr(s->fd, buf, n);
         return r;
     }
 }
@@ -450,9 +449,7 @@ static int fd_page(void *ud, const uint8_t *data, size_t len, uint64_t size)
     (void)size;
     int fd = *(int *)ud;
     while (len > 0) {
-        ssize_t w = write(fd, data, len);
-        if (w < 0 && errno == EINTR)
-            continue;
+        ssize_t w = dsec_write_eintr(fd, data, len);
         if (w < 0)
             return -1;
         data += w;

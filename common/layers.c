@@ -1,6 +1,7 @@
 /* layers.c - the generic part of layers: digests, names, the registry wrappers, environment
  * documents. */
 #define _GNU_SOURCE
+#include "dsec/io.h"
 #include "dsec/layers.h"
 
 #include <errno.h>
@@ -145,9 +146,7 @@ int dsec_digest_file(const char *path, dsec_digest out, dsec_err *err)
     dsec_sha256_init(&c);
     int rc = 0;
     for (;;) {
-        ssize_t n = read(fd, buf, BUF);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = dsec_read_eintr(fd, buf, BUF);
         if (n < 0) {
             rc = dsec_err_set(err, DSEC_E_IO, errno, "reading %s to digest it", path);
             break;

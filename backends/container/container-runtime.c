@@ -414,9 +414,7 @@ static int rt_cmd(const struct ct_backend *be, const struct ct_rt *rt, const cha
     for (;;) {
         char sink[1024];
         bool keep = got + 1 < outlen;
-        ssize_t r = read(p[0], keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = dsec_read_eintr(p[0], keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
         if (r <= 0)
             break;
         if (keep)

@@ -18,6 +18,7 @@
 
 #include "backends/function/function-int.h"
 #include "backends/function/function-proto.h"
+#include "dsec/io.h"
 #include "dsec/alloc.h"
 
 /*
@@ -201,22 +202,6 @@ int dsec__fn_files_remove(const char *dir, dsec_err *err)
     return 0;
 }
 
-static int pwrite_all(int fd, const void *data, size_t len, off_t off)
-{
-    const uint8_t *p = data;
-    while (len > 0) {
-        ssize_t w = pwrite(fd, p, len, off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        len -= (size_t)w;
-        off += w;
-    }
-    return 0;
-}
-
 int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data, size_t len,
                          uint32_t mode, bool append, dsec_err *err)
 {
@@ -255,7 +240,7 @@ int dsec__fn_files_write(struct fn_files *f, const char *path, const void *data,
                             path);
     int rc = 0;
     if ((!append && ftruncate(fd, 0) < 0) ||
-        pwrite_all(fd, data, len, append ? (off_t)old : 0) < 0 ||
+        dsec_pwrite_all(fd, data, len, append ? (off_t)old : 0) < 0 ||
         (mode != 0 && fchmod(fd, mode & 0777) < 0)) {
         rc = dsec_err_set(err, DSEC_E_IO, errno, "writing %s", path);
         /* what is there now is what counts */

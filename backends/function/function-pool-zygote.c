@@ -26,6 +26,7 @@
 #include "backends/function/function-pool-int.h"
 #include "backends/function/function-proto.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* ---- zygotes (pool thread, lock held) ------------------------------------------------------ */
 
@@ -146,7 +147,7 @@ void dsec__fn_pool_zygote_start(struct fn_pools *p, struct fn_pool *pool)
     }
     /* before it is told to start workers: they inherit it */
     if (setpriority(PRIO_PROCESS, (id_t)pid, DSEC_SANDBOX_NICE) < 0)
-        fprintf(stderr, "dsec function: nice %d for zygote %d: %s\n", DSEC_SANDBOX_NICE, (int)pid,
+        dsec_log_warn("dsec function: nice %d for zygote %d: %s", DSEC_SANDBOX_NICE, (int)pid,
                 strerror(errno));
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {

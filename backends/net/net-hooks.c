@@ -15,6 +15,7 @@
 #include "backends/net/net-node-int.h"
 #include "backends/net/net.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* ---- resolver and log callbacks ----------------------------------------------------------- */
 
@@ -71,7 +72,7 @@ void dsec__net_dns_pin(void *ud, const struct sockaddr *client, const char *qnam
                                       ttl * 1000u, e + k);
     dsec_err err;
     if (k && dsec__nft_sbx_pin(n->nft, s->idx, e, k, &err) < 0)
-        fprintf(stderr, "dsec net: pinning an address for %s: %s\n", s->id, err.msg);
+        dsec_log_warn("dsec net: pinning an address for %s: %s", s->id, err.msg);
 out:
     pthread_mutex_unlock(&n->lock);
 }

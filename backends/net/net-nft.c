@@ -21,6 +21,7 @@
 #include "backends/net/net-int.h"
 #include "backends/net/net-nft-int.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 
 /* ---- address ranges -------------------------------------------------------------------------- */
 
@@ -314,7 +315,7 @@ void dsec__nft_free(dsec__nft *t, bool remove_table)
             dsec__nft_table_msg(b, t->shard[k], NFT_MSG_DESTROYTABLE);
         dsec_err e;
         if (dsec__nft_batch_commit(t, "removing the tables", &e) < 0)
-            fprintf(stderr, "dsec: nftables: %s\n", e.msg);
+            dsec_log_warn("dsec: nftables: %s", e.msg);
         pthread_mutex_unlock(&t->mu);
     }
     if (t->nl != NULL)

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "net-int.h"
 #include "net-node-int.h"
 
@@ -383,7 +384,7 @@ void dsec_net_free(dsec_net *n, bool keep)
     if (!keep && n->gw_made) {
         dsec_err e2;
         if (dsec__net_link_gateway_del(&n->gw4, n->v6 ? &n->gw6 : NULL, &e2) < 0)
-            fprintf(stderr, "dsec net: %s\n", e2.msg);
+            dsec_log_warn("dsec net: %s", e2.msg);
     }
     for (size_t i = 0; i < n->nmirrors; i++) {
         dsec_free(n->mirrors[i].name);
@@ -505,7 +506,7 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
     }
     dsec_free(e);
     if (n->trace)
-        fprintf(stderr, "dsec net: %s slot %u: link %.3f ms, rules %.3f ms\n", s->id, s->idx,
+        dsec_log_info("dsec net: %s slot %u: link %.3f ms, rules %.3f ms", s->id, s->idx,
                 (double)(t1 - t0) / 1e6, (double)(dsec__net_mono_ns() - t1) / 1e6);
     return 0;
 }
@@ -532,7 +533,7 @@ static void *warmer_main(void *arg)
         if (t != NULL) {
             rc = link_fresh(n, t, &err);
             if (rc < 0)
-                fprintf(stderr, "dsec net: preparing a sandbox network: %s\n", err.msg);
+                dsec_log_warn("dsec net: preparing a sandbox network: %s", err.msg);
         }
         sbx_free(t);
         pthread_mutex_lock(&n->lock);
@@ -566,7 +567,7 @@ static void warm_drain(dsec_net *n)
         dsec_net_sbx *t = sbx_new(n, "warm", "", n->warm[i]);
         dsec_err err;
         if (t != NULL && dsec__net_link_destroy(t->netns, t->ifname, &err) < 0)
-            fprintf(stderr, "dsec net: removing a prepared sandbox network: %s\n", err.msg);
+            dsec_log_warn("dsec net: removing a prepared sandbox network: %s", err.msg);
         sbx_free(t);
         n->sbx[n->warm[i]] = NULL;
     }
@@ -588,7 +589,7 @@ int dsec_net_attach(dsec_net *n, const char *id, const char *tenant, const char 
         if (pthread_create(&n->warmer, NULL, warmer_main, n) == 0)
             n->warmer_on = true;
         else
-            fprintf(stderr, "dsec net: no thread to prepare networks ahead: %s\n", strerror(errno));
+            dsec_log_warn("dsec net: no thread to prepare networks ahead: %s", strerror(errno));
     }
     if (n->nwarm > 0) { /* a link made ahead: only the rules are left to do */
         idx = n->warm[--n->nwarm];

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backends/vm/vm-int.h"
+#include "dsec/io.h"
 #include "dsec/alloc.h"
 
 /* ---- the command line ------------------------------------------------------------------- */
@@ -391,19 +392,6 @@ static const char *const start_steps[] = {
     "making QEMU's root read-only",
 };
 
-static void write_all(int fd, const void *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
-        p = (const char *)p + w;
-        n -= (size_t)w;
-    }
-}
-
 /* "N:N" into out (room for RUNAS_PLACEHOLDER); safe after fork. */
 static void put_uid_gid(char *out, uint32_t id)
 {
@@ -433,7 +421,7 @@ __attribute__((noreturn)) static void qemu_child(const struct vm_backend *be,
     pid_t g = fork();
     if (g != 0) {
         struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0};
-        write_all(wfd, &m, sizeof m);
+        (void)dsec_write_all(wfd, &m, sizeof m);
         _exit(0);
     }
     sigset_t none;
@@ -477,7 +465,7 @@ __attribute__((noreturn)) static void qemu_child(const struct vm_backend *be,
     struct start_msg m = {ok ? 2 : 4, errno, step, ""};
     for (size_t i = 0; !ok && what != NULL && what[i] != '\0' && i + 1 < sizeof m.what; i++)
         m.what[i] = what[i];
-    write_all(wfd, &m, sizeof m);
+    (void)dsec_write_all(wfd, &m, sizeof m);
     _exit(127);
 }
 
@@ -489,9 +477,7 @@ static int start_result(const struct vm_backend *be, dsec_sandbox *sb, int rfd, 
     struct start_msg m;
     char setup_what[sizeof m.what + 3] = "";
     for (;;) {
-        ssize_t n = read(rfd, &m, sizeof m);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = dsec_read_eintr(rfd, &m, sizeof m);
         if (n != (ssize_t)sizeof m)
             break;
         if (m.kind == 1)
