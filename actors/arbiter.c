@@ -1,4 +1,5 @@
-/* arbiter.c - the preemption arbiter: a KV lease, demand vs. capacity, victim choice, reclaim deadlines. */
+/* arbiter.c - the preemption arbiter: a KV lease, demand vs. capacity, victim choice, reclaim
+ * deadlines. */
 #include "actors/arbiter.h"
 
 #include <inttypes.h>
@@ -77,9 +78,9 @@ struct dsec_arbiter {
     _Atomic bool active;
     dsec_lease lease; /* renewed by the ticker thread only */
 
-    pthread_mutex_t mu; /* everything below */
-    unsigned acks;           /* reclaim requests whose reply callback has not run yet */
-    pthread_cond_t acks_cv;  /* signalled as they run: stop waits for the last */
+    pthread_mutex_t mu;     /* everything below */
+    unsigned acks;          /* reclaim requests whose reply callback has not run yet */
+    pthread_cond_t acks_cv; /* signalled as they run: stop waits for the last */
     struct job *jobs;
     size_t njobs, cap_jobs;
     struct pending *pend;
@@ -95,10 +96,19 @@ struct dsec_arbiter {
     dsec_arbiter_stats st;
 };
 
-static uint64_t now_ms(void) { return dsec_now_ns() / 1000000ull; }
-static uint64_t wall_ms(void) { return dsec_wall_ns() / 1000000ull; }
+static uint64_t now_ms(void)
+{
+    return dsec_now_ns() / 1000000ull;
+}
+static uint64_t wall_ms(void)
+{
+    return dsec_wall_ns() / 1000000ull;
+}
 
-static void holdings_free(struct holding *h) { dsec_free(h); }
+static void holdings_free(struct holding *h)
+{
+    dsec_free(h);
+}
 
 static struct holding *holdings_copy(const dsec_msg_job_hold *items, size_t n)
 {
@@ -115,8 +125,11 @@ static struct holding *holdings_copy(const dsec_msg_job_hold *items, size_t n)
 static void to_items(const struct holding *h, size_t n, const char *job, dsec_msg_job_hold *out)
 {
     for (size_t i = 0; i < n; i++)
-        out[i] = (dsec_msg_job_hold){.job = job, .node = h[i].node, .unit = h[i].unit,
-                                     .cpu_milli = h[i].cpu, .memory_mb = h[i].mem};
+        out[i] = (dsec_msg_job_hold){.job = job,
+                                     .node = h[i].node,
+                                     .unit = h[i].unit,
+                                     .cpu_milli = h[i].cpu,
+                                     .memory_mb = h[i].mem};
 }
 
 /* ---- tables (lock held) ----------------------------------------------------------- */
@@ -209,7 +222,8 @@ static void publish_outcome(dsec_arbiter *a, const dsec_msg_reclaim_outcome *o)
     char subj[192];
     dsec_err err;
     snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, a->cell, "reclaim");
-    if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, o, o->req_id, &err) < 0)
+    if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, o, o->req_id, &err) <
+        0)
         dsec_actor_count_error(a->actor);
 }
 
@@ -226,10 +240,16 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     dsec_msg_job_hold items[64];
     size_t n = nreleased < 64 ? nreleased : 64;
     to_items(released, n, p->job, items);
-    dsec_msg_reclaim_outcome o = {.req_id = p->req_id, .job = p->job, .outcome = outcome,
-                                  .cpu_milli = cpu, .memory_mb = mem,
-                                  .requested_ns = p->requested_ns, .deadline_ns = p->deadline_ns,
-                                  .done_ns = dsec_wall_ns(), .arbiter = a->name, .reason = reason,
+    dsec_msg_reclaim_outcome o = {.req_id = p->req_id,
+                                  .job = p->job,
+                                  .outcome = outcome,
+                                  .cpu_milli = cpu,
+                                  .memory_mb = mem,
+                                  .requested_ns = p->requested_ns,
+                                  .deadline_ns = p->deadline_ns,
+                                  .done_ns = dsec_wall_ns(),
+                                  .arbiter = a->name,
+                                  .reason = reason,
                                   .holds = {items, (uint32_t)n}};
     dsec_buf b;
     dsec_err err;
@@ -247,7 +267,8 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     if (strcmp(outcome, "forced") == 0) {
         char subj[192];
         snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, a->cell, p->job, "forced");
-        if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, &o, p->req_id, &err) < 0)
+        if (dsec_wire_send(a->actor, a->bus, subj, NULL, DSEC_MSG_RECLAIM_OUTCOME, &o, p->req_id,
+                           &err) < 0)
             dsec_actor_count_error(a->actor);
     }
     pthread_mutex_lock(&a->mu);
@@ -272,9 +293,9 @@ static void finish(dsec_arbiter *a, struct pending *p, const char *outcome, cons
     else
         a->st.honoured++;
     pthread_mutex_unlock(&a->mu);
-    dsec_log_info("dsec-arbiter %s: reclaim %s of job %s %s (%" PRIu64 " milli-CPU, %" PRIu64
-            " MB)%s%s", a->name, p->req_id, p->job, outcome, cpu, mem, reason ? ": " : "",
-            reason ? reason : "");
+    dsec_log_info(
+        "dsec-arbiter %s: reclaim %s of job %s %s (%" PRIu64 " milli-CPU, %" PRIu64 " MB)%s%s",
+        a->name, p->req_id, p->job, outcome, cpu, mem, reason ? ": " : "", reason ? reason : "");
     holdings_free(p->holds);
 }
 
@@ -284,8 +305,11 @@ static void force(dsec_arbiter *a, struct pending *p)
     uint64_t cpu = 0, mem = 0;
     size_t k = 0;
     for (; k < p->nholds && (cpu < p->cpu || mem < p->mem || k == 0); k++) {
-        dsec_msg_job_hold h = {.job = p->job, .node = p->holds[k].node, .unit = p->holds[k].unit,
-                               .release = true, .forced = true};
+        dsec_msg_job_hold h = {.job = p->job,
+                               .node = p->holds[k].node,
+                               .unit = p->holds[k].unit,
+                               .release = true,
+                               .forced = true};
         char subj[160];
         snprintf(subj, sizeof subj, DSEC_SUBJ_HOLD, h.node);
         dsec_buf b;
@@ -295,15 +319,16 @@ static void force(dsec_arbiter *a, struct pending *p)
         dsec_hdr hdr = {.type = "job_hold", .schema = DSEC_SCHEMA_VERSION, .req_id = p->req_id};
         if (dsec_encode(&b, DSEC_MSG_JOB_HOLD, &h, &err) < 0 ||
             dsec_bus_request_sync(a->bus, subj, &hdr, b.data, b.len, 2000, &reply, &err) < 0)
-            dsec_log_warn("dsec-arbiter %s: forcing %s/%s of job %s on %s: %s", a->name,
-                    p->job, h.unit, p->job, h.node, err.msg);
+            dsec_log_warn("dsec-arbiter %s: forcing %s/%s of job %s on %s: %s", a->name, p->job,
+                          h.unit, p->job, h.node, err.msg);
         dsec_msg_free(reply);
         dsec_buf_release(&b);
         cpu += p->holds[k].cpu;
         mem += p->holds[k].mem;
     }
     char why[160];
-    snprintf(why, sizeof why, "no release by the deadline (%s)", p->acked ? "acknowledged" : "never acknowledged");
+    snprintf(why, sizeof why, "no release by the deadline (%s)",
+             p->acked ? "acknowledged" : "never acknowledged");
     finish(a, p, "forced", why, cpu, mem, p->holds, k);
 }
 
@@ -317,8 +342,9 @@ static void on_register(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_msg_job_register r;
     if (!dsec_wire_type_ok(act, m, DSEC_MSG_JOB_REGISTER)) /* an event: dropped, counted */
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_REGISTER, dsec_msg_data(m), dsec_msg_len(m), &r,
-                    &err) < 0 || dsec_name_ok(r.job, DSEC_NAME_LEN_MAX) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_JOB_REGISTER, dsec_msg_data(m), dsec_msg_len(m),
+                    &r, &err) < 0 ||
+        dsec_name_ok(r.job, DSEC_NAME_LEN_MAX) < 0) {
         dsec_actor_count_error(act);
         return;
     }
@@ -359,7 +385,8 @@ static void on_demand(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_msg_demand d;
     if (!dsec_wire_type_ok(act, m, DSEC_MSG_DEMAND)) /* an event: dropped, counted */
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_DEMAND, dsec_msg_data(m), dsec_msg_len(m), &d, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_DEMAND, dsec_msg_data(m), dsec_msg_len(m), &d,
+                    &err) < 0) {
         dsec_actor_count_error(act);
         return;
     }
@@ -373,8 +400,8 @@ static void on_demand(dsec_actor *act, dsec_msg *m, void *ud)
         snprintf(slot->sched, sizeof slot->sched, "%s", d.scheduler);
     }
     if (slot != NULL)
-        *slot = (struct demand){.waiting = d.waiting, .cpu = d.cpu_milli, .mem = d.memory_mb,
-                                .seen_ms = now_ms()};
+        *slot = (struct demand){
+            .waiting = d.waiting, .cpu = d.cpu_milli, .mem = d.memory_mb, .seen_ms = now_ms()};
     if (slot != NULL)
         snprintf(slot->sched, sizeof slot->sched, "%s", d.scheduler);
     pthread_mutex_unlock(&a->mu);
@@ -388,8 +415,8 @@ static void on_released(dsec_actor *act, dsec_msg *m, void *ud)
     dsec_msg_reclaim_outcome o;
     if (!dsec_wire_type_ok(act, m, DSEC_MSG_RECLAIM_OUTCOME)) /* an event: dropped, counted */
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m),
-                    &o, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m),
+                    dsec_msg_len(m), &o, &err) < 0) {
         dsec_actor_count_error(act);
         return;
     }
@@ -422,9 +449,11 @@ static void on_ack(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
     dsec_arbiter *a = c->a;
     dsec_msg_reclaim_ack ack = {0};
     dsec_err err;
-    bool ok = status == 0 && dsec_msg_type(reply) && strcmp(dsec_msg_type(reply), "reclaim_ack") == 0 &&
+    bool ok = status == 0 && dsec_msg_type(reply) &&
+              strcmp(dsec_msg_type(reply), "reclaim_ack") == 0 &&
               dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_ACK, dsec_msg_data(reply),
-                          dsec_msg_len(reply), &ack, &err) == 0 && ack.accepted;
+                          dsec_msg_len(reply), &ack, &err) == 0 &&
+              ack.accepted;
     pthread_mutex_lock(&a->mu);
     for (size_t i = 0; i < a->npend; i++)
         if (strcmp(a->pend[i].req_id, c->req_id) == 0) {
@@ -520,7 +549,7 @@ static void lease_step(dsec_arbiter *a)
         return;
     }
     dsec_log_info("dsec-arbiter %s: active for cell %s (lease revision %" PRIu64 ")", a->name,
-            a->cell, a->lease.rev);
+                  a->cell, a->lease.rev);
     pthread_mutex_lock(&a->mu);
     a->st.takeovers++;
     pthread_mutex_unlock(&a->mu);
@@ -614,15 +643,19 @@ static void plan(dsec_arbiter *a, struct ask **out, size_t *nout)
         recent++;
         evict_note(a, wall);
         struct ask *q = &asks[na++];
-        uint64_t grace = j->batch ? a->conf.batch_grace_ms : (j->grace_ms ? j->grace_ms : a->conf.grace_ms);
+        uint64_t grace =
+            j->batch ? a->conf.batch_grace_ms : (j->grace_ms ? j->grace_ms : a->conf.grace_ms);
         if (grace > a->st.max_grace_ms)
             a->st.max_grace_ms = grace;
         dsec_bus_new_id(q->req_id);
         snprintf(q->job, sizeof q->job, "%s", j->name);
-        q->r = (dsec_msg_reclaim){.req_id = q->req_id, .job = q->job, .cpu_milli = ac,
+        q->r = (dsec_msg_reclaim){.req_id = q->req_id,
+                                  .job = q->job,
+                                  .cpu_milli = ac,
                                   .memory_mb = am,
                                   .deadline_ns = dsec_wall_ns() + grace * 1000000ull,
-                                  .arbiter = a->name, .epoch = a->lease.rev};
+                                  .arbiter = a->name,
+                                  .epoch = a->lease.rev};
         q->holds = dsec_calloc(j->nholds ? j->nholds : 1, sizeof *q->holds);
         if (q->holds != NULL) {
             memcpy(q->holds, j->holds, j->nholds * sizeof *q->holds);
@@ -647,10 +680,15 @@ static void send_ask(dsec_arbiter *a, struct ask *q)
     size_t n = q->nholds < 64 ? q->nholds : 64;
     to_items(q->holds, n, q->job, items);
     uint64_t now = dsec_wall_ns();
-    dsec_msg_reclaim_outcome o = {.req_id = q->req_id, .job = q->job, .outcome = "requested",
-                                  .cpu_milli = q->r.cpu_milli, .memory_mb = q->r.memory_mb,
-                                  .requested_ns = now, .deadline_ns = q->r.deadline_ns,
-                                  .arbiter = a->name, .holds = {items, (uint32_t)n}};
+    dsec_msg_reclaim_outcome o = {.req_id = q->req_id,
+                                  .job = q->job,
+                                  .outcome = "requested",
+                                  .cpu_milli = q->r.cpu_milli,
+                                  .memory_mb = q->r.memory_mb,
+                                  .requested_ns = now,
+                                  .deadline_ns = q->r.deadline_ns,
+                                  .arbiter = a->name,
+                                  .holds = {items, (uint32_t)n}};
     dsec_buf b;
     dsec_err err;
     char key[96];
@@ -848,5 +886,11 @@ void dsec_arbiter_stats_get(dsec_arbiter *a, dsec_arbiter_stats *out)
     out->active = atomic_load(&a->active);
 }
 
-const char *dsec_arbiter_name(const dsec_arbiter *a) { return a->name; }
-const dsec_actor *dsec_arbiter_actor(const dsec_arbiter *a) { return a->actor; }
+const char *dsec_arbiter_name(const dsec_arbiter *a)
+{
+    return a->name;
+}
+const dsec_actor *dsec_arbiter_actor(const dsec_arbiter *a)
+{
+    return a->actor;
+}

@@ -560,10 +560,9 @@ static void open_traj(dsec_cell *c, const dsec_cell_conf *conf)
          attempt++)
         ;
     if (rc < 0)
-        dsec_log_warn(
-                "dsecd %s: no trajectory log (operations naming a rollout_id will be "
-                "refused): %s",
-                conf->cell, terr.msg);
+        dsec_log_warn("dsecd %s: no trajectory log (operations naming a rollout_id will be "
+                      "refused): %s",
+                      conf->cell, terr.msg);
 }
 
 /* Node i of the cell's configuration, started under its own state directory; netc: the

@@ -1,4 +1,5 @@
-/* cell.h - a cell's actors in one process: configuration from YAML, then schedulers and node managers on one bus. */
+/* cell.h - a cell's actors in one process: configuration from YAML, then schedulers and node
+ * managers on one bus. */
 #ifndef DSEC_ACTORS_CELL_H
 #define DSEC_ACTORS_CELL_H
 
@@ -36,46 +37,47 @@ typedef struct dsec_cell_node {
 
 /* net: network containment of native nodes' sandboxes (docs/network.md). */
 typedef struct dsec_cell_net {
-    bool enabled;             /* off: sandboxes get an empty namespace, policies are refused */
-    unsigned tag_base;        /* node i of this process gets tag tag_base + i (0..255 per host) */
-    bool ipv6;                /* default false: sandboxes get no IPv6 at all (docs/network.md
-                                 says what IPv6 costs per sandbox) */
-    bool masquerade;          /* SNAT traffic leaving the node (default true) */
-    char **upstream;          /* resolvers for allowed names; none: /etc/resolv.conf */
+    bool enabled;      /* off: sandboxes get an empty namespace, policies are refused */
+    unsigned tag_base; /* node i of this process gets tag tag_base + i (0..255 per host) */
+    bool ipv6;         /* default false: sandboxes get no IPv6 at all (docs/network.md
+                          says what IPv6 costs per sandbox) */
+    bool masquerade;   /* SNAT traffic leaving the node (default true) */
+    char **upstream;   /* resolvers for allowed names; none: /etc/resolv.conf */
     size_t nupstream;
-    char **deny;              /* CIDRs never reachable (beyond the built-in ones) */
+    char **deny; /* CIDRs never reachable (beyond the built-in ones) */
     size_t ndeny;
     dsec_net_mirror *mirrors; /* names and targets owned */
     size_t nmirrors;
     uint32_t dns_port, dns_qps, conn_rate, alert_window_ms; /* 0: net.h defaults */
-    uint32_t dns_cache;       /* resolver answers cached per node (net.dns_cache); 0: 10000 */
-    uint32_t warm;            /* networks kept ready ahead of creates (net.warm); 0: 8;
-                                 UINT32_MAX: none (net.warm: 0) */
+    uint32_t dns_cache; /* resolver answers cached per node (net.dns_cache); 0: 10000 */
+    uint32_t warm;      /* networks kept ready ahead of creates (net.warm); 0: 8;
+                           UINT32_MAX: none (net.warm: 0) */
 } dsec_cell_net;
 
 typedef struct dsec_cell_conf {
     char cell[65];
-    char url[256];           /* the bus */
-    int threads;             /* bus worker threads */
-    bool low_latency;        /* bus.low_latency: publish at once (default true) */
-    bool embedded_nats;      /* start a nats-server (dsec up) */
-    int nats_port;           /* 0: a free port */
+    char url[256];      /* the bus */
+    int threads;        /* bus worker threads */
+    bool low_latency;   /* bus.low_latency: publish at once (default true) */
+    bool embedded_nats; /* start a nats-server (dsec up) */
+    int nats_port;      /* 0: a free port */
     bool jetstream;
     char state_dir[1024];
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;
-    uint64_t default_disk_mb, default_function_disk_mb; /* a create's disk quota when it names none */
+    uint64_t default_disk_mb,
+        default_function_disk_mb; /* a create's disk quota when it names none */
     unsigned sched_replicas, k, max_attempts, max_hops;
     uint32_t dead_after_ms, capacity_ms, full_ms, heartbeat_ms, reap_ms, summary_ms;
-    uint32_t lost_after_ms;  /* scheduler.lost_after_ms: a node silent this long is lost */
+    uint32_t lost_after_ms;    /* scheduler.lost_after_ms: a node silent this long is lost */
     uint32_t suspect_after_ms; /* scheduler.suspect_after_ms; 0: 2 * heartbeat_ms */
     uint32_t drain_gap_ms;     /* scheduler.drain_gap_ms; 0: 1000 */
     uint32_t probation_ms;     /* scheduler.probation_ms; 0: 3 * heartbeat_ms */
-    int64_t journal_sync_ms; /* 0: 1000; -1: never */
-    uint32_t wait_ms;        /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
-    uint32_t admit_max;      /* scheduler.admit_max: work a replica holds; 0: 65536 */
-    uint32_t park_max;       /* scheduler.park_max: rollouts parked per replica; 0: 1024 */
-    uint32_t shed_after_ms;  /* scheduler.shed_after_ms: a create's longest wait in a replica's
-                                mailbox before it is answered "overloaded"; 0: never */
+    int64_t journal_sync_ms;   /* 0: 1000; -1: never */
+    uint32_t wait_ms;          /* scheduler.wait_ms: rollout creates wait for room; 0: 30000 */
+    uint32_t admit_max;        /* scheduler.admit_max: work a replica holds; 0: 65536 */
+    uint32_t park_max;         /* scheduler.park_max: rollouts parked per replica; 0: 1024 */
+    uint32_t shed_after_ms;    /* scheduler.shed_after_ms: a create's longest wait in a replica's
+                                  mailbox before it is answered "overloaded"; 0: never */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
     unsigned arbiter_replicas;  /* JetStream replicas of the arbiter's buckets; 0: 1 */
     bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */
@@ -83,22 +85,22 @@ typedef struct dsec_cell_conf {
     uint32_t quota_reload_ms;   /* 0: 10000 */
     uint32_t quota_lease_ms;    /* a standby quota actor takes over after this; 0: 3000 */
     unsigned quota_replicas;    /* of the DSEC_QUOTAS bucket; 0: 1 */
-    uint64_t pause_idle_ms;    /* nodes freeze pausable rollouts idle this long... */
+    uint64_t pause_idle_ms;     /* nodes freeze pausable rollouts idle this long... */
     uint32_t pressure_free_pct; /* ...when free memory is below this % (0: 30000 ms, 10 %) */
-    int64_t traj_retention_s;  /* trajectory log retention; 0: 7 days */
-    int64_t traj_max_bytes;    /* 0: unlimited */
-    unsigned traj_replicas;    /* JetStream replicas of DSEC_TRAJ; 0: 1 (3 on a NATS cluster) */
-    char layers_kind[16];      /* layers.registry: local | shared | jetstream */
-    char layers_path[1024];    /* local/shared: the registry directory; "": <state_dir>/layers */
-    char layers_bucket[64];    /* jetstream: the bucket (default DSEC_LAYERS) */
-    unsigned layers_replicas;  /* jetstream: replicas of its stream and bucket; 0: 1 */
+    int64_t traj_retention_s;   /* trajectory log retention; 0: 7 days */
+    int64_t traj_max_bytes;     /* 0: unlimited */
+    unsigned traj_replicas;     /* JetStream replicas of DSEC_TRAJ; 0: 1 (3 on a NATS cluster) */
+    char layers_kind[16];       /* layers.registry: local | shared | jetstream */
+    char layers_path[1024];     /* local/shared: the registry directory; "": <state_dir>/layers */
+    char layers_bucket[64];     /* jetstream: the bucket (default DSEC_LAYERS) */
+    unsigned layers_replicas;   /* jetstream: replicas of its stream and bucket; 0: 1 */
     dsec_cell_net net;
-    char metrics_listen[128];  /* metrics.listen: "HOST:PORT" of the Prometheus endpoint
-                                  (docs/metrics.md); "": none */
-    double trace_sample_rate;  /* trace.sample_rate: share of requests whose hops are kept (0.01) */
-    uint32_t trace_slow_ms;    /* trace.slow_ms: hops this slow are always kept (100) */
-    uint32_t trace_ring;       /* trace.ring: hops kept by this process (4096; 0: tracing off) */
-    dsec_cell_node *nodes;   /* owned */
+    char metrics_listen[128]; /* metrics.listen: "HOST:PORT" of the Prometheus endpoint
+                                 (docs/metrics.md); "": none */
+    double trace_sample_rate; /* trace.sample_rate: share of requests whose hops are kept (0.01) */
+    uint32_t trace_slow_ms;   /* trace.slow_ms: hops this slow are always kept (100) */
+    uint32_t trace_ring;      /* trace.ring: hops kept by this process (4096; 0: tracing off) */
+    dsec_cell_node *nodes;    /* owned */
     size_t nnodes;
 } dsec_cell_conf;
 

@@ -1,4 +1,5 @@
-/* lost.c - declaring silent nodes lost to their sandboxes' owners, reconciling them when they return, and telling nodes of retried creates placed elsewhere. */
+/* lost.c - declaring silent nodes lost to their sandboxes' owners, reconciling them when they
+ * return, and telling nodes of retried creates placed elsewhere. */
 #include "actors/lost.h"
 
 #include <inttypes.h>
@@ -31,17 +32,17 @@ struct watched {
     struct watched *next; /* hash chain; entries live until dsec_lost_free */
     dsec_lost *w;
     char name[DSEC_NAME_LEN_MAX + 1];
-    uint64_t last_ms;    /* it last spoke (monotonic) */
-    char **tenants;      /* from its last full report; owned */
+    uint64_t last_ms; /* it last spoke (monotonic) */
+    char **tenants;   /* from its last full report; owned */
     size_t ntenants;
-    uint64_t lost_ns;    /* declared lost then (wall clock); 0: not lost */
+    uint64_t lost_ns; /* declared lost then (wall clock); 0: not lost */
     uint64_t silent_ms;
-    bool reconciling;    /* a reconcile request is in flight */
-    uint64_t resend_seq; /* the first notice it may have missed; 0: none */
+    bool reconciling;              /* a reconcile request is in flight */
+    uint64_t resend_seq;           /* the first notice it may have missed; 0: none */
     uint64_t sent_from, sent_upto; /* the notices [from, upto) in flight to it */
-    bool resending;      /* a superseded_list request is in flight */
-    uint64_t conn;       /* its reports' connection generation */
-    uint64_t conn_ms;    /* the last report of that generation came then */
+    bool resending;                /* a superseded_list request is in flight */
+    uint64_t conn;                 /* its reports' connection generation */
+    uint64_t conn_ms;              /* the last report of that generation came then */
 };
 
 struct dsec_lost {
@@ -204,19 +205,24 @@ static void on_reconciled(int status, dsec_msg *reply, const dsec_err *err, void
     inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (ok)
-        dsec_log_info("dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost",
-                w->who, x->name);
+        dsec_log_info(
+            "dsec-scheduler %s: node %s is back and reclaims what its owners were told is lost",
+            w->who, x->name);
     else if (status < 0)
-        dsec_log_warn("dsec-scheduler %s: node %s is back but did not take the reconcile: %s (asking again)",
-                w->who, x->name, err->msg);
+        dsec_log_warn(
+            "dsec-scheduler %s: node %s is back but did not take the reconcile: %s (asking again)",
+            w->who, x->name, err->msg);
 }
 
 /* Ask a returned node to reclaim what it made before it was declared lost
  * (w->mu held; the request's answer comes on a bus thread). */
 static void reconcile_locked(dsec_lost *w, struct watched *x)
 {
-    dsec_msg_node_lost nl = {.node = x->name, .cell = w->cell, .lost_ns = x->lost_ns,
-                             .silent_ms = x->silent_ms, .by = w->who};
+    dsec_msg_node_lost nl = {.node = x->name,
+                             .cell = w->cell,
+                             .lost_ns = x->lost_ns,
+                             .silent_ms = x->silent_ms,
+                             .by = w->who};
     char subj[160];
     snprintf(subj, sizeof subj, DSEC_SUBJ_RECONCILE, x->name);
     /* not sent: the next report asks again */
@@ -246,8 +252,8 @@ static void expire_locked(dsec_lost *w, uint64_t now_ms)
 void dsec_lost_superseded(dsec_lost *w, const char *tenant, const char *req_id, const char *node,
                           uint64_t retry, uint64_t now_ms)
 {
-    dsec_msg_superseded one = {.tenant = tenant, .req_id = req_id, .node = node, .retry = retry,
-                               .ts_ns = dsec_wall_ns()};
+    dsec_msg_superseded one = {
+        .tenant = tenant, .req_id = req_id, .node = node, .retry = retry, .ts_ns = dsec_wall_ns()};
     pthread_mutex_lock(&w->mu);
     if (w->ring == NULL)
         w->ring = dsec_calloc(DSEC_LOST_NOTICES_MAX, sizeof *w->ring);
@@ -296,8 +302,10 @@ static void on_resent(int status, dsec_msg *reply, const dsec_err *err, void *ud
     inflight_done_locked(w);
     pthread_mutex_unlock(&w->mu);
     if (!ok && status < 0)
-        dsec_log_warn("dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
-                "(sending again on its next report)", w->who, x->name, err->msg);
+        dsec_log_warn(
+            "dsec-scheduler %s: node %s did not take the retried creates placed elsewhere: %s "
+            "(sending again on its next report)",
+            w->who, x->name, err->msg);
 }
 
 /* Send a returned node the notices from x->resend_seq on, one batch per
@@ -322,8 +330,11 @@ static void resend_locked(dsec_lost *w, struct watched *x)
     size_t k = 0;
     for (uint64_t q = x->resend_seq; q < upto; q++) {
         const struct notice *e = notice_at(w, q);
-        items[k++] = (dsec_msg_superseded){.tenant = e->tenant, .req_id = e->req_id, .node = e->node,
-                                           .retry = e->retry, .ts_ns = e->ts_ns};
+        items[k++] = (dsec_msg_superseded){.tenant = e->tenant,
+                                           .req_id = e->req_id,
+                                           .node = e->node,
+                                           .retry = e->retry,
+                                           .ts_ns = e->ts_ns};
     }
     dsec_msg_superseded_list l = {.by = w->who, .items = {.items = items, .n = k}};
     char subj[192];
@@ -424,13 +435,16 @@ void dsec_lost_tick(dsec_lost *w, uint64_t now_ms)
         }
     pthread_mutex_unlock(&w->mu);
     for (size_t i = 0; i < k; i++) {
-        dsec_msg_node_lost nl = {.node = lost[i].name, .cell = w->cell, .lost_ns = lost[i].lost_ns,
-                                 .silent_ms = lost[i].silent_ms, .by = w->who};
+        dsec_msg_node_lost nl = {.node = lost[i].name,
+                                 .cell = w->cell,
+                                 .lost_ns = lost[i].lost_ns,
+                                 .silent_ms = lost[i].silent_ms,
+                                 .by = w->who};
         char subj[192];
         dsec_err err;
-        dsec_log_warn(
-                "dsec-scheduler %s: node %s silent for %" PRIu64 " ms: declared lost; telling %zu tenant(s)",
-                w->who, lost[i].name, lost[i].silent_ms, lost[i].ntenants);
+        dsec_log_warn("dsec-scheduler %s: node %s silent for %" PRIu64
+                      " ms: declared lost; telling %zu tenant(s)",
+                      w->who, lost[i].name, lost[i].silent_ms, lost[i].ntenants);
         /* names are checked where they enter, so every subject fits */
         if (snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_OF, w->cell, "lost", lost[i].name) <
             (int)sizeof subj)

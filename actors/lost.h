@@ -1,4 +1,5 @@
-/* lost.h - a scheduler replica's watch over its nodes: declaring a silent node lost to the owners of its sandboxes, and having it reclaim them when it returns. */
+/* lost.h - a scheduler replica's watch over its nodes: declaring a silent node lost to the owners
+ * of its sandboxes, and having it reclaim them when it returns. */
 #ifndef DSEC_ACTORS_LOST_H
 #define DSEC_ACTORS_LOST_H
 
@@ -36,11 +37,10 @@ void dsec_lost_seen(dsec_lost *w, const char *node, bool full, const dsec_msg_us
                     size_t nusage, uint64_t conn, uint64_t now_ms);
 /* Attempt retry (>= 1) of a create was placed on node, or its lookup found
  * node holding it. Any other node that made it for an earlier attempt, its
- * answer lost, must drop that copy: the cell's nodes are told at once on dsec.v1.ctl.superseded.<cell>,
- * and a node that was silent for gap_ms meanwhile is sent, when it speaks
- * again, every notice from its silence on
- * dsec.v1.ctl.superseded.<cell>.<node>, until it answers. Notices are kept
- * for 2 * lost_after_ms (a node silent longer is reconciled whole) and at
+ * answer lost, must drop that copy: the cell's nodes are told at once on
+ * dsec.v1.ctl.superseded.<cell>, and a node that was silent for gap_ms meanwhile is sent, when it
+ * speaks again, every notice from its silence on dsec.v1.ctl.superseded.<cell>.<node>, until it
+ * answers. Notices are kept for 2 * lost_after_ms (a node silent longer is reconciled whole) and at
  * most DSEC_LOST_NOTICES_MAX of them. */
 #define DSEC_LOST_NOTICES_MAX 16384
 void dsec_lost_superseded(dsec_lost *w, const char *tenant, const char *req_id, const char *node,
@@ -49,10 +49,10 @@ void dsec_lost_superseded(dsec_lost *w, const char *tenant, const char *req_id, 
 void dsec_lost_tick(dsec_lost *w, uint64_t now_ms);
 
 typedef struct dsec_lost_stats {
-    uint64_t declared;   /* nodes declared lost */
-    uint64_t reconciled; /* returned nodes that acknowledged the reclaim */
-    uint64_t superseded; /* retried creates placed, told to the cell's nodes */
-    uint64_t resent;     /* notices sent again to nodes back from a silence */
+    uint64_t declared;    /* nodes declared lost */
+    uint64_t reconciled;  /* returned nodes that acknowledged the reclaim */
+    uint64_t superseded;  /* retried creates placed, told to the cell's nodes */
+    uint64_t resent;      /* notices sent again to nodes back from a silence */
     uint64_t overwritten; /* notices dropped, still young, for DSEC_LOST_NOTICES_MAX */
 } dsec_lost_stats;
 

@@ -23,7 +23,15 @@ struct FTW;
 /* The node manager: admission, one sandbox actor per sandbox (a mailbox key), reports, journal,
  * re-adoption. Shared names are dsec__node_*; what one file alone uses stays static in it. */
 
-enum sbx_state { ST_REQUESTED, ST_STARTING, ST_RUNNING, ST_PAUSED, ST_STOPPING, ST_GONE, ST_FAILED };
+enum sbx_state {
+    ST_REQUESTED,
+    ST_STARTING,
+    ST_RUNNING,
+    ST_PAUSED,
+    ST_STOPPING,
+    ST_GONE,
+    ST_FAILED
+};
 extern const char *const dsec__node_state_names[]; /* by enum sbx_state (node-table.c) */
 enum reap_reason { REAP_NONE, REAP_TTL, REAP_IDLE, REAP_LOST, REAP_SUPERSEDED };
 
@@ -35,8 +43,8 @@ struct sbx {
     struct sbx *next_req; /* (tenant, req_id) hash chain (node lock) */
     dsec_sandbox *h;      /* backend handle */
     dsec_backend *be;
-    char *bstate;         /* backend_state for adopt and compaction */
-    uint64_t created_ns;  /* wall clock */
+    char *bstate;             /* backend_state for adopt and compaction */
+    uint64_t created_ns;      /* wall clock */
     _Atomic uint64_t last_ns; /* wall clock of the last operation */
     _Atomic uint32_t running; /* commands in flight: a sandbox running one is never idle */
     /* Process calls made beside its other operations (the sig subject, node-proc.c): taken
@@ -49,22 +57,22 @@ struct sbx {
     uint64_t disk_mb; /* the quota of its writable layer, held from the node's disk */
     uint8_t type_idx;
     _Atomic uint8_t state;
-    _Atomic uint8_t reap;  /* enum reap_reason, set by the reaper */
-    bool pausable;         /* a rollout that may be frozen while idle under memory pressure */
-    bool superseded;       /* a later attempt of its create is kept elsewhere: the reaper destroys
-                              it, and its request id finds it no more (node lock) */
+    _Atomic uint8_t reap;   /* enum reap_reason, set by the reaper */
+    bool pausable;          /* a rollout that may be frozen while idle under memory pressure */
+    bool superseded;        /* a later attempt of its create is kept elsewhere: the reaper destroys
+                               it, and its request id finds it no more (node lock) */
     _Atomic uint32_t retry; /* the latest attempt of its create placed here, or kept here by a
                                superseded notice (set under the node lock; journaled) */
     uint32_t lookup_retry;  /* the latest attempt whose lookup it answered (node lock) */
-    _Atomic bool frozen;   /* paused by the node; its memory went back to the pool */
-    _Atomic bool freezing; /* a freeze is queued on its mailbox */
-    uint32_t mem_owed;     /* MB it could not take back when thawed (memory was short) */
+    _Atomic bool frozen;    /* paused by the node; its memory went back to the pool */
+    _Atomic bool freezing;  /* a freeze is queued on its mailbox */
+    uint32_t mem_owed;      /* MB it could not take back when thawed (memory was short) */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char project[DSEC_NAME_LEN_MAX + 1]; /* "" when the create named none */
     char req_id[65];
-    char *labels;     /* its labels as created: nlabels "key\0value\0" pairs; NULL: none.
-                         Set before it is inserted, never changed (read without the lock) */
+    char *labels; /* its labels as created: nlabels "key\0value\0" pairs; NULL: none.
+                     Set before it is inserted, never changed (read without the lock) */
     size_t labels_len;
     uint32_t nlabels;
 };
@@ -72,10 +80,10 @@ struct sbx {
 /* A request id whose retry was placed on another node (superseded): a
  * placement of an earlier attempt that arrives later is not created. */
 struct tomb {
-    struct tomb *next;      /* hash chain (node lock) */
-    struct tomb *next_old;  /* oldest first, for expiry (node lock) */
-    uint64_t expires_ns;    /* wall clock */
-    uint32_t retry;         /* the attempt placed elsewhere */
+    struct tomb *next;     /* hash chain (node lock) */
+    struct tomb *next_old; /* oldest first, for expiry (node lock) */
+    uint64_t expires_ns;   /* wall clock */
+    uint32_t retry;        /* the attempt placed elsewhere */
     char tenant[DSEC_NAME_LEN_MAX + 1];
     char req_id[65];
 };
@@ -99,7 +107,7 @@ struct gone {
 };
 
 #define GONE_BUCKETS 4096
-#define GONE_MAX 65536                          /* per node: about 18 MB when full */
+#define GONE_MAX 65536                        /* per node: about 18 MB when full */
 #define GONE_TTL_NS (3600ull * 1000000000ull) /* an hour: beyond any client's backlog */
 
 /* A sandbox the backend could not adopt because of this node's configuration (DSEC_E_CONFIG:
@@ -145,18 +153,19 @@ struct dsec_node {
     char cell[DSEC_NAME_LEN_MAX + 1];
     char subj_evt_node[192]; /* dsec.v1.ctl.evt.<cell>.node.<node> */
     char subj_evt_sbx[192];  /* dsec.v1.ctl.evt.<cell>.sbx.<node> */
-    dsec_node_conf conf;     /* copy; strings point into the caller's conf, which outlives start only */
-    char snap_dir[4096];     /* <state_dir>/snapshots: the files backends write on snapshot */
+    dsec_node_conf conf; /* copy; strings point into the caller's conf, which outlives start only */
+    char snap_dir[4096]; /* <state_dir>/snapshots: the files backends write on snapshot */
     dsec_type_mask offered;
     char **type_names;       /* offered names (copied), NULL-terminated */
     dsec_backend_kv *labels; /* copied */
     size_t nlabels;
-    dsec_backend *backends[DSEC_REGISTRY_MAX]; /* per registry index; shared when backend is "sim" */
+    dsec_backend
+        *backends[DSEC_REGISTRY_MAX]; /* per registry index; shared when backend is "sim" */
     /* Sandbox operations never hold a bus worker: commands wait on the loop, everything
      * else that needs a thread runs on the work queue, fair across tenants and sandboxes. */
     dsec_loop *loop;
     dsec_workq *work;
-    dsec_results *results; /* finished commands' answers by request id (retries, reattach) */
+    dsec_results *results;   /* finished commands' answers by request id (retries, reattach) */
     bool own_loop, own_work; /* opened here, not borrowed from the cell */
     _Atomic uint64_t execs_inflight, execs_peak;
     int ticks[4];
@@ -192,17 +201,18 @@ struct dsec_node {
     _Atomic uint64_t reaped_lost;
     _Atomic uint64_t reaped_superseded; /* made for an attempt whose retry was kept elsewhere */
     _Atomic uint64_t stale_places;      /* placements of an attempt already superseded */
-    _Atomic uint64_t late_places; /* placements dropped: past their client's deadline */
-    _Atomic uint64_t shed_places; /* placements answered "overloaded" for their wait */
-    _Atomic uint64_t net_alerts; /* network alerts published */
-    dsec_metrics_hist create_lat; /* place received -> created answered, creates that made a sandbox */
+    _Atomic uint64_t late_places;       /* placements dropped: past their client's deadline */
+    _Atomic uint64_t shed_places;       /* placements answered "overloaded" for their wait */
+    _Atomic uint64_t net_alerts;        /* network alerts published */
+    dsec_metrics_hist
+        create_lat; /* place received -> created answered, creates that made a sandbox */
     uint64_t hb_seq;
-    uint64_t conn_base;      /* wall clock at start: with the bus's reconnects, the report's conn */
+    uint64_t conn_base; /* wall clock at start: with the bus's reconnects, the report's conn */
 
-    dsec_net *net;           /* network containment, or NULL */
+    dsec_net *net;            /* network containment, or NULL */
     pthread_mutex_t alert_mu; /* alerts are published only while alert_on */
     bool alert_on;
-    char subj_alert[192];    /* dsec.v1.ctl.evt.<cell>.alert.<node> */
+    char subj_alert[192]; /* dsec.v1.ctl.evt.<cell>.alert.<node> */
 };
 
 /* Answers of finished commands kept for retries, unless the node's conf says otherwise
@@ -228,7 +238,10 @@ static inline uint64_t dsec__node_mem_held(const struct sbx *s)
     return s->frozen ? 0 : (uint64_t)s->memory_mb - s->mem_owed;
 }
 
-static inline void dsec__node_touch(struct sbx *s) { s->last_ns = dsec_wall_ns(); }
+static inline void dsec__node_touch(struct sbx *s)
+{
+    s->last_ns = dsec_wall_ns();
+}
 
 /* How long ago then was. The clock was read before the lock was taken, and
  * operations touch last_ns without it: a time a little after now is "just
@@ -293,8 +306,8 @@ int dsec__node_read_hash_file(struct sbx *s, const char *path, uint64_t size,
 
 /* ---- node-place.c: admission ------------------------------------------------------ */
 
-void dsec__node_send_created(dsec_node *n, const char *reply_to, const struct sbx *s,
-                             bool existing, const char *req_id);
+void dsec__node_send_created(dsec_node *n, const char *reply_to, const struct sbx *s, bool existing,
+                             const char *req_id);
 void dsec__node_new_id(const dsec_node *n, char *out, size_t len);
 void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud);
 void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void *ud);
@@ -342,7 +355,8 @@ void dsec__node_announce(dsec_node *n);
 
 int dsec__node_labels_set(struct sbx *s, const char *const *k, const char *const *v, uint32_t n);
 int dsec__node_labels_copy(struct sbx *dst, const struct sbx *src);
-/* The labels as one journal field (hex of the pairs); "" when none. Caller frees; NULL: no memory. */
+/* The labels as one journal field (hex of the pairs); "" when none. Caller frees; NULL: no memory.
+ */
 char *dsec__node_labels_record(const struct sbx *s);
 int dsec__node_labels_parse(struct sbx *s, const char *rec);
 void dsec__node_on_list(dsec_actor *a, dsec_msg *m, void *ud);

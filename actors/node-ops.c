@@ -1,4 +1,5 @@
-/* node-ops.c - one sandbox's operations (files, destroy, fork, pause, snapshot, ...), off the bus. */
+/* node-ops.c - one sandbox's operations (files, destroy, fork, pause, snapshot, ...), off the bus.
+ */
 #define _GNU_SOURCE /* nftw */
 #include "actors/node-int.h"
 
@@ -172,8 +173,8 @@ static void xfer_end_free(struct xfer_end *x)
 
 /* The write ended (rc) or failed: its trajectory record, then its answer. */
 static void write_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path, size_t len,
-                         bool append, const char *rollout_id, uint64_t step,
-                         const uint8_t *hash, int rc, dsec_err *err)
+                         bool append, const char *rollout_id, uint64_t step, const uint8_t *hash,
+                         int rc, dsec_err *err)
 {
     if (rc < 0) {
         dsec_err_wrap(err, "writing %s in %s", path, s->id);
@@ -202,8 +203,8 @@ static void write_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *p
 }
 
 static void read_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *path, int rc,
-                        const dsec_file_data *d, bool sha256, uint64_t offset,
-                        dsec__read_hash *rh, dsec_err *err)
+                        const dsec_file_data *d, bool sha256, uint64_t offset, dsec__read_hash *rh,
+                        dsec_err *err)
 {
     if (rc < 0) {
         dsec__node_read_hash_abort(rh);
@@ -222,8 +223,12 @@ static void read_finish(dsec_node *n, dsec_msg *m, struct sbx *s, const char *pa
         dsec__node_reply_backend(n, m, &lerr, "path");
         return;
     }
-    dsec_msg_file_data out = {.id = s->id, .path = path, .data = {d->data, d->len},
-                              .size = d->size, .eof = d->eof, .sha256 = hex[0] ? hex : NULL};
+    dsec_msg_file_data out = {.id = s->id,
+                              .path = path,
+                              .data = {d->data, d->len},
+                              .size = d->size,
+                              .eof = d->eof,
+                              .sha256 = hex[0] ? hex : NULL};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &lerr) < 0)
         dsec_wire_error(n->actor, m, &lerr);
 }
@@ -243,8 +248,8 @@ static void xfer_done(void *ud, int rc, dsec_file_data *data, dsec_err *err)
         if (data != NULL)
             dsec_free(data->data);
     } else {
-        write_finish(x->n, m, x->s, x->path, x->len, x->append, x->rollout_id, x->step, x->hash,
-                     rc, err);
+        write_finish(x->n, m, x->s, x->path, x->len, x->append, x->rollout_id, x->step, x->hash, rc,
+                     err);
     }
     dsec_trace_leave(&sc);
     dsec_deferred *d = x->d;
@@ -287,7 +292,8 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
         dsec_traj_hash_write(&w, hash);
         if (dsec__node_traj_check(n, m, w.rollout_id, w.step, hash, &rec)) {
             if (rec != NULL) {
-                dsec_msg_file_data out = {.id = s->id, .path = w.path, .size = w.data.len, .eof = true};
+                dsec_msg_file_data out = {
+                    .id = s->id, .path = w.path, .size = w.data.len, .eof = true};
                 if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
                     dsec_wire_error(n->actor, m, &err);
                 dsec_traj_record_free(rec);
@@ -313,8 +319,8 @@ static void do_write(dsec_node *n, dsec_msg *m, struct sbx *s)
             xfer_done(x, -1, NULL, &err); /* answered; the key is released after this handler */
         return;
     }
-    int rc = dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len, mode, w.append,
-                                     &err);
+    int rc =
+        dsec_backend_file_write(s->be, s->h, w.path, w.data.ptr, w.data.len, mode, w.append, &err);
     write_finish(n, m, s, w.path, w.data.len, w.append, w.rollout_id, w.step, hash, rc, &err);
 }
 
@@ -335,8 +341,8 @@ static void do_read(dsec_node *n, dsec_msg *m, struct sbx *s)
         x->sha256 = rq.sha256;
         x->offset = rq.offset;
         x->rh = rh;
-        if (dsec_backend_file_read_start(s->be, s->h, rq.path, rq.offset, max, xfer_done, x,
-                                         &err) < 0)
+        if (dsec_backend_file_read_start(s->be, s->h, rq.path, rq.offset, max, xfer_done, x, &err) <
+            0)
             xfer_done(x, -1, NULL, &err);
         return;
     }
@@ -366,8 +372,11 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
         return;
     }
     for (size_t i = 0; i < ne; i++)
-        items[i] = (dsec_msg_file_entry){.name = e[i].name, .kind = dsec_file_kind_name(e[i].kind),
-                                         .size = e[i].size, .mode = e[i].mode, .mtime = e[i].mtime};
+        items[i] = (dsec_msg_file_entry){.name = e[i].name,
+                                         .kind = dsec_file_kind_name(e[i].kind),
+                                         .size = e[i].size,
+                                         .mode = e[i].mode,
+                                         .mtime = e[i].mtime};
     dsec_msg_file_list_reply out = {.id = s->id, .path = rq.path, .entries = {items, (uint32_t)ne}};
     if (dsec_wire_reply(n->actor, m, DSEC_MSG_FILE_LIST_REPLY, &out, &err) < 0)
         dsec_wire_error(n->actor, m, &err);
@@ -464,16 +473,19 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
  * children here. They carry the admission's id as their req_id, so the
  * quota actor counts each one off the admission as its event arrives. 0, or
  * -1 with the client answered. */
-static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t count, char *admit_id,
-                      size_t idn)
+static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t count,
+                      char *admit_id, size_t idn)
 {
     char rnd[33];
     dsec_bus_new_id(rnd);
     snprintf(admit_id, idn, "fork-%.40s", rnd);
     if (!n->conf.quota)
         return 0;
-    dsec_msg_admit ad = {.tenant = s->tenant, .project = s->project[0] ? s->project : NULL,
-                         .req_id = admit_id, .n = count, .cpu_milli = s->cpu_milli,
+    dsec_msg_admit ad = {.tenant = s->tenant,
+                         .project = s->project[0] ? s->project : NULL,
+                         .req_id = admit_id,
+                         .n = count,
+                         .cpu_milli = s->cpu_milli,
                          .memory_mb = s->memory_mb};
     char subj[160];
     snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA_ADMIT, n->cell);
@@ -560,10 +572,14 @@ static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
             dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
             goto out_free;
         }
-        *kids[i] = (struct sbx){.be = s->be, .type_idx = s->type_idx, .cpu_milli = s->cpu_milli,
-                                .memory_mb = s->memory_mb, .disk_mb = s->disk_mb,
+        *kids[i] = (struct sbx){.be = s->be,
+                                .type_idx = s->type_idx,
+                                .cpu_milli = s->cpu_milli,
+                                .memory_mb = s->memory_mb,
+                                .disk_mb = s->disk_mb,
                                 .ttl_ns = s->ttl_ns,
-                                .idle_ns = s->idle_ns, .state = ST_STARTING};
+                                .idle_ns = s->idle_ns,
+                                .state = ST_STARTING};
         dsec__node_new_id(n, kids[i]->id, sizeof kids[i]->id);
         memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
         memcpy(kids[i]->project, s->project, sizeof s->project);
@@ -654,8 +670,8 @@ static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
     pthread_mutex_lock(&n->mu); /* do_ttl and the reaper's ttl_ns */
     snprintf(expires, sizeof expires, "%" PRIu64, s->ttl_ns ? s->created_ns + s->ttl_ns : 0);
     pthread_mutex_unlock(&n->mu);
-    const char *k[9] = {"cpu_milli", "memory_mb", "disk_mb", "created_ns", "last_active_ns",
-                        "tenant", "expires_ns"};
+    const char *k[9] = {"cpu_milli",      "memory_mb", "disk_mb",   "created_ns",
+                        "last_active_ns", "tenant",    "expires_ns"};
     const char *v[9] = {cpu, mem, disk, created, last, s->tenant, expires};
     uint32_t nkv = 7;
     dsec_sandbox_stats st;
@@ -773,11 +789,11 @@ static void do_ttl(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t ttl_s)
     uint64_t max_ns = n->conf.max_ttl_s * 1000000000ull;
     if (ttl_s > n->conf.max_ttl_s || age_ns + ttl_s * 1000000000ull > max_ns) {
         uint64_t left_s = age_ns >= max_ns ? 0 : (max_ns - age_ns) / 1000000000ull;
-        dsec__node_reply_bad(n, m, "ttl_s",
-                             "ttl: ttl_s %" PRIu64 " would make sandbox %s live past this cell's "
-                             "max_ttl_s %" PRIu64 " (it is %" PRIu64 " s old: at most %" PRIu64
-                             " s more)",
-                             ttl_s, s->id, (uint64_t)n->conf.max_ttl_s, age_ns / 1000000000u, left_s);
+        dsec__node_reply_bad(
+            n, m, "ttl_s",
+            "ttl: ttl_s %" PRIu64 " would make sandbox %s live past this cell's "
+            "max_ttl_s %" PRIu64 " (it is %" PRIu64 " s old: at most %" PRIu64 " s more)",
+            ttl_s, s->id, (uint64_t)n->conf.max_ttl_s, age_ns / 1000000000u, left_s);
         return;
     }
     pthread_mutex_lock(&n->mu);
@@ -812,7 +828,8 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     dsec_err err;
     dsec_msg_op op;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op,
+                    &err) < 0) {
         dsec_wire_error(n->actor, m, &err);
         return;
     }
@@ -866,14 +883,10 @@ static void sbx_dispatch(dsec_actor *a, dsec_msg *m, dsec_node *n)
     static const struct {
         const char *op;
         int type;
-    } ops[] = {{"exec", DSEC_MSG_EXEC},
-               {"write", DSEC_MSG_FILE_WRITE},
-               {"read", DSEC_MSG_FILE_READ},
-               {"ls", DSEC_MSG_FILE_LIST},
-               {"upload", DSEC_MSG_FILE_WRITE},
-               {"file", DSEC_MSG_FILE_OP},
-               {"op", DSEC_MSG_OP},
-               {"proc", DSEC_MSG_PROC}};
+    } ops[] = {
+        {"exec", DSEC_MSG_EXEC},    {"write", DSEC_MSG_FILE_WRITE},  {"read", DSEC_MSG_FILE_READ},
+        {"ls", DSEC_MSG_FILE_LIST}, {"upload", DSEC_MSG_FILE_WRITE}, {"file", DSEC_MSG_FILE_OP},
+        {"op", DSEC_MSG_OP},        {"proc", DSEC_MSG_PROC}};
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (strcmp(t.op, ops[i].op) == 0 && !dsec_wire_type_ok(a, m, ops[i].type))
             return;
@@ -916,7 +929,10 @@ struct sbx_job {
     void (*run)(dsec_node *n, dsec_msg *m);
 };
 
-static void sbx_dispatch_job(dsec_node *n, dsec_msg *m) { sbx_dispatch(n->actor, m, n); }
+static void sbx_dispatch_job(dsec_node *n, dsec_msg *m)
+{
+    sbx_dispatch(n->actor, m, n);
+}
 
 static void job_run(void *ud)
 {
@@ -1004,8 +1020,8 @@ uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud)
         const char *end = strchr(p, '.');
         /* the sig subject (signals and the other process calls but start) has a key of
          * its own, so it passes the sandbox's running command */
-        uint64_t h = end != NULL && strcmp(end, ".sig") == 0 ? 0x5349474e414cull
-                                                              : 1469598103934665603ull;
+        uint64_t h =
+            end != NULL && strcmp(end, ".sig") == 0 ? 0x5349474e414cull : 1469598103934665603ull;
         for (; *p && p != end; p++)
             h = (h ^ (uint8_t)*p) * 1099511628211ull;
         return h;

@@ -1,4 +1,5 @@
-/* node-proc.c - a sandbox's background processes (the proc message): start, list, signal, stdin, output. */
+/* node-proc.c - a sandbox's background processes (the proc message): start, list, signal, stdin,
+ * output. */
 #include "actors/node-int.h"
 
 #include <inttypes.h>
@@ -13,13 +14,21 @@
 
 static dsec_msg_proc_info wire_info(const dsec_proc_info *p)
 {
-    return (dsec_msg_proc_info){.handle = p->handle, .pid = p->pid, .running = p->running,
-                                .stdin_open = p->stdin_open, .timed_out = p->timed_out,
+    return (dsec_msg_proc_info){.handle = p->handle,
+                                .pid = p->pid,
+                                .running = p->running,
+                                .stdin_open = p->stdin_open,
+                                .timed_out = p->timed_out,
                                 .exit_code = p->running ? 0 : p->exit_code,
-                                .sig = p->running ? 0 : p->signal, .started_ns = p->started_ns,
-                                .ended_ns = p->ended_ns, .out_total = p->out_total,
-                                .err_total = p->err_total, .cmdline = p->cmdline,
-                                .pty = p->pty, .session = p->session, .busy = p->busy};
+                                .sig = p->running ? 0 : p->signal,
+                                .started_ns = p->started_ns,
+                                .ended_ns = p->ended_ns,
+                                .out_total = p->out_total,
+                                .err_total = p->err_total,
+                                .cmdline = p->cmdline,
+                                .pty = p->pty,
+                                .session = p->session,
+                                .busy = p->busy};
 }
 
 static void reply(dsec_node *n, dsec_msg *m, dsec_msg_proc_reply *out)
@@ -65,16 +74,21 @@ static void do_start(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_pr
     dsec_backend_kv env[PROC_ENV_MAX];
     for (uint32_t i = 0; i < rq->env.n; i++)
         env[i] = (dsec_backend_kv){rq->env.k[i], rq->env.v[i]};
-    dsec_proc_start_req req = {
-        .exec = {.argv = rq->argv.v, .argc = rq->argv.n, .env = env, .nenv = rq->env.n,
-                 .cwd = rq->cwd, .user = rq->user, .stdin_data = rq->data.ptr,
-                 .stdin_len = rq->data.len, .timeout_ms = rq->timeout_ms},
-        .ring_max = rq->ring_max,
-        .keep_stdin = rq->keep_stdin || rq->pty,
-        .pty = rq->pty,
-        .rows = (uint16_t)rq->rows,
-        .cols = (uint16_t)rq->cols,
-        .session = rq->session};
+    dsec_proc_start_req req = {.exec = {.argv = rq->argv.v,
+                                        .argc = rq->argv.n,
+                                        .env = env,
+                                        .nenv = rq->env.n,
+                                        .cwd = rq->cwd,
+                                        .user = rq->user,
+                                        .stdin_data = rq->data.ptr,
+                                        .stdin_len = rq->data.len,
+                                        .timeout_ms = rq->timeout_ms},
+                               .ring_max = rq->ring_max,
+                               .keep_stdin = rq->keep_stdin || rq->pty,
+                               .pty = rq->pty,
+                               .rows = (uint16_t)rq->rows,
+                               .cols = (uint16_t)rq->cols,
+                               .session = rq->session};
     dsec_proc_info p;
     dsec_err err;
     if (dsec_backend_proc_start(s->be, s->h, &req, &p, &err) < 0) {
@@ -111,8 +125,11 @@ static dsec_msg_proc_reply output_reply(const char *id, const dsec_proc_output *
                                         dsec_msg_proc_info *w)
 {
     *w = wire_info(&o->info);
-    return (dsec_msg_proc_reply){.id = id, .procs = {w, 1}, .out = {o->out, o->out_len},
-                                 .err = {o->err, o->err_len}, .out_from = o->out_from,
+    return (dsec_msg_proc_reply){.id = id,
+                                 .procs = {w, 1},
+                                 .out = {o->out, o->out_len},
+                                 .err = {o->err, o->err_len},
+                                 .out_from = o->out_from,
                                  .err_from = o->err_from};
 }
 
@@ -172,8 +189,7 @@ static int output_follow(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_ms
     snprintf(f->trace, sizeof f->trace, "%s", tr ? tr : "");
     dsec_err err;
     if (dsec_backend_proc_follow_start(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max,
-                                       (uint32_t)rq->wait_ms, n->loop, follow_done, f,
-                                       &err) < 0) {
+                                       (uint32_t)rq->wait_ms, n->loop, follow_done, f, &err) < 0) {
         dsec_free(f->reply);
         dsec_free(f->req_id);
         dsec_free(f);
@@ -190,8 +206,8 @@ static void do_output(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_p
     uint64_t max = rq->max == 0 || rq->max > DSEC_PROC_OUTPUT_MAX ? DSEC_PROC_OUTPUT_MAX : rq->max;
     if (output_follow(n, m, s, rq, max))
         return;
-    if (dsec_backend_proc_output(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max, &o,
-                                 &err) < 0) {
+    if (dsec_backend_proc_output(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max, &o, &err) <
+        0) {
         backend_failed(n, m, s, &err, "reading a background process's output", "handle");
         return;
     }
@@ -235,8 +251,8 @@ static void proc_op(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_pro
                                  "proc resize: give the window's rows and cols (1..65535)");
             return;
         }
-        if (dsec_backend_proc_resize(s->be, s->h, rq.handle, (uint16_t)rq.rows,
-                                     (uint16_t)rq.cols, &err) < 0) {
+        if (dsec_backend_proc_resize(s->be, s->h, rq.handle, (uint16_t)rq.rows, (uint16_t)rq.cols,
+                                     &err) < 0) {
             backend_failed(n, m, s, &err, "resizing a process's terminal", "handle");
             return;
         }
@@ -285,8 +301,7 @@ static bool side_decode(dsec_node *n, dsec_msg *m, const char *id, dsec_msg_proc
         return false;
     }
     if (strcmp(rq->id, id) != 0) {
-        dsec__node_reply_bad(n, m, "id", "proc: id %s does not match the subject's %s", rq->id,
-                             id);
+        dsec__node_reply_bad(n, m, "id", "proc: id %s does not match the subject's %s", rq->id, id);
         return false;
     }
     if (strcmp(rq->op, "start") == 0) {
@@ -303,11 +318,11 @@ static struct sbx *side_pin(dsec_node *n, dsec_msg *m, const char *tenant, const
 {
     pthread_mutex_lock(&n->mu);
     struct sbx *s = dsec__node_find_id(n, id);
-    int why = s == NULL || s->side_closed          ? 1
-              : strcmp(s->tenant, tenant) != 0     ? 2
-              : !dsec_backend_proc_follows(s->be)  ? 3
-              : s->state != ST_RUNNING             ? 4
-                                                   : 0;
+    int why = s == NULL || s->side_closed         ? 1
+              : strcmp(s->tenant, tenant) != 0    ? 2
+              : !dsec_backend_proc_follows(s->be) ? 3
+              : s->state != ST_RUNNING            ? 4
+                                                  : 0;
     const char *state = why == 4 ? dsec__node_state_names[s->state] : "";
     if (why == 0)
         atomic_fetch_add(&s->side, 1);
@@ -316,8 +331,8 @@ static struct sbx *side_pin(dsec_node *n, dsec_msg *m, const char *tenant, const
         dsec__node_reply_err(n, m, DSEC_E_NOT_FOUND, "no running sandbox %s on node %s", id,
                              n->name);
     else if (why == 2)
-        dsec__node_reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s",
-                             id, tenant);
+        dsec__node_reply_err(n, m, DSEC_E_PERMISSION, "sandbox %s does not belong to tenant %s", id,
+                             tenant);
     else if (why == 3)
         dsec__node_reply_err(n, m, DSEC_E_UNSUPPORTED,
                              "sandbox %s takes process calls on its proc subject only (one "
@@ -347,7 +362,7 @@ bool dsec__node_side_is_signal(const dsec_msg *m)
 {
     dsec_msg_proc rq;
     dsec_err err;
-    return dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m),
-                       &rq, &err) == 0 &&
+    return dsec_decode(dsec_wire_decoder(), DSEC_MSG_PROC, dsec_msg_data(m), dsec_msg_len(m), &rq,
+                       &err) == 0 &&
            strcmp(rq.op, "signal") == 0;
 }

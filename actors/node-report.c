@@ -40,8 +40,8 @@ static void usage_collect_locked(dsec_node *n, struct usage_set *u)
     for (size_t b = 0; b < n->nbuckets; b++)
         for (struct sbx *s = n->by_id[b]; s; s = s->next_id) {
             size_t i = dsec__node_hash_str(s->tenant, s->project) & (cap - 1);
-            while (u->v[i].tenant &&
-                   (strcmp(u->v[i].tenant, s->tenant) != 0 || strcmp(u->v[i].project, s->project) != 0))
+            while (u->v[i].tenant && (strcmp(u->v[i].tenant, s->tenant) != 0 ||
+                                      strcmp(u->v[i].project, s->project) != 0))
                 i = (i + 1) & (cap - 1);
             if (u->v[i].tenant == NULL) {
                 u->v[i].tenant = s->tenant;
@@ -69,10 +69,16 @@ static void usage_collect_locked(dsec_node *n, struct usage_set *u)
 static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct usage_set *u)
 {
     pthread_mutex_lock(&n->mu);
-    dsec_msg_capacity c = {.node = n->name, .cell = n->cell, .seq = ++n->seq, .full = full,
-                           .cpu_free_milli = n->cpu_free, .mem_free_mb = n->mem_free,
-                           .slots_free = n->slots_free, .live = n->live,
-                           .disk_free_mb = n->disk_free, .ts_ns = dsec_wall_ns()};
+    dsec_msg_capacity c = {.node = n->name,
+                           .cell = n->cell,
+                           .seq = ++n->seq,
+                           .full = full,
+                           .cpu_free_milli = n->cpu_free,
+                           .mem_free_mb = n->mem_free,
+                           .slots_free = n->slots_free,
+                           .live = n->live,
+                           .disk_free_mb = n->disk_free,
+                           .ts_ns = dsec_wall_ns()};
     n->dirty = false;
     c.conn = n->conn_base + dsec_bus_reconnects(n->bus);
     uint64_t by_type[DSEC_REGISTRY_MAX];
@@ -145,8 +151,8 @@ static void send_events(dsec_node *n, struct event *ev, size_t ne)
                                          .trace_id = ev[i].trace_id[0] ? ev[i].trace_id : NULL};
         for (size_t off = 0; off < ne; off += 4096) {
             size_t cnt = ne - off < 4096 ? ne - off : 4096;
-            dsec_msg_sandbox_events batch = {.node = n->name, .cell = n->cell,
-                                             .events = {items + off, (uint32_t)cnt}};
+            dsec_msg_sandbox_events batch = {
+                .node = n->name, .cell = n->cell, .events = {items + off, (uint32_t)cnt}};
             dsec_err err;
             if (dsec_wire_send(n->actor, n->bus, n->subj_evt_sbx, NULL, DSEC_MSG_SANDBOX_EVENTS,
                                &batch, NULL, &err) < 0)
@@ -204,8 +210,8 @@ void dsec__node_tick_sync(void *ud, uint64_t now)
 void dsec__node_tick_heartbeat(void *ud, uint64_t now)
 {
     dsec_node *n = ud;
-    dsec_msg_heartbeat hb = {.node = n->name, .cell = n->cell, .seq = ++n->hb_seq,
-                             .ts_ns = dsec_wall_ns()};
+    dsec_msg_heartbeat hb = {
+        .node = n->name, .cell = n->cell, .seq = ++n->hb_seq, .ts_ns = dsec_wall_ns()};
     char subj[256];
     snprintf(subj, sizeof subj, "%s.heartbeat", n->subj_evt_node);
     dsec_err err;
@@ -254,8 +260,10 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
     uint64_t want_mb = n->conf.memory_mb * n->conf.pressure_free_pct / 100;
     uint64_t idle_ns = (uint64_t)n->conf.pause_idle_ms * 1000000ull, gain = 0;
     for (size_t b = 0; n->conf.pause_idle_ms != UINT64_MAX && b < n->nbuckets && k < BATCH &&
-                       n->mem_free + gain < want_mb; b++)
-        for (struct sbx *s = n->by_id[b]; s && k < BATCH && n->mem_free + gain < want_mb; s = s->next_id) {
+                       n->mem_free + gain < want_mb;
+         b++)
+        for (struct sbx *s = n->by_id[b]; s && k < BATCH && n->mem_free + gain < want_mb;
+             s = s->next_id) {
             if (!s->pausable || s->state != ST_RUNNING || s->freezing || s->reap != REAP_NONE ||
                 dsec__node_age_ns(now, s->last_ns) < idle_ns)
                 continue;
@@ -271,7 +279,8 @@ void dsec__node_tick_reap(void *ud, uint64_t mono_now)
         if (snprintf(subj, sizeof subj, DSEC_SUBJ_SBX, tenants[i], n->name, ids[i], "op") >=
             (int)sizeof subj)
             continue; /* names are checked where they enter: cannot happen */
-        dsec_msg_op op = {.id = ids[i], .op = i < kfreeze ? "destroy" : "freeze", .tenant = tenants[i]};
+        dsec_msg_op op = {
+            .id = ids[i], .op = i < kfreeze ? "destroy" : "freeze", .tenant = tenants[i]};
         dsec_err err;
         if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_OP, &op, NULL, &err) < 0)
             dsec_actor_count_error(n->actor);
@@ -297,7 +306,8 @@ void dsec__node_on_lookup(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_op op;
     if (!dsec_wire_type_ok(a, m, DSEC_MSG_OP))
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_OP, dsec_msg_data(m), dsec_msg_len(m), &op,
+                    &err) < 0) {
         dsec_wire_error(a, m, &err); /* malformed: an error, not the silence of "not here" */
         return;
     }
@@ -342,8 +352,8 @@ void dsec__node_on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_superseded_list l;
     if (!dsec_wire_type_ok(a, m, DSEC_MSG_SUPERSEDED_LIST))
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m), dsec_msg_len(m),
-                    &l, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m),
+                    dsec_msg_len(m), &l, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
@@ -366,16 +376,17 @@ void dsec__node_on_superseded(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_unlock(&n->mu);
     if (dropping > 0)
-        dsec_log_warn(
-                "dsec-node %s: %" PRIu64 " sandbox(es) made for create attempts that were retried and "
-                "kept on other nodes (their answers were lost): destroying them",
-                n->name, dropping);
+        dsec_log_warn("dsec-node %s: %" PRIu64
+                      " sandbox(es) made for create attempts that were retried and "
+                      "kept on other nodes (their answers were lost): destroying them",
+                      n->name, dropping);
     if (dsec_msg_reply(m) == NULL)
         return;
     char c[24];
     snprintf(c, sizeof c, "%" PRIu64, dropping);
     const char *k[] = {"dropping"}, *v[] = {c};
-    dsec_msg_op_reply r = {.id = n->name, .state = "superseded", .node = n->name, .info = {k, v, 1}};
+    dsec_msg_op_reply r = {
+        .id = n->name, .state = "superseded", .node = n->name, .info = {k, v, 1}};
     if (dsec_wire_reply(a, m, DSEC_MSG_OP_REPLY, &r, &err) < 0)
         dsec_actor_count_error(a);
 }
@@ -403,7 +414,8 @@ void dsec__node_on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
         return;
     }
     uint64_t prev = atomic_load(&n->lost_before_ns);
-    while (nl.lost_ns > prev && !atomic_compare_exchange_weak(&n->lost_before_ns, &prev, nl.lost_ns))
+    while (nl.lost_ns > prev &&
+           !atomic_compare_exchange_weak(&n->lost_before_ns, &prev, nl.lost_ns))
         ;
     uint64_t count = 0;
     pthread_mutex_lock(&n->mu);
@@ -412,15 +424,14 @@ void dsec__node_on_reconcile(dsec_actor *a, dsec_msg *m, void *ud)
             count += s->created_ns < nl.lost_ns;
     pthread_mutex_unlock(&n->mu);
     if (count > 0)
-        dsec_log_warn(
-                "dsec-node %s: declared lost by %s after %" PRIu64 " ms of silence: reclaiming %" PRIu64
-                " sandbox(es) its owners count as gone",
-                n->name, nl.by ? nl.by : "a scheduler", nl.silent_ms, count);
+        dsec_log_warn("dsec-node %s: declared lost by %s after %" PRIu64
+                      " ms of silence: reclaiming %" PRIu64 " sandbox(es) its owners count as gone",
+                      n->name, nl.by ? nl.by : "a scheduler", nl.silent_ms, count);
     char c[24];
     snprintf(c, sizeof c, "%" PRIu64, count);
     const char *k[] = {"reclaiming"}, *v[] = {c};
-    dsec_msg_op_reply r = {.id = n->name, .state = "reconciled", .node = n->name,
-                           .info = {k, v, 1}};
+    dsec_msg_op_reply r = {
+        .id = n->name, .state = "reconciled", .node = n->name, .info = {k, v, 1}};
     if (dsec_wire_reply(a, m, DSEC_MSG_OP_REPLY, &r, &err) < 0)
         dsec_actor_count_error(a);
 }
@@ -448,10 +459,13 @@ void dsec__node_announce(dsec_node *n)
         lk[i] = n->labels[i].key;
         lv[i] = n->labels[i].value;
     }
-    dsec_msg_node_announce an = {.node = n->name, .cell = n->cell,
+    dsec_msg_node_announce an = {.node = n->name,
+                                 .cell = n->cell,
                                  .types = {(const char **)n->type_names, nt},
-                                 .labels = {lk, lv, (uint32_t)nl}, .cpu_milli = n->conf.cpu_milli,
-                                 .memory_mb = n->conf.memory_mb, .slots = n->conf.slots,
+                                 .labels = {lk, lv, (uint32_t)nl},
+                                 .cpu_milli = n->conf.cpu_milli,
+                                 .memory_mb = n->conf.memory_mb,
+                                 .slots = n->conf.slots,
                                  .started_ns = dsec_wall_ns()};
     char subj[256];
     snprintf(subj, sizeof subj, "%s.announce", n->subj_evt_node);

@@ -32,9 +32,9 @@ struct entry {
     struct entry *older, *newer; /* age list (done, lost) or the running list */
     uint64_t hash, born_ms;      /* born: wall clock, when the command finished (or started) */
     size_t bytes;
-    uint8_t state;        /* E_* */
+    uint8_t state;         /* E_* */
     _Atomic uint32_t refs; /* the table's, and a log rewrite's while it writes it (mu) */
-    uint8_t hash_req[32]; /* the request that ran */
+    uint8_t hash_req[32];  /* the request that ran */
     char *sbx, *req_id;
     dsec_msg_exec_result res;
 };
@@ -49,17 +49,23 @@ struct dsec_results {
     /* The log: appends share it (O_APPEND keeps each record whole), a rewrite takes it alone.
      * Taken before mu, never while holding it. */
     pthread_rwlock_t log_lk;
-    int fd;        /* -1: memory only, or the log could not be opened */
+    int fd; /* -1: memory only, or the log could not be opened */
     _Atomic uint64_t log_bytes;
     char *dir;
-    bool compacting;       /* a rewrite of the log runs (mu) */
+    bool compacting;        /* a rewrite of the log runs (mu) */
     bool compactor_started; /* compactor is a thread to join */
     pthread_t compactor;
 };
 
 /* A log record: this header, then the sandbox id, the req_id, stdout, stderr. */
 enum { R_BEGIN = 1, R_DONE, R_LOST, R_ABANDON, R_DROP };
-enum { FL_OUT_TRUNC = 1, FL_ERR_TRUNC = 2, FL_TIMED_OUT = 4, FL_INTERRUPTED = 8, FL_SESSION_ENDED = 16 };
+enum {
+    FL_OUT_TRUNC = 1,
+    FL_ERR_TRUNC = 2,
+    FL_TIMED_OUT = 4,
+    FL_INTERRUPTED = 8,
+    FL_SESSION_ENDED = 16
+};
 #define REC_MAGIC 0x32525344u /* "DSR2" */
 struct rec {
     uint32_t magic;
@@ -128,9 +134,11 @@ static int write_rec(int fd, const struct rec *h, const char *sbx, const char *r
 static void rec_fill(struct rec *h, int kind, const char *sbx, const char *req_id,
                      const uint8_t hash[32], uint64_t born_ms, const dsec_msg_exec_result *res)
 {
-    *h = (struct rec){.magic = REC_MAGIC, .kind = (uint8_t)kind,
+    *h = (struct rec){.magic = REC_MAGIC,
+                      .kind = (uint8_t)kind,
                       .sbx_len = (uint8_t)strlen(sbx),
-                      .req_len = (uint8_t)(req_id ? strlen(req_id) : 0), .born_ms = born_ms};
+                      .req_len = (uint8_t)(req_id ? strlen(req_id) : 0),
+                      .born_ms = born_ms};
     if (hash != NULL)
         memcpy(h->hash, hash, sizeof h->hash);
     if (res == NULL)
@@ -142,11 +150,11 @@ static void rec_fill(struct rec *h, int kind, const char *sbx, const char *req_i
     h->peak_rss_kb = res->peak_rss_kb;
     h->out_len = (uint32_t)res->stdout_data.len;
     h->err_len = (uint32_t)res->stderr_data.len;
-    h->flags = (uint8_t)((res->stdout_truncated ? FL_OUT_TRUNC : 0) |
-                         (res->stderr_truncated ? FL_ERR_TRUNC : 0) |
-                         (res->timed_out ? FL_TIMED_OUT : 0) |
-                         (res->interrupted ? FL_INTERRUPTED : 0) |
-                         (res->session_ended ? FL_SESSION_ENDED : 0));
+    h->flags =
+        (uint8_t)((res->stdout_truncated ? FL_OUT_TRUNC : 0) |
+                  (res->stderr_truncated ? FL_ERR_TRUNC : 0) | (res->timed_out ? FL_TIMED_OUT : 0) |
+                  (res->interrupted ? FL_INTERRUPTED : 0) |
+                  (res->session_ended ? FL_SESSION_ENDED : 0));
 }
 
 /* Append one record to the log (no-op in memory only). The caller holds log_lk shared, and
@@ -196,7 +204,10 @@ int dsec_results_new(dsec_results **out, uint64_t budget_bytes, uint64_t ttl_ms,
     return 0;
 }
 
-uint64_t dsec_results_ttl_ms(const dsec_results *r) { return r->ttl_ms; }
+uint64_t dsec_results_ttl_ms(const dsec_results *r)
+{
+    return r->ttl_ms;
+}
 
 static void entry_unref(struct entry *e)
 {
@@ -271,8 +282,11 @@ static struct entry *entry_new(int state, const char *sbx, const char *req_id,
     if (e == NULL)
         return NULL;
     char *p = (char *)(e + 1);
-    *e = (struct entry){.hash = key_hash(sbx, req_id), .bytes = bytes, .born_ms = born_ms,
-                        .state = (uint8_t)state, .refs = 1};
+    *e = (struct entry){.hash = key_hash(sbx, req_id),
+                        .bytes = bytes,
+                        .born_ms = born_ms,
+                        .state = (uint8_t)state,
+                        .refs = 1};
     memcpy(e->hash_req, hash, sizeof e->hash_req);
     e->sbx = memcpy(p, sbx, ls), p += ls;
     e->req_id = memcpy(p, req_id, lr), p += lr;
@@ -281,9 +295,11 @@ static struct entry *entry_new(int state, const char *sbx, const char *req_id,
     size_t li = strlen(res->id) + 1;
     e->res = *res;
     e->res.id = memcpy(p, res->id, li), p += li;
-    e->res.stdout_data.ptr = res->stdout_data.len ? memcpy(p, res->stdout_data.ptr, res->stdout_data.len) : NULL;
+    e->res.stdout_data.ptr =
+        res->stdout_data.len ? memcpy(p, res->stdout_data.ptr, res->stdout_data.len) : NULL;
     p += res->stdout_data.len;
-    e->res.stderr_data.ptr = res->stderr_data.len ? memcpy(p, res->stderr_data.ptr, res->stderr_data.len) : NULL;
+    e->res.stderr_data.ptr =
+        res->stderr_data.len ? memcpy(p, res->stderr_data.ptr, res->stderr_data.len) : NULL;
     return e;
 }
 
@@ -373,10 +389,13 @@ static bool compact(dsec_results *r)
     for (size_t i = 0; i < n && ok; i++) {
         const struct entry *e = v[i];
         struct rec h;
-        rec_fill(&h, e->state == E_RUNNING ? R_BEGIN : e->state == E_LOST ? R_LOST : R_DONE,
+        rec_fill(&h,
+                 e->state == E_RUNNING ? R_BEGIN
+                 : e->state == E_LOST  ? R_LOST
+                                       : R_DONE,
                  e->sbx, e->req_id, e->hash_req, e->born_ms, e->state == E_DONE ? &e->res : NULL);
-        ok = write_rec(fd, &h, e->sbx, e->req_id, e->res.stdout_data.ptr,
-                       e->res.stderr_data.ptr) == 0;
+        ok = write_rec(fd, &h, e->sbx, e->req_id, e->res.stdout_data.ptr, e->res.stderr_data.ptr) ==
+             0;
         bytes += sizeof h + h.sbx_len + h.req_len + h.out_len + h.err_len;
     }
     pthread_mutex_lock(&r->mu); /* references change under mu only: lookups copy entries */
@@ -480,8 +499,8 @@ void dsec_results_abandon(dsec_results *r, const char *sbx, const char *req_id)
     pthread_rwlock_unlock(&r->log_lk);
 }
 
-void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
-                      const uint8_t hash[32], const dsec_msg_exec_result *res)
+void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id, const uint8_t hash[32],
+                      const dsec_msg_exec_result *res)
 {
     uint64_t now = wall_ms();
     bool fits = entry_bytes(sbx, req_id, res) <= r->budget && res->stdout_data.len < OUT_MAX &&
@@ -536,7 +555,10 @@ int dsec_results_get(dsec_results *r, const char *sbx, const char *req_id,
     return what;
 }
 
-void dsec_results_release(void *hold) { dsec_free(hold); }
+void dsec_results_release(void *hold)
+{
+    dsec_free(hold);
+}
 
 void dsec_results_drop(dsec_results *r, const char *sbx)
 {
@@ -591,14 +613,19 @@ static void replay(dsec_results *r, FILE *f, uint64_t now)
             e = entry_new(E_LOST, sbx, req, h.hash, NULL, h.born_ms);
             break;
         case R_DONE: {
-            dsec_msg_exec_result res = {
-                .id = sbx, .exit_code = h.exit_code, .signal = h.signal,
-                .stdout_data = {buf, h.out_len}, .stderr_data = {buf + h.out_len, h.err_len},
-                .stdout_truncated = h.flags & FL_OUT_TRUNC,
-                .stderr_truncated = h.flags & FL_ERR_TRUNC, .timed_out = h.flags & FL_TIMED_OUT,
-                .interrupted = h.flags & FL_INTERRUPTED,
-                .session_ended = h.flags & FL_SESSION_ENDED, .duration_us = h.duration_us,
-                .cpu_us = h.cpu_us, .peak_rss_kb = h.peak_rss_kb};
+            dsec_msg_exec_result res = {.id = sbx,
+                                        .exit_code = h.exit_code,
+                                        .signal = h.signal,
+                                        .stdout_data = {buf, h.out_len},
+                                        .stderr_data = {buf + h.out_len, h.err_len},
+                                        .stdout_truncated = h.flags & FL_OUT_TRUNC,
+                                        .stderr_truncated = h.flags & FL_ERR_TRUNC,
+                                        .timed_out = h.flags & FL_TIMED_OUT,
+                                        .interrupted = h.flags & FL_INTERRUPTED,
+                                        .session_ended = h.flags & FL_SESSION_ENDED,
+                                        .duration_us = h.duration_us,
+                                        .cpu_us = h.cpu_us,
+                                        .peak_rss_kb = h.peak_rss_kb};
             if (entry_bytes(sbx, req, &res) <= r->budget)
                 e = entry_new(E_DONE, sbx, req, h.hash, &res, h.born_ms);
             else
@@ -665,8 +692,12 @@ int dsec_results_load(dsec_results *r, dsec_results_keep_fn keep, void *ud, dsec
 void dsec_results_stats_get(dsec_results *r, dsec_results_stats *out)
 {
     pthread_mutex_lock(&r->mu);
-    *out = (dsec_results_stats){.entries = r->entries, .bytes = r->bytes, .hits = r->hits,
-                                .evicted = r->evicted, .lost = r->lost, .loaded = r->loaded,
+    *out = (dsec_results_stats){.entries = r->entries,
+                                .bytes = r->bytes,
+                                .hits = r->hits,
+                                .evicted = r->evicted,
+                                .lost = r->lost,
+                                .loaded = r->loaded,
                                 .persist_errors = r->persist_errors};
     pthread_mutex_unlock(&r->mu);
 }

@@ -58,8 +58,8 @@ void dsec_results_abandon(dsec_results *r, const char *sbx, const char *req_id);
  * (dsec_traj_hash_exec), replacing an older one; persisted first (in dir) when there is one.
  * Out of memory or a result larger than the budget: not kept (a retry then runs the command
  * again, as before). */
-void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id,
-                      const uint8_t hash[32], const dsec_msg_exec_result *res);
+void dsec_results_put(dsec_results *r, const char *sbx, const char *req_id, const uint8_t hash[32],
+                      const dsec_msg_exec_result *res);
 
 enum { DSEC_RESULTS_NONE = 0, DSEC_RESULTS_ANSWER = 1, DSEC_RESULTS_LOST = 2 };
 /* What is kept for (sbx, req_id): DSEC_RESULTS_NONE; DSEC_RESULTS_ANSWER: *out points into
@@ -76,8 +76,8 @@ uint64_t dsec_results_ttl_ms(const dsec_results *r);
 
 typedef struct dsec_results_stats {
     uint64_t entries, bytes, hits, evicted;
-    uint64_t lost;          /* entries that are lost commands */
-    uint64_t loaded;        /* entries read back at start */
+    uint64_t lost;           /* entries that are lost commands */
+    uint64_t loaded;         /* entries read back at start */
     uint64_t persist_errors; /* markers or answers that could not be written */
 } dsec_results_stats;
 void dsec_results_stats_get(dsec_results *r, dsec_results_stats *out);

@@ -593,8 +593,8 @@ static void adopt_not(dsec_node *n, struct sbx *s, const char *id, const void *d
         /* It exists, but this node cannot run it as configured: not served, not counted,
          * reported failed, and its record kept for a later start. */
         dsec_log_info(
-                "dsec-node %s: not re-adopting %s (its record is kept for the next start): %s",
-                n->name, id, why);
+            "dsec-node %s: not re-adopting %s (its record is kept for the next start): %s", n->name,
+            id, why);
         atomic_fetch_add(&n->adopt_failed, 1);
         kept_add(n, id, data, len);
         pthread_mutex_lock(&n->mu);
@@ -690,8 +690,8 @@ int dsec__node_adopt_one(const char *id, const void *data, size_t len, void *ud,
         s->be = n->backends[tidx];
         s->bstate = dsec_strdup(f[10]);
         if (dsec__node_labels_parse(s, labels) < 0)
-            dsec_log_warn("dsec-node %s: the labels of %s are unreadable: adopted without",
-                    n->name, id);
+            dsec_log_warn("dsec-node %s: the labels of %s are unreadable: adopted without", n->name,
+                          id);
         if (s->state != ST_PAUSED)
             s->state = ST_RUNNING;
         dsec_sandbox_spec spec;

@@ -128,7 +128,7 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
             if (dsec_backend_file_op(s->be, s->h, &op, NULL, &err) < 0 &&
                 err.code != DSEC_E_NOT_FOUND)
                 dsec_log_warn("dsec-node %s: removing the stale upload %s in %s: %s", n->name,
-                        e->key, s->id, err.msg);
+                              e->key, s->id, err.msg);
         }
         xstate_free(e);
     }

@@ -309,8 +309,7 @@ static int adopt_all(dsec_node *n, const dsec_node_conf *c, dsec_err *err)
         if (swept < 0)
             dsec_log_warn("dsec-node %s: sweeping network leftovers: %s", n->name, serr.msg);
         else if (swept > 0)
-            dsec_log_info("dsec-node %s: removed %d leftover sandbox network(s)", n->name,
-                    swept);
+            dsec_log_info("dsec-node %s: removed %d leftover sandbox network(s)", n->name, swept);
     }
     return 0;
 }
@@ -379,10 +378,8 @@ int dsec_node_start(dsec_node **out, dsec_bus *bus, dsec_ticker *ticker, const d
     n->reg = reg;
     snprintf(n->name, sizeof n->name, "%s", c->name);
     snprintf(n->cell, sizeof n->cell, "%s", c->cell);
-    snprintf(n->subj_evt_node, sizeof n->subj_evt_node, DSEC_SUBJ_EVT_OF, n->cell,
-             "node", n->name);
-    snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, DSEC_SUBJ_EVT_OF, n->cell,
-             "sbx", n->name);
+    snprintf(n->subj_evt_node, sizeof n->subj_evt_node, DSEC_SUBJ_EVT_OF, n->cell, "node", n->name);
+    snprintf(n->subj_evt_sbx, sizeof n->subj_evt_sbx, DSEC_SUBJ_EVT_OF, n->cell, "sbx", n->name);
     snprintf(n->subj_alert, sizeof n->subj_alert, DSEC_SUBJ_EVT_OF, n->cell, "alert", n->name);
     if (copy_conf(n, c, err) < 0)
         goto out_fail;

@@ -45,16 +45,16 @@ typedef struct dsec_placement dsec_placement;
  * drain_gap_ms; the nodes due meanwhile stay suspect.
  */
 typedef struct dsec_placement_config {
-    const char *cell;        /* this view's cell, for messages; NULL: "this cell". Copied. */
-    uint64_t dead_after_ms;  /* neither seen nor answering for longer: drained; 0: 10000 */
-    uint64_t heartbeat_ms;   /* the nodes' heartbeat interval; 0: not known (no slack) */
+    const char *cell;          /* this view's cell, for messages; NULL: "this cell". Copied. */
+    uint64_t dead_after_ms;    /* neither seen nor answering for longer: drained; 0: 10000 */
+    uint64_t heartbeat_ms;     /* the nodes' heartbeat interval; 0: not known (no slack) */
     uint64_t suspect_after_ms; /* not seen for longer: suspect; 0: 2 * heartbeat_ms, or
                                   dead_after_ms / 2 without it; if set, below dead_after_ms */
-    uint64_t drain_gap_ms;   /* least time between two drains; 0: no limit */
-    uint64_t probation_ms;   /* a node back from silence is not preferred this long; 0: none */
-    uint64_t overlay_ttl_ms; /* how long an unconfirmed placement is held; 0: 2000 */
-    double locality_weight;  /* score bonus when a node caches every layer; <0: 0.5 default */
-    unsigned max_probes;     /* random probes before falling back to a scan; 0: 16k + 32 */
+    uint64_t drain_gap_ms;     /* least time between two drains; 0: no limit */
+    uint64_t probation_ms;     /* a node back from silence is not preferred this long; 0: none */
+    uint64_t overlay_ttl_ms;   /* how long an unconfirmed placement is held; 0: 2000 */
+    double locality_weight;    /* score bonus when a node caches every layer; <0: 0.5 default */
+    unsigned max_probes;       /* random probes before falling back to a scan; 0: 16k + 32 */
 } dsec_placement_config;
 
 /* A new, empty view. reg (borrowed; must outlive the view) maps type names
@@ -230,9 +230,9 @@ typedef struct dsec_node_info {
     char cell[DSEC_PLACE_NODE_MAX + 1]; /* truncated if longer */
     uint64_t seq, epoch;
     dsec_type_mask types;
-    bool healthy; /* not taken out by set_healthy */
-    bool alive;   /* seen or answering within dead_after_ms */
-    bool suspect; /* not seen for suspect_after_ms */
+    bool healthy;   /* not taken out by set_healthy */
+    bool alive;     /* seen or answering within dead_after_ms */
+    bool suspect;   /* not seen for suspect_after_ms */
     bool preferred; /* neither suspect nor on probation: placed before the others */
     uint64_t cpu_total, mem_total, slots_total, disk_total; /* disk_total 0: not counted */
     uint64_t cpu_free, mem_free, slots_free, disk_free;     /* as reported */
@@ -253,10 +253,10 @@ size_t dsec_placement_count(dsec_placement *v);
 
 /* How the view has dealt with silent nodes. */
 typedef struct dsec_placement_health {
-    uint64_t suspect;   /* nodes not seen for suspect_after_ms now */
-    uint64_t probation; /* nodes on probation now (not suspect) */
-    uint64_t drained;   /* nodes expire() removed, ever */
-    uint64_t deferred;  /* drains expire() put off for drain_gap_ms (a node per pass) */
+    uint64_t suspect;    /* nodes not seen for suspect_after_ms now */
+    uint64_t probation;  /* nodes on probation now (not suspect) */
+    uint64_t drained;    /* nodes expire() removed, ever */
+    uint64_t deferred;   /* drains expire() put off for drain_gap_ms (a node per pass) */
     uint64_t readmitted; /* drained nodes a full report brought back */
 } dsec_placement_health;
 

@@ -1,4 +1,5 @@
-/* quota.c - the quota actor: tenant and project limits from KV, usage from the nodes' reports, admission in one mailbox. */
+/* quota.c - the quota actor: tenant and project limits from KV, usage from the nodes' reports,
+ * admission in one mailbox. */
 #include "actors/quota.h"
 
 #include <inttypes.h>
@@ -50,9 +51,9 @@ struct dsec_quota {
     char bucket[64];
     dsec_js *js;
     dsec_kv_bucket *kv, *lease_kv;
-    dsec_actor *actor;    /* events and definition changes: every instance */
-    dsec_actor *ops;      /* admit, set, get, list: only while the lease is ours */
-    dsec_lease lease;     /* stepped by the ticker thread only */
+    dsec_actor *actor; /* events and definition changes: every instance */
+    dsec_actor *ops;   /* admit, set, get, list: only while the lease is ours */
+    dsec_lease lease;  /* stepped by the ticker thread only */
     char name[DSEC_NAME_LEN_MAX + 1];
     dsec_ticker *ticker;
     pthread_mutex_t mu;      /* everything below */
@@ -382,11 +383,11 @@ static int fits_locked(dsec_quota *q, const char *key, struct res need, dsec_err
             else if (d->lim_mem && used.mem + need.mem > (int64_t)d->lim_mem)
                 what = "MiB of memory", have = used.mem, lim = (int64_t)d->lim_mem, want = need.mem;
             if (what != NULL)
-                return dsec_err_set(err, DSEC_E_QUOTA, 0,
-                                    "%s uses %" PRId64 " of its %" PRId64 " %s in cell %s; this create "
-                                    "needs %" PRId64 " more",
-                                    label(who, sizeof who, buf), have > 0 ? have : 0, lim, what,
-                                    q->cell, want);
+                return dsec_err_set(
+                    err, DSEC_E_QUOTA, 0,
+                    "%s uses %" PRId64 " of its %" PRId64 " %s in cell %s; this create "
+                    "needs %" PRId64 " more",
+                    label(who, sizeof who, buf), have > 0 ? have : 0, lim, what, q->cell, want);
         }
     }
     return 0;
@@ -415,15 +416,16 @@ static void on_admit(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_admit ad;
     if (!dsec_wire_type_ok(a, m, DSEC_MSG_ADMIT))
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ADMIT, dsec_msg_data(m), dsec_msg_len(m), &ad, &err) <
-        0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ADMIT, dsec_msg_data(m), dsec_msg_len(m), &ad,
+                    &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
     if (dsec_name_ok(ad.tenant, DSEC_NAME_LEN_MAX) < 0 ||
         (ad.project && ad.project[0] && dsec_project_ok(ad.project, DSEC_NAME_LEN_MAX) < 0)) {
-        dsec_err_set(&err, DSEC_E_INVALID, 0,
-                     "admit: tenant and project must be names of [A-Za-z0-9_-] (projects joined by '/')");
+        dsec_err_set(
+            &err, DSEC_E_INVALID, 0,
+            "admit: tenant and project must be names of [A-Za-z0-9_-] (projects joined by '/')");
         dsec_wire_error_field(
             a, m, &err, dsec_name_ok(ad.tenant, DSEC_NAME_LEN_MAX) < 0 ? "tenant" : "project");
         return;
@@ -542,7 +544,8 @@ static void on_capacity(dsec_quota *q, dsec_msg *m)
         for (uint32_t i = 0; i < c.usage.n; i++) {
             char key[2 * DSEC_NAME_LEN_MAX + 2];
             use_key(key, sizeof key, u[i].tenant, u[i].project);
-            struct res r = {(int64_t)u[i].sandboxes, (int64_t)u[i].cpu_milli, (int64_t)u[i].memory_mb};
+            struct res r = {(int64_t)u[i].sandboxes, (int64_t)u[i].cpu_milli,
+                            (int64_t)u[i].memory_mb};
             node_apply(q, c.node, key, r, +1);
         }
         nd->last_full_ms = now_ms();
@@ -586,8 +589,11 @@ static void to_msg(const struct ent *e, char *tenant, char *project, dsec_msg_qu
     size_t tl = slash ? (size_t)(slash - e->key) : strlen(e->key);
     snprintf(tenant, DSEC_NAME_LEN_MAX + 1, "%.*s", (int)tl, e->key);
     snprintf(project, DSEC_NAME_LEN_MAX + 1, "%s", slash ? slash + 1 : "");
-    *d = (dsec_msg_quota){.tenant = tenant, .project = slash ? project : NULL,
-                          .sandboxes = e->lim_n, .cpu_milli = e->lim_cpu, .memory_mb = e->lim_mem};
+    *d = (dsec_msg_quota){.tenant = tenant,
+                          .project = slash ? project : NULL,
+                          .sandboxes = e->lim_n,
+                          .cpu_milli = e->lim_cpu,
+                          .memory_mb = e->lim_mem};
 }
 
 /* The quota field a delegation error is about. */
@@ -603,7 +609,8 @@ static const char *limit_field(const char *what)
 static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_msg_quota *d,
                                    const char **field, dsec_err *err)
 {
-    char buf[2 * DSEC_NAME_LEN_MAX + 2], who[2 * DSEC_NAME_LEN_MAX + 16], me[2 * DSEC_NAME_LEN_MAX + 16];
+    char buf[2 * DSEC_NAME_LEN_MAX + 2], who[2 * DSEC_NAME_LEN_MAX + 16],
+        me[2 * DSEC_NAME_LEN_MAX + 16];
     label(me, sizeof me, key);
     snprintf(buf, sizeof buf, "%s", key);
     char *slash = strrchr(buf, '/');
@@ -631,7 +638,8 @@ static int check_delegation_locked(dsec_quota *q, const char *key, const dsec_ms
                                         "%s: its %s must be limited: %s allows only %" PRIu64, me,
                                         what, label(who, sizeof who, buf), theirs);
                 return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                    "%s: %" PRIu64 " %s exceeds the %" PRIu64 " of %s it is delegated from",
+                                    "%s: %" PRIu64 " %s exceeds the %" PRIu64
+                                    " of %s it is delegated from",
                                     me, mine, what, theirs, label(who, sizeof who, buf));
             }
             char *s2 = strrchr(buf, '/');
@@ -725,7 +733,8 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
     const char *field = NULL;
     if (d.remove) {
         if (map_get(&q->defs, key) == NULL)
-            rc = dsec_err_set(&err, DSEC_E_NOT_FOUND, 0, "%s is not defined", label(who, sizeof who, key));
+            rc = dsec_err_set(&err, DSEC_E_NOT_FOUND, 0, "%s is not defined",
+                              label(who, sizeof who, key));
         else if (has_children_locked(q, key))
             rc = dsec_err_set(&err, DSEC_E_STATE, 0, "%s has sub-projects: remove them first",
                               label(who, sizeof who, key));
@@ -734,8 +743,10 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
     }
     pthread_mutex_unlock(&q->mu);
     if (rc == 0) {
-        dsec_msg_quota stored = {.tenant = d.tenant, .project = d.project && d.project[0] ? d.project : NULL,
-                                 .sandboxes = d.sandboxes, .cpu_milli = d.cpu_milli,
+        dsec_msg_quota stored = {.tenant = d.tenant,
+                                 .project = d.project && d.project[0] ? d.project : NULL,
+                                 .sandboxes = d.sandboxes,
+                                 .cpu_milli = d.cpu_milli,
                                  .memory_mb = d.memory_mb};
         dsec_buf b;
         dsec_buf_init(&b);
@@ -757,8 +768,8 @@ static void on_set(dsec_actor *a, dsec_msg *m, void *ud)
             fill_usage_locked(q, key, &stored);
             pthread_mutex_unlock(&q->mu);
             /* the other cells' quota actors read it now, not at their next reload */
-            dsec_wire_send(a, q->bus, DSEC_SUBJ_QUOTA_CHANGED, NULL, DSEC_MSG_QUOTA, &stored,
-                           NULL, &err);
+            dsec_wire_send(a, q->bus, DSEC_SUBJ_QUOTA_CHANGED, NULL, DSEC_MSG_QUOTA, &stored, NULL,
+                           &err);
             dsec_wire_reply(a, m, DSEC_MSG_QUOTA, &stored, &err);
         } else {
             dsec_err_wrap(&err, "storing %s in bucket %s", label(who, sizeof who, key), q->bucket);
@@ -850,8 +861,8 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_quota_list req;
     if (!dsec_wire_type_ok(a, m, DSEC_MSG_QUOTA_LIST))
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(m), dsec_msg_len(m), &req,
-                    &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(m), dsec_msg_len(m),
+                    &req, &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
@@ -859,7 +870,7 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
     pthread_mutex_lock(&q->mu);
     size_t cap = q->defs.n ? q->defs.n : 1;
     dsec_msg_quota *items = dsec_calloc(cap, sizeof *items);
-    char (*names)[2][DSEC_NAME_LEN_MAX + 1] = dsec_calloc(cap, sizeof *names);
+    char(*names)[2][DSEC_NAME_LEN_MAX + 1] = dsec_calloc(cap, sizeof *names);
     size_t k = 0;
     for (size_t i = 0; items && names && i < q->defs.nb; i++)
         for (const struct ent *e = q->defs.b[i]; e; e = e->next) {
@@ -963,7 +974,7 @@ static void lease_tick(void *ud, uint64_t now_ns)
     case DSEC_LEASE_ACQUIRED:
         if (ops_start(q, &err) < 0) {
             dsec_log_warn("dsec-quota %s: cannot serve cell %s: %s; giving the lease up", q->name,
-                    q->cell, err.msg);
+                          q->cell, err.msg);
             dsec_lease_release(&q->lease);
             return;
         }
@@ -972,7 +983,7 @@ static void lease_tick(void *ud, uint64_t now_ns)
         q->st.takeovers++;
         pthread_mutex_unlock(&q->mu);
         dsec_log_info("dsec-quota %s: active for cell %s (lease revision %" PRIu64 ")", q->name,
-                q->cell, q->lease.rev);
+                      q->cell, q->lease.rev);
         break;
     case DSEC_LEASE_LOST:
         dsec_log_warn("dsec-quota %s: lost the lease of cell %s: %s", q->name, q->cell, err.msg);
@@ -992,7 +1003,8 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
 {
     *out = NULL;
     if (conf == NULL || dsec_name_ok(conf->cell, DSEC_NAME_LEN_MAX) < 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "quota: a cell name of [A-Za-z0-9_-] is required");
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "quota: a cell name of [A-Za-z0-9_-] is required");
     dsec_quota *q = dsec_calloc(1, sizeof *q);
     if (q == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -1018,7 +1030,8 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     dsec_kv_conf kc = {.bucket = q->bucket, .replicas = conf->replicas};
     char lbucket[DSEC_NAME_LEN_MAX + 16];
     snprintf(lbucket, sizeof lbucket, "dsec-quota-%s", q->cell);
-    dsec_kv_conf lc = {.bucket = lbucket, .ttl_ms = 10ll * q->conf.lease_ms, .replicas = conf->replicas};
+    dsec_kv_conf lc = {
+        .bucket = lbucket, .ttl_ms = 10ll * q->conf.lease_ms, .replicas = conf->replicas};
     if (dsec_js_new(&q->js, bus, 5000, err) < 0 || dsec_kv_open(&q->kv, q->js, &kc, err) < 0 ||
         dsec_kv_open(&q->lease_kv, q->js, &lc, err) < 0) {
         dsec_err_wrap(err, "quota actor of cell %s needs JetStream", q->cell);
@@ -1038,7 +1051,8 @@ int dsec_quota_start(dsec_quota **out, dsec_bus *bus, const dsec_quota_conf *con
     /* the first step here: a lone instance admits as soon as it returns */
     lease_tick(q, 0);
     uint32_t every = q->conf.lease_ms / 3 > 100 ? q->conf.lease_ms / 3 : 100;
-    if (dsec_ticker_new(&q->ticker, err) < 0 || dsec_ticker_add(q->ticker, 1000, on_tick, q, err) < 0 ||
+    if (dsec_ticker_new(&q->ticker, err) < 0 ||
+        dsec_ticker_add(q->ticker, 1000, on_tick, q, err) < 0 ||
         dsec_ticker_add(q->ticker, every, lease_tick, q, err) < 0)
         goto fail;
     /* every node answers with a full report: usage is whole well before full_ms */
@@ -1083,4 +1097,7 @@ void dsec_quota_stats_get(dsec_quota *q, dsec_quota_stats *out)
     pthread_mutex_unlock(&q->mu);
 }
 
-const dsec_actor *dsec_quota_actor(const dsec_quota *q) { return q->actor; }
+const dsec_actor *dsec_quota_actor(const dsec_quota *q)
+{
+    return q->actor;
+}

@@ -1,4 +1,5 @@
-/* quota.h - the quota actor of a cell: tenants, their nested projects, and admission of creates against their limits. */
+/* quota.h - the quota actor of a cell: tenants, their nested projects, and admission of creates
+ * against their limits. */
 #ifndef DSEC_ACTORS_QUOTA_H
 #define DSEC_ACTORS_QUOTA_H
 
@@ -15,12 +16,11 @@
  * never holds more than its quota. More instances may run as standbys: a KV
  * lease (bucket dsec-quota-<cell>, actors/lease.h) picks the active one,
  * which alone serves admit/set/get/list. Every instance counts usage from
- * the nodes all along, so a standby that takes the lease admits at once. What it counts comes from the nodes:
- * their lifecycle events as they happen, and the usage every full capacity
- * report carries, which replaces the node's share (a lost event heals at
- * the next full report). Admissions not yet seen as sandboxes count too,
- * until their sandbox's creation event arrives or pending_ms passes (only
- * for tenants with a quota somewhere: others have nothing to hold back).
+ * the nodes all along, so a standby that takes the lease admits at once. What it counts comes from
+ * the nodes: their lifecycle events as they happen, and the usage every full capacity report
+ * carries, which replaces the node's share (a lost event heals at the next full report). Admissions
+ * not yet seen as sandboxes count too, until their sandbox's creation event arrives or pending_ms
+ * passes (only for tenants with a quota somewhere: others have nothing to hold back).
  *
  * Definitions (dsec_msg_quota) live in the JetStream KV bucket `bucket`,
  * shared by every cell; each cell enforces them on what runs in that cell.

@@ -1,4 +1,5 @@
-/* scheduler.c - scheduler replica: decode a create, pick the type, place it, let the node answer the client. */
+/* scheduler.c - scheduler replica: decode a create, pick the type, place it, let the node answer
+ * the client. */
 #include "actors/scheduler.h"
 
 #include <inttypes.h>
@@ -34,7 +35,7 @@ struct waiter {
     int tidx;
     size_t len;
     char trace[DSEC_TRACE_ID_MAX + 1]; /* the create's trace id: placed later, it keeps it */
-    uint8_t place[]; /* encoded dsec_msg_place */
+    uint8_t place[];                   /* encoded dsec_msg_place */
 };
 
 struct dsec_sched {
@@ -47,11 +48,11 @@ struct dsec_sched {
     dsec_sched_conf conf;
     char cell[DSEC_NAME_LEN_MAX + 1];
     char name[DSEC_NAME_LEN_MAX + 1];
-    char back[256]; /* where nodes send refused placements */
+    char back[256];       /* where nodes send refused placements */
     char quota_subj[128]; /* dsec.v1.ctl.quota.<cell>.admit */
     dsec_lost *lost;      /* nodes silent for lost_after_ms: told to owners, reconciled on return */
     int ticks[3];
-    pthread_mutex_t mu; /* cells */
+    pthread_mutex_t mu;  /* cells */
     pthread_mutex_t wmu; /* the wait queue */
     /* Requests in flight whose callbacks use this scheduler (admissions,
      * lookups): dsec_sched_stop waits for their callbacks before freeing it. */
@@ -62,7 +63,7 @@ struct dsec_sched {
     struct waiter *whead, *wtail;
     uint64_t nwaiting, wait_cpu, wait_mem;
     uint64_t nticking; /* waiters tick_wait has taken out of the queue for its pass */
-    bool demand_sent; /* the last demand report said something is waiting */
+    bool demand_sent;  /* the last demand report said something is waiting */
     struct cell_seen cells[MAX_CELLS];
     size_t ncells;
     _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited,
@@ -70,14 +71,17 @@ struct dsec_sched {
     /* The drain rate: placements sent per second, smoothed over demand ticks
      * (tick_wait), in thousandths; with what it holds it sets retry_after_ms. */
     _Atomic uint64_t drain_milli_per_s;
-    _Atomic uint64_t held_seen; /* what it held at the last create's admission */
+    _Atomic uint64_t held_seen;                /* what it held at the last create's admission */
     uint64_t drain_last_placed, drain_last_ms; /* tick_wait's alone */
     dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
 };
 
 static __thread uint64_t rng_state;
 
-static uint64_t now_ms(void) { return dsec_now_ns() / 1000000ull; }
+static uint64_t now_ms(void)
+{
+    return dsec_now_ns() / 1000000ull;
+}
 
 static uint64_t *rng(void)
 {
@@ -144,8 +148,10 @@ static void quota_release(dsec_sched *s, const dsec_msg_create *c)
 {
     if (!s->conf.quota || c->req_id == NULL)
         return;
-    dsec_msg_admit ad = {.tenant = c->tenant ? c->tenant : "default", .project = c->project,
-                         .req_id = c->req_id, .release = true};
+    dsec_msg_admit ad = {.tenant = c->tenant ? c->tenant : "default",
+                         .project = c->project,
+                         .req_id = c->req_id,
+                         .release = true};
     dsec_err err;
     /* no actor: this also runs from dsec_sched_stop, after the actors are gone;
      * a release that is lost only waits for the quota actor's pending_ms */
@@ -286,7 +292,8 @@ static bool pick_other_cell(dsec_sched *s, const char *type, uint64_t cpu, uint6
         struct cell_seen *c = &s->cells[i];
         if (strcmp(c->name, s->cell) == 0 || t - c->seen_ms > 3ull * s->conf.summary_ms + 1000)
             continue;
-        if (c->slots_free == 0 || c->cpu_free < cpu || c->mem_free < mem || !strstr(c->types, needle))
+        if (c->slots_free == 0 || c->cpu_free < cpu || c->mem_free < mem ||
+            !strstr(c->types, needle))
             continue;
         if (!found || c->slots_free > best) {
             best = c->slots_free;
@@ -331,13 +338,21 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
                      uint64_t disk, dsec_err *err)
 {
     dsec_msg_create *c = &p->c;
-    dsec_place_req req = {.cell = s->cell, .type = tidx, .cpu_milli = cpu, .memory_mb = mem,
-                          .disk_mb = disk, .aff_keys = c->affinity.k, .aff_vals = c->affinity.v,
-                          .naff = c->affinity.n, .exclude = p->tried.v, .nexclude = p->tried.n};
+    dsec_place_req req = {.cell = s->cell,
+                          .type = tidx,
+                          .cpu_milli = cpu,
+                          .memory_mb = mem,
+                          .disk_mb = disk,
+                          .aff_keys = c->affinity.k,
+                          .aff_vals = c->affinity.v,
+                          .naff = c->affinity.n,
+                          .exclude = p->tried.v,
+                          .nexclude = p->tried.n};
     dsec_place_result res;
     if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, err) < 0)
         return -1;
-    c->type = dsec_registry_caps(s->reg, tidx)->type; /* the node creates exactly the type chosen here */
+    c->type =
+        dsec_registry_caps(s->reg, tidx)->type; /* the node creates exactly the type chosen here */
     p->scheduler = s->name;
     p->reason = NULL;
     p->short_of = NULL;
@@ -456,7 +471,8 @@ static uint64_t want_mem(const dsec_sched *s, const dsec_msg_create *c)
     return c->memory_mb ? c->memory_mb : s->conf.default_memory_mb;
 }
 
-/* The node applies the same defaults from the same cell config (node-place.c, dsec__node_on_place). */
+/* The node applies the same defaults from the same cell config (node-place.c, dsec__node_on_place).
+ */
 static uint64_t want_disk(const dsec_sched *s, const dsec_msg_create *c, int tidx)
 {
     if (c->disk_mb)
@@ -535,7 +551,8 @@ static void on_admit_answer(int status, dsec_msg *reply, const dsec_err *berr, v
         /* the quota actor's refusal says which level is full: pass it on as it is */
         atomic_fetch_add(&s->n_failed, 1);
         atomic_fetch_add(&s->n_over_quota, 1);
-        dsec_hdr hdr = {.type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION, .req_id = p.c.req_id};
+        dsec_hdr hdr = {
+            .type = DSEC_TYPE_ERROR, .schema = DSEC_SCHEMA_VERSION, .req_id = p.c.req_id};
         if (dsec_actor_publish(s->creates, ad->reply_to, NULL, &hdr, dsec_msg_data(reply),
                                dsec_msg_len(reply), &err) < 0)
             dsec_actor_count_error(s->creates);
@@ -590,8 +607,8 @@ static void admit_and_place(dsec_sched *s, dsec_msg_place *p, const char *tenant
                               on_admit_answer, ad, &err);
     dsec_buf_release(&b);
     if (rc < 0) {
-        fail_to(s, p->reply_to, c->req_id, err.code, "admission: asking the quota actor of cell %s: %s",
-                s->cell, err.msg);
+        fail_to(s, p->reply_to, c->req_id, err.code,
+                "admission: asking the quota actor of cell %s: %s", s->cell, err.msg);
         dsec_free(ad->reply_to);
         dsec_free(ad);
         ask_end(s);
@@ -619,7 +636,8 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
     dsec_sched *s = l->s;
     dsec_err err;
     if (status == 0 &&
-        dsec_wire_bus_error(reply, &err, "a node of cell %s asked whether it holds the create", s->cell)) {
+        dsec_wire_bus_error(reply, &err, "a node of cell %s asked whether it holds the create",
+                            s->cell)) {
         /* an overloaded node may hold it: placing now could make it twice,
          * so the client retries (same req_id) instead */
         fail_to(s, l->reply_to, NULL, err.code, "%s", err.msg);
@@ -630,10 +648,13 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
          * another node made it too (both answers were lost), that one drops
          * its copy: this attempt's answer names the node that keeps it. */
         dsec_msg_created cr;
-        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply),
-                        &cr, &err) == 0 && cr.node != NULL && cr.req_id != NULL)
-            dsec_lost_superseded(s->lost, l->tenant, cr.req_id, cr.node, notice_retry(l->retry), now_ms());
-        dsec_hdr hdr = {.type = dsec_msg_type(reply), .schema = DSEC_SCHEMA_VERSION,
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &cr, &err) == 0 &&
+            cr.node != NULL && cr.req_id != NULL)
+            dsec_lost_superseded(s->lost, l->tenant, cr.req_id, cr.node, notice_retry(l->retry),
+                                 now_ms());
+        dsec_hdr hdr = {.type = dsec_msg_type(reply),
+                        .schema = DSEC_SCHEMA_VERSION,
                         .req_id = dsec_msg_header(reply, DSEC_HDR_REQ_ID)};
         if (dsec_actor_publish(s->creates, l->reply_to, NULL, &hdr, dsec_msg_data(reply),
                                dsec_msg_len(reply), &err) < 0)
@@ -677,7 +698,8 @@ static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const c
     l->reply_to = dsec_strdup(dsec_msg_reply(m));
     l->len = dsec_msg_len(m);
     memcpy(l->payload, dsec_msg_data(m), l->len);
-    dsec_msg_op op = {.id = "-", .op = "lookup", .req_id = req_id, .tenant = tenant, .retry = retry};
+    dsec_msg_op op = {
+        .id = "-", .op = "lookup", .req_id = req_id, .tenant = tenant, .retry = retry};
     dsec_buf b;
     dsec_buf_init(&b);
     dsec_err err;
@@ -686,8 +708,8 @@ static bool start_lookup(dsec_sched *s, dsec_msg *m, const char *tenant, const c
     dsec_hdr hdr = {.type = "op", .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
     int rc = l->reply_to ? dsec_encode(&b, DSEC_MSG_OP, &op, &err) : -1;
     if (rc == 0)
-        rc = dsec_bus_request(s->bus, subj, &hdr, b.data, b.len, LOOKUP_TIMEOUT_MS, on_lookup_answer,
-                              l, &err);
+        rc = dsec_bus_request(s->bus, subj, &hdr, b.data, b.len, LOOKUP_TIMEOUT_MS,
+                              on_lookup_answer, l, &err);
     dsec_buf_release(&b);
     if (rc < 0) {
         dsec_free(l->reply_to);
@@ -816,8 +838,9 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         if (p.short_of != NULL &&
             park(s, &p, tidx, want_cpu(s, &p.c), want_mem(s, &p.c), want_disk(s, &p.c, tidx)) != 0)
             return;
-        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED, "placement refused %" PRIu64 " times; last: %s",
-                p.attempt, p.reason ? p.reason : "no reason given");
+        fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED,
+                "placement refused %" PRIu64 " times; last: %s", p.attempt,
+                p.reason ? p.reason : "no reason given");
         quota_release(s, &p.c);
         return;
     }
@@ -846,13 +869,25 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
         dsec_actor_count_error(s->events);
         return;
     }
-    dsec_node_report r = {.node = c.node, .cell = c.cell ? c.cell : s->cell, .seq = c.seq,
-                          .full = c.full, .cpu_free_milli = c.cpu_free_milli,
-                          .mem_free_mb = c.mem_free_mb, .slots_free = c.slots_free, .live = c.live,
-                          .cpu_milli = c.cpu_milli, .memory_mb = c.memory_mb, .slots = c.slots,
-                          .disk_free_mb = c.disk_free_mb, .disk_mb = c.disk_mb,
-                          .types = c.types.v, .ntypes = c.types.n, .label_keys = c.labels.k,
-                          .label_vals = c.labels.v, .nlabels = c.labels.n, .layers = c.layers.v,
+    dsec_node_report r = {.node = c.node,
+                          .cell = c.cell ? c.cell : s->cell,
+                          .seq = c.seq,
+                          .full = c.full,
+                          .cpu_free_milli = c.cpu_free_milli,
+                          .mem_free_mb = c.mem_free_mb,
+                          .slots_free = c.slots_free,
+                          .live = c.live,
+                          .cpu_milli = c.cpu_milli,
+                          .memory_mb = c.memory_mb,
+                          .slots = c.slots,
+                          .disk_free_mb = c.disk_free_mb,
+                          .disk_mb = c.disk_mb,
+                          .types = c.types.v,
+                          .ntypes = c.types.n,
+                          .label_keys = c.labels.k,
+                          .label_vals = c.labels.v,
+                          .nlabels = c.labels.n,
+                          .layers = c.layers.v,
                           .nlayers = c.layers.n};
     dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, c.conn, now_ms());
     if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
@@ -922,7 +957,8 @@ static void on_ping(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_ping p;
     if (!dsec_wire_type_ok(a, m, DSEC_MSG_PING))
         return;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PING, dsec_msg_data(m), dsec_msg_len(m), &p, &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PING, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0) {
         dsec_wire_error(a, m, &err);
         return;
     }
@@ -956,7 +992,8 @@ static void on_node_set(dsec_actor *a, dsec_msg *m, void *ud)
             t - s->cells[i].seen_ms <= 3ull * s->conf.summary_ms + 1000)
             cells[nc++] = s->cells[i].name; /* names are never rewritten once set */
     pthread_mutex_unlock(&s->mu);
-    dsec_msg_node_set out = {.cell = s->cell, .scheduler = s->name,
+    dsec_msg_node_set out = {.cell = s->cell,
+                             .scheduler = s->name,
                              .nodes = {(const char **)names, (uint32_t)nn},
                              .cells = {cells, nc}};
     if (dsec_wire_reply(a, m, DSEC_MSG_NODE_SET, &out, &err) < 0)
@@ -990,11 +1027,16 @@ static void tick_summary(void *ud, uint64_t mono)
     for (int i = 0; i < DSEC_REGISTRY_MAX; i++)
         if (sum.types & (1u << i))
             types[nt++] = dsec_registry_caps(s->reg, i)->type;
-    dsec_msg_cell_summary c = {.cell = s->cell, .nodes = sum.nodes,
-                               .cpu_free_milli = sum.cpu_free_milli, .mem_free_mb = sum.mem_free_mb,
-                               .slots_free = sum.slots_free, .live = sum.live,
-                               .types = {types, nt}, .ts_ns = dsec_wall_ns(),
-                               .scheduler = s->name, .held = held_in(s, &sum),
+    dsec_msg_cell_summary c = {.cell = s->cell,
+                               .nodes = sum.nodes,
+                               .cpu_free_milli = sum.cpu_free_milli,
+                               .mem_free_mb = sum.mem_free_mb,
+                               .slots_free = sum.slots_free,
+                               .live = sum.live,
+                               .types = {types, nt},
+                               .ts_ns = dsec_wall_ns(),
+                               .scheduler = s->name,
+                               .held = held_in(s, &sum),
                                .admitted = atomic_load(&s->n_admitted),
                                .shed = atomic_load(&s->n_shed)};
     pthread_mutex_lock(&s->wmu);
@@ -1017,10 +1059,9 @@ static void tick_expire(void *ud, uint64_t mono)
     if (dsec_placement_expire(s->view, now_ms(), &names, &n, &err) < 0)
         return;
     for (size_t i = 0; i < n; i++)
-        dsec_log_warn(
-                "dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
-                " ms; out of placement",
-                s->name, names[i], dsec_placement_drain_after_ms(s->view));
+        dsec_log_warn("dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
+                      " ms; out of placement",
+                      s->name, names[i], dsec_placement_drain_after_ms(s->view));
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);
     dsec_lost_tick(s->lost, now_ms());
@@ -1031,8 +1072,13 @@ static void tick_expire(void *ud, uint64_t mono)
 
 static void publish_demand(dsec_sched *s, uint64_t n, uint64_t cpu, uint64_t mem, uint64_t oldest)
 {
-    dsec_msg_demand d = {.scheduler = s->name, .cell = s->cell, .waiting = n, .cpu_milli = cpu,
-                         .memory_mb = mem, .oldest_ms = oldest, .ts_ns = dsec_wall_ns()};
+    dsec_msg_demand d = {.scheduler = s->name,
+                         .cell = s->cell,
+                         .waiting = n,
+                         .cpu_milli = cpu,
+                         .memory_mb = mem,
+                         .oldest_ms = oldest,
+                         .ts_ns = dsec_wall_ns()};
     char subj[128];
     snprintf(subj, sizeof subj, DSEC_SUBJ_EVT, s->cell, "demand");
     dsec_err err;
@@ -1200,14 +1246,17 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     s->conf.name = s->name;
     snprintf(s->back, sizeof s->back, DSEC_SUBJ_SCHED_BACK, s->cell, s->name);
     snprintf(s->quota_subj, sizeof s->quota_subj, DSEC_SUBJ_QUOTA_ADMIT, s->cell);
-    dsec_placement_config pc = {.cell = s->cell, .dead_after_ms = s->conf.dead_after_ms,
+    dsec_placement_config pc = {.cell = s->cell,
+                                .dead_after_ms = s->conf.dead_after_ms,
                                 .heartbeat_ms = s->conf.heartbeat_ms,
                                 .suspect_after_ms = s->conf.suspect_after_ms,
                                 .drain_gap_ms = s->conf.drain_gap_ms,
-                                .probation_ms = s->conf.probation_ms, .locality_weight = -1};
+                                .probation_ms = s->conf.probation_ms,
+                                .locality_weight = -1};
     char subj[256], queue[128];
     if (dsec_placement_new(&s->view, reg, &pc, err) < 0 ||
-        dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, s->conf.dead_after_ms, err) < 0)
+        dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, s->conf.dead_after_ms,
+                      err) < 0)
         goto out_fail;
     if (dsec_actor_new(&s->creates, bus, s->name, err) < 0)
         goto out_fail;
@@ -1282,8 +1331,8 @@ void dsec_sched_stop(dsec_sched *s)
         if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, w->place, w->len, &p, &err) == 0) {
             dsec_trace_scope sc;
             dsec_trace_enter(&sc, NULL, w->trace[0] ? w->trace : NULL, NULL, NULL);
-            dsec_err_set(&err, DSEC_E_CLOSED, 0, "scheduler %s stopped while the create waited for room",
-                         s->name);
+            dsec_err_set(&err, DSEC_E_CLOSED, 0,
+                         "scheduler %s stopped while the create waited for room", s->name);
             dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
             quota_release(s, &p.c);
             dsec_trace_leave(&sc);
@@ -1301,11 +1350,16 @@ void dsec_sched_stop(dsec_sched *s)
 
 void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
 {
-    *o = (dsec_sched_stats){.creates = s->n_creates, .placed = s->n_placed,
-                            .retried = s->n_retried, .forwarded = s->n_forwarded,
-                            .failed = s->n_failed, .nodes = dsec_placement_count(s->view),
-                            .expired = s->n_expired, .waited = s->n_waited,
-                            .over_quota = s->n_over_quota, .admitted = s->n_admitted,
+    *o = (dsec_sched_stats){.creates = s->n_creates,
+                            .placed = s->n_placed,
+                            .retried = s->n_retried,
+                            .forwarded = s->n_forwarded,
+                            .failed = s->n_failed,
+                            .nodes = dsec_placement_count(s->view),
+                            .expired = s->n_expired,
+                            .waited = s->n_waited,
+                            .over_quota = s->n_over_quota,
+                            .admitted = s->n_admitted,
                             .shed = s->n_shed};
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
@@ -1327,7 +1381,10 @@ void dsec_sched_place_latency(dsec_sched *s, dsec_metrics_hist_snap *out)
     dsec_metrics_hist_read(&s->place_lat, out);
 }
 
-const char *dsec_sched_name(const dsec_sched *s) { return s->name; }
+const char *dsec_sched_name(const dsec_sched *s)
+{
+    return s->name;
+}
 
 size_t dsec_sched_actors(const dsec_sched *s, const dsec_actor **out, size_t max)
 {

@@ -25,7 +25,10 @@ static void tls_free(void *p)
     dsec_free(w);
 }
 
-static void tls_init(void) { pthread_key_create(&tls_key, tls_free); }
+static void tls_init(void)
+{
+    pthread_key_create(&tls_key, tls_free);
+}
 
 static struct wire_tls *tls(void)
 {
@@ -72,8 +75,8 @@ int dsec_wire_send(dsec_actor *actor, dsec_bus *bus, const char *subject, const 
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     if (dsec_encode(b, type, msg, err) < 0)
         return -1;
-    dsec_hdr hdr = {.type = dsec_msg_type_name(type), .schema = DSEC_SCHEMA_VERSION,
-                    .req_id = req_id};
+    dsec_hdr hdr = {
+        .type = dsec_msg_type_name(type), .schema = DSEC_SCHEMA_VERSION, .req_id = req_id};
     if (actor != NULL)
         return dsec_actor_publish(actor, subject, reply, &hdr, b->data, b->len, err);
     return dsec_bus_publish(bus, subject, reply, &hdr, b->data, b->len, err);
@@ -154,8 +157,10 @@ void dsec_wire_error_to(dsec_actor *actor, dsec_bus *bus, const char *subject, c
         field = fld[0] != '\0' ? fld : NULL;
     }
     req_id = req_id_or_null(req_id);
-    dsec_msg_error m = {.code = dsec_code_name(e->code), .message = msg,
-                        .retry_safe = dsec_code_retry_safe(e->code), .field = field,
+    dsec_msg_error m = {.code = dsec_code_name(e->code),
+                        .message = msg,
+                        .retry_safe = dsec_code_retry_safe(e->code),
+                        .field = field,
                         .req_id = req_id,
                         /* only overloaded says it: other codes' errors may be filled without it */
                         .retry_after_ms = e->code == DSEC_E_OVERLOADED ? e->retry_after_ms : 0};

@@ -1,4 +1,5 @@
-/* wire.h - what every actor needs to speak the protocol: per-thread codec state and reply helpers. */
+/* wire.h - what every actor needs to speak the protocol: per-thread codec state and reply helpers.
+ */
 #ifndef DSEC_ACTORS_WIRE_H
 #define DSEC_ACTORS_WIRE_H
 

@@ -158,10 +158,10 @@ static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "exec: a session command takes no %s: it runs in the session's "
                             "shell (use cd and export there)",
-                            req->nenv > 0         ? "environment variables"
-                            : req->cwd != NULL    ? "cwd"
-                            : req->user != NULL   ? "user"
-                                                  : "stdin");
+                            req->nenv > 0       ? "environment variables"
+                            : req->cwd != NULL  ? "cwd"
+                            : req->user != NULL ? "user"
+                                                : "stdin");
     return 0;
 }
 
@@ -532,9 +532,8 @@ int dsec_backend_proc_stdin(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
     return be->ops->proc_stdin(be->self, sb, handle, data, len, close, err);
 }
 
-int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
-                             uint64_t out_off, uint64_t err_off, uint64_t max,
-                             dsec_proc_output *out, dsec_err *err)
+int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                             uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
 {
     if (be->ops->proc_output == NULL)
         return unsupported(be, "background processes", err);

@@ -135,7 +135,6 @@ typedef struct dsec_exec_req {
  * instead (docs/operations.md, "CPU for the node manager"). */
 #define DSEC_SANDBOX_NICE 10
 
-
 /* Most children one fork may create (the wire's op.n limit). */
 #define DSEC_FORK_MAX 1024
 
@@ -228,19 +227,19 @@ typedef struct dsec_file_data {
  * ring_max bytes of its stdout and of its stderr, so a client that comes late reads the tail
  * first; older bytes are dropped, never the process blocked for want of a reader. */
 typedef struct dsec_proc_info {
-    uint64_t handle;   /* unique for the sandbox's life, never reused; 1, 2, ... */
-    int32_t pid;       /* in the sandbox's pid namespace */
+    uint64_t handle; /* unique for the sandbox's life, never reused; 1, 2, ... */
+    int32_t pid;     /* in the sandbox's pid namespace */
     bool running;
-    bool stdin_open;   /* proc_stdin may still write */
-    bool timed_out;    /* its timeout_ms ended it */
-    int32_t exit_code; /* when !running: its exit status, -1 when a signal ended it */
-    int32_t signal;    /* when !running: the signal that ended it, else 0 */
-    uint64_t started_ns, ended_ns;  /* wall clock (the sandbox's); ended_ns 0 while running */
-    uint64_t out_total, err_total;  /* bytes each stream has produced in all */
-    char cmdline[256]; /* its argv joined by spaces, cut to 255 bytes */
-    bool pty;          /* it runs on a terminal (dsec_proc_start_req.pty) */
-    bool session;      /* it is a shell session (dsec_proc_start_req.session) */
-    bool busy;         /* a session that is running a command now */
+    bool stdin_open;               /* proc_stdin may still write */
+    bool timed_out;                /* its timeout_ms ended it */
+    int32_t exit_code;             /* when !running: its exit status, -1 when a signal ended it */
+    int32_t signal;                /* when !running: the signal that ended it, else 0 */
+    uint64_t started_ns, ended_ns; /* wall clock (the sandbox's); ended_ns 0 while running */
+    uint64_t out_total, err_total; /* bytes each stream has produced in all */
+    char cmdline[256];             /* its argv joined by spaces, cut to 255 bytes */
+    bool pty;                      /* it runs on a terminal (dsec_proc_start_req.pty) */
+    bool session;                  /* it is a shell session (dsec_proc_start_req.session) */
+    bool busy;                     /* a session that is running a command now */
 } dsec_proc_info;
 
 #define DSEC_PROC_RING_DEFAULT (256u << 10) /* bytes kept per stream when ring_max is 0 */
@@ -273,7 +272,7 @@ typedef struct dsec_proc_start_req {
  * (counted from the stream's first byte), as much as the ring still holds. */
 typedef struct dsec_proc_output {
     dsec_proc_info info;
-    uint8_t *out, *err;          /* dsec_malloc'd, NULL when empty: dsec_proc_output_release */
+    uint8_t *out, *err; /* dsec_malloc'd, NULL when empty: dsec_proc_output_release */
     size_t out_len, err_len;
     uint64_t out_from, err_from; /* the stream offsets of out[0] and err[0]: above the offsets
                                     asked when the ring no longer held those bytes */
@@ -283,8 +282,7 @@ void dsec_proc_output_release(dsec_proc_output *o);
 
 /* How a proc_follow_start ended: rc 0 and *out (owned by the callee, which releases it with
  * dsec_proc_output_release), or rc -1 and err. Called once, on the loop's thread. */
-typedef void (*dsec_proc_output_done_fn)(void *ud, int rc, dsec_proc_output *out,
-                                         dsec_err *err);
+typedef void (*dsec_proc_output_done_fn)(void *ud, int rc, dsec_proc_output *out, dsec_err *err);
 #define DSEC_PROC_WAIT_MAX_MS 60000u /* longest wait of one proc_follow_start */
 
 /* How a transfer started with file_write_start or file_read_start ended: rc 0
@@ -317,7 +315,7 @@ typedef struct dsec_backend_caps {
     bool supports_fork;
     bool supports_snapshot;
     bool supports_pause;
-    bool network; /* can be given network access by a policy (docs/network.md) */
+    bool network;        /* can be given network access by a policy (docs/network.md) */
     uint32_t startup_ms; /* typical cold start */
 } dsec_backend_caps;
 
@@ -441,20 +439,19 @@ typedef struct dsec_backend_ops {
      * DSEC_E_NOT_FOUND. */
     int (*proc_start)(void *self, dsec_sandbox *sb, const dsec_proc_start_req *req,
                       dsec_proc_info *out, dsec_err *err);
-    int (*proc_list)(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n,
-                     dsec_err *err);
+    int (*proc_list)(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n, dsec_err *err);
     /* With proc_follow_start there, proc_list, proc_signal, proc_stdin, proc_output and
      * proc_resize too go on a connection of their own and may run beside any other call on
      * sb: the node makes them past a running command (its side lane), to interrupt a shell
      * session's command or to read, feed and list background processes meanwhile. */
     int (*proc_signal)(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err);
-    int (*proc_stdin)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
-                      size_t len, bool close, dsec_err *err);
+    int (*proc_stdin)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data, size_t len,
+                      bool close, dsec_err *err);
     int (*proc_output)(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                        uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
     /* Optional: change a pty process's window (DSEC_E_INVALID for a process without one). */
-    int (*proc_resize)(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
-                       uint16_t cols, dsec_err *err);
+    int (*proc_resize)(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows, uint16_t cols,
+                       dsec_err *err);
     /* Optional: proc_output that waits, on loop's thread, without a thread of its own:
      * when neither stream holds a byte past its offset and the process runs, the answer
      * waits until output comes, the process ends or wait_ms (at most DSEC_PROC_WAIT_MAX_MS)
@@ -522,9 +519,8 @@ int dsec_backend_proc_signal(dsec_backend *be, dsec_sandbox *sb, uint64_t handle
                              dsec_err *err);
 int dsec_backend_proc_stdin(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, const void *data,
                             size_t len, bool close, dsec_err *err);
-int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
-                             uint64_t out_off, uint64_t err_off, uint64_t max,
-                             dsec_proc_output *out, dsec_err *err);
+int dsec_backend_proc_output(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                             uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
 /* Terminals and waiting output (ops proc_resize, proc_follow_start): DSEC_E_UNSUPPORTED
  * without them; dsec_backend_proc_follows says whether the waiting one is there. */
 int dsec_backend_proc_resize(dsec_backend *be, dsec_sandbox *sb, uint64_t handle, uint16_t rows,

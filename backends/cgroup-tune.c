@@ -44,8 +44,9 @@ static unsigned long mount_flags(const char *opts)
     static const struct {
         const char *name;
         unsigned long flag;
-    } map[] = {{"ro", MS_RDONLY},         {"nosuid", MS_NOSUID},     {"nodev", MS_NODEV},
-               {"noexec", MS_NOEXEC},     {"noatime", MS_NOATIME},   {"nodiratime", MS_NODIRATIME},
+    } map[] = {{"ro", MS_RDONLY},         {"nosuid", MS_NOSUID},
+               {"nodev", MS_NODEV},       {"noexec", MS_NOEXEC},
+               {"noatime", MS_NOATIME},   {"nodiratime", MS_NODIRATIME},
                {"relatime", MS_RELATIME}, {"strictatime", MS_STRICTATIME}};
     unsigned long f = 0;
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
@@ -131,11 +132,10 @@ void dsec_cgroup_tune_apply(bool on, const char *who)
     if (rc == 0 || atomic_flag_test_and_set(&said))
         return;
     if (rc == 1)
-        dsec_log_warn(
-                "dsec %s: remounted cgroup2 at %s with favordynmods: moving a process into a "
-                "cgroup no longer waits for an RCU grace period (option cgroup_favordynmods)",
-                who, where);
+        dsec_log_warn("dsec %s: remounted cgroup2 at %s with favordynmods: moving a process into a "
+                      "cgroup no longer waits for an RCU grace period (option cgroup_favordynmods)",
+                      who, where);
     else
         dsec_log_warn("dsec %s: cgroup favordynmods not set, creates stay slower: %s", who,
-                err.msg);
+                      err.msg);
 }

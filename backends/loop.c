@@ -231,7 +231,7 @@ void dsec_loop_del(dsec_loop_watch *w)
          * still holds what it named, epoll keeps reporting it with this watch, which is about
          * to be freed: a caller's bug, said loudly so that a test log shows it. */
         dsec_log_warn("dsec: event loop %s: fd %d was closed before its watch was removed: %s",
-                l->name, w->fd, strerror(errno));
+                      l->name, w->fd, strerror(errno));
     pthread_mutex_lock(&l->mu);
     heap_remove(l, w);
     if (w->prev != NULL)

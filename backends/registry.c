@@ -261,8 +261,8 @@ int dsec_registry_add(dsec_registry *reg, const dsec_backend_caps *caps,
     /* what the type declares, its ops must do (without ops: a type only placed, never run) */
     const char *missing = NULL;
     if (ops != NULL && ops->type != NULL && strcmp(ops->type, caps->type) != 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "backend type \"%s\": its ops implement \"%s\"", caps->type, ops->type);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "backend type \"%s\": its ops implement \"%s\"",
+                            caps->type, ops->type);
     if (ops == NULL)
         missing = NULL;
     else if (ops->create == NULL || ops->destroy == NULL)

@@ -76,7 +76,7 @@ void dsec_sbx_abandon(struct dsec_sbx_store *s, dsec_sandbox *sb)
     dsec_err e2;
     if (s->ops->teardown(s->be, sb, &e2) < 0) {
         dsec_log_warn("dsec %s: cleaning up a failed sandbox %s: %s", s->type, s->ops->id(sb),
-                e2.msg);
+                      e2.msg);
         if (s->ops->discard != NULL)
             s->ops->discard(s->be, sb);
     }

@@ -736,8 +736,7 @@ static int sim_exec_start(void *self, dsec_sandbox *h, const dsec_exec_req *req,
     r->ud = ud;
     /* the modelled time passes on the loop's clock, as model_sleep would have slept it */
     double ns = s->time_scale > 0.0 ? (double)total_us * 1000.0 * s->time_scale : 0.0;
-    if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns() + (uint64_t)ns, exec_due, r, NULL, err) <
-        0) {
+    if (dsec_loop_add(loop, -1, 0, dsec_loop_now_ns() + (uint64_t)ns, exec_due, r, NULL, err) < 0) {
         dsec_exec_result_release(&r->res);
         dsec_free(r);
         return -1;
@@ -947,11 +946,9 @@ static int sim_file_op(void *self, dsec_sandbox *h, const dsec_file_op *op, dsec
         if (check_path(op->to, false, err) < 0)
             return -1;
         if (f == NULL)
-            return dsec_err_set(err, dir ? DSEC_E_UNSUPPORTED : DSEC_E_NOT_FOUND,
-                                dir ? EISDIR : ENOENT,
-                                dir ? "rename %s: the sim renames regular files only"
-                                    : "rename %s",
-                                op->path);
+            return dsec_err_set(
+                err, dir ? DSEC_E_UNSUPPORTED : DSEC_E_NOT_FOUND, dir ? EISDIR : ENOENT,
+                dir ? "rename %s: the sim renames regular files only" : "rename %s", op->path);
         if (strcmp(op->path, op->to) == 0)
             return 0;
         struct file *t = file_find(b, op->to);
@@ -992,8 +989,7 @@ static int sim_file_op(void *self, dsec_sandbox *h, const dsec_file_op *op, dsec
             return dsec_err_set(err, DSEC_E_NOT_FOUND, ENOENT, "remove %s", op->path);
         if (!op->recursive)
             return dsec_err_set(err, DSEC_E_IO, ENOTEMPTY,
-                                "remove %s: directory not empty (remove it recursively)",
-                                op->path);
+                                "remove %s: directory not empty (remove it recursively)", op->path);
         char key[PATH_MAX_LEN + 2];
         size_t n = strlen(op->path);
         memcpy(key, op->path, n);
@@ -1199,7 +1195,8 @@ static int sim_adopt(void *self, const dsec_sandbox_spec *spec, const char *stat
  * "MODE MTIME PATHLEN DATALEN" followed by the path and data bytes. */
 #define SNAP_MAGIC "dsec-sim-snapshot 1"
 
-static int sim_snapshot(void *self, dsec_sandbox *h, const char *path, const char *name, dsec_err *err)
+static int sim_snapshot(void *self, dsec_sandbox *h, const char *path, const char *name,
+                        dsec_err *err)
 {
     struct sim *s = self;
     struct sb *b = SB(h);

@@ -1,4 +1,6 @@
-/* chaos.c - make bench S=chaos: a multi-process cell on a 3-server NATS cluster under steady create/exec load, with a fault every few seconds; counts what was answered, lost, orphaned or placed twice. */
+/* chaos.c - make bench S=chaos: a multi-process cell on a 3-server NATS cluster under steady
+ * create/exec load, with a fault every few seconds; counts what was answered, lost, orphaned or
+ * placed twice. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -28,9 +30,9 @@
 #define SCHEDS 2
 #define ARBS 2
 #define NODES 4
-#define WORKERS 16     /* threads running exec + destroy on created sandboxes */
+#define WORKERS 16 /* threads running exec + destroy on created sandboxes */
 #define LOST_AFTER_MS 6000
-#define IDLE_S 20      /* a sandbox no client drives is reaped: what reconciles unclaimed ones */
+#define IDLE_S 20 /* a sandbox no client drives is reaped: what reconciles unclaimed ones */
 
 enum { P_SERVER, P_SCHED, P_ARB, P_NODE };
 struct proc {
@@ -89,8 +91,10 @@ static void write_configs(void)
         snprintf(text, sizeof text,
                  "server_name: s%d\nlisten: 127.0.0.1:%d\njetstream { store_dir: \"%s/js-%d\" }\n"
                  "cluster { name: chaos, listen: 127.0.0.1:%d,\n"
-                 "  routes: [nats-route://127.0.0.1:%d, nats-route://127.0.0.1:%d, nats-route://127.0.0.1:%d] }\n",
-                 i, client_port[i], dir, i, route_port[i], route_port[0], route_port[1], route_port[2]);
+                 "  routes: [nats-route://127.0.0.1:%d, nats-route://127.0.0.1:%d, "
+                 "nats-route://127.0.0.1:%d] }\n",
+                 i, client_port[i], dir, i, route_port[i], route_port[0], route_port[1],
+                 route_port[2]);
         write_file(path, text);
     }
     char common[1024];
@@ -111,10 +115,11 @@ static void write_configs(void)
         snprintf(path, sizeof path, "%s/node-%d.yaml", dir, i);
         snprintf(text, sizeof text, "%s", common);
         size_t n = strlen(text);
-        snprintf(text + n, sizeof text - n,
-                 "state_dir: %s/node-%d\nnodes:\n  - {name: cn%d, cpu_milli: 400000, memory_mb: 400000, "
-                 "slots: 20000, types: [sim], backend: sim, sim: {time_scale: 0}}\n",
-                 dir, i, i);
+        snprintf(
+            text + n, sizeof text - n,
+            "state_dir: %s/node-%d\nnodes:\n  - {name: cn%d, cpu_milli: 400000, memory_mb: 400000, "
+            "slots: 20000, types: [sim], backend: sim, sim: {time_scale: 0}}\n",
+            dir, i, i);
         write_file(path, text);
     }
 }
@@ -134,7 +139,9 @@ static void spawn(struct proc *p)
             snprintf(conf, sizeof conf, "%s/nats-%d.conf", dir, p->idx);
             execlp("nats-server", "nats-server", "-c", conf, (char *)NULL);
         } else {
-            const char *roles = p->kind == P_SCHED ? "scheduler" : p->kind == P_ARB ? "arbiter" : "node";
+            const char *roles = p->kind == P_SCHED ? "scheduler"
+                                : p->kind == P_ARB ? "arbiter"
+                                                   : "node";
             if (p->kind == P_NODE)
                 snprintf(conf, sizeof conf, "%s/node-%d.yaml", dir, p->idx);
             else
@@ -166,7 +173,7 @@ struct seen {
 
 static struct {
     pthread_mutex_t mu;
-    struct seen **b; /* req_id -> the sandbox its creation made */
+    struct seen **b;    /* req_id -> the sandbox its creation made */
     struct seen **gone; /* sandbox ids the nodes said were gone or failed for a reason other
                          * than a client's destroy: the reason (req_id) and when */
     size_t nb;
@@ -192,7 +199,8 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_err err;
     if (strstr(subj, ".sbx.") != NULL) {
         dsec_msg_sandbox_events b;
-        if (dsec_decode(dec, DSEC_MSG_SANDBOX_EVENTS, dsec_msg_data(m), dsec_msg_len(m), &b, &err) < 0)
+        if (dsec_decode(dec, DSEC_MSG_SANDBOX_EVENTS, dsec_msg_data(m), dsec_msg_len(m), &b, &err) <
+            0)
             return;
         const dsec_msg_sandbox_event *ev = b.events.items;
         pthread_mutex_lock(&cellv.mu);
@@ -213,8 +221,8 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
                 }
                 continue;
             }
-            if (ev[i].prev == NULL || strcmp(ev[i].prev, "requested") != 0 || ev[i].req_id == NULL ||
-                strncmp(ev[i].req_id, "fork-", 5) == 0)
+            if (ev[i].prev == NULL || strcmp(ev[i].prev, "requested") != 0 ||
+                ev[i].req_id == NULL || strncmp(ev[i].req_id, "fork-", 5) == 0)
                 continue;
             size_t k = hash(ev[i].req_id) % cellv.nb;
             struct seen *s = cellv.b[k];
@@ -223,8 +231,8 @@ static void on_cell_event(dsec_actor *a, dsec_msg *m, void *ud)
             if (s != NULL) {
                 if (strcmp(s->id, ev[i].id) != 0) { /* one request, two sandboxes */
                     if (cellv.doubles < 8)
-                        fprintf(stderr, "chaos: t=%.1f s req_id %s made %s and %s\n", now_s() - cellv.t0,
-                                ev[i].req_id, s->id, ev[i].id);
+                        fprintf(stderr, "chaos: t=%.1f s req_id %s made %s and %s\n",
+                                now_s() - cellv.t0, ev[i].req_id, s->id, ev[i].id);
                     cellv.doubles++;
                 }
                 continue;
@@ -488,8 +496,8 @@ static void lost_note(const struct made *mk, const char *op, const dsec_err *err
     snprintf(key, sizeof key,
              "%s: %s %s %.0f s after its create; created during [%s], %s during [%s]: %s; its "
              "events said: %s",
-             what, op, t - mk->t >= IDLE_S ? "at least" : "less than", (double)IDLE_S, ka, op, ko, ec,
-             wc);
+             what, op, t - mk->t >= IDLE_S ? "at least" : "less than", (double)IDLE_S, ka, op, ko,
+             ec, wc);
     size_t i = 0;
     while (i < lostv.n && strcmp(lostv.e[i].key, key) != 0)
         i++;
@@ -638,8 +646,8 @@ int main(void)
     for (int i = 0; i < SERVERS; i++) {
         client_port[i] = free_port();
         route_port[i] = free_port();
-        off += (size_t)snprintf(urls + off, sizeof urls - off, "%snats://127.0.0.1:%d", i ? "," : "",
-                                client_port[i]);
+        off += (size_t)snprintf(urls + off, sizeof urls - off, "%snats://127.0.0.1:%d",
+                                i ? "," : "", client_port[i]);
     }
     write_configs();
     for (int i = 0; i < SERVERS; i++)
@@ -669,11 +677,14 @@ int main(void)
     cellv.b = calloc(cellv.nb, sizeof *cellv.b);
     cellv.gone = calloc(cellv.nb, sizeof *cellv.gone);
     dsec_bus_opts bo = {.url = urls, .name = "chaos-watch"};
-    dsec_client_opts co = {.url = urls, .tenant = "chaos", .timeout_ms = 3000, .retries = 3, .threads = 4};
-    if (dec == NULL || cellv.b == NULL || cellv.gone == NULL || dsec_bus_connect(&watch, &bo, &err) < 0 ||
+    dsec_client_opts co = {
+        .url = urls, .tenant = "chaos", .timeout_ms = 3000, .retries = 3, .threads = 4};
+    if (dec == NULL || cellv.b == NULL || cellv.gone == NULL ||
+        dsec_bus_connect(&watch, &bo, &err) < 0 ||
         dsec_actor_new(&wa, watch, "chaos-watch", &err) < 0 ||
         dsec_actor_on(wa, "dsec.v1.ctl.evt.chaos.>", NULL, on_cell_event, dec, &err) < 0 ||
-        dsec_client_connect(&client, &co, &err) < 0 || dsec_watch_lost(client, on_lost, NULL, &err) < 0) {
+        dsec_client_connect(&client, &co, &err) < 0 ||
+        dsec_watch_lost(client, on_lost, NULL, &err) < 0) {
         fprintf(stderr, "chaos: %s (logs in %s)\n", err.msg, dir);
         return 1;
     }
@@ -755,7 +766,8 @@ int main(void)
                 restart_at = t + (k == 3 ? 2.0 : 1.0);
                 what = "kill -9, restarted";
             }
-            printf("chaos: t=%5.1f s fault %" PRIu64 ": %s %s\n", t - t0, faults + 1, victim->name, what);
+            printf("chaos: t=%5.1f s fault %" PRIu64 ": %s %s\n", t - t0, faults + 1, victim->name,
+                   what);
             fault_note(t - t0, victim->name, k == 4 ? "partition" : "kill -9");
             fflush(stdout);
             faults++;
@@ -799,29 +811,33 @@ int main(void)
     double all_rate = (double)atomic_load(&load.ok) / (t_end - t0);
     printf("chaos: %" PRIu64 " requests, %" PRIu64 " answered (%" PRIu64 " ok, %" PRIu64
            " retry-safe errors, %" PRIu64 " other errors), lost %" PRIu64 ", orphans %" PRIu64
-           ", double placements %" PRIu64 ", %" PRIu64 " faults; sandboxes gone with a reason: %" PRIu64
-           " reclaimed after their node was declared lost, %" PRIu64 " reaped idle while the load fell "
+           ", double placements %" PRIu64 ", %" PRIu64
+           " faults; sandboxes gone with a reason: %" PRIu64
+           " reclaimed after their node was declared lost, %" PRIu64
+           " reaped idle while the load fell "
            "behind (%" PRIu64 " never driven), %" PRIu64 " for other reasons; %" PRIu64
            " not found without a reason on a node once declared lost\n",
            requests, answered, atomic_load(&load.ok), atomic_load(&load.retryable),
            atomic_load(&load.definitive_errors), lost, orphans, doubles, faults,
-           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled), atomic_load(&load.undriven),
-           atomic_load(&load.gone_other), atomic_load(&load.unexplained_on_lost_node));
+           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.idled),
+           atomic_load(&load.undriven), atomic_load(&load.gone_other),
+           atomic_load(&load.unexplained_on_lost_node));
     pthread_mutex_lock(&lostv.mu);
     for (size_t i = 0; i < lostv.n; i++)
         printf("chaos: %8" PRIu64 "  %s\n", lostv.e[i].n, lostv.e[i].key);
     pthread_mutex_unlock(&lostv.mu);
     pthread_mutex_lock(&defv.mu);
     if (defv.n > 0)
-        printf("chaos: definitive errors by operation, code, [fault begun at most %.0f s before] and message:\n",
+        printf("chaos: definitive errors by operation, code, [fault begun at most %.0f s before] "
+               "and message:\n",
                FAULT_WINDOW_S);
     for (size_t i = 0; i < defv.n; i++)
         printf("chaos:   %8" PRIu64 "  %s\n", defv.e[i].n, defv.e[i].key);
     if (defv.other > 0)
         printf("chaos:   %8" PRIu64 "  (other kinds)\n", defv.other);
     pthread_mutex_unlock(&defv.mu);
-    printf("chaos: baseline (first %d s, no faults): %.0f ok answers/s; whole run: %.0f/s\n", baseline_s,
-           base_rate, all_rate);
+    printf("chaos: baseline (first %d s, no faults): %.0f ok answers/s; whole run: %.0f/s\n",
+           baseline_s, base_rate, all_rate);
     for (size_t i = 0; i < nprocs; i++)
         if (procs[i].pid > 0)
             kill(procs[i].pid, SIGTERM);
@@ -844,13 +860,15 @@ int main(void)
         fprintf(stderr, "chaos: could not clean %s\n", dir);
     else if (!clean)
         printf("chaos: the daemons' logs are kept in %s\n", dir);
-    printf("{\"scenario\":\"chaos\",\"seconds\":%d,\"rate\":%d,\"requests\":%" PRIu64 ",\"answered\":%" PRIu64
-           ",\"retryable_errors\":%" PRIu64 ",\"other_errors\":%" PRIu64 ",\"lost\":%" PRIu64
-           ",\"orphans\":%" PRIu64 ",\"double_placements\":%" PRIu64 ",\"faults\":%" PRIu64
+    printf("{\"scenario\":\"chaos\",\"seconds\":%d,\"rate\":%d,\"requests\":%" PRIu64
+           ",\"answered\":%" PRIu64 ",\"retryable_errors\":%" PRIu64 ",\"other_errors\":%" PRIu64
+           ",\"lost\":%" PRIu64 ",\"orphans\":%" PRIu64 ",\"double_placements\":%" PRIu64
+           ",\"faults\":%" PRIu64
            ",\"ok_per_s\":%.0f,\"baseline_ok_per_s\":%.0f,\"gone_idle\":%" PRIu64
            ",\"gone_node_lost\":%" PRIu64 ",\"gone_other\":%" PRIu64 "}\n",
-           seconds, rate, requests, answered, atomic_load(&load.retryable), atomic_load(&load.definitive_errors),
-           lost, orphans, doubles, faults, all_rate, base_rate, atomic_load(&load.idled),
-           atomic_load(&load.reclaimed_after_loss), atomic_load(&load.gone_other));
+           seconds, rate, requests, answered, atomic_load(&load.retryable),
+           atomic_load(&load.definitive_errors), lost, orphans, doubles, faults, all_rate,
+           base_rate, atomic_load(&load.idled), atomic_load(&load.reclaimed_after_loss),
+           atomic_load(&load.gone_other));
     return 0;
 }

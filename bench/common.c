@@ -41,8 +41,8 @@ double dsec_bench_host_cpu_s(void)
 {
     FILE *f = fopen("/proc/stat", "re");
     unsigned long long v[8] = {0};
-    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                       &v[3], &v[4], &v[5], &v[6], &v[7])
+    int n = f ? fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                       &v[4], &v[5], &v[6], &v[7])
               : 0;
     if (f)
         fclose(f);

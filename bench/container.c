@@ -1,5 +1,5 @@
-/* container.c - make bench S=container: container sandboxes through the whole stack (client -> NATS ->
- * node -> crun/agent) beside raw crun on an equivalent bundle, measured in the same run. */
+/* container.c - make bench S=container: container sandboxes through the whole stack (client -> NATS
+ * -> node -> crun/agent) beside raw crun on an equivalent bundle, measured in the same run. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -50,8 +50,6 @@
 #define EXEC_N 500
 #define RAW_EXEC_N 30
 #define FORK_N 100
-
-
 
 static uint64_t mem_available_kb(void)
 {
@@ -192,18 +190,19 @@ static int raw_prepare(raw *r, const char *root, const char *sb_dir, const char 
     if (dsec_bench_sh("mkdir -p %s/rootfs %s/upper %s/work", r->dir, r->dir, r->dir) != 0)
         return -1;
     char opts[17000], rootfs[4200];
-    if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lowers, r->dir, r->dir) >=
-            (int)sizeof opts ||
+    if (snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s/upper,workdir=%s/work", lowers, r->dir,
+                 r->dir) >= (int)sizeof opts ||
         snprintf(rootfs, sizeof rootfs, "%s/rootfs", r->dir) >= (int)sizeof rootfs)
         return -1;
     if (mount("overlay", rootfs, "overlay", 0, opts) < 0)
         return -1;
     r->mounted = true;
-    return dsec_bench_sh("python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); "
-              "c[\"root\"][\"path\"]=sys.argv[2]; c[\"process\"][\"args\"]=[\"/bin/sleep\",\"1000000\"]; "
-              "c[\"linux\"][\"cgroupsPath\"]=\"dsec-bench/\"+sys.argv[3]; "
-              "json.dump(c,open(sys.argv[4],\"w\"))' %s/config.json %s %s %s/config.json",
-              sb_dir, rootfs, r->id, r->dir);
+    return dsec_bench_sh(
+        "python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); "
+        "c[\"root\"][\"path\"]=sys.argv[2]; c[\"process\"][\"args\"]=[\"/bin/sleep\",\"1000000\"]; "
+        "c[\"linux\"][\"cgroupsPath\"]=\"dsec-bench/\"+sys.argv[3]; "
+        "json.dump(c,open(sys.argv[4],\"w\"))' %s/config.json %s %s %s/config.json",
+        sb_dir, rootfs, r->id, r->dir);
 }
 
 static void raw_cleanup(raw *r, bool hybrid)
@@ -266,8 +265,12 @@ static void exec_true(dsec_client *cl, const char *id, double *lat, double *in_a
  * measured in it (the density sandboxes below ask for a tenth). */
 static void make(dsec_client *cl, dsec_sandbox_info *info)
 {
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000, .memory_mb = 64,
-                           .ttl_s = 86400, .idle_s = 86400};
+    dsec_create_spec cs = {.type = "container",
+                           .env = "busybox:1",
+                           .cpu_milli = 1000,
+                           .memory_mb = 64,
+                           .ttl_s = 86400,
+                           .idle_s = 86400};
     dsec_err err;
     if (dsec_create(cl, &cs, info, &err) < 0)
         dsec_bench_die("create", &err);
@@ -292,10 +295,10 @@ static uint64_t used_bytes(const char *path)
 /* The node's warm pool: wait until it holds at least n ready containers (each marks its
  * directory with "ready"), at most 120 s; returns the seconds waited. */
 static char g_pool[1300];
-static unsigned g_warm;     /* the node's option warm_pool */
+static unsigned g_warm;      /* the node's option warm_pool */
 static const char *g_refill; /* its option warm_refill, as given ("default" when not) */
-static double g_refill_s;   /* after the last fork: how long the pool took to be full again,
-                               counted from its children's first exec */
+static double g_refill_s;    /* after the last fork: how long the pool took to be full again,
+                                counted from its children's first exec */
 static double wait_pool(unsigned n)
 {
     double t0 = dsec_bench_now_s();
@@ -319,8 +322,8 @@ static double wait_pool(unsigned n)
 
 /* Fork sb into n children; ms per child; *disk and *mem get bytes added per child, memory
  * counted once the warm pool has started as many containers again as the fork took. */
-static double fork_children(dsec_client *cl, const char *id, unsigned n, const char *store, double *disk,
-                            double *mem, char ***kids)
+static double fork_children(dsec_client *cl, const char *id, unsigned n, const char *store,
+                            double *disk, double *mem, char ***kids)
 {
     dsec_err err;
     size_t nk = 0;
@@ -361,9 +364,11 @@ int main(void)
         dsec_bench_die("mkdtemp", NULL);
     dsec_bench_run("container", root, "ct-0",
                    "rmdir /sys/fs/cgroup/*/dsec-bench /sys/fs/cgroup/dsec-bench 2>/dev/null");
-    printf("container bench in %s (cgroups: %s)\n", root, hybrid ? "hybrid v1 + cgroup2" : "as the host has them");
-    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
-           DSEC_SRC, DSEC_CLI, root, root) != 0) {
+    printf("container bench in %s (cgroups: %s)\n", root,
+           hybrid ? "hybrid v1 + cgroup2" : "as the host has them");
+    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s "
+                      "--only busybox >/dev/null",
+                      DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench container: building busybox:1 failed\n");
         return 1;
     }
@@ -427,7 +432,8 @@ int main(void)
         create_lat[i] = dsec_bench_now_s() - t0;
         destroy(cl, info.id);
     }
-    double create_p50 = dsec_bench_pct(create_lat, CREATE_N, 0.5) * 1000, create_p99 = dsec_bench_pct(create_lat, CREATE_N, 0.99) * 1000;
+    double create_p50 = dsec_bench_pct(create_lat, CREATE_N, 0.5) * 1000,
+           create_p99 = dsec_bench_pct(create_lat, CREATE_N, 0.99) * 1000;
 
     char sbdir[2400];
     snprintf(sbdir, sizeof sbdir, "%s/%s", sbroot, warm.id);
@@ -449,18 +455,22 @@ int main(void)
         }
         raws[i].running = true;
     }
-    double crun_run_p50 = dsec_bench_pct(raw_lat, CREATE_N, 0.5) * 1000, crun_run_p99 = dsec_bench_pct(raw_lat, CREATE_N, 0.99) * 1000;
-    printf("create -> first exec ready   p50 %7.2f ms  p99 %7.2f ms   raw crun run -d  p50 %7.2f ms  p99 %7.2f ms  "
+    double crun_run_p50 = dsec_bench_pct(raw_lat, CREATE_N, 0.5) * 1000,
+           crun_run_p99 = dsec_bench_pct(raw_lat, CREATE_N, 0.99) * 1000;
+    printf("create -> first exec ready   p50 %7.2f ms  p99 %7.2f ms   raw crun run -d  p50 %7.2f "
+           "ms  p99 %7.2f ms  "
            "(%.2fx)\n",
            create_p50, create_p99, crun_run_p50, crun_run_p99, create_p50 / crun_run_p50);
     printf("  of which: create answered p50 %.2f ms, then the first exec p50 %.2f ms\n",
-           dsec_bench_pct(answered, CREATE_N, 0.5) * 1000, dsec_bench_pct(first_exec, CREATE_N, 0.5) * 1000);
+           dsec_bench_pct(answered, CREATE_N, 0.5) * 1000,
+           dsec_bench_pct(first_exec, CREATE_N, 0.5) * 1000);
 
     /* 2. exec round trip */
     double *ex = dsec_calloc(EXEC_N, sizeof *ex), *exa = dsec_calloc(EXEC_N, sizeof *exa);
     for (int i = 0; i < EXEC_N; i++)
         exec_true(cl, warm.id, &ex[i], &exa[i]);
-    double exec_p50 = dsec_bench_pct(ex, EXEC_N, 0.5) * 1000, exec_p99 = dsec_bench_pct(ex, EXEC_N, 0.99) * 1000;
+    double exec_p50 = dsec_bench_pct(ex, EXEC_N, 0.5) * 1000,
+           exec_p99 = dsec_bench_pct(ex, EXEC_N, 0.99) * 1000;
     double floor_samples[EXEC_N];
     double spawn_floor = host_spawn_floor_ms(EXEC_N, floor_samples);
     double rex[RAW_EXEC_N];
@@ -474,10 +484,13 @@ int main(void)
             dsec_bench_die("raw crun exec", NULL);
         }
     }
-    double crun_exec_p50 = dsec_bench_pct(rex, RAW_EXEC_N, 0.5) * 1000, crun_exec_p99 = dsec_bench_pct(rex, RAW_EXEC_N, 0.99) * 1000;
-    printf("exec of true, round trip      p50 %7.3f ms  p99 %7.3f ms   raw crun exec    p50 %7.2f ms  p99 %7.2f ms\n",
+    double crun_exec_p50 = dsec_bench_pct(rex, RAW_EXEC_N, 0.5) * 1000,
+           crun_exec_p99 = dsec_bench_pct(rex, RAW_EXEC_N, 0.99) * 1000;
+    printf("exec of true, round trip      p50 %7.3f ms  p99 %7.3f ms   raw crun exec    p50 %7.2f "
+           "ms  p99 %7.2f ms\n",
            exec_p50, exec_p99, crun_exec_p50, crun_exec_p99);
-    printf("  floor: vfork+exec+wait of the same busybox true on the host, p50 %.3f ms\n", spawn_floor);
+    printf("  floor: vfork+exec+wait of the same busybox true on the host, p50 %.3f ms\n",
+           spawn_floor);
     printf("  of the round trip, in the agent (command start to exit): p50 %.3f ms\n",
            dsec_bench_pct(exa, EXEC_N, 0.5) * 1000);
     /* the same path without a process: read a small file through the agent */
@@ -513,7 +526,8 @@ int main(void)
     make(cl, &full);
     char script[256];
     snprintf(script, sizeof script,
-             "mkdir -p /data && i=0; while [ $i -lt %u ]; do head -c 67108864 /dev/zero > /data/f$i; i=$((i+1)); done",
+             "mkdir -p /data && i=0; while [ $i -lt %u ]; do head -c 67108864 /dev/zero > "
+             "/data/f$i; i=$((i+1)); done",
              fork_gib * 16);
     const char *fill[] = {"/bin/sh", "-c", script, NULL};
     dsec_exec_opts fo = {.argv = fill, .timeout_ms = 600000};
@@ -530,8 +544,10 @@ int main(void)
         dsec_bench_die("reading the data in a child", &err);
     printf("fork into %d children         empty: %6.2f ms/child   holding %u GiB: %6.2f ms/child "
            "(child sees %.*s MiB)\n",
-           FORK_N, ms_empty, fork_gib, ms_full, (int)(fr.out_len ? fr.out_len - 1 : 0), (char *)fr.out);
-    printf("  added per child             disk %.1f KiB, memory %.1f KiB (MemAvailable, its warm container's "
+           FORK_N, ms_empty, fork_gib, ms_full, (int)(fr.out_len ? fr.out_len - 1 : 0),
+           (char *)fr.out);
+    printf("  added per child             disk %.1f KiB, memory %.1f KiB (MemAvailable, its warm "
+           "container's "
            "replacement included)\n",
            disk_f / 1024, mem_f / 1024);
     printf(
@@ -551,14 +567,18 @@ int main(void)
     /* 4. density */
     wait_pool(g_warm);
     uint64_t m0 = mem_available_kb();
-    char (*ids)[DSEC_ID_MAX] = dsec_calloc(density_target ? density_target : 1, DSEC_ID_MAX);
+    char(*ids)[DSEC_ID_MAX] = dsec_calloc(density_target ? density_target : 1, DSEC_ID_MAX);
     size_t live = 0;
     double d0 = dsec_bench_now_s();
     dsec_err derr = {0};
     for (; live < density_target; live++) {
         /* idle on purpose, for longer than the default idle timeout may allow */
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 16,
-                               .ttl_s = 86400, .idle_s = 86400};
+        dsec_create_spec cs = {.type = "container",
+                               .env = "busybox:1",
+                               .cpu_milli = 100,
+                               .memory_mb = 16,
+                               .ttl_s = 86400,
+                               .idle_s = 86400};
         dsec_sandbox_info info;
         if (dsec_create(cl, &cs, &info, &derr) < 0)
             break;
@@ -575,9 +595,10 @@ int main(void)
         exec_true(cl, ids[0], NULL, NULL);
         exec_true(cl, ids[live - 1], NULL, NULL);
     }
-    printf("density                       %zu idle containers live at once (target %zu) in %.0f s, %.2f MiB each%s%s\n",
-           live, density_target, dens_s, mib_per_idle, live < density_target ? "; stopped by: " : "",
-           live < density_target ? derr.msg : "");
+    printf("density                       %zu idle containers live at once (target %zu) in %.0f s, "
+           "%.2f MiB each%s%s\n",
+           live, density_target, dens_s, mib_per_idle,
+           live < density_target ? "; stopped by: " : "", live < density_target ? derr.msg : "");
     for (size_t i = 0; i < live; i++) {
         dsec_err e2;
         dsec_destroy(cl, ids[i], &e2);
@@ -588,12 +609,16 @@ int main(void)
     dsec_bench_end();
     dsec_cell_conf_release(&conf);
 
-    printf("{\"scenario\":\"container\",\"create_p50_ms\":%.2f,\"create_p99_ms\":%.2f,\"crun_run_p50_ms\":%.2f,"
-           "\"crun_run_p99_ms\":%.2f,\"exec_p50_ms\":%.3f,\"exec_p99_ms\":%.3f,\"crun_exec_p50_ms\":%.2f,"
-           "\"crun_exec_p99_ms\":%.2f,\"host_spawn_p50_ms\":%.3f,\"fork_ms_per_child\":%.2f,\"fork_ms_per_child_empty\":%.2f,"
+    printf("{\"scenario\":\"container\",\"create_p50_ms\":%.2f,\"create_p99_ms\":%.2f,\"crun_run_"
+           "p50_ms\":%.2f,"
+           "\"crun_run_p99_ms\":%.2f,\"exec_p50_ms\":%.3f,\"exec_p99_ms\":%.3f,\"crun_exec_p50_"
+           "ms\":%.2f,"
+           "\"crun_exec_p99_ms\":%.2f,\"host_spawn_p50_ms\":%.3f,\"fork_ms_per_child\":%.2f,\"fork_"
+           "ms_per_child_empty\":%.2f,"
            "\"fork_disk_kib_per_child\":%.1f,\"fork_mem_kib_per_child\":%.1f,\"density\":%zu,"
            "\"mib_per_idle\":%.2f,\"warm_pool\":%u,\"warm_refill_after_fork_s\":%.1f}\n",
-           create_p50, create_p99, crun_run_p50, crun_run_p99, exec_p50, exec_p99, crun_exec_p50, crun_exec_p99, spawn_floor,
-           ms_full, ms_empty, disk_f / 1024, mem_f / 1024, live, mib_per_idle, g_warm, g_refill_s);
+           create_p50, create_p99, crun_run_p50, crun_run_p99, exec_p50, exec_p99, crun_exec_p50,
+           crun_exec_p99, spawn_floor, ms_full, ms_empty, disk_f / 1024, mem_f / 1024, live,
+           mib_per_idle, g_warm, g_refill_s);
     return 0;
 }

@@ -1,4 +1,5 @@
-/* control_plane.c - make bench S=control-plane: 160 sim nodes, 2 scheduler replicas, an open-loop load generator, one nats-server. */
+/* control_plane.c - make bench S=control-plane: 160 sim nodes, 2 scheduler replicas, an open-loop
+ * load generator, one nats-server. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -174,8 +175,8 @@ static double wall_s(void)
 
 struct req {
     struct gen *g;
-    double due;     /* scheduled send time (open loop: latency counts from here) */
-    double sent;    /* this attempt's send time */
+    double due;      /* scheduled send time (open loop: latency counts from here) */
+    double sent;     /* this attempt's send time */
     double retry_at; /* when a shed create goes again */
     double deadline; /* wall clock: the create's deadline, the same for every attempt */
     int op;
@@ -186,11 +187,11 @@ struct req {
 
 struct gen {
     dsec_bus *bus;
-    int phase;          /* 1: creates + exec + destroy; 2: creates only */
-    bool retry_shed;    /* retry `overloaded` after retry_after_ms with jitter, like libdsec */
-    int timeout_ms;     /* a create's deadline from its first send */
-    double *lat;        /* create latencies from the first send, ms, per phase */
-    double *alat;       /* the admitted attempt's latency, ms, per phase */
+    int phase;       /* 1: creates + exec + destroy; 2: creates only */
+    bool retry_shed; /* retry `overloaded` after retry_after_ms with jitter, like libdsec */
+    int timeout_ms;  /* a create's deadline from its first send */
+    double *lat;     /* create latencies from the first send, ms, per phase */
+    double *alat;    /* the admitted attempt's latency, ms, per phase */
     _Atomic long nlat, nalat;
     long cap_lat;
     _Atomic long created, failed, destroyed, execs, in_flight;
@@ -318,8 +319,9 @@ static void reply_in(int status, dsec_msg *reply, const dsec_err *err, struct re
         atomic_fetch_add(&g->created, 1);
         dsec_msg_created c;
         dsec_err derr;
-        if (g->phase == 1 && dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply),
-                                         dsec_msg_len(reply), &c, &derr) == 0) {
+        if (g->phase == 1 &&
+            dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &c, &derr) == 0) {
             snprintf(r->id, sizeof r->id, "%s", c.id);
             r->op = OP_EXEC;
             r->due = now_s();
@@ -366,8 +368,12 @@ static void send_req(struct req *r)
          * sends it (client.c, defer_overloaded): a retry count above 0 would make the
          * scheduler ask every node whether an earlier attempt made it (a lookup), which
          * libdsec only wants after an attempt that may have been placed. */
-        dsec_msg_create m = {.req_id = r->rid, .type = "sim", .cpu_milli = 50, .memory_mb = 64,
-                             .cls = "rollout", .retry = 0,
+        dsec_msg_create m = {.req_id = r->rid,
+                             .type = "sim",
+                             .cpu_milli = 50,
+                             .memory_mb = 64,
+                             .cls = "rollout",
+                             .retry = 0,
                              .deadline_ns = (uint64_t)(r->deadline * 1e9)};
         rc = dsec_encode(b, DSEC_MSG_CREATE, &m, &err);
         snprintf(subj, sizeof subj, "dsec.v1.bench.create");
@@ -483,7 +489,8 @@ static void on_capacity(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_msg_capacity c;
     dsec_err err;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) < 0)
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c,
+                    &err) < 0)
         return;
     int idx = atoi(c.node + 2); /* n-0042 */
     if (idx >= 0 && idx < NODES)
@@ -531,9 +538,15 @@ static int replay_dsec_trace(const char *url, double trace_s, double speed, sim_
     sim_sink sink;
     sim_bus_sink *bs = NULL;
     sim_replay *r = NULL;
-    sim_replay_opts o = {.speed = speed, .destroy_at_end = true, .drain_s = 30,
-                         .force_type = "sim", .tenant = "bench"};
-    dsec_bus_opts bo = {.url = url, .name = "bench-replay", .threads = 2, .mailbox_max = 1 << 20,
+    sim_replay_opts o = {.speed = speed,
+                         .destroy_at_end = true,
+                         .drain_s = 30,
+                         .force_type = "sim",
+                         .tenant = "bench"};
+    dsec_bus_opts bo = {.url = url,
+                        .name = "bench-replay",
+                        .threads = 2,
+                        .mailbox_max = 1 << 20,
                         .low_latency = true};
     rc = -1;
     if (dsec_bus_connect(&bus, &bo, &err) == 0 && sim_bus_sink_new(&bs, bus, &sink, &err) == 0 &&
@@ -660,10 +673,12 @@ int main(int argc, char **argv)
     dsec_cell_conf dc;
     dsec_cell_conf_defaults(&dc);
     const char *shed_env = getenv("DSEC_BENCH_SHED_AFTER_MS");
-    printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 processes),"
+    printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 "
+           "processes),"
            " scheduler.shed_after_ms %lu\n",
            url, NODES,
-           shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10) : (unsigned long)dc.shed_after_ms);
+           shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10)
+                                           : (unsigned long)dc.shed_after_ms);
     dsec_cell_conf_release(&dc);
 
     double raw = dsec_bench_raw_publish_rate(url, 1000000);
@@ -671,7 +686,8 @@ int main(int argc, char **argv)
     /* the targets hold on a host as fast as the runs in docs/control-plane.md; a slower host
      * scales them by its own raw rate */
     double scale = raw > 0 && raw < RAW_REF ? raw / RAW_REF : 1.0;
-    printf("targets scaled by raw %.0f / %.0f = %.3f: >= %.0f creates/s in phase 2, p99 <= %.1f ms at 5k/s\n",
+    printf("targets scaled by raw %.0f / %.0f = %.3f: >= %.0f creates/s in phase 2, p99 <= %.1f ms "
+           "at 5k/s\n",
            raw, RAW_REF, scale, 20000 * scale, 20.0 / scale);
 
     struct cellp cell = {.url = url, .state = state};
@@ -684,12 +700,15 @@ int main(int argc, char **argv)
     g.lat = dsec_calloc((size_t)g.cap_lat, sizeof *g.lat);
     g.alat = dsec_calloc((size_t)g.cap_lat, sizeof *g.alat);
     /* like libdsec: publish at once */
-    dsec_bus_opts bo = {.url = url, .name = "bench-gen", .threads = 1, .mailbox_max = 1 << 20,
-                        .low_latency = true};
+    dsec_bus_opts bo = {
+        .url = url, .name = "bench-gen", .threads = 1, .mailbox_max = 1 << 20, .low_latency = true};
     dsec_actor *cap = NULL;
-    if (dsec_bus_connect(&g.bus, &bo, &err) < 0 || dsec_actor_new(&cap, g.bus, "capacity", &err) < 0 ||
-        dsec_actor_on(cap, "dsec.v1.ctl.evt.bench.node.*.capacity", NULL, on_capacity, NULL, &err) < 0 ||
-        dsec_bus_publish(g.bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, &err) < 0) {
+    if (dsec_bus_connect(&g.bus, &bo, &err) < 0 ||
+        dsec_actor_new(&cap, g.bus, "capacity", &err) < 0 ||
+        dsec_actor_on(cap, "dsec.v1.ctl.evt.bench.node.*.capacity", NULL, on_capacity, NULL, &err) <
+            0 ||
+        dsec_bus_publish(g.bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0,
+                         &err) < 0) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 1;
     }
@@ -700,7 +719,8 @@ int main(int argc, char **argv)
     double p50a, p99a, p999a, el1;
     double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50a, &p99a, &p999a, &el1);
     long f1 = atomic_load(&g.failed);
-    printf("phase 1: target %.0f creates/s for %.0f s: %.0f creates/s answered, %ld execs, %ld destroys, %ld failed;"
+    printf("phase 1: target %.0f creates/s for %.0f s: %.0f creates/s answered, %ld execs, %ld "
+           "destroys, %ld failed;"
            " create latency p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n",
            PHASE1_RATE, phase1_secs, rate1, atomic_load(&g.execs), atomic_load(&g.destroyed), f1,
            p50a, p99a, p999a);
@@ -712,7 +732,8 @@ int main(int argc, char **argv)
     sim_replay_result rr = {0};
     uint64_t trace_creates = 0;
     if (replay_dsec_trace(url, 120, 10, &rr, &trace_creates) == 0)
-        printf("replay: DSec-profile trace (120 s of trace time, %" PRIu64 " creates incl. one job's burst,"
+        printf("replay: DSec-profile trace (120 s of trace time, %" PRIu64
+               " creates incl. one job's burst,"
                " at 10x): %" PRIu64 " creates answered ok, %" PRIu64 " errors; latency p50 %.2f ms,"
                " p99 %.2f ms\n",
                trace_creates, rr.creates_ok, rr.errors, rr.lat_p50_ms, rr.lat_p99_ms);
@@ -730,11 +751,14 @@ int main(int argc, char **argv)
     sleep(1); /* the last capacity deltas */
     long live = live_now();
     double per_create = m2 >= 0 && m3 >= 0 && c2 > 0 ? (double)(m3 - m2) / (double)c2 : -1;
-    printf("phase 2: offered from %.0f creates/s, adapting to the cell: %.0f creates/s sustained over %.1f s"
-           " (%ld created, %ld failed, %ld answered overloaded); create latency p50 %.2f ms, p99 %.2f ms,"
+    printf("phase 2: offered from %.0f creates/s, adapting to the cell: %.0f creates/s sustained "
+           "over %.1f s"
+           " (%ld created, %ld failed, %ld answered overloaded); create latency p50 %.2f ms, p99 "
+           "%.2f ms,"
            " p99.9 %.2f ms\n",
            phase2_rate, rate2, el2, c2, f2, atomic_load(&g.shed), p50b, p99b, p999b);
-    printf("live sandboxes (as the nodes report): %ld; bus messages per create in phase 2 (server in_msgs): %.2f\n",
+    printf("live sandboxes (as the nodes report): %ld; bus messages per create in phase 2 (server "
+           "in_msgs): %.2f\n",
            live, per_create);
     if (f2 > 0)
         printf("  last error: %s\n", g.last_error);
@@ -789,14 +813,17 @@ int main(int argc, char **argv)
     double shed_share = attempts > 0 ? (double)shed / (double)attempts : 0;
     double offered_n = offered * overload_secs;
     double per_offered = m4 >= 0 && m5 >= 0 ? (double)(m5 - m4) / offered_n : -1;
-    printf("overload: offered %.0f creates/s (2x phase 2) for %.0f s, 10 s deadlines: goodput %.0f creates/s"
-           " over %.1f s (%ld created); %ld attempts, %.1f%% answered overloaded (%ld given up at"
-           " their deadline), %ld timeouts or late answers, %ld other failures; admitted attempt p99"
-           " %.2f ms; first send to ok p50 %.2f ms, p99 %.2f ms; bus messages per offered create %.2f\n",
-           offered, overload_secs, goodput, el4, c4, attempts, 100 * shed_share,
-           atomic_load(&g.shed_final), timeouts,
-           atomic_load(&g.failed) - atomic_load(&g.shed_final) - atomic_load(&g.timeouts), ap99,
-           p50d, p99d, per_offered);
+    printf(
+        "overload: offered %.0f creates/s (2x phase 2) for %.0f s, 10 s deadlines: goodput %.0f "
+        "creates/s"
+        " over %.1f s (%ld created); %ld attempts, %.1f%% answered overloaded (%ld given up at"
+        " their deadline), %ld timeouts or late answers, %ld other failures; admitted attempt p99"
+        " %.2f ms; first send to ok p50 %.2f ms, p99 %.2f ms; bus messages per offered create "
+        "%.2f\n",
+        offered, overload_secs, goodput, el4, c4, attempts, 100 * shed_share,
+        atomic_load(&g.shed_final), timeouts,
+        atomic_load(&g.failed) - atomic_load(&g.shed_final) - atomic_load(&g.timeouts), ap99, p50d,
+        p99d, per_offered);
     if (atomic_load(&g.failed) > 0)
         printf("  last error: %s\n", g.last_error);
 
@@ -805,8 +832,10 @@ int main(int argc, char **argv)
            scale, 20000 * scale, verdict(rate2 >= 20000 * scale), 20.0 / scale,
            verdict(p99a <= 20.0 / scale), LIVE_TARGET, verdict(live >= LIVE_TARGET),
            verdict(per_create > 0 && per_create <= 4));
-    printf("targets: overload goodput >= 90%% of phase 2 (%.0f): %s; 0 timeouts: %s; admitted p99 <= 100 ms: %s\n",
-           0.9 * rate2, verdict(goodput >= 0.9 * rate2), verdict(timeouts == 0), verdict(ap99 <= 100));
+    printf("targets: overload goodput >= 90%% of phase 2 (%.0f): %s; 0 timeouts: %s; admitted p99 "
+           "<= 100 ms: %s\n",
+           0.9 * rate2, verdict(goodput >= 0.9 * rate2), verdict(timeouts == 0),
+           verdict(ap99 <= 100));
     printf("targets: busy host >= 95%% of 5000/s answered: %s; 0 nodes drained: %s;"
            " p99 <= 20 ms x %.2f = %.1f ms: %s\n",
            verdict(rate3 >= 0.95 * PHASE1_RATE), verdict(drained == 0), slowdown, 20 * slowdown,
@@ -820,15 +849,17 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", state);
     if (system(cmd) != 0)
         fprintf(stderr, "bench: could not remove %s\n", state);
-    printf("{\"scenario\":\"control-plane\",\"creates_per_s\":%.0f,\"p50_ms_at_5k\":%.2f,\"p99_ms_at_5k\":%.2f,"
-           "\"p999_ms_at_5k\":%.2f,\"p99_ms_phase2\":%.2f,\"live_peak\":%ld,\"msgs_per_create\":%.2f,"
-           "\"raw_nats_msgs_per_s\":%.0f,\"phase1_creates_per_s\":%.0f,"
-           "\"replay_creates\":%" PRIu64 ",\"replay_errors\":%" PRIu64 ",\"replay_p99_ms\":%.2f,"
-           "\"overload_goodput_per_s\":%.0f,\"overload_shed_share\":%.3f,\"overload_timeouts\":%ld,"
-           "\"overload_p99_ms\":%.2f,\"overload_msgs_per_create\":%.2f,\"busy_creates_per_s\":%.0f,"
-           "\"busy_p99_ms\":%.2f,\"busy_nodes_drained\":%.0f,\"busy_raw_slowdown\":%.2f}\n",
-           rate2, p50a, p99a, p999a, p99b, live, per_create, raw, rate1, rr.creates_ok, rr.errors,
-           rr.lat_p99_ms, goodput, shed_share, timeouts, ap99, per_offered, rate3, p99c, drained,
-           slowdown);
+    printf(
+        "{\"scenario\":\"control-plane\",\"creates_per_s\":%.0f,\"p50_ms_at_5k\":%.2f,\"p99_ms_at_"
+        "5k\":%.2f,"
+        "\"p999_ms_at_5k\":%.2f,\"p99_ms_phase2\":%.2f,\"live_peak\":%ld,\"msgs_per_create\":%.2f,"
+        "\"raw_nats_msgs_per_s\":%.0f,\"phase1_creates_per_s\":%.0f,"
+        "\"replay_creates\":%" PRIu64 ",\"replay_errors\":%" PRIu64 ",\"replay_p99_ms\":%.2f,"
+        "\"overload_goodput_per_s\":%.0f,\"overload_shed_share\":%.3f,\"overload_timeouts\":%ld,"
+        "\"overload_p99_ms\":%.2f,\"overload_msgs_per_create\":%.2f,\"busy_creates_per_s\":%.0f,"
+        "\"busy_p99_ms\":%.2f,\"busy_nodes_drained\":%.0f,\"busy_raw_slowdown\":%.2f}\n",
+        rate2, p50a, p99a, p999a, p99b, live, per_create, raw, rate1, rr.creates_ok, rr.errors,
+        rr.lat_p99_ms, goodput, shed_share, timeouts, ap99, per_offered, rate3, p99c, drained,
+        slowdown);
     return 0;
 }

@@ -193,12 +193,14 @@ static void append_of(const char *id, char *out, size_t len)
 static void raw_initrd(char *out, size_t len)
 {
     snprintf(out, len, "%s/raw.cpio", g_root);
-    if (dsec_bench_sh("set -e; d=%s/rawroot; mkdir -p $d/dev; cp /bin/busybox $d/busybox; "
-           "printf '#!/busybox sh\\n/busybox mount -t devtmpfs dev /dev\\n"
-           "/busybox echo DSEC-RAW-INIT > /dev/ttyS0\\n/busybox poweroff -f\\n' "
-           "> $d/init; chmod 755 $d/init; (cd $d && find . | cpio -o -H newc --quiet) > %s",
-           g_root, out) != 0) {
-        fprintf(stderr, "bench microvm: building the raw initrd failed (cpio and busybox-static?)\n");
+    if (dsec_bench_sh(
+            "set -e; d=%s/rawroot; mkdir -p $d/dev; cp /bin/busybox $d/busybox; "
+            "printf '#!/busybox sh\\n/busybox mount -t devtmpfs dev /dev\\n"
+            "/busybox echo DSEC-RAW-INIT > /dev/ttyS0\\n/busybox poweroff -f\\n' "
+            "> $d/init; chmod 755 $d/init; (cd $d && find . | cpio -o -H newc --quiet) > %s",
+            g_root, out) != 0) {
+        fprintf(stderr,
+                "bench microvm: building the raw initrd failed (cpio and busybox-static?)\n");
         exit(1);
     }
 }
@@ -212,8 +214,8 @@ static double raw_boot_ms(const char *kit, const char *initrd, const char *appen
     char kernel[512], mem[32], ramobj[512], accel[64];
     snprintf(kernel, sizeof kernel, "%s/vmlinuz", kit);
     snprintf(mem, sizeof mem, "%uM", mem_mb);
-    snprintf(ramobj, sizeof ramobj, "memory-backend-file,id=mem,size=%uM,mem-path=%s/raw.ram,share=on",
-             mem_mb, g_root);
+    snprintf(ramobj, sizeof ramobj,
+             "memory-backend-file,id=mem,size=%uM,mem-path=%s/raw.ram,share=on", mem_mb, g_root);
     bool kvm = dsec_vm_kvm_works("qemu-system-x86_64", false);
     snprintf(accel, sizeof accel, "%s", kvm ? "kvm" : "tcg,tb-size=64");
     double t0 = now_ms();
@@ -226,8 +228,8 @@ static double raw_boot_ms(const char *kit, const char *initrd, const char *appen
         execlp("qemu-system-x86_64", "qemu-system-x86_64", "-M",
                "microvm,x-option-roms=off,isa-serial=on,rtc=off,memory-backend=mem", "-object",
                ramobj, "-m", mem, "-cpu", "max", "-accel", accel, "-nodefaults", "-no-user-config",
-               "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd, "-append",
-               append, "-serial", "stdio", (char *)NULL);
+               "-nographic", "-no-reboot", "-kernel", kernel, "-initrd", initrd, "-append", append,
+               "-serial", "stdio", (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -266,8 +268,8 @@ static double raw_boot_ms(const char *kit, const char *initrd, const char *appen
 
 static dsec_sandbox *create(const char *id, double *ms)
 {
-    dsec_sandbox_spec spec = {.id = id, .type = "microvm", .cpu_milli = 1000, .memory_mb = 256,
-                              .disk_mb = 256};
+    dsec_sandbox_spec spec = {
+        .id = id, .type = "microvm", .cpu_milli = 1000, .memory_mb = 256, .disk_mb = 256};
     dsec_sandbox *sb = NULL;
     char *state = NULL;
     dsec_err err;
@@ -307,7 +309,8 @@ static void cleanup(void)
      * pattern: a bare g_root did, so pkill killed the shell before rm ran and
      * every run left ~300 MiB behind. */
     if (g_root[0] != '\0')
-        dsec_bench_sh("pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; sleep 0.5; rm -rf %s", g_root, g_root);
+        dsec_bench_sh("pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; sleep 0.5; rm -rf %s", g_root,
+                      g_root);
 }
 
 int main(void)
@@ -367,8 +370,8 @@ int main(void)
     for (int i = 0; i < BOOT_N; i++) {
         char id[64];
         snprintf(id, sizeof id, "restore-%d", i);
-        dsec_sandbox_spec spec = {.id = id, .type = "microvm", .cpu_milli = 1000,
-                                  .memory_mb = 256, .disk_mb = 256};
+        dsec_sandbox_spec spec = {
+            .id = id, .type = "microvm", .cpu_milli = 1000, .memory_mb = 256, .disk_mb = 256};
         dsec_sandbox *sb = NULL;
         char *state = NULL;
         t0 = now_ms();

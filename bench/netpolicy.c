@@ -1,5 +1,5 @@
-/* netpolicy.c - `make bench S=netpolicy`: what network containment costs: policy setup per sandbox, the
- * resolver's query rate, and TCP connect latency with 3,200 sandboxes' policies loaded. */
+/* netpolicy.c - `make bench S=netpolicy`: what network containment costs: policy setup per sandbox,
+ * the resolver's query rate, and TCP connect latency with 3,200 sandboxes' policies loaded. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -323,7 +323,10 @@ int main(void)
     }
 
     static const char *const ups[] = {"127.0.0.1:5399"};
-    dsec_net_conf nc = {.state_dir = dir, .tag = 254, .upstream = ups, .nupstream = 1, 
+    dsec_net_conf nc = {.state_dir = dir,
+                        .tag = 254,
+                        .upstream = ups,
+                        .nupstream = 1,
                         /* IPv6 as the cell's default has it (off); NET_BENCH_V6=1 turns it on */
                         .pool6 = getenv("NET_BENCH_V6") ? NULL : "",
                         .masquerade = true,
@@ -359,7 +362,8 @@ int main(void)
     fprintf(stderr, "connect with 1 policy: p50 %.1f us, p99 %.1f us\n", c_empty, c_empty99);
 
     /* 2. policy setup: attach (namespace, veth, addresses, rules) against an empty namespace */
-    uint64_t *att = dsec_calloc(LOADED, sizeof(uint64_t)), *base = dsec_calloc(200, sizeof(uint64_t));
+    uint64_t *att = dsec_calloc(LOADED, sizeof(uint64_t)),
+             *base = dsec_calloc(200, sizeof(uint64_t));
     for (size_t i = 0; i < 200; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/empty-%zu", dir, i);
@@ -377,7 +381,8 @@ int main(void)
         att[i - 1] = now_ns() - t0;
         nsb++;
         if (i % 400 == 0)
-            fprintf(stderr, "  %zu sandboxes attached (%.1f s)\n", i, (double)(now_ns() - t_load) / 1e9);
+            fprintf(stderr, "  %zu sandboxes attached (%.1f s)\n", i,
+                    (double)(now_ns() - t_load) / 1e9);
     }
     double att_first = p50_us(att, 200);
     double att_p50 = p50_us(att, LOADED - 1);
@@ -410,13 +415,15 @@ int main(void)
     }
     double churn_p50 = p50_us(churn, 200);
     double full_p50 = p50_us(at_full, 200);
-    fprintf(stderr, "policy setup: attach p50 %.1f us (first 200), %.1f us (all %zu), %.1f us at "
-                    "%zu loaded, %.1f us at %zu loaded between destroys; empty netns p50 %.1f us\n",
+    fprintf(stderr,
+            "policy setup: attach p50 %.1f us (first 200), %.1f us (all %zu), %.1f us at "
+            "%zu loaded, %.1f us at %zu loaded between destroys; empty netns p50 %.1f us\n",
             att_first, att_p50, LOADED, full_p50, LOADED, churn_p50, LOADED, base_p50);
 
     if (connect_p50(probe_ns, 3000, &c_full, &c_full99) < 0)
         goto out;
-    fprintf(stderr, "connect with %zu policies: p50 %.1f us, p99 %.1f us\n", LOADED, c_full, c_full99);
+    fprintf(stderr, "connect with %zu policies: p50 %.1f us, p99 %.1f us\n", LOADED, c_full,
+            c_full99);
     /* and the empty case again, after, for the noise between runs */
     for (size_t i = 1; i < nsb; i++)
         dsec_net_detach(sb[i], &err);

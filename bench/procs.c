@@ -1,4 +1,5 @@
-/* procs.c - make bench S=procs: 1,000 background processes streaming output at once, read live through the whole stack, beside the same processes on the host. */
+/* procs.c - make bench S=procs: 1,000 background processes streaming output at once, read live
+ * through the whole stack, beside the same processes on the host. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -130,8 +131,8 @@ static void *follow_all(void *p)
                 r->done[i] = true;
                 left--;
                 if (o.info.exit_code != 0 || o.info.out_total != (uint64_t)LINES * LINE_LEN) {
-                    fprintf(stderr, "bench procs: process %u in %s: exit %d, %" PRIu64 " bytes\n", k,
-                            r->id, o.info.exit_code, o.info.out_total);
+                    fprintf(stderr, "bench procs: process %u in %s: exit %d, %" PRIu64 " bytes\n",
+                            k, r->id, o.info.exit_code, o.info.out_total);
                     r->lost += (uint64_t)LINES * LINE_LEN > o.info.out_total
                                    ? (uint64_t)LINES * LINE_LEN - o.info.out_total
                                    : 0;
@@ -222,9 +223,10 @@ int main(void)
         dsec_bench_die("mkdtemp", NULL);
     snprintf(g_node, sizeof g_node, "%s-%d", "procs", (int)getpid());
     dsec_bench_run("procs", root, g_node, NULL);
-    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
-           ">/dev/null",
-           DSEC_SRC, DSEC_CLI, root, root) != 0) {
+    if (dsec_bench_sh(
+            "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+            ">/dev/null",
+            DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench procs: building busybox:1 failed\n");
         dsec_bench_end();
         return 1;
@@ -258,8 +260,12 @@ int main(void)
     static reader rd[SANDBOXES];
     for (int s = 0; s < SANDBOXES; s++) {
         /* room for PER processes and their rings: the agent is the container's init */
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000,
-                               .memory_mb = 1024, .ttl_s = 3600, .idle_s = 3600};
+        dsec_create_spec cs = {.type = "container",
+                               .env = "busybox:1",
+                               .cpu_milli = 1000,
+                               .memory_mb = 1024,
+                               .ttl_s = 3600,
+                               .idle_s = 3600};
         dsec_sandbox_info info;
         if (dsec_create(cl, &cs, &info, &err) < 0)
             dsec_bench_die("create", &err);
@@ -315,8 +321,9 @@ int main(void)
     dsec_client_free(cl);
     dsec_bench_end();
     dsec_cell_conf_release(&conf);
-    printf("{\"scenario\":\"procs\",\"streams\":%u,\"bytes\":%" PRIu64 ",\"bytes_expected\":%" PRIu64
-           ",\"bytes_lost\":%" PRIu64 ",\"wall_s\":%.2f,\"host_wall_s\":%.2f,\"start_ms_each\":%.2f,"
+    printf("{\"scenario\":\"procs\",\"streams\":%u,\"bytes\":%" PRIu64
+           ",\"bytes_expected\":%" PRIu64 ",\"bytes_lost\":%" PRIu64
+           ",\"wall_s\":%.2f,\"host_wall_s\":%.2f,\"start_ms_each\":%.2f,"
            "\"reads_per_s\":%.0f,\"node_rss_mib_before\":%.1f,\"node_rss_mib_peak\":%.1f}\n",
            streams, bytes, want, lost + (want > bytes ? want - bytes : 0), wall, host_wall,
            started_s * 1000 / streams, (double)reads / wall, rss0 / 1024.0, rss_peak / 1024.0);

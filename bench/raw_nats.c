@@ -1,4 +1,5 @@
-/* raw_nats.c - raw nats.c publish -> async subscriber: the yardstick for the bus-level benchmarks. */
+/* raw_nats.c - raw nats.c publish -> async subscriber: the yardstick for the bus-level benchmarks.
+ */
 #include "bench/raw_nats.h"
 
 #include <stdatomic.h>
@@ -29,7 +30,8 @@ double dsec_bench_raw_publish_rate(const char *url, long n)
     natsConnection *pub = NULL, *sub = NULL;
     natsSubscription *s = NULL;
     double rate = 0;
-    if (natsConnection_ConnectTo(&pub, url) != NATS_OK || natsConnection_ConnectTo(&sub, url) != NATS_OK ||
+    if (natsConnection_ConnectTo(&pub, url) != NATS_OK ||
+        natsConnection_ConnectTo(&sub, url) != NATS_OK ||
         natsConnection_Subscribe(&s, sub, "bench.raw", raw_cb, NULL) != NATS_OK)
         goto out;
     natsSubscription_SetPendingLimits(s, -1, -1);
@@ -122,8 +124,8 @@ double dsec_bench_raw_transfer_mb_s(const char *url, uint64_t total, size_t chun
     for (long i = 0; i < n; i++) {
         while (i - atomic_load(&acks) >= window && now_s() - t0 < 120)
             usleep(50);
-        if (natsConnection_PublishRequest(snd, "bench.raw.xfer", "bench.raw.ack", buf, (int)chunk) !=
-            NATS_OK)
+        if (natsConnection_PublishRequest(snd, "bench.raw.xfer", "bench.raw.ack", buf,
+                                          (int)chunk) != NATS_OK)
             goto out;
     }
     while (atomic_load(&acks) < n && now_s() - t0 < 120)

@@ -1,4 +1,5 @@
-/* reclaim.c - make bench S=reclaim: a 160-node sim cell full of training jobs takes a burst of 32,000 rollout creates. */
+/* reclaim.c - make bench S=reclaim: a 160-node sim cell full of training jobs takes a burst of
+ * 32,000 rollout creates. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,11 +18,11 @@
 #include "dsec/job.h"
 
 #define NODES 160
-#define BURST 32000        /* DSec's largest single-job burst */
-#define NODE_CPU 8000      /* milli-CPU per node */
-#define NODE_MEM 16384     /* MB per node */
-#define UNITS_PER_JOB 4    /* each job holds its node in four units */
-#define ROLLOUT_CPU 20     /* the burst needs half the cell: 640,000 milli-CPU */
+#define BURST 32000     /* DSec's largest single-job burst */
+#define NODE_CPU 8000   /* milli-CPU per node */
+#define NODE_MEM 16384  /* MB per node */
+#define UNITS_PER_JOB 4 /* each job holds its node in four units */
+#define ROLLOUT_CPU 20  /* the burst needs half the cell: 640,000 milli-CPU */
 #define ROLLOUT_MEM 40
 
 static double now_s(void)
@@ -79,8 +80,12 @@ static int run_burst(dsec_client *cl, const char *cell, struct burst *b, double 
     struct slot *slots = dsec_calloc(BURST, sizeof *slots);
     b->lat = dsec_calloc(BURST, sizeof *b->lat);
     pthread_mutex_init(&b->mu, NULL);
-    dsec_create_spec spec = {.type = "sim", .cpu_milli = ROLLOUT_CPU, .memory_mb = ROLLOUT_MEM,
-                             .cls = "rollout", .cell = cell, .ttl_s = 7200};
+    dsec_create_spec spec = {.type = "sim",
+                             .cpu_milli = ROLLOUT_CPU,
+                             .memory_mb = ROLLOUT_MEM,
+                             .cls = "rollout",
+                             .cell = cell,
+                             .ttl_s = 7200};
     dsec_err err;
     b->start = now_s();
     for (size_t i = 0; i < BURST; i++) {
@@ -118,7 +123,8 @@ static dsec_cell *start_cell(const char *name, const char *url, const char *stat
     dsec_err err;
     static const char *const types[] = {"sim", NULL};
     dsec_cell *cell = NULL;
-    if (dsec_cell_conf_add_sim_nodes(&c, name, NODES, NODE_CPU, NODE_MEM, 8192, types, "0", &err) < 0 ||
+    if (dsec_cell_conf_add_sim_nodes(&c, name, NODES, NODE_CPU, NODE_MEM, 8192, types, "0", &err) <
+            0 ||
         dsec_cell_start(&cell, &c, roles, &err) < 0)
         fprintf(stderr, "bench reclaim: cell %s: %s\n", name, err.msg);
     dsec_cell_conf_release(&c);
@@ -150,8 +156,8 @@ int main(void)
     }
     const char *url = dsec_natsd_url(nd);
     dsec_client *cl = NULL;
-    dsec_client_opts co = {.url = url, .tenant = "bench", .timeout_ms = 120000, .retries = -1,
-                           .threads = 2};
+    dsec_client_opts co = {
+        .url = url, .tenant = "bench", .timeout_ms = 120000, .retries = -1, .threads = 2};
     if (dsec_client_connect(&cl, &co, &err) < 0) {
         fprintf(stderr, "bench reclaim: client: %s\n", err.msg);
         return 2;
@@ -167,13 +173,14 @@ int main(void)
     double b50, b99;
     int rc0 = run_burst(cl, "base", &b0, &b50, &b99);
     printf("baseline: %zu/%d running in %.2f s; create p50 %.1f ms, p99 %.1f ms\n",
-           atomic_load(&b0.ok), BURST, (double)atomic_load(&b0.last_ok_us) / 1e6, b50 * 1e3, b99 * 1e3);
+           atomic_load(&b0.ok), BURST, (double)atomic_load(&b0.last_ok_us) / 1e6, b50 * 1e3,
+           b99 * 1e3);
     fflush(stdout);
     dsec_cell_stop(base, false);
 
     /* The cell full of training jobs. */
-    dsec_cell *cell = start_cell("full", url, state,
-                                 DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER);
+    dsec_cell *cell =
+        start_cell("full", url, state, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER);
     if (cell == NULL)
         return 1;
     dsec_job *jobs[NODES];
@@ -184,13 +191,19 @@ int main(void)
         snprintf(node, sizeof node, "%s", dsec_node_name(dsec_cell_node_at(cell, (size_t)i)));
         dsec_job_unit u[UNITS_PER_JOB];
         for (int k = 0; k < UNITS_PER_JOB; k++)
-            u[k] = (dsec_job_unit){.node = node, .cpu_milli = NODE_CPU / UNITS_PER_JOB,
+            u[k] = (dsec_job_unit){.node = node,
+                                   .cpu_milli = NODE_CPU / UNITS_PER_JOB,
                                    .memory_mb = NODE_MEM / UNITS_PER_JOB};
         uint64_t ck = 1000 + (uint64_t)(i % 5) * 500; /* 1.0 .. 3.0 s checkpoints */
         if (ck > max_ckpt)
             max_ckpt = ck;
-        dsec_job_spec spec = {.name = name, .cell = "full", .cls = "job", .priority = i % 4,
-                              .checkpoint_ms = ck, .grace_ms = ck + 2000, .units = u,
+        dsec_job_spec spec = {.name = name,
+                              .cell = "full",
+                              .cls = "job",
+                              .priority = i % 4,
+                              .checkpoint_ms = ck,
+                              .grace_ms = ck + 2000,
+                              .units = u,
                               .nunits = UNITS_PER_JOB};
         if (dsec_job_start(cl, &spec, ckpt, (void *)(uintptr_t)ck, &jobs[i], &err) < 0) {
             fprintf(stderr, "bench reclaim: %s\n", err.msg);
@@ -232,16 +245,18 @@ int main(void)
         job_released += js.released;
     }
     printf("full: %zu/%d running after %.2f s (create p50 %.1f ms, p99 %.1f ms); %" PRIu64
-           " rollouts live, %" PRIu64 " destroyed\n", atomic_load(&b1.ok), BURST, all_running, p50 * 1e3,
-           p99 * 1e3, live, destroyed);
-    printf("arbiter: %" PRIu64 " reclaim requests, %" PRIu64 " acknowledged, %" PRIu64 " honoured, %" PRIu64
-           " forced, longest grace %.1f s; jobs saw %" PRIu64 " requests and released %" PRIu64 " times\n",
-           as.requests, as.acked, as.honoured, as.forced, (double)as.max_grace_ms / 1e3, job_reclaims,
-           job_released);
+           " rollouts live, %" PRIu64 " destroyed\n",
+           atomic_load(&b1.ok), BURST, all_running, p50 * 1e3, p99 * 1e3, live, destroyed);
+    printf("arbiter: %" PRIu64 " reclaim requests, %" PRIu64 " acknowledged, %" PRIu64
+           " honoured, %" PRIu64 " forced, longest grace %.1f s; jobs saw %" PRIu64
+           " requests and released %" PRIu64 " times\n",
+           as.requests, as.acked, as.honoured, as.forced, (double)as.max_grace_ms / 1e3,
+           job_reclaims, job_released);
     printf("scheduler: %" PRIu64 " placements sent, %" PRIu64 " of them after a node's refusal\n",
            placed, retried);
     if (b1.first_err.code != 0)
-        printf("first failed create: %s (%s)\n", b1.first_err.msg, dsec_code_name(b1.first_err.code));
+        printf("first failed create: %s (%s)\n", b1.first_err.msg,
+               dsec_code_name(b1.first_err.code));
     double extra = (p99 - b99) * 1e3;
     printf("{\"scenario\":\"reclaim\",\"nodes\":%d,\"burst\":%d,\"all_running_s\":%.2f,\"max_grace_"
            "s\":%.1f,"

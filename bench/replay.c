@@ -1,4 +1,5 @@
-/* replay.c - make bench S=replay: operations per second the replayer issues into a no-op sink, against raw nats.c publish. */
+/* replay.c - make bench S=replay: operations per second the replayer issues into a no-op sink,
+ * against raw nats.c publish. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,20 +14,19 @@
 
 /* The no-op sink: drops every message and answers each create at once with one fixed "created". */
 static dsec_buf created;
-static int noop_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
-                        int timeout_ms, void *req, dsec_err *err)
+static int noop_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                        size_t len, int timeout_ms, void *req, dsec_err *err)
 {
     (void)ctx, (void)subject, (void)h, (void)data, (void)len, (void)timeout_ms, (void)err;
     sim_replay_answer(req, 0, "created", NULL, created.data, created.len, NULL);
     return 0;
 }
-static int noop_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
-                        dsec_err *err)
+static int noop_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                        size_t len, dsec_err *err)
 {
     (void)ctx, (void)subject, (void)h, (void)data, (void)len, (void)err;
     return 0;
 }
-
 
 int main(void)
 {
@@ -54,8 +54,8 @@ int main(void)
     dsec_msg_created c = {.id = "n-0000-00000000000000ab", .node = "n-0000", .type = "sim"};
     if (dsec_encode(&created, DSEC_MSG_CREATED, &c, &err) < 0)
         return 1;
-    printf("replay bench: DSec-profile trace, %zu creates over %.0f s of trace time (%zu bytes)\n", t.n, p.duration_s,
-           len);
+    printf("replay bench: DSec-profile trace, %zu creates over %.0f s of trace time (%zu bytes)\n",
+           t.n, p.duration_s, len);
 
     /* the replayer alone, as fast as it goes: creates re-keyed and encoded, answered, destroyed */
     double best = 0;
@@ -70,9 +70,9 @@ int main(void)
         double rate = (double)(res.ops_sent) / (r->t_end - r->t_start);
         if (rate > best)
             best = rate;
-        printf("run %d: %lu operations (%lu creates, %lu destroys) in %.3f s: %.0f ops/s\n", run + 1,
-               (unsigned long)res.ops_sent, (unsigned long)res.creates_sent, (unsigned long)res.destroys_sent,
-               r->t_end - r->t_start, rate);
+        printf("run %d: %lu operations (%lu creates, %lu destroys) in %.3f s: %.0f ops/s\n",
+               run + 1, (unsigned long)res.ops_sent, (unsigned long)res.creates_sent,
+               (unsigned long)res.destroys_sent, r->t_end - r->t_start, rate);
         sim_replay_free(r);
     }
 
@@ -91,7 +91,8 @@ int main(void)
     printf("baseline: raw nats.c publish -> dropping subscriber, 200 B: %.0f msg/s\n", raw);
     printf("target: >= 260000 ops/s (10x the control-plane bench's ~26,000 creates/s): %s\n",
            best >= 260000 ? "met" : "NOT met");
-    printf("{\"scenario\":\"replay\",\"ops_per_s\":%.0f,\"target_ops_per_s\":260000,\"raw_nats_msgs_per_s\":%.0f,"
+    printf("{\"scenario\":\"replay\",\"ops_per_s\":%.0f,\"target_ops_per_s\":260000,\"raw_nats_"
+           "msgs_per_s\":%.0f,"
            "\"trace_creates\":%zu}\n",
            best, raw, t.n);
     sim_trace_free(&t);

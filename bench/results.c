@@ -20,8 +20,8 @@
  *    sandboxes, at the default budget (64 MiB: large answers evict, and the log is rewritten
  *    on a thread of its own once it passes 3 * budget, while the timed calls go on), for
  *    answers of 0 B to 1 MiB; baseline: the same calls on a table in memory only. The
- *    slowest call is printed too: a rewrite must not hold the others up. Under DSEC_BENCH_DIR (default build/bench/results-run): the disk
- *    a node's state dir would be on.
+ *    slowest call is printed too: a rewrite must not hold the others up. Under DSEC_BENCH_DIR
+ * (default build/bench/results-run): the disk a node's state dir would be on.
  * 2. End to end: execs through the client, bus and a sim node (time_scale 0: the command costs
  *    nothing, so what is left is dsec's path), each with a req_id as libdsec gives every exec,
  *    on a node that persists and on one that does not, alternated (ABAB) to share the noise.
@@ -58,8 +58,7 @@ static void table_run(bool persist, size_t out_len, size_t n, double *p50, doubl
         char sbx[32], req[40];
         snprintf(sbx, sizeof sbx, "bench-%016zx", i % 100);
         snprintf(req, sizeof req, "req-%zu", i);
-        dsec_msg_exec_result res = {.id = sbx, .stdout_data = {out, out_len},
-                                    .duration_us = 1000};
+        dsec_msg_exec_result res = {.id = sbx, .stdout_data = {out, out_len}, .duration_us = 1000};
         double t0 = dsec_bench_now_s();
         dsec_results_begin(r, sbx, req, hash);
         dsec_results_put(r, sbx, req, hash, &res);
@@ -153,8 +152,8 @@ int main(void)
         size_t n = sizes[i] >= (1u << 20) ? N_TABLE_BIG : N_TABLE;
         table_run(true, sizes[i], n, &tp[i][0], &tp[i][1]);
         table_run(false, sizes[i], n, &tm[i][0], &tm[i][1]);
-        printf("%9zuB  %10.1f / %-9.1f  %10.1f / %-9.1f\n", sizes[i], tp[i][0], tp[i][1],
-               tm[i][0], tm[i][1]);
+        printf("%9zuB  %10.1f / %-9.1f  %10.1f / %-9.1f\n", sizes[i], tp[i][0], tp[i][1], tm[i][0],
+               tm[i][1]);
     }
 
     printf("the slowest persisted call: %.1f ms (the 1 MiB answers pass 3 * budget of appends: "

@@ -349,12 +349,13 @@ static void cleanup(void)
         pclose(p);
     if (left > 0)
         fprintf(stderr, "bench rollout: %d containers were left in %s; deleted\n", left, run);
-    dsec_bench_sh("for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d "
-       "2>/dev/null); do "
-       "rmdir $d 2>/dev/null; done; "
-       "grep -o ' %s[^ ]*' /proc/self/mounts | sort -r | while read m; do umount -l $m; done; rm "
-       "-rf %s",
-       g_node, g_node, g_root, g_root);
+    dsec_bench_sh(
+        "for d in $(find /sys/fs/cgroup/*/dsec-ct-%s /sys/fs/cgroup/dsec-ct-%s -depth -type d "
+        "2>/dev/null); do "
+        "rmdir $d 2>/dev/null; done; "
+        "grep -o ' %s[^ ]*' /proc/self/mounts | sort -r | while read m; do umount -l $m; done; rm "
+        "-rf %s",
+        g_node, g_node, g_root, g_root);
 }
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -878,9 +879,10 @@ int main(void)
            "ROLLOUT_BUDGET_S)\n",
            ideal_s);
 
-    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
-           ">/dev/null",
-           DSEC_SRC, DSEC_CLI, root, root) != 0)
+    if (dsec_bench_sh(
+            "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+            ">/dev/null",
+            DSEC_SRC, DSEC_CLI, root, root) != 0)
         die("building busybox:1 failed");
     snprintf(g_hostdir, sizeof g_hostdir, "%s/host", root);
     mkdir(g_hostdir, 0755);
@@ -1201,7 +1203,7 @@ int main(void)
            pf(t_sleep), pf(t_inflight), pf(t_wall), pf(t_hb));
     printf("{\"scenario\":\"rollout\",\"sandboxes\":%zu,\"sleep_phase_s\":%.2f,\"max_inflight\":"
            "%" PRIu64 ",\"wall_over_ideal\":%.4f,\"overhead_p50_ms\":%.2f,\"overhead_p99_ms\":%.2f,"
-                      "\"max_heartbeat_gap_ms\":%.0f,"
+           "\"max_heartbeat_gap_ms\":%.0f,"
            "\"heartbeat_interval_ms\":%u}\n",
            g_n, sleep_wall, peak_all, wall / ideal_s, ov50, ov99, max_gap, hb_ms);
     return 0;

@@ -1,4 +1,6 @@
-/* runtime.c - make bench S=runtime: what an agent scaffold drives: files in and out, shell-session commands, terminal keystrokes, and many live output streams, each beside its baseline from the same run. */
+/* runtime.c - make bench S=runtime: what an agent scaffold drives: files in and out, shell-session
+ * commands, terminal keystrokes, and many live output streams, each beside its baseline from the
+ * same run. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -108,8 +110,8 @@ static void files(dsec_client *cl, const char *id, double *up, double *down, str
     *down = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     cost->down = dsec_bench_host_cpu_s() - c0;
     if (d.at != XFER_BYTES || d.bad != 0) {
-        fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n",
-                d.at, d.bad);
+        fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n", d.at,
+                d.bad);
         exit(1);
     }
     dsec_free(data);
@@ -138,7 +140,9 @@ static double dd_run(dsec_client *cl, const char *id, const char *line)
 static void disk_rates(dsec_client *cl, const char *id, double *wr, double *rd)
 {
     /* the transfers' file goes first: both would not fit the sandbox's disk quota */
-    *wr = dd_run(cl, id, "rm -f /big.bin && dd if=/dev/zero of=/dd.bin bs=4M count=256 conv=fsync 2>/dev/null");
+    *wr = dd_run(
+        cl, id,
+        "rm -f /big.bin && dd if=/dev/zero of=/dd.bin bs=4M count=256 conv=fsync 2>/dev/null");
     *rd = dd_run(cl, id, "dd if=/dd.bin of=/dev/null bs=4M 2>/dev/null && rm /dd.bin");
 }
 
@@ -148,8 +152,8 @@ static double run_one(dsec_client *cl, const char *id, const char *line, uint64_
 {
     const char *sh_argv[] = {"/bin/sh", "-c", line, NULL};
     const char *s_argv[] = {line, NULL};
-    dsec_exec_opts eo = {.argv = session ? s_argv : sh_argv, .session = session,
-                         .timeout_ms = 30000};
+    dsec_exec_opts eo = {
+        .argv = session ? s_argv : sh_argv, .session = session, .timeout_ms = 30000};
     dsec_exec_reply r;
     dsec_err err;
     double t0 = dsec_bench_now_s();
@@ -290,9 +294,10 @@ int main(void)
         dsec_bench_die("mkdtemp", NULL);
     snprintf(g_node, sizeof g_node, "%s-%d", "rt", (int)getpid());
     dsec_bench_run("runtime", root, g_node, NULL);
-    if (dsec_bench_sh("%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
-           ">/dev/null",
-           DSEC_SRC, DSEC_CLI, root, root) != 0) {
+    if (dsec_bench_sh(
+            "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+            ">/dev/null",
+            DSEC_SRC, DSEC_CLI, root, root) != 0) {
         fprintf(stderr, "bench runtime: building busybox:1 failed\n");
         dsec_bench_end();
         return 1;
@@ -321,8 +326,13 @@ int main(void)
     dsec_client_opts co = {.url = url, .timeout_ms = 120000, .threads = 4};
     if (dsec_client_connect(&cl, &co, &err) < 0)
         dsec_bench_die("connecting", &err);
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1000,
-                           .memory_mb = 512, .disk_mb = 2048, .ttl_s = 3600, .idle_s = 3600};
+    dsec_create_spec cs = {.type = "container",
+                           .env = "busybox:1",
+                           .cpu_milli = 1000,
+                           .memory_mb = 512,
+                           .disk_mb = 2048,
+                           .ttl_s = 3600,
+                           .idle_s = 3600};
     dsec_sandbox_info sb;
     if (dsec_create(cl, &cs, &sb, &err) < 0)
         dsec_bench_die("create", &err);
@@ -365,9 +375,12 @@ int main(void)
         }
     for (int k = 0; k < 3; k++)
         printf("  '%s': session p50 %.2f ms, exec p50 %.2f ms\n", kinds[k],
-               dsec_bench_pct(sess + k * N_CMDS, N_CMDS, 0.5), dsec_bench_pct(exe + k * N_CMDS, N_CMDS, 0.5));
-    double sess_p50 = dsec_bench_pct(sess, 3 * N_CMDS, 0.5), sess_p95 = dsec_bench_pct(sess, 3 * N_CMDS, 0.95);
-    double exec_p50 = dsec_bench_pct(exe, 3 * N_CMDS, 0.5), exec_p95 = dsec_bench_pct(exe, 3 * N_CMDS, 0.95);
+               dsec_bench_pct(sess + k * N_CMDS, N_CMDS, 0.5),
+               dsec_bench_pct(exe + k * N_CMDS, N_CMDS, 0.5));
+    double sess_p50 = dsec_bench_pct(sess, 3 * N_CMDS, 0.5),
+           sess_p95 = dsec_bench_pct(sess, 3 * N_CMDS, 0.95);
+    double exec_p50 = dsec_bench_pct(exe, 3 * N_CMDS, 0.5),
+           exec_p95 = dsec_bench_pct(exe, 3 * N_CMDS, 0.95);
     printf("session: %d commands, p50 %.2f ms p95 %.2f ms; exec of the same: p50 %.2f ms p95 "
            "%.2f ms (target: session p50 <= exec p50) %s\n",
            3 * N_CMDS, sess_p50, sess_p95, exec_p50, exec_p95,
@@ -378,7 +391,8 @@ int main(void)
     tty_echo(cl, sb.id, keys);
     if (dsec_bench_raw_rtt_ms(url, N_KEYS, rtt) < 0)
         dsec_bench_die("raw round trips", NULL);
-    double echo_p50 = dsec_bench_pct(keys, N_KEYS, 0.5), echo_p95 = dsec_bench_pct(keys, N_KEYS, 0.95);
+    double echo_p50 = dsec_bench_pct(keys, N_KEYS, 0.5),
+           echo_p95 = dsec_bench_pct(keys, N_KEYS, 0.95);
     double rtt_p50 = dsec_bench_pct(rtt, N_KEYS, 0.5);
     printf("pty: %d keystrokes, echo p50 %.2f ms p95 %.2f ms (raw nats.c round trip p50 %.3f "
            "ms; target p50 <= 2 ms) %s\n",
@@ -396,12 +410,14 @@ int main(void)
     int prc = streams(&nstreams, &lost, &rss);
     if (prc < 0)
         fprintf(stderr, "bench runtime: bench_procs gave no result\n");
-    printf("{\"scenario\":\"runtime\",\"upload_mb_s\":%.0f,\"download_mb_s\":%.0f,\"raw_mb_s\":%.0f,"
-           "\"raw_mb_s_1_in_flight\":%.0f,\"disk_write_mb_s\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_ms\":%.2f,"
-           "\"pty_echo_p50_ms\":%.2f,\"raw_rtt_p50_ms\":%.3f,\"streams\":%u,\"bytes_lost\":%" PRIu64
-           ",\"node_rss_mib\":%.1f,\"cpu_s_per_gib_raw\":%.2f,\"cpu_s_per_gib_up\":%.2f,"
-           "\"cpu_s_per_gib_down\":%.2f,\"sha256_mb_s\":%.0f}\n",
-           up, down, raw, raw1, dd_w, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss,
-           cost.raw4, cost.up, cost.down, sha);
+    printf(
+        "{\"scenario\":\"runtime\",\"upload_mb_s\":%.0f,\"download_mb_s\":%.0f,\"raw_mb_s\":%.0f,"
+        "\"raw_mb_s_1_in_flight\":%.0f,\"disk_write_mb_s\":%.0f,\"session_p50_ms\":%.2f,\"exec_p50_"
+        "ms\":%.2f,"
+        "\"pty_echo_p50_ms\":%.2f,\"raw_rtt_p50_ms\":%.3f,\"streams\":%u,\"bytes_lost\":%" PRIu64
+        ",\"node_rss_mib\":%.1f,\"cpu_s_per_gib_raw\":%.2f,\"cpu_s_per_gib_up\":%.2f,"
+        "\"cpu_s_per_gib_down\":%.2f,\"sha256_mb_s\":%.0f}\n",
+        up, down, raw, raw1, dd_w, sess_p50, exec_p50, echo_p50, rtt_p50, nstreams, lost, rss,
+        cost.raw4, cost.up, cost.down, sha);
     return prc == 0 ? 0 : 1;
 }

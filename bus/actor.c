@@ -97,7 +97,7 @@ struct dsec_actor {
     _Atomic int64_t empty_ns;      /* when the mailbox was last empty (a worker found nothing
                                       queued, or a message came to an empty one) */
     bool closing;
-    bool overflowing; /* last message was dropped: report the next episode only */
+    bool overflowing;            /* last message was dropped: report the next episode only */
     atomic_bool schema_reported; /* a too-new Dsec-Schema was reported once */
     struct actor_sub *subs;
 
@@ -483,9 +483,9 @@ static void lane_run(dsec__task *t)
                 struct actor_sub *s = batch[i].sub;
                 int64_t now = s->shed != NULL ? dsec__now_ns() : 0;
                 int64_t waited = now - batch[i].at_ns;
-                int64_t after = s->shed != NULL ? atomic_load_explicit(&a->shed_after_ns,
-                                                                       memory_order_relaxed)
-                                                : 0;
+                int64_t after = s->shed != NULL
+                                    ? atomic_load_explicit(&a->shed_after_ns, memory_order_relaxed)
+                                    : 0;
                 if (after > 0 && waited > after && queue_standing(a, now, after)) {
                     /* Too late to be worth its work: answered now, so its sender
                      * hears at once, and the messages behind it wait less. */
@@ -574,7 +574,10 @@ dsec_deferred *dsec_actor_defer(dsec_actor *actor, dsec_msg *m)
     return d;
 }
 
-dsec_msg *dsec_deferred_msg(dsec_deferred *d) { return d != NULL ? d->msg : NULL; }
+dsec_msg *dsec_deferred_msg(dsec_deferred *d)
+{
+    return d != NULL ? d->msg : NULL;
+}
 
 void dsec_deferred_trace(dsec_deferred *d, dsec_trace_scope *sc)
 {

@@ -434,8 +434,8 @@ static bool inbox_prefix_ok(const char *p)
         return false;
     for (size_t i = 0; i < n; i++) {
         char c = p[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                  c == '-' || (c == '.' && p[i + 1] != '.');
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '_' || c == '-' || (c == '.' && p[i + 1] != '.');
         if (!ok)
             return false;
     }
@@ -493,7 +493,8 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     bus->mailbox_max = o.mailbox_max > 0 ? o.mailbox_max : DEFAULT_MAILBOX_MAX;
     bus->schema_max = o.schema_max;
     bus->state = DSEC__BUS_OPEN;
-    snprintf(bus->inbox_prefix, sizeof bus->inbox_prefix, "%s", o.inbox_prefix ? o.inbox_prefix : "_INBOX");
+    snprintf(bus->inbox_prefix, sizeof bus->inbox_prefix, "%s",
+             o.inbox_prefix ? o.inbox_prefix : "_INBOX");
     mask_url(url, bus->url_shown, sizeof bus->url_shown);
     if (o.name != NULL && (bus->name = dsec_strdup(o.name)) == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "bus");

@@ -38,7 +38,8 @@ static int js_err(dsec_err *err, natsStatus s, jsErrCode jerr, const char *fmt, 
         return -1;
     if (jerr == JSStreamNotFoundErr || jerr == JSNoMessageFoundErr || s == NATS_NOT_FOUND)
         err->code = DSEC_E_NOT_FOUND;
-    else if (jerr == JSStreamWrongLastSequenceErr || strstr(err->msg, "wrong last sequence") != NULL)
+    else if (jerr == JSStreamWrongLastSequenceErr ||
+             strstr(err->msg, "wrong last sequence") != NULL)
         err->code = DSEC_E_EXISTS;
     else if (jerr == JSNotEnabledErr || jerr == JSNotEnabledForAccountErr)
         err->code = DSEC_E_UNSUPPORTED;
@@ -161,7 +162,8 @@ int dsec_kv_create(dsec_kv_bucket *kv, const char *key, const void *val, size_t 
     if (s != NATS_OK) {
         js_err(err, s, 0, "creating key %s", key);
         if (err != NULL && (err->code == DSEC_E_EXISTS || s == NATS_ERR))
-            dsec_err_set(err, DSEC_E_EXISTS, 0, "key %s already exists in bucket %s", key, kv->bucket);
+            dsec_err_set(err, DSEC_E_EXISTS, 0, "key %s already exists in bucket %s", key,
+                         kv->bucket);
         return -1;
     }
     if (rev != NULL)
@@ -335,7 +337,8 @@ int dsec_js_last(dsec_js *js, const char *stream, const char *subject, void **da
     if (s != NATS_OK) {
         js_err(err, s, jerr, "reading the last message on %s", subject);
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
-            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no message on %s in stream %s", subject, stream);
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no message on %s in stream %s", subject,
+                         stream);
         return -1;
     }
     size_t n = (size_t)natsMsg_GetDataLength(m);
@@ -420,7 +423,8 @@ int dsec_js_read(dsec_js *js, const char *stream, const char *subject, dsec_js_e
     jsErrCode jerr = 0;
     natsStatus s = js_SubscribeSync(&sub, js->ctx, subject, NULL, &so, &jerr);
     if (s != NATS_OK)
-        return js_err(err, s, jerr, "reading %s: creating a consumer on stream %s", subject, stream);
+        return js_err(err, s, jerr, "reading %s: creating a consumer on stream %s", subject,
+                      stream);
     /* The consumer's pending count when it starts says how many to expect. */
     jsConsumerInfo *ci = NULL;
     s = natsSubscription_GetConsumerInfo(&ci, sub, NULL, &jerr);

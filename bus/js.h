@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-typedef struct dsec_js dsec_js; /* a JetStream context on one bus */
+typedef struct dsec_js dsec_js;        /* a JetStream context on one bus */
 typedef struct dsec_kv dsec_kv_bucket; /* a bound key-value bucket */
 
 /* A JetStream context over bus (borrowed; must outlive it). timeout_ms bounds
@@ -60,14 +60,14 @@ void dsec_kv_keys_free(char **keys, size_t n);
 /* ---- streams ------------------------------------------------------------- */
 
 typedef struct dsec_stream_conf {
-    const char *name;              /* required */
-    const char *const *subjects;   /* required, nsubjects >= 1 */
+    const char *name;            /* required */
+    const char *const *subjects; /* required, nsubjects >= 1 */
     size_t nsubjects;
-    int replicas;                  /* 0: 1 for a new stream; an existing one keeps its own */
-    int64_t max_age_ms;            /* retention by age; 0: forever */
-    int64_t max_bytes;             /* retention by size; 0: unlimited */
-    int64_t max_msgs_per_subject;  /* 0: unlimited */
-    bool memory;                   /* memory storage instead of file */
+    int replicas;                 /* 0: 1 for a new stream; an existing one keeps its own */
+    int64_t max_age_ms;           /* retention by age; 0: forever */
+    int64_t max_bytes;            /* retention by size; 0: unlimited */
+    int64_t max_msgs_per_subject; /* 0: unlimited */
+    bool memory;                  /* memory storage instead of file */
 } dsec_stream_conf;
 
 /* Create the stream, or update an existing one to conf. */

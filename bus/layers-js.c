@@ -1,4 +1,5 @@
-/* layers-js.c - the JetStream layer registry: chunked, digest-verified blobs, tags and environments (layers-js.h). */
+/* layers-js.c - the JetStream layer registry: chunked, digest-verified blobs, tags and environments
+ * (layers-js.h). */
 #include "bus/layers-js.h"
 
 #include <errno.h>
@@ -76,17 +77,20 @@ static int meta_get(jsreg *r, const char *digest, blob_meta *m, dsec_err *err)
     snprintf(key, sizeof key, "blob.%s", hex_of(digest));
     if (dsec_kv_get(r->kv, key, &val, &len, NULL, err) < 0) {
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
-            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "layer %s is not in registry %s", digest, r->bucket);
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "layer %s is not in registry %s", digest,
+                         r->bucket);
         return -1;
     }
     unsigned v = 0;
     char fmt[16];
-    int ok = sscanf(val, "dsec-blob %u %15s %" SCNu64 " %" SCNu64, &v, fmt, &m->size, &m->chunks) == 4 &&
-             v == 1 && dsec_layer_format_parse(fmt, &m->fmt, NULL) == 0 && m->chunks <= MAX_BLOB_CHUNKS;
+    int ok =
+        sscanf(val, "dsec-blob %u %15s %" SCNu64 " %" SCNu64, &v, fmt, &m->size, &m->chunks) == 4 &&
+        v == 1 && dsec_layer_format_parse(fmt, &m->fmt, NULL) == 0 && m->chunks <= MAX_BLOB_CHUNKS;
     dsec_free(val);
     if (!ok)
-        return dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s: the metadata of layer %s is malformed",
-                            r->bucket, digest);
+        return dsec_err_set(err, DSEC_E_DECODE, 0,
+                            "registry %s: the metadata of layer %s is malformed", r->bucket,
+                            digest);
     return 0;
 }
 
@@ -108,8 +112,8 @@ static int js_get(void *self, const char *digest, const char *dest, dsec_err *er
         void *data = NULL;
         size_t len = 0;
         if (dsec_js_last(r->js, r->stream, subj, &data, &len, err) < 0) {
-            dsec_err_wrap(err, "registry %s: layer %s chunk %" PRIu64 "/%" PRIu64, r->bucket, digest, i,
-                          m.chunks);
+            dsec_err_wrap(err, "registry %s: layer %s chunk %" PRIu64 "/%" PRIu64, r->bucket,
+                          digest, i, m.chunks);
             goto out_fail;
         }
         dsec_sha256_update(&h, data, len);
@@ -122,7 +126,8 @@ static int js_get(void *self, const char *digest, const char *dest, dsec_err *er
         got += len;
     }
     if (got != m.size) {
-        dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s: layer %s has %" PRIu64 " bytes, its metadata says %" PRIu64,
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "registry %s: layer %s has %" PRIu64 " bytes, its metadata says %" PRIu64,
                      r->bucket, digest, got, m.size);
         goto out_fail;
     }
@@ -150,7 +155,8 @@ out_fail:
     return -1;
 }
 
-static int js_put(void *self, const char *digest, dsec_layer_format fmt, const char *src, dsec_err *err)
+static int js_put(void *self, const char *digest, dsec_layer_format fmt, const char *src,
+                  dsec_err *err)
 {
     jsreg *r = self;
     blob_meta m;
@@ -189,7 +195,8 @@ static int js_put(void *self, const char *digest, dsec_layer_format fmt, const c
             goto out;
         }
         char subj[200];
-        snprintf(subj, sizeof subj, "dsec.layers.%s.%s.%" PRIu64, r->bucket, hex_of(digest), chunks);
+        snprintf(subj, sizeof subj, "dsec.layers.%s.%s.%" PRIu64, r->bucket, hex_of(digest),
+                 chunks);
         if (dsec_js_publish(r->js, subj, buf, have, NULL, err) < 0) {
             dsec_err_wrap(err, "registry %s: storing layer %s", r->bucket, digest);
             goto out;
@@ -201,8 +208,8 @@ static int js_put(void *self, const char *digest, dsec_layer_format fmt, const c
     }
     char key[128], val[128];
     snprintf(key, sizeof key, "blob.%s", hex_of(digest));
-    int n = snprintf(val, sizeof val, "dsec-blob 1 %s %" PRIu64 " %" PRIu64, dsec_layer_format_name(fmt), size,
-                     chunks);
+    int n = snprintf(val, sizeof val, "dsec-blob 1 %s %" PRIu64 " %" PRIu64,
+                     dsec_layer_format_name(fmt), size, chunks);
     if (dsec_kv_put(r->kv, key, val, (size_t)n, NULL, err) < 0) {
         dsec_err_wrap(err, "registry %s: recording layer %s", r->bucket, digest);
         goto out;
@@ -235,7 +242,8 @@ static int js_tag_get(void *self, const char *name, dsec_digest out, dsec_err *e
         return -1;
     if (dsec_kv_get(r->kv, key, &val, &len, NULL, err) < 0) {
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
-            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no layer is named %s in registry %s", name, r->bucket);
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no layer is named %s in registry %s", name,
+                         r->bucket);
         return -1;
     }
     int ok = dsec_digest_valid(val);
@@ -243,7 +251,8 @@ static int js_tag_get(void *self, const char *name, dsec_digest out, dsec_err *e
         snprintf(out, sizeof(dsec_digest), "%s", val);
     dsec_free(val);
     if (!ok)
-        return dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s: tag %s holds no digest", r->bucket, name);
+        return dsec_err_set(err, DSEC_E_DECODE, 0, "registry %s: tag %s holds no digest", r->bucket,
+                            name);
     return 0;
 }
 
@@ -390,7 +399,8 @@ static int js_remove(void *self, const char *what, dsec_err *err)
     if (ref < 0)
         return -1;
     if (ref > 0)
-        return dsec_err_set(err, DSEC_E_STATE, 0, "layer %s is still named by %s; remove that first", what, who);
+        return dsec_err_set(err, DSEC_E_STATE, 0,
+                            "layer %s is still named by %s; remove that first", what, who);
     /* Metadata first: the blob disappears at once for readers, then its chunks go. */
     snprintf(key, sizeof key, "blob.%s", hex_of(what));
     if (dsec_kv_delete(r->kv, key, err) < 0)
@@ -417,7 +427,8 @@ static int js_env_get(void *self, const char *name, void **doc, size_t *len, dse
         return -1;
     if (dsec_kv_get(r->kv, key, &val, len, NULL, err) < 0) {
         if (err != NULL && err->code == DSEC_E_NOT_FOUND)
-            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no environment %s in registry %s", name, r->bucket);
+            dsec_err_set(err, DSEC_E_NOT_FOUND, 0, "no environment %s in registry %s", name,
+                         r->bucket);
         return -1;
     }
     *doc = val;
@@ -548,7 +559,8 @@ int dsec_layer_registry_jetstream(dsec_layer_registry **out, dsec_bus *bus,
     *out = NULL;
     const char *bucket = conf && conf->bucket ? conf->bucket : DEFAULT_BUCKET;
     size_t bl = strlen(bucket);
-    if (bl == 0 || bl > 48 || strspn(bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != bl)
+    if (bl == 0 || bl > 48 ||
+        strspn(bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != bl)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "layer bucket \"%s\" must be 1-48 characters A-Z a-z 0-9 _ -", bucket);
     jsreg *r = dsec_calloc(1, sizeof *r);
@@ -561,8 +573,11 @@ int dsec_layer_registry_jetstream(dsec_layer_registry **out, dsec_bus *bus,
     char subj[128];
     snprintf(subj, sizeof subj, "dsec.layers.%s.>", bucket);
     const char *subjects[] = {subj};
-    dsec_stream_conf sc = {.name = r->stream, .subjects = subjects, .nsubjects = 1,
-                           .replicas = replicas, .max_msgs_per_subject = 1};
+    dsec_stream_conf sc = {.name = r->stream,
+                           .subjects = subjects,
+                           .nsubjects = 1,
+                           .replicas = replicas,
+                           .max_msgs_per_subject = 1};
     dsec_kv_conf kc = {.bucket = bucket, .replicas = replicas};
     if (dsec_js_new(&r->js, bus, 0, err) < 0 || dsec_js_stream_ensure(r->js, &sc, err) < 0 ||
         dsec_kv_open(&r->kv, r->js, &kc, err) < 0) {

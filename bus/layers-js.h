@@ -1,4 +1,5 @@
-/* layers-js.h - a layer registry in JetStream: blobs as chunked stream messages, tags and environments in a KV bucket. */
+/* layers-js.h - a layer registry in JetStream: blobs as chunked stream messages, tags and
+ * environments in a KV bucket. */
 #ifndef DSEC_BUS_LAYERS_JS_H
 #define DSEC_BUS_LAYERS_JS_H
 
@@ -14,10 +15,10 @@ extern "C" {
 #endif
 
 typedef struct dsec_js_layers_conf {
-    const char *bucket;  /* [A-Za-z0-9_-]+; NULL: "DSEC_LAYERS" */
-    int replicas;        /* stream and bucket replicas; 0: 1 (3 in a cluster) */
-    size_t chunk_bytes;  /* blob chunk size; 0: 512 KiB (below the server's max_payload) */
-    bool own_bus;        /* the registry takes bus (on success only) and frees it when freed */
+    const char *bucket; /* [A-Za-z0-9_-]+; NULL: "DSEC_LAYERS" */
+    int replicas;       /* stream and bucket replicas; 0: 1 (3 in a cluster) */
+    size_t chunk_bytes; /* blob chunk size; 0: 512 KiB (below the server's max_payload) */
+    bool own_bus;       /* the registry takes bus (on success only) and frees it when freed */
 } dsec_js_layers_conf;
 
 /*

@@ -47,8 +47,12 @@ struct dsec_job {
 
 static int hold_call(dsec_job *j, struct unit *u, bool release, dsec_err *err)
 {
-    dsec_msg_job_hold h = {.job = j->name, .node = u->node, .unit = u->name,
-                           .cpu_milli = u->cpu, .memory_mb = u->mem, .release = release};
+    dsec_msg_job_hold h = {.job = j->name,
+                           .node = u->node,
+                           .unit = u->name,
+                           .cpu_milli = u->cpu,
+                           .memory_mb = u->mem,
+                           .release = release};
     char subj[160];
     snprintf(subj, sizeof subj, DSEC_SUBJ_HOLD, u->node);
     dsec_buf b;
@@ -64,8 +68,8 @@ static int hold_call(dsec_job *j, struct unit *u, bool release, dsec_err *err)
     if (rc == 0 && dsec_msg_type(reply) && strcmp(dsec_msg_type(reply), "error") == 0) {
         dsec_decoder *d = dsec_decoder_new(NULL);
         dsec_msg_error e;
-        if (d != NULL && dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e,
-                                     err) == 0)
+        if (d != NULL &&
+            dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, err) == 0)
             dsec_err_set(err, dsec_code_from_name(e.code), 0, "%s", e.message);
         else
             dsec_err_set(err, DSEC_E_INTERNAL, 0, "node %s answered an undecodable error", u->node);
@@ -74,8 +78,8 @@ static int hold_call(dsec_job *j, struct unit *u, bool release, dsec_err *err)
     }
     dsec_msg_free(reply);
     if (rc < 0)
-        return dsec_err_wrap(err, "job %s: %s unit %s on %s", j->name, release ? "releasing" : "holding",
-                             u->name, u->node);
+        return dsec_err_wrap(err, "job %s: %s unit %s on %s", j->name,
+                             release ? "releasing" : "holding", u->name, u->node);
     pthread_mutex_lock(&j->mu);
     u->held = !release;
     pthread_mutex_unlock(&j->mu);
@@ -89,13 +93,19 @@ static void register_now(dsec_job *j)
     pthread_mutex_lock(&j->mu);
     for (size_t i = 0; i < j->nunits && n < 256; i++)
         if (j->units[i].held)
-            items[n++] = (dsec_msg_job_hold){.job = j->name, .node = j->units[i].node,
-                                             .unit = j->units[i].name, .cpu_milli = j->units[i].cpu,
+            items[n++] = (dsec_msg_job_hold){.job = j->name,
+                                             .node = j->units[i].node,
+                                             .unit = j->units[i].name,
+                                             .cpu_milli = j->units[i].cpu,
                                              .memory_mb = j->units[i].mem};
     pthread_mutex_unlock(&j->mu);
-    dsec_msg_job_register r = {.job = j->name, .cell = j->cell, .cls = j->cls,
-                               .priority = j->priority, .checkpoint_ms = j->checkpoint_ms,
-                               .grace_ms = j->grace_ms, .holds = {items, n},
+    dsec_msg_job_register r = {.job = j->name,
+                               .cell = j->cell,
+                               .cls = j->cls,
+                               .priority = j->priority,
+                               .checkpoint_ms = j->checkpoint_ms,
+                               .grace_ms = j->grace_ms,
+                               .holds = {items, n},
                                .ts_ns = (uint64_t)time(NULL) * 1000000000ull};
     dsec_buf b;
     dsec_buf_init(&b);
@@ -114,7 +124,8 @@ static void release_for(dsec_job *j, const dsec_msg_reclaim *r)
     dsec_msg_job_hold items[256];
     uint32_t n = 0;
     uint64_t cpu = 0, mem = 0;
-    for (size_t i = j->nunits; i-- > 0 && n < 256 && (cpu < r->cpu_milli || mem < r->memory_mb || n == 0);) {
+    for (size_t i = j->nunits;
+         i-- > 0 && n < 256 && (cpu < r->cpu_milli || mem < r->memory_mb || n == 0);) {
         struct unit *u = &j->units[i];
         pthread_mutex_lock(&j->mu);
         bool held = u->held;
@@ -126,17 +137,25 @@ static void release_for(dsec_job *j, const dsec_msg_reclaim *r)
             dsec_log_warn("dsec job: %s", err.msg);
             continue;
         }
-        items[n++] = (dsec_msg_job_hold){.job = j->name, .node = u->node, .unit = u->name,
-                                         .cpu_milli = u->cpu, .memory_mb = u->mem, .release = true};
+        items[n++] = (dsec_msg_job_hold){.job = j->name,
+                                         .node = u->node,
+                                         .unit = u->name,
+                                         .cpu_milli = u->cpu,
+                                         .memory_mb = u->mem,
+                                         .release = true};
         cpu += u->cpu;
         mem += u->mem;
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    dsec_msg_reclaim_outcome o = {.req_id = r->req_id, .job = j->name, .outcome = "released",
-                                  .cpu_milli = cpu, .memory_mb = mem,
+    dsec_msg_reclaim_outcome o = {.req_id = r->req_id,
+                                  .job = j->name,
+                                  .outcome = "released",
+                                  .cpu_milli = cpu,
+                                  .memory_mb = mem,
                                   .deadline_ns = r->deadline_ns,
-                                  .done_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
+                                  .done_ns =
+                                      (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
                                   .holds = {items, n}};
     dsec_buf b;
     dsec_buf_init(&b);
@@ -162,8 +181,10 @@ static void *job_thread(void *arg)
             dsec_msg_reclaim r = j->want;
             j->have_reclaim = false;
             pthread_mutex_unlock(&j->mu);
-            dsec_job_reclaim jr = {.req_id = r.req_id, .cpu_milli = r.cpu_milli,
-                                   .memory_mb = r.memory_mb, .deadline_ns = r.deadline_ns};
+            dsec_job_reclaim jr = {.req_id = r.req_id,
+                                   .cpu_milli = r.cpu_milli,
+                                   .memory_mb = r.memory_mb,
+                                   .deadline_ns = r.deadline_ns};
             if (j->cb == NULL || j->cb(j, &jr, j->ud) == 0)
                 release_for(j, &r);
             register_now(j);
@@ -205,7 +226,8 @@ static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
         else if (d == NULL)
             dsec_err_set(&err, DSEC_E_NOMEM, 0, "out of memory");
         const char *field = !typed ? DSEC_HDR_TYPE : d ? dsec_decoder_bad_field(d) : NULL;
-        dsec_msg_error e = {.code = dsec_code_name(err.code), .message = err.msg,
+        dsec_msg_error e = {.code = dsec_code_name(err.code),
+                            .message = err.msg,
                             .field = field && field[0] ? field : NULL};
         dsec_buf b;
         dsec_buf_init(&b);
@@ -232,7 +254,9 @@ static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
     j->st.reclaims++;
     j->st.last_reclaim_ns = (uint64_t)time(NULL) * 1000000000ull;
     pthread_mutex_unlock(&j->mu);
-    dsec_msg_reclaim_ack ack = {.req_id = r.req_id, .job = j->name, .accepted = !busy,
+    dsec_msg_reclaim_ack ack = {.req_id = r.req_id,
+                                .job = j->name,
+                                .accepted = !busy,
                                 .checkpoint_ms = j->checkpoint_ms,
                                 .reason = busy ? "a reclaim is already being handled" : NULL};
     dsec_buf b;
@@ -251,8 +275,8 @@ static void on_forced(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_err err;
     dsec_msg_reclaim_outcome o;
     const char *type = dsec_msg_type(m);
-    dsec_decoder *d = type != NULL && strcmp(type, "reclaim_outcome") == 0 ? dsec_decoder_new(NULL)
-                                                                          : NULL;
+    dsec_decoder *d =
+        type != NULL && strcmp(type, "reclaim_outcome") == 0 ? dsec_decoder_new(NULL) : NULL;
     if (d == NULL || /* another Dsec-Type (or no memory): dropped, counted */
         dsec_decode(d, DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m), &o, &err) < 0) {
         dsec_decoder_free(d);
@@ -276,14 +300,17 @@ int dsec_job_start(dsec_client *c, const dsec_job_spec *spec, dsec_job_checkpoin
                    dsec_job **out, dsec_err *err)
 {
     *out = NULL;
-    if (dsec_name_ok(spec->name, DSEC_NAME_LEN_MAX) < 0 || dsec_name_ok(spec->cell, DSEC_NAME_LEN_MAX) < 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "job name \"%s\" and cell \"%s\" must be 1-64 characters of A-Z a-z 0-9 _ -",
-                            spec->name ? spec->name : "", spec->cell ? spec->cell : "");
+    if (dsec_name_ok(spec->name, DSEC_NAME_LEN_MAX) < 0 ||
+        dsec_name_ok(spec->cell, DSEC_NAME_LEN_MAX) < 0)
+        return dsec_err_set(
+            err, DSEC_E_INVALID, 0,
+            "job name \"%s\" and cell \"%s\" must be 1-64 characters of A-Z a-z 0-9 _ -",
+            spec->name ? spec->name : "", spec->cell ? spec->cell : "");
     const char *cls = spec->cls ? spec->cls : "job";
     if (strcmp(cls, "job") != 0 && strcmp(cls, "batch") != 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "job %s: class \"%s\" cannot be preempted (use job or batch)", spec->name, cls);
+                            "job %s: class \"%s\" cannot be preempted (use job or batch)",
+                            spec->name, cls);
     dsec_job *j = dsec_calloc(1, sizeof *j);
     if (j == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
@@ -325,7 +352,8 @@ int dsec_job_start(dsec_client *c, const dsec_job_spec *spec, dsec_job_checkpoin
     if (dsec_actor_on(j->actor, subj, NULL, on_reclaim, j, err) < 0)
         goto out_fail;
     snprintf(subj, sizeof subj, DSEC_SUBJ_JOB, j->cell, j->name, "forced");
-    if (dsec_actor_on(j->actor, subj, NULL, on_forced, j, err) < 0 || dsec_bus_flush(j->bus, 5000, err) < 0)
+    if (dsec_actor_on(j->actor, subj, NULL, on_forced, j, err) < 0 ||
+        dsec_bus_flush(j->bus, 5000, err) < 0)
         goto out_fail;
     if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
         dsec_err_set(err, DSEC_E_NOMEM, 0, "job %s: cannot start its thread", j->name);
@@ -383,4 +411,7 @@ void dsec_job_stats_get(dsec_job *j, dsec_job_stats *out)
     pthread_mutex_unlock(&j->mu);
 }
 
-const char *dsec_job_name(const dsec_job *j) { return j->name; }
+const char *dsec_job_name(const dsec_job *j)
+{
+    return j->name;
+}

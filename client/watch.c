@@ -1,4 +1,5 @@
-/* watch.c - libdsec: watching a directory in a sandbox (a background process of the agent's own, followed by offset). */
+/* watch.c - libdsec: watching a directory in a sandbox (a background process of the agent's own,
+ * followed by offset). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,8 +60,7 @@ static bool parse_event(const char *line, dsec_dir_event *ev)
 }
 
 int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *offset,
-                    uint32_t wait_ms, dsec_dir_event_fn fn, void *ud, bool *running,
-                    dsec_err *err)
+                    uint32_t wait_ms, dsec_dir_event_fn fn, void *ud, bool *running, dsec_err *err)
 {
     dsec_proc_out o;
     if (dsec_proc_read_wait(c, id, handle, *offset, 0, 0, wait_ms, &o, err) < 0)
@@ -97,8 +97,8 @@ int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *o
     return n;
 }
 
-int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recursive,
-                   dsec_proc *out, dsec_err *err)
+int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recursive, dsec_proc *out,
+                   dsec_err *err)
 {
     memset(out, 0, sizeof *out);
     if (path == NULL || path[0] != '/')
@@ -122,9 +122,8 @@ int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recurs
         bool ended = !o.info.running;
         int code = o.info.exit_code;
         char why[512];
-        snprintf(why, sizeof why, "%.*s", (int)(o.err_len && o.err[o.err_len - 1] == '\n'
-                                                     ? o.err_len - 1
-                                                     : o.err_len),
+        snprintf(why, sizeof why, "%.*s",
+                 (int)(o.err_len && o.err[o.err_len - 1] == '\n' ? o.err_len - 1 : o.err_len),
                  (const char *)o.err);
         dsec_proc_out_free(&o);
         if (ready)

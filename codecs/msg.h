@@ -80,12 +80,12 @@ enum dsec_msg_type {
     DSEC_MSG_ARBITER_LEASE,   /* "arbiter_lease": the value of the arbiter lease in KV */
     DSEC_MSG_EXEC_CHUNK,      /* "exec_chunk": output of a running command, node -> stream_to */
     DSEC_MSG_NET_ALERT,       /* "net_alert": blocked traffic or a refused DNS query of a sandbox */
-    DSEC_MSG_USAGE,           /* "usage": what one tenant's project holds on a node (full capacity) */
-    DSEC_MSG_QUOTA,           /* "quota": a tenant's or project's limits, and what it uses */
-    DSEC_MSG_QUOTA_LIST,      /* "quota_list": the quotas of one tenant, or all */
-    DSEC_MSG_ADMIT,           /* "admit": scheduler -> quota actor, before placing a create */
-    DSEC_MSG_NODE_LOST,       /* "node_lost": a node silent too long: its sandboxes are lost */
-    DSEC_MSG_SUPERSEDED,      /* "superseded": a retried create placed on another node */
+    DSEC_MSG_USAGE,      /* "usage": what one tenant's project holds on a node (full capacity) */
+    DSEC_MSG_QUOTA,      /* "quota": a tenant's or project's limits, and what it uses */
+    DSEC_MSG_QUOTA_LIST, /* "quota_list": the quotas of one tenant, or all */
+    DSEC_MSG_ADMIT,      /* "admit": scheduler -> quota actor, before placing a create */
+    DSEC_MSG_NODE_LOST,  /* "node_lost": a node silent too long: its sandboxes are lost */
+    DSEC_MSG_SUPERSEDED, /* "superseded": a retried create placed on another node */
     DSEC_MSG_SUPERSEDED_LIST, /* "superseded_list": scheduler -> nodes, a batch of superseded */
     DSEC_MSG_TRACE_QUERY,     /* "trace_query": dsec trace -> every actor process */
     DSEC_MSG_TRACE_HOP,       /* "trace_hop": only nested in trace_hops */
@@ -104,13 +104,13 @@ typedef struct dsec_msg_error {
     const char *code;    /* required: a dsec_code_name() */
     const char *message; /* required: human text naming what failed */
     bool retry_safe;
-    const char *field;   /* the offending field, for decode/validation errors */
+    const char *field; /* the offending field, for decode/validation errors */
     const char *req_id;
     uint64_t retry_after_ms; /* with "overloaded": wait this long before the retry; 0: not said */
 } dsec_msg_error;
 
 typedef struct dsec_msg_ping {
-    uint64_t seq;     /* required */
+    uint64_t seq; /* required */
     uint64_t sent_ns;
     const char *note;
 } dsec_msg_ping;
@@ -122,21 +122,22 @@ typedef struct dsec_msg_pong {
 } dsec_msg_pong;
 
 typedef struct dsec_msg_create {
-    const char *req_id;   /* required, <= 64: idempotency key */
+    const char *req_id; /* required, <= 64: idempotency key */
     const char *tenant;
     const char *project;
-    const char *type;     /* function | container | microvm | vm | sim; empty: pick by requires */
-    dsec_strv requires;   /* capabilities: own_kernel, nested_containers, gui, persistence, isolation:N, ... */
-    const char *env;      /* environment name:version */
-    uint64_t cpu_milli;   /* 0..1,000,000 */
-    uint64_t memory_mb;   /* 0..16,777,216 */
+    const char *type;   /* function | container | microvm | vm | sim; empty: pick by requires */
+    dsec_strv requires; /* capabilities: own_kernel, nested_containers, gui, persistence,
+                           isolation:N, ... */
+    const char *env;    /* environment name:version */
+    uint64_t cpu_milli; /* 0..1,000,000 */
+    uint64_t memory_mb; /* 0..16,777,216 */
     uint64_t disk_mb;
-    uint64_t ttl_s;       /* max lifetime; 0 = cell default */
-    uint64_t idle_s;      /* idle timeout; 0 = cell default */
-    dsec_kv labels;       /* labels on the sandbox */
-    dsec_kv affinity;     /* node labels required */
-    const char *cell;     /* pin to one cell; NULL = any cell */
-    const char *cls;      /* wire name "class": rollout | job | batch */
+    uint64_t ttl_s;   /* max lifetime; 0 = cell default */
+    uint64_t idle_s;  /* idle timeout; 0 = cell default */
+    dsec_kv labels;   /* labels on the sandbox */
+    dsec_kv affinity; /* node labels required */
+    const char *cell; /* pin to one cell; NULL = any cell */
+    const char *cls;  /* wire name "class": rollout | job | batch */
     int64_t priority;
     const char *rollout_id;
     dsec_strv net;        /* network policy entries */
@@ -170,7 +171,7 @@ typedef struct dsec_msg_created {
     const char *state;
     const char *cell;
     const char *req_id;
-    bool existing;    /* true when req_id matched an earlier create */
+    bool existing; /* true when req_id matched an earlier create */
 } dsec_msg_created;
 
 typedef struct dsec_msg_op {
@@ -183,8 +184,8 @@ typedef struct dsec_msg_op {
     dsec_strv net;    /* net: the sandbox's new network policy (empty: reach nothing) */
     const char *req_id;
     const char *tenant;
-    uint64_t retry;   /* lookup: the retried create's attempt number */
-    uint64_t ttl_s;   /* ttl: the sandbox now ends this many seconds from now */
+    uint64_t retry; /* lookup: the retried create's attempt number */
+    uint64_t ttl_s; /* ttl: the sandbox now ends this many seconds from now */
 } dsec_msg_op;
 
 typedef struct dsec_msg_op_reply {
@@ -192,8 +193,8 @@ typedef struct dsec_msg_op_reply {
     const char *state;
     const char *node;
     const char *type;
-    dsec_strv ids;  /* fork: the children */
-    dsec_kv info;   /* status details */
+    dsec_strv ids; /* fork: the children */
+    dsec_kv info;  /* status details */
 } dsec_msg_op_reply;
 
 typedef struct dsec_msg_exec {
@@ -214,31 +215,31 @@ typedef struct dsec_msg_exec {
 
 /* Background processes of a sandbox (docs/protocol.md, "Background processes"). */
 typedef struct dsec_msg_proc {
-    const char *id;   /* required */
-    const char *op;   /* required: start | list | signal | stdin | output | resize */
-    dsec_strv argv;   /* start: 1..4096 */
-    dsec_kv env;      /* start */
-    const char *cwd;  /* start */
-    const char *user; /* start */
-    uint64_t timeout_ms; /* start: its whole tree is killed after this long; 0: none */
-    uint64_t ring_max;   /* start: bytes of each stream kept; 0: 256 KiB; <= 16 MiB */
-    bool keep_stdin;     /* start: stdin stays open for op stdin */
-    dsec_bytes data;     /* start: first bytes of stdin; stdin: the bytes */
-    uint64_t handle;     /* signal, stdin, output */
-    uint64_t sig;        /* wire name "signal": signal, 1..64 */
-    bool close;          /* stdin: close stdin after data */
+    const char *id;            /* required */
+    const char *op;            /* required: start | list | signal | stdin | output | resize */
+    dsec_strv argv;            /* start: 1..4096 */
+    dsec_kv env;               /* start */
+    const char *cwd;           /* start */
+    const char *user;          /* start */
+    uint64_t timeout_ms;       /* start: its whole tree is killed after this long; 0: none */
+    uint64_t ring_max;         /* start: bytes of each stream kept; 0: 256 KiB; <= 16 MiB */
+    bool keep_stdin;           /* start: stdin stays open for op stdin */
+    dsec_bytes data;           /* start: first bytes of stdin; stdin: the bytes */
+    uint64_t handle;           /* signal, stdin, output */
+    uint64_t sig;              /* wire name "signal": signal, 1..64 */
+    bool close;                /* stdin: close stdin after data */
     uint64_t out_off, err_off; /* output: stream offsets to read from */
-    uint64_t max;        /* output: at most this many bytes of each stream; 0: all kept */
-    uint64_t wait_ms;    /* output: wait this long for new output (<= 60000); 0: at once */
-    bool pty;            /* start: on a terminal */
-    uint64_t rows, cols; /* start with pty, resize: the window */
-    bool session;        /* start: a persistent shell session */
+    uint64_t max;              /* output: at most this many bytes of each stream; 0: all kept */
+    uint64_t wait_ms;          /* output: wait this long for new output (<= 60000); 0: at once */
+    bool pty;                  /* start: on a terminal */
+    uint64_t rows, cols;       /* start with pty, resize: the window */
+    bool session;              /* start: a persistent shell session */
     const char *req_id;
     const char *tenant;
 } dsec_msg_proc;
 
 typedef struct dsec_msg_proc_info {
-    uint64_t handle;  /* required */
+    uint64_t handle; /* required */
     int64_t pid;
     bool running;
     bool stdin_open;
@@ -254,8 +255,8 @@ typedef struct dsec_msg_proc_info {
 } dsec_msg_proc_info;
 
 typedef struct dsec_msg_proc_reply {
-    const char *id;   /* required */
-    dsec_list procs;  /* of dsec_msg_proc_info: list: all; others: the one named */
+    const char *id;      /* required */
+    dsec_list procs;     /* of dsec_msg_proc_info: list: all; others: the one named */
     dsec_bytes out, err; /* output */
     uint64_t out_from, err_from;
 } dsec_msg_proc_reply;
@@ -289,7 +290,8 @@ typedef struct dsec_msg_net_alert {
     const char *tenant;
     const char *node;
     const char *cell;
-    const char *kind;   /* required: blocked | dns_denied | dns_type | dns_cname | dns_flood | dns_malformed | suppressed */
+    const char *kind;   /* required: blocked | dns_denied | dns_type | dns_cname | dns_flood |
+                           dns_malformed | suppressed */
     const char *dest;   /* the address or name */
     const char *detail; /* tcp/443, udp/53, icmp, TXT, ... */
     uint64_t count;     /* occurrences in the window */
@@ -354,21 +356,22 @@ typedef struct dsec_msg_file_entry {
 } dsec_msg_file_entry;
 
 typedef struct dsec_msg_file_list_reply {
-    const char *id;   /* required */
+    const char *id; /* required */
     const char *path;
     dsec_list entries; /* of dsec_msg_file_entry */
 } dsec_msg_file_list_reply;
 
 typedef struct dsec_msg_sandbox_event {
-    const char *id;    /* required */
-    const char *state; /* required: requested | starting | running | paused | stopping | gone | failed */
+    const char *id; /* required */
+    const char
+        *state; /* required: requested | starting | running | paused | stopping | gone | failed */
     const char *prev;
     const char *node;
     const char *type;
     const char *tenant;
     uint64_t ts_ns;
     const char *reason;
-    const char *project;  /* what the quota actor needs to count it */
+    const char *project; /* what the quota actor needs to count it */
     const char *req_id;
     uint64_t cpu_milli;
     uint64_t memory_mb;
@@ -389,8 +392,8 @@ typedef struct dsec_msg_node_announce {
 typedef struct dsec_msg_capacity {
     const char *node; /* required */
     const char *cell;
-    uint64_t seq;     /* required: increases per node; older reports are ignored */
-    bool full;        /* a full report also carries totals, types, labels, layers */
+    uint64_t seq; /* required: increases per node; older reports are ignored */
+    bool full;    /* a full report also carries totals, types, labels, layers */
     uint64_t cpu_free_milli;
     uint64_t mem_free_mb;
     uint64_t slots_free;
@@ -402,10 +405,10 @@ typedef struct dsec_msg_capacity {
     dsec_kv labels;
     dsec_strv layers;
     uint64_t ts_ns;
-    dsec_kv live_types;   /* live sandboxes per type: type -> decimal count */
-    dsec_list usage;      /* full: of dsec_msg_usage, one per (tenant, project) with sandboxes here */
-    uint64_t conn;        /* changes when the node restarts or its bus reconnects: it may have
-                             missed messages then; 0: not told */
+    dsec_kv live_types; /* live sandboxes per type: type -> decimal count */
+    dsec_list usage;    /* full: of dsec_msg_usage, one per (tenant, project) with sandboxes here */
+    uint64_t conn;      /* changes when the node restarts or its bus reconnects: it may have
+                           missed messages then; 0: not told */
     uint64_t disk_free_mb; /* disk sandboxes may still be given, MiB */
     uint64_t disk_mb;      /* full: disk sandboxes may hold (the node's disk less its reserve);
                               0: the node does not count disk */
@@ -438,9 +441,9 @@ typedef struct dsec_msg_cell_summary {
 /* Lifecycle events leave a node in batches (one message per report window),
  * so events never multiply the bus messages per create. */
 typedef struct dsec_msg_sandbox_events {
-    const char *node;  /* required */
+    const char *node; /* required */
     const char *cell;
-    dsec_list events;  /* of dsec_msg_sandbox_event */
+    dsec_list events; /* of dsec_msg_sandbox_event */
 } dsec_msg_sandbox_events;
 
 /* Capacity a job holds on one node: an item of job_register, and the request
@@ -451,29 +454,29 @@ typedef struct dsec_msg_job_hold {
     const char *unit; /* the holding's name within the job (unique per job and node) */
     uint64_t cpu_milli;
     uint64_t memory_mb;
-    bool release;     /* give it back instead of taking it */
-    bool forced;      /* released by the arbiter after a missed deadline */
+    bool release; /* give it back instead of taking it */
+    bool forced;  /* released by the arbiter after a missed deadline */
 } dsec_msg_job_hold;
 
 typedef struct dsec_msg_job_register {
-    const char *job;      /* required */
-    const char *cell;     /* required */
-    const char *cls;      /* wire name "class": job | batch */
-    int64_t priority;     /* lower is reclaimed first */
+    const char *job;        /* required */
+    const char *cell;       /* required */
+    const char *cls;        /* wire name "class": job | batch */
+    int64_t priority;       /* lower is reclaimed first */
     uint64_t checkpoint_ms; /* how long a checkpoint takes (the job's estimate) */
-    uint64_t grace_ms;    /* the longest the job may be given to release */
-    dsec_list holds;      /* of dsec_msg_job_hold: what it holds now */
+    uint64_t grace_ms;      /* the longest the job may be given to release */
+    dsec_list holds;        /* of dsec_msg_job_hold: what it holds now */
     uint64_t ts_ns;
 } dsec_msg_job_register;
 
 typedef struct dsec_msg_reclaim {
-    const char *req_id;   /* required: names this reclaim everywhere */
-    const char *job;      /* required */
-    uint64_t cpu_milli;   /* how much to give back (at least) */
+    const char *req_id; /* required: names this reclaim everywhere */
+    const char *job;    /* required */
+    uint64_t cpu_milli; /* how much to give back (at least) */
     uint64_t memory_mb;
     uint64_t deadline_ns; /* by when (ns since epoch) */
     const char *arbiter;
-    uint64_t epoch;       /* the arbiter lease's revision when sent */
+    uint64_t epoch; /* the arbiter lease's revision when sent */
 } dsec_msg_reclaim;
 
 typedef struct dsec_msg_reclaim_ack {
@@ -495,22 +498,22 @@ typedef struct dsec_msg_reclaim_outcome {
     uint64_t done_ns;
     const char *arbiter;
     const char *reason;
-    dsec_list holds;     /* of dsec_msg_job_hold: what was released */
+    dsec_list holds; /* of dsec_msg_job_hold: what was released */
 } dsec_msg_reclaim_outcome;
 
 typedef struct dsec_msg_demand {
     const char *scheduler; /* required */
     const char *cell;
-    uint64_t waiting;      /* rollout creates waiting for room */
-    uint64_t cpu_milli;    /* what they need together */
+    uint64_t waiting;   /* rollout creates waiting for room */
+    uint64_t cpu_milli; /* what they need together */
     uint64_t memory_mb;
-    uint64_t oldest_ms;    /* how long the oldest has waited */
+    uint64_t oldest_ms; /* how long the oldest has waited */
     uint64_t ts_ns;
 } dsec_msg_demand;
 
 typedef struct dsec_msg_arbiter_lease {
-    const char *holder;   /* required: the arbiter holding the lease */
-    uint64_t expires_ns;  /* required: wall clock; renewed before */
+    const char *holder;  /* required: the arbiter holding the lease */
+    uint64_t expires_ns; /* required: wall clock; renewed before */
     uint64_t acquired_ns;
 } dsec_msg_arbiter_lease;
 
@@ -525,7 +528,7 @@ typedef struct dsec_msg_usage {
 /* Limits of a tenant (project absent) or of a project ("a" or nested "a/b").
  * A limit of 0 means none of its own: only its parents bound it. */
 typedef struct dsec_msg_quota {
-    const char *tenant;  /* required */
+    const char *tenant; /* required */
     const char *project;
     uint64_t sandboxes;
     uint64_t cpu_milli;
@@ -533,7 +536,7 @@ typedef struct dsec_msg_quota {
     uint64_t used_sandboxes; /* in answers: what it and its sub-projects use in the cell now, */
     uint64_t used_cpu_milli; /* admissions still being placed included */
     uint64_t used_memory_mb;
-    bool remove;             /* quota set: delete the definition instead */
+    bool remove; /* quota set: delete the definition instead */
 } dsec_msg_quota;
 
 typedef struct dsec_msg_quota_list {
@@ -550,7 +553,7 @@ typedef struct dsec_msg_admit {
     uint64_t n;         /* sandboxes (fork children); 0 counts as 1 */
     uint64_t cpu_milli; /* per sandbox */
     uint64_t memory_mb;
-    bool release;       /* the create was refused after all: give the admission back */
+    bool release; /* the create was refused after all: give the admission back */
 } dsec_msg_admit;
 
 /* A node silent for scheduler.lost_after_ms: to the owners of its sandboxes
@@ -558,7 +561,7 @@ typedef struct dsec_msg_admit {
  * node itself (dsec.v1.ctl.reconcile.<node>), which then reclaims every
  * sandbox it made before lost_ns: their owners were told they are gone. */
 typedef struct dsec_msg_node_lost {
-    const char *node;   /* required */
+    const char *node; /* required */
     const char *cell;
     uint64_t lost_ns;   /* required: when it was declared lost (wall clock, ns) */
     uint64_t silent_ms; /* how long it had been silent then */
@@ -614,10 +617,10 @@ typedef struct dsec_msg_trace_hops {
  * replica per cell for the nodes to wait for (node_set, on dsec.v1.<tenant>.nodes), then
  * every node for its page of the tenant's sandboxes (list, on dsec.v1.<tenant>.list). */
 typedef struct dsec_msg_node_set {
-    const char *cell;  /* answer: the cell answered for */
+    const char *cell; /* answer: the cell answered for */
     const char *scheduler;
-    dsec_strv nodes;   /* answer: every node of the cell the replica knows (not drained) */
-    dsec_strv cells;   /* answer: the other cells it has heard from lately */
+    dsec_strv nodes; /* answer: every node of the cell the replica knows (not drained) */
+    dsec_strv cells; /* answer: the other cells it has heard from lately */
 } dsec_msg_node_set;
 
 typedef struct dsec_msg_list {
@@ -629,7 +632,7 @@ typedef struct dsec_msg_list {
 } dsec_msg_list;
 
 typedef struct dsec_msg_sbx_info {
-    const char *id;    /* required */
+    const char *id; /* required */
     const char *type;
     const char *state;
     const char *node;
@@ -643,8 +646,8 @@ typedef struct dsec_msg_sbx_info {
 typedef struct dsec_msg_list_reply {
     const char *node; /* required */
     const char *cell;
-    dsec_list items;  /* of dsec_msg_sbx_info, sorted by id, at most limit */
-    bool more;        /* this node has more matches after the last item */
+    dsec_list items; /* of dsec_msg_sbx_info, sorted by id, at most limit */
+    bool more;       /* this node has more matches after the last item */
 } dsec_msg_list_reply;
 
 /* ---- schemas ------------------------------------------------------------ */
@@ -661,22 +664,22 @@ typedef enum dsec_field_kind {
 } dsec_field_kind;
 
 typedef struct dsec_field {
-    const char *name;     /* wire name */
+    const char *name; /* wire name */
     dsec_field_kind kind;
     bool required;
-    size_t offset;        /* in the message struct */
-    uint32_t max_len;     /* strings/bins: bytes; arrays/maps: items; 0 = decoder limit */
-    int64_t min;          /* integers: inclusive range (ignored when min == max == 0) */
+    size_t offset;    /* in the message struct */
+    uint32_t max_len; /* strings/bins: bytes; arrays/maps: items; 0 = decoder limit */
+    int64_t min;      /* integers: inclusive range (ignored when min == max == 0) */
     int64_t max;
-    int sub_type;         /* DSEC_F_LIST: dsec_msg_type of the items */
-    uint32_t max_item;    /* DSEC_F_STRV/KV: bytes per item string; 0 = decoder max_str */
-    const char *doc;      /* one line for docs/protocol.md (dsec decode --schema-md) */
+    int sub_type;      /* DSEC_F_LIST: dsec_msg_type of the items */
+    uint32_t max_item; /* DSEC_F_STRV/KV: bytes per item string; 0 = decoder max_str */
+    const char *doc;   /* one line for docs/protocol.md (dsec decode --schema-md) */
 } dsec_field;
 
 typedef struct dsec_schema {
-    int type;              /* dsec_msg_type */
-    const char *name;      /* wire name, the Dsec-Type header */
-    size_t size;           /* sizeof the struct */
+    int type;         /* dsec_msg_type */
+    const char *name; /* wire name, the Dsec-Type header */
+    size_t size;      /* sizeof the struct */
     const dsec_field *fields;
     size_t nfields;
 } dsec_schema;

@@ -1,4 +1,5 @@
-/* record-pb.h - the records' generated protobuf types and their readers, for codecs/ and its tests. */
+/* record-pb.h - the records' generated protobuf types and their readers, for codecs/ and its tests.
+ */
 #ifndef DSEC_CODECS_RECORD_PB_H
 #define DSEC_CODECS_RECORD_PB_H
 

@@ -57,13 +57,23 @@ static dsec_traj_record *traj_from(Dsec__V1__TrajectoryRecord *m, dsec_err *err)
         return NULL;
     }
     *r = (dsec_traj_record){
-        .rollout_id = m->rollout_id, .step = m->step, .req_id = m->req_id,
-        .sandbox_id = m->sandbox_id, .n_argv = m->n_argv, .argv = m->argv,
-        .exit_code = m->exit_code, .stdout_data = plain_bytes(m->stdout_data),
-        .stderr_data = plain_bytes(m->stderr_data), .ts_ns = m->ts_ns,
-        .duration_us = m->duration_us, .request_hash = plain_bytes(m->request_hash),
-        .hash_alg = m->hash_alg, .signal = m->signal, .timed_out = m->timed_out,
-        .stdout_truncated = m->stdout_truncated, .stderr_truncated = m->stderr_truncated,
+        .rollout_id = m->rollout_id,
+        .step = m->step,
+        .req_id = m->req_id,
+        .sandbox_id = m->sandbox_id,
+        .n_argv = m->n_argv,
+        .argv = m->argv,
+        .exit_code = m->exit_code,
+        .stdout_data = plain_bytes(m->stdout_data),
+        .stderr_data = plain_bytes(m->stderr_data),
+        .ts_ns = m->ts_ns,
+        .duration_us = m->duration_us,
+        .request_hash = plain_bytes(m->request_hash),
+        .hash_alg = m->hash_alg,
+        .signal = m->signal,
+        .timed_out = m->timed_out,
+        .stdout_truncated = m->stdout_truncated,
+        .stderr_truncated = m->stderr_truncated,
         .owner_ = m,
     };
     return r;
@@ -144,7 +154,8 @@ int dsec_trace_header_read(dsec_record_reader *r, dsec_trace_header **out, dsec_
     h->n_metadata = m->n_metadata;
     h->metadata = (dsec_record_kv *)(h + 1);
     for (size_t i = 0; i < m->n_metadata; i++)
-        h->metadata[i] = (dsec_record_kv){.key = m->metadata[i]->key, .value = m->metadata[i]->value};
+        h->metadata[i] =
+            (dsec_record_kv){.key = m->metadata[i]->key, .value = m->metadata[i]->value};
     h->owner_ = m;
     *out = h;
     return 0;
@@ -196,15 +207,24 @@ int dsec_trace_record_read(dsec_record_reader *r, dsec_trace_record **out, dsec_
         dsec_record_msg_free(&m->base);
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "reading a trace record");
     }
-    *t = (dsec_trace_record){.ts_ns = m->ts_ns, .subject = m->subject, .msg_type = m->msg_type,
-                             .req_id = m->req_id, .payload = plain_bytes(m->payload),
-                             .expects_reply = m->expects_reply, .owner_ = m};
+    *t = (dsec_trace_record){.ts_ns = m->ts_ns,
+                             .subject = m->subject,
+                             .msg_type = m->msg_type,
+                             .req_id = m->req_id,
+                             .payload = plain_bytes(m->payload),
+                             .expects_reply = m->expects_reply,
+                             .owner_ = m};
     if (m->create != NULL) {
         const Dsec__V1__TraceCreate *c = m->create;
         t->create_ = (dsec_trace_create){
-            .type = c->type, .cpu_milli = c->cpu_milli, .memory_mb = c->memory_mb,
-            .lifetime_s = c->lifetime_s, .cpu_use_fraction = c->cpu_use_fraction,
-            .n_layers = c->n_layers, .layers = c->layers, .job_id = c->job_id,
+            .type = c->type,
+            .cpu_milli = c->cpu_milli,
+            .memory_mb = c->memory_mb,
+            .lifetime_s = c->lifetime_s,
+            .cpu_use_fraction = c->cpu_use_fraction,
+            .n_layers = c->n_layers,
+            .layers = c->layers,
+            .job_id = c->job_id,
             .class_ = c->class_,
         };
         t->create = &t->create_;

@@ -45,7 +45,6 @@ int dsec_record_write_raw(dsec_record_writer *w, const void *data, size_t len, d
 /* Push buffered bytes to the file (no-op for a buffer writer). */
 int dsec_record_writer_flush(dsec_record_writer *w, dsec_err *err);
 
-
 /* ---- reading --------------------------------------------------------------- */
 typedef struct dsec_record_reader dsec_record_reader;
 
@@ -61,7 +60,6 @@ void dsec_record_reader_free(dsec_record_reader *r);
  * DSEC_E_DECODE for truncation or a malformed length, DSEC_E_TOO_LARGE over
  * max_record, DSEC_E_IO for a failed file read. */
 int dsec_record_read_raw(dsec_record_reader *r, const uint8_t **data, size_t *len, dsec_err *err);
-
 
 /* ---- the records as plain structs ------------------------------------------
  * Field for field the messages of trace.proto and trajectory.proto. Strings

@@ -73,7 +73,8 @@ static const dsec_field pong_fields[] = {
         FSTR(st, pfx env, "env", false, L_LONG, "environment name:version"),                       \
         FU64(st, pfx cpu_milli, "cpu_milli", false, 0, 1000000, "CPU in thousandths of a core"),   \
         FU64(st, pfx memory_mb, "memory_mb", false, 0, 16777216, "memory in MiB"),                 \
-        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0, "writable disk limit in MiB (0: the cell default)"),                     \
+        FU64(st, pfx disk_mb, "disk_mb", false, 0, 0,                                              \
+             "writable disk limit in MiB (0: the cell default)"),                                  \
         FU64(st, pfx ttl_s, "ttl_s", false, 0, 0, "maximum lifetime in s; 0: the cell default"),   \
         FU64(st, pfx idle_s, "idle_s", false, 0, 0, "idle timeout in s; 0: the cell default"),     \
         FKV(st, pfx labels, "labels", L_SET, L_LONG, "labels put on the sandbox"),                 \
@@ -86,11 +87,12 @@ static const dsec_field pong_fields[] = {
         FSTRV(st, pfx net, "net", false, L_NODES, L_LONG,                                          \
               "network policy: allowed mirrors, domains or address ranges"),                       \
         FU64(st, pfx hops, "hops", false, 0, 16, "cross-cell forwards so far"),                    \
-        FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry"),     \
+        FU64(st, pfx retry, "retry", false, 0, 0, "0 on a first attempt; n on the n-th retry"),    \
         FBOOL(st, pfx pausable, "pausable",                                                        \
-              "rollout: may be frozen while idle under memory pressure; the next operation resumes it"), \
-        FU64(st, pfx deadline_ns, "deadline_ns", false, 0, 0,                                          \
-             "the client stops waiting for this attempt then (ns since epoch); a later placement "       \
+              "rollout: may be frozen while idle under memory pressure; the next operation "       \
+              "resumes it"),                                                                       \
+        FU64(st, pfx deadline_ns, "deadline_ns", false, 0, 0,                                      \
+             "the client stops waiting for this attempt then (ns since epoch); a later placement " \
              "is not created")
 
 static const dsec_field create_fields[] = {
@@ -210,7 +212,8 @@ static const dsec_field proc_fields[] = {
          "output: with nothing new past the offsets, answer when output comes, the process "
          "ends or this long passed; 0: at once"),
     FBOOL(dsec_msg_proc, pty, "pty", "start: run it on a terminal (stdout carries its output)"),
-    FU64(dsec_msg_proc, rows, "rows", false, 0, 65535, "start with pty, resize: window rows; 0: 24"),
+    FU64(dsec_msg_proc, rows, "rows", false, 0, 65535,
+         "start with pty, resize: window rows; 0: 24"),
     FU64(dsec_msg_proc, cols, "cols", false, 0, 65535,
          "start with pty, resize: window columns; 0: 80"),
     FBOOL(dsec_msg_proc, session, "session",
@@ -262,8 +265,10 @@ static const dsec_field exec_result_fields[] = {
     FU64(dsec_msg_exec_result, duration_us, "duration_us", false, 0, 0, "run time in µs"),
     FBOOL(dsec_msg_exec_result, timed_out, "timed_out", "killed by timeout_ms"),
     FU64(dsec_msg_exec_result, cpu_us, "cpu_us", false, 0, 0, "CPU time used, microseconds"),
-    FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0, "peak resident memory, KiB"),
-    FU64(dsec_msg_exec_result, chunks, "chunks", false, 0, 0, "with stream_to: exec_chunk messages sent"),
+    FU64(dsec_msg_exec_result, peak_rss_kb, "peak_rss_kb", false, 0, 0,
+         "peak resident memory, KiB"),
+    FU64(dsec_msg_exec_result, chunks, "chunks", false, 0, 0,
+         "with stream_to: exec_chunk messages sent"),
     FBOOL(dsec_msg_exec_result, interrupted, "interrupted",
           "a session command ended by an interrupt (proc signal SIGINT)"),
     FBOOL(dsec_msg_exec_result, session_ended, "session_ended",
@@ -336,7 +341,8 @@ static const dsec_field file_op_fields[] = {
     FSTR(dsec_msg_file_op, id, "id", true, L_NAME, "sandbox id"),
     FSTR(dsec_msg_file_op, op, "op", true, L_NAME, "mkdir, stat, rename or remove"),
     FSTR(dsec_msg_file_op, path, "path", true, L_PATH, "the path (rename: the source)"),
-    FSTR(dsec_msg_file_op, to, "to", false, L_PATH, "rename: the destination (replaced atomically)"),
+    FSTR(dsec_msg_file_op, to, "to", false, L_PATH,
+         "rename: the destination (replaced atomically)"),
     FU64(dsec_msg_file_op, mode, "mode", false, 0, 07777, "mkdir: permission bits; 0: 0755"),
     FBOOL(dsec_msg_file_op, parents, "parents",
           "mkdir: create missing parents; an existing directory is no error"),
@@ -470,7 +476,8 @@ static const dsec_field job_hold_fields[] = {
 static const dsec_field job_register_fields[] = {
     FSTR(dsec_msg_job_register, job, "job", true, L_NAME, "job id (names its subjects)"),
     FSTR(dsec_msg_job_register, cell, "cell", true, L_NAME, "the cell it holds capacity in"),
-    FSTR(dsec_msg_job_register, cls, "class", false, L_NAME, "job (checkpoints) or batch (restarts)"),
+    FSTR(dsec_msg_job_register, cls, "class", false, L_NAME,
+         "job (checkpoints) or batch (restarts)"),
     FI64(dsec_msg_job_register, priority, "priority", 0, 0, "lower priorities are reclaimed first"),
     FU64(dsec_msg_job_register, checkpoint_ms, "checkpoint_ms", false, 0, 0,
          "how long a checkpoint takes: cheaper victims first"),
@@ -484,7 +491,8 @@ static const dsec_field job_register_fields[] = {
 static const dsec_field reclaim_fields[] = {
     FSTR(dsec_msg_reclaim, req_id, "req_id", true, L_NAME, "names this reclaim in every answer"),
     FSTR(dsec_msg_reclaim, job, "job", true, L_NAME, "the job asked"),
-    FU64(dsec_msg_reclaim, cpu_milli, "cpu_milli", false, 0, 0, "milli-CPU to give back (at least)"),
+    FU64(dsec_msg_reclaim, cpu_milli, "cpu_milli", false, 0, 0,
+         "milli-CPU to give back (at least)"),
     FU64(dsec_msg_reclaim, memory_mb, "memory_mb", false, 0, 0, "memory to give back (at least)"),
     FU64(dsec_msg_reclaim, deadline_ns, "deadline_ns", false, 0, 0,
          "release by then (ns since epoch) or be released by force"),
@@ -508,7 +516,8 @@ static const dsec_field reclaim_outcome_fields[] = {
          "requested, released (by the job), honoured, forced or failed"),
     FU64(dsec_msg_reclaim_outcome, cpu_milli, "cpu_milli", false, 0, 0,
          "milli-CPU released (asked for, while requested)"),
-    FU64(dsec_msg_reclaim_outcome, memory_mb, "memory_mb", false, 0, 0, "memory released (asked for)"),
+    FU64(dsec_msg_reclaim_outcome, memory_mb, "memory_mb", false, 0, 0,
+         "memory released (asked for)"),
     FU64(dsec_msg_reclaim_outcome, requested_ns, "requested_ns", false, 0, 0, "when it was asked"),
     FU64(dsec_msg_reclaim_outcome, deadline_ns, "deadline_ns", false, 0, 0, "its deadline"),
     FU64(dsec_msg_reclaim_outcome, done_ns, "done_ns", false, 0, 0, "when it ended"),
@@ -532,7 +541,8 @@ static const dsec_field arbiter_lease_fields[] = {
     FSTR(dsec_msg_arbiter_lease, holder, "holder", true, L_NAME, "the arbiter holding the lease"),
     FU64(dsec_msg_arbiter_lease, expires_ns, "expires_ns", true, 0, 0,
          "the lease lapses then unless renewed (ns since epoch)"),
-    FU64(dsec_msg_arbiter_lease, acquired_ns, "acquired_ns", false, 0, 0, "when the holder took it"),
+    FU64(dsec_msg_arbiter_lease, acquired_ns, "acquired_ns", false, 0, 0,
+         "when the holder took it"),
 };
 
 static const dsec_field usage_fields[] = {
@@ -547,12 +557,16 @@ static const dsec_field quota_fields[] = {
     FSTR(dsec_msg_quota, tenant, "tenant", true, L_NAME, "tenant"),
     FSTR(dsec_msg_quota, project, "project", false, L_NAME,
          "project path under the tenant (a or a/b); absent: the tenant itself"),
-    FU64(dsec_msg_quota, sandboxes, "sandboxes", false, 0, 0, "most concurrent sandboxes; 0: no own limit"),
+    FU64(dsec_msg_quota, sandboxes, "sandboxes", false, 0, 0,
+         "most concurrent sandboxes; 0: no own limit"),
     FU64(dsec_msg_quota, cpu_milli, "cpu_milli", false, 0, 0, "most milli-CPU; 0: no own limit"),
     FU64(dsec_msg_quota, memory_mb, "memory_mb", false, 0, 0, "most memory, MiB; 0: no own limit"),
-    FU64(dsec_msg_quota, used_sandboxes, "used_sandboxes", false, 0, 0, "answers: sandboxes in use"),
-    FU64(dsec_msg_quota, used_cpu_milli, "used_cpu_milli", false, 0, 0, "answers: milli-CPU in use"),
-    FU64(dsec_msg_quota, used_memory_mb, "used_memory_mb", false, 0, 0, "answers: memory in use, MiB"),
+    FU64(dsec_msg_quota, used_sandboxes, "used_sandboxes", false, 0, 0,
+         "answers: sandboxes in use"),
+    FU64(dsec_msg_quota, used_cpu_milli, "used_cpu_milli", false, 0, 0,
+         "answers: milli-CPU in use"),
+    FU64(dsec_msg_quota, used_memory_mb, "used_memory_mb", false, 0, 0,
+         "answers: memory in use, MiB"),
     FBOOL(dsec_msg_quota, remove, "remove", "quota set: delete this definition"),
 };
 
@@ -590,7 +604,8 @@ static const dsec_field superseded_fields[] = {
 
 static const dsec_field superseded_list_fields[] = {
     FSTR(dsec_msg_superseded_list, by, "by", false, L_NAME, "the scheduler replica"),
-    FLIST(dsec_msg_superseded_list, items, "items", DSEC_MSG_SUPERSEDED, "maps of the superseded fields"),
+    FLIST(dsec_msg_superseded_list, items, "items", DSEC_MSG_SUPERSEDED,
+          "maps of the superseded fields"),
 };
 
 static const dsec_field trace_query_fields[] = {
@@ -607,8 +622,10 @@ static const dsec_field trace_hop_fields[] = {
     FBOOL(dsec_msg_trace_hop, error, "error", "it answered or sent an error, or counted one"),
     FSTR(dsec_msg_trace_hop, kept, "kept", false, L_NAME,
          "why it was kept: `error`, `slow` (took `trace.slow_ms` or more) or `sample`"),
-    FU64(dsec_msg_trace_hop, start_ns, "start_ns", false, 0, 0, "its handler started (ns since epoch)"),
-    FU64(dsec_msg_trace_hop, end_ns, "end_ns", false, 0, 0, "its handler returned (ns since epoch)"),
+    FU64(dsec_msg_trace_hop, start_ns, "start_ns", false, 0, 0,
+         "its handler started (ns since epoch)"),
+    FU64(dsec_msg_trace_hop, end_ns, "end_ns", false, 0, 0,
+         "its handler returned (ns since epoch)"),
 };
 
 static const dsec_field trace_hops_fields[] = {
@@ -653,8 +670,9 @@ static const dsec_field sbx_info_fields[] = {
 static const dsec_field list_reply_fields[] = {
     FSTR(dsec_msg_list_reply, node, "node", true, L_NAME, "the answering node"),
     FSTR(dsec_msg_list_reply, cell, "cell", false, L_NAME, "its cell"),
-    FLIST(dsec_msg_list_reply, items, "items", DSEC_MSG_SBX_INFO,
-          "its matches after the cursor, sorted by id, at most limit (maps of the sbx_info fields)"),
+    FLIST(
+        dsec_msg_list_reply, items, "items", DSEC_MSG_SBX_INFO,
+        "its matches after the cursor, sorted by id, at most limit (maps of the sbx_info fields)"),
     FBOOL(dsec_msg_list_reply, more, "more", "it has more matches after the last item"),
 };
 

@@ -45,17 +45,37 @@ static const dsec_msg_file_entry entries[] = {
 };
 
 static const dsec_msg_proc_info procs[] = {
-    {.handle = 1, .pid = 42, .running = true, .stdin_open = true, .started_ns = 1700000000000000000ull,
-     .out_total = 5, .err_total = 0, .cmdline = "python3 -m http.server 8000"},
-    {.handle = 2, .pid = 43, .timed_out = true, .exit_code = -1, .sig = 9,
-     .started_ns = 1700000000000000001ull, .ended_ns = 1700000060000000000ull,
-     .out_total = 1ull << 33, .err_total = 7, .cmdline = "sh -c \"sleep 100\""},
+    {.handle = 1,
+     .pid = 42,
+     .running = true,
+     .stdin_open = true,
+     .started_ns = 1700000000000000000ull,
+     .out_total = 5,
+     .err_total = 0,
+     .cmdline = "python3 -m http.server 8000"},
+    {.handle = 2,
+     .pid = 43,
+     .timed_out = true,
+     .exit_code = -1,
+     .sig = 9,
+     .started_ns = 1700000000000000001ull,
+     .ended_ns = 1700000060000000000ull,
+     .out_total = 1ull << 33,
+     .err_total = 7,
+     .cmdline = "sh -c \"sleep 100\""},
 };
 
 static const dsec_msg_sbx_info sbx_infos[] = {
-    {.id = "n7-00000000000000a0", .type = "sim", .state = "running", .node = "n7",
-     .labels = KV(label_k, label_v), .project = "rl", .created_ns = 1700000000000000000ull,
-     .expires_ns = 1700000600000000000ull, .cpu_milli = 500, .memory_mb = 512},
+    {.id = "n7-00000000000000a0",
+     .type = "sim",
+     .state = "running",
+     .node = "n7",
+     .labels = KV(label_k, label_v),
+     .project = "rl",
+     .created_ns = 1700000000000000000ull,
+     .expires_ns = 1700000600000000000ull,
+     .cpu_milli = 500,
+     .memory_mb = 512},
     {.id = "n7-00000000000000a1", .type = "container", .state = "paused", .node = "n7"},
 };
 
@@ -135,9 +155,14 @@ static void sample_a(int type, void *out)
                                                       .existing = true};
         break;
     case DSEC_MSG_OP:
-        *(dsec_msg_op *)out = (dsec_msg_op){
-            .id = "n7-00000000000000a0", .op = "fork", .n = 1024, .name = "swe/task-7:step-3", .req_id = "r",
-            .tenant = "t", .net = STRV(net_v), .ttl_s = 600};
+        *(dsec_msg_op *)out = (dsec_msg_op){.id = "n7-00000000000000a0",
+                                            .op = "fork",
+                                            .n = 1024,
+                                            .name = "swe/task-7:step-3",
+                                            .req_id = "r",
+                                            .tenant = "t",
+                                            .net = STRV(net_v),
+                                            .ttl_s = 600};
         break;
     case DSEC_MSG_OP_REPLY:
         *(dsec_msg_op_reply *)out = (dsec_msg_op_reply){.id = "n7-00000000000000a0",
@@ -184,33 +209,37 @@ static void sample_b(int type, void *out)
                                                               .chunks = 3};
         break;
     case DSEC_MSG_FILE_WRITE:
-        *(dsec_msg_file_write *)out = (dsec_msg_file_write){.id = "n7-00000000000000a0",
-                                                            .path = "/work/a b.txt",
-                                                            .data = BYTES(data_b),
-                                                            .mode = 07777,
-                                                            .append = true,
-                                                            .rollout_id = "ro-42",
-                                                            .step = 17,
-                                                            .upload = "up-1_x",
-                                                            .offset = 8 << 20,
-                                                            .commit = true,
-                                                            .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
-                                                                      "27ae41e4649b934ca495991b7852b855",
-                                                            .size = 12 << 20};
+        *(dsec_msg_file_write *)out =
+            (dsec_msg_file_write){.id = "n7-00000000000000a0",
+                                  .path = "/work/a b.txt",
+                                  .data = BYTES(data_b),
+                                  .mode = 07777,
+                                  .append = true,
+                                  .rollout_id = "ro-42",
+                                  .step = 17,
+                                  .upload = "up-1_x",
+                                  .offset = 8 << 20,
+                                  .commit = true,
+                                  .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
+                                            "27ae41e4649b934ca495991b7852b855",
+                                  .size = 12 << 20};
         break;
     case DSEC_MSG_FILE_READ:
-        *(dsec_msg_file_read *)out = (dsec_msg_file_read){
-            .id = "n7-00000000000000a0", .path = "/etc/hosts", .offset = 10, .max = 1 << 20,
-            .sha256 = true};
+        *(dsec_msg_file_read *)out = (dsec_msg_file_read){.id = "n7-00000000000000a0",
+                                                          .path = "/etc/hosts",
+                                                          .offset = 10,
+                                                          .max = 1 << 20,
+                                                          .sha256 = true};
         break;
     case DSEC_MSG_FILE_DATA:
-        *(dsec_msg_file_data *)out = (dsec_msg_file_data){.id = "n7-00000000000000a0",
-                                                          .path = "/etc/hosts",
-                                                          .data = BYTES(data_b),
-                                                          .size = 99,
-                                                          .eof = true,
-                                                          .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
-                                                                    "27ae41e4649b934ca495991b7852b855"};
+        *(dsec_msg_file_data *)out =
+            (dsec_msg_file_data){.id = "n7-00000000000000a0",
+                                 .path = "/etc/hosts",
+                                 .data = BYTES(data_b),
+                                 .size = 99,
+                                 .eof = true,
+                                 .sha256 = "e3b0c44298fc1c149afbf4c8996fb924"
+                                           "27ae41e4649b934ca495991b7852b855"};
         break;
     case DSEC_MSG_FILE_LIST:
         *(dsec_msg_file_list *)out =
@@ -241,8 +270,13 @@ static void sample_b(int type, void *out)
 
 static const dsec_msg_job_hold holds[] = {
     {.job = "train-7", .node = "n7", .unit = "u0", .cpu_milli = 8000, .memory_mb = 32768},
-    {.job = "train-7", .node = "n8", .unit = "u1", .cpu_milli = 1000000, .memory_mb = 16777216,
-     .release = true, .forced = true},
+    {.job = "train-7",
+     .node = "n8",
+     .unit = "u1",
+     .cpu_milli = 1000000,
+     .memory_mb = 16777216,
+     .release = true,
+     .forced = true},
 };
 
 static const dsec_msg_sandbox_event events[] = {
@@ -267,11 +301,22 @@ static const dsec_msg_superseded superseded[] = {
 };
 
 static const dsec_msg_trace_hop hops[] = {
-    {.trace_id = "a1b2c3", .actor = "sched-c1-0", .subject = "dsec.v1.acme.create", .type = "create",
-     .sent = "place", .kept = "sample", .start_ns = 1700000000000000000ull,
+    {.trace_id = "a1b2c3",
+     .actor = "sched-c1-0",
+     .subject = "dsec.v1.acme.create",
+     .type = "create",
+     .sent = "place",
+     .kept = "sample",
+     .start_ns = 1700000000000000000ull,
      .end_ns = 1700000000000100000ull},
-    {.trace_id = "a1b2c3", .actor = "n7", .subject = "dsec.v1.ctl.place.n7", .type = "place",
-     .sent = "error", .error = true, .kept = "error", .start_ns = 1700000000000200000ull,
+    {.trace_id = "a1b2c3",
+     .actor = "n7",
+     .subject = "dsec.v1.ctl.place.n7",
+     .type = "place",
+     .sent = "error",
+     .error = true,
+     .kept = "error",
+     .start_ns = 1700000000000200000ull,
      .end_ns = UINT64_MAX},
 };
 
@@ -282,8 +327,12 @@ static const dsec_msg_usage usages[] = {
 
 static const dsec_msg_quota quotas[] = {
     {.tenant = "acme", .sandboxes = 1000, .cpu_milli = 2000000, .memory_mb = 4194304},
-    {.tenant = "acme", .project = "rl/math", .sandboxes = 100, .used_sandboxes = 3,
-     .used_cpu_milli = 1500, .used_memory_mb = 1536},
+    {.tenant = "acme",
+     .project = "rl/math",
+     .sandboxes = 100,
+     .used_sandboxes = 3,
+     .used_cpu_milli = 1500,
+     .used_memory_mb = 1536},
 };
 
 static void sample_c(int type, void *out)
@@ -311,26 +360,26 @@ static void sample_c(int type, void *out)
                                                                   .started_ns = 7};
         break;
     case DSEC_MSG_CAPACITY:
-        *(dsec_msg_capacity *)out = (dsec_msg_capacity){.node = "n7",
-                                                        .cell = "c1",
-                                                        .seq = 99,
-                                                        .full = true,
-                                                        .cpu_free_milli = 1000,
-                                                        .mem_free_mb = 2048,
-                                                        .slots_free = 10,
-                                                        .live = 3190,
-                                                        .cpu_milli = 192000,
-                                                        .memory_mb = 786432,
-                                                        .slots = 3200,
-                                                        .types = STRV(types_v),
-                                                        .labels = KV(label_k, label_v),
-                                                        .layers = STRV(layers_v),
-                                                        .ts_ns = 8,
-                                                        .live_types = KV(live_k, live_v),
-                                                        .usage = {.items = (void *)usages,
-                                                                  .n = N(usages)},
-                                                        .disk_free_mb = 4096,
-                                                        .disk_mb = 1048576};
+        *(dsec_msg_capacity *)out =
+            (dsec_msg_capacity){.node = "n7",
+                                .cell = "c1",
+                                .seq = 99,
+                                .full = true,
+                                .cpu_free_milli = 1000,
+                                .mem_free_mb = 2048,
+                                .slots_free = 10,
+                                .live = 3190,
+                                .cpu_milli = 192000,
+                                .memory_mb = 786432,
+                                .slots = 3200,
+                                .types = STRV(types_v),
+                                .labels = KV(label_k, label_v),
+                                .layers = STRV(layers_v),
+                                .ts_ns = 8,
+                                .live_types = KV(live_k, live_v),
+                                .usage = {.items = (void *)usages, .n = N(usages)},
+                                .disk_free_mb = 4096,
+                                .disk_mb = 1048576};
         break;
     case DSEC_MSG_HEARTBEAT:
         *(dsec_msg_heartbeat *)out =
@@ -350,35 +399,67 @@ static void sample_c(int type, void *out)
         *(dsec_msg_sandbox_events *)out = (dsec_msg_sandbox_events){
             .node = "n7", .cell = "c1", .events = {.items = (void *)events, .n = N(events)}};
         break;
+    default:
+        break;
+    }
+}
+
+static void sample_c2(int type, void *out)
+{
+    switch (type) {
     case DSEC_MSG_JOB_HOLD:
         *(dsec_msg_job_hold *)out = holds[1];
         break;
     case DSEC_MSG_JOB_REGISTER:
-        *(dsec_msg_job_register *)out = (dsec_msg_job_register){
-            .job = "train-7", .cell = "c1", .cls = "job", .priority = -3, .checkpoint_ms = 1500,
-            .grace_ms = 30000, .holds = {.items = (void *)holds, .n = N(holds)}, .ts_ns = 9};
+        *(dsec_msg_job_register *)out =
+            (dsec_msg_job_register){.job = "train-7",
+                                    .cell = "c1",
+                                    .cls = "job",
+                                    .priority = -3,
+                                    .checkpoint_ms = 1500,
+                                    .grace_ms = 30000,
+                                    .holds = {.items = (void *)holds, .n = N(holds)},
+                                    .ts_ns = 9};
         break;
     case DSEC_MSG_RECLAIM:
-        *(dsec_msg_reclaim *)out = (dsec_msg_reclaim){
-            .req_id = "rc-1", .job = "train-7", .cpu_milli = 16000, .memory_mb = 65536,
-            .deadline_ns = 1700000000000000000ull, .arbiter = "arb-c1-a", .epoch = 12};
+        *(dsec_msg_reclaim *)out = (dsec_msg_reclaim){.req_id = "rc-1",
+                                                      .job = "train-7",
+                                                      .cpu_milli = 16000,
+                                                      .memory_mb = 65536,
+                                                      .deadline_ns = 1700000000000000000ull,
+                                                      .arbiter = "arb-c1-a",
+                                                      .epoch = 12};
         break;
     case DSEC_MSG_RECLAIM_ACK:
-        *(dsec_msg_reclaim_ack *)out = (dsec_msg_reclaim_ack){
-            .req_id = "rc-1", .job = "train-7", .accepted = true, .checkpoint_ms = 1200,
-            .reason = "checkpointing to s3://ckpt/7"};
+        *(dsec_msg_reclaim_ack *)out =
+            (dsec_msg_reclaim_ack){.req_id = "rc-1",
+                                   .job = "train-7",
+                                   .accepted = true,
+                                   .checkpoint_ms = 1200,
+                                   .reason = "checkpointing to s3://ckpt/7"};
         break;
     case DSEC_MSG_RECLAIM_OUTCOME:
-        *(dsec_msg_reclaim_outcome *)out = (dsec_msg_reclaim_outcome){
-            .req_id = "rc-1", .job = "train-7", .outcome = "forced", .cpu_milli = 16000,
-            .memory_mb = 65536, .requested_ns = 1, .deadline_ns = 2, .done_ns = 3,
-            .arbiter = "arb-c1-a", .reason = "no release by the deadline",
-            .holds = {.items = (void *)holds, .n = N(holds)}};
+        *(dsec_msg_reclaim_outcome *)out =
+            (dsec_msg_reclaim_outcome){.req_id = "rc-1",
+                                       .job = "train-7",
+                                       .outcome = "forced",
+                                       .cpu_milli = 16000,
+                                       .memory_mb = 65536,
+                                       .requested_ns = 1,
+                                       .deadline_ns = 2,
+                                       .done_ns = 3,
+                                       .arbiter = "arb-c1-a",
+                                       .reason = "no release by the deadline",
+                                       .holds = {.items = (void *)holds, .n = N(holds)}};
         break;
     case DSEC_MSG_DEMAND:
-        *(dsec_msg_demand *)out = (dsec_msg_demand){
-            .scheduler = "sched-c1-0", .cell = "c1", .waiting = 32000, .cpu_milli = 1280000,
-            .memory_mb = 2560000, .oldest_ms = 750, .ts_ns = 10};
+        *(dsec_msg_demand *)out = (dsec_msg_demand){.scheduler = "sched-c1-0",
+                                                    .cell = "c1",
+                                                    .waiting = 32000,
+                                                    .cpu_milli = 1280000,
+                                                    .memory_mb = 2560000,
+                                                    .oldest_ms = 750,
+                                                    .ts_ns = 10};
         break;
     default:
         break;
@@ -393,10 +474,16 @@ static void sample_d(int type, void *out)
             .id = "n7-00000000000000a0", .seq = 2, .stream = 2, .data = BYTES(stderr_b)};
         break;
     case DSEC_MSG_NET_ALERT:
-        *(dsec_msg_net_alert *)out = (dsec_msg_net_alert){
-            .sandbox = "n7-00000000000000a0", .tenant = "acme", .node = "n7", .cell = "c1",
-            .kind = "dns_denied", .dest = "q1.exfil.example", .detail = "TXT", .count = 12,
-            .first_ns = 1700000000000000000ull, .last_ns = 1700000000900000000ull};
+        *(dsec_msg_net_alert *)out = (dsec_msg_net_alert){.sandbox = "n7-00000000000000a0",
+                                                          .tenant = "acme",
+                                                          .node = "n7",
+                                                          .cell = "c1",
+                                                          .kind = "dns_denied",
+                                                          .dest = "q1.exfil.example",
+                                                          .detail = "TXT",
+                                                          .count = 12,
+                                                          .first_ns = 1700000000000000000ull,
+                                                          .last_ns = 1700000000900000000ull};
         break;
     case DSEC_MSG_USAGE:
         *(dsec_msg_usage *)out = usages[0];
@@ -409,14 +496,19 @@ static void sample_d(int type, void *out)
             .tenant = "acme", .items = {.items = (void *)quotas, .n = N(quotas)}};
         break;
     case DSEC_MSG_ADMIT:
-        *(dsec_msg_admit *)out = (dsec_msg_admit){.tenant = "acme", .project = "rl/math",
-                                                  .req_id = "r-42", .n = 4, .cpu_milli = 500,
+        *(dsec_msg_admit *)out = (dsec_msg_admit){.tenant = "acme",
+                                                  .project = "rl/math",
+                                                  .req_id = "r-42",
+                                                  .n = 4,
+                                                  .cpu_milli = 500,
                                                   .memory_mb = 512};
         break;
     case DSEC_MSG_NODE_LOST:
-        *(dsec_msg_node_lost *)out = (dsec_msg_node_lost){
-            .node = "n7", .cell = "c1", .lost_ns = 1700000000000000000ull, .silent_ms = 30000,
-            .by = "sched-c1-0"};
+        *(dsec_msg_node_lost *)out = (dsec_msg_node_lost){.node = "n7",
+                                                          .cell = "c1",
+                                                          .lost_ns = 1700000000000000000ull,
+                                                          .silent_ms = 30000,
+                                                          .by = "sched-c1-0"};
         break;
     case DSEC_MSG_SUPERSEDED:
         *(dsec_msg_superseded *)out = superseded[0];
@@ -429,6 +521,14 @@ static void sample_d(int type, void *out)
         *(dsec_msg_arbiter_lease *)out = (dsec_msg_arbiter_lease){
             .holder = "arb-c1-a", .expires_ns = 1700000000000000000ull, .acquired_ns = 11};
         break;
+    default:
+        break;
+    }
+}
+
+static void sample_d2(int type, void *out)
+{
+    switch (type) {
     case DSEC_MSG_TRACE_QUERY:
         *(dsec_msg_trace_query *)out = (dsec_msg_trace_query){.trace_id = "a1b2c3"};
         break;
@@ -436,38 +536,57 @@ static void sample_d(int type, void *out)
         *(dsec_msg_trace_hop *)out = hops[0];
         break;
     case DSEC_MSG_PROC:
-        *(dsec_msg_proc *)out = (dsec_msg_proc){
-            .id = "n7-00000000000000a0", .op = "start", .argv = STRV(argv_v),
-            .env = KV(env_k, env_v), .cwd = "/work", .user = "nobody", .timeout_ms = 60000,
-            .ring_max = 1u << 20, .keep_stdin = true, .data = BYTES(stdin_b), .handle = 7,
-            .sig = 15, .close = true, .out_off = 5, .err_off = 3, .max = 65536, .req_id = "r",
-            .tenant = "t"};
+        *(dsec_msg_proc *)out = (dsec_msg_proc){.id = "n7-00000000000000a0",
+                                                .op = "start",
+                                                .argv = STRV(argv_v),
+                                                .env = KV(env_k, env_v),
+                                                .cwd = "/work",
+                                                .user = "nobody",
+                                                .timeout_ms = 60000,
+                                                .ring_max = 1u << 20,
+                                                .keep_stdin = true,
+                                                .data = BYTES(stdin_b),
+                                                .handle = 7,
+                                                .sig = 15,
+                                                .close = true,
+                                                .out_off = 5,
+                                                .err_off = 3,
+                                                .max = 65536,
+                                                .req_id = "r",
+                                                .tenant = "t"};
         break;
     case DSEC_MSG_PROC_INFO:
         *(dsec_msg_proc_info *)out = procs[0];
         break;
     case DSEC_MSG_PROC_REPLY:
-        *(dsec_msg_proc_reply *)out = (dsec_msg_proc_reply){
-            .id = "n7-00000000000000a0", .procs = {.items = (void *)procs, .n = N(procs)},
-            .out = BYTES(stdout_b), .err = BYTES(stderr_b), .out_from = 1u << 20,
-            .err_from = 0};
+        *(dsec_msg_proc_reply *)out =
+            (dsec_msg_proc_reply){.id = "n7-00000000000000a0",
+                                  .procs = {.items = (void *)procs, .n = N(procs)},
+                                  .out = BYTES(stdout_b),
+                                  .err = BYTES(stderr_b),
+                                  .out_from = 1u << 20,
+                                  .err_from = 0};
         break;
     case DSEC_MSG_NODE_SET:
         *(dsec_msg_node_set *)out = (dsec_msg_node_set){
             .cell = "c1", .scheduler = "sched-c1-0", .nodes = STRV(tried_v), .cells = STRV(aff_v)};
         break;
     case DSEC_MSG_LIST:
-        *(dsec_msg_list *)out = (dsec_msg_list){.labels = KV(label_k, label_v), .state = "running",
-                                                .type = "sim", .limit = 1000,
+        *(dsec_msg_list *)out = (dsec_msg_list){.labels = KV(label_k, label_v),
+                                                .state = "running",
+                                                .type = "sim",
+                                                .limit = 1000,
                                                 .after = "n7-0000000000000009"};
         break;
     case DSEC_MSG_SBX_INFO:
         *(dsec_msg_sbx_info *)out = sbx_infos[0];
         break;
     case DSEC_MSG_LIST_REPLY:
-        *(dsec_msg_list_reply *)out = (dsec_msg_list_reply){
-            .node = "n7", .cell = "c1", .items = {.items = (void *)sbx_infos, .n = N(sbx_infos)},
-            .more = true};
+        *(dsec_msg_list_reply *)out =
+            (dsec_msg_list_reply){.node = "n7",
+                                  .cell = "c1",
+                                  .items = {.items = (void *)sbx_infos, .n = N(sbx_infos)},
+                                  .more = true};
         break;
     case DSEC_MSG_TRACE_HOPS:
         *(dsec_msg_trace_hops *)out = (dsec_msg_trace_hops){
@@ -487,7 +606,9 @@ bool dsec_testkit_sample(int type, void *out)
     sample_a(type, out);
     sample_b(type, out);
     sample_c(type, out);
+    sample_c2(type, out);
     sample_d(type, out);
+    sample_d2(type, out);
     return true;
 }
 

@@ -5,10 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-void *dsec_malloc(size_t n) { return malloc(n ? n : 1); }
-void *dsec_calloc(size_t nmemb, size_t n) { return calloc(nmemb ? nmemb : 1, n ? n : 1); }
-void *dsec_realloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
-void dsec_free(void *p) { free(p); }
+void *dsec_malloc(size_t n)
+{
+    return malloc(n ? n : 1);
+}
+void *dsec_calloc(size_t nmemb, size_t n)
+{
+    return calloc(nmemb ? nmemb : 1, n ? n : 1);
+}
+void *dsec_realloc(void *p, size_t n)
+{
+    return realloc(p, n ? n : 1);
+}
+void dsec_free(void *p)
+{
+    free(p);
+}
 
 char *dsec_strdup(const char *s)
 {

@@ -104,7 +104,7 @@ bool dsec_code_retry_safe(int code)
     case DSEC_E_NO_RESPONDERS:
     case DSEC_E_CONN:
     case DSEC_E_CAPACITY:
-    case DSEC_E_QUOTA: /* like capacity: room comes back as sandboxes end */
+    case DSEC_E_QUOTA:      /* like capacity: room comes back as sandboxes end */
     case DSEC_E_OVERLOADED: /* answered before anything was placed */
     case DSEC_E_OVERFLOW:
     case DSEC_E_REFUSED:

@@ -407,16 +407,17 @@ static int check_doc(dsec_layer_registry *r, bool supported, const char *kind, c
 {
     if (!supported)
         return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                            "the %s layer registry cannot store image records", 
+                            "the %s layer registry cannot store image records",
                             dsec_layer_registry_kind(r));
-    if (kind == NULL || kind[0] == '\0' || strspn(kind, "abcdefghijklmnopqrstuvwxyz") != strlen(kind))
+    if (kind == NULL || kind[0] == '\0' ||
+        strspn(kind, "abcdefghijklmnopqrstuvwxyz") != strlen(kind))
         return dsec_err_set(err, DSEC_E_INVALID, 0, "document kind \"%.40s\" is not [a-z]+",
                             kind != NULL ? kind : "(null)");
     char enc[DSEC_LAYER_DOC_KEY_MAX * 3 + 1];
     if (key != NULL && dsec_layer_doc_key_encode(key, enc, sizeof enc) < 0)
         return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "%s document key \"%.80s\" is empty or longer than %d bytes", kind,
-                            key, DSEC_LAYER_DOC_KEY_MAX);
+                            "%s document key \"%.80s\" is empty or longer than %d bytes", kind, key,
+                            DSEC_LAYER_DOC_KEY_MAX);
     return 0;
 }
 
@@ -426,8 +427,10 @@ int dsec_layer_registry_doc_put(dsec_layer_registry *r, const char *kind, const 
     if (check_doc(r, r->ops->doc_put != NULL, kind, key, err) < 0)
         return -1;
     if (key == NULL || data == NULL || len > ENV_DOC_MAX)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "storing %s document: no key, no data, or "
-                            "over %u bytes", kind, ENV_DOC_MAX);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "storing %s document: no key, no data, or "
+                            "over %u bytes",
+                            kind, ENV_DOC_MAX);
     return r->ops->doc_put(r->self, kind, key, data, len, err);
 }
 
@@ -575,18 +578,26 @@ static int env_validate(const dsec_env *e, dsec_err *err)
                             e->name, e->nentry, e->ncmd);
     for (size_t i = 0; i < e->ncmd; i++)
         if (e->cmd[i] == NULL)
-            return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: command argument %zu is "
-                                "missing", e->name, i + 1);
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "environment %s: command argument %zu is "
+                                "missing",
+                                e->name, i + 1);
     for (size_t i = 0; i < e->nlabels; i++)
         if (e->labels[i] == NULL || strchr(e->labels[i], '=') == NULL)
-            return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: label \"%.80s\" is not "
-                                "KEY=VALUE", e->name, e->labels[i] ? e->labels[i] : "(null)");
+            return dsec_err_set(err, DSEC_E_INVALID, 0,
+                                "environment %s: label \"%.80s\" is not "
+                                "KEY=VALUE",
+                                e->name, e->labels[i] ? e->labels[i] : "(null)");
     if (e->image != NULL && (e->image[0] == '\0' || strpbrk(e->image, " \n") != NULL))
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: image reference \"%.80s\" "
-                            "is empty or holds a space", e->name, e->image);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "environment %s: image reference \"%.80s\" "
+                            "is empty or holds a space",
+                            e->name, e->image);
     if (e->image_digest != NULL && !dsec_digest_valid(e->image_digest))
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "environment %s: pin \"%.80s\" is not a "
-                            "sha256: digest", e->name, e->image_digest);
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "environment %s: pin \"%.80s\" is not a "
+                            "sha256: digest",
+                            e->name, e->image_digest);
     return 0;
 }
 

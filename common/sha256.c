@@ -26,8 +26,8 @@ static void block(dsec_sha256 *c, const uint8_t *p)
 {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
-               p[4 * i + 3];
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
         uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -36,7 +36,8 @@ static void block(dsec_sha256 *c, const uint8_t *p)
     uint32_t a = c->h[0], b = c->h[1], cc = c->h[2], d = c->h[3], e = c->h[4], f = c->h[5],
              g = c->h[6], h = c->h[7];
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        uint32_t t1 =
+            h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
         uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & cc) ^ (b & cc));
         h = g;
         g = f;
@@ -67,15 +68,15 @@ static void blocks_portable(dsec_sha256 *c, const uint8_t *p, size_t nb)
 /* The x86 SHA extensions: four rounds per two instructions, about ten times the portable
  * code, which matters to file transfers (each byte is hashed at both ends). */
 __attribute__((target("sha,sse4.1,ssse3"))) static void blocks_shani(dsec_sha256 *c,
-                                                                      const uint8_t *p, size_t nb)
+                                                                     const uint8_t *p, size_t nb)
 {
     const __m128i mask = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
     __m128i tmp = _mm_loadu_si128((const __m128i *)&c->h[0]);
     __m128i s1 = _mm_loadu_si128((const __m128i *)&c->h[4]);
-    tmp = _mm_shuffle_epi32(tmp, 0xB1);      /* CDAB */
-    s1 = _mm_shuffle_epi32(s1, 0x1B);        /* EFGH */
+    tmp = _mm_shuffle_epi32(tmp, 0xB1);       /* CDAB */
+    s1 = _mm_shuffle_epi32(s1, 0x1B);         /* EFGH */
     __m128i s0 = _mm_alignr_epi8(tmp, s1, 8); /* ABEF */
-    s1 = _mm_blend_epi16(s1, tmp, 0xF0);     /* CDGH */
+    s1 = _mm_blend_epi16(s1, tmp, 0xF0);      /* CDGH */
     for (; nb > 0; nb--, p += 64) {
         __m128i abef = s0, cdgh = s1, m[4];
         for (int i = 0; i < 4; i++)

@@ -1,4 +1,5 @@
-/* fuzz_config.c - fuzz the cell configuration: YAML parsing and every section's checks, net: among them. */
+/* fuzz_config.c - fuzz the cell configuration: YAML parsing and every section's checks, net: among
+ * them. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -94,8 +94,8 @@ static int parse_children(struct parse *ps, dsec_cfg_node *n, int depth)
             if (ev.type != YAML_SCALAR_EVENT) {
                 int line = (int)ev.start_mark.line + 1;
                 yaml_event_delete(&ev);
-                return dsec_err_set(ps->err, DSEC_E_CONFIG, 0, "%s:%d: map keys must be plain scalars",
-                                    ps->name, line);
+                return dsec_err_set(ps->err, DSEC_E_CONFIG, 0,
+                                    "%s:%d: map keys must be plain scalars", ps->name, line);
             }
             key = dsec_strdup((const char *)ev.data.scalar.value);
             int line = key_line = (int)ev.start_mark.line + 1;
@@ -257,15 +257,22 @@ int dsec_cfg_load(dsec_cfg **out, const char *path, dsec_err *err)
     if (rerr != 0)
         rc = dsec_err_set(err, DSEC_E_CONFIG, rerr, "reading config %s", path);
     else if (n > MAX_CONFIG_BYTES)
-        rc = dsec_err_set(err, DSEC_E_CONFIG, 0, "%s: larger than %u bytes", path, MAX_CONFIG_BYTES);
+        rc =
+            dsec_err_set(err, DSEC_E_CONFIG, 0, "%s: larger than %u bytes", path, MAX_CONFIG_BYTES);
     else
         rc = dsec_cfg_parse(out, path, buf, n, err);
     dsec_free(buf);
     return rc;
 }
 
-const dsec_cfg_node *dsec_cfg_root(const dsec_cfg *c) { return c->root; }
-const char *dsec_cfg_name(const dsec_cfg *c) { return c->name; }
+const dsec_cfg_node *dsec_cfg_root(const dsec_cfg *c)
+{
+    return c->root;
+}
+const char *dsec_cfg_name(const dsec_cfg *c)
+{
+    return c->name;
+}
 
 const dsec_cfg_node *dsec_cfg_get(const dsec_cfg_node *map, const char *key)
 {
@@ -290,7 +297,8 @@ int dsec_cfg_check_keys(const dsec_cfg *c, const dsec_cfg_node *map, const char 
             char list[DSEC_ERR_MSG_MAX / 2] = "";
             size_t used = 0;
             for (const char *const *a = allowed; *a != NULL; a++) {
-                int w = snprintf(list + used, sizeof list - used, "%s%s", a == allowed ? "" : ", ", *a);
+                int w =
+                    snprintf(list + used, sizeof list - used, "%s%s", a == allowed ? "" : ", ", *a);
                 if (w < 0 || (size_t)w >= sizeof list - used)
                     break;
                 used += (size_t)w;
@@ -308,7 +316,8 @@ int dsec_cfg_expect(const dsec_cfg *c, const dsec_cfg_node *node, dsec_cfg_kind 
     if (node == NULL || node->kind == kind)
         return 0;
     return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": expected %s, got %s", c->name,
-                        node->line, node->key ? node->key : "(item)", names[kind], names[node->kind]);
+                        node->line, node->key ? node->key : "(item)", names[kind],
+                        names[node->kind]);
 }
 
 static const dsec_cfg_node *scalar_at(const dsec_cfg *c, const dsec_cfg_node *map, const char *key,
@@ -350,8 +359,8 @@ int dsec_cfg_u64(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, u
     unsigned long long v = strtoull(n->value, &end, 10);
     if (n->value[0] == '\0' || n->value[0] == '-' || *end != '\0' || errno != 0)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "%s:%d: key \"%s\": expected a non-negative integer, got \"%s\"", c->name,
-                            n->line, key, n->value);
+                            "%s:%d: key \"%s\": expected a non-negative integer, got \"%s\"",
+                            c->name, n->line, key, n->value);
     if (v < min || v > max)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "%s:%d: key \"%s\": %llu is out of range [%" PRIu64 ", %" PRIu64 "]",
@@ -375,8 +384,9 @@ int dsec_cfg_double(const dsec_cfg *c, const dsec_cfg_node *map, const char *key
     errno = 0;
     double v = strtod(n->value, &end);
     if (n->value[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(v))
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": expected a number, got \"%s\"",
-                            c->name, n->line, key, n->value);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "%s:%d: key \"%s\": expected a number, got \"%s\"", c->name, n->line,
+                            key, n->value);
     if (v < min || v > max)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": %g is out of range [%g, %g]",
                             c->name, n->line, key, v, min, max);
@@ -395,13 +405,15 @@ int dsec_cfg_bool(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, 
         *out = def;
         return 0;
     }
-    if (strcmp(n->value, "true") == 0 || strcmp(n->value, "yes") == 0 || strcmp(n->value, "on") == 0)
+    if (strcmp(n->value, "true") == 0 || strcmp(n->value, "yes") == 0 ||
+        strcmp(n->value, "on") == 0)
         *out = true;
     else if (strcmp(n->value, "false") == 0 || strcmp(n->value, "no") == 0 ||
              strcmp(n->value, "off") == 0)
         *out = false;
     else
-        return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": expected true or false, got \"%s\"",
-                            c->name, n->line, key, n->value);
+        return dsec_err_set(err, DSEC_E_CONFIG, 0,
+                            "%s:%d: key \"%s\": expected true or false, got \"%s\"", c->name,
+                            n->line, key, n->value);
     return 0;
 }

@@ -1,4 +1,5 @@
-/* config.h - YAML configuration files read into a tree whose every error names file, line and key. */
+/* config.h - YAML configuration files read into a tree whose every error names file, line and key.
+ */
 #ifndef DSEC_ACTORS_CONFIG_H
 #define DSEC_ACTORS_CONFIG_H
 

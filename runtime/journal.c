@@ -66,7 +66,8 @@ static uint32_t get_u32(const uint8_t *p)
 }
 
 /* Frame one record into buf (REC_HDR + idlen + len bytes). */
-static size_t frame(uint8_t *buf, char op, const char *id, size_t idlen, const void *data, size_t len)
+static size_t frame(uint8_t *buf, char op, const char *id, size_t idlen, const void *data,
+                    size_t len)
 {
     buf[0] = 'J';
     buf[1] = (uint8_t)op;
@@ -86,10 +87,11 @@ static int append(dsec_journal *j, char op, const char *id, const void *data, si
 {
     size_t idlen = strlen(id);
     if (idlen == 0 || idlen > MAX_ID)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "journal: id \"%s\" must be 1..%d bytes", id, MAX_ID);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "journal: id \"%s\" must be 1..%d bytes", id,
+                            MAX_ID);
     if (len > MAX_PAYLOAD)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0, "journal: record for %s is %zu bytes (max %u)",
-                            id, len, MAX_PAYLOAD);
+        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                            "journal: record for %s is %zu bytes (max %u)", id, len, MAX_PAYLOAD);
     uint8_t stackbuf[1024];
     size_t need = REC_HDR + idlen + len;
     uint8_t *buf = need <= sizeof stackbuf ? stackbuf : dsec_malloc(need);
@@ -332,7 +334,10 @@ int dsec_journal_wants_compaction(dsec_journal *j, uint64_t live)
     return records > COMPACT_MIN && records > 4 * (live + 1);
 }
 
-uint64_t dsec_journal_replayed(const dsec_journal *j) { return j->live; }
+uint64_t dsec_journal_replayed(const dsec_journal *j)
+{
+    return j->live;
+}
 
 /* During compaction, emit writes into the temporary file. */
 struct compact_ctx {

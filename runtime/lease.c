@@ -1,4 +1,5 @@
-/* lease.c - a KV lease held by compare-and-set: the arbiter's and the quota actor's active/standby election. */
+/* lease.c - a KV lease held by compare-and-set: the arbiter's and the quota actor's active/standby
+ * election. */
 #include "runtime/lease.h"
 
 #include <stdio.h>
@@ -8,7 +9,10 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 
-static uint64_t mono_ms(void) { return dsec_now_ns() / 1000000ull; }
+static uint64_t mono_ms(void)
+{
+    return dsec_now_ns() / 1000000ull;
+}
 
 void dsec_lease_init(dsec_lease *l, dsec_kv_bucket *kv, const char *key, const char *holder,
                      uint32_t lease_ms)

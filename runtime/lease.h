@@ -1,4 +1,5 @@
-/* lease.h - one holder at a time among actors of one role (the arbiter pair, the quota pair): a lease record in a JetStream KV bucket, renewed by compare-and-set. */
+/* lease.h - one holder at a time among actors of one role (the arbiter pair, the quota pair): a
+ * lease record in a JetStream KV bucket, renewed by compare-and-set. */
 #ifndef DSEC_ACTORS_LEASE_H
 #define DSEC_ACTORS_LEASE_H
 

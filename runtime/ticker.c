@@ -26,7 +26,6 @@ struct dsec_ticker {
     int cap;
 };
 
-
 static void *ticker_main(void *arg)
 {
     dsec_ticker *t = arg;
@@ -59,7 +58,8 @@ static void *ticker_main(void *arg)
         if (next > now) {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t wake = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (next - now);
+            uint64_t wake =
+                (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (next - now);
             ts.tv_sec = (time_t)(wake / 1000000000ull);
             ts.tv_nsec = (long)(wake % 1000000000ull);
             pthread_cond_timedwait(&t->cv, &t->mu, &ts);
@@ -129,7 +129,10 @@ int dsec_ticker_add(dsec_ticker *t, uint32_t every_ms, dsec_tick_fn fn, void *ud
         t->tasks = nt;
         t->cap = ncap;
     }
-    t->tasks[id] = (struct task){.used = true, .every_ms = every_ms, .fn = fn, .ud = ud,
+    t->tasks[id] = (struct task){.used = true,
+                                 .every_ms = every_ms,
+                                 .fn = fn,
+                                 .ud = ud,
                                  .next_ns = dsec_now_ns() + (uint64_t)every_ms * 1000000ull};
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);

@@ -1,4 +1,5 @@
-/* traj.c - the trajectory log over a JetStream stream: append before answering, find a step, read a rollout. */
+/* traj.c - the trajectory log over a JetStream stream: append before answering, find a step, read a
+ * rollout. */
 #include "codecs/subjects.h"
 #include "runtime/traj.h"
 
@@ -21,11 +22,11 @@ int dsec_traj_check_id(const char *id, dsec_err *err)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "rollout_id must be 1-256 characters");
     for (size_t i = 0; i < n; i++) {
         char c = id[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-              c == '-'))
-            return dsec_err_set(err, DSEC_E_INVALID, 0,
-                                "rollout_id \"%.64s\" has '%c': use A-Z a-z 0-9 _ - (it names a subject)",
-                                id, c);
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return dsec_err_set(
+                err, DSEC_E_INVALID, 0,
+                "rollout_id \"%.64s\" has '%c': use A-Z a-z 0-9 _ - (it names a subject)", id, c);
     }
     return 0;
 }
@@ -60,9 +61,12 @@ int dsec_traj_open(dsec_traj **out, dsec_bus *bus, const dsec_traj_conf *conf, d
         return 0;
     }
     const char *subjects[] = {DSEC_SUBJ_TRAJ_ALL};
-    dsec_stream_conf sc = {.name = t->stream, .subjects = subjects, .nsubjects = 1,
+    dsec_stream_conf sc = {.name = t->stream,
+                           .subjects = subjects,
+                           .nsubjects = 1,
                            .replicas = conf ? conf->replicas : 0,
-                           .max_age_ms = (conf && conf->max_age_s ? conf->max_age_s : 7 * 86400) * 1000,
+                           .max_age_ms =
+                               (conf && conf->max_age_s ? conf->max_age_s : 7 * 86400) * 1000,
                            .max_bytes = conf ? conf->max_bytes : 0};
     if (dsec_js_stream_ensure(t->js, &sc, err) < 0) {
         dsec_js_free(t->js);
@@ -94,7 +98,8 @@ int dsec_traj_find(dsec_traj *t, const char *rollout, uint64_t step, dsec_traj_r
     int rc = dsec_traj_record_decode(data, len, out, err);
     dsec_free(data);
     if (rc < 0)
-        return dsec_err_wrap(err, "rollout %s step %" PRIu64 " in the trajectory log", rollout, step);
+        return dsec_err_wrap(err, "rollout %s step %" PRIu64 " in the trajectory log", rollout,
+                             step);
     return 1;
 }
 

@@ -1,4 +1,5 @@
-/* traj.h - the trajectory log: every logged exec and file write of a rollout, in a JetStream stream. */
+/* traj.h - the trajectory log: every logged exec and file write of a rollout, in a JetStream
+ * stream. */
 #ifndef DSEC_ACTORS_TRAJ_H
 #define DSEC_ACTORS_TRAJ_H
 

@@ -1,4 +1,5 @@
-/* jobs.c - the trace's training jobs, run by the replayer as real jobs: libdsec's job API holds their units and answers the arbiter's reclaims after a modelled checkpoint. */
+/* jobs.c - the trace's training jobs, run by the replayer as real jobs: libdsec's job API holds
+ * their units and answers the arbiter's reclaims after a modelled checkpoint. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -137,19 +138,27 @@ static void start_one(sim_replay *r, long ix)
     }
     for (size_t u = 0; u < o->nunits; u++) {
         if (!place(r, &o->units[u], nodes[u], sizeof nodes[u])) {
-            snprintf(why, sizeof why, "job %s: no node reported its capacity, so unit %zu has nowhere to go", name, u);
+            snprintf(why, sizeof why,
+                     "job %s: no node reported its capacity, so unit %zu has nowhere to go", name,
+                     u);
             job_failed(r, "job: no nodes", why);
             goto out;
         }
-        units[u] = (dsec_job_unit){.node = nodes[u], .cpu_milli = o->units[u].cpu_milli,
+        units[u] = (dsec_job_unit){.node = nodes[u],
+                                   .cpu_milli = o->units[u].cpu_milli,
                                    .memory_mb = o->units[u].memory_mb};
     }
     j->r = r;
     j->ix = ix;
     j->checkpoint_s = r->o.speed > 0 ? (double)o->checkpoint_ms / 1000 / r->o.speed : 0;
-    dsec_job_spec spec = {.name = name, .cell = r->o.cell ? r->o.cell : o->cell, .cls = o->cls,
-                          .priority = o->priority, .checkpoint_ms = (uint64_t)(j->checkpoint_s * 1000),
-                          .grace_ms = o->grace_ms, .units = units, .nunits = o->nunits};
+    dsec_job_spec spec = {.name = name,
+                          .cell = r->o.cell ? r->o.cell : o->cell,
+                          .cls = o->cls,
+                          .priority = o->priority,
+                          .checkpoint_ms = (uint64_t)(j->checkpoint_s * 1000),
+                          .grace_ms = o->grace_ms,
+                          .units = units,
+                          .nunits = o->nunits};
     if (dsec_job_start(J->client, &spec, on_checkpoint, j, &j->job, &err) < 0) {
         char kind[80];
         snprintf(kind, sizeof kind, "job start: %s", dsec_code_name(err.code));

@@ -24,19 +24,25 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: dsec-sim COMMAND ...\n"
-            "  gen --profile dsec [-o FILE] [--PARAM VALUE ...]   write a synthetic trace (--help lists PARAMs)\n"
-            "  stats [--json] FILE                                 summarise a trace\n"
-            "  replay --trace FILE [--speed X] [--url URL] [--report DIR] [--json]\n"
-            "         [--tenant T] [--type T] [--timeout-ms N] [--max-in-flight N] [--drain S] [--keep]\n"
-            "         [--no-lifetimes] [--no-progress] [--cell C]   (--speed 0: as fast as possible)\n"
-            "                                                      replay open loop against a running cell\n"
-            "  cell [--nodes N] [--replicas N] [--port P] [--state DIR] [--url-file F] [--time-scale S]\n"
-            "       [--node-cpu MILLI] [--node-memory MB] [--node-slots N]\n"
-            "                                                      a whole simulated cell on this machine\n"
-            "  record -o FILE [--url URL] [--subjects S,S,...] [--duration S] [--count N]\n"
-            "                                                      tap live traffic into a trace\n");
+    fprintf(
+        f,
+        "usage: dsec-sim COMMAND ...\n"
+        "  gen --profile dsec [-o FILE] [--PARAM VALUE ...]   write a synthetic trace (--help "
+        "lists PARAMs)\n"
+        "  stats [--json] FILE                                 summarise a trace\n"
+        "  replay --trace FILE [--speed X] [--url URL] [--report DIR] [--json]\n"
+        "         [--tenant T] [--type T] [--timeout-ms N] [--max-in-flight N] [--drain S] "
+        "[--keep]\n"
+        "         [--no-lifetimes] [--no-progress] [--cell C]   (--speed 0: as fast as possible)\n"
+        "                                                      replay open loop against a running "
+        "cell\n"
+        "  cell [--nodes N] [--replicas N] [--port P] [--state DIR] [--url-file F] [--time-scale "
+        "S]\n"
+        "       [--node-cpu MILLI] [--node-memory MB] [--node-slots N]\n"
+        "                                                      a whole simulated cell on this "
+        "machine\n"
+        "  record -o FILE [--url URL] [--subjects S,S,...] [--duration S] [--count N]\n"
+        "                                                      tap live traffic into a trace\n");
 }
 
 static char *cmdline_of(int argc, char **argv)
@@ -130,6 +136,25 @@ static int cmd_stats(int argc, char **argv)
     return 0;
 }
 
+/* The replay's figures as one JSON line on stdout (--json). */
+static void print_json(sim_replay *r)
+{
+    sim_replay_result res;
+    sim_replay_result_get(r, &res);
+    printf("{\"ops_sent\":%" PRIu64 ",\"ops_per_s\":%.1f,\"creates_sent\":%" PRIu64
+           ",\"creates_ok\":%" PRIu64 ",\"sandbox_ops\":%" PRIu64 ",\"destroys_sent\":%" PRIu64
+           ",\"errors\":%" PRIu64 ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64
+           ",\"p50_ms\":%.3f,\"p99_ms\":%.3f"
+           ",\"jobs_started\":%" PRIu64 ",\"jobs_failed\":%" PRIu64
+           ",\"reclaim_requested\":%" PRIu64 ",\"reclaim_honoured\":%" PRIu64
+           ",\"reclaim_forced\":%" PRIu64 ",\"reclaim_failed\":%" PRIu64
+           ",\"job_units_released\":%" PRIu64 ",\"rollouts_lost\":%" PRIu64 "}\n",
+           res.ops_sent, res.ops_per_s, res.creates_sent, res.creates_ok, res.sbx_sent,
+           res.destroys_sent, res.errors, res.unmapped, res.waited, res.lat_p50_ms, res.lat_p99_ms,
+           res.jobs_started, res.jobs_failed, res.reclaim_requested, res.reclaim_honoured,
+           res.reclaim_forced, res.reclaim_failed, res.job_units_released, res.lost);
+}
+
 static int cmd_replay(int argc, char **argv)
 {
     sim_replay_opts o = {.speed = 1, .destroy_at_end = true, .progress = isatty(2)};
@@ -154,8 +179,10 @@ static int cmd_replay(int argc, char **argv)
             char *end;
             o.speed = strtod(argv[++i], &end);
             if (*end || o.speed < 0) {
-                fprintf(stderr, "dsec-sim replay: --speed '%s' is not a number >= 0 (0: as fast as possible)\n",
-                        argv[i]);
+                fprintf(
+                    stderr,
+                    "dsec-sim replay: --speed '%s' is not a number >= 0 (0: as fast as possible)\n",
+                    argv[i]);
                 return 2;
             }
         } else if (strcmp(a, "--url") == 0)
@@ -188,7 +215,10 @@ static int cmd_replay(int argc, char **argv)
     if (sim_trace_load(&t, trace, &err) < 0)
         return fail("replay", &err);
     dsec_bus *bus;
-    dsec_bus_opts bo = {.url = url, .name = "dsec-sim replay", .threads = 2, .mailbox_max = 1 << 20,
+    dsec_bus_opts bo = {.url = url,
+                        .name = "dsec-sim replay",
+                        .threads = 2,
+                        .mailbox_max = 1 << 20,
                         .low_latency = true};
     if (dsec_bus_connect(&bus, &bo, &err) < 0) {
         sim_trace_free(&t);
@@ -221,20 +251,8 @@ static int cmd_replay(int argc, char **argv)
     running = NULL;
     if (sim_replay_report(r, dir, json ? stderr : stdout, &err) < 0)
         goto out;
-    if (json) {
-        sim_replay_result res;
-        sim_replay_result_get(r, &res);
-        printf("{\"ops_sent\":%" PRIu64 ",\"ops_per_s\":%.1f,\"creates_sent\":%" PRIu64 ",\"creates_ok\":%" PRIu64
-               ",\"sandbox_ops\":%" PRIu64 ",\"destroys_sent\":%" PRIu64 ",\"errors\":%" PRIu64
-               ",\"unmapped\":%" PRIu64 ",\"waited\":%" PRIu64 ",\"p50_ms\":%.3f,\"p99_ms\":%.3f"
-               ",\"jobs_started\":%" PRIu64 ",\"jobs_failed\":%" PRIu64 ",\"reclaim_requested\":%" PRIu64
-               ",\"reclaim_honoured\":%" PRIu64 ",\"reclaim_forced\":%" PRIu64 ",\"reclaim_failed\":%" PRIu64
-               ",\"job_units_released\":%" PRIu64 ",\"rollouts_lost\":%" PRIu64 "}\n",
-               res.ops_sent, res.ops_per_s, res.creates_sent, res.creates_ok, res.sbx_sent, res.destroys_sent,
-               res.errors, res.unmapped, res.waited, res.lat_p50_ms, res.lat_p99_ms, res.jobs_started,
-               res.jobs_failed, res.reclaim_requested, res.reclaim_honoured, res.reclaim_forced, res.reclaim_failed,
-               res.job_units_released, res.lost);
-    }
+    if (json)
+        print_json(r);
     rc = 0;
 out:
     if (rc)
@@ -272,7 +290,8 @@ static int cmd_cell(int argc, char **argv)
             url_file = v;
         else if (strcmp(a, "--time-scale") == 0)
             scale = v;
-        else if (strcmp(a, "--node-cpu") == 0 || strcmp(a, "--node-memory") == 0 || strcmp(a, "--node-slots") == 0) {
+        else if (strcmp(a, "--node-cpu") == 0 || strcmp(a, "--node-memory") == 0 ||
+                 strcmp(a, "--node-slots") == 0) {
             char *end;
             errno = 0;
             unsigned long long x = strtoull(v, &end, 10);
@@ -281,14 +300,14 @@ static int cmd_cell(int argc, char **argv)
                 return 2;
             }
             *(a[7] == 'c' ? &node_cpu : a[7] == 'm' ? &node_mem : &node_slots) = x;
-        }
-        else {
+        } else {
             fprintf(stderr, "dsec-sim cell: unknown option %s\n", a);
             return 2;
         }
     }
     if (nodes < 1 || nodes > DSEC_CELL_MAX_NODES || replicas < 1 || replicas > 16) {
-        fprintf(stderr, "dsec-sim cell: need 1 <= --nodes <= %d and 1 <= --replicas <= 16\n", DSEC_CELL_MAX_NODES);
+        fprintf(stderr, "dsec-sim cell: need 1 <= --nodes <= %d and 1 <= --replicas <= 16\n",
+                DSEC_CELL_MAX_NODES);
         return 2;
     }
     char tmp[] = "/tmp/dsec-sim-cell-XXXXXX";
@@ -310,17 +329,19 @@ static int cmd_cell(int argc, char **argv)
     c.default_ttl_s = 7200;
     dsec_err err;
     static const char *const types[] = {"sim", "function", "container", "microvm", "vm", NULL};
-    if (dsec_cell_conf_add_sim_nodes(&c, "n", (size_t)nodes, node_cpu, node_mem, node_slots, types, scale, &err) < 0)
+    if (dsec_cell_conf_add_sim_nodes(&c, "n", (size_t)nodes, node_cpu, node_mem, node_slots, types,
+                                     scale, &err) < 0)
         return fail("cell", &err);
     dsec_cell *cell;
-    if (dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err) < 0) {
+    if (dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err) <
+        0) {
         dsec_cell_conf_release(&c);
         return fail("cell", &err);
     }
     dsec_cell_conf_release(&c);
     const char *url = dsec_cell_url(cell);
-    printf("dsec-sim cell: %s, %ld sim nodes, %ld scheduler replicas, arbiter; state in %s\n", url, nodes, replicas,
-           state);
+    printf("dsec-sim cell: %s, %ld sim nodes, %ld scheduler replicas, arbiter; state in %s\n", url,
+           nodes, replicas, state);
     fflush(stdout);
     if (url_file) {
         char tmpf[1100];
@@ -380,7 +401,8 @@ static int cmd_record(int argc, char **argv)
     const char *subj[64];
     size_t ns = 0;
     if (subjects)
-        for (char *save = NULL, *s = strtok_r(subjects, ",", &save); s && ns < 63; s = strtok_r(NULL, ",", &save))
+        for (char *save = NULL, *s = strtok_r(subjects, ",", &save); s && ns < 63;
+             s = strtok_r(NULL, ",", &save))
             subj[ns++] = s;
     subj[ns] = NULL;
     dsec_err err;
@@ -391,7 +413,8 @@ static int cmd_record(int argc, char **argv)
         return 1;
     }
     dsec_bus *bus;
-    dsec_bus_opts bo = {.url = url, .name = "dsec-sim record", .threads = 1, .mailbox_max = 1 << 20};
+    dsec_bus_opts bo = {
+        .url = url, .name = "dsec-sim record", .threads = 1, .mailbox_max = 1 << 20};
     sim_recorder *rec;
     if (dsec_bus_connect(&bus, &bo, &err) < 0) {
         fclose(f);
@@ -406,7 +429,8 @@ static int cmd_record(int argc, char **argv)
     }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
-    fprintf(stderr, "dsec-sim record: tapping %s into %s (Ctrl-C stops)\n", url ? url : "the bus", out);
+    fprintf(stderr, "dsec-sim record: tapping %s into %s (Ctrl-C stops)\n", url ? url : "the bus",
+            out);
     double t0 = sim_now();
     while (!stop_flag && (duration <= 0 || sim_now() - t0 < duration) &&
            (count <= 0 || (long)sim_record_count(rec) < count))
@@ -419,7 +443,9 @@ static int cmd_record(int argc, char **argv)
     dsec_free(subjects);
     if (rc < 0)
         return fail("record", &err);
-    fprintf(stderr, "dsec-sim record: %" PRIu64 " records, %" PRIu64 " messages dropped by the tap\n", n, dropped);
+    fprintf(stderr,
+            "dsec-sim record: %" PRIu64 " records, %" PRIu64 " messages dropped by the tap\n", n,
+            dropped);
     return dropped ? 3 : 0;
 }
 

@@ -12,8 +12,14 @@
 #include "sim/sim.h"
 
 const char *const sim_record_default_subjects[] = {
-    DSEC_SUBJ_ROOT "*.create", DSEC_SUBJ_ROOT "*.create.*", DSEC_SUBJ_ROOT "*.sbx.>",
-    DSEC_SUBJ_JOB_ANY, DSEC_SUBJ_HOLD_ANY, DSEC_SUBJ_CTL "evt.*.reclaim", "_INBOX.>", NULL,
+    DSEC_SUBJ_ROOT "*.create",
+    DSEC_SUBJ_ROOT "*.create.*",
+    DSEC_SUBJ_ROOT "*.sbx.>",
+    DSEC_SUBJ_JOB_ANY,
+    DSEC_SUBJ_HOLD_ANY,
+    DSEC_SUBJ_CTL "evt.*.reclaim",
+    "_INBOX.>",
+    NULL,
 };
 
 struct sim_recorder {
@@ -46,7 +52,8 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_msg_create cm;
     dsec_err err;
     if (type && strcmp(type, "create") == 0 &&
-        dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, rec.payload.data, rec.payload.len, &cm, &err) == 0) {
+        dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATE, rec.payload.data, rec.payload.len, &cm,
+                    &err) == 0) {
         c.type = (char *)(cm.type ? cm.type : "");
         c.cpu_milli = cm.cpu_milli;
         c.memory_mb = cm.memory_mb;
@@ -63,8 +70,8 @@ static void on_msg(dsec_actor *a, dsec_msg *m, void *ud)
     pthread_mutex_unlock(&r->mu);
 }
 
-int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *const *subjects, const char *cmdline,
-                     dsec_err *err)
+int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *const *subjects,
+                     const char *cmdline, dsec_err *err)
 {
     struct sim_recorder *r = dsec_calloc(1, sizeof *r);
     if (!r)
@@ -78,7 +85,8 @@ int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *con
                            .source = "dsec-sim record",
                            .n_metadata = 1,
                            .metadata = &me};
-    if (!r->w || dsec_trace_header_write(r->w, &h, err) < 0 || dsec_actor_new(&r->tap, bus, "sim-recorder", err) < 0)
+    if (!r->w || dsec_trace_header_write(r->w, &h, err) < 0 ||
+        dsec_actor_new(&r->tap, bus, "sim-recorder", err) < 0)
         goto fail;
     for (const char *const *s = subjects ? subjects : sim_record_default_subjects; *s; s++)
         if (dsec_actor_on(r->tap, *s, NULL, on_msg, r, err) < 0) {
@@ -120,7 +128,8 @@ int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err)
     int rc = 0;
     if (atomic_load(&r->failed)) {
         *err = r->first_err;
-        rc = dsec_err_wrap(err, "record: %lu records could not be written", (unsigned long)atomic_load(&r->failed));
+        rc = dsec_err_wrap(err, "record: %lu records could not be written",
+                           (unsigned long)atomic_load(&r->failed));
     }
     if (dsec_record_writer_flush(r->w, rc == 0 ? err : &(dsec_err){0}) < 0)
         rc = -1;

@@ -1,4 +1,5 @@
-/* replay.c - the open-loop replayer: sends a trace's operations at their recorded times, many in flight, and keeps the figures for the report. */
+/* replay.c - the open-loop replayer: sends a trace's operations at their recorded times, many in
+ * flight, and keeps the figures for the report. */
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -70,8 +71,8 @@ void sim_replay_error_msg(sim_replay *r, const char *kind, const char *msg, doub
     atomic_fetch_add(&r->errors, 1);
 }
 
-int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink, const sim_replay_opts *o,
-                   dsec_err *err)
+int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink,
+                   const sim_replay_opts *o, dsec_err *err)
 {
     sim_replay *r = dsec_calloc(1, sizeof *r);
     if (!r)
@@ -197,8 +198,8 @@ static bool resend_overloaded(sim_replay *r, struct sim_req *q, const void *data
 }
 
 /* ---- answers ------------------------------------------------------------------------- */
-void sim_replay_answer(void *req, int status, const char *type, const char *err_code, const void *data,
-                       size_t len, const dsec_err *err)
+void sim_replay_answer(void *req, int status, const char *type, const char *err_code,
+                       const void *data, size_t len, const dsec_err *err)
 {
     struct sim_req *q = req;
     sim_replay *r = q->r;
@@ -227,8 +228,11 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
         sim_replay_error_msg(r, kind, msg, now);
         /* a sandbox this replay made and has not destroyed is gone: something
          * else (a preemption, a crash) took it; counted once per sandbox */
-        long cix = q->what == SIM_REQ_DESTROY ? q->ix : q->what == SIM_REQ_OP ? r->t->ops[q->ix].create_ix : -1;
-        if (code && strcmp(code, "not_found") == 0 && cix >= 0 && !atomic_exchange(&r->sbx[cix].lost, true))
+        long cix = q->what == SIM_REQ_DESTROY ? q->ix
+                   : q->what == SIM_REQ_OP    ? r->t->ops[q->ix].create_ix
+                                              : -1;
+        if (code && strcmp(code, "not_found") == 0 && cix >= 0 &&
+            !atomic_exchange(&r->sbx[cix].lost, true))
             atomic_fetch_add(&r->lost, 1);
         return;
     }
@@ -356,8 +360,8 @@ static bool rewrite_tenant(const sim_replay *r, const char *subject, char *out, 
     return snprintf(out, n, DSEC_SUBJ_ROOT "%s%s", r->o.tenant, rest) < (int)n;
 }
 
-static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h, const void *data,
-                size_t len, bool request, double due, bool resend)
+static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h,
+                const void *data, size_t len, bool request, double due, bool resend)
 {
     dsec_err err;
     int rc;
@@ -491,17 +495,30 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
         dsec_msg_file_list l;
     } u;
     dsec_err err;
-    if (type == DSEC_MSG_NONE || dsec_decode(dsec_wire_decoder(), type, o->payload, o->len, &u, &err) < 0) {
+    if (type == DSEC_MSG_NONE ||
+        dsec_decode(dsec_wire_decoder(), type, o->payload, o->len, &u, &err) < 0) {
         sim_replay_error(r, "undecodable sandbox op", due);
         return 0;
     }
     switch (type) {
-    case DSEC_MSG_EXEC: u.e.id = s->id; break;
-    case DSEC_MSG_OP: u.op.id = s->id; break;
-    case DSEC_MSG_FILE_WRITE: u.w.id = s->id; break;
-    case DSEC_MSG_FILE_READ: u.rd.id = s->id; break;
-    case DSEC_MSG_FILE_LIST: u.l.id = s->id; break;
-    default: sim_replay_error(r, "unknown sandbox op", due); return 0;
+    case DSEC_MSG_EXEC:
+        u.e.id = s->id;
+        break;
+    case DSEC_MSG_OP:
+        u.op.id = s->id;
+        break;
+    case DSEC_MSG_FILE_WRITE:
+        u.w.id = s->id;
+        break;
+    case DSEC_MSG_FILE_READ:
+        u.rd.id = s->id;
+        break;
+    case DSEC_MSG_FILE_LIST:
+        u.l.id = s->id;
+        break;
+    default:
+        sim_replay_error(r, "unknown sandbox op", due);
+        return 0;
     }
     dsec_buf *b = dsec_wire_buf();
     if (dsec_encode(b, type, &u, &err) < 0) {
@@ -519,8 +536,8 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
         atomic_store(&s->state, SIM_SBX_GONE);
     dsec_hdr h = {.type = o->msg_type, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
     atomic_fetch_add(&r->sbx_sent, 1);
-    send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request, due,
-         false);
+    send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request,
+         due, false);
     return 0;
 }
 
@@ -544,11 +561,12 @@ static void run_deferred(sim_replay *r, bool give_up)
     r->ndeferred = k;
 }
 
-
 static void send_other(sim_replay *r, long ix, double due)
 {
     const sim_op *o = &r->t->ops[ix];
-    dsec_hdr h = {.type = o->msg_type[0] ? o->msg_type : NULL, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
+    dsec_hdr h = {.type = o->msg_type[0] ? o->msg_type : NULL,
+                  .schema = DSEC_SCHEMA_VERSION,
+                  .req_id = o->req_id};
     atomic_fetch_add(&r->sends, 1);
     send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due, false);
 }
@@ -565,11 +583,11 @@ static void progress(sim_replay *r, size_t done, bool last)
     pthread_mutex_lock(&r->mu);
     uint64_t reclaims = r->reclaims;
     pthread_mutex_unlock(&r->mu);
-    dsec_log_info(
-            "\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64 " reclaim events, %" PRIu64
-            " errors%s",
-            bar, frac * 100, done, n, (long)atomic_load(&r->in_flight), (uint64_t)atomic_load(&r->creates_ok),
-            reclaims, (uint64_t)atomic_load(&r->errors), last ? "" : "   ");
+    dsec_log_info("\r[%s] %3.0f%% %zu/%zu records, %ld in flight, %" PRIu64 " created, %" PRIu64
+                  " reclaim events, %" PRIu64 " errors%s",
+                  bar, frac * 100, done, n, (long)atomic_load(&r->in_flight),
+                  (uint64_t)atomic_load(&r->creates_ok), reclaims,
+                  (uint64_t)atomic_load(&r->errors), last ? "" : "   ");
     fflush(stderr);
 }
 
@@ -587,6 +605,78 @@ static void sample(sim_replay *r, double now)
     if (bi + 1 > r->nbuckets)
         r->nbuckets = bi + 1;
     pthread_mutex_unlock(&r->mu);
+}
+
+/* Send the trace's ops due by now, in order from *i, at most 4,096 of them; the count sent. */
+static size_t send_due(sim_replay *r, size_t *i, double now)
+{
+    const sim_trace *t = r->t;
+    double speed = r->o.speed;
+    size_t batch = 0;
+    while (*i < t->n && batch < 4096) {
+        const sim_op *o = &t->ops[*i];
+        double due = r->t_start + (speed > 0 ? (double)o->t_ns / 1e9 / speed : 0);
+        if (due > now)
+            break;
+        switch (o->kind) {
+        case SIM_OP_CREATE:
+            send_create(r, (long)*i, due, false);
+            break;
+        case SIM_OP_SBX:
+            if (send_sbx(r, (long)*i, due, false))
+                r->deferred[r->ndeferred++] = (long)*i;
+            break;
+        case SIM_OP_SEND:
+            send_other(r, (long)*i, due);
+            break;
+        case SIM_OP_JOB:
+            sim_jobs_due(r, (long)*i);
+            break;
+        default:
+            atomic_fetch_add(&r->seen, 1);
+            break;
+        }
+        (*i)++;
+        batch++;
+    }
+    return batch;
+}
+
+/* After the trace: the unanswered creates get their answer (or timeout), the rest is destroyed,
+ * and a checkpoint under way finishes. */
+static void drain(sim_replay *r)
+{
+    const sim_trace *t = r->t;
+    /* the creates still unanswered get their answer (or timeout) first, then the rest is destroyed
+     */
+    double until = r->t_sent + r->o.drain_s;
+    while (atomic_load(&r->in_flight) > 0 && sim_now() < until && !atomic_load(&r->stop)) {
+        double nr;
+        long rx;
+        while ((rx = resend_pop_due(r, sim_now(), &nr)) >= 0) {
+            atomic_fetch_sub(&r->in_flight, 1);
+            send_create(r, rx, r->reqs[rx].due, true);
+        }
+        usleep(1000);
+    }
+    if (r->o.destroy_at_end) {
+        double nt;
+        long ix;
+        while ((ix = heap_pop_due(r, INFINITY, &nt)) >= 0)
+            send_destroy(r, ix, sim_now());
+        for (size_t k = 0; k < t->n; k++)
+            if (t->ops[k].kind == SIM_OP_CREATE)
+                send_destroy(r, (long)k, sim_now());
+        while (atomic_load(&r->in_flight) > 0 && sim_now() < until + r->o.drain_s &&
+               !atomic_load(&r->stop))
+            usleep(1000);
+    }
+    /* a checkpoint under way finishes and its units go back (the arbiter
+     * then reports the reclaim honoured); then the jobs end, giving back
+     * what they still hold */
+    double ck_until = sim_now() + r->o.drain_s;
+    while (atomic_load(&r->checkpointing) > 0 && sim_now() < ck_until && !atomic_load(&r->stop))
+        usleep(1000);
 }
 
 int sim_replay_run(sim_replay *r, dsec_err *err)
@@ -607,25 +697,7 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
         if (atomic_load(&r->stop))
             break;
         /* the trace, in order, everything due by now */
-        size_t batch = 0;
-        while (i < t->n && batch < 4096) {
-            const sim_op *o = &t->ops[i];
-            double due = r->t_start + (speed > 0 ? (double)o->t_ns / 1e9 / speed : 0);
-            if (due > now)
-                break;
-            switch (o->kind) {
-            case SIM_OP_CREATE: send_create(r, (long)i, due, false); break;
-            case SIM_OP_SBX:
-                if (send_sbx(r, (long)i, due, false))
-                    r->deferred[r->ndeferred++] = (long)i;
-                break;
-            case SIM_OP_SEND: send_other(r, (long)i, due); break;
-            case SIM_OP_JOB: sim_jobs_due(r, (long)i); break;
-            default: atomic_fetch_add(&r->seen, 1); break;
-            }
-            i++;
-            batch++;
-        }
+        size_t batch = send_due(r, &i, now);
         if (r->ndeferred)
             run_deferred(r, false);
         double next_timer;
@@ -660,7 +732,9 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
         }
         if (batch == 4096)
             continue;
-        double next = i < t->n ? r->t_start + (double)t->ops[i].t_ns / 1e9 / (speed > 0 ? speed : INFINITY) : INFINITY;
+        double next =
+            i < t->n ? r->t_start + (double)t->ops[i].t_ns / 1e9 / (speed > 0 ? speed : INFINITY)
+                     : INFINITY;
         if (next_timer < next)
             next = next_timer;
         if (next_sample < next)
@@ -672,34 +746,7 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
             nanosleep(&(struct timespec){0, (long)(d * 1e9)}, NULL);
     }
     r->t_sent = sim_now();
-    /* the creates still unanswered get their answer (or timeout) first, then the rest is destroyed */
-    double until = r->t_sent + r->o.drain_s;
-    while (atomic_load(&r->in_flight) > 0 && sim_now() < until && !atomic_load(&r->stop)) {
-        double nr;
-        long rx;
-        while ((rx = resend_pop_due(r, sim_now(), &nr)) >= 0) {
-            atomic_fetch_sub(&r->in_flight, 1);
-            send_create(r, rx, r->reqs[rx].due, true);
-        }
-        usleep(1000);
-    }
-    if (r->o.destroy_at_end) {
-        double nt;
-        long ix;
-        while ((ix = heap_pop_due(r, INFINITY, &nt)) >= 0)
-            send_destroy(r, ix, sim_now());
-        for (size_t k = 0; k < t->n; k++)
-            if (t->ops[k].kind == SIM_OP_CREATE)
-                send_destroy(r, (long)k, sim_now());
-        while (atomic_load(&r->in_flight) > 0 && sim_now() < until + r->o.drain_s && !atomic_load(&r->stop))
-            usleep(1000);
-    }
-    /* a checkpoint under way finishes and its units go back (the arbiter
-     * then reports the reclaim honoured); then the jobs end, giving back
-     * what they still hold */
-    double ck_until = sim_now() + r->o.drain_s;
-    while (atomic_load(&r->checkpointing) > 0 && sim_now() < ck_until && !atomic_load(&r->stop))
-        usleep(1000);
+    drain(r);
     sim_jobs_stop(r);
     r->t_end = sim_now();
     sample(r, r->t_end);

@@ -20,7 +20,7 @@ struct sim_req {
     struct sim_replay *r;
     int what;
     long ix;
-    double due; /* when it was due: latency counts from here (open loop) */
+    double due;      /* when it was due: latency counts from here (open loop) */
     double deadline; /* a create's: its first send plus the timeout, kept by overloaded resends */
 };
 
@@ -58,9 +58,9 @@ struct sim_node_load {
 /* A training job of the trace, run by the replayer through libdsec's job API. */
 struct sim_job {
     struct sim_replay *r;
-    long ix;                 /* its SIM_OP_JOB */
-    dsec_job *job;           /* NULL until started (or when it failed) */
-    double checkpoint_s;     /* modelled checkpoint, replay time */
+    long ix;             /* its SIM_OP_JOB */
+    dsec_job *job;       /* NULL until started (or when it failed) */
+    double checkpoint_s; /* modelled checkpoint, replay time */
 };
 
 /* The replayed jobs (jobs.c): started off the send loop by their own thread,
@@ -70,15 +70,15 @@ struct sim_jobs {
     bool running;
     pthread_mutex_t mu;
     pthread_cond_t cond;
-    long *queue;             /* SIM_OP_JOB indexes due, not yet started */
+    long *queue; /* SIM_OP_JOB indexes due, not yet started */
     size_t nq, cap_q;
     _Atomic bool stop;
     dsec_client *client;
     bool client_failed;
     bool nodes_settled; /* the nodes' answers to the sync have all come, as far as one can tell */
-    struct sim_job **jobs;   /* each allocated alone: libdsec holds its address */
+    struct sim_job **jobs; /* each allocated alone: libdsec holds its address */
     size_t njobs, cap_jobs;
-    char first_err[256];     /* the first job that failed to start, and why */
+    char first_err[256]; /* the first job that failed to start, and why */
 };
 
 struct sim_replay {
@@ -87,8 +87,8 @@ struct sim_replay {
     sim_replay_opts o;
     char run_id[33];
     pthread_mutex_t mu;
-    struct sim_sbx *sbx;   /* per trace index (creates) */
-    struct sim_req *reqs;  /* per trace index */
+    struct sim_sbx *sbx;  /* per trace index (creates) */
+    struct sim_req *reqs; /* per trace index */
     bool *explicit_destroy;
     long *deferred; /* sandbox operations waiting for their sandbox, in trace order */
     size_t ndeferred;
@@ -105,8 +105,8 @@ struct sim_replay {
     size_t nbuckets;
     double bucket_s, t_start, t_sent, t_end, t_trace_end;
     _Atomic long in_flight;
-    _Atomic uint64_t ops_sent, creates_sent, creates_ok, sbx_sent, sends, destroys_sent, destroyed, errors,
-        unmapped, seen, waited;
+    _Atomic uint64_t ops_sent, creates_sent, creates_ok, sbx_sent, sends, destroys_sent, destroyed,
+        errors, unmapped, seen, waited;
     _Atomic int stop;
     char err_kind[SIM_MAX_ERR_KINDS][80];
     uint64_t err_n[SIM_MAX_ERR_KINDS];
@@ -118,8 +118,8 @@ struct sim_replay {
     uint64_t sync; /* syncs begun */
     uint64_t reclaims, reclaim_requested, reclaim_honoured, reclaim_forced, reclaim_failed;
     struct sim_jobs jobs;
-    _Atomic uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints, job_units_released,
-        job_units_forced, lost;
+    _Atomic uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints,
+        job_units_released, job_units_forced, lost;
     _Atomic int checkpointing; /* job checkpoints under way */
 };
 

@@ -1,4 +1,5 @@
-/* sim.h - the replay simulator: traces in memory, the DSec profile generator, trace statistics, the open-loop replayer, the recorder and the report. */
+/* sim.h - the replay simulator: traces in memory, the DSec profile generator, trace statistics, the
+ * open-loop replayer, the recorder and the report. */
 #ifndef DSEC_SIM_H
 #define DSEC_SIM_H
 
@@ -16,8 +17,10 @@ enum sim_kind {
     SIM_OP_CREATE = 1, /* a create: replayed as a request, its sandbox remembered */
     SIM_OP_SBX,        /* exec/op/file_* on a sandbox the trace created: id rewritten */
     SIM_OP_SEND,       /* other client-side traffic (jobs): sent as recorded */
-    SIM_OP_SEEN,       /* output of the cell (replies, reclaim events), or what a replayed job sends itself */
-    SIM_OP_JOB,        /* a training job's first registration: the replayer runs that job (libdsec's job API) */
+    SIM_OP_SEEN,       /* output of the cell (replies, reclaim events), or what a replayed job sends
+                          itself */
+    SIM_OP_JOB, /* a training job's first registration: the replayer runs that job (libdsec's job
+                   API) */
 };
 
 /* The node a generated trace names for a job unit it leaves to the replayer
@@ -31,9 +34,9 @@ typedef struct sim_unit {
 } sim_unit;
 
 typedef struct sim_op {
-    uint64_t t_ns;     /* since the first record */
-    int kind;          /* enum sim_kind */
-    bool request;      /* send as a request (else publish) */
+    uint64_t t_ns; /* since the first record */
+    int kind;      /* enum sim_kind */
+    bool request;  /* send as a request (else publish) */
     char *subject;
     char *msg_type;
     char *req_id;
@@ -79,26 +82,26 @@ void sim_trace_free(sim_trace *t);
 
 typedef struct sim_profile {
     uint64_t seed;
-    double duration_s;        /* length of the trace */
-    double rate;              /* background rollout creates per second (Poisson) */
-    double burst_every_s;     /* mean gap between bursts of one job */
+    double duration_s;           /* length of the trace */
+    double rate;                 /* background rollout creates per second (Poisson) */
+    double burst_every_s;        /* mean gap between bursts of one job */
     double burst_min, burst_max; /* burst sizes, log-uniform; one burst is burst_max */
-    double burst_spread_s;    /* a burst's creates spread over this long */
-    double life_median_s;     /* lognormal lifetimes */
+    double burst_spread_s;       /* a burst's creates spread over this long */
+    double life_median_s;        /* lognormal lifetimes */
     double life_sigma;
     double life_max_s;
-    double low_use_share;     /* share of sandboxes using <= low_use_max of their CPU */
+    double low_use_share; /* share of sandboxes using <= low_use_max of their CPU */
     double low_use_max;
-    double fanout_median, fanout_p90; /* children per layer (lognormal) */
-    int layer_depth;          /* layers per environment (base first) */
-    int bases;                /* base layers */
-    char mix[256];            /* type=weight,... */
-    int jobs;                 /* training jobs holding capacity from the start */
+    double fanout_median, fanout_p90;      /* children per layer (lognormal) */
+    int layer_depth;                       /* layers per environment (base first) */
+    int bases;                             /* base layers */
+    char mix[256];                         /* type=weight,... */
+    int jobs;                              /* training jobs holding capacity from the start */
     uint64_t job_cpu_milli, job_memory_mb; /* of one unit */
-    int job_units;            /* units of capacity each job holds */
-    double job_checkpoint_s;  /* how long a job's checkpoint takes before it releases */
-    double job_grace_s;       /* the grace a job asks reclaims to give it; 0: the arbiter's default */
-    char cell[64];            /* the cell the jobs register in */
+    int job_units;                         /* units of capacity each job holds */
+    double job_checkpoint_s; /* how long a job's checkpoint takes before it releases */
+    double job_grace_s; /* the grace a job asks reclaims to give it; 0: the arbiter's default */
+    char cell[64];      /* the cell the jobs register in */
     char tenant[64];
     uint64_t cpu_milli, memory_mb; /* what a rollout asks for (median; x0.25..x4) */
 } sim_profile;
@@ -120,7 +123,7 @@ typedef struct sim_stats {
     double life_p50_s, life_p90_s, life_p99_s;
     double low_use_share; /* creates with cpu_use_fraction <= 0.05 */
     double fanout_p50, fanout_p90;
-    size_t fanout_layers; /* layers with children */
+    size_t fanout_layers;   /* layers with children */
     size_t max_job_creates; /* creates of the largest job (a burst) */
     char max_job[96];
     size_t jobs;            /* training jobs registered (job_register records, one per job) */
@@ -152,16 +155,16 @@ typedef struct sim_sink {
 } sim_sink;
 
 typedef struct sim_replay_opts {
-    double speed;          /* trace time / replay time; 0: as fast as possible */
-    int timeout_ms;        /* per request; default 30000 */
-    long max_in_flight;    /* beyond this a send is counted as an error; default 1,000,000 */
-    const char *tenant;    /* rewrite the tenant of create and sandbox subjects; NULL: keep */
-    const char *force_type;/* replace every create's sandbox type (e.g. "sim"); NULL: keep */
-    bool destroy_at_end;   /* destroy what is still alive when the trace ends (default true) */
-    bool no_lifetimes;     /* do not destroy sandboxes after their recorded lifetime */
-    bool progress;         /* draw a progress bar on stderr */
-    double drain_s;        /* wait at most this long for answers at the end; default 10 */
-    const char *cell;      /* the cell the trace's jobs register in; NULL: as recorded */
+    double speed;           /* trace time / replay time; 0: as fast as possible */
+    int timeout_ms;         /* per request; default 30000 */
+    long max_in_flight;     /* beyond this a send is counted as an error; default 1,000,000 */
+    const char *tenant;     /* rewrite the tenant of create and sandbox subjects; NULL: keep */
+    const char *force_type; /* replace every create's sandbox type (e.g. "sim"); NULL: keep */
+    bool destroy_at_end;    /* destroy what is still alive when the trace ends (default true) */
+    bool no_lifetimes;      /* do not destroy sandboxes after their recorded lifetime */
+    bool progress;          /* draw a progress bar on stderr */
+    double drain_s;         /* wait at most this long for answers at the end; default 10 */
+    const char *cell;       /* the cell the trace's jobs register in; NULL: as recorded */
 } sim_replay_opts;
 
 typedef struct sim_replay sim_replay;
@@ -198,7 +201,7 @@ int sim_replay_report(sim_replay *r, const char *dir, FILE *f, dsec_err *err);
 /* Figures for tests and benchmarks. */
 typedef struct sim_replay_result {
     uint64_t ops_sent, creates_sent, creates_ok, sbx_sent, sends, destroys_sent, errors, unmapped;
-    long in_flight; /* requests still unanswered */
+    long in_flight;  /* requests still unanswered */
     uint64_t waited; /* sandbox operations that waited for their create's answer */
     double elapsed_s, ops_per_s, lat_p50_ms, lat_p99_ms;
     /* the cell's reclaim events by outcome (dsec.v1.ctl.evt.*.reclaim) */
@@ -206,8 +209,8 @@ typedef struct sim_replay_result {
     /* the replayed jobs: started, failed to start, not run (no job_url); the
      * reclaims they received, checkpoints they finished, units they released
      * themselves and units the arbiter took by force */
-    uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints, job_units_released,
-        job_units_forced;
+    uint64_t jobs_started, jobs_failed, jobs_skipped, job_reclaims, job_checkpoints,
+        job_units_released, job_units_forced;
     /* sandboxes this replay created that were gone (not_found) before it
      * destroyed them: preempted or lost rollouts */
     uint64_t lost;

@@ -1,4 +1,5 @@
-/* sink.c - the replayer's bus sink (requests through dsec_bus) and the cell observers it reports from. */
+/* sink.c - the replayer's bus sink (requests through dsec_bus) and the cell observers it reports
+ * from. */
 #include <string.h>
 
 #include "actors/wire.h"
@@ -20,19 +21,19 @@ static void on_reply(int status, dsec_msg *reply, const dsec_err *err, void *ud)
         sim_replay_answer(ud, status, NULL, NULL, NULL, 0, err);
         return;
     }
-    sim_replay_answer(ud, 0, dsec_msg_type(reply), dsec_msg_header(reply, DSEC_HDR_ERROR_CODE), dsec_msg_data(reply),
-                      dsec_msg_len(reply), NULL);
+    sim_replay_answer(ud, 0, dsec_msg_type(reply), dsec_msg_header(reply, DSEC_HDR_ERROR_CODE),
+                      dsec_msg_data(reply), dsec_msg_len(reply), NULL);
 }
 
-static int bus_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
-                       int timeout_ms, void *req, dsec_err *err)
+static int bus_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                       size_t len, int timeout_ms, void *req, dsec_err *err)
 {
     struct sim_bus_sink *s = ctx;
     return dsec_bus_request(s->bus, subject, h, data, len, timeout_ms, on_reply, req, err);
 }
 
-static int bus_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
-                       dsec_err *err)
+static int bus_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                       size_t len, dsec_err *err)
 {
     struct sim_bus_sink *s = ctx;
     return dsec_bus_publish(s->bus, subject, NULL, h, data, len, err);
@@ -58,7 +59,8 @@ static void on_capacity(dsec_actor *a, dsec_msg *m, void *ud)
     struct sim_bus_sink *s = ud;
     dsec_msg_capacity c;
     dsec_err err;
-    if (s->r && dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) == 0)
+    if (s->r && dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m),
+                            dsec_msg_len(m), &c, &err) == 0)
         sim_replay_node_report(s->r, c.node, c.full, c.live, c.cpu_free_milli, c.mem_free_mb);
 }
 
@@ -68,8 +70,8 @@ static void on_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
     struct sim_bus_sink *s = ud;
     dsec_msg_reclaim_outcome o;
     dsec_err err;
-    if (s->r &&
-        dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m), dsec_msg_len(m), &o, &err) == 0)
+    if (s->r && dsec_decode(dsec_wire_decoder(), DSEC_MSG_RECLAIM_OUTCOME, dsec_msg_data(m),
+                            dsec_msg_len(m), &o, &err) == 0)
         sim_replay_reclaim(s->r, o.outcome);
 }
 

@@ -1,4 +1,5 @@
-/* trace.c - loading a replay trace into memory, classifying its records, and summarising it (dsec-sim stats). */
+/* trace.c - loading a replay trace into memory, classifying its records, and summarising it
+ * (dsec-sim stats). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -83,7 +84,8 @@ static const char *sbx_id_of(const char *subject, char *buf, size_t n)
 {
     const char *tok[8];
     int nt = dsec_wire_tokens(subject, buf, n, tok, 8);
-    if (nt != 7 || strcmp(tok[0], "dsec") != 0 || strcmp(tok[3], "sbx") != 0 || strcmp(tok[2], "ctl") == 0)
+    if (nt != 7 || strcmp(tok[0], "dsec") != 0 || strcmp(tok[3], "sbx") != 0 ||
+        strcmp(tok[2], "ctl") == 0)
         return NULL;
     return tok[5];
 }
@@ -107,10 +109,12 @@ static int classify(sim_op *o)
     /* a replayed job takes and gives back its own holdings and reports its
      * own releases; the arbiter's reclaims, forced releases and events are
      * the cell's output: none of these is re-sent as recorded */
-    if (strncmp(s, DSEC_SUBJ_CTL "hold.", strlen(DSEC_SUBJ_CTL "hold.")) == 0 || strcmp(t, "job_hold") == 0)
+    if (strncmp(s, DSEC_SUBJ_CTL "hold.", strlen(DSEC_SUBJ_CTL "hold.")) == 0 ||
+        strcmp(t, "job_hold") == 0)
         return SIM_OP_SEEN;
     if (strncmp(s, DSEC_SUBJ_CTL "job.", strlen(DSEC_SUBJ_CTL "job.")) == 0 &&
-        ((n > 8 && strcmp(s + n - 8, ".reclaim") == 0) || (n > 7 && strcmp(s + n - 7, ".forced") == 0) ||
+        ((n > 8 && strcmp(s + n - 8, ".reclaim") == 0) ||
+         (n > 7 && strcmp(s + n - 7, ".forced") == 0) ||
          (n > 9 && strcmp(s + n - 9, ".released") == 0)))
         return SIM_OP_SEEN;
     return SIM_OP_SEND;
@@ -206,7 +210,8 @@ static int add_record(sim_trace *t, const dsec_trace_record *rec, dsec_decoder *
     } else if (o->kind == SIM_OP_SBX && strcmp(o->msg_type, "op") == 0 && o->len) {
         dsec_msg_op m;
         dsec_err derr;
-        if (dsec_decode(dec, DSEC_MSG_OP, o->payload, o->len, &m, &derr) == 0 && strcmp(m.op, "destroy") == 0)
+        if (dsec_decode(dec, DSEC_MSG_OP, o->payload, o->len, &m, &derr) == 0 &&
+            strcmp(m.op, "destroy") == 0)
             o->destroys = true;
     }
     t->n++;
@@ -281,7 +286,8 @@ static int load(sim_trace *t, dsec_record_reader *rd, const char *name, dsec_err
             int code = e.code ? e.code : DSEC_E_DECODE;
             size_t nrec = t->n + 1;
             sim_trace_free(t);
-            return dsec_err_set(err, code, 0, "trace %s: record %zu (after the header) at byte %" PRIu64 ": %s",
+            return dsec_err_set(err, code, 0,
+                                "trace %s: record %zu (after the header) at byte %" PRIu64 ": %s",
                                 name, nrec, at, e.msg);
         }
         dsec_trace_record_free(rec);
@@ -388,11 +394,18 @@ int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err)
     size_t nedges = 0, cap_edges = 0;
     for (size_t i = 0; i < t->n; i++) {
         const sim_op *o = &t->ops[i];
-        count_name(s->msg_types, s->msg_type_n, &s->nmsg_types, 16, o->msg_type[0] ? o->msg_type : "(none)");
+        count_name(s->msg_types, s->msg_type_n, &s->nmsg_types, 16,
+                   o->msg_type[0] ? o->msg_type : "(none)");
         switch (o->kind) {
-        case SIM_OP_SBX: s->sbx_ops++; break;
-        case SIM_OP_SEND: s->sends++; break;
-        case SIM_OP_SEEN: s->seen++; break;
+        case SIM_OP_SBX:
+            s->sbx_ops++;
+            break;
+        case SIM_OP_SEND:
+            s->sends++;
+            break;
+        case SIM_OP_SEEN:
+            s->seen++;
+            break;
         case SIM_OP_JOB:
             s->sends++;
             s->jobs++;
@@ -400,10 +413,13 @@ int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err)
             for (size_t u = 0; u < o->nunits; u++)
                 s->job_cpu_milli += o->units[u].cpu_milli;
             break;
-        default: break;
+        default:
+            break;
         }
-        if (o->kind == SIM_OP_SBX && o->destroys && o->create_ix >= 0 && t->ops[o->create_ix].lifetime_s == 0)
-            life[nlife++] = (double)(o->t_ns - t->ops[o->create_ix].t_ns) / 1e9; /* recorded: create to destroy */
+        if (o->kind == SIM_OP_SBX && o->destroys && o->create_ix >= 0 &&
+            t->ops[o->create_ix].lifetime_s == 0)
+            life[nlife++] = (double)(o->t_ns - t->ops[o->create_ix].t_ns) /
+                            1e9; /* recorded: create to destroy */
         if (o->kind != SIM_OP_CREATE)
             continue;
         s->creates++;
@@ -449,7 +465,8 @@ int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err)
         }
     }
     s->duration_s = t->n ? (double)t->ops[t->n - 1].t_ns / 1e9 : 0;
-    s->create_rate_avg = s->duration_s > 0 ? (double)s->creates / s->duration_s : (double)s->creates;
+    s->create_rate_avg =
+        s->duration_s > 0 ? (double)s->creates / s->duration_s : (double)s->creates;
     for (size_t i = 0; i < nsec; i++)
         if (per_sec[i] > s->create_rate_peak)
             s->create_rate_peak = per_sec[i];
@@ -483,16 +500,18 @@ int sim_stats_compute(const sim_trace *t, sim_stats *s, dsec_err *err)
 void sim_stats_print(const sim_stats *s, FILE *f, bool json)
 {
     if (json) {
-        fprintf(f, "{\"records\":%zu,\"creates\":%zu,\"sandbox_ops\":%zu,\"sends\":%zu,\"observed\":%zu,"
-                   "\"duration_s\":%.3f,\"create_rate_avg\":%.2f,\"create_rate_peak\":%.0f,"
-                   "\"lifetime_p50_s\":%.0f,\"lifetime_p90_s\":%.0f,\"lifetime_p99_s\":%.0f,"
-                   "\"low_cpu_use_share\":%.4f,\"layer_fanout_p50\":%.1f,\"layer_fanout_p90\":%.1f,"
-                   "\"layers_with_children\":%zu,\"max_job_creates\":%zu,\"max_job\":\"%s\","
-                   "\"jobs\":%zu,\"job_holders\":%zu,\"job_cpu_milli\":%" PRIu64 ",\"types\":{",
-                s->records, s->creates, s->sbx_ops, s->sends, s->seen, s->duration_s, s->create_rate_avg,
-                s->create_rate_peak, s->life_p50_s, s->life_p90_s, s->life_p99_s, s->low_use_share,
-                s->fanout_p50, s->fanout_p90, s->fanout_layers, s->max_job_creates, s->max_job, s->jobs,
-                s->job_holders, s->job_cpu_milli);
+        fprintf(
+            f,
+            "{\"records\":%zu,\"creates\":%zu,\"sandbox_ops\":%zu,\"sends\":%zu,\"observed\":%zu,"
+            "\"duration_s\":%.3f,\"create_rate_avg\":%.2f,\"create_rate_peak\":%.0f,"
+            "\"lifetime_p50_s\":%.0f,\"lifetime_p90_s\":%.0f,\"lifetime_p99_s\":%.0f,"
+            "\"low_cpu_use_share\":%.4f,\"layer_fanout_p50\":%.1f,\"layer_fanout_p90\":%.1f,"
+            "\"layers_with_children\":%zu,\"max_job_creates\":%zu,\"max_job\":\"%s\","
+            "\"jobs\":%zu,\"job_holders\":%zu,\"job_cpu_milli\":%" PRIu64 ",\"types\":{",
+            s->records, s->creates, s->sbx_ops, s->sends, s->seen, s->duration_s,
+            s->create_rate_avg, s->create_rate_peak, s->life_p50_s, s->life_p90_s, s->life_p99_s,
+            s->low_use_share, s->fanout_p50, s->fanout_p90, s->fanout_layers, s->max_job_creates,
+            s->max_job, s->jobs, s->job_holders, s->job_cpu_milli);
         for (size_t i = 0; i < s->ntypes; i++)
             fprintf(f, "%s\"%s\":%zu", i ? "," : "", s->types[i], s->type_n[i]);
         fprintf(f, "},\"msg_types\":{");
@@ -501,22 +520,26 @@ void sim_stats_print(const sim_stats *s, FILE *f, bool json)
         fprintf(f, "}}\n");
         return;
     }
-    fprintf(f, "records              %zu (creates %zu, sandbox ops %zu, other sends %zu, observed %zu)\n",
-            s->records, s->creates, s->sbx_ops, s->sends, s->seen);
+    fprintf(
+        f,
+        "records              %zu (creates %zu, sandbox ops %zu, other sends %zu, observed %zu)\n",
+        s->records, s->creates, s->sbx_ops, s->sends, s->seen);
     fprintf(f, "duration             %.1f s\n", s->duration_s);
-    fprintf(f, "creates/s            %.1f average, %.0f in the busiest second\n", s->create_rate_avg,
-            s->create_rate_peak);
+    fprintf(f, "creates/s            %.1f average, %.0f in the busiest second\n",
+            s->create_rate_avg, s->create_rate_peak);
     fprintf(f, "lifetime             p50 %.1f min, p90 %.1f min, p99 %.2f h\n", s->life_p50_s / 60,
             s->life_p90_s / 60, s->life_p99_s / 3600);
     fprintf(f, "CPU use <= 5%%        %.1f%% of sandboxes\n", s->low_use_share * 100);
-    fprintf(f, "layer fan-out        p50 %.0f, p90 %.0f (over %zu layers with children)\n", s->fanout_p50,
-            s->fanout_p90, s->fanout_layers);
-    fprintf(f, "largest job burst    %zu creates (%s)\n", s->max_job_creates, s->max_job[0] ? s->max_job : "-");
-    fprintf(f, "training jobs        %zu, holding %zu units (%.1f cores)\n", s->jobs, s->job_holders,
-            (double)s->job_cpu_milli / 1000);
+    fprintf(f, "layer fan-out        p50 %.0f, p90 %.0f (over %zu layers with children)\n",
+            s->fanout_p50, s->fanout_p90, s->fanout_layers);
+    fprintf(f, "largest job burst    %zu creates (%s)\n", s->max_job_creates,
+            s->max_job[0] ? s->max_job : "-");
+    fprintf(f, "training jobs        %zu, holding %zu units (%.1f cores)\n", s->jobs,
+            s->job_holders, (double)s->job_cpu_milli / 1000);
     fprintf(f, "types               ");
     for (size_t i = 0; i < s->ntypes; i++)
-        fprintf(f, " %s %.1f%%", s->types[i], s->creates ? 100.0 * (double)s->type_n[i] / (double)s->creates : 0);
+        fprintf(f, " %s %.1f%%", s->types[i],
+                s->creates ? 100.0 * (double)s->type_n[i] / (double)s->creates : 0);
     fprintf(f, "\nmessage types       ");
     for (size_t i = 0; i < s->nmsg_types; i++)
         fprintf(f, " %s %zu", s->msg_types[i], s->msg_type_n[i]);

@@ -1,4 +1,5 @@
-/* net_flood.c - a DNS flood from inside a sandbox (static, copied in by test_net_bus): as many queries as it can send. */
+/* net_flood.c - a DNS flood from inside a sandbox (static, copied in by test_net_bus): as many
+ * queries as it can send. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <stdint.h>

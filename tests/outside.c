@@ -60,9 +60,9 @@ int dsec_test_outside_up(dsec_test_outside *o)
     char a2[32], a3[32];
     snprintf(a2, sizeof a2, "198.18.%d.2", n);
     snprintf(a3, sizeof a3, "198.18.%d.3", n);
-    const char *argv[64] = {"ip",    "ip", "netns", "exec", ns,     "python3",
-                            DSEC_SRC "/tests/net_outside.py", "--log", o->log, "--addr", a2,
-                            "--addr", a3};
+    const char *argv[64] = {
+        "ip",    "ip",   "netns",  "exec", ns,       "python3", DSEC_SRC "/tests/net_outside.py",
+        "--log", o->log, "--addr", a2,     "--addr", a3};
     size_t k = 13;
     for (size_t i = 0; o->args != NULL && o->args[i] != NULL && k < 63; i++)
         argv[k++] = o->args[i];

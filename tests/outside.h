@@ -8,11 +8,11 @@
 #include <sys/types.h>
 
 typedef struct dsec_test_outside {
-    const char *ns;       /* its namespace, e.g. "dsecnt-out" */
-    const char *ifname;   /* the host's end of the link */
-    int net;              /* 198.18.<net>.0/24: the host .1, the outside .2 and .3 */
-    const char *setup;    /* more of the set-up, "&& ..." shell (ip commands), or NULL */
-    const char *teardown; /* more of the removal, "; ..." shell, or NULL */
+    const char *ns;          /* its namespace, e.g. "dsecnt-out" */
+    const char *ifname;      /* the host's end of the link */
+    int net;                 /* 198.18.<net>.0/24: the host .1, the outside .2 and .3 */
+    const char *setup;       /* more of the set-up, "&& ..." shell (ip commands), or NULL */
+    const char *teardown;    /* more of the removal, "; ..." shell, or NULL */
     const char *const *args; /* more net_outside.py arguments (NULL-ended), or NULL */
     const char *log;         /* where net_outside.py logs the DNS queries it answers */
     pid_t pid;               /* net_outside.py's, while up */

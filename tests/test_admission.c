@@ -98,13 +98,13 @@ static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, uint
     snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%.64s", node);
     if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
         fail_msg("cell %s: %s", c->cell, err.msg);
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = timeout_ms,
-                          .retries = retries};
+    dsec_client_opts o = {
+        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = timeout_ms, .retries = retries};
     if (dsec_client_connect(&live.client, &o, &err) < 0)
         fail_msg("client: %s", err.msg);
     /* the scheduler knows the node before the first create */
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job",
-                          .cell = c->cell};
+    dsec_create_spec s = {
+        .type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job", .cell = c->cell};
     dsec_sandbox_info info;
     int rc = -1;
     for (int i = 0; i < 100 && rc < 0; i++) {
@@ -118,7 +118,10 @@ static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, uint
     msleep(200); /* its room back in the scheduler's view (a report) */
 }
 
-static dsec_sched *sched0(void) { return dsec_cell_sched_at(live.cell, 0); }
+static dsec_sched *sched0(void)
+{
+    return dsec_cell_sched_at(live.cell, 0);
+}
 
 static uint64_t node_live(void)
 {
@@ -178,8 +181,12 @@ static void overload_is_answered_not_queued(void **state)
     static struct offer o;
     static struct offer_one ones[OFFER_MAX];
     memset(&o, 0, sizeof o);
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 10, .memory_mb = 16, .cls = "job",
-                          .ttl_s = 120, .cell = live.conf.cell};
+    dsec_create_spec s = {.type = "sim",
+                          .cpu_milli = 10,
+                          .memory_mb = 16,
+                          .cls = "job",
+                          .ttl_s = 120,
+                          .cell = live.conf.cell};
     dsec_err err;
     int sent = 0;
     for (int burst = 0; burst < 20; burst++) {
@@ -291,8 +298,12 @@ struct sender {
 static void *sender_main(void *p)
 {
     struct sender *sd = p;
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job",
-                          .ttl_s = 120, .cell = live.conf.cell};
+    dsec_create_spec s = {.type = "sim",
+                          .cpu_milli = 1,
+                          .memory_mb = 1,
+                          .cls = "job",
+                          .ttl_s = 120,
+                          .cell = live.conf.cell};
     dsec_err err;
     for (int i = sd->from; i < sd->to; i++) {
         sd->ones[i] = (struct burst_one){.b = sd->b, .i = i};
@@ -310,8 +321,8 @@ static void send_burst(struct burst *b, struct burst_one *ones)
     pthread_t th[SENDERS];
     struct sender sd[SENDERS];
     for (int k = 0; k < SENDERS; k++) {
-        sd[k] = (struct sender){.b = b, .ones = ones, .from = k * BURST / SENDERS,
-                                .to = (k + 1) * BURST / SENDERS};
+        sd[k] = (struct sender){
+            .b = b, .ones = ones, .from = k * BURST / SENDERS, .to = (k + 1) * BURST / SENDERS};
         assert_int_equal(pthread_create(&th[k], NULL, sender_main, &sd[k]), 0);
     }
     for (int k = 0; k < SENDERS; k++) {
@@ -388,8 +399,12 @@ static void burst_is_shed_by_wait(void **state)
                   b.shed_ms_max);
     /* With no queue standing, nothing is shed: creates one at a time are placed. */
     uint64_t shed1 = shed_by_wait();
-    dsec_create_spec one = {.type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job",
-                            .ttl_s = 120, .cell = live.conf.cell};
+    dsec_create_spec one = {.type = "sim",
+                            .cpu_milli = 1,
+                            .memory_mb = 1,
+                            .cls = "job",
+                            .ttl_s = 120,
+                            .cell = live.conf.cell};
     for (int i = 0; i < 20; i++) {
         dsec_sandbox_info info;
         dsec_err err;
@@ -451,11 +466,14 @@ static void parked_rollout_is_answered(void **state)
     start_cell(1000, 8, 1, 0, 20000, -1);
     dsec_err err;
     dsec_sandbox_info full;
-    dsec_create_spec job = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job",
-                            .cell = live.conf.cell};
+    dsec_create_spec job = {
+        .type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job", .cell = live.conf.cell};
     if (dsec_create(live.client, &job, &full, &err) < 0)
         fail_msg("a create that fills the node: %s (%s)", err.msg, dsec_code_name(err.code));
-    dsec_create_spec ro = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "rollout",
+    dsec_create_spec ro = {.type = "sim",
+                           .cpu_milli = 1000,
+                           .memory_mb = 16,
+                           .cls = "rollout",
                            .cell = live.conf.cell};
     /* 1: parked (the node is full), waiting for room */
     static struct one_answer first;
@@ -480,8 +498,8 @@ static void parked_rollout_is_answered(void **state)
     /* 3: a client whose deadline comes long before wait_ms (30 s): answered
      * "overloaded" before that deadline, not a timeout */
     dsec_client *quick;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = 1500,
-                          .retries = -1};
+    dsec_client_opts o = {
+        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = 1500, .retries = -1};
     assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
     dsec_sched_stats_get(sched0(), &ss);
     uint64_t shed0 = ss.shed;
@@ -515,11 +533,14 @@ static void client_retries_overloaded(void **state)
     start_cell(3000, 1, 1, 0, 15000, 2);
     dsec_err err;
     dsec_sandbox_info a;
-    dsec_create_spec job = {.type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job",
-                            .cell = live.conf.cell};
+    dsec_create_spec job = {
+        .type = "sim", .cpu_milli = 1000, .memory_mb = 16, .cls = "job", .cell = live.conf.cell};
     assert_int_equal(dsec_create(live.client, &job, &a, &err), 0);
     msleep(200); /* its placement confirmed by a report: the replica holds nothing */
-    dsec_create_spec ro = {.type = "sim", .cpu_milli = 2500, .memory_mb = 16, .cls = "rollout",
+    dsec_create_spec ro = {.type = "sim",
+                           .cpu_milli = 2500,
+                           .memory_mb = 16,
+                           .cls = "rollout",
                            .cell = live.conf.cell};
     static struct one_answer r;
     memset(&r, 0, sizeof r);
@@ -535,8 +556,12 @@ static void client_retries_overloaded(void **state)
     uint64_t shed0 = ss.shed;
     static struct one_answer b;
     memset(&b, 0, sizeof b);
-    dsec_create_spec bs = {.type = "sim", .cpu_milli = 500, .memory_mb = 16, .cls = "job",
-                           .cell = live.conf.cell, .req_id = "admit-retry-b"};
+    dsec_create_spec bs = {.type = "sim",
+                           .cpu_milli = 500,
+                           .memory_mb = 16,
+                           .cls = "job",
+                           .cell = live.conf.cell,
+                           .req_id = "admit-retry-b"};
     assert_int_equal(dsec_create_async(live.client, &bs, on_one, &b, &err), 0);
     for (int i = 0; i < 200; i++) {
         dsec_sched_stats_get(sched0(), &ss);
@@ -544,7 +569,7 @@ static void client_retries_overloaded(void **state)
             break;
         msleep(10);
     }
-    assert_true(ss.shed > shed0); /* b was answered "overloaded"... */
+    assert_true(ss.shed > shed0);       /* b was answered "overloaded"... */
     assert_false(atomic_load(&b.done)); /* ...and libdsec did not give up */
     uint64_t live0 = node_live();
     assert_int_equal(dsec_destroy(live.client, a.id, &err), 0);

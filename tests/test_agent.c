@@ -1208,8 +1208,7 @@ static void test_mkdir_rename_sweep(void **state)
     assert_int_equal(dsec_agent_file_rename(conn, f, g, true, &err), 0);
     read_all(g, "new");
     assert_int_equal(access(f, F_OK), -1);
-    expect_fail(dsec_agent_file_rename(conn, f, g, false, &err), &err, DSEC_E_NOT_FOUND,
-                "rename");
+    expect_fail(dsec_agent_file_rename(conn, f, g, false, &err), &err, DSEC_E_NOT_FOUND, "rename");
     expect_fail(dsec_agent_file_rename(conn, "rel", g, false, &err), &err, DSEC_E_INVALID,
                 "absolute");
 
@@ -1312,7 +1311,10 @@ static int xfer_wait(struct xfer_wait *w)
     return w->rc;
 }
 
-#define XFER_WAIT_INIT {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER}
+#define XFER_WAIT_INIT                                                                             \
+    {                                                                                              \
+        .mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER                          \
+    }
 
 /* Transfers without a thread, as a node runs them: larger than one agent call (8 MiB), so in
  * pieces; a refused one (no such file, a file as a directory) says why and leaves the
@@ -1336,9 +1338,8 @@ static void test_files_on_loop(void **state)
         buf[i] = (uint8_t)(i * 2654435761u >> 13);
 
     struct xfer_wait w = XFER_WAIT_INIT;
-    assert_int_equal(dsec_agent_file_write_start(a, loop, f, buf, len, 0640, false, xfer_waited,
-                                                 &w, &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_file_write_start(a, loop, f, buf, len, 0640, false, xfer_waited, &w, &err), 0);
     dsec_file_data d;
     assert_int_equal(dsec_agent_file_read(a, f, 0, 1, &d, &err), -1);
     assert_int_equal(err.code, DSEC_E_STATE); /* the connection is the transfer's */
@@ -1373,14 +1374,13 @@ static void test_files_on_loop(void **state)
 
     /* refusals: said, and the connection stays in step */
     struct xfer_wait e1 = XFER_WAIT_INIT;
-    assert_int_equal(dsec_agent_file_read_start(a, loop, missing, 0, 0, xfer_waited, &e1, &err),
-                     0);
+    assert_int_equal(dsec_agent_file_read_start(a, loop, missing, 0, 0, xfer_waited, &e1, &err), 0);
     assert_int_equal(xfer_wait(&e1), -1);
     assert_int_equal(e1.err.code, DSEC_E_NOT_FOUND);
     struct xfer_wait e2 = XFER_WAIT_INIT;
-    assert_int_equal(dsec_agent_file_write_start(a, loop, under, "x", 1, 0644, false,
-                                                 xfer_waited, &e2, &err),
-                     0);
+    assert_int_equal(
+        dsec_agent_file_write_start(a, loop, under, "x", 1, 0644, false, xfer_waited, &e2, &err),
+        0);
     assert_int_equal(xfer_wait(&e2), -1);
     assert_int_equal(e2.err.code, DSEC_E_INVALID);
     assert_false(dsec_agent_broken(a));
@@ -1389,8 +1389,7 @@ static void test_files_on_loop(void **state)
     dsec_free(d.data);
     /* a relative path is refused before anything is sent */
     struct xfer_wait e3 = XFER_WAIT_INIT;
-    assert_int_equal(dsec_agent_file_read_start(a, loop, "rel", 0, 0, xfer_waited, &e3, &err),
-                     -1);
+    assert_int_equal(dsec_agent_file_read_start(a, loop, "rel", 0, 0, xfer_waited, &e3, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
 
     /* an empty write makes an empty file */
@@ -1882,7 +1881,8 @@ static void test_connect_backlog_full(void **state)
     unlink(p);
 }
 
-/* ---- SYNC: a fresh start on a channel that may hold an earlier client's bytes ------------------ */
+/* ---- SYNC: a fresh start on a channel that may hold an earlier client's bytes ------------------
+ */
 
 /* A scripted peer on a unix socket: greets, answers each SYNC the way the mode says, and then
  * the first other request with OK (its id). */

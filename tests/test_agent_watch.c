@@ -1,4 +1,5 @@
-/* test_agent_watch.c - dsec-agent --watch: a directory's changes as JSON lines, as a sandbox's watcher prints them. */
+/* test_agent_watch.c - dsec-agent --watch: a directory's changes as JSON lines, as a sandbox's
+ * watcher prints them. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>

@@ -1,4 +1,5 @@
-/* test_auth.c - bus permissions for real: `dsec auth` writes a nats-server configuration, the server runs it, and tenants stay inside their own subjects. */
+/* test_auth.c - bus permissions for real: `dsec auth` writes a nats-server configuration, the
+ * server runs it, and tenants stay inside their own subjects. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdbool.h>
@@ -111,7 +112,8 @@ static int start_server_at(const char *conf_dir, int at_port, pid_t *pid)
     }
     for (int i = 0; i < 100; i++) { /* ready when it accepts connections */
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)at_port),
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)at_port),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         int ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
         close(fd);
@@ -133,8 +135,9 @@ static int group_setup(void **state)
     if (mkdtemp(dir) == NULL || (port = free_port()) < 0)
         return -1;
     char out[4096];
-    int rc = run(out, sizeof out, "'%s' auth --out %s --tenant alice --tenant bob --listen 127.0.0.1:%d",
-                 dsec_bin, dir, port);
+    int rc =
+        run(out, sizeof out, "'%s' auth --out %s --tenant alice --tenant bob --listen 127.0.0.1:%d",
+            dsec_bin, dir, port);
     if (rc != 0) {
         fprintf(stderr, "dsec auth failed: %s\n", out);
         return -1;
@@ -175,8 +178,9 @@ static void test_config_and_credentials(void **state)
     assert_int_equal(run(out, sizeof out, "stat -c %%a %s/creds/tenant-alice.env", dir), 0);
     assert_string_equal(out, "600\n");
     /* a re-run with one more tenant keeps every existing password */
-    assert_int_equal(run(out, sizeof out, "'%s' auth --out %s --tenant alice --tenant bob --tenant carol "
-                                          "--listen 127.0.0.1:%d",
+    assert_int_equal(run(out, sizeof out,
+                         "'%s' auth --out %s --tenant alice --tenant bob --tenant carol "
+                         "--listen 127.0.0.1:%d",
                          dsec_bin, dir, port),
                      0);
     char again[256];
@@ -185,9 +189,11 @@ static void test_config_and_credentials(void **state)
     /* bad input is named */
     assert_int_equal(run(out, sizeof out, "'%s' auth --out %s --tenant 'a.b'", dsec_bin, dir), 2);
     assert_non_null(strstr(out, "tenant \"a.b\""));
-    assert_int_equal(run(out, sizeof out, "'%s' auth --out %s --tenant x --listen nowhere", dsec_bin, dir), 2);
+    assert_int_equal(
+        run(out, sizeof out, "'%s' auth --out %s --tenant x --listen nowhere", dsec_bin, dir), 2);
     assert_non_null(strstr(out, "expected HOST:PORT"));
-    assert_int_equal(run(out, sizeof out, "'%s' auth --out %s --tenant x --tls-cert /c", dsec_bin, dir), 2);
+    assert_int_equal(
+        run(out, sizeof out, "'%s' auth --out %s --tenant x --tls-cert /c", dsec_bin, dir), 2);
     assert_non_null(strstr(out, "go together"));
 }
 
@@ -252,7 +258,8 @@ static void test_tenants_stay_in_their_subjects(void **state)
     c.full_ms = 300;
     static const char *const types[] = {"sim", NULL};
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "an", 1, 8000, 8192, 100, types, "0", &err), 0);
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "an", 1, 8000, 8192, 100, types, "0", &err),
+                     0);
     dsec_cell *cell = NULL;
     if (dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
         fail_msg("cell: %s", err.msg);
@@ -320,16 +327,17 @@ static void test_tenants_stay_in_their_subjects(void **state)
     dsec_buf_init(&b);
     assert_int_equal(dsec_encode(&b, DSEC_MSG_OP, &op, &err), 0);
     dsec_msg *reply = NULL;
-    assert_int_equal(dsec_bus_request_sync(raw, subj, &(dsec_hdr){.type = "op"}, b.data, b.len, 1500, &reply,
-                                           &err),
+    assert_int_equal(dsec_bus_request_sync(raw, subj, &(dsec_hdr){.type = "op"}, b.data, b.len,
+                                           1500, &reply, &err),
                      -1);
     printf("auth: bob destroying alice's sandbox on her subject: %s\n", err.msg);
     /* the server's refusal ends the request: not a timeout that a retry could cure */
     assert_int_equal(err.code, DSEC_E_PERMISSION);
     assert_non_null(strstr(err.msg, subj));
     /* nor can he create as her, or speak for the control plane */
-    assert_int_equal(dsec_bus_request_sync(raw, "dsec.v1.ctl.place.an-0", &(dsec_hdr){.type = "place"},
-                                           b.data, b.len, 1000, &reply, &err),
+    assert_int_equal(dsec_bus_request_sync(raw, "dsec.v1.ctl.place.an-0",
+                                           &(dsec_hdr){.type = "place"}, b.data, b.len, 1000,
+                                           &reply, &err),
                      -1);
     assert_int_equal(err.code, DSEC_E_PERMISSION);
     dsec_buf_release(&b);
@@ -353,7 +361,8 @@ static void test_tenants_stay_in_their_subjects(void **state)
     assert_int_equal(atomic_load(&spy.got), 0);
     dsec_bus_stats bst;
     dsec_bus_stats_get(raw, &bst);
-    printf("auth: bob's refused subscriptions: %" PRIu64 " permission errors reported\n", bst.async_errors);
+    printf("auth: bob's refused subscriptions: %" PRIu64 " permission errors reported\n",
+           bst.async_errors);
     assert_true(bst.async_errors >= 1);
     dsec_actor_free(a);
     dsec_bus_free(raw);
@@ -388,23 +397,26 @@ static void test_tls(void **state)
     char tls[128], adir[160];
     snprintf(tls, sizeof tls, "%s/tls", dir);
     snprintf(adir, sizeof adir, "%s/tls-auth", dir);
-    assert_int_equal(run(out, sizeof out,
-                         "mkdir -p %s && cd %s && "
-                         "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
-                         "-subj /CN=dsec-test-ca && "
-                         "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 && "
-                         "printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
-                         "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem "
-                         "-days 2 -extfile ext",
-                         tls, tls),
-                     0);
+    assert_int_equal(
+        run(out, sizeof out,
+            "mkdir -p %s && cd %s && "
+            "openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 "
+            "-subj /CN=dsec-test-ca && "
+            "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr -subj /CN=127.0.0.1 "
+            "&& "
+            "printf 'subjectAltName=IP:127.0.0.1\\n' > ext && "
+            "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem "
+            "-days 2 -extfile ext",
+            tls, tls),
+        0);
     int tport = free_port();
     assert_true(tport > 0);
-    assert_int_equal(run(out, sizeof out,
-                         "'%s' auth --out %s --tenant alice --listen 127.0.0.1:%d --tls-cert %s/srv.pem "
-                         "--tls-key %s/srv.key --tls-ca %s/ca.pem",
-                         dsec_bin, adir, tport, tls, tls, tls),
-                     0);
+    assert_int_equal(
+        run(out, sizeof out,
+            "'%s' auth --out %s --tenant alice --listen 127.0.0.1:%d --tls-cert %s/srv.pem "
+            "--tls-key %s/srv.key --tls-ca %s/ca.pem",
+            dsec_bin, adir, tport, tls, tls, tls),
+        0);
     char path[256], url[256] = "", line[512];
     snprintf(path, sizeof path, "%s/creds/control.env", adir);
     FILE *f = fopen(path, "r");

@@ -1,4 +1,5 @@
-/* test_client_batch.c - dsec_cq_create_batch on a real nats-server and cell: each create's answer under its own token, per-create failures in a batch, bad arguments. */
+/* test_client_batch.c - dsec_cq_create_batch on a real nats-server and cell: each create's answer
+ * under its own token, per-create failures in a batch, bad arguments. */
 #include <inttypes.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -62,7 +63,8 @@ static void start_cell(const char *name, uint64_t slots)
     c->capacity_ms = 20;
     c->heartbeat_ms = 100;
     static const char *const types[] = {"sim", NULL};
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, name, 1, 64000, 65536, slots, types, "0", &err), 0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(c, name, 1, 64000, 65536, slots, types, "0", &err), 0);
     if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, &err) < 0)
         fail_msg("cell %s: %s", name, err.msg);
     dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = name, .timeout_ms = 5000};
@@ -119,8 +121,8 @@ static void batch_answers_each_create_under_its_token(void **state)
         snprintf(lab[i], sizeof lab[i], "i=%d", i);
         labels[i][0] = lab[i];
         labels[i][1] = NULL;
-        spec[i] = (dsec_create_spec){.type = "sim", .req_id = rid[i], .labels = labels[i],
-                                     .memory_mb = 1};
+        spec[i] = (dsec_create_spec){
+            .type = "sim", .req_id = rid[i], .labels = labels[i], .memory_mb = 1};
         specs[i] = &spec[i];
         tokens[i] = 7000 + (uint64_t)(NB - i) * 3; /* not in send order */
     }
@@ -157,8 +159,8 @@ static void batch_failures_are_per_create(void **state)
     dsec_create_spec banana = {.type = "banana"}; /* refused by the scheduler, not locally */
     dsec_create_spec long_rid = {.type = "sim",
                                  .req_id = "0123456789012345678901234567890123456789"};
-    const dsec_create_spec *specs[] = {&ok, &bad_project, &ok, &bad_label, NULL, &banana, &ok,
-                                       &long_rid};
+    const dsec_create_spec *specs[] = {&ok,  &bad_project, &ok, &bad_label,
+                                       NULL, &banana,      &ok, &long_rid};
     uint64_t tokens[] = {1, 2, 3, 4, 5, 6, 7, 8};
     size_t n = sizeof specs / sizeof specs[0];
     dsec_err err;

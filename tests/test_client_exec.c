@@ -35,7 +35,9 @@ static const int STREAMS[3] = {1, 1, 2};
 
 static void send_chunk(const dsec_msg_exec *x, uint64_t seq)
 {
-    dsec_msg_exec_chunk c = {.id = SBX, .seq = seq, .stream = (uint64_t)STREAMS[seq],
+    dsec_msg_exec_chunk c = {.id = SBX,
+                             .seq = seq,
+                             .stream = (uint64_t)STREAMS[seq],
                              .data = {(const uint8_t *)CHUNKS[seq], strlen(CHUNKS[seq])}};
     dsec_err err;
     if (dsec_wire_send(node_actor, node_bus, x->stream_to, NULL, DSEC_MSG_EXEC_CHUNK, &c, NULL,
@@ -128,8 +130,8 @@ static void on_output(void *ud, int stream, const uint8_t *data, size_t len)
 static int run(const char *how, seen *s, dsec_err *err)
 {
     dsec_client *c = NULL;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = TENANT, .timeout_ms = 3000,
-                          .retries = -1};
+    dsec_client_opts o = {
+        .url = dsec_natsd_url(natsd), .tenant = TENANT, .timeout_ms = 3000, .retries = -1};
     if (dsec_client_connect(&c, &o, err) < 0)
         fail_msg("client: %s", err->msg);
     const char *argv[] = {how, NULL};

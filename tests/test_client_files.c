@@ -151,8 +151,12 @@ static void fake_read(dsec_actor *a, dsec_msg *m, void *ud)
             hex_of(d, hex);
         }
     }
-    dsec_msg_file_data out = {.id = SBX, .path = r.path, .data = {src + r.offset, n}, .size = size,
-                              .eof = eof, .sha256 = hex[0] ? hex : NULL};
+    dsec_msg_file_data out = {.id = SBX,
+                              .path = r.path,
+                              .data = {src + r.offset, n},
+                              .size = size,
+                              .eof = eof,
+                              .sha256 = hex[0] ? hex : NULL};
     if (dsec_wire_reply(a, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
         dsec_wire_error(a, m, &err);
 }
@@ -228,8 +232,11 @@ static void fake_upload(dsec_actor *a, dsec_msg *m, void *ud)
         ucap = tc;
         ulen = 0;
     }
-    dsec_msg_file_data out = {.id = SBX, .path = w.path, .size = w.commit ? wlen : ulen,
-                              .eof = w.commit, .sha256 = w.commit ? hex : NULL};
+    dsec_msg_file_data out = {.id = SBX,
+                              .path = w.path,
+                              .size = w.commit ? wlen : ulen,
+                              .eof = w.commit,
+                              .sha256 = w.commit ? hex : NULL};
     if (dsec_wire_reply(a, m, DSEC_MSG_FILE_DATA, &out, &err) < 0)
         dsec_wire_error(a, m, &err);
 }

@@ -1082,8 +1082,7 @@ static void duplicates_found_anywhere_in_big_maps(void **state)
             continue;
         }
         char want[64];
-        snprintf(want, sizeof want, "field \"env\": duplicate key \"%s\"",
-                 keys[(dup * 7 + 3) % N]);
+        snprintf(want, sizeof want, "field \"env\": duplicate key \"%s\"", keys[(dup * 7 + 3) % N]);
         expect_fail(DSEC_MSG_EXEC, &B, DSEC_E_DECODE, want, "env");
     }
 }

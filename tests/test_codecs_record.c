@@ -323,8 +323,8 @@ static void truncation_messages(void **state)
     const uint8_t *p;
     size_t n;
     dsec_record_reader *r = dsec_record_reader_new_mem("\x05"
-                                                   "abc",
-                                                   4, 0);
+                                                       "abc",
+                                                       4, 0);
     assert_int_equal(dsec_record_read_raw(r, &p, &n, &err), -1);
     assert_int_equal(err.code, DSEC_E_DECODE);
     assert_string_equal(err.msg, "record 0 at byte 0: truncated: 3 of 5 bytes");
@@ -412,8 +412,8 @@ static void bad_framing_and_bodies(void **state)
     /* Field number 0 spelled in three bytes, at top level and nested
      * (found by fuzz_record: protobuf-c keeps it, then cannot re-read it). */
     r = dsec_record_reader_new_mem("\x04\x80\x80\x00\x01"
-                               "\x06\x32\x04\x80\x80\x00\x01",
-                               12, 0);
+                                   "\x06\x32\x04\x80\x80\x00\x01",
+                                   12, 0);
     assert_int_equal(dsec_trace_read(r, &rec, &err), -1);
     assert_string_equal(err.msg, "record 0: not a valid dsec.v1.TraceRecord (field number 0)");
     assert_int_equal(dsec_trace_read(r, &rec, &err), -1);
@@ -483,27 +483,49 @@ static void plain_structs_round_trip(void **state)
     dsec_record_writer *w = dsec_record_writer_new_buf(&b, 0);
     dsec_err err;
     dsec_record_kv pmeta[] = {{"cell", "c1"}, {"seed", "7"}};
-    dsec_trace_header h = {.format_version = DSEC_TRACE_FORMAT_VERSION, .created_ns = 42,
-                           .source = "test", .n_metadata = 2, .metadata = pmeta};
+    dsec_trace_header h = {.format_version = DSEC_TRACE_FORMAT_VERSION,
+                           .created_ns = 42,
+                           .source = "test",
+                           .n_metadata = 2,
+                           .metadata = pmeta};
     assert_int_equal(dsec_trace_header_write(w, &h, &err), 0);
     char *players[] = {"sha256:aa", "sha256:bb"};
-    dsec_trace_create c = {.type = "container", .cpu_milli = 500, .memory_mb = 64,
-                           .lifetime_s = 9, .cpu_use_fraction = 0.25, .n_layers = 2,
-                           .layers = players, .job_id = "j1", .class_ = "rollout"};
+    dsec_trace_create c = {.type = "container",
+                           .cpu_milli = 500,
+                           .memory_mb = 64,
+                           .lifetime_s = 9,
+                           .cpu_use_fraction = 0.25,
+                           .n_layers = 2,
+                           .layers = players,
+                           .job_id = "j1",
+                           .class_ = "rollout"};
     uint8_t ppayload[] = {0x81, 0xa1, 'a', 0x01};
-    dsec_trace_record tr = {.ts_ns = 99, .subject = "dsec.v1.t.create", .msg_type = "create",
-                            .payload = {sizeof ppayload, ppayload}, .create = &c,
+    dsec_trace_record tr = {.ts_ns = 99,
+                            .subject = "dsec.v1.t.create",
+                            .msg_type = "create",
+                            .payload = {sizeof ppayload, ppayload},
+                            .create = &c,
                             .expects_reply = true}; /* req_id NULL: written as "" */
     assert_int_equal(dsec_trace_record_write(w, &tr, &err), 0);
     dsec_trace_record plain = {.ts_ns = 100, .subject = "dsec.v1.t.sbx.n.i.op", .msg_type = "op"};
     assert_int_equal(dsec_trace_record_write(w, &plain, &err), 0);
     char *argv[] = {"sh", "-c", "echo hi"};
     uint8_t hash[32] = {1, 2, 3};
-    dsec_traj_record jr = {.rollout_id = "r1", .step = 3, .req_id = "q", .sandbox_id = "s",
-                           .n_argv = 3, .argv = argv, .exit_code = -1,
-                           .stdout_data = {3, (uint8_t *)"hi\n"}, .ts_ns = 5, .duration_us = 6,
-                           .request_hash = {32, hash}, .hash_alg = "sha256", .signal = 9,
-                           .timed_out = true, .stderr_truncated = true};
+    dsec_traj_record jr = {.rollout_id = "r1",
+                           .step = 3,
+                           .req_id = "q",
+                           .sandbox_id = "s",
+                           .n_argv = 3,
+                           .argv = argv,
+                           .exit_code = -1,
+                           .stdout_data = {3, (uint8_t *)"hi\n"},
+                           .ts_ns = 5,
+                           .duration_us = 6,
+                           .request_hash = {32, hash},
+                           .hash_alg = "sha256",
+                           .signal = 9,
+                           .timed_out = true,
+                           .stderr_truncated = true};
     assert_int_equal(dsec_traj_record_write(w, &jr, &err), 0);
     dsec_record_writer_free(w);
 

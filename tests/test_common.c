@@ -109,7 +109,8 @@ static void alloc_wrapper(void **state)
         char *p DSEC_AUTOFREE = dsec_malloc(16);
         assert_non_null(p);
     }
-    assert_true(strcmp(dsec_alloc_name(), "jemalloc") == 0 || strcmp(dsec_alloc_name(), "libc") == 0);
+    assert_true(strcmp(dsec_alloc_name(), "jemalloc") == 0 ||
+                strcmp(dsec_alloc_name(), "libc") == 0);
 }
 
 /* dsec_read_file: whole files, the size limit, a missing file, a file the kernel sizes 0 */
@@ -261,11 +262,12 @@ static void log_levels_and_hook(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(err_set_names_errno), cmocka_unit_test(sha256_known_vectors), cmocka_unit_test(err_wrap_prefixes),
-        cmocka_unit_test(err_null_is_safe),    cmocka_unit_test(code_names_round_trip),
-        cmocka_unit_test(retry_safety),        cmocka_unit_test(alloc_wrapper),
-        cmocka_unit_test(io_read_file),        cmocka_unit_test(io_whole_writes),
-        cmocka_unit_test(io_run_capture),      cmocka_unit_test(log_levels_and_hook),
+        cmocka_unit_test(err_set_names_errno),   cmocka_unit_test(sha256_known_vectors),
+        cmocka_unit_test(err_wrap_prefixes),     cmocka_unit_test(err_null_is_safe),
+        cmocka_unit_test(code_names_round_trip), cmocka_unit_test(retry_safety),
+        cmocka_unit_test(alloc_wrapper),         cmocka_unit_test(io_read_file),
+        cmocka_unit_test(io_whole_writes),       cmocka_unit_test(io_run_capture),
+        cmocka_unit_test(log_levels_and_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

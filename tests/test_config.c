@@ -60,7 +60,8 @@ static void errors_name_file_line_and_key(void **state)
     uint64_t v;
     bool b;
     assert_int_equal(dsec_cfg_u64(c, sch, "k", 1, 1, 16, &v, &err), -1);
-    assert_string_equal(err.msg, "t.yaml:3: key \"k\": expected a non-negative integer, got \"lots\"");
+    assert_string_equal(err.msg,
+                        "t.yaml:3: key \"k\": expected a non-negative integer, got \"lots\"");
     assert_int_equal(err.code, DSEC_E_CONFIG);
     assert_int_equal(dsec_cfg_u64(c, sch, "max", 1, 1, 16, &v, &err), -1);
     assert_string_equal(err.msg, "t.yaml:4: key \"max\": 99 is out of range [1, 16]");
@@ -214,7 +215,8 @@ static void cell_node_results_settings(void **state)
          "t.yaml:4: key \"results_ttl_s\": 0 is out of range [1, 86400]"},
         {"cell: c1\nnodes:\n  - name: a\n    results_ttl_s: 10m\n",
          "key \"results_ttl_s\": expected a non-negative integer, got \"10m\""},
-        {"cell: c1\nnodes:\n  - name: a\n    results_ttl_ms: 5\n", "unknown key \"results_ttl_ms\""},
+        {"cell: c1\nnodes:\n  - name: a\n    results_ttl_ms: 5\n",
+         "unknown key \"results_ttl_ms\""},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dsec_cell_conf_defaults(&c);

@@ -1597,7 +1597,8 @@ static void crash_on(const char *from, const char *id)
             fprintf(stderr, "child: create on %s: %s\n", from, err.msg);
             _exit(3);
         }
-        const char *argv[] = {"/bin/sh", "-c", "echo before > /root/f && echo $$ > /root/pid && exec sleep 1000"};
+        const char *argv[] = {"/bin/sh", "-c",
+                              "echo before > /root/f && echo $$ > /root/pid && exec sleep 1000"};
         dsec_proc_start_req req = {.exec = {.argv = argv, .argc = 3}};
         dsec_proc_info bg;
         if (dsec_container_ops.proc_start(ct, h, &req, &bg, &err) < 0) {

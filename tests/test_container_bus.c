@@ -53,7 +53,8 @@ static int group_setup(void **state)
         return -1;
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
+             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only "
+             "busybox >/dev/null",
              DSEC_SRC, DSEC_CLI, root, root);
     if (system(cmd) != 0) {
         fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
@@ -92,7 +93,8 @@ static int group_setup(void **state)
 static int sandbox_mounts(void)
 {
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "grep -c ' %s/cell/node-ctbus-0000/container/sb/' /proc/self/mountinfo", root);
+    snprintf(cmd, sizeof cmd,
+             "grep -c ' %s/cell/node-ctbus-0000/container/sb/' /proc/self/mountinfo", root);
     FILE *p = popen(cmd, "r");
     int n = -1;
     if (p == NULL || fscanf(p, "%d", &n) != 1)
@@ -112,7 +114,8 @@ static int group_teardown(void **state)
     /* the node's own mounts (upper store, layer cache) go with its directory */
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do "
+             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | "
+             "sort -r); do "
              "umount -l $m; done",
              root);
     if (system(cmd) != 0)
@@ -151,7 +154,8 @@ static void test_exec_files_fork_snapshot(void **state)
     /* files through the agent */
     dsec_err err;
     const char *text = "branch point\n";
-    assert_int_equal(dsec_file_write(cl, a.id, "/work/state.txt", text, strlen(text), 0644, &err), 0);
+    assert_int_equal(dsec_file_write(cl, a.id, "/work/state.txt", text, strlen(text), 0644, &err),
+                     0);
     uint8_t *data = NULL;
     size_t len = 0;
     assert_int_equal(dsec_file_read(cl, a.id, "/work/state.txt", &data, &len, &err), 0);
@@ -295,7 +299,8 @@ static void test_node_restart_readopts(void **state)
     assert_int_equal(start_cell(), 0);
     dsec_err err;
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 10000, &err), 0);
-    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);
+    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out),
+                     0);
     assert_string_equal(out, "42\nalive");
     /* and the restarted node manager still knows it by its handle */
     dsec_proc *v;
@@ -409,8 +414,7 @@ static void test_shell_sessions(void **state)
     assert_string_equal(got, "/tmp\n5\n7\nf:z");
     /* each command its own exit code and streams; output without a newline comes whole */
     dsec_exec_reply r;
-    assert_int_equal(sess(a.id, s.handle, "echo oops >&2; printf partial; false", 20000, &r,
-                          &err),
+    assert_int_equal(sess(a.id, s.handle, "echo oops >&2; printf partial; false", 20000, &r, &err),
                      0);
     assert_int_equal(r.exit_code, 1);
     assert_int_equal(r.out_len, 7);
@@ -453,14 +457,13 @@ static void test_shell_sessions(void **state)
     assert_string_equal(got, "5");
     /* bad input: two arguments, a cwd, a handle that is no session, an unknown handle */
     const char *two[] = {"echo", "x", NULL};
-    assert_int_equal(dsec_exec(cl, a.id, &(dsec_exec_opts){.argv = two, .session = s.handle},
-                               &r, &err),
-                     -1);
+    assert_int_equal(
+        dsec_exec(cl, a.id, &(dsec_exec_opts){.argv = two, .session = s.handle}, &r, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
     const char *one[] = {"pwd", NULL};
     assert_int_equal(dsec_exec(cl, a.id,
-                               &(dsec_exec_opts){.argv = one, .session = s.handle, .cwd = "/"},
-                               &r, &err),
+                               &(dsec_exec_opts){.argv = one, .session = s.handle, .cwd = "/"}, &r,
+                               &err),
                      -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
     printf("session exec with a cwd: %s\n", err.msg);
@@ -484,15 +487,12 @@ static void test_shell_sessions(void **state)
     assert_int_equal(cli(out, sizeof out, "session %s", a.id), 0);
     uint64_t h = strtoull(out, NULL, 10);
     assert_true(h > s.handle);
-    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'cd /etc; Z=9'", h,
-                         a.id),
-                     0);
-    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'echo $(pwd) $Z'",
-                         h, a.id),
-                     0);
+    assert_int_equal(
+        cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'cd /etc; Z=9'", h, a.id), 0);
+    assert_int_equal(
+        cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'echo $(pwd) $Z'", h, a.id), 0);
     assert_string_equal(out, "/etc 9\n");
-    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'exit 4'", h, a.id),
-                     4);
+    assert_int_equal(cli(out, sizeof out, "exec --session %" PRIu64 " %s -- 'exit 4'", h, a.id), 4);
     destroy(a.id);
 }
 
@@ -528,11 +528,11 @@ static void test_terminals(void **state)
     dsec_err err;
     dsec_proc t;
     const char *argv[] = {"sh", NULL};
-    assert_int_equal(dsec_proc_start(cl, a.id,
-                                     &(dsec_proc_opts){.argv = argv, .pty = true, .rows = 30,
-                                                       .cols = 100},
-                                     &t, &err),
-                     0);
+    assert_int_equal(
+        dsec_proc_start(cl, a.id,
+                        &(dsec_proc_opts){.argv = argv, .pty = true, .rows = 30, .cols = 100}, &t,
+                        &err),
+        0);
     assert_true(t.pty && t.stdin_open);
     uint64_t off = 0;
     char acc[8192] = "";
@@ -595,9 +595,9 @@ static void test_terminals(void **state)
     assert_non_null(fin);
     fputs("abc\n", fin);
     fclose(fin);
-    assert_int_equal(cli(out, sizeof out, "exec -it %s -- sh -c 'read x; echo got-$x; exit 5' < %s",
-                         a.id, in),
-                     5);
+    assert_int_equal(
+        cli(out, sizeof out, "exec -it %s -- sh -c 'read x; echo got-$x; exit 5' < %s", a.id, in),
+        5);
     assert_non_null(strstr(out, "got-abc"));
     destroy(a.id);
 }
@@ -708,8 +708,9 @@ static void test_watch(void **state)
     assert_int_equal(dsec_dir_watch(cl, a.id, "/w", true, &w, &err), 0);
     assert_true(w.running);
     /* a change made by a command, seen by the client as it happens */
-    assert_int_equal(sh(a.id, "echo x > /w/f && mv /w/f /w/g && mkdir /w/new && echo y > /w/new/h "
-                              "&& rm /w/g",
+    assert_int_equal(sh(a.id,
+                        "echo x > /w/f && mv /w/f /w/g && mkdir /w/new && echo y > /w/new/h "
+                        "&& rm /w/g",
                         got, sizeof got),
                      0);
     struct evs e = {""};
@@ -753,8 +754,10 @@ static void test_background_processes(void **state)
     assert_true(srv.handle > 0 && srv.pid > 0 && srv.running);
     const char *cat_argv[] = {"cat", NULL};
     assert_int_equal(dsec_proc_start(cl, a.id,
-                                     &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true,
-                                                       .stdin_data = "hel", .stdin_len = 3},
+                                     &(dsec_proc_opts){.argv = cat_argv,
+                                                       .keep_stdin = true,
+                                                       .stdin_data = "hel",
+                                                       .stdin_len = 3},
                                      &cat, &err),
                      0);
     assert_true(cat.handle != srv.handle);
@@ -811,7 +814,8 @@ static void test_background_processes(void **state)
     assert_int_equal(err.code, DSEC_E_STATE);
     assert_int_equal(dsec_proc_signal(cl, a.id, 999999, 9, &err), -1);
     assert_int_equal(err.code, DSEC_E_NOT_FOUND);
-    assert_int_equal(cli(out, sizeof out, "exec -d %s -- sh -c 'sleep 0.5; echo late; exit 3'", a.id), 0);
+    assert_int_equal(
+        cli(out, sizeof out, "exec -d %s -- sh -c 'sleep 0.5; echo late; exit 3'", a.id), 0);
     uint64_t h = strtoull(out, NULL, 10);
     assert_true(h > cat.handle);
     assert_int_equal(cli(out, sizeof out, "attach %s %" PRIu64, a.id, h), 3);
@@ -833,7 +837,8 @@ static void test_background_processes(void **state)
 
     /* a foreground exec's leftovers end with it: nothing of it runs once it answered */
     char got[256];
-    assert_int_equal(sh(a.id, "sleep 301 & (setsid sleep 302 &); echo started", got, sizeof got), 0);
+    assert_int_equal(sh(a.id, "sleep 301 & (setsid sleep 302 &); echo started", got, sizeof got),
+                     0);
     assert_string_equal(got, "started");
     assert_int_equal(sh(a.id,
                         "n=0; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null "
@@ -938,9 +943,9 @@ static void test_default_disk_quota(void **state)
     const char *text = "still writable\n";
     assert_int_equal(dsec_file_write(cl, b.id, "/work/note", text, strlen(text), 0644, &err), 0);
     /* the filled one goes on once it frees its own space */
-    assert_int_equal(sh(a.id, "rm /root/fill; sync; echo ok > /root/after && cat /root/after", out,
-                        sizeof out),
-                     0);
+    assert_int_equal(
+        sh(a.id, "rm /root/fill; sync; echo ok > /root/after && cat /root/after", out, sizeof out),
+        0);
     assert_string_equal(out, "ok");
     destroy(a.id);
     destroy(b.id);
@@ -979,8 +984,8 @@ static void test_many_commands_at_once(void **state)
     pthread_t th[N];
     dsec_err err;
     for (int i = 0; i < N; i++) {
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 100,
-                               .memory_mb = 32};
+        dsec_create_spec cs = {
+            .type = "container", .env = "busybox:1", .cpu_milli = 100, .memory_mb = 32};
         if (dsec_create(cl, &cs, &info[i], &err) < 0)
             fail_msg("create %d: %s", i, err.msg);
     }
@@ -1044,8 +1049,8 @@ static void test_answer_collected_by_req_id(void **state)
     /* The node manager stops while a second command runs: the container, and the command,
      * go on. After the restart the finished one's answer is still kept, and the running
      * one's retry hears that its outcome was lost: it is not run a second time. */
-    const char *argv2[] = {"/bin/sh", "-c", "echo run2 >> /tmp/runs; sleep 2; echo end2 >> /tmp/runs",
-                           NULL};
+    const char *argv2[] = {"/bin/sh", "-c",
+                           "echo run2 >> /tmp/runs; sleep 2; echo end2 >> /tmp/runs", NULL};
     dsec_exec_opts eo2 = {.argv = argv2, .req_id = "lost-with-node-1"};
     o.timeout_ms = 1000;
     assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
@@ -1135,8 +1140,8 @@ static void test_heartbeats_while_cpus_busy(void **state)
     pthread_t th[N];
     dsec_err err;
     for (int i = 0; i < N; i++) {
-        dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 1300,
-                               .memory_mb = 32};
+        dsec_create_spec cs = {
+            .type = "container", .env = "busybox:1", .cpu_milli = 1300, .memory_mb = 32};
         if (dsec_create(cl, &cs, &info[i], &err) < 0)
             fail_msg("create %d: %s", i, err.msg);
     }
@@ -1232,8 +1237,8 @@ static void hex_final(dsec_sha256 *h, char out[65])
 }
 
 /* Up and down through one container's agent; MB/s printed. */
-static void transfer(const char *id, const char *path, uint64_t len, size_t chunk,
-                     unsigned window, bool check)
+static void transfer(const char *id, const char *path, uint64_t len, size_t chunk, unsigned window,
+                     bool check)
 {
     dsec_err err;
     struct gen g = {.len = len};
@@ -1273,8 +1278,11 @@ static void test_uploads_downloads_file_ops(void **state)
 {
     if (natsd == NULL)
         skip();
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 500,
-                           .memory_mb = 64, .disk_mb = 3072};
+    dsec_create_spec cs = {.type = "container",
+                           .env = "busybox:1",
+                           .cpu_milli = 500,
+                           .memory_mb = 64,
+                           .disk_mb = 3072};
     dsec_sandbox_info a;
     dsec_err err;
     if (dsec_create(cl, &cs, &a, &err) < 0)
@@ -1285,8 +1293,9 @@ static void test_uploads_downloads_file_ops(void **state)
      * matches */
     assert_int_equal(dsec_file_write(cl, a.id, "/root/big", "old", 3, 0640, &err), 0);
     transfer(a.id, "/root/big", 64u << 20, 0, 0, true);
-    assert_int_equal(sh(a.id, "sha256sum /root/big | cut -c1-64; stat -c %a /root/big; "
-                              "ls -a /root | grep -c dsec-upload",
+    assert_int_equal(sh(a.id,
+                        "sha256sum /root/big | cut -c1-64; stat -c %a /root/big; "
+                        "ls -a /root | grep -c dsec-upload",
                         out, sizeof out),
                      1); /* grep -c found none: exit 1 */
     struct gen g = {.len = 64u << 20};
@@ -1310,8 +1319,11 @@ static void test_uploads_downloads_file_ops(void **state)
     snprintf(subj, sizeof subj, "dsec.v1.ctbus.sbx.%s.%s.upload", a.node, a.id);
     for (int i = 0; i < 4; i++) {
         gen_read(&gp, buf, 2u << 20);
-        dsec_msg_file_write w = {.id = a.id, .path = "/root/r", .upload = "ct-resume",
-                                 .offset = (uint64_t)i << 21, .data = {buf, 2u << 20}};
+        dsec_msg_file_write w = {.id = a.id,
+                                 .path = "/root/r",
+                                 .upload = "ct-resume",
+                                 .offset = (uint64_t)i << 21,
+                                 .data = {buf, 2u << 20}};
         dsec_buf b;
         dsec_buf_init(&b);
         assert_int_equal(dsec_encode(&b, DSEC_MSG_FILE_WRITE, &w, &err), 0);
@@ -1325,9 +1337,8 @@ static void test_uploads_downloads_file_ops(void **state)
         dsec_buf_release(&b);
     }
     dsec_free(buf);
-    assert_int_equal(sh(a.id, "cat /root/r; echo; stat -c %s /root/.dsec-upload-ct-resume", out,
-                        sizeof out),
-                     0);
+    assert_int_equal(
+        sh(a.id, "cat /root/r; echo; stat -c %s /root/.dsec-upload-ct-resume", out, sizeof out), 0);
     assert_string_equal(out, "old\n8388608");
     uint64_t held = 0;
     assert_int_equal(dsec_file_upload_held(cl, a.id, "/root/r", "ct-resume", &held, &err), 0);
@@ -1385,15 +1396,15 @@ static void test_uploads_downloads_file_ops(void **state)
         snprintf(rs, sizeof rs, "dsec.v1.ctbus.sbx.%s.%s.read", a.node, a.id);
         dsec_decoder *dec = dsec_decoder_new(NULL);
         for (uint64_t off = 0; off < n; off += 4u << 20) {
-            dsec_msg_file_read rq = {.id = a.id, .path = "/root/plain", .offset = off,
-                                     .max = 4u << 20};
+            dsec_msg_file_read rq = {
+                .id = a.id, .path = "/root/plain", .offset = off, .max = 4u << 20};
             dsec_buf b;
             dsec_buf_init(&b);
             assert_int_equal(dsec_encode(&b, DSEC_MSG_FILE_READ, &rq, &err), 0);
             dsec_hdr h = {.type = "file_read", .schema = DSEC_SCHEMA_VERSION};
             dsec_msg *reply = NULL;
-            if (dsec_bus_request_sync(dsec_cell_bus(cell), rs, &h, b.data, b.len, 20000,
-                                      &reply, &err) < 0)
+            if (dsec_bus_request_sync(dsec_cell_bus(cell), rs, &h, b.data, b.len, 20000, &reply,
+                                      &err) < 0)
                 fail_msg("plain read: %s", err.msg);
             dsec_msg_free(reply);
             dsec_buf_release(&b);
@@ -1405,8 +1416,9 @@ static void test_uploads_downloads_file_ops(void **state)
                "time, no digest): write %.1f MB/s, read %.1f MB/s\n",
                n >> 20, (double)n / (t1 - t0) / 1e6, (double)n / (t2 - t1) / 1e6);
         t0 = now_s();
-        assert_int_equal(sh(a.id, "dd if=/dev/zero of=/root/dd bs=4M count=256 conv=fsync "
-                                  "2>/dev/null; rm -f /root/dd /root/plain",
+        assert_int_equal(sh(a.id,
+                            "dd if=/dev/zero of=/root/dd bs=4M count=256 conv=fsync "
+                            "2>/dev/null; rm -f /root/dd /root/plain",
                             out, sizeof out),
                          0);
         printf("container_bus: dd of 1 GiB inside the sandbox (conv=fsync): %.1f MB/s\n",

@@ -249,7 +249,7 @@ static void test_container_from_image(void **state)
     dsec_err err;
     if (OPS.create(ct, &spec, &h, &bstate, &err) < 0)
         fail_msg("create from %s: %s", REF, err.msg);
-#ifndef IMG_FN /* a function call runs as its pool's user, in / */
+#ifndef IMG_FN                /* a function call runs as its pool's user, in / */
     SH_IS("id -u", "1234\n"); /* USER app, resolved in the image's /etc/passwd */
     SH_IS("pwd", "/work\n");  /* WorkingDir */
 #endif
@@ -312,9 +312,10 @@ static void test_shared_base_fetched_once(void **state)
         dsec_free(bstate);
         dsec_layer_cache_stats_get(cache, &st[i + 1]);
     }
-    fprintf(stderr, "%s_image: layer cache fetches %" PRIu64 " -> %" PRIu64 " -> %" PRIu64
-            ", hits %" PRIu64 " -> %" PRIu64 "\n", WHAT, st[0].fetches, st[1].fetches,
-            st[2].fetches, st[1].hits, st[2].hits);
+    fprintf(stderr,
+            "%s_image: layer cache fetches %" PRIu64 " -> %" PRIu64 " -> %" PRIu64 ", hits %" PRIu64
+            " -> %" PRIu64 "\n",
+            WHAT, st[0].fetches, st[1].fetches, st[2].fetches, st[1].hits, st[2].hits);
     assert_int_equal(st[2].fetches - st[1].fetches, 1); /* the second image's own layer only */
     assert_true(st[2].hits > st[1].hits);               /* the base, from the cache */
     dsec_layer_cache_free(cache);

@@ -1,4 +1,5 @@
-/* test_control.c - the control plane end to end on a real nats-server: placement, retries, cells, reaping, idempotency, re-adoption, draining, bad input. */
+/* test_control.c - the control plane end to end on a real nats-server: placement, retries, cells,
+ * reaping, idempotency, re-adoption, draining, bad input. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -110,7 +111,8 @@ static void add_node(dsec_cell_conf *c, const char *name, uint64_t slots, const 
                      const char *label)
 {
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, name, 1, 64000, 65536, slots, types, "0", &err), 0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(c, name, 1, 64000, 65536, slots, types, "0", &err), 0);
     dsec_cell_node *n = &c->nodes[c->nnodes - 1];
     snprintf(n->name, sizeof n->name, "%s", name);
     if (label != NULL) {
@@ -175,7 +177,9 @@ static void lightest_type_labels_and_errors(void **state)
 
     static const char *const zone_b[] = {"zone=b", NULL};
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(create(cl, (dsec_create_spec){.type = "container", .affinity = zone_b}, &info, &err), 0);
+        assert_int_equal(
+            create(cl, (dsec_create_spec){.type = "container", .affinity = zone_b}, &info, &err),
+            0);
         assert_string_equal(info.node, "t1-b");
     }
 
@@ -185,14 +189,14 @@ static void lightest_type_labels_and_errors(void **state)
     assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "banana"));
     static const char *const zone_c[] = {"zone=c", NULL};
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "container", .affinity = zone_c}, &info, &err), -1);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "container", .affinity = zone_c}, &info, &err), -1);
     assert_int_equal(err.code, DSEC_E_CAPACITY);
     assert_non_null(strstr(err.msg, "zone"));
     static const char *const bogus[] = {"wings", NULL};
     assert_int_equal(create(cl, (dsec_create_spec){.requires = bogus}, &info, &err), -1);
     assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "wings"));
-
 }
 
 static void capacity_is_respected(void **state)
@@ -214,7 +218,8 @@ static void capacity_is_respected(void **state)
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
     assert_int_equal(ns.live, 3);
     /* memory: a request larger than any node never lands */
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .memory_mb = 1u << 20}, &info[3], &err), -1);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .memory_mb = 1u << 20}, &info[3], &err), -1);
     assert_int_equal(err.code, DSEC_E_CAPACITY);
     assert_non_null(strstr(err.msg, "memory"));
     /* freeing a slot lets the next create in once the node has reported it */
@@ -247,9 +252,11 @@ static void refusal_is_retried_elsewhere(void **state)
         char rid[32];
         snprintf(rid, sizeof rid, "direct-%d", i);
         dsec_msg_place p = {.c = {.req_id = rid, .tenant = "t3", .type = "sim"},
-                            .reply_to = "test.sink", .attempt = 1};
+                            .reply_to = "test.sink",
+                            .attempt = 1};
         assert_int_equal(dsec_wire_send(NULL, bus, "dsec.v1.ctl.place.t3-a", NULL, DSEC_MSG_PLACE,
-                                        &p, rid, &err), 0);
+                                        &p, rid, &err),
+                         0);
     }
     dsec_node_stats ns = {0};
     for (int i = 0; i < 200 && ns.live < 2; i++) {
@@ -335,7 +342,8 @@ static void disk_is_admitted_above_a_reserve(void **state)
     (void)state;
 }
 
-/* Function sandboxes, many and small, get defaults.function_disk_mb; other types defaults.disk_mb. */
+/* Function sandboxes, many and small, get defaults.function_disk_mb; other types defaults.disk_mb.
+ */
 static void function_sandboxes_get_their_own_default_disk(void **state)
 {
     static dsec_cell_conf c;
@@ -357,7 +365,8 @@ static void function_sandboxes_get_their_own_default_disk(void **state)
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &info, &err), 0);
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
     assert_int_equal(ns.disk_free_mb, 793);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "function", .disk_mb = 93}, &info, &err), 0);
+    assert_int_equal(create(cl, (dsec_create_spec){.type = "function", .disk_mb = 93}, &info, &err),
+                     0);
     dsec_node_stats_get(dsec_cell_node_at(cell, 0), &ns);
     assert_int_equal(ns.disk_free_mb, 700);
     (void)state;
@@ -602,13 +611,15 @@ static void two_cells_fan_out_and_fill_over(void **state)
     assert_int_equal(dsec_encode(&b, DSEC_MSG_CREATE, &m, &err), 0);
     dsec_msg *reply = NULL;
     dsec_hdr h = {.type = "create", .schema = 1, .req_id = m.req_id};
-    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(cell1), "dsec.v1.fan.create.c1", &h, b.data,
-                                           b.len, 3000, &reply, &err), 0);
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(cell1), "dsec.v1.fan.create.c1", &h,
+                                           b.data, b.len, 3000, &reply, &err),
+                     0);
     dsec_buf_release(&b);
     assert_string_equal(dsec_msg_type(reply), "created");
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_created cr;
-    assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
     assert_string_equal(cr.cell, "c2");
     dsec_decoder_free(d);
     dsec_msg_free(reply);
@@ -628,9 +639,12 @@ static void lifetime_and_idle_reclaim(void **state)
     dsec_client *cl = client("t5");
     dsec_sandbox_info ttl, idle, busy;
     dsec_err err;
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 1, .idle_s = 60}, &ttl, &err), 0);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &idle, &err), 0);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 2}, &busy, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 1, .idle_s = 60}, &ttl, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &idle, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 2}, &busy, &err), 0);
     const char *argv[] = {"echo", "hi", NULL};
     /* keep one busy for 5 s, past its 2 s idle_s, with a command every 0.5 s: a loaded
      * machine (make check's) may stretch a gap, not to 2 s */
@@ -701,7 +715,8 @@ static void async_retry_check(const char *tag, bool direct)
          *label = dsec_strdup("k=v");
     const char **labels = dsec_calloc(2, sizeof *labels);
     labels[0] = label;
-    dsec_create_spec spec = {.type = type, .rollout_id = rollout, .labels = labels, .memory_mb = 64};
+    dsec_create_spec spec = {
+        .type = type, .rollout_id = rollout, .labels = labels, .memory_mb = 64};
     struct retried r = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     assert_int_equal(dsec_create_async(cl, &spec, on_retried, &r, &err), 0);
     /* the caller's strings go away at once, overwritten first */
@@ -744,9 +759,11 @@ static void idempotent_create_under_retries(void **state)
     dsec_client *cl = client("t6");
     dsec_sandbox_info first, again;
     dsec_err err;
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &first, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &first, &err), 0);
     assert_false(first.existing);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &again, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .req_id = "job-7-step-1"}, &again, &err), 0);
     /* the same id whichever node a first attempt would land on next... */
     if (strcmp(again.id, first.id) != 0) {
         /* ...unless it went to the other node: only a retry (which carries
@@ -764,11 +781,14 @@ static void idempotent_create_under_retries(void **state)
         dsec_msg *reply = NULL;
         dsec_hdr h = {.type = "create", .schema = 1, .req_id = "job-7-step-1"};
         assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(cell), "dsec.v1.t6.create", &h, b.data,
-                                               b.len, 3000, &reply, &err), 0);
+                                               b.len, 3000, &reply, &err),
+                         0);
         assert_string_equal(dsec_msg_type(reply), "created");
         dsec_decoder *d = dsec_decoder_new(NULL);
         dsec_msg_created cr;
-        assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+        assert_int_equal(
+            dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err),
+            0);
         assert_true(cr.existing);
         assert_true(strcmp(cr.id, first.id) == 0 || strcmp(cr.id, again.id) == 0);
         dsec_decoder_free(d);
@@ -794,7 +814,11 @@ static void sandbox_operations(void **state)
     assert_int_equal(create(cl, (dsec_create_spec){.type = "sim"}, &sb, &err), 0);
     const char *argv[] = {"cat", NULL};
     dsec_exec_reply r;
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = argv, .stdin_data = "in\0put", .stdin_len = 6}, &r, &err), 0);
+    assert_int_equal(
+        dsec_exec(cl, sb.id,
+                  &(dsec_exec_opts){.argv = argv, .stdin_data = "in\0put", .stdin_len = 6}, &r,
+                  &err),
+        0);
     assert_int_equal(r.out_len, 6);
     assert_memory_equal(r.out, "in\0put", 6);
     dsec_exec_reply_release(&r);
@@ -815,7 +839,8 @@ static void sandbox_operations(void **state)
     assert_int_equal(len, 6);
     assert_memory_equal(data, "parent", 6); /* the branch point, not later writes */
     dsec_free(data);
-    assert_int_equal(dsec_file_read(cl, kids[1], "/w/b.txt", &data, &len, &err), -1); /* siblings apart */
+    assert_int_equal(dsec_file_read(cl, kids[1], "/w/b.txt", &data, &len, &err),
+                     -1); /* siblings apart */
     dsec_dirent *e;
     size_t ne;
     assert_int_equal(dsec_file_list(cl, kids[0], "/w", &e, &ne, &err), 0);
@@ -851,7 +876,8 @@ static dsec_msg_error request_error(dsec_bus *bus, const char *subject, const ch
     assert_string_equal(dsec_msg_type(reply), "error");
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_error e;
-    assert_int_equal(dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, &err), 0);
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply), &e, &err), 0);
     snprintf(code, ncode, "%s", e.code);
     snprintf(field, nfield, "%s", e.field ? e.field : "");
     dsec_decoder_free(d);
@@ -868,15 +894,19 @@ static void malformed_requests_get_errors(void **state)
     dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
     dsec_bus *bus = dsec_cell_bus(cell);
     char code[32], field[32];
-    request_error(bus, "dsec.v1.t8.create.t8", "create", "\xc1garbage", 8, code, sizeof code, field, sizeof field);
+    request_error(bus, "dsec.v1.t8.create.t8", "create", "\xc1garbage", 8, code, sizeof code, field,
+                  sizeof field);
     assert_string_equal(code, "decode");
     static const uint8_t no_req_id[] = {0x81, 0xa4, 't', 'y', 'p', 'e', 0xa3, 's', 'i', 'm'};
-    request_error(bus, "dsec.v1.t8.create.t8", "create", no_req_id, sizeof no_req_id, code, sizeof code, field, sizeof field);
+    request_error(bus, "dsec.v1.t8.create.t8", "create", no_req_id, sizeof no_req_id, code,
+                  sizeof code, field, sizeof field);
     assert_string_equal(code, "decode");
     assert_string_equal(field, "req_id");
-    static const uint8_t bad_cpu[] = {0x82, 0xa6, 'r', 'e', 'q', '_', 'i', 'd', 0xa1, 'x',
-                                      0xa9, 'c', 'p', 'u', '_', 'm', 'i', 'l', 'l', 'i', 0xa3, 'l', 'o', 't'};
-    request_error(bus, "dsec.v1.t8.create.t8", "create", bad_cpu, sizeof bad_cpu, code, sizeof code, field, sizeof field);
+    static const uint8_t bad_cpu[] = {0x82, 0xa6, 'r',  'e', 'q',  '_', 'i', 'd',
+                                      0xa1, 'x',  0xa9, 'c', 'p',  'u', '_', 'm',
+                                      'i',  'l',  'l',  'i', 0xa3, 'l', 'o', 't'};
+    request_error(bus, "dsec.v1.t8.create.t8", "create", bad_cpu, sizeof bad_cpu, code, sizeof code,
+                  field, sizeof field);
     assert_string_equal(field, "cpu_milli");
 
     dsec_client *cl = client("t8");
@@ -896,7 +926,8 @@ static void malformed_requests_get_errors(void **state)
     snprintf(subj, sizeof subj, "dsec.v1.t8.sbx.t8-a.%s.explode", sb.id);
     request_error(bus, subj, "exec", "\x80", 1, code, sizeof code, field, sizeof field);
     assert_string_equal(code, "unsupported");
-    request_error(bus, "dsec.v1.t8.sbx.t8-a.short", "exec", "\x80", 1, code, sizeof code, field, sizeof field);
+    request_error(bus, "dsec.v1.t8.sbx.t8-a.short", "exec", "\x80", 1, code, sizeof code, field,
+                  sizeof field);
     assert_string_equal(code, "invalid");
     dsec_msg_op op = {.id = sb.id, .op = "explode"};
     dsec_buf b;
@@ -911,18 +942,22 @@ static void malformed_requests_get_errors(void **state)
     dsec_buf_init(&b);
     assert_int_equal(dsec_encode(&b, DSEC_MSG_PING, &ping, &err), 0);
     dsec_msg *reply = NULL;
-    assert_int_equal(dsec_bus_request_sync(bus, "dsec.v1.ctl.ping", &(dsec_hdr){.type = "ping", .schema = 1},
-                                           b.data, b.len, 3000, &reply, &err), 0);
+    assert_int_equal(dsec_bus_request_sync(bus, "dsec.v1.ctl.ping",
+                                           &(dsec_hdr){.type = "ping", .schema = 1}, b.data, b.len,
+                                           3000, &reply, &err),
+                     0);
     dsec_buf_release(&b);
     assert_string_equal(dsec_msg_type(reply), "pong");
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_pong pong;
-    assert_int_equal(dsec_decode(d, DSEC_MSG_PONG, dsec_msg_data(reply), dsec_msg_len(reply), &pong, &err), 0);
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_PONG, dsec_msg_data(reply), dsec_msg_len(reply), &pong, &err), 0);
     assert_int_equal(pong.seq, 42);
     assert_non_null(pong.actor);
     dsec_decoder_free(d);
     dsec_msg_free(reply);
-    request_error(bus, "dsec.v1.ctl.ping", "ping", "\x80", 1, code, sizeof code, field, sizeof field);
+    request_error(bus, "dsec.v1.ctl.ping", "ping", "\x80", 1, code, sizeof code, field,
+                  sizeof field);
     assert_string_equal(code, "decode");
     /* and the cell still serves */
     assert_int_equal(dsec_status(cl, sb.id, &sb, &err), 0);
@@ -942,7 +977,8 @@ static pid_t spawn_dsecd(const char *config)
     return pid;
 }
 
-static void write_node_config(const char *path, const char *cell, const char *node, const char *state)
+static void write_node_config(const char *path, const char *cell, const char *node,
+                              const char *state)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -1003,17 +1039,16 @@ static void commands_run_at_once(void **state)
     conf_for(&c, "t21");
     static const char *const types[] = {"sim", NULL};
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t21-n", 1, 640000, 655360, 1000, types,
-                                                  "1", &err),
-                     0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(&c, "t21-n", 1, 640000, 655360, 1000, types, "1", &err), 0);
     dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
     dsec_client *cl = client("t21");
     static dsec_sandbox_info sb[N];
     for (int i = 0; i < N; i++)
-        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 100,
-                                                       .memory_mb = 64},
-                                &sb[i], &err),
-                         0);
+        assert_int_equal(
+            create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 100, .memory_mb = 64}, &sb[i],
+                   &err),
+            0);
     static struct exec_arg args[N];
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
@@ -1045,8 +1080,7 @@ static void *hog_exec(void *p)
     static const char *const argv[] = {"sleep", "12", NULL};
     dsec_exec_reply r;
     dsec_err err;
-    a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 60000}, &r,
-                      &err);
+    a->rc = dsec_exec(a->cl, a->id, &(dsec_exec_opts){.argv = argv, .timeout_ms = 60000}, &r, &err);
     if (a->rc == 0)
         dsec_exec_reply_release(&r);
     return NULL;
@@ -1062,18 +1096,17 @@ static void busy_tenant_does_not_hold_up_another(void **state)
     conf_for(&c, "t22");
     static const char *const types[] = {"sim", NULL};
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t22-n", 1, 640000, 655360, 1000, types,
-                                                  "1", &err),
-                     0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(&c, "t22-n", 1, 640000, 655360, 1000, types, "1", &err), 0);
     dsec_cell *cell = start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
     dsec_client *hog = client("hog");
     dsec_client *other = client("other");
     static dsec_sandbox_info sb[N];
     for (int i = 0; i < N; i++)
-        assert_int_equal(create(hog, (dsec_create_spec){.type = "sim", .cpu_milli = 100,
-                                                        .memory_mb = 64},
-                                &sb[i], &err),
-                         0);
+        assert_int_equal(
+            create(hog, (dsec_create_spec){.type = "sim", .cpu_milli = 100, .memory_mb = 64},
+                   &sb[i], &err),
+            0);
     dsec_sandbox_info mine;
     assert_int_equal(create(other, (dsec_create_spec){.type = "sim"}, &mine, &err), 0);
     static struct hog_arg args[N];
@@ -1119,15 +1152,13 @@ static void long_command_is_not_idle(void **state)
     conf_for(&c, "t23");
     static const char *const types[] = {"sim", NULL};
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "t23-n", 1, 64000, 65536, 10, types, "1",
-                                                  &err),
-                     0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(&c, "t23-n", 1, 64000, 65536, 10, types, "1", &err), 0);
     start(&c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE);
     dsec_client *cl = client("t23");
     dsec_sandbox_info sb;
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &sb,
-                            &err),
-                     0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 60, .idle_s = 1}, &sb, &err), 0);
     static const char *const argv[] = {"sleep", "3", NULL};
     dsec_exec_reply r;
     assert_int_equal(
@@ -1205,9 +1236,8 @@ static void exec_given_up(const char *tenant, const char *id, const char *const 
     dsec_err err;
     assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
     dsec_exec_reply r;
-    assert_int_equal(dsec_exec(quick, id, &(dsec_exec_opts){.argv = argv, .req_id = req_id}, &r,
-                               &err),
-                     -1);
+    assert_int_equal(
+        dsec_exec(quick, id, &(dsec_exec_opts){.argv = argv, .req_id = req_id}, &r, &err), -1);
     assert_int_equal(err.code, DSEC_E_TIMEOUT);
     dsec_client_free(quick);
 }
@@ -1242,9 +1272,8 @@ static void exec_answers_outlive_node_manager_restarts(void **state)
     assert_int_equal(dsec_file_write(cl, sb.id, "/f", "first", 5, 0644, &err), 0);
     const char *cat[] = {"cat", "/f", NULL}, *sleep30[] = {"sleep", "30", NULL};
     dsec_exec_reply r;
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
-                               &err),
-                     0);
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r, &err), 0);
     assert_string_equal((char *)r.out, "first");
     dsec_exec_reply_release(&r);
     exec_given_up("t30", sb.id, sleep30, "t30-sleep");
@@ -1255,9 +1284,8 @@ static void exec_answers_outlive_node_manager_restarts(void **state)
     wait_served(cl, sb.id);
     /* the kept answer; a sim sandbox's files died with the process, so a second run of the
      * same command would say "No such file" */
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
-                               &err),
-                     0);
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r, &err), 0);
     assert_int_equal(r.exit_code, 0);
     assert_string_equal((char *)r.out, "first");
     dsec_exec_reply_release(&r);
@@ -1265,18 +1293,17 @@ static void exec_answers_outlive_node_manager_restarts(void **state)
     assert_int_equal(r.exit_code, 1);
     dsec_exec_reply_release(&r);
     /* the command that ran when the node manager was killed: lost, not run again */
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = "t30-sleep"},
-                               &r, &err),
-                     -1);
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = "t30-sleep"}, &r, &err),
+        -1);
     assert_int_equal(err.code, DSEC_E_STATE);
     if (strstr(err.msg, "outcome of req_id t30-sleep") == NULL ||
         strstr(err.msg, "is lost") == NULL || strstr(err.msg, "not run again") == NULL)
         fail_msg("a retry of a command lost with its node manager: %s", err.msg);
     /* and the req_id still names only that command */
     const char *other[] = {"echo", "x", NULL};
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = other, .req_id = "t30-cat"},
-                               &r, &err),
-                     -1);
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = other, .req_id = "t30-cat"}, &r, &err), -1);
     assert_int_equal(err.code, DSEC_E_INVALID);
 
     /* a graceful stop: what ran goes on in the sandbox, its outcome unknown to the next one */
@@ -1285,16 +1312,14 @@ static void exec_answers_outlive_node_manager_restarts(void **state)
     waitpid(pid, NULL, 0);
     pid = spawn_dsecd(cfg);
     wait_served(cl, sb.id);
-    assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r,
-                               &err),
-                     0);
+    assert_int_equal(
+        dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = cat, .req_id = "t30-cat"}, &r, &err), 0);
     assert_string_equal((char *)r.out, "first");
     dsec_exec_reply_release(&r);
     for (int i = 0; i < 2; i++) {
         const char *rid = i ? "t30-sleep-2" : "t30-sleep";
-        assert_int_equal(dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = rid},
-                                   &r, &err),
-                         -1);
+        assert_int_equal(
+            dsec_exec(cl, sb.id, &(dsec_exec_opts){.argv = sleep30, .req_id = rid}, &r, &err), -1);
         assert_int_equal(err.code, DSEC_E_STATE);
         assert_non_null(strstr(err.msg, "is lost"));
     }
@@ -1341,9 +1366,8 @@ static void background_processes_unsupported_on_sim(void **state)
     assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
     /* a terminal, a shell session, a session command, an interrupt, a watch: each says so */
     const char *sh[] = {"sh", NULL};
-    assert_int_equal(dsec_proc_start(cl, sb.id, &(dsec_proc_opts){.argv = sh, .pty = true}, &p,
-                                     &err),
-                     -1);
+    assert_int_equal(
+        dsec_proc_start(cl, sb.id, &(dsec_proc_opts){.argv = sh, .pty = true}, &p, &err), -1);
     assert_int_equal(err.code, DSEC_E_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "does not support terminals (pty)"));
     assert_int_equal(dsec_session_start(cl, sb.id, NULL, &p, &err), -1);
@@ -1388,8 +1412,10 @@ static void ttl_moves_a_sandboxs_end(void **state)
     dsec_client *cl = client("t27");
     dsec_sandbox_info a, b, s;
     dsec_err err;
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 2, .idle_s = 600}, &a, &err), 0);
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 600, .idle_s = 600}, &b, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 2, .idle_s = 600}, &a, &err), 0);
+    assert_int_equal(
+        create(cl, (dsec_create_spec){.type = "sim", .ttl_s = 600, .idle_s = 600}, &b, &err), 0);
     /* later: a lives on past its 2 s, and the answer says until when */
     uint64_t end = 0, t0 = dsec_wall_ns();
     assert_int_equal(dsec_set_ttl(cl, a.id, 30, &end, &err), 0);
@@ -1453,10 +1479,11 @@ static void killed_node_keeps_or_explains_acknowledged(void **state)
     dsec_sandbox_info idle[IDLE], kept[KEPT], s;
     dsec_err err;
     for (int i = 0; i < IDLE; i++)
-        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16,
-                                                    .idle_s = 1},
-                                &idle[i], &err),
-                         0);
+        assert_int_equal(
+            create(cl,
+                   (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16, .idle_s = 1},
+                   &idle[i], &err),
+            0);
     /* reaped idle (reap_ms is 100): gone on the node's own account */
     for (int w = 0; w < 5000; w += 50) {
         msleep(50);
@@ -1464,7 +1491,8 @@ static void killed_node_keeps_or_explains_acknowledged(void **state)
             break;
     }
     for (int i = 0; i < KEPT; i++)
-        assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16},
+        assert_int_equal(create(cl,
+                                (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16},
                                 &kept[i], &err),
                          0);
     kill(pid, SIGKILL); /* right after the last answer */
@@ -1526,13 +1554,15 @@ static void restarted_node_keeps_what_its_lookup_answered(void **state)
     dsec_client *cl = client("t25");
     dsec_sandbox_info sb, s;
     dsec_err err;
-    assert_int_equal(create(cl, (dsec_create_spec){.type = "sim", .cpu_milli = 10, .memory_mb = 16,
-                                                   .req_id = "t25-req"},
-                            &sb, &err),
-                     0);
+    assert_int_equal(
+        create(cl,
+               (dsec_create_spec){
+                   .type = "sim", .cpu_milli = 10, .memory_mb = 16, .req_id = "t25-req"},
+               &sb, &err),
+        0);
     dsec_bus *bus = dsec_cell_bus(sched);
-    dsec_msg_op look = {.id = "-", .op = "lookup", .req_id = "t25-req", .tenant = "t25",
-                        .retry = 2};
+    dsec_msg_op look = {
+        .id = "-", .op = "lookup", .req_id = "t25-req", .tenant = "t25", .retry = 2};
     dsec_msg *reply = NULL;
     dsec_buf buf;
     dsec_buf_init(&buf);
@@ -1552,8 +1582,8 @@ static void restarted_node_keeps_what_its_lookup_answered(void **state)
             msleep(20);
     }
     assert_int_equal(rc, 0);
-    dsec_msg_superseded item = {.tenant = "t25", .req_id = "t25-req", .node = "t25-other",
-                                .retry = 1};
+    dsec_msg_superseded item = {
+        .tenant = "t25", .req_id = "t25-req", .node = "t25-other", .retry = 1};
     dsec_msg_superseded_list l = {.by = "test", .items = {.items = &item, .n = 1}};
     assert_int_equal(dsec_wire_send(NULL, bus, "dsec.v1.ctl.superseded.t25", NULL,
                                     DSEC_MSG_SUPERSEDED_LIST, &l, NULL, &err),
@@ -1590,7 +1620,6 @@ static void silent_node_is_drained(void **state)
     kill(pid, SIGTERM);
     waitpid(pid, NULL, 0);
 }
-
 
 /* Two node managers stopped together (alive but silent, answering nothing): the replica drains
  * one, and the other only drain_gap_ms later; a third node stays. The old scheduler drained

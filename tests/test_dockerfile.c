@@ -1,4 +1,5 @@
-/* test_dockerfile.c - the Dockerfile reader of `dsec image build`: instructions, continuations, exec forms, words, variables, .dockerignore. */
+/* test_dockerfile.c - the Dockerfile reader of `dsec image build`: instructions, continuations,
+ * exec forms, words, variables, .dockerignore. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -109,7 +110,8 @@ static void test_words_and_variables(void **state)
     assert_string_equal(dsec_df_vars_get(&v, "PATH"), "/usr/bin:/bin");
     assert_null(dsec_df_vars_get(&v, "PAT"));
 
-    words("A=1 PATH=/opt/bin:$PATH", &v, (const char *const[]){"A=1", "PATH=/opt/bin:/usr/bin:/bin"}, 2);
+    words("A=1 PATH=/opt/bin:$PATH", &v,
+          (const char *const[]){"A=1", "PATH=/opt/bin:/usr/bin:/bin"}, 2);
     words("X=\"a b\" Y='$HOME' Z=${HOME}/x", &v,
           (const char *const[]){"X=a b", "Y=$HOME", "Z=/root/x"}, 3);
     words("${NOPE:-def} ${HOME:-def} ${HOME:+set} ${EMPTY:-e} ${NOPE:+x}|", &v,
@@ -135,8 +137,8 @@ static void test_dockerignore(void **state)
     assert_int_equal(dsec_df_ignore_parse(text, strlen(text), &ig, &err), 0);
     assert_int_equal(ig.n, 5);
     assert_true(dsec_df_ignored(&ig, "x.log"));
-    assert_false(dsec_df_ignored(&ig, "keep.log"));   /* re-included */
-    assert_false(dsec_df_ignored(&ig, "sub/x.log"));  /* "*.log" is the top only */
+    assert_false(dsec_df_ignored(&ig, "keep.log"));  /* re-included */
+    assert_false(dsec_df_ignored(&ig, "sub/x.log")); /* "*.log" is the top only */
     assert_true(dsec_df_ignored(&ig, "build"));
     assert_true(dsec_df_ignored(&ig, "build/out/a.o")); /* below an excluded directory */
     assert_true(dsec_df_ignored(&ig, "node_modules/x"));

@@ -306,8 +306,8 @@ static uint64_t expect_data(dsec_msg *reply, char *sha256)
 {
     dsec_err err;
     if (strcmp(dsec_msg_type(reply), "file_data") != 0)
-        fail_msg("expected file_data, got %s: %.*s", dsec_msg_type(reply),
-                 (int)dsec_msg_len(reply), (const char *)dsec_msg_data(reply));
+        fail_msg("expected file_data, got %s: %.*s", dsec_msg_type(reply), (int)dsec_msg_len(reply),
+                 (const char *)dsec_msg_data(reply));
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_file_data r;
     assert_int_equal(
@@ -380,8 +380,8 @@ static void uploads_downloads_and_file_ops(void **state)
     assert_int_equal(dsec_file_write(cl, info.id, "/work/t.bin", "old", 3, 0600, &err), 0);
 
     /* by hand: a chunk, then one at the wrong offset */
-    dsec_msg_file_write w = {.id = info.id, .path = "/work/t.bin", .upload = "u1",
-                             .data = {src, 1u << 20}};
+    dsec_msg_file_write w = {
+        .id = info.id, .path = "/work/t.bin", .upload = "u1", .data = {src, 1u << 20}};
     assert_int_equal(expect_data(ask(&info, "upload", DSEC_MSG_FILE_WRITE, &w), NULL), 1u << 20);
     w.offset = 5;
     w.data.len = 10;
@@ -398,17 +398,27 @@ static void uploads_downloads_and_file_ops(void **state)
     assert_int_equal(blen, 3); /* untouched until the commit */
     dsec_free(back);
     /* a commit with the wrong digest: refused, its temporary file gone */
-    w = (dsec_msg_file_write){.id = info.id, .path = "/work/t.bin", .upload = "u1",
-                              .offset = 1u << 20, .commit = true, .size = 1u << 20,
-                              .sha256 = "0000000000000000000000000000000000000000000000000000000000000000"};
+    w = (dsec_msg_file_write){
+        .id = info.id,
+        .path = "/work/t.bin",
+        .upload = "u1",
+        .offset = 1u << 20,
+        .commit = true,
+        .size = 1u << 20,
+        .sha256 = "0000000000000000000000000000000000000000000000000000000000000000"};
     expect_error(ask(&info, "upload", DSEC_MSG_FILE_WRITE, &w), "invalid", "sha256",
                  "expected 0000");
     assert_int_equal(dsec_file_stat(cl, info.id, "/work/.dsec-upload-u1", &st, &err), -1);
     assert_int_equal(err.code, DSEC_E_NOT_FOUND);
     /* a wrong size: refused by name too */
-    w = (dsec_msg_file_write){.id = info.id, .path = "/work/t.bin", .upload = "u1",
-                              .data = {src, 100}, .commit = true, .size = 99,
-                              .sha256 = "0000000000000000000000000000000000000000000000000000000000000000"};
+    w = (dsec_msg_file_write){
+        .id = info.id,
+        .path = "/work/t.bin",
+        .upload = "u1",
+        .data = {src, 100},
+        .commit = true,
+        .size = 99,
+        .sha256 = "0000000000000000000000000000000000000000000000000000000000000000"};
     expect_error(ask(&info, "upload", DSEC_MSG_FILE_WRITE, &w), "invalid", "size",
                  "expected 99 bytes, the upload holds 100");
     w = (dsec_msg_file_write){.id = info.id, .path = "/work/t.bin", .upload = "no/slash"};
@@ -437,15 +447,15 @@ static void uploads_downloads_and_file_ops(void **state)
     dsec_free(st.name);
 
     /* a read that starts in the middle with no running hash: the digest of the whole file */
-    dsec_msg_file_read rd = {.id = info.id, .path = "/work/t.bin", .offset = n - 10,
-                             .sha256 = true};
+    dsec_msg_file_read rd = {
+        .id = info.id, .path = "/work/t.bin", .offset = n - 10, .sha256 = true};
     char got[65];
     assert_int_equal(expect_data(ask(&info, "read", DSEC_MSG_FILE_READ, &rd), got), n);
     assert_string_equal(got, want);
 
     /* resume: 2 MiB arrive, then libdsec goes on from there */
-    w = (dsec_msg_file_write){.id = info.id, .path = "/work/r.bin", .upload = "u2",
-                              .data = {src, 2u << 20}};
+    w = (dsec_msg_file_write){
+        .id = info.id, .path = "/work/r.bin", .upload = "u2", .data = {src, 2u << 20}};
     assert_int_equal(expect_data(ask(&info, "upload", DSEC_MSG_FILE_WRITE, &w), NULL), 2u << 20);
     s = (struct src){src, n, 0};
     uo = (dsec_upload_opts){.upload_id = "u2", .resume = true};

@@ -95,10 +95,11 @@ static int open_backend(void **out, const char *node, dsec_layer_registry *r, ui
     char uid[16];
     snprintf(uid, sizeof uid, "%u", uid_base);
     dsec_backend_kv opts[] = {
-        {"max_workers", "12"},    {"pool_python3", "0"}, {"hot_python3", "0"},
-        {"pool_sh", "0"},         {"pool_native", "0"},  {"uid_base", uid},
-        {"env_pools", "2"},       {"env_warm", "1"},     {"env_idle_ms", "300"},
-        {"max_timeout_ms", "20000"},
+        {"max_workers", "12"},  {"pool_python3", "0"},
+        {"hot_python3", "0"},   {"pool_sh", "0"},
+        {"pool_native", "0"},   {"uid_base", uid},
+        {"env_pools", "2"},     {"env_warm", "1"},
+        {"env_idle_ms", "300"}, {"max_timeout_ms", "20000"},
     };
     dsec_backend_config cfg = {.state_dir = state_dir,
                                .node = node,
@@ -336,8 +337,9 @@ static void python_runs_the_environments_modules(void **state)
                         NULL};
     assert_string_equal(run(s, &code, a1), "42\n");
     assert_int_equal(code, 0);
-    const char *a2[] = {"python3", "--call", "f", "-c",
-                        "import envmod\ndef f(x): return x + envmod.VALUE", "8", NULL};
+    const char *a2[] = {
+        "python3", "--call", "f", "-c", "import envmod\ndef f(x): return x + envmod.VALUE",
+        "8",       NULL};
     assert_string_equal(run(s, &code, a2), "50\n");
     assert_int_equal(code, 0);
     /* busybox from the base layer, run from python */

@@ -1,4 +1,5 @@
-/* test_image_build.c - `dsec image build`: Dockerfiles built in real crun containers of a cell on busybox:1, the result started and checked from inside. */
+/* test_image_build.c - `dsec image build`: Dockerfiles built in real crun containers of a cell on
+ * busybox:1, the result started and checked from inside. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,10 +39,11 @@ static int group_setup(void **state)
     if (dsec_test_server_start("dsec-imgbuild", false, &natsd, root, sizeof root) < 0)
         return -1;
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
-             ">/dev/null",
-             DSEC_SRC, DSEC_CLI, root, root);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+        ">/dev/null",
+        DSEC_SRC, DSEC_CLI, root, root);
     if (system(cmd) != 0) {
         fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
         return -1;
@@ -111,10 +113,11 @@ static int build(const char *args, char *errout, size_t n)
 {
     char cmd[2048], log[128];
     snprintf(log, sizeof log, "%s/build.err", root);
-    snprintf(cmd, sizeof cmd,
-             "DSEC_URL=%s DSEC_TENANT=imgbuild %s image build --registry %s/layers %s >%s/build.out "
-             "2>%s",
-             dsec_natsd_url(natsd), DSEC_CLI, root, args, root, log);
+    snprintf(
+        cmd, sizeof cmd,
+        "DSEC_URL=%s DSEC_TENANT=imgbuild %s image build --registry %s/layers %s >%s/build.out "
+        "2>%s",
+        dsec_natsd_url(natsd), DSEC_CLI, root, args, root, log);
     int st = system(cmd);
     FILE *f = fopen(log, "r");
     size_t k = f != NULL ? fread(errout, 1, n - 1, f) : 0;
@@ -193,7 +196,8 @@ static void test_build_and_run(void **state)
         "COPY --chmod=0600 secret.txt /etc/secret.txt\n"
         "ADD files.tar.gz /opt/unpacked/\n"
         "RUN echo \"$GREETING from $(pwd)\" > greeting.txt && rm /bin/vi\n"
-        "RUN echo app:x:1234:1234::/home/app:/bin/sh >> /etc/passwd && echo app:x:1234: >> /etc/group\n"
+        "RUN echo app:x:1234:1234::/home/app:/bin/sh >> /etc/passwd && echo app:x:1234: >> "
+        "/etc/group\n"
         "COPY --chown=app:app owned.txt /home/app/\n"
         "LABEL org.example.task=\"task 7\"\n"
         "EXPOSE 8080\n"
@@ -213,7 +217,7 @@ static void test_build_and_run(void **state)
     make("task/seven:1", &sb);
     char out[512];
     assert_int_equal(sh(sb.id, "pwd; id -u; echo $APP_HOME", out, sizeof out), 0);
-    assert_string_equal(out, "/opt/app\n1234\n/opt/app"); /* WORKDIR, USER, ENV */
+    assert_string_equal(out, "/opt/app\n1234\n/opt/app");     /* WORKDIR, USER, ENV */
     assert_int_equal(sh(sb.id, "hello", out, sizeof out), 0); /* PATH from ENV, COPY bin/ */
     assert_string_equal(out, "hello from /opt/app");
     assert_int_equal(sh(sb.id, "cat greeting.txt", out, sizeof out), 0); /* --build-arg */
@@ -222,8 +226,8 @@ static void test_build_and_run(void **state)
     assert_string_equal(out, "bin\ndata.txt\ngreeting.txt\ndata.txt"); /* no skip.log */
     assert_int_equal(sh(sb.id, "stat -c '%a %u' /etc/secret.txt", out, sizeof out), 0);
     assert_string_equal(out, "600 0");
-    assert_int_equal(sh(sb.id, "cat /opt/unpacked/sub/f; readlink /opt/unpacked/link", out,
-                        sizeof out), 0);
+    assert_int_equal(
+        sh(sb.id, "cat /opt/unpacked/sub/f; readlink /opt/unpacked/link", out, sizeof out), 0);
     assert_string_equal(out, "unpacked\nsub/f");
     assert_int_equal(sh(sb.id, "stat -c '%u:%g' /home/app/owned.txt", out, sizeof out), 0);
     assert_string_equal(out, "1234:1234");
@@ -255,8 +259,10 @@ static void test_multi_stage(void **state)
     dsec_sandbox_info sb;
     make("ms:1", &sb);
     char out[256];
-    assert_int_equal(sh(sb.id, "cat /usr/local/bin/artifact /usr/lib/app/x.so; test -e /out || echo clean",
-                        out, sizeof out), 0);
+    assert_int_equal(sh(sb.id,
+                        "cat /usr/local/bin/artifact /usr/lib/app/x.so; test -e /out || echo clean",
+                        out, sizeof out),
+                     0);
     assert_string_equal(out, "built\nso\nclean");
     dsec_err err;
     assert_int_equal(dsec_destroy(cl, sb.id, &err), 0);
@@ -340,16 +346,16 @@ static void test_from_imported_image(void **state)
     ik_entry ents[16];
     size_t n = 0;
     ents[n++] = (ik_entry){.type = 'd', .path = "bin", .mode = 0755};
-    ents[n++] = (ik_entry){.type = 'f', .path = "bin/busybox", .mode = 0755,
-                           .from_file = "/bin/busybox"};
+    ents[n++] =
+        (ik_entry){.type = 'f', .path = "bin/busybox", .mode = 0755, .from_file = "/bin/busybox"};
     for (size_t i = 0; i < sizeof applets / sizeof *applets; i++) {
         static char paths[8][32];
         snprintf(paths[i], sizeof paths[i], "bin/%s", applets[i]);
         ents[n++] = (ik_entry){.type = 'l', .path = paths[i], .data = "busybox", .mode = 0777};
     }
     ents[n++] = (ik_entry){.type = 'd', .path = "etc", .mode = 0755};
-    ents[n++] = (ik_entry){.type = 'f', .path = "etc/passwd", .mode = 0644,
-                           .data = "root:x:0:0:root:/root:/bin/sh\n"};
+    ents[n++] = (ik_entry){
+        .type = 'f', .path = "etc/passwd", .mode = 0644, .data = "root:x:0:0:root:/root:/bin/sh\n"};
     ik_layer base;
     ik_layer_make(&base, ents, n, true);
     ik_layer *layers[] = {&base};
@@ -380,7 +386,8 @@ static void test_from_imported_image(void **state)
     assert_non_null(strstr(out, "\"base=yes\"")); /* the base's labels carry over */
     assert_non_null(strstr(out, "\"task=7\""));
     char want[128];
-    snprintf(want, sizeof want, "{\"diff_id\":\"%s\"", base.diff_id); /* the base layer, as imported */
+    snprintf(want, sizeof want, "{\"diff_id\":\"%s\"",
+             base.diff_id); /* the base layer, as imported */
     assert_non_null(strstr(out, want));
     const char *l2 = strstr(strstr(out, want) + 1, "{\"diff_id\"");
     assert_non_null(l2); /* and one layer of the build's own */

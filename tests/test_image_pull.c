@@ -1016,13 +1016,20 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_references),
-        cmocka_unit_test(test_fake_ok_and_index),  cmocka_unit_test(test_bearer_token),
-        cmocka_unit_test(test_blob_redirect),      cmocka_unit_test(test_bad_credentials),
-        cmocka_unit_test(test_not_found),          cmocka_unit_test(test_server_error),
-        cmocka_unit_test(test_redirect_loop),      cmocka_unit_test(test_stalled_body),
-        cmocka_unit_test(test_digest_mismatch),    cmocka_unit_test(test_index_without_platform),
-        cmocka_unit_test(test_unknown_media_type), cmocka_unit_test(test_cli),
-        cmocka_unit_test(test_registry_plain),     cmocka_unit_test(test_registry_tls_htpasswd),
+        cmocka_unit_test(test_fake_ok_and_index),
+        cmocka_unit_test(test_bearer_token),
+        cmocka_unit_test(test_blob_redirect),
+        cmocka_unit_test(test_bad_credentials),
+        cmocka_unit_test(test_not_found),
+        cmocka_unit_test(test_server_error),
+        cmocka_unit_test(test_redirect_loop),
+        cmocka_unit_test(test_stalled_body),
+        cmocka_unit_test(test_digest_mismatch),
+        cmocka_unit_test(test_index_without_platform),
+        cmocka_unit_test(test_unknown_media_type),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_registry_plain),
+        cmocka_unit_test(test_registry_tls_htpasswd),
         cmocka_unit_test(test_registry_bearer),
     };
     if (getenv("DSEC_TEST_FILTER") != NULL && *getenv("DSEC_TEST_FILTER"))

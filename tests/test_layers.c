@@ -192,14 +192,19 @@ static void digests_names_and_formats(void **state)
     assert_false(dsec_digest_valid(
         "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0"));
 
-    const char *names_ok[] = {"busybox:1", "debian-py:12", "lib/x.y/z:v1.2_RC-3", "a:B",
-                              "a_b:1", "127.0.0.1:5000/swe/task:1", "registry.local:5000/a/b_c:latest"};
+    const char *names_ok[] = {"busybox:1",
+                              "debian-py:12",
+                              "lib/x.y/z:v1.2_RC-3",
+                              "a:B",
+                              "a_b:1",
+                              "127.0.0.1:5000/swe/task:1",
+                              "registry.local:5000/a/b_c:latest"};
     for (size_t i = 0; i < sizeof names_ok / sizeof *names_ok; i++)
         assert_true(dsec_layer_name_valid(names_ok[i]));
     const char *names_bad[] = {
-        NULL,   "",     "busybox", "Busybox:1", ":1",    "a:",    "a:b:c", "../x:1", "a/..:1",
-        "a:..", "/a:1", "a/:1",    "a//b:1",    "a b:1", "a:1 2", "a:v/1",
-        "h:5000:1", "h:x/a:1", "h:123456/a:1", "a/h:50/b:1", ":5000/a:1"};
+        NULL,     "",       "busybox",  "Busybox:1", ":1",           "a:",         "a:b:c",
+        "../x:1", "a/..:1", "a:..",     "/a:1",      "a/:1",         "a//b:1",     "a b:1",
+        "a:1 2",  "a:v/1",  "h:5000:1", "h:x/a:1",   "h:123456/a:1", "a/h:50/b:1", ":5000/a:1"};
     for (size_t i = 0; i < sizeof names_bad / sizeof *names_bad; i++)
         if (dsec_layer_name_valid(names_bad[i]))
             fail_msg("name \"%s\" should be refused", names_bad[i] ? names_bad[i] : "(null)");
@@ -296,9 +301,17 @@ static void env_documents_round_trip_and_refuse_malformed(void **state)
         dsec_layer_format f1[] = {DSEC_LAYER_EROFS};
         char *cmd[] = {"/bin/sh", "-c", "echo a\\b\nx", ""};
         char *labels[] = {"org.x=y\nz"};
-        dsec_env v2 = {.name = "127.0.0.1:5000/swe/task:1", .layers = l1, .formats = f1,
-                       .nlayers = 1, .cmd = cmd, .ncmd = 4, .nentry = 2, .labels = labels,
-                       .nlabels = 1, .image = "127.0.0.1:5000/swe/task:1", .image_digest = D1};
+        dsec_env v2 = {.name = "127.0.0.1:5000/swe/task:1",
+                       .layers = l1,
+                       .formats = f1,
+                       .nlayers = 1,
+                       .cmd = cmd,
+                       .ncmd = 4,
+                       .nentry = 2,
+                       .labels = labels,
+                       .nlabels = 1,
+                       .image = "127.0.0.1:5000/swe/task:1",
+                       .image_digest = D1};
         char *d2;
         size_t l2;
         assert_int_equal(dsec_env_encode(&v2, &d2, &l2, &err), 0);

@@ -1,4 +1,5 @@
-/* test_layers_js.c - the JetStream layer registry against a real nats-server: chunked blobs, tags, environments, removal, corruption. */
+/* test_layers_js.c - the JetStream layer registry against a real nats-server: chunked blobs, tags,
+ * environments, removal, corruption. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,7 +155,9 @@ static void test_roundtrip(void **state)
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(v[i].digest, d);
         assert_non_null(v[i].name);
-        named |= strcmp(v[i].name, "tools/base:1.0") == 0 ? 1 : strcmp(v[i].name, "tools/base:latest") == 0 ? 2 : 0;
+        named |= strcmp(v[i].name, "tools/base:1.0") == 0      ? 1
+                 : strcmp(v[i].name, "tools/base:latest") == 0 ? 2
+                                                               : 0;
         assert_int_equal(v[i].format, DSEC_LAYER_DIR);
         assert_int_equal(v[i].size, file_size(src));
     }
@@ -176,8 +179,14 @@ static void test_env_and_remove(void **state)
     char *layers[] = {d, d2};
     dsec_layer_format fmts[] = {DSEC_LAYER_DIR, DSEC_LAYER_DIR};
     char *vars[] = {"LANG=C.UTF-8"};
-    dsec_env e = {.name = "py:3", .layers = layers, .formats = fmts, .nlayers = 2, .vars = vars,
-                  .nvars = 1, .workdir = "/work", .user = "nobody"};
+    dsec_env e = {.name = "py:3",
+                  .layers = layers,
+                  .formats = fmts,
+                  .nlayers = 2,
+                  .vars = vars,
+                  .nvars = 1,
+                  .workdir = "/work",
+                  .user = "nobody"};
     assert_int_equal(dsec_layer_registry_env_put(f->reg, &e, &err), 0);
     dsec_env *back = NULL;
     assert_int_equal(dsec_layer_registry_env_get(f->reg, "py:3", &back, &err), 0);
@@ -236,8 +245,8 @@ static void test_images(void **state)
     snprintf(work, sizeof work, "%s/work", f->root);
     ik_write_oci_dir(dir, &im, ls, 1);
     ik_layer_free(&l);
-    dsec_image_import_opts o = {.ref = "127.0.0.1:5000/swe/task:1", .format = DSEC_LAYER_DIR,
-                                .work_dir = work};
+    dsec_image_import_opts o = {
+        .ref = "127.0.0.1:5000/swe/task:1", .format = DSEC_LAYER_DIR, .work_dir = work};
     dsec_image_info *a = NULL, *b = NULL;
     if (dsec_image_import(f->reg, dir, &o, &a, &err) != 0)
         fail_msg("import: %s", err.msg);
@@ -311,7 +320,8 @@ static void test_bad_input(void **state)
     char dst[512];
     snprintf(dst, sizeof dst, "%s/none.out", f->root);
     assert_int_equal(dsec_layer_registry_get(
-                         f->reg, "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                         f->reg,
+                         "sha256:0000000000000000000000000000000000000000000000000000000000000000",
                          dst, &err),
                      -1);
     assert_int_equal(err.code, DSEC_E_NOT_FOUND);

@@ -1,4 +1,5 @@
-/* test_lease.c - the KV lease behind the arbiter and quota pairs: one holder at a time, renewal, takeover after expiry, handover on release, a lapsed holder learning it lost. */
+/* test_lease.c - the KV lease behind the arbiter and quota pairs: one holder at a time, renewal,
+ * takeover after expiry, handover on release, a lapsed holder learning it lost. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -77,8 +77,8 @@ static void loop_timers_fire_in_order_and_cancel(void **state)
     srandom(7);
     for (int i = 0; i < N + FAR; i++) {
         /* all added before the first is due: order holds among timers present together */
-        uint64_t off = i < N ? (1000 + (uint64_t)(random() % 300)) * 1000000ull
-                             : 3600ull * 1000000000ull;
+        uint64_t off =
+            i < N ? (1000 + (uint64_t)(random() % 300)) * 1000000ull : 3600ull * 1000000000ull;
         tm[i] = (struct timer){.t = &t, .deadline = now + off};
         assert_int_equal(dsec_loop_add(t.l, -1, 0, tm[i].deadline, on_timer, &tm[i], NULL, &err),
                          0);

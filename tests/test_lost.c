@@ -1,4 +1,5 @@
-/* test_lost.c - a scheduler replica's superseded notices (actors/lost.c): told to the cell at once, and sent again to a node back from a silence or a reconnect, in batches, until it answers. */
+/* test_lost.c - a scheduler replica's superseded notices (actors/lost.c): told to the cell at once,
+ * and sent again to a node back from a silence or a reconnect, in batches, until it answers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,11 +27,11 @@ static dsec_actor *probe;
 static struct {
     pthread_mutex_t mu;
     int broadcasts;
-    int requests;        /* superseded_list requests to any node */
-    size_t items;        /* their items, in all */
-    char last_node[80];  /* the node the last request was for */
-    char req_ids[8192];  /* the last request's req_ids, space-separated */
-    int refuse;          /* answer this many requests with an error first */
+    int requests;       /* superseded_list requests to any node */
+    size_t items;       /* their items, in all */
+    char last_node[80]; /* the node the last request was for */
+    char req_ids[8192]; /* the last request's req_ids, space-separated */
+    int refuse;         /* answer this many requests with an error first */
 } heard = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void on_notice(dsec_actor *a, dsec_msg *m, void *ud)
@@ -39,7 +40,8 @@ static void on_notice(dsec_actor *a, dsec_msg *m, void *ud)
     dsec_err err;
     dsec_msg_superseded_list l;
     assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_SUPERSEDED_LIST, dsec_msg_data(m),
-                                 dsec_msg_len(m), &l, &err), 0);
+                                 dsec_msg_len(m), &l, &err),
+                     0);
     const char *subj = dsec_msg_subject(m);
     const dsec_msg_superseded *it = l.items.items;
     pthread_mutex_lock(&heard.mu);
@@ -54,8 +56,8 @@ static void on_notice(dsec_actor *a, dsec_msg *m, void *ud)
     size_t used = 0;
     heard.req_ids[0] = '\0';
     for (size_t i = 0; i < l.items.n && used < sizeof heard.req_ids; i++)
-        used += (size_t)snprintf(heard.req_ids + used, sizeof heard.req_ids - used, "%s%s", i ? " " : "",
-                                 it[i].req_id);
+        used += (size_t)snprintf(heard.req_ids + used, sizeof heard.req_ids - used, "%s%s",
+                                 i ? " " : "", it[i].req_id);
     bool refuse = heard.refuse > 0;
     heard.refuse -= refuse;
     pthread_mutex_unlock(&heard.mu);

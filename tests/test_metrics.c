@@ -438,8 +438,7 @@ static void test_counters_match(void **state)
     assert_true(total(body, "dsec_scheduler_waiting") == 0);
     assert_true(total(body, "dsec_scheduler_nodes") == 2);
     /* the silence counters are exported, one sample per replica; nobody was drained */
-    const char *silence[] = {"dsec_scheduler_nodes_suspect",
-                             "dsec_scheduler_drains_deferred_total",
+    const char *silence[] = {"dsec_scheduler_nodes_suspect", "dsec_scheduler_drains_deferred_total",
                              "dsec_scheduler_nodes_readmitted_total",
                              "dsec_scheduler_nodes_expired_total"};
     for (size_t i = 0; i < sizeof silence / sizeof *silence; i++) {

@@ -127,10 +127,11 @@ static int group_setup(void **state)
     pthread_create(&host_thread, NULL, host_accept, NULL);
 
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
-             ">/dev/null",
-             DSEC_SRC, DSEC_CLI, root, root);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox "
+        ">/dev/null",
+        DSEC_SRC, DSEC_CLI, root, root);
     if (system(cmd) != 0) {
         fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
         return -1;
@@ -154,9 +155,8 @@ static int group_setup(void **state)
     conf.net.mirrors = dsec_calloc(1, sizeof *conf.net.mirrors);
     char **targets = dsec_calloc(1, sizeof(char *));
     targets[0] = dsec_strdup("mirror.test:8081/tcp");
-    conf.net.mirrors[0] = (dsec_net_mirror){.name = dsec_strdup("pypi"),
-                                            .targets = (const char *const *)targets,
-                                            .ntargets = 1};
+    conf.net.mirrors[0] = (dsec_net_mirror){
+        .name = dsec_strdup("pypi"), .targets = (const char *const *)targets, .ntargets = 1};
     conf.net.nmirrors = 1;
     static const char *const types[] = {"container", NULL};
     if (dsec_cell_conf_add_sim_nodes(&conf, "netbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
@@ -207,8 +207,8 @@ static int group_teardown(void **state)
 
 static void make(const char *const *net, dsec_sandbox_info *info)
 {
-    dsec_create_spec cs = {.type = "container", .env = "busybox:1", .cpu_milli = 500,
-                           .memory_mb = 64, .net = net};
+    dsec_create_spec cs = {
+        .type = "container", .env = "busybox:1", .cpu_milli = 500, .memory_mb = 64, .net = net};
     dsec_test_create(cl, &cs, "a container", info);
 }
 
@@ -279,13 +279,14 @@ static void test_default_reaches_nothing(void **state)
     make(NULL, &a);
     char out[1024], gw[64];
     resolver_of(a.id, gw, sizeof gw);
-    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);    /* outside */
+    assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), -1);     /* outside */
     assert_int_equal(tcp(a.id, "169.254.169.254", 8080, out, sizeof out), -1); /* metadata */
-    assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);    /* the host */
+    assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);     /* the host */
     char line[256];
     const char *url = dsec_natsd_url(natsd);
     const char *port = strrchr(url, ':') + 1;
-    snprintf(line, sizeof line, "nc -w 2 %s %s </dev/null", gw, port); /* the bus, via the gateway */
+    snprintf(line, sizeof line, "nc -w 2 %s %s </dev/null", gw,
+             port); /* the bus, via the gateway */
     assert_int_not_equal(sh(a.id, line, out, sizeof out), 0);
     snprintf(line, sizeof line, "nc -w 2 127.0.0.1 %s </dev/null", port); /* its own loopback */
     assert_int_not_equal(sh(a.id, line, out, sizeof out), 0);
@@ -311,11 +312,13 @@ static void test_allow_all_still_contained(void **state)
     char out[1024], bip[64];
     assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
     assert_int_equal(tcp(a.id, "198.18.77.3", 8081, out, sizeof out), 0);
-    assert_int_equal(tcp(a.id, "fd00:77::2", 8080, out, sizeof out), 0); /* IPv6 follows the policy */
+    assert_int_equal(tcp(a.id, "fd00:77::2", 8080, out, sizeof out),
+                     0); /* IPv6 follows the policy */
     assert_int_equal(tcp(a.id, "169.254.169.254", 8080, out, sizeof out), -1);
     assert_int_equal(tcp(a.id, "198.18.77.1", 8090, out, sizeof out), -1);
     /* sandbox to sandbox: b listens; it reaches itself, a cannot reach it */
-    assert_int_equal(sh(b.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", bip, sizeof bip), 0);
+    assert_int_equal(
+        sh(b.id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", bip, sizeof bip), 0);
     assert_true(strlen(bip) >= 7);
     bg(b.id, "while true; do echo hello-b | nc -l -p 9000; done >/dev/null 2>&1");
     usleep(300 * 1000);
@@ -376,7 +379,8 @@ static void test_names_and_mirrors(void **state)
     assert_int_equal(sh(b.id, "nslookup mirror.test", out, sizeof out), 0);
     assert_int_equal(tcp(b.id, "198.18.77.2", 8081, out, sizeof out), 0);
     assert_non_null(strstr(out, "hello-outside-8081"));
-    assert_int_equal(tcp(b.id, "198.18.77.2", 8080, out, sizeof out), -1); /* not the mirror's port */
+    assert_int_equal(tcp(b.id, "198.18.77.2", 8080, out, sizeof out),
+                     -1); /* not the mirror's port */
     assert_int_not_equal(sh(b.id, "nslookup allowed.test", out, sizeof out), 0);
     destroy(b.id);
 
@@ -423,7 +427,8 @@ static void test_policy_changes_at_run_time(void **state)
 /* A sandbox's address and its host-side veth (the one the host routes that address through). */
 static void veth_of(const char *id, char *ip, size_t iplen, char *dev, size_t devlen)
 {
-    assert_int_equal(sh(id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", ip, iplen), 0);
+    assert_int_equal(sh(id, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1", ip, iplen),
+                     0);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "ip -o route show %s | awk '{print $3}'", ip);
     FILE *p = popen(cmd, "r");

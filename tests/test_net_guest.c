@@ -785,10 +785,8 @@ static void test_guest_v6(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_guest_is_the_sandbox),
-        cmocka_unit_test(test_relink),
-        cmocka_unit_test(test_two_guests),
+        cmocka_unit_test(test_bad_input), cmocka_unit_test(test_guest_is_the_sandbox),
+        cmocka_unit_test(test_relink),    cmocka_unit_test(test_two_guests),
         cmocka_unit_test(test_guest_v6),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -63,10 +63,13 @@ static bool keep_a(const char *sbx, void *ud)
 static void put(dsec_results *r, const char *sbx, const char *req, const uint8_t *h,
                 const char *out)
 {
-    dsec_msg_exec_result res = {.id = sbx, .exit_code = 3, .signal = 0,
+    dsec_msg_exec_result res = {.id = sbx,
+                                .exit_code = 3,
+                                .signal = 0,
                                 .stdout_data = {(const uint8_t *)out, strlen(out)},
                                 .stderr_data = {(const uint8_t *)"e", 1},
-                                .duration_us = 1234, .timed_out = true};
+                                .duration_us = 1234,
+                                .timed_out = true};
     dsec_results_begin(r, sbx, req, h);
     dsec_results_put(r, sbx, req, h, &res);
 }
@@ -223,7 +226,8 @@ static void log_rewritten_while_answers_come(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(answers_and_lost_commands_outlive_a_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(answers_and_lost_commands_outlive_a_restart, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(load_keeps_ttl_budget_and_sandboxes, setup, teardown),
         cmocka_unit_test_setup_teardown(torn_tail_is_cut, setup, teardown),
         cmocka_unit_test_setup_teardown(log_rewritten_while_answers_come, setup, teardown),

@@ -1,4 +1,6 @@
-/* test_nodeloss.c - a node that goes silent: owners are told its sandboxes are lost, and when it returns it reclaims them, so none is left orphaned; a sandbox made for a create attempt whose answer was lost, and whose retry was kept elsewhere, is dropped. */
+/* test_nodeloss.c - a node that goes silent: owners are told its sandboxes are lost, and when it
+ * returns it reclaims them, so none is left orphaned; a sandbox made for a create attempt whose
+ * answer was lost, and whose retry was kept elsewhere, is dropped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -95,7 +97,8 @@ static void conf_for(dsec_cell_conf *c, const char *part, const char *node, cons
     if (node != NULL) {
         static const char *const types[] = {"sim", NULL};
         dsec_err err;
-        assert_int_equal(dsec_cell_conf_add_sim_nodes(c, node, 1, 8000, 8192, 100, types, "0", &err), 0);
+        assert_int_equal(
+            dsec_cell_conf_add_sim_nodes(c, node, 1, 8000, 8192, 100, types, "0", &err), 0);
         assert_true(strlen(node) < sizeof c->nodes[0].name);
         memcpy(c->nodes[0].name, node, strlen(node) + 1);
         c->nodes[0].labels[0] = (dsec_backend_kv){dsec_strdup("zone"), dsec_strdup(zone)};
@@ -133,7 +136,8 @@ static void test_lost_then_reclaimed(void **state)
     msleep(500); /* the replica hears both nodes */
 
     dsec_err err;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "own", .timeout_ms = 3000, .retries = -1};
+    dsec_client_opts o = {
+        .url = dsec_natsd_url(natsd), .tenant = "own", .timeout_ms = 3000, .retries = -1};
     assert_int_equal(dsec_client_connect(&live.client, &o, &err), 0);
     assert_int_equal(dsec_watch_lost(live.client, on_lost, NULL, &err), 0);
     const char *goes[] = {"zone=goes", NULL}, *stays[] = {"zone=stays", NULL};
@@ -219,13 +223,14 @@ static void test_superseded_copy_dropped(void **state)
     dsec_node_stats before, after;
     dsec_node_stats_get(dsec_cell_node_at(live.flaky, 0), &before);
 
-    dsec_msg_superseded item = {.tenant = "own", .req_id = "sup-live-1",
-                                .node = live.keep_conf.nodes[0].name, .retry = 1};
+    dsec_msg_superseded item = {
+        .tenant = "own", .req_id = "sup-live-1", .node = live.keep_conf.nodes[0].name, .retry = 1};
     dsec_msg_superseded_list l = {.by = "test", .items = {.items = &item, .n = 1}};
     char subj[160];
     snprintf(subj, sizeof subj, "dsec.v1.ctl.superseded.%s", live.sched_conf.cell);
-    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL, DSEC_MSG_SUPERSEDED_LIST,
-                                    &l, NULL, &err), 0);
+    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL,
+                                    DSEC_MSG_SUPERSEDED_LIST, &l, NULL, &err),
+                     0);
     assert_true(gone_within(x.id, 3000));
     dsec_node_stats_get(dsec_cell_node_at(live.flaky, 0), &after);
     assert_int_equal(after.reaped_superseded, before.reaped_superseded + 1);
@@ -244,10 +249,11 @@ static void test_superseded_copy_dropped(void **state)
     dsec_sandbox_info z;
     spec.req_id = "sup-live-2";
     assert_int_equal(dsec_create(live.client, &spec, &z, &err), 0);
-    item = (dsec_msg_superseded){.tenant = "own", .req_id = "sup-live-2",
-                                 .node = live.flaky_conf.nodes[0].name, .retry = 1};
-    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL, DSEC_MSG_SUPERSEDED_LIST,
-                                    &l, NULL, &err), 0);
+    item = (dsec_msg_superseded){
+        .tenant = "own", .req_id = "sup-live-2", .node = live.flaky_conf.nodes[0].name, .retry = 1};
+    assert_int_equal(dsec_wire_send(NULL, dsec_cell_bus(live.sched), subj, NULL,
+                                    DSEC_MSG_SUPERSEDED_LIST, &l, NULL, &err),
+                     0);
     msleep(300);
     const char *st = status_of(z.id, &err);
     assert_non_null(st);
@@ -280,13 +286,15 @@ static void test_superseded_told_on_return(void **state)
     assert_int_equal(dsec_encode(&b, DSEC_MSG_CREATE, &m, &err), 0);
     dsec_msg *reply = NULL;
     dsec_hdr h = {.type = "create", .schema = 1, .req_id = m.req_id};
-    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.sched), "dsec.v1.own.create", &h, b.data, b.len,
-                                           3000, &reply, &err), 0);
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.sched), "dsec.v1.own.create", &h,
+                                           b.data, b.len, 3000, &reply, &err),
+                     0);
     dsec_buf_release(&b);
     assert_string_equal(dsec_msg_type(reply), "created");
     dsec_decoder *d = dsec_decoder_new(NULL);
     dsec_msg_created cr;
-    assert_int_equal(dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
+    assert_int_equal(
+        dsec_decode(d, DSEC_MSG_CREATED, dsec_msg_data(reply), dsec_msg_len(reply), &cr, &err), 0);
     assert_string_equal(cr.node, live.keep_conf.nodes[0].name);
     assert_false(cr.existing);
     char kept[96];

@@ -1019,7 +1019,6 @@ static void place_cost(void **state)
     measure(10000, 0.01, 5); /* a nearly full cell: mostly scans */
 }
 
-
 /* ------------------------------------------------------------------- late nodes */
 
 /* The view as a scheduler with the default heartbeat (1000 ms) and dead_after_ms
@@ -1028,9 +1027,12 @@ static void place_cost(void **state)
  * 3000 ms. */
 static dsec_placement *late_view(uint64_t dead_after_ms)
 {
-    dsec_placement_config cfg = {.cell = "c1", .dead_after_ms = dead_after_ms,
-                                 .heartbeat_ms = 1000, .drain_gap_ms = 1000,
-                                 .probation_ms = 3000, .locality_weight = -1};
+    dsec_placement_config cfg = {.cell = "c1",
+                                 .dead_after_ms = dead_after_ms,
+                                 .heartbeat_ms = 1000,
+                                 .drain_gap_ms = 1000,
+                                 .probation_ms = 3000,
+                                 .locality_weight = -1};
     dsec_placement *v = NULL;
     dsec_err e;
     assert_int_equal(dsec_placement_new(&v, reg, &cfg, &e), 0);
@@ -1052,8 +1054,8 @@ static size_t drain(dsec_placement *v, uint64_t now, const char *want)
 
 static void late_config_refused(void **state)
 {
-    dsec_placement_config cfg = {.dead_after_ms = 3000, .suspect_after_ms = 3000,
-                                 .locality_weight = -1};
+    dsec_placement_config cfg = {
+        .dead_after_ms = 3000, .suspect_after_ms = 3000, .locality_weight = -1};
     dsec_placement *v = NULL;
     dsec_err e;
     assert_int_equal(dsec_placement_new(&v, reg, &cfg, &e), -1);
@@ -1200,7 +1202,7 @@ static void late_nodes_drained_one_at_a_time(void **state)
     assert_int_equal(first, 3500);
     dsec_placement_health_get(v, 12000, &h);
     assert_int_equal(h.drained, 3);
-    assert_true(h.deferred >= 3); /* two at the first pass, one at least after */
+    assert_true(h.deferred >= 3);   /* two at the first pass, one at least after */
     assert_int_equal(h.suspect, 1); /* n1: late, but answering */
     assert_int_equal(dsec_placement_count(v), 2);
     assert_int_equal(dsec_placement_answered(v, "n2", 12000), DSEC_REPORT_UNKNOWN);

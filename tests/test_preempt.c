@@ -1,4 +1,5 @@
-/* test_preempt.c - preemption and the trajectory log end to end on a real nats-server with JetStream. */
+/* test_preempt.c - preemption and the trajectory log end to end on a real nats-server with
+ * JetStream. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -97,17 +98,22 @@ static dsec_cell *start_cell(int roles, uint32_t grace_ms, uint32_t max_per_min)
     char node[80];
     snprintf(node, sizeof node, "%s-n", c->cell);
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, node, 1, 4000, 8192, 100, types, "0", &err), 0);
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, node, 1, 4000, 8192, 100, types, "0", &err),
+                     0);
     snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%.64s", node);
     if (dsec_cell_start(&live.cell, c, roles, &err) < 0)
         fail_msg("cell %s: %s", c->cell, err.msg);
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = 20000, .retries = -1};
+    dsec_client_opts o = {
+        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = 20000, .retries = -1};
     if (dsec_client_connect(&live.client, &o, &err) < 0)
         fail_msg("client: %s", err.msg);
     return live.cell;
 }
 
-static const char *node0(void) { return live.conf.nodes[0].name; }
+static const char *node0(void)
+{
+    return live.conf.nodes[0].name;
+}
 
 static dsec_job *start_job(const char *name, int64_t prio, uint64_t ckpt_ms, uint64_t grace_ms,
                            size_t units, uint64_t cpu_each, dsec_job_checkpoint_fn cb, void *ud)
@@ -115,8 +121,14 @@ static dsec_job *start_job(const char *name, int64_t prio, uint64_t ckpt_ms, uin
     dsec_job_unit u[8];
     for (size_t i = 0; i < units; i++)
         u[i] = (dsec_job_unit){.node = node0(), .cpu_milli = cpu_each, .memory_mb = 256};
-    dsec_job_spec spec = {.name = name, .cell = live.conf.cell, .cls = "job", .priority = prio,
-                          .checkpoint_ms = ckpt_ms, .grace_ms = grace_ms, .units = u, .nunits = units};
+    dsec_job_spec spec = {.name = name,
+                          .cell = live.conf.cell,
+                          .cls = "job",
+                          .priority = prio,
+                          .checkpoint_ms = ckpt_ms,
+                          .grace_ms = grace_ms,
+                          .units = u,
+                          .nunits = units};
     dsec_job *j = NULL;
     dsec_err err;
     if (dsec_job_start(live.client, &spec, cb, ud, &j, &err) < 0)
@@ -129,11 +141,17 @@ static dsec_job *start_job(const char *name, int64_t prio, uint64_t ckpt_ms, uin
     return j;
 }
 
-static uint64_t mono_ms(void) { return dsec_now_ns() / 1000000ull; }
+static uint64_t mono_ms(void)
+{
+    return dsec_now_ns() / 1000000ull;
+}
 
 static int create_rollout(uint64_t cpu, dsec_sandbox_info *info, dsec_err *err)
 {
-    dsec_create_spec s = {.type = "sim", .cpu_milli = cpu, .memory_mb = 256, .cls = "rollout",
+    dsec_create_spec s = {.type = "sim",
+                          .cpu_milli = cpu,
+                          .memory_mb = 256,
+                          .cls = "rollout",
                           .cell = live.conf.cell};
     return dsec_create(live.client, &s, info, err);
 }
@@ -160,7 +178,8 @@ static void job_holdings_reduce_capacity(void **state)
     wait_node_cpu(1000);
     dsec_sandbox_info info;
     dsec_err err;
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 2000, .memory_mb = 256, .cell = live.conf.cell};
+    dsec_create_spec s = {
+        .type = "sim", .cpu_milli = 2000, .memory_mb = 256, .cell = live.conf.cell};
     assert_int_equal(dsec_create(live.client, &s, &info, &err), -1); /* class unset: no wait */
     assert_true(err.code == DSEC_E_CAPACITY || err.code == DSEC_E_REFUSED);
     /* a job cannot hold more than the node has free */
@@ -208,7 +227,10 @@ static int checkpoint(dsec_job *job, const dsec_job_reclaim *r, void *ud)
 
 static atomic_int fake_reclaims;
 
-static void on_fake_reclaim(dsec_actor *a, dsec_msg *m, void *ud) { atomic_fetch_add(&fake_reclaims, 1); }
+static void on_fake_reclaim(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    atomic_fetch_add(&fake_reclaims, 1);
+}
 
 static void cooperative_reclaim_never_a_rollout(void **state)
 {
@@ -228,14 +250,18 @@ static void cooperative_reclaim_never_a_rollout(void **state)
     snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.fake.reclaim", live.conf.cell);
     assert_int_equal(dsec_actor_on(fake, subj, NULL, on_fake_reclaim, NULL, &err), 0);
     dsec_msg_job_hold fh = {.job = "fake", .node = node0(), .unit = "u0", .cpu_milli = 4000};
-    dsec_msg_job_register fr = {.job = "fake", .cell = live.conf.cell, .cls = "rollout",
-                                .priority = -1000, .holds = {&fh, 1}};
+    dsec_msg_job_register fr = {.job = "fake",
+                                .cell = live.conf.cell,
+                                .cls = "rollout",
+                                .priority = -1000,
+                                .holds = {&fh, 1}};
     dsec_buf b;
     dsec_buf_init(&b);
     assert_int_equal(dsec_encode(&b, DSEC_MSG_JOB_REGISTER, &fr, &err), 0);
     snprintf(subj, sizeof subj, "dsec.v1.ctl.job.%s.register", live.conf.cell);
-    assert_int_equal(dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "job_register"}, b.data,
-                                      b.len, &err), 0);
+    assert_int_equal(
+        dsec_bus_publish(bus, subj, NULL, &(dsec_hdr){.type = "job_register"}, b.data, b.len, &err),
+        0);
     dsec_buf_release(&b);
     msleep(300);
 
@@ -279,8 +305,8 @@ static void missed_deadline_is_forced(void **state)
     if (create_rollout(1000, &info, &err) < 0)
         fail_msg("waiting rollout: %s", err.msg);
     uint64_t took = mono_ms() - t0;
-    assert_true(took >= 800);        /* not before the deadline */
-    assert_true(took < 800 + 2000);  /* and soon after it */
+    assert_true(took >= 800);       /* not before the deadline */
+    assert_true(took < 800 + 2000); /* and soon after it */
     dsec_arbiter_stats as;
     dsec_arbiter_stats_get(dsec_cell_arbiter(live.cell), &as);
     assert_int_equal(as.requests, 1);
@@ -322,7 +348,10 @@ static void eviction_rate_is_capped(void **state)
     msleep(200); /* registrations reach the arbiter */
     /* four rollouts want room; only two jobs may be asked this minute */
     dsec_sched_stats ss;
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 1000, .memory_mb = 256, .cls = "rollout",
+    dsec_create_spec s = {.type = "sim",
+                          .cpu_milli = 1000,
+                          .memory_mb = 256,
+                          .cls = "rollout",
                           .cell = live.conf.cell};
     /* static: a callback that comes after a failed assertion must not write into a dead frame */
     static struct tally t;
@@ -575,7 +604,8 @@ static void a_refusal_for_room_corrects_the_view(void **state)
 
 static dsec_arbiter *arbiter(const char *name)
 {
-    dsec_arbiter_conf ac = {.cell = live.conf.cell, .name = name, .lease_ms = 600, .grace_ms = 5000};
+    dsec_arbiter_conf ac = {
+        .cell = live.conf.cell, .name = name, .lease_ms = 600, .grace_ms = 5000};
     dsec_arbiter *a = NULL;
     dsec_err err;
     if (dsec_arbiter_start(&a, dsec_cell_bus(live.cell), &ac, &err) < 0)
@@ -611,7 +641,10 @@ static void failover_reclaims_nothing_twice(void **state)
     wait_node_cpu(0);
     msleep(200);
     struct tally t = {0};
-    dsec_create_spec s = {.type = "sim", .cpu_milli = 1000, .memory_mb = 256, .cls = "rollout",
+    dsec_create_spec s = {.type = "sim",
+                          .cpu_milli = 1000,
+                          .memory_mb = 256,
+                          .cls = "rollout",
                           .cell = live.conf.cell};
     dsec_err err;
     assert_int_equal(dsec_create_async(live.client, &s, on_created, &t, &err), 0);
@@ -676,7 +709,8 @@ static void fast_forward_runs_once(void **state)
     char rid[64];
     snprintf(rid, sizeof rid, "ro-%.40s", live.conf.cell);
     dsec_write_opts w = {.append = true, .rollout_id = rid, .step = 1};
-    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "one\n", 4, &w, &err), 0);
+    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "one\n", 4, &w, &err),
+                     0);
     static const char *const argv[] = {"echo", "two", NULL};
     dsec_exec_opts x = {.argv = argv, .rollout_id = rid, .step = 2};
     dsec_exec_reply r;
@@ -684,7 +718,8 @@ static void fast_forward_runs_once(void **state)
     assert_int_equal(r.out_len, 4);
     dsec_exec_reply_release(&r);
     /* the trainer is preempted and resumes: it re-issues steps 1 and 2 */
-    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "one\n", 4, &w, &err), 0);
+    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "one\n", 4, &w, &err),
+                     0);
     assert_int_equal(dsec_exec(live.client, info.id, &x, &r, &err), 0);
     assert_int_equal(r.out_len, 4);
     assert_memory_equal(r.out, "two\n", 4);
@@ -694,7 +729,8 @@ static void fast_forward_runs_once(void **state)
     assert_string_equal(buf, "one\n"); /* the append ran once */
     /* after the last logged step, the rollout continues live */
     w.step = 3;
-    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "three\n", 6, &w, &err), 0);
+    assert_int_equal(dsec_file_write_ex(live.client, info.id, "/work/log", "three\n", 6, &w, &err),
+                     0);
     read_file(info.id, "/work/log", buf, sizeof buf);
     assert_string_equal(buf, "one\nthree\n");
     /* a reader leaves the log's limits as the operator set them */
@@ -703,8 +739,11 @@ static void fast_forward_runs_once(void **state)
     dsec_stream_conf node_conf, now;
     assert_int_equal(dsec_js_stream_get(js, DSEC_TRAJ_STREAM, &node_conf, &err), 0);
     const char *subjects[] = {"dsec.v1.traj.>"};
-    dsec_stream_conf op = {.name = DSEC_TRAJ_STREAM, .subjects = subjects, .nsubjects = 1,
-                           .max_age_ms = 3600 * 1000, .max_bytes = 64 << 20};
+    dsec_stream_conf op = {.name = DSEC_TRAJ_STREAM,
+                           .subjects = subjects,
+                           .nsubjects = 1,
+                           .max_age_ms = 3600 * 1000,
+                           .max_bytes = 64 << 20};
     assert_int_equal(dsec_js_stream_ensure(js, &op, &err), 0);
     /* the log holds the three steps in order */
     dsec_traj *t = NULL;
@@ -774,8 +813,12 @@ static void idle_pausable_rollouts_freeze_and_thaw(void **state)
     start_cell(DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE, 0, 0);
     dsec_sandbox_info a, b, c;
     dsec_err err;
-    dsec_create_spec sp = {.type = "sim", .cpu_milli = 100, .memory_mb = 1024, .cls = "rollout",
-                           .cell = live.conf.cell, .pausable = true};
+    dsec_create_spec sp = {.type = "sim",
+                           .cpu_milli = 100,
+                           .memory_mb = 1024,
+                           .cls = "rollout",
+                           .cell = live.conf.cell,
+                           .pausable = true};
     assert_int_equal(dsec_create(live.client, &sp, &a, &err), 0);
     sp.pausable = false;
     assert_int_equal(dsec_create(live.client, &sp, &b, &err), 0);
@@ -856,7 +899,8 @@ static void config_layers(void **state)
         } else {
             assert_int_equal(rc, -1);
             if (strstr(err.msg, bad[i][1]) == NULL || strstr(err.msg, "l.yaml:") == NULL)
-                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg, bad[i][1]);
+                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg,
+                         bad[i][1]);
         }
         dsec_cell_conf_release(&c);
     }
@@ -908,7 +952,8 @@ static void config_net(void **state)
         } else {
             assert_int_equal(rc, -1);
             if (strstr(err.msg, bad[i][1]) == NULL || strstr(err.msg, "n.yaml:") == NULL)
-                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg, bad[i][1]);
+                fail_msg("%s: error \"%s\" should name %s and the line", bad[i][0], err.msg,
+                         bad[i][1]);
         }
         dsec_cell_conf_release(&c);
     }
@@ -931,7 +976,8 @@ static void config_keys_for_preemption(void **state)
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fputs("scheduler:\n  wait_ms: 500\narbiter:\n  lease_ms: 900\n  grace_ms: 1200\n"
-          "  max_evictions_per_min: 7\ntrajectory:\n  retention_s: 60\n  max_bytes: 1000000\n", f);
+          "  max_evictions_per_min: 7\ntrajectory:\n  retention_s: 60\n  max_bytes: 1000000\n",
+          f);
     fclose(f);
     dsec_cell_conf_defaults(&c);
     assert_int_equal(dsec_cell_conf_load(&c, path, &err), 0);

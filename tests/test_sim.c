@@ -1,4 +1,5 @@
-/* test_sim.c - the replay simulator: profile statistics, broken traces, record then replay, a short replay on a 160-node sim cell, replayed training jobs honouring reclaims. */
+/* test_sim.c - the replay simulator: profile statistics, broken traces, record then replay, a short
+ * replay on a 160-node sim cell, replayed training jobs honouring reclaims. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,9 +32,9 @@ static char *gen_mem(const sim_profile *p, size_t *len)
     return buf;
 }
 
-/* Tolerances (docs/simulator.md): lifetime median 17 min +-10%, p99 > 3 h; low-CPU share 0.90 +-0.02;
- * fan-out median 3 +-1, p90 28 within [20, 38]; the largest burst is exactly burst-max from one job;
- * the type mix within 2 points of its weights; every training job unit present. */
+/* Tolerances (docs/simulator.md): lifetime median 17 min +-10%, p99 > 3 h; low-CPU share 0.90
+ * +-0.02; fan-out median 3 +-1, p90 28 within [20, 38]; the largest burst is exactly burst-max from
+ * one job; the type mix within 2 points of its weights; every training job unit present. */
 static void test_gen_matches_profile(void **state)
 {
     (void)state;
@@ -57,11 +58,15 @@ static void test_gen_matches_profile(void **state)
         assert_int_equal(s.max_job_creates, 32000);
         assert_int_equal(s.jobs, (size_t)p.jobs);
         assert_int_equal(s.job_holders, (size_t)(p.jobs * p.job_units));
-        assert_int_equal(s.job_cpu_milli, (uint64_t)p.jobs * (uint64_t)p.job_units * p.job_cpu_milli);
+        assert_int_equal(s.job_cpu_milli,
+                         (uint64_t)p.jobs * (uint64_t)p.job_units * p.job_cpu_milli);
         assert_true(s.create_rate_peak > 5000); /* the 32,000 burst over 4 s */
-        static const struct { const char *type; double w; } mix[] = {
-            {"function", .35}, {"container", .40}, {"microvm", .15}, {"vm", .10}};
-        size_t rollouts = s.creates; /* the jobs hold capacity through the job protocol, not creates */
+        static const struct {
+            const char *type;
+            double w;
+        } mix[] = {{"function", .35}, {"container", .40}, {"microvm", .15}, {"vm", .10}};
+        size_t rollouts =
+            s.creates; /* the jobs hold capacity through the job protocol, not creates */
         for (size_t m = 0; m < 4; m++) {
             size_t n = 0;
             for (size_t i = 0; i < s.ntypes; i++)
@@ -69,7 +74,8 @@ static void test_gen_matches_profile(void **state)
                     n = s.type_n[i];
             assert_true(fabs((double)n / (double)rollouts - mix[m].w) < 0.02);
         }
-        /* each job: its holds (left to the job itself in a replay), then one registration the replayer runs */
+        /* each job: its holds (left to the job itself in a replay), then one registration the
+         * replayer runs */
         size_t njob = 0, nhold = 0;
         for (size_t i = 0; i < t.n; i++) {
             const sim_op *o = &t.ops[i];
@@ -179,7 +185,8 @@ static void test_broken_traces(void **state)
 }
 
 /* ---- a cell in this process ---------------------------------------------------------- */
-static dsec_cell *start_cell_sized(size_t nodes, uint64_t cpu, uint64_t mem, unsigned replicas, char *dir)
+static dsec_cell *start_cell_sized(size_t nodes, uint64_t cpu, uint64_t mem, unsigned replicas,
+                                   char *dir)
 {
     strcpy(dir, "/tmp/dsec-test-sim-XXXXXX");
     assert_non_null(mkdtemp(dir));
@@ -194,9 +201,11 @@ static dsec_cell *start_cell_sized(size_t nodes, uint64_t cpu, uint64_t mem, uns
     c.capacity_ms = 100;
     dsec_err err;
     static const char *const types[] = {"sim", "function", "container", "microvm", "vm", NULL};
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "n", nodes, cpu, mem, 3000, types, "0", &err), 0);
+    assert_int_equal(dsec_cell_conf_add_sim_nodes(&c, "n", nodes, cpu, mem, 3000, types, "0", &err),
+                     0);
     dsec_cell *cell;
-    int rc = dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err);
+    int rc =
+        dsec_cell_start(&cell, &c, DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | DSEC_ROLE_ARBITER, &err);
     if (rc < 0)
         fprintf(stderr, "cell: %s\n", err.msg);
     assert_int_equal(rc, 0);
@@ -227,7 +236,8 @@ static dsec_bus *connect_bus(const char *url)
     return bus;
 }
 
-static dsec_msg *request(dsec_bus *bus, const char *subj, const char *type, int mt, const void *m, const char *rid)
+static dsec_msg *request(dsec_bus *bus, const char *subj, const char *type, int mt, const void *m,
+                         const char *rid)
 {
     dsec_buf *b = dsec_wire_buf();
     dsec_err err;
@@ -257,7 +267,8 @@ static size_t client_ops(const sim_trace *t, struct seq *out, size_t max)
             continue;
         snprintf(out[n].type, sizeof out[n].type, "%s", o->msg_type);
         const char *v = strrchr(o->subject, '.');
-        snprintf(out[n].verb, sizeof out[n].verb, "%s", o->kind == SIM_OP_CREATE ? "create" : v + 1);
+        snprintf(out[n].verb, sizeof out[n].verb, "%s",
+                 o->kind == SIM_OP_CREATE ? "create" : v + 1);
         out[n].t = (double)o->t_ns / 1e9;
         n++;
     }
@@ -284,10 +295,13 @@ static void test_record_then_replay(void **state)
     for (int i = 0; i < 3; i++) {
         char rid[40];
         snprintf(rid, sizeof rid, "rec-%d-%d", i, (int)getpid());
-        dsec_msg_create m = {.req_id = rid, .type = "sim", .cpu_milli = 100, .memory_mb = 64, .cls = "rollout"};
+        dsec_msg_create m = {
+            .req_id = rid, .type = "sim", .cpu_milli = 100, .memory_mb = 64, .cls = "rollout"};
         dsec_msg *r = request(bus, "dsec.v1.acme.create", "create", DSEC_MSG_CREATE, &m, rid);
         dsec_msg_created c;
-        assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(r), dsec_msg_len(r), &c, &err), 0);
+        assert_int_equal(dsec_decode(dsec_wire_decoder(), DSEC_MSG_CREATED, dsec_msg_data(r),
+                                     dsec_msg_len(r), &c, &err),
+                         0);
         snprintf(ids[i], sizeof ids[i], "%s", c.id);
         snprintf(nodes[i], sizeof nodes[i], "%s", c.node);
         dsec_msg_free(r);
@@ -356,7 +370,8 @@ static void test_record_then_replay(void **state)
         assert_string_equal(a[i].type, b[i].type);
         assert_string_equal(a[i].verb, b[i].verb);
         if (fabs(a[i].t - b[i].t) > 0.050)
-            fail_msg("op %zu (%s): recorded at %.3f s, replayed at %.3f s", i, a[i].type, a[i].t, b[i].t);
+            fail_msg("op %zu (%s): recorded at %.3f s, replayed at %.3f s", i, a[i].type, a[i].t,
+                     b[i].t);
     }
     /* the replayed operations address the replayed sandboxes */
     for (size_t i = 0; i < t2.n; i++)
@@ -463,8 +478,8 @@ struct fake_sink {
     int ncreates, nops;
 };
 
-static int fake_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len,
-                        int timeout_ms, void *req, dsec_err *err)
+static int fake_request(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                        size_t len, int timeout_ms, void *req, dsec_err *err)
 {
     (void)h, (void)data, (void)len, (void)timeout_ms, (void)err;
     struct fake_sink *f = ctx;
@@ -479,7 +494,8 @@ static int fake_request(void *ctx, const char *subject, const dsec_hdr *h, const
     return 0;
 }
 
-static int fake_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data, size_t len, dsec_err *err)
+static int fake_publish(void *ctx, const char *subject, const dsec_hdr *h, const void *data,
+                        size_t len, dsec_err *err)
 {
     (void)ctx, (void)subject, (void)h, (void)data, (void)len, (void)err;
     return 0;
@@ -545,8 +561,10 @@ static void test_lost_and_jobs_skipped(void **state)
 
 /* ---- training jobs and reclaims ----------------------------------------------------------- */
 
-/* Replay t against cell (bus) at speed 2 and return the figures; the observer sees the cell's reclaim events. */
-static void replay_observed(dsec_bus *bus, const sim_trace *t, sim_replay_result *res, char *report_json, size_t n)
+/* Replay t against cell (bus) at speed 2 and return the figures; the observer sees the cell's
+ * reclaim events. */
+static void replay_observed(dsec_bus *bus, const sim_trace *t, sim_replay_result *res,
+                            char *report_json, size_t n)
 {
     sim_sink sink;
     sim_bus_sink *bs;
@@ -638,13 +656,15 @@ static void test_replay_jobs_reclaim(void **state)
     assert_int_equal(res.reclaim_honoured, res.reclaim_requested);
     assert_int_equal(res.reclaim_forced, 0);
     assert_int_equal(res.reclaim_failed, 0);
-    assert_int_equal(res.job_reclaims, res.reclaim_requested); /* every request reached a replayed job */
+    assert_int_equal(res.job_reclaims,
+                     res.reclaim_requested); /* every request reached a replayed job */
     assert_int_equal(res.job_checkpoints, res.job_reclaims);
     assert_true(res.job_units_released >= 1);
     assert_int_equal(res.job_units_forced, 0);
     assert_int_equal(res.lost, 0); /* no rollout preempted */
     char want[128];
-    snprintf(want, sizeof want, "\"reclaims\":{\"requested\":%" PRIu64 ",\"honoured\":%" PRIu64 ",\"forced\":0",
+    snprintf(want, sizeof want,
+             "\"reclaims\":{\"requested\":%" PRIu64 ",\"honoured\":%" PRIu64 ",\"forced\":0",
              res.reclaim_requested, res.reclaim_honoured);
     if (!strstr(js, want))
         fail_msg("report.json lacks %s: %s", want, js);
@@ -680,7 +700,8 @@ static void test_replay_jobs_reclaim(void **state)
     }
     assert_int_equal(njob, 2);
     assert_int_equal(nreleased, res.reclaim_honoured);
-    assert_true(nhold >= 8 + res.job_units_released); /* taken, given back by reclaims, and at the end */
+    assert_true(nhold >=
+                8 + res.job_units_released); /* taken, given back by reclaims, and at the end */
     assert_true(nreclaim_evt >= 2 * res.reclaim_requested);
     sim_replay_result res2;
     replay_observed(bus, &t2, &res2, js, sizeof js);
@@ -703,12 +724,9 @@ static void test_replay_jobs_reclaim(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gen_matches_profile),
-        cmocka_unit_test(test_broken_traces),
-        cmocka_unit_test(test_record_then_replay),
-        cmocka_unit_test(test_replay_160_nodes),
-        cmocka_unit_test(test_lost_and_jobs_skipped),
-        cmocka_unit_test(test_replay_jobs_reclaim),
+        cmocka_unit_test(test_gen_matches_profile),   cmocka_unit_test(test_broken_traces),
+        cmocka_unit_test(test_record_then_replay),    cmocka_unit_test(test_replay_160_nodes),
+        cmocka_unit_test(test_lost_and_jobs_skipped), cmocka_unit_test(test_replay_jobs_reclaim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,4 +1,5 @@
-/* test_tenancy.c - tenants, nested project quotas and owner checks end to end: a cell with two scheduler replicas, sim nodes and the quota actor on a real nats-server. */
+/* test_tenancy.c - tenants, nested project quotas and owner checks end to end: a cell with two
+ * scheduler replicas, sim nodes and the quota actor on a real nats-server. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -86,7 +87,8 @@ static void start_cell(bool with_quota_role)
     char prefix[80];
     snprintf(prefix, sizeof prefix, "%s-n", c->cell);
     dsec_err err;
-    assert_int_equal(dsec_cell_conf_add_sim_nodes(c, prefix, 4, 400000, 400000, 100, types, "0", &err), 0);
+    assert_int_equal(
+        dsec_cell_conf_add_sim_nodes(c, prefix, 4, 400000, 400000, 100, types, "0", &err), 0);
     int roles = DSEC_ROLE_SCHEDULER | DSEC_ROLE_NODE | (with_quota_role ? DSEC_ROLE_QUOTA : 0);
     if (dsec_cell_start(&live.cell, c, roles, &err) < 0)
         fail_msg("cell %s: %s", c->cell, err.msg);
@@ -94,7 +96,9 @@ static void start_cell(bool with_quota_role)
 
 static dsec_client *client_for(int slot, const char *tenant)
 {
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = tenant, .timeout_ms = 10000,
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd),
+                          .tenant = tenant,
+                          .timeout_ms = 10000,
                           .retries = -1 /* see every refusal: no automatic retry */};
     dsec_err err;
     if (dsec_client_connect(&live.clients[slot], &o, &err) < 0)
@@ -138,8 +142,11 @@ static int quota_req(const char *op, int type, const void *msg, dsec_msg_quota *
 static int quota_set(const char *tenant, const char *project, uint64_t sandboxes, uint64_t cpu,
                      uint64_t mem, dsec_err *err)
 {
-    dsec_msg_quota q = {.tenant = tenant, .project = project, .sandboxes = sandboxes,
-                        .cpu_milli = cpu, .memory_mb = mem};
+    dsec_msg_quota q = {.tenant = tenant,
+                        .project = project,
+                        .sandboxes = sandboxes,
+                        .cpu_milli = cpu,
+                        .memory_mb = mem};
     dsec_msg *keep = NULL;
     int rc = quota_req("set", DSEC_MSG_QUOTA, &q, NULL, &keep, err);
     dsec_msg_free(keep);
@@ -167,7 +174,8 @@ static void wait_used(const char *tenant, const char *project, uint64_t want)
             return;
         msleep(20);
     }
-    fail_msg("%s/%s uses %" PRIu64 " sandboxes, expected %" PRIu64, tenant, project ? project : "", got, want);
+    fail_msg("%s/%s uses %" PRIu64 " sandboxes, expected %" PRIu64, tenant, project ? project : "",
+             got, want);
 }
 
 /* ---- 100 parallel creates at the boundary -------------------------------------------- */
@@ -306,9 +314,11 @@ static void test_nested_projects(void **state)
     fire(c, "rl", 8, &t); /* rl holds 10 with its sub-project: 5 more */
     assert_int_equal(t.ok, 5);
     assert_int_equal(t.quota, 3);
-    dsec_create_spec spec = {.type = "sim", .cpu_milli = 100, .memory_mb = 64, .project = "rl/other"};
+    dsec_create_spec spec = {
+        .type = "sim", .cpu_milli = 100, .memory_mb = 64, .project = "rl/other"};
     dsec_sandbox_info info;
-    assert_int_equal(dsec_create(c, &spec, &info, &err), -1); /* an undefined sub-project is bounded by rl */
+    assert_int_equal(dsec_create(c, &spec, &info, &err),
+                     -1); /* an undefined sub-project is bounded by rl */
     assert_non_null(strstr(err.msg, "project nest/rl uses 10 of its 10 sandboxes"));
     fire(c, NULL, 15, &t); /* the tenant holds 20: 10 more outside rl */
     assert_int_equal(t.ok, 10);
@@ -434,8 +444,8 @@ static void test_standby_takes_over(void **state)
     (void)state;
     start_cell(false);
     dsec_err err;
-    dsec_quota_conf qc = {.cell = live.conf.cell, .full_ms = live.conf.full_ms, .reload_ms = 200,
-                          .lease_ms = 900};
+    dsec_quota_conf qc = {
+        .cell = live.conf.cell, .full_ms = live.conf.full_ms, .reload_ms = 200, .lease_ms = 900};
     assert_int_equal(dsec_quota_start(&live.quota, dsec_cell_bus(live.cell), &qc, &err), 0);
     dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "quota-standby"};
     assert_int_equal(dsec_bus_connect(&live.standby_bus, &bo, &err), 0);
@@ -508,8 +518,8 @@ static void test_bus_answer_keeps_its_code(void **state)
     (void)state;
     start_cell(false);
     struct gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "stuck-quota", .threads = 1,
-                        .mailbox_max = 1};
+    dsec_bus_opts bo = {
+        .url = dsec_natsd_url(natsd), .name = "stuck-quota", .threads = 1, .mailbox_max = 1};
     dsec_err err;
     assert_int_equal(dsec_bus_connect(&live.standby_bus, &bo, &err), 0);
     dsec_actor *a = NULL;
@@ -582,8 +592,9 @@ static void test_other_tenants_sandbox(void **state)
     dsec_buf_init(&buf);
     assert_int_equal(dsec_encode(&buf, DSEC_MSG_OP, &op, &err), 0);
     dsec_msg *reply = NULL;
-    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.cell), subj, &(dsec_hdr){.type = "op"},
-                                           buf.data, buf.len, 5000, &reply, &err),
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.cell), subj,
+                                           &(dsec_hdr){.type = "op"}, buf.data, buf.len, 5000,
+                                           &reply, &err),
                      0);
     assert_string_equal(dsec_msg_type(reply), "error");
     dsec_msg_free(reply);
@@ -592,8 +603,9 @@ static void test_other_tenants_sandbox(void **state)
     dsec_msg_create cr = {.req_id = "forged-1", .tenant = "alice", .type = "sim"};
     buf.len = 0;
     assert_int_equal(dsec_encode(&buf, DSEC_MSG_CREATE, &cr, &err), 0);
-    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.cell), subj, &(dsec_hdr){.type = "create"},
-                                           buf.data, buf.len, 5000, &reply, &err),
+    assert_int_equal(dsec_bus_request_sync(dsec_cell_bus(live.cell), subj,
+                                           &(dsec_hdr){.type = "create"}, buf.data, buf.len, 5000,
+                                           &reply, &err),
                      0);
     dsec_msg_error e;
     assert_string_equal(dsec_msg_type(reply), "error");
@@ -640,7 +652,8 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "clit"));
     assert_non_null(strstr(out, "0/10"));
     assert_int_equal(run_cli(out, sizeof out, "project set clit/rl --sandboxes 4 --cpu 2000"), 0);
-    assert_int_equal(run_cli(out, sizeof out, "project set clit/rl/math --sandboxes 9 --cpu 100"), 1);
+    assert_int_equal(run_cli(out, sizeof out, "project set clit/rl/math --sandboxes 9 --cpu 100"),
+                     1);
     assert_non_null(strstr(out, "9 sandboxes exceeds the 4 of project clit/rl"));
     assert_int_equal(run_cli(out, sizeof out, "project set clit --sandboxes 1"), 2);
     assert_non_null(strstr(out, "TENANT/PROJECT"));

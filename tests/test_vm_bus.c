@@ -63,7 +63,8 @@ static int group_setup(void **state)
         return -1;
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only busybox >/dev/null",
+             "%s/scripts/build-envs.sh --dsec %s --registry %s/layers --state-dir %s --only "
+             "busybox >/dev/null",
              DSEC_SRC, DSEC_CLI, root, root);
     if (system(cmd) != 0) {
         fprintf(stderr, "building busybox:1 failed: %s\n", cmd);
@@ -158,7 +159,8 @@ static int group_teardown(void **state)
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "pkill -9 -f '[q]emu-system.*%s/' 2>/dev/null; " /* [q]: not the shell itself */
-             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do "
+             "for m in $(awk -v w='%s/' 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | "
+             "sort -r); do "
              "umount -l $m; done",
              root, root);
     if (system(cmd) != 0)
@@ -168,8 +170,12 @@ static int group_teardown(void **state)
 
 static void make(const char *type, const char *const *req, const char *env, dsec_sandbox_info *info)
 {
-    dsec_create_spec cs = {.type = type, .requires = req, .env = env, .cpu_milli = 1000,
-                           .memory_mb = 256, .disk_mb = 256};
+    dsec_create_spec cs = {.type = type,
+                           .requires = req,
+                           .env = env,
+                           .cpu_milli = 1000,
+                           .memory_mb = 256,
+                           .disk_mb = 256};
     dsec_test_create(cl, &cs, env, info);
 }
 
@@ -225,7 +231,8 @@ static void test_exec_files_fork_pause_snapshot(void **state)
     char out[4096];
     dsec_err err;
     const char *text = "branch point\n";
-    assert_int_equal(dsec_file_write(cl, a.id, "/work/state.txt", text, strlen(text), 0644, &err), 0);
+    assert_int_equal(dsec_file_write(cl, a.id, "/work/state.txt", text, strlen(text), 0644, &err),
+                     0);
     uint8_t *data = NULL;
     size_t len = 0;
     assert_int_equal(dsec_file_read(cl, a.id, "/work/state.txt", &data, &len, &err), 0);
@@ -246,8 +253,8 @@ static void test_exec_files_fork_pause_snapshot(void **state)
     assert_int_equal(nk, 2);
     assert_int_equal(sh(a.id, "echo later > /work/state.txt", out, sizeof out), 0);
     for (size_t i = 0; i < nk; i++) {
-        assert_int_equal(sh(kids[i], "cat /work/state.txt; pidof sleep >/dev/null && echo alive", out,
-                            sizeof out),
+        assert_int_equal(sh(kids[i], "cat /work/state.txt; pidof sleep >/dev/null && echo alive",
+                            out, sizeof out),
                          0);
         assert_string_equal(out, "branch point\nalive");
     }
@@ -265,9 +272,8 @@ static void test_exec_files_fork_pause_snapshot(void **state)
     assert_int_equal(dsec_status(cl, a.id, &st, &err), 0);
     assert_string_equal(st.state, "paused");
     assert_int_equal(dsec_resume(cl, a.id, &err), 0);
-    assert_int_equal(sh(a.id, "cat /work/state.txt; pidof sleep >/dev/null && echo alive", out,
-                        sizeof out),
-                     0);
+    assert_int_equal(
+        sh(a.id, "cat /work/state.txt; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);
     assert_string_equal(out, "later\nalive");
 
     /* a named snapshot is an environment: a new microVM created from it sees the files */
@@ -322,7 +328,8 @@ static void test_node_restart_readopts(void **state)
     assert_int_equal(snapshot_files(), 0); /* the restarted node clears it */
     dsec_err err;
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 30000, &err), 0);
-    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out), 0);
+    assert_int_equal(sh(a.id, "cat /work/n; pidof sleep >/dev/null && echo alive", out, sizeof out),
+                     0);
     assert_string_equal(out, "42\nalive");
     destroy(a.id);
     assert_int_equal(qemu_count(), 0);
@@ -654,9 +661,9 @@ static void test_vm_files_watch(void **state)
     struct gen g = {.len = len};
     dsec_sha256_init(&g.h);
     dsec_transfer_result res;
-    if (dsec_file_upload(cl, id, "/work/up/big", &(dsec_upload_opts){.chunk = 256u << 10,
-                                                                      .window = 2},
-                         gen_read, &g, &res, &err) < 0)
+    if (dsec_file_upload(cl, id, "/work/up/big",
+                         &(dsec_upload_opts){.chunk = 256u << 10, .window = 2}, gen_read, &g, &res,
+                         &err) < 0)
         fail_msg("upload of %" PRIu64 " bytes: %s", len, err.msg);
     uint8_t d[DSEC_SHA256_LEN];
     dsec_sha256_final(&g.h, d);
@@ -666,9 +673,8 @@ static void test_vm_files_watch(void **state)
     assert_int_equal(res.size, len);
     assert_string_equal(res.sha256, want);
     char out[4096];
-    assert_int_equal(sh(id, "sha256sum /work/up/big | cut -c1-64; ls -a /work/up | wc -l", out,
-                        sizeof out),
-                     0);
+    assert_int_equal(
+        sh(id, "sha256sum /work/up/big | cut -c1-64; ls -a /work/up | wc -l", out, sizeof out), 0);
     char expect[100];
     snprintf(expect, sizeof expect, "%s\n3", want); /* ., .. and big: no temporary file left */
     assert_string_equal(out, expect);

@@ -1,4 +1,5 @@
-/* auth.c - `dsec auth`: the nats-server configuration that confines each tenant to its own subjects, and one credentials file per identity. */
+/* auth.c - `dsec auth`: the nats-server configuration that confines each tenant to its own
+ * subjects, and one credentials file per identity. */
 #include <crypt.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -134,7 +135,8 @@ static int write_env(const char *dir, const struct ident *id, const char *scheme
 static bool conf_path_ok(const char *what, const char *p)
 {
     if (p[0] == '\0' || strpbrk(p, "\"\\\n$") != NULL) {
-        fprintf(stderr, "dsec auth: %s \"%s\": give a path without quotes, backslashes, '$' or newlines\n",
+        fprintf(stderr,
+                "dsec auth: %s \"%s\": give a path without quotes, backslashes, '$' or newlines\n",
                 what, p);
         return false;
     }
@@ -269,12 +271,12 @@ static int write_conf(const struct auth_args *a, const struct ident *ids, const 
             "       permissions: {publish: {deny: [\">\"]}, subscribe: {allow: [\">\"]}}}\n",
             ids[1].hash);
     for (size_t i = 0; i < a->nt; i++)
-        fprintf(
-            f,
-            "      {user: \"%s\", password: \"%s\",\n"
-            "       permissions: {publish: {allow: [\"" DSEC_SUBJ_TENANT_ALL "\"]},\n"
-            "                     subscribe: {allow: [\"_INBOX.%s.>\", \"" DSEC_SUBJ_TENANT_EVT "\"]}}}\n",
-            ids[3 + i].user, ids[3 + i].hash, a->tenants[i], a->tenants[i], a->tenants[i]);
+        fprintf(f,
+                "      {user: \"%s\", password: \"%s\",\n"
+                "       permissions: {publish: {allow: [\"" DSEC_SUBJ_TENANT_ALL "\"]},\n"
+                "                     subscribe: {allow: [\"_INBOX.%s.>\", \"" DSEC_SUBJ_TENANT_EVT
+                "\"]}}}\n",
+                ids[3 + i].user, ids[3 + i].hash, a->tenants[i], a->tenants[i], a->tenants[i]);
     fprintf(f,
             "    ]\n  }\n  SYS {\n    users: [\n      {user: \"operator\", password: \"%s\"}\n"
             "    ]\n  }\n}\nsystem_account: SYS\n",

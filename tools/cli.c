@@ -1,4 +1,5 @@
-/* cli.c - dsec subcommands that drive sandboxes through libdsec: create, exec, cp, ls, fork, pause, resume, rm, status, ttl. */
+/* cli.c - dsec subcommands that drive sandboxes through libdsec: create, exec, cp, ls, fork, pause,
+ * resume, rm, status, ttl. */
 #include "tools/cli.h"
 
 #include <errno.h>
@@ -103,27 +104,75 @@ static bool parse_cpu(const char *s, uint64_t *milli)
 static void split_commas(char *s, const char **out, size_t max)
 {
     size_t n = 0;
-    for (char *save = NULL, *t = strtok_r(s, ",", &save); t && n + 1 < max; t = strtok_r(NULL, ",", &save))
+    for (char *save = NULL, *t = strtok_r(s, ",", &save); t && n + 1 < max;
+         t = strtok_r(NULL, ",", &save))
         out[n++] = t;
     out[n] = NULL;
 }
 
+/* --cpu, --memory, --disk, --ttl and --idle into spec; -1 with the reason printed. */
+static int create_resource(int ch, const char *arg, dsec_create_spec *spec)
+{
+    switch (ch) {
+    case 'c':
+        if (!parse_cpu(arg, &spec->cpu_milli)) {
+            fprintf(stderr, "dsec create: --cpu \"%s\": give cores (1.5) or milli-CPU (1500m)\n",
+                    arg);
+            return -1;
+        }
+        break;
+    case 'm':
+        if (!parse_mem(arg, &spec->memory_mb)) {
+            fprintf(stderr, "dsec create: --memory \"%s\": give MiB (512) or 512M / 2G\n", arg);
+            return -1;
+        }
+        break;
+    case 'D':
+        /* 0 would mean "the cell default": say so rather than take it */
+        if (!parse_mem(arg, &spec->disk_mb) || spec->disk_mb == 0) {
+            fprintf(stderr,
+                    "dsec create: --disk \"%s\": give the writable disk's limit in MiB (1024) "
+                    "or 1024M / 2G, at least 1; leave --disk out for the cell default\n",
+                    arg);
+            return -1;
+        }
+        break;
+    case 'T':
+    case 'I':
+        if (!parse_u64(arg, ch == 'T' ? &spec->ttl_s : &spec->idle_s)) {
+            fprintf(stderr, "dsec create: --%s \"%s\": give whole seconds\n",
+                    ch == 'T' ? "ttl" : "idle", arg);
+            return -1;
+        }
+        break;
+    }
+    return 0;
+}
+
 int dsec_cli_create(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"type", required_argument, 0, 't'},   {"requires", required_argument, 0, 'R'},
-        {"env", required_argument, 0, 'e'},    {"cpu", required_argument, 0, 'c'},
-        {"memory", required_argument, 0, 'm'}, {"disk", required_argument, 0, 'D'},
-        {"ttl", required_argument, 0, 'T'},
-        {"idle", required_argument, 0, 'I'},   {"label", required_argument, 0, 'l'},
-        {"affinity", required_argument, 0, 'a'}, {"cell", required_argument, 0, 'C'},
-        {"class", required_argument, 0, 'k'},  {"req-id", required_argument, 0, 'r'},
-        {"rollout", required_argument, 0, 'o'}, {"net", required_argument, 0, 'n'},
-        {"project", required_argument, 0, 'P'}, {0, 0, 0, 0}};
-    const char *use = "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
-                      "[--memory MB|NG] [--disk MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
-                      "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]... "
-                      "[--project P[/SUB]]";
+    static const struct option opts[] = {{"type", required_argument, 0, 't'},
+                                         {"requires", required_argument, 0, 'R'},
+                                         {"env", required_argument, 0, 'e'},
+                                         {"cpu", required_argument, 0, 'c'},
+                                         {"memory", required_argument, 0, 'm'},
+                                         {"disk", required_argument, 0, 'D'},
+                                         {"ttl", required_argument, 0, 'T'},
+                                         {"idle", required_argument, 0, 'I'},
+                                         {"label", required_argument, 0, 'l'},
+                                         {"affinity", required_argument, 0, 'a'},
+                                         {"cell", required_argument, 0, 'C'},
+                                         {"class", required_argument, 0, 'k'},
+                                         {"req-id", required_argument, 0, 'r'},
+                                         {"rollout", required_argument, 0, 'o'},
+                                         {"net", required_argument, 0, 'n'},
+                                         {"project", required_argument, 0, 'P'},
+                                         {0, 0, 0, 0}};
+    const char *use =
+        "[--type T] [--requires CAP,...] [--env NAME:VER] [--cpu CORES|Nm] "
+        "[--memory MB|NG] [--disk MB|NG] [--ttl S] [--idle S] [--label K=V]... [--affinity K=V]... "
+        "[--cell C] [--class rollout|job|batch] [--req-id ID] [--rollout ID] [--net ENTRY]... "
+        "[--project P[/SUB]]";
     dsec_create_spec spec = {0};
     const char *req[MAX_ITEMS] = {0}, *labels[MAX_ITEMS] = {0}, *aff[MAX_ITEMS] = {0},
                *net[MAX_ITEMS] = {0};
@@ -133,51 +182,57 @@ int dsec_cli_create(int argc, char **argv)
     optind = 1;
     while ((ch = getopt_long(argc, argv, "t:", opts, NULL)) != -1) {
         switch (ch) {
-        case 't': spec.type = optarg; break;
+        case 't':
+            spec.type = optarg;
+            break;
         case 'R':
             snprintf(reqbuf, sizeof reqbuf, "%s", optarg);
             split_commas(reqbuf, req, MAX_ITEMS);
             spec.requires = req;
             break;
-        case 'e': spec.env = optarg; break;
-        case 'P': spec.project = optarg; break;
+        case 'e':
+            spec.env = optarg;
+            break;
+        case 'P':
+            spec.project = optarg;
+            break;
         case 'c':
-            if (!parse_cpu(optarg, &spec.cpu_milli)) {
-                fprintf(stderr, "dsec create: --cpu \"%s\": give cores (1.5) or milli-CPU (1500m)\n", optarg);
-                return 2;
-            }
-            break;
         case 'm':
-            if (!parse_mem(optarg, &spec.memory_mb)) {
-                fprintf(stderr, "dsec create: --memory \"%s\": give MiB (512) or 512M / 2G\n", optarg);
-                return 2;
-            }
-            break;
         case 'D':
-            /* 0 would mean "the cell default": say so rather than take it */
-            if (!parse_mem(optarg, &spec.disk_mb) || spec.disk_mb == 0) {
-                fprintf(stderr,
-                        "dsec create: --disk \"%s\": give the writable disk's limit in MiB (1024) "
-                        "or 1024M / 2G, at least 1; leave --disk out for the cell default\n",
-                        optarg);
-                return 2;
-            }
-            break;
         case 'T':
         case 'I':
-            if (!parse_u64(optarg, ch == 'T' ? &spec.ttl_s : &spec.idle_s)) {
-                fprintf(stderr, "dsec create: --%s \"%s\": give whole seconds\n", ch == 'T' ? "ttl" : "idle", optarg);
+            if (create_resource(ch, optarg, &spec) < 0)
                 return 2;
-            }
             break;
-        case 'l': if (nl + 1 < MAX_ITEMS) labels[nl++] = optarg; spec.labels = labels; break;
-        case 'a': if (na + 1 < MAX_ITEMS) aff[na++] = optarg; spec.affinity = aff; break;
-        case 'n': if (nn + 1 < MAX_ITEMS) net[nn++] = optarg; spec.net = net; break;
-        case 'C': spec.cell = optarg; break;
-        case 'k': spec.cls = optarg; break;
-        case 'r': spec.req_id = optarg; break;
-        case 'o': spec.rollout_id = optarg; break;
-        default: return usage("create", use);
+        case 'l':
+            if (nl + 1 < MAX_ITEMS)
+                labels[nl++] = optarg;
+            spec.labels = labels;
+            break;
+        case 'a':
+            if (na + 1 < MAX_ITEMS)
+                aff[na++] = optarg;
+            spec.affinity = aff;
+            break;
+        case 'n':
+            if (nn + 1 < MAX_ITEMS)
+                net[nn++] = optarg;
+            spec.net = net;
+            break;
+        case 'C':
+            spec.cell = optarg;
+            break;
+        case 'k':
+            spec.cls = optarg;
+            break;
+        case 'r':
+            spec.req_id = optarg;
+            break;
+        case 'o':
+            spec.rollout_id = optarg;
+            break;
+        default:
+            return usage("create", use);
         }
     }
     if (optind != argc)
@@ -553,7 +608,9 @@ static int cp_down(dsec_client *c, const char *id, const char *path, const char 
             fprintf(stderr, "dsec cp: %s: %s\n", local, strerror(errno));
             return 1;
         }
-        int rc = dsec_file_read_pages(c, id, path, page_out, f, &err) < 0 ? dsec_cli_fail("cp", &err) : 0;
+        int rc = dsec_file_read_pages(c, id, path, page_out, f, &err) < 0
+                     ? dsec_cli_fail("cp", &err)
+                     : 0;
         if (fclose(f) != 0 && rc == 0) {
             fprintf(stderr, "dsec cp: writing %s: %s\n", local, strerror(errno));
             rc = 1;
@@ -728,14 +785,17 @@ int dsec_cli_snapshot(int argc, char **argv)
 
 int dsec_cli_ttl(int argc, char **argv)
 {
-    const char *use = "ID SECONDS\n  the sandbox now ends SECONDS from now (sooner or later than it "
-                      "would have);\n  prints its id and its new end (UTC)";
+    const char *use =
+        "ID SECONDS\n  the sandbox now ends SECONDS from now (sooner or later than it "
+        "would have);\n  prints its id and its new end (UTC)";
     uint64_t secs;
     if (argc != 3)
         return usage("ttl", use);
     if (!parse_u64(argv[2], &secs) || secs == 0) {
-        fprintf(stderr, "dsec ttl: SECONDS must be a whole number of at least 1, got \"%s\" "
-                        "(dsec rm ends a sandbox now)\n", argv[2]);
+        fprintf(stderr,
+                "dsec ttl: SECONDS must be a whole number of at least 1, got \"%s\" "
+                "(dsec rm ends a sandbox now)\n",
+                argv[2]);
         return 2;
     }
     dsec_client *c = dsec_cli_connect("ttl");

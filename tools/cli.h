@@ -28,22 +28,22 @@ int dsec_cli_env(int argc, char **argv);
  * default ./state); *where names it. Returns 0, or 2 after printing why not. Close with
  * dsec_cli_registry_close (dsec_layer_registry_open, dsec/image.h, does the opening). */
 struct dsec_layer_registry;
-int dsec_cli_registry_open(const char *registry, const char *state,
-                           struct dsec_layer_registry **r, const char **where);
+int dsec_cli_registry_open(const char *registry, const char *state, struct dsec_layer_registry **r,
+                           const char **where);
 void dsec_cli_registry_close(struct dsec_layer_registry *r);
 /* image.c: import, list, inspect and remove images; build (image-build.c) */
 int dsec_cli_image(int argc, char **argv);
 int dsec_cli_image_build(int argc, char **argv);
 int dsec_cli_simple_op(int argc, char **argv); /* pause, resume, rm, status */
 int dsec_cli_ttl(int argc, char **argv);       /* dsec ttl ID SECONDS */
-int dsec_cli_ps(int argc, char **argv);     /* background processes (tools/proc.c) */
-int dsec_cli_attach(int argc, char **argv); /* dsec attach [-i] ID HANDLE */
-int dsec_cli_kill(int argc, char **argv);   /* dsec kill ID HANDLE [-s SIG] */
-int dsec_cli_session(int argc, char **argv); /* dsec session ID: start a shell session */
+int dsec_cli_ps(int argc, char **argv);        /* background processes (tools/proc.c) */
+int dsec_cli_attach(int argc, char **argv);    /* dsec attach [-i] ID HANDLE */
+int dsec_cli_kill(int argc, char **argv);      /* dsec kill ID HANDLE [-s SIG] */
+int dsec_cli_session(int argc, char **argv);   /* dsec session ID: start a shell session */
 /* dsec cp -r (tools/cp-dir.c): a directory tree up or down; returns the exit status. */
 int dsec_cli_cp_dir_up(dsec_client *c, const char *local, const char *id, const char *path);
 int dsec_cli_cp_dir_down(dsec_client *c, const char *id, const char *path, const char *local);
-int dsec_cli_watch(int argc, char **argv);   /* dsec watch ID PATH [-r]: a directory's changes */
+int dsec_cli_watch(int argc, char **argv); /* dsec watch ID PATH [-r]: a directory's changes */
 /* s as a JSON string, quoted and escaped (tools/fleet.c). */
 void dsec_cli_json_str(FILE *out, const char *s);
 /* dsec exec -it (tools/proc.c): base's process on a terminal, this one's in raw mode, until
@@ -55,10 +55,10 @@ void *dsec_cli_session_guard(dsec_client *c, const char *id, uint64_t session);
 void dsec_cli_session_guard_end(void *g);
 int dsec_cli_top(int argc, char **argv);
 int dsec_cli_trace(int argc, char **argv); /* dsec trace TRACE_ID (tools/trace.c) */
-int dsec_cli_net(int argc, char **argv); /* dsec net set|alerts (tools/net.c) */
+int dsec_cli_net(int argc, char **argv);   /* dsec net set|alerts (tools/net.c) */
 int dsec_cli_demo(int argc, char **argv);
-int dsec_cli_job(int argc, char **argv);  /* play a preemptible job (tools/preempt.c) */
-int dsec_cli_traj(int argc, char **argv); /* dsec traj show ROLLOUT */
+int dsec_cli_job(int argc, char **argv);     /* play a preemptible job (tools/preempt.c) */
+int dsec_cli_traj(int argc, char **argv);    /* dsec traj show ROLLOUT */
 int dsec_cli_tenant(int argc, char **argv);  /* quotas of tenants (tools/tenant.c) */
 int dsec_cli_project(int argc, char **argv); /* ... and of their projects */
 int dsec_cli_auth(int argc, char **argv);    /* nats-server config + credentials (tools/auth.c) */

@@ -1,4 +1,5 @@
-/* cp-dir.c - dsec cp -r: a directory tree into or out of a sandbox, one checked transfer per file. */
+/* cp-dir.c - dsec cp -r: a directory tree into or out of a sandbox, one checked transfer per file.
+ */
 #define _GNU_SOURCE /* nftw's FTW_ACTIONRETVAL */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,4 +1,5 @@
-/* demo.c - `dsec demo` (make demo): an embedded one-node cell running the bundled sample rollout workload. */
+/* demo.c - `dsec demo` (make demo): an embedded one-node cell running the bundled sample rollout
+ * workload. */
 #include <inttypes.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -318,8 +319,8 @@ static void env_calls(dsec_client *c, struct stat_row *rows, int *nrows)
 static void containers(dsec_client *c, struct stat_row *rows, int *nrows)
 {
     enum { CT_CREATE, CT_EXEC, CT_FORK, CT_SNAPSHOT, CT_FROM_SNAP, CT_DESTROY, NCT };
-    static const char *const names[NCT] = {"ct create", "ct exec", "ct fork", "ct snapshot",
-                                           "ct from snap", "ct destroy"};
+    static const char *const names[NCT] = {"ct create",   "ct exec",      "ct fork",
+                                           "ct snapshot", "ct from snap", "ct destroy"};
     struct stat_row *r = rows + *nrows;
     for (int i = 0; i < NCT; i++)
         r[i] = (struct stat_row){.op = names[i]};
@@ -329,7 +330,8 @@ static void containers(dsec_client *c, struct stat_row *rows, int *nrows)
     int n = 0;
     for (int i = 0; i < CONTAINERS; i++) {
         dsec_sandbox_info info;
-        dsec_create_spec spec = {.type = "container", .env = "busybox:1", .cpu_milli = 500, .memory_mb = 128};
+        dsec_create_spec spec = {
+            .type = "container", .env = "busybox:1", .cpu_milli = 500, .memory_mb = 128};
         double t0 = now_ms();
         int rc = dsec_create(c, &spec, &info, &err);
         record(&r[CT_CREATE], t0, rc, &err);
@@ -338,7 +340,8 @@ static void containers(dsec_client *c, struct stat_row *rows, int *nrows)
     }
     for (int i = 0; i < n; i++) {
         char line[128];
-        snprintf(line, sizeof line, "mkdir -p /work && echo $((6 * %d)) > /work/answer && cat /work/answer", i + 1);
+        snprintf(line, sizeof line,
+                 "mkdir -p /work && echo $((6 * %d)) > /work/answer && cat /work/answer", i + 1);
         const char *argv[] = {"/bin/sh", "-c", line, NULL};
         dsec_exec_reply er;
         double t0 = now_ms();
@@ -347,9 +350,10 @@ static void containers(dsec_client *c, struct stat_row *rows, int *nrows)
         if (rc == 0) {
             char want[16];
             snprintf(want, sizeof want, "%d\n", 6 * (i + 1));
-            if (er.exit_code != 0 || er.out_len != strlen(want) || memcmp(er.out, want, er.out_len) != 0) {
-                fprintf(stderr, "demo: container %s printed %.*s, expected %s", ids[i], (int)er.out_len,
-                        (const char *)er.out, want);
+            if (er.exit_code != 0 || er.out_len != strlen(want) ||
+                memcmp(er.out, want, er.out_len) != 0) {
+                fprintf(stderr, "demo: container %s printed %.*s, expected %s", ids[i],
+                        (int)er.out_len, (const char *)er.out, want);
                 r[CT_EXEC].failed++;
             }
             dsec_exec_reply_release(&er);
@@ -418,8 +422,11 @@ static void microvms(dsec_client *c, struct stat_row *rows, int *nrows)
     *nrows += NVM;
     dsec_err err;
     static const char *const own_kernel[] = {"own_kernel", NULL};
-    dsec_create_spec spec = {.requires = own_kernel, .env = "busybox:1", .cpu_milli = 1000,
-                             .memory_mb = 256, .disk_mb = 256};
+    dsec_create_spec spec = {.requires = own_kernel,
+                             .env = "busybox:1",
+                             .cpu_milli = 1000,
+                             .memory_mb = 256,
+                             .disk_mb = 256};
     dsec_sandbox_info info;
     double t0 = now_ms();
     int rc = dsec_create(c, &spec, &info, &err);
@@ -429,8 +436,8 @@ static void microvms(dsec_client *c, struct stat_row *rows, int *nrows)
     char ids[2][DSEC_ID_MAX];
     int n = 0;
     snprintf(ids[n++], DSEC_ID_MAX, "%s", info.id);
-    const char *argv[] = {"/bin/sh", "-c", "mkdir -p /work && uname -r > /work/kernel && cat /work/kernel",
-                          NULL};
+    const char *argv[] = {"/bin/sh", "-c",
+                          "mkdir -p /work && uname -r > /work/kernel && cat /work/kernel", NULL};
     dsec_exec_reply er;
     t0 = now_ms();
     rc = dsec_exec(c, ids[0], &(dsec_exec_opts){.argv = argv, .timeout_ms = 60000}, &er, &err);
@@ -468,9 +475,11 @@ static void microvms(dsec_client *c, struct stat_row *rows, int *nrows)
 static int build_busybox(const char *state)
 {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/scripts/build-envs.sh' --dsec /proc/%d/exe --registry '%s/layers' --state-dir '%s' "
-             "--only busybox >/dev/null",
-             DSEC_SRC, (int)getpid(), state, state);
+    snprintf(
+        cmd, sizeof cmd,
+        "'%s/scripts/build-envs.sh' --dsec /proc/%d/exe --registry '%s/layers' --state-dir '%s' "
+        "--only busybox >/dev/null",
+        DSEC_SRC, (int)getpid(), state, state);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -495,11 +504,14 @@ int dsec_cli_demo(int argc, char **argv)
     int status = 1;
     bool with_containers = build_busybox(state) == 0;
     if (!with_containers)
-        fprintf(stderr, "dsec demo: could not build the busybox:1 environment; running without containers\n");
+        fprintf(
+            stderr,
+            "dsec demo: could not build the busybox:1 environment; running without containers\n");
     if (dsec_cell_conf_add_sim_nodes(&conf, "demo", 1, 8000, 16384, 256, types, "1", &err) < 0 ||
-        dsec_cell_conf_add_sim_nodes(&conf, "demo-fn", 1, 4000, 4096, 64, fn_types, NULL, &err) < 0 ||
-        (with_containers &&
-         dsec_cell_conf_add_sim_nodes(&conf, "demo-ct", 1, 4000, 8192, 64, ct_types, NULL, &err) < 0)) {
+        dsec_cell_conf_add_sim_nodes(&conf, "demo-fn", 1, 4000, 4096, 64, fn_types, NULL, &err) <
+            0 ||
+        (with_containers && dsec_cell_conf_add_sim_nodes(&conf, "demo-ct", 1, 4000, 8192, 64,
+                                                         ct_types, NULL, &err) < 0)) {
         fprintf(stderr, "dsec demo: %s\n", err.msg);
         goto out;
     }

@@ -1,4 +1,5 @@
-/* dockerfile.c - Dockerfile parsing for `dsec image build`: instructions, word splitting, variables, .dockerignore. */
+/* dockerfile.c - Dockerfile parsing for `dsec image build`: instructions, word splitting,
+ * variables, .dockerignore. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <fnmatch.h>
@@ -301,7 +302,8 @@ static int expand_var(const char **pp, char escape, const dsec_df_vars *vars, st
     }
     char key[256];
     if (nl >= sizeof key)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "variable name longer than %zu", sizeof key - 1);
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "variable name longer than %zu",
+                            sizeof key - 1);
     memcpy(key, name, nl);
     key[nl] = '\0';
     const char *val = dsec_df_vars_get(vars, key);
@@ -327,7 +329,7 @@ static int expand_var(const char **pp, char escape, const dsec_df_vars *vars, st
     }
     *pp = p + 1;
     bool set = val != NULL && val[0] != '\0';
-    const char *use = mod == '-' ? (set ? val : (word.p ? word.p : ""))
+    const char *use = mod == '-'   ? (set ? val : (word.p ? word.p : ""))
                       : mod == '+' ? (set ? (word.p ? word.p : "") : "")
                                    : (val != NULL ? val : "");
     int rc = str_add(out, use, strlen(use), err);
@@ -408,10 +410,10 @@ int dsec_df_words(const char *s, char escape, const dsec_df_vars *vars, char ***
 
 /* ---- the file ------------------------------------------------------------------------------ */
 
-static const char *const known[] = {"FROM",  "RUN",         "CMD",   "ENTRYPOINT", "ENV",
-                                    "ARG",   "WORKDIR",     "USER",  "COPY",       "ADD",
-                                    "LABEL", "EXPOSE",      "VOLUME", "SHELL",     "STOPSIGNAL",
-                                    "HEALTHCHECK", "MAINTAINER", "ONBUILD"};
+static const char *const known[] = {
+    "FROM",    "RUN",   "CMD",        "ENTRYPOINT",  "ENV",        "ARG",
+    "WORKDIR", "USER",  "COPY",       "ADD",         "LABEL",      "EXPOSE",
+    "VOLUME",  "SHELL", "STOPSIGNAL", "HEALTHCHECK", "MAINTAINER", "ONBUILD"};
 
 void dsec_df_free(dsec_df *df)
 {
@@ -588,7 +590,8 @@ int dsec_df_parse(const char *text, size_t len, const char *name, dsec_df *out, 
             i++;
         if (i == out->n || strcmp(out->v[i].cmd, "FROM") != 0)
             rc = dsec_err_set(err, DSEC_E_INVALID, 0,
-                              "%s: the first instruction must be FROM (ARG may come before it)", name);
+                              "%s: the first instruction must be FROM (ARG may come before it)",
+                              name);
     }
     if (rc < 0)
         dsec_df_free(out);

@@ -1,4 +1,5 @@
-/* dockerfile.h - Dockerfile parsing for `dsec image build`: instructions, word splitting, variables, .dockerignore. */
+/* dockerfile.h - Dockerfile parsing for `dsec image build`: instructions, word splitting,
+ * variables, .dockerignore. */
 #ifndef DSEC_TOOLS_DOCKERFILE_H
 #define DSEC_TOOLS_DOCKERFILE_H
 
@@ -17,12 +18,12 @@
  * dsec_df_words.
  */
 typedef struct dsec_df_insn {
-    char *cmd;      /* upper case: FROM, RUN, COPY, ... */
-    unsigned line;  /* of the instruction's first line, from 1 */
-    char **flags;   /* "--from=build", "--chown=app" */
+    char *cmd;     /* upper case: FROM, RUN, COPY, ... */
+    unsigned line; /* of the instruction's first line, from 1 */
+    char **flags;  /* "--from=build", "--chown=app" */
     size_t nflags;
-    char *rest;     /* the arguments after the flags, trimmed */
-    bool json;      /* rest was a JSON array of strings: see args */
+    char *rest; /* the arguments after the flags, trimmed */
+    bool json;  /* rest was a JSON array of strings: see args */
     char **args;
     size_t nargs;
 } dsec_df_insn;

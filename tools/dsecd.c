@@ -48,10 +48,18 @@ int main(int argc, char **argv)
     int ch;
     while ((ch = getopt_long(argc, argv, "c:r:m:h", opts, NULL)) != -1) {
         switch (ch) {
-        case 'c': config = optarg; break;
-        case 'r': roles_s = optarg; break;
-        case 'm': metrics = optarg; break;
-        case 'l': log_file = optarg; break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'r':
+            roles_s = optarg;
+            break;
+        case 'm':
+            metrics = optarg;
+            break;
+        case 'l':
+            log_file = optarg;
+            break;
         case 'L':
             if (dsec_log_level_parse(optarg, &level) < 0) {
                 fprintf(stderr, "dsecd: --log-level %s: expected error, warn, info or debug\n",
@@ -59,7 +67,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        default: fprintf(stderr, USAGE); return ch == 'h' ? 0 : 2;
+        default:
+            fprintf(stderr, USAGE);
+            return ch == 'h' ? 0 : 2;
         }
     }
     if (config == NULL) {
@@ -89,7 +99,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if ((roles & DSEC_ROLE_NODE) && conf.nnodes == 0) {
-        fprintf(stderr, "dsecd: %s: the node role needs at least one entry under \"nodes\"\n", config);
+        fprintf(stderr, "dsecd: %s: the node role needs at least one entry under \"nodes\"\n",
+                config);
         dsec_cell_conf_release(&conf);
         return 2;
     }

@@ -1,4 +1,5 @@
-/* image-build-copy.c - COPY and ADD of `dsec image build`: files from the context or an earlier stage into the stage's sandbox. */
+/* image-build-copy.c - COPY and ADD of `dsec image build`: files from the context or an earlier
+ * stage into the stage's sandbox. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -28,13 +29,13 @@ typedef struct copy {
     build *b;
     stage *s;
     const dsec_df_insn *in;
-    const char *local_root;  /* what the remote root mirrors */
+    const char *local_root; /* what the remote root mirrors */
     const char *remote_root;
-    bool in_context;         /* local_root is in the context: .dockerignore applies */
-    int mode;                /* --chmod, or -1 */
-    char **links;            /* "TARGET\0PATH" pairs made after the walk */
+    bool in_context; /* local_root is in the context: .dockerignore applies */
+    int mode;        /* --chmod, or -1 */
+    char **links;    /* "TARGET\0PATH" pairs made after the walk */
     size_t nlinks;
-    char **tops;             /* what this COPY made at its top (for --chown) */
+    char **tops; /* what this COPY made at its top (for --chown) */
     size_t ntops;
     unsigned files;
     dsec_err *err;
@@ -109,7 +110,8 @@ static int walk_one(const char *local, const struct stat *st, int type, struct F
     } else {
         rc = dsec_err_set(c->err, DSEC_E_IO, EACCES, "%s cannot be read", local);
     }
-    if (rc == 0 && ftw->level == 0 && push(&c->tops, &c->ntops, remote, strlen(remote), NULL, c->err) < 0)
+    if (rc == 0 && ftw->level == 0 &&
+        push(&c->tops, &c->ntops, remote, strlen(remote), NULL, c->err) < 0)
         rc = -1;
     if (rc < 0) {
         c->rc = -1;
@@ -168,8 +170,8 @@ static int finish(copy *c)
 
 static bool is_archive(const char *p)
 {
-    static const char *const ext[] = {".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2",
-                                      ".tar.xz", ".txz", ".tar.zst"};
+    static const char *const ext[] = {".tar",  ".tar.gz", ".tgz", ".tar.bz2",
+                                      ".tbz2", ".tar.xz", ".txz", ".tar.zst"};
     size_t n = strlen(p);
     for (size_t i = 0; i < sizeof ext / sizeof *ext; i++) {
         size_t e = strlen(ext[i]);
@@ -428,7 +430,8 @@ int dsec__ib_copy(build *b, stage *s, const dsec_df_insn *in, bool add, dsec_err
         rc = copy_sources(&c, w, n - 1, dest, add);
     if (rc == 0)
         rc = finish(&c);
-    if (rc < 0 && err->msg[0] != '\0' && strncmp(err->msg, b->dockerfile, strlen(b->dockerfile)) != 0)
+    if (rc < 0 && err->msg[0] != '\0' &&
+        strncmp(err->msg, b->dockerfile, strlen(b->dockerfile)) != 0)
         dsec__ib_fail(b, in, err, "%s", "");
     else if (rc == 0 && !b->quiet)
         fprintf(stderr, "  %u file(s) copied\n", c.files);

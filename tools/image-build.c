@@ -1,4 +1,5 @@
-/* image-build.c - `dsec image build`: a Dockerfile's steps run in dsec containers of a cell, the result published as an environment. */
+/* image-build.c - `dsec image build`: a Dockerfile's steps run in dsec containers of a cell, the
+ * result published as an environment. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -100,7 +101,7 @@ static int scope_vars(const stage *s, dsec_df_vars *out, dsec_err *err)
 }
 
 int dsec__ib_words(const build *b, const stage *s, const dsec_df_insn *in, char ***w, size_t *n,
-                      dsec_err *err)
+                   dsec_err *err)
 {
     dsec_df_vars v;
     if (scope_vars(s, &v, err) < 0)
@@ -190,7 +191,6 @@ char *dsec__ib_path(const stage *s, const char *p)
     return d;
 }
 
-
 stage *dsec__ib_stage(build *b, const char *name, size_t before)
 {
     char *end;
@@ -216,8 +216,8 @@ static void step_output(void *ud, int stream, const uint8_t *data, size_t len)
 static int run_argv(build *b, stage *s, const char *const *argv, const char *const *env,
                     const char *user, const char *cwd, bool stream, dsec_err *err)
 {
-    dsec_exec_opts eo = {.argv = argv, .env = env, .cwd = cwd, .user = user,
-                         .timeout_ms = b->step_timeout_ms};
+    dsec_exec_opts eo = {
+        .argv = argv, .env = env, .cwd = cwd, .user = user, .timeout_ms = b->step_timeout_ms};
     dsec_exec_reply r = {0};
     int rc = stream ? dsec_exec_stream(b->c, s->id, &eo, step_output, NULL, &r, err)
                     : dsec_exec(b->c, s->id, &eo, &r, err);
@@ -227,7 +227,8 @@ static int run_argv(build *b, stage *s, const char *const *argv, const char *con
         rc = dsec_err_set(err, DSEC_E_TIMEOUT, 0, "did not finish within %" PRIu64 " s",
                           b->step_timeout_ms / 1000);
     else if (r.exit_code != 0 || r.signal != 0)
-        rc = dsec_err_set(err, DSEC_E_STATE, 0, "%s %d%s%.*s", r.signal ? "was killed by signal" : "exited with",
+        rc = dsec_err_set(err, DSEC_E_STATE, 0, "%s %d%s%.*s",
+                          r.signal ? "was killed by signal" : "exited with",
                           r.signal ? r.signal : r.exit_code, stream || r.err_len == 0 ? "" : ": ",
                           stream ? 0 : (int)(r.err_len > 300 ? 300 : r.err_len),
                           r.err_out != NULL ? (const char *)r.err_out : "");
@@ -286,7 +287,9 @@ static int create_stage(build *b, stage *s, const char *base, dsec_err *err)
     char label[64];
     snprintf(label, sizeof label, "dsec.build=%d", (int)getpid());
     const char *labels[] = {label, NULL};
-    dsec_create_spec spec = {.type = "container", .env = base, .labels = labels,
+    dsec_create_spec spec = {.type = "container",
+                             .env = base,
+                             .labels = labels,
                              .ttl_s = b->step_timeout_ms / 1000 * 4 + 3600};
     dsec_sandbox_info info;
     if (dsec_create(b->c, &spec, &info, err) < 0)
@@ -344,7 +347,7 @@ static int do_from(build *b, const dsec_df_insn *in, dsec_err *err)
     size_t n;
     stage tmp = {0};
     if (dsec_df_vars_add(&tmp.args, b->global.v, b->global.n, err) < 0) /* the ARGs before */
-        return -1;                                                          /* the first FROM */
+        return -1;                                                      /* the first FROM */
     int rc = dsec__ib_words(b, &tmp, in, &w, &n, err);
     dsec_df_vars_free(&tmp.args);
     if (rc < 0)
@@ -356,7 +359,8 @@ static int do_from(build *b, const dsec_df_insn *in, dsec_err *err)
     const char *plat = dsec__ib_flag(in, "platform");
     if (plat != NULL && strcmp(plat, "linux/amd64") != 0) {
         dsec_df_strv_free(w, n);
-        return dsec__ib_fail(b, in, err, "--platform=%s: this builder makes linux/amd64 only", plat);
+        return dsec__ib_fail(b, in, err, "--platform=%s: this builder makes linux/amd64 only",
+                             plat);
     }
     stage *v = dsec_realloc(b->st, (b->nst + 1) * sizeof *v);
     if (v == NULL) {
@@ -459,7 +463,8 @@ static int do_keyvals(build *b, stage *s, const dsec_df_insn *in, dsec_df_vars *
     return rc;
 }
 
-/* CMD/ENTRYPOINT/SHELL/RUN's argv: the JSON form as written, else the stage's shell and the line. */
+/* CMD/ENTRYPOINT/SHELL/RUN's argv: the JSON form as written, else the stage's shell and the line.
+ */
 static int command_argv(const stage *s, const dsec_df_insn *in, const char **argv, size_t max)
 {
     size_t n = 0;
@@ -480,8 +485,9 @@ static int command_argv(const stage *s, const dsec_df_insn *in, const char **arg
 static int do_run(build *b, stage *s, const dsec_df_insn *in, dsec_err *err)
 {
     if (dsec__ib_flag(in, "mount") != NULL)
-        return dsec__ib_fail(b, in, err, "--mount is not supported (caches and secrets): COPY what "
-                                         "the step needs");
+        return dsec__ib_fail(b, in, err,
+                             "--mount is not supported (caches and secrets): COPY what "
+                             "the step needs");
     const char *argv[MAX_ARGS + 1];
     if (command_argv(s, in, argv, MAX_ARGS + 1) == 0)
         return dsec__ib_fail(b, in, err, "has an empty command");
@@ -624,8 +630,8 @@ static int record_image(build *b, stage *s, const dsec_env *e, const char *pin, 
     size_t nhave = 0;
     if (dsec_layer_registry_list(b->reg, &have, &nhave, err) < 0)
         return -1;
-    dsec_image_info info = {.ref = (char *)b->name, .env = (char *)b->name,
-                            .created_unix = (int64_t)time(NULL)};
+    dsec_image_info info = {
+        .ref = (char *)b->name, .env = (char *)b->name, .created_unix = (int64_t)time(NULL)};
     snprintf(info.manifest, sizeof info.manifest, "%s", pin);
     snprintf(info.config, sizeof info.config, "%s", pin);
     info.layers = dsec_calloc(e->nlayers + 1, sizeof *info.layers);
@@ -759,7 +765,8 @@ static int run_all(build *b, dsec_err *err)
     return publish(b, &b->st[b->nst - 1], err);
 }
 
-/* ---- the command ------------------------------------------------------------------------------ */
+/* ---- the command ------------------------------------------------------------------------------
+ */
 
 static int build_usage(void)
 {
@@ -833,13 +840,25 @@ static int parse_opts(int argc, char **argv, build *b, const char **registry, co
     while ((ch = getopt_long(argc, argv, "f:n:t:qh", lo, NULL)) != -1) {
         char *eq, *end;
         switch (ch) {
-        case 'f': b->dockerfile = optarg; break;
+        case 'f':
+            b->dockerfile = optarg;
+            break;
         case 'n':
-        case 't': b->name = optarg; break;
-        case 'T': b->target = optarg; break;
-        case 'r': *registry = optarg; break;
-        case 's': *state = optarg; break;
-        case 'q': b->quiet = true; break;
+        case 't':
+            b->name = optarg;
+            break;
+        case 'T':
+            b->target = optarg;
+            break;
+        case 'r':
+            *registry = optarg;
+            break;
+        case 's':
+            *state = optarg;
+            break;
+        case 'q':
+            b->quiet = true;
+            break;
         case 'o':
             b->step_timeout_ms = strtoull(optarg, &end, 10) * 1000;
             if (optarg[0] == '-' || *end != '\0' || b->step_timeout_ms == 0)
@@ -853,7 +872,8 @@ static int parse_opts(int argc, char **argv, build *b, const char **registry, co
                 if (v == NULL)
                     return dsec_err_set(err, DSEC_E_INVALID, 0,
                                         "--build-arg %s: expected KEY=VALUE (or a KEY set in the "
-                                        "environment)", optarg);
+                                        "environment)",
+                                        optarg);
                 if (dsec_df_vars_set(&b->build_args, optarg, v, err) < 0)
                     return -1;
                 break;
@@ -863,16 +883,17 @@ static int parse_opts(int argc, char **argv, build *b, const char **registry, co
                 return -1;
             *eq = '=';
             break;
-        default: return 1;
+        default:
+            return 1;
         }
     }
     if (optind != argc - 1 || b->name == NULL)
         return 1;
     b->context = argv[optind];
     if (!dsec_layer_name_valid(b->name))
-        return dsec_err_set(err, DSEC_E_INVALID, 0,
-                            "--name %s: expected NAME:TAG (name of [a-z0-9._-] parts joined by '/')",
-                            b->name);
+        return dsec_err_set(
+            err, DSEC_E_INVALID, 0,
+            "--name %s: expected NAME:TAG (name of [a-z0-9._-] parts joined by '/')", b->name);
     return 0;
 }
 
@@ -956,4 +977,3 @@ int dsec_cli_image_build(int argc, char **argv)
     dsec_df_vars_free(&b.global);
     return code;
 }
-

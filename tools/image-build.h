@@ -1,4 +1,5 @@
-/* image-build.h - what the parts of `dsec image build` share: the build, its stages, Dockerfile helpers. */
+/* image-build.h - what the parts of `dsec image build` share: the build, its stages, Dockerfile
+ * helpers. */
 #ifndef DSEC_TOOLS_IMAGE_BUILD_H
 #define DSEC_TOOLS_IMAGE_BUILD_H
 
@@ -18,11 +19,11 @@ typedef struct stage {
     char *workdir, *user; /* NULL: the base's */
     char **shell;         /* SHELL, default /bin/sh -c */
     size_t nshell;
-    char **entry, **cmd;  /* ENTRYPOINT and CMD as argv (the shell form wrapped in SHELL) */
+    char **entry, **cmd; /* ENTRYPOINT and CMD as argv (the shell form wrapped in SHELL) */
     size_t nentry, ncmd;
     bool entry_set, cmd_set;
-    dsec_df_vars labels;  /* LABEL (and MAINTAINER as "maintainer") */
-    char *base;           /* the environment its first FROM named (NULL: scratch) */
+    dsec_df_vars labels; /* LABEL (and MAINTAINER as "maintainer") */
+    char *base;          /* the environment its first FROM named (NULL: scratch) */
 } stage;
 
 typedef struct build {

@@ -13,7 +13,6 @@
 #include "dsec/layers.h"
 #include "tools/cli.h"
 
-
 #define MAX_ITEMS 256
 
 /*

@@ -1,4 +1,5 @@
-/* net.c - `dsec net`: change a running sandbox's network policy, and watch the cell's network alerts. */
+/* net.c - `dsec net`: change a running sandbox's network policy, and watch the cell's network
+ * alerts. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -113,7 +114,8 @@ static int net_alerts(int argc, char **argv)
     dsec_bus_opts bo = {.name = "dsec-net-alerts", .threads = 1, .schema_max = DSEC_SCHEMA_VERSION};
     int rc = 1;
     if (dsec_bus_connect(&bus, &bo, &err) < 0 || dsec_actor_new(&a, bus, "net-alerts", &err) < 0 ||
-        dsec_actor_on(a, subj, NULL, on_alert, &w, &err) < 0 || dsec_bus_flush(bus, 2000, &err) < 0) {
+        dsec_actor_on(a, subj, NULL, on_alert, &w, &err) < 0 ||
+        dsec_bus_flush(bus, 2000, &err) < 0) {
         fprintf(stderr, "dsec net alerts: %s\n", err.msg);
         goto out;
     }

@@ -1,4 +1,5 @@
-/* preempt.c - dsec subcommands for preemption and the trajectory log: `dsec job` and `dsec traj show`. */
+/* preempt.c - dsec subcommands for preemption and the trajectory log: `dsec job` and `dsec traj
+ * show`. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -37,11 +38,11 @@ static int play_checkpoint(dsec_job *job, const dsec_job_reclaim *r, void *ud)
     clock_gettime(CLOCK_REALTIME, &now);
     uint64_t now_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
     printf("reclaim %s: %" PRIu64 " milli-CPU, %" PRIu64 " MB within %" PRId64 " ms; %s\n",
-           r->req_id, r->cpu_milli, r->memory_mb,
-           (int64_t)(r->deadline_ns - now_ns) / 1000000,
+           r->req_id, r->cpu_milli, r->memory_mb, (int64_t)(r->deadline_ns - now_ns) / 1000000,
            p->refuse ? "refusing (the arbiter will force it)" : "checkpointing");
     fflush(stdout);
-    struct timespec ts = {(time_t)(p->checkpoint_ms / 1000), (long)(p->checkpoint_ms % 1000) * 1000000L};
+    struct timespec ts = {(time_t)(p->checkpoint_ms / 1000),
+                          (long)(p->checkpoint_ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
     if (!p->refuse) {
         printf("reclaim %s: checkpoint done, releasing\n", r->req_id);
@@ -55,17 +56,18 @@ int dsec_cli_job(int argc, char **argv)
 {
     static const char *use =
         "NAME --cell CELL --node NODE [--node NODE]... [--units K] [--cpu MILLI] [--memory MB]\n"
-        "       [--class job|batch] [--priority P] [--checkpoint-ms MS] [--grace-ms MS] [--refuse]\n"
+        "       [--class job|batch] [--priority P] [--checkpoint-ms MS] [--grace-ms MS] "
+        "[--refuse]\n"
         "Plays a preemptible job: holds K units (round-robin over the nodes) until Ctrl-C;\n"
         "answers each reclaim by acknowledging, sleeping the checkpoint time and releasing\n"
         "(or, with --refuse, by never releasing, so the arbiter forces it).";
     static const struct option opts[] = {
-        {"cell", required_argument, 0, 'c'},       {"node", required_argument, 0, 'n'},
-        {"units", required_argument, 0, 'u'},      {"cpu", required_argument, 0, 'p'},
-        {"memory", required_argument, 0, 'm'},     {"class", required_argument, 0, 'C'},
-        {"priority", required_argument, 0, 'P'},   {"checkpoint-ms", required_argument, 0, 'k'},
-        {"grace-ms", required_argument, 0, 'g'},   {"refuse", no_argument, 0, 'r'},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+        {"cell", required_argument, 0, 'c'},     {"node", required_argument, 0, 'n'},
+        {"units", required_argument, 0, 'u'},    {"cpu", required_argument, 0, 'p'},
+        {"memory", required_argument, 0, 'm'},   {"class", required_argument, 0, 'C'},
+        {"priority", required_argument, 0, 'P'}, {"checkpoint-ms", required_argument, 0, 'k'},
+        {"grace-ms", required_argument, 0, 'g'}, {"refuse", no_argument, 0, 'r'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *cell = NULL, *cls = "job", *nodes[64];
     size_t nnodes = 0;
     uint64_t units = 1, cpu = 1000, mem = 512, ckpt = 1000, grace = 0, prio_u = 0;
@@ -76,26 +78,45 @@ int dsec_cli_job(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         bool ok = true;
         switch (o) {
-        case 'c': cell = optarg; break;
+        case 'c':
+            cell = optarg;
+            break;
         case 'n':
             if (nnodes < 64)
                 nodes[nnodes++] = optarg;
             break;
-        case 'u': ok = parse_num(optarg, &units) && units > 0 && units <= 4096; break;
-        case 'p': ok = parse_num(optarg, &cpu); break;
-        case 'm': ok = parse_num(optarg, &mem); break;
-        case 'C': cls = optarg; break;
+        case 'u':
+            ok = parse_num(optarg, &units) && units > 0 && units <= 4096;
+            break;
+        case 'p':
+            ok = parse_num(optarg, &cpu);
+            break;
+        case 'm':
+            ok = parse_num(optarg, &mem);
+            break;
+        case 'C':
+            cls = optarg;
+            break;
         case 'P':
             if (optarg[0] == '-')
                 ok = parse_num(optarg + 1, &prio_u), prio = -(int64_t)prio_u;
             else
                 ok = parse_num(optarg, &prio_u), prio = (int64_t)prio_u;
             break;
-        case 'k': ok = parse_num(optarg, &ckpt); break;
-        case 'g': ok = parse_num(optarg, &grace); break;
-        case 'r': play.refuse = true; break;
-        case 'h': printf("usage: dsec job %s\n", use); return 0;
-        default: ok = false;
+        case 'k':
+            ok = parse_num(optarg, &ckpt);
+            break;
+        case 'g':
+            ok = parse_num(optarg, &grace);
+            break;
+        case 'r':
+            play.refuse = true;
+            break;
+        case 'h':
+            printf("usage: dsec job %s\n", use);
+            return 0;
+        default:
+            ok = false;
         }
         if (!ok) {
             fprintf(stderr, "usage: dsec job %s\n", use);
@@ -120,8 +141,14 @@ int dsec_cli_job(int argc, char **argv)
         dsec_free(u);
         return 1;
     }
-    dsec_job_spec spec = {.name = argv[optind], .cell = cell, .cls = cls, .priority = prio,
-                          .checkpoint_ms = ckpt, .grace_ms = grace, .units = u, .nunits = units};
+    dsec_job_spec spec = {.name = argv[optind],
+                          .cell = cell,
+                          .cls = cls,
+                          .priority = prio,
+                          .checkpoint_ms = ckpt,
+                          .grace_ms = grace,
+                          .units = u,
+                          .nunits = units};
     dsec_job *job = NULL;
     int rc = 0;
     if (dsec_job_start(c, &spec, play_checkpoint, &play, &job, &err) < 0) {
@@ -129,14 +156,15 @@ int dsec_cli_job(int argc, char **argv)
         rc = 1;
     } else {
         printf("job %s holds %" PRIu64 " unit(s) of %" PRIu64 " milli-CPU and %" PRIu64
-               " MB in cell %s; Ctrl-C releases and stops\n", argv[optind], units, cpu, mem, cell);
+               " MB in cell %s; Ctrl-C releases and stops\n",
+               argv[optind], units, cpu, mem, cell);
         fflush(stdout);
         dsec_cli_wait_for_signal();
         dsec_job_stats st;
         dsec_job_stats_get(job, &st);
         printf("job %s: %" PRIu64 " reclaim(s), %" PRIu64 " released, %" PRIu64
-               " unit(s) forced; releasing %zu unit(s)\n", argv[optind], st.reclaims, st.released,
-               st.forced, st.units_held);
+               " unit(s) forced; releasing %zu unit(s)\n",
+               argv[optind], st.reclaims, st.released, st.forced, st.units_held);
         dsec_job_free(job, true);
     }
     dsec_client_free(c);
@@ -181,8 +209,9 @@ static int show_one(const dsec_traj_record *r, void *ud)
 int dsec_cli_traj(int argc, char **argv)
 {
     if (argc != 3 || strcmp(argv[1], "show") != 0) {
-        fprintf(stderr, "usage: dsec traj show ROLLOUT\n"
-                        "Prints the rollout's trajectory log: each logged step, its command and result.\n");
+        fprintf(stderr,
+                "usage: dsec traj show ROLLOUT\n"
+                "Prints the rollout's trajectory log: each logged step, its command and result.\n");
         return 2;
     }
     const char *url = getenv("DSEC_URL");

@@ -1,4 +1,5 @@
-/* proc.c - `dsec ps`, `dsec attach` and `dsec kill`: a sandbox's background processes (started with dsec exec -d). */
+/* proc.c - `dsec ps`, `dsec attach` and `dsec kill`: a sandbox's background processes (started with
+ * dsec exec -d). */
 #define _GNU_SOURCE /* sigabbrev_np */
 #include <errno.h>
 #include <inttypes.h>
@@ -25,8 +26,10 @@ static bool parse_handle(const char *cmd, const char *s, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (s[0] < '0' || s[0] > '9' || *end != '\0' || errno != 0 || v == 0) {
-        fprintf(stderr, "dsec %s: \"%s\" is not a process handle (a number from dsec exec -d or "
-                        "dsec ps)\n", cmd, s);
+        fprintf(stderr,
+                "dsec %s: \"%s\" is not a process handle (a number from dsec exec -d or "
+                "dsec ps)\n",
+                cmd, s);
         return false;
     }
     *out = v;
@@ -75,7 +78,8 @@ int dsec_cli_ps(int argc, char **argv)
         else if (v[i].timed_out)
             snprintf(st, sizeof st, "timed out");
         else if (v[i].signal != 0)
-            snprintf(st, sizeof st, "killed (%s)", sigabbrev_np(v[i].signal) ? sigabbrev_np(v[i].signal) : "?");
+            snprintf(st, sizeof st, "killed (%s)",
+                     sigabbrev_np(v[i].signal) ? sigabbrev_np(v[i].signal) : "?");
         else
             snprintf(st, sizeof st, "exited %d", v[i].exit_code);
         printf("%-7" PRIu64 " %-8d %-16s %12" PRIu64 " %12" PRIu64 "  %s\n", v[i].handle,
@@ -112,8 +116,10 @@ int dsec_cli_kill(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-s") == 0 && i + 1 < argc) {
             if ((sig = parse_signal(argv[++i])) == 0) {
-                fprintf(stderr, "dsec kill: \"%s\" is not a signal (a number 1..64 or a name "
-                                "such as TERM)\n", argv[i]);
+                fprintf(stderr,
+                        "dsec kill: \"%s\" is not a signal (a number 1..64 or a name "
+                        "such as TERM)\n",
+                        argv[i]);
                 return 2;
             }
         } else if (npos < 2) {

@@ -1,4 +1,5 @@
-/* tenant.c - `dsec tenant` and `dsec project`: define, show, list and remove quotas through a cell's quota actor. */
+/* tenant.c - `dsec tenant` and `dsec project`: define, show, list and remove quotas through a
+ * cell's quota actor. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -27,9 +28,10 @@ static int usage(const char *what)
             "A limit left out (or 0) is none of its own: only the levels above bound it.\n"
             "%s",
             what, arg, what, arg, what, proj ? "TENANT" : "", what, arg,
-            proj ? "A project's limits are delegated from its parent (the tenant, or the project\n"
-                   "above it): each is at most the parent's, and the parent must be defined first.\n"
-                 : "");
+            proj
+                ? "A project's limits are delegated from its parent (the tenant, or the project\n"
+                  "above it): each is at most the parent's, and the parent must be defined first.\n"
+                : "");
     return 2;
 }
 
@@ -46,7 +48,8 @@ static bool parse_u64(const char *s, uint64_t *out)
 }
 
 /* "acme/rl/math" -> tenant "acme", project "rl/math" (project NULL for "acme"). */
-static int split_path(const char *what, const char *arg, char *tenant, size_t tn, const char **project)
+static int split_path(const char *what, const char *arg, char *tenant, size_t tn,
+                      const char **project)
 {
     const char *slash = strchr(arg, '/');
     bool proj = strcmp(what, "project") == 0;
@@ -126,8 +129,10 @@ static int ask(const char *what, const char *cell, const char *op, int type, con
     dsec_bus_free(bus);
     if (rc < 0) {
         if (err.code == DSEC_E_NO_RESPONDERS)
-            fprintf(stderr, "dsec %s: no quota actor answers for cell %s (is quota.enabled set and "
-                            "the quota role running?)\n", what, cell);
+            fprintf(stderr,
+                    "dsec %s: no quota actor answers for cell %s (is quota.enabled set and "
+                    "the quota role running?)\n",
+                    what, cell);
         else
             fprintf(stderr, "dsec %s: %s (%s)\n", what, err.msg, dsec_code_name(err.code));
         return -1;
@@ -135,13 +140,14 @@ static int ask(const char *what, const char *cell, const char *op, int type, con
     const char *rtype = dsec_msg_type(*reply);
     if (rtype == NULL || strcmp(rtype, DSEC_TYPE_ERROR) == 0) {
         dsec_msg_error e;
-        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(*reply), dsec_msg_len(*reply),
-                        &e, &err) == 0)
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(*reply),
+                        dsec_msg_len(*reply), &e, &err) == 0)
             fprintf(stderr, "dsec %s: %s (%s)\n", what, e.message, e.code);
         else
             fprintf(stderr, "dsec %s: the quota actor answered with an error (%s)\n", what,
-                    dsec_msg_header(*reply, DSEC_HDR_ERROR_CODE) ? dsec_msg_header(*reply, DSEC_HDR_ERROR_CODE)
-                                                                 : "unreadable");
+                    dsec_msg_header(*reply, DSEC_HDR_ERROR_CODE)
+                        ? dsec_msg_header(*reply, DSEC_HDR_ERROR_CODE)
+                        : "unreadable");
         dsec_msg_free(*reply);
         *reply = NULL;
         return -1;
@@ -166,11 +172,17 @@ static int run(const char *what, int argc, char **argv)
     int o;
     optind = 2;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        uint64_t *dst = o == 's' ? &q.sandboxes : o == 'c' ? &q.cpu_milli : o == 'm' ? &q.memory_mb : NULL;
+        uint64_t *dst = o == 's'   ? &q.sandboxes
+                        : o == 'c' ? &q.cpu_milli
+                        : o == 'm' ? &q.memory_mb
+                                   : NULL;
         if (dst != NULL) {
             if (!parse_u64(optarg, dst)) {
                 fprintf(stderr, "dsec %s: --%s \"%s\": expected a whole number\n", what,
-                        o == 's' ? "sandboxes" : o == 'c' ? "cpu" : "memory", optarg);
+                        o == 's'   ? "sandboxes"
+                        : o == 'c' ? "cpu"
+                                   : "memory",
+                        optarg);
                 return 2;
             }
         } else if (o == 'C') {
@@ -203,8 +215,8 @@ static int run(const char *what, int argc, char **argv)
         if (ask(what, cell, "list", DSEC_MSG_QUOTA_LIST, &req, &reply) < 0)
             return 1;
         dsec_msg_quota_list out;
-        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(reply), dsec_msg_len(reply),
-                        &out, &err) < 0) {
+        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA_LIST, dsec_msg_data(reply),
+                        dsec_msg_len(reply), &out, &err) < 0) {
             fprintf(stderr, "dsec %s: unreadable answer: %s\n", what, err.msg);
             dsec_msg_free(reply);
             return 1;
@@ -218,7 +230,8 @@ static int run(const char *what, int argc, char **argv)
         dsec_msg_free(reply);
         return 0;
     }
-    bool set = strcmp(verb, "set") == 0, rm = strcmp(verb, "rm") == 0, get = strcmp(verb, "get") == 0;
+    bool set = strcmp(verb, "set") == 0, rm = strcmp(verb, "rm") == 0,
+         get = strcmp(verb, "get") == 0;
     if ((!set && !rm && !get) || nargs != 1)
         return usage(what);
     if (split_path(what, args[0], tenant, sizeof tenant, &q.project) < 0)
@@ -228,8 +241,8 @@ static int run(const char *what, int argc, char **argv)
     if (ask(what, cell, get ? "get" : "set", DSEC_MSG_QUOTA, &q, &reply) < 0)
         return 1;
     dsec_msg_quota out;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(reply), dsec_msg_len(reply), &out,
-                    &err) < 0) {
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_QUOTA, dsec_msg_data(reply), dsec_msg_len(reply),
+                    &out, &err) < 0) {
         fprintf(stderr, "dsec %s: unreadable answer: %s\n", what, err.msg);
         dsec_msg_free(reply);
         return 1;

@@ -79,7 +79,8 @@ static void on_capacity(struct top *t, dsec_msg *m)
 {
     dsec_msg_capacity c;
     dsec_err err;
-    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c, &err) < 0)
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_CAPACITY, dsec_msg_data(m), dsec_msg_len(m), &c,
+                    &err) < 0)
         return;
     pthread_mutex_lock(&t->mu);
     struct node_row *r = row_for(t, c.node);
@@ -267,9 +268,8 @@ static void render(struct top *t, bool clear, double secs, uint64_t created0, ui
 
 int dsec_cli_top(int argc, char **argv)
 {
-    static const struct option opts[] = {{"once", no_argument, 0, 'o'},
-                                         {"interval", required_argument, 0, 'i'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"once", no_argument, 0, 'o'}, {"interval", required_argument, 0, 'i'}, {0, 0, 0, 0}};
     bool once = false;
     int interval_ms = 1000;
     int ch;

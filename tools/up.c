@@ -63,10 +63,18 @@ int dsec_cli_up(int argc, char **argv)
     optind = 1;
     while ((ch = getopt_long(argc, argv, "c:p:s:m:", opts, NULL)) != -1) {
         switch (ch) {
-        case 'c': config = optarg; break;
-        case 'p': port = optarg; break;
-        case 's': state = optarg; break;
-        case 'm': metrics = optarg; break;
+        case 'c':
+            config = optarg;
+            break;
+        case 'p':
+            port = optarg;
+            break;
+        case 's':
+            state = optarg;
+            break;
+        case 'm':
+            metrics = optarg;
+            break;
         default:
             fprintf(stderr, "usage: dsec up [--config FILE] [--port N] [--state-dir DIR] "
                             "[--metrics ADDR:PORT]\n");
@@ -112,4 +120,3 @@ int dsec_cli_up(int argc, char **argv)
     dsec_cell_conf_release(&conf);
     return 0;
 }
-

@@ -129,8 +129,8 @@ int dsec_agent_proc_start(dsec_agent *a, const dsec_proc_start_req *req, dsec_pr
                           dsec_err *err);
 int dsec_agent_proc_list(dsec_agent *a, dsec_proc_info **out, size_t *n, dsec_err *err);
 int dsec_agent_proc_signal(dsec_agent *a, uint64_t handle, int sig, dsec_err *err);
-int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len,
-                          bool close, dsec_err *err);
+int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len, bool close,
+                          dsec_err *err);
 int dsec_agent_proc_output(dsec_agent *a, uint64_t handle, uint64_t out_off, uint64_t err_off,
                            uint64_t max, dsec_proc_output *out, dsec_err *err);
 /* Change a terminal's window (a process started with req->pty). */

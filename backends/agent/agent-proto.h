@@ -177,13 +177,14 @@ static inline void dsec__agent_sndbuf(int fd)
 }
 #define DSEC__AGENT_ARGV_MAX 4096u
 #define DSEC__AGENT_ENV_MAX 4096u
-#define DSEC__AGENT_ARG_LEN_MAX (128u << 10) /* one argv or env string, as Linux's MAX_ARG_STRLEN  \
-                                              */
+#define DSEC__AGENT_ARG_LEN_MAX                                                                    \
+    (128u << 10) /* one argv or env string, as Linux's MAX_ARG_STRLEN                              \
+                  */
 #define DSEC__AGENT_PATH_MAX 4096u
 #define DSEC__AGENT_USER_MAX 256u
-#define DSEC__AGENT_LIST_MAX 65536u /* entries in one listing */
-#define DSEC__AGENT_CHUNK 65536u    /* most output bytes in one OUTPUT frame */
-#define DSEC__AGENT_PROC_MAX 1024u  /* background processes kept (DSEC_PROC_MAX) */
+#define DSEC__AGENT_LIST_MAX 65536u           /* entries in one listing */
+#define DSEC__AGENT_CHUNK 65536u              /* most output bytes in one OUTPUT frame */
+#define DSEC__AGENT_PROC_MAX 1024u            /* background processes kept (DSEC_PROC_MAX) */
 #define DSEC__AGENT_RING_DEFAULT (256u << 10) /* DSEC_PROC_RING_DEFAULT */
 #define DSEC__AGENT_RING_MAX (16u << 20)      /* DSEC_PROC_RING_MAX */
 #define DSEC__AGENT_CMDLINE_MAX 255u

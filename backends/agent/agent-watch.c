@@ -1,4 +1,5 @@
-/* agent-watch.c - `dsec-agent --watch DIR [--recursive]`: a directory's changes as JSON lines on stdout, run as a sandbox's background process. */
+/* agent-watch.c - `dsec-agent --watch DIR [--recursive]`: a directory's changes as JSON lines on
+ * stdout, run as a sandbox's background process. */
 #include "backends/agent/agent-watch.h"
 
 #include <dirent.h>
@@ -85,8 +86,7 @@ static void add_children(int fd, const char *path, bool report)
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
         char sub[PATH_MAX];
-        int n = snprintf(sub, sizeof sub, "%s%s%s", path, strcmp(path, "/") ? "/" : "",
-                         e->d_name);
+        int n = snprintf(sub, sizeof sub, "%s%s%s", path, strcmp(path, "/") ? "/" : "", e->d_name);
         if (n < 0 || (size_t)n >= sizeof sub)
             continue;
         struct stat st;
@@ -209,7 +209,7 @@ int dsec__agent_watch_main(int argc, char **argv)
                 drop_wd(ev->wd);
                 continue;
             }
-            const char *what = ev->mask & IN_CREATE       ? "create"
+            const char *what = ev->mask & IN_CREATE        ? "create"
                                : ev->mask & IN_CLOSE_WRITE ? "modify"
                                : ev->mask & IN_DELETE      ? "delete"
                                : ev->mask & IN_MOVED_FROM  ? "moved_from"
@@ -221,8 +221,7 @@ int dsec__agent_watch_main(int argc, char **argv)
             emit(what, dir, name, is_dir);
             if (recursive && is_dir && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && name != NULL) {
                 char sub[PATH_MAX];
-                int n = snprintf(sub, sizeof sub, "%s%s%s", dir, strcmp(dir, "/") ? "/" : "",
-                                 name);
+                int n = snprintf(sub, sizeof sub, "%s%s%s", dir, strcmp(dir, "/") ? "/" : "", name);
                 if (n > 0 && (size_t)n < sizeof sub)
                     add_dir(fd, sub, true);
             }

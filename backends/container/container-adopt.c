@@ -281,8 +281,7 @@ static int meta_peek(struct ct_backend *be, dsec_sandbox *sb)
         name = be->rt->name;
     dsec_err err;
     if ((sb->rt = dsec__ct_rt_get(be, name, &err)) == NULL) {
-        dsec_log_warn("dsec container: leaving orphan sandbox %s as it is: %s", sb->id,
-                err.msg);
+        dsec_log_warn("dsec container: leaving orphan sandbox %s as it is: %s", sb->id, err.msg);
         return -1;
     }
     return 0;
@@ -355,8 +354,7 @@ void dsec__ct_sweep(void *self)
     n += dsec__ct_pool_sweep(be, held);
     int snaps = dsec__ct_snap_sweep(be);
     if (n > 0 || snaps > 0)
-        dsec_log_info(
-                "dsec container: reclaimed %d orphan sandboxes and %d fork snapshots left by "
-                "an earlier node manager (%.1f ms)",
-                n, snaps, (double)(dsec_now_ns() - t0) / 1e6);
+        dsec_log_info("dsec container: reclaimed %d orphan sandboxes and %d fork snapshots left by "
+                      "an earlier node manager (%.1f ms)",
+                      n, snaps, (double)(dsec_now_ns() - t0) / 1e6);
 }

@@ -182,7 +182,7 @@ static void *pool_main(void *arg)
         /* said once per run of failures; tried again later, creates go cold meanwhile */
         if (failures++ == 0)
             dsec_log_info("dsec container: starting a warm container failed (retrying): %s",
-                    err.msg);
+                          err.msg);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += failures < 10 ? 1 : 10;
@@ -315,8 +315,8 @@ int dsec__ct_pool_sweep(struct ct_backend *be, bool (*held)(struct ct_backend *,
             dsec_err err;
             const struct ct_rt *rt = name != NULL ? dsec__ct_rt_get(be, name, &err) : be->rt;
             if (rt == NULL) {
-                dsec_log_warn("dsec container: leaving warm container %s as it is: %s",
-                        e->d_name, err.msg);
+                dsec_log_warn("dsec container: leaving warm container %s as it is: %s", e->d_name,
+                              err.msg);
                 continue;
             }
             warm_remove(be, rt, e->d_name, dir);

@@ -85,9 +85,9 @@ int dsec__ct_store_open(struct ct_backend *be, uint64_t image_gb, dsec_err *err)
     } else {
         be->btrfs = false;
         dsec_log_warn(
-                "dsec container: no btrfs upper store (%s); upper layers are plain directories "
-                "and fork copies them (cp -a --reflink=auto)",
-                why[0] ? why : "not btrfs");
+            "dsec container: no btrfs upper store (%s); upper layers are plain directories "
+            "and fork copies them (cp -a --reflink=auto)",
+            why[0] ? why : "not btrfs");
     }
     char p[PATH_MAX + 16];
     dsec__ct_fmt(p, sizeof p, "%s/sb", be->store);
@@ -143,7 +143,7 @@ static int quota_on(struct ct_backend *be, dsec_err *err)
                               be->store);
         else
             dsec_log_info("dsec container: btrfs quotas enabled on %s (%.1f ms)", be->store,
-                    (double)(dsec_now_ns() - t0) / 1e6);
+                          (double)(dsec_now_ns() - t0) / 1e6);
         if (fd >= 0)
             close(fd);
     }

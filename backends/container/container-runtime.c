@@ -229,7 +229,7 @@ const struct ct_rt *dsec__ct_rt_get(struct ct_backend *be, const char *name, dse
         return NULL;
     if (be->trace)
         dsec_log_info("dsec container: opened runtime %s (%s) for containers it started", name,
-                be->rts[i].path);
+                      be->rts[i].path);
     return &be->rts[i];
 }
 
@@ -296,8 +296,8 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
      * root cannot be switched from the host (dsec__ct_rt_switch_root). Every start is cold. */
     if (idx == CT_RT_RUNSC && be->warm_target > 0) {
         dsec_log_warn("dsec container: runtime=runsc: no warm pool (gVisor's containers "
-                        "cannot have their root switched from the host); every create starts "
-                        "its own container");
+                      "cannot have their root switched from the host); every create starts "
+                      "its own container");
         be->warm_target = 0;
     }
     return 0;
@@ -414,7 +414,8 @@ static int rt_cmd(const struct ct_backend *be, const struct ct_rt *rt, const cha
     for (;;) {
         char sink[1024];
         bool keep = got + 1 < outlen;
-        ssize_t r = dsec_read_eintr(p[0], keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
+        ssize_t r =
+            dsec_read_eintr(p[0], keep ? out + got : sink, keep ? outlen - 1 - got : sizeof sink);
         if (r <= 0)
             break;
         if (keep)

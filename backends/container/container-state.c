@@ -132,9 +132,8 @@ int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
         dsec_sbx_fork_undo(&be->sbx, children, states, n);
     dsec__ct_snap_unref(be, snap);
     if (be->trace)
-        dsec_log_info(
-                "dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms", n,
-                (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
+        dsec_log_info("dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms",
+                      n, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
     return rc;
 }
 

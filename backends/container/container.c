@@ -771,8 +771,8 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         rc = sb_warm(be, sb, w, root_fd, err);
         close(root_fd);
         if (rc == 0 && be->trace)
-            dsec_log_info("dsec container: start %s: root %.2f ms, warm container %.2f ms",
-                    sb->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
+            dsec_log_info("dsec container: start %s: root %.2f ms, warm container %.2f ms", sb->id,
+                          (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
         return rc;
     }
     rc = sb_launch(be, sb, root_fd, err);
@@ -790,9 +790,9 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
         if (dsec_agent_connect(&sb->agent, sp, 200, err) == 0) {
             if (be->trace)
                 dsec_log_info(
-                        "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms",
-                        sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
-                        (double)(dsec_now_ns() - t2) / 1e6);
+                    "dsec container: start %s: root %.2f ms, runtime %.2f ms, agent %.2f ms",
+                    sb->id, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                    (double)(dsec_now_ns() - t2) / 1e6);
             return 0;
         }
         if (!dsec__ct_alive(be, sb->rid)) {
@@ -890,8 +890,8 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     uint64_t t1 = dsec_now_ns();
     int rc = dsec__ct_create_env(be, spec, &env, out, backend_state, err);
     if (be->trace)
-        dsec_log_info("dsec container: create %s: environment %.2f ms, in all %.2f ms",
-                spec->id, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t0) / 1e6);
+        dsec_log_info("dsec container: create %s: environment %.2f ms, in all %.2f ms", spec->id,
+                      (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t0) / 1e6);
     return rc;
 }
 

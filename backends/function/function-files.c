@@ -504,7 +504,8 @@ int dsec__fn_files_op(struct fn_files *f, const dsec_file_op *op, dsec_file_entr
     }
     case DSEC_FOP_REMOVE: {
         if (strcmp(rel, ".") == 0)
-            return dsec_err_set(err, DSEC_E_INVALID, EBUSY, "remove /work: it stays (remove "
+            return dsec_err_set(err, DSEC_E_INVALID, EBUSY,
+                                "remove /work: it stays (remove "
                                 "what it holds)");
         if (fstatat(f->dirfd, rel, &st, AT_SYMLINK_NOFOLLOW) < 0)
             return dsec_err_set(err, errno == ENOENT ? DSEC_E_NOT_FOUND : DSEC_E_IO, errno,

@@ -20,7 +20,6 @@ const char *dsec__fn_runtime_name(int rt);
 /* The runtime index of a name, or -1. */
 int dsec__fn_runtime_find(const char *name);
 
-
 /* ---- cgroups (function-cgroup.c) ------------------------------------------------ */
 
 enum { FN_CG_NONE, FN_CG_V1, FN_CG_V2 };
@@ -243,6 +242,5 @@ int dsec__fn_call_start(struct fn_pools *pools, const struct fn_call_conf *cc,
                         struct fn_files *files, const dsec_exec_req *req, struct dsec_loop *loop,
                         uint64_t *cpu_used_us, uint64_t *calls, dsec_exec_done_fn done, void *ud,
                         dsec_err *err);
-
 
 #endif

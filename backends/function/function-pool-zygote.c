@@ -148,7 +148,7 @@ void dsec__fn_pool_zygote_start(struct fn_pools *p, struct fn_pool *pool)
     /* before it is told to start workers: they inherit it */
     if (setpriority(PRIO_PROCESS, (id_t)pid, DSEC_SANDBOX_NICE) < 0)
         dsec_log_warn("dsec function: nice %d for zygote %d: %s", DSEC_SANDBOX_NICE, (int)pid,
-                strerror(errno));
+                      strerror(errno));
     pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0) {
         snprintf(why, sizeof why, "pidfd_open: %s", strerror(errno));

@@ -109,8 +109,8 @@ typedef struct dsec_function_pool_info {
     unsigned hot;  /* of which warmed ahead (python3: after-fork work done) */
     unsigned promoting, spawning, busy, draining;
     unsigned long long calls, spawned, spawn_failures;
-    char version[64];    /* "python 3.11.2", "exec" */
-    char preloaded[512]; /* python3: modules the zygote imported */
+    char version[64];             /* "python 3.11.2", "exec" */
+    char preloaded[512];          /* python3: modules the zygote imported */
     char error[DSEC_ERR_MSG_MAX]; /* the last failure, "" when none */
     char
         zygote_exit[128]; /* how the last zygote ended ("was killed by signal 9 (Killed)"), or "" */

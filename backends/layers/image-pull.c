@@ -195,7 +195,8 @@ static int auth_from_entry(const dsec_json *e, const char *file, char **user, ch
         *user = dsec_strdup(d);
         *pass = dsec_strdup(c + 1);
         dsec_free(d);
-    } else if (dsec_json_get_str(e, "username") != NULL && dsec_json_get_str(e, "password") != NULL) {
+    } else if (dsec_json_get_str(e, "username") != NULL &&
+               dsec_json_get_str(e, "password") != NULL) {
         *user = dsec_strdup(dsec_json_get_str(e, "username"));
         *pass = dsec_strdup(dsec_json_get_str(e, "password"));
     } else {
@@ -732,7 +733,7 @@ static int manifest_type(manifest *m, const char *ctype, const char *what, dsec_
         if (m->mtype == NULL && field == NULL)
             m->mtype = dsec_json_get(m->doc, "manifests") ? MT_OCI_INDEX
                        : dsec_json_get(m->doc, "layers")  ? MT_OCI_MANIFEST
-                                                         : NULL;
+                                                          : NULL;
     }
     if (m->mtype == NULL)
         return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
@@ -966,7 +967,8 @@ static int find_held(puller *p, dsec_layer_registry *r, const char *dir, const c
 static int get_blobs(puller *p, const manifest *m, const char *dir, dsec_layer_registry *r,
                      dsec_err *err)
 {
-    const dsec_json *cfg = dsec_json_get(m->doc, "config"), *layers = dsec_json_get(m->doc, "layers");
+    const dsec_json *cfg = dsec_json_get(m->doc, "config"),
+                    *layers = dsec_json_get(m->doc, "layers");
     const char *digest, *mt = dsec_json_get_str(cfg, "mediaType");
     uint64_t size;
     if (descriptor(p, cfg, "config", &digest, &size, err) < 0)

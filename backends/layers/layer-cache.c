@@ -728,8 +728,7 @@ static int rediscover(dsec_layer_cache *c, dsec_err *err)
             } else if (layer != NULL && blob != NULL) {
                 dsec_err rerr;
                 if (remove_layer(c, probe.hex, true, &rerr) < 0)
-                    dsec_log_warn("dsec layer cache: clearing an incomplete layer: %s",
-                            rerr.msg);
+                    dsec_log_warn("dsec layer cache: clearing an incomplete layer: %s", rerr.msg);
             }
             dsec_free(layer);
             dsec_free(blob);

@@ -1,4 +1,5 @@
-/* layer-cache.h - a node's layer cache: fetch once, verify, share read-only, evict LRU under a budget. */
+/* layer-cache.h - a node's layer cache: fetch once, verify, share read-only, evict LRU under a
+ * budget. */
 #ifndef DSEC_BACKENDS_LAYER_CACHE_H
 #define DSEC_BACKENDS_LAYER_CACHE_H
 

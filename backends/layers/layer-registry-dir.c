@@ -697,8 +697,8 @@ static char *doc_path(dirreg *g, const char *kind, const char *key)
     return dsec__layer_path("%s/docs/%s/%s", g->root, kind, enc);
 }
 
-static int dir_doc_put(void *self, const char *kind, const char *key, const void *data,
-                       size_t len, dsec_err *err)
+static int dir_doc_put(void *self, const char *kind, const char *key, const void *data, size_t len,
+                       dsec_err *err)
 {
     dirreg *g = self;
     char *dir = dsec__layer_path("%s/docs/%s", g->root, kind);

@@ -44,14 +44,7 @@
 #define NAME_TXT 256           /* a name as text, with its NUL */
 #define RCVBUF_BYTES (2 << 20) /* per shard */
 
-    typedef enum ev_kind {
-        EV_STOP,
-        EV_UDP,
-        EV_TCPL,
-        EV_UP,
-        EV_CONN,
-        EV_UPTCP
-    } ev_kind;
+typedef enum ev_kind { EV_STOP, EV_UDP, EV_TCPL, EV_UP, EV_CONN, EV_UPTCP } ev_kind;
 
 /* What an epoll event points at; first member of each source. */
 typedef struct evsrc {

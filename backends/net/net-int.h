@@ -1,4 +1,5 @@
-/* net-int.h - internals of network containment shared by its files: link plumbing, nftables, the DNS resolver. */
+/* net-int.h - internals of network containment shared by its files: link plumbing, nftables, the
+ * DNS resolver. */
 #ifndef DSEC_BACKENDS_NET_INT_H
 #define DSEC_BACKENDS_NET_INT_H
 
@@ -104,20 +105,20 @@ int dsec__net_link_guest(const char *netns_path, const char *tap, int *fd_out, d
 typedef struct dsec__nft dsec__nft;
 
 typedef struct dsec__nft_conf {
-    const char *table;        /* "dsec_TT"; a stale table of that name is replaced */
-    struct in_addr gw4;       /* the resolver listens here */
-    struct in_addr pool4;     /* the node's sandbox pool (network address) */
-    uint8_t pool4_len;        /* its prefix length */
+    const char *table;    /* "dsec_TT"; a stale table of that name is replaced */
+    struct in_addr gw4;   /* the resolver listens here */
+    struct in_addr pool4; /* the node's sandbox pool (network address) */
+    uint8_t pool4_len;    /* its prefix length */
     bool v6;
     struct in6_addr gw6;
     struct in6_addr pool6;
     uint8_t pool6_len;
-    uint16_t dns_port;        /* 53 */
-    bool masquerade;          /* SNAT sandbox traffic leaving by a non-sandbox interface */
-    uint16_t log_group;       /* NFLOG group for blocked packets */
-    uint32_t log_rate;        /* blocked packets logged per second per sandbox (kernel limit) */
-    uint32_t dns_rate;        /* DNS packets per second per sandbox to the resolver (kernel meter) */
-    uint32_t conn_rate;       /* new connections per second per sandbox */
+    uint16_t dns_port;  /* 53 */
+    bool masquerade;    /* SNAT sandbox traffic leaving by a non-sandbox interface */
+    uint16_t log_group; /* NFLOG group for blocked packets */
+    uint32_t log_rate;  /* blocked packets logged per second per sandbox (kernel limit) */
+    uint32_t dns_rate;  /* DNS packets per second per sandbox to the resolver (kernel meter) */
+    uint32_t conn_rate; /* new connections per second per sandbox */
     /* Extra destinations no sandbox ever reaches, whatever its policy
      * (beyond the built-in: the pool, loopback, link-local incl.
      * 169.254.169.254, fd00:ec2::254, multicast). CIDR strings. */
@@ -127,11 +128,11 @@ typedef struct dsec__nft_conf {
 
 /* One allow entry of a sandbox. */
 typedef struct dsec__nft_elem {
-    int family;         /* AF_INET or AF_INET6 */
-    uint8_t addr[16];   /* network address (4 bytes used for AF_INET) */
-    uint8_t prefix;     /* prefix length: 32 / 128 for one address */
-    uint8_t proto;      /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP / IPPROTO_ICMPV6 */
-    uint16_t port_lo;   /* destination port range (TCP/UDP); 0..65535 for all */
+    int family;       /* AF_INET or AF_INET6 */
+    uint8_t addr[16]; /* network address (4 bytes used for AF_INET) */
+    uint8_t prefix;   /* prefix length: 32 / 128 for one address */
+    uint8_t proto;    /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP / IPPROTO_ICMPV6 */
+    uint16_t port_lo; /* destination port range (TCP/UDP); 0..65535 for all */
     uint16_t port_hi;
     uint32_t timeout_ms; /* 0: until removed; else expires (DNS pins, for the TTL) */
 } dsec__nft_elem;
@@ -160,8 +161,7 @@ int dsec__nft_sbx_replace(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, s
                           dsec_err *err);
 
 /* Add entries (an element already present gets its timeout refreshed). */
-int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_t n,
-                      dsec_err *err);
+int dsec__nft_sbx_pin(dsec__nft *t, uint32_t idx, const dsec__nft_elem *e, size_t n, dsec_err *err);
 
 /* Delete the conntrack entries whose original source is src (4 or 16 bytes
  * by family) and for which keep() returns false, so that removing an allow
@@ -190,7 +190,8 @@ int dsec__nft_log_start(dsec__nft *t, void (*fn)(void *ud, const dsec__nft_block
 typedef struct dsec__dns dsec__dns;
 
 typedef struct dsec__dns_conf {
-    struct sockaddr_storage listen[2]; /* the gateway addresses with the DNS port; bound with FREEBIND */
+    struct sockaddr_storage
+        listen[2]; /* the gateway addresses with the DNS port; bound with FREEBIND */
     size_t nlisten;
     struct sockaddr_storage upstream[4]; /* where allowed queries go */
     size_t nupstream;
@@ -218,10 +219,10 @@ typedef struct dsec__dns_conf {
 } dsec__dns_conf;
 
 typedef struct dsec__dns_stats {
-    uint64_t queries;   /* packets received */
-    uint64_t answered;  /* replies with addresses or an upstream NXDOMAIN/NODATA */
-    uint64_t refused;   /* REFUSED replies (denied, type, cname, malformed) */
-    uint64_t dropped;   /* not answered at all (flood, unparseable header) */
+    uint64_t queries;           /* packets received */
+    uint64_t answered;          /* replies with addresses or an upstream NXDOMAIN/NODATA */
+    uint64_t refused;           /* REFUSED replies (denied, type, cname, malformed) */
+    uint64_t dropped;           /* not answered at all (flood, unparseable header) */
     uint64_t upstream_sent;     /* queries sent over UDP */
     uint64_t upstream_timeouts; /* of those, unanswered in time (over UDP or TCP) */
     uint64_t upstream_tcp;      /* truncated UDP answers asked again over TCP */

@@ -507,7 +507,7 @@ static int sbx_install(dsec_net *n, dsec_net_sbx *s, struct policy *pol, bool fr
     dsec_free(e);
     if (n->trace)
         dsec_log_info("dsec net: %s slot %u: link %.3f ms, rules %.3f ms", s->id, s->idx,
-                (double)(t1 - t0) / 1e6, (double)(dsec__net_mono_ns() - t1) / 1e6);
+                      (double)(t1 - t0) / 1e6, (double)(dsec__net_mono_ns() - t1) / 1e6);
     return 0;
 }
 

@@ -1,4 +1,5 @@
-/* net.h - network containment of a node's sandboxes: own namespace, nftables policy, node-local DNS, alerts. */
+/* net.h - network containment of a node's sandboxes: own namespace, nftables policy, node-local
+ * DNS, alerts. */
 #ifndef DSEC_BACKENDS_NET_H
 #define DSEC_BACKENDS_NET_H
 
@@ -46,7 +47,8 @@ typedef struct dsec_net_mirror {
 typedef struct dsec_net_alert {
     const char *sandbox;
     const char *tenant; /* "" when the sandbox has none */
-    const char *kind;   /* "dns_denied" | "dns_type" | "dns_cname" | "dns_flood" | "dns_malformed" | "blocked" */
+    const char *kind;   /* "dns_denied" | "dns_type" | "dns_cname" | "dns_flood" | "dns_malformed" |
+                           "blocked" */
     const char *dest;   /* the name asked, or the address */
     const char *detail; /* "TXT", "tcp/443", "udp/53", "icmp", ... */
     uint64_t count;     /* occurrences in the window (after kernel rate limits) */
@@ -59,21 +61,23 @@ typedef struct dsec_net_conf {
     unsigned tag;          /* 0..255, distinct per node on one host: names the table and veths */
     const char *pool4;     /* this node's sandbox addresses; NULL: 100.(64+tag/4)... see net.c */
     const char *pool6;     /* NULL: fd64:d5ec:0:TT00::/56; "" turns IPv6 off */
-    const char *const *upstream; /* resolvers for allowed names, "ip" or "ip:port" / "[ip6]:port"; */
-    size_t nupstream;            /* none: the host's /etc/resolv.conf */
+    const char *const
+        *upstream;    /* resolvers for allowed names, "ip" or "ip:port" / "[ip6]:port"; */
+    size_t nupstream; /* none: the host's /etc/resolv.conf */
     const dsec_net_mirror *mirrors;
     size_t nmirrors;
     const char *const *deny; /* extra CIDRs never reachable (e.g. the bus's addresses) */
     size_t ndeny;
-    bool masquerade;         /* SNAT sandbox traffic leaving the node (off in tests) */
-    uint16_t dns_port;       /* 0: 53 */
-    uint32_t dns_qps;        /* per sandbox; 0: 100 */
-    uint32_t dns_cache;      /* resolver answers cached for all the node's sandboxes; 0: 10000 */
-    uint32_t conn_rate;      /* new connections per second per sandbox; 0: 200 */
+    bool masquerade;          /* SNAT sandbox traffic leaving the node (off in tests) */
+    uint16_t dns_port;        /* 0: 53 */
+    uint32_t dns_qps;         /* per sandbox; 0: 100 */
+    uint32_t dns_cache;       /* resolver answers cached for all the node's sandboxes; 0: 10000 */
+    uint32_t conn_rate;       /* new connections per second per sandbox; 0: 200 */
     uint32_t alert_window_ms; /* aggregation window; 0: 1000 */
-    uint32_t alerts_per_window; /* per sandbox; more are summed into one "suppressed" alert; 0: 16 */
-    uint32_t warm;            /* namespaces and veths kept ready ahead of creates, made by a
-                                 thread of their own; 0: 8; UINT32_MAX: none */
+    uint32_t
+        alerts_per_window; /* per sandbox; more are summed into one "suppressed" alert; 0: 16 */
+    uint32_t warm;         /* namespaces and veths kept ready ahead of creates, made by a
+                              thread of their own; 0: 8; UINT32_MAX: none */
     /* Called on the net module's own thread for each alert. */
     void (*on_alert)(void *arg, const dsec_net_alert *a);
     void *alert_arg;
@@ -137,19 +141,19 @@ const char *dsec_net_sbx_state(const dsec_net_sbx *s);
  * and the host-side policy applies unchanged (a guest sending from any other
  * address reaches nothing). Strings are empty when not applicable (IPv6 off). */
 typedef struct dsec_net_guest {
-    int tap_fd;         /* /dev/net/tun bound to the tap (IFF_TAP|IFF_NO_PI, no vnet header),
-                         * O_CLOEXEC: give QEMU an inheritable dup of it (-netdev
-                         * tap,id=n0,fd=N,vhost=off); the caller owns and closes it once QEMU
-                         * holds its copy. The tap lives while any copy is open. */
-    char tap[16];       /* the tap's name inside the namespace ("tap0") */
-    char mac[18];       /* the MAC the guest's NIC must use, "02:d6:.." (virtio-net mac=) */
-    char addr4[24];     /* "A.B.C.D/32" for the guest's NIC: a /32, so the gateway is reached
-                         * by a link route (ip route add GW dev eth0, then default via GW;
-                         * or "default via GW dev eth0 onlink") */
-    char gw4[16];       /* next hop, dotted */
-    char gw_mac[18];    /* the gateway's MAC: the guest installs a permanent neighbour for it
-                         * (nothing on the link answers ARP or NDP) */
-    char dns4[16];      /* the resolver the guest's resolv.conf names (the gateway) */
+    int tap_fd;              /* /dev/net/tun bound to the tap (IFF_TAP|IFF_NO_PI, no vnet header),
+                              * O_CLOEXEC: give QEMU an inheritable dup of it (-netdev
+                              * tap,id=n0,fd=N,vhost=off); the caller owns and closes it once QEMU
+                              * holds its copy. The tap lives while any copy is open. */
+    char tap[16];            /* the tap's name inside the namespace ("tap0") */
+    char mac[18];            /* the MAC the guest's NIC must use, "02:d6:.." (virtio-net mac=) */
+    char addr4[24];          /* "A.B.C.D/32" for the guest's NIC: a /32, so the gateway is reached
+                              * by a link route (ip route add GW dev eth0, then default via GW;
+                              * or "default via GW dev eth0 onlink") */
+    char gw4[16];            /* next hop, dotted */
+    char gw_mac[18];         /* the gateway's MAC: the guest installs a permanent neighbour for it
+                              * (nothing on the link answers ARP or NDP) */
+    char dns4[16];           /* the resolver the guest's resolv.conf names (the gateway) */
     char addr6[48], gw6[40]; /* "ADDR/128" and the gateway, like addr4/gw4; gw_mac serves both */
 } dsec_net_guest;
 
@@ -171,8 +175,8 @@ typedef struct dsec_net_stats {
     uint64_t dns_queries, dns_answered, dns_refused, dns_dropped;
     uint64_t dns_cache_hits, dns_cache_misses, dns_cache_evictions;
     uint64_t dns_upstream_tcp; /* truncated upstream answers asked again over TCP */
-    uint64_t blocked;      /* blocked packets seen (after kernel log limits) */
-    uint64_t alerts;       /* alerts emitted */
+    uint64_t blocked;          /* blocked packets seen (after kernel log limits) */
+    uint64_t alerts;           /* alerts emitted */
     uint64_t alerts_suppressed;
 } dsec_net_stats;
 void dsec_net_stats_get(dsec_net *n, dsec_net_stats *out);

@@ -410,10 +410,9 @@ static bool probe_kvm(const char *qemu, bool q35)
     char *why = strstr(out, "error:");
     why = why != NULL ? why : out;
     why[strcspn(why, "\n")] = '\0';
-    dsec_log_warn(
-            "dsec vm: /dev/kvm is there but QEMU cannot start a %s vCPU with it (%.200s); "
-            "guests run under TCG",
-            q35 ? "q35" : "microvm", why);
+    dsec_log_warn("dsec vm: /dev/kvm is there but QEMU cannot start a %s vCPU with it (%.200s); "
+                  "guests run under TCG",
+                  q35 ? "q35" : "microvm", why);
     return false;
 }
 
@@ -773,10 +772,9 @@ static void sweep(void *self)
     /* images an earlier node manager left behind after their layers went */
     dsec__vm_images_gc(be);
     if (procs > 0 || dirs > 0)
-        dsec_log_info(
-                "dsec %s: reclaimed %d QEMU processes and %d sandbox directories left by an "
-                "earlier node manager",
-                be->type, procs, dirs);
+        dsec_log_info("dsec %s: reclaimed %d QEMU processes and %d sandbox directories left by an "
+                      "earlier node manager",
+                      be->type, procs, dirs);
 }
 
 /* ---- booting ------------------------------------------------------------------------------- */

@@ -17,12 +17,12 @@ extern "C" {
 typedef struct dsec_client dsec_client;
 
 typedef struct dsec_client_opts {
-    const char *url;    /* NULL: $DSEC_URL, else nats://127.0.0.1:4222 */
-    const char *tenant; /* NULL: $DSEC_TENANT, else "default" */
-    int timeout_ms;     /* per attempt; default 10000 */
-    int retries;        /* extra attempts on retry-safe failures; default 2 */
-    int threads;        /* callback threads; default 2 */
-    const char *name;   /* connection name; default "dsec-client" */
+    const char *url;       /* NULL: $DSEC_URL, else nats://127.0.0.1:4222 */
+    const char *tenant;    /* NULL: $DSEC_TENANT, else "default" */
+    int timeout_ms;        /* per attempt; default 10000 */
+    int retries;           /* extra attempts on retry-safe failures; default 2 */
+    int threads;           /* callback threads; default 2 */
+    const char *name;      /* connection name; default "dsec-client" */
     bool direct_callbacks; /* the caller's create callbacks never block (no waiting on
                               another answer, no sleeping): dsec_create_async sends with
                               dsec_bus_request_direct, so a timeout or failure reaches them a
@@ -38,7 +38,8 @@ const char *dsec_client_tenant(const dsec_client *c);
 
 /* What to create. Every pointer is borrowed for the duration of the call. */
 typedef struct dsec_create_spec {
-    const char *type;            /* function | container | microvm | vm | sim; NULL: lightest that satisfies requires */
+    const char *type; /* function | container | microvm | vm | sim; NULL: lightest that satisfies
+                         requires */
     const char *const *requires; /* capability names; NULL-terminated or NULL */
     const char *env;             /* environment name:version */
     uint64_t cpu_milli;
@@ -52,12 +53,12 @@ typedef struct dsec_create_spec {
     const char *cls;             /* rollout (default) | job | batch */
     int64_t priority;
     const char *rollout_id;
-    const char *const *net;      /* network policy entries; NULL-terminated or NULL */
-    const char *req_id;          /* idempotency key; NULL: a fresh one per call */
-    bool pausable;               /* rollout: may be frozen while idle under memory pressure;
-                                    the next operation resumes it */
-    const char *project;         /* the tenant's project it counts against ("rl" or "rl/math");
-                                    NULL: the tenant's own quota only */
+    const char *const *net; /* network policy entries; NULL-terminated or NULL */
+    const char *req_id;     /* idempotency key; NULL: a fresh one per call */
+    bool pausable;          /* rollout: may be frozen while idle under memory pressure;
+                               the next operation resumes it */
+    const char *project;    /* the tenant's project it counts against ("rl" or "rl/math");
+                               NULL: the tenant's own quota only */
 } dsec_create_spec;
 
 #define DSEC_ID_MAX 96
@@ -74,7 +75,8 @@ typedef struct dsec_sandbox_info {
 
 /* Create and wait for the answer. Retries retry-safe failures with the same
  * request id, so a retry never makes a second sandbox. */
-int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info *out, dsec_err *err);
+int dsec_create(dsec_client *c, const dsec_create_spec *spec, dsec_sandbox_info *out,
+                dsec_err *err);
 
 /* Called exactly once per asynchronous create, on a client thread; info and
  * err are borrowed for the call. status is 0 or negative. */
@@ -89,13 +91,13 @@ typedef struct dsec_exec_opts {
     /* NULL-terminated; NULL or empty: the sandbox's default command (an imported image's
      * Entrypoint and Cmd; an error naming the lack when its environment has none) */
     const char *const *argv;
-    const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
+    const char *const *env; /* "K=V" strings; NULL-terminated or NULL */
     const char *cwd;
     const void *stdin_data;
     size_t stdin_len;
-    uint64_t timeout_ms;     /* 0: the sandbox default */
+    uint64_t timeout_ms; /* 0: the sandbox default */
     const char *user;
-    const char *rollout_id;  /* with step: recorded in the trajectory log */
+    const char *rollout_id; /* with step: recorded in the trajectory log */
     uint64_t step;
     uint64_t output_max; /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
     /* Names this command (1..64 characters); NULL: a fresh one. The node keeps a finished
@@ -153,7 +155,7 @@ int dsec_exec_stream(dsec_client *c, const char *id, const dsec_exec_opts *opts,
 int dsec_file_write(dsec_client *c, const char *id, const char *path, const void *data, size_t len,
                     unsigned mode, dsec_err *err);
 typedef struct dsec_write_opts {
-    unsigned mode;          /* 0: 0644 */
+    unsigned mode; /* 0: 0644 */
     bool append;
     const char *rollout_id; /* with step: recorded in the trajectory log, never repeated */
     uint64_t step;
@@ -238,9 +240,8 @@ typedef struct dsec_transfer_result {
 int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dsec_upload_opts *o,
                      dsec_upload_read_fn rd, void *ud, dsec_transfer_result *res, dsec_err *err);
 /* dsec_file_upload reading fd (a file or a pipe) from where it stands. */
-int dsec_file_upload_fd(dsec_client *c, const char *id, const char *path,
-                        const dsec_upload_opts *o, int fd, dsec_transfer_result *res,
-                        dsec_err *err);
+int dsec_file_upload_fd(dsec_client *c, const char *id, const char *path, const dsec_upload_opts *o,
+                        int fd, dsec_transfer_result *res, dsec_err *err);
 /* How many bytes the sandbox holds for upload_id's upload to path (0: none). */
 int dsec_file_upload_held(dsec_client *c, const char *id, const char *path, const char *upload_id,
                           uint64_t *held, dsec_err *err);
@@ -294,8 +295,8 @@ typedef struct dsec_proc {
     bool running;
     bool stdin_open;
     bool timed_out;
-    int32_t exit_code; /* when !running: exit status; -1 when a signal ended it */
-    int32_t signal;    /* when !running: the signal that ended it, else 0 */
+    int32_t exit_code;             /* when !running: exit status; -1 when a signal ended it */
+    int32_t signal;                /* when !running: the signal that ended it, else 0 */
     uint64_t started_ns, ended_ns; /* wall clock; ended_ns 0 while running */
     uint64_t out_total, err_total; /* bytes each stream produced in all */
     char cmdline[256];
@@ -305,13 +306,14 @@ typedef struct dsec_proc {
 } dsec_proc;
 
 typedef struct dsec_proc_opts {
-    const char *const *argv; /* NULL-terminated; NULL or empty: the default command, as for dsec_exec */
-    const char *const *env;  /* "K=V" strings; NULL-terminated or NULL */
+    const char *const
+        *argv; /* NULL-terminated; NULL or empty: the default command, as for dsec_exec */
+    const char *const *env; /* "K=V" strings; NULL-terminated or NULL */
     const char *cwd;
     const char *user;
-    uint64_t timeout_ms; /* its whole process tree is killed after this long; 0: never */
-    uint64_t ring_max;   /* bytes of stdout and of stderr kept (<= 16 MiB); 0: 256 KiB */
-    bool keep_stdin;     /* stdin stays open for dsec_proc_write */
+    uint64_t timeout_ms;    /* its whole process tree is killed after this long; 0: never */
+    uint64_t ring_max;      /* bytes of stdout and of stderr kept (<= 16 MiB); 0: 256 KiB */
+    bool keep_stdin;        /* stdin stays open for dsec_proc_write */
     const void *stdin_data; /* its first stdin bytes (<= 8 MiB) */
     size_t stdin_len;
     /* On a terminal of rows x cols (0: 24 x 80), as `docker exec -t`: its output, echo
@@ -332,12 +334,12 @@ int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n,
 int dsec_proc_signal(dsec_client *c, const char *id, uint64_t handle, int sig, dsec_err *err);
 /* Write len bytes (<= 8 MiB) to its stdin; returns once the process took them all.
  * close: then close its stdin (len may be 0). */
-int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void *data,
-                    size_t len, bool close, dsec_err *err);
+int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void *data, size_t len,
+                    bool close, dsec_err *err);
 
 typedef struct dsec_proc_out {
     dsec_proc info;
-    uint8_t *out, *err;          /* owned: dsec_proc_out_free */
+    uint8_t *out, *err; /* owned: dsec_proc_out_free */
     size_t out_len, err_len;
     uint64_t out_from, err_from; /* the stream offsets of out[0] and err[0] */
 } dsec_proc_out;
@@ -357,8 +359,8 @@ int dsec_proc_read_wait(dsec_client *c, const char *id, uint64_t handle, uint64_
                         uint64_t err_off, uint64_t max, uint32_t wait_ms, dsec_proc_out *out,
                         dsec_err *err);
 /* Change a terminal's window (the process sees SIGWINCH). DSEC_E_INVALID without a pty. */
-int dsec_proc_resize(dsec_client *c, const char *id, uint64_t handle, uint16_t rows,
-                     uint16_t cols, dsec_err *err);
+int dsec_proc_resize(dsec_client *c, const char *id, uint64_t handle, uint16_t rows, uint16_t cols,
+                     dsec_err *err);
 
 /* ---- watching a directory -------------------------------------------------------------
  * A watcher is a background process of the sandbox (containers, microVMs, VMs): the agent
@@ -379,8 +381,8 @@ typedef struct dsec_dir_event {
  * Returns once every watch is set, so changes after it are seen; *out is the watcher's
  * process (its handle for dsec_dir_events and dsec_proc_signal). A path that is not a
  * directory fails with the sandbox's reason. */
-int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recursive,
-                   dsec_proc *out, dsec_err *err);
+int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recursive, dsec_proc *out,
+                   dsec_err *err);
 /* Hand fn the watcher's events from *offset on (0 at first), waiting up to wait_ms for some;
  * *offset moves past what was handed over (whole lines only). Events dropped because nobody
  * read them for long (more than the ring's 256 KiB) come as one "overflow". Returns how many
@@ -388,8 +390,7 @@ int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recurs
  * runs (may be NULL). */
 typedef void (*dsec_dir_event_fn)(void *ud, const dsec_dir_event *ev);
 int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *offset,
-                    uint32_t wait_ms, dsec_dir_event_fn fn, void *ud, bool *running,
-                    dsec_err *err);
+                    uint32_t wait_ms, dsec_dir_event_fn fn, void *ud, bool *running, dsec_err *err);
 
 /* ---- shell sessions ----------------------------------------------------------------------
  * A persistent shell in the sandbox (bash, or sh where there is none; or shell, a path):
@@ -435,7 +436,6 @@ int dsec_wait_state(dsec_client *c, const char *id, const char *state, int timeo
  * node; fails with DSEC_E_INVALID for a malformed id. */
 int dsec_id_node(const char *id, char *node, size_t n, dsec_err *err);
 
-
 /* ---- completion queues (added for the SDKs) ---------------------------------
  * An alternative to dsec_create_async's callback for event-loop callers (the
  * Python SDK): answers are queued in C and an eventfd becomes readable, so the
@@ -473,8 +473,8 @@ int dsec_create_cq(dsec_client *c, const dsec_create_spec *spec, dsec_cq *q, uin
  * could not be sent (a bad spec, e.g. malformed labels or an invalid project
  * or cell, or a connection that refused the publish) is answered at once with
  * an event of status -1 and its error, so one bad spec does not stop the
- * others. The arrays and the specs are borrowed for the call. Returns -1 (err filled, nothing started) only when q
- * or c is NULL, or n > 0 and specs or tokens is NULL; otherwise 0. */
+ * others. The arrays and the specs are borrowed for the call. Returns -1 (err filled, nothing
+ * started) only when q or c is NULL, or n > 0 and specs or tokens is NULL; otherwise 0. */
 int dsec_cq_create_batch(dsec_cq *q, dsec_client *c, const dsec_create_spec *const *specs,
                          const uint64_t *tokens, size_t n, dsec_err *err);
 
@@ -488,25 +488,26 @@ typedef struct dsec_call_file {
     const char *path; /* absolute, under /work */
     const void *data;
     size_t len;
-    unsigned mode;    /* 0: 0644 */
+    unsigned mode; /* 0: 0644 */
 } dsec_call_file;
 
 typedef struct dsec_call_spec {
-    const char *runtime;      /* python3 (NULL) | sh | native */
-    const char *const *argv;  /* NULL-terminated, required: python3 -c CODE, sh -c ..., /work/prog */
-    const char *const *env;   /* "K=V"; NULL-terminated or NULL */
+    const char *runtime;     /* python3 (NULL) | sh | native */
+    const char *const *argv; /* NULL-terminated, required: python3 -c CODE, sh -c ..., /work/prog */
+    const char *const *env;  /* "K=V"; NULL-terminated or NULL */
     const void *stdin_data;
     size_t stdin_len;
     const dsec_call_file *files; /* copied into the call's /work */
     size_t nfiles;
-    uint64_t timeout_ms;      /* wall time; 0: the backend's ceiling. Keep it below the client's timeout_ms */
-    uint64_t cpu_ms;          /* CPU time of the call; 0: none */
-    uint64_t memory_mb;       /* 0: the cell's default */
-    const char *cell;         /* NULL: any cell with room */
-    uint64_t output_max;      /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
-    const char *environment;  /* name:version of an environment of layers; NULL: the host's base */
-    const char *const *net;   /* network policy entries (as dsec_create_spec.net), NULL-terminated;
-                                 NULL: the call reaches nothing (docs/network.md) */
+    uint64_t
+        timeout_ms; /* wall time; 0: the backend's ceiling. Keep it below the client's timeout_ms */
+    uint64_t cpu_ms;         /* CPU time of the call; 0: none */
+    uint64_t memory_mb;      /* 0: the cell's default */
+    const char *cell;        /* NULL: any cell with room */
+    uint64_t output_max;     /* cap of stdout and of stderr, bytes (<= 8 MiB); 0: 1 MiB */
+    const char *environment; /* name:version of an environment of layers; NULL: the host's base */
+    const char *const *net;  /* network policy entries (as dsec_create_spec.net), NULL-terminated;
+                                NULL: the call reaches nothing (docs/network.md) */
 } dsec_call_spec;
 
 /* Run spec in a fresh function sandbox, then destroy it whatever happened
@@ -551,8 +552,8 @@ typedef struct dsec_trace_hop_info {
  * sampled record (docs/operations.md, "Following a request"): errors and
  * slow hops always, others when the id is sampled; 0 hops is not an error.
  * *answered tells how many processes answered (may be NULL). */
-int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms,
-                    dsec_trace_hop_info **hops, size_t *n, size_t *answered, dsec_err *err);
+int dsec_trace_hops(dsec_client *c, const char *trace_id, int window_ms, dsec_trace_hop_info **hops,
+                    size_t *n, size_t *answered, dsec_err *err);
 void dsec_trace_hops_free(dsec_trace_hop_info *hops);
 
 /* ---- fleet: a tenant's sandboxes, listed and followed (client/fleet.c) ---------
@@ -583,7 +584,7 @@ typedef struct dsec_list_entry {
     char **labels;               /* nlabels "k=v" strings, owned by the page */
     size_t nlabels;
     uint64_t created_ns;
-    uint64_t expires_ns;         /* its lifetime ends then; 0: no limit */
+    uint64_t expires_ns; /* its lifetime ends then; 0: no limit */
     uint64_t cpu_milli, memory_mb;
 } dsec_list_entry;
 
@@ -591,8 +592,8 @@ typedef struct dsec_list_page {
     dsec_list_entry *entries; /* n of them, sorted by id */
     size_t n;
     char next_cursor[DSEC_ID_MAX]; /* "": this was the last page */
-    char **missing;       /* nodes (and "cell:NAME" for a cell whose scheduler did not answer)
-                             that did not answer in time: their sandboxes may be absent */
+    char **missing; /* nodes (and "cell:NAME" for a cell whose scheduler did not answer)
+                       that did not answer in time: their sandboxes may be absent */
     size_t nmissing;
     size_t nodes_asked, nodes_answered;
 } dsec_list_page;

@@ -1,4 +1,5 @@
-/* image.h - OCI and Docker images as dsec environments: import from archives, layouts and registries. */
+/* image.h - OCI and Docker images as dsec environments: import from archives, layouts and
+ * registries. */
 #ifndef DSEC_IMAGE_H
 #define DSEC_IMAGE_H
 
@@ -52,25 +53,25 @@ typedef struct dsec_image_import_opts {
 } dsec_image_import_opts;
 
 typedef struct dsec_image_layer {
-    dsec_digest diff_id;  /* sha256 of the uncompressed layer tar */
-    dsec_digest layer;    /* the dsec layer it became */
-    uint64_t size;        /* the dsec layer blob's bytes */
-    bool reused;          /* already in the registry: not converted or stored again */
+    dsec_digest diff_id; /* sha256 of the uncompressed layer tar */
+    dsec_digest layer;   /* the dsec layer it became */
+    uint64_t size;       /* the dsec layer blob's bytes */
+    bool reused;         /* already in the registry: not converted or stored again */
 } dsec_image_layer;
 
 /* An imported image. Every pointer is owned by the struct (dsec_image_info_free). */
 typedef struct dsec_image_info {
-    char *ref;                 /* normalized: HOST[:PORT]/PATH:TAG, or PATH:TAG */
-    dsec_digest manifest;      /* the image manifest's digest (not the index's) */
-    dsec_digest config;        /* the config blob's digest (the image id) */
-    char *env;                 /* the environment's name (== ref) */
-    dsec_image_layer *layers;  /* lowest first */
+    char *ref;                /* normalized: HOST[:PORT]/PATH:TAG, or PATH:TAG */
+    dsec_digest manifest;     /* the image manifest's digest (not the index's) */
+    dsec_digest config;       /* the config blob's digest (the image id) */
+    char *env;                /* the environment's name (== ref) */
+    dsec_image_layer *layers; /* lowest first */
     size_t nlayers;
-    char **cmd;                /* Entrypoint followed by Cmd; may be empty */
+    char **cmd; /* Entrypoint followed by Cmd; may be empty */
     size_t ncmd;
-    char **labels;             /* "KEY=VALUE" */
+    char **labels; /* "KEY=VALUE" */
     size_t nlabels;
-    int64_t created_unix;      /* when the import finished */
+    int64_t created_unix; /* when the import finished */
 } dsec_image_info;
 void dsec_image_info_free(dsec_image_info *i);
 void dsec_image_infos_free(dsec_image_info *v, size_t n);
@@ -116,10 +117,11 @@ typedef struct dsec_image_pull_opts {
     dsec_image_import_opts import; /* import.ref is ignored: the pulled ref is used */
     const char *username;          /* basic or token credentials; NULL: from auth_file */
     const char *password;
-    const char *auth_file;         /* docker-style config.json ("auths"); NULL: $DOCKER_CONFIG/config.json, ~/.docker/config.json */
-    const char *ca_file;           /* PEM bundle to trust; NULL: the system's */
-    bool plain_http;               /* http:// instead of https:// (only when asked) */
-    unsigned timeout_s;            /* a stalled transfer fails after this many seconds; 0: 60 */
+    const char *auth_file; /* docker-style config.json ("auths"); NULL: $DOCKER_CONFIG/config.json,
+                              ~/.docker/config.json */
+    const char *ca_file;   /* PEM bundle to trust; NULL: the system's */
+    bool plain_http;       /* http:// instead of https:// (only when asked) */
+    unsigned timeout_s;    /* a stalled transfer fails after this many seconds; 0: 60 */
 } dsec_image_pull_opts;
 int dsec_image_pull(dsec_layer_registry *r, const char *ref, const dsec_image_pull_opts *o,
                     dsec_image_info **out, dsec_err *err);

@@ -38,7 +38,7 @@ typedef struct dsec_job_spec {
 /* A reclaim, as the job's callback sees it. */
 typedef struct dsec_job_reclaim {
     const char *req_id;
-    uint64_t cpu_milli;   /* at least this much back */
+    uint64_t cpu_milli; /* at least this much back */
     uint64_t memory_mb;
     uint64_t deadline_ns; /* wall clock; after it the arbiter releases by force */
 } dsec_job_reclaim;
@@ -64,9 +64,9 @@ void dsec_job_free(dsec_job *job, bool release);
 typedef struct dsec_job_stats {
     size_t units_held;
     uint64_t cpu_held_milli, mem_held_mb;
-    uint64_t reclaims;  /* reclaim requests received */
-    uint64_t released;  /* of which honoured by releasing */
-    uint64_t forced;    /* units the arbiter released by force */
+    uint64_t reclaims;        /* reclaim requests received */
+    uint64_t released;        /* of which honoured by releasing */
+    uint64_t forced;          /* units the arbiter released by force */
     uint64_t last_reclaim_ns; /* when the last request arrived (wall clock) */
 } dsec_job_stats;
 

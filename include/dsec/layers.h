@@ -1,4 +1,5 @@
-/* layers.h - layers and environments: content digests, the registry interface, environment documents. */
+/* layers.h - layers and environments: content digests, the registry interface, environment
+ * documents. */
 #ifndef DSEC_LAYERS_H
 #define DSEC_LAYERS_H
 
@@ -49,8 +50,8 @@ void dsec_digest_from_raw(const uint8_t raw[32], dsec_digest out);
 typedef struct dsec_layer_info {
     dsec_digest digest;
     dsec_layer_format format;
-    uint64_t size;  /* blob bytes */
-    char *name;     /* "name:version" tag pointing at it, or NULL */
+    uint64_t size; /* blob bytes */
+    char *name;    /* "name:version" tag pointing at it, or NULL */
 } dsec_layer_info;
 void dsec_layer_infos_free(dsec_layer_info *v, size_t n);
 
@@ -137,29 +138,29 @@ int dsec_layer_registry_put(dsec_layer_registry *r, const char *digest, dsec_lay
 int dsec_layer_registry_tag_set(dsec_layer_registry *r, const char *name, const char *digest,
                                 dsec_err *err);
 /* Resolve "name:version" or pass a digest through. */
-int dsec_layer_registry_resolve(dsec_layer_registry *r, const char *name_or_digest,
-                                dsec_digest out, dsec_err *err);
+int dsec_layer_registry_resolve(dsec_layer_registry *r, const char *name_or_digest, dsec_digest out,
+                                dsec_err *err);
 int dsec_layer_registry_list(dsec_layer_registry *r, dsec_layer_info **out, size_t *n,
                              dsec_err *err);
 int dsec_layer_registry_remove(dsec_layer_registry *r, const char *name_or_digest, dsec_err *err);
 
 /* An environment. Every string is owned by the struct (dsec_env_free). */
 typedef struct dsec_env {
-    char *name;        /* "name:version" */
-    char **layers;     /* digests, lowest first */
+    char *name;                 /* "name:version" */
+    char **layers;              /* digests, lowest first */
     dsec_layer_format *formats; /* one per layer */
     size_t nlayers;
-    char **vars;       /* "KEY=VALUE" */
+    char **vars; /* "KEY=VALUE" */
     size_t nvars;
-    char *workdir;     /* "/" when unset */
-    char *user;        /* "root" when unset */
+    char *workdir; /* "/" when unset */
+    char *user;    /* "root" when unset */
     /* From an imported image (dsec/image.h); all may be empty/NULL. */
-    char **cmd;        /* the default command: Entrypoint then Cmd */
+    char **cmd; /* the default command: Entrypoint then Cmd */
     size_t ncmd;
-    size_t nentry;     /* how many of cmd's first arguments are the Entrypoint (<= ncmd) */
-    char **labels;     /* "KEY=VALUE" */
+    size_t nentry; /* how many of cmd's first arguments are the Entrypoint (<= ncmd) */
+    char **labels; /* "KEY=VALUE" */
     size_t nlabels;
-    char *image;       /* the image reference it came from */
+    char *image;        /* the image reference it came from */
     char *image_digest; /* the manifest digest it is pinned to */
 } dsec_env;
 void dsec_env_free(dsec_env *e);
@@ -173,8 +174,7 @@ int dsec_layer_registry_env_get(dsec_layer_registry *r, const char *name, dsec_e
                                 dsec_err *err);
 /* Every environment's name (fails with DSEC_E_UNSUPPORTED when the registry
  * cannot list them); *names caller-owned (dsec_layer_names_free). */
-int dsec_layer_registry_env_list(dsec_layer_registry *r, char ***names, size_t *n,
-                                 dsec_err *err);
+int dsec_layer_registry_env_list(dsec_layer_registry *r, char ***names, size_t *n, dsec_err *err);
 void dsec_layer_names_free(char **names, size_t n);
 
 /* Documents (the ops' doc_* above): DSEC_E_UNSUPPORTED when the registry has none. */

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#define DSEC_NAME_LEN_MAX 64 /* tenants, cells, nodes */
+#define DSEC_NAME_LEN_MAX 64                         /* tenants, cells, nodes */
 #define DSEC_SBX_ID_LEN_MAX (DSEC_NAME_LEN_MAX + 17) /* NODE-16hex */
 
 /* 0 when s is 1..max characters of [A-Za-z0-9_-], else -1. */
