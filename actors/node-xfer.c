@@ -134,16 +134,6 @@ static void xstate_sweep(dsec_node *n, struct sbx *s)
     }
 }
 
-static void hex_of(const uint8_t d[DSEC_SHA256_LEN], char out[2 * DSEC_SHA256_LEN + 1])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < DSEC_SHA256_LEN; i++) {
-        out[2 * i] = digits[d[i] >> 4];
-        out[2 * i + 1] = digits[d[i] & 15];
-    }
-    out[2 * DSEC_SHA256_LEN] = '\0';
-}
-
 static bool hex_ok(const char *h)
 {
     if (strlen(h) != 2 * DSEC_SHA256_LEN)
@@ -422,7 +412,7 @@ static void upload_commit(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_m
         uint8_t d[DSEC_SHA256_LEN];
         dsec_sha256 h = x->h;
         dsec_sha256_final(&h, d);
-        hex_of(d, hex);
+        dsec_sha256_hex(d, hex);
         if (strcmp(hex, w->sha256) != 0)
             snprintf(why, sizeof why, "sha256: expected %s, the upload hashes to %s", w->sha256,
                      hex);
@@ -541,7 +531,7 @@ void dsec__node_read_hash_page(dsec__read_hash *r, uint64_t offset, const dsec_f
     if (x->at == x->size) {
         uint8_t dg[DSEC_SHA256_LEN];
         dsec_sha256_final(&x->h, dg);
-        hex_of(dg, hex);
+        dsec_sha256_hex(dg, hex);
     }
     xstate_free(x);
 }
@@ -562,7 +552,7 @@ int dsec__node_read_hash_file(struct sbx *s, const char *path, uint64_t size,
         return -1;
     uint8_t dg[DSEC_SHA256_LEN];
     dsec_sha256_final(&h, dg);
-    hex_of(dg, hex);
+    dsec_sha256_hex(dg, hex);
     return 0;
 }
 

@@ -19,16 +19,6 @@
 #define XFER_WINDOW_DEFAULT 4u
 #define XFER_WINDOW_MAX 16u
 
-static void hex_of(const uint8_t d[DSEC_SHA256_LEN], char out[2 * DSEC_SHA256_LEN + 1])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < DSEC_SHA256_LEN; i++) {
-        out[2 * i] = digits[d[i] >> 4];
-        out[2 * i + 1] = digits[d[i] & 15];
-    }
-    out[2 * DSEC_SHA256_LEN] = '\0';
-}
-
 static size_t chunk_of(size_t want)
 {
     if (want == 0)
@@ -236,7 +226,7 @@ int dsec_file_upload(dsec_client *c, const char *id, const char *path, const dse
             if (last) {
                 uint8_t d[DSEC_SHA256_LEN];
                 dsec_sha256_final(&h, d);
-                hex_of(d, hex);
+                dsec_sha256_hex(d, hex);
                 memcpy(res->sha256, hex, sizeof hex);
                 res->size = off + (uint64_t)n;
             }
@@ -406,7 +396,7 @@ int dsec_file_download(dsec_client *c, const char *id, const char *path,
         if (r.eof) {
             uint8_t d[DSEC_SHA256_LEN];
             dsec_sha256_final(&h, d);
-            hex_of(d, res->sha256);
+            dsec_sha256_hex(d, res->sha256);
             res->size = got;
             if (r.sha256 == NULL)
                 rc = dsec_err_set(err, DSEC_E_BACKEND, 0,

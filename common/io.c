@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <string.h>
@@ -149,6 +150,25 @@ int dsec_read_file(const char *path, size_t max, char **data, size_t *len, dsec_
     close(fd);
     dsec_free(buf);
     return -1;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_DP)
+        return rmdir(path) < 0 && errno != ENOENT ? -1 : 0;
+    return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+int dsec_rm_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode))
+        return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
+    return nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0 ? -1 : 0;
 }
 
 size_t dsec_drain_into(int fd, char *out, size_t outlen)

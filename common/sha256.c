@@ -180,3 +180,13 @@ void dsec_sha256_final(dsec_sha256 *c, uint8_t out[DSEC_SHA256_LEN])
         out[4 * i + 3] = (uint8_t)c->h[i];
     }
 }
+
+void dsec_sha256_hex(const uint8_t d[DSEC_SHA256_LEN], char out[2 * DSEC_SHA256_LEN + 1])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < DSEC_SHA256_LEN; i++) {
+        out[2 * i] = digits[d[i] >> 4];
+        out[2 * i + 1] = digits[d[i] & 15];
+    }
+    out[2 * DSEC_SHA256_LEN] = '\0';
+}

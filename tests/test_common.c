@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -259,6 +260,48 @@ static void log_levels_and_hook(void **state)
     assert_int_equal(c.n, 3);
 }
 
+/* dsec_rm_tree: a tree goes, a symlink in it is removed, not followed; a missing path is fine */
+static void io_rm_tree(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/dsec-test-rm-XXXXXX", keep[] = "/tmp/dsec-test-keep-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    int kfd = mkstemp(keep);
+    assert_true(kfd >= 0);
+    close(kfd);
+    char p[128];
+    snprintf(p, sizeof p, "%s/a", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/a/b", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/a/b/f", dir);
+    int fd = open(p, O_WRONLY | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(p, sizeof p, "%s/a/link", dir);
+    assert_int_equal(symlink(keep, p), 0);
+    assert_int_equal(dsec_rm_tree(dir), 0);
+    assert_int_equal(access(dir, F_OK), -1);
+    assert_int_equal(access(keep, F_OK), 0);
+    assert_int_equal(dsec_rm_tree(dir), 0);
+    /* a plain file */
+    assert_int_equal(dsec_rm_tree(keep), 0);
+    assert_int_equal(access(keep, F_OK), -1);
+}
+
+static void sha256_hex_digits(void **state)
+{
+    (void)state;
+    uint8_t d[DSEC_SHA256_LEN];
+    for (int i = 0; i < DSEC_SHA256_LEN; i++)
+        d[i] = (uint8_t)(i * 9);
+    char hex[2 * DSEC_SHA256_LEN + 1];
+    dsec_sha256_hex(d, hex);
+    assert_int_equal(strlen(hex), 64);
+    assert_memory_equal(hex, "0009121b242d363f4851", 20);
+    assert_string_equal(hex + 62, "17");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -267,7 +310,8 @@ int main(void)
         cmocka_unit_test(code_names_round_trip), cmocka_unit_test(retry_safety),
         cmocka_unit_test(alloc_wrapper),         cmocka_unit_test(io_read_file),
         cmocka_unit_test(io_whole_writes),       cmocka_unit_test(io_run_capture),
-        cmocka_unit_test(log_levels_and_hook),
+        cmocka_unit_test(log_levels_and_hook),   cmocka_unit_test(io_rm_tree),
+        cmocka_unit_test(sha256_hex_digits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -121,24 +121,10 @@ int dsec__layer_mkdir_p(const char *path, mode_t mode, dsec_err *err)
     return 0;
 }
 
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        return rmdir(path) < 0 && errno != ENOENT ? -1 : 0;
-    return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 int dsec__layer_rm_rf(const char *path, dsec_err *err)
 {
-    struct stat st;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? 0 : dsec_err_set(err, DSEC_E_IO, errno, "removing %s", path);
-    if (!S_ISDIR(st.st_mode))
-        return unlink(path) < 0 ? dsec_err_set(err, DSEC_E_IO, errno, "removing %s", path) : 0;
-    if (nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) != 0)
-        return dsec_err_set(err, DSEC_E_IO, errno, "removing the tree %s", path);
+    if (dsec_rm_tree(path) < 0)
+        return dsec_err_set(err, DSEC_E_IO, errno, "removing %s", path);
     return 0;
 }
 

@@ -35,6 +35,10 @@ ssize_t dsec_read_full(int fd, void *buf, size_t n);
  * cannot be opened or read, or is larger than max (DSEC_E_TOO_LARGE). */
 int dsec_read_file(const char *path, size_t max, char **data, size_t *len, dsec_err *err);
 
+/* Remove path and, if it is a directory, everything below it, without following symlinks or
+ * crossing into other file systems. 0 when it is gone (or was never there), -1 with errno. */
+int dsec_rm_tree(const char *path);
+
 /* Read fd to its end (or an error), keeping the first outlen - 1 bytes in out, NUL-terminated,
  * and dropping the rest; out may be NULL (everything dropped). The count kept. For a child's
  * output pipe: draining it whole lets the child finish instead of blocking on a full pipe. */

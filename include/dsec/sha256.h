@@ -17,5 +17,7 @@ typedef struct dsec_sha256 {
 void dsec_sha256_init(dsec_sha256 *c);
 void dsec_sha256_update(dsec_sha256 *c, const void *data, size_t n);
 void dsec_sha256_final(dsec_sha256 *c, uint8_t out[DSEC_SHA256_LEN]);
+/* A digest as 64 lowercase hex digits and a NUL. */
+void dsec_sha256_hex(const uint8_t d[DSEC_SHA256_LEN], char out[2 * DSEC_SHA256_LEN + 1]);
 
 #endif
