@@ -118,7 +118,7 @@ static int import_image(void)
     snprintf(work, sizeof work, "%s/work", top);
     ik_write_oci_dir(dir, &im, lp, 2 + NEXTRA);
     /* a second task image over the same base, with one small layer of its own */
-    ik_layer own;
+    ik_layer own = {0}; /* truncate_to must be 0: a whole layer */
     ik_entry mine = {'f', "own.txt", "task two\n", 0644, 0, 0, NULL, NULL};
     ik_layer_make(&own, &mine, 1, true);
     ik_layer *lp2[] = {&layers[0], &own};

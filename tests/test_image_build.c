@@ -356,7 +356,7 @@ static void test_from_imported_image(void **state)
     ents[n++] = (ik_entry){.type = 'd', .path = "etc", .mode = 0755};
     ents[n++] = (ik_entry){
         .type = 'f', .path = "etc/passwd", .mode = 0644, .data = "root:x:0:0:root:/root:/bin/sh\n"};
-    ik_layer base;
+    ik_layer base = {0}; /* truncate_to must be 0: a whole layer */
     ik_layer_make(&base, ents, n, true);
     ik_layer *layers[] = {&base};
     ik_image im = {.config_json_extra = "\"Env\":[\"PATH=/bin\",\"FROM_BASE=1\"],"
