@@ -4,6 +4,7 @@
 #include "backends/cgroup-tune.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -138,4 +139,34 @@ void dsec_cgroup_tune_apply(bool on, const char *who)
     else
         dsec_log_warn("dsec %s: cgroup favordynmods not set, creates stay slower: %s", who,
                       err.msg);
+}
+
+int dsec_cgroup_mount(const char *ctrl, char *path, size_t plen, char *root, size_t rlen)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (f == NULL)
+        return -1;
+    char line[4096];
+    int rc = -1;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        char rt[PATH_MAX], mp[PATH_MAX];
+        if (sscanf(line, "%*s %*s %*s %4095s %4095s", rt, mp) != 2)
+            continue;
+        char *sep = strstr(line, " - ");
+        char fstype[64], source[256], opts[1024];
+        if (sep == NULL || sscanf(sep + 3, "%63s %255s %1023s", fstype, source, opts) != 3)
+            continue;
+        if (strcmp(fstype, ctrl == NULL ? "cgroup2" : "cgroup") != 0 ||
+            (ctrl != NULL && !has_opt(opts, ctrl)))
+            continue;
+        found = true;
+        unescape(rt);
+        unescape(mp);
+        int n = snprintf(path, plen, "%s", mp);
+        int m = root ? snprintf(root, rlen, "%s", rt) : 0;
+        rc = n >= 0 && (size_t)n < plen && m >= 0 && (root == NULL || (size_t)m < rlen) ? 0 : -1;
+    }
+    fclose(f);
+    return rc;
 }

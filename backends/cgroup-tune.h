@@ -32,4 +32,11 @@ int dsec_cgroup_favor_dynmods(char *where, size_t len, dsec_err *err);
  * the backends work without it, slower). */
 void dsec_cgroup_tune_apply(bool on, const char *who);
 
+/* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
+ * controller ctrl, or (ctrl NULL) of the cgroup2 mount, into path, and the
+ * root of that mount (the sub-tree it shows, "/" unless in a cgroup
+ * namespace) into root when root is not NULL. Returns 0 when found, -1 when
+ * there is none or it does not fit. */
+int dsec_cgroup_mount(const char *ctrl, char *path, size_t plen, char *root, size_t rlen);
+
 #endif

@@ -284,27 +284,32 @@ void dsec_strv_free(char **v, size_t n)
     dsec_free(v);
 }
 
+/* Send m (an "op" message, given a new request id and the client's tenant)
+ * and decode its reply into *r with *dec, which the caller frees with *keep. */
+static int op_send(dsec_client *c, dsec_msg_op *m, dsec_decoder **dec, dsec_msg **keep,
+                   dsec_msg_op_reply *r, dsec_err *err)
+{
+    char req_id[33];
+    dsec_bus_new_id(req_id);
+    m->req_id = req_id;
+    m->tenant = c->tenant;
+    *keep = NULL;
+    if ((*dec = dsec_decoder_new(NULL)) == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+    return dsec__client_sbx_call(c, m->id, "op", DSEC_MSG_OP, m, DSEC_MSG_OP_REPLY, *dec, keep, r,
+                                 err);
+}
+
 /* pause, resume, destroy, status, fork: the "op" message. */
 static int op_call_net(dsec_client *c, const char *id, const char *op, uint64_t n, const char *name,
                        dsec_strv net, dsec_sandbox_info *info, char ***ids, size_t *nids,
                        dsec_err *err)
 {
-    char req_id[33];
-    dsec_bus_new_id(req_id);
-    dsec_msg_op m = {.id = id,
-                     .op = op,
-                     .n = n,
-                     .name = name,
-                     .net = net,
-                     .req_id = req_id,
-                     .tenant = c->tenant};
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
+    dsec_msg_op m = {.id = id, .op = op, .n = n, .name = name, .net = net};
+    dsec_decoder *dec;
+    dsec_msg *keep;
     dsec_msg_op_reply r;
-    int rc =
-        dsec__client_sbx_call(c, id, "op", DSEC_MSG_OP, &m, DSEC_MSG_OP_REPLY, dec, &keep, &r, err);
+    int rc = op_send(c, &m, &dec, &keep, &r, err);
     if (rc == 0 && info != NULL) {
         memset(info, 0, sizeof *info);
         dsec__client_copy_str(info->id, sizeof info->id, r.id);
@@ -357,16 +362,11 @@ int dsec_set_ttl(dsec_client *c, const char *id, uint64_t ttl_s, uint64_t *expir
         return dsec_err_set(err, DSEC_E_INVALID, 0,
                             "ttl: ttl_s must be at least 1 (seconds from now); dsec_destroy ends "
                             "a sandbox at once");
-    char req_id[33];
-    dsec_bus_new_id(req_id);
-    dsec_msg_op m = {.id = id, .op = "ttl", .ttl_s = ttl_s, .req_id = req_id, .tenant = c->tenant};
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    dsec_msg *keep = NULL;
+    dsec_msg_op m = {.id = id, .op = "ttl", .ttl_s = ttl_s};
+    dsec_decoder *dec;
+    dsec_msg *keep;
     dsec_msg_op_reply r;
-    int rc =
-        dsec__client_sbx_call(c, id, "op", DSEC_MSG_OP, &m, DSEC_MSG_OP_REPLY, dec, &keep, &r, err);
+    int rc = op_send(c, &m, &dec, &keep, &r, err);
     if (rc == 0 && expires_ns != NULL) {
         *expires_ns = 0;
         for (uint32_t i = 0; i < r.info.n; i++)

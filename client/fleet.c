@@ -108,17 +108,11 @@ static void take_error(struct gather *g, dsec_msg *m, dsec_decoder *dec)
         dsec_err_set(&g->err, code, 0, "%s", e.message);
 }
 
-static void on_nodes(dsec_actor *a, dsec_msg *m, void *ud)
+/* A node_set: the cells and nodes it names. Under g->mu. */
+static void take_nodes(struct gather *g, dsec_msg *m, dsec_decoder *dec, const char *type)
 {
-    struct gather *g = ud;
-    (void)a;
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return;
-    const char *type = dsec_msg_type(m);
     dsec_msg_node_set ns;
     dsec_err err;
-    pthread_mutex_lock(&g->mu);
     if (type != NULL && strcmp(type, "node_set") == 0 &&
         dsec_decode(dec, DSEC_MSG_NODE_SET, dsec_msg_data(m), dsec_msg_len(m), &ns, &err) == 0 &&
         ns.cell != NULL) {
@@ -130,9 +124,27 @@ static void on_nodes(dsec_actor *a, dsec_msg *m, void *ud)
             ok = set_add(&g->nodes, ns.nodes.v[i]) >= 0;
         g->nomem |= !ok;
     }
+}
+
+/* One reply on the gather's inbox, taken by take under g->mu; waiters wake. */
+static void gather_in(dsec_msg *m, void *ud,
+                      void (*take)(struct gather *, dsec_msg *, dsec_decoder *, const char *))
+{
+    struct gather *g = ud;
+    dsec_decoder *dec = dsec_decoder_new(NULL);
+    if (dec == NULL)
+        return;
+    pthread_mutex_lock(&g->mu);
+    take(g, m, dec, dsec_msg_type(m));
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
     dsec_decoder_free(dec);
+}
+
+static void on_nodes(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a;
+    gather_in(m, ud, take_nodes);
 }
 
 static int by_entry_id(const void *a, const void *b)
@@ -140,17 +152,11 @@ static int by_entry_id(const void *a, const void *b)
     return strcmp(((const dsec_list_entry *)a)->id, ((const dsec_list_entry *)b)->id);
 }
 
-static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
+/* A list_reply (its page of entries) or an error. Under g->mu. */
+static void take_list(struct gather *g, dsec_msg *m, dsec_decoder *dec, const char *type)
 {
-    struct gather *g = ud;
-    (void)a;
-    dsec_decoder *dec = dsec_decoder_new(NULL);
-    if (dec == NULL)
-        return;
-    const char *type = dsec_msg_type(m);
     dsec_msg_list_reply r;
     dsec_err err;
-    pthread_mutex_lock(&g->mu);
     if (type != NULL && strcmp(type, "error") == 0) {
         take_error(g, m, dec);
     } else if (type != NULL && strcmp(type, "list_reply") == 0 &&
@@ -211,9 +217,12 @@ static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
             g->more = true;
         }
     }
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    dsec_decoder_free(dec);
+}
+
+static void on_list(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a;
+    gather_in(m, ud, take_list);
 }
 
 /* Wait until done(g) or the deadline (g->mu held). */

@@ -320,47 +320,63 @@ int dsec_cfg_expect(const dsec_cfg *c, const dsec_cfg_node *node, dsec_cfg_kind 
                         names[node->kind]);
 }
 
-static const dsec_cfg_node *scalar_at(const dsec_cfg *c, const dsec_cfg_node *map, const char *key,
-                                      dsec_err *err, int *rc)
+/* The scalar under key: 1 with *out set, 0 when the key is absent, or an
+ * error when it holds a map or a list. */
+static int scalar_at(const dsec_cfg *c, const dsec_cfg_node *map, const char *key,
+                     const dsec_cfg_node **out, dsec_err *err)
 {
-    *rc = 0;
-    const dsec_cfg_node *n = dsec_cfg_get(map, key);
-    if (n != NULL && n->kind != DSEC_CFG_SCALAR) {
-        *rc = dsec_cfg_expect(c, n, DSEC_CFG_SCALAR, err);
-        return NULL;
-    }
-    return n;
+    *out = dsec_cfg_get(map, key);
+    if (*out == NULL)
+        return 0;
+    if ((*out)->kind != DSEC_CFG_SCALAR)
+        return dsec_cfg_expect(c, *out, DSEC_CFG_SCALAR, err);
+    return 1;
+}
+
+static int bad_value(const dsec_cfg *c, const dsec_cfg_node *n, const char *key, const char *want,
+                     dsec_err *err)
+{
+    return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": expected %s, got \"%s\"",
+                        c->name, n->line, key, want, n->value);
+}
+
+static bool parse_u64(const char *s, unsigned long long *v)
+{
+    char *end = NULL;
+    errno = 0;
+    *v = strtoull(s, &end, 10);
+    return s[0] != '\0' && s[0] != '-' && *end == '\0' && errno == 0;
+}
+
+static bool parse_double(const char *s, double *v)
+{
+    char *end = NULL;
+    errno = 0;
+    *v = strtod(s, &end);
+    return s[0] != '\0' && *end == '\0' && errno == 0 && isfinite(*v);
 }
 
 int dsec_cfg_str(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, const char *def,
                  const char **out, dsec_err *err)
 {
-    int rc;
-    const dsec_cfg_node *n = scalar_at(c, map, key, err, &rc);
+    const dsec_cfg_node *n;
+    int rc = scalar_at(c, map, key, &n, err);
     if (rc < 0)
         return rc;
-    *out = n ? n->value : def;
+    *out = rc > 0 ? n->value : def;
     return 0;
 }
 
 int dsec_cfg_u64(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, uint64_t def,
                  uint64_t min, uint64_t max, uint64_t *out, dsec_err *err)
 {
-    int rc;
-    const dsec_cfg_node *n = scalar_at(c, map, key, err, &rc);
-    if (rc < 0)
-        return rc;
-    if (n == NULL) {
-        *out = def;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    unsigned long long v = strtoull(n->value, &end, 10);
-    if (n->value[0] == '\0' || n->value[0] == '-' || *end != '\0' || errno != 0)
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "%s:%d: key \"%s\": expected a non-negative integer, got \"%s\"",
-                            c->name, n->line, key, n->value);
+    const dsec_cfg_node *n;
+    int rc = scalar_at(c, map, key, &n, err);
+    if (rc <= 0)
+        return rc == 0 ? (*out = def, 0) : rc;
+    unsigned long long v;
+    if (!parse_u64(n->value, &v))
+        return bad_value(c, n, key, "a non-negative integer", err);
     if (v < min || v > max)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "%s:%d: key \"%s\": %llu is out of range [%" PRIu64 ", %" PRIu64 "]",
@@ -372,21 +388,13 @@ int dsec_cfg_u64(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, u
 int dsec_cfg_double(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, double def,
                     double min, double max, double *out, dsec_err *err)
 {
-    int rc;
-    const dsec_cfg_node *n = scalar_at(c, map, key, err, &rc);
-    if (rc < 0)
-        return rc;
-    if (n == NULL) {
-        *out = def;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(n->value, &end);
-    if (n->value[0] == '\0' || *end != '\0' || errno != 0 || !isfinite(v))
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "%s:%d: key \"%s\": expected a number, got \"%s\"", c->name, n->line,
-                            key, n->value);
+    const dsec_cfg_node *n;
+    int rc = scalar_at(c, map, key, &n, err);
+    if (rc <= 0)
+        return rc == 0 ? (*out = def, 0) : rc;
+    double v;
+    if (!parse_double(n->value, &v))
+        return bad_value(c, n, key, "a number", err);
     if (v < min || v > max)
         return dsec_err_set(err, DSEC_E_CONFIG, 0, "%s:%d: key \"%s\": %g is out of range [%g, %g]",
                             c->name, n->line, key, v, min, max);
@@ -397,23 +405,16 @@ int dsec_cfg_double(const dsec_cfg *c, const dsec_cfg_node *map, const char *key
 int dsec_cfg_bool(const dsec_cfg *c, const dsec_cfg_node *map, const char *key, bool def, bool *out,
                   dsec_err *err)
 {
-    int rc;
-    const dsec_cfg_node *n = scalar_at(c, map, key, err, &rc);
-    if (rc < 0)
-        return rc;
-    if (n == NULL) {
-        *out = def;
-        return 0;
-    }
-    if (strcmp(n->value, "true") == 0 || strcmp(n->value, "yes") == 0 ||
-        strcmp(n->value, "on") == 0)
+    const dsec_cfg_node *n;
+    int rc = scalar_at(c, map, key, &n, err);
+    if (rc <= 0)
+        return rc == 0 ? (*out = def, 0) : rc;
+    const char *v = n->value;
+    if (strcmp(v, "true") == 0 || strcmp(v, "yes") == 0 || strcmp(v, "on") == 0)
         *out = true;
-    else if (strcmp(n->value, "false") == 0 || strcmp(n->value, "no") == 0 ||
-             strcmp(n->value, "off") == 0)
+    else if (strcmp(v, "false") == 0 || strcmp(v, "no") == 0 || strcmp(v, "off") == 0)
         *out = false;
     else
-        return dsec_err_set(err, DSEC_E_CONFIG, 0,
-                            "%s:%d: key \"%s\": expected true or false, got \"%s\"", c->name,
-                            n->line, key, n->value);
+        return bad_value(c, n, key, "true or false", err);
     return 0;
 }

@@ -22,40 +22,11 @@
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include "backends/cgroup-tune.h"
 #include "backends/container/container-int.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
 #include "dsec/log.h"
-
-/* From /proc/self/mountinfo: the mount point of the v1 hierarchy carrying
- * controller ctrl, or (ctrl NULL) of the cgroup2 mount. 0 when found. */
-static int cg_mount(const char *ctrl, char *out, size_t len)
-{
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (f == NULL)
-        return -1;
-    char line[4096];
-    int rc = -1;
-    while (rc < 0 && fgets(line, sizeof line, f) != NULL) {
-        char mp[PATH_MAX];
-        if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
-            continue;
-        char *sep = strstr(line, " - ");
-        char fstype[64], source[256], opts[1024];
-        if (sep == NULL || sscanf(sep + 3, "%63s %255s %1023s", fstype, source, opts) != 3)
-            continue;
-        if (ctrl == NULL ? strcmp(fstype, "cgroup2") != 0 : strcmp(fstype, "cgroup") != 0)
-            continue;
-        bool hit = ctrl == NULL;
-        for (char *save = NULL, *t = strtok_r(opts, ",", &save); t && !hit;
-             t = strtok_r(NULL, ",", &save))
-            hit = strcmp(t, ctrl) == 0;
-        if (hit)
-            rc = dsec__ct_fmt(out, len, "%s", mp) < (int)len ? 0 : -1;
-    }
-    fclose(f);
-    return rc;
-}
 
 /* Every cgroup mount point (v1 hierarchies and the cgroup2 mount), for cleanup. */
 static size_t cg_all(char out[][PATH_MAX], size_t max)
@@ -262,15 +233,15 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
         return dsec_err_set(err, DSEC_E_CONFIG, 0,
                             "container option runtime=\"%s\": expected crun, runc or runsc", name);
     char v2[PATH_MAX] = "";
-    bool has_v2 = cg_mount(NULL, v2, sizeof v2) == 0;
-    if (cg_mount("memory", be->cg_memory, sizeof be->cg_memory) == 0) {
+    bool has_v2 = dsec_cgroup_mount(NULL, v2, sizeof v2, NULL, 0) == 0;
+    if (dsec_cgroup_mount("memory", be->cg_memory, sizeof be->cg_memory, NULL, 0) == 0) {
         /* v1 controllers; a cgroup2 mount beside them is hidden from crun (rt_open) */
         be->cg_mode = CT_CG_V1;
         be->hybrid = has_v2;
-        if (cg_mount("freezer", be->cg_freezer, sizeof be->cg_freezer) < 0 ||
-            cg_mount("cpuacct", be->cg_cpuacct, sizeof be->cg_cpuacct) < 0 ||
-            cg_mount("pids", be->cg_pids, sizeof be->cg_pids) < 0 ||
-            cg_mount("cpu", be->cg_cpu, sizeof be->cg_cpu) < 0)
+        if (dsec_cgroup_mount("freezer", be->cg_freezer, sizeof be->cg_freezer, NULL, 0) < 0 ||
+            dsec_cgroup_mount("cpuacct", be->cg_cpuacct, sizeof be->cg_cpuacct, NULL, 0) < 0 ||
+            dsec_cgroup_mount("pids", be->cg_pids, sizeof be->cg_pids, NULL, 0) < 0 ||
+            dsec_cgroup_mount("cpu", be->cg_cpu, sizeof be->cg_cpu, NULL, 0) < 0)
             return dsec_err_set(err, DSEC_E_CONFIG, 0,
                                 "container: cgroup v1 host without the freezer, cpu, cpuacct "
                                 "and pids controllers mounted");

@@ -362,25 +362,7 @@ static int send_task(int sock, const struct fnp_task *t, const char *inline_str,
                      const int *fds, int nfds)
 {
     struct iovec iov[2] = {{(void *)t, sizeof *t}, {(void *)inline_str, inline_len}};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * 2)];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = inline_len ? 2 : 1};
-    if (nfds > 0) {
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    ssize_t n;
-    do
-        n = sendmsg(sock, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
+    ssize_t n = fnp_send_fds(sock, iov, inline_len ? 2 : 1, fds, nfds);
     return n == (ssize_t)(sizeof *t + inline_len) ? 0 : -1;
 }
 

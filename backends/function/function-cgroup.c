@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/cgroup-tune.h"
 #include "backends/function/function-int.h"
 
 /*
@@ -34,45 +35,9 @@ struct mnt {
     char root[PATH_MAX];
 };
 
-/* From /proc/self/mountinfo: the v1 mount carrying controller ctrl, or (ctrl
- * NULL) the cgroup2 mount. Returns 0 when found. */
 static int find_mount(const char *ctrl, struct mnt *out)
 {
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-    if (f == NULL)
-        return -1;
-    char line[4096];
-    int rc = -1;
-    while (rc < 0 && fgets(line, sizeof line, f) != NULL) {
-        char root[PATH_MAX], mp[PATH_MAX];
-        if (sscanf(line, "%*s %*s %*s %4095s %4095s", root, mp) != 2)
-            continue;
-        char *sep = strstr(line, " - ");
-        if (sep == NULL)
-            continue;
-        char fstype[64], source[256], opts[1024];
-        if (sscanf(sep + 3, "%63s %255s %1023s", fstype, source, opts) != 3)
-            continue;
-        if (ctrl == NULL) {
-            if (strcmp(fstype, "cgroup2") != 0)
-                continue;
-        } else {
-            if (strcmp(fstype, "cgroup") != 0)
-                continue;
-            bool has = false;
-            for (char *save = NULL, *t = strtok_r(opts, ",", &save); t;
-                 t = strtok_r(NULL, ",", &save))
-                if (strcmp(t, ctrl) == 0)
-                    has = true;
-            if (!has)
-                continue;
-        }
-        snprintf(out->path, sizeof out->path, "%s", mp);
-        snprintf(out->root, sizeof out->root, "%s", root);
-        rc = 0;
-    }
-    fclose(f);
-    return rc;
+    return dsec_cgroup_mount(ctrl, out->path, sizeof out->path, out->root, sizeof out->root);
 }
 
 /* This process's cgroup path for controller ctrl (v1) or the unified one

@@ -106,8 +106,6 @@ int dsec__fn_pool_worker_spawn(struct fn_pools *p, int zctl, struct fn_worker *w
                                const char *resolver, char *why, size_t whylen);
 /* Spawn towards the pool's target (plus the calls waiting), as slots and failures allow. */
 void dsec__fn_pool_refill(struct fn_pools *p, struct fn_pool *pool, uint64_t now, unsigned waiting);
-/* The first descriptor a received message carried (-1: none); any others are closed. */
-int dsec__fn_pool_first_fd(struct msghdr *mh);
 /* A monotonic deadline (ns) as a timespec for pthread_cond_timedwait. */
 void dsec__fn_pool_deadline_ts(struct timespec *ts, uint64_t deadline_ns);
 /* The pool's state into out (lock held). */

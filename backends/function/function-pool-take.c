@@ -171,20 +171,10 @@ static bool own_ready(struct fn_worker *w, const char *name, char *why, size_t w
         struct fnp_ready ready;
         struct fnp_failure fail;
     } m;
-    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    union {
-        char c[CMSG_SPACE(sizeof(int) * 2)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
-    ssize_t n;
-    do
-        n = recvmsg(w->task_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    while (n < 0 && errno == EINTR);
+    int fd, nfds;
+    ssize_t n = fnp_recv_fds(w->task_fd, &m, sizeof m, MSG_DONTWAIT, &fd, 1, &nfds);
     if (n < 0 && errno == EAGAIN)
         return false; /* not yet: why stays "" */
-    int fd = n > 0 ? dsec__fn_pool_first_fd(&mh) : -1;
     if (n > 0 && (size_t)n == sizeof m.ready && m.h.magic == FNP_MAGIC && m.h.type == FNP_READY &&
         m.h.len == (uint32_t)n && fd >= 0) {
         w->pidfd = fd;

@@ -224,25 +224,7 @@ void dsec__fn_pool_worker_failed(struct fn_pools *p, struct fn_worker *w, const 
 static int send_spawn(int zctl, const struct fnp_spawn *sp, const int *fds, int nfds)
 {
     struct iovec iov = {.iov_base = (void *)sp, .iov_len = sizeof *sp};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = u.buf,
-                        .msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    ssize_t n;
-    do
-        n = sendmsg(zctl, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)sizeof *sp ? 0 : -1;
+    return fnp_send_fds(zctl, &iov, 1, fds, nfds) == (ssize_t)sizeof *sp ? 0 : -1;
 }
 
 /* Send SPAWN for w (its runtime, pool and slot set) and keep the backend's
@@ -415,25 +397,6 @@ static void promote(struct fn_pools *p, struct fn_pool *pool)
     }
 }
 
-/* The first descriptor a received message carried (-1: none); any others are closed. */
-int dsec__fn_pool_first_fd(struct msghdr *mh)
-{
-    int fd = -1;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k; i++) {
-                int x;
-                memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
-                if (fd < 0)
-                    fd = x;
-                else
-                    close(x);
-            }
-        }
-    return fd;
-}
-
 /* ---- workers being made (pool thread, lock held) ------------------------------------------- */
 
 static void on_wtask(struct fn_pools *p, unsigned slot)
@@ -448,17 +411,10 @@ static void on_wtask(struct fn_pools *p, unsigned slot)
         struct fnp_failure fail;
         struct fnp_result result;
     } m;
-    struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-    union {
-        char c[CMSG_SPACE(sizeof(int) * 2)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
-    ssize_t n = recvmsg(w->task_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    int fd, nfds;
+    ssize_t n = fnp_recv_fds(w->task_fd, &m, sizeof m, MSG_DONTWAIT, &fd, 1, &nfds);
+    if (n < 0 && errno == EAGAIN)
         return;
-    int fd = n > 0 ? dsec__fn_pool_first_fd(&mh) : -1;
     char why[DSEC_ERR_MSG_MAX];
     if (n <= 0 || (size_t)n < sizeof m.h || m.h.magic != FNP_MAGIC || m.h.len != (uint32_t)n) {
         dsec__fn_pool_close_fd(&fd);

@@ -2,7 +2,12 @@
 #ifndef DSEC_BACKENDS_FUNCTION_PROTO_H
 #define DSEC_BACKENDS_FUNCTION_PROTO_H
 
+#include <errno.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 /*
  * Who talks to whom (every channel is an AF_UNIX SOCK_SEQPACKET pair, so a
@@ -182,5 +187,81 @@ struct fnp_bundle_rec {
     uint32_t mode;
     uint64_t size;
 };
+
+/* One message of iovcnt parts with nfds (0 to FNP_SPAWN_FDS_MAX) descriptors
+ * attached, retried on EINTR. Returns what sendmsg returns. Shared by the
+ * backend and the zygote, which links nothing of dsec. */
+static inline ssize_t fnp_send_fds(int sock, struct iovec *iov, int iovcnt, const int *fds,
+                                   int nfds)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    if (nfds > 0) {
+        if (nfds > FNP_SPAWN_FDS_MAX) {
+            errno = EINVAL;
+            return -1;
+        }
+        mh.msg_control = u.buf;
+        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* Receive one message into buf (len bytes) and the descriptors it carries
+ * (close-on-exec): the first maxfds (at most FNP_SPAWN_FDS_MAX) go to fds, unused slots are
+ * -1, any more are closed; *nfds gets how many came. EINTR is retried. A
+ * message longer than len fails with EMSGSIZE, its descriptors closed.
+ * Returns what recvmsg returns. */
+static inline ssize_t fnp_recv_fds(int sock, void *buf, size_t len, int flags, int *fds, int maxfds,
+                                   int *nfds)
+{
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    union {
+        char c[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
+    for (int i = 0; i < maxfds; i++)
+        fds[i] = -1;
+    *nfds = 0;
+    ssize_t n;
+    do
+        n = recvmsg(sock, &mh, flags | MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return n;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k; i++, (*nfds)++) {
+            int x;
+            memcpy(&x, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof x);
+            if (*nfds < maxfds && !(mh.msg_flags & MSG_TRUNC))
+                fds[*nfds] = x;
+            else
+                close(x);
+        }
+    }
+    if (mh.msg_flags & MSG_TRUNC) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    return n;
+}
 
 #endif

@@ -126,26 +126,7 @@ static unsigned nearly;
 static ssize_t send_fds(int fd, const void *msg, size_t len, const int *fds, int nfds)
 {
     struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    if (nfds > 0) {
-        memset(&u, 0, sizeof u);
-        mh.msg_control = u.buf;
-        mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-    }
-    ssize_t n;
-    do
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n;
+    return fnp_send_fds(fd, &iov, 1, fds, nfds);
 }
 
 static void hdr_init(struct fnp_hdr *h, uint32_t type, size_t len, uint32_t seq)
@@ -532,32 +513,17 @@ static void recv_task(struct fnz_task *t, int *bundle_fd)
         if ((buf = malloc(cap)) == NULL)
             w3_fail("task", ENOMEM, "out of memory");
     }
-    struct iovec iov = {.iov_base = buf, .iov_len = cap};
-    union {
-        char c[CMSG_SPACE(sizeof(int) * 2)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
-    ssize_t n;
-    do
-        n = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
-    while (n < 0 && errno == EINTR);
+    int fds[2], nfds;
+    ssize_t n = fnp_recv_fds(3, buf, cap, 0, fds, 2, &nfds);
     if (n == 0)
         _exit(0); /* the backend let this worker go (pool shrinking or shutting down) */
     if (n < 0)
         w3_fail("task", errno, "receiving the task: %s", strerror(errno));
-    int fds[2] = {-1, -1}, nfds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            if (nfds > 2)
-                w3_fail("task", 0, "task carries %d fds", nfds);
-            memcpy(fds, CMSG_DATA(c), sizeof(int) * (size_t)nfds);
-        }
+    if (nfds > 2)
+        w3_fail("task", 0, "task carries %d fds", nfds);
     struct fnp_task *h = (struct fnp_task *)buf;
-    if ((mh.msg_flags & MSG_TRUNC) || (size_t)n < sizeof *h || h->h.magic != FNP_MAGIC ||
-        h->h.type != FNP_TASK || h->h.len != (uint32_t)n)
+    if ((size_t)n < sizeof *h || h->h.magic != FNP_MAGIC || h->h.type != FNP_TASK ||
+        h->h.len != (uint32_t)n)
         w3_fail("task", 0, "malformed task message");
     const char *s;
     int nwant =
@@ -967,40 +933,26 @@ static void reap(void)
 static void handle_spawn(void)
 {
     struct fnp_spawn sp;
-    struct iovec iov = {.iov_base = &sp, .iov_len = sizeof sp};
-    union {
-        char c[CMSG_SPACE(sizeof(int) * FNP_SPAWN_FDS_MAX)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr mh = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
-    ssize_t n = recvmsg(FNP_ZYGOTE_CTL_FD, &mh, MSG_CMSG_CLOEXEC);
+    int fds[FNP_SPAWN_FDS_MAX], nfds;
+    ssize_t n = fnp_recv_fds(FNP_ZYGOTE_CTL_FD, &sp, sizeof sp, 0, fds, FNP_SPAWN_FDS_MAX, &nfds);
     if (n == 0)
-        _exit(0); /* the backend closed us */
+        _exit(0);                     /* the backend closed us */
+    if (n < 0 && errno == EMSGSIZE) { /* its header came: say which SPAWN failed */
+        send_failure(FNP_ZYGOTE_CTL_FD, FNP_SPAWN_FAILED, sp.h.seq, "spawn", 0,
+                     "malformed SPAWN (longer than %zu bytes)", sizeof sp);
+        return;
+    }
     if (n < 0) {
-        if (errno == EINTR || errno == EAGAIN)
+        if (errno == EAGAIN)
             return;
         _exit(1);
     }
-    int fds[FNP_SPAWN_FDS_MAX], nfds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < k; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(c) + sizeof(int) * (size_t)i, sizeof fd);
-                if (nfds < FNP_SPAWN_FDS_MAX)
-                    fds[nfds++] = fd;
-                else
-                    close(fd);
-            }
-        }
     int ncg = __builtin_popcount(sp.cg_mask & 7u);
     int nnet = (sp.cg_mask & FNP_SPAWN_NET) ? 1 : 0;
     if ((size_t)n != sizeof sp || sp.h.magic != FNP_MAGIC || sp.h.type != FNP_SPAWN ||
         nfds != 4 + ncg + nnet || sp.tmp_mb == 0 ||
         (nnet && memchr(sp.resolver, '\0', sizeof sp.resolver) == NULL)) {
-        for (int i = 0; i < nfds; i++)
+        for (int i = 0; i < nfds && i < FNP_SPAWN_FDS_MAX; i++)
             close(fds[i]);
         send_failure(FNP_ZYGOTE_CTL_FD, FNP_SPAWN_FAILED, sp.h.seq, "spawn", 0,
                      "malformed SPAWN (%zd bytes, %d fds)", n, nfds);
