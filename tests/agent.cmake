@@ -24,6 +24,7 @@ get_property(agent_parts GLOBAL PROPERTY DSEC_AGENT_PARTS)
 add_executable(fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/fuzz_agent.c ${agent_parts}
   ${CMAKE_SOURCE_DIR}/fuzz/replay_main.c)
 target_compile_definitions(fuzz_agent_replay PRIVATE DSEC_AGENT_FUZZ=1)
+target_include_directories(fuzz_agent_replay PRIVATE ${DSEC_INCL}/backends)
 target_link_libraries(fuzz_agent_replay PRIVATE dsec_common Threads::Threads dsec_warnings
   dsec_allocator)
 add_test(NAME agent_fuzz_corpus COMMAND fuzz_agent_replay ${CMAKE_SOURCE_DIR}/fuzz/corpus/agent)

@@ -5,6 +5,7 @@
 pkg_check_modules(LIBARCHIVE_CI REQUIRED IMPORTED_TARGET libarchive)
 add_executable(test_client_images test_client_images.c image_kit.c
   ${CMAKE_SOURCE_DIR}/common/sha256.c)
+target_include_directories(test_client_images PRIVATE ${CMAKE_SOURCE_DIR}/include)
 target_link_libraries(test_client_images PRIVATE dsec_shared PkgConfig::CMOCKA
   PkgConfig::LIBARCHIVE_CI Threads::Threads dsec_warnings)
 add_test(NAME client_images COMMAND test_client_images)

@@ -31,6 +31,7 @@ target_link_libraries(fuzz_gen_corpus PRIVATE
 
 # The Dockerfile reader of `dsec image build` (tools/dockerfile.c): pure, no root.
 add_executable(test_dockerfile test_dockerfile.c ${CMAKE_SOURCE_DIR}/tools/dockerfile.c)
+target_include_directories(test_dockerfile PRIVATE ${DSEC_INCL}/tools)
 target_link_libraries(test_dockerfile PRIVATE dsec_common PkgConfig::CMOCKA dsec_warnings
   dsec_allocator)
 add_test(NAME dockerfile COMMAND test_dockerfile)

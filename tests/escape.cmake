@@ -11,6 +11,7 @@ add_dependencies(test_escape escape_probe)
 # busybox cannot (raw ioctls, clone flags, the 32-bit entry).
 add_executable(escape_probe test_escape.c)
 target_compile_definitions(escape_probe PRIVATE DSEC_ESCAPE_PROBE)
+target_include_directories(escape_probe PRIVATE ${DSEC_INCL}/backends)
 target_link_libraries(escape_probe PRIVATE dsec_warnings)
 set_target_properties(escape_probe PROPERTIES POSITION_INDEPENDENT_CODE OFF)
 target_link_options(escape_probe PRIVATE -static)

@@ -3,6 +3,7 @@
 # docker-registry, skopeo or openssl is missing.
 add_executable(test_image_pull test_image_pull.c ${CMAKE_SOURCE_DIR}/tools/image-pull.c
   ${CMAKE_SOURCE_DIR}/tools/layer.c)
+target_include_directories(test_image_pull PRIVATE ${DSEC_INCL}/tools)
 target_link_libraries(test_image_pull PRIVATE dsec_client dsec_bus dsec_backends dsec_common PkgConfig::CMOCKA
   Threads::Threads dsec_warnings dsec_allocator)
 target_compile_definitions(test_image_pull PRIVATE
