@@ -704,7 +704,7 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
     pthread_mutex_lock(&bus->mu);
     if (bus->state != DSEC__BUS_OPEN) {
         pthread_mutex_unlock(&bus->mu);
-        dsec__actor_destroy(a);
+        dsec__actor_free_closed(a);
         return dsec_err_set(err, DSEC_E_CLOSED, 0, "actor %s: the bus is draining or closed", name);
     }
     a->next = bus->actors;
@@ -931,7 +931,7 @@ void dsec__actor_close(dsec_actor *a, bool wait)
     pthread_mutex_unlock(&a->mu);
 }
 
-void dsec__actor_destroy(dsec_actor *a)
+void dsec__actor_free_closed(dsec_actor *a)
 {
     for (struct actor_sub *s = a->subs, *next; s != NULL; s = next) {
         next = s->next;
@@ -973,7 +973,7 @@ void dsec__actor_put(dsec_actor *a)
     bool last = --a->refs == 0;
     pthread_mutex_unlock(&bus->mu);
     if (last)
-        dsec__actor_destroy(a);
+        dsec__actor_free_closed(a);
 }
 
 dsec_actor **dsec__actors_snapshot(dsec_bus *bus, size_t *n)

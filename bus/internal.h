@@ -184,7 +184,7 @@ bool dsec__actor_wait_idle(dsec_actor *a, int64_t deadline_ns);
  * "closed" error) and, if wait, wait for running handlers. */
 void dsec__actor_close(dsec_actor *a, bool wait);
 /* Free an actor whose subscriptions completed and which is closed. */
-void dsec__actor_destroy(dsec_actor *a);
+void dsec__actor_free_closed(dsec_actor *a);
 /* Messages queued in the actor's mailbox now. */
 uint64_t dsec__actor_depth(const dsec_actor *a);
 /* Reference counting: the bus list holds one reference, drain holds one

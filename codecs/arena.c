@@ -33,7 +33,7 @@ static void free_chunks(dsec__arena *a)
     a->cur = NULL;
 }
 
-void dsec__arena_destroy(dsec__arena *a)
+void dsec__arena_release(dsec__arena *a)
 {
     free_chunks(a);
     a->used = 0;

@@ -27,7 +27,7 @@ typedef struct dsec__arena {
 } dsec__arena;
 
 void dsec__arena_init(dsec__arena *a, size_t chunk_size, size_t retain);
-void dsec__arena_destroy(dsec__arena *a);
+void dsec__arena_release(dsec__arena *a);
 /* Forget every allocation; pointers handed out before become invalid. */
 void dsec__arena_reset(dsec__arena *a);
 /* n bytes aligned to align (a power of two <= 16); NULL when out of memory. */

@@ -72,7 +72,7 @@ void dsec_decoder_free(dsec_decoder *d)
     if (d == NULL)
         return;
     msgpack_zone_destroy(&d->zone);
-    dsec__arena_destroy(&d->arena);
+    dsec__arena_release(&d->arena);
     dsec_free(d->keys);
     dsec_free(d);
 }

@@ -312,7 +312,7 @@ const struct ct_rt *dsec__ct_rt_get(struct ct_backend *be, const char *name, dse
  * or NULL when neither. For warm containers of an earlier instance, which have no meta. */
 const char *dsec__ct_rt_guess(const struct ct_backend *be, const char *rid);
 /* Close every runtime handle. */
-void dsec__ct_rt_fini(struct ct_backend *be);
+void dsec__ct_rt_release(struct ct_backend *be);
 /* Run a helper program (argv[0] is a path) and wait. out (may be NULL) receives up to
  * outlen-1 bytes of its stdout+stderr. Returns its exit status (0..255, 128+sig), or -1
  * with err set when it could not be started. */

@@ -216,7 +216,7 @@ const char *dsec__ct_rt_guess(const struct ct_backend *be, const char *rid)
     return NULL;
 }
 
-void dsec__ct_rt_fini(struct ct_backend *be)
+void dsec__ct_rt_release(struct ct_backend *be)
 {
     for (int i = 0; i < CT_RT_N; i++) {
         if (be->rts[i].fd >= 0)
@@ -898,8 +898,8 @@ static const char *const switch_steps[] = {
     "setting the hostname",
     "entering its mount namespace",
     "attaching the new root at /.dsec/root",
-    "making mount points in the new root (/proc, /dev, /sys and /.dsec must be directories, "
-    "/.dsec/agent a file)",
+    ("making mount points in the new root (/proc, /dev, /sys and /.dsec must be directories, "
+     "/.dsec/agent a file)"),
     "moving /proc, /dev, /sys and the agent into the new root",
     "making /etc/resolv.conf in the new root (/etc must be a directory)",
     "moving /etc/resolv.conf into the new root",

@@ -462,7 +462,7 @@ static void ct_fini(void *self)
     if (be->cg_mode != 0 && be->cg_weighed)
         dsec__ct_cg_cleanup(be);
     free_excludes(be);
-    dsec__ct_rt_fini(be);
+    dsec__ct_rt_release(be);
     while (be->kept != NULL) {
         struct ct_kept *k = be->kept;
         be->kept = k->next;

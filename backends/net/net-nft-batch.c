@@ -33,7 +33,7 @@ static void batch_reset(struct batch *b, uint32_t seq)
     b->nwhat = 0;
 }
 
-void dsec__nft_batch_fini(struct batch *b)
+void dsec__nft_batch_release(struct batch *b)
 {
     dsec_free(b->p);
     dsec_free(b->what);

@@ -139,7 +139,7 @@ struct batch *dsec__nft_batch_open(dsec__nft *t);
  * work in error messages. */
 int dsec__nft_batch_commit(dsec__nft *t, const char *doing, dsec_err *err);
 
-void dsec__nft_batch_fini(struct batch *b);
+void dsec__nft_batch_release(struct batch *b);
 
 /* Start a message of type (NFT_MSG_*), described as "what name" in error messages; NULL when
  * out of memory (b->oom set). Ended by dsec__nft_msg_end. */

@@ -321,7 +321,7 @@ void dsec__nft_free(dsec__nft *t, bool remove_table)
     if (t->nl != NULL)
         mnl_socket_close(t->nl);
     dsec__nft_sbx_free_all(t);
-    dsec__nft_batch_fini(&t->b);
+    dsec__nft_batch_release(&t->b);
     pthread_mutex_destroy(&t->mu);
     dsec_free(t);
 }

@@ -33,7 +33,8 @@ const char *dsec_log_level_name(dsec_log_level level);
 /* Log one line (printf format, no trailing newline needed; one is dropped if given). Lines
  * longer than 4 KiB are cut. */
 void dsec_log(dsec_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void dsec_vlog(dsec_log_level level, const char *fmt, va_list ap);
+void dsec_vlog(dsec_log_level level, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 #define dsec_log_error(...) dsec_log(DSEC_LOG_ERROR, __VA_ARGS__)
 #define dsec_log_warn(...) dsec_log(DSEC_LOG_WARN, __VA_ARGS__)
