@@ -1,21 +1,18 @@
-/* metrics.c - Prometheus text exposition and its one-thread non-blocking HTTP server. */
-#define _GNU_SOURCE /* accept4, pipe2 */
+/* metrics.c - Prometheus text exposition, served over HTTP by libmicrohttpd. */
 #include "runtime/metrics.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
+
+#include <microhttpd.h>
 
 #include "dsec/alloc.h"
 
@@ -178,318 +175,101 @@ void dsec_metrics_hist_samples(dsec_metrics_text *t, const char *name, const cha
     put_value(t, (double)cum);
 }
 
-/* ---- the server -------------------------------------------------------------------------- */
+/* ---- the server --------------------------------------------------------------------------
+ * libmicrohttpd with its own polling thread (epoll where there is one). It reads and parses
+ * requests, bounds them (REQ_MAX of memory per connection: longer headers get its 431),
+ * closes connections idle past the timeout and answers malformed requests itself;
+ * on_request only routes. */
 
 #define MAX_CLIENTS 64
 #define REQ_MAX 8192
-#define LINGER_MS                                                                                  \
-    1000 /* after the answer: read what the client still sends, so close sends no RST */
+#define BODY_MAX 65536 /* request body a 404 or 405 reads and ignores before answering */
 
-enum cstate { C_READ, C_WRITE, C_DRAIN };
-
-struct client {
-    int fd; /* -1: free slot */
-    enum cstate st;
-    uint64_t deadline_ms;
-    size_t rlen;
-    char req[REQ_MAX];
-    char *out; /* owned */
-    size_t olen, opos;
-};
+static const char ctype_text[] = "text/plain; charset=utf-8";
+static const char ctype_metrics[] = "text/plain; version=0.0.4; charset=utf-8";
 
 struct dsec_metrics {
-    int lfd;
-    int wake[2]; /* stop writes a byte */
+    struct MHD_Daemon *d;
+    int lfd; /* until MHD_start_daemon takes it */
     uint16_t port;
-    uint32_t timeout_ms;
     dsec_metrics_render_fn render;
     void *ud;
-    pthread_t th;
-    bool started;
-    struct client *clients; /* MAX_CLIENTS */
 };
 
-static uint64_t mono_ms(void)
+/* Queue an answer that closes its connection; body is taken (freed with dsec_free) when
+ * owned, else static. HEAD gets the headers only (MHD leaves the body out). */
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *ctype,
+                               const char *allow, char *body, size_t blen, bool owned)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void client_close(struct client *c)
-{
-    if (c->fd >= 0)
-        close(c->fd);
-    dsec_free(c->out);
-    c->out = NULL;
-    c->fd = -1;
-    c->rlen = c->olen = c->opos = 0;
-}
-
-/* Queue an answer; the body is copied after the headers. */
-static void respond(struct client *c, int status, const char *reason, const char *ctype,
-                    const char *extra, const char *body, size_t blen, bool head)
-{
-    char hdr[512];
-    int n = snprintf(
-        hdr, sizeof hdr,
-        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
-        status, reason, ctype, blen, extra ? extra : "");
-    size_t hl = n > 0 && (size_t)n < sizeof hdr ? (size_t)n : 0;
-    size_t total = hl + (head ? 0 : blen);
-    c->out = dsec_malloc(total ? total : 1);
-    if (c->out == NULL) { /* nothing to say it with: drop the client */
-        client_close(c);
-        return;
+    struct MHD_Response *r =
+        owned ? MHD_create_response_from_buffer_with_free_callback(blen, body, dsec_free)
+              : MHD_create_response_from_buffer(blen, body, MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) {
+        if (owned)
+            dsec_free(body);
+        return MHD_NO; /* nothing to say it with: MHD drops the connection */
     }
-    memcpy(c->out, hdr, hl);
-    if (!head && blen)
-        memcpy(c->out + hl, body, blen);
-    c->olen = total;
-    c->opos = 0;
-    c->st = C_WRITE;
+    MHD_set_response_options(r, MHD_RF_HTTP_1_0_COMPATIBLE_STRICT, MHD_RO_END);
+    enum MHD_Result ok = MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (ok == MHD_YES && allow != NULL)
+        ok = MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (ok == MHD_YES)
+        ok = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ok;
 }
 
-static void respond_text(struct client *c, int status, const char *reason, const char *extra,
-                         const char *body)
+static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status, const char *allow,
+                                    const char *body)
 {
-    respond(c, status, reason, "text/plain; charset=utf-8", extra, body, strlen(body), false);
+    return respond(conn, status, ctype_text, allow, (char *)body, strlen(body), false);
 }
 
-static bool token_char(char ch)
+static enum MHD_Result respond_metrics(struct dsec_metrics *s, struct MHD_Connection *conn)
 {
-    return ch >= 'A' && ch <= 'Z';
-}
-
-/* The request line is "METHOD SP TARGET SP HTTP/1.x": false when it is not. */
-static bool parse_request_line(const char *line, size_t len, char *method, size_t mcap, char *path,
-                               size_t pcap)
-{
-    size_t i = 0, m = 0;
-    while (i < len && token_char(line[i]) && m + 1 < mcap)
-        method[m++] = line[i++];
-    method[m] = '\0';
-    if (m == 0 || i >= len || line[i] != ' ')
-        return false;
-    i++;
-    size_t p = 0, ts = i;
-    while (i < len && line[i] != ' ') {
-        unsigned char ch = (unsigned char)line[i];
-        if (ch <= 0x20 || ch >= 0x7f)
-            return false;
-        i++;
-    }
-    if (i == ts || line[ts] != '/' || i >= len)
-        return false;
-    for (size_t k = ts; k < i && line[k] != '?' && p + 1 < pcap; k++)
-        path[p++] = line[k];
-    path[p] = '\0';
-    i++;
-    size_t vl = len - i;
-    if (vl > 0 && line[len - 1] == '\r')
-        vl--;
-    return vl == 8 &&
-           (memcmp(line + i, "HTTP/1.1", 8) == 0 || memcmp(line + i, "HTTP/1.0", 8) == 0);
-}
-
-static void handle_request(struct dsec_metrics *s, struct client *c, size_t line_len)
-{
-    char method[17], path[256];
-    if (!parse_request_line(c->req, line_len, method, sizeof method, path, sizeof path)) {
-        respond_text(c, 400, "Bad Request", NULL,
-                     "bad request: expected \"GET /metrics HTTP/1.1\"\n");
-        return;
-    }
-    if (strcmp(path, "/metrics") != 0) {
-        respond_text(c, 404, "Not Found", NULL, "not found: only /metrics is served here\n");
-        return;
-    }
-    bool head = strcmp(method, "HEAD") == 0;
-    if (!head && strcmp(method, "GET") != 0) {
-        respond_text(c, 405, "Method Not Allowed", "Allow: GET, HEAD\r\n",
-                     "method not allowed: /metrics takes GET or HEAD\n");
-        return;
-    }
     dsec_metrics_text t = {0};
     if (s->render(&t, s->ud) < 0 || t.failed) {
         dsec_metrics_text_release(&t);
-        respond_text(c, 500, "Internal Server Error", NULL, "rendering the metrics failed\n");
-        return;
+        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, NULL,
+                            "rendering the metrics failed\n");
     }
-    respond(c, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", NULL, t.data ? t.data : "",
-            t.len, head);
-    dsec_metrics_text_release(&t);
+    if (t.data == NULL)
+        return respond(conn, MHD_HTTP_OK, ctype_metrics, NULL, (char *)"", 0, false);
+    return respond(conn, MHD_HTTP_OK, ctype_metrics, NULL, t.data, t.len, true);
 }
 
-/* Could these bytes begin a request line? (A-Z method, then printable ASCII) */
-static bool plausible_start(const char *b, size_t n)
+/* MHD calls this once the headers are in (*req_cls NULL), then once per piece of body and
+ * once more at its end: *req_cls counts the body read so far, plus one. The query string is
+ * not in url. */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
 {
-    if (n > 0 && !token_char(b[0]))
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)b[i] < 0x20 ? b[i] != '\r' : (unsigned char)b[i] >= 0x7f)
-            return false;
-    return true;
-}
-
-/* Read what is there; answer once the request line is bad or the headers end. */
-static void client_read(struct dsec_metrics *s, struct client *c)
-{
-    for (;;) {
-        if (c->rlen == REQ_MAX) {
-            respond_text(c, 431, "Request Header Fields Too Large", NULL,
-                         "request too large: at most 8192 bytes of request line and headers\n");
-            return;
-        }
-        ssize_t r = recv(c->fd, c->req + c->rlen, REQ_MAX - c->rlen, 0);
-        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            client_close(c);
-            return;
-        }
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return;
-        }
-        size_t from = c->rlen;
-        c->rlen += (size_t)r;
-        char *nl = memchr(c->req, '\n', c->rlen);
-        if (nl == NULL) {
-            if (!plausible_start(c->req, c->rlen)) { /* garbage: say so now, not at the timeout */
-                respond_text(c, 400, "Bad Request", NULL,
-                             "bad request: expected \"GET /metrics HTTP/1.1\"\n");
-                return;
-            }
-            continue;
-        }
-        size_t line_len = (size_t)(nl - c->req);
-        /* a bad request line is answered without waiting for headers that may never come */
-        char method[17], path[256];
-        if (!parse_request_line(c->req, line_len, method, sizeof method, path, sizeof path)) {
-            respond_text(c, 400, "Bad Request", NULL,
-                         "bad request: expected \"GET /metrics HTTP/1.1\"\n");
-            return;
-        }
-        /* the end of the headers: an empty line (CRLF or bare LF) */
-        size_t scan = from > 3 ? from - 3 : 0;
-        for (size_t i = scan; i < c->rlen; i++) {
-            if (c->req[i] != '\n')
-                continue;
-            if ((i >= 1 && c->req[i - 1] == '\n') ||
-                (i >= 2 && c->req[i - 1] == '\r' && c->req[i - 2] == '\n')) {
-                handle_request(s, c, line_len);
-                return;
-            }
-        }
+    struct dsec_metrics *s = cls;
+    (void)version;
+    (void)upload_data;
+    uintptr_t seen = (uintptr_t)*req_cls;
+    if (seen == 0) { /* the headers: wait for the body, if any */
+        *req_cls = (void *)(uintptr_t)1;
+        return MHD_YES;
     }
-}
-
-static void client_write(struct client *c)
-{
-    while (c->opos < c->olen) {
-        ssize_t w = send(c->fd, c->out + c->opos, c->olen - c->opos, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (w <= 0) {
-            client_close(c);
-            return;
-        }
-        c->opos += (size_t)w;
+    if (*upload_data_size > 0) { /* read and ignore it, up to BODY_MAX */
+        seen += *upload_data_size;
+        *upload_data_size = 0;
+        *req_cls = (void *)seen;
+        if (seen <= BODY_MAX)
+            return MHD_YES;
     }
-    shutdown(c->fd, SHUT_WR);
-    c->st = C_DRAIN;
-    uint64_t linger = mono_ms() + LINGER_MS;
-    if (linger < c->deadline_ms)
-        c->deadline_ms = linger;
-}
-
-static void client_drain(struct client *c)
-{
-    char buf[4096];
-    for (;;) {
-        ssize_t r = recv(c->fd, buf, sizeof buf, 0);
-        if (r > 0)
-            continue;
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        client_close(c);
-        return;
-    }
-}
-
-static void accept_all(struct dsec_metrics *s)
-{
-    for (;;) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            return; /* EAGAIN, or out of descriptors: the backlog waits for the next round */
-        }
-        struct client *c = NULL;
-        for (size_t i = 0; i < MAX_CLIENTS && c == NULL; i++)
-            if (s->clients[i].fd < 0)
-                c = &s->clients[i];
-        if (c == NULL) { /* full: the timeouts free slots; say nothing rather than block */
-            close(fd);
-            continue;
-        }
-        c->fd = fd;
-        c->st = C_READ;
-        c->rlen = 0;
-        c->deadline_ms = mono_ms() + s->timeout_ms;
-    }
-}
-
-static void *serve(void *arg)
-{
-    struct dsec_metrics *s = arg;
-    struct pollfd pfd[MAX_CLIENTS + 2];
-    struct client *who[MAX_CLIENTS + 2];
-    for (;;) {
-        size_t n = 0;
-        pfd[n++] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-        uint64_t now = mono_ms(), next = now + 1000;
-        for (size_t i = 0; i < MAX_CLIENTS; i++) {
-            struct client *c = &s->clients[i];
-            if (c->fd < 0)
-                continue;
-            if (c->deadline_ms <= now) { /* slow, idle or half-open: its slot goes to others */
-                client_close(c);
-                continue;
-            }
-            if (c->deadline_ms < next)
-                next = c->deadline_ms;
-            who[n] = c;
-            pfd[n++] = (struct pollfd){.fd = c->fd, .events = c->st == C_WRITE ? POLLOUT : POLLIN};
-        }
-        int rc = poll(pfd, n, (int)(next - now));
-        if (rc < 0 && errno != EINTR)
-            break;
-        if (rc <= 0)
-            continue;
-        if (pfd[0].revents)
-            break;
-        if (pfd[1].revents & POLLIN)
-            accept_all(s);
-        for (size_t i = 2; i < n; i++) {
-            struct client *c = who[i];
-            if (pfd[i].revents == 0 || c->fd != pfd[i].fd)
-                continue;
-            if (c->st == C_READ)
-                client_read(s, c);
-            if (c->fd >= 0 && c->st == C_WRITE)
-                client_write(c); /* most answers fit the socket buffer: no round through poll */
-            else if (c->fd >= 0 && c->st == C_DRAIN)
-                client_drain(c);
-        }
-    }
-    return NULL;
+    if (url[0] != '/')
+        return respond_text(conn, MHD_HTTP_BAD_REQUEST, NULL,
+                            "bad request: expected \"GET /metrics HTTP/1.1\"\n");
+    if (strcmp(url, "/metrics") != 0)
+        return respond_text(conn, MHD_HTTP_NOT_FOUND, NULL,
+                            "not found: only /metrics is served here\n");
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "GET, HEAD",
+                            "method not allowed: /metrics takes GET or HEAD\n");
+    return respond_metrics(s, conn);
 }
 
 /* Split "HOST:PORT", "[V6]:PORT" or ":PORT" into host ("" for any) and port. */
@@ -590,31 +370,29 @@ int dsec_metrics_start(dsec_metrics **out, const dsec_metrics_opts *opts, dsec_e
     if (opts == NULL || opts->render == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "metrics: no render function");
     dsec_metrics *s = dsec_calloc(1, sizeof *s);
-    struct client *cl = dsec_calloc(MAX_CLIENTS, sizeof *cl);
-    if (s == NULL || cl == NULL) {
-        dsec_free(s);
-        dsec_free(cl);
+    if (s == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
-    }
-    s->clients = cl;
-    for (size_t i = 0; i < MAX_CLIENTS; i++)
-        cl[i].fd = -1;
-    s->lfd = s->wake[0] = s->wake[1] = -1;
-    s->timeout_ms = opts->timeout_ms ? opts->timeout_ms : 5000;
+    s->lfd = -1;
     s->render = opts->render;
     s->ud = opts->ud;
     if (open_listener(opts->listen, &s->lfd, &s->port, err) < 0)
         goto out_fail;
-    if (pipe2(s->wake, O_CLOEXEC | O_NONBLOCK) < 0) {
-        dsec_err_set(err, DSEC_E_IO, errno, "metrics: pipe");
+    /* MHD closes a connection after whole seconds without traffic, not at a deadline from
+     * accept: half of timeout_ms (rounded up) closes a silent or half-open client well
+     * within it, as the deadline did */
+    uint32_t ms = opts->timeout_ms ? opts->timeout_ms : 5000;
+    unsigned timeout_s = (unsigned)((ms / 2 + 999) / 1000);
+    s->d =
+        MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, on_request, s,
+                         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->lfd, MHD_OPTION_CONNECTION_LIMIT,
+                         (unsigned)MAX_CLIENTS, MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
+                         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)REQ_MAX, MHD_OPTION_END);
+    if (s->d == NULL) {
+        dsec_err_set(err, DSEC_E_IO, errno, "metrics: starting the HTTP server on %s",
+                     opts->listen);
         goto out_fail;
     }
-    int rc = pthread_create(&s->th, NULL, serve, s);
-    if (rc != 0) {
-        dsec_err_set(err, DSEC_E_IO, rc, "metrics: starting the server thread");
-        goto out_fail;
-    }
-    s->started = true;
+    s->lfd = -1; /* the daemon's now: MHD_stop_daemon closes it */
     *out = s;
     return 0;
 out_fail:
@@ -631,21 +409,9 @@ void dsec_metrics_stop(dsec_metrics *m)
 {
     if (m == NULL)
         return;
-    if (m->started) {
-        ssize_t w;
-        do
-            w = write(m->wake[1], "x", 1);
-        while (w < 0 && errno == EINTR);
-        pthread_join(m->th, NULL);
-    }
-    for (size_t i = 0; i < MAX_CLIENTS; i++)
-        client_close(&m->clients[i]);
+    if (m->d != NULL)
+        MHD_stop_daemon(m->d); /* joins its thread, closes every connection and the listener */
     if (m->lfd >= 0)
         close(m->lfd);
-    if (m->wake[0] >= 0)
-        close(m->wake[0]);
-    if (m->wake[1] >= 0)
-        close(m->wake[1]);
-    dsec_free(m->clients);
     dsec_free(m);
 }

@@ -56,20 +56,22 @@ void dsec_metrics_hist_samples(dsec_metrics_text *t, const char *name, const cha
                                size_t nlabels, const dsec_metrics_hist_snap *h);
 
 /* ---- the server --------------------------------------------------------------------------
- * One thread polls a listening socket and its clients, all non-blocking: a
- * request larger than 8 KiB is answered 431, a client that has not sent its
- * request or taken its answer within timeout_ms is closed, and at most 64
- * clients are served at once (more are closed at accept). It calls render
+ * libmicrohttpd on one thread of its own polls a listening socket and its
+ * clients, all non-blocking: request headers beyond about 8 KiB are answered
+ * 431, a client silent (sending nothing, or taking none of its answer) for
+ * half of timeout_ms, rounded up to whole seconds, is closed, and at most 64
+ * clients are served at once (more wait to be accepted). It calls render
  * for every GET /metrics (on its own thread); render reads the actors'
  * counters and must take no lock for long. Every answer closes its
  * connection. Other paths answer 404, other methods 405, malformed requests
- * 400. */
+ * 400 (or what libmicrohttpd answers: 505 for another HTTP version, a close
+ * for a request line it cannot split). */
 typedef int (*dsec_metrics_render_fn)(dsec_metrics_text *t, void *ud);
 
 typedef struct dsec_metrics_opts {
     const char *listen;  /* "HOST:PORT", "[V6]:PORT" or ":PORT" (every address); port 0
                             picks a free one (dsec_metrics_port tells which) */
-    uint32_t timeout_ms; /* per client, from accept to the last byte sent; 0: 5000 */
+    uint32_t timeout_ms; /* per client: twice the silence allowed (see above); 0: 5000 */
     dsec_metrics_render_fn render;
     void *ud; /* handed to render; must outlive the server */
 } dsec_metrics_opts;

@@ -4,7 +4,7 @@ set -eu
 
 PKGS="build-essential cmake pkg-config git python3 python3-venv \
 nats-server libnats-dev libmsgpack-dev libprotobuf-c-dev protobuf-c-compiler \
-libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev libcrypt-dev openssl \
+libjemalloc-dev libcmocka-dev uuid-dev libyaml-dev libmicrohttpd-dev libcrypt-dev openssl \
 clang libclang-rt-14-dev libtsan2 \
 libseccomp-dev libpython3-dev gnuplot-nox libarchive-dev libzstd-dev \
 crun runc btrfs-progs erofs-utils busybox-static debootstrap tar \
