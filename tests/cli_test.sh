@@ -220,9 +220,20 @@ for i in $(seq 1 100); do
     grep -q "active for cell" "$TMP/dsecd.log" 2>/dev/null && break
     sleep 0.1
 done
+# rotation by rename: SIGHUP reopens PATH, the old file keeps what it had, dsecd runs on
+mv "$TMP/dsecd.log" "$TMP/dsecd.log.1"
+kill -HUP "$LOGD"
+for i in $(seq 1 100); do
+    grep -q "SIGHUP: reopened" "$TMP/dsecd.log" 2>/dev/null && break
+    sleep 0.1
+done
+kill -0 "$LOGD" 2>/dev/null || fail "dsecd ended on SIGHUP: $(cat "$TMP/logd.err")"
+grep -Eq 'Z info dsecd: SIGHUP: reopened .*/dsecd.log$' "$TMP/dsecd.log" ||
+    fail "dsecd SIGHUP: no reopened line in the new file: $(cat "$TMP/dsecd.log" "$TMP/logd.err" 2>&1)"
+grep -q "SIGHUP" "$TMP/dsecd.log.1" && fail "dsecd SIGHUP: the line went to the renamed file"
 kill "$LOGD"; wait "$LOGD" 2>/dev/null || true
-grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z info dsec-arbiter .*: active for cell cli-log-' "$TMP/dsecd.log" ||
-    fail "dsecd --log-file: $(cat "$TMP/dsecd.log" "$TMP/logd.err")"
+grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z info dsec-arbiter .*: active for cell cli-log-' "$TMP/dsecd.log.1" ||
+    fail "dsecd --log-file: $(cat "$TMP/dsecd.log.1" "$TMP/logd.err")"
 grep -q "active for cell" "$TMP/logd.err" && fail "dsecd --log-file: the line went to stderr too"
 "$DSECD" --config "$TMP/logd.yaml" --roles arbiter --log-file "$TMP/dsecd-warn.log" --log-level warn 2> /dev/null &
 LOGD=$!

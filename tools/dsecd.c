@@ -1,7 +1,10 @@
 /* dsecd.c - the dsec daemon: runs any set of a cell's actors from a config file. */
+#define _GNU_SOURCE /* dup3 */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -31,6 +34,37 @@ static void log_to_file(dsec_log_level level, const char *msg, void *ud)
                      ts.tv_nsec / 1000000, dsec_log_level_name(level), msg);
     if (n > 0)
         (void)dsec_write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* Until SIGINT or SIGTERM. SIGHUP reopens --log-file, for rotation by rename (logrotate
+ * without copytruncate): the new file takes the old one's descriptor (dup3), so each line
+ * goes whole to one file or the other. The signals are blocked in every thread. */
+static void run_until_stopped(const char *log_file, int log_fd)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0 || sig != SIGHUP)
+            return;
+        if (log_file == NULL) {
+            dsec_log_info("dsecd: SIGHUP: no --log-file to reopen");
+            continue;
+        }
+        int fd = open(log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+        if (fd < 0 || dup3(fd, log_fd, O_CLOEXEC) < 0) {
+            dsec_log_error("dsecd: SIGHUP: reopening %s: %s; still writing to the file it had",
+                           log_file, strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            continue;
+        }
+        close(fd);
+        dsec_log_info("dsecd: SIGHUP: reopened %s", log_file);
+    }
 }
 
 /* dsecd --config FILE --roles scheduler,node */
@@ -105,6 +139,10 @@ int main(int argc, char **argv)
         return 2;
     }
     dsec_cli_block_signals();
+    sigset_t hup;
+    sigemptyset(&hup);
+    sigaddset(&hup, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &hup, NULL); /* run_until_stopped takes it */
     dsec_cell *cell;
     if (dsec_cell_start(&cell, &conf, roles, &err) < 0) {
         fprintf(stderr, "dsecd: %s\n", err.msg);
@@ -117,7 +155,7 @@ int main(int argc, char **argv)
     if (dsec_cell_metrics_port(cell) != 0)
         fprintf(stderr, "dsecd: metrics on %s (port %u): GET /metrics\n", conf.metrics_listen,
                 dsec_cell_metrics_port(cell));
-    dsec_cli_wait_for_signal();
+    run_until_stopped(log_file, log_fd);
     dsec_cell_stop(cell, false);
     dsec_cell_conf_release(&conf);
     return 0;
