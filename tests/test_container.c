@@ -506,6 +506,12 @@ static void assert_parent_weighed(void)
         assert_int_equal(atoi(slurp("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares")), 256);
     else
         assert_int_equal(atoi(slurp("/sys/fs/cgroup/dsec-ct-" NODE "/cpu.weight")), 25);
+    /* on v1, an empty cgroup kept frozen beside the sandboxes, so that freezing and thawing
+     * one does not patch kernel text (container-runtime.c) */
+    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
+        assert_string_equal(
+            slurp("/sys/fs/cgroup/freezer/dsec-ct-" NODE "/dsec-freeze-pin/freezer.state"),
+            "FROZEN\n");
 }
 
 static void test_limits(void **state)

@@ -367,7 +367,9 @@ int dsec__ct_cg_limits(const struct ct_backend *be, const char *id, uint64_t mem
  * old root. Every process of the container (the agent) then has root_fd's tree as its root. */
 int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t init, int root_fd,
                             const char *hostname, bool resolv, dsec_err *err);
-/* Remove the instance's cgroup parent directories (when empty). */
+/* On cgroup v1, keep an empty cgroup frozen beside the sandboxes (see its definition). */
+void dsec__ct_cg_pin_freezer(const struct ct_backend *be);
+/* Remove the instance's cgroup parent directories (when empty), the frozen one first. */
 void dsec__ct_cg_cleanup(const struct ct_backend *be);
 /* The node's containers share one parent cgroup whose CPU weight is a quarter of the
  * default (v1 cpu.shares 256 of 1024, v2 cpu.weight 25 of 100): when the sandboxes keep

@@ -413,6 +413,7 @@ static int ct_init(void **self, const dsec_backend_config *cfg, dsec_err *err)
     dsec_err werr;
     if (dsec__ct_cg_weigh(be, &werr) < 0) /* the sandboxes then weigh as much as the node */
         dsec_log_warn("dsec container: %s; sandboxes keep the default CPU weight", werr.msg);
+    dsec__ct_cg_pin_freezer(be);
     /* An instance refused before this point (a bad option) leaves the parent cgroup alone:
      * another instance for the same node may be using it, and a parent removed under it
      * would come back at the default weight. */
