@@ -197,20 +197,6 @@ static bool resend_overloaded(sim_replay *r, struct sim_req *q, const void *data
     return true;
 }
 
-/* The sandbox of trace op ix, if it is one of this replay's. */
-static struct sim_sbx *sbx_of_op(sim_replay *r, long ix)
-{
-    const sim_op *o = &r->t->ops[ix];
-    return o->kind == SIM_OP_SBX && o->create_ix >= 0 ? &r->sbx[o->create_ix] : NULL;
-}
-
-static void sbx_op_done(sim_replay *r, long ix)
-{
-    struct sim_sbx *s = sbx_of_op(r, ix);
-    if (s)
-        atomic_fetch_sub(&s->ops_in_flight, 1);
-}
-
 /* ---- answers ------------------------------------------------------------------------- */
 void sim_replay_answer(void *req, int status, const char *type, const char *err_code,
                        const void *data, size_t len, const dsec_err *err)
@@ -219,8 +205,6 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     sim_replay *r = q->r;
     double now = sim_now();
     atomic_fetch_sub(&r->in_flight, 1);
-    if (q->what == SIM_REQ_OP)
-        sbx_op_done(r, q->ix);
     char kind[80];
     if (q->what == SIM_REQ_CREATE && status == 0 && type && strcmp(type, "error") == 0 &&
         resend_overloaded(r, q, data, len, now))
@@ -407,14 +391,9 @@ static int send(sim_replay *r, int what, long ix, const char *subject, const dse
         timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
     }
     atomic_fetch_add(&r->in_flight, 1);
-    struct sim_sbx *owner = what == SIM_REQ_OP ? sbx_of_op(r, ix) : NULL;
-    if (owner)
-        atomic_fetch_add(&owner->ops_in_flight, 1);
     rc = r->sink.request(r->sink.ctx, subject, h, data, len, timeout_ms, q, &err);
     if (rc < 0) {
         atomic_fetch_sub(&r->in_flight, 1);
-        if (owner)
-            atomic_fetch_sub(&owner->ops_in_flight, 1);
         if (what == SIM_REQ_CREATE)
             atomic_store(&r->sbx[ix].state, SIM_SBX_FAILED);
         sim_replay_error(r, dsec_code_name(err.code), due);
@@ -458,16 +437,9 @@ static void send_create(sim_replay *r, long ix, double due, bool resend)
     send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due, resend);
 }
 
-/* The end of a sandbox's lifetime. While an operation of it is unanswered or still waits to be
- * sent, the destroy waits for it (checked again every millisecond). */
 static void send_destroy(sim_replay *r, long ix, double due)
 {
     struct sim_sbx *s = &r->sbx[ix];
-    if (atomic_load(&s->state) == SIM_SBX_LIVE &&
-        (atomic_load(&s->ops_in_flight) > 0 || s->ndeferred > 0)) {
-        heap_push(r, sim_now() + 0.001, ix);
-        return;
-    }
     if (atomic_exchange(&s->state, SIM_SBX_GONE) != SIM_SBX_LIVE)
         return;
     const sim_op *o = &r->t->ops[ix];
@@ -500,11 +472,7 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
     const sim_op *o = &r->t->ops[ix];
     struct sim_sbx *s = o->create_ix >= 0 ? &r->sbx[o->create_ix] : NULL;
     int st = s ? atomic_load_explicit(&s->state, memory_order_acquire) : SIM_SBX_FAILED;
-    /* it waits for the create's answer, behind the sandbox's earlier waiting operations, and
-     * a destroy for the operations in flight (struct sim_sbx) */
-    if (s && r->reqs[o->create_ix].r &&
-        (st == SIM_SBX_NONE || (!queued && s->ndeferred > 0) ||
-         (o->destroys && st == SIM_SBX_LIVE && atomic_load(&s->ops_in_flight) > 0))) {
+    if (s && (st == SIM_SBX_NONE || (!queued && s->ndeferred > 0)) && r->reqs[o->create_ix].r) {
         if (!queued) {
             s->ndeferred++;
             atomic_fetch_add(&r->waited, 1);
@@ -692,20 +660,13 @@ static void drain(sim_replay *r)
         usleep(1000);
     }
     if (r->o.destroy_at_end) {
-        /* every sandbox still live, now, each once its operations are answered */
         double nt;
-        while (heap_pop_due(r, INFINITY, &nt) >= 0)
-            ;
+        long ix;
+        while ((ix = heap_pop_due(r, INFINITY, &nt)) >= 0)
+            send_destroy(r, ix, sim_now());
         for (size_t k = 0; k < t->n; k++)
-            if (t->ops[k].kind == SIM_OP_CREATE && atomic_load(&r->sbx[k].state) == SIM_SBX_LIVE)
-                heap_push(r, sim_now(), (long)k);
-        for (nt = 0; nt < INFINITY && sim_now() < until + r->o.drain_s && !atomic_load(&r->stop);) {
-            long ix;
-            while ((ix = heap_pop_due(r, sim_now(), &nt)) >= 0)
-                send_destroy(r, ix, sim_now());
-            if (nt < INFINITY)
-                usleep(1000);
-        }
+            if (t->ops[k].kind == SIM_OP_CREATE)
+                send_destroy(r, (long)k, sim_now());
         while (atomic_load(&r->in_flight) > 0 && sim_now() < until + r->o.drain_s &&
                !atomic_load(&r->stop))
             usleep(1000);

@@ -31,11 +31,6 @@ struct sim_sbx {
     char node[72];
     struct sim_req destroy_req;
     uint32_t ndeferred; /* its operations waiting for the create's answer (main thread) */
-    /* its operations sent and not yet answered: its destroy waits for them, as the trainer
-     * that recorded them waited for a step's answer before ending its sandbox, so that a
-     * replay running late never sends the destroy beside an earlier operation (the node
-     * may take the two in either order) */
-    _Atomic uint32_t ops_in_flight;
 };
 
 struct sim_timer {
