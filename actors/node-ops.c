@@ -63,8 +63,8 @@ static struct sbx *target_sbx(dsec_node *n, dsec_msg *m, const struct target *t)
             uint64_t now = dsec_wall_ns();
             ago_s = now > g->at_ns ? (now - g->at_ns) / 1000000000ull : 0;
         }
-    } else if (s->state == ST_STOPPING && s->reap != REAP_NONE) {
-        snprintf(why, sizeof why, "%s", reap_text(s->reap));
+    } else if (s->state == ST_STOPPING && strcmp(s->tenant, t->tenant) == 0) {
+        snprintf(why, sizeof why, "%s", reap_text(s->reap)); /* being destroyed */
     }
     pthread_mutex_unlock(&n->mu);
     if (s == NULL || s->state == ST_GONE || s->state == ST_STOPPING) {
