@@ -275,23 +275,38 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     return 0;
 }
 
-/* What spawn's child does. */
-struct spawn_args {
-    const char *const *argv;
-    int exe_fd, fd3, outfd, root_fd;
-    bool hybrid;
-    const char *root_at;
-};
-
-/* The child: it shares the node's memory and runs on a stack of its own while the thread that
- * started it waits (CLONE_VM | CLONE_VFORK), so it allocates nothing, touches no memory but its
- * own stack and makes only system calls until its exec. It starts with every signal blocked
- * and sets the disposition of the caught ones back to the default before unblocking, so no
- * handler of the node ever runs in it. Not instrumented by ASan: it would see the stack
- * switch and warn at _exit. */
-__attribute__((no_sanitize_address)) static int spawn_child(void *p)
+/* A child that shares the node's memory and runs fn(arg) on a stack of its own while the
+ * calling thread waits (CLONE_VM | CLONE_VFORK), until it execs or exits: no page tables
+ * copied, no page left write-protected behind it (see spawn). fn allocates nothing, touches
+ * no memory but its own stack and arg, and makes only system calls; it starts with every
+ * signal blocked and calls child_default_signals before it unblocks any, so no handler of
+ * the node runs in it. Returns the child's pid, or -1 with errno set. */
+static pid_t clone_vfork(int (*fn)(void *), void *arg, size_t stack_len)
 {
-    const struct spawn_args *a = p;
+    void *stack = mmap(NULL, stack_len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED)
+        return -1;
+        /* The sanitizer build: the mapping may reuse a finished thread's stack whose shadow
+         * still marks redzones, and the child runs the sanitizer's interceptors on it. */
+#ifdef __SANITIZE_ADDRESS__
+    __asan_unpoison_memory_region(stack, stack_len);
+#endif
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = clone(fn, (char *)stack + stack_len, CLONE_VM | CLONE_VFORK | SIGCHLD, arg);
+    int e = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    munmap(stack, stack_len); /* the child has exec'd or exited */
+    errno = e;
+    return pid;
+}
+
+/* In a clone_vfork child: every caught signal back to its default (the child has its own copy
+ * of the dispositions), so unblocking signals cannot run a handler of the node. */
+__attribute__((no_sanitize_address)) static void child_default_signals(void)
+{
     for (int sig = 1; sig < NSIG; sig++) {
         struct sigaction sa;
         if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL &&
@@ -301,6 +316,22 @@ __attribute__((no_sanitize_address)) static int spawn_child(void *p)
             sigaction(sig, &sa, NULL);
         }
     }
+}
+
+/* What spawn's child does. */
+struct spawn_args {
+    const char *const *argv;
+    int exe_fd, fd3, outfd, root_fd;
+    bool hybrid;
+    const char *root_at;
+};
+
+/* spawn's child, a clone_vfork child until its exec. Not instrumented by ASan: it would see
+ * the stack switch and warn at _exit. */
+__attribute__((no_sanitize_address)) static int spawn_child(void *p)
+{
+    const struct spawn_args *a = p;
+    child_default_signals();
     if (a->hybrid || a->root_fd >= 0) {
         /* without CLONE_FS the child has its own fs_struct, so unshare works here where it
          * would fail in the threaded parent */
@@ -378,20 +409,7 @@ static pid_t spawn(const char *const *argv, int exe_fd, bool hybrid, int fd3, in
         spawn_child(&a);
     return pid;
 #else
-    void *stack = mmap(NULL, SPAWN_STACK, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
-        return -1;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid =
-        clone(spawn_child, (char *)stack + SPAWN_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
-    int e = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    munmap(stack, SPAWN_STACK); /* the child has exec'd or exited: CLONE_VFORK */
-    errno = e;
-    return pid;
+    return clone_vfork(spawn_child, &a, SPAWN_STACK);
 #endif
 }
 
@@ -1072,9 +1090,9 @@ struct switch_args {
     size_t hl;
 };
 
-/* The helper: a thread-like child sharing the node's memory (no page tables copied, nothing
- * to tear down at exit) but with its own fs_struct, which setns into a mount namespace needs.
- * Only system calls here: the node's other threads go on meanwhile. */
+/* The helper, a clone_vfork child: it shares the node's memory (no page tables copied,
+ * nothing to tear down at exit) but has its own fs_struct, which setns into a mount namespace
+ * needs. Only system calls here, with every signal blocked until it exits. */
 static int switch_child(void *arg)
 {
     const struct switch_args *a = arg;
@@ -1118,12 +1136,7 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
     dsec__ct_fmt(p, sizeof p, "/proc/%d/ns/uts", (int)init);
     int uts = open(p, O_RDONLY | O_CLOEXEC);
     int pfd[2] = {-1, -1};
-    enum { STACK = 64 << 10 };
-    void *stack = MAP_FAILED;
-    if (mnt >= 0 && uts >= 0 && pipe2(pfd, O_CLOEXEC) == 0)
-        stack = mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
-                     -1, 0);
-    if (stack == MAP_FAILED) {
+    if (mnt < 0 || uts < 0 || pipe2(pfd, O_CLOEXEC) < 0) {
         int e = errno;
         if (mnt >= 0)
             close(mnt);
@@ -1137,11 +1150,6 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             "container: the namespaces of warm container %s (init %d)", id,
                             (int)init);
     }
-    /* The sanitizer build: the mapping may reuse a finished thread's stack whose shadow
-     * still marks redzones, and the child runs the sanitizer's interceptors on it. */
-#ifdef __SANITIZE_ADDRESS__
-    __asan_unpoison_memory_region(stack, STACK);
-#endif
     struct switch_args a = {.mnt = mnt,
                             .uts = uts,
                             .root_fd = root_fd,
@@ -1149,10 +1157,9 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             .resolv = resolv,
                             .hostname = hostname,
                             .hl = strlen(hostname)};
-    /* CLONE_VFORK: this thread waits until the child has exited */
-    pid_t pid = clone(switch_child, (char *)stack + STACK, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
+    /* this thread waits until the child has exited */
+    pid_t pid = clone_vfork(switch_child, &a, 64 << 10);
     int e = errno;
-    munmap(stack, STACK);
     close(pfd[1]);
     close(mnt);
     close(uts);
