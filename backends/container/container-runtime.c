@@ -287,9 +287,9 @@ static pid_t clone_vfork(int (*fn)(void *), void *arg, size_t stack_len)
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED)
         return -1;
-        /* The sanitizer build: the mapping may reuse a finished thread's stack whose shadow
-         * still marks redzones, and the child runs the sanitizer's interceptors on it. */
 #ifdef __SANITIZE_ADDRESS__
+    /* the mapping may reuse a finished thread's stack whose shadow still marks redzones, and
+     * the child runs the sanitizer's interceptors on it */
     __asan_unpoison_memory_region(stack, stack_len);
 #endif
     sigset_t all, old;
