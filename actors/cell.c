@@ -199,6 +199,24 @@ static const struct field sched_fields[] = {
     {"dsec_scheduler_parked", "gauge",
      "Rollout creates parked for room now (as dsec_scheduler_waiting).",
      offsetof(dsec_sched_stats, waiting), 1},
+    {"dsec_scheduler_shed_late_total", "counter",
+     "Of those, creates shed by the limit of admission by delay (scheduler.admit_delay_ms).",
+     offsetof(dsec_sched_stats, shed_late), 1},
+    {"dsec_scheduler_admit_limit", "gauge",
+     "Creates per second the replica lets in now, from its placements' delay; 0: no limit.",
+     offsetof(dsec_sched_stats, admit_limit), 1},
+    {"dsec_scheduler_place_delay_seconds", "gauge",
+     "The worst delay of the replica's placements to their nodes in its last window (node echoes).",
+     offsetof(dsec_sched_stats, place_delay_us), 1e-6},
+    {"dsec_scheduler_late_placements_total", "counter",
+     "Placements that reached their node later than scheduler.admit_delay_ms.",
+     offsetof(dsec_sched_stats, late_placements), 1},
+    {"dsec_scheduler_placements_taken_per_second", "gauge",
+     "Placements of the replica its nodes take per second, as their echoes count.",
+     offsetof(dsec_sched_stats, taken_per_s), 1},
+    {"dsec_scheduler_admit_cuts_total", "counter",
+     "Times the replica set or lowered its admission limit.",
+     offsetof(dsec_sched_stats, admit_cuts), 1},
     {"dsec_scheduler_held", "gauge",
      "Work the replica holds now: creates being admitted, unconfirmed placements, parked rollouts.",
      offsetof(dsec_sched_stats, held), 1},
@@ -502,7 +520,7 @@ static bool js_retry(const char *cell, const char *what, const dsec_err *e, int 
 
 /* The bus the cell's actors share (on the cell's own NATS server when it runs one), its
  * tickers, the type registry and the tracer. */
-static int start_bus(dsec_cell *c, const dsec_cell_conf *conf, dsec_err *err)
+static int start_bus(dsec_cell *c, const dsec_cell_conf *conf, int roles, dsec_err *err)
 {
     char dir[1100];
     if (conf->embedded_nats) {
@@ -515,8 +533,17 @@ static int start_bus(dsec_cell *c, const dsec_cell_conf *conf, dsec_err *err)
             return -1;
         snprintf(c->conf.url, sizeof c->conf.url, "%s", dsec_natsd_url(c->natsd));
     }
+    /* The connection's name, as `nats server report connections` and /connz show it: the
+     * cell and the roles this process hosts (dsecd-<cell>-scheduler+node). */
+    static const char *const role_names[] = {"scheduler", "node", "arbiter", "quota"};
     char cname[128];
-    snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
+    int cl = snprintf(cname, sizeof cname, "dsecd-%s", conf->cell);
+    for (int i = 0, first = 1; i < 4 && cl > 0 && (size_t)cl < sizeof cname; i++)
+        if (roles & (1 << i)) {
+            cl += snprintf(cname + cl, sizeof cname - (size_t)cl, "%s%s", first ? "-" : "+",
+                           role_names[i]);
+            first = 0;
+        }
     /* Sandbox operations never run on the bus's workers (the node hands them to its loop
      * or its work queue), so a cell with real backends needs no more workers than a sim
      * one. */
@@ -713,7 +740,8 @@ static int start_scheds(dsec_cell *c, const dsec_cell_conf *conf, dsec_err *err)
                               .quota = conf->quota,
                               .admit_max = conf->admit_max,
                               .park_max = conf->park_max,
-                              .shed_after_ms = conf->shed_after_ms};
+                              .shed_after_ms = conf->shed_after_ms,
+                              .admit_delay_ms = conf->admit_delay_ms};
         if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
             return -1;
         c->nscheds++;
@@ -772,7 +800,7 @@ int dsec_cell_start(dsec_cell **out, const dsec_cell_conf *conf, int roles, dsec
     c->conf.nnodes = 0;
     if (mkdir_p(conf->state_dir, err) < 0)
         goto out_fail;
-    if (start_bus(c, conf, err) < 0)
+    if (start_bus(c, conf, roles, err) < 0)
         goto out_fail;
     if ((roles & DSEC_ROLE_NODE) && conf->jetstream)
         open_traj(c, conf);

@@ -78,6 +78,8 @@ typedef struct dsec_cell_conf {
     uint32_t park_max;         /* scheduler.park_max: rollouts parked per replica; 0: 1024 */
     uint32_t shed_after_ms;    /* scheduler.shed_after_ms: a create's longest wait in a replica's
                                   mailbox before it is answered "overloaded"; 0: never */
+    uint32_t admit_delay_ms;   /* scheduler.admit_delay_ms: placements later than this to their
+                                  nodes lower the rate a replica lets creates in; 0: never */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
     unsigned arbiter_replicas;  /* JetStream replicas of the arbiter's buckets; 0: 1 */
     bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */

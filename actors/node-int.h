@@ -141,6 +141,9 @@ struct event {
     char trace_id[DSEC_TRACE_ID_MAX + 1]; /* the request that caused it; "" if none */
 };
 
+/* Scheduler replicas a node hands placement stamps back to (a cell runs a few). */
+#define NODE_ECHO_MAX 8
+
 struct dsec_node {
     dsec_bus *bus;
     dsec_ticker *ticker;
@@ -182,6 +185,13 @@ struct dsec_node {
     bool dirty;
     uint64_t seq;
     uint64_t last_full_ns;
+    /* Per scheduler replica, the newest stamped placement taken since the last capacity
+     * report (place.sent_us), handed back in that report (capacity.echo) and then cleared. */
+    struct place_echo {
+        char scheduler[DSEC_NAME_LEN_MAX * 2 + 2];
+        uint64_t sent_us, at_ns; /* at_ns 0: nothing to hand back */
+        uint64_t taken;          /* stamped placements taken since the last report */
+    } echo[NODE_ECHO_MAX];
     struct event *events;
     size_t nevents, cap_events;
     struct sbx *dropped; /* records replayed but not re-adopted (start only) */

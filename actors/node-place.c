@@ -341,6 +341,38 @@ static void place_create(dsec_node *n, dsec_actor *a, dsec_msg *m, const dsec_ms
     create_finish(n, s, p, t0);
 }
 
+/* Keep p's stamp to hand back to its scheduler in the next capacity report: how far behind
+ * this node takes that replica's placements, on the replica's own clock. A full table (more
+ * replicas than NODE_ECHO_MAX) gives the slot whose stamp waited longest. */
+static void echo_place(dsec_node *n, const dsec_msg_place *p)
+{
+    if (p->sent_us == 0 || p->scheduler == NULL ||
+        strlen(p->scheduler) >= sizeof n->echo[0].scheduler)
+        return;
+    uint64_t now = dsec_now_ns();
+    pthread_mutex_lock(&n->mu);
+    struct place_echo *e = NULL, *oldest = &n->echo[0];
+    for (int i = 0; i < NODE_ECHO_MAX && e == NULL; i++) {
+        if (n->echo[i].scheduler[0] == '\0' || strcmp(n->echo[i].scheduler, p->scheduler) == 0)
+            e = &n->echo[i];
+        else if (n->echo[i].at_ns < oldest->at_ns)
+            oldest = &n->echo[i];
+    }
+    if (e == NULL)
+        e = oldest;
+    if (strcmp(e->scheduler, p->scheduler) != 0) { /* a new replica, or a slot taken over */
+        snprintf(e->scheduler, sizeof e->scheduler, "%s", p->scheduler);
+        e->at_ns = e->taken = 0;
+    }
+    e->taken++;
+    if (p->sent_us >= e->sent_us || e->at_ns == 0) { /* the newest, not one overtaken */
+        e->sent_us = p->sent_us;
+        e->at_ns = now;
+    }
+    n->dirty = true;
+    pthread_mutex_unlock(&n->mu);
+}
+
 void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
 {
     dsec_node *n = ud;
@@ -354,6 +386,7 @@ void dsec__node_on_place(dsec_actor *a, dsec_msg *m, void *ud)
         dsec_wire_error(a, m, &err);
         return;
     }
+    echo_place(n, &p);
     struct place_want w;
     if (!place_validate(n, a, m, &p, &w))
         return;
@@ -384,6 +417,7 @@ void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, vo
         dsec_wire_error(a, m, &err);
         return;
     }
+    echo_place(n, &p);
     atomic_fetch_add(&n->shed_places, 1);
     uint64_t waited_ms = waited_ns / 1000000u;
     /* what this node's backlog took to reach it: about what a retry would meet now */

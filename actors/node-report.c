@@ -81,6 +81,22 @@ static void publish_capacity(dsec_node *n, bool full, uint64_t now, const struct
                            .ts_ns = dsec_wall_ns()};
     n->dirty = false;
     c.conn = n->conn_base + dsec_bus_reconnects(n->bus);
+    /* each stamp is handed back once: a scheduler counts every echo as a fresh sample */
+    dsec_msg_place_echo echo[NODE_ECHO_MAX];
+    char echo_name[NODE_ECHO_MAX][sizeof n->echo[0].scheduler];
+    uint32_t necho = 0;
+    uint64_t mono = dsec_now_ns();
+    for (int i = 0; i < NODE_ECHO_MAX; i++)
+        if (n->echo[i].at_ns != 0) {
+            uint32_t k = necho++;
+            memcpy(echo_name[k], n->echo[i].scheduler, sizeof echo_name[k]);
+            echo[k] = (dsec_msg_place_echo){.scheduler = echo_name[k],
+                                            .sent_us = n->echo[i].sent_us,
+                                            .age_us = (mono - n->echo[i].at_ns) / 1000,
+                                            .taken = n->echo[i].taken};
+            n->echo[i].at_ns = n->echo[i].taken = 0;
+        }
+    c.echo = (dsec_list){echo, necho};
     uint64_t by_type[DSEC_REGISTRY_MAX];
     memcpy(by_type, n->live_by_type, sizeof by_type);
     pthread_mutex_unlock(&n->mu);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "actors/admit.h"
 #include "actors/lost.h"
 #include "actors/placement.h"
 #include "actors/wire.h"
@@ -74,6 +75,8 @@ struct dsec_sched {
     _Atomic uint64_t held_seen;                /* what it held at the last create's admission */
     uint64_t drain_last_placed, drain_last_ms; /* tick_wait's alone */
     dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
+    dsec_admit *admit;           /* admission by delay (admit.h) */
+    _Atomic uint64_t n_shed_late;
 };
 
 static __thread uint64_t rng_state;
@@ -209,15 +212,15 @@ static unsigned retry_after_ms(dsec_sched *s, uint64_t held)
  * arrival: its req_id may name an earlier attempt's admission). */
 static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
                  bool admitted, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void shed_v(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, unsigned retry_ms,
+                   bool admitted, const char *fmt, va_list ap)
+    __attribute__((format(printf, 6, 0)));
 
-static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
-                 bool admitted, const char *fmt, ...)
+static void shed_v(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, unsigned retry_ms,
+                   bool admitted, const char *fmt, va_list ap)
 {
-    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_after_ms(s, held)};
-    va_list ap;
-    va_start(ap, fmt);
+    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_ms};
     int n = vsnprintf(e.msg, sizeof e.msg, fmt, ap);
-    va_end(ap);
     if (n >= 0 && (size_t)n < sizeof e.msg)
         snprintf(e.msg + n, sizeof e.msg - (size_t)n, "; retry after %u ms (same req_id)",
                  e.retry_after_ms);
@@ -226,6 +229,41 @@ static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, 
     dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, c->req_id);
     if (admitted)
         quota_release(s, c);
+}
+
+static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
+                 bool admitted, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    shed_v(s, reply_to, c, retry_after_ms(s, held), admitted, fmt, ap);
+    va_end(ap);
+}
+
+/* The same for a create not admitted yet, told to wait retry_ms. */
+static void shed_args(dsec_sched *s, const char *reply_to, const dsec_msg_create *c,
+                      unsigned retry_ms, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void shed_args(dsec_sched *s, const char *reply_to, const dsec_msg_create *c,
+                      unsigned retry_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    shed_v(s, reply_to, c, retry_ms, false, fmt, ap);
+    va_end(ap);
+}
+
+/* A create that the limit of admission by delay does not let in now (admit.h). */
+static void shed_late(dsec_sched *s, const char *reply_to, const dsec_msg_create *c)
+{
+    dsec_admit_stats as;
+    dsec_admit_stats_get(s->admit, &as);
+    atomic_fetch_add(&s->n_shed_late, 1);
+    shed_args(s, reply_to, c, as.retry_after_ms,
+              "scheduler %s of cell %s: its placements reach their nodes up to %" PRIu64
+              " ms late (scheduler.admit_delay_ms %u), so it lets in %" PRIu64 " creates/s",
+              s->name, s->cell, as.delay_us / 1000, s->conf.admit_delay_ms, as.limit_per_s);
 }
 
 /* A create that waited in the replica's mailbox longer than
@@ -358,6 +396,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     p->short_of = NULL;
     p->reservation = res.reservation;
     p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
+    p->sent_us = dsec_admit_stamp(); /* its node hands it back: how late placements arrive */
     char subj[128];
     snprintf(subj, sizeof subj, DSEC_SUBJ_PLACE, res.node);
     if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
@@ -735,6 +774,13 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
         atomic_fetch_add(&s->n_failed, 1);
         return;
     }
+    /* Admission by delay first: a create shed here costs no decode and no look at the view,
+     * which matters most exactly when the replica sheds many. */
+    if (!dsec_admit_take(s->admit, t0 / 1000)) {
+        dsec_msg_create shed_c = {.req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
+        shed_late(s, reply_to, &shed_c);
+        return;
+    }
     char buf[256];
     const char *tok[8];
     int nt = dsec_wire_tokens(dsec_msg_subject(m), buf, sizeof buf, tok, 8);
@@ -889,6 +935,13 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
                           .nlabels = c.labels.n,
                           .layers = c.layers.v,
                           .nlayers = c.layers.n};
+    /* the report's wait in this replica's own mailbox is not the node's delay: it is read
+     * as of the report's arrival */
+    const dsec_msg_place_echo *echo = c.echo.items;
+    uint64_t arrived_us = dsec_admit_stamp() - dsec_actor_msg_waited_ns() / 1000;
+    for (uint32_t i = 0; i < c.echo.n; i++)
+        if (strcmp(echo[i].scheduler, s->name) == 0)
+            dsec_admit_echo(s->admit, echo[i].sent_us, echo[i].age_us, echo[i].taken, arrived_us);
     dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, c.conn, now_ms());
     if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
         dsec_actor_count_error(s->events);
@@ -1254,6 +1307,10 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
                                 .probation_ms = s->conf.probation_ms,
                                 .locality_weight = -1};
     char subj[256], queue[128];
+    if ((s->admit = dsec_admit_new(s->conf.admit_delay_ms)) == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
+        goto out_fail;
+    }
     if (dsec_placement_new(&s->view, reg, &pc, err) < 0 ||
         dsec_lost_new(&s->lost, bus, s->cell, s->name, s->conf.lost_after_ms, s->conf.dead_after_ms,
                       err) < 0)
@@ -1344,6 +1401,7 @@ void dsec_sched_stop(dsec_sched *s)
     pthread_mutex_destroy(&s->amu);
     dsec_placement_free(s->view);
     dsec_lost_free(s->lost); /* after the actors and the ticks: nothing calls it any more */
+    dsec_admit_free(s->admit);
     pthread_mutex_destroy(&s->mu);
     dsec_free(s);
 }
@@ -1365,6 +1423,15 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
     o->held = held_now(s);
+    o->shed_late = atomic_load(&s->n_shed_late);
+    dsec_admit_stats as;
+    dsec_admit_stats_get(s->admit, &as);
+    o->admit_limit = as.limit_per_s;
+    o->place_delay_us = as.delay_us;
+    o->late_placements = as.late;
+    o->admit_cuts = as.cuts;
+    o->taken_per_s = as.taken_per_s;
+    o->place_echoes = as.echoes;
     dsec_lost_stats ls;
     dsec_lost_stats_get(s->lost, &ls);
     o->superseded = ls.superseded;

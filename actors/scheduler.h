@@ -52,8 +52,12 @@ typedef struct dsec_sched_conf {
     uint32_t shed_after_ms; /* a create that waited longer in the replica's mailbox, a
                                queue standing there (bus.h, dsec_actor_on_shed), is
                                answered "overloaded" when its turn comes; 0: never */
-    bool quota;             /* admit every create with the cell's quota actor
-                               (actors/quota.h) before placing it */
+    /* Admission by delay (actors/admit.h): when more than a tenth of this replica's
+     * placements reach their nodes later than this, it lets creates in at a rate it lowers
+     * until they do not, and answers the rest "overloaded"; 0: never. */
+    uint32_t admit_delay_ms;
+    bool quota; /* admit every create with the cell's quota actor
+                   (actors/quota.h) before placing it */
 } dsec_sched_conf;
 
 typedef struct dsec_sched dsec_sched;
@@ -79,9 +83,16 @@ typedef struct dsec_sched_stats {
     uint64_t waited;          /* rollout creates that have waited (placed later or not) */
     uint64_t over_quota;      /* creates the quota actor refused */
     uint64_t admitted;        /* creates let in by the replica's admission bound */
-    uint64_t shed;       /* creates answered "overloaded" (at arrival, park full, deadline near) */
-    uint64_t held;       /* work held now: admitting + unconfirmed placements + parked */
-    uint64_t superseded; /* retried creates placed or found, told to the cell's nodes */
+    uint64_t shed;        /* creates answered "overloaded" (at arrival, park full, deadline near) */
+    uint64_t held;        /* work held now: admitting + unconfirmed placements + parked */
+    uint64_t shed_late;   /* of shed: by the limit of admission by delay */
+    uint64_t admit_limit; /* creates/s the replica lets in now; 0: no limit */
+    uint64_t place_delay_us;    /* its placements' worst delay to their nodes, the last window */
+    uint64_t late_placements;   /* placements that reached their node later than admit_delay_ms */
+    uint64_t admit_cuts;        /* times the limit was set or lowered */
+    uint64_t taken_per_s;       /* placements its nodes take per second (their echoes) */
+    uint64_t place_echoes;      /* node echoes of its placements' stamps, since start */
+    uint64_t superseded;        /* retried creates placed or found, told to the cell's nodes */
     uint64_t superseded_resent; /* such notices sent again to nodes back from a silence */
 } dsec_sched_stats;
 

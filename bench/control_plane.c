@@ -1,5 +1,11 @@
 /* control_plane.c - make bench S=control-plane: 160 sim nodes, 2 scheduler replicas, an open-loop
- * load generator, one nats-server. */
+ * load generator, one nats-server.
+ *
+ * Environment, for A/B and diagnostic runs: DSEC_BENCH_SHED_AFTER_MS and
+ * DSEC_BENCH_ADMIT_DELAY_MS set scheduler.shed_after_ms and scheduler.admit_delay_ms;
+ * CP_OVERLOAD_ONLY=RATE runs the overload phase alone at RATE creates/s on a fresh cell (no
+ * targets judged); CP_TRACE=1 prints, every 100 ms of it, nats-server's backlog and the
+ * replicas' admission (limit, placements taken, placement delay, creates shed late). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -80,6 +86,11 @@ static pid_t run_child(const char *url, const char *state, int roles, int replic
     const char *shed = getenv("DSEC_BENCH_SHED_AFTER_MS");
     if (shed != NULL && shed[0] != '\0')
         c.shed_after_ms = (uint32_t)strtoul(shed, NULL, 10);
+    /* DSEC_BENCH_ADMIT_DELAY_MS: scheduler.admit_delay_ms for an A/B run (0: no admission by
+     * delay) */
+    const char *ad = getenv("DSEC_BENCH_ADMIT_DELAY_MS");
+    if (ad != NULL && ad[0] != '\0')
+        c.admit_delay_ms = (uint32_t)strtoul(ad, NULL, 10);
     dsec_err err;
     char listen[64];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", metrics_port);
@@ -162,6 +173,85 @@ static double metric(int port, const char *name)
     return seen ? sum : -1;
 }
 
+/* nats-server's outbound backlog during a phase: the most bytes pending towards any one
+ * connection (the cell's processes and the generator), sampled every 100 ms from /connz. A
+ * backlog there is a wait no actor's mailbox sees. */
+struct connz_watch {
+    int port;
+    int sched_ports[2]; /* with CP_TRACE set: the replicas' admission, printed per sample */
+    _Atomic bool stop;
+    pthread_t th;
+    char top_name[64];
+    int64_t top_pending; /* the largest sample, with its connection's name */
+    int64_t sum_max;     /* the largest sum over connections in one sample */
+};
+
+static void connz_sample(struct connz_watch *w)
+{
+    static char buf[1 << 18];
+    if (http_get(w->port, "/connz?limit=256", buf, sizeof buf) < 0)
+        return;
+    int64_t sum = 0;
+    for (char *p = strstr(buf, "\"pending_bytes\":"); p != NULL;
+         p = strstr(p + 1, "\"pending_bytes\":")) {
+        int64_t v = strtoll(p + 16, NULL, 10);
+        sum += v;
+        if (v <= w->top_pending)
+            continue;
+        w->top_pending = v;
+        char *nm = strstr(p, "\"name\":");
+        char *next = strstr(p + 1, "\"cid\":");
+        if (nm != NULL && (next == NULL || nm < next)) {
+            nm += 7;
+            nm += strspn(nm, " \"");
+            snprintf(w->top_name, sizeof w->top_name, "%.*s", (int)strcspn(nm, "\""), nm);
+        }
+    }
+    if (sum > w->sum_max)
+        w->sum_max = sum;
+    if (getenv("CP_TRACE") != NULL && w->sched_ports[0] > 0) {
+        double lim = 0, delay = 0, shed = 0, taken = 0;
+        for (int i = 0; i < 2; i++) {
+            taken += metric(w->sched_ports[i], "dsec_scheduler_placements_taken_per_second");
+            lim += metric(w->sched_ports[i], "dsec_scheduler_admit_limit");
+            double d = metric(w->sched_ports[i], "dsec_scheduler_place_delay_seconds");
+            delay = d > delay ? d : delay;
+            shed += metric(w->sched_ports[i], "dsec_scheduler_shed_late_total");
+        }
+        printf(
+            "    trace: backlog %.0f KiB, admit limit %.0f/s, taken %.0f/s, place delay %.1f ms, "
+            "shed late %.0f\n",
+            (double)sum / 1024, lim, taken, delay * 1000, shed);
+    }
+}
+
+static void *connz_run(void *p)
+{
+    struct connz_watch *w = p;
+    while (!atomic_load(&w->stop)) {
+        connz_sample(w);
+        usleep(100000);
+    }
+    return NULL;
+}
+
+static void connz_start(struct connz_watch *w, int port)
+{
+    memset(w, 0, sizeof *w);
+    w->port = port;
+    snprintf(w->top_name, sizeof w->top_name, "-");
+    pthread_create(&w->th, NULL, connz_run, w);
+}
+
+static void connz_stop(struct connz_watch *w, const char *phase)
+{
+    atomic_store(&w->stop, true);
+    pthread_join(w->th, NULL);
+    printf("  %s: nats-server's largest outbound backlog %.1f KiB (to %s), %.1f KiB over all "
+           "connections at once\n",
+           phase, (double)w->top_pending / 1024, w->top_name, (double)w->sum_max / 1024);
+}
+
 /* ---- the load generator ----------------------------------------------------------------- */
 
 enum { OP_CREATE, OP_EXEC, OP_DESTROY };
@@ -196,6 +286,7 @@ struct gen {
     long cap_lat;
     _Atomic long created, failed, destroyed, execs, in_flight;
     _Atomic long attempts, shed, shed_final, timeouts, late;
+    _Atomic long shed_wait_ms; /* the retry_after_ms the sheds said, summed */
     char last_error[DSEC_ERR_MSG_MAX];
     /* shed creates waiting for their retry: a heap on retry_at */
     pthread_mutex_t rmu;
@@ -274,6 +365,7 @@ static bool on_error(struct gen *g, struct req *r, const dsec_msg_error *e)
         return false;
     atomic_fetch_add(&g->shed, 1);
     uint64_t after = SHED_RETRY_AFTER_MS(e);
+    atomic_fetch_add(&g->shed_wait_ms, (long)after);
     double at = now_s() + (double)after / 1000.0 * (1.0 + 0.5 * drand48());
     if (!g->retry_shed || wall_s() + (at - now_s()) >= r->deadline) {
         atomic_fetch_add(&g->shed_final, 1);
@@ -636,6 +728,7 @@ static void gen_reset(struct gen *g, int phase, bool retry_shed, int timeout_ms)
     atomic_store(&g->attempts, 0);
     atomic_store(&g->shed, 0);
     atomic_store(&g->shed_final, 0);
+    atomic_store(&g->shed_wait_ms, 0);
     atomic_store(&g->timeouts, 0);
     atomic_store(&g->late, 0);
 }
@@ -673,12 +766,15 @@ int main(int argc, char **argv)
     dsec_cell_conf dc;
     dsec_cell_conf_defaults(&dc);
     const char *shed_env = getenv("DSEC_BENCH_SHED_AFTER_MS");
+    const char *ad_env = getenv("DSEC_BENCH_ADMIT_DELAY_MS");
     printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 "
            "processes),"
-           " scheduler.shed_after_ms %lu\n",
+           " scheduler.shed_after_ms %lu, scheduler.admit_delay_ms %lu\n",
            url, NODES,
            shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10)
-                                           : (unsigned long)dc.shed_after_ms);
+                                           : (unsigned long)dc.shed_after_ms,
+           ad_env != NULL && ad_env[0] ? strtoul(ad_env, NULL, 10)
+                                       : (unsigned long)dc.admit_delay_ms);
     dsec_cell_conf_release(&dc);
 
     double raw = dsec_bench_raw_publish_rate(url, 1000000);
@@ -713,6 +809,35 @@ int main(int argc, char **argv)
         return 1;
     }
     sleep(1);
+
+    /* CP_OVERLOAD_ONLY=RATE: only the overload phase, offered RATE creates/s on a fresh cell
+     * (a diagnostic run: where an overload's wait is spent; no targets are judged) */
+    const char *only = getenv("CP_OVERLOAD_ONLY");
+    if (only != NULL && only[0] != '\0') {
+        struct connz_watch cw;
+        gen_reset(&g, 2, true, 10000);
+        double p50o, p99o, p999o, elo;
+        connz_start(&cw, mon_port);
+        cw.sched_ports[0] = cell.metrics[1];
+        cw.sched_ports[1] = cell.metrics[2];
+        double gp = run_phase(&g, atof(only), overload_secs, 0, false, &p50o, &p99o, &p999o, &elo);
+        connz_stop(&cw, "overload");
+        printf("overload only: offered %.0f creates/s for %.0f s: goodput %.0f creates/s over "
+               "%.1f s; %ld attempts, %ld answered overloaded (told to wait %.0f ms on average),"
+               " %ld timeouts; admitted attempt p99 %.2f ms; first send to ok p50 %.2f ms, p99 "
+               "%.2f ms\n",
+               atof(only), overload_secs, gp, elo, atomic_load(&g.attempts), atomic_load(&g.shed),
+               (double)atomic_load(&g.shed_wait_ms) /
+                   (double)(atomic_load(&g.shed) ? atomic_load(&g.shed) : 1),
+               atomic_load(&g.timeouts) + atomic_load(&g.late), admitted_p99(&g), p50o, p99o);
+        cell_stop(&cell);
+        dsec_actor_free(cap);
+        dsec_bus_free(g.bus);
+        dsec_natsd_stop(natsd);
+        char rm[128];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", state);
+        return system(rm) == 0 ? 0 : 1;
+    }
 
     /* phase 1: DSec's production rate, with exec and destroy mixed in */
     gen_reset(&g, 1, false, 30000);
@@ -805,7 +930,10 @@ int main(int argc, char **argv)
     long created_before4 = atomic_load(&g.created);
     int64_t m4 = varz_in_msgs(mon_port);
     double offered = 2 * rate2;
+    struct connz_watch cw;
+    connz_start(&cw, mon_port);
     double goodput = run_phase(&g, offered, overload_secs, 0, false, &p50d, &p99d, &p999d, &el4);
+    connz_stop(&cw, "overload");
     int64_t m5 = varz_in_msgs(mon_port);
     double ap99 = admitted_p99(&g);
     long c4 = atomic_load(&g.created) - created_before4, attempts = atomic_load(&g.attempts);

@@ -548,6 +548,15 @@ static void lane_run(dsec__task *t)
     pthread_mutex_unlock(&a->mu);
 }
 
+uint64_t dsec_actor_msg_waited_ns(void)
+{
+    struct run_ctx *rc = run_ctx;
+    if (rc == NULL)
+        return 0;
+    int64_t w = dsec__now_ns() - rc->entry->at_ns;
+    return w > 0 ? (uint64_t)w : 0;
+}
+
 dsec_deferred *dsec_actor_defer(dsec_actor *actor, dsec_msg *m)
 {
     struct run_ctx *rc = run_ctx;

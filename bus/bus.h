@@ -269,6 +269,10 @@ int dsec_actor_on_shed(dsec_actor *actor, const char *subject, const char *queue
  * Any thread, any time. */
 void dsec_actor_set_shed(dsec_actor *actor, uint32_t ms);
 
+/* Inside a handler: how long since the message it was handed entered its actor's mailbox
+ * (nats.c's delivery), ns: its wait there, and the handler's time so far. 0 elsewhere. */
+uint64_t dsec_actor_msg_waited_ns(void);
+
 /* Deferred handling: a handler whose work completes later (a command that runs for
  * minutes, an operation queued for a thread of its own) keeps its message and returns, so
  * the worker goes on with other keys. Until dsec_deferred_done, no other message of the

@@ -97,6 +97,7 @@ enum dsec_msg_type {
     DSEC_MSG_LIST,            /* "list": a client asks every node for its tenant's sandboxes */
     DSEC_MSG_LIST_REPLY,      /* "list_reply": one node's page of them */
     DSEC_MSG_SBX_INFO,        /* "sbx_info": only nested in list_reply */
+    DSEC_MSG_PLACE_ECHO,      /* "place_echo": only nested in capacity */
     DSEC_MSG_TYPE_MAX_
 };
 
@@ -162,6 +163,10 @@ typedef struct dsec_msg_place {
     /* A refusal for room: the node's own free figures then, and the sequence number of
      * the capacity report they follow (free_seq 0: no figures). */
     uint64_t free_seq, free_cpu_milli, free_mem_mb, free_slots, free_disk_mb;
+    /* The scheduler's own clock when it sent this placement (µs, monotonic): the node hands it
+     * back in its capacity reports (place_echo), so the scheduler learns how far behind the
+     * node is without comparing clocks. 0: not stamped. */
+    uint64_t sent_us;
 } dsec_msg_place;
 
 typedef struct dsec_msg_created {
@@ -412,7 +417,18 @@ typedef struct dsec_msg_capacity {
     uint64_t disk_free_mb; /* disk sandboxes may still be given, MiB */
     uint64_t disk_mb;      /* full: disk sandboxes may hold (the node's disk less its reserve);
                               0: the node does not count disk */
+    dsec_list echo;        /* of dsec_msg_place_echo: per scheduler, the newest placement taken */
 } dsec_msg_capacity;
+
+/* In a capacity report: the newest stamped placement a node took from one scheduler replica
+ * (its sent_us, unchanged), and how long before this report it took it. The replica's delay
+ * to this node is its clock now, less sent_us, less age_us (plus the report's own trip). */
+typedef struct dsec_msg_place_echo {
+    const char *scheduler; /* required: the replica that sent it (place.scheduler) */
+    uint64_t sent_us;      /* required: place.sent_us */
+    uint64_t age_us;       /* how long before the report the node took it */
+    uint64_t taken;        /* placements taken from that replica since the previous report */
+} dsec_msg_place_echo;
 
 typedef struct dsec_msg_heartbeat {
     const char *node; /* required */

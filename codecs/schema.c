@@ -127,6 +127,9 @@ static const dsec_field place_fields[] = {
     FU64(dsec_msg_place, free_disk_mb, "free_disk_mb", false, 0, 0,
          "in a refusal for room: the disk (MB) the node could still give sandboxes when it "
          "refused"),
+    FU64(dsec_msg_place, sent_us, "sent_us", false, 0, 0,
+         "the scheduler's own monotonic clock when it sent the placement (µs); the node hands it "
+         "back in `capacity.echo` (0: not stamped)"),
 };
 _Static_assert(NF(place_fields) <= 64, "the decoder tracks fields in a 64-bit set");
 
@@ -426,6 +429,19 @@ static const dsec_field capacity_fields[] = {
     FU64(dsec_msg_capacity, disk_mb, "disk_mb", false, 0, 0,
          "full: disk sandboxes may hold, MiB: the node's disk less its reserve (absent: the node "
          "does not count disk, and placement does not filter on it)"),
+    FLIST(dsec_msg_capacity, echo, "echo", DSEC_MSG_PLACE_ECHO,
+          "per scheduler replica, the newest stamped placement the node took: maps of the "
+          "place_echo fields"),
+};
+
+static const dsec_field place_echo_fields[] = {
+    FSTR(dsec_msg_place_echo, scheduler, "scheduler", true, L_LONG,
+         "the replica that sent the placement (`place.scheduler`)"),
+    FU64(dsec_msg_place_echo, sent_us, "sent_us", true, 0, 0, "`place.sent_us`, unchanged"),
+    FU64(dsec_msg_place_echo, age_us, "age_us", false, 0, 0,
+         "how long before this report the node took that placement (µs)"),
+    FU64(dsec_msg_place_echo, taken, "taken", false, 0, 0,
+         "stamped placements the node took from that replica since its previous report"),
 };
 
 static const dsec_field heartbeat_fields[] = {
@@ -733,6 +749,7 @@ static const dsec_schema schemas[DSEC_MSG_TYPE_MAX_] = {
     SCHEMA(DSEC_MSG_LIST, "list", dsec_msg_list, list_fields),
     SCHEMA(DSEC_MSG_LIST_REPLY, "list_reply", dsec_msg_list_reply, list_reply_fields),
     SCHEMA(DSEC_MSG_SBX_INFO, "sbx_info", dsec_msg_sbx_info, sbx_info_fields),
+    SCHEMA(DSEC_MSG_PLACE_ECHO, "place_echo", dsec_msg_place_echo, place_echo_fields),
 };
 
 const dsec_schema *dsec_schema_of(int type)

@@ -143,6 +143,7 @@ static void sample_a(int type, void *out)
         p->free_mem_mb = 64;
         p->free_slots = 3;
         p->free_disk_mb = 512;
+        p->sent_us = 86400000123;
         break;
     }
     case DSEC_MSG_CREATED:
@@ -320,6 +321,10 @@ static const dsec_msg_trace_hop hops[] = {
      .end_ns = UINT64_MAX},
 };
 
+static const dsec_msg_place_echo echoes[] = {
+    {.scheduler = "c1-s0", .sent_us = 123456789, .age_us = 2500, .taken = 17},
+    {.scheduler = "c1-s1", .sent_us = 42}};
+
 static const dsec_msg_usage usages[] = {
     {.tenant = "acme", .project = "rl/math", .sandboxes = 3, .cpu_milli = 1500, .memory_mb = 1536},
     {.tenant = "beta", .sandboxes = 1, .cpu_milli = 250, .memory_mb = 128},
@@ -378,6 +383,7 @@ static void sample_c(int type, void *out)
                                 .ts_ns = 8,
                                 .live_types = KV(live_k, live_v),
                                 .usage = {.items = (void *)usages, .n = N(usages)},
+                                .echo = {.items = (void *)echoes, .n = N(echoes)},
                                 .disk_free_mb = 4096,
                                 .disk_mb = 1048576};
         break;
@@ -580,6 +586,9 @@ static void sample_d2(int type, void *out)
         break;
     case DSEC_MSG_SBX_INFO:
         *(dsec_msg_sbx_info *)out = sbx_infos[0];
+        break;
+    case DSEC_MSG_PLACE_ECHO:
+        *(dsec_msg_place_echo *)out = echoes[0];
         break;
     case DSEC_MSG_LIST_REPLY:
         *(dsec_msg_list_reply *)out =

@@ -16,3 +16,9 @@ target_link_libraries(test_lease PRIVATE dsec_actors dsec_test_fixture PkgConfig
   Threads::Threads dsec_warnings dsec_allocator)
 add_test(NAME lease COMMAND test_lease)
 set_tests_properties(lease PROPERTIES TIMEOUT 60)
+
+# Admission by delay (actors/admit.c), on a synthetic clock.
+add_executable(test_admit test_admit.c)
+target_link_libraries(test_admit PRIVATE dsec_actors dsec_common PkgConfig::CMOCKA
+  Threads::Threads dsec_warnings dsec_allocator)
+add_test(NAME admit COMMAND test_admit)

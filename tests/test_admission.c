@@ -67,6 +67,9 @@ static int group_teardown(void **state)
     return dsec_test_server_stop(natsd, root);
 }
 
+/* scheduler.admit_delay_ms of the next start_cell (then back to 0) */
+static uint32_t next_admit_delay_ms;
+
 /* A one-node sim cell (cpu milli-CPU, room for many slots) whose one
  * scheduler replica holds at most admit_max creates and parks at most
  * park_max rollouts, and sheds creates (and its node placements) that
@@ -88,6 +91,8 @@ static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, uint
     c->admit_max = admit_max;
     c->park_max = park_max;
     c->shed_after_ms = shed_after_ms;
+    c->admit_delay_ms = next_admit_delay_ms;
+    next_admit_delay_ms = 0;
     c->threads = 1; /* one bus worker: a burst queues for sure */
     static const char *const types[] = {"sim", NULL};
     char node[80];
@@ -644,13 +649,59 @@ static void config_bounds(void **state)
     dsec_cell_conf_release(&c);
     dsec_cell_conf_defaults(&c);
     assert_int_equal(c.shed_after_ms, 0); /* off unless configured */
+    assert_int_equal(c.admit_delay_ms, 0);
     dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_delay_ms: 50\n", &c, &err), 0);
+    assert_int_equal(c.admit_delay_ms, 50);
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_delay_ms: 600001\n", &c, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "admit_delay_ms"));
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  admit_delay_ms: soon\n", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "admit_delay_ms"));
+    dsec_cell_conf_release(&c);
+}
+
+/* Admission by delay on a cell that keeps up: every placement is stamped and its node hands
+ * the stamp back in its capacity reports, which the replica counts; on time, nothing is
+ * shed and no limit is set. */
+static void placements_echoed_on_time(void **state)
+{
+    (void)state;
+    next_admit_delay_ms = 1000; /* far above what this host's placements take */
+    start_cell(100000, 0, 0, 0, 5000, -1);
+    dsec_sched_stats before;
+    dsec_sched_stats_get(sched0(), &before);
+    dsec_create_spec s = {
+        .type = "sim", .cpu_milli = 1, .memory_mb = 1, .cls = "job", .cell = live.conf.cell};
+    dsec_err err;
+    for (int i = 0; i < 60; i++) {
+        dsec_sandbox_info info;
+        if (dsec_create(live.client, &s, &info, &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+    dsec_sched_stats st;
+    for (int i = 0; i < 100; i++) { /* the node reports every capacity_ms (50 ms) */
+        dsec_sched_stats_get(sched0(), &st);
+        if (st.place_echoes > before.place_echoes)
+            break;
+        msleep(20);
+    }
+    print_message("echoes %llu, late %llu, worst delay of the last window %llu us\n",
+                  (unsigned long long)st.place_echoes, (unsigned long long)st.late_placements,
+                  (unsigned long long)st.place_delay_us);
+    assert_true(st.place_echoes > before.place_echoes);
+    assert_int_equal(st.shed_late, 0);
+    assert_int_equal(st.admit_limit, 0);
+    assert_int_equal(st.late_placements, 0);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_bounds),
+        cmocka_unit_test_teardown(placements_echoed_on_time, test_teardown),
         cmocka_unit_test_teardown(overload_is_answered_not_queued, test_teardown),
         cmocka_unit_test_teardown(parked_rollout_is_answered, test_teardown),
         cmocka_unit_test_teardown(client_retries_overloaded, test_teardown),

@@ -268,7 +268,7 @@ static void schemas_use_wire_names_and_limits(void **state)
     assert_int_equal(field_of(DSEC_MSG_PLACE, "memory_mb")->offset,
                      offsetof(dsec_msg_place, c.memory_mb));
     assert_int_equal(dsec_schema_of(DSEC_MSG_PLACE)->nfields,
-                     dsec_schema_of(DSEC_MSG_CREATE)->nfields + 13);
+                     dsec_schema_of(DSEC_MSG_CREATE)->nfields + 14);
     /* disk travels like memory: free in every capacity report, total in full ones, and
      * the node's free disk in a refusal for room */
     assert_int_equal(field_of(DSEC_MSG_CAPACITY, "disk_free_mb")->offset,
