@@ -980,7 +980,8 @@ static const char *const switch_steps[] = {
     "detaching the old root",
 };
 
-static void __attribute__((noreturn)) switch_fail(int fd, int step)
+/* In switch_child; not instrumented by ASan either (switch_child says why). */
+__attribute__((noreturn, no_sanitize_address)) static void switch_fail(int fd, int step)
 {
     int msg[2] = {step, errno};
     (void)!write(fd, msg, sizeof msg);
@@ -1045,8 +1046,9 @@ struct switch_args {
 
 /* The helper, a dsec_spawn_vfork child: it shares the node's memory (no page tables copied,
  * nothing to tear down at exit) but has its own fs_struct, which setns into a mount namespace
- * needs. Only system calls here, with every signal blocked until it exits. */
-static int switch_child(void *arg)
+ * needs. Only system calls here, with every signal blocked until it exits. Not instrumented by
+ * ASan: at the _exit (a noreturn call) it would take the helper's stack for a stack it knows. */
+__attribute__((no_sanitize_address)) static int switch_child(void *arg)
 {
     const struct switch_args *a = arg;
     if (setns(a->uts, CLONE_NEWUTS) < 0)
