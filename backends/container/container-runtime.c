@@ -19,12 +19,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef __SANITIZE_ADDRESS__
-#include <sanitizer/asan_interface.h>
-#endif
 
 #include "backends/cgroup-tune.h"
 #include "backends/container/container-int.h"
+#include "backends/spawn.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
 #include "dsec/log.h"
@@ -275,49 +273,6 @@ int dsec__ct_rt_init(struct ct_backend *be, const char *name, dsec_err *err)
     return 0;
 }
 
-/* A child that shares the node's memory and runs fn(arg) on a stack of its own while the
- * calling thread waits (CLONE_VM | CLONE_VFORK), until it execs or exits: no page tables
- * copied, no page left write-protected behind it (see spawn). fn allocates nothing, touches
- * no memory but its own stack and arg, and makes only system calls; it starts with every
- * signal blocked and calls child_default_signals before it unblocks any, so no handler of
- * the node runs in it. Returns the child's pid, or -1 with errno set. */
-static pid_t clone_vfork(int (*fn)(void *), void *arg, size_t stack_len)
-{
-    void *stack = mmap(NULL, stack_len, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
-        return -1;
-#ifdef __SANITIZE_ADDRESS__
-    /* the mapping may reuse a finished thread's stack whose shadow still marks redzones, and
-     * the child runs the sanitizer's interceptors on it */
-    __asan_unpoison_memory_region(stack, stack_len);
-#endif
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone(fn, (char *)stack + stack_len, CLONE_VM | CLONE_VFORK | SIGCHLD, arg);
-    int e = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    munmap(stack, stack_len); /* the child has exec'd or exited */
-    errno = e;
-    return pid;
-}
-
-/* In a clone_vfork child: every caught signal back to its default (the child has its own copy
- * of the dispositions), so unblocking signals cannot run a handler of the node. */
-__attribute__((no_sanitize_address)) static void child_default_signals(void)
-{
-    for (int sig = 1; sig < NSIG; sig++) {
-        struct sigaction sa;
-        if (sigaction(sig, NULL, &sa) == 0 && sa.sa_handler != SIG_DFL &&
-            sa.sa_handler != SIG_IGN) {
-            sa.sa_handler = SIG_DFL;
-            sa.sa_flags = 0;
-            sigaction(sig, &sa, NULL);
-        }
-    }
-}
-
 /* What spawn's child does. */
 struct spawn_args {
     const char *const *argv;
@@ -326,12 +281,12 @@ struct spawn_args {
     const char *root_at;
 };
 
-/* spawn's child, a clone_vfork child until its exec. Not instrumented by ASan: it would see
+/* spawn's child, a dsec_spawn_vfork child until its exec. Not instrumented by ASan: it would see
  * the stack switch and warn at _exit. */
 __attribute__((no_sanitize_address)) static int spawn_child(void *p)
 {
     const struct spawn_args *a = p;
-    child_default_signals();
+    dsec_spawn_default_signals();
     if (a->hybrid || a->root_fd >= 0) {
         /* without CLONE_FS the child has its own fs_struct, so unshare works here where it
          * would fail in the threaded parent */
@@ -387,11 +342,9 @@ __attribute__((no_sanitize_address)) static int spawn_child(void *p)
  * at root_at in a private mount namespace first (dsec__ct_rt_start says why); a failure there is
  * written to outfd and ends the child with 125. Returns the child's pid or -1.
  *
- * Not fork: a fork copies the node's page tables (20 ms for 300 MiB here, with the address space
- * locked for every thread) and leaves each of its pages write-protected, so the node's next
- * write to each faults (17 us a page here: 1.3 s to touch 300 MiB once), and the node runs
- * crun for every create, fork and destroy. The child shares the memory instead (as vfork and
- * posix_spawn do), which posix_spawn cannot be used for: the child unshares its mount namespace
+ * Not fork, and the node runs crun for every create, fork and destroy: the child shares the
+ * node's memory (dsec_spawn_vfork; spawn.h says what a fork would cost), as vfork and
+ * posix_spawn do, which posix_spawn cannot be used for: the child unshares its mount namespace
  * first. Under TSan, whose runtime a child in shared memory would confuse, it is a fork. */
 static pid_t spawn(const char *const *argv, int exe_fd, bool hybrid, int fd3, int outfd,
                    int root_fd, const char *root_at)
@@ -409,7 +362,7 @@ static pid_t spawn(const char *const *argv, int exe_fd, bool hybrid, int fd3, in
         spawn_child(&a);
     return pid;
 #else
-    return clone_vfork(spawn_child, &a, SPAWN_STACK);
+    return dsec_spawn_vfork(spawn_child, &a, SPAWN_STACK);
 #endif
 }
 
@@ -1027,7 +980,8 @@ static const char *const switch_steps[] = {
     "detaching the old root",
 };
 
-static void __attribute__((noreturn)) switch_fail(int fd, int step)
+/* In switch_child; not instrumented by ASan either (switch_child says why). */
+__attribute__((noreturn, no_sanitize_address)) static void switch_fail(int fd, int step)
 {
     int msg[2] = {step, errno};
     (void)!write(fd, msg, sizeof msg);
@@ -1090,10 +1044,11 @@ struct switch_args {
     size_t hl;
 };
 
-/* The helper, a clone_vfork child: it shares the node's memory (no page tables copied,
+/* The helper, a dsec_spawn_vfork child: it shares the node's memory (no page tables copied,
  * nothing to tear down at exit) but has its own fs_struct, which setns into a mount namespace
- * needs. Only system calls here, with every signal blocked until it exits. */
-static int switch_child(void *arg)
+ * needs. Only system calls here, with every signal blocked until it exits. Not instrumented by
+ * ASan: at the _exit (a noreturn call) it would take the helper's stack for a stack it knows. */
+__attribute__((no_sanitize_address)) static int switch_child(void *arg)
 {
     const struct switch_args *a = arg;
     if (setns(a->uts, CLONE_NEWUTS) < 0)
@@ -1158,7 +1113,7 @@ int dsec__ct_rt_switch_root(const struct ct_backend *be, const char *id, pid_t i
                             .hostname = hostname,
                             .hl = strlen(hostname)};
     /* this thread waits until the child has exited */
-    pid_t pid = clone_vfork(switch_child, &a, 64 << 10);
+    pid_t pid = dsec_spawn_vfork(switch_child, &a, 64 << 10);
     int e = errno;
     close(pfd[1]);
     close(mnt);
