@@ -7,9 +7,9 @@
 #include "dsec/alloc.h"
 #include "dsec/clock.h"
 
-#define WINDOW_US 200000ull /* a window is judged after 200 ms and 8 echoes; one that has */
-#define WINDOW_SAMPLES 8    /* fewer after twice that starts afresh */
-#define LIMIT_MIN 20.0         /* creates/s: never shut the door */
+#define WINDOW_US 200000ull      /* a window is judged after 200 ms and 8 echoes; one that has */
+#define WINDOW_SAMPLES 8         /* fewer after twice that starts afresh */
+#define LIMIT_MIN 20.0           /* creates/s: never shut the door */
 #define LIMIT_IDLE_US 1000000ull /* a limit that shed nothing this long goes */
 #define BASE_PERIOD_US 10000000ull
 #define RETRY_MIN_MS 20.0
@@ -151,7 +151,7 @@ void dsec_admit_echo(dsec_admit *a, uint64_t sent_us, uint64_t age_us, uint64_t 
     if (delay < a->base_cur_us)
         a->base_cur_us = delay;
     uint64_t base = a->base_cur_us < a->base_prev_us ? a->base_cur_us : a->base_prev_us;
-    delay -= base; /* queueing only */
+    delay -= base;                                         /* queueing only */
     bool late = a->target_us != 0 && delay > a->target_us; /* 0: measured, never acted on */
     a->win_echoes++;
     a->echoes++;

@@ -59,7 +59,7 @@ static void off_never_sheds(void **state)
     assert_int_equal(st.limit_per_s, 0);
     assert_int_equal(st.cuts, 0);
     assert_int_equal(st.late, 0);
-    assert_true(st.echoes > 0);        /* still measured */
+    assert_true(st.echoes > 0);         /* still measured */
     assert_true(st.delay_us > 1000000); /* the backlog's wait, seen */
     dsec_admit_free(s.a);
 }
