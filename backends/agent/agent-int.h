@@ -314,9 +314,6 @@ bool dsec__agent_proc_is_ours(void);
 void dsec__agent_kill_below(pid_t root, pid_t main_pgid, int sig, bool groups);
 void dsec__agent_shep_doom(struct cmd *m);
 pid_t dsec__agent_spawn_shepherd(const struct spawn *s, pid_t *main_pid, int *sock);
-/* One idle shepherd made ahead (agent start), so that the sandbox's first command finds one
- * waiting instead of paying a fork of the agent; nothing when one is idle already. */
-void dsec__agent_shepherd_prefork(void);
 #ifdef DSEC_AGENT_FUZZ
 /* The harness's check of what a child is about to get (agent.c points it there). */
 extern void (*dsec__agent_fuzz_check_spawn)(const struct spawn *s);

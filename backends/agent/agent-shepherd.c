@@ -484,41 +484,6 @@ void dsec__agent_shep_doom(struct cmd *m)
                            n < 0 ? strerror(errno) : "short write");
 }
 
-void dsec__agent_shepherd_prefork(void)
-{
-    if (SHEP_IDLE_MAX == 0 || dsec__agent_g.nidle > 0 || dsec__agent_g.terminating)
-        return;
-    int sv[2], gate[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
-        return;
-    if (pipe2(gate, O_CLOEXEC) < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return;
-    }
-    pid_t sh = fork();
-    if (sh == 0) {
-        close(sv[0]);
-        shepherd(sv[1]); /* its close_others closes gate[1] too */
-    }
-    close(sv[1]);
-    close(gate[1]);
-    if (sh < 0) {
-        close(sv[0]);
-        close(gate[0]);
-        return;
-    }
-    /* The rule the first command's wait keeps (dsec__agent_spawn_shepherd): the shepherd has
-     * closed its copies of the agent's descriptors before the agent goes on, or a descriptor
-     * the agent closes would stay in its epoll set. The gate's end of EOF says it has. */
-    char c;
-    while (read(gate[0], &c, 1) < 0 && errno == EINTR)
-        ;
-    close(gate[0]);
-    dsec__agent_g.idle[dsec__agent_g.nidle].pid = sh;
-    dsec__agent_g.idle[dsec__agent_g.nidle++].fd = sv[0];
-}
-
 /* Start s under a shepherd: an idle one, or a new fork of the agent. Returns the shepherd's
  * pid and sets *main_pid and *sock (the shepherd's socket, the caller's now); -1 with errno
  * set on failure. */

@@ -643,7 +643,6 @@ int main(int argc, char **argv)
         dsec__agent_ports_start(a.ports, a.port_is_name) < 0)
         return finish(1);
 
-    dsec__agent_shepherd_prefork();
     while (!dsec__agent_g.terminating)
         if (loop_once(next_timeout_ms()) < 0)
             break;
