@@ -15,13 +15,17 @@
  * next capacity report (capacity.echo, with how long ago it took it), and the replica reads
  * the delay on one clock: now - sent_us - age_us.
  *
- * How. Samples are judged per window of at least WINDOW_US and WINDOW_SAMPLES echoes. A
- * window where more than a tenth of the placements came late (delay > target) sets a rate
- * limit, 0.8 x what was let in during it (or lowers the limit that way), then waits for
- * echoes of placements sent after that cut before it may cut again (one cut per round trip,
- * as TCP does: the placements already on their way are late whatever is decided now). A
- * window with none late raises the limit by a twentieth; a limit that sheds nothing for a
- * whole second goes. Creates are let in by a token bucket at the limit (50 ms of burst).
+ * Only delay past the least one seen in the last 10-20 s counts: a slow or distant host's
+ * own trip is not a queue.
+ *
+ * How. Echoes are judged per window of at least WINDOW_US and WINDOW_SAMPLES echoes (one that
+ * has fewer after twice WINDOW_US starts afresh, so a quiet spell is not averaged in). A
+ * window where more than a tenth of the echoes came late (delay > target) sets a rate limit:
+ * what the nodes took (the window's rate or the smoothed one, the higher), less a share that
+ * drains their backlog in about half a second (5% to 50%, the later the more); it only ever
+ * lowers a limit. A window with fewer than a twentieth late raises the limit by 5%; a limit
+ * that sheds nothing for a whole second goes. Creates are let in by a token bucket at the
+ * limit (50 ms of burst). With target 0 the delays are measured and nothing is acted on.
  *
  * A shed create is told when to come back. Shed clients come back and meet the same limit, so
  * the wait grows by a quarter in every window that shed more creates than it let in, and
