@@ -200,7 +200,8 @@ static const struct field sched_fields[] = {
      "Rollout creates parked for room now (as dsec_scheduler_waiting).",
      offsetof(dsec_sched_stats, waiting), 1},
     {"dsec_scheduler_shed_late_total", "counter",
-     "Of those, creates shed by the limit of admission by delay (scheduler.admit_delay_ms).",
+     "Creates answered \"overloaded\" by the limit of admission by delay "
+     "(scheduler.admit_delay_ms); also in dsec_scheduler_shed_total.",
      offsetof(dsec_sched_stats, shed_late), 1},
     {"dsec_scheduler_admit_limit", "gauge",
      "Creates per second the replica lets in now, from its placements' delay; 0: no limit.",
