@@ -604,7 +604,7 @@ static void *destroy_worker(void *arg)
 typedef struct sleep_arg {
     size_t i;
     double end_s;
-    double start_s; /* dsec: when the command began in its sandbox (end less its own duration) */
+    double start_s; /* dsec: the answer's time less the agent's own duration of the command */
     int rc;
 } sleep_arg;
 static char g_sleep_arg[16];
@@ -990,8 +990,9 @@ int main(void)
         if (sa[i].end_s > sleep_wall)
             sleep_wall = sa[i].end_s;
     }
-    /* when the sleeps began in their sandboxes, and when their answers came: a start late by
-     * whole seconds is a queue, a spread is the cost of starting */
+    /* The answers' times less the agents' own durations (from an agent's receipt of the command
+     * to its main process's exit): the time spent outside the agents, client to agent and back;
+     * and when the answers came. */
     double *sb = dsec_calloc(g_n, sizeof *sb), *en = dsec_calloc(g_n, sizeof *en);
     size_t nst = 0;
     for (size_t i = 0; i < g_n; i++)
@@ -999,7 +1000,7 @@ int main(void)
             sb[nst] = sa[i].start_s;
             en[nst++] = sa[i].end_s;
         }
-    printf("sleep phase            began in the sandboxes p50 %.2f s, p90 %.2f s, max %.2f s; "
+    printf("sleep phase            outside the agents p50 %.2f s, p90 %.2f s, max %.2f s; "
            "answered p50 %.2f s, p90 %.2f s\n",
            pct(sb, nst, 0.5), pct(sb, nst, 0.9), pct(sb, nst, 1.0), pct(en, nst, 0.5),
            pct(en, nst, 0.9));
