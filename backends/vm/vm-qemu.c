@@ -21,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/spawn.h"
 #include "backends/vm/vm-int.h"
 #include "dsec/io.h"
 #include "dsec/alloc.h"
@@ -208,12 +207,11 @@ static int build_argv(const struct vm_backend *be, const dsec_sandbox *sb,
  * and urandom (and kvm). Nothing else: no /etc (-runas gives numbers), no /tmp, no /proc
  * (QEMU finds its modules and firmware from argv[0] when /proc/self/exe is missing; the node
  * hands it migration files as descriptors). The namespace is the process's own, so its mounts
- * go when it exits and none is ever seen by the host. Everything here runs in QEMU's process
- * before its exec, a child sharing the node's memory (backends/spawn.h): no allocation, no
- * stdio, writes only to its own stack.
+ * go when it exits and none is ever seen by the host. Everything here runs in the child after
+ * fork: no allocation, no stdio.
  */
 
-/* What the jail binds besides the fixed set; prepared before the children start. */
+/* What the jail binds besides the fixed set; prepared before the fork. */
 struct jail {
     const char *root;      /* S/jail: the new root's mount point */
     const char *qemu;      /* bound on its own when not under /usr */
@@ -372,7 +370,7 @@ static int jail_enter(const struct jail *j, int *step, const char **what)
 
 /* What the start pipe carries: the grandchild's pid, or why it did not become QEMU. */
 struct start_msg {
-    int kind; /* 1 pid, 2 errno of exec, 3 errno of clone, 4 errno of set-up step `step` */
+    int kind; /* 1 pid, 2 errno of exec, 3 errno of fork, 4 errno of set-up step `step` */
     int val;
     int step;
     char what[256]; /* the path a set-up step failed on, or "" */
@@ -394,7 +392,7 @@ static const char *const start_steps[] = {
     "making QEMU's root read-only",
 };
 
-/* "N:N" into out (room for RUNAS_PLACEHOLDER); safe in a vfork child. */
+/* "N:N" into out (room for RUNAS_PLACEHOLDER); safe after fork. */
 static void put_uid_gid(char *out, uint32_t id)
 {
     char d[10];
@@ -411,29 +409,21 @@ static void put_uid_gid(char *out, uint32_t id)
     }
 }
 
-/* What the two children of a QEMU start use, all prepared by the node before the first starts:
- * they allocate nothing. QEMU's process writes its uid into the last argument of a. */
-struct qemu_start {
-    const struct vm_backend *be;
-    const dsec_sandbox *sb;
-    const struct vm_launch *l;
-    struct av *a;
-    const struct jail *jail;
-    int logfd, nullfd, wfd;
-    void *stack; /* QEMU's process's, QEMU_STACK bytes (NULL under TSan: a fork) */
-};
-
-#define DETACH_STACK (64 * 1024)
-#define QEMU_STACK (256 * 1024)
-
-/* QEMU's process: sets itself up (its uid, its jail, its stdio, the tap) and becomes QEMU, or
- * reports the step that failed on wfd. A vfork child of qemu_detach (backends/spawn.h), not
- * instrumented by ASan (it would see the stack switch at _exit). */
-__attribute__((no_sanitize_address)) static int qemu_exec(void *arg)
+/* The first child of a QEMU start (in a session of its own): forks QEMU's process, reports its
+ * pid on wfd, and exits; QEMU's process sets itself up (its uid, its jail, its stdio, the tap)
+ * and becomes QEMU, or reports the step that failed. After fork: no allocation, no stdio. */
+__attribute__((noreturn)) static void qemu_child(const struct vm_backend *be,
+                                                 const dsec_sandbox *sb, const struct vm_launch *l,
+                                                 struct av *a, const struct jail *jail, int logfd,
+                                                 int nullfd, int wfd)
 {
-    const struct qemu_start *s = arg;
-    const struct vm_launch *l = s->l;
-    struct av *a = s->a;
+    setsid();
+    pid_t g = fork();
+    if (g != 0) {
+        struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0};
+        (void)dsec_write_all(wfd, &m, sizeof m);
+        _exit(0);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -441,26 +431,26 @@ __attribute__((no_sanitize_address)) static int qemu_exec(void *arg)
     signal(SIGCHLD, SIG_DFL);
     /* below the node manager (raising one's own nice cannot fail) */
     (void)setpriority(PRIO_PROCESS, 0, DSEC_SANDBOX_NICE);
-    /* the argument has room for both figures */
-    uint32_t uid = s->be->uid_base + (uint32_t)getpid();
+    /* after fork: no allocation, no stdio; the argument has room for both figures */
+    uint32_t uid = be->uid_base + (uint32_t)getpid();
     put_uid_gid(a->v[a->n - 1], uid);
     int step = 0;
     const char *what = NULL;
-    bool ok = chdir(s->sb->dir) == 0;
+    bool ok = chdir(sb->dir) == 0;
     /* QEMU's uid may look up names in its own directory (nothing above it) and write its
      * disk; everything else there stays root's */
     if (ok) {
         step = 1;
         ok = chmod(".", 0711) == 0 && chown("disk.img", uid, uid) == 0;
     }
-    ok = ok && jail_enter(s->jail, &step, &what) == 0;
+    ok = ok && jail_enter(jail, &step, &what) == 0;
     if (ok) {
         step = 0;
-        ok = chdir(s->sb->dir) == 0;
+        ok = chdir(sb->dir) == 0;
     }
     if (ok) {
         step = 2;
-        ok = dup2(s->nullfd, 0) >= 0 && dup2(s->logfd, 1) >= 0 && dup2(s->logfd, 2) >= 0;
+        ok = dup2(nullfd, 0) >= 0 && dup2(logfd, 1) >= 0 && dup2(logfd, 2) >= 0;
     }
     if (ok && l->tap_fd >= 0) {
         step = 3;
@@ -475,30 +465,8 @@ __attribute__((no_sanitize_address)) static int qemu_exec(void *arg)
     struct start_msg m = {ok ? 2 : 4, errno, step, ""};
     for (size_t i = 0; !ok && what != NULL && what[i] != '\0' && i + 1 < sizeof m.what; i++)
         m.what[i] = what[i];
-    (void)dsec_write_all(s->wfd, &m, sizeof m);
+    (void)dsec_write_all(wfd, &m, sizeof m);
     _exit(127);
-}
-
-/* The first child of a QEMU start: in a session of its own, starts QEMU's process (qemu_exec),
- * reports its pid on wfd and exits, so that QEMU is nobody's child. A vfork child of the node
- * (backends/spawn.h) that starts QEMU's process as a vfork child of its own, on the stack the
- * node mapped for it: it goes on once QEMU's process has exec'd or failed. Under TSan both are
- * forks. */
-__attribute__((no_sanitize_address)) static int qemu_detach(void *arg)
-{
-    const struct qemu_start *s = arg;
-    dsec_spawn_default_signals();
-    setsid();
-#ifdef __SANITIZE_THREAD__
-    pid_t g = fork();
-    if (g == 0)
-        qemu_exec(arg);
-#else
-    pid_t g = dsec_spawn_vfork_on(qemu_exec, arg, s->stack, QEMU_STACK);
-#endif
-    struct start_msg m = {g > 0 ? 1 : 3, g > 0 ? g : errno, 0, ""};
-    (void)dsec_write_all(s->wfd, &m, sizeof m);
-    _exit(0);
 }
 
 /* What the start pipe rfd said: sb->pid set, or err from the step that failed. */
@@ -578,22 +546,12 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: QEMU's root", be->type);
     }
     struct jail jail = {be->jail, be->qemu, (const char *const *)ro.v, ro.n, sb->dir, be->kvm};
-    /* Two children and a session of its own: QEMU is nobody's child here, so it outlives a
-     * node manager that exits or restarts (adopt finds it again). Neither child is a fork of
-     * the node (a fork's cost: backends/spawn.h): both share its memory, and this thread waits
-     * until QEMU's process has exec'd or failed and the first child has exited. */
-    struct qemu_start s = {be, sb, l, &a, &jail, logfd, nullfd, pfd[1], NULL};
-#ifdef __SANITIZE_THREAD__
-    pid_t c = fork(); /* TSan's runtime would be confused by a child in its memory */
+    /* Two forks and a session of its own: QEMU is nobody's child here, so it
+     * outlives a node manager that exits or restarts (adopt finds it again). */
+    pid_t c = fork();
     if (c == 0)
-        qemu_detach(&s);
-#else
-    pid_t c = -1;
-    if ((s.stack = dsec_spawn_stack_new(QEMU_STACK)) != NULL)
-        c = dsec_spawn_vfork(qemu_detach, &s, DETACH_STACK);
-#endif
+        qemu_child(be, sb, l, &a, &jail, logfd, nullfd, pfd[1]);
     int fork_errno = errno;
-    dsec_spawn_stack_free(s.stack, QEMU_STACK);
     close(pfd[1]);
     close(logfd);
     close(nullfd);
@@ -601,8 +559,7 @@ int dsec__vm_qemu_start(const struct vm_backend *be, dsec_sandbox *sb, const str
     av_free(&ro);
     if (c < 0) {
         close(pfd[0]);
-        return dsec_err_set(err, DSEC_E_IO, fork_errno, "%s: starting QEMU's first child",
-                            be->type);
+        return dsec_err_set(err, DSEC_E_IO, fork_errno, "%s: fork to start QEMU", be->type);
     }
     int st;
     while (waitpid(c, &st, 0) < 0 && errno == EINTR)
