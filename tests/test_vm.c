@@ -294,7 +294,8 @@ static void assert_qemu_jailed(long pid, const char *id)
 }
 
 /* The QEMU of sandbox id runs as uid and gid 1600000000 + its pid (vm_uid_base's default),
- * with no capabilities, no_new_privs and its seccomp filter on, in a root of its own. */
+ * with no capabilities, no_new_privs and its seccomp filter on, in a root of its own, detached:
+ * not a child of the node manager (this test), in another session. */
 static void assert_qemu_confined(const char *id)
 {
     char dir[PATH_MAX];
@@ -309,7 +310,9 @@ static void assert_qemu_confined(const char *id)
     unsigned long ids[2][4] = {{0}};
     char cap[32] = "", nnp[8] = "", sec[8] = "";
     char line[256];
+    long ppid = 0;
     while (fgets(line, sizeof line, f)) {
+        sscanf(line, "PPid: %ld", &ppid);
         sscanf(line, "Uid: %lu %lu %lu %lu", &ids[0][0], &ids[0][1], &ids[0][2], &ids[0][3]);
         sscanf(line, "Gid: %lu %lu %lu %lu", &ids[1][0], &ids[1][1], &ids[1][2], &ids[1][3]);
         sscanf(line, "CapEff: %31s", cap);
@@ -325,6 +328,10 @@ static void assert_qemu_confined(const char *id)
     assert_string_equal(cap, "0000000000000000");
     assert_string_equal(nnp, "1");
     assert_string_equal(sec, "2");
+    pid_t sid = getsid((pid_t)pid);
+    if (ppid <= 0 || ppid == (long)getpid() || sid < 0 || sid == getsid(0))
+        fail_msg("QEMU %ld of %s is not detached: parent %ld (the test is %ld), session %ld", pid,
+                 id, ppid, (long)getpid(), (long)sid);
     assert_qemu_jailed(pid, id);
 }
 
