@@ -133,9 +133,10 @@ static dsec_msg_proc_reply output_reply(const char *id, const dsec_proc_output *
                                  .err_from = o->err_from};
 }
 
-/* An output read that waits on the node's loop: the request's key is let go at once (the
- * sandbox's next operation need not wait for output that may take a minute), so what the
- * answer needs is copied here, and the sandbox is never touched again. */
+/* An output read or a stdin write that waits on the node's loop: the request's key is let go
+ * at once (the sandbox's next operation need not wait for output that may take a minute, nor
+ * for a process that does not read), so what the answer needs is copied here, and the sandbox
+ * is never touched again. */
 struct follow {
     dsec_node *n;
     char id[DSEC_SBX_ID_LEN_MAX + 1];
@@ -143,6 +144,33 @@ struct follow {
     char *reply;
     char *req_id;
 };
+
+/* The record of a request answered from the loop; NULL (m not answered) when short of
+ * memory or m has no reply subject. */
+static struct follow *follow_new(dsec_node *n, dsec_msg *m, struct sbx *s, const char *req_id)
+{
+    const char *to = dsec_msg_reply(m);
+    struct follow *f = to != NULL ? dsec_calloc(1, sizeof *f) : NULL;
+    if (f == NULL || (f->reply = dsec_strdup(to)) == NULL ||
+        (req_id != NULL && (f->req_id = dsec_strdup(req_id)) == NULL)) {
+        if (f != NULL)
+            dsec_free(f->reply);
+        dsec_free(f);
+        return NULL;
+    }
+    f->n = n;
+    snprintf(f->id, sizeof f->id, "%s", s->id);
+    const char *tr = dsec_trace_current();
+    snprintf(f->trace, sizeof f->trace, "%s", tr ? tr : "");
+    return f;
+}
+
+static void follow_free(struct follow *f)
+{
+    dsec_free(f->reply);
+    dsec_free(f->req_id);
+    dsec_free(f);
+}
 
 static void follow_done(void *ud, int rc, dsec_proc_output *o, dsec_err *err)
 {
@@ -162,37 +190,58 @@ static void follow_done(void *ud, int rc, dsec_proc_output *o, dsec_err *err)
         dsec_proc_output_release(o);
     }
     dsec_trace_leave(&sc);
-    dsec_free(f->reply);
-    dsec_free(f->req_id);
-    dsec_free(f);
+    follow_free(f);
+}
+
+static void stdin_done(void *ud, int rc, dsec_err *err)
+{
+    struct follow *f = ud;
+    dsec_trace_scope sc;
+    dsec_trace_enter(&sc, NULL, f->trace[0] ? f->trace : NULL, NULL, NULL);
+    dsec_err lerr;
+    if (rc < 0) {
+        dsec_err_wrap(err, "writing a background process's stdin in %s", f->id);
+        dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, err, "handle", f->req_id);
+    } else {
+        dsec_msg_proc_reply out = {.id = f->id};
+        if (dsec_wire_send(f->n->actor, f->n->bus, f->reply, NULL, DSEC_MSG_PROC_REPLY, &out,
+                           f->req_id, &lerr) < 0)
+            dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, &lerr, NULL, f->req_id);
+    }
+    dsec_trace_leave(&sc);
+    follow_free(f);
+}
+
+/* 1 when the write was handed to the loop (answered or to be answered), 0 to write here. */
+static int stdin_async(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq)
+{
+    if (!dsec_backend_proc_stdin_async(s->be) || dsec_backend_instant(s->be))
+        return 0;
+    struct follow *f = follow_new(n, m, s, rq->req_id);
+    if (f == NULL)
+        return 0; /* short of memory: write here */
+    dsec_err err;
+    if (dsec_backend_proc_stdin_start(s->be, s->h, rq->handle, rq->data.ptr, rq->data.len,
+                                      rq->close, n->loop, stdin_done, f, &err) < 0) {
+        follow_free(f);
+        backend_failed(n, m, s, &err, "writing a background process's stdin", "handle");
+    }
+    return 1;
 }
 
 /* 1 when the read was handed to the loop (answered or to be answered), 0 to read at once. */
 static int output_follow(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_proc *rq,
                          uint64_t max)
 {
-    const char *to = dsec_msg_reply(m);
-    if (rq->wait_ms == 0 || to == NULL || !dsec_backend_proc_follows(s->be) ||
-        dsec_backend_instant(s->be))
+    if (rq->wait_ms == 0 || !dsec_backend_proc_follows(s->be) || dsec_backend_instant(s->be))
         return 0;
-    struct follow *f = dsec_calloc(1, sizeof *f);
-    if (f == NULL || (f->reply = dsec_strdup(to)) == NULL ||
-        (rq->req_id != NULL && (f->req_id = dsec_strdup(rq->req_id)) == NULL)) {
-        if (f != NULL)
-            dsec_free(f->reply);
-        dsec_free(f);
-        return 0; /* short of memory: read without waiting */
-    }
-    f->n = n;
-    snprintf(f->id, sizeof f->id, "%s", s->id);
-    const char *tr = dsec_trace_current();
-    snprintf(f->trace, sizeof f->trace, "%s", tr ? tr : "");
+    struct follow *f = follow_new(n, m, s, rq->req_id);
+    if (f == NULL)
+        return 0; /* short of memory, or nowhere to answer later: read without waiting */
     dsec_err err;
     if (dsec_backend_proc_follow_start(s->be, s->h, rq->handle, rq->out_off, rq->err_off, max,
                                        (uint32_t)rq->wait_ms, n->loop, follow_done, f, &err) < 0) {
-        dsec_free(f->reply);
-        dsec_free(f->req_id);
-        dsec_free(f);
+        follow_free(f);
         backend_failed(n, m, s, &err, "reading a background process's output", "handle");
     }
     return 1;
@@ -238,6 +287,8 @@ static void proc_op(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_msg_pro
         dsec_msg_proc_reply out = {.id = s->id};
         reply(n, m, &out);
     } else if (strcmp(rq.op, "stdin") == 0) {
+        if (stdin_async(n, m, s, &rq))
+            return;
         if (dsec_backend_proc_stdin(s->be, s->h, rq.handle, rq.data.ptr, rq.data.len, rq.close,
                                     &err) < 0) {
             backend_failed(n, m, s, &err, "writing a background process's stdin", "handle");

@@ -580,6 +580,24 @@ int dsec_backend_proc_follow_start(dsec_backend *be, dsec_sandbox *sb, uint64_t 
                                       done, ud, err);
 }
 
+bool dsec_backend_proc_stdin_async(const dsec_backend *be)
+{
+    return be->ops->proc_stdin_start != NULL;
+}
+
+int dsec_backend_proc_stdin_start(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                                  const void *data, size_t len, bool close, struct dsec_loop *loop,
+                                  dsec_proc_done_fn done, void *ud, dsec_err *err)
+{
+    if (be->ops->proc_stdin_start == NULL)
+        return unsupported(be, "stdin writes without a thread", err);
+    if (sb == NULL)
+        return no_sandbox("proc_stdin_start", err);
+    if (data == NULL && len > 0)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "proc_stdin: %zu bytes but no data", len);
+    return be->ops->proc_stdin_start(be->self, sb, handle, data, len, close, loop, done, ud, err);
+}
+
 int dsec_backend_layer_cache(const dsec_backend_config *cfg, const char *state_dir,
                              uint64_t budget_bytes, struct dsec_layer_cache **out, dsec_err *err)
 {

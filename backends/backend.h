@@ -39,7 +39,9 @@ extern "C" {
  * sandbox until its done callback ran (the node holds the sandbox's key).
  *
  * File transfers do the same where the backend has file_write_start and
- * file_read_start (an agent's socket carries them, piece by piece).
+ * file_read_start (an agent's socket carries them, piece by piece), and so do
+ * process calls that wait: proc_follow_start (output to come) and
+ * proc_stdin_start (a process to read its stdin).
  *
  * The other operations (create, fork, destroy, ...) are calls that need a
  * thread (crun, mkfs, copying): the node runs them on its fair-queued work
@@ -283,7 +285,13 @@ void dsec_proc_output_release(dsec_proc_output *o);
 /* How a proc_follow_start ended: rc 0 and *out (owned by the callee, which releases it with
  * dsec_proc_output_release), or rc -1 and err. Called once, on the loop's thread. */
 typedef void (*dsec_proc_output_done_fn)(void *ud, int rc, dsec_proc_output *out, dsec_err *err);
-#define DSEC_PROC_WAIT_MAX_MS 60000u /* longest wait of one proc_follow_start */
+#define DSEC_PROC_WAIT_MAX_MS                                                                      \
+    60000u /* longest wait of one proc_follow_start or proc_stdin_start                            \
+            */
+
+/* How a proc_stdin_start ended: rc 0 (the process took every byte) or rc -1 and err. Called
+ * once, on the loop's thread. */
+typedef void (*dsec_proc_done_fn)(void *ud, int rc, dsec_err *err);
 
 /* How a transfer started with file_write_start or file_read_start ended: rc 0
  * (a read's data in *data, owned by the callee; NULL for a write) or rc -1 and
@@ -462,6 +470,14 @@ typedef struct dsec_backend_ops {
                              uint64_t err_off, uint64_t max, uint32_t wait_ms,
                              struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
                              dsec_err *err);
+    /* Optional: proc_stdin without a thread, on loop's thread and a connection of its own
+     * (like proc_follow_start): the bytes go to the sandbox at once, and done runs when the
+     * process took them all, when it ended first, or after DSEC_PROC_WAIT_MAX_MS (the bytes
+     * then still go in as it reads). data is copied before it returns. 0 when started (done
+     * called once), -1 with err (done never called). */
+    int (*proc_stdin_start)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                            size_t len, bool close, struct dsec_loop *loop, dsec_proc_done_fn done,
+                            void *ud, dsec_err *err);
     /* Optional: true when every operation of this instance completes at once (no I/O, no
      * modelled time: sim at time_scale 0). The node then runs them where the request
      * arrives, without handing them to its loop or work queue. */
@@ -530,6 +546,12 @@ int dsec_backend_proc_follow_start(dsec_backend *be, dsec_sandbox *sb, uint64_t 
                                    uint64_t out_off, uint64_t err_off, uint64_t max,
                                    uint32_t wait_ms, struct dsec_loop *loop,
                                    dsec_proc_output_done_fn done, void *ud, dsec_err *err);
+/* A stdin write that waits on loop (op proc_stdin_start): DSEC_E_UNSUPPORTED without it;
+ * dsec_backend_proc_stdin_async says whether it is there. */
+bool dsec_backend_proc_stdin_async(const dsec_backend *be);
+int dsec_backend_proc_stdin_start(dsec_backend *be, dsec_sandbox *sb, uint64_t handle,
+                                  const void *data, size_t len, bool close, struct dsec_loop *loop,
+                                  dsec_proc_done_fn done, void *ud, dsec_err *err);
 /* One mkdir, stat, rename or remove (op file_op): DSEC_E_UNSUPPORTED without it. */
 int dsec_backend_file_op(dsec_backend *be, dsec_sandbox *sb, const dsec_file_op *op,
                          dsec_file_entry *st, dsec_err *err);

@@ -53,6 +53,18 @@ double dsec_bench_host_cpu_s(void)
     return (double)busy / (double)sysconf(_SC_CLK_TCK);
 }
 
+void dsec_bench_perf_phase(const char *name)
+{
+    const char *fifo = getenv("DSEC_BENCH_PERF_CTL"), *want = getenv("DSEC_BENCH_PERF_PHASE");
+    if (fifo == NULL || *fifo == '\0' || want == NULL)
+        return;
+    FILE *f = fopen(fifo, "we");
+    if (f == NULL)
+        return;
+    fprintf(f, "%s\n", strcmp(name, want) == 0 ? "enable" : "disable");
+    fclose(f);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;

@@ -19,6 +19,12 @@ int dsec_bench_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * that a phase's cost in core-seconds is the difference across it; -1 when unreadable. */
 double dsec_bench_host_cpu_s(void);
 
+/* A diagnostic: where a phase's CPU goes. With DSEC_BENCH_PERF_CTL naming a FIFO that
+ * `perf record --control fifo:FIFO -D -1 ...` reads, the phase named by DSEC_BENCH_PERF_PHASE
+ * is recorded: dsec_bench_perf_phase(name) at each phase's start writes "enable" to the FIFO
+ * when name is that phase, else "disable". Without the variables it does nothing. */
+void dsec_bench_perf_phase(const char *name);
+
 /* The p-th percentile (0..1) of v[0..n), n > 0; sorts v. */
 double dsec_bench_pct(double *v, size_t n, double p);
 

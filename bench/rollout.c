@@ -473,6 +473,7 @@ static void phase_begin(int ph)
     g_ph[ph].self_cpu0 = self_cpu();
     atomic_store(&g_phase, ph);
     pthread_mutex_unlock(&g_hb_mu);
+    dsec_bench_perf_phase(phase_names[ph]);
 }
 
 static atomic_bool g_stop_monitor;

@@ -97,9 +97,11 @@ static void files(dsec_client *cl, const char *id, double *up, double *down, str
     }
     *sha_mb_s = sha256_mb_s(data, 256u << 20);
     dsec_err err;
+    dsec_bench_perf_phase("upload");
     double t0 = dsec_bench_now_s(), c0 = dsec_bench_host_cpu_s();
     if (dsec_file_write_ex(cl, id, "/big.bin", data, XFER_BYTES, NULL, &err) < 0)
         dsec_bench_die("upload", &err);
+    dsec_bench_perf_phase("download");
     *up = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     cost->up = dsec_bench_host_cpu_s() - c0;
     struct down d = {.want = data};
@@ -107,6 +109,7 @@ static void files(dsec_client *cl, const char *id, double *up, double *down, str
     c0 = dsec_bench_host_cpu_s();
     if (dsec_file_read_pages(cl, id, "/big.bin", check_page, &d, &err) < 0)
         dsec_bench_die("download", &err);
+    dsec_bench_perf_phase("");
     *down = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     cost->down = dsec_bench_host_cpu_s() - c0;
     if (d.at != XFER_BYTES || d.bad != 0) {

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -695,6 +696,88 @@ static void on_ev(void *ud, const dsec_dir_event *ev)
     struct evs *e = ud;
     size_t n = strlen(e->seen);
     snprintf(e->seen + n, sizeof e->seen - n, "%s %s%s\n", ev->event, ev->path, ev->dir ? "/" : "");
+}
+
+/* A write to the stdin of a process that does not read waits for it on the node's loop, not on
+ * a thread: meanwhile the sandbox's other process calls (they share its side lane) answer, a
+ * second write to the same process is refused as such, and the write ends, with the reason,
+ * when the process does. */
+struct stdin_writer {
+    const char *id;
+    uint64_t handle;
+    int rc;
+    dsec_err err;
+};
+
+static void *write_unread(void *p)
+{
+    struct stdin_writer *w = p;
+    size_t len = 1u << 20; /* far more than a pipe holds */
+    char *big = dsec_malloc(len);
+    memset(big, 'x', len);
+    w->rc = dsec_proc_write(cl, w->id, w->handle, big, len, false, &w->err);
+    dsec_free(big);
+    return NULL;
+}
+
+static void test_unread_stdin_waits_on_the_loop(void **state)
+{
+    (void)state;
+    dsec_sandbox_info a;
+    make("busybox:1", &a);
+    dsec_err err;
+    dsec_proc idle, cat;
+    const char *idle_argv[] = {"sleep", "300", NULL}, *cat_argv[] = {"cat", NULL};
+    assert_int_equal(dsec_proc_start(cl, a.id,
+                                     &(dsec_proc_opts){.argv = idle_argv, .keep_stdin = true},
+                                     &idle, &err),
+                     0);
+    assert_int_equal(dsec_proc_start(cl, a.id,
+                                     &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true}, &cat,
+                                     &err),
+                     0);
+    struct stdin_writer w = {.id = a.id, .handle = idle.handle};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    /* a client that gives up after 5 s: each call below must not wait for the write */
+    dsec_client *quick = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 5000};
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    bool refused = false;
+    for (int i = 0; i < 100 && !refused; i++) { /* until the write waits in the sandbox */
+        usleep(20000);
+        refused = dsec_proc_write(quick, a.id, idle.handle, "y", 1, false, &err) < 0;
+    }
+    assert_true(refused);
+    printf("a second write while the first waits: %s\n", err.msg);
+    assert_non_null(strstr(err.msg, "has not taken the bytes of an earlier write"));
+    dsec_proc *v;
+    size_t nv;
+    if (dsec_proc_list(quick, a.id, &v, &nv, &err) < 0)
+        fail_msg("listing while a write waits: %s", err.msg);
+    assert_int_equal(nv, 2);
+    dsec_free(v);
+    if (dsec_proc_write(quick, a.id, cat.handle, "hi\n", 3, false, &err) < 0)
+        fail_msg("writing to another process while a write waits: %s", err.msg);
+    dsec_proc_out out = {0};
+    for (int i = 0; i < 250 && out.out_len < 3; i++) {
+        dsec_proc_out_free(&out);
+        if (dsec_proc_read_wait(quick, a.id, cat.handle, 0, 0, 0, 200, &out, &err) < 0)
+            fail_msg("reading cat's output while a write waits: %s", err.msg);
+    }
+    assert_int_equal(out.out_len, 3);
+    assert_memory_equal(out.out, "hi\n", 3);
+    dsec_proc_out_free(&out);
+    /* the process that never read ends: the waiting write ends with it, and says so */
+    assert_int_equal(dsec_proc_signal(quick, a.id, idle.handle, SIGKILL, &err), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, -1);
+    printf("the waiting write, once its process was killed: %s\n", w.err.msg);
+    /* killed, its end of the pipe closes (or it is reaped first): either says bytes were left */
+    assert_true(strstr(w.err.msg, "ended before it took all of its stdin") != NULL ||
+                strstr(w.err.msg, "closed its stdin with") != NULL);
+    dsec_client_free(quick);
+    destroy(a.id);
 }
 
 static void test_watch(void **state)
@@ -1455,6 +1538,7 @@ int main(void)
         cmocka_unit_test(test_shell_sessions),
         cmocka_unit_test(test_terminals),
         cmocka_unit_test(test_proc_calls_beside_a_command),
+        cmocka_unit_test(test_unread_stdin_waits_on_the_loop),
         cmocka_unit_test(test_watch),
         cmocka_unit_test(test_uploads_downloads_file_ops),
     };

@@ -166,25 +166,114 @@ int dsec_agent_proc_signal(dsec_agent *a, uint64_t handle, int sig, dsec_err *er
     return proc_ok_request(a, frame, (size_t)(p - frame), err);
 }
 
-int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len, bool close,
-                          dsec_err *err)
+/* The PSTDIN request; NULL with err set. */
+static uint8_t *stdin_frame(dsec_agent *a, uint64_t handle, const void *data, size_t len,
+                            bool close, size_t *flen, dsec_err *err)
 {
     if (dsec__agent_check_open(a, err) < 0)
-        return -1;
-    if (data == NULL && len > 0)
-        return dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: %zu bytes but no data", len);
-    if (len > DSEC__AGENT_STDIN_MAX)
-        return dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
-                            "stdin: %zu bytes in one write, at most %u: write in pieces", len,
-                            DSEC__AGENT_STDIN_MAX);
+        return NULL;
+    if (data == NULL && len > 0) {
+        dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: %zu bytes but no data", len);
+        return NULL;
+    }
+    if (len > DSEC__AGENT_STDIN_MAX) {
+        dsec_err_set(err, DSEC_E_TOO_LARGE, 0,
+                     "stdin: %zu bytes in one write, at most %u: write in pieces", len,
+                     DSEC__AGENT_STDIN_MAX);
+        return NULL;
+    }
     uint8_t *p;
     uint8_t *frame = dsec__agent_new_frame(a, DSEC__AGENT_T_PSTDIN, 8 + 1 + 4 + len, &p, err);
     if (frame == NULL)
-        return -1;
+        return NULL;
     p = dsec__agent_put_u64(p, handle);
     p = dsec__agent_put_u8(p, close);
     p = dsec__agent_put_bytes(p, data, len);
-    return proc_ok_request(a, frame, (size_t)(p - frame), err);
+    *flen = (size_t)(p - frame);
+    return frame;
+}
+
+int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size_t len, bool close,
+                          dsec_err *err)
+{
+    size_t flen;
+    uint8_t *frame = stdin_frame(a, handle, data, len, close, &flen, err);
+    return frame == NULL ? -1 : proc_ok_request(a, frame, flen, err);
+}
+
+/* A stdin write waiting on the loop for the process to take the bytes. */
+struct stdin_run {
+    struct loop_run run; /* first: the run is the request */
+    uint32_t id;
+    uint64_t handle;
+    dsec_proc_done_fn done;
+    void *ud;
+};
+
+static int stdin_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const uint8_t *pl,
+                           size_t pn, dsec_err *err)
+{
+    struct stdin_run *r = (struct stdin_run *)lr;
+    if (rid != r->id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " while stdin write %" PRIu32 " waited", rid,
+                     r->id);
+        return EXEC_BROKEN;
+    }
+    if (type == DSEC__AGENT_T_ERROR) {
+        dsec__agent_error_frame(pl, pn, err);
+        return EXEC_REFUSED;
+    }
+    if (type != DSEC__AGENT_T_OK || pn != 8) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u of %zu bytes for stdin", type,
+                     pn);
+        return EXEC_BROKEN;
+    }
+    return EXEC_EXITED;
+}
+
+static void stdin_run_end(struct loop_run *lr, int st, dsec_err *err)
+{
+    struct stdin_run *r = (struct stdin_run *)lr;
+    dsec_proc_done_fn done = r->done;
+    void *ud = r->ud;
+    uint64_t handle = r->handle;
+    dsec_free(r);
+    if (st == EXEC_EXITED) {
+        done(ud, 0, NULL);
+        return;
+    }
+    if (st == EXEC_BROKEN && err->code == DSEC_E_TIMEOUT) /* the loop's deadline */
+        dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                     "process %" PRIu64 " did not take the bytes within %u ms; they wait in "
+                     "the sandbox and go in as it reads",
+                     handle, DSEC_PROC_WAIT_MAX_MS);
+    done(ud, -1, err);
+}
+
+int dsec_agent_proc_stdin_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
+                                const void *data, size_t len, bool close, dsec_proc_done_fn done,
+                                void *ud, dsec_err *err)
+{
+    if (done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: done is NULL");
+    struct stdin_run *r = dsec_calloc(1, sizeof *r);
+    if (r == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "stdin: a write in flight");
+    r->run.frame = stdin_frame(a, handle, data, len, close, &r->run.flen, err);
+    if (r->run.frame == NULL) {
+        dsec_free(r);
+        return -1;
+    }
+    r->id = dsec__agent_get_u32le(r->run.frame + 5);
+    r->handle = handle;
+    r->run.deadline_ns = dsec_loop_now_ns() + (uint64_t)DSEC_PROC_WAIT_MAX_MS * 1000000ull;
+    r->run.what = "the stdin write";
+    r->run.frame_in = stdin_run_frame;
+    r->run.end = stdin_run_end;
+    r->done = done;
+    r->ud = ud;
+    return dsec__agent_loop_run_own(&r->run, a, loop, err);
 }
 
 /* One stream of a POUT: its offset and bytes (copied into *data, dsec_malloc'd); false when

@@ -410,12 +410,13 @@ int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t
             dsec_agent_proc_resize(a, handle, rows, cols, err));
 }
 
-/* A waiting output request, on a connection of its own (the sandbox's may be an exec's
- * meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes and the
- * connection with it, which ends the request with an error. */
+/* A waiting output request or stdin write, on a connection of its own (the sandbox's may be
+ * an exec's meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes
+ * and the connection with it, which ends the request with an error. */
 struct ct_follow {
     dsec_agent *a;
     dsec_proc_output_done_fn done;
+    dsec_proc_done_fn stdin_done;
     void *ud;
 };
 
@@ -425,6 +426,36 @@ static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *er
     dsec_free(ud);
     f.done(f.ud, rc, out, err);
     dsec_agent_free(f.a);
+}
+
+static void ct_stdin_done(void *ud, int rc, dsec_err *err)
+{
+    struct ct_follow f = *(struct ct_follow *)ud;
+    dsec_free(ud);
+    f.stdin_done(f.ud, rc, err);
+    dsec_agent_free(f.a);
+}
+
+int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                              size_t len, bool close, struct dsec_loop *loop,
+                              dsec_proc_done_fn done, void *ud, dsec_err *err)
+{
+    struct ct_follow *f = dsec_calloc(1, sizeof *f);
+    if (f == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
+    if (side_connect(self, sb, "writing a process's stdin", &f->a, err) < 0) {
+        dsec_free(f);
+        return -1;
+    }
+    f->stdin_done = done;
+    f->ud = ud;
+    if (dsec_agent_proc_stdin_start(f->a, loop, handle, data, len, close, ct_stdin_done, f, err) <
+        0) {
+        dsec_agent_free(f->a);
+        dsec_free(f);
+        return -1;
+    }
+    return 0;
 }
 
 int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,

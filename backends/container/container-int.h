@@ -271,6 +271,9 @@ int dsec__ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t
                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
 int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
                          uint16_t cols, dsec_err *err);
+int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                              size_t len, bool close, struct dsec_loop *loop,
+                              dsec_proc_done_fn done, void *ud, dsec_err *err);
 int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                                uint64_t err_off, uint64_t max, uint32_t wait_ms,
                                struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,

@@ -970,4 +970,5 @@ const dsec_backend_ops dsec_container_ops = {
     .proc_output = dsec__ct_proc_output,
     .proc_resize = dsec__ct_proc_resize,
     .proc_follow_start = dsec__ct_proc_follow_start,
+    .proc_stdin_start = dsec__ct_proc_stdin_start,
 };

@@ -333,7 +333,9 @@ int dsec_proc_list(dsec_client *c, const char *id, dsec_proc **procs, size_t *n,
 /* Send sig to the process; SIGKILL ends its whole process tree. DSEC_E_STATE once it ended. */
 int dsec_proc_signal(dsec_client *c, const char *id, uint64_t handle, int sig, dsec_err *err);
 /* Write len bytes (<= 8 MiB) to its stdin; returns once the process took them all.
- * close: then close its stdin (len may be 0). */
+ * close: then close its stdin (len may be 0). While they wait, a further write to the same
+ * process is refused (DSEC_E_STATE); a container's node waits at most 60 s for the process
+ * to read, then answers DSEC_E_TIMEOUT while the bytes still go in as it reads. */
 int dsec_proc_write(dsec_client *c, const char *id, uint64_t handle, const void *data, size_t len,
                     bool close, dsec_err *err);
 
