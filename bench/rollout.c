@@ -601,6 +601,34 @@ static void *destroy_worker(void *arg)
     return NULL;
 }
 
+/* The write steps by how they travel: up to 4 MiB one message (written on the node's loop),
+ * above it an upload (4 MiB chunks, hashed, renamed into place). */
+static void write_sizes(void)
+{
+    size_t n[2] = {0, 0}, all = 1;
+    for (size_t i = 0; i < g_n; i++)
+        all += g_sb[i].nsteps;
+    double *v[2];
+    for (int h = 0; h < 2; h++)
+        v[h] = dsec_calloc(all, sizeof(double));
+    for (size_t i = 0; i < g_n; i++)
+        for (size_t k = 0; k < g_sb[i].nsteps; k++) {
+            const step *st = &g_sb[i].steps[k];
+            if (st->kind == K_WRITE && !st->failed) {
+                int h = st->bytes > (4u << 20);
+                v[h][n[h]++] = st->wall_ms;
+            }
+        }
+    char a[96], b[96];
+    snprintf(a, sizeof a, "<= 4 MiB (%zu): p50 %.2f ms p99 %.2f ms", n[0],
+             n[0] ? pct(v[0], n[0], 0.5) : 0, n[0] ? pct(v[0], n[0], 0.99) : 0);
+    snprintf(b, sizeof b, "> 4 MiB, an upload (%zu): p50 %.2f ms p99 %.2f ms", n[1],
+             n[1] ? pct(v[1], n[1], 0.5) : 0, n[1] ? pct(v[1], n[1], 0.99) : 0);
+    printf("%-28s %-44s %-44s\n", "", a, b);
+    dsec_free(v[0]);
+    dsec_free(v[1]);
+}
+
 /* the sleep phase */
 typedef struct sleep_arg {
     size_t i;
@@ -1173,6 +1201,8 @@ int main(void)
         else
             snprintf(b, sizeof b, "host file: p50 %.2f ms p99 %.2f ms", m, m99);
         printf("%-28s %-44s %-44s\n", name, a, b);
+        if (k == K_WRITE)
+            write_sizes();
     }
     snprintf(a, sizeof a, "%.0f ms (node's clock %.0f ms)", max_gap, max_sgap);
     snprintf(b, sizeof b, "idle: %.0f ms (node's clock %.0f ms)", pi->hb_gap_ms,

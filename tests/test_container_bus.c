@@ -776,8 +776,27 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
     /* killed, its end of the pipe closes (or it is reaped first): either says bytes were left */
     assert_true(strstr(w.err.msg, "ended before it took all of its stdin") != NULL ||
                 strstr(w.err.msg, "closed its stdin with") != NULL);
+    /* the sandbox destroyed while a write waits: the destroy does not wait for the write (it
+     * did: the write waited for a process only the destroy would end), the write ends */
+    assert_int_equal(dsec_proc_start(cl, a.id,
+                                     &(dsec_proc_opts){.argv = idle_argv, .keep_stdin = true},
+                                     &idle, &err),
+                     0);
+    w = (struct stdin_writer){.id = a.id, .handle = idle.handle};
+    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    refused = false;
+    for (int i = 0; i < 100 && !refused; i++) {
+        usleep(20000);
+        refused = dsec_proc_write(quick, a.id, idle.handle, "y", 1, false, &err) < 0 &&
+                  strstr(err.msg, "has not taken the bytes of an earlier write") != NULL;
+    }
+    assert_true(refused);
+    if (dsec_destroy(quick, a.id, &err) < 0)
+        fail_msg("destroying a sandbox while a stdin write waits: %s", err.msg);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, -1);
+    printf("the waiting write, once its sandbox was destroyed: %s\n", w.err.msg);
     dsec_client_free(quick);
-    destroy(a.id);
 }
 
 static void test_watch(void **state)

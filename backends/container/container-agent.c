@@ -2,6 +2,7 @@
  * calls made through it (with what the host sees when it does not answer). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -410,13 +411,12 @@ int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t
             dsec_agent_proc_resize(a, handle, rows, cols, err));
 }
 
-/* A waiting output request or stdin write, on a connection of its own (the sandbox's may be
- * an exec's meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes
- * and the connection with it, which ends the request with an error. */
+/* A waiting output request, on a connection of its own (the sandbox's may be an exec's
+ * meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes and the
+ * connection with it, which ends the request with an error. */
 struct ct_follow {
     dsec_agent *a;
     dsec_proc_output_done_fn done;
-    dsec_proc_done_fn stdin_done;
     void *ud;
 };
 
@@ -428,31 +428,118 @@ static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *er
     dsec_agent_free(f.a);
 }
 
+/* A connection kept between stdin writes on the loop (keystrokes need not pay a connect each),
+ * shared by the sandbox's record and the writes in flight: it outlives a record freed while a
+ * write still waits (the write's connection is then closed at its end, not kept). */
+struct ct_keep {
+    pthread_mutex_t mu;
+    int refs;    /* the record's, and each write's in flight */
+    bool closed; /* the record let go: keep nothing more */
+    dsec_agent *idle;
+};
+
+static void keep_unref(struct ct_keep *k)
+{
+    pthread_mutex_lock(&k->mu);
+    bool last = --k->refs == 0;
+    pthread_mutex_unlock(&k->mu);
+    if (last) {
+        dsec_agent_free(k->idle);
+        pthread_mutex_destroy(&k->mu);
+        dsec_free(k);
+    }
+}
+
+void dsec__ct_keep_close(dsec_sandbox *sb)
+{
+    struct ct_keep *k = sb->stdin_keep;
+    if (k == NULL)
+        return;
+    sb->stdin_keep = NULL;
+    pthread_mutex_lock(&k->mu);
+    k->closed = true;
+    dsec_agent *a = k->idle;
+    k->idle = NULL;
+    pthread_mutex_unlock(&k->mu);
+    dsec_agent_free(a);
+    keep_unref(k);
+}
+
+/* The kept connection (or a new one) for a write, which holds a reference to k meanwhile. */
+static int keep_take(const struct ct_backend *be, dsec_sandbox *sb, dsec_agent **a, dsec_err *err)
+{
+    if (sb->stdin_keep == NULL) { /* the side lane's calls come one at a time: no race */
+        struct ct_keep *k = dsec_calloc(1, sizeof *k);
+        if (k == NULL)
+            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
+        pthread_mutex_init(&k->mu, NULL);
+        k->refs = 1;
+        sb->stdin_keep = k;
+    }
+    struct ct_keep *k = sb->stdin_keep;
+    pthread_mutex_lock(&k->mu);
+    *a = k->idle;
+    k->idle = NULL;
+    pthread_mutex_unlock(&k->mu);
+    if (*a != NULL && dsec_agent_broken(*a)) {
+        dsec_agent_free(*a);
+        *a = NULL;
+    }
+    if (*a == NULL && side_connect(be, sb, "writing a process's stdin", a, err) < 0)
+        return -1;
+    pthread_mutex_lock(&k->mu);
+    k->refs++;
+    pthread_mutex_unlock(&k->mu);
+    return 0;
+}
+
+/* A write ended: its connection is kept for the next one, unless broken, another is kept
+ * already, or the record is gone. */
+static void keep_give(struct ct_keep *k, dsec_agent *a)
+{
+    pthread_mutex_lock(&k->mu);
+    if (!k->closed && k->idle == NULL && !dsec_agent_broken(a)) {
+        k->idle = a;
+        a = NULL;
+    }
+    pthread_mutex_unlock(&k->mu);
+    dsec_agent_free(a);
+    keep_unref(k);
+}
+
+struct ct_stdin {
+    struct ct_keep *keep;
+    dsec_agent *a;
+    dsec_proc_done_fn done;
+    void *ud;
+};
+
 static void ct_stdin_done(void *ud, int rc, dsec_err *err)
 {
-    struct ct_follow f = *(struct ct_follow *)ud;
+    struct ct_stdin w = *(struct ct_stdin *)ud;
     dsec_free(ud);
-    f.stdin_done(f.ud, rc, err);
-    dsec_agent_free(f.a);
+    w.done(w.ud, rc, err);
+    keep_give(w.keep, w.a);
 }
 
 int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                               size_t len, bool close, struct dsec_loop *loop,
                               dsec_proc_done_fn done, void *ud, dsec_err *err)
 {
-    struct ct_follow *f = dsec_calloc(1, sizeof *f);
-    if (f == NULL)
+    struct ct_stdin *w = dsec_calloc(1, sizeof *w);
+    if (w == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
-    if (side_connect(self, sb, "writing a process's stdin", &f->a, err) < 0) {
-        dsec_free(f);
+    if (keep_take(self, sb, &w->a, err) < 0) {
+        dsec_free(w);
         return -1;
     }
-    f->stdin_done = done;
-    f->ud = ud;
-    if (dsec_agent_proc_stdin_start(f->a, loop, handle, data, len, close, ct_stdin_done, f, err) <
+    w->keep = sb->stdin_keep;
+    w->done = done;
+    w->ud = ud;
+    if (dsec_agent_proc_stdin_start(w->a, loop, handle, data, len, close, ct_stdin_done, w, err) <
         0) {
-        dsec_agent_free(f->a);
-        dsec_free(f);
+        keep_give(w->keep, w->a);
+        dsec_free(w);
         return -1;
     }
     return 0;

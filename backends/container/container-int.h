@@ -176,6 +176,8 @@ struct dsec_sandbox {
      * that finds it in use (side_busy) opens a short one of its own */
     dsec_agent *side;
     atomic_bool side_busy;
+    /* the connection kept for stdin writes on the loop (created by the first), or NULL */
+    struct ct_keep *stdin_keep;
     /* what teardown must undo (a failed create undoes only what it did) */
     bool made_dir, made_subvol, mounted, started;
     size_t held;      /* lowers[0..held) are acquired */
@@ -271,6 +273,8 @@ int dsec__ct_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t
                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
 int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
                          uint16_t cols, dsec_err *err);
+/* Let go of sb's kept loop connection (its record is being freed). */
+void dsec__ct_keep_close(dsec_sandbox *sb);
 int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                               size_t len, bool close, struct dsec_loop *loop,
                               dsec_proc_done_fn done, void *ud, dsec_err *err);
