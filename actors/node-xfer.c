@@ -321,6 +321,11 @@ static struct xstate *upload_state(dsec_node *n, dsec_msg *m, struct sbx *s,
 {
     dsec_err err;
     struct xstate *x = xstate_take(s->id, false, tmp, 0);
+    if (x == NULL && w->offset == 0 && !w->resume) { /* a start: it writes the file anew */
+        if ((x = xstate_new(s->id, false, tmp)) == NULL)
+            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "out of memory");
+        return x;
+    }
     if (x == NULL) {
         /* no state: what the temporary file holds is the truth (its hash is lost) */
         dsec_file_entry st;
