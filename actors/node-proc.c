@@ -172,44 +172,42 @@ static void follow_free(struct follow *f)
     dsec_free(f);
 }
 
-static void follow_done(void *ud, int rc, dsec_proc_output *o, dsec_err *err)
+/* Answer f's request from the loop: out on success (rc 0), else err wrapped with what; then
+ * f is freed. */
+static void follow_answer(struct follow *f, int rc, const dsec_msg_proc_reply *out,
+                          const char *what, dsec_err *err)
 {
-    struct follow *f = ud;
     dsec_trace_scope sc;
     dsec_trace_enter(&sc, NULL, f->trace[0] ? f->trace : NULL, NULL, NULL);
     dsec_err lerr;
     if (rc < 0) {
-        dsec_err_wrap(err, "reading a background process's output in %s", f->id);
+        dsec_err_wrap(err, "%s in %s", what, f->id);
         dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, err, "handle", f->req_id);
-    } else {
-        dsec_msg_proc_info w;
-        dsec_msg_proc_reply out = output_reply(f->id, o, &w);
-        if (dsec_wire_send(f->n->actor, f->n->bus, f->reply, NULL, DSEC_MSG_PROC_REPLY, &out,
-                           f->req_id, &lerr) < 0)
-            dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, &lerr, NULL, f->req_id);
-        dsec_proc_output_release(o);
+    } else if (dsec_wire_send(f->n->actor, f->n->bus, f->reply, NULL, DSEC_MSG_PROC_REPLY, out,
+                              f->req_id, &lerr) < 0) {
+        dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, &lerr, NULL, f->req_id);
     }
     dsec_trace_leave(&sc);
     follow_free(f);
 }
 
+static void follow_done(void *ud, int rc, dsec_proc_output *o, dsec_err *err)
+{
+    struct follow *f = ud;
+    dsec_msg_proc_info w;
+    dsec_msg_proc_reply out = {0};
+    if (rc == 0)
+        out = output_reply(f->id, o, &w);
+    follow_answer(f, rc, &out, "reading a background process's output", err);
+    if (rc == 0)
+        dsec_proc_output_release(o);
+}
+
 static void stdin_done(void *ud, int rc, dsec_err *err)
 {
     struct follow *f = ud;
-    dsec_trace_scope sc;
-    dsec_trace_enter(&sc, NULL, f->trace[0] ? f->trace : NULL, NULL, NULL);
-    dsec_err lerr;
-    if (rc < 0) {
-        dsec_err_wrap(err, "writing a background process's stdin in %s", f->id);
-        dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, err, "handle", f->req_id);
-    } else {
-        dsec_msg_proc_reply out = {.id = f->id};
-        if (dsec_wire_send(f->n->actor, f->n->bus, f->reply, NULL, DSEC_MSG_PROC_REPLY, &out,
-                           f->req_id, &lerr) < 0)
-            dsec_wire_error_to(f->n->actor, f->n->bus, f->reply, &lerr, NULL, f->req_id);
-    }
-    dsec_trace_leave(&sc);
-    follow_free(f);
+    dsec_msg_proc_reply out = {.id = f->id};
+    follow_answer(f, rc, &out, "writing a background process's stdin", err);
 }
 
 /* 1 when the write was handed to the loop (answered or to be answered), 0 to write here. */

@@ -171,21 +171,10 @@ static int file_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const
                           size_t pn, dsec_err *err)
 {
     struct file_run *r = (struct file_run *)lr;
-    if (rid != r->id) {
-        dsec_err_set(err, DSEC_E_DECODE, 0,
-                     "agent answered request %" PRIu32 " instead of %" PRIu32, rid, r->id);
-        return EXEC_BROKEN;
-    }
-    if (type == DSEC__AGENT_T_ERROR) {
-        dsec__agent_error_frame(pl, pn, err);
-        return EXEC_REFUSED;
-    }
-    uint8_t want = r->read ? DSEC__AGENT_T_DATA : DSEC__AGENT_T_OK;
-    if (type != want) {
-        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered with frame type %u, expected %u", type,
-                     want);
-        return EXEC_BROKEN;
-    }
+    int st = dsec__agent_loop_answer(r->id, r->read ? DSEC__AGENT_T_DATA : DSEC__AGENT_T_OK,
+                                     "file transfer piece", type, rid, pl, pn, err);
+    if (st != 0)
+        return st;
     bool more;
     if (r->read) {
         dsec_file_data part;

@@ -70,6 +70,11 @@ int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_lo
 int dsec__agent_loop_run_own(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
                              dsec_err *err);
 void dsec__agent_loop_next(struct loop_run *r, uint8_t *frame, size_t flen);
+/* The frame a run's frame_in got, checked: 0 when it answers request id with type want,
+ * else how the exchange ends (EXEC_REFUSED: the agent's error; EXEC_BROKEN: another request's
+ * or another type's), err set. what names the request in the message. */
+int dsec__agent_loop_answer(uint32_t id, uint8_t want, const char *what, uint8_t type, uint32_t rid,
+                            const uint8_t *pl, size_t pn, dsec_err *err);
 
 /* ---- agent-client-exec.c: what EXEC and PSTART share ---------------------------------------- */
 

@@ -214,19 +214,12 @@ static int stdin_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, cons
                            size_t pn, dsec_err *err)
 {
     struct stdin_run *r = (struct stdin_run *)lr;
-    if (rid != r->id) {
-        dsec_err_set(err, DSEC_E_DECODE, 0,
-                     "agent answered request %" PRIu32 " while stdin write %" PRIu32 " waited", rid,
-                     r->id);
-        return EXEC_BROKEN;
-    }
-    if (type == DSEC__AGENT_T_ERROR) {
-        dsec__agent_error_frame(pl, pn, err);
-        return EXEC_REFUSED;
-    }
-    if (type != DSEC__AGENT_T_OK || pn != 8) {
-        dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u of %zu bytes for stdin", type,
-                     pn);
+    int st =
+        dsec__agent_loop_answer(r->id, DSEC__AGENT_T_OK, "stdin write", type, rid, pl, pn, err);
+    if (st != 0)
+        return st;
+    if (pn != 8) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent an OK of %zu bytes for stdin", pn);
         return EXEC_BROKEN;
     }
     return EXEC_EXITED;
@@ -375,20 +368,9 @@ static int pout_run_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const
                           size_t pn, dsec_err *err)
 {
     struct pout_run *r = (struct pout_run *)lr;
-    if (rid != r->id) {
-        dsec_err_set(err, DSEC_E_DECODE, 0,
-                     "agent answered request %" PRIu32 " while output %" PRIu32 " waited", rid,
-                     r->id);
-        return EXEC_BROKEN;
-    }
-    if (type == DSEC__AGENT_T_ERROR) {
-        dsec__agent_error_frame(pl, pn, err);
-        return EXEC_REFUSED;
-    }
-    if (type != DSEC__AGENT_T_POUT) {
-        dsec_err_set(err, DSEC_E_DECODE, 0, "agent sent frame type %u for output", type);
-        return EXEC_BROKEN;
-    }
+    int st = dsec__agent_loop_answer(r->id, DSEC__AGENT_T_POUT, "output", type, rid, pl, pn, err);
+    if (st != 0)
+        return st;
     bool broken;
     if (pout_decode(pl, pn, r->handle, r->max, &r->out, &broken, err) < 0)
         return broken ? EXEC_BROKEN : EXEC_REFUSED;

@@ -650,6 +650,27 @@ static void loop_ready(dsec_loop_watch *w, unsigned events, void *ud)
     loop_frames(r);
 }
 
+int dsec__agent_loop_answer(uint32_t id, uint8_t want, const char *what, uint8_t type, uint32_t rid,
+                            const uint8_t *pl, size_t pn, dsec_err *err)
+{
+    if (rid != id) {
+        dsec_err_set(err, DSEC_E_DECODE, 0,
+                     "agent answered request %" PRIu32 " while %s %" PRIu32 " waited", rid, what,
+                     id);
+        return EXEC_BROKEN;
+    }
+    if (type == DSEC__AGENT_T_ERROR) {
+        dsec__agent_error_frame(pl, pn, err);
+        return EXEC_REFUSED;
+    }
+    if (type != want) {
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered %s with frame type %u, expected %u",
+                     what, type, want);
+        return EXEC_BROKEN;
+    }
+    return 0;
+}
+
 /* Start r (its frame, frame_in, end and what set): -1 (end never called, frame freed) when
  * it could not be watched. */
 int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
