@@ -285,9 +285,8 @@ void dsec_proc_output_release(dsec_proc_output *o);
 /* How a proc_follow_start ended: rc 0 and *out (owned by the callee, which releases it with
  * dsec_proc_output_release), or rc -1 and err. Called once, on the loop's thread. */
 typedef void (*dsec_proc_output_done_fn)(void *ud, int rc, dsec_proc_output *out, dsec_err *err);
-#define DSEC_PROC_WAIT_MAX_MS                                                                      \
-    60000u /* longest wait of one proc_follow_start or proc_stdin_start                            \
-            */
+/* The longest wait of one proc_follow_start or proc_stdin_start. */
+#define DSEC_PROC_WAIT_MAX_MS 60000u
 
 /* How a proc_stdin_start ended: rc 0 (the process took every byte) or rc -1 and err. Called
  * once, on the loop's thread. */

@@ -101,17 +101,17 @@ static void files(dsec_client *cl, const char *id, double *up, double *down, str
     double t0 = dsec_bench_now_s(), c0 = dsec_bench_host_cpu_s();
     if (dsec_file_write_ex(cl, id, "/big.bin", data, XFER_BYTES, NULL, &err) < 0)
         dsec_bench_die("upload", &err);
-    dsec_bench_perf_phase("download");
     *up = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     cost->up = dsec_bench_host_cpu_s() - c0;
+    dsec_bench_perf_phase("download");
     struct down d = {.want = data};
     t0 = dsec_bench_now_s();
     c0 = dsec_bench_host_cpu_s();
     if (dsec_file_read_pages(cl, id, "/big.bin", check_page, &d, &err) < 0)
         dsec_bench_die("download", &err);
-    dsec_bench_perf_phase("");
     *down = (double)XFER_BYTES / (1 << 20) / (dsec_bench_now_s() - t0);
     cost->down = dsec_bench_host_cpu_s() - c0;
+    dsec_bench_perf_phase("");
     if (d.at != XFER_BYTES || d.bad != 0) {
         fprintf(stderr, "bench runtime: download: %" PRIu64 " bytes, %" PRIu64 " bad pages\n", d.at,
                 d.bad);

@@ -736,7 +736,9 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
                                      &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true}, &cat,
                                      &err),
                      0);
-    struct stdin_writer w = {.id = a.id, .handle = idle.handle};
+    /* static: a failed assertion leaves the thread writing into it, not into a dead frame */
+    static struct stdin_writer w;
+    w = (struct stdin_writer){.id = a.id, .handle = idle.handle};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
     /* a client that gives up after 5 s: each call below must not wait for the write */
@@ -744,7 +746,7 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
     dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 5000};
     assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
     bool refused = false;
-    for (int i = 0; i < 100 && !refused; i++) { /* until the write waits in the sandbox */
+    for (int i = 0; i < 500 && !refused; i++) { /* until the write waits in the sandbox */
         usleep(20000);
         refused = dsec_proc_write(quick, a.id, idle.handle, "y", 1, false, &err) < 0;
     }
@@ -785,7 +787,7 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
     w = (struct stdin_writer){.id = a.id, .handle = idle.handle};
     assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
     refused = false;
-    for (int i = 0; i < 100 && !refused; i++) {
+    for (int i = 0; i < 500 && !refused; i++) {
         usleep(20000);
         refused = dsec_proc_write(quick, a.id, idle.handle, "y", 1, false, &err) < 0 &&
                   strstr(err.msg, "has not taken the bytes of an earlier write") != NULL;

@@ -468,15 +468,18 @@ void dsec__ct_keep_close(dsec_sandbox *sb)
 /* The kept connection (or a new one) for a write, which holds a reference to k meanwhile. */
 static int keep_take(const struct ct_backend *be, dsec_sandbox *sb, dsec_agent **a, dsec_err *err)
 {
-    if (sb->stdin_keep == NULL) { /* the side lane's calls come one at a time: no race */
-        struct ct_keep *k = dsec_calloc(1, sizeof *k);
-        if (k == NULL)
-            return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
+    /* made by the first write; a write on the sandbox's own lane may race one on its side lane */
+    static pthread_mutex_t make_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&make_mu);
+    struct ct_keep *k = sb->stdin_keep;
+    if (k == NULL && (k = dsec_calloc(1, sizeof *k)) != NULL) {
         pthread_mutex_init(&k->mu, NULL);
         k->refs = 1;
         sb->stdin_keep = k;
     }
-    struct ct_keep *k = sb->stdin_keep;
+    pthread_mutex_unlock(&make_mu);
+    if (k == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
     pthread_mutex_lock(&k->mu);
     *a = k->idle;
     k->idle = NULL;
