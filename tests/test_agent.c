@@ -651,6 +651,31 @@ static int count_marked(bool sleeps_only, bool kill_them)
     return n;
 }
 
+/* Send sig to every live marked process whose name is comm; how many got it. */
+static int signal_marked(const char *comm, int sig)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        if (pid <= 0 || pid == getpid() || !has_mark(pid))
+            continue;
+        char path[64], name[32] = {0};
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t l = fd < 0 ? -1 : read(fd, name, sizeof name - 1);
+        if (fd >= 0)
+            close(fd);
+        if (l <= 0 || strncmp(name, comm, strlen(comm)) != 0 || name[strlen(comm)] != '\n')
+            continue;
+        n += kill(pid, sig) == 0;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
 /* What is left of the marked processes, then none of them: a failing test leaves nothing. */
 static int marked_left(void)
 {
@@ -2780,6 +2805,28 @@ static void sess_interrupt_in(const char *shell)
     assert_int_equal(info.signal, SIGKILL);
 }
 
+/* What bash says late, as it reads the next line ("line 9: 123 Killed  sleep 1000" about a job
+ * that a signal ended), is no command's stderr: neither a background job's nor a command's
+ * that an interrupt cut short before bash could say it. */
+static void test_session_late_notice(void **state)
+{
+    new_mark();
+    uint64_t h = sess_new(conn, NULL);
+    sx_expect(conn, h, "X=4", 0, "", "");
+    for (int round = 0; round < 3; round++) {
+        sx_expect(conn, h, "sleep 1000 &", 0, "", "");
+        assert_int_equal(wait_sleeps(1), 1);
+        assert_int_equal(signal_marked("sleep", SIGKILL), 1);
+        for (int i = 0; i < 500 && count_marked(true, false) > 0; i++)
+            msleep(10);
+        sx_expect(conn, h, "echo $X", 0, "4\n", "");
+    }
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_proc_signal(conn, h, SIGKILL, &err), 0);
+    pwait(conn, h, 5000);
+    assert_int_equal(marked_left(), 0);
+}
+
 /* An interrupt that comes as soon as the session started: it waits for the shell's trap. */
 static void test_session_early_interrupt(void **state)
 {
@@ -3279,6 +3326,7 @@ int main(void)
         cmocka_unit_test(test_proc_many),
         cmocka_unit_test(test_session_state),
         cmocka_unit_test(test_session_interrupt),
+        cmocka_unit_test(test_session_late_notice),
         cmocka_unit_test(test_session_early_interrupt),
         cmocka_unit_test(test_session_end),
         cmocka_unit_test(test_session_bad),

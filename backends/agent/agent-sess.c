@@ -23,6 +23,12 @@
  * next to "\036" in anything the shell prints but the markers, so a command cannot print one
  * by accident.
  *
+ * The shell's own stderr is /dev/null: only a command's runs (2>&8) reach the stream. Bash
+ * says some things late, as it reads the next line: "Killed" about a background job that a
+ * signal ended, or about a command whose interrupt returned before bash said it; on the
+ * stream, they would be the next command's stderr. Bash says them when it next parses, so
+ * each line parses ("eval :") before the command's stderr is put in place.
+ *
  * The bootstrap ends with a marker of its own (status 0) on both streams: until both came, the
  * INT trap may not be set, and no SIGINT is sent (it would kill the shell).
  *
@@ -50,9 +56,9 @@ static const char SESS_BOOT[] =
     "trap \"$__dsec_int\" INT\n"
     "__dsec_run() { __dsec_cmd=$1; shift; __dsec_busy=1; command eval \"$__dsec_cmd\"; "
     "__dsec_st=$?; __dsec_busy=; return $__dsec_st; }\n"
-    "exec 7>&1 8>&2\n"
-    "command printf '\\036%s:0\\n' \"$__dsec_tok\"\n"
-    "command printf '\\036%s:0\\n' \"$__dsec_tok\" >&2\n";
+    "exec 7>&1 8>&2 2>/dev/null\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\" >&7\n"
+    "command printf '\\036%s:0\\n' \"$__dsec_tok\" >&8\n";
 
 void dsec__agent_sess_forget_conn(struct proc *p, const struct conn *c)
 {
@@ -266,9 +272,9 @@ void dsec__agent_handle_sexec(struct conn *c, uint32_t id, uint64_t handle, cons
     }
     /* The trap is set again each time: bash, its return having cut short a wait for a child
      * that SIGINT ended, leaves its own SIGINT handler in a state that no longer runs it. */
-    static const char head[] = "trap \"$__dsec_int\" INT; __dsec_run '";
+    static const char head[] = "trap \"$__dsec_int\" INT; command eval :; __dsec_run '";
     static const char tail[] =
-        "' </dev/null 7>&- 8>&-; __dsec_st=$?; [ -z \"${__dsec_intd:-}\" ] || __dsec_st=130; "
+        "' </dev/null 2>&8 7>&- 8>&-; __dsec_st=$?; [ -z \"${__dsec_intd:-}\" ] || __dsec_st=130; "
         "__dsec_intd=; "
         "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&7; "
         "command printf '\\036%s:%d\\n' \"$__dsec_tok\" \"$__dsec_st\" >&8\n";
