@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -338,44 +337,103 @@ static int side_connect(const struct ct_backend *be, dsec_sandbox *sb, const cha
     return 0;
 }
 
-/* The side lane's connection, kept from call to call (a keystroke need not pay a connect);
- * while another call holds it (a signal beside a stdin write), a short one (*own). */
-static int side_take(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
-                     dsec_agent **a, bool *own, dsec_err *err)
+/* The side lane's connection, kept from call to call (a keystroke need not pay a connect), for
+ * every process call but start: on a work thread or on the loop. A call takes it, or opens one
+ * of its own while another call holds it (a signal beside a waiting stdin write), and gives it
+ * back at its end. The slot is shared by the sandbox's record and the calls in flight, each
+ * holding a reference: it outlives a record freed while a call still waits (that call's
+ * connection is then closed at its end, not kept). */
+struct ct_keep {
+    pthread_mutex_t mu;
+    int refs;    /* the record's, and each call's in flight */
+    bool closed; /* the record let go: keep nothing more */
+    dsec_agent *idle;
+};
+
+static void keep_unref(struct ct_keep *k)
 {
-    bool free_ = false;
-    *own = !atomic_compare_exchange_strong(&sb->side_busy, &free_, true);
-    if (*own)
-        return side_connect(be, sb, what, a, err);
-    if (sb->side == NULL && side_connect(be, sb, what, &sb->side, err) < 0) {
-        atomic_store(&sb->side_busy, false);
-        return -1;
+    pthread_mutex_lock(&k->mu);
+    bool last = --k->refs == 0;
+    pthread_mutex_unlock(&k->mu);
+    if (last) {
+        dsec_agent_free(k->idle);
+        pthread_mutex_destroy(&k->mu);
+        dsec_free(k);
     }
-    *a = sb->side;
+}
+
+void dsec__ct_keep_close(dsec_sandbox *sb)
+{
+    struct ct_keep *k = sb->keep;
+    if (k == NULL)
+        return;
+    sb->keep = NULL;
+    pthread_mutex_lock(&k->mu);
+    k->closed = true;
+    dsec_agent *a = k->idle;
+    k->idle = NULL;
+    pthread_mutex_unlock(&k->mu);
+    dsec_agent_free(a);
+    keep_unref(k);
+}
+
+/* The kept connection (or a new one) for a call (what), which holds a reference to *kp until
+ * keep_give. */
+static int keep_take(const struct ct_backend *be, dsec_sandbox *sb, const char *what,
+                     dsec_agent **a, struct ct_keep **kp, dsec_err *err)
+{
+    /* made by the first call; a call on the sandbox's own lane may race one on its side lane */
+    static pthread_mutex_t make_mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&make_mu);
+    struct ct_keep *k = sb->keep;
+    if (k == NULL && (k = dsec_calloc(1, sizeof *k)) != NULL) {
+        pthread_mutex_init(&k->mu, NULL);
+        k->refs = 1;
+        sb->keep = k;
+    }
+    pthread_mutex_unlock(&make_mu);
+    if (k == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container %s: %s", sb->rid, what);
+    pthread_mutex_lock(&k->mu);
+    *a = k->idle;
+    k->idle = NULL;
+    pthread_mutex_unlock(&k->mu);
+    if (*a != NULL && dsec_agent_broken(*a)) {
+        dsec_agent_free(*a);
+        *a = NULL;
+    }
+    if (*a == NULL && side_connect(be, sb, what, a, err) < 0)
+        return -1;
+    pthread_mutex_lock(&k->mu);
+    k->refs++;
+    pthread_mutex_unlock(&k->mu);
+    *kp = k;
     return 0;
 }
 
-static int side_give(dsec_sandbox *sb, dsec_agent *a, bool own, int rc)
+/* A call ended: its connection is kept for the next one, unless broken, another is kept
+ * already, or the record is gone. */
+static void keep_give(struct ct_keep *k, dsec_agent *a)
 {
-    if (own) {
-        dsec_agent_free(a);
-        return rc;
+    pthread_mutex_lock(&k->mu);
+    if (!k->closed && k->idle == NULL && !dsec_agent_broken(a)) {
+        k->idle = a;
+        a = NULL;
     }
-    if (rc < 0 && dsec_agent_broken(a)) { /* the next call connects again */
-        dsec_agent_free(sb->side);
-        sb->side = NULL;
-    }
-    atomic_store(&sb->side_busy, false);
-    return rc;
+    pthread_mutex_unlock(&k->mu);
+    dsec_agent_free(a);
+    keep_unref(k);
 }
 
 #define CT_SIDE(be, sb, what, err, call)                                                           \
     do {                                                                                           \
         dsec_agent *a;                                                                             \
-        bool own;                                                                                  \
-        if (side_take((be), (sb), (what), &a, &own, (err)) < 0)                                    \
+        struct ct_keep *k;                                                                         \
+        if (keep_take((be), (sb), (what), &a, &k, (err)) < 0)                                      \
             return -1;                                                                             \
-        return side_give((sb), a, own, (call));                                                    \
+        int rc_ = (call);                                                                          \
+        keep_give(k, a);                                                                           \
+        return rc_;                                                                                \
     } while (0)
 
 int dsec__ct_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n, dsec_err *err)
@@ -411,105 +469,6 @@ int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t
             dsec_agent_proc_resize(a, handle, rows, cols, err));
 }
 
-/* A waiting output request, on a connection of its own (the sandbox's may be an exec's
- * meanwhile). It holds nothing of the sandbox: destroyed meanwhile, its agent goes and the
- * connection with it, which ends the request with an error. */
-struct ct_follow {
-    dsec_agent *a;
-    dsec_proc_output_done_fn done;
-    void *ud;
-};
-
-static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
-{
-    struct ct_follow f = *(struct ct_follow *)ud;
-    dsec_free(ud);
-    f.done(f.ud, rc, out, err);
-    dsec_agent_free(f.a);
-}
-
-/* A connection kept between stdin writes on the loop (keystrokes need not pay a connect each),
- * shared by the sandbox's record and the writes in flight: it outlives a record freed while a
- * write still waits (the write's connection is then closed at its end, not kept). */
-struct ct_keep {
-    pthread_mutex_t mu;
-    int refs;    /* the record's, and each write's in flight */
-    bool closed; /* the record let go: keep nothing more */
-    dsec_agent *idle;
-};
-
-static void keep_unref(struct ct_keep *k)
-{
-    pthread_mutex_lock(&k->mu);
-    bool last = --k->refs == 0;
-    pthread_mutex_unlock(&k->mu);
-    if (last) {
-        dsec_agent_free(k->idle);
-        pthread_mutex_destroy(&k->mu);
-        dsec_free(k);
-    }
-}
-
-void dsec__ct_keep_close(dsec_sandbox *sb)
-{
-    struct ct_keep *k = sb->stdin_keep;
-    if (k == NULL)
-        return;
-    sb->stdin_keep = NULL;
-    pthread_mutex_lock(&k->mu);
-    k->closed = true;
-    dsec_agent *a = k->idle;
-    k->idle = NULL;
-    pthread_mutex_unlock(&k->mu);
-    dsec_agent_free(a);
-    keep_unref(k);
-}
-
-/* The kept connection (or a new one) for a write, which holds a reference to k meanwhile. */
-static int keep_take(const struct ct_backend *be, dsec_sandbox *sb, dsec_agent **a, dsec_err *err)
-{
-    /* made by the first write; a write on the sandbox's own lane may race one on its side lane */
-    static pthread_mutex_t make_mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&make_mu);
-    struct ct_keep *k = sb->stdin_keep;
-    if (k == NULL && (k = dsec_calloc(1, sizeof *k)) != NULL) {
-        pthread_mutex_init(&k->mu, NULL);
-        k->refs = 1;
-        sb->stdin_keep = k;
-    }
-    pthread_mutex_unlock(&make_mu);
-    if (k == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
-    pthread_mutex_lock(&k->mu);
-    *a = k->idle;
-    k->idle = NULL;
-    pthread_mutex_unlock(&k->mu);
-    if (*a != NULL && dsec_agent_broken(*a)) {
-        dsec_agent_free(*a);
-        *a = NULL;
-    }
-    if (*a == NULL && side_connect(be, sb, "writing a process's stdin", a, err) < 0)
-        return -1;
-    pthread_mutex_lock(&k->mu);
-    k->refs++;
-    pthread_mutex_unlock(&k->mu);
-    return 0;
-}
-
-/* A write ended: its connection is kept for the next one, unless broken, another is kept
- * already, or the record is gone. */
-static void keep_give(struct ct_keep *k, dsec_agent *a)
-{
-    pthread_mutex_lock(&k->mu);
-    if (!k->closed && k->idle == NULL && !dsec_agent_broken(a)) {
-        k->idle = a;
-        a = NULL;
-    }
-    pthread_mutex_unlock(&k->mu);
-    dsec_agent_free(a);
-    keep_unref(k);
-}
-
 struct ct_stdin {
     struct ct_keep *keep;
     dsec_agent *a;
@@ -532,11 +491,10 @@ int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, con
     struct ct_stdin *w = dsec_calloc(1, sizeof *w);
     if (w == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
-    if (keep_take(self, sb, &w->a, err) < 0) {
+    if (keep_take(self, sb, "writing a process's stdin", &w->a, &w->keep, err) < 0) {
         dsec_free(w);
         return -1;
     }
-    w->keep = sb->stdin_keep;
     w->done = done;
     w->ud = ud;
     if (dsec_agent_proc_stdin_start(w->a, loop, handle, data, len, close, ct_stdin_done, w, err) <
@@ -548,6 +506,24 @@ int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, con
     return 0;
 }
 
+/* A waiting output request, on the side lane's connection (the sandbox's may be an exec's
+ * meanwhile). Destroyed meanwhile, the sandbox's agent goes and the connection with it, which
+ * ends the request with an error. */
+struct ct_follow {
+    struct ct_keep *keep;
+    dsec_agent *a;
+    dsec_proc_output_done_fn done;
+    void *ud;
+};
+
+static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct ct_follow f = *(struct ct_follow *)ud;
+    dsec_free(ud);
+    f.done(f.ud, rc, out, err);
+    keep_give(f.keep, f.a);
+}
+
 int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                                uint64_t err_off, uint64_t max, uint32_t wait_ms,
                                struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
@@ -557,7 +533,7 @@ int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, ui
     struct ct_follow *f = dsec_calloc(1, sizeof *f);
     if (f == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a followed process");
-    if (side_connect(self, sb, "following a process", &f->a, err) < 0) {
+    if (keep_take(self, sb, "following a process", &f->a, &f->keep, err) < 0) {
         dsec_free(f);
         return -1;
     }
@@ -565,7 +541,7 @@ int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, ui
     f->ud = ud;
     if (dsec_agent_proc_output_start(f->a, loop, handle, out_off, err_off, max, wait_ms,
                                      ct_follow_done, f, err) < 0) {
-        dsec_agent_free(f->a);
+        keep_give(f->keep, f->a);
         dsec_free(f);
         return -1;
     }

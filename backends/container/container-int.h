@@ -172,12 +172,9 @@ struct dsec_sandbox {
     char *net_state;   /* dsec_net_sbx_state, read back from meta on adopt */
     dsec_net_sbx *net; /* its namespace and policy when the node has containment */
     dsec_agent *agent;
-    /* the side lane's connection (process calls beside a running command), or NULL; a call
-     * that finds it in use (side_busy) opens a short one of its own */
-    dsec_agent *side;
-    atomic_bool side_busy;
-    /* the connection kept for stdin writes on the loop (created by the first), or NULL */
-    struct ct_keep *stdin_keep;
+    /* the side lane's kept connection (process calls beside a running command, on a work
+     * thread or on the loop), made by the first such call, or NULL */
+    struct ct_keep *keep;
     /* what teardown must undo (a failed create undoes only what it did) */
     bool made_dir, made_subvol, mounted, started;
     size_t held;      /* lowers[0..held) are acquired */

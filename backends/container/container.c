@@ -202,7 +202,6 @@ void dsec__ct_sb_free(dsec_sandbox *sb)
 {
     dsec__ct_env_clear(&sb->env);
     dsec_free(sb->snapshot_name);
-    dsec_agent_free(sb->side);
     dsec__ct_keep_close(sb);
     dsec_sbx_strv_clear(&sb->net_entries, &sb->nnet);
     dsec_free(sb->net_state);
