@@ -688,10 +688,22 @@ static void msleep(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
+/* The first bytes of pid's command line, its arguments space-separated, into out. */
+static void cmdline_head(pid_t pid, char *out, size_t cap)
+{
+    size_t got = 0;
+    char *buf = read_cmdline(pid, &got);
+    size_t n = buf == NULL ? 0 : got < cap - 1 ? got : cap - 1;
+    for (size_t i = 0; i < n; i++)
+        out[i] = buf[i] == '\0' ? ' ' : buf[i];
+    out[n] = '\0';
+    dsec_free(buf);
+}
+
 int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_err *err)
 {
     uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
-    for (;;) {
+    for (int odd = 0;;) {
         struct vm_qmp q;
         dsec_err e2;
         if (dsec__vm_qmp_open(&q, sb->dir, 1000, &e2) == 0) {
@@ -699,7 +711,22 @@ int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_e
             return 0;
         }
         if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir) && !execing(sb->pid)) {
+            /* Alive, and its command line not QEMU's (yet): looked at again for a second before
+             * it is called a failure, and then said what it was. Only a process that is gone
+             * has exited. */
+            bool alive = proc_alive(sb->pid);
+            if (alive && ++odd < 50 && dsec_now_ns() <= deadline) {
+                msleep(20);
+                continue;
+            }
             char p[PATH_MAX + 16], tail[512];
+            if (alive) {
+                cmdline_head(sb->pid, tail, 160);
+                return dsec_err_set(err, DSEC_E_BACKEND, 0,
+                                    "QEMU's process %d did not become QEMU: its command line "
+                                    "is \"%s\" after %d looks",
+                                    (int)sb->pid, tail, odd);
+            }
             dsec__vm_fmt(p, sizeof p, "%s/qemu.log", sb->dir);
             dsec__vm_log_tail(p, tail, sizeof tail);
             return dsec_err_set(err, DSEC_E_BACKEND, 0, "QEMU exited at start: %s",
