@@ -3148,6 +3148,98 @@ static int pout_wait(struct pout_wait *w)
     return w->rc;
 }
 
+/* A stdin write waited for on a loop. */
+struct stdin_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool done;
+    int rc;
+    dsec_err err;
+};
+
+static void stdin_waited(void *ud, int rc, dsec_err *err)
+{
+    struct stdin_wait *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    if (rc < 0)
+        w->err = *err;
+    w->done = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* A stdin write that the process does not take within its wait: answered DSEC_E_TIMEOUT at
+ * the wait's end, the bytes still go in as the process reads, and the process's stdin then
+ * closes as asked. */
+static void test_proc_stdin_wait_max(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    char path[] = "/tmp/dsec-agent-stdin-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char line[128];
+    snprintf(line, sizeof line, "sleep 1.5; cat > %s", path);
+    dsec_proc_info info;
+    pstart(conn, line, 0, true, 0, &info);
+    size_t len = 1 << 20;
+    uint8_t *data = malloc(len);
+    assert_non_null(data);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (uint8_t)(i * 7);
+    dsec_agent *a = NULL;
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    /* a wait over the limit is refused before anything is sent */
+    struct stdin_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    expect_fail(dsec_agent_proc_stdin_start(a, loop, info.handle, data, len, false,
+                                            DSEC_PROC_WAIT_MAX_MS + 1, stdin_waited, &w, &err),
+                &err, DSEC_E_INVALID, "at most");
+    uint64_t t0 = now_us();
+    assert_int_equal(dsec_agent_proc_stdin_start(a, loop, info.handle, data, len, false, 300,
+                                                 stdin_waited, &w, &err),
+                     0);
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+        pthread_cond_wait(&w.cond, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    uint64_t took = now_us() - t0;
+    assert_int_equal(w.rc, -1);
+    assert_int_equal(w.err.code, DSEC_E_TIMEOUT);
+    if (strstr(w.err.msg, "did not take the bytes within 300 ms") == NULL)
+        fail_msg("the write's end: %s", w.err.msg);
+    assert_true(took >= 250000 && took < 1300000); /* before the process began to read */
+    assert_true(dsec_agent_broken(a));             /* its answer is abandoned */
+    dsec_agent_free(a);
+    /* the bytes go in as the process reads; then its stdin closes as asked */
+    struct stat st = {0};
+    for (int i = 0; i < 500 && (stat(path, &st) != 0 || (size_t)st.st_size < len); i++)
+        msleep(20);
+    assert_int_equal((size_t)st.st_size, len);
+    int rc = -1;
+    for (int i = 0; i < 250 && rc < 0; i++) /* refused until the agent saw the last byte go */
+        if ((rc = dsec_agent_proc_stdin(conn, info.handle, NULL, 0, true, &err)) < 0)
+            msleep(20);
+    assert_int_equal(rc, 0);
+    info = pwait(conn, info.handle, 5000);
+    assert_int_equal(info.exit_code, 0);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t *back = malloc(len);
+    assert_non_null(back);
+    assert_int_equal(fread(back, 1, len, f), len);
+    fclose(f);
+    assert_memory_equal(back, data, len);
+    free(back);
+    free(data);
+    unlink(path);
+    dsec_loop_free(loop);
+    assert_int_equal(marked_left(), 0);
+}
+
 /* POUTPUT with a wait: held until output comes (other requests go on meanwhile), until the
  * process ends, or for wait_ms when nothing comes. */
 static void test_proc_output_wait(void **state)
@@ -3332,6 +3424,7 @@ int main(void)
         cmocka_unit_test(test_session_bad),
         cmocka_unit_test(test_pty),
         cmocka_unit_test(test_proc_output_wait),
+        cmocka_unit_test(test_proc_stdin_wait_max),
         cmocka_unit_test(test_proc_output_wait_raw),
         cmocka_unit_test(test_speed),
     };

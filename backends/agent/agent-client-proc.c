@@ -205,6 +205,7 @@ int dsec_agent_proc_stdin(dsec_agent *a, uint64_t handle, const void *data, size
 struct stdin_run {
     struct loop_run run; /* first: the run is the request */
     uint32_t id;
+    uint32_t wait_max_ms;
     uint64_t handle;
     dsec_proc_done_fn done;
     void *ud;
@@ -231,6 +232,7 @@ static void stdin_run_end(struct loop_run *lr, int st, dsec_err *err)
     dsec_proc_done_fn done = r->done;
     void *ud = r->ud;
     uint64_t handle = r->handle;
+    uint32_t wait_max_ms = r->wait_max_ms;
     dsec_free(r);
     if (st == EXEC_EXITED) {
         done(ud, 0, NULL);
@@ -240,16 +242,21 @@ static void stdin_run_end(struct loop_run *lr, int st, dsec_err *err)
         dsec_err_set(err, DSEC_E_TIMEOUT, 0,
                      "process %" PRIu64 " did not take the bytes within %u ms; they wait in "
                      "the sandbox and go in as it reads",
-                     handle, DSEC_PROC_WAIT_MAX_MS);
+                     handle, wait_max_ms);
     done(ud, -1, err);
 }
 
 int dsec_agent_proc_stdin_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
-                                const void *data, size_t len, bool close, dsec_proc_done_fn done,
-                                void *ud, dsec_err *err)
+                                const void *data, size_t len, bool close, uint32_t wait_max_ms,
+                                dsec_proc_done_fn done, void *ud, dsec_err *err)
 {
     if (done == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: done is NULL");
+    if (wait_max_ms > DSEC_PROC_WAIT_MAX_MS)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stdin: a wait of %u ms, at most %u",
+                            wait_max_ms, DSEC_PROC_WAIT_MAX_MS);
+    if (wait_max_ms == 0)
+        wait_max_ms = DSEC_PROC_WAIT_MAX_MS;
     struct stdin_run *r = dsec_calloc(1, sizeof *r);
     if (r == NULL)
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "stdin: a write in flight");
@@ -260,7 +267,8 @@ int dsec_agent_proc_stdin_start(dsec_agent *a, struct dsec_loop *loop, uint64_t 
     }
     r->id = dsec__agent_get_u32le(r->run.frame + 5);
     r->handle = handle;
-    r->run.deadline_ns = dsec_loop_now_ns() + (uint64_t)DSEC_PROC_WAIT_MAX_MS * 1000000ull;
+    r->wait_max_ms = wait_max_ms;
+    r->run.deadline_ns = dsec_loop_now_ns() + (uint64_t)wait_max_ms * 1000000ull;
     r->run.what = "the stdin write";
     r->run.frame_in = stdin_run_frame;
     r->run.end = stdin_run_end;

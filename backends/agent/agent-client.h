@@ -146,12 +146,14 @@ int dsec_agent_proc_output_start(dsec_agent *a, struct dsec_loop *loop, uint64_t
                                  uint64_t out_off, uint64_t err_off, uint64_t max, uint32_t wait_ms,
                                  dsec_proc_output_done_fn done, void *ud, dsec_err *err);
 /* dsec_agent_proc_stdin on loop: done(ud, 0, NULL) once the process took every byte, or rc -1
- * and err: refused, the process ended first, the connection lost, or DSEC_PROC_WAIT_MAX_MS
- * passed (DSEC_E_TIMEOUT; the bytes still go in as it reads). data is copied before it
- * returns. As for dsec_agent_proc_output_start, a is the request's until done ran. */
+ * and err: refused, the process ended first, the connection lost, or wait_max_ms passed
+ * (DSEC_E_TIMEOUT; the bytes still go in as it reads, and a is then broken: its answer is
+ * abandoned). wait_max_ms 0 is DSEC_PROC_WAIT_MAX_MS, and more than that is refused. data is
+ * copied before it returns. As for dsec_agent_proc_output_start, a is the request's until done
+ * ran. */
 int dsec_agent_proc_stdin_start(dsec_agent *a, struct dsec_loop *loop, uint64_t handle,
-                                const void *data, size_t len, bool close, dsec_proc_done_fn done,
-                                void *ud, dsec_err *err);
+                                const void *data, size_t len, bool close, uint32_t wait_max_ms,
+                                dsec_proc_done_fn done, void *ud, dsec_err *err);
 
 #ifdef __cplusplus
 }

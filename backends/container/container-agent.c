@@ -497,8 +497,8 @@ int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, con
     }
     w->done = done;
     w->ud = ud;
-    if (dsec_agent_proc_stdin_start(w->a, loop, handle, data, len, close, ct_stdin_done, w, err) <
-        0) {
+    if (dsec_agent_proc_stdin_start(w->a, loop, handle, data, len, close, 0, ct_stdin_done, w,
+                                    err) < 0) {
         keep_give(w->keep, w->a);
         dsec_free(w);
         return -1;
