@@ -621,37 +621,8 @@ static bool has_mark(pid_t pid)
     return false;
 }
 
-/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
- * gets SIGKILL (they are this test's own: the mark is new). */
-static int count_marked(bool sleeps_only, bool kill_them)
-{
-    DIR *d = opendir("/proc");
-    int n = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d)) != NULL) {
-        pid_t pid = (pid_t)atoi(de->d_name);
-        if (pid <= 0 || pid == getpid() || !has_mark(pid))
-            continue;
-        if (sleeps_only) {
-            char path[64], comm[32] = {0};
-            snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            ssize_t l = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
-            if (fd >= 0)
-                close(fd);
-            if (l <= 0 || strncmp(comm, "sleep\n", 6) != 0)
-                continue;
-        }
-        n++;
-        if (kill_them)
-            kill(pid, SIGKILL);
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
-
-/* Send sig to every live marked process whose name is comm; how many got it. */
+/* Live processes with the current mark named comm (NULL: any); each gets sig unless it is 0
+ * (they are this test's own: the mark is new). How many there were. */
 static int signal_marked(const char *comm, int sig)
 {
     DIR *d = opendir("/proc");
@@ -661,19 +632,31 @@ static int signal_marked(const char *comm, int sig)
         pid_t pid = (pid_t)atoi(de->d_name);
         if (pid <= 0 || pid == getpid() || !has_mark(pid))
             continue;
-        char path[64], name[32] = {0};
-        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        ssize_t l = fd < 0 ? -1 : read(fd, name, sizeof name - 1);
-        if (fd >= 0)
-            close(fd);
-        if (l <= 0 || strncmp(name, comm, strlen(comm)) != 0 || name[strlen(comm)] != '\n')
-            continue;
-        n += kill(pid, sig) == 0;
+        if (comm != NULL) {
+            char path[64], name[32] = {0};
+            snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            ssize_t l = fd < 0 ? -1 : read(fd, name, sizeof name - 1);
+            if (fd >= 0)
+                close(fd);
+            size_t cl = strlen(comm);
+            if (l <= 0 || strncmp(name, comm, cl) != 0 || name[cl] != '\n')
+                continue;
+        }
+        n++;
+        if (sig != 0)
+            kill(pid, sig);
     }
     if (d)
         closedir(d);
     return n;
+}
+
+/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
+ * gets SIGKILL. */
+static int count_marked(bool sleeps_only, bool kill_them)
+{
+    return signal_marked(sleeps_only ? "sleep" : NULL, kill_them ? SIGKILL : 0);
 }
 
 /* What is left of the marked processes, then none of them: a failing test leaves nothing. */

@@ -469,59 +469,74 @@ int dsec__ct_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t
             dsec_agent_proc_resize(a, handle, rows, cols, err));
 }
 
-struct ct_stdin {
+/* A side-lane call on the loop (a stdin write, a waiting output read): the kept slot's
+ * connection it holds, and whom to tell at its end. Destroyed meanwhile, the sandbox's agent
+ * goes and the connection with it, which ends the call with an error. */
+struct ct_loop_call {
     struct ct_keep *keep;
     dsec_agent *a;
-    dsec_proc_done_fn done;
+    dsec_proc_done_fn done;            /* a stdin write's */
+    dsec_proc_output_done_fn out_done; /* a waiting read's */
     void *ud;
 };
 
+static struct ct_loop_call *loop_call_new(const struct ct_backend *be, dsec_sandbox *sb,
+                                          const char *what, void *ud, dsec_err *err)
+{
+    struct ct_loop_call *c = dsec_calloc(1, sizeof *c);
+    if (c == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container %s: %s", sb->rid, what);
+        return NULL;
+    }
+    if (keep_take(be, sb, what, &c->a, &c->keep, err) < 0) {
+        dsec_free(c);
+        return NULL;
+    }
+    c->ud = ud;
+    return c;
+}
+
+/* It could not be sent (its done is never called): -1. */
+static int loop_call_unsent(struct ct_loop_call *c)
+{
+    keep_give(c->keep, c->a);
+    dsec_free(c);
+    return -1;
+}
+
+static struct ct_loop_call loop_call_end(void *ud)
+{
+    struct ct_loop_call c = *(struct ct_loop_call *)ud;
+    dsec_free(ud);
+    return c;
+}
+
 static void ct_stdin_done(void *ud, int rc, dsec_err *err)
 {
-    struct ct_stdin w = *(struct ct_stdin *)ud;
-    dsec_free(ud);
-    w.done(w.ud, rc, err);
-    keep_give(w.keep, w.a);
+    struct ct_loop_call c = loop_call_end(ud);
+    c.done(c.ud, rc, err);
+    keep_give(c.keep, c.a);
+}
+
+static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct ct_loop_call c = loop_call_end(ud);
+    c.out_done(c.ud, rc, out, err);
+    keep_give(c.keep, c.a);
 }
 
 int dsec__ct_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                               size_t len, bool close, struct dsec_loop *loop,
                               dsec_proc_done_fn done, void *ud, dsec_err *err)
 {
-    struct ct_stdin *w = dsec_calloc(1, sizeof *w);
-    if (w == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a stdin write");
-    if (keep_take(self, sb, "writing a process's stdin", &w->a, &w->keep, err) < 0) {
-        dsec_free(w);
+    struct ct_loop_call *c = loop_call_new(self, sb, "writing a process's stdin", ud, err);
+    if (c == NULL)
         return -1;
-    }
-    w->done = done;
-    w->ud = ud;
-    if (dsec_agent_proc_stdin_start(w->a, loop, handle, data, len, close, 0, ct_stdin_done, w,
-                                    err) < 0) {
-        keep_give(w->keep, w->a);
-        dsec_free(w);
-        return -1;
-    }
+    c->done = done;
+    if (dsec_agent_proc_stdin_start(c->a, loop, handle, data, len, close, 0, ct_stdin_done, c,
+                                    err) < 0)
+        return loop_call_unsent(c);
     return 0;
-}
-
-/* A waiting output request, on the side lane's connection (the sandbox's may be an exec's
- * meanwhile). Destroyed meanwhile, the sandbox's agent goes and the connection with it, which
- * ends the request with an error. */
-struct ct_follow {
-    struct ct_keep *keep;
-    dsec_agent *a;
-    dsec_proc_output_done_fn done;
-    void *ud;
-};
-
-static void ct_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
-{
-    struct ct_follow f = *(struct ct_follow *)ud;
-    dsec_free(ud);
-    f.done(f.ud, rc, out, err);
-    keep_give(f.keep, f.a);
 }
 
 int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
@@ -530,20 +545,12 @@ int dsec__ct_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, ui
                                dsec_err *err)
 {
     /* on the loop's thread: a dead agent is told at once, not after a connect's retries */
-    struct ct_follow *f = dsec_calloc(1, sizeof *f);
-    if (f == NULL)
-        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "container: a followed process");
-    if (keep_take(self, sb, "following a process", &f->a, &f->keep, err) < 0) {
-        dsec_free(f);
+    struct ct_loop_call *c = loop_call_new(self, sb, "following a process", ud, err);
+    if (c == NULL)
         return -1;
-    }
-    f->done = done;
-    f->ud = ud;
-    if (dsec_agent_proc_output_start(f->a, loop, handle, out_off, err_off, max, wait_ms,
-                                     ct_follow_done, f, err) < 0) {
-        keep_give(f->keep, f->a);
-        dsec_free(f);
-        return -1;
-    }
+    c->out_done = done;
+    if (dsec_agent_proc_output_start(c->a, loop, handle, out_off, err_off, max, wait_ms,
+                                     ct_follow_done, c, err) < 0)
+        return loop_call_unsent(c);
     return 0;
 }
