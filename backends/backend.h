@@ -462,18 +462,18 @@ typedef struct dsec_backend_ops {
     /* Optional: proc_output that waits, on loop's thread, without a thread of its own:
      * when neither stream holds a byte past its offset and the process runs, the answer
      * waits until output comes, the process ends or wait_ms (at most DSEC_PROC_WAIT_MAX_MS)
-     * passes. It goes on a connection of its own, so it may run beside any other call on
-     * sb, an exec included; a sandbox destroyed meanwhile ends it with an error. 0 when
-     * started (done called once), -1 with err (done never called). */
+     * passes. It goes on a connection other than the sandbox's own, so it may run beside any
+     * other call on sb, an exec included; a sandbox destroyed meanwhile ends it with an error. 0
+     * when started (done called once), -1 with err (done never called). */
     int (*proc_follow_start)(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                              uint64_t err_off, uint64_t max, uint32_t wait_ms,
                              struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
                              dsec_err *err);
-    /* Optional: proc_stdin without a thread, on loop's thread and a connection of its own
-     * (like proc_follow_start): the bytes go to the sandbox at once, and done runs when the
-     * process took them all, when it ended first, or after DSEC_PROC_WAIT_MAX_MS (the bytes
-     * then still go in as it reads). data is copied before it returns. 0 when started (done
-     * called once), -1 with err (done never called). */
+    /* Optional: proc_stdin without a thread, on loop's thread and a connection other than the
+     * sandbox's own (like proc_follow_start): the bytes go to the sandbox at once, and done runs
+     * when the process took them all, when it ended first, or after DSEC_PROC_WAIT_MAX_MS (the
+     * bytes then still go in as it reads). data is copied before it returns. 0 when started
+     * (done called once), -1 with err (done never called). */
     int (*proc_stdin_start)(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
                             size_t len, bool close, struct dsec_loop *loop, dsec_proc_done_fn done,
                             void *ud, dsec_err *err);
