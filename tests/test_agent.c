@@ -621,9 +621,9 @@ static bool has_mark(pid_t pid)
     return false;
 }
 
-/* Live processes with the current mark named comm (NULL: any); each gets sig unless it is 0
- * (they are this test's own: the mark is new). How many there were. */
-static int signal_marked(const char *comm, int sig)
+/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
+ * gets SIGKILL (they are this test's own: the mark is new). */
+static int count_marked(bool sleeps_only, bool kill_them)
 {
     DIR *d = opendir("/proc");
     int n = 0;
@@ -632,31 +632,23 @@ static int signal_marked(const char *comm, int sig)
         pid_t pid = (pid_t)atoi(de->d_name);
         if (pid <= 0 || pid == getpid() || !has_mark(pid))
             continue;
-        if (comm != NULL) {
-            char path[64], name[32] = {0};
+        if (sleeps_only) {
+            char path[64], comm[32] = {0};
             snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
             int fd = open(path, O_RDONLY | O_CLOEXEC);
-            ssize_t l = fd < 0 ? -1 : read(fd, name, sizeof name - 1);
+            ssize_t l = fd < 0 ? -1 : read(fd, comm, sizeof comm - 1);
             if (fd >= 0)
                 close(fd);
-            size_t cl = strlen(comm);
-            if (l <= 0 || strncmp(name, comm, cl) != 0 || name[cl] != '\n')
+            if (l <= 0 || strncmp(comm, "sleep\n", 6) != 0)
                 continue;
         }
         n++;
-        if (sig != 0)
-            kill(pid, sig);
+        if (kill_them)
+            kill(pid, SIGKILL);
     }
     if (d)
         closedir(d);
     return n;
-}
-
-/* Live processes with the current mark (only "sleep"s when sleeps_only); with kill_them, each
- * gets SIGKILL. */
-static int count_marked(bool sleeps_only, bool kill_them)
-{
-    return signal_marked(sleeps_only ? "sleep" : NULL, kill_them ? SIGKILL : 0);
 }
 
 /* What is left of the marked processes, then none of them: a failing test leaves nothing. */
@@ -2799,7 +2791,7 @@ static void test_session_late_notice(void **state)
     for (int round = 0; round < 3; round++) {
         sx_expect(conn, h, "sleep 1000 &", 0, "", "");
         assert_int_equal(wait_sleeps(1), 1);
-        assert_int_equal(signal_marked("sleep", SIGKILL), 1);
+        assert_int_equal(count_marked(true, true), 1); /* SIGKILL to the sleep */
         for (int i = 0; i < 500 && count_marked(true, false) > 0; i++)
             msleep(10);
         sx_expect(conn, h, "echo $X", 0, "4\n", "");

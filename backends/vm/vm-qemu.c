@@ -615,16 +615,22 @@ static char *read_cmdline(pid_t pid, size_t *got)
     return buf;
 }
 
-bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+/* pid's command line as read_cmdline has it, its arguments space-separated: one string. */
+static char *cmdline_text(pid_t pid)
 {
     size_t got;
     char *buf = read_cmdline(pid, &got);
-    if (buf == NULL)
-        return false;
-    for (size_t i = 0; i < got; i++)
+    for (size_t i = 0; buf != NULL && i < got; i++)
         if (buf[i] == '\0')
             buf[i] = ' ';
-    buf[got] = '\0';
+    return buf;
+}
+
+bool dsec__vm_qemu_is_ours(pid_t pid, const char *dir)
+{
+    char *buf = cmdline_text(pid);
+    if (buf == NULL)
+        return false;
     char needle[PATH_MAX + 2];
     dsec__vm_fmt(needle, sizeof needle, "%s/", dir);
     bool ours = strstr(buf, needle) != NULL;
@@ -688,18 +694,6 @@ static void msleep(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
-/* The first bytes of pid's command line, its arguments space-separated, into out. */
-static void cmdline_head(pid_t pid, char *out, size_t cap)
-{
-    size_t got = 0;
-    char *buf = read_cmdline(pid, &got);
-    size_t n = buf == NULL ? 0 : got < cap - 1 ? got : cap - 1;
-    for (size_t i = 0; i < n; i++)
-        out[i] = buf[i] == '\0' ? ' ' : buf[i];
-    out[n] = '\0';
-    dsec_free(buf);
-}
-
 int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_err *err)
 {
     uint64_t deadline = dsec_now_ns() + timeout_ms * 1000000u;
@@ -721,11 +715,13 @@ int dsec__vm_qemu_wait_ready(const dsec_sandbox *sb, uint64_t timeout_ms, dsec_e
             }
             char p[PATH_MAX + 16], tail[512];
             if (alive) {
-                cmdline_head(sb->pid, tail, 160);
-                return dsec_err_set(err, DSEC_E_BACKEND, 0,
-                                    "QEMU's process %d did not become QEMU: its command line "
-                                    "is \"%s\" after %d looks",
-                                    (int)sb->pid, tail, odd);
+                char *cl = cmdline_text(sb->pid);
+                dsec_err_set(err, DSEC_E_BACKEND, 0,
+                             "QEMU's process %d did not become QEMU: its command line is "
+                             "\"%.160s\" after %d looks",
+                             (int)sb->pid, cl ? cl : "", odd);
+                dsec_free(cl);
+                return -1;
             }
             dsec__vm_fmt(p, sizeof p, "%s/qemu.log", sb->dir);
             dsec__vm_log_tail(p, tail, sizeof tail);
