@@ -352,16 +352,18 @@ static int load_bus(const dsec_cfg *cfg, const dsec_cfg_node *root, dsec_cell_co
 {
     const char *s;
     const dsec_cfg_node *bus = dsec_cfg_get(root, "bus");
-    static const char *const bus_keys[] = {"url", "threads", "low_latency", NULL};
-    uint64_t threads;
+    static const char *const bus_keys[] = {"url", "threads", "work_threads", "low_latency", NULL};
+    uint64_t threads, work;
     if (dsec_cfg_expect(cfg, bus, DSEC_CFG_MAP, err) < 0 ||
         dsec_cfg_check_keys(cfg, bus, bus_keys, err) < 0 ||
         dsec_cfg_str(cfg, bus, "url", c->url, &s, err) < 0 ||
         dsec_cfg_u64(cfg, bus, "threads", (uint64_t)c->threads, 1, 64, &threads, err) < 0 ||
+        dsec_cfg_u64(cfg, bus, "work_threads", (uint64_t)c->work_threads, 0, 256, &work, err) < 0 ||
         dsec_cfg_bool(cfg, bus, "low_latency", c->low_latency, &c->low_latency, err) < 0)
         return -1;
     snprintf(c->url, sizeof c->url, "%s", s);
     c->threads = (int)threads;
+    c->work_threads = (int)work;
 
     const dsec_cfg_node *en = dsec_cfg_get(root, "embedded_nats");
     static const char *const en_keys[] = {"enabled", "port", "jetstream", NULL};

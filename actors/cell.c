@@ -684,6 +684,8 @@ static int start_nodes(dsec_cell *c, const dsec_cell_conf *conf, dsec_err *err)
     for (size_t i = 0; i < conf->nnodes; i++)
         if (strcmp(conf->nodes[i].backend, "native") == 0)
             work_threads = DSEC_CELL_WORK_THREADS;
+    if (conf->work_threads > 0)
+        work_threads = conf->work_threads;
     if (conf->nnodes > 0 && (dsec_loop_new(&c->loop, "dsec-loop", err) < 0 ||
                              dsec_workq_new(&c->work, "dsec-work", work_threads, err) < 0))
         return -1;

@@ -58,6 +58,8 @@ typedef struct dsec_cell_conf {
     char cell[65];
     char url[256];      /* the bus */
     int threads;        /* bus worker threads */
+    int work_threads;   /* bus.work_threads: the nodes' threads for operations that need one;
+                           0: DSEC_CELL_WORK_THREADS with a native node, else 4 */
     bool low_latency;   /* bus.low_latency: publish at once (default true) */
     bool embedded_nats; /* start a nats-server (dsec up) */
     int nats_port;      /* 0: a free port */

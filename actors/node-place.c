@@ -110,7 +110,8 @@ struct create_job {
     uint64_t t0;
 };
 
-static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *p, uint64_t t0);
+static bool create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *p, uint64_t t0,
+                          dsec_deferred *d);
 
 /* Admitted, but not started: the resources go back and the requester hears why. */
 static void create_fail(dsec_node *n, struct sbx *s, dsec_err *err, const char *reply_to,
@@ -138,10 +139,11 @@ static void create_job_run(void *ud)
     if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
                     &err) < 0)
         create_fail(j.n, j.s, &err, NULL, NULL); /* cannot happen: it decoded once */
-    else
-        create_finish(j.n, j.s, &p, j.t0);
+    else if (create_finish(j.n, j.s, &p, j.t0, j.d))
+        j.d = NULL; /* the loop's now: create_wait_end lets it go */
     dsec_trace_leave(&sc);
-    dsec_deferred_done(j.d);
+    if (j.d != NULL)
+        dsec_deferred_done(j.d);
 }
 
 /* What an admitted placement asks of this node: its tenant, its type's index, and the resources,
@@ -338,7 +340,7 @@ static void place_create(dsec_node *n, dsec_actor *a, dsec_msg *m, const dsec_ms
         return;
     }
     dsec_free(j);
-    create_finish(n, s, p, t0);
+    create_finish(n, s, p, t0, NULL);
 }
 
 /* Keep p's stamp to hand back to its scheduler in the next capacity report: how far behind
@@ -433,14 +435,106 @@ void dsec__node_on_place_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, vo
     dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
 }
 
+/* s did not start (err): its resources go back and p's requester hears why. */
+static void create_failed(dsec_node *n, struct sbx *s, const dsec_msg_place *p, dsec_err *err)
+{
+    dsec_err_wrap(err, "creating %s on %s", s->id, n->name);
+    pthread_mutex_lock(&n->mu);
+    dsec__node_unlink_sbx(n, s);
+    dsec__node_release_resources(n, s->cpu_milli, s->memory_mb, 1, s->disk_mb);
+    dsec__node_event_locked(n, s, ST_STARTING, ST_FAILED, err->msg);
+    pthread_mutex_unlock(&n->mu);
+    if (err->code == DSEC_E_INTERNAL || err->code == DSEC_OK)
+        err->code = DSEC_E_BACKEND;
+    dsec_wire_error_to(n->actor, n->bus, p->reply_to, err,
+                       err->code == DSEC_E_INVALID ? create_bad_field(err) : NULL, p->c.req_id);
+    dsec__node_sbx_free(s);
+}
+
+/* The backend started s: its journal record, then the answer. */
+static void create_started(dsec_node *n, struct sbx *s, const dsec_msg_place *p, uint64_t t0)
+{
+    dsec_err err;
+    s->state = ST_RUNNING;
+    if (dsec__node_journal_put(n, s, &err) < 0) {
+        /* Without a record we could not re-adopt it: refuse rather than risk an orphan. */
+        dsec_err tmp;
+        dsec__node_side_close(n, s);
+        dsec_backend_destroy(s->be, s->h, &tmp);
+        pthread_mutex_lock(&n->mu);
+        dsec__node_unlink_sbx(n, s);
+        dsec__node_release_resources(n, s->cpu_milli, s->memory_mb, 1, s->disk_mb);
+        dsec__node_event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
+        pthread_mutex_unlock(&n->mu);
+        dsec_wire_error_to(n->actor, n->bus, p->reply_to, &err, NULL, p->c.req_id);
+        dsec__node_sbx_free(s);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    dsec__node_event_locked(n, s, ST_STARTING, ST_RUNNING, NULL);
+    pthread_mutex_unlock(&n->mu);
+    atomic_fetch_add(&n->created, 1);
+    dsec_metrics_hist_observe(&n->create_lat, dsec_now_ns() - t0);
+    dsec__node_send_created(n, p->reply_to, s, false, p->c.req_id);
+}
+
+/* A sandbox coming up on the loop (create_start): its placement is kept (d) until the end. */
+struct create_wait {
+    struct create_job j;
+    int rc;
+    dsec_err err;
+};
+
+/* After the wait, on a work thread (the journal, a failed start's destroy): as create_finish
+ * would have gone on. */
+static void create_wait_end(void *ud)
+{
+    struct create_wait *c = ud;
+    dsec_msg *m = dsec_deferred_msg(c->j.d);
+    dsec_trace_scope sc;
+    dsec_deferred_trace(c->j.d, &sc);
+    dsec_msg_place p;
+    dsec_err err, tmp;
+    bool decoded = dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m),
+                               dsec_msg_len(m), &p, &err) == 0; /* it decoded once */
+    if (c->rc == 0 && decoded) {
+        create_started(c->j.n, c->j.s, &p, c->j.t0);
+    } else {
+        dsec_backend_destroy(c->j.s->be, c->j.s->h, &tmp);
+        c->j.s->h = NULL;
+        if (decoded)
+            create_failed(c->j.n, c->j.s, &p, &c->err);
+        else
+            create_fail(c->j.n, c->j.s, &err, NULL, NULL);
+    }
+    dsec_trace_leave(&sc);
+    dsec_deferred_done(c->j.d);
+    dsec_free(c);
+}
+
+/* The sandbox answered, or could not (on the loop's thread): the rest in the tenant's turn, or
+ * here when the work queue has stopped (the node is stopping). */
+static void create_ready(void *ud, int rc, dsec_err *err)
+{
+    struct create_wait *c = ud;
+    c->rc = rc;
+    if (rc < 0)
+        c->err = *err;
+    dsec_err e2;
+    if (dsec_workq_submit(c->j.n->work, c->j.s->tenant, dsec__node_hash_str(c->j.s->id, NULL),
+                          create_wait_end, c, &e2) < 0)
+        create_wait_end(c);
+}
+
 /* Start the sandbox s that on_place admitted for p: the backend's create, then its journal
- * record, then the answer. On a work thread. */
-static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp, uint64_t t0)
+ * record, then the answer. On a work thread. With d (p's placement, deferred) and a backend
+ * that starts sandboxes on the loop, it returns true once the wait for the sandbox is the
+ * loop's: create_wait_end then finishes, and lets d go. */
+static bool create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp, uint64_t t0,
+                          dsec_deferred *d)
 {
     dsec_err err;
     const dsec_msg_place p = *pp;
-    dsec_actor *a = n->actor;
-    uint64_t cpu = s->cpu_milli, mem = s->memory_mb, disk = s->disk_mb;
     dsec_sandbox_spec spec;
     dsec__node_spec_for(n, s, p.c.env, &spec);
     spec.cls = p.c.cls;
@@ -451,39 +545,19 @@ static void create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp,
     for (size_t i = 0; i < spec.nlabels; i++)
         labels[i] = (dsec_backend_kv){p.c.labels.k[i], p.c.labels.v[i]};
     spec.labels = labels;
-    if (dsec_backend_create(s->be, &spec, &s->h, &s->bstate, &err) < 0) {
-        dsec_err_wrap(&err, "creating %s on %s", s->id, n->name);
-        pthread_mutex_lock(&n->mu);
-        dsec__node_unlink_sbx(n, s);
-        dsec__node_release_resources(n, cpu, mem, 1, disk);
-        dsec__node_event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
-        pthread_mutex_unlock(&n->mu);
-        if (err.code == DSEC_E_INTERNAL || err.code == DSEC_OK)
-            err.code = DSEC_E_BACKEND;
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err,
-                           err.code == DSEC_E_INVALID ? create_bad_field(&err) : NULL, p.c.req_id);
-        dsec__node_sbx_free(s);
-        return;
+    struct create_wait *c =
+        d != NULL && dsec_backend_creates_async(s->be) ? dsec_calloc(1, sizeof *c) : NULL;
+    if (c != NULL) {
+        c->j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};
+        /* from a 0 on, s is create_ready's: it may be running already */
+        if (dsec_backend_create_start(s->be, &spec, n->loop, create_ready, c, &s->h, &s->bstate,
+                                      &err) == 0)
+            return true;
+        dsec_free(c);
+    } else if (dsec_backend_create(s->be, &spec, &s->h, &s->bstate, &err) == 0) {
+        create_started(n, s, &p, t0);
+        return false;
     }
-    s->state = ST_RUNNING;
-    if (dsec__node_journal_put(n, s, &err) < 0) {
-        /* Without a record we could not re-adopt it: refuse rather than risk an orphan. */
-        dsec_err tmp;
-        dsec__node_side_close(n, s);
-        dsec_backend_destroy(s->be, s->h, &tmp);
-        pthread_mutex_lock(&n->mu);
-        dsec__node_unlink_sbx(n, s);
-        dsec__node_release_resources(n, cpu, mem, 1, disk);
-        dsec__node_event_locked(n, s, ST_STARTING, ST_FAILED, err.msg);
-        pthread_mutex_unlock(&n->mu);
-        dsec_wire_error_to(a, n->bus, p.reply_to, &err, NULL, p.c.req_id);
-        dsec__node_sbx_free(s);
-        return;
-    }
-    pthread_mutex_lock(&n->mu);
-    dsec__node_event_locked(n, s, ST_STARTING, ST_RUNNING, NULL);
-    pthread_mutex_unlock(&n->mu);
-    atomic_fetch_add(&n->created, 1);
-    dsec_metrics_hist_observe(&n->create_lat, dsec_now_ns() - t0);
-    dsec__node_send_created(n, p.reply_to, s, false, p.c.req_id);
+    create_failed(n, s, &p, &err);
+    return false;
 }

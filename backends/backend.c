@@ -137,6 +137,25 @@ int dsec_backend_create(dsec_backend *be, const dsec_sandbox_spec *spec, dsec_sa
     return be->ops->create(be->self, spec, out, backend_state, err);
 }
 
+bool dsec_backend_creates_async(const dsec_backend *be)
+{
+    return be->ops->create_start != NULL;
+}
+
+int dsec_backend_create_start(dsec_backend *be, const dsec_sandbox_spec *spec,
+                              struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                              dsec_sandbox **out, char **backend_state, dsec_err *err)
+{
+    if (be->ops->create_start == NULL)
+        return unsupported(be, "create_start", err);
+    if (spec == NULL || out == NULL || backend_state == NULL || loop == NULL || done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0,
+                            "create_start: missing spec, loop, done or out parameter");
+    *out = NULL;
+    *backend_state = NULL;
+    return be->ops->create_start(be->self, spec, loop, done, ud, out, backend_state, err);
+}
+
 static int check_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *req, dsec_err *err)
 {
     if (be->ops->exec == NULL && be->ops->exec_start == NULL)

@@ -46,7 +46,9 @@ extern "C" {
  * The other operations (create, fork, destroy, ...) are calls that need a
  * thread (crun, mkfs, copying): the node runs them on its fair-queued work
  * threads (backends/workq.h), never on a bus worker, so a busy sandbox or
- * tenant delays only its own turn. A backend without exec_start (or without
+ * tenant delays only its own turn. A create whose end is a wait for the
+ * sandbox to come up (a VM's boot) does that wait on the loop where the
+ * backend has create_start: the thread goes back once the guest is started. A backend without exec_start (or without
  * the file ops' _start) has its exec (or transfers) run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
@@ -173,6 +175,10 @@ struct dsec_loop;
  * and err set. Called exactly once, on the loop's thread (possibly before
  * exec_start returned). */
 typedef void (*dsec_exec_done_fn)(void *ud, int rc, dsec_exec_result *res, dsec_err *err);
+
+/* How a sandbox started with create_start came up: rc 0, or rc -1 and err. Called once, on the
+ * loop's thread. */
+typedef void (*dsec_ready_fn)(void *ud, int rc, dsec_err *err);
 
 typedef enum dsec_file_kind {
     DSEC_FILE_REG = 1,
@@ -357,6 +363,16 @@ typedef struct dsec_backend_ops {
      * *backend_state the caller-owned record for adopt (never NULL). */
     int (*create)(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
                   char **backend_state, dsec_err *err);
+    /* Optional: create whose last wait is a watch on loop, not a thread's sleep (a VM's boot,
+     * seconds until its agent answers). It does what create does up to that wait and returns
+     * 0 with *out and *backend_state set, the caller's from then on; done runs once, on
+     * loop's thread (possibly before this returns), when the sandbox answers (rc 0: it takes
+     * calls) or cannot (rc -1 and err: the caller destroys *out, the only call it may make
+     * on it; it makes none before done). -1 with err as create's failure: nothing is left,
+     * done is never called. */
+    int (*create_start)(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
+                        dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
+                        dsec_err *err);
     /* Run one command; fills *res (caller releases it). */
     int (*exec)(void *self, dsec_sandbox *sb, const dsec_exec_req *req, dsec_exec_result *res,
                 dsec_err *err);
@@ -515,6 +531,12 @@ int dsec_backend_exec(dsec_backend *be, dsec_sandbox *sb, const dsec_exec_req *r
                       dsec_exec_result *res, dsec_err *err);
 /* Whether exec_start is there: commands then need no thread while they run. */
 bool dsec_backend_exec_async(const dsec_backend *be);
+/* Whether the instance starts sandboxes with create_start, and the call (as
+ * dsec_backend_create; DSEC_E_UNSUPPORTED without the op). */
+bool dsec_backend_creates_async(const dsec_backend *be);
+int dsec_backend_create_start(dsec_backend *be, const dsec_sandbox_spec *spec,
+                              struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                              dsec_sandbox **out, char **backend_state, dsec_err *err);
 /* Whether the instance's operations complete at once (ops->instant). */
 bool dsec_backend_instant(const dsec_backend *be);
 /* Start one command on the instance's loop (dsec_backend_config.loop, or a loop of

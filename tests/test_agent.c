@@ -2006,6 +2006,154 @@ static void test_sync_wrong_nonce(void **state)
     unlink(p);
 }
 
+/* ---- connecting on the loop (dsec_agent_connect_start: a VM's boot holds no thread) --------- */
+
+struct dial_wait {
+    atomic_bool ended;
+    int rc;
+    dsec_err err;
+    dsec_agent *a;
+    atomic_int alive_asked;
+    bool alive_says_no; /* alive answers false (the peer went away) */
+};
+
+static void dial_ended(void *ud, int rc, dsec_agent *a, dsec_err *err)
+{
+    struct dial_wait *w = ud;
+    w->rc = rc;
+    w->a = a;
+    if (rc < 0)
+        w->err = *err;
+    atomic_store(&w->ended, true);
+}
+
+static bool dial_alive(void *ud, dsec_err *err)
+{
+    struct dial_wait *w = ud;
+    atomic_fetch_add(&w->alive_asked, 1);
+    if (!w->alive_says_no)
+        return true;
+    dsec_err_set(err, DSEC_E_BACKEND, 0, "the peer went away");
+    return false;
+}
+
+/* Wait up to ms for the dial's end; it must come. */
+static void dial_wait_end(struct dial_wait *w, int ms)
+{
+    for (int i = 0; i < ms / 10 && !atomic_load(&w->ended); i++)
+        usleep(10000);
+    assert_true(atomic_load(&w->ended));
+}
+
+/* An agent that starts serving after the dial began (a VM still booting): the dial keeps
+ * connecting until it answers, and the connection it hands over takes calls. Meanwhile the
+ * loop's thread is free: a timer on it fires on time. */
+static void test_dial_on_loop(void **state)
+{
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/dial-late.sock", tmpdir);
+    unlink(sock);
+    struct dial_wait w = {0};
+    assert_int_equal(
+        dsec_agent_connect_start(loop, sock, 10000, 0, dial_alive, dial_ended, &w, &err), 0);
+    usleep(300000);
+    assert_false(atomic_load(&w.ended)); /* nobody serves the path yet */
+    pid_t pid = start_agent(sock, NULL);
+    assert_true(pid > 0);
+    dial_wait_end(&w, 10000);
+    assert_int_equal(w.rc, 0);
+    assert_non_null(w.a);
+    char f[360];
+    snprintf(f, sizeof f, "%s/dialed", tmpdir);
+    assert_int_equal(dsec_agent_file_write(w.a, f, "y", 1, 0644, false, &err), 0);
+    dsec_agent_free(w.a);
+    kill(pid, SIGTERM);
+    assert_int_not_equal(wait_exit(pid, 5000), -1);
+
+    /* the scripted peers: stale bytes before the HELLO, and an agent from before SYNC */
+    int modes[] = {PEER_STALE, PEER_OLD_AGENT};
+    for (size_t m = 0; m < 2; m++) {
+        char p[128];
+        snprintf(p, sizeof p, "%s/peer.sock", tmpdir);
+        struct peer pe = {.lfd = peer_listen(p), .mode = modes[m]};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
+        struct dial_wait pw = {0};
+        assert_int_equal(dsec_agent_connect_start(loop, p, 5000, 0, NULL, dial_ended, &pw, &err),
+                         0);
+        dial_wait_end(&pw, 5000);
+        assert_int_equal(pw.rc, 0);
+        assert_int_not_equal(pe.nonce, 0);
+        /* the stream is in step: the next answer is the one to our request */
+        assert_int_equal(dsec_agent_file_write(pw.a, "/x", "y", 1, 0644, false, &err), 0);
+        dsec_agent_free(pw.a);
+        pthread_join(t, NULL);
+        close(pe.lfd);
+        unlink(p);
+    }
+    dsec_loop_free(loop);
+}
+
+/* How a dial that gets no answer ends: at its timeout (naming the path), when alive says the
+ * peer is gone (within about a second, not at the timeout), after a HELLO with somebody else's
+ * nonce (at its timeout), and when the node stops (at once). */
+static void test_dial_fails(void **state)
+{
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    char p[128];
+    snprintf(p, sizeof p, "%s/nobody-listens.sock", tmpdir);
+    struct dial_wait w = {0};
+    assert_int_equal(dsec_agent_connect_start(loop, p, 200, 0, dial_alive, dial_ended, &w, &err),
+                     0);
+    dial_wait_end(&w, 5000);
+    assert_int_equal(w.rc, -1);
+    assert_int_equal(w.err.code, DSEC_E_TIMEOUT);
+    assert_non_null(strstr(w.err.msg, p));
+    assert_null(w.a);
+
+    struct dial_wait gone = {.alive_says_no = true};
+    uint64_t t0 = now_us();
+    assert_int_equal(
+        dsec_agent_connect_start(loop, p, 60000, 0, dial_alive, dial_ended, &gone, &err), 0);
+    dial_wait_end(&gone, 10000);
+    assert_true(now_us() - t0 < 30000000); /* long before its timeout */
+    assert_int_equal(gone.rc, -1);
+    assert_int_equal(gone.err.code, DSEC_E_BACKEND);
+    assert_string_equal(gone.err.msg, "the peer went away");
+    assert_int_equal(atomic_load(&gone.alive_asked), 1);
+
+    snprintf(p, sizeof p, "%s/peer.sock", tmpdir);
+    struct peer pe = {.lfd = peer_listen(p), .mode = PEER_WRONG_NONCE};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
+    struct dial_wait wrong = {0};
+    assert_int_equal(dsec_agent_connect_start(loop, p, 1000, 200, NULL, dial_ended, &wrong, &err),
+                     0);
+    dial_wait_end(&wrong, 5000);
+    assert_int_equal(wrong.rc, -1);
+    assert_int_equal(wrong.err.code, DSEC_E_TIMEOUT);
+    close(pe.lfd); /* the peer's accept for a retry fails: it ends */
+    pthread_join(t, NULL);
+    unlink(p);
+
+    snprintf(p, sizeof p, "%s/nobody-listens.sock", tmpdir);
+    struct dial_wait stopped = {0};
+    assert_int_equal(dsec_agent_connect_start(loop, p, 60000, 0, NULL, dial_ended, &stopped, &err),
+                     0);
+    dsec_loop_stop(loop);
+    assert_true(atomic_load(&stopped.ended));
+    assert_int_equal(stopped.rc, -1);
+    assert_int_equal(stopped.err.code, DSEC_E_CLOSED);
+    assert_int_equal(dsec_agent_connect_start(loop, p, 1000, 0, NULL, dial_ended, &w, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CLOSED);
+    dsec_loop_free(loop);
+}
+
 /* ---- speed (printed, not asserted) -------------------------------------------------------------
  */
 
@@ -3382,6 +3530,8 @@ int main(void)
         cmocka_unit_test(test_connect_backlog_full),
         cmocka_unit_test(test_sync_skips_stale_bytes),
         cmocka_unit_test(test_sync_wrong_nonce),
+        cmocka_unit_test(test_dial_on_loop),
+        cmocka_unit_test(test_dial_fails),
         cmocka_unit_test(test_proc_detached),
         cmocka_unit_test(test_proc_ring),
         cmocka_unit_test(test_proc_stdin),

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,6 +23,7 @@
 #include <cmocka.h>
 
 #include "backends/backend.h"
+#include "backends/loop.h"
 #include "backends/layers/layer-cache.h"
 #include "backends/net/net.h"
 #include "backends/vm/vm.h"
@@ -805,6 +807,69 @@ static void test_images_evicted(void **state)
 }
 
 /* The q35 machine boots the same kit, here on no layers (the initrd's busybox world). */
+/* ---- boots on the loop (create_start) ------------------------------------------------------ */
+
+struct booted {
+    _Atomic bool ended;
+    int rc;
+    dsec_err err;
+};
+
+static void on_booted(void *ud, int rc, dsec_err *err)
+{
+    struct booted *b = ud;
+    b->rc = rc;
+    if (rc < 0)
+        b->err = *err;
+    atomic_store(&b->ended, true);
+}
+
+/* Three microVMs started on one loop: each start returns once QEMU runs, so the three boot at
+ * once and no thread waits for any of them. Two come up and take calls; the third's QEMU is
+ * killed mid-boot, which its wait reports (the guest stopped) instead of waiting out the
+ * boot timeout; destroying it then leaves nothing. */
+static void test_boot_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "vm-test", &err), 0);
+    struct sbx *s[3];
+    struct booted b[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        s[i] = sbx_new(&dsec_microvm_ops, mvm, "l");
+        dsec_sandbox_spec spec = {.id = s[i]->id, .type = "microvm", .env = "busybox:1"};
+        if (dsec_microvm_ops.create_start(mvm, &spec, loop, on_booted, &b[i], &s[i]->h,
+                                          &s[i]->bstate, &err) < 0)
+            fail_msg("create_start %s: %s", s[i]->id, err.msg);
+        assert_non_null(s[i]->h);
+        assert_non_null(s[i]->bstate);
+    }
+    /* a guest's boot takes seconds here: the first is still booting after the third started */
+    assert_false(atomic_load(&b[0].ended));
+    assert_int_equal(kill(qemu_pid(s[2]), SIGKILL), 0);
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 3; i++)
+        while (!atomic_load(&b[i].ended) && now_ms() - t0 < 180000)
+            usleep(20000);
+    for (int i = 0; i < 3; i++)
+        if (!atomic_load(&b[i].ended))
+            fail_msg("%s: no answer from its boot in 180 s", s[i]->id);
+    for (int i = 0; i < 2; i++) {
+        if (b[i].rc != 0)
+            fail_msg("boot %s: %s", s[i]->id, b[i].err.msg);
+        char out[64];
+        assert_int_equal(sh(s[i], "hostname", out, sizeof out), 0);
+        assert_string_equal(out, s[i]->id);
+    }
+    assert_int_equal(b[2].rc, -1);
+    if (strstr(b[2].err.msg, "the VM stopped before its agent answered") == NULL)
+        fail_msg("a killed boot: %s", b[2].err.msg);
+    for (int i = 0; i < 3; i++)
+        destroy(s[i]);
+    dsec_loop_free(loop);
+}
+
 static void test_q35(void **state)
 {
     (void)state;
@@ -899,6 +964,7 @@ int main(void)
         cmocka_unit_test_setup(test_bad_input, need_vm),
         cmocka_unit_test_setup(test_microvm, need_vm),
         cmocka_unit_test_setup(test_images_evicted, need_vm),
+        cmocka_unit_test_setup(test_boot_on_loop, need_vm),
         cmocka_unit_test_setup(test_q35, need_vm),
         cmocka_unit_test_setup(test_network, need_vm),
     };

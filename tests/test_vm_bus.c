@@ -5,8 +5,10 @@
  * directory watcher. */
 #include <dirent.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,6 +81,7 @@ static int group_setup(void **state)
     conf.capacity_ms = 20;
     conf.full_ms = 500;
     conf.heartbeat_ms = 100;
+    conf.work_threads = 2; /* fewer than test_boots_beside_work boots at once */
     static const char *const types[] = {"microvm", "vm", NULL};
     if (dsec_cell_conf_add_sim_nodes(&conf, "vmbus", 1, 8000, 16384, 64, types, NULL, &err) < 0) {
         fprintf(stderr, "conf: %s\n", err.msg);
@@ -219,6 +222,71 @@ static void test_placement_by_requirement(void **state)
     assert_string_equal(out, "from a whole machine");
     destroy(b.id);
     destroy(a.id);
+}
+
+struct boot_req {
+    pthread_t t;
+    int rc;
+    dsec_err err;
+    dsec_sandbox_info info;
+    atomic_int *answered;
+};
+
+static void *boot_main(void *arg)
+{
+    struct boot_req *b = arg;
+    dsec_client *c = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
+    b->rc = dsec_client_connect(&c, &o, &b->err);
+    if (b->rc == 0) {
+        dsec_create_spec cs = {.type = "microvm",
+                               .env = "busybox:1",
+                               .cpu_milli = 1000,
+                               .memory_mb = 256,
+                               .disk_mb = 256};
+        b->rc = dsec_create(c, &cs, &b->info, &b->err);
+    }
+    dsec_client_free(c);
+    atomic_fetch_add(b->answered, 1);
+    return NULL;
+}
+
+/* A VM's boot waits on the node's loop, not on one of its work threads: with 2 work threads
+ * (bus.work_threads), 3 creates boot side by side. Three QEMUs run before any create is
+ * answered; when each boot held a thread, the third QEMU started only once a boot ended. */
+static void test_boots_beside_work(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    int before = qemu_count();
+    atomic_int answered = 0;
+    struct boot_req b[3];
+    for (int i = 0; i < 3; i++) {
+        b[i] = (struct boot_req){.answered = &answered};
+        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
+    }
+    /* samples (every 50 ms) that saw three QEMUs while no create had been answered: with
+     * boots on threads, the third started only when a boot's answer was on its way, and at
+     * most one sample caught it */
+    int three = 0;
+    while (atomic_load(&answered) == 0) {
+        three += qemu_count() - before >= 3;
+        usleep(50000);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(b[i].t, NULL);
+        if (b[i].rc != 0)
+            fail_msg("create %d: %s", i, b[i].err.msg);
+    }
+    if (three < 5)
+        fail_msg("three VMs booted side by side in %d samples, not 5 or more", three);
+    char out[128];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sh(b[i].info.id, "hostname", out, sizeof out), 0);
+        assert_string_equal(out, b[i].info.id);
+        destroy(b[i].info.id);
+    }
+    assert_int_equal(qemu_count(), before);
 }
 
 static void test_exec_files_fork_pause_snapshot(void **state)
@@ -747,6 +815,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_by_requirement),
+        cmocka_unit_test(test_boots_beside_work),
         cmocka_unit_test(test_exec_files_fork_pause_snapshot),
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_bad_requests),

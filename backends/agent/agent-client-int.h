@@ -43,6 +43,22 @@ int dsec__agent_request_ok(dsec_agent *a, uint8_t *frame, size_t flen, dsec_err 
 uint8_t *dsec__agent_new_frame(dsec_agent *a, uint8_t type, size_t payload_len, uint8_t **payload,
                                dsec_err *err);
 
+/* The handshake every connection starts with (see sync_hello): a SYNC with a fresh nonce, and
+ * the scan of what came back for the HELLO that carries it. */
+void dsec__agent_sync_new(uint8_t sync[9], uint8_t tag[5], uint8_t etag[5]);
+enum {
+    DSEC__AGENT_HELLO_NONE,  /* not yet: win keeps at most a 16-byte tail, read on */
+    DSEC__AGENT_HELLO_OK,    /* the answer: *version is the agent's protocol */
+    DSEC__AGENT_HELLO_GREET, /* the agent started serving the channel: send a new SYNC */
+    DSEC__AGENT_HELLO_OLD,   /* an agent older than SYNC: read and drop *drain bytes, done */
+};
+int dsec__agent_hello_scan(uint8_t *win, size_t *have, const uint8_t tag[5], const uint8_t etag[5],
+                           uint32_t *version, size_t *drain);
+/* 0 when version is this node's protocol, else -1 with err naming path. */
+int dsec__agent_hello_version(uint32_t version, const char *path, dsec_err *err);
+/* One non-blocking connect to the unix socket at path (any length); the fd, or -1 with errno. */
+int dsec__agent_connect_once(const char *path);
+
 /* ---- agent-client.c: calls without a thread, driven by the node's loop --------------------- */
 
 /* One exchange on the loop: the request goes out as the socket takes it, then the answer's

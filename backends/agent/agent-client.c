@@ -330,7 +330,7 @@ uint8_t *dsec__agent_new_frame(dsec_agent *a, uint8_t type, size_t payload_len, 
 
 /* One connect attempt; returns the fd, or -1 with errno. A path longer than sun_path
  * goes through a descriptor of its directory. */
-static int connect_once(const char *path)
+int dsec__agent_connect_once(const char *path)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     int dfd = -1;
@@ -374,6 +374,67 @@ static int connect_once(const char *path)
     return fd;
 }
 
+/* A SYNC frame with a fresh random nonce in sync, and the two answers that carry it: the HELLO
+ * (tag) and an older agent's "unsupported" ERROR (etag), as the 5 bytes after a frame's length. */
+void dsec__agent_sync_new(uint8_t sync[DSEC__AGENT_HDR], uint8_t tag[5], uint8_t etag[5])
+{
+    uint32_t nonce = 0;
+    while (nonce == 0)
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            nonce = (uint32_t)now_ms() ^ (uint32_t)getpid() ^ 0x5a5a5a5au;
+    dsec__agent_put_hdr(sync, DSEC__AGENT_T_SYNC, nonce, 0);
+    tag[0] = DSEC__AGENT_T_HELLO;
+    etag[0] = DSEC__AGENT_T_ERROR;
+    dsec__agent_put_u32(tag + 1, nonce);
+    dsec__agent_put_u32(etag + 1, nonce);
+}
+
+int dsec__agent_hello_scan(uint8_t *win, size_t *have, const uint8_t tag[5], const uint8_t etag[5],
+                           uint32_t *version, size_t *drain)
+{
+    /* the greeting an agent sends on its own when a client arrives (id 0) */
+    static const uint8_t greet[9] = {13, 0, 0, 0, DSEC__AGENT_T_HELLO, 0, 0, 0, 0};
+    size_t n = *have;
+    /* a hit at i means a frame starts at i - 4 */
+    for (size_t i = 4; i + 5 <= n; i++) {
+        uint32_t flen = dsec__agent_get_u32le(win + i - 4);
+        if (i + 9 <= n && memcmp(win + i - 4, greet, sizeof greet) == 0) {
+            /* drop everything up to it, so it is not seen again */
+            size_t used = i + 13 <= n ? i + 13 : i + 5;
+            memmove(win, win + used, n - used);
+            *have = n - used;
+            return DSEC__AGENT_HELLO_GREET;
+        }
+        if (memcmp(win + i, tag, 5) == 0 && flen == 13 && i + 13 <= n) {
+            *version = dsec__agent_get_u32le(win + i + 5);
+            return DSEC__AGENT_HELLO_OK; /* nothing legitimate follows before our first request */
+        }
+        if (memcmp(win + i, etag, 5) == 0 && flen >= 13 && i + 9 <= n &&
+            dsec__agent_get_u32le(win + i + 5) == DSEC__AGENT_ERR_UNSUPPORTED) {
+            /* an agent without SYNC: the rest of its ERROR frame is to be read and dropped
+             * (type, id and kind are in the window) */
+            size_t rest = (size_t)flen - 9, left = n - (i + 9);
+            *drain = rest - (left < rest ? left : rest);
+            return DSEC__AGENT_HELLO_OLD;
+        }
+    }
+    /* keep a tail that may hold the start of the HELLO */
+    if (n > 16) {
+        memmove(win, win + n - 16, 16);
+        *have = 16;
+    }
+    return DSEC__AGENT_HELLO_NONE;
+}
+
+int dsec__agent_hello_version(uint32_t version, const char *path, dsec_err *err)
+{
+    if (version != DSEC__AGENT_VERSION)
+        return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
+                            "agent at %s speaks protocol %" PRIu32 ", this node %u", path, version,
+                            DSEC__AGENT_VERSION);
+    return 0;
+}
+
 /* Start a fresh exchange on a just-connected a: send SYNC with a random nonce and discard every
  * byte until the HELLO that carries the latest one. On a virtio-serial port the bytes before it may
  * be what the agent still had queued for an earlier client, even half a frame, so they are scanned
@@ -383,11 +444,10 @@ static int connect_once(const char *path)
  * DSEC_E_UNSUPPORTED (protocol version). */
 static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_err *err)
 {
-    uint8_t tag[5] = {DSEC__AGENT_T_HELLO}, etag[5] = {DSEC__AGENT_T_ERROR};
-    /* the greeting an agent sends on its own when a client arrives (id 0) */
-    static const uint8_t greet[9] = {13, 0, 0, 0, DSEC__AGENT_T_HELLO, 0, 0, 0, 0};
+    uint8_t tag[5], etag[5], sync[DSEC__AGENT_HDR];
     uint8_t win[65536 + 32];
-    size_t have = 0;
+    size_t have = 0, drain = 0;
+    uint32_t version = 0;
     bool resync = true;
     for (;;) {
         /* A SYNC with a fresh nonce: first, and again whenever the agent greets on its own. A
@@ -395,61 +455,29 @@ static int sync_hello(dsec_agent *a, const char *path, uint64_t deadline, dsec_e
          * virtio-serial port discards what was sent before, our SYNC included. Answers to
          * earlier SYNCs come before the latest one's and are skipped like any stale byte. */
         if (resync) {
-            uint32_t nonce = 0;
-            while (nonce == 0)
-                if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-                    nonce = (uint32_t)now_ms() ^ (uint32_t)getpid() ^ 0x5a5a5a5au;
-            uint8_t sync[DSEC__AGENT_HDR];
-            dsec__agent_put_hdr(sync, DSEC__AGENT_T_SYNC, nonce, 0);
+            dsec__agent_sync_new(sync, tag, etag);
             if (dsec__agent_send_all(a, sync, sizeof sync, deadline, err) < 0)
                 return -1;
-            dsec__agent_put_u32(tag + 1, nonce);
-            dsec__agent_put_u32(etag + 1, nonce);
             resync = false;
         }
-        /* a hit at i means a frame starts at i - 4 */
-        for (size_t i = 4; i + 5 <= have; i++) {
-            uint32_t flen = dsec__agent_get_u32le(win + i - 4);
-            if (i + 9 <= have && memcmp(win + i - 4, greet, sizeof greet) == 0) {
-                /* drop everything up to it, so it is not seen again */
-                size_t used = i + 13 <= have ? i + 13 : i + 5;
-                memmove(win, win + used, have - used);
-                have -= used;
-                resync = true;
-                break;
-            }
-            if (memcmp(win + i, tag, 5) == 0 && flen == 13 && i + 13 <= have) {
-                uint32_t version = dsec__agent_get_u32le(win + i + 5);
-                if (version != DSEC__AGENT_VERSION)
-                    return dsec_err_set(err, DSEC_E_UNSUPPORTED, 0,
-                                        "agent at %s speaks protocol %" PRIu32 ", this node %u",
-                                        path, version, DSEC__AGENT_VERSION);
-                return 0; /* nothing legitimate follows before our first request */
-            }
-            if (memcmp(win + i, etag, 5) == 0 && flen >= 13 && i + 9 <= have &&
-                dsec__agent_get_u32le(win + i + 5) == DSEC__AGENT_ERR_UNSUPPORTED) {
-                /* an agent without SYNC: drain the rest of its ERROR frame */
-                size_t rest = (size_t)flen - 9; /* type, id and kind are in the window */
-                size_t left = have - (i + 9);
-                size_t take = left < rest ? left : rest;
-                rest -= take;
-                while (rest > 0) {
-                    uint8_t junk[4096];
-                    ssize_t n =
-                        recv_some(a, junk, rest < sizeof junk ? rest : sizeof junk, deadline, err);
-                    if (n < 0)
-                        return -1;
-                    rest -= (size_t)n;
-                }
-                return 0;
-            }
-        }
-        if (resync)
+        switch (dsec__agent_hello_scan(win, &have, tag, etag, &version, &drain)) {
+        case DSEC__AGENT_HELLO_OK:
+            return dsec__agent_hello_version(version, path, err);
+        case DSEC__AGENT_HELLO_GREET:
+            resync = true;
             continue;
-        /* keep a tail that may hold the start of the HELLO */
-        if (have > 16) {
-            memmove(win, win + have - 16, 16);
-            have = 16;
+        case DSEC__AGENT_HELLO_OLD:
+            while (drain > 0) {
+                uint8_t junk[4096];
+                ssize_t n =
+                    recv_some(a, junk, drain < sizeof junk ? drain : sizeof junk, deadline, err);
+                if (n < 0)
+                    return -1;
+                drain -= (size_t)n;
+            }
+            return 0;
+        default:
+            break;
         }
         ssize_t n = recv_some(a, win + have, sizeof win - have, deadline, err);
         if (n < 0)
@@ -492,7 +520,7 @@ int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, 
     int last = 0;
     dsec_err why = {0};
     for (;;) {
-        int fd = connect_once(path);
+        int fd = dsec__agent_connect_once(path);
         if (fd >= 0) {
             dsec_agent *a = dsec_calloc(1, sizeof *a);
             if (a == NULL) {

@@ -36,6 +36,22 @@ typedef struct dsec_agent dsec_agent;
  * sun_path allows (the client goes through a directory fd). *out is owned by
  * the caller and freed with dsec_agent_free. */
 int dsec_agent_connect(dsec_agent **out, const char *path, uint64_t timeout_ms, dsec_err *err);
+struct dsec_loop;
+/* How a dsec_agent_connect_start ended: rc 0 and a (the caller's: dsec_agent_free), or rc -1
+ * and err. On the loop's thread. */
+typedef void (*dsec_agent_dial_fn)(void *ud, int rc, dsec_agent *a, dsec_err *err);
+/* Asked once a second while a dial waits: false ends it, with err set by the callee (what
+ * became of the peer: "the VM stopped before its agent answered"). */
+typedef bool (*dsec_agent_alive_fn)(void *ud, dsec_err *err);
+/* dsec_agent_connect without a thread: the connects, the SYNC and the wait for the HELLO are
+ * watches on loop, so a peer that takes seconds to come up (a VM's boot) costs no thread.
+ * Each connection waits attempt_ms (0: 2 s) for its HELLO before the next is made; alive (may
+ * be NULL) is asked every second; timeout_ms ends it with DSEC_E_TIMEOUT. 0 when started:
+ * done is called once, on loop's thread, possibly before this returns. -1 with err (done never
+ * called) when it could not start. */
+int dsec_agent_connect_start(struct dsec_loop *loop, const char *path, uint64_t timeout_ms,
+                             uint64_t attempt_ms, dsec_agent_alive_fn alive,
+                             dsec_agent_dial_fn done, void *ud, dsec_err *err);
 /* Internal (tests and the fuzz harness): the same handshake as dsec_agent_connect on an
  * already-connected stream socket fd, which the new connection owns from the call on (closed
  * on failure too). */
@@ -71,7 +87,6 @@ int dsec_agent_exec(dsec_agent *a, const dsec_exec_req *req, dsec_agent_output_f
  * dsec_agent_broken then tells whether the connection is lost), once, on loop's thread;
  * on_output runs there too. Until done ran, a is the command's: no other call may use it,
  * nor free it. Returns -1 (done never called) when the command could not be sent. */
-struct dsec_loop;
 typedef void (*dsec_agent_exec_done_fn)(void *ud, int rc, dsec_exec_result *res, dsec_err *err);
 int dsec_agent_exec_start(dsec_agent *a, struct dsec_loop *loop, const dsec_exec_req *req,
                           dsec_agent_output_fn on_output, void *arg, dsec_agent_exec_done_fn done,

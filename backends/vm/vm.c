@@ -955,8 +955,9 @@ int dsec__vm_agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeou
     }
 }
 
-/* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
-int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
+/* Start QEMU for sb (a cold boot, or loading state when not NULL): all of a boot but the wait
+ * for its agent. */
+static int boot_launch(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
 {
     uint64_t t = dsec_now_ns();
     if (guest_link(be, sb, err) < 0)
@@ -994,6 +995,15 @@ int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, ds
         }
         dsec__vm_trace_step(sb, "state loaded", &t);
     }
+    return 0;
+}
+
+/* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
+int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
+{
+    if (boot_launch(be, sb, state, err) < 0)
+        return -1;
+    uint64_t t = dsec_now_ns();
     if (dsec__vm_agent_dial(be, sb, be->boot_timeout_ms, err) < 0)
         return -1;
     dsec__vm_trace_step(sb, "agent answered", &t);
@@ -1051,12 +1061,11 @@ int dsec__vm_sb_mkdir(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
     return 0;
 }
 
-static int vm_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
-                     char **backend_state, dsec_err *err)
+/* A cold create up to QEMU: *out made and listed, with its layers, network, disk and memory
+ * file. -1: nothing is left. */
+static int create_prepare(struct vm_backend *be, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                          dsec_err *err)
 {
-    struct vm_backend *be = self;
-    *out = NULL;
-    *backend_state = NULL;
     dsec_sandbox *sb = dsec__vm_sb_new(be, spec->id, err);
     if (sb == NULL)
         return -1;
@@ -1092,8 +1101,24 @@ static int vm_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         if (fd >= 0)
             close(fd);
     }
-    if (rc == 0)
-        rc = dsec__vm_boot(be, sb, NULL, err);
+    if (rc < 0) {
+        dsec_sbx_abandon(&be->sbx, sb);
+        return -1;
+    }
+    *out = sb;
+    return 0;
+}
+
+static int vm_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                     char **backend_state, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    *out = NULL;
+    *backend_state = NULL;
+    dsec_sandbox *sb;
+    if (create_prepare(be, spec, &sb, err) < 0)
+        return -1;
+    int rc = dsec__vm_boot(be, sb, NULL, err);
     if (rc == 0 && (*backend_state = dsec_strdup(sb->dir)) == NULL)
         rc = oom(be, err, "backend state");
     if (rc < 0) {
@@ -1101,6 +1126,79 @@ static int vm_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
         return -1;
     }
     *out = sb;
+    return 0;
+}
+
+/* A boot whose wait for the agent is the node's loop's (create_start). */
+struct vm_ready {
+    struct vm_backend *be;
+    dsec_sandbox *sb;
+    dsec_ready_fn done;
+    void *ud;
+    uint64_t t;
+};
+
+/* Asked every second of the wait: a guest that powered off is reported at once. */
+static bool ready_alive(void *ud, dsec_err *err)
+{
+    struct vm_ready *r = ud;
+    if (dsec__vm_qemu_is_ours(r->sb->pid, r->sb->dir))
+        return true;
+    boot_error(r->be, r->sb, true, 0, err);
+    return false;
+}
+
+static void ready_dialed(void *ud, int rc, dsec_agent *a, dsec_err *err)
+{
+    struct vm_ready r = *(struct vm_ready *)ud;
+    dsec_free(ud);
+    if (rc == 0) {
+        r.sb->agent = a;
+        dsec__vm_trace_step(r.sb, "agent answered", &r.t);
+    } else if (err->code == DSEC_E_TIMEOUT) { /* what the console says, as a wait on a thread */
+        boot_error(r.be, r.sb, !dsec__vm_qemu_is_ours(r.sb->pid, r.sb->dir), r.be->boot_timeout_ms,
+                   err);
+    }
+    r.done(r.ud, rc, err);
+}
+
+/* vm_create whose boot is waited for on loop: the guest's seconds of boot hold no thread. */
+static int vm_create_start(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
+                           dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
+                           dsec_err *err)
+{
+    struct vm_backend *be = self;
+    *out = NULL;
+    *backend_state = NULL;
+    struct vm_ready *r = dsec_malloc(sizeof *r);
+    if (r == NULL)
+        return oom(be, err, "a boot in flight");
+    dsec_sandbox *sb;
+    if (create_prepare(be, spec, &sb, err) < 0) {
+        dsec_free(r);
+        return -1;
+    }
+    int rc = boot_launch(be, sb, NULL, err);
+    if (rc == 0 && (*backend_state = dsec_strdup(sb->dir)) == NULL)
+        rc = oom(be, err, "backend state");
+    if (rc == 0) {
+        /* the caller's before the wait starts: ready_dialed may run before this returns */
+        *out = sb;
+        *r = (struct vm_ready){.be = be, .sb = sb, .done = done, .ud = ud, .t = dsec_now_ns()};
+        char sp[PATH_MAX + 16];
+        agent_path(sb, "agent.sock", sp, sizeof sp);
+        /* in rounds of a second, as dsec__vm_agent_dial */
+        rc = dsec_agent_connect_start(loop, sp, be->boot_timeout_ms, 1000, ready_alive,
+                                      ready_dialed, r, err);
+    }
+    if (rc < 0) {
+        *out = NULL;
+        dsec_free(*backend_state);
+        *backend_state = NULL;
+        dsec_free(r);
+        dsec_sbx_abandon(&be->sbx, sb);
+        return -1;
+    }
     return 0;
 }
 
@@ -1266,6 +1364,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .init = initfn,                                                                            \
         .fini = vm_fini,                                                                           \
         .create = vm_create,                                                                       \
+        .create_start = vm_create_start,                                                           \
         .exec = dsec__vm_exec,                                                                     \
         .exec_start = dsec__vm_exec_start,                                                         \
         .default_cmd = dsec__vm_default_cmd,                                                       \
