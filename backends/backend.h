@@ -48,8 +48,8 @@ extern "C" {
  * threads (backends/workq.h), never on a bus worker, so a busy sandbox or
  * tenant delays only its own turn. A create whose end is a wait for the
  * sandbox to come up (a VM's boot) does that wait on the loop where the
- * backend has create_start: the thread goes back once the guest is started. A backend without exec_start (or without
- * the file ops' _start) has its exec (or transfers) run the same way.
+ * backend has create_start: the thread goes back once the guest is started. A backend without
+ * exec_start (or without the file ops' _start) has its exec (or transfers) run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
  * name what failed but not the sandbox id (backends may not keep it); the

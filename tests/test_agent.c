@@ -1966,7 +1966,9 @@ static int peer_listen(const char *path)
     return fd;
 }
 
-static void test_sync_skips_stale_bytes(void **state)
+/* Each scripted peer that answers (stale bytes before the HELLO, an agent from before SYNC),
+ * reached with connect(path, arg): the stream is in step afterwards. */
+static void peers_answering(dsec_agent *(*connect)(const char *path, void *arg), void *arg)
 {
     int modes[] = {PEER_STALE, PEER_OLD_AGENT};
     for (size_t m = 0; m < 2; m++) {
@@ -1975,17 +1977,30 @@ static void test_sync_skips_stale_bytes(void **state)
         struct peer pe = {.lfd = peer_listen(p), .mode = modes[m]};
         pthread_t t;
         assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
-        dsec_agent *a = NULL;
-        dsec_err err = {0};
-        assert_int_equal(dsec_agent_connect(&a, p, 5000, &err), 0);
+        dsec_agent *a = connect(p, arg);
         assert_int_not_equal(pe.nonce, 0);
         /* the stream is in step: the next answer is the one to our request */
+        dsec_err err = {0};
         assert_int_equal(dsec_agent_file_write(a, "/x", "y", 1, 0644, false, &err), 0);
         dsec_agent_free(a);
         pthread_join(t, NULL);
         close(pe.lfd);
         unlink(p);
     }
+}
+
+static dsec_agent *connect_now(const char *path, void *arg)
+{
+    (void)arg;
+    dsec_agent *a = NULL;
+    dsec_err err = {0};
+    assert_int_equal(dsec_agent_connect(&a, path, 5000, &err), 0);
+    return a;
+}
+
+static void test_sync_skips_stale_bytes(void **state)
+{
+    peers_answering(connect_now, NULL);
 }
 
 /* A HELLO with somebody else's nonce is not ours: the client keeps waiting and gives up. */
@@ -2037,6 +2052,21 @@ static bool dial_alive(void *ud, dsec_err *err)
     return false;
 }
 
+static dsec_loop *loop_for_test(void)
+{
+    dsec_err err = {0};
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    return loop;
+}
+
+static void timer_fired(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    (void)events;
+    atomic_store((atomic_bool *)ud, true);
+}
+
 /* Wait up to ms for the dial's end; it must come. */
 static void dial_wait_end(struct dial_wait *w, int ms)
 {
@@ -2045,22 +2075,36 @@ static void dial_wait_end(struct dial_wait *w, int ms)
     assert_true(atomic_load(&w->ended));
 }
 
+static dsec_agent *connect_on_loop(const char *path, void *loop)
+{
+    dsec_err err = {0};
+    struct dial_wait w = {0};
+    assert_int_equal(dsec_agent_connect_start(loop, path, 5000, 0, NULL, dial_ended, &w, &err), 0);
+    dial_wait_end(&w, 5000);
+    assert_int_equal(w.rc, 0);
+    return w.a;
+}
+
 /* An agent that starts serving after the dial began (a VM still booting): the dial keeps
  * connecting until it answers, and the connection it hands over takes calls. Meanwhile the
  * loop's thread is free: a timer on it fires on time. */
 static void test_dial_on_loop(void **state)
 {
     dsec_err err = {0};
-    dsec_loop *loop = NULL;
-    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    dsec_loop *loop = loop_for_test();
     char sock[300];
     snprintf(sock, sizeof sock, "%s/dial-late.sock", tmpdir);
     unlink(sock);
     struct dial_wait w = {0};
     assert_int_equal(
         dsec_agent_connect_start(loop, sock, 10000, 0, dial_alive, dial_ended, &w, &err), 0);
+    atomic_bool fired = false;
+    assert_int_equal(dsec_loop_add(loop, -1, 0, dsec_loop_now_ns() + 100000000u, timer_fired,
+                                   &fired, NULL, &err),
+                     0);
     usleep(300000);
     assert_false(atomic_load(&w.ended)); /* nobody serves the path yet */
+    assert_true(atomic_load(&fired));
     pid_t pid = start_agent(sock, NULL);
     assert_true(pid > 0);
     dial_wait_end(&w, 10000);
@@ -2073,27 +2117,7 @@ static void test_dial_on_loop(void **state)
     kill(pid, SIGTERM);
     assert_int_not_equal(wait_exit(pid, 5000), -1);
 
-    /* the scripted peers: stale bytes before the HELLO, and an agent from before SYNC */
-    int modes[] = {PEER_STALE, PEER_OLD_AGENT};
-    for (size_t m = 0; m < 2; m++) {
-        char p[128];
-        snprintf(p, sizeof p, "%s/peer.sock", tmpdir);
-        struct peer pe = {.lfd = peer_listen(p), .mode = modes[m]};
-        pthread_t t;
-        assert_int_equal(pthread_create(&t, NULL, peer_main, &pe), 0);
-        struct dial_wait pw = {0};
-        assert_int_equal(dsec_agent_connect_start(loop, p, 5000, 0, NULL, dial_ended, &pw, &err),
-                         0);
-        dial_wait_end(&pw, 5000);
-        assert_int_equal(pw.rc, 0);
-        assert_int_not_equal(pe.nonce, 0);
-        /* the stream is in step: the next answer is the one to our request */
-        assert_int_equal(dsec_agent_file_write(pw.a, "/x", "y", 1, 0644, false, &err), 0);
-        dsec_agent_free(pw.a);
-        pthread_join(t, NULL);
-        close(pe.lfd);
-        unlink(p);
-    }
+    peers_answering(connect_on_loop, loop);
     dsec_loop_free(loop);
 }
 
@@ -2103,8 +2127,7 @@ static void test_dial_on_loop(void **state)
 static void test_dial_fails(void **state)
 {
     dsec_err err = {0};
-    dsec_loop *loop = NULL;
-    assert_int_equal(dsec_loop_new(&loop, "agent-test", &err), 0);
+    dsec_loop *loop = loop_for_test();
     char p[128];
     snprintf(p, sizeof p, "%s/nobody-listens.sock", tmpdir);
     struct dial_wait w = {0};

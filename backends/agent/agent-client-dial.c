@@ -132,8 +132,8 @@ static void dial_read(struct dial *d)
 {
     dsec_err err;
     int why = 0;
-    size_t room = d->old ? (d->drain < sizeof d->win ? d->drain : sizeof d->win)
-                         : sizeof d->win - d->have;
+    size_t room =
+        d->old ? (d->drain < sizeof d->win ? d->drain : sizeof d->win) : sizeof d->win - d->have;
     ssize_t n = recv(d->fd, d->old ? d->win : d->win + d->have, room, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
@@ -190,9 +190,8 @@ static int dial_timer(struct dial *d, dsec_err *err)
     }
     if (now >= d->deadline_ns) {
         int e = d->last_errno;
-        dsec_err_set(err, DSEC_E_TIMEOUT, e,
-                     "agent at %s did not answer within %" PRIu64 " ms%s%s", d->path,
-                     d->timeout_ms, e ? ": " : "", e ? strerror(e) : "");
+        dsec_err_set(err, DSEC_E_TIMEOUT, e, "agent at %s did not answer within %" PRIu64 " ms%s%s",
+                     d->path, d->timeout_ms, e ? ": " : "", e ? strerror(e) : "");
         dial_end(d, -1, err);
         return 1;
     }
