@@ -311,8 +311,8 @@ static int proc_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_deco
 }
 
 /* A process call but start on the sig subject, which passes the sandbox's running command
- * (a foreground exec, a transfer); a sandbox whose agent has one channel (a VM) says it is
- * unsupported there, having done nothing, and takes it on the proc subject. */
+ * (a foreground exec, a transfer); a sandbox type without a side connection to its agent says
+ * it is unsupported there, having done nothing, and takes it on the proc subject. */
 static int proc_side_call(dsec_client *c, const char *id, dsec_msg_proc *m, dsec_decoder *dec,
                           dsec_msg **keep, dsec_msg_proc_reply *r, int timeout_ms, dsec_err *err)
 {

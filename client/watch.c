@@ -111,8 +111,8 @@ int dsec_dir_watch(dsec_client *c, const char *id, const char *path, bool recurs
     if (dsec_proc_start(c, id, &(dsec_proc_opts){.argv = argv}, out, err) < 0)
         return -1;
     /* wait for its first line: every watch is set, or it failed (and says why). Bounded by
-     * the clock, not by a count of reads: a VM's waiting read answers at once (one channel to
-     * its agent), so 40 reads there were over in a few milliseconds */
+     * the clock, not by a count of reads: a sandbox type whose reads do not wait answers at
+     * once, so 40 reads there were over in a few milliseconds */
     for (uint64_t end = mono_ms() + 10000; mono_ms() < end;) {
         uint64_t asked = mono_ms();
         dsec_proc_out o;

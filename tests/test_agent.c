@@ -3386,6 +3386,107 @@ static void test_proc_stdin_wait_max(void **state)
     assert_int_equal(marked_left(), 0);
 }
 
+static int stdin_wait_end(struct stdin_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        pthread_cond_wait(&w->cond, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return w->rc;
+}
+
+/* One multiplexed connection (a VM's second channel) carries several exchanges at once: an
+ * output read that waits and a stdin write the process does not take stay in flight while
+ * calls from this thread (start, list, stdin, signal) are answered beside them; a call that
+ * gives up waiting leaves the connection usable; freeing it ends what waits (closed), and so
+ * does the agent going away. */
+static void test_mux(void **state)
+{
+    new_mark();
+    dsec_err err = {0};
+    dsec_loop *loop = loop_for_test();
+    dsec_agent *a = NULL;
+    assert_int_equal(dsec_agent_connect(&a, sock_path, 2000, &err), 0);
+    assert_int_equal(dsec_agent_mux_on(a, loop, &err), 0);
+    dsec_proc_info idle, cat, deaf;
+    pstart(a, "exec sleep 300", 0, true, 0, &idle);
+    pstart(a, "exec cat", 0, true, 0, &cat);
+    pstart(a, "exec sleep 301", 0, true, 0, &deaf);
+    struct pout_wait out = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, cat.handle, 0, 0, 0, 20000, pout_waited, &out, &err),
+        0);
+    size_t len = 1 << 20;
+    uint8_t *big = calloc(1, len);
+    assert_non_null(big);
+    struct stdin_wait in = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(dsec_agent_proc_stdin_start(a, loop, idle.handle, big, len, false, 0,
+                                                 stdin_waited, &in, &err),
+                     0);
+    /* beside the two: a list, a write to cat (which wakes the read), a signal */
+    dsec_proc_info got;
+    assert_true(plisted(a, idle.handle, &got));
+    assert_true(got.running);
+    assert_int_equal(dsec_agent_proc_stdin(a, cat.handle, "hi\n", 3, false, &err), 0);
+    assert_int_equal(pout_wait(&out), 0);
+    assert_int_equal(out.out.out_len, 3);
+    assert_memory_equal(out.out.out, "hi\n", 3);
+    dsec_proc_output_release(&out.out);
+    assert_false(in.done); /* still not taken */
+    assert_int_equal(dsec_agent_proc_signal(a, idle.handle, SIGKILL, &err), 0);
+    assert_int_equal(stdin_wait_end(&in), -1);
+    assert_false(dsec_agent_broken(a));
+    /* a write that gives up waiting (300 ms) ends alone: the connection takes calls on */
+    struct stdin_wait gave_up = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(dsec_agent_proc_stdin_start(a, loop, deaf.handle, big, len, false, 300,
+                                                 stdin_waited, &gave_up, &err),
+                     0);
+    assert_int_equal(stdin_wait_end(&gave_up), -1);
+    assert_int_equal(gave_up.err.code, DSEC_E_TIMEOUT);
+    assert_false(dsec_agent_broken(a));
+    assert_true(plisted(a, deaf.handle, &got));
+    assert_int_equal(dsec_agent_proc_signal(a, deaf.handle, SIGKILL, &err), 0);
+    /* freed while a read waits: the read ends, closed */
+    out = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(a, loop, cat.handle, 3, 0, 0, 20000, pout_waited, &out, &err),
+        0);
+    uint64_t t0 = now_us();
+    dsec_agent_free(a);
+    assert_int_equal(pout_wait(&out), -1);
+    assert_int_equal(out.err.code, DSEC_E_CLOSED);
+    assert_true(now_us() - t0 < 2000000);
+    assert_int_equal(dsec_agent_proc_signal(conn, cat.handle, SIGKILL, &err), 0);
+    free(big);
+
+    /* the agent goes away while a read waits: the read ends, the connection is broken */
+    char sock[300];
+    snprintf(sock, sizeof sock, "%s/mux.sock", tmpdir);
+    pid_t pid = start_agent(sock, NULL);
+    assert_true(pid > 0);
+    dsec_agent *b = NULL;
+    assert_int_equal(dsec_agent_connect(&b, sock, 5000, &err), 0);
+    assert_int_equal(dsec_agent_mux_on(b, loop, &err), 0);
+    dsec_proc_info lone;
+    pstart(b, "exec sleep 302", 0, false, 0, &lone);
+    out = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(b, loop, lone.handle, 0, 0, 0, 20000, pout_waited, &out, &err),
+        0);
+    kill(pid, SIGKILL);
+    assert_int_not_equal(wait_exit(pid, 5000), -1);
+    assert_int_equal(pout_wait(&out), -1);
+    assert_int_equal(out.err.code, DSEC_E_CLOSED);
+    assert_true(dsec_agent_broken(b));
+    dsec_proc_info *v = NULL;
+    size_t nv = 0;
+    assert_int_equal(dsec_agent_proc_list(b, &v, &nv, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CLOSED);
+    dsec_agent_free(b);
+    kill(lone.pid, SIGKILL); /* its agent was killed: nobody reaps it but init */
+    dsec_loop_free(loop);
+}
+
 /* POUTPUT with a wait: held until output comes (other requests go on meanwhile), until the
  * process ends, or for wait_ms when nothing comes. */
 static void test_proc_output_wait(void **state)
@@ -3572,6 +3673,7 @@ int main(void)
         cmocka_unit_test(test_session_bad),
         cmocka_unit_test(test_pty),
         cmocka_unit_test(test_proc_output_wait),
+        cmocka_unit_test(test_mux),
         cmocka_unit_test(test_proc_stdin_wait_max),
         cmocka_unit_test(test_proc_output_wait_raw),
         cmocka_unit_test(test_speed),

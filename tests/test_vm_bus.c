@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -418,8 +419,7 @@ static void test_bad_requests(void **state)
 }
 
 /* ---- terminals, sessions, processes, transfers and the watcher on one microVM -------------
- * A VM's agent has one channel (no proc_follow_start): a waiting read answers at once, so
- * these poll, bounded by a deadline generous enough for TCG under ASan. */
+ * Polls are bounded by a deadline generous enough for TCG under ASan. */
 
 #define POLL_MS 120000 /* how long a poll goes on before the case fails */
 
@@ -612,8 +612,8 @@ static void test_vm_session_ps(void **state)
     sleep_running(id, false);
     sess_ok(id, s.handle, "echo $X $(pwd); f y", got, sizeof got);
     assert_string_equal(got, "5 /tmp\nfy");
-    /* an interrupt of an idle session does nothing (on a VM it waits behind a running
-     * command: one channel to the agent) */
+    /* an interrupt of an idle session does nothing (test_vm_side_lane interrupts a running
+     * command) */
     assert_int_equal(dsec_session_interrupt(cl, id, s.handle, &err), 0);
     sess_ok(id, s.handle, "echo $X", got, sizeof got);
     assert_string_equal(got, "5");
@@ -656,6 +656,133 @@ static void test_vm_session_ps(void **state)
     dsec_exec_reply_release(&r);
     assert_int_equal(sess(id, s.handle, "true", 60000, &r, &err), -1);
     assert_int_equal(err.code, DSEC_E_STATE);
+}
+
+struct bg_sess {
+    const char *id;
+    uint64_t h;
+    dsec_exec_reply r;
+    dsec_err err;
+    int rc;
+    atomic_bool done;
+};
+
+static void *sess_sleep(void *ud)
+{
+    struct bg_sess *b = ud;
+    b->rc = sess(b->id, b->h, "sleep 100; echo not-interrupted", 120000, &b->r, &b->err);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+struct stdin_writer {
+    const char *id;
+    uint64_t handle;
+    int rc;
+    dsec_err err;
+};
+
+static void *write_unread(void *p)
+{
+    struct stdin_writer *w = p;
+    size_t len = 1u << 20; /* far more than a pipe holds */
+    char *big = dsec_malloc(len);
+    memset(big, 'x', len);
+    w->rc = dsec_proc_write(cl, w->id, w->handle, big, len, false, &w->err);
+    dsec_free(big);
+    return NULL;
+}
+
+/* The process calls of a microVM go on the guest's second channel, past a running command and
+ * beside one another: a session's command is interrupted while it runs (it waited for the
+ * command's end), the processes are listed meanwhile, and a stdin write that the process does
+ * not read waits in the sandbox while other writes, reads and a signal answer; the signal ends
+ * the write. Each call below has 5 s to answer (a client that gives up). */
+static void test_vm_side_lane(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    const char *id = shared_vm();
+    dsec_err err;
+    dsec_client *quick = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 5000};
+    assert_int_equal(dsec_client_connect(&quick, &o, &err), 0);
+    dsec_proc s;
+    if (dsec_session_start(cl, id, NULL, &s, &err) < 0)
+        fail_msg("session start: %s", err.msg);
+    char got[256];
+    sess_ok(id, s.handle, "X=6", got, sizeof got);
+    static struct bg_sess b; /* static: a failed assertion leaves the thread writing into it */
+    b = (struct bg_sess){.id = id, .h = s.handle};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, sess_sleep, &b), 0);
+    bool listed = false;
+    for (int i = 0; i < 40 && !atomic_load(&b.done); i++) {
+        usleep(500 * 1000);
+        if (!listed) { /* once the command runs: the list passes it */
+            dsec_proc *v;
+            size_t nv;
+            if (dsec_proc_list(quick, id, &v, &nv, &err) < 0)
+                fail_msg("listing while a session command runs: %s", err.msg);
+            for (size_t k = 0; k < nv; k++)
+                listed = listed || (v[k].handle == s.handle && v[k].busy);
+            dsec_free(v);
+            continue;
+        }
+        if (dsec_session_interrupt(quick, id, s.handle, &err) < 0)
+            fail_msg("interrupting a running session command: %s", err.msg);
+    }
+    pthread_join(th, NULL);
+    assert_true(listed);
+    if (b.rc != 0)
+        fail_msg("the interrupted command: %s", b.err.msg);
+    assert_true(b.r.interrupted);
+    assert_null(strstr(b.r.out_len ? (char *)b.r.out : "", "not-interrupted"));
+    dsec_exec_reply_release(&b.r);
+    sess_ok(id, s.handle, "echo $X", got, sizeof got);
+    assert_string_equal(got, "6");
+    assert_int_equal(dsec_proc_signal(cl, id, s.handle, 9, &err), 0);
+
+    dsec_proc idle, cat;
+    const char *idle_argv[] = {"sleep", "300", NULL}, *cat_argv[] = {"cat", NULL};
+    assert_int_equal(dsec_proc_start(cl, id,
+                                     &(dsec_proc_opts){.argv = idle_argv, .keep_stdin = true},
+                                     &idle, &err),
+                     0);
+    assert_int_equal(dsec_proc_start(cl, id,
+                                     &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true}, &cat,
+                                     &err),
+                     0);
+    static struct stdin_writer w;
+    w = (struct stdin_writer){.id = id, .handle = idle.handle};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    bool refused = false;
+    for (int i = 0; i < 500 && !refused; i++) { /* until the write waits in the sandbox */
+        usleep(20000);
+        refused = dsec_proc_write(quick, id, idle.handle, "y", 1, false, &err) < 0;
+    }
+    assert_true(refused);
+    if (strstr(err.msg, "has not taken the bytes of an earlier write") == NULL)
+        fail_msg("a second write while the first waits: %s", err.msg);
+    if (dsec_proc_write(quick, id, cat.handle, "hi\n", 3, false, &err) < 0)
+        fail_msg("writing to another process while a write waits: %s", err.msg);
+    dsec_proc_out out = {0};
+    for (int i = 0; i < 250 && out.out_len < 3; i++) {
+        dsec_proc_out_free(&out);
+        if (dsec_proc_read_wait(quick, id, cat.handle, 0, 0, 0, 200, &out, &err) < 0)
+            fail_msg("reading cat's output while a write waits: %s", err.msg);
+    }
+    assert_int_equal(out.out_len, 3);
+    assert_memory_equal(out.out, "hi\n", 3);
+    dsec_proc_out_free(&out);
+    assert_int_equal(dsec_proc_signal(quick, id, idle.handle, SIGKILL, &err), 0);
+    pthread_join(t, NULL);
+    assert_int_equal(w.rc, -1);
+    assert_true(strstr(w.err.msg, "ended before it took all of its stdin") != NULL ||
+                strstr(w.err.msg, "closed its stdin with") != NULL);
+    assert_int_equal(dsec_proc_signal(quick, id, cat.handle, SIGKILL, &err), 0);
+    dsec_client_free(quick);
 }
 
 /* The source of an upload: byte o is pat[o % PAT] (PAT not a power of two, so a chunk put at
@@ -821,6 +948,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_vm_terminal),
         cmocka_unit_test(test_vm_session_ps),
+        cmocka_unit_test(test_vm_side_lane),
         cmocka_unit_test(test_vm_files_watch),
     };
     if (getenv("DSEC_TEST_FILTER") && *getenv("DSEC_TEST_FILTER")) /* one test, or a pattern */

@@ -15,10 +15,14 @@
     60000u /* the agent answers file calls at once; this only catches a wedged one */
 #define EXEC_GRACE_MS 30000u /* past the command's own timeout, which the agent enforces */
 
+struct agent_mux;
+
 struct dsec_agent {
-    int fd;    /* -1 once broken */
-    bool busy; /* an exec started with dsec_agent_exec_start is in flight */
-    uint32_t next_id;
+    int fd;           /* -1 once broken */
+    bool busy;        /* an exec started with dsec_agent_exec_start is in flight */
+    uint32_t next_id; /* atomically incremented: a multiplexed connection is shared */
+    /* Set by dsec_agent_mux_on: every exchange goes through the loop, several at once. */
+    struct agent_mux *mux;
     uint8_t *buf; /* received bytes: [off, len) not yet consumed */
     size_t off, len, cap;
 };
@@ -79,6 +83,10 @@ struct loop_run {
     /* Once, at the end, with frame_in's last answer or EXEC_BROKEN; frees the run. The last
      * frame's payload is still valid. */
     void (*end)(struct loop_run *r, int st, dsec_err *err);
+    /* On a multiplexed connection (agent-client-mux.c): the request id its answers carry, and
+     * its place in the connection's list. */
+    uint32_t mux_id;
+    struct loop_run *mux_next;
 };
 
 int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
@@ -91,6 +99,26 @@ void dsec__agent_loop_next(struct loop_run *r, uint8_t *frame, size_t flen);
  * or another type's), err set. what names the request in the message. */
 int dsec__agent_loop_answer(uint32_t id, uint8_t want, const char *what, uint8_t type, uint32_t rid,
                             const uint8_t *pl, size_t pn, dsec_err *err);
+
+/* The next frame if the buffer holds all of it: 1, with payload valid until the next call
+ * on a; 0 when more bytes are needed (the buffer then has room for them); -1 on a bad frame
+ * or out of memory. */
+int dsec__agent_next_frame(dsec_agent *a, uint8_t *type, uint32_t *id, const uint8_t **payload,
+                           size_t *plen, dsec_err *err);
+
+/* ---- agent-client-mux.c: several exchanges at once on one connection ------------------------ */
+
+/* A run on a's multiplexed connection: as dsec__agent_loop_run_start (the loop is the mux's). */
+int dsec__agent_mux_run(struct loop_run *r, dsec_agent *a, dsec_err *err);
+/* dsec__agent_loop_next for a run on a multiplexed connection. */
+void dsec__agent_mux_next(struct loop_run *r);
+/* dsec__agent_roundtrip on a multiplexed connection, from a thread other than the loop's: the
+ * answer's payload stays valid until the calling thread's next call. frame stays the caller's. */
+int dsec__agent_mux_roundtrip(dsec_agent *a, const uint8_t *frame, size_t flen, uint8_t want,
+                              const uint8_t **payload, size_t *plen, dsec_err *err);
+/* Before a multiplexed connection is freed: its exchanges end (DSEC_E_CLOSED) and its watch
+ * goes, on the loop's thread; waits for that from any other thread. */
+void dsec__agent_mux_close(dsec_agent *a);
 
 /* ---- agent-client-exec.c: what EXEC and PSTART share ---------------------------------------- */
 

@@ -72,11 +72,13 @@ static int wait_fd(int fd, short events, uint64_t deadline, dsec_err *err)
     }
 }
 
+/* fd is read by other threads on a multiplexed connection (dsec_agent_broken): atomically. */
 void dsec__agent_mark_broken(dsec_agent *a)
 {
-    if (a->fd >= 0) {
-        close(a->fd);
-        a->fd = -1;
+    int fd = __atomic_load_n(&a->fd, __ATOMIC_ACQUIRE);
+    if (fd >= 0) {
+        __atomic_store_n(&a->fd, -1, __ATOMIC_RELEASE);
+        close(fd);
     }
 }
 
@@ -96,6 +98,9 @@ int dsec__agent_check_open(dsec_agent *a, dsec_err *err)
 int dsec__agent_send_all(dsec_agent *a, const uint8_t *p, size_t n, uint64_t deadline,
                          dsec_err *err)
 {
+    if (a->mux != NULL) /* its bytes are the loop's to send */
+        return dsec_err_set(err, DSEC_E_INTERNAL, 0,
+                            "a call that streams was made on a multiplexed agent connection");
     while (n > 0) {
         ssize_t w = send(a->fd, p, n, MSG_NOSIGNAL);
         if (w > 0) {
@@ -135,11 +140,8 @@ static ssize_t recv_some(dsec_agent *a, void *buf, size_t len, uint64_t deadline
     }
 }
 
-/* The next frame if the buffer holds all of it: 1, with payload valid until the next call
- * on a; 0 when more bytes are needed (the buffer then has room for them); -1 on a bad frame
- * or out of memory. */
-static int next_frame(dsec_agent *a, uint8_t *type, uint32_t *id, const uint8_t **payload,
-                      size_t *plen, dsec_err *err)
+int dsec__agent_next_frame(dsec_agent *a, uint8_t *type, uint32_t *id, const uint8_t **payload,
+                           size_t *plen, dsec_err *err)
 {
     size_t need = 4, have = a->len - a->off;
     if (have >= 4) {
@@ -181,7 +183,7 @@ int dsec__agent_recv_frame(dsec_agent *a, uint64_t deadline, uint8_t *type, uint
                            const uint8_t **payload, size_t *plen, dsec_err *err)
 {
     for (;;) {
-        int r = next_frame(a, type, id, payload, plen, err);
+        int r = dsec__agent_next_frame(a, type, id, payload, plen, err);
         if (r != 0)
             return r < 0 ? -1 : 0;
         ssize_t n = recv_some(a, a->buf + a->len, a->cap - a->len, deadline, err);
@@ -269,6 +271,8 @@ int dsec__agent_error_frame(const uint8_t *payload, size_t plen, dsec_err *err)
 int dsec__agent_roundtrip(dsec_agent *a, uint8_t *frame, size_t flen, uint8_t want,
                           const uint8_t **payload, size_t *plen, dsec_err *err)
 {
+    if (a->mux != NULL)
+        return dsec__agent_mux_roundtrip(a, frame, flen, want, payload, plen, err);
     uint64_t deadline = dsec__agent_deadline_after(FILE_OP_TIMEOUT_MS);
     uint32_t id = dsec__agent_get_u32le(frame + 5);
     uint8_t type = 0;
@@ -318,9 +322,9 @@ uint8_t *dsec__agent_new_frame(dsec_agent *a, uint8_t type, size_t payload_len, 
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "request of %zu bytes", payload_len);
         return NULL;
     }
-    uint32_t id = ++a->next_id;
+    uint32_t id = __atomic_add_fetch(&a->next_id, 1, __ATOMIC_RELAXED);
     if (id == 0)
-        id = ++a->next_id; /* 0 is the agent's "no request" */
+        id = __atomic_add_fetch(&a->next_id, 1, __ATOMIC_RELAXED); /* 0: "no request" */
     *payload = dsec__agent_put_hdr(f, type, id, payload_len);
     return f;
 }
@@ -567,6 +571,8 @@ void dsec_agent_free(dsec_agent *a)
 {
     if (a == NULL)
         return;
+    if (a->mux != NULL)
+        dsec__agent_mux_close(a);
     dsec__agent_mark_broken(a);
     dsec_free(a->buf);
     dsec_free(a);
@@ -574,7 +580,7 @@ void dsec_agent_free(dsec_agent *a)
 
 bool dsec_agent_broken(const dsec_agent *a)
 {
-    return a == NULL || a->fd < 0;
+    return a == NULL || __atomic_load_n(&a->fd, __ATOMIC_ACQUIRE) < 0;
 }
 
 /* ---- calls without a thread: the same exchanges, driven by the node's loop --------------- */
@@ -600,7 +606,7 @@ static int loop_frames(struct loop_run *r)
     const uint8_t *pl = NULL;
     size_t pn = 0;
     int got, st;
-    while ((got = next_frame(r->a, &type, &rid, &pl, &pn, &err)) == 1)
+    while ((got = dsec__agent_next_frame(r->a, &type, &rid, &pl, &pn, &err)) == 1)
         if ((st = r->frame_in(r, type, rid, pl, pn, &err)) != EXEC_MORE) {
             loop_run_end(r, st, &err);
             return 1;
@@ -619,6 +625,10 @@ void dsec__agent_loop_next(struct loop_run *r, uint8_t *frame, size_t flen)
     r->frame = frame;
     r->flen = flen;
     r->sent = 0;
+    if (r->a->mux != NULL) {
+        dsec__agent_mux_next(r);
+        return;
+    }
     dsec_loop_set(r->w, DSEC_LOOP_IN | DSEC_LOOP_OUT, r->deadline_ns);
 }
 
@@ -704,6 +714,8 @@ int dsec__agent_loop_answer(uint32_t id, uint8_t want, const char *what, uint8_t
 int dsec__agent_loop_run_start(struct loop_run *r, dsec_agent *a, struct dsec_loop *loop,
                                dsec_err *err)
 {
+    if (a->mux != NULL)
+        return dsec__agent_mux_run(r, a, err);
     r->a = a;
     a->busy = true;
     /* the first wake-up comes when the socket takes the request (at once, mostly) */

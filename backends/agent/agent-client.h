@@ -57,6 +57,12 @@ int dsec_agent_connect_start(struct dsec_loop *loop, const char *path, uint64_t 
  * on failure too). */
 int dsec__agent_from_fd(dsec_agent **out, int fd, const char *name, uint64_t timeout_ms,
                         dsec_err *err);
+/* From now on every exchange on a goes through loop, and several may be in flight at once
+ * (the agent answers each request by its id): a call from any thread, a process call beside a
+ * waiting output read or stdin write. Calls that stream (exec, file transfers) are not made
+ * on it. A call's timeout ends that call only. Calls that wait must not be made on loop's
+ * thread (they fail). */
+int dsec_agent_mux_on(dsec_agent *a, struct dsec_loop *loop, dsec_err *err);
 /* Close the connection (the agent and its commands keep running). NULL is a no-op. */
 void dsec_agent_free(dsec_agent *a);
 /* Whether a failed call left the connection unusable (lost, timed out, out of step); later

@@ -2,9 +2,12 @@
  * it (a call on a connection that broke is tried once more on a fresh one when that is safe). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "backends/loop.h"
 #include "backends/vm/vm-int.h"
 #include "dsec/alloc.h"
 
@@ -228,9 +231,8 @@ int dsec__vm_file_op(void *self, dsec_sandbox *sb, const dsec_file_op *op, dsec_
 
 /* ---- background processes ------------------------------------------------------------------ */
 
-/* A start or a stdin write is not sent again on a fresh connection (the first may have reached
- * the agent: a process would start twice); a signal neither (a second SIGTERM is not the
- * first's). list and output are asked again, as the file calls are. */
+/* A start is not sent again on a fresh connection (the first may have reached the agent: a
+ * process would start twice). */
 #define AGENT_ONCE(be, sb, err, call)                                                              \
     do {                                                                                           \
         if (agent(be, sb, err) < 0)                                                                \
@@ -247,43 +249,240 @@ int dsec__vm_proc_start(void *self, dsec_sandbox *sb, const dsec_proc_start_req 
     return 0;
 }
 
+/*
+ * The other process calls go on the guest's second channel, ctl.sock, multiplexed on the
+ * node's loop (dsec_agent_mux_on): beside a command running on agent.sock (a signal that
+ * interrupts a shell session's command) and beside one another (a stdin write the process has
+ * not read yet, an output read that waits). The connection is shared by the sandbox's record
+ * and the calls in flight, each holding a reference; it goes with the last. Without the node's
+ * loop (a backend opened alone) they go on agent.sock as before.
+ */
+struct vm_side {
+    _Atomic int refs;
+    dsec_agent *a;
+    dsec_loop *loop;
+};
+
+static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER; /* guards every sb->side */
+
+static void side_free(struct vm_side *c)
+{
+    dsec_agent_free(c->a);
+    dsec_free(c);
+}
+
+static void side_free_posted(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    (void)events;
+    side_free(ud);
+}
+
+/* A holder let go; the last frees it, after the loop's callback that let go (the connection's
+ * own code is still running below it). */
+static void side_unref(struct vm_side *c)
+{
+    if (c == NULL || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    dsec_err err;
+    if (!dsec_loop_is_current(c->loop) || dsec_loop_post(c->loop, side_free_posted, c, &err) < 0)
+        side_free(c);
+}
+
+void dsec__vm_side_drop(dsec_sandbox *sb)
+{
+    pthread_mutex_lock(&side_mu);
+    struct vm_side *c = sb->side;
+    sb->side = NULL;
+    pthread_mutex_unlock(&side_mu);
+    side_unref(c);
+}
+
+/* The side connection for a call (what), a reference the caller gives back with side_unref:
+ * the one kept, or a new one when there is none or it broke. */
+static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const char *what,
+                                 dsec_err *err)
+{
+    if (sb->paused) {
+        dsec_err_set(err, DSEC_E_STATE, 0, "%s: the sandbox is paused (resume it first)", be->type);
+        return NULL;
+    }
+    pthread_mutex_lock(&side_mu);
+    struct vm_side *c = sb->side, *old = NULL;
+    if (c != NULL && dsec_agent_broken(c->a)) {
+        old = c;
+        c = sb->side = NULL;
+    }
+    if (c != NULL)
+        atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_unlock(&side_mu);
+    side_unref(old);
+    if (c != NULL)
+        return c;
+    char sp[PATH_MAX + 16];
+    dsec__vm_fmt(sp, sizeof sp, "%s/ctl.sock", sb->dir);
+    struct vm_side *n = dsec_calloc(1, sizeof *n);
+    if (n == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: %s", be->type, what);
+        return NULL;
+    }
+    n->loop = be->loop;
+    atomic_store(&n->refs, 2); /* the record's and the caller's */
+    if (dsec_agent_connect(&n->a, sp, 2000, err) < 0 ||
+        dsec_agent_mux_on(n->a, be->loop, err) < 0) {
+        dsec_agent_free(n->a);
+        dsec_free(n);
+        dsec_err_wrap(err, "%s: the guest's second channel, for %s", be->type, what);
+        return NULL;
+    }
+    pthread_mutex_lock(&side_mu);
+    if (sb->side == NULL) {
+        sb->side = n;
+        n = NULL;
+        c = sb->side;
+    } else { /* another call made one meanwhile */
+        c = sb->side;
+        atomic_fetch_add(&c->refs, 1);
+    }
+    pthread_mutex_unlock(&side_mu);
+    if (n != NULL)
+        side_free(n);
+    return c;
+}
+
+/* call on the side connection (a), or on agent.sock without the node's loop, there with
+ * main_call: AGENT_CALL (list, output, resize: asked again on a fresh connection) or AGENT_ONCE
+ * (a signal or a stdin write must not be done twice). The side connection is not dialled
+ * again for a call: its next call dials. */
+#define VM_SIDE(be, sb, what, err, call, main_call)                                                \
+    do {                                                                                           \
+        if ((be)->loop == NULL) {                                                                  \
+            dsec_agent *a;                                                                         \
+            main_call(be, sb, err, (a = (sb)->agent, call));                                       \
+            return 0;                                                                              \
+        }                                                                                          \
+        struct vm_side *c_ = side_take((be), (sb), (what), (err));                                 \
+        if (c_ == NULL)                                                                            \
+            return -1;                                                                             \
+        dsec_agent *a = c_->a;                                                                     \
+        int rc_ = (call);                                                                          \
+        side_unref(c_);                                                                            \
+        return rc_;                                                                                \
+    } while (0)
+
 int dsec__vm_proc_list(void *self, dsec_sandbox *sb, dsec_proc_info **out, size_t *n, dsec_err *err)
 {
-    struct vm_backend *be = self;
-    AGENT_CALL(be, sb, err, dsec_agent_proc_list(sb->agent, out, n, err));
-    return 0;
+    VM_SIDE((struct vm_backend *)self, sb, "listing processes", err,
+            dsec_agent_proc_list(a, out, n, err), AGENT_CALL);
 }
 
 int dsec__vm_proc_signal(void *self, dsec_sandbox *sb, uint64_t handle, int sig, dsec_err *err)
 {
-    struct vm_backend *be = self;
-    AGENT_ONCE(be, sb, err, dsec_agent_proc_signal(sb->agent, handle, sig, err));
-    return 0;
+    VM_SIDE((struct vm_backend *)self, sb, "signalling a process", err,
+            dsec_agent_proc_signal(a, handle, sig, err), AGENT_ONCE);
 }
 
 int dsec__vm_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const void *data, size_t len,
                         bool close, dsec_err *err)
 {
-    struct vm_backend *be = self;
-    AGENT_ONCE(be, sb, err, dsec_agent_proc_stdin(sb->agent, handle, data, len, close, err));
-    return 0;
+    VM_SIDE((struct vm_backend *)self, sb, "writing a process's stdin", err,
+            dsec_agent_proc_stdin(a, handle, data, len, close, err), AGENT_ONCE);
 }
 
-/* A resize sets the window whatever it was: sent again after a lost channel, it does no harm.
- * (No proc_follow_start: the guest has one channel, which a waiting request would hold.) */
+/* A resize sets the window whatever it was. */
 int dsec__vm_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
                          uint16_t cols, dsec_err *err)
 {
-    struct vm_backend *be = self;
-    AGENT_CALL(be, sb, err, dsec_agent_proc_resize(sb->agent, handle, rows, cols, err));
-    return 0;
+    VM_SIDE((struct vm_backend *)self, sb, "resizing a terminal", err,
+            dsec_agent_proc_resize(a, handle, rows, cols, err), AGENT_CALL);
 }
 
 int dsec__vm_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err)
 {
-    struct vm_backend *be = self;
-    AGENT_CALL(be, sb, err,
-               dsec_agent_proc_output(sb->agent, handle, out_off, err_off, max, out, err));
+    VM_SIDE((struct vm_backend *)self, sb, "reading a process's output", err,
+            dsec_agent_proc_output(a, handle, out_off, err_off, max, out, err), AGENT_CALL);
+}
+
+/* A waiting call on the side connection: the reference it holds, and whom to tell. */
+struct vm_wait {
+    struct vm_side *c;
+    dsec_proc_done_fn done;
+    dsec_proc_output_done_fn out_done;
+    void *ud;
+};
+
+static struct vm_wait *wait_new(struct vm_backend *be, dsec_sandbox *sb, const char *what, void *ud,
+                                dsec_err *err)
+{
+    if (be->loop == NULL) {
+        dsec_err_set(err, DSEC_E_UNSUPPORTED, 0, "%s: %s that waits needs the node's loop",
+                     be->type, what);
+        return NULL;
+    }
+    struct vm_wait *w = dsec_calloc(1, sizeof *w);
+    if (w == NULL) {
+        dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: %s", be->type, what);
+        return NULL;
+    }
+    if ((w->c = side_take(be, sb, what, err)) == NULL) {
+        dsec_free(w);
+        return NULL;
+    }
+    w->ud = ud;
+    return w;
+}
+
+static int wait_unsent(struct vm_wait *w)
+{
+    side_unref(w->c);
+    dsec_free(w);
+    return -1;
+}
+
+static void vm_stdin_done(void *ud, int rc, dsec_err *err)
+{
+    struct vm_wait w = *(struct vm_wait *)ud;
+    dsec_free(ud);
+    w.done(w.ud, rc, err);
+    side_unref(w.c);
+}
+
+static void vm_follow_done(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct vm_wait w = *(struct vm_wait *)ud;
+    dsec_free(ud);
+    w.out_done(w.ud, rc, out, err);
+    side_unref(w.c);
+}
+
+int dsec__vm_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                              size_t len, bool close, struct dsec_loop *loop,
+                              dsec_proc_done_fn done, void *ud, dsec_err *err)
+{
+    (void)loop; /* the connection's: the node's */
+    struct vm_wait *w = wait_new(self, sb, "writing a process's stdin", ud, err);
+    if (w == NULL)
+        return -1;
+    w->done = done;
+    if (dsec_agent_proc_stdin_start(w->c->a, w->c->loop, handle, data, len, close, 0, vm_stdin_done,
+                                    w, err) < 0)
+        return wait_unsent(w);
+    return 0;
+}
+
+int dsec__vm_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                               uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                               struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
+                               dsec_err *err)
+{
+    (void)loop;
+    struct vm_wait *w = wait_new(self, sb, "following a process", ud, err);
+    if (w == NULL)
+        return -1;
+    w->out_done = done;
+    if (dsec_agent_proc_output_start(w->c->a, w->c->loop, handle, out_off, err_off, max, wait_ms,
+                                     vm_follow_done, w, err) < 0)
+        return wait_unsent(w);
     return 0;
 }

@@ -80,6 +80,7 @@ struct vm_backend {
     unsigned ncpu;
     dsec_layer_registry *reg; /* borrowed */
     dsec_net *net;            /* borrowed, or NULL */
+    struct dsec_loop *loop;   /* the node's (borrowed), or NULL: no side connection */
     dsec_layer_cache *cache;
     pthread_mutex_t lock; /* guards building */
     pthread_cond_t built;
@@ -107,6 +108,7 @@ struct dsec_sandbox {
     dsec_net_sbx *net;
     dsec_net_guest guest; /* the guest side of net, when nic */
     dsec_agent *agent;
+    struct vm_side *side; /* the process calls' connection on ctl.sock (vm-agent.c) */
     /* what teardown must undo */
     bool made_dir;
     size_t held; /* env.layers[0..held) are acquired */
@@ -183,6 +185,15 @@ int dsec__vm_proc_stdin(void *self, dsec_sandbox *sb, uint64_t handle, const voi
                         bool close, dsec_err *err);
 int dsec__vm_proc_output(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
                          uint64_t err_off, uint64_t max, dsec_proc_output *out, dsec_err *err);
+int dsec__vm_proc_stdin_start(void *self, dsec_sandbox *sb, uint64_t handle, const void *data,
+                              size_t len, bool close, struct dsec_loop *loop,
+                              dsec_proc_done_fn done, void *ud, dsec_err *err);
+int dsec__vm_proc_follow_start(void *self, dsec_sandbox *sb, uint64_t handle, uint64_t out_off,
+                               uint64_t err_off, uint64_t max, uint32_t wait_ms,
+                               struct dsec_loop *loop, dsec_proc_output_done_fn done, void *ud,
+                               dsec_err *err);
+/* Let go of sb's side connection (its calls in flight keep it until they end). */
+void dsec__vm_side_drop(dsec_sandbox *sb);
 int dsec__vm_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t rows,
                          uint16_t cols, dsec_err *err);
 

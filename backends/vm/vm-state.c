@@ -350,6 +350,7 @@ int dsec__vm_pause(void *self, dsec_sandbox *sb, dsec_err *err)
     dsec__vm_qmp_close(&q);
     /* the state is saved (its RAM in the file, or in the state for a clone): QEMU and
      * the memory it held can go */
+    dsec__vm_side_drop(sb);
     dsec_agent_free(sb->agent);
     sb->agent = NULL;
     if (dsec__vm_qemu_stop(sb, STOP_GRACE_MS, err) < 0)

@@ -477,6 +477,7 @@ static int vm_init(void **self, const dsec_backend_config *cfg, bool q35, dsec_e
     be->uid_base = 1600000000u;
     be->reg = cfg->layers;
     be->net = cfg->net;
+    be->loop = cfg->loop;
     long nc = sysconf(_SC_NPROCESSORS_ONLN);
     be->ncpu = nc > 0 ? (unsigned)nc : 1;
     struct vm_opts o = {.be = be, .qemu = "qemu-system-x86_64", .kit = DSEC_VMKIT_DIR};
@@ -635,6 +636,7 @@ int dsec__vm_hold_layers(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
 /* Undo whatever of sb's start was done; frees sb on success. */
 static int sb_teardown(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
 {
+    dsec__vm_side_drop(sb);
     dsec_agent_free(sb->agent);
     sb->agent = NULL;
     if (dsec__vm_qemu_stop(sb, STOP_GRACE_MS, err) < 0)
@@ -1333,6 +1335,7 @@ static void vm_detach(void *self, dsec_sandbox *sb)
     /* QEMU reads the layers' images in S/images, not the cache's directories, so
      * the cache may let them go; adopt takes them again */
     release_layers(be, sb);
+    dsec__vm_side_drop(sb);
     dsec_agent_free(sb->agent);
     dsec_net_release(sb->net);
     dsec__vm_sb_free(sb);
@@ -1390,6 +1393,8 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .proc_stdin = dsec__vm_proc_stdin,                                                         \
         .proc_output = dsec__vm_proc_output,                                                       \
         .proc_resize = dsec__vm_proc_resize,                                                       \
+        .proc_follow_start = dsec__vm_proc_follow_start,                                           \
+        .proc_stdin_start = dsec__vm_proc_stdin_start,                                             \
     }
 
 VM_OPS(dsec_microvm_ops, "microvm", microvm_init);

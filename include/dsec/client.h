@@ -403,9 +403,8 @@ int dsec_dir_events(dsec_client *c, const char *id, uint64_t handle, uint64_t *o
 int dsec_session_start(dsec_client *c, const char *id, const char *shell, dsec_proc *out,
                        dsec_err *err);
 /* Interrupt the session's running command (as Ctrl-C would): it ends with interrupted set
- * and exit code 130; the session lives on. On a container it goes past the running command
- * (a subject and an agent connection of its own). A microVM's or VM's agent has one channel,
- * so there it waits behind the command, and only the command's timeout cuts it short.
+ * and exit code 130; the session lives on. It goes past the running command (a subject and
+ * an agent connection of its own: a container's side connection, a VM's second channel).
  * Nothing happens when the session is idle. */
 int dsec_session_interrupt(dsec_client *c, const char *id, uint64_t session, dsec_err *err);
 
