@@ -1,6 +1,8 @@
 /* fixture-client.c - sandbox helpers for the tests that drive dsec through libdsec. */
 #include "tests/fixture-client.h"
 
+#include "dsec/alloc.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <string.h>
@@ -46,4 +48,29 @@ void dsec_test_destroy(dsec_client *cl, const char *id)
     dsec_err err;
     if (dsec_destroy(cl, id, &err) < 0)
         fail_msg("destroy %s: %s", id, err.msg);
+}
+
+void *dsec_test_sess_bg(void *p)
+{
+    dsec_test_bg_sess *b = p;
+    const char *argv[] = {b->line, NULL};
+    dsec_exec_opts eo = {.argv = argv, .session = b->h, .timeout_ms = b->timeout_ms};
+    b->rc = dsec_exec(b->cl, b->id, &eo, &b->r, &b->err);
+    atomic_store(&b->done, true);
+    return NULL;
+}
+
+void *dsec_test_write_big(void *p)
+{
+    dsec_test_stdin_writer *w = p;
+    size_t len = 1u << 20;
+    char *big = dsec_malloc(len);
+    if (big == NULL) {
+        w->rc = dsec_err_set(&w->err, DSEC_E_NOMEM, 0, "1 MiB to write");
+        return NULL;
+    }
+    memset(big, 'x', len);
+    w->rc = dsec_proc_write(w->cl, w->id, w->handle, big, len, false, &w->err);
+    dsec_free(big);
+    return NULL;
 }

@@ -3,6 +3,7 @@
 #ifndef DSEC_TESTS_FIXTURE_CLIENT_H
 #define DSEC_TESTS_FIXTURE_CLIENT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,5 +21,31 @@ int dsec_test_exec_sh(dsec_client *cl, const char *id, const char *line, uint64_
                       bool with_err, char *out, size_t n);
 /* Destroy a sandbox; a failure fails the test. */
 void dsec_test_destroy(dsec_client *cl, const char *id);
+
+/* A shell session's command on a thread of its own (pthread_create with dsec_test_sess_bg):
+ * line in session h of sandbox id with timeout_ms; its answer in rc, r and err, then done. */
+typedef struct dsec_test_bg_sess {
+    dsec_client *cl;
+    const char *id;
+    uint64_t h;
+    const char *line;
+    uint64_t timeout_ms;
+    int rc;
+    dsec_exec_reply r;
+    dsec_err err;
+    atomic_bool done;
+} dsec_test_bg_sess;
+void *dsec_test_sess_bg(void *b);
+
+/* A write of 1 MiB (far more than a pipe holds) to process handle's stdin in sandbox id, on a
+ * thread of its own (pthread_create with dsec_test_write_big); its answer in rc and err. */
+typedef struct dsec_test_stdin_writer {
+    dsec_client *cl;
+    const char *id;
+    uint64_t handle;
+    int rc;
+    dsec_err err;
+} dsec_test_stdin_writer;
+void *dsec_test_write_big(void *w);
 
 #endif

@@ -382,23 +382,6 @@ static void sess_ok(const char *id, uint64_t h, const char *line, char *out, siz
     dsec_exec_reply_release(&r);
 }
 
-struct bg_sess {
-    const char *id;
-    uint64_t h;
-    dsec_exec_reply r;
-    dsec_err err;
-    int rc;
-    atomic_bool done;
-};
-
-static void *sess_sleep(void *ud)
-{
-    struct bg_sess *b = ud;
-    b->rc = sess(b->id, b->h, "sleep 100; echo not-interrupted", 60000, &b->r, &b->err);
-    atomic_store(&b->done, true);
-    return NULL;
-}
-
 static void test_shell_sessions(void **state)
 {
     dsec_sandbox_info a;
@@ -439,9 +422,13 @@ static void test_shell_sessions(void **state)
     sess_ok(a.id, s.handle, "echo $X $(pwd)", got, sizeof got);
     assert_string_equal(got, "5 /tmp");
     /* an interrupt (on the sig subject, past the running command) ends that command only */
-    struct bg_sess b = {.id = a.id, .h = s.handle};
+    dsec_test_bg_sess b = {.cl = cl,
+                           .id = a.id,
+                           .h = s.handle,
+                           .line = "sleep 100; echo not-interrupted",
+                           .timeout_ms = 60000};
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, sess_sleep, &b), 0);
+    assert_int_equal(pthread_create(&th, NULL, dsec_test_sess_bg, &b), 0);
     /* (a proc list would wait behind the running command: a sandbox's operations run in
      * order; only signals on the sig subject pass it) */
     for (int i = 0; i < 40 && !atomic_load(&b.done); i++) { /* (harmless when idle) */
@@ -702,24 +689,6 @@ static void on_ev(void *ud, const dsec_dir_event *ev)
  * a thread: meanwhile the sandbox's other process calls (they share its side lane) answer, a
  * second write to the same process is refused as such, and the write ends, with the reason,
  * when the process does. */
-struct stdin_writer {
-    const char *id;
-    uint64_t handle;
-    int rc;
-    dsec_err err;
-};
-
-static void *write_unread(void *p)
-{
-    struct stdin_writer *w = p;
-    size_t len = 1u << 20; /* far more than a pipe holds */
-    char *big = dsec_malloc(len);
-    memset(big, 'x', len);
-    w->rc = dsec_proc_write(cl, w->id, w->handle, big, len, false, &w->err);
-    dsec_free(big);
-    return NULL;
-}
-
 static void test_unread_stdin_waits_on_the_loop(void **state)
 {
     (void)state;
@@ -737,10 +706,10 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
                                      &err),
                      0);
     /* static: a failed assertion leaves the thread writing into it, not into a dead frame */
-    static struct stdin_writer w;
-    w = (struct stdin_writer){.id = a.id, .handle = idle.handle};
+    static dsec_test_stdin_writer w;
+    w = (dsec_test_stdin_writer){.cl = cl, .id = a.id, .handle = idle.handle};
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    assert_int_equal(pthread_create(&t, NULL, dsec_test_write_big, &w), 0);
     /* a client that gives up after 5 s: each call below must not wait for the write */
     dsec_client *quick = NULL;
     dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "ctbus", .timeout_ms = 5000};
@@ -784,8 +753,8 @@ static void test_unread_stdin_waits_on_the_loop(void **state)
                                      &(dsec_proc_opts){.argv = idle_argv, .keep_stdin = true},
                                      &idle, &err),
                      0);
-    w = (struct stdin_writer){.id = a.id, .handle = idle.handle};
-    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    w = (dsec_test_stdin_writer){.cl = cl, .id = a.id, .handle = idle.handle};
+    assert_int_equal(pthread_create(&t, NULL, dsec_test_write_big, &w), 0);
     refused = false;
     for (int i = 0; i < 500 && !refused; i++) {
         usleep(20000);

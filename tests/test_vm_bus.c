@@ -658,41 +658,6 @@ static void test_vm_session_ps(void **state)
     assert_int_equal(err.code, DSEC_E_STATE);
 }
 
-struct bg_sess {
-    const char *id;
-    uint64_t h;
-    dsec_exec_reply r;
-    dsec_err err;
-    int rc;
-    atomic_bool done;
-};
-
-static void *sess_sleep(void *ud)
-{
-    struct bg_sess *b = ud;
-    b->rc = sess(b->id, b->h, "sleep 100; echo not-interrupted", 120000, &b->r, &b->err);
-    atomic_store(&b->done, true);
-    return NULL;
-}
-
-struct stdin_writer {
-    const char *id;
-    uint64_t handle;
-    int rc;
-    dsec_err err;
-};
-
-static void *write_unread(void *p)
-{
-    struct stdin_writer *w = p;
-    size_t len = 1u << 20; /* far more than a pipe holds */
-    char *big = dsec_malloc(len);
-    memset(big, 'x', len);
-    w->rc = dsec_proc_write(cl, w->id, w->handle, big, len, false, &w->err);
-    dsec_free(big);
-    return NULL;
-}
-
 /* The process calls of a microVM go on the guest's second channel, past a running command and
  * beside one another: a session's command is interrupted while it runs (it waited for the
  * command's end), the processes are listed meanwhile, and a stdin write that the process does
@@ -712,10 +677,14 @@ static void test_vm_side_lane(void **state)
         fail_msg("session start: %s", err.msg);
     char got[256];
     sess_ok(id, s.handle, "X=6", got, sizeof got);
-    static struct bg_sess b; /* static: a failed assertion leaves the thread writing into it */
-    b = (struct bg_sess){.id = id, .h = s.handle};
+    static dsec_test_bg_sess b; /* static: a failed assertion leaves the thread writing into it */
+    b = (dsec_test_bg_sess){.cl = cl,
+                            .id = id,
+                            .h = s.handle,
+                            .line = "sleep 100; echo not-interrupted",
+                            .timeout_ms = 120000};
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, sess_sleep, &b), 0);
+    assert_int_equal(pthread_create(&th, NULL, dsec_test_sess_bg, &b), 0);
     bool listed = false;
     for (int i = 0; i < 40 && !atomic_load(&b.done); i++) {
         usleep(500 * 1000);
@@ -753,10 +722,10 @@ static void test_vm_side_lane(void **state)
                                      &(dsec_proc_opts){.argv = cat_argv, .keep_stdin = true}, &cat,
                                      &err),
                      0);
-    static struct stdin_writer w;
-    w = (struct stdin_writer){.id = id, .handle = idle.handle};
+    static dsec_test_stdin_writer w;
+    w = (dsec_test_stdin_writer){.cl = cl, .id = id, .handle = idle.handle};
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, write_unread, &w), 0);
+    assert_int_equal(pthread_create(&t, NULL, dsec_test_write_big, &w), 0);
     bool refused = false;
     for (int i = 0; i < 500 && !refused; i++) { /* until the write waits in the sandbox */
         usleep(20000);

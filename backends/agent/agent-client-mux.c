@@ -22,8 +22,8 @@ struct agent_mux {
     pthread_cond_t cv;
     /* under mu: runs handed over from other threads, not yet the loop's */
     struct loop_run *incoming;
-    bool posted;  /* a take is posted to the loop */
-    bool closed;  /* no more runs: the connection broke or is being freed */
+    bool posted;   /* a take is posted to the loop */
+    bool closed;   /* no more runs: the connection broke or is being freed */
     bool released; /* the loop let go of everything (dsec__agent_mux_close waits for it) */
     /* loop thread only */
     dsec_loop_watch *w;
@@ -339,8 +339,8 @@ static int sync_frame(struct loop_run *lr, uint8_t type, uint32_t rid, const uin
         return EXEC_REFUSED;
     }
     if (type != s->want) {
-        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered with frame type %u, expected %u",
-                     type, s->want);
+        dsec_err_set(err, DSEC_E_DECODE, 0, "agent answered with frame type %u, expected %u", type,
+                     s->want);
         return EXEC_REFUSED;
     }
     s->ans = dsec_malloc(pn ? pn : 1);
