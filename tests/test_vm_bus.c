@@ -404,6 +404,41 @@ static void test_node_restart_readopts(void **state)
     assert_int_equal(qemu_count(), 0);
 }
 
+/* The node manager stops while a VM boots: the boot is abandoned and its VM destroyed (it was
+ * never journaled: kept, it would be an orphan no one owns), before the stop returns. The
+ * create's client hears a retry-safe error; retried (same request id) once the node is back,
+ * it gets one sandbox, never two. */
+static void test_stop_mid_boot(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    int before = qemu_count(), dirs = sandbox_dirs();
+    static atomic_int answered;
+    atomic_store(&answered, 0);
+    static struct boot_req b; /* static: a failed assertion leaves the thread writing into it */
+    b = (struct boot_req){.answered = &answered};
+    assert_int_equal(pthread_create(&b.t, NULL, boot_main, &b), 0);
+    for (int i = 0; i < 600 && qemu_count() == before; i++)
+        usleep(50000);
+    assert_int_equal(qemu_count(), before + 1);
+    dsec_cell_stop(cell, false);
+    cell = NULL;
+    assert_int_equal(qemu_count(), before);
+    assert_int_equal(sandbox_dirs(), dirs);
+    assert_int_equal(start_cell(), 0);
+    pthread_join(b.t, NULL);
+    if (b.rc == 0) {
+        char out[128];
+        assert_int_equal(sh(b.info.id, "hostname", out, sizeof out), 0);
+        assert_string_equal(out, b.info.id);
+        assert_int_equal(qemu_count(), before + 1);
+        destroy(b.info.id);
+    } else { /* the node's answer is retry-safe; a retry while the cell was down finds none */
+        printf("the create of a boot the node stopped: %s\n", b.err.msg);
+    }
+    assert_int_equal(qemu_count(), before);
+}
+
 static void test_bad_requests(void **state)
 {
     if (natsd == NULL)
@@ -914,6 +949,7 @@ int main(void)
         cmocka_unit_test(test_boots_beside_work),
         cmocka_unit_test(test_exec_files_fork_pause_snapshot),
         cmocka_unit_test(test_node_restart_readopts),
+        cmocka_unit_test(test_stop_mid_boot),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_vm_terminal),
         cmocka_unit_test(test_vm_session_ps),
