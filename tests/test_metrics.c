@@ -464,6 +464,13 @@ static void test_counters_match(void **state)
     assert_true(total(body, "dsec_node_memory_free_bytes") ==
                 (800000.0 - 512.0 * (N - DESTROYED)) * 1048576.0);
     assert_true(total(body, "dsec_node_slots_free") == 200 - (N - DESTROYED));
+    /* at rest: no command in flight, nothing waiting for a work thread (one sample a node) */
+    static const char *const idle[] = {"dsec_node_execs_in_flight", "dsec_node_work_queued"};
+    for (size_t i = 0; i < 2; i++) {
+        int samples = 0;
+        assert_true(sum_of(body, idle[i], NULL, &samples) == 0);
+        assert_int_equal(samples, 2);
+    }
     /* sim nodes offer 1 PiB of disk less the 2048 MB reserve; 1024 MB each by default
      * (printed with 15 significant digits: compare to the MB) */
     double disk_free = total(body, "dsec_node_disk_free_bytes") / 1048576.0;
