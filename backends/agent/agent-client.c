@@ -86,7 +86,7 @@ int dsec__agent_check_open(dsec_agent *a, dsec_err *err)
 {
     if (a == NULL)
         return dsec_err_set(err, DSEC_E_INVALID, 0, "agent connection is NULL");
-    if (a->fd < 0)
+    if (dsec_agent_broken(a))
         return dsec_err_set(err, DSEC_E_CLOSED, 0,
                             "connection to the agent is broken by an earlier failure; reconnect");
     if (a->busy)
