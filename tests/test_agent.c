@@ -3484,6 +3484,24 @@ static void test_mux(void **state)
     assert_int_equal(err.code, DSEC_E_CLOSED);
     dsec_agent_free(b);
     kill(lone.pid, SIGKILL); /* its agent was killed: nobody reaps it but init */
+
+    /* the loop stops while a read waits (a node manager stopping): the read ends, closed, and
+     * the connection is freed after the loop is gone */
+    dsec_agent *c = NULL;
+    assert_int_equal(dsec_agent_connect(&c, sock_path, 2000, &err), 0);
+    assert_int_equal(dsec_agent_mux_on(c, loop, &err), 0);
+    dsec_proc_info last;
+    pstart(c, "exec sleep 303", 0, false, 0, &last);
+    out = (struct pout_wait){.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(
+        dsec_agent_proc_output_start(c, loop, last.handle, 0, 0, 0, 20000, pout_waited, &out, &err),
+        0);
+    dsec_loop_stop(loop);
+    assert_int_equal(pout_wait(&out), -1);
+    assert_int_equal(out.err.code, DSEC_E_CLOSED);
+    assert_int_equal(dsec_agent_proc_signal(c, last.handle, SIGKILL, &err), -1);
+    dsec_agent_free(c);
+    assert_int_equal(dsec_agent_proc_signal(conn, last.handle, SIGKILL, &err), 0);
     dsec_loop_free(loop);
 }
 

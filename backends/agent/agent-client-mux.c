@@ -25,12 +25,49 @@ struct agent_mux {
     bool posted;   /* a take is posted to the loop */
     bool closed;   /* no more runs: the connection broke or is being freed */
     bool released; /* the loop let go of everything (dsec__agent_mux_close waits for it) */
+    /* The loop's hold on m, for a close from another thread while the loop stops (no post
+     * reaches it then): its watch is still there (a CANCEL call is to come), or one of its
+     * callbacks runs. A close on the loop's thread inside a callback (the last holder of a VM's
+     * side connection let go as its last exchange ended) leaves m to that callback's end. */
+    bool watching;
+    int in_cb;
+    bool free_pending;
     /* loop thread only */
     dsec_loop_watch *w;
     struct loop_run *runs; /* in the order they came: requests go out in that order */
 };
 
 static void mux_ready(dsec_loop_watch *w, unsigned events, void *ud);
+static void mux_destroy(struct agent_mux *m);
+
+/* A callback of m's begins, and ends: the end frees m when a close asked for it meanwhile. m is
+ * not touched between the end of an exchange and mux_leave but through these. */
+static void mux_enter(struct agent_mux *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->in_cb++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void mux_leave(struct agent_mux *m)
+{
+    pthread_mutex_lock(&m->mu);
+    bool last = --m->in_cb == 0 && m->free_pending;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    if (last)
+        mux_destroy(m);
+}
+
+/* The watch is gone (deleted, or cancelled by a stopping loop). Loop thread. */
+static void mux_unwatched(struct agent_mux *m)
+{
+    m->w = NULL;
+    pthread_mutex_lock(&m->mu);
+    m->watching = false;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+}
 
 /* End r (taken off the list by the caller): its frame goes, end hears st. */
 static void run_end(struct loop_run *r, int st, dsec_err *err)
@@ -66,7 +103,7 @@ static void mux_fail_all(struct agent_mux *m, dsec_err *err)
 static void mux_broken(struct agent_mux *m, dsec_err *err)
 {
     dsec_loop_del(m->w);
-    m->w = NULL;
+    mux_unwatched(m);
     dsec__agent_mark_broken(m->a);
     mux_fail_all(m, err);
 }
@@ -93,19 +130,20 @@ static void mux_take(dsec_loop_watch *w, unsigned events, void *ud)
 {
     (void)w;
     struct agent_mux *m = ud;
+    mux_enter(m);
+    pthread_mutex_lock(&m->mu);
+    m->posted = false; /* in_cb holds m for the rest */
+    pthread_mutex_unlock(&m->mu);
     if ((events & DSEC_LOOP_CANCEL) || m->w == NULL) { /* the loop or the watch is gone */
         dsec_err err;
         dsec_err_set(&err, DSEC_E_CLOSED, 0, "the agent connection was closed");
         mux_fail_all(m, &err);
-        pthread_mutex_lock(&m->mu);
-        m->posted = false;
-        pthread_mutex_unlock(&m->mu);
+        mux_leave(m);
         return;
     }
     pthread_mutex_lock(&m->mu);
     struct loop_run *in = m->incoming;
     m->incoming = NULL;
-    m->posted = false;
     pthread_mutex_unlock(&m->mu);
     struct loop_run **tail = &m->runs;
     while (*tail != NULL)
@@ -120,6 +158,7 @@ static void mux_take(dsec_loop_watch *w, unsigned events, void *ud)
     }
     *tail = rev;
     mux_rewatch(m);
+    mux_leave(m);
 }
 
 int dsec__agent_mux_run(struct loop_run *r, dsec_agent *a, dsec_err *err)
@@ -271,24 +310,23 @@ static void mux_ready(dsec_loop_watch *w, unsigned events, void *ud)
 {
     (void)w;
     struct agent_mux *m = ud;
+    mux_enter(m);
     if (events & DSEC_LOOP_CANCEL) {
-        m->w = NULL; /* the loop deletes it */
+        mux_unwatched(m); /* the loop deletes it */
         dsec_err err;
         dsec_err_set(&err, DSEC_E_CLOSED, 0,
                      "the node manager stopped waiting for the agent's answer");
         mux_fail_all(m, &err);
-        return;
+    } else {
+        if (events & DSEC_LOOP_TIMER)
+            mux_deadlines(m);
+        if (!(events & DSEC_LOOP_OUT) || mux_send(m) == 0) {
+            if (events & (DSEC_LOOP_IN | DSEC_LOOP_ERR))
+                mux_read(m);
+            mux_rewatch(m);
+        }
     }
-    if (events & DSEC_LOOP_TIMER)
-        mux_deadlines(m);
-    if ((events & DSEC_LOOP_OUT) && mux_send(m) < 0)
-        return;
-    if (events & (DSEC_LOOP_IN | DSEC_LOOP_ERR)) {
-        mux_read(m);
-        if (m->w == NULL)
-            return;
-    }
-    mux_rewatch(m);
+    mux_leave(m);
 }
 
 int dsec_agent_mux_on(dsec_agent *a, struct dsec_loop *loop, dsec_err *err)
@@ -304,6 +342,7 @@ int dsec_agent_mux_on(dsec_agent *a, struct dsec_loop *loop, dsec_err *err)
     pthread_cond_init(&m->cv, NULL);
     m->a = a;
     m->loop = loop;
+    m->watching = true;
     a->mux = m;
     if (dsec_loop_add(loop, a->fd, DSEC_LOOP_IN, 0, mux_ready, m, &m->w, err) < 0) {
         a->mux = NULL;
@@ -416,10 +455,17 @@ int dsec__agent_mux_roundtrip(dsec_agent *a, const uint8_t *frame, size_t flen, 
 
 /* ---- closing ------------------------------------------------------------------------------- */
 
+static void mux_destroy(struct agent_mux *m)
+{
+    pthread_cond_destroy(&m->cv);
+    pthread_mutex_destroy(&m->mu);
+    dsec_free(m);
+}
+
 static void mux_release(struct agent_mux *m)
 {
     dsec_loop_del(m->w);
-    m->w = NULL;
+    mux_unwatched(m);
     dsec_err err;
     dsec_err_set(&err, DSEC_E_CLOSED, 0, "the agent connection was closed");
     mux_fail_all(m, &err);
@@ -440,23 +486,28 @@ static void mux_release_posted(dsec_loop_watch *w, unsigned events, void *ud)
 void dsec__agent_mux_close(dsec_agent *a)
 {
     struct agent_mux *m = a->mux;
+    a->mux = NULL;
     dsec_err err;
     if (dsec_loop_is_current(m->loop)) {
         mux_release(m);
-    } else if (dsec_loop_post(m->loop, mux_release_posted, m, &err) == 0) {
         pthread_mutex_lock(&m->mu);
+        bool later = m->in_cb > 0; /* inside one of m's callbacks: its end frees m */
+        m->free_pending = later;
+        pthread_mutex_unlock(&m->mu);
+        if (!later)
+            mux_destroy(m);
+        return;
+    }
+    pthread_mutex_lock(&m->mu);
+    if (dsec_loop_post(m->loop, mux_release_posted, m, &err) == 0) {
         while (!m->released)
             pthread_cond_wait(&m->cv, &m->mu);
-        pthread_mutex_unlock(&m->mu);
-    } else {
-        /* the loop stopped: its CANCEL ended every run and deleted the watch; what was
-         * handed over after that was refused */
-        m->w = NULL;
     }
-    /* a posted take may still be queued on a stopped loop: none, since take runs before
-     * release in the loop's order, and the loop finishes its posts before it stops */
-    a->mux = NULL;
-    pthread_cond_destroy(&m->cv);
-    pthread_mutex_destroy(&m->mu);
-    dsec_free(m);
+    /* A take posted before (posts need not run in order) or, with the loop stopping, its
+     * CANCEL calls (the watch's, a take's: they end every run) may still be to come: wait
+     * until the loop is done with m. */
+    while (m->watching || m->posted || m->in_cb > 0)
+        pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+    mux_destroy(m);
 }
