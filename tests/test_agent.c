@@ -3395,6 +3395,20 @@ static int stdin_wait_end(struct stdin_wait *w)
     return w->rc;
 }
 
+/* A multiplexed connection freed by its own exchange's end, on the loop's thread (a VM's side
+ * connection when its last holder lets go as its last call ends). */
+struct free_on_end {
+    dsec_agent *a;
+    struct pout_wait w;
+};
+
+static void pout_then_free(void *ud, int rc, dsec_proc_output *out, dsec_err *err)
+{
+    struct free_on_end *f = ud;
+    dsec_agent_free(f->a);
+    pout_waited(&f->w, rc, out, err);
+}
+
 /* One multiplexed connection (a VM's second channel) carries several exchanges at once: an
  * output read that waits and a stdin write the process does not take stay in flight while
  * calls from this thread (start, list, stdin, signal) are answered beside them; a call that
@@ -3484,6 +3498,22 @@ static void test_mux(void **state)
     assert_int_equal(err.code, DSEC_E_CLOSED);
     dsec_agent_free(b);
     kill(lone.pid, SIGKILL); /* its agent was killed: nobody reaps it but init */
+
+    /* freed by the end of its own last exchange: the free waits for the loop's callback to
+     * end (AddressSanitizer sees what would be read after it) */
+    static struct free_on_end fe;
+    fe = (struct free_on_end){
+        .w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER}};
+    assert_int_equal(dsec_agent_connect(&fe.a, sock_path, 2000, &err), 0);
+    assert_int_equal(dsec_agent_mux_on(fe.a, loop, &err), 0);
+    dsec_proc_info soon;
+    pstart(conn, "sleep 0.2; echo soon", 0, false, 0, &soon);
+    assert_int_equal(dsec_agent_proc_output_start(fe.a, loop, soon.handle, 0, 0, 0, 10000,
+                                                  pout_then_free, &fe, &err),
+                     0);
+    assert_int_equal(pout_wait(&fe.w), 0);
+    assert_int_equal(fe.w.out.out_len, 5);
+    dsec_proc_output_release(&fe.w.out);
 
     /* the loop stops while a read waits (a node manager stopping): the read ends, closed, and
      * the connection is freed after the loop is gone */

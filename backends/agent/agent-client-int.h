@@ -117,8 +117,9 @@ void dsec__agent_mux_next(struct loop_run *r);
 int dsec__agent_mux_roundtrip(dsec_agent *a, const uint8_t *frame, size_t flen, uint8_t want,
                               const uint8_t **payload, size_t *plen, dsec_err *err);
 /* Before a multiplexed connection is freed: its exchanges end (DSEC_E_CLOSED) and its watch
- * goes, on the loop's thread; waits for that from any other thread. */
-void dsec__agent_mux_close(dsec_agent *a);
+ * goes, on the loop's thread; waits for that from any other thread. true: called inside one of
+ * the connection's own callbacks, the free of a is left to that callback's end. */
+bool dsec__agent_mux_close(dsec_agent *a);
 
 /* ---- agent-client-exec.c: what EXEC and PSTART share ---------------------------------------- */
 

@@ -455,8 +455,14 @@ int dsec__agent_mux_roundtrip(dsec_agent *a, const uint8_t *frame, size_t flen, 
 
 /* ---- closing ------------------------------------------------------------------------------- */
 
+/* m goes, and with it the connection when its free was left to m (free_pending). */
 static void mux_destroy(struct agent_mux *m)
 {
+    if (m->free_pending) {
+        dsec__agent_mark_broken(m->a);
+        dsec_free(m->a->buf);
+        dsec_free(m->a);
+    }
     pthread_cond_destroy(&m->cv);
     pthread_mutex_destroy(&m->mu);
     dsec_free(m);
@@ -483,21 +489,25 @@ static void mux_release_posted(dsec_loop_watch *w, unsigned events, void *ud)
     pthread_mutex_unlock(&m->mu);
 }
 
-void dsec__agent_mux_close(dsec_agent *a)
+bool dsec__agent_mux_close(dsec_agent *a)
 {
     struct agent_mux *m = a->mux;
-    a->mux = NULL;
     dsec_err err;
     if (dsec_loop_is_current(m->loop)) {
         mux_release(m);
         pthread_mutex_lock(&m->mu);
-        bool later = m->in_cb > 0; /* inside one of m's callbacks: its end frees m */
+        /* inside one of m's callbacks, which may read the connection still: its end frees m
+         * and the connection */
+        bool later = m->in_cb > 0;
         m->free_pending = later;
         pthread_mutex_unlock(&m->mu);
-        if (!later)
-            mux_destroy(m);
-        return;
+        if (later)
+            return true;
+        a->mux = NULL;
+        mux_destroy(m);
+        return false;
     }
+    a->mux = NULL;
     pthread_mutex_lock(&m->mu);
     if (dsec_loop_post(m->loop, mux_release_posted, m, &err) == 0) {
         while (!m->released)
@@ -510,4 +520,5 @@ void dsec__agent_mux_close(dsec_agent *a)
         pthread_cond_wait(&m->cv, &m->mu);
     pthread_mutex_unlock(&m->mu);
     mux_destroy(m);
+    return false;
 }

@@ -571,8 +571,8 @@ void dsec_agent_free(dsec_agent *a)
 {
     if (a == NULL)
         return;
-    if (a->mux != NULL)
-        dsec__agent_mux_close(a);
+    if (a->mux != NULL && dsec__agent_mux_close(a))
+        return; /* freed at the end of the connection's callback that runs now */
     dsec__agent_mark_broken(a);
     dsec_free(a->buf);
     dsec_free(a);
