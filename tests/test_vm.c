@@ -7,6 +7,7 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <setjmp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -870,6 +871,64 @@ static void test_boot_on_loop(void **state)
     dsec_loop_free(loop);
 }
 
+/* A microVM's process calls, from several threads at once on a guest whose second channel is
+ * not open yet (the backend opened with the node's loop): one dials it, the others wait for
+ * that dial and take its connection. The guest serves one connection on that channel, so a
+ * second dial beside the first waited out its 2 s and failed the call. */
+struct side_call {
+    pthread_barrier_t *go;
+    struct sbx *s;
+    int rc;
+    dsec_err err;
+};
+
+static void *side_list(void *ud)
+{
+    struct side_call *c = ud;
+    pthread_barrier_wait(c->go);
+    dsec_proc_info *v = NULL;
+    size_t n = 0;
+    c->rc = c->s->ops->proc_list(c->s->be, c->s->h, &v, &n, &c->err);
+    (void)n;
+    dsec_free(v);
+    return NULL;
+}
+
+static void test_side_dial_once(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "vm-side", &err), 0);
+    char sd[PATH_MAX];
+    snprintf(sd, sizeof sd, "%s/state-side", top);
+    dsec_backend_kv opts[] = {{"vm_kit", kit}};
+    dsec_backend_config cfg = {
+        .state_dir = sd, .node = "vmtest", .opts = opts, .nopts = 1, .layers = reg, .loop = loop};
+    void *be = NULL;
+    if (dsec_microvm_ops.init(&be, &cfg, &err) < 0)
+        fail_msg("microvm backend with a loop: %s", err.msg);
+    struct sbx *s = mk(&dsec_microvm_ops, be, "busybox:1");
+    enum { N = 4 };
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, N);
+    struct side_call c[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = (struct side_call){.go = &go, .s = s};
+        assert_int_equal(pthread_create(&t[i], NULL, side_list, &c[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < N; i++)
+        if (c[i].rc != 0)
+            fail_msg("process list %d of %d at once, on a new guest: %s", i + 1, N, c[i].err.msg);
+    destroy(s);
+    dsec_microvm_ops.fini(be);
+    dsec_loop_free(loop);
+}
+
 static void test_q35(void **state)
 {
     (void)state;
@@ -965,8 +1024,11 @@ int main(void)
         cmocka_unit_test_setup(test_microvm, need_vm),
         cmocka_unit_test_setup(test_images_evicted, need_vm),
         cmocka_unit_test_setup(test_boot_on_loop, need_vm),
+        cmocka_unit_test_setup(test_side_dial_once, need_vm),
         cmocka_unit_test_setup(test_q35, need_vm),
         cmocka_unit_test_setup(test_network, need_vm),
     };
+    if (getenv("DSEC_TEST_FILTER") != NULL) /* one test by name, while working on it */
+        cmocka_set_test_filter(getenv("DSEC_TEST_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -264,6 +264,7 @@ struct vm_side {
 };
 
 static pthread_mutex_t side_mu = PTHREAD_MUTEX_INITIALIZER; /* guards every sb->side */
+static pthread_cond_t side_cv = PTHREAD_COND_INITIALIZER;   /* a sandbox's dial ended */
 
 static void side_free(struct vm_side *c)
 {
@@ -298,6 +299,16 @@ void dsec__vm_side_drop(dsec_sandbox *sb)
     side_unref(c);
 }
 
+/* A dial that failed ended: the calls waiting for it may dial themselves. */
+static struct vm_side *side_dialed(dsec_sandbox *sb, struct vm_side *c)
+{
+    pthread_mutex_lock(&side_mu);
+    sb->side_dialing = false;
+    pthread_cond_broadcast(&side_cv);
+    pthread_mutex_unlock(&side_mu);
+    return c;
+}
+
 /* The side connection for a call (what), a reference the caller gives back with side_unref:
  * the one kept, or a new one when there is none or it broke. */
 static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const char *what,
@@ -308,6 +319,11 @@ static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const 
         return NULL;
     }
     pthread_mutex_lock(&side_mu);
+    /* One dial at a time per sandbox: the guest's agent serves one connection on ctl.sock, so
+     * a second dial beside the first would wait out its timeout and fail. The calls that came
+     * meanwhile take the connection the first one made. */
+    while (sb->side_dialing && !dsec_loop_is_current(be->loop))
+        pthread_cond_wait(&side_cv, &side_mu);
     struct vm_side *c = sb->side, *old = NULL;
     if (c != NULL && dsec_agent_broken(c->a)) {
         old = c;
@@ -315,6 +331,8 @@ static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const 
     }
     if (c != NULL)
         atomic_fetch_add(&c->refs, 1);
+    else
+        sb->side_dialing = true;
     pthread_mutex_unlock(&side_mu);
     side_unref(old);
     if (c != NULL)
@@ -324,7 +342,7 @@ static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const 
     struct vm_side *n = dsec_calloc(1, sizeof *n);
     if (n == NULL) {
         dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "%s: %s", be->type, what);
-        return NULL;
+        return side_dialed(sb, NULL);
     }
     n->loop = be->loop;
     atomic_store(&n->refs, 2); /* the record's and the caller's */
@@ -333,9 +351,11 @@ static struct vm_side *side_take(struct vm_backend *be, dsec_sandbox *sb, const 
         dsec_agent_free(n->a);
         dsec_free(n);
         dsec_err_wrap(err, "%s: the guest's second channel, for %s", be->type, what);
-        return NULL;
+        return side_dialed(sb, NULL);
     }
     pthread_mutex_lock(&side_mu);
+    sb->side_dialing = false;
+    pthread_cond_broadcast(&side_cv);
     if (sb->side == NULL) {
         sb->side = n;
         n = NULL;

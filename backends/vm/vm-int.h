@@ -109,6 +109,7 @@ struct dsec_sandbox {
     dsec_net_guest guest; /* the guest side of net, when nic */
     dsec_agent *agent;
     struct vm_side *side; /* the process calls' connection on ctl.sock (vm-agent.c) */
+    bool side_dialing;    /* a call dials it now; the others wait (vm-agent.c) */
     /* what teardown must undo */
     bool made_dir;
     size_t held; /* env.layers[0..held) are acquired */
