@@ -348,6 +348,19 @@ bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int
 int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
 void dsec__node_on_sbx(dsec_actor *a, dsec_msg *m, void *ud);
 uint64_t dsec__node_key_of(const dsec_msg *cm, void *ud);
+/* Whether s can run an operation (a frozen sandbox is thawed for it); false when m was
+ * answered why not. */
+bool dsec__node_check_running(dsec_node *n, dsec_msg *m, struct sbx *s);
+void dsec__node_reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *state, dsec_strv ids,
+                         dsec_kv info);
+/* Inside an operation on a work thread: its deferred message, which the operation now ends
+ * with dsec_deferred_done (its end comes later, from the loop); NULL elsewhere (the
+ * operation then ends before it returns). */
+dsec_deferred *dsec__node_job_keep(void);
+
+/* ---- node-fork.c: forks ------------------------------------------------------------ */
+
+void dsec__node_do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count);
 
 /* ---- node-report.c: reports, ticks, notices --------------------------------------- */
 

@@ -105,7 +105,7 @@ static int thaw(dsec_node *n, struct sbx *s, dsec_err *err)
     return 0;
 }
 
-static bool check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
+bool dsec__node_check_running(dsec_node *n, dsec_msg *m, struct sbx *s)
 {
     if (s->state == ST_RUNNING)
         return true;
@@ -139,7 +139,7 @@ bool dsec__node_decode_for_running(dsec_node *n, dsec_msg *m, struct sbx *s, int
                              dsec_msg_type_name(type), id, s->id);
         return false;
     }
-    if (!check_running(n, m, s))
+    if (!dsec__node_check_running(n, m, s))
         return false;
     dsec__node_touch(s);
     return true;
@@ -384,8 +384,8 @@ static void do_list(dsec_node *n, dsec_msg *m, struct sbx *s)
     dsec_file_entries_free(e, ne);
 }
 
-static void reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *state, dsec_strv ids,
-                     dsec_kv info)
+void dsec__node_reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *state, dsec_strv ids,
+                         dsec_kv info)
 {
     dsec_msg_op_reply out = {.id = s->id,
                              .state = state,
@@ -427,7 +427,7 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
     dsec_results_drop(n->results, s->id);
     s->state = ST_GONE;
     if (m != NULL)
-        reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
+        dsec__node_reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
     dsec__node_sbx_free(s);
 }
 
@@ -451,7 +451,7 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
                              name ? name : "");
         return;
     }
-    if (!check_running(n, m, s))
+    if (!dsec__node_check_running(n, m, s))
         return;
     dsec__node_touch(s);
     char path[4400];
@@ -466,196 +466,8 @@ static void do_snapshot(dsec_node *n, dsec_msg *m, struct sbx *s, const char *na
         dsec_actor_count_error(n->actor); /* left behind: the node's error counter shows it */
     const char *k[] = {"env"};
     const char *v[] = {name};
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 1});
-}
-
-/* A fork makes sandboxes no scheduler admitted: ask the quota actor for the
- * children here. They carry the admission's id as their req_id, so the
- * quota actor counts each one off the admission as its event arrives. 0, or
- * -1 with the client answered. */
-static int fork_admit(dsec_node *n, dsec_msg *m, const struct sbx *s, uint64_t count,
-                      char *admit_id, size_t idn)
-{
-    char rnd[33];
-    dsec_bus_new_id(rnd);
-    snprintf(admit_id, idn, "fork-%.40s", rnd);
-    if (!n->conf.quota)
-        return 0;
-    dsec_msg_admit ad = {.tenant = s->tenant,
-                         .project = s->project[0] ? s->project : NULL,
-                         .req_id = admit_id,
-                         .n = count,
-                         .cpu_milli = s->cpu_milli,
-                         .memory_mb = s->memory_mb};
-    char subj[160];
-    snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA_ADMIT, n->cell);
-    dsec_buf b;
-    dsec_buf_init(&b);
-    dsec_err err;
-    dsec_msg *reply = NULL;
-    dsec_hdr hdr = {.type = "admit", .schema = DSEC_SCHEMA_VERSION, .req_id = admit_id};
-    int rc = dsec_encode(&b, DSEC_MSG_ADMIT, &ad, &err);
-    if (rc == 0)
-        rc = dsec_bus_request_sync(n->bus, subj, &hdr, b.data, b.len, 2000, &reply, &err);
-    dsec_buf_release(&b);
-    if (rc < 0) {
-        dsec__node_reply_err(n, m, err.code, "fork: the quota actor of cell %s did not answer: %s",
-                             n->cell, err.msg);
-        return -1;
-    }
-    const char *type = dsec_msg_type(reply);
-    if (dsec_wire_bus_error(reply, &err, "fork: the quota actor of cell %s", n->cell)) {
-        dsec__node_reply_err(n, m, err.code, "%s", err.msg);
-        rc = -1;
-    } else if (type == NULL || strcmp(type, DSEC_TYPE_ERROR) == 0) {
-        /* its refusal names the full level: pass on its code and words, with
-         * the client's req_id (the body's is the admission's own) */
-        dsec_msg_error qe;
-        dsec_err e = {.code = DSEC_E_INTERNAL};
-        if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
-                        dsec_msg_len(reply), &qe, &err) < 0) {
-            snprintf(e.msg, sizeof e.msg,
-                     "fork: the quota actor of cell %s answered an "
-                     "undecodable error: %.600s",
-                     n->cell, err.msg);
-            qe.field = NULL;
-        } else {
-            e.code = dsec_code_from_name(qe.code);
-            snprintf(e.msg, sizeof e.msg, "%s", qe.message);
-        }
-        dsec_wire_error_to(n->actor, n->bus, dsec_msg_reply(m), &e, qe.field,
-                           dsec_msg_header(m, DSEC_HDR_REQ_ID));
-        rc = -1;
-    }
-    dsec_msg_free(reply);
-    return rc;
-}
-
-/* The fork failed after its admission: give it back now. */
-static void fork_unadmit(dsec_node *n, const struct sbx *s, const char *admit_id)
-{
-    if (!n->conf.quota)
-        return;
-    dsec_msg_admit ad = {.tenant = s->tenant, .req_id = admit_id, .release = true};
-    char subj[160];
-    snprintf(subj, sizeof subj, DSEC_SUBJ_QUOTA_ADMIT, n->cell);
-    dsec_err err;
-    if (dsec_wire_send(n->actor, n->bus, subj, NULL, DSEC_MSG_ADMIT, &ad, admit_id, &err) < 0)
-        dsec_actor_count_error(n->actor);
-}
-
-static void do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count)
-{
-    dsec_err err;
-    if (count < 1 || count > 1024) {
-        dsec__node_reply_bad(n, m, "n", "fork: n must be 1..1024, got %" PRIu64, count);
-        return;
-    }
-    if (!check_running(n, m, s))
-        return;
-    dsec__node_touch(s);
-    char admit_id[48];
-    if (fork_admit(n, m, s, count, admit_id, sizeof admit_id) < 0)
-        return;
-    bool admitted = true; /* given back unless the children are made */
-    struct sbx **kids = dsec_calloc(count, sizeof *kids);
-    dsec_sandbox **handles = dsec_calloc(count, sizeof *handles);
-    char **states = dsec_calloc(count, sizeof *states);
-    const char **ids = dsec_calloc(count, sizeof *ids);
-    bool reserved = false;
-    if (kids == NULL || handles == NULL || states == NULL || ids == NULL) {
-        dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
-        goto out_free;
-    }
-    for (uint64_t i = 0; i < count; i++) {
-        if ((kids[i] = dsec_calloc(1, sizeof **kids)) == NULL) {
-            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
-            goto out_free;
-        }
-        *kids[i] = (struct sbx){.be = s->be,
-                                .type_idx = s->type_idx,
-                                .cpu_milli = s->cpu_milli,
-                                .memory_mb = s->memory_mb,
-                                .disk_mb = s->disk_mb,
-                                .ttl_ns = s->ttl_ns,
-                                .idle_ns = s->idle_ns,
-                                .state = ST_STARTING};
-        dsec__node_new_id(n, kids[i]->id, sizeof kids[i]->id);
-        memcpy(kids[i]->tenant, s->tenant, sizeof s->tenant);
-        memcpy(kids[i]->project, s->project, sizeof s->project);
-        if (dsec__node_labels_copy(kids[i], s) < 0) {
-            dsec__node_reply_err(n, m, DSEC_E_NOMEM, "fork: out of memory");
-            goto out_free;
-        }
-        snprintf(kids[i]->req_id, sizeof kids[i]->req_id, "%s", admit_id);
-        ids[i] = kids[i]->id;
-    }
-    pthread_mutex_lock(&n->mu);
-    if (n->slots_free < count || n->cpu_free < count * s->cpu_milli ||
-        n->mem_free < count * s->memory_mb || n->disk_free < count * s->disk_mb) {
-        uint64_t cf = n->cpu_free, mf = n->mem_free, sf = n->slots_free, df = n->disk_free;
-        pthread_mutex_unlock(&n->mu);
-        dsec__node_reply_err(n, m, DSEC_E_CAPACITY,
-                             "fork of %s into %" PRIu64 " children needs %" PRIu64
-                             " milli-CPU, %" PRIu64 " MB, %" PRIu64 " slots and %" PRIu64
-                             " MB of disk; node %s has %" PRIu64 ", %" PRIu64 ", %" PRIu64
-                             ", %" PRIu64,
-                             s->id, count, count * s->cpu_milli, count * s->memory_mb, count,
-                             count * s->disk_mb, n->name, cf, mf, sf, df);
-        goto out_free;
-    }
-    n->cpu_free -= count * s->cpu_milli;
-    n->mem_free -= count * s->memory_mb;
-    n->slots_free -= count;
-    n->disk_free -= count * s->disk_mb;
-    n->dirty = true;
-    reserved = true;
-    pthread_mutex_unlock(&n->mu);
-    if (dsec_backend_fork(s->be, s->h, ids, count, handles, states, &err) < 0) {
-        dsec_err_wrap(&err, "forking %s", s->id);
-        dsec_wire_error(n->actor, m, &err);
-        goto out_free;
-    }
-    uint64_t now = dsec_wall_ns();
-    pthread_mutex_lock(&n->mu);
-    for (uint64_t i = 0; i < count; i++) {
-        kids[i]->h = handles[i];
-        kids[i]->bstate = states[i];
-        states[i] = NULL;
-        kids[i]->created_ns = now;
-        kids[i]->last_ns = now;
-        kids[i]->state = ST_RUNNING;
-        dsec__node_insert(n, kids[i]);
-        dsec__node_event_locked(n, kids[i], ST_REQUESTED, ST_RUNNING, "fork");
-    }
-    pthread_mutex_unlock(&n->mu);
-    reserved = false;
-    admitted = false; /* the children's events count it off */
-    for (uint64_t i = 0; i < count; i++) {
-        if (dsec__node_journal_put(n, kids[i], &err) < 0)
-            dsec_actor_count_error(n->actor);
-        kids[i] = NULL; /* owned by the table now */
-    }
-    atomic_fetch_add(&n->created, count);
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){ids, (uint32_t)count},
-             (dsec_kv){0});
-out_free:
-    if (admitted)
-        fork_unadmit(n, s, admit_id);
-    if (reserved) {
-        pthread_mutex_lock(&n->mu);
-        dsec__node_release_resources(n, count * s->cpu_milli, count * s->memory_mb, count,
-                                     count * s->disk_mb);
-        pthread_mutex_unlock(&n->mu);
-    }
-    for (uint64_t i = 0; kids && i < count; i++)
-        dsec__node_sbx_free(kids[i]);
-    for (uint64_t i = 0; states && i < count; i++)
-        dsec_free(states[i]);
-    dsec_free(kids);
-    dsec_free(handles);
-    dsec_free(states);
-    dsec_free(ids);
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0},
+                        (dsec_kv){k, v, 1});
 }
 
 static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -684,7 +496,8 @@ static void do_status(dsec_node *n, dsec_msg *m, struct sbx *s)
         k[nkv] = "memory_bytes";
         v[nkv++] = used_mem;
     }
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, nkv});
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0},
+                        (dsec_kv){k, v, nkv});
 }
 
 static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause)
@@ -697,11 +510,13 @@ static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause
             return;
         }
         dsec__node_touch(s);
-        reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0},
+                            (dsec_kv){0});
         return;
     }
     if (s->state == want) {
-        reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+        dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0},
+                            (dsec_kv){0});
         return;
     }
     if (s->state != (pause ? ST_RUNNING : ST_PAUSED)) {
@@ -719,7 +534,7 @@ static void do_pause_resume(dsec_node *n, dsec_msg *m, struct sbx *s, bool pause
     dsec__node_set_state(n, s, want, NULL);
     if (dsec__node_journal_put(n, s, &err) < 0)
         dsec_actor_count_error(n->actor);
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
 /* Freeze an idle pausable rollout under memory pressure: pause it and give
@@ -748,7 +563,7 @@ static void do_freeze(dsec_node *n, dsec_msg *m, struct sbx *s)
     s->state = ST_PAUSED;
     dsec__node_event_locked(n, s, prev, ST_PAUSED, "frozen while idle under memory pressure");
     pthread_mutex_unlock(&n->mu);
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
 /* Replace a running sandbox's network policy (a task moving to its next stage). */
@@ -767,7 +582,7 @@ static void do_net(dsec_node *n, dsec_msg *m, struct sbx *s, const dsec_strv *ne
         return;
     }
     dsec__node_touch(s);
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){0});
 }
 
 /* Move a running sandbox's end: it now ends ttl_s seconds from now, as long as its whole
@@ -821,7 +636,8 @@ static void do_ttl(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t ttl_s)
     char expires[24];
     snprintf(expires, sizeof expires, "%" PRIu64, s->created_ns + s->ttl_ns);
     const char *k[] = {"expires_ns"}, *v[] = {expires};
-    reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0}, (dsec_kv){k, v, 1});
+    dsec__node_reply_op(n, m, s, dsec__node_state_names[s->state], (dsec_strv){0},
+                        (dsec_kv){k, v, 1});
 }
 
 static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
@@ -853,7 +669,7 @@ static void do_op(dsec_node *n, dsec_msg *m, struct sbx *s)
     } else if (strcmp(op.op, "pause") == 0 || strcmp(op.op, "resume") == 0) {
         do_pause_resume(n, m, s, op.op[0] == 'p');
     } else if (strcmp(op.op, "fork") == 0) {
-        do_fork(n, m, s, op.n);
+        dsec__node_do_fork(n, m, s, op.n);
     } else if (strcmp(op.op, "freeze") == 0) {
         do_freeze(n, m, s);
     } else if (strcmp(op.op, "snapshot") == 0) {
@@ -934,16 +750,32 @@ static void sbx_dispatch_job(dsec_node *n, dsec_msg *m)
     sbx_dispatch(n->actor, m, n);
 }
 
+static _Thread_local struct sbx_job *job_now; /* the job this work thread runs */
+
+dsec_deferred *dsec__node_job_keep(void)
+{
+    struct sbx_job *j = job_now;
+    if (j == NULL)
+        return NULL;
+    dsec_deferred *d = j->d;
+    j->d = NULL;
+    return d;
+}
+
 static void job_run(void *ud)
 {
     struct sbx_job *j = ud;
-    dsec_msg *m = dsec_deferred_msg(j->d);
+    dsec_deferred *d = j->d;
+    dsec_msg *m = dsec_deferred_msg(d);
     /* the work is still its request's: what it sends carries the trace id */
     dsec_trace_scope sc;
-    dsec_deferred_trace(j->d, &sc);
+    dsec_deferred_trace(d, &sc);
+    job_now = j;
     j->run(j->n, m);
+    job_now = NULL;
     dsec_trace_leave(&sc);
-    dsec_deferred_done(j->d);
+    if (j->d != NULL) /* not kept by the work (dsec__node_job_keep) */
+        dsec_deferred_done(j->d);
     dsec_free(j);
 }
 

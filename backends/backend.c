@@ -371,11 +371,9 @@ int dsec_backend_file_op(dsec_backend *be, dsec_sandbox *sb, const dsec_file_op 
     return be->ops->file_op(be->self, sb, op, st, err);
 }
 
-int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
-                      dsec_sandbox **children, char **states, dsec_err *err)
+static int check_fork(dsec_sandbox *sb, const char *const *ids, size_t n, dsec_sandbox **children,
+                      char **states, dsec_err *err)
 {
-    if (be->ops->fork == NULL)
-        return unsupported(be, "fork", err);
     if (sb == NULL)
         return no_sandbox("fork", err);
     if (n == 0 || n > DSEC_FORK_MAX)
@@ -389,7 +387,35 @@ int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids
         children[i] = NULL;
         states[i] = NULL;
     }
+    return 0;
+}
+
+int dsec_backend_fork(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                      dsec_sandbox **children, char **states, dsec_err *err)
+{
+    if (be->ops->fork == NULL)
+        return unsupported(be, "fork", err);
+    if (check_fork(sb, ids, n, children, states, err) < 0)
+        return -1;
     return be->ops->fork(be->self, sb, ids, n, children, states, err);
+}
+
+bool dsec_backend_forks_async(const dsec_backend *be)
+{
+    return be->ops->fork_start != NULL;
+}
+
+int dsec_backend_fork_start(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                            struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                            dsec_sandbox **children, char **states, dsec_err *err)
+{
+    if (be->ops->fork_start == NULL)
+        return unsupported(be, "fork_start", err);
+    if (loop == NULL || done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "fork_start: missing loop or done");
+    if (check_fork(sb, ids, n, children, states, err) < 0)
+        return -1;
+    return be->ops->fork_start(be->self, sb, ids, n, loop, done, ud, children, states, err);
 }
 
 int dsec_backend_pause(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)

@@ -48,7 +48,8 @@ extern "C" {
  * threads (backends/workq.h), never on a bus worker, so a busy sandbox or
  * tenant delays only its own turn. A create whose end is a wait for the
  * sandbox to come up (a VM's boot) does that wait on the loop where the
- * backend has create_start: the thread goes back once the guest is started. A backend without
+ * backend has create_start, and so does a fork's for its children where it has fork_start:
+ * the thread goes back once the guests are started. A backend without
  * exec_start (or without the file ops' _start) has its exec (or transfers) run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
@@ -420,6 +421,16 @@ typedef struct dsec_backend_ops {
      * exists and the slots are NULL. */
     int (*fork)(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
                 dsec_sandbox **children, char **states, dsec_err *err);
+    /* Optional: fork whose children's last waits (each guest's agent answering, its identity
+     * set) are watches on loop, as create_start's. It returns 0 with every children[i] and
+     * states[i] set, the caller's from then on; done runs once, on loop's thread (possibly
+     * before this returns), when every child takes calls (rc 0) or one cannot (rc -1 and err:
+     * the caller destroys every child, the only call it may make on them; it makes none
+     * before done). sb is not used after it returns. -1 with err as fork's failure: no child
+     * exists, done is never called. */
+    int (*fork_start)(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                      struct dsec_loop *loop, dsec_ready_fn done, void *ud, dsec_sandbox **children,
+                      char **states, dsec_err *err);
     int (*pause)(void *self, dsec_sandbox *sb, dsec_err *err);
     int (*resume)(void *self, dsec_sandbox *sb, dsec_err *err);
     /* Save the sandbox to the file or directory at path (created). name, when
@@ -537,6 +548,12 @@ bool dsec_backend_creates_async(const dsec_backend *be);
 int dsec_backend_create_start(dsec_backend *be, const dsec_sandbox_spec *spec,
                               struct dsec_loop *loop, dsec_ready_fn done, void *ud,
                               dsec_sandbox **out, char **backend_state, dsec_err *err);
+/* Whether the instance forks with fork_start, and the call (as dsec_backend_fork;
+ * DSEC_E_UNSUPPORTED without the op). */
+bool dsec_backend_forks_async(const dsec_backend *be);
+int dsec_backend_fork_start(dsec_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                            struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                            dsec_sandbox **children, char **states, dsec_err *err);
 /* Whether the instance's operations complete at once (ops->instant). */
 bool dsec_backend_instant(const dsec_backend *be);
 /* Start one command on the instance's loop (dsec_backend_config.loop, or a loop of

@@ -871,6 +871,80 @@ static void test_boot_on_loop(void **state)
     dsec_loop_free(loop);
 }
 
+/* A fork whose children settle on a loop: fork_start returns once the children's guests run
+ * again, while their agents and identities are still to come, and the parent takes calls
+ * meanwhile. The children answer with identities of their own and the parent's file. A child
+ * whose QEMU dies before it settles fails the fork, and the children then destroy cleanly. */
+static void test_fork_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "vm-fork", &err), 0);
+    struct sbx *p = mk(&dsec_microvm_ops, mvm, "busybox:1");
+    put_file(p, "/root/mark", "from the parent\n");
+    char out[256], mid_p[64];
+    assert_int_equal(sh(p, "cat /etc/machine-id", mid_p, sizeof mid_p), 0);
+    struct sbx *c[3];
+    const char *ids[3];
+    dsec_sandbox *kids[3];
+    char *kstates[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = sbx_new(&dsec_microvm_ops, mvm, "fl");
+        ids[i] = c[i]->id;
+    }
+    struct booted b = {0};
+    uint64_t t0 = now_ms();
+    if (dsec_microvm_ops.fork_start(mvm, p->h, ids, 2, loop, on_booted, &b, kids, kstates, &err) <
+        0)
+        fail_msg("fork_start: %s", err.msg);
+    fprintf(stderr, "test_vm: fork_start of 2 returned in %" PRIu64 " ms\n", now_ms() - t0);
+    /* the identities (a command in each guest, 0.3 s or more under TCG) are still to come */
+    assert_false(atomic_load(&b.ended));
+    assert_int_equal(sh(p, "echo parent-free", out, sizeof out), 0);
+    assert_string_equal(out, "parent-free");
+    while (!atomic_load(&b.ended) && now_ms() - t0 < 120000)
+        usleep(10000);
+    assert_true(atomic_load(&b.ended));
+    fprintf(stderr, "test_vm: fork of 2 settled in %" PRIu64 " ms\n", now_ms() - t0);
+    if (b.rc != 0)
+        fail_msg("fork children: %s", b.err.msg);
+    char mids[2][64];
+    for (int i = 0; i < 2; i++) {
+        c[i]->h = kids[i];
+        c[i]->bstate = kstates[i];
+        assert_int_equal(sh(c[i], "cat /root/mark; hostname", out, sizeof out), 0);
+        char want[128];
+        snprintf(want, sizeof want, "from the parent\n%s", c[i]->id);
+        assert_string_equal(out, want);
+        assert_int_equal(sh(c[i], "cat /etc/machine-id", mids[i], sizeof mids[i]), 0);
+        assert_string_not_equal(mids[i], mid_p);
+    }
+    assert_string_not_equal(mids[0], mids[1]);
+    for (int i = 0; i < 2; i++)
+        destroy(c[i]);
+
+    /* a child whose guest dies before it settles */
+    b = (struct booted){0};
+    if (dsec_microvm_ops.fork_start(mvm, p->h, &ids[2], 1, loop, on_booted, &b, kids, kstates,
+                                    &err) < 0)
+        fail_msg("fork_start: %s", err.msg);
+    c[2]->h = kids[0];
+    c[2]->bstate = kstates[0];
+    assert_int_equal(kill(qemu_pid(c[2]), SIGKILL), 0);
+    t0 = now_ms();
+    while (!atomic_load(&b.ended) && now_ms() - t0 < 120000)
+        usleep(10000);
+    assert_true(atomic_load(&b.ended));
+    assert_int_equal(b.rc, -1);
+    if (strstr(b.err.msg, c[2]->id) == NULL)
+        fail_msg("a child that died: the error does not name it: %s", b.err.msg);
+    fprintf(stderr, "test_vm: a child killed mid-fork: %s\n", b.err.msg);
+    destroy(c[2]);
+    destroy(p);
+    dsec_loop_free(loop);
+}
+
 /* A microVM's process calls, from several threads at once on a guest whose second channel is
  * not open yet (the backend opened with the node's loop): one dials it, the others wait for
  * that dial and take its connection. The guest serves one connection on that channel, so a
@@ -1025,6 +1099,7 @@ int main(void)
         cmocka_unit_test_setup(test_images_evicted, need_vm),
         cmocka_unit_test_setup(test_boot_on_loop, need_vm),
         cmocka_unit_test_setup(test_side_dial_once, need_vm),
+        cmocka_unit_test_setup(test_fork_on_loop, need_vm),
         cmocka_unit_test_setup(test_q35, need_vm),
         cmocka_unit_test_setup(test_network, need_vm),
     };

@@ -290,6 +290,96 @@ static void test_boots_beside_work(void **state)
     assert_int_equal(qemu_count(), before);
 }
 
+struct fork_req {
+    pthread_t t;
+    const char *id;
+    int rc;
+    dsec_err err;
+    char **kids;
+    size_t nk;
+    _Atomic uint64_t answered_ns;
+};
+
+static void *fork_main(void *arg)
+{
+    struct fork_req *f = arg;
+    dsec_client *c = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
+    f->rc = dsec_client_connect(&c, &o, &f->err);
+    if (f->rc == 0)
+        f->rc = dsec_fork(c, f->id, 2, &f->kids, &f->nk, &f->err);
+    atomic_store(&f->answered_ns, dsec_now_ns());
+    dsec_client_free(c);
+    return NULL;
+}
+
+/* A fork's children settle (their agents, their identities) on the node's loop, not on its
+ * work threads: with 2 work threads, two forks of 2 children each are in flight, and another
+ * sandbox's operation that needs a work thread (its status) is answered before either fork.
+ * When a fork held its thread to the end, the status waited for a fork's answer. */
+static void test_forks_beside_work(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    atomic_int booted = 0;
+    struct boot_req b[3]; /* two parents, and the other sandbox */
+    for (int i = 0; i < 3; i++) {
+        b[i] = (struct boot_req){.answered = &booted};
+        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(b[i].t, NULL);
+        if (b[i].rc != 0)
+            fail_msg("create %d: %s", i, b[i].err.msg);
+    }
+    int before = qemu_count();
+    struct fork_req f[2];
+    for (int i = 0; i < 2; i++) {
+        f[i] = (struct fork_req){.id = b[i].info.id};
+        assert_int_equal(pthread_create(&f[i].t, NULL, fork_main, &f[i]), 0);
+    }
+    /* the four children's QEMUs run: both forks hold their work threads now, or did */
+    for (int i = 0; i < 6000 && qemu_count() - before < 4; i++)
+        usleep(20000);
+    assert_true(qemu_count() - before >= 4);
+    dsec_sandbox_info st;
+    dsec_err err;
+    if (dsec_status(cl, b[2].info.id, &st, &err) < 0)
+        fail_msg("status while two forks are in flight: %s", err.msg);
+    uint64_t status_ns = dsec_now_ns();
+    for (int i = 0; i < 2; i++) {
+        pthread_join(f[i].t, NULL);
+        if (f[i].rc != 0)
+            fail_msg("fork of %s: %s", f[i].id, f[i].err.msg);
+    }
+    /* 100 ms of slack: a fork's answer and the status right behind it on the same work
+     * thread reach this process in either order, within a millisecond or so; the children's
+     * identities, each a command in a guest, take 0.3 s or more under TCG */
+    for (int i = 0; i < 2; i++)
+        fprintf(stderr, "test_vm_bus: status answered %.1f ms before fork %d\n",
+                ((double)atomic_load(&f[i].answered_ns) - (double)status_ns) / 1e6, i);
+    for (int i = 0; i < 2; i++)
+        if (atomic_load(&f[i].answered_ns) < status_ns + 100000000u)
+            fail_msg("the status of another sandbox was answered %.1f ms before fork %d, not "
+                     "100 ms or more: the forks held the node's 2 work threads until their "
+                     "children settled",
+                     ((double)atomic_load(&f[i].answered_ns) - (double)status_ns) / 1e6, i);
+    char out[128];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(f[i].nk, 2);
+        for (size_t k = 0; k < f[i].nk; k++) {
+            assert_int_equal(sh(f[i].kids[k], "hostname", out, sizeof out), 0);
+            assert_string_equal(out, f[i].kids[k]);
+            destroy(f[i].kids[k]);
+            dsec_free(f[i].kids[k]);
+        }
+        dsec_free(f[i].kids);
+    }
+    for (int i = 0; i < 3; i++)
+        destroy(b[i].info.id);
+    assert_int_equal(qemu_count(), before - 3);
+}
+
 static void test_exec_files_fork_pause_snapshot(void **state)
 {
     if (natsd == NULL)
@@ -947,6 +1037,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_by_requirement),
         cmocka_unit_test(test_boots_beside_work),
+        cmocka_unit_test(test_forks_beside_work),
         cmocka_unit_test(test_exec_files_fork_pause_snapshot),
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_stop_mid_boot),

@@ -146,6 +146,13 @@ int dsec__vm_hold_layers(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
 int dsec__vm_net_attach(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err);
 /* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
 int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err);
+/* All of dsec__vm_boot but the wait for the agent. */
+int dsec__vm_boot_launch(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err);
+/* The wait for sb's agent (launched) as watches on loop: done runs once, on loop's thread, when
+ * sb->agent is connected (rc 0) or cannot be (a guest that stopped is reported at once, with its
+ * console); -1 (out of memory, or the loop stops): done is never called. */
+int dsec__vm_ready_start(struct vm_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                         dsec_ready_fn done, void *ud, dsec_err *err);
 /* Connect to sb's agent within timeout_ms (a guest that died is reported with its console). */
 int dsec__vm_agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeout_ms,
                         dsec_err *err);
@@ -202,6 +209,9 @@ int dsec__vm_proc_resize(void *self, dsec_sandbox *sb, uint64_t handle, uint16_t
 
 int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
                   dsec_sandbox **children, char **states, dsec_err *err);
+int dsec__vm_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                        dsec_sandbox **children, char **states, dsec_err *err);
 int dsec__vm_pause(void *self, dsec_sandbox *sb, dsec_err *err);
 int dsec__vm_resume(void *self, dsec_sandbox *sb, dsec_err *err);
 int dsec__vm_snapshot(void *self, dsec_sandbox *sb, const char *path, const char *name,

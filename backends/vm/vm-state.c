@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,15 +81,31 @@ static int save_to(struct vm_backend *be, dsec_sandbox *sb, const char *dir, boo
     return rc < 0 ? dsec_err_wrap(err, "%s: saving the VM", be->type) : 0;
 }
 
-/* Give a clone its own identity (hostname, machine id, clock, random seed, addresses). */
-static int set_identity(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
-{
+/* What gives a clone its own identity (hostname, machine id, clock, random seed, addresses):
+ * identity.sh with them, the request in req (borrowing the rest). */
+struct identity {
     char host[64], mid[33], epoch[24];
-    dsec__vm_hostname(sb->id, host, sizeof host);
-    dsec__vm_random_hex(mid, 16);
-    dsec__vm_fmt(epoch, sizeof epoch, "%lld", (long long)time(NULL));
-    const char *argv[16] = {"/.dsec/busybox", "sh", "/.dsec/identity.sh", host, mid, epoch};
-    size_t argc = 6;
+    const char *argv[16];
+    /* 512 random bytes as one line of hex: identity.sh reads it with a shell builtin (a
+     * program to copy raw bytes would cost a process under emulation) */
+    char seed[2 * 512 + 1];
+    dsec_exec_req req;
+};
+
+static int identity_req(struct vm_backend *be, const dsec_sandbox *sb, struct identity *id,
+                        dsec_err *err)
+{
+    dsec__vm_hostname(sb->id, id->host, sizeof id->host);
+    dsec__vm_random_hex(id->mid, 16);
+    dsec__vm_fmt(id->epoch, sizeof id->epoch, "%lld", (long long)time(NULL));
+    const char **argv = id->argv;
+    size_t argc = 0;
+    argv[argc++] = "/.dsec/busybox";
+    argv[argc++] = "sh";
+    argv[argc++] = "/.dsec/identity.sh";
+    argv[argc++] = id->host;
+    argv[argc++] = id->mid;
+    argv[argc++] = id->epoch;
     if (sb->nic) {
         argv[argc++] = sb->guest.mac;
         argv[argc++] = sb->guest.addr4;
@@ -100,39 +117,52 @@ static int set_identity(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
             argv[argc++] = sb->guest.gw6;
         }
     }
-    /* 512 random bytes as one line of hex: identity.sh reads it with a shell builtin (a
-     * program to copy raw bytes would cost a process under emulation) */
     uint8_t raw[512];
-    char seed[2 * sizeof raw + 1];
     if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
         return dsec_err_set(err, DSEC_E_IO, errno, "%s: random seed for a clone", be->type);
     for (size_t i = 0; i < sizeof raw; i++)
-        sprintf(seed + 2 * i, "%02x", raw[i]);
-    seed[sizeof seed - 1] = '\n';
-    dsec_exec_req req = {.argv = argv,
-                         .argc = argc,
-                         .stdin_data = (const uint8_t *)seed,
-                         .stdin_len = sizeof seed,
-                         .cwd = "/",
-                         .user = "root",
-                         .timeout_ms = 60000};
-    dsec_exec_result res = {0};
-    if (dsec__vm_exec(be, sb, &req, &res, err) < 0)
+        sprintf(id->seed + 2 * i, "%02x", raw[i]);
+    id->seed[sizeof id->seed - 1] = '\n';
+    id->req = (dsec_exec_req){.argv = argv,
+                              .argc = argc,
+                              .stdin_data = (const uint8_t *)id->seed,
+                              .stdin_len = sizeof id->seed,
+                              .cwd = "/",
+                              .user = "root",
+                              .timeout_ms = 60000};
+    return 0;
+}
+
+/* How identity.sh ended (rc, res): 0, or -1 with err. */
+static int identity_check(const struct vm_backend *be, int rc, const dsec_exec_result *res,
+                          dsec_err *err)
+{
+    if (rc < 0)
         return dsec_err_wrap(err, "%s: giving the clone its identity", be->type);
-    int rc = 0;
-    if (res.exit_code != 0)
-        rc =
-            dsec_err_set(err, DSEC_E_BACKEND, 0,
-                         "%s: giving the clone its identity: identity.sh exited %d: %.*s", be->type,
-                         res.exit_code, (int)(res.stderr_len > 300 ? 300 : res.stderr_len),
-                         res.stderr_data ? (const char *)res.stderr_data : "");
+    if (res->exit_code != 0)
+        return dsec_err_set(err, DSEC_E_BACKEND, 0,
+                            "%s: giving the clone its identity: identity.sh exited %d: %.*s",
+                            be->type, res->exit_code,
+                            (int)(res->stderr_len > 300 ? 300 : res->stderr_len),
+                            res->stderr_data ? (const char *)res->stderr_data : "");
+    return 0;
+}
+
+static int set_identity(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
+{
+    struct identity id;
+    if (identity_req(be, sb, &id, err) < 0)
+        return -1;
+    dsec_exec_result res = {0};
+    int rc = identity_check(be, dsec__vm_exec(be, sb, &id.req, &res, err), &res, err);
     dsec_exec_result_release(&res);
     return rc;
 }
 
-/* A new sandbox id from the snapshot in dir; spec (may be NULL) gives tenant and network. */
-static int clone_from(struct vm_backend *be, const char *dir, const char *id, const char *tenant,
-                      const char *const *net, size_t nnet, dsec_sandbox **out, dsec_err *err)
+/* A new sandbox id from the snapshot in dir, up to its guest running again (its agent not
+ * connected yet); tenant and net give its network. -1: nothing is left. */
+static int clone_launch(struct vm_backend *be, const char *dir, const char *id, const char *tenant,
+                        const char *const *net, size_t nnet, dsec_sandbox **out, dsec_err *err)
 {
     *out = NULL;
     dsec_sandbox *sb = dsec__vm_sb_new(be, id, err);
@@ -179,13 +209,28 @@ static int clone_from(struct vm_backend *be, const char *dir, const char *id, co
     sb->nic = nic;
     dsec__vm_fmt(src, sizeof src, "%s/state", dir);
     if (rc == 0)
-        rc = dsec__vm_boot(be, sb, src, err);
+        rc = dsec__vm_boot_launch(be, sb, src, err);
+    if (rc < 0) {
+        dsec_sbx_abandon(&be->sbx, sb);
+        return -1;
+    }
+    *out = sb;
+    return 0;
+}
+
+/* clone_launch, then the wait for its agent and its identity, on this thread. */
+static int clone_from(struct vm_backend *be, const char *dir, const char *id, const char *tenant,
+                      const char *const *net, size_t nnet, dsec_sandbox **out, dsec_err *err)
+{
+    dsec_sandbox *sb;
+    if (clone_launch(be, dir, id, tenant, net, nnet, &sb, err) < 0)
+        return -1;
     uint64_t t = dsec_now_ns();
+    int rc = dsec__vm_agent_dial(be, sb, be->boot_timeout_ms, err);
+    dsec__vm_trace_step(sb, "agent answered", &t);
     if (rc == 0)
         rc = set_identity(be, sb, err);
     dsec__vm_trace_step(sb, "identity", &t);
-    if (rc == 0)
-        rc = dsec__vm_write_meta(be, sb, err);
     if (rc < 0) {
         dsec_sbx_abandon(&be->sbx, sb);
         return -1;
@@ -276,27 +321,29 @@ int dsec__vm_restore(void *self, const dsec_sandbox_spec *spec, const char *path
 }
 
 /* The children of one fork, restored by up to ncpu threads side by side: much of a restore
- * is waiting (QEMU's start, the state's load, the agent's hello). */
+ * is waiting (QEMU's start, the state's load, the agent's hello). With settle false each child
+ * is left once its guest runs again (fork_start waits for the rest on the loop). */
 struct fork_job {
     struct vm_backend *be;
     dsec_sandbox *parent;
     const char *dir;
     const char *const *ids;
     dsec_sandbox **children;
+    bool settle;
 };
 
 static int fork_child(void *arg, size_t i, dsec_err *err)
 {
     struct fork_job *f = arg;
-    return clone_from(f->be, f->dir, f->ids[i], f->parent->tenant,
-                      (const char *const *)f->parent->net_entries, f->parent->nnet, &f->children[i],
-                      err);
+    return (f->settle ? clone_from : clone_launch)(f->be, f->dir, f->ids[i], f->parent->tenant,
+                                                   (const char *const *)f->parent->net_entries,
+                                                   f->parent->nnet, &f->children[i], err);
 }
 
-int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
-                  dsec_sandbox **children, char **states, dsec_err *err)
+/* Save sb and make n children of it (settled or launched: fork_job). -1: nothing is left. */
+static int fork_make(struct vm_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                     dsec_sandbox **children, char **states, bool settle, dsec_err *err)
 {
-    struct vm_backend *be = self;
     if (dsec_sbx_fork_ids(&be->sbx, ids, n, children, states, err) < 0)
         return -1;
     dsec_sbx_sweep_once(&be->sbx);
@@ -307,7 +354,7 @@ int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
         return dsec_err_set(err, DSEC_E_IO, errno, "%s: creating %s", be->type, dir);
     int rc = save_to(be, sb, dir, false, err);
     if (rc == 0) {
-        struct fork_job f = {be, sb, dir, ids, children};
+        struct fork_job f = {be, sb, dir, ids, children, settle};
         rc = dsec_sbx_fork_run(n, n < be->ncpu ? n : be->ncpu, fork_child, &f, err);
     }
     for (size_t i = 0; rc == 0 && i < n; i++)
@@ -318,6 +365,114 @@ int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
     /* each child links the RAM file it maps: the snapshot itself can go */
     dsec__vm_rmtree(dir);
     return rc;
+}
+
+int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                  dsec_sandbox **children, char **states, dsec_err *err)
+{
+    return fork_make(self, sb, ids, n, children, states, true, err);
+}
+
+/* The children of one fork_start settling on the loop: left counts those still waiting, and
+ * one more while fork_start starts them; the first failure is the fork's. */
+struct fork_wait {
+    struct vm_backend *be;
+    struct dsec_loop *loop;
+    pthread_mutex_t mu;
+    size_t left;
+    int rc;
+    dsec_err err;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+struct child_wait {
+    struct fork_wait *f;
+    dsec_sandbox *sb;
+    uint64_t t;
+};
+
+static void fork_wait_end(struct fork_wait *f, int rc, dsec_err *err)
+{
+    pthread_mutex_lock(&f->mu);
+    if (rc < 0 && f->rc == 0) {
+        f->rc = -1;
+        f->err = *err;
+    }
+    bool last = --f->left == 0;
+    pthread_mutex_unlock(&f->mu);
+    if (!last)
+        return;
+    f->done(f->ud, f->rc, &f->err);
+    pthread_mutex_destroy(&f->mu);
+    dsec_free(f);
+}
+
+static void child_end(struct child_wait *c, int rc, dsec_err *err)
+{
+    struct fork_wait *f = c->f;
+    if (rc < 0)
+        dsec_err_wrap(err, "%s: fork child %s", f->be->type, c->sb->id);
+    dsec_free(c);
+    fork_wait_end(f, rc, err);
+}
+
+static void child_identity(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
+{
+    struct child_wait *c = ud;
+    rc = identity_check(c->f->be, rc, res, err);
+    if (res != NULL)
+        dsec_exec_result_release(res);
+    dsec__vm_trace_step(c->sb, "identity", &c->t);
+    child_end(c, rc, err);
+}
+
+/* The child's agent answered, or could not: its identity next. */
+static void child_ready(void *ud, int rc, dsec_err *err)
+{
+    struct child_wait *c = ud;
+    struct identity id;
+    if (rc == 0 && (rc = identity_req(c->f->be, c->sb, &id, err)) == 0)
+        rc = dsec__vm_exec_start(c->f->be, c->sb, &id.req, c->f->loop, child_identity, c, err);
+    if (rc < 0)
+        child_end(c, -1, err);
+}
+
+/* fork whose children's waits (each guest's agent, then its identity, about 0.3-0.4 s under
+ * TCG) are watches on loop: the thread goes back once every child's guest runs again. */
+int dsec__vm_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                        dsec_sandbox **children, char **states, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    struct fork_wait *f = dsec_calloc(1, sizeof *f);
+    if (f == NULL)
+        return oom(be, err, "a fork in flight");
+    if (fork_make(be, sb, ids, n, children, states, false, err) < 0) {
+        dsec_free(f);
+        return -1;
+    }
+    f->be = be;
+    f->loop = loop;
+    f->left = n + 1;
+    f->done = done;
+    f->ud = ud;
+    pthread_mutex_init(&f->mu, NULL);
+    for (size_t i = 0; i < n; i++) {
+        struct child_wait *c = dsec_malloc(sizeof *c);
+        dsec_err e;
+        if (c == NULL) {
+            oom(be, &e, "a fork child in flight");
+            fork_wait_end(f, -1, &e);
+            continue;
+        }
+        *c = (struct child_wait){.f = f, .sb = children[i], .t = dsec_now_ns()};
+        if (dsec__vm_ready_start(be, children[i], loop, child_ready, c, &e) < 0)
+            child_end(c, -1, &e);
+    }
+    dsec_err none = {0};
+    fork_wait_end(f, 0, &none); /* the children are the caller's: done may run from here on */
+    return 0;
 }
 
 int dsec__vm_pause(void *self, dsec_sandbox *sb, dsec_err *err)

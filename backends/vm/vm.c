@@ -957,9 +957,7 @@ int dsec__vm_agent_dial(struct vm_backend *be, dsec_sandbox *sb, uint64_t timeou
     }
 }
 
-/* Start QEMU for sb (a cold boot, or loading state when not NULL): all of a boot but the wait
- * for its agent. */
-static int boot_launch(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
+int dsec__vm_boot_launch(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
 {
     uint64_t t = dsec_now_ns();
     if (guest_link(be, sb, err) < 0)
@@ -1003,7 +1001,7 @@ static int boot_launch(struct vm_backend *be, dsec_sandbox *sb, const char *stat
 /* Start QEMU for sb (a cold boot, or loading state when not NULL) and connect to its agent. */
 int dsec__vm_boot(struct vm_backend *be, dsec_sandbox *sb, const char *state, dsec_err *err)
 {
-    if (boot_launch(be, sb, state, err) < 0)
+    if (dsec__vm_boot_launch(be, sb, state, err) < 0)
         return -1;
     uint64_t t = dsec_now_ns();
     if (dsec__vm_agent_dial(be, sb, be->boot_timeout_ms, err) < 0)
@@ -1164,6 +1162,24 @@ static void ready_dialed(void *ud, int rc, dsec_agent *a, dsec_err *err)
     r.done(r.ud, rc, err);
 }
 
+int dsec__vm_ready_start(struct vm_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                         dsec_ready_fn done, void *ud, dsec_err *err)
+{
+    struct vm_ready *r = dsec_malloc(sizeof *r);
+    if (r == NULL)
+        return oom(be, err, "a boot in flight");
+    *r = (struct vm_ready){.be = be, .sb = sb, .done = done, .ud = ud, .t = dsec_now_ns()};
+    char sp[PATH_MAX + 16];
+    agent_path(sb, "agent.sock", sp, sizeof sp);
+    /* in rounds of a second, as dsec__vm_agent_dial */
+    if (dsec_agent_connect_start(loop, sp, be->boot_timeout_ms, 1000, ready_alive, ready_dialed, r,
+                                 err) < 0) {
+        dsec_free(r);
+        return -1;
+    }
+    return 0;
+}
+
 /* vm_create whose boot is waited for on loop: the guest's seconds of boot hold no thread. */
 static int vm_create_start(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
                            dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
@@ -1172,32 +1188,21 @@ static int vm_create_start(void *self, const dsec_sandbox_spec *spec, struct dse
     struct vm_backend *be = self;
     *out = NULL;
     *backend_state = NULL;
-    struct vm_ready *r = dsec_malloc(sizeof *r);
-    if (r == NULL)
-        return oom(be, err, "a boot in flight");
     dsec_sandbox *sb;
-    if (create_prepare(be, spec, &sb, err) < 0) {
-        dsec_free(r);
+    if (create_prepare(be, spec, &sb, err) < 0)
         return -1;
-    }
-    int rc = boot_launch(be, sb, NULL, err);
+    int rc = dsec__vm_boot_launch(be, sb, NULL, err);
     if (rc == 0 && (*backend_state = dsec_strdup(sb->dir)) == NULL)
         rc = oom(be, err, "backend state");
     if (rc == 0) {
         /* the caller's before the wait starts: ready_dialed may run before this returns */
         *out = sb;
-        *r = (struct vm_ready){.be = be, .sb = sb, .done = done, .ud = ud, .t = dsec_now_ns()};
-        char sp[PATH_MAX + 16];
-        agent_path(sb, "agent.sock", sp, sizeof sp);
-        /* in rounds of a second, as dsec__vm_agent_dial */
-        rc = dsec_agent_connect_start(loop, sp, be->boot_timeout_ms, 1000, ready_alive,
-                                      ready_dialed, r, err);
+        rc = dsec__vm_ready_start(be, sb, loop, done, ud, err);
     }
     if (rc < 0) {
         *out = NULL;
         dsec_free(*backend_state);
         *backend_state = NULL;
-        dsec_free(r);
         dsec_sbx_abandon(&be->sbx, sb);
         return -1;
     }
@@ -1378,6 +1383,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .file_list = dsec__vm_file_list,                                                           \
         .file_op = dsec__vm_file_op,                                                               \
         .fork = dsec__vm_fork,                                                                     \
+        .fork_start = dsec__vm_fork_start,                                                         \
         .pause = dsec__vm_pause,                                                                   \
         .resume = dsec__vm_resume,                                                                 \
         .snapshot = dsec__vm_snapshot,                                                             \
