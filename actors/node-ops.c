@@ -15,6 +15,7 @@
 #include "codecs/subjects.h"
 #include "dsec/alloc.h"
 #include "dsec/layers.h"
+#include "dsec/log.h"
 
 /* ---- operations on one sandbox ------------------------------------------------ */
 
@@ -398,11 +399,11 @@ void dsec__node_reply_op(dsec_node *n, dsec_msg *m, struct sbx *s, const char *s
         dsec_wire_error(n->actor, m, &err);
 }
 
-static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *reason)
+/* The rest of a destroy, once nothing runs in s (begun: its state is stopping, its side
+ * calls closed). */
+static void destroy_end(dsec_node *n, dsec_msg *m, struct sbx *s, const char *reason)
 {
     dsec_err err;
-    dsec__node_set_state(n, s, ST_STOPPING, reason);
-    dsec__node_side_close(n, s);
     if (dsec_backend_destroy(s->be, s->h, &err) < 0) {
         /* the handle stays valid: keep the sandbox so a retry can finish the job */
         pthread_mutex_lock(&n->mu);
@@ -429,6 +430,59 @@ static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *re
     if (m != NULL)
         dsec__node_reply_op(n, m, s, "gone", (dsec_strv){0}, (dsec_kv){0});
     dsec__node_sbx_free(s);
+}
+
+/* A destroy whose wait for the sandbox's processes (or QEMU) to end is the loop's: its message
+ * is kept meanwhile, and so is the sandbox's key. */
+struct destroy_wait {
+    dsec_node *n;
+    dsec_deferred *d;
+    struct sbx *s;
+    const char *reason; /* static text */
+};
+
+static void destroy_wait_end(void *ud)
+{
+    struct destroy_wait w = *(struct destroy_wait *)ud;
+    dsec_free(ud);
+    dsec_trace_scope sc;
+    dsec_deferred_trace(w.d, &sc);
+    destroy_end(w.n, dsec_deferred_msg(w.d), w.s, w.reason);
+    dsec_trace_leave(&sc);
+    dsec_deferred_done(w.d);
+}
+
+/* Nothing runs in the sandbox any more, or the wait gave up (destroy then tries itself): the
+ * rest in the tenant's turn, or here when the work queue has stopped (the node is stopping). */
+static void destroy_stopped(void *ud, int rc, dsec_err *err)
+{
+    struct destroy_wait *w = ud;
+    if (rc < 0)
+        dsec_log_warn("dsec-node %s: destroying %s: %s", w->n->name, w->s->id, err->msg);
+    dsec_err e2;
+    if (dsec_workq_submit(w->n->work, w->s->tenant,
+                          dsec__node_key_of(dsec_deferred_msg(w->d), w->n), destroy_wait_end, w,
+                          &e2) < 0)
+        destroy_wait_end(w);
+}
+
+static void destroy_sbx(dsec_node *n, dsec_msg *m, struct sbx *s, const char *reason)
+{
+    dsec__node_set_state(n, s, ST_STOPPING, reason);
+    dsec__node_side_close(n, s);
+    struct destroy_wait *w =
+        m != NULL && dsec_backend_stops_async(s->be) ? dsec_malloc(sizeof *w) : NULL;
+    dsec_deferred *d = w != NULL ? dsec__node_job_keep() : NULL;
+    if (d != NULL) {
+        *w = (struct destroy_wait){.n = n, .d = d, .s = s, .reason = reason};
+        dsec_err err;
+        if (dsec_backend_stop_start(s->be, s->h, n->loop, destroy_stopped, w, &err) == 0)
+            return; /* w is destroy_stopped's: it may have ended already */
+    }
+    dsec_free(w);
+    destroy_end(n, m, s, reason); /* nothing to wait for, or the destroy waits itself */
+    if (d != NULL)
+        dsec_deferred_done(d);
 }
 
 int dsec__node_rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)

@@ -467,6 +467,23 @@ int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err)
     return be->ops->destroy(be->self, sb, err);
 }
 
+bool dsec_backend_stops_async(const dsec_backend *be)
+{
+    return be->ops->stop_start != NULL;
+}
+
+int dsec_backend_stop_start(dsec_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                            dsec_ready_fn done, void *ud, dsec_err *err)
+{
+    if (be->ops->stop_start == NULL)
+        return unsupported(be, "stop_start", err);
+    if (sb == NULL)
+        return no_sandbox("stop_start", err);
+    if (loop == NULL || done == NULL)
+        return dsec_err_set(err, DSEC_E_INVALID, 0, "stop_start: missing loop or done");
+    return be->ops->stop_start(be->self, sb, loop, done, ud, err);
+}
+
 int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err)
 {
     if (be->ops->stats == NULL)

@@ -49,7 +49,9 @@ extern "C" {
  * tenant delays only its own turn. A create whose end is a wait for the
  * sandbox to come up (a VM's boot) does that wait on the loop where the
  * backend has create_start, and so does a fork's for its children where it has fork_start:
- * the thread goes back once the guests are started. A backend without
+ * the thread goes back once the guests are started. A destroy's wait for what runs in the
+ * sandbox to end (killed processes exiting on a saturated host, a QEMU's quit) is the loop's
+ * where the backend has stop_start. A backend without
  * exec_start (or without the file ops' _start) has its exec (or transfers) run the same way.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
@@ -446,6 +448,14 @@ typedef struct dsec_backend_ops {
     /* Stop the sandbox and free everything it holds. On success the handle
      * is gone; on failure it stays valid (the caller may retry). */
     int (*destroy)(void *self, dsec_sandbox *sb, dsec_err *err);
+    /* Optional: destroy's waits as watches on loop. It ends what runs in sb (signals; a VM's
+     * QEMU asked to quit, killed after its grace) and returns 0: done runs once, on loop's
+     * thread (possibly before this returns), when nothing of sb runs any more (rc 0) or the
+     * wait gave up (rc -1 and err). 1: nothing runs, done is never called. -1 with err: done is
+     * never called. Either way the caller then calls destroy, which finds nothing left to wait
+     * for (or waits for it itself); it makes no other call on sb meanwhile. */
+    int (*stop_start)(void *self, dsec_sandbox *sb, struct dsec_loop *loop, dsec_ready_fn done,
+                      void *ud, dsec_err *err);
     int (*stats)(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
     /* Re-attach to a sandbox that outlived its node manager, from the spec
      * and backend_state persisted at create time. spec may be NULL when the
@@ -615,6 +625,10 @@ int dsec_backend_snapshot(dsec_backend *be, dsec_sandbox *sb, const char *path, 
 int dsec_backend_restore(dsec_backend *be, const dsec_sandbox_spec *spec, const char *path,
                          dsec_sandbox **out, char **backend_state, dsec_err *err);
 int dsec_backend_destroy(dsec_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Whether the instance has stop_start, and the call (DSEC_E_UNSUPPORTED without it). */
+bool dsec_backend_stops_async(const dsec_backend *be);
+int dsec_backend_stop_start(dsec_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                            dsec_ready_fn done, void *ud, dsec_err *err);
 int dsec_backend_stats(dsec_backend *be, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err);
 int dsec_backend_adopt(dsec_backend *be, const dsec_sandbox_spec *spec, const char *backend_state,
                        dsec_sandbox **out, dsec_err *err);

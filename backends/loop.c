@@ -254,6 +254,50 @@ int dsec_loop_post(dsec_loop *l, dsec_loop_fn fn, void *ud, dsec_err *err)
     return dsec_loop_add(l, -1, 0, dsec_loop_now_ns(), fn, ud, NULL, err);
 }
 
+struct loop_tick {
+    uint64_t t0, every_ns;
+    dsec_loop_tick_fn tick;
+    dsec_loop_done_fn done;
+    void *ud;
+};
+
+static void tick_fire(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    struct loop_tick *t = ud;
+    dsec_err err;
+    int rc;
+    uint64_t now = dsec_loop_now_ns();
+    if (events & DSEC_LOOP_CANCEL)
+        rc = dsec_err_set(&err, DSEC_E_CLOSED, 0, "the node's loop stopped during the wait");
+    else
+        rc = t->tick(t->ud, (now - t->t0) / 1000000u, &err);
+    if (rc == 0 && dsec_loop_set(w, 0, now + t->every_ns) == 0)
+        return;
+    struct loop_tick done = *t;
+    dsec_free(t);
+    if (rc == 0) /* could not re-arm: cannot happen on the loop thread */
+        rc = dsec_err_set(&err, DSEC_E_INTERNAL, 0, "re-arming a wait's timer");
+    done.done(done.ud, rc > 0 ? 0 : -1, &err);
+}
+
+int dsec_loop_tick_start(dsec_loop *l, uint32_t every_ms, dsec_loop_tick_fn tick,
+                         dsec_loop_done_fn done, void *ud, dsec_err *err)
+{
+    struct loop_tick *t = dsec_malloc(sizeof *t);
+    if (t == NULL)
+        return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "a wait on the loop");
+    *t = (struct loop_tick){.t0 = dsec_loop_now_ns(),
+                            .every_ns = (uint64_t)(every_ms ? every_ms : 1) * 1000000u,
+                            .tick = tick,
+                            .done = done,
+                            .ud = ud};
+    if (dsec_loop_add(l, -1, 0, t->t0, tick_fire, t, NULL, err) < 0) {
+        dsec_free(t);
+        return -1;
+    }
+    return 0;
+}
+
 /* A posted or timer-only watch whose callback did not re-arm it is done with. */
 static void call(dsec_loop_watch *w, unsigned events)
 {

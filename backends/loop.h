@@ -58,6 +58,16 @@ void dsec_loop_del(dsec_loop_watch *w);
 /* Run fn(NULL-events watch, DSEC_LOOP_TIMER, ud) on the loop thread soon, once. */
 int dsec_loop_post(dsec_loop *l, dsec_loop_fn fn, void *ud, dsec_err *err);
 
+/* A wait that asks: tick(ud, ms since the start, err) every every_ms on the loop thread (the
+ * first time at once) until it returns 1 (done: rc 0) or -1 (done: rc -1 and err); 0 asks
+ * again. When the loop stops first, done gets rc -1 and DSEC_E_CLOSED. done runs once, on the
+ * loop thread, possibly before this returns. -1 with err (the loop is stopping, no memory):
+ * neither is ever called. */
+typedef int (*dsec_loop_tick_fn)(void *ud, uint64_t elapsed_ms, dsec_err *err);
+typedef void (*dsec_loop_done_fn)(void *ud, int rc, dsec_err *err);
+int dsec_loop_tick_start(dsec_loop *l, uint32_t every_ms, dsec_loop_tick_fn tick,
+                         dsec_loop_done_fn done, void *ud, dsec_err *err);
+
 /* Whether the caller is l's thread. */
 int dsec_loop_is_current(const dsec_loop *l);
 /* Watches registered now (timers and fds), and the most there ever were. */

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -512,6 +513,70 @@ static void assert_parent_weighed(void)
         assert_string_equal(
             slurp("/sys/fs/cgroup/freezer/dsec-ct-" NODE "/dsec-freeze-pin/freezer.state"),
             "FROZEN\n");
+}
+
+struct stopped {
+    _Atomic bool ended;
+    int rc;
+    dsec_err err;
+};
+
+static void on_stopped(void *ud, int rc, dsec_err *err)
+{
+    struct stopped *b = ud;
+    b->rc = rc;
+    if (rc < 0)
+        b->err = *err;
+    atomic_store(&b->ended, true);
+}
+
+/* A destroy's wait for the sandbox's processes to end, on a loop (stop_start): 50 background
+ * sleeps and the agent are killed, the wait ends when the cgroup is empty, and destroy then
+ * leaves nothing. A paused (frozen) sandbox is thawed for it: a frozen process does not die. */
+static void test_stop_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "ct-stop", &err), 0);
+    struct sbx *s[2] = {mk(0, 0), mk(0, 0)};
+    sh_bg(ct, s[0]->h, "for i in $(seq 50); do sleep 1000 & done; wait");
+    int pids[512], n = 0;
+    for (int i = 0; i < 500 && (n = sb_pids(s[0]->rid, pids, 512)) < 52; i++)
+        usleep(20000);
+    assert_true(n >= 52); /* the agent, the shell, 50 sleeps */
+    assert_int_equal(dsec_container_ops.pause(ct, s[1]->h, &err), 0);
+    int pids1[64], n1 = sb_pids(s[1]->rid, pids1, 64);
+    struct stopped b[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        int rc = dsec_container_ops.stop_start(ct, s[i]->h, loop, on_stopped, &b[i], &err);
+        if (rc < 0)
+            fail_msg("stop_start %s: %s", s[i]->id, err.msg);
+        if (rc == 1) /* nothing to wait for: every process had gone at the first look */
+            atomic_store(&b[i].ended, true);
+    }
+    uint64_t t0 = dsec_loop_now_ns();
+    for (int i = 0; i < 2; i++)
+        while (!atomic_load(&b[i].ended) && dsec_loop_now_ns() - t0 < 60000000000ull)
+            usleep(10000);
+    for (int i = 0; i < 2; i++) {
+        assert_true(atomic_load(&b[i].ended));
+        if (b[i].rc != 0)
+            fail_msg("stop of %s: %s", s[i]->id, b[i].err.msg);
+        int left[8];
+        assert_int_equal(sb_pids(s[i]->rid, left, 8), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (dsec_container_ops.destroy(ct, s[i]->h, &err) < 0)
+            fail_msg("destroy %s after its stop: %s", s[i]->id, err.msg);
+    }
+    assert_gone(s[0]->id, s[0]->rid, pids, n);
+    assert_gone(s[1]->id, s[1]->rid, pids1, n1);
+    for (int i = 0; i < 2; i++) {
+        dsec_free(s[i]->bstate);
+        free(s[i]);
+    }
+    dsec_loop_free(loop);
 }
 
 static void test_limits(void **state)
@@ -1968,6 +2033,7 @@ int main(void)
         cmocka_unit_test_setup(test_runtime_memfd, need_root),
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
+        cmocka_unit_test_setup(test_stop_on_loop, need_root),
         cmocka_unit_test_setup(test_sessions_terminals, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),
@@ -1993,6 +2059,7 @@ int main(void)
         cmocka_unit_test_setup(test_runtime_missing, need_root),
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
+        cmocka_unit_test_setup(test_stop_on_loop, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),
         cmocka_unit_test_setup(test_fork, need_root),

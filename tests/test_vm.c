@@ -945,6 +945,44 @@ static void test_fork_on_loop(void **state)
     dsec_loop_free(loop);
 }
 
+/* A destroy's wait for QEMU to end, on a loop (stop_start): a running guest's QEMU quits at
+ * once on the request; a QEMU that cannot answer (stopped with SIGSTOP here, as a hung one)
+ * is killed after its grace, while the thread that asked has long gone back. Destroy then
+ * finds nothing to wait for, and leaves no QEMU and no directory. */
+static void test_stop_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "vm-stop", &err), 0);
+    struct sbx *s[2] = {mk(&dsec_microvm_ops, mvm, "busybox:1"),
+                        mk(&dsec_microvm_ops, mvm, "busybox:1")};
+    assert_int_equal(kill(qemu_pid(s[1]), SIGSTOP), 0);
+    struct booted b[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        int rc = dsec_microvm_ops.stop_start(mvm, s[i]->h, loop, on_booted, &b[i], &err);
+        if (rc != 0)
+            fail_msg("stop_start %s: rc %d: %s", s[i]->id, rc, rc < 0 ? err.msg : "");
+    }
+    /* the hung one's grace (3 s) is still to run */
+    assert_false(atomic_load(&b[1].ended));
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 2; i++)
+        while (!atomic_load(&b[i].ended) && now_ms() - t0 < 60000)
+            usleep(10000);
+    for (int i = 0; i < 2; i++) {
+        assert_true(atomic_load(&b[i].ended));
+        if (b[i].rc != 0)
+            fail_msg("stop of %s: %s", s[i]->id, b[i].err.msg);
+        assert_int_equal(procs_naming(s[i]->bstate), 0);
+    }
+    fprintf(stderr, "test_vm: a hung QEMU ended %" PRIu64 " ms after its stop began\n",
+            now_ms() - t0);
+    for (int i = 0; i < 2; i++)
+        destroy(s[i]);
+    dsec_loop_free(loop);
+}
+
 /* A microVM's process calls, from several threads at once on a guest whose second channel is
  * not open yet (the backend opened with the node's loop): one dials it, the others wait for
  * that dial and take its connection. The guest serves one connection on that channel, so a
@@ -1100,6 +1138,7 @@ int main(void)
         cmocka_unit_test_setup(test_boot_on_loop, need_vm),
         cmocka_unit_test_setup(test_side_dial_once, need_vm),
         cmocka_unit_test_setup(test_fork_on_loop, need_vm),
+        cmocka_unit_test_setup(test_stop_on_loop, need_vm),
         cmocka_unit_test_setup(test_q35, need_vm),
         cmocka_unit_test_setup(test_network, need_vm),
     };

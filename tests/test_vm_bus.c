@@ -380,6 +380,81 @@ static void test_forks_beside_work(void **state)
     assert_int_equal(qemu_count(), before - 3);
 }
 
+struct destroy_req {
+    pthread_t t;
+    const char *id;
+    int rc;
+    dsec_err err;
+    _Atomic uint64_t answered_ns;
+};
+
+static void *destroy_main(void *arg)
+{
+    struct destroy_req *r = arg;
+    dsec_client *c = NULL;
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
+    r->rc = dsec_client_connect(&c, &o, &r->err);
+    if (r->rc == 0)
+        r->rc = dsec_destroy(c, r->id, &r->err);
+    atomic_store(&r->answered_ns, dsec_now_ns());
+    dsec_client_free(c);
+    return NULL;
+}
+
+/* A destroy's wait for QEMU to end is the node's loop's: with 2 work threads, two destroys of
+ * VMs whose QEMU hangs (stopped with SIGSTOP: each is killed after its 3 s grace) are in
+ * flight, and another sandbox's status is answered a second or more before either. When a
+ * destroy held its thread to the end, the status waited for one. */
+static void test_destroys_beside_work(void **state)
+{
+    if (natsd == NULL)
+        skip();
+    atomic_int booted = 0;
+    struct boot_req b[3]; /* two to destroy, and the other sandbox */
+    for (int i = 0; i < 3; i++) {
+        b[i] = (struct boot_req){.answered = &booted};
+        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(b[i].t, NULL);
+        if (b[i].rc != 0)
+            fail_msg("create %d: %s", i, b[i].err.msg);
+    }
+    int before = qemu_count();
+    for (int i = 0; i < 2; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "pkill -STOP -f '[q]emu-system.*/%s/'", b[i].info.id);
+        assert_int_equal(system(cmd), 0);
+    }
+    struct destroy_req d[2];
+    for (int i = 0; i < 2; i++) {
+        d[i] = (struct destroy_req){.id = b[i].info.id};
+        assert_int_equal(pthread_create(&d[i].t, NULL, destroy_main, &d[i]), 0);
+    }
+    usleep(300000); /* both destroys are on the work threads, or were */
+    dsec_sandbox_info st;
+    dsec_err err;
+    if (dsec_status(cl, b[2].info.id, &st, &err) < 0)
+        fail_msg("status while two destroys are in flight: %s", err.msg);
+    uint64_t status_ns = dsec_now_ns();
+    for (int i = 0; i < 2; i++) {
+        pthread_join(d[i].t, NULL);
+        if (d[i].rc != 0)
+            fail_msg("destroy of %s: %s", d[i].id, d[i].err.msg);
+    }
+    for (int i = 0; i < 2; i++)
+        fprintf(stderr, "test_vm_bus: status answered %.1f ms before destroy %d\n",
+                ((double)atomic_load(&d[i].answered_ns) - (double)status_ns) / 1e6, i);
+    for (int i = 0; i < 2; i++)
+        if (atomic_load(&d[i].answered_ns) < status_ns + 1000000000u)
+            fail_msg("the status of another sandbox was answered %.1f ms before destroy %d, not "
+                     "1 s or more: the destroys held the node's 2 work threads while QEMU hung",
+                     ((double)atomic_load(&d[i].answered_ns) - (double)status_ns) / 1e6, i);
+    assert_int_equal(qemu_count(), before - 2);
+    destroy(b[2].info.id);
+    assert_int_equal(qemu_count(), before - 3);
+}
+
 static void test_exec_files_fork_pause_snapshot(void **state)
 {
     if (natsd == NULL)
@@ -1038,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_placement_by_requirement),
         cmocka_unit_test(test_boots_beside_work),
         cmocka_unit_test(test_forks_beside_work),
+        cmocka_unit_test(test_destroys_beside_work),
         cmocka_unit_test(test_exec_files_fork_pause_snapshot),
         cmocka_unit_test(test_node_restart_readopts),
         cmocka_unit_test(test_stop_mid_boot),

@@ -344,6 +344,9 @@ bool dsec__ct_alive(const struct ct_backend *be, const char *id);
 int dsec__ct_cg_usage(const struct ct_backend *be, const char *id, uint64_t *cpu_us, uint64_t *mem,
                       dsec_err *err);
 /* The directory of the container's cgroup for one v1 controller dir (a be->cg_* field). */
+/* Thaw the container's cgroup and SIGKILL everything in it (the whole tree at once where the
+ * kernel has cgroup.kill); how many processes it still listed (0: none is left). */
+size_t dsec__ct_cg_kill(const struct ct_backend *be, const char *id);
 void dsec__ct_cg_path(const struct ct_backend *be, const char *ctrl_mount, const char *id,
                       char *out, size_t len);
 /* The host pid of the container's init (the first pid in its cgroup), or -1. */

@@ -527,18 +527,40 @@ static void msleep(long ms)
     nanosleep(&ts, NULL);
 }
 
-static void kill_procs(const char *dir)
+static int write_str(const char *path, const char *v);
+
+/* SIGKILL to every process in the cgroup dir; how many it listed. */
+static size_t kill_procs(const char *dir)
 {
     char p[PATH_MAX + 32];
     dsec__ct_fmt(p, sizeof p, "%s/cgroup.procs", dir);
     FILE *f = fopen(p, "re");
     if (f == NULL)
-        return;
+        return 0;
     long pid;
+    size_t n = 0;
     while (fscanf(f, "%ld", &pid) == 1)
-        if (pid > 1)
+        if (pid > 1 && ++n)
             kill((pid_t)pid, SIGKILL);
     fclose(f);
+    return n;
+}
+
+size_t dsec__ct_cg_kill(const struct ct_backend *be, const char *id)
+{
+    char dir[PATH_MAX * 2];
+    dsec__ct_cg_path(be, be->cg_freezer, id, dir, sizeof dir);
+    if (be->cg_mode == CT_CG_V1) { /* a frozen v1 cgroup keeps its killed processes until thawed */
+        char p[PATH_MAX * 2 + 16];
+        dsec__ct_fmt(p, sizeof p, "%s/freezer.state", dir);
+        write_str(p, "THAWED");
+    } else { /* the whole tree at once, where the kernel has it (5.14) */
+        char p[PATH_MAX * 2 + 16];
+        dsec__ct_fmt(p, sizeof p, "%s/cgroup.kill", dir);
+        if (access(p, F_OK) == 0)
+            write_str(p, "1");
+    }
+    return kill_procs(dir);
 }
 
 /* Remove the container's cgroup in every hierarchy, killing stragglers (an

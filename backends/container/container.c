@@ -19,6 +19,7 @@
 
 #include "backends/cgroup-tune.h"
 #include "backends/container/container-int.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
 #include "dsec/log.h"
@@ -905,6 +906,54 @@ static int ct_destroy(void *self, dsec_sandbox *sb, dsec_err *err)
     return dsec__ct_sb_teardown(be, sb, err);
 }
 
+/* A destroy's wait for the killed processes to leave (stop_start): on a host whose CPUs are
+ * saturated, running their exit takes them seconds. Killed again at every look, so what forks
+ * meanwhile goes too. */
+struct ct_stop {
+    struct ct_backend *be;
+    dsec_sandbox *sb;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+static int stop_tick(void *ud, uint64_t ms, dsec_err *err)
+{
+    struct ct_stop *st = ud;
+    size_t left = dsec__ct_cg_kill(st->be, st->sb->rid);
+    if (left == 0)
+        return 1;
+    if (ms > 20000) /* as the destroy's own wait: it reports what is left */
+        return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                            "container: %zu processes did not exit within 20 s of SIGKILL", left);
+    return 0;
+}
+
+static void stop_done(void *ud, int rc, dsec_err *err)
+{
+    struct ct_stop st = *(struct ct_stop *)ud;
+    dsec_free(ud);
+    st.done(st.ud, rc, err);
+}
+
+static int ct_stop_start(void *self, dsec_sandbox *sb, struct dsec_loop *loop, dsec_ready_fn done,
+                         void *ud, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    dsec_agent_free(sb->agent);
+    sb->agent = NULL;
+    if (!sb->started || dsec__ct_cg_kill(be, sb->rid) == 0)
+        return 1;
+    struct ct_stop *st = dsec_malloc(sizeof *st);
+    if (st == NULL)
+        return oom(err, "a stop in flight");
+    *st = (struct ct_stop){.be = be, .sb = sb, .done = done, .ud = ud};
+    if (dsec_loop_tick_start(loop, 10, stop_tick, stop_done, st, err) < 0) {
+        dsec_free(st);
+        return -1;
+    }
+    return 0;
+}
+
 static int ct_stats(void *self, dsec_sandbox *sb, dsec_sandbox_stats *out, dsec_err *err)
 {
     struct ct_backend *be = self;
@@ -959,6 +1008,7 @@ const dsec_backend_ops dsec_container_ops = {
     .snapshot = dsec__ct_snapshot,
     .restore = dsec__ct_restore,
     .destroy = ct_destroy,
+    .stop_start = ct_stop_start,
     .stats = ct_stats,
     .adopt = dsec__ct_adopt,
     .detach = dsec__ct_detach,

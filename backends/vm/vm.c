@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/loop.h"
 #include "backends/vm/vm-int.h"
 #include "dsec/alloc.h"
 #include "dsec/io.h"
@@ -654,6 +655,59 @@ static int sb_teardown(struct vm_backend *be, dsec_sandbox *sb, dsec_err *err)
     }
     dsec_sbx_live_del(&be->sbx, &sb->live);
     dsec__vm_sb_free(sb);
+    return 0;
+}
+
+/* A QEMU quitting for a destroy (stop_start): asked with SIGTERM, as QMP's quit would, and
+ * killed once its grace has passed. */
+struct vm_stop {
+    dsec_sandbox *sb;
+    bool killed;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+static int stop_tick(void *ud, uint64_t ms, dsec_err *err)
+{
+    struct vm_stop *st = ud;
+    dsec_sandbox *sb = st->sb;
+    if (!dsec__vm_qemu_is_ours(sb->pid, sb->dir))
+        return 1;
+    if (!st->killed && ms >= STOP_GRACE_MS) {
+        kill(sb->pid, SIGKILL);
+        st->killed = true;
+    }
+    if (ms > STOP_GRACE_MS + 30000)
+        return dsec_err_set(err, DSEC_E_TIMEOUT, 0, "QEMU (pid %d) did not exit after SIGKILL",
+                            (int)sb->pid);
+    return 0;
+}
+
+static void stop_done(void *ud, int rc, dsec_err *err)
+{
+    struct vm_stop st = *(struct vm_stop *)ud;
+    dsec_free(ud);
+    st.done(st.ud, rc, err);
+}
+
+static int vm_stop_start(void *self, dsec_sandbox *sb, struct dsec_loop *loop, dsec_ready_fn done,
+                         void *ud, dsec_err *err)
+{
+    struct vm_backend *be = self;
+    dsec__vm_side_drop(sb);
+    dsec_agent_free(sb->agent);
+    sb->agent = NULL;
+    if (sb->pid <= 0 || !dsec__vm_qemu_is_ours(sb->pid, sb->dir))
+        return 1;
+    struct vm_stop *st = dsec_malloc(sizeof *st);
+    if (st == NULL)
+        return oom(be, err, "a stop in flight");
+    *st = (struct vm_stop){.sb = sb, .done = done, .ud = ud};
+    kill(sb->pid, SIGTERM);
+    if (dsec_loop_tick_start(loop, 10, stop_tick, stop_done, st, err) < 0) {
+        dsec_free(st);
+        return -1;
+    }
     return 0;
 }
 
@@ -1389,6 +1443,7 @@ static int vm_net_set(void *self, dsec_sandbox *sb, const char *const *entries, 
         .snapshot = dsec__vm_snapshot,                                                             \
         .restore = dsec__vm_restore,                                                               \
         .destroy = vm_destroy,                                                                     \
+        .stop_start = vm_stop_start,                                                               \
         .stats = vm_stats,                                                                         \
         .adopt = vm_adopt,                                                                         \
         .detach = vm_detach,                                                                       \
