@@ -550,10 +550,15 @@ static bool create_finish(dsec_node *n, struct sbx *s, const dsec_msg_place *pp,
     if (c != NULL) {
         c->j = (struct create_job){.n = n, .d = d, .s = s, .t0 = t0};
         /* from a 0 on, s is create_ready's: it may be running already */
-        if (dsec_backend_create_start(s->be, &spec, n->loop, create_ready, c, &s->h, &s->bstate,
-                                      &err) == 0)
+        int rc = dsec_backend_create_start(s->be, &spec, n->loop, create_ready, c, &s->h,
+                                           &s->bstate, &err);
+        if (rc == 0)
             return true;
         dsec_free(c);
+        if (rc == 1) { /* up at once */
+            create_started(n, s, &p, t0);
+            return false;
+        }
     } else if (dsec_backend_create(s->be, &spec, &s->h, &s->bstate, &err) == 0) {
         create_started(n, s, &p, t0);
         return false;

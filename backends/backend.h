@@ -44,15 +44,19 @@ extern "C" {
  * proc_stdin_start (a process to read its stdin).
  *
  * The other operations (create, fork, destroy, ...) are calls that need a
- * thread (crun, mkfs, copying): the node runs them on its fair-queued work
- * threads (backends/workq.h), never on a bus worker, so a busy sandbox or
- * tenant delays only its own turn. A create whose end is a wait for the
- * sandbox to come up (a VM's boot) does that wait on the loop where the
- * backend has create_start, and so does a fork's for its children where it has fork_start:
- * the thread goes back once the guests are started. A destroy's wait for what runs in the
- * sandbox to end (killed processes exiting on a saturated host, a QEMU's quit) is the loop's
- * where the backend has stop_start. A backend without
- * exec_start (or without the file ops' _start) has its exec (or transfers) run the same way.
+ * thread (crun, mounts, mkfs, copying, QEMU's start and its state's load): the
+ * node runs them on its fair-queued work threads (backends/workq.h), never on a
+ * bus worker, so a busy sandbox or tenant delays only its own turn. Their
+ * waits for the sandbox are the loop's where the backend has the _start op:
+ *  - create_start: a create whose end is a wait for the sandbox to come up (a
+ *    VM's boot, a cold container's agent); the thread goes back once it is
+ *    started;
+ *  - fork_start: a fork's wait for its children (a VM child's agent and its
+ *    identity);
+ *  - stop_start: a destroy's wait for what runs in the sandbox to end (killed
+ *    processes exiting on a saturated host, QEMU's quit and its grace).
+ * A backend without exec_start (or without the file ops' _start) has its exec
+ * (or transfers) run on a work thread too.
  *
  * Errors follow dsec/err.h: a failing call returns -1 and fills err. Messages
  * name what failed but not the sandbox id (backends may not keep it); the
@@ -371,8 +375,9 @@ typedef struct dsec_backend_ops {
      * 0 with *out and *backend_state set, the caller's from then on; done runs once, on
      * loop's thread (possibly before this returns), when the sandbox answers (rc 0: it takes
      * calls) or cannot (rc -1 and err: the caller destroys *out, the only call it may make
-     * on it; it makes none before done). -1 with err as create's failure: nothing is left,
-     * done is never called. */
+     * on it; it makes none before done). 1: as create's success, the sandbox took calls at
+     * once (a warm container), done is never called. -1 with err as create's failure: nothing
+     * is left, done is never called. */
     int (*create_start)(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
                         dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
                         dsec_err *err);

@@ -530,6 +530,35 @@ static void on_stopped(void *ud, int rc, dsec_err *err)
     atomic_store(&b->ended, true);
 }
 
+static void pool_counts(int *all, int *ready);
+
+/* create_start of busybox:1 on loop: its rc (1: up at once, 0: it came up on the loop). */
+static int mk_on_loop(dsec_loop *loop, struct sbx **made)
+{
+    struct sbx *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    snprintf(s->id, sizeof s->id, "cttest-%d-%d", (int)getpid(), __atomic_add_fetch(&seq, 1, 0));
+    dsec_sandbox_spec spec = {.id = s->id, .type = "container", .env = "busybox:1"};
+    struct stopped b = {0};
+    dsec_err err;
+    int rc =
+        dsec_container_ops.create_start(ct, &spec, loop, on_stopped, &b, &s->h, &s->bstate, &err);
+    if (rc < 0)
+        fail_msg("create_start %s: %s", s->id, err.msg);
+    for (int i = 0; rc == 0 && i < 3000 && !atomic_load(&b.ended); i++)
+        usleep(10000);
+    if (rc == 0 && !atomic_load(&b.ended))
+        fail_msg("create_start %s: no answer in 30 s", s->id);
+    if (rc == 0 && b.rc != 0)
+        fail_msg("create_start %s: %s", s->id, b.err.msg);
+    set_rid(s);
+    char out[64];
+    assert_int_equal(sh(s, "printf up", out, sizeof out), 0);
+    assert_string_equal(out, "up");
+    *made = s;
+    return rc;
+}
+
 /* A destroy's wait for the sandbox's processes to end, on a loop (stop_start): 50 background
  * sleeps and the agent are killed, the wait ends when the cgroup is empty, and destroy then
  * leaves nothing. A paused (frozen) sandbox is thawed for it: a frozen process does not die. */
@@ -576,6 +605,28 @@ static void test_stop_on_loop(void **state)
         dsec_free(s[i]->bstate);
         free(s[i]);
     }
+    dsec_loop_free(loop);
+}
+
+/* A create on the node's loop (create_start): with a warm container ready it is up at once
+ * (1); test_cold checks the cold path, whose wait for the agent is the loop's. */
+static void test_create_on_loop(void **state)
+{
+    (void)state;
+    dsec_err err;
+    dsec_loop *loop = NULL;
+    assert_int_equal(dsec_loop_new(&loop, "ct-create", &err), 0);
+    int all = 0, ready = 0;
+    for (int i = 0; i < 3000 && ready == 0; i++) {
+        pool_counts(&all, &ready);
+        if (ready == 0)
+            usleep(10000);
+    }
+    assert_true(ready > 0);
+    struct sbx *s;
+    assert_int_equal(mk_on_loop(loop, &s), 1);
+    assert_string_not_equal(s->rid, s->id); /* a warm container's */
+    drop(s);
     dsec_loop_free(loop);
 }
 
@@ -1525,6 +1576,14 @@ static void test_cold(void **state)
     struct sbx *c = mk(64, 0);
     assert_string_equal(c->rid, c->id); /* no warm container: its own */
     drop(c);
+    /* on the node's loop: the cold start's wait for its agent is the loop's */
+    dsec_loop *loop = NULL;
+    dsec_err lerr;
+    assert_int_equal(dsec_loop_new(&loop, "ct-cold", &lerr), 0);
+    assert_int_equal(mk_on_loop(loop, &c), 0);
+    assert_string_equal(c->rid, c->id);
+    drop(c);
+    dsec_loop_free(loop);
     test_exec_and_files(state);
     test_limits(state);
     test_fork(state);
@@ -2034,6 +2093,7 @@ int main(void)
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
         cmocka_unit_test_setup(test_stop_on_loop, need_root),
+        cmocka_unit_test_setup(test_create_on_loop, need_root),
         cmocka_unit_test_setup(test_sessions_terminals, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),
@@ -2060,6 +2120,7 @@ int main(void)
         cmocka_unit_test_setup(test_rootfs_private, need_root),
         cmocka_unit_test_setup(test_exec_and_files, need_root),
         cmocka_unit_test_setup(test_stop_on_loop, need_root),
+        cmocka_unit_test_setup(test_create_on_loop, need_root),
         cmocka_unit_test_setup(test_limits, need_root),
         cmocka_unit_test_setup(test_layer_immutable, need_root),
         cmocka_unit_test_setup(test_fork, need_root),

@@ -290,9 +290,26 @@ static void test_boots_beside_work(void **state)
     assert_int_equal(qemu_count(), before);
 }
 
-struct fork_req {
+/* n microVMs created at once (their boots side by side on the node's loop). */
+static void boot_all(struct boot_req *b, int n)
+{
+    atomic_int booted = 0; /* joined below: the threads are done with it */
+    for (int i = 0; i < n; i++) {
+        b[i] = (struct boot_req){.answered = &booted};
+        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
+    }
+    for (int i = 0; i < n; i++) {
+        pthread_join(b[i].t, NULL);
+        if (b[i].rc != 0)
+            fail_msg("create %d: %s", i, b[i].err.msg);
+    }
+}
+
+/* A fork (of 2) or a destroy of id, from a client of its own, and when its answer came. */
+struct op_req {
     pthread_t t;
     const char *id;
+    bool fork;
     int rc;
     dsec_err err;
     char **kids;
@@ -300,17 +317,43 @@ struct fork_req {
     _Atomic uint64_t answered_ns;
 };
 
-static void *fork_main(void *arg)
+static void *op_main(void *arg)
 {
-    struct fork_req *f = arg;
+    struct op_req *r = arg;
     dsec_client *c = NULL;
     dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
-    f->rc = dsec_client_connect(&c, &o, &f->err);
-    if (f->rc == 0)
-        f->rc = dsec_fork(c, f->id, 2, &f->kids, &f->nk, &f->err);
-    atomic_store(&f->answered_ns, dsec_now_ns());
+    r->rc = dsec_client_connect(&c, &o, &r->err);
+    if (r->rc == 0)
+        r->rc = r->fork ? dsec_fork(c, r->id, 2, &r->kids, &r->nk, &r->err)
+                        : dsec_destroy(c, r->id, &r->err);
+    atomic_store(&r->answered_ns, dsec_now_ns());
     dsec_client_free(c);
     return NULL;
+}
+
+/* With the two operations r in flight, the status of other (an operation that needs a work
+ * thread) is answered at least slack_ms before each of them; why says what it means if not. */
+static void status_first(const char *other, struct op_req *r, uint64_t slack_ms, const char *why)
+{
+    dsec_sandbox_info st;
+    dsec_err err;
+    if (dsec_status(cl, other, &st, &err) < 0)
+        fail_msg("status while two %ss are in flight: %s", r[0].fork ? "fork" : "destroy", err.msg);
+    uint64_t status_ns = dsec_now_ns();
+    for (int i = 0; i < 2; i++) {
+        pthread_join(r[i].t, NULL);
+        if (r[i].rc != 0)
+            fail_msg("%s of %s: %s", r[i].fork ? "fork" : "destroy", r[i].id, r[i].err.msg);
+    }
+    for (int i = 0; i < 2; i++) {
+        double ahead = ((double)atomic_load(&r[i].answered_ns) - (double)status_ns) / 1e6;
+        fprintf(stderr, "test_vm_bus: status answered %.1f ms before %s %d\n", ahead,
+                r[i].fork ? "fork" : "destroy", i);
+        if (ahead < (double)slack_ms)
+            fail_msg("the status of another sandbox was answered %.1f ms before %s %d, not %" PRIu64
+                     " ms or more: %s",
+                     ahead, r[i].fork ? "fork" : "destroy", i, slack_ms, why);
+    }
 }
 
 /* A fork's children settle (their agents, their identities) on the node's loop, not on its
@@ -321,49 +364,23 @@ static void test_forks_beside_work(void **state)
 {
     if (natsd == NULL)
         skip();
-    atomic_int booted = 0;
     struct boot_req b[3]; /* two parents, and the other sandbox */
-    for (int i = 0; i < 3; i++) {
-        b[i] = (struct boot_req){.answered = &booted};
-        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
-    }
-    for (int i = 0; i < 3; i++) {
-        pthread_join(b[i].t, NULL);
-        if (b[i].rc != 0)
-            fail_msg("create %d: %s", i, b[i].err.msg);
-    }
+    boot_all(b, 3);
     int before = qemu_count();
-    struct fork_req f[2];
+    struct op_req f[2];
     for (int i = 0; i < 2; i++) {
-        f[i] = (struct fork_req){.id = b[i].info.id};
-        assert_int_equal(pthread_create(&f[i].t, NULL, fork_main, &f[i]), 0);
+        f[i] = (struct op_req){.id = b[i].info.id, .fork = true};
+        assert_int_equal(pthread_create(&f[i].t, NULL, op_main, &f[i]), 0);
     }
     /* the four children's QEMUs run: both forks hold their work threads now, or did */
     for (int i = 0; i < 6000 && qemu_count() - before < 4; i++)
         usleep(20000);
     assert_true(qemu_count() - before >= 4);
-    dsec_sandbox_info st;
-    dsec_err err;
-    if (dsec_status(cl, b[2].info.id, &st, &err) < 0)
-        fail_msg("status while two forks are in flight: %s", err.msg);
-    uint64_t status_ns = dsec_now_ns();
-    for (int i = 0; i < 2; i++) {
-        pthread_join(f[i].t, NULL);
-        if (f[i].rc != 0)
-            fail_msg("fork of %s: %s", f[i].id, f[i].err.msg);
-    }
     /* 100 ms of slack: a fork's answer and the status right behind it on the same work
      * thread reach this process in either order, within a millisecond or so; the children's
      * identities, each a command in a guest, take 0.3 s or more under TCG */
-    for (int i = 0; i < 2; i++)
-        fprintf(stderr, "test_vm_bus: status answered %.1f ms before fork %d\n",
-                ((double)atomic_load(&f[i].answered_ns) - (double)status_ns) / 1e6, i);
-    for (int i = 0; i < 2; i++)
-        if (atomic_load(&f[i].answered_ns) < status_ns + 100000000u)
-            fail_msg("the status of another sandbox was answered %.1f ms before fork %d, not "
-                     "100 ms or more: the forks held the node's 2 work threads until their "
-                     "children settled",
-                     ((double)atomic_load(&f[i].answered_ns) - (double)status_ns) / 1e6, i);
+    status_first(b[2].info.id, f, 100,
+                 "the forks held the node's 2 work threads until their children settled");
     char out[128];
     for (int i = 0; i < 2; i++) {
         assert_int_equal(f[i].nk, 2);
@@ -380,27 +397,6 @@ static void test_forks_beside_work(void **state)
     assert_int_equal(qemu_count(), before - 3);
 }
 
-struct destroy_req {
-    pthread_t t;
-    const char *id;
-    int rc;
-    dsec_err err;
-    _Atomic uint64_t answered_ns;
-};
-
-static void *destroy_main(void *arg)
-{
-    struct destroy_req *r = arg;
-    dsec_client *c = NULL;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
-    r->rc = dsec_client_connect(&c, &o, &r->err);
-    if (r->rc == 0)
-        r->rc = dsec_destroy(c, r->id, &r->err);
-    atomic_store(&r->answered_ns, dsec_now_ns());
-    dsec_client_free(c);
-    return NULL;
-}
-
 /* A destroy's wait for QEMU to end is the node's loop's: with 2 work threads, two destroys of
  * VMs whose QEMU hangs (stopped with SIGSTOP: each is killed after its 3 s grace) are in
  * flight, and another sandbox's status is answered a second or more before either. When a
@@ -409,47 +405,22 @@ static void test_destroys_beside_work(void **state)
 {
     if (natsd == NULL)
         skip();
-    atomic_int booted = 0;
     struct boot_req b[3]; /* two to destroy, and the other sandbox */
-    for (int i = 0; i < 3; i++) {
-        b[i] = (struct boot_req){.answered = &booted};
-        assert_int_equal(pthread_create(&b[i].t, NULL, boot_main, &b[i]), 0);
-    }
-    for (int i = 0; i < 3; i++) {
-        pthread_join(b[i].t, NULL);
-        if (b[i].rc != 0)
-            fail_msg("create %d: %s", i, b[i].err.msg);
-    }
+    boot_all(b, 3);
     int before = qemu_count();
     for (int i = 0; i < 2; i++) {
         char cmd[256];
         snprintf(cmd, sizeof cmd, "pkill -STOP -f '[q]emu-system.*/%s/'", b[i].info.id);
         assert_int_equal(system(cmd), 0);
     }
-    struct destroy_req d[2];
+    struct op_req d[2];
     for (int i = 0; i < 2; i++) {
-        d[i] = (struct destroy_req){.id = b[i].info.id};
-        assert_int_equal(pthread_create(&d[i].t, NULL, destroy_main, &d[i]), 0);
+        d[i] = (struct op_req){.id = b[i].info.id};
+        assert_int_equal(pthread_create(&d[i].t, NULL, op_main, &d[i]), 0);
     }
     usleep(300000); /* both destroys are on the work threads, or were */
-    dsec_sandbox_info st;
-    dsec_err err;
-    if (dsec_status(cl, b[2].info.id, &st, &err) < 0)
-        fail_msg("status while two destroys are in flight: %s", err.msg);
-    uint64_t status_ns = dsec_now_ns();
-    for (int i = 0; i < 2; i++) {
-        pthread_join(d[i].t, NULL);
-        if (d[i].rc != 0)
-            fail_msg("destroy of %s: %s", d[i].id, d[i].err.msg);
-    }
-    for (int i = 0; i < 2; i++)
-        fprintf(stderr, "test_vm_bus: status answered %.1f ms before destroy %d\n",
-                ((double)atomic_load(&d[i].answered_ns) - (double)status_ns) / 1e6, i);
-    for (int i = 0; i < 2; i++)
-        if (atomic_load(&d[i].answered_ns) < status_ns + 1000000000u)
-            fail_msg("the status of another sandbox was answered %.1f ms before destroy %d, not "
-                     "1 s or more: the destroys held the node's 2 work threads while QEMU hung",
-                     ((double)atomic_load(&d[i].answered_ns) - (double)status_ns) / 1e6, i);
+    status_first(b[2].info.id, d, 1000,
+                 "the destroys held the node's 2 work threads while QEMU hung");
     assert_int_equal(qemu_count(), before - 2);
     destroy(b[2].info.id);
     assert_int_equal(qemu_count(), before - 3);

@@ -220,13 +220,18 @@ void dsec__ct_sb_free(dsec_sandbox *sb);
 /* Hold sb's lower layers (lowers[held..]), or release those held. */
 int dsec__ct_hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
 void dsec__ct_release_lowers(struct ct_backend *be, dsec_sandbox *sb);
-/* Bring sb (id, env, limits set) up; on failure the caller abandons it. */
-int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With loop (else
+ * NULL, NULL, NULL): 1 when a cold start's wait for its agent is loop's (done runs once, on
+ * loop's thread), 0 when sb is up already (done never runs). */
+int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                      dsec_ready_fn done, void *ud, dsec_err *err);
 /* Undo whatever of sb's start-up was done; frees sb on success. */
 int dsec__ct_sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
-/* Create from env (moved into the sandbox). */
+/* Create from env (moved into the sandbox); loop, done and ud as dsec__ct_sb_start's (with 1,
+ * *out and *backend_state are set and the caller's). */
 int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *env,
-                        dsec_sandbox **out, char **backend_state, dsec_err *err);
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud, dsec_sandbox **out,
+                        char **backend_state, dsec_err *err);
 /* S/sb/<id>/agent.sock. */
 void dsec__ct_sock_path(const dsec_sandbox *sb, char *out, size_t len);
 

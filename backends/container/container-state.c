@@ -94,7 +94,7 @@ static int fork_child(void *arg, size_t i, dsec_err *err)
                                   err);
     }
     if (rc == 0)
-        rc = dsec__ct_sb_start(be, c, err);
+        rc = dsec__ct_sb_start(be, c, NULL, NULL, NULL, err);
     if (rc < 0) {
         if (c != NULL) {
             if (err->code == DSEC_E_EXISTS)
@@ -314,5 +314,5 @@ int dsec__ct_restore(void *self, const dsec_sandbox_spec *spec, const char *path
         dsec__ct_env_clear(&env);
         return -1;
     }
-    return dsec__ct_create_env(be, spec, &env, out, backend_state, err);
+    return dsec__ct_create_env(be, spec, &env, NULL, NULL, NULL, out, backend_state, err);
 }

@@ -719,9 +719,57 @@ static int sb_warm(struct ct_backend *be, dsec_sandbox *sb, struct ct_warm *w, i
     return 0;
 }
 
-/* Bring sb (id, env, limits set) up; on failure the caller abandons it.
+/* The wait for a cold container's agent as watches on the node's loop (create_start). */
+struct ct_ready {
+    struct ct_backend *be;
+    dsec_sandbox *sb;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+/* What an agent that exited at start said last (a bad user or workdir), as err. */
+static int agent_died(dsec_sandbox *sb, dsec_err *err)
+{
+    char lp[PATH_MAX + 16];
+    dsec__ct_fmt(lp, sizeof lp, "%s/agent.log", sb->dir);
+    char *log = dsec_sbx_read_file(lp, 4096);
+    char *msg = log;
+    while (msg != NULL && strchr(msg, '\n') != NULL && strchr(msg, '\n')[1] != '\0')
+        msg = strchr(msg, '\n') + 1;
+    if (msg != NULL)
+        msg[strcspn(msg, "\n")] = '\0';
+    dsec_err_set(err, DSEC_E_BACKEND, 0, "container: the agent exited at start: %.200s",
+                 msg != NULL && msg[0] ? msg : "no message");
+    dsec_free(log);
+    return -1;
+}
+
+static bool ready_alive(void *ud, dsec_err *err)
+{
+    struct ct_ready *r = ud;
+    if (dsec__ct_alive(r->be, r->sb->rid))
+        return true;
+    agent_died(r->sb, err);
+    return false;
+}
+
+static void ready_dialed(void *ud, int rc, dsec_agent *a, dsec_err *err)
+{
+    struct ct_ready r = *(struct ct_ready *)ud;
+    dsec_free(ud);
+    if (rc == 0)
+        r.sb->agent = a;
+    else if (err->code == DSEC_E_TIMEOUT)
+        dsec_err_wrap(err, "container: the agent did not answer");
+    r.done(r.ud, rc, err);
+}
+
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With loop, a cold
+ * start's wait for its agent is loop's: 1 then, and done runs once, on loop's thread, when the
+ * agent answers or cannot; 0: sb is up (a warm container), done is never called.
  * DSEC_CONTAINER_TRACE=1: how long its steps took, on stderr. */
-int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
+int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                      dsec_ready_fn done, void *ud, dsec_err *err)
 {
     uint64_t t0 = dsec_now_ns();
     dsec__ct_sb_paths(be, sb);
@@ -785,6 +833,19 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
     uint64_t t2 = dsec_now_ns();
     char sp[PATH_MAX + 16];
     dsec__ct_sock_path(sb, sp, sizeof sp);
+    if (loop != NULL) {
+        struct ct_ready *r = dsec_malloc(sizeof *r);
+        if (r == NULL)
+            return oom(err, "a start in flight");
+        *r = (struct ct_ready){.be = be, .sb = sb, .done = done, .ud = ud};
+        /* connections of 200 ms, as below; whether the agent died is asked every second */
+        if (dsec_agent_connect_start(loop, sp, be->start_timeout_ms, 200, ready_alive, ready_dialed,
+                                     r, err) < 0) {
+            dsec_free(r);
+            return -1;
+        }
+        return 1;
+    }
     /* in short rounds, so an agent that died at start (a bad user or
      * workdir) is reported at once, with what it said */
     uint64_t deadline = dsec_now_ns() + be->start_timeout_ms * 1000000u;
@@ -797,20 +858,8 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err)
                     (double)(dsec_now_ns() - t2) / 1e6);
             return 0;
         }
-        if (!dsec__ct_alive(be, sb->rid)) {
-            char lp[PATH_MAX + 16];
-            dsec__ct_fmt(lp, sizeof lp, "%s/agent.log", sb->dir);
-            char *log = dsec_sbx_read_file(lp, 4096);
-            char *msg = log;
-            while (msg != NULL && strchr(msg, '\n') != NULL && strchr(msg, '\n')[1] != '\0')
-                msg = strchr(msg, '\n') + 1;
-            if (msg != NULL)
-                msg[strcspn(msg, "\n")] = '\0';
-            dsec_err_set(err, DSEC_E_BACKEND, 0, "container: the agent exited at start: %.200s",
-                         msg != NULL && msg[0] ? msg : "no message");
-            dsec_free(log);
-            return -1;
-        }
+        if (!dsec__ct_alive(be, sb->rid))
+            return agent_died(sb, err);
         if (dsec_now_ns() > deadline)
             return dsec_err_wrap(err, "container: the agent did not answer");
     }
@@ -826,7 +875,8 @@ static const char *label(const dsec_sandbox_spec *spec, const char *key)
 
 /* Create from env (moved into the sandbox). */
 int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *env,
-                        dsec_sandbox **out, char **backend_state, dsec_err *err)
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud, dsec_sandbox **out,
+                        char **backend_state, dsec_err *err)
 {
     dsec_sandbox *sb = dsec__ct_sb_new(spec->id, err);
     if (sb == NULL) {
@@ -854,8 +904,22 @@ int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, st
     }
     if (dsec_sbx_set_str(&be->sbx, &sb->snapshot_name, sn, err) < 0 ||
         dsec_sbx_set_str(&be->sbx, &sb->tenant, spec->tenant, err) < 0 ||
-        dsec__ct_net_add(sb, spec->net, spec->nnet, err) < 0 ||
-        dsec__ct_sb_start(be, sb, err) < 0) {
+        dsec__ct_net_add(sb, spec->net, spec->nnet, err) < 0) {
+        dsec_sbx_abandon(&be->sbx, sb);
+        return -1;
+    }
+    dsec__ct_sb_paths(be, sb); /* sb->dir, the record */
+    if ((*backend_state = dsec_strdup(sb->dir)) == NULL) {
+        dsec_sbx_abandon(&be->sbx, sb);
+        return oom(err, "backend state");
+    }
+    /* the caller's before a wait on loop starts: done may run before sb_start returns */
+    *out = sb;
+    int rc = dsec__ct_sb_start(be, sb, loop, done, ud, err);
+    if (rc < 0) {
+        *out = NULL;
+        dsec_free(*backend_state);
+        *backend_state = NULL;
         if (err->code == DSEC_E_EXISTS) { /* not ours to remove */
             sb->made_dir = false;
             sb->started = false;
@@ -863,16 +927,13 @@ int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, st
         dsec_sbx_abandon(&be->sbx, sb);
         return -1;
     }
-    if ((*backend_state = dsec_strdup(sb->dir)) == NULL) {
-        dsec_sbx_abandon(&be->sbx, sb);
-        return oom(err, "backend state");
-    }
-    *out = sb;
-    return 0;
+    return rc;
 }
 
-static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
-                     char **backend_state, dsec_err *err)
+/* ct_create; with loop, ct_create_start's (dsec__ct_sb_start's 1 and 0). */
+static int create(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
+                  dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
+                  dsec_err *err)
 {
     struct ct_backend *be = self;
     *out = NULL;
@@ -890,11 +951,26 @@ static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **o
     if (env_from_spec(be, spec, &env, err) < 0)
         return -1;
     uint64_t t1 = dsec_now_ns();
-    int rc = dsec__ct_create_env(be, spec, &env, out, backend_state, err);
+    int rc = dsec__ct_create_env(be, spec, &env, loop, done, ud, out, backend_state, err);
     if (be->trace)
         dsec_log_info("dsec container: create %s: environment %.2f ms, in all %.2f ms", spec->id,
                       (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t0) / 1e6);
     return rc;
+}
+
+static int ct_create(void *self, const dsec_sandbox_spec *spec, dsec_sandbox **out,
+                     char **backend_state, dsec_err *err)
+{
+    return create(self, spec, NULL, NULL, NULL, out, backend_state, err);
+}
+
+/* A warm container is up at once (1); a cold one's agent is waited for on loop (0). */
+static int ct_create_start(void *self, const dsec_sandbox_spec *spec, struct dsec_loop *loop,
+                           dsec_ready_fn done, void *ud, dsec_sandbox **out, char **backend_state,
+                           dsec_err *err)
+{
+    int rc = create(self, spec, loop, done, ud, out, backend_state, err);
+    return rc < 0 ? -1 : rc == 0 ? 1 : 0;
 }
 
 /* ---- destroy, stats, adopt, detach -------------------------------------------------------- */
@@ -907,8 +983,8 @@ static int ct_destroy(void *self, dsec_sandbox *sb, dsec_err *err)
 }
 
 /* A destroy's wait for the killed processes to leave (stop_start): on a host whose CPUs are
- * saturated, running their exit takes them seconds. Killed again at every look, so what forks
- * meanwhile goes too. */
+ * saturated, running their exit takes them seconds. Looked at every 2 ms and killed again, so what
+ * forks meanwhile goes too. */
 struct ct_stop {
     struct ct_backend *be;
     dsec_sandbox *sb;
@@ -947,7 +1023,7 @@ static int ct_stop_start(void *self, dsec_sandbox *sb, struct dsec_loop *loop, d
     if (st == NULL)
         return oom(err, "a stop in flight");
     *st = (struct ct_stop){.be = be, .sb = sb, .done = done, .ud = ud};
-    if (dsec_loop_tick_start(loop, 10, stop_tick, stop_done, st, err) < 0) {
+    if (dsec_loop_tick_start(loop, 2, stop_tick, stop_done, st, err) < 0) {
         dsec_free(st);
         return -1;
     }
@@ -993,6 +1069,7 @@ const dsec_backend_ops dsec_container_ops = {
     .init = ct_init,
     .fini = ct_fini,
     .create = ct_create,
+    .create_start = ct_create_start,
     .exec = dsec__ct_exec,
     .exec_start = dsec__ct_exec_start,
     .default_cmd = dsec__ct_default_cmd,
