@@ -294,10 +294,11 @@ void dsec__node_do_fork(dsec_node *n, dsec_msg *m, struct sbx *s, uint64_t count
     /* On a work thread with a backend that forks on the loop: the thread goes back once the
      * children's guests run, and fork_ready goes on when they have settled. */
     if (dsec_backend_forks_async(s->be) && (f->d = dsec__node_job_keep()) != NULL) {
-        if (dsec_backend_fork_start(s->be, s->h, f->ids, count, n->loop, fork_ready, f, f->handles,
-                                    f->states, &f->err) == 0)
-            return; /* f is fork_ready's: it may have ended already */
-        f->rc = -1; /* no child exists */
+        int rc = dsec_backend_fork_start(s->be, s->h, f->ids, count, n->loop, fork_ready, f,
+                                         f->handles, f->states, &f->err);
+        if (rc == 0)
+            return;               /* f is fork_ready's: it may have ended already */
+        f->rc = rc == 1 ? 0 : -1; /* every child up at once, or none exists */
         dsec_deferred *d = f->d;
         fork_end(f, m);
         dsec_deferred_done(d);

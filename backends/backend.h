@@ -433,8 +433,9 @@ typedef struct dsec_backend_ops {
      * states[i] set, the caller's from then on; done runs once, on loop's thread (possibly
      * before this returns), when every child takes calls (rc 0) or one cannot (rc -1 and err:
      * the caller destroys every child, the only call it may make on them; it makes none
-     * before done). sb is not used after it returns. -1 with err as fork's failure: no child
-     * exists, done is never called. */
+     * before done). sb is not used after it returns. 1: as fork's success, every child took
+     * calls at once, done is never called. -1 with err as fork's failure: no child exists,
+     * done is never called. */
     int (*fork_start)(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
                       struct dsec_loop *loop, dsec_ready_fn done, void *ud, dsec_sandbox **children,
                       char **states, dsec_err *err);

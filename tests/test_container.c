@@ -608,8 +608,48 @@ static void test_stop_on_loop(void **state)
     dsec_loop_free(loop);
 }
 
-/* A create on the node's loop (create_start): with a warm container ready it is up at once
- * (1); test_cold checks the cold path, whose wait for the agent is the loop's. */
+/* fork_start of p into n children on loop (1: up at once, 0: they came up on the loop); each
+ * child sees p's /root/mark. */
+static int fork_on_loop(dsec_loop *loop, struct sbx *p, size_t n, struct sbx **kids)
+{
+    const char *ids[8];
+    dsec_sandbox *hs[8];
+    char *states[8];
+    assert_true(n <= 8);
+    for (size_t i = 0; i < n; i++) {
+        kids[i] = calloc(1, sizeof **kids);
+        assert_non_null(kids[i]);
+        snprintf(kids[i]->id, sizeof kids[i]->id, "cttest-%d-%d", (int)getpid(),
+                 __atomic_add_fetch(&seq, 1, 0));
+        ids[i] = kids[i]->id;
+    }
+    put_file(p, "/root/mark", "from the parent");
+    struct stopped b = {0};
+    dsec_err err;
+    int rc =
+        dsec_container_ops.fork_start(ct, p->h, ids, n, loop, on_stopped, &b, hs, states, &err);
+    if (rc < 0)
+        fail_msg("fork_start of %s: %s", p->id, err.msg);
+    for (int i = 0; rc == 0 && i < 3000 && !atomic_load(&b.ended); i++)
+        usleep(10000);
+    if (rc == 0 && !atomic_load(&b.ended))
+        fail_msg("fork_start of %s: no answer in 30 s", p->id);
+    if (rc == 0 && b.rc != 0)
+        fail_msg("fork_start of %s: %s", p->id, b.err.msg);
+    for (size_t i = 0; i < n; i++) {
+        kids[i]->h = hs[i];
+        kids[i]->bstate = states[i];
+        set_rid(kids[i]);
+        char out[64];
+        assert_int_equal(sh(kids[i], "cat /root/mark", out, sizeof out), 0);
+        assert_string_equal(out, "from the parent");
+    }
+    return rc;
+}
+
+/* A create and a fork on the node's loop (create_start, fork_start): with warm containers
+ * ready they are up at once (1); test_cold checks the cold path, whose wait for the agents is
+ * the loop's. */
 static void test_create_on_loop(void **state)
 {
     (void)state;
@@ -626,6 +666,17 @@ static void test_create_on_loop(void **state)
     struct sbx *s;
     assert_int_equal(mk_on_loop(loop, &s), 1);
     assert_string_not_equal(s->rid, s->id); /* a warm container's */
+    /* a fork whose children take warm containers: up at once too */
+    for (int i = 0; i < 3000 && ready < 2; i++) {
+        pool_counts(&all, &ready);
+        if (ready < 2)
+            usleep(10000);
+    }
+    assert_true(ready >= 2);
+    struct sbx *kids[2];
+    assert_int_equal(fork_on_loop(loop, s, 2, kids), 1);
+    for (int i = 0; i < 2; i++)
+        drop(kids[i]);
     drop(s);
     dsec_loop_free(loop);
 }
@@ -1582,6 +1633,10 @@ static void test_cold(void **state)
     assert_int_equal(dsec_loop_new(&loop, "ct-cold", &lerr), 0);
     assert_int_equal(mk_on_loop(loop, &c), 0);
     assert_string_equal(c->rid, c->id);
+    struct sbx *kids[2];
+    assert_int_equal(fork_on_loop(loop, c, 2, kids), 0);
+    for (int i = 0; i < 2; i++)
+        drop(kids[i]);
     drop(c);
     dsec_loop_free(loop);
     test_exec_and_files(state);

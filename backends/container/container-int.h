@@ -220,15 +220,20 @@ void dsec__ct_sb_free(dsec_sandbox *sb);
 /* Hold sb's lower layers (lowers[held..]), or release those held. */
 int dsec__ct_hold_lowers(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
 void dsec__ct_release_lowers(struct ct_backend *be, dsec_sandbox *sb);
-/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With loop (else
- * NULL, NULL, NULL): 1 when a cold start's wait for its agent is loop's (done runs once, on
- * loop's thread), 0 when sb is up already (done never runs). */
-int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
-                      dsec_ready_fn done, void *ud, dsec_err *err);
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With later: 1 when a
+ * cold start's wait for its agent is left to the caller (dsec__ct_ready_start), 0 when sb is up
+ * already (a warm container). */
+int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, bool later, dsec_err *err);
+/* The wait for a cold-started sb's agent as watches on loop: done runs once, on loop's thread,
+ * when it answers (sb->agent set) or cannot (it died at start: what it said); -1 with err: done
+ * is never called. */
+int dsec__ct_ready_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                         dsec_ready_fn done, void *ud, dsec_err *err);
 /* Undo whatever of sb's start-up was done; frees sb on success. */
 int dsec__ct_sb_teardown(struct ct_backend *be, dsec_sandbox *sb, dsec_err *err);
-/* Create from env (moved into the sandbox); loop, done and ud as dsec__ct_sb_start's (with 1,
- * *out and *backend_state are set and the caller's). */
+/* Create from env (moved into the sandbox). With loop: 1 when its cold start's wait for its
+ * agent is loop's (done runs once, on loop's thread; *out and *backend_state are set and the
+ * caller's), 0 when it is up already (done never runs). */
 int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, struct ct_env *env,
                         struct dsec_loop *loop, dsec_ready_fn done, void *ud, dsec_sandbox **out,
                         char **backend_state, dsec_err *err);
@@ -291,6 +296,9 @@ int dsec__ct_pause(void *self, dsec_sandbox *sb, dsec_err *err);
 int dsec__ct_resume(void *self, dsec_sandbox *sb, dsec_err *err);
 int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
                   dsec_sandbox **children, char **states, dsec_err *err);
+int dsec__ct_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                        dsec_sandbox **children, char **states, dsec_err *err);
 int dsec__ct_snapshot(void *self, dsec_sandbox *sb, const char *path, const char *name,
                       dsec_err *err);
 int dsec__ct_restore(void *self, const dsec_sandbox_spec *spec, const char *path,

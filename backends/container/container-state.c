@@ -2,11 +2,13 @@
  * upper the children start on), snapshot into registry layers, and restore from one. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backends/container/container-int.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"
 
@@ -66,13 +68,16 @@ static int freeze_snapshot(struct ct_backend *be, dsec_sandbox *sb, const char *
     return rc;
 }
 
-/* One fork: the children start from the parent's environment on the snapshot snap. */
+/* One fork: the children start from the parent's environment on the snapshot snap. With
+ * later, a cold child's wait for its agent is left to fork_start (cold[i] set). */
 struct fork_job {
     struct ct_backend *be;
     const dsec_sandbox *parent;
     const char *snap;
     const char *const *ids;
     dsec_sandbox **children;
+    bool later;
+    bool *cold;
 };
 
 static int fork_child(void *arg, size_t i, dsec_err *err)
@@ -94,7 +99,7 @@ static int fork_child(void *arg, size_t i, dsec_err *err)
                                   err);
     }
     if (rc == 0)
-        rc = dsec__ct_sb_start(be, c, NULL, NULL, NULL, err);
+        rc = dsec__ct_sb_start(be, c, j->later, err);
     if (rc < 0) {
         if (c != NULL) {
             if (err->code == DSEC_E_EXISTS)
@@ -103,14 +108,17 @@ static int fork_child(void *arg, size_t i, dsec_err *err)
         }
         return -1;
     }
+    if (j->cold != NULL)
+        j->cold[i] = rc == 1;
     j->children[i] = c;
     return 0;
 }
 
-int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
-                  dsec_sandbox **children, char **states, dsec_err *err)
+/* Freeze sb for a snapshot and start n children on it (fork_job's later and cold). -1: no
+ * child is left. */
+static int fork_make(struct ct_backend *be, dsec_sandbox *sb, const char *const *ids, size_t n,
+                     dsec_sandbox **children, char **states, bool *cold, dsec_err *err)
 {
-    struct ct_backend *be = self;
     if (dsec_sbx_fork_ids(&be->sbx, ids, n, children, states, err) < 0)
         return -1;
     dsec_sbx_sweep_once(&be->sbx);
@@ -122,7 +130,13 @@ int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
     /* hold the snapshot while children start, so a failed child does not
      * take it away from the others */
     dsec__ct_snap_ref(be, snap);
-    struct fork_job j = {.be = be, .parent = sb, .snap = snap, .ids = ids, .children = children};
+    struct fork_job j = {.be = be,
+                         .parent = sb,
+                         .snap = snap,
+                         .ids = ids,
+                         .children = children,
+                         .later = cold != NULL,
+                         .cold = cold};
     /* start-up is mostly waiting on the runtime: a few at a time */
     int rc = dsec_sbx_fork_run(n, n < 8 ? n : 8, fork_child, &j, err);
     for (size_t i = 0; rc == 0 && i < n; i++)
@@ -135,6 +149,93 @@ int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
         dsec_log_info("dsec container: fork of %zu: freeze+snapshot+thaw %.2f ms, children %.2f ms",
                       n, (double)(t1 - t0) / 1e6, (double)(dsec_now_ns() - t1) / 1e6);
     return rc;
+}
+
+int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                  dsec_sandbox **children, char **states, dsec_err *err)
+{
+    return fork_make(self, sb, ids, n, children, states, NULL, err);
+}
+
+/* The cold children of one fork_start waiting for their agents on the loop: left counts them,
+ * and one more while fork_start starts the waits; the first failure is the fork's. */
+struct fork_wait {
+    pthread_mutex_t mu;
+    size_t left;
+    int rc;
+    dsec_err err;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+static void fork_wait_end(void *ud, int rc, dsec_err *err)
+{
+    struct fork_wait *f = ud;
+    pthread_mutex_lock(&f->mu);
+    if (rc < 0 && f->rc == 0) {
+        f->rc = -1;
+        f->err = *err;
+    }
+    bool last = --f->left == 0;
+    pthread_mutex_unlock(&f->mu);
+    if (!last)
+        return;
+    f->done(f->ud, f->rc, &f->err);
+    pthread_mutex_destroy(&f->mu);
+    dsec_free(f);
+}
+
+/* fork_start's own hold, let go on the loop's thread. */
+static void fork_started(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    (void)events;
+    dsec_err none = {0};
+    fork_wait_end(ud, 0, &none);
+}
+
+/* fork whose cold children (no warm container was ready for them) wait for their agents on
+ * loop; the freeze, the snapshot and each child's start stay on this thread. */
+int dsec__ct_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
+                        struct dsec_loop *loop, dsec_ready_fn done, void *ud,
+                        dsec_sandbox **children, char **states, dsec_err *err)
+{
+    struct ct_backend *be = self;
+    struct fork_wait *f = dsec_calloc(1, sizeof *f);
+    bool *cold = dsec_calloc(n, sizeof *cold);
+    if (f == NULL || cold == NULL) {
+        dsec_free(f);
+        dsec_free(cold);
+        return oom(err, "a fork in flight");
+    }
+    if (fork_make(be, sb, ids, n, children, states, cold, err) < 0) {
+        dsec_free(f);
+        dsec_free(cold);
+        return -1;
+    }
+    size_t ncold = 0;
+    for (size_t i = 0; i < n; i++)
+        ncold += cold[i];
+    if (ncold == 0) { /* every child took a warm container: up already */
+        dsec_free(cold);
+        dsec_free(f);
+        return 1;
+    }
+    pthread_mutex_init(&f->mu, NULL);
+    f->left = ncold + 1;
+    f->done = done;
+    f->ud = ud;
+    for (size_t i = 0; i < n; i++) {
+        dsec_err e;
+        if (cold[i] && dsec__ct_ready_start(be, children[i], loop, fork_wait_end, f, &e) < 0)
+            fork_wait_end(f, -1, &e);
+    }
+    dsec_free(cold);
+    /* the children are the caller's: done may run from here on, on the loop's thread */
+    dsec_err e;
+    if (dsec_loop_post(loop, fork_started, f, &e) < 0)
+        fork_started(NULL, 0, f);
+    return 0;
 }
 
 /* ---- snapshot and restore ------------------------------------------------------------------ */

@@ -764,12 +764,29 @@ static void ready_dialed(void *ud, int rc, dsec_agent *a, dsec_err *err)
     r.done(r.ud, rc, err);
 }
 
-/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With loop, a cold
- * start's wait for its agent is loop's: 1 then, and done runs once, on loop's thread, when the
- * agent answers or cannot; 0: sb is up (a warm container), done is never called.
+int dsec__ct_ready_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
+                         dsec_ready_fn done, void *ud, dsec_err *err)
+{
+    char sp[PATH_MAX + 16];
+    dsec__ct_sock_path(sb, sp, sizeof sp);
+    struct ct_ready *r = dsec_malloc(sizeof *r);
+    if (r == NULL)
+        return oom(err, "a start in flight");
+    *r = (struct ct_ready){.be = be, .sb = sb, .done = done, .ud = ud};
+    /* connections of 200 ms, as dsec__ct_sb_start's; whether the agent died is asked every
+     * second */
+    if (dsec_agent_connect_start(loop, sp, be->start_timeout_ms, 200, ready_alive, ready_dialed, r,
+                                 err) < 0) {
+        dsec_free(r);
+        return -1;
+    }
+    return 0;
+}
+
+/* Bring sb (id, env, limits set) up; on failure the caller abandons it. With later, a cold
+ * start's wait for its agent is left to the caller (dsec__ct_ready_start): 1 then; 0: sb is up.
  * DSEC_CONTAINER_TRACE=1: how long its steps took, on stderr. */
-int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop *loop,
-                      dsec_ready_fn done, void *ud, dsec_err *err)
+int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, bool later, dsec_err *err)
 {
     uint64_t t0 = dsec_now_ns();
     dsec__ct_sb_paths(be, sb);
@@ -833,19 +850,8 @@ int dsec__ct_sb_start(struct ct_backend *be, dsec_sandbox *sb, struct dsec_loop 
     uint64_t t2 = dsec_now_ns();
     char sp[PATH_MAX + 16];
     dsec__ct_sock_path(sb, sp, sizeof sp);
-    if (loop != NULL) {
-        struct ct_ready *r = dsec_malloc(sizeof *r);
-        if (r == NULL)
-            return oom(err, "a start in flight");
-        *r = (struct ct_ready){.be = be, .sb = sb, .done = done, .ud = ud};
-        /* connections of 200 ms, as below; whether the agent died is asked every second */
-        if (dsec_agent_connect_start(loop, sp, be->start_timeout_ms, 200, ready_alive, ready_dialed,
-                                     r, err) < 0) {
-            dsec_free(r);
-            return -1;
-        }
+    if (later)
         return 1;
-    }
     /* in short rounds, so an agent that died at start (a bad user or
      * workdir) is reported at once, with what it said */
     uint64_t deadline = dsec_now_ns() + be->start_timeout_ms * 1000000u;
@@ -915,7 +921,9 @@ int dsec__ct_create_env(struct ct_backend *be, const dsec_sandbox_spec *spec, st
     }
     /* the caller's before a wait on loop starts: done may run before sb_start returns */
     *out = sb;
-    int rc = dsec__ct_sb_start(be, sb, loop, done, ud, err);
+    int rc = dsec__ct_sb_start(be, sb, loop != NULL, err);
+    if (rc == 1 && dsec__ct_ready_start(be, sb, loop, done, ud, err) < 0)
+        rc = -1;
     if (rc < 0) {
         *out = NULL;
         dsec_free(*backend_state);
@@ -1080,6 +1088,7 @@ const dsec_backend_ops dsec_container_ops = {
     .file_list = dsec__ct_file_list,
     .file_op = dsec__ct_file_op,
     .fork = dsec__ct_fork,
+    .fork_start = dsec__ct_fork_start,
     .pause = dsec__ct_pause,
     .resume = dsec__ct_resume,
     .snapshot = dsec__ct_snapshot,

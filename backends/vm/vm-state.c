@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/loop.h"
 #include "backends/vm/vm-int.h"
 #include "backends/vm/vm-publish.h"
 #include "dsec/alloc.h"
@@ -438,6 +439,15 @@ static void child_ready(void *ud, int rc, dsec_err *err)
         child_end(c, -1, err);
 }
 
+/* fork_start's own hold, let go on the loop's thread. */
+static void fork_started(dsec_loop_watch *w, unsigned events, void *ud)
+{
+    (void)w;
+    (void)events;
+    dsec_err none = {0};
+    fork_wait_end(ud, 0, &none);
+}
+
 /* fork whose children's waits (each guest's agent, then its identity, about 0.3-0.4 s under
  * TCG) are watches on loop: the thread goes back once every child's guest runs again. */
 int dsec__vm_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
@@ -470,8 +480,10 @@ int dsec__vm_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, si
         if (dsec__vm_ready_start(be, children[i], loop, child_ready, c, &e) < 0)
             child_end(c, -1, &e);
     }
-    dsec_err none = {0};
-    fork_wait_end(f, 0, &none); /* the children are the caller's: done may run from here on */
+    /* the children are the caller's: done may run from here on, on the loop's thread */
+    dsec_err e;
+    if (dsec_loop_post(loop, fork_started, f, &e) < 0)
+        fork_started(NULL, 0, f);
     return 0;
 }
 
