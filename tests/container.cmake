@@ -4,8 +4,8 @@ add_executable(test_container test_container.c)
 target_link_libraries(test_container PRIVATE dsec_backends dsec_common PkgConfig::CMOCKA
   Threads::Threads dsec_warnings dsec_allocator)
 add_test(NAME container COMMAND test_container)
-# Creates containers, cgroups under dsec-ct-cttest and loop mounts on this host, and checks
-# afterwards that none is left: never two at once.
+# Creates containers, cgroups under dsec-ct-cttest<pid> and loop mounts on this host, and checks
+# afterwards that none is left: never two at once (their load and the host's loop devices).
 set_tests_properties(container PROPERTIES TIMEOUT 900 RESOURCE_LOCK dsec_container_host)
 
 # Containers end to end through the bus: a cell whose node runs the container backend natively

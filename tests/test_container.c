@@ -36,10 +36,13 @@
  * One backend instance serves the group, as one serves a node. The layer is
  * a busybox tree built into a local registry at set-up, so the test needs
  * nothing but busybox-static, crun and btrfs-progs on the host. The node is
- * "cttest": its cgroups live under dsec-ct-cttest in every hierarchy.
+ * "cttest<pid>": its cgroups live under dsec-ct-cttest<pid> in every hierarchy.
  */
 
-#define NODE "cttest"
+/* The backend's node name, cttest<pid>: its cgroups (dsec-ct-<node>) are this run's alone, not
+ * another test run's beside it. */
+static char node_name[32];
+#define NODE node_name
 #define PIDS_MAX 96
 
 /* The OCI runtime under test: built once per runtime (tests/container.cmake). */
@@ -161,6 +164,7 @@ static int group_setup(void **state)
         fprintf(stderr, "test_container: needs root and busybox-static; skipping\n");
         exit(77); /* SKIP_RETURN_CODE: ctest shows a skip, not a pass */
     }
+    snprintf(node_name, sizeof node_name, "cttest%d", (int)getpid());
     snprintf(top, sizeof top, "/tmp/dsec-cttest-XXXXXX");
     if (mkdtemp(top) == NULL)
         return -1;
@@ -183,7 +187,7 @@ static int group_teardown(void **state)
             fprintf(stderr, "test_container: %s mounts outlived the backend\n", out);
             rc = -1;
         }
-        if (host(NULL, 0, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE " 2>/dev/null | grep -q .") == 0) {
+        if (host(NULL, 0, "ls -d /sys/fs/cgroup/*/dsec-ct-%s 2>/dev/null | grep -q .", NODE) == 0) {
             fprintf(stderr, "test_container: cgroups of the backend outlived it\n");
             rc = -1;
         }
@@ -300,7 +304,7 @@ static void assert_gone(const char *id, const char *rid, const int *pids, int np
     assert_int_equal(atoi(out), 0);
     for (int k = 0; k < 2; k++) {
         const char *name = k == 0 || rid == NULL ? id : rid;
-        host(out, sizeof out, "ls -d /sys/fs/cgroup/*/dsec-ct-" NODE "/%s 2>/dev/null | wc -l",
+        host(out, sizeof out, "ls -d /sys/fs/cgroup/*/dsec-ct-%s/%s 2>/dev/null | wc -l", NODE,
              name);
         assert_int_equal(atoi(out), 0);
         char rp[512];
@@ -330,10 +334,10 @@ static void assert_gone(const char *id, const char *rid, const int *pids, int np
 static int sb_pids(const char *id, int *pids, int max)
 {
     char p[256];
-    snprintf(p, sizeof p, "/sys/fs/cgroup/pids/dsec-ct-" NODE "/%s/cgroup.procs", id);
+    snprintf(p, sizeof p, "/sys/fs/cgroup/pids/dsec-ct-%s/%s/cgroup.procs", NODE, id);
     FILE *f = fopen(p, "r");
     if (f == NULL) {
-        snprintf(p, sizeof p, "/sys/fs/cgroup/dsec-ct-" NODE "/%s/cgroup.procs", id);
+        snprintf(p, sizeof p, "/sys/fs/cgroup/dsec-ct-%s/%s/cgroup.procs", NODE, id);
         f = fopen(p, "r");
     }
     int n = 0;
@@ -360,9 +364,9 @@ static void drop(struct sbx *s)
 /* v1 path of a cgroup file of sandbox id for controller ctrl. */
 static void cg_file(const char *ctrl, const char *id, const char *file, char *out, size_t len)
 {
-    snprintf(out, len, "/sys/fs/cgroup/%s/dsec-ct-" NODE "/%s/%s", ctrl, id, file);
+    snprintf(out, len, "/sys/fs/cgroup/%s/dsec-ct-%s/%s/%s", ctrl, NODE, id, file);
     if (access(out, F_OK) != 0)
-        snprintf(out, len, "/sys/fs/cgroup/dsec-ct-" NODE "/%s/%s", id, file);
+        snprintf(out, len, "/sys/fs/cgroup/dsec-ct-%s/%s/%s", NODE, id, file);
 }
 
 /* Build the directory layer of top/<name> and put it in the registry; its digest in d. */
@@ -503,16 +507,19 @@ static void test_exec_and_files(void **state)
 /* The node's parent cgroup is there, at a quarter of the default CPU weight. */
 static void assert_parent_weighed(void)
 {
-    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
-        assert_int_equal(atoi(slurp("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares")), 256);
+    char shares[128], weight[128], pin[160];
+    snprintf(shares, sizeof shares, "/sys/fs/cgroup/cpu/dsec-ct-%s/cpu.shares", NODE);
+    snprintf(weight, sizeof weight, "/sys/fs/cgroup/dsec-ct-%s/cpu.weight", NODE);
+    snprintf(pin, sizeof pin, "/sys/fs/cgroup/freezer/dsec-ct-%s/dsec-freeze-pin/freezer.state",
+             NODE);
+    if (access(shares, F_OK) == 0)
+        assert_int_equal(atoi(slurp(shares)), 256);
     else
-        assert_int_equal(atoi(slurp("/sys/fs/cgroup/dsec-ct-" NODE "/cpu.weight")), 25);
+        assert_int_equal(atoi(slurp(weight)), 25);
     /* on v1, an empty cgroup kept frozen beside the sandboxes, so that freezing and thawing
      * one does not patch kernel text (container-runtime.c) */
-    if (access("/sys/fs/cgroup/cpu/dsec-ct-" NODE "/cpu.shares", F_OK) == 0)
-        assert_string_equal(
-            slurp("/sys/fs/cgroup/freezer/dsec-ct-" NODE "/dsec-freeze-pin/freezer.state"),
-            "FROZEN\n");
+    if (access(shares, F_OK) == 0)
+        assert_string_equal(slurp(pin), "FROZEN\n");
 }
 
 struct stopped {

@@ -308,6 +308,7 @@ static void boot_all(struct boot_req *b, int n)
 /* A fork (of 2) or a destroy of id, from a client of its own, and when its answer came. */
 struct op_req {
     pthread_t t;
+    dsec_client *c;
     const char *id;
     bool fork;
     int rc;
@@ -320,40 +321,59 @@ struct op_req {
 static void *op_main(void *arg)
 {
     struct op_req *r = arg;
-    dsec_client *c = NULL;
-    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
-    r->rc = dsec_client_connect(&c, &o, &r->err);
-    if (r->rc == 0)
-        r->rc = r->fork ? dsec_fork(c, r->id, 2, &r->kids, &r->nk, &r->err)
-                        : dsec_destroy(c, r->id, &r->err);
+    r->rc = r->fork ? dsec_fork(r->c, r->id, 2, &r->kids, &r->nk, &r->err)
+                    : dsec_destroy(r->c, r->id, &r->err);
     atomic_store(&r->answered_ns, dsec_now_ns());
-    dsec_client_free(c);
     return NULL;
 }
 
+/* Send the two operations r (id and fork set) at once, each from a client of its own. */
+static void ops_start(struct op_req *r)
+{
+    dsec_client_opts o = {.url = dsec_natsd_url(natsd), .tenant = "vmbus", .timeout_ms = 180000};
+    for (int i = 0; i < 2; i++)
+        if (dsec_client_connect(&r[i].c, &o, &r[i].err) < 0)
+            fail_msg("client: %s", r[i].err.msg);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&r[i].t, NULL, op_main, &r[i]), 0);
+}
+
 /* With the two operations r in flight, the status of other (an operation that needs a work
- * thread) is answered at least slack_ms before each of them; why says what it means if not. */
-static void status_first(const char *other, struct op_req *r, uint64_t slack_ms, const char *why)
+ * thread) must be answered at least slack_ms before each of them. Every operation is waited
+ * for first; then 0, or -1 with what went wrong in why_not (the caller cleans up, then fails:
+ * sandboxes left behind would fill the node for the tests after it). */
+static int status_first(const char *other, struct op_req *r, uint64_t slack_ms, const char *why,
+                        char *why_not, size_t len)
 {
     dsec_sandbox_info st;
     dsec_err err;
-    if (dsec_status(cl, other, &st, &err) < 0)
-        fail_msg("status while two %ss are in flight: %s", r[0].fork ? "fork" : "destroy", err.msg);
+    int rc = dsec_status(cl, other, &st, &err);
     uint64_t status_ns = dsec_now_ns();
+    if (rc < 0)
+        snprintf(why_not, len, "status while two %ss are in flight: %s",
+                 r[0].fork ? "fork" : "destroy", err.msg);
     for (int i = 0; i < 2; i++) {
         pthread_join(r[i].t, NULL);
-        if (r[i].rc != 0)
-            fail_msg("%s of %s: %s", r[i].fork ? "fork" : "destroy", r[i].id, r[i].err.msg);
+        dsec_client_free(r[i].c);
+        if (r[i].rc != 0 && rc == 0) {
+            rc = -1;
+            snprintf(why_not, len, "%s of %s: %s", r[i].fork ? "fork" : "destroy", r[i].id,
+                     r[i].err.msg);
+        }
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && rc == 0; i++) {
         double ahead = ((double)atomic_load(&r[i].answered_ns) - (double)status_ns) / 1e6;
         fprintf(stderr, "test_vm_bus: status answered %.1f ms before %s %d\n", ahead,
                 r[i].fork ? "fork" : "destroy", i);
-        if (ahead < (double)slack_ms)
-            fail_msg("the status of another sandbox was answered %.1f ms before %s %d, not %" PRIu64
-                     " ms or more: %s",
+        if (ahead < (double)slack_ms) {
+            rc = -1;
+            snprintf(why_not, len,
+                     "the status of another sandbox was answered %.1f ms before %s %d, not "
+                     "%" PRIu64 " ms or more: %s",
                      ahead, r[i].fork ? "fork" : "destroy", i, slack_ms, why);
+        }
     }
+    return rc;
 }
 
 /* A fork's children settle (their agents, their identities) on the node's loop, not on its
@@ -368,25 +388,27 @@ static void test_forks_beside_work(void **state)
     boot_all(b, 3);
     int before = qemu_count();
     struct op_req f[2];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         f[i] = (struct op_req){.id = b[i].info.id, .fork = true};
-        assert_int_equal(pthread_create(&f[i].t, NULL, op_main, &f[i]), 0);
-    }
-    /* the four children's QEMUs run: both forks hold their work threads now, or did */
-    for (int i = 0; i < 6000 && qemu_count() - before < 4; i++)
-        usleep(20000);
-    assert_true(qemu_count() - before >= 4);
+    ops_start(f);
+    usleep(50000); /* both forks are on the work threads */
     /* 100 ms of slack: a fork's answer and the status right behind it on the same work
      * thread reach this process in either order, within a millisecond or so; the children's
      * identities, each a command in a guest, take 0.3 s or more under TCG */
-    status_first(b[2].info.id, f, 100,
-                 "the forks held the node's 2 work threads until their children settled");
+    char why_not[1400];
+    int rc = status_first(b[2].info.id, f, 100,
+                          "the forks held the node's 2 work threads until their children settled",
+                          why_not, sizeof why_not);
     char out[128];
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(f[i].nk, 2);
         for (size_t k = 0; k < f[i].nk; k++) {
-            assert_int_equal(sh(f[i].kids[k], "hostname", out, sizeof out), 0);
-            assert_string_equal(out, f[i].kids[k]);
+            bool ok = sh(f[i].kids[k], "hostname", out, sizeof out) == 0 &&
+                      strcmp(out, f[i].kids[k]) == 0;
+            if (!ok && rc == 0) {
+                rc = -1;
+                snprintf(why_not, sizeof why_not, "child %s answered hostname \"%s\"", f[i].kids[k],
+                         out);
+            }
             destroy(f[i].kids[k]);
             dsec_free(f[i].kids[k]);
         }
@@ -394,6 +416,10 @@ static void test_forks_beside_work(void **state)
     }
     for (int i = 0; i < 3; i++)
         destroy(b[i].info.id);
+    if (rc < 0)
+        fail_msg("%s", why_not);
+    assert_int_equal(f[0].nk, 2);
+    assert_int_equal(f[1].nk, 2);
     assert_int_equal(qemu_count(), before - 3);
 }
 
@@ -414,15 +440,17 @@ static void test_destroys_beside_work(void **state)
         assert_int_equal(system(cmd), 0);
     }
     struct op_req d[2];
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         d[i] = (struct op_req){.id = b[i].info.id};
-        assert_int_equal(pthread_create(&d[i].t, NULL, op_main, &d[i]), 0);
-    }
+    ops_start(d);
     usleep(300000); /* both destroys are on the work threads, or were */
-    status_first(b[2].info.id, d, 1000,
-                 "the destroys held the node's 2 work threads while QEMU hung");
-    assert_int_equal(qemu_count(), before - 2);
+    char why_not[1400];
+    int rc = status_first(b[2].info.id, d, 1000,
+                          "the destroys held the node's 2 work threads while QEMU hung", why_not,
+                          sizeof why_not);
     destroy(b[2].info.id);
+    if (rc < 0)
+        fail_msg("%s", why_not);
     assert_int_equal(qemu_count(), before - 3);
 }
 
