@@ -821,9 +821,12 @@ static void job_run(void *ud)
     struct sbx_job *j = ud;
     dsec_deferred *d = j->d;
     dsec_msg *m = dsec_deferred_msg(d);
-    /* the work is still its request's: what it sends carries the trace id */
+    /* the work is still its request's: what it sends carries the trace id. Copied: work that
+     * keeps the message (dsec__node_job_keep) may end it, and free it, before this scope ends. */
     dsec_trace_scope sc;
+    dsec_trace_own own;
     dsec_deferred_trace(d, &sc);
+    dsec_trace_scope_own(&sc, &own);
     job_now = j;
     j->run(j->n, m);
     job_now = NULL;

@@ -132,7 +132,9 @@ static void create_job_run(void *ud)
     dsec_free(ud);
     dsec_msg *m = dsec_deferred_msg(j.d);
     dsec_trace_scope sc;
+    dsec_trace_own own; /* create_wait_end may free m before this scope ends */
     dsec_deferred_trace(j.d, &sc);
+    dsec_trace_scope_own(&sc, &own);
     /* decoded again: the first decode belongs to the bus worker's thread */
     dsec_msg_place p;
     dsec_err err;

@@ -438,6 +438,15 @@ typedef struct dsec_trace_scope {
 void dsec_trace_enter(dsec_trace_scope *sc, dsec_actor *actor, const char *trace_id,
                       const char *what, const char *type);
 void dsec_trace_leave(dsec_trace_scope *sc);
+/* A scope that outlives the strings it was given (a deferred message whose work ends on another
+ * thread, which frees the message, while this scope is still open): they are copied into own
+ * (as long as a hop keeps them), which must live until leave. */
+typedef struct dsec_trace_own {
+    char id[DSEC_TRACE_ID_MAX + 1];
+    char what[128];
+    char type[32];
+} dsec_trace_own;
+void dsec_trace_scope_own(dsec_trace_scope *sc, dsec_trace_own *own);
 
 /* This thread's current trace id, or NULL. Valid until its scope ends:
  * copy it to carry it elsewhere. */

@@ -138,6 +138,16 @@ void dsec_trace_leave(dsec_trace_scope *sc)
         record(t, sc, wall_ns());
 }
 
+void dsec_trace_scope_own(dsec_trace_scope *sc, dsec_trace_own *own)
+{
+    copy(own->id, sizeof own->id, sc->id);
+    copy(own->what, sizeof own->what, sc->what);
+    copy(own->type, sizeof own->type, sc->type);
+    sc->id = sc->id != NULL ? own->id : NULL;
+    sc->what = sc->what != NULL ? own->what : NULL;
+    sc->type = sc->type != NULL ? own->type : NULL;
+}
+
 /* What the innermost scope sent: a message of its own trace (inherited or
  * set to the same id) tells its outcome. */
 void dsec__trace_note_send(const dsec_hdr *hdr, const char *err_code)
