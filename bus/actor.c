@@ -1018,6 +1018,20 @@ dsec_actor *dsec__actors_pop(dsec_bus *bus)
     return a;
 }
 
+int dsec_actor_drain(dsec_actor *a, int timeout_ms, dsec_err *err)
+{
+    int64_t deadline = dsec__now_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : 5000) * 1000000;
+    dsec__actor_stop_subs(a, true, deadline);
+    const char *stuck = !dsec__actor_wait_subs(a, deadline)   ? "its subscriptions to drain"
+                        : !dsec__actor_wait_idle(a, deadline) ? "its handlers to finish"
+                                                              : NULL;
+    if (stuck == NULL)
+        return 0;
+    return dsec_err_set(err, DSEC_E_TIMEOUT, 0,
+                        "actor %s: drain ran out of time waiting for %s (%llu messages queued)",
+                        a->name, stuck, (unsigned long long)dsec__actor_depth(a));
+}
+
 void dsec_actor_free(dsec_actor *a)
 {
     if (a == NULL)

@@ -241,6 +241,13 @@ int dsec_actor_new(dsec_actor **out, dsec_bus *bus, const char *name, dsec_err *
  * reply. Not from one of the actor's own handlers. */
 void dsec_actor_free(dsec_actor *actor);
 
+/* Stop taking messages without losing what the server already sent: the
+ * actor's subscriptions are drained (nats.c's queues reach the mailbox), then
+ * the mailbox and running handlers finish. The bus stays open. timeout_ms <= 0
+ * means 5000; out of time: -1/DSEC_E_TIMEOUT, what is still queued is dropped
+ * by dsec_actor_free. Then free the actor. Not from one of its own handlers. */
+int dsec_actor_drain(dsec_actor *actor, int timeout_ms, dsec_err *err);
+
 /* Route ordering keys. Must be called before the first dsec_actor_on. */
 void dsec_actor_set_key(dsec_actor *actor, dsec_key_fn fn, void *ud);
 

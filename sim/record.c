@@ -113,18 +113,22 @@ uint64_t sim_record_count(sim_recorder *r)
 
 int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err)
 {
+    /* Drain the tap: its subscriptions stop, and what the server already
+     * sent reaches the mailbox and is written before the handler stops.
+     * Waiting for an empty mailbox instead missed messages still in nats.c's
+     * queue of another subscription (a "created" reply behind the destroys
+     * that follow it), and the recording lost their sandboxes. */
+    dsec_err derr = {0};
+    int drained = dsec_actor_drain(r->tap, 10000, &derr);
     dsec_actor_stats st;
-    dsec_bus_flush(r->bus, 2000, &(dsec_err){0});
-    for (int i = 0; i < 2000; i++) { /* what the server already delivered */
-        dsec_actor_stats_get(r->tap, &st);
-        if (st.mailbox_depth == 0)
-            break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
+    dsec_bus_stats bs;
     dsec_actor_stats_get(r->tap, &st);
+    dsec_bus_stats_get(r->bus, &bs);
     dsec_actor_free(r->tap);
+    /* lost by the mailbox, by nats.c's queue (slow consumer), or by a drain
+     * that ran out of time */
     if (dropped)
-        *dropped = st.dropped;
+        *dropped = st.dropped + bs.slow_consumers + (drained < 0 ? st.mailbox_depth + 1 : 0);
     int rc = 0;
     if (atomic_load(&r->failed)) {
         *err = r->first_err;

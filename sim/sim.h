@@ -240,7 +240,9 @@ extern const char *const sim_record_default_subjects[];
 int sim_record_start(sim_recorder **out, dsec_bus *bus, FILE *f, const char *const *subjects,
                      const char *cmdline, dsec_err *err);
 uint64_t sim_record_count(sim_recorder *r);
-/* Stop tapping, write what is queued and flush. *dropped: messages the tap lost. */
+/* Stop tapping: drain the tap (what the server had sent is written), then
+ * flush. *dropped: messages the tap lost (its
+ * mailbox full, nats.c's queue full, or the drain out of time). */
 int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err);
 
 /* ---- the sim cell ----------------------------------------------------------------------- */

@@ -126,8 +126,8 @@ fi
 grep -q "\"creates\":$CREATES," "$D/rec.json" || fail "recorded creates: $(cat "$D/rec.json") vs $CREATES"
 "$SIM" replay --trace "$D/rec.trc" --speed 5 --url "$URL" --json --no-progress --drain 5 \
     >"$D/replay2.json" 2>"$D/replay2.txt" || fail "replay of the recording: $(cat "$D/replay2.txt")"
-grep -q '"errors":0' "$D/replay2.json" || fail "replay of the recording: $(cat "$D/replay2.json")"
-grep -q '"unmapped":0' "$D/replay2.json" || fail "unmapped: $(cat "$D/replay2.json")"
+grep -q '"errors":0' "$D/replay2.json" || fail "replay of the recording: $(cat "$D/replay2.json" "$D/rec.err")"
+grep -q '"unmapped":0' "$D/replay2.json" || fail "unmapped: $(cat "$D/replay2.json" "$D/rec.err")"
 grep -q "\"creates_ok\":$CREATES," "$D/replay2.json" || fail "replay of the recording: $(cat "$D/replay2.json")"
 grep -q "\"destroys_sent\":0," "$D/replay2.json" || fail "the recording's destroys were not used: $(cat "$D/replay2.json")"
 echo "sim_cli: ok ($CREATES creates replayed, recorded and replayed again)"

@@ -338,6 +338,73 @@ static void *actor_free_thread(void *arg)
     return NULL;
 }
 
+typedef struct actor_drain_args {
+    dsec_actor *a;
+    drain_state *st;
+} actor_drain_args;
+
+static void *actor_drain_thread(void *arg)
+{
+    actor_drain_args *d = arg;
+    d->st->rc = dsec_actor_drain(d->a, 10000, &d->st->err);
+    d->st->handled_at_return = counter_get(&d->st->handled);
+    return NULL;
+}
+
+/* dsec_actor_drain: what sits in the mailbox behind a busy handler is still
+ * handled before it returns, and the bus stays open for the others. */
+static void actor_drain_handles_queued(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "adrain", 2, 0, NULL);
+    drain_state st = {.bus = bus, .rc = 99};
+    gate_init(&st.g);
+    counter_init(&st.handled);
+    counter_init(&st.cb_done);
+    dsec_actor *a = actor_on(bus, "drainee", "test.adrain", drain_handler, &st);
+    counter other;
+    counter_init(&other);
+    actor_on(bus, "other", "test.adrain.other", silent_handler, &other);
+    flush(bus);
+    publish_u32(bus, "test.adrain", 0);
+    flush(bus);
+    assert_true(gate_wait_entered(&st.g, 1, WAIT_MS));
+    for (uint32_t i = 1; i < 50; i++)
+        publish_u32(bus, "test.adrain", i);
+    flush(bus);
+    dsec_actor_stats as;
+    int64_t t0 = now_ms();
+    do
+        dsec_actor_stats_get(a, &as);
+    while (as.mailbox_depth < 49 && now_ms() - t0 < WAIT_MS);
+    assert_int_equal(as.mailbox_depth, 49);
+
+    actor_drain_args d = {.a = a, .st = &st};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, actor_drain_thread, &d), 0);
+    usleep(100000); /* the drain is under way, waiting on the handler */
+    assert_int_equal(st.rc, 99);
+    gate_open(&st.g);
+    pthread_join(th, NULL);
+    if (st.rc != 0)
+        fail_msg("actor drain: %s", st.err.msg);
+    assert_int_equal(st.handled_at_return, 50);
+    /* drained: it takes nothing more, while the bus and its other actor go on */
+    publish_u32(bus, "test.adrain", 99);
+    publish_u32(bus, "test.adrain.other", 1);
+    flush(bus);
+    assert_true(counter_wait(&other, 1, WAIT_MS));
+    assert_int_equal(counter_get(&st.handled), 50);
+    dsec_actor_free(a);
+    dsec_bus_free(bus);
+    server_stop(&s);
+    gate_destroy(&st.g);
+    counter_destroy(&st.handled);
+    counter_destroy(&st.cb_done);
+    counter_destroy(&other);
+}
+
 static void actor_free_answers_queued(void **state)
 {
     server s;
@@ -711,6 +778,7 @@ const size_t bus_restart_ntests = sizeof bus_restart_tests / sizeof bus_restart_
 const struct CMUnitTest bus_drain_tests[] = {
     cmocka_unit_test(drain_handles_queued),
     cmocka_unit_test(drain_timeout_is_bounded),
+    cmocka_unit_test(actor_drain_handles_queued),
     cmocka_unit_test(actor_free_answers_queued),
 };
 const size_t bus_drain_ntests = sizeof bus_drain_tests / sizeof bus_drain_tests[0];
