@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backends/sbxstore.h"
+#include "backends/loop.h"
 #include "dsec/alloc.h"
 #include "dsec/log.h"
 #include "dsec/names.h"
@@ -225,4 +226,72 @@ void dsec_sbx_fork_undo(struct dsec_sbx_store *s, dsec_sandbox **children, char 
         children[i] = NULL;
         states[i] = NULL;
     }
+}
+
+struct dsec_sbx_fork_wait {
+    pthread_mutex_t mu;
+    size_t left;
+    int rc;
+    dsec_err err;
+    dsec_ready_fn done;
+    void *ud;
+};
+
+struct dsec_sbx_fork_wait *dsec_sbx_fork_wait_new(dsec_ready_fn done, void *ud)
+{
+    struct dsec_sbx_fork_wait *w = dsec_calloc(1, sizeof *w);
+    if (w == NULL)
+        return NULL;
+    pthread_mutex_init(&w->mu, NULL);
+    w->left = 1;
+    w->done = done;
+    w->ud = ud;
+    return w;
+}
+
+void dsec_sbx_fork_wait_hold(struct dsec_sbx_fork_wait *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->left++;
+    pthread_mutex_unlock(&w->mu);
+}
+
+void dsec_sbx_fork_wait_free(struct dsec_sbx_fork_wait *w)
+{
+    if (w == NULL)
+        return;
+    pthread_mutex_destroy(&w->mu);
+    dsec_free(w);
+}
+
+void dsec_sbx_fork_wait_end(void *wait, int rc, dsec_err *err)
+{
+    struct dsec_sbx_fork_wait *w = wait;
+    pthread_mutex_lock(&w->mu);
+    if (rc < 0 && w->rc == 0) {
+        w->rc = -1;
+        w->err = *err;
+    }
+    bool last = --w->left == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (!last)
+        return;
+    w->done(w->ud, w->rc, &w->err);
+    pthread_mutex_destroy(&w->mu);
+    dsec_free(w);
+}
+
+static void fork_wait_started(dsec_loop_watch *watch, unsigned events, void *ud)
+{
+    (void)watch;
+    (void)events;
+    dsec_err none = {0};
+    dsec_sbx_fork_wait_end(ud, 0, &none);
+}
+
+void dsec_sbx_fork_wait_started(struct dsec_sbx_fork_wait *w, struct dsec_loop *loop)
+{
+    dsec_err e;
+    if (dsec_loop_post(loop, fork_wait_started, w, &e) < 0)
+        fork_wait_started(NULL, 0, w);
 }

@@ -103,6 +103,22 @@ int dsec_sbx_fork_run(size_t n, size_t workers, int (*child)(void *arg, size_t i
 /* After a failed fork: abandon every child made and free every state. */
 void dsec_sbx_fork_undo(struct dsec_sbx_store *s, dsec_sandbox **children, char **states, size_t n);
 
+/* The children of one fork_start settling on a loop: a hold for each child still waiting, and
+ * one for fork_start while it starts their waits. done(ud, rc, err) runs once, when the last
+ * hold goes, with the first failure (rc -1) or 0; then the wait is freed. */
+struct dsec_sbx_fork_wait;
+/* A wait holding fork_start's own hold; NULL when out of memory. */
+struct dsec_sbx_fork_wait *dsec_sbx_fork_wait_new(dsec_ready_fn done, void *ud);
+/* One more child waiting: before its wait starts. */
+void dsec_sbx_fork_wait_hold(struct dsec_sbx_fork_wait *w);
+/* A child's wait ended (a dsec_ready_fn, ud the fork's wait). */
+void dsec_sbx_fork_wait_end(void *wait, int rc, dsec_err *err);
+/* A wait that no child took: freed, done never runs. */
+void dsec_sbx_fork_wait_free(struct dsec_sbx_fork_wait *w);
+/* fork_start's own hold, let go by a post to loop: done then always runs on the loop's thread,
+ * even when every child's wait already failed. */
+void dsec_sbx_fork_wait_started(struct dsec_sbx_fork_wait *w, struct dsec_loop *loop);
+
 /* ---- file reads through an agent ---------------------------------------------------------- */
 
 /* Add one page of a file read through a sandbox's agent (part, consumed: it answers at most

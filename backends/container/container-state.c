@@ -157,43 +157,6 @@ int dsec__ct_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
     return fork_make(self, sb, ids, n, children, states, NULL, err);
 }
 
-/* The cold children of one fork_start waiting for their agents on the loop: left counts them,
- * and one more while fork_start starts the waits; the first failure is the fork's. */
-struct fork_wait {
-    pthread_mutex_t mu;
-    size_t left;
-    int rc;
-    dsec_err err;
-    dsec_ready_fn done;
-    void *ud;
-};
-
-static void fork_wait_end(void *ud, int rc, dsec_err *err)
-{
-    struct fork_wait *f = ud;
-    pthread_mutex_lock(&f->mu);
-    if (rc < 0 && f->rc == 0) {
-        f->rc = -1;
-        f->err = *err;
-    }
-    bool last = --f->left == 0;
-    pthread_mutex_unlock(&f->mu);
-    if (!last)
-        return;
-    f->done(f->ud, f->rc, &f->err);
-    pthread_mutex_destroy(&f->mu);
-    dsec_free(f);
-}
-
-/* fork_start's own hold, let go on the loop's thread. */
-static void fork_started(dsec_loop_watch *w, unsigned events, void *ud)
-{
-    (void)w;
-    (void)events;
-    dsec_err none = {0};
-    fork_wait_end(ud, 0, &none);
-}
-
 /* fork whose cold children (no warm container was ready for them) wait for their agents on
  * loop; the freeze, the snapshot and each child's start stay on this thread. */
 int dsec__ct_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, size_t n,
@@ -201,15 +164,15 @@ int dsec__ct_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, si
                         dsec_sandbox **children, char **states, dsec_err *err)
 {
     struct ct_backend *be = self;
-    struct fork_wait *f = dsec_calloc(1, sizeof *f);
+    struct dsec_sbx_fork_wait *f = dsec_sbx_fork_wait_new(done, ud);
     bool *cold = dsec_calloc(n, sizeof *cold);
     if (f == NULL || cold == NULL) {
-        dsec_free(f);
+        dsec_sbx_fork_wait_free(f);
         dsec_free(cold);
         return oom(err, "a fork in flight");
     }
     if (fork_make(be, sb, ids, n, children, states, cold, err) < 0) {
-        dsec_free(f);
+        dsec_sbx_fork_wait_free(f);
         dsec_free(cold);
         return -1;
     }
@@ -217,24 +180,21 @@ int dsec__ct_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, si
     for (size_t i = 0; i < n; i++)
         ncold += cold[i];
     if (ncold == 0) { /* every child took a warm container: up already */
+        dsec_sbx_fork_wait_free(f);
         dsec_free(cold);
-        dsec_free(f);
         return 1;
     }
-    pthread_mutex_init(&f->mu, NULL);
-    f->left = ncold + 1;
-    f->done = done;
-    f->ud = ud;
     for (size_t i = 0; i < n; i++) {
         dsec_err e;
-        if (cold[i] && dsec__ct_ready_start(be, children[i], loop, fork_wait_end, f, &e) < 0)
-            fork_wait_end(f, -1, &e);
+        if (!cold[i])
+            continue;
+        dsec_sbx_fork_wait_hold(f);
+        if (dsec__ct_ready_start(be, children[i], loop, dsec_sbx_fork_wait_end, f, &e) < 0)
+            dsec_sbx_fork_wait_end(f, -1, &e);
     }
     dsec_free(cold);
     /* the children are the caller's: done may run from here on, on the loop's thread */
-    dsec_err e;
-    if (dsec_loop_post(loop, fork_started, f, &e) < 0)
-        fork_started(NULL, 0, f);
+    dsec_sbx_fork_wait_started(f, loop);
     return 0;
 }
 

@@ -374,54 +374,28 @@ int dsec__vm_fork(void *self, dsec_sandbox *sb, const char *const *ids, size_t n
     return fork_make(self, sb, ids, n, children, states, true, err);
 }
 
-/* The children of one fork_start settling on the loop: left counts those still waiting, and
- * one more while fork_start starts them; the first failure is the fork's. */
-struct fork_wait {
+/* One child of a fork_start settling on the loop: its agent, then its identity. */
+struct child_wait {
+    struct dsec_sbx_fork_wait *f;
     struct vm_backend *be;
     struct dsec_loop *loop;
-    pthread_mutex_t mu;
-    size_t left;
-    int rc;
-    dsec_err err;
-    dsec_ready_fn done;
-    void *ud;
-};
-
-struct child_wait {
-    struct fork_wait *f;
     dsec_sandbox *sb;
     uint64_t t;
 };
 
-static void fork_wait_end(struct fork_wait *f, int rc, dsec_err *err)
-{
-    pthread_mutex_lock(&f->mu);
-    if (rc < 0 && f->rc == 0) {
-        f->rc = -1;
-        f->err = *err;
-    }
-    bool last = --f->left == 0;
-    pthread_mutex_unlock(&f->mu);
-    if (!last)
-        return;
-    f->done(f->ud, f->rc, &f->err);
-    pthread_mutex_destroy(&f->mu);
-    dsec_free(f);
-}
-
 static void child_end(struct child_wait *c, int rc, dsec_err *err)
 {
-    struct fork_wait *f = c->f;
+    struct dsec_sbx_fork_wait *f = c->f;
     if (rc < 0)
-        dsec_err_wrap(err, "%s: fork child %s", f->be->type, c->sb->id);
+        dsec_err_wrap(err, "%s: fork child %s", c->be->type, c->sb->id);
     dsec_free(c);
-    fork_wait_end(f, rc, err);
+    dsec_sbx_fork_wait_end(f, rc, err);
 }
 
 static void child_identity(void *ud, int rc, dsec_exec_result *res, dsec_err *err)
 {
     struct child_wait *c = ud;
-    rc = identity_check(c->f->be, rc, res, err);
+    rc = identity_check(c->be, rc, res, err);
     if (res != NULL)
         dsec_exec_result_release(res);
     dsec__vm_trace_step(c->sb, "identity", &c->t);
@@ -433,19 +407,10 @@ static void child_ready(void *ud, int rc, dsec_err *err)
 {
     struct child_wait *c = ud;
     struct identity id;
-    if (rc == 0 && (rc = identity_req(c->f->be, c->sb, &id, err)) == 0)
-        rc = dsec__vm_exec_start(c->f->be, c->sb, &id.req, c->f->loop, child_identity, c, err);
+    if (rc == 0 && (rc = identity_req(c->be, c->sb, &id, err)) == 0)
+        rc = dsec__vm_exec_start(c->be, c->sb, &id.req, c->loop, child_identity, c, err);
     if (rc < 0)
         child_end(c, -1, err);
-}
-
-/* fork_start's own hold, let go on the loop's thread. */
-static void fork_started(dsec_loop_watch *w, unsigned events, void *ud)
-{
-    (void)w;
-    (void)events;
-    dsec_err none = {0};
-    fork_wait_end(ud, 0, &none);
 }
 
 /* fork whose children's waits (each guest's agent, then its identity, about 0.3-0.4 s under
@@ -455,35 +420,29 @@ int dsec__vm_fork_start(void *self, dsec_sandbox *sb, const char *const *ids, si
                         dsec_sandbox **children, char **states, dsec_err *err)
 {
     struct vm_backend *be = self;
-    struct fork_wait *f = dsec_calloc(1, sizeof *f);
+    struct dsec_sbx_fork_wait *f = dsec_sbx_fork_wait_new(done, ud);
     if (f == NULL)
         return oom(be, err, "a fork in flight");
     if (fork_make(be, sb, ids, n, children, states, false, err) < 0) {
-        dsec_free(f);
+        dsec_sbx_fork_wait_free(f);
         return -1;
     }
-    f->be = be;
-    f->loop = loop;
-    f->left = n + 1;
-    f->done = done;
-    f->ud = ud;
-    pthread_mutex_init(&f->mu, NULL);
     for (size_t i = 0; i < n; i++) {
         struct child_wait *c = dsec_malloc(sizeof *c);
         dsec_err e;
+        dsec_sbx_fork_wait_hold(f);
         if (c == NULL) {
             oom(be, &e, "a fork child in flight");
-            fork_wait_end(f, -1, &e);
+            dsec_sbx_fork_wait_end(f, -1, &e);
             continue;
         }
-        *c = (struct child_wait){.f = f, .sb = children[i], .t = dsec_now_ns()};
+        *c = (struct child_wait){
+            .f = f, .be = be, .loop = loop, .sb = children[i], .t = dsec_now_ns()};
         if (dsec__vm_ready_start(be, children[i], loop, child_ready, c, &e) < 0)
             child_end(c, -1, &e);
     }
     /* the children are the caller's: done may run from here on, on the loop's thread */
-    dsec_err e;
-    if (dsec_loop_post(loop, fork_started, f, &e) < 0)
-        fork_started(NULL, 0, f);
+    dsec_sbx_fork_wait_started(f, loop);
     return 0;
 }
 
