@@ -32,6 +32,7 @@ struct dsec_admit {
     double retry_ms;
     /* stats */
     uint64_t last_worst_us, late, echoes, cuts;
+    uint64_t last_close_us; /* when the last window was judged (last_worst_us) */
 };
 
 dsec_admit *dsec_admit_new(uint32_t target_ms)
@@ -105,6 +106,7 @@ static void close_window(dsec_admit *a, uint64_t now_us)
         a->limit = now_us - a->last_shed_us >= LIMIT_IDLE_US ? 0 : a->limit * 1.05;
     }
     a->last_worst_us = a->win_worst_us;
+    a->last_close_us = now_us;
     if (a->limit > 0 && a->win_shed > 0) {
         if (a->win_shed > a->win_admitted)
             a->retry_ms *= 1.25;
@@ -205,6 +207,7 @@ void dsec_admit_stats_get(dsec_admit *a, dsec_admit_stats *out)
     pthread_mutex_lock(&a->mu);
     *out = (dsec_admit_stats){.limit_per_s = (uint64_t)a->limit,
                               .delay_us = a->last_worst_us,
+                              .delay_at_us = a->last_close_us,
                               .late = a->late,
                               .echoes = a->echoes,
                               .cuts = a->cuts,

@@ -43,6 +43,7 @@ typedef struct dsec_admit dsec_admit;
 typedef struct dsec_admit_stats {
     uint64_t limit_per_s;  /* the rate limit now; 0: none */
     uint64_t delay_us;     /* the last window's worst delay */
+    uint64_t delay_at_us;  /* when that window ended (dsec_admit_stamp's clock); 0: none yet */
     uint64_t late, echoes; /* echoes later than the target, and all, since start */
     uint64_t cuts;         /* times the limit was set or lowered */
     uint64_t taken_per_s;  /* placements its nodes take per second, as their echoes count */

@@ -51,6 +51,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->shed_after_ms =
         0; /* off: measured, it cost more than it gave (control-plane.md, "Shedding by wait") */
     c->admit_delay_ms = 0; /* off: measured, it gave latency for goodput (control-plane.md) */
+    c->window_ms = 0; /* off: measured, it gave goodput and bursts for latency (control-plane.md) */
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;
@@ -409,14 +410,11 @@ static int load_scheduler(const dsec_cfg *cfg, const dsec_cfg_node *root, dsec_c
                           dsec_err *err)
 {
     const dsec_cfg_node *sc = dsec_cfg_get(root, "scheduler");
-    static const char *const s_keys[] = {"replicas",         "k",
-                                         "max_attempts",     "max_hops",
-                                         "dead_after_ms",    "lost_after_ms",
-                                         "summary_ms",       "wait_ms",
-                                         "suspect_after_ms", "drain_gap_ms",
-                                         "probation_ms",     "admit_max",
-                                         "park_max",         "shed_after_ms",
-                                         "admit_delay_ms",   NULL};
+    static const char *const s_keys[] = {
+        "replicas",      "k",          "max_attempts", "max_hops",         "dead_after_ms",
+        "lost_after_ms", "summary_ms", "wait_ms",      "suspect_after_ms", "drain_gap_ms",
+        "probation_ms",  "admit_max",  "park_max",     "shed_after_ms",    "admit_delay_ms",
+        "window_ms",     NULL};
     if (dsec_cfg_expect(cfg, sc, DSEC_CFG_MAP, err) < 0 ||
         dsec_cfg_check_keys(cfg, sc, s_keys, err) < 0 ||
         load_unsigned(cfg, sc, "replicas", &c->sched_replicas, 0, 64, err) < 0 ||
@@ -433,7 +431,8 @@ static int load_scheduler(const dsec_cfg *cfg, const dsec_cfg_node *root, dsec_c
         load_u32(cfg, sc, "admit_max", &c->admit_max, 1, 1000000, err) < 0 ||
         load_u32(cfg, sc, "park_max", &c->park_max, 1, 1000000, err) < 0 ||
         load_u32(cfg, sc, "shed_after_ms", &c->shed_after_ms, 0, 600000, err) < 0 ||
-        load_u32(cfg, sc, "admit_delay_ms", &c->admit_delay_ms, 0, 600000, err) < 0)
+        load_u32(cfg, sc, "admit_delay_ms", &c->admit_delay_ms, 0, 600000, err) < 0 ||
+        load_u32(cfg, sc, "window_ms", &c->window_ms, 0, 600000, err) < 0)
         return -1;
     if (c->park_max > c->admit_max && (sc == NULL || dsec_cfg_get(sc, "park_max") == NULL))
         c->park_max = c->admit_max; /* the default follows a smaller admit_max */

@@ -203,6 +203,10 @@ static const struct field sched_fields[] = {
      "Creates answered \"overloaded\" by the limit of admission by delay "
      "(scheduler.admit_delay_ms); also in dsec_scheduler_shed_total.",
      offsetof(dsec_sched_stats, shed_late), 1},
+    {"dsec_scheduler_shed_window_total", "counter",
+     "Creates answered \"overloaded\" because the replica had its window of placements on their "
+     "way (scheduler.window_ms); also in dsec_scheduler_shed_total.",
+     offsetof(dsec_sched_stats, shed_window), 1},
     {"dsec_scheduler_admit_limit", "gauge",
      "Creates per second the replica lets in now, from its placements' delay; 0: no limit.",
      offsetof(dsec_sched_stats, admit_limit), 1},
@@ -749,7 +753,8 @@ static int start_scheds(dsec_cell *c, const dsec_cell_conf *conf, dsec_err *err)
                               .admit_max = conf->admit_max,
                               .park_max = conf->park_max,
                               .shed_after_ms = conf->shed_after_ms,
-                              .admit_delay_ms = conf->admit_delay_ms};
+                              .admit_delay_ms = conf->admit_delay_ms,
+                              .window_ms = conf->window_ms};
         if (dsec_sched_start(&c->scheds[c->nscheds], c->bus, c->ticker, c->reg, &sc, err) < 0)
             return -1;
         c->nscheds++;

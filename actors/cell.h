@@ -82,6 +82,8 @@ typedef struct dsec_cell_conf {
                                   mailbox before it is answered "overloaded"; 0: never */
     uint32_t admit_delay_ms;   /* scheduler.admit_delay_ms: placements later than this to their
                                   nodes lower the rate a replica lets creates in; 0: never */
+    uint32_t window_ms;        /* scheduler.window_ms: placements a replica may have on their
+                                  way, as what its nodes take in this long; 0: no window */
     uint32_t arbiter_lease_ms, arbiter_grace_ms, arbiter_max_per_min;
     unsigned arbiter_replicas;  /* JetStream replicas of the arbiter's buckets; 0: 1 */
     bool quota;                 /* quota.enabled: schedulers admit creates with the quota actor */

@@ -18,8 +18,12 @@
  * Overlay. Each node keeps its unconfirmed reservations in a small array and
  * their sums. Entries leave when they expire (checked lazily, when place
  * looks at the node and the earliest expiry has passed), when released, or
- * all at once when a newer report arrives: the node's own figures then
- * count what it admitted, and keeping the entries would count it twice.
+ * when a newer report arrives that counts them: the node's own figures then
+ * count what it admitted, and keeping the entries would count it twice. A
+ * report that echoes the newest placement stamp the node took (echo) counts
+ * only the placements stamped up to it; the later ones are still on their
+ * way (in nats-server's queue towards a busy node) and stay, so the overlay
+ * holds what is in flight, however long the way.
  */
 
 #define DEFAULT_DEAD_AFTER_MS 10000
@@ -34,6 +38,7 @@ struct label {
 
 struct rsv {
     uint64_t id, expires_ms;
+    uint64_t stamp;          /* dsec_place_req.stamp; 0: none */
     uint64_t cpu, mem, disk; /* and one slot */
 };
 
@@ -293,15 +298,15 @@ static void overlay_clear(struct node *n)
     n->rsv_next_expiry = UINT64_MAX;
 }
 
-static void overlay_purge(struct node *n, uint64_t now)
+/* Drop the reservations expired by now and, with taken, those a report counts: stamped up to
+ * upto, or unstamped (the ones stamped later are still on their way and stay). */
+static void overlay_drop(struct node *n, uint64_t now, bool taken, uint64_t upto)
 {
-    if (now < n->rsv_next_expiry)
-        return;
     size_t j = 0;
     uint64_t next = UINT64_MAX;
     for (size_t i = 0; i < n->nrsv; i++) {
         struct rsv *r = &n->rsv[i];
-        if (r->expires_ms <= now) {
+        if (r->expires_ms <= now || (taken && (r->stamp == 0 || r->stamp <= upto))) {
             n->rsv_cpu -= r->cpu;
             n->rsv_mem -= r->mem;
             n->rsv_disk -= r->disk;
@@ -313,6 +318,12 @@ static void overlay_purge(struct node *n, uint64_t now)
     }
     n->nrsv = j;
     n->rsv_next_expiry = next;
+}
+
+static void overlay_purge(struct node *n, uint64_t now)
+{
+    if (now >= n->rsv_next_expiry)
+        overlay_drop(n, now, false, 0);
 }
 
 static uint64_t avail_cpu(const struct node *n)
@@ -492,6 +503,7 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
         return dsec_err_set(err, DSEC_E_NOMEM, ENOMEM, "report from %s", r->node);
 
     int rc = DSEC_REPORT_APPLIED;
+    bool restarted = false; /* its placements in flight went with the old node manager */
     pthread_mutex_lock(&v->lock);
     struct node *n = lookup(v, r->node);
     if (n == NULL) {
@@ -516,6 +528,7 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
     } else if (fresh != NULL) {
         swap_tables(n, fresh);
     }
+    restarted = n->epoch != r->epoch;
     n->epoch = r->epoch;
     n->seq = r->seq;
     n->cpu_free = r->cpu_free_milli;
@@ -524,7 +537,10 @@ int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t
     n->disk_free = r->disk_free_mb;
     n->live = r->live;
     seen(v, n, now_ms);
-    overlay_clear(n);
+    if (r->echo && !restarted)
+        overlay_drop(n, 0, true, r->taken_upto);
+    else
+        overlay_clear(n);
 
 out_unlock:
     pthread_mutex_unlock(&v->lock);
@@ -990,6 +1006,7 @@ static struct rsv *reserve_locked(dsec_placement *v, struct node *best, const ds
     struct rsv *r = &best->rsv[best->nrsv++];
     *r = (struct rsv){.id = ++v->rsv_gen,
                       .expires_ms = now_ms + v->ttl_ms,
+                      .stamp = req->stamp,
                       .cpu = req->cpu_milli,
                       .mem = req->memory_mb,
                       .disk = req->disk_mb};

@@ -94,6 +94,12 @@ typedef struct dsec_node_report {
     size_t nlabels;
     const char *const *layers; /* digests of the layers in the node's cache */
     size_t nlayers;
+    /* Which of this view's placements the report counts. false: all of them (the overlay
+     * clears). true: those stamped (dsec_place_req.stamp) up to taken_upto, the newest stamp
+     * the node says it took from this view's scheduler (0: it took none since its last
+     * report); later ones are still on their way, and stay reserved. */
+    bool echo;
+    uint64_t taken_upto;
 } dsec_node_report;
 
 /* What update() did with a report (all are success). */
@@ -105,7 +111,7 @@ enum {
 };
 
 /* Apply a report. A newer report from a node also clears the overlay of
- * that node: its figures now count what it admitted. Returns DSEC_REPORT_*,
+ * that node, as far as its figures count what it admitted (echo above). Returns DSEC_REPORT_*,
  * or -1 with DSEC_E_INVALID (bad name) / DSEC_E_NOMEM. */
 int dsec_placement_update(dsec_placement *v, const dsec_node_report *r, uint64_t now_ms,
                           dsec_err *err);
@@ -160,6 +166,7 @@ typedef struct dsec_place_req {
     size_t nlayers;
     const char *const *exclude; /* nodes that already refused this request */
     size_t nexclude;
+    uint64_t stamp; /* the placement's send stamp (place.sent_us), which the node echoes; 0: none */
 } dsec_place_req;
 
 typedef struct dsec_place_result {

@@ -20,71 +20,9 @@
 #include "dsec/log.h"
 #include "dsec/names.h"
 
-#define MAX_CELLS 64
-
-struct cell_seen {
-    char name[DSEC_NAME_LEN_MAX + 1];
-    uint64_t slots_free, cpu_free, mem_free, nodes;
-    char types[256]; /* ",a,b," for a quick membership test */
-    uint64_t seen_ms;
-};
-
-/* A rollout create waiting for room: the place message as it will be sent. */
-struct waiter {
-    struct waiter *next;
-    uint64_t since_ms, cpu, mem, disk;
-    int tidx;
-    size_t len;
-    char trace[DSEC_TRACE_ID_MAX + 1]; /* the create's trace id: placed later, it keeps it */
-    uint8_t place[];                   /* encoded dsec_msg_place */
-};
-
-struct dsec_sched {
-    dsec_bus *bus;
-    dsec_ticker *ticker;
-    const dsec_registry *reg;
-    dsec_placement *view;
-    dsec_actor *creates; /* create requests and refusals coming back */
-    dsec_actor *events;  /* capacity events: their own mailbox, never behind creates */
-    dsec_sched_conf conf;
-    char cell[DSEC_NAME_LEN_MAX + 1];
-    char name[DSEC_NAME_LEN_MAX + 1];
-    char back[256];       /* where nodes send refused placements */
-    char quota_subj[128]; /* dsec.v1.ctl.quota.<cell>.admit */
-    dsec_lost *lost;      /* nodes silent for lost_after_ms: told to owners, reconciled on return */
-    int ticks[3];
-    pthread_mutex_t mu;  /* cells */
-    pthread_mutex_t wmu; /* the wait queue */
-    /* Requests in flight whose callbacks use this scheduler (admissions,
-     * lookups): dsec_sched_stop waits for their callbacks before freeing it. */
-    pthread_mutex_t amu;
-    pthread_cond_t acv;
-    unsigned asking;
-    bool stopping; /* no new such request */
-    struct waiter *whead, *wtail;
-    uint64_t nwaiting, wait_cpu, wait_mem;
-    uint64_t nticking; /* waiters tick_wait has taken out of the queue for its pass */
-    bool demand_sent;  /* the last demand report said something is waiting */
-    struct cell_seen cells[MAX_CELLS];
-    size_t ncells;
-    _Atomic uint64_t n_creates, n_placed, n_retried, n_forwarded, n_failed, n_expired, n_waited,
-        n_over_quota, n_admitted, n_shed;
-    /* The drain rate: placements sent per second, smoothed over demand ticks
-     * (tick_wait), in thousandths; with what it holds it sets retry_after_ms. */
-    _Atomic uint64_t drain_milli_per_s;
-    _Atomic uint64_t held_seen;                /* what it held at the last create's admission */
-    uint64_t drain_last_placed, drain_last_ms; /* tick_wait's alone */
-    dsec_metrics_hist place_lat; /* create received -> place sent (first placements) */
-    dsec_admit *admit;           /* admission by delay (admit.h) */
-    _Atomic uint64_t n_shed_late;
-};
+#include "actors/sched-int.h"
 
 static __thread uint64_t rng_state;
-
-static uint64_t now_ms(void)
-{
-    return dsec_now_ns() / 1000000ull;
-}
 
 static uint64_t *rng(void)
 {
@@ -147,7 +85,7 @@ static void fail_bad(dsec_sched *s, const char *reply_to, const char *req_id, co
 /* A create admitted by the quota actor that will not become a sandbox here
  * (refused, failed, forwarded to another cell): give its admission back now
  * rather than when the quota actor's wait for it runs out. */
-static void quota_release(dsec_sched *s, const dsec_msg_create *c)
+void dsec__sched_quota_release(dsec_sched *s, const dsec_msg_create *c)
 {
     if (!s->conf.quota || c->req_id == NULL)
         return;
@@ -159,111 +97,6 @@ static void quota_release(dsec_sched *s, const dsec_msg_create *c)
     /* no actor: this also runs from dsec_sched_stop, after the actors are gone;
      * a release that is lost only waits for the quota actor's pending_ms */
     dsec_wire_send(NULL, s->bus, s->quota_subj, NULL, DSEC_MSG_ADMIT, &ad, c->req_id, &err);
-}
-
-/* ---- admission -------------------------------------------------------------------- */
-
-/* The work this replica holds now: creates it is admitting or looking up
- * (each holds an ask), placements sent that no node report has confirmed
- * yet (the view's reservations in this cell, from sum), and parked rollouts. */
-static uint64_t held_in(dsec_sched *s, const dsec_cell_summary *sum)
-{
-    pthread_mutex_lock(&s->amu);
-    uint64_t h = s->asking;
-    pthread_mutex_unlock(&s->amu);
-    pthread_mutex_lock(&s->wmu);
-    h += s->nwaiting + s->nticking;
-    pthread_mutex_unlock(&s->wmu);
-    return h + sum->reserved;
-}
-
-/* The same, with a fresh look at the view (a pass over the cell's nodes). */
-static uint64_t held_now(dsec_sched *s)
-{
-    dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
-    return held_in(s, &sum);
-}
-
-#define RETRY_AFTER_MIN_MS 10
-#define RETRY_AFTER_MAX_MS 2000
-
-/* How long a shed create should wait before its retry: the time this
- * replica needs to place what it holds at the rate it has been placing.
- * At least 10 ms: sooner, the retry only meets the same backlog and costs a
- * round trip. At most 2 s: the rate is a guess from the past, and a client
- * that waits longer than needed loses more than a second shed costs it;
- * nothing placed lately (rate 0, e.g. every node full) gets the most, so
- * retries come back slowly until room appears. */
-static unsigned retry_after_ms(dsec_sched *s, uint64_t held)
-{
-    uint64_t rate = atomic_load(&s->drain_milli_per_s); /* per 1000 s */
-    if (rate == 0)
-        return RETRY_AFTER_MAX_MS;
-    uint64_t ms = held * 1000000ull / rate;
-    return ms < RETRY_AFTER_MIN_MS   ? RETRY_AFTER_MIN_MS
-           : ms > RETRY_AFTER_MAX_MS ? RETRY_AFTER_MAX_MS
-                                     : (unsigned)ms;
-}
-
-/* Answer a create "overloaded" (retry-safe: nothing was placed) with the
- * replica's retry_after_ms for the work it holds (held). admitted: the quota
- * actor admitted it, so that admission goes back (never for one shed at
- * arrival: its req_id may name an earlier attempt's admission). */
-static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
-                 bool admitted, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void shed_v(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, unsigned retry_ms,
-                   bool admitted, const char *fmt, va_list ap)
-    __attribute__((format(printf, 6, 0)));
-
-static void shed_v(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, unsigned retry_ms,
-                   bool admitted, const char *fmt, va_list ap)
-{
-    dsec_err e = {.code = DSEC_E_OVERLOADED, .retry_after_ms = retry_ms};
-    int n = vsnprintf(e.msg, sizeof e.msg, fmt, ap);
-    if (n >= 0 && (size_t)n < sizeof e.msg)
-        snprintf(e.msg + n, sizeof e.msg - (size_t)n, "; retry after %u ms (same req_id)",
-                 e.retry_after_ms);
-    atomic_fetch_add(&s->n_failed, 1);
-    atomic_fetch_add(&s->n_shed, 1);
-    dsec_wire_error_to(s->creates, s->bus, reply_to, &e, NULL, c->req_id);
-    if (admitted)
-        quota_release(s, c);
-}
-
-static void shed(dsec_sched *s, const char *reply_to, const dsec_msg_create *c, uint64_t held,
-                 bool admitted, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    shed_v(s, reply_to, c, retry_after_ms(s, held), admitted, fmt, ap);
-    va_end(ap);
-}
-
-/* The same for a create not admitted yet, told to wait retry_ms. */
-static void shed_args(dsec_sched *s, const char *reply_to, const dsec_msg_create *c,
-                      unsigned retry_ms, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void shed_args(dsec_sched *s, const char *reply_to, const dsec_msg_create *c,
-                      unsigned retry_ms, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    shed_v(s, reply_to, c, retry_ms, false, fmt, ap);
-    va_end(ap);
-}
-
-/* A create that the limit of admission by delay does not let in now (admit.h). */
-static void shed_late(dsec_sched *s, const char *reply_to, const dsec_msg_create *c)
-{
-    dsec_admit_stats as;
-    dsec_admit_stats_get(s->admit, &as);
-    atomic_fetch_add(&s->n_shed_late, 1);
-    shed_args(s, reply_to, c, as.retry_after_ms,
-              "scheduler %s of cell %s: its placements reach their nodes up to %" PRIu64
-              " ms late (scheduler.admit_delay_ms %u), so it lets in %" PRIu64 " creates/s",
-              s->name, s->cell, as.delay_us / 1000, s->conf.admit_delay_ms, as.limit_per_s);
 }
 
 /* A create that waited in the replica's mailbox longer than
@@ -285,10 +118,10 @@ static void on_create_shed(dsec_actor *a, dsec_msg *m, uint64_t waited_ns, void 
     dsec_actor_stats_get(a, &st);
     uint64_t held = atomic_load(&s->held_seen) + st.mailbox_depth;
     dsec_msg_create c = {.req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
-    shed(s, reply_to, &c, held, false,
-         "scheduler %s of cell %s: the create waited %" PRIu64 " ms for its turn "
-         "(scheduler.shed_after_ms %u)",
-         s->name, s->cell, waited_ns / 1000000u, s->conf.shed_after_ms);
+    dsec__sched_shed(s, reply_to, &c, held, false,
+                     "scheduler %s of cell %s: the create waited %" PRIu64 " ms for its turn "
+                     "(scheduler.shed_after_ms %u)",
+                     s->name, s->cell, waited_ns / 1000000u, s->conf.shed_after_ms);
 }
 
 /* Whether a create whose deadline (wall clock, ns; 0: none) is this close
@@ -323,7 +156,7 @@ static bool pick_other_cell(dsec_sched *s, const char *type, uint64_t cpu, uint6
 {
     char needle[80];
     snprintf(needle, sizeof needle, ",%s,", type);
-    uint64_t best = 0, t = now_ms();
+    uint64_t best = 0, t = dsec__sched_now_ms();
     bool found = false;
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->ncells; i++) {
@@ -358,7 +191,7 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
     if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) < 0)
         return false;
     atomic_fetch_add(&s->n_forwarded, 1);
-    quota_release(s, c); /* the other cell's quota actor admits it there */
+    dsec__sched_quota_release(s, c); /* the other cell's quota actor admits it there */
     return true;
 }
 
@@ -386,8 +219,11 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
                           .naff = c->affinity.n,
                           .exclude = p->tried.v,
                           .nexclude = p->tried.n};
+    /* its node hands the stamp back: how late placements arrive, and which are still on
+     * their way (the view keeps their reservations until a report counts them) */
+    req.stamp = dsec_admit_stamp();
     dsec_place_result res;
-    if (dsec_placement_place(s->view, &req, s->conf.k, rng(), now_ms(), &res, err) < 0)
+    if (dsec_placement_place(s->view, &req, s->conf.k, rng(), dsec__sched_now_ms(), &res, err) < 0)
         return -1;
     c->type =
         dsec_registry_caps(s->reg, tidx)->type; /* the node creates exactly the type chosen here */
@@ -396,7 +232,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     p->short_of = NULL;
     p->reservation = res.reservation;
     p->free_seq = p->free_cpu_milli = p->free_mem_mb = p->free_slots = p->free_disk_mb = 0;
-    p->sent_us = dsec_admit_stamp(); /* its node hands it back: how late placements arrive */
+    p->sent_us = req.stamp;
     char subj[128];
     snprintf(subj, sizeof subj, DSEC_SUBJ_PLACE, res.node);
     if (dsec_wire_send(s->creates, s->bus, subj, s->back, DSEC_MSG_PLACE, p, c->req_id, err) < 0) {
@@ -406,7 +242,7 @@ static int try_place(dsec_sched *s, dsec_msg_place *p, int tidx, uint64_t cpu, u
     atomic_fetch_add(&s->n_placed, 1);
     if (c->retry > 0) /* a node may hold an earlier attempt whose answer was lost: it drops it */
         dsec_lost_superseded(s->lost, c->tenant ? c->tenant : "default", c->req_id, res.node,
-                             notice_retry(c->retry), now_ms());
+                             notice_retry(c->retry), dsec__sched_now_ms());
     return 0;
 }
 
@@ -425,16 +261,18 @@ static int park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, 
     uint64_t parked = s->nwaiting + s->nticking;
     pthread_mutex_unlock(&s->wmu);
     if (parked >= s->conf.park_max) {
-        shed(s, p->reply_to, &p->c, held_now(s), true,
-             "no room in cell %s now, and scheduler %s has %" PRIu64 " rollout creates waiting "
-             "for room already (scheduler.park_max)",
-             s->cell, s->name, parked);
+        dsec__sched_shed(s, p->reply_to, &p->c, dsec__sched_held_now(s), true,
+                         "no room in cell %s now, and scheduler %s has %" PRIu64
+                         " rollout creates waiting "
+                         "for room already (scheduler.park_max)",
+                         s->cell, s->name, parked);
         return -1;
     }
     if (deadline_near(s, p->c.deadline_ns)) {
-        shed(s, p->reply_to, &p->c, held_now(s), true,
-             "no room in cell %s now, and none can be waited for before the create's deadline",
-             s->cell);
+        dsec__sched_shed(
+            s, p->reply_to, &p->c, dsec__sched_held_now(s), true,
+            "no room in cell %s now, and none can be waited for before the create's deadline",
+            s->cell);
         return -1;
     }
     /* It starts afresh when room appears: the nodes that refused it were
@@ -444,7 +282,7 @@ static int park(dsec_sched *s, const dsec_msg_place *p, int tidx, uint64_t cpu, 
     fresh.reason = NULL;
     fresh.short_of = NULL;
     fresh.attempt = 1;
-    uint64_t wall = dsec_wall_ns() / 1000000ull, t = now_ms();
+    uint64_t wall = dsec_wall_ns() / 1000000ull, t = dsec__sched_now_ms();
     fresh.parked_ms = p->parked_ms != 0 && p->parked_ms <= wall ? p->parked_ms : wall;
     uint64_t waited = wall - fresh.parked_ms;
     if (waited >= s->conf.wait_ms)
@@ -548,7 +386,7 @@ static int place_and_send(dsec_sched *s, dsec_msg_place *p, const char *tenant, 
         dsec_err_wrap(&err, "after %s", p->reason);
     atomic_fetch_add(&s->n_failed, 1);
     dsec_wire_error_to(s->creates, s->bus, p->reply_to, &err, NULL, c->req_id);
-    quota_release(s, c);
+    dsec__sched_quota_release(s, c);
     return -1;
 }
 
@@ -691,7 +529,7 @@ static void on_lookup_answer(int status, dsec_msg *reply, const dsec_err *berr, 
                         dsec_msg_len(reply), &cr, &err) == 0 &&
             cr.node != NULL && cr.req_id != NULL)
             dsec_lost_superseded(s->lost, l->tenant, cr.req_id, cr.node, notice_retry(l->retry),
-                                 now_ms());
+                                 dsec__sched_now_ms());
         dsec_hdr hdr = {.type = dsec_msg_type(reply),
                         .schema = DSEC_SCHEMA_VERSION,
                         .req_id = dsec_msg_header(reply, DSEC_HDR_REQ_ID)};
@@ -778,7 +616,7 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
      * which matters most exactly when the replica sheds many. */
     if (!dsec_admit_take(s->admit, t0 / 1000)) {
         dsec_msg_create shed_c = {.req_id = dsec_msg_header(m, DSEC_HDR_REQ_ID)};
-        shed_late(s, reply_to, &shed_c);
+        dsec__sched_shed_late(s, reply_to, &shed_c);
         return;
     }
     char buf[256];
@@ -814,13 +652,30 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
     /* Admission: past its bound the replica answers at once, before any
      * lookup, quota round trip or placement, so nothing was done for it. */
     dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
-    uint64_t held = held_in(s, &sum);
+    dsec_placement_summary(s->view, s->cell, dsec__sched_now_ms(), &sum);
+    uint64_t held = dsec__sched_held_in(s, &sum);
     atomic_store(&s->held_seen, held);
     if (held >= s->conf.admit_max) {
-        shed(s, reply_to, &p.c, held, false,
-             "scheduler %s of cell %s holds %" PRIu64 " creates (scheduler.admit_max %u)", s->name,
-             s->cell, held, s->conf.admit_max);
+        dsec__sched_shed(s, reply_to, &p.c, held, false,
+                         "scheduler %s of cell %s holds %" PRIu64
+                         " creates (scheduler.admit_max %u)",
+                         s->name, s->cell, held, s->conf.admit_max);
+        return;
+    }
+    uint64_t taken_per_s = 0, window = dsec__sched_window_of(s, &taken_per_s);
+    if (window > 0 && sum.reserved >= window) {
+        dsec__sched_shed_window(s, reply_to, &p.c, sum.reserved, window, taken_per_s);
+        return;
+    }
+    dsec__sched_window_room(s, sum.reserved, window);
+    /* a create whose deadline comes before its placement would reach its node, as late as
+     * this replica's placements reach theirs now, is answered now rather than placed late */
+    uint64_t late_ms = p.c.deadline_ns != 0 ? dsec__sched_place_delay_ms(s) : 0;
+    if (late_ms > 0 && p.c.deadline_ns <= dsec_wall_ns() + late_ms * 1000000ull) {
+        dsec__sched_shed_args(s, reply_to, &p.c, (unsigned)(late_ms < 60000 ? late_ms : 60000),
+                              "scheduler %s of cell %s: its placements reach their nodes up to "
+                              "%" PRIu64 " ms late, past the create's deadline",
+                              s->name, s->cell, late_ms);
         return;
     }
     atomic_fetch_add(&s->n_admitted, 1);
@@ -862,7 +717,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
      * (its report counted room that placements in flight had taken). */
     if (p.tried.n > 0) {
         /* a refusal is an answer: the node works, whatever its heartbeats say */
-        dsec_placement_answered(s->view, p.tried.v[p.tried.n - 1], now_ms());
+        dsec_placement_answered(s->view, p.tried.v[p.tried.n - 1], dsec__sched_now_ms());
         dsec_node_room room = {.seq = p.free_seq,
                                .cpu_free_milli = p.free_cpu_milli,
                                .mem_free_mb = p.free_mem_mb,
@@ -874,7 +729,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
     int tidx = dsec_registry_find(s->reg, p.c.type ? p.c.type : "");
     if (tidx < 0) {
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_INTERNAL, "refused placement of unknown type");
-        quota_release(s, &p.c);
+        dsec__sched_quota_release(s, &p.c);
         return;
     }
     if (p.attempt >= s->conf.max_attempts) {
@@ -887,7 +742,7 @@ static void on_back(dsec_actor *a, dsec_msg *m, void *ud)
         fail_to(s, p.reply_to, p.c.req_id, DSEC_E_REFUSED,
                 "placement refused %" PRIu64 " times; last: %s", p.attempt,
                 p.reason ? p.reason : "no reason given");
-        quota_release(s, &p.c);
+        dsec__sched_quota_release(s, &p.c);
         return;
     }
     p.attempt++;
@@ -939,11 +794,16 @@ static void apply_capacity(dsec_sched *s, dsec_msg *m)
      * as of the report's arrival */
     const dsec_msg_place_echo *echo = c.echo.items;
     uint64_t arrived_us = dsec_admit_stamp() - dsec_actor_msg_waited_ns() / 1000;
+    /* the report counts this replica's placements up to the stamp it echoes, none when it
+     * echoes none of this replica's (every node manager echoes) */
+    r.echo = true;
     for (uint32_t i = 0; i < c.echo.n; i++)
-        if (strcmp(echo[i].scheduler, s->name) == 0)
+        if (strcmp(echo[i].scheduler, s->name) == 0) {
             dsec_admit_echo(s->admit, echo[i].sent_us, echo[i].age_us, echo[i].taken, arrived_us);
-    dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, c.conn, now_ms());
-    if (dsec_placement_update(s->view, &r, now_ms(), &err) < 0)
+            r.taken_upto = echo[i].sent_us;
+        }
+    dsec_lost_seen(s->lost, c.node, c.full, c.usage.items, c.usage.n, c.conn, dsec__sched_now_ms());
+    if (dsec_placement_update(s->view, &r, dsec__sched_now_ms(), &err) < 0)
         dsec_actor_count_error(s->events);
 }
 
@@ -970,7 +830,7 @@ static void apply_summary(dsec_sched *s, dsec_msg *m)
         slot->cpu_free = c.cpu_free_milli;
         slot->mem_free = c.mem_free_mb;
         slot->nodes = c.nodes;
-        slot->seen_ms = now_ms();
+        slot->seen_ms = dsec__sched_now_ms();
         size_t used = (size_t)snprintf(slot->types, sizeof slot->types, ",");
         for (uint32_t i = 0; i < c.types.n && used < sizeof slot->types; i++)
             used += (size_t)snprintf(slot->types + used, sizeof slot->types - used, "%s,",
@@ -996,8 +856,8 @@ static void on_event(dsec_actor *a, dsec_msg *m, void *ud)
     } else if (nt == 8 && strcmp(tok[7], "heartbeat") == 0) {
         if (!dsec_wire_type_ok(a, m, DSEC_MSG_HEARTBEAT))
             return;
-        dsec_placement_heartbeat(s->view, tok[6], now_ms());
-        dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, now_ms());
+        dsec_placement_heartbeat(s->view, tok[6], dsec__sched_now_ms());
+        dsec_lost_seen(s->lost, tok[6], false, NULL, 0, 0, dsec__sched_now_ms());
     }
     /* announce: the full capacity report that follows it carries everything */
 }
@@ -1038,7 +898,7 @@ static void on_node_set(dsec_actor *a, dsec_msg *m, void *ud)
     }
     const char *cells[MAX_CELLS];
     uint32_t nc = 0;
-    uint64_t t = now_ms();
+    uint64_t t = dsec__sched_now_ms();
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->ncells; i++)
         if (strcmp(s->cells[i].name, s->cell) != 0 &&
@@ -1074,7 +934,7 @@ static void tick_summary(void *ud, uint64_t mono)
 {
     dsec_sched *s = ud;
     dsec_cell_summary sum;
-    dsec_placement_summary(s->view, s->cell, now_ms(), &sum);
+    dsec_placement_summary(s->view, s->cell, dsec__sched_now_ms(), &sum);
     const char *types[DSEC_REGISTRY_MAX];
     uint32_t nt = 0;
     for (int i = 0; i < DSEC_REGISTRY_MAX; i++)
@@ -1089,7 +949,7 @@ static void tick_summary(void *ud, uint64_t mono)
                                .types = {types, nt},
                                .ts_ns = dsec_wall_ns(),
                                .scheduler = s->name,
-                               .held = held_in(s, &sum),
+                               .held = dsec__sched_held_in(s, &sum),
                                .admitted = atomic_load(&s->n_admitted),
                                .shed = atomic_load(&s->n_shed)};
     pthread_mutex_lock(&s->wmu);
@@ -1109,7 +969,7 @@ static void tick_expire(void *ud, uint64_t mono)
     char **names = NULL;
     size_t n = 0;
     dsec_err err;
-    if (dsec_placement_expire(s->view, now_ms(), &names, &n, &err) < 0)
+    if (dsec_placement_expire(s->view, dsec__sched_now_ms(), &names, &n, &err) < 0)
         return;
     for (size_t i = 0; i < n; i++)
         dsec_log_warn("dsec-scheduler %s: node %s neither reported nor answered for %" PRIu64
@@ -1117,7 +977,7 @@ static void tick_expire(void *ud, uint64_t mono)
                       s->name, names[i], dsec_placement_drain_after_ms(s->view));
     atomic_fetch_add(&s->n_expired, n);
     dsec_placement_names_free(names, n);
-    dsec_lost_tick(s->lost, now_ms());
+    dsec_lost_tick(s->lost, dsec__sched_now_ms());
     (void)mono;
 }
 
@@ -1151,7 +1011,8 @@ static void tick_wait(void *ud, uint64_t mono)
     s->nticking = s->nwaiting; /* still parked for admission while this pass looks at them */
     s->nwaiting = s->wait_cpu = s->wait_mem = 0;
     pthread_mutex_unlock(&s->wmu);
-    uint64_t t = now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX, fail_disk = UINT64_MAX;
+    uint64_t t = dsec__sched_now_ms(), fail_cpu = UINT64_MAX, fail_mem = UINT64_MAX,
+             fail_disk = UINT64_MAX;
     drain_update(s, t);
     struct waiter *keep = NULL, **kt = &keep;
     uint64_t n = 0, cpu = 0, mem = 0, oldest = 0, held = UINT64_MAX;
@@ -1176,7 +1037,7 @@ static void tick_wait(void *ud, uint64_t mono)
             if (rc < 0 && err.code != DSEC_E_CAPACITY) {
                 atomic_fetch_add(&s->n_failed, 1);
                 dsec_wire_error_to(s->creates, s->bus, p.reply_to, &err, NULL, p.c.req_id);
-                quota_release(s, &p.c);
+                dsec__sched_quota_release(s, &p.c);
                 rc = 0; /* answered */
             } else if (rc < 0) {
                 fail_cpu = w->cpu < fail_cpu ? w->cpu : fail_cpu;
@@ -1195,7 +1056,7 @@ static void tick_wait(void *ud, uint64_t mono)
                     " MB of memory and %" PRIu64 " MB of disk after waiting %" PRIu64
                     " ms for preemptible work to give capacity back",
                     s->cell, w->cpu, w->mem, w->disk, t - w->since_ms);
-            quota_release(s, &p.c);
+            dsec__sched_quota_release(s, &p.c);
             dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
@@ -1204,11 +1065,11 @@ static void tick_wait(void *ud, uint64_t mono)
             /* the client stops waiting before the next tick could place it:
              * an answer now, rather than its silent timeout */
             if (held == UINT64_MAX) /* one pass over the view per tick, not per shed */
-                held = held_now(s);
-            shed(s, p.reply_to, &p.c, held, true,
-                 "no room in cell %s after waiting %" PRIu64
-                 " ms, and the create's deadline is near",
-                 s->cell, t - w->since_ms);
+                held = dsec__sched_held_now(s);
+            dsec__sched_shed(s, p.reply_to, &p.c, held, true,
+                             "no room in cell %s after waiting %" PRIu64
+                             " ms, and the create's deadline is near",
+                             s->cell, t - w->since_ms);
             dsec_trace_leave(&sc);
             dsec_free(w);
             continue;
@@ -1260,6 +1121,7 @@ int dsec_sched_start(dsec_sched **out, dsec_bus *bus, dsec_ticker *ticker, const
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
     pthread_mutex_init(&s->amu, NULL);
+    pthread_mutex_init(&s->vmu, NULL);
     pthread_cond_init(&s->acv, NULL);
     s->ticks[0] = s->ticks[1] = s->ticks[2] = -1;
     s->bus = bus;
@@ -1391,7 +1253,7 @@ void dsec_sched_stop(dsec_sched *s)
             dsec_err_set(&err, DSEC_E_CLOSED, 0,
                          "scheduler %s stopped while the create waited for room", s->name);
             dsec_wire_error_to(NULL, s->bus, p.reply_to, &err, NULL, p.c.req_id);
-            quota_release(s, &p.c);
+            dsec__sched_quota_release(s, &p.c);
             dsec_trace_leave(&sc);
         }
         dsec_free(w);
@@ -1399,6 +1261,7 @@ void dsec_sched_stop(dsec_sched *s)
     pthread_mutex_destroy(&s->wmu);
     pthread_cond_destroy(&s->acv);
     pthread_mutex_destroy(&s->amu);
+    pthread_mutex_destroy(&s->vmu);
     dsec_placement_free(s->view);
     dsec_lost_free(s->lost); /* after the actors and the ticks: nothing calls it any more */
     dsec_admit_free(s->admit);
@@ -1422,8 +1285,9 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     pthread_mutex_lock(&s->wmu);
     o->waiting = s->nwaiting;
     pthread_mutex_unlock(&s->wmu);
-    o->held = held_now(s);
+    o->held = dsec__sched_held_now(s);
     o->shed_late = atomic_load(&s->n_shed_late);
+    o->shed_window = atomic_load(&s->n_shed_window);
     dsec_admit_stats as;
     dsec_admit_stats_get(s->admit, &as);
     o->admit_limit = as.limit_per_s;
@@ -1437,7 +1301,7 @@ void dsec_sched_stats_get(dsec_sched *s, dsec_sched_stats *o)
     o->superseded = ls.superseded;
     o->superseded_resent = ls.resent;
     dsec_placement_health h;
-    dsec_placement_health_get(s->view, now_ms(), &h);
+    dsec_placement_health_get(s->view, dsec__sched_now_ms(), &h);
     o->suspect = h.suspect;
     o->drains_deferred = h.deferred;
     o->readmitted = h.readmitted;

@@ -56,6 +56,11 @@ typedef struct dsec_sched_conf {
      * placements reach their nodes later than this, it lets creates in at a rate it lowers
      * until they do not, and answers the rest "overloaded"; 0: never. */
     uint32_t admit_delay_ms;
+    /* The window (docs/control-plane.md, "The window"): placements this replica may have on
+     * their way, sent and not yet counted by their node's report, is what its nodes take in
+     * window_ms (at least WINDOW_MIN); a create past it is answered "overloaded". 0: no
+     * window. */
+    uint32_t window_ms;
     bool quota; /* admit every create with the cell's quota actor
                    (actors/quota.h) before placing it */
 } dsec_sched_conf;
@@ -89,6 +94,7 @@ typedef struct dsec_sched_stats {
     uint64_t admit_limit; /* creates/s the replica lets in now; 0: no limit */
     uint64_t place_delay_us;    /* its placements' worst delay to their nodes, the last window */
     uint64_t late_placements;   /* placements that reached their node later than admit_delay_ms */
+    uint64_t shed_window;       /* creates answered "overloaded" past the window (window_ms) */
     uint64_t admit_cuts;        /* times the limit was set or lowered */
     uint64_t taken_per_s;       /* placements its nodes take per second (their echoes) */
     uint64_t place_echoes;      /* node echoes of its placements' stamps, since start */

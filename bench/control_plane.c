@@ -1,8 +1,9 @@
 /* control_plane.c - make bench S=control-plane: 160 sim nodes, 2 scheduler replicas, an open-loop
  * load generator, one nats-server.
  *
- * Environment, for A/B and diagnostic runs: DSEC_BENCH_SHED_AFTER_MS and
- * DSEC_BENCH_ADMIT_DELAY_MS set scheduler.shed_after_ms and scheduler.admit_delay_ms;
+ * Environment, for A/B and diagnostic runs: DSEC_BENCH_SHED_AFTER_MS,
+ * DSEC_BENCH_ADMIT_DELAY_MS and DSEC_BENCH_WINDOW_MS set scheduler.shed_after_ms,
+ * scheduler.admit_delay_ms and scheduler.window_ms;
  * CP_OVERLOAD_ONLY=RATE runs the overload phase alone at RATE creates/s on a fresh cell (no
  * targets judged); CP_TRACE=1 prints, every 100 ms of it, nats-server's backlog and the
  * replicas' admission (limit, placements taken, placement delay, creates shed late). */
@@ -91,6 +92,10 @@ static pid_t run_child(const char *url, const char *state, int roles, int replic
     const char *ad = getenv("DSEC_BENCH_ADMIT_DELAY_MS");
     if (ad != NULL && ad[0] != '\0')
         c.admit_delay_ms = (uint32_t)strtoul(ad, NULL, 10);
+    /* DSEC_BENCH_WINDOW_MS: scheduler.window_ms for an A/B run (0: no window) */
+    const char *win = getenv("DSEC_BENCH_WINDOW_MS");
+    if (win != NULL && win[0] != '\0')
+        c.window_ms = (uint32_t)strtoul(win, NULL, 10);
     dsec_err err;
     char listen[64];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", metrics_port);
@@ -767,14 +772,16 @@ int main(int argc, char **argv)
     dsec_cell_conf_defaults(&dc);
     const char *shed_env = getenv("DSEC_BENCH_SHED_AFTER_MS");
     const char *ad_env = getenv("DSEC_BENCH_ADMIT_DELAY_MS");
-    printf("control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 "
-           "processes),"
-           " scheduler.shed_after_ms %lu, scheduler.admit_delay_ms %lu\n",
-           url, NODES,
-           shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10)
-                                           : (unsigned long)dc.shed_after_ms,
-           ad_env != NULL && ad_env[0] ? strtoul(ad_env, NULL, 10)
-                                       : (unsigned long)dc.admit_delay_ms);
+    const char *win_env = getenv("DSEC_BENCH_WINDOW_MS");
+    printf(
+        "control-plane bench: nats-server %s, %d sim nodes (1 process), 2 scheduler replicas (2 "
+        "processes),"
+        " scheduler.shed_after_ms %lu, scheduler.admit_delay_ms %lu, scheduler.window_ms %lu\n",
+        url, NODES,
+        shed_env != NULL && shed_env[0] ? strtoul(shed_env, NULL, 10)
+                                        : (unsigned long)dc.shed_after_ms,
+        ad_env != NULL && ad_env[0] ? strtoul(ad_env, NULL, 10) : (unsigned long)dc.admit_delay_ms,
+        win_env != NULL && win_env[0] ? strtoul(win_env, NULL, 10) : (unsigned long)dc.window_ms);
     dsec_cell_conf_release(&dc);
 
     double raw = dsec_bench_raw_publish_rate(url, 1000000);

@@ -17,6 +17,9 @@
 #include "actors/cell.h"
 #include "actors/node.h"
 #include "actors/scheduler.h"
+#include "actors/wire.h"
+#include "codecs/msg.h"
+#include "codecs/subjects.h"
 #include "dsec/client.h"
 #include "tests/fixture.h"
 
@@ -650,6 +653,7 @@ static void config_bounds(void **state)
     dsec_cell_conf_defaults(&c);
     assert_int_equal(c.shed_after_ms, 0); /* off unless configured */
     assert_int_equal(c.admit_delay_ms, 0);
+    assert_int_equal(c.window_ms, 0);
     dsec_cell_conf_release(&c);
     assert_int_equal(load("scheduler:\n  admit_delay_ms: 50\n", &c, &err), 0);
     assert_int_equal(c.admit_delay_ms, 50);
@@ -660,6 +664,13 @@ static void config_bounds(void **state)
     dsec_cell_conf_release(&c);
     assert_int_equal(load("scheduler:\n  admit_delay_ms: soon\n", &c, &err), -1);
     assert_non_null(strstr(err.msg, "admit_delay_ms"));
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  window_ms: 150\n", &c, &err), 0);
+    assert_int_equal(c.window_ms, 150);
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  window_ms: 600001\n", &c, &err), -1);
+    assert_int_equal(err.code, DSEC_E_CONFIG);
+    assert_non_null(strstr(err.msg, "window_ms"));
     dsec_cell_conf_release(&c);
 }
 
@@ -697,11 +708,266 @@ static void placements_echoed_on_time(void **state)
     assert_int_equal(st.late_placements, 0);
 }
 
+/* ---- the window: placements on their way ------------------------------------------------- */
+
+/* A node the test plays: room for everything, it takes placements without answering them
+ * and hands back, when the test says so, the newest stamp it took. */
+struct fake_node {
+    dsec_bus *bus;
+    dsec_actor *a;
+    char name[96];
+    pthread_mutex_t mu;
+    uint64_t newest, taken, seq;
+    uint64_t echo_taken; /* what its echo says it took since the last one */
+    char sched[96];
+};
+
+static void fake_on_place(dsec_actor *a, dsec_msg *m, void *ud)
+{
+    (void)a;
+    struct fake_node *f = ud;
+    dsec_msg_place p;
+    dsec_err err;
+    if (dsec_decode(dsec_wire_decoder(), DSEC_MSG_PLACE, dsec_msg_data(m), dsec_msg_len(m), &p,
+                    &err) < 0)
+        return;
+    pthread_mutex_lock(&f->mu);
+    f->taken++;
+    if (p.sent_us > f->newest)
+        f->newest = p.sent_us;
+    if (p.scheduler != NULL)
+        snprintf(f->sched, sizeof f->sched, "%s", p.scheduler);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static uint64_t fake_taken(struct fake_node *f)
+{
+    pthread_mutex_lock(&f->mu);
+    uint64_t n = f->taken;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+/* A report with room for everything; echo: hand back the newest stamp taken. */
+static void fake_report(struct fake_node *f, bool echo)
+{
+    static const char *types[] = {"sim"};
+    pthread_mutex_lock(&f->mu);
+    dsec_msg_place_echo e = {.scheduler = f->sched, .sent_us = f->newest, .taken = f->echo_taken};
+    dsec_msg_capacity c = {.node = f->name,
+                           .cell = live.conf.cell,
+                           .seq = ++f->seq,
+                           .full = true,
+                           .cpu_free_milli = 100000000,
+                           .mem_free_mb = 100000000,
+                           .slots_free = 1000000,
+                           .cpu_milli = 100000000,
+                           .memory_mb = 100000000,
+                           .slots = 1000000,
+                           .types = {types, 1},
+                           .echo = {&e, echo && f->newest != 0 ? 1u : 0u}};
+    char subj[256];
+    snprintf(subj, sizeof subj, DSEC_SUBJ_EVT_OF ".capacity", live.conf.cell, "node", f->name);
+    dsec_err err;
+    int rc = dsec_wire_send(NULL, f->bus, subj, NULL, DSEC_MSG_CAPACITY, &c, NULL, &err);
+    pthread_mutex_unlock(&f->mu);
+    if (rc < 0)
+        fail_msg("fake node report: %s", err.msg);
+}
+
+struct answers {
+    _Atomic int ok, window, deadline, other;
+    char other_msg[1100];
+};
+
+static void on_create_answer(int status, dsec_msg *reply, const dsec_err *berr, void *ud)
+{
+    struct answers *a = ud;
+    const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
+    if (type != NULL && strcmp(type, "error") != 0) {
+        atomic_fetch_add(&a->ok, 1);
+        return;
+    }
+    dsec_msg_error e;
+    dsec_err derr;
+    if (type != NULL &&
+        dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply),
+                    &e, &derr) == 0 &&
+        strcmp(e.code, "overloaded") == 0 && strstr(e.message, "scheduler.window_ms") != NULL &&
+        e.retry_after_ms >= 10) {
+        atomic_fetch_add(&a->window, 1);
+        return;
+    }
+    if (type != NULL &&
+        dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply), dsec_msg_len(reply),
+                    &e, &derr) == 0 &&
+        strcmp(e.code, "overloaded") == 0 && strstr(e.message, "past the create's deadline") &&
+        strstr(e.message, "ms late") != NULL) {
+        atomic_fetch_add(&a->deadline, 1);
+        return;
+    }
+    if (atomic_fetch_add(&a->other, 1) == 0)
+        snprintf(a->other_msg, sizeof a->other_msg, "%s",
+                 status < 0     ? berr->msg
+                 : type != NULL ? type
+                                : "?");
+}
+
+static void send_creates_by(dsec_bus *bus, int n, int first, uint64_t deadline_ns,
+                            struct answers *ans)
+{
+    for (int i = first; i < first + n; i++) {
+        char rid[64], subj[128];
+        snprintf(rid, sizeof rid, "win-%d-%d", (int)getpid(), i);
+        dsec_msg_create m = {.req_id = rid,
+                             .type = "sim",
+                             .cpu_milli = 1,
+                             .memory_mb = 1,
+                             .cls = "job",
+                             .deadline_ns = deadline_ns};
+        dsec_buf *b = dsec_wire_buf();
+        dsec_err err;
+        assert_int_equal(dsec_encode(b, DSEC_MSG_CREATE, &m, &err), 0);
+        snprintf(subj, sizeof subj, "dsec.v1.t.create.%s", live.conf.cell);
+        dsec_hdr h = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = rid};
+        if (dsec_bus_request(bus, subj, &h, b->data, b->len, 3000, on_create_answer, ans, &err) < 0)
+            fail_msg("create %d: %s", i, err.msg);
+    }
+}
+
+static void send_creates(dsec_bus *bus, int n, int first, struct answers *ans)
+{
+    send_creates_by(bus, n, first, 0, ans);
+}
+
+/* Wait until n creates are placed or answered past the window. */
+static bool wait_accounted(struct fake_node *f, struct answers *ans, uint64_t n)
+{
+    for (int i = 0; i < 250; i++) {
+        if (fake_taken(f) + (uint64_t)atomic_load(&ans->window) >= n)
+            return true;
+        msleep(20);
+    }
+    return false;
+}
+
+/* A replica has at most its window of placements on their way to nodes that have not taken
+ * them (WINDOW_MIN, 512, while its nodes have taken none): the creates past it are answered
+ * "overloaded" at once, naming scheduler.window_ms, and nothing is placed for them. Once the
+ * node's report counts what it took, the window opens again. */
+static void window_bounds_placements_on_their_way(void **state)
+{
+    (void)state;
+    dsec_cell_conf *c = &live.conf;
+    dsec_cell_conf_defaults(c);
+    snprintf(c->cell, sizeof c->cell, "a%d-%ld", ++serial, (long)getpid());
+    snprintf(c->url, sizeof c->url, "%s", dsec_natsd_url(natsd));
+    snprintf(c->state_dir, sizeof c->state_dir, "%s/%s", root, c->cell);
+    c->sched_replicas = 1;
+    assert_int_equal(c->window_ms, 0); /* off by default */
+    c->window_ms = 150;
+    dsec_err err;
+    if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER, &err) < 0)
+        fail_msg("cell %s: %s", c->cell, err.msg);
+
+    struct fake_node f = {0};
+    pthread_mutex_init(&f.mu, NULL);
+    snprintf(f.name, sizeof f.name, "%s-fake", c->cell);
+    dsec_bus_opts bo = {.url = dsec_natsd_url(natsd), .name = "fake-node", .threads = 1};
+    assert_int_equal(dsec_bus_connect(&f.bus, &bo, &err), 0);
+    assert_int_equal(dsec_actor_new(&f.a, f.bus, "fake-node", &err), 0);
+    char subj[160];
+    snprintf(subj, sizeof subj, DSEC_SUBJ_PLACE, f.name);
+    assert_int_equal(dsec_actor_on(f.a, subj, NULL, fake_on_place, &f, &err), 0);
+    assert_int_equal(dsec_bus_flush(f.bus, 2000, &err), 0);
+    /* the replica knows the node */
+    for (int i = 0; i < 100; i++) {
+        fake_report(&f, false);
+        dsec_sched_stats st;
+        dsec_sched_stats_get(sched0(), &st);
+        msleep(20);
+        if (st.nodes > 0)
+            break;
+    }
+
+    struct answers ans = {0};
+    uint64_t t_burst = mono_ms();
+    send_creates(f.bus, 600, 0, &ans);
+    if (!wait_accounted(&f, &ans, 600))
+        fail_msg("placements taken %" PRIu64 ", answered past the window %d, other %d (%s)",
+                 fake_taken(&f), atomic_load(&ans.window), atomic_load(&ans.other), ans.other_msg);
+    msleep(200); /* nothing more comes */
+    assert_int_equal(fake_taken(&f), 512);
+    assert_int_equal(atomic_load(&ans.window), 88);
+    assert_int_equal(atomic_load(&ans.other), 0);
+    dsec_sched_stats st;
+    dsec_sched_stats_get(sched0(), &st);
+    assert_int_equal(st.shed_window, 88);
+
+    /* a report that echoes none of it keeps the window shut (until the reservations'
+     * 2 s are up: a host too slow to get here well before then cannot tell) */
+    fake_report(&f, false);
+    msleep(100);
+    send_creates(f.bus, 5, 600, &ans);
+    assert_true(wait_accounted(&f, &ans, 605));
+    if (mono_ms() - t_burst < 1500)
+        assert_int_equal(atomic_load(&ans.window), 93);
+    else
+        print_message("the burst took %" PRIu64
+                      " ms: the window's hold past a report not checked\n",
+                      mono_ms() - t_burst);
+
+    /* the node says it took them all: room for a window more */
+    fake_report(&f, true);
+    msleep(100);
+    int shut = atomic_load(&ans.window);
+    send_creates(f.bus, 20, 605, &ans);
+    if (!wait_accounted(&f, &ans, 625))
+        fail_msg("after the echo: placements taken %" PRIu64 ", answered past the window %d",
+                 fake_taken(&f), atomic_load(&ans.window));
+    assert_int_equal(atomic_load(&ans.window), shut); /* all 20 placed */
+
+    /* A create whose deadline comes before its placement would reach its node, as late as
+     * the replica's placements reach theirs now, is answered at once. 200 placements go out,
+     * and the node hands back the newest one's stamp every 25 ms for 400 ms, as a node taking
+     * them later and later would: the replica reads its placements as up to about 400 ms
+     * late. Then a create due in 5 ms is answered "overloaded", one due in 30 s is placed. */
+    uint64_t placed = fake_taken(&f);
+    int shut2 = atomic_load(&ans.window);
+    send_creates(f.bus, 200, 625, &ans);
+    if (!wait_accounted(&f, &ans, placed + (uint64_t)shut2 + 200))
+        fail_msg("200 creates: placements taken %" PRIu64, fake_taken(&f));
+    shut2 = atomic_load(&ans.window);
+    for (int i = 0; i < 16; i++) {
+        f.echo_taken = 12;
+        fake_report(&f, true);
+        msleep(25);
+    }
+    dsec_sched_stats_get(sched0(), &st);
+    print_message("the replica's placements reach their nodes up to %" PRIu64 " ms late\n",
+                  st.place_delay_us / 1000);
+    assert_true(st.place_delay_us >= 100000);
+    send_creates_by(f.bus, 1, 825, dsec_wall_ns() + 5000000ull, &ans);
+    for (int i = 0; i < 250 && atomic_load(&ans.deadline) == 0; i++)
+        msleep(20);
+    assert_int_equal(atomic_load(&ans.deadline), 1);
+    uint64_t before = fake_taken(&f);
+    send_creates_by(f.bus, 1, 826, dsec_wall_ns() + 30000000000ull, &ans);
+    if (!wait_accounted(&f, &ans, before + (uint64_t)shut2 + 1))
+        fail_msg("a create due in 30 s was neither placed nor shed");
+    assert_int_equal(fake_taken(&f), before + 1);
+    assert_int_equal(atomic_load(&ans.other), 0);
+    dsec_actor_free(f.a);
+    dsec_bus_free(f.bus);
+    pthread_mutex_destroy(&f.mu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_bounds),
         cmocka_unit_test_teardown(placements_echoed_on_time, test_teardown),
+        cmocka_unit_test_teardown(window_bounds_placements_on_their_way, test_teardown),
         cmocka_unit_test_teardown(overload_is_answered_not_queued, test_teardown),
         cmocka_unit_test_teardown(parked_rollout_is_answered, test_teardown),
         cmocka_unit_test_teardown(client_retries_overloaded, test_teardown),

@@ -327,6 +327,82 @@ static void overlay_clears_on_newer_report(void **state)
     dsec_placement_free(v);
 }
 
+/* A report that echoes the newest stamp its node took counts only the placements stamped up
+ * to it: those sent after are still on their way, and their reservations stay (they are what
+ * the scheduler's window counts). */
+static void overlay_keeps_placements_on_their_way(void **state)
+{
+    (void)state;
+    dsec_placement *v = view(0);
+    add(v, "n1", 8000, 8192, 100);
+    uint64_t rng = 5;
+    dsec_err e;
+    dsec_place_req req = creq(1000, 1024);
+    for (uint64_t stamp = 101; stamp <= 105; stamp++) {
+        req.stamp = stamp;
+        assert_non_null(place(v, &req, 2, &rng, 10, NULL, &e));
+    }
+    assert_int_equal(info(v, "n1", 10).reservations, 5);
+
+    /* it took 101..103: those three are in its figures, 104 and 105 are not yet */
+    dsec_node_report d = {.node = "n1",
+                          .seq = 2,
+                          .cpu_free_milli = 5000,
+                          .mem_free_mb = 8192 - 3072,
+                          .slots_free = 97,
+                          .live = 3,
+                          .echo = true,
+                          .taken_upto = 103};
+    report(v, &d, 20, DSEC_REPORT_APPLIED);
+    dsec_node_info ni = info(v, "n1", 20);
+    assert_int_equal(ni.reservations, 2);
+    assert_int_equal(ni.cpu_avail, 3000); /* 5000 free less the two on their way */
+
+    /* a report that took none of them keeps both */
+    d.seq = 3;
+    d.taken_upto = 0;
+    report(v, &d, 30, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 30).reservations, 2);
+
+    /* an unstamped reservation goes with any report */
+    req.stamp = 0;
+    assert_non_null(place(v, &req, 2, &rng, 35, NULL, &e));
+    assert_int_equal(info(v, "n1", 35).reservations, 3);
+    d.seq = 4;
+    report(v, &d, 40, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 40).reservations, 2);
+
+    /* the node took the rest */
+    d.seq = 5;
+    d.taken_upto = 105;
+    d.cpu_free_milli = 3000;
+    report(v, &d, 50, DSEC_REPORT_APPLIED);
+    ni = info(v, "n1", 50);
+    assert_int_equal(ni.reservations, 0);
+    assert_int_equal(ni.cpu_avail, 3000);
+
+    /* a report without an echo counts them all, as before */
+    req.stamp = 200;
+    assert_non_null(place(v, &req, 2, &rng, 60, NULL, &e));
+    d = (dsec_node_report){
+        .node = "n1", .seq = 6, .cpu_free_milli = 2000, .mem_free_mb = 2048, .slots_free = 95};
+    report(v, &d, 70, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 70).reservations, 0);
+
+    /* a restarted node (a new epoch) took nothing that was on its way to the old one */
+    req.stamp = 300;
+    assert_non_null(place(v, &req, 2, &rng, 80, NULL, &e));
+    d = (dsec_node_report){.node = "n1",
+                           .epoch = 7,
+                           .seq = 1,
+                           .cpu_free_milli = 8000,
+                           .slots_free = 100,
+                           .echo = true};
+    report(v, &d, 90, DSEC_REPORT_APPLIED);
+    assert_int_equal(info(v, "n1", 90).reservations, 0);
+    dsec_placement_free(v);
+}
+
 static void overlay_expires_and_releases(void **state)
 {
     dsec_placement *v = view(0); /* ttl 2000 ms by default */
@@ -1226,6 +1302,7 @@ int main(void)
         cmocka_unit_test(honours_affinity),
         cmocka_unit_test(overlay_spreads_between_reports),
         cmocka_unit_test(overlay_clears_on_newer_report),
+        cmocka_unit_test(overlay_keeps_placements_on_their_way),
         cmocka_unit_test(overlay_expires_and_releases),
         cmocka_unit_test(refusal_corrects_the_view),
         cmocka_unit_test(stale_and_restarted_reports),
