@@ -897,12 +897,17 @@ static void window_bounds_placements_on_their_way(void **state)
         fail_msg("placements taken %" PRIu64 ", answered past the window %d, other %d (%s)",
                  fake_taken(&f), atomic_load(&ans.window), atomic_load(&ans.other), ans.other_msg);
     msleep(200); /* nothing more comes */
-    assert_int_equal(fake_taken(&f), 512);
-    assert_int_equal(atomic_load(&ans.window), 88);
+    /* the bound is checked, not locked: creates handled at the same moment by the replica's
+     * bus workers may each find one place left */
+    uint64_t first = fake_taken(&f);
+    if (first < 512 || first > 512 + (uint64_t)live.conf.threads)
+        fail_msg("%" PRIu64 " placements made for a window of 512 and %u bus workers", first,
+                 (unsigned)live.conf.threads);
+    assert_int_equal(atomic_load(&ans.window), 600 - (int)first);
     assert_int_equal(atomic_load(&ans.other), 0);
     dsec_sched_stats st;
     dsec_sched_stats_get(sched0(), &st);
-    assert_int_equal(st.shed_window, 88);
+    assert_int_equal(st.shed_window, 600 - first);
 
     /* a report that echoes none of it keeps the window shut (until the reservations'
      * 2 s are up: a host too slow to get here well before then cannot tell) */
@@ -911,7 +916,7 @@ static void window_bounds_placements_on_their_way(void **state)
     send_creates(f.bus, 5, 600, &ans);
     assert_true(wait_accounted(&f, &ans, 605));
     if (mono_ms() - t_burst < 1500)
-        assert_int_equal(atomic_load(&ans.window), 93);
+        assert_int_equal(atomic_load(&ans.window), 605 - (int)first);
     else
         print_message("the burst took %" PRIu64
                       " ms: the window's hold past a report not checked\n",
