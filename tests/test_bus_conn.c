@@ -213,26 +213,24 @@ static void drain_cb(int status, dsec_msg *reply, const dsec_err *err, void *ud)
     counter_add(&st->cb_done, 1);
 }
 
-static void drain_handles_queued(void **state)
+/* A drainee on subj whose handler blocks on the first message, with 49 more
+ * behind it in its mailbox, beside a second actor on side_subj counting into
+ * side. */
+static dsec_actor *queue_behind_blocked(dsec_bus *bus, const char *subj, const char *side_subj,
+                                        drain_state *st, counter *side)
 {
-    server s;
-    server_start(&s);
-    dsec_bus *bus = bus_open(&s, "drain", 2, 0, NULL);
-    drain_state st = {.bus = bus, .rc = 99};
-    gate_init(&st.g);
-    counter_init(&st.handled);
-    counter_init(&st.cb_done);
-    dsec_actor *a = actor_on(bus, "drainee", "test.drain", drain_handler, &st);
-    counter silent;
-    counter_init(&silent);
-    actor_on(bus, "silent", "test.drain.silent", silent_handler, &silent);
+    gate_init(&st->g);
+    counter_init(&st->handled);
+    counter_init(&st->cb_done);
+    dsec_actor *a = actor_on(bus, "drainee", subj, drain_handler, st);
+    counter_init(side);
+    actor_on(bus, "side", side_subj, silent_handler, side);
     flush(bus);
-
-    publish_u32(bus, "test.drain", 0);
+    publish_u32(bus, subj, 0);
     flush(bus);
-    assert_true(gate_wait_entered(&st.g, 1, WAIT_MS));
+    assert_true(gate_wait_entered(&st->g, 1, WAIT_MS));
     for (uint32_t i = 1; i < 50; i++)
-        publish_u32(bus, "test.drain", i);
+        publish_u32(bus, subj, i);
     flush(bus);
     /* 49 messages sit in the mailbox behind the blocked handler. */
     dsec_actor_stats as;
@@ -241,6 +239,17 @@ static void drain_handles_queued(void **state)
         dsec_actor_stats_get(a, &as);
     while (as.mailbox_depth < 49 && now_ms() - t0 < WAIT_MS);
     assert_int_equal(as.mailbox_depth, 49);
+    return a;
+}
+
+static void drain_handles_queued(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *bus = bus_open(&s, "drain", 2, 0, NULL);
+    drain_state st = {.bus = bus, .rc = 99};
+    counter silent;
+    queue_behind_blocked(bus, "test.drain", "test.drain.silent", &st, &silent);
 
     dsec_err err;
     assert_int_equal(
@@ -359,26 +368,8 @@ static void actor_drain_handles_queued(void **state)
     server_start(&s);
     dsec_bus *bus = bus_open(&s, "adrain", 2, 0, NULL);
     drain_state st = {.bus = bus, .rc = 99};
-    gate_init(&st.g);
-    counter_init(&st.handled);
-    counter_init(&st.cb_done);
-    dsec_actor *a = actor_on(bus, "drainee", "test.adrain", drain_handler, &st);
     counter other;
-    counter_init(&other);
-    actor_on(bus, "other", "test.adrain.other", silent_handler, &other);
-    flush(bus);
-    publish_u32(bus, "test.adrain", 0);
-    flush(bus);
-    assert_true(gate_wait_entered(&st.g, 1, WAIT_MS));
-    for (uint32_t i = 1; i < 50; i++)
-        publish_u32(bus, "test.adrain", i);
-    flush(bus);
-    dsec_actor_stats as;
-    int64_t t0 = now_ms();
-    do
-        dsec_actor_stats_get(a, &as);
-    while (as.mailbox_depth < 49 && now_ms() - t0 < WAIT_MS);
-    assert_int_equal(as.mailbox_depth, 49);
+    dsec_actor *a = queue_behind_blocked(bus, "test.adrain", "test.adrain.other", &st, &other);
 
     actor_drain_args d = {.a = a, .st = &st};
     pthread_t th;
