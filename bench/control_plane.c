@@ -3,10 +3,13 @@
  *
  * Environment, for A/B and diagnostic runs: DSEC_BENCH_SHED_AFTER_MS,
  * DSEC_BENCH_ADMIT_DELAY_MS and DSEC_BENCH_WINDOW_MS set scheduler.shed_after_ms,
- * scheduler.admit_delay_ms and scheduler.window_ms;
+ * scheduler.admit_delay_ms and scheduler.window_ms; DSEC_BENCH_PACE=0 sends every create at
+ * once, shed or not (the generator otherwise paces them while they are shed, as libdsec does:
+ * dsec/pace.h);
  * CP_OVERLOAD_ONLY=RATE runs the overload phase alone at RATE creates/s on a fresh cell (no
  * targets judged); CP_TRACE=1 prints, every 100 ms of it, nats-server's backlog and the
- * replicas' admission (limit, placements taken, placement delay, creates shed late). */
+ * replicas' admission (limit, placements taken, placement delay, creates shed late), and every
+ * 500 ms the generator's pace. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -34,6 +37,7 @@
 #include "codecs/msg.h"
 #include "dsec/alloc.h"
 #include "dsec/names.h"
+#include "dsec/pace.h"
 #include "sim/sim.h"
 
 /* What an `overloaded` answer says to wait before trying again (100 ms when it says nothing). */
@@ -276,17 +280,21 @@ struct req {
     double deadline; /* wall clock: the create's deadline, the same for every attempt */
     int op;
     unsigned tries;
-    char rid[33]; /* one req_id for every attempt of a create, as libdsec does */
+    bool paced;        /* the client's pace let this attempt go (dsec/pace.h) */
+    dsec_pace_item pi; /* in the client's queue of creates the pace holds back */
+    char rid[33];      /* one req_id for every attempt of a create, as libdsec does */
     char id[DSEC_SBX_ID_LEN_MAX + 1];
 };
 
 struct gen {
     dsec_bus *bus;
-    int phase;       /* 1: creates + exec + destroy; 2: creates only */
-    bool retry_shed; /* retry `overloaded` after retry_after_ms with jitter, like libdsec */
-    int timeout_ms;  /* a create's deadline from its first send */
-    double *lat;     /* create latencies from the first send, ms, per phase */
-    double *alat;    /* the admitted attempt's latency, ms, per phase */
+    int phase;         /* 1: creates + exec + destroy; 2: creates only */
+    bool retry_shed;   /* retry `overloaded` after retry_after_ms with jitter, like libdsec */
+    dsec_pace *pace;   /* pace creates while they are shed, like libdsec; NULL: not */
+    _Atomic long held; /* creates the pace held back on the client */
+    int timeout_ms;    /* a create's deadline from its first send */
+    double *lat;       /* create latencies from the first send, ms, per phase */
+    double *alat;      /* the admitted attempt's latency, ms, per phase */
     _Atomic long nlat, nalat;
     long cap_lat;
     _Atomic long created, failed, destroyed, execs, in_flight;
@@ -300,6 +308,22 @@ struct gen {
 };
 
 static void send_req(struct req *r);
+
+/* The pace's clock: the wall clock, as the creates' deadlines are. */
+static uint64_t wall_us(void)
+{
+    return (uint64_t)(wall_s() * 1e6);
+}
+
+/* An "overloaded" error answer (for the pace: other errors say nothing of the cell's room). */
+static bool reply_is_overloaded(dsec_msg *reply)
+{
+    dsec_msg_error e;
+    dsec_err derr;
+    return dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
+                       dsec_msg_len(reply), &e, &derr) == 0 &&
+           e.code != NULL && strcmp(e.code, "overloaded") == 0;
+}
 
 static void retry_push(struct gen *g, struct req *r)
 {
@@ -361,6 +385,51 @@ static void retries_due(struct gen *g, double t)
         send_req(r);
 }
 
+/* A create the pace gives up: answered "overloaded" on the client, before its deadline. */
+static void pace_give_up(struct gen *g, struct req *r)
+{
+    atomic_fetch_add(&g->shed_final, 1);
+    atomic_fetch_add(&g->failed, 1);
+    dsec_free(r);
+}
+
+/* Creates the client's pace holds back wait in its queue on the client, as libdsec's do
+ * (client/create.c); a shed create back from its retry_after_ms goes to the front (it came
+ * first). true: r was taken (held, or given up there and then). */
+static bool pace_hold(struct gen *g, struct req *r, bool front)
+{
+    r->pi.deadline_us = (uint64_t)(r->deadline * 1e6);
+    int rc = dsec_pace_admit(g->pace, &r->pi, wall_us(), front);
+    if (rc == 0)
+        return false;
+    atomic_fetch_add(&g->held, 1);
+    if (rc < 0)
+        pace_give_up(g, r);
+    else
+        atomic_fetch_add(&g->in_flight, 1); /* still owed an answer */
+    return true;
+}
+
+/* The held creates whose turn has come go; those whose deadline came too near are given up. */
+static void pace_due(struct gen *g)
+{
+    if (g->pace == NULL)
+        return;
+    bool give_up;
+    uint64_t next;
+    dsec_pace_item *it;
+    while ((it = dsec_pace_due(g->pace, wall_us(), &give_up, &next)) != NULL) {
+        struct req *r = (struct req *)((char *)it - offsetof(struct req, pi));
+        atomic_fetch_sub(&g->in_flight, 1);
+        if (give_up) {
+            pace_give_up(g, r);
+            continue;
+        }
+        r->paced = true;
+        send_req(r);
+    }
+}
+
 /* An error answer: a shed create goes again after retry_after_ms (+0-50% jitter) when that is
  * before its deadline; everything else is a failure. true: r is kept. */
 static bool on_error(struct gen *g, struct req *r, const dsec_msg_error *e)
@@ -386,6 +455,8 @@ static void reply_in(int status, dsec_msg *reply, const dsec_err *err, struct re
     struct gen *g = r->g;
     const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
     bool ok = type != NULL && strcmp(type, "error") != 0;
+    if (r->op == OP_CREATE && g->pace != NULL && status == 0)
+        dsec_pace_answer(g->pace, wall_us(), !ok && reply_is_overloaded(reply));
     if (r->op == OP_CREATE && status == 0 && wall_s() > r->deadline)
         atomic_fetch_add(&g->late, 1); /* answered, but after the create's deadline */
     if (!ok) {
@@ -455,10 +526,15 @@ static void send_req(struct req *r)
     int rc, timeout_ms = 30000;
     r->sent = now_s();
     if (r->op == OP_CREATE) {
-        if (r->tries++ == 0) {
+        bool first = r->deadline == 0;
+        if (first) {
             dsec_bus_new_id(r->rid);
             r->deadline = wall_s() + (r->due - r->sent) + g->timeout_ms / 1000.0;
         }
+        if (g->pace != NULL && !r->paced && pace_hold(g, r, !first))
+            return;
+        r->paced = false;
+        r->tries++;
         double left = r->deadline - wall_s();
         timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
         /* An overloaded create goes again as the same attempt, retry count 0 as libdsec
@@ -531,13 +607,18 @@ static double run_phase(struct gen *g, double rate, double secs, long stop_at_cr
     long created0 = atomic_load(&g->created);
     double t0 = now_s(), t_rate = t0, next_check = t0 + 1.0;
     long sent_at_rate = 0, shed_seen = atomic_load(&g->shed);
+    bool trace_pace = getenv("CP_TRACE") != NULL;
+    double next_trace = t0;
     for (;;) {
         double t = now_s();
         if (t - t0 >= secs || (stop_at_created > 0 && atomic_load(&g->created) >= stop_at_created))
             break;
         if (adapt && t >= next_check) {
             long backlog = atomic_load(&g->in_flight), shed = atomic_load(&g->shed);
-            rate = backlog > (long)(rate * 0.05) || shed > shed_seen ? rate * 0.9 : rate * 1.05;
+            /* a create shed and retried is in the backlog; one shed for good is a failure */
+            rate = backlog > (long)(rate * 0.05) || (!g->retry_shed && shed > shed_seen)
+                       ? rate * 0.9
+                       : rate * 1.05;
             shed_seen = shed;
             t_rate = t;
             sent_at_rate = 0;
@@ -552,11 +633,24 @@ static double run_phase(struct gen *g, double rate, double secs, long stop_at_cr
             send_req(r);
         }
         retries_due(g, t);
+        pace_due(g);
+        if (trace_pace && g->pace != NULL && t >= next_trace) {
+            dsec_pace_stats ps;
+            dsec_pace_stats_get(g->pace, wall_us(), &ps);
+            fprintf(stderr,
+                    "pace %.1f s: shed lately %d, accepted %" PRIu64 "/s, queue goes at %" PRIu64
+                    "/s; created %ld, attempts %ld, shed %ld, held %ld, given up %ld\n",
+                    t - t0, ps.shed_lately, ps.accepted_per_s, ps.send_per_s,
+                    atomic_load(&g->created) - created0, atomic_load(&g->attempts),
+                    atomic_load(&g->shed), atomic_load(&g->held), atomic_load(&g->shed_final));
+            next_trace = t + 0.5;
+        }
         sleep_until(t + 0.0005);
     }
     double t_sent = now_s();
     while (atomic_load(&g->in_flight) > 0 && now_s() - t_sent < 30) {
         retries_due(g, now_s());
+        pace_due(g);
         usleep(2000);
     }
     *elapsed = now_s() - t0;
@@ -729,6 +823,12 @@ static void gen_reset(struct gen *g, int phase, bool retry_shed, int timeout_ms)
     g->phase = phase;
     g->retry_shed = retry_shed;
     g->timeout_ms = timeout_ms;
+    /* a fresh pace per phase (a client's measure of its cell), as libdsec paces a client that
+     * retries "overloaded"; DSEC_BENCH_PACE=0: none, the A/B */
+    const char *pace = getenv("DSEC_BENCH_PACE");
+    dsec_pace_free(g->pace);
+    g->pace = !retry_shed || (pace != NULL && strcmp(pace, "0") == 0) ? NULL : dsec_pace_new();
+    atomic_store(&g->held, 0);
     atomic_store(&g->failed, 0);
     atomic_store(&g->attempts, 0);
     atomic_store(&g->shed, 0);
@@ -831,11 +931,13 @@ int main(int argc, char **argv)
         connz_stop(&cw, "overload");
         printf("overload only: offered %.0f creates/s for %.0f s: goodput %.0f creates/s over "
                "%.1f s; %ld attempts, %ld answered overloaded (told to wait %.0f ms on average),"
-               " %ld timeouts; admitted attempt p99 %.2f ms; first send to ok p50 %.2f ms, p99 "
+               " %ld held back by the client's pace, %ld given up, %ld timeouts; admitted attempt "
+               "p99 %.2f ms; first send to ok p50 %.2f ms, p99 "
                "%.2f ms\n",
                atof(only), overload_secs, gp, elo, atomic_load(&g.attempts), atomic_load(&g.shed),
                (double)atomic_load(&g.shed_wait_ms) /
                    (double)(atomic_load(&g.shed) ? atomic_load(&g.shed) : 1),
+               atomic_load(&g.held), atomic_load(&g.shed_final),
                atomic_load(&g.timeouts) + atomic_load(&g.late), admitted_p99(&g), p50o, p99o);
         cell_stop(&cell);
         dsec_actor_free(cap);
@@ -847,7 +949,7 @@ int main(int argc, char **argv)
     }
 
     /* phase 1: DSec's production rate, with exec and destroy mixed in */
-    gen_reset(&g, 1, false, 30000);
+    gen_reset(&g, 1, true, 30000); /* a shed create goes again, paced, as libdsec sends it */
     double p50a, p99a, p999a, el1;
     double rate1 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50a, &p99a, &p999a, &el1);
     long f1 = atomic_load(&g.failed);
@@ -872,7 +974,7 @@ int main(int argc, char **argv)
     sleep(1);
 
     /* phase 2: as fast as it will go, until 380,000 live */
-    gen_reset(&g, 2, false, 30000);
+    gen_reset(&g, 2, true, 30000); /* a shed create goes again, paced, as libdsec sends it */
     double p50b, p99b, p999b, el2;
     long created_before = atomic_load(&g.created);
     int64_t m2 = varz_in_msgs(mon_port);
@@ -948,17 +1050,17 @@ int main(int argc, char **argv)
     double shed_share = attempts > 0 ? (double)shed / (double)attempts : 0;
     double offered_n = offered * overload_secs;
     double per_offered = m4 >= 0 && m5 >= 0 ? (double)(m5 - m4) / offered_n : -1;
-    printf(
-        "overload: offered %.0f creates/s (2x phase 2) for %.0f s, 10 s deadlines: goodput %.0f "
-        "creates/s"
-        " over %.1f s (%ld created); %ld attempts, %.1f%% answered overloaded (%ld given up at"
-        " their deadline), %ld timeouts or late answers, %ld other failures; admitted attempt p99"
-        " %.2f ms; first send to ok p50 %.2f ms, p99 %.2f ms; bus messages per offered create "
-        "%.2f\n",
-        offered, overload_secs, goodput, el4, c4, attempts, 100 * shed_share,
-        atomic_load(&g.shed_final), timeouts,
-        atomic_load(&g.failed) - atomic_load(&g.shed_final) - atomic_load(&g.timeouts), ap99, p50d,
-        p99d, per_offered);
+    printf("overload: offered %.0f creates/s (2x phase 2) for %.0f s, 10 s deadlines: goodput %.0f "
+           "creates/s"
+           " over %.1f s (%ld created); %ld attempts, %.1f%% answered overloaded, %ld held back by"
+           " the client's pace (%ld given up before their deadline), %ld timeouts or late answers, "
+           "%ld other failures; admitted attempt p99"
+           " %.2f ms; first send to ok p50 %.2f ms, p99 %.2f ms; bus messages per offered create "
+           "%.2f\n",
+           offered, overload_secs, goodput, el4, c4, attempts, 100 * shed_share,
+           atomic_load(&g.held), atomic_load(&g.shed_final), timeouts,
+           atomic_load(&g.failed) - atomic_load(&g.shed_final) - atomic_load(&g.timeouts), ap99,
+           p50d, p99d, per_offered);
     if (atomic_load(&g.failed) > 0)
         printf("  last error: %s\n", g.last_error);
 

@@ -171,7 +171,8 @@ int dsec_client_connect(dsec_client **out, const dsec_client_opts *opts, dsec_er
         pthread_mutex_init(&c->rmu, NULL);
         pthread_cond_init(&c->rcv, NULL);
     }
-    if (c == NULL || (c->tenant = dsec_strdup(tenant)) == NULL) {
+    if (c == NULL || (c->tenant = dsec_strdup(tenant)) == NULL ||
+        (c->pace = dsec_pace_new()) == NULL) {
         dsec_client_free(c);
         return dsec_err_set(err, DSEC_E_NOMEM, 0, "out of memory");
     }
@@ -214,6 +215,7 @@ void dsec_client_free(dsec_client *c)
     pthread_cond_destroy(&c->rcv);
     dsec_actor_free(c->lost);
     dsec_bus_free(c->bus);
+    dsec_pace_free(c->pace); /* after the bus: its last answers still tell the pace */
     dsec_free(c->tenant);
     dsec_free(c);
 }

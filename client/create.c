@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -120,6 +121,7 @@ struct async_create {
     uint64_t deadline_ns;       /* the current attempt's (as sent) */
     uint64_t resend_ns;         /* in the retrier's queue: when it goes out (wall clock) */
     bool resend_as_is;          /* it was answered "overloaded": the same attempt goes again */
+    dsec_pace_item pi;          /* held back by the client's pace (c->pace, dsec/pace.h) */
     struct async_create *rnext; /* waiting for its retry (client rmu), by resend_ns */
     char trace[DSEC_TRACE_ID_MAX + 1]; /* every attempt carries the first one's trace id */
     /* Held while an attempt is being sent. The bus may answer an attempt
@@ -133,25 +135,75 @@ static int async_send(struct async_create *a, dsec_err *err);
 static void async_finish(struct async_create *a, int status, const dsec_sandbox_info *info,
                          const dsec_err *err);
 static int reencode_retry(struct async_create *a, dsec_err *err);
+static int pace_send(struct async_create *a, bool front, dsec_err *err);
 
-/* Resend the creates that waited out their attempt's deadline. */
+/* A create the pace held back: its turn came (it goes), or its deadline came too near while it
+ * waited, or the client closes (it goes now, so that it is answered before the bus drains). */
+static void pace_release(struct async_create *a, bool give_up)
+{
+    dsec_err err;
+    if (give_up) {
+        dsec_err_set(&err, DSEC_E_OVERLOADED, 0,
+                     "the cell has been answering creates \"overloaded\", and this create waited "
+                     "its turn on the client (its pace) until its deadline was too near to send "
+                     "it; try again later or with a longer timeout");
+        err.retry_after_ms = 100;
+        async_finish(a, -1, NULL, &err);
+    } else if (async_send(a, &err) < 0) {
+        async_finish(a, -1, NULL, &err);
+    }
+}
+
+#define PACE_ITEM_CREATE(it)                                                                       \
+    ((struct async_create *)((char *)(it)-offsetof(struct async_create, pi)))
+
+/* The held creates whose turn has come, in order (rmu not held); *next_ns: when the next one's
+ * may (UINT64_MAX: none is held). */
+static void pace_due(dsec_client *c, uint64_t *next_ns)
+{
+    bool give_up;
+    uint64_t next_us;
+    dsec_pace_item *it;
+    while ((it = dsec_pace_due(c->pace, wall_ns() / 1000, &give_up, &next_us)) != NULL)
+        pace_release(PACE_ITEM_CREATE(it), give_up);
+    *next_ns = next_us == UINT64_MAX ? UINT64_MAX : next_us * 1000;
+}
+
+/* Resend the creates that waited out their attempt's deadline or their retry_after_ms, and send
+ * those the pace held back when their turn comes. */
 static void *retrier_main(void *arg)
 {
     dsec_client *c = arg;
     pthread_mutex_lock(&c->rmu);
     for (;;) {
-        struct async_create *a = c->rhead;
-        if (a == NULL) {
-            if (c->retrier_stop)
-                break;
-            pthread_cond_wait(&c->rcv, &c->rmu);
-            continue;
+        uint64_t pace_ns;
+        bool stop = c->retrier_stop;
+        pthread_mutex_unlock(&c->rmu);
+        if (stop) {
+            for (dsec_pace_item *it = dsec_pace_take_all(c->pace), *nx; it != NULL; it = nx) {
+                nx = it->next;
+                pace_release(PACE_ITEM_CREATE(it), false);
+            }
+            pace_ns = UINT64_MAX;
+        } else {
+            pace_due(c, &pace_ns);
         }
+        pthread_mutex_lock(&c->rmu);
+        struct async_create *a = c->rhead;
         uint64_t now = wall_ns();
-        if (!c->retrier_stop && now < a->resend_ns) {
-            struct timespec ts = {(time_t)(a->resend_ns / 1000000000ull),
-                                  (long)(a->resend_ns % 1000000000ull)};
-            pthread_cond_timedwait(&c->rcv, &c->rmu, &ts); /* CLOCK_REALTIME, like the deadline */
+        if (a == NULL || (!c->retrier_stop && now < a->resend_ns)) {
+            if (a == NULL && pace_ns == UINT64_MAX && c->retrier_stop &&
+                dsec_pace_queued(c->pace) == 0)
+                break;
+            if (pace_ns == UINT64_MAX && dsec_pace_queued(c->pace) > 0)
+                continue; /* held while the pace was looked at: it is looked at again */
+            uint64_t at = a != NULL && a->resend_ns < pace_ns ? a->resend_ns : pace_ns;
+            if (at == UINT64_MAX && !c->retrier_stop) {
+                pthread_cond_wait(&c->rcv, &c->rmu);
+            } else if (!c->retrier_stop) { /* CLOCK_REALTIME, like the deadline */
+                struct timespec ts = {(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+                pthread_cond_timedwait(&c->rcv, &c->rmu, &ts);
+            }
             continue;
         }
         c->rhead = a->rnext;
@@ -159,9 +211,9 @@ static void *retrier_main(void *arg)
             c->rtail = NULL;
         pthread_mutex_unlock(&c->rmu);
         dsec_err err;
-        if (a->resend_as_is) { /* overloaded: the same attempt, its deadline kept */
+        if (a->resend_as_is) { /* overloaded: the same attempt, its deadline kept, paced */
             a->resend_as_is = false;
-            if (async_send(a, &err) < 0)
+            if (pace_send(a, true, &err) < 0)
                 async_finish(a, -1, NULL, &err);
         } else if (reencode_retry(a, &err) < 0 || async_send(a, &err) < 0) {
             async_finish(a, -1, NULL, &err);
@@ -201,6 +253,38 @@ static bool retrier_running(dsec_client *c)
     if (!c->retrier_started && !c->retrier_stop)
         c->retrier_started = pthread_create(&c->retrier, NULL, retrier_main, c) == 0;
     return c->retrier_started && !c->retrier_stop;
+}
+
+/* An attempt goes now; or it waits for its turn in the client's pace, which the retrier
+ * sends it at (0 too); or, when that wait would pass its deadline, it is answered "overloaded"
+ * here (-1). front: a create shed before, back from its retry_after_ms (it came first). Only a
+ * client that retries "overloaded" (retries > 0) paces: one that does not wants each create
+ * sent once and the cell's own answer. */
+static int pace_send(struct async_create *a, bool front, dsec_err *err)
+{
+    dsec_client *c = a->c;
+    int rc = 0;
+    if (c->retries == 0) /* a client that does not retry "overloaded" takes the cell's answer */
+        return async_send(a, err);
+    pthread_mutex_lock(&c->rmu);
+    if (!c->retrier_stop && retrier_running(c)) {
+        a->pi.deadline_us = a->deadline_ns != 0 ? a->deadline_ns / 1000 : UINT64_MAX;
+        rc = dsec_pace_admit(c->pace, &a->pi, wall_ns() / 1000, front);
+        if (rc > 0)
+            pthread_cond_signal(&c->rcv);
+    }
+    pthread_mutex_unlock(&c->rmu);
+    if (rc > 0)
+        return 0;
+    if (rc < 0) {
+        dsec_err_set(err, DSEC_E_OVERLOADED, 0,
+                     "the cell has been answering creates \"overloaded\", and at the rate it "
+                     "takes them now this create's turn on the client (its pace) would come after"
+                     " its deadline; try again later or with a longer timeout");
+        err->retry_after_ms = 100;
+        return -1;
+    }
+    return async_send(a, err);
 }
 
 /* The time an answer needs to come back: an "overloaded" retry that would
@@ -317,11 +401,14 @@ static void on_create_reply(int status, dsec_msg *reply, const dsec_err *berr, v
             dsec_sandbox_info info;
             info_from_created(&cr, &info);
             dsec_decoder_free(dec);
+            dsec_pace_answer(a->c->pace, wall_ns() / 1000, false); /* accepted: the pace's */
             async_finish(a, 0, &info, NULL);
             return;
         }
         dsec_decoder_free(dec);
     }
+    if (err.code == DSEC_E_OVERLOADED) /* shed: the client's pace hears of it */
+        dsec_pace_answer(a->c->pace, wall_ns() / 1000, true);
     /* Overloaded retries do not count against retries (each is a shed, not
      * a failure); the attempt's deadline bounds them. */
     if (err.code == DSEC_E_OVERLOADED && a->c->retries > 0 && defer_overloaded(a, &err))
@@ -389,7 +476,7 @@ static int create_async(dsec_client *c, const dsec_create_spec *spec, dsec_creat
     int rc = create_req_build(c, spec, &a->r, err);
     if (rc == 0) {
         a->deadline_ns = a->r.m.deadline_ns;
-        rc = async_send(a, err);
+        rc = pace_send(a, false, err);
     }
     if (rc < 0) {
         create_req_release(&a->r);

@@ -5,6 +5,7 @@
 #include "bus/bus.h"
 #include "codecs/msg.h"
 #include "dsec/client.h"
+#include "dsec/pace.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -25,6 +26,7 @@ struct dsec_client {
     pthread_cond_t rcv;
     struct async_create *rhead, *rtail;
     pthread_t retrier;
+    dsec_pace *pace; /* creates held back while the cell sheds them (dsec/pace.h) */
     bool retrier_started, retrier_stop;
     dsec_node_lost_cb lost_cb;
     void *lost_ud;

@@ -2,6 +2,7 @@
  * flight, and keeps the figures for the report. */
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -88,6 +89,10 @@ int sim_replay_new(sim_replay **out, const sim_trace *t, const sim_sink *sink,
         r->o.drain_s = 10;
     if (r->o.speed < 0)
         r->o.speed = 0;
+    if ((r->pace = dsec_pace_new()) == NULL) {
+        dsec_free(r);
+        return dsec_err_set(err, DSEC_E_NOMEM, 0, "replay: out of memory");
+    }
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->jobs.mu, NULL);
     pthread_cond_init(&r->jobs.cond, NULL);
@@ -172,6 +177,11 @@ static long resend_pop_due(sim_replay *r, double now, double *next)
     return timers_pop_due(r, true, now, next);
 }
 
+static uint64_t pace_us(double t)
+{
+    return (uint64_t)(t * 1e6);
+}
+
 /* A create answered "overloaded" goes again as libdsec sends it: the same
  * attempt (same req_id), after the answer's retry_after_ms plus up to half
  * as much again of jitter, while that leaves 20 ms before its deadline.
@@ -184,6 +194,7 @@ static bool resend_overloaded(sim_replay *r, struct sim_req *q, const void *data
     if (len == 0 || dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, data, len, &e, &derr) < 0 ||
         e.code == NULL || strcmp(e.code, "overloaded") != 0)
         return false;
+    dsec_pace_answer(r->pace, pace_us(now), true);
     double after = (e.retry_after_ms ? (double)e.retry_after_ms : 100) / 1000.0;
     static _Thread_local uint64_t seed; /* answers come on several threads */
     if (seed == 0)
@@ -257,6 +268,7 @@ void sim_replay_answer(void *req, int status, const char *type, const char *err_
     }
     memcpy(s->node, c.node, nn + 1);
     memcpy(s->id, c.id, nl + 1);
+    dsec_pace_answer(r->pace, pace_us(now), false);
     atomic_store_explicit(&s->state, SIM_SBX_LIVE, memory_order_release);
     long li = atomic_fetch_add(&r->nlat, 1);
     r->lat[li].ms = (now - q->due) * 1000;
@@ -401,8 +413,22 @@ static int send(sim_replay *r, int what, long ix, const char *subject, const dse
     return rc;
 }
 
-/* resend: the same attempt again after "overloaded" (counted once, its deadline kept). */
-static void send_create(sim_replay *r, long ix, double due, bool resend)
+/* A create the pace gave up: its wait for its turn would pass (or came too near) its deadline,
+ * so it is answered "overloaded" on the client, as libdsec answers it. */
+static void pace_give_up(sim_replay *r, long ix, double now)
+{
+    atomic_store(&r->sbx[ix].state, SIM_SBX_FAILED);
+    sim_replay_error_msg(r, "overloaded",
+                         "held back by the replay's pace (as libdsec's) until too near its "
+                         "deadline",
+                         now);
+}
+
+/* resend: the same attempt again after "overloaded" (counted once, its deadline kept).
+ * paced: the pace let it go (its turn came); else the pace is asked first, as libdsec does:
+ * while the cell sheds creates, they wait their turn in the pace's queue (a resend at the
+ * front: it came first). */
+static void send_create(sim_replay *r, long ix, double due, bool resend, bool paced)
 {
     const sim_op *o = &r->t->ops[ix];
     dsec_buf *b = dsec_wire_buf();
@@ -426,15 +452,54 @@ static void send_create(sim_replay *r, long ix, double due, bool resend)
     }
     const char *subject = rewrite_tenant(r, o->subject, subj, sizeof subj) ? subj : o->subject;
     dsec_hdr h = {.type = "create", .schema = DSEC_SCHEMA_VERSION, .req_id = rid};
+    struct sim_req *q = &r->reqs[ix];
     if (resend) {
-        atomic_fetch_add(&r->resent, 1);
-    } else {
+        if (!paced)
+            atomic_fetch_add(&r->resent, 1);
+    } else if (!paced) {
         atomic_fetch_add(&r->creates_sent, 1);
         pthread_mutex_lock(&r->mu);
         r->b[sim_bucket_of(r, due)].sent++;
         pthread_mutex_unlock(&r->mu);
+        q->deadline = sim_now() + r->o.timeout_ms / 1000.0;
     }
-    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due, resend);
+    if (!paced) {
+        double now = sim_now();
+        q->r = r; /* what the pace hands back to pace_due */
+        q->what = SIM_REQ_CREATE;
+        q->ix = ix;
+        q->due = due;
+        q->pi.deadline_us = pace_us(q->deadline);
+        int rc = dsec_pace_admit(r->pace, &q->pi, pace_us(now), resend);
+        if (rc > 0) {
+            atomic_fetch_add(&r->in_flight, 1); /* held: still owed an answer */
+            return;
+        }
+        if (rc < 0) {
+            pace_give_up(r, ix, now);
+            return;
+        }
+    }
+    /* the deadline is the first ask's, kept through the pace's wait and any resend */
+    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due, true);
+}
+
+/* The creates the pace held back whose turn has come go; those too near their deadline are
+ * given up. Returns when the next one's turn may come (INFINITY: none is held). */
+static double pace_due(sim_replay *r, double now)
+{
+    bool give_up;
+    uint64_t next;
+    dsec_pace_item *it;
+    while ((it = dsec_pace_due(r->pace, pace_us(now), &give_up, &next)) != NULL) {
+        struct sim_req *q = (struct sim_req *)((char *)it - offsetof(struct sim_req, pi));
+        atomic_fetch_sub(&r->in_flight, 1); /* sent, it counts itself in again */
+        if (give_up)
+            pace_give_up(r, q->ix, now);
+        else
+            send_create(r, q->ix, q->due, false, true);
+    }
+    return next == UINT64_MAX ? INFINITY : (double)next / 1e6;
 }
 
 static void send_destroy(sim_replay *r, long ix, double due)
@@ -620,7 +685,7 @@ static size_t send_due(sim_replay *r, size_t *i, double now)
             break;
         switch (o->kind) {
         case SIM_OP_CREATE:
-            send_create(r, (long)*i, due, false);
+            send_create(r, (long)*i, due, false, false);
             break;
         case SIM_OP_SBX:
             if (send_sbx(r, (long)*i, due, false))
@@ -655,8 +720,9 @@ static void drain(sim_replay *r)
         long rx;
         while ((rx = resend_pop_due(r, sim_now(), &nr)) >= 0) {
             atomic_fetch_sub(&r->in_flight, 1);
-            send_create(r, rx, r->reqs[rx].due, true);
+            send_create(r, rx, r->reqs[rx].due, true, false);
         }
+        pace_due(r, sim_now());
         usleep(1000);
     }
     if (r->o.destroy_at_end) {
@@ -707,10 +773,13 @@ int sim_replay_run(sim_replay *r, dsec_err *err)
         double next_resend;
         while ((ix = resend_pop_due(r, now, &next_resend)) >= 0) {
             atomic_fetch_sub(&r->in_flight, 1); /* send counts it in again */
-            send_create(r, ix, r->reqs[ix].due, true);
+            send_create(r, ix, r->reqs[ix].due, true, false);
         }
+        double next_paced = pace_due(r, now);
         if (next_resend < next_timer)
             next_timer = next_resend;
+        if (next_paced < next_timer)
+            next_timer = next_paced;
         if (now >= next_sample) {
             sample(r, now);
             next_sample = now + r->bucket_s / 2;
@@ -829,5 +898,6 @@ void sim_replay_free(sim_replay *r)
     dsec_free(r->rheap);
     dsec_free(r->explicit_destroy);
     dsec_free(r->deferred);
+    dsec_pace_free(r->pace);
     dsec_free(r);
 }

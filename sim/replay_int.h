@@ -7,6 +7,7 @@
 
 #include "dsec/job.h"
 #include "dsec/names.h"
+#include "dsec/pace.h"
 #include "sim/sim.h"
 
 #define SIM_MAX_BUCKETS 4096
@@ -20,8 +21,9 @@ struct sim_req {
     struct sim_replay *r;
     int what;
     long ix;
-    double due;      /* when it was due: latency counts from here (open loop) */
-    double deadline; /* a create's: its first send plus the timeout, kept by overloaded resends */
+    double due;        /* when it was due: latency counts from here (open loop) */
+    double deadline;   /* a create's: its first send plus the timeout, kept by overloaded resends */
+    dsec_pace_item pi; /* a create held back by the replay's pace, as libdsec holds them */
 };
 
 struct sim_sbx {
@@ -86,6 +88,7 @@ struct sim_replay {
     sim_sink sink;
     sim_replay_opts o;
     char run_id[33];
+    dsec_pace *pace; /* creates held back while the cell sheds them, as libdsec does */
     pthread_mutex_t mu;
     struct sim_sbx *sbx;  /* per trace index (creates) */
     struct sim_req *reqs; /* per trace index */
