@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "actors/sched-int.h"
 #include "actors/wire.h"
@@ -114,20 +115,28 @@ void dsec__sched_shed_late(dsec_sched *s, const char *reply_to, const dsec_msg_c
 #define WINDOW_MIN 512 /* placements on their way a replica may always have */
 
 /* How many placements this replica may have on their way (sent, not yet counted by their
- * node's report): what its nodes take in window_ms, at least WINDOW_MIN; 0: no window.
- * *taken_per_s: the rate its nodes take them (their echoes), window or not. Like a
+ * node's report): what its nodes take in window_ms, at least WINDOW_MIN; 0: no window. Like a
  * TCP window it clocks itself: a replica whose nodes take more is let send more, and the
  * queue towards them holds about window_ms of work at most, wherever it stands (in
- * nats-server, in a node's socket or mailbox). */
-uint64_t dsec__sched_window_of(dsec_sched *s, uint64_t *taken_per_s)
+ * nats-server, in a node's socket or mailbox). And how late its placements reach their nodes
+ * now: the worst delay of the last window of their nodes' echoes, while it is fresh (judged in
+ * the last second). One look at the admission's stats (a mutex) per create, and none for a
+ * create without a deadline on a replica without a window. */
+void dsec__sched_echoes_of(dsec_sched *s, bool deadline, dsec__sched_echoes *out)
 {
+    memset(out, 0, sizeof *out);
+    if (s->conf.window_ms == 0 && !deadline)
+        return;
     dsec_admit_stats as;
     dsec_admit_stats_get(s->admit, &as);
-    *taken_per_s = as.taken_per_s;
-    if (s->conf.window_ms == 0)
-        return 0;
-    uint64_t w = as.taken_per_s * s->conf.window_ms / 1000;
-    return w > WINDOW_MIN ? w : WINDOW_MIN;
+    if (s->conf.window_ms != 0) {
+        uint64_t w = as.taken_per_s * s->conf.window_ms / 1000;
+        out->window = w > WINDOW_MIN ? w : WINDOW_MIN;
+        out->taken_per_s = as.taken_per_s;
+    }
+    uint64_t now = dsec_admit_stamp();
+    if (deadline && as.delay_at_us != 0 && now - as.delay_at_us <= 1000000)
+        out->late_ms = as.delay_us / 1000;
 }
 
 /* The longest a create shed past the window is told to wait: its client gives up at once when
@@ -180,17 +189,4 @@ void dsec__sched_window_room(dsec_sched *s, uint64_t on_way, uint64_t window)
     pthread_mutex_lock(&s->vmu);
     atomic_store_explicit(&s->window_next_us, 0, memory_order_relaxed);
     pthread_mutex_unlock(&s->vmu);
-}
-
-/* How late this replica's placements reach their nodes now (ms): the worst delay of the last
- * window of their nodes' echoes, while it is fresh (judged in the last second); 0: not late,
- * or not known. */
-uint64_t dsec__sched_place_delay_ms(dsec_sched *s)
-{
-    dsec_admit_stats as;
-    dsec_admit_stats_get(s->admit, &as);
-    uint64_t now = dsec_admit_stamp();
-    if (as.delay_at_us == 0 || now - as.delay_at_us > 1000000)
-        return 0;
-    return as.delay_us / 1000;
 }

@@ -105,16 +105,19 @@ void dsec__sched_shed_args(dsec_sched *s, const char *reply_to, const dsec_msg_c
                            unsigned retry_ms, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 void dsec__sched_shed_late(dsec_sched *s, const char *reply_to, const dsec_msg_create *c);
-/* The window (scheduler.window_ms): how many placements may be on their way, 0: no window;
- * *taken_per_s: the rate the replica's nodes take them, window or not. */
-uint64_t dsec__sched_window_of(dsec_sched *s, uint64_t *taken_per_s);
+/* What admission reads of the replica's node echoes for one create, in one look at them (none
+ * when there is no window and the create has no deadline). */
+typedef struct dsec__sched_echoes {
+    uint64_t window; /* placements that may be on their way (scheduler.window_ms); 0: no window */
+    uint64_t taken_per_s; /* the rate the replica's nodes take them (with a window) */
+    uint64_t late_ms;     /* how late its placements reach their nodes now (with a deadline); 0: not
+                             late, or not known lately */
+} dsec__sched_echoes;
+void dsec__sched_echoes_of(dsec_sched *s, bool deadline, dsec__sched_echoes *out);
 /* A create past the window, given its turn to come back. */
 void dsec__sched_shed_window(dsec_sched *s, const char *reply_to, const dsec_msg_create *c,
                              uint64_t on_way, uint64_t window, uint64_t taken_per_s);
 /* A create let in: with room to spare in the window, no queue of shed creates stands. */
 void dsec__sched_window_room(dsec_sched *s, uint64_t on_way, uint64_t window);
-
-/* How late its placements reach their nodes now, ms (0: not late, or not known lately). */
-uint64_t dsec__sched_place_delay_ms(dsec_sched *s);
 
 #endif

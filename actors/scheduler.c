@@ -662,15 +662,16 @@ static void on_create(dsec_actor *a, dsec_msg *m, void *ud)
                          s->name, s->cell, held, s->conf.admit_max);
         return;
     }
-    uint64_t taken_per_s = 0, window = dsec__sched_window_of(s, &taken_per_s);
-    if (window > 0 && sum.reserved >= window) {
-        dsec__sched_shed_window(s, reply_to, &p.c, sum.reserved, window, taken_per_s);
+    dsec__sched_echoes ech;
+    dsec__sched_echoes_of(s, p.c.deadline_ns != 0, &ech);
+    if (ech.window > 0 && sum.reserved >= ech.window) {
+        dsec__sched_shed_window(s, reply_to, &p.c, sum.reserved, ech.window, ech.taken_per_s);
         return;
     }
-    dsec__sched_window_room(s, sum.reserved, window);
+    dsec__sched_window_room(s, sum.reserved, ech.window);
     /* a create whose deadline comes before its placement would reach its node, as late as
      * this replica's placements reach theirs now, is answered now rather than placed late */
-    uint64_t late_ms = p.c.deadline_ns != 0 ? dsec__sched_place_delay_ms(s) : 0;
+    uint64_t late_ms = ech.late_ms;
     if (late_ms > 0 && p.c.deadline_ns <= dsec_wall_ns() + late_ms * 1000000ull) {
         dsec__sched_shed_args(s, reply_to, &p.c, (unsigned)(late_ms < 60000 ? late_ms : 60000),
                               "scheduler %s of cell %s: its placements reach their nodes up to "
