@@ -1,4 +1,5 @@
 /* record.c - dsec-sim record: a passive tap writing bus traffic to a trace file. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "codecs/record.h"
 #include "actors/wire.h"
 #include "dsec/alloc.h"
+#include "dsec/log.h"
 #include "sim/sim.h"
 
 const char *const sim_record_default_subjects[] = {
@@ -127,6 +129,11 @@ int sim_record_stop(sim_recorder *r, uint64_t *dropped, dsec_err *err)
     dsec_actor_free(r->tap);
     /* lost by the mailbox, by nats.c's queue (slow consumer), or by a drain
      * that ran out of time */
+    if (drained < 0) /* what it waited for, and that the count below is a floor */
+        dsec_log(DSEC_LOG_WARN,
+                 "record: the tap did not drain (%s); %" PRIu64
+                 " messages still queued count as dropped, at least",
+                 derr.msg, st.mailbox_depth + 1);
     if (dropped)
         *dropped = st.dropped + bs.slow_consumers + (drained < 0 ? st.mailbox_depth + 1 : 0);
     int rc = 0;

@@ -7,8 +7,14 @@ TMP=$(mktemp -d /tmp/dsec-cli-XXXXXX)
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export DSEC_URL="nats://127.0.0.1:$PORT"
 UP_PID=""
+EV_PID=""
+LOGD=""
+# what the script started ends with it, a failed check included (a `dsec events` left
+# running would hold the test's output open)
 cleanup() {
-    [ -n "$UP_PID" ] && kill "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null
+    for p in $EV_PID $LOGD $UP_PID; do
+        kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -134,6 +140,7 @@ for i in $(seq 1 50); do
     sleep 0.1
 done
 kill "$EV_PID"; wait "$EV_PID" 2>/dev/null || true
+EV_PID=""
 grep -q "\"$E1\",\"state\":\"running\"" "$TMP/events.json" &&
     grep -q "\"$E2\",\"state\":\"gone\"" "$TMP/events.json" ||
     fail "events: $(cat "$TMP/events.json" "$TMP/events.err")"
@@ -232,6 +239,7 @@ grep -Eq 'Z info dsecd: SIGHUP: reopened .*/dsecd.log$' "$TMP/dsecd.log" ||
     fail "dsecd SIGHUP: no reopened line in the new file: $(cat "$TMP/dsecd.log" "$TMP/logd.err" 2>&1)"
 grep -q "SIGHUP" "$TMP/dsecd.log.1" && fail "dsecd SIGHUP: the line went to the renamed file"
 kill "$LOGD"; wait "$LOGD" 2>/dev/null || true
+LOGD=""
 grep -Eq '^20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z info dsec-arbiter .*: active for cell cli-log-' "$TMP/dsecd.log.1" ||
     fail "dsecd --log-file: $(cat "$TMP/dsecd.log.1" "$TMP/logd.err")"
 grep -q "active for cell" "$TMP/logd.err" && fail "dsecd --log-file: the line went to stderr too"
@@ -239,6 +247,7 @@ grep -q "active for cell" "$TMP/logd.err" && fail "dsecd --log-file: the line we
 LOGD=$!
 sleep 1.5
 kill "$LOGD"; wait "$LOGD" 2>/dev/null || true
+LOGD=""
 grep -q "info" "$TMP/dsecd-warn.log" && fail "dsecd --log-level warn wrote info lines: $(cat "$TMP/dsecd-warn.log")"
 set +e
 "$DSECD" --config "$TMP/logd.yaml" --log-level loud 2> "$TMP/err.txt"; rc=$?
