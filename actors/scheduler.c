@@ -188,9 +188,14 @@ static bool forward(dsec_sched *s, dsec_msg_create *c, const char *tenant, const
     char subj[256];
     snprintf(subj, sizeof subj, DSEC_SUBJ_CREATE_CELL, tenant, other);
     dsec_err err;
-    if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) < 0)
-        return false;
+    /* counted before the send: the other cell may answer the client before this thread goes
+     * on, and whoever reads the stats on that answer must find the forward counted */
     atomic_fetch_add(&s->n_forwarded, 1);
+    if (dsec_wire_send(s->creates, s->bus, subj, reply_to, DSEC_MSG_CREATE, c, c->req_id, &err) <
+        0) {
+        atomic_fetch_sub(&s->n_forwarded, 1);
+        return false;
+    }
     dsec__sched_quota_release(s, c); /* the other cell's quota actor admits it there */
     return true;
 }
