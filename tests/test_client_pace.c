@@ -166,6 +166,18 @@ static void on_answer(int status, const dsec_sandbox_info *info, const dsec_err 
     atomic_fetch_add(&o->done, 1);
 }
 
+/* A client of the test's cell, that retries (and so paces) as libdsec's default does. */
+static dsec_client *client_new(void)
+{
+    dsec_client *c = NULL;
+    dsec_err err;
+    dsec_client_opts co = {
+        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = TIMEOUT_MS, .retries = 2};
+    if (dsec_client_connect(&c, &co, &err) < 0)
+        fail_msg("client: %s", err.msg);
+    return c;
+}
+
 /* Offered 5x what the cell places for 2 s, with 3 s deadlines: without a pace libdsec would
  * send each shed create again every 50-75 ms until its deadline, some 40 attempts per create
  * and 100,000 in all, each one costing the cell a decode and an answer. With it, once the
@@ -180,11 +192,8 @@ static void shed_creates_are_paced(void **state)
     static struct fake_sched f;
     memset(&f, 0, sizeof f);
     assert_int_equal(fake_start(&f), 0);
-    dsec_client *c = NULL;
+    dsec_client *c = client_new();
     dsec_err err;
-    dsec_client_opts co = {
-        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = TIMEOUT_MS, .retries = 2};
-    assert_int_equal(dsec_client_connect(&c, &co, &err), 0);
     static struct offered o;
     static struct one ones[OFFERED];
     memset(&o, 0, sizeof o);
@@ -241,11 +250,8 @@ static void unshed_burst_goes_at_once(void **state)
     memset(&f, 0, sizeof f);
     f.t0_ms = mono_ms() - 3600 * 1000; /* an hour of room: accepts every create */
     assert_int_equal(fake_start(&f), 0);
-    dsec_client *c = NULL;
+    dsec_client *c = client_new();
     dsec_err err;
-    dsec_client_opts co = {
-        .url = dsec_natsd_url(natsd), .tenant = "t", .timeout_ms = TIMEOUT_MS, .retries = 2};
-    assert_int_equal(dsec_client_connect(&c, &co, &err), 0);
     static struct offered o;
     static struct one ones[OFFERED];
     memset(&o, 0, sizeof o);
