@@ -455,8 +455,11 @@ static void reply_in(int status, dsec_msg *reply, const dsec_err *err, struct re
     struct gen *g = r->g;
     const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
     bool ok = type != NULL && strcmp(type, "error") != 0;
-    if (r->op == OP_CREATE && g->pace != NULL && status == 0)
-        dsec_pace_answer(g->pace, wall_us(), !ok && reply_is_overloaded(reply));
+    if (r->op == OP_CREATE && g->pace != NULL && status == 0) {
+        bool shed = !ok && reply_is_overloaded(reply);
+        if (ok || shed) /* other errors say nothing of the cell's room */
+            dsec_pace_answer(g->pace, wall_us(), shed);
+    }
     if (r->op == OP_CREATE && status == 0 && wall_s() > r->deadline)
         atomic_fetch_add(&g->late, 1); /* answered, but after the create's deadline */
     if (!ok) {

@@ -278,9 +278,9 @@ static int pace_send(struct async_create *a, bool front, dsec_err *err)
         return 0;
     if (rc < 0) {
         dsec_err_set(err, DSEC_E_OVERLOADED, 0,
-                     "the cell has been answering creates \"overloaded\", and at the rate it "
-                     "takes them now this create's turn on the client (its pace) would come after"
-                     " its deadline; try again later or with a longer timeout");
+                     "the cell has been answering creates \"overloaded\", and even at twice the "
+                     "rate it takes them now this create's turn on the client (its pace) would "
+                     "come after its deadline; try again later or with a longer timeout");
         err->retry_after_ms = 100;
         return -1;
     }

@@ -136,10 +136,12 @@ int dsec_pace_admit(dsec_pace *p, dsec_pace_item *it, uint64_t now_us, bool fron
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
-    /* the last in the queue waits for the rest to go first, at the rate now; one at the front
-     * goes next */
+    /* the last in the queue waits for the rest to go first; one at the front goes next. Judged
+     * at twice the rate now, the most it grows by while creates wait: a rate still rising
+     * (shed creates cost the cell less once they are paced) must not refuse creates that
+     * would have made it; one that waits too long is given up by dsec_pace_due instead */
     uint64_t rate = send_per_s(p, now_us, true);
-    uint64_t wait = rate ? (uint64_t)(front ? 1 : p->n + 1) * 1000000ull / rate : 0;
+    uint64_t wait = rate ? (uint64_t)(front ? 1 : p->n + 1) * 1000000ull / (2 * rate) : 0;
     if (now_us + wait + DSEC_PACE_MIN_LEFT_MS * 1000ull >= it->deadline_us) {
         p->given_up++;
         pthread_mutex_unlock(&p->mu);

@@ -197,8 +197,9 @@ static void fifo_order_and_front(void **state)
     dsec_pace_free(p);
 }
 
-/* A create whose wait would pass its deadline is refused at once; one whose deadline comes too
- * near while it waits is handed back to give up, and is never sent that near its deadline. */
+/* A create whose wait would pass its deadline even at twice the rate now is refused at once;
+ * one whose deadline comes too near while it waits is handed back to give up, and is never sent
+ * that near its deadline. */
 static void gives_up_before_deadline(void **state)
 {
     (void)state;
@@ -219,8 +220,8 @@ static void gives_up_before_deadline(void **state)
     assert_int_equal(st.queued, AHEAD);
     uint64_t wait = (AHEAD + 1) * S / st.send_per_s; /* ~100 ms for the queue ahead to go */
 
-    /* half the wait it needs: refused now, not held */
-    dsec_pace_item near = {NULL, now + wait / 2 + MIN_LEFT_US};
+    /* a quarter of the wait it needs, half of what it needs at twice the rate: refused now */
+    dsec_pace_item near = {NULL, now + wait / 4 + MIN_LEFT_US};
     assert_int_equal(dsec_pace_admit(p, &near, now, false), -1);
     dsec_pace_stats_get(p, now, &st);
     assert_int_equal(st.given_up, 1);

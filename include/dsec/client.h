@@ -85,10 +85,10 @@ typedef void (*dsec_create_cb)(int status, const dsec_sandbox_info *info, const 
 
 /* Start a create and return at once; many may be in flight. -1 (and no callback) when it
  * cannot start: a bad spec, or DSEC_E_OVERLOADED (retry_after_ms set) when the cell has been
- * answering this client's creates "overloaded" and, at the rate it takes them now, this one's
- * turn would come after its deadline. While the cell sheds creates, a client that retries
- * (retries > 0) sends them at a little more than the rate the cell accepts them and holds the
- * rest back, first come first served (docs/control-plane.md, "Clients pace"). */
+ * answering this client's creates "overloaded" and, even at twice the rate it takes them now,
+ * this one's turn would come after its deadline. While the cell sheds creates, a client that
+ * retries (retries > 0) sends them at a little more than the rate the cell accepts them and holds
+ * the rest back, first come first served (docs/control-plane.md, "Clients pace"). */
 int dsec_create_async(dsec_client *c, const dsec_create_spec *spec, dsec_create_cb cb, void *ud,
                       dsec_err *err);
 

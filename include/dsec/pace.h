@@ -6,9 +6,10 @@
  * its placements needed. So while its creates are being shed, a client sends them no faster
  * than a little more than the rate its cell has been accepting them (DSEC_PACE_K_TENTHS / 10
  * times it), first come first served; the rest wait in a queue on the client, which costs the
- * cell nothing. A create whose wait there would pass its deadline is answered "overloaded" by
- * the client at once. When none has been shed for DSEC_PACE_HOLD_MS, the queue goes at twice
- * the accepted rate until it is empty (a TCP window's growth until a loss); then nothing is
+ * cell nothing. A create whose wait there would pass its deadline even at twice the rate now is
+ * answered "overloaded" by the client at once, and one whose deadline comes too near while it
+ * waits when it reaches the front. When none has been shed for DSEC_PACE_HOLD_MS, the queue goes at
+ * twice the accepted rate until it is empty (a TCP window's growth until a loss); then nothing is
  * paced.
  *
  * The rate is measured from the answers themselves, so a cell that takes more is sent more:
@@ -58,8 +59,8 @@ typedef struct dsec_pace_item {
 /* A create about to be sent at now_us (it->deadline_us set). 0: it goes now; 1: it waits in the
  * pace's queue, first come first served (front: ahead of the rest, for a create shed earlier
  * that comes back from its retry_after_ms), until dsec_pace_due hands it back; -1: its wait
- * there would pass its deadline, so it is answered "overloaded" now. The item stays the
- * caller's; the queue only links it. */
+ * there would pass its deadline even at twice the rate now, so it is answered "overloaded"
+ * now. The item stays the caller's; the queue only links it. */
 int dsec_pace_admit(dsec_pace *p, dsec_pace_item *it, uint64_t now_us, bool front);
 
 /* The next held create whose turn has come at now_us, or whose deadline is now too near to send
