@@ -315,16 +315,6 @@ static uint64_t wall_us(void)
     return (uint64_t)(wall_s() * 1e6);
 }
 
-/* An "overloaded" error answer (for the pace: other errors say nothing of the cell's room). */
-static bool reply_is_overloaded(dsec_msg *reply)
-{
-    dsec_msg_error e;
-    dsec_err derr;
-    return dsec_decode(dsec_wire_decoder(), DSEC_MSG_ERROR, dsec_msg_data(reply),
-                       dsec_msg_len(reply), &e, &derr) == 0 &&
-           e.code != NULL && strcmp(e.code, "overloaded") == 0;
-}
-
 static void retry_push(struct gen *g, struct req *r)
 {
     pthread_mutex_lock(&g->rmu);
@@ -436,7 +426,9 @@ static bool on_error(struct gen *g, struct req *r, const dsec_msg_error *e)
 {
     snprintf(g->last_error, sizeof g->last_error, "%s: %s", e->code, e->message);
     if (r->op != OP_CREATE || strcmp(e->code, "overloaded") != 0)
-        return false;
+        return false; /* other errors say nothing of the cell's room: not the pace's */
+    if (g->pace != NULL)
+        dsec_pace_answer(g->pace, wall_us(), true);
     atomic_fetch_add(&g->shed, 1);
     uint64_t after = SHED_RETRY_AFTER_MS(e);
     atomic_fetch_add(&g->shed_wait_ms, (long)after);
@@ -455,11 +447,6 @@ static void reply_in(int status, dsec_msg *reply, const dsec_err *err, struct re
     struct gen *g = r->g;
     const char *type = status == 0 ? dsec_msg_type(reply) : NULL;
     bool ok = type != NULL && strcmp(type, "error") != 0;
-    if (r->op == OP_CREATE && g->pace != NULL && status == 0) {
-        bool shed = !ok && reply_is_overloaded(reply);
-        if (ok || shed) /* other errors say nothing of the cell's room */
-            dsec_pace_answer(g->pace, wall_us(), shed);
-    }
     if (r->op == OP_CREATE && status == 0 && wall_s() > r->deadline)
         atomic_fetch_add(&g->late, 1); /* answered, but after the create's deadline */
     if (!ok) {
@@ -480,6 +467,8 @@ static void reply_in(int status, dsec_msg *reply, const dsec_err *err, struct re
         return;
     }
     if (r->op == OP_CREATE) {
+        if (g->pace != NULL)
+            dsec_pace_answer(g->pace, wall_us(), false); /* accepted */
         double t = now_s();
         long i = atomic_fetch_add(&g->nlat, 1);
         if (i < g->cap_lat)

@@ -372,8 +372,10 @@ static bool rewrite_tenant(const sim_replay *r, const char *subject, char *out, 
     return snprintf(out, n, DSEC_SUBJ_ROOT "%s%s", r->o.tenant, rest) < (int)n;
 }
 
+/* A create's request waits as long as its deadline (set by send_create) leaves: the first
+ * ask's, kept through the pace's wait and any resend; other requests wait the timeout. */
 static int send(sim_replay *r, int what, long ix, const char *subject, const dsec_hdr *h,
-                const void *data, size_t len, bool request, double due, bool resend)
+                const void *data, size_t len, bool request, double due)
 {
     dsec_err err;
     int rc;
@@ -396,9 +398,7 @@ static int send(sim_replay *r, int what, long ix, const char *subject, const dse
     q->ix = ix;
     q->due = due;
     int timeout_ms = r->o.timeout_ms;
-    if (!resend) {
-        q->deadline = sim_now() + timeout_ms / 1000.0;
-    } else {
+    if (what == SIM_REQ_CREATE) {
         double left = q->deadline - sim_now();
         timeout_ms = left > 0.001 ? (int)(left * 1000.0) : 1;
     }
@@ -480,8 +480,7 @@ static void send_create(sim_replay *r, long ix, double due, bool resend, bool pa
             return;
         }
     }
-    /* the deadline is the first ask's, kept through the pace's wait and any resend */
-    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due, true);
+    send(r, SIM_REQ_CREATE, ix, subject, &h, b->data, b->len, true, due);
 }
 
 /* The creates the pace held back whose turn has come go; those too near their deadline are
@@ -524,7 +523,7 @@ static void send_destroy(sim_replay *r, long ix, double due)
     }
     dsec_hdr h = {.type = "op", .schema = DSEC_SCHEMA_VERSION};
     atomic_fetch_add(&r->destroys_sent, 1);
-    send(r, SIM_REQ_DESTROY, ix, subj, &h, b->data, b->len, true, due, false);
+    send(r, SIM_REQ_DESTROY, ix, subj, &h, b->data, b->len, true, due);
 }
 
 /* An operation on a sandbox the trace created: point it at the replayed one.
@@ -602,7 +601,7 @@ static int send_sbx(sim_replay *r, long ix, double due, bool queued)
     dsec_hdr h = {.type = o->msg_type, .schema = DSEC_SCHEMA_VERSION, .req_id = o->req_id};
     atomic_fetch_add(&r->sbx_sent, 1);
     send(r, o->destroys ? SIM_REQ_DESTROY : SIM_REQ_OP, ix, subj, &h, b->data, b->len, o->request,
-         due, false);
+         due);
     return 0;
 }
 
@@ -633,7 +632,7 @@ static void send_other(sim_replay *r, long ix, double due)
                   .schema = DSEC_SCHEMA_VERSION,
                   .req_id = o->req_id};
     atomic_fetch_add(&r->sends, 1);
-    send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due, false);
+    send(r, SIM_REQ_OP, ix, o->subject, &h, o->payload, o->len, o->request, due);
 }
 
 static void progress(sim_replay *r, size_t done, bool last)
