@@ -503,6 +503,66 @@ static void adopt_keeps_the_network(void **state)
     assert_int_equal(leftovers(), 0);
 }
 
+/* The host's interface index of the first slot's veth, or -1 when there is none. */
+static int slot0_ifindex(void)
+{
+    FILE *f = fopen("/sys/class/net/dsv" TAG_HEX "000000/ifindex", "r");
+    int ix = -1;
+    if (f != NULL && fscanf(f, "%d", &ix) != 1)
+        ix = -1;
+    if (f != NULL)
+        fclose(f);
+    return ix;
+}
+
+/* A create that comes before the restarted node re-adopts (a warm pool attaches from its start):
+ * it is given another slot, not the one of the sandbox still to be adopted, whose network stays
+ * as it was and is adopted with it. */
+static void attach_before_adopt_leaves_its_slot(void **state)
+{
+    (void)state;
+    /* a containment with nothing held: slots are handed out from the first again */
+    dsec_function_ops.fini(fn);
+    fn = NULL;
+    dsec_net_free(net, false);
+    net = NULL;
+    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
+        fail_msg("reopening (see above)");
+    struct sbx *s = mk("python3", allow_one);
+    char out[4096], src0[64];
+    static const char code[] = "import socket\n"
+                               "c = socket.create_connection(('allowed.test', 8080), timeout=5)\n"
+                               "print(c.getsockname()[0], c.recv(200).decode().split()[-1])\n";
+    assert_int_equal(py(s, code, out, sizeof out), 0);
+    snprintf(src0, sizeof src0, "%.63s", out);
+    int ifindex0 = slot0_ifindex();
+    assert_true(ifindex0 > 0); /* the first slot is s's */
+
+    dsec_function_ops.detach(fn, s->h);
+    dsec_function_ops.fini(fn);
+    fn = NULL;
+    dsec_net_free(net, true);
+    net = NULL;
+    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
+        fail_msg("reopening (see above)");
+    struct sbx *t = mk("sh", allow_one); /* before the adoption */
+    dsec_sandbox_spec spec = {.id = s->id, .type = "function"};
+    dsec_err err;
+    if (dsec_function_ops.adopt(fn, &spec, s->bstate, &s->h, &err) < 0)
+        fail_msg("adopt after another create: %s", err.msg);
+    s->be = fn;
+    assert_int_equal(slot0_ifindex(), ifindex0); /* the same veth: nothing remade it */
+    int swept = dsec_net_sweep(net, &err);
+    if (swept != 0)
+        fail_msg("sweep: %d %s", swept, swept < 0 ? err.msg : "");
+    assert_int_equal(py(s, code, out, sizeof out), 0);
+    assert_string_equal(out, src0);
+    assert_int_equal(sh(t, "true", out, sizeof out), 0);
+    rm(t);
+    rm(s);
+    assert_int_equal(leftovers(), 0);
+}
+
 /* A node without containment refuses a policy, saying why. */
 static void no_containment_refuses(void **state)
 {
@@ -794,6 +854,7 @@ int main(void)
         cmocka_unit_test_setup(environment_without_resolv_conf, need_root),
         cmocka_unit_test_setup(zygote_killed, need_root),
         cmocka_unit_test_setup(adopt_keeps_the_network, need_root),
+        cmocka_unit_test_setup(attach_before_adopt_leaves_its_slot, need_root),
         cmocka_unit_test_setup(cost, need_root),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

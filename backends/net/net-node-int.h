@@ -108,6 +108,7 @@ struct dsec_net {
     uint32_t next;        /* allocation hint */
     uint64_t nsbx;
     uint64_t released; /* handles forgotten with their network left in place (restart) */
+    bool swept;        /* dsec_net_sweep ran: a slot's leftovers are no adoptee's any more */
 
     pthread_mutex_t alock; /* alerts */
     struct agg agg[AGG_SLOTS];

@@ -414,6 +414,13 @@ static void sbx_free(dsec_net_sbx *s)
     dsec_free(s);
 }
 
+/* Slot idx's host veth name (ifname, 16 bytes) and namespace file (netns, PATH_MAX bytes). */
+static void slot_names(const dsec_net *n, uint32_t idx, char *ifname, char *netns)
+{
+    snprintf(ifname, sizeof((dsec_net_sbx *)0)->ifname, "%s%06x", n->prefix, idx);
+    snprintf(netns, sizeof((dsec_net_sbx *)0)->netns, "%s/netns/%s", n->state_dir, ifname);
+}
+
 static dsec_net_sbx *sbx_new(dsec_net *n, const char *id, const char *tenant, uint32_t idx)
 {
     dsec_net_sbx *s = dsec_calloc(1, sizeof *s);
@@ -427,12 +434,23 @@ static dsec_net_sbx *sbx_new(dsec_net *n, const char *id, const char *tenant, ui
         sbx_free(s);
         return NULL;
     }
-    snprintf(s->ifname, sizeof s->ifname, "%s%06x", n->prefix, idx);
+    slot_names(n, idx, s->ifname, s->netns);
     idx_addrs(n, idx, &s->a4, &s->a6);
     inet_ntop(AF_INET, &s->a4, s->addr_str, sizeof s->addr_str);
-    snprintf(s->netns, sizeof s->netns, "%s/netns/%s%06x", n->state_dir, n->prefix, idx);
     snprintf(s->state, sizeof s->state, "idx=%u", idx);
     return s;
+}
+
+/* Whether slot idx has a veth or namespace file on the host. Before the node's sweep, that may
+ * be the network of a sandbox still to be adopted (a backend's warm pool attaches from its
+ * start, before the node re-adopts): its slot is not handed out, or link_fresh would remove the
+ * live sandbox's network and its adoption would then find the slot taken. */
+static bool slot_has_leftovers(const dsec_net *n, uint32_t idx)
+{
+    char ifname[sizeof((dsec_net_sbx *)0)->ifname], path[sizeof((dsec_net_sbx *)0)->netns];
+    slot_names(n, idx, ifname, path);
+    struct stat st;
+    return stat(path, &st) == 0 || dsec__net_link_ifindex(ifname) > 0;
 }
 
 /* Reserve a free slot (under lock): the slot holds s from now on. */
@@ -440,7 +458,7 @@ static int reserve(dsec_net *n, dsec_net_sbx *s_proto, uint32_t *idx, dsec_err *
 {
     for (uint32_t k = 0; k < n->capacity; k++) {
         uint32_t i = (n->next + k) % n->capacity;
-        if (!n->sbx[i]) {
+        if (!n->sbx[i] && (n->swept || !slot_has_leftovers(n, i))) {
             n->sbx[i] = s_proto;
             n->next = (i + 1) % n->capacity;
             *idx = i;
@@ -811,6 +829,9 @@ int dsec_net_sweep(dsec_net *n, dsec_err *err)
             removed++;
     }
     dsec__net_strv_free(names, nn);
+    pthread_mutex_lock(&n->lock);
+    n->swept = true; /* adoption is over: what no sandbox holds from here on is a leftover */
+    pthread_mutex_unlock(&n->lock);
     /* namespace files without a veth */
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/netns", n->state_dir);
