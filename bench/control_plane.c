@@ -69,7 +69,7 @@ static void sleep_until(double t)
 /* ---- the cell: child processes ------------------------------------------------------ */
 
 static pid_t run_child(const char *url, const char *state, int roles, int replica, int gen,
-                       int metrics_port)
+                       int metrics_port, int slots)
 {
     pid_t pid = fork();
     if (pid != 0)
@@ -100,6 +100,11 @@ static pid_t run_child(const char *url, const char *state, int roles, int replic
     const char *win = getenv("DSEC_BENCH_WINDOW_MS");
     if (win != NULL && win[0] != '\0')
         c.window_ms = (uint32_t)strtoul(win, NULL, 10);
+    /* DSEC_BENCH_SHARED_DELIVERY=0: bus.shared_delivery off for an A/B run (a delivery thread
+     * per subscription) */
+    const char *sd = getenv("DSEC_BENCH_SHARED_DELIVERY");
+    if (sd != NULL && sd[0] != '\0')
+        c.shared_delivery = strcmp(sd, "0") != 0;
     dsec_err err;
     char listen[64];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", metrics_port);
@@ -109,7 +114,8 @@ static pid_t run_child(const char *url, const char *state, int roles, int replic
     }
     static const char *const types[] = {"sim", NULL};
     if (roles == DSEC_ROLE_NODE &&
-        dsec_cell_conf_add_sim_nodes(&c, "n", NODES, 192000, 1572864, 3000, types, "0", &err) < 0) {
+        dsec_cell_conf_add_sim_nodes(&c, "n", NODES, (uint32_t)slots * 64, 1572864, (uint32_t)slots,
+                                     types, "0", &err) < 0) {
         fprintf(stderr, "bench child: %s\n", err.msg);
         _exit(1);
     }
@@ -754,15 +760,17 @@ struct cellp {
     pid_t kids[3]; /* the node process, two scheduler replicas */
     int metrics[3];
     int gen;
+    int slots; /* sandboxes per node (a create asks 50 millicores: the CPUs hold 64 per slot) */
 };
 
 static void cell_start(struct cellp *c)
 {
     c->gen++;
-    c->kids[0] = run_child(c->url, c->state, DSEC_ROLE_NODE, 0, c->gen, 0);
+    c->kids[0] = run_child(c->url, c->state, DSEC_ROLE_NODE, 0, c->gen, 0, c->slots);
     sleep(2);
     for (int i = 1; i <= 2; i++)
-        c->kids[i] = run_child(c->url, c->state, DSEC_ROLE_SCHEDULER, i, c->gen, c->metrics[i]);
+        c->kids[i] =
+            run_child(c->url, c->state, DSEC_ROLE_SCHEDULER, i, c->gen, c->metrics[i], c->slots);
     sleep(3);
 }
 
@@ -830,6 +838,56 @@ static void gen_reset(struct gen *g, int phase, bool retry_shed, int timeout_ms)
     atomic_store(&g->late, 0);
 }
 
+/* The end of a diagnostic run (CP_OVERLOAD_ONLY, CP_BUSY_ONLY): everything stopped, the state
+ * removed; the exit code. */
+static int diag_end(struct cellp *cell, dsec_actor *cap, dsec_bus *bus, dsec_natsd *natsd,
+                    const char *state)
+{
+    cell_stop(cell);
+    dsec_actor_free(cap);
+    dsec_bus_free(bus);
+    dsec_natsd_stop(natsd);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", state);
+    return system(rm) == 0 ? 0 : 1;
+}
+
+struct busy_out {
+    double rate, p99, drained, slowdown;
+};
+
+/* The busy-host phase: phase 1's load beside two CPU-bound processes per core at the cell's own
+ * priority, with the raw nats.c rate measured beside them; its line printed. */
+static void busy_host(struct gen *g, struct cellp *cellp, const char *url, double raw,
+                      double phase1_secs, struct busy_out *o)
+{
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN), nburn = 2 * (ncpu > 0 ? ncpu : 1);
+    pid_t burn[256] = {0};
+    if (nburn > 256)
+        nburn = 256;
+    burners_start(burn, nburn);
+    sleep(1);
+    double raw_busy = dsec_bench_raw_publish_rate(url, 1000000);
+    o->slowdown = raw_busy > 0 ? raw / raw_busy : -1;
+    double d0 = nodes_drained(cellp);
+    gen_reset(g, 1, true, 10000);
+    double p50c, p999c, el3;
+    o->rate = run_phase(g, PHASE1_RATE, phase1_secs, 0, false, &p50c, &o->p99, &p999c, &el3);
+    sleep(1); /* a drain pass after the load */
+    double d1 = nodes_drained(cellp);
+    burners_stop(burn, nburn);
+    o->drained = d0 >= 0 && d1 >= 0 ? d1 - d0 : -1;
+    long f3 = atomic_load(&g->failed);
+    printf("busy host: %d CPU-bound processes beside the cell; raw nats.c %.0f msg/s beside them"
+           " (%.2fx slower than %.0f); target %.0f creates/s for %.0f s: %.0f creates/s answered"
+           " (%ld failed, %ld answered overloaded), create latency p50 %.2f ms, p99 %.2f ms;"
+           " nodes drained %.0f\n",
+           nburn, raw_busy, o->slowdown, raw, PHASE1_RATE, phase1_secs, o->rate, f3,
+           atomic_load(&g->shed), p50c, o->p99, o->drained);
+    if (f3 > 0)
+        printf("  last error: %s\n", g->last_error);
+}
+
 static const char *verdict(bool ok)
 {
     return ok ? "PASS" : "FAIL";
@@ -885,7 +943,7 @@ int main(int argc, char **argv)
            "at 5k/s\n",
            raw, RAW_REF, scale, 20000 * scale, 20.0 / scale);
 
-    struct cellp cell = {.url = url, .state = state};
+    struct cellp cell = {.url = url, .state = state, .slots = 3000};
     cell.metrics[1] = 20222 + (int)(getpid() % 1000) * 2;
     cell.metrics[2] = cell.metrics[1] + 1;
     cell_start(&cell);
@@ -931,13 +989,17 @@ int main(int argc, char **argv)
                    (double)(atomic_load(&g.shed) ? atomic_load(&g.shed) : 1),
                atomic_load(&g.held), atomic_load(&g.shed_final),
                atomic_load(&g.timeouts) + atomic_load(&g.late), admitted_p99(&g), p50o, p99o);
-        cell_stop(&cell);
-        dsec_actor_free(cap);
-        dsec_bus_free(g.bus);
-        dsec_natsd_stop(natsd);
-        char rm[128];
-        snprintf(rm, sizeof rm, "rm -rf '%s'", state);
-        return system(rm) == 0 ? 0 : 1;
+        return diag_end(&cell, cap, g.bus, natsd, state);
+    }
+
+    /* CP_BUSY_ONLY=1: only the busy-host phase, on a fresh cell (a diagnostic run, as above) */
+    const char *busy_only = getenv("CP_BUSY_ONLY");
+    if (busy_only != NULL && busy_only[0] != '\0' && strcmp(busy_only, "0") != 0) {
+        struct busy_out bz;
+        busy_host(&g, &cell, url, raw, phase1_secs, &bz);
+        printf("busy only: p99 %.2f ms against 20 ms x %.2f = %.1f ms\n", bz.p99, bz.slowdown,
+               20 * bz.slowdown);
+        return diag_end(&cell, cap, g.bus, natsd, state);
     }
 
     /* phase 1: DSec's production rate, with exec and destroy mixed in */
@@ -989,39 +1051,24 @@ int main(int argc, char **argv)
     if (f2 > 0)
         printf("  last error: %s\n", g.last_error);
 
-    /* A fresh cell for the last two phases: the 380,000 live leave no room for an overload. */
+    /* A fresh cell for the last two phases: the 380,000 live leave no room for an overload. It
+     * has room for all the overload phase offers (twice phase 2 for overload_secs, and a tenth
+     * more), so that phase measures the cell's admission, not its size: a cell of 3,000 per node
+     * (480,000) is full before the end of an overload offered at 2 x 24,000/s. */
     cell_stop(&cell);
     memset(node_live, 0, sizeof node_live);
+    double want = 2 * rate2 * overload_secs * 1.1 / NODES;
+    cell.slots = want > 3000 ? (int)want + 1 : 3000;
     cell_start(&cell);
+    printf("the last two phases' cell: %d sandboxes per node (%d in all)\n", cell.slots,
+           cell.slots * NODES);
     dsec_bus_publish(g.bus, "dsec.v1.ctl.sync", NULL, &(dsec_hdr){.type = "sync"}, "", 0, &err);
     sleep(1);
 
     /* busy host: phase 1's load beside two CPU-bound processes per core, same priority */
-    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN), nburn = 2 * (ncpu > 0 ? ncpu : 1);
-    pid_t burn[256] = {0};
-    if (nburn > 256)
-        nburn = 256;
-    burners_start(burn, nburn);
-    sleep(1);
-    double raw_busy = dsec_bench_raw_publish_rate(url, 1000000);
-    double slowdown = raw_busy > 0 ? raw / raw_busy : -1;
-    double d0 = nodes_drained(&cell);
-    gen_reset(&g, 1, true, 10000);
-    double p50c, p99c, p999c, el3;
-    double rate3 = run_phase(&g, PHASE1_RATE, phase1_secs, 0, false, &p50c, &p99c, &p999c, &el3);
-    sleep(1); /* a drain pass after the load */
-    double d1 = nodes_drained(&cell);
-    burners_stop(burn, nburn);
-    double drained = d0 >= 0 && d1 >= 0 ? d1 - d0 : -1;
-    long f3 = atomic_load(&g.failed);
-    printf("busy host: %d CPU-bound processes beside the cell; raw nats.c %.0f msg/s beside them"
-           " (%.2fx slower than %.0f); target %.0f creates/s for %.0f s: %.0f creates/s answered"
-           " (%ld failed, %ld answered overloaded), create latency p50 %.2f ms, p99 %.2f ms;"
-           " nodes drained %.0f\n",
-           nburn, raw_busy, slowdown, raw, PHASE1_RATE, phase1_secs, rate3, f3,
-           atomic_load(&g.shed), p50c, p99c, drained);
-    if (f3 > 0)
-        printf("  last error: %s\n", g.last_error);
+    struct busy_out bz;
+    busy_host(&g, &cell, url, raw, phase1_secs, &bz);
+    double rate3 = bz.rate, p99c = bz.p99, drained = bz.drained, slowdown = bz.slowdown;
     sleep(2);
 
     /* overload: twice what phase 2 sustained, every create with a 10 s deadline, shed creates
