@@ -21,6 +21,7 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     snprintf(c->url, sizeof c->url, "%s", url && url[0] ? url : "nats://127.0.0.1:4222");
     c->threads = 2;
     c->low_latency = true;
+    c->shared_delivery = true;
     c->embedded_nats = false;
     c->nats_port = 4222;
     c->jetstream = true;
@@ -353,14 +354,17 @@ static int load_bus(const dsec_cfg *cfg, const dsec_cfg_node *root, dsec_cell_co
 {
     const char *s;
     const dsec_cfg_node *bus = dsec_cfg_get(root, "bus");
-    static const char *const bus_keys[] = {"url", "threads", "work_threads", "low_latency", NULL};
+    static const char *const bus_keys[] = {"url",         "threads",         "work_threads",
+                                           "low_latency", "shared_delivery", NULL};
     uint64_t threads, work;
     if (dsec_cfg_expect(cfg, bus, DSEC_CFG_MAP, err) < 0 ||
         dsec_cfg_check_keys(cfg, bus, bus_keys, err) < 0 ||
         dsec_cfg_str(cfg, bus, "url", c->url, &s, err) < 0 ||
         dsec_cfg_u64(cfg, bus, "threads", (uint64_t)c->threads, 1, 64, &threads, err) < 0 ||
         dsec_cfg_u64(cfg, bus, "work_threads", (uint64_t)c->work_threads, 0, 256, &work, err) < 0 ||
-        dsec_cfg_bool(cfg, bus, "low_latency", c->low_latency, &c->low_latency, err) < 0)
+        dsec_cfg_bool(cfg, bus, "low_latency", c->low_latency, &c->low_latency, err) < 0 ||
+        dsec_cfg_bool(cfg, bus, "shared_delivery", c->shared_delivery, &c->shared_delivery, err) <
+            0)
         return -1;
     snprintf(c->url, sizeof c->url, "%s", s);
     c->threads = (int)threads;

@@ -563,6 +563,7 @@ static int start_bus(dsec_cell *c, const dsec_cell_conf *conf, int roles, dsec_e
                         .threads = threads,
                         .retry_on_failed_connect = !conf->embedded_nats,
                         .low_latency = conf->low_latency,
+                        .shared_delivery = conf->shared_delivery,
                         /* a newer sender's message is refused, not misread */
                         .schema_max = DSEC_SCHEMA_VERSION};
     if (dsec_bus_connect(&c->bus, &bo, err) < 0 || dsec_ticker_new(&c->ticker, err) < 0 ||

@@ -56,13 +56,14 @@ typedef struct dsec_cell_net {
 
 typedef struct dsec_cell_conf {
     char cell[65];
-    char url[256];      /* the bus */
-    int threads;        /* bus worker threads */
-    int work_threads;   /* bus.work_threads: the nodes' threads for operations that need one;
-                           0: DSEC_CELL_WORK_THREADS with a native node, else 4 */
-    bool low_latency;   /* bus.low_latency: publish at once (default true) */
-    bool embedded_nats; /* start a nats-server (dsec up) */
-    int nats_port;      /* 0: a free port */
+    char url[256];        /* the bus */
+    int threads;          /* bus worker threads */
+    int work_threads;     /* bus.work_threads: the nodes' threads for operations that need one;
+                             0: DSEC_CELL_WORK_THREADS with a native node, else 4 */
+    bool low_latency;     /* bus.low_latency: publish at once (default true) */
+    bool shared_delivery; /* bus.shared_delivery: nats.c's delivery pool (default true) */
+    bool embedded_nats;   /* start a nats-server (dsec up) */
+    int nats_port;        /* 0: a free port */
     bool jetstream;
     char state_dir[1024];
     uint64_t default_cpu_milli, default_memory_mb, default_ttl_s, default_idle_s, max_ttl_s;

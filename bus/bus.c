@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bus/internal.h"
 #include "dsec/alloc.h"
@@ -370,6 +371,12 @@ static int build_options(natsOptions **out, dsec_bus *bus, const dsec_bus_opts *
         s = natsOptions_SetPingInterval(no, PING_INTERVAL_MS);
     if (s == NATS_OK && o->low_latency)
         s = natsOptions_SetSendAsap(no, true);
+    if (s == NATS_OK && o->shared_delivery) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        s = nats_SetMessageDeliveryPoolSize(ncpu < 1 ? 1 : ncpu > 4 ? 4 : (int)ncpu);
+        if (s == NATS_OK)
+            s = natsOptions_UseGlobalMessageDelivery(no, true);
+    }
     /* Always set: without it nats.c reports slow consumers to nobody. */
     if (s == NATS_OK)
         s = natsOptions_SetErrorHandler(no, on_async_error, live_closure(bus));
@@ -490,6 +497,7 @@ int dsec_bus_connect(dsec_bus **out, const dsec_bus_opts *opts, dsec_err *err)
     bus->on_event = o.on_event;
     bus->event_ud = o.event_ud;
     bus->threads = o.threads > 0 ? o.threads : DEFAULT_THREADS;
+    bus->shared_delivery = o.shared_delivery;
     bus->mailbox_max = o.mailbox_max > 0 ? o.mailbox_max : DEFAULT_MAILBOX_MAX;
     bus->schema_max = o.schema_max;
     bus->state = DSEC__BUS_OPEN;

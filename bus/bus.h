@@ -86,6 +86,16 @@ typedef struct dsec_bus_opts {
     bool low_latency;             /* write each publish at once instead of letting nats.c's
                                      flusher batch for ~1 ms: a request/reply round trip drops
                                      from ~2 ms to ~0.25 ms; a tight publish loop gets slower */
+    bool shared_delivery;         /* the connection's subscriptions are delivered by nats.c's
+                                     process-wide pool of delivery threads (one per CPU, at most
+                                     4) instead of a thread each. A process with many actors
+                                     (a dsecd running many node managers has hundreds of
+                                     subscriptions) then wakes a pool thread that is often
+                                     running already, instead of the sleeping thread of each
+                                     message's subscription. Request callbacks never run on a
+                                     delivery thread then (they go to the workers), so nothing
+                                     blocks the pool. Default false (libdsec's clients run
+                                     their reply callbacks on the delivery thread) */
     dsec_bus_event_cb on_event;   /* may be NULL; called from a bus thread */
     void *event_ud;
     const char *inbox_prefix; /* replies to this connection's requests arrive under

@@ -140,6 +140,7 @@ struct dsec_bus {
     int mailbox_max;
     unsigned schema_max; /* see dsec_bus_opts.schema_max */
     int threads;
+    bool shared_delivery; /* see dsec_bus_opts.shared_delivery */
     char *name;
 
     dsec__pool pool;

@@ -871,7 +871,8 @@ static int send_request(dsec_bus *bus, const char *subject, const dsec_hdr *hdr,
     p->id = id;
     int64_t now = dsec__now_ns();
     p->deadline = now + (int64_t)timeout_ms * 1000000;
-    const struct inbox *ib = pick_inbox(r, cb != NULL && !direct, now);
+    /* on a shared delivery pool a callback must not hold a pool thread: it goes to a worker */
+    const struct inbox *ib = pick_inbox(r, cb != NULL && !direct && !bus->shared_delivery, now);
     p->timeout_ms = timeout_ms;
     p->code = 0;
     p->reply = NULL;

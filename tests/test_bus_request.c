@@ -645,6 +645,80 @@ static void request_direct_skips_workers(void **state)
     dsec_free(queued.slots);
 }
 
+static dsec_bus *bus_open_shared(server *s, const char *name, int threads)
+{
+    dsec_bus_opts o = {
+        .url = dsec_natsd_url(s->srv), .name = name, .threads = threads, .shared_delivery = true};
+    dsec_bus *bus = NULL;
+    dsec_err err;
+    if (dsec_bus_connect(&bus, &o, &err) != 0)
+        fail_msg("connecting to %s: %s", o.url, err.msg);
+    return bus;
+}
+
+/* Buses on nats.c's shared delivery pool (at most 4 threads in a process): reply callbacks run
+ * on the bus's workers, not on the pool. Five callbacks blocked at once, each in a reply queue
+ * of its own - more than the pool has threads - leave every subscription of the process
+ * delivered: 200 requests answered meanwhile (the responder's actor and the requester's inbox are
+ * on that pool). Were the callbacks run on the pool, as a bus with a thread per subscription
+ * runs them, they would hold all of its threads. */
+static void shared_delivery_callbacks_never_hold_the_pool(void **state)
+{
+    server s;
+    server_start(&s);
+    dsec_bus *srv_bus = bus_open_shared(&s, "responder", 2);
+    dsec_bus *cli_bus = bus_open_shared(&s, "requester", 8);
+    actor_on(srv_bus, "echo", "test.rr.echo", echo_handler, NULL);
+    flush(srv_bus);
+    dsec_err err;
+    gate g;
+    gate_init(&g);
+    rr_many held_st;
+    counter_init(&held_st.done);
+    enum { HELD = 5 };
+    held_cb held[HELD];
+    for (int i = 0; i < HELD; i++) {
+        /* 63 answered requests between two held ones: the next id starts a reply queue's run */
+        for (int k = 0; i > 0 && k < 63; k++) {
+            dsec_msg *r = NULL;
+            assert_int_equal(
+                dsec_bus_request_sync(cli_bus, "test.rr.echo", NULL, "f", 1, 10000, &r, &err), 0);
+            dsec_msg_free(r);
+        }
+        held[i] = (held_cb){.g = &g, .slot = {.st = &held_st, .index = (uint32_t)i}};
+        unsigned char b[4];
+        put_u32(b, (uint32_t)i);
+        assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 20000,
+                                          held_reply_cb, &held[i], &err),
+                         0);
+        assert_true(gate_wait_entered(&g, i + 1, WAIT_MS));
+    }
+    for (int k = 0; k < 200; k++) {
+        dsec_msg *r = NULL;
+        char q[16];
+        int n = snprintf(q, sizeof q, "q%d", k);
+        if (dsec_bus_request_sync(cli_bus, "test.rr.echo", NULL, q, (size_t)n, 5000, &r, &err) != 0)
+            fail_msg("request %d while %d callbacks are held: %s", k, HELD, err.msg);
+        assert_int_equal(dsec_msg_len(r), (size_t)n);
+        assert_memory_equal(dsec_msg_data(r), q, (size_t)n);
+        dsec_msg_free(r);
+    }
+    for (int i = 0; i < HELD; i++)
+        assert_int_equal(atomic_load(&held[i].slot.calls), 0); /* still held */
+    gate_open(&g);
+    assert_true(counter_wait(&held_st.done, HELD, WAIT_MS));
+    for (int i = 0; i < HELD; i++) {
+        assert_int_equal(held[i].slot.status, 0);
+        assert_true(held[i].slot.payload_ok);
+    }
+    dsec_bus_free(cli_bus);
+    dsec_bus_free(srv_bus);
+    server_stop(&s);
+    assert_false(g.timed_out);
+    gate_destroy(&g);
+    counter_destroy(&held_st.done);
+}
+
 const struct CMUnitTest bus_request_tests[] = {
     cmocka_unit_test(request_many_in_flight),
     cmocka_unit_test(request_future_and_sync),
@@ -659,5 +733,6 @@ const struct CMUnitTest bus_timeout_tests[] = {
     cmocka_unit_test(request_no_responders),
     cmocka_unit_test(request_direct_skips_workers),
     cmocka_unit_test(held_callbacks_are_routed_around),
+    cmocka_unit_test(shared_delivery_callbacks_never_hold_the_pool),
 };
 const size_t bus_timeout_ntests = sizeof bus_timeout_tests / sizeof bus_timeout_tests[0];
