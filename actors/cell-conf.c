@@ -52,7 +52,9 @@ void dsec_cell_conf_defaults(dsec_cell_conf *c)
     c->shed_after_ms =
         0; /* off: measured, it cost more than it gave (control-plane.md, "Shedding by wait") */
     c->admit_delay_ms = 0; /* off: measured, it gave latency for goodput (control-plane.md) */
-    c->window_ms = 0; /* off: measured, it gave goodput and bursts for latency (control-plane.md) */
+    /* measured with clients that pace and bus.shared_delivery: it met every target of the
+     * overload and busy-host phases, at a cost to a burst's latency (control-plane.md) */
+    c->window_ms = 100;
     c->arbiter_lease_ms = 3000;
     c->arbiter_grace_ms = 30000;
     c->arbiter_max_per_min = 120;

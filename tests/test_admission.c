@@ -96,6 +96,9 @@ static void start_cell(uint64_t cpu, uint32_t admit_max, uint32_t park_max, uint
     c->shed_after_ms = shed_after_ms;
     c->admit_delay_ms = next_admit_delay_ms;
     next_admit_delay_ms = 0;
+    /* each test here isolates one way of pushing back (admit_max, parking, shedding by wait,
+     * admission by delay); the window, on by default, has its own test below */
+    c->window_ms = 0;
     c->threads = 1; /* one bus worker: a burst queues for sure */
     static const char *const types[] = {"sim", NULL};
     char node[80];
@@ -662,6 +665,9 @@ static void config_bounds(void **state)
     dsec_cell_conf_defaults(&c);
     assert_int_equal(c.shed_after_ms, 0); /* off unless configured */
     assert_int_equal(c.admit_delay_ms, 0);
+    assert_int_equal(c.window_ms, 100); /* on by default */
+    dsec_cell_conf_release(&c);
+    assert_int_equal(load("scheduler:\n  window_ms: 0\n", &c, &err), 0); /* off */
     assert_int_equal(c.window_ms, 0);
     dsec_cell_conf_release(&c);
     assert_int_equal(load("scheduler:\n  admit_delay_ms: 50\n", &c, &err), 0);
@@ -873,7 +879,7 @@ static void window_bounds_placements_on_their_way(void **state)
     snprintf(c->url, sizeof c->url, "%s", dsec_natsd_url(natsd));
     snprintf(c->state_dir, sizeof c->state_dir, "%s/%s", root, c->cell);
     c->sched_replicas = 1;
-    assert_int_equal(c->window_ms, 0); /* off by default */
+    assert_int_equal(c->window_ms, 100); /* on by default */
     c->window_ms = 150;
     dsec_err err;
     if (dsec_cell_start(&live.cell, c, DSEC_ROLE_SCHEDULER, &err) < 0)
