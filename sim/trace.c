@@ -235,9 +235,15 @@ static void link_ops(sim_trace *t)
                 smap_put(&jobs, t->ops[i].job_id, (long)i);
         }
     smap_free(&jobs);
+    /* a create sent again under its req_id (after an "overloaded" answer, or a retry) is the
+     * client's resend of one create: the first send is the create, the others are observed */
     for (size_t i = 0; i < t->n; i++)
-        if (t->ops[i].kind == SIM_OP_CREATE && t->ops[i].req_id)
-            smap_put(&by_req, t->ops[i].req_id, (long)i);
+        if (t->ops[i].kind == SIM_OP_CREATE && t->ops[i].req_id) {
+            if (smap_get(&by_req, t->ops[i].req_id) >= 0)
+                t->ops[i].kind = SIM_OP_SEEN;
+            else
+                smap_put(&by_req, t->ops[i].req_id, (long)i);
+        }
     for (size_t i = 0; i < t->n; i++) {
         const sim_op *o = &t->ops[i];
         long c;
