@@ -465,6 +465,18 @@ static void policy_changes(void **state)
     rm(s);
 }
 
+/* A node manager's restart: the function backend closed, the containment freed (keeping its
+ * networks for adoption when keep), both opened again. */
+static void reopen(bool keep)
+{
+    dsec_function_ops.fini(fn);
+    fn = NULL;
+    dsec_net_free(net, keep);
+    net = NULL;
+    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
+        fail_msg("reopening (see above)");
+}
+
 /* A node manager restart: the sandbox is detached, the containment closed
  * keeping its networks, both opened again; adopt finds the sandbox's
  * network and its last policy, and its calls work as before. */
@@ -484,12 +496,7 @@ static void adopt_keeps_the_network(void **state)
     snprintf(src0, sizeof src0, "%.63s", out);
 
     dsec_function_ops.detach(fn, s->h);
-    dsec_function_ops.fini(fn);
-    fn = NULL;
-    dsec_net_free(net, true);
-    net = NULL;
-    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
-        fail_msg("reopening (see above)");
+    reopen(true);
     dsec_sandbox_spec spec = {.id = s->id, .type = "function"};
     if (dsec_function_ops.adopt(fn, &spec, s->bstate, &s->h, &err) < 0)
         fail_msg("adopt: %s", err.msg);
@@ -522,12 +529,7 @@ static void attach_before_adopt_leaves_its_slot(void **state)
 {
     (void)state;
     /* a containment with nothing held: slots are handed out from the first again */
-    dsec_function_ops.fini(fn);
-    fn = NULL;
-    dsec_net_free(net, false);
-    net = NULL;
-    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
-        fail_msg("reopening (see above)");
+    reopen(false);
     struct sbx *s = mk("python3", allow_one);
     char out[4096], src0[64];
     static const char code[] = "import socket\n"
@@ -539,12 +541,7 @@ static void attach_before_adopt_leaves_its_slot(void **state)
     assert_true(ifindex0 > 0); /* the first slot is s's */
 
     dsec_function_ops.detach(fn, s->h);
-    dsec_function_ops.fini(fn);
-    fn = NULL;
-    dsec_net_free(net, true);
-    net = NULL;
-    if (net_open() < 0 || fn_open(&fn, net, UID_BASE, fn_dir) < 0)
-        fail_msg("reopening (see above)");
+    reopen(true);
     struct sbx *t = mk("sh", allow_one); /* before the adoption */
     dsec_sandbox_spec spec = {.id = s->id, .type = "function"};
     dsec_err err;
