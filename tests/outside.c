@@ -43,6 +43,19 @@ int dsec_test_links(const char *prefix)
     return n;
 }
 
+long dsec_test_ifindex(const char *dev)
+{
+    char p[128];
+    snprintf(p, sizeof p, "/sys/class/net/%s/ifindex", dev);
+    FILE *f = fopen(p, "r");
+    long ix = -1;
+    if (f != NULL && fscanf(f, "%ld", &ix) != 1)
+        ix = -1;
+    if (f != NULL)
+        fclose(f);
+    return ix;
+}
+
 int dsec_test_outside_up(dsec_test_outside *o)
 {
     dsec_test_outside_down(o);

@@ -30,4 +30,9 @@ void dsec_test_outside_down(dsec_test_outside *o);
  * in hex); a large number when it cannot tell, so a check for none fails. */
 int dsec_test_links(const char *prefix);
 
+/* The host's interface index of link dev, or -1 when there is none. A destroyed sandbox's slot
+ * may be taken again at once, under the same veth name: what tells its veth from the next one
+ * is the index. */
+long dsec_test_ifindex(const char *dev);
+
 #endif

@@ -436,6 +436,20 @@ static void check_echoes(rr_many *st, uint32_t n)
     dsec_free(st->slots);
 }
 
+/* Request i of held_st, answered by an echo: its callback blocks on g until the test opens it;
+ * back once the callback is entered (the i+1th on g). */
+static void send_held(dsec_bus *bus, gate *g, rr_many *held_st, held_cb *h, int i)
+{
+    *h = (held_cb){.g = g, .slot = {.st = held_st, .index = (uint32_t)i}};
+    unsigned char b[4];
+    put_u32(b, (uint32_t)i);
+    dsec_err err;
+    if (dsec_bus_request(bus, "test.rr.echo", NULL, b, sizeof b, 20000, held_reply_cb, h, &err) !=
+        0)
+        fail_msg("held request %d: %s", i, err.msg);
+    assert_true(gate_wait_entered(g, i + 1, WAIT_MS));
+}
+
 static void held_callbacks_are_routed_around(void **state)
 {
     server s;
@@ -451,13 +465,7 @@ static void held_callbacks_are_routed_around(void **state)
     counter_init(&held_st.done);
     held_cb held[2];
     for (int i = 0; i < 2; i++) {
-        held[i] = (held_cb){.g = &g, .slot = {.st = &held_st, .index = (uint32_t)i}};
-        unsigned char b[4];
-        put_u32(b, (uint32_t)i);
-        assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 20000,
-                                          held_reply_cb, &held[i], &err),
-                         0);
-        assert_true(gate_wait_entered(&g, i + 1, WAIT_MS));
+        send_held(cli_bus, &g, &held_st, &held[i], i);
         if (i == 1)
             break;
         /* one callback held past the stall threshold (1 ms): 500 requests
@@ -685,13 +693,7 @@ static void shared_delivery_callbacks_never_hold_the_pool(void **state)
                 dsec_bus_request_sync(cli_bus, "test.rr.echo", NULL, "f", 1, 10000, &r, &err), 0);
             dsec_msg_free(r);
         }
-        held[i] = (held_cb){.g = &g, .slot = {.st = &held_st, .index = (uint32_t)i}};
-        unsigned char b[4];
-        put_u32(b, (uint32_t)i);
-        assert_int_equal(dsec_bus_request(cli_bus, "test.rr.echo", NULL, b, sizeof b, 20000,
-                                          held_reply_cb, &held[i], &err),
-                         0);
-        assert_true(gate_wait_entered(&g, i + 1, WAIT_MS));
+        send_held(cli_bus, &g, &held_st, &held[i], i);
     }
     for (int k = 0; k < 200; k++) {
         dsec_msg *r = NULL;

@@ -42,6 +42,7 @@
 #define OUT_IF "dsfno0"
 #define TAG 203 /* veths dsvcb...; no other test uses it */
 #define TAG_HEX "cb"
+#define SLOT0 "dsv" TAG_HEX "000000" /* the first slot's veth */
 #define UID_BASE 1760000000u
 #define UID_BASE_PLAIN 1760100000u
 #define UID_BASE_TIGHT 1760200000u
@@ -510,18 +511,6 @@ static void adopt_keeps_the_network(void **state)
     assert_int_equal(leftovers(), 0);
 }
 
-/* The host's interface index of the first slot's veth, or -1 when there is none. */
-static int slot0_ifindex(void)
-{
-    FILE *f = fopen("/sys/class/net/dsv" TAG_HEX "000000/ifindex", "r");
-    int ix = -1;
-    if (f != NULL && fscanf(f, "%d", &ix) != 1)
-        ix = -1;
-    if (f != NULL)
-        fclose(f);
-    return ix;
-}
-
 /* A create that comes before the restarted node re-adopts (a warm pool attaches from its start):
  * it is given another slot, not the one of the sandbox still to be adopted, whose network stays
  * as it was and is adopted with it. */
@@ -537,7 +526,7 @@ static void attach_before_adopt_leaves_its_slot(void **state)
                                "print(c.getsockname()[0], c.recv(200).decode().split()[-1])\n";
     assert_int_equal(py(s, code, out, sizeof out), 0);
     snprintf(src0, sizeof src0, "%.63s", out);
-    int ifindex0 = slot0_ifindex();
+    long ifindex0 = dsec_test_ifindex(SLOT0);
     assert_true(ifindex0 > 0); /* the first slot is s's */
 
     dsec_function_ops.detach(fn, s->h);
@@ -548,7 +537,7 @@ static void attach_before_adopt_leaves_its_slot(void **state)
     if (dsec_function_ops.adopt(fn, &spec, s->bstate, &s->h, &err) < 0)
         fail_msg("adopt after another create: %s", err.msg);
     s->be = fn;
-    assert_int_equal(slot0_ifindex(), ifindex0); /* the same veth: nothing remade it */
+    assert_int_equal(dsec_test_ifindex(SLOT0), ifindex0); /* the same veth: nothing remade it */
     int swept = dsec_net_sweep(net, &err);
     if (swept != 0)
         fail_msg("sweep: %d %s", swept, swept < 0 ? err.msg : "");

@@ -441,22 +441,6 @@ static void veth_of(const char *id, char *ip, size_t iplen, char *dev, size_t de
     assert_int_equal(strncmp(dev, "dsvc8", 5), 0);
 }
 
-/* The host's interface index of veth dev, or -1 when there is none. A destroyed sandbox's slot
- * may be taken again at once (the node makes networks ahead), with the same veth name: what
- * tells its veth from the next one is the index. */
-static long ifindex_of(const char *dev)
-{
-    char p[128];
-    snprintf(p, sizeof p, "/sys/class/net/%s/ifindex", dev);
-    FILE *f = fopen(p, "r");
-    long ix = -1;
-    if (f != NULL && fscanf(f, "%ld", &ix) != 1)
-        ix = -1;
-    if (f != NULL)
-        fclose(f);
-    return ix;
-}
-
 /* The namespace a sandbox's namespace file holds (its nsfs inode), or 0 when there is none. */
 static unsigned long netns_ino(const char *dev)
 {
@@ -665,7 +649,7 @@ static void test_node_restart_keeps_what_it_cannot_run(void **state)
     char out[1024], ip[64], dev[32];
     assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
     veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
-    long ix = ifindex_of(dev);
+    long ix = dsec_test_ifindex(dev);
     unsigned long ino = netns_ino(dev);
     assert_true(ix > 0 && ino != 0);
     dsec_err err;
@@ -679,7 +663,7 @@ static void test_node_restart_keeps_what_it_cannot_run(void **state)
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 1500, &err), -1);
     make(NULL, &b); /* the container sweep runs before it; the network sweep ran at start */
     destroy(b.id);
-    assert_int_equal(ifindex_of(dev), ix);
+    assert_int_equal(dsec_test_ifindex(dev), ix);
     assert_int_equal(netns_ino(dev), ino);
     node_opts_drop(2);
 
@@ -689,7 +673,7 @@ static void test_node_restart_keeps_what_it_cannot_run(void **state)
     assert_int_equal(dsec_wait_state(cl, a.id, "running", 1500, &err), -1);
     make(NULL, &b);
     destroy(b.id);
-    assert_int_equal(ifindex_of(dev), ix);
+    assert_int_equal(dsec_test_ifindex(dev), ix);
 
     /* all back: adopted, still held to its policy */
     conf.net.enabled = true;
@@ -698,9 +682,9 @@ static void test_node_restart_keeps_what_it_cannot_run(void **state)
         fail_msg("not re-adopted: %s", err.msg);
     assert_int_equal(tcp(a.id, "198.18.77.2", 8080, out, sizeof out), 0);
     assert_int_equal(tcp(a.id, "198.18.77.2", 8081, out, sizeof out), -1);
-    assert_int_equal(ifindex_of(dev), ix);
+    assert_int_equal(dsec_test_ifindex(dev), ix);
     destroy(a.id);
-    assert_int_not_equal(ifindex_of(dev), ix); /* gone (or the slot another's since) */
+    assert_int_not_equal(dsec_test_ifindex(dev), ix); /* gone (or the slot another's since) */
     assert_int_not_equal(netns_ino(dev), ino);
 }
 
@@ -712,13 +696,13 @@ static void test_destroy_leaves_nothing(void **state)
     make(NULL, &a);
     char ip[64], dev[32];
     veth_of(a.id, ip, sizeof ip, dev, sizeof dev);
-    long ix = ifindex_of(dev);
+    long ix = dsec_test_ifindex(dev);
     unsigned long ino = netns_ino(dev);
     assert_true(ix > 0 && ino != 0);
     destroy(a.id);
     /* its route goes with its veth; one seen after is that of a veth made since in its slot */
     bool route = dsec_test_sh("ip -o route show %s | grep -q .", ip) == 0;
-    long now = ifindex_of(dev);
+    long now = dsec_test_ifindex(dev);
     assert_int_not_equal(now, ix);
     assert_true(!route || now > 0);
     assert_int_not_equal(netns_ino(dev), ino);
